@@ -1,0 +1,204 @@
+//! Primary contexts and the current-context stack.
+
+use std::sync::Arc;
+
+use cuda_sys::types::{CUcontext, CUresult};
+
+use crate::context::{self as ctx, Context};
+use crate::device::check_ordinal;
+use crate::error::{SimResult, ensure, fail, write_out};
+use crate::memory::{Kind, round_up};
+use crate::state::{self, State};
+
+/// The least and greatest stream priorities (`cuCtxGetStreamPriorityRange`), as on Hopper.
+pub(crate) const PRIORITY_RANGE: (i32, i32) = (0, -5);
+
+fn as_handle(ctx: CUcontext) -> usize {
+    ctx as usize
+}
+
+fn as_context(handle: usize) -> CUcontext {
+    handle as CUcontext
+}
+
+/// `cuDevicePrimaryCtxRetain`: activates the primary context on first retain.
+///
+/// # Safety
+/// `out` is null or valid for a write.
+pub(crate) unsafe fn primary_retain(out: *mut CUcontext, device: i32) -> SimResult {
+    let mut state = state::lock()?;
+    let device = check_ordinal(&state.config, device)?;
+    ensure(!out.is_null())?;
+    let handle = match &mut state.primary[device] {
+        Some((context, retains)) => {
+            *retains += 1;
+            context.handle
+        }
+        slot @ None => {
+            let context = Context::start(device)?;
+            let handle = context.handle;
+            *slot = Some((Arc::clone(&context), 1));
+            state.contexts.insert(handle, context);
+            handle
+        }
+    };
+    // SAFETY: forwarded from the caller.
+    unsafe { write_out(out, as_context(handle)) }
+}
+
+/// `cuDevicePrimaryCtxRelease_v2`: the last release destroys the context.
+pub(crate) fn primary_release(device: i32) -> SimResult {
+    let mut state = state::lock()?;
+    let device = check_ordinal(&state.config, device)?;
+    match &mut state.primary[device] {
+        Some((_, retains)) if *retains > 1 => {
+            *retains -= 1;
+            Ok(())
+        }
+        Some(_) => {
+            destroy_primary(&mut state, device);
+            Ok(())
+        }
+        None => fail(CUresult::CUDA_ERROR_INVALID_CONTEXT),
+    }
+}
+
+/// `cuDevicePrimaryCtxReset_v2`: destroys the primary context whatever its retain count.
+pub(crate) fn primary_reset(device: i32) -> SimResult {
+    let mut state = state::lock()?;
+    let device = check_ordinal(&state.config, device)?;
+    destroy_primary(&mut state, device);
+    state.primary_flags[device] = 0;
+    Ok(())
+}
+
+/// Destroys a device's primary context: its streams, events and allocations go with it. Work
+/// already enqueued still runs (it holds what it touches); its handles become invalid at once.
+fn destroy_primary(state: &mut State, device: usize) {
+    let Some((context, _)) = state.primary[device].take() else { return };
+    state.contexts.remove(&context.handle);
+    state.streams.retain(|_, s| s.ctx != context.handle);
+    state.events.retain(|_, e| e.ctx != context.handle);
+    for allocation in state.memory.free_context(context.handle) {
+        if allocation.kind == Kind::Device {
+            let used = &mut state.devices[allocation.device].used;
+            *used = used.saturating_sub(round_up(allocation.size as u64));
+        }
+    }
+}
+
+/// `cuDevicePrimaryCtxGetState`.
+///
+/// # Safety
+/// `flags` and `active` are null or valid for a write.
+pub(crate) unsafe fn primary_state(device: i32, flags: *mut u32, active: *mut i32) -> SimResult {
+    let state = state::lock()?;
+    let device = check_ordinal(&state.config, device)?;
+    ensure(!flags.is_null() && !active.is_null())?;
+    // SAFETY: both checked non-null; valid by the caller's contract.
+    unsafe {
+        write_out(flags, state.primary_flags[device])?;
+        write_out(active, i32::from(state.primary[device].is_some()))
+    }
+}
+
+/// `cuDevicePrimaryCtxSetFlags_v2`: scheduling flags (one of auto, spin, yield, blocking sync)
+/// plus the other `CU_CTX_*` bits below 0x100.
+pub(crate) fn primary_set_flags(device: i32, flags: u32) -> SimResult {
+    let mut state = state::lock()?;
+    let device = check_ordinal(&state.config, device)?;
+    ensure(flags & !0xff == 0 && matches!(flags & 0x07, 0 | 1 | 2 | 4))?;
+    state.primary_flags[device] = flags;
+    Ok(())
+}
+
+fn live(state: &State, handle: usize) -> SimResult<Arc<Context>> {
+    state.contexts.get(&handle).cloned().ok_or(CUresult::CUDA_ERROR_INVALID_CONTEXT)
+}
+
+/// `cuCtxSetCurrent`: null unbinds.
+pub(crate) fn set_current(context: CUcontext) -> SimResult {
+    let state = state::lock()?;
+    if context.is_null() {
+        ctx::set_current(None);
+        return Ok(());
+    }
+    let context = live(&state, as_handle(context))?;
+    ctx::set_current(Some(context.handle));
+    Ok(())
+}
+
+/// `cuCtxGetCurrent`: null when none is bound.
+///
+/// # Safety
+/// `out` is null or valid for a write.
+pub(crate) unsafe fn get_current(out: *mut CUcontext) -> SimResult {
+    let _state = state::lock()?;
+    let current = ctx::current_handle().map_or(std::ptr::null_mut(), as_context);
+    // SAFETY: forwarded from the caller.
+    unsafe { write_out(out, current) }
+}
+
+/// `cuCtxPushCurrent_v2`.
+pub(crate) fn push_current(context: CUcontext) -> SimResult {
+    let state = state::lock()?;
+    let context = live(&state, as_handle(context))?;
+    ctx::push_current(context.handle);
+    Ok(())
+}
+
+/// `cuCtxPopCurrent_v2`: `CUDA_ERROR_INVALID_CONTEXT` when the stack is empty.
+///
+/// # Safety
+/// `out` is null or valid for a write.
+pub(crate) unsafe fn pop_current(out: *mut CUcontext) -> SimResult {
+    let _state = state::lock()?;
+    let popped = ctx::pop_current().ok_or(CUresult::CUDA_ERROR_INVALID_CONTEXT)?;
+    if out.is_null() {
+        return Ok(());
+    }
+    // SAFETY: forwarded from the caller.
+    unsafe { write_out(out, as_context(popped)) }
+}
+
+/// The context a call names, or the current one when it names none.
+fn named_or_current(state: &State, context: CUcontext) -> SimResult<Arc<Context>> {
+    if context.is_null() { ctx::current(state) } else { live(state, as_handle(context)) }
+}
+
+/// `cuCtxGetDevice` (current context) and `cuCtxGetDevice_v2` (a named one, or null).
+///
+/// # Safety
+/// `out` is null or valid for a write.
+pub(crate) unsafe fn get_device(out: *mut i32, context: CUcontext) -> SimResult {
+    let state = state::lock()?;
+    let context = named_or_current(&state, context)?;
+    // SAFETY: forwarded from the caller.
+    unsafe { write_out(out, context.device as i32) }
+}
+
+/// `cuCtxSynchronize` (current) and `cuCtxSynchronize_v2` (a named one, or null).
+pub(crate) fn synchronize(context: CUcontext) -> SimResult {
+    let context = named_or_current(&*state::lock()?, context)?;
+    context.synchronize();
+    Ok(())
+}
+
+/// `cuCtxGetStreamPriorityRange`.
+///
+/// # Safety
+/// Each pointer is null (that value is not wanted) or valid for a write.
+pub(crate) unsafe fn stream_priority_range(least: *mut i32, greatest: *mut i32) -> SimResult {
+    let state = state::lock()?;
+    ctx::current(&state)?;
+    // SAFETY: each pointer is written only when non-null, as cuda.h allows.
+    unsafe {
+        if !least.is_null() {
+            write_out(least, PRIORITY_RANGE.0)?;
+        }
+        if !greatest.is_null() {
+            write_out(greatest, PRIORITY_RANGE.1)?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,77 @@
+//! Events: creation, recording, queries, synchronization, elapsed time.
+
+use cuda_sys::types::{CUevent, CUevent_flags, CUresult, CUstream};
+
+use super::DefaultStream;
+use super::stream::resolve;
+use crate::context as ctx;
+use crate::error::{SimResult, ensure, write_out};
+use crate::event::Event;
+use crate::state;
+
+/// `cuEventCreate`: `CU_EVENT_INTERPROCESS` needs `CU_EVENT_DISABLE_TIMING`, as documented.
+///
+/// # Safety
+/// `out` is null or valid for a write.
+pub(crate) unsafe fn create(out: *mut CUevent, flags: u32) -> SimResult {
+    let known = CUevent_flags::CU_EVENT_BLOCKING_SYNC.0
+        | CUevent_flags::CU_EVENT_DISABLE_TIMING.0
+        | CUevent_flags::CU_EVENT_INTERPROCESS.0;
+    ensure(flags & !known == 0 && !out.is_null())?;
+    if flags & CUevent_flags::CU_EVENT_INTERPROCESS.0 != 0 {
+        ensure(flags & CUevent_flags::CU_EVENT_DISABLE_TIMING.0 != 0)?;
+    }
+    let mut state = state::lock()?;
+    let context = ctx::current(&state)?;
+    let event = Event::new(context.handle, flags);
+    let handle = event.handle;
+    state.events.insert(handle, event);
+    // SAFETY: forwarded from the caller.
+    unsafe { write_out(out, handle as CUevent) }
+}
+
+fn find(event: CUevent) -> crate::error::SimResult<std::sync::Arc<Event>> {
+    state::lock()?.events.get(&(event as usize)).cloned().ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)
+}
+
+/// `cuEventRecord`: the event and the stream must belong to the same context.
+pub(crate) fn record(event: CUevent, stream: CUstream, mode: DefaultStream) -> SimResult {
+    let state = state::lock()?;
+    let event = state.events.get(&(event as usize)).cloned().ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+    let (context, stream) = resolve(&state, stream, mode)?;
+    drop(state);
+    if context.handle != event.ctx {
+        return Err(CUresult::CUDA_ERROR_INVALID_HANDLE);
+    }
+    let generation = event.begin_record();
+    context.submit(&stream, Box::new(move || event.complete(generation)));
+    Ok(())
+}
+
+/// `cuEventQuery`: `CUDA_ERROR_NOT_READY` until the latest recording completes.
+pub(crate) fn query(event: CUevent) -> SimResult {
+    if find(event)?.is_complete() { Ok(()) } else { Err(CUresult::CUDA_ERROR_NOT_READY) }
+}
+
+/// `cuEventSynchronize`.
+pub(crate) fn synchronize(event: CUevent) -> SimResult {
+    find(event)?.synchronize();
+    Ok(())
+}
+
+/// `cuEventDestroy_v2`: a pending recording still completes for streams waiting on it.
+pub(crate) fn destroy(event: CUevent) -> SimResult {
+    let mut state = state::lock()?;
+    state.events.remove(&(event as usize)).map(drop).ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)
+}
+
+/// `cuEventElapsedTime_v2`.
+///
+/// # Safety
+/// `out` is null or valid for a write.
+pub(crate) unsafe fn elapsed_time(out: *mut f32, start: CUevent, end: CUevent) -> SimResult {
+    let (start, end) = (find(start)?, find(end)?);
+    let ms = Event::elapsed_ms(&start, &end)?;
+    // SAFETY: forwarded from the caller.
+    unsafe { write_out(out, ms) }
+}

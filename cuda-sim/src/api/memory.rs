@@ -1,0 +1,276 @@
+//! Allocation, copies and memsets.
+//!
+//! Copies and memsets follow the host-synchronization rules the CUDA documentation gives
+//! ("API synchronization behavior"), so code that relies on more synchronization than the
+//! driver promises gets a wrong result here too:
+//!
+//! | call | pageable host involved | otherwise |
+//! |---|---|---|
+//! | sync host→device | waits for the stream, stages the source, returns before the copy lands | pinned source: returns when done |
+//! | sync device→host, host→host | returns when done | returns when done |
+//! | sync device→device | — | returns at once |
+//! | async host→device | stages the source at the call, returns at once | returns at once |
+//! | async device→host | returns when done | returns at once |
+//! | async host→host | returns when done | returns at once |
+//! | sync memset | — | device memory: returns at once; pinned host: returns when done |
+
+use std::ffi::c_void;
+
+use cuda_sys::types::{CUdeviceptr, CUresult, CUstream};
+
+use super::DefaultStream;
+use super::stream::resolve;
+use crate::context as ctx;
+use crate::error::{SimResult, ensure, fail, write_out};
+use crate::memory::{Endpoint, Kind, round_up};
+use crate::state;
+
+/// `cuMemAlloc_v2`: `CUDA_ERROR_INVALID_VALUE` for 0 bytes, `CUDA_ERROR_OUT_OF_MEMORY` past the
+/// device's `CUDA_SIM_MEMORY`.
+///
+/// # Safety
+/// `out` is null or valid for a write.
+pub(crate) unsafe fn alloc(out: *mut CUdeviceptr, size: usize) -> SimResult {
+    ensure(!out.is_null() && size > 0)?;
+    let mut state = state::lock()?;
+    let context = ctx::current(&state)?;
+    let charge = round_up(size as u64);
+    let memory = state.config.memory;
+    let used = &mut state.devices[context.device].used;
+    if used.saturating_add(charge) > memory {
+        return fail(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    *used += charge;
+    match state.memory.alloc_device(size, context.device, context.handle) {
+        // SAFETY: forwarded from the caller.
+        Ok(address) => unsafe { write_out(out, address) },
+        Err(code) => {
+            state.devices[context.device].used -= charge;
+            fail(code)
+        }
+    }
+}
+
+/// `cuMemFree_v2`: the pointer must be the start of a live `cuMemAlloc` allocation; freeing
+/// twice, freeing null, or freeing host memory is `CUDA_ERROR_INVALID_VALUE`.
+pub(crate) fn free(address: CUdeviceptr) -> SimResult {
+    let mut state = state::lock()?;
+    let allocation = state.memory.free(address, Kind::Device)?;
+    let used = &mut state.devices[allocation.device].used;
+    *used = used.saturating_sub(round_up(allocation.size as u64));
+    Ok(())
+}
+
+/// `cuMemAllocHost_v2`: page-locked host memory, also a valid device pointer.
+///
+/// # Safety
+/// `out` is null or valid for a write.
+pub(crate) unsafe fn alloc_host(out: *mut *mut c_void, size: usize) -> SimResult {
+    ensure(!out.is_null() && size > 0)?;
+    let mut state = state::lock()?;
+    let context = ctx::current(&state)?;
+    let address = state.memory.alloc_pinned(size, context.device, context.handle)?;
+    // SAFETY: forwarded from the caller.
+    unsafe { write_out(out, address as *mut c_void) }
+}
+
+/// `cuMemFreeHost`: the pointer must come from `cuMemAllocHost`.
+pub(crate) fn free_host(address: *mut c_void) -> SimResult {
+    state::lock()?.memory.free(address as u64, Kind::PinnedHost).map(drop)
+}
+
+/// `cuMemGetInfo_v2`: free and total memory of the current context's device.
+///
+/// # Safety
+/// Both pointers are null or valid for a write.
+pub(crate) unsafe fn get_info(free: *mut usize, total: *mut usize) -> SimResult {
+    ensure(!free.is_null() && !total.is_null())?;
+    let state = state::lock()?;
+    let context = ctx::current(&state)?;
+    let memory = state.config.memory;
+    let used = state.devices[context.device].used;
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        write_out(free, memory.saturating_sub(used) as usize)?;
+        write_out(total, memory as usize)
+    }
+}
+
+/// `cuMemGetAddressRange_v2`: the allocation containing a device pointer.
+///
+/// # Safety
+/// Each pointer is null (not wanted) or valid for a write.
+pub(crate) unsafe fn address_range(base: *mut CUdeviceptr, size: *mut usize, address: CUdeviceptr) -> SimResult {
+    let state = state::lock()?;
+    ctx::current(&state)?;
+    let allocation = state.memory.find(address).ok_or(CUresult::CUDA_ERROR_NOT_FOUND)?;
+    // SAFETY: each pointer is written only when non-null, as cuda.h allows.
+    unsafe {
+        if !base.is_null() {
+            write_out(base, allocation.base)?;
+        }
+        if !size.is_null() {
+            write_out(size, allocation.size)?;
+        }
+    }
+    Ok(())
+}
+
+/// Which kind of memory each side of a copy must be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Direction {
+    /// `cuMemcpyHtoD*`.
+    HostToDevice,
+    /// `cuMemcpyDtoH*`.
+    DeviceToHost,
+    /// `cuMemcpyDtoD*`.
+    DeviceToDevice,
+    /// `cuMemcpy*`: whatever unified addressing says each pointer is.
+    Any,
+}
+
+/// How long the calling thread waits for a copy.
+enum Wait {
+    /// Returns once the copy is enqueued.
+    No,
+    /// Waits for earlier work on the stream, copies the source aside, enqueues the rest.
+    StageAfterStream,
+    /// Copies the source aside, enqueues the rest.
+    Stage,
+    /// Returns once the copy is done.
+    UntilDone,
+}
+
+fn wait_rule(dst: &Endpoint, src: &Endpoint, asynchronous: bool) -> Wait {
+    let to_device = !dst.is_host();
+    match (asynchronous, src.is_pageable() && to_device) {
+        (false, true) => Wait::StageAfterStream,
+        (true, true) => Wait::Stage,
+        (false, false) if dst.is_host() || src.is_host() => Wait::UntilDone,
+        (false, false) => Wait::No,
+        (true, false) if dst.is_host() && (dst.is_pageable() || src.is_pageable()) => Wait::UntilDone,
+        (true, false) => Wait::No,
+    }
+}
+
+/// A raw address moved into a stream operation.
+struct Address(*mut u8);
+// SAFETY: the address points into simulator-owned memory kept alive by the operation's spans, or
+// into caller-owned host memory the caller keeps valid until the copy completes (the driver's
+// contract for asynchronous copies).
+unsafe impl Send for Address {}
+
+/// Every `cuMemcpy*` function.
+///
+/// # Safety
+/// Host pointers must be valid for `len` bytes (reads for sources, writes for destinations)
+/// until the copy completes, as the driver requires.
+pub(crate) unsafe fn copy(
+    dst: u64,
+    src: u64,
+    len: usize,
+    direction: Direction,
+    stream: CUstream,
+    mode: DefaultStream,
+    asynchronous: bool,
+) -> SimResult {
+    let state = state::lock()?;
+    let (context, stream) = resolve(&state, stream, mode)?;
+    let (dst, src) = match direction {
+        Direction::HostToDevice => (state.memory.classify_allocated(dst, len)?, state.memory.classify_host(src, len)?),
+        Direction::DeviceToHost => (state.memory.classify_host(dst, len)?, state.memory.classify_allocated(src, len)?),
+        Direction::DeviceToDevice => {
+            (state.memory.classify_allocated(dst, len)?, state.memory.classify_allocated(src, len)?)
+        }
+        Direction::Any => (state.memory.classify(dst, len)?, state.memory.classify(src, len)?),
+    };
+    drop(state);
+    if len == 0 {
+        return Ok(());
+    }
+    let wait = wait_rule(&dst, &src, asynchronous);
+    if matches!(wait, Wait::StageAfterStream) {
+        context.submit(&stream, Box::new(|| {})).wait();
+    }
+    let to = Address(dst.ptr());
+    let fence = if matches!(wait, Wait::Stage | Wait::StageAfterStream) {
+        // SAFETY: the caller guarantees the source is readable for `len` bytes now.
+        let staged = unsafe { std::slice::from_raw_parts(src.ptr(), len) }.to_vec();
+        context.submit(
+            &stream,
+            Box::new(move || {
+                let (to, _keep) = (to, dst);
+                // SAFETY: `to` is valid for `len` bytes (checked at the call; kept alive by
+                // `_keep`); `staged` is a private buffer of `len` bytes.
+                unsafe { std::ptr::copy_nonoverlapping(staged.as_ptr(), to.0, len) };
+            }),
+        )
+    } else {
+        let from = Address(src.ptr());
+        context.submit(
+            &stream,
+            Box::new(move || {
+                let (to, from, _keep) = (to, from, (dst, src));
+                // SAFETY: both ranges are valid for `len` bytes (checked at the call, or
+                // guaranteed by the caller for host memory) and kept alive by `_keep`; they may
+                // overlap, hence a memmove.
+                unsafe { std::ptr::copy(from.0, to.0, len) };
+            }),
+        )
+    };
+    if matches!(wait, Wait::UntilDone) {
+        fence.wait();
+    }
+    Ok(())
+}
+
+/// Every `cuMemsetD8/D16/D32` function: `count` elements of `width` bytes.
+pub(crate) fn memset(
+    dst: CUdeviceptr,
+    value: u32,
+    width: usize,
+    count: usize,
+    stream: CUstream,
+    mode: DefaultStream,
+    asynchronous: bool,
+) -> SimResult {
+    let len = count.checked_mul(width).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    ensure(dst % width as u64 == 0)?;
+    let state = state::lock()?;
+    let (context, stream) = resolve(&state, stream, mode)?;
+    let target = state.memory.classify_allocated(dst, len)?;
+    drop(state);
+    if count == 0 {
+        return Ok(());
+    }
+    let pinned = target.is_host();
+    let to = Address(target.ptr());
+    let fence = context.submit(
+        &stream,
+        Box::new(move || {
+            let (to, _keep) = (to, target);
+            // SAFETY: `to` is valid and `width`-aligned for `count` elements (checked at the
+            // call; the backing is page-aligned) and kept alive by `_keep`.
+            unsafe { fill(to.0, value, width, count) };
+        }),
+    );
+    if !asynchronous && pinned {
+        fence.wait();
+    }
+    Ok(())
+}
+
+/// Writes `count` copies of the low `width` bytes of `value` from `to`.
+///
+/// # Safety
+/// `to` is valid and aligned for `count * width` bytes of writes.
+unsafe fn fill(to: *mut u8, value: u32, width: usize, count: usize) {
+    // SAFETY: forwarded from the caller for each width.
+    unsafe {
+        match width {
+            1 => std::ptr::write_bytes(to, value as u8, count),
+            2 => std::slice::from_raw_parts_mut(to.cast::<u16>(), count).fill(value as u16),
+            _ => std::slice::from_raw_parts_mut(to.cast::<u32>(), count).fill(value),
+        }
+    }
+}

@@ -1,0 +1,155 @@
+//! Streams: creation, queries, synchronization, waits on events, host functions.
+
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use cuda_sys::types::{CUcontext, CUevent, CUhostFn, CUresult, CUstream, CUstreamCaptureStatus, CUstream_flags};
+
+use super::DefaultStream;
+use super::context::PRIORITY_RANGE;
+use crate::context::{self as ctx, Context};
+use crate::error::{SimResult, ensure, fail, write_out};
+use crate::state::{self, State};
+use crate::stream::{Stream, StreamKind};
+
+/// `CU_STREAM_LEGACY`.
+const STREAM_LEGACY: usize = 0x1;
+/// `CU_STREAM_PER_THREAD`.
+const STREAM_PER_THREAD: usize = 0x2;
+
+/// The context and stream a stream handle names. Handle 0 means the default stream `mode`
+/// selects; the special handles and handle 0 need a current context.
+pub(crate) fn resolve(state: &State, stream: CUstream, mode: DefaultStream) -> SimResult<(Arc<Context>, Arc<Stream>)> {
+    let handle = stream as usize;
+    let per_thread = match (handle, mode) {
+        (0, DefaultStream::Legacy) | (STREAM_LEGACY, _) => false,
+        (0, DefaultStream::PerThread) | (STREAM_PER_THREAD, _) => true,
+        _ => {
+            let stream = state.streams.get(&handle).cloned().ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+            let context = state.contexts.get(&stream.ctx).cloned().ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+            return Ok((context, stream));
+        }
+    };
+    let context = ctx::current(state)?;
+    let stream = if per_thread { ctx::per_thread_stream(&context)? } else { Arc::clone(&context.legacy) };
+    Ok((context, stream))
+}
+
+/// `cuStreamCreate` / `cuStreamCreateWithPriority`: flags are `CU_STREAM_DEFAULT` or
+/// `CU_STREAM_NON_BLOCKING`; the priority is clamped to the device's range, as documented.
+///
+/// # Safety
+/// `out` is null or valid for a write.
+pub(crate) unsafe fn create(out: *mut CUstream, flags: u32, priority: i32) -> SimResult {
+    ensure(flags & !CUstream_flags::CU_STREAM_NON_BLOCKING.0 == 0 && !out.is_null())?;
+    let mut state = state::lock()?;
+    let context = ctx::current(&state)?;
+    let priority = priority.clamp(PRIORITY_RANGE.1, PRIORITY_RANGE.0);
+    let stream = Stream::start(context.handle, context.device, flags, priority, StreamKind::Created)?;
+    context.register(&stream);
+    let handle = stream.handle;
+    state.streams.insert(handle, stream);
+    // SAFETY: forwarded from the caller.
+    unsafe { write_out(out, handle as CUstream) }
+}
+
+/// `cuStreamDestroy_v2`: only created streams can be destroyed; work already enqueued still
+/// completes.
+pub(crate) fn destroy(stream: CUstream) -> SimResult {
+    let mut state = state::lock()?;
+    state.streams.remove(&(stream as usize)).map(drop).ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)
+}
+
+/// `cuStreamQuery`: `CUDA_ERROR_NOT_READY` while work is pending.
+pub(crate) fn query(stream: CUstream, mode: DefaultStream) -> SimResult {
+    let (_, stream) = resolve(&*state::lock()?, stream, mode)?;
+    if stream.queue.is_idle() { Ok(()) } else { fail(CUresult::CUDA_ERROR_NOT_READY) }
+}
+
+/// `cuStreamSynchronize`: waits for everything enqueued before it (for the legacy stream, that
+/// includes earlier work on blocking streams, which its implicit waits order before it).
+pub(crate) fn synchronize(stream: CUstream, mode: DefaultStream) -> SimResult {
+    let (context, stream) = resolve(&*state::lock()?, stream, mode)?;
+    context.submit(&stream, Box::new(|| {})).wait();
+    Ok(())
+}
+
+/// `cuStreamGetFlags`, `cuStreamGetPriority`, `cuStreamGetDevice`, `cuStreamGetCtx`: one of the
+/// stream's properties.
+pub(crate) enum Property {
+    /// `CU_STREAM_*` flags.
+    Flags(*mut u32),
+    /// Priority.
+    Priority(*mut i32),
+    /// Device ordinal.
+    Device(*mut i32),
+    /// Context.
+    Context(*mut CUcontext),
+}
+
+/// Reads one stream property.
+///
+/// # Safety
+/// The pointer inside `property` is null or valid for a write.
+pub(crate) unsafe fn get(stream: CUstream, mode: DefaultStream, property: Property) -> SimResult {
+    let (context, stream) = resolve(&*state::lock()?, stream, mode)?;
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        match property {
+            Property::Flags(out) => write_out(out, stream.flags),
+            Property::Priority(out) => write_out(out, stream.priority),
+            Property::Device(out) => write_out(out, stream.device as i32),
+            Property::Context(out) => write_out(out, context.handle as CUcontext),
+        }
+    }
+}
+
+/// `cuStreamWaitEvent`: later work on `stream` waits for the event's latest recording (an event
+/// never recorded is complete, so the wait is empty). The event may belong to any context.
+pub(crate) fn wait_event(stream: CUstream, event: CUevent, flags: u32, mode: DefaultStream) -> SimResult {
+    ensure(flags & !0x1 == 0)?;
+    let state = state::lock()?;
+    let (context, stream) = resolve(&state, stream, mode)?;
+    let event = state.events.get(&(event as usize)).cloned().ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+    drop(state);
+    if let Some(generation) = event.latest() {
+        context.submit(&stream, Box::new(move || event.wait_for(generation)));
+    }
+    Ok(())
+}
+
+/// `cuStreamIsCapturing`: the simulator does not capture graphs, so a valid stream is never
+/// capturing.
+///
+/// # Safety
+/// `out` is null or valid for a write.
+pub(crate) unsafe fn is_capturing(stream: CUstream, out: *mut CUstreamCaptureStatus, mode: DefaultStream) -> SimResult {
+    resolve(&*state::lock()?, stream, mode)?;
+    // SAFETY: forwarded from the caller.
+    unsafe { write_out(out, CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE) }
+}
+
+/// The user data of a host function, handed to the stream's worker thread.
+struct UserData(*mut c_void);
+// SAFETY: cuLaunchHostFunc's contract is that the driver calls the function with this pointer on
+// a thread of its own; the caller guarantees the pointee is usable there.
+unsafe impl Send for UserData {}
+
+/// `cuLaunchHostFunc`: runs `function(user_data)` in stream order, on the stream's worker. The
+/// function must not call the driver; if it does, those calls fail with
+/// `CUDA_ERROR_NOT_PERMITTED`.
+pub(crate) fn launch_host_func(stream: CUstream, function: CUhostFn, user_data: *mut c_void, mode: DefaultStream) -> SimResult {
+    let function = function.ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    let (context, stream) = resolve(&*state::lock()?, stream, mode)?;
+    let data = UserData(user_data);
+    context.submit(
+        &stream,
+        Box::new(move || {
+            let data = data;
+            // SAFETY: the caller of cuLaunchHostFunc provided a function that accepts this
+            // pointer; calling it on a driver thread is the documented contract.
+            super::as_host_function(|| unsafe { function(data.0) });
+        }),
+    );
+    Ok(())
+}

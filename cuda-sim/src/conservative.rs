@@ -1,0 +1,43 @@
+//! Where `cuda.h` is silent, the reading the simulator takes, and why.
+//!
+//! The simulator returns the documented error wherever `cuda.h` documents one. Where the real
+//! driver's behaviour is not documented, it picks the reading most likely to expose a bug in the
+//! caller. Each choice:
+//!
+//! - **`cuMemFree(0)`, `cuMemFreeHost(NULL)`** return `CUDA_ERROR_INVALID_VALUE` (the runtime's
+//!   `cudaFree(NULL)` is a no-op; the driver call's behaviour is not documented).
+//! - **`cuMemAllocHost` of 0 bytes** returns `CUDA_ERROR_INVALID_VALUE`, like `cuMemAlloc`.
+//! - **A stale handle** (a destroyed stream, event or context) is always detected: handle values
+//!   are never reused, so `CUDA_ERROR_INVALID_HANDLE` (streams, events) or
+//!   `CUDA_ERROR_INVALID_CONTEXT` / `CUDA_ERROR_CONTEXT_IS_DESTROYED` (contexts) results instead
+//!   of undefined behaviour.
+//! - **A released primary context** gets a new handle when it is retained again; the old handle
+//!   stays invalid. Its allocations, streams and events are gone with it.
+//! - **`cuDevicePrimaryCtxRelease` without a retain** returns `CUDA_ERROR_INVALID_CONTEXT`.
+//! - **`cuStreamDestroy` of a default stream** (0, `CU_STREAM_LEGACY`, `CU_STREAM_PER_THREAD`)
+//!   returns `CUDA_ERROR_INVALID_HANDLE`.
+//! - **`cuEventRecord` with an event and a stream of different contexts** returns
+//!   `CUDA_ERROR_INVALID_HANDLE`, as `cuCtxRecordEvent` documents for its context.
+//! - **Device memory is not host-accessible**: it lives in an inaccessible reservation, so host
+//!   code reading a device pointer faults. A pointer into that reservation that is not inside a
+//!   live allocation (freed, or past the end) is `CUDA_ERROR_INVALID_VALUE` in every copy, even
+//!   in `cuMemcpy`, which otherwise treats unknown pointers as pageable host memory.
+//! - **`cuMemsetD16`/`D32` to a misaligned address** returns `CUDA_ERROR_INVALID_VALUE`.
+//! - **`cuMemcpyHtoD` with a device pointer as the source, `cuMemcpyDtoH` with one as the
+//!   destination** return `CUDA_ERROR_INVALID_VALUE` (the direction must match the memory).
+//! - **Host synchronization** of copies and memsets is exactly what the CUDA documentation's
+//!   "API synchronization behavior" promises and no more (see `api::memory`): a
+//!   `cuMemcpyDtoD` or a `cuMemsetD8` on device memory returns before it completes.
+//! - **Boolean pointer attributes** (`IS_MANAGED`, `MAPPED`, …) are written as one byte (C
+//!   `bool`), the narrowest reading of "a boolean".
+//! - **Pointer attributes the simulator does not model** (P2P tokens, RDMA capability, access
+//!   flags, mapping size and base, block id, decompression) return `CUDA_ERROR_NOT_SUPPORTED`.
+//! - **Device attributes the simulator does not model** read as 0, "capability absent".
+//! - **Older ABI variants** of a function (`cuGetProcAddress_v2("cuMemAlloc", 3000, …)`, which
+//!   the driver answers with the 32-bit `cuMemAlloc`) are reported as
+//!   `CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT`, never with an entry point of another
+//!   signature.
+//! - **Calls from a host function** (`cuLaunchHostFunc`) return `CUDA_ERROR_NOT_PERMITTED`, as
+//!   the documentation forbids them.
+//! - **`cuStreamIsCapturing`** always reports `CU_STREAM_CAPTURE_STATUS_NONE`: the simulator does
+//!   not capture graphs.

@@ -1,0 +1,140 @@
+//! Contexts: the primary context of each device, the per-thread current-context stack, and the
+//! ordering rules between a context's streams.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+
+use cuda_sys::types::CUresult;
+
+use crate::error::{SimResult, fail};
+use crate::state::State;
+use crate::stream::{Fence, Op, Stream, StreamKind};
+
+/// A context: its device, its legacy default stream, and the streams made in it.
+pub(crate) struct Context {
+    /// The handle the application sees.
+    pub handle: usize,
+    /// The device ordinal.
+    pub device: usize,
+    /// The legacy default stream.
+    pub legacy: Arc<Stream>,
+    /// Every other stream of the context (created and per-thread), for synchronization.
+    streams: Mutex<Vec<Weak<Stream>>>,
+    /// Serializes submissions, so that "enqueued before" is one order across the context's
+    /// streams and the legacy stream's implicit waits never form a cycle.
+    submit_lock: Mutex<()>,
+}
+
+impl Context {
+    /// A new context on `device`, with its legacy default stream running.
+    pub(crate) fn start(device: usize) -> SimResult<Arc<Context>> {
+        let handle = crate::handle::next();
+        let legacy = Stream::start(handle, device, 0, 0, StreamKind::Legacy)?;
+        Ok(Arc::new(Context {
+            handle,
+            device,
+            legacy,
+            streams: Mutex::new(Vec::new()),
+            submit_lock: Mutex::new(()),
+        }))
+    }
+
+    /// Remembers a stream made in this context.
+    pub(crate) fn register(&self, stream: &Arc<Stream>) {
+        let mut streams = self.streams.lock().unwrap_or_else(PoisonError::into_inner);
+        streams.retain(|s| s.strong_count() > 0);
+        streams.push(Arc::downgrade(stream));
+    }
+
+    fn live_streams(&self) -> Vec<Arc<Stream>> {
+        let streams = self.streams.lock().unwrap_or_else(PoisonError::into_inner);
+        streams.iter().filter_map(Weak::upgrade).collect()
+    }
+
+    /// Enqueues `op` on `stream` (a stream of this context), adding the implicit waits of the
+    /// legacy default stream: work on it waits for earlier work on every blocking stream, and
+    /// work on a blocking stream waits for earlier work on it.
+    pub(crate) fn submit(&self, stream: &Stream, op: Op) -> Fence {
+        let _order = self.submit_lock.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut waits: Vec<Fence> = Vec::new();
+        if stream.kind == StreamKind::Legacy {
+            waits.extend(self.live_streams().iter().filter(|s| s.is_blocking()).filter_map(|s| s.queue.pending_tail()));
+        } else if stream.is_blocking() {
+            waits.extend(self.legacy.queue.pending_tail());
+        }
+        if waits.is_empty() {
+            stream.queue.push(op)
+        } else {
+            stream.queue.push(Box::new(move || {
+                for fence in &waits {
+                    fence.wait();
+                }
+                op();
+            }))
+        }
+    }
+
+    /// Waits for all work enqueued so far on every stream of the context.
+    pub(crate) fn synchronize(&self) {
+        let mut fences = vec![self.legacy.queue.tail()];
+        fences.extend(self.live_streams().iter().map(|s| s.queue.tail()));
+        for fence in fences {
+            fence.wait();
+        }
+    }
+}
+
+thread_local! {
+    /// This thread's context stack; the top is the current context.
+    static CURRENT: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+    /// This thread's per-thread default stream, per context.
+    static PER_THREAD: RefCell<HashMap<usize, Arc<Stream>>> = RefCell::new(HashMap::new());
+}
+
+/// The handle of the current context, if any (it may have been destroyed since).
+pub(crate) fn current_handle() -> Option<usize> {
+    CURRENT.with(|stack| stack.borrow().last().copied())
+}
+
+/// The current context: `CUDA_ERROR_INVALID_CONTEXT` without one, and
+/// `CUDA_ERROR_CONTEXT_IS_DESTROYED` when it has been destroyed (a primary context released to
+/// zero, or reset).
+pub(crate) fn current(state: &State) -> SimResult<Arc<Context>> {
+    match current_handle() {
+        None => fail(CUresult::CUDA_ERROR_INVALID_CONTEXT),
+        Some(handle) => state.contexts.get(&handle).cloned().ok_or(CUresult::CUDA_ERROR_CONTEXT_IS_DESTROYED),
+    }
+}
+
+/// Replaces the top of the stack (`cuCtxSetCurrent`); `None` pops it.
+pub(crate) fn set_current(handle: Option<usize>) {
+    CURRENT.with(|stack| {
+        let mut stack = stack.borrow_mut();
+        stack.pop();
+        if let Some(handle) = handle {
+            stack.push(handle);
+        }
+    });
+}
+
+/// Pushes a context (`cuCtxPushCurrent`).
+pub(crate) fn push_current(handle: usize) {
+    CURRENT.with(|stack| stack.borrow_mut().push(handle));
+}
+
+/// Pops the current context (`cuCtxPopCurrent`).
+pub(crate) fn pop_current() -> Option<usize> {
+    CURRENT.with(|stack| stack.borrow_mut().pop())
+}
+
+/// This thread's per-thread default stream in `ctx`, started on first use.
+pub(crate) fn per_thread_stream(ctx: &Context) -> SimResult<Arc<Stream>> {
+    if let Some(stream) = PER_THREAD.with(|map| map.borrow().get(&ctx.handle).cloned()) {
+        return Ok(stream);
+    }
+    let stream = Stream::start(ctx.handle, ctx.device, 0, 0, StreamKind::PerThread)?;
+    ctx.register(&stream);
+    PER_THREAD.with(|map| map.borrow_mut().insert(ctx.handle, Arc::clone(&stream)));
+    Ok(stream)
+}

@@ -1,0 +1,116 @@
+//! Events: a marker recorded into a stream, complete once the stream reaches it.
+
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::Instant;
+
+use cuda_sys::types::{CUevent_flags, CUresult};
+
+use crate::error::{SimResult, fail};
+
+/// An event and the progress of its latest recording.
+pub(crate) struct Event {
+    /// The handle the application sees.
+    pub handle: usize,
+    /// The context it was created in.
+    pub ctx: usize,
+    /// `CU_EVENT_*` flags.
+    pub flags: u32,
+    progress: Mutex<Progress>,
+    reached: Condvar,
+}
+
+#[derive(Default)]
+struct Progress {
+    /// How many times it has been recorded.
+    recorded: u64,
+    /// The latest recording that has completed.
+    completed: u64,
+    /// When that completion happened.
+    completed_at: Option<Instant>,
+}
+
+impl Event {
+    /// A new, never-recorded event (which counts as complete, as in the driver).
+    pub(crate) fn new(ctx: usize, flags: u32) -> Arc<Event> {
+        Arc::new(Event {
+            handle: crate::handle::next(),
+            ctx,
+            flags,
+            progress: Mutex::new(Progress::default()),
+            reached: Condvar::new(),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Progress> {
+        self.progress.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Starts a new recording; returns its number, to pass to [`Event::complete`] from the stream.
+    pub(crate) fn begin_record(&self) -> u64 {
+        let mut progress = self.lock();
+        progress.recorded += 1;
+        progress.recorded
+    }
+
+    /// Marks recording `generation` complete (run by the stream's worker).
+    pub(crate) fn complete(&self, generation: u64) {
+        let mut progress = self.lock();
+        if progress.completed < generation {
+            progress.completed = generation;
+            progress.completed_at = Some(Instant::now());
+        }
+        drop(progress);
+        self.reached.notify_all();
+    }
+
+    /// The latest recording, or `None` if it was never recorded.
+    pub(crate) fn latest(&self) -> Option<u64> {
+        let recorded = self.lock().recorded;
+        (recorded > 0).then_some(recorded)
+    }
+
+    /// Whether the latest recording has completed.
+    pub(crate) fn is_complete(&self) -> bool {
+        let progress = self.lock();
+        progress.completed >= progress.recorded
+    }
+
+    /// Blocks until recording `generation` has completed.
+    pub(crate) fn wait_for(&self, generation: u64) {
+        let mut progress = self.lock();
+        while progress.completed < generation {
+            progress = self.reached.wait(progress).unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
+    /// Blocks until the latest recording (as of now) has completed.
+    pub(crate) fn synchronize(&self) {
+        let generation = self.lock().recorded;
+        self.wait_for(generation);
+    }
+
+    /// Milliseconds between two completed events, as `cuEventElapsedTime` computes it.
+    pub(crate) fn elapsed_ms(start: &Event, end: &Event) -> SimResult<f32> {
+        let timing_disabled = CUevent_flags::CU_EVENT_DISABLE_TIMING.0;
+        if start.flags & timing_disabled != 0 || end.flags & timing_disabled != 0 {
+            return fail(CUresult::CUDA_ERROR_INVALID_HANDLE);
+        }
+        let read = |event: &Event| {
+            let progress = event.lock();
+            if progress.recorded == 0 {
+                return fail(CUresult::CUDA_ERROR_INVALID_HANDLE);
+            }
+            if progress.completed < progress.recorded {
+                return fail(CUresult::CUDA_ERROR_NOT_READY);
+            }
+            progress.completed_at.ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)
+        };
+        let (t0, t1) = (read(start)?, read(end)?);
+        let ms = if t1 >= t0 {
+            t1.duration_since(t0).as_secs_f64() * 1e3
+        } else {
+            -(t0.duration_since(t1).as_secs_f64() * 1e3)
+        };
+        Ok(ms as f32)
+    }
+}

@@ -1,0 +1,196 @@
+//! The C ABI: every driver symbol the simulator exports, with the signature `cuda.h` declares.
+//!
+//! Each entry names the symbol `cuda.h` maps to (`cuMemcpyHtoD_v2`), optionally its
+//! per-thread-default-stream twin (`cuMemcpyHtoD_v2_ptds`), and the call into [`crate::api`]
+//! that implements both; `mode` tells the implementation which default stream handle 0 means.
+//! [`table`] lists every symbol for `cuGetProcAddress`.
+
+#![allow(non_snake_case, clippy::missing_safety_doc)]
+
+use std::ffi::{c_char, c_int, c_uint, c_void};
+
+use cuda_sys::types::{
+    CUcontext, CUdevice, CUdevice_attribute, CUdeviceptr, CUdriverProcAddressQueryResult, CUevent, CUhostFn,
+    CUpointer_attribute, CUresult, CUstream, CUstreamCaptureStatus, CUuuid, cuuint64_t,
+};
+
+use crate::api::memory::Direction;
+use crate::api::stream::Property;
+use crate::api::{self, DefaultStream};
+use crate::error::SimResult;
+
+/// Runs one exported call: refuses calls from host functions, turns the result into a code, and
+/// keeps a panic (a simulator bug) from unwinding into C.
+fn call(f: impl FnOnce() -> SimResult) -> CUresult {
+    if api::in_host_function() {
+        return CUresult::CUDA_ERROR_NOT_PERMITTED;
+    }
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(Ok(())) => CUresult::CUDA_SUCCESS,
+        Ok(Err(code)) => code,
+        Err(_) => CUresult::CUDA_ERROR_UNKNOWN,
+    }
+}
+
+/// Defines one exported function; `-` in place of a name defines nothing.
+macro_rules! export_fn {
+    (-, $($rest:tt)*) => {};
+    ($name:ident, $default:expr, ($($arg:ident : $ty:ty),* $(,)?), |$mode:ident| $body:expr) => {
+        #[doc = concat!("The driver's `", stringify!($name), "`, simulated.")]
+        #[unsafe(no_mangle)]
+        #[allow(unused_unsafe)]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) -> CUresult {
+            let $mode = $default;
+            // SAFETY: the C caller guarantees the pointer arguments meet cuda.h's contract for
+            // this function, which is what the implementation relies on.
+            call(|| unsafe { $body })
+        }
+    };
+}
+
+/// Adds an exported function to the symbol table; `-` adds nothing.
+macro_rules! table_entry {
+    ($table:ident, -) => {};
+    ($table:ident, $name:ident) => {
+        $table.push((stringify!($name), $name as *const () as usize));
+    };
+}
+
+/// Defines every export (`legacy / per_thread_or_- (args) => |mode| body;`) and [`table`].
+macro_rules! exports {
+    ($( $name:ident / $per_thread:tt $args:tt => |$mode:ident| $body:expr; )*) => {
+        $(
+            export_fn!($name, DefaultStream::Legacy, $args, |$mode| $body);
+            export_fn!($per_thread, DefaultStream::PerThread, $args, |$mode| $body);
+        )*
+
+        /// Every exported symbol and its address.
+        pub(crate) fn table() -> Vec<(&'static str, usize)> {
+            let mut table = Vec::new();
+            $(
+                table_entry!(table, $name);
+                table_entry!(table, $per_thread);
+            )*
+            table
+        }
+    };
+}
+
+exports! {
+    // Initialization, version, errors, entry points.
+    cuInit / -(flags: c_uint) => |_mode| api::init::init(flags);
+    cuDriverGetVersion / -(version: *mut c_int) => |_mode| api::init::driver_version(version);
+    cuGetErrorName / -(error: CUresult, text: *mut *const c_char) => |_mode| api::init::error_text(error, text, true);
+    cuGetErrorString / -(error: CUresult, text: *mut *const c_char) => |_mode| api::init::error_text(error, text, false);
+    cuGetProcAddress_v2 / -(
+        symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: cuuint64_t,
+        status: *mut CUdriverProcAddressQueryResult,
+    ) => |_mode| crate::proc_address::get_proc_address(symbol, pfn, version, flags, status);
+    cuGetProcAddress / -(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int, flags: cuuint64_t)
+        => |_mode| crate::proc_address::get_proc_address(symbol, pfn, version, flags, std::ptr::null_mut());
+
+    // Devices.
+    cuDeviceGet / -(device: *mut CUdevice, ordinal: c_int) => |_mode| api::device::get(device, ordinal);
+    cuDeviceGetCount / -(count: *mut c_int) => |_mode| api::device::count(count);
+    cuDeviceGetName / -(name: *mut c_char, len: c_int, device: CUdevice) => |_mode| api::device::name(name, len, device);
+    cuDeviceGetUuid_v2 / -(uuid: *mut CUuuid, device: CUdevice) => |_mode| api::device::get_uuid(uuid, device);
+    cuDeviceTotalMem_v2 / -(bytes: *mut usize, device: CUdevice) => |_mode| api::device::total_mem(bytes, device);
+    cuDeviceGetAttribute / -(value: *mut c_int, attribute: CUdevice_attribute, device: CUdevice)
+        => |_mode| api::device::get_attribute(value, attribute, device);
+    cuDeviceCanAccessPeer / -(can: *mut c_int, device: CUdevice, peer: CUdevice)
+        => |_mode| api::device::can_access_peer(can, device, peer);
+
+    // Contexts.
+    cuDevicePrimaryCtxRetain / -(context: *mut CUcontext, device: CUdevice)
+        => |_mode| api::context::primary_retain(context, device);
+    cuDevicePrimaryCtxRelease_v2 / -(device: CUdevice) => |_mode| api::context::primary_release(device);
+    cuDevicePrimaryCtxReset_v2 / -(device: CUdevice) => |_mode| api::context::primary_reset(device);
+    cuDevicePrimaryCtxGetState / -(device: CUdevice, flags: *mut c_uint, active: *mut c_int)
+        => |_mode| api::context::primary_state(device, flags, active);
+    cuDevicePrimaryCtxSetFlags_v2 / -(device: CUdevice, flags: c_uint) => |_mode| api::context::primary_set_flags(device, flags);
+    cuCtxSetCurrent / -(context: CUcontext) => |_mode| api::context::set_current(context);
+    cuCtxGetCurrent / -(context: *mut CUcontext) => |_mode| api::context::get_current(context);
+    cuCtxPushCurrent_v2 / -(context: CUcontext) => |_mode| api::context::push_current(context);
+    cuCtxPopCurrent_v2 / -(context: *mut CUcontext) => |_mode| api::context::pop_current(context);
+    cuCtxGetDevice / -(device: *mut CUdevice) => |_mode| api::context::get_device(device, std::ptr::null_mut());
+    cuCtxGetDevice_v2 / -(device: *mut CUdevice, context: CUcontext) => |_mode| api::context::get_device(device, context);
+    cuCtxSynchronize / -() => |_mode| api::context::synchronize(std::ptr::null_mut());
+    cuCtxSynchronize_v2 / -(context: CUcontext) => |_mode| api::context::synchronize(context);
+    cuCtxGetStreamPriorityRange / -(least: *mut c_int, greatest: *mut c_int)
+        => |_mode| api::context::stream_priority_range(least, greatest);
+
+    // Streams.
+    cuStreamCreate / -(stream: *mut CUstream, flags: c_uint) => |_mode| api::stream::create(stream, flags, 0);
+    cuStreamCreateWithPriority / -(stream: *mut CUstream, flags: c_uint, priority: c_int)
+        => |_mode| api::stream::create(stream, flags, priority);
+    cuStreamDestroy_v2 / -(stream: CUstream) => |_mode| api::stream::destroy(stream);
+    cuStreamQuery / cuStreamQuery_ptsz(stream: CUstream) => |mode| api::stream::query(stream, mode);
+    cuStreamSynchronize / cuStreamSynchronize_ptsz(stream: CUstream) => |mode| api::stream::synchronize(stream, mode);
+    cuStreamGetFlags / cuStreamGetFlags_ptsz(stream: CUstream, flags: *mut c_uint)
+        => |mode| api::stream::get(stream, mode, Property::Flags(flags));
+    cuStreamGetPriority / cuStreamGetPriority_ptsz(stream: CUstream, priority: *mut c_int)
+        => |mode| api::stream::get(stream, mode, Property::Priority(priority));
+    cuStreamGetDevice / cuStreamGetDevice_ptsz(stream: CUstream, device: *mut CUdevice)
+        => |mode| api::stream::get(stream, mode, Property::Device(device));
+    cuStreamGetCtx / cuStreamGetCtx_ptsz(stream: CUstream, context: *mut CUcontext)
+        => |mode| api::stream::get(stream, mode, Property::Context(context));
+    cuStreamWaitEvent / cuStreamWaitEvent_ptsz(stream: CUstream, event: CUevent, flags: c_uint)
+        => |mode| api::stream::wait_event(stream, event, flags, mode);
+    cuStreamIsCapturing / cuStreamIsCapturing_ptsz(stream: CUstream, status: *mut CUstreamCaptureStatus)
+        => |mode| api::stream::is_capturing(stream, status, mode);
+    cuLaunchHostFunc / cuLaunchHostFunc_ptsz(stream: CUstream, function: CUhostFn, data: *mut c_void)
+        => |mode| api::stream::launch_host_func(stream, function, data, mode);
+
+    // Events.
+    cuEventCreate / -(event: *mut CUevent, flags: c_uint) => |_mode| api::event::create(event, flags);
+    cuEventRecord / cuEventRecord_ptsz(event: CUevent, stream: CUstream) => |mode| api::event::record(event, stream, mode);
+    cuEventQuery / -(event: CUevent) => |_mode| api::event::query(event);
+    cuEventSynchronize / -(event: CUevent) => |_mode| api::event::synchronize(event);
+    cuEventDestroy_v2 / -(event: CUevent) => |_mode| api::event::destroy(event);
+    cuEventElapsedTime_v2 / -(ms: *mut f32, start: CUevent, end: CUevent) => |_mode| api::event::elapsed_time(ms, start, end);
+
+    // Memory.
+    cuMemAlloc_v2 / -(pointer: *mut CUdeviceptr, size: usize) => |_mode| api::memory::alloc(pointer, size);
+    cuMemFree_v2 / -(pointer: CUdeviceptr) => |_mode| api::memory::free(pointer);
+    cuMemAllocHost_v2 / -(pointer: *mut *mut c_void, size: usize) => |_mode| api::memory::alloc_host(pointer, size);
+    cuMemFreeHost / -(pointer: *mut c_void) => |_mode| api::memory::free_host(pointer);
+    cuMemGetInfo_v2 / -(free: *mut usize, total: *mut usize) => |_mode| api::memory::get_info(free, total);
+    cuMemGetAddressRange_v2 / -(base: *mut CUdeviceptr, size: *mut usize, pointer: CUdeviceptr)
+        => |_mode| api::memory::address_range(base, size, pointer);
+    cuPointerGetAttribute / -(data: *mut c_void, attribute: CUpointer_attribute, pointer: CUdeviceptr)
+        => |_mode| api::pointer::get_attribute(data, attribute, pointer);
+    cuPointerGetAttributes / -(count: c_uint, attributes: *mut CUpointer_attribute, data: *mut *mut c_void, pointer: CUdeviceptr)
+        => |_mode| api::pointer::get_attributes(count, attributes, data, pointer);
+
+    // Copies.
+    cuMemcpy / cuMemcpy_ptds(dst: CUdeviceptr, src: CUdeviceptr, len: usize)
+        => |mode| api::memory::copy(dst, src, len, Direction::Any, std::ptr::null_mut(), mode, false);
+    cuMemcpyHtoD_v2 / cuMemcpyHtoD_v2_ptds(dst: CUdeviceptr, src: *const c_void, len: usize)
+        => |mode| api::memory::copy(dst, src as u64, len, Direction::HostToDevice, std::ptr::null_mut(), mode, false);
+    cuMemcpyDtoH_v2 / cuMemcpyDtoH_v2_ptds(dst: *mut c_void, src: CUdeviceptr, len: usize)
+        => |mode| api::memory::copy(dst as u64, src, len, Direction::DeviceToHost, std::ptr::null_mut(), mode, false);
+    cuMemcpyDtoD_v2 / cuMemcpyDtoD_v2_ptds(dst: CUdeviceptr, src: CUdeviceptr, len: usize)
+        => |mode| api::memory::copy(dst, src, len, Direction::DeviceToDevice, std::ptr::null_mut(), mode, false);
+    cuMemcpyAsync / cuMemcpyAsync_ptsz(dst: CUdeviceptr, src: CUdeviceptr, len: usize, stream: CUstream)
+        => |mode| api::memory::copy(dst, src, len, Direction::Any, stream, mode, true);
+    cuMemcpyHtoDAsync_v2 / cuMemcpyHtoDAsync_v2_ptsz(dst: CUdeviceptr, src: *const c_void, len: usize, stream: CUstream)
+        => |mode| api::memory::copy(dst, src as u64, len, Direction::HostToDevice, stream, mode, true);
+    cuMemcpyDtoHAsync_v2 / cuMemcpyDtoHAsync_v2_ptsz(dst: *mut c_void, src: CUdeviceptr, len: usize, stream: CUstream)
+        => |mode| api::memory::copy(dst as u64, src, len, Direction::DeviceToHost, stream, mode, true);
+    cuMemcpyDtoDAsync_v2 / cuMemcpyDtoDAsync_v2_ptsz(dst: CUdeviceptr, src: CUdeviceptr, len: usize, stream: CUstream)
+        => |mode| api::memory::copy(dst, src, len, Direction::DeviceToDevice, stream, mode, true);
+
+    // Memsets.
+    cuMemsetD8_v2 / cuMemsetD8_v2_ptds(dst: CUdeviceptr, value: u8, count: usize)
+        => |mode| api::memory::memset(dst, u32::from(value), 1, count, std::ptr::null_mut(), mode, false);
+    cuMemsetD16_v2 / cuMemsetD16_v2_ptds(dst: CUdeviceptr, value: u16, count: usize)
+        => |mode| api::memory::memset(dst, u32::from(value), 2, count, std::ptr::null_mut(), mode, false);
+    cuMemsetD32_v2 / cuMemsetD32_v2_ptds(dst: CUdeviceptr, value: c_uint, count: usize)
+        => |mode| api::memory::memset(dst, value, 4, count, std::ptr::null_mut(), mode, false);
+    cuMemsetD8Async / cuMemsetD8Async_ptsz(dst: CUdeviceptr, value: u8, count: usize, stream: CUstream)
+        => |mode| api::memory::memset(dst, u32::from(value), 1, count, stream, mode, true);
+    cuMemsetD16Async / cuMemsetD16Async_ptsz(dst: CUdeviceptr, value: u16, count: usize, stream: CUstream)
+        => |mode| api::memory::memset(dst, u32::from(value), 2, count, stream, mode, true);
+    cuMemsetD32Async / cuMemsetD32Async_ptsz(dst: CUdeviceptr, value: c_uint, count: usize, stream: CUstream)
+        => |mode| api::memory::memset(dst, value, 4, count, stream, mode, true);
+}

@@ -1,0 +1,66 @@
+//! A host-memory simulator of the CUDA driver API.
+//!
+//! Built as `libcuda_sim.so`, it exports, with the C ABI and the very symbol names the real
+//! `libcuda.so.1` exports (`cuMemAlloc_v2`, `cuMemcpyHtoD_v2_ptds`, …), the driver functions this
+//! project uses, backed by host memory, so that the whole suite runs where there is no GPU. It
+//! answers `cuGetProcAddress_v2` as the real driver does, so any program that loads a driver by
+//! path (`CUDA_MEM_DRIVER=…/libcuda_sim.so` here; cuda-python or PyTorch through
+//! `LD_LIBRARY_PATH` and a `libcuda.so.1` symlink) can use it.
+//!
+//! # Strictness
+//! The simulator exists to catch bugs before a GPU does, so wherever `cuda.h` documents an error
+//! it returns that error: calls before `cuInit` return `CUDA_ERROR_NOT_INITIALIZED`, calls that
+//! need a context return `CUDA_ERROR_INVALID_CONTEXT` without one, unknown or stale handles return
+//! `CUDA_ERROR_INVALID_HANDLE` (every handle value is unique for the life of the process, so a
+//! destroyed handle is never mistaken for a live one), zero sizes, out-of-range copies and double
+//! frees return `CUDA_ERROR_INVALID_VALUE`. Device memory is reserved as inaccessible host
+//! address space, so host code that dereferences a device pointer faults as it would on a GPU.
+//!
+//! Stream work runs asynchronously, on a worker thread per stream, in stream order; events and
+//! `cuStreamWaitEvent` order streams; the legacy default stream synchronizes with blocking
+//! streams. A missing synchronization therefore shows up as a wrong result. Synchronous copies
+//! and memsets follow the driver's documented host-synchronization rules (a device-to-device
+//! `cuMemcpyDtoD` or a `cuMemsetD8` on device memory returns before it is done).
+//!
+//! Where the driver's behaviour is not documented, the simulator takes the most conservative
+//! reading; each such choice is listed in [`conservative`].
+//!
+//! # Configuration (read once, at the first `cuInit` of the process)
+//! | variable | meaning | default |
+//! |---|---|---|
+//! | `CUDA_SIM_DEVICES` | number of simulated devices (1–64) | 1 |
+//! | `CUDA_SIM_PEER_ACCESS` | which devices can access each other: `all`, `none`, or pairs such as `0-1,2-3` (symmetric) | `all` |
+//! | `CUDA_SIM_MEMORY` | bytes of memory per device (accepts `K`, `M`, `G` suffixes, powers of 1024) | 8 GiB |
+//!
+//! Each process simulates its own devices; nothing is shared between processes except what the
+//! IPC functions share explicitly, so several processes can use the simulator at once.
+//!
+//! # Example
+//! ```no_run
+//! use cuda_sys::{Driver, cu_call};
+//!
+//! let path = cuda_sim::testing::library_path().expect("build cuda-sim first");
+//! let driver = Driver::open(path)?;
+//! // SAFETY: cuInit takes no pointers and flags must be 0.
+//! unsafe { cu_call!(&driver, cuInit(0)) }?;
+//! let mut count = 0;
+//! // SAFETY: `count` is a valid out-pointer.
+//! unsafe { cu_call!(&driver, cuDeviceGetCount(&mut count)) }?;
+//! assert_eq!(count, 1);
+//! # Ok::<(), cuda_sys::CudaError>(())
+//! ```
+
+pub mod conservative;
+pub(crate) mod api;
+mod config;
+mod context;
+mod device;
+mod error;
+mod event;
+mod exports;
+mod handle;
+mod memory;
+mod proc_address;
+mod state;
+mod stream;
+pub mod testing;

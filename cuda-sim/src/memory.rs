@@ -1,0 +1,362 @@
+//! Simulated memory: device allocations, pinned host allocations, and the copies and memsets
+//! between them.
+//!
+//! Device memory has two parts: an address inside the *device arena*, a large `PROT_NONE`
+//! reservation that is never made accessible (so host code that dereferences a device pointer
+//! faults, as on a GPU), and a separate host mapping that holds the bytes, which only the
+//! simulator touches. Arena addresses are handed out next-fit, so a freed address is reused only
+//! after the allocator has gone round the whole arena: a stale device pointer is nearly always
+//! reported as invalid rather than silently hitting a newer allocation.
+//!
+//! Pinned host memory is ordinary host memory the simulator also knows about, so it is both
+//! host-accessible and a valid device pointer (unified addressing).
+
+use std::collections::BTreeMap;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use cuda_sys::types::CUresult;
+
+use crate::error::{SimResult, ensure, fail};
+
+/// The granularity allocations are rounded to for accounting and arena placement.
+const PAGE: u64 = 4096;
+/// Unused address space left after each device allocation, so that pointer arithmetic past the
+/// end of one allocation never lands in the next.
+const GUARD: u64 = 64 << 10;
+/// Arena sizes tried, largest first (virtual address space only; nothing is committed).
+const ARENA_SIZES: [u64; 4] = [1 << 40, 1 << 38, 1 << 36, 1 << 34];
+
+/// An owned anonymous memory mapping.
+pub(crate) struct Mapping {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain memory owned by this value; access to its bytes is coordinated by
+// stream order, as on a GPU.
+unsafe impl Send for Mapping {}
+// SAFETY: as above; `Mapping` itself has no interior state.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    /// Maps `len` bytes of zeroed, readable and writable memory.
+    pub(crate) fn read_write(len: usize) -> SimResult<Mapping> {
+        Mapping::new(len, rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE)
+    }
+
+    /// Reserves `len` bytes of address space that cannot be accessed.
+    fn inaccessible(len: usize) -> SimResult<Mapping> {
+        Mapping::new(len, rustix::mm::ProtFlags::empty())
+    }
+
+    fn new(len: usize, prot: rustix::mm::ProtFlags) -> SimResult<Mapping> {
+        let flags = rustix::mm::MapFlags::PRIVATE | rustix::mm::MapFlags::NORESERVE;
+        // SAFETY: an anonymous mapping at an address of the kernel's choosing aliases nothing.
+        let ptr = unsafe { rustix::mm::mmap_anonymous(std::ptr::null_mut(), len, prot, flags) }
+            .map_err(|_| CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
+        let ptr = NonNull::new(ptr.cast::<u8>()).ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
+        Ok(Mapping { ptr, len })
+    }
+
+    /// The first byte.
+    pub(crate) fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// The length in bytes.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: the range was mapped by `Mapping::new` and is unmapped once, here.
+        let _ = unsafe { rustix::mm::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+/// What an allocation is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// `cuMemAlloc` device memory.
+    Device,
+    /// `cuMemAllocHost` page-locked host memory.
+    PinnedHost,
+}
+
+/// One live allocation.
+pub(crate) struct Allocation {
+    /// Its address (device arena address, or host address for pinned host memory).
+    pub base: u64,
+    /// The size asked for.
+    pub size: usize,
+    /// Device or pinned host.
+    pub kind: Kind,
+    /// The device of the context it was allocated in.
+    pub device: usize,
+    /// The context it was allocated in.
+    pub ctx: usize,
+    /// A process-unique id (`CU_POINTER_ATTRIBUTE_BUFFER_ID`).
+    pub id: u64,
+    /// The bytes.
+    pub backing: Arc<Mapping>,
+}
+
+/// A byte range inside an allocation's backing, kept alive for as long as an operation needs it.
+#[derive(Clone)]
+pub(crate) struct Span {
+    backing: Arc<Mapping>,
+    offset: usize,
+}
+
+impl Span {
+    /// The first byte of the range, in the simulator's view of the memory.
+    pub(crate) fn ptr(&self) -> *mut u8 {
+        // SAFETY: `offset` was checked against the allocation's size, which the backing covers.
+        unsafe { self.backing.as_ptr().add(self.offset) }
+    }
+}
+
+/// One side of a copy or the target of a memset, as the simulator classified it.
+#[derive(Clone)]
+pub(crate) enum Endpoint {
+    /// Device memory.
+    Device(Span),
+    /// Pinned host memory the simulator allocated.
+    Pinned(Span),
+    /// Any other host address (pageable memory), taken on trust as the driver does.
+    Pageable(usize),
+}
+
+impl Endpoint {
+    /// The address the simulator reads or writes.
+    pub(crate) fn ptr(&self) -> *mut u8 {
+        match self {
+            Endpoint::Device(span) | Endpoint::Pinned(span) => span.ptr(),
+            Endpoint::Pageable(address) => *address as *mut u8,
+        }
+    }
+
+    /// Whether it is host memory (pinned or pageable).
+    pub(crate) fn is_host(&self) -> bool {
+        !matches!(self, Endpoint::Device(_))
+    }
+
+    /// Whether it is pageable host memory.
+    pub(crate) fn is_pageable(&self) -> bool {
+        matches!(self, Endpoint::Pageable(_))
+    }
+}
+
+/// The address-space reservation that device pointers are carved from.
+struct Arena {
+    reservation: Mapping,
+    /// Where the next search for free space starts.
+    cursor: u64,
+    /// Live ranges: start → length (guard included).
+    used: BTreeMap<u64, u64>,
+}
+
+impl Arena {
+    fn new() -> SimResult<Arena> {
+        for size in ARENA_SIZES {
+            if let Ok(reservation) = Mapping::inaccessible(size as usize) {
+                let cursor = reservation.as_ptr() as u64;
+                return Ok(Arena { reservation, cursor, used: BTreeMap::new() });
+            }
+        }
+        fail(CUresult::CUDA_ERROR_OUT_OF_MEMORY)
+    }
+
+    fn start(&self) -> u64 {
+        self.reservation.as_ptr() as u64
+    }
+
+    fn end(&self) -> u64 {
+        self.start() + self.reservation.len() as u64
+    }
+
+    fn contains(&self, address: u64) -> bool {
+        (self.start()..self.end()).contains(&address)
+    }
+
+    /// Finds `len` bytes of free address space, next-fit from the cursor.
+    fn take(&mut self, len: u64) -> SimResult<u64> {
+        let found = self.find_from(self.cursor, len).or_else(|| self.find_from(self.start(), len));
+        let start = found.ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
+        self.used.insert(start, len);
+        self.cursor = start + len;
+        Ok(start)
+    }
+
+    fn find_from(&self, from: u64, len: u64) -> Option<u64> {
+        let mut candidate = from;
+        // A range that starts before `from` may still cover it.
+        if let Some((&start, &used)) = self.used.range(..from).next_back()
+            && start + used > candidate
+        {
+            candidate = start + used;
+        }
+        for (&start, &used) in self.used.range(from..) {
+            if candidate + len <= start {
+                return Some(candidate);
+            }
+            candidate = candidate.max(start + used);
+        }
+        (candidate + len <= self.end()).then_some(candidate)
+    }
+
+    fn give_back(&mut self, start: u64) {
+        self.used.remove(&start);
+    }
+}
+
+/// Every live allocation of the process.
+#[derive(Default)]
+pub(crate) struct MemoryTable {
+    allocations: BTreeMap<u64, Allocation>,
+    arena: Option<Arena>,
+    next_id: u64,
+}
+
+/// Rounds up to the accounting granularity.
+pub(crate) fn round_up(size: u64) -> u64 {
+    size.div_ceil(PAGE).saturating_mul(PAGE)
+}
+
+impl MemoryTable {
+    /// Allocates `size` bytes of device memory for `device` in context `ctx`.
+    pub(crate) fn alloc_device(&mut self, size: usize, device: usize, ctx: usize) -> SimResult<u64> {
+        ensure(size > 0)?;
+        let backing = Arc::new(Mapping::read_write(size)?);
+        if self.arena.is_none() {
+            self.arena = Some(Arena::new()?);
+        }
+        let arena = self.arena.as_mut().ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
+        let base = arena.take(round_up(size as u64) + GUARD)?;
+        self.insert(base, size, Kind::Device, device, ctx, backing);
+        Ok(base)
+    }
+
+    /// Allocates `size` bytes of pinned host memory in context `ctx`.
+    pub(crate) fn alloc_pinned(&mut self, size: usize, device: usize, ctx: usize) -> SimResult<u64> {
+        ensure(size > 0)?;
+        let backing = Arc::new(Mapping::read_write(size)?);
+        let base = backing.as_ptr() as u64;
+        self.insert(base, size, Kind::PinnedHost, device, ctx, backing);
+        Ok(base)
+    }
+
+    fn insert(&mut self, base: u64, size: usize, kind: Kind, device: usize, ctx: usize, backing: Arc<Mapping>) {
+        self.next_id += 1;
+        let id = self.next_id;
+        self.allocations.insert(base, Allocation { base, size, kind, device, ctx, id, backing });
+    }
+
+    /// Frees the allocation that starts at `base`, which must be of `kind`.
+    pub(crate) fn free(&mut self, base: u64, kind: Kind) -> SimResult<Allocation> {
+        match self.allocations.get(&base) {
+            Some(a) if a.kind == kind => {}
+            _ => return fail(CUresult::CUDA_ERROR_INVALID_VALUE),
+        }
+        let allocation = self.allocations.remove(&base).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        if kind == Kind::Device
+            && let Some(arena) = self.arena.as_mut()
+        {
+            arena.give_back(base);
+        }
+        Ok(allocation)
+    }
+
+    /// Removes every allocation of context `ctx` (the context is being destroyed).
+    pub(crate) fn free_context(&mut self, ctx: usize) -> Vec<Allocation> {
+        let bases: Vec<u64> = self.allocations.values().filter(|a| a.ctx == ctx).map(|a| a.base).collect();
+        bases.into_iter().filter_map(|base| self.free(base, self.allocations.get(&base)?.kind).ok()).collect()
+    }
+
+    /// The allocation containing `address`, if any.
+    pub(crate) fn find(&self, address: u64) -> Option<&Allocation> {
+        let (_, allocation) = self.allocations.range(..=address).next_back()?;
+        (address < allocation.base + allocation.size as u64).then_some(allocation)
+    }
+
+    /// Classifies `[address, address + len)`: inside one allocation, or pageable host memory.
+    /// An address in the device arena that is not inside a live allocation, a range that runs
+    /// past its allocation's end, and null are `CUDA_ERROR_INVALID_VALUE`.
+    pub(crate) fn classify(&self, address: u64, len: usize) -> SimResult<Endpoint> {
+        ensure(address != 0)?;
+        if let Some(allocation) = self.find(address) {
+            let offset = (address - allocation.base) as usize;
+            ensure(len <= allocation.size - offset)?;
+            let span = Span { backing: Arc::clone(&allocation.backing), offset };
+            return Ok(match allocation.kind {
+                Kind::Device => Endpoint::Device(span),
+                Kind::PinnedHost => Endpoint::Pinned(span),
+            });
+        }
+        let in_arena = self.arena.as_ref().is_some_and(|arena| arena.contains(address));
+        ensure(!in_arena)?;
+        Ok(Endpoint::Pageable(address as usize))
+    }
+
+    /// Classifies memory that must have been allocated by the simulator (a device pointer).
+    pub(crate) fn classify_allocated(&self, address: u64, len: usize) -> SimResult<Endpoint> {
+        match self.classify(address, len)? {
+            Endpoint::Pageable(_) => fail(CUresult::CUDA_ERROR_INVALID_VALUE),
+            endpoint => Ok(endpoint),
+        }
+    }
+
+    /// Classifies memory that must be on the host side (pinned or pageable).
+    pub(crate) fn classify_host(&self, address: u64, len: usize) -> SimResult<Endpoint> {
+        match self.classify(address, len)? {
+            Endpoint::Device(_) => fail(CUresult::CUDA_ERROR_INVALID_VALUE),
+            endpoint => Ok(endpoint),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_addresses_are_not_reused_until_the_arena_wraps() {
+        let mut table = MemoryTable::default();
+        let a = table.alloc_device(100, 0, 1).unwrap();
+        table.free(a, Kind::Device).unwrap();
+        let b = table.alloc_device(100, 0, 1).unwrap();
+        assert_ne!(a, b);
+        assert!(matches!(table.classify(a, 1), Err(CUresult::CUDA_ERROR_INVALID_VALUE)));
+        assert!(matches!(table.classify(b + 50, 50), Ok(Endpoint::Device(_))));
+        assert!(matches!(table.classify(b + 50, 51), Err(CUresult::CUDA_ERROR_INVALID_VALUE)));
+    }
+
+    #[test]
+    fn frees_check_kind_and_base() {
+        let mut table = MemoryTable::default();
+        let d = table.alloc_device(10, 0, 1).unwrap();
+        let h = table.alloc_pinned(10, 0, 1).unwrap();
+        assert!(table.free(d, Kind::PinnedHost).is_err());
+        assert!(table.free(h, Kind::Device).is_err());
+        assert!(table.free(d + 1, Kind::Device).is_err());
+        table.free(d, Kind::Device).unwrap();
+        assert!(table.free(d, Kind::Device).is_err());
+        assert!(matches!(table.classify(h, 10), Ok(Endpoint::Pinned(_))));
+        assert_eq!(table.alloc_device(0, 0, 1), Err(CUresult::CUDA_ERROR_INVALID_VALUE));
+    }
+
+    #[test]
+    fn next_fit_wraps_and_reuses_space() {
+        let mut arena = Arena::new().unwrap();
+        let total = arena.end() - arena.start();
+        let first = arena.take(total / 2).unwrap();
+        let second = arena.take(total / 4).unwrap();
+        assert_eq!(second, first + total / 2);
+        assert!(arena.take(total / 2).is_err());
+        arena.give_back(first);
+        assert_eq!(arena.take(total / 2).unwrap(), first);
+    }
+}

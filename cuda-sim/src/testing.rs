@@ -1,0 +1,78 @@
+//! Helpers for test suites: pick the driver a test runs against, and declare skips.
+//!
+//! Tests run against the simulator by default, through the same `dlopen` path as the real
+//! driver: [`driver()`] opens `libcuda_sim.so` (which cargo builds next to every test binary of
+//! a crate that has `cuda-sim` as a dev-dependency). When `CUDA_MEM_DRIVER` names a library (on
+//! a GPU machine: `libcuda.so.1`), that library is used instead.
+//!
+//! A test that needs what the machine lacks (two GPUs, the simulator's fault injection) calls
+//! [`skip`], which prints a `SKIP-DECLARED` line with the reason. With `CUDA_MEM_REQUIRE_GPU=1`
+//! (set by the GPU bundle's run script) a skip is a failure instead, so nothing passes silently.
+
+use std::path::PathBuf;
+
+use cuda_sys::{Driver, LoadError};
+
+/// The file name of the simulator library.
+pub const LIBRARY_NAME: &str = "libcuda_sim.so";
+
+/// Environment variable naming the simulator library explicitly.
+pub const LIBRARY_ENV: &str = "CUDA_SIM_LIB";
+
+/// Environment variable that turns declared skips into failures.
+pub const REQUIRE_GPU_ENV: &str = "CUDA_MEM_REQUIRE_GPU";
+
+/// Where the simulator library is: `CUDA_SIM_LIB`, or `libcuda_sim.so` beside the running
+/// executable or in its parent folder (cargo puts test binaries in `target/<profile>/deps/`).
+pub fn library_path() -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os(LIBRARY_ENV) {
+        return Some(PathBuf::from(path));
+    }
+    let exe = std::env::current_exe().ok()?;
+    exe.ancestors()
+        .skip(1)
+        .take(3)
+        .map(|dir| dir.join(LIBRARY_NAME))
+        .find(|candidate| candidate.is_file())
+}
+
+/// Whether the tests run on the simulator (no `CUDA_MEM_DRIVER` set).
+pub fn on_simulator() -> bool {
+    std::env::var_os(cuda_sys::DRIVER_ENV).is_none()
+}
+
+/// The driver the tests use, installed as the process-wide driver so that code under test that
+/// calls [`cuda_sys::driver()`] gets the same one.
+///
+/// # Errors
+/// When the simulator library cannot be found or either library cannot be opened.
+pub fn driver() -> Result<&'static Driver, LoadError> {
+    if !on_simulator() {
+        return cuda_sys::driver();
+    }
+    if let Some(driver) = cuda_sys::installed_driver() {
+        return Ok(driver);
+    }
+    let path = library_path().ok_or_else(|| LoadError::Library {
+        path: PathBuf::from(LIBRARY_NAME),
+        reason: format!(
+            "the simulator library was not found beside the test binary; build it with \
+             `cargo build -p cuda-sim` or set {LIBRARY_ENV}"
+        ),
+    })?;
+    let opened = Driver::open(&path)?;
+    match cuda_sys::install_driver(opened) {
+        Ok(driver) => Ok(driver),
+        // Another thread installed one first: use that one.
+        Err(_) => cuda_sys::installed_driver().ok_or(LoadError::NotADriver { path }),
+    }
+}
+
+/// Declares that the calling test cannot run here, and why. Returns normally (the test should
+/// then return) unless `CUDA_MEM_REQUIRE_GPU=1`, where it panics so the run fails.
+pub fn skip(reason: &str) {
+    if std::env::var(REQUIRE_GPU_ENV).is_ok_and(|v| v == "1") {
+        panic!("test cannot run here and {REQUIRE_GPU_ENV}=1: {reason}");
+    }
+    eprintln!("SKIP-DECLARED: {reason}");
+}

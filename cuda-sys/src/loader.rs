@@ -1,0 +1,417 @@
+//! Opening a driver library and resolving its entry points lazily, one symbol at a time.
+//!
+//! Resolution of a function, on its first use:
+//! 1. through `cuGetProcAddress_v2(base name, ABI version, stream flag)`, where the version is the
+//!    one `cudaTypedefs.h` gives the variant `cuda.h` declares: the driver then returns exactly
+//!    that variant (a newer driver does not "upgrade" it to a signature we were not built for);
+//! 2. otherwise (a driver older than CUDA 12.5, or a symbol `cuGetProcAddress_v2` does not know)
+//!    through `dlsym` of the versioned name `cuda.h` maps to (`cuMemAlloc_v2`), which pins the
+//!    ABI by name.
+//!
+//! The result, found or not, is cached per symbol, so later calls cost one atomic load.
+
+use std::ffi::{CStr, c_int, c_void};
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
+
+use crate::error::{CudaError, DriverError, LoadError};
+use crate::types::{CUdriverProcAddressQueryResult, CUdriverProcAddress_flags, CUresult, cuuint64_t};
+
+/// The environment variable naming the driver library to load instead of [`DEFAULT_LIBRARY`].
+pub const DRIVER_ENV: &str = "CUDA_MEM_DRIVER";
+
+/// The library [`driver()`] opens when [`DRIVER_ENV`] is unset: the driver's runtime soname,
+/// which (unlike the development symlink `libcuda.so`) every driver installation has.
+pub const DEFAULT_LIBRARY: &str = "libcuda.so.1";
+
+/// Which default-stream semantics the resolved functions have.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum StreamMode {
+    /// The legacy default stream (handle 0 is `CU_STREAM_LEGACY`), as a plain C program gets.
+    #[default]
+    Legacy,
+    /// The per-thread default stream (the `_ptds`/`_ptsz` variants), as with
+    /// `CUDA_API_PER_THREAD_DEFAULT_STREAM`.
+    PerThread,
+}
+
+/// How a [`Driver`] resolves its functions.
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub struct DriverOptions {
+    /// Default-stream semantics of the functions that take a stream.
+    pub stream_mode: StreamMode,
+}
+
+impl DriverOptions {
+    /// Options with the given default-stream semantics.
+    pub fn with_stream_mode(mut self, stream_mode: StreamMode) -> Self {
+        self.stream_mode = stream_mode;
+        self
+    }
+}
+
+/// What the symbol table records about one driver function (generated from `cuda.h` and
+/// `cudaTypedefs.h`); [`SYMBOLS`](crate::SYMBOLS) lists them all.
+#[derive(Debug, Clone, Copy)]
+pub struct SymbolInfo {
+    /// The versioned symbol `cuda.h` declares (`cuMemAlloc_v2`).
+    pub symbol: &'static CStr,
+    /// The name `cuGetProcAddress` takes (`cuMemAlloc`).
+    pub base: &'static CStr,
+    /// The ABI version of that variant, from `cudaTypedefs.h`.
+    pub version: Option<u32>,
+    /// The per-thread-default-stream variant and its ABI version, where one exists.
+    pub per_thread: Option<(&'static CStr, u32)>,
+}
+
+/// Why a lookup failed; kept in the cache so a failure is not retried.
+#[derive(Debug, Clone, Copy)]
+pub enum Failure {
+    NotFound { version: Option<u32> },
+    TooOld { required: u32, driver: u32 },
+}
+
+/// One cached lookup: the entry point's address, or why there is none.
+pub type Slot = OnceLock<Result<usize, Failure>>;
+
+type GetProcAddress = unsafe extern "C" fn(
+    symbol: *const std::ffi::c_char,
+    pfn: *mut *mut c_void,
+    cuda_version: c_int,
+    flags: cuuint64_t,
+    status: *mut CUdriverProcAddressQueryResult,
+) -> CUresult;
+
+/// An open CUDA driver library.
+///
+/// Its methods named after driver functions (`cuInit`, `cuMemAlloc_v2`, …) return that function's
+/// pointer, resolved on first use; calling it is `unsafe` and is the caller's business. Function
+/// pointers stay valid as long as the `Driver` lives (forever, for the one [`driver()`] returns).
+pub struct Driver {
+    library: libloading::Library,
+    path: PathBuf,
+    options: DriverOptions,
+    get_proc_address: Option<GetProcAddress>,
+    version: OnceLock<Option<u32>>,
+    pub(crate) entries: Box<Entries>,
+}
+
+// SAFETY: the driver library's entry points are documented as thread-safe, the library handle
+// is only read after construction, and every cache is a `OnceLock`.
+unsafe impl Send for Driver {}
+// SAFETY: as above; all interior mutability goes through `OnceLock`.
+unsafe impl Sync for Driver {}
+
+impl std::fmt::Debug for Driver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Driver")
+            .field("path", &self.path)
+            .field("options", &self.options)
+            .field("has_get_proc_address_v2", &self.get_proc_address.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Driver {
+    /// Opens the driver library at `path` (a file path, or a name the dynamic loader searches
+    /// for, such as `libcuda.so.1`) with default options.
+    ///
+    /// # Errors
+    /// [`LoadError::Library`] if the library cannot be loaded, [`LoadError::NotADriver`] if it
+    /// exports none of the driver's entry points.
+    pub fn open(path: impl AsRef<Path>) -> Result<Driver, LoadError> {
+        Driver::open_with(path, DriverOptions::default())
+    }
+
+    /// Opens the driver library at `path` with the given options.
+    ///
+    /// # Errors
+    /// As [`Driver::open`].
+    pub fn open_with(path: impl AsRef<Path>, options: DriverOptions) -> Result<Driver, LoadError> {
+        let path = path.as_ref().to_path_buf();
+        let library = open_library(&path)?;
+        let get_proc_address = lookup(&library, c"cuGetProcAddress_v2").map(|address| {
+            // SAFETY: `cuGetProcAddress_v2` has had this signature since it appeared (CUDA 12.0),
+            // and the symbol's name pins it.
+            unsafe { std::mem::transmute::<*const c_void, GetProcAddress>(address) }
+        });
+        let has_init = lookup(&library, c"cuInit").is_some() && lookup(&library, c"cuDriverGetVersion").is_some();
+        if get_proc_address.is_none() && !has_init {
+            return Err(LoadError::NotADriver { path });
+        }
+        Ok(Driver {
+            library,
+            path,
+            options,
+            get_proc_address,
+            version: OnceLock::new(),
+            entries: Box::new(Entries::new()),
+        })
+    }
+
+    /// The path or name the library was opened from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The options it was opened with.
+    pub fn options(&self) -> &DriverOptions {
+        &self.options
+    }
+
+    /// The CUDA version the driver supports (`cuDriverGetVersion`; 13000 for CUDA 13.0).
+    ///
+    /// # Errors
+    /// If the driver lacks `cuDriverGetVersion` or the call fails.
+    pub fn version(&self) -> Result<u32, CudaError> {
+        let f = self.cuDriverGetVersion()?;
+        let mut version: c_int = 0;
+        // SAFETY: `version` is a valid, writable int for the duration of the call.
+        let code = unsafe { f(&mut version) };
+        self.check("cuDriverGetVersion", code)?;
+        Ok(u32::try_from(version).unwrap_or(0))
+    }
+
+    /// Turns a returned code into `Ok(())` or a [`DriverError`] naming `function`, with the
+    /// name and description the driver gives (or `cuda.h`'s, when the driver has none).
+    ///
+    /// # Errors
+    /// When `code` is not `CUDA_SUCCESS`.
+    pub fn check(&self, function: &'static str, code: CUresult) -> Result<(), DriverError> {
+        if code == CUresult::CUDA_SUCCESS {
+            return Ok(());
+        }
+        let mut error = DriverError::from_header(function, code);
+        if let Some(name) = self.describe(code, Self::cuGetErrorName) {
+            error.name = name.into();
+        }
+        if let Some(description) = self.describe(code, Self::cuGetErrorString) {
+            error.description = description.into();
+        }
+        Err(error)
+    }
+
+    /// Asks the driver for a code's name or description.
+    fn describe(
+        &self,
+        code: CUresult,
+        getter: fn(&Self) -> Result<unsafe extern "C" fn(CUresult, *mut *const std::ffi::c_char) -> CUresult, LoadError>,
+    ) -> Option<String> {
+        let f = getter(self).ok()?;
+        let mut text: *const std::ffi::c_char = std::ptr::null();
+        // SAFETY: `text` is a valid out-pointer; the driver stores a pointer to a static string.
+        let status = unsafe { f(code, &mut text) };
+        if status != CUresult::CUDA_SUCCESS || text.is_null() {
+            return None;
+        }
+        // SAFETY: on success the driver returned a NUL-terminated string that lives as long as
+        // the library, which outlives this call; it is copied at once.
+        Some(unsafe { CStr::from_ptr(text) }.to_string_lossy().into_owned())
+    }
+
+    /// Resolves one entry point, caching the outcome in `slot`.
+    pub(crate) fn resolve(&self, slot: &Slot, spec: &SymbolInfo) -> Result<*const c_void, LoadError> {
+        let outcome = *slot.get_or_init(|| self.lookup_entry(spec));
+        match outcome {
+            Ok(address) => Ok(address as *const c_void),
+            Err(failure) => {
+                let symbol = spec.symbol.to_str().unwrap_or("?");
+                let path = self.path.clone();
+                Err(match failure {
+                    Failure::NotFound { version } => LoadError::SymbolNotFound { symbol, version, path },
+                    Failure::TooOld { required, driver } => {
+                        LoadError::VersionNotSufficient { symbol, required, driver, path }
+                    }
+                })
+            }
+        }
+    }
+
+    fn lookup_entry(&self, spec: &SymbolInfo) -> Result<usize, Failure> {
+        let (name, version, flags) = match (self.options.stream_mode, spec.per_thread) {
+            (StreamMode::PerThread, Some((name, version))) => (
+                name,
+                Some(version),
+                CUdriverProcAddress_flags::CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM,
+            ),
+            _ => (spec.symbol, spec.version, CUdriverProcAddress_flags::CU_GET_PROC_ADDRESS_LEGACY_STREAM),
+        };
+        let mut too_old = None;
+        if let (Some(get_proc_address), Some(version)) = (self.get_proc_address, version) {
+            let mut address: *mut c_void = std::ptr::null_mut();
+            let mut status = CUdriverProcAddressQueryResult(0);
+            // SAFETY: `base` is NUL-terminated, `address` and `status` are valid out-pointers, and
+            // the version fits an int (it is at most 5 digits).
+            let code = unsafe {
+                get_proc_address(spec.base.as_ptr(), &mut address, version as c_int, cuuint64_t::from(flags.0), &mut status)
+            };
+            if code == CUresult::CUDA_SUCCESS
+                && status == CUdriverProcAddressQueryResult::CU_GET_PROC_ADDRESS_SUCCESS
+                && !address.is_null()
+            {
+                return Ok(address as usize);
+            }
+            if status == CUdriverProcAddressQueryResult::CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT {
+                too_old = Some(version);
+            }
+        }
+        if let Some(address) = lookup(&self.library, name) {
+            return Ok(address as usize);
+        }
+        match too_old {
+            Some(required) => Err(Failure::TooOld { required, driver: self.version_cached() }),
+            None => Err(Failure::NotFound { version }),
+        }
+    }
+
+    /// The driver version for error messages, without recursing through a failing lookup.
+    fn version_cached(&self) -> u32 {
+        self.version
+            .get_or_init(|| {
+                let address = lookup(&self.library, c"cuDriverGetVersion")?;
+                // SAFETY: `cuDriverGetVersion(int*)` has had this signature since CUDA 2.2.
+                let f = unsafe { std::mem::transmute::<*const c_void, unsafe extern "C" fn(*mut c_int) -> CUresult>(address) };
+                let mut version: c_int = 0;
+                // SAFETY: `version` is a valid out-pointer.
+                let code = unsafe { f(&mut version) };
+                (code == CUresult::CUDA_SUCCESS).then(|| u32::try_from(version).unwrap_or(0))
+            })
+            .unwrap_or(0)
+    }
+}
+
+fn open_library(path: &Path) -> Result<libloading::Library, LoadError> {
+    // SAFETY: loading a library runs its initialisers. The driver's (and the simulator's) are
+    // sound to run at any time; a library the user names is trusted like any other dependency.
+    unsafe { libloading::Library::new(path) }
+        .map_err(|e| LoadError::Library { path: path.to_path_buf(), reason: e.to_string() })
+}
+
+/// `dlsym` of one name; `None` when absent or null.
+fn lookup(library: &libloading::Library, name: &CStr) -> Option<*const c_void> {
+    // SAFETY: the symbol is read as an address only; it is never called through this type.
+    let symbol = unsafe { library.get::<*const c_void>(name.to_bytes_with_nul()) }.ok()?;
+    let address = *symbol;
+    (!address.is_null()).then_some(address)
+}
+
+/// Generates, from the `functions.rs` table, the per-symbol cache and one accessor method per
+/// driver function.
+#[macro_export]
+#[doc(hidden)]
+macro_rules! driver_functions {
+    ($(
+        $(#[$doc:meta])*
+        fn $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) -> $ret:ty = ($symbol:literal, $base:literal, $version:expr, $per_thread:expr);
+    )*) => {
+        /// Every driver function `cuda.h` declares, in header order.
+        pub static SYMBOLS: &[$crate::SymbolInfo] = &[
+            $( $crate::SymbolInfo { symbol: $symbol, base: $base, version: $version, per_thread: $per_thread }, )*
+        ];
+
+        /// One cache slot per driver function.
+        #[allow(non_snake_case)]
+        pub(crate) struct Entries { $( $name: $crate::__private::Slot, )* }
+
+        impl Entries {
+            pub(crate) fn new() -> Self {
+                Entries { $( $name: $crate::__private::Slot::new(), )* }
+            }
+        }
+
+        #[allow(non_snake_case, clippy::type_complexity, clippy::too_many_arguments)]
+        impl $crate::Driver {
+            $(
+                $(#[$doc])*
+                ///
+                /// **Loader:** returns the entry point, resolved on first use.
+                ///
+                /// # Errors
+                /// A [`LoadError`](crate::LoadError) naming the symbol when the driver lacks it.
+                pub fn $name(&self) -> Result<unsafe extern "C" fn($($arg: $ty),*) -> $ret, $crate::LoadError> {
+                    static SPEC: $crate::SymbolInfo = $crate::SymbolInfo {
+                        symbol: $symbol,
+                        base: $base,
+                        version: $version,
+                        per_thread: $per_thread,
+                    };
+                    let address = self.resolve(&self.entries.$name, &SPEC)?;
+                    // SAFETY: `address` is the driver's entry point for exactly this symbol at the
+                    // ABI version `cuda.h` declares, and this is the signature `cuda.h` declares
+                    // for it (both generated from the same header).
+                    Ok(unsafe {
+                        ::std::mem::transmute::<*const ::std::ffi::c_void, unsafe extern "C" fn($($ty),*) -> $ret>(address)
+                    })
+                }
+            )*
+        }
+    };
+}
+
+/// The generated accessors, one per driver function of `cuda.h`.
+#[allow(rustdoc::all, clippy::doc_lazy_continuation, clippy::doc_overindented_list_items)]
+mod functions {
+    use crate::types::*;
+    include!("generated/functions.rs");
+}
+pub(crate) use functions::Entries;
+pub use functions::SYMBOLS;
+
+/// Calls a driver function through a [`Driver`] and checks its result, in one line.
+///
+/// `cu_call!(driver, cuMemAlloc_v2(&mut ptr, size))` resolves the entry point, calls it and
+/// turns the code into `Result<(), CudaError>`. Calling a driver function is `unsafe`, so the
+/// macro must be used inside an `unsafe` block whose `// SAFETY:` comment says why the arguments
+/// are valid.
+#[macro_export]
+macro_rules! cu_call {
+    ($driver:expr, $function:ident ( $($arg:expr),* $(,)? )) => {{
+        let driver: &$crate::Driver = $driver;
+        match driver.$function() {
+            Ok(f) => driver.check(stringify!($function), f($($arg),*)).map_err($crate::CudaError::from),
+            Err(e) => Err($crate::CudaError::from(e)),
+        }
+    }};
+}
+
+static GLOBAL: OnceLock<Driver> = OnceLock::new();
+static GLOBAL_INIT: Mutex<()> = Mutex::new(());
+
+/// The process-wide driver: the one [`install_driver`] installed, or else the library named by
+/// `CUDA_MEM_DRIVER`, or else [`DEFAULT_LIBRARY`], opened on first use.
+///
+/// A failed open is not remembered: a later call tries again (after the environment changed,
+/// say).
+///
+/// # Errors
+/// As [`Driver::open`].
+pub fn driver() -> Result<&'static Driver, LoadError> {
+    if let Some(driver) = GLOBAL.get() {
+        return Ok(driver);
+    }
+    let _guard = GLOBAL_INIT.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(driver) = GLOBAL.get() {
+        return Ok(driver);
+    }
+    let path = std::env::var_os(DRIVER_ENV).map_or_else(|| PathBuf::from(DEFAULT_LIBRARY), PathBuf::from);
+    let opened = Driver::open(path)?;
+    Ok(GLOBAL.get_or_init(|| opened))
+}
+
+/// Makes `driver` the process-wide driver that [`driver()`] returns.
+///
+/// # Errors
+/// Gives `driver` back if a process-wide driver is already in place.
+pub fn install_driver(driver: Driver) -> Result<&'static Driver, Driver> {
+    let _guard = GLOBAL_INIT.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if GLOBAL.get().is_some() {
+        return Err(driver);
+    }
+    Ok(GLOBAL.get_or_init(|| driver))
+}
+
+/// The process-wide driver, if one has been opened or installed already; never opens one.
+pub fn installed_driver() -> Option<&'static Driver> {
+    GLOBAL.get()
+}

@@ -1,0 +1,379 @@
+//! `cargo xtask bindgen [--check]`: generates `cuda-sys/src/generated/*.rs` from `cuda.h`.
+//!
+//! Three files come out of one pass over the header:
+//! - `bindings.rs`: every type, constant and enum of `cuda.h` (enums as newtypes, so that codes
+//!   the header does not know still fit);
+//! - `functions.rs`: one `driver_functions!` entry per driver function, with the base name and
+//!   the ABI version that `cuGetProcAddress_v2` needs to return exactly the variant `cuda.h`
+//!   declares, and the per-thread-default-stream variant where there is one. The versions come
+//!   from `cudaTypedefs.h` (`PFN_<name>_v<version>`);
+//! - `errors.rs`: the name and a one-line description of every `CUresult` code.
+//!
+//! `--check` generates into memory and fails if the committed files differ.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use quote::ToTokens;
+
+use crate::header;
+
+/// Where the generated files live, relative to the workspace root.
+const OUT_DIR: &str = "cuda-sys/src/generated";
+
+/// Runs the subcommand.
+pub fn run(workspace: &Path, check: bool) -> Result<(), String> {
+    let include = header::fetch_include_dir(workspace)?;
+    let files = generate(&include)?;
+    let out_dir = workspace.join(OUT_DIR);
+    let mut stale = Vec::new();
+    for (name, text) in &files {
+        let path = out_dir.join(name);
+        let current = std::fs::read_to_string(&path).unwrap_or_default();
+        if current != *text {
+            if check {
+                stale.push(path.display().to_string());
+            } else {
+                std::fs::write(&path, text).map_err(|e| format!("writing {}: {e}", path.display()))?;
+                println!("wrote {}", path.display());
+            }
+        }
+    }
+    if !stale.is_empty() {
+        return Err(format!(
+            "generated bindings are out of date (run `cargo xtask bindgen`): {}",
+            stale.join(", ")
+        ));
+    }
+    if check {
+        println!("bindings are up to date with {}", include.display());
+    }
+    Ok(())
+}
+
+/// Produces the formatted text of each generated file.
+fn generate(include: &Path) -> Result<Vec<(&'static str, String)>, String> {
+    let header = include.join("cuda.h");
+    let typedefs = std::fs::read_to_string(include.join("cudaTypedefs.h"))
+        .map_err(|e| format!("reading cudaTypedefs.h: {e}"))?;
+    let versions = parse_typedef_versions(&typedefs);
+
+    let legacy = run_bindgen(&header, include, false)?;
+    let per_thread = run_bindgen(&header, include, true)?;
+    let legacy: syn::File = syn::parse_str(&legacy).map_err(|e| format!("parsing bindgen output: {e}"))?;
+    let per_thread: syn::File =
+        syn::parse_str(&per_thread).map_err(|e| format!("parsing bindgen output: {e}"))?;
+
+    // Per-thread names keyed by the legacy name they replace (`cuMemcpyHtoD_v2_ptds` for
+    // `cuMemcpyHtoD_v2`).
+    let mut per_thread_names = BTreeMap::new();
+    for f in foreign_fns(&per_thread.items) {
+        let name = f.sig.ident.to_string();
+        if let Some(legacy_name) = name.strip_suffix("_ptds").or_else(|| name.strip_suffix("_ptsz")) {
+            per_thread_names.insert(legacy_name.to_string(), name.clone());
+        }
+    }
+
+    let mut type_items = Vec::new();
+    let mut functions = String::new();
+    let mut errors = Vec::new();
+    for item in &legacy.items {
+        match item {
+            syn::Item::ForeignMod(m) => {
+                for f in m.items.iter().filter_map(|i| match i {
+                    syn::ForeignItem::Fn(f) => Some(f),
+                    _ => None,
+                }) {
+                    write_function(&mut functions, f, &versions, &per_thread_names);
+                }
+            }
+            syn::Item::Impl(imp) if is_impl_of(imp, "cudaError_enum") => {
+                collect_errors(imp, &mut errors);
+                type_items.push(item.clone());
+            }
+            _ => type_items.push(item.clone()),
+        }
+    }
+
+    let mut bindings = syn::File { shebang: None, attrs: Vec::new(), items: type_items };
+    syn::visit_mut::VisitMut::visit_file_mut(&mut OneLineDocs, &mut bindings);
+    let bindings = format!(
+        "{}{}",
+        banner("types, constants and enums of cuda.h"),
+        prettyplease::unparse(&bindings)
+    );
+    let functions = format!(
+        "{}crate::driver_functions! {{\n{functions}}}\n",
+        banner("every driver function of cuda.h, with the ABI version cuGetProcAddress needs")
+    );
+    let mut errors_text = banner("the name and description of every CUresult code");
+    errors_text.push_str(
+        "/// `(code, name, description)` for every `CUresult` value `cuda.h` defines.\n\
+         pub static ERROR_TABLE: &[(u32, &core::ffi::CStr, &core::ffi::CStr)] = &[\n",
+    );
+    for (code, name, description) in &errors {
+        let _ = writeln!(errors_text, "    ({code}, c{name:?}, c{description:?}),");
+    }
+    errors_text.push_str("];\n");
+
+    Ok(vec![
+        ("bindings.rs", rustfmt(&bindings)?),
+        ("functions.rs", rustfmt(&functions)?),
+        ("errors.rs", rustfmt(&errors_text)?),
+    ])
+}
+
+fn banner(what: &str) -> String {
+    format!(
+        "// Generated by `cargo xtask bindgen` from cuda.h (nvidia-cuda-runtime {}): {what}.\n\
+         // Do not edit by hand; `cargo xtask bindgen --check` fails when this file is stale.\n\n",
+        header::WHEEL_VERSION
+    )
+}
+
+fn run_bindgen(header: &Path, include: &Path, per_thread: bool) -> Result<String, String> {
+    let mut builder = bindgen::Builder::default()
+        .header(header.display().to_string())
+        .clang_arg(format!("-I{}", include.display()))
+        .allowlist_function("cu.*")
+        .allowlist_type("(CU|cu|CUDA).*")
+        .allowlist_var("(CU|CUDA).*")
+        .default_enum_style(bindgen::EnumVariation::NewType { is_bitfield: false, is_global: false })
+        .bitfield_enum("CUmemAllocationHandleType_enum")
+        .derive_default(true)
+        .derive_eq(true)
+        .derive_hash(true)
+        .generate_comments(true)
+        .parse_callbacks(Box::new(Comments))
+        .layout_tests(true)
+        .formatter(bindgen::Formatter::None);
+    if per_thread {
+        builder = builder
+            .clang_arg("-DCUDA_API_PER_THREAD_DEFAULT_STREAM")
+            .with_codegen_config(bindgen::CodegenConfig::FUNCTIONS)
+            .generate_comments(false);
+    }
+    let bindings = builder.generate().map_err(|e| format!("bindgen failed on {}: {e}", header.display()))?;
+    Ok(bindings.to_string())
+}
+
+/// Turns cuda.h's Doxygen comments into Markdown that rustdoc neither compiles nor warns on.
+#[derive(Debug)]
+struct Comments;
+
+impl bindgen::callbacks::ParseCallbacks for Comments {
+    fn process_comment(&self, comment: &str) -> Option<String> {
+        // `\code` may end a line of prose; give each fence a line of its own.
+        let fenced = comment.replace("\\endcode", "\n```\n").replace("\\code", "\n```text\n");
+        let mut out = String::new();
+        for line in fenced.lines() {
+            out.push_str(line.trim());
+            out.push('\n');
+        }
+        Some(out)
+    }
+}
+
+/// Splits multi-line `#[doc]` attributes into one attribute per line, so that they print as `///`
+/// lines (a block doc comment keeps its indentation, which rustdoc would read as code).
+struct OneLineDocs;
+
+impl syn::visit_mut::VisitMut for OneLineDocs {
+    fn visit_attributes_mut(&mut self, attrs: &mut Vec<syn::Attribute>) {
+        let mut split = Vec::with_capacity(attrs.len());
+        for attr in attrs.drain(..) {
+            let text = match &attr.meta {
+                syn::Meta::NameValue(nv) if nv.path.is_ident("doc") => match &nv.value {
+                    syn::Expr::Lit(syn::ExprLit { lit: syn::Lit::Str(s), .. }) => Some(s.value()),
+                    _ => None,
+                },
+                _ => None,
+            };
+            match text {
+                Some(text) if text.contains('\n') => {
+                    for line in text.trim_end().lines() {
+                        let line = if line.is_empty() { String::new() } else { format!(" {line}") };
+                        split.push(syn::parse_quote!(#[doc = #line]));
+                    }
+                }
+                _ => split.push(attr),
+            }
+        }
+        *attrs = split;
+    }
+}
+
+/// Maps a base name (`cuMemAlloc`) to its ABI versions: legacy ones, then per-thread ones.
+type Versions = BTreeMap<String, (Vec<u32>, Vec<u32>)>;
+
+fn parse_typedef_versions(typedefs: &str) -> Versions {
+    let mut versions = Versions::new();
+    for line in typedefs.lines().filter(|l| l.contains("typedef")) {
+        let Some(start) = line.find("PFN_") else { continue };
+        let ident: String = line[start + 4..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        let (ident, per_thread) = match ident.strip_suffix("_ptds").or_else(|| ident.strip_suffix("_ptsz")) {
+            Some(stripped) => (stripped.to_string(), true),
+            None => (ident, false),
+        };
+        let Some((base, version)) = ident.rsplit_once("_v") else { continue };
+        let Ok(version) = version.parse::<u32>() else { continue };
+        let entry = versions.entry(base.to_string()).or_default();
+        let list = if per_thread { &mut entry.1 } else { &mut entry.0 };
+        if !list.contains(&version) {
+            list.push(version);
+        }
+    }
+    for (legacy, per_thread) in versions.values_mut() {
+        legacy.sort_unstable();
+        per_thread.sort_unstable();
+    }
+    versions
+}
+
+/// Splits `cuMemAlloc_v2` into (`cuMemAlloc`, 2); a name without a suffix is variant 1.
+fn split_variant<'a>(name: &'a str, versions: &Versions) -> (&'a str, usize) {
+    if let Some((base, n)) = name.rsplit_once("_v")
+        && let Ok(n) = n.parse::<usize>()
+        && versions.contains_key(base)
+    {
+        return (base, n);
+    }
+    (name, 1)
+}
+
+fn write_function(
+    out: &mut String,
+    f: &syn::ForeignItemFn,
+    versions: &Versions,
+    per_thread_names: &BTreeMap<String, String>,
+) {
+    let name = f.sig.ident.to_string();
+    let (base, variant) = split_variant(&name, versions);
+    let (legacy, per_thread) = versions.get(base).cloned().unwrap_or_default();
+    let version = legacy.get(variant - 1).copied();
+    let per_thread_entry = per_thread_names.get(&name).and_then(|pt_name| {
+        // Per-thread variants exist only for the newest legacy variants, so they line up with
+        // the end of the legacy list.
+        let index = (variant - 1).checked_sub(legacy.len().saturating_sub(per_thread.len()))?;
+        per_thread.get(index).map(|v| (pt_name.clone(), *v))
+    });
+
+    for line in doc_text(&f.attrs).lines() {
+        let _ = writeln!(out, "    ///{}{line}", if line.is_empty() { "" } else { " " });
+    }
+    let args: Vec<String> = f
+        .sig
+        .inputs
+        .iter()
+        .map(|arg| match arg {
+            syn::FnArg::Typed(pat) => format!("{}: {}", tidy(&pat.pat), tidy(&pat.ty)),
+            syn::FnArg::Receiver(_) => String::new(),
+        })
+        .collect();
+    let ret = match &f.sig.output {
+        syn::ReturnType::Default => "()".to_string(),
+        syn::ReturnType::Type(_, ty) => tidy(ty),
+    };
+    let version = version.map_or("None".to_string(), |v| format!("Some({v})"));
+    let per_thread = per_thread_entry.map_or("None".to_string(), |(n, v)| format!("Some((c\"{n}\", {v}))"));
+    let _ = writeln!(
+        out,
+        "    fn {name}({}) -> {ret} = (c\"{name}\", c\"{base}\", {version}, {per_thread});",
+        args.join(", ")
+    );
+}
+
+fn tidy(tokens: &impl ToTokens) -> String {
+    tokens
+        .to_token_stream()
+        .to_string()
+        .replace("* mut ", "*mut ")
+        .replace("* const ", "*const ")
+        .replace(" :: ", "::")
+        .replace(":: ", "::")
+        .replace(" ,", ",")
+        .replace("*const::", "*const ::")
+        .replace("*mut::", "*mut ::")
+}
+
+fn foreign_fns(items: &[syn::Item]) -> impl Iterator<Item = &syn::ForeignItemFn> {
+    items.iter().flat_map(|item| match item {
+        syn::Item::ForeignMod(m) => m
+            .items
+            .iter()
+            .filter_map(|i| match i {
+                syn::ForeignItem::Fn(f) => Some(f),
+                _ => None,
+            })
+            .collect::<Vec<_>>(),
+        _ => Vec::new(),
+    })
+}
+
+fn is_impl_of(imp: &syn::ItemImpl, name: &str) -> bool {
+    imp.trait_.is_none()
+        && matches!(&*imp.self_ty, syn::Type::Path(p) if p.path.is_ident(name))
+}
+
+fn collect_errors(imp: &syn::ItemImpl, out: &mut Vec<(u32, String, String)>) {
+    for item in &imp.items {
+        let syn::ImplItem::Const(c) = item else { continue };
+        let syn::Expr::Call(call) = &c.expr else { continue };
+        let Some(syn::Expr::Lit(syn::ExprLit { lit: syn::Lit::Int(code), .. })) = call.args.first() else {
+            continue;
+        };
+        let Ok(code) = code.base10_parse::<u32>() else { continue };
+        out.push((code, c.ident.to_string(), first_sentence(&doc_text(&c.attrs))));
+    }
+}
+
+/// The text of an item's `#[doc]` attributes.
+fn doc_text(attrs: &[syn::Attribute]) -> String {
+    attrs
+        .iter()
+        .filter_map(|a| match &a.meta {
+            syn::Meta::NameValue(nv) if nv.path.is_ident("doc") => match &nv.value {
+                syn::Expr::Lit(syn::ExprLit { lit: syn::Lit::Str(s), .. }) => Some(s.value()),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The first sentence of a doc comment, on one line.
+fn first_sentence(doc: &str) -> String {
+    let flat = doc.split_whitespace().collect::<Vec<_>>().join(" ");
+    let end = flat.find(". ").map_or(flat.len(), |i| i + 1);
+    flat[..end].trim_end_matches('.').to_string()
+}
+
+fn rustfmt(text: &str) -> Result<String, String> {
+    use std::io::Write;
+    let mut child = Command::new("rustfmt")
+        .args(["--edition", "2024", "--emit", "stdout", "--quiet"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("running rustfmt: {e}"))?;
+    let mut stdin = child.stdin.take().ok_or("rustfmt has no stdin")?;
+    let input = text.to_string();
+    let writer = std::thread::spawn(move || stdin.write_all(input.as_bytes()));
+    let output = child.wait_with_output().map_err(|e| format!("rustfmt: {e}"))?;
+    let _ = writer.join();
+    if !output.status.success() {
+        return Err(format!("rustfmt failed: {}", String::from_utf8_lossy(&output.stderr)));
+    }
+    String::from_utf8(output.stdout).map_err(|e| format!("rustfmt output: {e}"))
+}
+
+/// The workspace root, found from this crate's manifest directory.
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf)
+}

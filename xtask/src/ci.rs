@@ -1,0 +1,314 @@
+//! `cargo xtask ci`: the whole CI, in order, stopping at the first failure.
+//!
+//! 1. `cargo fmt --all --check`
+//! 2. `cargo clippy --workspace --all-targets -- -D warnings`
+//! 3. `cargo build -p cuda-sim` (the tests load `target/debug/libcuda_sim.so`)
+//! 4. `cargo test --workspace`, against the simulator: `CUDA_MEM_DRIVER`, `CUDA_MEM_REQUIRE_GPU`
+//!    and `CUDA_SIM_LIB` are removed from its environment so that a developer's settings do not
+//!    redirect it
+//! 5. `cargo doc --workspace --no-deps` with `RUSTDOCFLAGS=-Dwarnings`
+//! 6. the `cargo xtask bindgen --check` equivalent, when libclang and the pinned `cuda.h` can be
+//!    had (skipped, saying why, otherwise)
+//!
+//! It ends with the time each step took and, last, the summaries `cargo test` printed.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::{bindgen, cargo, describe, header, run_command};
+
+/// How a step ended.
+enum Outcome {
+    Passed,
+    /// Passed, with a note for the summary (the test counts).
+    PassedWith(String),
+    Skipped(String),
+    Failed(String),
+}
+
+/// One step's line in the summary.
+struct Record {
+    name: &'static str,
+    time: Duration,
+    outcome: Outcome,
+}
+
+/// Runs the subcommand.
+pub fn run(workspace: &Path) -> Result<(), String> {
+    let mut records = Vec::new();
+    let mut summaries = Vec::new();
+    let result = run_steps(workspace, &mut records, &mut summaries);
+    print_summary(&records, &summaries);
+    result
+}
+
+/// The steps, each recorded as it ends; returns the first failure.
+fn run_steps(workspace: &Path, records: &mut Vec<Record>, summaries: &mut Vec<String>) -> Result<(), String> {
+    const TOTAL: usize = 6;
+    let mut step = |name: &'static str, f: &mut dyn FnMut() -> Result<Outcome, String>| {
+        println!("\n==> ci [{}/{TOTAL}] {name}", records.len() + 1);
+        let start = Instant::now();
+        let outcome = f().unwrap_or_else(Outcome::Failed);
+        let failure = match &outcome {
+            Outcome::Failed(message) => Some(format!("ci step `{name}` failed: {message}")),
+            Outcome::Skipped(reason) => {
+                println!("{name} skipped: {reason}");
+                None
+            }
+            Outcome::Passed | Outcome::PassedWith(_) => None,
+        };
+        records.push(Record { name, time: start.elapsed(), outcome });
+        failure.map_or(Ok(()), Err)
+    };
+
+    step("fmt", &mut || passed(run_command(cargo(workspace).args(["fmt", "--all", "--check"]))))?;
+    step("clippy", &mut || {
+        passed(run_command(cargo(workspace).args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])))
+    })?;
+    step("build cuda-sim", &mut || passed(run_command(cargo(workspace).args(["build", "-p", "cuda-sim"]))))?;
+    step("test", &mut || {
+        let mut command = cargo(workspace);
+        command
+            .args(["test", "--workspace"])
+            .env_remove(cuda_sys_env::DRIVER)
+            .env_remove(cuda_sys_env::REQUIRE_GPU)
+            .env_remove(cuda_sys_env::SIM_LIB);
+        let (result, lines) = run_collecting_summaries(&mut command);
+        *summaries = lines;
+        result?;
+        Ok(Outcome::PassedWith(count_tests(summaries)))
+    })?;
+    step("doc", &mut || {
+        let mut flags = std::env::var("RUSTDOCFLAGS").unwrap_or_default();
+        flags.push_str(" -Dwarnings");
+        passed(run_command(
+            cargo(workspace).args(["doc", "--workspace", "--no-deps"]).env("RUSTDOCFLAGS", flags.trim()),
+        ))
+    })?;
+    step("bindgen --check", &mut || bindgen_check(workspace))?;
+    Ok(())
+}
+
+/// The environment variables the test step removes (named here rather than taken from the
+/// crates, which xtask does not depend on).
+mod cuda_sys_env {
+    /// `cuda_sys::DRIVER_ENV`.
+    pub const DRIVER: &str = "CUDA_MEM_DRIVER";
+    /// `cuda_sim::testing::REQUIRE_GPU_ENV`.
+    pub const REQUIRE_GPU: &str = "CUDA_MEM_REQUIRE_GPU";
+    /// `cuda_sim::testing::LIBRARY_ENV`.
+    pub const SIM_LIB: &str = "CUDA_SIM_LIB";
+}
+
+fn passed(result: Result<(), String>) -> Result<Outcome, String> {
+    result.map(|()| Outcome::Passed)
+}
+
+/// Runs `command`, passing its output through as it comes, and returns, with its result, the
+/// lines that announce a test binary (`Running …`, `Doc-tests …`) and the `test result:` lines,
+/// in order.
+fn run_collecting_summaries(command: &mut Command) -> (Result<(), String>, Vec<String>) {
+    let lines = Arc::new(Mutex::new(Vec::new()));
+    let spawned = command.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn();
+    let mut child = match spawned {
+        Ok(child) => child,
+        Err(e) => return (Err(format!("cannot run `{}`: {e}", describe(command))), Vec::new()),
+    };
+    let stdout = child.stdout.take().map(|out| relay(out, false, Arc::clone(&lines)));
+    let stderr = child.stderr.take().map(|err| relay(err, true, Arc::clone(&lines)));
+    for relay in [stdout, stderr].into_iter().flatten() {
+        let _ = relay.join();
+    }
+    let status = child.wait();
+    let lines = std::mem::take(&mut *lines.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+    let result = match status {
+        Ok(status) if status.success() => Ok(()),
+        Ok(status) => Err(format!("`{}` failed ({status})", describe(command))),
+        Err(e) => Err(format!("waiting for `{}`: {e}", describe(command))),
+    };
+    (result, lines)
+}
+
+/// Copies `source` to this process's stdout (or stderr) as it arrives, and keeps the summary
+/// lines among it.
+fn relay(
+    source: impl Read + Send + 'static,
+    is_stderr: bool,
+    keep: Arc<Mutex<Vec<String>>>,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let mut reader = BufReader::new(source);
+        let mut line = Vec::new();
+        loop {
+            // Pass partial lines through at once (libtest prints `test x ... ` before running x).
+            let chunk = match reader.fill_buf() {
+                Ok([]) | Err(_) => break,
+                Ok(chunk) => chunk.to_vec(),
+            };
+            reader.consume(chunk.len());
+            let _ = if is_stderr {
+                let mut err = std::io::stderr().lock();
+                err.write_all(&chunk).and_then(|()| err.flush())
+            } else {
+                let mut out = std::io::stdout().lock();
+                out.write_all(&chunk).and_then(|()| out.flush())
+            };
+            for byte in chunk {
+                if byte == b'\n' {
+                    keep_if_summary(&line, &keep);
+                    line.clear();
+                } else {
+                    line.push(byte);
+                }
+            }
+        }
+        keep_if_summary(&line, &keep);
+    })
+}
+
+fn keep_if_summary(line: &[u8], keep: &Mutex<Vec<String>>) {
+    let line = String::from_utf8_lossy(line);
+    let trimmed = line.trim();
+    if trimmed.starts_with("test result:") || trimmed.starts_with("Running ") || trimmed.starts_with("Doc-tests ") {
+        keep.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(line.trim_end().to_string());
+    }
+}
+
+/// Totals of the `test result:` lines, as "N passed, N failed, N ignored".
+fn count_tests(summaries: &[String]) -> String {
+    let (mut passed, mut failed, mut ignored) = (0u64, 0u64, 0u64);
+    for line in summaries.iter().filter(|l| l.trim_start().starts_with("test result:")) {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        for pair in words.windows(2) {
+            let Ok(n) = pair[0].parse::<u64>() else { continue };
+            match pair[1].trim_end_matches([';', ',']) {
+                "passed" => passed += n,
+                "failed" => failed += n,
+                "ignored" => ignored += n,
+                _ => {}
+            }
+        }
+    }
+    format!("{passed} passed, {failed} failed, {ignored} ignored")
+}
+
+/// The binding check, or why it cannot run here.
+fn bindgen_check(workspace: &Path) -> Result<Outcome, String> {
+    let libclang = match find_libclang() {
+        Some(path) => path,
+        None => {
+            return Ok(Outcome::Skipped(
+                "libclang not found (install libclang-dev, or set LIBCLANG_PATH to its folder)".to_string(),
+            ));
+        }
+    };
+    println!("libclang: {}", libclang.display());
+    if let Err(e) = header::fetch_include_dir(workspace) {
+        return Ok(Outcome::Skipped(format!(
+            "cuda.h not available ({e}; needs network access to PyPI, or CUDA_HOME)"
+        )));
+    }
+    bindgen::run(workspace, true).map(|()| Outcome::Passed)
+}
+
+/// A libclang shared library bindgen can load: in `LIBCLANG_PATH`, in the dynamic loader's
+/// cache, or in an LLVM installation under `/usr/lib`.
+fn find_libclang() -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os("LIBCLANG_PATH") {
+        let path = PathBuf::from(path);
+        if path.is_file() {
+            return Some(path);
+        }
+        if let Some(found) = libclang_in(&path) {
+            return Some(found);
+        }
+    }
+    if let Ok(output) = Command::new("ldconfig").arg("-p").stderr(Stdio::null()).output() {
+        let listing = String::from_utf8_lossy(&output.stdout);
+        // Lines read `\tlibclang-14.so.13 (libc6,x86-64) => /lib/x86_64-linux-gnu/libclang-14.so.13`.
+        let found = listing.lines().find_map(|line| {
+            let name = line.split_whitespace().next()?;
+            let path = line.rsplit_once("=> ")?.1.trim();
+            is_libclang(name).then(|| PathBuf::from(path))
+        });
+        if found.is_some() {
+            return found;
+        }
+    }
+    let mut llvm_dirs = std::fs::read_dir("/usr/lib").ok()?.filter_map(Result::ok).filter_map(|entry| {
+        let name = entry.file_name();
+        name.to_string_lossy().starts_with("llvm").then(|| entry.path().join("lib"))
+    });
+    llvm_dirs.find_map(|dir| libclang_in(&dir))
+}
+
+/// The first libclang library in `dir`.
+fn libclang_in(dir: &Path) -> Option<PathBuf> {
+    std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(Result::ok)
+        .find(|entry| is_libclang(&entry.file_name().to_string_lossy()))
+        .map(|entry| entry.path())
+}
+
+/// `libclang.so`, `libclang.so.N`, `libclang-N.so`, `libclang-N.so.M` (not `libclang-cpp`).
+fn is_libclang(name: &str) -> bool {
+    let Some(rest) = name.strip_prefix("libclang") else { return false };
+    let Some(at) = rest.find(".so") else { return false };
+    let (version, suffix) = rest.split_at(at);
+    let version_ok = version.is_empty()
+        || version
+            .strip_prefix('-')
+            .is_some_and(|v| !v.is_empty() && v.chars().all(|c| c.is_ascii_digit() || c == '.'));
+    version_ok && (suffix == ".so" || suffix.starts_with(".so."))
+}
+
+/// Prints the time each step took and, last, the summaries of `cargo test`.
+fn print_summary(records: &[Record], summaries: &[String]) {
+    println!("\n==> ci summary");
+    for record in records {
+        let (status, note) = match &record.outcome {
+            Outcome::Passed => ("ok", String::new()),
+            Outcome::PassedWith(note) => ("ok", format!(" ({note})")),
+            Outcome::Skipped(reason) => ("skipped", format!(": {reason}")),
+            Outcome::Failed(_) => ("FAILED", String::new()),
+        };
+        println!("  {:<16} {:>8.1}s  {status}{note}", record.name, record.time.as_secs_f64());
+    }
+    let total: Duration = records.iter().map(|r| r.time).sum();
+    println!("  {:<16} {:>8.1}s", "total", total.as_secs_f64());
+    if !summaries.is_empty() {
+        println!("\n==> cargo test summaries");
+        for line in summaries {
+            println!("{line}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recognises_libclang_names() {
+        for name in ["libclang.so", "libclang.so.1", "libclang-14.so", "libclang-14.so.13", "libclang-17.0.6.so"] {
+            assert!(is_libclang(name), "{name}");
+        }
+        for name in ["libclang-cpp.so.14", "libclangBasic.a", "libclang.a", "libclang-14.sox"] {
+            assert!(!is_libclang(name), "{name}");
+        }
+    }
+
+    #[test]
+    fn totals_the_test_result_lines() {
+        let lines = [
+            "     Running unittests src/lib.rs (target/debug/deps/a-1)".to_string(),
+            "test result: ok. 3 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out; finished in 0.01s".to_string(),
+            "test result: FAILED. 2 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out".to_string(),
+        ];
+        assert_eq!(count_tests(&lines), "5 passed, 1 failed, 1 ignored");
+    }
+}

@@ -1,0 +1,399 @@
+//! `cargo xtask gpu-test [--out DIR]`: builds the bundle that runs the test suite on a GPU
+//! machine that has no Rust.
+//!
+//! Every test binary of the workspace (but the simulator's own and xtask's, which test nothing
+//! a GPU changes) and the demo are built in release, stripped, and copied into DIR (default
+//! `gpu-bundle/` at the workspace root, ignored by git) beside a `run.sh`. Carried to the GPU
+//! machine, `bash DIR/run.sh` runs them all against `libcuda.so.1` with
+//! `CUDA_MEM_REQUIRE_GPU=1`, writes each one's output under `${RESULTS:-./results}`, and prints
+//! a line per binary and the totals.
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use crate::json::{self, Value};
+use crate::{cargo, describe};
+
+/// The largest bundle that can be carried to the GPU machine.
+const MAX_BUNDLE_BYTES: u64 = 64 << 20;
+
+/// Packages whose tests are left out of the bundle.
+const EXCLUDED: [&str; 2] = ["cuda-sim", "xtask"];
+
+/// The first line of every `run.sh`, which marks a folder as a bundle this command may replace.
+const MARKER: &str = "# cuda-mem GPU test bundle";
+
+/// One binary built for the bundle.
+struct Artifact {
+    /// The file name it gets in the bundle.
+    name: String,
+    /// Where cargo put it.
+    path: PathBuf,
+}
+
+/// Runs the subcommand.
+pub fn run(workspace: &Path, args: &[String]) -> Result<(), String> {
+    let out = parse_args(workspace, args)?;
+    prepare_dir(&out)?;
+
+    let mut test_build = cargo(workspace);
+    test_build.args(["test", "--workspace", "--release", "--no-run", "--message-format=json"]);
+    for package in EXCLUDED {
+        test_build.args(["--exclude", package]);
+    }
+    let mut tests: Vec<Artifact> = build(&mut test_build)?
+        .iter()
+        .filter(|message| is_test_artifact(message))
+        .filter_map(artifact)
+        .collect();
+    tests.sort_by(|a, b| a.name.cmp(&b.name));
+    if tests.is_empty() {
+        return Err("cargo built no test binaries".to_string());
+    }
+    let mut demo_build = cargo(workspace);
+    demo_build.args(["build", "--release", "-p", "tests", "--bin", "demo", "--message-format=json"]);
+    let demo = build(&mut demo_build)?
+        .iter()
+        .filter(|m| m.get("target").and_then(|t| t.get("name")).and_then(Value::as_str) == Some("demo"))
+        .find_map(|m| m.get("executable").and_then(Value::as_str).map(PathBuf::from))
+        .ok_or("cargo built no demo binary")?;
+
+    let tests_dir = out.join("tests");
+    create_dir(&tests_dir)?;
+    for test in &tests {
+        copy(&test.path, &tests_dir.join(&test.name))?;
+    }
+    copy(&demo, &out.join("demo"))?;
+    write_executable(&out.join("run.sh"), &run_script())?;
+    write_manifest(&out, &tests)?;
+
+    let size = dir_size(&out)?;
+    let mib = size as f64 / f64::from(1 << 20);
+    if size > MAX_BUNDLE_BYTES {
+        return Err(format!("the bundle at {} is {mib:.1} MiB, over the 64 MiB limit", out.display()));
+    }
+    println!("\nGPU test bundle: {} ({} test binaries and the demo, {mib:.1} MiB)", out.display(), tests.len());
+    for test in &tests {
+        println!("  tests/{}", test.name);
+    }
+    println!("Carry it to the GPU machine and run `bash {}/run.sh`.", relative(workspace, &out).display());
+    Ok(())
+}
+
+/// The bundle folder: `--out DIR` (relative to the current folder) or `gpu-bundle/` in the
+/// workspace.
+fn parse_args(workspace: &Path, args: &[String]) -> Result<PathBuf, String> {
+    let usage = "usage: cargo xtask gpu-test [--out DIR]";
+    let out = match args {
+        [] => workspace.join("gpu-bundle"),
+        [flag, dir] if flag == "--out" => PathBuf::from(dir),
+        [flag] if flag.starts_with("--out=") => PathBuf::from(&flag["--out=".len()..]),
+        _ => return Err(usage.to_string()),
+    };
+    if out.as_os_str().is_empty() {
+        return Err(usage.to_string());
+    }
+    let cwd = std::env::current_dir().map_err(|e| format!("the current folder: {e}"))?;
+    Ok(cwd.join(out))
+}
+
+/// Empties the bundle folder, refusing to touch a folder that is neither empty nor a bundle.
+fn prepare_dir(out: &Path) -> Result<(), String> {
+    if out.exists() {
+        let is_empty = std::fs::read_dir(out)
+            .map_err(|e| format!("reading {}: {e}", out.display()))?
+            .next()
+            .is_none();
+        let is_bundle = std::fs::read_to_string(out.join("run.sh")).is_ok_and(|s| s.lines().nth(1).is_some_and(|l| l.starts_with(MARKER)));
+        if !is_empty && !is_bundle {
+            return Err(format!(
+                "{} exists and is not a GPU test bundle; remove it or choose another --out",
+                out.display()
+            ));
+        }
+        std::fs::remove_dir_all(out).map_err(|e| format!("removing the old bundle {}: {e}", out.display()))?;
+    }
+    create_dir(out)
+}
+
+/// Runs a cargo build that prints JSON messages, and returns them; compiler diagnostics go to
+/// the terminal as they come. Release binaries are stripped of symbols.
+fn build(command: &mut Command) -> Result<Vec<Value>, String> {
+    command.env("CARGO_PROFILE_RELEASE_STRIP", "symbols").stdout(Stdio::piped());
+    let mut child = command.spawn().map_err(|e| format!("cannot run `{}`: {e}", describe(command)))?;
+    let stdout = child.stdout.take().ok_or("cargo has no stdout")?;
+    let mut messages = Vec::new();
+    for line in BufReader::new(stdout).lines() {
+        let line = line.map_err(|e| format!("reading cargo's output: {e}"))?;
+        let Ok(message) = json::parse(&line) else {
+            println!("{line}");
+            continue;
+        };
+        if message.get("reason").and_then(Value::as_str) == Some("compiler-message") {
+            if let Some(rendered) = message.get("message").and_then(|m| m.get("rendered")).and_then(Value::as_str) {
+                eprint!("{rendered}");
+            }
+        }
+        messages.push(message);
+    }
+    let status = child.wait().map_err(|e| format!("waiting for `{}`: {e}", describe(command)))?;
+    if !status.success() {
+        return Err(format!("`{}` failed ({status})", describe(command)));
+    }
+    Ok(messages)
+}
+
+/// Whether a cargo message is a built test binary (`"profile":{"test":true}`).
+fn is_test_artifact(message: &Value) -> bool {
+    message.get("reason").and_then(Value::as_str) == Some("compiler-artifact")
+        && message.get("profile").and_then(|p| p.get("test")).and_then(Value::as_bool) == Some(true)
+}
+
+/// A test binary, named `<package>.<kind>.<target>` (`cuda-sys.lib`, `tests.test.ipc`), unless
+/// it belongs to an excluded package or has no executable.
+fn artifact(message: &Value) -> Option<Artifact> {
+    let path = PathBuf::from(message.get("executable")?.as_str()?);
+    let package = package_name(message.get("package_id")?.as_str()?);
+    if EXCLUDED.contains(&package.as_str()) {
+        return None;
+    }
+    let target = message.get("target")?;
+    let kind = target.get("kind")?.as_array()?.first()?.as_str()?;
+    let name = match kind {
+        "lib" => format!("{package}.lib"),
+        _ => format!("{package}.{kind}.{}", target.get("name")?.as_str()?),
+    };
+    Some(Artifact { name, path })
+}
+
+/// The package name in a cargo package id: `path+file:///w/cuda-sys#0.1.0`,
+/// `path+file:///w/dir#name@0.1.0`, or the older `name 0.1.0 (path+file:///w/name)`.
+fn package_name(id: &str) -> String {
+    if let Some((name, _)) = id.split_once(' ') {
+        return name.to_string();
+    }
+    let (url, fragment) = id.rsplit_once('#').unwrap_or((id, ""));
+    if let Some((name, _)) = fragment.split_once('@') {
+        return name.to_string();
+    }
+    url.trim_end_matches('/').rsplit('/').next().unwrap_or(url).to_string()
+}
+
+fn create_dir(dir: &Path) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))
+}
+
+fn copy(from: &Path, to: &Path) -> Result<(), String> {
+    std::fs::copy(from, to)
+        .map(drop)
+        .map_err(|e| format!("copying {} to {}: {e}", from.display(), to.display()))
+}
+
+fn write_executable(path: &Path, text: &str) -> Result<(), String> {
+    std::fs::write(path, text).map_err(|e| format!("writing {}: {e}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
+        .map_err(|e| format!("making {} executable: {e}", path.display()))
+}
+
+/// `MANIFEST.txt`: what the bundle holds and where it was built.
+fn write_manifest(out: &Path, tests: &[Artifact]) -> Result<(), String> {
+    let rustc = Command::new("rustc")
+        .arg("--version")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    let mut text = format!(
+        "cuda-mem GPU test bundle, built by `cargo xtask gpu-test` with {rustc}\n\
+         Run: bash run.sh [TEST-BINARY-ARGS...]   (RESULTS=dir, CUDA_MEM_DRIVER=lib, TEST_TIMEOUT=seconds)\n\n\
+         demo\n"
+    );
+    for test in tests {
+        text.push_str(&format!("tests/{}\n", test.name));
+    }
+    let path = out.join("MANIFEST.txt");
+    std::fs::write(&path, text).map_err(|e| format!("writing {}: {e}", path.display()))
+}
+
+/// The total size of the files under `dir`.
+fn dir_size(dir: &Path) -> Result<u64, String> {
+    let mut total = 0;
+    for entry in std::fs::read_dir(dir).map_err(|e| format!("reading {}: {e}", dir.display()))? {
+        let entry = entry.map_err(|e| format!("reading {}: {e}", dir.display()))?;
+        let metadata = entry.metadata().map_err(|e| format!("reading {}: {e}", entry.path().display()))?;
+        total += if metadata.is_dir() { dir_size(&entry.path())? } else { metadata.len() };
+    }
+    Ok(total)
+}
+
+/// `path` relative to `base` when it lies under it.
+fn relative(base: &Path, path: &Path) -> PathBuf {
+    path.strip_prefix(base).map_or_else(|_| path.to_path_buf(), Path::to_path_buf)
+}
+
+/// The bundle's `run.sh`.
+fn run_script() -> String {
+    RUN_SCRIPT.replacen("#MARKER#", MARKER, 1)
+}
+
+const RUN_SCRIPT: &str = r#"#!/usr/bin/env bash
+#MARKER#, built by `cargo xtask gpu-test`.
+#
+# Runs every test binary in tests/ and then the demo against the real CUDA driver, writes each
+# one's output to $RESULTS/<name>.log, prints a line per binary and the totals, and exits
+# non-zero if anything failed. Arguments are passed to every test binary (a name filter,
+# --test-threads=N, ...).
+#
+# Environment: CUDA_MEM_DRIVER (default libcuda.so.1), RESULTS (default ./results),
+# TEST_TIMEOUT (seconds per binary, default 1800).
+set -uo pipefail
+
+bundle="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+results="${RESULTS:-./results}"
+mkdir -p "$results" || exit 1
+results="$(cd "$results" && pwd)"
+
+echo "== machine"
+if command -v nvidia-smi >/dev/null 2>&1; then
+    nvidia-smi || echo "nvidia-smi failed"
+    version="$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n 1)"
+else
+    echo "nvidia-smi: not found"
+    version=""
+fi
+if [ -z "$version" ] && [ -r /proc/driver/nvidia/version ]; then
+    version="$(head -n 1 /proc/driver/nvidia/version)"
+fi
+echo "driver version: ${version:-unknown}"
+
+export CUDA_MEM_DRIVER="${CUDA_MEM_DRIVER:-libcuda.so.1}"
+export CUDA_MEM_REQUIRE_GPU=1
+echo "CUDA_MEM_DRIVER=$CUDA_MEM_DRIVER CUDA_MEM_REQUIRE_GPU=$CUDA_MEM_REQUIRE_GPU"
+echo "results: $results"
+
+limit="${TEST_TIMEOUT:-1800}"
+total_passed=0
+total_failed=0
+summary=()
+
+# with_timeout COMMAND...: runs COMMAND, killed after $limit seconds where `timeout` exists.
+with_timeout() {
+    if command -v timeout >/dev/null 2>&1; then
+        timeout "$limit" "$@"
+    else
+        "$@"
+    fi
+}
+
+# run_one NAME COMMAND...: runs COMMAND with its output in $results/NAME.log and records a line.
+run_one() {
+    local name="$1"
+    shift
+    local log="$results/$name.log"
+    local start end status
+    start="$(date +%s)"
+    with_timeout "$@" >"$log" 2>&1
+    status=$?
+    end="$(date +%s)"
+    local counts passed failed ignored
+    counts="$(awk '/^test result:/ {
+            for (i = 2; i <= NF; i++) {
+                if ($i == "passed;") p += $(i - 1)
+                if ($i == "failed;") f += $(i - 1)
+                if ($i == "ignored;") g += $(i - 1)
+            }
+        } END { print p + 0, f + 0, g + 0 }' "$log")"
+    read -r passed failed ignored <<<"$counts"
+    local verdict="ok"
+    local note=""
+    if [ "$status" -ne 0 ]; then
+        verdict="FAILED"
+        if [ "$status" -eq 124 ]; then
+            note=" (timed out after ${limit}s)"
+        else
+            note=" (exit status $status)"
+        fi
+        # A binary that failed without a failing test (a crash, a timeout) counts as one failure.
+        if [ "$failed" -eq 0 ]; then
+            failed=1
+        fi
+    fi
+    total_passed=$((total_passed + passed))
+    total_failed=$((total_failed + failed))
+    local line
+    line="$(printf '%-6s %-44s %5d passed, %d failed, %d ignored, %ds%s' \
+        "$verdict" "$name" "$passed" "$failed" "$ignored" "$((end - start))" "$note")"
+    summary+=("$line")
+    echo "$line"
+    if [ "$status" -ne 0 ]; then
+        if grep -q -- '\.\.\. FAILED$' "$log"; then
+            grep -- '\.\.\. FAILED$' "$log" | sed 's/^/         /'
+        else
+            tail -n 20 "$log" | sed 's/^/         | /'
+        fi
+        echo "         full output: $log"
+    fi
+}
+
+echo
+echo "== tests"
+for binary in "$bundle"/tests/*; do
+    [ -f "$binary" ] || continue
+    run_one "$(basename "$binary")" "$binary" "$@"
+done
+
+echo
+echo "== demo"
+start="$(date +%s)"
+if with_timeout "$bundle/demo" 2>&1 | tee "$results/demo.log"; then
+    demo_verdict="ok"
+    total_passed=$((total_passed + 1))
+else
+    demo_verdict="FAILED"
+    total_failed=$((total_failed + 1))
+fi
+end="$(date +%s)"
+summary+=("$(printf '%-6s %-44s %ds' "$demo_verdict" "demo" "$((end - start))")")
+
+echo
+echo "== summary"
+for line in "${summary[@]}"; do
+    echo "$line"
+done
+echo "$total_passed passed, $total_failed failed"
+[ "$total_failed" -eq 0 ]
+"#;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_packages_from_every_id_format() {
+        assert_eq!(package_name("path+file:///w/cuda-sys#0.1.0"), "cuda-sys");
+        assert_eq!(package_name("path+file:///w/some-dir#tests@0.1.0"), "tests");
+        assert_eq!(package_name("cuda-sim 0.1.0 (path+file:///w/cuda-sim)"), "cuda-sim");
+        assert_eq!(package_name("registry+https://github.com/rust-lang/crates.io-index#libc@0.2.1"), "libc");
+    }
+
+    #[test]
+    fn the_run_script_carries_the_marker() {
+        assert!(run_script().lines().nth(1).is_some_and(|l| l.starts_with(MARKER)));
+    }
+
+    #[test]
+    fn test_artifacts_are_named_by_package_kind_and_target() {
+        let message = json::parse(
+            r#"{"reason":"compiler-artifact","package_id":"path+file:///w/tests#0.1.0","target":{"kind":["test"],"name":"ipc"},"profile":{"test":true},"executable":"/w/target/release/deps/ipc-1"}"#,
+        )
+        .unwrap();
+        assert!(is_test_artifact(&message));
+        assert_eq!(artifact(&message).unwrap().name, "tests.test.ipc");
+        let sim = json::parse(
+            r#"{"reason":"compiler-artifact","package_id":"path+file:///w/cuda-sim#0.1.0","target":{"kind":["lib"],"name":"cuda_sim"},"profile":{"test":true},"executable":"/x"}"#,
+        )
+        .unwrap();
+        assert!(artifact(&sim).is_none());
+    }
+}

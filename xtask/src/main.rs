@@ -1,0 +1,85 @@
+//! `cargo xtask`: the project's automation.
+//!
+//! - `cargo xtask demo [ARGS…]`: build the simulator and run the demo (on the real driver when
+//!   there is a GPU, on the simulator otherwise).
+//! - `cargo xtask ci`: the whole CI: fmt, clippy, build, tests, docs, binding check.
+//! - `cargo xtask gpu-test [--out DIR]`: build the bundle that runs the test suite on a GPU
+//!   machine without Rust.
+//! - `cargo xtask bindgen [--check]`: regenerate (or verify) the committed `cuda-sys` bindings.
+
+mod bindgen;
+mod ci;
+mod demo;
+mod gpu_test;
+mod header;
+mod json;
+
+use std::ffi::OsString;
+use std::path::Path;
+use std::process::{Command, ExitCode};
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let workspace = bindgen::workspace_root();
+    let rest = args.get(1..).unwrap_or_default();
+    let result = match args.first().map(String::as_str) {
+        Some("bindgen") => bindgen::run(&workspace, rest.iter().any(|a| a == "--check")),
+        Some("ci") if rest.is_empty() => ci::run(&workspace),
+        Some("demo") => demo::run(&workspace, rest),
+        Some("gpu-test") => gpu_test::run(&workspace, rest),
+        Some("help" | "--help" | "-h") => {
+            println!("{}", usage());
+            Ok(())
+        }
+        _ => Err(usage()),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("xtask: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn usage() -> String {
+    "usage: cargo xtask <command>\n\
+     \n\
+     commands:\n  \
+       demo [ARGS...]        build the simulator, then run the demo (real GPU if found, else the simulator)\n  \
+       ci                    fmt, clippy, build, test, doc and the bindings check, stopping at the first failure\n  \
+       gpu-test [--out DIR]  build the GPU test bundle (default: gpu-bundle/); run it with `bash DIR/run.sh`\n  \
+       bindgen [--check]     regenerate (or check) cuda-sys/src/generated from cuda.h"
+        .to_string()
+}
+
+/// A `cargo` command run from the workspace root, with the cargo that runs xtask.
+fn cargo(workspace: &Path) -> Command {
+    let program = std::env::var_os("CARGO").unwrap_or_else(|| OsString::from("cargo"));
+    let mut command = Command::new(program);
+    command.current_dir(workspace);
+    command
+}
+
+/// The command line of `command`, for messages.
+fn describe(command: &Command) -> String {
+    let program = Path::new(command.get_program())
+        .file_name()
+        .unwrap_or(command.get_program())
+        .to_string_lossy()
+        .into_owned();
+    std::iter::once(program)
+        .chain(command.get_args().map(|a| a.to_string_lossy().into_owned()))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Runs `command` with the terminal's standard streams and fails unless it exits with 0.
+fn run_command(command: &mut Command) -> Result<(), String> {
+    let status = command.status().map_err(|e| format!("cannot run `{}`: {e}", describe(command)))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("`{}` failed ({status})", describe(command)))
+    }
+}
