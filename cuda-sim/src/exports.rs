@@ -10,8 +10,10 @@
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
 use cuda_sys::types::{
-    CUcontext, CUdevice, CUdevice_attribute, CUdeviceptr, CUdriverProcAddressQueryResult, CUevent, CUhostFn,
-    CUpointer_attribute, CUresult, CUstream, CUstreamCaptureStatus, CUuuid, cuuint64_t,
+    CUcontext, CUdevice, CUdevice_attribute, CUdeviceptr, CUdriverProcAddressQueryResult, CUevent,
+    CUgraph, CUhostFn, CUmemAccess_flags, CUmemAccessDesc, CUmemAllocationType, CUmemLocation,
+    CUmemPool_attribute, CUmemPoolProps, CUmemoryPool, CUpointer_attribute, CUresult, CUstream,
+    CUstreamCaptureMode, CUstreamCaptureStatus, CUuuid, cuuint64_t,
 };
 
 use crate::api::memory::Direction;
@@ -193,4 +195,40 @@ exports! {
         => |mode| api::memory::memset(dst, u32::from(value), 2, count, stream, mode, true);
     cuMemsetD32Async / cuMemsetD32Async_ptsz(dst: CUdeviceptr, value: c_uint, count: usize, stream: CUstream)
         => |mode| api::memory::memset(dst, value, 4, count, stream, mode, true);
+
+    // Graph capture (enough to capture and discard; graphs are not launched).
+    cuStreamBeginCapture_v2 / cuStreamBeginCapture_v2_ptsz(stream: CUstream, capture_mode: CUstreamCaptureMode)
+        => |mode| api::stream::begin_capture(stream, capture_mode, mode);
+    cuStreamEndCapture / cuStreamEndCapture_ptsz(stream: CUstream, graph: *mut CUgraph)
+        => |mode| api::stream::end_capture(stream, graph, mode);
+    cuGraphDestroy / -(graph: CUgraph) => |_mode| api::stream::destroy_graph(graph);
+
+    // Pools.
+    cuMemPoolCreate / -(pool: *mut CUmemoryPool, props: *const CUmemPoolProps) => |_mode| api::pool::create(pool, props);
+    cuMemPoolDestroy / -(pool: CUmemoryPool) => |_mode| api::pool::destroy(pool);
+    cuDeviceGetDefaultMemPool / -(pool: *mut CUmemoryPool, device: CUdevice)
+        => |_mode| api::pool::device_pool(pool, device, false);
+    cuDeviceGetMemPool / -(pool: *mut CUmemoryPool, device: CUdevice) => |_mode| api::pool::device_pool(pool, device, true);
+    cuDeviceSetMemPool / -(device: CUdevice, pool: CUmemoryPool) => |_mode| api::pool::set_device_pool(device, pool);
+    cuMemGetMemPool / -(pool: *mut CUmemoryPool, location: *mut CUmemLocation, kind: CUmemAllocationType)
+        => |_mode| api::pool::current_pool(pool, location, kind);
+    cuMemPoolGetAttribute / -(pool: CUmemoryPool, attribute: CUmemPool_attribute, value: *mut c_void)
+        => |_mode| api::pool::get_attribute(pool, attribute, value);
+    cuMemPoolSetAttribute / -(pool: CUmemoryPool, attribute: CUmemPool_attribute, value: *mut c_void)
+        => |_mode| api::pool::set_attribute(pool, attribute, value);
+    cuMemPoolTrimTo / -(pool: CUmemoryPool, keep: usize) => |_mode| api::pool::trim_to(pool, keep);
+    cuMemPoolSetAccess / -(pool: CUmemoryPool, descs: *const CUmemAccessDesc, count: usize)
+        => |_mode| api::pool::set_access(pool, descs, count);
+    cuMemPoolGetAccess / -(flags: *mut CUmemAccess_flags, pool: CUmemoryPool, location: *mut CUmemLocation)
+        => |_mode| api::pool::get_access(flags, pool, location);
+    cuMemAllocFromPoolAsync / cuMemAllocFromPoolAsync_ptsz(pointer: *mut CUdeviceptr, size: usize, pool: CUmemoryPool, stream: CUstream)
+        => |mode| api::pool::alloc_from_pool(pointer, size, pool, stream, mode);
+    cuMemAllocAsync / cuMemAllocAsync_ptsz(pointer: *mut CUdeviceptr, size: usize, stream: CUstream)
+        => |mode| api::pool::alloc_async(pointer, size, stream, mode);
+    cuMemFreeAsync / cuMemFreeAsync_ptsz(pointer: CUdeviceptr, stream: CUstream) => |mode| api::pool::free_async(pointer, stream, mode);
+
+    // Managed and registered memory.
+    cuMemAllocManaged / -(pointer: *mut CUdeviceptr, size: usize, flags: c_uint) => |_mode| api::pool::alloc_managed(pointer, size, flags);
+    cuMemHostRegister_v2 / -(pointer: *mut c_void, size: usize, flags: c_uint) => |_mode| api::pool::host_register(pointer, size, flags);
+    cuMemHostUnregister / -(pointer: *mut c_void) => |_mode| api::pool::host_unregister(pointer);
 }

@@ -50,9 +50,9 @@
 //! # Ok::<(), cuda_sys::CudaError>(())
 //! ```
 
-pub mod conservative;
 pub(crate) mod api;
 mod config;
+pub mod conservative;
 mod context;
 mod device;
 mod error;
@@ -60,6 +60,7 @@ mod event;
 mod exports;
 mod handle;
 mod memory;
+mod pool;
 mod proc_address;
 mod state;
 mod stream;

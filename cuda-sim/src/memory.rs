@@ -27,10 +27,12 @@ const GUARD: u64 = 64 << 10;
 /// Arena sizes tried, largest first (virtual address space only; nothing is committed).
 const ARENA_SIZES: [u64; 4] = [1 << 40, 1 << 38, 1 << 36, 1 << 34];
 
-/// An owned anonymous memory mapping.
+/// A range of host memory holding an allocation's bytes: an anonymous mapping the simulator
+/// owns, or memory the application registered (`cuMemHostRegister`), which it does not.
 pub(crate) struct Mapping {
     ptr: NonNull<u8>,
     len: usize,
+    owned: bool,
 }
 
 // SAFETY: the mapping is plain memory owned by this value; access to its bytes is coordinated by
@@ -42,7 +44,10 @@ unsafe impl Sync for Mapping {}
 impl Mapping {
     /// Maps `len` bytes of zeroed, readable and writable memory.
     pub(crate) fn read_write(len: usize) -> SimResult<Mapping> {
-        Mapping::new(len, rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE)
+        Mapping::new(
+            len,
+            rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
+        )
     }
 
     /// Reserves `len` bytes of address space that cannot be accessed.
@@ -56,7 +61,20 @@ impl Mapping {
         let ptr = unsafe { rustix::mm::mmap_anonymous(std::ptr::null_mut(), len, prot, flags) }
             .map_err(|_| CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
         let ptr = NonNull::new(ptr.cast::<u8>()).ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
-        Ok(Mapping { ptr, len })
+        Ok(Mapping {
+            ptr,
+            len,
+            owned: true,
+        })
+    }
+
+    /// Describes application memory without taking ownership of it.
+    fn borrowed(ptr: NonNull<u8>, len: usize) -> Mapping {
+        Mapping {
+            ptr,
+            len,
+            owned: false,
+        }
     }
 
     /// The first byte.
@@ -72,8 +90,10 @@ impl Mapping {
 
 impl Drop for Mapping {
     fn drop(&mut self) {
-        // SAFETY: the range was mapped by `Mapping::new` and is unmapped once, here.
-        let _ = unsafe { rustix::mm::munmap(self.ptr.as_ptr().cast(), self.len) };
+        if self.owned {
+            // SAFETY: the range was mapped by `Mapping::new` and is unmapped once, here.
+            let _ = unsafe { rustix::mm::munmap(self.ptr.as_ptr().cast(), self.len) };
+        }
     }
 }
 
@@ -84,6 +104,24 @@ pub(crate) enum Kind {
     Device,
     /// `cuMemAllocHost` page-locked host memory.
     PinnedHost,
+    /// `cuMemHostRegister`ed application memory.
+    Registered,
+    /// `cuMemAllocManaged` memory.
+    Managed,
+    /// Memory from a pool (`cuMemAllocFromPoolAsync`, `cuMemAllocAsync`).
+    Pooled {
+        /// The pool's handle.
+        pool: usize,
+        /// Whether it is host (or managed) memory rather than device memory.
+        host: bool,
+    },
+}
+
+impl Kind {
+    /// Whether the memory lives in the device arena (inaccessible to the host).
+    pub(crate) fn is_device_memory(self) -> bool {
+        matches!(self, Kind::Device | Kind::Pooled { host: false, .. })
+    }
 }
 
 /// One live allocation.
@@ -164,7 +202,11 @@ impl Arena {
         for size in ARENA_SIZES {
             if let Ok(reservation) = Mapping::inaccessible(size as usize) {
                 let cursor = reservation.as_ptr() as u64;
-                return Ok(Arena { reservation, cursor, used: BTreeMap::new() });
+                return Ok(Arena {
+                    reservation,
+                    cursor,
+                    used: BTreeMap::new(),
+                });
             }
         }
         fail(CUresult::CUDA_ERROR_OUT_OF_MEMORY)
@@ -184,7 +226,9 @@ impl Arena {
 
     /// Finds `len` bytes of free address space, next-fit from the cursor.
     fn take(&mut self, len: u64) -> SimResult<u64> {
-        let found = self.find_from(self.cursor, len).or_else(|| self.find_from(self.start(), len));
+        let found = self
+            .find_from(self.cursor, len)
+            .or_else(|| self.find_from(self.start(), len));
         let start = found.ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
         self.used.insert(start, len);
         self.cursor = start + len;
@@ -228,41 +272,141 @@ pub(crate) fn round_up(size: u64) -> u64 {
 
 impl MemoryTable {
     /// Allocates `size` bytes of device memory for `device` in context `ctx`.
-    pub(crate) fn alloc_device(&mut self, size: usize, device: usize, ctx: usize) -> SimResult<u64> {
-        ensure(size > 0)?;
-        let backing = Arc::new(Mapping::read_write(size)?);
-        if self.arena.is_none() {
-            self.arena = Some(Arena::new()?);
+    pub(crate) fn alloc_device(
+        &mut self,
+        size: usize,
+        device: usize,
+        ctx: usize,
+    ) -> SimResult<u64> {
+        self.alloc(size, Kind::Device, device, ctx)
+    }
+
+    /// Allocates `size` bytes of `kind` memory for `device` in context `ctx`: in the device
+    /// arena for device memory, as ordinary host memory otherwise.
+    pub(crate) fn alloc(
+        &mut self,
+        size: usize,
+        kind: Kind,
+        device: usize,
+        ctx: usize,
+    ) -> SimResult<u64> {
+        if kind.is_device_memory() {
+            ensure(size > 0)?;
+            let backing = Arc::new(Mapping::read_write(size)?);
+            if self.arena.is_none() {
+                self.arena = Some(Arena::new()?);
+            }
+            let arena = self
+                .arena
+                .as_mut()
+                .ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
+            let base = arena.take(round_up(size as u64) + GUARD)?;
+            self.insert(base, size, kind, device, ctx, backing);
+            return Ok(base);
         }
-        let arena = self.arena.as_mut().ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
-        let base = arena.take(round_up(size as u64) + GUARD)?;
-        self.insert(base, size, Kind::Device, device, ctx, backing);
-        Ok(base)
+        self.alloc_host(size, kind, device, ctx)
     }
 
     /// Allocates `size` bytes of pinned host memory in context `ctx`.
-    pub(crate) fn alloc_pinned(&mut self, size: usize, device: usize, ctx: usize) -> SimResult<u64> {
+    pub(crate) fn alloc_pinned(
+        &mut self,
+        size: usize,
+        device: usize,
+        ctx: usize,
+    ) -> SimResult<u64> {
+        self.alloc_host(size, Kind::PinnedHost, device, ctx)
+    }
+
+    fn alloc_host(&mut self, size: usize, kind: Kind, device: usize, ctx: usize) -> SimResult<u64> {
         ensure(size > 0)?;
         let backing = Arc::new(Mapping::read_write(size)?);
         let base = backing.as_ptr() as u64;
-        self.insert(base, size, Kind::PinnedHost, device, ctx, backing);
+        self.insert(base, size, kind, device, ctx, backing);
         Ok(base)
     }
 
-    fn insert(&mut self, base: u64, size: usize, kind: Kind, device: usize, ctx: usize, backing: Arc<Mapping>) {
+    /// Registers `size` bytes of application memory at `address` as page-locked.
+    /// Overlapping an existing registration or allocation is
+    /// `CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED`.
+    pub(crate) fn register(
+        &mut self,
+        address: u64,
+        size: usize,
+        device: usize,
+        ctx: usize,
+    ) -> SimResult {
+        ensure(size > 0)?;
+        let ptr = NonNull::new(address as *mut u8).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        let end = address
+            .checked_add(size as u64)
+            .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        let in_arena = self
+            .arena
+            .as_ref()
+            .is_some_and(|arena| arena.contains(address));
+        ensure(!in_arena)?;
+        let overlaps =
+            self.find(address).is_some() || self.allocations.range(address..end).next().is_some();
+        if overlaps {
+            return fail(CUresult::CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
+        }
+        self.insert(
+            address,
+            size,
+            Kind::Registered,
+            device,
+            ctx,
+            Arc::new(Mapping::borrowed(ptr, size)),
+        );
+        Ok(())
+    }
+
+    fn insert(
+        &mut self,
+        base: u64,
+        size: usize,
+        kind: Kind,
+        device: usize,
+        ctx: usize,
+        backing: Arc<Mapping>,
+    ) {
         self.next_id += 1;
         let id = self.next_id;
-        self.allocations.insert(base, Allocation { base, size, kind, device, ctx, id, backing });
+        self.allocations.insert(
+            base,
+            Allocation {
+                base,
+                size,
+                kind,
+                device,
+                ctx,
+                id,
+                backing,
+            },
+        );
     }
 
     /// Frees the allocation that starts at `base`, which must be of `kind`.
     pub(crate) fn free(&mut self, base: u64, kind: Kind) -> SimResult<Allocation> {
+        self.free_if(base, |k| k == kind)
+    }
+
+    /// Frees the allocation that starts at `base` if its kind passes `accept`; otherwise (or if
+    /// there is none) `CUDA_ERROR_INVALID_VALUE`.
+    pub(crate) fn free_if(
+        &mut self,
+        base: u64,
+        accept: impl Fn(Kind) -> bool,
+    ) -> SimResult<Allocation> {
         match self.allocations.get(&base) {
-            Some(a) if a.kind == kind => {}
+            Some(a) if accept(a.kind) => {}
             _ => return fail(CUresult::CUDA_ERROR_INVALID_VALUE),
         }
-        let allocation = self.allocations.remove(&base).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
-        if kind == Kind::Device
+        let allocation = self
+            .allocations
+            .remove(&base)
+            .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        if allocation.kind.is_device_memory()
             && let Some(arena) = self.arena.as_mut()
         {
             arena.give_back(base);
@@ -270,10 +414,25 @@ impl MemoryTable {
         Ok(allocation)
     }
 
+    /// Every live allocation from pool `pool`.
+    pub(crate) fn pooled_in(&self, pool: usize) -> impl Iterator<Item = &Allocation> {
+        self.allocations
+            .values()
+            .filter(move |a| matches!(a.kind, Kind::Pooled { pool: p, .. } if p == pool))
+    }
+
     /// Removes every allocation of context `ctx` (the context is being destroyed).
     pub(crate) fn free_context(&mut self, ctx: usize) -> Vec<Allocation> {
-        let bases: Vec<u64> = self.allocations.values().filter(|a| a.ctx == ctx).map(|a| a.base).collect();
-        bases.into_iter().filter_map(|base| self.free(base, self.allocations.get(&base)?.kind).ok()).collect()
+        let bases: Vec<u64> = self
+            .allocations
+            .values()
+            .filter(|a| a.ctx == ctx && !matches!(a.kind, Kind::Pooled { .. }))
+            .map(|a| a.base)
+            .collect();
+        bases
+            .into_iter()
+            .filter_map(|base| self.free_if(base, |_| true).ok())
+            .collect()
     }
 
     /// The allocation containing `address`, if any.
@@ -290,13 +449,20 @@ impl MemoryTable {
         if let Some(allocation) = self.find(address) {
             let offset = (address - allocation.base) as usize;
             ensure(len <= allocation.size - offset)?;
-            let span = Span { backing: Arc::clone(&allocation.backing), offset };
-            return Ok(match allocation.kind {
-                Kind::Device => Endpoint::Device(span),
-                Kind::PinnedHost => Endpoint::Pinned(span),
+            let span = Span {
+                backing: Arc::clone(&allocation.backing),
+                offset,
+            };
+            return Ok(if allocation.kind.is_device_memory() {
+                Endpoint::Device(span)
+            } else {
+                Endpoint::Pinned(span)
             });
         }
-        let in_arena = self.arena.as_ref().is_some_and(|arena| arena.contains(address));
+        let in_arena = self
+            .arena
+            .as_ref()
+            .is_some_and(|arena| arena.contains(address));
         ensure(!in_arena)?;
         Ok(Endpoint::Pageable(address as usize))
     }
@@ -329,9 +495,18 @@ mod tests {
         table.free(a, Kind::Device).unwrap();
         let b = table.alloc_device(100, 0, 1).unwrap();
         assert_ne!(a, b);
-        assert!(matches!(table.classify(a, 1), Err(CUresult::CUDA_ERROR_INVALID_VALUE)));
-        assert!(matches!(table.classify(b + 50, 50), Ok(Endpoint::Device(_))));
-        assert!(matches!(table.classify(b + 50, 51), Err(CUresult::CUDA_ERROR_INVALID_VALUE)));
+        assert!(matches!(
+            table.classify(a, 1),
+            Err(CUresult::CUDA_ERROR_INVALID_VALUE)
+        ));
+        assert!(matches!(
+            table.classify(b + 50, 50),
+            Ok(Endpoint::Device(_))
+        ));
+        assert!(matches!(
+            table.classify(b + 50, 51),
+            Err(CUresult::CUDA_ERROR_INVALID_VALUE)
+        ));
     }
 
     #[test]
@@ -345,7 +520,10 @@ mod tests {
         table.free(d, Kind::Device).unwrap();
         assert!(table.free(d, Kind::Device).is_err());
         assert!(matches!(table.classify(h, 10), Ok(Endpoint::Pinned(_))));
-        assert_eq!(table.alloc_device(0, 0, 1), Err(CUresult::CUDA_ERROR_INVALID_VALUE));
+        assert_eq!(
+            table.alloc_device(0, 0, 1),
+            Err(CUresult::CUDA_ERROR_INVALID_VALUE)
+        );
     }
 
     #[test]

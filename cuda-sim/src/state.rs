@@ -11,6 +11,7 @@ use crate::device::DeviceState;
 use crate::error::SimResult;
 use crate::event::Event;
 use crate::memory::MemoryTable;
+use crate::pool::Pool;
 use crate::stream::Stream;
 
 /// Everything the simulated driver knows.
@@ -31,6 +32,36 @@ pub(crate) struct State {
     pub events: HashMap<usize, Arc<Event>>,
     /// Live allocations.
     pub memory: MemoryTable,
+    /// Captured graphs by handle (their work never runs: the simulator does not launch graphs).
+    pub graphs: HashMap<usize, Vec<crate::stream::Op>>,
+    /// Live pools by handle.
+    pub pools: HashMap<usize, Arc<Pool>>,
+    /// Each device's current pool (the one `cuMemAllocAsync` uses).
+    pub current_pool: Vec<usize>,
+    /// Each device's default pool.
+    pub default_pool: Vec<usize>,
+    /// Current pools of other kinds (`cuMemGetMemPool`/`cuMemSetMemPool`), keyed by location
+    /// and kind, created on first use.
+    pub other_pools: HashMap<(crate::pool::LocationKey, bool), usize>,
+    /// The peer-access state the last destroyed pool of each device left behind, which the
+    /// next pool created on that device inherits (the driver's nvbug 5698116, modelled so that
+    /// code working around it is tested).
+    pub leftover_access:
+        HashMap<usize, std::collections::BTreeMap<usize, cuda_sys::types::CUmemAccess_flags>>,
+}
+
+impl State {
+    /// Releases pool memory above each pool's threshold, as the driver does when the
+    /// application synchronizes.
+    pub(crate) fn release_pools_at_sync(&mut self) {
+        for pool in self.pools.values() {
+            let released = pool.lock().release_at_sync();
+            if let Some(device) = pool.owner() {
+                let used = &mut self.devices[device].used;
+                *used = used.saturating_sub(released);
+            }
+        }
+    }
 }
 
 static STATE: OnceLock<Mutex<State>> = OnceLock::new();
@@ -50,6 +81,17 @@ pub(crate) fn init() -> SimResult {
         CUresult::CUDA_ERROR_INVALID_VALUE
     })?;
     let devices = config.devices;
+    let defaults: Vec<Arc<Pool>> = (0..devices)
+        .map(|d| {
+            Arc::new(Pool::new(
+                crate::pool::Location::Device(d),
+                crate::pool::PoolKind::Pinned,
+                0,
+                0,
+                true,
+            ))
+        })
+        .collect();
     let state = State {
         config,
         devices: (0..devices).map(|_| DeviceState::default()).collect(),
@@ -59,6 +101,12 @@ pub(crate) fn init() -> SimResult {
         streams: HashMap::new(),
         events: HashMap::new(),
         memory: MemoryTable::default(),
+        current_pool: defaults.iter().map(|p| p.handle).collect(),
+        default_pool: defaults.iter().map(|p| p.handle).collect(),
+        pools: defaults.into_iter().map(|p| (p.handle, p)).collect(),
+        other_pools: HashMap::new(),
+        graphs: HashMap::new(),
+        leftover_access: HashMap::new(),
     };
     let _ = STATE.set(Mutex::new(state));
     Ok(())

@@ -42,20 +42,80 @@ pub(crate) struct Stream {
     pub kind: StreamKind,
     /// The work queue.
     pub queue: Arc<Queue>,
+    /// While a graph capture is active, the work captured so far (never run).
+    capture: Mutex<Option<Vec<Op>>>,
 }
 
 impl Stream {
     /// Starts a stream with its worker thread.
-    pub(crate) fn start(ctx: usize, device: usize, flags: u32, priority: i32, kind: StreamKind) -> SimResult<Arc<Stream>> {
+    pub(crate) fn start(
+        ctx: usize,
+        device: usize,
+        flags: u32,
+        priority: i32,
+        kind: StreamKind,
+    ) -> SimResult<Arc<Stream>> {
         let handle = crate::handle::next();
         let queue = Queue::start(handle)?;
-        Ok(Arc::new(Stream { handle, ctx, device, flags, priority, kind, queue }))
+        Ok(Arc::new(Stream {
+            handle,
+            ctx,
+            device,
+            flags,
+            priority,
+            kind,
+            queue,
+            capture: Mutex::new(None),
+        }))
+    }
+
+    /// Whether a graph capture is active on the stream.
+    pub(crate) fn is_capturing(&self) -> bool {
+        self.capture
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some()
+    }
+
+    /// Starts capturing; `false` if a capture is already active.
+    pub(crate) fn begin_capture(&self) -> bool {
+        let mut capture = self.capture.lock().unwrap_or_else(PoisonError::into_inner);
+        if capture.is_some() {
+            return false;
+        }
+        *capture = Some(Vec::new());
+        true
+    }
+
+    /// Ends the capture, returning the captured work (`None` if none was active).
+    pub(crate) fn end_capture(&self) -> Option<Vec<Op>> {
+        self.capture
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+    }
+
+    /// Adds `op` to the active capture, or gives it back when there is none.
+    pub(crate) fn capture(&self, op: Op) -> Result<(), Op> {
+        match self
+            .capture
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_mut()
+        {
+            Some(ops) => {
+                ops.push(op);
+                Ok(())
+            }
+            None => Err(op),
+        }
     }
 
     /// Whether it synchronizes with the legacy default stream: every stream except the legacy
     /// one itself and those created with `CU_STREAM_NON_BLOCKING`.
     pub(crate) fn is_blocking(&self) -> bool {
-        self.kind != StreamKind::Legacy && self.flags & CUstream_flags::CU_STREAM_NON_BLOCKING.0 == 0
+        self.kind != StreamKind::Legacy
+            && self.flags & CUstream_flags::CU_STREAM_NON_BLOCKING.0 == 0
     }
 }
 
@@ -93,7 +153,11 @@ impl Fence {
     pub(crate) fn wait(&self) {
         let mut inner = self.queue.lock();
         while inner.completed < self.seq {
-            inner = self.queue.done.wait(inner).unwrap_or_else(PoisonError::into_inner);
+            inner = self
+                .queue
+                .done
+                .wait(inner)
+                .unwrap_or_else(PoisonError::into_inner);
         }
     }
 }
@@ -101,7 +165,12 @@ impl Fence {
 impl Queue {
     fn start(handle: usize) -> SimResult<Arc<Queue>> {
         let queue = Arc::new(Queue {
-            inner: Mutex::new(Inner { ops: VecDeque::new(), submitted: 0, completed: 0, shutdown: false }),
+            inner: Mutex::new(Inner {
+                ops: VecDeque::new(),
+                submitted: 0,
+                completed: 0,
+                shutdown: false,
+            }),
             work: Condvar::new(),
             done: Condvar::new(),
         });
@@ -125,19 +194,28 @@ impl Queue {
         let seq = inner.submitted;
         drop(inner);
         self.work.notify_one();
-        Fence { queue: Arc::clone(self), seq }
+        Fence {
+            queue: Arc::clone(self),
+            seq,
+        }
     }
 
     /// The fence after everything enqueued so far.
     pub(crate) fn tail(self: &Arc<Self>) -> Fence {
         let seq = self.lock().submitted;
-        Fence { queue: Arc::clone(self), seq }
+        Fence {
+            queue: Arc::clone(self),
+            seq,
+        }
     }
 
     /// The tail fence, if some enqueued work has not completed yet.
     pub(crate) fn pending_tail(self: &Arc<Self>) -> Option<Fence> {
         let inner = self.lock();
-        (inner.completed < inner.submitted).then(|| Fence { queue: Arc::clone(self), seq: inner.submitted })
+        (inner.completed < inner.submitted).then(|| Fence {
+            queue: Arc::clone(self),
+            seq: inner.submitted,
+        })
     }
 
     /// Whether all enqueued work has completed.
@@ -162,7 +240,10 @@ impl Queue {
                     if inner.shutdown {
                         return;
                     }
-                    inner = self.work.wait(inner).unwrap_or_else(PoisonError::into_inner);
+                    inner = self
+                        .work
+                        .wait(inner)
+                        .unwrap_or_else(PoisonError::into_inner);
                 }
             };
             // An operation that panicked must still count as completed, or every waiter on
@@ -186,7 +267,11 @@ mod tests {
         let mut last = None;
         for i in 0..100 {
             let log = Arc::clone(&log);
-            last = Some(stream.queue.push(Box::new(move || log.lock().unwrap().push(i))));
+            last = Some(
+                stream
+                    .queue
+                    .push(Box::new(move || log.lock().unwrap().push(i))),
+            );
         }
         last.unwrap().wait();
         assert_eq!(*log.lock().unwrap(), (0..100).collect::<Vec<_>>());
@@ -213,7 +298,14 @@ mod tests {
 
     #[test]
     fn blocking_flags() {
-        let s = Stream::start(1, 0, CUstream_flags::CU_STREAM_NON_BLOCKING.0, 0, StreamKind::Created).unwrap();
+        let s = Stream::start(
+            1,
+            0,
+            CUstream_flags::CU_STREAM_NON_BLOCKING.0,
+            0,
+            StreamKind::Created,
+        )
+        .unwrap();
         assert!(!s.is_blocking());
         let s = Stream::start(1, 0, 0, 0, StreamKind::PerThread).unwrap();
         assert!(s.is_blocking());

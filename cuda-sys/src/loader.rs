@@ -15,7 +15,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 
 use crate::error::{CudaError, DriverError, LoadError};
-use crate::types::{CUdriverProcAddressQueryResult, CUdriverProcAddress_flags, CUresult, cuuint64_t};
+use crate::types::{
+    CUdriverProcAddress_flags, CUdriverProcAddressQueryResult, CUresult, cuuint64_t,
+};
 
 /// The environment variable naming the driver library to load instead of [`DEFAULT_LIBRARY`].
 pub const DRIVER_ENV: &str = "CUDA_MEM_DRIVER";
@@ -136,7 +138,8 @@ impl Driver {
             // and the symbol's name pins it.
             unsafe { std::mem::transmute::<*const c_void, GetProcAddress>(address) }
         });
-        let has_init = lookup(&library, c"cuInit").is_some() && lookup(&library, c"cuDriverGetVersion").is_some();
+        let has_init = lookup(&library, c"cuInit").is_some()
+            && lookup(&library, c"cuDriverGetVersion").is_some();
         if get_proc_address.is_none() && !has_init {
             return Err(LoadError::NotADriver { path });
         }
@@ -196,7 +199,12 @@ impl Driver {
     fn describe(
         &self,
         code: CUresult,
-        getter: fn(&Self) -> Result<unsafe extern "C" fn(CUresult, *mut *const std::ffi::c_char) -> CUresult, LoadError>,
+        getter: fn(
+            &Self,
+        ) -> Result<
+            unsafe extern "C" fn(CUresult, *mut *const std::ffi::c_char) -> CUresult,
+            LoadError,
+        >,
     ) -> Option<String> {
         let f = getter(self).ok()?;
         let mut text: *const std::ffi::c_char = std::ptr::null();
@@ -207,11 +215,19 @@ impl Driver {
         }
         // SAFETY: on success the driver returned a NUL-terminated string that lives as long as
         // the library, which outlives this call; it is copied at once.
-        Some(unsafe { CStr::from_ptr(text) }.to_string_lossy().into_owned())
+        Some(
+            unsafe { CStr::from_ptr(text) }
+                .to_string_lossy()
+                .into_owned(),
+        )
     }
 
     /// Resolves one entry point, caching the outcome in `slot`.
-    pub(crate) fn resolve(&self, slot: &Slot, spec: &SymbolInfo) -> Result<*const c_void, LoadError> {
+    pub(crate) fn resolve(
+        &self,
+        slot: &Slot,
+        spec: &SymbolInfo,
+    ) -> Result<*const c_void, LoadError> {
         let outcome = *slot.get_or_init(|| self.lookup_entry(spec));
         match outcome {
             Ok(address) => Ok(address as *const c_void),
@@ -219,10 +235,17 @@ impl Driver {
                 let symbol = spec.symbol.to_str().unwrap_or("?");
                 let path = self.path.clone();
                 Err(match failure {
-                    Failure::NotFound { version } => LoadError::SymbolNotFound { symbol, version, path },
-                    Failure::TooOld { required, driver } => {
-                        LoadError::VersionNotSufficient { symbol, required, driver, path }
-                    }
+                    Failure::NotFound { version } => LoadError::SymbolNotFound {
+                        symbol,
+                        version,
+                        path,
+                    },
+                    Failure::TooOld { required, driver } => LoadError::VersionNotSufficient {
+                        symbol,
+                        required,
+                        driver,
+                        path,
+                    },
                 })
             }
         }
@@ -235,7 +258,11 @@ impl Driver {
                 Some(version),
                 CUdriverProcAddress_flags::CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM,
             ),
-            _ => (spec.symbol, spec.version, CUdriverProcAddress_flags::CU_GET_PROC_ADDRESS_LEGACY_STREAM),
+            _ => (
+                spec.symbol,
+                spec.version,
+                CUdriverProcAddress_flags::CU_GET_PROC_ADDRESS_LEGACY_STREAM,
+            ),
         };
         let mut too_old = None;
         if let (Some(get_proc_address), Some(version)) = (self.get_proc_address, version) {
@@ -244,7 +271,13 @@ impl Driver {
             // SAFETY: `base` is NUL-terminated, `address` and `status` are valid out-pointers, and
             // the version fits an int (it is at most 5 digits).
             let code = unsafe {
-                get_proc_address(spec.base.as_ptr(), &mut address, version as c_int, cuuint64_t::from(flags.0), &mut status)
+                get_proc_address(
+                    spec.base.as_ptr(),
+                    &mut address,
+                    version as c_int,
+                    cuuint64_t::from(flags.0),
+                    &mut status,
+                )
             };
             if code == CUresult::CUDA_SUCCESS
                 && status == CUdriverProcAddressQueryResult::CU_GET_PROC_ADDRESS_SUCCESS
@@ -252,7 +285,8 @@ impl Driver {
             {
                 return Ok(address as usize);
             }
-            if status == CUdriverProcAddressQueryResult::CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT {
+            if status == CUdriverProcAddressQueryResult::CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT
+            {
                 too_old = Some(version);
             }
         }
@@ -260,7 +294,10 @@ impl Driver {
             return Ok(address as usize);
         }
         match too_old {
-            Some(required) => Err(Failure::TooOld { required, driver: self.version_cached() }),
+            Some(required) => Err(Failure::TooOld {
+                required,
+                driver: self.version_cached(),
+            }),
             None => Err(Failure::NotFound { version }),
         }
     }
@@ -284,8 +321,10 @@ impl Driver {
 fn open_library(path: &Path) -> Result<libloading::Library, LoadError> {
     // SAFETY: loading a library runs its initialisers. The driver's (and the simulator's) are
     // sound to run at any time; a library the user names is trusted like any other dependency.
-    unsafe { libloading::Library::new(path) }
-        .map_err(|e| LoadError::Library { path: path.to_path_buf(), reason: e.to_string() })
+    unsafe { libloading::Library::new(path) }.map_err(|e| LoadError::Library {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    })
 }
 
 /// `dlsym` of one name; `None` when absent or null.
@@ -350,7 +389,11 @@ macro_rules! driver_functions {
 }
 
 /// The generated accessors, one per driver function of `cuda.h`.
-#[allow(rustdoc::all, clippy::doc_lazy_continuation, clippy::doc_overindented_list_items)]
+#[allow(
+    rustdoc::all,
+    clippy::doc_lazy_continuation,
+    clippy::doc_overindented_list_items
+)]
 mod functions {
     use crate::types::*;
     include!("generated/functions.rs");
@@ -390,11 +433,14 @@ pub fn driver() -> Result<&'static Driver, LoadError> {
     if let Some(driver) = GLOBAL.get() {
         return Ok(driver);
     }
-    let _guard = GLOBAL_INIT.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _guard = GLOBAL_INIT
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     if let Some(driver) = GLOBAL.get() {
         return Ok(driver);
     }
-    let path = std::env::var_os(DRIVER_ENV).map_or_else(|| PathBuf::from(DEFAULT_LIBRARY), PathBuf::from);
+    let path =
+        std::env::var_os(DRIVER_ENV).map_or_else(|| PathBuf::from(DEFAULT_LIBRARY), PathBuf::from);
     let opened = Driver::open(path)?;
     Ok(GLOBAL.get_or_init(|| opened))
 }
@@ -404,7 +450,9 @@ pub fn driver() -> Result<&'static Driver, LoadError> {
 /// # Errors
 /// Gives `driver` back if a process-wide driver is already in place.
 pub fn install_driver(driver: Driver) -> Result<&'static Driver, Driver> {
-    let _guard = GLOBAL_INIT.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _guard = GLOBAL_INIT
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     if GLOBAL.get().is_some() {
         return Err(driver);
     }

@@ -46,7 +46,11 @@ pub fn run(workspace: &Path) -> Result<(), String> {
 }
 
 /// The steps, each recorded as it ends; returns the first failure.
-fn run_steps(workspace: &Path, records: &mut Vec<Record>, summaries: &mut Vec<String>) -> Result<(), String> {
+fn run_steps(
+    workspace: &Path,
+    records: &mut Vec<Record>,
+    summaries: &mut Vec<String>,
+) -> Result<(), String> {
     const TOTAL: usize = 6;
     let mut step = |name: &'static str, f: &mut dyn FnMut() -> Result<Outcome, String>| {
         println!("\n==> ci [{}/{TOTAL}] {name}", records.len() + 1);
@@ -60,15 +64,34 @@ fn run_steps(workspace: &Path, records: &mut Vec<Record>, summaries: &mut Vec<St
             }
             Outcome::Passed | Outcome::PassedWith(_) => None,
         };
-        records.push(Record { name, time: start.elapsed(), outcome });
+        records.push(Record {
+            name,
+            time: start.elapsed(),
+            outcome,
+        });
         failure.map_or(Ok(()), Err)
     };
 
-    step("fmt", &mut || passed(run_command(cargo(workspace).args(["fmt", "--all", "--check"]))))?;
-    step("clippy", &mut || {
-        passed(run_command(cargo(workspace).args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])))
+    step("fmt", &mut || {
+        passed(run_command(
+            cargo(workspace).args(["fmt", "--all", "--check"]),
+        ))
     })?;
-    step("build cuda-sim", &mut || passed(run_command(cargo(workspace).args(["build", "-p", "cuda-sim"]))))?;
+    step("clippy", &mut || {
+        passed(run_command(cargo(workspace).args([
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ])))
+    })?;
+    step("build cuda-sim", &mut || {
+        passed(run_command(
+            cargo(workspace).args(["build", "-p", "cuda-sim"]),
+        ))
+    })?;
     step("test", &mut || {
         let mut command = cargo(workspace);
         command
@@ -85,7 +108,9 @@ fn run_steps(workspace: &Path, records: &mut Vec<Record>, summaries: &mut Vec<St
         let mut flags = std::env::var("RUSTDOCFLAGS").unwrap_or_default();
         flags.push_str(" -Dwarnings");
         passed(run_command(
-            cargo(workspace).args(["doc", "--workspace", "--no-deps"]).env("RUSTDOCFLAGS", flags.trim()),
+            cargo(workspace)
+                .args(["doc", "--workspace", "--no-deps"])
+                .env("RUSTDOCFLAGS", flags.trim()),
         ))
     })?;
     step("bindgen --check", &mut || bindgen_check(workspace))?;
@@ -112,18 +137,36 @@ fn passed(result: Result<(), String>) -> Result<Outcome, String> {
 /// in order.
 fn run_collecting_summaries(command: &mut Command) -> (Result<(), String>, Vec<String>) {
     let lines = Arc::new(Mutex::new(Vec::new()));
-    let spawned = command.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn();
+    let spawned = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn();
     let mut child = match spawned {
         Ok(child) => child,
-        Err(e) => return (Err(format!("cannot run `{}`: {e}", describe(command))), Vec::new()),
+        Err(e) => {
+            return (
+                Err(format!("cannot run `{}`: {e}", describe(command))),
+                Vec::new(),
+            );
+        }
     };
-    let stdout = child.stdout.take().map(|out| relay(out, false, Arc::clone(&lines)));
-    let stderr = child.stderr.take().map(|err| relay(err, true, Arc::clone(&lines)));
+    let stdout = child
+        .stdout
+        .take()
+        .map(|out| relay(out, false, Arc::clone(&lines)));
+    let stderr = child
+        .stderr
+        .take()
+        .map(|err| relay(err, true, Arc::clone(&lines)));
     for relay in [stdout, stderr].into_iter().flatten() {
         let _ = relay.join();
     }
     let status = child.wait();
-    let lines = std::mem::take(&mut *lines.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+    let lines = std::mem::take(
+        &mut *lines
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner),
+    );
     let result = match status {
         Ok(status) if status.success() => Ok(()),
         Ok(status) => Err(format!("`{}` failed ({status})", describe(command))),
@@ -172,18 +215,28 @@ fn relay(
 fn keep_if_summary(line: &[u8], keep: &Mutex<Vec<String>>) {
     let line = String::from_utf8_lossy(line);
     let trimmed = line.trim();
-    if trimmed.starts_with("test result:") || trimmed.starts_with("Running ") || trimmed.starts_with("Doc-tests ") {
-        keep.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(line.trim_end().to_string());
+    if trimmed.starts_with("test result:")
+        || trimmed.starts_with("Running ")
+        || trimmed.starts_with("Doc-tests ")
+    {
+        keep.lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(line.trim_end().to_string());
     }
 }
 
 /// Totals of the `test result:` lines, as "N passed, N failed, N ignored".
 fn count_tests(summaries: &[String]) -> String {
     let (mut passed, mut failed, mut ignored) = (0u64, 0u64, 0u64);
-    for line in summaries.iter().filter(|l| l.trim_start().starts_with("test result:")) {
+    for line in summaries
+        .iter()
+        .filter(|l| l.trim_start().starts_with("test result:"))
+    {
         let words: Vec<&str> = line.split_whitespace().collect();
         for pair in words.windows(2) {
-            let Ok(n) = pair[0].parse::<u64>() else { continue };
+            let Ok(n) = pair[0].parse::<u64>() else {
+                continue;
+            };
             match pair[1].trim_end_matches([';', ',']) {
                 "passed" => passed += n,
                 "failed" => failed += n,
@@ -201,7 +254,8 @@ fn bindgen_check(workspace: &Path) -> Result<Outcome, String> {
         Some(path) => path,
         None => {
             return Ok(Outcome::Skipped(
-                "libclang not found (install libclang-dev, or set LIBCLANG_PATH to its folder)".to_string(),
+                "libclang not found (install libclang-dev, or set LIBCLANG_PATH to its folder)"
+                    .to_string(),
             ));
         }
     };
@@ -226,7 +280,11 @@ fn find_libclang() -> Option<PathBuf> {
             return Some(found);
         }
     }
-    if let Ok(output) = Command::new("ldconfig").arg("-p").stderr(Stdio::null()).output() {
+    if let Ok(output) = Command::new("ldconfig")
+        .arg("-p")
+        .stderr(Stdio::null())
+        .output()
+    {
         let listing = String::from_utf8_lossy(&output.stdout);
         // Lines read `\tlibclang-14.so.13 (libc6,x86-64) => /lib/x86_64-linux-gnu/libclang-14.so.13`.
         let found = listing.lines().find_map(|line| {
@@ -238,10 +296,15 @@ fn find_libclang() -> Option<PathBuf> {
             return found;
         }
     }
-    let mut llvm_dirs = std::fs::read_dir("/usr/lib").ok()?.filter_map(Result::ok).filter_map(|entry| {
-        let name = entry.file_name();
-        name.to_string_lossy().starts_with("llvm").then(|| entry.path().join("lib"))
-    });
+    let mut llvm_dirs = std::fs::read_dir("/usr/lib")
+        .ok()?
+        .filter_map(Result::ok)
+        .filter_map(|entry| {
+            let name = entry.file_name();
+            name.to_string_lossy()
+                .starts_with("llvm")
+                .then(|| entry.path().join("lib"))
+        });
     llvm_dirs.find_map(|dir| libclang_in(&dir))
 }
 
@@ -256,8 +319,12 @@ fn libclang_in(dir: &Path) -> Option<PathBuf> {
 
 /// `libclang.so`, `libclang.so.N`, `libclang-N.so`, `libclang-N.so.M` (not `libclang-cpp`).
 fn is_libclang(name: &str) -> bool {
-    let Some(rest) = name.strip_prefix("libclang") else { return false };
-    let Some(at) = rest.find(".so") else { return false };
+    let Some(rest) = name.strip_prefix("libclang") else {
+        return false;
+    };
+    let Some(at) = rest.find(".so") else {
+        return false;
+    };
     let (version, suffix) = rest.split_at(at);
     let version_ok = version.is_empty()
         || version
@@ -276,7 +343,11 @@ fn print_summary(records: &[Record], summaries: &[String]) {
             Outcome::Skipped(reason) => ("skipped", format!(": {reason}")),
             Outcome::Failed(_) => ("FAILED", String::new()),
         };
-        println!("  {:<16} {:>8.1}s  {status}{note}", record.name, record.time.as_secs_f64());
+        println!(
+            "  {:<16} {:>8.1}s  {status}{note}",
+            record.name,
+            record.time.as_secs_f64()
+        );
     }
     let total: Duration = records.iter().map(|r| r.time).sum();
     println!("  {:<16} {:>8.1}s", "total", total.as_secs_f64());
@@ -294,10 +365,21 @@ mod tests {
 
     #[test]
     fn recognises_libclang_names() {
-        for name in ["libclang.so", "libclang.so.1", "libclang-14.so", "libclang-14.so.13", "libclang-17.0.6.so"] {
+        for name in [
+            "libclang.so",
+            "libclang.so.1",
+            "libclang-14.so",
+            "libclang-14.so.13",
+            "libclang-17.0.6.so",
+        ] {
             assert!(is_libclang(name), "{name}");
         }
-        for name in ["libclang-cpp.so.14", "libclangBasic.a", "libclang.a", "libclang-14.sox"] {
+        for name in [
+            "libclang-cpp.so.14",
+            "libclangBasic.a",
+            "libclang.a",
+            "libclang-14.sox",
+        ] {
             assert!(!is_libclang(name), "{name}");
         }
     }

@@ -39,7 +39,13 @@ pub fn run(workspace: &Path, args: &[String]) -> Result<(), String> {
     prepare_dir(&out)?;
 
     let mut test_build = cargo(workspace);
-    test_build.args(["test", "--workspace", "--release", "--no-run", "--message-format=json"]);
+    test_build.args([
+        "test",
+        "--workspace",
+        "--release",
+        "--no-run",
+        "--message-format=json",
+    ]);
     for package in EXCLUDED {
         test_build.args(["--exclude", package]);
     }
@@ -53,11 +59,28 @@ pub fn run(workspace: &Path, args: &[String]) -> Result<(), String> {
         return Err("cargo built no test binaries".to_string());
     }
     let mut demo_build = cargo(workspace);
-    demo_build.args(["build", "--release", "-p", "tests", "--bin", "demo", "--message-format=json"]);
+    demo_build.args([
+        "build",
+        "--release",
+        "-p",
+        "tests",
+        "--bin",
+        "demo",
+        "--message-format=json",
+    ]);
     let demo = build(&mut demo_build)?
         .iter()
-        .filter(|m| m.get("target").and_then(|t| t.get("name")).and_then(Value::as_str) == Some("demo"))
-        .find_map(|m| m.get("executable").and_then(Value::as_str).map(PathBuf::from))
+        .filter(|m| {
+            m.get("target")
+                .and_then(|t| t.get("name"))
+                .and_then(Value::as_str)
+                == Some("demo")
+        })
+        .find_map(|m| {
+            m.get("executable")
+                .and_then(Value::as_str)
+                .map(PathBuf::from)
+        })
         .ok_or("cargo built no demo binary")?;
 
     let tests_dir = out.join("tests");
@@ -72,13 +95,23 @@ pub fn run(workspace: &Path, args: &[String]) -> Result<(), String> {
     let size = dir_size(&out)?;
     let mib = size as f64 / f64::from(1 << 20);
     if size > MAX_BUNDLE_BYTES {
-        return Err(format!("the bundle at {} is {mib:.1} MiB, over the 64 MiB limit", out.display()));
+        return Err(format!(
+            "the bundle at {} is {mib:.1} MiB, over the 64 MiB limit",
+            out.display()
+        ));
     }
-    println!("\nGPU test bundle: {} ({} test binaries and the demo, {mib:.1} MiB)", out.display(), tests.len());
+    println!(
+        "\nGPU test bundle: {} ({} test binaries and the demo, {mib:.1} MiB)",
+        out.display(),
+        tests.len()
+    );
     for test in &tests {
         println!("  tests/{}", test.name);
     }
-    println!("Carry it to the GPU machine and run `bash {}/run.sh`.", relative(workspace, &out).display());
+    println!(
+        "Carry it to the GPU machine and run `bash {}/run.sh`.",
+        relative(workspace, &out).display()
+    );
     Ok(())
 }
 
@@ -106,14 +139,16 @@ fn prepare_dir(out: &Path) -> Result<(), String> {
             .map_err(|e| format!("reading {}: {e}", out.display()))?
             .next()
             .is_none();
-        let is_bundle = std::fs::read_to_string(out.join("run.sh")).is_ok_and(|s| s.lines().nth(1).is_some_and(|l| l.starts_with(MARKER)));
+        let is_bundle = std::fs::read_to_string(out.join("run.sh"))
+            .is_ok_and(|s| s.lines().nth(1).is_some_and(|l| l.starts_with(MARKER)));
         if !is_empty && !is_bundle {
             return Err(format!(
                 "{} exists and is not a GPU test bundle; remove it or choose another --out",
                 out.display()
             ));
         }
-        std::fs::remove_dir_all(out).map_err(|e| format!("removing the old bundle {}: {e}", out.display()))?;
+        std::fs::remove_dir_all(out)
+            .map_err(|e| format!("removing the old bundle {}: {e}", out.display()))?;
     }
     create_dir(out)
 }
@@ -121,8 +156,12 @@ fn prepare_dir(out: &Path) -> Result<(), String> {
 /// Runs a cargo build that prints JSON messages, and returns them; compiler diagnostics go to
 /// the terminal as they come. Release binaries are stripped of symbols.
 fn build(command: &mut Command) -> Result<Vec<Value>, String> {
-    command.env("CARGO_PROFILE_RELEASE_STRIP", "symbols").stdout(Stdio::piped());
-    let mut child = command.spawn().map_err(|e| format!("cannot run `{}`: {e}", describe(command)))?;
+    command
+        .env("CARGO_PROFILE_RELEASE_STRIP", "symbols")
+        .stdout(Stdio::piped());
+    let mut child = command
+        .spawn()
+        .map_err(|e| format!("cannot run `{}`: {e}", describe(command)))?;
     let stdout = child.stdout.take().ok_or("cargo has no stdout")?;
     let mut messages = Vec::new();
     for line in BufReader::new(stdout).lines() {
@@ -132,13 +171,19 @@ fn build(command: &mut Command) -> Result<Vec<Value>, String> {
             continue;
         };
         if message.get("reason").and_then(Value::as_str) == Some("compiler-message") {
-            if let Some(rendered) = message.get("message").and_then(|m| m.get("rendered")).and_then(Value::as_str) {
+            if let Some(rendered) = message
+                .get("message")
+                .and_then(|m| m.get("rendered"))
+                .and_then(Value::as_str)
+            {
                 eprint!("{rendered}");
             }
         }
         messages.push(message);
     }
-    let status = child.wait().map_err(|e| format!("waiting for `{}`: {e}", describe(command)))?;
+    let status = child
+        .wait()
+        .map_err(|e| format!("waiting for `{}`: {e}", describe(command)))?;
     if !status.success() {
         return Err(format!("`{}` failed ({status})", describe(command)));
     }
@@ -148,7 +193,11 @@ fn build(command: &mut Command) -> Result<Vec<Value>, String> {
 /// Whether a cargo message is a built test binary (`"profile":{"test":true}`).
 fn is_test_artifact(message: &Value) -> bool {
     message.get("reason").and_then(Value::as_str) == Some("compiler-artifact")
-        && message.get("profile").and_then(|p| p.get("test")).and_then(Value::as_bool) == Some(true)
+        && message
+            .get("profile")
+            .and_then(|p| p.get("test"))
+            .and_then(Value::as_bool)
+            == Some(true)
 }
 
 /// A test binary, named `<package>.<kind>.<target>` (`cuda-sys.lib`, `tests.test.ipc`), unless
@@ -178,7 +227,11 @@ fn package_name(id: &str) -> String {
     if let Some((name, _)) = fragment.split_once('@') {
         return name.to_string();
     }
-    url.trim_end_matches('/').rsplit('/').next().unwrap_or(url).to_string()
+    url.trim_end_matches('/')
+        .rsplit('/')
+        .next()
+        .unwrap_or(url)
+        .to_string()
 }
 
 fn create_dir(dir: &Path) -> Result<(), String> {
@@ -221,15 +274,22 @@ fn dir_size(dir: &Path) -> Result<u64, String> {
     let mut total = 0;
     for entry in std::fs::read_dir(dir).map_err(|e| format!("reading {}: {e}", dir.display()))? {
         let entry = entry.map_err(|e| format!("reading {}: {e}", dir.display()))?;
-        let metadata = entry.metadata().map_err(|e| format!("reading {}: {e}", entry.path().display()))?;
-        total += if metadata.is_dir() { dir_size(&entry.path())? } else { metadata.len() };
+        let metadata = entry
+            .metadata()
+            .map_err(|e| format!("reading {}: {e}", entry.path().display()))?;
+        total += if metadata.is_dir() {
+            dir_size(&entry.path())?
+        } else {
+            metadata.len()
+        };
     }
     Ok(total)
 }
 
 /// `path` relative to `base` when it lies under it.
 fn relative(base: &Path, path: &Path) -> PathBuf {
-    path.strip_prefix(base).map_or_else(|_| path.to_path_buf(), Path::to_path_buf)
+    path.strip_prefix(base)
+        .map_or_else(|_| path.to_path_buf(), Path::to_path_buf)
 }
 
 /// The bundle's `run.sh`.
@@ -373,13 +433,24 @@ mod tests {
     fn names_packages_from_every_id_format() {
         assert_eq!(package_name("path+file:///w/cuda-sys#0.1.0"), "cuda-sys");
         assert_eq!(package_name("path+file:///w/some-dir#tests@0.1.0"), "tests");
-        assert_eq!(package_name("cuda-sim 0.1.0 (path+file:///w/cuda-sim)"), "cuda-sim");
-        assert_eq!(package_name("registry+https://github.com/rust-lang/crates.io-index#libc@0.2.1"), "libc");
+        assert_eq!(
+            package_name("cuda-sim 0.1.0 (path+file:///w/cuda-sim)"),
+            "cuda-sim"
+        );
+        assert_eq!(
+            package_name("registry+https://github.com/rust-lang/crates.io-index#libc@0.2.1"),
+            "libc"
+        );
     }
 
     #[test]
     fn the_run_script_carries_the_marker() {
-        assert!(run_script().lines().nth(1).is_some_and(|l| l.starts_with(MARKER)));
+        assert!(
+            run_script()
+                .lines()
+                .nth(1)
+                .is_some_and(|l| l.starts_with(MARKER))
+        );
     }
 
     #[test]

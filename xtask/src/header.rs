@@ -39,15 +39,29 @@ pub fn fetch_include_dir(workspace: &Path) -> Result<PathBuf, String> {
     std::fs::create_dir_all(&root).map_err(|e| format!("creating {}: {e}", root.display()))?;
     let wheel_dir = root.join("wheel");
     let status = Command::new("python3")
-        .args(["-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:"])
-        .args(["--platform", "manylinux_2_17_x86_64", "--python-version", "3.12"])
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--no-deps",
+            "--only-binary=:all:",
+        ])
+        .args([
+            "--platform",
+            "manylinux_2_17_x86_64",
+            "--python-version",
+            "3.12",
+        ])
         .arg("-d")
         .arg(&wheel_dir)
         .arg(format!("nvidia-cuda-runtime=={WHEEL_VERSION}"))
         .status()
         .map_err(|e| format!("running pip: {e}"))?;
     if !status.success() {
-        return Err(format!("pip could not download nvidia-cuda-runtime=={WHEEL_VERSION}"));
+        return Err(format!(
+            "pip could not download nvidia-cuda-runtime=={WHEEL_VERSION}"
+        ));
     }
     let wheel = std::fs::read_dir(&wheel_dir)
         .map_err(|e| format!("reading {}: {e}", wheel_dir.display()))?

@@ -76,7 +76,9 @@ fn describe(command: &Command) -> String {
 
 /// Runs `command` with the terminal's standard streams and fails unless it exits with 0.
 fn run_command(command: &mut Command) -> Result<(), String> {
-    let status = command.status().map_err(|e| format!("cannot run `{}`: {e}", describe(command)))?;
+    let status = command
+        .status()
+        .map_err(|e| format!("cannot run `{}`: {e}", describe(command)))?;
     if status.success() {
         Ok(())
     } else {

@@ -75,7 +75,9 @@ pub(crate) fn primary_reset(device: i32) -> SimResult {
 /// Destroys a device's primary context: its streams, events and allocations go with it. Work
 /// already enqueued still runs (it holds what it touches); its handles become invalid at once.
 fn destroy_primary(state: &mut State, device: usize) {
-    let Some((context, _)) = state.primary[device].take() else { return };
+    let Some((context, _)) = state.primary[device].take() else {
+        return;
+    };
     state.contexts.remove(&context.handle);
     state.streams.retain(|_, s| s.ctx != context.handle);
     state.events.retain(|_, e| e.ctx != context.handle);
@@ -113,7 +115,11 @@ pub(crate) fn primary_set_flags(device: i32, flags: u32) -> SimResult {
 }
 
 fn live(state: &State, handle: usize) -> SimResult<Arc<Context>> {
-    state.contexts.get(&handle).cloned().ok_or(CUresult::CUDA_ERROR_INVALID_CONTEXT)
+    state
+        .contexts
+        .get(&handle)
+        .cloned()
+        .ok_or(CUresult::CUDA_ERROR_INVALID_CONTEXT)
 }
 
 /// `cuCtxSetCurrent`: null unbinds.
@@ -163,7 +169,11 @@ pub(crate) unsafe fn pop_current(out: *mut CUcontext) -> SimResult {
 
 /// The context a call names, or the current one when it names none.
 fn named_or_current(state: &State, context: CUcontext) -> SimResult<Arc<Context>> {
-    if context.is_null() { ctx::current(state) } else { live(state, as_handle(context)) }
+    if context.is_null() {
+        ctx::current(state)
+    } else {
+        live(state, as_handle(context))
+    }
 }
 
 /// `cuCtxGetDevice` (current context) and `cuCtxGetDevice_v2` (a named one, or null).
@@ -181,6 +191,7 @@ pub(crate) unsafe fn get_device(out: *mut i32, context: CUcontext) -> SimResult 
 pub(crate) fn synchronize(context: CUcontext) -> SimResult {
     let context = named_or_current(&*state::lock()?, context)?;
     context.synchronize();
+    state::lock()?.release_pools_at_sync();
     Ok(())
 }
 

@@ -41,7 +41,10 @@ pub(crate) unsafe fn alloc(out: *mut CUdeviceptr, size: usize) -> SimResult {
         return fail(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
     }
     *used += charge;
-    match state.memory.alloc_device(size, context.device, context.handle) {
+    match state
+        .memory
+        .alloc_device(size, context.device, context.handle)
+    {
         // SAFETY: forwarded from the caller.
         Ok(address) => unsafe { write_out(out, address) },
         Err(code) => {
@@ -55,9 +58,13 @@ pub(crate) unsafe fn alloc(out: *mut CUdeviceptr, size: usize) -> SimResult {
 /// twice, freeing null, or freeing host memory is `CUDA_ERROR_INVALID_VALUE`.
 pub(crate) fn free(address: CUdeviceptr) -> SimResult {
     let mut state = state::lock()?;
-    let allocation = state.memory.free(address, Kind::Device)?;
-    let used = &mut state.devices[allocation.device].used;
-    *used = used.saturating_sub(round_up(allocation.size as u64));
+    let allocation = state
+        .memory
+        .free_if(address, |kind| matches!(kind, Kind::Device | Kind::Managed))?;
+    if allocation.kind == Kind::Device {
+        let used = &mut state.devices[allocation.device].used;
+        *used = used.saturating_sub(round_up(allocation.size as u64));
+    }
     Ok(())
 }
 
@@ -69,14 +76,19 @@ pub(crate) unsafe fn alloc_host(out: *mut *mut c_void, size: usize) -> SimResult
     ensure(!out.is_null() && size > 0)?;
     let mut state = state::lock()?;
     let context = ctx::current(&state)?;
-    let address = state.memory.alloc_pinned(size, context.device, context.handle)?;
+    let address = state
+        .memory
+        .alloc_pinned(size, context.device, context.handle)?;
     // SAFETY: forwarded from the caller.
     unsafe { write_out(out, address as *mut c_void) }
 }
 
 /// `cuMemFreeHost`: the pointer must come from `cuMemAllocHost`.
 pub(crate) fn free_host(address: *mut c_void) -> SimResult {
-    state::lock()?.memory.free(address as u64, Kind::PinnedHost).map(drop)
+    state::lock()?
+        .memory
+        .free(address as u64, Kind::PinnedHost)
+        .map(drop)
 }
 
 /// `cuMemGetInfo_v2`: free and total memory of the current context's device.
@@ -100,10 +112,17 @@ pub(crate) unsafe fn get_info(free: *mut usize, total: *mut usize) -> SimResult 
 ///
 /// # Safety
 /// Each pointer is null (not wanted) or valid for a write.
-pub(crate) unsafe fn address_range(base: *mut CUdeviceptr, size: *mut usize, address: CUdeviceptr) -> SimResult {
+pub(crate) unsafe fn address_range(
+    base: *mut CUdeviceptr,
+    size: *mut usize,
+    address: CUdeviceptr,
+) -> SimResult {
     let state = state::lock()?;
     ctx::current(&state)?;
-    let allocation = state.memory.find(address).ok_or(CUresult::CUDA_ERROR_NOT_FOUND)?;
+    let allocation = state
+        .memory
+        .find(address)
+        .ok_or(CUresult::CUDA_ERROR_NOT_FOUND)?;
     // SAFETY: each pointer is written only when non-null, as cuda.h allows.
     unsafe {
         if !base.is_null() {
@@ -148,7 +167,9 @@ fn wait_rule(dst: &Endpoint, src: &Endpoint, asynchronous: bool) -> Wait {
         (true, true) => Wait::Stage,
         (false, false) if dst.is_host() || src.is_host() => Wait::UntilDone,
         (false, false) => Wait::No,
-        (true, false) if dst.is_host() && (dst.is_pageable() || src.is_pageable()) => Wait::UntilDone,
+        (true, false) if dst.is_host() && (dst.is_pageable() || src.is_pageable()) => {
+            Wait::UntilDone
+        }
         (true, false) => Wait::No,
     }
 }
@@ -174,16 +195,29 @@ pub(crate) unsafe fn copy(
     mode: DefaultStream,
     asynchronous: bool,
 ) -> SimResult {
+    let (dst_address, src_address) = (dst, src);
     let state = state::lock()?;
     let (context, stream) = resolve(&state, stream, mode)?;
     let (dst, src) = match direction {
-        Direction::HostToDevice => (state.memory.classify_allocated(dst, len)?, state.memory.classify_host(src, len)?),
-        Direction::DeviceToHost => (state.memory.classify_host(dst, len)?, state.memory.classify_allocated(src, len)?),
-        Direction::DeviceToDevice => {
-            (state.memory.classify_allocated(dst, len)?, state.memory.classify_allocated(src, len)?)
-        }
-        Direction::Any => (state.memory.classify(dst, len)?, state.memory.classify(src, len)?),
+        Direction::HostToDevice => (
+            state.memory.classify_allocated(dst, len)?,
+            state.memory.classify_host(src, len)?,
+        ),
+        Direction::DeviceToHost => (
+            state.memory.classify_host(dst, len)?,
+            state.memory.classify_allocated(src, len)?,
+        ),
+        Direction::DeviceToDevice => (
+            state.memory.classify_allocated(dst, len)?,
+            state.memory.classify_allocated(src, len)?,
+        ),
+        Direction::Any => (
+            state.memory.classify(dst, len)?,
+            state.memory.classify(src, len)?,
+        ),
     };
+    super::pool::check_access(&state, dst_address, stream.device, true)?;
+    super::pool::check_access(&state, src_address, stream.device, false)?;
     drop(state);
     if len == 0 {
         return Ok(());
@@ -234,11 +268,14 @@ pub(crate) fn memset(
     mode: DefaultStream,
     asynchronous: bool,
 ) -> SimResult {
-    let len = count.checked_mul(width).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    let len = count
+        .checked_mul(width)
+        .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
     ensure(dst % width as u64 == 0)?;
     let state = state::lock()?;
     let (context, stream) = resolve(&state, stream, mode)?;
     let target = state.memory.classify_allocated(dst, len)?;
+    super::pool::check_access(&state, dst, stream.device, true)?;
     drop(state);
     if count == 0 {
         return Ok(());

@@ -7,6 +7,7 @@ pub(crate) mod event;
 pub(crate) mod init;
 pub(crate) mod memory;
 pub(crate) mod pointer;
+pub(crate) mod pool;
 pub(crate) mod stream;
 
 use std::cell::Cell;

@@ -51,28 +51,46 @@ impl Value {
 /// the "null" values `cuPointerGetAttributes` documents).
 fn value(attribute: CUpointer_attribute, allocation: Option<&Allocation>) -> SimResult<Value> {
     use CUpointer_attribute as A;
-    let device = allocation.map(|a| a.kind == Kind::Device);
+    // Whether the memory reports as device memory: device and managed memory do (managed memory
+    // is host-accessible here, but the driver reports it as device memory).
+    let device = allocation.map(|a| a.kind.is_device_memory() || a.kind == Kind::Managed);
+    let host_accessible = allocation.is_some_and(|a| !a.kind.is_device_memory());
     Ok(match attribute {
-        A::CU_POINTER_ATTRIBUTE_CONTEXT => Value::Context(allocation.map_or(std::ptr::null_mut(), |a| a.ctx as CUcontext)),
+        A::CU_POINTER_ATTRIBUTE_CONTEXT => {
+            Value::Context(allocation.map_or(std::ptr::null_mut(), |a| a.ctx as CUcontext))
+        }
         A::CU_POINTER_ATTRIBUTE_MEMORY_TYPE => Value::U32(match device {
             Some(true) => CUmemorytype::CU_MEMORYTYPE_DEVICE.0,
             Some(false) => CUmemorytype::CU_MEMORYTYPE_HOST.0,
             None => 0,
         }),
         A::CU_POINTER_ATTRIBUTE_DEVICE_POINTER => Value::U64(allocation.map_or(0, |a| a.base)),
-        A::CU_POINTER_ATTRIBUTE_HOST_POINTER => match (allocation, device) {
-            (Some(a), Some(false)) => Value::Pointer(a.base as *mut c_void),
-            (Some(_), _) => return fail(CUresult::CUDA_ERROR_INVALID_VALUE),
-            (None, _) => Value::Pointer(std::ptr::null_mut()),
+        A::CU_POINTER_ATTRIBUTE_HOST_POINTER => match allocation {
+            Some(a) if host_accessible => Value::Pointer(a.base as *mut c_void),
+            Some(_) => return fail(CUresult::CUDA_ERROR_INVALID_VALUE),
+            None => Value::Pointer(std::ptr::null_mut()),
         },
-        A::CU_POINTER_ATTRIBUTE_SYNC_MEMOPS | A::CU_POINTER_ATTRIBUTE_IS_MANAGED => Value::Bool(false),
+        A::CU_POINTER_ATTRIBUTE_SYNC_MEMOPS => Value::Bool(false),
+        // Pool-allocated managed memory does not report itself managed (as the driver does not).
+        A::CU_POINTER_ATTRIBUTE_IS_MANAGED => {
+            Value::Bool(allocation.is_some_and(|a| a.kind == Kind::Managed))
+        }
         A::CU_POINTER_ATTRIBUTE_BUFFER_ID => Value::U64(allocation.map_or(0, |a| a.id)),
-        A::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL => Value::I32(allocation.map_or(-2, |a| a.device as i32)),
-        A::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE => Value::Bool(device == Some(true)),
+        A::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL => {
+            Value::I32(allocation.map_or(-2, |a| a.device as i32))
+        }
+        A::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE => {
+            Value::Bool(allocation.is_some_and(|a| a.kind == Kind::Device))
+        }
         A::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR => Value::U64(allocation.map_or(0, |a| a.base)),
         A::CU_POINTER_ATTRIBUTE_RANGE_SIZE => Value::Size(allocation.map_or(0, |a| a.size)),
         A::CU_POINTER_ATTRIBUTE_MAPPED => Value::Bool(allocation.is_some()),
-        A::CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE => Value::Pointer(std::ptr::null_mut()),
+        A::CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE => {
+            Value::Pointer(match allocation.map(|a| a.kind) {
+                Some(Kind::Pooled { pool, .. }) => pool as *mut c_void,
+                _ => std::ptr::null_mut(),
+            })
+        }
         other if other.0 > 0 && other.0 <= A::CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE.0 => {
             return fail(CUresult::CUDA_ERROR_NOT_SUPPORTED);
         }
@@ -85,10 +103,17 @@ fn value(attribute: CUpointer_attribute, allocation: Option<&Allocation>) -> Sim
 ///
 /// # Safety
 /// `data` is null or valid for a write of the attribute's documented type.
-pub(crate) unsafe fn get_attribute(data: *mut c_void, attribute: CUpointer_attribute, pointer: CUdeviceptr) -> SimResult {
+pub(crate) unsafe fn get_attribute(
+    data: *mut c_void,
+    attribute: CUpointer_attribute,
+    pointer: CUdeviceptr,
+) -> SimResult {
     ensure(!data.is_null())?;
     let state = state::lock()?;
-    let allocation = state.memory.find(pointer).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    let allocation = state
+        .memory
+        .find(pointer)
+        .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
     let value = value(attribute, Some(allocation))?;
     // SAFETY: forwarded from the caller.
     unsafe { value.write(data) };
@@ -112,13 +137,19 @@ pub(crate) unsafe fn get_attributes(
     let allocation = state.memory.find(pointer);
     // SAFETY: both arrays hold `count` elements by the caller's contract.
     let (attributes, data) = unsafe {
-        (std::slice::from_raw_parts(attributes, count as usize), std::slice::from_raw_parts(data, count as usize))
+        (
+            std::slice::from_raw_parts(attributes, count as usize),
+            std::slice::from_raw_parts(data, count as usize),
+        )
     };
     let mut values = Vec::with_capacity(attributes.len());
     for &attribute in attributes {
         let value = match value(attribute, allocation) {
             // A pointer without a host mapping reports a null host pointer here.
-            Err(code) if code == CUresult::CUDA_ERROR_INVALID_VALUE && attribute == CUpointer_attribute::CU_POINTER_ATTRIBUTE_HOST_POINTER => {
+            Err(code)
+                if code == CUresult::CUDA_ERROR_INVALID_VALUE
+                    && attribute == CUpointer_attribute::CU_POINTER_ATTRIBUTE_HOST_POINTER =>
+            {
                 Value::Pointer(std::ptr::null_mut())
             }
             other => other?,

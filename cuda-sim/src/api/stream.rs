@@ -3,7 +3,10 @@
 use std::ffi::c_void;
 use std::sync::Arc;
 
-use cuda_sys::types::{CUcontext, CUevent, CUhostFn, CUresult, CUstream, CUstreamCaptureStatus, CUstream_flags};
+use cuda_sys::types::{
+    CUcontext, CUevent, CUgraph, CUhostFn, CUresult, CUstream, CUstream_flags, CUstreamCaptureMode,
+    CUstreamCaptureStatus,
+};
 
 use super::DefaultStream;
 use super::context::PRIORITY_RANGE;
@@ -19,19 +22,35 @@ const STREAM_PER_THREAD: usize = 0x2;
 
 /// The context and stream a stream handle names. Handle 0 means the default stream `mode`
 /// selects; the special handles and handle 0 need a current context.
-pub(crate) fn resolve(state: &State, stream: CUstream, mode: DefaultStream) -> SimResult<(Arc<Context>, Arc<Stream>)> {
+pub(crate) fn resolve(
+    state: &State,
+    stream: CUstream,
+    mode: DefaultStream,
+) -> SimResult<(Arc<Context>, Arc<Stream>)> {
     let handle = stream as usize;
     let per_thread = match (handle, mode) {
         (0, DefaultStream::Legacy) | (STREAM_LEGACY, _) => false,
         (0, DefaultStream::PerThread) | (STREAM_PER_THREAD, _) => true,
         _ => {
-            let stream = state.streams.get(&handle).cloned().ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
-            let context = state.contexts.get(&stream.ctx).cloned().ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+            let stream = state
+                .streams
+                .get(&handle)
+                .cloned()
+                .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+            let context = state
+                .contexts
+                .get(&stream.ctx)
+                .cloned()
+                .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
             return Ok((context, stream));
         }
     };
     let context = ctx::current(state)?;
-    let stream = if per_thread { ctx::per_thread_stream(&context)? } else { Arc::clone(&context.legacy) };
+    let stream = if per_thread {
+        ctx::per_thread_stream(&context)?
+    } else {
+        Arc::clone(&context.legacy)
+    };
     Ok((context, stream))
 }
 
@@ -45,7 +64,13 @@ pub(crate) unsafe fn create(out: *mut CUstream, flags: u32, priority: i32) -> Si
     let mut state = state::lock()?;
     let context = ctx::current(&state)?;
     let priority = priority.clamp(PRIORITY_RANGE.1, PRIORITY_RANGE.0);
-    let stream = Stream::start(context.handle, context.device, flags, priority, StreamKind::Created)?;
+    let stream = Stream::start(
+        context.handle,
+        context.device,
+        flags,
+        priority,
+        StreamKind::Created,
+    )?;
     context.register(&stream);
     let handle = stream.handle;
     state.streams.insert(handle, stream);
@@ -57,21 +82,83 @@ pub(crate) unsafe fn create(out: *mut CUstream, flags: u32, priority: i32) -> Si
 /// completes.
 pub(crate) fn destroy(stream: CUstream) -> SimResult {
     let mut state = state::lock()?;
-    state.streams.remove(&(stream as usize)).map(drop).ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)
+    state
+        .streams
+        .remove(&(stream as usize))
+        .map(drop)
+        .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)
 }
 
 /// `cuStreamQuery`: `CUDA_ERROR_NOT_READY` while work is pending.
 pub(crate) fn query(stream: CUstream, mode: DefaultStream) -> SimResult {
     let (_, stream) = resolve(&*state::lock()?, stream, mode)?;
-    if stream.queue.is_idle() { Ok(()) } else { fail(CUresult::CUDA_ERROR_NOT_READY) }
+    if stream.queue.is_idle() {
+        Ok(())
+    } else {
+        fail(CUresult::CUDA_ERROR_NOT_READY)
+    }
 }
 
 /// `cuStreamSynchronize`: waits for everything enqueued before it (for the legacy stream, that
 /// includes earlier work on blocking streams, which its implicit waits order before it).
 pub(crate) fn synchronize(stream: CUstream, mode: DefaultStream) -> SimResult {
     let (context, stream) = resolve(&*state::lock()?, stream, mode)?;
+    if stream.is_capturing() {
+        return fail(CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    }
     context.submit(&stream, Box::new(|| {})).wait();
+    state::lock()?.release_pools_at_sync();
     Ok(())
+}
+
+/// `cuStreamBeginCapture_v2`: only created streams can capture (the default streams answer
+/// `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`); a second begin is `CUDA_ERROR_ILLEGAL_STATE`.
+pub(crate) fn begin_capture(
+    stream: CUstream,
+    capture_mode: CUstreamCaptureMode,
+    mode: DefaultStream,
+) -> SimResult {
+    ensure(capture_mode.0 <= CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED.0)?;
+    let (_, stream) = resolve(&*state::lock()?, stream, mode)?;
+    if stream.kind != StreamKind::Created {
+        return fail(CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    }
+    if stream.begin_capture() {
+        Ok(())
+    } else {
+        fail(CUresult::CUDA_ERROR_ILLEGAL_STATE)
+    }
+}
+
+/// `cuStreamEndCapture`: returns the captured graph; `CUDA_ERROR_ILLEGAL_STATE` when the stream
+/// was not capturing.
+///
+/// # Safety
+/// `out` is null or valid for a write.
+pub(crate) unsafe fn end_capture(
+    stream: CUstream,
+    out: *mut CUgraph,
+    mode: DefaultStream,
+) -> SimResult {
+    ensure(!out.is_null())?;
+    let mut state = state::lock()?;
+    let (_, stream) = resolve(&state, stream, mode)?;
+    let ops = stream
+        .end_capture()
+        .ok_or(CUresult::CUDA_ERROR_ILLEGAL_STATE)?;
+    let handle = crate::handle::next();
+    state.graphs.insert(handle, ops);
+    // SAFETY: forwarded from the caller.
+    unsafe { write_out(out, handle as CUgraph) }
+}
+
+/// `cuGraphDestroy` of a captured graph.
+pub(crate) fn destroy_graph(graph: CUgraph) -> SimResult {
+    state::lock()?
+        .graphs
+        .remove(&(graph as usize))
+        .map(drop)
+        .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)
 }
 
 /// `cuStreamGetFlags`, `cuStreamGetPriority`, `cuStreamGetDevice`, `cuStreamGetCtx`: one of the
@@ -106,11 +193,20 @@ pub(crate) unsafe fn get(stream: CUstream, mode: DefaultStream, property: Proper
 
 /// `cuStreamWaitEvent`: later work on `stream` waits for the event's latest recording (an event
 /// never recorded is complete, so the wait is empty). The event may belong to any context.
-pub(crate) fn wait_event(stream: CUstream, event: CUevent, flags: u32, mode: DefaultStream) -> SimResult {
+pub(crate) fn wait_event(
+    stream: CUstream,
+    event: CUevent,
+    flags: u32,
+    mode: DefaultStream,
+) -> SimResult {
     ensure(flags & !0x1 == 0)?;
     let state = state::lock()?;
     let (context, stream) = resolve(&state, stream, mode)?;
-    let event = state.events.get(&(event as usize)).cloned().ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+    let event = state
+        .events
+        .get(&(event as usize))
+        .cloned()
+        .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
     drop(state);
     if let Some(generation) = event.latest() {
         context.submit(&stream, Box::new(move || event.wait_for(generation)));
@@ -118,15 +214,23 @@ pub(crate) fn wait_event(stream: CUstream, event: CUevent, flags: u32, mode: Def
     Ok(())
 }
 
-/// `cuStreamIsCapturing`: the simulator does not capture graphs, so a valid stream is never
-/// capturing.
+/// `cuStreamIsCapturing`: active between `cuStreamBeginCapture` and `cuStreamEndCapture`.
 ///
 /// # Safety
 /// `out` is null or valid for a write.
-pub(crate) unsafe fn is_capturing(stream: CUstream, out: *mut CUstreamCaptureStatus, mode: DefaultStream) -> SimResult {
-    resolve(&*state::lock()?, stream, mode)?;
+pub(crate) unsafe fn is_capturing(
+    stream: CUstream,
+    out: *mut CUstreamCaptureStatus,
+    mode: DefaultStream,
+) -> SimResult {
+    let (_, stream) = resolve(&*state::lock()?, stream, mode)?;
+    let status = if stream.is_capturing() {
+        CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE
+    } else {
+        CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
+    };
     // SAFETY: forwarded from the caller.
-    unsafe { write_out(out, CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE) }
+    unsafe { write_out(out, status) }
 }
 
 /// The user data of a host function, handed to the stream's worker thread.
@@ -138,7 +242,12 @@ unsafe impl Send for UserData {}
 /// `cuLaunchHostFunc`: runs `function(user_data)` in stream order, on the stream's worker. The
 /// function must not call the driver; if it does, those calls fail with
 /// `CUDA_ERROR_NOT_PERMITTED`.
-pub(crate) fn launch_host_func(stream: CUstream, function: CUhostFn, user_data: *mut c_void, mode: DefaultStream) -> SimResult {
+pub(crate) fn launch_host_func(
+    stream: CUstream,
+    function: CUhostFn,
+    user_data: *mut c_void,
+    mode: DefaultStream,
+) -> SimResult {
     let function = function.ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
     let (context, stream) = resolve(&*state::lock()?, stream, mode)?;
     let data = UserData(user_data);

@@ -1,0 +1,49 @@
+//! Primary contexts: retained once per device for the life of the process, and bound to the
+//! calling thread before every driver call that needs one.
+//!
+//! Binding on every call (rather than once) is what lets a buffer be dropped on a thread that
+//! never touched CUDA, or after another library changed the current context.
+
+use std::sync::{Mutex, PoisonError};
+
+use cuda_sys::cu_call;
+use cuda_sys::types::CUcontext;
+
+use crate::device::Device;
+use crate::driver::driver;
+use crate::error::Result;
+
+/// Retained primary contexts, by device ordinal (the handle as an integer).
+static PRIMARY: Mutex<Vec<Option<usize>>> = Mutex::new(Vec::new());
+
+/// The device's primary context, retained on first use and kept for the life of the process.
+pub(crate) fn primary(device: Device) -> Result<CUcontext> {
+    let mut table = PRIMARY.lock().unwrap_or_else(PoisonError::into_inner);
+    let ordinal = device.ordinal();
+    if table.len() <= ordinal {
+        table.resize(ordinal + 1, None);
+    }
+    if let Some(handle) = table[ordinal] {
+        return Ok(handle as CUcontext);
+    }
+    let d = driver()?;
+    let mut context: CUcontext = std::ptr::null_mut();
+    // SAFETY: `context` is a valid out-pointer; the ordinal was validated by `Device::new`.
+    unsafe { cu_call!(d, cuDevicePrimaryCtxRetain(&mut context, device.raw())) }?;
+    table[ordinal] = Some(context as usize);
+    Ok(context)
+}
+
+/// Makes the device's primary context current on the calling thread, if it is not already.
+pub(crate) fn bind(device: Device) -> Result<()> {
+    let context = primary(device)?;
+    let d = driver()?;
+    let mut current: CUcontext = std::ptr::null_mut();
+    // SAFETY: `current` is a valid out-pointer.
+    unsafe { cu_call!(d, cuCtxGetCurrent(&mut current)) }?;
+    if current != context {
+        // SAFETY: `context` is a retained primary context, valid for the life of the process.
+        unsafe { cu_call!(d, cuCtxSetCurrent(context)) }?;
+    }
+    Ok(())
+}

@@ -1,0 +1,244 @@
+//! Devices: enumeration, the properties the memory crates need, peer capability, and making a
+//! device current.
+
+use std::ffi::c_char;
+
+use cuda_sys::cu_call;
+use cuda_sys::types::{CUdevice_attribute as A, CUdevice_attribute};
+
+use crate::driver::driver;
+use crate::error::{Error, Result};
+use crate::handle_types::HandleTypes;
+use crate::stream::Stream;
+
+/// A CUDA device, by ordinal. Cheap to copy; it owns nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Device {
+    ordinal: i32,
+}
+
+/// What the memory crates need to know about a device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DeviceProperties {
+    /// The device's name.
+    pub name: String,
+    /// Total memory in bytes.
+    pub total_memory: usize,
+    /// Compute capability (major, minor).
+    pub compute_capability: (i32, i32),
+    /// Whether stream-ordered memory pools are supported (`cuMemAllocAsync` and friends).
+    pub memory_pools_supported: bool,
+    /// Whether the virtual memory management API (`cuMemCreate`, `cuMemMap`) is supported.
+    pub virtual_memory_management_supported: bool,
+    /// The shareable handle types memory pools support.
+    pub mempool_supported_handle_types: HandleTypes,
+    /// Whether POSIX file descriptors can share VMM allocations.
+    pub posix_fd_handles_supported: bool,
+    /// Whether fabric handles can share VMM allocations.
+    pub fabric_handles_supported: bool,
+    /// Whether GPUDirect RDMA is supported.
+    pub gpu_direct_rdma_supported: bool,
+    /// Whether GPUDirect RDMA works with VMM allocations.
+    pub gpu_direct_rdma_with_vmm_supported: bool,
+    /// The host NUMA node closest to the device, if the system reports one.
+    pub host_numa_id: Option<i32>,
+    /// Whether the device can access managed memory concurrently with the host.
+    pub concurrent_managed_access: bool,
+    /// Whether the device shares a unified address space with the host.
+    pub unified_addressing: bool,
+}
+
+impl Device {
+    /// The number of devices the driver sees.
+    ///
+    /// # Errors
+    /// If the driver cannot be loaded or initialized.
+    pub fn count() -> Result<usize> {
+        let d = driver()?;
+        let mut count = 0;
+        // SAFETY: `count` is a valid out-pointer.
+        unsafe { cu_call!(d, cuDeviceGetCount(&mut count)) }?;
+        Ok(usize::try_from(count).unwrap_or(0))
+    }
+
+    /// The device with this ordinal.
+    ///
+    /// # Errors
+    /// [`Error::NoSuchDevice`] past the last device.
+    pub fn new(ordinal: usize) -> Result<Device> {
+        let count = Device::count()?;
+        match i32::try_from(ordinal) {
+            Ok(raw) if ordinal < count => Ok(Device { ordinal: raw }),
+            _ => Err(Error::NoSuchDevice { ordinal, count }),
+        }
+    }
+
+    /// Every device, in ordinal order.
+    ///
+    /// # Errors
+    /// If the driver cannot be loaded or initialized.
+    pub fn all() -> Result<Vec<Device>> {
+        Ok((0..Device::count()?)
+            .filter_map(|o| i32::try_from(o).ok())
+            .map(|ordinal| Device { ordinal })
+            .collect())
+    }
+
+    /// The ordinal.
+    pub fn ordinal(&self) -> usize {
+        self.ordinal as usize
+    }
+
+    /// The ordinal as the driver's `CUdevice`.
+    pub fn raw(&self) -> cuda_sys::types::CUdevice {
+        self.ordinal
+    }
+
+    /// The device's name.
+    ///
+    /// # Errors
+    /// If the driver call fails.
+    pub fn name(&self) -> Result<String> {
+        let d = driver()?;
+        let mut buffer = [0 as c_char; 256];
+        // SAFETY: `buffer` has room for the 256 bytes the call may write.
+        unsafe {
+            cu_call!(
+                d,
+                cuDeviceGetName(buffer.as_mut_ptr(), buffer.len() as i32, self.ordinal)
+            )
+        }?;
+        let bytes: Vec<u8> = buffer
+            .iter()
+            .take_while(|&&c| c != 0)
+            .map(|&c| c as u8)
+            .collect();
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    }
+
+    /// The device's UUID.
+    ///
+    /// # Errors
+    /// If the driver call fails.
+    pub fn uuid(&self) -> Result<[u8; 16]> {
+        let d = driver()?;
+        let mut uuid = cuda_sys::types::CUuuid::default();
+        // SAFETY: `uuid` is a valid out-pointer.
+        unsafe { cu_call!(d, cuDeviceGetUuid_v2(&mut uuid, self.ordinal)) }?;
+        Ok(uuid.bytes.map(|b| b as u8))
+    }
+
+    /// Total memory in bytes.
+    ///
+    /// # Errors
+    /// If the driver call fails.
+    pub fn total_memory(&self) -> Result<usize> {
+        let d = driver()?;
+        let mut bytes = 0usize;
+        // SAFETY: `bytes` is a valid out-pointer.
+        unsafe { cu_call!(d, cuDeviceTotalMem_v2(&mut bytes, self.ordinal)) }?;
+        Ok(bytes)
+    }
+
+    /// One raw device attribute.
+    ///
+    /// # Errors
+    /// If the driver call fails (an attribute the driver does not know, say).
+    pub fn attribute(&self, attribute: CUdevice_attribute) -> Result<i32> {
+        let d = driver()?;
+        let mut value = 0;
+        // SAFETY: `value` is a valid out-pointer.
+        unsafe { cu_call!(d, cuDeviceGetAttribute(&mut value, attribute, self.ordinal)) }?;
+        Ok(value)
+    }
+
+    fn flag(&self, attribute: CUdevice_attribute) -> Result<bool> {
+        Ok(self.attribute(attribute)? != 0)
+    }
+
+    /// The properties the memory crates use, read from the driver.
+    ///
+    /// # Errors
+    /// If a driver call fails.
+    pub fn properties(&self) -> Result<DeviceProperties> {
+        let numa = self.attribute(A::CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID)?;
+        let handle_bits = self.attribute(A::CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES)?;
+        Ok(DeviceProperties {
+            name: self.name()?,
+            total_memory: self.total_memory()?,
+            compute_capability: (
+                self.attribute(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+                self.attribute(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+            ),
+            memory_pools_supported: self.flag(A::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)?,
+            virtual_memory_management_supported: self
+                .flag(A::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)?,
+            mempool_supported_handle_types: HandleTypes::from_bits_truncate(handle_bits as u32),
+            posix_fd_handles_supported: self
+                .flag(A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED)?,
+            fabric_handles_supported: self
+                .flag(A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED)?,
+            gpu_direct_rdma_supported: self
+                .flag(A::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED)?,
+            gpu_direct_rdma_with_vmm_supported: self
+                .flag(A::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED)?,
+            host_numa_id: (numa >= 0).then_some(numa),
+            concurrent_managed_access: self
+                .flag(A::CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS)?,
+            unified_addressing: self.flag(A::CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING)?,
+        })
+    }
+
+    /// Whether this device can access memory on `peer` (false for the device itself).
+    ///
+    /// # Errors
+    /// If the driver call fails.
+    pub fn can_access_peer(&self, peer: Device) -> Result<bool> {
+        if peer == *self {
+            return Ok(false);
+        }
+        let d = driver()?;
+        let mut can = 0;
+        // SAFETY: `can` is a valid out-pointer.
+        unsafe {
+            cu_call!(
+                d,
+                cuDeviceCanAccessPeer(&mut can, self.ordinal, peer.ordinal)
+            )
+        }?;
+        Ok(can != 0)
+    }
+
+    /// Makes this device's primary context current on the calling thread (retaining it, once,
+    /// for the life of the process).
+    ///
+    /// # Errors
+    /// If a driver call fails.
+    pub fn set_current(&self) -> Result<()> {
+        crate::context::bind(*self)
+    }
+
+    /// The device's legacy default stream.
+    pub fn default_stream(&self) -> Stream {
+        Stream::legacy_default(*self)
+    }
+
+    /// Waits for all work on the device's primary context.
+    ///
+    /// # Errors
+    /// If a driver call fails.
+    pub fn synchronize(&self) -> Result<()> {
+        crate::context::bind(*self)?;
+        let d = driver()?;
+        // SAFETY: takes no arguments; a context is current.
+        unsafe { cu_call!(d, cuCtxSynchronize()) }?;
+        Ok(())
+    }
+}
+
+impl std::fmt::Display for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "device {}", self.ordinal)
+    }
+}

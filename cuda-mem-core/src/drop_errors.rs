@@ -1,0 +1,52 @@
+//! Errors that happen in `Drop`, where they cannot be returned.
+//!
+//! `Drop` never panics; a failed driver call there is recorded here (the most recent
+//! [`KEPT`] of them) and passed to the hook set with [`set_drop_error_hook`], so it is never
+//! lost silently. Tests and long-running services can drain them with [`take_drop_errors`].
+
+use std::collections::VecDeque;
+use std::sync::{Mutex, PoisonError};
+
+use crate::error::Error;
+
+/// How many recorded errors are kept; older ones are dropped first.
+pub const KEPT: usize = 64;
+
+/// Where an error happened and what it was.
+#[derive(Debug)]
+pub struct DropError {
+    /// What was being released (`"Buffer"`, `"Stream"`, …).
+    pub what: &'static str,
+    /// The error.
+    pub error: Error,
+}
+
+static RECORDED: Mutex<VecDeque<DropError>> = Mutex::new(VecDeque::new());
+static HOOK: Mutex<Option<fn(&DropError)>> = Mutex::new(None);
+
+/// Records an error that happened while releasing `what`.
+pub(crate) fn record(what: &'static str, error: Error) {
+    let entry = DropError { what, error };
+    if let Some(hook) = *HOOK.lock().unwrap_or_else(PoisonError::into_inner) {
+        hook(&entry);
+    }
+    let mut recorded = RECORDED.lock().unwrap_or_else(PoisonError::into_inner);
+    if recorded.len() == KEPT {
+        recorded.pop_front();
+    }
+    recorded.push_back(entry);
+}
+
+/// Takes every recorded error, oldest first.
+pub fn take_drop_errors() -> Vec<DropError> {
+    RECORDED
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .drain(..)
+        .collect()
+}
+
+/// Calls `hook` for every error recorded from now on (for logging); `None` removes it.
+pub fn set_drop_error_hook(hook: Option<fn(&DropError)>) {
+    *HOOK.lock().unwrap_or_else(PoisonError::into_inner) = hook;
+}

@@ -1,0 +1,64 @@
+//! The crate's error type.
+
+use cuda_sys::{CudaError, LoadError};
+
+/// Everything that can go wrong in `cuda-mem-core`.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A driver call failed, or the driver could not be loaded.
+    #[error(transparent)]
+    Cuda(#[from] CudaError),
+    /// A device ordinal past the last device.
+    #[error("device {ordinal} does not exist: the driver reports {count} device(s)")]
+    NoSuchDevice {
+        /// The ordinal asked for.
+        ordinal: usize,
+        /// How many devices there are.
+        count: usize,
+    },
+    /// Two sizes that must agree do not.
+    #[error("size mismatch: {what} is {actual} bytes, expected {expected}")]
+    SizeMismatch {
+        /// What was compared.
+        what: &'static str,
+        /// The size required.
+        expected: usize,
+        /// The size given.
+        actual: usize,
+    },
+    /// An argument is outside what the operation accepts.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// The operation needs a capability the device or resource lacks.
+    #[error("not supported: {0}")]
+    NotSupported(String),
+    /// The operation is refused in the object's current state.
+    #[error("{0}")]
+    InvalidState(String),
+}
+
+impl From<LoadError> for Error {
+    fn from(error: LoadError) -> Self {
+        Error::Cuda(CudaError::Load(error))
+    }
+}
+
+impl From<cuda_sys::DriverError> for Error {
+    fn from(error: cuda_sys::DriverError) -> Self {
+        Error::Cuda(CudaError::Driver(error))
+    }
+}
+
+impl Error {
+    /// The driver's code, when the error came from a driver call.
+    pub fn cuda_code(&self) -> Option<cuda_sys::types::CUresult> {
+        match self {
+            Error::Cuda(e) => e.code(),
+            _ => None,
+        }
+    }
+}
+
+/// The crate's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,139 @@
+//! Events: markers recorded in a stream.
+
+use std::time::Duration;
+
+use cuda_sys::cu_call;
+use cuda_sys::types::{CUevent, CUevent_flags, CUresult};
+
+use crate::device::Device;
+use crate::driver::driver;
+use crate::error::Result;
+use crate::stream::Stream;
+
+/// How to create an event.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct EventOptions {
+    /// Whether the event records timestamps (needed for [`Event::elapsed_since`]).
+    pub timing: bool,
+    /// Whether waiting on it blocks the thread instead of spinning.
+    pub blocking_sync: bool,
+}
+
+impl EventOptions {
+    /// Options with timing enabled.
+    pub fn timing(mut self) -> Self {
+        self.timing = true;
+        self
+    }
+}
+
+/// An event of a device's primary context, destroyed on drop.
+#[derive(Debug)]
+pub struct Event {
+    handle: usize,
+    device: Device,
+}
+
+impl Event {
+    /// Creates an event.
+    ///
+    /// # Errors
+    /// If a driver call fails.
+    pub fn new(device: Device, options: EventOptions) -> Result<Event> {
+        crate::context::bind(device)?;
+        let d = driver()?;
+        let mut flags = 0;
+        if !options.timing {
+            flags |= CUevent_flags::CU_EVENT_DISABLE_TIMING.0;
+        }
+        if options.blocking_sync {
+            flags |= CUevent_flags::CU_EVENT_BLOCKING_SYNC.0;
+        }
+        let mut handle: CUevent = std::ptr::null_mut();
+        // SAFETY: `handle` is a valid out-pointer; the device's context is current.
+        unsafe { cu_call!(d, cuEventCreate(&mut handle, flags)) }?;
+        Ok(Event {
+            handle: handle as usize,
+            device,
+        })
+    }
+
+    /// The raw handle.
+    pub fn handle(&self) -> CUevent {
+        self.handle as CUevent
+    }
+
+    /// The device.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// Records the event at the current end of `stream`.
+    ///
+    /// # Errors
+    /// If the driver call fails (a stream of another device, say).
+    pub fn record(&self, stream: &Stream) -> Result<()> {
+        crate::context::bind(stream.device())?;
+        let d = driver()?;
+        // SAFETY: valid event and stream handles.
+        unsafe { cu_call!(d, cuEventRecord(self.handle(), stream.handle())) }?;
+        Ok(())
+    }
+
+    /// Waits for the latest recording to complete.
+    ///
+    /// # Errors
+    /// If the driver call fails.
+    pub fn synchronize(&self) -> Result<()> {
+        let d = driver()?;
+        // SAFETY: a valid event handle.
+        unsafe { cu_call!(d, cuEventSynchronize(self.handle())) }?;
+        Ok(())
+    }
+
+    /// Whether the latest recording has completed.
+    ///
+    /// # Errors
+    /// If the driver reports an error other than "not ready".
+    pub fn is_complete(&self) -> Result<bool> {
+        let d = driver()?;
+        // SAFETY: a valid event handle.
+        match unsafe { cu_call!(d, cuEventQuery(self.handle())) } {
+            Ok(()) => Ok(true),
+            Err(e) if e.code() == Some(CUresult::CUDA_ERROR_NOT_READY) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The time between `start` completing and this event completing (both need timing).
+    ///
+    /// # Errors
+    /// If either lacks timing, was never recorded, or has not completed.
+    pub fn elapsed_since(&self, start: &Event) -> Result<Duration> {
+        let d = driver()?;
+        let mut ms = 0f32;
+        // SAFETY: `ms` is a valid out-pointer; valid event handles.
+        unsafe {
+            cu_call!(
+                d,
+                cuEventElapsedTime_v2(&mut ms, start.handle(), self.handle())
+            )
+        }?;
+        Ok(Duration::from_secs_f64(f64::from(ms.max(0.0)) / 1e3))
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        let destroy = || -> Result<()> {
+            let d = driver()?;
+            // SAFETY: the handle came from cuEventCreate and is destroyed once, here.
+            unsafe { cu_call!(d, cuEventDestroy_v2(self.handle())) }?;
+            Ok(())
+        };
+        if let Err(error) = destroy() {
+            crate::drop_errors::record("Event", error);
+        }
+    }
+}

@@ -1,0 +1,239 @@
+//! Streams: created ones (destroyed when the last handle goes) and the default streams.
+
+use std::sync::Arc;
+
+use cuda_sys::cu_call;
+use cuda_sys::types::{CUstream, CUstream_flags, CUstreamCaptureStatus};
+
+use crate::device::Device;
+use crate::driver::driver;
+use crate::error::Result;
+use crate::event::Event;
+
+/// `CU_STREAM_LEGACY`: the legacy default stream, whatever the default-stream mode.
+const LEGACY: usize = 0x1;
+/// `CU_STREAM_PER_THREAD`: the calling thread's default stream.
+const PER_THREAD: usize = 0x2;
+
+/// How to create a stream.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StreamOptions {
+    /// Whether the stream does not synchronize with the legacy default stream.
+    pub non_blocking: bool,
+    /// Its priority (lower is higher priority); the driver clamps it to the device's range.
+    pub priority: Option<i32>,
+}
+
+impl StreamOptions {
+    /// Options for a non-blocking stream.
+    pub fn non_blocking(mut self) -> Self {
+        self.non_blocking = true;
+        self
+    }
+
+    /// Options with this priority.
+    pub fn priority(mut self, priority: i32) -> Self {
+        self.priority = Some(priority);
+        self
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ownership {
+    /// Made by [`Stream::new`]; destroyed when the last clone goes.
+    Owned,
+    /// A default stream, or one the application owns.
+    Borrowed,
+}
+
+#[derive(Debug)]
+struct Inner {
+    handle: usize,
+    device: Device,
+    ownership: Ownership,
+}
+
+// The raw handle is stored as an integer: streams are usable from any thread, and the driver's
+// stream functions are thread-safe, so `Inner` is `Send` and `Sync` without unsafe impls.
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if self.ownership != Ownership::Owned {
+            return;
+        }
+        let result = crate::context::bind(self.device).and_then(|()| {
+            let d = driver()?;
+            // SAFETY: the handle came from cuStreamCreate and is destroyed once, here; work
+            // already enqueued still completes, as the driver documents.
+            unsafe { cu_call!(d, cuStreamDestroy_v2(self.handle as CUstream)) }?;
+            Ok(())
+        });
+        if let Err(error) = result {
+            crate::drop_errors::record("Stream", error);
+        }
+    }
+}
+
+/// A stream of a device. Clones share it; a created stream is destroyed when the last clone is
+/// dropped.
+#[derive(Debug, Clone)]
+pub struct Stream {
+    inner: Arc<Inner>,
+}
+
+impl PartialEq for Stream {
+    fn eq(&self, other: &Self) -> bool {
+        self.inner.handle == other.inner.handle && self.inner.device == other.inner.device
+    }
+}
+
+impl Eq for Stream {}
+
+impl Stream {
+    /// Creates a stream on `device`.
+    ///
+    /// # Errors
+    /// If a driver call fails.
+    pub fn new(device: Device, options: StreamOptions) -> Result<Stream> {
+        crate::context::bind(device)?;
+        let d = driver()?;
+        let flags = if options.non_blocking {
+            CUstream_flags::CU_STREAM_NON_BLOCKING.0
+        } else {
+            0
+        };
+        let mut handle: CUstream = std::ptr::null_mut();
+        // SAFETY: `handle` is a valid out-pointer; the device's context is current.
+        unsafe {
+            cu_call!(
+                d,
+                cuStreamCreateWithPriority(&mut handle, flags, options.priority.unwrap_or(0))
+            )
+        }?;
+        Ok(Stream {
+            inner: Arc::new(Inner {
+                handle: handle as usize,
+                device,
+                ownership: Ownership::Owned,
+            }),
+        })
+    }
+
+    /// The legacy default stream of `device` (`CU_STREAM_LEGACY`).
+    pub fn legacy_default(device: Device) -> Stream {
+        Stream {
+            inner: Arc::new(Inner {
+                handle: LEGACY,
+                device,
+                ownership: Ownership::Borrowed,
+            }),
+        }
+    }
+
+    /// The calling thread's per-thread default stream on `device` (`CU_STREAM_PER_THREAD`).
+    pub fn per_thread_default(device: Device) -> Stream {
+        Stream {
+            inner: Arc::new(Inner {
+                handle: PER_THREAD,
+                device,
+                ownership: Ownership::Borrowed,
+            }),
+        }
+    }
+
+    /// Wraps a stream the application owns; it is not destroyed by this crate.
+    ///
+    /// # Safety
+    /// `handle` is a valid stream of `device`'s primary context (or a special default-stream
+    /// handle) and outlives every use through the returned value.
+    pub unsafe fn from_raw(handle: CUstream, device: Device) -> Stream {
+        Stream {
+            inner: Arc::new(Inner {
+                handle: handle as usize,
+                device,
+                ownership: Ownership::Borrowed,
+            }),
+        }
+    }
+
+    /// The raw handle.
+    pub fn handle(&self) -> CUstream {
+        self.inner.handle as CUstream
+    }
+
+    /// The device.
+    pub fn device(&self) -> Device {
+        self.inner.device
+    }
+
+    /// Whether this value owns the stream (destroys it on the last drop).
+    pub fn is_owned(&self) -> bool {
+        self.inner.ownership == Ownership::Owned
+    }
+
+    /// Waits until all work enqueued so far has completed.
+    ///
+    /// # Errors
+    /// If a driver call fails (for example an earlier asynchronous error).
+    pub fn synchronize(&self) -> Result<()> {
+        crate::context::bind(self.device())?;
+        let d = driver()?;
+        // SAFETY: a valid stream handle; the device's context is current.
+        unsafe { cu_call!(d, cuStreamSynchronize(self.handle())) }?;
+        Ok(())
+    }
+
+    /// Whether all work enqueued so far has completed (`cuStreamQuery`).
+    ///
+    /// # Errors
+    /// If the driver reports an error other than "not ready".
+    pub fn is_idle(&self) -> Result<bool> {
+        crate::context::bind(self.device())?;
+        let d = driver()?;
+        // SAFETY: a valid stream handle; the device's context is current.
+        match unsafe { cu_call!(d, cuStreamQuery(self.handle())) } {
+            Ok(()) => Ok(true),
+            Err(e) if e.code() == Some(cuda_sys::types::CUresult::CUDA_ERROR_NOT_READY) => {
+                Ok(false)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Makes later work on this stream wait for `event`'s latest recording.
+    ///
+    /// # Errors
+    /// If the driver call fails.
+    pub fn wait(&self, event: &Event) -> Result<()> {
+        crate::context::bind(self.device())?;
+        let d = driver()?;
+        // SAFETY: valid stream and event handles; the event outlives the call (the driver keeps
+        // what it needs).
+        unsafe { cu_call!(d, cuStreamWaitEvent(self.handle(), event.handle(), 0)) }?;
+        Ok(())
+    }
+
+    /// Records a new event at the current end of the stream.
+    ///
+    /// # Errors
+    /// If a driver call fails.
+    pub fn record_event(&self) -> Result<Event> {
+        let event = Event::new(self.device(), crate::event::EventOptions::default())?;
+        event.record(self)?;
+        Ok(event)
+    }
+
+    /// Whether the stream is capturing a graph (an active or invalidated capture both count).
+    ///
+    /// # Errors
+    /// If the driver call fails.
+    pub fn is_capturing(&self) -> Result<bool> {
+        crate::context::bind(self.device())?;
+        let d = driver()?;
+        let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: `status` is a valid out-pointer; a valid stream handle.
+        unsafe { cu_call!(d, cuStreamIsCapturing(self.handle(), &mut status)) }?;
+        Ok(status != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+    }
+}

@@ -1,0 +1,514 @@
+//! Memory pools (`cuMemPool*`, `cuMemAllocAsync`, `cuMemFreeAsync`), managed memory and host
+//! registration.
+
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use cuda_sys::types::{
+    CUdeviceptr, CUmemAccess_flags, CUmemAccessDesc, CUmemAllocationHandleType,
+    CUmemAllocationType, CUmemLocation, CUmemLocationType, CUmemPool_attribute, CUmemPoolProps,
+    CUmemoryPool, CUresult, CUstream,
+};
+
+use super::DefaultStream;
+use super::stream::resolve;
+use crate::config::Config;
+use crate::context as ctx;
+use crate::device::check_ordinal;
+use crate::error::{SimResult, ensure, fail, write_out};
+use crate::memory::Kind;
+use crate::pool::{Location, Pool, PoolKind, PoolState};
+use crate::state::{self, State};
+
+/// `CU_MEM_ATTACH_GLOBAL` and `CU_MEM_ATTACH_HOST`.
+const ATTACH_GLOBAL: u32 = 0x1;
+const ATTACH_HOST: u32 = 0x2;
+/// Every `cuMemHostRegister` flag (portable, device map, I/O memory, read-only).
+const HOST_REGISTER_FLAGS: u32 = 0x1 | 0x2 | 0x4 | 0x8;
+
+fn as_handle(pool: CUmemoryPool) -> usize {
+    pool as usize
+}
+
+fn as_pool(handle: usize) -> CUmemoryPool {
+    handle as CUmemoryPool
+}
+
+/// A live pool; an unknown or destroyed handle is `CUDA_ERROR_INVALID_VALUE`.
+pub(crate) fn find(state: &State, pool: CUmemoryPool) -> SimResult<Arc<Pool>> {
+    match state.pools.get(&as_handle(pool)) {
+        Some(pool) if !pool.is_destroyed() => Ok(Arc::clone(pool)),
+        _ => fail(CUresult::CUDA_ERROR_INVALID_VALUE),
+    }
+}
+
+/// Reads a `CUmemLocation` for a pool of `kind`.
+fn location(config: &Config, location: &CUmemLocation, kind: PoolKind) -> SimResult<Location> {
+    match location.type_ {
+        CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE => check_ordinal(config, location.id)
+            .map(Location::Device)
+            .map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE),
+        CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST => Ok(Location::Host),
+        // The simulated host has one NUMA node, 0.
+        CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST_NUMA if location.id == 0 => {
+            Ok(Location::HostNuma(0))
+        }
+        CUmemLocationType::CU_MEM_LOCATION_TYPE_NONE if kind == PoolKind::Managed => {
+            Ok(Location::Unspecified)
+        }
+        _ => fail(CUresult::CUDA_ERROR_INVALID_VALUE),
+    }
+}
+
+fn pool_kind(allocation_type: CUmemAllocationType) -> SimResult<PoolKind> {
+    match allocation_type {
+        CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED => Ok(PoolKind::Pinned),
+        CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_MANAGED => Ok(PoolKind::Managed),
+        _ => fail(CUresult::CUDA_ERROR_INVALID_VALUE),
+    }
+}
+
+/// `cuMemPoolCreate`. Reserved bytes must be zero; POSIX-fd handles need a device or host-NUMA
+/// location and pinned memory; other handle types and usage flags are not supported.
+///
+/// # Safety
+/// `out` is null or valid for a write; `props` is null or valid for a read.
+pub(crate) unsafe fn create(out: *mut CUmemoryPool, props: *const CUmemPoolProps) -> SimResult {
+    ensure(!out.is_null() && !props.is_null())?;
+    // SAFETY: non-null and valid for a read by the caller's contract.
+    let props = unsafe { props.read_unaligned() };
+    ensure(props.reserved.iter().all(|&b| b == 0))?;
+    let mut state = state::lock()?;
+    let kind = pool_kind(props.allocType)?;
+    let location = location(&state.config, &props.location, kind)?;
+    let handle_types = props.handleTypes.0;
+    let posix = CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR.0;
+    if handle_types & !posix != 0 || props.usage != 0 {
+        return fail(CUresult::CUDA_ERROR_NOT_SUPPORTED);
+    }
+    if handle_types != 0
+        && (kind == PoolKind::Managed || matches!(location, Location::Host | Location::Unspecified))
+    {
+        return fail(CUresult::CUDA_ERROR_NOT_SUPPORTED);
+    }
+    let pool = Arc::new(Pool::new(
+        location,
+        kind,
+        handle_types,
+        props.maxSize as u64,
+        false,
+    ));
+    if let Location::Device(device) = location
+        && let Some(access) = state.leftover_access.remove(&device)
+    {
+        pool.lock().access = access;
+    }
+    let handle = pool.handle;
+    state.pools.insert(handle, pool);
+    // SAFETY: forwarded from the caller.
+    unsafe { write_out(out, as_pool(handle)) }
+}
+
+/// `cuMemPoolDestroy`: default pools cannot be destroyed. Allocations still live keep their
+/// memory until freed; the handle is invalid at once. A device's current pool reverts to its
+/// default.
+pub(crate) fn destroy(pool: CUmemoryPool) -> SimResult {
+    let mut state = state::lock()?;
+    let pool = find(&state, pool)?;
+    ensure(!pool.is_default)?;
+    pool.mark_destroyed();
+    if let Some(device) = pool.owner() {
+        let access = std::mem::take(&mut pool.lock().access);
+        if !access.is_empty() {
+            state.leftover_access.insert(device, access);
+        }
+        if state.current_pool[device] == pool.handle {
+            state.current_pool[device] = state.default_pool[device];
+        }
+        let released = pool.lock().release_to(0);
+        let used = &mut state.devices[device].used;
+        *used = used.saturating_sub(released);
+    }
+    state.other_pools.retain(|_, handle| *handle != pool.handle);
+    if state.memory.pooled_in(pool.handle).next().is_none() {
+        state.pools.remove(&pool.handle);
+    }
+    Ok(())
+}
+
+/// `cuDeviceGetDefaultMemPool` and `cuDeviceGetMemPool`.
+///
+/// # Safety
+/// `out` is null or valid for a write.
+pub(crate) unsafe fn device_pool(out: *mut CUmemoryPool, device: i32, current: bool) -> SimResult {
+    let state = state::lock()?;
+    let device = check_ordinal(&state.config, device)?;
+    let handle = if current {
+        state.current_pool[device]
+    } else {
+        state.default_pool[device]
+    };
+    // SAFETY: forwarded from the caller.
+    unsafe { write_out(out, as_pool(handle)) }
+}
+
+/// `cuDeviceSetMemPool`: the pool must be a pinned pool located on that device.
+pub(crate) fn set_device_pool(device: i32, pool: CUmemoryPool) -> SimResult {
+    let mut state = state::lock()?;
+    let device = check_ordinal(&state.config, device)?;
+    let pool = find(&state, pool)?;
+    ensure(pool.location == Location::Device(device) && pool.kind == PoolKind::Pinned)?;
+    state.current_pool[device] = pool.handle;
+    Ok(())
+}
+
+/// `cuMemGetMemPool` (CUDA 13): the current pool for a location and allocation type; the
+/// default pools of host locations and of managed memory are created on first use.
+///
+/// # Safety
+/// `out` is null or valid for a write; `location` is null or valid for a read.
+pub(crate) unsafe fn current_pool(
+    out: *mut CUmemoryPool,
+    location: *mut CUmemLocation,
+    kind: CUmemAllocationType,
+) -> SimResult {
+    ensure(!out.is_null() && !location.is_null())?;
+    // SAFETY: non-null and valid for a read by the caller's contract.
+    let location = unsafe { location.read_unaligned() };
+    let mut state = state::lock()?;
+    let kind = pool_kind(kind)?;
+    let location = self::location(&state.config, &location, kind)?;
+    let handle = match (location, kind) {
+        (Location::Device(device), PoolKind::Pinned) => state.current_pool[device],
+        _ => {
+            let key = (location.key(), kind == PoolKind::Managed);
+            match state.other_pools.get(&key) {
+                Some(&handle) => handle,
+                None => {
+                    let pool = Arc::new(Pool::new(location, kind, 0, 0, true));
+                    let handle = pool.handle;
+                    state.pools.insert(handle, pool);
+                    state.other_pools.insert(key, handle);
+                    handle
+                }
+            }
+        }
+    };
+    // SAFETY: forwarded from the caller.
+    unsafe { write_out(out, as_pool(handle)) }
+}
+
+/// `cuMemPoolGetAttribute`: reuse flags are `int`, the rest `cuuint64_t`.
+///
+/// # Safety
+/// `value` is null or valid for a write of the attribute's type.
+pub(crate) unsafe fn get_attribute(
+    pool: CUmemoryPool,
+    attribute: CUmemPool_attribute,
+    value: *mut c_void,
+) -> SimResult {
+    ensure(!value.is_null())?;
+    let pool = find(&*state::lock()?, pool)?;
+    let v = pool.lock().get(attribute)?;
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        if PoolState::is_int_attribute(attribute) {
+            write_out(value.cast::<i32>(), v as i32)
+        } else {
+            write_out(value.cast::<u64>(), v)
+        }
+    }
+}
+
+/// `cuMemPoolSetAttribute`.
+///
+/// # Safety
+/// `value` is null or valid for a read of the attribute's type.
+pub(crate) unsafe fn set_attribute(
+    pool: CUmemoryPool,
+    attribute: CUmemPool_attribute,
+    value: *mut c_void,
+) -> SimResult {
+    ensure(!value.is_null())?;
+    let pool = find(&*state::lock()?, pool)?;
+    // SAFETY: non-null and valid for a read of the attribute's type by the caller's contract.
+    let v = unsafe {
+        if PoolState::is_int_attribute(attribute) {
+            u64::from(value.cast::<i32>().read_unaligned() != 0)
+        } else {
+            value.cast::<u64>().read_unaligned()
+        }
+    };
+    pool.lock().set(attribute, v)
+}
+
+/// `cuMemPoolTrimTo`: releases reserved memory down to `keep` bytes, never below what is in use.
+pub(crate) fn trim_to(pool: CUmemoryPool, keep: usize) -> SimResult {
+    let mut state = state::lock()?;
+    let pool = find(&state, pool)?;
+    let released = pool.lock().release_to(keep as u64);
+    if let Some(device) = pool.owner() {
+        let used = &mut state.devices[device].used;
+        *used = used.saturating_sub(released);
+    }
+    Ok(())
+}
+
+/// `cuMemPoolSetAccess`: every descriptor is checked before any is applied. Locations must be
+/// devices; the owner cannot be given anything but read-write (`CUDA_ERROR_INVALID_DEVICE`, as
+/// the driver answers); a device that cannot access the owner cannot be granted access
+/// (`CUDA_ERROR_INVALID_DEVICE`).
+///
+/// # Safety
+/// `descs` is null or valid for `count` reads.
+pub(crate) unsafe fn set_access(
+    pool: CUmemoryPool,
+    descs: *const CUmemAccessDesc,
+    count: usize,
+) -> SimResult {
+    ensure(!descs.is_null() && count > 0)?;
+    // SAFETY: valid for `count` reads by the caller's contract.
+    let descs = unsafe { std::slice::from_raw_parts(descs, count) };
+    let state = state::lock()?;
+    let pool = find(&state, pool)?;
+    let mut changes = Vec::with_capacity(count);
+    for desc in descs {
+        ensure(desc.location.type_ == CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE)?;
+        let device = check_ordinal(&state.config, desc.location.id)?;
+        ensure(
+            desc.flags.0 <= CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE.0
+                && desc.flags.0 != 2,
+        )?;
+        let none = desc.flags == CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_NONE;
+        if let Some(owner) = pool.owner() {
+            if owner == device
+                && desc.flags != CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+            {
+                return fail(CUresult::CUDA_ERROR_INVALID_DEVICE);
+            }
+            if owner != device && !none && !state.config.can_access(device, owner) {
+                return fail(CUresult::CUDA_ERROR_INVALID_DEVICE);
+            }
+        }
+        changes.push((device, desc.flags));
+    }
+    let owner = pool.owner();
+    let mut pool_state = pool.lock();
+    for (device, flags) in changes {
+        if Some(device) == owner {
+            continue;
+        }
+        if flags == CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_NONE {
+            pool_state.access.remove(&device);
+        } else {
+            pool_state.access.insert(device, flags);
+        }
+    }
+    Ok(())
+}
+
+/// `cuMemPoolGetAccess`: for a device location, its access; for the host, read-write on host
+/// pools and none on device pools.
+///
+/// # Safety
+/// `flags` is null or valid for a write; `location` is null or valid for a read.
+pub(crate) unsafe fn get_access(
+    flags: *mut CUmemAccess_flags,
+    pool: CUmemoryPool,
+    location: *mut CUmemLocation,
+) -> SimResult {
+    ensure(!flags.is_null() && !location.is_null())?;
+    // SAFETY: non-null and valid for a read by the caller's contract.
+    let location = unsafe { location.read_unaligned() };
+    let state = state::lock()?;
+    let pool = find(&state, pool)?;
+    let access = match location.type_ {
+        CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE => {
+            pool.access(check_ordinal(&state.config, location.id)?)
+        }
+        CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST
+        | CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST_NUMA => {
+            if pool.is_host_memory() {
+                CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+            } else {
+                CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_NONE
+            }
+        }
+        _ => return fail(CUresult::CUDA_ERROR_INVALID_VALUE),
+    };
+    // SAFETY: forwarded from the caller.
+    unsafe { write_out(flags, access) }
+}
+
+/// Allocates from `pool` in the order of `stream`. 0 bytes is `CUDA_ERROR_INVALID_VALUE`
+/// (conservative: the driver does not document it); past the pool's `maxSize` or the device's
+/// memory is `CUDA_ERROR_OUT_OF_MEMORY`.
+fn allocate(
+    state: &mut State,
+    pool: &Arc<Pool>,
+    size: usize,
+    stream: CUstream,
+    mode: DefaultStream,
+) -> SimResult<u64> {
+    ensure(size > 0)?;
+    let (context, stream) = resolve(state, stream, mode)?;
+    if stream.is_capturing() {
+        return fail(CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    }
+    let grown = pool.lock().allocate(size as u64, pool.max_size)?;
+    let owner = pool.owner();
+    if let Some(device) = owner {
+        let memory = state.config.memory;
+        let used = &mut state.devices[device].used;
+        if used.saturating_add(grown) > memory {
+            pool.lock().free(size as u64);
+            pool.lock().release_to(0);
+            return fail(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+        }
+        *used += grown;
+    }
+    let kind = Kind::Pooled {
+        pool: pool.handle,
+        host: pool.is_host_memory(),
+    };
+    let result = state
+        .memory
+        .alloc(size, kind, owner.unwrap_or(context.device), context.handle);
+    if result.is_err() {
+        pool.lock().free(size as u64);
+    }
+    result
+}
+
+/// `cuMemAllocFromPoolAsync`.
+///
+/// # Safety
+/// `out` is null or valid for a write.
+pub(crate) unsafe fn alloc_from_pool(
+    out: *mut CUdeviceptr,
+    size: usize,
+    pool: CUmemoryPool,
+    stream: CUstream,
+    mode: DefaultStream,
+) -> SimResult {
+    ensure(!out.is_null())?;
+    let mut state = state::lock()?;
+    let pool = find(&state, pool)?;
+    let address = allocate(&mut state, &pool, size, stream, mode)?;
+    // SAFETY: forwarded from the caller.
+    unsafe { write_out(out, address) }
+}
+
+/// `cuMemAllocAsync`: from the current pool of the stream's device.
+///
+/// # Safety
+/// `out` is null or valid for a write.
+pub(crate) unsafe fn alloc_async(
+    out: *mut CUdeviceptr,
+    size: usize,
+    stream: CUstream,
+    mode: DefaultStream,
+) -> SimResult {
+    ensure(!out.is_null())?;
+    let mut state = state::lock()?;
+    let (_, s) = resolve(&state, stream, mode)?;
+    let pool = state
+        .pools
+        .get(&state.current_pool[s.device])
+        .cloned()
+        .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    let address = allocate(&mut state, &pool, size, stream, mode)?;
+    // SAFETY: forwarded from the caller.
+    unsafe { write_out(out, address) }
+}
+
+/// `cuMemFreeAsync`: the pointer must start a live pool allocation (freeing it twice, or
+/// freeing `cuMemAlloc` memory, is `CUDA_ERROR_INVALID_VALUE`). The pointer is invalid for new
+/// calls at once; the pool's `used` drops when the stream reaches the free.
+pub(crate) fn free_async(address: CUdeviceptr, stream: CUstream, mode: DefaultStream) -> SimResult {
+    let mut state = state::lock()?;
+    let (context, stream) = resolve(&state, stream, mode)?;
+    let allocation = state
+        .memory
+        .free_if(address, |kind| matches!(kind, Kind::Pooled { .. }))?;
+    let Kind::Pooled { pool: handle, .. } = allocation.kind else {
+        return fail(CUresult::CUDA_ERROR_INVALID_VALUE);
+    };
+    let pool = state
+        .pools
+        .get(&handle)
+        .cloned()
+        .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    if pool.is_destroyed() && state.memory.pooled_in(handle).next().is_none() {
+        state.pools.remove(&handle);
+    }
+    drop(state);
+    let size = allocation.size as u64;
+    context.submit(
+        &stream,
+        Box::new(move || {
+            pool.lock().free(size);
+            drop(allocation);
+        }),
+    );
+    Ok(())
+}
+
+/// `cuMemAllocManaged`: exactly one of `CU_MEM_ATTACH_GLOBAL` and `CU_MEM_ATTACH_HOST`.
+///
+/// # Safety
+/// `out` is null or valid for a write.
+pub(crate) unsafe fn alloc_managed(out: *mut CUdeviceptr, size: usize, flags: u32) -> SimResult {
+    ensure(!out.is_null() && size > 0 && (flags == ATTACH_GLOBAL || flags == ATTACH_HOST))?;
+    let mut state = state::lock()?;
+    let context = ctx::current(&state)?;
+    let address = state
+        .memory
+        .alloc(size, Kind::Managed, context.device, context.handle)?;
+    // SAFETY: forwarded from the caller.
+    unsafe { write_out(out, address) }
+}
+
+/// `cuMemHostRegister_v2`.
+pub(crate) fn host_register(address: *mut c_void, size: usize, flags: u32) -> SimResult {
+    ensure(flags & !HOST_REGISTER_FLAGS == 0)?;
+    let mut state = state::lock()?;
+    let context = ctx::current(&state)?;
+    state
+        .memory
+        .register(address as u64, size, context.device, context.handle)
+}
+
+/// `cuMemHostUnregister`: `CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED` unless `address` starts a
+/// registration.
+pub(crate) fn host_unregister(address: *mut c_void) -> SimResult {
+    let mut state = state::lock()?;
+    ctx::current(&state)?;
+    state
+        .memory
+        .free(address as u64, Kind::Registered)
+        .map(drop)
+        .map_err(|_| CUresult::CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED)
+}
+
+/// Checks that the device running a copy or memset can reach pool memory at `address`: a
+/// device pool's memory needs access granted to other devices (read for a source, read-write
+/// for a destination). Without it, `CUDA_ERROR_INVALID_VALUE`, where hardware would fault.
+pub(crate) fn check_access(state: &State, address: u64, device: usize, write: bool) -> SimResult {
+    let Some(allocation) = state.memory.find(address) else {
+        return Ok(());
+    };
+    let Kind::Pooled { pool, host: false } = allocation.kind else {
+        return Ok(());
+    };
+    let Some(pool) = state.pools.get(&pool) else {
+        return Ok(());
+    };
+    let access = pool.access(device);
+    let allowed = if write {
+        access == CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+    } else {
+        access != CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_NONE
+    };
+    ensure(allowed)
+}

@@ -1,0 +1,319 @@
+//! Stream-ordered memory pools: properties, peer access, and the accounting the pool attributes
+//! report.
+//!
+//! Accounting model (the driver documents the attributes, not how it reserves):
+//! - `used` is the sum of the sizes of live allocations, updated when an allocation is made and
+//!   when its `cuMemFreeAsync` is reached in stream order;
+//! - `reserved` grows in whole [`CHUNK`]s when `used` outgrows it, and shrinks only at
+//!   synchronization points (`cuStreamSynchronize`, `cuEventSynchronize`, `cuCtxSynchronize`),
+//!   down to the release threshold but never below what is in use, or on `cuMemPoolTrimTo`;
+//! - the high-water marks follow both, and setting one to 0 resets it to the current value.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use cuda_sys::types::{CUmemAccess_flags, CUmemPool_attribute, CUresult};
+
+use crate::error::{SimResult, ensure, fail};
+
+/// The granularity in which a pool reserves memory.
+pub(crate) const CHUNK: u64 = 2 << 20;
+
+/// Rounds up to whole chunks.
+pub(crate) fn chunks(bytes: u64) -> u64 {
+    bytes.div_ceil(CHUNK).saturating_mul(CHUNK)
+}
+
+/// Where a pool's memory lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Location {
+    /// On a device.
+    Device(usize),
+    /// Host memory, no NUMA preference.
+    Host,
+    /// Host memory on a NUMA node.
+    HostNuma(i32),
+    /// Managed memory with no preferred location.
+    Unspecified,
+}
+
+/// A location as a hashable key (for the table of current pools per location).
+pub(crate) type LocationKey = (u8, i32);
+
+impl Location {
+    /// The location as a key.
+    pub(crate) fn key(self) -> LocationKey {
+        match self {
+            Location::Device(d) => (0, d as i32),
+            Location::Host => (1, -1),
+            Location::HostNuma(n) => (2, n),
+            Location::Unspecified => (3, -1),
+        }
+    }
+
+    /// Whether the memory is host memory (accessible from the host).
+    pub(crate) fn is_host(self) -> bool {
+        !matches!(self, Location::Device(_))
+    }
+}
+
+/// What kind of memory a pool hands out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PoolKind {
+    /// Ordinary (pinned) memory at the pool's location.
+    Pinned,
+    /// Managed memory, accessible from the host and every device.
+    Managed,
+}
+
+/// One pool.
+pub(crate) struct Pool {
+    /// The handle the application sees.
+    pub handle: usize,
+    /// Where its memory lives.
+    pub location: Location,
+    /// Pinned or managed.
+    pub kind: PoolKind,
+    /// Shareable handle types it was created with (`CUmemAllocationHandleType` bits).
+    #[expect(dead_code, reason = "read by pool export, which the IPC work adds")]
+    pub handle_types: u32,
+    /// The most it may reserve (0: the device's memory).
+    pub max_size: u64,
+    /// Whether it is a device's (or the host's) default pool, which cannot be destroyed.
+    pub is_default: bool,
+    destroyed: AtomicBool,
+    state: Mutex<PoolState>,
+}
+
+/// The mutable part of a pool.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct PoolState {
+    /// Bytes in live allocations.
+    pub used: u64,
+    /// High-water mark of `used` since the last reset.
+    pub used_high: u64,
+    /// Bytes reserved.
+    pub reserved: u64,
+    /// High-water mark of `reserved` since the last reset.
+    pub reserved_high: u64,
+    /// `CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`.
+    pub release_threshold: u64,
+    /// The three reuse policies, in attribute order.
+    pub reuse: [bool; 3],
+    /// Access granted to devices other than the owner (device → flags).
+    pub access: BTreeMap<usize, CUmemAccess_flags>,
+}
+
+impl Pool {
+    /// A new pool; its reuse policies start enabled, as the driver's do.
+    pub(crate) fn new(
+        location: Location,
+        kind: PoolKind,
+        handle_types: u32,
+        max_size: u64,
+        is_default: bool,
+    ) -> Pool {
+        Pool {
+            handle: crate::handle::next(),
+            location,
+            kind,
+            handle_types,
+            max_size,
+            is_default,
+            destroyed: AtomicBool::new(false),
+            state: Mutex::new(PoolState {
+                reuse: [true; 3],
+                ..PoolState::default()
+            }),
+        }
+    }
+
+    /// Whether `cuMemPoolDestroy` was called (its handle is then invalid, though allocations
+    /// still live keep their memory until freed).
+    pub(crate) fn is_destroyed(&self) -> bool {
+        self.destroyed.load(Ordering::Acquire)
+    }
+
+    /// Marks the pool destroyed.
+    pub(crate) fn mark_destroyed(&self) {
+        self.destroyed.store(true, Ordering::Release);
+    }
+
+    /// The pool's state, locked.
+    pub(crate) fn lock(&self) -> MutexGuard<'_, PoolState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The device that owns it, for device pools.
+    pub(crate) fn owner(&self) -> Option<usize> {
+        match self.location {
+            Location::Device(d) => Some(d),
+            _ => None,
+        }
+    }
+
+    /// Whether the memory is host memory.
+    pub(crate) fn is_host_memory(&self) -> bool {
+        self.kind == PoolKind::Managed || self.location.is_host()
+    }
+
+    /// The access `device` has to the pool's memory: the owner and host-memory pools always
+    /// read-write, others as granted.
+    pub(crate) fn access(&self, device: usize) -> CUmemAccess_flags {
+        if self.owner().is_none_or(|owner| owner == device) {
+            return CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        }
+        self.lock()
+            .access
+            .get(&device)
+            .copied()
+            .unwrap_or(CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_NONE)
+    }
+}
+
+impl PoolState {
+    /// Accounts for a new allocation of `size` bytes; returns how many more bytes were reserved
+    /// (to charge to the device), or `CUDA_ERROR_OUT_OF_MEMORY` past `max_size`.
+    pub(crate) fn allocate(&mut self, size: u64, max_size: u64) -> SimResult<u64> {
+        let used = self.used + size;
+        let needed = chunks(used).max(self.reserved);
+        if max_size > 0 && needed > chunks(max_size) {
+            return fail(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+        }
+        let grown = needed - self.reserved;
+        self.used = used;
+        self.reserved = needed;
+        self.used_high = self.used_high.max(self.used);
+        self.reserved_high = self.reserved_high.max(self.reserved);
+        Ok(grown)
+    }
+
+    /// Accounts for a freed allocation.
+    pub(crate) fn free(&mut self, size: u64) {
+        self.used = self.used.saturating_sub(size);
+    }
+
+    /// Releases reserved memory down to `keep` (but never below what is in use); returns the
+    /// bytes released.
+    pub(crate) fn release_to(&mut self, keep: u64) -> u64 {
+        let floor = chunks(self.used).max(chunks(keep).min(self.reserved));
+        let released = self.reserved.saturating_sub(floor);
+        self.reserved -= released;
+        released
+    }
+
+    /// The release a synchronization point performs.
+    pub(crate) fn release_at_sync(&mut self) -> u64 {
+        if self.reserved > self.release_threshold {
+            let threshold = self.release_threshold;
+            // Down to the threshold, rounded down to whole chunks.
+            self.release_to(threshold / CHUNK * CHUNK)
+        } else {
+            0
+        }
+    }
+
+    /// Reads an attribute (as a `u64`; the reuse flags are 0 or 1).
+    pub(crate) fn get(&self, attribute: CUmemPool_attribute) -> SimResult<u64> {
+        use CUmemPool_attribute as A;
+        Ok(match attribute {
+            A::CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES => u64::from(self.reuse[0]),
+            A::CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC => u64::from(self.reuse[1]),
+            A::CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES => u64::from(self.reuse[2]),
+            A::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD => self.release_threshold,
+            A::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT => self.reserved,
+            A::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH => self.reserved_high,
+            A::CU_MEMPOOL_ATTR_USED_MEM_CURRENT => self.used,
+            A::CU_MEMPOOL_ATTR_USED_MEM_HIGH => self.used_high,
+            _ => return fail(CUresult::CUDA_ERROR_INVALID_VALUE),
+        })
+    }
+
+    /// Sets an attribute: the reuse flags and the threshold take any value; the high-water marks
+    /// only 0 (a reset to the current value); the current values cannot be set.
+    pub(crate) fn set(&mut self, attribute: CUmemPool_attribute, value: u64) -> SimResult {
+        use CUmemPool_attribute as A;
+        match attribute {
+            A::CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES => self.reuse[0] = value != 0,
+            A::CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC => self.reuse[1] = value != 0,
+            A::CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES => self.reuse[2] = value != 0,
+            A::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD => self.release_threshold = value,
+            A::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH => {
+                ensure(value == 0)?;
+                self.reserved_high = self.reserved;
+            }
+            A::CU_MEMPOOL_ATTR_USED_MEM_HIGH => {
+                ensure(value == 0)?;
+                self.used_high = self.used;
+            }
+            _ => return fail(CUresult::CUDA_ERROR_INVALID_VALUE),
+        }
+        Ok(())
+    }
+
+    /// Whether an attribute is 32-bit (`int`) rather than 64-bit (`cuuint64_t`).
+    pub(crate) fn is_int_attribute(attribute: CUmemPool_attribute) -> bool {
+        use CUmemPool_attribute as A;
+        matches!(
+            attribute,
+            A::CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES
+                | A::CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC
+                | A::CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reserved_grows_in_chunks_and_shrinks_to_the_threshold() {
+        let mut s = PoolState::default();
+        assert_eq!(s.allocate(100, 0), Ok(CHUNK));
+        assert_eq!((s.used, s.reserved), (100, CHUNK));
+        assert_eq!(s.allocate(CHUNK, 0), Ok(CHUNK));
+        assert_eq!(s.reserved, 2 * CHUNK);
+        s.free(CHUNK);
+        s.free(100);
+        assert_eq!(
+            (s.used, s.reserved, s.used_high),
+            (0, 2 * CHUNK, CHUNK + 100)
+        );
+        s.release_threshold = CHUNK + 1;
+        assert_eq!(s.release_at_sync(), CHUNK);
+        assert_eq!(s.reserved, CHUNK);
+        s.release_threshold = u64::MAX;
+        assert_eq!(s.release_at_sync(), 0);
+        assert_eq!(s.release_to(0), CHUNK);
+        assert_eq!(s.reserved, 0);
+    }
+
+    #[test]
+    fn max_size_and_high_water_resets() {
+        let mut s = PoolState::default();
+        assert_eq!(
+            s.allocate(3 * CHUNK, 2 * CHUNK),
+            Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY)
+        );
+        assert_eq!(s.used, 0);
+        s.allocate(CHUNK, 2 * CHUNK).unwrap();
+        s.free(CHUNK);
+        assert_eq!(
+            s.get(CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH),
+            Ok(CHUNK)
+        );
+        assert_eq!(
+            s.set(CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH, 5),
+            Err(CUresult::CUDA_ERROR_INVALID_VALUE)
+        );
+        s.set(CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH, 0)
+            .unwrap();
+        assert_eq!(s.used_high, 0);
+        assert!(
+            s.set(CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT, 0)
+                .is_err()
+        );
+    }
+}
