@@ -33,6 +33,16 @@ pub enum Error {
     /// The operation needs a capability the device or resource lacks.
     #[error("not supported: {0}")]
     NotSupported(String),
+    /// Devices that cannot be given access to a pool's memory; nothing was changed.
+    #[error(
+        "device(s) {peers:?} cannot access memory of device {owner}; peer access was left unchanged"
+    )]
+    PeerAccess {
+        /// The pool's device.
+        owner: usize,
+        /// The devices refused.
+        peers: Vec<usize>,
+    },
     /// The operation is refused in the object's current state.
     #[error("{0}")]
     InvalidState(String),

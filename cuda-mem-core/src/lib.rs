@@ -19,19 +19,34 @@
 //! # Ok::<(), cuda_mem_core::Error>(())
 //! ```
 
+mod buffer;
 mod context;
 mod device;
+mod device_resource;
 mod driver;
 mod drop_errors;
 mod error;
 mod event;
 mod handle_types;
+mod host_resources;
+mod legacy_resources;
+mod memory_resource;
+mod pool;
 mod stream;
 
+pub use buffer::{Buffer, FillPattern};
 pub use device::{Device, DeviceProperties};
+pub use device_resource::{DeviceMemoryResource, DeviceMemoryResourceOptions};
 pub use driver::driver;
 pub use drop_errors::{DropError, set_drop_error_hook, take_drop_errors};
 pub use error::{Error, Result};
 pub use event::{Event, EventOptions};
 pub use handle_types::HandleTypes;
+pub use host_resources::{
+    ManagedMemoryResource, ManagedMemoryResourceOptions, PinnedLocation, PinnedMemoryResource,
+    PinnedMemoryResourceOptions, PreferredLocation,
+};
+pub use legacy_resources::{LegacyPinnedMemoryResource, SynchronousMemoryResource};
+pub use memory_resource::{DevicePtr, MemoryResource, MemoryResourceExt};
+pub use pool::{Access, MemoryPool, PoolAttributes, ReusePolicy};
 pub use stream::{Stream, StreamOptions};

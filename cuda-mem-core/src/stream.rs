@@ -172,6 +172,17 @@ impl Stream {
         self.inner.ownership == Ownership::Owned
     }
 
+    /// Binds the device's primary context when the stream is a default stream (whose meaning
+    /// depends on the current context); created streams carry their context, so calls on them
+    /// need none current — which is what lets a buffer be freed from any thread cheaply.
+    pub(crate) fn bind_if_default(&self) -> Result<()> {
+        if self.is_owned() {
+            Ok(())
+        } else {
+            crate::context::bind(self.device())
+        }
+    }
+
     /// Waits until all work enqueued so far has completed.
     ///
     /// # Errors

@@ -76,3 +76,33 @@ pub fn skip(reason: &str) {
     }
     eprintln!("SKIP-DECLARED: {reason}");
 }
+
+/// Environment variable that marks a child process spawned by [`in_simulated_machine`].
+pub const CHILD_ENV: &str = "CUDA_SIM_TEST_CHILD";
+
+/// Runs `body` on a simulated machine configured by `env` (`CUDA_SIM_DEVICES`, …), which must
+/// be set before the simulator initializes: on the simulator, the test binary re-runs itself
+/// (spawn and exec, never fork) for just the test named `test_name` (its full path as libtest
+/// prints it) with `env` set, and fails if the child fails. On a real driver `body` runs in
+/// this process (it should check for the hardware it needs and call [`skip`]).
+pub fn in_simulated_machine(test_name: &str, env: &[(&str, &str)], body: impl FnOnce()) {
+    if !on_simulator() || std::env::var(CHILD_ENV).is_ok_and(|name| name == test_name) {
+        body();
+        return;
+    }
+    let exe =
+        std::env::current_exe().unwrap_or_else(|e| panic!("cannot find the test binary: {e}"));
+    let output = std::process::Command::new(exe)
+        .args([test_name, "--exact", "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, test_name)
+        .envs(env.iter().copied())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot spawn the child for {test_name}: {e}"));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success() && stdout.contains("1 passed"),
+        "child for {test_name} with {env:?} failed ({}):\n{stdout}\n{stderr}",
+        output.status
+    );
+}

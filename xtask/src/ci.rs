@@ -3,12 +3,14 @@
 //! 1. `cargo fmt --all --check`
 //! 2. `cargo clippy --workspace --all-targets -- -D warnings`
 //! 3. `cargo build -p cuda-sim` (the tests load `target/debug/libcuda_sim.so`)
-//! 4. `cargo test --workspace`, against the simulator: `CUDA_MEM_DRIVER`, `CUDA_MEM_REQUIRE_GPU`
+//! 4. fetch the pinned `cuda.h` into `.cuda-header/` (or use `CUDA_HOME`'s), for the layout test
+//!    and the bindings check; without network access this step is skipped, saying why
+//! 5. `cargo test --workspace`, against the simulator: `CUDA_MEM_DRIVER`, `CUDA_MEM_REQUIRE_GPU`
 //!    and `CUDA_SIM_LIB` are removed from its environment so that a developer's settings do not
-//!    redirect it
-//! 5. `cargo doc --workspace --no-deps` with `RUSTDOCFLAGS=-Dwarnings`
-//! 6. the `cargo xtask bindgen --check` equivalent, when libclang and the pinned `cuda.h` can be
-//!    had (skipped, saying why, otherwise)
+//!    redirect it, and `CUDA_MEM_CUDA_INCLUDE` names the header's folder when there is one
+//! 6. `cargo doc --workspace --no-deps` with `RUSTDOCFLAGS=-Dwarnings`
+//! 7. the `cargo xtask bindgen --check` equivalent, when libclang and `cuda.h` can be had
+//!    (skipped, saying why, otherwise)
 //!
 //! It ends with the time each step took and, last, the summaries `cargo test` printed.
 
@@ -51,7 +53,7 @@ fn run_steps(
     records: &mut Vec<Record>,
     summaries: &mut Vec<String>,
 ) -> Result<(), String> {
-    const TOTAL: usize = 6;
+    const TOTAL: usize = 7;
     let mut step = |name: &'static str, f: &mut dyn FnMut() -> Result<Outcome, String>| {
         println!("\n==> ci [{}/{TOTAL}] {name}", records.len() + 1);
         let start = Instant::now();
@@ -92,8 +94,28 @@ fn run_steps(
             cargo(workspace).args(["build", "-p", "cuda-sim"]),
         ))
     })?;
+    let mut include = None;
+    step(
+        "fetch cuda.h",
+        &mut || match header::fetch_include_dir(workspace) {
+            Ok(dir) => {
+                let note = dir.display().to_string();
+                include = Some(dir);
+                Ok(Outcome::PassedWith(note))
+            }
+            Err(e) => Ok(Outcome::Skipped(format!(
+                "cuda.h not available ({e}; it needs network access to PyPI, or CUDA_HOME): \
+             the layout test and the bindings check will skip"
+            ))),
+        },
+    )?;
     step("test", &mut || {
         let mut command = cargo(workspace);
+        if let Some(dir) = &include
+            && std::env::var_os(cuda_sys_env::CUDA_INCLUDE).is_none()
+        {
+            command.env(cuda_sys_env::CUDA_INCLUDE, dir);
+        }
         command
             .args(["test", "--workspace"])
             .env_remove(cuda_sys_env::DRIVER)
@@ -113,7 +135,9 @@ fn run_steps(
                 .env("RUSTDOCFLAGS", flags.trim()),
         ))
     })?;
-    step("bindgen --check", &mut || bindgen_check(workspace))?;
+    step("bindgen --check", &mut || {
+        bindgen_check(workspace, include.is_some())
+    })?;
     Ok(())
 }
 
@@ -126,6 +150,8 @@ mod cuda_sys_env {
     pub const REQUIRE_GPU: &str = "CUDA_MEM_REQUIRE_GPU";
     /// `cuda_sim::testing::LIBRARY_ENV`.
     pub const SIM_LIB: &str = "CUDA_SIM_LIB";
+    /// Where `cuda-sys`'s layout test finds `cuda.h`.
+    pub const CUDA_INCLUDE: &str = "CUDA_MEM_CUDA_INCLUDE";
 }
 
 fn passed(result: Result<(), String>) -> Result<Outcome, String> {
@@ -249,22 +275,19 @@ fn count_tests(summaries: &[String]) -> String {
 }
 
 /// The binding check, or why it cannot run here.
-fn bindgen_check(workspace: &Path) -> Result<Outcome, String> {
-    let libclang = match find_libclang() {
-        Some(path) => path,
-        None => {
-            return Ok(Outcome::Skipped(
-                "libclang not found (install libclang-dev, or set LIBCLANG_PATH to its folder)"
-                    .to_string(),
-            ));
-        }
+fn bindgen_check(workspace: &Path, have_header: bool) -> Result<Outcome, String> {
+    if !have_header {
+        return Ok(Outcome::Skipped(
+            "cuda.h not available (see the `fetch cuda.h` step)".to_string(),
+        ));
+    }
+    let Some(libclang) = find_libclang() else {
+        return Ok(Outcome::Skipped(
+            "libclang not found (install libclang-dev, or set LIBCLANG_PATH to its folder)"
+                .to_string(),
+        ));
     };
     println!("libclang: {}", libclang.display());
-    if let Err(e) = header::fetch_include_dir(workspace) {
-        return Ok(Outcome::Skipped(format!(
-            "cuda.h not available ({e}; needs network access to PyPI, or CUDA_HOME)"
-        )));
-    }
     bindgen::run(workspace, true).map(|()| Outcome::Passed)
 }
 

@@ -22,6 +22,9 @@ const MAX_BUNDLE_BYTES: u64 = 64 << 20;
 /// Packages whose tests are left out of the bundle.
 const EXCLUDED: [&str; 2] = ["cuda-sim", "xtask"];
 
+/// The simulator library's file name (`cuda_sim::testing::LIBRARY_NAME`).
+const SIMULATOR: &str = "libcuda_sim.so";
+
 /// The first line of every `run.sh`, which marks a folder as a bundle this command may replace.
 const MARKER: &str = "# cuda-mem GPU test bundle";
 
@@ -38,50 +41,18 @@ pub fn run(workspace: &Path, args: &[String]) -> Result<(), String> {
     let out = parse_args(workspace, args)?;
     prepare_dir(&out)?;
 
-    let mut test_build = cargo(workspace);
-    test_build.args([
-        "test",
-        "--workspace",
-        "--release",
-        "--no-run",
-        "--message-format=json",
-    ]);
-    for package in EXCLUDED {
-        test_build.args(["--exclude", package]);
-    }
-    let mut tests: Vec<Artifact> = build(&mut test_build)?
+    let messages = build_tests(workspace)?;
+    let mut tests: Vec<Artifact> = messages
         .iter()
-        .filter(|message| is_test_artifact(message))
+        .filter(|m| is_test_artifact(m))
         .filter_map(artifact)
         .collect();
     tests.sort_by(|a, b| a.name.cmp(&b.name));
     if tests.is_empty() {
         return Err("cargo built no test binaries".to_string());
     }
-    let mut demo_build = cargo(workspace);
-    demo_build.args([
-        "build",
-        "--release",
-        "-p",
-        "tests",
-        "--bin",
-        "demo",
-        "--message-format=json",
-    ]);
-    let demo = build(&mut demo_build)?
-        .iter()
-        .filter(|m| {
-            m.get("target")
-                .and_then(|t| t.get("name"))
-                .and_then(Value::as_str)
-                == Some("demo")
-        })
-        .find_map(|m| {
-            m.get("executable")
-                .and_then(Value::as_str)
-                .map(PathBuf::from)
-        })
-        .ok_or("cargo built no demo binary")?;
+    let simulator = messages.iter().find_map(simulator_library);
+    let demo = build_demo(workspace)?;
 
     let tests_dir = out.join("tests");
     create_dir(&tests_dir)?;
@@ -89,8 +60,13 @@ pub fn run(workspace: &Path, args: &[String]) -> Result<(), String> {
         copy(&test.path, &tests_dir.join(&test.name))?;
     }
     copy(&demo, &out.join("demo"))?;
+    // Beside the test binaries' folder, where `cuda_sim::testing::library_path` looks, for the
+    // tests that exercise the loader against the simulator explicitly.
+    if let Some(simulator) = &simulator {
+        copy(simulator, &out.join(SIMULATOR))?;
+    }
     write_executable(&out.join("run.sh"), &run_script())?;
-    write_manifest(&out, &tests)?;
+    write_manifest(&out, &tests, simulator.is_some())?;
 
     let size = dir_size(&out)?;
     let mib = size as f64 / f64::from(1 << 20);
@@ -108,11 +84,70 @@ pub fn run(workspace: &Path, args: &[String]) -> Result<(), String> {
     for test in &tests {
         println!("  tests/{}", test.name);
     }
+    if simulator.is_some() {
+        println!("  {SIMULATOR}");
+    }
     println!(
         "Carry it to the GPU machine and run `bash {}/run.sh`.",
         relative(workspace, &out).display()
     );
     Ok(())
+}
+
+/// Builds the test binaries in release, stripped, and returns cargo's messages.
+fn build_tests(workspace: &Path) -> Result<Vec<Value>, String> {
+    let mut command = cargo(workspace);
+    command.args([
+        "test",
+        "--workspace",
+        "--release",
+        "--no-run",
+        "--message-format=json",
+    ]);
+    for package in EXCLUDED {
+        command.args(["--exclude", package]);
+    }
+    build(&mut command)
+}
+
+/// Builds the demo in release, stripped, and returns where it is.
+fn build_demo(workspace: &Path) -> Result<PathBuf, String> {
+    let mut command = cargo(workspace);
+    command.args([
+        "build",
+        "--release",
+        "-p",
+        "tests",
+        "--bin",
+        "demo",
+        "--message-format=json",
+    ]);
+    build(&mut command)?
+        .iter()
+        .filter(|m| {
+            m.get("target")
+                .and_then(|t| t.get("name"))
+                .and_then(Value::as_str)
+                == Some("demo")
+        })
+        .find_map(|m| {
+            m.get("executable")
+                .and_then(Value::as_str)
+                .map(PathBuf::from)
+        })
+        .ok_or_else(|| "cargo built no demo binary".to_string())
+}
+
+/// The simulator library, if a cargo message reports building it (it is a dev-dependency of
+/// the crates whose tests use it).
+fn simulator_library(message: &Value) -> Option<PathBuf> {
+    message
+        .get("filenames")?
+        .as_array()?
+        .iter()
+        .filter_map(Value::as_str)
+        .find(|f| Path::new(f).file_name().is_some_and(|n| n == SIMULATOR))
+        .map(PathBuf::from)
 }
 
 /// The bundle folder: `--out DIR` (relative to the current folder) or `gpu-bundle/` in the
@@ -251,7 +286,7 @@ fn write_executable(path: &Path, text: &str) -> Result<(), String> {
 }
 
 /// `MANIFEST.txt`: what the bundle holds and where it was built.
-fn write_manifest(out: &Path, tests: &[Artifact]) -> Result<(), String> {
+fn write_manifest(out: &Path, tests: &[Artifact], simulator: bool) -> Result<(), String> {
     let rustc = Command::new("rustc")
         .arg("--version")
         .output()
@@ -264,6 +299,11 @@ fn write_manifest(out: &Path, tests: &[Artifact]) -> Result<(), String> {
     );
     for test in tests {
         text.push_str(&format!("tests/{}\n", test.name));
+    }
+    if simulator {
+        text.push_str(&format!(
+            "{SIMULATOR} (for the tests that exercise the loader against the simulator)\n"
+        ));
     }
     let path = out.join("MANIFEST.txt");
     std::fs::write(&path, text).map_err(|e| format!("writing {}: {e}", path.display()))

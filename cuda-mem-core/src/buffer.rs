@@ -1,0 +1,413 @@
+//! `Buffer`: one allocation, owned, freed once on the stream it records.
+
+use std::any::Any;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use cuda_sys::cu_call;
+
+use crate::device::Device;
+use crate::driver::driver;
+use crate::error::{Error, Result};
+use crate::memory_resource::{DevicePtr, MemoryResource};
+use crate::stream::Stream;
+
+/// A value to fill a buffer with, repeated: 1, 2 or 4 bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FillPattern {
+    /// One byte.
+    U8(u8),
+    /// Two bytes, in native byte order; the buffer's size must be a multiple of 2.
+    U16(u16),
+    /// Four bytes, in native byte order; the buffer's size must be a multiple of 4.
+    U32(u32),
+}
+
+impl FillPattern {
+    fn width(self) -> usize {
+        match self {
+            FillPattern::U8(_) => 1,
+            FillPattern::U16(_) => 2,
+            FillPattern::U32(_) => 4,
+        }
+    }
+}
+
+/// Who frees the memory.
+#[derive(Debug)]
+enum Owner {
+    /// A resource, through `deallocate_raw`, on the recorded stream.
+    Resource(Arc<dyn MemoryResource>),
+    /// Nobody: a view of memory someone else owns, optionally keeping that owner alive.
+    View(View),
+}
+
+/// What a view knows about the memory it points at.
+struct View {
+    device: Option<Device>,
+    device_accessible: bool,
+    host_accessible: bool,
+    _keep_alive: Option<Arc<dyn Any + Send + Sync>>,
+}
+
+impl std::fmt::Debug for View {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("View")
+            .field("device", &self.device)
+            .field("device_accessible", &self.device_accessible)
+            .field("host_accessible", &self.host_accessible)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One allocation: a pointer, a size, and who frees it.
+///
+/// An owning buffer keeps its resource alive and frees its memory exactly once: when dropped, on
+/// the stream it records (the allocation stream, or one given to
+/// [`set_deallocation_stream`](Buffer::set_deallocation_stream)), or through
+/// [`close`](Buffer::close), which consumes it. A view ([`Buffer::from_raw`]) frees nothing.
+///
+/// Stream-ordered operations (`copy_*`, `fill`) take the stream to run on; writes need `&mut`,
+/// so while [`host_slice`](Buffer::host_slice) lends the bytes to the host no new device write
+/// can be enqueued through the buffer, and every stream the buffer was used on is synchronized
+/// before the bytes are lent.
+#[derive(Debug)]
+pub struct Buffer {
+    ptr: DevicePtr,
+    size: usize,
+    owner: Owner,
+    /// The stream the memory is freed on (owning buffers) and whose work precedes host access.
+    stream: Option<Stream>,
+    /// Other streams that have used the buffer since the last host access.
+    used_on: Mutex<Vec<Stream>>,
+}
+
+impl Buffer {
+    /// Allocates `size` bytes from `resource` on `stream` (an empty buffer, without asking the
+    /// resource, when `size` is 0).
+    ///
+    /// # Errors
+    /// When the resource cannot allocate.
+    pub fn allocate(
+        resource: Arc<dyn MemoryResource>,
+        size: usize,
+        stream: &Stream,
+    ) -> Result<Buffer> {
+        let ptr = if size == 0 {
+            0
+        } else {
+            resource.allocate_raw(size, stream)?
+        };
+        Ok(Buffer {
+            ptr,
+            size,
+            owner: Owner::Resource(resource),
+            stream: Some(stream.clone()),
+            used_on: Mutex::default(),
+        })
+    }
+
+    /// Takes ownership of memory `resource` allocated: the buffer calls its `deallocate_raw` on
+    /// `stream` when dropped.
+    ///
+    /// # Safety
+    /// `ptr` and `size` come from one `resource.allocate_raw` call and the memory is not freed
+    /// by anything else.
+    pub unsafe fn from_raw_owned(
+        ptr: DevicePtr,
+        size: usize,
+        resource: Arc<dyn MemoryResource>,
+        stream: &Stream,
+    ) -> Buffer {
+        Buffer {
+            ptr,
+            size,
+            owner: Owner::Resource(resource),
+            stream: Some(stream.clone()),
+            used_on: Mutex::default(),
+        }
+    }
+
+    /// A view of memory someone else owns; dropping it frees nothing. `keep_alive`, if given,
+    /// is held until the view is dropped.
+    ///
+    /// # Safety
+    /// `size` bytes at `ptr` stay valid while the view lives, with the accessibility claimed,
+    /// and the owner does not free or write them behind the view's back while host slices of
+    /// it are borrowed.
+    pub unsafe fn from_raw(
+        ptr: DevicePtr,
+        size: usize,
+        device: Option<Device>,
+        device_accessible: bool,
+        host_accessible: bool,
+        keep_alive: Option<Arc<dyn Any + Send + Sync>>,
+    ) -> Buffer {
+        let view = View {
+            device,
+            device_accessible,
+            host_accessible,
+            _keep_alive: keep_alive,
+        };
+        Buffer {
+            ptr,
+            size,
+            owner: Owner::View(view),
+            stream: None,
+            used_on: Mutex::default(),
+        }
+    }
+
+    /// The address.
+    pub fn ptr(&self) -> DevicePtr {
+        self.ptr
+    }
+
+    /// The size in bytes.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// Whether it is empty.
+    pub fn is_empty(&self) -> bool {
+        self.size == 0
+    }
+
+    /// The resource that frees it, for owning buffers.
+    pub fn resource(&self) -> Option<&Arc<dyn MemoryResource>> {
+        match &self.owner {
+            Owner::Resource(resource) => Some(resource),
+            Owner::View(_) => None,
+        }
+    }
+
+    /// Whether dropping it frees memory.
+    pub fn is_owning(&self) -> bool {
+        matches!(self.owner, Owner::Resource(_))
+    }
+
+    /// The device the memory belongs to, if one does.
+    pub fn device(&self) -> Option<Device> {
+        match &self.owner {
+            Owner::Resource(resource) => resource.device(),
+            Owner::View(view) => view.device,
+        }
+    }
+
+    /// Whether devices can access it.
+    pub fn is_device_accessible(&self) -> bool {
+        match &self.owner {
+            Owner::Resource(resource) => resource.is_device_accessible(),
+            Owner::View(view) => view.device_accessible,
+        }
+    }
+
+    /// Whether the host can access it.
+    pub fn is_host_accessible(&self) -> bool {
+        match &self.owner {
+            Owner::Resource(resource) => resource.is_host_accessible(),
+            Owner::View(view) => view.host_accessible,
+        }
+    }
+
+    /// The stream the memory will be freed on.
+    pub fn deallocation_stream(&self) -> Option<&Stream> {
+        self.stream.as_ref()
+    }
+
+    /// Frees the memory on `stream` instead of the allocation stream. Nothing is synchronized:
+    /// order the streams yourself (with an event) if work on the old stream still uses it.
+    pub fn set_deallocation_stream(&mut self, stream: &Stream) {
+        if let Some(old) = self.stream.replace(stream.clone())
+            && old != *stream
+        {
+            self.note_use(&old);
+        }
+    }
+
+    /// Remembers that work on `stream` uses the buffer (host access waits for it).
+    fn note_use(&self, stream: &Stream) {
+        if self.stream.as_ref() == Some(stream) {
+            return;
+        }
+        let mut used_on = self.used_on.lock().unwrap_or_else(PoisonError::into_inner);
+        if !used_on.contains(stream) {
+            used_on.push(stream.clone());
+        }
+    }
+
+    /// Copies this buffer into `dst` on `stream`.
+    ///
+    /// # Errors
+    /// [`Error::SizeMismatch`] if the sizes differ; a driver error otherwise.
+    pub fn copy_to(&self, dst: &mut Buffer, stream: &Stream) -> Result<()> {
+        copy(dst, self, stream)
+    }
+
+    /// Copies `src` into this buffer on `stream`.
+    ///
+    /// # Errors
+    /// [`Error::SizeMismatch`] if the sizes differ; a driver error otherwise.
+    pub fn copy_from(&mut self, src: &Buffer, stream: &Stream) -> Result<()> {
+        copy(self, src, stream)
+    }
+
+    /// Fills the buffer with `pattern` on `stream`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if the pattern's width does not divide the size.
+    pub fn fill(&mut self, pattern: FillPattern, stream: &Stream) -> Result<()> {
+        let width = pattern.width();
+        if self.size % width != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "a {width}-byte fill pattern needs a size divisible by {width}; the buffer has {} bytes",
+                self.size
+            )));
+        }
+        if self.size == 0 {
+            return Ok(());
+        }
+        let d = driver()?;
+        stream.bind_if_default()?;
+        let count = self.size / width;
+        let (ptr, s) = (self.ptr, stream.handle());
+        // SAFETY: `ptr` addresses `size` bytes this buffer owns or views, valid until the
+        // buffer is freed, which is ordered after this work.
+        unsafe {
+            match pattern {
+                FillPattern::U8(v) => cu_call!(d, cuMemsetD8Async(ptr, v, count, s)),
+                FillPattern::U16(v) => cu_call!(d, cuMemsetD16Async(ptr, v, count, s)),
+                FillPattern::U32(v) => cu_call!(d, cuMemsetD32Async(ptr, v, count, s)),
+            }
+        }?;
+        self.note_use(stream);
+        Ok(())
+    }
+
+    /// Waits for every stream the buffer was used on.
+    fn settle(&self) -> Result<()> {
+        let pending: Vec<Stream> =
+            std::mem::take(&mut *self.used_on.lock().unwrap_or_else(PoisonError::into_inner));
+        for stream in pending.iter().chain(self.stream.iter()) {
+            stream.synchronize()?;
+        }
+        Ok(())
+    }
+
+    fn check_host_accessible(&self) -> Result<()> {
+        if self.is_host_accessible() {
+            Ok(())
+        } else {
+            Err(Error::NotSupported(format!(
+                "host access to a buffer that is not host-accessible ({} bytes at {:#x}); copy it to a \
+                 host-accessible buffer first",
+                self.size, self.ptr
+            )))
+        }
+    }
+
+    /// The bytes, for reading on the host, once every stream the buffer was used on has
+    /// finished. Only for host-accessible buffers.
+    ///
+    /// # Errors
+    /// [`Error::NotSupported`] for device-only memory; a driver error from synchronizing.
+    pub fn host_slice(&self) -> Result<&[u8]> {
+        self.check_host_accessible()?;
+        self.settle()?;
+        if self.size == 0 {
+            return Ok(&[]);
+        }
+        // SAFETY: the memory is host-accessible, `size` bytes long and valid while `self` lives;
+        // device work on it has completed and new device writes need `&mut self`.
+        Ok(unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.size) })
+    }
+
+    /// The bytes, for writing on the host, once every stream the buffer was used on has
+    /// finished. Only for host-accessible buffers.
+    ///
+    /// # Errors
+    /// [`Error::NotSupported`] for device-only memory; a driver error from synchronizing.
+    pub fn host_slice_mut(&mut self) -> Result<&mut [u8]> {
+        self.check_host_accessible()?;
+        self.settle()?;
+        if self.size == 0 {
+            return Ok(&mut []);
+        }
+        // SAFETY: as in `host_slice`, and `&mut self` excludes every other access through the
+        // safe API.
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr as *mut u8, self.size) })
+    }
+
+    /// Frees the memory now, on `stream` (or the recorded stream), reporting any error instead
+    /// of recording it. A view is just dropped.
+    ///
+    /// # Errors
+    /// The driver's refusal to free.
+    pub fn close(mut self, stream: Option<&Stream>) -> Result<()> {
+        if let Some(stream) = stream {
+            self.set_deallocation_stream(stream);
+        }
+        let result = self.release();
+        // Marks the memory gone, so that `Drop` (which still releases the resource and stream
+        // handles) does not free it again.
+        self.size = 0;
+        result
+    }
+
+    /// Frees the memory (owning buffers with memory only).
+    fn release(&mut self) -> Result<()> {
+        let Owner::Resource(resource) = &self.owner else {
+            return Ok(());
+        };
+        if self.size == 0 {
+            return Ok(());
+        }
+        let Some(stream) = &self.stream else {
+            return Ok(());
+        };
+        // SAFETY: the pointer came from this resource's `allocate_raw` (or the caller of
+        // `from_raw_owned` promised so) and is freed only here, once: `close` zeroes the size
+        // after calling this, so the `Drop` that follows frees nothing.
+        unsafe { resource.deallocate_raw(self.ptr, self.size, stream) }
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        if let Err(error) = self.release() {
+            crate::drop_errors::record("Buffer", error);
+        }
+    }
+}
+
+impl PartialEq for Buffer {
+    /// Two buffers are equal when they cover the same bytes.
+    fn eq(&self, other: &Self) -> bool {
+        self.ptr == other.ptr && self.size == other.size
+    }
+}
+
+fn copy(dst: &mut Buffer, src: &Buffer, stream: &Stream) -> Result<()> {
+    if dst.size != src.size {
+        return Err(Error::SizeMismatch {
+            what: "the destination buffer",
+            expected: src.size,
+            actual: dst.size,
+        });
+    }
+    if dst.size == 0 {
+        return Ok(());
+    }
+    let d = driver()?;
+    stream.bind_if_default()?;
+    // SAFETY: both buffers cover `size` bytes that stay valid until they are freed, which is
+    // ordered after this work; the driver handles overlap.
+    unsafe {
+        cu_call!(
+            d,
+            cuMemcpyAsync(dst.ptr, src.ptr, dst.size, stream.handle())
+        )
+    }?;
+    dst.note_use(stream);
+    src.note_use(stream);
+    Ok(())
+}

@@ -1,0 +1,321 @@
+//! Host and managed memory pools: `PinnedMemoryResource` and `ManagedMemoryResource`.
+
+use std::sync::Arc;
+
+use cuda_sys::cu_call;
+use cuda_sys::types::{
+    CUmemAllocationType, CUmemLocation, CUmemLocationType, CUmemPoolProps, CUmemoryPool,
+};
+
+use crate::device::Device;
+use crate::driver::driver;
+use crate::error::{Error, Result};
+use crate::handle_types::HandleTypes;
+use crate::memory_resource::{DevicePtr, MemoryResource};
+use crate::pool::MemoryPool;
+use crate::stream::Stream;
+
+/// Where a pinned pool's host memory lives.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum PinnedLocation {
+    /// No NUMA preference; cannot be shared by file descriptor.
+    #[default]
+    Host,
+    /// A given host NUMA node.
+    NumaNode(u32),
+    /// The host NUMA node closest to a device (as the driver reports it).
+    NearDevice(Device),
+}
+
+/// How to create an owned pinned pool.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PinnedMemoryResourceOptions {
+    /// The most the pool may reserve (`None`: no limit of its own).
+    pub max_size: Option<usize>,
+    /// Whether the pool can be shared with other processes by file descriptor (needs a NUMA
+    /// location: [`PinnedLocation::NumaNode`] or [`PinnedLocation::NearDevice`]).
+    pub ipc_enabled: bool,
+    /// Where its memory lives.
+    pub location: PinnedLocation,
+}
+
+impl PinnedMemoryResourceOptions {
+    /// With a maximum size.
+    pub fn max_size(mut self, bytes: usize) -> Self {
+        self.max_size = Some(bytes);
+        self
+    }
+
+    /// With sharing by file descriptor on or off.
+    pub fn ipc_enabled(mut self, enabled: bool) -> Self {
+        self.ipc_enabled = enabled;
+        self
+    }
+
+    /// With a location.
+    pub fn location(mut self, location: PinnedLocation) -> Self {
+        self.location = location;
+        self
+    }
+}
+
+/// Page-locked host memory from a stream-ordered pool, accessible from the host and from every
+/// device.
+#[derive(Debug)]
+pub struct PinnedMemoryResource {
+    pool: MemoryPool,
+    numa_node: Option<u32>,
+    ipc_enabled: bool,
+}
+
+fn host_location(numa_node: Option<u32>) -> CUmemLocation {
+    match numa_node {
+        Some(node) => CUmemLocation {
+            type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST_NUMA,
+            id: node as i32,
+        },
+        None => CUmemLocation {
+            type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST,
+            id: 0,
+        },
+    }
+}
+
+fn current_pool(mut location: CUmemLocation, kind: CUmemAllocationType) -> Result<CUmemoryPool> {
+    let d = driver()?;
+    let mut handle: CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: `handle` and `location` are valid for the call.
+    unsafe { cu_call!(d, cuMemGetMemPool(&mut handle, &mut location, kind)) }?;
+    Ok(handle)
+}
+
+impl PinnedMemoryResource {
+    /// The process's current pinned host pool (shared, never destroyed).
+    ///
+    /// # Errors
+    /// If the driver lacks `cuMemGetMemPool` (before CUDA 13) or the call fails.
+    pub fn current() -> Result<Arc<PinnedMemoryResource>> {
+        let handle = current_pool(
+            host_location(None),
+            CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
+        )?;
+        Ok(Arc::new(PinnedMemoryResource {
+            pool: MemoryPool::borrowed(handle, None),
+            numa_node: None,
+            ipc_enabled: false,
+        }))
+    }
+
+    /// A pinned pool of its own.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for IPC without a NUMA location, or a device that reports no
+    /// NUMA node; driver errors.
+    pub fn new(options: PinnedMemoryResourceOptions) -> Result<Arc<PinnedMemoryResource>> {
+        let numa_node = match options.location {
+            PinnedLocation::Host => None,
+            PinnedLocation::NumaNode(node) => Some(node),
+            PinnedLocation::NearDevice(device) => {
+                let node = device.properties()?.host_numa_id.ok_or_else(|| {
+                    Error::InvalidArgument(format!(
+                        "{device} reports no host NUMA node; give the node with PinnedLocation::NumaNode"
+                    ))
+                })?;
+                Some(node.unsigned_abs())
+            }
+        };
+        if options.ipc_enabled && numa_node.is_none() {
+            return Err(Error::InvalidArgument(
+                "an IPC-enabled pinned pool needs a NUMA location: use PinnedLocation::NumaNode(n) or \
+                 PinnedLocation::NearDevice(device)"
+                    .to_string(),
+            ));
+        }
+        let handle_types = if options.ipc_enabled {
+            HandleTypes::POSIX_FD
+        } else {
+            HandleTypes::empty()
+        };
+        let props = CUmemPoolProps {
+            allocType: CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
+            handleTypes: handle_types.raw(),
+            location: host_location(numa_node),
+            maxSize: options.max_size.unwrap_or(0),
+            ..CUmemPoolProps::default()
+        };
+        let pool = MemoryPool::create(&props, None)?;
+        Ok(Arc::new(PinnedMemoryResource {
+            pool,
+            numa_node,
+            ipc_enabled: options.ipc_enabled,
+        }))
+    }
+
+    /// The pool: attributes, release threshold, trimming.
+    pub fn pool(&self) -> &MemoryPool {
+        &self.pool
+    }
+
+    /// The NUMA node of its memory, if it has one.
+    pub fn numa_node(&self) -> Option<u32> {
+        self.numa_node
+    }
+
+    /// Whether the pool can be shared by file descriptor.
+    pub fn is_ipc_enabled(&self) -> bool {
+        self.ipc_enabled
+    }
+}
+
+impl MemoryResource for PinnedMemoryResource {
+    fn allocate_raw(&self, size: usize, stream: &Stream) -> Result<DevicePtr> {
+        self.pool.allocate(size, stream)
+    }
+
+    unsafe fn deallocate_raw(&self, ptr: DevicePtr, _size: usize, stream: &Stream) -> Result<()> {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.pool.deallocate(ptr, stream) }
+    }
+
+    fn is_device_accessible(&self) -> bool {
+        true
+    }
+
+    fn is_host_accessible(&self) -> bool {
+        true
+    }
+
+    fn device(&self) -> Option<Device> {
+        None
+    }
+}
+
+/// Where managed memory prefers to live.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum PreferredLocation {
+    /// No preference.
+    #[default]
+    None,
+    /// A device.
+    Device(Device),
+    /// The host.
+    Host,
+    /// A host NUMA node.
+    HostNuma(u32),
+}
+
+impl PreferredLocation {
+    fn raw(self) -> CUmemLocation {
+        let (type_, id) = match self {
+            PreferredLocation::None => (CUmemLocationType::CU_MEM_LOCATION_TYPE_NONE, 0),
+            PreferredLocation::Device(device) => {
+                (CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, device.raw())
+            }
+            PreferredLocation::Host => (CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST, 0),
+            PreferredLocation::HostNuma(node) => (
+                CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST_NUMA,
+                node as i32,
+            ),
+        };
+        CUmemLocation { type_, id }
+    }
+}
+
+/// How to create an owned managed pool.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ManagedMemoryResourceOptions {
+    /// Where the memory prefers to live.
+    pub preferred_location: PreferredLocation,
+}
+
+impl ManagedMemoryResourceOptions {
+    /// With a preferred location.
+    pub fn preferred_location(mut self, location: PreferredLocation) -> Self {
+        self.preferred_location = location;
+        self
+    }
+}
+
+/// Managed memory from a stream-ordered pool (CUDA 13): accessible from the host and every
+/// device, migrating on demand.
+#[derive(Debug)]
+pub struct ManagedMemoryResource {
+    pool: MemoryPool,
+    preferred_location: PreferredLocation,
+}
+
+impl ManagedMemoryResource {
+    /// The current managed pool for a preferred location (shared, never destroyed).
+    ///
+    /// # Errors
+    /// If the driver lacks managed pools or the call fails.
+    pub fn current(preferred_location: PreferredLocation) -> Result<Arc<ManagedMemoryResource>> {
+        let handle = current_pool(
+            preferred_location.raw(),
+            CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_MANAGED,
+        )?;
+        Ok(Arc::new(ManagedMemoryResource {
+            pool: MemoryPool::borrowed(handle, None),
+            preferred_location,
+        }))
+    }
+
+    /// A managed pool of its own.
+    ///
+    /// # Errors
+    /// If the driver call fails.
+    pub fn new(options: ManagedMemoryResourceOptions) -> Result<Arc<ManagedMemoryResource>> {
+        let props = CUmemPoolProps {
+            allocType: CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_MANAGED,
+            location: options.preferred_location.raw(),
+            ..CUmemPoolProps::default()
+        };
+        let pool = MemoryPool::create(&props, None)?;
+        Ok(Arc::new(ManagedMemoryResource {
+            pool,
+            preferred_location: options.preferred_location,
+        }))
+    }
+
+    /// The pool: attributes, release threshold, trimming.
+    pub fn pool(&self) -> &MemoryPool {
+        &self.pool
+    }
+
+    /// Where the memory prefers to live.
+    pub fn preferred_location(&self) -> PreferredLocation {
+        self.preferred_location
+    }
+}
+
+impl MemoryResource for ManagedMemoryResource {
+    fn allocate_raw(&self, size: usize, stream: &Stream) -> Result<DevicePtr> {
+        self.pool.allocate(size, stream)
+    }
+
+    unsafe fn deallocate_raw(&self, ptr: DevicePtr, _size: usize, stream: &Stream) -> Result<()> {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.pool.deallocate(ptr, stream) }
+    }
+
+    fn is_device_accessible(&self) -> bool {
+        true
+    }
+
+    fn is_host_accessible(&self) -> bool {
+        true
+    }
+
+    fn device(&self) -> Option<Device> {
+        match self.preferred_location {
+            PreferredLocation::Device(device) => Some(device),
+            _ => None,
+        }
+    }
+
+    fn is_managed(&self) -> bool {
+        true
+    }
+}

@@ -1,0 +1,106 @@
+//! Resources for devices or code paths without stream-ordered pools: `cuMemAllocHost` pinned
+//! memory and `cuMemAlloc` device memory. Both free synchronously, after waiting for the
+//! buffer's stream.
+
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use cuda_sys::cu_call;
+
+use crate::device::Device;
+use crate::driver::driver;
+use crate::error::Result;
+use crate::memory_resource::{DevicePtr, MemoryResource};
+use crate::stream::Stream;
+
+/// Page-locked host memory from `cuMemAllocHost`, allocated in a device's primary context.
+#[derive(Debug)]
+pub struct LegacyPinnedMemoryResource {
+    device: Device,
+}
+
+impl LegacyPinnedMemoryResource {
+    /// A resource allocating in `device`'s primary context.
+    pub fn new(device: Device) -> Arc<LegacyPinnedMemoryResource> {
+        Arc::new(LegacyPinnedMemoryResource { device })
+    }
+}
+
+impl MemoryResource for LegacyPinnedMemoryResource {
+    fn allocate_raw(&self, size: usize, _stream: &Stream) -> Result<DevicePtr> {
+        crate::context::bind(self.device)?;
+        let d = driver()?;
+        let mut ptr: *mut c_void = std::ptr::null_mut();
+        // SAFETY: `ptr` is a valid out-pointer; a context is current.
+        unsafe { cu_call!(d, cuMemAllocHost_v2(&mut ptr, size)) }?;
+        Ok(ptr as DevicePtr)
+    }
+
+    unsafe fn deallocate_raw(&self, ptr: DevicePtr, _size: usize, stream: &Stream) -> Result<()> {
+        stream.synchronize()?;
+        crate::context::bind(self.device)?;
+        let d = driver()?;
+        // SAFETY: the caller guarantees `ptr` came from `allocate_raw` and is freed once; the
+        // stream's work on it has finished.
+        unsafe { cu_call!(d, cuMemFreeHost(ptr as *mut c_void)) }?;
+        Ok(())
+    }
+
+    fn is_device_accessible(&self) -> bool {
+        true
+    }
+
+    fn is_host_accessible(&self) -> bool {
+        true
+    }
+
+    fn device(&self) -> Option<Device> {
+        None
+    }
+}
+
+/// Device memory from `cuMemAlloc`, for devices without memory pools.
+#[derive(Debug)]
+pub struct SynchronousMemoryResource {
+    device: Device,
+}
+
+impl SynchronousMemoryResource {
+    /// A resource allocating on `device`.
+    pub fn new(device: Device) -> Arc<SynchronousMemoryResource> {
+        Arc::new(SynchronousMemoryResource { device })
+    }
+}
+
+impl MemoryResource for SynchronousMemoryResource {
+    fn allocate_raw(&self, size: usize, _stream: &Stream) -> Result<DevicePtr> {
+        crate::context::bind(self.device)?;
+        let d = driver()?;
+        let mut ptr: DevicePtr = 0;
+        // SAFETY: `ptr` is a valid out-pointer; the device's context is current.
+        unsafe { cu_call!(d, cuMemAlloc_v2(&mut ptr, size)) }?;
+        Ok(ptr)
+    }
+
+    unsafe fn deallocate_raw(&self, ptr: DevicePtr, _size: usize, stream: &Stream) -> Result<()> {
+        stream.synchronize()?;
+        crate::context::bind(self.device)?;
+        let d = driver()?;
+        // SAFETY: the caller guarantees `ptr` came from `allocate_raw` and is freed once; the
+        // stream's work on it has finished.
+        unsafe { cu_call!(d, cuMemFree_v2(ptr)) }?;
+        Ok(())
+    }
+
+    fn is_device_accessible(&self) -> bool {
+        true
+    }
+
+    fn is_host_accessible(&self) -> bool {
+        false
+    }
+
+    fn device(&self) -> Option<Device> {
+        Some(self.device)
+    }
+}

@@ -1,0 +1,74 @@
+//! The `MemoryResource` abstraction: anything that hands out and takes back memory in stream
+//! order. The pools of this crate implement it; so can an application's own allocator.
+
+use std::fmt::Debug;
+use std::sync::Arc;
+
+use crate::buffer::Buffer;
+use crate::device::Device;
+use crate::error::Result;
+use crate::stream::Stream;
+
+/// A device address (or, for host-accessible memory, the same address seen from the device).
+pub type DevicePtr = cuda_sys::types::CUdeviceptr;
+
+/// A source of memory.
+///
+/// Implementations allocate and free raw pointers; [`Buffer`] owns the result and calls
+/// [`deallocate_raw`](MemoryResource::deallocate_raw) exactly once. Allocate through
+/// [`MemoryResourceExt::allocate`] to get a `Buffer` that keeps the resource alive.
+///
+/// A resource is shared between threads (buffers may be dropped anywhere), hence `Send + Sync`.
+pub trait MemoryResource: Send + Sync + Debug {
+    /// Allocates `size` bytes (more than 0), usable by work enqueued on `stream` after this call.
+    ///
+    /// # Errors
+    /// When the memory cannot be had.
+    fn allocate_raw(&self, size: usize, stream: &Stream) -> Result<DevicePtr>;
+
+    /// Frees memory this resource allocated, once work enqueued on `stream` so far is done.
+    ///
+    /// # Safety
+    /// `ptr` and `size` come from one `allocate_raw` call of this resource, the memory has not
+    /// been freed since, and nothing uses it after the work already enqueued on `stream`.
+    ///
+    /// # Errors
+    /// When the driver refuses (the memory is then not freed).
+    unsafe fn deallocate_raw(&self, ptr: DevicePtr, size: usize, stream: &Stream) -> Result<()>;
+
+    /// Whether devices can access the memory.
+    fn is_device_accessible(&self) -> bool;
+
+    /// Whether the host can access the memory.
+    fn is_host_accessible(&self) -> bool;
+
+    /// The device the memory belongs to, if one does (`None` for host memory).
+    fn device(&self) -> Option<Device>;
+
+    /// Whether the memory is managed (migrates between host and devices).
+    fn is_managed(&self) -> bool {
+        false
+    }
+}
+
+/// Allocation into an owned [`Buffer`] that keeps the resource alive.
+pub trait MemoryResourceExt {
+    /// Allocates `size` bytes on `stream`. A zero-size request makes an empty buffer without
+    /// asking the resource.
+    ///
+    /// # Errors
+    /// When the resource cannot allocate.
+    fn allocate(&self, size: usize, stream: &Stream) -> Result<Buffer>;
+}
+
+impl<R: MemoryResource + 'static> MemoryResourceExt for Arc<R> {
+    fn allocate(&self, size: usize, stream: &Stream) -> Result<Buffer> {
+        Buffer::allocate(Arc::clone(self) as Arc<dyn MemoryResource>, size, stream)
+    }
+}
+
+impl MemoryResourceExt for Arc<dyn MemoryResource> {
+    fn allocate(&self, size: usize, stream: &Stream) -> Result<Buffer> {
+        Buffer::allocate(Arc::clone(self), size, stream)
+    }
+}

@@ -1,0 +1,258 @@
+//! Buffers: allocation, fills, copies, host access, ownership and release.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use cuda_mem_core::{
+    Buffer, Device, DeviceMemoryResource, DevicePtr, Error, FillPattern,
+    LegacyPinnedMemoryResource, MemoryResource, MemoryResourceExt, PinnedMemoryResource,
+    PinnedMemoryResourceOptions, Result, Stream, SynchronousMemoryResource, take_drop_errors,
+};
+
+fn pinned() -> Arc<PinnedMemoryResource> {
+    PinnedMemoryResource::new(PinnedMemoryResourceOptions::default()).unwrap()
+}
+
+#[test]
+fn fill_copy_and_read_back_every_pattern_width() {
+    let device = common::device();
+    let stream = common::stream(device);
+    let dmr = DeviceMemoryResource::current(device).unwrap();
+    let host = pinned();
+    for (pattern, expected) in [
+        (FillPattern::U8(0xab), vec![0xab; 4]),
+        (FillPattern::U16(0x1234), 0x1234u16.to_ne_bytes().repeat(2)),
+        (
+            FillPattern::U32(0xdead_beef),
+            0xdead_beefu32.to_ne_bytes().to_vec(),
+        ),
+    ] {
+        let mut d = dmr.allocate(4096, &stream).unwrap();
+        d.fill(pattern, &stream).unwrap();
+        let mut h = host.allocate(4096, &stream).unwrap();
+        h.copy_from(&d, &stream).unwrap();
+        let bytes = h.host_slice().unwrap();
+        assert!(
+            bytes.chunks(4).all(|c| c == expected.as_slice()),
+            "{pattern:?}"
+        );
+    }
+}
+
+#[test]
+fn host_writes_round_trip_through_device_memory() {
+    let device = common::device();
+    let stream = common::stream(device);
+    let dmr = DeviceMemoryResource::current(device).unwrap();
+    let host = pinned();
+    let mut src = host.allocate(1000, &stream).unwrap();
+    for (i, b) in src.host_slice_mut().unwrap().iter_mut().enumerate() {
+        *b = (i % 251) as u8;
+    }
+    let mut d = dmr.allocate(1000, &stream).unwrap();
+    src.copy_to(&mut d, &stream).unwrap();
+    let mut back = host.allocate(1000, &stream).unwrap();
+    d.copy_to(&mut back, &stream).unwrap();
+    let expected: Vec<u8> = (0..1000).map(|i| (i % 251) as u8).collect();
+    assert_eq!(back.host_slice().unwrap(), expected.as_slice());
+}
+
+#[test]
+fn size_mismatch_and_bad_fill_width_are_errors() {
+    let device = common::device();
+    let stream = common::stream(device);
+    let dmr = DeviceMemoryResource::current(device).unwrap();
+    let a = dmr.allocate(64, &stream).unwrap();
+    let mut b = dmr.allocate(65, &stream).unwrap();
+    let err = a.copy_to(&mut b, &stream).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::SizeMismatch {
+                expected: 64,
+                actual: 65,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(
+        err.to_string(),
+        "size mismatch: the destination buffer is 65 bytes, expected 64"
+    );
+    let err = b.fill(FillPattern::U16(1), &stream).unwrap_err();
+    assert!(err.to_string().contains("divisible by 2"), "{err}");
+    let err = b.fill(FillPattern::U32(1), &stream).unwrap_err();
+    assert!(err.to_string().contains("divisible by 4"), "{err}");
+}
+
+#[test]
+fn device_memory_is_not_lent_to_the_host() {
+    let device = common::device();
+    let stream = common::stream(device);
+    let d = DeviceMemoryResource::current(device)
+        .unwrap()
+        .allocate(16, &stream)
+        .unwrap();
+    let err = d.host_slice().unwrap_err();
+    assert!(matches!(err, Error::NotSupported(_)), "{err}");
+    assert!(!d.is_host_accessible() && d.is_device_accessible());
+    assert_eq!(d.device(), Some(device));
+}
+
+#[test]
+fn zero_size_buffers_need_no_driver_call() {
+    let device = common::device();
+    let stream = common::stream(device);
+    let counting = Arc::new(Counting::default());
+    let b = counting.allocate(0, &stream).unwrap();
+    assert!(b.is_empty());
+    assert_eq!(b.ptr(), 0);
+    drop(b);
+    assert_eq!(counting.allocations.load(Ordering::SeqCst), 0);
+    assert_eq!(counting.frees.load(Ordering::SeqCst), 0);
+}
+
+/// A user resource over `cuMemAllocHost` that counts its calls.
+#[derive(Debug, Default)]
+struct Counting {
+    allocations: AtomicUsize,
+    frees: AtomicUsize,
+}
+
+impl MemoryResource for Counting {
+    fn allocate_raw(&self, size: usize, stream: &Stream) -> Result<DevicePtr> {
+        self.allocations.fetch_add(1, Ordering::SeqCst);
+        LegacyPinnedMemoryResource::new(stream.device()).allocate_raw(size, stream)
+    }
+
+    unsafe fn deallocate_raw(&self, ptr: DevicePtr, size: usize, stream: &Stream) -> Result<()> {
+        self.frees.fetch_add(1, Ordering::SeqCst);
+        // SAFETY: forwarded; the pointer came from the same kind of resource.
+        unsafe {
+            LegacyPinnedMemoryResource::new(stream.device()).deallocate_raw(ptr, size, stream)
+        }
+    }
+
+    fn is_device_accessible(&self) -> bool {
+        true
+    }
+
+    fn is_host_accessible(&self) -> bool {
+        true
+    }
+
+    fn device(&self) -> Option<Device> {
+        None
+    }
+}
+
+#[test]
+fn user_resources_are_freed_exactly_once_by_drop_or_close() {
+    let device = common::device();
+    let stream = common::stream(device);
+    let counting = Arc::new(Counting::default());
+    let a = counting.allocate(100, &stream).unwrap();
+    let b = counting.allocate(100, &stream).unwrap();
+    drop(a);
+    b.close(Some(&stream)).unwrap();
+    assert_eq!(counting.allocations.load(Ordering::SeqCst), 2);
+    assert_eq!(counting.frees.load(Ordering::SeqCst), 2);
+    // Closing released the buffer's hold on the resource too.
+    assert_eq!(Arc::strong_count(&counting), 1);
+}
+
+#[test]
+fn raw_owned_buffers_call_the_resource_and_views_free_nothing() {
+    let device = common::device();
+    let stream = common::stream(device);
+    let counting = Arc::new(Counting::default());
+    let ptr = counting.allocate_raw(64, &stream).unwrap();
+    let resource: Arc<dyn MemoryResource> = counting.clone();
+    // SAFETY: `ptr` came from `counting` and is owned by nothing else.
+    let owned = unsafe { Buffer::from_raw_owned(ptr, 64, resource, &stream) };
+    {
+        // SAFETY: the view does not outlive `owned`, which keeps the memory alive.
+        let view = unsafe { Buffer::from_raw(ptr, 64, None, true, true, None) };
+        assert!(!view.is_owning());
+        assert_eq!(view.host_slice().unwrap().len(), 64);
+    }
+    assert_eq!(counting.frees.load(Ordering::SeqCst), 0);
+    drop(owned);
+    assert_eq!(counting.frees.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn buffers_keep_their_resource_alive_and_free_on_another_thread_without_a_context() {
+    let device = common::device();
+    let stream = common::stream(device);
+    let pool = DeviceMemoryResource::new(device, Default::default()).unwrap();
+    let weak = Arc::downgrade(&pool);
+    let mut buffers: Vec<Buffer> = (0..8)
+        .map(|_| pool.allocate(1 << 16, &stream).unwrap())
+        .collect();
+    buffers[0].fill(FillPattern::U8(7), &stream).unwrap();
+    drop(pool);
+    assert!(weak.upgrade().is_some(), "buffers keep the pool alive");
+    std::thread::spawn(move || {
+        // This thread never made a context current.
+        drop(buffers);
+    })
+    .join()
+    .unwrap();
+    assert!(
+        weak.upgrade().is_none(),
+        "the last buffer released the pool"
+    );
+    let errors = take_drop_errors();
+    assert!(errors.is_empty(), "{errors:?}");
+}
+
+#[test]
+fn default_stream_buffers_free_on_another_thread() {
+    let device = common::device();
+    let legacy = device.default_stream();
+    let buffer = DeviceMemoryResource::current(device)
+        .unwrap()
+        .allocate(256, &legacy)
+        .unwrap();
+    std::thread::spawn(move || drop(buffer)).join().unwrap();
+    let errors = take_drop_errors();
+    assert!(errors.is_empty(), "{errors:?}");
+}
+
+#[test]
+fn deallocation_stream_can_be_replaced() {
+    let device = common::device();
+    let (s1, s2) = (common::stream(device), common::stream(device));
+    let mut buffer = DeviceMemoryResource::current(device)
+        .unwrap()
+        .allocate(64, &s1)
+        .unwrap();
+    assert_eq!(buffer.deallocation_stream(), Some(&s1));
+    buffer.set_deallocation_stream(&s2);
+    assert_eq!(buffer.deallocation_stream(), Some(&s2));
+    s1.synchronize().unwrap();
+    buffer.close(None).unwrap();
+}
+
+#[test]
+fn legacy_and_synchronous_resources() {
+    let device = common::device();
+    let stream = common::stream(device);
+    let mut host = LegacyPinnedMemoryResource::new(device)
+        .allocate(512, &stream)
+        .unwrap();
+    host.host_slice_mut().unwrap().fill(3);
+    let mut d = SynchronousMemoryResource::new(device)
+        .allocate(512, &stream)
+        .unwrap();
+    d.copy_from(&host, &stream).unwrap();
+    let mut back = LegacyPinnedMemoryResource::new(device)
+        .allocate(512, &stream)
+        .unwrap();
+    back.copy_from(&d, &stream).unwrap();
+    assert!(back.host_slice().unwrap().iter().all(|&b| b == 3));
+}

@@ -1,0 +1,71 @@
+//! Errors when freeing: `close` returns them, `Drop` records them (never panics, never loses
+//! them). In a test binary of its own, since the record is process-wide.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use cuda_mem_core::{
+    Device, DevicePtr, Error, LegacyPinnedMemoryResource, MemoryResource, MemoryResourceExt,
+    Result, Stream, set_drop_error_hook, take_drop_errors,
+};
+
+/// Allocates pinned memory but refuses to free it.
+#[derive(Debug)]
+struct RefusesToFree;
+
+impl MemoryResource for RefusesToFree {
+    fn allocate_raw(&self, size: usize, stream: &Stream) -> Result<DevicePtr> {
+        LegacyPinnedMemoryResource::new(stream.device()).allocate_raw(size, stream)
+    }
+
+    unsafe fn deallocate_raw(&self, _ptr: DevicePtr, _size: usize, _stream: &Stream) -> Result<()> {
+        Err(Error::InvalidState("this resource never frees".to_string()))
+    }
+
+    fn is_device_accessible(&self) -> bool {
+        true
+    }
+
+    fn is_host_accessible(&self) -> bool {
+        true
+    }
+
+    fn device(&self) -> Option<Device> {
+        None
+    }
+}
+
+static HOOK_CALLS: AtomicUsize = AtomicUsize::new(0);
+
+fn count_hook(_: &cuda_mem_core::DropError) {
+    HOOK_CALLS.fetch_add(1, Ordering::SeqCst);
+}
+
+#[test]
+fn close_returns_the_error_and_drop_records_it() {
+    let device = common::device();
+    let stream = common::stream(device);
+    let resource = Arc::new(RefusesToFree);
+    let err = resource
+        .allocate(64, &stream)
+        .unwrap()
+        .close(None)
+        .unwrap_err();
+    assert_eq!(err.to_string(), "this resource never frees");
+    assert!(
+        take_drop_errors().is_empty(),
+        "close does not record what it returns"
+    );
+
+    set_drop_error_hook(Some(count_hook));
+    drop(resource.allocate(64, &stream).unwrap());
+    set_drop_error_hook(None);
+    let errors = take_drop_errors();
+    assert_eq!(errors.len(), 1);
+    assert_eq!(errors[0].what, "Buffer");
+    assert!(matches!(errors[0].error, Error::InvalidState(_)));
+    assert_eq!(HOOK_CALLS.load(Ordering::SeqCst), 1);
+    assert!(take_drop_errors().is_empty(), "taking drains the record");
+}
