@@ -5,17 +5,45 @@
 //!
 //! - [`Device`]: enumeration, properties, peer capability, making the primary context current.
 //! - [`Stream`] and [`Event`]: stream-ordered work and its synchronization.
+//! - [`MemoryResource`]: anything that allocates in stream order; [`MemoryResourceExt::allocate`]
+//!   turns an `Arc` of one into owned [`Buffer`]s, which keep their resource alive.
+//! - Pools: [`DeviceMemoryResource`] (the device's current pool, or one of its own),
+//!   [`PinnedMemoryResource`] (host memory), [`ManagedMemoryResource`]; each exposes its
+//!   [`MemoryPool`] for attributes, the release threshold, trimming and peer access.
+//! - Without pools: [`SynchronousMemoryResource`] (`cuMemAlloc`) and
+//!   [`LegacyPinnedMemoryResource`] (`cuMemAllocHost`).
+//!
+//! Errors are [`Error`]s; a driver failure carries the function, the code and its name. Errors
+//! in `Drop` are recorded ([`take_drop_errors`]), never lost and never a panic.
 //!
 //! The driver is loaded at run time (see `cuda-sys`): `libcuda.so.1`, or the library
 //! `CUDA_MEM_DRIVER` names (such as the `cuda-sim` simulator).
 //!
-//! ```no_run
-//! use cuda_mem_core::{Device, Stream, StreamOptions};
+//! ```
+//! # cuda_sim::testing::driver()?; // the tests run this example on the simulator
+//! use cuda_mem_core::{
+//!     Device, DeviceMemoryResource, FillPattern, MemoryResourceExt, PinnedMemoryResource, Stream,
+//!     StreamOptions,
+//! };
 //!
 //! let device = Device::new(0)?;
-//! println!("{}: {}", device, device.name()?);
 //! let stream = Stream::new(device, StreamOptions::default().non_blocking())?;
-//! stream.synchronize()?;
+//!
+//! // Allocate from a pool of its own, fill on the device, copy back to pinned host memory.
+//! let pool = DeviceMemoryResource::new(device, Default::default())?;
+//! let mut on_device = pool.allocate(1 << 20, &stream)?;
+//! on_device.fill(FillPattern::U32(0xC0FFEE), &stream)?;
+//! let mut on_host = PinnedMemoryResource::current()?.allocate(1 << 20, &stream)?;
+//! on_host.copy_from(&on_device, &stream)?;
+//! assert!(on_host.host_slice()?.chunks(4).all(|w| w == 0xC0FFEEu32.to_ne_bytes()));
+//! println!("pool uses {} bytes", pool.pool().attributes()?.used_mem_current);
+//!
+//! // Let every other device that can reach it use the pool's memory.
+//! let peers: Vec<Device> = Device::all()?
+//!     .into_iter()
+//!     .filter(|&d| d != device && d.can_access_peer(device).unwrap_or(false))
+//!     .collect();
+//! pool.pool().set_peer_accessible_by(peers)?;
 //! # Ok::<(), cuda_mem_core::Error>(())
 //! ```
 

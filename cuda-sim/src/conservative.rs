@@ -39,5 +39,20 @@
 //!   signature.
 //! - **Calls from a host function** (`cuLaunchHostFunc`) return `CUDA_ERROR_NOT_PERMITTED`, as
 //!   the documentation forbids them.
-//! - **`cuStreamIsCapturing`** always reports `CU_STREAM_CAPTURE_STATUS_NONE`: the simulator does
-//!   not capture graphs.
+//! - **Graph capture** is modelled far enough to refuse what capture forbids: work enqueued on
+//!   a capturing stream goes into the graph and never runs (graphs are not launched);
+//!   `cuStreamSynchronize` and pool allocation on a capturing stream return
+//!   `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`; an event recorded during capture keeps its earlier
+//!   state.
+//! - **Pool allocations of 0 bytes** return `CUDA_ERROR_INVALID_VALUE`.
+//! - **An unknown or destroyed pool handle** returns `CUDA_ERROR_INVALID_VALUE` (the driver's
+//!   pool functions document only that code for bad arguments).
+//! - **`cuMemFreeAsync` of `cuMemAlloc` memory** returns `CUDA_ERROR_INVALID_VALUE`.
+//! - **A copy or memset whose stream's device lacks access to another device's pool memory**
+//!   returns `CUDA_ERROR_INVALID_VALUE` at the call (hardware would fault later).
+//! - **A pool's reserve** grows in 2 MiB chunks and shrinks only at synchronization points or on
+//!   `cuMemPoolTrimTo` (see the `pool` module); `used` counts exact bytes.
+//! - **nvbug 5698116 is modelled**: a pool destroyed with peer access still granted passes that
+//!   access to the next pool created on its device, so code that must revoke first is tested.
+//! - **A zero-length copy or memset at a one-past-the-end device pointer** returns
+//!   `CUDA_ERROR_INVALID_VALUE` (the pointer is not inside a live allocation).

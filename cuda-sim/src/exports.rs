@@ -67,6 +67,7 @@ macro_rules! exports {
         )*
 
         /// Every exported symbol and its address.
+        #[allow(clippy::vec_init_then_push)]
         pub(crate) fn table() -> Vec<(&'static str, usize)> {
             let mut table = Vec::new();
             $(

@@ -189,6 +189,13 @@ impl PoolState {
         Ok(grown)
     }
 
+    /// Takes back an allocation that could not be completed: its bytes and the growth it caused
+    /// (the high-water marks keep what they saw).
+    pub(crate) fn undo_allocate(&mut self, size: u64, grown: u64) {
+        self.used = self.used.saturating_sub(size);
+        self.reserved = self.reserved.saturating_sub(grown);
+    }
+
     /// Accounts for a freed allocation.
     pub(crate) fn free(&mut self, size: u64) {
         self.used = self.used.saturating_sub(size);

@@ -20,8 +20,10 @@ pub(crate) struct State {
     pub config: Config,
     /// Per-device bookkeeping.
     pub devices: Vec<DeviceState>,
-    /// Primary context of each device, with its retain count, when active.
-    pub primary: Vec<Option<(Arc<Context>, u32)>>,
+    /// Primary context of each device, when active.
+    pub primary: Vec<Option<Arc<Context>>>,
+    /// Retain count of each device's primary context (kept across a reset).
+    pub primary_retains: Vec<u32>,
     /// Flags set with `cuDevicePrimaryCtxSetFlags`, per device.
     pub primary_flags: Vec<u32>,
     /// Live contexts by handle.
@@ -96,6 +98,7 @@ pub(crate) fn init() -> SimResult {
         config,
         devices: (0..devices).map(|_| DeviceState::default()).collect(),
         primary: (0..devices).map(|_| None).collect(),
+        primary_retains: vec![0; devices],
         primary_flags: vec![0; devices],
         contexts: HashMap::new(),
         streams: HashMap::new(),

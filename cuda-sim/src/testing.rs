@@ -29,10 +29,19 @@ pub fn library_path() -> Option<PathBuf> {
         return Some(PathBuf::from(path));
     }
     let exe = std::env::current_exe().ok()?;
-    exe.ancestors()
+    let beside_exe = exe
+        .ancestors()
         .skip(1)
         .take(3)
-        .map(|dir| dir.join(LIBRARY_NAME))
+        .map(|dir| dir.join(LIBRARY_NAME));
+    // Doc tests run from a temporary folder: look in this workspace's target folder too.
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    let in_target = ["debug/deps", "debug", "release/deps", "release"]
+        .map(|dir| target.join(dir).join(LIBRARY_NAME));
+    beside_exe
+        .chain(in_target)
         .find(|candidate| candidate.is_file())
 }
 

@@ -202,10 +202,8 @@ fn a_context_released_to_zero_is_destroyed_for_the_thread_that_has_it_current() 
             CUresult::CUDA_ERROR_INVALID_HANDLE
         );
         // SAFETY: no host pointers.
-        assert_eq!(
-            unsafe { code!(d, cuMemFree_v2(buffer.ptr)) },
-            CUresult::CUDA_ERROR_INVALID_VALUE
-        );
+        let result = unsafe { code!(d, cuMemFree_v2(buffer.ptr)) };
+        assert_eq!(result, CUresult::CUDA_ERROR_INVALID_VALUE);
         // The stale handle cannot be made current again.
         assert_eq!(set_current(old), CUresult::CUDA_ERROR_INVALID_CONTEXT);
         assert_eq!(push(old), CUresult::CUDA_ERROR_INVALID_CONTEXT);
@@ -395,10 +393,8 @@ fn current_context_stack() {
         assert_eq!(push(c0), CUresult::CUDA_SUCCESS);
         assert_eq!(push(c0), CUresult::CUDA_SUCCESS);
         // SAFETY: cuCtxPopCurrent accepts a null out-pointer.
-        assert_eq!(
-            unsafe { code!(driver(), cuCtxPopCurrent_v2(std::ptr::null_mut())) },
-            CUresult::CUDA_SUCCESS
-        );
+        let result = unsafe { code!(driver(), cuCtxPopCurrent_v2(std::ptr::null_mut())) };
+        assert_eq!(result, CUresult::CUDA_SUCCESS);
         assert_eq!(current(), c0);
         assert_eq!(pop(), Ok(c0));
         assert!(current().is_null());

@@ -27,10 +27,8 @@ fn driver_version_is_13000_before_and_after_init() {
         unsafe { cu_call!(d, cuDriverGetVersion(&mut version)) }.unwrap();
         assert_eq!(version, 13000);
         // SAFETY: a null out-pointer is rejected, not written.
-        assert_eq!(
-            unsafe { code!(d, cuDriverGetVersion(std::ptr::null_mut())) },
-            CUresult::CUDA_ERROR_INVALID_VALUE
-        );
+        let result = unsafe { code!(d, cuDriverGetVersion(std::ptr::null_mut())) };
+        assert_eq!(result, CUresult::CUDA_ERROR_INVALID_VALUE);
         init();
         version = 0;
         // SAFETY: as above.
@@ -160,10 +158,8 @@ fn calls_before_init_return_not_initialized() {
         }
         .unwrap();
         // SAFETY: on success the driver wrote a static NUL-terminated string.
-        assert_eq!(
-            unsafe { CStr::from_ptr(text) }.to_str().unwrap(),
-            "CUDA_ERROR_NOT_INITIALIZED"
-        );
+        let result = unsafe { CStr::from_ptr(text) }.to_str().unwrap();
+        assert_eq!(result, "CUDA_ERROR_NOT_INITIALIZED");
         let mut pfn: *mut c_void = std::ptr::null_mut();
         // SAFETY: the symbol is NUL-terminated; `pfn` is a valid out-pointer; status is optional.
         unsafe {
@@ -178,10 +174,8 @@ fn calls_before_init_return_not_initialized() {
         // A failed cuInit leaves the driver uninitialized; a good one initializes it, and
         // cuInit may be called again.
         // SAFETY: no pointers.
-        assert_eq!(
-            unsafe { code!(d, cuInit(1)) },
-            CUresult::CUDA_ERROR_INVALID_VALUE
-        );
+        let result = unsafe { code!(d, cuInit(1)) };
+        assert_eq!(result, CUresult::CUDA_ERROR_INVALID_VALUE);
         // SAFETY: `i` is a valid out-pointer.
         assert_eq!(unsafe { code!(d, cuDeviceGetCount(&mut i)) }, not_init);
         // SAFETY: no pointers.
@@ -197,8 +191,9 @@ fn init_rejects_nonzero_flags() {
     let d = init();
     for flags in [1, 2, 0x8000_0000] {
         // SAFETY: no pointers.
+        let result = unsafe { code!(d, cuInit(flags)) };
         assert_eq!(
-            unsafe { code!(d, cuInit(flags)) },
+            result,
             CUresult::CUDA_ERROR_INVALID_VALUE,
             "flags {flags:#x}"
         );
@@ -210,16 +205,12 @@ fn a_bad_configuration_makes_init_fail() {
     let body = || {
         let d = driver();
         // SAFETY: no pointers.
-        assert_eq!(
-            unsafe { code!(d, cuInit(0)) },
-            CUresult::CUDA_ERROR_INVALID_VALUE
-        );
+        let result = unsafe { code!(d, cuInit(0)) };
+        assert_eq!(result, CUresult::CUDA_ERROR_INVALID_VALUE);
         let mut count = 0;
         // SAFETY: `count` is a valid out-pointer.
-        assert_eq!(
-            unsafe { code!(d, cuDeviceGetCount(&mut count)) },
-            CUresult::CUDA_ERROR_NOT_INITIALIZED
-        );
+        let result = unsafe { code!(d, cuDeviceGetCount(&mut count)) };
+        assert_eq!(result, CUresult::CUDA_ERROR_NOT_INITIALIZED);
     };
     in_child!(&[("CUDA_SIM_DEVICES", "0")], body);
     in_child!(&[("CUDA_SIM_DEVICES", "65")], body);
@@ -495,16 +486,12 @@ fn the_old_get_proc_address_answers_without_a_status() {
     let get = unsafe { lib.get::<GetProcAddress>(b"cuGetProcAddress\0") }.expect("exported");
     let mut pfn: *mut c_void = std::ptr::null_mut();
     // SAFETY: the name is NUL-terminated; `pfn` is a valid out-pointer.
-    assert_eq!(
-        unsafe { get(c"cuMemAlloc".as_ptr(), &mut pfn, 13000, 0) },
-        CUresult::CUDA_SUCCESS
-    );
+    let result = unsafe { get(c"cuMemAlloc".as_ptr(), &mut pfn, 13000, 0) };
+    assert_eq!(result, CUresult::CUDA_SUCCESS);
     assert_eq!(pfn as usize, symbol(&lib, c"cuMemAlloc_v2"));
     // SAFETY: as above.
-    assert_eq!(
-        unsafe { get(c"cuNoSuchFunction".as_ptr(), &mut pfn, 13000, 0) },
-        CUresult::CUDA_ERROR_NOT_FOUND
-    );
+    let result = unsafe { get(c"cuNoSuchFunction".as_ptr(), &mut pfn, 13000, 0) };
+    assert_eq!(result, CUresult::CUDA_ERROR_NOT_FOUND);
     assert!(pfn.is_null());
 }
 
@@ -538,10 +525,8 @@ fn device_get_checks_the_ordinal() {
     for ordinal in [count, count + 1, -1, c_int::MIN] {
         let mut device = -7;
         // SAFETY: `device` is a valid out-pointer.
-        assert_eq!(
-            unsafe { code!(d, cuDeviceGet(&mut device, ordinal)) },
-            CUresult::CUDA_ERROR_INVALID_DEVICE
-        );
+        let result = unsafe { code!(d, cuDeviceGet(&mut device, ordinal)) };
+        assert_eq!(result, CUresult::CUDA_ERROR_INVALID_DEVICE);
     }
     // SAFETY: null out-pointers are rejected.
     unsafe {

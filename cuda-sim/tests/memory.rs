@@ -103,8 +103,9 @@ fn allocation_and_free_errors() {
         "cuMemFreeHost of pageable memory"
     );
     // SAFETY: `pinned` is valid for 100 bytes.
+    let interior = unsafe { pinned.cast::<u8>().add(1) };
     assert_eq!(
-        free_host(unsafe { pinned.cast::<u8>().add(1) }.cast()),
+        free_host(interior.cast()),
         INVALID,
         "an interior pinned pointer"
     );
@@ -722,10 +723,10 @@ struct Attributes {
 /// Every attribute of [`ATTRIBUTES`] at once, with `cuPointerGetAttributes`.
 fn attributes(ptr: CUdeviceptr) -> Result<Attributes, CUresult> {
     let mut a = Attributes {
-        context: 0x1 as CUcontext,
+        context: std::ptr::dangling_mut(),
         memory_type: 99,
         device_pointer: 99,
-        host_pointer: 0x1 as *mut c_void,
+        host_pointer: std::ptr::dangling_mut(),
         sync_memops: true,
         buffer_id: 99,
         is_managed: true,

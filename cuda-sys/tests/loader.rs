@@ -102,20 +102,14 @@ fn error_names_come_from_the_driver() {
     let name = driver.cuGetErrorName().unwrap();
     let mut text: *const c_char = std::ptr::null();
     // SAFETY: `text` is a valid out-pointer.
-    assert_eq!(
-        unsafe { name(CUresult::CUDA_ERROR_OUT_OF_MEMORY, &mut text) },
-        CUresult::CUDA_SUCCESS
-    );
+    let found = unsafe { name(CUresult::CUDA_ERROR_OUT_OF_MEMORY, &mut text) };
+    assert_eq!(found, CUresult::CUDA_SUCCESS);
     // SAFETY: the driver returned a static NUL-terminated string.
-    assert_eq!(
-        unsafe { CStr::from_ptr(text) }.to_str().unwrap(),
-        "CUDA_ERROR_OUT_OF_MEMORY"
-    );
+    let text_str = unsafe { CStr::from_ptr(text) };
+    assert_eq!(text_str.to_str().unwrap(), "CUDA_ERROR_OUT_OF_MEMORY");
     // SAFETY: as above.
-    assert_eq!(
-        unsafe { name(CUresult(987_654), &mut text) },
-        CUresult::CUDA_ERROR_INVALID_VALUE
-    );
+    let missing = unsafe { name(CUresult(987_654), &mut text) };
+    assert_eq!(missing, CUresult::CUDA_ERROR_INVALID_VALUE);
     assert!(text.is_null());
     // An unknown code still makes a readable error, named from the header's table or as unknown.
     let err = driver.check("cuFoo", CUresult(987_654)).unwrap_err();

@@ -29,19 +29,17 @@ pub(crate) unsafe fn primary_retain(out: *mut CUcontext, device: i32) -> SimResu
     let mut state = state::lock()?;
     let device = check_ordinal(&state.config, device)?;
     ensure(!out.is_null())?;
-    let handle = match &mut state.primary[device] {
-        Some((context, retains)) => {
-            *retains += 1;
-            context.handle
-        }
-        slot @ None => {
+    let handle = match &state.primary[device] {
+        Some(context) => context.handle,
+        None => {
             let context = Context::start(device)?;
             let handle = context.handle;
-            *slot = Some((Arc::clone(&context), 1));
+            state.primary[device] = Some(Arc::clone(&context));
             state.contexts.insert(handle, context);
             handle
         }
     };
+    state.primary_retains[device] += 1;
     // SAFETY: forwarded from the caller.
     unsafe { write_out(out, as_context(handle)) }
 }
@@ -50,16 +48,17 @@ pub(crate) unsafe fn primary_retain(out: *mut CUcontext, device: i32) -> SimResu
 pub(crate) fn primary_release(device: i32) -> SimResult {
     let mut state = state::lock()?;
     let device = check_ordinal(&state.config, device)?;
-    match &mut state.primary[device] {
-        Some((_, retains)) if *retains > 1 => {
-            *retains -= 1;
-            Ok(())
-        }
-        Some(_) => {
+    match state.primary_retains[device] {
+        0 => fail(CUresult::CUDA_ERROR_INVALID_CONTEXT),
+        1 => {
+            state.primary_retains[device] = 0;
             destroy_primary(&mut state, device);
             Ok(())
         }
-        None => fail(CUresult::CUDA_ERROR_INVALID_CONTEXT),
+        _ => {
+            state.primary_retains[device] -= 1;
+            Ok(())
+        }
     }
 }
 
@@ -67,6 +66,8 @@ pub(crate) fn primary_release(device: i32) -> SimResult {
 pub(crate) fn primary_reset(device: i32) -> SimResult {
     let mut state = state::lock()?;
     let device = check_ordinal(&state.config, device)?;
+    // "Resetting the primary context does not release it": the retain count stays, so modules
+    // that retained it may still release; the next retain makes a new context.
     destroy_primary(&mut state, device);
     state.primary_flags[device] = 0;
     Ok(())
@@ -75,7 +76,7 @@ pub(crate) fn primary_reset(device: i32) -> SimResult {
 /// Destroys a device's primary context: its streams, events and allocations go with it. Work
 /// already enqueued still runs (it holds what it touches); its handles become invalid at once.
 fn destroy_primary(state: &mut State, device: usize) {
-    let Some((context, _)) = state.primary[device].take() else {
+    let Some(context) = state.primary[device].take() else {
         return;
     };
     state.contexts.remove(&context.handle);

@@ -51,6 +51,12 @@ pub(crate) fn record(event: CUevent, stream: CUstream, mode: DefaultStream) -> S
     if context.handle != event.ctx {
         return Err(CUresult::CUDA_ERROR_INVALID_HANDLE);
     }
+    if stream.is_capturing() {
+        // Captured into the graph, which never runs here: the event keeps its earlier state
+        // rather than waiting forever for a completion that cannot come.
+        context.submit(&stream, Box::new(|| {}));
+        return Ok(());
+    }
     let generation = event.begin_record();
     context.submit(&stream, Box::new(move || event.complete(generation)));
     Ok(())

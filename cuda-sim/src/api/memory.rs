@@ -54,13 +54,20 @@ pub(crate) unsafe fn alloc(out: *mut CUdeviceptr, size: usize) -> SimResult {
     }
 }
 
-/// `cuMemFree_v2`: the pointer must be the start of a live `cuMemAlloc` allocation; freeing
-/// twice, freeing null, or freeing host memory is `CUDA_ERROR_INVALID_VALUE`.
+/// `cuMemFree_v2`: the pointer must be the start of a live `cuMemAlloc`, `cuMemAllocManaged`
+/// or pool allocation; freeing twice, freeing null, or freeing host memory is
+/// `CUDA_ERROR_INVALID_VALUE`.
 pub(crate) fn free(address: CUdeviceptr) -> SimResult {
     let mut state = state::lock()?;
-    let allocation = state
-        .memory
-        .free_if(address, |kind| matches!(kind, Kind::Device | Kind::Managed))?;
+    let allocation = state.memory.free_if(address, |kind| {
+        matches!(kind, Kind::Device | Kind::Managed | Kind::Pooled { .. })
+    })?;
+    if let Kind::Pooled { pool, .. } = allocation.kind {
+        // No implicit synchronization for stream-ordered memory, as cuda.h says: the caller
+        // guarantees its accesses are done.
+        super::pool::release_allocation(&mut state, pool, &allocation);
+        return Ok(());
+    }
     if allocation.kind == Kind::Device {
         let used = &mut state.devices[allocation.device].used;
         *used = used.saturating_sub(round_up(allocation.size as u64));
@@ -133,6 +140,14 @@ pub(crate) unsafe fn address_range(
         }
     }
     Ok(())
+}
+
+/// `CU_CTX_SYNC_MEMOPS`: synchronous memory operations always synchronize.
+const CTX_SYNC_MEMOPS: u32 = 0x80;
+
+/// Whether the device's primary context was given `CU_CTX_SYNC_MEMOPS`.
+fn syncs_memops(state: &state::State, device: usize) -> bool {
+    state.primary_flags[device] & CTX_SYNC_MEMOPS != 0
 }
 
 /// Which kind of memory each side of a copy must be.
@@ -218,11 +233,16 @@ pub(crate) unsafe fn copy(
     };
     super::pool::check_access(&state, dst_address, stream.device, true)?;
     super::pool::check_access(&state, src_address, stream.device, false)?;
+    let sync_memops = syncs_memops(&state, context.device);
     drop(state);
     if len == 0 {
         return Ok(());
     }
-    let wait = wait_rule(&dst, &src, asynchronous);
+    let wait = if !asynchronous && sync_memops {
+        Wait::UntilDone
+    } else {
+        wait_rule(&dst, &src, asynchronous)
+    };
     if matches!(wait, Wait::StageAfterStream) {
         context.submit(&stream, Box::new(|| {})).wait();
     }
@@ -276,6 +296,7 @@ pub(crate) fn memset(
     let (context, stream) = resolve(&state, stream, mode)?;
     let target = state.memory.classify_allocated(dst, len)?;
     super::pool::check_access(&state, dst, stream.device, true)?;
+    let sync_memops = syncs_memops(&state, context.device);
     drop(state);
     if count == 0 {
         return Ok(());
@@ -291,7 +312,7 @@ pub(crate) fn memset(
             unsafe { fill(to.0, value, width, count) };
         }),
     );
-    if !asynchronous && pinned {
+    if !asynchronous && (pinned || sync_memops) {
         fence.wait();
     }
     Ok(())

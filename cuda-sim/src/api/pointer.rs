@@ -49,7 +49,11 @@ impl Value {
 
 /// The value of `attribute` for a pointer inside `allocation` (or outside any, when `None`:
 /// the "null" values `cuPointerGetAttributes` documents).
-fn value(attribute: CUpointer_attribute, allocation: Option<&Allocation>) -> SimResult<Value> {
+fn value(
+    attribute: CUpointer_attribute,
+    pointer: CUdeviceptr,
+    allocation: Option<&Allocation>,
+) -> SimResult<Value> {
     use CUpointer_attribute as A;
     // Whether the memory reports as device memory: device and managed memory do (managed memory
     // is host-accessible here, but the driver reports it as device memory).
@@ -64,9 +68,11 @@ fn value(attribute: CUpointer_attribute, allocation: Option<&Allocation>) -> Sim
             Some(false) => CUmemorytype::CU_MEMORYTYPE_HOST.0,
             None => 0,
         }),
-        A::CU_POINTER_ATTRIBUTE_DEVICE_POINTER => Value::U64(allocation.map_or(0, |a| a.base)),
+        // Unified addressing: the device pointer through which the memory is reached is the
+        // pointer itself, as cuda.h says ("will equal the input value").
+        A::CU_POINTER_ATTRIBUTE_DEVICE_POINTER => Value::U64(allocation.map_or(0, |_| pointer)),
         A::CU_POINTER_ATTRIBUTE_HOST_POINTER => match allocation {
-            Some(a) if host_accessible => Value::Pointer(a.base as *mut c_void),
+            Some(_) if host_accessible => Value::Pointer(pointer as *mut c_void),
             Some(_) => return fail(CUresult::CUDA_ERROR_INVALID_VALUE),
             None => Value::Pointer(std::ptr::null_mut()),
         },
@@ -85,6 +91,8 @@ fn value(attribute: CUpointer_attribute, allocation: Option<&Allocation>) -> Sim
         A::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR => Value::U64(allocation.map_or(0, |a| a.base)),
         A::CU_POINTER_ATTRIBUTE_RANGE_SIZE => Value::Size(allocation.map_or(0, |a| a.size)),
         A::CU_POINTER_ATTRIBUTE_MAPPED => Value::Bool(allocation.is_some()),
+        // Only cuMemCreate allocations can be exported as handles; none here are.
+        A::CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES => Value::U64(0),
         A::CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE => {
             Value::Pointer(match allocation.map(|a| a.kind) {
                 Some(Kind::Pooled { pool, .. }) => pool as *mut c_void,
@@ -114,7 +122,10 @@ pub(crate) unsafe fn get_attribute(
         .memory
         .find(pointer)
         .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
-    let value = value(attribute, Some(allocation))?;
+    if attribute == CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_POINTER {
+        crate::context::current(&state)?;
+    }
+    let value = value(attribute, pointer, Some(allocation))?;
     // SAFETY: forwarded from the caller.
     unsafe { value.write(data) };
     Ok(())
@@ -144,7 +155,7 @@ pub(crate) unsafe fn get_attributes(
     };
     let mut values = Vec::with_capacity(attributes.len());
     for &attribute in attributes {
-        let value = match value(attribute, allocation) {
+        let value = match value(attribute, pointer, allocation) {
             // A pointer without a host mapping reports a null host pointer here.
             Err(code)
                 if code == CUresult::CUDA_ERROR_INVALID_VALUE

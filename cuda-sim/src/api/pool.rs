@@ -361,8 +361,7 @@ fn allocate(
         let memory = state.config.memory;
         let used = &mut state.devices[device].used;
         if used.saturating_add(grown) > memory {
-            pool.lock().free(size as u64);
-            pool.lock().release_to(0);
+            pool.lock().undo_allocate(size as u64, grown);
             return fail(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
         }
         *used += grown;
@@ -375,7 +374,10 @@ fn allocate(
         .memory
         .alloc(size, kind, owner.unwrap_or(context.device), context.handle);
     if result.is_err() {
-        pool.lock().free(size as u64);
+        pool.lock().undo_allocate(size as u64, grown);
+        if let Some(device) = owner {
+            state.devices[device].used -= grown;
+        }
     }
     result
 }
@@ -439,19 +441,36 @@ pub(crate) fn free_async(address: CUdeviceptr, stream: CUstream, mode: DefaultSt
         .get(&handle)
         .cloned()
         .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
-    if pool.is_destroyed() && state.memory.pooled_in(handle).next().is_none() {
-        state.pools.remove(&handle);
-    }
+    forget_if_destroyed(&mut state, handle);
     drop(state);
-    let size = allocation.size as u64;
     context.submit(
         &stream,
         Box::new(move || {
-            pool.lock().free(size);
+            pool.lock().free(allocation.size as u64);
             drop(allocation);
         }),
     );
     Ok(())
+}
+
+/// Accounts for a pool allocation freed at once (`cuMemFree` of stream-ordered memory).
+pub(crate) fn release_allocation(
+    state: &mut State,
+    pool: usize,
+    allocation: &crate::memory::Allocation,
+) {
+    if let Some(pool) = state.pools.get(&pool) {
+        pool.lock().free(allocation.size as u64);
+    }
+    forget_if_destroyed(state, pool);
+}
+
+/// Drops a destroyed pool from the table once its last allocation is gone.
+fn forget_if_destroyed(state: &mut State, pool: usize) {
+    let destroyed = state.pools.get(&pool).is_some_and(|p| p.is_destroyed());
+    if destroyed && state.memory.pooled_in(pool).next().is_none() {
+        state.pools.remove(&pool);
+    }
 }
 
 /// `cuMemAllocManaged`: exactly one of `CU_MEM_ATTACH_GLOBAL` and `CU_MEM_ATTACH_HOST`.

@@ -233,10 +233,13 @@ impl DeviceBuffer {
         DeviceBuffer { ptr, len }
     }
 
-    /// `len` bytes holding `bytes` (written with a synchronous copy).
+    /// `len` bytes holding `bytes`, written by the time it returns. (A synchronous copy from
+    /// pageable memory returns before the copy lands, so the legacy stream is synchronized too:
+    /// otherwise work on a non-blocking stream could run before the copy.)
     pub fn with(bytes: &[u8]) -> DeviceBuffer {
         let buffer = DeviceBuffer::new(bytes.len());
         htod(buffer.ptr, bytes);
+        sync(NULL_STREAM);
         buffer
     }
 

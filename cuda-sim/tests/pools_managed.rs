@@ -1,0 +1,794 @@
+//! Memory pools and stream-ordered allocation, managed memory, host registration and graph
+//! capture. Pool accounting is process-wide, so those tests run in child processes.
+
+mod common;
+
+use std::ffi::{c_int, c_void};
+
+use common::{
+    DeviceBuffer, NULL_STREAM, Pinned, code, driver, dtoh, htod, in_child, init, memset_async,
+    non_blocking_stream, query, sync, use_device,
+};
+use cuda_sys::cu_call;
+use cuda_sys::types::{
+    CUdeviceptr, CUgraph, CUmemAccess_flags, CUmemAccessDesc, CUmemAllocationHandleType,
+    CUmemAllocationType, CUmemLocation, CUmemLocationType, CUmemPool_attribute, CUmemPoolProps,
+    CUmemoryPool, CUmemorytype, CUpointer_attribute, CUresult, CUstream, CUstreamCaptureMode,
+    CUstreamCaptureStatus,
+};
+
+const INVALID: CUresult = CUresult::CUDA_ERROR_INVALID_VALUE;
+const MIB: usize = 1 << 20;
+
+fn device_location(device: c_int) -> CUmemLocation {
+    CUmemLocation {
+        type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+        id: device,
+    }
+}
+
+fn pool_props(device: c_int, max_size: usize) -> CUmemPoolProps {
+    CUmemPoolProps {
+        allocType: CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
+        handleTypes: CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE,
+        location: device_location(device),
+        win32SecurityAttributes: std::ptr::null_mut(),
+        maxSize: max_size,
+        usage: 0,
+        reserved: [0; 54],
+    }
+}
+
+fn create_pool(props: &CUmemPoolProps) -> Result<CUmemoryPool, CUresult> {
+    let mut pool: CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: `pool` is a valid out-pointer and `props` a valid properties struct.
+    match unsafe { code!(driver(), cuMemPoolCreate(&mut pool, props)) } {
+        CUresult::CUDA_SUCCESS => Ok(pool),
+        error => Err(error),
+    }
+}
+
+fn destroy_pool(pool: CUmemoryPool) -> CUresult {
+    // SAFETY: no pointers are dereferenced; unknown handles are rejected.
+    unsafe { code!(driver(), cuMemPoolDestroy(pool)) }
+}
+
+fn device_pool(device: c_int, current: bool) -> Result<CUmemoryPool, CUresult> {
+    let mut pool: CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: `pool` is a valid out-pointer.
+    let result = unsafe {
+        if current {
+            code!(driver(), cuDeviceGetMemPool(&mut pool, device))
+        } else {
+            code!(driver(), cuDeviceGetDefaultMemPool(&mut pool, device))
+        }
+    };
+    if result == CUresult::CUDA_SUCCESS {
+        Ok(pool)
+    } else {
+        Err(result)
+    }
+}
+
+fn set_device_pool(device: c_int, pool: CUmemoryPool) -> CUresult {
+    // SAFETY: no pointers are dereferenced.
+    unsafe { code!(driver(), cuDeviceSetMemPool(device, pool)) }
+}
+
+/// A `cuuint64_t` pool attribute.
+fn pool_attribute(pool: CUmemoryPool, attribute: CUmemPool_attribute) -> u64 {
+    let mut value = u64::MAX;
+    // SAFETY: `value` has the attribute's type (cuuint64_t).
+    unsafe {
+        cu_call!(
+            driver(),
+            cuMemPoolGetAttribute(pool, attribute, std::ptr::from_mut(&mut value).cast())
+        )
+    }
+    .unwrap();
+    value
+}
+
+fn set_pool_attribute(
+    pool: CUmemoryPool,
+    attribute: CUmemPool_attribute,
+    mut value: u64,
+) -> CUresult {
+    // SAFETY: `value` has the attribute's type (cuuint64_t).
+    unsafe {
+        code!(
+            driver(),
+            cuMemPoolSetAttribute(pool, attribute, std::ptr::from_mut(&mut value).cast())
+        )
+    }
+}
+
+fn alloc_async(len: usize, s: CUstream) -> Result<CUdeviceptr, CUresult> {
+    let mut ptr = 0;
+    // SAFETY: `ptr` is a valid out-pointer.
+    match unsafe { code!(driver(), cuMemAllocAsync(&mut ptr, len, s)) } {
+        CUresult::CUDA_SUCCESS => Ok(ptr),
+        error => Err(error),
+    }
+}
+
+fn alloc_from_pool(len: usize, pool: CUmemoryPool, s: CUstream) -> Result<CUdeviceptr, CUresult> {
+    let mut ptr = 0;
+    // SAFETY: `ptr` is a valid out-pointer.
+    match unsafe { code!(driver(), cuMemAllocFromPoolAsync(&mut ptr, len, pool, s)) } {
+        CUresult::CUDA_SUCCESS => Ok(ptr),
+        error => Err(error),
+    }
+}
+
+fn free_async(ptr: CUdeviceptr, s: CUstream) -> CUresult {
+    // SAFETY: no host pointers.
+    unsafe { code!(driver(), cuMemFreeAsync(ptr, s)) }
+}
+
+fn mem_free() -> usize {
+    let (mut free, mut total) = (0, 0);
+    // SAFETY: both are valid out-pointers.
+    unsafe { cu_call!(driver(), cuMemGetInfo_v2(&mut free, &mut total)) }.unwrap();
+    free
+}
+
+fn pointer_attribute<T: Copy>(
+    attr: CUpointer_attribute,
+    ptr: CUdeviceptr,
+    init: T,
+) -> Result<T, CUresult> {
+    let mut value = init;
+    // SAFETY: `value` has the type cuda.h documents for `attr`.
+    match unsafe {
+        code!(
+            driver(),
+            cuPointerGetAttribute(std::ptr::from_mut(&mut value).cast(), attr, ptr)
+        )
+    } {
+        CUresult::CUDA_SUCCESS => Ok(value),
+        error => Err(error),
+    }
+}
+
+#[test]
+fn default_created_and_current_pools() {
+    in_child!(&[("CUDA_SIM_DEVICES", "2")], || {
+        init();
+        let default0 = device_pool(0, false).unwrap();
+        let default1 = device_pool(1, false).unwrap();
+        assert!(!default0.is_null());
+        assert_ne!(default0, default1);
+        assert_eq!(
+            device_pool(0, true),
+            Ok(default0),
+            "the default pool is current at first"
+        );
+        assert_eq!(
+            device_pool(2, false),
+            Err(CUresult::CUDA_ERROR_INVALID_DEVICE)
+        );
+        assert_eq!(
+            device_pool(-1, true),
+            Err(CUresult::CUDA_ERROR_INVALID_DEVICE)
+        );
+        // SAFETY: null out-pointers are rejected.
+        unsafe {
+            assert_eq!(
+                code!(driver(), cuDeviceGetDefaultMemPool(std::ptr::null_mut(), 0)),
+                INVALID
+            );
+            assert_eq!(
+                code!(driver(), cuDeviceGetMemPool(std::ptr::null_mut(), 0)),
+                INVALID
+            );
+        }
+        assert_eq!(
+            destroy_pool(default0),
+            INVALID,
+            "a default pool cannot be destroyed"
+        );
+
+        let pool = create_pool(&pool_props(0, 0)).unwrap();
+        assert_ne!(pool, default0);
+        assert_eq!(set_device_pool(0, pool), CUresult::CUDA_SUCCESS);
+        assert_eq!(device_pool(0, true), Ok(pool));
+        assert_eq!(device_pool(0, false), Ok(default0));
+        let mut location = device_location(0);
+        let mut current: CUmemoryPool = std::ptr::null_mut();
+        // SAFETY: both pointers are valid.
+        unsafe {
+            cu_call!(
+                driver(),
+                cuMemGetMemPool(
+                    &mut current,
+                    &mut location,
+                    CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED
+                )
+            )
+        }
+        .unwrap();
+        assert_eq!(current, pool, "cuMemGetMemPool names the current pool");
+        assert_eq!(
+            set_device_pool(1, pool),
+            INVALID,
+            "a pool of device 0 for device 1"
+        );
+        assert_eq!(destroy_pool(pool), CUresult::CUDA_SUCCESS);
+        assert_eq!(
+            device_pool(0, true),
+            Ok(default0),
+            "destroying the current pool reverts to the default"
+        );
+        assert_eq!(destroy_pool(pool), INVALID, "destroying twice");
+        assert_eq!(set_device_pool(0, pool), INVALID, "a destroyed pool");
+
+        // Bad properties.
+        let mut props = pool_props(0, 0);
+        props.reserved[3] = 1;
+        assert_eq!(
+            create_pool(&props),
+            Err(INVALID),
+            "reserved bytes must be 0"
+        );
+        assert_eq!(create_pool(&pool_props(2, 0)), Err(INVALID), "no device 2");
+        let mut props = pool_props(0, 0);
+        props.allocType = CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_INVALID;
+        assert_eq!(create_pool(&props), Err(INVALID));
+        // SAFETY: null pointers are rejected.
+        unsafe {
+            let mut out: CUmemoryPool = std::ptr::null_mut();
+            assert_eq!(
+                code!(driver(), cuMemPoolCreate(&mut out, std::ptr::null())),
+                INVALID
+            );
+            assert_eq!(
+                code!(
+                    driver(),
+                    cuMemPoolCreate(std::ptr::null_mut(), &pool_props(0, 0))
+                ),
+                INVALID
+            );
+        }
+    });
+}
+
+#[test]
+fn stream_ordered_allocation_and_pool_accounting() {
+    use CUmemPool_attribute as A;
+    in_child!(&[("CUDA_SIM_MEMORY", "64M")], || {
+        use_device(0);
+        let total = 64 * MIB;
+        let pool = device_pool(0, false).unwrap();
+        let s = non_blocking_stream();
+        assert_eq!(mem_free(), total);
+
+        let p = alloc_async(1000, s).unwrap();
+        assert!(mem_free() < total, "the pool reserved device memory");
+        assert_eq!(
+            pool_attribute(pool, A::CU_MEMPOOL_ATTR_USED_MEM_CURRENT),
+            1000
+        );
+        let reserved = pool_attribute(pool, A::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT);
+        assert!(reserved >= 1000);
+        assert_eq!(
+            mem_free(),
+            total - reserved as usize,
+            "reserved pool memory is used device memory"
+        );
+        // The allocation is ordinary device memory of the pool.
+        assert_eq!(
+            pointer_attribute(
+                CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                p,
+                0u32
+            ),
+            Ok(CUmemorytype::CU_MEMORYTYPE_DEVICE.0)
+        );
+        assert_eq!(
+            pointer_attribute(
+                CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE,
+                p + 10,
+                0usize
+            ),
+            Ok(pool as usize)
+        );
+        let out = Pinned::new(1000);
+        memset_async(p, 0x3c, 1000, s);
+        // SAFETY: `out` is valid for 1000 bytes until the stream is synchronized.
+        unsafe { cu_call!(driver(), cuMemcpyDtoHAsync_v2(out.ptr.cast(), p, 1000, s)) }.unwrap();
+        assert_eq!(free_async(p, s), CUresult::CUDA_SUCCESS);
+        assert_eq!(free_async(p, s), INVALID, "freeing twice");
+        sync(s);
+        assert_eq!(
+            out.read(),
+            vec![0x3c; 1000],
+            "the allocation was usable in stream order"
+        );
+        assert_eq!(pool_attribute(pool, A::CU_MEMPOOL_ATTR_USED_MEM_CURRENT), 0);
+        assert_eq!(pool_attribute(pool, A::CU_MEMPOOL_ATTR_USED_MEM_HIGH), 1000);
+        // The release threshold is 0 by default: synchronizing gave the memory back.
+        assert_eq!(
+            pool_attribute(pool, A::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD),
+            0
+        );
+        assert_eq!(
+            pool_attribute(pool, A::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT),
+            0
+        );
+        assert_eq!(mem_free(), total);
+
+        // With a high threshold the pool keeps its memory until trimmed.
+        assert_eq!(
+            set_pool_attribute(pool, A::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, u64::MAX),
+            CUresult::CUDA_SUCCESS
+        );
+        let p = alloc_async(3 * MIB, s).unwrap();
+        assert_eq!(free_async(p, s), CUresult::CUDA_SUCCESS);
+        sync(s);
+        let kept = pool_attribute(pool, A::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT);
+        assert!(kept >= 3 * MIB as u64);
+        assert_eq!(mem_free(), total - kept as usize);
+        // SAFETY: no pointers.
+        unsafe { cu_call!(driver(), cuMemPoolTrimTo(pool, 0)) }.unwrap();
+        assert_eq!(
+            pool_attribute(pool, A::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT),
+            0
+        );
+        assert_eq!(mem_free(), total);
+
+        // High-water marks reset to the current value, and only with 0.
+        assert!(pool_attribute(pool, A::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH) >= kept);
+        assert_eq!(
+            set_pool_attribute(pool, A::CU_MEMPOOL_ATTR_USED_MEM_HIGH, 5),
+            INVALID
+        );
+        assert_eq!(
+            set_pool_attribute(pool, A::CU_MEMPOOL_ATTR_USED_MEM_HIGH, 0),
+            CUresult::CUDA_SUCCESS
+        );
+        assert_eq!(pool_attribute(pool, A::CU_MEMPOOL_ATTR_USED_MEM_HIGH), 0);
+        assert_eq!(
+            set_pool_attribute(pool, A::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, 0),
+            CUresult::CUDA_SUCCESS
+        );
+        assert_eq!(
+            pool_attribute(pool, A::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH),
+            0
+        );
+        assert_eq!(
+            set_pool_attribute(pool, A::CU_MEMPOOL_ATTR_USED_MEM_CURRENT, 0),
+            INVALID,
+            "read-only"
+        );
+        // The reuse flags are ints.
+        let reuse = A::CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC;
+        let mut flag: c_int = 7;
+        // SAFETY: `flag` is an int, the attribute's type.
+        unsafe {
+            cu_call!(
+                driver(),
+                cuMemPoolGetAttribute(pool, reuse, std::ptr::from_mut(&mut flag).cast())
+            )
+            .unwrap();
+            assert_eq!(flag, 1);
+            flag = 0;
+            cu_call!(
+                driver(),
+                cuMemPoolSetAttribute(pool, reuse, std::ptr::from_mut(&mut flag).cast())
+            )
+            .unwrap();
+            flag = 7;
+            cu_call!(
+                driver(),
+                cuMemPoolGetAttribute(pool, reuse, std::ptr::from_mut(&mut flag).cast())
+            )
+            .unwrap();
+        }
+        assert_eq!(flag, 0);
+
+        // Errors: zero bytes, null out-pointer, memory not from a pool.
+        assert_eq!(alloc_async(0, s), Err(INVALID));
+        // SAFETY: a null out-pointer is rejected.
+        let result = unsafe { code!(driver(), cuMemAllocAsync(std::ptr::null_mut(), 8, s)) };
+        assert_eq!(result, INVALID);
+        let plain = DeviceBuffer::new(16);
+        assert_eq!(
+            free_async(plain.ptr, s),
+            INVALID,
+            "cuMemFreeAsync of cuMemAlloc memory"
+        );
+        assert_eq!(free_async(0, s), INVALID);
+    });
+}
+
+#[test]
+fn pool_limits_and_exhaustion() {
+    use CUmemPool_attribute as A;
+    in_child!(&[("CUDA_SIM_MEMORY", "8M")], || {
+        use_device(0);
+        let total = 8 * MIB;
+        let s = non_blocking_stream();
+        // A pool's maxSize bounds it.
+        let small = create_pool(&pool_props(0, 4 * MIB)).unwrap();
+        assert_eq!(
+            alloc_from_pool(5 * MIB, small, s),
+            Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY)
+        );
+        let p = alloc_from_pool(3 * MIB, small, s).unwrap();
+        assert_eq!(free_async(p, s), CUresult::CUDA_SUCCESS);
+        sync(s);
+        assert_eq!(destroy_pool(small), CUresult::CUDA_SUCCESS);
+        assert_eq!(
+            alloc_from_pool(MIB, small, s),
+            Err(INVALID),
+            "a destroyed pool"
+        );
+        assert_eq!(mem_free(), total, "a destroyed pool gives its memory back");
+
+        // The device's memory bounds the default pool; a failed allocation takes nothing, even
+        // when the pool already holds memory it keeps.
+        let pool = device_pool(0, false).unwrap();
+        assert_eq!(
+            set_pool_attribute(pool, A::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, u64::MAX),
+            CUresult::CUDA_SUCCESS
+        );
+        let p = alloc_async(MIB, s).unwrap();
+        assert_eq!(free_async(p, s), CUresult::CUDA_SUCCESS);
+        sync(s);
+        let kept = pool_attribute(pool, A::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) as usize;
+        assert!(kept > 0);
+        assert_eq!(mem_free(), total - kept);
+        assert_eq!(
+            alloc_async(total + 1, s),
+            Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY)
+        );
+        let kept_after = pool_attribute(pool, A::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) as usize;
+        assert_eq!(
+            mem_free(),
+            total - kept_after,
+            "device memory and pool reservation disagree after a failed allocation"
+        );
+        // SAFETY: no pointers.
+        unsafe { cu_call!(driver(), cuMemPoolTrimTo(pool, 0)) }.unwrap();
+        assert_eq!(
+            mem_free(),
+            total,
+            "after trimming an idle pool, all device memory is free"
+        );
+        let all = DeviceBuffer::new(total);
+        drop(all);
+    });
+}
+
+/// `cuda.h`, `cuMemFree`: "Frees the memory space pointed to by dptr, which must have been
+/// returned by a previous call to one of the following memory allocation APIs - cuMemAlloc(),
+/// cuMemAllocPitch(), cuMemAllocManaged(), cuMemAllocAsync(), cuMemAllocFromPoolAsync()".
+#[test]
+fn mem_free_accepts_stream_ordered_allocations() {
+    in_child!(&[], || {
+        use_device(0);
+        let s = non_blocking_stream();
+        let p = alloc_async(4096, s).unwrap();
+        sync(s);
+        // SAFETY: no host pointers.
+        let result = unsafe { code!(driver(), cuMemFree_v2(p)) };
+        assert_eq!(
+            result,
+            CUresult::CUDA_SUCCESS,
+            "cuMemFree of cuMemAllocAsync memory"
+        );
+        assert_eq!(free_async(p, s), INVALID, "it is gone");
+    });
+}
+
+fn access(pool: CUmemoryPool, device: c_int) -> CUmemAccess_flags {
+    let mut flags = CUmemAccess_flags(99);
+    let mut location = device_location(device);
+    // SAFETY: both pointers are valid.
+    unsafe {
+        cu_call!(
+            driver(),
+            cuMemPoolGetAccess(&mut flags, pool, &mut location)
+        )
+    }
+    .unwrap();
+    flags
+}
+
+fn set_access(pool: CUmemoryPool, device: c_int, flags: CUmemAccess_flags) -> CUresult {
+    let desc = CUmemAccessDesc {
+        location: device_location(device),
+        flags,
+    };
+    // SAFETY: `desc` is one valid descriptor.
+    unsafe { code!(driver(), cuMemPoolSetAccess(pool, &desc, 1)) }
+}
+
+#[test]
+fn pool_access_from_other_devices() {
+    use CUmemAccess_flags as F;
+    let body = |peers: bool| {
+        move || {
+            let c0 = use_device(0);
+            let pool = create_pool(&pool_props(0, 0)).unwrap();
+            let s0 = non_blocking_stream();
+            let p = alloc_from_pool(64, pool, s0).unwrap();
+            memset_async(p, 0x11, 64, s0);
+            sync(s0);
+            assert_eq!(
+                access(pool, 0),
+                F::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+                "the owner"
+            );
+            assert_eq!(
+                access(pool, 1),
+                F::CU_MEM_ACCESS_FLAGS_PROT_NONE,
+                "no access by default"
+            );
+            assert_eq!(
+                set_access(pool, 0, F::CU_MEM_ACCESS_FLAGS_PROT_READ),
+                CUresult::CUDA_ERROR_INVALID_DEVICE
+            );
+            assert_eq!(
+                set_access(pool, 2, F::CU_MEM_ACCESS_FLAGS_PROT_READWRITE),
+                CUresult::CUDA_ERROR_INVALID_DEVICE
+            );
+
+            use_device(1);
+            let s1 = non_blocking_stream();
+            let out = Pinned::new(64);
+            // SAFETY: `out` is valid for 64 bytes until the stream is synchronized.
+            let read =
+                || unsafe { code!(driver(), cuMemcpyDtoHAsync_v2(out.ptr.cast(), p, 64, s1)) };
+            assert_eq!(
+                read(),
+                INVALID,
+                "device 1 reads device 0's pool memory without access"
+            );
+            let granted = set_access(pool, 1, F::CU_MEM_ACCESS_FLAGS_PROT_READ);
+            if !peers {
+                assert_eq!(
+                    granted,
+                    CUresult::CUDA_ERROR_INVALID_DEVICE,
+                    "no peer access, no pool access"
+                );
+                return;
+            }
+            assert_eq!(granted, CUresult::CUDA_SUCCESS);
+            assert_eq!(access(pool, 1), F::CU_MEM_ACCESS_FLAGS_PROT_READ);
+            assert_eq!(read(), CUresult::CUDA_SUCCESS);
+            sync(s1);
+            assert_eq!(out.read(), vec![0x11; 64]);
+            // Read access does not allow writes.
+            assert_eq!(common::query(s1), CUresult::CUDA_SUCCESS);
+            // SAFETY: no host pointers.
+            let write = unsafe { code!(driver(), cuMemsetD8Async(p, 0, 64, s1)) };
+            assert_eq!(write, INVALID, "device 1 writes with read-only access");
+            assert_eq!(
+                set_access(pool, 1, F::CU_MEM_ACCESS_FLAGS_PROT_READWRITE),
+                CUresult::CUDA_SUCCESS
+            );
+            // SAFETY: no host pointers.
+            unsafe { cu_call!(driver(), cuMemsetD8Async(p, 0x22, 64, s1)) }.unwrap();
+            sync(s1);
+            // SAFETY: `c0` is live.
+            unsafe { cu_call!(driver(), cuCtxSetCurrent(c0)) }.unwrap();
+            assert_eq!(dtoh(p, 64), vec![0x22; 64]);
+        }
+    };
+    in_child!(&[("CUDA_SIM_DEVICES", "2")], body(true));
+    in_child!(
+        &[("CUDA_SIM_DEVICES", "2"), ("CUDA_SIM_PEER_ACCESS", "none")],
+        body(false)
+    );
+}
+
+fn alloc_managed(len: usize, flags: u32) -> Result<CUdeviceptr, CUresult> {
+    let mut ptr = 0;
+    // SAFETY: `ptr` is a valid out-pointer.
+    match unsafe { code!(driver(), cuMemAllocManaged(&mut ptr, len, flags)) } {
+        CUresult::CUDA_SUCCESS => Ok(ptr),
+        error => Err(error),
+    }
+}
+
+#[test]
+fn managed_memory_is_accessible_from_host_and_device() {
+    use CUpointer_attribute as A;
+    use_device(0);
+    let p = alloc_managed(256, 1).unwrap();
+    // SAFETY: managed memory is host-accessible for 256 bytes, and no stream uses it yet.
+    unsafe { (p as *mut u8).write_bytes(0x5e, 256) };
+    assert_eq!(dtoh(p, 256), vec![0x5e; 256]);
+    htod(p + 128, &[1; 128]);
+    sync(NULL_STREAM);
+    // SAFETY: as above; the copy has completed.
+    assert_eq!(unsafe { (p as *const u8).add(200).read_volatile() }, 1);
+    assert_eq!(
+        pointer_attribute(A::CU_POINTER_ATTRIBUTE_IS_MANAGED, p, false),
+        Ok(true)
+    );
+    assert_eq!(
+        pointer_attribute(A::CU_POINTER_ATTRIBUTE_RANGE_SIZE, p + 1, 0usize),
+        Ok(256)
+    );
+    assert_eq!(
+        pointer_attribute(A::CU_POINTER_ATTRIBUTE_MEMORY_TYPE, p, 0u32),
+        Ok(CUmemorytype::CU_MEMORYTYPE_DEVICE.0)
+    );
+    assert_eq!(
+        pointer_attribute(A::CU_POINTER_ATTRIBUTE_HOST_POINTER, p, 0u64),
+        Ok(p)
+    );
+    // SAFETY: no host pointers.
+    unsafe {
+        cu_call!(driver(), cuMemFree_v2(p)).unwrap();
+        assert_eq!(code!(driver(), cuMemFree_v2(p)), INVALID);
+    }
+    // Exactly one of CU_MEM_ATTACH_GLOBAL (1) and CU_MEM_ATTACH_HOST (2); not zero bytes.
+    for flags in [0, 3, 4] {
+        assert_eq!(alloc_managed(16, flags), Err(INVALID), "flags {flags}");
+    }
+    assert_eq!(alloc_managed(0, 1), Err(INVALID));
+    let host = alloc_managed(16, 2).unwrap();
+    // SAFETY: no host pointers.
+    unsafe { cu_call!(driver(), cuMemFree_v2(host)) }.unwrap();
+}
+
+fn register(ptr: *mut c_void, len: usize, flags: u32) -> CUresult {
+    // SAFETY: callers pass memory valid for `len` bytes, or arguments the driver rejects.
+    unsafe { code!(driver(), cuMemHostRegister_v2(ptr, len, flags)) }
+}
+
+fn unregister(ptr: *mut c_void) -> CUresult {
+    // SAFETY: only registered memory is unregistered; other pointers are rejected unread.
+    unsafe { code!(driver(), cuMemHostUnregister(ptr)) }
+}
+
+#[test]
+fn host_registration() {
+    use CUpointer_attribute as A;
+    use_device(0);
+    let mut memory = vec![0u8; 8192];
+    let ptr = memory.as_mut_ptr().cast::<c_void>();
+    assert_eq!(register(ptr, 8192, 0), CUresult::CUDA_SUCCESS);
+    assert_eq!(
+        pointer_attribute(
+            A::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+            ptr as CUdeviceptr + 100,
+            0u32
+        ),
+        Ok(CUmemorytype::CU_MEMORYTYPE_HOST.0)
+    );
+    assert_eq!(
+        register(ptr, 8192, 0),
+        CUresult::CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED
+    );
+    // SAFETY: `ptr + 4096` lies inside `memory`.
+    let inside = unsafe { ptr.cast::<u8>().add(4096) }.cast::<c_void>();
+    assert_eq!(
+        register(inside, 16, 0),
+        CUresult::CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED
+    );
+    // Registered memory works in copies like pinned memory.
+    let buffer = DeviceBuffer::with(&[7; 64]);
+    // SAFETY: `ptr` is valid for 64 bytes; the copy returns when done.
+    unsafe { cu_call!(driver(), cuMemcpyDtoH_v2(ptr, buffer.ptr, 64)) }.unwrap();
+    assert_eq!(memory[..64], [7; 64]);
+    assert_eq!(
+        unregister(inside),
+        CUresult::CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED
+    );
+    assert_eq!(unregister(ptr), CUresult::CUDA_SUCCESS);
+    assert_eq!(
+        unregister(ptr),
+        CUresult::CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED
+    );
+    assert_eq!(
+        pointer_attribute(
+            A::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+            ptr as CUdeviceptr,
+            0u32
+        ),
+        Err(INVALID),
+        "no longer known"
+    );
+    // Bad arguments.
+    assert_eq!(register(ptr, 8192, 0x10), INVALID, "unknown flag");
+    assert_eq!(register(ptr, 0, 0), INVALID, "zero bytes");
+    assert_eq!(register(std::ptr::null_mut(), 16, 0), INVALID, "null");
+    assert_eq!(
+        register(buffer.ptr as *mut c_void, 16, 0),
+        INVALID,
+        "device memory"
+    );
+    let pinned = Pinned::new(16);
+    assert_eq!(
+        register(pinned.ptr.cast(), 16, 0),
+        CUresult::CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED,
+        "pinned memory"
+    );
+    drop(memory);
+}
+
+fn capturing(s: CUstream) -> CUstreamCaptureStatus {
+    let mut status = CUstreamCaptureStatus(99);
+    // SAFETY: `status` is a valid out-pointer.
+    unsafe { cu_call!(driver(), cuStreamIsCapturing(s, &mut status)) }.unwrap();
+    status
+}
+
+fn begin_capture(s: CUstream, mode: CUstreamCaptureMode) -> CUresult {
+    // SAFETY: no pointers.
+    unsafe { code!(driver(), cuStreamBeginCapture_v2(s, mode)) }
+}
+
+fn end_capture(s: CUstream) -> Result<CUgraph, CUresult> {
+    let mut graph: CUgraph = std::ptr::null_mut();
+    // SAFETY: `graph` is a valid out-pointer.
+    match unsafe { code!(driver(), cuStreamEndCapture(s, &mut graph)) } {
+        CUresult::CUDA_SUCCESS => Ok(graph),
+        error => Err(error),
+    }
+}
+
+#[test]
+fn graph_capture_records_work_without_running_it() {
+    use CUstreamCaptureMode as M;
+    use CUstreamCaptureStatus as S;
+    use_device(0);
+    let s = non_blocking_stream();
+    let pinned = Pinned::new(16);
+    assert_eq!(capturing(s), S::CU_STREAM_CAPTURE_STATUS_NONE);
+    assert_eq!(
+        begin_capture(s, M::CU_STREAM_CAPTURE_MODE_RELAXED),
+        CUresult::CUDA_SUCCESS
+    );
+    assert_eq!(capturing(s), S::CU_STREAM_CAPTURE_STATUS_ACTIVE);
+    assert_eq!(
+        begin_capture(s, M::CU_STREAM_CAPTURE_MODE_RELAXED),
+        CUresult::CUDA_ERROR_ILLEGAL_STATE
+    );
+    memset_async(pinned.dptr(), 9, 16, s);
+    // SAFETY: no pointers.
+    let synchronized = unsafe { code!(driver(), cuStreamSynchronize(s)) };
+    assert_eq!(
+        synchronized,
+        CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+    );
+    assert_eq!(
+        alloc_async(64, s),
+        Err(CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)
+    );
+    let graph = end_capture(s).unwrap();
+    assert!(!graph.is_null());
+    assert_eq!(capturing(s), S::CU_STREAM_CAPTURE_STATUS_NONE);
+    sync(s);
+    assert_eq!(query(s), CUresult::CUDA_SUCCESS);
+    assert_eq!(pinned.read(), [0; 16], "captured work is not run");
+    // SAFETY: `graph` came from cuStreamEndCapture and is destroyed once; then it is unknown.
+    unsafe {
+        cu_call!(driver(), cuGraphDestroy(graph)).unwrap();
+        assert_eq!(code!(driver(), cuGraphDestroy(graph)), INVALID);
+    }
+    // The stream works normally again.
+    memset_async(pinned.dptr(), 3, 16, s);
+    sync(s);
+    assert_eq!(pinned.read(), [3; 16]);
+
+    assert_eq!(
+        end_capture(s),
+        Err(CUresult::CUDA_ERROR_ILLEGAL_STATE),
+        "not capturing"
+    );
+    assert_eq!(
+        begin_capture(NULL_STREAM, M::CU_STREAM_CAPTURE_MODE_GLOBAL),
+        CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+        "the legacy stream cannot capture"
+    );
+    assert_eq!(begin_capture(s, CUstreamCaptureMode(7)), INVALID);
+    // SAFETY: a null out-pointer is rejected.
+    let result = unsafe { code!(driver(), cuStreamEndCapture(s, std::ptr::null_mut())) };
+    assert_eq!(result, INVALID);
+}
