@@ -87,16 +87,8 @@ impl Buffer {
     ///
     /// # Errors
     /// When the resource cannot allocate.
-    pub fn allocate(
-        resource: Arc<dyn MemoryResource>,
-        size: usize,
-        stream: &Stream,
-    ) -> Result<Buffer> {
-        let ptr = if size == 0 {
-            0
-        } else {
-            resource.allocate_raw(size, stream)?
-        };
+    pub fn allocate(resource: Arc<dyn MemoryResource>, size: usize, stream: &Stream) -> Result<Buffer> {
+        let ptr = if size == 0 { 0 } else { resource.allocate_raw(size, stream)? };
         Ok(Buffer {
             ptr,
             size,
@@ -118,13 +110,7 @@ impl Buffer {
         resource: Arc<dyn MemoryResource>,
         stream: &Stream,
     ) -> Buffer {
-        Buffer {
-            ptr,
-            size,
-            owner: Owner::Resource(resource),
-            stream: Some(stream.clone()),
-            used_on: Mutex::default(),
-        }
+        Buffer { ptr, size, owner: Owner::Resource(resource), stream: Some(stream.clone()), used_on: Mutex::default() }
     }
 
     /// A view of memory someone else owns; dropping it frees nothing. `keep_alive`, if given,
@@ -142,19 +128,8 @@ impl Buffer {
         host_accessible: bool,
         keep_alive: Option<Arc<dyn Any + Send + Sync>>,
     ) -> Buffer {
-        let view = View {
-            device,
-            device_accessible,
-            host_accessible,
-            _keep_alive: keep_alive,
-        };
-        Buffer {
-            ptr,
-            size,
-            owner: Owner::View(view),
-            stream: None,
-            used_on: Mutex::default(),
-        }
+        let view = View { device, device_accessible, host_accessible, _keep_alive: keep_alive };
+        Buffer { ptr, size, owner: Owner::View(view), stream: None, used_on: Mutex::default() }
     }
 
     /// The address.
@@ -285,8 +260,7 @@ impl Buffer {
 
     /// Waits for every stream the buffer was used on.
     fn settle(&self) -> Result<()> {
-        let pending: Vec<Stream> =
-            std::mem::take(&mut *self.used_on.lock().unwrap_or_else(PoisonError::into_inner));
+        let pending: Vec<Stream> = std::mem::take(&mut *self.used_on.lock().unwrap_or_else(PoisonError::into_inner));
         for stream in pending.iter().chain(self.stream.iter()) {
             stream.synchronize()?;
         }
@@ -388,11 +362,7 @@ impl PartialEq for Buffer {
 
 fn copy(dst: &mut Buffer, src: &Buffer, stream: &Stream) -> Result<()> {
     if dst.size != src.size {
-        return Err(Error::SizeMismatch {
-            what: "the destination buffer",
-            expected: src.size,
-            actual: dst.size,
-        });
+        return Err(Error::SizeMismatch { what: "the destination buffer", expected: src.size, actual: dst.size });
     }
     if dst.size == 0 {
         return Ok(());
@@ -401,12 +371,7 @@ fn copy(dst: &mut Buffer, src: &Buffer, stream: &Stream) -> Result<()> {
     stream.bind_if_default()?;
     // SAFETY: both buffers cover `size` bytes that stay valid until they are freed, which is
     // ordered after this work; the driver handles overlap.
-    unsafe {
-        cu_call!(
-            d,
-            cuMemcpyAsync(dst.ptr, src.ptr, dst.size, stream.handle())
-        )
-    }?;
+    unsafe { cu_call!(d, cuMemcpyAsync(dst.ptr, src.ptr, dst.size, stream.handle())) }?;
     dst.note_use(stream);
     src.note_use(stream);
     Ok(())

@@ -79,10 +79,7 @@ impl Device {
     /// # Errors
     /// If the driver cannot be loaded or initialized.
     pub fn all() -> Result<Vec<Device>> {
-        Ok((0..Device::count()?)
-            .filter_map(|o| i32::try_from(o).ok())
-            .map(|ordinal| Device { ordinal })
-            .collect())
+        Ok((0..Device::count()?).filter_map(|o| i32::try_from(o).ok()).map(|ordinal| Device { ordinal }).collect())
     }
 
     /// The ordinal.
@@ -103,17 +100,8 @@ impl Device {
         let d = driver()?;
         let mut buffer = [0 as c_char; 256];
         // SAFETY: `buffer` has room for the 256 bytes the call may write.
-        unsafe {
-            cu_call!(
-                d,
-                cuDeviceGetName(buffer.as_mut_ptr(), buffer.len() as i32, self.ordinal)
-            )
-        }?;
-        let bytes: Vec<u8> = buffer
-            .iter()
-            .take_while(|&&c| c != 0)
-            .map(|&c| c as u8)
-            .collect();
+        unsafe { cu_call!(d, cuDeviceGetName(buffer.as_mut_ptr(), buffer.len() as i32, self.ordinal)) }?;
+        let bytes: Vec<u8> = buffer.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
         Ok(String::from_utf8_lossy(&bytes).into_owned())
     }
 
@@ -177,15 +165,12 @@ impl Device {
             mempool_supported_handle_types: HandleTypes::from_bits_truncate(handle_bits as u32),
             posix_fd_handles_supported: self
                 .flag(A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED)?,
-            fabric_handles_supported: self
-                .flag(A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED)?,
-            gpu_direct_rdma_supported: self
-                .flag(A::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED)?,
+            fabric_handles_supported: self.flag(A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED)?,
+            gpu_direct_rdma_supported: self.flag(A::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED)?,
             gpu_direct_rdma_with_vmm_supported: self
                 .flag(A::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED)?,
             host_numa_id: (numa >= 0).then_some(numa),
-            concurrent_managed_access: self
-                .flag(A::CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS)?,
+            concurrent_managed_access: self.flag(A::CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS)?,
             unified_addressing: self.flag(A::CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING)?,
         })
     }
@@ -201,12 +186,7 @@ impl Device {
         let d = driver()?;
         let mut can = 0;
         // SAFETY: `can` is a valid out-pointer.
-        unsafe {
-            cu_call!(
-                d,
-                cuDeviceCanAccessPeer(&mut can, self.ordinal, peer.ordinal)
-            )
-        }?;
+        unsafe { cu_call!(d, cuDeviceCanAccessPeer(&mut can, self.ordinal, peer.ordinal)) }?;
         Ok(can != 0)
     }
 

@@ -3,9 +3,7 @@
 use std::sync::Arc;
 
 use cuda_sys::cu_call;
-use cuda_sys::types::{
-    CUmemAllocationType, CUmemLocation, CUmemLocationType, CUmemPoolProps, CUmemoryPool,
-};
+use cuda_sys::types::{CUmemAllocationType, CUmemLocation, CUmemLocationType, CUmemPoolProps, CUmemoryPool};
 
 use crate::device::Device;
 use crate::driver::driver;
@@ -65,11 +63,7 @@ impl DeviceMemoryResource {
         if pool.release_threshold()? == 0 {
             pool.set_release_threshold(u64::MAX)?;
         }
-        Ok(Arc::new(DeviceMemoryResource {
-            device,
-            pool,
-            ipc_enabled: false,
-        }))
+        Ok(Arc::new(DeviceMemoryResource { device, pool, ipc_enabled: false }))
     }
 
     /// A pool of its own on `device`, destroyed when the resource and every buffer from it are
@@ -78,10 +72,7 @@ impl DeviceMemoryResource {
     /// # Errors
     /// [`Error::NotSupported`] when the device has no pools, or cannot share them by file
     /// descriptor and `ipc_enabled` is set; driver errors.
-    pub fn new(
-        device: Device,
-        options: DeviceMemoryResourceOptions,
-    ) -> Result<Arc<DeviceMemoryResource>> {
+    pub fn new(device: Device, options: DeviceMemoryResourceOptions) -> Result<Arc<DeviceMemoryResource>> {
         require_pools(device)?;
         let handle_types = if options.ipc_enabled {
             let supported = device.properties()?.mempool_supported_handle_types;
@@ -98,19 +89,12 @@ impl DeviceMemoryResource {
         let props = CUmemPoolProps {
             allocType: CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
             handleTypes: handle_types.raw(),
-            location: CUmemLocation {
-                type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
-                id: device.raw(),
-            },
+            location: CUmemLocation { type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: device.raw() },
             maxSize: options.max_size.unwrap_or(0),
             ..CUmemPoolProps::default()
         };
         let pool = MemoryPool::create(&props, Some(device))?;
-        Ok(Arc::new(DeviceMemoryResource {
-            device,
-            pool,
-            ipc_enabled: options.ipc_enabled,
-        }))
+        Ok(Arc::new(DeviceMemoryResource { device, pool, ipc_enabled: options.ipc_enabled }))
     }
 
     /// The pool: attributes, release threshold, trimming, peer access.

@@ -39,11 +39,7 @@ pub(crate) fn record(what: &'static str, error: Error) {
 
 /// Takes every recorded error, oldest first.
 pub fn take_drop_errors() -> Vec<DropError> {
-    RECORDED
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .drain(..)
-        .collect()
+    RECORDED.lock().unwrap_or_else(PoisonError::into_inner).drain(..).collect()
 }
 
 /// Calls `hook` for every error recorded from now on (for logging); `None` removes it.

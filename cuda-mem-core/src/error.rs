@@ -34,9 +34,7 @@ pub enum Error {
     #[error("not supported: {0}")]
     NotSupported(String),
     /// Devices that cannot be given access to a pool's memory; nothing was changed.
-    #[error(
-        "device(s) {peers:?} cannot access memory of device {owner}; peer access was left unchanged"
-    )]
+    #[error("device(s) {peers:?} cannot access memory of device {owner}; peer access was left unchanged")]
     PeerAccess {
         /// The pool's device.
         owner: usize,

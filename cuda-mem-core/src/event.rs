@@ -53,10 +53,7 @@ impl Event {
         let mut handle: CUevent = std::ptr::null_mut();
         // SAFETY: `handle` is a valid out-pointer; the device's context is current.
         unsafe { cu_call!(d, cuEventCreate(&mut handle, flags)) }?;
-        Ok(Event {
-            handle: handle as usize,
-            device,
-        })
+        Ok(Event { handle: handle as usize, device })
     }
 
     /// The raw handle.
@@ -114,12 +111,7 @@ impl Event {
         let d = driver()?;
         let mut ms = 0f32;
         // SAFETY: `ms` is a valid out-pointer; valid event handles.
-        unsafe {
-            cu_call!(
-                d,
-                cuEventElapsedTime_v2(&mut ms, start.handle(), self.handle())
-            )
-        }?;
+        unsafe { cu_call!(d, cuEventElapsedTime_v2(&mut ms, start.handle(), self.handle())) }?;
         Ok(Duration::from_secs_f64(f64::from(ms.max(0.0)) / 1e3))
     }
 }

@@ -3,9 +3,7 @@
 use std::sync::Arc;
 
 use cuda_sys::cu_call;
-use cuda_sys::types::{
-    CUmemAllocationType, CUmemLocation, CUmemLocationType, CUmemPoolProps, CUmemoryPool,
-};
+use cuda_sys::types::{CUmemAllocationType, CUmemLocation, CUmemLocationType, CUmemPoolProps, CUmemoryPool};
 
 use crate::device::Device;
 use crate::driver::driver;
@@ -71,14 +69,8 @@ pub struct PinnedMemoryResource {
 
 fn host_location(numa_node: Option<u32>) -> CUmemLocation {
     match numa_node {
-        Some(node) => CUmemLocation {
-            type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST_NUMA,
-            id: node as i32,
-        },
-        None => CUmemLocation {
-            type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST,
-            id: 0,
-        },
+        Some(node) => CUmemLocation { type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST_NUMA, id: node as i32 },
+        None => CUmemLocation { type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST, id: 0 },
     }
 }
 
@@ -96,10 +88,7 @@ impl PinnedMemoryResource {
     /// # Errors
     /// If the driver lacks `cuMemGetMemPool` (before CUDA 13) or the call fails.
     pub fn current() -> Result<Arc<PinnedMemoryResource>> {
-        let handle = current_pool(
-            host_location(None),
-            CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
-        )?;
+        let handle = current_pool(host_location(None), CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED)?;
         Ok(Arc::new(PinnedMemoryResource {
             pool: MemoryPool::borrowed(handle, None),
             numa_node: None,
@@ -132,11 +121,7 @@ impl PinnedMemoryResource {
                     .to_string(),
             ));
         }
-        let handle_types = if options.ipc_enabled {
-            HandleTypes::POSIX_FD
-        } else {
-            HandleTypes::empty()
-        };
+        let handle_types = if options.ipc_enabled { HandleTypes::POSIX_FD } else { HandleTypes::empty() };
         let props = CUmemPoolProps {
             allocType: CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
             handleTypes: handle_types.raw(),
@@ -145,11 +130,7 @@ impl PinnedMemoryResource {
             ..CUmemPoolProps::default()
         };
         let pool = MemoryPool::create(&props, None)?;
-        Ok(Arc::new(PinnedMemoryResource {
-            pool,
-            numa_node,
-            ipc_enabled: options.ipc_enabled,
-        }))
+        Ok(Arc::new(PinnedMemoryResource { pool, numa_node, ipc_enabled: options.ipc_enabled }))
     }
 
     /// The pool: attributes, release threshold, trimming.
@@ -209,14 +190,9 @@ impl PreferredLocation {
     fn raw(self) -> CUmemLocation {
         let (type_, id) = match self {
             PreferredLocation::None => (CUmemLocationType::CU_MEM_LOCATION_TYPE_NONE, 0),
-            PreferredLocation::Device(device) => {
-                (CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, device.raw())
-            }
+            PreferredLocation::Device(device) => (CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, device.raw()),
             PreferredLocation::Host => (CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST, 0),
-            PreferredLocation::HostNuma(node) => (
-                CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST_NUMA,
-                node as i32,
-            ),
+            PreferredLocation::HostNuma(node) => (CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST_NUMA, node as i32),
         };
         CUmemLocation { type_, id }
     }
@@ -252,14 +228,8 @@ impl ManagedMemoryResource {
     /// # Errors
     /// If the driver lacks managed pools or the call fails.
     pub fn current(preferred_location: PreferredLocation) -> Result<Arc<ManagedMemoryResource>> {
-        let handle = current_pool(
-            preferred_location.raw(),
-            CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_MANAGED,
-        )?;
-        Ok(Arc::new(ManagedMemoryResource {
-            pool: MemoryPool::borrowed(handle, None),
-            preferred_location,
-        }))
+        let handle = current_pool(preferred_location.raw(), CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_MANAGED)?;
+        Ok(Arc::new(ManagedMemoryResource { pool: MemoryPool::borrowed(handle, None), preferred_location }))
     }
 
     /// A managed pool of its own.
@@ -273,10 +243,7 @@ impl ManagedMemoryResource {
             ..CUmemPoolProps::default()
         };
         let pool = MemoryPool::create(&props, None)?;
-        Ok(Arc::new(ManagedMemoryResource {
-            pool,
-            preferred_location: options.preferred_location,
-        }))
+        Ok(Arc::new(ManagedMemoryResource { pool, preferred_location: options.preferred_location }))
     }
 
     /// The pool: attributes, release threshold, trimming.

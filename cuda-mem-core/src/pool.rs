@@ -10,8 +10,8 @@ use std::ffi::c_void;
 
 use cuda_sys::cu_call;
 use cuda_sys::types::{
-    CUmemAccess_flags, CUmemAccessDesc, CUmemLocation, CUmemLocationType, CUmemPool_attribute,
-    CUmemPoolProps, CUmemoryPool,
+    CUmemAccess_flags, CUmemAccessDesc, CUmemLocation, CUmemLocationType, CUmemPool_attribute, CUmemPoolProps,
+    CUmemoryPool,
 };
 
 use crate::device::Device;
@@ -59,9 +59,7 @@ impl ReusePolicy {
             ReusePolicy::FollowEventDependencies => {
                 CUmemPool_attribute::CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES
             }
-            ReusePolicy::AllowOpportunistic => {
-                CUmemPool_attribute::CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC
-            }
+            ReusePolicy::AllowOpportunistic => CUmemPool_attribute::CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC,
             ReusePolicy::AllowInternalDependencies => {
                 CUmemPool_attribute::CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES
             }
@@ -101,10 +99,7 @@ pub struct MemoryPool {
 }
 
 fn device_location(device: Device) -> CUmemLocation {
-    CUmemLocation {
-        type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
-        id: device.raw(),
-    }
+    CUmemLocation { type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: device.raw() }
 }
 
 impl MemoryPool {
@@ -114,20 +109,12 @@ impl MemoryPool {
         let mut handle: CUmemoryPool = std::ptr::null_mut();
         // SAFETY: `handle` is a valid out-pointer and `props` a fully initialized structure.
         unsafe { cu_call!(d, cuMemPoolCreate(&mut handle, props)) }?;
-        Ok(MemoryPool {
-            handle: handle as usize,
-            owned: true,
-            owner,
-        })
+        Ok(MemoryPool { handle: handle as usize, owned: true, owner })
     }
 
     /// Wraps a pool this value does not own (a device's current pool, say).
     pub(crate) fn borrowed(handle: CUmemoryPool, owner: Option<Device>) -> MemoryPool {
-        MemoryPool {
-            handle: handle as usize,
-            owned: false,
-            owner,
-        }
+        MemoryPool { handle: handle as usize, owned: false, owner }
     }
 
     /// The raw handle.
@@ -159,12 +146,7 @@ impl MemoryPool {
         }
         let mut ptr: DevicePtr = 0;
         // SAFETY: `ptr` is a valid out-pointer; the pool and stream handles are live.
-        unsafe {
-            cu_call!(
-                d,
-                cuMemAllocFromPoolAsync(&mut ptr, size, self.handle(), stream.handle())
-            )
-        }?;
+        unsafe { cu_call!(d, cuMemAllocFromPoolAsync(&mut ptr, size, self.handle(), stream.handle())) }?;
         Ok(ptr)
     }
 
@@ -185,12 +167,7 @@ impl MemoryPool {
         let mut value = 0u64;
         // SAFETY: `value` has room for the largest attribute type (`cuuint64_t`); the 32-bit
         // reuse flags are read from its low bytes below.
-        unsafe {
-            cu_call!(
-                d,
-                cuMemPoolGetAttribute(self.handle(), attribute, (&raw mut value).cast::<c_void>())
-            )
-        }?;
+        unsafe { cu_call!(d, cuMemPoolGetAttribute(self.handle(), attribute, (&raw mut value).cast::<c_void>())) }?;
         Ok(value)
     }
 
@@ -202,12 +179,7 @@ impl MemoryPool {
     fn set_u64(&self, attribute: CUmemPool_attribute, mut value: u64) -> Result<()> {
         let d = driver()?;
         // SAFETY: `value` is a valid `cuuint64_t` for the call's duration.
-        unsafe {
-            cu_call!(
-                d,
-                cuMemPoolSetAttribute(self.handle(), attribute, (&raw mut value).cast::<c_void>())
-            )
-        }?;
+        unsafe { cu_call!(d, cuMemPoolSetAttribute(self.handle(), attribute, (&raw mut value).cast::<c_void>())) }?;
         Ok(())
     }
 
@@ -218,12 +190,9 @@ impl MemoryPool {
     pub fn attributes(&self) -> Result<PoolAttributes> {
         use CUmemPool_attribute as A;
         Ok(PoolAttributes {
-            reuse_follow_event_dependencies: self
-                .get_flag(A::CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES)?,
-            reuse_allow_opportunistic: self
-                .get_flag(A::CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC)?,
-            reuse_allow_internal_dependencies: self
-                .get_flag(A::CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES)?,
+            reuse_follow_event_dependencies: self.get_flag(A::CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES)?,
+            reuse_allow_opportunistic: self.get_flag(A::CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC)?,
+            reuse_allow_internal_dependencies: self.get_flag(A::CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES)?,
             release_threshold: self.get(A::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)?,
             reserved_mem_current: self.get(A::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?,
             reserved_mem_high: self.get(A::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)?,
@@ -245,10 +214,7 @@ impl MemoryPool {
     /// # Errors
     /// If the driver call fails.
     pub fn set_release_threshold(&self, bytes: u64) -> Result<()> {
-        self.set_u64(
-            CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
-            bytes,
-        )
+        self.set_u64(CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, bytes)
     }
 
     /// Turns one reuse policy on or off.
@@ -260,14 +226,7 @@ impl MemoryPool {
         let mut value = i32::from(enabled);
         // SAFETY: the reuse attributes take an `int`, which `value` is.
         unsafe {
-            cu_call!(
-                d,
-                cuMemPoolSetAttribute(
-                    self.handle(),
-                    policy.attribute(),
-                    (&raw mut value).cast::<c_void>()
-                )
-            )
+            cu_call!(d, cuMemPoolSetAttribute(self.handle(), policy.attribute(), (&raw mut value).cast::<c_void>()))
         }?;
         Ok(())
     }
@@ -302,19 +261,12 @@ impl MemoryPool {
         let mut flags = CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_NONE;
         let mut location = device_location(device);
         // SAFETY: `flags` and `location` are valid for the call.
-        unsafe {
-            cu_call!(
-                d,
-                cuMemPoolGetAccess(&mut flags, self.handle(), &mut location)
-            )
-        }?;
+        unsafe { cu_call!(d, cuMemPoolGetAccess(&mut flags, self.handle(), &mut location)) }?;
         Ok(Access::from_raw(flags))
     }
 
     fn owner_or_error(&self) -> Result<Device> {
-        self.owner.ok_or_else(|| {
-            Error::NotSupported("peer access applies to device pools only".to_string())
-        })
+        self.owner.ok_or_else(|| Error::NotSupported("peer access applies to device pools only".to_string()))
     }
 
     /// The devices other than the owner that have read-write access, read from the driver (so
@@ -380,35 +332,20 @@ impl MemoryPool {
             }
         }
         if !refused.is_empty() {
-            return Err(Error::PeerAccess {
-                owner: owner.ordinal(),
-                peers: refused,
-            });
+            return Err(Error::PeerAccess { owner: owner.ordinal(), peers: refused });
         }
         let descs: Vec<CUmemAccessDesc> = to_add
             .iter()
             .map(|&p| (p, CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE))
-            .chain(
-                to_remove
-                    .iter()
-                    .map(|&p| (p, CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_NONE)),
-            )
-            .map(|(device, flags)| CUmemAccessDesc {
-                location: device_location(device),
-                flags,
-            })
+            .chain(to_remove.iter().map(|&p| (p, CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_NONE)))
+            .map(|(device, flags)| CUmemAccessDesc { location: device_location(device), flags })
             .collect();
         if descs.is_empty() {
             return Ok(());
         }
         let d = driver()?;
         // SAFETY: `descs` holds `descs.len()` initialized descriptors for the call's duration.
-        unsafe {
-            cu_call!(
-                d,
-                cuMemPoolSetAccess(self.handle(), descs.as_ptr(), descs.len())
-            )
-        }?;
+        unsafe { cu_call!(d, cuMemPoolSetAccess(self.handle(), descs.as_ptr(), descs.len())) }?;
         Ok(())
     }
 

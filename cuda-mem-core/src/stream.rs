@@ -98,48 +98,21 @@ impl Stream {
     pub fn new(device: Device, options: StreamOptions) -> Result<Stream> {
         crate::context::bind(device)?;
         let d = driver()?;
-        let flags = if options.non_blocking {
-            CUstream_flags::CU_STREAM_NON_BLOCKING.0
-        } else {
-            0
-        };
+        let flags = if options.non_blocking { CUstream_flags::CU_STREAM_NON_BLOCKING.0 } else { 0 };
         let mut handle: CUstream = std::ptr::null_mut();
         // SAFETY: `handle` is a valid out-pointer; the device's context is current.
-        unsafe {
-            cu_call!(
-                d,
-                cuStreamCreateWithPriority(&mut handle, flags, options.priority.unwrap_or(0))
-            )
-        }?;
-        Ok(Stream {
-            inner: Arc::new(Inner {
-                handle: handle as usize,
-                device,
-                ownership: Ownership::Owned,
-            }),
-        })
+        unsafe { cu_call!(d, cuStreamCreateWithPriority(&mut handle, flags, options.priority.unwrap_or(0))) }?;
+        Ok(Stream { inner: Arc::new(Inner { handle: handle as usize, device, ownership: Ownership::Owned }) })
     }
 
     /// The legacy default stream of `device` (`CU_STREAM_LEGACY`).
     pub fn legacy_default(device: Device) -> Stream {
-        Stream {
-            inner: Arc::new(Inner {
-                handle: LEGACY,
-                device,
-                ownership: Ownership::Borrowed,
-            }),
-        }
+        Stream { inner: Arc::new(Inner { handle: LEGACY, device, ownership: Ownership::Borrowed }) }
     }
 
     /// The calling thread's per-thread default stream on `device` (`CU_STREAM_PER_THREAD`).
     pub fn per_thread_default(device: Device) -> Stream {
-        Stream {
-            inner: Arc::new(Inner {
-                handle: PER_THREAD,
-                device,
-                ownership: Ownership::Borrowed,
-            }),
-        }
+        Stream { inner: Arc::new(Inner { handle: PER_THREAD, device, ownership: Ownership::Borrowed }) }
     }
 
     /// Wraps a stream the application owns; it is not destroyed by this crate.
@@ -148,13 +121,7 @@ impl Stream {
     /// `handle` is a valid stream of `device`'s primary context (or a special default-stream
     /// handle) and outlives every use through the returned value.
     pub unsafe fn from_raw(handle: CUstream, device: Device) -> Stream {
-        Stream {
-            inner: Arc::new(Inner {
-                handle: handle as usize,
-                device,
-                ownership: Ownership::Borrowed,
-            }),
-        }
+        Stream { inner: Arc::new(Inner { handle: handle as usize, device, ownership: Ownership::Borrowed }) }
     }
 
     /// The raw handle.
@@ -176,11 +143,7 @@ impl Stream {
     /// depends on the current context); created streams carry their context, so calls on them
     /// need none current — which is what lets a buffer be freed from any thread cheaply.
     pub(crate) fn bind_if_default(&self) -> Result<()> {
-        if self.is_owned() {
-            Ok(())
-        } else {
-            crate::context::bind(self.device())
-        }
+        if self.is_owned() { Ok(()) } else { crate::context::bind(self.device()) }
     }
 
     /// Waits until all work enqueued so far has completed.
@@ -205,9 +168,7 @@ impl Stream {
         // SAFETY: a valid stream handle; the device's context is current.
         match unsafe { cu_call!(d, cuStreamQuery(self.handle())) } {
             Ok(()) => Ok(true),
-            Err(e) if e.code() == Some(cuda_sys::types::CUresult::CUDA_ERROR_NOT_READY) => {
-                Ok(false)
-            }
+            Err(e) if e.code() == Some(cuda_sys::types::CUresult::CUDA_ERROR_NOT_READY) => Ok(false),
             Err(e) => Err(e.into()),
         }
     }

@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use cuda_mem_core::{
-    Buffer, Device, DeviceMemoryResource, DevicePtr, Error, FillPattern,
-    LegacyPinnedMemoryResource, MemoryResource, MemoryResourceExt, PinnedMemoryResource,
-    PinnedMemoryResourceOptions, Result, Stream, SynchronousMemoryResource, take_drop_errors,
+    Buffer, Device, DeviceMemoryResource, DevicePtr, Error, FillPattern, LegacyPinnedMemoryResource, MemoryResource,
+    MemoryResourceExt, PinnedMemoryResource, PinnedMemoryResourceOptions, Result, Stream, SynchronousMemoryResource,
+    take_drop_errors,
 };
 
 fn pinned() -> Arc<PinnedMemoryResource> {
@@ -24,20 +24,14 @@ fn fill_copy_and_read_back_every_pattern_width() {
     for (pattern, expected) in [
         (FillPattern::U8(0xab), vec![0xab; 4]),
         (FillPattern::U16(0x1234), 0x1234u16.to_ne_bytes().repeat(2)),
-        (
-            FillPattern::U32(0xdead_beef),
-            0xdead_beefu32.to_ne_bytes().to_vec(),
-        ),
+        (FillPattern::U32(0xdead_beef), 0xdead_beefu32.to_ne_bytes().to_vec()),
     ] {
         let mut d = dmr.allocate(4096, &stream).unwrap();
         d.fill(pattern, &stream).unwrap();
         let mut h = host.allocate(4096, &stream).unwrap();
         h.copy_from(&d, &stream).unwrap();
         let bytes = h.host_slice().unwrap();
-        assert!(
-            bytes.chunks(4).all(|c| c == expected.as_slice()),
-            "{pattern:?}"
-        );
+        assert!(bytes.chunks(4).all(|c| c == expected.as_slice()), "{pattern:?}");
     }
 }
 
@@ -67,21 +61,8 @@ fn size_mismatch_and_bad_fill_width_are_errors() {
     let a = dmr.allocate(64, &stream).unwrap();
     let mut b = dmr.allocate(65, &stream).unwrap();
     let err = a.copy_to(&mut b, &stream).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            Error::SizeMismatch {
-                expected: 64,
-                actual: 65,
-                ..
-            }
-        ),
-        "{err}"
-    );
-    assert_eq!(
-        err.to_string(),
-        "size mismatch: the destination buffer is 65 bytes, expected 64"
-    );
+    assert!(matches!(err, Error::SizeMismatch { expected: 64, actual: 65, .. }), "{err}");
+    assert_eq!(err.to_string(), "size mismatch: the destination buffer is 65 bytes, expected 64");
     let err = b.fill(FillPattern::U16(1), &stream).unwrap_err();
     assert!(err.to_string().contains("divisible by 2"), "{err}");
     let err = b.fill(FillPattern::U32(1), &stream).unwrap_err();
@@ -92,10 +73,7 @@ fn size_mismatch_and_bad_fill_width_are_errors() {
 fn device_memory_is_not_lent_to_the_host() {
     let device = common::device();
     let stream = common::stream(device);
-    let d = DeviceMemoryResource::current(device)
-        .unwrap()
-        .allocate(16, &stream)
-        .unwrap();
+    let d = DeviceMemoryResource::current(device).unwrap().allocate(16, &stream).unwrap();
     let err = d.host_slice().unwrap_err();
     assert!(matches!(err, Error::NotSupported(_)), "{err}");
     assert!(!d.is_host_accessible() && d.is_device_accessible());
@@ -131,9 +109,7 @@ impl MemoryResource for Counting {
     unsafe fn deallocate_raw(&self, ptr: DevicePtr, size: usize, stream: &Stream) -> Result<()> {
         self.frees.fetch_add(1, Ordering::SeqCst);
         // SAFETY: forwarded; the pointer came from the same kind of resource.
-        unsafe {
-            LegacyPinnedMemoryResource::new(stream.device()).deallocate_raw(ptr, size, stream)
-        }
+        unsafe { LegacyPinnedMemoryResource::new(stream.device()).deallocate_raw(ptr, size, stream) }
     }
 
     fn is_device_accessible(&self) -> bool {
@@ -190,9 +166,7 @@ fn buffers_keep_their_resource_alive_and_free_on_another_thread_without_a_contex
     let stream = common::stream(device);
     let pool = DeviceMemoryResource::new(device, Default::default()).unwrap();
     let weak = Arc::downgrade(&pool);
-    let mut buffers: Vec<Buffer> = (0..8)
-        .map(|_| pool.allocate(1 << 16, &stream).unwrap())
-        .collect();
+    let mut buffers: Vec<Buffer> = (0..8).map(|_| pool.allocate(1 << 16, &stream).unwrap()).collect();
     buffers[0].fill(FillPattern::U8(7), &stream).unwrap();
     drop(pool);
     assert!(weak.upgrade().is_some(), "buffers keep the pool alive");
@@ -202,10 +176,7 @@ fn buffers_keep_their_resource_alive_and_free_on_another_thread_without_a_contex
     })
     .join()
     .unwrap();
-    assert!(
-        weak.upgrade().is_none(),
-        "the last buffer released the pool"
-    );
+    assert!(weak.upgrade().is_none(), "the last buffer released the pool");
     let errors = take_drop_errors();
     assert!(errors.is_empty(), "{errors:?}");
 }
@@ -214,10 +185,7 @@ fn buffers_keep_their_resource_alive_and_free_on_another_thread_without_a_contex
 fn default_stream_buffers_free_on_another_thread() {
     let device = common::device();
     let legacy = device.default_stream();
-    let buffer = DeviceMemoryResource::current(device)
-        .unwrap()
-        .allocate(256, &legacy)
-        .unwrap();
+    let buffer = DeviceMemoryResource::current(device).unwrap().allocate(256, &legacy).unwrap();
     std::thread::spawn(move || drop(buffer)).join().unwrap();
     let errors = take_drop_errors();
     assert!(errors.is_empty(), "{errors:?}");
@@ -227,10 +195,7 @@ fn default_stream_buffers_free_on_another_thread() {
 fn deallocation_stream_can_be_replaced() {
     let device = common::device();
     let (s1, s2) = (common::stream(device), common::stream(device));
-    let mut buffer = DeviceMemoryResource::current(device)
-        .unwrap()
-        .allocate(64, &s1)
-        .unwrap();
+    let mut buffer = DeviceMemoryResource::current(device).unwrap().allocate(64, &s1).unwrap();
     assert_eq!(buffer.deallocation_stream(), Some(&s1));
     buffer.set_deallocation_stream(&s2);
     assert_eq!(buffer.deallocation_stream(), Some(&s2));
@@ -242,17 +207,11 @@ fn deallocation_stream_can_be_replaced() {
 fn legacy_and_synchronous_resources() {
     let device = common::device();
     let stream = common::stream(device);
-    let mut host = LegacyPinnedMemoryResource::new(device)
-        .allocate(512, &stream)
-        .unwrap();
+    let mut host = LegacyPinnedMemoryResource::new(device).allocate(512, &stream).unwrap();
     host.host_slice_mut().unwrap().fill(3);
-    let mut d = SynchronousMemoryResource::new(device)
-        .allocate(512, &stream)
-        .unwrap();
+    let mut d = SynchronousMemoryResource::new(device).allocate(512, &stream).unwrap();
     d.copy_from(&host, &stream).unwrap();
-    let mut back = LegacyPinnedMemoryResource::new(device)
-        .allocate(512, &stream)
-        .unwrap();
+    let mut back = LegacyPinnedMemoryResource::new(device).allocate(512, &stream).unwrap();
     back.copy_from(&d, &stream).unwrap();
     assert!(back.host_slice().unwrap().iter().all(|&b| b == 3));
 }

@@ -3,8 +3,8 @@
 mod common;
 
 use cuda_mem_core::{
-    Device, DeviceMemoryResource, Error, Event, EventOptions, FillPattern, HandleTypes,
-    MemoryResourceExt, PinnedMemoryResource, PinnedMemoryResourceOptions, Stream, StreamOptions,
+    Device, DeviceMemoryResource, Error, Event, EventOptions, FillPattern, HandleTypes, MemoryResourceExt,
+    PinnedMemoryResource, PinnedMemoryResourceOptions, Stream, StreamOptions,
 };
 
 #[test]
@@ -19,10 +19,7 @@ fn device_properties() {
     assert!(p.memory_pools_supported);
     if cuda_sim::testing::on_simulator() {
         assert_eq!(p.compute_capability, (9, 0));
-        assert!(
-            p.mempool_supported_handle_types
-                .contains(HandleTypes::POSIX_FD)
-        );
+        assert!(p.mempool_supported_handle_types.contains(HandleTypes::POSIX_FD));
         assert_eq!(p.host_numa_id, Some(0));
         assert!(p.virtual_memory_management_supported);
     }
@@ -37,10 +34,7 @@ fn a_missing_device_is_a_clear_error() {
     let count = Device::count().unwrap();
     let err = Device::new(count).unwrap_err();
     assert!(matches!(err, Error::NoSuchDevice { .. }));
-    assert_eq!(
-        err.to_string(),
-        format!("device {count} does not exist: the driver reports {count} device(s)")
-    );
+    assert_eq!(err.to_string(), format!("device {count} does not exist: the driver reports {count} device(s)"));
 }
 
 #[test]
@@ -48,19 +42,13 @@ fn streams_order_work_and_report_idleness() {
     let device = common::device();
     let stream = Stream::new(device, StreamOptions::default().priority(-1)).unwrap();
     assert!(stream.is_owned());
-    let mut buffer = DeviceMemoryResource::current(device)
-        .unwrap()
-        .allocate(1 << 20, &stream)
-        .unwrap();
+    let mut buffer = DeviceMemoryResource::current(device).unwrap().allocate(1 << 20, &stream).unwrap();
     buffer.fill(FillPattern::U8(1), &stream).unwrap();
     stream.synchronize().unwrap();
     assert!(stream.is_idle().unwrap());
     assert!(!stream.is_capturing().unwrap());
     assert_eq!(stream.clone(), stream);
-    assert_ne!(
-        stream,
-        Stream::new(device, StreamOptions::default()).unwrap()
-    );
+    assert_ne!(stream, Stream::new(device, StreamOptions::default()).unwrap());
 }
 
 #[test]
@@ -92,10 +80,7 @@ fn default_streams_work_from_any_thread() {
     let device = common::device();
     std::thread::spawn(move || {
         let stream = Stream::per_thread_default(device);
-        let mut b = DeviceMemoryResource::current(device)
-            .unwrap()
-            .allocate(64, &stream)
-            .unwrap();
+        let mut b = DeviceMemoryResource::current(device).unwrap().allocate(64, &stream).unwrap();
         b.fill(FillPattern::U8(1), &stream).unwrap();
         stream.synchronize().unwrap();
         device.default_stream().synchronize().unwrap();

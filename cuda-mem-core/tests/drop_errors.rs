@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use cuda_mem_core::{
-    Device, DevicePtr, Error, LegacyPinnedMemoryResource, MemoryResource, MemoryResourceExt,
-    Result, Stream, set_drop_error_hook, take_drop_errors,
+    Device, DevicePtr, Error, LegacyPinnedMemoryResource, MemoryResource, MemoryResourceExt, Result, Stream,
+    set_drop_error_hook, take_drop_errors,
 };
 
 /// Allocates pinned memory but refuses to free it.
@@ -48,16 +48,9 @@ fn close_returns_the_error_and_drop_records_it() {
     let device = common::device();
     let stream = common::stream(device);
     let resource = Arc::new(RefusesToFree);
-    let err = resource
-        .allocate(64, &stream)
-        .unwrap()
-        .close(None)
-        .unwrap_err();
+    let err = resource.allocate(64, &stream).unwrap().close(None).unwrap_err();
     assert_eq!(err.to_string(), "this resource never frees");
-    assert!(
-        take_drop_errors().is_empty(),
-        "close does not record what it returns"
-    );
+    assert!(take_drop_errors().is_empty(), "close does not record what it returns");
 
     set_drop_error_hook(Some(count_hook));
     drop(resource.allocate(64, &stream).unwrap());

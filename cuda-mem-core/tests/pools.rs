@@ -4,8 +4,8 @@ mod common;
 
 use cuda_mem_core::{
     DeviceMemoryResource, DeviceMemoryResourceOptions, Error, FillPattern, ManagedMemoryResource,
-    ManagedMemoryResourceOptions, MemoryResourceExt, PinnedLocation, PinnedMemoryResource,
-    PinnedMemoryResourceOptions, PreferredLocation, ReusePolicy,
+    ManagedMemoryResourceOptions, MemoryResourceExt, PinnedLocation, PinnedMemoryResource, PinnedMemoryResourceOptions,
+    PreferredLocation, ReusePolicy,
 };
 use cuda_sys::types::CUresult;
 
@@ -23,18 +23,14 @@ fn the_current_pool_keeps_memory_between_allocations() {
 #[test]
 fn a_user_threshold_on_the_current_pool_is_kept() {
     // In a process of its own: the current pool is shared process-wide.
-    cuda_sim::testing::in_simulated_machine(
-        "a_user_threshold_on_the_current_pool_is_kept",
-        &[],
-        || {
-            let device = common::device();
-            let first = DeviceMemoryResource::current(device).unwrap();
-            first.pool().set_release_threshold(1 << 20).unwrap();
-            let second = DeviceMemoryResource::current(device).unwrap();
-            assert_eq!(second.pool().release_threshold().unwrap(), 1 << 20);
-            first.pool().set_release_threshold(u64::MAX).unwrap();
-        },
-    );
+    cuda_sim::testing::in_simulated_machine("a_user_threshold_on_the_current_pool_is_kept", &[], || {
+        let device = common::device();
+        let first = DeviceMemoryResource::current(device).unwrap();
+        first.pool().set_release_threshold(1 << 20).unwrap();
+        let second = DeviceMemoryResource::current(device).unwrap();
+        assert_eq!(second.pool().release_threshold().unwrap(), 1 << 20);
+        first.pool().set_release_threshold(u64::MAX).unwrap();
+    });
 }
 
 #[test]
@@ -45,10 +41,7 @@ fn attributes_follow_allocations_and_peaks_reset() {
     let pool = dmr.pool();
     assert!(pool.is_owned());
     let before = pool.attributes().unwrap();
-    assert_eq!(
-        (before.used_mem_current, before.reserved_mem_current),
-        (0, 0)
-    );
+    assert_eq!((before.used_mem_current, before.reserved_mem_current), (0, 0));
     assert!(before.reuse_follow_event_dependencies);
     let a = dmr.allocate(1000, &stream).unwrap();
     let b = dmr.allocate(3000, &stream).unwrap();
@@ -88,9 +81,7 @@ fn release_threshold_and_trim() {
 fn reuse_policies_can_be_changed() {
     let device = common::device();
     let dmr = DeviceMemoryResource::new(device, Default::default()).unwrap();
-    dmr.pool()
-        .set_reuse(ReusePolicy::AllowOpportunistic, false)
-        .unwrap();
+    dmr.pool().set_reuse(ReusePolicy::AllowOpportunistic, false).unwrap();
     let attributes = dmr.pool().attributes().unwrap();
     assert!(!attributes.reuse_allow_opportunistic);
     assert!(attributes.reuse_allow_internal_dependencies);
@@ -100,18 +91,10 @@ fn reuse_policies_can_be_changed() {
 fn max_size_is_enforced() {
     let device = common::device();
     let stream = common::stream(device);
-    let dmr = DeviceMemoryResource::new(
-        device,
-        DeviceMemoryResourceOptions::default().max_size(4 << 20),
-    )
-    .unwrap();
+    let dmr = DeviceMemoryResource::new(device, DeviceMemoryResourceOptions::default().max_size(4 << 20)).unwrap();
     let _fits = dmr.allocate(2 << 20, &stream).unwrap();
     let err = dmr.allocate(64 << 20, &stream).unwrap_err();
-    assert_eq!(
-        err.cuda_code(),
-        Some(CUresult::CUDA_ERROR_OUT_OF_MEMORY),
-        "{err}"
-    );
+    assert_eq!(err.cuda_code(), Some(CUresult::CUDA_ERROR_OUT_OF_MEMORY), "{err}");
     assert!(err.to_string().contains("cuMemAllocFromPoolAsync"), "{err}");
 }
 
@@ -122,13 +105,8 @@ fn a_capturing_stream_is_refused() {
     let dmr = DeviceMemoryResource::current(device).unwrap();
     let d = cuda_mem_core::driver().unwrap();
     // SAFETY: a live stream handle; global capture mode (0).
-    unsafe {
-        cuda_sys::cu_call!(
-            d,
-            cuStreamBeginCapture_v2(stream.handle(), cuda_sys::types::CUstreamCaptureMode(0))
-        )
-    }
-    .unwrap();
+    unsafe { cuda_sys::cu_call!(d, cuStreamBeginCapture_v2(stream.handle(), cuda_sys::types::CUstreamCaptureMode(0))) }
+        .unwrap();
     assert!(stream.is_capturing().unwrap());
     let err = dmr.allocate(64, &stream).unwrap_err();
     assert!(matches!(err, Error::InvalidState(_)));
@@ -150,15 +128,10 @@ fn pinned_pools_are_host_accessible() {
     a.fill(FillPattern::U32(0x0102_0304), &stream).unwrap();
     assert_eq!(&a.host_slice().unwrap()[..4], &0x0102_0304u32.to_ne_bytes());
     let near = PinnedMemoryResource::new(
-        PinnedMemoryResourceOptions::default()
-            .ipc_enabled(true)
-            .location(PinnedLocation::NearDevice(device)),
+        PinnedMemoryResourceOptions::default().ipc_enabled(true).location(PinnedLocation::NearDevice(device)),
     )
     .unwrap();
-    assert_eq!(
-        near.numa_node(),
-        device.properties().unwrap().host_numa_id.map(|n| n as u32)
-    );
+    assert_eq!(near.numa_node(), device.properties().unwrap().host_numa_id.map(|n| n as u32));
     assert!(near.is_ipc_enabled());
     let b = near.allocate(100, &stream).unwrap();
     assert!(b.is_host_accessible() && b.is_device_accessible() && b.device().is_none());
@@ -167,8 +140,7 @@ fn pinned_pools_are_host_accessible() {
 #[test]
 fn ipc_pinned_pools_need_a_numa_location() {
     common::device();
-    let err = PinnedMemoryResource::new(PinnedMemoryResourceOptions::default().ipc_enabled(true))
-        .unwrap_err();
+    let err = PinnedMemoryResource::new(PinnedMemoryResourceOptions::default().ipc_enabled(true)).unwrap_err();
     assert!(matches!(err, Error::InvalidArgument(_)));
     assert!(err.to_string().contains("NUMA location"), "{err}");
 }
@@ -177,15 +149,9 @@ fn ipc_pinned_pools_need_a_numa_location() {
 fn managed_pools_are_host_and_device_accessible() {
     let device = common::device();
     let stream = common::stream(device);
-    for preferred in [
-        PreferredLocation::None,
-        PreferredLocation::Device(device),
-        PreferredLocation::Host,
-    ] {
-        let mmr = ManagedMemoryResource::new(
-            ManagedMemoryResourceOptions::default().preferred_location(preferred),
-        )
-        .unwrap();
+    for preferred in [PreferredLocation::None, PreferredLocation::Device(device), PreferredLocation::Host] {
+        let mmr =
+            ManagedMemoryResource::new(ManagedMemoryResourceOptions::default().preferred_location(preferred)).unwrap();
         let mut buffer = mmr.allocate(256, &stream).unwrap();
         buffer.fill(FillPattern::U8(9), &stream).unwrap();
         assert!(buffer.host_slice().unwrap().iter().all(|&b| b == 9));
@@ -198,10 +164,6 @@ fn managed_pools_are_host_and_device_accessible() {
 #[test]
 fn ipc_enabled_device_pools() {
     let device = common::device();
-    let dmr = DeviceMemoryResource::new(
-        device,
-        DeviceMemoryResourceOptions::default().ipc_enabled(true),
-    )
-    .unwrap();
+    let dmr = DeviceMemoryResource::new(device, DeviceMemoryResourceOptions::default().ipc_enabled(true)).unwrap();
     assert!(dmr.is_ipc_enabled());
 }

@@ -5,8 +5,8 @@ mod common;
 use std::collections::BTreeSet;
 
 use cuda_mem_core::{
-    Buffer, DeviceMemoryResource, Event, EventOptions, FillPattern, MemoryResourceExt,
-    PinnedMemoryResource, PinnedMemoryResourceOptions, Stream,
+    Buffer, DeviceMemoryResource, Event, EventOptions, FillPattern, MemoryResourceExt, PinnedMemoryResource,
+    PinnedMemoryResourceOptions, Stream,
 };
 use proptest::prelude::*;
 
@@ -68,16 +68,8 @@ proptest! {
 
 #[derive(Debug, Clone)]
 enum DataOp {
-    Fill {
-        buffer: usize,
-        pattern: FillPattern,
-        stream: usize,
-    },
-    Copy {
-        from: usize,
-        to: usize,
-        stream: usize,
-    },
+    Fill { buffer: usize, pattern: FillPattern, stream: usize },
+    Copy { from: usize, to: usize, stream: usize },
 }
 
 const SIZE: usize = 64;
@@ -89,16 +81,8 @@ fn data_op() -> impl Strategy<Value = DataOp> {
         any::<u32>().prop_map(FillPattern::U32),
     ];
     prop_oneof![
-        (0usize..3, pattern, 0usize..2).prop_map(|(buffer, pattern, stream)| DataOp::Fill {
-            buffer,
-            pattern,
-            stream
-        }),
-        (0usize..3, 0usize..3, 0usize..2).prop_map(|(from, to, stream)| DataOp::Copy {
-            from,
-            to,
-            stream
-        }),
+        (0usize..3, pattern, 0usize..2).prop_map(|(buffer, pattern, stream)| DataOp::Fill { buffer, pattern, stream }),
+        (0usize..3, 0usize..3, 0usize..2).prop_map(|(from, to, stream)| DataOp::Copy { from, to, stream }),
     ]
 }
 
@@ -179,51 +163,38 @@ fn peer_op() -> impl Strategy<Value = PeerOp> {
 /// Random peer-set operations leave the driver's state equal to a model set.
 #[test]
 fn peer_sets_match_a_model() {
-    cuda_sim::testing::in_simulated_machine(
-        "peer_sets_match_a_model",
-        &[("CUDA_SIM_DEVICES", "3")],
-        || {
-            let Some(devices) = common::devices(3) else {
-                return;
-            };
-            let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
-                cases: 24,
-                ..ProptestConfig::default()
-            });
-            runner
-                .run(&prop::collection::vec(peer_op(), 1..20), |ops| {
-                    let dmr = DeviceMemoryResource::new(devices[0], Default::default()).unwrap();
-                    let mut model: BTreeSet<usize> = BTreeSet::new();
-                    for op in ops {
-                        match op {
-                            PeerOp::Set(set) => {
-                                dmr.pool()
-                                    .set_peer_accessible_by(set.iter().map(|&i| devices[i]))
-                                    .unwrap();
-                                model = set;
-                            }
-                            PeerOp::Add(i) => {
-                                dmr.pool().add_peer(devices[i]).unwrap();
-                                model.insert(i);
-                            }
-                            PeerOp::Remove(i) => {
-                                dmr.pool().remove_peer(devices[i]).unwrap();
-                                model.remove(&i);
-                            }
+    cuda_sim::testing::in_simulated_machine("peer_sets_match_a_model", &[("CUDA_SIM_DEVICES", "3")], || {
+        let Some(devices) = common::devices(3) else {
+            return;
+        };
+        let mut runner =
+            proptest::test_runner::TestRunner::new(ProptestConfig { cases: 24, ..ProptestConfig::default() });
+        runner
+            .run(&prop::collection::vec(peer_op(), 1..20), |ops| {
+                let dmr = DeviceMemoryResource::new(devices[0], Default::default()).unwrap();
+                let mut model: BTreeSet<usize> = BTreeSet::new();
+                for op in ops {
+                    match op {
+                        PeerOp::Set(set) => {
+                            dmr.pool().set_peer_accessible_by(set.iter().map(|&i| devices[i])).unwrap();
+                            model = set;
                         }
-                        model.remove(&0);
-                        let actual: BTreeSet<usize> = dmr
-                            .pool()
-                            .peer_accessible_by()
-                            .unwrap()
-                            .iter()
-                            .map(|d| d.ordinal())
-                            .collect();
-                        prop_assert_eq!(&actual, &model);
+                        PeerOp::Add(i) => {
+                            dmr.pool().add_peer(devices[i]).unwrap();
+                            model.insert(i);
+                        }
+                        PeerOp::Remove(i) => {
+                            dmr.pool().remove_peer(devices[i]).unwrap();
+                            model.remove(&i);
+                        }
                     }
-                    Ok(())
-                })
-                .unwrap();
-        },
-    );
+                    model.remove(&0);
+                    let actual: BTreeSet<usize> =
+                        dmr.pool().peer_accessible_by().unwrap().iter().map(|d| d.ordinal()).collect();
+                    prop_assert_eq!(&actual, &model);
+                }
+                Ok(())
+            })
+            .unwrap();
+    });
 }

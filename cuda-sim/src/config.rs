@@ -30,19 +30,13 @@ impl Config {
     }
 
     /// Builds a configuration from the three settings' text (`None`: the default).
-    pub(crate) fn parse(
-        devices: Option<&str>,
-        memory: Option<&str>,
-        peers: Option<&str>,
-    ) -> Result<Config, String> {
+    pub(crate) fn parse(devices: Option<&str>, memory: Option<&str>, peers: Option<&str>) -> Result<Config, String> {
         let devices = match devices {
             None => 1,
             Some(text) => match text.trim().parse::<usize>() {
                 Ok(n) if (1..=MAX_DEVICES).contains(&n) => n,
                 _ => {
-                    return Err(format!(
-                        "CUDA_SIM_DEVICES={text:?}: expected a number from 1 to {MAX_DEVICES}"
-                    ));
+                    return Err(format!("CUDA_SIM_DEVICES={text:?}: expected a number from 1 to {MAX_DEVICES}"));
                 }
             },
         };
@@ -53,11 +47,7 @@ impl Config {
             })?,
         };
         let peers = parse_peers(peers.unwrap_or("all"), devices)?;
-        Ok(Config {
-            devices,
-            memory,
-            peers,
-        })
+        Ok(Config { devices, memory, peers })
     }
 
     /// Whether device `from` can access memory on device `to`.
@@ -142,22 +132,10 @@ mod tests {
 
     #[test]
     fn bad_settings_are_rejected_with_the_variable_named() {
-        assert!(
-            Config::parse(Some("0"), None, None)
-                .unwrap_err()
-                .contains("CUDA_SIM_DEVICES")
-        );
+        assert!(Config::parse(Some("0"), None, None).unwrap_err().contains("CUDA_SIM_DEVICES"));
         assert!(Config::parse(Some("x"), None, None).is_err());
-        assert!(
-            Config::parse(None, Some("-5"), None)
-                .unwrap_err()
-                .contains("CUDA_SIM_MEMORY")
-        );
-        assert!(
-            Config::parse(Some("2"), None, Some("0-2"))
-                .unwrap_err()
-                .contains("CUDA_SIM_PEER_ACCESS")
-        );
+        assert!(Config::parse(None, Some("-5"), None).unwrap_err().contains("CUDA_SIM_MEMORY"));
+        assert!(Config::parse(Some("2"), None, Some("0-2")).unwrap_err().contains("CUDA_SIM_PEER_ACCESS"));
         assert!(Config::parse(Some("2"), None, Some("1-1")).is_err());
         assert!(Config::parse(Some("2"), None, Some("0:1")).is_err());
     }

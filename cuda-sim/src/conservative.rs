@@ -56,3 +56,7 @@
 //!   access to the next pool created on its device, so code that must revoke first is tested.
 //! - **A zero-length copy or memset at a one-past-the-end device pointer** returns
 //!   `CUDA_ERROR_INVALID_VALUE` (the pointer is not inside a live allocation).
+//! - **Pool sharing**: importing a pointer into the pool that exported it (rather than into an
+//!   imported pool) returns `CUDA_ERROR_INVALID_VALUE`; exported pointer data carries a checksum,
+//!   so any altered byte is refused; a duplicate import in one process returns the same pointer
+//!   without counting (as the driver does), so the second free fails.

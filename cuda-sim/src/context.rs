@@ -31,13 +31,7 @@ impl Context {
     pub(crate) fn start(device: usize) -> SimResult<Arc<Context>> {
         let handle = crate::handle::next();
         let legacy = Stream::start(handle, device, 0, 0, StreamKind::Legacy)?;
-        Ok(Arc::new(Context {
-            handle,
-            device,
-            legacy,
-            streams: Mutex::new(Vec::new()),
-            submit_lock: Mutex::new(()),
-        }))
+        Ok(Arc::new(Context { handle, device, legacy, streams: Mutex::new(Vec::new()), submit_lock: Mutex::new(()) }))
     }
 
     /// Remembers a stream made in this context.
@@ -56,10 +50,7 @@ impl Context {
     /// legacy default stream: work on it waits for earlier work on every blocking stream, and
     /// work on a blocking stream waits for earlier work on it.
     pub(crate) fn submit(&self, stream: &Stream, op: Op) -> Fence {
-        let _order = self
-            .submit_lock
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let _order = self.submit_lock.lock().unwrap_or_else(PoisonError::into_inner);
         // Work on a capturing stream goes into the graph being captured, not into the queue.
         let op = match stream.capture(op) {
             Ok(()) => return stream.queue.tail(),
@@ -67,12 +58,7 @@ impl Context {
         };
         let mut waits: Vec<Fence> = Vec::new();
         if stream.kind == StreamKind::Legacy {
-            waits.extend(
-                self.live_streams()
-                    .iter()
-                    .filter(|s| s.is_blocking())
-                    .filter_map(|s| s.queue.pending_tail()),
-            );
+            waits.extend(self.live_streams().iter().filter(|s| s.is_blocking()).filter_map(|s| s.queue.pending_tail()));
         } else if stream.is_blocking() {
             waits.extend(self.legacy.queue.pending_tail());
         }
@@ -116,11 +102,7 @@ pub(crate) fn current_handle() -> Option<usize> {
 pub(crate) fn current(state: &State) -> SimResult<Arc<Context>> {
     match current_handle() {
         None => fail(CUresult::CUDA_ERROR_INVALID_CONTEXT),
-        Some(handle) => state
-            .contexts
-            .get(&handle)
-            .cloned()
-            .ok_or(CUresult::CUDA_ERROR_CONTEXT_IS_DESTROYED),
+        Some(handle) => state.contexts.get(&handle).cloned().ok_or(CUresult::CUDA_ERROR_CONTEXT_IS_DESTROYED),
     }
 }
 

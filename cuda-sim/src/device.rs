@@ -54,8 +54,9 @@ pub(crate) fn attribute(device: usize, attribute: CUdevice_attribute) -> SimResu
         A::CU_DEVICE_ATTRIBUTE_TOTAL_CONSTANT_MEMORY => 65536,
         A::CU_DEVICE_ATTRIBUTE_WARP_SIZE => 32,
         A::CU_DEVICE_ATTRIBUTE_MAX_PITCH => i32::MAX,
-        A::CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK
-        | A::CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR => 65536,
+        A::CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK | A::CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR => {
+            65536
+        }
         A::CU_DEVICE_ATTRIBUTE_CLOCK_RATE => 1_980_000,
         A::CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT => 512,
         A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT => 132,
@@ -114,35 +115,14 @@ mod tests {
     fn attributes_and_errors() {
         let config = Config::parse(Some("2"), None, None).unwrap();
         let a = |x| attribute(1, x);
-        assert_eq!(
-            a(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR),
-            Ok(9)
-        );
-        assert_eq!(
-            a(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED),
-            Ok(1)
-        );
+        assert_eq!(a(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR), Ok(9));
+        assert_eq!(a(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED), Ok(1));
         assert_eq!(a(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_PCI_BUS_ID), Ok(2));
-        assert_eq!(
-            a(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED),
-            Ok(0)
-        );
-        assert_eq!(
-            a(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX),
-            Err(CUresult::CUDA_ERROR_INVALID_VALUE)
-        );
-        assert_eq!(
-            a(CUdevice_attribute(0)),
-            Err(CUresult::CUDA_ERROR_INVALID_VALUE)
-        );
-        assert_eq!(
-            check_ordinal(&config, 2),
-            Err(CUresult::CUDA_ERROR_INVALID_DEVICE)
-        );
-        assert_eq!(
-            check_ordinal(&config, -1),
-            Err(CUresult::CUDA_ERROR_INVALID_DEVICE)
-        );
+        assert_eq!(a(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED), Ok(0));
+        assert_eq!(a(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX), Err(CUresult::CUDA_ERROR_INVALID_VALUE));
+        assert_eq!(a(CUdevice_attribute(0)), Err(CUresult::CUDA_ERROR_INVALID_VALUE));
+        assert_eq!(check_ordinal(&config, 2), Err(CUresult::CUDA_ERROR_INVALID_DEVICE));
+        assert_eq!(check_ordinal(&config, -1), Err(CUresult::CUDA_ERROR_INVALID_DEVICE));
         assert_ne!(uuid(0), uuid(1));
     }
 }

@@ -12,11 +12,7 @@ pub(crate) fn fail<T>(code: CUresult) -> SimResult<T> {
 
 /// `CUDA_ERROR_INVALID_VALUE` unless `condition` holds.
 pub(crate) fn ensure(condition: bool) -> SimResult {
-    if condition {
-        Ok(())
-    } else {
-        Err(CUresult::CUDA_ERROR_INVALID_VALUE)
-    }
+    if condition { Ok(()) } else { Err(CUresult::CUDA_ERROR_INVALID_VALUE) }
 }
 
 /// Writes `value` through an out-pointer, or fails with `CUDA_ERROR_INVALID_VALUE` if it is null.

@@ -79,10 +79,7 @@ impl Event {
     pub(crate) fn wait_for(&self, generation: u64) {
         let mut progress = self.lock();
         while progress.completed < generation {
-            progress = self
-                .reached
-                .wait(progress)
-                .unwrap_or_else(PoisonError::into_inner);
+            progress = self.reached.wait(progress).unwrap_or_else(PoisonError::into_inner);
         }
     }
 
@@ -106,9 +103,7 @@ impl Event {
             if progress.completed < progress.recorded {
                 return fail(CUresult::CUDA_ERROR_NOT_READY);
             }
-            progress
-                .completed_at
-                .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)
+            progress.completed_at.ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)
         };
         let (t0, t1) = (read(start)?, read(end)?);
         let ms = if t1 >= t0 {

@@ -10,9 +10,9 @@
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
 use cuda_sys::types::{
-    CUcontext, CUdevice, CUdevice_attribute, CUdeviceptr, CUdriverProcAddressQueryResult, CUevent,
-    CUgraph, CUhostFn, CUmemAccess_flags, CUmemAccessDesc, CUmemAllocationType, CUmemLocation,
-    CUmemPool_attribute, CUmemPoolProps, CUmemoryPool, CUpointer_attribute, CUresult, CUstream,
+    CUcontext, CUdevice, CUdevice_attribute, CUdeviceptr, CUdriverProcAddressQueryResult, CUevent, CUgraph, CUhostFn,
+    CUmemAccess_flags, CUmemAccessDesc, CUmemAllocationHandleType, CUmemAllocationType, CUmemLocation,
+    CUmemPool_attribute, CUmemPoolProps, CUmemPoolPtrExportData, CUmemoryPool, CUpointer_attribute, CUresult, CUstream,
     CUstreamCaptureMode, CUstreamCaptureStatus, CUuuid, cuuint64_t,
 };
 
@@ -232,4 +232,16 @@ exports! {
     cuMemAllocManaged / -(pointer: *mut CUdeviceptr, size: usize, flags: c_uint) => |_mode| api::pool::alloc_managed(pointer, size, flags);
     cuMemHostRegister_v2 / -(pointer: *mut c_void, size: usize, flags: c_uint) => |_mode| api::pool::host_register(pointer, size, flags);
     cuMemHostUnregister / -(pointer: *mut c_void) => |_mode| api::pool::host_unregister(pointer);
+
+    // Sharing pools between processes.
+    cuMemPoolExportToShareableHandle / -(
+        handle: *mut c_void, pool: CUmemoryPool, handle_type: CUmemAllocationHandleType, flags: u64,
+    ) => |_mode| api::ipc::export_pool(handle, pool, handle_type, flags);
+    cuMemPoolImportFromShareableHandle / -(
+        pool: *mut CUmemoryPool, handle: *mut c_void, handle_type: CUmemAllocationHandleType, flags: u64,
+    ) => |_mode| api::ipc::import_pool(pool, handle, handle_type, flags);
+    cuMemPoolExportPointer / -(data: *mut CUmemPoolPtrExportData, pointer: CUdeviceptr)
+        => |_mode| api::ipc::export_pointer(data, pointer);
+    cuMemPoolImportPointer / -(pointer: *mut CUdeviceptr, pool: CUmemoryPool, data: *mut CUmemPoolPtrExportData)
+        => |_mode| api::ipc::import_pointer(pointer, pool, data);
 }

@@ -33,7 +33,10 @@
 //! | `CUDA_SIM_MEMORY` | bytes of memory per device (accepts `K`, `M`, `G` suffixes, powers of 1024) | 8 GiB |
 //!
 //! Each process simulates its own devices; nothing is shared between processes except what the
-//! IPC functions share explicitly, so several processes can use the simulator at once.
+//! IPC functions share explicitly, so several processes can use the simulator at once. Pools
+//! created with the POSIX-fd handle type keep their memory in a `memfd`, so
+//! `cuMemPoolExportToShareableHandle` returns a real file descriptor that another process can
+//! import, and exported pointers map the same bytes there (see the `shared` module's layout).
 //!
 //! # Example
 //! ```no_run
@@ -62,6 +65,7 @@ mod handle;
 mod memory;
 mod pool;
 mod proc_address;
+mod shared;
 mod state;
 mod stream;
 pub mod testing;

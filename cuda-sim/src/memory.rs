@@ -12,6 +12,7 @@
 //! host-accessible and a valid device pointer (unified addressing).
 
 use std::collections::BTreeMap;
+use std::os::fd::BorrowedFd;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
@@ -44,10 +45,7 @@ unsafe impl Sync for Mapping {}
 impl Mapping {
     /// Maps `len` bytes of zeroed, readable and writable memory.
     pub(crate) fn read_write(len: usize) -> SimResult<Mapping> {
-        Mapping::new(
-            len,
-            rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE,
-        )
+        Mapping::new(len, rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE)
     }
 
     /// Reserves `len` bytes of address space that cannot be accessed.
@@ -61,20 +59,25 @@ impl Mapping {
         let ptr = unsafe { rustix::mm::mmap_anonymous(std::ptr::null_mut(), len, prot, flags) }
             .map_err(|_| CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
         let ptr = NonNull::new(ptr.cast::<u8>()).ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
-        Ok(Mapping {
-            ptr,
-            len,
-            owned: true,
-        })
+        Ok(Mapping { ptr, len, owned: true })
+    }
+
+    /// Maps `len` bytes of `file` at `offset`, shared (so other processes mapping the same file
+    /// see the same bytes).
+    fn shared(file: BorrowedFd<'_>, offset: u64, len: usize) -> SimResult<Mapping> {
+        let prot = rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE;
+        // SAFETY: a shared mapping of a file the simulator owns, at an address of the kernel's
+        // choosing; it aliases only other mappings of the same file, which is the point.
+        let ptr =
+            unsafe { rustix::mm::mmap(std::ptr::null_mut(), len, prot, rustix::mm::MapFlags::SHARED, file, offset) }
+                .map_err(|_| CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
+        let ptr = NonNull::new(ptr.cast::<u8>()).ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
+        Ok(Mapping { ptr, len, owned: true })
     }
 
     /// Describes application memory without taking ownership of it.
     fn borrowed(ptr: NonNull<u8>, len: usize) -> Mapping {
-        Mapping {
-            ptr,
-            len,
-            owned: false,
-        }
+        Mapping { ptr, len, owned: false }
     }
 
     /// The first byte.
@@ -140,6 +143,8 @@ pub(crate) struct Allocation {
     pub id: u64,
     /// The bytes.
     pub backing: Arc<Mapping>,
+    /// For memory of a shareable pool: where in the pool's shared file the bytes are.
+    pub file_offset: Option<u64>,
 }
 
 /// A byte range inside an allocation's backing, kept alive for as long as an operation needs it.
@@ -202,11 +207,7 @@ impl Arena {
         for size in ARENA_SIZES {
             if let Ok(reservation) = Mapping::inaccessible(size as usize) {
                 let cursor = reservation.as_ptr() as u64;
-                return Ok(Arena {
-                    reservation,
-                    cursor,
-                    used: BTreeMap::new(),
-                });
+                return Ok(Arena { reservation, cursor, used: BTreeMap::new() });
             }
         }
         fail(CUresult::CUDA_ERROR_OUT_OF_MEMORY)
@@ -226,9 +227,7 @@ impl Arena {
 
     /// Finds `len` bytes of free address space, next-fit from the cursor.
     fn take(&mut self, len: u64) -> SimResult<u64> {
-        let found = self
-            .find_from(self.cursor, len)
-            .or_else(|| self.find_from(self.start(), len));
+        let found = self.find_from(self.cursor, len).or_else(|| self.find_from(self.start(), len));
         let start = found.ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
         self.used.insert(start, len);
         self.cursor = start + len;
@@ -272,95 +271,87 @@ pub(crate) fn round_up(size: u64) -> u64 {
 
 impl MemoryTable {
     /// Allocates `size` bytes of device memory for `device` in context `ctx`.
-    pub(crate) fn alloc_device(
-        &mut self,
-        size: usize,
-        device: usize,
-        ctx: usize,
-    ) -> SimResult<u64> {
+    pub(crate) fn alloc_device(&mut self, size: usize, device: usize, ctx: usize) -> SimResult<u64> {
         self.alloc(size, Kind::Device, device, ctx)
     }
 
     /// Allocates `size` bytes of `kind` memory for `device` in context `ctx`: in the device
     /// arena for device memory, as ordinary host memory otherwise.
-    pub(crate) fn alloc(
+    pub(crate) fn alloc(&mut self, size: usize, kind: Kind, device: usize, ctx: usize) -> SimResult<u64> {
+        ensure(size > 0)?;
+        let backing = Arc::new(Mapping::read_write(size)?);
+        self.place(size, kind, device, ctx, backing, None)
+    }
+
+    /// Allocates `size` bytes of pinned host memory in context `ctx`.
+    pub(crate) fn alloc_pinned(&mut self, size: usize, device: usize, ctx: usize) -> SimResult<u64> {
+        self.alloc(size, Kind::PinnedHost, device, ctx)
+    }
+
+    /// Records an allocation whose bytes are `size` bytes of the shared file `file` at `offset`
+    /// (memory of a pool that can be shared between processes).
+    pub(crate) fn alloc_shared(
         &mut self,
         size: usize,
         kind: Kind,
         device: usize,
         ctx: usize,
+        file: BorrowedFd<'_>,
+        offset: u64,
     ) -> SimResult<u64> {
-        if kind.is_device_memory() {
-            ensure(size > 0)?;
-            let backing = Arc::new(Mapping::read_write(size)?);
+        ensure(size > 0)?;
+        let backing = Arc::new(Mapping::shared(file, offset, size)?);
+        self.place(size, kind, device, ctx, backing, Some(offset))
+    }
+
+    /// Gives an allocation its address (in the device arena for device memory, the backing's own
+    /// address otherwise) and records it.
+    fn place(
+        &mut self,
+        size: usize,
+        kind: Kind,
+        device: usize,
+        ctx: usize,
+        backing: Arc<Mapping>,
+        file_offset: Option<u64>,
+    ) -> SimResult<u64> {
+        let base = if kind.is_device_memory() {
             if self.arena.is_none() {
                 self.arena = Some(Arena::new()?);
             }
-            let arena = self
-                .arena
-                .as_mut()
-                .ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
-            let base = arena.take(round_up(size as u64) + GUARD)?;
-            self.insert(base, size, kind, device, ctx, backing);
-            return Ok(base);
-        }
-        self.alloc_host(size, kind, device, ctx)
-    }
-
-    /// Allocates `size` bytes of pinned host memory in context `ctx`.
-    pub(crate) fn alloc_pinned(
-        &mut self,
-        size: usize,
-        device: usize,
-        ctx: usize,
-    ) -> SimResult<u64> {
-        self.alloc_host(size, Kind::PinnedHost, device, ctx)
-    }
-
-    fn alloc_host(&mut self, size: usize, kind: Kind, device: usize, ctx: usize) -> SimResult<u64> {
-        ensure(size > 0)?;
-        let backing = Arc::new(Mapping::read_write(size)?);
-        let base = backing.as_ptr() as u64;
-        self.insert(base, size, kind, device, ctx, backing);
+            let arena = self.arena.as_mut().ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
+            arena.take(round_up(size as u64) + GUARD)?
+        } else {
+            backing.as_ptr() as u64
+        };
+        self.insert(base, size, kind, device, ctx, backing, file_offset);
         Ok(base)
+    }
+
+    /// The live allocation of pool `pool` at file offset `offset`, if any (an earlier import of
+    /// the same memory).
+    pub(crate) fn find_shared(&self, pool: usize, offset: u64) -> Option<&Allocation> {
+        self.pooled_in(pool).find(|a| a.file_offset == Some(offset))
     }
 
     /// Registers `size` bytes of application memory at `address` as page-locked.
     /// Overlapping an existing registration or allocation is
     /// `CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED`.
-    pub(crate) fn register(
-        &mut self,
-        address: u64,
-        size: usize,
-        device: usize,
-        ctx: usize,
-    ) -> SimResult {
+    pub(crate) fn register(&mut self, address: u64, size: usize, device: usize, ctx: usize) -> SimResult {
         ensure(size > 0)?;
         let ptr = NonNull::new(address as *mut u8).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
-        let end = address
-            .checked_add(size as u64)
-            .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
-        let in_arena = self
-            .arena
-            .as_ref()
-            .is_some_and(|arena| arena.contains(address));
+        let end = address.checked_add(size as u64).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        let in_arena = self.arena.as_ref().is_some_and(|arena| arena.contains(address));
         ensure(!in_arena)?;
-        let overlaps =
-            self.find(address).is_some() || self.allocations.range(address..end).next().is_some();
+        let overlaps = self.find(address).is_some() || self.allocations.range(address..end).next().is_some();
         if overlaps {
             return fail(CUresult::CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
         }
-        self.insert(
-            address,
-            size,
-            Kind::Registered,
-            device,
-            ctx,
-            Arc::new(Mapping::borrowed(ptr, size)),
-        );
+        self.insert(address, size, Kind::Registered, device, ctx, Arc::new(Mapping::borrowed(ptr, size)), None);
         Ok(())
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn insert(
         &mut self,
         base: u64,
@@ -369,21 +360,11 @@ impl MemoryTable {
         device: usize,
         ctx: usize,
         backing: Arc<Mapping>,
+        file_offset: Option<u64>,
     ) {
         self.next_id += 1;
         let id = self.next_id;
-        self.allocations.insert(
-            base,
-            Allocation {
-                base,
-                size,
-                kind,
-                device,
-                ctx,
-                id,
-                backing,
-            },
-        );
+        self.allocations.insert(base, Allocation { base, size, kind, device, ctx, id, backing, file_offset });
     }
 
     /// Frees the allocation that starts at `base`, which must be of `kind`.
@@ -393,19 +374,12 @@ impl MemoryTable {
 
     /// Frees the allocation that starts at `base` if its kind passes `accept`; otherwise (or if
     /// there is none) `CUDA_ERROR_INVALID_VALUE`.
-    pub(crate) fn free_if(
-        &mut self,
-        base: u64,
-        accept: impl Fn(Kind) -> bool,
-    ) -> SimResult<Allocation> {
+    pub(crate) fn free_if(&mut self, base: u64, accept: impl Fn(Kind) -> bool) -> SimResult<Allocation> {
         match self.allocations.get(&base) {
             Some(a) if accept(a.kind) => {}
             _ => return fail(CUresult::CUDA_ERROR_INVALID_VALUE),
         }
-        let allocation = self
-            .allocations
-            .remove(&base)
-            .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        let allocation = self.allocations.remove(&base).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
         if allocation.kind.is_device_memory()
             && let Some(arena) = self.arena.as_mut()
         {
@@ -416,9 +390,7 @@ impl MemoryTable {
 
     /// Every live allocation from pool `pool`.
     pub(crate) fn pooled_in(&self, pool: usize) -> impl Iterator<Item = &Allocation> {
-        self.allocations
-            .values()
-            .filter(move |a| matches!(a.kind, Kind::Pooled { pool: p, .. } if p == pool))
+        self.allocations.values().filter(move |a| matches!(a.kind, Kind::Pooled { pool: p, .. } if p == pool))
     }
 
     /// Removes every allocation of context `ctx` (the context is being destroyed).
@@ -429,10 +401,7 @@ impl MemoryTable {
             .filter(|a| a.ctx == ctx && !matches!(a.kind, Kind::Pooled { .. }))
             .map(|a| a.base)
             .collect();
-        bases
-            .into_iter()
-            .filter_map(|base| self.free_if(base, |_| true).ok())
-            .collect()
+        bases.into_iter().filter_map(|base| self.free_if(base, |_| true).ok()).collect()
     }
 
     /// The allocation containing `address`, if any.
@@ -449,20 +418,14 @@ impl MemoryTable {
         if let Some(allocation) = self.find(address) {
             let offset = (address - allocation.base) as usize;
             ensure(len <= allocation.size - offset)?;
-            let span = Span {
-                backing: Arc::clone(&allocation.backing),
-                offset,
-            };
+            let span = Span { backing: Arc::clone(&allocation.backing), offset };
             return Ok(if allocation.kind.is_device_memory() {
                 Endpoint::Device(span)
             } else {
                 Endpoint::Pinned(span)
             });
         }
-        let in_arena = self
-            .arena
-            .as_ref()
-            .is_some_and(|arena| arena.contains(address));
+        let in_arena = self.arena.as_ref().is_some_and(|arena| arena.contains(address));
         ensure(!in_arena)?;
         Ok(Endpoint::Pageable(address as usize))
     }
@@ -495,18 +458,9 @@ mod tests {
         table.free(a, Kind::Device).unwrap();
         let b = table.alloc_device(100, 0, 1).unwrap();
         assert_ne!(a, b);
-        assert!(matches!(
-            table.classify(a, 1),
-            Err(CUresult::CUDA_ERROR_INVALID_VALUE)
-        ));
-        assert!(matches!(
-            table.classify(b + 50, 50),
-            Ok(Endpoint::Device(_))
-        ));
-        assert!(matches!(
-            table.classify(b + 50, 51),
-            Err(CUresult::CUDA_ERROR_INVALID_VALUE)
-        ));
+        assert!(matches!(table.classify(a, 1), Err(CUresult::CUDA_ERROR_INVALID_VALUE)));
+        assert!(matches!(table.classify(b + 50, 50), Ok(Endpoint::Device(_))));
+        assert!(matches!(table.classify(b + 50, 51), Err(CUresult::CUDA_ERROR_INVALID_VALUE)));
     }
 
     #[test]
@@ -520,10 +474,7 @@ mod tests {
         table.free(d, Kind::Device).unwrap();
         assert!(table.free(d, Kind::Device).is_err());
         assert!(matches!(table.classify(h, 10), Ok(Endpoint::Pinned(_))));
-        assert_eq!(
-            table.alloc_device(0, 0, 1),
-            Err(CUresult::CUDA_ERROR_INVALID_VALUE)
-        );
+        assert_eq!(table.alloc_device(0, 0, 1), Err(CUresult::CUDA_ERROR_INVALID_VALUE));
     }
 
     #[test]

@@ -16,6 +16,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use cuda_sys::types::{CUmemAccess_flags, CUmemPool_attribute, CUresult};
 
 use crate::error::{SimResult, ensure, fail};
+use crate::shared::SharedArena;
 
 /// The granularity in which a pool reserves memory.
 pub(crate) const CHUNK: u64 = 2 << 20;
@@ -76,12 +77,13 @@ pub(crate) struct Pool {
     /// Pinned or managed.
     pub kind: PoolKind,
     /// Shareable handle types it was created with (`CUmemAllocationHandleType` bits).
-    #[expect(dead_code, reason = "read by pool export, which the IPC work adds")]
     pub handle_types: u32,
     /// The most it may reserve (0: the device's memory).
     pub max_size: u64,
     /// Whether it is a device's (or the host's) default pool, which cannot be destroyed.
     pub is_default: bool,
+    /// The shared file, for shareable and imported pools.
+    pub shared: Option<SharedArena>,
     destroyed: AtomicBool,
     state: Mutex<PoolState>,
 }
@@ -107,12 +109,19 @@ pub(crate) struct PoolState {
 
 impl Pool {
     /// A new pool; its reuse policies start enabled, as the driver's do.
-    pub(crate) fn new(
+    pub(crate) fn new(location: Location, kind: PoolKind, handle_types: u32, max_size: u64, is_default: bool) -> Pool {
+        Pool::with_shared(location, kind, handle_types, max_size, is_default, None)
+    }
+
+    /// A pool whose memory is a shared file (shareable pools, and pools imported from another
+    /// process).
+    pub(crate) fn with_shared(
         location: Location,
         kind: PoolKind,
         handle_types: u32,
         max_size: u64,
         is_default: bool,
+        shared: Option<SharedArena>,
     ) -> Pool {
         Pool {
             handle: crate::handle::next(),
@@ -121,11 +130,25 @@ impl Pool {
             handle_types,
             max_size,
             is_default,
+            shared,
             destroyed: AtomicBool::new(false),
-            state: Mutex::new(PoolState {
-                reuse: [true; 3],
-                ..PoolState::default()
-            }),
+            state: Mutex::new(PoolState { reuse: [true; 3], ..PoolState::default() }),
+        }
+    }
+
+    /// Whether the pool was imported from another process (and so cannot allocate).
+    pub(crate) fn is_imported(&self) -> bool {
+        self.shared.as_ref().is_some_and(|s| s.imported)
+    }
+
+    /// Accounts for a freed allocation of this pool: its bytes, and, for a shareable pool of
+    /// this process, its place in the shared file.
+    pub(crate) fn release(&self, allocation: &crate::memory::Allocation) {
+        self.lock().free(allocation.size as u64);
+        if let (Some(shared), Some(offset)) = (&self.shared, allocation.file_offset)
+            && !shared.imported
+        {
+            shared.give_back(offset, allocation.size as u64);
         }
     }
 
@@ -164,11 +187,7 @@ impl Pool {
         if self.owner().is_none_or(|owner| owner == device) {
             return CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
         }
-        self.lock()
-            .access
-            .get(&device)
-            .copied()
-            .unwrap_or(CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_NONE)
+        self.lock().access.get(&device).copied().unwrap_or(CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_NONE)
     }
 }
 
@@ -284,10 +303,7 @@ mod tests {
         assert_eq!(s.reserved, 2 * CHUNK);
         s.free(CHUNK);
         s.free(100);
-        assert_eq!(
-            (s.used, s.reserved, s.used_high),
-            (0, 2 * CHUNK, CHUNK + 100)
-        );
+        assert_eq!((s.used, s.reserved, s.used_high), (0, 2 * CHUNK, CHUNK + 100));
         s.release_threshold = CHUNK + 1;
         assert_eq!(s.release_at_sync(), CHUNK);
         assert_eq!(s.reserved, CHUNK);
@@ -300,27 +316,17 @@ mod tests {
     #[test]
     fn max_size_and_high_water_resets() {
         let mut s = PoolState::default();
-        assert_eq!(
-            s.allocate(3 * CHUNK, 2 * CHUNK),
-            Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY)
-        );
+        assert_eq!(s.allocate(3 * CHUNK, 2 * CHUNK), Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY));
         assert_eq!(s.used, 0);
         s.allocate(CHUNK, 2 * CHUNK).unwrap();
         s.free(CHUNK);
-        assert_eq!(
-            s.get(CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH),
-            Ok(CHUNK)
-        );
+        assert_eq!(s.get(CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH), Ok(CHUNK));
         assert_eq!(
             s.set(CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH, 5),
             Err(CUresult::CUDA_ERROR_INVALID_VALUE)
         );
-        s.set(CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH, 0)
-            .unwrap();
+        s.set(CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH, 0).unwrap();
         assert_eq!(s.used_high, 0);
-        assert!(
-            s.set(CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT, 0)
-                .is_err()
-        );
+        assert!(s.set(CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT, 0).is_err());
     }
 }

@@ -13,9 +13,7 @@ use std::collections::HashMap;
 use std::ffi::{CStr, c_char, c_int, c_void};
 use std::sync::OnceLock;
 
-use cuda_sys::types::{
-    CUdriverProcAddress_flags, CUdriverProcAddressQueryResult, CUresult, cuuint64_t,
-};
+use cuda_sys::types::{CUdriverProcAddress_flags, CUdriverProcAddressQueryResult, CUresult, cuuint64_t};
 
 use crate::error::{SimResult, ensure, fail, write_out};
 
@@ -37,20 +35,12 @@ fn table() -> &'static HashMap<&'static [u8], Variants> {
             };
             let base = info.base.to_bytes();
             if let Some(&address) = info.symbol.to_str().ok().and_then(|s| exported.get(s)) {
-                table
-                    .entry(base)
-                    .or_default()
-                    .legacy
-                    .push((version, address));
+                table.entry(base).or_default().legacy.push((version, address));
             }
             if let Some((name, pt_version)) = info.per_thread
                 && let Some(&address) = name.to_str().ok().and_then(|s| exported.get(s))
             {
-                table
-                    .entry(base)
-                    .or_default()
-                    .per_thread
-                    .push((pt_version, address));
+                table.entry(base).or_default().per_thread.push((pt_version, address));
             }
         }
         table
@@ -59,11 +49,7 @@ fn table() -> &'static HashMap<&'static [u8], Variants> {
 
 /// The highest-versioned variant not above `version`, and whether any variant exists at all.
 fn pick(variants: &[(u32, usize)], version: u32) -> Option<usize> {
-    variants
-        .iter()
-        .filter(|(v, _)| *v <= version)
-        .max_by_key(|(v, _)| *v)
-        .map(|(_, address)| *address)
+    variants.iter().filter(|(v, _)| *v <= version).max_by_key(|(v, _)| *v).map(|(_, address)| *address)
 }
 
 /// `cuGetProcAddress_v2` (and the older `cuGetProcAddress`, with a null `status`). Callable
@@ -81,39 +67,21 @@ pub(crate) unsafe fn get_proc_address(
     use CUdriverProcAddressQueryResult as Q;
     ensure(!symbol.is_null() && !pfn.is_null() && version > 0)?;
     let legacy = u64::from(CUdriverProcAddress_flags::CU_GET_PROC_ADDRESS_LEGACY_STREAM.0);
-    let per_thread =
-        u64::from(CUdriverProcAddress_flags::CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM.0);
+    let per_thread = u64::from(CUdriverProcAddress_flags::CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM.0);
     ensure(flags & !(legacy | per_thread) == 0 && flags != (legacy | per_thread))?;
     // SAFETY: non-null and NUL-terminated by the caller's contract.
     let name = unsafe { CStr::from_ptr(symbol) }.to_bytes();
     let version = version as u32;
     let found = table().get(name).map(|variants| {
-        let threaded = if flags == per_thread {
-            pick(&variants.per_thread, version)
-        } else {
-            None
-        };
-        (
-            threaded.or_else(|| pick(&variants.legacy, version)),
-            variants,
-        )
+        let threaded = if flags == per_thread { pick(&variants.per_thread, version) } else { None };
+        (threaded.or_else(|| pick(&variants.legacy, version)), variants)
     });
     let (address, result, code) = match found {
-        Some((Some(address), _)) => (
-            address as *mut c_void,
-            Q::CU_GET_PROC_ADDRESS_SUCCESS,
-            CUresult::CUDA_SUCCESS,
-        ),
-        Some((None, _)) => (
-            std::ptr::null_mut(),
-            Q::CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT,
-            CUresult::CUDA_ERROR_NOT_FOUND,
-        ),
-        None => (
-            std::ptr::null_mut(),
-            Q::CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND,
-            CUresult::CUDA_ERROR_NOT_FOUND,
-        ),
+        Some((Some(address), _)) => (address as *mut c_void, Q::CU_GET_PROC_ADDRESS_SUCCESS, CUresult::CUDA_SUCCESS),
+        Some((None, _)) => {
+            (std::ptr::null_mut(), Q::CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT, CUresult::CUDA_ERROR_NOT_FOUND)
+        }
+        None => (std::ptr::null_mut(), Q::CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND, CUresult::CUDA_ERROR_NOT_FOUND),
     };
     // SAFETY: forwarded from the caller; `status` is optional.
     unsafe {
@@ -122,9 +90,5 @@ pub(crate) unsafe fn get_proc_address(
             write_out(status, result)?;
         }
     }
-    if code == CUresult::CUDA_SUCCESS {
-        Ok(())
-    } else {
-        fail(code)
-    }
+    if code == CUresult::CUDA_SUCCESS { Ok(()) } else { fail(code) }
 }

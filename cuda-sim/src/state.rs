@@ -48,8 +48,7 @@ pub(crate) struct State {
     /// The peer-access state the last destroyed pool of each device left behind, which the
     /// next pool created on that device inherits (the driver's nvbug 5698116, modelled so that
     /// code working around it is tested).
-    pub leftover_access:
-        HashMap<usize, std::collections::BTreeMap<usize, cuda_sys::types::CUmemAccess_flags>>,
+    pub leftover_access: HashMap<usize, std::collections::BTreeMap<usize, cuda_sys::types::CUmemAccess_flags>>,
 }
 
 impl State {
@@ -84,15 +83,7 @@ pub(crate) fn init() -> SimResult {
     })?;
     let devices = config.devices;
     let defaults: Vec<Arc<Pool>> = (0..devices)
-        .map(|d| {
-            Arc::new(Pool::new(
-                crate::pool::Location::Device(d),
-                crate::pool::PoolKind::Pinned,
-                0,
-                0,
-                true,
-            ))
-        })
+        .map(|d| Arc::new(Pool::new(crate::pool::Location::Device(d), crate::pool::PoolKind::Pinned, 0, 0, true)))
         .collect();
     let state = State {
         config,

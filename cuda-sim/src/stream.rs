@@ -57,24 +57,12 @@ impl Stream {
     ) -> SimResult<Arc<Stream>> {
         let handle = crate::handle::next();
         let queue = Queue::start(handle)?;
-        Ok(Arc::new(Stream {
-            handle,
-            ctx,
-            device,
-            flags,
-            priority,
-            kind,
-            queue,
-            capture: Mutex::new(None),
-        }))
+        Ok(Arc::new(Stream { handle, ctx, device, flags, priority, kind, queue, capture: Mutex::new(None) }))
     }
 
     /// Whether a graph capture is active on the stream.
     pub(crate) fn is_capturing(&self) -> bool {
-        self.capture
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .is_some()
+        self.capture.lock().unwrap_or_else(PoisonError::into_inner).is_some()
     }
 
     /// Starts capturing; `false` if a capture is already active.
@@ -89,20 +77,12 @@ impl Stream {
 
     /// Ends the capture, returning the captured work (`None` if none was active).
     pub(crate) fn end_capture(&self) -> Option<Vec<Op>> {
-        self.capture
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()
+        self.capture.lock().unwrap_or_else(PoisonError::into_inner).take()
     }
 
     /// Adds `op` to the active capture, or gives it back when there is none.
     pub(crate) fn capture(&self, op: Op) -> Result<(), Op> {
-        match self
-            .capture
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .as_mut()
-        {
+        match self.capture.lock().unwrap_or_else(PoisonError::into_inner).as_mut() {
             Some(ops) => {
                 ops.push(op);
                 Ok(())
@@ -114,8 +94,7 @@ impl Stream {
     /// Whether it synchronizes with the legacy default stream: every stream except the legacy
     /// one itself and those created with `CU_STREAM_NON_BLOCKING`.
     pub(crate) fn is_blocking(&self) -> bool {
-        self.kind != StreamKind::Legacy
-            && self.flags & CUstream_flags::CU_STREAM_NON_BLOCKING.0 == 0
+        self.kind != StreamKind::Legacy && self.flags & CUstream_flags::CU_STREAM_NON_BLOCKING.0 == 0
     }
 }
 
@@ -153,11 +132,7 @@ impl Fence {
     pub(crate) fn wait(&self) {
         let mut inner = self.queue.lock();
         while inner.completed < self.seq {
-            inner = self
-                .queue
-                .done
-                .wait(inner)
-                .unwrap_or_else(PoisonError::into_inner);
+            inner = self.queue.done.wait(inner).unwrap_or_else(PoisonError::into_inner);
         }
     }
 }
@@ -165,12 +140,7 @@ impl Fence {
 impl Queue {
     fn start(handle: usize) -> SimResult<Arc<Queue>> {
         let queue = Arc::new(Queue {
-            inner: Mutex::new(Inner {
-                ops: VecDeque::new(),
-                submitted: 0,
-                completed: 0,
-                shutdown: false,
-            }),
+            inner: Mutex::new(Inner { ops: VecDeque::new(), submitted: 0, completed: 0, shutdown: false }),
             work: Condvar::new(),
             done: Condvar::new(),
         });
@@ -194,28 +164,19 @@ impl Queue {
         let seq = inner.submitted;
         drop(inner);
         self.work.notify_one();
-        Fence {
-            queue: Arc::clone(self),
-            seq,
-        }
+        Fence { queue: Arc::clone(self), seq }
     }
 
     /// The fence after everything enqueued so far.
     pub(crate) fn tail(self: &Arc<Self>) -> Fence {
         let seq = self.lock().submitted;
-        Fence {
-            queue: Arc::clone(self),
-            seq,
-        }
+        Fence { queue: Arc::clone(self), seq }
     }
 
     /// The tail fence, if some enqueued work has not completed yet.
     pub(crate) fn pending_tail(self: &Arc<Self>) -> Option<Fence> {
         let inner = self.lock();
-        (inner.completed < inner.submitted).then(|| Fence {
-            queue: Arc::clone(self),
-            seq: inner.submitted,
-        })
+        (inner.completed < inner.submitted).then(|| Fence { queue: Arc::clone(self), seq: inner.submitted })
     }
 
     /// Whether all enqueued work has completed.
@@ -240,10 +201,7 @@ impl Queue {
                     if inner.shutdown {
                         return;
                     }
-                    inner = self
-                        .work
-                        .wait(inner)
-                        .unwrap_or_else(PoisonError::into_inner);
+                    inner = self.work.wait(inner).unwrap_or_else(PoisonError::into_inner);
                 }
             };
             // An operation that panicked must still count as completed, or every waiter on
@@ -267,11 +225,7 @@ mod tests {
         let mut last = None;
         for i in 0..100 {
             let log = Arc::clone(&log);
-            last = Some(
-                stream
-                    .queue
-                    .push(Box::new(move || log.lock().unwrap().push(i))),
-            );
+            last = Some(stream.queue.push(Box::new(move || log.lock().unwrap().push(i))));
         }
         last.unwrap().wait();
         assert_eq!(*log.lock().unwrap(), (0..100).collect::<Vec<_>>());
@@ -298,14 +252,7 @@ mod tests {
 
     #[test]
     fn blocking_flags() {
-        let s = Stream::start(
-            1,
-            0,
-            CUstream_flags::CU_STREAM_NON_BLOCKING.0,
-            0,
-            StreamKind::Created,
-        )
-        .unwrap();
+        let s = Stream::start(1, 0, CUstream_flags::CU_STREAM_NON_BLOCKING.0, 0, StreamKind::Created).unwrap();
         assert!(!s.is_blocking());
         let s = Stream::start(1, 0, 0, 0, StreamKind::PerThread).unwrap();
         assert!(s.is_blocking());

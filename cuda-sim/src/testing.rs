@@ -29,20 +29,13 @@ pub fn library_path() -> Option<PathBuf> {
         return Some(PathBuf::from(path));
     }
     let exe = std::env::current_exe().ok()?;
-    let beside_exe = exe
-        .ancestors()
-        .skip(1)
-        .take(3)
-        .map(|dir| dir.join(LIBRARY_NAME));
+    let beside_exe = exe.ancestors().skip(1).take(3).map(|dir| dir.join(LIBRARY_NAME));
     // Doc tests run from a temporary folder: look in this workspace's target folder too.
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
-    let in_target = ["debug/deps", "debug", "release/deps", "release"]
-        .map(|dir| target.join(dir).join(LIBRARY_NAME));
-    beside_exe
-        .chain(in_target)
-        .find(|candidate| candidate.is_file())
+    let in_target = ["debug/deps", "debug", "release/deps", "release"].map(|dir| target.join(dir).join(LIBRARY_NAME));
+    beside_exe.chain(in_target).find(|candidate| candidate.is_file())
 }
 
 /// Whether the tests run on the simulator (no `CUDA_MEM_DRIVER` set).
@@ -99,8 +92,7 @@ pub fn in_simulated_machine(test_name: &str, env: &[(&str, &str)], body: impl Fn
         body();
         return;
     }
-    let exe =
-        std::env::current_exe().unwrap_or_else(|e| panic!("cannot find the test binary: {e}"));
+    let exe = std::env::current_exe().unwrap_or_else(|e| panic!("cannot find the test binary: {e}"));
     let output = std::process::Command::new(exe)
         .args([test_name, "--exact", "--nocapture", "--test-threads=1"])
         .env(CHILD_ENV, test_name)

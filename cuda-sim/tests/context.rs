@@ -7,8 +7,8 @@ mod common;
 use std::ffi::{c_int, c_uint, c_void};
 
 use common::{
-    DeviceBuffer, Gate, NULL_STREAM, OPEN_DELAY, Pinned, STREAM_LEGACY, STREAM_PER_THREAD, code,
-    current, driver, in_child, init, non_blocking_stream, on_fresh_thread, retain, use_device,
+    DeviceBuffer, Gate, NULL_STREAM, OPEN_DELAY, Pinned, STREAM_LEGACY, STREAM_PER_THREAD, code, current, driver,
+    in_child, init, non_blocking_stream, on_fresh_thread, retain, use_device,
 };
 use cuda_sys::cu_call;
 use cuda_sys::types::{CUcontext, CUctx_flags, CUevent, CUresult, CUstream};
@@ -17,13 +17,7 @@ use cuda_sys::types::{CUcontext, CUctx_flags, CUevent, CUresult, CUstream};
 fn state(device: c_int) -> (c_uint, c_int) {
     let (mut flags, mut active) = (c_uint::MAX, -1);
     // SAFETY: both are valid out-pointers.
-    unsafe {
-        cu_call!(
-            driver(),
-            cuDevicePrimaryCtxGetState(device, &mut flags, &mut active)
-        )
-    }
-    .unwrap();
+    unsafe { cu_call!(driver(), cuDevicePrimaryCtxGetState(device, &mut flags, &mut active)) }.unwrap();
     (flags, active)
 }
 
@@ -70,11 +64,7 @@ fn ctx_device(ctx: Option<CUcontext>) -> Result<c_int, CUresult> {
             Some(ctx) => code!(driver(), cuCtxGetDevice_v2(&mut device, ctx)),
         }
     };
-    if result == CUresult::CUDA_SUCCESS {
-        Ok(device)
-    } else {
-        Err(result)
-    }
+    if result == CUresult::CUDA_SUCCESS { Ok(device) } else { Err(result) }
 }
 
 fn alloc_code() -> CUresult {
@@ -97,20 +87,13 @@ fn primary_context_retain_counts_and_state() {
         assert_eq!(state(1), (0, 0), "device 1 is untouched");
         let c1 = retain(1);
         assert_ne!(c1, c);
-        assert!(
-            current().is_null(),
-            "retaining does not make a context current"
-        );
+        assert!(current().is_null(), "retaining does not make a context current");
 
         assert_eq!(release(0), CUresult::CUDA_SUCCESS);
         assert_eq!(state(0).1, 1, "one retain is left");
         assert_eq!(release(0), CUresult::CUDA_SUCCESS);
         assert_eq!(state(0).1, 0, "the last release deactivates it");
-        assert_eq!(
-            release(0),
-            CUresult::CUDA_ERROR_INVALID_CONTEXT,
-            "release without a retain"
-        );
+        assert_eq!(release(0), CUresult::CUDA_ERROR_INVALID_CONTEXT, "release without a retain");
         assert_eq!(state(1).1, 1, "device 1 is still retained");
         assert_eq!(release(1), CUresult::CUDA_SUCCESS);
         assert_eq!(release(1), CUresult::CUDA_ERROR_INVALID_CONTEXT);
@@ -127,40 +110,16 @@ fn primary_context_retain_counts_and_state() {
         unsafe {
             for device in [2, -1] {
                 let invalid = CUresult::CUDA_ERROR_INVALID_DEVICE;
-                assert_eq!(
-                    code!(d, cuDevicePrimaryCtxRetain(&mut ctx, device)),
-                    invalid
-                );
+                assert_eq!(code!(d, cuDevicePrimaryCtxRetain(&mut ctx, device)), invalid);
                 assert_eq!(code!(d, cuDevicePrimaryCtxRelease_v2(device)), invalid);
                 assert_eq!(code!(d, cuDevicePrimaryCtxReset_v2(device)), invalid);
-                assert_eq!(
-                    code!(
-                        d,
-                        cuDevicePrimaryCtxGetState(device, &mut flags, &mut active)
-                    ),
-                    invalid
-                );
+                assert_eq!(code!(d, cuDevicePrimaryCtxGetState(device, &mut flags, &mut active)), invalid);
                 assert_eq!(code!(d, cuDevicePrimaryCtxSetFlags_v2(device, 0)), invalid);
             }
             let invalid = CUresult::CUDA_ERROR_INVALID_VALUE;
-            assert_eq!(
-                code!(d, cuDevicePrimaryCtxRetain(std::ptr::null_mut(), 0)),
-                invalid
-            );
-            assert_eq!(
-                code!(
-                    d,
-                    cuDevicePrimaryCtxGetState(0, std::ptr::null_mut(), &mut active)
-                ),
-                invalid
-            );
-            assert_eq!(
-                code!(
-                    d,
-                    cuDevicePrimaryCtxGetState(0, &mut flags, std::ptr::null_mut())
-                ),
-                invalid
-            );
+            assert_eq!(code!(d, cuDevicePrimaryCtxRetain(std::ptr::null_mut(), 0)), invalid);
+            assert_eq!(code!(d, cuDevicePrimaryCtxGetState(0, std::ptr::null_mut(), &mut active)), invalid);
+            assert_eq!(code!(d, cuDevicePrimaryCtxGetState(0, &mut flags, std::ptr::null_mut())), invalid);
         }
         assert_eq!(state(0).1, 0, "a failed retain retains nothing");
     });
@@ -190,27 +149,18 @@ fn a_context_released_to_zero_is_destroyed_for_the_thread_that_has_it_current() 
             assert_eq!(code!(d, cuEventCreate(&mut new_event, 0)), destroyed);
             assert_eq!(code!(d, cuCtxSynchronize()), destroyed);
             assert_eq!(code!(d, cuStreamSynchronize(NULL_STREAM)), destroyed);
-            assert_eq!(
-                code!(d, cuMemsetD8_v2(buffer.ptr, 0, 1)),
-                CUresult::CUDA_ERROR_CONTEXT_IS_DESTROYED
-            );
+            assert_eq!(code!(d, cuMemsetD8_v2(buffer.ptr, 0, 1)), CUresult::CUDA_ERROR_CONTEXT_IS_DESTROYED);
         }
         // Its streams, events and allocations went with it.
         assert_eq!(common::query(stream), CUresult::CUDA_ERROR_INVALID_HANDLE);
-        assert_eq!(
-            common::event_query(event),
-            CUresult::CUDA_ERROR_INVALID_HANDLE
-        );
+        assert_eq!(common::event_query(event), CUresult::CUDA_ERROR_INVALID_HANDLE);
         // SAFETY: no host pointers.
         let result = unsafe { code!(d, cuMemFree_v2(buffer.ptr)) };
         assert_eq!(result, CUresult::CUDA_ERROR_INVALID_VALUE);
         // The stale handle cannot be made current again.
         assert_eq!(set_current(old), CUresult::CUDA_ERROR_INVALID_CONTEXT);
         assert_eq!(push(old), CUresult::CUDA_ERROR_INVALID_CONTEXT);
-        assert_eq!(
-            ctx_device(Some(old)),
-            Err(CUresult::CUDA_ERROR_INVALID_CONTEXT)
-        );
+        assert_eq!(ctx_device(Some(old)), Err(CUresult::CUDA_ERROR_INVALID_CONTEXT));
 
         // Retaining again makes a new context with a new handle, and nothing allocated.
         let new = retain(0);
@@ -218,11 +168,7 @@ fn a_context_released_to_zero_is_destroyed_for_the_thread_that_has_it_current() 
         assert_eq!(set_current(new), CUresult::CUDA_SUCCESS);
         // SAFETY: both are valid out-pointers.
         unsafe { cu_call!(d, cuMemGetInfo_v2(&mut free, &mut total)) }.unwrap();
-        assert_eq!(
-            (free, total),
-            (1 << 20, 1 << 20),
-            "the released context's memory was returned"
-        );
+        assert_eq!((free, total), (1 << 20, 1 << 20), "the released context's memory was returned");
         assert_eq!(alloc_code(), CUresult::CUDA_SUCCESS);
         std::mem::forget(buffer);
     });
@@ -230,56 +176,41 @@ fn a_context_released_to_zero_is_destroyed_for_the_thread_that_has_it_current() 
 
 #[test]
 fn reset_destroys_the_context_and_everything_in_it() {
-    in_child!(
-        &[("CUDA_SIM_DEVICES", "2"), ("CUDA_SIM_MEMORY", "1M")],
-        || {
-            let d = driver();
-            let old = use_device(0);
-            let buffer = DeviceBuffer::new(100_000);
-            let pinned = Pinned::new(64);
-            let stream = non_blocking_stream();
-            let event = common::event(cuda_sys::types::CUevent_flags::CU_EVENT_DEFAULT);
-            assert_eq!(
-                set_flags(0, CUctx_flags::CU_CTX_SCHED_BLOCKING_SYNC.0),
-                CUresult::CUDA_SUCCESS
-            );
-            assert_eq!(state(0), (CUctx_flags::CU_CTX_SCHED_BLOCKING_SYNC.0, 1));
+    in_child!(&[("CUDA_SIM_DEVICES", "2"), ("CUDA_SIM_MEMORY", "1M")], || {
+        let d = driver();
+        let old = use_device(0);
+        let buffer = DeviceBuffer::new(100_000);
+        let pinned = Pinned::new(64);
+        let stream = non_blocking_stream();
+        let event = common::event(cuda_sys::types::CUevent_flags::CU_EVENT_DEFAULT);
+        assert_eq!(set_flags(0, CUctx_flags::CU_CTX_SCHED_BLOCKING_SYNC.0), CUresult::CUDA_SUCCESS);
+        assert_eq!(state(0), (CUctx_flags::CU_CTX_SCHED_BLOCKING_SYNC.0, 1));
 
-            assert_eq!(reset(0), CUresult::CUDA_SUCCESS);
-            assert_eq!(state(0), (0, 0), "inactive, flags reset");
-            assert_eq!(alloc_code(), CUresult::CUDA_ERROR_CONTEXT_IS_DESTROYED);
-            assert_eq!(common::query(stream), CUresult::CUDA_ERROR_INVALID_HANDLE);
-            assert_eq!(
-                common::event_query(event),
-                CUresult::CUDA_ERROR_INVALID_HANDLE
-            );
-            assert_eq!(set_current(old), CUresult::CUDA_ERROR_INVALID_CONTEXT);
-            // SAFETY: no host pointers are dereferenced.
-            unsafe {
-                assert_eq!(
-                    code!(d, cuMemFree_v2(buffer.ptr)),
-                    CUresult::CUDA_ERROR_INVALID_VALUE
-                );
-                assert_eq!(
-                    code!(d, cuMemFreeHost(pinned.ptr.cast())),
-                    CUresult::CUDA_ERROR_INVALID_VALUE
-                );
-            }
-            std::mem::forget((buffer, pinned));
-
-            // Resetting a device whose primary context is not active is harmless.
-            assert_eq!(reset(1), CUresult::CUDA_SUCCESS);
-            assert_eq!(reset(0), CUresult::CUDA_SUCCESS);
-
-            let new = retain(0);
-            assert_ne!(new, old);
-            assert_eq!(set_current(new), CUresult::CUDA_SUCCESS);
-            let (mut free, mut total) = (0, 0);
-            // SAFETY: both are valid out-pointers.
-            unsafe { cu_call!(d, cuMemGetInfo_v2(&mut free, &mut total)) }.unwrap();
-            assert_eq!(free, total, "the reset context's memory was returned");
+        assert_eq!(reset(0), CUresult::CUDA_SUCCESS);
+        assert_eq!(state(0), (0, 0), "inactive, flags reset");
+        assert_eq!(alloc_code(), CUresult::CUDA_ERROR_CONTEXT_IS_DESTROYED);
+        assert_eq!(common::query(stream), CUresult::CUDA_ERROR_INVALID_HANDLE);
+        assert_eq!(common::event_query(event), CUresult::CUDA_ERROR_INVALID_HANDLE);
+        assert_eq!(set_current(old), CUresult::CUDA_ERROR_INVALID_CONTEXT);
+        // SAFETY: no host pointers are dereferenced.
+        unsafe {
+            assert_eq!(code!(d, cuMemFree_v2(buffer.ptr)), CUresult::CUDA_ERROR_INVALID_VALUE);
+            assert_eq!(code!(d, cuMemFreeHost(pinned.ptr.cast())), CUresult::CUDA_ERROR_INVALID_VALUE);
         }
-    );
+        std::mem::forget((buffer, pinned));
+
+        // Resetting a device whose primary context is not active is harmless.
+        assert_eq!(reset(1), CUresult::CUDA_SUCCESS);
+        assert_eq!(reset(0), CUresult::CUDA_SUCCESS);
+
+        let new = retain(0);
+        assert_ne!(new, old);
+        assert_eq!(set_current(new), CUresult::CUDA_SUCCESS);
+        let (mut free, mut total) = (0, 0);
+        // SAFETY: both are valid out-pointers.
+        unsafe { cu_call!(d, cuMemGetInfo_v2(&mut free, &mut total)) }.unwrap();
+        assert_eq!(free, total, "the reset context's memory was returned");
+    });
 }
 
 /// `cuda.h`, `cuDevicePrimaryCtxReset`: "it is safe for other modules to call
@@ -292,11 +223,7 @@ fn release_after_reset_is_allowed() {
         init();
         retain(0);
         assert_eq!(reset(0), CUresult::CUDA_SUCCESS);
-        assert_eq!(
-            release(0),
-            CUresult::CUDA_SUCCESS,
-            "the retain made before the reset is still outstanding"
-        );
+        assert_eq!(release(0), CUresult::CUDA_SUCCESS, "the retain made before the reset is still outstanding");
     });
 }
 
@@ -314,37 +241,18 @@ fn primary_context_flags() {
             F::CU_CTX_SCHED_SPIN.0 | F::CU_CTX_MAP_HOST.0,
         ];
         for flags in valid {
-            assert_eq!(
-                set_flags(0, flags),
-                CUresult::CUDA_SUCCESS,
-                "flags {flags:#x}"
-            );
-            assert_eq!(
-                state(0),
-                (flags, 0),
-                "flags {flags:#x} read back, still inactive"
-            );
+            assert_eq!(set_flags(0, flags), CUresult::CUDA_SUCCESS, "flags {flags:#x}");
+            assert_eq!(state(0), (flags, 0), "flags {flags:#x} read back, still inactive");
         }
         // Flags can change while the context is active.
         retain(0);
-        assert_eq!(
-            set_flags(0, F::CU_CTX_SCHED_YIELD.0),
-            CUresult::CUDA_SUCCESS
-        );
+        assert_eq!(set_flags(0, F::CU_CTX_SCHED_YIELD.0), CUresult::CUDA_SUCCESS);
         assert_eq!(state(0), (F::CU_CTX_SCHED_YIELD.0, 1));
         // Two scheduling policies at once, and bits outside CU_CTX_FLAGS_MASK, are invalid.
         for flags in [3, 5, 6, 7, 0x100, 0x8000_0000] {
-            assert_eq!(
-                set_flags(0, flags),
-                CUresult::CUDA_ERROR_INVALID_VALUE,
-                "flags {flags:#x}"
-            );
+            assert_eq!(set_flags(0, flags), CUresult::CUDA_ERROR_INVALID_VALUE, "flags {flags:#x}");
         }
-        assert_eq!(
-            state(0),
-            (F::CU_CTX_SCHED_YIELD.0, 1),
-            "a rejected call changes nothing"
-        );
+        assert_eq!(state(0), (F::CU_CTX_SCHED_YIELD.0, 1), "a rejected call changes nothing");
     });
 }
 
@@ -354,27 +262,15 @@ fn current_context_stack() {
         init();
         let (c0, c1) = (retain(0), retain(1));
         assert!(current().is_null());
-        assert_eq!(
-            pop(),
-            Err(CUresult::CUDA_ERROR_INVALID_CONTEXT),
-            "popping an empty stack"
-        );
+        assert_eq!(pop(), Err(CUresult::CUDA_ERROR_INVALID_CONTEXT), "popping an empty stack");
         assert_eq!(ctx_device(None), Err(CUresult::CUDA_ERROR_INVALID_CONTEXT));
 
         assert_eq!(push(c0), CUresult::CUDA_SUCCESS);
         assert_eq!(push(c1), CUresult::CUDA_SUCCESS);
         assert_eq!(current(), c1);
         assert_eq!(ctx_device(None), Ok(1));
-        assert_eq!(
-            ctx_device(Some(std::ptr::null_mut())),
-            Ok(1),
-            "_v2 with null means the current one"
-        );
-        assert_eq!(
-            ctx_device(Some(c0)),
-            Ok(0),
-            "_v2 names a context that is not current"
-        );
+        assert_eq!(ctx_device(Some(std::ptr::null_mut())), Ok(1), "_v2 with null means the current one");
+        assert_eq!(ctx_device(Some(c0)), Ok(0), "_v2 names a context that is not current");
         assert_eq!(pop(), Ok(c1));
         assert_eq!(current(), c0);
         assert_eq!(ctx_device(None), Ok(0));
@@ -401,18 +297,9 @@ fn current_context_stack() {
 
         // Handles that are not contexts.
         assert_eq!(push(BOGUS_CONTEXT), CUresult::CUDA_ERROR_INVALID_CONTEXT);
-        assert_eq!(
-            push(std::ptr::null_mut()),
-            CUresult::CUDA_ERROR_INVALID_CONTEXT
-        );
-        assert_eq!(
-            set_current(BOGUS_CONTEXT),
-            CUresult::CUDA_ERROR_INVALID_CONTEXT
-        );
-        assert_eq!(
-            ctx_device(Some(BOGUS_CONTEXT)),
-            Err(CUresult::CUDA_ERROR_INVALID_CONTEXT)
-        );
+        assert_eq!(push(std::ptr::null_mut()), CUresult::CUDA_ERROR_INVALID_CONTEXT);
+        assert_eq!(set_current(BOGUS_CONTEXT), CUresult::CUDA_ERROR_INVALID_CONTEXT);
+        assert_eq!(ctx_device(Some(BOGUS_CONTEXT)), Err(CUresult::CUDA_ERROR_INVALID_CONTEXT));
         assert!(current().is_null(), "failed calls change nothing");
 
         // The stack is per thread.
@@ -421,14 +308,8 @@ fn current_context_stack() {
         assert_eq!(current(), c1);
         // SAFETY: null out-pointers are rejected.
         unsafe {
-            assert_eq!(
-                code!(driver(), cuCtxGetCurrent(std::ptr::null_mut())),
-                CUresult::CUDA_ERROR_INVALID_VALUE
-            );
-            assert_eq!(
-                code!(driver(), cuCtxGetDevice(std::ptr::null_mut())),
-                CUresult::CUDA_ERROR_INVALID_VALUE
-            );
+            assert_eq!(code!(driver(), cuCtxGetCurrent(std::ptr::null_mut())), CUresult::CUDA_ERROR_INVALID_VALUE);
+            assert_eq!(code!(driver(), cuCtxGetDevice(std::ptr::null_mut())), CUresult::CUDA_ERROR_INVALID_VALUE);
         }
     });
 }
@@ -454,105 +335,40 @@ fn calls_that_need_a_context_fail_without_one() {
         let codes = unsafe {
             vec![
                 ("cuMemAlloc_v2", code!(d, cuMemAlloc_v2(&mut out, 64))),
-                (
-                    "cuMemAllocHost_v2",
-                    code!(d, cuMemAllocHost_v2(&mut host, 64)),
-                ),
-                (
-                    "cuMemGetInfo_v2",
-                    code!(d, cuMemGetInfo_v2(&mut size, &mut size2)),
-                ),
-                (
-                    "cuMemGetAddressRange_v2",
-                    code!(d, cuMemGetAddressRange_v2(&mut out, &mut size, ptr)),
-                ),
+                ("cuMemAllocHost_v2", code!(d, cuMemAllocHost_v2(&mut host, 64))),
+                ("cuMemGetInfo_v2", code!(d, cuMemGetInfo_v2(&mut size, &mut size2))),
+                ("cuMemGetAddressRange_v2", code!(d, cuMemGetAddressRange_v2(&mut out, &mut size, ptr))),
                 ("cuStreamCreate", code!(d, cuStreamCreate(&mut stream, 0))),
-                (
-                    "cuStreamCreateWithPriority",
-                    code!(d, cuStreamCreateWithPriority(&mut stream, 0, 0)),
-                ),
+                ("cuStreamCreateWithPriority", code!(d, cuStreamCreateWithPriority(&mut stream, 0, 0))),
                 ("cuEventCreate", code!(d, cuEventCreate(&mut new_event, 0))),
                 ("cuCtxSynchronize", code!(d, cuCtxSynchronize())),
-                (
-                    "cuCtxSynchronize_v2",
-                    code!(d, cuCtxSynchronize_v2(std::ptr::null_mut())),
-                ),
+                ("cuCtxSynchronize_v2", code!(d, cuCtxSynchronize_v2(std::ptr::null_mut()))),
                 ("cuCtxGetDevice", code!(d, cuCtxGetDevice(&mut device))),
-                (
-                    "cuCtxGetStreamPriorityRange",
-                    code!(d, cuCtxGetStreamPriorityRange(&mut least, &mut greatest)),
-                ),
+                ("cuCtxGetStreamPriorityRange", code!(d, cuCtxGetStreamPriorityRange(&mut least, &mut greatest))),
                 ("cuStreamQuery(0)", code!(d, cuStreamQuery(NULL_STREAM))),
-                (
-                    "cuStreamQuery(LEGACY)",
-                    code!(d, cuStreamQuery(STREAM_LEGACY)),
-                ),
-                (
-                    "cuStreamQuery(PER_THREAD)",
-                    code!(d, cuStreamQuery(STREAM_PER_THREAD)),
-                ),
-                (
-                    "cuStreamSynchronize(0)",
-                    code!(d, cuStreamSynchronize(NULL_STREAM)),
-                ),
-                (
-                    "cuStreamIsCapturing(0)",
-                    code!(d, cuStreamIsCapturing(NULL_STREAM, &mut status)),
-                ),
-                (
-                    "cuStreamWaitEvent(0)",
-                    code!(d, cuStreamWaitEvent(NULL_STREAM, event as CUevent, 0)),
-                ),
-                (
-                    "cuEventRecord(0)",
-                    code!(d, cuEventRecord(event as CUevent, NULL_STREAM)),
-                ),
+                ("cuStreamQuery(LEGACY)", code!(d, cuStreamQuery(STREAM_LEGACY))),
+                ("cuStreamQuery(PER_THREAD)", code!(d, cuStreamQuery(STREAM_PER_THREAD))),
+                ("cuStreamSynchronize(0)", code!(d, cuStreamSynchronize(NULL_STREAM))),
+                ("cuStreamIsCapturing(0)", code!(d, cuStreamIsCapturing(NULL_STREAM, &mut status))),
+                ("cuStreamWaitEvent(0)", code!(d, cuStreamWaitEvent(NULL_STREAM, event as CUevent, 0))),
+                ("cuEventRecord(0)", code!(d, cuEventRecord(event as CUevent, NULL_STREAM))),
                 (
                     "cuLaunchHostFunc(0)",
-                    code!(
-                        d,
-                        cuLaunchHostFunc(
-                            NULL_STREAM,
-                            Some(common::wait_for_gate),
-                            std::ptr::null_mut()
-                        )
-                    ),
+                    code!(d, cuLaunchHostFunc(NULL_STREAM, Some(common::wait_for_gate), std::ptr::null_mut())),
                 ),
-                (
-                    "cuMemcpyHtoD_v2",
-                    code!(d, cuMemcpyHtoD_v2(ptr, byte.as_ptr().cast(), 4)),
-                ),
-                (
-                    "cuMemcpyHtoDAsync_v2(0)",
-                    code!(
-                        d,
-                        cuMemcpyHtoDAsync_v2(ptr, byte.as_ptr().cast(), 4, NULL_STREAM)
-                    ),
-                ),
+                ("cuMemcpyHtoD_v2", code!(d, cuMemcpyHtoD_v2(ptr, byte.as_ptr().cast(), 4))),
+                ("cuMemcpyHtoDAsync_v2(0)", code!(d, cuMemcpyHtoDAsync_v2(ptr, byte.as_ptr().cast(), 4, NULL_STREAM))),
                 ("cuMemsetD8_v2", code!(d, cuMemsetD8_v2(ptr, 0, 4))),
-                (
-                    "cuMemsetD32Async(0)",
-                    code!(d, cuMemsetD32Async(ptr, 0, 1, NULL_STREAM)),
-                ),
-                (
-                    "cuStreamQuery_ptsz(0)",
-                    code!(common::per_thread_driver(), cuStreamQuery(NULL_STREAM)),
-                ),
+                ("cuMemsetD32Async(0)", code!(d, cuMemsetD32Async(ptr, 0, 1, NULL_STREAM))),
+                ("cuStreamQuery_ptsz(0)", code!(common::per_thread_driver(), cuStreamQuery(NULL_STREAM))),
             ]
         };
-        let named = codes
-            .into_iter()
-            .filter(|(_, code)| *code != invalid)
-            .collect::<Vec<_>>();
+        let named = codes.into_iter().filter(|(_, code)| *code != invalid).collect::<Vec<_>>();
         // A named context works from any thread.
         let named_device = ctx_device(Some(ctx as CUcontext));
         (named, named_device)
     });
-    assert_eq!(
-        results.0,
-        vec![],
-        "these calls did not return CUDA_ERROR_INVALID_CONTEXT without a context"
-    );
+    assert_eq!(results.0, vec![], "these calls did not return CUDA_ERROR_INVALID_CONTEXT without a context");
     assert_eq!(results.1, Ok(0));
 }
 
@@ -567,20 +383,13 @@ fn get_device_synchronize_and_priority_range() {
         cu_call!(d, cuCtxSynchronize()).unwrap();
         cu_call!(d, cuCtxSynchronize_v2(ctx)).unwrap();
         cu_call!(d, cuCtxSynchronize_v2(std::ptr::null_mut())).unwrap();
-        assert_eq!(
-            code!(d, cuCtxSynchronize_v2(BOGUS_CONTEXT)),
-            CUresult::CUDA_ERROR_INVALID_CONTEXT
-        );
+        assert_eq!(code!(d, cuCtxSynchronize_v2(BOGUS_CONTEXT)), CUresult::CUDA_ERROR_INVALID_CONTEXT);
     }
     let (mut least, mut greatest) = (7, 7);
     // SAFETY: both are valid out-pointers, or null (which cuda.h allows).
     unsafe {
         cu_call!(d, cuCtxGetStreamPriorityRange(&mut least, &mut greatest)).unwrap();
-        cu_call!(
-            d,
-            cuCtxGetStreamPriorityRange(std::ptr::null_mut(), std::ptr::null_mut())
-        )
-        .unwrap();
+        cu_call!(d, cuCtxGetStreamPriorityRange(std::ptr::null_mut(), std::ptr::null_mut())).unwrap();
     }
     assert_eq!((least, greatest), (0, -5));
 }
@@ -605,19 +414,9 @@ fn context_synchronize_waits_for_every_stream_of_the_context() {
             assert_eq!(pinned.read(), [0, 0, 0], "every stream is held");
             gate.open_after(OPEN_DELAY);
             // SAFETY: no pointers.
-            unsafe {
-                if named {
-                    cu_call!(d, cuCtxSynchronize_v2(ctx))
-                } else {
-                    cu_call!(d, cuCtxSynchronize())
-                }
-            }
-            .unwrap();
-            assert_eq!(
-                pinned.read(),
-                [1, 2, 3],
-                "cuCtxSynchronize returned before the work was done"
-            );
+            unsafe { if named { cu_call!(d, cuCtxSynchronize_v2(ctx)) } else { cu_call!(d, cuCtxSynchronize()) } }
+                .unwrap();
+            assert_eq!(pinned.read(), [1, 2, 3], "cuCtxSynchronize returned before the work was done");
         }
     });
 }
@@ -628,10 +427,7 @@ fn context_synchronize_waits_for_every_stream_of_the_context() {
 fn sync_memops_makes_synchronous_memsets_synchronous() {
     in_child!(&[], || {
         init();
-        assert_eq!(
-            set_flags(0, CUctx_flags::CU_CTX_SYNC_MEMOPS.0),
-            CUresult::CUDA_SUCCESS
-        );
+        assert_eq!(set_flags(0, CUctx_flags::CU_CTX_SYNC_MEMOPS.0), CUresult::CUDA_SUCCESS);
         use_device(0);
         let d = driver();
         let buffer = DeviceBuffer::new(16);
@@ -641,10 +437,7 @@ fn sync_memops_makes_synchronous_memsets_synchronous() {
         gate.open_after(OPEN_DELAY);
         // SAFETY: no host pointers.
         unsafe { cu_call!(d, cuMemsetD8_v2(buffer.ptr, 0xab, 16)) }.unwrap();
-        assert!(
-            gate.is_open(),
-            "with CU_CTX_SYNC_MEMOPS, cuMemsetD8 returned before it had run"
-        );
+        assert!(gate.is_open(), "with CU_CTX_SYNC_MEMOPS, cuMemsetD8 returned before it had run");
         assert_eq!(buffer.read(), [0xab; 16]);
     });
 }

@@ -55,57 +55,20 @@ fn calls_before_init_return_not_initialized() {
             [
                 ("cuDeviceGetCount", code!(d, cuDeviceGetCount(&mut i))),
                 ("cuDeviceGet", code!(d, cuDeviceGet(&mut i, 0))),
-                (
-                    "cuDeviceGetName",
-                    code!(d, cuDeviceGetName(name.as_mut_ptr(), 32, 0)),
-                ),
-                (
-                    "cuDeviceGetUuid_v2",
-                    code!(d, cuDeviceGetUuid_v2(&mut uuid, 0)),
-                ),
-                (
-                    "cuDeviceTotalMem_v2",
-                    code!(d, cuDeviceTotalMem_v2(&mut size, 0)),
-                ),
+                ("cuDeviceGetName", code!(d, cuDeviceGetName(name.as_mut_ptr(), 32, 0))),
+                ("cuDeviceGetUuid_v2", code!(d, cuDeviceGetUuid_v2(&mut uuid, 0))),
+                ("cuDeviceTotalMem_v2", code!(d, cuDeviceTotalMem_v2(&mut size, 0))),
                 (
                     "cuDeviceGetAttribute",
-                    code!(
-                        d,
-                        cuDeviceGetAttribute(
-                            &mut i,
-                            CUdevice_attribute::CU_DEVICE_ATTRIBUTE_WARP_SIZE,
-                            0
-                        )
-                    ),
+                    code!(d, cuDeviceGetAttribute(&mut i, CUdevice_attribute::CU_DEVICE_ATTRIBUTE_WARP_SIZE, 0)),
                 ),
-                (
-                    "cuDeviceCanAccessPeer",
-                    code!(d, cuDeviceCanAccessPeer(&mut i, 0, 0)),
-                ),
-                (
-                    "cuDevicePrimaryCtxRetain",
-                    code!(d, cuDevicePrimaryCtxRetain(&mut ctx, 0)),
-                ),
-                (
-                    "cuDevicePrimaryCtxRelease_v2",
-                    code!(d, cuDevicePrimaryCtxRelease_v2(0)),
-                ),
-                (
-                    "cuDevicePrimaryCtxReset_v2",
-                    code!(d, cuDevicePrimaryCtxReset_v2(0)),
-                ),
-                (
-                    "cuDevicePrimaryCtxGetState",
-                    code!(d, cuDevicePrimaryCtxGetState(0, &mut u, &mut i)),
-                ),
-                (
-                    "cuDevicePrimaryCtxSetFlags_v2",
-                    code!(d, cuDevicePrimaryCtxSetFlags_v2(0, 0)),
-                ),
-                (
-                    "cuCtxSetCurrent",
-                    code!(d, cuCtxSetCurrent(std::ptr::null_mut())),
-                ),
+                ("cuDeviceCanAccessPeer", code!(d, cuDeviceCanAccessPeer(&mut i, 0, 0))),
+                ("cuDevicePrimaryCtxRetain", code!(d, cuDevicePrimaryCtxRetain(&mut ctx, 0))),
+                ("cuDevicePrimaryCtxRelease_v2", code!(d, cuDevicePrimaryCtxRelease_v2(0))),
+                ("cuDevicePrimaryCtxReset_v2", code!(d, cuDevicePrimaryCtxReset_v2(0))),
+                ("cuDevicePrimaryCtxGetState", code!(d, cuDevicePrimaryCtxGetState(0, &mut u, &mut i))),
+                ("cuDevicePrimaryCtxSetFlags_v2", code!(d, cuDevicePrimaryCtxSetFlags_v2(0, 0))),
+                ("cuCtxSetCurrent", code!(d, cuCtxSetCurrent(std::ptr::null_mut()))),
                 ("cuCtxGetCurrent", code!(d, cuCtxGetCurrent(&mut ctx))),
                 ("cuCtxPopCurrent_v2", code!(d, cuCtxPopCurrent_v2(&mut ctx))),
                 ("cuCtxGetDevice", code!(d, cuCtxGetDevice(&mut i))),
@@ -114,22 +77,10 @@ fn calls_before_init_return_not_initialized() {
                 ("cuStreamQuery", code!(d, cuStreamQuery(NULL_STREAM))),
                 ("cuEventCreate", code!(d, cuEventCreate(&mut event, 0))),
                 ("cuMemAlloc_v2", code!(d, cuMemAlloc_v2(&mut ptr, 16))),
-                (
-                    "cuMemAllocHost_v2",
-                    code!(d, cuMemAllocHost_v2(&mut host, 16)),
-                ),
+                ("cuMemAllocHost_v2", code!(d, cuMemAllocHost_v2(&mut host, 16))),
                 ("cuMemFree_v2", code!(d, cuMemFree_v2(0x1000))),
-                (
-                    "cuMemGetInfo_v2",
-                    code!(d, cuMemGetInfo_v2(&mut size, &mut size)),
-                ),
-                (
-                    "cuMemcpyHtoD_v2",
-                    code!(
-                        d,
-                        cuMemcpyHtoD_v2(0x1000, std::ptr::from_ref(&byte).cast(), 1)
-                    ),
-                ),
+                ("cuMemGetInfo_v2", code!(d, cuMemGetInfo_v2(&mut size, &mut size))),
+                ("cuMemcpyHtoD_v2", code!(d, cuMemcpyHtoD_v2(0x1000, std::ptr::from_ref(&byte).cast(), 1))),
                 ("cuMemsetD8_v2", code!(d, cuMemsetD8_v2(0x1000, 0, 1))),
                 (
                     "cuPointerGetAttribute",
@@ -150,25 +101,14 @@ fn calls_before_init_return_not_initialized() {
         // Error names and entry points need no cuInit.
         let mut text: *const c_char = std::ptr::null();
         // SAFETY: `text` is a valid out-pointer.
-        unsafe {
-            cu_call!(
-                d,
-                cuGetErrorName(CUresult::CUDA_ERROR_NOT_INITIALIZED, &mut text)
-            )
-        }
-        .unwrap();
+        unsafe { cu_call!(d, cuGetErrorName(CUresult::CUDA_ERROR_NOT_INITIALIZED, &mut text)) }.unwrap();
         // SAFETY: on success the driver wrote a static NUL-terminated string.
         let result = unsafe { CStr::from_ptr(text) }.to_str().unwrap();
         assert_eq!(result, "CUDA_ERROR_NOT_INITIALIZED");
         let mut pfn: *mut c_void = std::ptr::null_mut();
         // SAFETY: the symbol is NUL-terminated; `pfn` is a valid out-pointer; status is optional.
-        unsafe {
-            cu_call!(
-                d,
-                cuGetProcAddress_v2(c"cuInit".as_ptr(), &mut pfn, 13000, 0, std::ptr::null_mut())
-            )
-        }
-        .unwrap();
+        unsafe { cu_call!(d, cuGetProcAddress_v2(c"cuInit".as_ptr(), &mut pfn, 13000, 0, std::ptr::null_mut())) }
+            .unwrap();
         assert!(!pfn.is_null());
 
         // A failed cuInit leaves the driver uninitialized; a good one initializes it, and
@@ -192,11 +132,7 @@ fn init_rejects_nonzero_flags() {
     for flags in [1, 2, 0x8000_0000] {
         // SAFETY: no pointers.
         let result = unsafe { code!(d, cuInit(flags)) };
-        assert_eq!(
-            result,
-            CUresult::CUDA_ERROR_INVALID_VALUE,
-            "flags {flags:#x}"
-        );
+        assert_eq!(result, CUresult::CUDA_ERROR_INVALID_VALUE, "flags {flags:#x}");
     }
 }
 
@@ -217,25 +153,15 @@ fn a_bad_configuration_makes_init_fail() {
     in_child!(&[("CUDA_SIM_DEVICES", "two")], body);
     in_child!(&[("CUDA_SIM_MEMORY", "lots")], body);
     in_child!(&[("CUDA_SIM_MEMORY", "0")], body);
-    in_child!(
-        &[("CUDA_SIM_DEVICES", "2"), ("CUDA_SIM_PEER_ACCESS", "0-2")],
-        body
-    );
-    in_child!(
-        &[("CUDA_SIM_DEVICES", "2"), ("CUDA_SIM_PEER_ACCESS", "1-1")],
-        body
-    );
+    in_child!(&[("CUDA_SIM_DEVICES", "2"), ("CUDA_SIM_PEER_ACCESS", "0-2")], body);
+    in_child!(&[("CUDA_SIM_DEVICES", "2"), ("CUDA_SIM_PEER_ACCESS", "1-1")], body);
 }
 
 fn error_text(d: &Driver, code: CUresult, name: bool) -> (CUresult, *const c_char) {
     let mut text: *const c_char = c"sentinel".as_ptr();
     // SAFETY: `text` is a valid out-pointer.
     let result = unsafe {
-        if name {
-            code!(d, cuGetErrorName(code, &mut text))
-        } else {
-            code!(d, cuGetErrorString(code, &mut text))
-        }
+        if name { code!(d, cuGetErrorName(code, &mut text)) } else { code!(d, cuGetErrorString(code, &mut text)) }
     };
     (result, text)
 }
@@ -258,30 +184,15 @@ fn error_names_and_strings() {
     for unknown in [CUresult(12_345), CUresult(u32::MAX), CUresult(9_999)] {
         for name in [true, false] {
             let (result, text) = error_text(d, unknown, name);
-            assert_eq!(
-                result,
-                CUresult::CUDA_ERROR_INVALID_VALUE,
-                "code {}",
-                unknown.0
-            );
+            assert_eq!(result, CUresult::CUDA_ERROR_INVALID_VALUE, "code {}", unknown.0);
             assert!(text.is_null(), "an unknown code writes null");
         }
     }
     // SAFETY: a null out-pointer is rejected.
-    let null_out = unsafe {
-        code!(
-            d,
-            cuGetErrorName(CUresult::CUDA_SUCCESS, std::ptr::null_mut())
-        )
-    };
+    let null_out = unsafe { code!(d, cuGetErrorName(CUresult::CUDA_SUCCESS, std::ptr::null_mut())) };
     assert_eq!(null_out, CUresult::CUDA_ERROR_INVALID_VALUE);
     // SAFETY: as above.
-    let null_out = unsafe {
-        code!(
-            d,
-            cuGetErrorString(CUresult::CUDA_SUCCESS, std::ptr::null_mut())
-        )
-    };
+    let null_out = unsafe { code!(d, cuGetErrorString(CUresult::CUDA_SUCCESS, std::ptr::null_mut())) };
     assert_eq!(null_out, CUresult::CUDA_ERROR_INVALID_VALUE);
 }
 
@@ -295,8 +206,7 @@ fn library() -> libloading::Library {
 /// `dlsym` of an exported symbol, as an address.
 fn symbol(library: &libloading::Library, name: &CStr) -> usize {
     // SAFETY: only the address is read.
-    let address =
-        unsafe { library.get::<*const c_void>(name.to_bytes_with_nul()) }.expect("exported");
+    let address = unsafe { library.get::<*const c_void>(name.to_bytes_with_nul()) }.expect("exported");
     *address as usize
 }
 
@@ -310,12 +220,7 @@ fn proc_address(
     let mut pfn: *mut c_void = c"junk".as_ptr().cast_mut().cast();
     let mut status = CUdriverProcAddressQueryResult(99);
     // SAFETY: the name is NUL-terminated and both out-pointers are valid.
-    let result = unsafe {
-        code!(
-            d,
-            cuGetProcAddress_v2(name.as_ptr(), &mut pfn, version, flags, &mut status)
-        )
-    };
+    let result = unsafe { code!(d, cuGetProcAddress_v2(name.as_ptr(), &mut pfn, version, flags, &mut status)) };
     (result, pfn as usize, status)
 }
 
@@ -327,51 +232,20 @@ fn get_proc_address_selects_the_variant_by_version_and_stream_flag() {
     let success = (CUresult::CUDA_SUCCESS, Q::CU_GET_PROC_ADDRESS_SUCCESS);
     let found = |name: &CStr, version, flags| {
         let (result, address, status) = proc_address(d, name, version, flags);
-        assert_eq!(
-            (result, status),
-            success,
-            "{name:?} at {version} with flags {flags}"
-        );
+        assert_eq!((result, status), success, "{name:?} at {version} with flags {flags}");
         address
     };
 
     // Version selection: the highest variant not above the version asked for.
-    assert_eq!(
-        found(c"cuCtxSynchronize", 13000, 0),
-        symbol(&lib, c"cuCtxSynchronize_v2")
-    );
-    assert_eq!(
-        found(c"cuCtxSynchronize", 12090, 0),
-        symbol(&lib, c"cuCtxSynchronize")
-    );
-    assert_eq!(
-        found(c"cuCtxSynchronize", 2000, 0),
-        symbol(&lib, c"cuCtxSynchronize")
-    );
-    assert_eq!(
-        found(c"cuCtxGetDevice", 13000, 0),
-        symbol(&lib, c"cuCtxGetDevice_v2")
-    );
-    assert_eq!(
-        found(c"cuCtxGetDevice", 12000, 0),
-        symbol(&lib, c"cuCtxGetDevice")
-    );
-    assert_eq!(
-        found(c"cuMemAlloc", 13000, 0),
-        symbol(&lib, c"cuMemAlloc_v2")
-    );
-    assert_eq!(
-        found(c"cuMemAlloc", 3020, 0),
-        symbol(&lib, c"cuMemAlloc_v2")
-    );
-    assert_eq!(
-        found(c"cuEventElapsedTime", 12080, 0),
-        symbol(&lib, c"cuEventElapsedTime_v2")
-    );
-    assert_eq!(
-        found(c"cuGetProcAddress", 12000, 0),
-        symbol(&lib, c"cuGetProcAddress_v2")
-    );
+    assert_eq!(found(c"cuCtxSynchronize", 13000, 0), symbol(&lib, c"cuCtxSynchronize_v2"));
+    assert_eq!(found(c"cuCtxSynchronize", 12090, 0), symbol(&lib, c"cuCtxSynchronize"));
+    assert_eq!(found(c"cuCtxSynchronize", 2000, 0), symbol(&lib, c"cuCtxSynchronize"));
+    assert_eq!(found(c"cuCtxGetDevice", 13000, 0), symbol(&lib, c"cuCtxGetDevice_v2"));
+    assert_eq!(found(c"cuCtxGetDevice", 12000, 0), symbol(&lib, c"cuCtxGetDevice"));
+    assert_eq!(found(c"cuMemAlloc", 13000, 0), symbol(&lib, c"cuMemAlloc_v2"));
+    assert_eq!(found(c"cuMemAlloc", 3020, 0), symbol(&lib, c"cuMemAlloc_v2"));
+    assert_eq!(found(c"cuEventElapsedTime", 12080, 0), symbol(&lib, c"cuEventElapsedTime_v2"));
+    assert_eq!(found(c"cuGetProcAddress", 12000, 0), symbol(&lib, c"cuGetProcAddress_v2"));
 
     // The stream flag: 1 (legacy) and 0 (default) give the legacy variant, 2 the per-thread one.
     let legacy = symbol(&lib, c"cuMemcpyHtoD_v2");
@@ -380,49 +254,24 @@ fn get_proc_address_selects_the_variant_by_version_and_stream_flag() {
     assert_eq!(found(c"cuMemcpyHtoD", 13000, 0), legacy);
     assert_eq!(found(c"cuMemcpyHtoD", 13000, 1), legacy);
     assert_eq!(found(c"cuMemcpyHtoD", 13000, 2), per_thread);
-    assert_eq!(
-        found(c"cuStreamQuery", 13000, 2),
-        symbol(&lib, c"cuStreamQuery_ptsz")
-    );
-    assert_eq!(
-        found(c"cuLaunchHostFunc", 13000, 2),
-        symbol(&lib, c"cuLaunchHostFunc_ptsz")
-    );
-    assert_eq!(
-        found(c"cuMemsetD32Async", 13000, 2),
-        symbol(&lib, c"cuMemsetD32Async_ptsz")
-    );
+    assert_eq!(found(c"cuStreamQuery", 13000, 2), symbol(&lib, c"cuStreamQuery_ptsz"));
+    assert_eq!(found(c"cuLaunchHostFunc", 13000, 2), symbol(&lib, c"cuLaunchHostFunc_ptsz"));
+    assert_eq!(found(c"cuMemsetD32Async", 13000, 2), symbol(&lib, c"cuMemsetD32Async_ptsz"));
     // Below the version the per-thread variant appeared in (7000), the legacy one is returned.
     assert_eq!(found(c"cuMemcpyHtoD", 6050, 2), legacy);
     // Functions without a per-thread variant give the same entry point for either flag.
-    assert_eq!(
-        found(c"cuMemAlloc", 13000, 2),
-        found(c"cuMemAlloc", 13000, 1)
-    );
+    assert_eq!(found(c"cuMemAlloc", 13000, 2), found(c"cuMemAlloc", 13000, 1));
     // And the loader in cuda-sys resolves to the same addresses.
     assert_eq!(d.cuMemcpyHtoD_v2().unwrap() as usize, legacy);
-    assert_eq!(
-        common::per_thread_driver().cuMemcpyHtoD_v2().unwrap() as usize,
-        per_thread
-    );
+    assert_eq!(common::per_thread_driver().cuMemcpyHtoD_v2().unwrap() as usize, per_thread);
 
     // Older ABIs the simulator does not implement: "version not sufficient", null entry point.
-    for (name, version) in [
-        (c"cuMemAlloc", 3010),
-        (c"cuEventElapsedTime", 12000),
-        (c"cuDevicePrimaryCtxRelease", 10000),
-    ] {
+    for (name, version) in
+        [(c"cuMemAlloc", 3010), (c"cuEventElapsedTime", 12000), (c"cuDevicePrimaryCtxRelease", 10000)]
+    {
         let (result, address, status) = proc_address(d, name, version, 0);
-        assert_eq!(
-            result,
-            CUresult::CUDA_ERROR_NOT_FOUND,
-            "{name:?} at {version}"
-        );
-        assert_eq!(
-            status,
-            Q::CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT,
-            "{name:?} at {version}"
-        );
+        assert_eq!(result, CUresult::CUDA_ERROR_NOT_FOUND, "{name:?} at {version}");
+        assert_eq!(status, Q::CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT, "{name:?} at {version}");
         assert_eq!(address, 0, "{name:?} at {version}");
     }
 
@@ -441,46 +290,26 @@ fn get_proc_address_rejects_bad_arguments() {
     // Unknown flag bits, and both stream flags at once.
     for flags in [3, 4, 8, 1 << 40] {
         let (result, _, _) = proc_address(d, c"cuMemAlloc", 13000, flags);
-        assert_eq!(
-            result,
-            CUresult::CUDA_ERROR_INVALID_VALUE,
-            "flags {flags:#x}"
-        );
+        assert_eq!(result, CUresult::CUDA_ERROR_INVALID_VALUE, "flags {flags:#x}");
     }
     for version in [0, -1] {
         let (result, _, _) = proc_address(d, c"cuMemAlloc", version, 0);
-        assert_eq!(
-            result,
-            CUresult::CUDA_ERROR_INVALID_VALUE,
-            "version {version}"
-        );
+        assert_eq!(result, CUresult::CUDA_ERROR_INVALID_VALUE, "version {version}");
     }
     let mut pfn: *mut c_void = std::ptr::null_mut();
     // SAFETY: null symbol and null pfn are rejected before any read or write.
     unsafe {
-        let null_symbol = code!(
-            d,
-            cuGetProcAddress_v2(std::ptr::null(), &mut pfn, 13000, 0, std::ptr::null_mut())
-        );
+        let null_symbol = code!(d, cuGetProcAddress_v2(std::ptr::null(), &mut pfn, 13000, 0, std::ptr::null_mut()));
         assert_eq!(null_symbol, CUresult::CUDA_ERROR_INVALID_VALUE);
-        let null_pfn = code!(
-            d,
-            cuGetProcAddress_v2(
-                c"cuInit".as_ptr(),
-                std::ptr::null_mut(),
-                13000,
-                0,
-                std::ptr::null_mut()
-            )
-        );
+        let null_pfn =
+            code!(d, cuGetProcAddress_v2(c"cuInit".as_ptr(), std::ptr::null_mut(), 13000, 0, std::ptr::null_mut()));
         assert_eq!(null_pfn, CUresult::CUDA_ERROR_INVALID_VALUE);
     }
 }
 
 #[test]
 fn the_old_get_proc_address_answers_without_a_status() {
-    type GetProcAddress =
-        unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64) -> CUresult;
+    type GetProcAddress = unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64) -> CUresult;
     let lib = library();
     // SAFETY: `cuGetProcAddress` (CUDA 11.3) has this signature.
     let get = unsafe { lib.get::<GetProcAddress>(b"cuGetProcAddress\0") }.expect("exported");
@@ -530,14 +359,8 @@ fn device_get_checks_the_ordinal() {
     }
     // SAFETY: null out-pointers are rejected.
     unsafe {
-        assert_eq!(
-            code!(d, cuDeviceGet(std::ptr::null_mut(), 0)),
-            CUresult::CUDA_ERROR_INVALID_VALUE
-        );
-        assert_eq!(
-            code!(d, cuDeviceGetCount(std::ptr::null_mut())),
-            CUresult::CUDA_ERROR_INVALID_VALUE
-        );
+        assert_eq!(code!(d, cuDeviceGet(std::ptr::null_mut(), 0)), CUresult::CUDA_ERROR_INVALID_VALUE);
+        assert_eq!(code!(d, cuDeviceGetCount(std::ptr::null_mut())), CUresult::CUDA_ERROR_INVALID_VALUE);
     }
 }
 
@@ -553,10 +376,7 @@ fn device_name_is_nul_terminated_and_truncated_to_len() {
     let d = init();
     let (result, buffer) = name_with(d, 64, 0);
     assert_eq!(result, CUresult::CUDA_SUCCESS);
-    let full = CStr::from_bytes_until_nul(&buffer)
-        .expect("NUL-terminated")
-        .to_bytes()
-        .to_vec();
+    let full = CStr::from_bytes_until_nul(&buffer).expect("NUL-terminated").to_bytes().to_vec();
     assert!(!full.is_empty() && full.len() < 63, "{full:?}");
     assert!(String::from_utf8(full.clone()).is_ok());
 
@@ -567,18 +387,12 @@ fn device_name_is_nul_terminated_and_truncated_to_len() {
         let kept = (len - 1).min(full.len());
         assert_eq!(&buffer[..kept], &full[..kept], "len {len}");
         assert_eq!(buffer[kept], 0, "NUL after {kept} bytes for len {len}");
-        assert!(
-            buffer[kept + 1..].iter().all(|&b| b == 0x7f),
-            "nothing written past len {len}"
-        );
+        assert!(buffer[kept + 1..].iter().all(|&b| b == 0x7f), "nothing written past len {len}");
     }
     for len in [0, -1] {
         let (result, buffer) = name_with(d, len, 0);
         assert_eq!(result, CUresult::CUDA_ERROR_INVALID_VALUE, "len {len}");
-        assert!(
-            buffer.iter().all(|&b| b == 0x7f),
-            "nothing written for len {len}"
-        );
+        assert!(buffer.iter().all(|&b| b == 0x7f), "nothing written for len {len}");
     }
     let (result, _) = name_with(d, 64, device_count(d));
     assert_eq!(result, CUresult::CUDA_ERROR_INVALID_DEVICE);
@@ -613,18 +427,9 @@ fn three_devices_have_distinct_stable_names_and_uuids() {
         let mut out = CUuuid::default();
         // SAFETY: `out` is a valid out-pointer; null is rejected.
         unsafe {
-            assert_eq!(
-                code!(d, cuDeviceGetUuid_v2(&mut out, 3)),
-                CUresult::CUDA_ERROR_INVALID_DEVICE
-            );
-            assert_eq!(
-                code!(d, cuDeviceGetUuid_v2(&mut out, -1)),
-                CUresult::CUDA_ERROR_INVALID_DEVICE
-            );
-            assert_eq!(
-                code!(d, cuDeviceGetUuid_v2(std::ptr::null_mut(), 0)),
-                CUresult::CUDA_ERROR_INVALID_VALUE
-            );
+            assert_eq!(code!(d, cuDeviceGetUuid_v2(&mut out, 3)), CUresult::CUDA_ERROR_INVALID_DEVICE);
+            assert_eq!(code!(d, cuDeviceGetUuid_v2(&mut out, -1)), CUresult::CUDA_ERROR_INVALID_DEVICE);
+            assert_eq!(code!(d, cuDeviceGetUuid_v2(std::ptr::null_mut(), 0)), CUresult::CUDA_ERROR_INVALID_VALUE);
         }
         // Every device reports the configured (default) memory.
         for device in 0..3 {
@@ -653,10 +458,7 @@ fn device_attributes() {
         (A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, 9),
         (A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, 0),
         (A::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, 1),
-        (
-            A::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
-            1,
-        ),
+        (A::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 1),
         (
             A::CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES,
             CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR.0 as c_int,
@@ -664,10 +466,7 @@ fn device_attributes() {
         (A::CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, 0),
         (A::CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS, 1),
         (A::CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING, 1),
-        (
-            A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
-            1,
-        ),
+        (A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, 1),
         (A::CU_DEVICE_ATTRIBUTE_STREAM_PRIORITIES_SUPPORTED, 1),
         (A::CU_DEVICE_ATTRIBUTE_WARP_SIZE, 32),
         (A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, 132),
@@ -685,28 +484,13 @@ fn device_attributes() {
         assert!(attribute(d, A(raw), 0).is_ok(), "attribute {raw}");
     }
     for raw in [0, A::CU_DEVICE_ATTRIBUTE_MAX.0, 100_000, u32::MAX] {
-        assert_eq!(
-            attribute(d, A(raw), 0),
-            Err(CUresult::CUDA_ERROR_INVALID_VALUE),
-            "attribute {raw}"
-        );
+        assert_eq!(attribute(d, A(raw), 0), Err(CUresult::CUDA_ERROR_INVALID_VALUE), "attribute {raw}");
     }
     let bad_device = device_count(d);
-    assert_eq!(
-        attribute(d, A::CU_DEVICE_ATTRIBUTE_WARP_SIZE, bad_device),
-        Err(CUresult::CUDA_ERROR_INVALID_DEVICE)
-    );
-    assert_eq!(
-        attribute(d, A::CU_DEVICE_ATTRIBUTE_WARP_SIZE, -1),
-        Err(CUresult::CUDA_ERROR_INVALID_DEVICE)
-    );
+    assert_eq!(attribute(d, A::CU_DEVICE_ATTRIBUTE_WARP_SIZE, bad_device), Err(CUresult::CUDA_ERROR_INVALID_DEVICE));
+    assert_eq!(attribute(d, A::CU_DEVICE_ATTRIBUTE_WARP_SIZE, -1), Err(CUresult::CUDA_ERROR_INVALID_DEVICE));
     // SAFETY: a null out-pointer is rejected.
-    let null_out = unsafe {
-        code!(
-            d,
-            cuDeviceGetAttribute(std::ptr::null_mut(), A::CU_DEVICE_ATTRIBUTE_WARP_SIZE, 0)
-        )
-    };
+    let null_out = unsafe { code!(d, cuDeviceGetAttribute(std::ptr::null_mut(), A::CU_DEVICE_ATTRIBUTE_WARP_SIZE, 0)) };
     assert_eq!(null_out, CUresult::CUDA_ERROR_INVALID_VALUE);
 }
 
@@ -738,66 +522,39 @@ fn peer_access_all_by_default_with_two_devices() {
         let mut can = -1;
         // SAFETY: `can` is a valid out-pointer.
         unsafe {
-            assert_eq!(
-                code!(d, cuDeviceCanAccessPeer(&mut can, 0, 2)),
-                CUresult::CUDA_ERROR_INVALID_DEVICE
-            );
-            assert_eq!(
-                code!(d, cuDeviceCanAccessPeer(&mut can, -1, 0)),
-                CUresult::CUDA_ERROR_INVALID_DEVICE
-            );
-            assert_eq!(
-                code!(d, cuDeviceCanAccessPeer(std::ptr::null_mut(), 0, 1)),
-                CUresult::CUDA_ERROR_INVALID_VALUE
-            );
+            assert_eq!(code!(d, cuDeviceCanAccessPeer(&mut can, 0, 2)), CUresult::CUDA_ERROR_INVALID_DEVICE);
+            assert_eq!(code!(d, cuDeviceCanAccessPeer(&mut can, -1, 0)), CUresult::CUDA_ERROR_INVALID_DEVICE);
+            assert_eq!(code!(d, cuDeviceCanAccessPeer(std::ptr::null_mut(), 0, 1)), CUresult::CUDA_ERROR_INVALID_VALUE);
         }
     });
 }
 
 #[test]
 fn peer_access_all_with_three_devices() {
-    in_child!(
-        &[("CUDA_SIM_DEVICES", "3"), ("CUDA_SIM_PEER_ACCESS", "all")],
-        || {
-            let d = init();
-            assert_eq!(peer_matrix(d, 3), [[0, 1, 1], [1, 0, 1], [1, 1, 0]]);
-        }
-    );
+    in_child!(&[("CUDA_SIM_DEVICES", "3"), ("CUDA_SIM_PEER_ACCESS", "all")], || {
+        let d = init();
+        assert_eq!(peer_matrix(d, 3), [[0, 1, 1], [1, 0, 1], [1, 1, 0]]);
+    });
 }
 
 #[test]
 fn peer_access_none() {
-    in_child!(
-        &[("CUDA_SIM_DEVICES", "3"), ("CUDA_SIM_PEER_ACCESS", "none")],
-        || {
-            let d = init();
-            assert_eq!(peer_matrix(d, 3), [[0, 0, 0], [0, 0, 0], [0, 0, 0]]);
-        }
-    );
+    in_child!(&[("CUDA_SIM_DEVICES", "3"), ("CUDA_SIM_PEER_ACCESS", "none")], || {
+        let d = init();
+        assert_eq!(peer_matrix(d, 3), [[0, 0, 0], [0, 0, 0], [0, 0, 0]]);
+    });
 }
 
 #[test]
 fn peer_access_listed_pairs_are_symmetric() {
-    in_child!(
-        &[("CUDA_SIM_DEVICES", "3"), ("CUDA_SIM_PEER_ACCESS", "0-1")],
-        || {
-            let d = init();
-            assert_eq!(peer_matrix(d, 3), [[0, 1, 0], [1, 0, 0], [0, 0, 0]]);
-        }
-    );
-    in_child!(
-        &[
-            ("CUDA_SIM_DEVICES", "4"),
-            ("CUDA_SIM_PEER_ACCESS", "0-1, 3-2")
-        ],
-        || {
-            let d = init();
-            assert_eq!(
-                peer_matrix(d, 4),
-                [[0, 1, 0, 0], [1, 0, 0, 0], [0, 0, 0, 1], [0, 0, 1, 0]]
-            );
-        }
-    );
+    in_child!(&[("CUDA_SIM_DEVICES", "3"), ("CUDA_SIM_PEER_ACCESS", "0-1")], || {
+        let d = init();
+        assert_eq!(peer_matrix(d, 3), [[0, 1, 0], [1, 0, 0], [0, 0, 0]]);
+    });
+    in_child!(&[("CUDA_SIM_DEVICES", "4"), ("CUDA_SIM_PEER_ACCESS", "0-1, 3-2")], || {
+        let d = init();
+        assert_eq!(peer_matrix(d, 4), [[0, 1, 0, 0], [1, 0, 0, 0], [0, 0, 0, 1], [0, 0, 1, 0]]);
+    });
 }
 
 #[test]
@@ -814,14 +571,8 @@ fn configured_memory_is_the_total_memory() {
             let mut bytes = 0;
             // SAFETY: `bytes` is a valid out-pointer; null is rejected.
             unsafe {
-                assert_eq!(
-                    code!(d, cuDeviceTotalMem_v2(&mut bytes, 7)),
-                    CUresult::CUDA_ERROR_INVALID_DEVICE
-                );
-                assert_eq!(
-                    code!(d, cuDeviceTotalMem_v2(std::ptr::null_mut(), 0)),
-                    CUresult::CUDA_ERROR_INVALID_VALUE
-                );
+                assert_eq!(code!(d, cuDeviceTotalMem_v2(&mut bytes, 7)), CUresult::CUDA_ERROR_INVALID_DEVICE);
+                assert_eq!(code!(d, cuDeviceTotalMem_v2(std::ptr::null_mut(), 0)), CUresult::CUDA_ERROR_INVALID_VALUE);
             }
             common::use_device(0);
             let (mut free, mut total) = (0, 0);
@@ -832,10 +583,7 @@ fn configured_memory_is_the_total_memory() {
         }
     };
     in_child!(&[("CUDA_SIM_MEMORY", "64M")], body(64 << 20));
-    in_child!(
-        &[("CUDA_SIM_MEMORY", "1G"), ("CUDA_SIM_DEVICES", "2")],
-        body(1 << 30)
-    );
+    in_child!(&[("CUDA_SIM_MEMORY", "1G"), ("CUDA_SIM_DEVICES", "2")], body(1 << 30));
     in_child!(&[("CUDA_SIM_MEMORY", "3k")], body(3 << 10));
     in_child!(&[("CUDA_SIM_MEMORY", "1048576")], body(1 << 20));
 }

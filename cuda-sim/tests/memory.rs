@@ -6,13 +6,10 @@ mod common;
 use std::ffi::{c_uint, c_void};
 
 use common::{
-    DeviceBuffer, NULL_STREAM, Pinned, code, driver, dtoh, htod, in_child, non_blocking_stream,
-    sync, use_device,
+    DeviceBuffer, NULL_STREAM, Pinned, code, driver, dtoh, htod, in_child, non_blocking_stream, sync, use_device,
 };
 use cuda_sys::cu_call;
-use cuda_sys::types::{
-    CUcontext, CUdeviceptr, CUmemorytype, CUpointer_attribute, CUresult, CUstream,
-};
+use cuda_sys::types::{CUcontext, CUdeviceptr, CUmemorytype, CUpointer_attribute, CUresult, CUstream};
 
 const INVALID: CUresult = CUresult::CUDA_ERROR_INVALID_VALUE;
 
@@ -58,14 +55,8 @@ fn allocation_and_free_errors() {
     assert_eq!(alloc_host(0), Err(INVALID));
     // SAFETY: null out-pointers are rejected.
     unsafe {
-        assert_eq!(
-            code!(driver(), cuMemAlloc_v2(std::ptr::null_mut(), 16)),
-            INVALID
-        );
-        assert_eq!(
-            code!(driver(), cuMemAllocHost_v2(std::ptr::null_mut(), 16)),
-            INVALID
-        );
+        assert_eq!(code!(driver(), cuMemAlloc_v2(std::ptr::null_mut(), 16)), INVALID);
+        assert_eq!(code!(driver(), cuMemAllocHost_v2(std::ptr::null_mut(), 16)), INVALID);
     }
 
     let a = alloc(100).unwrap();
@@ -81,34 +72,14 @@ fn allocation_and_free_errors() {
     assert_ne!(c, a, "a freed address is not handed out again at once");
 
     let pinned = alloc_host(100).unwrap();
-    assert_eq!(
-        free(pinned as CUdeviceptr),
-        INVALID,
-        "cuMemFree of pinned host memory"
-    );
-    assert_eq!(
-        free_host(b as *mut c_void),
-        INVALID,
-        "cuMemFreeHost of device memory"
-    );
-    assert_eq!(
-        free_host(std::ptr::null_mut()),
-        INVALID,
-        "cuMemFreeHost of null"
-    );
+    assert_eq!(free(pinned as CUdeviceptr), INVALID, "cuMemFree of pinned host memory");
+    assert_eq!(free_host(b as *mut c_void), INVALID, "cuMemFreeHost of device memory");
+    assert_eq!(free_host(std::ptr::null_mut()), INVALID, "cuMemFreeHost of null");
     let mut local = 0u64;
-    assert_eq!(
-        free_host(std::ptr::from_mut(&mut local).cast()),
-        INVALID,
-        "cuMemFreeHost of pageable memory"
-    );
+    assert_eq!(free_host(std::ptr::from_mut(&mut local).cast()), INVALID, "cuMemFreeHost of pageable memory");
     // SAFETY: `pinned` is valid for 100 bytes.
     let interior = unsafe { pinned.cast::<u8>().add(1) };
-    assert_eq!(
-        free_host(interior.cast()),
-        INVALID,
-        "an interior pinned pointer"
-    );
+    assert_eq!(free_host(interior.cast()), INVALID, "an interior pinned pointer");
 
     // Pinned memory is ordinary host memory.
     // SAFETY: `pinned` is valid for 100 bytes, and nothing else uses it.
@@ -124,76 +95,60 @@ fn allocation_and_free_errors() {
 
 #[test]
 fn memory_accounting_and_exhaustion() {
-    in_child!(
-        &[("CUDA_SIM_MEMORY", "1M"), ("CUDA_SIM_DEVICES", "2")],
-        || {
-            use_device(1);
-            let other = mem_info();
-            use_device(0);
-            let total = 1 << 20;
-            assert_eq!(mem_info(), (total, total));
-            assert_eq!(other, (total, total));
+    in_child!(&[("CUDA_SIM_MEMORY", "1M"), ("CUDA_SIM_DEVICES", "2")], || {
+        use_device(1);
+        let other = mem_info();
+        use_device(0);
+        let total = 1 << 20;
+        assert_eq!(mem_info(), (total, total));
+        assert_eq!(other, (total, total));
 
-            let small = alloc(1).unwrap();
-            let after_small = mem_info().0;
-            assert!(after_small < total, "a 1-byte allocation uses memory");
-            let big = alloc(100_000).unwrap();
-            let after_big = mem_info().0;
-            assert!(
-                after_small - after_big >= 100_000,
-                "{after_small} - {after_big}"
-            );
-            // Pinned host memory is not device memory.
-            let pinned = alloc_host(200_000).unwrap();
-            assert_eq!(mem_info().0, after_big);
-            // Another device's memory is its own.
-            use_device(1);
-            assert_eq!(mem_info(), (total, total));
-            use_device(0);
+        let small = alloc(1).unwrap();
+        let after_small = mem_info().0;
+        assert!(after_small < total, "a 1-byte allocation uses memory");
+        let big = alloc(100_000).unwrap();
+        let after_big = mem_info().0;
+        assert!(after_small - after_big >= 100_000, "{after_small} - {after_big}");
+        // Pinned host memory is not device memory.
+        let pinned = alloc_host(200_000).unwrap();
+        assert_eq!(mem_info().0, after_big);
+        // Another device's memory is its own.
+        use_device(1);
+        assert_eq!(mem_info(), (total, total));
+        use_device(0);
 
-            assert_eq!(free(big), CUresult::CUDA_SUCCESS);
-            assert_eq!(mem_info().0, after_small);
-            assert_eq!(free(small), CUresult::CUDA_SUCCESS);
-            assert_eq!(
-                mem_info(),
-                (total, total),
-                "freeing returns exactly what was taken"
-            );
+        assert_eq!(free(big), CUresult::CUDA_SUCCESS);
+        assert_eq!(mem_info().0, after_small);
+        assert_eq!(free(small), CUresult::CUDA_SUCCESS);
+        assert_eq!(mem_info(), (total, total), "freeing returns exactly what was taken");
 
-            // Exhaustion.
-            assert_eq!(alloc(total + 1), Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY));
-            assert_eq!(alloc(usize::MAX), Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY));
-            assert_eq!(mem_info().0, total, "a failed allocation takes nothing");
-            let all = alloc(total).unwrap();
-            assert_eq!(mem_info().0, 0);
-            assert_eq!(alloc(1), Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY));
-            use_device(1);
-            let on_one = alloc(total).expect("device 1 still has all its memory");
-            use_device(0);
-            assert_eq!(free(all), CUresult::CUDA_SUCCESS);
-            let half = alloc(total / 2).unwrap();
-            assert!(alloc(total / 2 + 1).is_err(), "half is taken");
-            let rest = alloc(total / 2).unwrap();
-            for ptr in [half, rest] {
-                assert_eq!(free(ptr), CUresult::CUDA_SUCCESS);
-            }
-            use_device(1);
-            assert_eq!(free(on_one), CUresult::CUDA_SUCCESS);
-            assert_eq!(free_host(pinned), CUresult::CUDA_SUCCESS);
-            // SAFETY: null out-pointers are rejected.
-            unsafe {
-                let mut n = 0;
-                assert_eq!(
-                    code!(driver(), cuMemGetInfo_v2(std::ptr::null_mut(), &mut n)),
-                    INVALID
-                );
-                assert_eq!(
-                    code!(driver(), cuMemGetInfo_v2(&mut n, std::ptr::null_mut())),
-                    INVALID
-                );
-            }
+        // Exhaustion.
+        assert_eq!(alloc(total + 1), Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY));
+        assert_eq!(alloc(usize::MAX), Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY));
+        assert_eq!(mem_info().0, total, "a failed allocation takes nothing");
+        let all = alloc(total).unwrap();
+        assert_eq!(mem_info().0, 0);
+        assert_eq!(alloc(1), Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY));
+        use_device(1);
+        let on_one = alloc(total).expect("device 1 still has all its memory");
+        use_device(0);
+        assert_eq!(free(all), CUresult::CUDA_SUCCESS);
+        let half = alloc(total / 2).unwrap();
+        assert!(alloc(total / 2 + 1).is_err(), "half is taken");
+        let rest = alloc(total / 2).unwrap();
+        for ptr in [half, rest] {
+            assert_eq!(free(ptr), CUresult::CUDA_SUCCESS);
         }
-    );
+        use_device(1);
+        assert_eq!(free(on_one), CUresult::CUDA_SUCCESS);
+        assert_eq!(free_host(pinned), CUresult::CUDA_SUCCESS);
+        // SAFETY: null out-pointers are rejected.
+        unsafe {
+            let mut n = 0;
+            assert_eq!(code!(driver(), cuMemGetInfo_v2(std::ptr::null_mut(), &mut n)), INVALID);
+            assert_eq!(code!(driver(), cuMemGetInfo_v2(&mut n, std::ptr::null_mut())), INVALID);
+        }
+    });
 }
 
 fn address_range(ptr: CUdeviceptr) -> Result<(CUdeviceptr, usize), CUresult> {
@@ -213,53 +168,28 @@ fn address_ranges() {
     for offset in [0, 1, 50, 99] {
         assert_eq!(address_range(p + offset), Ok((p, 100)), "offset {offset}");
     }
-    assert_eq!(
-        address_range(p + 100),
-        Err(CUresult::CUDA_ERROR_NOT_FOUND),
-        "one past the end"
-    );
+    assert_eq!(address_range(p + 100), Err(CUresult::CUDA_ERROR_NOT_FOUND), "one past the end");
     let pinned = Pinned::new(10);
     assert_eq!(address_range(pinned.dptr() + 9), Ok((pinned.dptr(), 10)));
     let local = 0u8;
-    assert_eq!(
-        address_range(std::ptr::from_ref(&local) as CUdeviceptr),
-        Err(CUresult::CUDA_ERROR_NOT_FOUND)
-    );
+    assert_eq!(address_range(std::ptr::from_ref(&local) as CUdeviceptr), Err(CUresult::CUDA_ERROR_NOT_FOUND));
     // Either output may be null.
     let mut base = 0;
     let mut size = 0;
     // SAFETY: each pointer is valid or null, which cuda.h allows.
     unsafe {
-        cu_call!(
-            driver(),
-            cuMemGetAddressRange_v2(&mut base, std::ptr::null_mut(), p + 5)
-        )
-        .unwrap();
-        cu_call!(
-            driver(),
-            cuMemGetAddressRange_v2(std::ptr::null_mut(), &mut size, p + 5)
-        )
-        .unwrap();
-        cu_call!(
-            driver(),
-            cuMemGetAddressRange_v2(std::ptr::null_mut(), std::ptr::null_mut(), p)
-        )
-        .unwrap();
+        cu_call!(driver(), cuMemGetAddressRange_v2(&mut base, std::ptr::null_mut(), p + 5)).unwrap();
+        cu_call!(driver(), cuMemGetAddressRange_v2(std::ptr::null_mut(), &mut size, p + 5)).unwrap();
+        cu_call!(driver(), cuMemGetAddressRange_v2(std::ptr::null_mut(), std::ptr::null_mut(), p)).unwrap();
     }
     assert_eq!((base, size), (p, 100));
     let freed = alloc(64).unwrap();
     assert_eq!(free(freed), CUresult::CUDA_SUCCESS);
-    assert_eq!(
-        address_range(freed),
-        Err(CUresult::CUDA_ERROR_NOT_FOUND),
-        "a freed allocation"
-    );
+    assert_eq!(address_range(freed), Err(CUresult::CUDA_ERROR_NOT_FOUND), "a freed allocation");
 }
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
-        .collect()
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
 }
 
 /// Every copy function, between every kind of memory it accepts.
@@ -301,17 +231,7 @@ fn copies_move_the_bytes() {
     assert_eq!(host, src3);
     let mut host2 = vec![0u8; n];
     // SAFETY: both host buffers are valid for `n` bytes.
-    unsafe {
-        cu_call!(
-            d,
-            cuMemcpy(
-                host2.as_mut_ptr() as CUdeviceptr,
-                host.as_ptr() as CUdeviceptr,
-                n
-            )
-        )
-    }
-    .unwrap();
+    unsafe { cu_call!(d, cuMemcpy(host2.as_mut_ptr() as CUdeviceptr, host.as_ptr() as CUdeviceptr, n)) }.unwrap();
     assert_eq!(host2, src3, "host to host");
     // SAFETY: `pinned` and `host2` are valid for `n` bytes.
     unsafe { cu_call!(d, cuMemcpy(pinned.dptr(), host2.as_ptr() as CUdeviceptr, n)) }.unwrap();
@@ -337,12 +257,7 @@ fn asynchronous_copies_move_the_bytes_in_stream_order() {
     let (a, b) = (DeviceBuffer::new(n), DeviceBuffer::new(n));
     let pinned_in = Pinned::new(n);
     let pinned_out = Pinned::new(n);
-    for s in [
-        non_blocking_stream(),
-        common::blocking_stream(),
-        NULL_STREAM,
-        common::STREAM_PER_THREAD,
-    ] {
+    for s in [non_blocking_stream(), common::blocking_stream(), NULL_STREAM, common::STREAM_PER_THREAD] {
         let src = pattern(n, s as usize as u8);
         pinned_in.write(&src);
         pinned_out.fill(0);
@@ -353,11 +268,7 @@ fn asynchronous_copies_move_the_bytes_in_stream_order() {
             cu_call!(d, cuMemcpyDtoDAsync_v2(b.ptr, a.ptr, n, s)).unwrap();
             cu_call!(d, cuMemcpyAsync(a.ptr, b.ptr, n, s)).unwrap();
             cu_call!(d, cuMemcpyDtoHAsync_v2(pinned_out.ptr.cast(), a.ptr, n, s)).unwrap();
-            cu_call!(
-                d,
-                cuMemcpyAsync(pageable.as_mut_ptr() as CUdeviceptr, b.ptr, n, s)
-            )
-            .unwrap();
+            cu_call!(d, cuMemcpyAsync(pageable.as_mut_ptr() as CUdeviceptr, b.ptr, n, s)).unwrap();
         }
         sync(s);
         assert_eq!(pinned_out.read(), src, "stream {s:?}");
@@ -366,12 +277,7 @@ fn asynchronous_copies_move_the_bytes_in_stream_order() {
 }
 
 /// Every copy form, called with `dst`, `src` and `len`; `(name, code)`.
-fn all_copies(
-    dst: CUdeviceptr,
-    src: CUdeviceptr,
-    len: usize,
-    s: CUstream,
-) -> Vec<(&'static str, CUresult)> {
+fn all_copies(dst: CUdeviceptr, src: CUdeviceptr, len: usize, s: CUstream) -> Vec<(&'static str, CUresult)> {
     let d = driver();
     let (h_dst, h_src) = (dst as *mut c_void, src as *const c_void);
     // SAFETY: callers pass host pointers valid for `len` bytes, or pointers the driver rejects
@@ -383,18 +289,9 @@ fn all_copies(
             ("cuMemcpyDtoH", code!(d, cuMemcpyDtoH_v2(h_dst, src, len))),
             ("cuMemcpyDtoD", code!(d, cuMemcpyDtoD_v2(dst, src, len))),
             ("cuMemcpyAsync", code!(d, cuMemcpyAsync(dst, src, len, s))),
-            (
-                "cuMemcpyHtoDAsync",
-                code!(d, cuMemcpyHtoDAsync_v2(dst, h_src, len, s)),
-            ),
-            (
-                "cuMemcpyDtoHAsync",
-                code!(d, cuMemcpyDtoHAsync_v2(h_dst, src, len, s)),
-            ),
-            (
-                "cuMemcpyDtoDAsync",
-                code!(d, cuMemcpyDtoDAsync_v2(dst, src, len, s)),
-            ),
+            ("cuMemcpyHtoDAsync", code!(d, cuMemcpyHtoDAsync_v2(dst, h_src, len, s))),
+            ("cuMemcpyDtoHAsync", code!(d, cuMemcpyDtoHAsync_v2(h_dst, src, len, s))),
+            ("cuMemcpyDtoDAsync", code!(d, cuMemcpyDtoDAsync_v2(dst, src, len, s))),
         ]
     }
 }
@@ -405,10 +302,7 @@ fn copies_out_of_bounds_or_of_freed_memory_are_invalid() {
     let d = driver();
     let s = non_blocking_stream();
     let n = 100;
-    let (a, b) = (
-        DeviceBuffer::with(&pattern(n, 7)),
-        DeviceBuffer::with(&pattern(n, 8)),
-    );
+    let (a, b) = (DeviceBuffer::with(&pattern(n, 7)), DeviceBuffer::with(&pattern(n, 8)));
     let host = vec![0u8; 2 * n];
     let h = host.as_ptr() as CUdeviceptr;
     let check = |dst, src, len, what: &str| {
@@ -420,31 +314,12 @@ fn copies_out_of_bounds_or_of_freed_memory_are_invalid() {
     check(a.ptr, b.ptr, n + 1, "both ranges run past the end");
     check(a.ptr + 1, b.ptr, n, "the destination runs past the end");
     check(a.ptr, b.ptr + 1, n, "the source runs past the end");
-    check(
-        a.ptr + n as u64,
-        b.ptr,
-        1,
-        "the destination starts at the end",
-    );
-    check(
-        a.ptr,
-        b.ptr + n as u64 + 64,
-        1,
-        "the source lies past the end",
-    );
+    check(a.ptr + n as u64, b.ptr, 1, "the destination starts at the end");
+    check(a.ptr, b.ptr + n as u64 + 64, 1, "the source lies past the end");
     // SAFETY: `host` is valid for 2n bytes; the device ranges run past the end and are rejected.
     unsafe {
-        assert_eq!(
-            code!(d, cuMemcpyHtoD_v2(a.ptr + 50, host.as_ptr().cast(), 51)),
-            INVALID
-        );
-        assert_eq!(
-            code!(
-                d,
-                cuMemcpyDtoH_v2(host.as_ptr().cast_mut().cast(), a.ptr + 99, 2)
-            ),
-            INVALID
-        );
+        assert_eq!(code!(d, cuMemcpyHtoD_v2(a.ptr + 50, host.as_ptr().cast(), 51)), INVALID);
+        assert_eq!(code!(d, cuMemcpyDtoH_v2(host.as_ptr().cast_mut().cast(), a.ptr + 99, 2)), INVALID);
         assert_eq!(code!(d, cuMemcpy(h, a.ptr + 1, n)), INVALID);
         assert_eq!(code!(d, cuMemcpy(a.ptr + 1, h, n)), INVALID);
     }
@@ -467,39 +342,16 @@ fn copies_out_of_bounds_or_of_freed_memory_are_invalid() {
     // SAFETY: every host pointer is valid for 10 bytes; device pointers on the wrong side are
     // rejected before anything is copied.
     unsafe {
+        assert_eq!(code!(d, cuMemcpyHtoD_v2(a.ptr, b.ptr as *const c_void, 10)), INVALID, "HtoD from device memory");
+        assert_eq!(code!(d, cuMemcpyDtoH_v2(a.ptr as *mut c_void, b.ptr, 10)), INVALID, "DtoH to device memory");
         assert_eq!(
-            code!(d, cuMemcpyHtoD_v2(a.ptr, b.ptr as *const c_void, 10)),
-            INVALID,
-            "HtoD from device memory"
-        );
-        assert_eq!(
-            code!(d, cuMemcpyDtoH_v2(a.ptr as *mut c_void, b.ptr, 10)),
-            INVALID,
-            "DtoH to device memory"
-        );
-        assert_eq!(
-            code!(
-                d,
-                cuMemcpyDtoH_v2(host.as_ptr().cast_mut().cast(), h + 10, 10)
-            ),
+            code!(d, cuMemcpyDtoH_v2(host.as_ptr().cast_mut().cast(), h + 10, 10)),
             INVALID,
             "DtoH from host memory"
         );
-        assert_eq!(
-            code!(d, cuMemcpyHtoD_v2(h, host.as_ptr().cast(), 10)),
-            INVALID,
-            "HtoD to host memory"
-        );
-        assert_eq!(
-            code!(d, cuMemcpyDtoD_v2(a.ptr, h, 10)),
-            INVALID,
-            "DtoD from host memory"
-        );
-        assert_eq!(
-            code!(d, cuMemcpyDtoDAsync_v2(h, a.ptr, 10, s)),
-            INVALID,
-            "DtoD to host memory"
-        );
+        assert_eq!(code!(d, cuMemcpyHtoD_v2(h, host.as_ptr().cast(), 10)), INVALID, "HtoD to host memory");
+        assert_eq!(code!(d, cuMemcpyDtoD_v2(a.ptr, h, 10)), INVALID, "DtoD from host memory");
+        assert_eq!(code!(d, cuMemcpyDtoDAsync_v2(h, a.ptr, 10, s)), INVALID, "DtoD to host memory");
     }
     // Nothing was written by any failed call.
     sync(s);
@@ -539,14 +391,7 @@ fn zero_length_copies_succeed() {
 }
 
 /// A memset through each of the six functions: (width, asynchronous).
-fn memset(
-    width: usize,
-    asynchronous: bool,
-    dst: CUdeviceptr,
-    value: u32,
-    count: usize,
-    s: CUstream,
-) -> CUresult {
+fn memset(width: usize, asynchronous: bool, dst: CUdeviceptr, value: u32, count: usize, s: CUstream) -> CUresult {
     let d = driver();
     // SAFETY: no host pointers are dereferenced except pinned ones the caller owns.
     unsafe {
@@ -569,11 +414,7 @@ fn memsets_fill_elements_in_bounds() {
     let value: u32 = 0xdead_beef;
     for width in [1, 2, 4] {
         for asynchronous in [false, true] {
-            let what = format!(
-                "D{} {}",
-                width * 8,
-                if asynchronous { "async" } else { "sync" }
-            );
+            let what = format!("D{} {}", width * 8, if asynchronous { "async" } else { "sync" });
             let buffer = DeviceBuffer::with(&[0x11; 64]);
             let stream = if asynchronous { s } else { NULL_STREAM };
             // Fill 8 bytes at offset 8 with elements of `width` bytes.
@@ -590,19 +431,11 @@ fn memsets_fill_elements_in_bounds() {
             }
             assert_eq!(buffer.read(), expected, "{what}");
             // The whole buffer, exactly.
-            assert_eq!(
-                memset(width, asynchronous, buffer.ptr, value, n / width, s),
-                CUresult::CUDA_SUCCESS,
-                "{what}"
-            );
+            assert_eq!(memset(width, asynchronous, buffer.ptr, value, n / width, s), CUresult::CUDA_SUCCESS, "{what}");
             sync(stream);
             assert_eq!(buffer.read(), element.repeat(n / width), "{what}");
             // Zero elements: nothing happens.
-            assert_eq!(
-                memset(width, asynchronous, buffer.ptr, 0, 0, s),
-                CUresult::CUDA_SUCCESS,
-                "{what}"
-            );
+            assert_eq!(memset(width, asynchronous, buffer.ptr, 0, 0, s), CUresult::CUDA_SUCCESS, "{what}");
 
             // One element too many, from the start or an offset; a count whose byte size
             // overflows; misaligned addresses; not device memory.
@@ -611,41 +444,21 @@ fn memsets_fill_elements_in_bounds() {
             assert_eq!(free(freed), CUresult::CUDA_SUCCESS);
             let mut bad = vec![
                 (buffer.ptr, n / width + 1, "one element past the end"),
-                (
-                    buffer.ptr + width as u64,
-                    n / width,
-                    "from an offset, past the end",
-                ),
-                (
-                    buffer.ptr,
-                    usize::MAX / 2 + 1,
-                    "a byte count that overflows",
-                ),
+                (buffer.ptr + width as u64, n / width, "from an offset, past the end"),
+                (buffer.ptr, usize::MAX / 2 + 1, "a byte count that overflows"),
                 (local.as_ptr() as CUdeviceptr, 1, "pageable host memory"),
                 (freed, 1, "freed memory"),
                 (0, 1, "null"),
             ];
             if width > 1 {
                 bad.push((buffer.ptr + 1, 1, "misaligned by one byte"));
-                bad.push((
-                    buffer.ptr + width as u64 / 2,
-                    1,
-                    "misaligned by half an element",
-                ));
+                bad.push((buffer.ptr + width as u64 / 2, 1, "misaligned by half an element"));
             }
             for (dst, count, why) in bad {
-                assert_eq!(
-                    memset(width, asynchronous, dst, 0, count, s),
-                    INVALID,
-                    "{what}: {why}"
-                );
+                assert_eq!(memset(width, asynchronous, dst, 0, count, s), INVALID, "{what}: {why}");
             }
             sync(stream);
-            assert_eq!(
-                buffer.read(),
-                element.repeat(n / width),
-                "{what}: failed memsets wrote nothing"
-            );
+            assert_eq!(buffer.read(), element.repeat(n / width), "{what}: failed memsets wrote nothing");
         }
     }
 }
@@ -654,21 +467,11 @@ fn memsets_fill_elements_in_bounds() {
 fn a_synchronous_memset_of_pinned_memory_is_done_when_it_returns() {
     use_device(0);
     let pinned = Pinned::new(64);
-    for (width, value, expected) in [
-        (1, 0x7f, [0x7f; 4]),
-        (2, 0x1234, [0x34, 0x12, 0x34, 0x12]),
-        (4, 0x0102_0304, [4, 3, 2, 1]),
-    ] {
-        assert_eq!(
-            memset(width, false, pinned.dptr(), value, 64 / width, NULL_STREAM),
-            CUresult::CUDA_SUCCESS
-        );
-        assert_eq!(
-            pinned.read(),
-            expected.repeat(16),
-            "D{} on pinned memory",
-            width * 8
-        );
+    for (width, value, expected) in
+        [(1, 0x7f, [0x7f; 4]), (2, 0x1234, [0x34, 0x12, 0x34, 0x12]), (4, 0x0102_0304, [4, 3, 2, 1])]
+    {
+        assert_eq!(memset(width, false, pinned.dptr(), value, 64 / width, NULL_STREAM), CUresult::CUDA_SUCCESS);
+        assert_eq!(pinned.read(), expected.repeat(16), "D{} on pinned memory", width * 8);
     }
 }
 
@@ -676,12 +479,7 @@ fn a_synchronous_memset_of_pinned_memory_is_done_when_it_returns() {
 fn attribute<T: Copy>(attr: CUpointer_attribute, ptr: CUdeviceptr, init: T) -> Result<T, CUresult> {
     let mut value = init;
     // SAFETY: `value` has the type cuda.h documents for `attr`.
-    match unsafe {
-        code!(
-            driver(),
-            cuPointerGetAttribute(std::ptr::from_mut(&mut value).cast(), attr, ptr)
-        )
-    } {
+    match unsafe { code!(driver(), cuPointerGetAttribute(std::ptr::from_mut(&mut value).cast(), attr, ptr)) } {
         CUresult::CUDA_SUCCESS => Ok(value),
         error => Err(error),
     }
@@ -752,17 +550,8 @@ fn attributes(ptr: CUdeviceptr) -> Result<Attributes, CUresult> {
     ];
     let mut attrs = ATTRIBUTES;
     // SAFETY: both arrays have 12 elements, and each data pointer has its attribute's type.
-    let result = unsafe {
-        code!(
-            driver(),
-            cuPointerGetAttributes(12, attrs.as_mut_ptr(), data.as_mut_ptr(), ptr)
-        )
-    };
-    if result == CUresult::CUDA_SUCCESS {
-        Ok(a)
-    } else {
-        Err(result)
-    }
+    let result = unsafe { code!(driver(), cuPointerGetAttributes(12, attrs.as_mut_ptr(), data.as_mut_ptr(), ptr)) };
+    if result == CUresult::CUDA_SUCCESS { Ok(a) } else { Err(result) }
 }
 
 #[test]
@@ -777,105 +566,43 @@ fn pointer_attributes_of_device_and_pinned_memory() {
     let host = CUmemorytype::CU_MEMORYTYPE_HOST.0;
 
     for q in [p, p + 100, p + 999] {
-        assert_eq!(
-            attribute(A::CU_POINTER_ATTRIBUTE_CONTEXT, q, std::ptr::null_mut()),
-            Ok(ctx)
-        );
-        assert_eq!(
-            attribute(A::CU_POINTER_ATTRIBUTE_MEMORY_TYPE, q, 0u32),
-            Ok(device)
-        );
-        assert_eq!(
-            attribute(A::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, q, -1i32),
-            Ok(0)
-        );
-        assert_eq!(
-            attribute(A::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, q, 0u64),
-            Ok(p)
-        );
-        assert_eq!(
-            attribute(A::CU_POINTER_ATTRIBUTE_RANGE_SIZE, q, 0usize),
-            Ok(1000)
-        );
-        assert_eq!(
-            attribute(A::CU_POINTER_ATTRIBUTE_MAPPED, q, false),
-            Ok(true)
-        );
-        assert_eq!(
-            attribute(A::CU_POINTER_ATTRIBUTE_IS_MANAGED, q, true),
-            Ok(false)
-        );
-        assert_eq!(
-            attribute(A::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, q, false),
-            Ok(true)
-        );
-        assert_eq!(
-            attribute(A::CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, q, 0x1usize),
-            Ok(0)
-        );
+        assert_eq!(attribute(A::CU_POINTER_ATTRIBUTE_CONTEXT, q, std::ptr::null_mut()), Ok(ctx));
+        assert_eq!(attribute(A::CU_POINTER_ATTRIBUTE_MEMORY_TYPE, q, 0u32), Ok(device));
+        assert_eq!(attribute(A::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, q, -1i32), Ok(0));
+        assert_eq!(attribute(A::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, q, 0u64), Ok(p));
+        assert_eq!(attribute(A::CU_POINTER_ATTRIBUTE_RANGE_SIZE, q, 0usize), Ok(1000));
+        assert_eq!(attribute(A::CU_POINTER_ATTRIBUTE_MAPPED, q, false), Ok(true));
+        assert_eq!(attribute(A::CU_POINTER_ATTRIBUTE_IS_MANAGED, q, true), Ok(false));
+        assert_eq!(attribute(A::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, q, false), Ok(true));
+        assert_eq!(attribute(A::CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, q, 0x1usize), Ok(0));
         // "the value returned in *data will equal the input value ptr"
-        assert_eq!(
-            attribute(A::CU_POINTER_ATTRIBUTE_DEVICE_POINTER, q, 0u64),
-            Ok(q),
-            "device pointer of {q:#x}"
-        );
+        assert_eq!(attribute(A::CU_POINTER_ATTRIBUTE_DEVICE_POINTER, q, 0u64), Ok(q), "device pointer of {q:#x}");
         // Device memory has no host pointer.
-        assert_eq!(
-            attribute(A::CU_POINTER_ATTRIBUTE_HOST_POINTER, q, 0usize),
-            Err(INVALID)
-        );
+        assert_eq!(attribute(A::CU_POINTER_ATTRIBUTE_HOST_POINTER, q, 0usize), Err(INVALID));
     }
     let id = attribute(A::CU_POINTER_ATTRIBUTE_BUFFER_ID, p, 0u64).unwrap();
     assert_ne!(id, 0);
-    assert_eq!(
-        attribute(A::CU_POINTER_ATTRIBUTE_BUFFER_ID, p + 500, 0u64),
-        Ok(id)
-    );
+    assert_eq!(attribute(A::CU_POINTER_ATTRIBUTE_BUFFER_ID, p + 500, 0u64), Ok(id));
     let other_id = attribute(A::CU_POINTER_ATTRIBUTE_BUFFER_ID, other.ptr, 0u64).unwrap();
     assert_ne!(other_id, id, "buffer ids are unique");
-    assert_ne!(
-        attribute(A::CU_POINTER_ATTRIBUTE_BUFFER_ID, h, 0u64).unwrap(),
-        id
-    );
+    assert_ne!(attribute(A::CU_POINTER_ATTRIBUTE_BUFFER_ID, h, 0u64).unwrap(), id);
 
     for q in [h, h + 10, h + 99] {
-        assert_eq!(
-            attribute(A::CU_POINTER_ATTRIBUTE_MEMORY_TYPE, q, 0u32),
-            Ok(host)
-        );
-        assert_eq!(
-            attribute(A::CU_POINTER_ATTRIBUTE_CONTEXT, q, std::ptr::null_mut()),
-            Ok(ctx)
-        );
-        assert_eq!(
-            attribute(A::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, q, 0u64),
-            Ok(h)
-        );
-        assert_eq!(
-            attribute(A::CU_POINTER_ATTRIBUTE_RANGE_SIZE, q, 0usize),
-            Ok(100)
-        );
+        assert_eq!(attribute(A::CU_POINTER_ATTRIBUTE_MEMORY_TYPE, q, 0u32), Ok(host));
+        assert_eq!(attribute(A::CU_POINTER_ATTRIBUTE_CONTEXT, q, std::ptr::null_mut()), Ok(ctx));
+        assert_eq!(attribute(A::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, q, 0u64), Ok(h));
+        assert_eq!(attribute(A::CU_POINTER_ATTRIBUTE_RANGE_SIZE, q, 0usize), Ok(100));
         assert_eq!(
             attribute(A::CU_POINTER_ATTRIBUTE_HOST_POINTER, q, 0usize),
             Ok(q as usize),
             "host pointer of {q:#x}"
         );
-        assert_eq!(
-            attribute(A::CU_POINTER_ATTRIBUTE_DEVICE_POINTER, q, 0u64),
-            Ok(q),
-            "device pointer of {q:#x}"
-        );
-        assert_eq!(
-            attribute(A::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, q, true),
-            Ok(false)
-        );
+        assert_eq!(attribute(A::CU_POINTER_ATTRIBUTE_DEVICE_POINTER, q, 0u64), Ok(q), "device pointer of {q:#x}");
+        assert_eq!(attribute(A::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, q, true), Ok(false));
     }
 
     // Booleans are written as one byte (C bool).
-    assert_eq!(
-        attribute(A::CU_POINTER_ATTRIBUTE_IS_MANAGED, p, u64::MAX),
-        Ok(u64::MAX << 8)
-    );
+    assert_eq!(attribute(A::CU_POINTER_ATTRIBUTE_IS_MANAGED, p, u64::MAX), Ok(u64::MAX << 8));
 
     // The plural form reads the same values; device memory's host pointer reads as null.
     let all = attributes(p + 100).unwrap();
@@ -898,12 +625,7 @@ fn pointer_attributes_of_device_and_pinned_memory() {
     );
     let all = attributes(h + 1).unwrap();
     assert_eq!(
-        (
-            all.memory_type,
-            all.host_pointer,
-            all.range_start,
-            all.range_size
-        ),
+        (all.memory_type, all.host_pointer, all.range_start, all.range_size),
         (host, (h + 1) as *mut c_void, h, 100)
     );
 }
@@ -915,12 +637,7 @@ fn pointer_attributes_of_unknown_pointers() {
     assert_eq!(free(freed), CUresult::CUDA_SUCCESS);
     let local = 0u64;
     let buffer = DeviceBuffer::new(64);
-    for ptr in [
-        0,
-        std::ptr::from_ref(&local) as CUdeviceptr,
-        freed,
-        buffer.ptr + 64,
-    ] {
+    for ptr in [0, std::ptr::from_ref(&local) as CUdeviceptr, freed, buffer.ptr + 64] {
         for attr in ATTRIBUTES {
             assert_eq!(
                 attribute(attr, ptr, [0u8; 16]).err(),
@@ -959,68 +676,29 @@ fn pointer_attribute_arguments() {
     let buffer = DeviceBuffer::new(64);
     let p = buffer.ptr;
     // Attributes the simulator does not model, and values that are no attribute.
-    for attr in [
-        A::CU_POINTER_ATTRIBUTE_P2P_TOKENS,
-        A::CU_POINTER_ATTRIBUTE_ACCESS_FLAGS,
-        A::CU_POINTER_ATTRIBUTE_MAPPING_SIZE,
-    ] {
-        assert_eq!(
-            attribute(attr, p, [0u8; 16]),
-            Err(CUresult::CUDA_ERROR_NOT_SUPPORTED),
-            "attribute {}",
-            attr.0
-        );
+    for attr in
+        [A::CU_POINTER_ATTRIBUTE_P2P_TOKENS, A::CU_POINTER_ATTRIBUTE_ACCESS_FLAGS, A::CU_POINTER_ATTRIBUTE_MAPPING_SIZE]
+    {
+        assert_eq!(attribute(attr, p, [0u8; 16]), Err(CUresult::CUDA_ERROR_NOT_SUPPORTED), "attribute {}", attr.0);
     }
     for raw in [0, 22, 1000] {
-        assert_eq!(
-            attribute(A(raw), p, [0u8; 16]),
-            Err(INVALID),
-            "attribute {raw}"
-        );
+        assert_eq!(attribute(A(raw), p, [0u8; 16]), Err(INVALID), "attribute {raw}");
     }
     let d = driver();
-    let mut attrs = [
-        A::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-        A::CU_POINTER_ATTRIBUTE_RANGE_SIZE,
-    ];
+    let mut attrs = [A::CU_POINTER_ATTRIBUTE_MEMORY_TYPE, A::CU_POINTER_ATTRIBUTE_RANGE_SIZE];
     let mut size = 0usize;
     let mut data: [*mut c_void; 2] = [std::ptr::null_mut(), std::ptr::from_mut(&mut size).cast()];
     // SAFETY: null pointers are rejected or skipped; the others have their attribute's type.
     unsafe {
         assert_eq!(
-            code!(
-                d,
-                cuPointerGetAttribute(std::ptr::null_mut(), A::CU_POINTER_ATTRIBUTE_MEMORY_TYPE, p)
-            ),
+            code!(d, cuPointerGetAttribute(std::ptr::null_mut(), A::CU_POINTER_ATTRIBUTE_MEMORY_TYPE, p)),
             INVALID
         );
-        assert_eq!(
-            code!(
-                d,
-                cuPointerGetAttributes(0, attrs.as_mut_ptr(), data.as_mut_ptr(), p)
-            ),
-            INVALID
-        );
-        assert_eq!(
-            code!(
-                d,
-                cuPointerGetAttributes(2, std::ptr::null_mut(), data.as_mut_ptr(), p)
-            ),
-            INVALID
-        );
-        assert_eq!(
-            code!(
-                d,
-                cuPointerGetAttributes(2, attrs.as_mut_ptr(), std::ptr::null_mut(), p)
-            ),
-            INVALID
-        );
+        assert_eq!(code!(d, cuPointerGetAttributes(0, attrs.as_mut_ptr(), data.as_mut_ptr(), p)), INVALID);
+        assert_eq!(code!(d, cuPointerGetAttributes(2, std::ptr::null_mut(), data.as_mut_ptr(), p)), INVALID);
+        assert_eq!(code!(d, cuPointerGetAttributes(2, attrs.as_mut_ptr(), std::ptr::null_mut(), p)), INVALID);
         // A null entry in `data` skips that attribute.
-        cu_call!(
-            d,
-            cuPointerGetAttributes(2, attrs.as_mut_ptr(), data.as_mut_ptr(), p)
-        )
-        .unwrap();
+        cu_call!(d, cuPointerGetAttributes(2, attrs.as_mut_ptr(), data.as_mut_ptr(), p)).unwrap();
     }
     assert_eq!(size, 64);
 }
@@ -1034,19 +712,9 @@ fn pointer_attributes_name_the_allocating_device_and_context() {
         let pinned_one = Pinned::new(32);
         let c0 = use_device(0);
         let on_zero = DeviceBuffer::new(32);
-        for (ptr, ctx, ordinal) in [
-            (on_one.ptr, c1, 1),
-            (pinned_one.dptr(), c1, 1),
-            (on_zero.ptr, c0, 0),
-        ] {
-            assert_eq!(
-                attribute(A::CU_POINTER_ATTRIBUTE_CONTEXT, ptr, std::ptr::null_mut()),
-                Ok(ctx)
-            );
-            assert_eq!(
-                attribute(A::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr, -1i32),
-                Ok(ordinal)
-            );
+        for (ptr, ctx, ordinal) in [(on_one.ptr, c1, 1), (pinned_one.dptr(), c1, 1), (on_zero.ptr, c0, 0)] {
+            assert_eq!(attribute(A::CU_POINTER_ATTRIBUTE_CONTEXT, ptr, std::ptr::null_mut()), Ok(ctx));
+            assert_eq!(attribute(A::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr, -1i32), Ok(ordinal));
             assert_eq!(attributes(ptr).unwrap().device_ordinal, ordinal);
         }
         // Copies between devices' memory work from either context (peer access is on).

@@ -9,9 +9,9 @@ mod common;
 use std::ffi::c_void;
 
 use common::{
-    DeviceBuffer, Gate, NULL_STREAM, OPEN_DELAY, Pinned, STREAM_LEGACY, STREAM_PER_THREAD,
-    WATCHDOG, blocking_stream, code, driver, dtoh, event, event_query, in_child, memset_async,
-    non_blocking_stream, per_thread_driver, query, record, sync, use_device, wait_event,
+    DeviceBuffer, Gate, NULL_STREAM, OPEN_DELAY, Pinned, STREAM_LEGACY, STREAM_PER_THREAD, WATCHDOG, blocking_stream,
+    code, driver, dtoh, event, event_query, in_child, memset_async, non_blocking_stream, per_thread_driver, query,
+    record, sync, use_device, wait_event,
 };
 use cuda_sys::cu_call;
 use cuda_sys::types::{CUdeviceptr, CUevent_flags, CUresult, CUstream};
@@ -20,9 +20,7 @@ const NOT_READY: CUresult = CUresult::CUDA_ERROR_NOT_READY;
 const SUCCESS: CUresult = CUresult::CUDA_SUCCESS;
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(7).wrapping_add(seed))
-        .collect()
+    (0..len).map(|i| (i as u8).wrapping_mul(7).wrapping_add(seed)).collect()
 }
 
 /// Reads device memory through a fresh non-blocking stream, which waits for nothing else: what
@@ -31,13 +29,7 @@ fn peek(src: CUdeviceptr, len: usize) -> Vec<u8> {
     let s = non_blocking_stream();
     let pinned = Pinned::new(len);
     // SAFETY: `pinned` is valid for `len` bytes until the stream is synchronized.
-    unsafe {
-        cu_call!(
-            driver(),
-            cuMemcpyDtoHAsync_v2(pinned.ptr.cast(), src, len, s)
-        )
-    }
-    .unwrap();
+    unsafe { cu_call!(driver(), cuMemcpyDtoHAsync_v2(pinned.ptr.cast(), src, len, s)) }.unwrap();
     sync(s);
     pinned.read()
 }
@@ -61,11 +53,7 @@ fn an_async_copy_behind_a_blocked_host_function_waits_for_it() {
             for _ in 0..3 {
                 assert_eq!(query(s), NOT_READY);
                 assert_eq!(event_query(done), NOT_READY);
-                assert_eq!(
-                    pinned.read(),
-                    vec![0; n],
-                    "the copy ran before the host function returned"
-                );
+                assert_eq!(pinned.read(), vec![0; n], "the copy ran before the host function returned");
             }
             gate.open();
             sync(s);
@@ -108,11 +96,7 @@ fn a_wait_is_for_the_recording_current_when_it_was_enqueued() {
     in_child!(&[], || {
         use_device(0);
         let d = driver();
-        let (a, b, c) = (
-            non_blocking_stream(),
-            non_blocking_stream(),
-            non_blocking_stream(),
-        );
+        let (a, b, c) = (non_blocking_stream(), non_blocking_stream(), non_blocking_stream());
         let pinned = Pinned::new(2);
         let e = event(CUevent_flags::CU_EVENT_DEFAULT);
 
@@ -130,16 +114,9 @@ fn a_wait_is_for_the_recording_current_when_it_was_enqueued() {
         gate1.open();
         let watchdog = gate2.watchdog(WATCHDOG);
         sync(b);
-        assert!(
-            !gate2.is_open(),
-            "B waited for a later recording (watchdog fired: {watchdog:?})"
-        );
+        assert!(!gate2.is_open(), "B waited for a later recording (watchdog fired: {watchdog:?})");
         assert_eq!(pinned.read()[0], 1);
-        assert_eq!(
-            event_query(e),
-            NOT_READY,
-            "the latest recording is still pending"
-        );
+        assert_eq!(event_query(e), NOT_READY, "the latest recording is still pending");
         gate2.open();
         sync(c);
         assert_eq!(event_query(e), SUCCESS);
@@ -154,10 +131,7 @@ fn a_wait_is_for_the_recording_current_when_it_was_enqueued() {
         record(fresh, a);
         let watchdog = gate3.watchdog(WATCHDOG);
         sync(b);
-        assert!(
-            !gate3.is_open(),
-            "B waited for a recording made after its wait (watchdog fired: {watchdog:?})"
-        );
+        assert!(!gate3.is_open(), "B waited for a recording made after its wait (watchdog fired: {watchdog:?})");
         assert_eq!(pinned.read(), [1, 2]);
     });
 }
@@ -190,29 +164,16 @@ fn the_legacy_stream_waits_for_blocking_streams_but_non_blocking_streams_do_not(
         sync(non_blocking);
         memset_async(at(5), 6, 1, non_blocking);
         sync(non_blocking);
-        assert!(
-            !gate.is_open(),
-            "the non-blocking stream waited (watchdog fired: {watchdog:?})"
-        );
+        assert!(!gate.is_open(), "the non-blocking stream waited (watchdog fired: {watchdog:?})");
         assert_eq!(pinned.read(), [0, 0, 2, 0, 0, 6]);
-        for s in [
-            NULL_STREAM,
-            STREAM_LEGACY,
-            STREAM_PER_THREAD,
-            later,
-            blocking,
-        ] {
+        for s in [NULL_STREAM, STREAM_LEGACY, STREAM_PER_THREAD, later, blocking] {
             assert_eq!(query(s), NOT_READY, "stream {s:?}");
         }
         assert_eq!(query(non_blocking), SUCCESS);
 
         gate.open();
         sync(NULL_STREAM);
-        assert_eq!(
-            pinned.read()[..2],
-            [1, 1],
-            "legacy work ran after the blocking stream's"
-        );
+        assert_eq!(pinned.read()[..2], [1, 1], "legacy work ran after the blocking stream's");
         // SAFETY: no pointers.
         unsafe { cu_call!(d, cuCtxSynchronize()) }.unwrap();
         assert_eq!(pinned.read(), [1, 1, 2, 3, 4, 6]);
@@ -232,20 +193,11 @@ fn blocking_streams_wait_for_earlier_legacy_work() {
         gate.wait_entered(1);
         // The blocking stream copies what the legacy stream wrote; had it not waited, zero.
         // SAFETY: the pinned buffer is valid for 3 bytes until the streams are synchronized.
-        unsafe {
-            cu_call!(
-                d,
-                cuMemcpyAsync(pinned.dptr() + 1, pinned.dptr(), 1, blocking)
-            )
-        }
-        .unwrap();
+        unsafe { cu_call!(d, cuMemcpyAsync(pinned.dptr() + 1, pinned.dptr(), 1, blocking)) }.unwrap();
         let watchdog = gate.watchdog(WATCHDOG);
         memset_async(pinned.dptr() + 2, 2, 1, non_blocking);
         sync(non_blocking);
-        assert!(
-            !gate.is_open(),
-            "the non-blocking stream waited for the legacy stream ({watchdog:?})"
-        );
+        assert!(!gate.is_open(), "the non-blocking stream waited for the legacy stream ({watchdog:?})");
         assert_eq!(query(blocking), NOT_READY);
         assert_eq!(pinned.read(), [0, 0, 2]);
         gate.open();
@@ -260,10 +212,7 @@ fn synchronous_device_copies_and_memsets_return_before_they_complete() {
         use_device(0);
         let d = driver();
         let n = 256;
-        let (a, b) = (
-            DeviceBuffer::with(&pattern(n, 1)),
-            DeviceBuffer::with(&pattern(n, 2)),
-        );
+        let (a, b) = (DeviceBuffer::with(&pattern(n, 1)), DeviceBuffer::with(&pattern(n, 2)));
         let (gate, _guard) = Gate::new();
         gate.hold(d, NULL_STREAM);
         gate.wait_entered(1);
@@ -276,10 +225,7 @@ fn synchronous_device_copies_and_memsets_return_before_they_complete() {
             cu_call!(d, cuMemsetD16_v2(a.ptr + 4, 0xbbbb, 2)).unwrap();
             cu_call!(d, cuMemsetD32_v2(a.ptr + 8, 0xcccc_cccc, 1)).unwrap();
         }
-        assert!(
-            !gate.is_open(),
-            "a synchronous device-side call waited for the stream ({watchdog:?})"
-        );
+        assert!(!gate.is_open(), "a synchronous device-side call waited for the stream ({watchdog:?})");
         assert_eq!(query(NULL_STREAM), NOT_READY);
         // Nothing has run yet: the memory still holds what it held.
         assert_eq!(peek(b.ptr, n), pattern(n, 2));
@@ -290,9 +236,7 @@ fn synchronous_device_copies_and_memsets_return_before_they_complete() {
         expected_b[8..16].copy_from_slice(&pattern(n, 1)[100..108]);
         assert_eq!(dtoh(b.ptr, n), expected_b);
         let mut expected_a = pattern(n, 1);
-        expected_a[..12].copy_from_slice(&[
-            0xaa, 0xaa, 0xaa, 0xaa, 0xbb, 0xbb, 0xbb, 0xbb, 0xcc, 0xcc, 0xcc, 0xcc,
-        ]);
+        expected_a[..12].copy_from_slice(&[0xaa, 0xaa, 0xaa, 0xaa, 0xbb, 0xbb, 0xbb, 0xbb, 0xcc, 0xcc, 0xcc, 0xcc]);
         assert_eq!(dtoh(a.ptr, n), expected_a);
     });
 }
@@ -314,11 +258,7 @@ fn synchronous_copies_involving_host_memory_return_when_done() {
         // SAFETY: `pinned` is valid for `n` bytes.
         unsafe { cu_call!(d, cuMemcpyHtoD_v2(a.ptr, pinned.ptr.cast(), n)) }.unwrap();
         assert!(gate.is_open());
-        assert_eq!(
-            peek(a.ptr, n),
-            pattern(n, 9),
-            "cuMemcpyHtoD from pinned memory returned before it was done"
-        );
+        assert_eq!(peek(a.ptr, n), pattern(n, 9), "cuMemcpyHtoD from pinned memory returned before it was done");
 
         // Device to pinned, and to pageable: return when done.
         for pageable in [false, true] {
@@ -338,11 +278,7 @@ fn synchronous_copies_involving_host_memory_return_when_done() {
                 unsafe { cu_call!(d, cuMemcpyDtoH_v2(out.ptr.cast(), a.ptr, n)) }.unwrap();
                 out.read()
             };
-            assert_eq!(
-                out,
-                vec![0x42; n],
-                "cuMemcpyDtoH (pageable: {pageable}) returned before it was done"
-            );
+            assert_eq!(out, vec![0x42; n], "cuMemcpyDtoH (pageable: {pageable}) returned before it was done");
         }
     });
 }
@@ -364,10 +300,7 @@ fn async_copies_stage_pageable_sources_and_wait_for_pageable_destinations() {
         let watchdog = gate.watchdog(WATCHDOG);
         // SAFETY: `source` is valid for `n` bytes during the call, which stages it.
         unsafe { cu_call!(d, cuMemcpyHtoDAsync_v2(a.ptr, source.as_ptr().cast(), n, s)) }.unwrap();
-        assert!(
-            !gate.is_open(),
-            "cuMemcpyHtoDAsync from pageable memory waited ({watchdog:?})"
-        );
+        assert!(!gate.is_open(), "cuMemcpyHtoDAsync from pageable memory waited ({watchdog:?})");
         source.fill(0xff);
         gate.open();
         sync(s);
@@ -379,18 +312,8 @@ fn async_copies_stage_pageable_sources_and_wait_for_pageable_destinations() {
         gate.open_after(OPEN_DELAY);
         let mut out = vec![0u8; n];
         // SAFETY: `out` is valid for `n` bytes until the copy completes (before the call returns).
-        unsafe {
-            cu_call!(
-                d,
-                cuMemcpyDtoHAsync_v2(out.as_mut_ptr().cast(), a.ptr, n, s)
-            )
-        }
-        .unwrap();
-        assert_eq!(
-            out,
-            pattern(n, 3),
-            "cuMemcpyDtoHAsync to pageable memory returned before it was done"
-        );
+        unsafe { cu_call!(d, cuMemcpyDtoHAsync_v2(out.as_mut_ptr().cast(), a.ptr, n, s)) }.unwrap();
+        assert_eq!(out, pattern(n, 3), "cuMemcpyDtoHAsync to pageable memory returned before it was done");
 
         // Device to pinned memory: returns at once.
         let pinned = Pinned::new(n);
@@ -399,10 +322,7 @@ fn async_copies_stage_pageable_sources_and_wait_for_pageable_destinations() {
         let watchdog = gate.watchdog(WATCHDOG);
         // SAFETY: `pinned` is valid for `n` bytes until the stream is synchronized.
         unsafe { cu_call!(d, cuMemcpyDtoHAsync_v2(pinned.ptr.cast(), a.ptr, n, s)) }.unwrap();
-        assert!(
-            !gate.is_open(),
-            "cuMemcpyDtoHAsync to pinned memory waited ({watchdog:?})"
-        );
+        assert!(!gate.is_open(), "cuMemcpyDtoHAsync to pinned memory waited ({watchdog:?})");
         assert_eq!(pinned.read(), vec![0; n]);
         gate.open();
         sync(s);
@@ -424,17 +344,9 @@ fn per_thread_default_streams_are_separate_queues() {
         // SAFETY: no pointers.
         unsafe {
             assert_eq!(code!(threaded, cuStreamQuery(NULL_STREAM)), NOT_READY);
-            assert_eq!(
-                code!(legacy, cuStreamQuery(STREAM_PER_THREAD)),
-                NOT_READY,
-                "the same queue by its handle"
-            );
+            assert_eq!(code!(legacy, cuStreamQuery(STREAM_PER_THREAD)), NOT_READY, "the same queue by its handle");
             assert_eq!(code!(threaded, cuStreamQuery(STREAM_PER_THREAD)), NOT_READY);
-            assert_eq!(
-                code!(legacy, cuStreamQuery(NULL_STREAM)),
-                SUCCESS,
-                "the legacy stream is another queue"
-            );
+            assert_eq!(code!(legacy, cuStreamQuery(NULL_STREAM)), SUCCESS, "the legacy stream is another queue");
             assert_eq!(code!(threaded, cuStreamQuery(STREAM_LEGACY)), SUCCESS);
         }
         // Another thread's per-thread stream is yet another queue, and runs now.
@@ -442,8 +354,7 @@ fn per_thread_default_streams_are_separate_queues() {
         let address = at(0);
         common::on_fresh_thread(move || {
             // SAFETY: `ctx` is the live primary context.
-            unsafe { cu_call!(driver(), cuCtxSetCurrent(ctx as cuda_sys::types::CUcontext)) }
-                .unwrap();
+            unsafe { cu_call!(driver(), cuCtxSetCurrent(ctx as cuda_sys::types::CUcontext)) }.unwrap();
             let threaded = per_thread_driver();
             // SAFETY: no pointers; the pinned memory outlives the synchronized work.
             unsafe {
@@ -452,10 +363,7 @@ fn per_thread_default_streams_are_separate_queues() {
                 cu_call!(threaded, cuStreamSynchronize(NULL_STREAM)).unwrap();
             }
         });
-        assert!(
-            !gate.is_open(),
-            "another thread's per-thread stream waited ({watchdog:?})"
-        );
+        assert!(!gate.is_open(), "another thread's per-thread stream waited ({watchdog:?})");
         assert_eq!(pinned.read(), [1, 0, 0, 0]);
 
         // Work on this thread's per-thread stream queues behind the gate; legacy work waits for
@@ -540,9 +448,6 @@ fn per_thread_variants_work_on_the_per_thread_stream() {
             cu_call!(t, cuStreamIsCapturing(s, &mut status)).unwrap();
         }
         assert_eq!((flags, priority, device, stream_ctx), (0, 0, 0, ctx));
-        assert_eq!(
-            status,
-            cuda_sys::types::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
-        );
+        assert_eq!(status, cuda_sys::types::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE);
     });
 }

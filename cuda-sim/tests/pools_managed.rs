@@ -6,25 +6,21 @@ mod common;
 use std::ffi::{c_int, c_void};
 
 use common::{
-    DeviceBuffer, NULL_STREAM, Pinned, code, driver, dtoh, htod, in_child, init, memset_async,
-    non_blocking_stream, query, sync, use_device,
+    DeviceBuffer, NULL_STREAM, Pinned, code, driver, dtoh, htod, in_child, init, memset_async, non_blocking_stream,
+    query, sync, use_device,
 };
 use cuda_sys::cu_call;
 use cuda_sys::types::{
-    CUdeviceptr, CUgraph, CUmemAccess_flags, CUmemAccessDesc, CUmemAllocationHandleType,
-    CUmemAllocationType, CUmemLocation, CUmemLocationType, CUmemPool_attribute, CUmemPoolProps,
-    CUmemoryPool, CUmemorytype, CUpointer_attribute, CUresult, CUstream, CUstreamCaptureMode,
-    CUstreamCaptureStatus,
+    CUdeviceptr, CUgraph, CUmemAccess_flags, CUmemAccessDesc, CUmemAllocationHandleType, CUmemAllocationType,
+    CUmemLocation, CUmemLocationType, CUmemPool_attribute, CUmemPoolProps, CUmemoryPool, CUmemorytype,
+    CUpointer_attribute, CUresult, CUstream, CUstreamCaptureMode, CUstreamCaptureStatus,
 };
 
 const INVALID: CUresult = CUresult::CUDA_ERROR_INVALID_VALUE;
 const MIB: usize = 1 << 20;
 
 fn device_location(device: c_int) -> CUmemLocation {
-    CUmemLocation {
-        type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
-        id: device,
-    }
+    CUmemLocation { type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: device }
 }
 
 fn pool_props(device: c_int, max_size: usize) -> CUmemPoolProps {
@@ -63,11 +59,7 @@ fn device_pool(device: c_int, current: bool) -> Result<CUmemoryPool, CUresult> {
             code!(driver(), cuDeviceGetDefaultMemPool(&mut pool, device))
         }
     };
-    if result == CUresult::CUDA_SUCCESS {
-        Ok(pool)
-    } else {
-        Err(result)
-    }
+    if result == CUresult::CUDA_SUCCESS { Ok(pool) } else { Err(result) }
 }
 
 fn set_device_pool(device: c_int, pool: CUmemoryPool) -> CUresult {
@@ -79,28 +71,14 @@ fn set_device_pool(device: c_int, pool: CUmemoryPool) -> CUresult {
 fn pool_attribute(pool: CUmemoryPool, attribute: CUmemPool_attribute) -> u64 {
     let mut value = u64::MAX;
     // SAFETY: `value` has the attribute's type (cuuint64_t).
-    unsafe {
-        cu_call!(
-            driver(),
-            cuMemPoolGetAttribute(pool, attribute, std::ptr::from_mut(&mut value).cast())
-        )
-    }
-    .unwrap();
+    unsafe { cu_call!(driver(), cuMemPoolGetAttribute(pool, attribute, std::ptr::from_mut(&mut value).cast())) }
+        .unwrap();
     value
 }
 
-fn set_pool_attribute(
-    pool: CUmemoryPool,
-    attribute: CUmemPool_attribute,
-    mut value: u64,
-) -> CUresult {
+fn set_pool_attribute(pool: CUmemoryPool, attribute: CUmemPool_attribute, mut value: u64) -> CUresult {
     // SAFETY: `value` has the attribute's type (cuuint64_t).
-    unsafe {
-        code!(
-            driver(),
-            cuMemPoolSetAttribute(pool, attribute, std::ptr::from_mut(&mut value).cast())
-        )
-    }
+    unsafe { code!(driver(), cuMemPoolSetAttribute(pool, attribute, std::ptr::from_mut(&mut value).cast())) }
 }
 
 fn alloc_async(len: usize, s: CUstream) -> Result<CUdeviceptr, CUresult> {
@@ -133,19 +111,10 @@ fn mem_free() -> usize {
     free
 }
 
-fn pointer_attribute<T: Copy>(
-    attr: CUpointer_attribute,
-    ptr: CUdeviceptr,
-    init: T,
-) -> Result<T, CUresult> {
+fn pointer_attribute<T: Copy>(attr: CUpointer_attribute, ptr: CUdeviceptr, init: T) -> Result<T, CUresult> {
     let mut value = init;
     // SAFETY: `value` has the type cuda.h documents for `attr`.
-    match unsafe {
-        code!(
-            driver(),
-            cuPointerGetAttribute(std::ptr::from_mut(&mut value).cast(), attr, ptr)
-        )
-    } {
+    match unsafe { code!(driver(), cuPointerGetAttribute(std::ptr::from_mut(&mut value).cast(), attr, ptr)) } {
         CUresult::CUDA_SUCCESS => Ok(value),
         error => Err(error),
     }
@@ -159,35 +128,15 @@ fn default_created_and_current_pools() {
         let default1 = device_pool(1, false).unwrap();
         assert!(!default0.is_null());
         assert_ne!(default0, default1);
-        assert_eq!(
-            device_pool(0, true),
-            Ok(default0),
-            "the default pool is current at first"
-        );
-        assert_eq!(
-            device_pool(2, false),
-            Err(CUresult::CUDA_ERROR_INVALID_DEVICE)
-        );
-        assert_eq!(
-            device_pool(-1, true),
-            Err(CUresult::CUDA_ERROR_INVALID_DEVICE)
-        );
+        assert_eq!(device_pool(0, true), Ok(default0), "the default pool is current at first");
+        assert_eq!(device_pool(2, false), Err(CUresult::CUDA_ERROR_INVALID_DEVICE));
+        assert_eq!(device_pool(-1, true), Err(CUresult::CUDA_ERROR_INVALID_DEVICE));
         // SAFETY: null out-pointers are rejected.
         unsafe {
-            assert_eq!(
-                code!(driver(), cuDeviceGetDefaultMemPool(std::ptr::null_mut(), 0)),
-                INVALID
-            );
-            assert_eq!(
-                code!(driver(), cuDeviceGetMemPool(std::ptr::null_mut(), 0)),
-                INVALID
-            );
+            assert_eq!(code!(driver(), cuDeviceGetDefaultMemPool(std::ptr::null_mut(), 0)), INVALID);
+            assert_eq!(code!(driver(), cuDeviceGetMemPool(std::ptr::null_mut(), 0)), INVALID);
         }
-        assert_eq!(
-            destroy_pool(default0),
-            INVALID,
-            "a default pool cannot be destroyed"
-        );
+        assert_eq!(destroy_pool(default0), INVALID, "a default pool cannot be destroyed");
 
         let pool = create_pool(&pool_props(0, 0)).unwrap();
         assert_ne!(pool, default0);
@@ -200,37 +149,21 @@ fn default_created_and_current_pools() {
         unsafe {
             cu_call!(
                 driver(),
-                cuMemGetMemPool(
-                    &mut current,
-                    &mut location,
-                    CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED
-                )
+                cuMemGetMemPool(&mut current, &mut location, CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED)
             )
         }
         .unwrap();
         assert_eq!(current, pool, "cuMemGetMemPool names the current pool");
-        assert_eq!(
-            set_device_pool(1, pool),
-            INVALID,
-            "a pool of device 0 for device 1"
-        );
+        assert_eq!(set_device_pool(1, pool), INVALID, "a pool of device 0 for device 1");
         assert_eq!(destroy_pool(pool), CUresult::CUDA_SUCCESS);
-        assert_eq!(
-            device_pool(0, true),
-            Ok(default0),
-            "destroying the current pool reverts to the default"
-        );
+        assert_eq!(device_pool(0, true), Ok(default0), "destroying the current pool reverts to the default");
         assert_eq!(destroy_pool(pool), INVALID, "destroying twice");
         assert_eq!(set_device_pool(0, pool), INVALID, "a destroyed pool");
 
         // Bad properties.
         let mut props = pool_props(0, 0);
         props.reserved[3] = 1;
-        assert_eq!(
-            create_pool(&props),
-            Err(INVALID),
-            "reserved bytes must be 0"
-        );
+        assert_eq!(create_pool(&props), Err(INVALID), "reserved bytes must be 0");
         assert_eq!(create_pool(&pool_props(2, 0)), Err(INVALID), "no device 2");
         let mut props = pool_props(0, 0);
         props.allocType = CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_INVALID;
@@ -238,17 +171,8 @@ fn default_created_and_current_pools() {
         // SAFETY: null pointers are rejected.
         unsafe {
             let mut out: CUmemoryPool = std::ptr::null_mut();
-            assert_eq!(
-                code!(driver(), cuMemPoolCreate(&mut out, std::ptr::null())),
-                INVALID
-            );
-            assert_eq!(
-                code!(
-                    driver(),
-                    cuMemPoolCreate(std::ptr::null_mut(), &pool_props(0, 0))
-                ),
-                INVALID
-            );
+            assert_eq!(code!(driver(), cuMemPoolCreate(&mut out, std::ptr::null())), INVALID);
+            assert_eq!(code!(driver(), cuMemPoolCreate(std::ptr::null_mut(), &pool_props(0, 0))), INVALID);
         }
     });
 }
@@ -265,32 +189,17 @@ fn stream_ordered_allocation_and_pool_accounting() {
 
         let p = alloc_async(1000, s).unwrap();
         assert!(mem_free() < total, "the pool reserved device memory");
-        assert_eq!(
-            pool_attribute(pool, A::CU_MEMPOOL_ATTR_USED_MEM_CURRENT),
-            1000
-        );
+        assert_eq!(pool_attribute(pool, A::CU_MEMPOOL_ATTR_USED_MEM_CURRENT), 1000);
         let reserved = pool_attribute(pool, A::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT);
         assert!(reserved >= 1000);
-        assert_eq!(
-            mem_free(),
-            total - reserved as usize,
-            "reserved pool memory is used device memory"
-        );
+        assert_eq!(mem_free(), total - reserved as usize, "reserved pool memory is used device memory");
         // The allocation is ordinary device memory of the pool.
         assert_eq!(
-            pointer_attribute(
-                CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-                p,
-                0u32
-            ),
+            pointer_attribute(CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE, p, 0u32),
             Ok(CUmemorytype::CU_MEMORYTYPE_DEVICE.0)
         );
         assert_eq!(
-            pointer_attribute(
-                CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE,
-                p + 10,
-                0usize
-            ),
+            pointer_attribute(CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, p + 10, 0usize),
             Ok(pool as usize)
         );
         let out = Pinned::new(1000);
@@ -300,29 +209,16 @@ fn stream_ordered_allocation_and_pool_accounting() {
         assert_eq!(free_async(p, s), CUresult::CUDA_SUCCESS);
         assert_eq!(free_async(p, s), INVALID, "freeing twice");
         sync(s);
-        assert_eq!(
-            out.read(),
-            vec![0x3c; 1000],
-            "the allocation was usable in stream order"
-        );
+        assert_eq!(out.read(), vec![0x3c; 1000], "the allocation was usable in stream order");
         assert_eq!(pool_attribute(pool, A::CU_MEMPOOL_ATTR_USED_MEM_CURRENT), 0);
         assert_eq!(pool_attribute(pool, A::CU_MEMPOOL_ATTR_USED_MEM_HIGH), 1000);
         // The release threshold is 0 by default: synchronizing gave the memory back.
-        assert_eq!(
-            pool_attribute(pool, A::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD),
-            0
-        );
-        assert_eq!(
-            pool_attribute(pool, A::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT),
-            0
-        );
+        assert_eq!(pool_attribute(pool, A::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD), 0);
+        assert_eq!(pool_attribute(pool, A::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 0);
         assert_eq!(mem_free(), total);
 
         // With a high threshold the pool keeps its memory until trimmed.
-        assert_eq!(
-            set_pool_attribute(pool, A::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, u64::MAX),
-            CUresult::CUDA_SUCCESS
-        );
+        assert_eq!(set_pool_attribute(pool, A::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, u64::MAX), CUresult::CUDA_SUCCESS);
         let p = alloc_async(3 * MIB, s).unwrap();
         assert_eq!(free_async(p, s), CUresult::CUDA_SUCCESS);
         sync(s);
@@ -331,59 +227,28 @@ fn stream_ordered_allocation_and_pool_accounting() {
         assert_eq!(mem_free(), total - kept as usize);
         // SAFETY: no pointers.
         unsafe { cu_call!(driver(), cuMemPoolTrimTo(pool, 0)) }.unwrap();
-        assert_eq!(
-            pool_attribute(pool, A::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT),
-            0
-        );
+        assert_eq!(pool_attribute(pool, A::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 0);
         assert_eq!(mem_free(), total);
 
         // High-water marks reset to the current value, and only with 0.
         assert!(pool_attribute(pool, A::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH) >= kept);
-        assert_eq!(
-            set_pool_attribute(pool, A::CU_MEMPOOL_ATTR_USED_MEM_HIGH, 5),
-            INVALID
-        );
-        assert_eq!(
-            set_pool_attribute(pool, A::CU_MEMPOOL_ATTR_USED_MEM_HIGH, 0),
-            CUresult::CUDA_SUCCESS
-        );
+        assert_eq!(set_pool_attribute(pool, A::CU_MEMPOOL_ATTR_USED_MEM_HIGH, 5), INVALID);
+        assert_eq!(set_pool_attribute(pool, A::CU_MEMPOOL_ATTR_USED_MEM_HIGH, 0), CUresult::CUDA_SUCCESS);
         assert_eq!(pool_attribute(pool, A::CU_MEMPOOL_ATTR_USED_MEM_HIGH), 0);
-        assert_eq!(
-            set_pool_attribute(pool, A::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, 0),
-            CUresult::CUDA_SUCCESS
-        );
-        assert_eq!(
-            pool_attribute(pool, A::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH),
-            0
-        );
-        assert_eq!(
-            set_pool_attribute(pool, A::CU_MEMPOOL_ATTR_USED_MEM_CURRENT, 0),
-            INVALID,
-            "read-only"
-        );
+        assert_eq!(set_pool_attribute(pool, A::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, 0), CUresult::CUDA_SUCCESS);
+        assert_eq!(pool_attribute(pool, A::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH), 0);
+        assert_eq!(set_pool_attribute(pool, A::CU_MEMPOOL_ATTR_USED_MEM_CURRENT, 0), INVALID, "read-only");
         // The reuse flags are ints.
         let reuse = A::CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC;
         let mut flag: c_int = 7;
         // SAFETY: `flag` is an int, the attribute's type.
         unsafe {
-            cu_call!(
-                driver(),
-                cuMemPoolGetAttribute(pool, reuse, std::ptr::from_mut(&mut flag).cast())
-            )
-            .unwrap();
+            cu_call!(driver(), cuMemPoolGetAttribute(pool, reuse, std::ptr::from_mut(&mut flag).cast())).unwrap();
             assert_eq!(flag, 1);
             flag = 0;
-            cu_call!(
-                driver(),
-                cuMemPoolSetAttribute(pool, reuse, std::ptr::from_mut(&mut flag).cast())
-            )
-            .unwrap();
+            cu_call!(driver(), cuMemPoolSetAttribute(pool, reuse, std::ptr::from_mut(&mut flag).cast())).unwrap();
             flag = 7;
-            cu_call!(
-                driver(),
-                cuMemPoolGetAttribute(pool, reuse, std::ptr::from_mut(&mut flag).cast())
-            )
-            .unwrap();
+            cu_call!(driver(), cuMemPoolGetAttribute(pool, reuse, std::ptr::from_mut(&mut flag).cast())).unwrap();
         }
         assert_eq!(flag, 0);
 
@@ -393,11 +258,7 @@ fn stream_ordered_allocation_and_pool_accounting() {
         let result = unsafe { code!(driver(), cuMemAllocAsync(std::ptr::null_mut(), 8, s)) };
         assert_eq!(result, INVALID);
         let plain = DeviceBuffer::new(16);
-        assert_eq!(
-            free_async(plain.ptr, s),
-            INVALID,
-            "cuMemFreeAsync of cuMemAlloc memory"
-        );
+        assert_eq!(free_async(plain.ptr, s), INVALID, "cuMemFreeAsync of cuMemAlloc memory");
         assert_eq!(free_async(0, s), INVALID);
     });
 }
@@ -411,38 +272,25 @@ fn pool_limits_and_exhaustion() {
         let s = non_blocking_stream();
         // A pool's maxSize bounds it.
         let small = create_pool(&pool_props(0, 4 * MIB)).unwrap();
-        assert_eq!(
-            alloc_from_pool(5 * MIB, small, s),
-            Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY)
-        );
+        assert_eq!(alloc_from_pool(5 * MIB, small, s), Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY));
         let p = alloc_from_pool(3 * MIB, small, s).unwrap();
         assert_eq!(free_async(p, s), CUresult::CUDA_SUCCESS);
         sync(s);
         assert_eq!(destroy_pool(small), CUresult::CUDA_SUCCESS);
-        assert_eq!(
-            alloc_from_pool(MIB, small, s),
-            Err(INVALID),
-            "a destroyed pool"
-        );
+        assert_eq!(alloc_from_pool(MIB, small, s), Err(INVALID), "a destroyed pool");
         assert_eq!(mem_free(), total, "a destroyed pool gives its memory back");
 
         // The device's memory bounds the default pool; a failed allocation takes nothing, even
         // when the pool already holds memory it keeps.
         let pool = device_pool(0, false).unwrap();
-        assert_eq!(
-            set_pool_attribute(pool, A::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, u64::MAX),
-            CUresult::CUDA_SUCCESS
-        );
+        assert_eq!(set_pool_attribute(pool, A::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, u64::MAX), CUresult::CUDA_SUCCESS);
         let p = alloc_async(MIB, s).unwrap();
         assert_eq!(free_async(p, s), CUresult::CUDA_SUCCESS);
         sync(s);
         let kept = pool_attribute(pool, A::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) as usize;
         assert!(kept > 0);
         assert_eq!(mem_free(), total - kept);
-        assert_eq!(
-            alloc_async(total + 1, s),
-            Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY)
-        );
+        assert_eq!(alloc_async(total + 1, s), Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY));
         let kept_after = pool_attribute(pool, A::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) as usize;
         assert_eq!(
             mem_free(),
@@ -451,11 +299,7 @@ fn pool_limits_and_exhaustion() {
         );
         // SAFETY: no pointers.
         unsafe { cu_call!(driver(), cuMemPoolTrimTo(pool, 0)) }.unwrap();
-        assert_eq!(
-            mem_free(),
-            total,
-            "after trimming an idle pool, all device memory is free"
-        );
+        assert_eq!(mem_free(), total, "after trimming an idle pool, all device memory is free");
         let all = DeviceBuffer::new(total);
         drop(all);
     });
@@ -473,11 +317,7 @@ fn mem_free_accepts_stream_ordered_allocations() {
         sync(s);
         // SAFETY: no host pointers.
         let result = unsafe { code!(driver(), cuMemFree_v2(p)) };
-        assert_eq!(
-            result,
-            CUresult::CUDA_SUCCESS,
-            "cuMemFree of cuMemAllocAsync memory"
-        );
+        assert_eq!(result, CUresult::CUDA_SUCCESS, "cuMemFree of cuMemAllocAsync memory");
         assert_eq!(free_async(p, s), INVALID, "it is gone");
     });
 }
@@ -486,21 +326,12 @@ fn access(pool: CUmemoryPool, device: c_int) -> CUmemAccess_flags {
     let mut flags = CUmemAccess_flags(99);
     let mut location = device_location(device);
     // SAFETY: both pointers are valid.
-    unsafe {
-        cu_call!(
-            driver(),
-            cuMemPoolGetAccess(&mut flags, pool, &mut location)
-        )
-    }
-    .unwrap();
+    unsafe { cu_call!(driver(), cuMemPoolGetAccess(&mut flags, pool, &mut location)) }.unwrap();
     flags
 }
 
 fn set_access(pool: CUmemoryPool, device: c_int, flags: CUmemAccess_flags) -> CUresult {
-    let desc = CUmemAccessDesc {
-        location: device_location(device),
-        flags,
-    };
+    let desc = CUmemAccessDesc { location: device_location(device), flags };
     // SAFETY: `desc` is one valid descriptor.
     unsafe { code!(driver(), cuMemPoolSetAccess(pool, &desc, 1)) }
 }
@@ -516,43 +347,20 @@ fn pool_access_from_other_devices() {
             let p = alloc_from_pool(64, pool, s0).unwrap();
             memset_async(p, 0x11, 64, s0);
             sync(s0);
-            assert_eq!(
-                access(pool, 0),
-                F::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-                "the owner"
-            );
-            assert_eq!(
-                access(pool, 1),
-                F::CU_MEM_ACCESS_FLAGS_PROT_NONE,
-                "no access by default"
-            );
-            assert_eq!(
-                set_access(pool, 0, F::CU_MEM_ACCESS_FLAGS_PROT_READ),
-                CUresult::CUDA_ERROR_INVALID_DEVICE
-            );
-            assert_eq!(
-                set_access(pool, 2, F::CU_MEM_ACCESS_FLAGS_PROT_READWRITE),
-                CUresult::CUDA_ERROR_INVALID_DEVICE
-            );
+            assert_eq!(access(pool, 0), F::CU_MEM_ACCESS_FLAGS_PROT_READWRITE, "the owner");
+            assert_eq!(access(pool, 1), F::CU_MEM_ACCESS_FLAGS_PROT_NONE, "no access by default");
+            assert_eq!(set_access(pool, 0, F::CU_MEM_ACCESS_FLAGS_PROT_READ), CUresult::CUDA_ERROR_INVALID_DEVICE);
+            assert_eq!(set_access(pool, 2, F::CU_MEM_ACCESS_FLAGS_PROT_READWRITE), CUresult::CUDA_ERROR_INVALID_DEVICE);
 
             use_device(1);
             let s1 = non_blocking_stream();
             let out = Pinned::new(64);
             // SAFETY: `out` is valid for 64 bytes until the stream is synchronized.
-            let read =
-                || unsafe { code!(driver(), cuMemcpyDtoHAsync_v2(out.ptr.cast(), p, 64, s1)) };
-            assert_eq!(
-                read(),
-                INVALID,
-                "device 1 reads device 0's pool memory without access"
-            );
+            let read = || unsafe { code!(driver(), cuMemcpyDtoHAsync_v2(out.ptr.cast(), p, 64, s1)) };
+            assert_eq!(read(), INVALID, "device 1 reads device 0's pool memory without access");
             let granted = set_access(pool, 1, F::CU_MEM_ACCESS_FLAGS_PROT_READ);
             if !peers {
-                assert_eq!(
-                    granted,
-                    CUresult::CUDA_ERROR_INVALID_DEVICE,
-                    "no peer access, no pool access"
-                );
+                assert_eq!(granted, CUresult::CUDA_ERROR_INVALID_DEVICE, "no peer access, no pool access");
                 return;
             }
             assert_eq!(granted, CUresult::CUDA_SUCCESS);
@@ -565,10 +373,7 @@ fn pool_access_from_other_devices() {
             // SAFETY: no host pointers.
             let write = unsafe { code!(driver(), cuMemsetD8Async(p, 0, 64, s1)) };
             assert_eq!(write, INVALID, "device 1 writes with read-only access");
-            assert_eq!(
-                set_access(pool, 1, F::CU_MEM_ACCESS_FLAGS_PROT_READWRITE),
-                CUresult::CUDA_SUCCESS
-            );
+            assert_eq!(set_access(pool, 1, F::CU_MEM_ACCESS_FLAGS_PROT_READWRITE), CUresult::CUDA_SUCCESS);
             // SAFETY: no host pointers.
             unsafe { cu_call!(driver(), cuMemsetD8Async(p, 0x22, 64, s1)) }.unwrap();
             sync(s1);
@@ -578,10 +383,7 @@ fn pool_access_from_other_devices() {
         }
     };
     in_child!(&[("CUDA_SIM_DEVICES", "2")], body(true));
-    in_child!(
-        &[("CUDA_SIM_DEVICES", "2"), ("CUDA_SIM_PEER_ACCESS", "none")],
-        body(false)
-    );
+    in_child!(&[("CUDA_SIM_DEVICES", "2"), ("CUDA_SIM_PEER_ACCESS", "none")], body(false));
 }
 
 fn alloc_managed(len: usize, flags: u32) -> Result<CUdeviceptr, CUresult> {
@@ -605,22 +407,13 @@ fn managed_memory_is_accessible_from_host_and_device() {
     sync(NULL_STREAM);
     // SAFETY: as above; the copy has completed.
     assert_eq!(unsafe { (p as *const u8).add(200).read_volatile() }, 1);
-    assert_eq!(
-        pointer_attribute(A::CU_POINTER_ATTRIBUTE_IS_MANAGED, p, false),
-        Ok(true)
-    );
-    assert_eq!(
-        pointer_attribute(A::CU_POINTER_ATTRIBUTE_RANGE_SIZE, p + 1, 0usize),
-        Ok(256)
-    );
+    assert_eq!(pointer_attribute(A::CU_POINTER_ATTRIBUTE_IS_MANAGED, p, false), Ok(true));
+    assert_eq!(pointer_attribute(A::CU_POINTER_ATTRIBUTE_RANGE_SIZE, p + 1, 0usize), Ok(256));
     assert_eq!(
         pointer_attribute(A::CU_POINTER_ATTRIBUTE_MEMORY_TYPE, p, 0u32),
         Ok(CUmemorytype::CU_MEMORYTYPE_DEVICE.0)
     );
-    assert_eq!(
-        pointer_attribute(A::CU_POINTER_ATTRIBUTE_HOST_POINTER, p, 0u64),
-        Ok(p)
-    );
+    assert_eq!(pointer_attribute(A::CU_POINTER_ATTRIBUTE_HOST_POINTER, p, 0u64), Ok(p));
     // SAFETY: no host pointers.
     unsafe {
         cu_call!(driver(), cuMemFree_v2(p)).unwrap();
@@ -654,43 +447,23 @@ fn host_registration() {
     let ptr = memory.as_mut_ptr().cast::<c_void>();
     assert_eq!(register(ptr, 8192, 0), CUresult::CUDA_SUCCESS);
     assert_eq!(
-        pointer_attribute(
-            A::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-            ptr as CUdeviceptr + 100,
-            0u32
-        ),
+        pointer_attribute(A::CU_POINTER_ATTRIBUTE_MEMORY_TYPE, ptr as CUdeviceptr + 100, 0u32),
         Ok(CUmemorytype::CU_MEMORYTYPE_HOST.0)
     );
-    assert_eq!(
-        register(ptr, 8192, 0),
-        CUresult::CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED
-    );
+    assert_eq!(register(ptr, 8192, 0), CUresult::CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
     // SAFETY: `ptr + 4096` lies inside `memory`.
     let inside = unsafe { ptr.cast::<u8>().add(4096) }.cast::<c_void>();
-    assert_eq!(
-        register(inside, 16, 0),
-        CUresult::CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED
-    );
+    assert_eq!(register(inside, 16, 0), CUresult::CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
     // Registered memory works in copies like pinned memory.
     let buffer = DeviceBuffer::with(&[7; 64]);
     // SAFETY: `ptr` is valid for 64 bytes; the copy returns when done.
     unsafe { cu_call!(driver(), cuMemcpyDtoH_v2(ptr, buffer.ptr, 64)) }.unwrap();
     assert_eq!(memory[..64], [7; 64]);
-    assert_eq!(
-        unregister(inside),
-        CUresult::CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED
-    );
+    assert_eq!(unregister(inside), CUresult::CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED);
     assert_eq!(unregister(ptr), CUresult::CUDA_SUCCESS);
+    assert_eq!(unregister(ptr), CUresult::CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED);
     assert_eq!(
-        unregister(ptr),
-        CUresult::CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED
-    );
-    assert_eq!(
-        pointer_attribute(
-            A::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-            ptr as CUdeviceptr,
-            0u32
-        ),
+        pointer_attribute(A::CU_POINTER_ATTRIBUTE_MEMORY_TYPE, ptr as CUdeviceptr, 0u32),
         Err(INVALID),
         "no longer known"
     );
@@ -698,11 +471,7 @@ fn host_registration() {
     assert_eq!(register(ptr, 8192, 0x10), INVALID, "unknown flag");
     assert_eq!(register(ptr, 0, 0), INVALID, "zero bytes");
     assert_eq!(register(std::ptr::null_mut(), 16, 0), INVALID, "null");
-    assert_eq!(
-        register(buffer.ptr as *mut c_void, 16, 0),
-        INVALID,
-        "device memory"
-    );
+    assert_eq!(register(buffer.ptr as *mut c_void, 16, 0), INVALID, "device memory");
     let pinned = Pinned::new(16);
     assert_eq!(
         register(pinned.ptr.cast(), 16, 0),
@@ -741,26 +510,14 @@ fn graph_capture_records_work_without_running_it() {
     let s = non_blocking_stream();
     let pinned = Pinned::new(16);
     assert_eq!(capturing(s), S::CU_STREAM_CAPTURE_STATUS_NONE);
-    assert_eq!(
-        begin_capture(s, M::CU_STREAM_CAPTURE_MODE_RELAXED),
-        CUresult::CUDA_SUCCESS
-    );
+    assert_eq!(begin_capture(s, M::CU_STREAM_CAPTURE_MODE_RELAXED), CUresult::CUDA_SUCCESS);
     assert_eq!(capturing(s), S::CU_STREAM_CAPTURE_STATUS_ACTIVE);
-    assert_eq!(
-        begin_capture(s, M::CU_STREAM_CAPTURE_MODE_RELAXED),
-        CUresult::CUDA_ERROR_ILLEGAL_STATE
-    );
+    assert_eq!(begin_capture(s, M::CU_STREAM_CAPTURE_MODE_RELAXED), CUresult::CUDA_ERROR_ILLEGAL_STATE);
     memset_async(pinned.dptr(), 9, 16, s);
     // SAFETY: no pointers.
     let synchronized = unsafe { code!(driver(), cuStreamSynchronize(s)) };
-    assert_eq!(
-        synchronized,
-        CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
-    );
-    assert_eq!(
-        alloc_async(64, s),
-        Err(CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)
-    );
+    assert_eq!(synchronized, CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    assert_eq!(alloc_async(64, s), Err(CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED));
     let graph = end_capture(s).unwrap();
     assert!(!graph.is_null());
     assert_eq!(capturing(s), S::CU_STREAM_CAPTURE_STATUS_NONE);
@@ -777,11 +534,7 @@ fn graph_capture_records_work_without_running_it() {
     sync(s);
     assert_eq!(pinned.read(), [3; 16]);
 
-    assert_eq!(
-        end_capture(s),
-        Err(CUresult::CUDA_ERROR_ILLEGAL_STATE),
-        "not capturing"
-    );
+    assert_eq!(end_capture(s), Err(CUresult::CUDA_ERROR_ILLEGAL_STATE), "not capturing");
     assert_eq!(
         begin_capture(NULL_STREAM, M::CU_STREAM_CAPTURE_MODE_GLOBAL),
         CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,

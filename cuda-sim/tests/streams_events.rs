@@ -9,13 +9,10 @@ use std::ffi::{c_int, c_uint, c_void};
 use std::sync::Mutex;
 
 use common::{
-    Gate, NULL_STREAM, OPEN_DELAY, Pinned, STREAM_LEGACY, STREAM_PER_THREAD, WATCHDOG, code,
-    driver, event, event_query, in_child, memset_async, non_blocking_stream, query, record, sync,
-    use_device,
+    Gate, NULL_STREAM, OPEN_DELAY, Pinned, STREAM_LEGACY, STREAM_PER_THREAD, WATCHDOG, code, driver, event,
+    event_query, in_child, memset_async, non_blocking_stream, query, record, sync, use_device,
 };
-use cuda_sys::types::{
-    CUcontext, CUevent, CUevent_flags, CUresult, CUstream, CUstream_flags, CUstreamCaptureStatus,
-};
+use cuda_sys::types::{CUcontext, CUevent, CUevent_flags, CUresult, CUstream, CUstream_flags, CUstreamCaptureStatus};
 use cuda_sys::{Driver, cu_call};
 
 fn create(flags: c_uint, priority: Option<c_int>) -> Result<CUstream, CUresult> {
@@ -27,11 +24,7 @@ fn create(flags: c_uint, priority: Option<c_int>) -> Result<CUstream, CUresult> 
             Some(p) => code!(driver(), cuStreamCreateWithPriority(&mut s, flags, p)),
         }
     };
-    if result == CUresult::CUDA_SUCCESS {
-        Ok(s)
-    } else {
-        Err(result)
-    }
+    if result == CUresult::CUDA_SUCCESS { Ok(s) } else { Err(result) }
 }
 
 fn destroy(s: CUstream) -> CUresult {
@@ -67,71 +60,27 @@ fn stream_creation_flags_and_priorities() {
     let s = create(NON_BLOCKING, None).unwrap();
     assert_eq!(properties(s), (NON_BLOCKING, 0, 0, ctx, NONE));
     // Priorities outside [greatest, least] = [-5, 0] are clamped.
-    for (asked, got) in [
-        (0, 0),
-        (-1, -1),
-        (-5, -5),
-        (-6, -5),
-        (-100, -5),
-        (1, 0),
-        (7, 0),
-        (c_int::MIN, -5),
-        (c_int::MAX, 0),
-    ] {
+    for (asked, got) in
+        [(0, 0), (-1, -1), (-5, -5), (-6, -5), (-100, -5), (1, 0), (7, 0), (c_int::MIN, -5), (c_int::MAX, 0)]
+    {
         let s = create(NON_BLOCKING, Some(asked)).unwrap();
-        assert_eq!(
-            properties(s),
-            (NON_BLOCKING, got, 0, ctx, NONE),
-            "priority {asked}"
-        );
+        assert_eq!(properties(s), (NON_BLOCKING, got, 0, ctx, NONE), "priority {asked}");
         assert_eq!(destroy(s), CUresult::CUDA_SUCCESS);
     }
     for flags in [2, 3, 4, 0x8000_0000] {
-        assert_eq!(
-            create(flags, None),
-            Err(CUresult::CUDA_ERROR_INVALID_VALUE),
-            "flags {flags:#x}"
-        );
-        assert_eq!(
-            create(flags, Some(0)),
-            Err(CUresult::CUDA_ERROR_INVALID_VALUE),
-            "flags {flags:#x}"
-        );
+        assert_eq!(create(flags, None), Err(CUresult::CUDA_ERROR_INVALID_VALUE), "flags {flags:#x}");
+        assert_eq!(create(flags, Some(0)), Err(CUresult::CUDA_ERROR_INVALID_VALUE), "flags {flags:#x}");
     }
     // SAFETY: null out-pointers are rejected.
     unsafe {
         let invalid = CUresult::CUDA_ERROR_INVALID_VALUE;
-        assert_eq!(
-            code!(driver(), cuStreamCreate(std::ptr::null_mut(), 0)),
-            invalid
-        );
-        assert_eq!(
-            code!(
-                driver(),
-                cuStreamCreateWithPriority(std::ptr::null_mut(), 0, 0)
-            ),
-            invalid
-        );
-        assert_eq!(
-            code!(driver(), cuStreamGetFlags(s, std::ptr::null_mut())),
-            invalid
-        );
-        assert_eq!(
-            code!(driver(), cuStreamGetPriority(s, std::ptr::null_mut())),
-            invalid
-        );
-        assert_eq!(
-            code!(driver(), cuStreamGetDevice(s, std::ptr::null_mut())),
-            invalid
-        );
-        assert_eq!(
-            code!(driver(), cuStreamGetCtx(s, std::ptr::null_mut())),
-            invalid
-        );
-        assert_eq!(
-            code!(driver(), cuStreamIsCapturing(s, std::ptr::null_mut())),
-            invalid
-        );
+        assert_eq!(code!(driver(), cuStreamCreate(std::ptr::null_mut(), 0)), invalid);
+        assert_eq!(code!(driver(), cuStreamCreateWithPriority(std::ptr::null_mut(), 0, 0)), invalid);
+        assert_eq!(code!(driver(), cuStreamGetFlags(s, std::ptr::null_mut())), invalid);
+        assert_eq!(code!(driver(), cuStreamGetPriority(s, std::ptr::null_mut())), invalid);
+        assert_eq!(code!(driver(), cuStreamGetDevice(s, std::ptr::null_mut())), invalid);
+        assert_eq!(code!(driver(), cuStreamGetCtx(s, std::ptr::null_mut())), invalid);
+        assert_eq!(code!(driver(), cuStreamIsCapturing(s, std::ptr::null_mut())), invalid);
     }
     // The default streams: the current context's, blocking flags, priority 0.
     for s in [NULL_STREAM, STREAM_LEGACY, STREAM_PER_THREAD] {
@@ -146,22 +95,11 @@ fn stream_destruction() {
     use_device(0);
     let s = create(0, None).unwrap();
     assert_eq!(destroy(s), CUresult::CUDA_SUCCESS);
-    assert_eq!(
-        destroy(s),
-        CUresult::CUDA_ERROR_INVALID_HANDLE,
-        "destroying twice"
-    );
+    assert_eq!(destroy(s), CUresult::CUDA_ERROR_INVALID_HANDLE, "destroying twice");
     for default in [NULL_STREAM, STREAM_LEGACY, STREAM_PER_THREAD] {
-        assert_eq!(
-            destroy(default),
-            CUresult::CUDA_ERROR_INVALID_HANDLE,
-            "destroying default stream {default:?}"
-        );
+        assert_eq!(destroy(default), CUresult::CUDA_ERROR_INVALID_HANDLE, "destroying default stream {default:?}");
     }
-    assert_eq!(
-        destroy(0xdead_0000 as CUstream),
-        CUresult::CUDA_ERROR_INVALID_HANDLE
-    );
+    assert_eq!(destroy(0xdead_0000 as CUstream), CUresult::CUDA_ERROR_INVALID_HANDLE);
     // A destroyed stream is an invalid handle everywhere.
     let d = driver();
     let pinned = Pinned::new(4);
@@ -176,17 +114,8 @@ fn stream_destruction() {
         assert_eq!(code!(d, cuStreamWaitEvent(s, e, 0)), invalid);
         assert_eq!(code!(d, cuEventRecord(e, s)), invalid);
         assert_eq!(code!(d, cuMemsetD8Async(pinned.dptr(), 1, 4, s)), invalid);
-        assert_eq!(
-            code!(d, cuMemcpyAsync(pinned.dptr(), pinned.dptr(), 4, s)),
-            invalid
-        );
-        assert_eq!(
-            code!(
-                d,
-                cuLaunchHostFunc(s, Some(common::wait_for_gate), std::ptr::null_mut())
-            ),
-            invalid
-        );
+        assert_eq!(code!(d, cuMemcpyAsync(pinned.dptr(), pinned.dptr(), 4, s)), invalid);
+        assert_eq!(code!(d, cuLaunchHostFunc(s, Some(common::wait_for_gate), std::ptr::null_mut())), invalid);
     }
     assert_eq!(pinned.read(), [0; 4]);
 }
@@ -204,19 +133,12 @@ fn destroying_a_stream_lets_its_pending_work_finish() {
     record(e, s);
     let watchdog = gate.watchdog(WATCHDOG);
     assert_eq!(destroy(s), CUresult::CUDA_SUCCESS);
-    assert!(
-        !gate.is_open(),
-        "cuStreamDestroy waited for the stream's work (watchdog fired: {watchdog:?})"
-    );
+    assert!(!gate.is_open(), "cuStreamDestroy waited for the stream's work (watchdog fired: {watchdog:?})");
     assert_eq!(pinned.read(), [0; 8]);
     gate.open();
     // SAFETY: no pointers.
     unsafe { cu_call!(d, cuEventSynchronize(e)) }.unwrap();
-    assert_eq!(
-        pinned.read(),
-        [5; 8],
-        "work enqueued before cuStreamDestroy still completes"
-    );
+    assert_eq!(pinned.read(), [5; 8], "work enqueued before cuStreamDestroy still completes");
 }
 
 #[test]
@@ -253,11 +175,7 @@ fn stream_synchronize_waits_for_the_stream() {
     gate.open_after(OPEN_DELAY);
     sync(s);
     assert!(gate.is_open());
-    assert_eq!(
-        pinned.read(),
-        [3; 16],
-        "cuStreamSynchronize returned before the memset ran"
-    );
+    assert_eq!(pinned.read(), [3; 16], "cuStreamSynchronize returned before the memset ran");
 }
 
 fn create_event(flags: c_uint) -> Result<CUevent, CUresult> {
@@ -282,33 +200,15 @@ fn elapsed(start: CUevent, end: CUevent) -> Result<f32, CUresult> {
 fn event_creation_flags() {
     use CUevent_flags as F;
     use_device(0);
-    let (blocking, no_timing, ipc) = (
-        F::CU_EVENT_BLOCKING_SYNC.0,
-        F::CU_EVENT_DISABLE_TIMING.0,
-        F::CU_EVENT_INTERPROCESS.0,
-    );
-    for flags in [
-        0,
-        blocking,
-        no_timing,
-        blocking | no_timing,
-        ipc | no_timing,
-        ipc | no_timing | blocking,
-    ] {
+    let (blocking, no_timing, ipc) =
+        (F::CU_EVENT_BLOCKING_SYNC.0, F::CU_EVENT_DISABLE_TIMING.0, F::CU_EVENT_INTERPROCESS.0);
+    for flags in [0, blocking, no_timing, blocking | no_timing, ipc | no_timing, ipc | no_timing | blocking] {
         let e = create_event(flags).unwrap_or_else(|code| panic!("flags {flags:#x}: {code:?}"));
-        assert_eq!(
-            event_query(e),
-            CUresult::CUDA_SUCCESS,
-            "a new event is complete"
-        );
+        assert_eq!(event_query(e), CUresult::CUDA_SUCCESS, "a new event is complete");
     }
     // CU_EVENT_INTERPROCESS needs CU_EVENT_DISABLE_TIMING; unknown bits are invalid.
     for flags in [ipc, ipc | blocking, 0x8, 0x100, 0x8000_0000] {
-        assert_eq!(
-            create_event(flags),
-            Err(CUresult::CUDA_ERROR_INVALID_VALUE),
-            "flags {flags:#x}"
-        );
+        assert_eq!(create_event(flags), Err(CUresult::CUDA_ERROR_INVALID_VALUE), "flags {flags:#x}");
     }
     // SAFETY: a null out-pointer is rejected.
     let null_out = unsafe { code!(driver(), cuEventCreate(std::ptr::null_mut(), 0)) };
@@ -320,44 +220,25 @@ fn event_record_query_synchronize_and_elapsed_time() {
     use_device(0);
     let d = driver();
     let s = non_blocking_stream();
-    let (start, end) = (
-        event(CUevent_flags::CU_EVENT_DEFAULT),
-        event(CUevent_flags::CU_EVENT_BLOCKING_SYNC),
-    );
+    let (start, end) = (event(CUevent_flags::CU_EVENT_DEFAULT), event(CUevent_flags::CU_EVENT_BLOCKING_SYNC));
     // Never recorded: complete, synchronize returns at once, but no time to measure.
     assert_eq!(event_query(start), CUresult::CUDA_SUCCESS);
     // SAFETY: no pointers.
     unsafe { cu_call!(d, cuEventSynchronize(start)) }.unwrap();
-    assert_eq!(
-        elapsed(start, end),
-        Err(CUresult::CUDA_ERROR_INVALID_HANDLE),
-        "never recorded"
-    );
+    assert_eq!(elapsed(start, end), Err(CUresult::CUDA_ERROR_INVALID_HANDLE), "never recorded");
 
     let pinned = Pinned::new(1 << 16);
     record(start, s);
     sync(s);
-    assert_eq!(
-        elapsed(start, end),
-        Err(CUresult::CUDA_ERROR_INVALID_HANDLE),
-        "end never recorded"
-    );
-    assert_eq!(
-        elapsed(end, start),
-        Err(CUresult::CUDA_ERROR_INVALID_HANDLE),
-        "start never recorded"
-    );
+    assert_eq!(elapsed(start, end), Err(CUresult::CUDA_ERROR_INVALID_HANDLE), "end never recorded");
+    assert_eq!(elapsed(end, start), Err(CUresult::CUDA_ERROR_INVALID_HANDLE), "start never recorded");
     memset_async(pinned.dptr(), 1, 1 << 16, s);
     record(end, s);
     // SAFETY: no pointers.
     unsafe { cu_call!(d, cuEventSynchronize(end)) }.unwrap();
     assert_eq!(event_query(start), CUresult::CUDA_SUCCESS);
     assert_eq!(event_query(end), CUresult::CUDA_SUCCESS);
-    assert_eq!(
-        pinned.read()[(1 << 16) - 1],
-        1,
-        "the work before the event is done"
-    );
+    assert_eq!(pinned.read()[(1 << 16) - 1], 1, "the work before the event is done");
     let ms = elapsed(start, end).unwrap();
     assert!(ms >= 0.0 && ms.is_finite(), "{ms}");
     assert_eq!(elapsed(start, start), Ok(0.0));
@@ -377,14 +258,8 @@ fn event_record_query_synchronize_and_elapsed_time() {
     let untimed = event(CUevent_flags::CU_EVENT_DISABLE_TIMING);
     record(untimed, s);
     sync(s);
-    assert_eq!(
-        elapsed(start, untimed),
-        Err(CUresult::CUDA_ERROR_INVALID_HANDLE)
-    );
-    assert_eq!(
-        elapsed(untimed, end),
-        Err(CUresult::CUDA_ERROR_INVALID_HANDLE)
-    );
+    assert_eq!(elapsed(start, untimed), Err(CUresult::CUDA_ERROR_INVALID_HANDLE));
+    assert_eq!(elapsed(untimed, end), Err(CUresult::CUDA_ERROR_INVALID_HANDLE));
 
     // A recording still pending: NOT_READY, for the query and for elapsed time.
     let (gate, _guard) = Gate::new();
@@ -403,29 +278,13 @@ fn event_record_query_synchronize_and_elapsed_time() {
     // SAFETY: no pointers are dereferenced; unknown handles are rejected.
     unsafe {
         cu_call!(d, cuEventDestroy_v2(end)).unwrap();
-        assert_eq!(
-            code!(d, cuEventDestroy_v2(end)),
-            CUresult::CUDA_ERROR_INVALID_HANDLE,
-            "destroying twice"
-        );
-        assert_eq!(
-            code!(d, cuEventSynchronize(end)),
-            CUresult::CUDA_ERROR_INVALID_HANDLE
-        );
-        assert_eq!(
-            code!(d, cuEventRecord(end, s)),
-            CUresult::CUDA_ERROR_INVALID_HANDLE
-        );
-        assert_eq!(
-            code!(d, cuStreamWaitEvent(s, end, 0)),
-            CUresult::CUDA_ERROR_INVALID_HANDLE
-        );
+        assert_eq!(code!(d, cuEventDestroy_v2(end)), CUresult::CUDA_ERROR_INVALID_HANDLE, "destroying twice");
+        assert_eq!(code!(d, cuEventSynchronize(end)), CUresult::CUDA_ERROR_INVALID_HANDLE);
+        assert_eq!(code!(d, cuEventRecord(end, s)), CUresult::CUDA_ERROR_INVALID_HANDLE);
+        assert_eq!(code!(d, cuStreamWaitEvent(s, end, 0)), CUresult::CUDA_ERROR_INVALID_HANDLE);
     }
     assert_eq!(event_query(end), CUresult::CUDA_ERROR_INVALID_HANDLE);
-    assert_eq!(
-        elapsed(start, end),
-        Err(CUresult::CUDA_ERROR_INVALID_HANDLE)
-    );
+    assert_eq!(elapsed(start, end), Err(CUresult::CUDA_ERROR_INVALID_HANDLE));
 }
 
 #[test]
@@ -442,11 +301,7 @@ fn event_synchronize_waits_for_the_recording() {
     gate.open_after(OPEN_DELAY);
     // SAFETY: no pointers.
     unsafe { cu_call!(d, cuEventSynchronize(e)) }.unwrap();
-    assert_eq!(
-        pinned.read(),
-        [4; 8],
-        "cuEventSynchronize returned before the work before the event ran"
-    );
+    assert_eq!(pinned.read(), [4; 8], "cuEventSynchronize returned before the work before the event ran");
 }
 
 #[test]
@@ -466,10 +321,7 @@ fn handles_of_one_kind_are_rejected_as_another() {
         assert_eq!(code!(d, cuEventRecord(as_event, s)), invalid);
         assert_eq!(code!(d, cuEventRecord(as_event, NULL_STREAM)), invalid);
         assert_eq!(code!(d, cuStreamWaitEvent(s, as_event, 0)), invalid);
-        assert_eq!(
-            code!(d, cuEventElapsedTime_v2(&mut ms, as_event, e)),
-            invalid
-        );
+        assert_eq!(code!(d, cuEventElapsedTime_v2(&mut ms, as_event, e)), invalid);
         assert_eq!(code!(d, cuEventDestroy_v2(as_event)), invalid);
         assert_eq!(code!(d, cuStreamQuery(as_stream)), invalid);
         assert_eq!(code!(d, cuStreamSynchronize(as_stream)), invalid);
@@ -494,10 +346,7 @@ fn stream_wait_event_flags_and_unrecorded_events() {
     let e = event(CUevent_flags::CU_EVENT_DEFAULT);
     // SAFETY: no pointers.
     unsafe {
-        assert_eq!(
-            code!(d, cuStreamWaitEvent(s, e, 2)),
-            CUresult::CUDA_ERROR_INVALID_VALUE
-        );
+        assert_eq!(code!(d, cuStreamWaitEvent(s, e, 2)), CUresult::CUDA_ERROR_INVALID_VALUE);
         cu_call!(d, cuStreamWaitEvent(s, e, 1)).unwrap();
         cu_call!(d, cuStreamWaitEvent(s, e, 0)).unwrap();
         cu_call!(d, cuStreamWaitEvent(NULL_STREAM, e, 0)).unwrap();
@@ -520,21 +369,11 @@ fn recording_an_event_on_a_stream_of_another_context_is_invalid() {
         let s1 = non_blocking_stream();
         let (ctx, device) = (properties(s1).3, properties(s1).2);
         assert_eq!((ctx, device), (c1, 1));
-        assert_eq!(
-            properties(s0).3,
-            c0,
-            "a stream's context is its own, not the current one"
-        );
+        assert_eq!(properties(s0).3, c0, "a stream's context is its own, not the current one");
         // SAFETY: no pointers.
         unsafe {
-            assert_eq!(
-                code!(d, cuEventRecord(e0, s1)),
-                CUresult::CUDA_ERROR_INVALID_HANDLE
-            );
-            assert_eq!(
-                code!(d, cuEventRecord(e0, NULL_STREAM)),
-                CUresult::CUDA_ERROR_INVALID_HANDLE
-            );
+            assert_eq!(code!(d, cuEventRecord(e0, s1)), CUresult::CUDA_ERROR_INVALID_HANDLE);
+            assert_eq!(code!(d, cuEventRecord(e0, NULL_STREAM)), CUresult::CUDA_ERROR_INVALID_HANDLE);
             // A stream of another context is fine while a different one is current.
             cu_call!(d, cuEventRecord(e0, s0)).unwrap();
         }
@@ -550,11 +389,7 @@ fn recording_an_event_on_a_stream_of_another_context_is_invalid() {
         assert_eq!(pinned.read(), [0, 0]);
         gate.open();
         sync(s1);
-        assert_eq!(
-            pinned.read(),
-            [1, 2],
-            "device 1's stream ran after device 0's event"
-        );
+        assert_eq!(pinned.read(), [1, 2], "device 1's stream ran after device 0's event");
     });
 }
 
@@ -578,10 +413,7 @@ fn host_functions_run_in_stream_order() {
     let d = driver();
     let s = non_blocking_stream();
     let pinned = Pinned::new(1);
-    let notes: &'static Notes = Box::leak(Box::new(Notes {
-        byte: pinned.ptr,
-        seen: Mutex::new(Vec::new()),
-    }));
+    let notes: &'static Notes = Box::leak(Box::new(Notes { byte: pinned.ptr, seen: Mutex::new(Vec::new()) }));
     let data = std::ptr::from_ref(notes).cast_mut().cast::<c_void>();
     for i in 1..=20 {
         memset_async(pinned.dptr(), i, 1, s);
@@ -614,10 +446,7 @@ extern "C" fn call_the_driver(data: *mut c_void) {
     let codes = unsafe {
         [
             ("cuDeviceGetCount", code!(d, cuDeviceGetCount(&mut count))),
-            (
-                "cuDriverGetVersion",
-                code!(d, cuDriverGetVersion(&mut version)),
-            ),
+            ("cuDriverGetVersion", code!(d, cuDriverGetVersion(&mut version))),
             ("cuMemAlloc_v2", code!(d, cuMemAlloc_v2(&mut ptr, 16))),
             ("cuStreamQuery", code!(d, cuStreamQuery(NULL_STREAM))),
             ("cuCtxSynchronize", code!(d, cuCtxSynchronize())),
@@ -631,17 +460,8 @@ fn driver_calls_from_a_host_function_are_not_permitted() {
     use_device(0);
     let d = driver();
     // Resolve every entry point on this thread first.
-    let _ = (
-        d.cuDeviceGetCount(),
-        d.cuDriverGetVersion(),
-        d.cuMemAlloc_v2(),
-        d.cuStreamQuery(),
-        d.cuCtxSynchronize(),
-    );
-    let inside: &'static Inside = Box::leak(Box::new(Inside {
-        driver: d,
-        codes: Mutex::new(Vec::new()),
-    }));
+    let _ = (d.cuDeviceGetCount(), d.cuDriverGetVersion(), d.cuMemAlloc_v2(), d.cuStreamQuery(), d.cuCtxSynchronize());
+    let inside: &'static Inside = Box::leak(Box::new(Inside { driver: d, codes: Mutex::new(Vec::new()) }));
     let s = non_blocking_stream();
     let data = std::ptr::from_ref(inside).cast_mut().cast::<c_void>();
     // SAFETY: `call_the_driver` takes a leaked `Inside`.
@@ -650,11 +470,7 @@ fn driver_calls_from_a_host_function_are_not_permitted() {
     let codes = inside.codes.lock().unwrap().clone();
     assert_eq!(codes.len(), 5);
     for (function, code) in codes {
-        assert_eq!(
-            code,
-            CUresult::CUDA_ERROR_NOT_PERMITTED,
-            "{function} from a host function"
-        );
+        assert_eq!(code, CUresult::CUDA_ERROR_NOT_PERMITTED, "{function} from a host function");
     }
     // The stream and this thread are unaffected.
     assert_eq!(query(s), CUresult::CUDA_SUCCESS);

@@ -13,8 +13,8 @@ mod common;
 use std::collections::BTreeSet;
 
 use common::{
-    DeviceBuffer, NULL_STREAM, Pinned, blocking_stream, code, driver, event, non_blocking_stream,
-    record, sync, use_device, wait_event,
+    DeviceBuffer, NULL_STREAM, Pinned, blocking_stream, code, driver, event, non_blocking_stream, record, sync,
+    use_device, wait_event,
 };
 use cuda_sys::cu_call;
 use cuda_sys::types::{CUevent, CUevent_flags, CUresult, CUstream};
@@ -29,39 +29,13 @@ const STREAMS: usize = 3;
 #[derive(Debug, Clone)]
 enum Op {
     /// `cuMemsetD8[Async]` of `len` bytes at `offset`.
-    Memset8 {
-        buf: usize,
-        offset: usize,
-        len: usize,
-        value: u8,
-        stream: usize,
-    },
+    Memset8 { buf: usize, offset: usize, len: usize, value: u8, stream: usize },
     /// `cuMemsetD32[Async]` of `count` words at word `index`.
-    Memset32 {
-        buf: usize,
-        index: usize,
-        count: usize,
-        value: u32,
-        stream: usize,
-    },
+    Memset32 { buf: usize, index: usize, count: usize, value: u32, stream: usize },
     /// `cuMemcpyHtoD[Async]` from pageable or pinned memory.
-    Upload {
-        buf: usize,
-        offset: usize,
-        data: Vec<u8>,
-        pinned: bool,
-        stream: usize,
-    },
+    Upload { buf: usize, offset: usize, data: Vec<u8>, pinned: bool, stream: usize },
     /// `cuMemcpyDtoD[Async]` (or `cuMemcpy[Async]`) between two different buffers.
-    Copy {
-        src: usize,
-        src_offset: usize,
-        dst: usize,
-        dst_offset: usize,
-        len: usize,
-        generic: bool,
-        stream: usize,
-    },
+    Copy { src: usize, src_offset: usize, dst: usize, dst_offset: usize, len: usize, generic: bool, stream: usize },
     /// Reads a buffer on a stream, synchronizes that stream, and compares with the model.
     Check { buf: usize, stream: usize },
 }
@@ -111,16 +85,8 @@ impl Run {
     fn new() -> Run {
         let streams = [NULL_STREAM, blocking_stream(), non_blocking_stream()];
         let events = [(); STREAMS].map(|()| event(CUevent_flags::CU_EVENT_DISABLE_TIMING));
-        let buffers = (0..BUFFERS)
-            .map(|_| DeviceBuffer::with(&[0; SIZE]))
-            .collect();
-        Run {
-            streams,
-            events,
-            touched: vec![BTreeSet::new(); BUFFERS],
-            buffers,
-            keep: Vec::new(),
-        }
+        let buffers = (0..BUFFERS).map(|_| DeviceBuffer::with(&[0; SIZE])).collect();
+        Run { streams, events, touched: vec![BTreeSet::new(); BUFFERS], buffers, keep: Vec::new() }
     }
 
     /// Orders `stream` after every other stream that touched `buffers`, then records that only
@@ -151,13 +117,7 @@ impl Run {
     fn apply(&mut self, op: &Op) -> Option<Vec<u8>> {
         let d = driver();
         match *op {
-            Op::Memset8 {
-                buf,
-                offset,
-                len,
-                value,
-                stream,
-            } => {
+            Op::Memset8 { buf, offset, len, value, stream } => {
                 self.order(stream, &[buf]);
                 let (dst, s) = (self.ptr(buf, offset), self.streams[stream]);
                 // SAFETY: no host pointers; the range is inside the buffer.
@@ -170,13 +130,7 @@ impl Run {
                 }
                 .unwrap();
             }
-            Op::Memset32 {
-                buf,
-                index,
-                count,
-                value,
-                stream,
-            } => {
+            Op::Memset32 { buf, index, count, value, stream } => {
                 self.order(stream, &[buf]);
                 let (dst, s) = (self.ptr(buf, 4 * index), self.streams[stream]);
                 // SAFETY: as above.
@@ -189,13 +143,7 @@ impl Run {
                 }
                 .unwrap();
             }
-            Op::Upload {
-                buf,
-                offset,
-                ref data,
-                pinned,
-                stream,
-            } => {
+            Op::Upload { buf, offset, ref data, pinned, stream } => {
                 self.order(stream, &[buf]);
                 let (dst, s, len) = (self.ptr(buf, offset), self.streams[stream], data.len());
                 let source = if pinned && len > 0 {
@@ -218,21 +166,9 @@ impl Run {
                 }
                 .unwrap();
             }
-            Op::Copy {
-                src,
-                src_offset,
-                dst,
-                dst_offset,
-                len,
-                generic,
-                stream,
-            } => {
+            Op::Copy { src, src_offset, dst, dst_offset, len, generic, stream } => {
                 self.order(stream, &[src, dst]);
-                let (to, from, s) = (
-                    self.ptr(dst, dst_offset),
-                    self.ptr(src, src_offset),
-                    self.streams[stream],
-                );
+                let (to, from, s) = (self.ptr(dst, dst_offset), self.ptr(src, src_offset), self.streams[stream]);
                 // SAFETY: no host pointers; both ranges are inside their buffers.
                 unsafe {
                     match (stream == 0, generic) {
@@ -281,38 +217,14 @@ impl Run {
 /// What the buffers hold after `op`, on the host.
 fn model(buffers: &mut [[u8; SIZE]], op: &Op) {
     match *op {
-        Op::Memset8 {
-            buf,
-            offset,
-            len,
-            value,
-            ..
-        } => buffers[buf][offset..offset + len].fill(value),
-        Op::Memset32 {
-            buf,
-            index,
-            count,
-            value,
-            ..
-        } => {
+        Op::Memset8 { buf, offset, len, value, .. } => buffers[buf][offset..offset + len].fill(value),
+        Op::Memset32 { buf, index, count, value, .. } => {
             for word in buffers[buf][4 * index..4 * (index + count)].chunks_mut(4) {
                 word.copy_from_slice(&value.to_le_bytes());
             }
         }
-        Op::Upload {
-            buf,
-            offset,
-            ref data,
-            ..
-        } => buffers[buf][offset..offset + data.len()].copy_from_slice(data),
-        Op::Copy {
-            src,
-            src_offset,
-            dst,
-            dst_offset,
-            len,
-            ..
-        } => {
+        Op::Upload { buf, offset, ref data, .. } => buffers[buf][offset..offset + data.len()].copy_from_slice(data),
+        Op::Copy { src, src_offset, dst, dst_offset, len, .. } => {
             let bytes = buffers[src][src_offset..src_offset + len].to_vec();
             buffers[dst][dst_offset..dst_offset + len].copy_from_slice(&bytes);
         }
@@ -347,10 +259,7 @@ struct Lcg(u64);
 
 impl Lcg {
     fn next(&mut self, below: usize) -> usize {
-        self.0 = self
-            .0
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
+        self.0 = self.0.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
         ((self.0 >> 33) as usize) % below
     }
 }
@@ -367,11 +276,7 @@ fn many_threads_allocate_copy_and_free_at_once() {
                 // SAFETY: `ctx` is the live primary context.
                 unsafe { cu_call!(d, cuCtxSetCurrent(ctx as cuda_sys::types::CUcontext)) }.unwrap();
                 let mut rng = Lcg(t as u64 + 1);
-                let s = if t % 2 == 0 {
-                    non_blocking_stream()
-                } else {
-                    blocking_stream()
-                };
+                let s = if t % 2 == 0 { non_blocking_stream() } else { blocking_stream() };
                 for round in 0..ROUNDS {
                     let len = 1 + rng.next(20_000);
                     let data: Vec<u8> = (0..len).map(|i| (i + t + round) as u8).collect();
@@ -380,11 +285,9 @@ fn many_threads_allocate_copy_and_free_at_once() {
                     // SAFETY: `data` and `pinned` are valid for `len` bytes until the stream is
                     // synchronized below.
                     unsafe {
-                        cu_call!(d, cuMemcpyHtoDAsync_v2(a.ptr, data.as_ptr().cast(), len, s))
-                            .unwrap();
+                        cu_call!(d, cuMemcpyHtoDAsync_v2(a.ptr, data.as_ptr().cast(), len, s)).unwrap();
                         cu_call!(d, cuMemcpyDtoDAsync_v2(b.ptr, a.ptr, len, s)).unwrap();
-                        cu_call!(d, cuMemcpyDtoHAsync_v2(pinned.ptr.cast(), b.ptr, len, s))
-                            .unwrap();
+                        cu_call!(d, cuMemcpyDtoHAsync_v2(pinned.ptr.cast(), b.ptr, len, s)).unwrap();
                     }
                     sync(s);
                     assert_eq!(pinned.read(), data, "thread {t} round {round}");
@@ -401,14 +304,8 @@ fn many_threads_allocate_copy_and_free_at_once() {
                     // Freed pointers are invalid at once, in this thread and every other.
                     // SAFETY: no host pointers.
                     unsafe {
-                        assert_eq!(
-                            code!(d, cuMemFree_v2(pa)),
-                            CUresult::CUDA_ERROR_INVALID_VALUE
-                        );
-                        assert_eq!(
-                            code!(d, cuMemsetD8_v2(pb, 0, 1)),
-                            CUresult::CUDA_ERROR_INVALID_VALUE
-                        );
+                        assert_eq!(code!(d, cuMemFree_v2(pa)), CUresult::CUDA_ERROR_INVALID_VALUE);
+                        assert_eq!(code!(d, cuMemsetD8_v2(pb, 0, 1)), CUresult::CUDA_ERROR_INVALID_VALUE);
                     }
                 }
                 // SAFETY: the stream was created by this thread and is destroyed once.

@@ -121,13 +121,10 @@ pub fn error_description(code: CUresult) -> Option<&'static str> {
 }
 
 fn lookup(code: CUresult) -> Option<(&'static std::ffi::CStr, &'static std::ffi::CStr)> {
-    crate::error_table::ERROR_TABLE
-        .binary_search_by_key(&code.0, |(c, _, _)| *c)
-        .ok()
-        .map(|i| {
-            let (_, name, description) = crate::error_table::ERROR_TABLE[i];
-            (name, description)
-        })
+    crate::error_table::ERROR_TABLE.binary_search_by_key(&code.0, |(c, _, _)| *c).ok().map(|i| {
+        let (_, name, description) = crate::error_table::ERROR_TABLE[i];
+        (name, description)
+    })
 }
 
 #[cfg(test)]
@@ -137,27 +134,15 @@ mod tests {
     #[test]
     fn header_names_and_descriptions() {
         assert_eq!(error_name(CUresult::CUDA_SUCCESS), Some("CUDA_SUCCESS"));
-        assert_eq!(
-            error_name(CUresult::CUDA_ERROR_INVALID_VALUE),
-            Some("CUDA_ERROR_INVALID_VALUE")
-        );
-        assert_eq!(
-            error_name(CUresult::CUDA_ERROR_UNKNOWN),
-            Some("CUDA_ERROR_UNKNOWN")
-        );
+        assert_eq!(error_name(CUresult::CUDA_ERROR_INVALID_VALUE), Some("CUDA_ERROR_INVALID_VALUE"));
+        assert_eq!(error_name(CUresult::CUDA_ERROR_UNKNOWN), Some("CUDA_ERROR_UNKNOWN"));
         assert_eq!(error_name(CUresult(123_456)), None);
-        assert!(
-            error_description(CUresult::CUDA_ERROR_OUT_OF_MEMORY)
-                .is_some_and(|d| d.contains("memory"))
-        );
+        assert!(error_description(CUresult::CUDA_ERROR_OUT_OF_MEMORY).is_some_and(|d| d.contains("memory")));
     }
 
     #[test]
     fn the_table_is_sorted_for_binary_search() {
-        let codes: Vec<u32> = crate::error_table::ERROR_TABLE
-            .iter()
-            .map(|(c, _, _)| *c)
-            .collect();
+        let codes: Vec<u32> = crate::error_table::ERROR_TABLE.iter().map(|(c, _, _)| *c).collect();
         let mut sorted = codes.clone();
         sorted.sort_unstable();
         sorted.dedup();
@@ -167,15 +152,9 @@ mod tests {
     #[test]
     fn unknown_codes_still_format() {
         let e = DriverError::from_header("cuFoo", CUresult(9_999));
-        assert_eq!(
-            e.to_string(),
-            "cuFoo failed with CUDA_ERROR_UNKNOWN_CODE (9999): unknown error code"
-        );
+        assert_eq!(e.to_string(), "cuFoo failed with CUDA_ERROR_UNKNOWN_CODE (9999): unknown error code");
         let e = DriverError::from_header("cuMemAlloc_v2", CUresult::CUDA_ERROR_OUT_OF_MEMORY);
-        assert!(
-            e.to_string()
-                .starts_with("cuMemAlloc_v2 failed with CUDA_ERROR_OUT_OF_MEMORY (2): ")
-        );
+        assert!(e.to_string().starts_with("cuMemAlloc_v2 failed with CUDA_ERROR_OUT_OF_MEMORY (2): "));
     }
 
     #[test]
@@ -190,14 +169,7 @@ mod tests {
             e.to_string(),
             "the CUDA driver at libcuda.so.1 is too old for cuCtxCreate_v4: it needs CUDA 12.5, the driver is CUDA 12.2"
         );
-        let e = LoadError::SymbolNotFound {
-            symbol: "cuFoo",
-            version: Some(13000),
-            path: "x.so".into(),
-        };
-        assert_eq!(
-            e.to_string(),
-            "the CUDA driver at x.so does not provide cuFoo (CUDA 13.0)"
-        );
+        let e = LoadError::SymbolNotFound { symbol: "cuFoo", version: Some(13000), path: "x.so".into() };
+        assert_eq!(e.to_string(), "the CUDA driver at x.so does not provide cuFoo (CUDA 13.0)");
     }
 }

@@ -35,8 +35,8 @@ mod loader;
 
 pub use error::{CudaError, DriverError, LoadError, error_description, error_name};
 pub use loader::{
-    DEFAULT_LIBRARY, DRIVER_ENV, Driver, DriverOptions, SYMBOLS, StreamMode, SymbolInfo, driver,
-    install_driver, installed_driver,
+    DEFAULT_LIBRARY, DRIVER_ENV, Driver, DriverOptions, SYMBOLS, StreamMode, SymbolInfo, driver, install_driver,
+    installed_driver,
 };
 
 /// The generated bindings: types, constants and enums of `cuda.h`.

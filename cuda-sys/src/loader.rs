@@ -15,9 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 
 use crate::error::{CudaError, DriverError, LoadError};
-use crate::types::{
-    CUdriverProcAddress_flags, CUdriverProcAddressQueryResult, CUresult, cuuint64_t,
-};
+use crate::types::{CUdriverProcAddress_flags, CUdriverProcAddressQueryResult, CUresult, cuuint64_t};
 
 /// The environment variable naming the driver library to load instead of [`DEFAULT_LIBRARY`].
 pub const DRIVER_ENV: &str = "CUDA_MEM_DRIVER";
@@ -138,8 +136,7 @@ impl Driver {
             // and the symbol's name pins it.
             unsafe { std::mem::transmute::<*const c_void, GetProcAddress>(address) }
         });
-        let has_init = lookup(&library, c"cuInit").is_some()
-            && lookup(&library, c"cuDriverGetVersion").is_some();
+        let has_init = lookup(&library, c"cuInit").is_some() && lookup(&library, c"cuDriverGetVersion").is_some();
         if get_proc_address.is_none() && !has_init {
             return Err(LoadError::NotADriver { path });
         }
@@ -201,10 +198,8 @@ impl Driver {
         code: CUresult,
         getter: fn(
             &Self,
-        ) -> Result<
-            unsafe extern "C" fn(CUresult, *mut *const std::ffi::c_char) -> CUresult,
-            LoadError,
-        >,
+        )
+            -> Result<unsafe extern "C" fn(CUresult, *mut *const std::ffi::c_char) -> CUresult, LoadError>,
     ) -> Option<String> {
         let f = getter(self).ok()?;
         let mut text: *const std::ffi::c_char = std::ptr::null();
@@ -215,19 +210,11 @@ impl Driver {
         }
         // SAFETY: on success the driver returned a NUL-terminated string that lives as long as
         // the library, which outlives this call; it is copied at once.
-        Some(
-            unsafe { CStr::from_ptr(text) }
-                .to_string_lossy()
-                .into_owned(),
-        )
+        Some(unsafe { CStr::from_ptr(text) }.to_string_lossy().into_owned())
     }
 
     /// Resolves one entry point, caching the outcome in `slot`.
-    pub(crate) fn resolve(
-        &self,
-        slot: &Slot,
-        spec: &SymbolInfo,
-    ) -> Result<*const c_void, LoadError> {
+    pub(crate) fn resolve(&self, slot: &Slot, spec: &SymbolInfo) -> Result<*const c_void, LoadError> {
         let outcome = *slot.get_or_init(|| self.lookup_entry(spec));
         match outcome {
             Ok(address) => Ok(address as *const c_void),
@@ -235,17 +222,10 @@ impl Driver {
                 let symbol = spec.symbol.to_str().unwrap_or("?");
                 let path = self.path.clone();
                 Err(match failure {
-                    Failure::NotFound { version } => LoadError::SymbolNotFound {
-                        symbol,
-                        version,
-                        path,
-                    },
-                    Failure::TooOld { required, driver } => LoadError::VersionNotSufficient {
-                        symbol,
-                        required,
-                        driver,
-                        path,
-                    },
+                    Failure::NotFound { version } => LoadError::SymbolNotFound { symbol, version, path },
+                    Failure::TooOld { required, driver } => {
+                        LoadError::VersionNotSufficient { symbol, required, driver, path }
+                    }
                 })
             }
         }
@@ -253,16 +233,10 @@ impl Driver {
 
     fn lookup_entry(&self, spec: &SymbolInfo) -> Result<usize, Failure> {
         let (name, version, flags) = match (self.options.stream_mode, spec.per_thread) {
-            (StreamMode::PerThread, Some((name, version))) => (
-                name,
-                Some(version),
-                CUdriverProcAddress_flags::CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM,
-            ),
-            _ => (
-                spec.symbol,
-                spec.version,
-                CUdriverProcAddress_flags::CU_GET_PROC_ADDRESS_LEGACY_STREAM,
-            ),
+            (StreamMode::PerThread, Some((name, version))) => {
+                (name, Some(version), CUdriverProcAddress_flags::CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM)
+            }
+            _ => (spec.symbol, spec.version, CUdriverProcAddress_flags::CU_GET_PROC_ADDRESS_LEGACY_STREAM),
         };
         let mut too_old = None;
         if let (Some(get_proc_address), Some(version)) = (self.get_proc_address, version) {
@@ -285,8 +259,7 @@ impl Driver {
             {
                 return Ok(address as usize);
             }
-            if status == CUdriverProcAddressQueryResult::CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT
-            {
+            if status == CUdriverProcAddressQueryResult::CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT {
                 too_old = Some(version);
             }
         }
@@ -294,10 +267,7 @@ impl Driver {
             return Ok(address as usize);
         }
         match too_old {
-            Some(required) => Err(Failure::TooOld {
-                required,
-                driver: self.version_cached(),
-            }),
+            Some(required) => Err(Failure::TooOld { required, driver: self.version_cached() }),
             None => Err(Failure::NotFound { version }),
         }
     }
@@ -308,7 +278,9 @@ impl Driver {
             .get_or_init(|| {
                 let address = lookup(&self.library, c"cuDriverGetVersion")?;
                 // SAFETY: `cuDriverGetVersion(int*)` has had this signature since CUDA 2.2.
-                let f = unsafe { std::mem::transmute::<*const c_void, unsafe extern "C" fn(*mut c_int) -> CUresult>(address) };
+                let f = unsafe {
+                    std::mem::transmute::<*const c_void, unsafe extern "C" fn(*mut c_int) -> CUresult>(address)
+                };
                 let mut version: c_int = 0;
                 // SAFETY: `version` is a valid out-pointer.
                 let code = unsafe { f(&mut version) };
@@ -321,10 +293,8 @@ impl Driver {
 fn open_library(path: &Path) -> Result<libloading::Library, LoadError> {
     // SAFETY: loading a library runs its initialisers. The driver's (and the simulator's) are
     // sound to run at any time; a library the user names is trusted like any other dependency.
-    unsafe { libloading::Library::new(path) }.map_err(|e| LoadError::Library {
-        path: path.to_path_buf(),
-        reason: e.to_string(),
-    })
+    unsafe { libloading::Library::new(path) }
+        .map_err(|e| LoadError::Library { path: path.to_path_buf(), reason: e.to_string() })
 }
 
 /// `dlsym` of one name; `None` when absent or null.
@@ -389,11 +359,7 @@ macro_rules! driver_functions {
 }
 
 /// The generated accessors, one per driver function of `cuda.h`.
-#[allow(
-    rustdoc::all,
-    clippy::doc_lazy_continuation,
-    clippy::doc_overindented_list_items
-)]
+#[allow(rustdoc::all, clippy::doc_lazy_continuation, clippy::doc_overindented_list_items)]
 mod functions {
     use crate::types::*;
     include!("generated/functions.rs");
@@ -433,14 +399,11 @@ pub fn driver() -> Result<&'static Driver, LoadError> {
     if let Some(driver) = GLOBAL.get() {
         return Ok(driver);
     }
-    let _guard = GLOBAL_INIT
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _guard = GLOBAL_INIT.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     if let Some(driver) = GLOBAL.get() {
         return Ok(driver);
     }
-    let path =
-        std::env::var_os(DRIVER_ENV).map_or_else(|| PathBuf::from(DEFAULT_LIBRARY), PathBuf::from);
+    let path = std::env::var_os(DRIVER_ENV).map_or_else(|| PathBuf::from(DEFAULT_LIBRARY), PathBuf::from);
     let opened = Driver::open(path)?;
     Ok(GLOBAL.get_or_init(|| opened))
 }
@@ -450,9 +413,7 @@ pub fn driver() -> Result<&'static Driver, LoadError> {
 /// # Errors
 /// Gives `driver` back if a process-wide driver is already in place.
 pub fn install_driver(driver: Driver) -> Result<&'static Driver, Driver> {
-    let _guard = GLOBAL_INIT
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _guard = GLOBAL_INIT.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     if GLOBAL.get().is_some() {
         return Err(driver);
     }

@@ -33,10 +33,7 @@ fn a_library_that_is_not_a_driver_is_refused() {
 fn a_missing_library_is_a_load_error_naming_the_path() {
     let err = Driver::open("/nonexistent/libcuda.so.1").unwrap_err();
     assert!(matches!(err, LoadError::Library { .. }));
-    assert!(
-        err.to_string().contains("/nonexistent/libcuda.so.1"),
-        "{err}"
-    );
+    assert!(err.to_string().contains("/nonexistent/libcuda.so.1"), "{err}");
 }
 
 #[test]
@@ -45,9 +42,7 @@ fn functions_resolve_lazily_and_a_missing_one_is_a_typed_error() {
     // The simulator does not implement graphs; opening the driver did not need them.
     let err = driver.cuGraphCreate().unwrap_err();
     match &err {
-        LoadError::SymbolNotFound {
-            symbol, version, ..
-        } => {
+        LoadError::SymbolNotFound { symbol, version, .. } => {
             assert_eq!(*symbol, "cuGraphCreate");
             assert_eq!(*version, Some(10000));
         }
@@ -68,10 +63,7 @@ fn a_call_through_a_missing_symbol_is_a_cuda_error() {
     let mut graph = std::ptr::null_mut();
     // SAFETY: the call never happens: resolution fails first.
     let err = unsafe { cu_call!(&driver, cuGraphCreate(&mut graph, 0)) }.unwrap_err();
-    assert!(matches!(
-        err,
-        CudaError::Load(LoadError::SymbolNotFound { .. })
-    ));
+    assert!(matches!(err, CudaError::Load(LoadError::SymbolNotFound { .. })));
     assert_eq!(err.code(), None);
 }
 
@@ -83,17 +75,11 @@ fn driver_errors_carry_function_code_name_and_description() {
     // SAFETY: cuInit takes no pointers; 7 is an invalid flag value.
     let err = unsafe { cu_call!(&driver, cuInit(7)) }.unwrap_err();
     assert_eq!(err.code(), Some(CUresult::CUDA_ERROR_INVALID_VALUE));
-    let CudaError::Driver(e) = &err else {
-        panic!("{err:?}")
-    };
+    let CudaError::Driver(e) = &err else { panic!("{err:?}") };
     assert_eq!(e.function, "cuInit");
     assert_eq!(e.name, "CUDA_ERROR_INVALID_VALUE");
     assert!(!e.description.is_empty());
-    assert!(
-        err.to_string()
-            .starts_with("cuInit failed with CUDA_ERROR_INVALID_VALUE (1)"),
-        "{err}"
-    );
+    assert!(err.to_string().starts_with("cuInit failed with CUDA_ERROR_INVALID_VALUE (1)"), "{err}");
 }
 
 #[test]
@@ -128,58 +114,28 @@ fn get_proc_address_selects_by_version_and_stream_mode() {
         (code, pfn as usize, status)
     };
     let (code, legacy, status) = lookup(c"cuMemcpyHtoD", 13000, 1);
-    assert_eq!(
-        (code, status),
-        (
-            CUresult::CUDA_SUCCESS,
-            CUdriverProcAddressQueryResult::CU_GET_PROC_ADDRESS_SUCCESS
-        )
-    );
+    assert_eq!((code, status), (CUresult::CUDA_SUCCESS, CUdriverProcAddressQueryResult::CU_GET_PROC_ADDRESS_SUCCESS));
     let (_, per_thread, _) = lookup(c"cuMemcpyHtoD", 13000, 2);
-    assert_ne!(
-        legacy, per_thread,
-        "the per-thread flag selects the _ptds variant"
-    );
+    assert_ne!(legacy, per_thread, "the per-thread flag selects the _ptds variant");
     assert_eq!(legacy, driver.cuMemcpyHtoD_v2().unwrap() as usize);
     // Functions without a per-thread variant answer the legacy one for either flag.
-    assert_eq!(
-        lookup(c"cuMemAlloc", 13000, 2).1,
-        lookup(c"cuMemAlloc", 13000, 1).1
-    );
+    assert_eq!(lookup(c"cuMemAlloc", 13000, 2).1, lookup(c"cuMemAlloc", 13000, 1).1);
     // An ABI older than any the simulator implements is "version not sufficient".
     let (code, pfn, status) = lookup(c"cuMemAlloc", 3000, 1);
     assert_eq!(code, CUresult::CUDA_ERROR_NOT_FOUND);
     assert_eq!(pfn, 0);
-    assert_eq!(
-        status,
-        CUdriverProcAddressQueryResult::CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT
-    );
+    assert_eq!(status, CUdriverProcAddressQueryResult::CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT);
     let (code, _, status) = lookup(c"cuNoSuchFunction", 13000, 0);
     assert_eq!(code, CUresult::CUDA_ERROR_NOT_FOUND);
-    assert_eq!(
-        status,
-        CUdriverProcAddressQueryResult::CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND
-    );
-    assert_eq!(
-        lookup(c"cuMemAlloc", 13000, 8).0,
-        CUresult::CUDA_ERROR_INVALID_VALUE
-    );
+    assert_eq!(status, CUdriverProcAddressQueryResult::CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
+    assert_eq!(lookup(c"cuMemAlloc", 13000, 8).0, CUresult::CUDA_ERROR_INVALID_VALUE);
 }
 
 #[test]
 fn per_thread_mode_resolves_the_per_thread_variants() {
     let legacy = open();
-    let threaded = Driver::open_with(
-        sim_path(),
-        DriverOptions::default().with_stream_mode(StreamMode::PerThread),
-    )
-    .unwrap();
-    assert_ne!(
-        legacy.cuStreamSynchronize().unwrap() as usize,
-        threaded.cuStreamSynchronize().unwrap() as usize
-    );
-    assert_eq!(
-        legacy.cuInit().unwrap() as usize,
-        threaded.cuInit().unwrap() as usize
-    );
+    let threaded =
+        Driver::open_with(sim_path(), DriverOptions::default().with_stream_mode(StreamMode::PerThread)).unwrap();
+    assert_ne!(legacy.cuStreamSynchronize().unwrap() as usize, threaded.cuStreamSynchronize().unwrap() as usize);
+    assert_eq!(legacy.cuInit().unwrap() as usize, threaded.cuInit().unwrap() as usize);
 }

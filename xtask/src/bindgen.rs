@@ -36,17 +36,13 @@ pub fn run(workspace: &Path, check: bool) -> Result<(), String> {
             if check {
                 stale.push(path.display().to_string());
             } else {
-                std::fs::write(&path, text)
-                    .map_err(|e| format!("writing {}: {e}", path.display()))?;
+                std::fs::write(&path, text).map_err(|e| format!("writing {}: {e}", path.display()))?;
                 println!("wrote {}", path.display());
             }
         }
     }
     if !stale.is_empty() {
-        return Err(format!(
-            "generated bindings are out of date (run `cargo xtask bindgen`): {}",
-            stale.join(", ")
-        ));
+        return Err(format!("generated bindings are out of date (run `cargo xtask bindgen`): {}", stale.join(", ")));
     }
     if check {
         println!("bindings are up to date with {}", include.display());
@@ -57,26 +53,21 @@ pub fn run(workspace: &Path, check: bool) -> Result<(), String> {
 /// Produces the formatted text of each generated file.
 fn generate(include: &Path) -> Result<Vec<(&'static str, String)>, String> {
     let header = include.join("cuda.h");
-    let typedefs = std::fs::read_to_string(include.join("cudaTypedefs.h"))
-        .map_err(|e| format!("reading cudaTypedefs.h: {e}"))?;
+    let typedefs =
+        std::fs::read_to_string(include.join("cudaTypedefs.h")).map_err(|e| format!("reading cudaTypedefs.h: {e}"))?;
     let versions = parse_typedef_versions(&typedefs);
 
     let legacy = run_bindgen(&header, include, false)?;
     let per_thread = run_bindgen(&header, include, true)?;
-    let legacy: syn::File =
-        syn::parse_str(&legacy).map_err(|e| format!("parsing bindgen output: {e}"))?;
-    let per_thread: syn::File =
-        syn::parse_str(&per_thread).map_err(|e| format!("parsing bindgen output: {e}"))?;
+    let legacy: syn::File = syn::parse_str(&legacy).map_err(|e| format!("parsing bindgen output: {e}"))?;
+    let per_thread: syn::File = syn::parse_str(&per_thread).map_err(|e| format!("parsing bindgen output: {e}"))?;
 
     // Per-thread names keyed by the legacy name they replace (`cuMemcpyHtoD_v2_ptds` for
     // `cuMemcpyHtoD_v2`).
     let mut per_thread_names = BTreeMap::new();
     for f in foreign_fns(&per_thread.items) {
         let name = f.sig.ident.to_string();
-        if let Some(legacy_name) = name
-            .strip_suffix("_ptds")
-            .or_else(|| name.strip_suffix("_ptsz"))
-        {
+        if let Some(legacy_name) = name.strip_suffix("_ptds").or_else(|| name.strip_suffix("_ptsz")) {
             per_thread_names.insert(legacy_name.to_string(), name.clone());
         }
     }
@@ -102,17 +93,9 @@ fn generate(include: &Path) -> Result<Vec<(&'static str, String)>, String> {
         }
     }
 
-    let mut bindings = syn::File {
-        shebang: None,
-        attrs: Vec::new(),
-        items: type_items,
-    };
+    let mut bindings = syn::File { shebang: None, attrs: Vec::new(), items: type_items };
     syn::visit_mut::VisitMut::visit_file_mut(&mut OneLineDocs, &mut bindings);
-    let bindings = format!(
-        "{}{}",
-        banner("types, constants and enums of cuda.h"),
-        prettyplease::unparse(&bindings)
-    );
+    let bindings = format!("{}{}", banner("types, constants and enums of cuda.h"), prettyplease::unparse(&bindings));
     let functions = format!(
         "{}crate::driver_functions! {{\n{functions}}}\n",
         banner("every driver function of cuda.h, with the ABI version cuGetProcAddress needs")
@@ -149,10 +132,7 @@ fn run_bindgen(header: &Path, include: &Path, per_thread: bool) -> Result<String
         .allowlist_function("cu.*")
         .allowlist_type("(CU|cu|CUDA).*")
         .allowlist_var("(CU|CUDA).*")
-        .default_enum_style(bindgen::EnumVariation::NewType {
-            is_bitfield: false,
-            is_global: false,
-        })
+        .default_enum_style(bindgen::EnumVariation::NewType { is_bitfield: false, is_global: false })
         .bitfield_enum("CUmemAllocationHandleType_enum")
         .derive_default(true)
         .derive_eq(true)
@@ -167,9 +147,7 @@ fn run_bindgen(header: &Path, include: &Path, per_thread: bool) -> Result<String
             .with_codegen_config(bindgen::CodegenConfig::FUNCTIONS)
             .generate_comments(false);
     }
-    let bindings = builder
-        .generate()
-        .map_err(|e| format!("bindgen failed on {}: {e}", header.display()))?;
+    let bindings = builder.generate().map_err(|e| format!("bindgen failed on {}: {e}", header.display()))?;
     Ok(bindings.to_string())
 }
 
@@ -180,9 +158,7 @@ struct Comments;
 impl bindgen::callbacks::ParseCallbacks for Comments {
     fn process_comment(&self, comment: &str) -> Option<String> {
         // `\code` may end a line of prose; give each fence a line of its own.
-        let fenced = comment
-            .replace("\\endcode", "\n```\n")
-            .replace("\\code", "\n```text\n");
+        let fenced = comment.replace("\\endcode", "\n```\n").replace("\\code", "\n```text\n");
         let mut out = String::new();
         for line in fenced.lines() {
             out.push_str(line.trim());
@@ -202,10 +178,7 @@ impl syn::visit_mut::VisitMut for OneLineDocs {
         for attr in attrs.drain(..) {
             let text = match &attr.meta {
                 syn::Meta::NameValue(nv) if nv.path.is_ident("doc") => match &nv.value {
-                    syn::Expr::Lit(syn::ExprLit {
-                        lit: syn::Lit::Str(s),
-                        ..
-                    }) => Some(s.value()),
+                    syn::Expr::Lit(syn::ExprLit { lit: syn::Lit::Str(s), .. }) => Some(s.value()),
                     _ => None,
                 },
                 _ => None,
@@ -213,11 +186,7 @@ impl syn::visit_mut::VisitMut for OneLineDocs {
             match text {
                 Some(text) if text.contains('\n') => {
                     for line in text.trim_end().lines() {
-                        let line = if line.is_empty() {
-                            String::new()
-                        } else {
-                            format!(" {line}")
-                        };
+                        let line = if line.is_empty() { String::new() } else { format!(" {line}") };
                         split.push(syn::parse_quote!(#[doc = #line]));
                     }
                 }
@@ -237,14 +206,8 @@ fn parse_typedef_versions(typedefs: &str) -> Versions {
         let Some(start) = line.find("PFN_") else {
             continue;
         };
-        let ident: String = line[start + 4..]
-            .chars()
-            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-            .collect();
-        let (ident, per_thread) = match ident
-            .strip_suffix("_ptds")
-            .or_else(|| ident.strip_suffix("_ptsz"))
-        {
+        let ident: String = line[start + 4..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+        let (ident, per_thread) = match ident.strip_suffix("_ptds").or_else(|| ident.strip_suffix("_ptsz")) {
             Some(stripped) => (stripped.to_string(), true),
             None => (ident, false),
         };
@@ -255,11 +218,7 @@ fn parse_typedef_versions(typedefs: &str) -> Versions {
             continue;
         };
         let entry = versions.entry(base.to_string()).or_default();
-        let list = if per_thread {
-            &mut entry.1
-        } else {
-            &mut entry.0
-        };
+        let list = if per_thread { &mut entry.1 } else { &mut entry.0 };
         if !list.contains(&version) {
             list.push(version);
         }
@@ -300,11 +259,7 @@ fn write_function(
     });
 
     for line in doc_text(&f.attrs).lines() {
-        let _ = writeln!(
-            out,
-            "    ///{}{line}",
-            if line.is_empty() { "" } else { " " }
-        );
+        let _ = writeln!(out, "    ///{}{line}", if line.is_empty() { "" } else { " " });
     }
     let args: Vec<String> = f
         .sig
@@ -320,9 +275,7 @@ fn write_function(
         syn::ReturnType::Type(_, ty) => tidy(ty),
     };
     let version = version.map_or("None".to_string(), |v| format!("Some({v})"));
-    let per_thread = per_thread_entry.map_or("None".to_string(), |(n, v)| {
-        format!("Some((c\"{n}\", {v}))")
-    });
+    let per_thread = per_thread_entry.map_or("None".to_string(), |(n, v)| format!("Some((c\"{n}\", {v}))"));
     let _ = writeln!(
         out,
         "    fn {name}({}) -> {ret} = (c\"{name}\", c\"{base}\", {version}, {per_thread});",
@@ -369,21 +322,13 @@ fn collect_errors(imp: &syn::ItemImpl, out: &mut Vec<(u32, String, String)>) {
         let syn::Expr::Call(call) = &c.expr else {
             continue;
         };
-        let Some(syn::Expr::Lit(syn::ExprLit {
-            lit: syn::Lit::Int(code),
-            ..
-        })) = call.args.first()
-        else {
+        let Some(syn::Expr::Lit(syn::ExprLit { lit: syn::Lit::Int(code), .. })) = call.args.first() else {
             continue;
         };
         let Ok(code) = code.base10_parse::<u32>() else {
             continue;
         };
-        out.push((
-            code,
-            c.ident.to_string(),
-            first_sentence(&doc_text(&c.attrs)),
-        ));
+        out.push((code, c.ident.to_string(), first_sentence(&doc_text(&c.attrs))));
     }
 }
 
@@ -393,10 +338,7 @@ fn doc_text(attrs: &[syn::Attribute]) -> String {
         .iter()
         .filter_map(|a| match &a.meta {
             syn::Meta::NameValue(nv) if nv.path.is_ident("doc") => match &nv.value {
-                syn::Expr::Lit(syn::ExprLit {
-                    lit: syn::Lit::Str(s),
-                    ..
-                }) => Some(s.value()),
+                syn::Expr::Lit(syn::ExprLit { lit: syn::Lit::Str(s), .. }) => Some(s.value()),
                 _ => None,
             },
             _ => None,
@@ -423,22 +365,15 @@ fn rustfmt(text: &str) -> Result<String, String> {
     let mut stdin = child.stdin.take().ok_or("rustfmt has no stdin")?;
     let input = text.to_string();
     let writer = std::thread::spawn(move || stdin.write_all(input.as_bytes()));
-    let output = child
-        .wait_with_output()
-        .map_err(|e| format!("rustfmt: {e}"))?;
+    let output = child.wait_with_output().map_err(|e| format!("rustfmt: {e}"))?;
     let _ = writer.join();
     if !output.status.success() {
-        return Err(format!(
-            "rustfmt failed: {}",
-            String::from_utf8_lossy(&output.stderr)
-        ));
+        return Err(format!("rustfmt failed: {}", String::from_utf8_lossy(&output.stderr)));
     }
     String::from_utf8(output.stdout).map_err(|e| format!("rustfmt output: {e}"))
 }
 
 /// The workspace root, found from this crate's manifest directory.
 pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf)
 }

@@ -48,11 +48,7 @@ pub fn run(workspace: &Path) -> Result<(), String> {
 }
 
 /// The steps, each recorded as it ends; returns the first failure.
-fn run_steps(
-    workspace: &Path,
-    records: &mut Vec<Record>,
-    summaries: &mut Vec<String>,
-) -> Result<(), String> {
+fn run_steps(workspace: &Path, records: &mut Vec<Record>, summaries: &mut Vec<String>) -> Result<(), String> {
     const TOTAL: usize = 7;
     let mut step = |name: &'static str, f: &mut dyn FnMut() -> Result<Outcome, String>| {
         println!("\n==> ci [{}/{TOTAL}] {name}", records.len() + 1);
@@ -66,49 +62,27 @@ fn run_steps(
             }
             Outcome::Passed | Outcome::PassedWith(_) => None,
         };
-        records.push(Record {
-            name,
-            time: start.elapsed(),
-            outcome,
-        });
+        records.push(Record { name, time: start.elapsed(), outcome });
         failure.map_or(Ok(()), Err)
     };
 
-    step("fmt", &mut || {
-        passed(run_command(
-            cargo(workspace).args(["fmt", "--all", "--check"]),
-        ))
-    })?;
+    step("fmt", &mut || passed(run_command(cargo(workspace).args(["fmt", "--all", "--check"]))))?;
     step("clippy", &mut || {
-        passed(run_command(cargo(workspace).args([
-            "clippy",
-            "--workspace",
-            "--all-targets",
-            "--",
-            "-D",
-            "warnings",
-        ])))
+        passed(run_command(cargo(workspace).args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])))
     })?;
-    step("build cuda-sim", &mut || {
-        passed(run_command(
-            cargo(workspace).args(["build", "-p", "cuda-sim"]),
-        ))
-    })?;
+    step("build cuda-sim", &mut || passed(run_command(cargo(workspace).args(["build", "-p", "cuda-sim"]))))?;
     let mut include = None;
-    step(
-        "fetch cuda.h",
-        &mut || match header::fetch_include_dir(workspace) {
-            Ok(dir) => {
-                let note = dir.display().to_string();
-                include = Some(dir);
-                Ok(Outcome::PassedWith(note))
-            }
-            Err(e) => Ok(Outcome::Skipped(format!(
-                "cuda.h not available ({e}; it needs network access to PyPI, or CUDA_HOME): \
+    step("fetch cuda.h", &mut || match header::fetch_include_dir(workspace) {
+        Ok(dir) => {
+            let note = dir.display().to_string();
+            include = Some(dir);
+            Ok(Outcome::PassedWith(note))
+        }
+        Err(e) => Ok(Outcome::Skipped(format!(
+            "cuda.h not available ({e}; it needs network access to PyPI, or CUDA_HOME): \
              the layout test and the bindings check will skip"
-            ))),
-        },
-    )?;
+        ))),
+    })?;
     step("test", &mut || {
         let mut command = cargo(workspace);
         if let Some(dir) = &include
@@ -130,14 +104,10 @@ fn run_steps(
         let mut flags = std::env::var("RUSTDOCFLAGS").unwrap_or_default();
         flags.push_str(" -Dwarnings");
         passed(run_command(
-            cargo(workspace)
-                .args(["doc", "--workspace", "--no-deps"])
-                .env("RUSTDOCFLAGS", flags.trim()),
+            cargo(workspace).args(["doc", "--workspace", "--no-deps"]).env("RUSTDOCFLAGS", flags.trim()),
         ))
     })?;
-    step("bindgen --check", &mut || {
-        bindgen_check(workspace, include.is_some())
-    })?;
+    step("bindgen --check", &mut || bindgen_check(workspace, include.is_some()))?;
     Ok(())
 }
 
@@ -163,36 +133,20 @@ fn passed(result: Result<(), String>) -> Result<Outcome, String> {
 /// in order.
 fn run_collecting_summaries(command: &mut Command) -> (Result<(), String>, Vec<String>) {
     let lines = Arc::new(Mutex::new(Vec::new()));
-    let spawned = command
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn();
+    let spawned = command.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn();
     let mut child = match spawned {
         Ok(child) => child,
         Err(e) => {
-            return (
-                Err(format!("cannot run `{}`: {e}", describe(command))),
-                Vec::new(),
-            );
+            return (Err(format!("cannot run `{}`: {e}", describe(command))), Vec::new());
         }
     };
-    let stdout = child
-        .stdout
-        .take()
-        .map(|out| relay(out, false, Arc::clone(&lines)));
-    let stderr = child
-        .stderr
-        .take()
-        .map(|err| relay(err, true, Arc::clone(&lines)));
+    let stdout = child.stdout.take().map(|out| relay(out, false, Arc::clone(&lines)));
+    let stderr = child.stderr.take().map(|err| relay(err, true, Arc::clone(&lines)));
     for relay in [stdout, stderr].into_iter().flatten() {
         let _ = relay.join();
     }
     let status = child.wait();
-    let lines = std::mem::take(
-        &mut *lines
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner),
-    );
+    let lines = std::mem::take(&mut *lines.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
     let result = match status {
         Ok(status) if status.success() => Ok(()),
         Ok(status) => Err(format!("`{}` failed ({status})", describe(command))),
@@ -241,23 +195,15 @@ fn relay(
 fn keep_if_summary(line: &[u8], keep: &Mutex<Vec<String>>) {
     let line = String::from_utf8_lossy(line);
     let trimmed = line.trim();
-    if trimmed.starts_with("test result:")
-        || trimmed.starts_with("Running ")
-        || trimmed.starts_with("Doc-tests ")
-    {
-        keep.lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push(line.trim_end().to_string());
+    if trimmed.starts_with("test result:") || trimmed.starts_with("Running ") || trimmed.starts_with("Doc-tests ") {
+        keep.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(line.trim_end().to_string());
     }
 }
 
 /// Totals of the `test result:` lines, as "N passed, N failed, N ignored".
 fn count_tests(summaries: &[String]) -> String {
     let (mut passed, mut failed, mut ignored) = (0u64, 0u64, 0u64);
-    for line in summaries
-        .iter()
-        .filter(|l| l.trim_start().starts_with("test result:"))
-    {
+    for line in summaries.iter().filter(|l| l.trim_start().starts_with("test result:")) {
         let words: Vec<&str> = line.split_whitespace().collect();
         for pair in words.windows(2) {
             let Ok(n) = pair[0].parse::<u64>() else {
@@ -277,14 +223,11 @@ fn count_tests(summaries: &[String]) -> String {
 /// The binding check, or why it cannot run here.
 fn bindgen_check(workspace: &Path, have_header: bool) -> Result<Outcome, String> {
     if !have_header {
-        return Ok(Outcome::Skipped(
-            "cuda.h not available (see the `fetch cuda.h` step)".to_string(),
-        ));
+        return Ok(Outcome::Skipped("cuda.h not available (see the `fetch cuda.h` step)".to_string()));
     }
     let Some(libclang) = find_libclang() else {
         return Ok(Outcome::Skipped(
-            "libclang not found (install libclang-dev, or set LIBCLANG_PATH to its folder)"
-                .to_string(),
+            "libclang not found (install libclang-dev, or set LIBCLANG_PATH to its folder)".to_string(),
         ));
     };
     println!("libclang: {}", libclang.display());
@@ -303,11 +246,7 @@ fn find_libclang() -> Option<PathBuf> {
             return Some(found);
         }
     }
-    if let Ok(output) = Command::new("ldconfig")
-        .arg("-p")
-        .stderr(Stdio::null())
-        .output()
-    {
+    if let Ok(output) = Command::new("ldconfig").arg("-p").stderr(Stdio::null()).output() {
         let listing = String::from_utf8_lossy(&output.stdout);
         // Lines read `\tlibclang-14.so.13 (libc6,x86-64) => /lib/x86_64-linux-gnu/libclang-14.so.13`.
         let found = listing.lines().find_map(|line| {
@@ -319,15 +258,10 @@ fn find_libclang() -> Option<PathBuf> {
             return found;
         }
     }
-    let mut llvm_dirs = std::fs::read_dir("/usr/lib")
-        .ok()?
-        .filter_map(Result::ok)
-        .filter_map(|entry| {
-            let name = entry.file_name();
-            name.to_string_lossy()
-                .starts_with("llvm")
-                .then(|| entry.path().join("lib"))
-        });
+    let mut llvm_dirs = std::fs::read_dir("/usr/lib").ok()?.filter_map(Result::ok).filter_map(|entry| {
+        let name = entry.file_name();
+        name.to_string_lossy().starts_with("llvm").then(|| entry.path().join("lib"))
+    });
     llvm_dirs.find_map(|dir| libclang_in(&dir))
 }
 
@@ -366,11 +300,7 @@ fn print_summary(records: &[Record], summaries: &[String]) {
             Outcome::Skipped(reason) => ("skipped", format!(": {reason}")),
             Outcome::Failed(_) => ("FAILED", String::new()),
         };
-        println!(
-            "  {:<16} {:>8.1}s  {status}{note}",
-            record.name,
-            record.time.as_secs_f64()
-        );
+        println!("  {:<16} {:>8.1}s  {status}{note}", record.name, record.time.as_secs_f64());
     }
     let total: Duration = records.iter().map(|r| r.time).sum();
     println!("  {:<16} {:>8.1}s", "total", total.as_secs_f64());
@@ -388,21 +318,10 @@ mod tests {
 
     #[test]
     fn recognises_libclang_names() {
-        for name in [
-            "libclang.so",
-            "libclang.so.1",
-            "libclang-14.so",
-            "libclang-14.so.13",
-            "libclang-17.0.6.so",
-        ] {
+        for name in ["libclang.so", "libclang.so.1", "libclang-14.so", "libclang-14.so.13", "libclang-17.0.6.so"] {
             assert!(is_libclang(name), "{name}");
         }
-        for name in [
-            "libclang-cpp.so.14",
-            "libclangBasic.a",
-            "libclang.a",
-            "libclang-14.sox",
-        ] {
+        for name in ["libclang-cpp.so.14", "libclangBasic.a", "libclang.a", "libclang-14.sox"] {
             assert!(!is_libclang(name), "{name}");
         }
     }

@@ -10,10 +10,6 @@ use crate::{cargo, run_command};
 pub fn run(workspace: &Path, args: &[String]) -> Result<(), String> {
     run_command(cargo(workspace).args(["build", "-p", "cuda-sim"]))
         .map_err(|e| format!("building the simulator: {e}"))?;
-    run_command(
-        cargo(workspace)
-            .args(["run", "-p", "tests", "--bin", "demo", "--"])
-            .args(args),
-    )
-    .map_err(|e| format!("the demo failed: {e}"))
+    run_command(cargo(workspace).args(["run", "-p", "tests", "--bin", "demo", "--"]).args(args))
+        .map_err(|e| format!("the demo failed: {e}"))
 }

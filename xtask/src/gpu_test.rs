@@ -42,11 +42,7 @@ pub fn run(workspace: &Path, args: &[String]) -> Result<(), String> {
     prepare_dir(&out)?;
 
     let messages = build_tests(workspace)?;
-    let mut tests: Vec<Artifact> = messages
-        .iter()
-        .filter(|m| is_test_artifact(m))
-        .filter_map(artifact)
-        .collect();
+    let mut tests: Vec<Artifact> = messages.iter().filter(|m| is_test_artifact(m)).filter_map(artifact).collect();
     tests.sort_by(|a, b| a.name.cmp(&b.name));
     if tests.is_empty() {
         return Err("cargo built no test binaries".to_string());
@@ -71,39 +67,23 @@ pub fn run(workspace: &Path, args: &[String]) -> Result<(), String> {
     let size = dir_size(&out)?;
     let mib = size as f64 / f64::from(1 << 20);
     if size > MAX_BUNDLE_BYTES {
-        return Err(format!(
-            "the bundle at {} is {mib:.1} MiB, over the 64 MiB limit",
-            out.display()
-        ));
+        return Err(format!("the bundle at {} is {mib:.1} MiB, over the 64 MiB limit", out.display()));
     }
-    println!(
-        "\nGPU test bundle: {} ({} test binaries and the demo, {mib:.1} MiB)",
-        out.display(),
-        tests.len()
-    );
+    println!("\nGPU test bundle: {} ({} test binaries and the demo, {mib:.1} MiB)", out.display(), tests.len());
     for test in &tests {
         println!("  tests/{}", test.name);
     }
     if simulator.is_some() {
         println!("  {SIMULATOR}");
     }
-    println!(
-        "Carry it to the GPU machine and run `bash {}/run.sh`.",
-        relative(workspace, &out).display()
-    );
+    println!("Carry it to the GPU machine and run `bash {}/run.sh`.", relative(workspace, &out).display());
     Ok(())
 }
 
 /// Builds the test binaries in release, stripped, and returns cargo's messages.
 fn build_tests(workspace: &Path) -> Result<Vec<Value>, String> {
     let mut command = cargo(workspace);
-    command.args([
-        "test",
-        "--workspace",
-        "--release",
-        "--no-run",
-        "--message-format=json",
-    ]);
+    command.args(["test", "--workspace", "--release", "--no-run", "--message-format=json"]);
     for package in EXCLUDED {
         command.args(["--exclude", package]);
     }
@@ -113,28 +93,11 @@ fn build_tests(workspace: &Path) -> Result<Vec<Value>, String> {
 /// Builds the demo in release, stripped, and returns where it is.
 fn build_demo(workspace: &Path) -> Result<PathBuf, String> {
     let mut command = cargo(workspace);
-    command.args([
-        "build",
-        "--release",
-        "-p",
-        "tests",
-        "--bin",
-        "demo",
-        "--message-format=json",
-    ]);
+    command.args(["build", "--release", "-p", "tests", "--bin", "demo", "--message-format=json"]);
     build(&mut command)?
         .iter()
-        .filter(|m| {
-            m.get("target")
-                .and_then(|t| t.get("name"))
-                .and_then(Value::as_str)
-                == Some("demo")
-        })
-        .find_map(|m| {
-            m.get("executable")
-                .and_then(Value::as_str)
-                .map(PathBuf::from)
-        })
+        .filter(|m| m.get("target").and_then(|t| t.get("name")).and_then(Value::as_str) == Some("demo"))
+        .find_map(|m| m.get("executable").and_then(Value::as_str).map(PathBuf::from))
         .ok_or_else(|| "cargo built no demo binary".to_string())
 }
 
@@ -170,10 +133,7 @@ fn parse_args(workspace: &Path, args: &[String]) -> Result<PathBuf, String> {
 /// Empties the bundle folder, refusing to touch a folder that is neither empty nor a bundle.
 fn prepare_dir(out: &Path) -> Result<(), String> {
     if out.exists() {
-        let is_empty = std::fs::read_dir(out)
-            .map_err(|e| format!("reading {}: {e}", out.display()))?
-            .next()
-            .is_none();
+        let is_empty = std::fs::read_dir(out).map_err(|e| format!("reading {}: {e}", out.display()))?.next().is_none();
         let is_bundle = std::fs::read_to_string(out.join("run.sh"))
             .is_ok_and(|s| s.lines().nth(1).is_some_and(|l| l.starts_with(MARKER)));
         if !is_empty && !is_bundle {
@@ -182,8 +142,7 @@ fn prepare_dir(out: &Path) -> Result<(), String> {
                 out.display()
             ));
         }
-        std::fs::remove_dir_all(out)
-            .map_err(|e| format!("removing the old bundle {}: {e}", out.display()))?;
+        std::fs::remove_dir_all(out).map_err(|e| format!("removing the old bundle {}: {e}", out.display()))?;
     }
     create_dir(out)
 }
@@ -191,12 +150,8 @@ fn prepare_dir(out: &Path) -> Result<(), String> {
 /// Runs a cargo build that prints JSON messages, and returns them; compiler diagnostics go to
 /// the terminal as they come. Release binaries are stripped of symbols.
 fn build(command: &mut Command) -> Result<Vec<Value>, String> {
-    command
-        .env("CARGO_PROFILE_RELEASE_STRIP", "symbols")
-        .stdout(Stdio::piped());
-    let mut child = command
-        .spawn()
-        .map_err(|e| format!("cannot run `{}`: {e}", describe(command)))?;
+    command.env("CARGO_PROFILE_RELEASE_STRIP", "symbols").stdout(Stdio::piped());
+    let mut child = command.spawn().map_err(|e| format!("cannot run `{}`: {e}", describe(command)))?;
     let stdout = child.stdout.take().ok_or("cargo has no stdout")?;
     let mut messages = Vec::new();
     for line in BufReader::new(stdout).lines() {
@@ -206,19 +161,13 @@ fn build(command: &mut Command) -> Result<Vec<Value>, String> {
             continue;
         };
         if message.get("reason").and_then(Value::as_str) == Some("compiler-message") {
-            if let Some(rendered) = message
-                .get("message")
-                .and_then(|m| m.get("rendered"))
-                .and_then(Value::as_str)
-            {
+            if let Some(rendered) = message.get("message").and_then(|m| m.get("rendered")).and_then(Value::as_str) {
                 eprint!("{rendered}");
             }
         }
         messages.push(message);
     }
-    let status = child
-        .wait()
-        .map_err(|e| format!("waiting for `{}`: {e}", describe(command)))?;
+    let status = child.wait().map_err(|e| format!("waiting for `{}`: {e}", describe(command)))?;
     if !status.success() {
         return Err(format!("`{}` failed ({status})", describe(command)));
     }
@@ -228,11 +177,7 @@ fn build(command: &mut Command) -> Result<Vec<Value>, String> {
 /// Whether a cargo message is a built test binary (`"profile":{"test":true}`).
 fn is_test_artifact(message: &Value) -> bool {
     message.get("reason").and_then(Value::as_str) == Some("compiler-artifact")
-        && message
-            .get("profile")
-            .and_then(|p| p.get("test"))
-            .and_then(Value::as_bool)
-            == Some(true)
+        && message.get("profile").and_then(|p| p.get("test")).and_then(Value::as_bool) == Some(true)
 }
 
 /// A test binary, named `<package>.<kind>.<target>` (`cuda-sys.lib`, `tests.test.ipc`), unless
@@ -262,11 +207,7 @@ fn package_name(id: &str) -> String {
     if let Some((name, _)) = fragment.split_once('@') {
         return name.to_string();
     }
-    url.trim_end_matches('/')
-        .rsplit('/')
-        .next()
-        .unwrap_or(url)
-        .to_string()
+    url.trim_end_matches('/').rsplit('/').next().unwrap_or(url).to_string()
 }
 
 fn create_dir(dir: &Path) -> Result<(), String> {
@@ -274,9 +215,7 @@ fn create_dir(dir: &Path) -> Result<(), String> {
 }
 
 fn copy(from: &Path, to: &Path) -> Result<(), String> {
-    std::fs::copy(from, to)
-        .map(drop)
-        .map_err(|e| format!("copying {} to {}: {e}", from.display(), to.display()))
+    std::fs::copy(from, to).map(drop).map_err(|e| format!("copying {} to {}: {e}", from.display(), to.display()))
 }
 
 fn write_executable(path: &Path, text: &str) -> Result<(), String> {
@@ -301,9 +240,7 @@ fn write_manifest(out: &Path, tests: &[Artifact], simulator: bool) -> Result<(),
         text.push_str(&format!("tests/{}\n", test.name));
     }
     if simulator {
-        text.push_str(&format!(
-            "{SIMULATOR} (for the tests that exercise the loader against the simulator)\n"
-        ));
+        text.push_str(&format!("{SIMULATOR} (for the tests that exercise the loader against the simulator)\n"));
     }
     let path = out.join("MANIFEST.txt");
     std::fs::write(&path, text).map_err(|e| format!("writing {}: {e}", path.display()))
@@ -314,22 +251,15 @@ fn dir_size(dir: &Path) -> Result<u64, String> {
     let mut total = 0;
     for entry in std::fs::read_dir(dir).map_err(|e| format!("reading {}: {e}", dir.display()))? {
         let entry = entry.map_err(|e| format!("reading {}: {e}", dir.display()))?;
-        let metadata = entry
-            .metadata()
-            .map_err(|e| format!("reading {}: {e}", entry.path().display()))?;
-        total += if metadata.is_dir() {
-            dir_size(&entry.path())?
-        } else {
-            metadata.len()
-        };
+        let metadata = entry.metadata().map_err(|e| format!("reading {}: {e}", entry.path().display()))?;
+        total += if metadata.is_dir() { dir_size(&entry.path())? } else { metadata.len() };
     }
     Ok(total)
 }
 
 /// `path` relative to `base` when it lies under it.
 fn relative(base: &Path, path: &Path) -> PathBuf {
-    path.strip_prefix(base)
-        .map_or_else(|_| path.to_path_buf(), Path::to_path_buf)
+    path.strip_prefix(base).map_or_else(|_| path.to_path_buf(), Path::to_path_buf)
 }
 
 /// The bundle's `run.sh`.
@@ -473,24 +403,13 @@ mod tests {
     fn names_packages_from_every_id_format() {
         assert_eq!(package_name("path+file:///w/cuda-sys#0.1.0"), "cuda-sys");
         assert_eq!(package_name("path+file:///w/some-dir#tests@0.1.0"), "tests");
-        assert_eq!(
-            package_name("cuda-sim 0.1.0 (path+file:///w/cuda-sim)"),
-            "cuda-sim"
-        );
-        assert_eq!(
-            package_name("registry+https://github.com/rust-lang/crates.io-index#libc@0.2.1"),
-            "libc"
-        );
+        assert_eq!(package_name("cuda-sim 0.1.0 (path+file:///w/cuda-sim)"), "cuda-sim");
+        assert_eq!(package_name("registry+https://github.com/rust-lang/crates.io-index#libc@0.2.1"), "libc");
     }
 
     #[test]
     fn the_run_script_carries_the_marker() {
-        assert!(
-            run_script()
-                .lines()
-                .nth(1)
-                .is_some_and(|l| l.starts_with(MARKER))
-        );
+        assert!(run_script().lines().nth(1).is_some_and(|l| l.starts_with(MARKER)));
     }
 
     #[test]

@@ -24,10 +24,7 @@ pub fn find_include_dir(workspace: &Path) -> Option<PathBuf> {
 }
 
 fn pinned_dir(workspace: &Path) -> PathBuf {
-    workspace
-        .join(".cuda-header")
-        .join(WHEEL_VERSION)
-        .join("nvidia/cu13/include")
+    workspace.join(".cuda-header").join(WHEEL_VERSION).join("nvidia/cu13/include")
 }
 
 /// Finds the header, downloading and unpacking the pinned wheel with pip when it is absent.
@@ -39,29 +36,15 @@ pub fn fetch_include_dir(workspace: &Path) -> Result<PathBuf, String> {
     std::fs::create_dir_all(&root).map_err(|e| format!("creating {}: {e}", root.display()))?;
     let wheel_dir = root.join("wheel");
     let status = Command::new("python3")
-        .args([
-            "-m",
-            "pip",
-            "download",
-            "--quiet",
-            "--no-deps",
-            "--only-binary=:all:",
-        ])
-        .args([
-            "--platform",
-            "manylinux_2_17_x86_64",
-            "--python-version",
-            "3.12",
-        ])
+        .args(["-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:"])
+        .args(["--platform", "manylinux_2_17_x86_64", "--python-version", "3.12"])
         .arg("-d")
         .arg(&wheel_dir)
         .arg(format!("nvidia-cuda-runtime=={WHEEL_VERSION}"))
         .status()
         .map_err(|e| format!("running pip: {e}"))?;
     if !status.success() {
-        return Err(format!(
-            "pip could not download nvidia-cuda-runtime=={WHEEL_VERSION}"
-        ));
+        return Err(format!("pip could not download nvidia-cuda-runtime=={WHEEL_VERSION}"));
     }
     let wheel = std::fs::read_dir(&wheel_dir)
         .map_err(|e| format!("reading {}: {e}", wheel_dir.display()))?
@@ -80,9 +63,5 @@ pub fn fetch_include_dir(workspace: &Path) -> Result<PathBuf, String> {
         return Err(format!("could not unpack {}", wheel.display()));
     }
     let dir = pinned_dir(workspace);
-    if dir.join("cuda.h").is_file() {
-        Ok(dir)
-    } else {
-        Err(format!("the wheel has no cuda.h under {}", dir.display()))
-    }
+    if dir.join("cuda.h").is_file() { Ok(dir) } else { Err(format!("the wheel has no cuda.h under {}", dir.display())) }
 }

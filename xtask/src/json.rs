@@ -49,10 +49,7 @@ impl Value {
 
 /// Parses one JSON document.
 pub fn parse(text: &str) -> Result<Value, String> {
-    let mut parser = Parser {
-        bytes: text.as_bytes(),
-        pos: 0,
-    };
+    let mut parser = Parser { bytes: text.as_bytes(), pos: 0 };
     let value = parser.value()?;
     parser.skip_whitespace();
     if parser.pos != parser.bytes.len() {
@@ -72,11 +69,7 @@ impl Parser<'_> {
     }
 
     fn skip_whitespace(&mut self) {
-        while self
-            .bytes
-            .get(self.pos)
-            .is_some_and(u8::is_ascii_whitespace)
-        {
+        while self.bytes.get(self.pos).is_some_and(u8::is_ascii_whitespace) {
             self.pos += 1;
         }
     }
@@ -225,10 +218,7 @@ impl Parser<'_> {
     }
 
     fn hex4(&mut self) -> Result<u32, String> {
-        let digits = self
-            .bytes
-            .get(self.pos..self.pos + 4)
-            .ok_or_else(|| self.error("short \\u escape"))?;
+        let digits = self.bytes.get(self.pos..self.pos + 4).ok_or_else(|| self.error("short \\u escape"))?;
         let text = std::str::from_utf8(digits).map_err(|_| self.error("bad \\u escape"))?;
         let code = u32::from_str_radix(text, 16).map_err(|_| self.error("bad \\u escape"))?;
         self.pos += 4;
@@ -244,46 +234,18 @@ mod tests {
     fn reads_a_cargo_artifact_message() {
         let line = r#"{"reason":"compiler-artifact","package_id":"path+file:///w/cuda-sys#0.1.0","manifest_path":"/w/cuda-sys/Cargo.toml","target":{"kind":["lib"],"crate_types":["lib"],"name":"cuda_sys","src_path":"/w/cuda-sys/src/lib.rs","edition":"2024","doctest":true,"test":true},"profile":{"opt_level":"3","debuginfo":0,"debug_assertions":false,"overflow_checks":false,"test":true},"features":[],"filenames":["/w/target/release/deps/cuda_sys-1"],"executable":"/w/target/release/deps/cuda_sys-1","fresh":true}"#;
         let value = parse(line).unwrap();
-        assert_eq!(
-            value.get("reason").and_then(Value::as_str),
-            Some("compiler-artifact")
-        );
-        assert_eq!(
-            value
-                .get("profile")
-                .and_then(|p| p.get("test"))
-                .and_then(Value::as_bool),
-            Some(true)
-        );
-        assert_eq!(
-            value.get("executable").and_then(Value::as_str),
-            Some("/w/target/release/deps/cuda_sys-1")
-        );
-        let kinds = value
-            .get("target")
-            .and_then(|t| t.get("kind"))
-            .and_then(Value::as_array)
-            .unwrap();
+        assert_eq!(value.get("reason").and_then(Value::as_str), Some("compiler-artifact"));
+        assert_eq!(value.get("profile").and_then(|p| p.get("test")).and_then(Value::as_bool), Some(true));
+        assert_eq!(value.get("executable").and_then(Value::as_str), Some("/w/target/release/deps/cuda_sys-1"));
+        let kinds = value.get("target").and_then(|t| t.get("kind")).and_then(Value::as_array).unwrap();
         assert_eq!(kinds, [Value::String("lib".into())]);
     }
 
     #[test]
     fn decodes_escapes_and_rejects_garbage() {
-        assert_eq!(
-            parse(r#""a\"b\\c\n\u00e9\ud83d\ude00""#).unwrap(),
-            Value::String("a\"b\\c\né😀".into())
-        );
-        assert_eq!(
-            parse(" [1, -2.5e3, null] ")
-                .unwrap()
-                .as_array()
-                .map(<[Value]>::len),
-            Some(3)
-        );
-        assert_eq!(
-            parse(r#"{"executable":null}"#).unwrap().get("executable"),
-            Some(&Value::Null)
-        );
+        assert_eq!(parse(r#""a\"b\\c\n\u00e9\ud83d\ude00""#).unwrap(), Value::String("a\"b\\c\né😀".into()));
+        assert_eq!(parse(" [1, -2.5e3, null] ").unwrap().as_array().map(<[Value]>::len), Some(3));
+        assert_eq!(parse(r#"{"executable":null}"#).unwrap().get("executable"), Some(&Value::Null));
         assert!(parse("{").is_err());
         assert!(parse(r#"{"a":1} x"#).is_err());
         assert!(parse(r#""unterminated"#).is_err());

@@ -63,11 +63,8 @@ fn cargo(workspace: &Path) -> Command {
 
 /// The command line of `command`, for messages.
 fn describe(command: &Command) -> String {
-    let program = Path::new(command.get_program())
-        .file_name()
-        .unwrap_or(command.get_program())
-        .to_string_lossy()
-        .into_owned();
+    let program =
+        Path::new(command.get_program()).file_name().unwrap_or(command.get_program()).to_string_lossy().into_owned();
     std::iter::once(program)
         .chain(command.get_args().map(|a| a.to_string_lossy().into_owned()))
         .collect::<Vec<_>>()
@@ -76,12 +73,6 @@ fn describe(command: &Command) -> String {
 
 /// Runs `command` with the terminal's standard streams and fails unless it exits with 0.
 fn run_command(command: &mut Command) -> Result<(), String> {
-    let status = command
-        .status()
-        .map_err(|e| format!("cannot run `{}`: {e}", describe(command)))?;
-    if status.success() {
-        Ok(())
-    } else {
-        Err(format!("`{}` failed ({status})", describe(command)))
-    }
+    let status = command.status().map_err(|e| format!("cannot run `{}`: {e}", describe(command)))?;
+    if status.success() { Ok(()) } else { Err(format!("`{}` failed ({status})", describe(command))) }
 }

@@ -8,9 +8,7 @@ use cuda_mem_core::{Device, Stream, StreamOptions};
 pub fn device() -> Device {
     cuda_sim::testing::driver().expect("the test driver loads");
     let device = Device::new(0).expect("device 0 exists");
-    device
-        .set_current()
-        .expect("device 0's context can be made current");
+    device.set_current().expect("device 0's context can be made current");
     device
 }
 
@@ -24,10 +22,7 @@ pub fn devices(n: usize) -> Option<Vec<Device>> {
     cuda_sim::testing::driver().expect("the test driver loads");
     let all = Device::all().expect("devices can be listed");
     if all.len() < n {
-        cuda_sim::testing::skip(&format!(
-            "needs {n} devices, this machine has {}",
-            all.len()
-        ));
+        cuda_sim::testing::skip(&format!("needs {n} devices, this machine has {}", all.len()));
         return None;
     }
     Some(all)

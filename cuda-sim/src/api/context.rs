@@ -116,11 +116,7 @@ pub(crate) fn primary_set_flags(device: i32, flags: u32) -> SimResult {
 }
 
 fn live(state: &State, handle: usize) -> SimResult<Arc<Context>> {
-    state
-        .contexts
-        .get(&handle)
-        .cloned()
-        .ok_or(CUresult::CUDA_ERROR_INVALID_CONTEXT)
+    state.contexts.get(&handle).cloned().ok_or(CUresult::CUDA_ERROR_INVALID_CONTEXT)
 }
 
 /// `cuCtxSetCurrent`: null unbinds.
@@ -170,11 +166,7 @@ pub(crate) unsafe fn pop_current(out: *mut CUcontext) -> SimResult {
 
 /// The context a call names, or the current one when it names none.
 fn named_or_current(state: &State, context: CUcontext) -> SimResult<Arc<Context>> {
-    if context.is_null() {
-        ctx::current(state)
-    } else {
-        live(state, as_handle(context))
-    }
+    if context.is_null() { ctx::current(state) } else { live(state, as_handle(context)) }
 }
 
 /// `cuCtxGetDevice` (current context) and `cuCtxGetDevice_v2` (a named one, or null).

@@ -74,11 +74,7 @@ pub(crate) unsafe fn total_mem(out: *mut usize, device: i32) -> SimResult {
 ///
 /// # Safety
 /// `out` is null or valid for a write.
-pub(crate) unsafe fn get_attribute(
-    out: *mut i32,
-    attribute: CUdevice_attribute,
-    device: i32,
-) -> SimResult {
+pub(crate) unsafe fn get_attribute(out: *mut i32, attribute: CUdevice_attribute, device: i32) -> SimResult {
     let state = state::lock()?;
     let device = check_ordinal(&state.config, device)?;
     let value = device_attribute(device, attribute)?;

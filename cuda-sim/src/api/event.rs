@@ -31,21 +31,13 @@ pub(crate) unsafe fn create(out: *mut CUevent, flags: u32) -> SimResult {
 }
 
 fn find(event: CUevent) -> crate::error::SimResult<std::sync::Arc<Event>> {
-    state::lock()?
-        .events
-        .get(&(event as usize))
-        .cloned()
-        .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)
+    state::lock()?.events.get(&(event as usize)).cloned().ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)
 }
 
 /// `cuEventRecord`: the event and the stream must belong to the same context.
 pub(crate) fn record(event: CUevent, stream: CUstream, mode: DefaultStream) -> SimResult {
     let state = state::lock()?;
-    let event = state
-        .events
-        .get(&(event as usize))
-        .cloned()
-        .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+    let event = state.events.get(&(event as usize)).cloned().ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
     let (context, stream) = resolve(&state, stream, mode)?;
     drop(state);
     if context.handle != event.ctx {
@@ -64,11 +56,7 @@ pub(crate) fn record(event: CUevent, stream: CUstream, mode: DefaultStream) -> S
 
 /// `cuEventQuery`: `CUDA_ERROR_NOT_READY` until the latest recording completes.
 pub(crate) fn query(event: CUevent) -> SimResult {
-    if find(event)?.is_complete() {
-        Ok(())
-    } else {
-        Err(CUresult::CUDA_ERROR_NOT_READY)
-    }
+    if find(event)?.is_complete() { Ok(()) } else { Err(CUresult::CUDA_ERROR_NOT_READY) }
 }
 
 /// `cuEventSynchronize`.
@@ -81,11 +69,7 @@ pub(crate) fn synchronize(event: CUevent) -> SimResult {
 /// `cuEventDestroy_v2`: a pending recording still completes for streams waiting on it.
 pub(crate) fn destroy(event: CUevent) -> SimResult {
     let mut state = state::lock()?;
-    state
-        .events
-        .remove(&(event as usize))
-        .map(drop)
-        .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)
+    state.events.remove(&(event as usize)).map(drop).ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)
 }
 
 /// `cuEventElapsedTime_v2`.

@@ -31,14 +31,8 @@ pub(crate) unsafe fn driver_version(out: *mut i32) -> SimResult {
 /// `out` is null or valid for a write of a pointer.
 pub(crate) unsafe fn error_text(code: CUresult, out: *mut *const c_char, name: bool) -> SimResult {
     let table = cuda_sys::error_table::ERROR_TABLE;
-    let found = table
-        .binary_search_by_key(&code.0, |(c, _, _)| *c)
-        .ok()
-        .map(|i| table[i]);
-    let text = found.map_or(
-        std::ptr::null(),
-        |(_, n, d)| if name { n.as_ptr() } else { d.as_ptr() },
-    );
+    let found = table.binary_search_by_key(&code.0, |(c, _, _)| *c).ok().map(|i| table[i]);
+    let text = found.map_or(std::ptr::null(), |(_, n, d)| if name { n.as_ptr() } else { d.as_ptr() });
     // SAFETY: forwarded from the caller.
     unsafe { write_out(out, text) }?;
     if found.is_none() {

@@ -41,10 +41,7 @@ pub(crate) unsafe fn alloc(out: *mut CUdeviceptr, size: usize) -> SimResult {
         return fail(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
     }
     *used += charge;
-    match state
-        .memory
-        .alloc_device(size, context.device, context.handle)
-    {
+    match state.memory.alloc_device(size, context.device, context.handle) {
         // SAFETY: forwarded from the caller.
         Ok(address) => unsafe { write_out(out, address) },
         Err(code) => {
@@ -59,9 +56,8 @@ pub(crate) unsafe fn alloc(out: *mut CUdeviceptr, size: usize) -> SimResult {
 /// `CUDA_ERROR_INVALID_VALUE`.
 pub(crate) fn free(address: CUdeviceptr) -> SimResult {
     let mut state = state::lock()?;
-    let allocation = state.memory.free_if(address, |kind| {
-        matches!(kind, Kind::Device | Kind::Managed | Kind::Pooled { .. })
-    })?;
+    let allocation =
+        state.memory.free_if(address, |kind| matches!(kind, Kind::Device | Kind::Managed | Kind::Pooled { .. }))?;
     if let Kind::Pooled { pool, .. } = allocation.kind {
         // No implicit synchronization for stream-ordered memory, as cuda.h says: the caller
         // guarantees its accesses are done.
@@ -83,19 +79,14 @@ pub(crate) unsafe fn alloc_host(out: *mut *mut c_void, size: usize) -> SimResult
     ensure(!out.is_null() && size > 0)?;
     let mut state = state::lock()?;
     let context = ctx::current(&state)?;
-    let address = state
-        .memory
-        .alloc_pinned(size, context.device, context.handle)?;
+    let address = state.memory.alloc_pinned(size, context.device, context.handle)?;
     // SAFETY: forwarded from the caller.
     unsafe { write_out(out, address as *mut c_void) }
 }
 
 /// `cuMemFreeHost`: the pointer must come from `cuMemAllocHost`.
 pub(crate) fn free_host(address: *mut c_void) -> SimResult {
-    state::lock()?
-        .memory
-        .free(address as u64, Kind::PinnedHost)
-        .map(drop)
+    state::lock()?.memory.free(address as u64, Kind::PinnedHost).map(drop)
 }
 
 /// `cuMemGetInfo_v2`: free and total memory of the current context's device.
@@ -119,17 +110,10 @@ pub(crate) unsafe fn get_info(free: *mut usize, total: *mut usize) -> SimResult 
 ///
 /// # Safety
 /// Each pointer is null (not wanted) or valid for a write.
-pub(crate) unsafe fn address_range(
-    base: *mut CUdeviceptr,
-    size: *mut usize,
-    address: CUdeviceptr,
-) -> SimResult {
+pub(crate) unsafe fn address_range(base: *mut CUdeviceptr, size: *mut usize, address: CUdeviceptr) -> SimResult {
     let state = state::lock()?;
     ctx::current(&state)?;
-    let allocation = state
-        .memory
-        .find(address)
-        .ok_or(CUresult::CUDA_ERROR_NOT_FOUND)?;
+    let allocation = state.memory.find(address).ok_or(CUresult::CUDA_ERROR_NOT_FOUND)?;
     // SAFETY: each pointer is written only when non-null, as cuda.h allows.
     unsafe {
         if !base.is_null() {
@@ -182,9 +166,7 @@ fn wait_rule(dst: &Endpoint, src: &Endpoint, asynchronous: bool) -> Wait {
         (true, true) => Wait::Stage,
         (false, false) if dst.is_host() || src.is_host() => Wait::UntilDone,
         (false, false) => Wait::No,
-        (true, false) if dst.is_host() && (dst.is_pageable() || src.is_pageable()) => {
-            Wait::UntilDone
-        }
+        (true, false) if dst.is_host() && (dst.is_pageable() || src.is_pageable()) => Wait::UntilDone,
         (true, false) => Wait::No,
     }
 }
@@ -214,22 +196,12 @@ pub(crate) unsafe fn copy(
     let state = state::lock()?;
     let (context, stream) = resolve(&state, stream, mode)?;
     let (dst, src) = match direction {
-        Direction::HostToDevice => (
-            state.memory.classify_allocated(dst, len)?,
-            state.memory.classify_host(src, len)?,
-        ),
-        Direction::DeviceToHost => (
-            state.memory.classify_host(dst, len)?,
-            state.memory.classify_allocated(src, len)?,
-        ),
-        Direction::DeviceToDevice => (
-            state.memory.classify_allocated(dst, len)?,
-            state.memory.classify_allocated(src, len)?,
-        ),
-        Direction::Any => (
-            state.memory.classify(dst, len)?,
-            state.memory.classify(src, len)?,
-        ),
+        Direction::HostToDevice => (state.memory.classify_allocated(dst, len)?, state.memory.classify_host(src, len)?),
+        Direction::DeviceToHost => (state.memory.classify_host(dst, len)?, state.memory.classify_allocated(src, len)?),
+        Direction::DeviceToDevice => {
+            (state.memory.classify_allocated(dst, len)?, state.memory.classify_allocated(src, len)?)
+        }
+        Direction::Any => (state.memory.classify(dst, len)?, state.memory.classify(src, len)?),
     };
     super::pool::check_access(&state, dst_address, stream.device, true)?;
     super::pool::check_access(&state, src_address, stream.device, false)?;
@@ -238,11 +210,7 @@ pub(crate) unsafe fn copy(
     if len == 0 {
         return Ok(());
     }
-    let wait = if !asynchronous && sync_memops {
-        Wait::UntilDone
-    } else {
-        wait_rule(&dst, &src, asynchronous)
-    };
+    let wait = if !asynchronous && sync_memops { Wait::UntilDone } else { wait_rule(&dst, &src, asynchronous) };
     if matches!(wait, Wait::StageAfterStream) {
         context.submit(&stream, Box::new(|| {})).wait();
     }
@@ -288,9 +256,7 @@ pub(crate) fn memset(
     mode: DefaultStream,
     asynchronous: bool,
 ) -> SimResult {
-    let len = count
-        .checked_mul(width)
-        .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    let len = count.checked_mul(width).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
     ensure(dst % width as u64 == 0)?;
     let state = state::lock()?;
     let (context, stream) = resolve(&state, stream, mode)?;

@@ -49,11 +49,7 @@ impl Value {
 
 /// The value of `attribute` for a pointer inside `allocation` (or outside any, when `None`:
 /// the "null" values `cuPointerGetAttributes` documents).
-fn value(
-    attribute: CUpointer_attribute,
-    pointer: CUdeviceptr,
-    allocation: Option<&Allocation>,
-) -> SimResult<Value> {
+fn value(attribute: CUpointer_attribute, pointer: CUdeviceptr, allocation: Option<&Allocation>) -> SimResult<Value> {
     use CUpointer_attribute as A;
     // Whether the memory reports as device memory: device and managed memory do (managed memory
     // is host-accessible here, but the driver reports it as device memory).
@@ -78,13 +74,9 @@ fn value(
         },
         A::CU_POINTER_ATTRIBUTE_SYNC_MEMOPS => Value::Bool(false),
         // Pool-allocated managed memory does not report itself managed (as the driver does not).
-        A::CU_POINTER_ATTRIBUTE_IS_MANAGED => {
-            Value::Bool(allocation.is_some_and(|a| a.kind == Kind::Managed))
-        }
+        A::CU_POINTER_ATTRIBUTE_IS_MANAGED => Value::Bool(allocation.is_some_and(|a| a.kind == Kind::Managed)),
         A::CU_POINTER_ATTRIBUTE_BUFFER_ID => Value::U64(allocation.map_or(0, |a| a.id)),
-        A::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL => {
-            Value::I32(allocation.map_or(-2, |a| a.device as i32))
-        }
+        A::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL => Value::I32(allocation.map_or(-2, |a| a.device as i32)),
         A::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE => {
             Value::Bool(allocation.is_some_and(|a| a.kind == Kind::Device))
         }
@@ -93,12 +85,10 @@ fn value(
         A::CU_POINTER_ATTRIBUTE_MAPPED => Value::Bool(allocation.is_some()),
         // Only cuMemCreate allocations can be exported as handles; none here are.
         A::CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES => Value::U64(0),
-        A::CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE => {
-            Value::Pointer(match allocation.map(|a| a.kind) {
-                Some(Kind::Pooled { pool, .. }) => pool as *mut c_void,
-                _ => std::ptr::null_mut(),
-            })
-        }
+        A::CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE => Value::Pointer(match allocation.map(|a| a.kind) {
+            Some(Kind::Pooled { pool, .. }) => pool as *mut c_void,
+            _ => std::ptr::null_mut(),
+        }),
         other if other.0 > 0 && other.0 <= A::CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE.0 => {
             return fail(CUresult::CUDA_ERROR_NOT_SUPPORTED);
         }
@@ -118,10 +108,7 @@ pub(crate) unsafe fn get_attribute(
 ) -> SimResult {
     ensure(!data.is_null())?;
     let state = state::lock()?;
-    let allocation = state
-        .memory
-        .find(pointer)
-        .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    let allocation = state.memory.find(pointer).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
     if attribute == CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_POINTER {
         crate::context::current(&state)?;
     }
@@ -148,10 +135,7 @@ pub(crate) unsafe fn get_attributes(
     let allocation = state.memory.find(pointer);
     // SAFETY: both arrays hold `count` elements by the caller's contract.
     let (attributes, data) = unsafe {
-        (
-            std::slice::from_raw_parts(attributes, count as usize),
-            std::slice::from_raw_parts(data, count as usize),
-        )
+        (std::slice::from_raw_parts(attributes, count as usize), std::slice::from_raw_parts(data, count as usize))
     };
     let mut values = Vec::with_capacity(attributes.len());
     for &attribute in attributes {

@@ -2,12 +2,12 @@
 //! registration.
 
 use std::ffi::c_void;
+use std::os::fd::AsFd;
 use std::sync::Arc;
 
 use cuda_sys::types::{
-    CUdeviceptr, CUmemAccess_flags, CUmemAccessDesc, CUmemAllocationHandleType,
-    CUmemAllocationType, CUmemLocation, CUmemLocationType, CUmemPool_attribute, CUmemPoolProps,
-    CUmemoryPool, CUresult, CUstream,
+    CUdeviceptr, CUmemAccess_flags, CUmemAccessDesc, CUmemAllocationHandleType, CUmemAllocationType, CUmemLocation,
+    CUmemLocationType, CUmemPool_attribute, CUmemPoolProps, CUmemoryPool, CUresult, CUstream,
 };
 
 use super::DefaultStream;
@@ -18,6 +18,7 @@ use crate::device::check_ordinal;
 use crate::error::{SimResult, ensure, fail, write_out};
 use crate::memory::Kind;
 use crate::pool::{Location, Pool, PoolKind, PoolState};
+use crate::shared::SharedArena;
 use crate::state::{self, State};
 
 /// `CU_MEM_ATTACH_GLOBAL` and `CU_MEM_ATTACH_HOST`.
@@ -45,17 +46,13 @@ pub(crate) fn find(state: &State, pool: CUmemoryPool) -> SimResult<Arc<Pool>> {
 /// Reads a `CUmemLocation` for a pool of `kind`.
 fn location(config: &Config, location: &CUmemLocation, kind: PoolKind) -> SimResult<Location> {
     match location.type_ {
-        CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE => check_ordinal(config, location.id)
-            .map(Location::Device)
-            .map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE),
+        CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE => {
+            check_ordinal(config, location.id).map(Location::Device).map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)
+        }
         CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST => Ok(Location::Host),
         // The simulated host has one NUMA node, 0.
-        CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST_NUMA if location.id == 0 => {
-            Ok(Location::HostNuma(0))
-        }
-        CUmemLocationType::CU_MEM_LOCATION_TYPE_NONE if kind == PoolKind::Managed => {
-            Ok(Location::Unspecified)
-        }
+        CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST_NUMA if location.id == 0 => Ok(Location::HostNuma(0)),
+        CUmemLocationType::CU_MEM_LOCATION_TYPE_NONE if kind == PoolKind::Managed => Ok(Location::Unspecified),
         _ => fail(CUresult::CUDA_ERROR_INVALID_VALUE),
     }
 }
@@ -86,18 +83,16 @@ pub(crate) unsafe fn create(out: *mut CUmemoryPool, props: *const CUmemPoolProps
     if handle_types & !posix != 0 || props.usage != 0 {
         return fail(CUresult::CUDA_ERROR_NOT_SUPPORTED);
     }
-    if handle_types != 0
-        && (kind == PoolKind::Managed || matches!(location, Location::Host | Location::Unspecified))
-    {
+    if handle_types != 0 && (kind == PoolKind::Managed || matches!(location, Location::Host | Location::Unspecified)) {
         return fail(CUresult::CUDA_ERROR_NOT_SUPPORTED);
     }
-    let pool = Arc::new(Pool::new(
-        location,
-        kind,
-        handle_types,
-        props.maxSize as u64,
-        false,
-    ));
+    let shared = if handle_types != 0 {
+        let capacity = if props.maxSize > 0 { props.maxSize as u64 } else { state.config.memory };
+        Some(SharedArena::create(location, kind, capacity)?)
+    } else {
+        None
+    };
+    let pool = Arc::new(Pool::with_shared(location, kind, handle_types, props.maxSize as u64, false, shared));
     if let Location::Device(device) = location
         && let Some(access) = state.leftover_access.remove(&device)
     {
@@ -143,11 +138,7 @@ pub(crate) fn destroy(pool: CUmemoryPool) -> SimResult {
 pub(crate) unsafe fn device_pool(out: *mut CUmemoryPool, device: i32, current: bool) -> SimResult {
     let state = state::lock()?;
     let device = check_ordinal(&state.config, device)?;
-    let handle = if current {
-        state.current_pool[device]
-    } else {
-        state.default_pool[device]
-    };
+    let handle = if current { state.current_pool[device] } else { state.default_pool[device] };
     // SAFETY: forwarded from the caller.
     unsafe { write_out(out, as_pool(handle)) }
 }
@@ -157,7 +148,7 @@ pub(crate) fn set_device_pool(device: i32, pool: CUmemoryPool) -> SimResult {
     let mut state = state::lock()?;
     let device = check_ordinal(&state.config, device)?;
     let pool = find(&state, pool)?;
-    ensure(pool.location == Location::Device(device) && pool.kind == PoolKind::Pinned)?;
+    ensure(pool.location == Location::Device(device) && pool.kind == PoolKind::Pinned && !pool.is_imported())?;
     state.current_pool[device] = pool.handle;
     Ok(())
 }
@@ -261,11 +252,7 @@ pub(crate) fn trim_to(pool: CUmemoryPool, keep: usize) -> SimResult {
 ///
 /// # Safety
 /// `descs` is null or valid for `count` reads.
-pub(crate) unsafe fn set_access(
-    pool: CUmemoryPool,
-    descs: *const CUmemAccessDesc,
-    count: usize,
-) -> SimResult {
+pub(crate) unsafe fn set_access(pool: CUmemoryPool, descs: *const CUmemAccessDesc, count: usize) -> SimResult {
     ensure(!descs.is_null() && count > 0)?;
     // SAFETY: valid for `count` reads by the caller's contract.
     let descs = unsafe { std::slice::from_raw_parts(descs, count) };
@@ -275,15 +262,10 @@ pub(crate) unsafe fn set_access(
     for desc in descs {
         ensure(desc.location.type_ == CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE)?;
         let device = check_ordinal(&state.config, desc.location.id)?;
-        ensure(
-            desc.flags.0 <= CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE.0
-                && desc.flags.0 != 2,
-        )?;
+        ensure(desc.flags.0 <= CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE.0 && desc.flags.0 != 2)?;
         let none = desc.flags == CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_NONE;
         if let Some(owner) = pool.owner() {
-            if owner == device
-                && desc.flags != CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE
-            {
+            if owner == device && desc.flags != CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE {
                 return fail(CUresult::CUDA_ERROR_INVALID_DEVICE);
             }
             if owner != device && !none && !state.config.can_access(device, owner) {
@@ -323,11 +305,8 @@ pub(crate) unsafe fn get_access(
     let state = state::lock()?;
     let pool = find(&state, pool)?;
     let access = match location.type_ {
-        CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE => {
-            pool.access(check_ordinal(&state.config, location.id)?)
-        }
-        CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST
-        | CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST_NUMA => {
+        CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE => pool.access(check_ordinal(&state.config, location.id)?),
+        CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST | CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST_NUMA => {
             if pool.is_host_memory() {
                 CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE
             } else {
@@ -343,14 +322,9 @@ pub(crate) unsafe fn get_access(
 /// Allocates from `pool` in the order of `stream`. 0 bytes is `CUDA_ERROR_INVALID_VALUE`
 /// (conservative: the driver does not document it); past the pool's `maxSize` or the device's
 /// memory is `CUDA_ERROR_OUT_OF_MEMORY`.
-fn allocate(
-    state: &mut State,
-    pool: &Arc<Pool>,
-    size: usize,
-    stream: CUstream,
-    mode: DefaultStream,
-) -> SimResult<u64> {
-    ensure(size > 0)?;
+fn allocate(state: &mut State, pool: &Arc<Pool>, size: usize, stream: CUstream, mode: DefaultStream) -> SimResult<u64> {
+    // "Imported memory pools do not support creating new allocations."
+    ensure(size > 0 && !pool.is_imported())?;
     let (context, stream) = resolve(state, stream, mode)?;
     if stream.is_capturing() {
         return fail(CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
@@ -366,13 +340,18 @@ fn allocate(
         }
         *used += grown;
     }
-    let kind = Kind::Pooled {
-        pool: pool.handle,
-        host: pool.is_host_memory(),
+    let kind = Kind::Pooled { pool: pool.handle, host: pool.is_host_memory() };
+    let device = owner.unwrap_or(context.device);
+    let result = match &pool.shared {
+        Some(shared) => shared.take(size as u64).and_then(|offset| {
+            let placed = state.memory.alloc_shared(size, kind, device, context.handle, shared.file.as_fd(), offset);
+            if placed.is_err() {
+                shared.give_back(offset, size as u64);
+            }
+            placed
+        }),
+        None => state.memory.alloc(size, kind, device, context.handle),
     };
-    let result = state
-        .memory
-        .alloc(size, kind, owner.unwrap_or(context.device), context.handle);
     if result.is_err() {
         pool.lock().undo_allocate(size as u64, grown);
         if let Some(device) = owner {
@@ -414,11 +393,7 @@ pub(crate) unsafe fn alloc_async(
     ensure(!out.is_null())?;
     let mut state = state::lock()?;
     let (_, s) = resolve(&state, stream, mode)?;
-    let pool = state
-        .pools
-        .get(&state.current_pool[s.device])
-        .cloned()
-        .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    let pool = state.pools.get(&state.current_pool[s.device]).cloned().ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
     let address = allocate(&mut state, &pool, size, stream, mode)?;
     // SAFETY: forwarded from the caller.
     unsafe { write_out(out, address) }
@@ -430,23 +405,17 @@ pub(crate) unsafe fn alloc_async(
 pub(crate) fn free_async(address: CUdeviceptr, stream: CUstream, mode: DefaultStream) -> SimResult {
     let mut state = state::lock()?;
     let (context, stream) = resolve(&state, stream, mode)?;
-    let allocation = state
-        .memory
-        .free_if(address, |kind| matches!(kind, Kind::Pooled { .. }))?;
+    let allocation = state.memory.free_if(address, |kind| matches!(kind, Kind::Pooled { .. }))?;
     let Kind::Pooled { pool: handle, .. } = allocation.kind else {
         return fail(CUresult::CUDA_ERROR_INVALID_VALUE);
     };
-    let pool = state
-        .pools
-        .get(&handle)
-        .cloned()
-        .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    let pool = state.pools.get(&handle).cloned().ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
     forget_if_destroyed(&mut state, handle);
     drop(state);
     context.submit(
         &stream,
         Box::new(move || {
-            pool.lock().free(allocation.size as u64);
+            pool.release(&allocation);
             drop(allocation);
         }),
     );
@@ -454,13 +423,9 @@ pub(crate) fn free_async(address: CUdeviceptr, stream: CUstream, mode: DefaultSt
 }
 
 /// Accounts for a pool allocation freed at once (`cuMemFree` of stream-ordered memory).
-pub(crate) fn release_allocation(
-    state: &mut State,
-    pool: usize,
-    allocation: &crate::memory::Allocation,
-) {
+pub(crate) fn release_allocation(state: &mut State, pool: usize, allocation: &crate::memory::Allocation) {
     if let Some(pool) = state.pools.get(&pool) {
-        pool.lock().free(allocation.size as u64);
+        pool.release(allocation);
     }
     forget_if_destroyed(state, pool);
 }
@@ -481,9 +446,7 @@ pub(crate) unsafe fn alloc_managed(out: *mut CUdeviceptr, size: usize, flags: u3
     ensure(!out.is_null() && size > 0 && (flags == ATTACH_GLOBAL || flags == ATTACH_HOST))?;
     let mut state = state::lock()?;
     let context = ctx::current(&state)?;
-    let address = state
-        .memory
-        .alloc(size, Kind::Managed, context.device, context.handle)?;
+    let address = state.memory.alloc(size, Kind::Managed, context.device, context.handle)?;
     // SAFETY: forwarded from the caller.
     unsafe { write_out(out, address) }
 }
@@ -493,9 +456,7 @@ pub(crate) fn host_register(address: *mut c_void, size: usize, flags: u32) -> Si
     ensure(flags & !HOST_REGISTER_FLAGS == 0)?;
     let mut state = state::lock()?;
     let context = ctx::current(&state)?;
-    state
-        .memory
-        .register(address as u64, size, context.device, context.handle)
+    state.memory.register(address as u64, size, context.device, context.handle)
 }
 
 /// `cuMemHostUnregister`: `CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED` unless `address` starts a

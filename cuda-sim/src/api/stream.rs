@@ -22,35 +22,19 @@ const STREAM_PER_THREAD: usize = 0x2;
 
 /// The context and stream a stream handle names. Handle 0 means the default stream `mode`
 /// selects; the special handles and handle 0 need a current context.
-pub(crate) fn resolve(
-    state: &State,
-    stream: CUstream,
-    mode: DefaultStream,
-) -> SimResult<(Arc<Context>, Arc<Stream>)> {
+pub(crate) fn resolve(state: &State, stream: CUstream, mode: DefaultStream) -> SimResult<(Arc<Context>, Arc<Stream>)> {
     let handle = stream as usize;
     let per_thread = match (handle, mode) {
         (0, DefaultStream::Legacy) | (STREAM_LEGACY, _) => false,
         (0, DefaultStream::PerThread) | (STREAM_PER_THREAD, _) => true,
         _ => {
-            let stream = state
-                .streams
-                .get(&handle)
-                .cloned()
-                .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
-            let context = state
-                .contexts
-                .get(&stream.ctx)
-                .cloned()
-                .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+            let stream = state.streams.get(&handle).cloned().ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+            let context = state.contexts.get(&stream.ctx).cloned().ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
             return Ok((context, stream));
         }
     };
     let context = ctx::current(state)?;
-    let stream = if per_thread {
-        ctx::per_thread_stream(&context)?
-    } else {
-        Arc::clone(&context.legacy)
-    };
+    let stream = if per_thread { ctx::per_thread_stream(&context)? } else { Arc::clone(&context.legacy) };
     Ok((context, stream))
 }
 
@@ -64,13 +48,7 @@ pub(crate) unsafe fn create(out: *mut CUstream, flags: u32, priority: i32) -> Si
     let mut state = state::lock()?;
     let context = ctx::current(&state)?;
     let priority = priority.clamp(PRIORITY_RANGE.1, PRIORITY_RANGE.0);
-    let stream = Stream::start(
-        context.handle,
-        context.device,
-        flags,
-        priority,
-        StreamKind::Created,
-    )?;
+    let stream = Stream::start(context.handle, context.device, flags, priority, StreamKind::Created)?;
     context.register(&stream);
     let handle = stream.handle;
     state.streams.insert(handle, stream);
@@ -82,21 +60,13 @@ pub(crate) unsafe fn create(out: *mut CUstream, flags: u32, priority: i32) -> Si
 /// completes.
 pub(crate) fn destroy(stream: CUstream) -> SimResult {
     let mut state = state::lock()?;
-    state
-        .streams
-        .remove(&(stream as usize))
-        .map(drop)
-        .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)
+    state.streams.remove(&(stream as usize)).map(drop).ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)
 }
 
 /// `cuStreamQuery`: `CUDA_ERROR_NOT_READY` while work is pending.
 pub(crate) fn query(stream: CUstream, mode: DefaultStream) -> SimResult {
     let (_, stream) = resolve(&*state::lock()?, stream, mode)?;
-    if stream.queue.is_idle() {
-        Ok(())
-    } else {
-        fail(CUresult::CUDA_ERROR_NOT_READY)
-    }
+    if stream.queue.is_idle() { Ok(()) } else { fail(CUresult::CUDA_ERROR_NOT_READY) }
 }
 
 /// `cuStreamSynchronize`: waits for everything enqueued before it (for the legacy stream, that
@@ -113,21 +83,13 @@ pub(crate) fn synchronize(stream: CUstream, mode: DefaultStream) -> SimResult {
 
 /// `cuStreamBeginCapture_v2`: only created streams can capture (the default streams answer
 /// `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`); a second begin is `CUDA_ERROR_ILLEGAL_STATE`.
-pub(crate) fn begin_capture(
-    stream: CUstream,
-    capture_mode: CUstreamCaptureMode,
-    mode: DefaultStream,
-) -> SimResult {
+pub(crate) fn begin_capture(stream: CUstream, capture_mode: CUstreamCaptureMode, mode: DefaultStream) -> SimResult {
     ensure(capture_mode.0 <= CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED.0)?;
     let (_, stream) = resolve(&*state::lock()?, stream, mode)?;
     if stream.kind != StreamKind::Created {
         return fail(CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
     }
-    if stream.begin_capture() {
-        Ok(())
-    } else {
-        fail(CUresult::CUDA_ERROR_ILLEGAL_STATE)
-    }
+    if stream.begin_capture() { Ok(()) } else { fail(CUresult::CUDA_ERROR_ILLEGAL_STATE) }
 }
 
 /// `cuStreamEndCapture`: returns the captured graph; `CUDA_ERROR_ILLEGAL_STATE` when the stream
@@ -135,17 +97,11 @@ pub(crate) fn begin_capture(
 ///
 /// # Safety
 /// `out` is null or valid for a write.
-pub(crate) unsafe fn end_capture(
-    stream: CUstream,
-    out: *mut CUgraph,
-    mode: DefaultStream,
-) -> SimResult {
+pub(crate) unsafe fn end_capture(stream: CUstream, out: *mut CUgraph, mode: DefaultStream) -> SimResult {
     ensure(!out.is_null())?;
     let mut state = state::lock()?;
     let (_, stream) = resolve(&state, stream, mode)?;
-    let ops = stream
-        .end_capture()
-        .ok_or(CUresult::CUDA_ERROR_ILLEGAL_STATE)?;
+    let ops = stream.end_capture().ok_or(CUresult::CUDA_ERROR_ILLEGAL_STATE)?;
     let handle = crate::handle::next();
     state.graphs.insert(handle, ops);
     // SAFETY: forwarded from the caller.
@@ -154,11 +110,7 @@ pub(crate) unsafe fn end_capture(
 
 /// `cuGraphDestroy` of a captured graph.
 pub(crate) fn destroy_graph(graph: CUgraph) -> SimResult {
-    state::lock()?
-        .graphs
-        .remove(&(graph as usize))
-        .map(drop)
-        .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)
+    state::lock()?.graphs.remove(&(graph as usize)).map(drop).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)
 }
 
 /// `cuStreamGetFlags`, `cuStreamGetPriority`, `cuStreamGetDevice`, `cuStreamGetCtx`: one of the
@@ -193,20 +145,11 @@ pub(crate) unsafe fn get(stream: CUstream, mode: DefaultStream, property: Proper
 
 /// `cuStreamWaitEvent`: later work on `stream` waits for the event's latest recording (an event
 /// never recorded is complete, so the wait is empty). The event may belong to any context.
-pub(crate) fn wait_event(
-    stream: CUstream,
-    event: CUevent,
-    flags: u32,
-    mode: DefaultStream,
-) -> SimResult {
+pub(crate) fn wait_event(stream: CUstream, event: CUevent, flags: u32, mode: DefaultStream) -> SimResult {
     ensure(flags & !0x1 == 0)?;
     let state = state::lock()?;
     let (context, stream) = resolve(&state, stream, mode)?;
-    let event = state
-        .events
-        .get(&(event as usize))
-        .cloned()
-        .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+    let event = state.events.get(&(event as usize)).cloned().ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
     drop(state);
     if let Some(generation) = event.latest() {
         context.submit(&stream, Box::new(move || event.wait_for(generation)));
@@ -218,11 +161,7 @@ pub(crate) fn wait_event(
 ///
 /// # Safety
 /// `out` is null or valid for a write.
-pub(crate) unsafe fn is_capturing(
-    stream: CUstream,
-    out: *mut CUstreamCaptureStatus,
-    mode: DefaultStream,
-) -> SimResult {
+pub(crate) unsafe fn is_capturing(stream: CUstream, out: *mut CUstreamCaptureStatus, mode: DefaultStream) -> SimResult {
     let (_, stream) = resolve(&*state::lock()?, stream, mode)?;
     let status = if stream.is_capturing() {
         CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE

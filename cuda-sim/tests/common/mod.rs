@@ -12,8 +12,8 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 pub use cuda_sys::types::{
-    CUcontext, CUdevice_attribute, CUdeviceptr, CUevent, CUevent_flags, CUpointer_attribute,
-    CUresult, CUstream, CUstream_flags,
+    CUcontext, CUdevice_attribute, CUdeviceptr, CUevent, CUevent_flags, CUpointer_attribute, CUresult, CUstream,
+    CUstream_flags,
 };
 pub use cuda_sys::{Driver, DriverOptions, StreamMode, cu_call};
 
@@ -39,12 +39,8 @@ macro_rules! test_name {
     () => {{
         fn here() {}
         let full = std::any::type_name_of_val(&here);
-        let full = full
-            .strip_suffix("::here")
-            .expect("type_name of a nested fn ends in ::here");
-        full.split_once("::")
-            .map_or(full, |(_, rest)| rest)
-            .to_owned()
+        let full = full.strip_suffix("::here").expect("type_name of a nested fn ends in ::here");
+        full.split_once("::").map_or(full, |(_, rest)| rest).to_owned()
     }};
 }
 pub(crate) use test_name;
@@ -64,13 +60,8 @@ const CHILD_ENV: &str = "CUDA_SIM_TEST_CHILD";
 /// several children, one per configuration).
 const CONFIG_ENV: &str = "CUDA_SIM_TEST_CONFIG";
 /// Settings cleared in every child so that the parent's environment does not leak in.
-const SIM_VARS: [&str; 5] = [
-    "CUDA_SIM_DEVICES",
-    "CUDA_SIM_PEER_ACCESS",
-    "CUDA_SIM_MEMORY",
-    "CUDA_MEM_DRIVER",
-    "CUDA_SIM_LIB",
-];
+const SIM_VARS: [&str; 5] =
+    ["CUDA_SIM_DEVICES", "CUDA_SIM_PEER_ACCESS", "CUDA_SIM_MEMORY", "CUDA_MEM_DRIVER", "CUDA_SIM_LIB"];
 /// How long a child may run before it is killed and the test fails (it should take
 /// milliseconds; this only turns a hang into a failure).
 const CHILD_TIMEOUT: Duration = Duration::from_secs(60);
@@ -88,17 +79,13 @@ pub fn run_in_child(name: &str, env: &[(&str, &str)], body: impl FnOnce()) {
         return;
     }
     let exe = std::env::current_exe().expect("the test binary's path");
-    let library =
-        cuda_sim::testing::library_path().expect("libcuda_sim.so is built beside the test binary");
+    let library = cuda_sim::testing::library_path().expect("libcuda_sim.so is built beside the test binary");
     let mut command = Command::new(exe);
     command.args(["--exact", name, "--nocapture", "--test-threads=1"]);
     for var in SIM_VARS {
         command.env_remove(var);
     }
-    command
-        .env(CHILD_ENV, name)
-        .env(CONFIG_ENV, &config)
-        .env(cuda_sim::testing::LIBRARY_ENV, library);
+    command.env(CHILD_ENV, name).env(CONFIG_ENV, &config).env(cuda_sim::testing::LIBRARY_ENV, library);
     for (key, value) in env {
         command.env(key, value);
     }
@@ -113,18 +100,8 @@ pub fn run_in_child(name: &str, env: &[(&str, &str)], body: impl FnOnce()) {
             text
         })
     };
-    let stdout = pipe(
-        child
-            .stdout
-            .take()
-            .map(|r| Box::new(r) as Box<dyn Read + Send>),
-    );
-    let stderr = pipe(
-        child
-            .stderr
-            .take()
-            .map(|r| Box::new(r) as Box<dyn Read + Send>),
-    );
+    let stdout = pipe(child.stdout.take().map(|r| Box::new(r) as Box<dyn Read + Send>));
+    let stderr = pipe(child.stderr.take().map(|r| Box::new(r) as Box<dyn Read + Send>));
     let started = Instant::now();
     let status = loop {
         if let Some(status) = child.try_wait().expect("waiting for the child") {
@@ -137,10 +114,7 @@ pub fn run_in_child(name: &str, env: &[(&str, &str)], body: impl FnOnce()) {
         }
         std::thread::sleep(Duration::from_millis(5));
     };
-    let (stdout, stderr) = (
-        stdout.join().unwrap_or_default(),
-        stderr.join().unwrap_or_default(),
-    );
+    let (stdout, stderr) = (stdout.join().unwrap_or_default(), stderr.join().unwrap_or_default());
     let Some(status) = status else {
         panic!("child for `{name}` hung for {CHILD_TIMEOUT:?} and was killed\n{stdout}\n{stderr}");
     };
@@ -165,11 +139,8 @@ pub fn driver() -> &'static Driver {
 pub fn per_thread_driver() -> &'static Driver {
     static DRIVER: OnceLock<Driver> = OnceLock::new();
     DRIVER.get_or_init(|| {
-        Driver::open_with(
-            library(),
-            DriverOptions::default().with_stream_mode(StreamMode::PerThread),
-        )
-        .expect("the simulator opens as a driver")
+        Driver::open_with(library(), DriverOptions::default().with_stream_mode(StreamMode::PerThread))
+            .expect("the simulator opens as a driver")
     })
 }
 
@@ -276,10 +247,7 @@ impl Pinned {
         // SAFETY: `ptr` is a valid out-pointer.
         unsafe { cu_call!(driver(), cuMemAllocHost_v2(&mut ptr, len)) }.unwrap();
         assert!(!ptr.is_null());
-        let pinned = Pinned {
-            ptr: ptr.cast(),
-            len,
-        };
+        let pinned = Pinned { ptr: ptr.cast(), len };
         pinned.fill(0);
         pinned
     }
@@ -292,9 +260,7 @@ impl Pinned {
     /// Its contents now.
     pub fn read(&self) -> Vec<u8> {
         // SAFETY: `ptr` is valid for `len` bytes while `self` lives.
-        (0..self.len)
-            .map(|i| unsafe { self.ptr.add(i).read_volatile() })
-            .collect()
+        (0..self.len).map(|i| unsafe { self.ptr.add(i).read_volatile() }).collect()
     }
 
     /// Writes `value` to every byte.
@@ -325,13 +291,7 @@ impl Drop for Pinned {
 /// Synchronous host-to-device copy on the legacy stream.
 pub fn htod(dst: CUdeviceptr, src: &[u8]) {
     // SAFETY: `src` is valid for `src.len()` bytes during the (synchronous) call.
-    unsafe {
-        cu_call!(
-            driver(),
-            cuMemcpyHtoD_v2(dst, src.as_ptr().cast(), src.len())
-        )
-    }
-    .unwrap();
+    unsafe { cu_call!(driver(), cuMemcpyHtoD_v2(dst, src.as_ptr().cast(), src.len())) }.unwrap();
 }
 
 /// Synchronous device-to-host copy on the legacy stream.
@@ -455,20 +415,15 @@ impl Gate {
         *self.entered.lock().unwrap_or_else(PoisonError::into_inner) += 1;
         self.entered_changed.notify_all();
         let open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
-        let _open = self
-            .changed
-            .wait_while(open, |open| !*open)
-            .unwrap_or_else(PoisonError::into_inner);
+        let _open = self.changed.wait_while(open, |open| !*open).unwrap_or_else(PoisonError::into_inner);
     }
 
     /// Blocks until `n` host functions have reached the gate (so their stream is provably
     /// blocked there, not merely about to be).
     pub fn wait_entered(&self, n: u32) {
         let entered = self.entered.lock().unwrap_or_else(PoisonError::into_inner);
-        let _entered = self
-            .entered_changed
-            .wait_while(entered, |entered| *entered < n)
-            .unwrap_or_else(PoisonError::into_inner);
+        let _entered =
+            self.entered_changed.wait_while(entered, |entered| *entered < n).unwrap_or_else(PoisonError::into_inner);
     }
 
     /// Enqueues a host function on `s` (through `d`) that waits for this gate.
@@ -496,10 +451,8 @@ impl Gate {
         let flag = Arc::clone(&fired);
         std::thread::spawn(move || {
             let open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
-            let (open, timeout) = self
-                .changed
-                .wait_timeout_while(open, limit, |open| !*open)
-                .unwrap_or_else(PoisonError::into_inner);
+            let (open, timeout) =
+                self.changed.wait_timeout_while(open, limit, |open| !*open).unwrap_or_else(PoisonError::into_inner);
             drop(open);
             if timeout.timed_out() {
                 flag.store(true, Ordering::SeqCst);

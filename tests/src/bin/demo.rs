@@ -11,9 +11,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use cuda_sys::types::{
-    CUcontext, CUdevice, CUdevice_attribute, CUdeviceptr, CUstream, CUstream_flags,
-};
+use cuda_sys::types::{CUcontext, CUdevice, CUdevice_attribute, CUdeviceptr, CUstream, CUstream_flags};
 use cuda_sys::{DEFAULT_LIBRARY, DRIVER_ENV, Driver, cu_call};
 
 /// Any failure of the demo, printed as is.
@@ -72,8 +70,7 @@ fn main() -> ExitCode {
 /// and release everything it took (even after a failure).
 fn run(report: &mut Report) -> Result<(), Error> {
     let driver = report.step("open driver", choose_driver)?;
-    let driver = cuda_sys::install_driver(driver)
-        .map_err(|_| "a process-wide driver was already installed")?;
+    let driver = cuda_sys::install_driver(driver).map_err(|_| "a process-wide driver was already installed")?;
     report.step("cuInit", || {
         // SAFETY: cuInit takes no pointers; flags must be 0.
         unsafe { cu_call!(driver, cuInit(0)) }
@@ -121,11 +118,7 @@ fn probe_real_driver() -> Result<(Driver, c_int), Error> {
     let mut count: c_int = 0;
     // SAFETY: `count` is a valid, writable int for the duration of the call.
     unsafe { cu_call!(&driver, cuDeviceGetCount(&mut count)) }?;
-    if count > 0 {
-        Ok((driver, count))
-    } else {
-        Err("the driver reports no devices".into())
-    }
+    if count > 0 { Ok((driver, count)) } else { Err("the driver reports no devices".into()) }
 }
 
 /// The simulator library: where `cuda_sim::testing` finds it, or in `deps/` beside this program
@@ -133,10 +126,7 @@ fn probe_real_driver() -> Result<(Driver, c_int), Error> {
 fn simulator_path() -> Option<PathBuf> {
     cuda_sim::testing::library_path().or_else(|| {
         let exe = std::env::current_exe().ok()?;
-        let candidate = exe
-            .parent()?
-            .join("deps")
-            .join(cuda_sim::testing::LIBRARY_NAME);
+        let candidate = exe.parent()?.join("deps").join(cuda_sim::testing::LIBRARY_NAME);
         candidate.is_file().then_some(candidate)
     })
 }
@@ -144,11 +134,7 @@ fn simulator_path() -> Option<PathBuf> {
 /// Prints the driver version and, for each device, what the demo's users want to know first.
 fn describe(driver: &Driver) -> Result<(), Error> {
     let version = driver.version()?;
-    println!(
-        "driver version: CUDA {}.{} ({version})",
-        version / 1000,
-        (version % 1000) / 10
-    );
+    println!("driver version: CUDA {}.{} ({version})", version / 1000, (version % 1000) / 10);
     let mut count: c_int = 0;
     // SAFETY: `count` is a valid, writable int for the duration of the call.
     unsafe { cu_call!(driver, cuDeviceGetCount(&mut count)) }?;
@@ -160,32 +146,15 @@ fn describe(driver: &Driver) -> Result<(), Error> {
         unsafe { cu_call!(driver, cuDeviceGetName(name.as_mut_ptr(), 256, device)) }?;
         // SAFETY: the driver wrote a NUL-terminated string, and the last byte is still 0 (the
         // driver writes at most len - 1 characters and a NUL), so the read stays in `name`.
-        let name = unsafe { CStr::from_ptr(name.as_ptr()) }
-            .to_string_lossy()
-            .into_owned();
+        let name = unsafe { CStr::from_ptr(name.as_ptr()) }.to_string_lossy().into_owned();
         let mut bytes: usize = 0;
         // SAFETY: `bytes` is a valid, writable size_t for the duration of the call.
         unsafe { cu_call!(driver, cuDeviceTotalMem_v2(&mut bytes, device)) }?;
-        let major = attribute(
-            driver,
-            device,
-            CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
-        )?;
-        let minor = attribute(
-            driver,
-            device,
-            CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
-        )?;
-        let pools = attribute(
-            driver,
-            device,
-            CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED,
-        )?;
-        let vmm = attribute(
-            driver,
-            device,
-            CUdevice_attribute::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
-        )?;
+        let major = attribute(driver, device, CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+        let minor = attribute(driver, device, CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+        let pools = attribute(driver, device, CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)?;
+        let vmm =
+            attribute(driver, device, CUdevice_attribute::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)?;
         println!("  device {ordinal}: {name}");
         println!("    total memory: {}", format_bytes(bytes));
         println!("    compute capability: {major}.{minor}");
@@ -207,11 +176,7 @@ fn get_device(driver: &Driver, ordinal: c_int) -> Result<CUdevice, Error> {
 }
 
 /// One integer attribute of a device.
-fn attribute(
-    driver: &Driver,
-    device: CUdevice,
-    attribute: CUdevice_attribute,
-) -> Result<c_int, Error> {
+fn attribute(driver: &Driver, device: CUdevice, attribute: CUdevice_attribute) -> Result<c_int, Error> {
     let mut value: c_int = 0;
     // SAFETY: `value` is a valid, writable int for the duration of the call.
     unsafe { cu_call!(driver, cuDeviceGetAttribute(&mut value, attribute, device)) }?;
@@ -240,8 +205,7 @@ fn round_trip(driver: &Driver, report: &mut Report, res: &mut Resources) -> Resu
     let context = report.step("cuDevicePrimaryCtxRetain", || {
         let mut context: CUcontext = std::ptr::null_mut();
         // SAFETY: `context` is a valid, writable CUcontext for the duration of the call.
-        unsafe { cu_call!(driver, cuDevicePrimaryCtxRetain(&mut context, device)) }
-            .map(|()| context)
+        unsafe { cu_call!(driver, cuDevicePrimaryCtxRetain(&mut context, device)) }.map(|()| context)
     })?;
     res.context_device = Some(device);
     report.step("cuCtxSetCurrent", || {
@@ -278,33 +242,18 @@ fn round_trip(driver: &Driver, report: &mut Report, res: &mut Resources) -> Resu
     report.step("cuMemcpyHtoDAsync_v2", || {
         // SAFETY: `upload` holds BUFFER_BYTES readable bytes and stays alive (and unwritten)
         // until the stream is synchronized; `buffer` is a device allocation of that size.
-        unsafe {
-            cu_call!(
-                driver,
-                cuMemcpyHtoDAsync_v2(buffer, upload, BUFFER_BYTES, stream)
-            )
-        }
+        unsafe { cu_call!(driver, cuMemcpyHtoDAsync_v2(buffer, upload, BUFFER_BYTES, stream)) }
     })?;
     report.step("cuMemsetD32Async", || {
         let start = buffer + MEMSET_OFFSET as CUdeviceptr;
         // SAFETY: the range [MEMSET_OFFSET, MEMSET_OFFSET + 4 * MEMSET_WORDS) lies inside the
         // device allocation and its start is 4-byte aligned.
-        unsafe {
-            cu_call!(
-                driver,
-                cuMemsetD32Async(start, MEMSET_VALUE, MEMSET_WORDS, stream)
-            )
-        }
+        unsafe { cu_call!(driver, cuMemsetD32Async(start, MEMSET_VALUE, MEMSET_WORDS, stream)) }
     })?;
     report.step("cuMemcpyDtoHAsync_v2", || {
         // SAFETY: `download` holds BUFFER_BYTES writable bytes that nothing else touches until
         // the stream is synchronized; `buffer` is a device allocation of that size.
-        unsafe {
-            cu_call!(
-                driver,
-                cuMemcpyDtoHAsync_v2(download, buffer, BUFFER_BYTES, stream)
-            )
-        }
+        unsafe { cu_call!(driver, cuMemcpyDtoHAsync_v2(download, buffer, BUFFER_BYTES, stream)) }
     })?;
     report.step("cuStreamSynchronize", || {
         // SAFETY: `stream` is a live stream of the current context.
@@ -342,10 +291,7 @@ impl Resources {
                 unsafe { cu_call!(driver, cuStreamSynchronize(stream)) }
             }));
         }
-        for (name, buffer) in [
-            ("cuMemFreeHost (download)", self.download),
-            ("cuMemFreeHost (upload)", self.upload),
-        ] {
+        for (name, buffer) in [("cuMemFreeHost (download)", self.download), ("cuMemFreeHost (upload)", self.upload)] {
             if let Some(buffer) = buffer {
                 keep(report.step(name, || {
                     // SAFETY: `buffer` came from cuMemAllocHost_v2, is freed once, and no
@@ -430,11 +376,7 @@ fn verify(got: &[u8]) -> Result<(), Error> {
         return Ok(());
     }
     let mismatches = got.iter().zip(&expected).filter(|(g, e)| g != e).count();
-    let first = got
-        .iter()
-        .zip(&expected)
-        .position(|(g, e)| g != e)
-        .unwrap_or(0);
+    let first = got.iter().zip(&expected).position(|(g, e)| g != e).unwrap_or(0);
     let got_byte = got.get(first).copied().unwrap_or(0);
     let expected_byte = expected.get(first).copied().unwrap_or(0);
     Err(format!(
@@ -458,11 +400,7 @@ fn format_bytes(bytes: usize) -> String {
         value /= 1024.0;
         unit += 1;
     }
-    if unit == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{value:.1} {}", UNITS[unit])
-    }
+    if unit == 0 { format!("{bytes} B") } else { format!("{value:.1} {}", UNITS[unit]) }
 }
 
 /// Formats a duration with a unit suited to its size.
@@ -486,15 +424,10 @@ struct Report {
 impl Report {
     /// Runs one step, timing it and recording whether it succeeded; a failure is printed at
     /// once, and its message names the step.
-    fn step<T, E: Into<Error>>(
-        &mut self,
-        name: &str,
-        f: impl FnOnce() -> Result<T, E>,
-    ) -> Result<T, Error> {
+    fn step<T, E: Into<Error>>(&mut self, name: &str, f: impl FnOnce() -> Result<T, E>) -> Result<T, Error> {
         let start = Instant::now();
         let result = f();
-        self.rows
-            .push((name.to_string(), start.elapsed(), result.is_ok()));
+        self.rows.push((name.to_string(), start.elapsed(), result.is_ok()));
         result.map_err(|e| {
             let message = format!("{name}: {}", e.into());
             eprintln!("error: {message}");
@@ -504,20 +437,10 @@ impl Report {
 
     /// Prints the table of steps.
     fn print(&self) {
-        let width = self
-            .rows
-            .iter()
-            .map(|(name, _, _)| name.len())
-            .max()
-            .unwrap_or(0)
-            .max(4);
+        let width = self.rows.iter().map(|(name, _, _)| name.len()).max().unwrap_or(0).max(4);
         println!("\n{:<width$}  {:>10}  ok", "step", "time");
         for (name, time, ok) in &self.rows {
-            println!(
-                "{name:<width$}  {:>10}  {}",
-                format_duration(*time),
-                if *ok { "yes" } else { "NO" }
-            );
+            println!("{name:<width$}  {:>10}  {}", format_duration(*time), if *ok { "yes" } else { "NO" });
         }
     }
 }

@@ -1,0 +1,214 @@
+//! Shared memory for pools that can be shared between processes (`CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`).
+//!
+//! Such a pool's memory is one `memfd`: a header page that identifies the pool, then the bytes
+//! of its allocations, placed by a first-fit allocator over file offsets. Exporting the pool
+//! hands out a duplicate of the file descriptor; importing it in another process maps
+//! allocations of the same file, so both processes see the same bytes at their own addresses.
+//!
+//! Header (page 0): magic `cusimPOOL\0v1\0` (12 bytes), pool id (16 bytes), location kind (u8:
+//! 0 device, 1 host, 2 host NUMA, 3 unspecified), location id (i32 LE), pool kind (u8: 0 pinned,
+//! 1 managed).
+//!
+//! Exported pointer data (the 64-byte `CUmemPoolPtrExportData`): magic `cusimPTR` (8), pool id
+//! (16), file offset (u64 LE), size (u64 LE), reserved zeros (16), FNV-1a checksum of the first
+//! 56 bytes (u64 LE).
+
+use std::collections::BTreeMap;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::{Mutex, PoisonError};
+
+use cuda_sys::types::CUresult;
+
+use crate::error::{SimResult, ensure, fail};
+use crate::pool::{Location, PoolKind};
+
+/// The header page's size; allocations start after it.
+pub(crate) const HEADER: u64 = 4096;
+const POOL_MAGIC: &[u8; 12] = b"cusimPOOL\0v1";
+const POINTER_MAGIC: &[u8; 8] = b"cusimPTR";
+/// Allocations are placed on page boundaries.
+const ALIGN: u64 = 4096;
+
+/// A shareable pool's file and, for the exporting process, its allocator.
+pub(crate) struct SharedArena {
+    /// The memfd holding the pool's memory.
+    pub file: OwnedFd,
+    /// The pool's identity, the same in every process that maps it.
+    pub id: [u8; 16],
+    /// Whether this process imported the pool (it then cannot allocate from it).
+    pub imported: bool,
+    /// The file's size.
+    pub capacity: u64,
+    free: Mutex<BTreeMap<u64, u64>>,
+}
+
+fn fresh_id() -> [u8; 16] {
+    use std::hash::{BuildHasher, RandomState};
+    let state = RandomState::new();
+    let a = state.hash_one((std::process::id(), crate::handle::next()));
+    let b = state.hash_one((a, std::time::SystemTime::now()));
+    let mut id = [0u8; 16];
+    id[..8].copy_from_slice(&a.to_le_bytes());
+    id[8..].copy_from_slice(&b.to_le_bytes());
+    id
+}
+
+fn location_bytes(location: Location) -> (u8, i32) {
+    match location {
+        Location::Device(d) => (0, d as i32),
+        Location::Host => (1, -1),
+        Location::HostNuma(n) => (2, n),
+        Location::Unspecified => (3, -1),
+    }
+}
+
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+}
+
+impl SharedArena {
+    /// A new shared file of `capacity` bytes of allocations (sparse: nothing is committed until
+    /// written) for a pool at `location`.
+    pub(crate) fn create(location: Location, kind: PoolKind, capacity: u64) -> SimResult<SharedArena> {
+        let file = rustix::fs::memfd_create("cuda-sim-pool", rustix::fs::MemfdFlags::CLOEXEC)
+            .map_err(|_| CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
+        let capacity = capacity.div_ceil(ALIGN) * ALIGN;
+        rustix::fs::ftruncate(&file, HEADER + capacity).map_err(|_| CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
+        let id = fresh_id();
+        let mut header = Vec::with_capacity(64);
+        header.extend_from_slice(POOL_MAGIC);
+        header.extend_from_slice(&id);
+        let (location_kind, location_id) = location_bytes(location);
+        header.push(location_kind);
+        header.extend_from_slice(&location_id.to_le_bytes());
+        header.push(u8::from(kind == PoolKind::Managed));
+        rustix::io::pwrite(&file, &header, 0).map_err(|_| CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
+        Ok(SharedArena { file, id, imported: false, capacity, free: Mutex::new(BTreeMap::from([(HEADER, capacity)])) })
+    }
+
+    /// Opens a pool another process exported: `fd` must be such a file (anything else is
+    /// `CUDA_ERROR_INVALID_VALUE`). Returns the arena (on a private duplicate of `fd`) and the
+    /// pool's location and kind.
+    pub(crate) fn open(fd: std::os::fd::BorrowedFd<'_>) -> SimResult<(SharedArena, Location, PoolKind)> {
+        let file = rustix::io::fcntl_dupfd_cloexec(fd, 0).map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        let mut header = [0u8; 34];
+        let read = rustix::io::pread(&file, &mut header, 0).map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        ensure(read == header.len() && &header[..12] == POOL_MAGIC)?;
+        let mut id = [0u8; 16];
+        id.copy_from_slice(&header[12..28]);
+        let location_id = i32::from_le_bytes([header[29], header[30], header[31], header[32]]);
+        let location = match header[28] {
+            0 => Location::Device(usize::try_from(location_id).map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?),
+            1 => Location::Host,
+            2 => Location::HostNuma(location_id),
+            3 => Location::Unspecified,
+            _ => return fail(CUresult::CUDA_ERROR_INVALID_VALUE),
+        };
+        let kind = if header[33] == 1 { PoolKind::Managed } else { PoolKind::Pinned };
+        let size = rustix::fs::fstat(&file).map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?.st_size;
+        let capacity = u64::try_from(size).unwrap_or(0).saturating_sub(HEADER);
+        Ok((SharedArena { file, id, imported: true, capacity, free: Mutex::new(BTreeMap::new()) }, location, kind))
+    }
+
+    /// The file, borrowed.
+    pub(crate) fn file_as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.file.as_fd()
+    }
+
+    /// A duplicate of the file descriptor, for export.
+    pub(crate) fn duplicate(&self) -> SimResult<OwnedFd> {
+        rustix::io::fcntl_dupfd_cloexec(self.file.as_fd(), 0).map_err(|_| CUresult::CUDA_ERROR_OUT_OF_MEMORY)
+    }
+
+    /// Finds room for `size` bytes: its file offset, or `CUDA_ERROR_OUT_OF_MEMORY`.
+    pub(crate) fn take(&self, size: u64) -> SimResult<u64> {
+        let len = size.div_ceil(ALIGN) * ALIGN;
+        let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
+        let (&start, &available) =
+            free.iter().find(|&(_, &available)| available >= len).ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
+        free.remove(&start);
+        if available > len {
+            free.insert(start + len, available - len);
+        }
+        Ok(start)
+    }
+
+    /// Returns the `size` bytes at `offset`, merging with free neighbours.
+    pub(crate) fn give_back(&self, offset: u64, size: u64) {
+        let mut len = size.div_ceil(ALIGN) * ALIGN;
+        let mut start = offset;
+        let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((&before, &before_len)) = free.range(..start).next_back()
+            && before + before_len == start
+        {
+            free.remove(&before);
+            start = before;
+            len += before_len;
+        }
+        if let Some(after_len) = free.remove(&(start + len)) {
+            len += after_len;
+        }
+        free.insert(start, len);
+    }
+
+    /// The 64 bytes another process needs to import the allocation at `offset`.
+    pub(crate) fn export_pointer(&self, offset: u64, size: u64) -> [u8; 64] {
+        let mut data = [0u8; 64];
+        data[..8].copy_from_slice(POINTER_MAGIC);
+        data[8..24].copy_from_slice(&self.id);
+        data[24..32].copy_from_slice(&offset.to_le_bytes());
+        data[32..40].copy_from_slice(&size.to_le_bytes());
+        let check = fnv1a(&data[..56]);
+        data[56..].copy_from_slice(&check.to_le_bytes());
+        data
+    }
+
+    /// Checks exported pointer data against this pool: `(offset, size)`, or
+    /// `CUDA_ERROR_INVALID_VALUE` for garbage, another pool's data, or a range outside the file.
+    pub(crate) fn check_pointer(&self, data: &[u8; 64]) -> SimResult<(u64, u64)> {
+        ensure(&data[..8] == POINTER_MAGIC)?;
+        ensure(data[40..56].iter().all(|&b| b == 0))?;
+        let check = u64::from_le_bytes(data[56..].try_into().map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?);
+        ensure(check == fnv1a(&data[..56]))?;
+        ensure(data[8..24] == self.id)?;
+        let offset = u64::from_le_bytes(data[24..32].try_into().map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?);
+        let size = u64::from_le_bytes(data[32..40].try_into().map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?);
+        ensure(size > 0 && offset >= HEADER && offset % ALIGN == 0)?;
+        ensure(offset.checked_add(size).is_some_and(|end| end <= HEADER + self.capacity))?;
+        Ok((offset, size))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn first_fit_reuses_and_merges() {
+        let arena = SharedArena::create(Location::Device(0), PoolKind::Pinned, 64 << 10).unwrap();
+        let a = arena.take(100).unwrap();
+        let b = arena.take(5000).unwrap();
+        assert_eq!((a, b), (HEADER, HEADER + 4096));
+        arena.give_back(a, 100);
+        arena.give_back(b, 5000);
+        assert_eq!(arena.take(64 << 10).unwrap(), HEADER);
+        assert!(arena.take(1).is_err());
+    }
+
+    #[test]
+    fn pointer_data_round_trips_and_rejects_tampering() {
+        let arena = SharedArena::create(Location::Host, PoolKind::Pinned, 1 << 20).unwrap();
+        let data = arena.export_pointer(HEADER + 4096, 10);
+        assert_eq!(arena.check_pointer(&data), Ok((HEADER + 4096, 10)));
+        for i in 0..64 {
+            let mut bad = data;
+            bad[i] ^= 1;
+            assert!(arena.check_pointer(&bad).is_err(), "byte {i}");
+        }
+        let other = SharedArena::create(Location::Host, PoolKind::Pinned, 1 << 20).unwrap();
+        assert!(other.check_pointer(&data).is_err());
+        let (opened, location, kind) = SharedArena::open(arena.file.as_fd()).unwrap();
+        assert_eq!((location, kind), (Location::Host, PoolKind::Pinned));
+        assert_eq!(opened.check_pointer(&data), Ok((HEADER + 4096, 10)));
+    }
+}
