@@ -120,6 +120,10 @@ fn require_pools(device: Device) -> Result<()> {
 }
 
 impl MemoryResource for DeviceMemoryResource {
+    fn pool(&self) -> Option<&MemoryPool> {
+        Some(&self.pool)
+    }
+
     fn allocate_raw(&self, size: usize, stream: &Stream) -> Result<DevicePtr> {
         self.pool.allocate(size, stream)
     }

@@ -150,6 +150,10 @@ impl PinnedMemoryResource {
 }
 
 impl MemoryResource for PinnedMemoryResource {
+    fn pool(&self) -> Option<&MemoryPool> {
+        Some(&self.pool)
+    }
+
     fn allocate_raw(&self, size: usize, stream: &Stream) -> Result<DevicePtr> {
         self.pool.allocate(size, stream)
     }
@@ -258,6 +262,10 @@ impl ManagedMemoryResource {
 }
 
 impl MemoryResource for ManagedMemoryResource {
+    fn pool(&self) -> Option<&MemoryPool> {
+        Some(&self.pool)
+    }
+
     fn allocate_raw(&self, size: usize, stream: &Stream) -> Result<DevicePtr> {
         self.pool.allocate(size, stream)
     }

@@ -60,6 +60,7 @@ mod host_resources;
 mod legacy_resources;
 mod memory_resource;
 mod pool;
+mod sharing;
 mod stream;
 
 pub use buffer::{Buffer, FillPattern};
@@ -77,4 +78,8 @@ pub use host_resources::{
 pub use legacy_resources::{LegacyPinnedMemoryResource, SynchronousMemoryResource};
 pub use memory_resource::{DevicePtr, MemoryResource, MemoryResourceExt};
 pub use pool::{Access, MemoryPool, PoolAttributes, ReusePolicy};
+pub use sharing::{EXPORT_DATA_LEN, ShareableHandle, mapped_range_size};
+
+/// The raw driver bindings this crate is built on.
+pub use cuda_sys as sys;
 pub use stream::{Stream, StreamOptions};

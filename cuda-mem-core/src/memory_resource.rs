@@ -7,6 +7,7 @@ use std::sync::Arc;
 use crate::buffer::Buffer;
 use crate::device::Device;
 use crate::error::Result;
+use crate::pool::MemoryPool;
 use crate::stream::Stream;
 
 /// A device address (or, for host-accessible memory, the same address seen from the device).
@@ -48,6 +49,12 @@ pub trait MemoryResource: Send + Sync + Debug {
     /// Whether the memory is managed (migrates between host and devices).
     fn is_managed(&self) -> bool {
         false
+    }
+
+    /// The driver pool behind the resource, for pool resources (what sharing a buffer between
+    /// processes needs).
+    fn pool(&self) -> Option<&MemoryPool> {
+        None
     }
 }
 

@@ -96,6 +96,12 @@ pub struct MemoryPool {
     owned: bool,
     /// The device whose memory it is, for device pools.
     owner: Option<Device>,
+    /// Whether it was created shareable by file descriptor.
+    pub(crate) shareable: bool,
+    /// Whether it was imported from another process (it then cannot allocate).
+    pub(crate) imported: bool,
+    /// The shareable handle, exported once on first request (or the one it was imported from).
+    pub(crate) handle_once: std::sync::OnceLock<crate::sharing::ShareableHandle>,
 }
 
 fn device_location(device: Device) -> CUmemLocation {
@@ -109,12 +115,30 @@ impl MemoryPool {
         let mut handle: CUmemoryPool = std::ptr::null_mut();
         // SAFETY: `handle` is a valid out-pointer and `props` a fully initialized structure.
         unsafe { cu_call!(d, cuMemPoolCreate(&mut handle, props)) }?;
-        Ok(MemoryPool { handle: handle as usize, owned: true, owner })
+        let shareable = props.handleTypes.0 != 0;
+        Ok(MemoryPool::new(handle, true, owner, shareable, false))
+    }
+
+    pub(crate) fn new(
+        handle: CUmemoryPool,
+        owned: bool,
+        owner: Option<Device>,
+        shareable: bool,
+        imported: bool,
+    ) -> MemoryPool {
+        MemoryPool {
+            handle: handle as usize,
+            owned,
+            owner,
+            shareable,
+            imported,
+            handle_once: std::sync::OnceLock::new(),
+        }
     }
 
     /// Wraps a pool this value does not own (a device's current pool, say).
     pub(crate) fn borrowed(handle: CUmemoryPool, owner: Option<Device>) -> MemoryPool {
-        MemoryPool { handle: handle as usize, owned: false, owner }
+        MemoryPool::new(handle, false, owner, false, false)
     }
 
     /// The raw handle.
@@ -135,6 +159,13 @@ impl MemoryPool {
     /// Allocates from the pool on `stream`. A capturing stream is refused: the pool would
     /// allocate outside the graph.
     pub(crate) fn allocate(&self, size: usize, stream: &Stream) -> Result<DevicePtr> {
+        if self.imported {
+            return Err(Error::InvalidState(
+                "cannot allocate from a pool imported from another process: allocate in the exporting \
+                 process and share the buffer"
+                    .to_string(),
+            ));
+        }
         let d = driver()?;
         stream.bind_if_default()?;
         if stream.is_capturing()? {

@@ -167,3 +167,35 @@ fn ipc_enabled_device_pools() {
     let dmr = DeviceMemoryResource::new(device, DeviceMemoryResourceOptions::default().ipc_enabled(true)).unwrap();
     assert!(dmr.is_ipc_enabled());
 }
+
+#[test]
+fn shareable_pools_export_one_handle_and_imports_cannot_allocate() {
+    use std::os::fd::AsRawFd;
+    let device = common::device();
+    let stream = common::stream(device);
+    let plain = DeviceMemoryResource::new(device, DeviceMemoryResourceOptions::default()).unwrap();
+    let err = plain.pool().shareable_handle().unwrap_err();
+    assert!(err.to_string().contains("not IPC-enabled"), "{err}");
+
+    let dmr = DeviceMemoryResource::new(device, DeviceMemoryResourceOptions::default().ipc_enabled(true)).unwrap();
+    let first = dmr.pool().shareable_handle().unwrap();
+    let second = dmr.pool().shareable_handle().unwrap();
+    assert_eq!(first.fd().as_raw_fd(), second.fd().as_raw_fd(), "asking again gives the same handle");
+    assert_eq!(first.id(), second.id());
+
+    let mut buffer = dmr.allocate(8192, &stream).unwrap();
+    buffer.fill(FillPattern::U8(0x42), &stream).unwrap();
+    stream.synchronize().unwrap();
+    let data = dmr.pool().export_pointer(buffer.ptr()).unwrap();
+
+    // Import in this same process (another process would receive the fd over a socket).
+    let imported = cuda_mem_core::MemoryPool::import(first.try_clone_fd().unwrap(), first.id(), Some(device)).unwrap();
+    assert!(imported.is_imported() && imported.is_shareable());
+    assert_eq!(imported.shareable_handle().unwrap().id(), first.id());
+    let mapped = imported.import_pointer(&data).unwrap();
+    assert_ne!(mapped, buffer.ptr());
+    assert!(cuda_mem_core::mapped_range_size(mapped).unwrap() >= 8192);
+    // SAFETY: the mapping was just imported, is not used afterwards, and is freed once.
+    unsafe { imported.free_imported(mapped, &stream) }.unwrap();
+    stream.synchronize().unwrap();
+}
