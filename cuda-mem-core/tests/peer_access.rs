@@ -126,8 +126,7 @@ fn a_destroyed_pool_leaves_no_access_behind() {
 
 #[test]
 fn the_simulator_models_inherited_access_when_a_pool_is_destroyed_without_revoking() {
-    if !cuda_sim::testing::on_simulator() {
-        cuda_sim::testing::skip("checks the simulator's model of a driver bug");
+    if !cuda_sim::testing::simulator_only("the simulator's model of nvbug 5698116") {
         return;
     }
     in_simulated_machine(

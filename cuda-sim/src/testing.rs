@@ -70,6 +70,17 @@ pub fn driver() -> Result<&'static Driver, LoadError> {
     }
 }
 
+/// Whether a check of the simulator's own model applies here: on a real driver it does not (the
+/// test should return). Unlike [`skip`], this is not a missing capability, so it never fails the
+/// run, even with `CUDA_MEM_REQUIRE_GPU=1`; it says so on stderr.
+pub fn simulator_only(what: &str) -> bool {
+    if on_simulator() {
+        return true;
+    }
+    eprintln!("NOT-APPLICABLE on a real driver: {what}");
+    false
+}
+
 /// Declares that the calling test cannot run here, and why. Returns normally (the test should
 /// then return) unless `CUDA_MEM_REQUIRE_GPU=1`, where it panics so the run fails.
 pub fn skip(reason: &str) {

@@ -5,9 +5,10 @@
 //! 3. `cargo build -p cuda-sim` (the tests load `target/debug/libcuda_sim.so`)
 //! 4. fetch the pinned `cuda.h` into `.cuda-header/` (or use `CUDA_HOME`'s), for the layout test
 //!    and the bindings check; without network access this step is skipped, saying why
-//! 5. `cargo test --workspace`, against the simulator: `CUDA_MEM_DRIVER`, `CUDA_MEM_REQUIRE_GPU`
-//!    and `CUDA_SIM_LIB` are removed from its environment so that a developer's settings do not
-//!    redirect it, and `CUDA_MEM_CUDA_INCLUDE` names the header's folder when there is one
+//! 5. `cargo test --workspace --no-fail-fast` (every test binary runs, even after a failure),
+//!    against the simulator: `CUDA_MEM_DRIVER`, `CUDA_MEM_REQUIRE_GPU` and `CUDA_SIM_LIB` are
+//!    removed from its environment so that a developer's settings do not redirect it, and
+//!    `CUDA_MEM_CUDA_INCLUDE` names the header's folder when there is one
 //! 6. `cargo doc --workspace --no-deps` with `RUSTDOCFLAGS=-Dwarnings`
 //! 7. the `cargo xtask bindgen --check` equivalent, when libclang and `cuda.h` can be had
 //!    (skipped, saying why, otherwise)
@@ -91,7 +92,7 @@ fn run_steps(workspace: &Path, records: &mut Vec<Record>, summaries: &mut Vec<St
             command.env(cuda_sys_env::CUDA_INCLUDE, dir);
         }
         command
-            .args(["test", "--workspace"])
+            .args(["test", "--workspace", "--no-fail-fast"])
             .env_remove(cuda_sys_env::DRIVER)
             .env_remove(cuda_sys_env::REQUIRE_GPU)
             .env_remove(cuda_sys_env::SIM_LIB);

@@ -276,7 +276,8 @@ const RUN_SCRIPT: &str = r#"#!/usr/bin/env bash
 # --test-threads=N, ...).
 #
 # Environment: CUDA_MEM_DRIVER (default libcuda.so.1), RESULTS (default ./results),
-# TEST_TIMEOUT (seconds per binary, default 1800).
+# TEST_TIMEOUT (seconds per binary, default 1800), CUDA_MEM_REQUIRE_GPU (default 1: a test that
+# declares it cannot run here, say for want of a second GPU, fails; 0 lets it pass as skipped).
 set -uo pipefail
 
 bundle="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -298,7 +299,7 @@ fi
 echo "driver version: ${version:-unknown}"
 
 export CUDA_MEM_DRIVER="${CUDA_MEM_DRIVER:-libcuda.so.1}"
-export CUDA_MEM_REQUIRE_GPU=1
+export CUDA_MEM_REQUIRE_GPU="${CUDA_MEM_REQUIRE_GPU:-1}"
 echo "CUDA_MEM_DRIVER=$CUDA_MEM_DRIVER CUDA_MEM_REQUIRE_GPU=$CUDA_MEM_REQUIRE_GPU"
 echo "results: $results"
 
@@ -327,13 +328,18 @@ run_one() {
     status=$?
     end="$(date +%s)"
     local counts passed failed ignored
-    counts="$(awk '/^test result:/ {
-            for (i = 2; i <= NF; i++) {
-                if ($i == "passed;") p += $(i - 1)
-                if ($i == "failed;") f += $(i - 1)
-                if ($i == "ignored;") g += $(i - 1)
+    # The binary's own summary is its last `test result:` line (a failing multi-process test
+    # may quote its child's output, summary included, before it).
+    counts="$(awk '/^test result:/ { last = $0 }
+        END {
+            n = split(last, w, " ")
+            for (i = 2; i <= n; i++) {
+                if (w[i] == "passed;") p = w[i - 1]
+                if (w[i] == "failed;") f = w[i - 1]
+                if (w[i] == "ignored;") g = w[i - 1]
             }
-        } END { print p + 0, f + 0, g + 0 }' "$log")"
+            print p + 0, f + 0, g + 0
+        }' "$log")"
     read -r passed failed ignored <<<"$counts"
     local verdict="ok"
     local note=""

@@ -220,8 +220,7 @@ pub struct CUmemFabricHandle_st {
 const _: () = {
     ["Size of CUmemFabricHandle_st"][::std::mem::size_of::<CUmemFabricHandle_st>() - 64usize];
     ["Alignment of CUmemFabricHandle_st"][::std::mem::align_of::<CUmemFabricHandle_st>() - 1usize];
-    ["Offset of field: CUmemFabricHandle_st::data"]
-        [::std::mem::offset_of!(CUmemFabricHandle_st, data) - 0usize];
+    ["Offset of field: CUmemFabricHandle_st::data"][::std::mem::offset_of!(CUmemFabricHandle_st, data) - 0usize];
 };
 impl Default for CUmemFabricHandle_st {
     fn default() -> Self {
@@ -252,8 +251,7 @@ pub struct CUipcEventHandle_st {
 const _: () = {
     ["Size of CUipcEventHandle_st"][::std::mem::size_of::<CUipcEventHandle_st>() - 64usize];
     ["Alignment of CUipcEventHandle_st"][::std::mem::align_of::<CUipcEventHandle_st>() - 1usize];
-    ["Offset of field: CUipcEventHandle_st::reserved"]
-        [::std::mem::offset_of!(CUipcEventHandle_st, reserved) - 0usize];
+    ["Offset of field: CUipcEventHandle_st::reserved"][::std::mem::offset_of!(CUipcEventHandle_st, reserved) - 0usize];
 };
 impl Default for CUipcEventHandle_st {
     fn default() -> Self {
@@ -278,8 +276,7 @@ pub struct CUipcMemHandle_st {
 const _: () = {
     ["Size of CUipcMemHandle_st"][::std::mem::size_of::<CUipcMemHandle_st>() - 64usize];
     ["Alignment of CUipcMemHandle_st"][::std::mem::align_of::<CUipcMemHandle_st>() - 1usize];
-    ["Offset of field: CUipcMemHandle_st::reserved"]
-        [::std::mem::offset_of!(CUipcMemHandle_st, reserved) - 0usize];
+    ["Offset of field: CUipcMemHandle_st::reserved"][::std::mem::offset_of!(CUipcMemHandle_st, reserved) - 0usize];
 };
 impl Default for CUipcMemHandle_st {
     fn default() -> Self {
@@ -428,19 +425,15 @@ impl CUstreamWaitValue_flags_enum {
     /// < Wait until (int32_t)(*addr - value) >= 0 (or int64_t for 64 bit
     /// values). Note this is a cyclic comparison which ignores wraparound.
     /// (Default behavior.)
-    pub const CU_STREAM_WAIT_VALUE_GEQ: CUstreamWaitValue_flags_enum =
-        CUstreamWaitValue_flags_enum(0);
+    pub const CU_STREAM_WAIT_VALUE_GEQ: CUstreamWaitValue_flags_enum = CUstreamWaitValue_flags_enum(0);
     /// < Wait until *addr == value.
-    pub const CU_STREAM_WAIT_VALUE_EQ: CUstreamWaitValue_flags_enum =
-        CUstreamWaitValue_flags_enum(1);
+    pub const CU_STREAM_WAIT_VALUE_EQ: CUstreamWaitValue_flags_enum = CUstreamWaitValue_flags_enum(1);
     /// < Wait until (*addr & value) != 0.
-    pub const CU_STREAM_WAIT_VALUE_AND: CUstreamWaitValue_flags_enum =
-        CUstreamWaitValue_flags_enum(2);
+    pub const CU_STREAM_WAIT_VALUE_AND: CUstreamWaitValue_flags_enum = CUstreamWaitValue_flags_enum(2);
     /// < Wait until ~(*addr | value) != 0. Support for this operation can be
     /// queried with ::cuDeviceGetAttribute() and
     /// ::CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR.
-    pub const CU_STREAM_WAIT_VALUE_NOR: CUstreamWaitValue_flags_enum =
-        CUstreamWaitValue_flags_enum(3);
+    pub const CU_STREAM_WAIT_VALUE_NOR: CUstreamWaitValue_flags_enum = CUstreamWaitValue_flags_enum(3);
     /// < Follow the wait operation with a flush of outstanding remote writes. This
     /// means that, if a remote write operation is guaranteed to have reached the
     /// device before the wait can be satisfied, that write is guaranteed to be
@@ -450,8 +443,7 @@ impl CUstreamWaitValue_flags_enum {
     /// second write, and downstream work needs to observe the first write.
     /// Support for this operation is restricted to selected platforms and can be
     /// queried with ::CU_DEVICE_ATTRIBUTE_CAN_FLUSH_REMOTE_WRITES.
-    pub const CU_STREAM_WAIT_VALUE_FLUSH: CUstreamWaitValue_flags_enum =
-        CUstreamWaitValue_flags_enum(1073741824);
+    pub const CU_STREAM_WAIT_VALUE_FLUSH: CUstreamWaitValue_flags_enum = CUstreamWaitValue_flags_enum(1073741824);
 }
 #[repr(transparent)]
 /// Flags for ::cuStreamWaitValue32 and ::cuStreamWaitValue64
@@ -461,8 +453,7 @@ pub struct CUstreamWaitValue_flags_enum(pub ::std::os::raw::c_uint);
 pub use self::CUstreamWaitValue_flags_enum as CUstreamWaitValue_flags;
 impl CUstreamWriteValue_flags_enum {
     /// < Default behavior
-    pub const CU_STREAM_WRITE_VALUE_DEFAULT: CUstreamWriteValue_flags_enum =
-        CUstreamWriteValue_flags_enum(0);
+    pub const CU_STREAM_WRITE_VALUE_DEFAULT: CUstreamWriteValue_flags_enum = CUstreamWriteValue_flags_enum(0);
     /// < Permits the write to be reordered with writes which were issued
     /// before it, as a performance optimization. Normally,
     /// ::cuStreamWriteValue32 will provide a memory fence before the
@@ -470,8 +461,7 @@ impl CUstreamWriteValue_flags_enum {
     /// __threadfence_system() but is scoped to the stream
     /// rather than a CUDA thread.
     /// This flag is not supported in the v2 API.
-    pub const CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER: CUstreamWriteValue_flags_enum =
-        CUstreamWriteValue_flags_enum(1);
+    pub const CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER: CUstreamWriteValue_flags_enum = CUstreamWriteValue_flags_enum(1);
 }
 #[repr(transparent)]
 /// Flags for ::cuStreamWriteValue32
@@ -481,24 +471,18 @@ pub struct CUstreamWriteValue_flags_enum(pub ::std::os::raw::c_uint);
 pub use self::CUstreamWriteValue_flags_enum as CUstreamWriteValue_flags;
 impl CUstreamBatchMemOpType_enum {
     /// < Represents a ::cuStreamWaitValue32 operation
-    pub const CU_STREAM_MEM_OP_WAIT_VALUE_32: CUstreamBatchMemOpType_enum =
-        CUstreamBatchMemOpType_enum(1);
+    pub const CU_STREAM_MEM_OP_WAIT_VALUE_32: CUstreamBatchMemOpType_enum = CUstreamBatchMemOpType_enum(1);
     /// < Represents a ::cuStreamWriteValue32 operation
-    pub const CU_STREAM_MEM_OP_WRITE_VALUE_32: CUstreamBatchMemOpType_enum =
-        CUstreamBatchMemOpType_enum(2);
+    pub const CU_STREAM_MEM_OP_WRITE_VALUE_32: CUstreamBatchMemOpType_enum = CUstreamBatchMemOpType_enum(2);
     /// < Represents a ::cuStreamWaitValue64 operation
-    pub const CU_STREAM_MEM_OP_WAIT_VALUE_64: CUstreamBatchMemOpType_enum =
-        CUstreamBatchMemOpType_enum(4);
+    pub const CU_STREAM_MEM_OP_WAIT_VALUE_64: CUstreamBatchMemOpType_enum = CUstreamBatchMemOpType_enum(4);
     /// < Represents a ::cuStreamWriteValue64 operation
-    pub const CU_STREAM_MEM_OP_WRITE_VALUE_64: CUstreamBatchMemOpType_enum =
-        CUstreamBatchMemOpType_enum(5);
+    pub const CU_STREAM_MEM_OP_WRITE_VALUE_64: CUstreamBatchMemOpType_enum = CUstreamBatchMemOpType_enum(5);
     /// < Insert a memory barrier of the specified type
-    pub const CU_STREAM_MEM_OP_BARRIER: CUstreamBatchMemOpType_enum =
-        CUstreamBatchMemOpType_enum(6);
+    pub const CU_STREAM_MEM_OP_BARRIER: CUstreamBatchMemOpType_enum = CUstreamBatchMemOpType_enum(6);
     /// < This has the same effect as ::CU_STREAM_WAIT_VALUE_FLUSH, but as a
     /// standalone operation.
-    pub const CU_STREAM_MEM_OP_FLUSH_REMOTE_WRITES: CUstreamBatchMemOpType_enum =
-        CUstreamBatchMemOpType_enum(3);
+    pub const CU_STREAM_MEM_OP_FLUSH_REMOTE_WRITES: CUstreamBatchMemOpType_enum = CUstreamBatchMemOpType_enum(3);
 }
 #[repr(transparent)]
 /// Operations for ::cuStreamBatchMemOp
@@ -508,11 +492,9 @@ pub struct CUstreamBatchMemOpType_enum(pub ::std::os::raw::c_uint);
 pub use self::CUstreamBatchMemOpType_enum as CUstreamBatchMemOpType;
 impl CUstreamMemoryBarrier_flags_enum {
     /// < System-wide memory barrier.
-    pub const CU_STREAM_MEMORY_BARRIER_TYPE_SYS: CUstreamMemoryBarrier_flags_enum =
-        CUstreamMemoryBarrier_flags_enum(0);
+    pub const CU_STREAM_MEMORY_BARRIER_TYPE_SYS: CUstreamMemoryBarrier_flags_enum = CUstreamMemoryBarrier_flags_enum(0);
     /// < Limit memory barrier scope to the GPU.
-    pub const CU_STREAM_MEMORY_BARRIER_TYPE_GPU: CUstreamMemoryBarrier_flags_enum =
-        CUstreamMemoryBarrier_flags_enum(1);
+    pub const CU_STREAM_MEMORY_BARRIER_TYPE_GPU: CUstreamMemoryBarrier_flags_enum = CUstreamMemoryBarrier_flags_enum(1);
 }
 #[repr(transparent)]
 /// Flags for ::CUstreamBatchMemOpParams::memoryBarrier
@@ -541,8 +523,7 @@ pub union CUstreamBatchMemOpParams_union {
 pub struct CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st {
     pub operation: CUstreamBatchMemOpType,
     pub address: CUdeviceptr,
-    pub __bindgen_anon_1:
-        CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st__bindgen_ty_1,
+    pub __bindgen_anon_1: CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st__bindgen_ty_1,
     /// < See ::CUstreamWaitValue_flags.
     pub flags: ::std::os::raw::c_uint,
     /// < For driver internal use. Initial value is unimportant.
@@ -556,26 +537,22 @@ pub union CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st__bindge
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st__bindgen_ty_1"]
-        [::std::mem::size_of::<
-            CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st__bindgen_ty_1,
-        >() - 8usize];
-    ["Alignment of CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st__bindgen_ty_1"]
-        [::std::mem::align_of::<
-            CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st__bindgen_ty_1,
-        >() - 8usize];
-    [
-        "Offset of field: CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st__bindgen_ty_1::value",
-    ][::std::mem::offset_of!(
+    ["Size of CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st__bindgen_ty_1"][::std::mem::size_of::<
+        CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st__bindgen_ty_1,
+    >() - 8usize];
+    ["Alignment of CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st__bindgen_ty_1"][::std::mem::align_of::<
+        CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st__bindgen_ty_1,
+    >() - 8usize];
+    ["Offset of field: CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st__bindgen_ty_1::value"][::std::mem::offset_of!(
         CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st__bindgen_ty_1,
         value
-    ) - 0usize];
-    [
-        "Offset of field: CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st__bindgen_ty_1::value64",
-    ][::std::mem::offset_of!(
+    )
+        - 0usize];
+    ["Offset of field: CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st__bindgen_ty_1::value64"][::std::mem::offset_of!(
         CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st__bindgen_ty_1,
         value64
-    ) - 0usize];
+    )
+        - 0usize];
 };
 impl Default for CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st__bindgen_ty_1 {
     fn default() -> Self {
@@ -588,32 +565,18 @@ impl Default for CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st_
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st"][::std::mem::size_of::<
-        CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st,
-    >() - 40usize];
+    ["Size of CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st"]
+        [::std::mem::size_of::<CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st>() - 40usize];
     ["Alignment of CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st"]
-        [::std::mem::align_of::<CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st>()
-            - 8usize];
+        [::std::mem::align_of::<CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st>() - 8usize];
     ["Offset of field: CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st::operation"]
-        [::std::mem::offset_of!(
-            CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st,
-            operation
-        ) - 0usize];
-    ["Offset of field: CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st::address"][::std::mem::offset_of!(
-        CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st,
-        address
-    )
-        - 8usize];
-    ["Offset of field: CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st::flags"][::std::mem::offset_of!(
-        CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st,
-        flags
-    )
-        - 24usize];
-    ["Offset of field: CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st::alias"][::std::mem::offset_of!(
-        CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st,
-        alias
-    )
-        - 32usize];
+        [::std::mem::offset_of!(CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st, operation) - 0usize];
+    ["Offset of field: CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st::address"]
+        [::std::mem::offset_of!(CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st, address) - 8usize];
+    ["Offset of field: CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st::flags"]
+        [::std::mem::offset_of!(CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st, flags) - 24usize];
+    ["Offset of field: CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st::alias"]
+        [::std::mem::offset_of!(CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st, alias) - 32usize];
 };
 impl Default for CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st {
     fn default() -> Self {
@@ -629,8 +592,7 @@ impl Default for CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st 
 pub struct CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st {
     pub operation: CUstreamBatchMemOpType,
     pub address: CUdeviceptr,
-    pub __bindgen_anon_1:
-        CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st__bindgen_ty_1,
+    pub __bindgen_anon_1: CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st__bindgen_ty_1,
     /// < See ::CUstreamWriteValue_flags.
     pub flags: ::std::os::raw::c_uint,
     /// < For driver internal use. Initial value is unimportant.
@@ -644,26 +606,22 @@ pub union CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st__bindg
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st__bindgen_ty_1"]
-        [::std::mem::size_of::<
-            CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st__bindgen_ty_1,
-        >() - 8usize];
-    ["Alignment of CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st__bindgen_ty_1"]
-        [::std::mem::align_of::<
-            CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st__bindgen_ty_1,
-        >() - 8usize];
-    [
-        "Offset of field: CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st__bindgen_ty_1::value",
-    ][::std::mem::offset_of!(
+    ["Size of CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st__bindgen_ty_1"][::std::mem::size_of::<
+        CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st__bindgen_ty_1,
+    >() - 8usize];
+    ["Alignment of CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st__bindgen_ty_1"][::std::mem::align_of::<
+        CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st__bindgen_ty_1,
+    >() - 8usize];
+    ["Offset of field: CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st__bindgen_ty_1::value"][::std::mem::offset_of!(
         CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st__bindgen_ty_1,
         value
-    ) - 0usize];
-    [
-        "Offset of field: CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st__bindgen_ty_1::value64",
-    ][::std::mem::offset_of!(
+    )
+        - 0usize];
+    ["Offset of field: CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st__bindgen_ty_1::value64"][::std::mem::offset_of!(
         CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st__bindgen_ty_1,
         value64
-    ) - 0usize];
+    )
+        - 0usize];
 };
 impl Default for CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st__bindgen_ty_1 {
     fn default() -> Self {
@@ -676,32 +634,18 @@ impl Default for CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st"][::std::mem::size_of::<
-        CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st,
-    >() - 40usize];
+    ["Size of CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st"]
+        [::std::mem::size_of::<CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st>() - 40usize];
     ["Alignment of CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st"]
-        [::std::mem::align_of::<CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st>()
-            - 8usize];
+        [::std::mem::align_of::<CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st>() - 8usize];
     ["Offset of field: CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st::operation"]
-        [::std::mem::offset_of!(
-            CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st,
-            operation
-        ) - 0usize];
-    ["Offset of field: CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st::address"][::std::mem::offset_of!(
-        CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st,
-        address
-    )
-        - 8usize];
-    ["Offset of field: CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st::flags"][::std::mem::offset_of!(
-        CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st,
-        flags
-    )
-        - 24usize];
-    ["Offset of field: CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st::alias"][::std::mem::offset_of!(
-        CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st,
-        alias
-    )
-        - 32usize];
+        [::std::mem::offset_of!(CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st, operation) - 0usize];
+    ["Offset of field: CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st::address"]
+        [::std::mem::offset_of!(CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st, address) - 8usize];
+    ["Offset of field: CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st::flags"]
+        [::std::mem::offset_of!(CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st, flags) - 24usize];
+    ["Offset of field: CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st::alias"]
+        [::std::mem::offset_of!(CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st, alias) - 32usize];
 };
 impl Default for CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st {
     fn default() -> Self {
@@ -722,22 +666,14 @@ pub struct CUstreamBatchMemOpParams_union_CUstreamMemOpFlushRemoteWritesParams_s
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of CUstreamBatchMemOpParams_union_CUstreamMemOpFlushRemoteWritesParams_st"]
-        [::std::mem::size_of::<
-            CUstreamBatchMemOpParams_union_CUstreamMemOpFlushRemoteWritesParams_st,
-        >() - 8usize];
+        [::std::mem::size_of::<CUstreamBatchMemOpParams_union_CUstreamMemOpFlushRemoteWritesParams_st>() - 8usize];
     ["Alignment of CUstreamBatchMemOpParams_union_CUstreamMemOpFlushRemoteWritesParams_st"]
-        [::std::mem::align_of::<
-            CUstreamBatchMemOpParams_union_CUstreamMemOpFlushRemoteWritesParams_st,
-        >() - 4usize];
-    [
-        "Offset of field: CUstreamBatchMemOpParams_union_CUstreamMemOpFlushRemoteWritesParams_st::operation",
-    ][::std::mem::offset_of!(
+        [::std::mem::align_of::<CUstreamBatchMemOpParams_union_CUstreamMemOpFlushRemoteWritesParams_st>() - 4usize];
+    ["Offset of field: CUstreamBatchMemOpParams_union_CUstreamMemOpFlushRemoteWritesParams_st::operation"][::std::mem::offset_of!(
         CUstreamBatchMemOpParams_union_CUstreamMemOpFlushRemoteWritesParams_st,
         operation
     ) - 0usize];
-    [
-        "Offset of field: CUstreamBatchMemOpParams_union_CUstreamMemOpFlushRemoteWritesParams_st::flags",
-    ][::std::mem::offset_of!(
+    ["Offset of field: CUstreamBatchMemOpParams_union_CUstreamMemOpFlushRemoteWritesParams_st::flags"][::std::mem::offset_of!(
         CUstreamBatchMemOpParams_union_CUstreamMemOpFlushRemoteWritesParams_st,
         flags
     ) - 4usize];
@@ -761,22 +697,15 @@ pub struct CUstreamBatchMemOpParams_union_CUstreamMemOpMemoryBarrierParams_st {
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of CUstreamBatchMemOpParams_union_CUstreamMemOpMemoryBarrierParams_st"]
-        [::std::mem::size_of::<CUstreamBatchMemOpParams_union_CUstreamMemOpMemoryBarrierParams_st>(
-        ) - 8usize];
+        [::std::mem::size_of::<CUstreamBatchMemOpParams_union_CUstreamMemOpMemoryBarrierParams_st>() - 8usize];
     ["Alignment of CUstreamBatchMemOpParams_union_CUstreamMemOpMemoryBarrierParams_st"]
-        [::std::mem::align_of::<CUstreamBatchMemOpParams_union_CUstreamMemOpMemoryBarrierParams_st>(
-        ) - 4usize];
-    [
-        "Offset of field: CUstreamBatchMemOpParams_union_CUstreamMemOpMemoryBarrierParams_st::operation",
-    ][::std::mem::offset_of!(
+        [::std::mem::align_of::<CUstreamBatchMemOpParams_union_CUstreamMemOpMemoryBarrierParams_st>() - 4usize];
+    ["Offset of field: CUstreamBatchMemOpParams_union_CUstreamMemOpMemoryBarrierParams_st::operation"][::std::mem::offset_of!(
         CUstreamBatchMemOpParams_union_CUstreamMemOpMemoryBarrierParams_st,
         operation
     ) - 0usize];
     ["Offset of field: CUstreamBatchMemOpParams_union_CUstreamMemOpMemoryBarrierParams_st::flags"]
-        [::std::mem::offset_of!(
-            CUstreamBatchMemOpParams_union_CUstreamMemOpMemoryBarrierParams_st,
-            flags
-        ) - 4usize];
+        [::std::mem::offset_of!(CUstreamBatchMemOpParams_union_CUstreamMemOpMemoryBarrierParams_st, flags) - 4usize];
 };
 impl Default for CUstreamBatchMemOpParams_union_CUstreamMemOpMemoryBarrierParams_st {
     fn default() -> Self {
@@ -789,10 +718,8 @@ impl Default for CUstreamBatchMemOpParams_union_CUstreamMemOpMemoryBarrierParams
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of CUstreamBatchMemOpParams_union"]
-        [::std::mem::size_of::<CUstreamBatchMemOpParams_union>() - 48usize];
-    ["Alignment of CUstreamBatchMemOpParams_union"]
-        [::std::mem::align_of::<CUstreamBatchMemOpParams_union>() - 8usize];
+    ["Size of CUstreamBatchMemOpParams_union"][::std::mem::size_of::<CUstreamBatchMemOpParams_union>() - 48usize];
+    ["Alignment of CUstreamBatchMemOpParams_union"][::std::mem::align_of::<CUstreamBatchMemOpParams_union>() - 8usize];
     ["Offset of field: CUstreamBatchMemOpParams_union::operation"]
         [::std::mem::offset_of!(CUstreamBatchMemOpParams_union, operation) - 0usize];
     ["Offset of field: CUstreamBatchMemOpParams_union::waitValue"]
@@ -908,8 +835,7 @@ impl CUoccupancy_flags_enum {
     /// < Default behavior
     pub const CU_OCCUPANCY_DEFAULT: CUoccupancy_flags_enum = CUoccupancy_flags_enum(0);
     /// < Assume global caching is enabled and cannot be automatically turned off
-    pub const CU_OCCUPANCY_DISABLE_CACHING_OVERRIDE: CUoccupancy_flags_enum =
-        CUoccupancy_flags_enum(1);
+    pub const CU_OCCUPANCY_DISABLE_CACHING_OVERRIDE: CUoccupancy_flags_enum = CUoccupancy_flags_enum(1);
 }
 #[repr(transparent)]
 /// Occupancy calculator flag
@@ -933,8 +859,7 @@ pub struct CUstreamUpdateCaptureDependencies_flags_enum(pub ::std::os::raw::c_ui
 pub use self::CUstreamUpdateCaptureDependencies_flags_enum as CUstreamUpdateCaptureDependencies_flags;
 impl CUasyncNotificationType_enum {
     /// < Sent when the process has exceeded its device memory budget
-    pub const CU_ASYNC_NOTIFICATION_TYPE_OVER_BUDGET: CUasyncNotificationType_enum =
-        CUasyncNotificationType_enum(1);
+    pub const CU_ASYNC_NOTIFICATION_TYPE_OVER_BUDGET: CUasyncNotificationType_enum = CUasyncNotificationType_enum(1);
 }
 #[repr(transparent)]
 /// Types of async notification that can be sent
@@ -969,11 +894,8 @@ const _: () = {
         [::std::mem::size_of::<CUasyncNotificationInfo_st__bindgen_ty_1__bindgen_ty_1>() - 8usize];
     ["Alignment of CUasyncNotificationInfo_st__bindgen_ty_1__bindgen_ty_1"]
         [::std::mem::align_of::<CUasyncNotificationInfo_st__bindgen_ty_1__bindgen_ty_1>() - 8usize];
-    ["Offset of field: CUasyncNotificationInfo_st__bindgen_ty_1__bindgen_ty_1::bytesOverBudget"][::std::mem::offset_of!(
-        CUasyncNotificationInfo_st__bindgen_ty_1__bindgen_ty_1,
-        bytesOverBudget
-    )
-        - 0usize];
+    ["Offset of field: CUasyncNotificationInfo_st__bindgen_ty_1__bindgen_ty_1::bytesOverBudget"]
+        [::std::mem::offset_of!(CUasyncNotificationInfo_st__bindgen_ty_1__bindgen_ty_1, bytesOverBudget) - 0usize];
 };
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
@@ -995,10 +917,8 @@ impl Default for CUasyncNotificationInfo_st__bindgen_ty_1 {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of CUasyncNotificationInfo_st"]
-        [::std::mem::size_of::<CUasyncNotificationInfo_st>() - 16usize];
-    ["Alignment of CUasyncNotificationInfo_st"]
-        [::std::mem::align_of::<CUasyncNotificationInfo_st>() - 8usize];
+    ["Size of CUasyncNotificationInfo_st"][::std::mem::size_of::<CUasyncNotificationInfo_st>() - 16usize];
+    ["Alignment of CUasyncNotificationInfo_st"][::std::mem::align_of::<CUasyncNotificationInfo_st>() - 8usize];
     ["Offset of field: CUasyncNotificationInfo_st::type_"]
         [::std::mem::offset_of!(CUasyncNotificationInfo_st, type_) - 0usize];
     ["Offset of field: CUasyncNotificationInfo_st::info"]
@@ -1167,85 +1087,61 @@ pub struct CUfilter_mode_enum(pub ::std::os::raw::c_uint);
 pub use self::CUfilter_mode_enum as CUfilter_mode;
 impl CUdevice_attribute_enum {
     /// < Maximum number of threads per block
-    pub const CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(1);
+    pub const CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: CUdevice_attribute_enum = CUdevice_attribute_enum(1);
     /// < Maximum block dimension X
-    pub const CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(2);
+    pub const CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X: CUdevice_attribute_enum = CUdevice_attribute_enum(2);
     /// < Maximum block dimension Y
-    pub const CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(3);
+    pub const CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y: CUdevice_attribute_enum = CUdevice_attribute_enum(3);
     /// < Maximum block dimension Z
-    pub const CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(4);
+    pub const CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z: CUdevice_attribute_enum = CUdevice_attribute_enum(4);
     /// < Maximum grid dimension X
-    pub const CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(5);
+    pub const CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X: CUdevice_attribute_enum = CUdevice_attribute_enum(5);
     /// < Maximum grid dimension Y
-    pub const CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(6);
+    pub const CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y: CUdevice_attribute_enum = CUdevice_attribute_enum(6);
     /// < Maximum grid dimension Z
-    pub const CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(7);
+    pub const CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z: CUdevice_attribute_enum = CUdevice_attribute_enum(7);
     /// < Maximum shared memory available per block in bytes
-    pub const CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(8);
+    pub const CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK: CUdevice_attribute_enum = CUdevice_attribute_enum(8);
     /// < Deprecated, use CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK
-    pub const CU_DEVICE_ATTRIBUTE_SHARED_MEMORY_PER_BLOCK: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(8);
+    pub const CU_DEVICE_ATTRIBUTE_SHARED_MEMORY_PER_BLOCK: CUdevice_attribute_enum = CUdevice_attribute_enum(8);
     /// < Memory available on device for __constant__ variables in a CUDA C kernel in bytes
-    pub const CU_DEVICE_ATTRIBUTE_TOTAL_CONSTANT_MEMORY: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(9);
+    pub const CU_DEVICE_ATTRIBUTE_TOTAL_CONSTANT_MEMORY: CUdevice_attribute_enum = CUdevice_attribute_enum(9);
     /// < Warp size in threads
     pub const CU_DEVICE_ATTRIBUTE_WARP_SIZE: CUdevice_attribute_enum = CUdevice_attribute_enum(10);
     /// < Maximum pitch in bytes allowed by memory copies
     pub const CU_DEVICE_ATTRIBUTE_MAX_PITCH: CUdevice_attribute_enum = CUdevice_attribute_enum(11);
     /// < Maximum number of 32-bit registers available per block
-    pub const CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(12);
+    pub const CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK: CUdevice_attribute_enum = CUdevice_attribute_enum(12);
     /// < Deprecated, use CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK
-    pub const CU_DEVICE_ATTRIBUTE_REGISTERS_PER_BLOCK: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(12);
+    pub const CU_DEVICE_ATTRIBUTE_REGISTERS_PER_BLOCK: CUdevice_attribute_enum = CUdevice_attribute_enum(12);
     /// < Typical clock frequency in kilohertz
     pub const CU_DEVICE_ATTRIBUTE_CLOCK_RATE: CUdevice_attribute_enum = CUdevice_attribute_enum(13);
     /// < Alignment requirement for textures
-    pub const CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(14);
+    pub const CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT: CUdevice_attribute_enum = CUdevice_attribute_enum(14);
     /// < Device can possibly copy memory and execute a kernel concurrently. Deprecated. Use instead CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT.
-    pub const CU_DEVICE_ATTRIBUTE_GPU_OVERLAP: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(15);
+    pub const CU_DEVICE_ATTRIBUTE_GPU_OVERLAP: CUdevice_attribute_enum = CUdevice_attribute_enum(15);
     /// < Number of multiprocessors on device
-    pub const CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(16);
+    pub const CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: CUdevice_attribute_enum = CUdevice_attribute_enum(16);
     /// < Specifies whether there is a run time limit on kernels
-    pub const CU_DEVICE_ATTRIBUTE_KERNEL_EXEC_TIMEOUT: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(17);
+    pub const CU_DEVICE_ATTRIBUTE_KERNEL_EXEC_TIMEOUT: CUdevice_attribute_enum = CUdevice_attribute_enum(17);
     /// < Device is integrated with host memory
     pub const CU_DEVICE_ATTRIBUTE_INTEGRATED: CUdevice_attribute_enum = CUdevice_attribute_enum(18);
     /// < Device can map host memory into CUDA address space
-    pub const CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(19);
+    pub const CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY: CUdevice_attribute_enum = CUdevice_attribute_enum(19);
     /// < Compute mode (See ::CUcomputemode for details)
-    pub const CU_DEVICE_ATTRIBUTE_COMPUTE_MODE: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(20);
+    pub const CU_DEVICE_ATTRIBUTE_COMPUTE_MODE: CUdevice_attribute_enum = CUdevice_attribute_enum(20);
     /// < Maximum 1D texture width
-    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_WIDTH: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(21);
+    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_WIDTH: CUdevice_attribute_enum = CUdevice_attribute_enum(21);
     /// < Maximum 2D texture width
-    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_WIDTH: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(22);
+    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_WIDTH: CUdevice_attribute_enum = CUdevice_attribute_enum(22);
     /// < Maximum 2D texture height
-    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_HEIGHT: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(23);
+    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_HEIGHT: CUdevice_attribute_enum = CUdevice_attribute_enum(23);
     /// < Maximum 3D texture width
-    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_WIDTH: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(24);
+    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_WIDTH: CUdevice_attribute_enum = CUdevice_attribute_enum(24);
     /// < Maximum 3D texture height
-    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_HEIGHT: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(25);
+    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_HEIGHT: CUdevice_attribute_enum = CUdevice_attribute_enum(25);
     /// < Maximum 3D texture depth
-    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_DEPTH: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(26);
+    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_DEPTH: CUdevice_attribute_enum = CUdevice_attribute_enum(26);
     /// < Maximum 2D layered texture width
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LAYERED_WIDTH: CUdevice_attribute_enum =
         CUdevice_attribute_enum(27);
@@ -1256,48 +1152,36 @@ impl CUdevice_attribute_enum {
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LAYERED_LAYERS: CUdevice_attribute_enum =
         CUdevice_attribute_enum(29);
     /// < Deprecated, use CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LAYERED_WIDTH
-    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_ARRAY_WIDTH: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(27);
+    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_ARRAY_WIDTH: CUdevice_attribute_enum = CUdevice_attribute_enum(27);
     /// < Deprecated, use CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LAYERED_HEIGHT
-    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_ARRAY_HEIGHT: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(28);
+    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_ARRAY_HEIGHT: CUdevice_attribute_enum = CUdevice_attribute_enum(28);
     /// < Deprecated, use CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LAYERED_LAYERS
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_ARRAY_NUMSLICES: CUdevice_attribute_enum =
         CUdevice_attribute_enum(29);
     /// < Alignment requirement for surfaces
-    pub const CU_DEVICE_ATTRIBUTE_SURFACE_ALIGNMENT: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(30);
+    pub const CU_DEVICE_ATTRIBUTE_SURFACE_ALIGNMENT: CUdevice_attribute_enum = CUdevice_attribute_enum(30);
     /// < Device can possibly execute multiple kernels concurrently
-    pub const CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(31);
+    pub const CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS: CUdevice_attribute_enum = CUdevice_attribute_enum(31);
     /// < Device has ECC support enabled
-    pub const CU_DEVICE_ATTRIBUTE_ECC_ENABLED: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(32);
+    pub const CU_DEVICE_ATTRIBUTE_ECC_ENABLED: CUdevice_attribute_enum = CUdevice_attribute_enum(32);
     /// < PCI bus ID of the device
     pub const CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: CUdevice_attribute_enum = CUdevice_attribute_enum(33);
     /// < PCI device ID of the device
-    pub const CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(34);
+    pub const CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID: CUdevice_attribute_enum = CUdevice_attribute_enum(34);
     /// < Device is using TCC driver model
     pub const CU_DEVICE_ATTRIBUTE_TCC_DRIVER: CUdevice_attribute_enum = CUdevice_attribute_enum(35);
     /// < Peak memory clock frequency in kilohertz
-    pub const CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(36);
+    pub const CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE: CUdevice_attribute_enum = CUdevice_attribute_enum(36);
     /// < Global memory bus width in bits
-    pub const CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(37);
+    pub const CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH: CUdevice_attribute_enum = CUdevice_attribute_enum(37);
     /// < Size of L2 cache in bytes
-    pub const CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(38);
+    pub const CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE: CUdevice_attribute_enum = CUdevice_attribute_enum(38);
     /// < Maximum resident threads per multiprocessor
-    pub const CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(39);
+    pub const CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: CUdevice_attribute_enum = CUdevice_attribute_enum(39);
     /// < Number of asynchronous engines
-    pub const CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(40);
+    pub const CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT: CUdevice_attribute_enum = CUdevice_attribute_enum(40);
     /// < Device shares a unified address space with the host
-    pub const CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(41);
+    pub const CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: CUdevice_attribute_enum = CUdevice_attribute_enum(41);
     /// < Maximum 1D layered texture width
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_LAYERED_WIDTH: CUdevice_attribute_enum =
         CUdevice_attribute_enum(42);
@@ -1305,11 +1189,9 @@ impl CUdevice_attribute_enum {
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_LAYERED_LAYERS: CUdevice_attribute_enum =
         CUdevice_attribute_enum(43);
     /// < Deprecated, do not use.
-    pub const CU_DEVICE_ATTRIBUTE_CAN_TEX2D_GATHER: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(44);
+    pub const CU_DEVICE_ATTRIBUTE_CAN_TEX2D_GATHER: CUdevice_attribute_enum = CUdevice_attribute_enum(44);
     /// < Maximum 2D texture width if CUDA_ARRAY3D_TEXTURE_GATHER is set
-    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_GATHER_WIDTH: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(45);
+    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_GATHER_WIDTH: CUdevice_attribute_enum = CUdevice_attribute_enum(45);
     /// < Maximum 2D texture height if CUDA_ARRAY3D_TEXTURE_GATHER is set
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_GATHER_HEIGHT: CUdevice_attribute_enum =
         CUdevice_attribute_enum(46);
@@ -1323,14 +1205,11 @@ impl CUdevice_attribute_enum {
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_DEPTH_ALTERNATE: CUdevice_attribute_enum =
         CUdevice_attribute_enum(49);
     /// < PCI domain ID of the device
-    pub const CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(50);
+    pub const CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID: CUdevice_attribute_enum = CUdevice_attribute_enum(50);
     /// < Pitch alignment requirement for textures
-    pub const CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(51);
+    pub const CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT: CUdevice_attribute_enum = CUdevice_attribute_enum(51);
     /// < Maximum cubemap texture width/height
-    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURECUBEMAP_WIDTH: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(52);
+    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURECUBEMAP_WIDTH: CUdevice_attribute_enum = CUdevice_attribute_enum(52);
     /// < Maximum cubemap layered texture width/height
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURECUBEMAP_LAYERED_WIDTH: CUdevice_attribute_enum =
         CUdevice_attribute_enum(53);
@@ -1338,23 +1217,17 @@ impl CUdevice_attribute_enum {
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURECUBEMAP_LAYERED_LAYERS: CUdevice_attribute_enum =
         CUdevice_attribute_enum(54);
     /// < Maximum 1D surface width
-    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE1D_WIDTH: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(55);
+    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE1D_WIDTH: CUdevice_attribute_enum = CUdevice_attribute_enum(55);
     /// < Maximum 2D surface width
-    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE2D_WIDTH: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(56);
+    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE2D_WIDTH: CUdevice_attribute_enum = CUdevice_attribute_enum(56);
     /// < Maximum 2D surface height
-    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE2D_HEIGHT: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(57);
+    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE2D_HEIGHT: CUdevice_attribute_enum = CUdevice_attribute_enum(57);
     /// < Maximum 3D surface width
-    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE3D_WIDTH: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(58);
+    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE3D_WIDTH: CUdevice_attribute_enum = CUdevice_attribute_enum(58);
     /// < Maximum 3D surface height
-    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE3D_HEIGHT: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(59);
+    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE3D_HEIGHT: CUdevice_attribute_enum = CUdevice_attribute_enum(59);
     /// < Maximum 3D surface depth
-    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE3D_DEPTH: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(60);
+    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE3D_DEPTH: CUdevice_attribute_enum = CUdevice_attribute_enum(60);
     /// < Maximum 1D layered surface width
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE1D_LAYERED_WIDTH: CUdevice_attribute_enum =
         CUdevice_attribute_enum(61);
@@ -1371,8 +1244,7 @@ impl CUdevice_attribute_enum {
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE2D_LAYERED_LAYERS: CUdevice_attribute_enum =
         CUdevice_attribute_enum(65);
     /// < Maximum cubemap surface width
-    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACECUBEMAP_WIDTH: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(66);
+    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACECUBEMAP_WIDTH: CUdevice_attribute_enum = CUdevice_attribute_enum(66);
     /// < Maximum cubemap layered surface width
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACECUBEMAP_LAYERED_WIDTH: CUdevice_attribute_enum =
         CUdevice_attribute_enum(67);
@@ -1380,17 +1252,14 @@ impl CUdevice_attribute_enum {
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACECUBEMAP_LAYERED_LAYERS: CUdevice_attribute_enum =
         CUdevice_attribute_enum(68);
     /// < Deprecated, do not use. Use cudaDeviceGetTexture1DLinearMaxWidth() or cuDeviceGetTexture1DLinearMaxWidth() instead.
-    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_LINEAR_WIDTH: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(69);
+    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_LINEAR_WIDTH: CUdevice_attribute_enum = CUdevice_attribute_enum(69);
     /// < Maximum 2D linear texture width
-    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LINEAR_WIDTH: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(70);
+    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LINEAR_WIDTH: CUdevice_attribute_enum = CUdevice_attribute_enum(70);
     /// < Maximum 2D linear texture height
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LINEAR_HEIGHT: CUdevice_attribute_enum =
         CUdevice_attribute_enum(71);
     /// < Maximum 2D linear texture pitch in bytes
-    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LINEAR_PITCH: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(72);
+    pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LINEAR_PITCH: CUdevice_attribute_enum = CUdevice_attribute_enum(72);
     /// < Maximum mipmapped 2D texture width
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_MIPMAPPED_WIDTH: CUdevice_attribute_enum =
         CUdevice_attribute_enum(73);
@@ -1398,23 +1267,18 @@ impl CUdevice_attribute_enum {
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_MIPMAPPED_HEIGHT: CUdevice_attribute_enum =
         CUdevice_attribute_enum(74);
     /// < Major compute capability version number
-    pub const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(75);
+    pub const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: CUdevice_attribute_enum = CUdevice_attribute_enum(75);
     /// < Minor compute capability version number
-    pub const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(76);
+    pub const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: CUdevice_attribute_enum = CUdevice_attribute_enum(76);
     /// < Maximum mipmapped 1D texture width
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_MIPMAPPED_WIDTH: CUdevice_attribute_enum =
         CUdevice_attribute_enum(77);
     /// < Device supports stream priorities
-    pub const CU_DEVICE_ATTRIBUTE_STREAM_PRIORITIES_SUPPORTED: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(78);
+    pub const CU_DEVICE_ATTRIBUTE_STREAM_PRIORITIES_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(78);
     /// < Device supports caching globals in L1
-    pub const CU_DEVICE_ATTRIBUTE_GLOBAL_L1_CACHE_SUPPORTED: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(79);
+    pub const CU_DEVICE_ATTRIBUTE_GLOBAL_L1_CACHE_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(79);
     /// < Device supports caching locals in L1
-    pub const CU_DEVICE_ATTRIBUTE_LOCAL_L1_CACHE_SUPPORTED: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(80);
+    pub const CU_DEVICE_ATTRIBUTE_LOCAL_L1_CACHE_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(80);
     /// < Maximum shared memory available per multiprocessor in bytes
     pub const CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR: CUdevice_attribute_enum =
         CUdevice_attribute_enum(81);
@@ -1422,35 +1286,27 @@ impl CUdevice_attribute_enum {
     pub const CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR: CUdevice_attribute_enum =
         CUdevice_attribute_enum(82);
     /// < Device can allocate managed memory on this system
-    pub const CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(83);
+    pub const CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY: CUdevice_attribute_enum = CUdevice_attribute_enum(83);
     /// < Device is on a multi-GPU board
-    pub const CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(84);
+    pub const CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD: CUdevice_attribute_enum = CUdevice_attribute_enum(84);
     /// < Unique id for a group of devices on the same multi-GPU board
-    pub const CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD_GROUP_ID: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(85);
+    pub const CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD_GROUP_ID: CUdevice_attribute_enum = CUdevice_attribute_enum(85);
     /// < Link between the device and the host supports all native atomic operations
-    pub const CU_DEVICE_ATTRIBUTE_HOST_NATIVE_ATOMIC_SUPPORTED: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(86);
+    pub const CU_DEVICE_ATTRIBUTE_HOST_NATIVE_ATOMIC_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(86);
     /// < Ratio of single precision performance (in floating-point operations per second) to double precision performance
     pub const CU_DEVICE_ATTRIBUTE_SINGLE_TO_DOUBLE_PRECISION_PERF_RATIO: CUdevice_attribute_enum =
         CUdevice_attribute_enum(87);
     /// < Device supports coherently accessing pageable memory without calling cudaHostRegister on it
-    pub const CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(88);
+    pub const CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS: CUdevice_attribute_enum = CUdevice_attribute_enum(88);
     /// < Device can coherently access managed memory concurrently with the CPU
-    pub const CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(89);
+    pub const CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS: CUdevice_attribute_enum = CUdevice_attribute_enum(89);
     /// < Device supports compute preemption.
-    pub const CU_DEVICE_ATTRIBUTE_COMPUTE_PREEMPTION_SUPPORTED: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(90);
+    pub const CU_DEVICE_ATTRIBUTE_COMPUTE_PREEMPTION_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(90);
     /// < Device can access host registered memory at the same virtual address as the CPU
     pub const CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM: CUdevice_attribute_enum =
         CUdevice_attribute_enum(91);
     /// < Deprecated, along with v1 MemOps API, ::cuStreamBatchMemOp and related APIs are supported.
-    pub const CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(92);
+    pub const CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1: CUdevice_attribute_enum = CUdevice_attribute_enum(92);
     /// < Deprecated, along with v1 MemOps API, 64-bit operations are supported in ::cuStreamBatchMemOp and related APIs.
     pub const CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS_V1: CUdevice_attribute_enum =
         CUdevice_attribute_enum(93);
@@ -1458,8 +1314,7 @@ impl CUdevice_attribute_enum {
     pub const CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR_V1: CUdevice_attribute_enum =
         CUdevice_attribute_enum(94);
     /// < Device supports launching cooperative kernels via ::cuLaunchCooperativeKernel
-    pub const CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(95);
+    pub const CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH: CUdevice_attribute_enum = CUdevice_attribute_enum(95);
     /// < Deprecated, ::cuLaunchCooperativeKernelMultiDevice is deprecated.
     pub const CU_DEVICE_ATTRIBUTE_COOPERATIVE_MULTI_DEVICE_LAUNCH: CUdevice_attribute_enum =
         CUdevice_attribute_enum(96);
@@ -1467,14 +1322,12 @@ impl CUdevice_attribute_enum {
     pub const CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: CUdevice_attribute_enum =
         CUdevice_attribute_enum(97);
     /// < The ::CU_STREAM_WAIT_VALUE_FLUSH flag and the ::CU_STREAM_MEM_OP_FLUSH_REMOTE_WRITES MemOp are supported on the device. See \ref CUDA_MEMOP for additional details.
-    pub const CU_DEVICE_ATTRIBUTE_CAN_FLUSH_REMOTE_WRITES: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(98);
+    pub const CU_DEVICE_ATTRIBUTE_CAN_FLUSH_REMOTE_WRITES: CUdevice_attribute_enum = CUdevice_attribute_enum(98);
     /// < Device supports host memory registration via ::cudaHostRegister.
-    pub const CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(99);
+    pub const CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(99);
     /// < Device accesses pageable memory via the host's page tables.
-    pub const CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES:
-        CUdevice_attribute_enum = CUdevice_attribute_enum(100);
+    pub const CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES: CUdevice_attribute_enum =
+        CUdevice_attribute_enum(100);
     /// < The host can directly access managed memory on the device without migration.
     pub const CU_DEVICE_ATTRIBUTE_DIRECT_MANAGED_MEM_ACCESS_FROM_HOST: CUdevice_attribute_enum =
         CUdevice_attribute_enum(101);
@@ -1485,8 +1338,8 @@ impl CUdevice_attribute_enum {
     pub const CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: CUdevice_attribute_enum =
         CUdevice_attribute_enum(102);
     /// < Device supports exporting memory to a posix file descriptor with ::cuMemExportToShareableHandle, if requested via ::cuMemCreate
-    pub const CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED:
-        CUdevice_attribute_enum = CUdevice_attribute_enum(103);
+    pub const CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: CUdevice_attribute_enum =
+        CUdevice_attribute_enum(103);
     /// < Device supports exporting memory to a Win32 NT handle with ::cuMemExportToShareableHandle, if requested via ::cuMemCreate
     pub const CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_WIN32_HANDLE_SUPPORTED: CUdevice_attribute_enum =
         CUdevice_attribute_enum(104);
@@ -1494,17 +1347,13 @@ impl CUdevice_attribute_enum {
     pub const CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_WIN32_KMT_HANDLE_SUPPORTED: CUdevice_attribute_enum =
         CUdevice_attribute_enum(105);
     /// < Maximum number of blocks per multiprocessor
-    pub const CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(106);
+    pub const CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR: CUdevice_attribute_enum = CUdevice_attribute_enum(106);
     /// < Device supports compression of memory
-    pub const CU_DEVICE_ATTRIBUTE_GENERIC_COMPRESSION_SUPPORTED: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(107);
+    pub const CU_DEVICE_ATTRIBUTE_GENERIC_COMPRESSION_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(107);
     /// < Maximum L2 persisting lines capacity setting in bytes.
-    pub const CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(108);
+    pub const CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE: CUdevice_attribute_enum = CUdevice_attribute_enum(108);
     /// < Maximum value of CUaccessPolicyWindow::num_bytes.
-    pub const CU_DEVICE_ATTRIBUTE_MAX_ACCESS_POLICY_WINDOW_SIZE: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(109);
+    pub const CU_DEVICE_ATTRIBUTE_MAX_ACCESS_POLICY_WINDOW_SIZE: CUdevice_attribute_enum = CUdevice_attribute_enum(109);
     /// < Device supports specifying the GPUDirect RDMA flag with ::cuMemCreate
     pub const CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED: CUdevice_attribute_enum =
         CUdevice_attribute_enum(110);
@@ -1512,8 +1361,7 @@ impl CUdevice_attribute_enum {
     pub const CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK: CUdevice_attribute_enum =
         CUdevice_attribute_enum(111);
     /// < Device supports sparse CUDA arrays and sparse CUDA mipmapped arrays
-    pub const CU_DEVICE_ATTRIBUTE_SPARSE_CUDA_ARRAY_SUPPORTED: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(112);
+    pub const CU_DEVICE_ATTRIBUTE_SPARSE_CUDA_ARRAY_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(112);
     /// < Device supports using the ::cuMemHostRegister flag ::CU_MEMHOSTERGISTER_READ_ONLY to register memory that must be mapped as read-only to the GPU
     pub const CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED: CUdevice_attribute_enum =
         CUdevice_attribute_enum(113);
@@ -1521,11 +1369,9 @@ impl CUdevice_attribute_enum {
     pub const CU_DEVICE_ATTRIBUTE_TIMELINE_SEMAPHORE_INTEROP_SUPPORTED: CUdevice_attribute_enum =
         CUdevice_attribute_enum(114);
     /// < Device supports using the ::cuMemAllocAsync and ::cuMemPool family of APIs
-    pub const CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(115);
+    pub const CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(115);
     /// < Device supports GPUDirect RDMA APIs, like nvidia_p2p_get_pages (see https://docs.nvidia.com/cuda/gpudirect-rdma for more information)
-    pub const CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(116);
+    pub const CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(116);
     /// < The returned attribute shall be interpreted as a bitmask, where the individual bits are described by the ::CUflushGPUDirectRDMAWritesOptions enum
     pub const CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS: CUdevice_attribute_enum =
         CUdevice_attribute_enum(117);
@@ -1536,70 +1382,51 @@ impl CUdevice_attribute_enum {
     pub const CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES: CUdevice_attribute_enum =
         CUdevice_attribute_enum(119);
     /// < Indicates device supports cluster launch
-    pub const CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(120);
+    pub const CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH: CUdevice_attribute_enum = CUdevice_attribute_enum(120);
     /// < Device supports deferred mapping CUDA arrays and CUDA mipmapped arrays
     pub const CU_DEVICE_ATTRIBUTE_DEFERRED_MAPPING_CUDA_ARRAY_SUPPORTED: CUdevice_attribute_enum =
         CUdevice_attribute_enum(121);
     /// < 64-bit operations are supported in ::cuStreamBatchMemOp and related MemOp APIs.
-    pub const CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(122);
+    pub const CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS: CUdevice_attribute_enum = CUdevice_attribute_enum(122);
     /// < ::CU_STREAM_WAIT_VALUE_NOR is supported by MemOp APIs.
-    pub const CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(123);
+    pub const CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR: CUdevice_attribute_enum = CUdevice_attribute_enum(123);
     /// < Device supports buffer sharing with dma_buf mechanism.
-    pub const CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(124);
+    pub const CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(124);
     /// < Device supports IPC Events.
-    pub const CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(125);
+    pub const CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(125);
     /// < Number of memory domains the device supports.
-    pub const CU_DEVICE_ATTRIBUTE_MEM_SYNC_DOMAIN_COUNT: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(126);
+    pub const CU_DEVICE_ATTRIBUTE_MEM_SYNC_DOMAIN_COUNT: CUdevice_attribute_enum = CUdevice_attribute_enum(126);
     /// < Device supports accessing memory using Tensor Map.
-    pub const CU_DEVICE_ATTRIBUTE_TENSOR_MAP_ACCESS_SUPPORTED: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(127);
+    pub const CU_DEVICE_ATTRIBUTE_TENSOR_MAP_ACCESS_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(127);
     /// < Device supports exporting memory to a fabric handle with cuMemExportToShareableHandle() or requested with cuMemCreate()
-    pub const CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(128);
+    pub const CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(128);
     /// < Device supports unified function pointers.
-    pub const CU_DEVICE_ATTRIBUTE_UNIFIED_FUNCTION_POINTERS: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(129);
+    pub const CU_DEVICE_ATTRIBUTE_UNIFIED_FUNCTION_POINTERS: CUdevice_attribute_enum = CUdevice_attribute_enum(129);
     /// < NUMA configuration of a device: value is of type ::CUdeviceNumaConfig enum
-    pub const CU_DEVICE_ATTRIBUTE_NUMA_CONFIG: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(130);
+    pub const CU_DEVICE_ATTRIBUTE_NUMA_CONFIG: CUdevice_attribute_enum = CUdevice_attribute_enum(130);
     /// < NUMA node ID of the GPU memory
     pub const CU_DEVICE_ATTRIBUTE_NUMA_ID: CUdevice_attribute_enum = CUdevice_attribute_enum(131);
     /// < Device supports switch multicast and reduction operations.
-    pub const CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(132);
+    pub const CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(132);
     /// < Indicates if contexts created on this device will be shared via MPS
-    pub const CU_DEVICE_ATTRIBUTE_MPS_ENABLED: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(133);
+    pub const CU_DEVICE_ATTRIBUTE_MPS_ENABLED: CUdevice_attribute_enum = CUdevice_attribute_enum(133);
     /// < NUMA ID of the host node closest to the device. Returns -1 when system does not support NUMA.
-    pub const CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(134);
+    pub const CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID: CUdevice_attribute_enum = CUdevice_attribute_enum(134);
     /// < Device supports CIG with D3D12.
-    pub const CU_DEVICE_ATTRIBUTE_D3D12_CIG_SUPPORTED: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(135);
+    pub const CU_DEVICE_ATTRIBUTE_D3D12_CIG_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(135);
     /// < The returned valued shall be interpreted as a bitmask, where the individual bits are described by the ::CUmemDecompressAlgorithm enum.
-    pub const CU_DEVICE_ATTRIBUTE_MEM_DECOMPRESS_ALGORITHM_MASK: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(136);
+    pub const CU_DEVICE_ATTRIBUTE_MEM_DECOMPRESS_ALGORITHM_MASK: CUdevice_attribute_enum = CUdevice_attribute_enum(136);
     /// < The returned valued is the maximum length in bytes of a single decompress operation that is allowed.
-    pub const CU_DEVICE_ATTRIBUTE_MEM_DECOMPRESS_MAXIMUM_LENGTH: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(137);
+    pub const CU_DEVICE_ATTRIBUTE_MEM_DECOMPRESS_MAXIMUM_LENGTH: CUdevice_attribute_enum = CUdevice_attribute_enum(137);
     /// < Device supports CIG with Vulkan.
-    pub const CU_DEVICE_ATTRIBUTE_VULKAN_CIG_SUPPORTED: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(138);
+    pub const CU_DEVICE_ATTRIBUTE_VULKAN_CIG_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(138);
     /// < The combined 16-bit PCI device ID and 16-bit PCI vendor ID.
-    pub const CU_DEVICE_ATTRIBUTE_GPU_PCI_DEVICE_ID: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(139);
+    pub const CU_DEVICE_ATTRIBUTE_GPU_PCI_DEVICE_ID: CUdevice_attribute_enum = CUdevice_attribute_enum(139);
     /// < The combined 16-bit PCI subsystem ID and 16-bit PCI subsystem vendor ID.
-    pub const CU_DEVICE_ATTRIBUTE_GPU_PCI_SUBSYSTEM_ID: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(140);
+    pub const CU_DEVICE_ATTRIBUTE_GPU_PCI_SUBSYSTEM_ID: CUdevice_attribute_enum = CUdevice_attribute_enum(140);
     /// < Device supports HOST_NUMA location with the virtual memory management APIs like ::cuMemCreate, ::cuMemMap and related APIs
-    pub const CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
-        CUdevice_attribute_enum = CUdevice_attribute_enum(141);
+    pub const CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: CUdevice_attribute_enum =
+        CUdevice_attribute_enum(141);
     /// < Device supports HOST_NUMA location with the ::cuMemAllocAsync and ::cuMemPool family of APIs
     pub const CU_DEVICE_ATTRIBUTE_HOST_NUMA_MEMORY_POOLS_SUPPORTED: CUdevice_attribute_enum =
         CUdevice_attribute_enum(142);
@@ -1607,17 +1434,15 @@ impl CUdevice_attribute_enum {
     pub const CU_DEVICE_ATTRIBUTE_HOST_NUMA_MULTINODE_IPC_SUPPORTED: CUdevice_attribute_enum =
         CUdevice_attribute_enum(143);
     /// < Device suports HOST location with the ::cuMemAllocAsync and ::cuMemPool family of APIs
-    pub const CU_DEVICE_ATTRIBUTE_HOST_MEMORY_POOLS_SUPPORTED: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(144);
+    pub const CU_DEVICE_ATTRIBUTE_HOST_MEMORY_POOLS_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(144);
     /// < Device supports HOST location with the virtual memory management APIs like ::cuMemCreate, ::cuMemMap and related APIs
-    pub const CU_DEVICE_ATTRIBUTE_HOST_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
-        CUdevice_attribute_enum = CUdevice_attribute_enum(145);
+    pub const CU_DEVICE_ATTRIBUTE_HOST_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: CUdevice_attribute_enum =
+        CUdevice_attribute_enum(145);
     /// < Device supports page-locked host memory buffer sharing with dma_buf mechanism.
-    pub const CU_DEVICE_ATTRIBUTE_HOST_ALLOC_DMA_BUF_SUPPORTED: CUdevice_attribute_enum =
-        CUdevice_attribute_enum(146);
+    pub const CU_DEVICE_ATTRIBUTE_HOST_ALLOC_DMA_BUF_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(146);
     /// < Link between the device and the host supports only some native atomic operations
-    pub const CU_DEVICE_ATTRIBUTE_ONLY_PARTIAL_HOST_NATIVE_ATOMIC_SUPPORTED:
-        CUdevice_attribute_enum = CUdevice_attribute_enum(147);
+    pub const CU_DEVICE_ATTRIBUTE_ONLY_PARTIAL_HOST_NATIVE_ATOMIC_SUPPORTED: CUdevice_attribute_enum =
+        CUdevice_attribute_enum(147);
     pub const CU_DEVICE_ATTRIBUTE_MAX: CUdevice_attribute_enum = CUdevice_attribute_enum(148);
 }
 #[repr(transparent)]
@@ -1657,24 +1482,17 @@ const _: () = {
     ["Alignment of CUdevprop_st"][::std::mem::align_of::<CUdevprop_st>() - 4usize];
     ["Offset of field: CUdevprop_st::maxThreadsPerBlock"]
         [::std::mem::offset_of!(CUdevprop_st, maxThreadsPerBlock) - 0usize];
-    ["Offset of field: CUdevprop_st::maxThreadsDim"]
-        [::std::mem::offset_of!(CUdevprop_st, maxThreadsDim) - 4usize];
-    ["Offset of field: CUdevprop_st::maxGridSize"]
-        [::std::mem::offset_of!(CUdevprop_st, maxGridSize) - 16usize];
+    ["Offset of field: CUdevprop_st::maxThreadsDim"][::std::mem::offset_of!(CUdevprop_st, maxThreadsDim) - 4usize];
+    ["Offset of field: CUdevprop_st::maxGridSize"][::std::mem::offset_of!(CUdevprop_st, maxGridSize) - 16usize];
     ["Offset of field: CUdevprop_st::sharedMemPerBlock"]
         [::std::mem::offset_of!(CUdevprop_st, sharedMemPerBlock) - 28usize];
     ["Offset of field: CUdevprop_st::totalConstantMemory"]
         [::std::mem::offset_of!(CUdevprop_st, totalConstantMemory) - 32usize];
-    ["Offset of field: CUdevprop_st::SIMDWidth"]
-        [::std::mem::offset_of!(CUdevprop_st, SIMDWidth) - 36usize];
-    ["Offset of field: CUdevprop_st::memPitch"]
-        [::std::mem::offset_of!(CUdevprop_st, memPitch) - 40usize];
-    ["Offset of field: CUdevprop_st::regsPerBlock"]
-        [::std::mem::offset_of!(CUdevprop_st, regsPerBlock) - 44usize];
-    ["Offset of field: CUdevprop_st::clockRate"]
-        [::std::mem::offset_of!(CUdevprop_st, clockRate) - 48usize];
-    ["Offset of field: CUdevprop_st::textureAlign"]
-        [::std::mem::offset_of!(CUdevprop_st, textureAlign) - 52usize];
+    ["Offset of field: CUdevprop_st::SIMDWidth"][::std::mem::offset_of!(CUdevprop_st, SIMDWidth) - 36usize];
+    ["Offset of field: CUdevprop_st::memPitch"][::std::mem::offset_of!(CUdevprop_st, memPitch) - 40usize];
+    ["Offset of field: CUdevprop_st::regsPerBlock"][::std::mem::offset_of!(CUdevprop_st, regsPerBlock) - 44usize];
+    ["Offset of field: CUdevprop_st::clockRate"][::std::mem::offset_of!(CUdevprop_st, clockRate) - 48usize];
+    ["Offset of field: CUdevprop_st::textureAlign"][::std::mem::offset_of!(CUdevprop_st, textureAlign) - 52usize];
 };
 /// Legacy device properties
 pub type CUdevprop_v1 = CUdevprop_st;
@@ -1684,64 +1502,45 @@ impl CUpointer_attribute_enum {
     /// < The ::CUcontext on which a pointer was allocated or registered
     pub const CU_POINTER_ATTRIBUTE_CONTEXT: CUpointer_attribute_enum = CUpointer_attribute_enum(1);
     /// < The ::CUmemorytype describing the physical location of a pointer
-    pub const CU_POINTER_ATTRIBUTE_MEMORY_TYPE: CUpointer_attribute_enum =
-        CUpointer_attribute_enum(2);
+    pub const CU_POINTER_ATTRIBUTE_MEMORY_TYPE: CUpointer_attribute_enum = CUpointer_attribute_enum(2);
     /// < The address at which a pointer's memory may be accessed on the device
-    pub const CU_POINTER_ATTRIBUTE_DEVICE_POINTER: CUpointer_attribute_enum =
-        CUpointer_attribute_enum(3);
+    pub const CU_POINTER_ATTRIBUTE_DEVICE_POINTER: CUpointer_attribute_enum = CUpointer_attribute_enum(3);
     /// < The address at which a pointer's memory may be accessed on the host
-    pub const CU_POINTER_ATTRIBUTE_HOST_POINTER: CUpointer_attribute_enum =
-        CUpointer_attribute_enum(4);
+    pub const CU_POINTER_ATTRIBUTE_HOST_POINTER: CUpointer_attribute_enum = CUpointer_attribute_enum(4);
     /// < A pair of tokens for use with the nv-p2p.h Linux kernel interface
-    pub const CU_POINTER_ATTRIBUTE_P2P_TOKENS: CUpointer_attribute_enum =
-        CUpointer_attribute_enum(5);
+    pub const CU_POINTER_ATTRIBUTE_P2P_TOKENS: CUpointer_attribute_enum = CUpointer_attribute_enum(5);
     /// < Synchronize every synchronous memory operation initiated on this region
-    pub const CU_POINTER_ATTRIBUTE_SYNC_MEMOPS: CUpointer_attribute_enum =
-        CUpointer_attribute_enum(6);
+    pub const CU_POINTER_ATTRIBUTE_SYNC_MEMOPS: CUpointer_attribute_enum = CUpointer_attribute_enum(6);
     /// < A process-wide unique ID for an allocated memory region
-    pub const CU_POINTER_ATTRIBUTE_BUFFER_ID: CUpointer_attribute_enum =
-        CUpointer_attribute_enum(7);
+    pub const CU_POINTER_ATTRIBUTE_BUFFER_ID: CUpointer_attribute_enum = CUpointer_attribute_enum(7);
     /// < Indicates if the pointer points to managed memory
-    pub const CU_POINTER_ATTRIBUTE_IS_MANAGED: CUpointer_attribute_enum =
-        CUpointer_attribute_enum(8);
+    pub const CU_POINTER_ATTRIBUTE_IS_MANAGED: CUpointer_attribute_enum = CUpointer_attribute_enum(8);
     /// < A device ordinal of a device on which a pointer was allocated or registered
-    pub const CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: CUpointer_attribute_enum =
-        CUpointer_attribute_enum(9);
+    pub const CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: CUpointer_attribute_enum = CUpointer_attribute_enum(9);
     /// < 1 if this pointer maps to an allocation that is suitable for ::cudaIpcGetMemHandle, 0 otherwise
-    pub const CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE: CUpointer_attribute_enum =
-        CUpointer_attribute_enum(10);
+    pub const CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE: CUpointer_attribute_enum = CUpointer_attribute_enum(10);
     /// < Starting address for this requested pointer
-    pub const CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: CUpointer_attribute_enum =
-        CUpointer_attribute_enum(11);
+    pub const CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: CUpointer_attribute_enum = CUpointer_attribute_enum(11);
     /// < Size of the address range for this requested pointer
-    pub const CU_POINTER_ATTRIBUTE_RANGE_SIZE: CUpointer_attribute_enum =
-        CUpointer_attribute_enum(12);
+    pub const CU_POINTER_ATTRIBUTE_RANGE_SIZE: CUpointer_attribute_enum = CUpointer_attribute_enum(12);
     /// < 1 if this pointer is in a valid address range that is mapped to a backing allocation, 0 otherwise
     pub const CU_POINTER_ATTRIBUTE_MAPPED: CUpointer_attribute_enum = CUpointer_attribute_enum(13);
     /// < Bitmask of allowed ::CUmemAllocationHandleType for this allocation
-    pub const CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES: CUpointer_attribute_enum =
-        CUpointer_attribute_enum(14);
+    pub const CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES: CUpointer_attribute_enum = CUpointer_attribute_enum(14);
     /// < 1 if the memory this pointer is referencing can be used with the GPUDirect RDMA API
-    pub const CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE: CUpointer_attribute_enum =
-        CUpointer_attribute_enum(15);
+    pub const CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE: CUpointer_attribute_enum = CUpointer_attribute_enum(15);
     /// < Returns the access flags the device associated with the current context has on the corresponding memory referenced by the pointer given
-    pub const CU_POINTER_ATTRIBUTE_ACCESS_FLAGS: CUpointer_attribute_enum =
-        CUpointer_attribute_enum(16);
+    pub const CU_POINTER_ATTRIBUTE_ACCESS_FLAGS: CUpointer_attribute_enum = CUpointer_attribute_enum(16);
     /// < Returns the mempool handle for the allocation if it was allocated from a mempool. Otherwise returns NULL.
-    pub const CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE: CUpointer_attribute_enum =
-        CUpointer_attribute_enum(17);
+    pub const CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE: CUpointer_attribute_enum = CUpointer_attribute_enum(17);
     /// < Size of the actual underlying mapping that the pointer belongs to
-    pub const CU_POINTER_ATTRIBUTE_MAPPING_SIZE: CUpointer_attribute_enum =
-        CUpointer_attribute_enum(18);
+    pub const CU_POINTER_ATTRIBUTE_MAPPING_SIZE: CUpointer_attribute_enum = CUpointer_attribute_enum(18);
     /// < The start address of the mapping that the pointer belongs to
-    pub const CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR: CUpointer_attribute_enum =
-        CUpointer_attribute_enum(19);
+    pub const CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR: CUpointer_attribute_enum = CUpointer_attribute_enum(19);
     /// < A process-wide unique id corresponding to the physical allocation the pointer belongs to
-    pub const CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID: CUpointer_attribute_enum =
-        CUpointer_attribute_enum(20);
+    pub const CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID: CUpointer_attribute_enum = CUpointer_attribute_enum(20);
     /// < Returns in \p *data a boolean that indicates whether the pointer points to memory that is capable to be used for hardware accelerated decompression.
-    pub const CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE: CUpointer_attribute_enum =
-        CUpointer_attribute_enum(21);
+    pub const CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE: CUpointer_attribute_enum = CUpointer_attribute_enum(21);
 }
 #[repr(transparent)]
 /// Pointer information
@@ -1753,20 +1552,16 @@ impl CUfunction_attribute_enum {
     /// The maximum number of threads per block, beyond which a launch of the
     /// function would fail. This number depends on both the function and the
     /// device on which the function is currently loaded.
-    pub const CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: CUfunction_attribute_enum =
-        CUfunction_attribute_enum(0);
+    pub const CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: CUfunction_attribute_enum = CUfunction_attribute_enum(0);
     /// The size in bytes of statically-allocated shared memory required by
     /// this function. This does not include dynamically-allocated shared
     /// memory requested by the user at runtime.
-    pub const CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES: CUfunction_attribute_enum =
-        CUfunction_attribute_enum(1);
+    pub const CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES: CUfunction_attribute_enum = CUfunction_attribute_enum(1);
     /// The size in bytes of user-allocated constant memory required by this
     /// function.
-    pub const CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES: CUfunction_attribute_enum =
-        CUfunction_attribute_enum(2);
+    pub const CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES: CUfunction_attribute_enum = CUfunction_attribute_enum(2);
     /// The size in bytes of local memory used by each thread of this function.
-    pub const CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES: CUfunction_attribute_enum =
-        CUfunction_attribute_enum(3);
+    pub const CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES: CUfunction_attribute_enum = CUfunction_attribute_enum(3);
     /// The number of registers used by each thread of this function.
     pub const CU_FUNC_ATTRIBUTE_NUM_REGS: CUfunction_attribute_enum = CUfunction_attribute_enum(4);
     /// The PTX virtual architecture version for which the function was
@@ -1774,19 +1569,16 @@ impl CUfunction_attribute_enum {
     /// version, so a PTX version 1.3 function would return the value 13.
     /// Note that this may return the undefined value of 0 for cubins
     /// compiled prior to CUDA 3.0.
-    pub const CU_FUNC_ATTRIBUTE_PTX_VERSION: CUfunction_attribute_enum =
-        CUfunction_attribute_enum(5);
+    pub const CU_FUNC_ATTRIBUTE_PTX_VERSION: CUfunction_attribute_enum = CUfunction_attribute_enum(5);
     /// The binary architecture version for which the function was compiled.
     /// This value is the major binary version * 10 + the minor binary version,
     /// so a binary version 1.3 function would return the value 13. Note that
     /// this will return a value of 10 for legacy cubins that do not have a
     /// properly-encoded binary architecture version.
-    pub const CU_FUNC_ATTRIBUTE_BINARY_VERSION: CUfunction_attribute_enum =
-        CUfunction_attribute_enum(6);
+    pub const CU_FUNC_ATTRIBUTE_BINARY_VERSION: CUfunction_attribute_enum = CUfunction_attribute_enum(6);
     /// The attribute to indicate whether the function has been compiled with
     /// user specified option "-Xptxas --dlcm=ca" set .
-    pub const CU_FUNC_ATTRIBUTE_CACHE_MODE_CA: CUfunction_attribute_enum =
-        CUfunction_attribute_enum(7);
+    pub const CU_FUNC_ATTRIBUTE_CACHE_MODE_CA: CUfunction_attribute_enum = CUfunction_attribute_enum(7);
     /// The maximum size in bytes of dynamically-allocated shared memory that can be used by
     /// this function. If the user-specified dynamic shared memory size is larger than this
     /// value, the launch will fail.
@@ -1797,8 +1589,7 @@ impl CUfunction_attribute_enum {
     /// The value can be increased to ::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN -
     /// ::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES.
     /// See ::cuFuncSetAttribute, ::cuKernelSetAttribute
-    pub const CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: CUfunction_attribute_enum =
-        CUfunction_attribute_enum(8);
+    pub const CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: CUfunction_attribute_enum = CUfunction_attribute_enum(8);
     /// On devices where the L1 cache and shared memory use the same hardware resources,
     /// this sets the shared memory carveout preference, in percent of the total shared memory.
     /// Refer to ::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR.
@@ -1809,8 +1600,7 @@ impl CUfunction_attribute_enum {
     /// If this attribute is set, the kernel must launch with a valid cluster
     /// size specified.
     /// See ::cuFuncSetAttribute, ::cuKernelSetAttribute
-    pub const CU_FUNC_ATTRIBUTE_CLUSTER_SIZE_MUST_BE_SET: CUfunction_attribute_enum =
-        CUfunction_attribute_enum(10);
+    pub const CU_FUNC_ATTRIBUTE_CLUSTER_SIZE_MUST_BE_SET: CUfunction_attribute_enum = CUfunction_attribute_enum(10);
     /// The required cluster width in blocks. The values must either all be 0 or
     /// all be positive. The validity of the cluster dimensions is otherwise
     /// checked at launch time.
@@ -1818,8 +1608,7 @@ impl CUfunction_attribute_enum {
     /// If the value is set during compile time, it cannot be set at runtime.
     /// Setting it at runtime will return CUDA_ERROR_NOT_PERMITTED.
     /// See ::cuFuncSetAttribute, ::cuKernelSetAttribute
-    pub const CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH: CUfunction_attribute_enum =
-        CUfunction_attribute_enum(11);
+    pub const CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH: CUfunction_attribute_enum = CUfunction_attribute_enum(11);
     /// The required cluster height in blocks. The values must either all be 0 or
     /// all be positive. The validity of the cluster dimensions is otherwise
     /// checked at launch time.
@@ -1827,8 +1616,7 @@ impl CUfunction_attribute_enum {
     /// If the value is set during compile time, it cannot be set at runtime.
     /// Setting it at runtime should return CUDA_ERROR_NOT_PERMITTED.
     /// See ::cuFuncSetAttribute, ::cuKernelSetAttribute
-    pub const CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT: CUfunction_attribute_enum =
-        CUfunction_attribute_enum(12);
+    pub const CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT: CUfunction_attribute_enum = CUfunction_attribute_enum(12);
     /// The required cluster depth in blocks. The values must either all be 0 or
     /// all be positive. The validity of the cluster dimensions is otherwise
     /// checked at launch time.
@@ -1836,8 +1624,7 @@ impl CUfunction_attribute_enum {
     /// If the value is set during compile time, it cannot be set at runtime.
     /// Setting it at runtime should return CUDA_ERROR_NOT_PERMITTED.
     /// See ::cuFuncSetAttribute, ::cuKernelSetAttribute
-    pub const CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH: CUfunction_attribute_enum =
-        CUfunction_attribute_enum(13);
+    pub const CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH: CUfunction_attribute_enum = CUfunction_attribute_enum(13);
     /// Whether the function can be launched with non-portable cluster size. 1 is
     /// allowed, 0 is disallowed. A non-portable cluster size may only function
     /// on the specific SKUs the program is tested on. The launch might fail if
@@ -1894,11 +1681,9 @@ impl CUsharedconfig_enum {
     /// < set default shared memory bank size
     pub const CU_SHARED_MEM_CONFIG_DEFAULT_BANK_SIZE: CUsharedconfig_enum = CUsharedconfig_enum(0);
     /// < set shared memory bank width to four bytes
-    pub const CU_SHARED_MEM_CONFIG_FOUR_BYTE_BANK_SIZE: CUsharedconfig_enum =
-        CUsharedconfig_enum(1);
+    pub const CU_SHARED_MEM_CONFIG_FOUR_BYTE_BANK_SIZE: CUsharedconfig_enum = CUsharedconfig_enum(1);
     /// < set shared memory bank width to eight bytes
-    pub const CU_SHARED_MEM_CONFIG_EIGHT_BYTE_BANK_SIZE: CUsharedconfig_enum =
-        CUsharedconfig_enum(2);
+    pub const CU_SHARED_MEM_CONFIG_EIGHT_BYTE_BANK_SIZE: CUsharedconfig_enum = CUsharedconfig_enum(2);
 }
 #[repr(transparent)]
 /// \deprecated
@@ -1914,8 +1699,7 @@ impl CUshared_carveout_enum {
     /// < No preference for shared memory or L1 (default)
     pub const CU_SHAREDMEM_CARVEOUT_DEFAULT: CUshared_carveout_enum = CUshared_carveout_enum(-1);
     /// < Prefer maximum available shared memory, minimum L1 cache
-    pub const CU_SHAREDMEM_CARVEOUT_MAX_SHARED: CUshared_carveout_enum =
-        CUshared_carveout_enum(100);
+    pub const CU_SHAREDMEM_CARVEOUT_MAX_SHARED: CUshared_carveout_enum = CUshared_carveout_enum(100);
     /// < Prefer maximum available L1 cache, minimum shared memory
     pub const CU_SHAREDMEM_CARVEOUT_MAX_L1: CUshared_carveout_enum = CUshared_carveout_enum(0);
 }
@@ -1977,23 +1761,18 @@ pub struct CUmem_advise_enum(pub ::std::os::raw::c_uint);
 pub use self::CUmem_advise_enum as CUmem_advise;
 impl CUmem_range_attribute_enum {
     /// < Whether the range will mostly be read and only occasionally be written to
-    pub const CU_MEM_RANGE_ATTRIBUTE_READ_MOSTLY: CUmem_range_attribute_enum =
-        CUmem_range_attribute_enum(1);
+    pub const CU_MEM_RANGE_ATTRIBUTE_READ_MOSTLY: CUmem_range_attribute_enum = CUmem_range_attribute_enum(1);
     /// < The preferred location of the range
-    pub const CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION: CUmem_range_attribute_enum =
-        CUmem_range_attribute_enum(2);
+    pub const CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION: CUmem_range_attribute_enum = CUmem_range_attribute_enum(2);
     /// < Memory range has ::CU_MEM_ADVISE_SET_ACCESSED_BY set for specified device
-    pub const CU_MEM_RANGE_ATTRIBUTE_ACCESSED_BY: CUmem_range_attribute_enum =
-        CUmem_range_attribute_enum(3);
+    pub const CU_MEM_RANGE_ATTRIBUTE_ACCESSED_BY: CUmem_range_attribute_enum = CUmem_range_attribute_enum(3);
     /// < The last location to which the range was prefetched
-    pub const CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION: CUmem_range_attribute_enum =
-        CUmem_range_attribute_enum(4);
+    pub const CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION: CUmem_range_attribute_enum = CUmem_range_attribute_enum(4);
     /// < The preferred location type of the range
     pub const CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION_TYPE: CUmem_range_attribute_enum =
         CUmem_range_attribute_enum(5);
     /// < The preferred location id of the range
-    pub const CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION_ID: CUmem_range_attribute_enum =
-        CUmem_range_attribute_enum(6);
+    pub const CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION_ID: CUmem_range_attribute_enum = CUmem_range_attribute_enum(6);
     /// < The last location type to which the range was prefetched
     pub const CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION_TYPE: CUmem_range_attribute_enum =
         CUmem_range_attribute_enum(7);
@@ -2410,16 +2189,11 @@ pub struct CUlinkState_st {
 }
 pub type CUlinkState = *mut CUlinkState_st;
 impl CUgraphicsRegisterFlags_enum {
-    pub const CU_GRAPHICS_REGISTER_FLAGS_NONE: CUgraphicsRegisterFlags_enum =
-        CUgraphicsRegisterFlags_enum(0);
-    pub const CU_GRAPHICS_REGISTER_FLAGS_READ_ONLY: CUgraphicsRegisterFlags_enum =
-        CUgraphicsRegisterFlags_enum(1);
-    pub const CU_GRAPHICS_REGISTER_FLAGS_WRITE_DISCARD: CUgraphicsRegisterFlags_enum =
-        CUgraphicsRegisterFlags_enum(2);
-    pub const CU_GRAPHICS_REGISTER_FLAGS_SURFACE_LDST: CUgraphicsRegisterFlags_enum =
-        CUgraphicsRegisterFlags_enum(4);
-    pub const CU_GRAPHICS_REGISTER_FLAGS_TEXTURE_GATHER: CUgraphicsRegisterFlags_enum =
-        CUgraphicsRegisterFlags_enum(8);
+    pub const CU_GRAPHICS_REGISTER_FLAGS_NONE: CUgraphicsRegisterFlags_enum = CUgraphicsRegisterFlags_enum(0);
+    pub const CU_GRAPHICS_REGISTER_FLAGS_READ_ONLY: CUgraphicsRegisterFlags_enum = CUgraphicsRegisterFlags_enum(1);
+    pub const CU_GRAPHICS_REGISTER_FLAGS_WRITE_DISCARD: CUgraphicsRegisterFlags_enum = CUgraphicsRegisterFlags_enum(2);
+    pub const CU_GRAPHICS_REGISTER_FLAGS_SURFACE_LDST: CUgraphicsRegisterFlags_enum = CUgraphicsRegisterFlags_enum(4);
+    pub const CU_GRAPHICS_REGISTER_FLAGS_TEXTURE_GATHER: CUgraphicsRegisterFlags_enum = CUgraphicsRegisterFlags_enum(8);
 }
 #[repr(transparent)]
 /// Flags to register a graphics resource
@@ -2428,8 +2202,7 @@ pub struct CUgraphicsRegisterFlags_enum(pub ::std::os::raw::c_uint);
 /// Flags to register a graphics resource
 pub use self::CUgraphicsRegisterFlags_enum as CUgraphicsRegisterFlags;
 impl CUgraphicsMapResourceFlags_enum {
-    pub const CU_GRAPHICS_MAP_RESOURCE_FLAGS_NONE: CUgraphicsMapResourceFlags_enum =
-        CUgraphicsMapResourceFlags_enum(0);
+    pub const CU_GRAPHICS_MAP_RESOURCE_FLAGS_NONE: CUgraphicsMapResourceFlags_enum = CUgraphicsMapResourceFlags_enum(0);
     pub const CU_GRAPHICS_MAP_RESOURCE_FLAGS_READ_ONLY: CUgraphicsMapResourceFlags_enum =
         CUgraphicsMapResourceFlags_enum(1);
     pub const CU_GRAPHICS_MAP_RESOURCE_FLAGS_WRITE_DISCARD: CUgraphicsMapResourceFlags_enum =
@@ -2508,8 +2281,7 @@ pub struct CUresourcetype_enum(pub ::std::os::raw::c_uint);
 pub use self::CUresourcetype_enum as CUresourcetype;
 /// CUDA host function
 /// \param userData Argument value passed to the function
-pub type CUhostFn =
-    ::std::option::Option<unsafe extern "C" fn(userData: *mut ::std::os::raw::c_void)>;
+pub type CUhostFn = ::std::option::Option<unsafe extern "C" fn(userData: *mut ::std::os::raw::c_void)>;
 impl CUaccessProperty_enum {
     /// < Normal cache persistence.
     pub const CU_ACCESS_PROPERTY_NORMAL: CUaccessProperty_enum = CUaccessProperty_enum(0);
@@ -2551,8 +2323,7 @@ pub struct CUaccessPolicyWindow_st {
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of CUaccessPolicyWindow_st"][::std::mem::size_of::<CUaccessPolicyWindow_st>() - 32usize];
-    ["Alignment of CUaccessPolicyWindow_st"]
-        [::std::mem::align_of::<CUaccessPolicyWindow_st>() - 8usize];
+    ["Alignment of CUaccessPolicyWindow_st"][::std::mem::align_of::<CUaccessPolicyWindow_st>() - 8usize];
     ["Offset of field: CUaccessPolicyWindow_st::base_ptr"]
         [::std::mem::offset_of!(CUaccessPolicyWindow_st, base_ptr) - 0usize];
     ["Offset of field: CUaccessPolicyWindow_st::num_bytes"]
@@ -2613,10 +2384,8 @@ pub struct CUDA_KERNEL_NODE_PARAMS_st {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of CUDA_KERNEL_NODE_PARAMS_st"]
-        [::std::mem::size_of::<CUDA_KERNEL_NODE_PARAMS_st>() - 56usize];
-    ["Alignment of CUDA_KERNEL_NODE_PARAMS_st"]
-        [::std::mem::align_of::<CUDA_KERNEL_NODE_PARAMS_st>() - 8usize];
+    ["Size of CUDA_KERNEL_NODE_PARAMS_st"][::std::mem::size_of::<CUDA_KERNEL_NODE_PARAMS_st>() - 56usize];
+    ["Alignment of CUDA_KERNEL_NODE_PARAMS_st"][::std::mem::align_of::<CUDA_KERNEL_NODE_PARAMS_st>() - 8usize];
     ["Offset of field: CUDA_KERNEL_NODE_PARAMS_st::func"]
         [::std::mem::offset_of!(CUDA_KERNEL_NODE_PARAMS_st, func) - 0usize];
     ["Offset of field: CUDA_KERNEL_NODE_PARAMS_st::gridDimX"]
@@ -2680,10 +2449,8 @@ pub struct CUDA_KERNEL_NODE_PARAMS_v2_st {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of CUDA_KERNEL_NODE_PARAMS_v2_st"]
-        [::std::mem::size_of::<CUDA_KERNEL_NODE_PARAMS_v2_st>() - 72usize];
-    ["Alignment of CUDA_KERNEL_NODE_PARAMS_v2_st"]
-        [::std::mem::align_of::<CUDA_KERNEL_NODE_PARAMS_v2_st>() - 8usize];
+    ["Size of CUDA_KERNEL_NODE_PARAMS_v2_st"][::std::mem::size_of::<CUDA_KERNEL_NODE_PARAMS_v2_st>() - 72usize];
+    ["Alignment of CUDA_KERNEL_NODE_PARAMS_v2_st"][::std::mem::align_of::<CUDA_KERNEL_NODE_PARAMS_v2_st>() - 8usize];
     ["Offset of field: CUDA_KERNEL_NODE_PARAMS_v2_st::func"]
         [::std::mem::offset_of!(CUDA_KERNEL_NODE_PARAMS_v2_st, func) - 0usize];
     ["Offset of field: CUDA_KERNEL_NODE_PARAMS_v2_st::gridDimX"]
@@ -2753,10 +2520,8 @@ pub struct CUDA_KERNEL_NODE_PARAMS_v3_st {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of CUDA_KERNEL_NODE_PARAMS_v3_st"]
-        [::std::mem::size_of::<CUDA_KERNEL_NODE_PARAMS_v3_st>() - 72usize];
-    ["Alignment of CUDA_KERNEL_NODE_PARAMS_v3_st"]
-        [::std::mem::align_of::<CUDA_KERNEL_NODE_PARAMS_v3_st>() - 8usize];
+    ["Size of CUDA_KERNEL_NODE_PARAMS_v3_st"][::std::mem::size_of::<CUDA_KERNEL_NODE_PARAMS_v3_st>() - 72usize];
+    ["Alignment of CUDA_KERNEL_NODE_PARAMS_v3_st"][::std::mem::align_of::<CUDA_KERNEL_NODE_PARAMS_v3_st>() - 8usize];
     ["Offset of field: CUDA_KERNEL_NODE_PARAMS_v3_st::func"]
         [::std::mem::offset_of!(CUDA_KERNEL_NODE_PARAMS_v3_st, func) - 0usize];
     ["Offset of field: CUDA_KERNEL_NODE_PARAMS_v3_st::gridDimX"]
@@ -2812,10 +2577,8 @@ pub struct CUDA_MEMSET_NODE_PARAMS_st {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of CUDA_MEMSET_NODE_PARAMS_st"]
-        [::std::mem::size_of::<CUDA_MEMSET_NODE_PARAMS_st>() - 40usize];
-    ["Alignment of CUDA_MEMSET_NODE_PARAMS_st"]
-        [::std::mem::align_of::<CUDA_MEMSET_NODE_PARAMS_st>() - 8usize];
+    ["Size of CUDA_MEMSET_NODE_PARAMS_st"][::std::mem::size_of::<CUDA_MEMSET_NODE_PARAMS_st>() - 40usize];
+    ["Alignment of CUDA_MEMSET_NODE_PARAMS_st"][::std::mem::align_of::<CUDA_MEMSET_NODE_PARAMS_st>() - 8usize];
     ["Offset of field: CUDA_MEMSET_NODE_PARAMS_st::dst"]
         [::std::mem::offset_of!(CUDA_MEMSET_NODE_PARAMS_st, dst) - 0usize];
     ["Offset of field: CUDA_MEMSET_NODE_PARAMS_st::pitch"]
@@ -2854,10 +2617,8 @@ pub struct CUDA_MEMSET_NODE_PARAMS_v2_st {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of CUDA_MEMSET_NODE_PARAMS_v2_st"]
-        [::std::mem::size_of::<CUDA_MEMSET_NODE_PARAMS_v2_st>() - 48usize];
-    ["Alignment of CUDA_MEMSET_NODE_PARAMS_v2_st"]
-        [::std::mem::align_of::<CUDA_MEMSET_NODE_PARAMS_v2_st>() - 8usize];
+    ["Size of CUDA_MEMSET_NODE_PARAMS_v2_st"][::std::mem::size_of::<CUDA_MEMSET_NODE_PARAMS_v2_st>() - 48usize];
+    ["Alignment of CUDA_MEMSET_NODE_PARAMS_v2_st"][::std::mem::align_of::<CUDA_MEMSET_NODE_PARAMS_v2_st>() - 8usize];
     ["Offset of field: CUDA_MEMSET_NODE_PARAMS_v2_st::dst"]
         [::std::mem::offset_of!(CUDA_MEMSET_NODE_PARAMS_v2_st, dst) - 0usize];
     ["Offset of field: CUDA_MEMSET_NODE_PARAMS_v2_st::pitch"]
@@ -2895,12 +2656,9 @@ pub struct CUDA_HOST_NODE_PARAMS_st {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of CUDA_HOST_NODE_PARAMS_st"]
-        [::std::mem::size_of::<CUDA_HOST_NODE_PARAMS_st>() - 16usize];
-    ["Alignment of CUDA_HOST_NODE_PARAMS_st"]
-        [::std::mem::align_of::<CUDA_HOST_NODE_PARAMS_st>() - 8usize];
-    ["Offset of field: CUDA_HOST_NODE_PARAMS_st::fn_"]
-        [::std::mem::offset_of!(CUDA_HOST_NODE_PARAMS_st, fn_) - 0usize];
+    ["Size of CUDA_HOST_NODE_PARAMS_st"][::std::mem::size_of::<CUDA_HOST_NODE_PARAMS_st>() - 16usize];
+    ["Alignment of CUDA_HOST_NODE_PARAMS_st"][::std::mem::align_of::<CUDA_HOST_NODE_PARAMS_st>() - 8usize];
+    ["Offset of field: CUDA_HOST_NODE_PARAMS_st::fn_"][::std::mem::offset_of!(CUDA_HOST_NODE_PARAMS_st, fn_) - 0usize];
     ["Offset of field: CUDA_HOST_NODE_PARAMS_st::userData"]
         [::std::mem::offset_of!(CUDA_HOST_NODE_PARAMS_st, userData) - 8usize];
 };
@@ -2928,10 +2686,8 @@ pub struct CUDA_HOST_NODE_PARAMS_v2_st {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of CUDA_HOST_NODE_PARAMS_v2_st"]
-        [::std::mem::size_of::<CUDA_HOST_NODE_PARAMS_v2_st>() - 16usize];
-    ["Alignment of CUDA_HOST_NODE_PARAMS_v2_st"]
-        [::std::mem::align_of::<CUDA_HOST_NODE_PARAMS_v2_st>() - 8usize];
+    ["Size of CUDA_HOST_NODE_PARAMS_v2_st"][::std::mem::size_of::<CUDA_HOST_NODE_PARAMS_v2_st>() - 16usize];
+    ["Alignment of CUDA_HOST_NODE_PARAMS_v2_st"][::std::mem::align_of::<CUDA_HOST_NODE_PARAMS_v2_st>() - 8usize];
     ["Offset of field: CUDA_HOST_NODE_PARAMS_v2_st::fn_"]
         [::std::mem::offset_of!(CUDA_HOST_NODE_PARAMS_v2_st, fn_) - 0usize];
     ["Offset of field: CUDA_HOST_NODE_PARAMS_v2_st::userData"]
@@ -2950,14 +2706,11 @@ impl Default for CUDA_HOST_NODE_PARAMS_v2_st {
 pub type CUDA_HOST_NODE_PARAMS_v2 = CUDA_HOST_NODE_PARAMS_v2_st;
 impl CUgraphConditionalNodeType_enum {
     /// < Conditional 'if/else' Node. Body[0] executed if condition is non-zero.  If \p size == 2, an optional ELSE graph is created and this is executed if the condition is zero.
-    pub const CU_GRAPH_COND_TYPE_IF: CUgraphConditionalNodeType_enum =
-        CUgraphConditionalNodeType_enum(0);
+    pub const CU_GRAPH_COND_TYPE_IF: CUgraphConditionalNodeType_enum = CUgraphConditionalNodeType_enum(0);
     /// < Conditional 'while' Node. Body executed repeatedly while condition value is non-zero.
-    pub const CU_GRAPH_COND_TYPE_WHILE: CUgraphConditionalNodeType_enum =
-        CUgraphConditionalNodeType_enum(1);
+    pub const CU_GRAPH_COND_TYPE_WHILE: CUgraphConditionalNodeType_enum = CUgraphConditionalNodeType_enum(1);
     /// < Conditional 'switch' Node. Body[n] is executed once, where 'n' is the value of the condition. If the condition does not match a body index, no body is launched.
-    pub const CU_GRAPH_COND_TYPE_SWITCH: CUgraphConditionalNodeType_enum =
-        CUgraphConditionalNodeType_enum(2);
+    pub const CU_GRAPH_COND_TYPE_SWITCH: CUgraphConditionalNodeType_enum = CUgraphConditionalNodeType_enum(2);
 }
 #[repr(transparent)]
 /// Conditional node types
@@ -3003,10 +2756,8 @@ pub struct CUDA_CONDITIONAL_NODE_PARAMS {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of CUDA_CONDITIONAL_NODE_PARAMS"]
-        [::std::mem::size_of::<CUDA_CONDITIONAL_NODE_PARAMS>() - 32usize];
-    ["Alignment of CUDA_CONDITIONAL_NODE_PARAMS"]
-        [::std::mem::align_of::<CUDA_CONDITIONAL_NODE_PARAMS>() - 8usize];
+    ["Size of CUDA_CONDITIONAL_NODE_PARAMS"][::std::mem::size_of::<CUDA_CONDITIONAL_NODE_PARAMS>() - 32usize];
+    ["Alignment of CUDA_CONDITIONAL_NODE_PARAMS"][::std::mem::align_of::<CUDA_CONDITIONAL_NODE_PARAMS>() - 8usize];
     ["Offset of field: CUDA_CONDITIONAL_NODE_PARAMS::handle"]
         [::std::mem::offset_of!(CUDA_CONDITIONAL_NODE_PARAMS, handle) - 0usize];
     ["Offset of field: CUDA_CONDITIONAL_NODE_PARAMS::type_"]
@@ -3082,15 +2833,13 @@ pub struct CUgraphNodeType_enum(pub ::std::os::raw::c_uint);
 pub use self::CUgraphNodeType_enum as CUgraphNodeType;
 impl CUgraphDependencyType_enum {
     /// < This is an ordinary dependency.
-    pub const CU_GRAPH_DEPENDENCY_TYPE_DEFAULT: CUgraphDependencyType_enum =
-        CUgraphDependencyType_enum(0);
+    pub const CU_GRAPH_DEPENDENCY_TYPE_DEFAULT: CUgraphDependencyType_enum = CUgraphDependencyType_enum(0);
     /// < This dependency type allows the downstream node to
     /// use \c cudaGridDependencySynchronize(). It may only be used
     /// between kernel nodes, and must be used with either the
     /// ::CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC or
     /// ::CU_GRAPH_KERNEL_NODE_PORT_LAUNCH_ORDER outgoing port.
-    pub const CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC: CUgraphDependencyType_enum =
-        CUgraphDependencyType_enum(1);
+    pub const CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC: CUgraphDependencyType_enum = CUgraphDependencyType_enum(1);
 }
 #[repr(transparent)]
 /// Type annotations that can be applied to graph edges as part of ::CUgraphEdgeData.
@@ -3135,14 +2884,10 @@ pub struct CUgraphEdgeData_st {
 const _: () = {
     ["Size of CUgraphEdgeData_st"][::std::mem::size_of::<CUgraphEdgeData_st>() - 8usize];
     ["Alignment of CUgraphEdgeData_st"][::std::mem::align_of::<CUgraphEdgeData_st>() - 1usize];
-    ["Offset of field: CUgraphEdgeData_st::from_port"]
-        [::std::mem::offset_of!(CUgraphEdgeData_st, from_port) - 0usize];
-    ["Offset of field: CUgraphEdgeData_st::to_port"]
-        [::std::mem::offset_of!(CUgraphEdgeData_st, to_port) - 1usize];
-    ["Offset of field: CUgraphEdgeData_st::type_"]
-        [::std::mem::offset_of!(CUgraphEdgeData_st, type_) - 2usize];
-    ["Offset of field: CUgraphEdgeData_st::reserved"]
-        [::std::mem::offset_of!(CUgraphEdgeData_st, reserved) - 3usize];
+    ["Offset of field: CUgraphEdgeData_st::from_port"][::std::mem::offset_of!(CUgraphEdgeData_st, from_port) - 0usize];
+    ["Offset of field: CUgraphEdgeData_st::to_port"][::std::mem::offset_of!(CUgraphEdgeData_st, to_port) - 1usize];
+    ["Offset of field: CUgraphEdgeData_st::type_"][::std::mem::offset_of!(CUgraphEdgeData_st, type_) - 2usize];
+    ["Offset of field: CUgraphEdgeData_st::reserved"][::std::mem::offset_of!(CUgraphEdgeData_st, reserved) - 3usize];
 };
 /// Optional annotation for edges in a CUDA graph. Note, all edges implicitly have annotations and
 /// default to a zero-initialized value if not specified. A zero-initialized struct indicates a
@@ -3150,11 +2895,9 @@ const _: () = {
 pub type CUgraphEdgeData = CUgraphEdgeData_st;
 impl CUgraphInstantiateResult_enum {
     /// < Instantiation succeeded
-    pub const CUDA_GRAPH_INSTANTIATE_SUCCESS: CUgraphInstantiateResult_enum =
-        CUgraphInstantiateResult_enum(0);
+    pub const CUDA_GRAPH_INSTANTIATE_SUCCESS: CUgraphInstantiateResult_enum = CUgraphInstantiateResult_enum(0);
     /// < Instantiation failed for an unexpected reason which is described in the return value of the function
-    pub const CUDA_GRAPH_INSTANTIATE_ERROR: CUgraphInstantiateResult_enum =
-        CUgraphInstantiateResult_enum(1);
+    pub const CUDA_GRAPH_INSTANTIATE_ERROR: CUgraphInstantiateResult_enum = CUgraphInstantiateResult_enum(1);
     /// < Instantiation failed due to invalid structure, such as cycles
     pub const CUDA_GRAPH_INSTANTIATE_INVALID_STRUCTURE: CUgraphInstantiateResult_enum =
         CUgraphInstantiateResult_enum(2);
@@ -3189,8 +2932,7 @@ pub struct CUDA_GRAPH_INSTANTIATE_PARAMS_st {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of CUDA_GRAPH_INSTANTIATE_PARAMS_st"]
-        [::std::mem::size_of::<CUDA_GRAPH_INSTANTIATE_PARAMS_st>() - 32usize];
+    ["Size of CUDA_GRAPH_INSTANTIATE_PARAMS_st"][::std::mem::size_of::<CUDA_GRAPH_INSTANTIATE_PARAMS_st>() - 32usize];
     ["Alignment of CUDA_GRAPH_INSTANTIATE_PARAMS_st"]
         [::std::mem::align_of::<CUDA_GRAPH_INSTANTIATE_PARAMS_st>() - 8usize];
     ["Offset of field: CUDA_GRAPH_INSTANTIATE_PARAMS_st::flags"]
@@ -3217,8 +2959,7 @@ impl CUsynchronizationPolicy_enum {
     pub const CU_SYNC_POLICY_AUTO: CUsynchronizationPolicy_enum = CUsynchronizationPolicy_enum(1);
     pub const CU_SYNC_POLICY_SPIN: CUsynchronizationPolicy_enum = CUsynchronizationPolicy_enum(2);
     pub const CU_SYNC_POLICY_YIELD: CUsynchronizationPolicy_enum = CUsynchronizationPolicy_enum(3);
-    pub const CU_SYNC_POLICY_BLOCKING_SYNC: CUsynchronizationPolicy_enum =
-        CUsynchronizationPolicy_enum(4);
+    pub const CU_SYNC_POLICY_BLOCKING_SYNC: CUsynchronizationPolicy_enum = CUsynchronizationPolicy_enum(4);
 }
 #[repr(transparent)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
@@ -3226,11 +2967,9 @@ pub struct CUsynchronizationPolicy_enum(pub ::std::os::raw::c_uint);
 pub use self::CUsynchronizationPolicy_enum as CUsynchronizationPolicy;
 impl CUclusterSchedulingPolicy_enum {
     /// < the default policy
-    pub const CU_CLUSTER_SCHEDULING_POLICY_DEFAULT: CUclusterSchedulingPolicy_enum =
-        CUclusterSchedulingPolicy_enum(0);
+    pub const CU_CLUSTER_SCHEDULING_POLICY_DEFAULT: CUclusterSchedulingPolicy_enum = CUclusterSchedulingPolicy_enum(0);
     /// < spread the blocks within a cluster to the SMs
-    pub const CU_CLUSTER_SCHEDULING_POLICY_SPREAD: CUclusterSchedulingPolicy_enum =
-        CUclusterSchedulingPolicy_enum(1);
+    pub const CU_CLUSTER_SCHEDULING_POLICY_SPREAD: CUclusterSchedulingPolicy_enum = CUclusterSchedulingPolicy_enum(1);
     /// < allow the hardware to load-balance the blocks in a cluster to the SMs
     pub const CU_CLUSTER_SCHEDULING_POLICY_LOAD_BALANCING: CUclusterSchedulingPolicy_enum =
         CUclusterSchedulingPolicy_enum(2);
@@ -3243,11 +2982,9 @@ pub struct CUclusterSchedulingPolicy_enum(pub ::std::os::raw::c_uint);
 pub use self::CUclusterSchedulingPolicy_enum as CUclusterSchedulingPolicy;
 impl CUlaunchMemSyncDomain_enum {
     /// < Launch kernels in the default domain
-    pub const CU_LAUNCH_MEM_SYNC_DOMAIN_DEFAULT: CUlaunchMemSyncDomain_enum =
-        CUlaunchMemSyncDomain_enum(0);
+    pub const CU_LAUNCH_MEM_SYNC_DOMAIN_DEFAULT: CUlaunchMemSyncDomain_enum = CUlaunchMemSyncDomain_enum(0);
     /// < Launch kernels in the remote domain
-    pub const CU_LAUNCH_MEM_SYNC_DOMAIN_REMOTE: CUlaunchMemSyncDomain_enum =
-        CUlaunchMemSyncDomain_enum(1);
+    pub const CU_LAUNCH_MEM_SYNC_DOMAIN_REMOTE: CUlaunchMemSyncDomain_enum = CUlaunchMemSyncDomain_enum(1);
 }
 #[repr(transparent)]
 /// Memory Synchronization Domain
@@ -3300,10 +3037,8 @@ pub struct CUlaunchMemSyncDomainMap_st {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of CUlaunchMemSyncDomainMap_st"]
-        [::std::mem::size_of::<CUlaunchMemSyncDomainMap_st>() - 2usize];
-    ["Alignment of CUlaunchMemSyncDomainMap_st"]
-        [::std::mem::align_of::<CUlaunchMemSyncDomainMap_st>() - 1usize];
+    ["Size of CUlaunchMemSyncDomainMap_st"][::std::mem::size_of::<CUlaunchMemSyncDomainMap_st>() - 2usize];
+    ["Alignment of CUlaunchMemSyncDomainMap_st"][::std::mem::align_of::<CUlaunchMemSyncDomainMap_st>() - 1usize];
     ["Offset of field: CUlaunchMemSyncDomainMap_st::default_"]
         [::std::mem::offset_of!(CUlaunchMemSyncDomainMap_st, default_) - 0usize];
     ["Offset of field: CUlaunchMemSyncDomainMap_st::remote"]
@@ -3324,19 +3059,15 @@ impl CUlaunchAttributeID_enum {
     pub const CU_LAUNCH_ATTRIBUTE_IGNORE: CUlaunchAttributeID_enum = CUlaunchAttributeID_enum(0);
     /// < Valid for streams, graph nodes, launches. See
     /// ::CUlaunchAttributeValue::accessPolicyWindow.
-    pub const CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW: CUlaunchAttributeID_enum =
-        CUlaunchAttributeID_enum(1);
+    pub const CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW: CUlaunchAttributeID_enum = CUlaunchAttributeID_enum(1);
     /// < Valid for graph nodes, launches. See
     /// ::CUlaunchAttributeValue::cooperative.
-    pub const CU_LAUNCH_ATTRIBUTE_COOPERATIVE: CUlaunchAttributeID_enum =
-        CUlaunchAttributeID_enum(2);
+    pub const CU_LAUNCH_ATTRIBUTE_COOPERATIVE: CUlaunchAttributeID_enum = CUlaunchAttributeID_enum(2);
     /// < Valid for streams. See
     /// ::CUlaunchAttributeValue::syncPolicy.
-    pub const CU_LAUNCH_ATTRIBUTE_SYNCHRONIZATION_POLICY: CUlaunchAttributeID_enum =
-        CUlaunchAttributeID_enum(3);
+    pub const CU_LAUNCH_ATTRIBUTE_SYNCHRONIZATION_POLICY: CUlaunchAttributeID_enum = CUlaunchAttributeID_enum(3);
     /// < Valid for graph nodes, launches. See ::CUlaunchAttributeValue::clusterDim.
-    pub const CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION: CUlaunchAttributeID_enum =
-        CUlaunchAttributeID_enum(4);
+    pub const CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION: CUlaunchAttributeID_enum = CUlaunchAttributeID_enum(4);
     /// < Valid for graph nodes, launches. See ::CUlaunchAttributeValue::clusterSchedulingPolicyPreference.
     pub const CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE: CUlaunchAttributeID_enum =
         CUlaunchAttributeID_enum(5);
@@ -3381,19 +3112,16 @@ impl CUlaunchAttributeID_enum {
     /// interop event. The event must disable timing (i.e.
     /// must be created with the ::CU_EVENT_DISABLE_TIMING
     /// flag set).
-    pub const CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT: CUlaunchAttributeID_enum =
-        CUlaunchAttributeID_enum(7);
+    pub const CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT: CUlaunchAttributeID_enum = CUlaunchAttributeID_enum(7);
     /// < Valid for streams, graph nodes, launches. See
     /// ::CUlaunchAttributeValue::priority.
     pub const CU_LAUNCH_ATTRIBUTE_PRIORITY: CUlaunchAttributeID_enum = CUlaunchAttributeID_enum(8);
     /// < Valid for streams, graph nodes, launches. See
     /// ::CUlaunchAttributeValue::memSyncDomainMap.
-    pub const CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP: CUlaunchAttributeID_enum =
-        CUlaunchAttributeID_enum(9);
+    pub const CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP: CUlaunchAttributeID_enum = CUlaunchAttributeID_enum(9);
     /// < Valid for streams, graph nodes, launches. See
     /// ::CUlaunchAttributeValue::memSyncDomain.
-    pub const CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN: CUlaunchAttributeID_enum =
-        CUlaunchAttributeID_enum(10);
+    pub const CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN: CUlaunchAttributeID_enum = CUlaunchAttributeID_enum(10);
     /// < Valid for graph nodes, launches. Set
     /// ::CUlaunchAttributeValue::preferredClusterDim
     /// to allow the kernel launch to specify a preferred substitute
@@ -3430,8 +3158,7 @@ impl CUlaunchAttributeID_enum {
     /// must be less than the maximum value the driver can support.
     /// Otherwise, setting this attribute to a value physically
     /// unable to fit on any particular device is permitted.
-    pub const CU_LAUNCH_ATTRIBUTE_PREFERRED_CLUSTER_DIMENSION: CUlaunchAttributeID_enum =
-        CUlaunchAttributeID_enum(11);
+    pub const CU_LAUNCH_ATTRIBUTE_PREFERRED_CLUSTER_DIMENSION: CUlaunchAttributeID_enum = CUlaunchAttributeID_enum(11);
     /// < Valid for launches. Set
     /// ::CUlaunchAttributeValue::launchCompletionEvent to record the
     /// event.
@@ -3454,8 +3181,7 @@ impl CUlaunchAttributeID_enum {
     /// The event supplied must not be an interprocess or interop
     /// event. The event must disable timing (i.e. must be created
     /// with the ::CU_EVENT_DISABLE_TIMING flag set).
-    pub const CU_LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT: CUlaunchAttributeID_enum =
-        CUlaunchAttributeID_enum(12);
+    pub const CU_LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT: CUlaunchAttributeID_enum = CUlaunchAttributeID_enum(12);
     /// < Valid for graph nodes, launches. This attribute is graphs-only,
     /// and passing it to a launch in a non-capturing stream will result
     /// in an error.
@@ -3484,8 +3210,7 @@ impl CUlaunchAttributeID_enum {
     /// from within the graph, the graph must be uploaded with ::cuGraphUpload before it
     /// is launched. For such a graph, if host-side executable graph updates are made to the
     /// device-updatable nodes, the graph must be uploaded before it is launched again.
-    pub const CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE: CUlaunchAttributeID_enum =
-        CUlaunchAttributeID_enum(13);
+    pub const CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE: CUlaunchAttributeID_enum = CUlaunchAttributeID_enum(13);
     /// < Valid for launches. On devices where the L1 cache and shared memory use the
     /// same hardware resources, setting ::CUlaunchAttributeValue::sharedMemCarveout to a
     /// percentage between 0-100 signals the CUDA driver to set the shared memory carveout
@@ -3607,11 +3332,8 @@ const _: () = {
         [::std::mem::offset_of!(CUlaunchAttributeValue_union__bindgen_ty_2, event) - 0usize];
     ["Offset of field: CUlaunchAttributeValue_union__bindgen_ty_2::flags"]
         [::std::mem::offset_of!(CUlaunchAttributeValue_union__bindgen_ty_2, flags) - 8usize];
-    ["Offset of field: CUlaunchAttributeValue_union__bindgen_ty_2::triggerAtBlockStart"][::std::mem::offset_of!(
-        CUlaunchAttributeValue_union__bindgen_ty_2,
-        triggerAtBlockStart
-    )
-        - 12usize];
+    ["Offset of field: CUlaunchAttributeValue_union__bindgen_ty_2::triggerAtBlockStart"]
+        [::std::mem::offset_of!(CUlaunchAttributeValue_union__bindgen_ty_2, triggerAtBlockStart) - 12usize];
 };
 impl Default for CUlaunchAttributeValue_union__bindgen_ty_2 {
     fn default() -> Self {
@@ -3699,10 +3421,8 @@ const _: () = {
         [::std::mem::size_of::<CUlaunchAttributeValue_union__bindgen_ty_5>() - 16usize];
     ["Alignment of CUlaunchAttributeValue_union__bindgen_ty_5"]
         [::std::mem::align_of::<CUlaunchAttributeValue_union__bindgen_ty_5>() - 8usize];
-    ["Offset of field: CUlaunchAttributeValue_union__bindgen_ty_5::deviceUpdatable"][::std::mem::offset_of!(
-        CUlaunchAttributeValue_union__bindgen_ty_5,
-        deviceUpdatable
-    ) - 0usize];
+    ["Offset of field: CUlaunchAttributeValue_union__bindgen_ty_5::deviceUpdatable"]
+        [::std::mem::offset_of!(CUlaunchAttributeValue_union__bindgen_ty_5, deviceUpdatable) - 0usize];
     ["Offset of field: CUlaunchAttributeValue_union__bindgen_ty_5::devNode"]
         [::std::mem::offset_of!(CUlaunchAttributeValue_union__bindgen_ty_5, devNode) - 8usize];
 };
@@ -3717,10 +3437,8 @@ impl Default for CUlaunchAttributeValue_union__bindgen_ty_5 {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of CUlaunchAttributeValue_union"]
-        [::std::mem::size_of::<CUlaunchAttributeValue_union>() - 64usize];
-    ["Alignment of CUlaunchAttributeValue_union"]
-        [::std::mem::align_of::<CUlaunchAttributeValue_union>() - 8usize];
+    ["Size of CUlaunchAttributeValue_union"][::std::mem::size_of::<CUlaunchAttributeValue_union>() - 64usize];
+    ["Alignment of CUlaunchAttributeValue_union"][::std::mem::align_of::<CUlaunchAttributeValue_union>() - 8usize];
     ["Offset of field: CUlaunchAttributeValue_union::pad"]
         [::std::mem::offset_of!(CUlaunchAttributeValue_union, pad) - 0usize];
     ["Offset of field: CUlaunchAttributeValue_union::accessPolicyWindow"]
@@ -3731,16 +3449,10 @@ const _: () = {
         [::std::mem::offset_of!(CUlaunchAttributeValue_union, syncPolicy) - 0usize];
     ["Offset of field: CUlaunchAttributeValue_union::clusterDim"]
         [::std::mem::offset_of!(CUlaunchAttributeValue_union, clusterDim) - 0usize];
-    ["Offset of field: CUlaunchAttributeValue_union::clusterSchedulingPolicyPreference"][::std::mem::offset_of!(
-        CUlaunchAttributeValue_union,
-        clusterSchedulingPolicyPreference
-    )
-        - 0usize];
-    ["Offset of field: CUlaunchAttributeValue_union::programmaticStreamSerializationAllowed"][::std::mem::offset_of!(
-        CUlaunchAttributeValue_union,
-        programmaticStreamSerializationAllowed
-    )
-        - 0usize];
+    ["Offset of field: CUlaunchAttributeValue_union::clusterSchedulingPolicyPreference"]
+        [::std::mem::offset_of!(CUlaunchAttributeValue_union, clusterSchedulingPolicyPreference) - 0usize];
+    ["Offset of field: CUlaunchAttributeValue_union::programmaticStreamSerializationAllowed"]
+        [::std::mem::offset_of!(CUlaunchAttributeValue_union, programmaticStreamSerializationAllowed) - 0usize];
     ["Offset of field: CUlaunchAttributeValue_union::programmaticEvent"]
         [::std::mem::offset_of!(CUlaunchAttributeValue_union, programmaticEvent) - 0usize];
     ["Offset of field: CUlaunchAttributeValue_union::launchCompletionEvent"]
@@ -3757,10 +3469,8 @@ const _: () = {
         [::std::mem::offset_of!(CUlaunchAttributeValue_union, deviceUpdatableKernelNode) - 0usize];
     ["Offset of field: CUlaunchAttributeValue_union::sharedMemCarveout"]
         [::std::mem::offset_of!(CUlaunchAttributeValue_union, sharedMemCarveout) - 0usize];
-    ["Offset of field: CUlaunchAttributeValue_union::nvlinkUtilCentricScheduling"][::std::mem::offset_of!(
-        CUlaunchAttributeValue_union,
-        nvlinkUtilCentricScheduling
-    ) - 0usize];
+    ["Offset of field: CUlaunchAttributeValue_union::nvlinkUtilCentricScheduling"]
+        [::std::mem::offset_of!(CUlaunchAttributeValue_union, nvlinkUtilCentricScheduling) - 0usize];
 };
 impl Default for CUlaunchAttributeValue_union {
     fn default() -> Self {
@@ -3787,12 +3497,9 @@ pub struct CUlaunchAttribute_st {
 const _: () = {
     ["Size of CUlaunchAttribute_st"][::std::mem::size_of::<CUlaunchAttribute_st>() - 72usize];
     ["Alignment of CUlaunchAttribute_st"][::std::mem::align_of::<CUlaunchAttribute_st>() - 8usize];
-    ["Offset of field: CUlaunchAttribute_st::id"]
-        [::std::mem::offset_of!(CUlaunchAttribute_st, id) - 0usize];
-    ["Offset of field: CUlaunchAttribute_st::pad"]
-        [::std::mem::offset_of!(CUlaunchAttribute_st, pad) - 4usize];
-    ["Offset of field: CUlaunchAttribute_st::value"]
-        [::std::mem::offset_of!(CUlaunchAttribute_st, value) - 8usize];
+    ["Offset of field: CUlaunchAttribute_st::id"][::std::mem::offset_of!(CUlaunchAttribute_st, id) - 0usize];
+    ["Offset of field: CUlaunchAttribute_st::pad"][::std::mem::offset_of!(CUlaunchAttribute_st, pad) - 4usize];
+    ["Offset of field: CUlaunchAttribute_st::value"][::std::mem::offset_of!(CUlaunchAttribute_st, value) - 8usize];
 };
 impl Default for CUlaunchAttribute_st {
     fn default() -> Self {
@@ -3834,26 +3541,17 @@ pub struct CUlaunchConfig_st {
 const _: () = {
     ["Size of CUlaunchConfig_st"][::std::mem::size_of::<CUlaunchConfig_st>() - 56usize];
     ["Alignment of CUlaunchConfig_st"][::std::mem::align_of::<CUlaunchConfig_st>() - 8usize];
-    ["Offset of field: CUlaunchConfig_st::gridDimX"]
-        [::std::mem::offset_of!(CUlaunchConfig_st, gridDimX) - 0usize];
-    ["Offset of field: CUlaunchConfig_st::gridDimY"]
-        [::std::mem::offset_of!(CUlaunchConfig_st, gridDimY) - 4usize];
-    ["Offset of field: CUlaunchConfig_st::gridDimZ"]
-        [::std::mem::offset_of!(CUlaunchConfig_st, gridDimZ) - 8usize];
-    ["Offset of field: CUlaunchConfig_st::blockDimX"]
-        [::std::mem::offset_of!(CUlaunchConfig_st, blockDimX) - 12usize];
-    ["Offset of field: CUlaunchConfig_st::blockDimY"]
-        [::std::mem::offset_of!(CUlaunchConfig_st, blockDimY) - 16usize];
-    ["Offset of field: CUlaunchConfig_st::blockDimZ"]
-        [::std::mem::offset_of!(CUlaunchConfig_st, blockDimZ) - 20usize];
+    ["Offset of field: CUlaunchConfig_st::gridDimX"][::std::mem::offset_of!(CUlaunchConfig_st, gridDimX) - 0usize];
+    ["Offset of field: CUlaunchConfig_st::gridDimY"][::std::mem::offset_of!(CUlaunchConfig_st, gridDimY) - 4usize];
+    ["Offset of field: CUlaunchConfig_st::gridDimZ"][::std::mem::offset_of!(CUlaunchConfig_st, gridDimZ) - 8usize];
+    ["Offset of field: CUlaunchConfig_st::blockDimX"][::std::mem::offset_of!(CUlaunchConfig_st, blockDimX) - 12usize];
+    ["Offset of field: CUlaunchConfig_st::blockDimY"][::std::mem::offset_of!(CUlaunchConfig_st, blockDimY) - 16usize];
+    ["Offset of field: CUlaunchConfig_st::blockDimZ"][::std::mem::offset_of!(CUlaunchConfig_st, blockDimZ) - 20usize];
     ["Offset of field: CUlaunchConfig_st::sharedMemBytes"]
         [::std::mem::offset_of!(CUlaunchConfig_st, sharedMemBytes) - 24usize];
-    ["Offset of field: CUlaunchConfig_st::hStream"]
-        [::std::mem::offset_of!(CUlaunchConfig_st, hStream) - 32usize];
-    ["Offset of field: CUlaunchConfig_st::attrs"]
-        [::std::mem::offset_of!(CUlaunchConfig_st, attrs) - 40usize];
-    ["Offset of field: CUlaunchConfig_st::numAttrs"]
-        [::std::mem::offset_of!(CUlaunchConfig_st, numAttrs) - 48usize];
+    ["Offset of field: CUlaunchConfig_st::hStream"][::std::mem::offset_of!(CUlaunchConfig_st, hStream) - 32usize];
+    ["Offset of field: CUlaunchConfig_st::attrs"][::std::mem::offset_of!(CUlaunchConfig_st, attrs) - 40usize];
+    ["Offset of field: CUlaunchConfig_st::numAttrs"][::std::mem::offset_of!(CUlaunchConfig_st, numAttrs) - 48usize];
 };
 impl Default for CUlaunchConfig_st {
     fn default() -> Self {
@@ -3874,15 +3572,12 @@ pub type CUkernelNodeAttrValue_v1 = CUlaunchAttributeValue;
 pub type CUkernelNodeAttrValue = CUkernelNodeAttrValue_v1;
 impl CUstreamCaptureStatus_enum {
     /// < Stream is not capturing
-    pub const CU_STREAM_CAPTURE_STATUS_NONE: CUstreamCaptureStatus_enum =
-        CUstreamCaptureStatus_enum(0);
+    pub const CU_STREAM_CAPTURE_STATUS_NONE: CUstreamCaptureStatus_enum = CUstreamCaptureStatus_enum(0);
     /// < Stream is actively capturing
-    pub const CU_STREAM_CAPTURE_STATUS_ACTIVE: CUstreamCaptureStatus_enum =
-        CUstreamCaptureStatus_enum(1);
+    pub const CU_STREAM_CAPTURE_STATUS_ACTIVE: CUstreamCaptureStatus_enum = CUstreamCaptureStatus_enum(1);
     /// < Stream is part of a capture sequence that
     /// has been invalidated, but not terminated
-    pub const CU_STREAM_CAPTURE_STATUS_INVALIDATED: CUstreamCaptureStatus_enum =
-        CUstreamCaptureStatus_enum(2);
+    pub const CU_STREAM_CAPTURE_STATUS_INVALIDATED: CUstreamCaptureStatus_enum = CUstreamCaptureStatus_enum(2);
 }
 #[repr(transparent)]
 /// Possible stream capture statuses returned by ::cuStreamIsCapturing
@@ -3892,10 +3587,8 @@ pub struct CUstreamCaptureStatus_enum(pub ::std::os::raw::c_uint);
 pub use self::CUstreamCaptureStatus_enum as CUstreamCaptureStatus;
 impl CUstreamCaptureMode_enum {
     pub const CU_STREAM_CAPTURE_MODE_GLOBAL: CUstreamCaptureMode_enum = CUstreamCaptureMode_enum(0);
-    pub const CU_STREAM_CAPTURE_MODE_THREAD_LOCAL: CUstreamCaptureMode_enum =
-        CUstreamCaptureMode_enum(1);
-    pub const CU_STREAM_CAPTURE_MODE_RELAXED: CUstreamCaptureMode_enum =
-        CUstreamCaptureMode_enum(2);
+    pub const CU_STREAM_CAPTURE_MODE_THREAD_LOCAL: CUstreamCaptureMode_enum = CUstreamCaptureMode_enum(1);
+    pub const CU_STREAM_CAPTURE_MODE_RELAXED: CUstreamCaptureMode_enum = CUstreamCaptureMode_enum(2);
 }
 #[repr(transparent)]
 /// Possible modes for stream capture thread interactions. For more details see
@@ -3913,11 +3606,9 @@ pub type CUstreamAttrValue_v1 = CUlaunchAttributeValue;
 pub type CUstreamAttrValue = CUstreamAttrValue_v1;
 impl CUdriverProcAddress_flags_enum {
     /// < Default search mode for driver symbols.
-    pub const CU_GET_PROC_ADDRESS_DEFAULT: CUdriverProcAddress_flags_enum =
-        CUdriverProcAddress_flags_enum(0);
+    pub const CU_GET_PROC_ADDRESS_DEFAULT: CUdriverProcAddress_flags_enum = CUdriverProcAddress_flags_enum(0);
     /// < Search for legacy versions of driver symbols.
-    pub const CU_GET_PROC_ADDRESS_LEGACY_STREAM: CUdriverProcAddress_flags_enum =
-        CUdriverProcAddress_flags_enum(1);
+    pub const CU_GET_PROC_ADDRESS_LEGACY_STREAM: CUdriverProcAddress_flags_enum = CUdriverProcAddress_flags_enum(1);
     /// < Search for per-thread versions of driver symbols.
     pub const CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM: CUdriverProcAddress_flags_enum =
         CUdriverProcAddress_flags_enum(2);
@@ -3930,8 +3621,7 @@ pub struct CUdriverProcAddress_flags_enum(pub ::std::os::raw::c_uint);
 pub use self::CUdriverProcAddress_flags_enum as CUdriverProcAddress_flags;
 impl CUdriverProcAddressQueryResult_enum {
     /// < Symbol was succesfully found
-    pub const CU_GET_PROC_ADDRESS_SUCCESS: CUdriverProcAddressQueryResult_enum =
-        CUdriverProcAddressQueryResult_enum(0);
+    pub const CU_GET_PROC_ADDRESS_SUCCESS: CUdriverProcAddressQueryResult_enum = CUdriverProcAddressQueryResult_enum(0);
     /// < Symbol was not found in search
     pub const CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND: CUdriverProcAddressQueryResult_enum =
         CUdriverProcAddressQueryResult_enum(1);
@@ -3965,12 +3655,9 @@ pub struct CUexecAffinitySmCount_st {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of CUexecAffinitySmCount_st"]
-        [::std::mem::size_of::<CUexecAffinitySmCount_st>() - 4usize];
-    ["Alignment of CUexecAffinitySmCount_st"]
-        [::std::mem::align_of::<CUexecAffinitySmCount_st>() - 4usize];
-    ["Offset of field: CUexecAffinitySmCount_st::val"]
-        [::std::mem::offset_of!(CUexecAffinitySmCount_st, val) - 0usize];
+    ["Size of CUexecAffinitySmCount_st"][::std::mem::size_of::<CUexecAffinitySmCount_st>() - 4usize];
+    ["Alignment of CUexecAffinitySmCount_st"][::std::mem::align_of::<CUexecAffinitySmCount_st>() - 4usize];
+    ["Offset of field: CUexecAffinitySmCount_st::val"][::std::mem::offset_of!(CUexecAffinitySmCount_st, val) - 0usize];
 };
 /// Value for ::CU_EXEC_AFFINITY_TYPE_SM_COUNT
 pub type CUexecAffinitySmCount_v1 = CUexecAffinitySmCount_st;
@@ -4009,12 +3696,9 @@ impl Default for CUexecAffinityParam_st__bindgen_ty_1 {
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of CUexecAffinityParam_st"][::std::mem::size_of::<CUexecAffinityParam_st>() - 8usize];
-    ["Alignment of CUexecAffinityParam_st"]
-        [::std::mem::align_of::<CUexecAffinityParam_st>() - 4usize];
-    ["Offset of field: CUexecAffinityParam_st::type_"]
-        [::std::mem::offset_of!(CUexecAffinityParam_st, type_) - 0usize];
-    ["Offset of field: CUexecAffinityParam_st::param"]
-        [::std::mem::offset_of!(CUexecAffinityParam_st, param) - 4usize];
+    ["Alignment of CUexecAffinityParam_st"][::std::mem::align_of::<CUexecAffinityParam_st>() - 4usize];
+    ["Offset of field: CUexecAffinityParam_st::type_"][::std::mem::offset_of!(CUexecAffinityParam_st, type_) - 0usize];
+    ["Offset of field: CUexecAffinityParam_st::param"][::std::mem::offset_of!(CUexecAffinityParam_st, param) - 4usize];
 };
 impl Default for CUexecAffinityParam_st {
     fn default() -> Self {
@@ -4051,8 +3735,7 @@ const _: () = {
     ["Alignment of CUctxCigParam_st"][::std::mem::align_of::<CUctxCigParam_st>() - 8usize];
     ["Offset of field: CUctxCigParam_st::sharedDataType"]
         [::std::mem::offset_of!(CUctxCigParam_st, sharedDataType) - 0usize];
-    ["Offset of field: CUctxCigParam_st::sharedData"]
-        [::std::mem::offset_of!(CUctxCigParam_st, sharedData) - 8usize];
+    ["Offset of field: CUctxCigParam_st::sharedData"][::std::mem::offset_of!(CUctxCigParam_st, sharedData) - 8usize];
 };
 impl Default for CUctxCigParam_st {
     fn default() -> Self {
@@ -4100,8 +3783,7 @@ impl Default for CUctxCreateParams_st {
 /// must be non-NULL.
 pub type CUctxCreateParams = CUctxCreateParams_st;
 impl CUlibraryOption_enum {
-    pub const CU_LIBRARY_HOST_UNIVERSAL_FUNCTION_AND_DATA_TABLE: CUlibraryOption_enum =
-        CUlibraryOption_enum(0);
+    pub const CU_LIBRARY_HOST_UNIVERSAL_FUNCTION_AND_DATA_TABLE: CUlibraryOption_enum = CUlibraryOption_enum(0);
     /// Specifes that the argument \p code passed to ::cuLibraryLoadData() will be preserved.
     /// Specifying this option will let the driver know that \p code can be accessed at any point
     /// until ::cuLibraryUnload(). The default behavior is for the driver to allocate and
@@ -4139,23 +3821,14 @@ const _: () = {
         [::std::mem::size_of::<CUlibraryHostUniversalFunctionAndDataTable_st>() - 32usize];
     ["Alignment of CUlibraryHostUniversalFunctionAndDataTable_st"]
         [::std::mem::align_of::<CUlibraryHostUniversalFunctionAndDataTable_st>() - 8usize];
-    ["Offset of field: CUlibraryHostUniversalFunctionAndDataTable_st::functionTable"][::std::mem::offset_of!(
-        CUlibraryHostUniversalFunctionAndDataTable_st,
-        functionTable
-    ) - 0usize];
-    ["Offset of field: CUlibraryHostUniversalFunctionAndDataTable_st::functionWindowSize"][::std::mem::offset_of!(
-        CUlibraryHostUniversalFunctionAndDataTable_st,
-        functionWindowSize
-    )
-        - 8usize];
-    ["Offset of field: CUlibraryHostUniversalFunctionAndDataTable_st::dataTable"][::std::mem::offset_of!(
-        CUlibraryHostUniversalFunctionAndDataTable_st,
-        dataTable
-    ) - 16usize];
-    ["Offset of field: CUlibraryHostUniversalFunctionAndDataTable_st::dataWindowSize"][::std::mem::offset_of!(
-        CUlibraryHostUniversalFunctionAndDataTable_st,
-        dataWindowSize
-    ) - 24usize];
+    ["Offset of field: CUlibraryHostUniversalFunctionAndDataTable_st::functionTable"]
+        [::std::mem::offset_of!(CUlibraryHostUniversalFunctionAndDataTable_st, functionTable) - 0usize];
+    ["Offset of field: CUlibraryHostUniversalFunctionAndDataTable_st::functionWindowSize"]
+        [::std::mem::offset_of!(CUlibraryHostUniversalFunctionAndDataTable_st, functionWindowSize) - 8usize];
+    ["Offset of field: CUlibraryHostUniversalFunctionAndDataTable_st::dataTable"]
+        [::std::mem::offset_of!(CUlibraryHostUniversalFunctionAndDataTable_st, dataTable) - 16usize];
+    ["Offset of field: CUlibraryHostUniversalFunctionAndDataTable_st::dataWindowSize"]
+        [::std::mem::offset_of!(CUlibraryHostUniversalFunctionAndDataTable_st, dataWindowSize) - 24usize];
 };
 impl Default for CUlibraryHostUniversalFunctionAndDataTable_st {
     fn default() -> Self {
@@ -4540,11 +4213,9 @@ pub struct cudaError_enum(pub ::std::os::raw::c_uint);
 pub use self::cudaError_enum as CUresult;
 impl CUdevice_P2PAttribute_enum {
     /// < A relative value indicating the performance of the link between two devices
-    pub const CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK: CUdevice_P2PAttribute_enum =
-        CUdevice_P2PAttribute_enum(1);
+    pub const CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK: CUdevice_P2PAttribute_enum = CUdevice_P2PAttribute_enum(1);
     /// < P2P Access is enable
-    pub const CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED: CUdevice_P2PAttribute_enum =
-        CUdevice_P2PAttribute_enum(2);
+    pub const CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED: CUdevice_P2PAttribute_enum = CUdevice_P2PAttribute_enum(2);
     /// < All CUDA-valid atomic operation over the link are supported
     pub const CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED: CUdevice_P2PAttribute_enum =
         CUdevice_P2PAttribute_enum(3);
@@ -4555,8 +4226,8 @@ impl CUdevice_P2PAttribute_enum {
     pub const CU_DEVICE_P2P_ATTRIBUTE_CUDA_ARRAY_ACCESS_SUPPORTED: CUdevice_P2PAttribute_enum =
         CUdevice_P2PAttribute_enum(4);
     /// < Only some CUDA-valid atomic operations over the link are supported.
-    pub const CU_DEVICE_P2P_ATTRIBUTE_ONLY_PARTIAL_NATIVE_ATOMIC_SUPPORTED:
-        CUdevice_P2PAttribute_enum = CUdevice_P2PAttribute_enum(5);
+    pub const CU_DEVICE_P2P_ATTRIBUTE_ONLY_PARTIAL_NATIVE_ATOMIC_SUPPORTED: CUdevice_P2PAttribute_enum =
+        CUdevice_P2PAttribute_enum(5);
 }
 #[repr(transparent)]
 /// P2P Attributes
@@ -4568,10 +4239,8 @@ impl CUatomicOperation_enum {
     pub const CU_ATOMIC_OPERATION_INTEGER_ADD: CUatomicOperation_enum = CUatomicOperation_enum(0);
     pub const CU_ATOMIC_OPERATION_INTEGER_MIN: CUatomicOperation_enum = CUatomicOperation_enum(1);
     pub const CU_ATOMIC_OPERATION_INTEGER_MAX: CUatomicOperation_enum = CUatomicOperation_enum(2);
-    pub const CU_ATOMIC_OPERATION_INTEGER_INCREMENT: CUatomicOperation_enum =
-        CUatomicOperation_enum(3);
-    pub const CU_ATOMIC_OPERATION_INTEGER_DECREMENT: CUatomicOperation_enum =
-        CUatomicOperation_enum(4);
+    pub const CU_ATOMIC_OPERATION_INTEGER_INCREMENT: CUatomicOperation_enum = CUatomicOperation_enum(3);
+    pub const CU_ATOMIC_OPERATION_INTEGER_DECREMENT: CUatomicOperation_enum = CUatomicOperation_enum(4);
     pub const CU_ATOMIC_OPERATION_AND: CUatomicOperation_enum = CUatomicOperation_enum(5);
     pub const CU_ATOMIC_OPERATION_OR: CUatomicOperation_enum = CUatomicOperation_enum(6);
     pub const CU_ATOMIC_OPERATION_XOR: CUatomicOperation_enum = CUatomicOperation_enum(7);
@@ -4589,20 +4258,13 @@ pub struct CUatomicOperation_enum(pub ::std::os::raw::c_uint);
 /// CUDA-valid Atomic Operations
 pub use self::CUatomicOperation_enum as CUatomicOperation;
 impl CUatomicOperationCapability_enum {
-    pub const CU_ATOMIC_CAPABILITY_SIGNED: CUatomicOperationCapability_enum =
-        CUatomicOperationCapability_enum(1);
-    pub const CU_ATOMIC_CAPABILITY_UNSIGNED: CUatomicOperationCapability_enum =
-        CUatomicOperationCapability_enum(2);
-    pub const CU_ATOMIC_CAPABILITY_REDUCTION: CUatomicOperationCapability_enum =
-        CUatomicOperationCapability_enum(4);
-    pub const CU_ATOMIC_CAPABILITY_SCALAR_32: CUatomicOperationCapability_enum =
-        CUatomicOperationCapability_enum(8);
-    pub const CU_ATOMIC_CAPABILITY_SCALAR_64: CUatomicOperationCapability_enum =
-        CUatomicOperationCapability_enum(16);
-    pub const CU_ATOMIC_CAPABILITY_SCALAR_128: CUatomicOperationCapability_enum =
-        CUatomicOperationCapability_enum(32);
-    pub const CU_ATOMIC_CAPABILITY_VECTOR_32x4: CUatomicOperationCapability_enum =
-        CUatomicOperationCapability_enum(64);
+    pub const CU_ATOMIC_CAPABILITY_SIGNED: CUatomicOperationCapability_enum = CUatomicOperationCapability_enum(1);
+    pub const CU_ATOMIC_CAPABILITY_UNSIGNED: CUatomicOperationCapability_enum = CUatomicOperationCapability_enum(2);
+    pub const CU_ATOMIC_CAPABILITY_REDUCTION: CUatomicOperationCapability_enum = CUatomicOperationCapability_enum(4);
+    pub const CU_ATOMIC_CAPABILITY_SCALAR_32: CUatomicOperationCapability_enum = CUatomicOperationCapability_enum(8);
+    pub const CU_ATOMIC_CAPABILITY_SCALAR_64: CUatomicOperationCapability_enum = CUatomicOperationCapability_enum(16);
+    pub const CU_ATOMIC_CAPABILITY_SCALAR_128: CUatomicOperationCapability_enum = CUatomicOperationCapability_enum(32);
+    pub const CU_ATOMIC_CAPABILITY_VECTOR_32x4: CUatomicOperationCapability_enum = CUatomicOperationCapability_enum(64);
 }
 #[repr(transparent)]
 /// CUDA-valid Atomic Operation capabilities
@@ -4615,18 +4277,13 @@ pub use self::CUatomicOperationCapability_enum as CUatomicOperationCapability;
 /// \param status ::CUDA_SUCCESS or any persistent error on the stream.
 /// \param userData User parameter provided at registration.
 pub type CUstreamCallback = ::std::option::Option<
-    unsafe extern "C" fn(
-        hStream: CUstream,
-        status: CUresult,
-        userData: *mut ::std::os::raw::c_void,
-    ),
+    unsafe extern "C" fn(hStream: CUstream, status: CUresult, userData: *mut ::std::os::raw::c_void),
 >;
 /// Block size to per-block dynamic shared memory mapping for a certain
 /// kernel \param blockSize Block size of the kernel.
 ///
 /// \return The dynamic shared memory needed by a block.
-pub type CUoccupancyB2DSize =
-    ::std::option::Option<unsafe extern "C" fn(blockSize: ::std::os::raw::c_int) -> usize>;
+pub type CUoccupancyB2DSize = ::std::option::Option<unsafe extern "C" fn(blockSize: ::std::os::raw::c_int) -> usize>;
 /// 2D memory copy parameters
 #[repr(C)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
@@ -4668,38 +4325,25 @@ pub struct CUDA_MEMCPY2D_st {
 const _: () = {
     ["Size of CUDA_MEMCPY2D_st"][::std::mem::size_of::<CUDA_MEMCPY2D_st>() - 128usize];
     ["Alignment of CUDA_MEMCPY2D_st"][::std::mem::align_of::<CUDA_MEMCPY2D_st>() - 8usize];
-    ["Offset of field: CUDA_MEMCPY2D_st::srcXInBytes"]
-        [::std::mem::offset_of!(CUDA_MEMCPY2D_st, srcXInBytes) - 0usize];
-    ["Offset of field: CUDA_MEMCPY2D_st::srcY"]
-        [::std::mem::offset_of!(CUDA_MEMCPY2D_st, srcY) - 8usize];
+    ["Offset of field: CUDA_MEMCPY2D_st::srcXInBytes"][::std::mem::offset_of!(CUDA_MEMCPY2D_st, srcXInBytes) - 0usize];
+    ["Offset of field: CUDA_MEMCPY2D_st::srcY"][::std::mem::offset_of!(CUDA_MEMCPY2D_st, srcY) - 8usize];
     ["Offset of field: CUDA_MEMCPY2D_st::srcMemoryType"]
         [::std::mem::offset_of!(CUDA_MEMCPY2D_st, srcMemoryType) - 16usize];
-    ["Offset of field: CUDA_MEMCPY2D_st::srcHost"]
-        [::std::mem::offset_of!(CUDA_MEMCPY2D_st, srcHost) - 24usize];
-    ["Offset of field: CUDA_MEMCPY2D_st::srcDevice"]
-        [::std::mem::offset_of!(CUDA_MEMCPY2D_st, srcDevice) - 32usize];
-    ["Offset of field: CUDA_MEMCPY2D_st::srcArray"]
-        [::std::mem::offset_of!(CUDA_MEMCPY2D_st, srcArray) - 40usize];
-    ["Offset of field: CUDA_MEMCPY2D_st::srcPitch"]
-        [::std::mem::offset_of!(CUDA_MEMCPY2D_st, srcPitch) - 48usize];
-    ["Offset of field: CUDA_MEMCPY2D_st::dstXInBytes"]
-        [::std::mem::offset_of!(CUDA_MEMCPY2D_st, dstXInBytes) - 56usize];
-    ["Offset of field: CUDA_MEMCPY2D_st::dstY"]
-        [::std::mem::offset_of!(CUDA_MEMCPY2D_st, dstY) - 64usize];
+    ["Offset of field: CUDA_MEMCPY2D_st::srcHost"][::std::mem::offset_of!(CUDA_MEMCPY2D_st, srcHost) - 24usize];
+    ["Offset of field: CUDA_MEMCPY2D_st::srcDevice"][::std::mem::offset_of!(CUDA_MEMCPY2D_st, srcDevice) - 32usize];
+    ["Offset of field: CUDA_MEMCPY2D_st::srcArray"][::std::mem::offset_of!(CUDA_MEMCPY2D_st, srcArray) - 40usize];
+    ["Offset of field: CUDA_MEMCPY2D_st::srcPitch"][::std::mem::offset_of!(CUDA_MEMCPY2D_st, srcPitch) - 48usize];
+    ["Offset of field: CUDA_MEMCPY2D_st::dstXInBytes"][::std::mem::offset_of!(CUDA_MEMCPY2D_st, dstXInBytes) - 56usize];
+    ["Offset of field: CUDA_MEMCPY2D_st::dstY"][::std::mem::offset_of!(CUDA_MEMCPY2D_st, dstY) - 64usize];
     ["Offset of field: CUDA_MEMCPY2D_st::dstMemoryType"]
         [::std::mem::offset_of!(CUDA_MEMCPY2D_st, dstMemoryType) - 72usize];
-    ["Offset of field: CUDA_MEMCPY2D_st::dstHost"]
-        [::std::mem::offset_of!(CUDA_MEMCPY2D_st, dstHost) - 80usize];
-    ["Offset of field: CUDA_MEMCPY2D_st::dstDevice"]
-        [::std::mem::offset_of!(CUDA_MEMCPY2D_st, dstDevice) - 88usize];
-    ["Offset of field: CUDA_MEMCPY2D_st::dstArray"]
-        [::std::mem::offset_of!(CUDA_MEMCPY2D_st, dstArray) - 96usize];
-    ["Offset of field: CUDA_MEMCPY2D_st::dstPitch"]
-        [::std::mem::offset_of!(CUDA_MEMCPY2D_st, dstPitch) - 104usize];
+    ["Offset of field: CUDA_MEMCPY2D_st::dstHost"][::std::mem::offset_of!(CUDA_MEMCPY2D_st, dstHost) - 80usize];
+    ["Offset of field: CUDA_MEMCPY2D_st::dstDevice"][::std::mem::offset_of!(CUDA_MEMCPY2D_st, dstDevice) - 88usize];
+    ["Offset of field: CUDA_MEMCPY2D_st::dstArray"][::std::mem::offset_of!(CUDA_MEMCPY2D_st, dstArray) - 96usize];
+    ["Offset of field: CUDA_MEMCPY2D_st::dstPitch"][::std::mem::offset_of!(CUDA_MEMCPY2D_st, dstPitch) - 104usize];
     ["Offset of field: CUDA_MEMCPY2D_st::WidthInBytes"]
         [::std::mem::offset_of!(CUDA_MEMCPY2D_st, WidthInBytes) - 112usize];
-    ["Offset of field: CUDA_MEMCPY2D_st::Height"]
-        [::std::mem::offset_of!(CUDA_MEMCPY2D_st, Height) - 120usize];
+    ["Offset of field: CUDA_MEMCPY2D_st::Height"][::std::mem::offset_of!(CUDA_MEMCPY2D_st, Height) - 120usize];
 };
 impl Default for CUDA_MEMCPY2D_st {
     fn default() -> Self {
@@ -4773,56 +4417,34 @@ pub struct CUDA_MEMCPY3D_st {
 const _: () = {
     ["Size of CUDA_MEMCPY3D_st"][::std::mem::size_of::<CUDA_MEMCPY3D_st>() - 200usize];
     ["Alignment of CUDA_MEMCPY3D_st"][::std::mem::align_of::<CUDA_MEMCPY3D_st>() - 8usize];
-    ["Offset of field: CUDA_MEMCPY3D_st::srcXInBytes"]
-        [::std::mem::offset_of!(CUDA_MEMCPY3D_st, srcXInBytes) - 0usize];
-    ["Offset of field: CUDA_MEMCPY3D_st::srcY"]
-        [::std::mem::offset_of!(CUDA_MEMCPY3D_st, srcY) - 8usize];
-    ["Offset of field: CUDA_MEMCPY3D_st::srcZ"]
-        [::std::mem::offset_of!(CUDA_MEMCPY3D_st, srcZ) - 16usize];
-    ["Offset of field: CUDA_MEMCPY3D_st::srcLOD"]
-        [::std::mem::offset_of!(CUDA_MEMCPY3D_st, srcLOD) - 24usize];
+    ["Offset of field: CUDA_MEMCPY3D_st::srcXInBytes"][::std::mem::offset_of!(CUDA_MEMCPY3D_st, srcXInBytes) - 0usize];
+    ["Offset of field: CUDA_MEMCPY3D_st::srcY"][::std::mem::offset_of!(CUDA_MEMCPY3D_st, srcY) - 8usize];
+    ["Offset of field: CUDA_MEMCPY3D_st::srcZ"][::std::mem::offset_of!(CUDA_MEMCPY3D_st, srcZ) - 16usize];
+    ["Offset of field: CUDA_MEMCPY3D_st::srcLOD"][::std::mem::offset_of!(CUDA_MEMCPY3D_st, srcLOD) - 24usize];
     ["Offset of field: CUDA_MEMCPY3D_st::srcMemoryType"]
         [::std::mem::offset_of!(CUDA_MEMCPY3D_st, srcMemoryType) - 32usize];
-    ["Offset of field: CUDA_MEMCPY3D_st::srcHost"]
-        [::std::mem::offset_of!(CUDA_MEMCPY3D_st, srcHost) - 40usize];
-    ["Offset of field: CUDA_MEMCPY3D_st::srcDevice"]
-        [::std::mem::offset_of!(CUDA_MEMCPY3D_st, srcDevice) - 48usize];
-    ["Offset of field: CUDA_MEMCPY3D_st::srcArray"]
-        [::std::mem::offset_of!(CUDA_MEMCPY3D_st, srcArray) - 56usize];
-    ["Offset of field: CUDA_MEMCPY3D_st::reserved0"]
-        [::std::mem::offset_of!(CUDA_MEMCPY3D_st, reserved0) - 64usize];
-    ["Offset of field: CUDA_MEMCPY3D_st::srcPitch"]
-        [::std::mem::offset_of!(CUDA_MEMCPY3D_st, srcPitch) - 72usize];
-    ["Offset of field: CUDA_MEMCPY3D_st::srcHeight"]
-        [::std::mem::offset_of!(CUDA_MEMCPY3D_st, srcHeight) - 80usize];
-    ["Offset of field: CUDA_MEMCPY3D_st::dstXInBytes"]
-        [::std::mem::offset_of!(CUDA_MEMCPY3D_st, dstXInBytes) - 88usize];
-    ["Offset of field: CUDA_MEMCPY3D_st::dstY"]
-        [::std::mem::offset_of!(CUDA_MEMCPY3D_st, dstY) - 96usize];
-    ["Offset of field: CUDA_MEMCPY3D_st::dstZ"]
-        [::std::mem::offset_of!(CUDA_MEMCPY3D_st, dstZ) - 104usize];
-    ["Offset of field: CUDA_MEMCPY3D_st::dstLOD"]
-        [::std::mem::offset_of!(CUDA_MEMCPY3D_st, dstLOD) - 112usize];
+    ["Offset of field: CUDA_MEMCPY3D_st::srcHost"][::std::mem::offset_of!(CUDA_MEMCPY3D_st, srcHost) - 40usize];
+    ["Offset of field: CUDA_MEMCPY3D_st::srcDevice"][::std::mem::offset_of!(CUDA_MEMCPY3D_st, srcDevice) - 48usize];
+    ["Offset of field: CUDA_MEMCPY3D_st::srcArray"][::std::mem::offset_of!(CUDA_MEMCPY3D_st, srcArray) - 56usize];
+    ["Offset of field: CUDA_MEMCPY3D_st::reserved0"][::std::mem::offset_of!(CUDA_MEMCPY3D_st, reserved0) - 64usize];
+    ["Offset of field: CUDA_MEMCPY3D_st::srcPitch"][::std::mem::offset_of!(CUDA_MEMCPY3D_st, srcPitch) - 72usize];
+    ["Offset of field: CUDA_MEMCPY3D_st::srcHeight"][::std::mem::offset_of!(CUDA_MEMCPY3D_st, srcHeight) - 80usize];
+    ["Offset of field: CUDA_MEMCPY3D_st::dstXInBytes"][::std::mem::offset_of!(CUDA_MEMCPY3D_st, dstXInBytes) - 88usize];
+    ["Offset of field: CUDA_MEMCPY3D_st::dstY"][::std::mem::offset_of!(CUDA_MEMCPY3D_st, dstY) - 96usize];
+    ["Offset of field: CUDA_MEMCPY3D_st::dstZ"][::std::mem::offset_of!(CUDA_MEMCPY3D_st, dstZ) - 104usize];
+    ["Offset of field: CUDA_MEMCPY3D_st::dstLOD"][::std::mem::offset_of!(CUDA_MEMCPY3D_st, dstLOD) - 112usize];
     ["Offset of field: CUDA_MEMCPY3D_st::dstMemoryType"]
         [::std::mem::offset_of!(CUDA_MEMCPY3D_st, dstMemoryType) - 120usize];
-    ["Offset of field: CUDA_MEMCPY3D_st::dstHost"]
-        [::std::mem::offset_of!(CUDA_MEMCPY3D_st, dstHost) - 128usize];
-    ["Offset of field: CUDA_MEMCPY3D_st::dstDevice"]
-        [::std::mem::offset_of!(CUDA_MEMCPY3D_st, dstDevice) - 136usize];
-    ["Offset of field: CUDA_MEMCPY3D_st::dstArray"]
-        [::std::mem::offset_of!(CUDA_MEMCPY3D_st, dstArray) - 144usize];
-    ["Offset of field: CUDA_MEMCPY3D_st::reserved1"]
-        [::std::mem::offset_of!(CUDA_MEMCPY3D_st, reserved1) - 152usize];
-    ["Offset of field: CUDA_MEMCPY3D_st::dstPitch"]
-        [::std::mem::offset_of!(CUDA_MEMCPY3D_st, dstPitch) - 160usize];
-    ["Offset of field: CUDA_MEMCPY3D_st::dstHeight"]
-        [::std::mem::offset_of!(CUDA_MEMCPY3D_st, dstHeight) - 168usize];
+    ["Offset of field: CUDA_MEMCPY3D_st::dstHost"][::std::mem::offset_of!(CUDA_MEMCPY3D_st, dstHost) - 128usize];
+    ["Offset of field: CUDA_MEMCPY3D_st::dstDevice"][::std::mem::offset_of!(CUDA_MEMCPY3D_st, dstDevice) - 136usize];
+    ["Offset of field: CUDA_MEMCPY3D_st::dstArray"][::std::mem::offset_of!(CUDA_MEMCPY3D_st, dstArray) - 144usize];
+    ["Offset of field: CUDA_MEMCPY3D_st::reserved1"][::std::mem::offset_of!(CUDA_MEMCPY3D_st, reserved1) - 152usize];
+    ["Offset of field: CUDA_MEMCPY3D_st::dstPitch"][::std::mem::offset_of!(CUDA_MEMCPY3D_st, dstPitch) - 160usize];
+    ["Offset of field: CUDA_MEMCPY3D_st::dstHeight"][::std::mem::offset_of!(CUDA_MEMCPY3D_st, dstHeight) - 168usize];
     ["Offset of field: CUDA_MEMCPY3D_st::WidthInBytes"]
         [::std::mem::offset_of!(CUDA_MEMCPY3D_st, WidthInBytes) - 176usize];
-    ["Offset of field: CUDA_MEMCPY3D_st::Height"]
-        [::std::mem::offset_of!(CUDA_MEMCPY3D_st, Height) - 184usize];
-    ["Offset of field: CUDA_MEMCPY3D_st::Depth"]
-        [::std::mem::offset_of!(CUDA_MEMCPY3D_st, Depth) - 192usize];
+    ["Offset of field: CUDA_MEMCPY3D_st::Height"][::std::mem::offset_of!(CUDA_MEMCPY3D_st, Height) - 184usize];
+    ["Offset of field: CUDA_MEMCPY3D_st::Depth"][::std::mem::offset_of!(CUDA_MEMCPY3D_st, Depth) - 192usize];
 };
 impl Default for CUDA_MEMCPY3D_st {
     fn default() -> Self {
@@ -4895,16 +4517,12 @@ pub struct CUDA_MEMCPY3D_PEER_st {
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of CUDA_MEMCPY3D_PEER_st"][::std::mem::size_of::<CUDA_MEMCPY3D_PEER_st>() - 200usize];
-    ["Alignment of CUDA_MEMCPY3D_PEER_st"]
-        [::std::mem::align_of::<CUDA_MEMCPY3D_PEER_st>() - 8usize];
+    ["Alignment of CUDA_MEMCPY3D_PEER_st"][::std::mem::align_of::<CUDA_MEMCPY3D_PEER_st>() - 8usize];
     ["Offset of field: CUDA_MEMCPY3D_PEER_st::srcXInBytes"]
         [::std::mem::offset_of!(CUDA_MEMCPY3D_PEER_st, srcXInBytes) - 0usize];
-    ["Offset of field: CUDA_MEMCPY3D_PEER_st::srcY"]
-        [::std::mem::offset_of!(CUDA_MEMCPY3D_PEER_st, srcY) - 8usize];
-    ["Offset of field: CUDA_MEMCPY3D_PEER_st::srcZ"]
-        [::std::mem::offset_of!(CUDA_MEMCPY3D_PEER_st, srcZ) - 16usize];
-    ["Offset of field: CUDA_MEMCPY3D_PEER_st::srcLOD"]
-        [::std::mem::offset_of!(CUDA_MEMCPY3D_PEER_st, srcLOD) - 24usize];
+    ["Offset of field: CUDA_MEMCPY3D_PEER_st::srcY"][::std::mem::offset_of!(CUDA_MEMCPY3D_PEER_st, srcY) - 8usize];
+    ["Offset of field: CUDA_MEMCPY3D_PEER_st::srcZ"][::std::mem::offset_of!(CUDA_MEMCPY3D_PEER_st, srcZ) - 16usize];
+    ["Offset of field: CUDA_MEMCPY3D_PEER_st::srcLOD"][::std::mem::offset_of!(CUDA_MEMCPY3D_PEER_st, srcLOD) - 24usize];
     ["Offset of field: CUDA_MEMCPY3D_PEER_st::srcMemoryType"]
         [::std::mem::offset_of!(CUDA_MEMCPY3D_PEER_st, srcMemoryType) - 32usize];
     ["Offset of field: CUDA_MEMCPY3D_PEER_st::srcHost"]
@@ -4921,10 +4539,8 @@ const _: () = {
         [::std::mem::offset_of!(CUDA_MEMCPY3D_PEER_st, srcHeight) - 80usize];
     ["Offset of field: CUDA_MEMCPY3D_PEER_st::dstXInBytes"]
         [::std::mem::offset_of!(CUDA_MEMCPY3D_PEER_st, dstXInBytes) - 88usize];
-    ["Offset of field: CUDA_MEMCPY3D_PEER_st::dstY"]
-        [::std::mem::offset_of!(CUDA_MEMCPY3D_PEER_st, dstY) - 96usize];
-    ["Offset of field: CUDA_MEMCPY3D_PEER_st::dstZ"]
-        [::std::mem::offset_of!(CUDA_MEMCPY3D_PEER_st, dstZ) - 104usize];
+    ["Offset of field: CUDA_MEMCPY3D_PEER_st::dstY"][::std::mem::offset_of!(CUDA_MEMCPY3D_PEER_st, dstY) - 96usize];
+    ["Offset of field: CUDA_MEMCPY3D_PEER_st::dstZ"][::std::mem::offset_of!(CUDA_MEMCPY3D_PEER_st, dstZ) - 104usize];
     ["Offset of field: CUDA_MEMCPY3D_PEER_st::dstLOD"]
         [::std::mem::offset_of!(CUDA_MEMCPY3D_PEER_st, dstLOD) - 112usize];
     ["Offset of field: CUDA_MEMCPY3D_PEER_st::dstMemoryType"]
@@ -4945,8 +4561,7 @@ const _: () = {
         [::std::mem::offset_of!(CUDA_MEMCPY3D_PEER_st, WidthInBytes) - 176usize];
     ["Offset of field: CUDA_MEMCPY3D_PEER_st::Height"]
         [::std::mem::offset_of!(CUDA_MEMCPY3D_PEER_st, Height) - 184usize];
-    ["Offset of field: CUDA_MEMCPY3D_PEER_st::Depth"]
-        [::std::mem::offset_of!(CUDA_MEMCPY3D_PEER_st, Depth) - 192usize];
+    ["Offset of field: CUDA_MEMCPY3D_PEER_st::Depth"][::std::mem::offset_of!(CUDA_MEMCPY3D_PEER_st, Depth) - 192usize];
 };
 impl Default for CUDA_MEMCPY3D_PEER_st {
     fn default() -> Self {
@@ -4976,10 +4591,8 @@ pub struct CUDA_MEMCPY_NODE_PARAMS_st {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of CUDA_MEMCPY_NODE_PARAMS_st"]
-        [::std::mem::size_of::<CUDA_MEMCPY_NODE_PARAMS_st>() - 216usize];
-    ["Alignment of CUDA_MEMCPY_NODE_PARAMS_st"]
-        [::std::mem::align_of::<CUDA_MEMCPY_NODE_PARAMS_st>() - 8usize];
+    ["Size of CUDA_MEMCPY_NODE_PARAMS_st"][::std::mem::size_of::<CUDA_MEMCPY_NODE_PARAMS_st>() - 216usize];
+    ["Alignment of CUDA_MEMCPY_NODE_PARAMS_st"][::std::mem::align_of::<CUDA_MEMCPY_NODE_PARAMS_st>() - 8usize];
     ["Offset of field: CUDA_MEMCPY_NODE_PARAMS_st::flags"]
         [::std::mem::offset_of!(CUDA_MEMCPY_NODE_PARAMS_st, flags) - 0usize];
     ["Offset of field: CUDA_MEMCPY_NODE_PARAMS_st::reserved"]
@@ -5015,10 +4628,8 @@ pub struct CUDA_ARRAY_DESCRIPTOR_st {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of CUDA_ARRAY_DESCRIPTOR_st"]
-        [::std::mem::size_of::<CUDA_ARRAY_DESCRIPTOR_st>() - 24usize];
-    ["Alignment of CUDA_ARRAY_DESCRIPTOR_st"]
-        [::std::mem::align_of::<CUDA_ARRAY_DESCRIPTOR_st>() - 8usize];
+    ["Size of CUDA_ARRAY_DESCRIPTOR_st"][::std::mem::size_of::<CUDA_ARRAY_DESCRIPTOR_st>() - 24usize];
+    ["Alignment of CUDA_ARRAY_DESCRIPTOR_st"][::std::mem::align_of::<CUDA_ARRAY_DESCRIPTOR_st>() - 8usize];
     ["Offset of field: CUDA_ARRAY_DESCRIPTOR_st::Width"]
         [::std::mem::offset_of!(CUDA_ARRAY_DESCRIPTOR_st, Width) - 0usize];
     ["Offset of field: CUDA_ARRAY_DESCRIPTOR_st::Height"]
@@ -5060,10 +4671,8 @@ pub struct CUDA_ARRAY3D_DESCRIPTOR_st {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of CUDA_ARRAY3D_DESCRIPTOR_st"]
-        [::std::mem::size_of::<CUDA_ARRAY3D_DESCRIPTOR_st>() - 40usize];
-    ["Alignment of CUDA_ARRAY3D_DESCRIPTOR_st"]
-        [::std::mem::align_of::<CUDA_ARRAY3D_DESCRIPTOR_st>() - 8usize];
+    ["Size of CUDA_ARRAY3D_DESCRIPTOR_st"][::std::mem::size_of::<CUDA_ARRAY3D_DESCRIPTOR_st>() - 40usize];
+    ["Alignment of CUDA_ARRAY3D_DESCRIPTOR_st"][::std::mem::align_of::<CUDA_ARRAY3D_DESCRIPTOR_st>() - 8usize];
     ["Offset of field: CUDA_ARRAY3D_DESCRIPTOR_st::Width"]
         [::std::mem::offset_of!(CUDA_ARRAY3D_DESCRIPTOR_st, Width) - 0usize];
     ["Offset of field: CUDA_ARRAY3D_DESCRIPTOR_st::Height"]
@@ -5128,8 +4737,7 @@ const _: () = {
 };
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of CUDA_ARRAY_SPARSE_PROPERTIES_st"]
-        [::std::mem::size_of::<CUDA_ARRAY_SPARSE_PROPERTIES_st>() - 48usize];
+    ["Size of CUDA_ARRAY_SPARSE_PROPERTIES_st"][::std::mem::size_of::<CUDA_ARRAY_SPARSE_PROPERTIES_st>() - 48usize];
     ["Alignment of CUDA_ARRAY_SPARSE_PROPERTIES_st"]
         [::std::mem::align_of::<CUDA_ARRAY_SPARSE_PROPERTIES_st>() - 8usize];
     ["Offset of field: CUDA_ARRAY_SPARSE_PROPERTIES_st::tileExtent"]
@@ -5159,8 +4767,7 @@ pub struct CUDA_ARRAY_MEMORY_REQUIREMENTS_st {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of CUDA_ARRAY_MEMORY_REQUIREMENTS_st"]
-        [::std::mem::size_of::<CUDA_ARRAY_MEMORY_REQUIREMENTS_st>() - 32usize];
+    ["Size of CUDA_ARRAY_MEMORY_REQUIREMENTS_st"][::std::mem::size_of::<CUDA_ARRAY_MEMORY_REQUIREMENTS_st>() - 32usize];
     ["Alignment of CUDA_ARRAY_MEMORY_REQUIREMENTS_st"]
         [::std::mem::align_of::<CUDA_ARRAY_MEMORY_REQUIREMENTS_st>() - 8usize];
     ["Offset of field: CUDA_ARRAY_MEMORY_REQUIREMENTS_st::size"]
@@ -5205,10 +4812,8 @@ const _: () = {
         [::std::mem::size_of::<CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_1>() - 8usize];
     ["Alignment of CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_1"]
         [::std::mem::align_of::<CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_1>() - 8usize];
-    ["Offset of field: CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_1::hArray"][::std::mem::offset_of!(
-        CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_1,
-        hArray
-    ) - 0usize];
+    ["Offset of field: CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_1::hArray"]
+        [::std::mem::offset_of!(CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_1, hArray) - 0usize];
 };
 impl Default for CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_1 {
     fn default() -> Self {
@@ -5231,11 +4836,8 @@ const _: () = {
         [::std::mem::size_of::<CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_2>() - 8usize];
     ["Alignment of CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_2"]
         [::std::mem::align_of::<CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_2>() - 8usize];
-    ["Offset of field: CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_2::hMipmappedArray"][::std::mem::offset_of!(
-        CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_2,
-        hMipmappedArray
-    )
-        - 0usize];
+    ["Offset of field: CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_2::hMipmappedArray"]
+        [::std::mem::offset_of!(CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_2, hMipmappedArray) - 0usize];
 };
 impl Default for CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_2 {
     fn default() -> Self {
@@ -5264,24 +4866,14 @@ const _: () = {
         [::std::mem::size_of::<CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_3>() - 24usize];
     ["Alignment of CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_3"]
         [::std::mem::align_of::<CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_3>() - 8usize];
-    ["Offset of field: CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_3::devPtr"][::std::mem::offset_of!(
-        CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_3,
-        devPtr
-    ) - 0usize];
-    ["Offset of field: CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_3::format"][::std::mem::offset_of!(
-        CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_3,
-        format
-    ) - 8usize];
-    ["Offset of field: CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_3::numChannels"][::std::mem::offset_of!(
-        CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_3,
-        numChannels
-    )
-        - 12usize];
-    ["Offset of field: CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_3::sizeInBytes"][::std::mem::offset_of!(
-        CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_3,
-        sizeInBytes
-    )
-        - 16usize];
+    ["Offset of field: CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_3::devPtr"]
+        [::std::mem::offset_of!(CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_3, devPtr) - 0usize];
+    ["Offset of field: CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_3::format"]
+        [::std::mem::offset_of!(CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_3, format) - 8usize];
+    ["Offset of field: CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_3::numChannels"]
+        [::std::mem::offset_of!(CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_3, numChannels) - 12usize];
+    ["Offset of field: CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_3::sizeInBytes"]
+        [::std::mem::offset_of!(CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_3, sizeInBytes) - 16usize];
 };
 impl Default for CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_3 {
     fn default() -> Self {
@@ -5314,32 +4906,18 @@ const _: () = {
         [::std::mem::size_of::<CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_4>() - 40usize];
     ["Alignment of CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_4"]
         [::std::mem::align_of::<CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_4>() - 8usize];
-    ["Offset of field: CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_4::devPtr"][::std::mem::offset_of!(
-        CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_4,
-        devPtr
-    ) - 0usize];
-    ["Offset of field: CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_4::format"][::std::mem::offset_of!(
-        CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_4,
-        format
-    ) - 8usize];
-    ["Offset of field: CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_4::numChannels"][::std::mem::offset_of!(
-        CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_4,
-        numChannels
-    )
-        - 12usize];
-    ["Offset of field: CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_4::width"][::std::mem::offset_of!(
-        CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_4,
-        width
-    ) - 16usize];
-    ["Offset of field: CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_4::height"][::std::mem::offset_of!(
-        CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_4,
-        height
-    ) - 24usize];
-    ["Offset of field: CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_4::pitchInBytes"][::std::mem::offset_of!(
-        CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_4,
-        pitchInBytes
-    )
-        - 32usize];
+    ["Offset of field: CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_4::devPtr"]
+        [::std::mem::offset_of!(CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_4, devPtr) - 0usize];
+    ["Offset of field: CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_4::format"]
+        [::std::mem::offset_of!(CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_4, format) - 8usize];
+    ["Offset of field: CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_4::numChannels"]
+        [::std::mem::offset_of!(CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_4, numChannels) - 12usize];
+    ["Offset of field: CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_4::width"]
+        [::std::mem::offset_of!(CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_4, width) - 16usize];
+    ["Offset of field: CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_4::height"]
+        [::std::mem::offset_of!(CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_4, height) - 24usize];
+    ["Offset of field: CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_4::pitchInBytes"]
+        [::std::mem::offset_of!(CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_4, pitchInBytes) - 32usize];
 };
 impl Default for CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_4 {
     fn default() -> Self {
@@ -5361,10 +4939,8 @@ const _: () = {
         [::std::mem::size_of::<CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_5>() - 128usize];
     ["Alignment of CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_5"]
         [::std::mem::align_of::<CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_5>() - 4usize];
-    ["Offset of field: CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_5::reserved"][::std::mem::offset_of!(
-        CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_5,
-        reserved
-    ) - 0usize];
+    ["Offset of field: CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_5::reserved"]
+        [::std::mem::offset_of!(CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_5, reserved) - 0usize];
 };
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
@@ -5395,14 +4971,11 @@ impl Default for CUDA_RESOURCE_DESC_st__bindgen_ty_1 {
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of CUDA_RESOURCE_DESC_st"][::std::mem::size_of::<CUDA_RESOURCE_DESC_st>() - 144usize];
-    ["Alignment of CUDA_RESOURCE_DESC_st"]
-        [::std::mem::align_of::<CUDA_RESOURCE_DESC_st>() - 8usize];
+    ["Alignment of CUDA_RESOURCE_DESC_st"][::std::mem::align_of::<CUDA_RESOURCE_DESC_st>() - 8usize];
     ["Offset of field: CUDA_RESOURCE_DESC_st::resType"]
         [::std::mem::offset_of!(CUDA_RESOURCE_DESC_st, resType) - 0usize];
-    ["Offset of field: CUDA_RESOURCE_DESC_st::res"]
-        [::std::mem::offset_of!(CUDA_RESOURCE_DESC_st, res) - 8usize];
-    ["Offset of field: CUDA_RESOURCE_DESC_st::flags"]
-        [::std::mem::offset_of!(CUDA_RESOURCE_DESC_st, flags) - 136usize];
+    ["Offset of field: CUDA_RESOURCE_DESC_st::res"][::std::mem::offset_of!(CUDA_RESOURCE_DESC_st, res) - 8usize];
+    ["Offset of field: CUDA_RESOURCE_DESC_st::flags"][::std::mem::offset_of!(CUDA_RESOURCE_DESC_st, flags) - 136usize];
 };
 impl Default for CUDA_RESOURCE_DESC_st {
     fn default() -> Self {
@@ -5449,8 +5022,7 @@ const _: () = {
         [::std::mem::offset_of!(CUDA_TEXTURE_DESC_st, addressMode) - 0usize];
     ["Offset of field: CUDA_TEXTURE_DESC_st::filterMode"]
         [::std::mem::offset_of!(CUDA_TEXTURE_DESC_st, filterMode) - 12usize];
-    ["Offset of field: CUDA_TEXTURE_DESC_st::flags"]
-        [::std::mem::offset_of!(CUDA_TEXTURE_DESC_st, flags) - 16usize];
+    ["Offset of field: CUDA_TEXTURE_DESC_st::flags"][::std::mem::offset_of!(CUDA_TEXTURE_DESC_st, flags) - 16usize];
     ["Offset of field: CUDA_TEXTURE_DESC_st::maxAnisotropy"]
         [::std::mem::offset_of!(CUDA_TEXTURE_DESC_st, maxAnisotropy) - 20usize];
     ["Offset of field: CUDA_TEXTURE_DESC_st::mipmapFilterMode"]
@@ -5495,89 +5067,61 @@ impl CUresourceViewFormat_enum {
     /// < 4 channel signed 8-bit integers
     pub const CU_RES_VIEW_FORMAT_SINT_4X8: CUresourceViewFormat_enum = CUresourceViewFormat_enum(6);
     /// < 1 channel unsigned 16-bit integers
-    pub const CU_RES_VIEW_FORMAT_UINT_1X16: CUresourceViewFormat_enum =
-        CUresourceViewFormat_enum(7);
+    pub const CU_RES_VIEW_FORMAT_UINT_1X16: CUresourceViewFormat_enum = CUresourceViewFormat_enum(7);
     /// < 2 channel unsigned 16-bit integers
-    pub const CU_RES_VIEW_FORMAT_UINT_2X16: CUresourceViewFormat_enum =
-        CUresourceViewFormat_enum(8);
+    pub const CU_RES_VIEW_FORMAT_UINT_2X16: CUresourceViewFormat_enum = CUresourceViewFormat_enum(8);
     /// < 4 channel unsigned 16-bit integers
-    pub const CU_RES_VIEW_FORMAT_UINT_4X16: CUresourceViewFormat_enum =
-        CUresourceViewFormat_enum(9);
+    pub const CU_RES_VIEW_FORMAT_UINT_4X16: CUresourceViewFormat_enum = CUresourceViewFormat_enum(9);
     /// < 1 channel signed 16-bit integers
-    pub const CU_RES_VIEW_FORMAT_SINT_1X16: CUresourceViewFormat_enum =
-        CUresourceViewFormat_enum(10);
+    pub const CU_RES_VIEW_FORMAT_SINT_1X16: CUresourceViewFormat_enum = CUresourceViewFormat_enum(10);
     /// < 2 channel signed 16-bit integers
-    pub const CU_RES_VIEW_FORMAT_SINT_2X16: CUresourceViewFormat_enum =
-        CUresourceViewFormat_enum(11);
+    pub const CU_RES_VIEW_FORMAT_SINT_2X16: CUresourceViewFormat_enum = CUresourceViewFormat_enum(11);
     /// < 4 channel signed 16-bit integers
-    pub const CU_RES_VIEW_FORMAT_SINT_4X16: CUresourceViewFormat_enum =
-        CUresourceViewFormat_enum(12);
+    pub const CU_RES_VIEW_FORMAT_SINT_4X16: CUresourceViewFormat_enum = CUresourceViewFormat_enum(12);
     /// < 1 channel unsigned 32-bit integers
-    pub const CU_RES_VIEW_FORMAT_UINT_1X32: CUresourceViewFormat_enum =
-        CUresourceViewFormat_enum(13);
+    pub const CU_RES_VIEW_FORMAT_UINT_1X32: CUresourceViewFormat_enum = CUresourceViewFormat_enum(13);
     /// < 2 channel unsigned 32-bit integers
-    pub const CU_RES_VIEW_FORMAT_UINT_2X32: CUresourceViewFormat_enum =
-        CUresourceViewFormat_enum(14);
+    pub const CU_RES_VIEW_FORMAT_UINT_2X32: CUresourceViewFormat_enum = CUresourceViewFormat_enum(14);
     /// < 4 channel unsigned 32-bit integers
-    pub const CU_RES_VIEW_FORMAT_UINT_4X32: CUresourceViewFormat_enum =
-        CUresourceViewFormat_enum(15);
+    pub const CU_RES_VIEW_FORMAT_UINT_4X32: CUresourceViewFormat_enum = CUresourceViewFormat_enum(15);
     /// < 1 channel signed 32-bit integers
-    pub const CU_RES_VIEW_FORMAT_SINT_1X32: CUresourceViewFormat_enum =
-        CUresourceViewFormat_enum(16);
+    pub const CU_RES_VIEW_FORMAT_SINT_1X32: CUresourceViewFormat_enum = CUresourceViewFormat_enum(16);
     /// < 2 channel signed 32-bit integers
-    pub const CU_RES_VIEW_FORMAT_SINT_2X32: CUresourceViewFormat_enum =
-        CUresourceViewFormat_enum(17);
+    pub const CU_RES_VIEW_FORMAT_SINT_2X32: CUresourceViewFormat_enum = CUresourceViewFormat_enum(17);
     /// < 4 channel signed 32-bit integers
-    pub const CU_RES_VIEW_FORMAT_SINT_4X32: CUresourceViewFormat_enum =
-        CUresourceViewFormat_enum(18);
+    pub const CU_RES_VIEW_FORMAT_SINT_4X32: CUresourceViewFormat_enum = CUresourceViewFormat_enum(18);
     /// < 1 channel 16-bit floating point
-    pub const CU_RES_VIEW_FORMAT_FLOAT_1X16: CUresourceViewFormat_enum =
-        CUresourceViewFormat_enum(19);
+    pub const CU_RES_VIEW_FORMAT_FLOAT_1X16: CUresourceViewFormat_enum = CUresourceViewFormat_enum(19);
     /// < 2 channel 16-bit floating point
-    pub const CU_RES_VIEW_FORMAT_FLOAT_2X16: CUresourceViewFormat_enum =
-        CUresourceViewFormat_enum(20);
+    pub const CU_RES_VIEW_FORMAT_FLOAT_2X16: CUresourceViewFormat_enum = CUresourceViewFormat_enum(20);
     /// < 4 channel 16-bit floating point
-    pub const CU_RES_VIEW_FORMAT_FLOAT_4X16: CUresourceViewFormat_enum =
-        CUresourceViewFormat_enum(21);
+    pub const CU_RES_VIEW_FORMAT_FLOAT_4X16: CUresourceViewFormat_enum = CUresourceViewFormat_enum(21);
     /// < 1 channel 32-bit floating point
-    pub const CU_RES_VIEW_FORMAT_FLOAT_1X32: CUresourceViewFormat_enum =
-        CUresourceViewFormat_enum(22);
+    pub const CU_RES_VIEW_FORMAT_FLOAT_1X32: CUresourceViewFormat_enum = CUresourceViewFormat_enum(22);
     /// < 2 channel 32-bit floating point
-    pub const CU_RES_VIEW_FORMAT_FLOAT_2X32: CUresourceViewFormat_enum =
-        CUresourceViewFormat_enum(23);
+    pub const CU_RES_VIEW_FORMAT_FLOAT_2X32: CUresourceViewFormat_enum = CUresourceViewFormat_enum(23);
     /// < 4 channel 32-bit floating point
-    pub const CU_RES_VIEW_FORMAT_FLOAT_4X32: CUresourceViewFormat_enum =
-        CUresourceViewFormat_enum(24);
+    pub const CU_RES_VIEW_FORMAT_FLOAT_4X32: CUresourceViewFormat_enum = CUresourceViewFormat_enum(24);
     /// < Block compressed 1
-    pub const CU_RES_VIEW_FORMAT_UNSIGNED_BC1: CUresourceViewFormat_enum =
-        CUresourceViewFormat_enum(25);
+    pub const CU_RES_VIEW_FORMAT_UNSIGNED_BC1: CUresourceViewFormat_enum = CUresourceViewFormat_enum(25);
     /// < Block compressed 2
-    pub const CU_RES_VIEW_FORMAT_UNSIGNED_BC2: CUresourceViewFormat_enum =
-        CUresourceViewFormat_enum(26);
+    pub const CU_RES_VIEW_FORMAT_UNSIGNED_BC2: CUresourceViewFormat_enum = CUresourceViewFormat_enum(26);
     /// < Block compressed 3
-    pub const CU_RES_VIEW_FORMAT_UNSIGNED_BC3: CUresourceViewFormat_enum =
-        CUresourceViewFormat_enum(27);
+    pub const CU_RES_VIEW_FORMAT_UNSIGNED_BC3: CUresourceViewFormat_enum = CUresourceViewFormat_enum(27);
     /// < Block compressed 4 unsigned
-    pub const CU_RES_VIEW_FORMAT_UNSIGNED_BC4: CUresourceViewFormat_enum =
-        CUresourceViewFormat_enum(28);
+    pub const CU_RES_VIEW_FORMAT_UNSIGNED_BC4: CUresourceViewFormat_enum = CUresourceViewFormat_enum(28);
     /// < Block compressed 4 signed
-    pub const CU_RES_VIEW_FORMAT_SIGNED_BC4: CUresourceViewFormat_enum =
-        CUresourceViewFormat_enum(29);
+    pub const CU_RES_VIEW_FORMAT_SIGNED_BC4: CUresourceViewFormat_enum = CUresourceViewFormat_enum(29);
     /// < Block compressed 5 unsigned
-    pub const CU_RES_VIEW_FORMAT_UNSIGNED_BC5: CUresourceViewFormat_enum =
-        CUresourceViewFormat_enum(30);
+    pub const CU_RES_VIEW_FORMAT_UNSIGNED_BC5: CUresourceViewFormat_enum = CUresourceViewFormat_enum(30);
     /// < Block compressed 5 signed
-    pub const CU_RES_VIEW_FORMAT_SIGNED_BC5: CUresourceViewFormat_enum =
-        CUresourceViewFormat_enum(31);
+    pub const CU_RES_VIEW_FORMAT_SIGNED_BC5: CUresourceViewFormat_enum = CUresourceViewFormat_enum(31);
     /// < Block compressed 6 unsigned half-float
-    pub const CU_RES_VIEW_FORMAT_UNSIGNED_BC6H: CUresourceViewFormat_enum =
-        CUresourceViewFormat_enum(32);
+    pub const CU_RES_VIEW_FORMAT_UNSIGNED_BC6H: CUresourceViewFormat_enum = CUresourceViewFormat_enum(32);
     /// < Block compressed 6 signed half-float
-    pub const CU_RES_VIEW_FORMAT_SIGNED_BC6H: CUresourceViewFormat_enum =
-        CUresourceViewFormat_enum(33);
+    pub const CU_RES_VIEW_FORMAT_SIGNED_BC6H: CUresourceViewFormat_enum = CUresourceViewFormat_enum(33);
     /// < Block compressed 7
-    pub const CU_RES_VIEW_FORMAT_UNSIGNED_BC7: CUresourceViewFormat_enum =
-        CUresourceViewFormat_enum(34);
+    pub const CU_RES_VIEW_FORMAT_UNSIGNED_BC7: CUresourceViewFormat_enum = CUresourceViewFormat_enum(34);
 }
 #[repr(transparent)]
 /// Resource view format
@@ -5609,10 +5153,8 @@ pub struct CUDA_RESOURCE_VIEW_DESC_st {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of CUDA_RESOURCE_VIEW_DESC_st"]
-        [::std::mem::size_of::<CUDA_RESOURCE_VIEW_DESC_st>() - 112usize];
-    ["Alignment of CUDA_RESOURCE_VIEW_DESC_st"]
-        [::std::mem::align_of::<CUDA_RESOURCE_VIEW_DESC_st>() - 8usize];
+    ["Size of CUDA_RESOURCE_VIEW_DESC_st"][::std::mem::size_of::<CUDA_RESOURCE_VIEW_DESC_st>() - 112usize];
+    ["Alignment of CUDA_RESOURCE_VIEW_DESC_st"][::std::mem::align_of::<CUDA_RESOURCE_VIEW_DESC_st>() - 8usize];
     ["Offset of field: CUDA_RESOURCE_VIEW_DESC_st::format"]
         [::std::mem::offset_of!(CUDA_RESOURCE_VIEW_DESC_st, format) - 0usize];
     ["Offset of field: CUDA_RESOURCE_VIEW_DESC_st::width"]
@@ -5656,8 +5198,7 @@ pub struct CUtensorMap_st {
 const _: () = {
     ["Size of CUtensorMap_st"][::std::mem::size_of::<CUtensorMap_st>() - 128usize];
     ["Alignment of CUtensorMap_st"][::std::mem::align_of::<CUtensorMap_st>() - 128usize];
-    ["Offset of field: CUtensorMap_st::opaque"]
-        [::std::mem::offset_of!(CUtensorMap_st, opaque) - 0usize];
+    ["Offset of field: CUtensorMap_st::opaque"][::std::mem::offset_of!(CUtensorMap_st, opaque) - 0usize];
 };
 impl Default for CUtensorMap_st {
     fn default() -> Self {
@@ -5672,34 +5213,21 @@ impl Default for CUtensorMap_st {
 pub type CUtensorMap = CUtensorMap_st;
 impl CUtensorMapDataType_enum {
     pub const CU_TENSOR_MAP_DATA_TYPE_UINT8: CUtensorMapDataType_enum = CUtensorMapDataType_enum(0);
-    pub const CU_TENSOR_MAP_DATA_TYPE_UINT16: CUtensorMapDataType_enum =
-        CUtensorMapDataType_enum(1);
-    pub const CU_TENSOR_MAP_DATA_TYPE_UINT32: CUtensorMapDataType_enum =
-        CUtensorMapDataType_enum(2);
+    pub const CU_TENSOR_MAP_DATA_TYPE_UINT16: CUtensorMapDataType_enum = CUtensorMapDataType_enum(1);
+    pub const CU_TENSOR_MAP_DATA_TYPE_UINT32: CUtensorMapDataType_enum = CUtensorMapDataType_enum(2);
     pub const CU_TENSOR_MAP_DATA_TYPE_INT32: CUtensorMapDataType_enum = CUtensorMapDataType_enum(3);
-    pub const CU_TENSOR_MAP_DATA_TYPE_UINT64: CUtensorMapDataType_enum =
-        CUtensorMapDataType_enum(4);
+    pub const CU_TENSOR_MAP_DATA_TYPE_UINT64: CUtensorMapDataType_enum = CUtensorMapDataType_enum(4);
     pub const CU_TENSOR_MAP_DATA_TYPE_INT64: CUtensorMapDataType_enum = CUtensorMapDataType_enum(5);
-    pub const CU_TENSOR_MAP_DATA_TYPE_FLOAT16: CUtensorMapDataType_enum =
-        CUtensorMapDataType_enum(6);
-    pub const CU_TENSOR_MAP_DATA_TYPE_FLOAT32: CUtensorMapDataType_enum =
-        CUtensorMapDataType_enum(7);
-    pub const CU_TENSOR_MAP_DATA_TYPE_FLOAT64: CUtensorMapDataType_enum =
-        CUtensorMapDataType_enum(8);
-    pub const CU_TENSOR_MAP_DATA_TYPE_BFLOAT16: CUtensorMapDataType_enum =
-        CUtensorMapDataType_enum(9);
-    pub const CU_TENSOR_MAP_DATA_TYPE_FLOAT32_FTZ: CUtensorMapDataType_enum =
-        CUtensorMapDataType_enum(10);
-    pub const CU_TENSOR_MAP_DATA_TYPE_TFLOAT32: CUtensorMapDataType_enum =
-        CUtensorMapDataType_enum(11);
-    pub const CU_TENSOR_MAP_DATA_TYPE_TFLOAT32_FTZ: CUtensorMapDataType_enum =
-        CUtensorMapDataType_enum(12);
-    pub const CU_TENSOR_MAP_DATA_TYPE_16U4_ALIGN8B: CUtensorMapDataType_enum =
-        CUtensorMapDataType_enum(13);
-    pub const CU_TENSOR_MAP_DATA_TYPE_16U4_ALIGN16B: CUtensorMapDataType_enum =
-        CUtensorMapDataType_enum(14);
-    pub const CU_TENSOR_MAP_DATA_TYPE_16U6_ALIGN16B: CUtensorMapDataType_enum =
-        CUtensorMapDataType_enum(15);
+    pub const CU_TENSOR_MAP_DATA_TYPE_FLOAT16: CUtensorMapDataType_enum = CUtensorMapDataType_enum(6);
+    pub const CU_TENSOR_MAP_DATA_TYPE_FLOAT32: CUtensorMapDataType_enum = CUtensorMapDataType_enum(7);
+    pub const CU_TENSOR_MAP_DATA_TYPE_FLOAT64: CUtensorMapDataType_enum = CUtensorMapDataType_enum(8);
+    pub const CU_TENSOR_MAP_DATA_TYPE_BFLOAT16: CUtensorMapDataType_enum = CUtensorMapDataType_enum(9);
+    pub const CU_TENSOR_MAP_DATA_TYPE_FLOAT32_FTZ: CUtensorMapDataType_enum = CUtensorMapDataType_enum(10);
+    pub const CU_TENSOR_MAP_DATA_TYPE_TFLOAT32: CUtensorMapDataType_enum = CUtensorMapDataType_enum(11);
+    pub const CU_TENSOR_MAP_DATA_TYPE_TFLOAT32_FTZ: CUtensorMapDataType_enum = CUtensorMapDataType_enum(12);
+    pub const CU_TENSOR_MAP_DATA_TYPE_16U4_ALIGN8B: CUtensorMapDataType_enum = CUtensorMapDataType_enum(13);
+    pub const CU_TENSOR_MAP_DATA_TYPE_16U4_ALIGN16B: CUtensorMapDataType_enum = CUtensorMapDataType_enum(14);
+    pub const CU_TENSOR_MAP_DATA_TYPE_16U6_ALIGN16B: CUtensorMapDataType_enum = CUtensorMapDataType_enum(15);
 }
 #[repr(transparent)]
 /// Tensor map data type
@@ -5708,12 +5236,9 @@ pub struct CUtensorMapDataType_enum(pub ::std::os::raw::c_uint);
 /// Tensor map data type
 pub use self::CUtensorMapDataType_enum as CUtensorMapDataType;
 impl CUtensorMapInterleave_enum {
-    pub const CU_TENSOR_MAP_INTERLEAVE_NONE: CUtensorMapInterleave_enum =
-        CUtensorMapInterleave_enum(0);
-    pub const CU_TENSOR_MAP_INTERLEAVE_16B: CUtensorMapInterleave_enum =
-        CUtensorMapInterleave_enum(1);
-    pub const CU_TENSOR_MAP_INTERLEAVE_32B: CUtensorMapInterleave_enum =
-        CUtensorMapInterleave_enum(2);
+    pub const CU_TENSOR_MAP_INTERLEAVE_NONE: CUtensorMapInterleave_enum = CUtensorMapInterleave_enum(0);
+    pub const CU_TENSOR_MAP_INTERLEAVE_16B: CUtensorMapInterleave_enum = CUtensorMapInterleave_enum(1);
+    pub const CU_TENSOR_MAP_INTERLEAVE_32B: CUtensorMapInterleave_enum = CUtensorMapInterleave_enum(2);
 }
 #[repr(transparent)]
 /// Tensor map interleave layout type
@@ -5726,12 +5251,9 @@ impl CUtensorMapSwizzle_enum {
     pub const CU_TENSOR_MAP_SWIZZLE_32B: CUtensorMapSwizzle_enum = CUtensorMapSwizzle_enum(1);
     pub const CU_TENSOR_MAP_SWIZZLE_64B: CUtensorMapSwizzle_enum = CUtensorMapSwizzle_enum(2);
     pub const CU_TENSOR_MAP_SWIZZLE_128B: CUtensorMapSwizzle_enum = CUtensorMapSwizzle_enum(3);
-    pub const CU_TENSOR_MAP_SWIZZLE_128B_ATOM_32B: CUtensorMapSwizzle_enum =
-        CUtensorMapSwizzle_enum(4);
-    pub const CU_TENSOR_MAP_SWIZZLE_128B_ATOM_32B_FLIP_8B: CUtensorMapSwizzle_enum =
-        CUtensorMapSwizzle_enum(5);
-    pub const CU_TENSOR_MAP_SWIZZLE_128B_ATOM_64B: CUtensorMapSwizzle_enum =
-        CUtensorMapSwizzle_enum(6);
+    pub const CU_TENSOR_MAP_SWIZZLE_128B_ATOM_32B: CUtensorMapSwizzle_enum = CUtensorMapSwizzle_enum(4);
+    pub const CU_TENSOR_MAP_SWIZZLE_128B_ATOM_32B_FLIP_8B: CUtensorMapSwizzle_enum = CUtensorMapSwizzle_enum(5);
+    pub const CU_TENSOR_MAP_SWIZZLE_128B_ATOM_64B: CUtensorMapSwizzle_enum = CUtensorMapSwizzle_enum(6);
 }
 #[repr(transparent)]
 /// Tensor map swizzling mode of shared memory banks
@@ -5740,14 +5262,10 @@ pub struct CUtensorMapSwizzle_enum(pub ::std::os::raw::c_uint);
 /// Tensor map swizzling mode of shared memory banks
 pub use self::CUtensorMapSwizzle_enum as CUtensorMapSwizzle;
 impl CUtensorMapL2promotion_enum {
-    pub const CU_TENSOR_MAP_L2_PROMOTION_NONE: CUtensorMapL2promotion_enum =
-        CUtensorMapL2promotion_enum(0);
-    pub const CU_TENSOR_MAP_L2_PROMOTION_L2_64B: CUtensorMapL2promotion_enum =
-        CUtensorMapL2promotion_enum(1);
-    pub const CU_TENSOR_MAP_L2_PROMOTION_L2_128B: CUtensorMapL2promotion_enum =
-        CUtensorMapL2promotion_enum(2);
-    pub const CU_TENSOR_MAP_L2_PROMOTION_L2_256B: CUtensorMapL2promotion_enum =
-        CUtensorMapL2promotion_enum(3);
+    pub const CU_TENSOR_MAP_L2_PROMOTION_NONE: CUtensorMapL2promotion_enum = CUtensorMapL2promotion_enum(0);
+    pub const CU_TENSOR_MAP_L2_PROMOTION_L2_64B: CUtensorMapL2promotion_enum = CUtensorMapL2promotion_enum(1);
+    pub const CU_TENSOR_MAP_L2_PROMOTION_L2_128B: CUtensorMapL2promotion_enum = CUtensorMapL2promotion_enum(2);
+    pub const CU_TENSOR_MAP_L2_PROMOTION_L2_256B: CUtensorMapL2promotion_enum = CUtensorMapL2promotion_enum(3);
 }
 #[repr(transparent)]
 /// Tensor map L2 promotion type
@@ -5756,8 +5274,7 @@ pub struct CUtensorMapL2promotion_enum(pub ::std::os::raw::c_uint);
 /// Tensor map L2 promotion type
 pub use self::CUtensorMapL2promotion_enum as CUtensorMapL2promotion;
 impl CUtensorMapFloatOOBfill_enum {
-    pub const CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE: CUtensorMapFloatOOBfill_enum =
-        CUtensorMapFloatOOBfill_enum(0);
+    pub const CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE: CUtensorMapFloatOOBfill_enum = CUtensorMapFloatOOBfill_enum(0);
     pub const CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA: CUtensorMapFloatOOBfill_enum =
         CUtensorMapFloatOOBfill_enum(1);
 }
@@ -5768,10 +5285,8 @@ pub struct CUtensorMapFloatOOBfill_enum(pub ::std::os::raw::c_uint);
 /// Tensor map out-of-bounds fill type
 pub use self::CUtensorMapFloatOOBfill_enum as CUtensorMapFloatOOBfill;
 impl CUtensorMapIm2ColWideMode_enum {
-    pub const CU_TENSOR_MAP_IM2COL_WIDE_MODE_W: CUtensorMapIm2ColWideMode_enum =
-        CUtensorMapIm2ColWideMode_enum(0);
-    pub const CU_TENSOR_MAP_IM2COL_WIDE_MODE_W128: CUtensorMapIm2ColWideMode_enum =
-        CUtensorMapIm2ColWideMode_enum(1);
+    pub const CU_TENSOR_MAP_IM2COL_WIDE_MODE_W: CUtensorMapIm2ColWideMode_enum = CUtensorMapIm2ColWideMode_enum(0);
+    pub const CU_TENSOR_MAP_IM2COL_WIDE_MODE_W128: CUtensorMapIm2ColWideMode_enum = CUtensorMapIm2ColWideMode_enum(1);
 }
 #[repr(transparent)]
 /// Tensor map Im2Col wide mode
@@ -5848,8 +5363,7 @@ pub struct CUDA_LAUNCH_PARAMS_st {
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of CUDA_LAUNCH_PARAMS_st"][::std::mem::size_of::<CUDA_LAUNCH_PARAMS_st>() - 56usize];
-    ["Alignment of CUDA_LAUNCH_PARAMS_st"]
-        [::std::mem::align_of::<CUDA_LAUNCH_PARAMS_st>() - 8usize];
+    ["Alignment of CUDA_LAUNCH_PARAMS_st"][::std::mem::align_of::<CUDA_LAUNCH_PARAMS_st>() - 8usize];
     ["Offset of field: CUDA_LAUNCH_PARAMS_st::function"]
         [::std::mem::offset_of!(CUDA_LAUNCH_PARAMS_st, function) - 0usize];
     ["Offset of field: CUDA_LAUNCH_PARAMS_st::gridDimX"]
@@ -5968,22 +5482,14 @@ pub struct CUDA_EXTERNAL_MEMORY_HANDLE_DESC_st__bindgen_ty_1__bindgen_ty_1 {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of CUDA_EXTERNAL_MEMORY_HANDLE_DESC_st__bindgen_ty_1__bindgen_ty_1"][::std::mem::size_of::<
-        CUDA_EXTERNAL_MEMORY_HANDLE_DESC_st__bindgen_ty_1__bindgen_ty_1,
-    >() - 16usize];
+    ["Size of CUDA_EXTERNAL_MEMORY_HANDLE_DESC_st__bindgen_ty_1__bindgen_ty_1"]
+        [::std::mem::size_of::<CUDA_EXTERNAL_MEMORY_HANDLE_DESC_st__bindgen_ty_1__bindgen_ty_1>() - 16usize];
     ["Alignment of CUDA_EXTERNAL_MEMORY_HANDLE_DESC_st__bindgen_ty_1__bindgen_ty_1"]
-        [::std::mem::align_of::<CUDA_EXTERNAL_MEMORY_HANDLE_DESC_st__bindgen_ty_1__bindgen_ty_1>()
-            - 8usize];
-    ["Offset of field: CUDA_EXTERNAL_MEMORY_HANDLE_DESC_st__bindgen_ty_1__bindgen_ty_1::handle"][::std::mem::offset_of!(
-        CUDA_EXTERNAL_MEMORY_HANDLE_DESC_st__bindgen_ty_1__bindgen_ty_1,
-        handle
-    )
-        - 0usize];
-    ["Offset of field: CUDA_EXTERNAL_MEMORY_HANDLE_DESC_st__bindgen_ty_1__bindgen_ty_1::name"][::std::mem::offset_of!(
-        CUDA_EXTERNAL_MEMORY_HANDLE_DESC_st__bindgen_ty_1__bindgen_ty_1,
-        name
-    )
-        - 8usize];
+        [::std::mem::align_of::<CUDA_EXTERNAL_MEMORY_HANDLE_DESC_st__bindgen_ty_1__bindgen_ty_1>() - 8usize];
+    ["Offset of field: CUDA_EXTERNAL_MEMORY_HANDLE_DESC_st__bindgen_ty_1__bindgen_ty_1::handle"]
+        [::std::mem::offset_of!(CUDA_EXTERNAL_MEMORY_HANDLE_DESC_st__bindgen_ty_1__bindgen_ty_1, handle) - 0usize];
+    ["Offset of field: CUDA_EXTERNAL_MEMORY_HANDLE_DESC_st__bindgen_ty_1__bindgen_ty_1::name"]
+        [::std::mem::offset_of!(CUDA_EXTERNAL_MEMORY_HANDLE_DESC_st__bindgen_ty_1__bindgen_ty_1, name) - 8usize];
 };
 impl Default for CUDA_EXTERNAL_MEMORY_HANDLE_DESC_st__bindgen_ty_1__bindgen_ty_1 {
     fn default() -> Self {
@@ -6004,11 +5510,8 @@ const _: () = {
         [::std::mem::offset_of!(CUDA_EXTERNAL_MEMORY_HANDLE_DESC_st__bindgen_ty_1, fd) - 0usize];
     ["Offset of field: CUDA_EXTERNAL_MEMORY_HANDLE_DESC_st__bindgen_ty_1::win32"]
         [::std::mem::offset_of!(CUDA_EXTERNAL_MEMORY_HANDLE_DESC_st__bindgen_ty_1, win32) - 0usize];
-    ["Offset of field: CUDA_EXTERNAL_MEMORY_HANDLE_DESC_st__bindgen_ty_1::nvSciBufObject"][::std::mem::offset_of!(
-        CUDA_EXTERNAL_MEMORY_HANDLE_DESC_st__bindgen_ty_1,
-        nvSciBufObject
-    )
-        - 0usize];
+    ["Offset of field: CUDA_EXTERNAL_MEMORY_HANDLE_DESC_st__bindgen_ty_1::nvSciBufObject"]
+        [::std::mem::offset_of!(CUDA_EXTERNAL_MEMORY_HANDLE_DESC_st__bindgen_ty_1, nvSciBufObject) - 0usize];
 };
 impl Default for CUDA_EXTERNAL_MEMORY_HANDLE_DESC_st__bindgen_ty_1 {
     fn default() -> Self {
@@ -6118,8 +5621,7 @@ impl Default for CUDA_EXTERNAL_MEMORY_MIPMAPPED_ARRAY_DESC_st {
     }
 }
 /// External memory mipmap descriptor
-pub type CUDA_EXTERNAL_MEMORY_MIPMAPPED_ARRAY_DESC_v1 =
-    CUDA_EXTERNAL_MEMORY_MIPMAPPED_ARRAY_DESC_st;
+pub type CUDA_EXTERNAL_MEMORY_MIPMAPPED_ARRAY_DESC_v1 = CUDA_EXTERNAL_MEMORY_MIPMAPPED_ARRAY_DESC_st;
 /// External memory mipmap descriptor
 pub type CUDA_EXTERNAL_MEMORY_MIPMAPPED_ARRAY_DESC = CUDA_EXTERNAL_MEMORY_MIPMAPPED_ARRAY_DESC_v1;
 impl CUexternalSemaphoreHandleType_enum {
@@ -6130,8 +5632,8 @@ impl CUexternalSemaphoreHandleType_enum {
     pub const CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_OPAQUE_WIN32: CUexternalSemaphoreHandleType_enum =
         CUexternalSemaphoreHandleType_enum(2);
     /// Handle is an opaque, globally shared handle
-    pub const CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_OPAQUE_WIN32_KMT:
-        CUexternalSemaphoreHandleType_enum = CUexternalSemaphoreHandleType_enum(3);
+    pub const CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_OPAQUE_WIN32_KMT: CUexternalSemaphoreHandleType_enum =
+        CUexternalSemaphoreHandleType_enum(3);
     /// Handle is a shared NT handle referencing a D3D12 fence object
     pub const CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_D3D12_FENCE: CUexternalSemaphoreHandleType_enum =
         CUexternalSemaphoreHandleType_enum(4);
@@ -6142,17 +5644,17 @@ impl CUexternalSemaphoreHandleType_enum {
     pub const CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_NVSCISYNC: CUexternalSemaphoreHandleType_enum =
         CUexternalSemaphoreHandleType_enum(6);
     /// Handle is a shared NT handle referencing a D3D11 keyed mutex object
-    pub const CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_D3D11_KEYED_MUTEX:
-        CUexternalSemaphoreHandleType_enum = CUexternalSemaphoreHandleType_enum(7);
+    pub const CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_D3D11_KEYED_MUTEX: CUexternalSemaphoreHandleType_enum =
+        CUexternalSemaphoreHandleType_enum(7);
     /// Handle is a globally shared handle referencing a D3D11 keyed mutex object
-    pub const CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_D3D11_KEYED_MUTEX_KMT:
-        CUexternalSemaphoreHandleType_enum = CUexternalSemaphoreHandleType_enum(8);
+    pub const CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_D3D11_KEYED_MUTEX_KMT: CUexternalSemaphoreHandleType_enum =
+        CUexternalSemaphoreHandleType_enum(8);
     /// Handle is an opaque file descriptor referencing a timeline semaphore
-    pub const CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_TIMELINE_SEMAPHORE_FD:
-        CUexternalSemaphoreHandleType_enum = CUexternalSemaphoreHandleType_enum(9);
+    pub const CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_TIMELINE_SEMAPHORE_FD: CUexternalSemaphoreHandleType_enum =
+        CUexternalSemaphoreHandleType_enum(9);
     /// Handle is an opaque shared NT handle referencing a timeline semaphore
-    pub const CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_TIMELINE_SEMAPHORE_WIN32:
-        CUexternalSemaphoreHandleType_enum = CUexternalSemaphoreHandleType_enum(10);
+    pub const CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_TIMELINE_SEMAPHORE_WIN32: CUexternalSemaphoreHandleType_enum =
+        CUexternalSemaphoreHandleType_enum(10);
 }
 #[repr(transparent)]
 /// External semaphore handle types
@@ -6208,21 +5710,13 @@ pub struct CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC_st__bindgen_ty_1__bindgen_ty_1 {
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC_st__bindgen_ty_1__bindgen_ty_1"]
-        [::std::mem::size_of::<CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC_st__bindgen_ty_1__bindgen_ty_1>(
-        ) - 16usize];
+        [::std::mem::size_of::<CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC_st__bindgen_ty_1__bindgen_ty_1>() - 16usize];
     ["Alignment of CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC_st__bindgen_ty_1__bindgen_ty_1"]
-        [::std::mem::align_of::<CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC_st__bindgen_ty_1__bindgen_ty_1>(
-        ) - 8usize];
+        [::std::mem::align_of::<CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC_st__bindgen_ty_1__bindgen_ty_1>() - 8usize];
     ["Offset of field: CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC_st__bindgen_ty_1__bindgen_ty_1::handle"]
-        [::std::mem::offset_of!(
-            CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC_st__bindgen_ty_1__bindgen_ty_1,
-            handle
-        ) - 0usize];
-    ["Offset of field: CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC_st__bindgen_ty_1__bindgen_ty_1::name"][::std::mem::offset_of!(
-        CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC_st__bindgen_ty_1__bindgen_ty_1,
-        name
-    )
-        - 8usize];
+        [::std::mem::offset_of!(CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC_st__bindgen_ty_1__bindgen_ty_1, handle) - 0usize];
+    ["Offset of field: CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC_st__bindgen_ty_1__bindgen_ty_1::name"]
+        [::std::mem::offset_of!(CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC_st__bindgen_ty_1__bindgen_ty_1, name) - 8usize];
 };
 impl Default for CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC_st__bindgen_ty_1__bindgen_ty_1 {
     fn default() -> Self {
@@ -6241,15 +5735,10 @@ const _: () = {
         [::std::mem::align_of::<CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC_st__bindgen_ty_1>() - 8usize];
     ["Offset of field: CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC_st__bindgen_ty_1::fd"]
         [::std::mem::offset_of!(CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC_st__bindgen_ty_1, fd) - 0usize];
-    ["Offset of field: CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC_st__bindgen_ty_1::win32"][::std::mem::offset_of!(
-        CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC_st__bindgen_ty_1,
-        win32
-    ) - 0usize];
-    ["Offset of field: CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC_st__bindgen_ty_1::nvSciSyncObj"][::std::mem::offset_of!(
-        CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC_st__bindgen_ty_1,
-        nvSciSyncObj
-    )
-        - 0usize];
+    ["Offset of field: CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC_st__bindgen_ty_1::win32"]
+        [::std::mem::offset_of!(CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC_st__bindgen_ty_1, win32) - 0usize];
+    ["Offset of field: CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC_st__bindgen_ty_1::nvSciSyncObj"]
+        [::std::mem::offset_of!(CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC_st__bindgen_ty_1, nvSciSyncObj) - 0usize];
 };
 impl Default for CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC_st__bindgen_ty_1 {
     fn default() -> Self {
@@ -6322,18 +5811,11 @@ pub struct CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_st__bindgen_ty_1__bindgen_ty_1 
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_st__bindgen_ty_1__bindgen_ty_1"]
-        [::std::mem::size_of::<CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_st__bindgen_ty_1__bindgen_ty_1>(
-        ) - 8usize];
+        [::std::mem::size_of::<CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_st__bindgen_ty_1__bindgen_ty_1>() - 8usize];
     ["Alignment of CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_st__bindgen_ty_1__bindgen_ty_1"]
-        [::std::mem::align_of::<
-            CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_st__bindgen_ty_1__bindgen_ty_1,
-        >() - 8usize];
-    [
-        "Offset of field: CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_st__bindgen_ty_1__bindgen_ty_1::value",
-    ][::std::mem::offset_of!(
-        CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_st__bindgen_ty_1__bindgen_ty_1,
-        value
-    ) - 0usize];
+        [::std::mem::align_of::<CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_st__bindgen_ty_1__bindgen_ty_1>() - 8usize];
+    ["Offset of field: CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_st__bindgen_ty_1__bindgen_ty_1::value"]
+        [::std::mem::offset_of!(CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_st__bindgen_ty_1__bindgen_ty_1, value) - 0usize];
 };
 #[repr(C)]
 #[derive(Copy, Clone)]
@@ -6346,21 +5828,12 @@ pub union CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_st__bindgen_ty_1__bindgen_ty_2 {
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_st__bindgen_ty_1__bindgen_ty_2"]
-        [::std::mem::size_of::<CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_st__bindgen_ty_1__bindgen_ty_2>(
-        ) - 8usize];
+        [::std::mem::size_of::<CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_st__bindgen_ty_1__bindgen_ty_2>() - 8usize];
     ["Alignment of CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_st__bindgen_ty_1__bindgen_ty_2"]
-        [::std::mem::align_of::<
-            CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_st__bindgen_ty_1__bindgen_ty_2,
-        >() - 8usize];
-    [
-        "Offset of field: CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_st__bindgen_ty_1__bindgen_ty_2::fence",
-    ][::std::mem::offset_of!(
-        CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_st__bindgen_ty_1__bindgen_ty_2,
-        fence
-    ) - 0usize];
-    [
-        "Offset of field: CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_st__bindgen_ty_1__bindgen_ty_2::reserved",
-    ][::std::mem::offset_of!(
+        [::std::mem::align_of::<CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_st__bindgen_ty_1__bindgen_ty_2>() - 8usize];
+    ["Offset of field: CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_st__bindgen_ty_1__bindgen_ty_2::fence"]
+        [::std::mem::offset_of!(CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_st__bindgen_ty_1__bindgen_ty_2, fence) - 0usize];
+    ["Offset of field: CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_st__bindgen_ty_1__bindgen_ty_2::reserved"][::std::mem::offset_of!(
         CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_st__bindgen_ty_1__bindgen_ty_2,
         reserved
     ) - 0usize];
@@ -6384,17 +5857,11 @@ pub struct CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_st__bindgen_ty_1__bindgen_ty_3 
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_st__bindgen_ty_1__bindgen_ty_3"]
-        [::std::mem::size_of::<CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_st__bindgen_ty_1__bindgen_ty_3>(
-        ) - 8usize];
+        [::std::mem::size_of::<CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_st__bindgen_ty_1__bindgen_ty_3>() - 8usize];
     ["Alignment of CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_st__bindgen_ty_1__bindgen_ty_3"]
-        [::std::mem::align_of::<
-            CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_st__bindgen_ty_1__bindgen_ty_3,
-        >() - 8usize];
+        [::std::mem::align_of::<CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_st__bindgen_ty_1__bindgen_ty_3>() - 8usize];
     ["Offset of field: CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_st__bindgen_ty_1__bindgen_ty_3::key"]
-        [::std::mem::offset_of!(
-            CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_st__bindgen_ty_1__bindgen_ty_3,
-            key
-        ) - 0usize];
+        [::std::mem::offset_of!(CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_st__bindgen_ty_1__bindgen_ty_3, key) - 0usize];
 };
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
@@ -6402,25 +5869,14 @@ const _: () = {
         [::std::mem::size_of::<CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_st__bindgen_ty_1>() - 72usize];
     ["Alignment of CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_st__bindgen_ty_1"]
         [::std::mem::align_of::<CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_st__bindgen_ty_1>() - 8usize];
-    ["Offset of field: CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_st__bindgen_ty_1::fence"][::std::mem::offset_of!(
-        CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_st__bindgen_ty_1,
-        fence
-    ) - 0usize];
-    ["Offset of field: CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_st__bindgen_ty_1::nvSciSync"][::std::mem::offset_of!(
-        CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_st__bindgen_ty_1,
-        nvSciSync
-    )
-        - 8usize];
-    ["Offset of field: CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_st__bindgen_ty_1::keyedMutex"][::std::mem::offset_of!(
-        CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_st__bindgen_ty_1,
-        keyedMutex
-    )
-        - 16usize];
-    ["Offset of field: CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_st__bindgen_ty_1::reserved"][::std::mem::offset_of!(
-        CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_st__bindgen_ty_1,
-        reserved
-    )
-        - 24usize];
+    ["Offset of field: CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_st__bindgen_ty_1::fence"]
+        [::std::mem::offset_of!(CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_st__bindgen_ty_1, fence) - 0usize];
+    ["Offset of field: CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_st__bindgen_ty_1::nvSciSync"]
+        [::std::mem::offset_of!(CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_st__bindgen_ty_1, nvSciSync) - 8usize];
+    ["Offset of field: CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_st__bindgen_ty_1::keyedMutex"]
+        [::std::mem::offset_of!(CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_st__bindgen_ty_1, keyedMutex) - 16usize];
+    ["Offset of field: CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_st__bindgen_ty_1::reserved"]
+        [::std::mem::offset_of!(CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_st__bindgen_ty_1, reserved) - 24usize];
 };
 impl Default for CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_st__bindgen_ty_1 {
     fn default() -> Self {
@@ -6490,16 +5946,11 @@ pub struct CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st__bindgen_ty_1__bindgen_ty_1 {
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st__bindgen_ty_1__bindgen_ty_1"]
-        [::std::mem::size_of::<CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st__bindgen_ty_1__bindgen_ty_1>(
-        ) - 8usize];
+        [::std::mem::size_of::<CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st__bindgen_ty_1__bindgen_ty_1>() - 8usize];
     ["Alignment of CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st__bindgen_ty_1__bindgen_ty_1"]
-        [::std::mem::align_of::<CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st__bindgen_ty_1__bindgen_ty_1>(
-        ) - 8usize];
+        [::std::mem::align_of::<CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st__bindgen_ty_1__bindgen_ty_1>() - 8usize];
     ["Offset of field: CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st__bindgen_ty_1__bindgen_ty_1::value"]
-        [::std::mem::offset_of!(
-            CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st__bindgen_ty_1__bindgen_ty_1,
-            value
-        ) - 0usize];
+        [::std::mem::offset_of!(CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st__bindgen_ty_1__bindgen_ty_1, value) - 0usize];
 };
 /// Pointer to NvSciSyncFence. Valid if CUexternalSemaphoreHandleType
 /// is of type CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_NVSCISYNC.
@@ -6512,22 +5963,13 @@ pub union CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st__bindgen_ty_1__bindgen_ty_2 {
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st__bindgen_ty_1__bindgen_ty_2"]
-        [::std::mem::size_of::<CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st__bindgen_ty_1__bindgen_ty_2>(
-        ) - 8usize];
+        [::std::mem::size_of::<CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st__bindgen_ty_1__bindgen_ty_2>() - 8usize];
     ["Alignment of CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st__bindgen_ty_1__bindgen_ty_2"]
-        [::std::mem::align_of::<CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st__bindgen_ty_1__bindgen_ty_2>(
-        ) - 8usize];
+        [::std::mem::align_of::<CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st__bindgen_ty_1__bindgen_ty_2>() - 8usize];
     ["Offset of field: CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st__bindgen_ty_1__bindgen_ty_2::fence"]
-        [::std::mem::offset_of!(
-            CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st__bindgen_ty_1__bindgen_ty_2,
-            fence
-        ) - 0usize];
-    [
-        "Offset of field: CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st__bindgen_ty_1__bindgen_ty_2::reserved",
-    ][::std::mem::offset_of!(
-        CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st__bindgen_ty_1__bindgen_ty_2,
-        reserved
-    ) - 0usize];
+        [::std::mem::offset_of!(CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st__bindgen_ty_1__bindgen_ty_2, fence) - 0usize];
+    ["Offset of field: CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st__bindgen_ty_1__bindgen_ty_2::reserved"]
+        [::std::mem::offset_of!(CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st__bindgen_ty_1__bindgen_ty_2, reserved) - 0usize];
 };
 impl Default for CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st__bindgen_ty_1__bindgen_ty_2 {
     fn default() -> Self {
@@ -6550,19 +5992,12 @@ pub struct CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st__bindgen_ty_1__bindgen_ty_3 {
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st__bindgen_ty_1__bindgen_ty_3"]
-        [::std::mem::size_of::<CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st__bindgen_ty_1__bindgen_ty_3>(
-        ) - 16usize];
+        [::std::mem::size_of::<CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st__bindgen_ty_1__bindgen_ty_3>() - 16usize];
     ["Alignment of CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st__bindgen_ty_1__bindgen_ty_3"]
-        [::std::mem::align_of::<CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st__bindgen_ty_1__bindgen_ty_3>(
-        ) - 8usize];
-    ["Offset of field: CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st__bindgen_ty_1__bindgen_ty_3::key"][::std::mem::offset_of!(
-        CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st__bindgen_ty_1__bindgen_ty_3,
-        key
-    )
-        - 0usize];
-    [
-        "Offset of field: CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st__bindgen_ty_1__bindgen_ty_3::timeoutMs",
-    ][::std::mem::offset_of!(
+        [::std::mem::align_of::<CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st__bindgen_ty_1__bindgen_ty_3>() - 8usize];
+    ["Offset of field: CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st__bindgen_ty_1__bindgen_ty_3::key"]
+        [::std::mem::offset_of!(CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st__bindgen_ty_1__bindgen_ty_3, key) - 0usize];
+    ["Offset of field: CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st__bindgen_ty_1__bindgen_ty_3::timeoutMs"][::std::mem::offset_of!(
         CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st__bindgen_ty_1__bindgen_ty_3,
         timeoutMs
     ) - 8usize];
@@ -6573,25 +6008,14 @@ const _: () = {
         [::std::mem::size_of::<CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st__bindgen_ty_1>() - 72usize];
     ["Alignment of CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st__bindgen_ty_1"]
         [::std::mem::align_of::<CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st__bindgen_ty_1>() - 8usize];
-    ["Offset of field: CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st__bindgen_ty_1::fence"][::std::mem::offset_of!(
-        CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st__bindgen_ty_1,
-        fence
-    ) - 0usize];
-    ["Offset of field: CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st__bindgen_ty_1::nvSciSync"][::std::mem::offset_of!(
-        CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st__bindgen_ty_1,
-        nvSciSync
-    )
-        - 8usize];
-    ["Offset of field: CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st__bindgen_ty_1::keyedMutex"][::std::mem::offset_of!(
-        CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st__bindgen_ty_1,
-        keyedMutex
-    )
-        - 16usize];
-    ["Offset of field: CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st__bindgen_ty_1::reserved"][::std::mem::offset_of!(
-        CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st__bindgen_ty_1,
-        reserved
-    )
-        - 32usize];
+    ["Offset of field: CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st__bindgen_ty_1::fence"]
+        [::std::mem::offset_of!(CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st__bindgen_ty_1, fence) - 0usize];
+    ["Offset of field: CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st__bindgen_ty_1::nvSciSync"]
+        [::std::mem::offset_of!(CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st__bindgen_ty_1, nvSciSync) - 8usize];
+    ["Offset of field: CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st__bindgen_ty_1::keyedMutex"]
+        [::std::mem::offset_of!(CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st__bindgen_ty_1, keyedMutex) - 16usize];
+    ["Offset of field: CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st__bindgen_ty_1::reserved"]
+        [::std::mem::offset_of!(CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st__bindgen_ty_1, reserved) - 32usize];
 };
 impl Default for CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st__bindgen_ty_1 {
     fn default() -> Self {
@@ -6713,8 +6137,7 @@ pub struct CUDA_EXT_SEM_WAIT_NODE_PARAMS_st {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of CUDA_EXT_SEM_WAIT_NODE_PARAMS_st"]
-        [::std::mem::size_of::<CUDA_EXT_SEM_WAIT_NODE_PARAMS_st>() - 24usize];
+    ["Size of CUDA_EXT_SEM_WAIT_NODE_PARAMS_st"][::std::mem::size_of::<CUDA_EXT_SEM_WAIT_NODE_PARAMS_st>() - 24usize];
     ["Alignment of CUDA_EXT_SEM_WAIT_NODE_PARAMS_st"]
         [::std::mem::align_of::<CUDA_EXT_SEM_WAIT_NODE_PARAMS_st>() - 8usize];
     ["Offset of field: CUDA_EXT_SEM_WAIT_NODE_PARAMS_st::extSemArray"]
@@ -6776,22 +6199,17 @@ pub type CUmemGenericAllocationHandle_v1 = ::std::os::raw::c_ulonglong;
 pub type CUmemGenericAllocationHandle = CUmemGenericAllocationHandle_v1;
 impl CUmemAllocationHandleType_enum {
     /// < Does not allow any export mechanism. >
-    pub const CU_MEM_HANDLE_TYPE_NONE: CUmemAllocationHandleType_enum =
-        CUmemAllocationHandleType_enum(0);
+    pub const CU_MEM_HANDLE_TYPE_NONE: CUmemAllocationHandleType_enum = CUmemAllocationHandleType_enum(0);
     /// < Allows a file descriptor to be used for exporting. Permitted only on POSIX systems. (int)
     pub const CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: CUmemAllocationHandleType_enum =
         CUmemAllocationHandleType_enum(1);
     /// < Allows a Win32 NT handle to be used for exporting. (HANDLE)
-    pub const CU_MEM_HANDLE_TYPE_WIN32: CUmemAllocationHandleType_enum =
-        CUmemAllocationHandleType_enum(2);
+    pub const CU_MEM_HANDLE_TYPE_WIN32: CUmemAllocationHandleType_enum = CUmemAllocationHandleType_enum(2);
     /// < Allows a Win32 KMT handle to be used for exporting. (D3DKMT_HANDLE)
-    pub const CU_MEM_HANDLE_TYPE_WIN32_KMT: CUmemAllocationHandleType_enum =
-        CUmemAllocationHandleType_enum(4);
+    pub const CU_MEM_HANDLE_TYPE_WIN32_KMT: CUmemAllocationHandleType_enum = CUmemAllocationHandleType_enum(4);
     /// < Allows a fabric handle to be used for exporting. (CUmemFabricHandle)
-    pub const CU_MEM_HANDLE_TYPE_FABRIC: CUmemAllocationHandleType_enum =
-        CUmemAllocationHandleType_enum(8);
-    pub const CU_MEM_HANDLE_TYPE_MAX: CUmemAllocationHandleType_enum =
-        CUmemAllocationHandleType_enum(2147483647);
+    pub const CU_MEM_HANDLE_TYPE_FABRIC: CUmemAllocationHandleType_enum = CUmemAllocationHandleType_enum(8);
+    pub const CU_MEM_HANDLE_TYPE_MAX: CUmemAllocationHandleType_enum = CUmemAllocationHandleType_enum(2147483647);
 }
 impl ::std::ops::BitOr<CUmemAllocationHandleType_enum> for CUmemAllocationHandleType_enum {
     type Output = Self;
@@ -6831,10 +6249,8 @@ impl CUmemAccess_flags_enum {
     /// < Make the address range read accessible
     pub const CU_MEM_ACCESS_FLAGS_PROT_READ: CUmemAccess_flags_enum = CUmemAccess_flags_enum(1);
     /// < Make the address range read-write accessible
-    pub const CU_MEM_ACCESS_FLAGS_PROT_READWRITE: CUmemAccess_flags_enum =
-        CUmemAccess_flags_enum(3);
-    pub const CU_MEM_ACCESS_FLAGS_PROT_MAX: CUmemAccess_flags_enum =
-        CUmemAccess_flags_enum(2147483647);
+    pub const CU_MEM_ACCESS_FLAGS_PROT_READWRITE: CUmemAccess_flags_enum = CUmemAccess_flags_enum(3);
+    pub const CU_MEM_ACCESS_FLAGS_PROT_MAX: CUmemAccess_flags_enum = CUmemAccess_flags_enum(2147483647);
 }
 #[repr(transparent)]
 /// Specifies the memory protection flags for mapping.
@@ -6853,8 +6269,7 @@ impl CUmemLocationType_enum {
     /// < Location is a host NUMA node, thus id is a host NUMA node id
     pub const CU_MEM_LOCATION_TYPE_HOST_NUMA: CUmemLocationType_enum = CUmemLocationType_enum(3);
     /// < Location is a host NUMA node of the current thread, id is ignored
-    pub const CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT: CUmemLocationType_enum =
-        CUmemLocationType_enum(4);
+    pub const CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT: CUmemLocationType_enum = CUmemLocationType_enum(4);
     pub const CU_MEM_LOCATION_TYPE_MAX: CUmemLocationType_enum = CUmemLocationType_enum(2147483647);
 }
 #[repr(transparent)]
@@ -6864,17 +6279,14 @@ pub struct CUmemLocationType_enum(pub ::std::os::raw::c_uint);
 /// Specifies the type of location
 pub use self::CUmemLocationType_enum as CUmemLocationType;
 impl CUmemAllocationType_enum {
-    pub const CU_MEM_ALLOCATION_TYPE_INVALID: CUmemAllocationType_enum =
-        CUmemAllocationType_enum(0);
+    pub const CU_MEM_ALLOCATION_TYPE_INVALID: CUmemAllocationType_enum = CUmemAllocationType_enum(0);
     /// This allocation type is 'pinned', i.e. cannot migrate from its current
     /// location while the application is actively using it
     pub const CU_MEM_ALLOCATION_TYPE_PINNED: CUmemAllocationType_enum = CUmemAllocationType_enum(1);
     /// This allocation type is managed memory
-    pub const CU_MEM_ALLOCATION_TYPE_MANAGED: CUmemAllocationType_enum =
-        CUmemAllocationType_enum(2);
+    pub const CU_MEM_ALLOCATION_TYPE_MANAGED: CUmemAllocationType_enum = CUmemAllocationType_enum(2);
     /// This allocation type is managed memory
-    pub const CU_MEM_ALLOCATION_TYPE_MAX: CUmemAllocationType_enum =
-        CUmemAllocationType_enum(2147483647);
+    pub const CU_MEM_ALLOCATION_TYPE_MAX: CUmemAllocationType_enum = CUmemAllocationType_enum(2147483647);
 }
 #[repr(transparent)]
 /// Defines the allocation types available
@@ -6897,10 +6309,8 @@ pub struct CUmemAllocationGranularity_flags_enum(pub ::std::os::raw::c_uint);
 /// Flag for requesting different optimal and required granularities for an allocation.
 pub use self::CUmemAllocationGranularity_flags_enum as CUmemAllocationGranularity_flags;
 impl CUmemRangeHandleType_enum {
-    pub const CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD: CUmemRangeHandleType_enum =
-        CUmemRangeHandleType_enum(1);
-    pub const CU_MEM_RANGE_HANDLE_TYPE_MAX: CUmemRangeHandleType_enum =
-        CUmemRangeHandleType_enum(2147483647);
+    pub const CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD: CUmemRangeHandleType_enum = CUmemRangeHandleType_enum(1);
+    pub const CU_MEM_RANGE_HANDLE_TYPE_MAX: CUmemRangeHandleType_enum = CUmemRangeHandleType_enum(2147483647);
 }
 #[repr(transparent)]
 /// Specifies the handle type for address range
@@ -6910,8 +6320,7 @@ pub struct CUmemRangeHandleType_enum(pub ::std::os::raw::c_uint);
 pub use self::CUmemRangeHandleType_enum as CUmemRangeHandleType;
 impl CUmemRangeFlags_enum {
     /// < Indicates that DMA_BUF handle should be mapped via PCIe BAR1
-    pub const CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE: CUmemRangeFlags_enum =
-        CUmemRangeFlags_enum(1);
+    pub const CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE: CUmemRangeFlags_enum = CUmemRangeFlags_enum(1);
 }
 #[repr(transparent)]
 /// Flag for requesting handle type for address range.
@@ -6982,8 +6391,7 @@ pub union CUarrayMapInfo_st__bindgen_ty_1 {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of CUarrayMapInfo_st__bindgen_ty_1"]
-        [::std::mem::size_of::<CUarrayMapInfo_st__bindgen_ty_1>() - 8usize];
+    ["Size of CUarrayMapInfo_st__bindgen_ty_1"][::std::mem::size_of::<CUarrayMapInfo_st__bindgen_ty_1>() - 8usize];
     ["Alignment of CUarrayMapInfo_st__bindgen_ty_1"]
         [::std::mem::align_of::<CUarrayMapInfo_st__bindgen_ty_1>() - 8usize];
     ["Offset of field: CUarrayMapInfo_st__bindgen_ty_1::mipmap"]
@@ -7042,18 +6450,12 @@ const _: () = {
         [::std::mem::offset_of!(CUarrayMapInfo_st__bindgen_ty_2__bindgen_ty_1, offsetY) - 12usize];
     ["Offset of field: CUarrayMapInfo_st__bindgen_ty_2__bindgen_ty_1::offsetZ"]
         [::std::mem::offset_of!(CUarrayMapInfo_st__bindgen_ty_2__bindgen_ty_1, offsetZ) - 16usize];
-    ["Offset of field: CUarrayMapInfo_st__bindgen_ty_2__bindgen_ty_1::extentWidth"][::std::mem::offset_of!(
-        CUarrayMapInfo_st__bindgen_ty_2__bindgen_ty_1,
-        extentWidth
-    ) - 20usize];
-    ["Offset of field: CUarrayMapInfo_st__bindgen_ty_2__bindgen_ty_1::extentHeight"][::std::mem::offset_of!(
-        CUarrayMapInfo_st__bindgen_ty_2__bindgen_ty_1,
-        extentHeight
-    ) - 24usize];
-    ["Offset of field: CUarrayMapInfo_st__bindgen_ty_2__bindgen_ty_1::extentDepth"][::std::mem::offset_of!(
-        CUarrayMapInfo_st__bindgen_ty_2__bindgen_ty_1,
-        extentDepth
-    ) - 28usize];
+    ["Offset of field: CUarrayMapInfo_st__bindgen_ty_2__bindgen_ty_1::extentWidth"]
+        [::std::mem::offset_of!(CUarrayMapInfo_st__bindgen_ty_2__bindgen_ty_1, extentWidth) - 20usize];
+    ["Offset of field: CUarrayMapInfo_st__bindgen_ty_2__bindgen_ty_1::extentHeight"]
+        [::std::mem::offset_of!(CUarrayMapInfo_st__bindgen_ty_2__bindgen_ty_1, extentHeight) - 24usize];
+    ["Offset of field: CUarrayMapInfo_st__bindgen_ty_2__bindgen_ty_1::extentDepth"]
+        [::std::mem::offset_of!(CUarrayMapInfo_st__bindgen_ty_2__bindgen_ty_1, extentDepth) - 28usize];
 };
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone, Hash, PartialEq, Eq)]
@@ -7080,8 +6482,7 @@ const _: () = {
 };
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of CUarrayMapInfo_st__bindgen_ty_2"]
-        [::std::mem::size_of::<CUarrayMapInfo_st__bindgen_ty_2>() - 32usize];
+    ["Size of CUarrayMapInfo_st__bindgen_ty_2"][::std::mem::size_of::<CUarrayMapInfo_st__bindgen_ty_2>() - 32usize];
     ["Alignment of CUarrayMapInfo_st__bindgen_ty_2"]
         [::std::mem::align_of::<CUarrayMapInfo_st__bindgen_ty_2>() - 8usize];
     ["Offset of field: CUarrayMapInfo_st__bindgen_ty_2::sparseLevel"]
@@ -7105,8 +6506,7 @@ pub union CUarrayMapInfo_st__bindgen_ty_3 {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of CUarrayMapInfo_st__bindgen_ty_3"]
-        [::std::mem::size_of::<CUarrayMapInfo_st__bindgen_ty_3>() - 8usize];
+    ["Size of CUarrayMapInfo_st__bindgen_ty_3"][::std::mem::size_of::<CUarrayMapInfo_st__bindgen_ty_3>() - 8usize];
     ["Alignment of CUarrayMapInfo_st__bindgen_ty_3"]
         [::std::mem::align_of::<CUarrayMapInfo_st__bindgen_ty_3>() - 8usize];
     ["Offset of field: CUarrayMapInfo_st__bindgen_ty_3::memHandle"]
@@ -7127,8 +6527,7 @@ const _: () = {
     ["Alignment of CUarrayMapInfo_st"][::std::mem::align_of::<CUarrayMapInfo_st>() - 8usize];
     ["Offset of field: CUarrayMapInfo_st::resourceType"]
         [::std::mem::offset_of!(CUarrayMapInfo_st, resourceType) - 0usize];
-    ["Offset of field: CUarrayMapInfo_st::resource"]
-        [::std::mem::offset_of!(CUarrayMapInfo_st, resource) - 8usize];
+    ["Offset of field: CUarrayMapInfo_st::resource"][::std::mem::offset_of!(CUarrayMapInfo_st, resource) - 8usize];
     ["Offset of field: CUarrayMapInfo_st::subresourceType"]
         [::std::mem::offset_of!(CUarrayMapInfo_st, subresourceType) - 16usize];
     ["Offset of field: CUarrayMapInfo_st::subresource"]
@@ -7137,16 +6536,12 @@ const _: () = {
         [::std::mem::offset_of!(CUarrayMapInfo_st, memOperationType) - 56usize];
     ["Offset of field: CUarrayMapInfo_st::memHandleType"]
         [::std::mem::offset_of!(CUarrayMapInfo_st, memHandleType) - 60usize];
-    ["Offset of field: CUarrayMapInfo_st::memHandle"]
-        [::std::mem::offset_of!(CUarrayMapInfo_st, memHandle) - 64usize];
-    ["Offset of field: CUarrayMapInfo_st::offset"]
-        [::std::mem::offset_of!(CUarrayMapInfo_st, offset) - 72usize];
+    ["Offset of field: CUarrayMapInfo_st::memHandle"][::std::mem::offset_of!(CUarrayMapInfo_st, memHandle) - 64usize];
+    ["Offset of field: CUarrayMapInfo_st::offset"][::std::mem::offset_of!(CUarrayMapInfo_st, offset) - 72usize];
     ["Offset of field: CUarrayMapInfo_st::deviceBitMask"]
         [::std::mem::offset_of!(CUarrayMapInfo_st, deviceBitMask) - 80usize];
-    ["Offset of field: CUarrayMapInfo_st::flags"]
-        [::std::mem::offset_of!(CUarrayMapInfo_st, flags) - 84usize];
-    ["Offset of field: CUarrayMapInfo_st::reserved"]
-        [::std::mem::offset_of!(CUarrayMapInfo_st, reserved) - 88usize];
+    ["Offset of field: CUarrayMapInfo_st::flags"][::std::mem::offset_of!(CUarrayMapInfo_st, flags) - 84usize];
+    ["Offset of field: CUarrayMapInfo_st::reserved"][::std::mem::offset_of!(CUarrayMapInfo_st, reserved) - 88usize];
 };
 impl Default for CUarrayMapInfo_st {
     fn default() -> Self {
@@ -7174,10 +6569,8 @@ pub struct CUmemLocation_st {
 const _: () = {
     ["Size of CUmemLocation_st"][::std::mem::size_of::<CUmemLocation_st>() - 8usize];
     ["Alignment of CUmemLocation_st"][::std::mem::align_of::<CUmemLocation_st>() - 4usize];
-    ["Offset of field: CUmemLocation_st::type_"]
-        [::std::mem::offset_of!(CUmemLocation_st, type_) - 0usize];
-    ["Offset of field: CUmemLocation_st::id"]
-        [::std::mem::offset_of!(CUmemLocation_st, id) - 4usize];
+    ["Offset of field: CUmemLocation_st::type_"][::std::mem::offset_of!(CUmemLocation_st, type_) - 0usize];
+    ["Offset of field: CUmemLocation_st::id"][::std::mem::offset_of!(CUmemLocation_st, id) - 4usize];
 };
 impl Default for CUmemLocation_st {
     fn default() -> Self {
@@ -7194,11 +6587,9 @@ pub type CUmemLocation_v1 = CUmemLocation_st;
 pub type CUmemLocation = CUmemLocation_v1;
 impl CUmemAllocationCompType_enum {
     /// < Allocating non-compressible memory
-    pub const CU_MEM_ALLOCATION_COMP_NONE: CUmemAllocationCompType_enum =
-        CUmemAllocationCompType_enum(0);
+    pub const CU_MEM_ALLOCATION_COMP_NONE: CUmemAllocationCompType_enum = CUmemAllocationCompType_enum(0);
     /// < Allocating  compressible memory
-    pub const CU_MEM_ALLOCATION_COMP_GENERIC: CUmemAllocationCompType_enum =
-        CUmemAllocationCompType_enum(1);
+    pub const CU_MEM_ALLOCATION_COMP_GENERIC: CUmemAllocationCompType_enum = CUmemAllocationCompType_enum(1);
 }
 #[repr(transparent)]
 /// Specifies compression attribute for an allocation.
@@ -7249,10 +6640,8 @@ const _: () = {
         [::std::mem::align_of::<CUmemAllocationProp_st__bindgen_ty_1>() - 2usize];
     ["Offset of field: CUmemAllocationProp_st__bindgen_ty_1::compressionType"]
         [::std::mem::offset_of!(CUmemAllocationProp_st__bindgen_ty_1, compressionType) - 0usize];
-    ["Offset of field: CUmemAllocationProp_st__bindgen_ty_1::gpuDirectRDMACapable"][::std::mem::offset_of!(
-        CUmemAllocationProp_st__bindgen_ty_1,
-        gpuDirectRDMACapable
-    ) - 1usize];
+    ["Offset of field: CUmemAllocationProp_st__bindgen_ty_1::gpuDirectRDMACapable"]
+        [::std::mem::offset_of!(CUmemAllocationProp_st__bindgen_ty_1, gpuDirectRDMACapable) - 1usize];
     ["Offset of field: CUmemAllocationProp_st__bindgen_ty_1::usage"]
         [::std::mem::offset_of!(CUmemAllocationProp_st__bindgen_ty_1, usage) - 2usize];
     ["Offset of field: CUmemAllocationProp_st__bindgen_ty_1::reserved"]
@@ -7261,10 +6650,8 @@ const _: () = {
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of CUmemAllocationProp_st"][::std::mem::size_of::<CUmemAllocationProp_st>() - 32usize];
-    ["Alignment of CUmemAllocationProp_st"]
-        [::std::mem::align_of::<CUmemAllocationProp_st>() - 8usize];
-    ["Offset of field: CUmemAllocationProp_st::type_"]
-        [::std::mem::offset_of!(CUmemAllocationProp_st, type_) - 0usize];
+    ["Alignment of CUmemAllocationProp_st"][::std::mem::align_of::<CUmemAllocationProp_st>() - 8usize];
+    ["Offset of field: CUmemAllocationProp_st::type_"][::std::mem::offset_of!(CUmemAllocationProp_st, type_) - 0usize];
     ["Offset of field: CUmemAllocationProp_st::requestedHandleTypes"]
         [::std::mem::offset_of!(CUmemAllocationProp_st, requestedHandleTypes) - 4usize];
     ["Offset of field: CUmemAllocationProp_st::location"]
@@ -7319,10 +6706,8 @@ pub struct CUmulticastObjectProp_st {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of CUmulticastObjectProp_st"]
-        [::std::mem::size_of::<CUmulticastObjectProp_st>() - 32usize];
-    ["Alignment of CUmulticastObjectProp_st"]
-        [::std::mem::align_of::<CUmulticastObjectProp_st>() - 8usize];
+    ["Size of CUmulticastObjectProp_st"][::std::mem::size_of::<CUmulticastObjectProp_st>() - 32usize];
+    ["Alignment of CUmulticastObjectProp_st"][::std::mem::align_of::<CUmulticastObjectProp_st>() - 8usize];
     ["Offset of field: CUmulticastObjectProp_st::numDevices"]
         [::std::mem::offset_of!(CUmulticastObjectProp_st, numDevices) - 0usize];
     ["Offset of field: CUmulticastObjectProp_st::size"]
@@ -7349,10 +6734,8 @@ pub struct CUmemAccessDesc_st {
 const _: () = {
     ["Size of CUmemAccessDesc_st"][::std::mem::size_of::<CUmemAccessDesc_st>() - 12usize];
     ["Alignment of CUmemAccessDesc_st"][::std::mem::align_of::<CUmemAccessDesc_st>() - 4usize];
-    ["Offset of field: CUmemAccessDesc_st::location"]
-        [::std::mem::offset_of!(CUmemAccessDesc_st, location) - 0usize];
-    ["Offset of field: CUmemAccessDesc_st::flags"]
-        [::std::mem::offset_of!(CUmemAccessDesc_st, flags) - 8usize];
+    ["Offset of field: CUmemAccessDesc_st::location"][::std::mem::offset_of!(CUmemAccessDesc_st, location) - 0usize];
+    ["Offset of field: CUmemAccessDesc_st::flags"][::std::mem::offset_of!(CUmemAccessDesc_st, flags) - 8usize];
 };
 impl Default for CUmemAccessDesc_st {
     fn default() -> Self {
@@ -7369,11 +6752,9 @@ pub type CUmemAccessDesc_v1 = CUmemAccessDesc_st;
 pub type CUmemAccessDesc = CUmemAccessDesc_v1;
 impl CUgraphExecUpdateResult_enum {
     /// < The update succeeded
-    pub const CU_GRAPH_EXEC_UPDATE_SUCCESS: CUgraphExecUpdateResult_enum =
-        CUgraphExecUpdateResult_enum(0);
+    pub const CU_GRAPH_EXEC_UPDATE_SUCCESS: CUgraphExecUpdateResult_enum = CUgraphExecUpdateResult_enum(0);
     /// < The update failed for an unexpected reason which is described in the return value of the function
-    pub const CU_GRAPH_EXEC_UPDATE_ERROR: CUgraphExecUpdateResult_enum =
-        CUgraphExecUpdateResult_enum(1);
+    pub const CU_GRAPH_EXEC_UPDATE_ERROR: CUgraphExecUpdateResult_enum = CUgraphExecUpdateResult_enum(1);
     /// < The update failed because the topology changed
     pub const CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED: CUgraphExecUpdateResult_enum =
         CUgraphExecUpdateResult_enum(2);
@@ -7387,8 +6768,7 @@ impl CUgraphExecUpdateResult_enum {
     pub const CU_GRAPH_EXEC_UPDATE_ERROR_PARAMETERS_CHANGED: CUgraphExecUpdateResult_enum =
         CUgraphExecUpdateResult_enum(5);
     /// < The update failed because something about the node is not supported
-    pub const CU_GRAPH_EXEC_UPDATE_ERROR_NOT_SUPPORTED: CUgraphExecUpdateResult_enum =
-        CUgraphExecUpdateResult_enum(6);
+    pub const CU_GRAPH_EXEC_UPDATE_ERROR_NOT_SUPPORTED: CUgraphExecUpdateResult_enum = CUgraphExecUpdateResult_enum(6);
     /// < The update failed because the function of a kernel node changed in an unsupported way
     pub const CU_GRAPH_EXEC_UPDATE_ERROR_UNSUPPORTED_FUNCTION_CHANGE: CUgraphExecUpdateResult_enum =
         CUgraphExecUpdateResult_enum(7);
@@ -7417,10 +6797,8 @@ pub struct CUgraphExecUpdateResultInfo_st {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of CUgraphExecUpdateResultInfo_st"]
-        [::std::mem::size_of::<CUgraphExecUpdateResultInfo_st>() - 24usize];
-    ["Alignment of CUgraphExecUpdateResultInfo_st"]
-        [::std::mem::align_of::<CUgraphExecUpdateResultInfo_st>() - 8usize];
+    ["Size of CUgraphExecUpdateResultInfo_st"][::std::mem::size_of::<CUgraphExecUpdateResultInfo_st>() - 24usize];
+    ["Alignment of CUgraphExecUpdateResultInfo_st"][::std::mem::align_of::<CUgraphExecUpdateResultInfo_st>() - 8usize];
     ["Offset of field: CUgraphExecUpdateResultInfo_st::result"]
         [::std::mem::offset_of!(CUgraphExecUpdateResultInfo_st, result) - 0usize];
     ["Offset of field: CUgraphExecUpdateResultInfo_st::errorNode"]
@@ -7448,40 +6826,33 @@ impl CUmemPool_attribute_enum {
     /// of the allocating stream on the free action exists.
     /// Cuda events and null stream interactions can create the required
     /// stream ordered dependencies. (default enabled)
-    pub const CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES: CUmemPool_attribute_enum =
-        CUmemPool_attribute_enum(1);
+    pub const CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES: CUmemPool_attribute_enum = CUmemPool_attribute_enum(1);
     /// (value type = int)
     /// Allow reuse of already completed frees when there is no dependency
     /// between the free and allocation. (default enabled)
-    pub const CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC: CUmemPool_attribute_enum =
-        CUmemPool_attribute_enum(2);
+    pub const CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC: CUmemPool_attribute_enum = CUmemPool_attribute_enum(2);
     /// (value type = int)
     /// Allow cuMemAllocAsync to insert new stream dependencies
     /// in order to establish the stream ordering required to reuse
     /// a piece of memory released by cuMemFreeAsync (default enabled).
-    pub const CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES: CUmemPool_attribute_enum =
-        CUmemPool_attribute_enum(3);
+    pub const CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES: CUmemPool_attribute_enum = CUmemPool_attribute_enum(3);
     /// (value type = cuuint64_t)
     /// Amount of reserved memory in bytes to hold onto before trying
     /// to release memory back to the OS. When more than the release
     /// threshold bytes of memory are held by the memory pool, the
     /// allocator will try to release memory back to the OS on the
     /// next call to stream, event or context synchronize. (default 0)
-    pub const CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: CUmemPool_attribute_enum =
-        CUmemPool_attribute_enum(4);
+    pub const CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: CUmemPool_attribute_enum = CUmemPool_attribute_enum(4);
     /// (value type = cuuint64_t)
     /// Amount of backing memory currently allocated for the mempool.
-    pub const CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: CUmemPool_attribute_enum =
-        CUmemPool_attribute_enum(5);
+    pub const CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: CUmemPool_attribute_enum = CUmemPool_attribute_enum(5);
     /// (value type = cuuint64_t)
     /// High watermark of backing memory allocated for the mempool since the
     /// last time it was reset. High watermark can only be reset to zero.
-    pub const CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: CUmemPool_attribute_enum =
-        CUmemPool_attribute_enum(6);
+    pub const CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: CUmemPool_attribute_enum = CUmemPool_attribute_enum(6);
     /// (value type = cuuint64_t)
     /// Amount of memory from the pool that is currently in use by the application.
-    pub const CU_MEMPOOL_ATTR_USED_MEM_CURRENT: CUmemPool_attribute_enum =
-        CUmemPool_attribute_enum(7);
+    pub const CU_MEMPOOL_ATTR_USED_MEM_CURRENT: CUmemPool_attribute_enum = CUmemPool_attribute_enum(7);
     /// (value type = cuuint64_t)
     /// High watermark of the amount of memory from the pool that was in use by the application since
     /// the last time it was reset. High watermark can only be reset to zero.
@@ -7519,20 +6890,15 @@ pub struct CUmemPoolProps_st {
 const _: () = {
     ["Size of CUmemPoolProps_st"][::std::mem::size_of::<CUmemPoolProps_st>() - 88usize];
     ["Alignment of CUmemPoolProps_st"][::std::mem::align_of::<CUmemPoolProps_st>() - 8usize];
-    ["Offset of field: CUmemPoolProps_st::allocType"]
-        [::std::mem::offset_of!(CUmemPoolProps_st, allocType) - 0usize];
+    ["Offset of field: CUmemPoolProps_st::allocType"][::std::mem::offset_of!(CUmemPoolProps_st, allocType) - 0usize];
     ["Offset of field: CUmemPoolProps_st::handleTypes"]
         [::std::mem::offset_of!(CUmemPoolProps_st, handleTypes) - 4usize];
-    ["Offset of field: CUmemPoolProps_st::location"]
-        [::std::mem::offset_of!(CUmemPoolProps_st, location) - 8usize];
+    ["Offset of field: CUmemPoolProps_st::location"][::std::mem::offset_of!(CUmemPoolProps_st, location) - 8usize];
     ["Offset of field: CUmemPoolProps_st::win32SecurityAttributes"]
         [::std::mem::offset_of!(CUmemPoolProps_st, win32SecurityAttributes) - 16usize];
-    ["Offset of field: CUmemPoolProps_st::maxSize"]
-        [::std::mem::offset_of!(CUmemPoolProps_st, maxSize) - 24usize];
-    ["Offset of field: CUmemPoolProps_st::usage"]
-        [::std::mem::offset_of!(CUmemPoolProps_st, usage) - 32usize];
-    ["Offset of field: CUmemPoolProps_st::reserved"]
-        [::std::mem::offset_of!(CUmemPoolProps_st, reserved) - 34usize];
+    ["Offset of field: CUmemPoolProps_st::maxSize"][::std::mem::offset_of!(CUmemPoolProps_st, maxSize) - 24usize];
+    ["Offset of field: CUmemPoolProps_st::usage"][::std::mem::offset_of!(CUmemPoolProps_st, usage) - 32usize];
+    ["Offset of field: CUmemPoolProps_st::reserved"][::std::mem::offset_of!(CUmemPoolProps_st, reserved) - 34usize];
 };
 impl Default for CUmemPoolProps_st {
     fn default() -> Self {
@@ -7555,10 +6921,8 @@ pub struct CUmemPoolPtrExportData_st {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of CUmemPoolPtrExportData_st"]
-        [::std::mem::size_of::<CUmemPoolPtrExportData_st>() - 64usize];
-    ["Alignment of CUmemPoolPtrExportData_st"]
-        [::std::mem::align_of::<CUmemPoolPtrExportData_st>() - 1usize];
+    ["Size of CUmemPoolPtrExportData_st"][::std::mem::size_of::<CUmemPoolPtrExportData_st>() - 64usize];
+    ["Alignment of CUmemPoolPtrExportData_st"][::std::mem::align_of::<CUmemPoolPtrExportData_st>() - 1usize];
     ["Offset of field: CUmemPoolPtrExportData_st::reserved"]
         [::std::mem::offset_of!(CUmemPoolPtrExportData_st, reserved) - 0usize];
 };
@@ -7578,8 +6942,7 @@ pub type CUmemPoolPtrExportData = CUmemPoolPtrExportData_v1;
 impl CUmemcpyFlags_enum {
     pub const CU_MEMCPY_FLAG_DEFAULT: CUmemcpyFlags_enum = CUmemcpyFlags_enum(0);
     /// Hint to the driver to try and overlap the copy with compute work on the SMs.
-    pub const CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE: CUmemcpyFlags_enum =
-        CUmemcpyFlags_enum(1);
+    pub const CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE: CUmemcpyFlags_enum = CUmemcpyFlags_enum(1);
 }
 #[repr(transparent)]
 /// Flags to specify for copies within a batch. For more details see ::cuMemcpyBatchAsync.
@@ -7589,11 +6952,9 @@ pub struct CUmemcpyFlags_enum(pub ::std::os::raw::c_uint);
 pub use self::CUmemcpyFlags_enum as CUmemcpyFlags;
 impl CUmemcpySrcAccessOrder_enum {
     /// Default invalid.
-    pub const CU_MEMCPY_SRC_ACCESS_ORDER_INVALID: CUmemcpySrcAccessOrder_enum =
-        CUmemcpySrcAccessOrder_enum(0);
+    pub const CU_MEMCPY_SRC_ACCESS_ORDER_INVALID: CUmemcpySrcAccessOrder_enum = CUmemcpySrcAccessOrder_enum(0);
     /// Indicates that access to the source pointer must be in stream order.
-    pub const CU_MEMCPY_SRC_ACCESS_ORDER_STREAM: CUmemcpySrcAccessOrder_enum =
-        CUmemcpySrcAccessOrder_enum(1);
+    pub const CU_MEMCPY_SRC_ACCESS_ORDER_STREAM: CUmemcpySrcAccessOrder_enum = CUmemcpySrcAccessOrder_enum(1);
     /// Indicates that access to the source pointer can be out of stream order and
     /// all accesses must be complete before the API call returns. This flag is suited for
     /// ephemeral sources (ex., stack variables) when it's known that no prior operations
@@ -7601,22 +6962,19 @@ impl CUmemcpySrcAccessOrder_enum {
     /// is limited to the scope that the source variable was declared in. Specifying
     /// this flag allows the driver to optimize the copy and removes the need for the user
     /// to synchronize the stream after the API call.
-    pub const CU_MEMCPY_SRC_ACCESS_ORDER_DURING_API_CALL: CUmemcpySrcAccessOrder_enum =
-        CUmemcpySrcAccessOrder_enum(2);
+    pub const CU_MEMCPY_SRC_ACCESS_ORDER_DURING_API_CALL: CUmemcpySrcAccessOrder_enum = CUmemcpySrcAccessOrder_enum(2);
     /// Indicates that access to the source pointer can be out of stream order and the accesses
     /// can happen even after the API call returns. This flag is suited for host pointers
     /// allocated outside CUDA (ex., via malloc) when it's known that no prior operations
     /// in the stream can be accessing the memory. Specifying this flag allows the driver
     /// to optimize the copy on certain platforms.
-    pub const CU_MEMCPY_SRC_ACCESS_ORDER_ANY: CUmemcpySrcAccessOrder_enum =
-        CUmemcpySrcAccessOrder_enum(3);
+    pub const CU_MEMCPY_SRC_ACCESS_ORDER_ANY: CUmemcpySrcAccessOrder_enum = CUmemcpySrcAccessOrder_enum(3);
     /// Indicates that access to the source pointer can be out of stream order and the accesses
     /// can happen even after the API call returns. This flag is suited for host pointers
     /// allocated outside CUDA (ex., via malloc) when it's known that no prior operations
     /// in the stream can be accessing the memory. Specifying this flag allows the driver
     /// to optimize the copy on certain platforms.
-    pub const CU_MEMCPY_SRC_ACCESS_ORDER_MAX: CUmemcpySrcAccessOrder_enum =
-        CUmemcpySrcAccessOrder_enum(2147483647);
+    pub const CU_MEMCPY_SRC_ACCESS_ORDER_MAX: CUmemcpySrcAccessOrder_enum = CUmemcpySrcAccessOrder_enum(2147483647);
 }
 #[repr(transparent)]
 /// These flags allow applications to convey the source access ordering CUDA must maintain.
@@ -7642,16 +7000,14 @@ pub struct CUmemcpyAttributes_st {
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of CUmemcpyAttributes_st"][::std::mem::size_of::<CUmemcpyAttributes_st>() - 24usize];
-    ["Alignment of CUmemcpyAttributes_st"]
-        [::std::mem::align_of::<CUmemcpyAttributes_st>() - 4usize];
+    ["Alignment of CUmemcpyAttributes_st"][::std::mem::align_of::<CUmemcpyAttributes_st>() - 4usize];
     ["Offset of field: CUmemcpyAttributes_st::srcAccessOrder"]
         [::std::mem::offset_of!(CUmemcpyAttributes_st, srcAccessOrder) - 0usize];
     ["Offset of field: CUmemcpyAttributes_st::srcLocHint"]
         [::std::mem::offset_of!(CUmemcpyAttributes_st, srcLocHint) - 4usize];
     ["Offset of field: CUmemcpyAttributes_st::dstLocHint"]
         [::std::mem::offset_of!(CUmemcpyAttributes_st, dstLocHint) - 12usize];
-    ["Offset of field: CUmemcpyAttributes_st::flags"]
-        [::std::mem::offset_of!(CUmemcpyAttributes_st, flags) - 20usize];
+    ["Offset of field: CUmemcpyAttributes_st::flags"][::std::mem::offset_of!(CUmemcpyAttributes_st, flags) - 20usize];
 };
 impl Default for CUmemcpyAttributes_st {
     fn default() -> Self {
@@ -7668,13 +7024,10 @@ pub type CUmemcpyAttributes_v1 = CUmemcpyAttributes_st;
 pub type CUmemcpyAttributes = CUmemcpyAttributes_v1;
 impl CUmemcpy3DOperandType_enum {
     /// < Memcpy operand is a valid pointer.
-    pub const CU_MEMCPY_OPERAND_TYPE_POINTER: CUmemcpy3DOperandType_enum =
-        CUmemcpy3DOperandType_enum(1);
+    pub const CU_MEMCPY_OPERAND_TYPE_POINTER: CUmemcpy3DOperandType_enum = CUmemcpy3DOperandType_enum(1);
     /// < Memcpy operand is a CUarray.
-    pub const CU_MEMCPY_OPERAND_TYPE_ARRAY: CUmemcpy3DOperandType_enum =
-        CUmemcpy3DOperandType_enum(2);
-    pub const CU_MEMCPY_OPERAND_TYPE_MAX: CUmemcpy3DOperandType_enum =
-        CUmemcpy3DOperandType_enum(2147483647);
+    pub const CU_MEMCPY_OPERAND_TYPE_ARRAY: CUmemcpy3DOperandType_enum = CUmemcpy3DOperandType_enum(2);
+    pub const CU_MEMCPY_OPERAND_TYPE_MAX: CUmemcpy3DOperandType_enum = CUmemcpy3DOperandType_enum(2147483647);
 }
 #[repr(transparent)]
 /// These flags allow applications to convey the operand type for individual copies specified in ::cuMemcpy3DBatchAsync.
@@ -7714,12 +7067,9 @@ pub struct CUextent3D_st {
 const _: () = {
     ["Size of CUextent3D_st"][::std::mem::size_of::<CUextent3D_st>() - 24usize];
     ["Alignment of CUextent3D_st"][::std::mem::align_of::<CUextent3D_st>() - 8usize];
-    ["Offset of field: CUextent3D_st::width"]
-        [::std::mem::offset_of!(CUextent3D_st, width) - 0usize];
-    ["Offset of field: CUextent3D_st::height"]
-        [::std::mem::offset_of!(CUextent3D_st, height) - 8usize];
-    ["Offset of field: CUextent3D_st::depth"]
-        [::std::mem::offset_of!(CUextent3D_st, depth) - 16usize];
+    ["Offset of field: CUextent3D_st::width"][::std::mem::offset_of!(CUextent3D_st, width) - 0usize];
+    ["Offset of field: CUextent3D_st::height"][::std::mem::offset_of!(CUextent3D_st, height) - 8usize];
+    ["Offset of field: CUextent3D_st::depth"][::std::mem::offset_of!(CUextent3D_st, depth) - 16usize];
 };
 /// Struct representing width/height/depth of a CUarray in elements
 pub type CUextent3D_v1 = CUextent3D_st;
@@ -7758,18 +7108,12 @@ const _: () = {
         [::std::mem::align_of::<CUmemcpy3DOperand_st__bindgen_ty_1__bindgen_ty_1>() - 8usize];
     ["Offset of field: CUmemcpy3DOperand_st__bindgen_ty_1__bindgen_ty_1::ptr"]
         [::std::mem::offset_of!(CUmemcpy3DOperand_st__bindgen_ty_1__bindgen_ty_1, ptr) - 0usize];
-    ["Offset of field: CUmemcpy3DOperand_st__bindgen_ty_1__bindgen_ty_1::rowLength"][::std::mem::offset_of!(
-        CUmemcpy3DOperand_st__bindgen_ty_1__bindgen_ty_1,
-        rowLength
-    ) - 8usize];
-    ["Offset of field: CUmemcpy3DOperand_st__bindgen_ty_1__bindgen_ty_1::layerHeight"][::std::mem::offset_of!(
-        CUmemcpy3DOperand_st__bindgen_ty_1__bindgen_ty_1,
-        layerHeight
-    ) - 16usize];
-    ["Offset of field: CUmemcpy3DOperand_st__bindgen_ty_1__bindgen_ty_1::locHint"][::std::mem::offset_of!(
-        CUmemcpy3DOperand_st__bindgen_ty_1__bindgen_ty_1,
-        locHint
-    ) - 24usize];
+    ["Offset of field: CUmemcpy3DOperand_st__bindgen_ty_1__bindgen_ty_1::rowLength"]
+        [::std::mem::offset_of!(CUmemcpy3DOperand_st__bindgen_ty_1__bindgen_ty_1, rowLength) - 8usize];
+    ["Offset of field: CUmemcpy3DOperand_st__bindgen_ty_1__bindgen_ty_1::layerHeight"]
+        [::std::mem::offset_of!(CUmemcpy3DOperand_st__bindgen_ty_1__bindgen_ty_1, layerHeight) - 16usize];
+    ["Offset of field: CUmemcpy3DOperand_st__bindgen_ty_1__bindgen_ty_1::locHint"]
+        [::std::mem::offset_of!(CUmemcpy3DOperand_st__bindgen_ty_1__bindgen_ty_1, locHint) - 24usize];
 };
 impl Default for CUmemcpy3DOperand_st__bindgen_ty_1__bindgen_ty_1 {
     fn default() -> Self {
@@ -7831,10 +7175,8 @@ impl Default for CUmemcpy3DOperand_st__bindgen_ty_1 {
 const _: () = {
     ["Size of CUmemcpy3DOperand_st"][::std::mem::size_of::<CUmemcpy3DOperand_st>() - 40usize];
     ["Alignment of CUmemcpy3DOperand_st"][::std::mem::align_of::<CUmemcpy3DOperand_st>() - 8usize];
-    ["Offset of field: CUmemcpy3DOperand_st::type_"]
-        [::std::mem::offset_of!(CUmemcpy3DOperand_st, type_) - 0usize];
-    ["Offset of field: CUmemcpy3DOperand_st::op"]
-        [::std::mem::offset_of!(CUmemcpy3DOperand_st, op) - 8usize];
+    ["Offset of field: CUmemcpy3DOperand_st::type_"][::std::mem::offset_of!(CUmemcpy3DOperand_st, type_) - 0usize];
+    ["Offset of field: CUmemcpy3DOperand_st::op"][::std::mem::offset_of!(CUmemcpy3DOperand_st, op) - 8usize];
 };
 impl Default for CUmemcpy3DOperand_st {
     fn default() -> Self {
@@ -7865,10 +7207,8 @@ pub struct CUDA_MEMCPY3D_BATCH_OP_st {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of CUDA_MEMCPY3D_BATCH_OP_st"]
-        [::std::mem::size_of::<CUDA_MEMCPY3D_BATCH_OP_st>() - 112usize];
-    ["Alignment of CUDA_MEMCPY3D_BATCH_OP_st"]
-        [::std::mem::align_of::<CUDA_MEMCPY3D_BATCH_OP_st>() - 8usize];
+    ["Size of CUDA_MEMCPY3D_BATCH_OP_st"][::std::mem::size_of::<CUDA_MEMCPY3D_BATCH_OP_st>() - 112usize];
+    ["Alignment of CUDA_MEMCPY3D_BATCH_OP_st"][::std::mem::align_of::<CUDA_MEMCPY3D_BATCH_OP_st>() - 8usize];
     ["Offset of field: CUDA_MEMCPY3D_BATCH_OP_st::src"]
         [::std::mem::offset_of!(CUDA_MEMCPY3D_BATCH_OP_st, src) - 0usize];
     ["Offset of field: CUDA_MEMCPY3D_BATCH_OP_st::dst"]
@@ -7909,8 +7249,7 @@ pub struct CUDA_MEM_ALLOC_NODE_PARAMS_v1_st {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of CUDA_MEM_ALLOC_NODE_PARAMS_v1_st"]
-        [::std::mem::size_of::<CUDA_MEM_ALLOC_NODE_PARAMS_v1_st>() - 120usize];
+    ["Size of CUDA_MEM_ALLOC_NODE_PARAMS_v1_st"][::std::mem::size_of::<CUDA_MEM_ALLOC_NODE_PARAMS_v1_st>() - 120usize];
     ["Alignment of CUDA_MEM_ALLOC_NODE_PARAMS_v1_st"]
         [::std::mem::align_of::<CUDA_MEM_ALLOC_NODE_PARAMS_v1_st>() - 8usize];
     ["Offset of field: CUDA_MEM_ALLOC_NODE_PARAMS_v1_st::poolProps"]
@@ -7955,8 +7294,7 @@ pub struct CUDA_MEM_ALLOC_NODE_PARAMS_v2_st {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of CUDA_MEM_ALLOC_NODE_PARAMS_v2_st"]
-        [::std::mem::size_of::<CUDA_MEM_ALLOC_NODE_PARAMS_v2_st>() - 120usize];
+    ["Size of CUDA_MEM_ALLOC_NODE_PARAMS_v2_st"][::std::mem::size_of::<CUDA_MEM_ALLOC_NODE_PARAMS_v2_st>() - 120usize];
     ["Alignment of CUDA_MEM_ALLOC_NODE_PARAMS_v2_st"]
         [::std::mem::align_of::<CUDA_MEM_ALLOC_NODE_PARAMS_v2_st>() - 8usize];
     ["Offset of field: CUDA_MEM_ALLOC_NODE_PARAMS_v2_st::poolProps"]
@@ -7990,10 +7328,8 @@ pub struct CUDA_MEM_FREE_NODE_PARAMS_st {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of CUDA_MEM_FREE_NODE_PARAMS_st"]
-        [::std::mem::size_of::<CUDA_MEM_FREE_NODE_PARAMS_st>() - 8usize];
-    ["Alignment of CUDA_MEM_FREE_NODE_PARAMS_st"]
-        [::std::mem::align_of::<CUDA_MEM_FREE_NODE_PARAMS_st>() - 8usize];
+    ["Size of CUDA_MEM_FREE_NODE_PARAMS_st"][::std::mem::size_of::<CUDA_MEM_FREE_NODE_PARAMS_st>() - 8usize];
+    ["Alignment of CUDA_MEM_FREE_NODE_PARAMS_st"][::std::mem::align_of::<CUDA_MEM_FREE_NODE_PARAMS_st>() - 8usize];
     ["Offset of field: CUDA_MEM_FREE_NODE_PARAMS_st::dptr"]
         [::std::mem::offset_of!(CUDA_MEM_FREE_NODE_PARAMS_st, dptr) - 0usize];
 };
@@ -8002,23 +7338,19 @@ pub type CUDA_MEM_FREE_NODE_PARAMS = CUDA_MEM_FREE_NODE_PARAMS_st;
 impl CUgraphMem_attribute_enum {
     /// (value type = cuuint64_t)
     /// Amount of memory, in bytes, currently associated with graphs
-    pub const CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT: CUgraphMem_attribute_enum =
-        CUgraphMem_attribute_enum(0);
+    pub const CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT: CUgraphMem_attribute_enum = CUgraphMem_attribute_enum(0);
     /// (value type = cuuint64_t)
     /// High watermark of memory, in bytes, associated with graphs since the
     /// last time it was reset.  High watermark can only be reset to zero.
-    pub const CU_GRAPH_MEM_ATTR_USED_MEM_HIGH: CUgraphMem_attribute_enum =
-        CUgraphMem_attribute_enum(1);
+    pub const CU_GRAPH_MEM_ATTR_USED_MEM_HIGH: CUgraphMem_attribute_enum = CUgraphMem_attribute_enum(1);
     /// (value type = cuuint64_t)
     /// Amount of memory, in bytes, currently allocated for use by
     /// the CUDA graphs asynchronous allocator.
-    pub const CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: CUgraphMem_attribute_enum =
-        CUgraphMem_attribute_enum(2);
+    pub const CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: CUgraphMem_attribute_enum = CUgraphMem_attribute_enum(2);
     /// (value type = cuuint64_t)
     /// High watermark of memory, in bytes, currently allocated for use by
     /// the CUDA graphs asynchronous allocator.
-    pub const CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH: CUgraphMem_attribute_enum =
-        CUgraphMem_attribute_enum(3);
+    pub const CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH: CUgraphMem_attribute_enum = CUgraphMem_attribute_enum(3);
 }
 #[repr(transparent)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
@@ -8063,8 +7395,7 @@ pub struct CUDA_CHILD_GRAPH_NODE_PARAMS_st {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of CUDA_CHILD_GRAPH_NODE_PARAMS_st"]
-        [::std::mem::size_of::<CUDA_CHILD_GRAPH_NODE_PARAMS_st>() - 16usize];
+    ["Size of CUDA_CHILD_GRAPH_NODE_PARAMS_st"][::std::mem::size_of::<CUDA_CHILD_GRAPH_NODE_PARAMS_st>() - 16usize];
     ["Alignment of CUDA_CHILD_GRAPH_NODE_PARAMS_st"]
         [::std::mem::align_of::<CUDA_CHILD_GRAPH_NODE_PARAMS_st>() - 8usize];
     ["Offset of field: CUDA_CHILD_GRAPH_NODE_PARAMS_st::graph"]
@@ -8092,8 +7423,7 @@ pub struct CUDA_EVENT_RECORD_NODE_PARAMS_st {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of CUDA_EVENT_RECORD_NODE_PARAMS_st"]
-        [::std::mem::size_of::<CUDA_EVENT_RECORD_NODE_PARAMS_st>() - 8usize];
+    ["Size of CUDA_EVENT_RECORD_NODE_PARAMS_st"][::std::mem::size_of::<CUDA_EVENT_RECORD_NODE_PARAMS_st>() - 8usize];
     ["Alignment of CUDA_EVENT_RECORD_NODE_PARAMS_st"]
         [::std::mem::align_of::<CUDA_EVENT_RECORD_NODE_PARAMS_st>() - 8usize];
     ["Offset of field: CUDA_EVENT_RECORD_NODE_PARAMS_st::event"]
@@ -8119,10 +7449,8 @@ pub struct CUDA_EVENT_WAIT_NODE_PARAMS_st {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of CUDA_EVENT_WAIT_NODE_PARAMS_st"]
-        [::std::mem::size_of::<CUDA_EVENT_WAIT_NODE_PARAMS_st>() - 8usize];
-    ["Alignment of CUDA_EVENT_WAIT_NODE_PARAMS_st"]
-        [::std::mem::align_of::<CUDA_EVENT_WAIT_NODE_PARAMS_st>() - 8usize];
+    ["Size of CUDA_EVENT_WAIT_NODE_PARAMS_st"][::std::mem::size_of::<CUDA_EVENT_WAIT_NODE_PARAMS_st>() - 8usize];
+    ["Alignment of CUDA_EVENT_WAIT_NODE_PARAMS_st"][::std::mem::align_of::<CUDA_EVENT_WAIT_NODE_PARAMS_st>() - 8usize];
     ["Offset of field: CUDA_EVENT_WAIT_NODE_PARAMS_st::event"]
         [::std::mem::offset_of!(CUDA_EVENT_WAIT_NODE_PARAMS_st, event) - 0usize];
 };
@@ -8229,8 +7557,7 @@ impl Default for CUgraphNodeParams_st__bindgen_ty_1 {
 const _: () = {
     ["Size of CUgraphNodeParams_st"][::std::mem::size_of::<CUgraphNodeParams_st>() - 256usize];
     ["Alignment of CUgraphNodeParams_st"][::std::mem::align_of::<CUgraphNodeParams_st>() - 8usize];
-    ["Offset of field: CUgraphNodeParams_st::type_"]
-        [::std::mem::offset_of!(CUgraphNodeParams_st, type_) - 0usize];
+    ["Offset of field: CUgraphNodeParams_st::type_"][::std::mem::offset_of!(CUgraphNodeParams_st, type_) - 0usize];
     ["Offset of field: CUgraphNodeParams_st::reserved0"]
         [::std::mem::offset_of!(CUgraphNodeParams_st, reserved0) - 4usize];
     ["Offset of field: CUgraphNodeParams_st::reserved2"]
@@ -8252,8 +7579,8 @@ impl CUflushGPUDirectRDMAWritesOptions_enum {
     pub const CU_FLUSH_GPU_DIRECT_RDMA_WRITES_OPTION_HOST: CUflushGPUDirectRDMAWritesOptions_enum =
         CUflushGPUDirectRDMAWritesOptions_enum(1);
     /// < The ::CU_STREAM_WAIT_VALUE_FLUSH flag and the ::CU_STREAM_MEM_OP_FLUSH_REMOTE_WRITES MemOp are supported on the device.
-    pub const CU_FLUSH_GPU_DIRECT_RDMA_WRITES_OPTION_MEMOPS:
-        CUflushGPUDirectRDMAWritesOptions_enum = CUflushGPUDirectRDMAWritesOptions_enum(2);
+    pub const CU_FLUSH_GPU_DIRECT_RDMA_WRITES_OPTION_MEMOPS: CUflushGPUDirectRDMAWritesOptions_enum =
+        CUflushGPUDirectRDMAWritesOptions_enum(2);
 }
 #[repr(transparent)]
 /// Bitmasks for ::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS
@@ -8294,8 +7621,8 @@ pub struct CUflushGPUDirectRDMAWritesScope_enum(pub ::std::os::raw::c_uint);
 pub use self::CUflushGPUDirectRDMAWritesScope_enum as CUflushGPUDirectRDMAWritesScope;
 impl CUflushGPUDirectRDMAWritesTarget_enum {
     /// < Sets the target for ::cuFlushGPUDirectRDMAWrites() to the currently active CUDA device context.
-    pub const CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TARGET_CURRENT_CTX:
-        CUflushGPUDirectRDMAWritesTarget_enum = CUflushGPUDirectRDMAWritesTarget_enum(0);
+    pub const CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TARGET_CURRENT_CTX: CUflushGPUDirectRDMAWritesTarget_enum =
+        CUflushGPUDirectRDMAWritesTarget_enum(0);
 }
 #[repr(transparent)]
 /// The targets for ::cuFlushGPUDirectRDMAWrites
@@ -8305,26 +7632,19 @@ pub struct CUflushGPUDirectRDMAWritesTarget_enum(pub ::std::os::raw::c_uint);
 pub use self::CUflushGPUDirectRDMAWritesTarget_enum as CUflushGPUDirectRDMAWritesTarget;
 impl CUgraphDebugDot_flags_enum {
     /// < Output all debug data as if every debug flag is enabled
-    pub const CU_GRAPH_DEBUG_DOT_FLAGS_VERBOSE: CUgraphDebugDot_flags_enum =
-        CUgraphDebugDot_flags_enum(1);
+    pub const CU_GRAPH_DEBUG_DOT_FLAGS_VERBOSE: CUgraphDebugDot_flags_enum = CUgraphDebugDot_flags_enum(1);
     /// < Use CUDA Runtime structures for output
-    pub const CU_GRAPH_DEBUG_DOT_FLAGS_RUNTIME_TYPES: CUgraphDebugDot_flags_enum =
-        CUgraphDebugDot_flags_enum(2);
+    pub const CU_GRAPH_DEBUG_DOT_FLAGS_RUNTIME_TYPES: CUgraphDebugDot_flags_enum = CUgraphDebugDot_flags_enum(2);
     /// < Adds CUDA_KERNEL_NODE_PARAMS values to output
-    pub const CU_GRAPH_DEBUG_DOT_FLAGS_KERNEL_NODE_PARAMS: CUgraphDebugDot_flags_enum =
-        CUgraphDebugDot_flags_enum(4);
+    pub const CU_GRAPH_DEBUG_DOT_FLAGS_KERNEL_NODE_PARAMS: CUgraphDebugDot_flags_enum = CUgraphDebugDot_flags_enum(4);
     /// < Adds CUDA_MEMCPY3D values to output
-    pub const CU_GRAPH_DEBUG_DOT_FLAGS_MEMCPY_NODE_PARAMS: CUgraphDebugDot_flags_enum =
-        CUgraphDebugDot_flags_enum(8);
+    pub const CU_GRAPH_DEBUG_DOT_FLAGS_MEMCPY_NODE_PARAMS: CUgraphDebugDot_flags_enum = CUgraphDebugDot_flags_enum(8);
     /// < Adds CUDA_MEMSET_NODE_PARAMS values to output
-    pub const CU_GRAPH_DEBUG_DOT_FLAGS_MEMSET_NODE_PARAMS: CUgraphDebugDot_flags_enum =
-        CUgraphDebugDot_flags_enum(16);
+    pub const CU_GRAPH_DEBUG_DOT_FLAGS_MEMSET_NODE_PARAMS: CUgraphDebugDot_flags_enum = CUgraphDebugDot_flags_enum(16);
     /// < Adds CUDA_HOST_NODE_PARAMS values to output
-    pub const CU_GRAPH_DEBUG_DOT_FLAGS_HOST_NODE_PARAMS: CUgraphDebugDot_flags_enum =
-        CUgraphDebugDot_flags_enum(32);
+    pub const CU_GRAPH_DEBUG_DOT_FLAGS_HOST_NODE_PARAMS: CUgraphDebugDot_flags_enum = CUgraphDebugDot_flags_enum(32);
     /// < Adds CUevent handle from record and wait nodes to output
-    pub const CU_GRAPH_DEBUG_DOT_FLAGS_EVENT_NODE_PARAMS: CUgraphDebugDot_flags_enum =
-        CUgraphDebugDot_flags_enum(64);
+    pub const CU_GRAPH_DEBUG_DOT_FLAGS_EVENT_NODE_PARAMS: CUgraphDebugDot_flags_enum = CUgraphDebugDot_flags_enum(64);
     /// < Adds CUDA_EXT_SEM_SIGNAL_NODE_PARAMS values to output
     pub const CU_GRAPH_DEBUG_DOT_FLAGS_EXT_SEMAS_SIGNAL_NODE_PARAMS: CUgraphDebugDot_flags_enum =
         CUgraphDebugDot_flags_enum(128);
@@ -8335,8 +7655,7 @@ impl CUgraphDebugDot_flags_enum {
     pub const CU_GRAPH_DEBUG_DOT_FLAGS_KERNEL_NODE_ATTRIBUTES: CUgraphDebugDot_flags_enum =
         CUgraphDebugDot_flags_enum(512);
     /// < Adds node handles and every kernel function handle to output
-    pub const CU_GRAPH_DEBUG_DOT_FLAGS_HANDLES: CUgraphDebugDot_flags_enum =
-        CUgraphDebugDot_flags_enum(1024);
+    pub const CU_GRAPH_DEBUG_DOT_FLAGS_HANDLES: CUgraphDebugDot_flags_enum = CUgraphDebugDot_flags_enum(1024);
     /// < Adds memory alloc node parameters to output
     pub const CU_GRAPH_DEBUG_DOT_FLAGS_MEM_ALLOC_NODE_PARAMS: CUgraphDebugDot_flags_enum =
         CUgraphDebugDot_flags_enum(2048);
@@ -8347,8 +7666,7 @@ impl CUgraphDebugDot_flags_enum {
     pub const CU_GRAPH_DEBUG_DOT_FLAGS_BATCH_MEM_OP_NODE_PARAMS: CUgraphDebugDot_flags_enum =
         CUgraphDebugDot_flags_enum(8192);
     /// < Adds edge numbering information
-    pub const CU_GRAPH_DEBUG_DOT_FLAGS_EXTRA_TOPO_INFO: CUgraphDebugDot_flags_enum =
-        CUgraphDebugDot_flags_enum(16384);
+    pub const CU_GRAPH_DEBUG_DOT_FLAGS_EXTRA_TOPO_INFO: CUgraphDebugDot_flags_enum = CUgraphDebugDot_flags_enum(16384);
     /// < Adds conditional node parameters to output
     pub const CU_GRAPH_DEBUG_DOT_FLAGS_CONDITIONAL_NODE_PARAMS: CUgraphDebugDot_flags_enum =
         CUgraphDebugDot_flags_enum(32768);
@@ -8361,8 +7679,7 @@ pub struct CUgraphDebugDot_flags_enum(pub ::std::os::raw::c_uint);
 pub use self::CUgraphDebugDot_flags_enum as CUgraphDebugDot_flags;
 impl CUuserObject_flags_enum {
     /// < Indicates the destructor execution is not synchronized by any CUDA handle.
-    pub const CU_USER_OBJECT_NO_DESTRUCTOR_SYNC: CUuserObject_flags_enum =
-        CUuserObject_flags_enum(1);
+    pub const CU_USER_OBJECT_NO_DESTRUCTOR_SYNC: CUuserObject_flags_enum = CUuserObject_flags_enum(1);
 }
 #[repr(transparent)]
 /// Flags for user objects for graphs
@@ -8372,8 +7689,7 @@ pub struct CUuserObject_flags_enum(pub ::std::os::raw::c_uint);
 pub use self::CUuserObject_flags_enum as CUuserObject_flags;
 impl CUuserObjectRetain_flags_enum {
     /// < Transfer references from the caller rather than creating new references.
-    pub const CU_GRAPH_USER_OBJECT_MOVE: CUuserObjectRetain_flags_enum =
-        CUuserObjectRetain_flags_enum(1);
+    pub const CU_GRAPH_USER_OBJECT_MOVE: CUuserObjectRetain_flags_enum = CUuserObjectRetain_flags_enum(1);
 }
 #[repr(transparent)]
 /// Flags for retaining user object references for graphs
@@ -8388,8 +7704,7 @@ impl CUgraphInstantiate_flags_enum {
     /// < Automatically upload the graph after instantiation. Only supported by
     /// ::cuGraphInstantiateWithParams.  The upload will be performed using the
     /// stream provided in \p instantiateParams.
-    pub const CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD: CUgraphInstantiate_flags_enum =
-        CUgraphInstantiate_flags_enum(2);
+    pub const CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD: CUgraphInstantiate_flags_enum = CUgraphInstantiate_flags_enum(2);
     /// < Instantiate the graph to be launchable from the device. This flag can only
     /// be used on platforms which support unified addressing. This flag cannot be
     /// used in conjunction with CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH.
@@ -8448,8 +7763,7 @@ pub struct CUcheckpointLockArgs_st {
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of CUcheckpointLockArgs_st"][::std::mem::size_of::<CUcheckpointLockArgs_st>() - 64usize];
-    ["Alignment of CUcheckpointLockArgs_st"]
-        [::std::mem::align_of::<CUcheckpointLockArgs_st>() - 8usize];
+    ["Alignment of CUcheckpointLockArgs_st"][::std::mem::align_of::<CUcheckpointLockArgs_st>() - 8usize];
     ["Offset of field: CUcheckpointLockArgs_st::timeoutMs"]
         [::std::mem::offset_of!(CUcheckpointLockArgs_st, timeoutMs) - 0usize];
     ["Offset of field: CUcheckpointLockArgs_st::reserved0"]
@@ -8468,10 +7782,8 @@ pub struct CUcheckpointCheckpointArgs_st {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of CUcheckpointCheckpointArgs_st"]
-        [::std::mem::size_of::<CUcheckpointCheckpointArgs_st>() - 64usize];
-    ["Alignment of CUcheckpointCheckpointArgs_st"]
-        [::std::mem::align_of::<CUcheckpointCheckpointArgs_st>() - 8usize];
+    ["Size of CUcheckpointCheckpointArgs_st"][::std::mem::size_of::<CUcheckpointCheckpointArgs_st>() - 64usize];
+    ["Alignment of CUcheckpointCheckpointArgs_st"][::std::mem::align_of::<CUcheckpointCheckpointArgs_st>() - 8usize];
     ["Offset of field: CUcheckpointCheckpointArgs_st::reserved"]
         [::std::mem::offset_of!(CUcheckpointCheckpointArgs_st, reserved) - 0usize];
 };
@@ -8489,8 +7801,7 @@ pub struct CUcheckpointGpuPair_st {
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
     ["Size of CUcheckpointGpuPair_st"][::std::mem::size_of::<CUcheckpointGpuPair_st>() - 32usize];
-    ["Alignment of CUcheckpointGpuPair_st"]
-        [::std::mem::align_of::<CUcheckpointGpuPair_st>() - 1usize];
+    ["Alignment of CUcheckpointGpuPair_st"][::std::mem::align_of::<CUcheckpointGpuPair_st>() - 1usize];
     ["Offset of field: CUcheckpointGpuPair_st::oldUuid"]
         [::std::mem::offset_of!(CUcheckpointGpuPair_st, oldUuid) - 0usize];
     ["Offset of field: CUcheckpointGpuPair_st::newUuid"]
@@ -8513,10 +7824,8 @@ pub struct CUcheckpointRestoreArgs_st {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of CUcheckpointRestoreArgs_st"]
-        [::std::mem::size_of::<CUcheckpointRestoreArgs_st>() - 64usize];
-    ["Alignment of CUcheckpointRestoreArgs_st"]
-        [::std::mem::align_of::<CUcheckpointRestoreArgs_st>() - 8usize];
+    ["Size of CUcheckpointRestoreArgs_st"][::std::mem::size_of::<CUcheckpointRestoreArgs_st>() - 64usize];
+    ["Alignment of CUcheckpointRestoreArgs_st"][::std::mem::align_of::<CUcheckpointRestoreArgs_st>() - 8usize];
     ["Offset of field: CUcheckpointRestoreArgs_st::gpuPairs"]
         [::std::mem::offset_of!(CUcheckpointRestoreArgs_st, gpuPairs) - 0usize];
     ["Offset of field: CUcheckpointRestoreArgs_st::gpuPairsCount"]
@@ -8546,10 +7855,8 @@ pub struct CUcheckpointUnlockArgs_st {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of CUcheckpointUnlockArgs_st"]
-        [::std::mem::size_of::<CUcheckpointUnlockArgs_st>() - 64usize];
-    ["Alignment of CUcheckpointUnlockArgs_st"]
-        [::std::mem::align_of::<CUcheckpointUnlockArgs_st>() - 8usize];
+    ["Size of CUcheckpointUnlockArgs_st"][::std::mem::size_of::<CUcheckpointUnlockArgs_st>() - 64usize];
+    ["Alignment of CUcheckpointUnlockArgs_st"][::std::mem::align_of::<CUcheckpointUnlockArgs_st>() - 8usize];
     ["Offset of field: CUcheckpointUnlockArgs_st::reserved"]
         [::std::mem::offset_of!(CUcheckpointUnlockArgs_st, reserved) - 0usize];
 };
@@ -8569,17 +7876,13 @@ pub struct CUmoduleLoadingMode_enum(pub ::std::os::raw::c_uint);
 pub use self::CUmoduleLoadingMode_enum as CUmoduleLoadingMode;
 impl CUmemDecompressAlgorithm_enum {
     /// < Decompression is unsupported.
-    pub const CU_MEM_DECOMPRESS_UNSUPPORTED: CUmemDecompressAlgorithm_enum =
-        CUmemDecompressAlgorithm_enum(0);
+    pub const CU_MEM_DECOMPRESS_UNSUPPORTED: CUmemDecompressAlgorithm_enum = CUmemDecompressAlgorithm_enum(0);
     /// < Deflate is supported.
-    pub const CU_MEM_DECOMPRESS_ALGORITHM_DEFLATE: CUmemDecompressAlgorithm_enum =
-        CUmemDecompressAlgorithm_enum(1);
+    pub const CU_MEM_DECOMPRESS_ALGORITHM_DEFLATE: CUmemDecompressAlgorithm_enum = CUmemDecompressAlgorithm_enum(1);
     /// < Snappy is supported.
-    pub const CU_MEM_DECOMPRESS_ALGORITHM_SNAPPY: CUmemDecompressAlgorithm_enum =
-        CUmemDecompressAlgorithm_enum(2);
+    pub const CU_MEM_DECOMPRESS_ALGORITHM_SNAPPY: CUmemDecompressAlgorithm_enum = CUmemDecompressAlgorithm_enum(2);
     /// < LZ4 is supported.
-    pub const CU_MEM_DECOMPRESS_ALGORITHM_LZ4: CUmemDecompressAlgorithm_enum =
-        CUmemDecompressAlgorithm_enum(4);
+    pub const CU_MEM_DECOMPRESS_ALGORITHM_LZ4: CUmemDecompressAlgorithm_enum = CUmemDecompressAlgorithm_enum(4);
 }
 #[repr(transparent)]
 /// \brief Bitmasks for CU_DEVICE_ATTRIBUTE_MEM_DECOMPRESS_ALGORITHM_MASK.
@@ -8617,20 +7920,16 @@ pub struct CUmemDecompressParams_st {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of CUmemDecompressParams_st"]
-        [::std::mem::size_of::<CUmemDecompressParams_st>() - 64usize];
-    ["Alignment of CUmemDecompressParams_st"]
-        [::std::mem::align_of::<CUmemDecompressParams_st>() - 8usize];
+    ["Size of CUmemDecompressParams_st"][::std::mem::size_of::<CUmemDecompressParams_st>() - 64usize];
+    ["Alignment of CUmemDecompressParams_st"][::std::mem::align_of::<CUmemDecompressParams_st>() - 8usize];
     ["Offset of field: CUmemDecompressParams_st::srcNumBytes"]
         [::std::mem::offset_of!(CUmemDecompressParams_st, srcNumBytes) - 0usize];
     ["Offset of field: CUmemDecompressParams_st::dstNumBytes"]
         [::std::mem::offset_of!(CUmemDecompressParams_st, dstNumBytes) - 8usize];
     ["Offset of field: CUmemDecompressParams_st::dstActBytes"]
         [::std::mem::offset_of!(CUmemDecompressParams_st, dstActBytes) - 16usize];
-    ["Offset of field: CUmemDecompressParams_st::src"]
-        [::std::mem::offset_of!(CUmemDecompressParams_st, src) - 24usize];
-    ["Offset of field: CUmemDecompressParams_st::dst"]
-        [::std::mem::offset_of!(CUmemDecompressParams_st, dst) - 32usize];
+    ["Offset of field: CUmemDecompressParams_st::src"][::std::mem::offset_of!(CUmemDecompressParams_st, src) - 24usize];
+    ["Offset of field: CUmemDecompressParams_st::dst"][::std::mem::offset_of!(CUmemDecompressParams_st, dst) - 32usize];
     ["Offset of field: CUmemDecompressParams_st::algo"]
         [::std::mem::offset_of!(CUmemDecompressParams_st, algo) - 40usize];
     ["Offset of field: CUmemDecompressParams_st::padding"]
@@ -8649,12 +7948,9 @@ impl Default for CUmemDecompressParams_st {
 /// decompression operation.
 pub type CUmemDecompressParams = CUmemDecompressParams_st;
 impl CUfunctionLoadingState_enum {
-    pub const CU_FUNCTION_LOADING_STATE_UNLOADED: CUfunctionLoadingState_enum =
-        CUfunctionLoadingState_enum(0);
-    pub const CU_FUNCTION_LOADING_STATE_LOADED: CUfunctionLoadingState_enum =
-        CUfunctionLoadingState_enum(1);
-    pub const CU_FUNCTION_LOADING_STATE_MAX: CUfunctionLoadingState_enum =
-        CUfunctionLoadingState_enum(2);
+    pub const CU_FUNCTION_LOADING_STATE_UNLOADED: CUfunctionLoadingState_enum = CUfunctionLoadingState_enum(0);
+    pub const CU_FUNCTION_LOADING_STATE_LOADED: CUfunctionLoadingState_enum = CUfunctionLoadingState_enum(1);
+    pub const CU_FUNCTION_LOADING_STATE_MAX: CUfunctionLoadingState_enum = CUfunctionLoadingState_enum(2);
 }
 #[repr(transparent)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
@@ -8678,19 +7974,13 @@ pub struct CUcoredumpSettings_enum(pub ::std::os::raw::c_uint);
 pub use self::CUcoredumpSettings_enum as CUcoredumpSettings;
 impl CUCoredumpGenerationFlags {
     pub const CU_COREDUMP_DEFAULT_FLAGS: CUCoredumpGenerationFlags = CUCoredumpGenerationFlags(0);
-    pub const CU_COREDUMP_SKIP_NONRELOCATED_ELF_IMAGES: CUCoredumpGenerationFlags =
-        CUCoredumpGenerationFlags(1);
-    pub const CU_COREDUMP_SKIP_GLOBAL_MEMORY: CUCoredumpGenerationFlags =
-        CUCoredumpGenerationFlags(2);
-    pub const CU_COREDUMP_SKIP_SHARED_MEMORY: CUCoredumpGenerationFlags =
-        CUCoredumpGenerationFlags(4);
-    pub const CU_COREDUMP_SKIP_LOCAL_MEMORY: CUCoredumpGenerationFlags =
-        CUCoredumpGenerationFlags(8);
+    pub const CU_COREDUMP_SKIP_NONRELOCATED_ELF_IMAGES: CUCoredumpGenerationFlags = CUCoredumpGenerationFlags(1);
+    pub const CU_COREDUMP_SKIP_GLOBAL_MEMORY: CUCoredumpGenerationFlags = CUCoredumpGenerationFlags(2);
+    pub const CU_COREDUMP_SKIP_SHARED_MEMORY: CUCoredumpGenerationFlags = CUCoredumpGenerationFlags(4);
+    pub const CU_COREDUMP_SKIP_LOCAL_MEMORY: CUCoredumpGenerationFlags = CUCoredumpGenerationFlags(8);
     pub const CU_COREDUMP_SKIP_ABORT: CUCoredumpGenerationFlags = CUCoredumpGenerationFlags(16);
-    pub const CU_COREDUMP_SKIP_CONSTBANK_MEMORY: CUCoredumpGenerationFlags =
-        CUCoredumpGenerationFlags(32);
-    pub const CU_COREDUMP_LIGHTWEIGHT_FLAGS: CUCoredumpGenerationFlags =
-        CUCoredumpGenerationFlags(47);
+    pub const CU_COREDUMP_SKIP_CONSTBANK_MEMORY: CUCoredumpGenerationFlags = CUCoredumpGenerationFlags(32);
+    pub const CU_COREDUMP_LIGHTWEIGHT_FLAGS: CUCoredumpGenerationFlags = CUCoredumpGenerationFlags(47);
 }
 #[repr(transparent)]
 /// Flags for controlling coredump contents
@@ -8750,8 +8040,7 @@ pub struct CUdevSmResource_st {
 const _: () = {
     ["Size of CUdevSmResource_st"][::std::mem::size_of::<CUdevSmResource_st>() - 12usize];
     ["Alignment of CUdevSmResource_st"][::std::mem::align_of::<CUdevSmResource_st>() - 4usize];
-    ["Offset of field: CUdevSmResource_st::smCount"]
-        [::std::mem::offset_of!(CUdevSmResource_st, smCount) - 0usize];
+    ["Offset of field: CUdevSmResource_st::smCount"][::std::mem::offset_of!(CUdevSmResource_st, smCount) - 0usize];
     ["Offset of field: CUdevSmResource_st::minSmPartitionSize"]
         [::std::mem::offset_of!(CUdevSmResource_st, minSmPartitionSize) - 4usize];
     ["Offset of field: CUdevSmResource_st::smCoscheduledAlignment"]
@@ -8794,10 +8083,8 @@ pub union CUdevResource_st__bindgen_ty_1 {
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of CUdevResource_st__bindgen_ty_1"]
-        [::std::mem::size_of::<CUdevResource_st__bindgen_ty_1>() - 48usize];
-    ["Alignment of CUdevResource_st__bindgen_ty_1"]
-        [::std::mem::align_of::<CUdevResource_st__bindgen_ty_1>() - 4usize];
+    ["Size of CUdevResource_st__bindgen_ty_1"][::std::mem::size_of::<CUdevResource_st__bindgen_ty_1>() - 48usize];
+    ["Alignment of CUdevResource_st__bindgen_ty_1"][::std::mem::align_of::<CUdevResource_st__bindgen_ty_1>() - 4usize];
     ["Offset of field: CUdevResource_st__bindgen_ty_1::sm"]
         [::std::mem::offset_of!(CUdevResource_st__bindgen_ty_1, sm) - 0usize];
     ["Offset of field: CUdevResource_st__bindgen_ty_1::_oversize"]
@@ -8816,8 +8103,7 @@ impl Default for CUdevResource_st__bindgen_ty_1 {
 const _: () = {
     ["Size of CUdevResource_st"][::std::mem::size_of::<CUdevResource_st>() - 144usize];
     ["Alignment of CUdevResource_st"][::std::mem::align_of::<CUdevResource_st>() - 4usize];
-    ["Offset of field: CUdevResource_st::type_"]
-        [::std::mem::offset_of!(CUdevResource_st, type_) - 0usize];
+    ["Offset of field: CUdevResource_st::type_"][::std::mem::offset_of!(CUdevResource_st, type_) - 0usize];
     ["Offset of field: CUdevResource_st::_internal_padding"]
         [::std::mem::offset_of!(CUdevResource_st, _internal_padding) - 4usize];
 };
