@@ -1,18 +1,100 @@
 //! Sharing CUDA memory pools and buffers between processes through POSIX file descriptors.
 //!
-//! Planned contents (tracked in the project's IPC issue): exporting an IPC-enabled pool as an
-//! owned file descriptor with a UUID, importing it in another process as a mapped resource,
-//! fixed-size versioned buffer descriptors, a process-wide duplicate-import cache, a registry of
-//! mapped resources, and a channel that passes file descriptors over a Unix socket.
+//! A pool created with an IPC handle type (POSIX file descriptors) can be exported as a file
+//! descriptor. Another process that receives that descriptor imports the pool and maps it; from
+//! then on, each buffer allocated from the pool in the exporting process can be shared by sending
+//! a small fixed-size [`BufferDescriptor`], which the importing process turns into a pointer into
+//! its own mapping of the same memory. Both processes then read and write the same device
+//! memory, synchronizing as they would between two streams.
 //!
-//! Today the crate re-exports the core types it builds on:
+//! This crate provides the pieces that involve the driver (exporting and importing pools and
+//! buffers) and those that do not:
 //!
-//! ```no_run
-//! use cuda_mem_ipc::core::Device;
+//! - [`Channel`]: framed messages between two processes over a Unix domain socket, with file
+//!   descriptors attached ([`ChannelListener`] for processes that meet at a socket path);
+//! - [`spawn_with_channel`] and [`Channel::from_env`]: starting a child process that is
+//!   connected to its parent by a channel;
+//! - [`BufferDescriptor`]: the versioned, checksummed byte encoding of a shared buffer;
+//! - [`Registry`]: a process-wide map from resource UUIDs to the live imported resources;
+//! - [`IpcError`]: the crate's errors.
 //!
-//! let device = Device::new(0)?;
-//! println!("IPC handle types: {:?}", device.properties()?.mempool_supported_handle_types);
-//! # Ok::<(), cuda_mem_ipc::core::Error>(())
+//! # Trust boundary
+//!
+//! Import only from trusted peers: processes of the same user that run cooperating code. Sharing
+//! device memory gives the peer the power to write it at any time, and a malicious exporter can
+//! hand over memory that is not what it claims.
+//!
+//! What this crate validates before acting on a peer's input (and before any driver call):
+//!
+//! - the lengths of everything received: frames, payloads (at most [`MAX_PAYLOAD_LEN`]), the
+//!   number of file descriptors (at most [`MAX_FDS`], and exactly as many as announced), and
+//!   encoded descriptors (exactly [`ENCODED_LEN`] bytes);
+//! - magic numbers and versions (an unknown version is reported as such), and that reserved
+//!   fields and flags are zero;
+//! - the checksum of every [`BufferDescriptor`], which detects damaged descriptors;
+//! - size bounds: a buffer size is in `1..=`[`MAX_BUFFER_SIZE`], and a resource UUID is not nil;
+//! - the types of file descriptors that are meant to be a channel (a Unix domain stream socket,
+//!   the very one the parent passed); received descriptors are owned at once (closed if the
+//!   message is rejected) and never inherited by child processes.
+//!
+//! What cannot be validated:
+//!
+//! - whether the memory behind a well-formed descriptor is what the peer says it is: the export
+//!   data is opaque, only the driver interprets it, and the checksum proves integrity in transit,
+//!   not honesty (the peer computes it);
+//! - what the peer does with shared memory afterwards: it can write to it concurrently at any
+//!   time, free it, or exit; contents read from shared memory are as untrusted as the peer;
+//! - the peer's identity beyond what the socket's permissions and the process tree establish.
+//!
+//! # Example
+//!
+//! Passing a file descriptor between the two ends of a channel (here both in one process; with
+//! [`spawn_with_channel`] the other end is in a child process):
+//!
+//! ```
+//! use std::io::{Read, Write};
+//! use std::os::fd::AsFd;
+//! use std::os::unix::net::UnixStream;
+//! use cuda_mem_ipc::Channel;
+//!
+//! let (here, there) = Channel::pair()?;
+//!
+//! // Send one end of a fresh socket pair, with a message.
+//! let (mut kept, sent) = UnixStream::pair().expect("socketpair");
+//! here.send(1, b"write to this", &[sent.as_fd()])?;
+//! drop(sent);
+//!
+//! // The receiver gets its own descriptor for the same socket and uses it.
+//! let message = there.recv()?;
+//! assert_eq!(message.kind, 1);
+//! assert_eq!(message.payload, b"write to this");
+//! let mut received = UnixStream::from(message.fds.into_iter().next().expect("one fd"));
+//! received.write_all(b"hello through a passed descriptor").expect("write");
+//! drop(received);
+//!
+//! let mut text = String::new();
+//! kept.read_to_string(&mut text).expect("read");
+//! assert_eq!(text, "hello through a passed descriptor");
+//! # Ok::<(), cuda_mem_ipc::IpcError>(())
 //! ```
 
 pub use cuda_mem_core as core;
+
+pub mod channel;
+pub mod descriptor;
+pub mod error;
+pub mod import_cache;
+pub mod mapped;
+pub mod protocol;
+pub mod registry;
+pub mod share;
+pub mod spawn;
+
+pub use channel::{Channel, ChannelListener, MAX_FDS, MAX_PAYLOAD_LEN, RawMessage};
+pub use descriptor::{BufferDescriptor, DecodeError, ENCODED_LEN, EXPORT_DATA_LEN, MAGIC, MAX_BUFFER_SIZE, VERSION};
+pub use error::{IpcError, Result};
+pub use mapped::{MappedMemoryResource, SharedKind, registry};
+pub use protocol::{IpcChannel, MAX_BUFFERS_PER_MESSAGE, Received};
+pub use registry::Registry;
+pub use share::{AllocationHandle, allocation_handle, buffer_descriptor};
+pub use spawn::{CHANNEL_FD_ENV, CHANNEL_INODE_ENV, spawn_with_channel};

@@ -1,0 +1,1034 @@
+//! A message channel between two processes that carries file descriptors.
+//!
+//! A [`Channel`] is one end of a connected Unix domain stream socket. It sends framed messages:
+//! a kind (a `u16` the application chooses), a byte payload, and file descriptors, which the
+//! kernel duplicates into the receiving process (`SCM_RIGHTS`). This is how pools are shared: the
+//! exporting process sends the pool's file descriptor, the importing process receives its own
+//! descriptor for the same pool.
+//!
+//! Channels come from [`Channel::pair`] (both ends in this process, to hand one to a child: see
+//! [`spawn_with_channel`](crate::spawn_with_channel)), from [`Channel::connect`] and
+//! [`ChannelListener::accept`] (unrelated processes meeting at a socket path), and from
+//! [`Channel::from_env`] (a child started by [`spawn_with_channel`](crate::spawn_with_channel)).
+//!
+//! # Frames
+//!
+//! Each message is one frame: a 24-byte header, then the payload. Integers are little-endian.
+//!
+//! | offset | length | field    | value                                            |
+//! |-------:|-------:|----------|--------------------------------------------------|
+//! |      0 |      8 | magic    | `b"CUMEMMSG"`                                    |
+//! |      8 |      2 | version  | `1`, `u16`                                       |
+//! |     10 |      2 | kind     | the message kind, `u16`                          |
+//! |     12 |      4 | length   | payload length in bytes, `u32`, at most [`MAX_PAYLOAD_LEN`] |
+//! |     16 |      4 | fd count | number of file descriptors, `u32`, at most [`MAX_FDS`] |
+//! |     20 |      4 | reserved | `0`, `u32`                                       |
+//! |     24 |      … | payload  | `length` bytes                                   |
+//!
+//! The descriptors travel as one `SCM_RIGHTS` control message on the first `sendmsg` of the
+//! frame, so they arrive with the first bytes of its header. The receiver accepts them anywhere
+//! within the frame's bytes, and requires their number to match the header.
+//!
+//! # Errors and peer input
+//!
+//! Nothing a peer sends makes [`Channel::recv`] panic. Descriptors are wrapped in [`OwnedFd`] as
+//! soon as they arrive, so every one received is either returned in a [`RawMessage`] or closed,
+//! including when the frame turns out to be malformed. Receiving uses `MSG_CMSG_CLOEXEC`, so
+//! received descriptors are never inherited by children spawned later. A malformed frame is an
+//! [`IpcError::Protocol`]; an end of stream between frames is [`IpcError::PeerClosed`].
+//!
+//! Once a frame has been partly consumed and then failed (a malformed header, an end of stream
+//! or a time-out in the middle of a frame), the byte stream is out of step: the channel refuses
+//! further receives with [`IpcError::Protocol`]. Likewise a send that fails partway through a
+//! frame makes further sends fail. Drop such a channel and open a new one.
+//!
+//! # Threads
+//!
+//! [`Channel::send`] and [`Channel::recv`] take `&self`, and a `Channel` is `Send` and `Sync`.
+//! Sends are serialized with one lock and receives with another, so concurrent senders never
+//! interleave their frames and concurrent receivers each get whole messages, while one thread
+//! may send as another receives.
+
+use std::io::{IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use rustix::io::Errno;
+use rustix::net::{
+    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendAncillaryBuffer, SendAncillaryMessage,
+    SendFlags, recvmsg, sendmsg,
+};
+
+use crate::error::{IpcError, Result};
+
+/// The largest payload of one message: 16 MiB.
+pub const MAX_PAYLOAD_LEN: usize = 16 << 20;
+
+/// The most file descriptors one message carries: 253, Linux's `SCM_MAX_FD`.
+pub const MAX_FDS: usize = 253;
+
+const MAGIC: [u8; 8] = *b"CUMEMMSG";
+const VERSION: u16 = 1;
+const HEADER_LEN: usize = 24;
+
+/// Room for one `SCM_RIGHTS` control message of [`MAX_FDS`] descriptors.
+const CONTROL_SPACE: usize = rustix::cmsg_space!(ScmRights(MAX_FDS));
+
+/// A message as received: its kind, payload and file descriptors.
+#[derive(Debug)]
+pub struct RawMessage {
+    /// The kind the sender gave it.
+    pub kind: u16,
+    /// The payload bytes.
+    pub payload: Vec<u8>,
+    /// The descriptors, in the order they were sent; each is owned (closed on drop) and has
+    /// close-on-exec set.
+    pub fds: Vec<OwnedFd>,
+}
+
+/// One end of a connected channel; see the [module docs](self).
+#[derive(Debug)]
+pub struct Channel {
+    stream: UnixStream,
+    send_lock: Mutex<()>,
+    recv_lock: Mutex<()>,
+    /// A send failed partway through a frame.
+    send_broken: AtomicBool,
+    /// A receive failed partway through a frame.
+    recv_broken: AtomicBool,
+}
+
+/// The header's fields.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Header {
+    kind: u16,
+    len: usize,
+    fds: usize,
+}
+
+fn encode_header(kind: u16, len: u32, fds: u32) -> [u8; HEADER_LEN] {
+    let mut h = [0u8; HEADER_LEN];
+    h[..8].copy_from_slice(&MAGIC);
+    h[8..10].copy_from_slice(&VERSION.to_le_bytes());
+    h[10..12].copy_from_slice(&kind.to_le_bytes());
+    h[12..16].copy_from_slice(&len.to_le_bytes());
+    h[16..20].copy_from_slice(&fds.to_le_bytes());
+    h
+}
+
+fn decode_header(h: &[u8; HEADER_LEN]) -> Result<Header> {
+    let u16_at = |at: usize| u16::from_le_bytes([h[at], h[at + 1]]);
+    let u32_at = |at: usize| u32::from_le_bytes([h[at], h[at + 1], h[at + 2], h[at + 3]]);
+    if h[..8] != MAGIC {
+        return Err(IpcError::Protocol(format!(
+            "a frame starts with b\"{}\", expected b\"CUMEMMSG\": the peer does not speak the \
+             cuda-mem-ipc channel protocol",
+            h[..8].escape_ascii()
+        )));
+    }
+    let version = u16_at(8);
+    if version != VERSION {
+        return Err(IpcError::Protocol(format!("unsupported frame version {version}, expected {VERSION}")));
+    }
+    let reserved = u32_at(20);
+    if reserved != 0 {
+        return Err(IpcError::Protocol(format!("the frame header's reserved field is {reserved:#010x}, expected 0")));
+    }
+    let len = u32_at(12) as usize;
+    if len > MAX_PAYLOAD_LEN {
+        return Err(IpcError::Protocol(format!(
+            "a frame announces a payload of {len} bytes, more than the limit of \
+             {MAX_PAYLOAD_LEN}"
+        )));
+    }
+    let fds = u32_at(16) as usize;
+    if fds > MAX_FDS {
+        return Err(IpcError::Protocol(format!(
+            "a frame announces {fds} file descriptors, more than the limit of {MAX_FDS}"
+        )));
+    }
+    Ok(Header { kind: u16_at(10), len, fds })
+}
+
+/// A lock that shrugs off poisoning: the guarded data is `()`, so there is nothing to corrupt.
+fn lock(m: &Mutex<()>) -> MutexGuard<'_, ()> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+const SEND_CONTEXT: &str = "sending a message on the IPC channel";
+const RECV_CONTEXT: &str = "receiving a message on the IPC channel";
+
+impl Channel {
+    /// Two connected ends (`socketpair`, close-on-exec).
+    ///
+    /// # Errors
+    ///
+    /// [`IpcError::Io`] if the socket pair cannot be created (such as out of descriptors).
+    pub fn pair() -> Result<(Channel, Channel)> {
+        let (a, b) = UnixStream::pair().map_err(|e| IpcError::io("creating a socket pair", e))?;
+        Ok((Channel::new(a), Channel::new(b)))
+    }
+
+    /// Connects to a [`ChannelListener`] bound at `path`.
+    ///
+    /// # Errors
+    ///
+    /// [`IpcError::Io`] if nothing listens at `path` or the connection is refused.
+    pub fn connect(path: impl AsRef<Path>) -> Result<Channel> {
+        let stream =
+            UnixStream::connect(path).map_err(|e| IpcError::io("connecting to the IPC channel's socket", e))?;
+        Ok(Channel::new(stream))
+    }
+
+    /// A channel over a connected Unix stream socket, which is put in blocking mode.
+    ///
+    /// The peer must speak this channel's protocol.
+    ///
+    /// # Errors
+    ///
+    /// [`IpcError::Io`] if the socket cannot be put in blocking mode.
+    pub fn from_stream(stream: UnixStream) -> Result<Channel> {
+        stream.set_nonblocking(false).map_err(|e| IpcError::io("putting the IPC socket in blocking mode", e))?;
+        Ok(Channel::new(stream))
+    }
+
+    pub(crate) fn new(stream: UnixStream) -> Channel {
+        Channel {
+            stream,
+            send_lock: Mutex::new(()),
+            recv_lock: Mutex::new(()),
+            send_broken: AtomicBool::new(false),
+            recv_broken: AtomicBool::new(false),
+        }
+    }
+
+    /// Sets how long [`recv`](Self::recv) waits; `None` (the default) waits indefinitely.
+    ///
+    /// A time-out before the first byte of a message is an [`IpcError::Io`] whose source has
+    /// kind [`WouldBlock`](std::io::ErrorKind::WouldBlock), and leaves the channel usable. A
+    /// time-out in the middle of a message breaks the channel (see the
+    /// [module docs](self#errors-and-peer-input)).
+    ///
+    /// # Errors
+    ///
+    /// [`IpcError::Io`] if the duration is zero or the socket refuses the option.
+    pub fn set_read_timeout(&self, timeout: Option<Duration>) -> Result<()> {
+        self.stream.set_read_timeout(timeout).map_err(|e| IpcError::io("setting the IPC channel's read timeout", e))
+    }
+
+    /// Sets how long [`send`](Self::send) waits for room in the socket; `None` (the default)
+    /// waits indefinitely.
+    ///
+    /// A time-out before any byte of a message went out is an [`IpcError::Io`] whose source has
+    /// kind [`WouldBlock`](std::io::ErrorKind::WouldBlock), and leaves the channel usable. A
+    /// time-out partway through a message breaks the channel for sending.
+    ///
+    /// # Errors
+    ///
+    /// [`IpcError::Io`] if the duration is zero or the socket refuses the option.
+    pub fn set_write_timeout(&self, timeout: Option<Duration>) -> Result<()> {
+        self.stream.set_write_timeout(timeout).map_err(|e| IpcError::io("setting the IPC channel's write timeout", e))
+    }
+
+    /// Sends one message: `kind`, `payload` and duplicates of `fds` for the peer.
+    ///
+    /// Blocks until the whole frame is in the socket (the peer may need to receive for that, if
+    /// the payload is larger than the socket's buffer). The caller's descriptors stay open and
+    /// owned by the caller.
+    ///
+    /// # Errors
+    ///
+    /// - [`IpcError::MessageTooLarge`]: more than [`MAX_PAYLOAD_LEN`] bytes or more than
+    ///   [`MAX_FDS`] descriptors; nothing was sent.
+    /// - [`IpcError::PeerClosed`]: the peer's end is closed.
+    /// - [`IpcError::Io`]: the system refused (such as `ETOOMANYREFS`, too many descriptors in
+    ///   flight), or an earlier send broke the channel.
+    pub fn send(&self, kind: u16, payload: &[u8], fds: &[BorrowedFd<'_>]) -> Result<()> {
+        let len = u32::try_from(payload.len())
+            .ok()
+            .filter(|_| payload.len() <= MAX_PAYLOAD_LEN)
+            .ok_or(IpcError::MessageTooLarge { what: "payload", actual: payload.len(), limit: MAX_PAYLOAD_LEN })?;
+        let fd_count =
+            u32::try_from(fds.len()).ok().filter(|_| fds.len() <= MAX_FDS).ok_or(IpcError::MessageTooLarge {
+                what: "number of file descriptors",
+                actual: fds.len(),
+                limit: MAX_FDS,
+            })?;
+        let header = encode_header(kind, len, fd_count);
+
+        let _guard = lock(&self.send_lock);
+        if self.send_broken.load(Ordering::Acquire) {
+            return Err(IpcError::io(
+                SEND_CONTEXT,
+                std::io::Error::new(
+                    std::io::ErrorKind::BrokenPipe,
+                    "an earlier send failed partway through a message, so the peer can no \
+                     longer find message boundaries: drop this channel and open a new one",
+                ),
+            ));
+        }
+        let result = self.send_frame(&header, payload, fds);
+        if let Err((sent, _)) = &result {
+            if *sent > 0 {
+                self.send_broken.store(true, Ordering::Release);
+            }
+        }
+        result.map_err(|(_, e)| e)
+    }
+
+    /// Writes a whole frame; on failure, also says how many bytes went out.
+    fn send_frame(
+        &self,
+        header: &[u8; HEADER_LEN],
+        payload: &[u8],
+        fds: &[BorrowedFd<'_>],
+    ) -> std::result::Result<(), (usize, IpcError)> {
+        let total = HEADER_LEN + payload.len();
+        let mut sent = 0;
+        let mut space = [MaybeUninit::<u8>::uninit(); CONTROL_SPACE];
+        while sent < total {
+            let (first, second): (&[u8], &[u8]) =
+                if sent < HEADER_LEN { (&header[sent..], payload) } else { (&payload[sent - HEADER_LEN..], &[]) };
+            let iov = [IoSlice::new(first), IoSlice::new(second)];
+            let mut control = SendAncillaryBuffer::new(&mut space);
+            // The descriptors ride on the frame's first bytes, and only on them.
+            if sent == 0 && !fds.is_empty() && !control.push(SendAncillaryMessage::ScmRights(fds)) {
+                // Unreachable: the buffer has room for MAX_FDS, checked above.
+                return Err((
+                    sent,
+                    IpcError::MessageTooLarge { what: "number of file descriptors", actual: fds.len(), limit: MAX_FDS },
+                ));
+            }
+            match sendmsg(&self.stream, &iov, &mut control, SendFlags::NOSIGNAL) {
+                Ok(0) => {
+                    return Err((sent, IpcError::io(SEND_CONTEXT, std::io::ErrorKind::WriteZero)));
+                }
+                Ok(n) => sent += n,
+                Err(Errno::INTR) => {}
+                Err(Errno::PIPE | Errno::CONNRESET) => return Err((sent, IpcError::PeerClosed)),
+                Err(e) => return Err((sent, IpcError::io(SEND_CONTEXT, e))),
+            }
+        }
+        Ok(())
+    }
+
+    /// Receives the next message, blocking until it has arrived whole.
+    ///
+    /// # Errors
+    ///
+    /// - [`IpcError::PeerClosed`]: the peer closed its end, and every message it sent before
+    ///   has been received.
+    /// - [`IpcError::Protocol`]: the peer sent a malformed frame (bad magic, version or reserved
+    ///   field, a payload or descriptor count over the limits, descriptors that do not match
+    ///   the header's count or did not all fit, or an end of stream inside a frame), or an
+    ///   earlier such failure broke the channel. Descriptors that came with it are closed.
+    /// - [`IpcError::Io`]: the system call failed, or the read time-out expired.
+    pub fn recv(&self) -> Result<RawMessage> {
+        self.recv_with_control_space(CONTROL_SPACE)
+    }
+
+    /// [`recv`](Self::recv) with a control buffer of `control_space` bytes (at most
+    /// [`CONTROL_SPACE`]): smaller only in tests, to make the kernel truncate control data.
+    fn recv_with_control_space(&self, control_space: usize) -> Result<RawMessage> {
+        let _guard = lock(&self.recv_lock);
+        if self.recv_broken.load(Ordering::Acquire) {
+            return Err(IpcError::Protocol(
+                "an earlier message was cut short or malformed, so message boundaries are \
+                 lost"
+                    .into(),
+            ));
+        }
+        let mut reader = FrameReader {
+            stream: &self.stream,
+            control_space: control_space.min(CONTROL_SPACE),
+            consumed: 0,
+            fds: Vec::new(),
+        };
+        let result = reader.read_frame();
+        if result.is_err() && reader.consumed > 0 {
+            self.recv_broken.store(true, Ordering::Release);
+        }
+        // On error, `reader.fds` is dropped here: every descriptor received is closed.
+        result
+    }
+}
+
+/// Reads one frame, keeping every descriptor that arrives.
+struct FrameReader<'a> {
+    stream: &'a UnixStream,
+    control_space: usize,
+    /// Bytes of the frame read so far.
+    consumed: usize,
+    /// Descriptors received so far with the frame's bytes.
+    fds: Vec<OwnedFd>,
+}
+
+impl FrameReader<'_> {
+    fn read_frame(&mut self) -> Result<RawMessage> {
+        let mut raw = [0u8; HEADER_LEN];
+        self.read_exact(&mut raw, HEADER_LEN)?;
+        let header = decode_header(&raw)?;
+        if self.fds.len() > header.fds {
+            return Err(self.fd_count_mismatch(&header));
+        }
+        let mut payload = vec![0u8; header.len];
+        self.read_exact(&mut payload, HEADER_LEN + header.len)?;
+        if self.fds.len() != header.fds {
+            return Err(self.fd_count_mismatch(&header));
+        }
+        Ok(RawMessage { kind: header.kind, payload, fds: std::mem::take(&mut self.fds) })
+    }
+
+    fn fd_count_mismatch(&self, header: &Header) -> IpcError {
+        IpcError::Protocol(format!(
+            "a frame announces {} file descriptor(s) but {} arrived with it",
+            header.fds,
+            self.fds.len()
+        ))
+    }
+
+    /// Fills `buf`, a part of a frame of `frame_len` bytes, collecting descriptors.
+    fn read_exact(&mut self, buf: &mut [u8], frame_len: usize) -> Result<()> {
+        let mut filled = 0;
+        while filled < buf.len() {
+            let mut space = [MaybeUninit::<u8>::uninit(); CONTROL_SPACE];
+            let mut control = RecvAncillaryBuffer::new(&mut space[..self.control_space]);
+            let mut iov = [IoSliceMut::new(&mut buf[filled..])];
+            let received = recvmsg(self.stream, &mut iov, &mut control, RecvFlags::CMSG_CLOEXEC);
+            // Take ownership of whatever descriptors arrived before looking at anything else.
+            for message in control.drain() {
+                if let RecvAncillaryMessage::ScmRights(fds) = message {
+                    self.fds.extend(fds);
+                }
+            }
+            match received {
+                Ok(msg) => {
+                    // A stream socket never returns more than asked; `min` keeps that an
+                    // assumption that cannot turn into an out-of-bounds slice.
+                    let n = msg.bytes.min(buf.len() - filled);
+                    filled += n;
+                    self.consumed += n;
+                    if msg.flags.contains(ReturnFlags::CTRUNC) {
+                        return Err(IpcError::Protocol(format!(
+                            "the peer attached more control data (file descriptors) than a \
+                             frame may carry ({MAX_FDS} descriptors); the excess was discarded \
+                             by the system"
+                        )));
+                    }
+                    if n == 0 {
+                        return Err(self.end_of_stream(frame_len));
+                    }
+                }
+                Err(Errno::INTR) => {}
+                Err(Errno::CONNRESET) => return Err(self.end_of_stream(frame_len)),
+                Err(e) => return Err(IpcError::io(RECV_CONTEXT, e)),
+            }
+        }
+        Ok(())
+    }
+
+    fn end_of_stream(&self, frame_len: usize) -> IpcError {
+        if self.consumed == 0 {
+            IpcError::PeerClosed
+        } else if self.consumed < HEADER_LEN {
+            IpcError::Protocol(format!(
+                "truncated frame: the peer closed the channel after {} of the {HEADER_LEN} \
+                 header bytes",
+                self.consumed
+            ))
+        } else {
+            IpcError::Protocol(format!(
+                "truncated frame: the peer closed the channel after {} of {frame_len} bytes",
+                self.consumed
+            ))
+        }
+    }
+}
+
+impl AsFd for Channel {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.stream.as_fd()
+    }
+}
+
+/// A socket path where processes connect with [`Channel::connect`].
+///
+/// The socket file stays after the listener is dropped; remove it when done.
+#[derive(Debug)]
+pub struct ChannelListener {
+    listener: UnixListener,
+}
+
+impl ChannelListener {
+    /// Listens at `path`, which must not exist.
+    ///
+    /// # Errors
+    ///
+    /// [`IpcError::Io`] if `path` exists, is too long for a socket address (about 107 bytes), or
+    /// its directory is not writable.
+    pub fn bind(path: impl AsRef<Path>) -> Result<ChannelListener> {
+        let listener = UnixListener::bind(path).map_err(|e| IpcError::io("binding the IPC channel's socket", e))?;
+        Ok(ChannelListener { listener })
+    }
+
+    /// Waits for the next connection.
+    ///
+    /// # Errors
+    ///
+    /// [`IpcError::Io`] if `accept` fails (such as out of descriptors).
+    pub fn accept(&self) -> Result<Channel> {
+        loop {
+            match self.listener.accept() {
+                Ok((stream, _)) => return Channel::from_stream(stream),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    return Err(IpcError::io("accepting a connection on the IPC channel's socket", e));
+                }
+            }
+        }
+    }
+}
+
+impl AsFd for ChannelListener {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.listener.as_fd()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::fs::File;
+    use std::io::{Read, Write};
+    use std::os::unix::fs::FileExt;
+
+    fn memfd(contents: &[u8]) -> File {
+        let fd = rustix::fs::memfd_create("cuda-mem-ipc-test", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+        let file = File::from(fd);
+        file.write_all_at(contents, 0).unwrap();
+        file
+    }
+
+    fn contents(fd: &OwnedFd) -> Vec<u8> {
+        let file = File::from(fd.try_clone().unwrap());
+        let len = file.metadata().unwrap().len() as usize;
+        let mut buf = vec![0u8; len];
+        file.read_exact_at(&mut buf, 0).unwrap();
+        buf
+    }
+
+    fn inode(fd: impl AsFd) -> (u64, u64) {
+        let st = rustix::fs::fstat(fd).unwrap();
+        (st.st_dev, st.st_ino)
+    }
+
+    /// A channel and the raw socket of its peer, to send arbitrary bytes.
+    fn raw_pair() -> (Channel, UnixStream) {
+        let (a, b) = UnixStream::pair().unwrap();
+        (Channel::from_stream(a).unwrap(), b)
+    }
+
+    /// Sends `bytes` on a raw socket with `fds` attached.
+    fn raw_send(stream: &UnixStream, bytes: &[u8], fds: &[BorrowedFd<'_>]) {
+        let mut space = [MaybeUninit::uninit(); CONTROL_SPACE];
+        let mut control = SendAncillaryBuffer::new(&mut space);
+        assert!(control.push(SendAncillaryMessage::ScmRights(fds)));
+        let n = sendmsg(stream, &[IoSlice::new(bytes)], &mut control, SendFlags::empty()).unwrap();
+        assert_eq!(n, bytes.len());
+    }
+
+    /// `n` sockets to send, and their peers, which see end-of-file once every copy of the sent
+    /// end is closed.
+    fn canaries(n: usize) -> (Vec<UnixStream>, Vec<UnixStream>) {
+        (0..n).map(|_| UnixStream::pair().unwrap()).unzip()
+    }
+
+    fn all_closed(peers: &[UnixStream]) -> bool {
+        peers.iter().all(|p| {
+            p.set_nonblocking(true).unwrap();
+            matches!((&*p).read(&mut [0u8; 1]), Ok(0))
+        })
+    }
+
+    /// Time-outs on both ends, so that a failing test fails instead of hanging.
+    fn no_hang(a: &Channel, b: &Channel) {
+        for c in [a, b] {
+            c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+            c.set_write_timeout(Some(Duration::from_secs(20))).unwrap();
+        }
+    }
+
+    fn header(kind: u16, len: u32, fds: u32) -> Vec<u8> {
+        encode_header(kind, len, fds).to_vec()
+    }
+
+    fn expect_protocol(result: Result<RawMessage>, needle: &str) {
+        match result {
+            Err(IpcError::Protocol(text)) => {
+                assert!(text.contains(needle), "{text:?} should contain {needle:?}")
+            }
+            other => panic!("expected a protocol error containing {needle:?}, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn header_layout() {
+        let h = encode_header(0x0102, 0x0304_0506, 7);
+        assert_eq!(&h[..8], b"CUMEMMSG");
+        assert_eq!(&h[8..10], &[1, 0]);
+        assert_eq!(&h[10..12], &[2, 1]);
+        assert_eq!(&h[12..16], &[6, 5, 4, 3]);
+        assert_eq!(&h[16..20], &[7, 0, 0, 0]);
+        assert_eq!(&h[20..24], &[0; 4]);
+    }
+
+    #[test]
+    fn round_trip_without_fds() {
+        let (a, b) = Channel::pair().unwrap();
+        a.send(7, b"hello", &[]).unwrap();
+        a.send(u16::MAX, b"", &[]).unwrap();
+        let m = b.recv().unwrap();
+        assert_eq!((m.kind, m.payload.as_slice(), m.fds.len()), (7, &b"hello"[..], 0));
+        let m = b.recv().unwrap();
+        assert_eq!((m.kind, m.payload.len(), m.fds.len()), (u16::MAX, 0, 0));
+        // And the other way.
+        b.send(1, b"back", &[]).unwrap();
+        assert_eq!(a.recv().unwrap().payload, b"back");
+    }
+
+    #[test]
+    fn round_trip_with_one_fd() {
+        let (a, b) = Channel::pair().unwrap();
+        let file = memfd(b"shared bytes");
+        a.send(3, b"one", &[file.as_fd()]).unwrap();
+        let m = b.recv().unwrap();
+        assert_eq!(m.kind, 3);
+        assert_eq!(m.fds.len(), 1);
+        assert_eq!(inode(&m.fds[0]), inode(&file), "the same file");
+        assert_ne!(
+            std::os::fd::AsRawFd::as_raw_fd(&m.fds[0]),
+            std::os::fd::AsRawFd::as_raw_fd(&file),
+            "a new descriptor"
+        );
+        assert_eq!(contents(&m.fds[0]), b"shared bytes");
+        // Writes through the received descriptor are seen through the original.
+        File::from(m.fds[0].try_clone().unwrap()).write_all_at(b"SHARED", 0).unwrap();
+        let mut buf = [0u8; 12];
+        file.read_exact_at(&mut buf, 0).unwrap();
+        assert_eq!(&buf, b"SHARED bytes");
+        let flags = rustix::io::fcntl_getfd(&m.fds[0]).unwrap();
+        assert!(flags.contains(rustix::io::FdFlags::CLOEXEC), "MSG_CMSG_CLOEXEC");
+    }
+
+    #[test]
+    fn round_trip_with_100_fds() {
+        let (a, b) = Channel::pair().unwrap();
+        let files: Vec<File> = (0..100).map(|i| memfd(format!("file {i}").as_bytes())).collect();
+        let fds: Vec<BorrowedFd<'_>> = files.iter().map(|f| f.as_fd()).collect();
+        a.send(100, b"many", &fds).unwrap();
+        let m = b.recv().unwrap();
+        assert_eq!(m.fds.len(), 100);
+        for (i, (fd, file)) in m.fds.iter().zip(&files).enumerate() {
+            assert_eq!(contents(fd), format!("file {i}").as_bytes());
+            assert_eq!(inode(fd), inode(file));
+        }
+    }
+
+    #[test]
+    fn fd_limit_is_enforced_on_send() {
+        let (a, b) = Channel::pair().unwrap();
+        let file = memfd(b"x");
+        let at_limit = vec![file.as_fd(); MAX_FDS];
+        a.send(1, b"", &at_limit).unwrap();
+        assert_eq!(b.recv().unwrap().fds.len(), MAX_FDS);
+
+        let over = vec![file.as_fd(); MAX_FDS + 1];
+        match a.send(2, b"", &over) {
+            Err(IpcError::MessageTooLarge { actual: 254, limit: 253, .. }) => {}
+            other => panic!("expected MessageTooLarge, got {other:?}"),
+        }
+        // Nothing was sent and the channel still works.
+        a.send(3, b"after", &[]).unwrap();
+        let m = b.recv().unwrap();
+        assert_eq!((m.kind, m.payload.as_slice()), (3, &b"after"[..]));
+    }
+
+    #[test]
+    fn payload_limit_is_enforced_on_send_and_large_payloads_arrive_whole() {
+        let (a, b) = Channel::pair().unwrap();
+        no_hang(&a, &b);
+        let big: Vec<u8> = (0..MAX_PAYLOAD_LEN).map(|i| (i % 251) as u8).collect();
+        std::thread::scope(|s| {
+            s.spawn(|| a.send(9, &big, &[]).unwrap());
+            let m = b.recv().unwrap();
+            assert_eq!(m.kind, 9);
+            assert!(m.payload == big, "the payload arrived intact");
+        });
+        let over = vec![0u8; MAX_PAYLOAD_LEN + 1];
+        assert!(matches!(a.send(1, &over, &[]), Err(IpcError::MessageTooLarge { what: "payload", .. })));
+        a.send(2, b"still fine", &[]).unwrap();
+        assert_eq!(b.recv().unwrap().payload, b"still fine");
+    }
+
+    #[test]
+    fn peer_closing_between_messages_is_peer_closed() {
+        let (a, b) = Channel::pair().unwrap();
+        a.send(1, b"last", &[]).unwrap();
+        drop(a);
+        assert_eq!(b.recv().unwrap().payload, b"last");
+        assert!(matches!(b.recv(), Err(IpcError::PeerClosed)));
+        assert!(matches!(b.recv(), Err(IpcError::PeerClosed)));
+    }
+
+    #[test]
+    fn sending_to_a_closed_peer_is_peer_closed() {
+        let (a, b) = Channel::pair().unwrap();
+        drop(b);
+        // No SIGPIPE: the test process survives.
+        assert!(matches!(a.send(1, b"anyone?", &[]), Err(IpcError::PeerClosed)));
+    }
+
+    #[test]
+    fn garbage_is_a_protocol_error_and_breaks_the_channel() {
+        let (ch, mut raw) = raw_pair();
+        raw.write_all(b"GET / HTTP/1.1\r\nHost: example\r\n\r\n").unwrap();
+        expect_protocol(ch.recv(), "expected b\"CUMEMMSG\"");
+        // The stream is out of step: later receives are refused, even of a good frame.
+        raw.write_all(&header(1, 0, 0)).unwrap();
+        expect_protocol(ch.recv(), "message boundaries are lost");
+    }
+
+    #[test]
+    fn truncated_frames_are_protocol_errors() {
+        let (ch, mut raw) = raw_pair();
+        raw.write_all(&header(1, 0, 0)[..10]).unwrap();
+        drop(raw);
+        expect_protocol(ch.recv(), "after 10 of the 24 header bytes");
+
+        let (ch, mut raw) = raw_pair();
+        raw.write_all(&header(1, 100, 0)).unwrap();
+        raw.write_all(&[0xAB; 10]).unwrap();
+        drop(raw);
+        expect_protocol(ch.recv(), "after 34 of 124 bytes");
+    }
+
+    #[test]
+    fn bad_headers_are_protocol_errors() {
+        let mut bad_version = header(1, 0, 0);
+        bad_version[8] = 2;
+        let mut bad_reserved = header(1, 0, 0);
+        bad_reserved[23] = 1;
+        let cases = [
+            (bad_version, "unsupported frame version 2, expected 1"),
+            (bad_reserved, "reserved field is 0x01000000, expected 0"),
+            (header(1, MAX_PAYLOAD_LEN as u32 + 1, 0), "payload of 16777217 bytes, more than the limit of 16777216"),
+            (header(1, u32::MAX, 0), "more than the limit"),
+            (header(1, 0, 254), "254 file descriptors, more than the limit of 253"),
+        ];
+        for (bytes, needle) in cases {
+            let (ch, mut raw) = raw_pair();
+            raw.write_all(&bytes).unwrap();
+            expect_protocol(ch.recv(), needle);
+        }
+    }
+
+    #[test]
+    fn fds_on_a_bad_frame_are_closed() {
+        let (ch, raw) = raw_pair();
+        let (send, peers) = canaries(3);
+        let fds: Vec<BorrowedFd<'_>> = send.iter().map(|s| s.as_fd()).collect();
+        raw_send(&raw, b"garbage garbage garbage garbage", &fds);
+        drop(send);
+        assert!(!all_closed(&peers), "in flight, still open");
+        expect_protocol(ch.recv(), "CUMEMMSG");
+        assert!(all_closed(&peers), "the received descriptors were closed");
+    }
+
+    #[test]
+    fn fd_count_must_match_the_header() {
+        // More descriptors than announced: rejected as soon as the header is read.
+        let (ch, raw) = raw_pair();
+        let (send, peers) = canaries(2);
+        let fds: Vec<BorrowedFd<'_>> = send.iter().map(|s| s.as_fd()).collect();
+        let mut frame = header(1, 4, 1);
+        frame.extend_from_slice(b"data");
+        raw_send(&raw, &frame, &fds);
+        drop(send);
+        expect_protocol(ch.recv(), "announces 1 file descriptor(s) but 2 arrived");
+        assert!(all_closed(&peers));
+
+        // Fewer than announced.
+        let (ch, raw) = raw_pair();
+        let (send, peers) = canaries(1);
+        let mut frame = header(1, 4, 3);
+        frame.extend_from_slice(b"data");
+        raw_send(&raw, &frame, &[send[0].as_fd()]);
+        drop(send);
+        expect_protocol(ch.recv(), "announces 3 file descriptor(s) but 1 arrived");
+        assert!(all_closed(&peers));
+
+        // None announced, one attached.
+        let (ch, raw) = raw_pair();
+        let (send, peers) = canaries(1);
+        raw_send(&raw, &header(1, 0, 0), &[send[0].as_fd()]);
+        drop(send);
+        expect_protocol(ch.recv(), "announces 0 file descriptor(s) but 1 arrived");
+        assert!(all_closed(&peers));
+    }
+
+    #[test]
+    fn fds_may_arrive_anywhere_within_their_frame() {
+        // A peer that sends the header, then the payload with the descriptor attached.
+        let (ch, raw) = raw_pair();
+        let file = memfd(b"late");
+        (&raw).write_all(&header(5, 3, 1)).unwrap();
+        raw_send(&raw, b"abc", &[file.as_fd()]);
+        let m = ch.recv().unwrap();
+        assert_eq!((m.kind, m.payload.as_slice()), (5, &b"abc"[..]));
+        assert_eq!(contents(&m.fds[0]), b"late");
+    }
+
+    #[test]
+    fn truncated_control_data_is_a_protocol_error_and_closes_what_arrived() {
+        let (a, b) = Channel::pair().unwrap();
+        let (send, peers) = canaries(5);
+        let fds: Vec<BorrowedFd<'_>> = send.iter().map(|s| s.as_fd()).collect();
+        a.send(1, b"five", &fds).unwrap();
+        drop(fds);
+        drop(send);
+        // Room for one descriptor only: the kernel truncates and sets MSG_CTRUNC.
+        let small = rustix::cmsg_space!(ScmRights(1));
+        expect_protocol(b.recv_with_control_space(small), "more control data");
+        assert!(all_closed(&peers), "none of the five leaked");
+        // Part of the frame was consumed: the channel is out of step.
+        expect_protocol(b.recv(), "message boundaries are lost");
+    }
+
+    #[test]
+    fn read_timeout_between_messages_leaves_the_channel_usable() {
+        let (a, b) = Channel::pair().unwrap();
+        b.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+        match b.recv() {
+            Err(IpcError::Io { source, .. }) => {
+                assert!(matches!(source.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut));
+            }
+            other => panic!("expected a time-out, got {other:?}"),
+        }
+        a.send(4, b"late", &[]).unwrap();
+        assert_eq!(b.recv().unwrap().payload, b"late");
+    }
+
+    #[test]
+    fn read_timeout_inside_a_frame_breaks_the_channel() {
+        let (ch, mut raw) = raw_pair();
+        ch.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+        raw.write_all(&header(1, 10, 0)).unwrap();
+        assert!(matches!(ch.recv(), Err(IpcError::Io { .. })));
+        raw.write_all(&[0; 10]).unwrap();
+        expect_protocol(ch.recv(), "message boundaries are lost");
+    }
+
+    #[test]
+    fn write_timeouts_before_and_inside_a_frame() {
+        let (a, b) = Channel::pair().unwrap();
+        a.set_write_timeout(Some(Duration::from_millis(20))).unwrap();
+        // Fill the socket until a send cannot start: a clean time-out, nothing sent.
+        let chunk = vec![0u8; 64 << 10];
+        let mut sent = 0usize;
+        let error = loop {
+            match a.send(1, &chunk, &[]) {
+                Ok(()) => sent += 1,
+                Err(e) => break e,
+            }
+            assert!(sent < 10_000, "the socket never filled");
+        };
+        match &error {
+            IpcError::Io { source, .. } => {
+                assert!(matches!(source.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut))
+            }
+            other => panic!("expected a time-out, got {other:?}"),
+        }
+        // The receiver sees every whole message.
+        b.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+        for _ in 0..sent {
+            assert_eq!(b.recv().unwrap().payload.len(), chunk.len());
+        }
+        // Whether the time-out struck before the frame's first byte or partway through it, the
+        // two ends agree about it.
+        let after = a.send(2, b"after", &[]);
+        let next = b.recv();
+        match after {
+            // Nothing of the timed-out message went out: the channel is intact.
+            Ok(()) => assert_eq!(next.unwrap().payload, b"after"),
+            // Part of it went out: sending is refused, the receiver is stuck inside a frame.
+            Err(IpcError::Io { source, .. }) => {
+                assert_eq!(source.kind(), std::io::ErrorKind::BrokenPipe);
+                assert!(matches!(next, Err(IpcError::Io { .. })), "{next:?}");
+            }
+            Err(other) => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn concurrent_senders_never_interleave_frames() {
+        const SENDERS: u16 = 8;
+        const EACH: usize = 50;
+        let (a, b) = Channel::pair().unwrap();
+        no_hang(&a, &b);
+        let file = memfd(b"f");
+        std::thread::scope(|s| {
+            for sender in 0..SENDERS {
+                let a = &a;
+                let file = &file;
+                s.spawn(move || {
+                    for i in 0..EACH {
+                        // Sizes up to 300 KB, beyond the socket buffer, force partial writes.
+                        let len = (i * 7919 + usize::from(sender) * 104_729) % 300_000;
+                        let payload = vec![sender as u8; len];
+                        let fds = vec![file.as_fd(); i % 3];
+                        a.send(sender, &payload, &fds).unwrap();
+                    }
+                });
+            }
+            let mut counts = [0usize; SENDERS as usize];
+            for _ in 0..usize::from(SENDERS) * EACH {
+                let m = b.recv().unwrap();
+                let sender = usize::from(m.kind);
+                let i = counts[sender];
+                let len = (i * 7919 + sender * 104_729) % 300_000;
+                assert_eq!(m.payload.len(), len, "sender {sender} message {i}");
+                assert!(m.payload.iter().all(|&x| x == sender as u8));
+                assert_eq!(m.fds.len(), i % 3);
+                counts[sender] += 1;
+            }
+            assert!(counts.iter().all(|&c| c == EACH));
+        });
+    }
+
+    #[test]
+    fn concurrent_receivers_each_get_whole_messages() {
+        let (a, b) = Channel::pair().unwrap();
+        no_hang(&a, &b);
+        const TOTAL: usize = 400;
+        let received = std::sync::atomic::AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            let receivers: Vec<_> = (0..2)
+                .map(|_| {
+                    s.spawn(|| {
+                        let mut seen = Vec::new();
+                        loop {
+                            match b.recv() {
+                                Ok(m) => {
+                                    let n = u32::from_le_bytes(m.payload[..4].try_into().unwrap());
+                                    assert_eq!(m.payload.len(), 4 + (n as usize % 5000));
+                                    assert!(m.payload[4..].iter().all(|&x| x == n as u8));
+                                    received.fetch_add(1, Ordering::Relaxed);
+                                    seen.push(n);
+                                }
+                                Err(IpcError::PeerClosed) => return seen,
+                                Err(e) => panic!("{e}"),
+                            }
+                        }
+                    })
+                })
+                .collect();
+            for n in 0..TOTAL as u32 {
+                let mut payload = n.to_le_bytes().to_vec();
+                payload.resize(4 + (n as usize % 5000), n as u8);
+                a.send(0, &payload, &[]).unwrap();
+            }
+            drop(a);
+            let mut all: Vec<u32> = receivers.into_iter().flat_map(|r| r.join().unwrap()).collect();
+            all.sort_unstable();
+            assert_eq!(all, (0..TOTAL as u32).collect::<Vec<_>>());
+        });
+        assert_eq!(received.into_inner(), TOTAL);
+    }
+
+    #[test]
+    fn listener_and_connect() {
+        let path = std::env::temp_dir().join(format!("cuda-mem-ipc-{}.sock", uuid::Uuid::new_v4()));
+        let listener = ChannelListener::bind(&path).unwrap();
+        assert!(matches!(
+            ChannelListener::bind(&path),
+            Err(IpcError::Io { context, .. }) if context.contains("binding")
+        ));
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let c = Channel::connect(&path).unwrap();
+                let file = memfd(b"via path");
+                c.send(11, b"hi", &[file.as_fd()]).unwrap();
+                assert_eq!(c.recv().unwrap().kind, 12);
+            });
+            let server = listener.accept().unwrap();
+            let m = server.recv().unwrap();
+            assert_eq!((m.kind, m.payload.as_slice()), (11, &b"hi"[..]));
+            assert_eq!(contents(&m.fds[0]), b"via path");
+            server.send(12, b"", &[]).unwrap();
+        });
+        std::fs::remove_file(&path).unwrap();
+        assert!(matches!(
+            Channel::connect(&path),
+            Err(IpcError::Io { context, .. }) if context.contains("connecting")
+        ));
+    }
+
+    #[test]
+    fn channels_are_send_and_sync() {
+        fn check<T: Send + Sync>() {}
+        check::<Channel>();
+        check::<ChannelListener>();
+        check::<RawMessage>();
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Whatever bytes a peer sends, then closes: errors, never a panic, never a hang.
+        #[test]
+        fn arbitrary_peer_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let (ch, mut raw) = raw_pair();
+            raw.write_all(&bytes).unwrap();
+            drop(raw);
+            let mut messages = 0;
+            loop {
+                match ch.recv() {
+                    Ok(_) => messages += 1,
+                    Err(IpcError::PeerClosed) => { prop_assert!(bytes.is_empty() || messages > 0); break }
+                    Err(IpcError::Protocol(_)) => { prop_assert!(!bytes.is_empty()); break }
+                    Err(e) => prop_assert!(false, "unexpected error {}", e),
+                }
+                prop_assert!(messages <= bytes.len() / HEADER_LEN);
+            }
+        }
+
+        /// A valid frame with one byte of its header changed: a result or an error, no panic.
+        #[test]
+        fn mutated_headers_never_panic(
+            at in 0..HEADER_LEN,
+            xor in 1..=255u8,
+            payload in proptest::collection::vec(any::<u8>(), 0..64),
+        ) {
+            let (ch, mut raw) = raw_pair();
+            let mut frame = header(2, payload.len() as u32, 0);
+            frame[at] ^= xor;
+            frame.extend_from_slice(&payload);
+            raw.write_all(&frame).unwrap();
+            drop(raw);
+            let result = ch.recv();
+            match at {
+                // The kind: still a valid frame.
+                10 | 11 => prop_assert!(result.is_ok()),
+                // The payload length: a shorter frame, or a truncated one.
+                12..=15 => {}
+                _ => prop_assert!(matches!(result, Err(IpcError::Protocol(_)))),
+            }
+        }
+    }
+}

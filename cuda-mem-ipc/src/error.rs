@@ -1,0 +1,201 @@
+//! The crate's error type.
+//!
+//! Every fallible function of `cuda-mem-ipc` returns [`IpcError`]. The variants separate what the
+//! caller can act on differently:
+//!
+//! - a failed driver call or core-library check ([`IpcError::Core`]);
+//! - a failed system call, with what was being done ([`IpcError::Io`]);
+//! - bytes or messages from the peer that do not follow the format ([`IpcError::Decode`],
+//!   [`IpcError::Protocol`]): the peer is broken, incompatible or hostile;
+//! - the peer going away ([`IpcError::PeerClosed`]);
+//! - lookups and uses of shared resources that cannot succeed ([`IpcError::UnknownResource`],
+//!   [`IpcError::WrongResource`], [`IpcError::WrongResourceKind`], [`IpcError::NotIpcEnabled`],
+//!   [`IpcError::CannotAllocateFromMapped`]);
+//! - arguments the local caller passed beyond the limits ([`IpcError::MessageTooLarge`]) and a
+//!   process that was not started with a channel ([`IpcError::ChannelEnv`]).
+
+use crate::descriptor::DecodeError;
+
+/// Everything that can go wrong in `cuda-mem-ipc`.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum IpcError {
+    /// A driver call failed, or `cuda-mem-core` refused an operation.
+    #[error(transparent)]
+    Core(#[from] cuda_mem_core::Error),
+
+    /// A system call failed.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done, such as "sending a message on the IPC channel".
+        context: &'static str,
+        /// The operating system's error.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// A buffer descriptor received from a peer is malformed; nothing was imported.
+    #[error(
+        "invalid buffer descriptor: {0}; the peer is not a compatible cuda-mem-ipc exporter \
+         or the bytes were damaged in transit, so nothing was imported"
+    )]
+    Decode(#[from] DecodeError),
+
+    /// The peer sent a message that does not follow the channel protocol.
+    #[error(
+        "malformed message from the IPC peer: {0}; check that both processes use compatible \
+         cuda-mem-ipc versions, then drop this channel and open a new one"
+    )]
+    Protocol(String),
+
+    /// The peer closed its end of the channel (it exited or dropped its channel).
+    #[error(
+        "the IPC peer closed the channel (it exited or dropped its end); no more messages \
+         will arrive, so stop using this channel"
+    )]
+    PeerClosed,
+
+    /// No live resource with this UUID is registered in this process.
+    #[error(
+        "no live memory resource with UUID {0} is known in this process: import the exporting \
+         resource (its pool) before importing buffers from it, and keep it alive while they are \
+         in use"
+    )]
+    UnknownResource(uuid::Uuid),
+
+    /// A buffer descriptor names another resource than the one asked to import it.
+    #[error(
+        "the buffer descriptor belongs to memory resource {found}, not to {expected}: import it \
+         through the resource it names"
+    )]
+    WrongResource {
+        /// The resource asked to import the buffer.
+        expected: uuid::Uuid,
+        /// The resource the descriptor names.
+        found: uuid::Uuid,
+    },
+
+    /// A resource was found, but it is not of the kind the operation needs.
+    #[error("memory resource {uuid} is a {found}, but this operation needs a {expected}")]
+    WrongResourceKind {
+        /// The resource's UUID.
+        uuid: uuid::Uuid,
+        /// The kind the operation needs.
+        expected: &'static str,
+        /// The kind it is.
+        found: &'static str,
+    },
+
+    /// The resource or buffer cannot be shared because it was not created for sharing.
+    #[error(
+        "{0} is not IPC-enabled: create its pool with an IPC handle type (POSIX file \
+         descriptors) to share it between processes"
+    )]
+    NotIpcEnabled(String),
+
+    /// Allocation was attempted from a resource mapped from another process.
+    #[error(
+        "cannot allocate from a memory resource mapped from another process: allocate in the \
+         exporting process and share the buffer, or allocate from a local pool"
+    )]
+    CannotAllocateFromMapped,
+
+    /// A message to send is beyond the channel's limits; nothing was sent.
+    #[error(
+        "cannot send: the {what} is {actual}, more than the limit of {limit}; nothing was \
+         sent, split the data over several messages"
+    )]
+    MessageTooLarge {
+        /// What is too large: "payload" (bytes) or "number of file descriptors".
+        what: &'static str,
+        /// The size asked for.
+        actual: usize,
+        /// The most allowed.
+        limit: usize,
+    },
+
+    /// The channel a parent passed through the environment cannot be taken.
+    #[error(
+        "cannot take the IPC channel from the environment: {0}; start this process with \
+         cuda_mem_ipc::spawn_with_channel"
+    )]
+    ChannelEnv(String),
+}
+
+impl IpcError {
+    /// An [`IpcError::Io`] with its context.
+    pub(crate) fn io(context: &'static str, source: impl Into<std::io::Error>) -> Self {
+        IpcError::Io { context, source: source.into() }
+    }
+}
+
+/// The crate's result type.
+pub type Result<T, E = IpcError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error as _;
+
+    #[test]
+    fn io_errors_keep_context_and_source() {
+        let e = IpcError::io(
+            "sending a message",
+            std::io::Error::from_raw_os_error(32), // EPIPE
+        );
+        let text = e.to_string();
+        assert!(text.starts_with("sending a message: "), "{text}");
+        let source = e.source().map(|s| s.to_string()).unwrap_or_default();
+        assert!(!source.is_empty(), "the io error must be the source");
+    }
+
+    #[test]
+    fn messages_say_what_to_do() {
+        let uuid = uuid::Uuid::from_u128(0x1234);
+        let cases = [
+            (IpcError::PeerClosed, "closed the channel"),
+            (IpcError::Protocol("bad magic".into()), "bad magic"),
+            (IpcError::UnknownResource(uuid), "import the exporting resource"),
+            (
+                IpcError::WrongResourceKind { uuid, expected: "device pool", found: "pinned pool" },
+                "is a pinned pool, but this operation needs a device pool",
+            ),
+            (
+                IpcError::NotIpcEnabled("pool 3".into()),
+                "pool 3 is not IPC-enabled: create its pool with an IPC handle type",
+            ),
+            (IpcError::CannotAllocateFromMapped, "allocate in the exporting process"),
+            (
+                IpcError::WrongResource { expected: uuid, found: uuid::Uuid::from_u128(5) },
+                "belongs to memory resource 00000000-0000-0000-0000-000000000005, not to \
+                 00000000-0000-0000-0000-000000001234",
+            ),
+            (
+                IpcError::MessageTooLarge { what: "payload", actual: 20, limit: 10 },
+                "the payload is 20, more than the limit of 10",
+            ),
+            (IpcError::ChannelEnv("x".into()), "spawn_with_channel"),
+            (IpcError::Decode(DecodeError::NilResource), "invalid buffer descriptor: "),
+        ];
+        for (error, needle) in cases {
+            let text = error.to_string();
+            assert!(text.contains(needle), "{text:?} should contain {needle:?}");
+        }
+        assert!(IpcError::UnknownResource(uuid).to_string().contains(&uuid.to_string()));
+    }
+
+    #[test]
+    fn core_errors_convert_transparently() {
+        let core = cuda_mem_core::Error::InvalidArgument("zero size".into());
+        let text = core.to_string();
+        let e: IpcError = core.into();
+        assert!(matches!(e, IpcError::Core(_)));
+        assert_eq!(e.to_string(), text);
+    }
+
+    #[test]
+    fn errors_are_send_and_sync() {
+        fn check<T: Send + Sync + 'static>() {}
+        check::<IpcError>();
+    }
+}

@@ -1,0 +1,209 @@
+//! `IpcChannel`: pools, buffers and plain bytes between processes, over a [`Channel`].
+//!
+//! Messages (each one frame of the channel):
+//!
+//! | kind | payload | file descriptors |
+//! |---|---|---|
+//! | 1, resource | UUID (16 bytes), memory kind (u8: 0 device, 1 pinned), device ordinal (i32 LE), 3 zero bytes | the pool's |
+//! | 2, buffers | count (u32 LE), then `count` encoded [`BufferDescriptor`]s | none |
+//! | 3, data | the application's bytes | none |
+//!
+//! Sending a buffer whose resource has not been sent on this channel sends the resource first,
+//! so the receiver always knows it. Receiving a resource the process already has (the registry
+//! knows its UUID) closes the duplicate descriptor and returns the registered resource.
+
+use std::collections::HashSet;
+use std::os::fd::OwnedFd;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use cuda_mem_core::{Buffer, Device, MemoryResource, Stream};
+use uuid::Uuid;
+
+use crate::channel::{Channel, RawMessage};
+use crate::descriptor::{BufferDescriptor, ENCODED_LEN};
+use crate::error::{IpcError, Result};
+use crate::mapped::{MappedMemoryResource, SharedKind, registry};
+use crate::share::{allocation_handle, buffer_descriptor};
+
+/// Message kinds on the wire.
+const RESOURCE: u16 = 1;
+const BUFFERS: u16 = 2;
+const DATA: u16 = 3;
+const RESOURCE_LEN: usize = 24;
+/// The most buffers one message may carry.
+pub const MAX_BUFFERS_PER_MESSAGE: usize = 65_536;
+
+/// What arrived.
+#[derive(Debug)]
+pub enum Received {
+    /// A pool resource, imported (or found in the registry).
+    Resource(Arc<MappedMemoryResource>),
+    /// Buffers, each mapped through its (already received) resource.
+    Buffers(Vec<Buffer>),
+    /// The peer's own bytes.
+    Data(Vec<u8>),
+}
+
+/// A channel that carries pools and buffers.
+#[derive(Debug)]
+pub struct IpcChannel {
+    channel: Channel,
+    sent: Mutex<HashSet<Uuid>>,
+}
+
+impl IpcChannel {
+    /// Wraps a connected channel.
+    pub fn new(channel: Channel) -> IpcChannel {
+        IpcChannel { channel, sent: Mutex::new(HashSet::new()) }
+    }
+
+    /// The underlying channel.
+    pub fn channel(&self) -> &Channel {
+        &self.channel
+    }
+
+    /// Sends a pool resource (its file descriptor and UUID). Sending it again sends it again;
+    /// the receiver's registry turns the second one into a hit.
+    ///
+    /// # Errors
+    /// [`IpcError::NotIpcEnabled`] for resources that cannot be shared; channel errors.
+    pub fn send_resource(&self, resource: &dyn MemoryResource) -> Result<()> {
+        let handle = allocation_handle(resource)?;
+        let mut payload = [0u8; RESOURCE_LEN];
+        payload[..16].copy_from_slice(handle.uuid().as_bytes());
+        let (kind, ordinal) = match handle.kind() {
+            SharedKind::Device(device) => (0u8, device.ordinal() as i32),
+            SharedKind::Pinned => (1u8, -1),
+        };
+        payload[16] = kind;
+        payload[17..21].copy_from_slice(&ordinal.to_le_bytes());
+        self.channel.send(RESOURCE, &payload, &[handle.fd()])?;
+        self.sent.lock().unwrap_or_else(PoisonError::into_inner).insert(handle.uuid());
+        Ok(())
+    }
+
+    /// Sends buffers in one message, sending first each resource not yet sent on this channel.
+    ///
+    /// # Errors
+    /// [`IpcError::NotIpcEnabled`] for buffers that cannot be shared; channel errors.
+    pub fn send_buffers(&self, buffers: &[&Buffer]) -> Result<()> {
+        if buffers.len() > MAX_BUFFERS_PER_MESSAGE {
+            return Err(IpcError::Protocol(format!(
+                "{} buffers in one message; the most is {MAX_BUFFERS_PER_MESSAGE}",
+                buffers.len()
+            )));
+        }
+        let descriptors = buffers.iter().map(|b| buffer_descriptor(b)).collect::<Result<Vec<_>>>()?;
+        for (buffer, descriptor) in buffers.iter().zip(&descriptors) {
+            let known = self.sent.lock().unwrap_or_else(PoisonError::into_inner).contains(&descriptor.resource);
+            if !known && let Some(resource) = buffer.resource() {
+                self.send_resource(resource.as_ref())?;
+            }
+        }
+        let mut payload = Vec::with_capacity(4 + descriptors.len() * ENCODED_LEN);
+        payload.extend_from_slice(&(descriptors.len() as u32).to_le_bytes());
+        for descriptor in &descriptors {
+            payload.extend_from_slice(&descriptor.encode());
+        }
+        self.channel.send(BUFFERS, &payload, &[])
+    }
+
+    /// Sends the application's bytes.
+    ///
+    /// # Errors
+    /// Channel errors.
+    pub fn send_data(&self, bytes: &[u8]) -> Result<()> {
+        self.channel.send(DATA, bytes, &[])
+    }
+
+    /// Receives one message: imports a resource and registers it, maps buffers through their
+    /// registered resources (freed on `stream` when dropped), or returns bytes.
+    ///
+    /// # Errors
+    /// Channel errors; protocol errors for malformed messages; [`IpcError::UnknownResource`]
+    /// for a buffer whose resource never arrived; driver errors from importing. A bad message
+    /// leaves the process and its pools as they were (nothing half-imported stays mapped).
+    pub fn recv(&self, stream: &Stream) -> Result<Received> {
+        let message = self.channel.recv()?;
+        match message.kind {
+            RESOURCE => self.receive_resource(message).map(Received::Resource),
+            BUFFERS => receive_buffers(&message, stream).map(Received::Buffers),
+            DATA => {
+                expect_no_fds(&message)?;
+                Ok(Received::Data(message.payload))
+            }
+            other => Err(IpcError::Protocol(format!("unknown message kind {other}"))),
+        }
+    }
+
+    fn receive_resource(&self, mut message: RawMessage) -> Result<Arc<MappedMemoryResource>> {
+        let payload = &message.payload;
+        if payload.len() != RESOURCE_LEN || message.fds.len() != 1 {
+            return Err(IpcError::Protocol(format!(
+                "a resource message has {RESOURCE_LEN} bytes and 1 file descriptor; got {} bytes and {}",
+                payload.len(),
+                message.fds.len()
+            )));
+        }
+        if payload[21..].iter().any(|&b| b != 0) {
+            return Err(IpcError::Protocol("a resource message's reserved bytes are not zero".to_string()));
+        }
+        let uuid = Uuid::from_slice(&payload[..16]).map_err(|e| IpcError::Protocol(e.to_string()))?;
+        let ordinal = i32::from_le_bytes([payload[17], payload[18], payload[19], payload[20]]);
+        let kind = match payload[16] {
+            0 => {
+                let ordinal = usize::try_from(ordinal)
+                    .map_err(|_| IpcError::Protocol(format!("device ordinal {ordinal} in a resource message")))?;
+                SharedKind::Device(Device::new(ordinal)?)
+            }
+            1 => SharedKind::Pinned,
+            other => return Err(IpcError::Protocol(format!("memory kind {other} in a resource message"))),
+        };
+        let fd: OwnedFd = message.fds.remove(0);
+        if let Ok(existing) = registry().get(uuid) {
+            // A hit: the duplicate descriptor closes here.
+            drop(fd);
+            return Ok(existing);
+        }
+        let resource = MappedMemoryResource::from_owned_fd(fd, uuid, kind)?;
+        Ok(registry().register(uuid, resource))
+    }
+}
+
+fn expect_no_fds(message: &RawMessage) -> Result<()> {
+    if message.fds.is_empty() {
+        Ok(())
+    } else {
+        Err(IpcError::Protocol(format!("{} unexpected file descriptors with a message", message.fds.len())))
+    }
+}
+
+fn receive_buffers(message: &RawMessage, stream: &Stream) -> Result<Vec<Buffer>> {
+    expect_no_fds(message)?;
+    let payload = &message.payload;
+    let count = payload
+        .get(..4)
+        .and_then(|b| b.try_into().ok())
+        .map(u32::from_le_bytes)
+        .ok_or_else(|| IpcError::Protocol("a buffers message shorter than its count".to_string()))?
+        as usize;
+    if count > MAX_BUFFERS_PER_MESSAGE || payload.len() != 4 + count * ENCODED_LEN {
+        return Err(IpcError::Protocol(format!(
+            "a buffers message for {count} buffers must have {} bytes; it has {}",
+            4usize.saturating_add(count.saturating_mul(ENCODED_LEN)),
+            payload.len()
+        )));
+    }
+    // Decode everything before importing anything.
+    let descriptors = payload[4..]
+        .chunks_exact(ENCODED_LEN)
+        .map(BufferDescriptor::decode)
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    let mut buffers = Vec::with_capacity(count);
+    for descriptor in &descriptors {
+        let resource = registry().get(descriptor.resource)?;
+        // On an error the buffers imported so far drop here and are released.
+        buffers.push(resource.import_buffer(descriptor, stream)?);
+    }
+    Ok(buffers)
+}

@@ -1,0 +1,87 @@
+//! The exporting side: a resource's allocation handle and a buffer's descriptor.
+
+use cuda_mem_core::{Buffer, MemoryResource, ShareableHandle};
+use uuid::Uuid;
+
+use crate::descriptor::BufferDescriptor;
+use crate::error::{IpcError, Result};
+use crate::import_cache;
+use crate::mapped::SharedKind;
+
+/// A resource's allocation handle: the pool's file descriptor (owned by the pool, exported once:
+/// asking again returns the same one) and the UUID naming the resource in every process.
+#[derive(Debug, Clone, Copy)]
+pub struct AllocationHandle<'a> {
+    handle: &'a ShareableHandle,
+    kind: SharedKind,
+}
+
+impl<'a> AllocationHandle<'a> {
+    /// The pool's file descriptor (send it; it stays owned by the pool).
+    pub fn fd(&self) -> std::os::fd::BorrowedFd<'a> {
+        self.handle.fd()
+    }
+
+    /// The UUID of the exporting resource.
+    pub fn uuid(&self) -> Uuid {
+        Uuid::from_u128(self.handle.id())
+    }
+
+    /// Device or pinned memory.
+    pub fn kind(&self) -> SharedKind {
+        self.kind
+    }
+}
+
+/// The allocation handle of an IPC-enabled pool resource ([`DeviceMemoryResource`] or
+/// [`PinnedMemoryResource`] created with `ipc_enabled(true)`, or a mapped resource, which
+/// re-exports the handle it was imported from).
+///
+/// [`DeviceMemoryResource`]: cuda_mem_core::DeviceMemoryResource
+/// [`PinnedMemoryResource`]: cuda_mem_core::PinnedMemoryResource
+///
+/// # Errors
+/// [`IpcError::NotIpcEnabled`] for any other resource; driver errors from the first export.
+pub fn allocation_handle(resource: &dyn MemoryResource) -> Result<AllocationHandle<'_>> {
+    let pool =
+        resource.pool().ok_or_else(|| IpcError::NotIpcEnabled("a resource that is not a memory pool".to_string()))?;
+    if !pool.is_shareable() {
+        return Err(IpcError::NotIpcEnabled("this resource's memory pool".to_string()));
+    }
+    let handle = pool.shareable_handle()?;
+    let kind = if resource.is_host_accessible() {
+        SharedKind::Pinned
+    } else {
+        let device =
+            resource.device().ok_or_else(|| IpcError::NotIpcEnabled("a device pool without a device".to_string()))?;
+        SharedKind::Device(device)
+    };
+    Ok(AllocationHandle { handle, kind })
+}
+
+/// The descriptor of `buffer`, for another process to import (after it has imported the
+/// buffer's resource). A buffer imported from elsewhere re-exports the data it came with, so it
+/// can be passed on (A→B→C).
+///
+/// # Errors
+/// [`IpcError::NotIpcEnabled`] for buffers of resources that cannot be shared, or views;
+/// driver errors.
+pub fn buffer_descriptor(buffer: &Buffer) -> Result<BufferDescriptor> {
+    let resource =
+        buffer.resource().ok_or_else(|| IpcError::NotIpcEnabled("a buffer view (it owns no memory)".to_string()))?;
+    let handle = allocation_handle(resource.as_ref())?;
+    let pool = resource
+        .pool()
+        .ok_or_else(|| IpcError::NotIpcEnabled("a buffer that is not from a memory pool".to_string()))?;
+    let export_data = if pool.is_imported() {
+        import_cache::export_data_of(buffer.ptr()).ok_or_else(|| {
+            IpcError::Core(cuda_mem_core::Error::InvalidState(format!(
+                "buffer at {:#x} is not an import of this process",
+                buffer.ptr()
+            )))
+        })?
+    } else {
+        pool.export_pointer(buffer.ptr())?
+    };
+    Ok(BufferDescriptor { export_data, size: buffer.size() as u64, resource: handle.uuid() })
+}

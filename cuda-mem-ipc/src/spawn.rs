@@ -1,0 +1,319 @@
+//! Starting a child process connected to this one by a [`Channel`].
+//!
+//! [`spawn_with_channel`] creates a socket pair, keeps one end, and starts the child (through
+//! [`Command::spawn`]: `fork` and `exec`, never a `fork` that goes on running Rust code) with the
+//! other end inherited. The child's end is inheritable in that child only: the parent's copy keeps
+//! close-on-exec, so children spawned at the same time by other threads do not inherit it, and the
+//! flag is cleared between `fork` and `exec` in the new process alone.
+//!
+//! The child finds its end through two environment variables: [`CHANNEL_FD_ENV`], the descriptor
+//! number, and [`CHANNEL_INODE_ENV`], the socket's inode, which lets [`Channel::from_env`] check
+//! that the descriptor is the socket the parent meant and not some other file that happens to have
+//! that number (as in a grandchild that inherited the environment but not the descriptor).
+//!
+//! ```no_run
+//! use std::process::Command;
+//! use cuda_mem_ipc::{Channel, spawn_with_channel};
+//!
+//! // In the parent:
+//! let (mut child, channel) = spawn_with_channel(&mut Command::new("./worker"))?;
+//! channel.send(1, b"work", &[])?;
+//! let reply = channel.recv()?;
+//! child.wait().map_err(|e| cuda_mem_ipc::IpcError::Io { context: "waiting", source: e })?;
+//!
+//! // In ./worker:
+//! let channel = Channel::from_env()?;
+//! let job = channel.recv()?;
+//! # Ok::<(), cuda_mem_ipc::IpcError>(())
+//! ```
+
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+
+use rustix::fs::FileType;
+use rustix::io::FdFlags;
+use rustix::net::{AddressFamily, SocketType};
+
+use crate::channel::Channel;
+use crate::error::{IpcError, Result};
+
+/// The environment variable holding the number of the child's channel descriptor.
+pub const CHANNEL_FD_ENV: &str = "CUDA_MEM_IPC_CHANNEL_FD";
+
+/// The environment variable holding the inode number of the child's channel socket.
+///
+/// [`Channel::from_env`] compares it with the descriptor's when it is set.
+pub const CHANNEL_INODE_ENV: &str = "CUDA_MEM_IPC_CHANNEL_INODE";
+
+/// Whether this process has taken its channel from the environment.
+static TAKEN: AtomicBool = AtomicBool::new(false);
+
+/// Starts `command` with one end of a new [`Channel`] and returns the child and the other end.
+///
+/// Sets [`CHANNEL_FD_ENV`] and [`CHANNEL_INODE_ENV`] in the child's environment and arranges for
+/// the descriptor to survive `exec` in the child; the child takes it with
+/// [`Channel::from_env`]. Everything else about `command` (arguments, other environment
+/// variables, standard streams) is as the caller set it up.
+///
+/// This adds a `pre_exec` hook to `command` that is active for this call only: spawning the same
+/// `command` again starts a process without a channel (whose `from_env` fails).
+///
+/// # Errors
+///
+/// [`IpcError::Io`] if the socket pair cannot be created or the process cannot be started.
+pub fn spawn_with_channel(command: &mut Command) -> Result<(Child, Channel)> {
+    let (parent, child_end) = UnixStream::pair().map_err(|e| IpcError::io("creating a socket pair", e))?;
+    // The child's standard streams are set up on descriptors 0 to 2 between fork and exec; keep
+    // the channel clear of them (they can be free in the parent if it closed its own).
+    let child_end: OwnedFd = if child_end.as_raw_fd() < 3 {
+        rustix::io::fcntl_dupfd_cloexec(&child_end, 3)
+            .map_err(|e| IpcError::io("moving the child's channel descriptor above 2", e))?
+    } else {
+        child_end.into()
+    };
+    let inode =
+        rustix::fs::fstat(&child_end).map_err(|e| IpcError::io("reading the channel socket's inode", e))?.st_ino;
+    let raw = child_end.as_raw_fd();
+
+    // The hook reads the number through this cell, which is cleared once the spawn is over, so a
+    // later spawn of the same command does not touch whatever then has that number.
+    let target = Arc::new(AtomicI32::new(raw));
+    let hook_target = Arc::clone(&target);
+    command.env(CHANNEL_FD_ENV, raw.to_string()).env(CHANNEL_INODE_ENV, inode.to_string());
+    let hook = move || {
+        let fd = hook_target.load(Ordering::Relaxed);
+        if fd < 0 {
+            return Ok(());
+        }
+        // SAFETY: `fd` is the child's channel end, open in this process for the duration of
+        // this call: the parent keeps `child_end` open until `spawn` has returned (when the cell
+        // is cleared), and fork copies the descriptor table.
+        let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+        rustix::io::fcntl_setfd(fd, FdFlags::empty()).map_err(|e| std::io::Error::from_raw_os_error(e.raw_os_error()))
+    };
+    // SAFETY: the hook runs in the forked child before exec, where only async-signal-safe work is
+    // allowed. It does an atomic load (a plain memory read) and one fcntl(F_SETFD) system call
+    // through rustix, which neither allocates nor takes locks; its error path builds an
+    // io::Error from an OS error code, which does not allocate either.
+    unsafe {
+        command.pre_exec(hook);
+    }
+    let spawned = command.spawn();
+    target.store(-1, Ordering::Relaxed);
+    drop(child_end);
+    let child = spawned.map_err(|e| IpcError::io("starting the child process", e))?;
+    Ok((child, Channel::new(parent)))
+}
+
+/// Checks that `fd` is a connected Unix stream socket, with inode `inode` if given.
+fn check_channel_fd(fd: BorrowedFd<'_>, inode: Option<u64>) -> Result<()> {
+    let n = fd.as_raw_fd();
+    let stat = rustix::fs::fstat(fd).map_err(|e| {
+        IpcError::ChannelEnv(format!("{CHANNEL_FD_ENV} names descriptor {n}, which is not open here ({e})"))
+    })?;
+    if FileType::from_raw_mode(stat.st_mode) != FileType::Socket {
+        return Err(IpcError::ChannelEnv(format!(
+            "descriptor {n} from {CHANNEL_FD_ENV} is a {:?}, not a socket",
+            FileType::from_raw_mode(stat.st_mode)
+        )));
+    }
+    if let Some(expected) = inode {
+        if stat.st_ino != expected {
+            return Err(IpcError::ChannelEnv(format!(
+                "descriptor {n} from {CHANNEL_FD_ENV} is socket inode {}, but {CHANNEL_INODE_ENV} \
+                 says {expected}: it is not the channel the parent passed (was the environment \
+                 inherited from a grandparent?)",
+                stat.st_ino
+            )));
+        }
+    }
+    let kind = rustix::net::sockopt::socket_type(fd)
+        .map_err(|e| IpcError::ChannelEnv(format!("cannot read the socket type of descriptor {n}: {e}")))?;
+    if kind != SocketType::STREAM {
+        return Err(IpcError::ChannelEnv(format!(
+            "descriptor {n} from {CHANNEL_FD_ENV} is a socket of type {kind:?}, not a stream socket"
+        )));
+    }
+    let address = rustix::net::getsockname(fd)
+        .map_err(|e| IpcError::ChannelEnv(format!("cannot read the address of descriptor {n}: {e}")))?;
+    if address.address_family() != AddressFamily::UNIX {
+        return Err(IpcError::ChannelEnv(format!(
+            "descriptor {n} from {CHANNEL_FD_ENV} is a socket of family {:?}, not a Unix domain \
+             socket",
+            address.address_family()
+        )));
+    }
+    Ok(())
+}
+
+/// Parses an environment variable, if set.
+fn env_number<T: std::str::FromStr>(name: &str) -> Result<Option<T>> {
+    match std::env::var(name) {
+        Ok(value) => value
+            .trim()
+            .parse()
+            .map(Some)
+            .map_err(|_| IpcError::ChannelEnv(format!("{name} is {value:?}, not a non-negative integer"))),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(value)) => {
+            Err(IpcError::ChannelEnv(format!("{name} is {value:?}, not a non-negative integer")))
+        }
+    }
+}
+
+impl Channel {
+    /// The channel a parent passed with [`spawn_with_channel`], in the child.
+    ///
+    /// Takes ownership of the descriptor named by [`CHANNEL_FD_ENV`] after checking that it is
+    /// open, a Unix domain stream socket and (when [`CHANNEL_INODE_ENV`] is set) the very socket
+    /// the parent passed, then sets close-on-exec on it again so that processes this one starts
+    /// do not inherit it, and puts it in blocking mode. The environment variables are left as
+    /// they are (changing the environment is not thread-safe); the inode check makes them
+    /// harmless to a grandchild.
+    ///
+    /// A process has at most one such channel: a second call fails.
+    ///
+    /// # Errors
+    ///
+    /// [`IpcError::ChannelEnv`] if the variable is missing or malformed, the descriptor fails
+    /// the checks, or the channel was already taken; [`IpcError::Io`] if setting its flags
+    /// fails.
+    pub fn from_env() -> Result<Channel> {
+        let fd: RawFd = env_number(CHANNEL_FD_ENV)?.ok_or_else(|| {
+            IpcError::ChannelEnv(format!("{CHANNEL_FD_ENV} is not set, so this process was not given a channel"))
+        })?;
+        if fd < 0 {
+            return Err(IpcError::ChannelEnv(format!("{CHANNEL_FD_ENV} is {fd}, not a descriptor number")));
+        }
+        let inode: Option<u64> = env_number(CHANNEL_INODE_ENV)?;
+        {
+            // SAFETY: the borrow lasts for these checks only, during which nothing in this
+            // function closes `fd`; if `fd` is not open, the first check (fstat) fails with EBADF
+            // without touching any resource and nothing further uses it.
+            let borrowed = unsafe { BorrowedFd::borrow_raw(fd) };
+            check_channel_fd(borrowed, inode)?;
+        }
+        if TAKEN.compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire).is_err() {
+            return Err(IpcError::ChannelEnv(
+                "the channel was already taken by an earlier Channel::from_env in this process".into(),
+            ));
+        }
+        // SAFETY: `fd` is open and is the socket the parent passed (checked above, including its
+        // inode when given). Nothing else in this process owns it: the parent handed it to this
+        // process through the environment for `from_env` to take, and the TAKEN flag makes sure
+        // it is taken once.
+        let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+        rustix::io::fcntl_setfd(&owned, FdFlags::CLOEXEC)
+            .map_err(|e| IpcError::io("setting close-on-exec on the inherited channel", e))?;
+        Channel::from_stream(UnixStream::from(owned))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+    use std::os::unix::net::{UnixDatagram, UnixListener};
+
+    fn is_cloexec(fd: impl AsFd) -> std::result::Result<bool, rustix::io::Errno> {
+        rustix::io::fcntl_getfd(fd).map(|f| f.contains(FdFlags::CLOEXEC))
+    }
+
+    fn channel_env_error(result: Result<()>) -> String {
+        match result {
+            Err(IpcError::ChannelEnv(text)) => text,
+            other => panic!("expected a ChannelEnv error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_unix_stream_socket_passes() {
+        let (a, _b) = UnixStream::pair().unwrap();
+        check_channel_fd(a.as_fd(), None).unwrap();
+        let inode = rustix::fs::fstat(&a).unwrap().st_ino;
+        check_channel_fd(a.as_fd(), Some(inode)).unwrap();
+    }
+
+    #[test]
+    fn the_wrong_inode_is_refused() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let other = rustix::fs::fstat(&b).unwrap().st_ino;
+        let text = channel_env_error(check_channel_fd(a.as_fd(), Some(other)));
+        assert!(text.contains("not the channel the parent passed"), "{text}");
+    }
+
+    #[test]
+    fn files_and_other_sockets_are_refused() {
+        let file = std::fs::File::open("/proc/self/exe").unwrap();
+        let text = channel_env_error(check_channel_fd(file.as_fd(), None));
+        assert!(text.contains("not a socket"), "{text}");
+
+        let (d, _e) = UnixDatagram::pair().unwrap();
+        let text = channel_env_error(check_channel_fd(d.as_fd(), None));
+        assert!(text.contains("not a stream socket"), "{text}");
+
+        let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let text = channel_env_error(check_channel_fd(tcp.as_fd(), None));
+        assert!(text.contains("not a Unix domain socket"), "{text}");
+
+        // A listening Unix socket is a stream socket too; recv on it fails later with an Io
+        // error, which is acceptable: it is at least the right kind of object.
+        let path = std::env::temp_dir().join(format!("cuda-mem-ipc-{}.sock", uuid::Uuid::new_v4()));
+        let l = UnixListener::bind(&path).unwrap();
+        check_channel_fd(l.as_fd(), None).unwrap();
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn a_closed_descriptor_is_refused() {
+        let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile).current.unwrap_or(1 << 20);
+        let beyond = i32::try_from(limit).unwrap_or(i32::MAX - 1);
+        // SAFETY: `beyond` is at or past the descriptor limit, so it is never open; fstat on it
+        // fails with EBADF and touches nothing.
+        let never_open = unsafe { BorrowedFd::borrow_raw(beyond) };
+        let text = channel_env_error(check_channel_fd(never_open, None));
+        assert!(text.contains("is not open here"), "{text}");
+    }
+
+    #[test]
+    fn spawned_child_inherits_only_its_end() {
+        // `sh` checks that the descriptor named in the environment is the socket the inode
+        // variable names.
+        let script = r#"
+            fd=$CUDA_MEM_IPC_CHANNEL_FD
+            test -S /proc/self/fd/$fd || exit 10
+            ino=$(stat -L -c %i /proc/self/fd/$fd) || exit 11
+            test "$ino" = "$CUDA_MEM_IPC_CHANNEL_INODE" || exit 12
+        "#;
+        let (mut child, channel) = spawn_with_channel(Command::new("sh").arg("-c").arg(script)).unwrap();
+        let status = child.wait().unwrap();
+        assert_eq!(status.code(), Some(0), "{status}");
+        // The parent's end keeps close-on-exec.
+        assert_eq!(is_cloexec(&channel), Ok(true));
+    }
+
+    #[test]
+    fn respawning_the_same_command_gives_no_channel() {
+        let mut command = Command::new("sh");
+        command.arg("-c").arg(r#"test -e /proc/self/fd/$CUDA_MEM_IPC_CHANNEL_FD"#);
+        let (mut first, _channel) = spawn_with_channel(&mut command).unwrap();
+        assert!(first.wait().unwrap().success(), "the first child has it");
+        // The hook is now inert. Were it not, it would run fcntl on a number the parent has
+        // closed, and the spawn would fail with EBADF (unless another thread reopened that
+        // number meanwhile).
+        let mut second = command.spawn().unwrap();
+        let _ = second.wait().unwrap();
+    }
+
+    #[test]
+    fn a_failed_spawn_is_an_io_error() {
+        match spawn_with_channel(&mut Command::new("/nonexistent/cuda-mem-ipc-child")) {
+            Err(IpcError::Io { context, .. }) => assert!(context.contains("starting")),
+            other => panic!("expected an Io error, got {other:?}"),
+        }
+    }
+}

@@ -1,0 +1,142 @@
+//! The whole flow in one process (the receiving side imports what the same process exported):
+//! resources, buffers, the registry, the duplicate-import cache, and the errors on bad input.
+
+use std::sync::Arc;
+
+use cuda_mem_core::{
+    Device, DeviceMemoryResource, DeviceMemoryResourceOptions, FillPattern, MemoryResourceExt, PinnedLocation,
+    PinnedMemoryResource, PinnedMemoryResourceOptions, Stream, StreamOptions,
+};
+use cuda_mem_ipc::{
+    BufferDescriptor, Channel, IpcChannel, IpcError, Received, allocation_handle, buffer_descriptor, import_cache,
+    registry,
+};
+
+fn setup() -> (Device, Stream) {
+    cuda_sim::testing::driver().unwrap();
+    let device = Device::new(0).unwrap();
+    device.set_current().unwrap();
+    (device, Stream::new(device, StreamOptions::default().non_blocking()).unwrap())
+}
+
+fn pair() -> (IpcChannel, IpcChannel) {
+    let (a, b) = Channel::pair().unwrap();
+    (IpcChannel::new(a), IpcChannel::new(b))
+}
+
+#[test]
+fn buffers_travel_with_their_resource_and_share_memory() {
+    let (device, stream) = setup();
+    let dmr = DeviceMemoryResource::new(device, DeviceMemoryResourceOptions::default().ipc_enabled(true)).unwrap();
+    let mut buffer = dmr.allocate(4096, &stream).unwrap();
+    buffer.fill(FillPattern::U8(0x11), &stream).unwrap();
+    stream.synchronize().unwrap();
+    let (tx, rx) = pair();
+    tx.send_buffers(&[&buffer]).unwrap();
+    let Received::Resource(mapped) = rx.recv(&stream).unwrap() else { panic!("the resource comes first") };
+    let Received::Buffers(mut received) = rx.recv(&stream).unwrap() else { panic!("then the buffers") };
+    assert_eq!(received.len(), 1);
+    assert_eq!(mapped.uuid(), allocation_handle(dmr.as_ref()).unwrap().uuid());
+    let imported = &mut received[0];
+    assert_eq!(imported.size(), 4096);
+    assert_ne!(imported.ptr(), buffer.ptr());
+    let host = PinnedMemoryResource::new(PinnedMemoryResourceOptions::default()).unwrap();
+    let mut check = host.allocate(4096, &stream).unwrap();
+    check.copy_from(imported, &stream).unwrap();
+    assert!(check.host_slice().unwrap().iter().all(|&b| b == 0x11));
+    imported.fill(FillPattern::U8(0x22), &stream).unwrap();
+    stream.synchronize().unwrap();
+    check.copy_from(&buffer, &stream).unwrap();
+    assert!(check.host_slice().unwrap().iter().all(|&b| b == 0x22));
+    // Re-export of the imported buffer gives the same descriptor.
+    assert_eq!(buffer_descriptor(imported).unwrap(), buffer_descriptor(&buffer).unwrap());
+    // The mapped resource cannot allocate.
+    let err = mapped.allocate(16, &stream).unwrap_err();
+    assert!(err.to_string().contains("cannot allocate from a mapped memory resource"), "{err}");
+}
+
+#[test]
+fn a_resource_sent_twice_is_a_registry_hit() {
+    let (device, stream) = setup();
+    let pinned = PinnedMemoryResource::new(
+        PinnedMemoryResourceOptions::default().ipc_enabled(true).location(PinnedLocation::NearDevice(device)),
+    )
+    .unwrap();
+    let (tx, rx) = pair();
+    tx.send_resource(pinned.as_ref()).unwrap();
+    tx.send_resource(pinned.as_ref()).unwrap();
+    let Received::Resource(first) = rx.recv(&stream).unwrap() else { panic!() };
+    let Received::Resource(second) = rx.recv(&stream).unwrap() else { panic!() };
+    assert!(Arc::ptr_eq(&first, &second));
+    assert!(registry().get(first.uuid()).is_ok());
+    drop((first, second));
+    assert!(matches!(
+        registry().get(allocation_handle(pinned.as_ref()).unwrap().uuid()),
+        Err(IpcError::UnknownResource(_))
+    ));
+}
+
+#[test]
+fn duplicate_imports_share_one_mapping_freed_by_the_last_holder() {
+    let (device, stream) = setup();
+    let dmr = DeviceMemoryResource::new(device, DeviceMemoryResourceOptions::default().ipc_enabled(true)).unwrap();
+    let buffer = dmr.allocate(1 << 16, &stream).unwrap();
+    let (tx, rx) = pair();
+    tx.send_buffers(&[&buffer, &buffer]).unwrap();
+    let Received::Resource(_mapped) = rx.recv(&stream).unwrap() else { panic!() };
+    let Received::Buffers(imports) = rx.recv(&stream).unwrap() else { panic!() };
+    assert_eq!(imports[0].ptr(), imports[1].ptr());
+    let ptr = imports[0].ptr();
+    assert_eq!(import_cache::holders(ptr), 2);
+    let mut imports = imports.into_iter();
+    drop(imports.next());
+    assert_eq!(import_cache::holders(ptr), 1);
+    drop(imports.next());
+    assert_eq!(import_cache::holders(ptr), 0);
+    assert!(cuda_mem_core::take_drop_errors().is_empty());
+}
+
+#[test]
+fn bad_descriptors_are_refused_and_leave_nothing_mapped() {
+    let (device, stream) = setup();
+    let dmr = DeviceMemoryResource::new(device, DeviceMemoryResourceOptions::default().ipc_enabled(true)).unwrap();
+    let other = DeviceMemoryResource::new(device, DeviceMemoryResourceOptions::default().ipc_enabled(true)).unwrap();
+    let buffer = dmr.allocate(1000, &stream).unwrap();
+    let (tx, rx) = pair();
+    tx.send_resource(dmr.as_ref()).unwrap();
+    tx.send_resource(other.as_ref()).unwrap();
+    let Received::Resource(mapped) = rx.recv(&stream).unwrap() else { panic!() };
+    let Received::Resource(other_mapped) = rx.recv(&stream).unwrap() else { panic!() };
+    let good = buffer_descriptor(&buffer).unwrap();
+
+    // A claimed size beyond the mapped allocation.
+    let oversize = BufferDescriptor { size: 1 << 30, ..good };
+    let err = mapped.import_buffer(&oversize, &stream).unwrap_err();
+    assert!(matches!(err, IpcError::Protocol(_)), "{err}");
+    assert!(err.to_string().contains("claims"), "{err}");
+    // The wrong mapped resource.
+    let err = other_mapped.import_buffer(&good, &stream).unwrap_err();
+    assert!(matches!(err, IpcError::WrongResource { .. }), "{err}");
+    // Truncated bytes.
+    let encoded = good.encode();
+    assert!(BufferDescriptor::decode(&encoded[..encoded.len() - 1]).is_err());
+    // A buffer whose resource was never received.
+    let unsent = DeviceMemoryResource::new(device, DeviceMemoryResourceOptions::default().ipc_enabled(true)).unwrap();
+    let orphan = buffer_descriptor(&unsent.allocate(64, &stream).unwrap()).unwrap();
+    assert!(matches!(registry().get(orphan.resource), Err(IpcError::UnknownResource(_))));
+    // After all that, nothing is left mapped and a good import works.
+    let imported = mapped.import_buffer(&good, &stream).unwrap();
+    assert_eq!(import_cache::holders(imported.ptr()), 1);
+}
+
+#[test]
+fn pools_that_are_not_ipc_enabled_cannot_be_shared() {
+    let (device, stream) = setup();
+    let plain = DeviceMemoryResource::new(device, DeviceMemoryResourceOptions::default()).unwrap();
+    let err = allocation_handle(plain.as_ref()).unwrap_err();
+    assert!(matches!(err, IpcError::NotIpcEnabled(_)), "{err}");
+    let buffer = plain.allocate(64, &stream).unwrap();
+    assert!(buffer_descriptor(&buffer).is_err());
+    let (tx, _rx) = pair();
+    assert!(tx.send_buffers(&[&buffer]).is_err());
+}
