@@ -232,7 +232,7 @@ impl Buffer {
     /// [`Error::InvalidArgument`] if the pattern's width does not divide the size.
     pub fn fill(&mut self, pattern: FillPattern, stream: &Stream) -> Result<()> {
         let width = pattern.width();
-        if self.size % width != 0 {
+        if !self.size.is_multiple_of(width) {
             return Err(Error::InvalidArgument(format!(
                 "a {width}-byte fill pattern needs a size divisible by {width}; the buffer has {} bytes",
                 self.size

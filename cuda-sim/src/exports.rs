@@ -11,9 +11,10 @@ use std::ffi::{c_char, c_int, c_uint, c_void};
 
 use cuda_sys::types::{
     CUcontext, CUdevice, CUdevice_attribute, CUdeviceptr, CUdriverProcAddressQueryResult, CUevent, CUgraph, CUhostFn,
-    CUmemAccess_flags, CUmemAccessDesc, CUmemAllocationHandleType, CUmemAllocationType, CUmemLocation,
-    CUmemPool_attribute, CUmemPoolProps, CUmemPoolPtrExportData, CUmemoryPool, CUpointer_attribute, CUresult, CUstream,
-    CUstreamCaptureMode, CUstreamCaptureStatus, CUuuid, cuuint64_t,
+    CUmemAccess_flags, CUmemAccessDesc, CUmemAllocationGranularity_flags, CUmemAllocationHandleType,
+    CUmemAllocationProp, CUmemAllocationType, CUmemGenericAllocationHandle, CUmemLocation, CUmemPool_attribute,
+    CUmemPoolProps, CUmemPoolPtrExportData, CUmemoryPool, CUpointer_attribute, CUresult, CUstream, CUstreamCaptureMode,
+    CUstreamCaptureStatus, CUuuid, cuuint64_t,
 };
 
 use crate::api::memory::Direction;
@@ -42,6 +43,9 @@ macro_rules! export_fn {
         #[unsafe(no_mangle)]
         #[allow(unused_unsafe)]
         pub unsafe extern "C" fn $name($($arg: $ty),*) -> CUresult {
+            if crate::fault::should_fail(stringify!($name)) {
+                return CUresult::CUDA_ERROR_OUT_OF_MEMORY;
+            }
             let $mode = $default;
             // SAFETY: the C caller guarantees the pointer arguments meet cuda.h's contract for
             // this function, which is what the implementation relies on.
@@ -244,4 +248,33 @@ exports! {
         => |_mode| api::ipc::export_pointer(data, pointer);
     cuMemPoolImportPointer / -(pointer: *mut CUdeviceptr, pool: CUmemoryPool, data: *mut CUmemPoolPtrExportData)
         => |_mode| api::ipc::import_pointer(pointer, pool, data);
+
+    // Virtual memory management.
+    cuMemAddressReserve / -(pointer: *mut CUdeviceptr, size: usize, alignment: usize, hint: CUdeviceptr, flags: u64)
+        => |_mode| api::vmm::reserve(pointer, size, alignment, hint, flags);
+    cuMemAddressFree / -(pointer: CUdeviceptr, size: usize) => |_mode| api::vmm::address_free(pointer, size);
+    cuMemCreate / -(handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp, flags: u64)
+        => |_mode| api::vmm::create(handle, size, prop, flags);
+    cuMemRelease / -(handle: CUmemGenericAllocationHandle) => |_mode| api::vmm::release(handle);
+    cuMemMap / -(pointer: CUdeviceptr, size: usize, offset: usize, handle: CUmemGenericAllocationHandle, flags: u64)
+        => |_mode| api::vmm::map(pointer, size, offset, handle, flags);
+    cuMemUnmap / -(pointer: CUdeviceptr, size: usize) => |_mode| api::vmm::unmap(pointer, size);
+    cuMemSetAccess / -(pointer: CUdeviceptr, size: usize, descs: *const CUmemAccessDesc, count: usize)
+        => |_mode| api::vmm::set_access(pointer, size, descs, count);
+    cuMemGetAccess / -(flags: *mut u64, location: *const CUmemLocation, pointer: CUdeviceptr)
+        => |_mode| api::vmm::get_access(flags, location, pointer);
+    cuMemGetAllocationGranularity / -(granularity: *mut usize, prop: *const CUmemAllocationProp, option: CUmemAllocationGranularity_flags)
+        => |_mode| api::vmm::granularity(granularity, prop, option);
+    cuMemRetainAllocationHandle / -(handle: *mut CUmemGenericAllocationHandle, address: *mut c_void)
+        => |_mode| api::vmm::retain(handle, address);
+    cuMemGetAllocationPropertiesFromHandle / -(prop: *mut CUmemAllocationProp, handle: CUmemGenericAllocationHandle)
+        => |_mode| api::vmm::properties(prop, handle);
+    cuMemExportToShareableHandle / -(shareable: *mut c_void, handle: CUmemGenericAllocationHandle, handle_type: CUmemAllocationHandleType, flags: u64)
+        => |_mode| api::vmm::export(shareable, handle, handle_type, flags);
+    cuMemImportFromShareableHandle / -(handle: *mut CUmemGenericAllocationHandle, os_handle: *mut c_void, handle_type: CUmemAllocationHandleType)
+        => |_mode| api::vmm::import(handle, os_handle, handle_type);
+
+    // The simulator's own controls (not driver functions).
+    cuSimLiveObjects / -(out: *mut crate::testing::LiveObjects) => |_mode| crate::api::sim::live_objects(out);
+    cuSimInjectFailure / -(function: *const c_char, nth: c_uint) => |_mode| crate::api::sim::inject_failure(function, nth);
 }

@@ -196,6 +196,10 @@ impl Endpoint {
 /// The address-space reservation that device pointers are carved from.
 struct Arena {
     reservation: Mapping,
+    /// A second reservation of the same size where the simulator maps VMM memory at the same
+    /// offsets as the device addresses it backs, so that any contiguous mapped device range is a
+    /// contiguous range here too, however many physical allocations it spans.
+    alias: Arc<Mapping>,
     /// Where the next search for free space starts.
     cursor: u64,
     /// Live ranges: start → length (guard included).
@@ -205,9 +209,11 @@ struct Arena {
 impl Arena {
     fn new() -> SimResult<Arena> {
         for size in ARENA_SIZES {
-            if let Ok(reservation) = Mapping::inaccessible(size as usize) {
+            if let (Ok(reservation), Ok(alias)) =
+                (Mapping::inaccessible(size as usize), Mapping::inaccessible(size as usize))
+            {
                 let cursor = reservation.as_ptr() as u64;
-                return Ok(Arena { reservation, cursor, used: BTreeMap::new() });
+                return Ok(Arena { reservation, alias: Arc::new(alias), cursor, used: BTreeMap::new() });
             }
         }
         fail(CUresult::CUDA_ERROR_OUT_OF_MEMORY)
@@ -254,6 +260,42 @@ impl Arena {
     fn give_back(&mut self, start: u64) {
         self.used.remove(&start);
     }
+
+    /// Takes `[start, start + len)` if it lies in the arena and is free.
+    fn take_at(&mut self, start: u64, len: u64) -> bool {
+        let end = match start.checked_add(len) {
+            Some(end) if start >= self.start() && end <= self.end() => end,
+            _ => return false,
+        };
+        let before = self.used.range(..=start).next_back().is_some_and(|(&s, &l)| s + l > start);
+        let inside = self.used.range(start..end).next().is_some();
+        if before || inside {
+            return false;
+        }
+        self.used.insert(start, len);
+        true
+    }
+
+    /// Takes `len` bytes aligned to `align` (a power of two), next-fit.
+    fn take_aligned(&mut self, len: u64, align: u64) -> SimResult<u64> {
+        // Over-take, then keep the aligned part: the slack is returned at once.
+        let start = self.take(len + align)?;
+        self.used.remove(&start);
+        let aligned = start.div_ceil(align) * align;
+        self.used.insert(aligned, len);
+        self.cursor = aligned + len;
+        Ok(aligned)
+    }
+}
+
+/// A mapping of VMM memory (`cuMemMap`) and the access devices have to it.
+pub(crate) struct MappedRange {
+    /// Its size.
+    pub size: u64,
+    /// The physical allocation mapped.
+    pub physical: Arc<crate::vmm::Physical>,
+    /// Access granted, per device (none until `cuMemSetAccess`).
+    pub access: BTreeMap<usize, cuda_sys::types::CUmemAccess_flags>,
 }
 
 /// Every live allocation of the process.
@@ -262,6 +304,10 @@ pub(crate) struct MemoryTable {
     allocations: BTreeMap<u64, Allocation>,
     arena: Option<Arena>,
     next_id: u64,
+    /// VMM address reservations: start → size.
+    pub reservations: BTreeMap<u64, u64>,
+    /// VMM mappings: start → mapping.
+    pub mapped: BTreeMap<u64, MappedRange>,
 }
 
 /// Rounds up to the accounting granularity.
@@ -404,6 +450,11 @@ impl MemoryTable {
         bases.into_iter().filter_map(|base| self.free_if(base, |_| true).ok()).collect()
     }
 
+    /// How many allocations are live.
+    pub(crate) fn allocation_count(&self) -> usize {
+        self.allocations.len()
+    }
+
     /// The allocation containing `address`, if any.
     pub(crate) fn find(&self, address: u64) -> Option<&Allocation> {
         let (_, allocation) = self.allocations.range(..=address).next_back()?;
@@ -425,9 +476,99 @@ impl MemoryTable {
                 Endpoint::Pinned(span)
             });
         }
+        if let Some(span) = self.mapped_span(address, len) {
+            return Ok(Endpoint::Device(span));
+        }
         let in_arena = self.arena.as_ref().is_some_and(|arena| arena.contains(address));
         ensure(!in_arena)?;
         Ok(Endpoint::Pageable(address as usize))
+    }
+
+    /// The VMM mappings covering `[address, address + len)` without a gap, in order, if they do.
+    pub(crate) fn mapped_cover(&self, address: u64, len: u64) -> Option<Vec<(u64, &MappedRange)>> {
+        let (&first, range) = self.mapped.range(..=address).next_back()?;
+        if address >= first + range.size {
+            return None;
+        }
+        let end = address.checked_add(len.max(1))?;
+        let mut cover = vec![(first, range)];
+        let mut reached = first + range.size;
+        while reached < end {
+            let next = self.mapped.get(&reached)?;
+            cover.push((reached, next));
+            reached += next.size;
+        }
+        Some(cover)
+    }
+
+    /// A span of the alias arena for a contiguous mapped range.
+    fn mapped_span(&self, address: u64, len: usize) -> Option<Span> {
+        self.mapped_cover(address, len as u64)?;
+        let arena = self.arena.as_ref()?;
+        Some(Span { backing: Arc::clone(&arena.alias), offset: (address - arena.start()) as usize })
+    }
+
+    /// Reserves `size` bytes of device address space (`cuMemAddressReserve`), at `hint` when that
+    /// range is free, aligned to `align`.
+    pub(crate) fn reserve(&mut self, size: u64, align: u64, hint: u64) -> SimResult<u64> {
+        if self.arena.is_none() {
+            self.arena = Some(Arena::new()?);
+        }
+        let arena = self.arena.as_mut().ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
+        let base = if hint != 0 && hint.is_multiple_of(align) && arena.take_at(hint, size) {
+            hint
+        } else {
+            arena.take_aligned(size, align)?
+        };
+        self.reservations.insert(base, size);
+        Ok(base)
+    }
+
+    /// Frees a reservation: `base` and `size` must match one exactly and nothing may be mapped
+    /// in it.
+    pub(crate) fn free_reservation(&mut self, base: u64, size: u64) -> SimResult {
+        ensure(self.reservations.get(&base) == Some(&size))?;
+        ensure(self.mapped.range(base..base + size).next().is_none())?;
+        self.reservations.remove(&base);
+        if let Some(arena) = self.arena.as_mut() {
+            arena.give_back(base);
+        }
+        Ok(())
+    }
+
+    /// Maps `physical` at `[base, base + size)`, which must lie inside one reservation and
+    /// overlap no mapping.
+    pub(crate) fn map(&mut self, base: u64, size: u64, physical: Arc<crate::vmm::Physical>) -> SimResult {
+        let inside = self
+            .reservations
+            .range(..=base)
+            .next_back()
+            .is_some_and(|(&start, &len)| base.checked_add(size).is_some_and(|end| end <= start + len));
+        ensure(inside)?;
+        let overlaps = self.mapped.range(..base).next_back().is_some_and(|(&s, r)| s + r.size > base)
+            || self.mapped.range(base..base + size).next().is_some();
+        ensure(!overlaps)?;
+        let arena = self.arena.as_ref().ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        let alias = arena.alias.as_ptr() as u64 + (base - arena.start());
+        physical.map_at(alias, size)?;
+        self.mapped.insert(base, MappedRange { size, physical, access: BTreeMap::new() });
+        Ok(())
+    }
+
+    /// Unmaps `[base, base + size)`, which must be made of whole mappings; returns them.
+    pub(crate) fn unmap(&mut self, base: u64, size: u64) -> SimResult<Vec<MappedRange>> {
+        let end = base.checked_add(size).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        let mut cursor = base;
+        while cursor < end {
+            let range = self.mapped.get(&cursor).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+            cursor += range.size;
+        }
+        ensure(cursor == end)?;
+        let arena = self.arena.as_ref().ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        let alias = arena.alias.as_ptr() as u64 + (base - arena.start());
+        crate::vmm::unmap_alias(alias, size)?;
+        let starts: Vec<u64> = self.mapped.range(base..end).map(|(&s, _)| s).collect();
+        Ok(starts.into_iter().filter_map(|s| self.mapped.remove(&s)).collect())
     }
 
     /// Classifies memory that must have been allocated by the simulator (a device pointer).

@@ -34,6 +34,8 @@ pub(crate) struct State {
     pub events: HashMap<usize, Arc<Event>>,
     /// Live allocations.
     pub memory: MemoryTable,
+    /// Physical VMM allocations by handle.
+    pub physicals: HashMap<u64, PhysicalEntry>,
     /// Captured graphs by handle (their work never runs: the simulator does not launch graphs).
     pub graphs: HashMap<usize, Vec<crate::stream::Op>>,
     /// Live pools by handle.
@@ -49,6 +51,19 @@ pub(crate) struct State {
     /// next pool created on that device inherits (the driver's nvbug 5698116, modelled so that
     /// code working around it is tested).
     pub leftover_access: HashMap<usize, std::collections::BTreeMap<usize, cuda_sys::types::CUmemAccess_flags>>,
+}
+
+/// A physical VMM allocation and what refers to it.
+pub(crate) struct PhysicalEntry {
+    /// The allocation.
+    pub physical: Arc<crate::vmm::Physical>,
+    /// Handles the application holds (`cuMemCreate`, `cuMemImportFromShareableHandle`,
+    /// `cuMemRetainAllocationHandle`, each undone by `cuMemRelease`).
+    pub user_refs: u32,
+    /// Mappings of it.
+    pub maps: u32,
+    /// Whether it was imported (its memory is charged to the exporting process).
+    pub imported: bool,
 }
 
 impl State {
@@ -100,6 +115,7 @@ pub(crate) fn init() -> SimResult {
         pools: defaults.into_iter().map(|p| (p.handle, p)).collect(),
         other_pools: HashMap::new(),
         graphs: HashMap::new(),
+        physicals: HashMap::new(),
         leftover_access: HashMap::new(),
     };
     let _ = STATE.set(Mutex::new(state));

@@ -118,3 +118,60 @@ pub fn in_simulated_machine(test_name: &str, env: &[(&str, &str)], body: impl Fn
         output.status
     );
 }
+
+/// Counts of the simulator's live objects (`cuSimLiveObjects`), for checking that nothing
+/// leaks: compare before and after.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LiveObjects {
+    /// VMM address reservations.
+    pub reservations: u64,
+    /// VMM mappings.
+    pub mappings: u64,
+    /// VMM physical allocations.
+    pub physical_allocations: u64,
+    /// Pools other than the default ones.
+    pub pools: u64,
+    /// Allocations (device, pinned, managed, registered, pool).
+    pub allocations: u64,
+}
+
+/// The simulator's live objects now, asked of the loaded simulator library.
+///
+/// # Errors
+/// When the driver is not the simulator, or the call fails.
+pub fn live_objects(driver: &Driver) -> Result<LiveObjects, cuda_sys::CudaError> {
+    let address = driver.library_symbol(c"cuSimLiveObjects")?;
+    // SAFETY: the simulator exports `cuSimLiveObjects` with this signature.
+    let f = unsafe {
+        std::mem::transmute::<
+            *const std::ffi::c_void,
+            unsafe extern "C" fn(*mut LiveObjects) -> cuda_sys::types::CUresult,
+        >(address)
+    };
+    let mut out = LiveObjects::default();
+    // SAFETY: `out` is a valid out-pointer.
+    let code = unsafe { f(&mut out) };
+    driver.check("cuSimLiveObjects", code)?;
+    Ok(out)
+}
+
+/// Makes the `nth` next call of `function` in the loaded simulator fail with
+/// `CUDA_ERROR_OUT_OF_MEMORY` (the simulator's fault injection, armed at run time).
+///
+/// # Errors
+/// When the driver is not the simulator, or the call fails.
+pub fn inject_failure(driver: &Driver, function: &std::ffi::CStr, nth: u32) -> Result<(), cuda_sys::CudaError> {
+    let address = driver.library_symbol(c"cuSimInjectFailure")?;
+    // SAFETY: the simulator exports `cuSimInjectFailure` with this signature.
+    let f = unsafe {
+        std::mem::transmute::<
+            *const std::ffi::c_void,
+            unsafe extern "C" fn(*const std::ffi::c_char, u32) -> cuda_sys::types::CUresult,
+        >(address)
+    };
+    // SAFETY: `function` is NUL-terminated.
+    let code = unsafe { f(function.as_ptr(), nth) };
+    driver.check("cuSimInjectFailure", code)?;
+    Ok(())
+}

@@ -160,6 +160,19 @@ impl Driver {
         &self.options
     }
 
+    /// The address of any symbol the library exports (for extensions outside `cuda.h`, such
+    /// as the simulator's own controls), found with `dlsym`.
+    ///
+    /// # Errors
+    /// [`LoadError::SymbolNotFound`] when the library does not export it.
+    pub fn library_symbol(&self, name: &'static CStr) -> Result<*const c_void, LoadError> {
+        lookup(&self.library, name).ok_or_else(|| LoadError::SymbolNotFound {
+            symbol: name.to_str().unwrap_or("?"),
+            version: None,
+            path: self.path.clone(),
+        })
+    }
+
     /// The CUDA version the driver supports (`cuDriverGetVersion`; 13000 for CUDA 13.0).
     ///
     /// # Errors

@@ -160,10 +160,10 @@ fn build(command: &mut Command) -> Result<Vec<Value>, String> {
             println!("{line}");
             continue;
         };
-        if message.get("reason").and_then(Value::as_str) == Some("compiler-message") {
-            if let Some(rendered) = message.get("message").and_then(|m| m.get("rendered")).and_then(Value::as_str) {
-                eprint!("{rendered}");
-            }
+        if message.get("reason").and_then(Value::as_str) == Some("compiler-message")
+            && let Some(rendered) = message.get("message").and_then(|m| m.get("rendered")).and_then(Value::as_str)
+        {
+            eprint!("{rendered}");
         }
         messages.push(message);
     }

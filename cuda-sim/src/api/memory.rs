@@ -205,6 +205,8 @@ pub(crate) unsafe fn copy(
     };
     super::pool::check_access(&state, dst_address, stream.device, true)?;
     super::pool::check_access(&state, src_address, stream.device, false)?;
+    super::vmm::check_access(&state, dst_address, len, stream.device, true)?;
+    super::vmm::check_access(&state, src_address, len, stream.device, false)?;
     let sync_memops = syncs_memops(&state, context.device);
     drop(state);
     if len == 0 {
@@ -257,11 +259,12 @@ pub(crate) fn memset(
     asynchronous: bool,
 ) -> SimResult {
     let len = count.checked_mul(width).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
-    ensure(dst % width as u64 == 0)?;
+    ensure(dst.is_multiple_of(width as u64))?;
     let state = state::lock()?;
     let (context, stream) = resolve(&state, stream, mode)?;
     let target = state.memory.classify_allocated(dst, len)?;
     super::pool::check_access(&state, dst, stream.device, true)?;
+    super::vmm::check_access(&state, dst, len, stream.device, true)?;
     let sync_memops = syncs_memops(&state, context.device);
     drop(state);
     if count == 0 {

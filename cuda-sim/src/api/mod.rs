@@ -9,7 +9,9 @@ pub(crate) mod ipc;
 pub(crate) mod memory;
 pub(crate) mod pointer;
 pub(crate) mod pool;
+pub(crate) mod sim;
 pub(crate) mod stream;
+pub(crate) mod vmm;
 
 use std::cell::Cell;
 

@@ -1,0 +1,153 @@
+//! Physical allocations of the virtual memory management API (`cuMemCreate`): each one is a
+//! `memfd` (a header page, then the bytes), mapped by `cuMemMap` into the simulator's alias of
+//! the device arena at the offset of the device address it backs.
+//!
+//! Header (page 0): magic `cusimVMM` (8 bytes), size (u64 LE), location kind (u8: 0 device,
+//! 1 host, 2 host NUMA), location id (i32 LE), handle types (u32 LE).
+//!
+//! A fabric handle (64 bytes, `CUmemFabricHandle`): magic `cusimFAB` (8), exporting process id
+//! (u32 LE), its descriptor number for the memfd (i32 LE), size (u64 LE), zeros, FNV-1a of the
+//! first 56 bytes (u64 LE). The importer opens `/proc/<pid>/fd/<n>`, so the exporting process
+//! must still hold the allocation (as on a fabric, where the exporter keeps it alive).
+
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+
+use cuda_sys::types::CUresult;
+
+use crate::error::{SimResult, ensure, fail};
+use crate::pool::Location;
+
+/// The header page's size; the bytes start after it.
+const HEADER: u64 = 4096;
+const MAGIC: &[u8; 8] = b"cusimVMM";
+const FABRIC_MAGIC: &[u8; 8] = b"cusimFAB";
+/// The allocation granularity of every simulated device, minimum and recommended.
+pub(crate) const GRANULARITY: u64 = 2 << 20;
+
+/// One physical allocation.
+pub(crate) struct Physical {
+    /// The handle the application sees (`CUmemGenericAllocationHandle`).
+    pub handle: u64,
+    /// Its size.
+    pub size: u64,
+    /// Where it lives.
+    pub location: Location,
+    /// The shareable handle types it may be exported as.
+    pub handle_types: u32,
+    file: OwnedFd,
+}
+
+fn location_bytes(location: Location) -> (u8, i32) {
+    match location {
+        Location::Device(d) => (0, d as i32),
+        Location::Host | Location::Unspecified => (1, -1),
+        Location::HostNuma(n) => (2, n),
+    }
+}
+
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+}
+
+impl Physical {
+    /// A new allocation of `size` bytes (sparse until written).
+    pub(crate) fn create(size: u64, location: Location, handle_types: u32) -> SimResult<Physical> {
+        let file = rustix::fs::memfd_create("cuda-sim-vmm", rustix::fs::MemfdFlags::CLOEXEC)
+            .map_err(|_| CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
+        rustix::fs::ftruncate(&file, HEADER + size).map_err(|_| CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
+        let mut header = Vec::with_capacity(25);
+        header.extend_from_slice(MAGIC);
+        header.extend_from_slice(&size.to_le_bytes());
+        let (kind, id) = location_bytes(location);
+        header.push(kind);
+        header.extend_from_slice(&id.to_le_bytes());
+        header.extend_from_slice(&handle_types.to_le_bytes());
+        rustix::io::pwrite(&file, &header, 0).map_err(|_| CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
+        Ok(Physical { handle: crate::handle::next() as u64, size, location, handle_types, file })
+    }
+
+    /// Opens an allocation another process exported (on a private duplicate of `fd`): anything
+    /// but such a file is `CUDA_ERROR_INVALID_VALUE`.
+    pub(crate) fn open(fd: BorrowedFd<'_>) -> SimResult<Physical> {
+        let file = rustix::io::fcntl_dupfd_cloexec(fd, 0).map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        Physical::from_file(file)
+    }
+
+    fn from_file(file: OwnedFd) -> SimResult<Physical> {
+        let mut header = [0u8; 25];
+        let read = rustix::io::pread(&file, &mut header, 0).map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        ensure(read == header.len() && &header[..8] == MAGIC)?;
+        let size = u64::from_le_bytes(header[8..16].try_into().map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?);
+        let id = i32::from_le_bytes(header[17..21].try_into().map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?);
+        let handle_types =
+            u32::from_le_bytes(header[21..25].try_into().map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?);
+        let location = match header[16] {
+            0 => Location::Device(usize::try_from(id).map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?),
+            1 => Location::Host,
+            2 => Location::HostNuma(id),
+            _ => return fail(CUresult::CUDA_ERROR_INVALID_VALUE),
+        };
+        let file_size = rustix::fs::fstat(&file).map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?.st_size;
+        ensure(u64::try_from(file_size).is_ok_and(|s| s == HEADER + size))?;
+        Ok(Physical { handle: crate::handle::next() as u64, size, location, handle_types, file })
+    }
+
+    /// A new descriptor for the allocation (`cuMemExportToShareableHandle`, POSIX fd).
+    pub(crate) fn duplicate(&self) -> SimResult<OwnedFd> {
+        rustix::io::fcntl_dupfd_cloexec(self.file.as_fd(), 0).map_err(|_| CUresult::CUDA_ERROR_OUT_OF_MEMORY)
+    }
+
+    /// The 64 bytes of a fabric handle for the allocation.
+    pub(crate) fn fabric_handle(&self) -> [u8; 64] {
+        let mut data = [0u8; 64];
+        data[..8].copy_from_slice(FABRIC_MAGIC);
+        data[8..12].copy_from_slice(&std::process::id().to_le_bytes());
+        data[12..16].copy_from_slice(&self.file.as_raw_fd().to_le_bytes());
+        data[16..24].copy_from_slice(&self.size.to_le_bytes());
+        let check = fnv1a(&data[..56]);
+        data[56..].copy_from_slice(&check.to_le_bytes());
+        data
+    }
+
+    /// Opens the allocation a fabric handle names (through the exporter's `/proc` entry).
+    pub(crate) fn open_fabric(data: &[u8; 64]) -> SimResult<Physical> {
+        ensure(&data[..8] == FABRIC_MAGIC && data[24..56].iter().all(|&b| b == 0))?;
+        let check = u64::from_le_bytes(data[56..].try_into().map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?);
+        ensure(check == fnv1a(&data[..56]))?;
+        let pid = u32::from_le_bytes(data[8..12].try_into().map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?);
+        let fd = i32::from_le_bytes(data[12..16].try_into().map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?);
+        let path = format!("/proc/{pid}/fd/{fd}");
+        let file = rustix::fs::open(
+            path.as_str(),
+            rustix::fs::OFlags::RDWR | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        let physical = Physical::from_file(file)?;
+        let size = u64::from_le_bytes(data[16..24].try_into().map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?);
+        ensure(physical.size == size)?;
+        Ok(physical)
+    }
+
+    /// Maps the first `size` bytes of the allocation at `alias` (inside the alias arena).
+    pub(crate) fn map_at(&self, alias: u64, size: u64) -> SimResult {
+        ensure(size <= self.size)?;
+        let prot = rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE;
+        let flags = rustix::mm::MapFlags::SHARED | rustix::mm::MapFlags::FIXED;
+        // SAFETY: `alias` lies inside the simulator's own inaccessible alias reservation, which
+        // nothing else uses; replacing part of it with this file's pages is its purpose.
+        unsafe { rustix::mm::mmap(alias as *mut _, size as usize, prot, flags, &self.file, HEADER) }
+            .map_err(|_| CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
+        Ok(())
+    }
+}
+
+/// Turns `[alias, alias + size)` back into inaccessible reserved space.
+pub(crate) fn unmap_alias(alias: u64, size: u64) -> SimResult {
+    let flags = rustix::mm::MapFlags::PRIVATE | rustix::mm::MapFlags::FIXED | rustix::mm::MapFlags::NORESERVE;
+    // SAFETY: the range lies inside the simulator's alias reservation and held a mapping the
+    // caller is removing; nothing else refers to it.
+    unsafe { rustix::mm::mmap_anonymous(alias as *mut _, size as usize, rustix::mm::ProtFlags::empty(), flags) }
+        .map_err(|_| CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
+    Ok(())
+}

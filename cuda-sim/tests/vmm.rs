@@ -1,0 +1,272 @@
+//! The virtual memory management API: reservations, physical allocations, mappings, access,
+//! reference counting, sharing, fault injection and the live-object report.
+
+mod common;
+
+use std::ffi::{c_int, c_void};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+use common::*;
+use cuda_sim::testing::{LiveObjects, inject_failure, live_objects};
+use cuda_sys::types::{
+    CUmemAccess_flags, CUmemAccessDesc, CUmemAllocationGranularity_flags, CUmemAllocationHandleType,
+    CUmemAllocationProp, CUmemAllocationType, CUmemFabricHandle, CUmemGenericAllocationHandle, CUmemLocation,
+    CUmemLocationType,
+};
+
+const G: usize = 2 << 20;
+
+fn prop(handle_types: u32) -> CUmemAllocationProp {
+    CUmemAllocationProp {
+        type_: CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
+        requestedHandleTypes: CUmemAllocationHandleType(handle_types),
+        location: CUmemLocation { type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: 0 },
+        ..CUmemAllocationProp::default()
+    }
+}
+
+fn create(size: usize, handle_types: u32) -> Result<CUmemGenericAllocationHandle, CUresult> {
+    let mut handle = 0;
+    let p = prop(handle_types);
+    // SAFETY: valid pointers for the call.
+    let code = unsafe { code!(driver(), cuMemCreate(&mut handle, size, &p, 0)) };
+    if code == CUresult::CUDA_SUCCESS { Ok(handle) } else { Err(code) }
+}
+
+fn reserve(size: usize, hint: CUdeviceptr) -> CUdeviceptr {
+    let mut ptr = 0;
+    // SAFETY: valid out-pointer.
+    unsafe { cu_call!(driver(), cuMemAddressReserve(&mut ptr, size, 0, hint, 0)) }.unwrap();
+    ptr
+}
+
+fn map(ptr: CUdeviceptr, size: usize, handle: CUmemGenericAllocationHandle) -> CUresult {
+    // SAFETY: plain values.
+    unsafe { code!(driver(), cuMemMap(ptr, size, 0, handle, 0)) }
+}
+
+fn grant(ptr: CUdeviceptr, size: usize, device: i32) -> CUresult {
+    let desc = CUmemAccessDesc {
+        location: CUmemLocation { type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: device },
+        flags: CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    };
+    // SAFETY: one valid descriptor.
+    unsafe { code!(driver(), cuMemSetAccess(ptr, size, &desc, 1)) }
+}
+
+fn unmap(ptr: CUdeviceptr, size: usize) -> CUresult {
+    // SAFETY: plain values.
+    unsafe { code!(driver(), cuMemUnmap(ptr, size)) }
+}
+
+fn release(handle: CUmemGenericAllocationHandle) -> CUresult {
+    // SAFETY: plain value.
+    unsafe { code!(driver(), cuMemRelease(handle)) }
+}
+
+fn free_range(ptr: CUdeviceptr, size: usize) -> CUresult {
+    // SAFETY: plain values.
+    unsafe { code!(driver(), cuMemAddressFree(ptr, size)) }
+}
+
+fn live() -> LiveObjects {
+    live_objects(driver()).unwrap()
+}
+
+#[test]
+fn granularity_create_map_access_copy_and_teardown() {
+    in_child!(&[], || {
+        use_device(0);
+        let before = live();
+        let mut granularity = 0usize;
+        let p = prop(0);
+        // SAFETY: valid pointers.
+        unsafe {
+            cu_call!(driver(), cuMemGetAllocationGranularity(&mut granularity, &p, CUmemAllocationGranularity_flags(0)))
+        }
+        .unwrap();
+        assert_eq!(granularity, G);
+        assert_eq!(create(G + 1, 0), Err(CUresult::CUDA_ERROR_INVALID_VALUE), "not a granularity multiple");
+        let handle = create(2 * G, 0).unwrap();
+        let ptr = reserve(4 * G, 0);
+        assert_eq!(map(ptr + 4096, G, handle), CUresult::CUDA_ERROR_INVALID_VALUE, "misaligned");
+        // SAFETY: plain values; a non-zero offset.
+        assert_eq!(unsafe { code!(driver(), cuMemMap(ptr, G, G, handle, 0)) }, CUresult::CUDA_ERROR_INVALID_VALUE);
+        assert_eq!(map(ptr, 2 * G, handle), CUresult::CUDA_SUCCESS);
+        assert_eq!(map(ptr + G as u64, G, handle), CUresult::CUDA_ERROR_INVALID_VALUE, "overlapping");
+        // No access yet: a copy fails.
+        let mut out = vec![0u8; 16];
+        // SAFETY: `out` is valid for 16 bytes.
+        let code = unsafe { code!(driver(), cuMemcpyDtoH_v2(out.as_mut_ptr().cast(), ptr, 16)) };
+        assert_eq!(code, CUresult::CUDA_ERROR_INVALID_VALUE);
+        assert_eq!(grant(ptr, 2 * G, 0), CUresult::CUDA_SUCCESS);
+        let mut flags = 0u64;
+        let location = CUmemLocation { type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: 0 };
+        // SAFETY: valid pointers.
+        unsafe { cu_call!(driver(), cuMemGetAccess(&mut flags, &location, ptr)) }.unwrap();
+        assert_eq!(flags, 3);
+        htod(ptr + G as u64 - 8, &[5u8; 16]);
+        assert_eq!(dtoh(ptr + G as u64 - 8, 16), vec![5u8; 16]);
+        // Release while mapped: the memory stays until unmapped.
+        assert_eq!(release(handle), CUresult::CUDA_SUCCESS);
+        assert_eq!(release(handle), CUresult::CUDA_ERROR_INVALID_VALUE);
+        assert_eq!(dtoh(ptr + G as u64, 8), vec![5u8; 8]);
+        assert_eq!(free_range(ptr, 4 * G), CUresult::CUDA_ERROR_INVALID_VALUE, "still mapped");
+        assert_eq!(unmap(ptr, G), CUresult::CUDA_ERROR_INVALID_VALUE, "part of a mapping");
+        assert_eq!(unmap(ptr, 2 * G), CUresult::CUDA_SUCCESS);
+        assert_eq!(free_range(ptr, 2 * G), CUresult::CUDA_ERROR_INVALID_VALUE, "not the whole reservation");
+        assert_eq!(free_range(ptr, 4 * G), CUresult::CUDA_SUCCESS);
+        assert_eq!(live(), before);
+    });
+}
+
+#[test]
+fn growth_in_place_and_by_remapping_keeps_the_bytes() {
+    in_child!(&[], || {
+        use_device(0);
+        let first = create(G, 0).unwrap();
+        let base = reserve(G, 0);
+        assert_eq!(map(base, G, first), CUresult::CUDA_SUCCESS);
+        assert_eq!(grant(base, G, 0), CUresult::CUDA_SUCCESS);
+        htod(base, &[1u8; 64]);
+        htod(base + G as u64 - 64, &[1u8; 64]);
+        // In place: reserve right after and map the new chunk there.
+        let next = reserve(G, base + G as u64);
+        assert_eq!(next, base + G as u64, "the hint is honoured when free");
+        let second = create(G, 0).unwrap();
+        assert_eq!(map(next, G, second), CUresult::CUDA_SUCCESS);
+        assert_eq!(grant(next, G, 0), CUresult::CUDA_SUCCESS);
+        // A copy across the two reservations works.
+        htod(base + G as u64 - 4, &[2u8; 8]);
+        assert_eq!(dtoh(base + G as u64 - 8, 12), [[1u8; 4], [2u8; 4], [2u8; 4]].concat());
+        // Moving: a taken hint is not honoured; the chunks are mapped again elsewhere.
+        let taken = reserve(G, base + G as u64);
+        assert_ne!(taken, base + G as u64);
+        let moved = reserve(2 * G, 0);
+        assert_eq!(map(moved, G, first), CUresult::CUDA_SUCCESS);
+        assert_eq!(map(moved + G as u64, G, second), CUresult::CUDA_SUCCESS);
+        assert_eq!(grant(moved, 2 * G, 0), CUresult::CUDA_SUCCESS);
+        assert_eq!(dtoh(moved, 4), vec![1u8; 4]);
+        assert_eq!(dtoh(moved + G as u64 - 4, 8), vec![2u8; 8]);
+        htod(moved, &[9u8; 4]);
+        assert_eq!(dtoh(base, 4), vec![9u8; 4], "both mappings alias the same memory");
+    });
+}
+
+#[test]
+fn access_needs_a_reachable_device() {
+    in_child!(&[("CUDA_SIM_DEVICES", "2"), ("CUDA_SIM_PEER_ACCESS", "none")], || {
+        use_device(0);
+        let handle = create(G, 0).unwrap();
+        let ptr = reserve(G, 0);
+        assert_eq!(map(ptr, G, handle), CUresult::CUDA_SUCCESS);
+        assert_eq!(grant(ptr, G, 1), CUresult::CUDA_ERROR_INVALID_DEVICE);
+        assert_eq!(grant(ptr, G, 0), CUresult::CUDA_SUCCESS);
+        // Device 1's stream cannot read it.
+        use_device(1);
+        let mut out = vec![0u8; 4];
+        // SAFETY: `out` is valid for 4 bytes.
+        let code = unsafe { code!(driver(), cuMemcpyDtoH_v2(out.as_mut_ptr().cast(), ptr, 4)) };
+        assert_eq!(code, CUresult::CUDA_ERROR_INVALID_VALUE);
+    });
+}
+
+#[test]
+fn sharing_by_file_descriptor_and_fabric_handle() {
+    in_child!(&[], || {
+        use_device(0);
+        let posix = CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+        let fabric = CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_FABRIC;
+        let handle = create(G, posix.0 | fabric.0).unwrap();
+        let ptr = reserve(G, 0);
+        assert_eq!(map(ptr, G, handle), CUresult::CUDA_SUCCESS);
+        assert_eq!(grant(ptr, G, 0), CUresult::CUDA_SUCCESS);
+        htod(ptr, &[0x33; 32]);
+        let mut fd: c_int = -1;
+        // SAFETY: valid out-pointer for an int.
+        unsafe { cu_call!(driver(), cuMemExportToShareableHandle((&raw mut fd).cast(), handle, posix, 0)) }.unwrap();
+        // SAFETY: the driver handed over a new descriptor.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let mut imported = 0;
+        // SAFETY: the descriptor travels as a pointer-sized integer.
+        unsafe {
+            cu_call!(
+                driver(),
+                cuMemImportFromShareableHandle(&mut imported, fd.as_raw_fd() as isize as *mut c_void, posix)
+            )
+        }
+        .unwrap();
+        let mut fabric_handle = CUmemFabricHandle::default();
+        // SAFETY: valid out-pointer for a fabric handle.
+        unsafe { cu_call!(driver(), cuMemExportToShareableHandle((&raw mut fabric_handle).cast(), handle, fabric, 0)) }
+            .unwrap();
+        let mut from_fabric = 0;
+        // SAFETY: a pointer to a fabric handle.
+        unsafe {
+            cu_call!(
+                driver(),
+                cuMemImportFromShareableHandle(&mut from_fabric, (&raw mut fabric_handle).cast(), fabric)
+            )
+        }
+        .unwrap();
+        for other in [imported, from_fabric] {
+            let at = reserve(G, 0);
+            assert_eq!(map(at, G, other), CUresult::CUDA_SUCCESS);
+            assert_eq!(grant(at, G, 0), CUresult::CUDA_SUCCESS);
+            assert_eq!(dtoh(at, 32), vec![0x33; 32]);
+        }
+        // A type the allocation was not created with, and garbage.
+        let plain = create(G, 0).unwrap();
+        let mut raw: c_int = -1;
+        // SAFETY: valid out-pointer.
+        let code = unsafe { code!(driver(), cuMemExportToShareableHandle((&raw mut raw).cast(), plain, posix, 0)) };
+        assert_eq!(code, CUresult::CUDA_ERROR_INVALID_VALUE);
+        let not_vmm: OwnedFd = std::fs::File::open("/proc/self/status").unwrap().into();
+        let mut bad = 0;
+        // SAFETY: the descriptor travels as a pointer-sized integer.
+        let code = unsafe {
+            code!(
+                driver(),
+                cuMemImportFromShareableHandle(&mut bad, not_vmm.as_raw_fd() as isize as *mut c_void, posix)
+            )
+        };
+        assert_eq!(code, CUresult::CUDA_ERROR_INVALID_VALUE);
+        let mut garbage = CUmemFabricHandle { data: [7; 64] };
+        // SAFETY: a pointer to 64 bytes.
+        let code =
+            unsafe { code!(driver(), cuMemImportFromShareableHandle(&mut bad, (&raw mut garbage).cast(), fabric)) };
+        assert_eq!(code, CUresult::CUDA_ERROR_INVALID_VALUE);
+    });
+}
+
+#[test]
+fn retain_properties_and_injected_failures() {
+    in_child!(&[], || {
+        use_device(0);
+        let before = live();
+        let handle = create(G, 0).unwrap();
+        let ptr = reserve(G, 0);
+        assert_eq!(map(ptr, G, handle), CUresult::CUDA_SUCCESS);
+        let mut retained = 0;
+        // SAFETY: valid out-pointer; an address inside the mapping.
+        unsafe { cu_call!(driver(), cuMemRetainAllocationHandle(&mut retained, (ptr + 100) as *mut c_void)) }.unwrap();
+        assert_eq!(retained, handle);
+        let mut p = CUmemAllocationProp::default();
+        // SAFETY: valid out-pointer.
+        unsafe { cu_call!(driver(), cuMemGetAllocationPropertiesFromHandle(&mut p, handle)) }.unwrap();
+        assert_eq!(p.location.type_, CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE);
+        assert_eq!(release(retained), CUresult::CUDA_SUCCESS);
+        assert_eq!(release(handle), CUresult::CUDA_SUCCESS);
+        assert_eq!(live().physical_allocations, before.physical_allocations + 1, "still mapped");
+        assert_eq!(unmap(ptr, G), CUresult::CUDA_SUCCESS);
+        assert_eq!(free_range(ptr, G), CUresult::CUDA_SUCCESS);
+        assert_eq!(live(), before);
+
+        inject_failure(driver(), c"cuMemMap", 2).unwrap();
+        let a = create(G, 0).unwrap();
+        let ra = reserve(2 * G, 0);
+        assert_eq!(map(ra, G, a), CUresult::CUDA_SUCCESS, "the first call passes");
+        assert_eq!(map(ra + G as u64, G, a), CUresult::CUDA_ERROR_OUT_OF_MEMORY, "the second fails");
+        assert_eq!(map(ra + G as u64, G, a), CUresult::CUDA_SUCCESS, "and only it");
+    });
+}
