@@ -24,8 +24,9 @@ pub struct DropError {
 static RECORDED: Mutex<VecDeque<DropError>> = Mutex::new(VecDeque::new());
 static HOOK: Mutex<Option<fn(&DropError)>> = Mutex::new(None);
 
-/// Records an error that happened while releasing `what`.
-pub(crate) fn record(what: &'static str, error: Error) {
+/// Records an error that happened while releasing `what` (for the crates built on this one,
+/// whose `Drop` implementations report the same way).
+pub fn record(what: &'static str, error: Error) {
     let entry = DropError { what, error };
     if let Some(hook) = *HOOK.lock().unwrap_or_else(PoisonError::into_inner) {
         hook(&entry);

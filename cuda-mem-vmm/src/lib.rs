@@ -1,19 +1,51 @@
 //! A virtual memory resource over the CUDA VMM API (`cuMemAddressReserve`, `cuMemCreate`,
-//! `cuMemMap`, `cuMemSetAccess`): allocations that grow without copying and can be shared by
-//! file descriptor.
+//! `cuMemMap`, `cuMemSetAccess`): allocations that grow without copying and can be shared with
+//! other processes by file descriptor (or fabric handle).
 //!
-//! Planned contents (tracked in the project's VMM issue): typed options, allocation as separate
-//! owned pieces (physical memory, reservation, mapping), growth in place or by remapping, and
-//! export/import of per-chunk file descriptors.
+//! - [`VirtualMemoryResourceOptions`]: every option, typed, with cuda.core's defaults; invalid
+//!   combinations are refused by [`VirtualMemoryResource::new`] with a message saying what to
+//!   change.
+//! - [`VirtualMemoryResource::allocate`]: physical memory, an address reservation, a mapping and
+//!   its access, as separate owned pieces: a failure at any step undoes the earlier ones.
+//! - [`VirtualBuffer::grow`]: in place (same pointer) when the addresses after the buffer are
+//!   free, otherwise by mapping the same chunks again at a new address; never a copy; the old
+//!   buffer stays valid and aliases the same memory.
+//! - [`VirtualBuffer::export`] / [`VirtualMemoryResource::import`]: one handle per chunk.
 //!
-//! Today the crate re-exports the core types it builds on:
+//! Memory is freed when the last buffer mapping it is dropped, after the work of its stream:
+//! unmapping is not stream-ordered, so the buffer's stream is synchronized first.
 //!
-//! ```no_run
-//! use cuda_mem_vmm::core::Device;
+//! Fabric handles are tested on the simulator only; they have not yet run on hardware.
 //!
-//! let supported = Device::new(0)?.properties()?.virtual_memory_management_supported;
-//! println!("VMM supported: {supported}");
-//! # Ok::<(), cuda_mem_vmm::core::Error>(())
+//! ```
+//! # cuda_sim::testing::driver()?; // the tests run this example on the simulator
+//! use cuda_mem_core::{Device, FillPattern, Stream, StreamOptions};
+//! use cuda_mem_vmm::{VirtualMemoryResource, VirtualMemoryResourceOptions};
+//!
+//! let device = Device::new(0)?;
+//! let stream = Stream::new(device, StreamOptions::default().non_blocking())?;
+//! let vmm = VirtualMemoryResource::new(device, VirtualMemoryResourceOptions::default())?;
+//!
+//! let mut small = vmm.allocate(1 << 20, Some(&stream))?;
+//! small.fill(FillPattern::U8(7), &stream)?;
+//! let big = small.grow(64 << 20)?; // no copy: the same chunk, and a new one after it
+//! assert!(big.size() >= 64 << 20);
+//!
+//! let shared = big.export()?; // one file descriptor per chunk, for another process
+//! assert_eq!(shared.handles.len(), big.chunk_count());
+//! # Ok::<(), cuda_mem_core::Error>(())
 //! ```
 
+mod buffer;
+mod options;
+mod pieces;
+mod resource;
+mod share;
+
+pub use buffer::VirtualBuffer;
+pub use options::{AccessFlags, AllocationType, Granularity, HandleType, LocationType, VirtualMemoryResourceOptions};
+pub use resource::VirtualMemoryResource;
+pub use share::{ChunkHandle, MAX_CHUNKS, VirtualBufferDescriptor};
+
+/// The crate this one builds on.
 pub use cuda_mem_core as core;

@@ -1,0 +1,210 @@
+//! `VirtualMemoryResourceOptions`: every option of the resource, typed, with cuda.core's
+//! defaults.
+
+use cuda_mem_core::Device;
+use cuda_mem_core::sys::types::{
+    CUmemAccess_flags, CUmemAllocationGranularity_flags, CUmemAllocationHandleType, CUmemAllocationType,
+    CUmemLocationType,
+};
+
+/// What kind of physical memory to create.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum AllocationType {
+    /// Memory that stays where it is created (`CU_MEM_ALLOCATION_TYPE_PINNED`).
+    #[default]
+    Pinned,
+    /// Managed memory (`CU_MEM_ALLOCATION_TYPE_MANAGED`, CUDA 13).
+    Managed,
+}
+
+impl AllocationType {
+    pub(crate) fn raw(self) -> CUmemAllocationType {
+        match self {
+            AllocationType::Pinned => CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
+            AllocationType::Managed => CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_MANAGED,
+        }
+    }
+}
+
+/// Where the physical memory lives.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum LocationType {
+    /// On the resource's device.
+    #[default]
+    Device,
+    /// Host memory (cannot carry an exportable handle type).
+    Host,
+    /// Host memory on the NUMA node closest to the resource's device.
+    HostNuma,
+    /// Host memory on the NUMA node of the calling thread.
+    HostNumaCurrent,
+}
+
+impl LocationType {
+    pub(crate) fn raw(self) -> CUmemLocationType {
+        match self {
+            LocationType::Device => CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+            LocationType::Host => CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST,
+            LocationType::HostNuma => CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST_NUMA,
+            LocationType::HostNumaCurrent => CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT,
+        }
+    }
+
+    /// Whether the memory is host memory.
+    pub fn is_host(self) -> bool {
+        self != LocationType::Device
+    }
+}
+
+/// The kind of shareable handle the physical memory can be exported as.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum HandleType {
+    /// A POSIX file descriptor per chunk (Linux).
+    #[default]
+    PosixFd,
+    /// A fabric handle per chunk (multi-node NVLink). Tested on the simulator only.
+    Fabric,
+    /// Not exportable.
+    None,
+}
+
+impl HandleType {
+    pub(crate) fn raw(self) -> CUmemAllocationHandleType {
+        match self {
+            HandleType::PosixFd => CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            HandleType::Fabric => CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_FABRIC,
+            HandleType::None => CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE,
+        }
+    }
+}
+
+/// Which granularity sizes are rounded to.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Granularity {
+    /// The smallest the driver accepts.
+    Minimum,
+    /// The driver's recommendation for performance.
+    #[default]
+    Recommended,
+}
+
+impl Granularity {
+    pub(crate) fn raw(self) -> CUmemAllocationGranularity_flags {
+        match self {
+            Granularity::Minimum => CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+            Granularity::Recommended => CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_RECOMMENDED,
+        }
+    }
+}
+
+/// Access a device is given to the memory.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum AccessFlags {
+    /// Read and write.
+    #[default]
+    ReadWrite,
+    /// Read only.
+    Read,
+    /// No access (no descriptor is sent).
+    None,
+}
+
+impl AccessFlags {
+    pub(crate) fn raw(self) -> Option<CUmemAccess_flags> {
+        match self {
+            AccessFlags::ReadWrite => Some(CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE),
+            AccessFlags::Read => Some(CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READ),
+            AccessFlags::None => None,
+        }
+    }
+}
+
+/// How a [`VirtualMemoryResource`](crate::VirtualMemoryResource) allocates. The defaults are
+/// cuda.core's: pinned device memory, POSIX-fd handles, recommended granularity, no RDMA, the
+/// driver's choice of address and alignment, no peers, read-write access.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct VirtualMemoryResourceOptions {
+    /// Pinned or managed memory.
+    pub allocation_type: AllocationType,
+    /// Where the memory lives.
+    pub location_type: LocationType,
+    /// The handle type chunks can be exported as.
+    pub handle_type: HandleType,
+    /// The granularity sizes are rounded to.
+    pub granularity: Granularity,
+    /// Whether the memory must be usable for GPUDirect RDMA.
+    pub gpu_direct_rdma: bool,
+    /// An address to try to reserve at (0: the driver's choice).
+    pub address_hint: u64,
+    /// The alignment of reservations (0: the granularity); a power of two.
+    pub address_alignment: usize,
+    /// Devices besides the owner that get access.
+    pub peers: Vec<Device>,
+    /// The owner's access.
+    pub self_access: AccessFlags,
+    /// Each peer's access.
+    pub peer_access: AccessFlags,
+}
+
+impl VirtualMemoryResourceOptions {
+    /// With an allocation type.
+    pub fn allocation_type(mut self, value: AllocationType) -> Self {
+        self.allocation_type = value;
+        self
+    }
+
+    /// With a location type.
+    pub fn location_type(mut self, value: LocationType) -> Self {
+        self.location_type = value;
+        self
+    }
+
+    /// With a handle type.
+    pub fn handle_type(mut self, value: HandleType) -> Self {
+        self.handle_type = value;
+        self
+    }
+
+    /// With a granularity.
+    pub fn granularity(mut self, value: Granularity) -> Self {
+        self.granularity = value;
+        self
+    }
+
+    /// With GPUDirect RDMA on or off.
+    pub fn gpu_direct_rdma(mut self, value: bool) -> Self {
+        self.gpu_direct_rdma = value;
+        self
+    }
+
+    /// With an address hint.
+    pub fn address_hint(mut self, value: u64) -> Self {
+        self.address_hint = value;
+        self
+    }
+
+    /// With a reservation alignment.
+    pub fn address_alignment(mut self, value: usize) -> Self {
+        self.address_alignment = value;
+        self
+    }
+
+    /// With peers.
+    pub fn peers(mut self, value: impl IntoIterator<Item = Device>) -> Self {
+        self.peers = value.into_iter().collect();
+        self
+    }
+
+    /// With the owner's access.
+    pub fn self_access(mut self, value: AccessFlags) -> Self {
+        self.self_access = value;
+        self
+    }
+
+    /// With the peers' access.
+    pub fn peer_access(mut self, value: AccessFlags) -> Self {
+        self.peer_access = value;
+        self
+    }
+}
