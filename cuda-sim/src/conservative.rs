@@ -60,3 +60,16 @@
 //!   imported pool) returns `CUDA_ERROR_INVALID_VALUE`; exported pointer data carries a checksum,
 //!   so any altered byte is refused; a duplicate import in one process returns the same pointer
 //!   without counting (as the driver does), so the second free fails.
+//! - **VMM**: reservation sizes and hints must be multiples of the host page; mappings,
+//!   physical sizes and access ranges must be multiples of the granularity (2 MiB on every
+//!   simulated device); `cuMemMap` needs offset 0 (cuda.h: "currently must be zero") and a range
+//!   inside one reservation; `cuMemUnmap` takes whole mappings only; `cuMemAddressFree` takes
+//!   a whole reservation with nothing mapped in it; access must be granted, even to the owning
+//!   device, before a copy or memset touches the memory (`CUDA_ERROR_INVALID_VALUE` otherwise);
+//!   a device that cannot reach the memory's device cannot be given access
+//!   (`CUDA_ERROR_INVALID_DEVICE`); GPUDirect RDMA, compression and usage flags are
+//!   `CUDA_ERROR_NOT_SUPPORTED`; VMM memory is never host-accessible here, even host-located
+//!   memory (the simulator reaches it through its own alias); pointer attributes do not describe
+//!   VMM addresses.
+//! - **Fabric handles** name the exporting process and its descriptor for the memory, so an
+//!   import works only while the exporter holds the allocation.

@@ -22,6 +22,20 @@
 //! and memsets follow the driver's documented host-synchronization rules (a device-to-device
 //! `cuMemcpyDtoD` or a `cuMemsetD8` on device memory returns before it is done).
 //!
+//! # What is simulated
+//! Initialization, devices and their attributes, primary contexts, streams (legacy, per-thread
+//! and created), events, host functions, `cuMemAlloc`/`cuMemAllocHost`/`cuMemAllocManaged`,
+//! host registration, copies and memsets, pointer attributes, memory pools (default, current
+//! and owned; device, host, host-NUMA and managed; attributes, trimming, peer access, sharing
+//! between processes through `memfd`), graph capture far enough to refuse what it forbids, and
+//! the VMM API (reservations, physical allocations, mappings, access, POSIX-fd and fabric
+//! handles). Kernels and modules are not.
+//!
+//! Two exports of the simulator's own, not part of the driver API, serve the tests
+//! ([`testing::live_objects`] and [`testing::inject_failure`] call them): `cuSimLiveObjects`
+//! counts live reservations, mappings, physical allocations, pools and allocations, and
+//! `cuSimInjectFailure` arms a failure at run time.
+//!
 //! Where the driver's behaviour is not documented, the simulator takes the most conservative
 //! reading; each such choice is listed in [`conservative`].
 //!
@@ -31,6 +45,7 @@
 //! | `CUDA_SIM_DEVICES` | number of simulated devices (1–64) | 1 |
 //! | `CUDA_SIM_PEER_ACCESS` | which devices can access each other: `all`, `none`, or pairs such as `0-1,2-3` (symmetric) | `all` |
 //! | `CUDA_SIM_MEMORY` | bytes of memory per device (accepts `K`, `M`, `G` suffixes, powers of 1024) | 8 GiB |
+//! | `CUDA_SIM_FAIL` | fault injection: `function:n[,function:n…]` makes the n-th call of each function fail with `CUDA_ERROR_OUT_OF_MEMORY` (read at the first driver call) | none |
 //!
 //! Each process simulates its own devices; nothing is shared between processes except what the
 //! IPC functions share explicitly, so several processes can use the simulator at once. Pools
