@@ -15,6 +15,8 @@
 //! Memory is freed when the last buffer mapping it is dropped, after the work of its stream:
 //! unmapping is not stream-ordered, so the buffer's stream is synchronized first.
 //!
+//! With the feature `ipc`, the `ipc` module sends virtual buffers over `cuda-mem-ipc`'s channel.
+//!
 //! Fabric handles are tested on the simulator only; they have not yet run on hardware.
 //!
 //! ```
@@ -37,6 +39,8 @@
 //! ```
 
 mod buffer;
+#[cfg(feature = "ipc")]
+pub mod ipc;
 mod options;
 mod pieces;
 mod resource;

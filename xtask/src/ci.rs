@@ -1,15 +1,16 @@
 //! `cargo xtask ci`: the whole CI, in order, stopping at the first failure.
 //!
 //! 1. `cargo fmt --all --check`
-//! 2. `cargo clippy --workspace --all-targets -- -D warnings`
+//! 2. `cargo clippy --workspace --all-targets --all-features -- -D warnings` (optional features,
+//!    such as `cuda-mem-vmm/ipc`, are checked and tested too)
 //! 3. `cargo build -p cuda-sim` (the tests load `target/debug/libcuda_sim.so`)
 //! 4. fetch the pinned `cuda.h` into `.cuda-header/` (or use `CUDA_HOME`'s), for the layout test
 //!    and the bindings check; without network access this step is skipped, saying why
-//! 5. `cargo test --workspace --no-fail-fast` (every test binary runs, even after a failure),
+//! 5. `cargo test --workspace --all-features --no-fail-fast` (every test binary runs, even after a failure),
 //!    against the simulator: `CUDA_MEM_DRIVER`, `CUDA_MEM_REQUIRE_GPU` and `CUDA_SIM_LIB` are
 //!    removed from its environment so that a developer's settings do not redirect it, and
 //!    `CUDA_MEM_CUDA_INCLUDE` names the header's folder when there is one
-//! 6. `cargo doc --workspace --no-deps` with `RUSTDOCFLAGS=-Dwarnings`
+//! 6. `cargo doc --workspace --all-features --no-deps` with `RUSTDOCFLAGS=-Dwarnings`
 //! 7. the `cargo xtask bindgen --check` equivalent, when libclang and `cuda.h` can be had
 //!    (skipped, saying why, otherwise)
 //!
@@ -69,7 +70,7 @@ fn run_steps(workspace: &Path, records: &mut Vec<Record>, summaries: &mut Vec<St
 
     step("fmt", &mut || passed(run_command(cargo(workspace).args(["fmt", "--all", "--check"]))))?;
     step("clippy", &mut || {
-        passed(run_command(cargo(workspace).args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])))
+        passed(run_command(cargo(workspace).args(["clippy", "--workspace", "--all-targets", "--all-features", "--", "-D", "warnings"])))
     })?;
     step("build cuda-sim", &mut || passed(run_command(cargo(workspace).args(["build", "-p", "cuda-sim"]))))?;
     let mut include = None;
@@ -92,7 +93,7 @@ fn run_steps(workspace: &Path, records: &mut Vec<Record>, summaries: &mut Vec<St
             command.env(cuda_sys_env::CUDA_INCLUDE, dir);
         }
         command
-            .args(["test", "--workspace", "--no-fail-fast"])
+            .args(["test", "--workspace", "--all-features", "--no-fail-fast"])
             .env_remove(cuda_sys_env::DRIVER)
             .env_remove(cuda_sys_env::REQUIRE_GPU)
             .env_remove(cuda_sys_env::SIM_LIB);
@@ -105,7 +106,7 @@ fn run_steps(workspace: &Path, records: &mut Vec<Record>, summaries: &mut Vec<St
         let mut flags = std::env::var("RUSTDOCFLAGS").unwrap_or_default();
         flags.push_str(" -Dwarnings");
         passed(run_command(
-            cargo(workspace).args(["doc", "--workspace", "--no-deps"]).env("RUSTDOCFLAGS", flags.trim()),
+            cargo(workspace).args(["doc", "--workspace", "--all-features", "--no-deps"]).env("RUSTDOCFLAGS", flags.trim()),
         ))
     })?;
     step("bindgen --check", &mut || bindgen_check(workspace, include.is_some()))?;
