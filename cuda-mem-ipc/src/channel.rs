@@ -273,10 +273,10 @@ impl Channel {
             ));
         }
         let result = self.send_frame(&header, payload, fds);
-        if let Err((sent, _)) = &result {
-            if *sent > 0 {
-                self.send_broken.store(true, Ordering::Release);
-            }
+        if let Err((sent, _)) = &result
+            && *sent > 0
+        {
+            self.send_broken.store(true, Ordering::Release);
         }
         result.map_err(|(_, e)| e)
     }

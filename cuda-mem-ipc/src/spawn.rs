@@ -121,15 +121,15 @@ fn check_channel_fd(fd: BorrowedFd<'_>, inode: Option<u64>) -> Result<()> {
             FileType::from_raw_mode(stat.st_mode)
         )));
     }
-    if let Some(expected) = inode {
-        if stat.st_ino != expected {
-            return Err(IpcError::ChannelEnv(format!(
-                "descriptor {n} from {CHANNEL_FD_ENV} is socket inode {}, but {CHANNEL_INODE_ENV} \
+    if let Some(expected) = inode
+        && stat.st_ino != expected
+    {
+        return Err(IpcError::ChannelEnv(format!(
+            "descriptor {n} from {CHANNEL_FD_ENV} is socket inode {}, but {CHANNEL_INODE_ENV} \
                  says {expected}: it is not the channel the parent passed (was the environment \
                  inherited from a grandparent?)",
-                stat.st_ino
-            )));
-        }
+            stat.st_ino
+        )));
     }
     let kind = rustix::net::sockopt::socket_type(fd)
         .map_err(|e| IpcError::ChannelEnv(format!("cannot read the socket type of descriptor {n}: {e}")))?;

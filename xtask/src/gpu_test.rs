@@ -83,7 +83,7 @@ pub fn run(workspace: &Path, args: &[String]) -> Result<(), String> {
 /// Builds the test binaries in release, stripped, and returns cargo's messages.
 fn build_tests(workspace: &Path) -> Result<Vec<Value>, String> {
     let mut command = cargo(workspace);
-    command.args(["test", "--workspace", "--release", "--no-run", "--message-format=json"]);
+    command.args(["test", "--workspace", "--all-features", "--release", "--no-run", "--message-format=json"]);
     for package in EXCLUDED {
         command.args(["--exclude", package]);
     }
