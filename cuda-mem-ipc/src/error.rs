@@ -9,8 +9,8 @@
 //!   [`IpcError::Protocol`]): the peer is broken, incompatible or hostile;
 //! - the peer going away ([`IpcError::PeerClosed`]);
 //! - lookups and uses of shared resources that cannot succeed ([`IpcError::UnknownResource`],
-//!   [`IpcError::WrongResource`], [`IpcError::WrongResourceKind`], [`IpcError::NotIpcEnabled`],
-//!   [`IpcError::CannotAllocateFromMapped`]);
+//!   [`IpcError::WrongResource`], [`IpcError::WrongResourceKind`], [`IpcError::NotIpcEnabled`]);
+//!   allocating from a mapped resource is refused by the resource itself, with a core error.
 //! - arguments the local caller passed beyond the limits ([`IpcError::MessageTooLarge`]) and a
 //!   process that was not started with a channel ([`IpcError::ChannelEnv`]).
 
@@ -93,13 +93,6 @@ pub enum IpcError {
     )]
     NotIpcEnabled(String),
 
-    /// Allocation was attempted from a resource mapped from another process.
-    #[error(
-        "cannot allocate from a memory resource mapped from another process: allocate in the \
-         exporting process and share the buffer, or allocate from a local pool"
-    )]
-    CannotAllocateFromMapped,
-
     /// A message to send is beyond the channel's limits; nothing was sent.
     #[error(
         "cannot send: the {what} is {actual}, more than the limit of {limit}; nothing was \
@@ -164,7 +157,6 @@ mod tests {
                 IpcError::NotIpcEnabled("pool 3".into()),
                 "pool 3 is not IPC-enabled: create its pool with an IPC handle type",
             ),
-            (IpcError::CannotAllocateFromMapped, "allocate in the exporting process"),
             (
                 IpcError::WrongResource { expected: uuid, found: uuid::Uuid::from_u128(5) },
                 "belongs to memory resource 00000000-0000-0000-0000-000000000005, not to \

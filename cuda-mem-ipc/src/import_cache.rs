@@ -47,6 +47,9 @@ pub(crate) fn acquire(
     size: usize,
     stream: &Stream,
 ) -> Result<DevicePtr> {
+    // The driver calls below need a current context, which a thread that never used CUDA lacks:
+    // bind the stream's device's primary context, as cuda-mem-core does before its calls.
+    stream.device().set_current()?;
     let mut guard = lock();
     let cache = guard.get_or_insert_with(Cache::default);
     if let Some((ptr, holders)) = cache.by_data.get_mut(data) {

@@ -77,6 +77,52 @@
 //! assert_eq!(text, "hello through a passed descriptor");
 //! # Ok::<(), cuda_mem_ipc::IpcError>(())
 //! ```
+//!
+//! # Sharing a pool between two processes
+//!
+//! The parent sends buffers over an [`IpcChannel`] (each buffer's pool goes first, once per
+//! channel); the child maps them and uses the same memory. Whoever writes synchronizes its stream
+//! before telling the other side. The receiver keeps the [`Received::Resource`] it got: buffers
+//! are mapped through it, and once it is dropped its buffers can no longer be received. A
+//! complete program is `examples/two_process.rs`
+//! (`cargo run -p cuda-mem-ipc --example two_process`).
+//!
+//! ```no_run
+//! use std::process::Command;
+//! use cuda_mem_ipc::core::{
+//!     Device, DeviceMemoryResource, DeviceMemoryResourceOptions, FillPattern, MemoryResourceExt, Stream,
+//!     StreamOptions,
+//! };
+//! use cuda_mem_ipc::{Channel, IpcChannel, Received, spawn_with_channel};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let device = Device::new(0)?;
+//! let stream = Stream::new(device, StreamOptions::default().non_blocking())?;
+//! if std::env::var_os("I_AM_THE_CHILD").is_none() {
+//!     // The parent: an IPC-enabled pool, a buffer written (and synchronized), then sent.
+//!     let pool = DeviceMemoryResource::new(device, DeviceMemoryResourceOptions::default().ipc_enabled(true))?;
+//!     let mut buffer = pool.allocate(1 << 20, &stream)?;
+//!     buffer.fill(FillPattern::U8(1), &stream)?;
+//!     stream.synchronize()?;
+//!     let mut command = Command::new(std::env::current_exe()?);
+//!     let (mut child, channel) = spawn_with_channel(command.env("I_AM_THE_CHILD", "1"))?;
+//!     let channel = IpcChannel::new(channel);
+//!     channel.send_buffers(&[&buffer])?; // the pool, then the buffer
+//!     let Received::Data(reply) = channel.recv(&stream)? else { panic!("expected the child's word") };
+//!     assert_eq!(reply, b"written"); // `buffer` now holds the child's 2s
+//!     child.wait()?;
+//! } else {
+//!     // The child: map the pool and the buffer, write, synchronize, tell the parent.
+//!     let channel = IpcChannel::new(Channel::from_env()?);
+//!     let Received::Resource(_pool) = channel.recv(&stream)? else { panic!("expected the pool") };
+//!     let Received::Buffers(mut buffers) = channel.recv(&stream)? else { panic!("expected buffers") };
+//!     buffers[0].fill(FillPattern::U8(2), &stream)?;
+//!     stream.synchronize()?;
+//!     channel.send_data(b"written")?;
+//! }
+//! # Ok(())
+//! # }
+//! ```
 
 pub use cuda_mem_core as core;
 

@@ -149,6 +149,9 @@ impl IpcChannel {
             return Err(IpcError::Protocol("a resource message's reserved bytes are not zero".to_string()));
         }
         let uuid = Uuid::from_slice(&payload[..16]).map_err(|e| IpcError::Protocol(e.to_string()))?;
+        if uuid.is_nil() {
+            return Err(IpcError::Protocol("a resource message names the nil UUID".to_string()));
+        }
         let ordinal = i32::from_le_bytes([payload[17], payload[18], payload[19], payload[20]]);
         let kind = match payload[16] {
             0 => {

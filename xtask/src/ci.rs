@@ -70,7 +70,15 @@ fn run_steps(workspace: &Path, records: &mut Vec<Record>, summaries: &mut Vec<St
 
     step("fmt", &mut || passed(run_command(cargo(workspace).args(["fmt", "--all", "--check"]))))?;
     step("clippy", &mut || {
-        passed(run_command(cargo(workspace).args(["clippy", "--workspace", "--all-targets", "--all-features", "--", "-D", "warnings"])))
+        passed(run_command(cargo(workspace).args([
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--all-features",
+            "--",
+            "-D",
+            "warnings",
+        ])))
     })?;
     step("build cuda-sim", &mut || passed(run_command(cargo(workspace).args(["build", "-p", "cuda-sim"]))))?;
     let mut include = None;
@@ -106,7 +114,9 @@ fn run_steps(workspace: &Path, records: &mut Vec<Record>, summaries: &mut Vec<St
         let mut flags = std::env::var("RUSTDOCFLAGS").unwrap_or_default();
         flags.push_str(" -Dwarnings");
         passed(run_command(
-            cargo(workspace).args(["doc", "--workspace", "--all-features", "--no-deps"]).env("RUSTDOCFLAGS", flags.trim()),
+            cargo(workspace)
+                .args(["doc", "--workspace", "--all-features", "--no-deps"])
+                .env("RUSTDOCFLAGS", flags.trim()),
         ))
     })?;
     step("bindgen --check", &mut || bindgen_check(workspace, include.is_some()))?;

@@ -1,0 +1,119 @@
+//! Two processes sharing a memory pool and its buffers.
+//!
+//! The parent creates an IPC-enabled device pool, allocates two buffers and fills them, then
+//! starts itself again as the child, connected by a channel ([`spawn_with_channel`]). It sends
+//! the buffers (the pool goes first, as a file descriptor); the child maps them, checks what the
+//! parent wrote, writes a new pattern into the first, and says so; the parent checks that it
+//! sees the child's write.
+//!
+//! ```sh
+//! cargo run -p cuda-mem-ipc --example two_process                 # on the simulator
+//! CUDA_MEM_DRIVER=libcuda.so.1 cargo run -p cuda-mem-ipc --example two_process   # on a GPU
+//! ```
+//!
+//! Without `CUDA_MEM_DRIVER` it runs on the `cuda-sim` simulator (`libcuda_sim.so`, which cargo
+//! builds beside the example); with it, on the library it names.
+
+use std::error::Error;
+use std::process::Command;
+
+use cuda_mem_ipc::core::{
+    Buffer, Device, DeviceMemoryResource, DeviceMemoryResourceOptions, FillPattern, LegacyPinnedMemoryResource,
+    MemoryResourceExt, Stream, StreamOptions,
+};
+use cuda_mem_ipc::{Channel, IpcChannel, Received, spawn_with_channel};
+
+/// Set in the child's environment.
+const CHILD: &str = "TWO_PROCESS_EXAMPLE_CHILD";
+const SIZE: usize = 1 << 20;
+const FIRST: u32 = 0xC0FF_EE00;
+const SECOND: u32 = 0x1234_5678;
+const FROM_CHILD: u32 = 0x5EED_5EED;
+
+type Result<T> = std::result::Result<T, Box<dyn Error>>;
+
+fn main() -> Result<()> {
+    let who = if std::env::var_os(CHILD).is_some() { "child " } else { "parent" };
+    let driver = match std::env::var(cuda_mem_ipc::core::sys::DRIVER_ENV) {
+        Ok(library) => library,
+        Err(_) => "the cuda-sim simulator".to_string(),
+    };
+    // The library CUDA_MEM_DRIVER names, or the simulator beside this example.
+    cuda_sim::testing::driver()?;
+    let device = Device::new(0)?;
+    device.set_current()?;
+    let stream = Stream::new(device, StreamOptions::default().non_blocking())?;
+    println!("[{who}] pid {}, {} on {driver}", std::process::id(), device.name()?);
+    if who == "parent" { parent(device, &stream) } else { child(&stream) }
+}
+
+fn parent(device: Device, stream: &Stream) -> Result<()> {
+    let pool = DeviceMemoryResource::new(device, DeviceMemoryResourceOptions::default().ipc_enabled(true))?;
+    let mut first = pool.allocate(SIZE, stream)?;
+    let mut second = pool.allocate(SIZE, stream)?;
+    first.fill(FillPattern::U32(FIRST), stream)?;
+    second.fill(FillPattern::U32(SECOND), stream)?;
+    // What the child reads must be written first.
+    stream.synchronize()?;
+    println!("[parent] filled two buffers of {SIZE} bytes with {FIRST:#010x} and {SECOND:#010x}");
+
+    let (mut process, channel) = spawn_with_channel(Command::new(std::env::current_exe()?).env(CHILD, "1"))?;
+    let channel = IpcChannel::new(channel);
+    channel.send_buffers(&[&first, &second])?;
+    println!("[parent] sent the pool and both buffers to the child (pid {})", process.id());
+
+    match channel.recv(stream)? {
+        Received::Data(text) => println!("[parent] the child says: {}", String::from_utf8_lossy(&text)),
+        other => return Err(format!("expected the child's word, got {other:?}").into()),
+    }
+    check(&first, FROM_CHILD, stream)?;
+    check(&second, SECOND, stream)?;
+    println!("[parent] the first buffer now holds the child's {FROM_CHILD:#010x}; the second is unchanged");
+
+    let status = process.wait()?;
+    if !status.success() {
+        return Err(format!("the child failed: {status}").into());
+    }
+    drop((first, second));
+    stream.synchronize()?;
+    println!("[parent] done; the pool has {} bytes in use", pool.pool().attributes()?.used_mem_current);
+    Ok(())
+}
+
+fn child(stream: &Stream) -> Result<()> {
+    let channel = IpcChannel::new(Channel::from_env()?);
+    let Received::Resource(pool) = channel.recv(stream)? else {
+        return Err("expected the pool first".into());
+    };
+    println!("[child ] mapped pool {} ({:?})", pool.uuid(), pool.kind());
+    let Received::Buffers(mut buffers) = channel.recv(stream)? else {
+        return Err("expected the buffers".into());
+    };
+    let at: Vec<String> = buffers.iter().map(|b| format!("{:#x}", b.ptr())).collect();
+    println!("[child ] mapped {} buffers, at {}", buffers.len(), at.join(" and "));
+    check(&buffers[0], FIRST, stream)?;
+    check(&buffers[1], SECOND, stream)?;
+    println!("[child ] both hold what the parent wrote");
+
+    buffers[0].fill(FillPattern::U32(FROM_CHILD), stream)?;
+    // The parent reads it after our word: finish writing first.
+    stream.synchronize()?;
+    channel.send_data(format!("wrote {FROM_CHILD:#010x} into the first buffer").as_bytes())?;
+    Ok(())
+}
+
+/// Checks that every 32-bit word of `buffer` is `value`, through a pinned host copy.
+fn check(buffer: &Buffer, value: u32, stream: &Stream) -> Result<()> {
+    let mut host = LegacyPinnedMemoryResource::new(stream.device()).allocate(buffer.size(), stream)?;
+    host.copy_from(buffer, stream)?;
+    let bytes = host.host_slice()?;
+    match bytes.chunks_exact(4).position(|w| w != value.to_ne_bytes()) {
+        None => Ok(()),
+        Some(i) => Err(format!(
+            "word {i} of the buffer at {:#x} is {:02x?}, expected {value:#010x}",
+            buffer.ptr(),
+            &bytes[4 * i..4 * i + 4]
+        )
+        .into()),
+    }
+}

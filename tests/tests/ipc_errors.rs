@@ -1,0 +1,553 @@
+//! What goes wrong between processes: malformed and misdirected messages, a peer that crashes,
+//! a peer that sends garbage. Each is an error (never a panic) that says what happened, and the
+//! receiving process, its channel where the frame was whole, and its own pools stay usable.
+
+#[macro_use]
+mod common;
+
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::ExitStatusExt;
+use std::sync::Arc;
+
+use common::*;
+use cuda_mem_core::{Buffer, FillPattern, MemoryResource, MemoryResourceExt, Stream};
+use cuda_mem_ipc::{
+    BufferDescriptor, Channel, IpcChannel, IpcError, MappedMemoryResource, Received, allocation_handle,
+    buffer_descriptor, import_cache, registry,
+};
+use uuid::Uuid;
+
+/// The wire kind of a buffers message (`cuda_mem_ipc::protocol`).
+const BUFFERS: u16 = 2;
+/// The wire kind of a resource message.
+const RESOURCE: u16 = 1;
+/// A kind the protocol does not use, for passing a new channel's socket.
+const NEW_CHANNEL: u16 = 100;
+
+/// The payload of a buffers message: a count, then the bytes given.
+fn buffers_payload(count: u32, bytes: &[u8]) -> Vec<u8> {
+    [&count.to_le_bytes()[..], bytes].concat()
+}
+
+fn expect_protocol(result: cuda_mem_ipc::Result<Received>, needle: &str) -> String {
+    match result {
+        Err(IpcError::Protocol(text)) => {
+            assert!(text.contains(needle), "{text:?} should contain {needle:?}");
+            IpcError::Protocol(text).to_string()
+        }
+        other => panic!("expected a protocol error containing {needle:?}, got {other:?}"),
+    }
+}
+
+/// A device pool with one 4000-byte buffer holding `pattern(seed)`.
+fn pool_with_buffer(stream: &Stream, seed: u32) -> (Arc<cuda_mem_core::DeviceMemoryResource>, Buffer) {
+    let pool = device_pool(stream.device());
+    let mut buffer = pool.allocate(4000, stream).unwrap();
+    write_bytes(&mut buffer, &pattern(seed, 4000), stream);
+    (pool, buffer)
+}
+
+fn descriptor(buffer: &Buffer) -> BufferDescriptor {
+    buffer_descriptor(buffer).unwrap()
+}
+
+// ---------------------------------------------------------------------------------------------
+
+/// Buffers messages whose lengths do not add up: each is refused with a protocol error, the
+/// channel stays in step (the next message works), and the process can take a new channel.
+#[test]
+fn a_truncated_descriptor_in_a_buffers_message_is_refused() {
+    if role().is_some() {
+        return truncated_child();
+    }
+    let (_device, stream) = setup();
+    let (pool, mut buffer) = pool_with_buffer(&stream, 7);
+    let (child, channel) = spawn_role(test_name!(), "child", &[]);
+    channel.send_resource(&*pool).unwrap();
+    let encoded = descriptor(&buffer).encode();
+    for payload in truncated_payloads(&encoded) {
+        channel.channel().send(BUFFERS, &payload, &[]).unwrap();
+    }
+    channel.send_buffers(&[&buffer]).unwrap();
+    let texts = String::from_utf8(expect_data(&channel, &stream)).unwrap();
+    assert!(texts.contains("for 1 buffers must have 112 bytes; it has 64"), "{texts}");
+
+    // A new channel, passed over the old one.
+    let (mine, theirs) = Channel::pair().unwrap();
+    channel.channel().send(NEW_CHANNEL, b"a new channel", &[theirs.as_fd()]).unwrap();
+    drop(theirs);
+    mine.set_read_timeout(Some(RECV_TIMEOUT)).unwrap();
+    let second = IpcChannel::new(mine);
+    second.send_buffers(&[&buffer]).unwrap();
+    expect_text(&second, &stream, "wrote");
+    assert_eq!(read_bytes(&buffer, &stream), pattern(8, 4000), "the child's write through the new channel");
+    // And the old channel still works too.
+    buffer.fill(FillPattern::U8(0x5A), &stream).unwrap();
+    stream.synchronize().unwrap();
+    channel.send_data(b"still here").unwrap();
+    expect_text(&channel, &stream, "bye");
+    child.wait_success();
+}
+
+/// Buffers payloads that do not match their count: cut descriptors, a missing descriptor, a
+/// payload shorter than the count, a count far beyond the limit.
+fn truncated_payloads(encoded: &[u8]) -> Vec<Vec<u8>> {
+    vec![
+        buffers_payload(1, &encoded[..60]),
+        buffers_payload(1, &encoded[..encoded.len() - 1]),
+        buffers_payload(2, encoded),
+        vec![1, 0, 0],
+        buffers_payload(u32::MAX, encoded),
+    ]
+}
+
+fn truncated_child() {
+    let (_device, stream) = setup();
+    let channel = parent_channel();
+    let mapped = expect_resource(&channel, &stream);
+    let needles = [
+        "for 1 buffers must have 112 bytes; it has 64",
+        "for 1 buffers must have 112 bytes; it has 111",
+        "for 2 buffers must have 220 bytes; it has 112",
+        "shorter than its count",
+        "for 4294967295 buffers",
+    ];
+    let mut texts = Vec::new();
+    for needle in needles {
+        texts.push(expect_protocol(channel.recv(&stream), needle));
+    }
+    for text in &texts {
+        assert!(text.contains("malformed message from the IPC peer"), "{text}");
+    }
+    // The channel is still in step: a good message works.
+    let buffers = expect_buffers(&channel, &stream);
+    assert_eq!(read_bytes(&buffers[0], &stream), pattern(7, 4000));
+    assert_eq!(import_cache::holders(buffers[0].ptr()), 1, "nothing else stayed mapped");
+    channel.send_data(texts.join("\n").as_bytes()).unwrap();
+
+    // A new channel, as the protocol has no kind for it: through the raw channel.
+    let message = channel.channel().recv().unwrap();
+    assert_eq!((message.kind, message.fds.len()), (NEW_CHANNEL, 1));
+    let socket = UnixStream::from(message.fds.into_iter().next().unwrap());
+    let second = IpcChannel::new(Channel::from_stream(socket).unwrap());
+    second.channel().set_read_timeout(Some(RECV_TIMEOUT)).unwrap();
+    // The resource is new to that channel, so it comes again: a registry hit.
+    let again = expect_resource(&second, &stream);
+    assert!(Arc::ptr_eq(&again, &mapped));
+    let mut more = expect_buffers(&second, &stream);
+    assert_eq!(more[0].ptr(), buffers[0].ptr(), "the same mapping");
+    assert_eq!(import_cache::holders(buffers[0].ptr()), 2);
+    write_bytes(&mut more[0], &pattern(8, 4000), &stream);
+    second.send_data(b"wrote").unwrap();
+
+    expect_text(&channel, &stream, "still here");
+    assert_eq!(read_bytes(&buffers[0], &stream), vec![0x5A; 4000], "the parent's fill");
+    drop((buffers, more));
+    channel.send_data(b"bye").unwrap();
+}
+
+/// A descriptor that claims more bytes than the shared allocation maps: refused on a first
+/// import (which is then released) and on an import that would share an existing mapping.
+#[test]
+fn an_oversize_claimed_size_is_refused() {
+    if role().is_some() {
+        return oversize_child();
+    }
+    let (_device, stream) = setup();
+    let (pool, buffer) = pool_with_buffer(&stream, 9);
+    let good = descriptor(&buffer);
+    let oversize = |size: u64| {
+        let mut claimed = good;
+        claimed.size = size;
+        buffers_payload(1, &claimed.encode())
+    };
+    let (child, channel) = spawn_role(test_name!(), "child", &[]);
+    channel.send_resource(&*pool).unwrap();
+    channel.channel().send(BUFFERS, &oversize(1 << 40), &[]).unwrap();
+    channel.send_buffers(&[&buffer]).unwrap();
+    let mapped = decode_u64s(&expect_data(&channel, &stream))[0];
+    assert!(mapped >= 4000, "the child's mapping covers the buffer ({mapped} bytes)");
+    channel.channel().send(BUFFERS, &oversize(1 << 40), &[]).unwrap();
+    channel.channel().send(BUFFERS, &oversize(mapped + 1), &[]).unwrap();
+    expect_text(&channel, &stream, "refused");
+    child.wait_success();
+}
+
+fn oversize_child() {
+    let (_device, stream) = setup();
+    let channel = parent_channel();
+    let _mapped = expect_resource(&channel, &stream);
+    let text = expect_protocol(channel.recv(&stream), "claims 1099511627776 bytes");
+    assert!(text.contains("the peer sent a bad size"), "{text}");
+    let buffers = expect_buffers(&channel, &stream);
+    let ptr = buffers[0].ptr();
+    assert_eq!(import_cache::holders(ptr), 1, "the refused first import did not stay");
+    assert_eq!(read_bytes(&buffers[0], &stream), pattern(9, 4000));
+    let mapped = cuda_mem_core::mapped_range_size(ptr).unwrap() as u64;
+    channel.send_data(&encode_u64s(&[mapped])).unwrap();
+    // Now the descriptor's allocation is mapped here: the cached path checks too.
+    expect_protocol(channel.recv(&stream), "claims 1099511627776 bytes");
+    expect_protocol(
+        channel.recv(&stream),
+        &format!("claims {} bytes but the shared allocation maps only {mapped}", mapped + 1),
+    );
+    assert_eq!(import_cache::holders(ptr), 1, "refusals add no holder");
+    drop(buffers);
+    assert_eq!(import_cache::holders(ptr), 0);
+    channel.send_data(b"refused").unwrap();
+}
+
+/// A descriptor imported through a mapped resource other than the one it names.
+#[test]
+fn a_descriptor_for_the_wrong_mapped_resource_is_refused() {
+    if role().is_some() {
+        return wrong_resource_child();
+    }
+    let (_device, stream) = setup();
+    let (pool_a, buffer) = pool_with_buffer(&stream, 11);
+    let pool_b = device_pool(stream.device());
+    let (child, channel) = spawn_role(test_name!(), "child", &[]);
+    channel.send_resource(&*pool_a).unwrap();
+    channel.send_resource(&*pool_b).unwrap();
+    channel.send_data(&descriptor(&buffer).encode()).unwrap();
+    let text = String::from_utf8(expect_data(&channel, &stream)).unwrap();
+    let a = allocation_handle(&*pool_a).unwrap().uuid();
+    let b = allocation_handle(&*pool_b).unwrap().uuid();
+    assert!(text.contains(&format!("belongs to memory resource {a}, not to {b}")), "{text}");
+    child.wait_success();
+}
+
+fn wrong_resource_child() {
+    let (_device, stream) = setup();
+    let channel = parent_channel();
+    let a = expect_resource(&channel, &stream);
+    let b = expect_resource(&channel, &stream);
+    let descriptor = BufferDescriptor::decode(&expect_data(&channel, &stream)).unwrap();
+    assert_eq!(descriptor.resource, a.uuid());
+    let error = b.import_buffer(&descriptor, &stream).unwrap_err();
+    match &error {
+        IpcError::WrongResource { expected, found } => assert_eq!((*expected, *found), (b.uuid(), a.uuid())),
+        other => panic!("expected WrongResource, got {other:?}"),
+    }
+    // Through the right one it works, and nothing of the refusal stayed.
+    let buffer = a.import_buffer(&descriptor, &stream).unwrap();
+    assert_eq!(import_cache::holders(buffer.ptr()), 1);
+    assert_eq!(read_bytes(&buffer, &stream), pattern(11, 4000));
+    channel.send_data(error.to_string().as_bytes()).unwrap();
+}
+
+/// A mapped resource cannot allocate, and says what to do instead.
+#[test]
+fn allocating_from_a_mapped_resource_is_refused() {
+    if role().is_some() {
+        return allocate_child();
+    }
+    let (_device, stream) = setup();
+    let (pool, buffer) = pool_with_buffer(&stream, 13);
+    let (child, channel) = spawn_role(test_name!(), "child", &[]);
+    channel.send_buffers(&[&buffer]).unwrap();
+    let text = String::from_utf8(expect_data(&channel, &stream)).unwrap();
+    assert!(text.contains("cannot allocate from a mapped memory resource"), "{text}");
+    assert!(text.contains("allocate in the exporting process and send the buffer"), "{text}");
+    child.wait_success();
+    drop(buffer);
+    stream.synchronize().unwrap();
+    assert_eq!(pool.pool().attributes().unwrap().used_mem_current, 0);
+}
+
+fn allocate_child() {
+    let (_device, stream) = setup();
+    let channel = parent_channel();
+    let mapped = expect_resource(&channel, &stream);
+    let buffers = expect_buffers(&channel, &stream);
+    assert!(mapped.imported_pool().is_imported());
+    let error = mapped.allocate(64, &stream).unwrap_err();
+    let as_dyn: Arc<dyn MemoryResource> = mapped.clone();
+    let again = as_dyn.allocate(1, &stream).unwrap_err();
+    assert_eq!(error.to_string(), again.to_string());
+    // The resource still maps what it is sent.
+    assert_eq!(read_bytes(&buffers[0], &stream), pattern(13, 4000));
+    channel.send_data(error.to_string().as_bytes()).unwrap();
+}
+
+/// A buffers message naming a resource that never arrived: `UnknownResource` with its UUID,
+/// alone or after a good descriptor (whose import is then released).
+#[test]
+fn a_buffer_whose_resource_was_never_sent_is_unknown() {
+    if role().is_some() {
+        return unknown_child();
+    }
+    let (_device, stream) = setup();
+    let (sent, buffer) = pool_with_buffer(&stream, 15);
+    let (unsent, orphan) = pool_with_buffer(&stream, 16);
+    let (child, channel) = spawn_role(test_name!(), "child", &[]);
+    channel.send_resource(&*sent).unwrap();
+    channel.send_data(allocation_handle(&*unsent).unwrap().uuid().as_bytes()).unwrap();
+    let good = descriptor(&buffer).encode();
+    let bad = descriptor(&orphan).encode();
+    channel.channel().send(BUFFERS, &buffers_payload(1, &bad), &[]).unwrap();
+    channel.channel().send(BUFFERS, &buffers_payload(2, &[good, bad].concat()), &[]).unwrap();
+    channel.send_buffers(&[&buffer]).unwrap();
+    let text = String::from_utf8(expect_data(&channel, &stream)).unwrap();
+    assert!(text.contains("import the exporting resource (its pool) before importing buffers"), "{text}");
+    child.wait_success();
+}
+
+fn unknown_child() {
+    let (_device, stream) = setup();
+    let channel = parent_channel();
+    let _mapped = expect_resource(&channel, &stream);
+    let unsent = Uuid::from_slice(&expect_data(&channel, &stream)).unwrap();
+    let mut text = String::new();
+    for _ in 0..2 {
+        match channel.recv(&stream) {
+            Err(e @ IpcError::UnknownResource(uuid)) => {
+                assert_eq!(uuid, unsent);
+                assert!(e.to_string().contains(&unsent.to_string()));
+                text = e.to_string();
+            }
+            other => panic!("expected UnknownResource, got {other:?}"),
+        }
+    }
+    let buffers = expect_buffers(&channel, &stream);
+    assert_eq!(import_cache::holders(buffers[0].ptr()), 1, "the failed message's good import was released");
+    assert_eq!(read_bytes(&buffers[0], &stream), pattern(15, 4000));
+    channel.send_data(text.as_bytes()).unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+
+/// A child that dies after receiving, before acknowledging: the parent sees `PeerClosed`, and
+/// its pool and buffers are as they were: readable, writable, allocating, and shareable again.
+#[test]
+fn a_child_that_crashes_mid_transfer() {
+    if let Some(role) = role() {
+        return match role.as_str() {
+            "crash" => crash_child(),
+            "verify" => verify_child(),
+            other => panic!("unknown role {other}"),
+        };
+    }
+    let (_device, stream) = setup();
+    let pool = device_pool(stream.device());
+    let mut buffers: Vec<Buffer> = (0..2).map(|_| pool.allocate(1 << 16, &stream).unwrap()).collect();
+    for (k, buffer) in buffers.iter_mut().enumerate() {
+        write_bytes(buffer, &pattern(60 + k as u32, 1 << 16), &stream);
+    }
+    let used = pool.pool().attributes().unwrap().used_mem_current;
+
+    let (child, channel) = spawn_role(test_name!(), "crash", &[]);
+    channel.send_buffers(&[&buffers[0], &buffers[1]]).unwrap();
+    match channel.recv(&stream) {
+        Err(IpcError::PeerClosed) => {}
+        other => panic!("expected PeerClosed, got {other:?}"),
+    }
+    let finished = child.wait_timeout(CHILD_TIMEOUT);
+    assert_eq!(finished.status.signal(), Some(6), "the child aborted: {finished:?}");
+    assert!(matches!(channel.send_data(b"anyone?"), Err(IpcError::PeerClosed)));
+    assert!(matches!(channel.recv(&stream), Err(IpcError::PeerClosed)));
+
+    // Everything of ours is intact.
+    for (k, buffer) in buffers.iter().enumerate() {
+        assert_eq!(read_bytes(buffer, &stream), pattern(60 + k as u32, 1 << 16), "buffer {k}");
+    }
+    assert_eq!(pool.pool().attributes().unwrap().used_mem_current, used);
+    let mut fresh = pool.allocate(1 << 16, &stream).unwrap();
+    fresh.fill(FillPattern::U32(0xDEAD_BEEF), &stream).unwrap();
+    fresh.copy_from(&buffers[0], &stream).unwrap();
+    assert_eq!(read_bytes(&fresh, &stream), pattern(60, 1 << 16));
+    buffers[1].fill(FillPattern::U8(0x77), &stream).unwrap();
+    stream.synchronize().unwrap();
+
+    // And the pool can be shared again, with a new child.
+    let (child, channel) = spawn_role(test_name!(), "verify", &[]);
+    channel.send_buffers(&[&buffers[0], &buffers[1], &fresh]).unwrap();
+    expect_text(&channel, &stream, "verified");
+    child.wait_success();
+
+    drop((buffers, fresh));
+    stream.synchronize().unwrap();
+    assert_eq!(pool.pool().attributes().unwrap().used_mem_current, 0);
+    let errors = cuda_mem_core::take_drop_errors();
+    assert!(errors.is_empty(), "{errors:?}");
+}
+
+fn crash_child() {
+    let (_device, stream) = setup();
+    let channel = parent_channel();
+    let _mapped = expect_resource(&channel, &stream);
+    let buffers = expect_buffers(&channel, &stream);
+    assert_eq!(buffers.len(), 2);
+    // No core file for this deliberate crash.
+    let _ = rustix::process::setrlimit(
+        rustix::process::Resource::Core,
+        rustix::process::Rlimit { current: Some(0), maximum: None },
+    );
+    std::process::abort();
+}
+
+fn verify_child() {
+    let (_device, stream) = setup();
+    let channel = parent_channel();
+    let _mapped = expect_resource(&channel, &stream);
+    let buffers = expect_buffers(&channel, &stream);
+    assert_eq!(read_bytes(&buffers[0], &stream), pattern(60, 1 << 16));
+    assert_eq!(read_bytes(&buffers[1], &stream), vec![0x77; 1 << 16]);
+    assert_eq!(read_bytes(&buffers[2], &stream), pattern(60, 1 << 16));
+    channel.send_data(b"verified").unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+
+/// What the parent expects of each bad message the garbage child sends.
+#[derive(Debug, Clone, Copy)]
+enum Expect {
+    /// A protocol error containing this text.
+    Protocol(&'static str),
+    /// A descriptor that does not decode.
+    Decode,
+    /// A refusal by the driver or the core library (whose code is the driver's business).
+    Refused,
+}
+
+/// Each case: a name, and what the parent must get. The child builds the messages in
+/// [`garbage_message`].
+const GARBAGE: [(&str, Expect); 19] = [
+    ("resource without fd", Expect::Protocol("1 file descriptor; got 24 bytes and 0")),
+    ("resource, 23 bytes", Expect::Protocol("got 23 bytes and 1")),
+    ("resource, two fds", Expect::Protocol("got 24 bytes and 2")),
+    ("resource, reserved bytes", Expect::Protocol("reserved bytes are not zero")),
+    ("resource, memory kind 7", Expect::Protocol("memory kind 7")),
+    ("resource, device -5", Expect::Protocol("device ordinal -5")),
+    ("resource, device 1000", Expect::Refused),
+    ("resource, /dev/null", Expect::Refused),
+    ("resource, a memfd of garbage", Expect::Refused),
+    ("resource, the channel's own socket", Expect::Refused),
+    ("resource, pinned, /dev/null", Expect::Refused),
+    ("buffers, count 3 and garbage", Expect::Protocol("for 3 buffers must have 328 bytes")),
+    ("buffers, huge count", Expect::Protocol("for 4294967295 buffers")),
+    ("buffers, one garbage descriptor", Expect::Decode),
+    ("buffers, with an fd", Expect::Protocol("1 unexpected file descriptors")),
+    ("data, with an fd", Expect::Protocol("1 unexpected file descriptors")),
+    ("kind 0", Expect::Protocol("unknown message kind 0")),
+    ("kind 999", Expect::Protocol("unknown message kind 999")),
+    ("kind 65535", Expect::Protocol("unknown message kind 65535")),
+];
+
+/// A peer that sends garbage: well-framed messages that break the protocol's rules (each an
+/// error, the channel still in step), then bytes that are not a frame at all (an error, and the
+/// channel refuses further receives). The parent's pool works throughout.
+#[test]
+fn garbage_from_the_peer_is_an_error_never_a_panic() {
+    if role().is_some() {
+        return garbage_child();
+    }
+    let (_device, stream) = setup();
+    let (pool, buffer) = pool_with_buffer(&stream, 21);
+    let (child, channel) = spawn_role(test_name!(), "garbage", &[]);
+    let mut uuids = Vec::new();
+    for (name, expect) in GARBAGE {
+        let result = channel.recv(&stream);
+        match (expect, result) {
+            (Expect::Protocol(needle), Err(IpcError::Protocol(text))) => {
+                assert!(text.contains(needle), "{name}: {text:?} should contain {needle:?}")
+            }
+            (Expect::Decode, Err(IpcError::Decode(_))) => {}
+            (Expect::Refused, Err(IpcError::Core(_))) => {}
+            (expect, result) => panic!("{name}: expected {expect:?}, got {result:?}"),
+        }
+        uuids.push(garbage_uuid(name));
+    }
+    // Still in step.
+    expect_text(&channel, &stream, "in step");
+    // Then bytes that are no frame.
+    let text = expect_protocol(channel.recv(&stream), "expected b\"CUMEMMSG\"");
+    assert!(text.contains("drop this channel and open a new one"), "{text}");
+    expect_protocol(channel.recv(&stream), "message boundaries are lost");
+    child.wait_success();
+
+    // Nothing was registered, and our pool still works.
+    for uuid in uuids {
+        assert!(matches!(registry().get(uuid), Err(IpcError::UnknownResource(_))), "{uuid} registered");
+    }
+    assert_eq!(read_bytes(&buffer, &stream), pattern(21, 4000));
+    let mut more = pool.allocate(4000, &stream).unwrap();
+    more.copy_from(&buffer, &stream).unwrap();
+    assert_eq!(read_bytes(&more, &stream), pattern(21, 4000));
+    // And can be shared (in this process, through a fresh pair of channels).
+    let (a, b) = Channel::pair().unwrap();
+    let (a, b) = (IpcChannel::new(a), IpcChannel::new(b));
+    a.send_buffers(&[&more]).unwrap();
+    let _mapped: Arc<MappedMemoryResource> = expect_resource(&b, &stream);
+    let imported = expect_buffers(&b, &stream);
+    assert_eq!(read_bytes(&imported[0], &stream), pattern(21, 4000));
+}
+
+/// A UUID per garbage case (never nil).
+fn garbage_uuid(name: &str) -> Uuid {
+    Uuid::from_u64_pair(0x6761_7262_6167_6521, checksum(name.as_bytes()) | 1)
+}
+
+/// A resource payload: UUID, memory kind, device ordinal, reserved.
+fn resource_payload(uuid: Uuid, kind: u8, ordinal: i32) -> Vec<u8> {
+    let mut payload = uuid.as_bytes().to_vec();
+    payload.push(kind);
+    payload.extend_from_slice(&ordinal.to_le_bytes());
+    payload.extend_from_slice(&[0; 3]);
+    payload
+}
+
+/// Sends the garbage case `name` on `channel`.
+fn garbage_message(name: &str, channel: &Channel) {
+    let null = std::fs::File::open("/dev/null").unwrap();
+    let memfd = {
+        let fd = rustix::fs::memfd_create("garbage", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+        let file = std::fs::File::from(fd);
+        std::io::Write::write_all(&mut &file, &pattern(5, 64 << 10)).unwrap();
+        file
+    };
+    let uuid = garbage_uuid(name);
+    let device0 = resource_payload(uuid, 0, 0);
+    let (kind, payload, fds): (u16, Vec<u8>, Vec<std::os::fd::BorrowedFd<'_>>) = match name {
+        "resource without fd" => (RESOURCE, device0, vec![]),
+        "resource, 23 bytes" => (RESOURCE, device0[..23].to_vec(), vec![null.as_fd()]),
+        "resource, two fds" => (RESOURCE, device0, vec![null.as_fd(), null.as_fd()]),
+        "resource, reserved bytes" => {
+            let mut p = device0;
+            p[23] = 1;
+            (RESOURCE, p, vec![null.as_fd()])
+        }
+        "resource, memory kind 7" => (RESOURCE, resource_payload(uuid, 7, 0), vec![null.as_fd()]),
+        "resource, device -5" => (RESOURCE, resource_payload(uuid, 0, -5), vec![null.as_fd()]),
+        "resource, device 1000" => (RESOURCE, resource_payload(uuid, 0, 1000), vec![null.as_fd()]),
+        "resource, /dev/null" => (RESOURCE, device0, vec![null.as_fd()]),
+        "resource, a memfd of garbage" => (RESOURCE, device0, vec![memfd.as_fd()]),
+        "resource, the channel's own socket" => (RESOURCE, device0, vec![channel.as_fd()]),
+        "resource, pinned, /dev/null" => (RESOURCE, resource_payload(uuid, 1, -1), vec![null.as_fd()]),
+        "buffers, count 3 and garbage" => (BUFFERS, buffers_payload(3, &pattern(1, 50)), vec![]),
+        "buffers, huge count" => (BUFFERS, buffers_payload(u32::MAX, &[]), vec![]),
+        "buffers, one garbage descriptor" => (BUFFERS, buffers_payload(1, &pattern(2, 108)), vec![]),
+        "buffers, with an fd" => (BUFFERS, buffers_payload(0, &[]), vec![null.as_fd()]),
+        "data, with an fd" => (3, b"hello".to_vec(), vec![null.as_fd()]),
+        "kind 0" => (0, vec![], vec![]),
+        "kind 999" => (999, pattern(3, 10), vec![]),
+        "kind 65535" => (u16::MAX, vec![], vec![null.as_fd()]),
+        other => panic!("no garbage case {other}"),
+    };
+    channel.send(kind, &payload, &fds).unwrap();
+}
+
+fn garbage_child() {
+    let (_device, stream) = setup();
+    let channel = parent_channel();
+    for (name, _) in GARBAGE {
+        garbage_message(name, channel.channel());
+    }
+    channel.send_data(b"in step").unwrap();
+    let mut raw = UnixStream::from(channel.channel().as_fd().try_clone_to_owned().unwrap());
+    let mut garbage = b"GARBAGE!".to_vec();
+    garbage.extend_from_slice(&pattern(4, 200));
+    std::io::Write::write_all(&mut raw, &garbage).unwrap();
+    drop(stream);
+}
