@@ -47,3 +47,12 @@ pub(crate) fn bind(device: Device) -> Result<()> {
     }
     Ok(())
 }
+
+/// Whether no context is current on the calling thread.
+pub(crate) fn current_is_none() -> Result<bool> {
+    let d = driver()?;
+    let mut current: CUcontext = std::ptr::null_mut();
+    // SAFETY: `current` is a valid out-pointer.
+    unsafe { cu_call!(d, cuCtxGetCurrent(&mut current)) }?;
+    Ok(current.is_null())
+}

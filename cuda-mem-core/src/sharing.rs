@@ -58,6 +58,16 @@ fn fresh_id() -> u128 {
     (u128::from(high) << 64) | u128::from(low)
 }
 
+/// Makes a context current for calls that need one but take no stream: the pool's device's, or
+/// device 0's for host pools (any context serves them).
+fn bind_for(owner: Option<Device>) -> Result<()> {
+    let device = match owner {
+        Some(device) => device,
+        None => Device::new(0)?,
+    };
+    crate::context::bind(device)
+}
+
 impl MemoryPool {
     /// Whether the pool was created shareable by file descriptor (`ipc_enabled`), or imported.
     pub fn is_shareable(&self) -> bool {
@@ -102,6 +112,7 @@ impl MemoryPool {
     /// # Errors
     /// When the driver refuses the descriptor (not a pool, or a pool it cannot map).
     pub fn import(fd: OwnedFd, id: u128, owner: Option<Device>) -> Result<MemoryPool> {
+        bind_for(owner)?;
         let d = driver()?;
         let mut handle: CUmemoryPool = std::ptr::null_mut();
         // The driver takes the descriptor as a pointer-sized integer.
@@ -118,6 +129,7 @@ impl MemoryPool {
     /// # Errors
     /// When `ptr` is not an allocation of a shareable pool.
     pub fn export_pointer(&self, ptr: DevicePtr) -> Result<[u8; EXPORT_DATA_LEN]> {
+        bind_for(self.owner())?;
         let d = driver()?;
         let mut data = CUmemPoolPtrExportData::default();
         // SAFETY: `data` is a valid out-pointer.
@@ -132,6 +144,7 @@ impl MemoryPool {
     /// # Errors
     /// When the driver refuses the data (garbage, another pool's, not an imported pool).
     pub fn import_pointer(&self, data: &[u8; EXPORT_DATA_LEN]) -> Result<DevicePtr> {
+        bind_for(self.owner())?;
         let d = driver()?;
         let mut raw = CUmemPoolPtrExportData { reserved: *data };
         let mut ptr: DevicePtr = 0;
@@ -160,6 +173,9 @@ impl MemoryPool {
 /// # Errors
 /// When `ptr` is not a known allocation.
 pub fn mapped_range_size(ptr: DevicePtr) -> Result<usize> {
+    if crate::context::current_is_none()? {
+        bind_for(None)?;
+    }
     let d = driver()?;
     let mut size: usize = 0;
     // SAFETY: RANGE_SIZE writes a `size_t`, which `size` is.
