@@ -110,6 +110,11 @@ fn run_steps(workspace: &Path, records: &mut Vec<Record>, summaries: &mut Vec<St
         result?;
         Ok(Outcome::PassedWith(count_tests(summaries)))
     })?;
+    step("cuda-bindings on the simulator", &mut || match crate::python_smoke::run(workspace) {
+        Ok(None) => Ok(Outcome::Passed),
+        Ok(Some(reason)) => Ok(Outcome::Skipped(reason)),
+        Err(message) => Err(message),
+    })?;
     step("doc", &mut || {
         let mut flags = std::env::var("RUSTDOCFLAGS").unwrap_or_default();
         flags.push_str(" -Dwarnings");

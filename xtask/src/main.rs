@@ -13,6 +13,7 @@ mod demo;
 mod gpu_test;
 mod header;
 mod json;
+mod python_smoke;
 
 use std::ffi::OsString;
 use std::path::Path;
