@@ -74,6 +74,13 @@ impl VirtualMemoryResource {
                 "{device} does not support GPUDirect RDMA with VMM allocations; set gpu_direct_rdma(false)"
             )));
         }
+        if options.location_type == LocationType::HostNumaCurrent {
+            return Err(Error::NotSupported(
+                "physical allocations cannot be placed on the calling thread's NUMA node (HostNumaCurrent); use \
+                 LocationType::HostNuma or Host"
+                    .to_string(),
+            ));
+        }
         if options.peers.contains(&device) {
             return Err(Error::InvalidArgument(format!(
                 "{device} owns the memory and cannot also be one of its peers; set its access with self_access"
@@ -101,7 +108,12 @@ impl VirtualMemoryResource {
             }
         }
         let mut resource = VirtualMemoryResource { device, options, location, granularity: 0, access };
-        resource.granularity = resource.query_granularity()?;
+        resource.granularity = resource.query_granularity().map_err(|e| match resource.options.allocation_type {
+            crate::options::AllocationType::Managed => Error::NotSupported(format!(
+                "the driver refuses managed physical allocations for {device} ({e}); use AllocationType::Pinned"
+            )),
+            _ => e,
+        })?;
         Ok(Arc::new(resource))
     }
 

@@ -49,6 +49,17 @@ pub struct VirtualBufferDescriptor {
     pub handles: Vec<ChunkHandle>,
 }
 
+/// A location in words ("device 0", "host memory", …).
+fn location_name(kind: cuda_mem_core::sys::types::CUmemLocationType, id: i32) -> String {
+    use cuda_mem_core::sys::types::CUmemLocationType as T;
+    match kind {
+        T::CU_MEM_LOCATION_TYPE_DEVICE => format!("memory on device {id}"),
+        T::CU_MEM_LOCATION_TYPE_HOST => "host memory".to_string(),
+        T::CU_MEM_LOCATION_TYPE_HOST_NUMA => format!("host memory on NUMA node {id}"),
+        other => format!("memory at location type {}", other.0),
+    }
+}
+
 fn malformed(what: impl std::fmt::Display) -> Error {
     Error::InvalidArgument(format!("malformed virtual buffer descriptor: {what}"))
 }
@@ -62,6 +73,13 @@ impl VirtualBuffer {
     /// instead), [`Error::NotSupported`] for a resource without an exportable handle type;
     /// driver errors.
     pub fn export(&self) -> Result<VirtualBufferDescriptor> {
+        if self.chunk_count() > MAX_CHUNKS {
+            return Err(Error::InvalidState(format!(
+                "the buffer spans {} chunks; a descriptor can name at most {MAX_CHUNKS} (one message of file \
+                 descriptors): grow in fewer, larger steps",
+                self.chunk_count()
+            )));
+        }
         if self.is_imported() {
             return Err(Error::InvalidState(
                 "an imported virtual buffer cannot be exported again: forward the descriptor it was imported from"
@@ -251,6 +269,23 @@ impl VirtualMemoryResource {
             }
             return Err(malformed(format!("size {} with no exported chunks", descriptor.size)));
         }
+        for (index, handle) in descriptor.handles.iter().enumerate() {
+            let matches = matches!(
+                (handle, descriptor.handle_type),
+                (ChunkHandle::Fd(_), HandleType::PosixFd) | (ChunkHandle::Fabric(_), HandleType::Fabric)
+            );
+            if !matches {
+                let kind = match handle {
+                    ChunkHandle::Fd(_) => "a file descriptor",
+                    ChunkHandle::Fabric(_) => "a fabric handle",
+                };
+                return Err(malformed(format!(
+                    "chunk {} carries {kind} but the descriptor's handle type is {:?}",
+                    index + 1,
+                    descriptor.handle_type
+                )));
+            }
+        }
         let granularity = self.granularity() as u64;
         let mut total: u64 = 0;
         for &size in &descriptor.chunk_sizes {
@@ -294,15 +329,13 @@ impl VirtualMemoryResource {
             // SAFETY: `prop` is a valid out-pointer; the handle is live.
             unsafe { cu_call!(d, cuMemGetAllocationPropertiesFromHandle(&mut prop, physical.handle)) }?;
             let want = self.location();
-            if prop.location.type_ != want.type_ || (want.type_.0 == 1 && prop.location.id != want.id) {
+            let device_type = cuda_mem_core::sys::types::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+            if prop.location.type_ != want.type_ || (want.type_ == device_type && prop.location.id != want.id) {
                 return Err(Error::InvalidArgument(format!(
-                    "chunk {} of {count} is memory at location {:?}/{}, but this resource maps memory at {:?}/{}; import it \
-                     with a resource for that device",
+                    "chunk {} of {count} is {}, but this resource maps {}; import it with a resource for that device",
                     index + 1,
-                    prop.location.type_,
-                    prop.location.id,
-                    want.type_,
-                    want.id
+                    location_name(prop.location.type_, prop.location.id),
+                    location_name(want.type_, want.id),
                 )));
             }
             chunks.push(physical);

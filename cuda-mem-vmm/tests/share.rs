@@ -1,0 +1,564 @@
+//! Sharing: a three-chunk buffer (one chunk allocated, one from an in-place growth, one from a
+//! moving growth) imported by a child process over a `cuda-mem-ipc` channel, fabric handles in
+//! the same process and in a child, imports refused for the wrong device, every descriptor
+//! check, file descriptors closed after import on both sides, and imported buffers not
+//! exported again.
+
+mod common;
+
+use std::io::Read;
+use std::os::fd::OwnedFd;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use cuda_mem_core::{Error, Stream};
+use cuda_mem_ipc::{Channel, RawMessage, spawn_with_channel};
+use cuda_mem_vmm::{
+    ChunkHandle, HandleType, MAX_CHUNKS, VirtualBuffer, VirtualBufferDescriptor, VirtualMemoryResource,
+    VirtualMemoryResourceOptions,
+};
+
+/// Set in the grandchild a test spawns to play the importing side.
+const ROLE_ENV: &str = "CUDA_MEM_VMM_TEST_ROLE";
+const DESCRIPTOR: u16 = 1;
+const WRITTEN: u16 = 2;
+const DONE: u16 = 3;
+
+fn is_peer() -> bool {
+    std::env::var(ROLE_ENV).is_ok_and(|role| role == "peer")
+}
+
+/// The importing process: this test binary again, running just `test_name`, as the peer. Its
+/// output is drained on threads of its own, so that a peer that says much (a failing assertion)
+/// never blocks on a full pipe while this process waits for a message.
+struct Peer {
+    child: Child,
+    output: [Option<std::thread::JoinHandle<String>>; 2],
+    channel: Channel,
+}
+
+fn drain(reader: Option<impl Read + Send + 'static>) -> Option<std::thread::JoinHandle<String>> {
+    let mut reader = reader?;
+    Some(std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = reader.read_to_string(&mut text);
+        text
+    }))
+}
+
+impl Peer {
+    fn spawn(test_name: &str) -> Peer {
+        let exe = std::env::current_exe().expect("the test binary's path");
+        let mut command = Command::new(exe);
+        command
+            .args([test_name, "--exact", "--nocapture", "--test-threads=1"])
+            .env(ROLE_ENV, "peer")
+            .env(cuda_sim::testing::CHILD_ENV, test_name)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let (mut child, channel) = spawn_with_channel(&mut command).expect("the peer starts");
+        channel.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        let output = [drain(child.stdout.take()), drain(child.stderr.take())];
+        Peer { child, output, channel }
+    }
+
+    /// Waits for the peer to end: whether it passed its test, and what it said.
+    fn wait(&mut self) -> (bool, String) {
+        let status = self.child.wait().expect("the peer ends");
+        let [stdout, stderr] =
+            std::mem::take(&mut self.output).map(|h| h.map(|h| h.join().unwrap_or_default()).unwrap_or_default());
+        let passed = status.success() && stdout.contains("1 passed");
+        (passed, format!("{status}\n--- stdout\n{stdout}\n--- stderr\n{stderr}"))
+    }
+
+    /// The peer's next message, which must be of `kind` (on anything else, the peer's output).
+    fn recv(&mut self, kind: u16) -> RawMessage {
+        match self.channel.recv() {
+            Ok(message) if message.kind == kind => message,
+            other => {
+                let _ = self.child.kill();
+                let (_, said) = self.wait();
+                panic!("expected message {kind} from the peer, got {other:?}; the peer said: {said}");
+            }
+        }
+    }
+
+    /// Waits for the peer, which must have passed its test.
+    fn finish(mut self) {
+        let (passed, said) = self.wait();
+        assert!(passed, "the peer failed: {said}");
+    }
+}
+
+/// The channel a parent test passed to this peer.
+fn parent_channel() -> Channel {
+    let channel = Channel::from_env().expect("the parent passed a channel");
+    channel.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    channel
+}
+
+fn setup(options: VirtualMemoryResourceOptions) -> (Stream, Arc<VirtualMemoryResource>) {
+    let d0 = device(0);
+    let s = stream(d0);
+    let resource = VirtualMemoryResource::new(d0, options).unwrap();
+    (s, resource)
+}
+
+/// Builds a three-chunk buffer: one chunk allocated, one added in place, one added by moving.
+/// Returns all three buffers (the last spans the three chunks); chunk `i` holds `pattern(i)`.
+fn three_chunks(resource: &Arc<VirtualMemoryResource>, s: &Stream) -> [VirtualBuffer; 3] {
+    let one = resource.allocate(G, Some(s)).unwrap();
+    let two = one.grow(2 * G).unwrap();
+    assert_eq!(two.ptr(), one.ptr(), "the second chunk came in place");
+    let blocker = block_after(&two, G);
+    let three = two.grow(3 * G).unwrap();
+    assert_ne!(three.ptr(), two.ptr(), "the third chunk came with a move");
+    drop(blocker);
+    for i in 0..3 {
+        write(&three, i * G, &chunk_pattern(i), s);
+    }
+    [one, two, three]
+}
+
+fn chunk_pattern(i: usize) -> Vec<u8> {
+    pattern(0x10 + i as u8, G)
+}
+
+/// A warm-up, so that whatever the driver opens once (in the simulator: nothing, but a real
+/// driver may) is open before file descriptors are counted.
+fn warm_up(resource: &Arc<VirtualMemoryResource>, s: &Stream) {
+    let buffer = resource.allocate(G, Some(s)).unwrap();
+    write(&buffer, 0, &[1], s);
+    assert_eq!(read(&buffer, 0, 1, s), [1]);
+    if resource.options().handle_type != HandleType::None {
+        drop(buffer.export().unwrap());
+    }
+}
+
+#[test]
+fn a_child_process_reads_and_writes_a_three_chunk_buffer() {
+    machine!(&[], || {
+        if is_peer() {
+            return import_in_the_peer();
+        }
+        let (s, resource) = setup(Default::default());
+        let [one, two, three] = three_chunks(&resource, &s);
+        let mut peer = Peer::spawn(&test_name!());
+
+        let fds = open_fds();
+        let descriptor = three.export().unwrap();
+        assert_eq!(descriptor.handle_type, HandleType::PosixFd);
+        assert_eq!(descriptor.size, 3 * G as u64);
+        assert_eq!(descriptor.chunk_sizes, vec![G as u64; 3]);
+        assert!(descriptor.handles.iter().all(|h| matches!(h, ChunkHandle::Fd(_))));
+        assert_eq!(open_fds(), fds + 3, "one descriptor per chunk");
+        {
+            let (bytes, handles) = descriptor.encode();
+            assert_eq!(bytes.len(), 24 + 8 * 3);
+            assert_eq!(handles.len(), 3);
+            peer.channel.send(DESCRIPTOR, &bytes, &handles).unwrap();
+        }
+        drop(descriptor);
+        assert_eq!(open_fds(), fds, "the exporter's descriptors are closed once sent");
+
+        let written = peer.recv(WRITTEN);
+        assert_eq!(written.payload, b"chunk 2");
+        // The peer's write into the third chunk is here; the other chunks are untouched.
+        assert_bytes(&read(&three, 2 * G, G, &s), &vec![0xC3; G], "the peer's write into the third chunk");
+        assert_bytes(&read(&three, 0, G, &s), &chunk_pattern(0), "chunk 0 untouched");
+        assert_bytes(&read(&two, G, G, &s), &chunk_pattern(1), "chunk 1 untouched, through the in-place buffer");
+        assert_bytes(&read(&one, 0, G, &s), &chunk_pattern(0), "chunk 0 through the first buffer");
+        peer.channel.send(DONE, b"", &[]).unwrap();
+        peer.finish();
+    });
+}
+
+fn import_in_the_peer() {
+    let channel = parent_channel();
+    let (s, resource) = setup(Default::default());
+    warm_up(&resource, &s);
+    let baseline = sim_live();
+    let fds = open_fds();
+    let message = channel.recv().unwrap();
+    assert_eq!(message.kind, DESCRIPTOR);
+    assert_eq!(message.fds.len(), 3);
+    assert_eq!(open_fds(), fds + 3);
+    let descriptor = VirtualBufferDescriptor::decode(&message.payload, message.fds).unwrap();
+    assert_eq!(descriptor.chunk_sizes, vec![G as u64; 3]);
+    let imported = resource.import(descriptor, Some(&s)).unwrap();
+    assert!(imported.is_imported());
+    assert_eq!((imported.size(), imported.chunk_count(), imported.mapped_size()), (3 * G, 3, 3 * G));
+    assert_eq!(sim_live(), baseline.map(|b| plus(b, 1, 3, 3)), "one reservation, three mappings and imported chunks");
+    for i in 0..3 {
+        assert_bytes(&read(&imported, i * G, G, &s), &chunk_pattern(i), &format!("chunk {i}"));
+    }
+    // Not again: forward the descriptor instead.
+    let error = imported.export().unwrap_err();
+    assert!(matches!(error, Error::InvalidState(_)), "{error:?}");
+    assert_mentions(&error.to_string(), &["imported", "cannot be exported again", "forward the descriptor"]);
+
+    fill(&imported, 2 * G, G, 0xC3, &s);
+    channel.send(WRITTEN, b"chunk 2", &[]).unwrap();
+    assert_eq!(channel.recv().unwrap().kind, DONE);
+    drop(imported);
+    assert_eq!(sim_live(), baseline, "unmapped and released");
+    assert_eq!(open_fds(), fds, "the received descriptors were closed");
+}
+
+#[test]
+fn fabric_handles_in_the_same_process_and_in_a_child() {
+    machine!(&[], || {
+        if is_peer() {
+            return import_fabric_in_the_peer();
+        }
+        if !cuda_sim::testing::simulator_only("fabric handles are tested on the simulator only") {
+            return;
+        }
+        let fabric = VirtualMemoryResourceOptions::default().handle_type(HandleType::Fabric);
+        let (s, resource) = setup(fabric.clone());
+        let [_one, _two, three] = three_chunks(&resource, &s);
+        let baseline = vmm_live();
+        let fds = open_fds();
+        let descriptor = three.export().unwrap();
+        assert_eq!(descriptor.handle_type, HandleType::Fabric);
+        assert!(descriptor.handles.iter().all(|h| matches!(h, ChunkHandle::Fabric(_))));
+        let (bytes, handles) = descriptor.encode();
+        assert!(handles.is_empty(), "fabric handles travel in the bytes");
+        assert_eq!(bytes.len(), 24 + (8 + 64) * 3);
+        assert_eq!(open_fds(), fds, "no descriptor is opened");
+
+        // In this process, with a resource of its own.
+        let importer = VirtualMemoryResource::new(resource.device(), fabric.clone()).unwrap();
+        let imported = importer.import(VirtualBufferDescriptor::decode(&bytes, Vec::new()).unwrap(), Some(&s)).unwrap();
+        assert_eq!(vmm_live(), plus(baseline, 1, 3, 3));
+        for i in 0..3 {
+            assert_bytes(&read(&imported, i * G, G, &s), &chunk_pattern(i), &format!("chunk {i}"));
+        }
+        write(&imported, G, &[0x77; 32], &s);
+        assert_eq!(read(&three, G, 32, &s), [0x77; 32], "the same memory");
+        write(&imported, G, &chunk_pattern(1)[..32], &s);
+        assert!(imported.export().is_err(), "not exported again");
+        drop(imported);
+        assert_eq!(vmm_live(), baseline);
+        assert_eq!(open_fds(), fds);
+
+        // In a child, while this process holds the memory.
+        let mut peer = Peer::spawn(&test_name!());
+        peer.channel.send(DESCRIPTOR, &bytes, &[]).unwrap();
+        peer.recv(WRITTEN);
+        assert_bytes(&read(&three, 0, G, &s), &vec![0x5A; G], "the child's write");
+        assert_bytes(&read(&three, 2 * G, G, &s), &chunk_pattern(2), "chunk 2 untouched");
+        peer.channel.send(DONE, b"", &[]).unwrap();
+        peer.finish();
+    });
+}
+
+fn import_fabric_in_the_peer() {
+    let channel = parent_channel();
+    let (s, resource) = setup(VirtualMemoryResourceOptions::default().handle_type(HandleType::Fabric));
+    let baseline = vmm_live();
+    let message = channel.recv().unwrap();
+    assert!(message.fds.is_empty());
+    let descriptor = VirtualBufferDescriptor::decode(&message.payload, message.fds).unwrap();
+    let imported = resource.import(descriptor, Some(&s)).unwrap();
+    for i in 0..3 {
+        assert_bytes(&read(&imported, i * G, G, &s), &chunk_pattern(i), &format!("chunk {i}"));
+    }
+    fill(&imported, 0, G, 0x5A, &s);
+    channel.send(WRITTEN, b"", &[]).unwrap();
+    assert_eq!(channel.recv().unwrap().kind, DONE);
+    drop(imported);
+    assert_eq!(vmm_live(), baseline);
+}
+
+#[test]
+fn a_fabric_handle_of_freed_memory_does_not_import() {
+    machine!(&[], || {
+        if !cuda_sim::testing::simulator_only("fabric handles are tested on the simulator only") {
+            return;
+        }
+        let fabric = VirtualMemoryResourceOptions::default().handle_type(HandleType::Fabric);
+        let (s, resource) = setup(fabric);
+        let buffer = resource.allocate(G, Some(&s)).unwrap();
+        let descriptor = buffer.export().unwrap();
+        drop(buffer);
+        let baseline = vmm_live();
+        let error = resource.import(descriptor, Some(&s)).unwrap_err();
+        assert!(matches!(error, Error::InvalidArgument(_)), "{error:?}");
+        assert_mentions(&error.to_string(), &["importing chunk 1 of 1", "cuMemImportFromShareableHandle"]);
+        assert_eq!(vmm_live(), baseline);
+    });
+}
+
+#[test]
+fn memory_of_another_device_is_refused() {
+    machine!(&[("CUDA_SIM_DEVICES", "2")], || {
+        let Some(d1) = try_device(1) else { return };
+        let (s, resource) = setup(Default::default());
+        let buffer = resource.allocate(2 * G, Some(&s)).unwrap();
+        let grown = buffer.grow(3 * G).unwrap();
+        write(&buffer, 0, &[8; 8], &s);
+        let on_device_1 = VirtualMemoryResource::new(d1, Default::default()).unwrap();
+        warm_up(&on_device_1, &stream(d1));
+        let (baseline, fds) = (sim_live(), open_fds());
+        let descriptor = grown.export().unwrap();
+        assert_eq!(descriptor.handles.len(), 2);
+        let error = on_device_1.import(descriptor, Some(&s)).unwrap_err();
+        assert!(matches!(error, Error::InvalidArgument(_)), "{error:?}");
+        let text = error.to_string();
+        // Names the chunk, both locations (device 0's memory, device 1's resource), and the way
+        // out.
+        assert_mentions(
+            &text,
+            &["chunk 1 of 2", "device 0, but", "device 1;", "import it with a resource for that device"],
+        );
+        assert_eq!(sim_live(), baseline, "nothing imported or mapped stays");
+        assert_eq!(open_fds(), fds, "the descriptor's fds are closed");
+        // A resource of the right device imports it.
+        let on_device_0 = VirtualMemoryResource::new(resource.device(), Default::default()).unwrap();
+        let imported = on_device_0.import(grown.export().unwrap(), Some(&s)).unwrap();
+        assert_eq!(read(&imported, 0, 8, &s), [8; 8]);
+    });
+}
+
+/// What importing `descriptor` must fail with, and what its message must mention.
+type Case = (&'static str, fn(&mut VirtualBufferDescriptor), &'static [&'static str]);
+
+#[test]
+fn every_descriptor_check_refuses_before_anything_stays_mapped() {
+    machine!(&[], || {
+        if !cuda_sim::testing::simulator_only("live-object counts") {
+            return;
+        }
+        let (s, resource) = setup(Default::default());
+        let one = resource.allocate(G, Some(&s)).unwrap();
+        let buffer = one.grow(2 * G).unwrap();
+        assert_eq!(buffer.chunk_count(), 2);
+        write(&buffer, 0, &pattern(1, 64), &s);
+        warm_up(&resource, &s);
+        let cases: [Case; 10] = [
+            ("handle type", |d| d.handle_type = HandleType::Fabric, &["handle type is Fabric", "PosixFd"]),
+            ("a size too many", |d| d.chunk_sizes.push(G as u64), &["3 chunk sizes for 2 handles"]),
+            (
+                "a size too few",
+                |d| {
+                    d.chunk_sizes.pop();
+                },
+                &["1 chunk sizes for 2 handles"],
+            ),
+            ("a handle too few", |d| drop(d.handles.pop()), &["2 chunk sizes for 1 handles"]),
+            ("not a multiple", |d| d.chunk_sizes[1] = G as u64 + 4096, &["2101248", "2097152-byte granularity"]),
+            ("a zero chunk", |d| d.chunk_sizes[0] = 0, &["chunk size 0", "positive multiple"]),
+            ("size past the chunks", |d| d.size = 2 * G as u64 + 1, &["4194305", "exceeds", "4194304 bytes"]),
+            (
+                "no chunks but a size",
+                |d| {
+                    d.chunk_sizes.clear();
+                    d.handles.clear();
+                },
+                &["size 4194304 with no exported chunks"],
+            ),
+            ("a chunk larger than exported", |d| d.chunk_sizes[1] = 2 * G as u64, &["mapping chunk 2 of 2"]),
+            (
+                "not a VMM file",
+                |d| {
+                    let file: OwnedFd = std::fs::File::open("/proc/self/status").unwrap().into();
+                    d.handles[1] = ChunkHandle::Fd(file);
+                },
+                &["importing chunk 2 of 2"],
+            ),
+        ];
+        for (what, spoil, mentions) in cases {
+            let (baseline, fds) = (vmm_live(), open_fds());
+            let mut descriptor = buffer.export().unwrap();
+            spoil(&mut descriptor);
+            let error = resource.import(descriptor, Some(&s)).unwrap_err();
+            assert!(matches!(error, Error::InvalidArgument(_)), "{what}: {error:?}");
+            let text = error.to_string();
+            assert!(mentions.iter().all(|m| text.contains(m)), "{what}: {text:?} should mention {mentions:?}");
+            assert_eq!(vmm_live(), baseline, "{what}: nothing imported or mapped stays");
+            assert_eq!(open_fds(), fds, "{what}: every descriptor is closed");
+        }
+        // The unspoiled descriptor imports, and a smaller claimed size is a smaller buffer.
+        let mut descriptor = buffer.export().unwrap();
+        descriptor.size = 64;
+        let imported = resource.import(descriptor, Some(&s)).unwrap();
+        assert_eq!((imported.size(), imported.mapped_size()), (64, 2 * G));
+        assert_eq!(read(&imported, 0, 64, &s), pattern(1, 64));
+    });
+}
+
+#[test]
+fn a_fabric_handle_in_an_fd_descriptor_is_refused_before_the_driver_sees_it() {
+    machine!(&[], || {
+        if !cuda_sim::testing::simulator_only("fault injection") {
+            return;
+        }
+        let (s, resource) = setup(Default::default());
+        let buffer = resource.allocate(G, Some(&s)).unwrap();
+        let baseline = vmm_live();
+        // The driver is told "POSIX fd" but given a pointer to 64 bytes: on a real driver the
+        // pointer's low bits are taken as a descriptor number, which may be any open file.
+        let mut descriptor = buffer.export().unwrap();
+        descriptor.handles[0] = ChunkHandle::Fabric([0; 64]);
+        // Were the driver called, this armed failure would be spent on that call.
+        inject(c"cuMemImportFromShareableHandle", 1);
+        let error = resource.import(descriptor, Some(&s)).unwrap_err();
+        assert!(matches!(error, Error::InvalidArgument(_)), "{error:?}");
+        assert_eq!(vmm_live(), baseline);
+        let unspent = resource.import(buffer.export().unwrap(), Some(&s));
+        assert!(
+            unspent.as_ref().is_err_and(|e| e.to_string().contains("CUDA_ERROR_OUT_OF_MEMORY")),
+            "the mismatched handle reached cuMemImportFromShareableHandle (the armed failure was spent on it; \
+             the refusal was {error})"
+        );
+    });
+}
+
+#[test]
+fn an_fd_handle_in_a_fabric_descriptor_is_refused_before_the_driver_sees_it() {
+    machine!(&[], || {
+        if !cuda_sim::testing::simulator_only("fabric handles are tested on the simulator only") {
+            return;
+        }
+        let fabric = VirtualMemoryResourceOptions::default().handle_type(HandleType::Fabric);
+        let (s, resource) = setup(fabric);
+        let buffer = resource.allocate(G, Some(&s)).unwrap();
+        let baseline = vmm_live();
+        // The driver is told "fabric handle" and given a descriptor number as the pointer to its
+        // 64 bytes: it reads memory at address 5 or so (this child dies of SIGSEGV if it does).
+        let mut descriptor = buffer.export().unwrap();
+        let file: OwnedFd = std::fs::File::open("/proc/self/status").unwrap().into();
+        descriptor.handles[0] = ChunkHandle::Fd(file);
+        let error = resource.import(descriptor, Some(&s)).unwrap_err();
+        assert!(matches!(error, Error::InvalidArgument(_)), "{error:?}");
+        assert_eq!(vmm_live(), baseline);
+    });
+}
+
+/// Duplicates of `fds`, owned.
+fn duplicates(fds: &[std::os::fd::BorrowedFd<'_>]) -> Vec<OwnedFd> {
+    fds.iter().map(|fd| fd.try_clone_to_owned().unwrap()).collect()
+}
+
+#[test]
+fn decode_checks_every_field_and_closes_the_fds_it_refuses() {
+    machine!(&[], || {
+        let (s, resource) = setup(Default::default());
+        let one = resource.allocate(G, Some(&s)).unwrap();
+        let buffer = one.grow(2 * G).unwrap();
+        write(&buffer, G, &[6; 6], &s);
+        let descriptor = buffer.export().unwrap();
+        let (bytes, fds) = descriptor.encode();
+        assert_eq!(&bytes[..8], b"CUMEMVMM");
+        assert_eq!(bytes.len(), 40);
+
+        let with = |at: usize, value: &[u8]| {
+            let mut spoiled = bytes.clone();
+            spoiled[at..at + value.len()].copy_from_slice(value);
+            spoiled
+        };
+        let mut longer = bytes.clone();
+        longer.push(0);
+        let garbage: Vec<u8> = (0..100u32).map(|i| (i * 37 + 11) as u8).collect();
+        let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+            ("empty", Vec::new(), "0 bytes, shorter than its header"),
+            ("a short header", bytes[..23].to_vec(), "23 bytes, shorter than its header"),
+            ("garbage", garbage, "bad magic"),
+            ("bad magic", with(0, b"CUMEMMSG"), "bad magic"),
+            ("another version", with(8, &2u16.to_le_bytes()), "version 2, this build reads 1"),
+            ("an unknown handle type", with(10, &[7]), "handle type 7"),
+            ("a reserved byte", with(11, &[1]), "reserved byte is not zero"),
+            ("too many chunks", with(12, &(MAX_CHUNKS as u32 + 1).to_le_bytes()), "254 chunks, more than 253"),
+            ("a count past the bytes", with(12, &3u32.to_le_bytes()), "40 bytes for 3 chunks, expected 48"),
+            ("a byte too many", longer, "41 bytes for 2 chunks, expected 40"),
+            ("a byte too few", bytes[..39].to_vec(), "39 bytes for 2 chunks, expected 40"),
+        ];
+        let before = open_fds();
+        for (what, spoiled, mention) in cases {
+            let error = VirtualBufferDescriptor::decode(&spoiled, duplicates(&fds)).unwrap_err();
+            assert!(matches!(error, Error::InvalidArgument(_)), "{what}: {error:?}");
+            assert_mentions(&error.to_string(), &["malformed virtual buffer descriptor", mention]);
+            assert_eq!(open_fds(), before, "{what}: the fds are closed");
+        }
+        // The wrong number of fds.
+        for count in [0, 1, 3] {
+            let mut owned = duplicates(&fds);
+            owned.resize_with(count.min(2), || unreachable!());
+            while owned.len() < count {
+                owned.push(fds[0].try_clone_to_owned().unwrap());
+            }
+            let error = VirtualBufferDescriptor::decode(&bytes, owned).unwrap_err();
+            assert_mentions(&error.to_string(), &[&format!("{count} file descriptors for 2 chunks")]);
+            assert_eq!(open_fds(), before);
+        }
+        // File descriptors beside fabric handles.
+        let mut fabric = with(10, &[2]);
+        fabric.extend_from_slice(&[0; 128]);
+        let error = VirtualBufferDescriptor::decode(&fabric, duplicates(&fds)).unwrap_err();
+        assert_mentions(&error.to_string(), &["file descriptors came with fabric handles"]);
+        assert_eq!(open_fds(), before);
+
+        // The round trip keeps every field, and imports.
+        let decoded = VirtualBufferDescriptor::decode(&bytes, duplicates(&fds)).unwrap();
+        assert_eq!(decoded.handle_type, descriptor.handle_type);
+        assert_eq!(decoded.size, descriptor.size);
+        assert_eq!(decoded.chunk_sizes, descriptor.chunk_sizes);
+        assert_eq!(decoded.handles.len(), 2);
+        let imported = resource.import(decoded, Some(&s)).unwrap();
+        assert_eq!(read(&imported, G, 6, &s), [6; 6]);
+    });
+}
+
+#[test]
+fn export_opens_one_fd_per_chunk_and_closes_them_on_drop() {
+    machine!(&[], || {
+        let (s, resource) = setup(Default::default());
+        let [one, two, three] = three_chunks(&resource, &s);
+        warm_up(&resource, &s);
+        let fds = open_fds();
+        for (buffer, chunks) in [(&one, 1), (&two, 2), (&three, 3)] {
+            let descriptor = buffer.export().unwrap();
+            assert_eq!(descriptor.handles.len(), chunks);
+            assert_eq!(descriptor.size, buffer.size() as u64);
+            assert_eq!(open_fds(), fds + chunks);
+            drop(descriptor);
+            assert_eq!(open_fds(), fds);
+        }
+        // A buffer grown from an imported one is still an imported buffer.
+        let imported = resource.import(one.export().unwrap(), Some(&s)).unwrap();
+        let grown = imported.grow(2 * G).unwrap();
+        assert!(grown.is_imported());
+        assert!(matches!(grown.export(), Err(Error::InvalidState(_))));
+        write(&grown, G, &[3; 3], &s);
+        assert_eq!(read(&grown, 0, 16, &s), chunk_pattern(0)[..16]);
+    });
+}
+
+#[test]
+fn export_refuses_more_chunks_than_a_descriptor_can_name() {
+    machine!(&[], || {
+        let (s, resource) = setup(Default::default());
+        let mut buffer = resource.allocate(G, Some(&s)).unwrap();
+        for chunks in 2..=MAX_CHUNKS + 1 {
+            buffer = buffer.grow(chunks * G).unwrap();
+        }
+        assert_eq!(buffer.chunk_count(), MAX_CHUNKS + 1);
+        // A descriptor of MAX_CHUNKS + 1 chunks could be neither sent in one message nor decoded:
+        // export says so instead of handing one out.
+        match buffer.export() {
+            Err(error) => assert_mentions(&error.to_string(), &[&MAX_CHUNKS.to_string()]),
+            Ok(descriptor) => {
+                let (bytes, fds) = descriptor.encode();
+                let decoded = VirtualBufferDescriptor::decode(&bytes, duplicates(&fds));
+                panic!(
+                    "export of {} chunks succeeded, but its descriptor does not decode: {:?}",
+                    MAX_CHUNKS + 1,
+                    decoded.map(|d| d.chunk_sizes.len())
+                );
+            }
+        }
+    });
+}
