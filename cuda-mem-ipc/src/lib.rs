@@ -139,7 +139,7 @@ pub mod spawn;
 pub use channel::{Channel, ChannelListener, MAX_FDS, MAX_PAYLOAD_LEN, RawMessage};
 pub use descriptor::{BufferDescriptor, DecodeError, ENCODED_LEN, EXPORT_DATA_LEN, MAGIC, MAX_BUFFER_SIZE, VERSION};
 pub use error::{IpcError, Result};
-pub use mapped::{MappedMemoryResource, SharedKind, registry};
+pub use mapped::{ExpectedKind, MappedMemoryResource, SharedKind, lookup, registry};
 pub use protocol::{IpcChannel, MAX_BUFFERS_PER_MESSAGE, Received};
 pub use registry::Registry;
 pub use share::{AllocationHandle, allocation_handle, buffer_descriptor};

@@ -40,6 +40,45 @@ pub fn registry() -> &'static Registry<MappedMemoryResource> {
     &REGISTRY
 }
 
+/// The kind of memory a lookup expects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpectedKind {
+    /// A device pool.
+    Device,
+    /// A pinned host pool.
+    Pinned,
+}
+
+impl SharedKind {
+    fn name(self) -> &'static str {
+        match self {
+            SharedKind::Device(_) => "device memory pool",
+            SharedKind::Pinned => "pinned host memory pool",
+        }
+    }
+}
+
+/// The registered mapped resource with this UUID, which must be of the expected kind.
+///
+/// # Errors
+/// [`IpcError::UnknownResource`] when none is registered (or it was dropped);
+/// [`IpcError::WrongResourceKind`] when it holds the other kind of memory.
+pub fn lookup(uuid: Uuid, expected: ExpectedKind) -> Result<Arc<MappedMemoryResource>> {
+    let resource = registry().get(uuid)?;
+    let matches = matches!(
+        (resource.kind, expected),
+        (SharedKind::Device(_), ExpectedKind::Device) | (SharedKind::Pinned, ExpectedKind::Pinned)
+    );
+    if !matches {
+        let expected = match expected {
+            ExpectedKind::Device => "device memory pool",
+            ExpectedKind::Pinned => "pinned host memory pool",
+        };
+        return Err(IpcError::WrongResourceKind { uuid, expected, found: resource.kind.name() });
+    }
+    Ok(resource)
+}
+
 impl MappedMemoryResource {
     /// Imports the pool behind `fd` (which this takes), exported by the resource `uuid`.
     ///

@@ -69,6 +69,14 @@ fn a_resource_sent_twice_is_a_registry_hit() {
     let Received::Resource(second) = rx.recv(&stream).unwrap() else { panic!() };
     assert!(Arc::ptr_eq(&first, &second));
     assert!(registry().get(first.uuid()).is_ok());
+    // A lookup of the right kind finds it; of the wrong kind, a clear error.
+    assert!(cuda_mem_ipc::lookup(first.uuid(), cuda_mem_ipc::ExpectedKind::Pinned).is_ok());
+    let err = cuda_mem_ipc::lookup(first.uuid(), cuda_mem_ipc::ExpectedKind::Device).unwrap_err();
+    assert!(matches!(err, IpcError::WrongResourceKind { .. }), "{err}");
+    assert!(
+        err.to_string().contains("is a pinned host memory pool, but this operation needs a device memory pool"),
+        "{err}"
+    );
     drop((first, second));
     assert!(matches!(
         registry().get(allocation_handle(pinned.as_ref()).unwrap().uuid()),

@@ -562,3 +562,23 @@ fn export_refuses_more_chunks_than_a_descriptor_can_name() {
         }
     });
 }
+
+#[test]
+fn an_export_that_fails_part_way_closes_what_it_opened_and_says_so() {
+    machine!(&[], || {
+        if !cuda_sim::testing::simulator_only("fault injection in the simulator") {
+            return;
+        }
+        let (s, resource) = setup(Default::default());
+        let [_, _, three] = three_chunks(&resource, &s);
+        warm_up(&resource, &s);
+        let fds = open_fds();
+        // The second chunk's export fails, as when the process runs out of descriptors.
+        inject(c"cuMemExportToShareableHandle", 2);
+        let text = error_text(three.export());
+        assert_mentions(&text, &["chunk 2 of 3", "after 1 were exported", "descriptors are closed"]);
+        assert_eq!(open_fds(), fds, "the descriptor opened for chunk 1 is closed");
+        // The buffer is untouched and exports again.
+        assert_eq!(three.export().unwrap().handles.len(), 3);
+    });
+}
