@@ -9,9 +9,7 @@ use crate::device::Device;
 use crate::driver::driver;
 use crate::error::{Error, Result};
 use crate::handle_types::HandleTypes;
-use crate::memory_resource::{DevicePtr, MemoryResource};
 use crate::pool::MemoryPool;
-use crate::stream::Stream;
 
 /// How to create an owned device pool.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -119,29 +117,4 @@ fn require_pools(device: Device) -> Result<()> {
     Ok(())
 }
 
-impl MemoryResource for DeviceMemoryResource {
-    fn pool(&self) -> Option<&MemoryPool> {
-        Some(&self.pool)
-    }
-
-    fn allocate_raw(&self, size: usize, stream: &Stream) -> Result<DevicePtr> {
-        self.pool.allocate(size, stream)
-    }
-
-    unsafe fn deallocate_raw(&self, ptr: DevicePtr, _size: usize, stream: &Stream) -> Result<()> {
-        // SAFETY: forwarded from the caller.
-        unsafe { self.pool.deallocate(ptr, stream) }
-    }
-
-    fn is_device_accessible(&self) -> bool {
-        true
-    }
-
-    fn is_host_accessible(&self) -> bool {
-        false
-    }
-
-    fn device(&self) -> Option<Device> {
-        Some(self.device)
-    }
-}
+crate::pool::pool_resource!(DeviceMemoryResource, host_accessible: false, device: |this| Some(this.device));

@@ -9,9 +9,7 @@ use crate::device::Device;
 use crate::driver::driver;
 use crate::error::{Error, Result};
 use crate::handle_types::HandleTypes;
-use crate::memory_resource::{DevicePtr, MemoryResource};
 use crate::pool::MemoryPool;
-use crate::stream::Stream;
 
 /// Where a pinned pool's host memory lives.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -149,32 +147,7 @@ impl PinnedMemoryResource {
     }
 }
 
-impl MemoryResource for PinnedMemoryResource {
-    fn pool(&self) -> Option<&MemoryPool> {
-        Some(&self.pool)
-    }
-
-    fn allocate_raw(&self, size: usize, stream: &Stream) -> Result<DevicePtr> {
-        self.pool.allocate(size, stream)
-    }
-
-    unsafe fn deallocate_raw(&self, ptr: DevicePtr, _size: usize, stream: &Stream) -> Result<()> {
-        // SAFETY: forwarded from the caller.
-        unsafe { self.pool.deallocate(ptr, stream) }
-    }
-
-    fn is_device_accessible(&self) -> bool {
-        true
-    }
-
-    fn is_host_accessible(&self) -> bool {
-        true
-    }
-
-    fn device(&self) -> Option<Device> {
-        None
-    }
-}
+crate::pool::pool_resource!(PinnedMemoryResource, host_accessible: true, device: |_this| None);
 
 /// Where managed memory prefers to live.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -261,36 +234,7 @@ impl ManagedMemoryResource {
     }
 }
 
-impl MemoryResource for ManagedMemoryResource {
-    fn pool(&self) -> Option<&MemoryPool> {
-        Some(&self.pool)
-    }
-
-    fn allocate_raw(&self, size: usize, stream: &Stream) -> Result<DevicePtr> {
-        self.pool.allocate(size, stream)
-    }
-
-    unsafe fn deallocate_raw(&self, ptr: DevicePtr, _size: usize, stream: &Stream) -> Result<()> {
-        // SAFETY: forwarded from the caller.
-        unsafe { self.pool.deallocate(ptr, stream) }
-    }
-
-    fn is_device_accessible(&self) -> bool {
-        true
-    }
-
-    fn is_host_accessible(&self) -> bool {
-        true
-    }
-
-    fn device(&self) -> Option<Device> {
-        match self.preferred_location {
-            PreferredLocation::Device(device) => Some(device),
-            _ => None,
-        }
-    }
-
-    fn is_managed(&self) -> bool {
-        true
-    }
-}
+crate::pool::pool_resource!(ManagedMemoryResource, host_accessible: true, device: |this| match this.preferred_location {
+    PreferredLocation::Device(device) => Some(device),
+    _ => None,
+}, managed: true);

@@ -423,3 +423,50 @@ impl Drop for MemoryPool {
         }
     }
 }
+
+/// Implements [`MemoryResource`](crate::MemoryResource) for a pool resource (a struct with a
+/// `pool: MemoryPool` field): allocation and freeing go to the pool; the memory is always
+/// device-accessible; host accessibility, the device and managedness are given.
+macro_rules! pool_resource {
+    ($ty:ty, host_accessible: $host:expr, device: |$this:ident| $device:expr $(, managed: $managed:expr)?) => {
+        impl $crate::MemoryResource for $ty {
+            fn allocate_raw(&self, size: usize, stream: &$crate::Stream) -> $crate::Result<$crate::DevicePtr> {
+                self.pool.allocate(size, stream)
+            }
+
+            unsafe fn deallocate_raw(
+                &self,
+                ptr: $crate::DevicePtr,
+                _size: usize,
+                stream: &$crate::Stream,
+            ) -> $crate::Result<()> {
+                // SAFETY: forwarded from the caller.
+                unsafe { self.pool.deallocate(ptr, stream) }
+            }
+
+            fn is_device_accessible(&self) -> bool {
+                true
+            }
+
+            fn is_host_accessible(&self) -> bool {
+                $host
+            }
+
+            fn device(&self) -> Option<$crate::Device> {
+                let $this = self;
+                $device
+            }
+
+            $(
+                fn is_managed(&self) -> bool {
+                    $managed
+                }
+            )?
+
+            fn pool(&self) -> Option<&$crate::MemoryPool> {
+                Some(&self.pool)
+            }
+        }
+    };
+}
+pub(crate) use pool_resource;
