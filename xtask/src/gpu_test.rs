@@ -2,11 +2,11 @@
 //! machine that has no Rust.
 //!
 //! Every test binary of the workspace (but the simulator's own and xtask's, which test nothing
-//! a GPU changes) and the demo are built in release, stripped, and copied into DIR (default
+//! a GPU changes), the demo and the benchmarks (`bench`) are built in release, stripped, and copied into DIR (default
 //! `gpu-bundle/` at the workspace root, ignored by git) beside a `run.sh`. Carried to the GPU
 //! machine, `bash DIR/run.sh` runs them all against `libcuda.so.1` with
-//! `CUDA_MEM_REQUIRE_GPU=1`, writes each one's output under `${RESULTS:-./results}`, and prints
-//! a line per binary and the totals.
+//! `CUDA_MEM_REQUIRE_GPU=1`, writes each one's output under `${RESULTS:-./results}` (the
+//! benchmarks' files under `bench/` there), and prints a line per binary and the totals.
 
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
@@ -48,7 +48,8 @@ pub fn run(workspace: &Path, args: &[String]) -> Result<(), String> {
         return Err("cargo built no test binaries".to_string());
     }
     let simulator = messages.iter().find_map(simulator_library);
-    let demo = build_demo(workspace)?;
+    let demo = build_binary(workspace, "demo")?;
+    let bench = build_binary(workspace, "bench")?;
 
     let tests_dir = out.join("tests");
     create_dir(&tests_dir)?;
@@ -56,6 +57,7 @@ pub fn run(workspace: &Path, args: &[String]) -> Result<(), String> {
         copy(&test.path, &tests_dir.join(&test.name))?;
     }
     copy(&demo, &out.join("demo"))?;
+    copy(&bench, &out.join("bench"))?;
     // Beside the test binaries' folder, where `cuda_sim::testing::library_path` looks, for the
     // tests that exercise the loader against the simulator explicitly.
     if let Some(simulator) = &simulator {
@@ -69,7 +71,11 @@ pub fn run(workspace: &Path, args: &[String]) -> Result<(), String> {
     if size > MAX_BUNDLE_BYTES {
         return Err(format!("the bundle at {} is {mib:.1} MiB, over the 64 MiB limit", out.display()));
     }
-    println!("\nGPU test bundle: {} ({} test binaries and the demo, {mib:.1} MiB)", out.display(), tests.len());
+    println!(
+        "\nGPU test bundle: {} ({} test binaries, the demo and the benchmarks, {mib:.1} MiB)",
+        out.display(),
+        tests.len()
+    );
     for test in &tests {
         println!("  tests/{}", test.name);
     }
@@ -90,15 +96,16 @@ fn build_tests(workspace: &Path) -> Result<Vec<Value>, String> {
     build(&mut command)
 }
 
-/// Builds the demo in release, stripped, and returns where it is.
-fn build_demo(workspace: &Path) -> Result<PathBuf, String> {
+/// Builds a binary of the `tests` crate (the demo, the benchmarks) in release, stripped, and
+/// returns where it is.
+fn build_binary(workspace: &Path, name: &str) -> Result<PathBuf, String> {
     let mut command = cargo(workspace);
-    command.args(["build", "--release", "-p", "tests", "--bin", "demo", "--message-format=json"]);
+    command.args(["build", "--release", "-p", "tests", "--bin", name, "--message-format=json"]);
     build(&mut command)?
         .iter()
-        .filter(|m| m.get("target").and_then(|t| t.get("name")).and_then(Value::as_str) == Some("demo"))
+        .filter(|m| m.get("target").and_then(|t| t.get("name")).and_then(Value::as_str) == Some(name))
         .find_map(|m| m.get("executable").and_then(Value::as_str).map(PathBuf::from))
-        .ok_or_else(|| "cargo built no demo binary".to_string())
+        .ok_or_else(|| format!("cargo built no {name} binary"))
 }
 
 /// The simulator library, if a cargo message reports building it (it is a dev-dependency of
@@ -234,7 +241,8 @@ fn write_manifest(out: &Path, tests: &[Artifact], simulator: bool) -> Result<(),
     let mut text = format!(
         "cuda-mem GPU test bundle, built by `cargo xtask gpu-test` with {rustc}\n\
          Run: bash run.sh [TEST-BINARY-ARGS...]   (RESULTS=dir, CUDA_MEM_DRIVER=lib, TEST_TIMEOUT=seconds)\n\n\
-         demo\n"
+         demo\n\
+         bench (the benchmarks; its files go to $RESULTS/bench/)\n"
     );
     for test in tests {
         text.push_str(&format!("tests/{}\n", test.name));
@@ -270,8 +278,9 @@ fn run_script() -> String {
 const RUN_SCRIPT: &str = r#"#!/usr/bin/env bash
 #MARKER#, built by `cargo xtask gpu-test`.
 #
-# Runs every test binary in tests/ and then the demo against the real CUDA driver, writes each
-# one's output to $RESULTS/<name>.log, prints a line per binary and the totals, and exits
+# Runs every test binary in tests/, then the demo, then the benchmarks (bench) against the real
+# CUDA driver, writes each one's output to $RESULTS/<name>.log (the benchmarks' results.json,
+# results.md and plots to $RESULTS/bench/), prints a line per binary and the totals, and exits
 # non-zero if anything failed. Arguments are passed to every test binary (a name filter,
 # --test-threads=N, ...).
 #
@@ -391,6 +400,19 @@ else
 fi
 end="$(date +%s)"
 summary+=("$(printf '%-6s %-44s %ds' "$demo_verdict" "demo" "$((end - start))")")
+
+echo
+echo "== bench"
+start="$(date +%s)"
+if BENCH_OUT="$results/bench" with_timeout "$bundle/bench" 2>&1 | tee "$results/bench.log"; then
+    bench_verdict="ok"
+    total_passed=$((total_passed + 1))
+else
+    bench_verdict="FAILED"
+    total_failed=$((total_failed + 1))
+fi
+end="$(date +%s)"
+summary+=("$(printf '%-6s %-44s %ds' "$bench_verdict" "bench (results in $results/bench)" "$((end - start))")")
 
 echo
 echo "== summary"

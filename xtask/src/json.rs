@@ -38,6 +38,14 @@ impl Value {
         }
     }
 
+    /// The value, if it is a number.
+    pub fn as_number(&self) -> Option<f64> {
+        match self {
+            Value::Number(text) => text.parse().ok(),
+            _ => None,
+        }
+    }
+
     /// The elements of an array.
     pub fn as_array(&self) -> Option<&[Value]> {
         match self {

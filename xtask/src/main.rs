@@ -2,13 +2,17 @@
 //!
 //! - `cargo xtask demo [ARGS…]`: build the simulator and run the demo (on the real driver when
 //!   there is a GPU, on the simulator otherwise).
+//! - `cargo xtask bench`: build the simulator and run the benchmarks (release), writing
+//!   `target/bench/`.
 //! - `cargo xtask ci`: the whole CI: fmt, clippy, build, tests, docs, binding check.
 //! - `cargo xtask gpu-test [--out DIR]`: build the bundle that runs the test suite on a GPU
 //!   machine without Rust.
 //! - `cargo xtask bindgen [--check]`: regenerate (or verify) the committed `cuda-sys` bindings.
 
+mod bench;
 mod bindgen;
 mod ci;
+mod compare;
 mod demo;
 mod gpu_test;
 mod header;
@@ -24,6 +28,8 @@ fn main() -> ExitCode {
     let workspace = bindgen::workspace_root();
     let rest = args.get(1..).unwrap_or_default();
     let result = match args.first().map(String::as_str) {
+        Some("bench") if rest.is_empty() => bench::run(&workspace, false),
+        Some("bench") if rest == ["--compare"] => bench::run(&workspace, true),
         Some("bindgen") => bindgen::run(&workspace, rest.iter().any(|a| a == "--check")),
         Some("ci") if rest.is_empty() => ci::run(&workspace),
         Some("demo") => demo::run(&workspace, rest),
@@ -47,6 +53,7 @@ fn usage() -> String {
     "usage: cargo xtask <command>\n\
      \n\
      commands:\n  \
+       bench [--compare]     build the simulator, then run the benchmarks in release (results in target/bench/);\n                             --compare also runs cuda.core's equivalents on the same driver\n  \
        demo [ARGS...]        build the simulator, then run the demo (real GPU if found, else the simulator)\n  \
        ci                    fmt, clippy, build, test, doc and the bindings check, stopping at the first failure\n  \
        gpu-test [--out DIR]  build the GPU test bundle (default: gpu-bundle/); run it with `bash DIR/run.sh`\n  \

@@ -7,34 +7,51 @@ use std::path::Path;
 use std::process::Command;
 
 /// The cuda-bindings release the step installs.
-const CUDA_BINDINGS: &str = "cuda-bindings==13.5.0";
+pub const CUDA_BINDINGS: &str = "cuda-bindings==13.5.0";
 
-/// Runs the smoke test; `Ok(None)` when it passed, `Ok(Some(reason))` when skipped.
-pub fn run(workspace: &Path) -> Result<Option<String>, String> {
-    let target = workspace.join("target");
-    let venv = target.join("python-smoke");
+/// A private virtual environment under `target/` with `packages` installed; `Ok(Err(reason))`
+/// when Python or PyPI cannot be had.
+pub fn venv(workspace: &Path, packages: &[&str]) -> Result<Result<std::path::PathBuf, String>, String> {
+    let venv = workspace.join("target/python-smoke");
     let python = venv.join("bin/python");
     if !python.is_file() {
         let created = Command::new("python3").args(["-m", "venv"]).arg(&venv).status();
         if !created.is_ok_and(|s| s.success()) {
-            return Ok(Some("python3 -m venv is not available".to_string()));
+            return Ok(Err("python3 -m venv is not available".to_string()));
         }
     }
     let installed = Command::new(&python)
-        .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", CUDA_BINDINGS])
+        .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"])
+        .args(packages)
         .status();
     if !installed.is_ok_and(|s| s.success()) {
-        return Ok(Some(format!("pip could not install {CUDA_BINDINGS} (no network access to PyPI?)")));
+        return Ok(Err(format!("pip could not install {} (no network access to PyPI?)", packages.join(" "))));
     }
-    let library = target.join("debug/libcuda_sim.so");
+    Ok(Ok(python))
+}
+
+/// A folder where `libcuda.so.1` is the simulator built in `target/<profile>`, for
+/// `LD_LIBRARY_PATH`.
+pub fn simulator_lib_dir(workspace: &Path, profile: &str) -> Result<std::path::PathBuf, String> {
+    let library = workspace.join("target").join(profile).join("libcuda_sim.so");
     if !library.is_file() {
         return Err(format!("{} is missing: build cuda-sim first", library.display()));
     }
-    let lib_dir = venv.join("libcuda");
+    let lib_dir = workspace.join("target/python-smoke").join(format!("libcuda-{profile}"));
     std::fs::create_dir_all(&lib_dir).map_err(|e| format!("creating {}: {e}", lib_dir.display()))?;
     let link = lib_dir.join("libcuda.so.1");
     let _ = std::fs::remove_file(&link);
     std::os::unix::fs::symlink(&library, &link).map_err(|e| format!("linking {}: {e}", link.display()))?;
+    Ok(lib_dir)
+}
+
+/// Runs the smoke test; `Ok(None)` when it passed, `Ok(Some(reason))` when skipped.
+pub fn run(workspace: &Path) -> Result<Option<String>, String> {
+    let python = match venv(workspace, &[CUDA_BINDINGS])? {
+        Ok(python) => python,
+        Err(reason) => return Ok(Some(reason)),
+    };
+    let lib_dir = simulator_lib_dir(workspace, "debug")?;
     let script = workspace.join("tests/python/cuda_bindings_smoke.py");
     let status = Command::new(&python)
         .arg(&script)

@@ -30,7 +30,7 @@ use std::process::{Child, Command, ExitCode, ExitStatus, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cuda_mem_core::sys::{DEFAULT_LIBRARY, DRIVER_ENV, Driver, cu_call};
+use cuda_mem_core::sys::{DEFAULT_LIBRARY, DRIVER_ENV, cu_call};
 use cuda_mem_core::{
     Buffer, Device, DeviceMemoryResource, DeviceMemoryResourceOptions, DeviceProperties, DevicePtr, FillPattern,
     HandleTypes, LegacyPinnedMemoryResource, MemoryPool, MemoryResource, MemoryResourceExt, PinnedMemoryResource,
@@ -39,6 +39,7 @@ use cuda_mem_core::{
 use cuda_mem_ipc::{Channel, IpcChannel, IpcError, Received, SharedKind, spawn_with_channel};
 use cuda_mem_vmm::ipc::{recv_virtual_buffer, send_virtual_buffer};
 use cuda_mem_vmm::{HandleType, VirtualBuffer, VirtualMemoryResource, VirtualMemoryResourceOptions};
+use tests::driver_choice::How;
 
 /// Any failure of the demo, printed with its causes.
 type Error = Box<dyn std::error::Error>;
@@ -53,8 +54,6 @@ const USAGE: &str = "usage: demo\n\nShows and checks what the cuda-mem crates do
 const CHILD_ARG: &str = "--child";
 /// The simulator's device count variable (read at its first `cuInit`).
 const SIM_DEVICES_ENV: &str = "CUDA_SIM_DEVICES";
-/// The simulator's export that the real driver lacks.
-const SIMULATOR_SYMBOL: &std::ffi::CStr = c"cuSimLiveObjects";
 
 /// Bytes of the device-pool step's buffer, and the word it is filled with.
 const POOL_BYTES: usize = 32 << 20;
@@ -205,37 +204,26 @@ struct ChosenDriver {
 /// Picks the driver, installs it as the process-wide one, and prints, as the first line of
 /// output, which one it is.
 fn choose_driver(devices_defaulted: bool) -> Result<ChosenDriver, Error> {
-    let driver = if let Some(path) = std::env::var_os(DRIVER_ENV) {
-        let path = PathBuf::from(path);
-        println!("driver: {} (named by {DRIVER_ENV})", path.display());
-        let driver = Driver::open(&path).map_err(|e| {
-            format!("{e}; unset {DRIVER_ENV} to let the demo choose (the real driver when it sees a GPU, else the simulator)")
-        })?;
-        if is_simulator(&driver) {
-            println!("  it is the cuda-sim SIMULATOR");
-        }
-        driver
-    } else {
-        match probe_real_driver() {
-            Ok((driver, count)) => {
-                println!("driver: the CUDA driver {DEFAULT_LIBRARY}, which sees {count} device(s)");
-                driver
-            }
-            Err(why_not_real) => {
-                let path = simulator_path().ok_or_else(|| {
-                    format!(
-                        "no GPU found ({DEFAULT_LIBRARY}: {why_not_real}) and the simulator library was not found: \
-                         run `cargo xtask demo` (it builds cuda-sim first) or `cargo build -p cuda-sim`, or set \
-                         CUDA_SIM_LIB to the path of libcuda_sim.so"
-                    )
-                })?;
-                println!("driver: no GPU found, so this runs on the cuda-sim SIMULATOR at {}", path.display());
-                println!("  ({DEFAULT_LIBRARY}: {why_not_real}; set {DRIVER_ENV} to choose a driver library)");
-                Driver::open(&path)?
+    let choice = tests::driver_choice::choose("demo", "`cargo xtask demo` (it builds cuda-sim first)")?;
+    let simulator = choice.is_simulator();
+    match &choice.how {
+        How::Named => {
+            println!("driver: {} (named by {DRIVER_ENV})", choice.driver.path().display());
+            if simulator {
+                println!("  it is the cuda-sim SIMULATOR");
             }
         }
-    };
-    let simulator = is_simulator(&driver);
+        How::Real { devices } => {
+            println!("driver: the CUDA driver {DEFAULT_LIBRARY}, which sees {devices} device(s)");
+        }
+        How::NoGpu { why_not_real } => {
+            println!(
+                "driver: no GPU found, so this runs on the cuda-sim SIMULATOR at {}",
+                choice.driver.path().display()
+            );
+            println!("  ({DEFAULT_LIBRARY}: {why_not_real}; set {DRIVER_ENV} to choose a driver library)");
+        }
+    }
     if simulator {
         if devices_defaulted {
             println!(
@@ -247,35 +235,9 @@ fn choose_driver(devices_defaulted: bool) -> Result<ChosenDriver, Error> {
             println!("  simulating {SIM_DEVICES_ENV}={count} device(s), as the environment says");
         }
     }
-    let path = driver.path().to_path_buf();
-    cuda_mem_core::sys::install_driver(driver).map_err(|_| "a process-wide driver was already installed")?;
+    let path = choice.driver.path().to_path_buf();
+    cuda_mem_core::sys::install_driver(choice.driver).map_err(|_| "a process-wide driver was already installed")?;
     Ok(ChosenDriver { path, simulator })
-}
-
-/// Whether `driver` is the simulator (it exports a function of its own).
-fn is_simulator(driver: &Driver) -> bool {
-    driver.library_symbol(SIMULATOR_SYMBOL).is_ok()
-}
-
-/// Opens the real driver and checks that it sees at least one device.
-fn probe_real_driver() -> Result<(Driver, i32), Error> {
-    let driver = Driver::open(DEFAULT_LIBRARY)?;
-    // SAFETY: cuInit takes no pointers; flags must be 0.
-    unsafe { cu_call!(&driver, cuInit(0)) }?;
-    let mut count = 0;
-    // SAFETY: `count` is a valid, writable int for the duration of the call.
-    unsafe { cu_call!(&driver, cuDeviceGetCount(&mut count)) }?;
-    if count > 0 { Ok((driver, count)) } else { Err("the driver reports no devices".into()) }
-}
-
-/// The simulator library: where `cuda_sim::testing` finds it, or in `deps/` beside this program
-/// (where cargo builds it as a dependency).
-fn simulator_path() -> Option<PathBuf> {
-    cuda_sim::testing::library_path().or_else(|| {
-        let exe = std::env::current_exe().ok()?;
-        let candidate = exe.parent()?.join("deps").join(cuda_sim::testing::LIBRARY_NAME);
-        candidate.is_file().then_some(candidate)
-    })
 }
 
 /// What the steps share: the driver, device 0 and its stream, and what the devices support.
