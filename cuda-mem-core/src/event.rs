@@ -119,6 +119,7 @@ impl Event {
 impl Drop for Event {
     fn drop(&mut self) {
         let destroy = || -> Result<()> {
+            crate::context::bind(self.device)?;
             let d = driver()?;
             // SAFETY: the handle came from cuEventCreate and is destroyed once, here.
             unsafe { cu_call!(d, cuEventDestroy_v2(self.handle())) }?;
