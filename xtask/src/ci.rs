@@ -220,6 +220,12 @@ fn keep_if_summary(line: &[u8], keep: &Mutex<Vec<String>>) {
 
 /// Totals of the `test result:` lines, as "N passed, N failed, N ignored".
 fn count_tests(summaries: &[String]) -> String {
+    let (passed, failed, ignored) = totals(summaries);
+    format!("{passed} passed, {failed} failed, {ignored} ignored")
+}
+
+/// Passed, failed and ignored tests over every `test result:` line.
+fn totals(summaries: &[String]) -> (u64, u64, u64) {
     let (mut passed, mut failed, mut ignored) = (0u64, 0u64, 0u64);
     for line in summaries.iter().filter(|l| l.trim_start().starts_with("test result:")) {
         let words: Vec<&str> = line.split_whitespace().collect();
@@ -235,7 +241,7 @@ fn count_tests(summaries: &[String]) -> String {
             }
         }
     }
-    format!("{passed} passed, {failed} failed, {ignored} ignored")
+    (passed, failed, ignored)
 }
 
 /// The binding check, or why it cannot run here.
@@ -327,6 +333,9 @@ fn print_summary(records: &[Record], summaries: &[String]) {
         for line in summaries {
             println!("{line}");
         }
+        // The whole run's count, last, in the plain form CI readers look for.
+        let (passed, failed, _) = totals(summaries);
+        println!("\ntests: {passed} passed, {failed} failed");
     }
 }
 
