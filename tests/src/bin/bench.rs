@@ -1168,7 +1168,9 @@ struct Plot<'a> {
 }
 
 fn svg(plot: &Plot<'_>) -> String {
-    let (w, h, left, right, top, bottom) = (760.0, 440.0, 80.0, 20.0, 40.0, 60.0);
+    // Room on the left for the tick labels and the axis title, on the right for the last x
+    // label, and on top for the legend (drawn in one row, outside the plot so no line hides it).
+    let (w, h, left, right, top, bottom) = (780.0, 460.0, 104.0, 48.0, 64.0, 60.0);
     let points = plot.series.iter().flat_map(|s| s.2.iter().copied());
     let fx = |x: f64| if plot.log_x { x.log2() } else { x };
     let (mut x0, mut x1, mut y1) = (f64::MAX, f64::MIN, 0.0f64);
@@ -1230,13 +1232,14 @@ fn svg(plot: &Plot<'_>) -> String {
                 let _ = writeln!(out, r#"<circle cx="{:.1}" cy="{:.1}" r="3" fill="{color}"/>"#, px(x), py(y));
             }
         }
-        let ly = top + 14.0 + 18.0 * i as f64;
+        let lx = left + 160.0 * i as f64;
+        let ly = top - 16.0;
         let _ = writeln!(
             out,
             r#"<rect x="{}" y="{}" width="14" height="4" fill="{color}"/><text x="{}" y="{}">{name}</text>"#,
-            left + 14.0,
+            lx,
             ly - 4.0,
-            left + 34.0,
+            lx + 20.0,
             ly
         );
     }
