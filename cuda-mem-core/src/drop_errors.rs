@@ -28,7 +28,9 @@ static HOOK: Mutex<Option<fn(&DropError)>> = Mutex::new(None);
 /// whose `Drop` implementations report the same way).
 pub fn record(what: &'static str, error: Error) {
     let entry = DropError { what, error };
-    if let Some(hook) = *HOOK.lock().unwrap_or_else(PoisonError::into_inner) {
+    // Copied out so that the hook runs without the lock: it may set the hook or record errors.
+    let hook = *HOOK.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(hook) = hook {
         hook(&entry);
     }
     let mut recorded = RECORDED.lock().unwrap_or_else(PoisonError::into_inner);
