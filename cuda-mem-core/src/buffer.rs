@@ -338,10 +338,47 @@ impl Buffer {
         let Some(stream) = &self.stream else {
             return Ok(());
         };
+        let uses = std::mem::take(&mut *self.used_on.lock().unwrap_or_else(PoisonError::into_inner));
+        order_after_uses(stream, uses)?;
         // SAFETY: the pointer came from this resource's `allocate_raw` (or the caller of
         // `from_raw_owned` promised so) and is freed only here, once: `close` zeroes the size
         // after calling this, so the `Drop` that follows frees nothing.
         unsafe { resource.deallocate_raw(self.ptr, self.size, stream) }
+    }
+}
+
+/// Orders `stream` after the work enqueued so far on every stream in `uses`, so that a free on
+/// `stream` cannot overtake it: an event on each, waited for by `stream`. A per-thread default
+/// stream of another thread cannot be named from here, nor can the free stream if it is one:
+/// then the devices involved are synchronized instead.
+fn order_after_uses(stream: &Stream, uses: Vec<Stream>) -> Result<()> {
+    if stream.is_foreign_per_thread() || uses.iter().any(Stream::is_foreign_per_thread) {
+        let mut devices: Vec<Device> = uses.iter().map(Stream::device).collect();
+        devices.push(stream.device());
+        devices.sort();
+        devices.dedup();
+        for device in devices {
+            device.synchronize()?;
+        }
+        return Ok(());
+    }
+    for used in uses.iter().filter(|&u| u != stream) {
+        let event = crate::event::Event::new(used.device(), crate::event::EventOptions::default())?;
+        event.record(used)?;
+        stream.wait(&event)?;
+    }
+    Ok(())
+}
+
+impl Buffer {
+    /// Waits for every stream the buffer was used on (and its recorded stream): afterwards no
+    /// work enqueued through it so far is still running. Crates built on this one call it before
+    /// releasing memory that is not freed in stream order.
+    ///
+    /// # Errors
+    /// A driver error from synchronizing.
+    pub fn wait_for_uses(&self) -> Result<()> {
+        self.settle()
     }
 }
 

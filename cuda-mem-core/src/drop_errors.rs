@@ -31,7 +31,8 @@ pub fn record(what: &'static str, error: Error) {
     // Copied out so that the hook runs without the lock: it may set the hook or record errors.
     let hook = *HOOK.lock().unwrap_or_else(PoisonError::into_inner);
     if let Some(hook) = hook {
-        hook(&entry);
+        // `record` runs inside `Drop`: a panicking hook must not unwind out of it.
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| hook(&entry)));
     }
     let mut recorded = RECORDED.lock().unwrap_or_else(PoisonError::into_inner);
     if recorded.len() == KEPT {

@@ -26,7 +26,9 @@ impl LegacyPinnedMemoryResource {
     }
 }
 
-impl MemoryResource for LegacyPinnedMemoryResource {
+// SAFETY: `cuMemAllocHost` returns `size` bytes of page-locked host memory, mapped for the host
+// and every device, valid until `cuMemFreeHost`.
+unsafe impl MemoryResource for LegacyPinnedMemoryResource {
     fn allocate_raw(&self, size: usize, _stream: &Stream) -> Result<DevicePtr> {
         crate::context::bind(self.device)?;
         let d = driver()?;
@@ -72,7 +74,9 @@ impl SynchronousMemoryResource {
     }
 }
 
-impl MemoryResource for SynchronousMemoryResource {
+// SAFETY: `cuMemAlloc` returns `size` bytes of device memory (not host-accessible), valid until
+// `cuMemFree`.
+unsafe impl MemoryResource for SynchronousMemoryResource {
     fn allocate_raw(&self, size: usize, _stream: &Stream) -> Result<DevicePtr> {
         crate::context::bind(self.device)?;
         let d = driver()?;

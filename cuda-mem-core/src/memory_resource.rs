@@ -20,7 +20,14 @@ pub type DevicePtr = cuda_sys::types::CUdeviceptr;
 /// [`MemoryResourceExt::allocate`] to get a `Buffer` that keeps the resource alive.
 ///
 /// A resource is shared between threads (buffers may be dropped anywhere), hence `Send + Sync`.
-pub trait MemoryResource: Send + Sync + Debug {
+///
+/// # Safety
+/// [`Buffer`] builds host slices and device operations on what an implementation reports, so
+/// implementing the trait promises: `allocate_raw` returns the address of at least `size` bytes
+/// that stay valid until `deallocate_raw` is called for them; `is_host_accessible` is true only if
+/// those bytes can be read and written by the host at that address, and `is_device_accessible`
+/// only if devices can use them.
+pub unsafe trait MemoryResource: Send + Sync + Debug {
     /// Allocates `size` bytes (more than 0), usable by work enqueued on `stream` after this call.
     ///
     /// # Errors

@@ -429,7 +429,9 @@ impl Drop for MemoryPool {
 /// device-accessible; host accessibility, the device and managedness are given.
 macro_rules! pool_resource {
     ($ty:ty, host_accessible: $host:expr, device: |$this:ident| $device:expr $(, managed: $managed:expr)?) => {
-        impl $crate::MemoryResource for $ty {
+        // SAFETY: the pool hands out `size` valid bytes per allocation until they are freed;
+        // the accessibility the caller states is the pool's memory's.
+        unsafe impl $crate::MemoryResource for $ty {
             fn allocate_raw(&self, size: usize, stream: &$crate::Stream) -> $crate::Result<$crate::DevicePtr> {
                 self.pool.allocate(size, stream)
             }

@@ -52,6 +52,9 @@ struct Inner {
     handle: usize,
     device: Device,
     ownership: Ownership,
+    /// For the per-thread default stream: the thread whose stream it is (the same handle names
+    /// another stream on every other thread).
+    thread: Option<std::thread::ThreadId>,
 }
 
 // The raw handle is stored as an integer: streams are usable from any thread, and the driver's
@@ -84,7 +87,9 @@ pub struct Stream {
 
 impl PartialEq for Stream {
     fn eq(&self, other: &Self) -> bool {
-        self.inner.handle == other.inner.handle && self.inner.device == other.inner.device
+        self.inner.handle == other.inner.handle
+            && self.inner.device == other.inner.device
+            && self.inner.thread == other.inner.thread
     }
 }
 
@@ -102,17 +107,26 @@ impl Stream {
         let mut handle: CUstream = std::ptr::null_mut();
         // SAFETY: `handle` is a valid out-pointer; the device's context is current.
         unsafe { cu_call!(d, cuStreamCreateWithPriority(&mut handle, flags, options.priority.unwrap_or(0))) }?;
-        Ok(Stream { inner: Arc::new(Inner { handle: handle as usize, device, ownership: Ownership::Owned }) })
+        Ok(Stream {
+            inner: Arc::new(Inner { handle: handle as usize, device, ownership: Ownership::Owned, thread: None }),
+        })
     }
 
     /// The legacy default stream of `device` (`CU_STREAM_LEGACY`).
     pub fn legacy_default(device: Device) -> Stream {
-        Stream { inner: Arc::new(Inner { handle: LEGACY, device, ownership: Ownership::Borrowed }) }
+        Stream { inner: Arc::new(Inner { handle: LEGACY, device, ownership: Ownership::Borrowed, thread: None }) }
     }
 
     /// The calling thread's per-thread default stream on `device` (`CU_STREAM_PER_THREAD`).
     pub fn per_thread_default(device: Device) -> Stream {
-        Stream { inner: Arc::new(Inner { handle: PER_THREAD, device, ownership: Ownership::Borrowed }) }
+        Stream {
+            inner: Arc::new(Inner {
+                handle: PER_THREAD,
+                device,
+                ownership: Ownership::Borrowed,
+                thread: Some(std::thread::current().id()),
+            }),
+        }
     }
 
     /// Wraps a stream the application owns; it is not destroyed by this crate.
@@ -121,7 +135,9 @@ impl Stream {
     /// `handle` is a valid stream of `device`'s primary context (or a special default-stream
     /// handle) and outlives every use through the returned value.
     pub unsafe fn from_raw(handle: CUstream, device: Device) -> Stream {
-        Stream { inner: Arc::new(Inner { handle: handle as usize, device, ownership: Ownership::Borrowed }) }
+        Stream {
+            inner: Arc::new(Inner { handle: handle as usize, device, ownership: Ownership::Borrowed, thread: None }),
+        }
     }
 
     /// The raw handle.
@@ -146,11 +162,22 @@ impl Stream {
         if self.is_owned() { Ok(()) } else { crate::context::bind(self.device()) }
     }
 
-    /// Waits until all work enqueued so far has completed.
+    /// Whether this is a per-thread default stream of another thread than the calling one: its
+    /// handle names the calling thread's stream here, not the one the work went to.
+    pub(crate) fn is_foreign_per_thread(&self) -> bool {
+        self.inner.thread.is_some_and(|t| t != std::thread::current().id())
+    }
+
+    /// Waits until all work enqueued so far has completed. For a per-thread default stream used
+    /// from another thread, that is all the device's work (its handle cannot name that thread's
+    /// stream from here).
     ///
     /// # Errors
     /// If a driver call fails (for example an earlier asynchronous error).
     pub fn synchronize(&self) -> Result<()> {
+        if self.is_foreign_per_thread() {
+            return self.device().synchronize();
+        }
         crate::context::bind(self.device())?;
         let d = driver()?;
         // SAFETY: a valid stream handle; the device's context is current.

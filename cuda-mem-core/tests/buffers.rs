@@ -100,7 +100,8 @@ struct Counting {
     frees: AtomicUsize,
 }
 
-impl MemoryResource for Counting {
+// SAFETY: forwards to `LegacyPinnedMemoryResource`, which keeps the promises.
+unsafe impl MemoryResource for Counting {
     fn allocate_raw(&self, size: usize, stream: &Stream) -> Result<DevicePtr> {
         self.allocations.fetch_add(1, Ordering::SeqCst);
         LegacyPinnedMemoryResource::new(stream.device()).allocate_raw(size, stream)

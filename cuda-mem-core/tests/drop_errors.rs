@@ -15,7 +15,9 @@ use cuda_mem_core::{
 #[derive(Debug)]
 struct RefusesToFree;
 
-impl MemoryResource for RefusesToFree {
+// SAFETY: allocates through `LegacyPinnedMemoryResource`, which keeps the promises (it just never
+// frees).
+unsafe impl MemoryResource for RefusesToFree {
     fn allocate_raw(&self, size: usize, stream: &Stream) -> Result<DevicePtr> {
         LegacyPinnedMemoryResource::new(stream.device()).allocate_raw(size, stream)
     }

@@ -2,23 +2,37 @@
 //!
 //! The driver does not count imports: importing the same allocation twice in one process gives
 //! the same pointer, and the first free unmaps it for both (nvbug 5570902). So every import goes
-//! through this cache, keyed by the driver's export data: the first import maps, later ones share
-//! it, and only the last holder's release unmaps. Lookup-or-import and release both run under
-//! one lock, so concurrent imports and drops neither race nor double-free.
+//! through this cache, keyed by the pool it is mapped through and the driver's export data: the
+//! first import maps, later ones share it, and only the last holder's release unmaps, after the
+//! work every earlier holder enqueued (an event per released holder). Lookup-or-import and
+//! release both run under one lock, so concurrent imports and drops neither race nor
+//! double-free.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use cuda_mem_core::{DevicePtr, EXPORT_DATA_LEN, MemoryPool, Stream};
+use cuda_mem_core::{DevicePtr, EXPORT_DATA_LEN, Event, EventOptions, MemoryPool, Stream};
 
 use crate::error::{IpcError, Result};
 
+/// An import: the pool it was mapped through (the same data imported through another pool is
+/// another import, kept alive by that pool) and the export data.
+type Key = (usize, [u8; EXPORT_DATA_LEN]);
+
+/// One import and its holders.
+struct Entry {
+    ptr: DevicePtr,
+    holders: usize,
+    /// An event after each released holder's work, on its stream: the last holder's unmap
+    /// waits for them all.
+    released: Vec<Event>,
+}
+
 #[derive(Default)]
 struct Cache {
-    /// Export data → (pointer, holders).
-    by_data: HashMap<[u8; EXPORT_DATA_LEN], (DevicePtr, usize)>,
-    /// Pointer → export data, for releases and re-exports.
-    by_ptr: HashMap<DevicePtr, [u8; EXPORT_DATA_LEN]>,
+    by_key: HashMap<Key, Entry>,
+    /// Pointer → key, for releases and re-exports.
+    by_ptr: HashMap<DevicePtr, Key>,
 }
 
 static CACHE: Mutex<Option<Cache>> = Mutex::new(None);
@@ -38,9 +52,9 @@ fn too_large(size: usize, mapped: usize) -> IpcError {
     ))
 }
 
-/// Imports the allocation `data` describes from `pool`, or shares an earlier import of it,
-/// checking that the mapping covers `size` bytes; one more holder either way. On any failure
-/// nothing new stays mapped (a fresh import is released on `stream`).
+/// Imports the allocation `data` describes from `pool`, or shares an earlier import of it
+/// through the same pool, checking that the mapping covers `size` bytes; one more holder either
+/// way. On any failure nothing new stays mapped (a fresh import is released on `stream`).
 pub(crate) fn acquire(
     pool: &MemoryPool,
     data: &[u8; EXPORT_DATA_LEN],
@@ -50,15 +64,16 @@ pub(crate) fn acquire(
     // The driver calls below need a current context, which a thread that never used CUDA lacks:
     // bind the stream's device's primary context, as cuda-mem-core does before its calls.
     stream.device().set_current()?;
+    let key: Key = (pool.handle() as usize, *data);
     let mut guard = lock();
     let cache = guard.get_or_insert_with(Cache::default);
-    if let Some((ptr, holders)) = cache.by_data.get_mut(data) {
-        let mapped = cuda_mem_core::mapped_range_size(*ptr)?;
+    if let Some(entry) = cache.by_key.get_mut(&key) {
+        let mapped = cuda_mem_core::mapped_range_size(entry.ptr)?;
         if size > mapped {
             return Err(too_large(size, mapped));
         }
-        *holders += 1;
-        return Ok(*ptr);
+        entry.holders += 1;
+        return Ok(entry.ptr);
     }
     let ptr = pool.import_pointer(data)?;
     match cuda_mem_core::mapped_range_size(ptr) {
@@ -72,42 +87,54 @@ pub(crate) fn acquire(
             });
         }
     }
-    cache.by_data.insert(*data, (ptr, 1));
-    cache.by_ptr.insert(ptr, *data);
+    cache.by_key.insert(key, Entry { ptr, holders: 1, released: Vec::new() });
+    cache.by_ptr.insert(ptr, key);
     Ok(ptr)
 }
 
-/// Drops one holder of the import at `ptr`; the last one unmaps it on `stream`.
+/// Drops one holder of the import at `ptr`; the last one unmaps it on `stream`, after the work
+/// of every holder that let go before it.
 ///
 /// # Safety
-/// The caller is a holder (from [`acquire`]) releasing once, and the memory is not used after
-/// `stream`'s work so far if it is the last holder.
+/// The caller is a holder (from [`acquire`]) releasing once, and nothing uses the memory through
+/// it after `stream`'s work so far.
 pub(crate) unsafe fn release(pool: &MemoryPool, ptr: DevicePtr, stream: &Stream) -> Result<()> {
     let mut guard = lock();
     let cache = guard.get_or_insert_with(Cache::default);
-    let data =
-        cache.by_ptr.get(&ptr).copied().ok_or_else(|| local(format!("{ptr:#x} is not an import of this process")))?;
-    let Some((_, holders)) = cache.by_data.get_mut(&data) else {
+    let key = *cache.by_ptr.get(&ptr).ok_or_else(|| local(format!("{ptr:#x} is not an import of this process")))?;
+    let Some(entry) = cache.by_key.get_mut(&key) else {
         return Err(local(format!("the import cache has no holders for {ptr:#x}")));
     };
-    *holders -= 1;
-    if *holders > 0 {
+    if entry.holders > 1 {
+        // Not the last: remember where this holder's work ends, for the last one to wait on.
+        let event = Event::new(stream.device(), EventOptions::default())?;
+        event.record(stream)?;
+        entry.released.push(event);
+        entry.holders -= 1;
         return Ok(());
     }
-    cache.by_data.remove(&data);
-    cache.by_ptr.remove(&ptr);
-    // SAFETY: the last holder released, under the cache lock, so no import can hand the pointer
-    // out again before it is unmapped; the caller guarantees nothing uses it afterwards.
+    for event in &entry.released {
+        stream.wait(event)?;
+    }
+    // SAFETY: the last holder is releasing, under the cache lock, so no import can hand the
+    // pointer out again before it is unmapped; `stream` waits for every earlier holder's work and
+    // the caller's own work is enqueued on it. On failure the entry stays, so the import is not
+    // forgotten.
     unsafe { pool.free_imported(ptr, stream) }?;
+    cache.by_key.remove(&key);
+    cache.by_ptr.remove(&ptr);
     Ok(())
 }
 
 /// The export data an imported allocation was mapped from (to re-export it, A→B→C).
 pub(crate) fn export_data_of(ptr: DevicePtr) -> Option<[u8; EXPORT_DATA_LEN]> {
-    lock().as_ref().and_then(|cache| cache.by_ptr.get(&ptr).copied())
+    lock().as_ref().and_then(|cache| cache.by_ptr.get(&ptr).map(|(_, data)| *data))
 }
 
 /// How many holders the import at `ptr` has (0 when not imported).
 pub fn holders(ptr: DevicePtr) -> usize {
-    lock().as_ref().and_then(|cache| cache.by_ptr.get(&ptr).and_then(|d| cache.by_data.get(d))).map_or(0, |(_, n)| *n)
+    lock()
+        .as_ref()
+        .and_then(|cache| cache.by_ptr.get(&ptr).and_then(|key| cache.by_key.get(key)))
+        .map_or(0, |e| e.holders)
 }

@@ -142,7 +142,10 @@ impl MappedMemoryResource {
     }
 }
 
-impl MemoryResource for MappedMemoryResource {
+// SAFETY: buffers come only from `import_buffer`, whose mapping covers the size (checked
+// against the driver's range size); the memory is reported as not host-accessible, because
+// another process may write it at any time.
+unsafe impl MemoryResource for MappedMemoryResource {
     fn allocate_raw(&self, _size: usize, _stream: &Stream) -> cuda_mem_core::Result<DevicePtr> {
         Err(cuda_mem_core::Error::InvalidState(
             "cannot allocate from a mapped memory resource (a pool imported from another process): \
@@ -164,7 +167,9 @@ impl MemoryResource for MappedMemoryResource {
     }
 
     fn is_host_accessible(&self) -> bool {
-        self.kind == SharedKind::Pinned
+        // Even pinned memory: the exporting process may write it at any time, so no safe host
+        // slice can be lent; copy it to local memory instead.
+        false
     }
 
     fn device(&self) -> Option<Device> {

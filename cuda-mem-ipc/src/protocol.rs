@@ -163,6 +163,10 @@ impl IpcChannel {
             other => return Err(IpcError::Protocol(format!("memory kind {other} in a resource message"))),
         };
         let fd: OwnedFd = message.fds.remove(0);
+        // One import per UUID at a time: two threads receiving the same pool must not both
+        // import it (the loser's drop would destroy a pool the driver may share with the winner).
+        static IMPORTING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _importing = IMPORTING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Ok(existing) = registry().get(uuid) {
             // A hit: the duplicate descriptor closes here.
             drop(fd);

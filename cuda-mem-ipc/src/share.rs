@@ -49,12 +49,10 @@ pub fn allocation_handle(resource: &dyn MemoryResource) -> Result<AllocationHand
         return Err(IpcError::NotIpcEnabled("this resource's memory pool".to_string()));
     }
     let handle = pool.shareable_handle()?;
-    let kind = if resource.is_host_accessible() {
-        SharedKind::Pinned
-    } else {
-        let device =
-            resource.device().ok_or_else(|| IpcError::NotIpcEnabled("a device pool without a device".to_string()))?;
-        SharedKind::Device(device)
+    // A pool on a device names it; host pools (pinned memory) name none.
+    let kind = match resource.device() {
+        Some(device) => SharedKind::Device(device),
+        None => SharedKind::Pinned,
     };
     Ok(AllocationHandle { handle, kind })
 }

@@ -68,6 +68,16 @@ impl VirtualBuffer {
     }
 }
 
+impl Drop for VirtualBuffer {
+    fn drop(&mut self) {
+        // Unmapping is not stream-ordered: before this view lets go of the range (possibly its
+        // last holder), wait for the work enqueued through it on any stream.
+        if let Err(error) = self.buffer.wait_for_uses() {
+            cuda_mem_core::record_drop_error("virtual memory buffer (waiting for its streams)", error);
+        }
+    }
+}
+
 impl Deref for VirtualBuffer {
     type Target = Buffer;
 

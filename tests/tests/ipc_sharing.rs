@@ -78,6 +78,7 @@ fn round_trip_parent<R: MemoryResource + 'static>(test: &str, pool: Arc<R>, stre
         let expected = pattern(100 + i as u32, buffer.size());
         assert_eq!(read_bytes(buffer, stream), expected, "buffer {i}: the child's write");
         if pinned {
+            // The exporter's own pinned buffers are lent to the host.
             assert_eq!(buffer.host_slice().unwrap(), &expected[..], "buffer {i} through host_slice");
         }
     }
@@ -111,22 +112,16 @@ fn round_trip_child(role: &str) {
     for (i, buffer) in buffers.iter().enumerate() {
         assert!(belongs_to(buffer, &mapped), "buffer {i} is mapped through the resource");
         assert_eq!(import_cache::holders(buffer.ptr()), 1);
-        assert_eq!(buffer.is_host_accessible(), pinned);
+        // Mapped memory is never lent to the host: the exporter may write it at any time.
+        assert!(!buffer.is_host_accessible());
         let expected = pattern(1 + i as u32, buffer.size());
         assert_eq!(read_bytes(buffer, &stream), expected, "buffer {i} as the parent wrote it");
-        if pinned {
-            assert_eq!(buffer.host_slice().unwrap(), &expected[..], "buffer {i} through host_slice");
-        } else {
-            assert!(buffer.host_slice().is_err(), "device memory has no host slice");
-        }
+        assert!(buffer.host_slice().is_err(), "buffer {i}: no host slice of mapped memory");
     }
     for (i, buffer) in buffers.iter_mut().enumerate() {
         let new = pattern(100 + i as u32, buffer.size());
-        if pinned && i == 0 {
-            buffer.host_slice_mut().unwrap().copy_from_slice(&new);
-        } else {
-            write_bytes(buffer, &new, &stream);
-        }
+        assert!(buffer.host_slice_mut().is_err(), "buffer {i}: no host slice of mapped memory");
+        write_bytes(buffer, &new, &stream);
     }
     stream.synchronize().unwrap();
     channel.send_data(b"written").unwrap();
@@ -278,7 +273,7 @@ fn one_resource_child(k: usize) {
     let buffer = &mut buffers[0];
     assert_eq!(buffer.size(), 4096 * (k + 1));
     assert!(belongs_to(buffer, &mapped));
-    assert_eq!(buffer.host_slice().unwrap(), &pattern(40 + k as u32, buffer.size())[..]);
+    assert_eq!(read_bytes(buffer, &stream), pattern(40 + k as u32, buffer.size()));
     let again = expect_resource(&channel, &stream);
     assert!(Arc::ptr_eq(&again, &mapped), "a resource received twice is the same mapped resource");
     write_bytes(buffer, &pattern(50 + k as u32, buffer.size()), &stream);
@@ -334,7 +329,7 @@ fn seven_buffers_child() {
         let bytes = read_bytes(buffer, &stream);
         assert_eq!(bytes, pattern(200 + i as u32, SEVEN_SIZES[i]), "buffer {i}'s contents");
         if SEVEN_POOLS[i] == 2 {
-            assert_eq!(buffer.host_slice().unwrap(), &bytes[..], "pinned buffer {i} through host_slice");
+            assert!(buffer.host_slice().is_err(), "pinned buffer {i}: no host slice of mapped memory");
         }
         sums.push(checksum(&bytes));
     }
