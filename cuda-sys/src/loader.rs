@@ -347,7 +347,10 @@ macro_rules! driver_functions {
             $(
                 $(#[$doc])*
                 ///
-                /// **Loader:** returns the entry point, resolved on first use.
+                /// **Loader:** returns the entry point, resolved on first use. The pointer is valid
+                /// while this `Driver` lives (for the process-wide one, [`driver()`](crate::driver),
+                /// until the process ends): calling it after the `Driver` is dropped is undefined
+                /// behaviour, which every `unsafe` call site must rule out.
                 ///
                 /// # Errors
                 /// A [`LoadError`](crate::LoadError) naming the symbol when the driver lacks it.
