@@ -258,8 +258,13 @@ impl Buffer {
         Ok(())
     }
 
-    /// Waits for every stream the buffer was used on.
-    fn settle(&self) -> Result<()> {
+    /// Waits for every stream the buffer was used on (and its recorded stream): afterwards no
+    /// work enqueued through it so far is still running. Crates built on this one call it before
+    /// releasing memory that is not freed in stream order.
+    ///
+    /// # Errors
+    /// A driver error from synchronizing.
+    pub fn wait_for_uses(&self) -> Result<()> {
         let pending: Vec<Stream> = std::mem::take(&mut *self.used_on.lock().unwrap_or_else(PoisonError::into_inner));
         for stream in pending.iter().chain(self.stream.iter()) {
             stream.synchronize()?;
@@ -286,7 +291,7 @@ impl Buffer {
     /// [`Error::NotSupported`] for device-only memory; a driver error from synchronizing.
     pub fn host_slice(&self) -> Result<&[u8]> {
         self.check_host_accessible()?;
-        self.settle()?;
+        self.wait_for_uses()?;
         if self.size == 0 {
             return Ok(&[]);
         }
@@ -302,7 +307,7 @@ impl Buffer {
     /// [`Error::NotSupported`] for device-only memory; a driver error from synchronizing.
     pub fn host_slice_mut(&mut self) -> Result<&mut [u8]> {
         self.check_host_accessible()?;
-        self.settle()?;
+        self.wait_for_uses()?;
         if self.size == 0 {
             return Ok(&mut []);
         }
@@ -368,18 +373,6 @@ fn order_after_uses(stream: &Stream, uses: Vec<Stream>) -> Result<()> {
         stream.wait(&event)?;
     }
     Ok(())
-}
-
-impl Buffer {
-    /// Waits for every stream the buffer was used on (and its recorded stream): afterwards no
-    /// work enqueued through it so far is still running. Crates built on this one call it before
-    /// releasing memory that is not freed in stream order.
-    ///
-    /// # Errors
-    /// A driver error from synchronizing.
-    pub fn wait_for_uses(&self) -> Result<()> {
-        self.settle()
-    }
 }
 
 impl Drop for Buffer {

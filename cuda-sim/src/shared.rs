@@ -62,7 +62,9 @@ fn location_bytes(location: Location) -> (u8, i32) {
     }
 }
 
-fn fnv1a(bytes: &[u8]) -> u64 {
+/// FNV-1a over `bytes`: the checksum that pool pointer exports and VMM fabric handles carry, so a
+/// corrupted or forged 64-byte record is refused.
+pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
 }
 

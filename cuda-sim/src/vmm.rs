@@ -16,6 +16,7 @@ use cuda_sys::types::CUresult;
 
 use crate::error::{SimResult, ensure, fail};
 use crate::pool::Location;
+use crate::shared::fnv1a;
 
 /// The header page's size; the bytes start after it.
 const HEADER: u64 = 4096;
@@ -43,10 +44,6 @@ fn location_bytes(location: Location) -> (u8, i32) {
         Location::Host | Location::Unspecified => (1, -1),
         Location::HostNuma(n) => (2, n),
     }
-}
-
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
 }
 
 impl Physical {
