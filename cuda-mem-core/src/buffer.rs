@@ -343,7 +343,8 @@ impl Buffer {
         let Some(stream) = &self.stream else {
             return Ok(());
         };
-        let uses = std::mem::take(&mut *self.used_on.lock().unwrap_or_else(PoisonError::into_inner));
+        // `&mut self`: no other reference can be noting a use, so no lock is needed.
+        let uses = std::mem::take(self.used_on.get_mut().unwrap_or_else(PoisonError::into_inner));
         order_after_uses(stream, uses)?;
         // SAFETY: the pointer came from this resource's `allocate_raw` (or the caller of
         // `from_raw_owned` promised so) and is freed only here, once: `close` zeroes the size

@@ -4,6 +4,7 @@
 //! Binding on every call (rather than once) is what lets a buffer be dropped on a thread that
 //! never touched CUDA, or after another library changed the current context.
 
+use std::cell::RefCell;
 use std::sync::{Mutex, PoisonError};
 
 use cuda_sys::cu_call;
@@ -16,8 +17,34 @@ use crate::error::Result;
 /// Retained primary contexts, by device ordinal (the handle as an integer).
 static PRIMARY: Mutex<Vec<Option<usize>>> = Mutex::new(Vec::new());
 
+thread_local! {
+    /// The entries of [`PRIMARY`] this thread has read. A retained primary context stays the
+    /// same for the life of the process, so a copy never goes stale and saves the lock that
+    /// every thread allocating through a default stream would otherwise contend for.
+    static SEEN: RefCell<Vec<Option<usize>>> = const { RefCell::new(Vec::new()) };
+}
+
 /// The device's primary context, retained on first use and kept for the life of the process.
 pub(crate) fn primary(device: Device) -> Result<CUcontext> {
+    let ordinal = device.ordinal();
+    // `try_with` fails only while the thread is being torn down; the table still answers then.
+    let seen = SEEN.try_with(|seen| seen.borrow().get(ordinal).copied().flatten()).ok().flatten();
+    if let Some(handle) = seen {
+        return Ok(handle as CUcontext);
+    }
+    let context = primary_from_table(device)?;
+    let _ = SEEN.try_with(|seen| {
+        let mut seen = seen.borrow_mut();
+        if seen.len() <= ordinal {
+            seen.resize(ordinal + 1, None);
+        }
+        seen[ordinal] = Some(context as usize);
+    });
+    Ok(context)
+}
+
+/// [`primary`] through the process-wide table, retaining the context the first time.
+fn primary_from_table(device: Device) -> Result<CUcontext> {
     let mut table = PRIMARY.lock().unwrap_or_else(PoisonError::into_inner);
     let ordinal = device.ordinal();
     if table.len() <= ordinal {

@@ -82,6 +82,21 @@ impl Device {
         Ok((0..Device::count()?).filter_map(|o| i32::try_from(o).ok()).map(|ordinal| Device { ordinal }).collect())
     }
 
+    /// The device with this UUID ([`Device::uuid`]), if this process sees it. Ordinals depend on
+    /// the process (`CUDA_VISIBLE_DEVICES` renumbers devices); UUIDs do not, so this is how a
+    /// device named by another process is found.
+    ///
+    /// # Errors
+    /// If a driver call fails.
+    pub fn with_uuid(uuid: [u8; 16]) -> Result<Option<Device>> {
+        for device in Device::all()? {
+            if device.uuid()? == uuid {
+                return Ok(Some(device));
+            }
+        }
+        Ok(None)
+    }
+
     /// The ordinal.
     pub fn ordinal(&self) -> usize {
         self.ordinal as usize

@@ -168,7 +168,7 @@ impl MemoryPool {
         }
         let d = driver()?;
         stream.bind_if_default()?;
-        if stream.is_capturing()? {
+        if stream.is_capturing_bound()? {
             return Err(Error::InvalidState(
                 "memory pools cannot allocate on a capturing stream: allocate before capture begins, \
                  or on a stream that is not capturing"

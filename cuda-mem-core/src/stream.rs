@@ -228,7 +228,14 @@ impl Stream {
     /// # Errors
     /// If the driver call fails.
     pub fn is_capturing(&self) -> Result<bool> {
-        crate::context::bind(self.device())?;
+        self.bind_if_default()?;
+        self.is_capturing_bound()
+    }
+
+    /// [`is_capturing`](Stream::is_capturing) once the caller has bound what the handle needs
+    /// ([`bind_if_default`](Stream::bind_if_default)): a created stream carries its context, so
+    /// the allocation path makes no context call for it.
+    pub(crate) fn is_capturing_bound(&self) -> Result<bool> {
         let d = driver()?;
         let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
         // SAFETY: `status` is a valid out-pointer; a valid stream handle.

@@ -9,7 +9,8 @@
 //!   [`IpcError::Protocol`]): the peer is broken, incompatible or hostile;
 //! - the peer going away ([`IpcError::PeerClosed`]);
 //! - lookups and uses of shared resources that cannot succeed ([`IpcError::UnknownResource`],
-//!   [`IpcError::WrongResource`], [`IpcError::WrongResourceKind`], [`IpcError::NotIpcEnabled`]);
+//!   [`IpcError::WrongResource`], [`IpcError::WrongResourceKind`], [`IpcError::NotIpcEnabled`],
+//!   [`IpcError::DeviceNotVisible`]);
 //!   allocating from a mapped resource is refused by the resource itself, with a core error.
 //! - arguments the local caller passed beyond the limits ([`IpcError::MessageTooLarge`]) and a
 //!   process that was not started with a channel ([`IpcError::ChannelEnv`]).
@@ -84,6 +85,19 @@ pub enum IpcError {
         expected: &'static str,
         /// The kind it is.
         found: &'static str,
+    },
+
+    /// A peer sent a pool of a device this process does not see (the two processes see
+    /// different sets of devices, through `CUDA_VISIBLE_DEVICES` for example).
+    #[error(
+        "the pool lives on a device this process cannot see (device UUID {uuid}, device {sender_ordinal} \
+         in the sending process); make it visible here (check CUDA_VISIBLE_DEVICES in both processes)"
+    )]
+    DeviceNotVisible {
+        /// The device's UUID.
+        uuid: uuid::Uuid,
+        /// Its ordinal in the sending process (which may differ from any ordinal here).
+        sender_ordinal: i32,
     },
 
     /// The resource or buffer cannot be shared because it was not created for sharing.

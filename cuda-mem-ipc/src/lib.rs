@@ -33,6 +33,9 @@
 //!   fields and flags are zero;
 //! - the checksum of every [`BufferDescriptor`], which detects damaged descriptors;
 //! - size bounds: a buffer size is in `1..=`[`MAX_BUFFER_SIZE`], and a resource UUID is not nil;
+//! - the device of a pool: [`IpcChannel`] names it by UUID, because processes with different
+//!   `CUDA_VISIBLE_DEVICES` number devices differently; a device this process cannot see is
+//!   refused ([`IpcError::DeviceNotVisible`]) before anything is imported;
 //! - the types of file descriptors that are meant to be a channel (a Unix domain stream socket,
 //!   the very one the parent passed); received descriptors are owned at once (closed if the
 //!   message is rejected) and never inherited by child processes.

@@ -4,9 +4,12 @@
 //!
 //! | kind | payload | file descriptors |
 //! |---|---|---|
-//! | 1, resource | UUID (16 bytes), memory kind (u8: 0 device, 1 pinned), device ordinal (i32 LE), 3 zero bytes | the pool's |
+//! | 1, resource | UUID (16 bytes), memory kind (u8: 0 device, 1 pinned), the sender's device ordinal (i32 LE, -1 for pinned), 3 zero bytes, device UUID (16 bytes, zero for pinned) | the pool's |
 //! | 2, buffers | count (u32 LE), then `count` encoded [`BufferDescriptor`]s | none |
 //! | 3, data | the application's bytes | none |
+//!
+//! The receiver finds the pool's device by its UUID, not by the sender's ordinal: processes
+//! that see different devices (`CUDA_VISIBLE_DEVICES`) number them differently.
 //!
 //! Sending a buffer whose resource has not been sent on this channel sends the resource first,
 //! so the receiver always knows it. Receiving a resource the process already has (the registry
@@ -29,7 +32,7 @@ use crate::share::{allocation_handle, buffer_descriptor};
 const RESOURCE: u16 = 1;
 const BUFFERS: u16 = 2;
 const DATA: u16 = 3;
-const RESOURCE_LEN: usize = 24;
+const RESOURCE_LEN: usize = 40;
 /// The most buffers one message may carry.
 pub const MAX_BUFFERS_PER_MESSAGE: usize = 65_536;
 
@@ -71,12 +74,13 @@ impl IpcChannel {
         let handle = allocation_handle(resource)?;
         let mut payload = [0u8; RESOURCE_LEN];
         payload[..16].copy_from_slice(handle.uuid().as_bytes());
-        let (kind, ordinal) = match handle.kind() {
-            SharedKind::Device(device) => (0u8, device.ordinal() as i32),
-            SharedKind::Pinned => (1u8, -1),
+        let (kind, ordinal, device_uuid) = match handle.kind() {
+            SharedKind::Device(device) => (0u8, device.ordinal() as i32, device.uuid()?),
+            SharedKind::Pinned => (1u8, -1, [0; 16]),
         };
         payload[16] = kind;
         payload[17..21].copy_from_slice(&ordinal.to_le_bytes());
+        payload[24..40].copy_from_slice(&device_uuid);
         self.channel.send(RESOURCE, &payload, &[handle.fd()])?;
         self.sent.lock().unwrap_or_else(PoisonError::into_inner).insert(handle.uuid());
         Ok(())
@@ -145,7 +149,7 @@ impl IpcChannel {
                 message.fds.len()
             )));
         }
-        if payload[21..].iter().any(|&b| b != 0) {
+        if payload[21..24].iter().any(|&b| b != 0) {
             return Err(IpcError::Protocol("a resource message's reserved bytes are not zero".to_string()));
         }
         let uuid = Uuid::from_slice(&payload[..16]).map_err(|e| IpcError::Protocol(e.to_string()))?;
@@ -153,11 +157,26 @@ impl IpcChannel {
             return Err(IpcError::Protocol("a resource message names the nil UUID".to_string()));
         }
         let ordinal = i32::from_le_bytes([payload[17], payload[18], payload[19], payload[20]]);
+        let mut device_uuid = [0u8; 16];
+        device_uuid.copy_from_slice(&payload[24..40]);
         let kind = match payload[16] {
             0 => {
-                let ordinal = usize::try_from(ordinal)
-                    .map_err(|_| IpcError::Protocol(format!("device ordinal {ordinal} in a resource message")))?;
-                SharedKind::Device(Device::new(ordinal)?)
+                if ordinal < 0 {
+                    return Err(IpcError::Protocol(format!("device ordinal {ordinal} in a resource message")));
+                }
+                if device_uuid == [0; 16] {
+                    return Err(IpcError::Protocol("a device pool's resource message has no device UUID".to_string()));
+                }
+                let device = Device::with_uuid(device_uuid)?.ok_or(IpcError::DeviceNotVisible {
+                    uuid: Uuid::from_bytes(device_uuid),
+                    sender_ordinal: ordinal,
+                })?;
+                SharedKind::Device(device)
+            }
+            1 if ordinal != -1 || device_uuid != [0; 16] => {
+                return Err(IpcError::Protocol(
+                    "a pinned pool's resource message names a device (ordinal -1 and a zero UUID expected)".to_string(),
+                ));
             }
             1 => SharedKind::Pinned,
             other => return Err(IpcError::Protocol(format!("memory kind {other} in a resource message"))),

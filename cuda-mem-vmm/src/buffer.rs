@@ -1,17 +1,29 @@
 //! `VirtualBuffer`: a buffer of a [`VirtualMemoryResource`], growable without copying.
 
-use std::ops::{Deref, DerefMut};
+use std::ops::Deref;
 use std::sync::Arc;
 
-use cuda_mem_core::{Buffer, Result};
+use cuda_mem_core::{Buffer, FillPattern, Result, Stream};
 
 use crate::options::LocationType;
 use crate::pieces::Range;
 use crate::resource::VirtualMemoryResource;
 
-/// A buffer over mapped virtual memory. It dereferences to a [`Buffer`] (copies, fills); the
+/// A buffer over mapped virtual memory. It dereferences to a [`Buffer`] for reading (pointer,
+/// size, copies out); writes go through its own [`copy_from`](VirtualBuffer::copy_from) and
+/// [`fill`](VirtualBuffer::fill), so that the `Buffer` inside cannot be replaced by another one
+/// (the range it maps, which export and growth use, must stay the one its pointer names). The
 /// memory goes when the last buffer mapping it is dropped (grown buffers share chunks with the
-/// buffers they grew from), after the recorded stream's work.
+/// buffers they grew from), after the work enqueued through it.
+///
+/// ```compile_fail
+/// # use cuda_mem_core::Buffer;
+/// # use cuda_mem_vmm::VirtualBuffer;
+/// // The `Buffer` inside cannot be swapped for another one.
+/// fn replace(mut grown: VirtualBuffer, other: Buffer) {
+///     *grown = other;
+/// }
+/// ```
 #[derive(Debug)]
 pub struct VirtualBuffer {
     buffer: Buffer,
@@ -59,6 +71,29 @@ impl VirtualBuffer {
         self.range.mapped_size()
     }
 
+    /// Copies `src` into this buffer on `stream` (as [`Buffer::copy_from`]).
+    ///
+    /// # Errors
+    /// As [`Buffer::copy_from`].
+    pub fn copy_from(&mut self, src: &Buffer, stream: &Stream) -> Result<()> {
+        self.buffer.copy_from(src, stream)
+    }
+
+    /// Fills this buffer with `pattern` on `stream` (as [`Buffer::fill`]).
+    ///
+    /// # Errors
+    /// As [`Buffer::fill`].
+    pub fn fill(&mut self, pattern: FillPattern, stream: &Stream) -> Result<()> {
+        self.buffer.fill(pattern, stream)
+    }
+
+    /// Makes `stream` the one whose work the unmapping waits for first (as
+    /// [`Buffer::set_deallocation_stream`]; other streams used through the buffer are waited for
+    /// too).
+    pub fn set_deallocation_stream(&mut self, stream: &Stream) {
+        self.buffer.set_deallocation_stream(stream);
+    }
+
     /// A buffer of `new_size` bytes covering this one's (see [`VirtualMemoryResource::grow`]).
     ///
     /// # Errors
@@ -83,11 +118,5 @@ impl Deref for VirtualBuffer {
 
     fn deref(&self) -> &Buffer {
         &self.buffer
-    }
-}
-
-impl DerefMut for VirtualBuffer {
-    fn deref_mut(&mut self) -> &mut Buffer {
-        &mut self.buffer
     }
 }

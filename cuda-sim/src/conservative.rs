@@ -73,3 +73,16 @@
 //!   VMM addresses.
 //! - **Fabric handles** name the exporting process and its descriptor for the memory, so an
 //!   import works only while the exporter holds the allocation.
+//! - **`CUDA_VISIBLE_DEVICES` entries** are read as narrowly as the CUDA documentation's
+//!   examples: a decimal index (no sign, no spaces), or `GPU-` and the UUID's lowercase hex as
+//!   `nvidia-smi` prints it, whole or a prefix that matches exactly one device. Anything else
+//!   (spaces around an entry, uppercase hex, a UUID without `GPU-`, a bare `GPU-`, `MIG-…`: no
+//!   simulated device is in MIG mode) is an invalid entry, which, as documented, hides it and
+//!   every entry after it; so is a second mention of one device. An empty value hides every
+//!   device (`cuInit` returns `CUDA_ERROR_NO_DEVICE`), as with the real driver.
+//! - **An imported pool or VMM allocation on a device this process does not see** (hidden by
+//!   `CUDA_VISIBLE_DEVICES`) is refused: `cuMemPoolImportFromShareableHandle` and
+//!   `cuMemImportFromShareableHandle` (file descriptor or fabric handle) return
+//!   `CUDA_ERROR_INVALID_VALUE`, which `cuda.h` documents for both; what the real driver does is
+//!   not documented. Such records name the device by its physical index, so processes that
+//!   number the devices differently agree on which one it is.

@@ -4,6 +4,11 @@
 //! the memory size `CUDA_SIM_MEMORY` gives. Attributes are listed in [`attribute`]; an attribute
 //! `cuda.h` defines but the simulator does not model reads as 0 ("not supported"), the most
 //! conservative answer for a capability.
+//!
+//! A device's identity (its name, UUID and PCI bus id) is that of its *physical* index on the
+//! simulated machine, whatever ordinal `CUDA_VISIBLE_DEVICES` gives it in a process (see
+//! [`config`](crate::config)), so two processes that see it under different ordinals agree on
+//! which GPU it is.
 
 use cuda_sys::types::{CUdevice_attribute, CUmemAllocationHandleType};
 
@@ -18,32 +23,59 @@ pub(crate) struct DeviceState {
     pub used: u64,
 }
 
-/// Checks a device ordinal against the configuration.
+/// Checks a device ordinal (this process's, after `CUDA_VISIBLE_DEVICES`) against the
+/// configuration.
 pub(crate) fn check_ordinal(config: &Config, device: i32) -> SimResult<usize> {
     match usize::try_from(device) {
-        Ok(d) if d < config.devices => Ok(d),
+        Ok(d) if d < config.devices() => Ok(d),
         _ => fail(CUresult::CUDA_ERROR_INVALID_DEVICE),
     }
 }
 
-/// The device's name, as `cuDeviceGetName` reports it.
-pub(crate) fn name(device: usize) -> String {
-    format!("cuda-sim Simulated GPU {device}")
+/// The physical index of the device with ordinal `device`: what names, UUIDs and other hardware
+/// identity follow. An ordinal this process does not have is `CUDA_ERROR_INVALID_DEVICE`.
+pub(crate) fn check_physical(config: &Config, device: i32) -> SimResult<usize> {
+    let ordinal = check_ordinal(config, device)?;
+    config.physical(ordinal).ok_or(CUresult::CUDA_ERROR_INVALID_DEVICE)
 }
 
-/// A stable UUID per device ordinal (version-4 layout, fixed bits).
-pub(crate) fn uuid(device: usize) -> [u8; 16] {
-    let mut bytes = *b"cuda-sim-device\0";
-    bytes[15] = u8::try_from(device).unwrap_or(u8::MAX);
+/// The name of physical device `physical`, as `cuDeviceGetName` reports it.
+pub(crate) fn name(physical: usize) -> String {
+    format!("cuda-sim Simulated GPU {physical}")
+}
+
+/// A stable UUID per physical device (version-4 layout, fixed bits), distinct for every device
+/// and already in its first 32 bits, so that short prefixes (`GPU-1a2b3c4d`) name one device,
+/// as with real GPUs' random UUIDs.
+pub(crate) fn uuid(physical: usize) -> [u8; 16] {
+    // splitmix64's finalizer: a bijection, so distinct devices get distinct words.
+    let mix = |mut z: u64| {
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    };
+    let high = mix(0x6375_6461_2d73_696d ^ physical as u64);
+    let low = mix(high ^ 0x2d64_6576_6963_6500);
+    let mut bytes = [0u8; 16];
+    bytes[..8].copy_from_slice(&high.to_be_bytes());
+    bytes[8..].copy_from_slice(&low.to_be_bytes());
     bytes[6] = (bytes[6] & 0x0f) | 0x40;
     bytes[8] = (bytes[8] & 0x3f) | 0x80;
     bytes
 }
 
-/// The value of one device attribute.
-pub(crate) fn attribute(device: usize, attribute: CUdevice_attribute) -> SimResult<i32> {
+/// The UUID of physical device `physical` as `nvidia-smi` prints it and `CUDA_VISIBLE_DEVICES`
+/// takes it: `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`, lowercase hex.
+pub(crate) fn uuid_string(physical: usize) -> String {
+    let hex: String = uuid(physical).iter().map(|b| format!("{b:02x}")).collect();
+    format!("GPU-{}-{}-{}-{}-{}", &hex[..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..])
+}
+
+/// The value of one attribute of physical device `physical` (only its PCI bus id depends on
+/// which device it is).
+pub(crate) fn attribute(physical: usize, attribute: CUdevice_attribute) -> SimResult<i32> {
     use CUdevice_attribute as A;
-    let ordinal = i32::try_from(device).unwrap_or(i32::MAX);
+    let physical = i32::try_from(physical).unwrap_or(i32::MAX);
     let value = match attribute {
         A::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK => 1024,
         A::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X | A::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y => 1024,
@@ -82,7 +114,7 @@ pub(crate) fn attribute(device: usize, attribute: CUdevice_attribute) -> SimResu
         | A::CU_DEVICE_ATTRIBUTE_HOST_NUMA_MEMORY_POOLS_SUPPORTED
         | A::CU_DEVICE_ATTRIBUTE_HOST_MEMORY_POOLS_SUPPORTED
         | A::CU_DEVICE_ATTRIBUTE_HOST_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED => 1,
-        A::CU_DEVICE_ATTRIBUTE_PCI_BUS_ID => ordinal + 1,
+        A::CU_DEVICE_ATTRIBUTE_PCI_BUS_ID => physical.saturating_add(1),
         A::CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE => 2_619_000,
         A::CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH => 5120,
         A::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE => 50 << 20,
@@ -113,7 +145,7 @@ mod tests {
 
     #[test]
     fn attributes_and_errors() {
-        let config = Config::parse(Some("2"), None, None).unwrap();
+        let config = Config::parse(Some("2"), None, None, None).unwrap();
         let a = |x| attribute(1, x);
         assert_eq!(a(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR), Ok(9));
         assert_eq!(a(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED), Ok(1));
@@ -124,5 +156,30 @@ mod tests {
         assert_eq!(check_ordinal(&config, 2), Err(CUresult::CUDA_ERROR_INVALID_DEVICE));
         assert_eq!(check_ordinal(&config, -1), Err(CUresult::CUDA_ERROR_INVALID_DEVICE));
         assert_ne!(uuid(0), uuid(1));
+    }
+
+    #[test]
+    fn uuids_are_distinct_in_their_first_32_bits_and_print_as_nvidia_smi_does() {
+        let prefixes: std::collections::BTreeSet<[u8; 4]> = (0..64).map(|d| uuid(d)[..4].try_into().unwrap()).collect();
+        assert_eq!(prefixes.len(), 64);
+        let text = uuid_string(5);
+        assert_eq!(text.len(), "GPU-".len() + 36);
+        let groups: Vec<&str> = text["GPU-".len()..].split('-').collect();
+        assert_eq!(groups.iter().map(|g| g.len()).collect::<Vec<_>>(), [8, 4, 4, 4, 12]);
+        assert!(groups.concat().bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)));
+        let hex: String = uuid(5).iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(groups.concat(), hex);
+        assert_eq!(&groups[2][..1], "4", "version 4");
+    }
+
+    #[test]
+    fn identity_follows_the_physical_device() {
+        let config = Config::parse(Some("4"), None, None, Some("3,1")).unwrap();
+        assert_eq!(check_physical(&config, 0), Ok(3));
+        assert_eq!(check_physical(&config, 1), Ok(1));
+        assert_eq!(check_physical(&config, 2), Err(CUresult::CUDA_ERROR_INVALID_DEVICE));
+        assert_eq!(check_ordinal(&config, 2), Err(CUresult::CUDA_ERROR_INVALID_DEVICE));
+        assert_eq!(name(3), "cuda-sim Simulated GPU 3");
+        assert_eq!(attribute(3, CUdevice_attribute::CU_DEVICE_ATTRIBUTE_PCI_BUS_ID), Ok(4));
     }
 }

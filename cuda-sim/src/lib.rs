@@ -42,8 +42,9 @@
 //! # Configuration (read once, at the first `cuInit` of the process)
 //! | variable | meaning | default |
 //! |---|---|---|
-//! | `CUDA_SIM_DEVICES` | number of simulated devices (1–64) | 1 |
-//! | `CUDA_SIM_PEER_ACCESS` | which devices can access each other: `all`, `none`, or pairs such as `0-1,2-3` (symmetric) | `all` |
+//! | `CUDA_SIM_DEVICES` | number of physical devices of the simulated machine (1–64) | 1 |
+//! | `CUDA_SIM_PEER_ACCESS` | which physical devices can access each other: `all`, `none`, or pairs of physical indices such as `0-1,2-3` (symmetric) | `all` |
+//! | `CUDA_VISIBLE_DEVICES` | as with the real driver: the devices this process sees, in ordinal order, as physical indices or UUIDs (`GPU-…`, or a unique prefix); parsing stops at the first invalid entry; empty hides every device (`cuInit` fails with `CUDA_ERROR_NO_DEVICE`) | all, in order |
 //! | `CUDA_SIM_MEMORY` | bytes of memory per device (accepts `K`, `M`, `G` suffixes, powers of 1024) | 8 GiB |
 //! | `CUDA_SIM_FAIL` | fault injection: `function:n[,function:n…]` makes the n-th call of each function fail with `CUDA_ERROR_OUT_OF_MEMORY` (read at the first driver call) | none |
 //!
@@ -52,6 +53,14 @@
 //! created with the POSIX-fd handle type keep their memory in a `memfd`, so
 //! `cuMemPoolExportToShareableHandle` returns a real file descriptor that another process can
 //! import, and exported pointers map the same bytes there (see the `shared` module's layout).
+//!
+//! Processes given the same `CUDA_SIM_*` settings simulate the same machine, and
+//! `CUDA_VISIBLE_DEVICES` can show them its devices under different ordinals, as on real
+//! hardware. Everything that identifies a device (name, UUID, PCI bus id), the peer topology, and
+//! the records that cross processes (shared pools' and VMM allocations' headers, so fabric
+//! handles too) use the physical index; an importing process translates it to its own ordinal
+//! and refuses memory on a device it does not see (see [`conservative`]). Everything else is
+//! keyed by the process's own ordinals.
 //!
 //! # Example
 //! ```no_run

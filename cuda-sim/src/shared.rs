@@ -5,9 +5,14 @@
 //! hands out a duplicate of the file descriptor; importing it in another process maps
 //! allocations of the same file, so both processes see the same bytes at their own addresses.
 //!
-//! Header (page 0): magic `cusimPOOL\0v1\0` (12 bytes), pool id (16 bytes), location kind (u8:
+//! Header (page 0): magic `cusimPOOL\0v2` (12 bytes), pool id (16 bytes), location kind (u8:
 //! 0 device, 1 host, 2 host NUMA, 3 unspecified), location id (i32 LE), pool kind (u8: 0 pinned,
-//! 1 managed).
+//! 1 managed). For a device pool the location id is the device's *physical* index on the
+//! simulated machine, not the exporting process's ordinal: processes with different
+//! `CUDA_VISIBLE_DEVICES` see the same device under different ordinals, so the importer
+//! translates the index back to its own ordinal, and refuses (`CUDA_ERROR_INVALID_VALUE`) a pool
+//! on a device it does not see. (Version 1 headers held the exporter's ordinal; they are refused
+//! as unknown rather than misread.)
 //!
 //! Exported pointer data (the 64-byte `CUmemPoolPtrExportData`): magic `cusimPTR` (8), pool id
 //! (16), file offset (u64 LE), size (u64 LE), reserved zeros (16), FNV-1a checksum of the first
@@ -19,12 +24,13 @@ use std::sync::{Mutex, PoisonError};
 
 use cuda_sys::types::CUresult;
 
+use crate::config::Config;
 use crate::error::{SimResult, ensure, fail};
 use crate::pool::{Location, PoolKind};
 
 /// The header page's size; allocations start after it.
 pub(crate) const HEADER: u64 = 4096;
-const POOL_MAGIC: &[u8; 12] = b"cusimPOOL\0v1";
+const POOL_MAGIC: &[u8; 12] = b"cusimPOOL\0v2";
 const POINTER_MAGIC: &[u8; 8] = b"cusimPTR";
 /// Allocations are placed on page boundaries.
 const ALIGN: u64 = 4096;
@@ -53,13 +59,26 @@ fn fresh_id() -> [u8; 16] {
     id
 }
 
-fn location_bytes(location: Location) -> (u8, i32) {
-    match location {
-        Location::Device(d) => (0, d as i32),
+/// The header's location kind and id for `location`: a device as its physical index.
+fn location_bytes(location: Location, config: &Config) -> SimResult<(u8, i32)> {
+    Ok(match location {
+        Location::Device(ordinal) => (0, physical_id(config, ordinal)?),
         Location::Host => (1, -1),
         Location::HostNuma(n) => (2, n),
         Location::Unspecified => (3, -1),
-    }
+    })
+}
+
+/// The physical index of this process's device `ordinal`, as cross-process records store it.
+pub(crate) fn physical_id(config: &Config, ordinal: usize) -> SimResult<i32> {
+    let physical = config.physical(ordinal).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    i32::try_from(physical).map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)
+}
+
+/// This process's ordinal for the physical index `id` a cross-process record stores:
+/// `CUDA_ERROR_INVALID_VALUE` when no visible device is that one (see `conservative`).
+pub(crate) fn ordinal_of(config: &Config, id: i32) -> SimResult<usize> {
+    usize::try_from(id).ok().and_then(|physical| config.ordinal(physical)).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)
 }
 
 /// FNV-1a over `bytes`: the checksum that pool pointer exports and VMM fabric handles carry, so a
@@ -70,8 +89,10 @@ pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
 
 impl SharedArena {
     /// A new shared file of `capacity` bytes of allocations (sparse: nothing is committed until
-    /// written) for a pool at `location`.
-    pub(crate) fn create(location: Location, kind: PoolKind, capacity: u64) -> SimResult<SharedArena> {
+    /// written) for a pool at `location` (a device by this process's ordinal, which `config`
+    /// translates to the physical index the header stores).
+    pub(crate) fn create(location: Location, kind: PoolKind, capacity: u64, config: &Config) -> SimResult<SharedArena> {
+        let (location_kind, location_id) = location_bytes(location, config)?;
         let file = rustix::fs::memfd_create("cuda-sim-pool", rustix::fs::MemfdFlags::CLOEXEC)
             .map_err(|_| CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
         let capacity = capacity.div_ceil(ALIGN) * ALIGN;
@@ -80,7 +101,6 @@ impl SharedArena {
         let mut header = Vec::with_capacity(64);
         header.extend_from_slice(POOL_MAGIC);
         header.extend_from_slice(&id);
-        let (location_kind, location_id) = location_bytes(location);
         header.push(location_kind);
         header.extend_from_slice(&location_id.to_le_bytes());
         header.push(u8::from(kind == PoolKind::Managed));
@@ -90,8 +110,12 @@ impl SharedArena {
 
     /// Opens a pool another process exported: `fd` must be such a file (anything else is
     /// `CUDA_ERROR_INVALID_VALUE`). Returns the arena (on a private duplicate of `fd`) and the
-    /// pool's location and kind.
-    pub(crate) fn open(fd: std::os::fd::BorrowedFd<'_>) -> SimResult<(SharedArena, Location, PoolKind)> {
+    /// pool's location, a device by this process's ordinal (a device `config` does not make
+    /// visible is `CUDA_ERROR_INVALID_VALUE`), and kind.
+    pub(crate) fn open(
+        fd: std::os::fd::BorrowedFd<'_>,
+        config: &Config,
+    ) -> SimResult<(SharedArena, Location, PoolKind)> {
         let file = rustix::io::fcntl_dupfd_cloexec(fd, 0).map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?;
         let mut header = [0u8; 34];
         let read = rustix::io::pread(&file, &mut header, 0).map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?;
@@ -100,7 +124,7 @@ impl SharedArena {
         id.copy_from_slice(&header[12..28]);
         let location_id = i32::from_le_bytes([header[29], header[30], header[31], header[32]]);
         let location = match header[28] {
-            0 => Location::Device(usize::try_from(location_id).map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?),
+            0 => Location::Device(ordinal_of(config, location_id)?),
             1 => Location::Host,
             2 => Location::HostNuma(location_id),
             3 => Location::Unspecified,
@@ -185,9 +209,11 @@ impl SharedArena {
 mod tests {
     use super::*;
 
+    use crate::config::four_devices_seeing as seeing;
+
     #[test]
     fn first_fit_reuses_and_merges() {
-        let arena = SharedArena::create(Location::Device(0), PoolKind::Pinned, 64 << 10).unwrap();
+        let arena = SharedArena::create(Location::Device(0), PoolKind::Pinned, 64 << 10, &seeing("0")).unwrap();
         let a = arena.take(100).unwrap();
         let b = arena.take(5000).unwrap();
         assert_eq!((a, b), (HEADER, HEADER + 4096));
@@ -199,7 +225,8 @@ mod tests {
 
     #[test]
     fn pointer_data_round_trips_and_rejects_tampering() {
-        let arena = SharedArena::create(Location::Host, PoolKind::Pinned, 1 << 20).unwrap();
+        let config = seeing("0");
+        let arena = SharedArena::create(Location::Host, PoolKind::Pinned, 1 << 20, &config).unwrap();
         let data = arena.export_pointer(HEADER + 4096, 10);
         assert_eq!(arena.check_pointer(&data), Ok((HEADER + 4096, 10)));
         for i in 0..64 {
@@ -207,10 +234,49 @@ mod tests {
             bad[i] ^= 1;
             assert!(arena.check_pointer(&bad).is_err(), "byte {i}");
         }
-        let other = SharedArena::create(Location::Host, PoolKind::Pinned, 1 << 20).unwrap();
+        let other = SharedArena::create(Location::Host, PoolKind::Pinned, 1 << 20, &config).unwrap();
         assert!(other.check_pointer(&data).is_err());
-        let (opened, location, kind) = SharedArena::open(arena.file.as_fd()).unwrap();
+        let (opened, location, kind) = SharedArena::open(arena.file.as_fd(), &config).unwrap();
         assert_eq!((location, kind), (Location::Host, PoolKind::Pinned));
         assert_eq!(opened.check_pointer(&data), Ok((HEADER + 4096, 10)));
+    }
+
+    #[test]
+    fn the_header_names_the_physical_device_and_importers_translate_it() {
+        // The exporter sees physical devices 2 and 0 as its ordinals 0 and 1.
+        let exporter = seeing("2,0");
+        let arena = SharedArena::create(Location::Device(0), PoolKind::Managed, 1 << 20, &exporter).unwrap();
+        let mut header = [0u8; 34];
+        rustix::io::pread(&arena.file, &mut header, 0).unwrap();
+        assert_eq!(&header[..12], b"cusimPOOL\0v2");
+        assert_eq!((header[28], i32::from_le_bytes(header[29..33].try_into().unwrap())), (0, 2));
+        let open = |visible: &str| SharedArena::open(arena.file.as_fd(), &seeing(visible)).map(|(_, l, k)| (l, k));
+        assert_eq!(open("2,0"), Ok((Location::Device(0), PoolKind::Managed)), "the exporter's own view");
+        assert_eq!(open("0,1,2,3"), Ok((Location::Device(2), PoolKind::Managed)));
+        assert_eq!(open("3,2"), Ok((Location::Device(1), PoolKind::Managed)));
+        assert_eq!(open(&crate::device::uuid_string(2)), Ok((Location::Device(0), PoolKind::Managed)));
+        assert_eq!(open("0,1,3").err(), Some(CUresult::CUDA_ERROR_INVALID_VALUE), "physical device 2 is hidden");
+        // Host locations need no translation.
+        let host = SharedArena::create(Location::HostNuma(0), PoolKind::Pinned, 1 << 20, &exporter).unwrap();
+        let (_, location, _) = SharedArena::open(host.file.as_fd(), &seeing("1")).unwrap();
+        assert_eq!(location, Location::HostNuma(0));
+    }
+
+    #[test]
+    fn version_1_headers_and_unknown_devices_are_refused() {
+        let config = seeing("0,1,2,3");
+        let arena = SharedArena::create(Location::Device(1), PoolKind::Pinned, 1 << 20, &config).unwrap();
+        rustix::io::pwrite(&arena.file, b"cusimPOOL\0v1", 0).unwrap();
+        assert_eq!(SharedArena::open(arena.file.as_fd(), &config).err(), Some(CUresult::CUDA_ERROR_INVALID_VALUE));
+        // A header naming a device the machine does not have (or a negative one).
+        for id in [4i32, 63, -1] {
+            rustix::io::pwrite(&arena.file, b"cusimPOOL\0v2", 0).unwrap();
+            rustix::io::pwrite(&arena.file, &id.to_le_bytes(), 29).unwrap();
+            let opened = SharedArena::open(arena.file.as_fd(), &config);
+            assert_eq!(opened.err(), Some(CUresult::CUDA_ERROR_INVALID_VALUE), "device {id}");
+        }
+        // An ordinal this process lacks cannot be written either.
+        let created = SharedArena::create(Location::Device(4), PoolKind::Pinned, 1 << 20, &config);
+        assert_eq!(created.err(), Some(CUresult::CUDA_ERROR_INVALID_VALUE));
     }
 }

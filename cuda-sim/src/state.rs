@@ -18,7 +18,7 @@ use crate::stream::Stream;
 pub(crate) struct State {
     /// The simulated machine.
     pub config: Config,
-    /// Per-device bookkeeping.
+    /// Per-device bookkeeping, by this process's ordinal (as every per-device table here).
     pub devices: Vec<DeviceState>,
     /// Primary context of each device, when active.
     pub primary: Vec<Option<Arc<Context>>>,
@@ -83,7 +83,10 @@ impl State {
 static STATE: OnceLock<Mutex<State>> = OnceLock::new();
 static INIT: Mutex<()> = Mutex::new(());
 
-/// Initializes the simulator (idempotent), reading the configuration from the environment.
+/// Initializes the simulator (idempotent), reading the configuration from the environment:
+/// `CUDA_ERROR_INVALID_VALUE` for a bad `CUDA_SIM_*` setting, `CUDA_ERROR_NO_DEVICE` when
+/// `CUDA_VISIBLE_DEVICES` leaves no device visible (nothing is kept: a later `cuInit` reads the
+/// environment again).
 pub(crate) fn init() -> SimResult {
     if STATE.get().is_some() {
         return Ok(());
@@ -96,7 +99,14 @@ pub(crate) fn init() -> SimResult {
         eprintln!("cuda-sim: {message}");
         CUresult::CUDA_ERROR_INVALID_VALUE
     })?;
-    let devices = config.devices;
+    if let Some(note) = &config.visible_note {
+        eprintln!("cuda-sim: {note}");
+    }
+    // As the real driver does when CUDA_VISIBLE_DEVICES hides every GPU.
+    if config.devices() == 0 {
+        return Err(CUresult::CUDA_ERROR_NO_DEVICE);
+    }
+    let devices = config.devices();
     let defaults: Vec<Arc<Pool>> = (0..devices)
         .map(|d| Arc::new(Pool::new(crate::pool::Location::Device(d), crate::pool::PoolKind::Pinned, 0, 0, true)))
         .collect();
@@ -120,6 +130,12 @@ pub(crate) fn init() -> SimResult {
     };
     let _ = STATE.set(Mutex::new(state));
     Ok(())
+}
+
+/// `CUDA_ERROR_NOT_INITIALIZED` before `cuInit`, without taking the lock: for calls that read
+/// only per-thread state (the current context), which the real driver answers without locking.
+pub(crate) fn ensure_initialized() -> SimResult {
+    STATE.get().map(|_| ()).ok_or(CUresult::CUDA_ERROR_NOT_INITIALIZED)
 }
 
 /// The state, locked; `CUDA_ERROR_NOT_INITIALIZED` before `cuInit`.

@@ -93,11 +93,15 @@ pub fn skip(reason: &str) {
 /// Environment variable that marks a child process spawned by [`in_simulated_machine`].
 pub const CHILD_ENV: &str = "CUDA_SIM_TEST_CHILD";
 
+pub use crate::config::VISIBLE_DEVICES_ENV;
+
 /// Runs `body` on a simulated machine configured by `env` (`CUDA_SIM_DEVICES`, …), which must
 /// be set before the simulator initializes: on the simulator, the test binary re-runs itself
 /// (spawn and exec, never fork) for just the test named `test_name` (its full path as libtest
-/// prints it) with `env` set, and fails if the child fails. On a real driver `body` runs in
-/// this process (it should check for the hardware it needs and call [`skip`]).
+/// prints it) with `env` set, and fails if the child fails. `CUDA_VISIBLE_DEVICES` is cleared
+/// in the child unless `env` sets it, so that one inherited from the environment (a job
+/// scheduler's, meant for real GPUs) does not hide simulated devices. On a real driver `body`
+/// runs in this process (it should check for the hardware it needs and call [`skip`]).
 pub fn in_simulated_machine(test_name: &str, env: &[(&str, &str)], body: impl FnOnce()) {
     if !on_simulator() || std::env::var(CHILD_ENV).is_ok_and(|name| name == test_name) {
         body();
@@ -107,6 +111,7 @@ pub fn in_simulated_machine(test_name: &str, env: &[(&str, &str)], body: impl Fn
     let output = std::process::Command::new(exe)
         .args([test_name, "--exact", "--nocapture", "--test-threads=1"])
         .env(CHILD_ENV, test_name)
+        .env_remove(VISIBLE_DEVICES_ENV)
         .envs(env.iter().copied())
         .output()
         .unwrap_or_else(|e| panic!("cannot spawn the child for {test_name}: {e}"));

@@ -2,25 +2,33 @@
 //! `memfd` (a header page, then the bytes), mapped by `cuMemMap` into the simulator's alias of
 //! the device arena at the offset of the device address it backs.
 //!
-//! Header (page 0): magic `cusimVMM` (8 bytes), size (u64 LE), location kind (u8: 0 device,
-//! 1 host, 2 host NUMA), location id (i32 LE), handle types (u32 LE).
+//! Header (page 0): magic `cusimVM2` (8 bytes), size (u64 LE), location kind (u8: 0 device,
+//! 1 host, 2 host NUMA), location id (i32 LE), handle types (u32 LE). For device memory the
+//! location id is the device's *physical* index on the simulated machine, not the creating
+//! process's ordinal (which `CUDA_VISIBLE_DEVICES` may make differ between processes): an
+//! importer translates it to its own ordinal, so that `cuMemGetAllocationPropertiesFromHandle`
+//! and access checks there name the right device, and refuses memory on a device it does not see
+//! (`CUDA_ERROR_INVALID_VALUE`). (The version-1 header, magic `cusimVMM`, held the creator's
+//! ordinal; it is refused as unknown rather than misread.)
 //!
 //! A fabric handle (64 bytes, `CUmemFabricHandle`): magic `cusimFAB` (8), exporting process id
 //! (u32 LE), its descriptor number for the memfd (i32 LE), size (u64 LE), zeros, FNV-1a of the
 //! first 56 bytes (u64 LE). The importer opens `/proc/<pid>/fd/<n>`, so the exporting process
-//! must still hold the allocation (as on a fabric, where the exporter keeps it alive).
+//! must still hold the allocation (as on a fabric, where the exporter keeps it alive). It names
+//! no device itself: the location comes from the header above, translated the same way.
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
 use cuda_sys::types::CUresult;
 
+use crate::config::Config;
 use crate::error::{SimResult, ensure, fail};
 use crate::pool::Location;
-use crate::shared::fnv1a;
+use crate::shared::{fnv1a, ordinal_of, physical_id};
 
 /// The header page's size; the bytes start after it.
 const HEADER: u64 = 4096;
-const MAGIC: &[u8; 8] = b"cusimVMM";
+const MAGIC: &[u8; 8] = b"cusimVM2";
 const FABRIC_MAGIC: &[u8; 8] = b"cusimFAB";
 /// The allocation granularity of every simulated device, minimum and recommended.
 pub(crate) const GRANULARITY: u64 = 2 << 20;
@@ -31,31 +39,33 @@ pub(crate) struct Physical {
     pub handle: u64,
     /// Its size.
     pub size: u64,
-    /// Where it lives.
+    /// Where it lives (a device by this process's ordinal).
     pub location: Location,
     /// The shareable handle types it may be exported as.
     pub handle_types: u32,
     file: OwnedFd,
 }
 
-fn location_bytes(location: Location) -> (u8, i32) {
-    match location {
-        Location::Device(d) => (0, d as i32),
+/// The header's location kind and id for `location`: a device as its physical index.
+fn location_bytes(location: Location, config: &Config) -> SimResult<(u8, i32)> {
+    Ok(match location {
+        Location::Device(ordinal) => (0, physical_id(config, ordinal)?),
         Location::Host | Location::Unspecified => (1, -1),
         Location::HostNuma(n) => (2, n),
-    }
+    })
 }
 
 impl Physical {
-    /// A new allocation of `size` bytes (sparse until written).
-    pub(crate) fn create(size: u64, location: Location, handle_types: u32) -> SimResult<Physical> {
+    /// A new allocation of `size` bytes (sparse until written) at `location` (a device by this
+    /// process's ordinal; the header gets its physical index from `config`).
+    pub(crate) fn create(size: u64, location: Location, handle_types: u32, config: &Config) -> SimResult<Physical> {
+        let (kind, id) = location_bytes(location, config)?;
         let file = rustix::fs::memfd_create("cuda-sim-vmm", rustix::fs::MemfdFlags::CLOEXEC)
             .map_err(|_| CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
         rustix::fs::ftruncate(&file, HEADER + size).map_err(|_| CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
         let mut header = Vec::with_capacity(25);
         header.extend_from_slice(MAGIC);
         header.extend_from_slice(&size.to_le_bytes());
-        let (kind, id) = location_bytes(location);
         header.push(kind);
         header.extend_from_slice(&id.to_le_bytes());
         header.extend_from_slice(&handle_types.to_le_bytes());
@@ -64,13 +74,16 @@ impl Physical {
     }
 
     /// Opens an allocation another process exported (on a private duplicate of `fd`): anything
-    /// but such a file is `CUDA_ERROR_INVALID_VALUE`.
-    pub(crate) fn open(fd: BorrowedFd<'_>) -> SimResult<Physical> {
+    /// but such a file, or memory on a device `config` does not make visible, is
+    /// `CUDA_ERROR_INVALID_VALUE`.
+    pub(crate) fn open(fd: BorrowedFd<'_>, config: &Config) -> SimResult<Physical> {
         let file = rustix::io::fcntl_dupfd_cloexec(fd, 0).map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?;
-        Physical::from_file(file)
+        Physical::from_file(file, config)
     }
 
-    fn from_file(file: OwnedFd) -> SimResult<Physical> {
+    /// Reads the header of `file`, translating a device's physical index to this process's
+    /// ordinal.
+    fn from_file(file: OwnedFd, config: &Config) -> SimResult<Physical> {
         let mut header = [0u8; 25];
         let read = rustix::io::pread(&file, &mut header, 0).map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?;
         ensure(read == header.len() && &header[..8] == MAGIC)?;
@@ -79,7 +92,7 @@ impl Physical {
         let handle_types =
             u32::from_le_bytes(header[21..25].try_into().map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?);
         let location = match header[16] {
-            0 => Location::Device(usize::try_from(id).map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?),
+            0 => Location::Device(ordinal_of(config, id)?),
             1 => Location::Host,
             2 => Location::HostNuma(id),
             _ => return fail(CUresult::CUDA_ERROR_INVALID_VALUE),
@@ -106,8 +119,9 @@ impl Physical {
         data
     }
 
-    /// Opens the allocation a fabric handle names (through the exporter's `/proc` entry).
-    pub(crate) fn open_fabric(data: &[u8; 64]) -> SimResult<Physical> {
+    /// Opens the allocation a fabric handle names (through the exporter's `/proc` entry); its
+    /// location is translated as in [`Physical::open`].
+    pub(crate) fn open_fabric(data: &[u8; 64], config: &Config) -> SimResult<Physical> {
         ensure(&data[..8] == FABRIC_MAGIC && data[24..56].iter().all(|&b| b == 0))?;
         let check = u64::from_le_bytes(data[56..].try_into().map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?);
         ensure(check == fnv1a(&data[..56]))?;
@@ -120,7 +134,7 @@ impl Physical {
             rustix::fs::Mode::empty(),
         )
         .map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?;
-        let physical = Physical::from_file(file)?;
+        let physical = Physical::from_file(file, config)?;
         let size = u64::from_le_bytes(data[16..24].try_into().map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?);
         ensure(physical.size == size)?;
         Ok(physical)
@@ -147,4 +161,53 @@ pub(crate) fn unmap_alias(alias: u64, size: u64) -> SimResult {
     unsafe { rustix::mm::mmap_anonymous(alias as *mut _, size as usize, rustix::mm::ProtFlags::empty(), flags) }
         .map_err(|_| CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use crate::config::four_devices_seeing as seeing;
+
+    #[test]
+    fn the_header_names_the_physical_device_and_importers_translate_it() {
+        // The creator sees physical devices 3 and 1 as its ordinals 0 and 1.
+        let creator = seeing("3,1");
+        let physical = Physical::create(GRANULARITY, Location::Device(1), 0, &creator).unwrap();
+        assert_eq!(physical.location, Location::Device(1), "kept as the creator's ordinal");
+        let mut header = [0u8; 25];
+        rustix::io::pread(&physical.file, &mut header, 0).unwrap();
+        assert_eq!(&header[..8], b"cusimVM2");
+        assert_eq!((header[16], i32::from_le_bytes(header[17..21].try_into().unwrap())), (0, 1));
+        let open = |visible: &str| Physical::open(physical.file.as_fd(), &seeing(visible)).map(|p| p.location);
+        assert_eq!(open("3,1"), Ok(Location::Device(1)));
+        assert_eq!(open("1"), Ok(Location::Device(0)));
+        assert_eq!(open("0,2,3,1"), Ok(Location::Device(3)));
+        assert_eq!(open("0,2,3"), Err(CUresult::CUDA_ERROR_INVALID_VALUE), "physical device 1 is hidden");
+        // A fabric handle reads the same header (here through this process's own /proc entry).
+        let fabric = physical.fabric_handle();
+        let by_fabric = |visible: &str| Physical::open_fabric(&fabric, &seeing(visible)).map(|p| p.location);
+        assert_eq!(by_fabric("2,1"), Ok(Location::Device(1)));
+        assert_eq!(by_fabric("0"), Err(CUresult::CUDA_ERROR_INVALID_VALUE));
+        // Host memory needs no translation.
+        let host = Physical::create(GRANULARITY, Location::HostNuma(0), 0, &creator).unwrap();
+        assert_eq!(Physical::open(host.file.as_fd(), &seeing("0")).map(|p| p.location), Ok(Location::HostNuma(0)));
+    }
+
+    #[test]
+    fn version_1_headers_and_unknown_devices_are_refused() {
+        let config = seeing("0,1,2,3");
+        let physical = Physical::create(GRANULARITY, Location::Device(2), 0, &config).unwrap();
+        rustix::io::pwrite(&physical.file, b"cusimVMM", 0).unwrap();
+        let opened = Physical::open(physical.file.as_fd(), &config).map(|p| p.location);
+        assert_eq!(opened, Err(CUresult::CUDA_ERROR_INVALID_VALUE));
+        rustix::io::pwrite(&physical.file, MAGIC, 0).unwrap();
+        for id in [4i32, -1] {
+            rustix::io::pwrite(&physical.file, &id.to_le_bytes(), 17).unwrap();
+            let opened = Physical::open(physical.file.as_fd(), &config).map(|p| p.location);
+            assert_eq!(opened, Err(CUresult::CUDA_ERROR_INVALID_VALUE), "device {id}");
+        }
+        let created = Physical::create(GRANULARITY, Location::Device(4), 0, &config).map(|p| p.location);
+        assert_eq!(created, Err(CUresult::CUDA_ERROR_INVALID_VALUE));
+    }
 }

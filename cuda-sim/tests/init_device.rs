@@ -136,17 +136,23 @@ fn init_rejects_nonzero_flags() {
     }
 }
 
+/// Checks that `cuInit` fails with `expected` and leaves the driver uninitialised.
+fn init_fails_with(expected: CUresult) -> &'static Driver {
+    let d = driver();
+    // SAFETY: no pointers.
+    let result = unsafe { code!(d, cuInit(0)) };
+    assert_eq!(result, expected);
+    let mut count = 0;
+    // SAFETY: `count` is a valid out-pointer.
+    let result = unsafe { code!(d, cuDeviceGetCount(&mut count)) };
+    assert_eq!(result, CUresult::CUDA_ERROR_NOT_INITIALIZED);
+    d
+}
+
 #[test]
 fn a_bad_configuration_makes_init_fail() {
     let body = || {
-        let d = driver();
-        // SAFETY: no pointers.
-        let result = unsafe { code!(d, cuInit(0)) };
-        assert_eq!(result, CUresult::CUDA_ERROR_INVALID_VALUE);
-        let mut count = 0;
-        // SAFETY: `count` is a valid out-pointer.
-        let result = unsafe { code!(d, cuDeviceGetCount(&mut count)) };
-        assert_eq!(result, CUresult::CUDA_ERROR_NOT_INITIALIZED);
+        init_fails_with(CUresult::CUDA_ERROR_INVALID_VALUE);
     };
     in_child!(&[("CUDA_SIM_DEVICES", "0")], body);
     in_child!(&[("CUDA_SIM_DEVICES", "65")], body);
@@ -586,4 +592,69 @@ fn configured_memory_is_the_total_memory() {
     in_child!(&[("CUDA_SIM_MEMORY", "1G"), ("CUDA_SIM_DEVICES", "2")], body(1 << 30));
     in_child!(&[("CUDA_SIM_MEMORY", "3k")], body(3 << 10));
     in_child!(&[("CUDA_SIM_MEMORY", "1048576")], body(1 << 20));
+}
+
+fn name(d: &Driver, device: c_int) -> String {
+    let (result, buffer) = name_with(d, 64, device);
+    assert_eq!(result, CUresult::CUDA_SUCCESS);
+    CStr::from_bytes_until_nul(&buffer).unwrap().to_str().unwrap().to_owned()
+}
+
+#[test]
+fn visible_devices_renumber_and_identity_follows_the_physical_device() {
+    use CUdevice_attribute as A;
+    // The machine's devices, as a process that sees them all in order reports them.
+    in_child!(&[("CUDA_SIM_DEVICES", "3")], || {
+        let d = init();
+        assert_eq!(name(d, 2), "cuda-sim Simulated GPU 2");
+        assert_eq!(attribute(d, A::CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, 2), Ok(3));
+    });
+    in_child!(&[("CUDA_SIM_DEVICES", "3"), ("CUDA_VISIBLE_DEVICES", "2,0")], || {
+        let d = init();
+        assert_eq!(device_count(d), 2);
+        assert_eq!([name(d, 0), name(d, 1)], ["cuda-sim Simulated GPU 2", "cuda-sim Simulated GPU 0"]);
+        assert_eq!(attribute(d, A::CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, 0), Ok(3));
+        assert_eq!(attribute(d, A::CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, 1), Ok(1));
+        assert_ne!(uuid(d, 0), uuid(d, 1));
+        assert_eq!(attribute(d, A::CU_DEVICE_ATTRIBUTE_WARP_SIZE, 2), Err(CUresult::CUDA_ERROR_INVALID_DEVICE));
+        // Each ordinal has its own primary context, pools and memory.
+        let mut ctx = std::ptr::null_mut();
+        // SAFETY: `ctx` is a valid out-pointer.
+        unsafe { cu_call!(d, cuDevicePrimaryCtxRetain(&mut ctx, 1)) }.unwrap();
+        // SAFETY: no pointers.
+        unsafe { cu_call!(d, cuDevicePrimaryCtxRelease_v2(1)) }.unwrap();
+    });
+    // An invalid entry hides itself and what follows it (here an index past the last device).
+    in_child!(&[("CUDA_SIM_DEVICES", "3"), ("CUDA_VISIBLE_DEVICES", "1,3,0")], || {
+        let d = init();
+        assert_eq!(device_count(d), 1);
+        assert_eq!(name(d, 0), "cuda-sim Simulated GPU 1");
+    });
+}
+
+#[test]
+fn peer_access_links_physical_devices() {
+    // Physical devices 0 and 2 are linked; this process sees them as its devices 2 and 0.
+    in_child!(&[("CUDA_SIM_DEVICES", "3"), ("CUDA_SIM_PEER_ACCESS", "0-2"), ("CUDA_VISIBLE_DEVICES", "2,1,0")], || {
+        let d = init();
+        assert_eq!(peer_matrix(d, 3), [[0, 0, 1], [0, 0, 0], [1, 0, 0]]);
+    });
+    in_child!(&[("CUDA_SIM_DEVICES", "4"), ("CUDA_SIM_PEER_ACCESS", "1-3"), ("CUDA_VISIBLE_DEVICES", "3,1")], || {
+        let d = init();
+        assert_eq!(peer_matrix(d, 2), [[0, 1], [1, 0]]);
+    });
+}
+
+#[test]
+fn init_fails_with_no_device_when_none_is_visible() {
+    let body = || {
+        let d = init_fails_with(CUresult::CUDA_ERROR_NO_DEVICE);
+        let mut version = 0;
+        // SAFETY: `version` is a valid out-pointer.
+        unsafe { cu_call!(d, cuDriverGetVersion(&mut version)) }.unwrap();
+    };
+    in_child!(&[("CUDA_VISIBLE_DEVICES", "")], body);
+    in_child!(&[("CUDA_VISIBLE_DEVICES", "-1")], body);
+    in_child!(&[("CUDA_SIM_DEVICES", "2"), ("CUDA_VISIBLE_DEVICES", "2,0")], body);
+    in_child!(&[("CUDA_SIM_DEVICES", "2"), ("CUDA_VISIBLE_DEVICES", "GPU-not-a-uuid")], body);
 }

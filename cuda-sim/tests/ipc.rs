@@ -1,5 +1,6 @@
 //! Sharing pools between processes: pool file descriptors and exported pointers, in one process
-//! (importing one's own export) and across a spawned child.
+//! (importing one's own export) and across a spawned child; and, across processes that number
+//! the devices differently (`CUDA_VISIBLE_DEVICES`), pools and VMM allocations.
 
 mod common;
 
@@ -8,8 +9,9 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 use common::*;
 use cuda_sys::types::{
-    CUmemAllocationHandleType, CUmemAllocationType, CUmemLocation, CUmemLocationType, CUmemPoolProps,
-    CUmemPoolPtrExportData, CUmemoryPool,
+    CUmemAllocationHandleType, CUmemAllocationProp, CUmemAllocationType, CUmemFabricHandle,
+    CUmemGenericAllocationHandle, CUmemLocation, CUmemLocationType, CUmemPoolProps, CUmemPoolPtrExportData,
+    CUmemoryPool, CUuuid,
 };
 
 const POSIX_FD: CUmemAllocationHandleType = CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
@@ -199,4 +201,171 @@ fn a_child_process_sees_and_changes_the_parent_memory() {
         .unwrap();
     assert!(output.status.success() && String::from_utf8_lossy(&output.stdout).contains("1 passed"), "{output:?}");
     assert_eq!(dtoh(ptr, 4096), vec![0xc3; 4096]);
+}
+
+/// What the exporter of [`records_name_the_physical_device_whatever_the_ordinals`] passes to each
+/// importer (all in the environment; the descriptors are inherited).
+const IMPORT_ROLE_ENV: &str = "CUDA_SIM_TEST_IMPORT_EXPECT";
+const POOL_FD_ENV: &str = "CUDA_SIM_TEST_POOL_FD";
+const POINTER_ENV: &str = "CUDA_SIM_TEST_POINTER";
+const VMM_FD_ENV: &str = "CUDA_SIM_TEST_VMM_FD";
+const FABRIC_ENV: &str = "CUDA_SIM_TEST_FABRIC";
+const UUID_ENV: &str = "CUDA_SIM_TEST_UUID";
+const VMM_SIZE: usize = 2 << 20;
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(text: &str) -> Vec<u8> {
+    (0..text.len() / 2).map(|i| u8::from_str_radix(&text[2 * i..2 * i + 2], 16).unwrap()).collect()
+}
+
+fn device_uuid(device: c_int) -> [u8; 16] {
+    let mut uuid = CUuuid::default();
+    // SAFETY: `uuid` is a valid out-pointer.
+    unsafe { cu_call!(driver(), cuDeviceGetUuid_v2(&mut uuid, device)) }.unwrap();
+    uuid.bytes.map(|b| b as u8)
+}
+
+/// The device ordinal of a VMM allocation handle, as `cuMemGetAllocationPropertiesFromHandle`
+/// reports it.
+fn vmm_device(handle: CUmemGenericAllocationHandle) -> c_int {
+    let mut prop = CUmemAllocationProp::default();
+    // SAFETY: valid out-pointer.
+    unsafe { cu_call!(driver(), cuMemGetAllocationPropertiesFromHandle(&mut prop, handle)) }.unwrap();
+    assert_eq!(prop.location.type_, CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE);
+    prop.location.id
+}
+
+fn vmm_import(os_handle: *mut c_void, handle_type: CUmemAllocationHandleType) -> Result<u64, CUresult> {
+    let mut handle = 0;
+    // SAFETY: `os_handle` is a descriptor cast to a pointer, or a pointer to a fabric handle.
+    let code = unsafe { code!(driver(), cuMemImportFromShareableHandle(&mut handle, os_handle, handle_type)) };
+    if code == CUresult::CUDA_SUCCESS { Ok(handle) } else { Err(code) }
+}
+
+/// A process of another `CUDA_VISIBLE_DEVICES` imports what the exporter shared: it must find the
+/// exporter's device at ordinal `expect`, or refuse everything when `expect` is `none`.
+fn importer(expect: &str) {
+    let var = |name: &str| std::env::var(name).unwrap();
+    // SAFETY: the exporter made these descriptors inheritable for this process.
+    let (pool_fd, vmm_fd) = unsafe {
+        (
+            OwnedFd::from_raw_fd(var(POOL_FD_ENV).parse().unwrap()),
+            OwnedFd::from_raw_fd(var(VMM_FD_ENV).parse().unwrap()),
+        )
+    };
+    let mut fabric = CUmemFabricHandle { data: unhex(&var(FABRIC_ENV)).try_into().unwrap() };
+    let vmm_os_handle = vmm_fd.as_raw_fd() as isize as *mut c_void;
+    let fabric_type = CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_FABRIC;
+    use_device(0);
+    let Ok(expect) = expect.parse::<c_int>() else {
+        // The exporter's device is hidden here: nothing that names it is imported.
+        assert_eq!(import_pool(&pool_fd), Err(CUresult::CUDA_ERROR_INVALID_VALUE));
+        assert_eq!(vmm_import(vmm_os_handle, POSIX_FD), Err(CUresult::CUDA_ERROR_INVALID_VALUE));
+        assert_eq!(vmm_import((&raw mut fabric).cast(), fabric_type), Err(CUresult::CUDA_ERROR_INVALID_VALUE));
+        return;
+    };
+    // The same GPU: the exporter's UUID is this process's device `expect`.
+    assert_eq!(hex(&device_uuid(expect)), var(UUID_ENV));
+    use_device(expect);
+    let pool = import_pool(&pool_fd).unwrap();
+    let data = CUmemPoolPtrExportData { reserved: unhex(&var(POINTER_ENV)).try_into().unwrap() };
+    let ptr = import_ptr(pool, data).unwrap();
+    let mut ordinal: c_int = -1;
+    // SAFETY: DEVICE_ORDINAL is an int.
+    unsafe {
+        cu_call!(
+            driver(),
+            cuPointerGetAttribute(
+                (&raw mut ordinal).cast(),
+                CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                ptr
+            )
+        )
+    }
+    .unwrap();
+    assert_eq!(ordinal, expect, "the imported pool's memory is on this process's ordinal for the device");
+    assert_eq!(dtoh(ptr, 4096), vec![0x3c; 4096]);
+    assert_eq!(free(ptr), CUresult::CUDA_SUCCESS);
+    sync(NULL_STREAM);
+    for handle in
+        [vmm_import(vmm_os_handle, POSIX_FD).unwrap(), vmm_import((&raw mut fabric).cast(), fabric_type).unwrap()]
+    {
+        assert_eq!(vmm_device(handle), expect);
+        // SAFETY: no pointers.
+        unsafe { cu_call!(driver(), cuMemRelease(handle)) }.unwrap();
+    }
+}
+
+/// The exporter sees physical devices 2 and 0 (`CUDA_VISIBLE_DEVICES=2,0`) and shares a pool and
+/// a VMM allocation of its device 0, physical device 2. Processes that number the devices
+/// otherwise import them on their own ordinal for physical device 2, and one that does not see it
+/// refuses them.
+#[test]
+fn records_name_the_physical_device_whatever_the_ordinals() {
+    if let Ok(expect) = std::env::var(IMPORT_ROLE_ENV) {
+        return importer(&expect);
+    }
+    let name = test_name!();
+    in_child!(&[("CUDA_SIM_DEVICES", "3"), ("CUDA_VISIBLE_DEVICES", "2,0")], || {
+        use_device(0);
+        let pool = create_pool(&props(device0(), true));
+        let ptr = alloc(pool, 4096);
+        htod(ptr, &[0x3c; 4096]);
+        sync(NULL_STREAM);
+        let pool_fd = export_fd(pool);
+        let data = export_ptr(ptr).unwrap();
+        let handle_types = POSIX_FD.0 | CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_FABRIC.0;
+        let prop = CUmemAllocationProp {
+            type_: CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
+            requestedHandleTypes: CUmemAllocationHandleType(handle_types),
+            location: device0(),
+            ..CUmemAllocationProp::default()
+        };
+        let mut vmm = 0;
+        // SAFETY: valid pointers for the call.
+        unsafe { cu_call!(driver(), cuMemCreate(&mut vmm, VMM_SIZE, &prop, 0)) }.unwrap();
+        assert_eq!(vmm_device(vmm), 0, "the creator sees its own ordinal");
+        let mut raw: c_int = -1;
+        // SAFETY: valid out-pointer for an int.
+        unsafe { cu_call!(driver(), cuMemExportToShareableHandle((&raw mut raw).cast(), vmm, POSIX_FD, 0)) }.unwrap();
+        // SAFETY: the driver handed over a new descriptor.
+        let vmm_fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let mut fabric = CUmemFabricHandle::default();
+        let fabric_type = CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_FABRIC;
+        // SAFETY: valid out-pointer for a fabric handle.
+        unsafe { cu_call!(driver(), cuMemExportToShareableHandle((&raw mut fabric).cast(), vmm, fabric_type, 0)) }
+            .unwrap();
+        for fd in [&pool_fd, &vmm_fd] {
+            rustix::io::fcntl_setfd(fd, rustix::io::FdFlags::empty()).unwrap();
+        }
+        let uuid = hex(&device_uuid(0));
+        let by_uuid =
+            format!("GPU-{}-{}-{}-{}-{}", &uuid[..8], &uuid[8..12], &uuid[12..16], &uuid[16..20], &uuid[20..]);
+        for (visible, expect) in
+            [("0,1,2", "2"), ("2", "0"), ("1,2,0", "1"), (&by_uuid[..12], "0"), (&by_uuid, "0"), ("0,1", "none")]
+        {
+            let output = std::process::Command::new(std::env::current_exe().unwrap())
+                .args(["--exact", &name, "--nocapture", "--test-threads=1"])
+                .env("CUDA_VISIBLE_DEVICES", visible)
+                .env(IMPORT_ROLE_ENV, expect)
+                .env(POOL_FD_ENV, pool_fd.as_raw_fd().to_string())
+                .env(POINTER_ENV, hex(&data.reserved))
+                .env(VMM_FD_ENV, vmm_fd.as_raw_fd().to_string())
+                .env(FABRIC_ENV, hex(&fabric.data))
+                .env(UUID_ENV, &uuid)
+                .output()
+                .unwrap();
+            assert!(
+                output.status.success() && String::from_utf8_lossy(&output.stdout).contains("1 passed"),
+                "importer with CUDA_VISIBLE_DEVICES={visible:?}: {output:?}"
+            );
+        }
+        assert_eq!(free(ptr), CUresult::CUDA_SUCCESS);
+        sync(NULL_STREAM);
+        // SAFETY: no pointers.
+        unsafe { cu_call!(driver(), cuMemRelease(vmm)) }.unwrap();
+    });
 }

@@ -409,18 +409,23 @@ enum Expect {
     Decode,
     /// A refusal by the driver or the core library (whose code is the driver's business).
     Refused,
+    /// A device this process does not see.
+    NotVisible,
 }
 
 /// Each case: a name, and what the parent must get. The child builds the messages in
 /// [`garbage_message`].
-const GARBAGE: [(&str, Expect); 19] = [
-    ("resource without fd", Expect::Protocol("1 file descriptor; got 24 bytes and 0")),
-    ("resource, 23 bytes", Expect::Protocol("got 23 bytes and 1")),
-    ("resource, two fds", Expect::Protocol("got 24 bytes and 2")),
+const GARBAGE: [(&str, Expect); 22] = [
+    ("resource without fd", Expect::Protocol("1 file descriptor; got 40 bytes and 0")),
+    ("resource, 39 bytes", Expect::Protocol("got 39 bytes and 1")),
+    ("resource, two fds", Expect::Protocol("got 40 bytes and 2")),
     ("resource, reserved bytes", Expect::Protocol("reserved bytes are not zero")),
     ("resource, memory kind 7", Expect::Protocol("memory kind 7")),
     ("resource, device -5", Expect::Protocol("device ordinal -5")),
-    ("resource, device 1000", Expect::Refused),
+    ("resource, no device UUID", Expect::Protocol("has no device UUID")),
+    ("resource, a device this process does not see", Expect::NotVisible),
+    ("resource, pinned with a device", Expect::Protocol("a pinned pool's resource message names a device")),
+    ("resource, device 1000 in the sender", Expect::Refused),
     ("resource, /dev/null", Expect::Refused),
     ("resource, a memfd of garbage", Expect::Refused),
     ("resource, the channel's own socket", Expect::Refused),
@@ -455,6 +460,9 @@ fn garbage_from_the_peer_is_an_error_never_a_panic() {
             }
             (Expect::Decode, Err(IpcError::Decode(_))) => {}
             (Expect::Refused, Err(IpcError::Core(_))) => {}
+            (Expect::NotVisible, Err(error @ IpcError::DeviceNotVisible { .. })) => {
+                assert!(error.to_string().contains("CUDA_VISIBLE_DEVICES"), "{name}: {error}")
+            }
             (expect, result) => panic!("{name}: expected {expect:?}, got {result:?}"),
         }
         uuids.push(garbage_uuid(name));
@@ -489,12 +497,13 @@ fn garbage_uuid(name: &str) -> Uuid {
     Uuid::from_u64_pair(0x6761_7262_6167_6521, checksum(name.as_bytes()) | 1)
 }
 
-/// A resource payload: UUID, memory kind, device ordinal, reserved.
-fn resource_payload(uuid: Uuid, kind: u8, ordinal: i32) -> Vec<u8> {
+/// A resource payload: UUID, memory kind, device ordinal, reserved, device UUID.
+fn resource_payload(uuid: Uuid, kind: u8, ordinal: i32, device_uuid: [u8; 16]) -> Vec<u8> {
     let mut payload = uuid.as_bytes().to_vec();
     payload.push(kind);
     payload.extend_from_slice(&ordinal.to_le_bytes());
     payload.extend_from_slice(&[0; 3]);
+    payload.extend_from_slice(&device_uuid);
     payload
 }
 
@@ -508,23 +517,31 @@ fn garbage_message(name: &str, channel: &Channel) {
         file
     };
     let uuid = garbage_uuid(name);
-    let device0 = resource_payload(uuid, 0, 0);
+    let here = cuda_mem_core::Device::new(0).unwrap().uuid().unwrap();
+    let elsewhere = [0x5a; 16];
+    let device0 = resource_payload(uuid, 0, 0, here);
     let (kind, payload, fds): (u16, Vec<u8>, Vec<std::os::fd::BorrowedFd<'_>>) = match name {
         "resource without fd" => (RESOURCE, device0, vec![]),
-        "resource, 23 bytes" => (RESOURCE, device0[..23].to_vec(), vec![null.as_fd()]),
+        "resource, 39 bytes" => (RESOURCE, device0[..39].to_vec(), vec![null.as_fd()]),
         "resource, two fds" => (RESOURCE, device0, vec![null.as_fd(), null.as_fd()]),
         "resource, reserved bytes" => {
             let mut p = device0;
             p[23] = 1;
             (RESOURCE, p, vec![null.as_fd()])
         }
-        "resource, memory kind 7" => (RESOURCE, resource_payload(uuid, 7, 0), vec![null.as_fd()]),
-        "resource, device -5" => (RESOURCE, resource_payload(uuid, 0, -5), vec![null.as_fd()]),
-        "resource, device 1000" => (RESOURCE, resource_payload(uuid, 0, 1000), vec![null.as_fd()]),
+        "resource, memory kind 7" => (RESOURCE, resource_payload(uuid, 7, 0, here), vec![null.as_fd()]),
+        "resource, device -5" => (RESOURCE, resource_payload(uuid, 0, -5, here), vec![null.as_fd()]),
+        "resource, no device UUID" => (RESOURCE, resource_payload(uuid, 0, 0, [0; 16]), vec![null.as_fd()]),
+        "resource, a device this process does not see" => {
+            (RESOURCE, resource_payload(uuid, 0, 0, elsewhere), vec![memfd.as_fd()])
+        }
+        "resource, pinned with a device" => (RESOURCE, resource_payload(uuid, 1, -1, here), vec![null.as_fd()]),
+        // The sender's ordinal only informs; the UUID names the device, and /dev/null is no pool.
+        "resource, device 1000 in the sender" => (RESOURCE, resource_payload(uuid, 0, 1000, here), vec![null.as_fd()]),
         "resource, /dev/null" => (RESOURCE, device0, vec![null.as_fd()]),
         "resource, a memfd of garbage" => (RESOURCE, device0, vec![memfd.as_fd()]),
         "resource, the channel's own socket" => (RESOURCE, device0, vec![channel.as_fd()]),
-        "resource, pinned, /dev/null" => (RESOURCE, resource_payload(uuid, 1, -1), vec![null.as_fd()]),
+        "resource, pinned, /dev/null" => (RESOURCE, resource_payload(uuid, 1, -1, [0; 16]), vec![null.as_fd()]),
         "buffers, count 3 and garbage" => (BUFFERS, buffers_payload(3, &pattern(1, 50)), vec![]),
         "buffers, huge count" => (BUFFERS, buffers_payload(u32::MAX, &[]), vec![]),
         "buffers, one garbage descriptor" => (BUFFERS, buffers_payload(1, &pattern(2, 108)), vec![]),

@@ -81,6 +81,8 @@ fn resource_payload(world: &World) -> Vec<u8> {
     payload.push(0);
     payload.extend_from_slice(&0i32.to_le_bytes());
     payload.extend_from_slice(&[0; 3]);
+    let device = cuda_mem_core::MemoryResource::device(&*world.pool).unwrap();
+    payload.extend_from_slice(&device.uuid().unwrap());
     payload
 }
 

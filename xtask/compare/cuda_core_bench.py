@@ -2,10 +2,15 @@
 cuda.core and through raw cuda.bindings calls on the same driver, in the same run.
 
 Prints one JSON object on stdout. Run by xtask in a private virtual environment, with
-LD_LIBRARY_PATH pointing at the driver to use (the simulator, or nothing on a GPU machine).
+LD_LIBRARY_PATH pointing at the driver to use (the simulator, or nothing on a GPU machine); the
+child process of the sharing case inherits it. `--quick` takes fewer samples.
 """
+import ctypes
 import json
-import statistics
+import multiprocessing
+import os
+import pickle
+import socket
 import sys
 import time
 
@@ -20,25 +25,40 @@ def check(result):
     return result[1:] if isinstance(result, tuple) else ()
 
 
-def timed(fn, repeats, inner):
-    """Median and p10/p90 of `repeats` samples, each the mean over `inner` calls, in ns."""
+def summary(samples):
+    """Median, p10 and p90 (in ns) and the count of `samples`, each quantile the sample nearest
+    to its rank, as our benchmarks compute them."""
+    samples = sorted(samples)
+    at = lambda q: samples[round((len(samples) - 1) * q)]  # noqa: E731
+    return {"median_ns": at(0.5), "p10_ns": at(0.1), "p90_ns": at(0.9), "n": len(samples)}
+
+
+# -------------------------------------------------------------------------------------------------
+# 1. Pool allocate+free pairs.
+# -------------------------------------------------------------------------------------------------
+
+
+def timed(fn, repeats, inner, between=None):
+    """Median and p10/p90 of `repeats` samples, each the mean over `inner` calls, in ns; `between`,
+    if given, runs before each sample, outside the clock."""
     for _ in range(inner):
         fn()
     samples = []
     for _ in range(repeats):
+        if between is not None:
+            between()
         start = time.perf_counter_ns()
         for _ in range(inner):
             fn()
         samples.append((time.perf_counter_ns() - start) / inner)
-    samples.sort()
-    return {
-        "median_ns": statistics.median(samples),
-        "p10_ns": samples[len(samples) // 10],
-        "p90_ns": samples[(len(samples) * 9) // 10],
-    }
+    return summary(samples)
 
 
 def pool_pairs(results, quick):
+    """Allocate+free pairs on one stream, through cuda.core and through raw cuda.bindings calls.
+    The stream is synchronized between samples, outside the clock, as in our benchmarks: on the
+    simulator a pool's memory comes back when the stream reaches the free, and thousands of
+    pending 4 MiB frees could otherwise run a loaded machine out of simulated memory."""
     device = Device(0)
     device.set_current()
     stream = device.create_stream()
@@ -57,10 +77,240 @@ def pool_pairs(results, quick):
             check(cu.cuMemFreeAsync(ptr, raw_stream))
 
         results.append({"case": "pool_pair", "size": size, "api": "cuda.core",
-                        **timed(through_core, repeats, inner)})
+                        **timed(through_core, repeats, inner, stream.sync)})
         results.append({"case": "pool_pair", "size": size, "api": "cuda.bindings raw",
-                        **timed(raw, repeats, inner)})
+                        **timed(raw, repeats, inner, stream.sync)})
     stream.sync()
+
+
+# -------------------------------------------------------------------------------------------------
+# 2. Sharing buffers with a child process.
+# -------------------------------------------------------------------------------------------------
+
+SHARE_BUFFER = 64 << 10
+SHARE_BATCHES = (1, 64, 1024)
+# (warm-up, timed) repetitions per batch: our benchmarks' counts, fewer with --quick.
+SHARE_REPEATS = {1: (50, 1000), 64: (10, 300), 1024: (3, 60)}
+SHARE_REPEATS_QUICK = {1: (5, 100), 64: (2, 30), 1024: (1, 6)}
+# An explicit bound for the IPC pool, twice what the largest batch holds; the pool is the same
+# for every path, so it changes nothing in the comparison.
+SHARE_POOL_MAX = 2 * max(SHARE_BATCHES) * SHARE_BUFFER
+# How long the parent waits for any one reply of the child before giving up, in seconds.
+SHARE_REPLY_TIMEOUT = 120
+# The 64 bytes of a CUmemPoolPtrExportData (cuda.bindings does not expose its `reserved` field;
+# the raw path reads and writes them through the struct's address).
+EXPORT_DATA_SIZE = 64
+
+# The paths, as the child's commands name them.
+CORE = "cuda.core"  # the pool sent once (multiprocessing); buffers as pickle bytes
+CORE_SEND = "cuda.core Connection.send"  # buffers through Connection.send (the pool's fd each time)
+RAW = "cuda.bindings raw"  # cuMemPoolExportPointer / cuMemPoolImportPointer, 64 bytes each
+
+
+def sharing(results, quick):
+    """Case (2): per buffer, the parent's export+encode+send plus the child's recv+decode+import,
+    for batches of 1, 64 and 1,024 buffers of 64 KiB from one IPC-enabled pool.
+
+    The child is started with multiprocessing's spawn method (the one cuda.core supports), and
+    the memory resource is sent to it once, before any timing, through a multiprocessing
+    Connection: cuda.core's reducer sends the pool's allocation handle (a dup'ed file descriptor)
+    and the child maps the pool and registers it by UUID. Then, per repetition, three paths:
+
+    - "cuda.core", the way cuda.core's documentation gives for many buffers once the pool is
+      sent: the parent pickles the list of Buffers (each reduces to its memory resource, which
+      plain pickle writes as a registry lookup by UUID, and its IPCBufferDescriptor) and sends
+      the bytes with Connection.send_bytes; the child receives them and unpickles, which finds
+      the pool in the registry and imports every buffer (Buffer.from_ipc_descriptor). cuda.core
+      caches a buffer's descriptor the first time it is asked for, so after the warm-up the
+      parent makes no driver call: cuMemPoolExportPointer runs once per buffer, not per send.
+    - "cuda.core Connection.send", for reference: the list of Buffers through Connection.send,
+      what `conn.send(buffers)` does: multiprocessing's pickler also reduces the memory resource
+      deeply, so each message carries the pool's handle again: a descriptor dup'ed by the
+      parent, which the child, while unpickling, fetches from a thread of the parent
+      (multiprocessing's resource sharer), so that round trip is in the child's clock; the child
+      then finds the pool already registered and closes the descriptor.
+    - "cuda.bindings raw": the parent calls cuMemPoolExportPointer per buffer and sends the
+      64-byte export data as plain bytes; the child receives them and calls
+      cuMemPoolImportPointer per buffer on the imported pool.
+
+    Data and commands travel on two different pipes (Unix socket pairs), so that neither clock
+    contains the other side's wait, as in our benchmarks. The parent's clock covers the path's
+    export, encoding and send on the data pipe, and stops when the send returns; only then does
+    the parent send the command on the control pipe. The child blocks on the control pipe and
+    starts its clock once it has the command, when the whole message is already queued in its
+    data socket (a Unix socket queues a write directly on the peer; the data socket's send
+    buffer is checked beforehand to hold the largest message, so the send never waits for the
+    child). The child's clock stops once the buffers are imported; it then closes or frees them
+    on its stream and synchronizes it, untimed, and replies with its time. Per buffer and
+    repetition: (parent + child) / batch. The three paths alternate within each repetition.
+    """
+    device = Device(0)
+    device.set_current()
+    stream = device.create_stream()
+    mr = DeviceMemoryResource(device, DeviceMemoryResourceOptions(ipc_enabled=True, max_size=SHARE_POOL_MAX))
+    check(cu.cuMemPoolSetAttribute(mr.handle, cu.CUmemPool_attribute.CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                                   cu.cuuint64_t(2**64 - 1)))
+    buffers = [mr.allocate(SHARE_BUFFER, stream=stream) for _ in range(max(SHARE_BATCHES))]
+    stream.sync()
+    pointers = [int(buffer.handle) for buffer in buffers]
+
+    data, data_there = multiprocessing.Pipe()
+    control, control_there = multiprocessing.Pipe()
+    child = multiprocessing.Process(target=share_child, args=(data_there, control_there), daemon=True)
+    child.start()
+    data_there.close()
+    control_there.close()
+    try:
+        # The raw message is 64 bytes a buffer; the pickled one a little more; the handle that
+        # Connection.send adds to each message is a few hundred bytes more.
+        largest = max(len(pickle.dumps(buffers)), EXPORT_DATA_SIZE * len(buffers)) + 4096
+        make_room(data, largest)
+        data.send(mr)
+        ask(control, child, "resource", 0)
+
+        def send_core(chosen, _pointers):
+            data.send_bytes(pickle.dumps(chosen))
+
+        def send_core_connection(chosen, _pointers):
+            data.send(chosen)
+
+        def send_raw(_chosen, chosen_pointers):
+            parts = []
+            for ptr in chosen_pointers:
+                (export,) = check(cu.cuMemPoolExportPointer(ptr))
+                parts.append(ctypes.string_at(export.getPtr(), EXPORT_DATA_SIZE))
+            data.send_bytes(b"".join(parts))
+
+        paths = ((CORE, send_core), (CORE_SEND, send_core_connection), (RAW, send_raw))
+        for batch in SHARE_BATCHES:
+            chosen, chosen_pointers = buffers[:batch], pointers[:batch]
+            warmup, repeats = (SHARE_REPEATS_QUICK if quick else SHARE_REPEATS)[batch]
+            samples = {api: ([], [], []) for api, _ in paths}
+            for rep in range(warmup + repeats):
+                for api, send in paths:
+                    start = time.perf_counter_ns()
+                    send(chosen, chosen_pointers)
+                    parent = time.perf_counter_ns() - start
+                    child_ns = ask(control, child, api, batch)
+                    if rep >= warmup:
+                        parents, children, totals = samples[api]
+                        parents.append(parent / batch)
+                        children.append(child_ns / batch)
+                        totals.append((parent + child_ns) / batch)
+            for api, (parents, children, totals) in samples.items():
+                results.append({"case": "sharing", "batch": batch, "api": api, "buffer_size": SHARE_BUFFER,
+                                "warmup": warmup, "parent": summary(parents), "child": summary(children),
+                                **summary(totals)})
+        control.send(("exit", 0))
+        child.join(SHARE_REPLY_TIMEOUT)
+        if child.exitcode != 0:
+            raise RuntimeError(f"the sharing child exited with {child.exitcode}")
+    finally:
+        if child.is_alive():
+            child.kill()
+            child.join()
+        data.close()
+        control.close()
+    for buffer in buffers:
+        buffer.close(stream)
+    stream.sync()
+
+
+def make_room(conn, largest):
+    """Makes the send buffer of `conn`'s socket hold `largest` bytes twice over (asking for
+    4 MiB, which the kernel caps at net.core.wmem_max), so that a send on it completes without
+    the peer reading; raises if it cannot."""
+    sock = socket.socket(fileno=os.dup(conn.fileno()))
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+        room = sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+    finally:
+        sock.close()
+    if room < 2 * largest:
+        raise RuntimeError(f"the data socket's send buffer ({room} bytes) cannot hold a {largest}-byte message "
+                           "twice: a send could wait for the child and the clocks would overlap")
+
+
+def ask(control, child, command, batch):
+    """Sends `command` for `batch` buffers to the child and returns its reply's value (the
+    child's time in ns, for the timed commands); raises if the child failed or went silent."""
+    control.send((command, batch))
+    if not control.poll(SHARE_REPLY_TIMEOUT):
+        raise RuntimeError(f"the sharing child did not answer {command!r} within {SHARE_REPLY_TIMEOUT} s "
+                           f"(exit code {child.exitcode})")
+    try:
+        status, value = control.recv()
+    except EOFError:
+        child.join(SHARE_REPLY_TIMEOUT)
+        raise RuntimeError(f"the sharing child closed its control pipe (exit code {child.exitcode})") from None
+    if status != "ok":
+        raise RuntimeError(f"the sharing child failed on {command!r}: {value}")
+    return value
+
+
+def share_child(data, control):
+    """The child of `sharing` (spawned): serves the parent's commands until "exit", replying to
+    each on the control pipe; a failure is sent back as its text before the child exits."""
+    try:
+        serve_sharing(data, control)
+    except BaseException as error:
+        control.send(("error", f"{type(error).__name__}: {error}"))
+        raise
+
+
+def serve_sharing(data, control):
+    """The child's loop: "resource" receives the memory resource (untimed); each path's command
+    times the receipt and import of `batch` buffers, then frees them, untimed."""
+    device = Device(0)
+    device.set_current()
+    stream = device.create_stream()
+    mr = None
+    while True:
+        command, batch = control.recv()
+        if command == "exit":
+            return
+        if command == "resource":
+            mr = data.recv()
+            if not mr.is_mapped:
+                raise RuntimeError("the memory resource did not arrive as a mapped resource")
+            control.send(("ok", 0))
+            continue
+        if mr is None:
+            raise RuntimeError(f"{command!r} before the memory resource")
+        pool = mr.handle
+        start = time.perf_counter_ns()
+        if command == CORE:
+            imported = pickle.loads(data.recv_bytes())
+        elif command == CORE_SEND:
+            imported = data.recv()
+        elif command == RAW:
+            payload = data.recv_bytes()
+            imported = []
+            for offset in range(0, len(payload), EXPORT_DATA_SIZE):
+                export = cu.CUmemPoolPtrExportData()
+                ctypes.memmove(export.getPtr(), payload[offset:offset + EXPORT_DATA_SIZE], EXPORT_DATA_SIZE)
+                (ptr,) = check(cu.cuMemPoolImportPointer(pool, export))
+                imported.append(ptr)
+        else:
+            raise RuntimeError(f"unknown command {command!r}")
+        took = time.perf_counter_ns() - start
+        if len(imported) != batch:
+            raise RuntimeError(f"{command}: expected {batch} buffers, got {len(imported)}")
+        for item in imported:
+            if command == RAW:
+                check(cu.cuMemFreeAsync(item, stream.handle))
+            else:
+                if not (item.is_mapped and item.size == SHARE_BUFFER and item.memory_resource is mr):
+                    raise RuntimeError(f"{command}: an imported buffer is not a {SHARE_BUFFER}-byte mapping of the pool")
+                item.close(stream)
+        del imported
+        stream.sync()
+        control.send(("ok", took))
+
+
+# -------------------------------------------------------------------------------------------------
+# 3. VMM growth.
+# -------------------------------------------------------------------------------------------------
 
 
 def vmm_grow(results, quick):
@@ -78,16 +328,19 @@ def vmm_grow(results, quick):
         start = time.perf_counter_ns()
         buffer = vmr.modify_allocation(buffer, i * step)
         times.append(time.perf_counter_ns() - start)
-    times.sort()
-    results.append({"case": "vmm_grow_step", "api": "cuda.core", "steps": steps,
-                    "median_ns": statistics.median(times), "p10_ns": times[len(times) // 10],
-                    "p90_ns": times[(len(times) * 9) // 10]})
+    results.append({"case": "vmm_grow_step", "api": "cuda.core", "steps": steps, **summary(times)})
 
 
 def main():
     quick = "--quick" in sys.argv
+    # cuda.core supports spawned children only (and warns on sharing under "fork").
+    multiprocessing.set_start_method("spawn")
     results = []
     pool_pairs(results, quick)
+    try:
+        sharing(results, quick)
+    except Exception as error:  # reported, not fatal, like the VMM case
+        results.append({"case": "sharing", "error": f"{type(error).__name__}: {error}"})
     try:
         vmm_grow(results, quick)
     except Exception as error:  # reported, not fatal: the pool comparison still stands

@@ -131,12 +131,13 @@ pub(crate) fn set_current(context: CUcontext) -> SimResult {
     Ok(())
 }
 
-/// `cuCtxGetCurrent`: null when none is bound.
+/// `cuCtxGetCurrent`: null when none is bound. It reads the calling thread's context stack only,
+/// so it takes no lock (a destroyed context is still returned, as the driver returns it).
 ///
 /// # Safety
 /// `out` is null or valid for a write.
 pub(crate) unsafe fn get_current(out: *mut CUcontext) -> SimResult {
-    let _state = state::lock()?;
+    state::ensure_initialized()?;
     let current = ctx::current_handle().map_or(std::ptr::null_mut(), as_context);
     // SAFETY: forwarded from the caller.
     unsafe { write_out(out, current) }

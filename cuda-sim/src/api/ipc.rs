@@ -11,7 +11,7 @@ use super::pool::find;
 use crate::context as ctx;
 use crate::error::{SimResult, ensure, fail, write_out};
 use crate::memory::Kind;
-use crate::pool::{Location, Pool};
+use crate::pool::Pool;
 use crate::shared::SharedArena;
 use crate::state;
 
@@ -44,8 +44,11 @@ pub(crate) unsafe fn export_pool(
 }
 
 /// `cuMemPoolImportFromShareableHandle`: `handle` is the file descriptor (as the driver takes
-/// it, cast to a pointer); the caller keeps it. A descriptor that is not an exported pool, or a
-/// device pool whose device this process lacks, is `CUDA_ERROR_INVALID_VALUE`.
+/// it, cast to a pointer); the caller keeps it. The pool's header names its device by physical
+/// index, which becomes this process's ordinal for it (the imported pool's owner, and the
+/// device of pointers imported from it). A descriptor that is not an exported pool, or a device
+/// pool on a device this process does not see (`CUDA_VISIBLE_DEVICES`), is
+/// `CUDA_ERROR_INVALID_VALUE`.
 ///
 /// # Safety
 /// `out` is null or valid for a write.
@@ -62,10 +65,7 @@ pub(crate) unsafe fn import_pool(
     // SAFETY: the descriptor is only duplicated (fcntl), which fails cleanly with EBADF when the
     // number is not an open descriptor; nothing is read through it before that succeeds.
     let borrowed = unsafe { BorrowedFd::borrow_raw(raw) };
-    let (arena, location, kind) = SharedArena::open(borrowed)?;
-    if let Location::Device(device) = location {
-        ensure(device < state.config.devices)?;
-    }
+    let (arena, location, kind) = SharedArena::open(borrowed, &state.config)?;
     let pool = Arc::new(Pool::with_shared(location, kind, POSIX_FD.0, 0, false, Some(arena)));
     let handle = pool.handle;
     state.pools.insert(handle, pool);

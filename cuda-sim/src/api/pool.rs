@@ -88,7 +88,7 @@ pub(crate) unsafe fn create(out: *mut CUmemoryPool, props: *const CUmemPoolProps
     }
     let shared = if handle_types != 0 {
         let capacity = if props.maxSize > 0 { props.maxSize as u64 } else { state.config.memory };
-        Some(SharedArena::create(location, kind, capacity)?)
+        Some(SharedArena::create(location, kind, capacity, &state.config)?)
     } else {
         None
     };

@@ -103,7 +103,7 @@ pub(crate) unsafe fn create(
         }
         *used += size;
     }
-    let physical = match Physical::create(size, location, handle_types) {
+    let physical = match Physical::create(size, location, handle_types, &state.config) {
         Ok(physical) => Arc::new(physical),
         Err(code) => {
             if let Location::Device(device) = location {
@@ -302,7 +302,8 @@ pub(crate) unsafe fn retain(out: *mut CUmemGenericAllocationHandle, addr: *mut c
     unsafe { write_out(out, handle) }
 }
 
-/// `cuMemGetAllocationPropertiesFromHandle`.
+/// `cuMemGetAllocationPropertiesFromHandle`: a device location is this process's ordinal, for
+/// imported allocations too (translated from the physical index when imported).
 ///
 /// # Safety
 /// `out` is null or valid for a write.
@@ -352,8 +353,10 @@ pub(crate) unsafe fn export(
 }
 
 /// `cuMemImportFromShareableHandle`: `os_handle` is the descriptor (cast to a pointer) or a
-/// pointer to a fabric handle. Anything that is not an exported allocation, or one on a device
-/// this process lacks, is `CUDA_ERROR_INVALID_VALUE`.
+/// pointer to a fabric handle. The allocation's header names its device by physical index, which
+/// becomes this process's ordinal for it (what `cuMemGetAllocationPropertiesFromHandle` and
+/// `cuMemSetAccess` then see). Anything that is not an exported allocation, or one on a device
+/// this process does not see (`CUDA_VISIBLE_DEVICES`), is `CUDA_ERROR_INVALID_VALUE`.
 ///
 /// # Safety
 /// `out` is null or valid for a write; for fabric handles, `os_handle` is valid for 64 bytes.
@@ -363,25 +366,22 @@ pub(crate) unsafe fn import(
     handle_type: CUmemAllocationHandleType,
 ) -> SimResult {
     ensure(!out.is_null())?;
+    let mut state = state::lock()?;
     let physical = match handle_type.0 {
         POSIX_FD => {
             let raw = c_int::try_from(os_handle as isize).map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?;
             ensure(raw >= 0)?;
             // SAFETY: the descriptor is only duplicated, which fails cleanly if it is not open.
-            Physical::open(unsafe { BorrowedFd::borrow_raw(raw) })?
+            Physical::open(unsafe { BorrowedFd::borrow_raw(raw) }, &state.config)?
         }
         FABRIC => {
             ensure(!os_handle.is_null())?;
             // SAFETY: a fabric handle is 64 readable bytes by the caller's contract.
             let data = unsafe { os_handle.cast::<CUmemFabricHandle>().read_unaligned() }.data;
-            Physical::open_fabric(&data)?
+            Physical::open_fabric(&data, &state.config)?
         }
         _ => return fail(CUresult::CUDA_ERROR_INVALID_VALUE),
     };
-    let mut state = state::lock()?;
-    if let Location::Device(device) = physical.location {
-        ensure(device < state.config.devices)?;
-    }
     let handle = physical.handle;
     state
         .physicals

@@ -46,7 +46,8 @@ macro_rules! test_name {
 pub(crate) use test_name;
 
 /// Runs the enclosing test's `body` in a fresh process (the simulator's state is per process
-/// and configured at its first `cuInit`) with the given `CUDA_SIM_*` settings.
+/// and configured at its first `cuInit`) with the given `CUDA_SIM_*` (and
+/// `CUDA_VISIBLE_DEVICES`) settings.
 macro_rules! in_child {
     ($env:expr, $body:expr) => {
         $crate::common::run_in_child(&$crate::common::test_name!(), $env, $body)
@@ -60,8 +61,14 @@ const CHILD_ENV: &str = "CUDA_SIM_TEST_CHILD";
 /// several children, one per configuration).
 const CONFIG_ENV: &str = "CUDA_SIM_TEST_CONFIG";
 /// Settings cleared in every child so that the parent's environment does not leak in.
-const SIM_VARS: [&str; 5] =
-    ["CUDA_SIM_DEVICES", "CUDA_SIM_PEER_ACCESS", "CUDA_SIM_MEMORY", "CUDA_MEM_DRIVER", "CUDA_SIM_LIB"];
+const SIM_VARS: [&str; 6] = [
+    "CUDA_SIM_DEVICES",
+    "CUDA_SIM_PEER_ACCESS",
+    "CUDA_SIM_MEMORY",
+    "CUDA_VISIBLE_DEVICES",
+    "CUDA_MEM_DRIVER",
+    "CUDA_SIM_LIB",
+];
 /// How long a child may run before it is killed and the test fails (it should take
 /// milliseconds; this only turns a hang into a failure).
 const CHILD_TIMEOUT: Duration = Duration::from_secs(60);

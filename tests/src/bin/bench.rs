@@ -144,6 +144,8 @@ struct Results {
     pools: Vec<PoolRow>,
     sharing: Vec<ShareRow>,
     vmm: Vec<VmmMode>,
+    /// One growth from one chunk to two, repeated: (moving, its time).
+    first_grows: Vec<(bool, Stats)>,
     lookups: Vec<RateRow>,
     first_call: Option<(Stats, Stats)>,
 }
@@ -188,6 +190,7 @@ fn parent_main() -> Result<(), Error> {
 
     let step = Instant::now();
     results.vmm = vmm(device, simulator)?;
+    results.first_grows = first_grows(device)?;
     println!("[3] VMM growth: done in {:.1} s", step.elapsed().as_secs_f64());
 
     let out = output_dir();
@@ -789,6 +792,45 @@ fn grow_all(device: Device, moving: bool, count: bool) -> Result<(Steps, usize, 
     Ok((steps, unexpected, counts))
 }
 
+/// Repetitions of the single growth (2 MiB to 4 MiB) that cuda.core's side compares with.
+const FIRST_GROW_REPS: usize = 300;
+
+/// One growth from 2 MiB to 4 MiB of a fresh buffer, in place and forced to move, repeated: the
+/// one growth cuda.core 1.2.2 can make (see BENCHMARKS.md), so the comparison has a number for
+/// both. Timed like a step of [`grow_all`]: the grow and dropping the buffer it grew from.
+fn first_grows(device: Device) -> Result<Vec<(bool, Stats)>, Error> {
+    let d = cuda_mem_core::driver()?;
+    let stream = Stream::new(device, StreamOptions::default().non_blocking())?;
+    let vmm = VirtualMemoryResource::new(device, VirtualMemoryResourceOptions::default())?;
+    let mut rows = Vec::new();
+    for moving in [false, true] {
+        let (mut sample, mut unexpected) = (Vec::with_capacity(FIRST_GROW_REPS), 0);
+        for rep in 0..FIRST_GROW_REPS + FIRST_GROW_REPS / 10 {
+            let buffer: VirtualBuffer = vmm.allocate(VMM_STEP, Some(&stream))?;
+            let end = buffer.ptr() + buffer.size() as u64;
+            let block = if moving { Some(Block::reserve_at(d, end, VMM_STEP)?) } else { None };
+            let before = buffer.ptr();
+            let start = Instant::now();
+            let grown = buffer.grow(2 * VMM_STEP)?;
+            drop(buffer);
+            let took = elapsed_ns(start);
+            let in_mode = (grown.ptr() != before) == moving;
+            drop((grown, block));
+            // The first tenth warms up; a growth that did not behave as the mode wants (the
+            // driver did not give the blocking reservation the address asked for) is left out.
+            if rep >= FIRST_GROW_REPS / 10 {
+                if in_mode { sample.push(took) } else { unexpected += 1 }
+            }
+        }
+        let stats = Stats::of(sample);
+        let mode = if moving { "forced to move" } else { "in place" };
+        println!("  one growth 2 MiB -> 4 MiB, {mode}: {} ({unexpected} left out)", stats.show());
+        rows.push((moving, stats));
+    }
+    stream.synchronize()?;
+    Ok(rows)
+}
+
 /// Arms an injected failure of every counted function at its `ARM_AT`th next call.
 fn arm(d: &Driver) -> Result<(), Error> {
     for function in COUNTED {
@@ -1038,6 +1080,19 @@ fn json(results: &Results) -> String {
         })
         .collect();
     out.push_str(&rows.join(",\n"));
+    out.push_str("\n  ],\n  \"vmm_first_grow\": [\n");
+    let rows: Vec<String> = results
+        .first_grows
+        .iter()
+        .map(|(moving, stats)| {
+            format!(
+                r#"    {{"mode":"{}","per_grow":{}}}"#,
+                if *moving { "forced to move" } else { "in place" },
+                stats.json()
+            )
+        })
+        .collect();
+    out.push_str(&rows.join(",\n"));
     out.push_str("\n  ],\n  \"rates\": [\n");
     let rows: Vec<String> = results
         .lookups
@@ -1131,6 +1186,14 @@ fn markdown(results: &Results) -> String {
         md.push_str("\nDriver calls per step are counted on the simulator only.\n");
     }
 
+    if !results.first_grows.is_empty() {
+        md.push_str("\nOne growth of a fresh buffer from 2 MiB to 4 MiB (the grow and dropping the old buffer):\n\n");
+        md.push_str("| mode | per growth |\n|---|---|\n");
+        for (moving, stats) in &results.first_grows {
+            let _ = writeln!(md, "| {} | {} |", if *moving { "forced to move" } else { "in place" }, stats.show());
+        }
+    }
+
     md.push_str("\n## 4. Registry lookups and duplicate-import cache hits\n\n");
     md.push_str("| operation | threads | per second (all threads) |\n|---|---|---|\n");
     for r in &results.lookups {
@@ -1157,12 +1220,15 @@ fn markdown(results: &Results) -> String {
 /// One line of a plot: its name, its colour and its (x, y) points.
 type Series<'a> = (&'a str, &'a str, Vec<(f64, f64)>);
 
-/// A plot: lines of (x, y) points, log-scale x when asked.
+/// A plot: lines of (x, y) points, log-scale x or y when asked.
 struct Plot<'a> {
     title: &'a str,
     x_label: &'a str,
     y_label: &'a str,
     log_x: bool,
+    /// Decades on the y axis: for lines that differ by orders of magnitude, where one outlier
+    /// would otherwise flatten everything else against the axis.
+    log_y: bool,
     series: Vec<Series<'a>>,
     x_ticks: Vec<(f64, String)>,
 }
@@ -1171,20 +1237,30 @@ fn svg(plot: &Plot<'_>) -> String {
     // Room on the left for the tick labels and the axis title, on the right for the last x
     // label, and on top for the legend (drawn in one row, outside the plot so no line hides it).
     let (w, h, left, right, top, bottom) = (780.0, 460.0, 104.0, 48.0, 64.0, 60.0);
-    let points = plot.series.iter().flat_map(|s| s.2.iter().copied());
+    // Non-positive values have no place on a log axis: they are left out of it.
+    let points = plot.series.iter().flat_map(|s| s.2.iter().copied()).filter(|&(_, y)| !plot.log_y || y > 0.0);
     let fx = |x: f64| if plot.log_x { x.log2() } else { x };
-    let (mut x0, mut x1, mut y1) = (f64::MAX, f64::MIN, 0.0f64);
+    let (mut x0, mut x1, mut y_min, mut y_max) = (f64::MAX, f64::MIN, f64::MAX, 0.0f64);
     for (x, y) in points {
         x0 = x0.min(fx(x));
         x1 = x1.max(fx(x));
-        y1 = y1.max(y);
+        y_min = y_min.min(y);
+        y_max = y_max.max(y);
     }
     if x1 <= x0 {
         x1 = x0 + 1.0;
     }
-    let y1 = if y1 > 0.0 { y1 * 1.1 } else { 1.0 };
+    // The y axis in its own units: decades (log) or the value, from y0 to y1.
+    let (y0, y1) = if plot.log_y {
+        let low = if y_min < f64::MAX { y_min.log10().floor() } else { 0.0 };
+        let high = if y_max > 0.0 { y_max.log10().ceil() } else { 1.0 };
+        (low, if high > low { high } else { low + 1.0 })
+    } else {
+        (0.0, if y_max > 0.0 { y_max * 1.1 } else { 1.0 })
+    };
+    let fy = |y: f64| if plot.log_y { y.max(f64::MIN_POSITIVE).log10() } else { y };
     let px = |x: f64| left + (fx(x) - x0) / (x1 - x0) * (w - left - right);
-    let py = |y: f64| h - bottom - y / y1 * (h - top - bottom);
+    let py = |y: f64| h - bottom - (fy(y) - y0) / (y1 - y0) * (h - top - bottom);
     let mut out = format!(
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="12">
 <rect width="100%" height="100%" fill="white"/>
@@ -1207,8 +1283,13 @@ fn svg(plot: &Plot<'_>) -> String {
         (top + h - bottom) / 2.0,
         plot.y_label
     );
-    for i in 0..=5 {
-        let y = y1 * f64::from(i) / 5.0;
+    let y_ticks: Vec<f64> = if plot.log_y {
+        // One tick per decade (y0 and y1 are whole decades).
+        (0..=(y1 - y0) as i32).map(|i| 10f64.powf(y0 + f64::from(i))).collect()
+    } else {
+        (0..=5).map(|i| y1 * f64::from(i) / 5.0).collect()
+    };
+    for y in y_ticks {
         let _ = writeln!(
             out,
             r##"<line x1="{left}" y1="{0:.1}" x2="{1}" y2="{0:.1}" stroke="#ddd"/><text x="{2}" y="{3:.1}" text-anchor="end">{4}</text>"##,
@@ -1224,11 +1305,12 @@ fn svg(plot: &Plot<'_>) -> String {
             writeln!(out, r#"<text x="{:.1}" y="{}" text-anchor="middle">{label}</text>"#, px(*x), h - bottom + 18.0);
     }
     for (i, (name, color, points)) in plot.series.iter().enumerate() {
-        let path: Vec<String> = points.iter().map(|&(x, y)| format!("{:.1},{:.1}", px(x), py(y))).collect();
+        let shown = || points.iter().filter(|&&(_, y)| !plot.log_y || y > 0.0);
+        let path: Vec<String> = shown().map(|&(x, y)| format!("{:.1},{:.1}", px(x), py(y))).collect();
         let _ =
             writeln!(out, r#"<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{}"/>"#, path.join(" "));
         if points.len() <= 16 {
-            for &(x, y) in points {
+            for &(x, y) in shown() {
                 let _ = writeln!(out, r#"<circle cx="{:.1}" cy="{:.1}" r="3" fill="{color}"/>"#, px(x), py(y));
             }
         }
@@ -1258,8 +1340,9 @@ fn vmm_svg(modes: &[VmmMode]) -> String {
     svg(&Plot {
         title: "VMM grow: time per 2 MiB step vs buffer size",
         x_label: "buffer size after the step",
-        y_label: "time per step",
+        y_label: "time per step (log scale)",
         log_x: false,
+        log_y: true,
         series,
         x_ticks,
     })
@@ -1285,6 +1368,7 @@ fn pools_svg(rows: &[PoolRow]) -> String {
         x_label: "allocation size (log scale)",
         y_label: "time per pair (median)",
         log_x: true,
+        log_y: false,
         series,
         x_ticks,
     })
