@@ -4,7 +4,7 @@
 //! the same pointer, and the first free unmaps it for both (nvbug 5570902). So every import goes
 //! through this cache, keyed by the pool it is mapped through and the driver's export data: the
 //! first import maps, later ones share it, and only the last holder's release unmaps, after the
-//! work every earlier holder enqueued (an event per released holder). Lookup-or-import and
+//! work every earlier holder enqueued (an event per stream on which a holder let go). Lookup-or-import and
 //! release both run under one lock, so concurrent imports and drops neither race nor
 //! double-free.
 
@@ -23,9 +23,13 @@ type Key = (usize, [u8; EXPORT_DATA_LEN]);
 struct Entry {
     ptr: DevicePtr,
     holders: usize,
-    /// An event after each released holder's work, on its stream: the last holder's unmap
-    /// waits for them all.
-    released: Vec<Event>,
+    /// For each stream a released holder's work was on, an event after that work: the last
+    /// holder's unmap waits for them all. Work on one stream is ordered, so a later release on
+    /// the same stream records the same event again (the list grows with the streams, not with
+    /// the releases); events whose work has completed are dropped as holders let go. The stream
+    /// is kept (a clone) so that, while its event stands for it, no new stream can get its
+    /// handle and be mistaken for it.
+    released: Vec<(Stream, Event)>,
 }
 
 #[derive(Default)]
@@ -107,13 +111,11 @@ pub(crate) unsafe fn release(pool: &MemoryPool, ptr: DevicePtr, stream: &Stream)
     };
     if entry.holders > 1 {
         // Not the last: remember where this holder's work ends, for the last one to wait on.
-        let event = Event::new(stream.device(), EventOptions::default())?;
-        event.record(stream)?;
-        entry.released.push(event);
+        note_release(&mut entry.released, stream)?;
         entry.holders -= 1;
         return Ok(());
     }
-    for event in &entry.released {
+    for (_, event) in &entry.released {
         stream.wait(event)?;
     }
     // SAFETY: the last holder is releasing, under the cache lock, so no import can hand the
@@ -123,6 +125,21 @@ pub(crate) unsafe fn release(pool: &MemoryPool, ptr: DevicePtr, stream: &Stream)
     unsafe { pool.free_imported(ptr, stream) }?;
     cache.by_key.remove(&key);
     cache.by_ptr.remove(&ptr);
+    Ok(())
+}
+
+/// Marks where `stream`'s work ends, for the last holder to wait on: records the event kept for
+/// `stream` again, or keeps a new one, after dropping those whose work has completed.
+fn note_release(released: &mut Vec<(Stream, Event)>, stream: &Stream) -> Result<()> {
+    if let Some((_, event)) = released.iter().find(|(kept, _)| kept == stream) {
+        event.record(stream)?;
+        return Ok(());
+    }
+    // An event whose query fails is kept: waiting on it is the safe side.
+    released.retain(|(_, event)| !event.is_complete().unwrap_or(false));
+    let event = Event::new(stream.device(), EventOptions::default())?;
+    event.record(stream)?;
+    released.push((stream.clone(), event));
     Ok(())
 }
 
@@ -137,4 +154,14 @@ pub fn holders(ptr: DevicePtr) -> usize {
         .as_ref()
         .and_then(|cache| cache.by_ptr.get(&ptr).and_then(|key| cache.by_key.get(key)))
         .map_or(0, |e| e.holders)
+}
+
+/// How many streams the last release of the import at `ptr` will wait on: one per stream on
+/// which an earlier holder let go and whose work had not completed when last checked (0 when
+/// not imported). For diagnostics and tests.
+pub fn pending_waits(ptr: DevicePtr) -> usize {
+    lock()
+        .as_ref()
+        .and_then(|cache| cache.by_ptr.get(&ptr).and_then(|key| cache.by_key.get(key)))
+        .map_or(0, |e| e.released.len())
 }

@@ -105,6 +105,46 @@ fn duplicate_imports_share_one_mapping_freed_by_the_last_holder() {
 }
 
 #[test]
+fn released_holders_leave_one_event_per_stream_for_the_last() {
+    let (device, stream) = setup();
+    let dmr = DeviceMemoryResource::new(device, DeviceMemoryResourceOptions::default().ipc_enabled(true)).unwrap();
+    let mut buffer = dmr.allocate(1 << 16, &stream).unwrap();
+    buffer.fill(FillPattern::U8(0x5a), &stream).unwrap();
+    stream.synchronize().unwrap();
+    let (tx, rx) = pair();
+    tx.send_buffers(&[&buffer]).unwrap();
+    let Received::Resource(mapped) = rx.recv(&stream).unwrap() else { panic!() };
+    let Received::Buffers(mut held) = rx.recv(&stream).unwrap() else { panic!() };
+    let held = held.remove(0);
+    let descriptor = buffer_descriptor(&buffer).unwrap();
+    let ptr = held.ptr();
+    let streams: Vec<Stream> =
+        (0..3).map(|_| Stream::new(device, StreamOptions::default().non_blocking()).unwrap()).collect();
+    // Many duplicate imports let go on three streams: three events, not one per release.
+    for round in 0..100 {
+        for s in &streams {
+            let mut again = mapped.import_buffer(&descriptor, s).unwrap();
+            if round % 10 == 0 {
+                again.fill(FillPattern::U8(0x5a), s).unwrap();
+            }
+            drop(again);
+            assert!(import_cache::pending_waits(ptr) <= streams.len());
+        }
+    }
+    assert_eq!(import_cache::holders(ptr), 1);
+    // Once their work has completed, the next release on another stream drops them.
+    for s in &streams {
+        s.synchronize().unwrap();
+    }
+    drop(mapped.import_buffer(&descriptor, &stream).unwrap());
+    assert_eq!(import_cache::pending_waits(ptr), 1);
+    drop(held);
+    assert_eq!((import_cache::holders(ptr), import_cache::pending_waits(ptr)), (0, 0));
+    stream.synchronize().unwrap();
+    assert!(cuda_mem_core::take_drop_errors().is_empty());
+}
+
+#[test]
 fn bad_descriptors_are_refused_and_leave_nothing_mapped() {
     let (device, stream) = setup();
     let dmr = DeviceMemoryResource::new(device, DeviceMemoryResourceOptions::default().ipc_enabled(true)).unwrap();

@@ -3,7 +3,8 @@ cuda.core and through raw cuda.bindings calls on the same driver, in the same ru
 
 Prints one JSON object on stdout. Run by xtask in a private virtual environment, with
 LD_LIBRARY_PATH pointing at the driver to use (the simulator, or nothing on a GPU machine); the
-child process of the sharing case inherits it. `--quick` takes fewer samples.
+child process of the sharing case inherits it. `--quick` takes fewer samples; `--pool-pairs`
+runs case (1) only.
 """
 import ctypes
 import json
@@ -38,27 +39,55 @@ def summary(samples):
 # -------------------------------------------------------------------------------------------------
 
 
-def timed(fn, repeats, inner, between=None):
-    """Median and p10/p90 of `repeats` samples, each the mean over `inner` calls, in ns; `between`,
-    if given, runs before each sample, outside the clock."""
-    for _ in range(inner):
-        fn()
-    samples = []
-    for _ in range(repeats):
-        if between is not None:
+def native_raw_pairs():
+    """The native loop of raw allocate+free pairs (`raw_pairs.rs`, built by xtask and named by
+    CUDA_MEM_RAW_PAIRS), bound to the driver's entry points; None when it is not there."""
+    path = os.environ.get("CUDA_MEM_RAW_PAIRS")
+    if not path:
+        return None
+    helper = ctypes.CDLL(path)
+    helper.raw_pairs.restype = ctypes.c_int
+    helper.raw_pairs.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
+                                 ctypes.c_void_p, ctypes.c_size_t]
+    # The library cuda.bindings loaded: dlopen of the same name returns it.
+    libcuda = ctypes.CDLL("libcuda.so.1")
+    alloc = ctypes.cast(libcuda.cuMemAllocFromPoolAsync, ctypes.c_void_p).value
+    free = ctypes.cast(libcuda.cuMemFreeAsync, ctypes.c_void_p).value
+
+    def pairs(size, pool, stream, n):
+        result = helper.raw_pairs(alloc, free, size, pool, stream, n)
+        if result != 0:
+            raise RuntimeError(f"native raw pairs failed: CUresult {result}")
+
+    return pairs
+
+
+def timed_alternating(fns, repeats, inner, between):
+    """`timed` for several ways of doing the same thing, sampled in turn (each sample of each
+    right after one of the others, so that they share the machine's load): a dict of summaries.
+    Each fn(n) does n operations; a sample is the mean over `inner` of them, in ns."""
+    for fn in fns.values():
+        fn(inner)
+    samples = {name: [] for name in fns}
+    for rep in range(repeats):
+        order = list(fns.items())
+        if rep % 2:
+            order.reverse()  # neither always follows the other
+        for name, fn in order:
             between()
-        start = time.perf_counter_ns()
-        for _ in range(inner):
-            fn()
-        samples.append((time.perf_counter_ns() - start) / inner)
-    return summary(samples)
+            start = time.perf_counter_ns()
+            fn(inner)
+            samples[name].append((time.perf_counter_ns() - start) / inner)
+    return {name: summary(s) for name, s in samples.items()}
 
 
 def pool_pairs(results, quick):
-    """Allocate+free pairs on one stream, through cuda.core and through raw cuda.bindings calls.
-    The stream is synchronized between samples, outside the clock, as in our benchmarks: on the
-    simulator a pool's memory comes back when the stream reaches the free, and thousands of
-    pending 4 MiB frees could otherwise run a loaded machine out of simulated memory."""
+    """Allocate+free pairs on one stream: through cuda.core, through raw cuda.bindings calls (in
+    Python) and, when xtask built it, through the native loop of raw calls, the floor both
+    overheads are taken from, sampled in turn in this process. The stream is synchronized
+    between samples, outside the clock, as in our benchmarks: on the simulator a pool's memory
+    comes back when the stream reaches the free, and thousands of pending 4 MiB frees could
+    otherwise run a loaded machine out of simulated memory."""
     device = Device(0)
     device.set_current()
     stream = device.create_stream()
@@ -67,19 +96,23 @@ def pool_pairs(results, quick):
     check(cu.cuMemPoolSetAttribute(pool, cu.CUmemPool_attribute.CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
                                    cu.cuuint64_t(2**64 - 1)))
     raw_stream = stream.handle
+    native = native_raw_pairs()
     repeats, inner = (15, 200) if quick else (31, 1000)
     for size in (256, 64 << 10, 4 << 20):
-        def through_core():
-            mr.allocate(size, stream=stream).close()
+        def through_core(n):
+            for _ in range(n):
+                mr.allocate(size, stream=stream).close()
 
-        def raw():
-            (ptr,) = check(cu.cuMemAllocFromPoolAsync(size, pool, raw_stream))
-            check(cu.cuMemFreeAsync(ptr, raw_stream))
+        def raw(n):
+            for _ in range(n):
+                (ptr,) = check(cu.cuMemAllocFromPoolAsync(size, pool, raw_stream))
+                check(cu.cuMemFreeAsync(ptr, raw_stream))
 
-        results.append({"case": "pool_pair", "size": size, "api": "cuda.core",
-                        **timed(through_core, repeats, inner, stream.sync)})
-        results.append({"case": "pool_pair", "size": size, "api": "cuda.bindings raw",
-                        **timed(raw, repeats, inner, stream.sync)})
+        fns = {"cuda.core": through_core, "cuda.bindings raw": raw}
+        if native is not None:
+            fns["native raw"] = lambda n: native(size, int(pool), int(raw_stream), n)  # noqa: B023
+        for api, stats in timed_alternating(fns, repeats, inner, stream.sync).items():
+            results.append({"case": "pool_pair", "size": size, "api": api, **stats})
     stream.sync()
 
 
@@ -331,8 +364,46 @@ def vmm_grow(results, quick):
     results.append({"case": "vmm_grow_step", "api": "cuda.core", "steps": steps, **summary(times)})
 
 
+def vmm_first_grow(results, quick):
+    """One growth of a fresh 2 MiB buffer to 4 MiB through modify_allocation, repeated: the one
+    growth cuda.core 1.2.2 completes (the series above fails at the second, see BENCHMARKS.md).
+    Its in-place path is unreachable (it compares the reserved `CUdeviceptr` with an `int`, never
+    equal), so every growth moves, whatever room the driver left. Timed: the call, which also
+    frees the old range, as our timing includes dropping the buffer grown from. The new buffer is
+    closed outside the clock. Each growth leaks two handle references (the retained old chunk's
+    and the new chunk's, never released), which the driver keeps until the process ends: the
+    repetitions are few enough for that to fit."""
+    from cuda.core import VirtualMemoryResource, VirtualMemoryResourceOptions
+
+    device = Device(0)
+    device.set_current()
+    vmr = VirtualMemoryResource(device, VirtualMemoryResourceOptions())
+    step = 2 << 20
+    reps = 30 if quick else 100
+    times, moved = [], 0
+    for rep in range(reps + reps // 10):
+        buffer = vmr.allocate(step)
+        before = int(buffer.handle)
+        start = time.perf_counter_ns()
+        grown = vmr.modify_allocation(buffer, 2 * step)
+        took = time.perf_counter_ns() - start
+        moved += int(grown.handle) != before
+        grown.close()
+        if rep >= reps // 10:  # the first tenth warms up
+            times.append(took)
+    results.append(
+        {"case": "vmm_first_grow", "api": "cuda.core", "moved": moved, "of": reps + reps // 10, **summary(times)}
+    )
+
+
 def main():
     quick = "--quick" in sys.argv
+    if "--pool-pairs" in sys.argv:
+        # Case (1) alone: xtask alternates it with ours, so both run under the same load.
+        results = []
+        pool_pairs(results, quick)
+        print(json.dumps({"results": results}))
+        return
     # cuda.core supports spawned children only (and warns on sharing under "fork").
     multiprocessing.set_start_method("spawn")
     results = []
@@ -341,6 +412,10 @@ def main():
         sharing(results, quick)
     except Exception as error:  # reported, not fatal, like the VMM case
         results.append({"case": "sharing", "error": f"{type(error).__name__}: {error}"})
+    try:
+        vmm_first_grow(results, quick)
+    except Exception as error:  # reported, not fatal, like the whole series below
+        results.append({"case": "vmm_first_grow", "api": "cuda.core", "error": f"{type(error).__name__}: {error}"})
     try:
         vmm_grow(results, quick)
     except Exception as error:  # reported, not fatal: the pool comparison still stands

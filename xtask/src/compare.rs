@@ -12,27 +12,52 @@ pub const CUDA_CORE: &str = "cuda-core==1.2.2";
 
 /// Runs cuda.core's benchmarks on the simulator (when `on_simulator`) or on the driver the
 /// normal library search finds; returns their JSON.
-pub fn run(workspace: &Path, on_simulator: bool, quick: bool) -> Result<String, String> {
+pub fn run(workspace: &Path, on_simulator: bool, args: &[&str]) -> Result<String, String> {
     let python = python_smoke::venv(workspace, &[python_smoke::CUDA_BINDINGS, CUDA_CORE])??;
     let script = workspace.join("xtask/compare/cuda_core_bench.py");
     let mut command = Command::new(python);
-    command.arg(&script).env_remove("CUDA_SIM_DEVICES");
-    if quick {
-        command.arg("--quick");
-    }
+    command
+        .arg(&script)
+        .args(args)
+        .env_remove("CUDA_SIM_DEVICES")
+        .env("CUDA_MEM_RAW_PAIRS", raw_pairs_library(workspace)?);
     if on_simulator {
         command.env("LD_LIBRARY_PATH", python_smoke::simulator_lib_dir(workspace, "release")?);
     }
-    let output = command.output().map_err(|e| format!("running {}: {e}", script.display()))?;
+    stdout_of(&mut command, &script.display().to_string())
+}
+
+/// Runs `command` (`what`, for messages) and returns its standard output; a failure, with its
+/// standard error, is an error.
+fn stdout_of(command: &mut Command, what: &str) -> Result<String, String> {
+    let output = command.output().map_err(|e| format!("running {what}: {e}"))?;
     if !output.status.success() {
-        return Err(format!(
-            "{} failed ({}): {}",
-            script.display(),
-            output.status,
-            String::from_utf8_lossy(&output.stderr)
-        ));
+        return Err(format!("{what} failed ({}): {}", output.status, String::from_utf8_lossy(&output.stderr)));
     }
-    String::from_utf8(output.stdout).map_err(|e| format!("cuda.core's output is not UTF-8: {e}"))
+    String::from_utf8(output.stdout).map_err(|e| format!("the output of {what} is not UTF-8: {e}"))
+}
+
+/// Builds `xtask/compare/raw_pairs.rs`, the native loop of raw allocate+free pairs that
+/// cuda.core's side takes its floor from (in its own process), unless it is up to date; returns
+/// the library's path.
+fn raw_pairs_library(workspace: &Path) -> Result<std::path::PathBuf, String> {
+    let source = workspace.join("xtask/compare/raw_pairs.rs");
+    let library = workspace.join("target/python-smoke/libraw_pairs.so");
+    let modified = |path: &Path| std::fs::metadata(path).and_then(|m| m.modified()).ok();
+    if modified(&library).is_some_and(|built| modified(&source).is_some_and(|changed| built >= changed)) {
+        return Ok(library);
+    }
+    let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
+    let status = Command::new(rustc)
+        .args(["--edition", "2021", "--crate-type", "cdylib", "-C", "opt-level=3", "-o"])
+        .arg(&library)
+        .arg(&source)
+        .status()
+        .map_err(|e| format!("running rustc for {}: {e}", source.display()))?;
+    if !status.success() {
+        return Err(format!("rustc could not build {} ({status})", source.display()));
+    }
+    Ok(library)
 }
 
 /// The median of a `{"median": …}` (ours) or `{"median_ns": …}` (cuda.core's) object.
@@ -69,7 +94,7 @@ pub fn compare(workspace: &Path) -> Result<(), String> {
         std::fs::read_to_string(out.join("results.json")).map_err(|e| format!("reading results.json: {e}"))?;
     let ours = json::parse(&ours_text)?;
     let on_simulator = ours.get("simulator").and_then(Value::as_bool).unwrap_or(true);
-    let theirs_text = run(workspace, on_simulator, false)?;
+    let theirs_text = run(workspace, on_simulator, &[])?;
     let theirs = json::parse(theirs_text.trim())?;
     let their_results = theirs.get("results").and_then(Value::as_array).unwrap_or_default();
     let mut vmm = String::new();
@@ -84,54 +109,135 @@ pub fn compare(workspace: &Path) -> Result<(), String> {
     let text = format!(
         "# cuda-mem against cuda.core ({CUDA_CORE}, {}), on {driver}\n\n\
          ## 1. Pool allocate+free pairs\n\n\
-         Allocate+free pairs on one stream, medians. Overhead = the API's time per pair minus the raw driver \
-         calls' time (cuda-sys, native) in the same run, on the same driver; the target is ours at most 1/20 of \
+         Allocate+free pairs on one stream, on one thread, medians per pair. Each API is sampled in turn with \
+         the raw driver calls made natively in its own process, on its pool and stream (ours: cuda-sys; \
+         cuda.core's: `raw_pairs.rs`, a native loop through the driver's entry points, called from the \
+         script), so that an overhead is the API's median minus the raw median measured beside it. \
+         {POOL_ROUNDS} rounds, ours then cuda.core's each time; the table shows the median over the rounds, the \
+         ratio of the median overheads, and each round's ratio. The target is ours at most 1/20 (0.05) of \
          cuda.core's. Negative values are noise.\n\n{}\n\
          ## 2. Sharing with a child process\n\n{}\n\
-         ## 3. VMM growth\n\n{vmm}",
+         ## 3. VMM growth\n\n{}\n{vmm}",
         python_smoke::CUDA_BINDINGS,
-        pool_table(&ours, their_results),
+        pool_table(&pool_rounds(workspace, on_simulator)?) + &additivity(&ours),
         sharing_tables(&ours, their_results),
+        first_grow_table(&ours, their_results),
     );
     std::fs::write(out.join("compare.md"), &text).map_err(|e| format!("writing compare.md: {e}"))?;
     println!("{text}");
     Ok(())
 }
 
-/// Case (1): allocate+free pairs on one thread, ours against cuda.core's.
-fn pool_table(ours: &Value, their_results: &[Value]) -> String {
+/// How many times [`pool_rounds`] runs each side of case (1).
+const POOL_ROUNDS: usize = 5;
+
+/// One round of case (1): our `bench --pool-pairs` rows, then cuda.core's `pool_pair` rows.
+struct PoolRound {
+    ours: Vec<Value>,
+    theirs: Vec<Value>,
+}
+
+/// Runs case (1) [`POOL_ROUNDS`] times on each side, alternating: the simulator's cost per pair
+/// drifts with the machine's load by more than either API's overhead, and one side measured
+/// minutes after the other compares the load as much as the APIs.
+fn pool_rounds(workspace: &Path, on_simulator: bool) -> Result<Vec<PoolRound>, String> {
+    let bench = workspace.join("target/release/bench");
+    (0..POOL_ROUNDS)
+        .map(|round| {
+            println!("case (1), round {} of {POOL_ROUNDS}: ours, then cuda.core's", round + 1);
+            let stdout =
+                stdout_of(Command::new(&bench).arg("--pool-pairs"), &format!("{} --pool-pairs", bench.display()))?;
+            let last = stdout.lines().last().unwrap_or_default();
+            let ours = json::parse(last)?.get("pools").and_then(Value::as_array).unwrap_or_default().to_vec();
+            let theirs_text = run(workspace, on_simulator, &["--pool-pairs"])?;
+            let theirs = json::parse(theirs_text.trim())?;
+            let theirs = theirs.get("results").and_then(Value::as_array).unwrap_or_default().to_vec();
+            Ok(PoolRound { ours, theirs })
+        })
+        .collect()
+}
+
+/// The median of `values` (NaN for none), the middle two averaged.
+fn median_of(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    match values.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => values[n / 2],
+        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+    }
+}
+
+/// Case (1): allocate+free pairs on one thread, ours against cuda.core's, over the rounds.
+fn pool_table(rounds: &[PoolRound]) -> String {
     let mut table = String::from(
-        "| size | raw driver calls (cuda-sys) | ours: safe | our overhead | cuda.core | cuda.core overhead | ours / theirs | raw cuda.bindings (Python, for reference) |\n\
-         |---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| size | raw calls, our process | ours: safe | our overhead | raw calls, cuda.core's process | cuda.core | cuda.core overhead | ours / theirs | each round's ours / theirs | raw cuda.bindings (Python, for reference) |\n\
+         |---:|---:|---:|---:|---:|---:|---:|---:|---|---:|\n",
     );
-    for pool in ours.get("pools").and_then(Value::as_array).unwrap_or_default() {
-        if pool.get("threads").and_then(Value::as_number) != Some(1.0) {
-            continue;
-        }
-        let size = pool.get("size").and_then(Value::as_number).unwrap_or(0.0);
-        let safe = pool.get("safe_per_pair").and_then(|v| median(v, "median")).unwrap_or(f64::NAN);
-        let raw = pool.get("raw_per_pair").and_then(|v| median(v, "median")).unwrap_or(f64::NAN);
-        let find = |api: &str| {
-            their_results
-                .iter()
-                .find(|r| {
-                    r.get("case").and_then(Value::as_str) == Some("pool_pair")
-                        && r.get("size").and_then(Value::as_number) == Some(size)
-                        && r.get("api").and_then(Value::as_str) == Some(api)
-                })
-                .and_then(|r| median(r, "median_ns"))
-                .unwrap_or(f64::NAN)
-        };
-        let (core, core_raw) = (find("cuda.core"), find("cuda.bindings raw"));
-        // Both overheads are measured against the same native raw pair: Python's own raw calls
-        // (cuda.bindings) carry interpreter costs that cuda.core's compiled path does not.
-        let (ours_over, theirs_over) = (safe - raw, core - raw);
+    for size in [256.0, 65536.0, 4194304.0] {
+        // Per round: our raw, ours, their native raw, cuda.core, cuda.bindings raw (medians per
+        // pair).
+        let per_round: Vec<[f64; 5]> = rounds
+            .iter()
+            .map(|round| {
+                let ours = round.ours.iter().find(|r| r.get("size").and_then(Value::as_number) == Some(size));
+                let of =
+                    |key: &str| ours.and_then(|r| r.get(key)).and_then(|v| median(v, "median")).unwrap_or(f64::NAN);
+                let theirs = |api: &str| {
+                    round
+                        .theirs
+                        .iter()
+                        .find(|r| {
+                            r.get("case").and_then(Value::as_str) == Some("pool_pair")
+                                && r.get("size").and_then(Value::as_number) == Some(size)
+                                && r.get("api").and_then(Value::as_str) == Some(api)
+                        })
+                        .and_then(|r| median(r, "median_ns"))
+                        .unwrap_or(f64::NAN)
+                };
+                [
+                    of("raw_per_pair"),
+                    of("safe_per_pair"),
+                    theirs("native raw"),
+                    theirs("cuda.core"),
+                    theirs("cuda.bindings raw"),
+                ]
+            })
+            .collect();
+        let column = |i: usize| median_of(per_round.iter().map(|r| r[i]).collect());
+        // Each overhead is taken from the native raw pair measured in its own process, sampled
+        // in turn with it: Python's own raw calls (cuda.bindings) carry interpreter costs that
+        // cuda.core's compiled path does not, so they are no floor for it.
+        let ours_over = median_of(per_round.iter().map(|r| r[1] - r[0]).collect());
+        let theirs_over = median_of(per_round.iter().map(|r| r[3] - r[2]).collect());
+        let each: Vec<String> = per_round.iter().map(|r| format!("{:.3}", (r[1] - r[0]) / (r[3] - r[2]))).collect();
         table.push_str(&format!(
-            "| {size} | {raw:.0} ns | {safe:.0} ns | {ours_over:.0} ns | {core:.0} ns | {theirs_over:.0} ns | {:.3} | {core_raw:.0} ns |\n",
-            ours_over / theirs_over
+            "| {size} | {:.0} ns | {:.0} ns | {ours_over:.0} ns | {:.0} ns | {:.0} ns | {theirs_over:.0} ns | {:.3} | {} | {:.0} ns |\n",
+            column(0),
+            column(1),
+            column(2),
+            column(3),
+            ours_over / theirs_over,
+            each.join(", "),
+            column(4),
         ));
     }
     table
+}
+
+/// The additivity check of our run (`results.json`'s `pacing`), as a note under case (1).
+fn additivity(ours: &Value) -> String {
+    let pacing = ours.get("pacing");
+    let number = |key: &str| pacing.and_then(|p| p.get(key)).and_then(Value::as_number);
+    match (number("hidden_ns"), number("work_ns")) {
+        (Some(hidden), Some(work)) => format!(
+            "\nAdditivity on this driver (our run's check, BENCHMARKS.md method item 1): raw pairs with {work:.0} ns of \
+             the caller's own work after each took {hidden:.0} ns less than alone, the work's time taken off. Caller \
+             work of up to about {:.0} ns per pair, an API's overhead included, can hide in the driver's time, on \
+             either side, so overheads that small are not resolved here.\n",
+            hidden.clamp(0.0, work)
+        ),
+        _ => String::new(),
+    }
 }
 
 /// Case (2): sharing buffers with a child, per buffer, ours (`results.json`'s `sharing` rows)
@@ -210,5 +316,41 @@ fn sharing_tables(ours: &Value, their_results: &[Value]) -> String {
          compiled import path, so it cannot serve as cuda.core's floor. The last column sends the list with \
          `Connection.send`, whose pickler sends the pool's handle again with every message.\n\n{table}\n\
          Parent + child, medians per buffer:\n\n{split}"
+    )
+}
+
+/// Case (3) as far as cuda.core 1.2.2 goes: one growth of a fresh buffer from 2 MiB to 4 MiB,
+/// ours (`results.json`'s `vmm_first_grow` rows) against cuda.core's `modify_allocation`.
+fn first_grow_table(ours: &Value, their_results: &[Value]) -> String {
+    let Some(theirs) = their_results.iter().find(|r| r.get("case").and_then(Value::as_str) == Some("vmm_first_grow"))
+    else {
+        return "cuda.core first growth: not measured\n".to_string();
+    };
+    if let Some(error) = theirs.get("error").and_then(Value::as_str) {
+        return format!("cuda.core first growth: failed on this driver: {error}\n");
+    }
+    let core = Spread::of(Some(theirs), "_ns");
+    let count = |key: &str| theirs.get(key).and_then(Value::as_number).unwrap_or(f64::NAN);
+    let mut table = String::from(
+        "| API | how it grew | per growth | ours / cuda.core |\n\
+         |---|---|---:|---:|\n",
+    );
+    for row in ours.get("vmm_first_grow").and_then(Value::as_array).unwrap_or_default() {
+        let mode = row.get("mode").and_then(Value::as_str).unwrap_or("?");
+        let mine = Spread::of(row.get("per_grow"), "");
+        table.push_str(&format!("| ours | {mode} | {} | {:.3} |\n", mine.show(), mine.median / core.median));
+    }
+    table.push_str(&format!(
+        "| cuda.core | moved {:.0} of {:.0} times | {} | |\n",
+        count("moved"),
+        count("of"),
+        core.show()
+    ));
+    format!(
+        "One growth of a fresh buffer from 2 MiB to 4 MiB, repeated; medians (p10–p90). Timed: the growth and \
+         the release of the range grown from (ours: `grow` and dropping the old buffer; cuda.core: \
+         `modify_allocation`, which frees the old range itself). cuda.core 1.2.2 cannot make the second growth \
+         of the series below, and its in-place path is unreachable (it compares the reserved `CUdeviceptr` with \
+         an `int`), so it moves every time: compare it with ours forced to move.\n\n{table}"
     )
 }

@@ -42,10 +42,14 @@ type Error = Box<dyn std::error::Error>;
 const USAGE: &str = "usage: bench\n\nRuns the cuda-mem benchmarks (pools, sharing, VMM growth, registry and import \
                      cache, first driver call) and writes target/bench/results.{json,md} and SVG plots. The driver \
                      is the library CUDA_MEM_DRIVER names, else libcuda.so.1 when it finds a GPU, else the cuda-sim \
-                     simulator. BENCH_OUT overrides the output folder.";
+                     simulator. BENCH_OUT overrides the output folder.\n\n\
+                     bench --pool-pairs: case 1 on one thread only, its last line JSON (for --compare).";
 
 const CHILD_ARG: &str = "--child";
 const FIRST_CALL_ARG: &str = "--first-call";
+/// Case (1) on one thread only, as one JSON line: `cargo xtask bench --compare` alternates it
+/// with cuda.core's side, so that both are measured under the same load.
+const POOL_PAIRS_ARG: &str = "--pool-pairs";
 /// Message kinds of the raw sharing path and of the control socket's handover.
 const RAW_KIND: u16 = 100;
 const CONTROL_KIND: u16 = 101;
@@ -69,6 +73,7 @@ fn main() -> ExitCode {
         [] => parent_main(),
         [CHILD_ARG] => child_main(),
         [FIRST_CALL_ARG] => first_call_main(started),
+        [POOL_PAIRS_ARG] => pool_pairs_main(),
         ["--help" | "-h"] => {
             println!("{USAGE}");
             Ok(())
@@ -136,6 +141,12 @@ fn elapsed_ns(since: Instant) -> f64 {
 // The parent.
 // ---------------------------------------------------------------------------------------------
 
+/// The CPUs this process may run on: with fewer than the 4 threads of case (1), the threads
+/// take turns and the 4-thread rows measure the scheduler as much as the pool.
+fn host_cpus() -> usize {
+    std::thread::available_parallelism().map_or(0, usize::from)
+}
+
 /// What the run found, for the outputs.
 #[derive(Default)]
 struct Results {
@@ -146,8 +157,21 @@ struct Results {
     vmm: Vec<VmmMode>,
     /// One growth from one chunk to two, repeated: (moving, its time).
     first_grows: Vec<(bool, Stats)>,
+    /// Case (1)'s additivity check.
+    pacing: Option<Pacing>,
     lookups: Vec<RateRow>,
     first_call: Option<(Stats, Stats)>,
+}
+
+/// `--pool-pairs`: case (1) on one thread, on the driver the full run would choose; its last
+/// line is `{"pools":[…]}`, rows as in `results.json`.
+fn pool_pairs_main() -> Result<(), Error> {
+    let choice = driver_choice::choose("bench", "`cargo xtask bench` (it builds cuda-sim first)")?;
+    cuda_mem_core::sys::install_driver(choice.driver).map_err(|_| "a process-wide driver was already installed")?;
+    let rows = pools(Device::new(0)?, &[1])?;
+    let rows: Vec<String> = rows.iter().map(PoolRow::json).collect();
+    println!(r#"{{"pools":[{}]}}"#, rows.join(","));
+    Ok(())
 }
 
 fn parent_main() -> Result<(), Error> {
@@ -179,7 +203,8 @@ fn parent_main() -> Result<(), Error> {
     println!("[5] first driver call: done in {:.1} s", step.elapsed().as_secs_f64());
 
     let step = Instant::now();
-    results.pools = pools(device)?;
+    results.pools = pools(device, &[1, POOL_THREADS])?;
+    results.pacing = Some(pacing(device)?);
     println!("[1] pools: done in {:.1} s", step.elapsed().as_secs_f64());
 
     let step = Instant::now();
@@ -240,11 +265,22 @@ impl PoolRow {
     fn ratio(&self) -> f64 {
         self.safe.median / self.raw.median
     }
+
+    fn json(&self) -> String {
+        format!(
+            r#"{{"size":{},"threads":{},"safe_per_pair":{},"raw_per_pair":{},"ratio":{:.3}}}"#,
+            self.size,
+            self.threads,
+            self.safe.json(),
+            self.raw.json(),
+            self.ratio()
+        )
+    }
 }
 
-fn pools(device: Device) -> Result<Vec<PoolRow>, Error> {
+fn pools(device: Device, thread_counts: &[usize]) -> Result<Vec<PoolRow>, Error> {
     let mut rows = Vec::new();
-    for threads in [1, POOL_THREADS] {
+    for &threads in thread_counts {
         for size in POOL_SIZES {
             let pool = DeviceMemoryResource::new(device, DeviceMemoryResourceOptions::default())?;
             pool.pool().set_release_threshold(u64::MAX)?;
@@ -280,6 +316,79 @@ fn pools(device: Device) -> Result<Vec<PoolRow>, Error> {
     Ok(rows)
 }
 
+/// Caller work added between raw pairs by [`pacing`], in nanoseconds.
+const PACING_WORK_NS: u64 = 500;
+
+/// Whether the driver's cost per pair is additive: raw 256 B pairs alone, and with
+/// [`PACING_WORK_NS`] of the caller's own work (a spin) after each pair, sampled in turn. An
+/// API's overhead is measured as its time minus the raw time, which holds only if the driver
+/// takes as long however busy its caller is; a driver that does part of the work on a thread
+/// of its own (the simulator frees on its stream's thread, contending with the caller for the
+/// process's memory map) hides caller work up to some amount, and overheads below it.
+struct Pacing {
+    raw: Stats,
+    /// Pair and work together, the work's own time (measured alone) taken off.
+    raw_with_work: Stats,
+}
+
+impl Pacing {
+    /// How much of the work did not show in the time: the median pair alone minus the median
+    /// pair with the work (its own time taken off). Near zero where the driver is additive.
+    fn hidden_ns(&self) -> f64 {
+        self.raw.median - self.raw_with_work.median
+    }
+}
+
+fn pacing(device: Device) -> Result<Pacing, Error> {
+    let d = cuda_mem_core::driver()?;
+    let stream = Stream::new(device, StreamOptions::default().non_blocking())?;
+    let pool = DeviceMemoryResource::new(device, DeviceMemoryResourceOptions::default())?;
+    pool.pool().set_release_threshold(u64::MAX)?;
+    let (pool_handle, stream_handle) = (pool.pool().handle(), stream.handle());
+    let spin = || {
+        let start = Instant::now();
+        while start.elapsed().as_nanos() < u128::from(PACING_WORK_NS) {}
+    };
+    let rep = |work: bool| -> Result<f64, Error> {
+        let start = Instant::now();
+        for _ in 0..PAIRS_PER_REP {
+            let mut ptr: DevicePtr = 0;
+            // SAFETY: a valid out-pointer, the pool's and the stream's live handles.
+            unsafe { cu_call!(d, cuMemAllocFromPoolAsync(&mut ptr, 256, pool_handle, stream_handle)) }?;
+            // SAFETY: `ptr` was just allocated on this stream and is freed once.
+            unsafe { cu_call!(d, cuMemFreeAsync(ptr, stream_handle)) }?;
+            if work {
+                spin();
+            }
+        }
+        Ok(elapsed_ns(start) / PAIRS_PER_REP as f64)
+    };
+    let work_alone = || {
+        let start = Instant::now();
+        for _ in 0..PAIRS_PER_REP {
+            spin();
+        }
+        elapsed_ns(start) / PAIRS_PER_REP as f64
+    };
+    let (mut raw, mut with_work) = (Vec::new(), Vec::new());
+    for i in 0..550 {
+        let (alone, paced, work) = (rep(false)?, rep(true)?, work_alone());
+        stream.synchronize()?;
+        if i >= 50 {
+            raw.push(alone);
+            with_work.push(paced - work);
+        }
+    }
+    let pacing = Pacing { raw: Stats::of(raw), raw_with_work: Stats::of(with_work) };
+    println!(
+        "  additivity: raw 256 B pair {}, with {PACING_WORK_NS} ns of caller work after each (work's time taken off) {}: {:.0} ns less",
+        pacing.raw.show(),
+        pacing.raw_with_work.show(),
+        pacing.hidden_ns()
+    );
+    Ok(pacing)
+}
+
 /// One thread's safe and raw samples, or why it failed.
 type ThreadSamples = Result<(Vec<f64>, Vec<f64>), String>;
 
@@ -291,20 +400,44 @@ fn pool_thread(
     reps: usize,
     barrier: &Barrier,
 ) -> Result<(Vec<f64>, Vec<f64>), Error> {
+    // Every thread reaches the barrier, even one whose setup or warm-up failed: a thread that
+    // returned early would leave the others waiting there forever.
+    let prepared = prepare_pool_thread(device);
+    let warmed = prepared
+        .as_ref()
+        .map_err(|e| e.to_string())
+        .and_then(|(d, stream)| warm_pool_thread(d, pool, size, stream).map_err(|e| e.to_string()));
+    barrier.wait();
+    let (d, stream) = prepared?;
+    warmed.map_err(|e| -> Error { e.into() })?;
+    measure_pool_thread(d, pool, size, reps, &stream)
+}
+
+/// A thread's driver and stream, with the device's context current.
+fn prepare_pool_thread(device: Device) -> Result<(&'static Driver, Stream), Error> {
     let d = cuda_mem_core::driver()?;
     device.set_current()?;
-    let stream = Stream::new(device, StreamOptions::default().non_blocking())?;
+    Ok((d, Stream::new(device, StreamOptions::default().non_blocking())?))
+}
+
+/// The safe and the raw repetition of [`pool_thread`], each timed: ns per pair.
+fn pool_reps<'a>(
+    d: &'static Driver,
+    pool: &'a Arc<DeviceMemoryResource>,
+    size: usize,
+    stream: &'a Stream,
+) -> (impl Fn() -> Result<f64, Error> + 'a, impl Fn() -> Result<f64, Error> + 'a) {
     let pool_handle = pool.pool().handle();
     let stream_handle = stream.handle();
-    let safe_rep = || -> Result<f64, Error> {
+    let safe_rep = move || -> Result<f64, Error> {
         let start = Instant::now();
         for _ in 0..PAIRS_PER_REP {
-            let buffer = pool.allocate(size, &stream)?;
+            let buffer = pool.allocate(size, stream)?;
             drop(buffer);
         }
         Ok(elapsed_ns(start) / PAIRS_PER_REP as f64)
     };
-    let raw_rep = || -> Result<f64, Error> {
+    let raw_rep = move || -> Result<f64, Error> {
         let start = Instant::now();
         for _ in 0..PAIRS_PER_REP {
             let mut ptr: DevicePtr = 0;
@@ -315,12 +448,34 @@ fn pool_thread(
         }
         Ok(elapsed_ns(start) / PAIRS_PER_REP as f64)
     };
+    (safe_rep, raw_rep)
+}
+
+/// Ten repetitions of each kind, untimed.
+fn warm_pool_thread(
+    d: &'static Driver,
+    pool: &Arc<DeviceMemoryResource>,
+    size: usize,
+    stream: &Stream,
+) -> Result<(), Error> {
+    let (safe_rep, raw_rep) = pool_reps(d, pool, size, stream);
     for _ in 0..10 {
         safe_rep()?;
         raw_rep()?;
     }
     stream.synchronize()?;
-    barrier.wait();
+    Ok(())
+}
+
+/// `reps` timed repetitions of each kind.
+fn measure_pool_thread(
+    d: &'static Driver,
+    pool: &Arc<DeviceMemoryResource>,
+    size: usize,
+    reps: usize,
+    stream: &Stream,
+) -> Result<(Vec<f64>, Vec<f64>), Error> {
+    let (safe_rep, raw_rep) = pool_reps(d, pool, size, stream);
     let (mut safe, mut raw) = (Vec::with_capacity(reps), Vec::with_capacity(reps));
     for rep in 0..reps {
         // Alternate which goes first, so that neither always follows the other.
@@ -1007,25 +1162,23 @@ fn escape(text: &str) -> String {
 fn json(results: &Results) -> String {
     let mut out = String::from("{\n");
     let _ = writeln!(out, r#"  "driver": "{}","#, escape(&results.driver));
+    let _ = writeln!(out, r#"  "host_cpus": {},"#, host_cpus());
     let _ = writeln!(out, r#"  "simulator": {},"#, results.simulator);
     out.push_str("  \"units\": \"nanoseconds, except rates (operations per second)\",\n");
     out.push_str("  \"pools\": [\n");
-    let rows: Vec<String> = results
-        .pools
-        .iter()
-        .map(|r| {
-            format!(
-                r#"    {{"size":{},"threads":{},"safe_per_pair":{},"raw_per_pair":{},"ratio":{:.3}}}"#,
-                r.size,
-                r.threads,
-                r.safe.json(),
-                r.raw.json(),
-                r.ratio()
-            )
-        })
-        .collect();
+    let rows: Vec<String> = results.pools.iter().map(|r| format!("    {}", r.json())).collect();
     out.push_str(&rows.join(",\n"));
-    out.push_str("\n  ],\n  \"sharing\": [\n");
+    out.push_str("\n  ],\n");
+    if let Some(p) = &results.pacing {
+        let _ = writeln!(
+            out,
+            r#"  "pacing": {{"work_ns":{PACING_WORK_NS},"raw_per_pair":{},"raw_with_work_per_pair":{},"hidden_ns":{:.1}}},"#,
+            p.raw.json(),
+            p.raw_with_work.json(),
+            p.hidden_ns()
+        );
+    }
+    out.push_str("  \"sharing\": [\n");
     let rows: Vec<String> = results
         .sharing
         .iter()
@@ -1118,7 +1271,7 @@ fn json(results: &Results) -> String {
 
 fn markdown(results: &Results) -> String {
     let mut md = String::new();
-    let _ = writeln!(md, "# cuda-mem benchmarks\n\ndriver: {}\n", results.driver);
+    let _ = writeln!(md, "# cuda-mem benchmarks\n\ndriver: {}\n\nhost: {} CPUs\n", results.driver, host_cpus());
     md.push_str("Times are medians with p10–p90 in brackets.\n\n");
 
     md.push_str("## 1. Pool allocate+free pairs (one stream per thread)\n\n");
@@ -1135,6 +1288,20 @@ fn markdown(results: &Results) -> String {
         );
     }
 
+    if let Some(p) = &results.pacing {
+        let _ = writeln!(
+            md,
+            "\nAdditivity check: a raw 256 B pair takes {}; with {PACING_WORK_NS} ns of the caller's own work after \
+             each, the work's own time taken off, {}: {:.0} ns less than alone, where a driver whose cost does not \
+             depend on its caller's pace would show about 0. Caller work of up to about {:.0} ns per pair, an API's \
+             overhead included, can hide in the driver's time here, so safe minus raw understates it by up to that \
+             much.",
+            p.raw.show(),
+            p.raw_with_work.show(),
+            p.hidden_ns(),
+            p.hidden_ns().clamp(0.0, PACING_WORK_NS as f64)
+        );
+    }
     md.push_str("\n## 2. Sharing with a child process, per buffer\n\n");
     md.push_str(
         "| batch | ours: parent (export+encode+send) | ours: child (recv+decode+import) | ours total | raw: parent | \
