@@ -45,6 +45,11 @@
 //!   `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`; an event recorded during capture keeps its earlier
 //!   state.
 //! - **Pool allocations of 0 bytes** return `CUDA_ERROR_INVALID_VALUE`.
+//! - **Freed pool memory's bytes are reused as they were**: a pool allocation may get the host
+//!   backing of one freed earlier (of any pool in the process, same length), old contents
+//!   included, as reused pool memory is not cleared on a GPU; code must not count on fresh pool
+//!   memory being zero. Device addresses are still not reused until the arena wraps, so stale
+//!   device pointers are still reported.
 //! - **An unknown or destroyed pool handle** returns `CUDA_ERROR_INVALID_VALUE` (the driver's
 //!   pool functions document only that code for bad arguments).
 //! - **`cuMemFreeAsync` of `cuMemAlloc` memory** returns `CUDA_ERROR_INVALID_VALUE`.

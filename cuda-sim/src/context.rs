@@ -56,12 +56,7 @@ impl Context {
             Ok(()) => return stream.queue.tail(),
             Err(op) => op,
         };
-        let mut waits: Vec<Fence> = Vec::new();
-        if stream.kind == StreamKind::Legacy {
-            waits.extend(self.live_streams().iter().filter(|s| s.is_blocking()).filter_map(|s| s.queue.pending_tail()));
-        } else if stream.is_blocking() {
-            waits.extend(self.legacy.queue.pending_tail());
-        }
+        let waits = self.implicit_waits(stream);
         if waits.is_empty() {
             stream.queue.push(op)
         } else {
@@ -71,6 +66,33 @@ impl Context {
                 }
                 op();
             }))
+        }
+    }
+
+    /// The pending work that work submitted to `stream` now would wait for besides the stream's
+    /// own: the legacy default stream's implicit synchronization.
+    fn implicit_waits(&self, stream: &Stream) -> Vec<Fence> {
+        let mut waits: Vec<Fence> = Vec::new();
+        if stream.kind == StreamKind::Legacy {
+            waits.extend(self.live_streams().iter().filter(|s| s.is_blocking()).filter_map(|s| s.queue.pending_tail()));
+        } else if stream.is_blocking() {
+            waits.extend(self.legacy.queue.pending_tail());
+        }
+        waits
+    }
+
+    /// Waits until an empty operation submitted to `stream` now would have run (what
+    /// `cuStreamSynchronize` waits for), without submitting one: an idle stream is then not a
+    /// round trip through its worker thread.
+    pub(crate) fn wait_as_if_submitted(&self, stream: &Stream) {
+        let fences = {
+            let _order = self.submit_lock.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut fences = self.implicit_waits(stream);
+            fences.push(stream.queue.tail());
+            fences
+        };
+        for fence in fences {
+            fence.wait();
         }
     }
 

@@ -14,7 +14,7 @@
 use std::collections::BTreeMap;
 use std::os::fd::BorrowedFd;
 use std::ptr::NonNull;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use cuda_sys::types::CUresult;
 
@@ -34,6 +34,36 @@ pub(crate) struct Mapping {
     ptr: NonNull<u8>,
     len: usize,
     owned: bool,
+    /// Kept for reuse when dropped (see [`RECYCLED`]) rather than unmapped.
+    recycle: bool,
+}
+
+/// Host backings of freed pool allocations, kept for the next pool allocation of the same
+/// length. A pool keeps its memory (below its release threshold) and hands it out again; and
+/// mapping host memory in the caller for every allocation while the stream's thread unmaps the
+/// freed ones made the two contend for the process's memory map, so that the simulator's cost
+/// per allocate+free pair depended on its caller's pace (BENCHMARKS.md, additivity check). The
+/// bytes are not cleared: a pool's reused memory is not either. Bounded by [`RECYCLE_BYTES`].
+static RECYCLED: Mutex<Recycled> = Mutex::new(Recycled { by_len: BTreeMap::new(), bytes: 0 });
+
+/// At most this many bytes of freed backings are kept.
+const RECYCLE_BYTES: usize = 256 << 20;
+
+/// Freed backings by length.
+struct Recycled {
+    by_len: BTreeMap<usize, Vec<Backing>>,
+    bytes: usize,
+}
+
+/// The start of a kept backing, owned by [`RECYCLED`] until handed out again.
+struct Backing(NonNull<u8>);
+
+// SAFETY: a kept backing is plain memory that nothing else refers to; whoever takes it out of
+// the cache owns it.
+unsafe impl Send for Backing {}
+
+fn recycled() -> MutexGuard<'static, Recycled> {
+    RECYCLED.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 // SAFETY: the mapping is plain memory owned by this value; access to its bytes is coordinated by
@@ -48,6 +78,26 @@ impl Mapping {
         Mapping::new(len, rustix::mm::ProtFlags::READ | rustix::mm::ProtFlags::WRITE)
     }
 
+    /// `len` bytes of readable and writable memory for a pool allocation: a freed pool
+    /// allocation's backing of the same length when one is kept (its old bytes included), else
+    /// a new zeroed mapping. Kept again when dropped.
+    fn pooled(len: usize) -> SimResult<Mapping> {
+        let kept = {
+            let mut kept = recycled();
+            let backing = kept.by_len.get_mut(&len).and_then(Vec::pop);
+            if backing.is_some() {
+                kept.bytes -= len;
+            }
+            backing
+        };
+        let mut mapping = match kept {
+            Some(Backing(ptr)) => Mapping { ptr, len, owned: true, recycle: false },
+            None => Mapping::read_write(len)?,
+        };
+        mapping.recycle = true;
+        Ok(mapping)
+    }
+
     /// Reserves `len` bytes of address space that cannot be accessed.
     fn inaccessible(len: usize) -> SimResult<Mapping> {
         Mapping::new(len, rustix::mm::ProtFlags::empty())
@@ -59,7 +109,7 @@ impl Mapping {
         let ptr = unsafe { rustix::mm::mmap_anonymous(std::ptr::null_mut(), len, prot, flags) }
             .map_err(|_| CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
         let ptr = NonNull::new(ptr.cast::<u8>()).ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
-        Ok(Mapping { ptr, len, owned: true })
+        Ok(Mapping { ptr, len, owned: true, recycle: false })
     }
 
     /// Maps `len` bytes of `file` at `offset`, shared (so other processes mapping the same file
@@ -72,12 +122,12 @@ impl Mapping {
             unsafe { rustix::mm::mmap(std::ptr::null_mut(), len, prot, rustix::mm::MapFlags::SHARED, file, offset) }
                 .map_err(|_| CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
         let ptr = NonNull::new(ptr.cast::<u8>()).ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
-        Ok(Mapping { ptr, len, owned: true })
+        Ok(Mapping { ptr, len, owned: true, recycle: false })
     }
 
     /// Describes application memory without taking ownership of it.
     fn borrowed(ptr: NonNull<u8>, len: usize) -> Mapping {
-        Mapping { ptr, len, owned: false }
+        Mapping { ptr, len, owned: false, recycle: false }
     }
 
     /// The first byte.
@@ -93,6 +143,14 @@ impl Mapping {
 
 impl Drop for Mapping {
     fn drop(&mut self) {
+        if self.owned && self.recycle {
+            let mut kept = recycled();
+            if kept.bytes + self.len <= RECYCLE_BYTES {
+                kept.bytes += self.len;
+                kept.by_len.entry(self.len).or_default().push(Backing(self.ptr));
+                return;
+            }
+        }
         if self.owned {
             // SAFETY: the range was mapped by `Mapping::new` and is unmapped once, here.
             let _ = unsafe { rustix::mm::munmap(self.ptr.as_ptr().cast(), self.len) };
@@ -325,8 +383,11 @@ impl MemoryTable {
     /// arena for device memory, as ordinary host memory otherwise.
     pub(crate) fn alloc(&mut self, size: usize, kind: Kind, device: usize, ctx: usize) -> SimResult<u64> {
         ensure(size > 0)?;
-        let backing = Arc::new(Mapping::read_write(size)?);
-        self.place(size, kind, device, ctx, backing, None)
+        let backing = match kind {
+            Kind::Pooled { .. } => Mapping::pooled(size)?,
+            _ => Mapping::read_write(size)?,
+        };
+        self.place(size, kind, device, ctx, Arc::new(backing), None)
     }
 
     /// Allocates `size` bytes of pinned host memory in context `ctx`.
@@ -591,6 +652,48 @@ impl MemoryTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// How many backings of `len` bytes are kept.
+    fn kept(len: usize) -> usize {
+        recycled().by_len.get(&len).map_or(0, Vec::len)
+    }
+
+    #[test]
+    fn freed_pool_backings_are_handed_out_again_as_they_were() {
+        // A length no other test uses, so that parallel tests do not take these backings.
+        let len = 3 * 4096 + 24;
+        let first = Mapping::pooled(len).unwrap();
+        let ptr = first.as_ptr();
+        // SAFETY: `first` owns `len` writable bytes at `ptr`.
+        unsafe { std::ptr::write_bytes(ptr, 0xa5, len) };
+        drop(first);
+        assert_eq!(kept(len), 1);
+        let again = Mapping::pooled(len).unwrap();
+        assert_eq!((again.as_ptr(), kept(len)), (ptr, 0), "the kept backing comes back");
+        // SAFETY: `again` owns `len` readable bytes.
+        let bytes = unsafe { std::slice::from_raw_parts(again.as_ptr(), len) };
+        assert!(bytes.iter().all(|&b| b == 0xa5), "not cleared, as a pool's reused memory is not");
+        // Other kinds of memory are never kept.
+        drop(Mapping::read_write(len).unwrap());
+        assert_eq!(kept(len), 0);
+    }
+
+    #[test]
+    fn kept_backings_stay_under_the_bound() {
+        let len = (RECYCLE_BYTES / 4) + 4096 * 7;
+        let mappings: Vec<Mapping> = (0..6).map(|_| Mapping::pooled(len).unwrap()).collect();
+        drop(mappings);
+        assert!(kept(len) <= 4, "{} kept", kept(len));
+        assert!(recycled().bytes <= RECYCLE_BYTES);
+        // Unmap them again, for the other tests.
+        let mut cache = recycled();
+        let backings = cache.by_len.remove(&len).unwrap_or_default();
+        cache.bytes -= backings.len() * len;
+        drop(cache);
+        for Backing(ptr) in backings {
+            drop(Mapping { ptr, len, owned: true, recycle: false });
+        }
+    }
 
     #[test]
     fn device_addresses_are_not_reused_until_the_arena_wraps() {

@@ -7,6 +7,7 @@
 mod common;
 
 use std::ffi::c_void;
+use std::time::Duration;
 
 use common::{
     DeviceBuffer, Gate, NULL_STREAM, OPEN_DELAY, Pinned, STREAM_LEGACY, STREAM_PER_THREAD, WATCHDOG, blocking_stream,
@@ -203,6 +204,37 @@ fn blocking_streams_wait_for_earlier_legacy_work() {
         gate.open();
         sync(blocking);
         assert_eq!(pinned.read(), [1, 1, 2]);
+    });
+}
+
+#[test]
+fn synchronizing_an_idle_stream_keeps_the_implicit_waits_of_the_legacy_stream() {
+    in_child!(&[], || {
+        use_device(0);
+        let d = driver();
+        let pinned = Pinned::new(2);
+        let (blocking, non_blocking) = (blocking_stream(), non_blocking_stream());
+        let (gate, _guard) = Gate::new();
+        gate.hold(d, NULL_STREAM);
+        memset_async(pinned.dptr(), 7, 1, NULL_STREAM);
+        gate.wait_entered(1);
+        // An idle non-blocking stream does not wait for the legacy stream.
+        let watchdog = gate.watchdog(WATCHDOG);
+        sync(non_blocking);
+        assert!(!gate.is_open(), "the non-blocking stream waited ({watchdog:?})");
+        // An idle blocking stream has nothing of its own, but synchronizing it waits for the
+        // legacy stream's pending work, as work submitted to it would.
+        gate.open_after(Duration::from_millis(50));
+        sync(blocking);
+        assert_eq!(pinned.read(), [7, 0]);
+        // And the legacy stream, idle now, waits for a blocking stream's pending work.
+        let (gate, _guard) = Gate::new();
+        gate.hold(d, blocking);
+        memset_async(pinned.dptr() + 1, 9, 1, blocking);
+        gate.wait_entered(1);
+        gate.open_after(Duration::from_millis(50));
+        sync(NULL_STREAM);
+        assert_eq!(pinned.read(), [7, 9]);
     });
 }
 

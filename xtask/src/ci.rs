@@ -10,8 +10,11 @@
 //!    against the simulator: `CUDA_MEM_DRIVER`, `CUDA_MEM_REQUIRE_GPU` and `CUDA_SIM_LIB` are
 //!    removed from its environment so that a developer's settings do not redirect it, and
 //!    `CUDA_MEM_CUDA_INCLUDE` names the header's folder when there is one
-//! 6. `cargo doc --workspace --all-features --no-deps` with `RUSTDOCFLAGS=-Dwarnings`
-//! 7. the `cargo xtask bindgen --check` equivalent, when libclang and `cuda.h` can be had
+//! 6. no binary links `libcuda` (the driver is loaded at run time)
+//! 7. cuda-bindings (the layer under cuda.core) on the simulator, from a private virtual
+//!    environment (skipped, saying why, without Python or PyPI)
+//! 8. `cargo doc --workspace --all-features --no-deps` with `RUSTDOCFLAGS=-Dwarnings`
+//! 9. the `cargo xtask bindgen --check` equivalent, when libclang and `cuda.h` can be had
 //!    (skipped, saying why, otherwise)
 //!
 //! It ends with the time each step took and, last, the summaries `cargo test` printed.
@@ -51,7 +54,7 @@ pub fn run(workspace: &Path) -> Result<(), String> {
 
 /// The steps, each recorded as it ends; returns the first failure.
 fn run_steps(workspace: &Path, records: &mut Vec<Record>, summaries: &mut Vec<String>) -> Result<(), String> {
-    const TOTAL: usize = 7;
+    const TOTAL: usize = 9;
     let mut step = |name: &'static str, f: &mut dyn FnMut() -> Result<Outcome, String>| {
         println!("\n==> ci [{}/{TOTAL}] {name}", records.len() + 1);
         let start = Instant::now();

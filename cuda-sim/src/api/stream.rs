@@ -76,7 +76,7 @@ pub(crate) fn synchronize(stream: CUstream, mode: DefaultStream) -> SimResult {
     if stream.is_capturing() {
         return fail(CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
     }
-    context.submit(&stream, Box::new(|| {})).wait();
+    context.wait_as_if_submitted(&stream);
     state::lock()?.release_pools_at_sync();
     Ok(())
 }

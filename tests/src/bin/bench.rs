@@ -25,7 +25,7 @@ use std::time::Instant;
 
 use cuda_mem_core::sys::types::{
     CUcontext, CUmemAccessDesc, CUmemAllocationGranularity_flags, CUmemAllocationProp, CUmemPoolPtrExportData,
-    CUresult, CUstream,
+    CUresult, CUstream, CUstreamCaptureStatus,
 };
 use cuda_mem_core::sys::{DRIVER_ENV, Driver, cu_call};
 use cuda_mem_core::{
@@ -259,6 +259,9 @@ struct PoolRow {
     threads: usize,
     safe: Stats,
     raw: Stats,
+    /// The raw calls with the capture check the safe API makes before each allocation (as
+    /// cuda.core does): the same driver work as the safe pair, so the rest is our code's.
+    raw_checked: Stats,
 }
 
 impl PoolRow {
@@ -266,14 +269,21 @@ impl PoolRow {
         self.safe.median / self.raw.median
     }
 
+    /// Safe against the raw calls that do the same driver work.
+    fn ratio_checked(&self) -> f64 {
+        self.safe.median / self.raw_checked.median
+    }
+
     fn json(&self) -> String {
         format!(
-            r#"{{"size":{},"threads":{},"safe_per_pair":{},"raw_per_pair":{},"ratio":{:.3}}}"#,
+            r#"{{"size":{},"threads":{},"safe_per_pair":{},"raw_per_pair":{},"raw_checked_per_pair":{},"ratio":{:.3},"ratio_checked":{:.3}}}"#,
             self.size,
             self.threads,
             self.safe.json(),
             self.raw.json(),
-            self.ratio()
+            self.raw_checked.json(),
+            self.ratio(),
+            self.ratio_checked()
         )
     }
 }
@@ -296,19 +306,28 @@ fn pools(device: Device, thread_counts: &[usize]) -> Result<Vec<PoolRow>, Error>
                     .collect();
                 handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err("a thread panicked".into()))).collect()
             });
-            let (mut safe, mut raw) = (Vec::new(), Vec::new());
+            let [mut safe, mut raw, mut raw_checked] = [Vec::new(), Vec::new(), Vec::new()];
             for sample in samples {
-                let (s, r) = sample?;
+                let [s, r, c] = sample?;
                 safe.extend(s);
                 raw.extend(r);
+                raw_checked.extend(c);
             }
-            let row = PoolRow { size, threads, safe: Stats::of(safe), raw: Stats::of(raw) };
+            let row = PoolRow {
+                size,
+                threads,
+                safe: Stats::of(safe),
+                raw: Stats::of(raw),
+                raw_checked: Stats::of(raw_checked),
+            };
             println!(
-                "  {} × {threads} thread(s): safe {} raw {} per pair, ratio {:.2}",
+                "  {} × {threads} thread(s): safe {} raw {} raw+check {} per pair, ratio {:.2} ({:.2} against raw+check)",
                 bytes(size),
                 row.safe.show(),
                 row.raw.show(),
-                row.ratio()
+                row.raw_checked.show(),
+                row.ratio(),
+                row.ratio_checked()
             );
             rows.push(row);
         }
@@ -390,7 +409,10 @@ fn pacing(device: Device) -> Result<Pacing, Error> {
 }
 
 /// One thread's safe and raw samples, or why it failed.
-type ThreadSamples = Result<(Vec<f64>, Vec<f64>), String>;
+type ThreadSamples = Result<[Vec<f64>; 3], String>;
+
+/// A timed repetition of one kind (safe, raw, raw with the capture check): ns per pair.
+type Rep<'a> = Box<dyn Fn() -> Result<f64, Error> + 'a>;
 
 /// One thread's repetitions on its own stream, safe and raw alternating; ns per pair.
 fn pool_thread(
@@ -399,7 +421,7 @@ fn pool_thread(
     size: usize,
     reps: usize,
     barrier: &Barrier,
-) -> Result<(Vec<f64>, Vec<f64>), Error> {
+) -> Result<[Vec<f64>; 3], Error> {
     // Every thread reaches the barrier, even one whose setup or warm-up failed: a thread that
     // returned early would leave the others waiting there forever.
     let prepared = prepare_pool_thread(device);
@@ -420,13 +442,13 @@ fn prepare_pool_thread(device: Device) -> Result<(&'static Driver, Stream), Erro
     Ok((d, Stream::new(device, StreamOptions::default().non_blocking())?))
 }
 
-/// The safe and the raw repetition of [`pool_thread`], each timed: ns per pair.
+/// The repetitions of [`pool_thread`]: safe, raw, and raw with the capture check.
 fn pool_reps<'a>(
     d: &'static Driver,
     pool: &'a Arc<DeviceMemoryResource>,
     size: usize,
     stream: &'a Stream,
-) -> (impl Fn() -> Result<f64, Error> + 'a, impl Fn() -> Result<f64, Error> + 'a) {
+) -> [Rep<'a>; 3] {
     let pool_handle = pool.pool().handle();
     let stream_handle = stream.handle();
     let safe_rep = move || -> Result<f64, Error> {
@@ -437,9 +459,17 @@ fn pool_reps<'a>(
         }
         Ok(elapsed_ns(start) / PAIRS_PER_REP as f64)
     };
-    let raw_rep = move || -> Result<f64, Error> {
+    let raw_rep = move |checked: bool| -> Result<f64, Error> {
         let start = Instant::now();
         for _ in 0..PAIRS_PER_REP {
+            if checked {
+                let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+                // SAFETY: a valid out-pointer and the stream's live handle.
+                unsafe { cu_call!(d, cuStreamIsCapturing(stream_handle, &mut status)) }?;
+                if status != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+                    return Err("the stream is capturing".into());
+                }
+            }
             let mut ptr: DevicePtr = 0;
             // SAFETY: a valid out-pointer, the pool's and the stream's live handles.
             unsafe { cu_call!(d, cuMemAllocFromPoolAsync(&mut ptr, size, pool_handle, stream_handle)) }?;
@@ -448,7 +478,7 @@ fn pool_reps<'a>(
         }
         Ok(elapsed_ns(start) / PAIRS_PER_REP as f64)
     };
-    (safe_rep, raw_rep)
+    [Box::new(safe_rep), Box::new(move || raw_rep(false)), Box::new(move || raw_rep(true))]
 }
 
 /// Ten repetitions of each kind, untimed.
@@ -458,37 +488,35 @@ fn warm_pool_thread(
     size: usize,
     stream: &Stream,
 ) -> Result<(), Error> {
-    let (safe_rep, raw_rep) = pool_reps(d, pool, size, stream);
+    let reps = pool_reps(d, pool, size, stream);
     for _ in 0..10 {
-        safe_rep()?;
-        raw_rep()?;
+        for rep in &reps {
+            rep()?;
+        }
     }
     stream.synchronize()?;
     Ok(())
 }
 
-/// `reps` timed repetitions of each kind.
+/// `reps` timed repetitions of each kind, in turn.
 fn measure_pool_thread(
     d: &'static Driver,
     pool: &Arc<DeviceMemoryResource>,
     size: usize,
     reps: usize,
     stream: &Stream,
-) -> Result<(Vec<f64>, Vec<f64>), Error> {
-    let (safe_rep, raw_rep) = pool_reps(d, pool, size, stream);
-    let (mut safe, mut raw) = (Vec::with_capacity(reps), Vec::with_capacity(reps));
+) -> Result<[Vec<f64>; 3], Error> {
+    let kinds = pool_reps(d, pool, size, stream);
+    let mut samples: [Vec<f64>; 3] = std::array::from_fn(|_| Vec::with_capacity(reps));
     for rep in 0..reps {
-        // Alternate which goes first, so that neither always follows the other.
-        if rep % 2 == 0 {
-            safe.push(safe_rep()?);
-            raw.push(raw_rep()?);
-        } else {
-            raw.push(raw_rep()?);
-            safe.push(safe_rep()?);
+        // Rotate which goes first, so that none always follows another.
+        for k in 0..kinds.len() {
+            let kind = (rep + k) % kinds.len();
+            samples[kind].push(kinds[kind]()?);
         }
         stream.synchronize()?;
     }
-    Ok((safe, raw))
+    Ok(samples)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1275,16 +1303,24 @@ fn markdown(results: &Results) -> String {
     md.push_str("Times are medians with p10–p90 in brackets.\n\n");
 
     md.push_str("## 1. Pool allocate+free pairs (one stream per thread)\n\n");
-    md.push_str("| size | threads | safe API per pair | raw cuda-sys per pair | safe/raw |\n|---|---|---|---|---|\n");
+    md.push_str(
+        "Raw: `cuMemAllocFromPoolAsync` + `cuMemFreeAsync` through cuda-sys. Raw + check: the same with the \
+         `cuStreamIsCapturing` the safe API makes before each allocation (as cuda.core does), so that safe / (raw + \
+         check) is our code's share alone.\n\n\
+         | size | threads | safe API per pair | raw cuda-sys per pair | raw + check per pair | safe/raw | safe/(raw + \
+         check) |\n|---|---|---|---|---|---|---|\n",
+    );
     for r in &results.pools {
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {:.2}× |",
+            "| {} | {} | {} | {} | {} | {:.2}× | {:.2}× |",
             bytes(r.size),
             r.threads,
             r.safe.show(),
             r.raw.show(),
-            r.ratio()
+            r.raw_checked.show(),
+            r.ratio(),
+            r.ratio_checked()
         );
     }
 
