@@ -101,9 +101,19 @@ pub use crate::config::VISIBLE_DEVICES_ENV;
 /// prints it) with `env` set, and fails if the child fails. `CUDA_VISIBLE_DEVICES` is cleared
 /// in the child unless `env` sets it, so that one inherited from the environment (a job
 /// scheduler's, meant for real GPUs) does not hide simulated devices. On a real driver `body`
-/// runs in this process (it should check for the hardware it needs and call [`skip`]).
+/// runs in this process (it should check for the hardware it needs and call [`skip`]), one such
+/// body at a time: on the simulator each has a process of its own, and tests that count the
+/// process's descriptors or reserve the addresses next to a buffer must not interleave with
+/// other tests there either.
 pub fn in_simulated_machine(test_name: &str, env: &[(&str, &str)], body: impl FnOnce()) {
-    if !on_simulator() || std::env::var(CHILD_ENV).is_ok_and(|name| name == test_name) {
+    if std::env::var(CHILD_ENV).is_ok_and(|name| name == test_name) {
+        body();
+        return;
+    }
+    if !on_simulator() {
+        static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        // A body that panicked (a failed test) poisons the lock; the next one runs all the same.
+        let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         body();
         return;
     }
