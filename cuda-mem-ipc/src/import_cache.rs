@@ -148,20 +148,19 @@ pub(crate) fn export_data_of(ptr: DevicePtr) -> Option<[u8; EXPORT_DATA_LEN]> {
     lock().as_ref().and_then(|cache| cache.by_ptr.get(&ptr).map(|(_, data)| *data))
 }
 
+/// `read` of the entry of the import at `ptr`, or 0 when it is not imported.
+fn count_of(ptr: DevicePtr, read: impl FnOnce(&Entry) -> usize) -> usize {
+    lock().as_ref().and_then(|cache| cache.by_ptr.get(&ptr).and_then(|key| cache.by_key.get(key))).map_or(0, read)
+}
+
 /// How many holders the import at `ptr` has (0 when not imported).
 pub fn holders(ptr: DevicePtr) -> usize {
-    lock()
-        .as_ref()
-        .and_then(|cache| cache.by_ptr.get(&ptr).and_then(|key| cache.by_key.get(key)))
-        .map_or(0, |e| e.holders)
+    count_of(ptr, |e| e.holders)
 }
 
 /// How many streams the last release of the import at `ptr` will wait on: one per stream on
 /// which an earlier holder let go and whose work had not completed when last checked (0 when
 /// not imported). For diagnostics and tests.
 pub fn pending_waits(ptr: DevicePtr) -> usize {
-    lock()
-        .as_ref()
-        .and_then(|cache| cache.by_ptr.get(&ptr).and_then(|key| cache.by_key.get(key)))
-        .map_or(0, |e| e.released.len())
+    count_of(ptr, |e| e.released.len())
 }

@@ -66,6 +66,25 @@ fn recycled() -> MutexGuard<'static, Recycled> {
     RECYCLED.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+impl Recycled {
+    /// A kept backing of `len` bytes, taken out of the cache.
+    fn take(&mut self, len: usize) -> Option<Backing> {
+        let backing = self.by_len.get_mut(&len).and_then(Vec::pop)?;
+        self.bytes -= len;
+        Some(backing)
+    }
+
+    /// Keeps `backing` (of `len` bytes) if the bound allows; gives it back otherwise.
+    fn keep(&mut self, backing: Backing, len: usize) -> Option<Backing> {
+        if self.bytes + len > RECYCLE_BYTES {
+            return Some(backing);
+        }
+        self.bytes += len;
+        self.by_len.entry(len).or_default().push(backing);
+        None
+    }
+}
+
 // SAFETY: the mapping is plain memory owned by this value; access to its bytes is coordinated by
 // stream order, as on a GPU.
 unsafe impl Send for Mapping {}
@@ -82,14 +101,7 @@ impl Mapping {
     /// allocation's backing of the same length when one is kept (its old bytes included), else
     /// a new zeroed mapping. Kept again when dropped.
     fn pooled(len: usize) -> SimResult<Mapping> {
-        let kept = {
-            let mut kept = recycled();
-            let backing = kept.by_len.get_mut(&len).and_then(Vec::pop);
-            if backing.is_some() {
-                kept.bytes -= len;
-            }
-            backing
-        };
+        let kept = recycled().take(len);
         let mut mapping = match kept {
             Some(Backing(ptr)) => Mapping { ptr, len, owned: true, recycle: false },
             None => Mapping::read_write(len)?,
@@ -143,13 +155,8 @@ impl Mapping {
 
 impl Drop for Mapping {
     fn drop(&mut self) {
-        if self.owned && self.recycle {
-            let mut kept = recycled();
-            if kept.bytes + self.len <= RECYCLE_BYTES {
-                kept.bytes += self.len;
-                kept.by_len.entry(self.len).or_default().push(Backing(self.ptr));
-                return;
-            }
+        if self.owned && self.recycle && recycled().keep(Backing(self.ptr), self.len).is_none() {
+            return;
         }
         if self.owned {
             // SAFETY: the range was mapped by `Mapping::new` and is unmapped once, here.
@@ -686,11 +693,8 @@ mod tests {
         assert!(kept(len) <= 4, "{} kept", kept(len));
         assert!(recycled().bytes <= RECYCLE_BYTES);
         // Unmap them again, for the other tests.
-        let mut cache = recycled();
-        let backings = cache.by_len.remove(&len).unwrap_or_default();
-        cache.bytes -= backings.len() * len;
-        drop(cache);
-        for Backing(ptr) in backings {
+        loop {
+            let Some(Backing(ptr)) = recycled().take(len) else { break };
             drop(Mapping { ptr, len, owned: true, recycle: false });
         }
     }

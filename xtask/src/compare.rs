@@ -60,6 +60,11 @@ fn raw_pairs_library(workspace: &Path) -> Result<std::path::PathBuf, String> {
     Ok(library)
 }
 
+/// Whether cuda.core's result `r` is of `case`.
+fn is_case(r: &Value, case: &str) -> bool {
+    r.get("case").and_then(Value::as_str) == Some(case)
+}
+
 /// The median of a `{"median": …}` (ours) or `{"median_ns": …}` (cuda.core's) object.
 fn median(value: &Value, key: &str) -> Option<f64> {
     value.get(key).and_then(Value::as_number)
@@ -98,7 +103,7 @@ pub fn compare(workspace: &Path) -> Result<(), String> {
     let theirs = json::parse(theirs_text.trim())?;
     let their_results = theirs.get("results").and_then(Value::as_array).unwrap_or_default();
     let mut vmm = String::new();
-    for r in their_results.iter().filter(|r| r.get("case").and_then(Value::as_str) == Some("vmm_grow_step")) {
+    for r in their_results.iter().filter(|r| is_case(r, "vmm_grow_step")) {
         match (r.get("error").and_then(Value::as_str), median(r, "median_ns")) {
             (Some(error), _) => vmm.push_str(&format!("cuda.core VMM grow: failed on this driver: {error}\n")),
             (None, Some(m)) => vmm.push_str(&format!("cuda.core VMM grow: {m:.0} ns per 2 MiB step (median)\n")),
@@ -187,7 +192,7 @@ fn pool_table(rounds: &[PoolRound]) -> String {
                         .theirs
                         .iter()
                         .find(|r| {
-                            r.get("case").and_then(Value::as_str) == Some("pool_pair")
+                            is_case(r, "pool_pair")
                                 && r.get("size").and_then(Value::as_number) == Some(size)
                                 && r.get("api").and_then(Value::as_str) == Some(api)
                         })
@@ -243,8 +248,7 @@ fn additivity(ours: &Value) -> String {
 /// Case (2): sharing buffers with a child, per buffer, ours (`results.json`'s `sharing` rows)
 /// against cuda.core's (the script's `sharing` rows, one per batch and path).
 fn sharing_tables(ours: &Value, their_results: &[Value]) -> String {
-    let theirs: Vec<&Value> =
-        their_results.iter().filter(|r| r.get("case").and_then(Value::as_str) == Some("sharing")).collect();
+    let theirs: Vec<&Value> = their_results.iter().filter(|r| is_case(r, "sharing")).collect();
     if let Some(error) = theirs.iter().find_map(|r| r.get("error").and_then(Value::as_str)) {
         return format!("cuda.core sharing: failed on this driver: {error}\n");
     }
@@ -322,8 +326,7 @@ fn sharing_tables(ours: &Value, their_results: &[Value]) -> String {
 /// Case (3) as far as cuda.core 1.2.2 goes: one growth of a fresh buffer from 2 MiB to 4 MiB,
 /// ours (`results.json`'s `vmm_first_grow` rows) against cuda.core's `modify_allocation`.
 fn first_grow_table(ours: &Value, their_results: &[Value]) -> String {
-    let Some(theirs) = their_results.iter().find(|r| r.get("case").and_then(Value::as_str) == Some("vmm_first_grow"))
-    else {
+    let Some(theirs) = their_results.iter().find(|r| is_case(r, "vmm_first_grow")) else {
         return "cuda.core first growth: not measured\n".to_string();
     };
     if let Some(error) = theirs.get("error").and_then(Value::as_str) {

@@ -363,35 +363,28 @@ fn pacing(device: Device) -> Result<Pacing, Error> {
     let stream = Stream::new(device, StreamOptions::default().non_blocking())?;
     let pool = DeviceMemoryResource::new(device, DeviceMemoryResourceOptions::default())?;
     pool.pool().set_release_threshold(u64::MAX)?;
-    let (pool_handle, stream_handle) = (pool.pool().handle(), stream.handle());
     let spin = || {
         let start = Instant::now();
         while start.elapsed().as_nanos() < u128::from(PACING_WORK_NS) {}
     };
-    let rep = |work: bool| -> Result<f64, Error> {
-        let start = Instant::now();
-        for _ in 0..PAIRS_PER_REP {
-            let mut ptr: DevicePtr = 0;
-            // SAFETY: a valid out-pointer, the pool's and the stream's live handles.
-            unsafe { cu_call!(d, cuMemAllocFromPoolAsync(&mut ptr, 256, pool_handle, stream_handle)) }?;
-            // SAFETY: `ptr` was just allocated on this stream and is freed once.
-            unsafe { cu_call!(d, cuMemFreeAsync(ptr, stream_handle)) }?;
+    let rep = |work: bool| {
+        per_pair(|| {
+            raw_pair(d, &pool, 256, &stream)?;
             if work {
                 spin();
             }
-        }
-        Ok(elapsed_ns(start) / PAIRS_PER_REP as f64)
+            Ok(())
+        })
     };
     let work_alone = || {
-        let start = Instant::now();
-        for _ in 0..PAIRS_PER_REP {
+        per_pair(|| {
             spin();
-        }
-        elapsed_ns(start) / PAIRS_PER_REP as f64
+            Ok(())
+        })
     };
     let (mut raw, mut with_work) = (Vec::new(), Vec::new());
     for i in 0..550 {
-        let (alone, paced, work) = (rep(false)?, rep(true)?, work_alone());
+        let (alone, paced, work) = (rep(false)?, rep(true)?, work_alone()?);
         stream.synchronize()?;
         if i >= 50 {
             raw.push(alone);
@@ -449,36 +442,45 @@ fn pool_reps<'a>(
     size: usize,
     stream: &'a Stream,
 ) -> [Rep<'a>; 3] {
-    let pool_handle = pool.pool().handle();
-    let stream_handle = stream.handle();
-    let safe_rep = move || -> Result<f64, Error> {
-        let start = Instant::now();
-        for _ in 0..PAIRS_PER_REP {
-            let buffer = pool.allocate(size, stream)?;
-            drop(buffer);
-        }
-        Ok(elapsed_ns(start) / PAIRS_PER_REP as f64)
+    let safe_rep = move || {
+        per_pair(|| {
+            drop(pool.allocate(size, stream)?);
+            Ok(())
+        })
     };
-    let raw_rep = move |checked: bool| -> Result<f64, Error> {
-        let start = Instant::now();
-        for _ in 0..PAIRS_PER_REP {
+    let raw_rep = move |checked: bool| {
+        per_pair(|| {
             if checked {
                 let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
                 // SAFETY: a valid out-pointer and the stream's live handle.
-                unsafe { cu_call!(d, cuStreamIsCapturing(stream_handle, &mut status)) }?;
+                unsafe { cu_call!(d, cuStreamIsCapturing(stream.handle(), &mut status)) }?;
                 if status != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
                     return Err("the stream is capturing".into());
                 }
             }
-            let mut ptr: DevicePtr = 0;
-            // SAFETY: a valid out-pointer, the pool's and the stream's live handles.
-            unsafe { cu_call!(d, cuMemAllocFromPoolAsync(&mut ptr, size, pool_handle, stream_handle)) }?;
-            // SAFETY: `ptr` was just allocated on this stream and is freed once.
-            unsafe { cu_call!(d, cuMemFreeAsync(ptr, stream_handle)) }?;
-        }
-        Ok(elapsed_ns(start) / PAIRS_PER_REP as f64)
+            raw_pair(d, pool, size, stream)
+        })
     };
     [Box::new(safe_rep), Box::new(move || raw_rep(false)), Box::new(move || raw_rep(true))]
+}
+
+/// Runs `pair` [`PAIRS_PER_REP`] times: nanoseconds per run.
+fn per_pair(mut pair: impl FnMut() -> Result<(), Error>) -> Result<f64, Error> {
+    let start = Instant::now();
+    for _ in 0..PAIRS_PER_REP {
+        pair()?;
+    }
+    Ok(elapsed_ns(start) / PAIRS_PER_REP as f64)
+}
+
+/// One allocate+free pair of `size` bytes from `pool` on `stream`, through the raw driver calls.
+fn raw_pair(d: &Driver, pool: &DeviceMemoryResource, size: usize, stream: &Stream) -> Result<(), Error> {
+    let mut ptr: DevicePtr = 0;
+    // SAFETY: a valid out-pointer, the pool's and the stream's live handles.
+    unsafe { cu_call!(d, cuMemAllocFromPoolAsync(&mut ptr, size, pool.pool().handle(), stream.handle())) }?;
+    // SAFETY: `ptr` was just allocated on this stream and is freed once.
+    unsafe { cu_call!(d, cuMemFreeAsync(ptr, stream.handle())) }?;
+    Ok(())
 }
 
 /// Ten repetitions of each kind, untimed.
