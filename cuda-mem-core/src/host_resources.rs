@@ -81,20 +81,20 @@ fn current_pool(mut location: CUmemLocation, kind: CUmemAllocationType) -> Resul
 }
 
 impl PinnedMemoryResource {
-    /// The process's current pinned host pool (shared, never destroyed).
+    /// The process's current pinned host pool (shared, never destroyed). Every device is given
+    /// read-write access to its memory (a host pool's memory is the host CPU's alone until then),
+    /// which holds for every user of the process-wide pool.
     ///
     /// # Errors
     /// If the driver lacks `cuMemGetMemPool` (before CUDA 13) or the call fails.
     pub fn current() -> Result<Arc<PinnedMemoryResource>> {
         let handle = current_pool(host_location(None), CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED)?;
-        Ok(Arc::new(PinnedMemoryResource {
-            pool: MemoryPool::borrowed(handle, None),
-            numa_node: None,
-            ipc_enabled: false,
-        }))
+        let pool = MemoryPool::borrowed(handle, None);
+        pool.grant_all_devices()?;
+        Ok(Arc::new(PinnedMemoryResource { pool, numa_node: None, ipc_enabled: false }))
     }
 
-    /// A pinned pool of its own.
+    /// A pinned pool of its own, its memory readable and writable by every device.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for IPC without a NUMA location, or a device that reports no
@@ -128,6 +128,7 @@ impl PinnedMemoryResource {
             ..CUmemPoolProps::default()
         };
         let pool = MemoryPool::create(&props, None)?;
+        pool.grant_all_devices()?;
         Ok(Arc::new(PinnedMemoryResource { pool, numa_node, ipc_enabled: options.ipc_enabled }))
     }
 

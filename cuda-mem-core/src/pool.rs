@@ -365,10 +365,18 @@ impl MemoryPool {
         if !refused.is_empty() {
             return Err(Error::PeerAccess { owner: owner.ordinal(), peers: refused });
         }
-        let descs: Vec<CUmemAccessDesc> = to_add
-            .iter()
-            .map(|&p| (p, CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE))
-            .chain(to_remove.iter().map(|&p| (p, CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_NONE)))
+        self.set_access(
+            to_add
+                .iter()
+                .map(|&p| (p, CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE))
+                .chain(to_remove.iter().map(|&p| (p, CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_NONE))),
+        )
+    }
+
+    /// Sets the access of each device in `changes`, in one driver call (none for no change).
+    fn set_access(&self, changes: impl IntoIterator<Item = (Device, CUmemAccess_flags)>) -> Result<()> {
+        let descs: Vec<CUmemAccessDesc> = changes
+            .into_iter()
             .map(|(device, flags)| CUmemAccessDesc { location: device_location(device), flags })
             .collect();
         if descs.is_empty() {
@@ -378,6 +386,20 @@ impl MemoryPool {
         // SAFETY: `descs` holds `descs.len()` initialized descriptors for the call's duration.
         unsafe { cu_call!(d, cuMemPoolSetAccess(self.handle(), descs.as_ptr(), descs.len())) }?;
         Ok(())
+    }
+
+    /// Gives every device read-write access to a pinned host pool's memory (one driver call, for
+    /// the devices that lack it). `cuda.h`: a host pool's memory is accessible from the host CPU
+    /// only until access is set; a device copy or memset into it fails
+    /// (`CUDA_ERROR_INVALID_VALUE`, seen on an H100 with driver 580).
+    pub(crate) fn grant_all_devices(&self) -> Result<()> {
+        let mut lacking = Vec::new();
+        for device in Device::all()? {
+            if self.access(device)? != Access::ReadWrite {
+                lacking.push((device, CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
+            }
+        }
+        self.set_access(lacking)
     }
 
     /// Revokes every peer's access, one call per device (never the owner), so that the driver

@@ -121,6 +121,10 @@ impl MemoryPool {
         unsafe { cu_call!(d, cuMemPoolImportFromShareableHandle(&mut handle, raw, POSIX_FD, 0)) }?;
         let pool = MemoryPool::new(handle, true, owner, false, true);
         let _ = pool.handle_once.set(ShareableHandle { fd, id });
+        // An imported host pool, like any host pool, is the host CPU's alone until access is set.
+        if owner.is_none() {
+            pool.grant_all_devices()?;
+        }
         Ok(pool)
     }
 

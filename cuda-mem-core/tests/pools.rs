@@ -3,7 +3,7 @@
 mod common;
 
 use cuda_mem_core::{
-    DeviceMemoryResource, DeviceMemoryResourceOptions, Error, FillPattern, ManagedMemoryResource,
+    Access, Device, DeviceMemoryResource, DeviceMemoryResourceOptions, Error, FillPattern, ManagedMemoryResource,
     ManagedMemoryResourceOptions, MemoryResourceExt, PinnedLocation, PinnedMemoryResource, PinnedMemoryResourceOptions,
     PreferredLocation, ReusePolicy,
 };
@@ -104,9 +104,12 @@ fn a_capturing_stream_is_refused() {
     let stream = common::stream(device);
     let dmr = DeviceMemoryResource::current(device).unwrap();
     let d = cuda_mem_core::driver().unwrap();
-    // SAFETY: a live stream handle; global capture mode (0).
-    unsafe { cuda_sys::cu_call!(d, cuStreamBeginCapture_v2(stream.handle(), cuda_sys::types::CUstreamCaptureMode(0))) }
-        .unwrap();
+    // Relaxed mode: in global mode the real driver refuses, and invalidates the capture over,
+    // calls such as `cuMemPoolCreate` that other tests of this binary make on other threads
+    // meanwhile (seen on an H100).
+    let relaxed = cuda_sys::types::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+    // SAFETY: a live stream handle and a valid capture mode.
+    unsafe { cuda_sys::cu_call!(d, cuStreamBeginCapture_v2(stream.handle(), relaxed)) }.unwrap();
     assert!(stream.is_capturing().unwrap());
     let err = dmr.allocate(64, &stream).unwrap_err();
     assert!(matches!(err, Error::InvalidState(_)));
@@ -135,6 +138,12 @@ fn pinned_pools_are_host_accessible() {
     assert!(near.is_ipc_enabled());
     let b = near.allocate(100, &stream).unwrap();
     assert!(b.is_host_accessible() && b.is_device_accessible() && b.device().is_none());
+    // A host pool is the host CPU's until access is set: both resources gave it to every device.
+    for pool in [current.pool(), near.pool()] {
+        for d in Device::all().unwrap() {
+            assert_eq!(pool.access(d).unwrap(), Access::ReadWrite, "{d}");
+        }
+    }
 }
 
 #[test]

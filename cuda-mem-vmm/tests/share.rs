@@ -109,9 +109,7 @@ fn setup(options: VirtualMemoryResourceOptions) -> (Stream, Arc<VirtualMemoryRes
 /// Builds a three-chunk buffer: one chunk allocated, one added in place, one added by moving.
 /// Returns all three buffers (the last spans the three chunks); chunk `i` holds `pattern(i)`.
 fn three_chunks(resource: &Arc<VirtualMemoryResource>, s: &Stream) -> [VirtualBuffer; 3] {
-    let one = resource.allocate(G, Some(s)).unwrap();
-    let two = one.grow(2 * G).unwrap();
-    assert_eq!(two.ptr(), one.ptr(), "the second chunk came in place");
+    let (one, two) = grown_in_place(resource, s);
     let blocker = block_after(&two, G);
     let three = two.grow(3 * G).unwrap();
     assert_ne!(three.ptr(), two.ptr(), "the third chunk came with a move");
@@ -120,6 +118,24 @@ fn three_chunks(resource: &Arc<VirtualMemoryResource>, s: &Stream) -> [VirtualBu
         write(&three, i * G, &chunk_pattern(i), s);
     }
     [one, two, three]
+}
+
+/// A one-chunk buffer and the two-chunk buffer it grew into in place. A real driver honours the
+/// address hint of an in-place growth only when the addresses after the buffer are free, which
+/// they need not be after a fresh allocation (an H100 with driver 580 placed the first buffer
+/// of these tests right before another reservation): the attempts that moved are kept until one
+/// grows in place, so that the next allocation lands elsewhere.
+fn grown_in_place(resource: &Arc<VirtualMemoryResource>, s: &Stream) -> (VirtualBuffer, VirtualBuffer) {
+    let mut moved = Vec::new();
+    for _ in 0..8 {
+        let one = resource.allocate(G, Some(s)).unwrap();
+        let two = one.grow(2 * G).unwrap();
+        if two.ptr() == one.ptr() {
+            return (one, two);
+        }
+        moved.push((one, two));
+    }
+    panic!("the second chunk never came in place in {} attempts", moved.len());
 }
 
 fn chunk_pattern(i: usize) -> Vec<u8> {

@@ -45,6 +45,11 @@
 //!   `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`; an event recorded during capture keeps its earlier
 //!   state.
 //! - **Pool allocations of 0 bytes** return `CUDA_ERROR_INVALID_VALUE`.
+//! - **A pinned host pool's memory** (created or imported) gives no device access until
+//!   `cuMemPoolSetAccess` grants it (`cuda.h`: "their default accessibility will be from the host
+//!   CPU"); a memset into it is then `CUDA_ERROR_INVALID_VALUE`, as an H100 with driver 580
+//!   answers. Copies into or out of it are refused the same way, which the driver's
+//!   documentation does not say either way.
 //! - **Freed pool memory's bytes are reused as they were**: a pool allocation may get the host
 //!   backing of one freed earlier (of any pool in the process, same length), old contents
 //!   included, as reused pool memory is not cleared on a GPU; code must not count on fresh pool

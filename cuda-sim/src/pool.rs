@@ -181,10 +181,11 @@ impl Pool {
         self.kind == PoolKind::Managed || self.location.is_host()
     }
 
-    /// The access `device` has to the pool's memory: the owner and host-memory pools always
-    /// read-write, others as granted.
+    /// The access `device` has to the pool's memory: the owner and managed pools always
+    /// read-write; others, pinned host pools included, as granted (`cuda.h`: a host pool's
+    /// memory is accessible from the host CPU by default, so a device has none until given it).
     pub(crate) fn access(&self, device: usize) -> CUmemAccess_flags {
-        if self.owner().is_none_or(|owner| owner == device) {
+        if self.kind == PoolKind::Managed || self.owner() == Some(device) {
             return CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
         }
         self.lock().access.get(&device).copied().unwrap_or(CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_NONE)

@@ -91,10 +91,19 @@ fn an_imported_allocation_shares_bytes_at_its_own_address() {
     for location in [device0(), host_numa0()] {
         use_device(0);
         let pool = create_pool(&props(location, true));
+        // A host pool's memory is the host CPU's until a device is given access, imported too.
+        let host = location.type_ != CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+        let readwrite = CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        if host {
+            assert_eq!(set_access(pool, 0, readwrite), CUresult::CUDA_SUCCESS);
+        }
         let ptr = alloc(pool, 10_000);
         htod(ptr, &[7u8; 10_000]);
         let fd = export_fd(pool);
         let imported_pool = import_pool(&fd).unwrap();
+        if host {
+            assert_eq!(set_access(imported_pool, 0, readwrite), CUresult::CUDA_SUCCESS);
+        }
         let data = export_ptr(ptr).unwrap();
         let mapped = import_ptr(imported_pool, data).unwrap();
         assert_ne!(mapped, ptr);

@@ -6,22 +6,18 @@ mod common;
 use std::ffi::{c_int, c_void};
 
 use common::{
-    DeviceBuffer, NULL_STREAM, Pinned, code, driver, dtoh, htod, in_child, init, memset_async, non_blocking_stream,
-    query, sync, use_device,
+    DeviceBuffer, NULL_STREAM, Pinned, access, code, device_location, driver, dtoh, htod, in_child, init, memset_async,
+    non_blocking_stream, query, set_access, sync, use_device,
 };
 use cuda_sys::cu_call;
 use cuda_sys::types::{
-    CUdeviceptr, CUgraph, CUmemAccess_flags, CUmemAccessDesc, CUmemAllocationHandleType, CUmemAllocationType,
-    CUmemLocation, CUmemLocationType, CUmemPool_attribute, CUmemPoolProps, CUmemoryPool, CUmemorytype,
-    CUpointer_attribute, CUresult, CUstream, CUstreamCaptureMode, CUstreamCaptureStatus,
+    CUdeviceptr, CUgraph, CUmemAccess_flags, CUmemAllocationHandleType, CUmemAllocationType, CUmemLocation,
+    CUmemLocationType, CUmemPool_attribute, CUmemPoolProps, CUmemoryPool, CUmemorytype, CUpointer_attribute, CUresult,
+    CUstream, CUstreamCaptureMode, CUstreamCaptureStatus,
 };
 
 const INVALID: CUresult = CUresult::CUDA_ERROR_INVALID_VALUE;
 const MIB: usize = 1 << 20;
-
-fn device_location(device: c_int) -> CUmemLocation {
-    CUmemLocation { type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: device }
-}
 
 fn pool_props(device: c_int, max_size: usize) -> CUmemPoolProps {
     CUmemPoolProps {
@@ -322,18 +318,37 @@ fn mem_free_accepts_stream_ordered_allocations() {
     });
 }
 
-fn access(pool: CUmemoryPool, device: c_int) -> CUmemAccess_flags {
-    let mut flags = CUmemAccess_flags(99);
-    let mut location = device_location(device);
-    // SAFETY: both pointers are valid.
-    unsafe { cu_call!(driver(), cuMemPoolGetAccess(&mut flags, pool, &mut location)) }.unwrap();
-    flags
-}
-
-fn set_access(pool: CUmemoryPool, device: c_int, flags: CUmemAccess_flags) -> CUresult {
-    let desc = CUmemAccessDesc { location: device_location(device), flags };
-    // SAFETY: `desc` is one valid descriptor.
-    unsafe { code!(driver(), cuMemPoolSetAccess(pool, &desc, 1)) }
+#[test]
+fn a_host_pool_is_the_host_cpus_until_a_device_is_given_access() {
+    // cuda.h: host pools' "default accessibility will be from the host CPU"; on an H100 a memset
+    // into such memory before access is set is CUDA_ERROR_INVALID_VALUE.
+    use CUmemAccess_flags as F;
+    in_child!(&[("CUDA_SIM_DEVICES", "2")], || {
+        use_device(0);
+        for type_ in [CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST, CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST_NUMA] {
+            let props = CUmemPoolProps { location: CUmemLocation { type_, id: 0 }, ..pool_props(0, 0) };
+            let pool = create_pool(&props).unwrap();
+            assert_eq!(
+                (access(pool, 0), access(pool, 1)),
+                (F::CU_MEM_ACCESS_FLAGS_PROT_NONE, F::CU_MEM_ACCESS_FLAGS_PROT_NONE)
+            );
+            let p = alloc_from_pool(4096, pool, NULL_STREAM).unwrap();
+            // SAFETY: `p` is a live allocation of 4096 bytes.
+            let refused = unsafe { code!(driver(), cuMemsetD8Async(p, 1, 4096, NULL_STREAM)) };
+            assert_eq!(refused, CUresult::CUDA_ERROR_INVALID_VALUE, "{type_:?}: no access yet");
+            assert_eq!(set_access(pool, 0, F::CU_MEM_ACCESS_FLAGS_PROT_READWRITE), CUresult::CUDA_SUCCESS);
+            assert_eq!(
+                (access(pool, 0), access(pool, 1)),
+                (F::CU_MEM_ACCESS_FLAGS_PROT_READWRITE, F::CU_MEM_ACCESS_FLAGS_PROT_NONE)
+            );
+            memset_async(p, 1, 4096, NULL_STREAM);
+            sync(NULL_STREAM);
+            assert_eq!(dtoh(p, 4), [1; 4]);
+            assert_eq!(free_async(p, NULL_STREAM), CUresult::CUDA_SUCCESS);
+            sync(NULL_STREAM);
+            assert_eq!(destroy_pool(pool), CUresult::CUDA_SUCCESS);
+        }
+    });
 }
 
 #[test]

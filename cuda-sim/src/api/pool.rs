@@ -472,13 +472,14 @@ pub(crate) fn host_unregister(address: *mut c_void) -> SimResult {
 }
 
 /// Checks that the device running a copy or memset can reach pool memory at `address`: a
-/// device pool's memory needs access granted to other devices (read for a source, read-write
-/// for a destination). Without it, `CUDA_ERROR_INVALID_VALUE`, where hardware would fault.
+/// device pool's memory needs access granted to other devices, a pinned host pool's to every
+/// device (read for a source, read-write for a destination). Without it,
+/// `CUDA_ERROR_INVALID_VALUE`, as an H100 answers a memset into a host pool's memory.
 pub(crate) fn check_access(state: &State, address: u64, device: usize, write: bool) -> SimResult {
     let Some(allocation) = state.memory.find(address) else {
         return Ok(());
     };
-    let Kind::Pooled { pool, host: false } = allocation.kind else {
+    let Kind::Pooled { pool, .. } = allocation.kind else {
         return Ok(());
     };
     let Some(pool) = state.pools.get(&pool) else {

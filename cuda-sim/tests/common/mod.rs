@@ -4,7 +4,7 @@
 //! Every test binary includes this module, and none uses all of it.
 #![allow(dead_code, unused_macros, unused_imports)]
 
-use std::ffi::c_void;
+use std::ffi::{c_int, c_void};
 use std::io::Read;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -12,8 +12,8 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 pub use cuda_sys::types::{
-    CUcontext, CUdevice_attribute, CUdeviceptr, CUevent, CUevent_flags, CUpointer_attribute, CUresult, CUstream,
-    CUstream_flags,
+    CUcontext, CUdevice_attribute, CUdeviceptr, CUevent, CUevent_flags, CUmemAccess_flags, CUmemAccessDesc,
+    CUmemLocation, CUmemLocationType, CUmemoryPool, CUpointer_attribute, CUresult, CUstream, CUstream_flags,
 };
 pub use cuda_sys::{Driver, DriverOptions, StreamMode, cu_call};
 
@@ -481,3 +481,24 @@ pub extern "C" fn wait_for_gate(data: *mut c_void) {
 pub const WATCHDOG: Duration = Duration::from_secs(10);
 /// How long an opener waits before opening a gate a call must wait for.
 pub const OPEN_DELAY: Duration = Duration::from_millis(30);
+
+/// The location of device `device`.
+pub fn device_location(device: c_int) -> CUmemLocation {
+    CUmemLocation { type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: device }
+}
+
+/// The access `device` has to `pool`'s memory (`cuMemPoolGetAccess`).
+pub fn access(pool: CUmemoryPool, device: c_int) -> CUmemAccess_flags {
+    let mut flags = CUmemAccess_flags(99);
+    let mut location = device_location(device);
+    // SAFETY: both pointers are valid.
+    unsafe { cu_call!(driver(), cuMemPoolGetAccess(&mut flags, pool, &mut location)) }.unwrap();
+    flags
+}
+
+/// Sets `device`'s access to `pool`'s memory (`cuMemPoolSetAccess`).
+pub fn set_access(pool: CUmemoryPool, device: c_int, flags: CUmemAccess_flags) -> CUresult {
+    let desc = CUmemAccessDesc { location: device_location(device), flags };
+    // SAFETY: `desc` is one valid descriptor.
+    unsafe { code!(driver(), cuMemPoolSetAccess(pool, &desc, 1)) }
+}
