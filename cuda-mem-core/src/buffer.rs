@@ -1,4 +1,5 @@
-//! `Buffer`: one allocation, owned, freed once on the stream it records.
+//! `Buffer`: one allocation, owned, freed once on the stream it records; and `ScopedBuffer`,
+//! the same with its resource and stream borrowed instead of shared.
 
 use std::any::Any;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -34,9 +35,11 @@ impl FillPattern {
 
 /// Who frees the memory.
 #[derive(Debug)]
-enum Owner {
+enum Owner<'a> {
     /// A resource, through `deallocate_raw`, on the recorded stream.
     Resource(Arc<dyn MemoryResource>),
+    /// A borrowed resource, the same way: the borrow, not a count, keeps it alive.
+    Borrowed(&'a dyn MemoryResource),
     /// Nobody: a view of memory someone else owns, optionally keeping that owner alive.
     View(View),
 }
@@ -63,22 +66,87 @@ impl std::fmt::Debug for View {
 ///
 /// An owning buffer keeps its resource alive and frees its memory exactly once: when dropped, on
 /// the stream it records (the allocation stream, or one given to
-/// [`set_deallocation_stream`](Buffer::set_deallocation_stream)), or through
-/// [`close`](Buffer::close), which consumes it. A view ([`Buffer::from_raw`]) frees nothing.
+/// [`set_deallocation_stream`](ScopedBuffer::set_deallocation_stream)), or through
+/// [`close`](ScopedBuffer::close), which consumes it. A view ([`Buffer::from_raw`]) frees nothing.
 ///
 /// Stream-ordered operations (`copy_*`, `fill`) take the stream to run on; writes need `&mut`,
-/// so while [`host_slice`](Buffer::host_slice) lends the bytes to the host no new device write
-/// can be enqueued through the buffer, and every stream the buffer was used on is synchronized
-/// before the bytes are lent.
+/// so while [`host_slice`](ScopedBuffer::host_slice) lends the bytes to the host no new device
+/// write can be enqueued through the buffer, and every stream the buffer was used on is
+/// synchronized before the bytes are lent.
+///
+/// A `Buffer` holds a share (an `Arc`) of its resource and of its stream, so it can outlive the
+/// scope that made it, move to another thread and be kept anywhere. Where a buffer lives inside
+/// one scope, a [`ScopedBuffer`] borrows them instead and costs no reference counting.
+pub type Buffer = ScopedBuffer<'static>;
+
+/// A buffer whose resource and allocation stream may be borrowed for `'a` instead of shared.
+///
+/// Made by [`MemoryResourceExt::allocate_scoped`](crate::MemoryResourceExt::allocate_scoped) or
+/// [`ScopedBuffer::allocate_scoped`]: the borrow checker, not a reference count, then keeps the
+/// resource and the stream alive until the buffer is freed, so allocating and freeing one
+/// touches no shared counter (a [`Buffer`] takes and gives back a share of both, four atomic
+/// operations per allocation). Everything else is as for [`Buffer`], which is the `'static`
+/// kind: the methods, freeing once on drop or [`close`](ScopedBuffer::close), the stream
+/// ordering. A stream given later to
+/// [`set_deallocation_stream`](ScopedBuffer::set_deallocation_stream) is shared, not borrowed.
+///
+/// The resource cannot be dropped while a scoped buffer of it lives:
+///
+/// ```compile_fail,E0505
+/// # use cuda_mem_core::{Device, DeviceMemoryResource, MemoryResourceExt, Stream};
+/// # fn f(device: Device, stream: &Stream) -> cuda_mem_core::Result<()> {
+/// let pool = DeviceMemoryResource::new(device, Default::default())?;
+/// let buffer = pool.allocate_scoped(256, stream)?;
+/// drop(pool); // error: `pool` is borrowed by `buffer`
+/// drop(buffer);
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
-pub struct Buffer {
+pub struct ScopedBuffer<'a> {
     ptr: DevicePtr,
     size: usize,
-    owner: Owner,
+    owner: Owner<'a>,
     /// The stream the memory is freed on (owning buffers) and whose work precedes host access.
-    stream: Option<Stream>,
+    stream: Option<StreamRef<'a>>,
     /// Other streams that have used the buffer since the last host access.
     used_on: Mutex<Vec<Stream>>,
+}
+
+/// The recorded stream: borrowed (scoped allocation) or a share of it.
+#[derive(Debug)]
+enum StreamRef<'a> {
+    Borrowed(&'a Stream),
+    Shared(Stream),
+}
+
+impl std::ops::Deref for StreamRef<'_> {
+    type Target = Stream;
+
+    fn deref(&self) -> &Stream {
+        match self {
+            StreamRef::Borrowed(stream) => stream,
+            StreamRef::Shared(stream) => stream,
+        }
+    }
+}
+
+impl<'a> ScopedBuffer<'a> {
+    /// Allocates `size` bytes from `resource` on `stream`, borrowing both for as long as the
+    /// buffer lives (an empty buffer, without asking the resource, when `size` is 0).
+    ///
+    /// # Errors
+    /// When the resource cannot allocate.
+    #[inline]
+    pub fn allocate_scoped(resource: &'a dyn MemoryResource, size: usize, stream: &'a Stream) -> Result<Self> {
+        let ptr = if size == 0 { 0 } else { resource.allocate_raw(size, stream)? };
+        Ok(ScopedBuffer {
+            ptr,
+            size,
+            owner: Owner::Borrowed(resource),
+            stream: Some(StreamRef::Borrowed(stream)),
+            used_on: Mutex::default(),
+        })
+    }
 }
 
 impl Buffer {
@@ -93,7 +161,7 @@ impl Buffer {
             ptr,
             size,
             owner: Owner::Resource(resource),
-            stream: Some(stream.clone()),
+            stream: Some(StreamRef::Shared(stream.clone())),
             used_on: Mutex::default(),
         })
     }
@@ -110,7 +178,13 @@ impl Buffer {
         resource: Arc<dyn MemoryResource>,
         stream: &Stream,
     ) -> Buffer {
-        Buffer { ptr, size, owner: Owner::Resource(resource), stream: Some(stream.clone()), used_on: Mutex::default() }
+        Buffer {
+            ptr,
+            size,
+            owner: Owner::Resource(resource),
+            stream: Some(StreamRef::Shared(stream.clone())),
+            used_on: Mutex::default(),
+        }
     }
 
     /// A view of memory someone else owns; dropping it frees nothing. `keep_alive`, if given,
@@ -131,7 +205,9 @@ impl Buffer {
         let view = View { device, device_accessible, host_accessible, _keep_alive: keep_alive };
         Buffer { ptr, size, owner: Owner::View(view), stream: None, used_on: Mutex::default() }
     }
+}
 
+impl ScopedBuffer<'_> {
     /// The address.
     pub fn ptr(&self) -> DevicePtr {
         self.ptr
@@ -147,53 +223,64 @@ impl Buffer {
         self.size == 0
     }
 
-    /// The resource that frees it, for owning buffers.
+    /// The resource that frees it and a share of which it holds: `None` for views, and for
+    /// scoped buffers, which borrow theirs ([`memory_resource`](ScopedBuffer::memory_resource)).
     pub fn resource(&self) -> Option<&Arc<dyn MemoryResource>> {
         match &self.owner {
             Owner::Resource(resource) => Some(resource),
+            Owner::Borrowed(_) | Owner::View(_) => None,
+        }
+    }
+
+    /// The resource that frees it, shared or borrowed; `None` for views.
+    pub fn memory_resource(&self) -> Option<&dyn MemoryResource> {
+        match &self.owner {
+            Owner::Resource(resource) => Some(&**resource),
+            Owner::Borrowed(resource) => Some(*resource),
             Owner::View(_) => None,
         }
     }
 
     /// Whether dropping it frees memory.
     pub fn is_owning(&self) -> bool {
-        matches!(self.owner, Owner::Resource(_))
+        !matches!(self.owner, Owner::View(_))
     }
 
     /// The device the memory belongs to, if one does.
     pub fn device(&self) -> Option<Device> {
         match &self.owner {
-            Owner::Resource(resource) => resource.device(),
             Owner::View(view) => view.device,
+            _ => self.memory_resource().and_then(|r| r.device()),
         }
     }
 
     /// Whether devices can access it.
     pub fn is_device_accessible(&self) -> bool {
         match &self.owner {
-            Owner::Resource(resource) => resource.is_device_accessible(),
             Owner::View(view) => view.device_accessible,
+            _ => self.memory_resource().is_some_and(|r| r.is_device_accessible()),
         }
     }
 
     /// Whether the host can access it.
     pub fn is_host_accessible(&self) -> bool {
         match &self.owner {
-            Owner::Resource(resource) => resource.is_host_accessible(),
             Owner::View(view) => view.host_accessible,
+            _ => self.memory_resource().is_some_and(|r| r.is_host_accessible()),
         }
     }
 
     /// The stream the memory will be freed on.
     pub fn deallocation_stream(&self) -> Option<&Stream> {
-        self.stream.as_ref()
+        self.stream.as_deref()
     }
 
-    /// Frees the memory on `stream` instead of the allocation stream. Nothing is synchronized:
-    /// order the streams yourself (with an event) if work on the old stream still uses it.
+    /// Frees the memory on `stream` instead of the allocation stream (keeping a share of it).
+    /// Nothing is synchronized: order the streams yourself (with an event) if work on the old
+    /// stream still uses it.
     pub fn set_deallocation_stream(&mut self, stream: &Stream) {
-        if let Some(old) = self.stream.replace(stream.clone())
-            && old != *stream
+        if let Some(old) = self.stream.replace(StreamRef::Shared(stream.clone()))
+            && *old != *stream
         {
             self.note_use(&old);
         }
@@ -201,7 +288,7 @@ impl Buffer {
 
     /// Remembers that work on `stream` uses the buffer (host access waits for it).
     fn note_use(&self, stream: &Stream) {
-        if self.stream.as_ref() == Some(stream) {
+        if self.stream.as_deref() == Some(stream) {
             return;
         }
         let mut used_on = self.used_on.lock().unwrap_or_else(PoisonError::into_inner);
@@ -214,7 +301,7 @@ impl Buffer {
     ///
     /// # Errors
     /// [`Error::SizeMismatch`] if the sizes differ; a driver error otherwise.
-    pub fn copy_to(&self, dst: &mut Buffer, stream: &Stream) -> Result<()> {
+    pub fn copy_to(&self, dst: &mut ScopedBuffer<'_>, stream: &Stream) -> Result<()> {
         copy(dst, self, stream)
     }
 
@@ -222,7 +309,7 @@ impl Buffer {
     ///
     /// # Errors
     /// [`Error::SizeMismatch`] if the sizes differ; a driver error otherwise.
-    pub fn copy_from(&mut self, src: &Buffer, stream: &Stream) -> Result<()> {
+    pub fn copy_from(&mut self, src: &ScopedBuffer<'_>, stream: &Stream) -> Result<()> {
         copy(self, src, stream)
     }
 
@@ -266,7 +353,7 @@ impl Buffer {
     /// A driver error from synchronizing.
     pub fn wait_for_uses(&self) -> Result<()> {
         let pending: Vec<Stream> = std::mem::take(&mut *self.used_on.lock().unwrap_or_else(PoisonError::into_inner));
-        for stream in pending.iter().chain(self.stream.iter()) {
+        for stream in pending.iter().chain(self.stream.as_deref()) {
             stream.synchronize()?;
         }
         Ok(())
@@ -334,8 +421,10 @@ impl Buffer {
 
     /// Frees the memory (owning buffers with memory only).
     fn release(&mut self) -> Result<()> {
-        let Owner::Resource(resource) = &self.owner else {
-            return Ok(());
+        let resource: &dyn MemoryResource = match &self.owner {
+            Owner::Resource(resource) => &**resource,
+            Owner::Borrowed(resource) => *resource,
+            Owner::View(_) => return Ok(()),
         };
         if self.size == 0 {
             return Ok(());
@@ -345,7 +434,10 @@ impl Buffer {
         };
         // `&mut self`: no other reference can be noting a use, so no lock is needed.
         let uses = std::mem::take(self.used_on.get_mut().unwrap_or_else(PoisonError::into_inner));
-        order_after_uses(stream, uses)?;
+        // The common case, a buffer used on its own stream only, orders nothing.
+        if !uses.is_empty() || stream.is_foreign_per_thread() {
+            order_after_uses(stream, uses)?;
+        }
         // SAFETY: the pointer came from this resource's `allocate_raw` (or the caller of
         // `from_raw_owned` promised so) and is freed only here, once: `close` zeroes the size
         // after calling this, so the `Drop` that follows frees nothing.
@@ -376,7 +468,7 @@ fn order_after_uses(stream: &Stream, uses: Vec<Stream>) -> Result<()> {
     Ok(())
 }
 
-impl Drop for Buffer {
+impl Drop for ScopedBuffer<'_> {
     fn drop(&mut self) {
         if let Err(error) = self.release() {
             crate::drop_errors::record("Buffer", error);
@@ -384,14 +476,14 @@ impl Drop for Buffer {
     }
 }
 
-impl PartialEq for Buffer {
+impl PartialEq for ScopedBuffer<'_> {
     /// Two buffers are equal when they cover the same bytes.
     fn eq(&self, other: &Self) -> bool {
         self.ptr == other.ptr && self.size == other.size
     }
 }
 
-fn copy(dst: &mut Buffer, src: &Buffer, stream: &Stream) -> Result<()> {
+fn copy(dst: &mut ScopedBuffer<'_>, src: &ScopedBuffer<'_>, stream: &Stream) -> Result<()> {
     if dst.size != src.size {
         return Err(Error::SizeMismatch { what: "the destination buffer", expected: src.size, actual: dst.size });
     }

@@ -6,7 +6,10 @@
 //! - [`Device`]: enumeration, properties, peer capability, making the primary context current.
 //! - [`Stream`] and [`Event`]: stream-ordered work and its synchronization.
 //! - [`MemoryResource`]: anything that allocates in stream order; [`MemoryResourceExt::allocate`]
-//!   turns an `Arc` of one into owned [`Buffer`]s, which keep their resource alive.
+//!   turns an `Arc` of one into owned [`Buffer`]s, which keep their resource alive;
+//!   [`MemoryResourceExt::allocate_scoped`] makes [`ScopedBuffer`]s, which borrow the resource
+//!   and the stream instead (no reference counting: the cheapest allocation, for buffers that
+//!   live inside one scope).
 //! - Pools: [`DeviceMemoryResource`] (the device's current pool, or one of its own),
 //!   [`PinnedMemoryResource`] (host memory), [`ManagedMemoryResource`]; each exposes its
 //!   [`MemoryPool`] for attributes, the release threshold, trimming and peer access.
@@ -63,7 +66,7 @@ mod pool;
 mod sharing;
 mod stream;
 
-pub use buffer::{Buffer, FillPattern};
+pub use buffer::{Buffer, FillPattern, ScopedBuffer};
 pub use device::{Device, DeviceProperties};
 pub use device_resource::{DeviceMemoryResource, DeviceMemoryResourceOptions};
 pub use driver::driver;

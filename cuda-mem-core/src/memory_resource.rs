@@ -4,7 +4,7 @@
 use std::fmt::Debug;
 use std::sync::Arc;
 
-use crate::buffer::Buffer;
+use crate::buffer::{Buffer, ScopedBuffer};
 use crate::device::Device;
 use crate::error::Result;
 use crate::pool::MemoryPool;
@@ -73,16 +73,37 @@ pub trait MemoryResourceExt {
     /// # Errors
     /// When the resource cannot allocate.
     fn allocate(&self, size: usize, stream: &Stream) -> Result<Buffer>;
+
+    /// Allocates `size` bytes on `stream` into a [`ScopedBuffer`] that borrows the resource and
+    /// the stream instead of holding shares of them: the cheapest allocation this crate makes,
+    /// for buffers that live inside one scope (per request, per step). The borrows keep both
+    /// alive; see [`ScopedBuffer`].
+    ///
+    /// # Errors
+    /// When the resource cannot allocate.
+    fn allocate_scoped<'a>(&'a self, size: usize, stream: &'a Stream) -> Result<ScopedBuffer<'a>>;
 }
 
 impl<R: MemoryResource + 'static> MemoryResourceExt for Arc<R> {
+    #[inline]
     fn allocate(&self, size: usize, stream: &Stream) -> Result<Buffer> {
         Buffer::allocate(Arc::clone(self) as Arc<dyn MemoryResource>, size, stream)
+    }
+
+    #[inline]
+    fn allocate_scoped<'a>(&'a self, size: usize, stream: &'a Stream) -> Result<ScopedBuffer<'a>> {
+        ScopedBuffer::allocate_scoped(&**self, size, stream)
     }
 }
 
 impl MemoryResourceExt for Arc<dyn MemoryResource> {
+    #[inline]
     fn allocate(&self, size: usize, stream: &Stream) -> Result<Buffer> {
         Buffer::allocate(Arc::clone(self), size, stream)
+    }
+
+    #[inline]
+    fn allocate_scoped<'a>(&'a self, size: usize, stream: &'a Stream) -> Result<ScopedBuffer<'a>> {
+        ScopedBuffer::allocate_scoped(&**self, size, stream)
     }
 }

@@ -142,6 +142,7 @@ impl MemoryPool {
     }
 
     /// The raw handle.
+    #[inline]
     pub fn handle(&self) -> CUmemoryPool {
         self.handle as CUmemoryPool
     }
@@ -158,6 +159,7 @@ impl MemoryPool {
 
     /// Allocates from the pool on `stream`. A capturing stream is refused: the pool would
     /// allocate outside the graph.
+    #[inline]
     pub(crate) fn allocate(&self, size: usize, stream: &Stream) -> Result<DevicePtr> {
         if self.imported {
             return Err(Error::InvalidState(
@@ -185,6 +187,7 @@ impl MemoryPool {
     ///
     /// # Safety
     /// As [`MemoryResource::deallocate_raw`](crate::MemoryResource::deallocate_raw).
+    #[inline]
     pub(crate) unsafe fn deallocate(&self, ptr: DevicePtr, stream: &Stream) -> Result<()> {
         let d = driver()?;
         stream.bind_if_default()?;

@@ -141,16 +141,19 @@ impl Stream {
     }
 
     /// The raw handle.
+    #[inline]
     pub fn handle(&self) -> CUstream {
         self.inner.handle as CUstream
     }
 
     /// The device.
+    #[inline]
     pub fn device(&self) -> Device {
         self.inner.device
     }
 
     /// Whether this value owns the stream (destroys it on the last drop).
+    #[inline]
     pub fn is_owned(&self) -> bool {
         self.inner.ownership == Ownership::Owned
     }
@@ -158,12 +161,14 @@ impl Stream {
     /// Binds the device's primary context when the stream is a default stream (whose meaning
     /// depends on the current context); created streams carry their context, so calls on them
     /// need none current — which is what lets a buffer be freed from any thread cheaply.
+    #[inline]
     pub(crate) fn bind_if_default(&self) -> Result<()> {
         if self.is_owned() { Ok(()) } else { crate::context::bind(self.device()) }
     }
 
     /// Whether this is a per-thread default stream of another thread than the calling one: its
     /// handle names the calling thread's stream here, not the one the work went to.
+    #[inline]
     pub(crate) fn is_foreign_per_thread(&self) -> bool {
         self.inner.thread.is_some_and(|t| t != std::thread::current().id())
     }
@@ -235,6 +240,7 @@ impl Stream {
     /// [`is_capturing`](Stream::is_capturing) once the caller has bound what the handle needs
     /// ([`bind_if_default`](Stream::bind_if_default)): a created stream carries its context, so
     /// the allocation path makes no context call for it.
+    #[inline]
     pub(crate) fn is_capturing_bound(&self) -> Result<bool> {
         let d = driver()?;
         let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;

@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use cuda_mem_core::{
     Buffer, Device, DeviceMemoryResource, DevicePtr, Error, FillPattern, LegacyPinnedMemoryResource, MemoryResource,
-    MemoryResourceExt, PinnedMemoryResource, PinnedMemoryResourceOptions, Result, Stream, SynchronousMemoryResource,
-    take_drop_errors,
+    MemoryResourceExt, PinnedMemoryResource, PinnedMemoryResourceOptions, Result, ScopedBuffer, Stream,
+    SynchronousMemoryResource, take_drop_errors,
 };
 
 fn pinned() -> Arc<PinnedMemoryResource> {
@@ -215,4 +215,73 @@ fn legacy_and_synchronous_resources() {
     let mut back = LegacyPinnedMemoryResource::new(device).allocate(512, &stream).unwrap();
     back.copy_from(&d, &stream).unwrap();
     assert!(back.host_slice().unwrap().iter().all(|&b| b == 3));
+}
+
+#[test]
+fn scoped_buffers_borrow_instead_of_sharing_and_free_exactly_once() {
+    let device = common::device();
+    let stream = common::stream(device);
+    let counting = Arc::new(Counting::default());
+    {
+        let mut a = counting.allocate_scoped(128, &stream).unwrap();
+        let b = counting.allocate_scoped(128, &stream).unwrap();
+        // No share of the resource was taken: the borrow keeps it alive.
+        assert_eq!(Arc::strong_count(&counting), 1);
+        assert!(a.is_owning() && a.resource().is_none());
+        assert!(a.memory_resource().is_some_and(|r| r.is_host_accessible()));
+        assert_eq!(a.deallocation_stream(), Some(&stream));
+        a.host_slice_mut().unwrap().fill(9);
+        drop(a);
+        b.close(None).unwrap();
+    }
+    // A resource that is not in an `Arc` allocates scoped buffers too.
+    let plain = Counting::default();
+    let c = ScopedBuffer::allocate_scoped(&plain, 64, &stream).unwrap();
+    let empty = ScopedBuffer::allocate_scoped(&plain, 0, &stream).unwrap();
+    assert!(empty.is_empty());
+    drop((c, empty));
+    assert_eq!(counting.allocations.load(Ordering::SeqCst), 2);
+    assert_eq!(counting.frees.load(Ordering::SeqCst), 2);
+    assert_eq!(plain.allocations.load(Ordering::SeqCst), 1);
+    assert_eq!(plain.frees.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn scoped_and_shared_buffers_copy_into_each_other() {
+    let device = common::device();
+    let stream = common::stream(device);
+    let pool = DeviceMemoryResource::new(device, Default::default()).unwrap();
+    let host = pinned();
+    let mut source: Buffer = host.allocate(4096, &stream).unwrap();
+    source.host_slice_mut().unwrap().iter_mut().enumerate().for_each(|(i, b)| *b = i as u8);
+    let mut on_device = pool.allocate_scoped(4096, &stream).unwrap();
+    on_device.copy_from(&source, &stream).unwrap();
+    on_device.fill(FillPattern::U8(0x5a), &stream).unwrap();
+    let mut back = host.allocate_scoped(4096, &stream).unwrap();
+    on_device.copy_to(&mut back, &stream).unwrap();
+    assert!(back.host_slice().unwrap().iter().all(|&b| b == 0x5a));
+    source.copy_from(&back, &stream).unwrap();
+    assert!(source.host_slice().unwrap().iter().all(|&b| b == 0x5a));
+    drop((on_device, back));
+    assert_eq!(pool.pool().attributes().unwrap().used_mem_current, 0, "the scoped buffer freed its memory");
+}
+
+#[test]
+fn a_scoped_buffer_freed_on_another_stream_orders_after_its_uses() {
+    let device = common::device();
+    let (s1, s2) = (common::stream(device), common::stream(device));
+    let pool = DeviceMemoryResource::new(device, Default::default()).unwrap();
+    let mut buffer = pool.allocate_scoped(1 << 16, &s1).unwrap();
+    buffer.fill(FillPattern::U32(1), &s1).unwrap();
+    // The new stream is kept as a share: it may outlive the borrow of the first.
+    buffer.set_deallocation_stream(&s2);
+    assert_eq!(buffer.deallocation_stream(), Some(&s2));
+    std::thread::scope(|scope| {
+        // Scoped buffers move to other threads inside the scope of their borrows.
+        scope.spawn(move || drop(buffer));
+    });
+    s2.synchronize().unwrap();
+    assert_eq!(pool.pool().attributes().unwrap().used_mem_current, 0);
+    let errors = take_drop_errors();
+    assert!(errors.is_empty(), "{errors:?}");
 }

@@ -19,7 +19,7 @@ use std::collections::HashSet;
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use cuda_mem_core::{Buffer, Device, MemoryResource, Stream};
+use cuda_mem_core::{Buffer, Device, MemoryResource, ScopedBuffer, Stream};
 use uuid::Uuid;
 
 use crate::channel::{Channel, RawMessage};
@@ -90,7 +90,7 @@ impl IpcChannel {
     ///
     /// # Errors
     /// [`IpcError::NotIpcEnabled`] for buffers that cannot be shared; channel errors.
-    pub fn send_buffers(&self, buffers: &[&Buffer]) -> Result<()> {
+    pub fn send_buffers(&self, buffers: &[&ScopedBuffer<'_>]) -> Result<()> {
         if buffers.len() > MAX_BUFFERS_PER_MESSAGE {
             return Err(IpcError::Protocol(format!(
                 "{} buffers in one message; the most is {MAX_BUFFERS_PER_MESSAGE}",
@@ -100,8 +100,8 @@ impl IpcChannel {
         let descriptors = buffers.iter().map(|b| buffer_descriptor(b)).collect::<Result<Vec<_>>>()?;
         for (buffer, descriptor) in buffers.iter().zip(&descriptors) {
             let known = self.sent.lock().unwrap_or_else(PoisonError::into_inner).contains(&descriptor.resource);
-            if !known && let Some(resource) = buffer.resource() {
-                self.send_resource(resource.as_ref())?;
+            if !known && let Some(resource) = buffer.memory_resource() {
+                self.send_resource(resource)?;
             }
         }
         let mut payload = Vec::with_capacity(4 + descriptors.len() * ENCODED_LEN);

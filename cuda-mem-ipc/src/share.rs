@@ -1,6 +1,6 @@
 //! The exporting side: a resource's allocation handle and a buffer's descriptor.
 
-use cuda_mem_core::{Buffer, MemoryResource, ShareableHandle};
+use cuda_mem_core::{MemoryResource, ScopedBuffer, ShareableHandle};
 use uuid::Uuid;
 
 use crate::descriptor::BufferDescriptor;
@@ -64,10 +64,11 @@ pub fn allocation_handle(resource: &dyn MemoryResource) -> Result<AllocationHand
 /// # Errors
 /// [`IpcError::NotIpcEnabled`] for buffers of resources that cannot be shared, or views;
 /// driver errors.
-pub fn buffer_descriptor(buffer: &Buffer) -> Result<BufferDescriptor> {
-    let resource =
-        buffer.resource().ok_or_else(|| IpcError::NotIpcEnabled("a buffer view (it owns no memory)".to_string()))?;
-    let handle = allocation_handle(resource.as_ref())?;
+pub fn buffer_descriptor(buffer: &ScopedBuffer<'_>) -> Result<BufferDescriptor> {
+    let resource = buffer
+        .memory_resource()
+        .ok_or_else(|| IpcError::NotIpcEnabled("a buffer view (it owns no memory)".to_string()))?;
+    let handle = allocation_handle(resource)?;
     let pool = resource
         .pool()
         .ok_or_else(|| IpcError::NotIpcEnabled("a buffer that is not from a memory pool".to_string()))?;

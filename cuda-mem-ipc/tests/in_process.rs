@@ -188,3 +188,25 @@ fn pools_that_are_not_ipc_enabled_cannot_be_shared() {
     let (tx, _rx) = pair();
     assert!(tx.send_buffers(&[&buffer]).is_err());
 }
+
+#[test]
+fn scoped_buffers_travel_like_shared_ones() {
+    let (device, stream) = setup();
+    let dmr = DeviceMemoryResource::new(device, DeviceMemoryResourceOptions::default().ipc_enabled(true)).unwrap();
+    let shared = dmr.allocate(4096, &stream).unwrap();
+    let mut scoped = dmr.allocate_scoped(4096, &stream).unwrap();
+    scoped.fill(FillPattern::U8(0x5c), &stream).unwrap();
+    stream.synchronize().unwrap();
+    let (tx, rx) = pair();
+    // One message with both kinds: the resource goes first, once.
+    tx.send_buffers(&[&shared, &scoped]).unwrap();
+    let Received::Resource(mapped) = rx.recv(&stream).unwrap() else { panic!("the resource comes first") };
+    let Received::Buffers(received) = rx.recv(&stream).unwrap() else { panic!("then the buffers") };
+    assert_eq!(mapped.uuid(), allocation_handle(dmr.as_ref()).unwrap().uuid());
+    assert_eq!(received.len(), 2);
+    assert_eq!(buffer_descriptor(&received[1]).unwrap(), buffer_descriptor(&scoped).unwrap());
+    let host = PinnedMemoryResource::new(PinnedMemoryResourceOptions::default()).unwrap();
+    let mut check = host.allocate(4096, &stream).unwrap();
+    check.copy_from(&received[1], &stream).unwrap();
+    assert!(check.host_slice().unwrap().iter().all(|&b| b == 0x5c));
+}

@@ -44,6 +44,12 @@
 //!   `cuStreamSynchronize` and pool allocation on a capturing stream return
 //!   `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`; an event recorded during capture keeps its earlier
 //!   state.
+//! - **A stream-ordered free on an idle stream takes effect at once**: `cuMemFreeAsync` on a
+//!   stream with no pending work, no capture and no implicit wait returns its memory to the pool
+//!   before the call returns, as the stream's worker would do next; with work pending it waits
+//!   its turn. The documentation promises only stream order; a GPU reaches the free as soon as
+//!   it reaches the stream's end, so memory freed on an idle stream may be reused at once there
+//!   too, and code that counted on a free taking time is wrong on either.
 //! - **Pool allocations of 0 bytes** return `CUDA_ERROR_INVALID_VALUE`.
 //! - **A pinned host pool's memory** (created or imported) gives no device access until
 //!   `cuMemPoolSetAccess` grants it (`cuda.h`: "their default accessibility will be from the host

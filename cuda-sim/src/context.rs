@@ -50,6 +50,21 @@ impl Context {
     /// legacy default stream: work on it waits for earlier work on every blocking stream, and
     /// work on a blocking stream waits for earlier work on it.
     pub(crate) fn submit(&self, stream: &Stream, op: Op) -> Fence {
+        self.enqueue(stream, op, false)
+    }
+
+    /// [`submit`](Context::submit), except that on an idle stream that nothing else orders (no
+    /// capture, no implicit wait) `op` runs at once on the calling thread: what the stream's
+    /// worker would do next anyway, without the round trip through it (a real driver's
+    /// stream-ordered free on an idle stream costs no thread switch either). Only for the
+    /// simulator's own bookkeeping (returning freed pool memory), which never blocks and runs
+    /// no user code.
+    pub(crate) fn submit_or_run(&self, stream: &Stream, op: Op) -> Fence {
+        self.enqueue(stream, op, true)
+    }
+
+    /// [`submit`](Context::submit), or with `run_if_idle` [`submit_or_run`](Context::submit_or_run).
+    fn enqueue(&self, stream: &Stream, op: Op, run_if_idle: bool) -> Fence {
         let _order = self.submit_lock.lock().unwrap_or_else(PoisonError::into_inner);
         // Work on a capturing stream goes into the graph being captured, not into the queue.
         let op = match stream.capture(op) {
@@ -57,15 +72,21 @@ impl Context {
             Err(op) => op,
         };
         let waits = self.implicit_waits(stream);
-        if waits.is_empty() {
-            stream.queue.push(op)
-        } else {
-            stream.queue.push(Box::new(move || {
+        if !waits.is_empty() {
+            return stream.queue.push(Box::new(move || {
                 for fence in &waits {
                     fence.wait();
                 }
                 op();
-            }))
+            }));
+        }
+        if !run_if_idle {
+            return stream.queue.push(op);
+        }
+        // The submission lock, held until the operation has run, keeps every later push out.
+        match stream.queue.run_if_idle(op) {
+            Ok(fence) => fence,
+            Err(op) => stream.queue.push(op),
         }
     }
 

@@ -118,6 +118,9 @@ struct Inner {
     submitted: u64,
     completed: u64,
     shutdown: bool,
+    /// Threads blocked in [`Fence::wait`]: completing an operation wakes them only if there are
+    /// any (a condition variable's notify is a system call even with nobody waiting).
+    waiting: usize,
 }
 
 /// A point in a queue: done once the queue has completed `seq` operations.
@@ -131,16 +134,18 @@ impl Fence {
     /// Blocks until the fence is reached.
     pub(crate) fn wait(&self) {
         let mut inner = self.queue.lock();
+        inner.waiting += 1;
         while inner.completed < self.seq {
             inner = self.queue.done.wait(inner).unwrap_or_else(PoisonError::into_inner);
         }
+        inner.waiting -= 1;
     }
 }
 
 impl Queue {
     fn start(handle: usize) -> SimResult<Arc<Queue>> {
         let queue = Arc::new(Queue {
-            inner: Mutex::new(Inner { ops: VecDeque::new(), submitted: 0, completed: 0, shutdown: false }),
+            inner: Mutex::new(Inner { ops: VecDeque::new(), submitted: 0, completed: 0, shutdown: false, waiting: 0 }),
             work: Condvar::new(),
             done: Condvar::new(),
         });
@@ -165,6 +170,25 @@ impl Queue {
         drop(inner);
         self.work.notify_one();
         Fence { queue: Arc::clone(self), seq }
+    }
+
+    /// Runs `op` on the calling thread if the queue is idle, as its worker would run it next,
+    /// and returns the fence after it; gives `op` back if work is pending. The caller must keep
+    /// every other push out until this returns (the context's submission lock does), so that
+    /// nothing enqueued later can run before `op` has.
+    pub(crate) fn run_if_idle(self: &Arc<Self>, op: Op) -> Result<Fence, Op> {
+        let seq = {
+            let mut inner = self.lock();
+            if inner.completed != inner.submitted || inner.shutdown {
+                return Err(op);
+            }
+            inner.submitted += 1;
+            inner.submitted
+        };
+        // As in `run`: a panicking operation still completes.
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(op));
+        self.complete_one();
+        Ok(Fence { queue: Arc::clone(self), seq })
     }
 
     /// The fence after everything enqueued so far.
@@ -207,7 +231,18 @@ impl Queue {
             // An operation that panicked must still count as completed, or every waiter on
             // this queue would hang; the simulator's own operations do not panic.
             let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(op));
-            self.lock().completed += 1;
+            self.complete_one();
+        }
+    }
+
+    /// Counts one more operation completed and wakes the fences' waiters, if any.
+    fn complete_one(&self) {
+        let waiting = {
+            let mut inner = self.lock();
+            inner.completed += 1;
+            inner.waiting > 0
+        };
+        if waiting {
             self.done.notify_all();
         }
     }

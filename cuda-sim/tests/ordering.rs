@@ -483,3 +483,60 @@ fn per_thread_variants_work_on_the_per_thread_stream() {
         assert_eq!(status, cuda_sys::types::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE);
     });
 }
+
+/// The default pool's `CU_MEMPOOL_ATTR_USED_MEM_CURRENT` on device 0.
+fn used_in_default_pool() -> u64 {
+    let d = driver();
+    let mut pool: cuda_sys::types::CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: `pool` is a valid out-pointer; device 0 exists.
+    unsafe { cu_call!(d, cuDeviceGetDefaultMemPool(&mut pool, 0)) }.unwrap();
+    let mut used = 0u64;
+    // SAFETY: `used` is the `cuuint64_t` this attribute is.
+    unsafe {
+        cu_call!(
+            d,
+            cuMemPoolGetAttribute(
+                pool,
+                cuda_sys::types::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
+                std::ptr::from_mut(&mut used).cast::<c_void>()
+            )
+        )
+    }
+    .unwrap();
+    used
+}
+
+#[test]
+fn a_pool_free_waits_for_pending_work_and_takes_effect_at_once_on_an_idle_stream() {
+    in_child!(&[], || {
+        use_device(0);
+        let d = driver();
+        let s = non_blocking_stream();
+        let alloc = || {
+            let mut ptr: CUdeviceptr = 0;
+            // SAFETY: `ptr` is a valid out-pointer.
+            unsafe { cu_call!(d, cuMemAllocAsync(&mut ptr, 1 << 20, s)) }.unwrap();
+            ptr
+        };
+        let ptr = alloc();
+        assert_eq!(used_in_default_pool(), 1 << 20);
+        // Behind pending work, the free waits its turn.
+        let (gate, _guard) = Gate::new();
+        gate.hold(d, s);
+        // SAFETY: `ptr` is a live allocation of this stream, freed once.
+        unsafe { cu_call!(d, cuMemFreeAsync(ptr, s)) }.unwrap();
+        gate.wait_entered(1);
+        for _ in 0..3 {
+            assert_eq!(used_in_default_pool(), 1 << 20, "the free overtook the host function");
+        }
+        gate.open();
+        sync(s);
+        assert_eq!(used_in_default_pool(), 0);
+        // On an idle stream it is done when the call returns, with no synchronization.
+        let ptr = alloc();
+        // SAFETY: as above.
+        unsafe { cu_call!(d, cuMemFreeAsync(ptr, s)) }.unwrap();
+        assert_eq!(used_in_default_pool(), 0);
+        assert_eq!(query(s), SUCCESS);
+    });
+}

@@ -191,10 +191,17 @@ impl Driver {
     ///
     /// # Errors
     /// When `code` is not `CUDA_SUCCESS`.
+    #[inline]
     pub fn check(&self, function: &'static str, code: CUresult) -> Result<(), DriverError> {
-        if code == CUresult::CUDA_SUCCESS {
-            return Ok(());
-        }
+        // Every driver call goes through here: the success test is inlined at the call site,
+        // the error's making is not.
+        if code == CUresult::CUDA_SUCCESS { Ok(()) } else { Err(self.error(function, code)) }
+    }
+
+    /// The [`DriverError`] for a failed call.
+    #[cold]
+    #[inline(never)]
+    fn error(&self, function: &'static str, code: CUresult) -> DriverError {
         let mut error = DriverError::from_header(function, code);
         if let Some(name) = self.describe(code, Self::cuGetErrorName) {
             error.name = name.into();
@@ -202,7 +209,7 @@ impl Driver {
         if let Some(description) = self.describe(code, Self::cuGetErrorString) {
             error.description = description.into();
         }
-        Err(error)
+        error
     }
 
     /// Asks the driver for a code's name or description.
@@ -226,10 +233,21 @@ impl Driver {
         Some(unsafe { CStr::from_ptr(text) }.to_string_lossy().into_owned())
     }
 
-    /// Resolves one entry point, caching the outcome in `slot`.
+    /// Resolves one entry point, caching the outcome in `slot`. After the first call this is
+    /// one load and a branch, inlined into every call site.
+    #[inline]
     pub(crate) fn resolve(&self, slot: &Slot, spec: &SymbolInfo) -> Result<*const c_void, LoadError> {
-        let outcome = *slot.get_or_init(|| self.lookup_entry(spec));
-        match outcome {
+        match slot.get() {
+            Some(Ok(address)) => Ok(*address as *const c_void),
+            _ => self.resolve_slow(slot, spec),
+        }
+    }
+
+    /// [`resolve`](Driver::resolve) the first time, and for a symbol the driver lacks.
+    #[cold]
+    #[inline(never)]
+    fn resolve_slow(&self, slot: &Slot, spec: &SymbolInfo) -> Result<*const c_void, LoadError> {
+        match *slot.get_or_init(|| self.lookup_entry(spec)) {
             Ok(address) => Ok(address as *const c_void),
             Err(failure) => {
                 let symbol = spec.symbol.to_str().unwrap_or("?");
@@ -354,6 +372,7 @@ macro_rules! driver_functions {
                 ///
                 /// # Errors
                 /// A [`LoadError`](crate::LoadError) naming the symbol when the driver lacks it.
+                #[inline]
                 pub fn $name(&self) -> Result<unsafe extern "C" fn($($arg: $ty),*) -> $ret, $crate::LoadError> {
                     static SPEC: $crate::SymbolInfo = $crate::SymbolInfo {
                         symbol: $symbol,
@@ -411,10 +430,18 @@ static GLOBAL_INIT: Mutex<()> = Mutex::new(());
 ///
 /// # Errors
 /// As [`Driver::open`].
+#[inline]
 pub fn driver() -> Result<&'static Driver, LoadError> {
-    if let Some(driver) = GLOBAL.get() {
-        return Ok(driver);
+    match GLOBAL.get() {
+        Some(driver) => Ok(driver),
+        None => open_global(),
     }
+}
+
+/// [`driver()`] until the process-wide driver is open.
+#[cold]
+#[inline(never)]
+fn open_global() -> Result<&'static Driver, LoadError> {
     let _guard = GLOBAL_INIT.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     if let Some(driver) = GLOBAL.get() {
         return Ok(driver);

@@ -3,9 +3,10 @@
 //! caller's environment (`CUDA_MEM_DRIVER` and the `CUDA_SIM_*` variables included). The binary
 //! writes `target/bench/results.{json,md}` and the SVG plots, and prints the Markdown tables.
 //!
-//! `--compare` then runs cuda.core's equivalents on the same driver (see [`crate::compare`]) and
-//! writes `target/bench/compare.md`: each side's overhead beyond its own raw driver calls, and
-//! their ratio (the target: ours at most 1/20 of cuda.core's).
+//! `--compare` then runs cuda.core's equivalents on the same driver (see [`crate::compare`]),
+//! and case (1) of both again on a nearly free stand-in driver (`xtask/compare/null_driver.rs`),
+//! and writes `target/bench/compare.md`: each side's overhead beyond its own raw driver calls,
+//! and their ratio (the target: ours at most 1/20 of cuda.core's).
 
 use std::path::Path;
 

@@ -1,7 +1,7 @@
 //! `cargo xtask bench --compare`: cuda.core's side of the comparison, run on the same driver in a
 //! private virtual environment (`xtask/compare/cuda_core_bench.py`).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::json::{self, Value};
@@ -10,9 +10,28 @@ use crate::python_smoke;
 /// The cuda.core release compared against.
 pub const CUDA_CORE: &str = "cuda-core==1.2.2";
 
-/// Runs cuda.core's benchmarks on the simulator (when `on_simulator`) or on the driver the
-/// normal library search finds; returns their JSON.
-pub fn run(workspace: &Path, on_simulator: bool, args: &[&str]) -> Result<String, String> {
+/// Which driver a comparison runs on.
+enum Driver {
+    /// The one our benchmarks chose: the simulator (`simulator: true`) or the real driver.
+    OfTheRun { simulator: bool },
+    /// The nearly free driver `null_driver.rs`, as `libcuda.so.1` in this folder.
+    Null(PathBuf),
+}
+
+impl Driver {
+    /// The folder to put first on `LD_LIBRARY_PATH` so that `libcuda.so.1` is this driver
+    /// (`None`: the normal library search finds the real one).
+    fn lib_dir(&self, workspace: &Path) -> Result<Option<PathBuf>, String> {
+        match self {
+            Driver::OfTheRun { simulator: true } => python_smoke::simulator_lib_dir(workspace, "release").map(Some),
+            Driver::OfTheRun { simulator: false } => Ok(None),
+            Driver::Null(dir) => Ok(Some(dir.clone())),
+        }
+    }
+}
+
+/// Runs cuda.core's benchmarks on `driver`; returns their JSON.
+fn run(workspace: &Path, driver: &Driver, args: &[&str]) -> Result<String, String> {
     let python = python_smoke::venv(workspace, &[python_smoke::CUDA_BINDINGS, CUDA_CORE])??;
     let script = workspace.join("xtask/compare/cuda_core_bench.py");
     let mut command = Command::new(python);
@@ -21,8 +40,8 @@ pub fn run(workspace: &Path, on_simulator: bool, args: &[&str]) -> Result<String
         .args(args)
         .env_remove("CUDA_SIM_DEVICES")
         .env("CUDA_MEM_RAW_PAIRS", raw_pairs_library(workspace)?);
-    if on_simulator {
-        command.env("LD_LIBRARY_PATH", python_smoke::simulator_lib_dir(workspace, "release")?);
+    if let Some(dir) = driver.lib_dir(workspace)? {
+        command.env("LD_LIBRARY_PATH", dir);
     }
     stdout_of(&mut command, &script.display().to_string())
 }
@@ -40,9 +59,24 @@ fn stdout_of(command: &mut Command, what: &str) -> Result<String, String> {
 /// Builds `xtask/compare/raw_pairs.rs`, the native loop of raw allocate+free pairs that
 /// cuda.core's side takes its floor from (in its own process), unless it is up to date; returns
 /// the library's path.
-fn raw_pairs_library(workspace: &Path) -> Result<std::path::PathBuf, String> {
-    let source = workspace.join("xtask/compare/raw_pairs.rs");
-    let library = workspace.join("target/python-smoke/libraw_pairs.so");
+fn raw_pairs_library(workspace: &Path) -> Result<PathBuf, String> {
+    cdylib(workspace, "raw_pairs.rs", "libraw_pairs.so")
+}
+
+/// Builds `xtask/compare/null_driver.rs` as `libcuda.so.1` in a folder of its own; returns the
+/// folder.
+fn null_driver_dir(workspace: &Path) -> Result<PathBuf, String> {
+    let dir = workspace.join("target/python-smoke/libcuda-null");
+    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    cdylib(workspace, "null_driver.rs", "libcuda-null/libcuda.so.1")?;
+    Ok(dir)
+}
+
+/// Compiles `xtask/compare/<source>` alone with `rustc` into `target/python-smoke/<library>`,
+/// unless that is newer than the source; returns the library's path.
+fn cdylib(workspace: &Path, source: &str, library: &str) -> Result<PathBuf, String> {
+    let source = workspace.join("xtask/compare").join(source);
+    let library = workspace.join("target/python-smoke").join(library);
     let modified = |path: &Path| std::fs::metadata(path).and_then(|m| m.modified()).ok();
     if modified(&library).is_some_and(|built| modified(&source).is_some_and(|changed| built >= changed)) {
         return Ok(library);
@@ -99,7 +133,7 @@ pub fn compare(workspace: &Path) -> Result<(), String> {
         std::fs::read_to_string(out.join("results.json")).map_err(|e| format!("reading results.json: {e}"))?;
     let ours = json::parse(&ours_text)?;
     let on_simulator = ours.get("simulator").and_then(Value::as_bool).unwrap_or(true);
-    let theirs_text = run(workspace, on_simulator, &[])?;
+    let theirs_text = run(workspace, &Driver::OfTheRun { simulator: on_simulator }, &[])?;
     let theirs = json::parse(theirs_text.trim())?;
     let their_results = theirs.get("results").and_then(Value::as_array).unwrap_or_default();
     let mut vmm = String::new();
@@ -111,20 +145,28 @@ pub fn compare(workspace: &Path) -> Result<(), String> {
         }
     }
     let driver = if on_simulator { "the cuda-sim simulator" } else { "the real driver" };
+    let null = Driver::Null(null_driver_dir(workspace)?);
     let text = format!(
         "# cuda-mem against cuda.core ({CUDA_CORE}, {}), on {driver}\n\n\
          ## 1. Pool allocate+free pairs\n\n\
          Allocate+free pairs on one stream, on one thread, medians per pair. Each API is sampled in turn with \
          the raw driver calls made natively in its own process, on its pool and stream (ours: cuda-sys; \
          cuda.core's: `raw_pairs.rs`, a native loop through the driver's entry points, called from the \
-         script), so that an overhead is the API's median minus the raw median measured beside it. \
-         {POOL_ROUNDS} rounds, ours then cuda.core's each time; the table shows the median over the rounds, the \
-         ratio of the median overheads, and each round's ratio. The target is ours at most 1/20 (0.05) of \
-         cuda.core's. Negative values are noise.\n\n{}\n\
+         script), so that an overhead is the API's median minus the raw median measured beside it. Ours \
+         twice: `allocate` (a `Buffer`, holding shares of its pool and stream) and `allocate_scoped` (a \
+         `ScopedBuffer`, borrowing them). {POOL_ROUNDS} rounds, ours then cuda.core's each time; the table shows \
+         the median over the rounds, the ratio of the median overheads, and each round's ratio. The target is \
+         ours at most 1/20 (0.05) of cuda.core's. Negative values are noise.\n\n{}\n\
+         ### On a nearly free driver\n\n\
+         The same rounds on `xtask/compare/null_driver.rs`, a stand-in `libcuda.so.1` whose entry points do next \
+         to nothing (a raw pair takes a few nanoseconds), loaded by both sides the way they load the real one: \
+         what is left of each API's time is its own code, without the driver's time and its noise, nor the \
+         driver's effect on the caches the API's code runs in.\n\n{}\n\
          ## 2. Sharing with a child process\n\n{}\n\
          ## 3. VMM growth\n\n{}\n{vmm}",
         python_smoke::CUDA_BINDINGS,
-        pool_table(&pool_rounds(workspace, on_simulator)?) + &additivity(&ours),
+        pool_table(&pool_rounds(workspace, &Driver::OfTheRun { simulator: on_simulator })?) + &additivity(&ours),
+        pool_table(&pool_rounds(workspace, &null)?),
         sharing_tables(&ours, their_results),
         first_grow_table(&ours, their_results),
     );
@@ -145,16 +187,20 @@ struct PoolRound {
 /// Runs case (1) [`POOL_ROUNDS`] times on each side, alternating: the simulator's cost per pair
 /// drifts with the machine's load by more than either API's overhead, and one side measured
 /// minutes after the other compares the load as much as the APIs.
-fn pool_rounds(workspace: &Path, on_simulator: bool) -> Result<Vec<PoolRound>, String> {
+fn pool_rounds(workspace: &Path, driver: &Driver) -> Result<Vec<PoolRound>, String> {
     let bench = workspace.join("target/release/bench");
     (0..POOL_ROUNDS)
         .map(|round| {
             println!("case (1), round {} of {POOL_ROUNDS}: ours, then cuda.core's", round + 1);
-            let stdout =
-                stdout_of(Command::new(&bench).arg("--pool-pairs"), &format!("{} --pool-pairs", bench.display()))?;
+            let mut ours = Command::new(&bench);
+            ours.arg("--pool-pairs");
+            if let Driver::Null(dir) = driver {
+                ours.env("CUDA_MEM_DRIVER", dir.join("libcuda.so.1"));
+            }
+            let stdout = stdout_of(&mut ours, &format!("{} --pool-pairs", bench.display()))?;
             let last = stdout.lines().last().unwrap_or_default();
             let ours = json::parse(last)?.get("pools").and_then(Value::as_array).unwrap_or_default().to_vec();
-            let theirs_text = run(workspace, on_simulator, &["--pool-pairs"])?;
+            let theirs_text = run(workspace, driver, &["--pool-pairs"])?;
             let theirs = json::parse(theirs_text.trim())?;
             let theirs = theirs.get("results").and_then(Value::as_array).unwrap_or_default().to_vec();
             Ok(PoolRound { ours, theirs })
@@ -175,13 +221,13 @@ fn median_of(mut values: Vec<f64>) -> f64 {
 /// Case (1): allocate+free pairs on one thread, ours against cuda.core's, over the rounds.
 fn pool_table(rounds: &[PoolRound]) -> String {
     let mut table = String::from(
-        "| size | raw calls, our process | ours: safe | our overhead | raw calls, cuda.core's process | cuda.core | cuda.core overhead | ours / theirs | each round's ours / theirs | raw cuda.bindings (Python, for reference) |\n\
-         |---:|---:|---:|---:|---:|---:|---:|---:|---|---:|\n",
+        "| size | raw calls, our process | ours: Buffer | ScopedBuffer | our overhead: Buffer, ScopedBuffer | raw calls, cuda.core's process | cuda.core | cuda.core overhead | ours / theirs: Buffer, ScopedBuffer | each round's ours / theirs (Buffer) | raw cuda.bindings (Python, for reference) |\n\
+         |---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|\n",
     );
     for size in [256.0, 65536.0, 4194304.0] {
-        // Per round: our raw, ours, their native raw, cuda.core, cuda.bindings raw (medians per
-        // pair).
-        let per_round: Vec<[f64; 5]> = rounds
+        // Per round: our raw, ours, their native raw, cuda.core, cuda.bindings raw, our scoped
+        // (medians per pair).
+        let per_round: Vec<[f64; 6]> = rounds
             .iter()
             .map(|round| {
                 let ours = round.ours.iter().find(|r| r.get("size").and_then(Value::as_number) == Some(size));
@@ -205,6 +251,7 @@ fn pool_table(rounds: &[PoolRound]) -> String {
                     theirs("native raw"),
                     theirs("cuda.core"),
                     theirs("cuda.bindings raw"),
+                    of("scoped_per_pair"),
                 ]
             })
             .collect();
@@ -213,15 +260,18 @@ fn pool_table(rounds: &[PoolRound]) -> String {
         // in turn with it: Python's own raw calls (cuda.bindings) carry interpreter costs that
         // cuda.core's compiled path does not, so they are no floor for it.
         let ours_over = median_of(per_round.iter().map(|r| r[1] - r[0]).collect());
+        let scoped_over = median_of(per_round.iter().map(|r| r[5] - r[0]).collect());
         let theirs_over = median_of(per_round.iter().map(|r| r[3] - r[2]).collect());
         let each: Vec<String> = per_round.iter().map(|r| format!("{:.3}", (r[1] - r[0]) / (r[3] - r[2]))).collect();
         table.push_str(&format!(
-            "| {size} | {:.0} ns | {:.0} ns | {ours_over:.0} ns | {:.0} ns | {:.0} ns | {theirs_over:.0} ns | {:.3} | {} | {:.0} ns |\n",
+            "| {size} | {:.0} ns | {:.0} ns | {:.0} ns | {ours_over:.0} ns, {scoped_over:.0} ns | {:.0} ns | {:.0} ns | {theirs_over:.0} ns | {:.3}, {:.3} | {} | {:.0} ns |\n",
             column(0),
             column(1),
+            column(5),
             column(2),
             column(3),
             ours_over / theirs_over,
+            scoped_over / theirs_over,
             each.join(", "),
             column(4),
         ));

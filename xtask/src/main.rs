@@ -53,7 +53,7 @@ fn usage() -> String {
     "usage: cargo xtask <command>\n\
      \n\
      commands:\n  \
-       bench [--compare]     build the simulator, then run the benchmarks in release (results in target/bench/);\n                             --compare also runs cuda.core's equivalents on the same driver\n  \
+       bench [--compare]     build the simulator, then run the benchmarks in release (results in target/bench/);\n                             --compare also runs cuda.core's equivalents on the same driver\n                             (and case 1 of both on a nearly free stand-in driver)\n  \
        demo [ARGS...]        build the simulator, then run the demo (real GPU if found, else the simulator)\n  \
        ci                    fmt, clippy, build, test, doc and the bindings check, stopping at the first failure\n  \
        gpu-test [--out DIR]  build the GPU test bundle (default: gpu-bundle/); run it with `bash DIR/run.sh`\n  \

@@ -412,7 +412,7 @@ pub(crate) fn free_async(address: CUdeviceptr, stream: CUstream, mode: DefaultSt
     let pool = state.pools.get(&handle).cloned().ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
     forget_if_destroyed(&mut state, handle);
     drop(state);
-    context.submit(
+    context.submit_or_run(
         &stream,
         Box::new(move || {
             pool.release(&allocation);

@@ -1,7 +1,7 @@
 //! `bench`: the benchmarks of the cuda-mem crates (`cargo xtask bench`), with a harness of its
 //! own: warm-up, many repetitions, and per case the median and the spread (p10/p90).
 //!
-//! 1. pool allocate+free pairs at 256 B, 64 KiB and 4 MiB, through the safe API and through raw
+//! 1. pool allocate+free pairs at 256 B, 64 KiB and 4 MiB, through the safe API (shared and scoped buffers) and through raw
 //!    `cuMemAllocFromPoolAsync`/`cuMemFreeAsync`, on one thread and on 4 threads (4 streams);
 //! 2. sharing buffers with a child process (this program with `--child`), through
 //!    `IpcChannel` and through the two raw driver calls, for batches of 1, 64 and 1,024;
@@ -262,6 +262,8 @@ struct PoolRow {
     /// The raw calls with the capture check the safe API makes before each allocation (as
     /// cuda.core does): the same driver work as the safe pair, so the rest is our code's.
     raw_checked: Stats,
+    /// The safe API's scoped allocation (`allocate_scoped`: borrows instead of shares).
+    scoped: Stats,
 }
 
 impl PoolRow {
@@ -274,16 +276,23 @@ impl PoolRow {
         self.safe.median / self.raw_checked.median
     }
 
+    /// Scoped against the raw calls.
+    fn ratio_scoped(&self) -> f64 {
+        self.scoped.median / self.raw.median
+    }
+
     fn json(&self) -> String {
         format!(
-            r#"{{"size":{},"threads":{},"safe_per_pair":{},"raw_per_pair":{},"raw_checked_per_pair":{},"ratio":{:.3},"ratio_checked":{:.3}}}"#,
+            r#"{{"size":{},"threads":{},"safe_per_pair":{},"raw_per_pair":{},"raw_checked_per_pair":{},"scoped_per_pair":{},"ratio":{:.3},"ratio_checked":{:.3},"ratio_scoped":{:.3}}}"#,
             self.size,
             self.threads,
             self.safe.json(),
             self.raw.json(),
             self.raw_checked.json(),
+            self.scoped.json(),
             self.ratio(),
-            self.ratio_checked()
+            self.ratio_checked(),
+            self.ratio_scoped()
         )
     }
 }
@@ -306,12 +315,13 @@ fn pools(device: Device, thread_counts: &[usize]) -> Result<Vec<PoolRow>, Error>
                     .collect();
                 handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err("a thread panicked".into()))).collect()
             });
-            let [mut safe, mut raw, mut raw_checked] = [Vec::new(), Vec::new(), Vec::new()];
+            let [mut safe, mut raw, mut raw_checked, mut scoped] = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
             for sample in samples {
-                let [s, r, c] = sample?;
+                let [s, r, c, b] = sample?;
                 safe.extend(s);
                 raw.extend(r);
                 raw_checked.extend(c);
+                scoped.extend(b);
             }
             let row = PoolRow {
                 size,
@@ -319,15 +329,19 @@ fn pools(device: Device, thread_counts: &[usize]) -> Result<Vec<PoolRow>, Error>
                 safe: Stats::of(safe),
                 raw: Stats::of(raw),
                 raw_checked: Stats::of(raw_checked),
+                scoped: Stats::of(scoped),
             };
             println!(
-                "  {} × {threads} thread(s): safe {} raw {} raw+check {} per pair, ratio {:.2} ({:.2} against raw+check)",
+                "  {} × {threads} thread(s): safe {} scoped {} raw {} raw+check {} per pair, ratio {:.2} ({:.2} against \
+                 raw+check, scoped {:.2})",
                 bytes(size),
                 row.safe.show(),
+                row.scoped.show(),
                 row.raw.show(),
                 row.raw_checked.show(),
                 row.ratio(),
-                row.ratio_checked()
+                row.ratio_checked(),
+                row.ratio_scoped()
             );
             rows.push(row);
         }
@@ -402,9 +416,12 @@ fn pacing(device: Device) -> Result<Pacing, Error> {
 }
 
 /// One thread's safe and raw samples, or why it failed.
-type ThreadSamples = Result<[Vec<f64>; 3], String>;
+type ThreadSamples = Result<[Vec<f64>; KINDS], String>;
 
-/// A timed repetition of one kind (safe, raw, raw with the capture check): ns per pair.
+/// The kinds of pair timed in case (1): safe, raw, raw with the capture check, scoped.
+const KINDS: usize = 4;
+
+/// A timed repetition of one kind (safe, raw, raw with the capture check, scoped): ns per pair.
 type Rep<'a> = Box<dyn Fn() -> Result<f64, Error> + 'a>;
 
 /// One thread's repetitions on its own stream, safe and raw alternating; ns per pair.
@@ -414,7 +431,7 @@ fn pool_thread(
     size: usize,
     reps: usize,
     barrier: &Barrier,
-) -> Result<[Vec<f64>; 3], Error> {
+) -> Result<[Vec<f64>; KINDS], Error> {
     // Every thread reaches the barrier, even one whose setup or warm-up failed: a thread that
     // returned early would leave the others waiting there forever.
     let prepared = prepare_pool_thread(device);
@@ -435,16 +452,22 @@ fn prepare_pool_thread(device: Device) -> Result<(&'static Driver, Stream), Erro
     Ok((d, Stream::new(device, StreamOptions::default().non_blocking())?))
 }
 
-/// The repetitions of [`pool_thread`]: safe, raw, and raw with the capture check.
+/// The repetitions of [`pool_thread`]: safe, raw, raw with the capture check, and scoped.
 fn pool_reps<'a>(
     d: &'static Driver,
     pool: &'a Arc<DeviceMemoryResource>,
     size: usize,
     stream: &'a Stream,
-) -> [Rep<'a>; 3] {
+) -> [Rep<'a>; KINDS] {
     let safe_rep = move || {
         per_pair(|| {
             drop(pool.allocate(size, stream)?);
+            Ok(())
+        })
+    };
+    let scoped_rep = move || {
+        per_pair(|| {
+            drop(pool.allocate_scoped(size, stream)?);
             Ok(())
         })
     };
@@ -461,7 +484,7 @@ fn pool_reps<'a>(
             raw_pair(d, pool, size, stream)
         })
     };
-    [Box::new(safe_rep), Box::new(move || raw_rep(false)), Box::new(move || raw_rep(true))]
+    [Box::new(safe_rep), Box::new(move || raw_rep(false)), Box::new(move || raw_rep(true)), Box::new(scoped_rep)]
 }
 
 /// Runs `pair` [`PAIRS_PER_REP`] times: nanoseconds per run.
@@ -507,9 +530,9 @@ fn measure_pool_thread(
     size: usize,
     reps: usize,
     stream: &Stream,
-) -> Result<[Vec<f64>; 3], Error> {
+) -> Result<[Vec<f64>; KINDS], Error> {
     let kinds = pool_reps(d, pool, size, stream);
-    let mut samples: [Vec<f64>; 3] = std::array::from_fn(|_| Vec::with_capacity(reps));
+    let mut samples: [Vec<f64>; KINDS] = std::array::from_fn(|_| Vec::with_capacity(reps));
     for rep in 0..reps {
         // Rotate which goes first, so that none always follows another.
         for k in 0..kinds.len() {
@@ -1306,22 +1329,25 @@ fn markdown(results: &Results) -> String {
 
     md.push_str("## 1. Pool allocate+free pairs (one stream per thread)\n\n");
     md.push_str(
-        "Raw: `cuMemAllocFromPoolAsync` + `cuMemFreeAsync` through cuda-sys. Raw + check: the same with the \
-         `cuStreamIsCapturing` the safe API makes before each allocation (as cuda.core does), so that safe / (raw + \
-         check) is our code's share alone.\n\n\
-         | size | threads | safe API per pair | raw cuda-sys per pair | raw + check per pair | safe/raw | safe/(raw + \
-         check) |\n|---|---|---|---|---|---|---|\n",
+        "Safe: `allocate` (a `Buffer`, which holds shares of its pool and stream). Scoped: `allocate_scoped` (a \
+         `ScopedBuffer`, which borrows them). Raw: `cuMemAllocFromPoolAsync` + `cuMemFreeAsync` through cuda-sys. Raw \
+         + check: the same with the `cuStreamIsCapturing` the safe API makes before each allocation (as cuda.core \
+         does), so that safe / (raw + check) is our code's share alone.\n\n\
+         | size | threads | safe API per pair | scoped per pair | raw cuda-sys per pair | raw + check per pair | \
+         safe/raw | scoped/raw | safe/(raw + check) |\n|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in &results.pools {
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {} | {:.2}× | {:.2}× |",
+            "| {} | {} | {} | {} | {} | {} | {:.2}× | {:.2}× | {:.2}× |",
             bytes(r.size),
             r.threads,
             r.safe.show(),
+            r.scoped.show(),
             r.raw.show(),
             r.raw_checked.show(),
             r.ratio(),
+            r.ratio_scoped(),
             r.ratio_checked()
         );
     }
