@@ -19,7 +19,7 @@ pub fn run(workspace: &Path, compare: bool) -> Result<(), String> {
     run_command(cargo(workspace).args(["run", "--release", "-p", "tests", "--bin", "bench"]))
         .map_err(|e| format!("the benchmarks failed: {e}"))?;
     if compare {
-        crate::compare::compare(workspace)?;
+        crate::compare::compare(&crate::compare::Setup::in_workspace(workspace)?)?;
     }
     Ok(())
 }

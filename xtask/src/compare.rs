@@ -1,5 +1,6 @@
 //! `cargo xtask bench --compare`: cuda.core's side of the comparison, run on the same driver in a
-//! private virtual environment (`xtask/compare/cuda_core_bench.py`).
+//! private virtual environment (`xtask/compare/cuda_core_bench.py`); in a GPU bundle, the same
+//! from what [`pack`] put there (`xtask compare-bundle`, run by the bundle's `run.sh`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -10,40 +11,149 @@ use crate::python_smoke;
 /// The cuda.core release compared against.
 pub const CUDA_CORE: &str = "cuda-core==1.2.2";
 
+/// Where the comparison's pieces are: in the workspace (`cargo xtask bench --compare`), or in a
+/// GPU bundle (`cargo xtask gpu-test`), where there is no Rust and no PyPI.
+pub struct Setup {
+    /// A Python with cuda-core and cuda-bindings.
+    python: PathBuf,
+    /// `cuda_core_bench.py`.
+    script: PathBuf,
+    /// The built `raw_pairs.rs`.
+    raw_pairs: PathBuf,
+    /// A folder whose `libcuda.so.1` is the built `null_driver.rs`.
+    null_dir: PathBuf,
+    /// Our `bench` binary (release).
+    bench: PathBuf,
+    /// The folder with our run's `results.json`; `compare.md` is written there.
+    results: PathBuf,
+    /// A folder whose `libcuda.so.1` is the simulator, for runs on it.
+    simulator_dir: Option<PathBuf>,
+}
+
+impl Setup {
+    /// In the workspace: a private virtual environment with cuda.core from PyPI, the helper
+    /// libraries built with `rustc` under `target/python-smoke/`, our results in `target/bench/`.
+    pub fn in_workspace(workspace: &Path) -> Result<Setup, String> {
+        let scratch = workspace.join("target/python-smoke");
+        let sources = workspace.join("xtask/compare");
+        let null_dir = scratch.join("libcuda-null");
+        create_dir(&null_dir)?;
+        Ok(Setup {
+            python: python_smoke::venv(workspace, &[python_smoke::CUDA_BINDINGS, CUDA_CORE])??,
+            script: sources.join("cuda_core_bench.py"),
+            raw_pairs: cdylib(&sources.join("raw_pairs.rs"), &scratch.join("libraw_pairs.so"))?,
+            null_dir: cdylib(&sources.join("null_driver.rs"), &null_dir.join("libcuda.so.1")).map(|_| null_dir)?,
+            bench: workspace.join("target/release/bench"),
+            results: workspace.join("target/bench"),
+            simulator_dir: python_smoke::simulator_lib_dir(workspace, "release").ok(),
+        })
+    }
+
+    /// In a GPU bundle, as [`pack`] laid it out under `bundle/compare/`; our results in
+    /// `results`. The Python is `CUDA_MEM_COMPARE_PYTHON`, else `python3`, with the packed wheels
+    /// on its path (the bundle's `run.sh` installs them and sets `PYTHONPATH`).
+    pub fn in_bundle(bundle: &Path, results: &Path) -> Setup {
+        let dir = bundle.join("compare");
+        Setup {
+            python: std::env::var_os("CUDA_MEM_COMPARE_PYTHON").map_or_else(|| PathBuf::from("python3"), PathBuf::from),
+            script: dir.join("cuda_core_bench.py"),
+            raw_pairs: dir.join("libraw_pairs.so"),
+            null_dir: dir.join("null"),
+            bench: bundle.join("bench"),
+            results: results.to_path_buf(),
+            simulator_dir: simulator_link(&bundle.join("libcuda_sim.so")).ok(),
+        }
+    }
+}
+
+/// A folder in the temporary folder whose `libcuda.so.1` links to `simulator` (for a bundle run
+/// on the simulator, as when it is tried out without a GPU).
+fn simulator_link(simulator: &Path) -> Result<PathBuf, String> {
+    if !simulator.is_file() {
+        return Err(format!("{} is missing", simulator.display()));
+    }
+    let dir = std::env::temp_dir().join("cuda-mem-compare-simulator");
+    create_dir(&dir)?;
+    let link = dir.join("libcuda.so.1");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(simulator, &link).map_err(|e| format!("linking {}: {e}", link.display()))?;
+    Ok(dir)
+}
+
+/// Packs what [`Setup::in_bundle`] needs into `dir`: the script, the two helper libraries built
+/// here, and wheels of cuda.core and cuda-bindings (and cuda-pathfinder, which both need) for
+/// the GPU machine's Python (3.12, x86-64 Linux), which has no PyPI. Returns the size of the
+/// wheels.
+pub fn pack(workspace: &Path, dir: &Path) -> Result<u64, String> {
+    let sources = workspace.join("xtask/compare");
+    create_dir(&dir.join("null"))?;
+    let script = sources.join("cuda_core_bench.py");
+    std::fs::copy(&script, dir.join("cuda_core_bench.py")).map_err(|e| format!("copying {}: {e}", script.display()))?;
+    cdylib(&sources.join("raw_pairs.rs"), &dir.join("libraw_pairs.so"))?;
+    cdylib(&sources.join("null_driver.rs"), &dir.join("null/libcuda.so.1"))?;
+    let wheels = dir.join("wheels");
+    let mut download = Command::new("python3");
+    download
+        .args(["-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--no-deps", "--only-binary=:all:"])
+        .args(["--python-version", "3.12", "--implementation", "cp"])
+        .args(["--platform", "manylinux_2_28_x86_64", "--platform", "manylinux_2_17_x86_64"])
+        .args(["--platform", "manylinux2014_x86_64", "--platform", "any"])
+        .arg("-d")
+        .arg(&wheels)
+        .args([python_smoke::CUDA_BINDINGS, CUDA_CORE, CUDA_PATHFINDER]);
+    let status = download.status().map_err(|e| format!("running pip download: {e}"))?;
+    if !status.success() {
+        return Err(format!("pip download of the wheels failed ({status}); no PyPI here?"));
+    }
+    let mut size = 0;
+    for entry in std::fs::read_dir(&wheels).map_err(|e| format!("reading {}: {e}", wheels.display()))? {
+        size += entry.and_then(|e| e.metadata()).map_err(|e| format!("reading {}: {e}", wheels.display()))?.len();
+    }
+    Ok(size)
+}
+
+/// The cuda-pathfinder release packed with cuda.core and cuda-bindings (both ask for at least
+/// 1.4.2; this is the one pip installs beside them here).
+const CUDA_PATHFINDER: &str = "cuda-pathfinder==1.9.0";
+
 /// Which driver a comparison runs on.
 enum Driver {
     /// The one our benchmarks chose: the simulator (`simulator: true`) or the real driver.
     OfTheRun { simulator: bool },
-    /// The nearly free driver `null_driver.rs`, as `libcuda.so.1` in this folder.
-    Null(PathBuf),
+    /// The nearly free driver `null_driver.rs`.
+    Null,
 }
 
 impl Driver {
     /// The folder to put first on `LD_LIBRARY_PATH` so that `libcuda.so.1` is this driver
     /// (`None`: the normal library search finds the real one).
-    fn lib_dir(&self, workspace: &Path) -> Result<Option<PathBuf>, String> {
+    fn lib_dir<'a>(&self, setup: &'a Setup) -> Result<Option<&'a Path>, String> {
         match self {
-            Driver::OfTheRun { simulator: true } => python_smoke::simulator_lib_dir(workspace, "release").map(Some),
+            Driver::OfTheRun { simulator: true } => setup
+                .simulator_dir
+                .as_deref()
+                .map(Some)
+                .ok_or_else(|| "the results are the simulator's, and the simulator is not at hand".to_string()),
             Driver::OfTheRun { simulator: false } => Ok(None),
-            Driver::Null(dir) => Ok(Some(dir.clone())),
+            Driver::Null => Ok(Some(&setup.null_dir)),
         }
     }
 }
 
 /// Runs cuda.core's benchmarks on `driver`; returns their JSON.
-fn run(workspace: &Path, driver: &Driver, args: &[&str]) -> Result<String, String> {
-    let python = python_smoke::venv(workspace, &[python_smoke::CUDA_BINDINGS, CUDA_CORE])??;
-    let script = workspace.join("xtask/compare/cuda_core_bench.py");
-    let mut command = Command::new(python);
-    command
-        .arg(&script)
-        .args(args)
-        .env_remove("CUDA_SIM_DEVICES")
-        .env("CUDA_MEM_RAW_PAIRS", raw_pairs_library(workspace)?);
-    if let Some(dir) = driver.lib_dir(workspace)? {
-        command.env("LD_LIBRARY_PATH", dir);
+fn run(setup: &Setup, driver: &Driver, args: &[&str]) -> Result<String, String> {
+    let mut command = Command::new(&setup.python);
+    command.arg(&setup.script).args(args).env_remove("CUDA_SIM_DEVICES").env("CUDA_MEM_RAW_PAIRS", &setup.raw_pairs);
+    if let Some(dir) = driver.lib_dir(setup)? {
+        // First on the path, the rest kept (a GPU machine's other libraries may need it).
+        let mut path = std::ffi::OsString::from(dir);
+        if let Some(rest) = std::env::var_os("LD_LIBRARY_PATH").filter(|r| !r.is_empty()) {
+            path.push(":");
+            path.push(rest);
+        }
+        command.env("LD_LIBRARY_PATH", path);
     }
-    stdout_of(&mut command, &script.display().to_string())
+    stdout_of(&mut command, &setup.script.display().to_string())
 }
 
 /// Runs `command` (`what`, for messages) and returns its standard output; a failure, with its
@@ -56,42 +166,28 @@ fn stdout_of(command: &mut Command, what: &str) -> Result<String, String> {
     String::from_utf8(output.stdout).map_err(|e| format!("the output of {what} is not UTF-8: {e}"))
 }
 
-/// Builds `xtask/compare/raw_pairs.rs`, the native loop of raw allocate+free pairs that
-/// cuda.core's side takes its floor from (in its own process), unless it is up to date; returns
-/// the library's path.
-fn raw_pairs_library(workspace: &Path) -> Result<PathBuf, String> {
-    cdylib(workspace, "raw_pairs.rs", "libraw_pairs.so")
+fn create_dir(dir: &Path) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))
 }
 
-/// Builds `xtask/compare/null_driver.rs` as `libcuda.so.1` in a folder of its own; returns the
-/// folder.
-fn null_driver_dir(workspace: &Path) -> Result<PathBuf, String> {
-    let dir = workspace.join("target/python-smoke/libcuda-null");
-    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-    cdylib(workspace, "null_driver.rs", "libcuda-null/libcuda.so.1")?;
-    Ok(dir)
-}
-
-/// Compiles `xtask/compare/<source>` alone with `rustc` into `target/python-smoke/<library>`,
-/// unless that is newer than the source; returns the library's path.
-fn cdylib(workspace: &Path, source: &str, library: &str) -> Result<PathBuf, String> {
-    let source = workspace.join("xtask/compare").join(source);
-    let library = workspace.join("target/python-smoke").join(library);
+/// Compiles `source` alone with `rustc` into the shared library `library`, unless that is
+/// newer than the source; returns the library's path.
+fn cdylib(source: &Path, library: &Path) -> Result<PathBuf, String> {
     let modified = |path: &Path| std::fs::metadata(path).and_then(|m| m.modified()).ok();
-    if modified(&library).is_some_and(|built| modified(&source).is_some_and(|changed| built >= changed)) {
-        return Ok(library);
+    if modified(library).is_some_and(|built| modified(source).is_some_and(|changed| built >= changed)) {
+        return Ok(library.to_path_buf());
     }
     let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
     let status = Command::new(rustc)
-        .args(["--edition", "2021", "--crate-type", "cdylib", "-C", "opt-level=3", "-o"])
-        .arg(&library)
-        .arg(&source)
+        .args(["--edition", "2021", "--crate-type", "cdylib", "-C", "opt-level=3", "-C", "strip=symbols", "-o"])
+        .arg(library)
+        .arg(source)
         .status()
         .map_err(|e| format!("running rustc for {}: {e}", source.display()))?;
     if !status.success() {
         return Err(format!("rustc could not build {} ({status})", source.display()));
     }
-    Ok(library)
+    Ok(library.to_path_buf())
 }
 
 /// Whether cuda.core's result `r` is of `case`.
@@ -127,13 +223,12 @@ impl Spread {
 }
 
 /// Runs cuda.core's side on the driver our benchmarks used, then writes and prints the tables.
-pub fn compare(workspace: &Path) -> Result<(), String> {
-    let out = workspace.join("target/bench");
-    let ours_text =
-        std::fs::read_to_string(out.join("results.json")).map_err(|e| format!("reading results.json: {e}"))?;
+pub fn compare(setup: &Setup) -> Result<(), String> {
+    let ours_text = std::fs::read_to_string(setup.results.join("results.json"))
+        .map_err(|e| format!("reading results.json in {}: {e}", setup.results.display()))?;
     let ours = json::parse(&ours_text)?;
     let on_simulator = ours.get("simulator").and_then(Value::as_bool).unwrap_or(true);
-    let theirs_text = run(workspace, &Driver::OfTheRun { simulator: on_simulator }, &[])?;
+    let theirs_text = run(setup, &Driver::OfTheRun { simulator: on_simulator }, &[])?;
     let theirs = json::parse(theirs_text.trim())?;
     let their_results = theirs.get("results").and_then(Value::as_array).unwrap_or_default();
     let mut vmm = String::new();
@@ -145,7 +240,6 @@ pub fn compare(workspace: &Path) -> Result<(), String> {
         }
     }
     let driver = if on_simulator { "the cuda-sim simulator" } else { "the real driver" };
-    let null = Driver::Null(null_driver_dir(workspace)?);
     let text = format!(
         "# cuda-mem against cuda.core ({CUDA_CORE}, {}), on {driver}\n\n\
          ## 1. Pool allocate+free pairs\n\n\
@@ -165,12 +259,12 @@ pub fn compare(workspace: &Path) -> Result<(), String> {
          ## 2. Sharing with a child process\n\n{}\n\
          ## 3. VMM growth\n\n{}\n{vmm}",
         python_smoke::CUDA_BINDINGS,
-        pool_table(&pool_rounds(workspace, &Driver::OfTheRun { simulator: on_simulator })?) + &additivity(&ours),
-        pool_table(&pool_rounds(workspace, &null)?),
+        pool_table(&pool_rounds(setup, &Driver::OfTheRun { simulator: on_simulator })?) + &additivity(&ours),
+        pool_table(&pool_rounds(setup, &Driver::Null)?),
         sharing_tables(&ours, their_results),
         first_grow_table(&ours, their_results),
     );
-    std::fs::write(out.join("compare.md"), &text).map_err(|e| format!("writing compare.md: {e}"))?;
+    std::fs::write(setup.results.join("compare.md"), &text).map_err(|e| format!("writing compare.md: {e}"))?;
     println!("{text}");
     Ok(())
 }
@@ -187,20 +281,19 @@ struct PoolRound {
 /// Runs case (1) [`POOL_ROUNDS`] times on each side, alternating: the simulator's cost per pair
 /// drifts with the machine's load by more than either API's overhead, and one side measured
 /// minutes after the other compares the load as much as the APIs.
-fn pool_rounds(workspace: &Path, driver: &Driver) -> Result<Vec<PoolRound>, String> {
-    let bench = workspace.join("target/release/bench");
+fn pool_rounds(setup: &Setup, driver: &Driver) -> Result<Vec<PoolRound>, String> {
     (0..POOL_ROUNDS)
         .map(|round| {
             println!("case (1), round {} of {POOL_ROUNDS}: ours, then cuda.core's", round + 1);
-            let mut ours = Command::new(&bench);
+            let mut ours = Command::new(&setup.bench);
             ours.arg("--pool-pairs");
-            if let Driver::Null(dir) = driver {
-                ours.env("CUDA_MEM_DRIVER", dir.join("libcuda.so.1"));
+            if let Driver::Null = driver {
+                ours.env("CUDA_MEM_DRIVER", setup.null_dir.join("libcuda.so.1"));
             }
-            let stdout = stdout_of(&mut ours, &format!("{} --pool-pairs", bench.display()))?;
+            let stdout = stdout_of(&mut ours, &format!("{} --pool-pairs", setup.bench.display()))?;
             let last = stdout.lines().last().unwrap_or_default();
             let ours = json::parse(last)?.get("pools").and_then(Value::as_array).unwrap_or_default().to_vec();
-            let theirs_text = run(workspace, driver, &["--pool-pairs"])?;
+            let theirs_text = run(setup, driver, &["--pool-pairs"])?;
             let theirs = json::parse(theirs_text.trim())?;
             let theirs = theirs.get("results").and_then(Value::as_array).unwrap_or_default().to_vec();
             Ok(PoolRound { ours, theirs })

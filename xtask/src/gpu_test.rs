@@ -2,11 +2,15 @@
 //! machine that has no Rust.
 //!
 //! Every test binary of the workspace (but the simulator's own and xtask's, which test nothing
-//! a GPU changes), the demo and the benchmarks (`bench`) are built in release, stripped, and copied into DIR (default
-//! `gpu-bundle/` at the workspace root, ignored by git) beside a `run.sh`. Carried to the GPU
-//! machine, `bash DIR/run.sh` runs them all against `libcuda.so.1` with
-//! `CUDA_MEM_REQUIRE_GPU=1`, writes each one's output under `${RESULTS:-./results}` (the
-//! benchmarks' files under `bench/` there), and prints a line per binary and the totals.
+//! a GPU changes), the demo and the benchmarks (`bench`) are built in release, stripped, and
+//! copied into DIR (default `gpu-bundle/` at the workspace root, ignored by git) beside a
+//! `run.sh`; so are xtask itself and, under `compare/`, what the comparison with cuda.core needs
+//! there (its script, the two helper libraries, and wheels of cuda.core for the machine's
+//! Python, which cannot reach PyPI). Carried to the GPU machine, `bash DIR/run.sh` runs them all
+//! against `libcuda.so.1` with `CUDA_MEM_REQUIRE_GPU=1`, then the comparison
+//! (`xtask compare-bundle`), writes each one's output under `${RESULTS:-./results}` (the
+//! benchmarks' and the comparison's files under `bench/` there), and prints a line per binary
+//! and the totals. `PARTS` picks the parts (default `tests demo bench compare`).
 
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
@@ -48,8 +52,9 @@ pub fn run(workspace: &Path, args: &[String]) -> Result<(), String> {
         return Err("cargo built no test binaries".to_string());
     }
     let simulator = messages.iter().find_map(simulator_library);
-    let demo = build_binary(workspace, "demo")?;
-    let bench = build_binary(workspace, "bench")?;
+    let demo = build_binary(workspace, "tests", "demo")?;
+    let bench = build_binary(workspace, "tests", "bench")?;
+    let xtask = build_binary(workspace, "xtask", "xtask")?;
 
     let tests_dir = out.join("tests");
     create_dir(&tests_dir)?;
@@ -58,13 +63,23 @@ pub fn run(workspace: &Path, args: &[String]) -> Result<(), String> {
     }
     copy(&demo, &out.join("demo"))?;
     copy(&bench, &out.join("bench"))?;
+    copy(&xtask, &out.join("xtask"))?;
+    let compare_dir = out.join("compare");
+    let wheels = match crate::compare::pack(workspace, &compare_dir) {
+        Ok(size) => Some(size),
+        Err(why) => {
+            eprintln!("warning: the bundle will not compare with cuda.core: {why}");
+            std::fs::remove_dir_all(&compare_dir).map_err(|e| format!("removing {}: {e}", compare_dir.display()))?;
+            None
+        }
+    };
     // Beside the test binaries' folder, where `cuda_sim::testing::library_path` looks, for the
     // tests that exercise the loader against the simulator explicitly.
     if let Some(simulator) = &simulator {
         copy(simulator, &out.join(SIMULATOR))?;
     }
     write_executable(&out.join("run.sh"), &run_script())?;
-    write_manifest(&out, &tests, simulator.is_some())?;
+    write_manifest(&out, &tests, simulator.is_some(), wheels.is_some())?;
 
     let size = dir_size(&out)?;
     let mib = size as f64 / f64::from(1 << 20);
@@ -72,9 +87,13 @@ pub fn run(workspace: &Path, args: &[String]) -> Result<(), String> {
         return Err(format!("the bundle at {} is {mib:.1} MiB, over the 64 MiB limit", out.display()));
     }
     println!(
-        "\nGPU test bundle: {} ({} test binaries, the demo and the benchmarks, {mib:.1} MiB)",
+        "\nGPU test bundle: {} ({} test binaries, the demo, the benchmarks{}, {mib:.1} MiB)",
         out.display(),
-        tests.len()
+        tests.len(),
+        wheels.map_or_else(String::new, |w| format!(
+            " and the comparison with cuda.core ({:.1} MiB of wheels)",
+            w as f64 / f64::from(1 << 20)
+        ))
     );
     for test in &tests {
         println!("  tests/{}", test.name);
@@ -96,11 +115,11 @@ fn build_tests(workspace: &Path) -> Result<Vec<Value>, String> {
     build(&mut command)
 }
 
-/// Builds a binary of the `tests` crate (the demo, the benchmarks) in release, stripped, and
-/// returns where it is.
-fn build_binary(workspace: &Path, name: &str) -> Result<PathBuf, String> {
+/// Builds the binary `name` of `package` (the demo, the benchmarks, xtask) in release,
+/// stripped, and returns where it is.
+fn build_binary(workspace: &Path, package: &str, name: &str) -> Result<PathBuf, String> {
     let mut command = cargo(workspace);
-    command.args(["build", "--release", "-p", "tests", "--bin", name, "--message-format=json"]);
+    command.args(["build", "--release", "-p", package, "--bin", name, "--message-format=json"]);
     build(&mut command)?
         .iter()
         .filter(|m| m.get("target").and_then(|t| t.get("name")).and_then(Value::as_str) == Some(name))
@@ -232,7 +251,7 @@ fn write_executable(path: &Path, text: &str) -> Result<(), String> {
 }
 
 /// `MANIFEST.txt`: what the bundle holds and where it was built.
-fn write_manifest(out: &Path, tests: &[Artifact], simulator: bool) -> Result<(), String> {
+fn write_manifest(out: &Path, tests: &[Artifact], simulator: bool, compare: bool) -> Result<(), String> {
     let rustc = Command::new("rustc")
         .arg("--version")
         .output()
@@ -240,10 +259,19 @@ fn write_manifest(out: &Path, tests: &[Artifact], simulator: bool) -> Result<(),
         .unwrap_or_default();
     let mut text = format!(
         "cuda-mem GPU test bundle, built by `cargo xtask gpu-test` with {rustc}\n\
-         Run: bash run.sh [TEST-BINARY-ARGS...]   (RESULTS=dir, CUDA_MEM_DRIVER=lib, TEST_TIMEOUT=seconds)\n\n\
+         Run: bash run.sh [TEST-BINARY-ARGS...]   (RESULTS=dir, CUDA_MEM_DRIVER=lib, TEST_TIMEOUT=seconds,\n\
+         PARTS=\"tests demo bench compare\")\n\n\
          demo\n\
-         bench (the benchmarks; its files go to $RESULTS/bench/)\n"
+         bench (the benchmarks; its files go to $RESULTS/bench/)\n\
+         xtask (its compare-bundle command compares with cuda.core; compare.md goes to $RESULTS/bench/)\n"
     );
+    if compare {
+        text.push_str(&format!(
+            "compare/ (cuda_core_bench.py, libraw_pairs.so, null/libcuda.so.1, wheels of {} and {})\n",
+            crate::compare::CUDA_CORE,
+            crate::python_smoke::CUDA_BINDINGS
+        ));
+    }
     for test in tests {
         text.push_str(&format!("tests/{}\n", test.name));
     }
@@ -284,9 +312,15 @@ const RUN_SCRIPT: &str = r#"#!/usr/bin/env bash
 # non-zero if anything failed. Arguments are passed to every test binary (a name filter,
 # --test-threads=N, ...).
 #
+# Then it compares with cuda.core (`xtask compare-bundle`): it installs the packed wheels into a
+# folder of their own (no PyPI needed) and runs cuda.core's side with python3 on the same driver;
+# the tables go to $RESULTS/bench/compare.md.
+#
 # Environment: CUDA_MEM_DRIVER (default libcuda.so.1), RESULTS (default ./results),
 # TEST_TIMEOUT (seconds per binary, default 1800), CUDA_MEM_REQUIRE_GPU (default 1: a test that
-# declares it cannot run here, say for want of a second GPU, fails; 0 lets it pass as skipped).
+# declares it cannot run here, say for want of a second GPU, fails; 0 lets it pass as skipped),
+# PARTS (default "tests demo bench compare": the parts to run), CUDA_MEM_COMPARE_PYTHON
+# (default python3: a Python 3.12 with numpy).
 set -uo pipefail
 
 bundle="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -313,6 +347,11 @@ echo "CUDA_MEM_DRIVER=$CUDA_MEM_DRIVER CUDA_MEM_REQUIRE_GPU=$CUDA_MEM_REQUIRE_GP
 echo "results: $results"
 
 limit="${TEST_TIMEOUT:-1800}"
+parts=" ${PARTS:-tests demo bench compare} "
+# wants PART: whether PARTS names it.
+wants() {
+    [[ "$parts" == *" $1 "* ]]
+}
 total_passed=0
 total_failed=0
 summary=()
@@ -381,38 +420,68 @@ run_one() {
     fi
 }
 
-echo
-echo "== tests"
-for binary in "$bundle"/tests/*; do
-    [ -f "$binary" ] || continue
-    run_one "$(basename "$binary")" "$binary" "$@"
-done
+# run_part NAME LABEL COMMAND...: runs COMMAND with its output shown and in $results/NAME.log,
+# and records a line under LABEL.
+run_part() {
+    local name="$1" label="$2"
+    shift 2
+    local start end verdict
+    start="$(date +%s)"
+    if with_timeout "$@" 2>&1 | tee "$results/$name.log"; then
+        verdict="ok"
+        total_passed=$((total_passed + 1))
+    else
+        verdict="FAILED"
+        total_failed=$((total_failed + 1))
+    fi
+    end="$(date +%s)"
+    summary+=("$(printf '%-6s %-44s %ds' "$verdict" "$label" "$((end - start))")")
+}
 
-echo
-echo "== demo"
-start="$(date +%s)"
-if with_timeout "$bundle/demo" 2>&1 | tee "$results/demo.log"; then
-    demo_verdict="ok"
-    total_passed=$((total_passed + 1))
-else
-    demo_verdict="FAILED"
-    total_failed=$((total_failed + 1))
-fi
-end="$(date +%s)"
-summary+=("$(printf '%-6s %-44s %ds' "$demo_verdict" "demo" "$((end - start))")")
+# The comparison with cuda.core: the packed wheels installed into a folder of their own.
+compare_with_cuda_core() {
+    local site="${TMPDIR:-/tmp}/cuda-mem-compare-site"
+    local python="${CUDA_MEM_COMPARE_PYTHON:-python3}"
+    "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target "$site" "$bundle"/compare/wheels/*.whl || return 1
+    PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" "$bundle/xtask" compare-bundle "$bundle" "$results/bench"
+}
 
-echo
-echo "== bench"
-start="$(date +%s)"
-if BENCH_OUT="$results/bench" with_timeout "$bundle/bench" 2>&1 | tee "$results/bench.log"; then
-    bench_verdict="ok"
-    total_passed=$((total_passed + 1))
-else
-    bench_verdict="FAILED"
-    total_failed=$((total_failed + 1))
+if wants tests; then
+    echo
+    echo "== tests"
+    for binary in "$bundle"/tests/*; do
+        [ -f "$binary" ] || continue
+        run_one "$(basename "$binary")" "$binary" "$@"
+    done
 fi
-end="$(date +%s)"
-summary+=("$(printf '%-6s %-44s %ds' "$bench_verdict" "bench (results in $results/bench)" "$((end - start))")")
+
+if wants demo; then
+    echo
+    echo "== demo"
+    run_part demo demo "$bundle/demo"
+fi
+
+if wants bench; then
+    echo
+    echo "== bench"
+    mkdir -p "$results/bench"
+    run_part bench "bench (results in $results/bench)" env BENCH_OUT="$results/bench" "$bundle/bench"
+fi
+
+if wants compare; then
+    echo
+    echo "== compare with cuda.core"
+    if [ ! -d "$bundle/compare/wheels" ]; then
+        echo "skipped: the bundle holds no wheels of cuda.core"
+    elif [ ! -f "$results/bench/results.json" ]; then
+        echo "skipped: no results of bench in $results/bench (PARTS must include bench, or an earlier run's results be there)"
+    else
+        export -f compare_with_cuda_core
+        export bundle results
+        run_part compare "compare (tables in $results/bench/compare.md)" bash -c compare_with_cuda_core
+    fi
+fi
 
 echo
 echo "== summary"

@@ -34,6 +34,10 @@ fn main() -> ExitCode {
         Some("ci") if rest.is_empty() => ci::run(&workspace),
         Some("demo") => demo::run(&workspace, rest),
         Some("gpu-test") => gpu_test::run(&workspace, rest),
+        // Inside a GPU bundle, run by its `run.sh`: BUNDLE RESULTS.
+        Some("compare-bundle") if rest.len() == 2 => {
+            compare::compare(&compare::Setup::in_bundle(Path::new(&rest[0]), Path::new(&rest[1])))
+        }
         Some("help" | "--help" | "-h") => {
             println!("{}", usage());
             Ok(())
