@@ -41,6 +41,11 @@
 //! assert!(on_host.host_slice()?.chunks(4).all(|w| w == 0xC0FFEEu32.to_ne_bytes()));
 //! println!("pool uses {} bytes", pool.pool().attributes()?.used_mem_current);
 //!
+//! // Scratch memory for this scope only: it borrows the pool and the stream (no reference
+//! // counting), and the borrow checker keeps both alive until it is freed.
+//! let mut scratch = pool.allocate_scoped(4096, &stream)?;
+//! scratch.fill(FillPattern::U8(0), &stream)?;
+//!
 //! // Let every other device that can reach it use the pool's memory.
 //! let peers: Vec<Device> = Device::all()?
 //!     .into_iter()

@@ -1579,23 +1579,26 @@ fn vmm_svg(modes: &[VmmMode]) -> String {
     })
 }
 
+/// One kind's median in a row of case (1).
+type PoolMedian = fn(&PoolRow) -> f64;
+
 fn pools_svg(rows: &[PoolRow]) -> String {
-    let mut series = Vec::new();
-    for (threads, safe_color, raw_color) in [(1, "#1f77b4", "#aec7e8"), (POOL_THREADS, "#d62728", "#ff9896")] {
-        let of = |safe: bool| -> Vec<(f64, f64)> {
-            rows.iter()
-                .filter(|r| r.threads == threads)
-                .map(|r| (r.size as f64, if safe { r.safe.median } else { r.raw.median }))
-                .collect()
-        };
-        let (safe_name, raw_name) =
-            if threads == 1 { ("safe, 1 thread", "raw, 1 thread") } else { ("safe, 4 threads", "raw, 4 threads") };
-        series.push((safe_name, safe_color, of(true)));
-        series.push((raw_name, raw_color, of(false)));
+    let kinds: [(&str, PoolMedian); 3] =
+        [("Buffer", |r| r.safe.median), ("ScopedBuffer", |r| r.scoped.median), ("raw", |r| r.raw.median)];
+    let colors = [["#1f77b4", "#2ca02c", "#aec7e8"], ["#d62728", "#ff7f0e", "#ff9896"]];
+    let mut lines = Vec::new();
+    for (threads, colors) in [1, POOL_THREADS].into_iter().zip(colors) {
+        for ((kind, median), color) in kinds.into_iter().zip(colors) {
+            let points: Vec<(f64, f64)> =
+                rows.iter().filter(|r| r.threads == threads).map(|r| (r.size as f64, median(r))).collect();
+            let plural = if threads == 1 { "" } else { "s" };
+            lines.push((format!("{kind}, {threads} thread{plural}"), color, points));
+        }
     }
+    let series = lines.iter().map(|(name, color, points)| (name.as_str(), *color, points.clone())).collect();
     let x_ticks = POOL_SIZES.iter().map(|&s| (s as f64, bytes(s))).collect();
     svg(&Plot {
-        title: "Pool allocate+free pair: safe API vs raw calls",
+        title: "Pool allocate+free pair: safe API (Buffer, ScopedBuffer) vs raw calls",
         x_label: "allocation size (log scale)",
         y_label: "time per pair (median)",
         log_x: true,
