@@ -6,20 +6,28 @@ use std::collections::BTreeSet;
 
 use cuda_mem_core::{
     Buffer, DeviceMemoryResource, Event, EventOptions, FillPattern, MemoryResourceExt, PinnedMemoryResource,
-    PinnedMemoryResourceOptions, Stream,
+    PinnedMemoryResourceOptions, ScopedBuffer, Stream,
 };
 use proptest::prelude::*;
 
 #[derive(Debug, Clone)]
 enum PoolOp {
-    Allocate { size: usize, stream: usize },
-    Free { index: usize },
+    /// A `Buffer`, or with `scoped` a `ScopedBuffer` (borrowing the pool and the stream).
+    Allocate {
+        size: usize,
+        stream: usize,
+        scoped: bool,
+    },
+    Free {
+        index: usize,
+    },
     ResetPeaks,
 }
 
 fn pool_op() -> impl Strategy<Value = PoolOp> {
     prop_oneof![
-        4 => (1usize..3 << 20, 0usize..3).prop_map(|(size, stream)| PoolOp::Allocate { size, stream }),
+        4 => (1usize..3 << 20, 0usize..3, any::<bool>())
+            .prop_map(|(size, stream, scoped)| PoolOp::Allocate { size, stream, scoped }),
         3 => any::<usize>().prop_map(|index| PoolOp::Free { index }),
         1 => Just(PoolOp::ResetPeaks),
     ]
@@ -29,18 +37,23 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
 
     /// `used_mem_current` equals the live bytes (on the simulator exactly; a driver may round
-    /// up), and the high-water marks never fall until reset.
+    /// up), and the high-water marks never fall until reset; shared and scoped buffers alike.
     #[test]
     fn pool_accounting_matches_live_bytes(ops in prop::collection::vec(pool_op(), 1..40)) {
         let device = common::device();
         let streams: Vec<Stream> = (0..3).map(|_| common::stream(device)).collect();
         let dmr = DeviceMemoryResource::new(device, Default::default()).unwrap();
         let pool = dmr.pool();
-        let mut live: Vec<Buffer> = Vec::new();
+        let mut live: Vec<ScopedBuffer<'_>> = Vec::new();
         let (mut used_high, mut reserved_high) = (0u64, 0u64);
         for op in ops {
             match op {
-                PoolOp::Allocate { size, stream } => live.push(dmr.allocate(size, &streams[stream]).unwrap()),
+                PoolOp::Allocate { size, stream, scoped: false } => {
+                    live.push(dmr.allocate(size, &streams[stream]).unwrap());
+                }
+                PoolOp::Allocate { size, stream, scoped: true } => {
+                    live.push(dmr.allocate_scoped(size, &streams[stream]).unwrap());
+                }
                 PoolOp::Free { index } if !live.is_empty() => drop(live.swap_remove(index % live.len())),
                 PoolOp::Free { .. } => {}
                 PoolOp::ResetPeaks => {
