@@ -500,3 +500,23 @@ fn first_grow_table(ours: &Value, their_results: &[Value]) -> String {
          an `int`), so it moves every time: compare it with ours forced to move.\n\n{table}"
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The two helpers are built only by `--compare` and `gpu-test`: CI builds them here, so a
+    /// change that breaks them fails before a GPU session needs them.
+    #[test]
+    fn the_helper_libraries_build() {
+        let sources = crate::bindgen::workspace_root().join("xtask/compare");
+        let dir = std::env::temp_dir().join(format!("cuda-mem-compare-helpers-{}", std::process::id()));
+        create_dir(&dir).unwrap();
+        for source in ["raw_pairs.rs", "null_driver.rs"] {
+            let library = dir.join(source.replace(".rs", ".so"));
+            cdylib(&sources.join(source), &library).unwrap();
+            assert!(std::fs::metadata(&library).is_ok_and(|m| m.len() > 0), "{source} built nothing");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
