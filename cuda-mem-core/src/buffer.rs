@@ -138,15 +138,22 @@ impl<'a> ScopedBuffer<'a> {
     /// When the resource cannot allocate.
     #[inline]
     pub fn allocate_scoped(resource: &'a dyn MemoryResource, size: usize, stream: &'a Stream) -> Result<Self> {
-        let ptr = if size == 0 { 0 } else { resource.allocate_raw(size, stream)? };
-        Ok(ScopedBuffer {
-            ptr,
-            size,
-            owner: Owner::Borrowed(resource),
-            stream: Some(StreamRef::Borrowed(stream)),
-            used_on: Mutex::default(),
-        })
+        let ptr = allocate_raw_or_empty(resource, size, stream)?;
+        Ok(ScopedBuffer::new(ptr, size, Owner::Borrowed(resource), Some(StreamRef::Borrowed(stream))))
     }
+
+    /// The buffer of these parts, used on no other stream yet.
+    #[inline]
+    fn new(ptr: DevicePtr, size: usize, owner: Owner<'a>, stream: Option<StreamRef<'a>>) -> Self {
+        ScopedBuffer { ptr, size, owner, stream, used_on: Mutex::default() }
+    }
+}
+
+/// `size` bytes from `resource` on `stream`, or the null pointer of an empty buffer (without
+/// asking the resource) when `size` is 0.
+#[inline]
+fn allocate_raw_or_empty(resource: &dyn MemoryResource, size: usize, stream: &Stream) -> Result<DevicePtr> {
+    if size == 0 { Ok(0) } else { resource.allocate_raw(size, stream) }
 }
 
 impl Buffer {
@@ -156,14 +163,8 @@ impl Buffer {
     /// # Errors
     /// When the resource cannot allocate.
     pub fn allocate(resource: Arc<dyn MemoryResource>, size: usize, stream: &Stream) -> Result<Buffer> {
-        let ptr = if size == 0 { 0 } else { resource.allocate_raw(size, stream)? };
-        Ok(Buffer {
-            ptr,
-            size,
-            owner: Owner::Resource(resource),
-            stream: Some(StreamRef::Shared(stream.clone())),
-            used_on: Mutex::default(),
-        })
+        let ptr = allocate_raw_or_empty(&*resource, size, stream)?;
+        Ok(Buffer::new(ptr, size, Owner::Resource(resource), Some(StreamRef::Shared(stream.clone()))))
     }
 
     /// Takes ownership of memory `resource` allocated: the buffer calls its `deallocate_raw` on
@@ -178,13 +179,7 @@ impl Buffer {
         resource: Arc<dyn MemoryResource>,
         stream: &Stream,
     ) -> Buffer {
-        Buffer {
-            ptr,
-            size,
-            owner: Owner::Resource(resource),
-            stream: Some(StreamRef::Shared(stream.clone())),
-            used_on: Mutex::default(),
-        }
+        Buffer::new(ptr, size, Owner::Resource(resource), Some(StreamRef::Shared(stream.clone())))
     }
 
     /// A view of memory someone else owns; dropping it frees nothing. `keep_alive`, if given,
@@ -203,7 +198,7 @@ impl Buffer {
         keep_alive: Option<Arc<dyn Any + Send + Sync>>,
     ) -> Buffer {
         let view = View { device, device_accessible, host_accessible, _keep_alive: keep_alive };
-        Buffer { ptr, size, owner: Owner::View(view), stream: None, used_on: Mutex::default() }
+        Buffer::new(ptr, size, Owner::View(view), None)
     }
 }
 
@@ -434,10 +429,7 @@ impl ScopedBuffer<'_> {
         };
         // `&mut self`: no other reference can be noting a use, so no lock is needed.
         let uses = std::mem::take(self.used_on.get_mut().unwrap_or_else(PoisonError::into_inner));
-        // The common case, a buffer used on its own stream only, orders nothing.
-        if !uses.is_empty() || stream.is_foreign_per_thread() {
-            order_after_uses(stream, uses)?;
-        }
+        order_after_uses(stream, uses)?;
         // SAFETY: the pointer came from this resource's `allocate_raw` (or the caller of
         // `from_raw_owned` promised so) and is freed only here, once: `close` zeroes the size
         // after calling this, so the `Drop` that follows frees nothing.
@@ -449,7 +441,18 @@ impl ScopedBuffer<'_> {
 /// `stream` cannot overtake it: an event on each, waited for by `stream`. A per-thread default
 /// stream of another thread cannot be named from here, nor can the free stream if it is one:
 /// then the devices involved are synchronized instead.
+#[inline]
 fn order_after_uses(stream: &Stream, uses: Vec<Stream>) -> Result<()> {
+    // The common case, a buffer used on its own stream only, orders nothing: decided here,
+    // inlined into every free, without a call.
+    if uses.is_empty() && !stream.is_foreign_per_thread() {
+        return Ok(());
+    }
+    order_after_other_streams(stream, uses)
+}
+
+/// [`order_after_uses`] when there is something to order.
+fn order_after_other_streams(stream: &Stream, uses: Vec<Stream>) -> Result<()> {
     if stream.is_foreign_per_thread() || uses.iter().any(Stream::is_foreign_per_thread) {
         let mut devices: Vec<Device> = uses.iter().map(Stream::device).collect();
         devices.push(stream.device());

@@ -185,9 +185,7 @@ impl Queue {
             inner.submitted += 1;
             inner.submitted
         };
-        // As in `run`: a panicking operation still completes.
-        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(op));
-        self.complete_one();
+        self.execute(op);
         Ok(Fence { queue: Arc::clone(self), seq })
     }
 
@@ -228,15 +226,16 @@ impl Queue {
                     inner = self.work.wait(inner).unwrap_or_else(PoisonError::into_inner);
                 }
             };
-            // An operation that panicked must still count as completed, or every waiter on
-            // this queue would hang; the simulator's own operations do not panic.
-            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(op));
-            self.complete_one();
+            self.execute(op);
         }
     }
 
-    /// Counts one more operation completed and wakes the fences' waiters, if any.
-    fn complete_one(&self) {
+    /// Runs an operation (one the worker took off the queue, or one
+    /// [`run_if_idle`](Queue::run_if_idle) runs in its place), counts it completed and wakes the
+    /// fences' waiters, if there are any. One that panicked must still count as completed, or
+    /// every waiter on this queue would hang; the simulator's own operations do not panic.
+    fn execute(&self, op: Op) {
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(op));
         let waiting = {
             let mut inner = self.lock();
             inner.completed += 1;

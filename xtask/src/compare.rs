@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::json::{self, Value};
-use crate::python_smoke;
+use crate::{create_dir, python_smoke};
 
 /// The cuda.core release compared against.
 pub const CUDA_CORE: &str = "cuda-core==1.2.2";
@@ -35,14 +35,13 @@ impl Setup {
     /// libraries built with `rustc` under `target/python-smoke/`, our results in `target/bench/`.
     pub fn in_workspace(workspace: &Path) -> Result<Setup, String> {
         let scratch = workspace.join("target/python-smoke");
-        let sources = workspace.join("xtask/compare");
-        let null_dir = scratch.join("libcuda-null");
-        create_dir(&null_dir)?;
+        let (raw_pairs, null_dir) = (scratch.join("libraw_pairs.so"), scratch.join("libcuda-null"));
+        build_helpers(workspace, &raw_pairs, &null_dir)?;
         Ok(Setup {
             python: python_smoke::venv(workspace, &[python_smoke::CUDA_BINDINGS, CUDA_CORE])??,
-            script: sources.join("cuda_core_bench.py"),
-            raw_pairs: cdylib(&sources.join("raw_pairs.rs"), &scratch.join("libraw_pairs.so"))?,
-            null_dir: cdylib(&sources.join("null_driver.rs"), &null_dir.join("libcuda.so.1")).map(|_| null_dir)?,
+            script: workspace.join("xtask/compare/cuda_core_bench.py"),
+            raw_pairs,
+            null_dir,
             bench: workspace.join("target/release/bench"),
             results: workspace.join("target/bench"),
             simulator_dir: python_smoke::simulator_lib_dir(workspace, "release").ok(),
@@ -72,25 +71,17 @@ fn simulator_link(simulator: &Path) -> Result<PathBuf, String> {
     if !simulator.is_file() {
         return Err(format!("{} is missing", simulator.display()));
     }
-    let dir = std::env::temp_dir().join("cuda-mem-compare-simulator");
-    create_dir(&dir)?;
-    let link = dir.join("libcuda.so.1");
-    let _ = std::fs::remove_file(&link);
-    std::os::unix::fs::symlink(simulator, &link).map_err(|e| format!("linking {}: {e}", link.display()))?;
-    Ok(dir)
+    python_smoke::libcuda_dir(simulator, &std::env::temp_dir().join("cuda-mem-compare-simulator"))
 }
 
 /// Packs what [`Setup::in_bundle`] needs into `dir`: the script, the two helper libraries built
 /// here, and wheels of cuda.core and cuda-bindings (and cuda-pathfinder, which both need) for
-/// the GPU machine's Python (3.12, x86-64 Linux), which has no PyPI. Returns the size of the
-/// wheels.
-pub fn pack(workspace: &Path, dir: &Path) -> Result<u64, String> {
-    let sources = workspace.join("xtask/compare");
-    create_dir(&dir.join("null"))?;
-    let script = sources.join("cuda_core_bench.py");
+/// the GPU machine's Python (3.12, x86-64 Linux), which has no PyPI; the wheels go to
+/// `dir/wheels`.
+pub fn pack(workspace: &Path, dir: &Path) -> Result<(), String> {
+    build_helpers(workspace, &dir.join("libraw_pairs.so"), &dir.join("null"))?;
+    let script = workspace.join("xtask/compare/cuda_core_bench.py");
     std::fs::copy(&script, dir.join("cuda_core_bench.py")).map_err(|e| format!("copying {}: {e}", script.display()))?;
-    cdylib(&sources.join("raw_pairs.rs"), &dir.join("libraw_pairs.so"))?;
-    cdylib(&sources.join("null_driver.rs"), &dir.join("null/libcuda.so.1"))?;
     let wheels = dir.join("wheels");
     let mut download = Command::new("python3");
     download
@@ -105,11 +96,7 @@ pub fn pack(workspace: &Path, dir: &Path) -> Result<u64, String> {
     if !status.success() {
         return Err(format!("pip download of the wheels failed ({status}); no PyPI here?"));
     }
-    let mut size = 0;
-    for entry in std::fs::read_dir(&wheels).map_err(|e| format!("reading {}: {e}", wheels.display()))? {
-        size += entry.and_then(|e| e.metadata()).map_err(|e| format!("reading {}: {e}", wheels.display()))?.len();
-    }
-    Ok(size)
+    Ok(())
 }
 
 /// The cuda-pathfinder release packed with cuda.core and cuda-bindings (both ask for at least
@@ -166,16 +153,21 @@ fn stdout_of(command: &mut Command, what: &str) -> Result<String, String> {
     String::from_utf8(output.stdout).map_err(|e| format!("the output of {what} is not UTF-8: {e}"))
 }
 
-fn create_dir(dir: &Path) -> Result<(), String> {
-    std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))
+/// Builds the two helpers of `xtask/compare/`: `raw_pairs.rs` as the library `raw_pairs`, and
+/// `null_driver.rs` as `libcuda.so.1` in the folder `null_dir`.
+fn build_helpers(workspace: &Path, raw_pairs: &Path, null_dir: &Path) -> Result<(), String> {
+    let sources = workspace.join("xtask/compare");
+    create_dir(null_dir)?;
+    cdylib(&sources.join("raw_pairs.rs"), raw_pairs)?;
+    cdylib(&sources.join("null_driver.rs"), &null_dir.join("libcuda.so.1"))
 }
 
 /// Compiles `source` alone with `rustc` into the shared library `library`, unless that is
-/// newer than the source; returns the library's path.
-fn cdylib(source: &Path, library: &Path) -> Result<PathBuf, String> {
+/// newer than the source.
+fn cdylib(source: &Path, library: &Path) -> Result<(), String> {
     let modified = |path: &Path| std::fs::metadata(path).and_then(|m| m.modified()).ok();
     if modified(library).is_some_and(|built| modified(source).is_some_and(|changed| built >= changed)) {
-        return Ok(library.to_path_buf());
+        return Ok(());
     }
     let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
     let status = Command::new(rustc)
@@ -187,7 +179,7 @@ fn cdylib(source: &Path, library: &Path) -> Result<PathBuf, String> {
     if !status.success() {
         return Err(format!("rustc could not build {} ({status})", source.display()));
     }
-    Ok(library.to_path_buf())
+    Ok(())
 }
 
 /// Whether cuda.core's result `r` is of `case`.
@@ -509,13 +501,11 @@ mod tests {
     /// change that breaks them fails before a GPU session needs them.
     #[test]
     fn the_helper_libraries_build() {
-        let sources = crate::bindgen::workspace_root().join("xtask/compare");
         let dir = std::env::temp_dir().join(format!("cuda-mem-compare-helpers-{}", std::process::id()));
-        create_dir(&dir).unwrap();
-        for source in ["raw_pairs.rs", "null_driver.rs"] {
-            let library = dir.join(source.replace(".rs", ".so"));
-            cdylib(&sources.join(source), &library).unwrap();
-            assert!(std::fs::metadata(&library).is_ok_and(|m| m.len() > 0), "{source} built nothing");
+        let (raw_pairs, null_dir) = (dir.join("libraw_pairs.so"), dir.join("null"));
+        build_helpers(&crate::bindgen::workspace_root(), &raw_pairs, &null_dir).unwrap();
+        for library in [raw_pairs, null_dir.join("libcuda.so.1")] {
+            assert!(std::fs::metadata(&library).is_ok_and(|m| m.len() > 0), "{} built nothing", library.display());
         }
         std::fs::remove_dir_all(&dir).unwrap();
     }

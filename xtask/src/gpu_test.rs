@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use crate::json::{self, Value};
-use crate::{cargo, describe};
+use crate::{cargo, create_dir, describe};
 
 /// The largest bundle that can be carried to the GPU machine.
 const MAX_BUNDLE_BYTES: u64 = 64 << 20;
@@ -66,7 +66,7 @@ pub fn run(workspace: &Path, args: &[String]) -> Result<(), String> {
     copy(&xtask, &out.join("xtask"))?;
     let compare_dir = out.join("compare");
     let wheels = match crate::compare::pack(workspace, &compare_dir) {
-        Ok(size) => Some(size),
+        Ok(()) => Some(dir_size(&compare_dir.join("wheels"))?),
         Err(why) => {
             eprintln!("warning: the bundle will not compare with cuda.core: {why}");
             std::fs::remove_dir_all(&compare_dir).map_err(|e| format!("removing {}: {e}", compare_dir.display()))?;
@@ -234,10 +234,6 @@ fn package_name(id: &str) -> String {
         return name.to_string();
     }
     url.trim_end_matches('/').rsplit('/').next().unwrap_or(url).to_string()
-}
-
-fn create_dir(dir: &Path) -> Result<(), String> {
-    std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))
 }
 
 fn copy(from: &Path, to: &Path) -> Result<(), String> {

@@ -83,6 +83,11 @@ fn describe(command: &Command) -> String {
         .join(" ")
 }
 
+/// Creates `dir` and the folders above it, as needed.
+fn create_dir(dir: &Path) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))
+}
+
 /// Runs `command` with the terminal's standard streams and fails unless it exits with 0.
 fn run_command(command: &mut Command) -> Result<(), String> {
     let status = command.status().map_err(|e| format!("cannot run `{}`: {e}", describe(command)))?;

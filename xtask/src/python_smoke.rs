@@ -37,12 +37,17 @@ pub fn simulator_lib_dir(workspace: &Path, profile: &str) -> Result<std::path::P
     if !library.is_file() {
         return Err(format!("{} is missing: build cuda-sim first", library.display()));
     }
-    let lib_dir = workspace.join("target/python-smoke").join(format!("libcuda-{profile}"));
-    std::fs::create_dir_all(&lib_dir).map_err(|e| format!("creating {}: {e}", lib_dir.display()))?;
-    let link = lib_dir.join("libcuda.so.1");
+    libcuda_dir(&library, &workspace.join("target/python-smoke").join(format!("libcuda-{profile}")))
+}
+
+/// Makes `dir` a folder whose `libcuda.so.1` links to `library`, for `LD_LIBRARY_PATH`; returns
+/// `dir`.
+pub fn libcuda_dir(library: &Path, dir: &Path) -> Result<std::path::PathBuf, String> {
+    crate::create_dir(dir)?;
+    let link = dir.join("libcuda.so.1");
     let _ = std::fs::remove_file(&link);
-    std::os::unix::fs::symlink(&library, &link).map_err(|e| format!("linking {}: {e}", link.display()))?;
-    Ok(lib_dir)
+    std::os::unix::fs::symlink(library, &link).map_err(|e| format!("linking {}: {e}", link.display()))?;
+    Ok(dir.to_path_buf())
 }
 
 /// Runs the smoke test; `Ok(None)` when it passed, `Ok(Some(reason))` when skipped.
