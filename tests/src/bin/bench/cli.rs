@@ -1,0 +1,43 @@
+//! The command line: `bench` alone runs every case; `--child` and `--first-call` are its own
+//! children, `--pool-pairs` is case (1) alone for `cargo xtask bench --compare`.
+
+/// What `--help` prints, and what follows an unexpected argument.
+pub(crate) const USAGE: &str = "usage: bench\n\nRuns the cuda-mem benchmarks (pools, sharing, VMM growth, registry and import \
+                     cache, first driver call) and writes target/bench/results.{json,md} and SVG plots. The driver \
+                     is the library CUDA_MEM_DRIVER names, else libcuda.so.1 when it finds a GPU, else the cuda-sim \
+                     simulator. BENCH_OUT overrides the output folder.\n\n\
+                     bench --pool-pairs: case 1 on one thread only, its last line JSON (for --compare).";
+
+/// The child of cases (2) and (4) (see [`crate::server`]).
+pub(crate) const CHILD_ARG: &str = "--child";
+/// The child of case (5) (see [`crate::first_call`]).
+pub(crate) const FIRST_CALL_ARG: &str = "--first-call";
+/// Case (1) on one thread only, as one JSON line: `cargo xtask bench --compare` alternates it
+/// with cuda.core's side, so that both are measured under the same load.
+const POOL_PAIRS_ARG: &str = "--pool-pairs";
+
+/// What this run of the program does.
+pub(crate) enum Mode {
+    /// Every case, and the outputs.
+    Parent,
+    /// The child of cases (2) and (4).
+    Child,
+    /// The child of case (5).
+    FirstCall,
+    /// Case (1) on one thread, as JSON.
+    PoolPairs,
+    /// Print [`USAGE`].
+    Help,
+}
+
+/// The mode the arguments (without the program's name) ask for, or the error to print.
+pub(crate) fn parse(args: &[String]) -> Result<Mode, String> {
+    match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
+        [] => Ok(Mode::Parent),
+        [CHILD_ARG] => Ok(Mode::Child),
+        [FIRST_CALL_ARG] => Ok(Mode::FirstCall),
+        [POOL_PAIRS_ARG] => Ok(Mode::PoolPairs),
+        ["--help" | "-h"] => Ok(Mode::Help),
+        other => Err(format!("unexpected arguments {other:?}\n{USAGE}")),
+    }
+}

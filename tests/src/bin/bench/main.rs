@@ -1,0 +1,67 @@
+//! `bench`: the benchmarks of the cuda-mem crates (`cargo xtask bench`), with a harness of its
+//! own: warm-up, many repetitions, and per case the median and the spread (p10/p90).
+//!
+//! 1. pool allocate+free pairs at 256 B, 64 KiB and 4 MiB, through the safe API (shared and scoped buffers) and through raw
+//!    `cuMemAllocFromPoolAsync`/`cuMemFreeAsync`, on one thread and on 4 threads (4 streams);
+//! 2. sharing buffers with a child process (this program with `--child`), through
+//!    `IpcChannel` and through the two raw driver calls, for batches of 1, 64 and 1,024;
+//! 3. VMM growth from 2 MiB to 1 GiB in 2 MiB steps, in place and forced to move, timed per step,
+//!    with the driver calls per step counted on the simulator;
+//! 4. registry lookups and duplicate-import cache hits per second, in the child, on 1 and 8
+//!    threads;
+//! 5. the time from spawning a process to its first driver call returning (`--first-call`).
+//!
+//! The driver is chosen as the demo chooses it (`tests::driver_choice`). Results go to
+//! `target/bench/` (`results.json`, `results.md`, two SVG plots); the Markdown tables are printed
+//! at the end. `bench --child` and `bench --first-call` are its own children.
+//!
+//! Modules: [`cli`] (the command line), [`parent`] (the full run and `--pool-pairs`), [`stats`]
+//! and [`units`] (the harness's numbers), one per case ([`pools`] and [`pacing`], [`sharing`]
+//! with [`child`], [`server`] and [`rates`], [`vmm`] with [`call_count`], [`first_call`]), and
+//! [`report`] (the JSON, Markdown and SVG outputs).
+
+mod call_count;
+mod child;
+mod cli;
+mod first_call;
+mod pacing;
+mod parent;
+mod pools;
+mod rates;
+mod report;
+mod server;
+mod sharing;
+mod stats;
+mod units;
+mod vmm;
+
+use std::process::ExitCode;
+use std::time::Instant;
+
+use cli::Mode;
+
+/// Any failure of the benchmarks.
+type Error = Box<dyn std::error::Error>;
+
+fn main() -> ExitCode {
+    let started = Instant::now();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match cli::parse(&args) {
+        Ok(Mode::Parent) => parent::parent_main(),
+        Ok(Mode::Child) => server::child_main(),
+        Ok(Mode::FirstCall) => first_call::first_call_main(started),
+        Ok(Mode::PoolPairs) => parent::pool_pairs_main(),
+        Ok(Mode::Help) => {
+            println!("{}", cli::USAGE);
+            Ok(())
+        }
+        Err(unexpected) => Err(unexpected.into()),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("bench: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,85 @@
+//! The full run (`bench` with no arguments: every case in turn, then the outputs) and
+//! `bench --pool-pairs` (case 1 alone, for `cargo xtask bench --compare`).
+
+use std::time::Instant;
+
+use cuda_mem_core::Device;
+use cuda_mem_core::sys::{DRIVER_ENV, Driver};
+use tests::driver_choice::{self, Choice, How};
+
+use crate::Error;
+use crate::first_call::first_call;
+use crate::pacing::pacing;
+use crate::pools::{POOL_THREADS, PoolRow, pools};
+use crate::report::{self, Results};
+use crate::sharing::sharing;
+use crate::vmm::{first_grows, vmm};
+
+/// `--pool-pairs`: case (1) on one thread, on the driver the full run would choose; its last
+/// line is `{"pools":[…]}`, rows as in `results.json`.
+pub(crate) fn pool_pairs_main() -> Result<(), Error> {
+    install(choose()?.driver)?;
+    let rows = pools(Device::new(0)?, &[1])?;
+    let rows: Vec<String> = rows.iter().map(PoolRow::json).collect();
+    println!(r#"{{"pools":[{}]}}"#, rows.join(","));
+    Ok(())
+}
+
+/// Every case, in turn, then the outputs.
+pub(crate) fn parent_main() -> Result<(), Error> {
+    let total = Instant::now();
+    let choice = choose()?;
+    let simulator = choice.is_simulator();
+    let version = choice.driver.version()?;
+    let version = format!("CUDA {}.{} ({version})", version / 1000, (version % 1000) / 10);
+    let path = choice.driver.path().to_path_buf();
+    let driver = match (&choice.how, simulator) {
+        (_, true) => format!("cuda-sim simulator at {} (reports {version}), not a GPU", path.display()),
+        (How::Real { devices }, false) => {
+            format!("real CUDA driver {} ({devices} device(s)), {version}", path.display())
+        }
+        (_, false) => format!("driver {} named by {DRIVER_ENV}, {version}", path.display()),
+    };
+    println!("driver: {driver}");
+    if let How::NoGpu { why_not_real } = &choice.how {
+        println!("  (no GPU: {why_not_real})");
+    }
+    install(choice.driver)?;
+    let mut results = Results { driver, simulator, ..Results::default() };
+
+    let device = Device::new(0)?;
+    println!("device 0: {}", device.name()?);
+
+    let step = Instant::now();
+    results.first_call = Some(first_call(&path)?);
+    println!("[5] first driver call: done in {:.1} s", step.elapsed().as_secs_f64());
+
+    let step = Instant::now();
+    results.pools = pools(device, &[1, POOL_THREADS])?;
+    results.pacing = Some(pacing(device)?);
+    println!("[1] pools: done in {:.1} s", step.elapsed().as_secs_f64());
+
+    let step = Instant::now();
+    let (sharing, lookups) = sharing(device, &path)?;
+    results.sharing = sharing;
+    results.lookups = lookups;
+    println!("[2, 4] sharing, registry and import cache: done in {:.1} s", step.elapsed().as_secs_f64());
+
+    let step = Instant::now();
+    results.vmm = vmm(device, simulator)?;
+    results.first_grows = first_grows(device)?;
+    println!("[3] VMM growth: done in {:.1} s", step.elapsed().as_secs_f64());
+
+    report::write_all(&results, total)
+}
+
+/// The driver, chosen as the demo chooses it.
+fn choose() -> Result<Choice, Error> {
+    driver_choice::choose("bench", "`cargo xtask bench` (it builds cuda-sim first)")
+}
+
+/// Installs `driver` as the process-wide one.
+fn install(driver: Driver) -> Result<(), Error> {
+    cuda_mem_core::sys::install_driver(driver).map_err(|_| "a process-wide driver was already installed")?;
+    Ok(())
+}

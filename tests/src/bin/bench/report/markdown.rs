@@ -1,0 +1,135 @@
+//! `results.md`, also printed at the end: a table per case, with what each column measures.
+
+use std::fmt::Write as _;
+
+use super::{Results, host_cpus};
+use crate::pacing::PACING_WORK_NS;
+use crate::units::{bytes, ns};
+use crate::vmm::mode_name;
+
+/// The whole file.
+pub(super) fn markdown(results: &Results) -> String {
+    let mut md = String::new();
+    let _ = writeln!(md, "# cuda-mem benchmarks\n\ndriver: {}\n\nhost: {} CPUs\n", results.driver, host_cpus());
+    md.push_str("Times are medians with p10–p90 in brackets.\n\n");
+
+    md.push_str("## 1. Pool allocate+free pairs (one stream per thread)\n\n");
+    md.push_str(
+        "Safe: `allocate` (a `Buffer`, which holds shares of its pool and stream). Scoped: `allocate_scoped` (a \
+         `ScopedBuffer`, which borrows them). Raw: `cuMemAllocFromPoolAsync` + `cuMemFreeAsync` through cuda-sys. Raw \
+         + check: the same with the `cuStreamIsCapturing` the safe API makes before each allocation (as cuda.core \
+         does), so that safe / (raw + check) is our code's share alone.\n\n\
+         | size | threads | safe API per pair | scoped per pair | raw cuda-sys per pair | raw + check per pair | \
+         safe/raw | scoped/raw | safe/(raw + check) |\n|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for r in &results.pools {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {} | {:.2}× | {:.2}× | {:.2}× |",
+            bytes(r.size),
+            r.threads,
+            r.safe.show(),
+            r.scoped.show(),
+            r.raw.show(),
+            r.raw_checked.show(),
+            r.ratio(),
+            r.ratio_scoped(),
+            r.ratio_checked()
+        );
+    }
+
+    if let Some(p) = &results.pacing {
+        let _ = writeln!(
+            md,
+            "\nAdditivity check: a raw 256 B pair takes {}; with {PACING_WORK_NS} ns of the caller's own work after \
+             each, the work's own time taken off, {}: {:.0} ns less than alone, where a driver whose cost does not \
+             depend on its caller's pace would show about 0. Caller work of up to about {:.0} ns per pair, an API's \
+             overhead included, can hide in the driver's time here, so safe minus raw understates it by up to that \
+             much.",
+            p.raw.show(),
+            p.raw_with_work.show(),
+            p.hidden_ns(),
+            p.hidden_ns().clamp(0.0, PACING_WORK_NS as f64)
+        );
+    }
+    md.push_str("\n## 2. Sharing with a child process, per buffer\n\n");
+    md.push_str(
+        "| batch | ours: parent (export+encode+send) | ours: child (recv+decode+import) | ours total | raw: parent | \
+         raw: child | raw total | our cost beyond the raw calls |\n|---|---|---|---|---|---|---|---|\n",
+    );
+    for r in &results.sharing {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {} | {} | {} |",
+            r.batch,
+            r.ours_parent.show(),
+            r.ours_child.show(),
+            r.ours.show(),
+            r.raw_parent.show(),
+            r.raw_child.show(),
+            r.raw.show(),
+            ns(r.overhead())
+        );
+    }
+
+    md.push_str("\n## 3. VMM growth, 2 MiB to 1 GiB in 2 MiB steps\n\n");
+    md.push_str(
+        "| mode | steps | per step | first 10% | last 10% | steps not in their mode |\n|---|---|---|---|---|---|\n",
+    );
+    for m in &results.vmm {
+        let n = m.steps.len();
+        let tenth = m.tenth();
+        let _ = writeln!(
+            md,
+            "| {} | {n} | {} | {} | {} | {} |",
+            m.name(),
+            m.stats(0..n).show(),
+            m.stats(0..tenth).show(),
+            m.stats(n - tenth..n).show(),
+            m.unexpected
+        );
+    }
+    if results.vmm.iter().any(|m| !m.calls.is_empty()) {
+        md.push_str("\nDriver calls per step (counted on the simulator), by the chunks the buffer had before it:\n\n");
+        md.push_str("| mode | chunks before | calls | by function |\n|---|---|---|---|\n");
+        for m in &results.vmm {
+            for (chunks, calls) in &m.calls {
+                let per: Vec<String> = calls.iter().filter(|c| c.1 > 0).map(|(f, c)| format!("{f} {c}")).collect();
+                let total: u32 = calls.iter().map(|c| c.1).sum();
+                let _ = writeln!(md, "| {} | {chunks} | {total} | {} |", m.name(), per.join(", "));
+            }
+        }
+    } else {
+        md.push_str("\nDriver calls per step are counted on the simulator only.\n");
+    }
+
+    if !results.first_grows.is_empty() {
+        md.push_str("\nOne growth of a fresh buffer from 2 MiB to 4 MiB (the grow and dropping the old buffer):\n\n");
+        md.push_str("| mode | per growth |\n|---|---|\n");
+        for (moving, stats) in &results.first_grows {
+            let _ = writeln!(md, "| {} | {} |", mode_name(*moving), stats.show());
+        }
+    }
+
+    md.push_str("\n## 4. Registry lookups and duplicate-import cache hits\n\n");
+    md.push_str("| operation | threads | per second (all threads) |\n|---|---|---|\n");
+    for r in &results.lookups {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {:.2} M ({:.2}–{:.2} M) |",
+            r.what,
+            r.threads,
+            r.rate.median / 1e6,
+            r.rate.p10 / 1e6,
+            r.rate.p90 / 1e6
+        );
+    }
+
+    md.push_str("\n## 5. First driver call (lazy loading)\n\n");
+    if let Some((spawn, main)) = &results.first_call {
+        md.push_str("| measured | time |\n|---|---|\n");
+        let _ = writeln!(md, "| spawn to the child's report (parent's clock; exec included) | {} |", spawn.show());
+        let _ = writeln!(md, "| child's main() to cuDriverGetVersion returned | {} |", main.show());
+    }
+    md
+}

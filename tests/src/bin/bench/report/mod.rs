@@ -1,0 +1,80 @@
+//! The outputs: what the run found ([`Results`]), written to the output folder as JSON
+//! ([`json`]), Markdown ([`markdown`]) and two SVG plots ([`svg`]).
+
+mod json;
+mod markdown;
+mod svg;
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use crate::Error;
+use crate::pacing::Pacing;
+use crate::pools::PoolRow;
+use crate::sharing::{RateRow, ShareRow};
+use crate::stats::Stats;
+use crate::vmm::VmmMode;
+
+/// What the run found, for the outputs.
+#[derive(Default)]
+pub(crate) struct Results {
+    /// The driver, in words.
+    pub(crate) driver: String,
+    /// Whether it is the simulator.
+    pub(crate) simulator: bool,
+    /// Case (1).
+    pub(crate) pools: Vec<PoolRow>,
+    /// Case (2).
+    pub(crate) sharing: Vec<ShareRow>,
+    /// Case (3), per mode.
+    pub(crate) vmm: Vec<VmmMode>,
+    /// One growth from one chunk to two, repeated: (moving, its time).
+    pub(crate) first_grows: Vec<(bool, Stats)>,
+    /// Case (1)'s additivity check.
+    pub(crate) pacing: Option<Pacing>,
+    /// Case (4).
+    pub(crate) lookups: Vec<RateRow>,
+    /// Case (5): spawn to return, and main to return.
+    pub(crate) first_call: Option<(Stats, Stats)>,
+}
+
+/// Writes `results.json`, `results.md`, `vmm_steps.svg` and `pools.svg` to the output folder,
+/// then prints the Markdown and what it wrote, with the time since `total`.
+pub(crate) fn write_all(results: &Results, total: Instant) -> Result<(), Error> {
+    let out = output_dir();
+    std::fs::create_dir_all(&out).map_err(|e| format!("creating {}: {e}", out.display()))?;
+    let markdown = markdown::markdown(results);
+    write(&out.join("results.json"), &json::json(results))?;
+    write(&out.join("results.md"), &markdown)?;
+    write(&out.join("vmm_steps.svg"), &svg::vmm_svg(&results.vmm))?;
+    write(&out.join("pools.svg"), &svg::pools_svg(&results.pools))?;
+    println!("\n{markdown}");
+    println!(
+        "wrote {}/{{results.json, results.md, vmm_steps.svg, pools.svg}} in {:.1} s",
+        out.display(),
+        total.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// The CPUs this process may run on: with fewer than the 4 threads of case (1), the threads
+/// take turns and the 4-thread rows measure the scheduler as much as the pool.
+fn host_cpus() -> usize {
+    std::thread::available_parallelism().map_or(0, usize::from)
+}
+
+/// `BENCH_OUT`, or `target/bench` under the workspace (`CARGO_TARGET_DIR` respected), or
+/// `./bench-results` when this program runs outside the workspace (in the GPU bundle).
+fn output_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("BENCH_OUT") {
+        return PathBuf::from(dir);
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap_or(Path::new(".")).join("target"));
+    if target.is_dir() { target.join("bench") } else { PathBuf::from("bench-results") }
+}
+
+fn write(path: &Path, text: &str) -> Result<(), Error> {
+    std::fs::write(path, text).map_err(|e| format!("writing {}: {e}", path.display()).into())
+}

@@ -1,0 +1,124 @@
+//! `bench --child`, the child of cases (2) and (4): takes the control socket from the data
+//! channel, then answers each command on it (`resource`, `ours N`, `raw N`, `lookups`, `exit`)
+//! with a line: the nanoseconds its side took, the rates, or `error: …`.
+
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::time::Instant;
+
+use cuda_mem_core::sys::cu_call;
+use cuda_mem_core::sys::types::CUmemPoolPtrExportData;
+use cuda_mem_core::{Device, DevicePtr, Stream, StreamOptions};
+use cuda_mem_ipc::{Channel, IpcChannel, Received, buffer_descriptor, registry};
+
+use crate::Error;
+use crate::child::RAW_KIND;
+use crate::rates::{rate, rate_with_stream};
+use crate::stats::{Stats, elapsed_ns};
+
+/// Serves the parent until it says `exit`; an error is also sent to it as `error: …`.
+pub(crate) fn child_main() -> Result<(), Error> {
+    let ipc = IpcChannel::new(Channel::from_env()?);
+    let message = ipc.channel().recv()?;
+    let fd = message.fds.into_iter().next().ok_or("the control socket did not come")?;
+    let mut control = BufReader::new(UnixStream::from(fd));
+    let mut reply_to = control.get_ref().try_clone()?;
+    let result = serve(&ipc, &mut control, &mut reply_to);
+    if let Err(error) = &result {
+        let _ = reply_to.write_all(format!("error: {}\n", error.to_string().replace('\n', " ")).as_bytes());
+    }
+    result
+}
+
+/// The command loop.
+fn serve(ipc: &IpcChannel, control: &mut BufReader<UnixStream>, reply: &mut UnixStream) -> Result<(), Error> {
+    let d = cuda_mem_core::driver()?;
+    let device = Device::new(0)?;
+    device.set_current()?;
+    let stream = Stream::new(device, StreamOptions::default().non_blocking())?;
+    let mut resource = None;
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if control.read_line(&mut line)? == 0 {
+            return Ok(());
+        }
+        let mut words = line.split_whitespace();
+        let answer = match (words.next(), words.next().map(str::parse::<usize>)) {
+            (Some("resource"), None) => {
+                let Received::Resource(r) = ipc.recv(&stream)? else { return Err("expected the pool".into()) };
+                resource = Some(r);
+                "ok".to_string()
+            }
+            (Some("ours"), Some(Ok(batch))) => {
+                let start = Instant::now();
+                let Received::Buffers(buffers) = ipc.recv(&stream)? else { return Err("expected buffers".into()) };
+                let took = elapsed_ns(start);
+                if buffers.len() != batch {
+                    return Err(format!("expected {batch} buffers, got {}", buffers.len()).into());
+                }
+                drop(buffers);
+                stream.synchronize()?;
+                format!("{took:.0}")
+            }
+            (Some("raw"), Some(Ok(batch))) => {
+                let pool = resource.as_ref().ok_or("no pool yet")?.imported_pool().handle();
+                let start = Instant::now();
+                let message = ipc.channel().recv()?;
+                let mut pointers = Vec::with_capacity(batch);
+                for chunk in message.payload.chunks_exact(64) {
+                    let mut data = CUmemPoolPtrExportData { reserved: [0; 64] };
+                    data.reserved.copy_from_slice(chunk);
+                    let mut ptr: DevicePtr = 0;
+                    // SAFETY: valid out-pointer and export data; `pool` is a live imported pool.
+                    unsafe { cu_call!(d, cuMemPoolImportPointer(&mut ptr, pool, &mut data)) }?;
+                    pointers.push(ptr);
+                }
+                let took = elapsed_ns(start);
+                if message.kind != RAW_KIND || pointers.len() != batch {
+                    return Err(format!("expected {batch} raw exports, got {}", pointers.len()).into());
+                }
+                for ptr in pointers {
+                    // SAFETY: an imported pointer, unmapped once, used by no work.
+                    unsafe { cu_call!(d, cuMemFreeAsync(ptr, stream.handle())) }?;
+                }
+                stream.synchronize()?;
+                format!("{took:.0}")
+            }
+            (Some("lookups"), None) => {
+                let resource = resource.as_ref().ok_or("no pool yet")?;
+                let Received::Buffers(mut held) = ipc.recv(&stream)? else { return Err("expected a buffer".into()) };
+                let held = held.pop().ok_or("expected a buffer")?;
+                let descriptor = buffer_descriptor(&held)?;
+                let uuid = resource.uuid();
+                let mut out = String::new();
+                for threads in [1usize, 8] {
+                    let rate = rate(threads, 200_000, |_| {
+                        let found = registry().get(uuid)?;
+                        std::hint::black_box(found);
+                        Ok(())
+                    })?;
+                    push_rate(&mut out, "lookup", threads, &rate);
+                    let rate = rate_with_stream(device, threads, 20_000, |stream| {
+                        let again = resource.import_buffer(&descriptor, stream)?;
+                        drop(again);
+                        Ok(())
+                    })?;
+                    push_rate(&mut out, "import", threads, &rate);
+                }
+                drop(held);
+                stream.synchronize()?;
+                out
+            }
+            (Some("exit"), None) => return Ok(()),
+            _ => return Err(format!("unknown command {:?}", line.trim_end()).into()),
+        };
+        reply.write_all(format!("{answer}\n").as_bytes())?;
+    }
+}
+
+/// Appends one rate to the `lookups` reply: `WHAT,THREADS,MEDIAN,P10,P90,N;`.
+fn push_rate(out: &mut String, what: &str, threads: usize, rate: &Stats) {
+    let _ = write!(out, "{what},{threads},{:.0},{:.0},{:.0},{};", rate.median, rate.p10, rate.p90, rate.n);
+}

@@ -1,0 +1,162 @@
+//! Cases (2) and (4), the parent's side: sharing buffers with `bench --child` in batches, through
+//! `IpcChannel` and through the two raw driver calls, per buffer on each side; then the
+//! child's registry lookups and duplicate-import cache hits per second.
+
+use std::path::Path;
+use std::time::Instant;
+
+use cuda_mem_core::sys::cu_call;
+use cuda_mem_core::sys::types::CUmemPoolPtrExportData;
+use cuda_mem_core::{
+    Buffer, Device, DeviceMemoryResource, DeviceMemoryResourceOptions, MemoryResourceExt, Stream, StreamOptions,
+};
+
+use crate::Error;
+use crate::child::{Child, RAW_KIND};
+use crate::stats::{Stats, elapsed_ns};
+use crate::units::{KIB, ns};
+
+/// The batches: buffers sent at once.
+const SHARE_BATCHES: [usize; 3] = [1, 64, 1024];
+/// Bytes per shared buffer.
+const SHARE_BUFFER: usize = 64 * KIB;
+
+/// One batch size: ns per buffer on each side.
+pub(crate) struct ShareRow {
+    /// Buffers sent at once.
+    pub(crate) batch: usize,
+    /// Per buffer: parent side, child side, both (through our layer).
+    pub(crate) ours_parent: Stats,
+    pub(crate) ours_child: Stats,
+    pub(crate) ours: Stats,
+    /// The same through the two raw driver calls.
+    pub(crate) raw_parent: Stats,
+    pub(crate) raw_child: Stats,
+    pub(crate) raw: Stats,
+}
+
+impl ShareRow {
+    /// Our cost per buffer beyond the raw calls (difference of the medians).
+    pub(crate) fn overhead(&self) -> f64 {
+        self.ours.median - self.raw.median
+    }
+}
+
+/// One operation of case (4) on one thread count.
+pub(crate) struct RateRow {
+    /// The operation, in words.
+    pub(crate) what: &'static str,
+    /// The threads doing it at once.
+    pub(crate) threads: usize,
+    /// Operations per second.
+    pub(crate) rate: Stats,
+}
+
+/// One path's samples, in nanoseconds per buffer: the parent's side, the child's, and both.
+#[derive(Default)]
+struct PerBuffer {
+    parent: Vec<f64>,
+    child: Vec<f64>,
+    both: Vec<f64>,
+}
+
+impl PerBuffer {
+    /// Adds one repetition: each side's time for the whole batch of `batch` buffers.
+    fn push(&mut self, parent: f64, child: f64, batch: usize) {
+        self.parent.push(parent / batch as f64);
+        self.child.push(child / batch as f64);
+        self.both.push((parent + child) / batch as f64);
+    }
+}
+
+/// Cases (2) and (4) with a child on the driver at `driver_path`: a row per batch, a row per
+/// operation and thread count.
+pub(crate) fn sharing(device: Device, driver_path: &Path) -> Result<(Vec<ShareRow>, Vec<RateRow>), Error> {
+    let d = cuda_mem_core::driver()?;
+    let stream = Stream::new(device, StreamOptions::default().non_blocking())?;
+    let pool = DeviceMemoryResource::new(device, DeviceMemoryResourceOptions::default().ipc_enabled(true))?;
+    pool.pool().set_release_threshold(u64::MAX)?;
+    let max = SHARE_BATCHES.iter().copied().max().unwrap_or(1);
+    let buffers = (0..max).map(|_| pool.allocate(SHARE_BUFFER, &stream)).collect::<Result<Vec<Buffer>, _>>()?;
+    stream.synchronize()?;
+
+    let mut child = Child::spawn(driver_path)?;
+    child.ipc.send_resource(pool.as_ref())?;
+    child.command("resource")?;
+    child.reply()?;
+
+    let mut rows = Vec::new();
+    for batch in SHARE_BATCHES {
+        let refs: Vec<&Buffer> = buffers[..batch].iter().collect();
+        let (warmup, reps) = match batch {
+            1 => (50, 1000),
+            64 => (10, 300),
+            _ => (3, 60),
+        };
+        let (mut ours, mut raw) = (PerBuffer::default(), PerBuffer::default());
+        for rep in 0..warmup + reps {
+            // Ours: export and encode (buffer_descriptor), send.
+            let start = Instant::now();
+            child.ipc.send_buffers(&refs)?;
+            let parent = elapsed_ns(start);
+            child.command(&format!("ours {batch}"))?;
+            let child_ns: f64 = child.reply()?.parse()?;
+            if rep >= warmup {
+                ours.push(parent, child_ns, batch);
+            }
+            // Raw: cuMemPoolExportPointer per buffer, the 64-byte data sent as plain bytes.
+            let start = Instant::now();
+            let mut payload = Vec::with_capacity(batch * 64);
+            for buffer in &refs {
+                let mut data = CUmemPoolPtrExportData { reserved: [0; 64] };
+                // SAFETY: a valid out-pointer; the buffer is a live allocation of an IPC pool.
+                unsafe { cu_call!(d, cuMemPoolExportPointer(&mut data, buffer.ptr())) }?;
+                payload.extend_from_slice(&data.reserved);
+            }
+            child.ipc.channel().send(RAW_KIND, &payload, &[])?;
+            let parent = elapsed_ns(start);
+            child.command(&format!("raw {batch}"))?;
+            let child_ns: f64 = child.reply()?.parse()?;
+            if rep >= warmup {
+                raw.push(parent, child_ns, batch);
+            }
+        }
+        let row = ShareRow {
+            batch,
+            ours_parent: Stats::of(ours.parent),
+            ours_child: Stats::of(ours.child),
+            ours: Stats::of(ours.both),
+            raw_parent: Stats::of(raw.parent),
+            raw_child: Stats::of(raw.child),
+            raw: Stats::of(raw.both),
+        };
+        println!(
+            "  batch {batch}: ours {} raw {} per buffer, overhead {}",
+            row.ours.show(),
+            row.raw.show(),
+            ns(row.overhead())
+        );
+        rows.push(row);
+    }
+
+    // 4: one buffer for the child to hold and import again.
+    child.ipc.send_buffers(&[&buffers[0]])?;
+    child.command("lookups")?;
+    let mut rates = Vec::new();
+    for item in child.reply()?.split(';').filter(|s| !s.is_empty()) {
+        let mut fields = item.split(',');
+        let (Some(what), Some(threads), Some(median), Some(p10), Some(p90), Some(n)) =
+            (fields.next(), fields.next(), fields.next(), fields.next(), fields.next(), fields.next())
+        else {
+            return Err(format!("the child's rates are garbled: {item:?}").into());
+        };
+        let what = if what == "lookup" { "registry lookup" } else { "duplicate import (cache hit)" };
+        let rate = Stats { median: median.parse()?, p10: p10.parse()?, p90: p90.parse()?, n: n.parse()? };
+        println!("  {what} × {threads} thread(s): {:.0} per second", rate.median);
+        rates.push(RateRow { what, threads: threads.parse()?, rate });
+    }
+    child.exit()?;
+    drop(buffers);
+    stream.synchronize()?;
+    Ok((rows, rates))
+}

@@ -1,0 +1,131 @@
+//! `demo --child`, the child's side: opens device 0, says it is ready, then answers each
+//! request (check and rewrite shared buffers, or a virtual buffer) with `ok …` or `error …`.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use cuda_mem_core::FillPattern;
+use cuda_mem_ipc::{Channel, IpcChannel, IpcError, Received, SharedKind};
+use cuda_mem_vmm::ipc::recv_virtual_buffer;
+use cuda_mem_vmm::{VirtualMemoryResource, VirtualMemoryResourceOptions};
+
+use crate::Error;
+use crate::child::CHILD_TIMEOUT;
+use crate::errors::{Context, describe};
+use crate::gpu::Gpu;
+use crate::narration::format_bytes;
+use crate::protocol::{Patterns, Request};
+
+/// `demo --child`: serves the parent's requests until it says quit.
+pub(crate) fn child_main() -> ExitCode {
+    match serve_parent() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("  [child {}] error: {}", std::process::id(), describe(e.as_ref()));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Takes the channel, opens device 0, says so, then answers each request with `ok …` or
+/// `error …`.
+fn serve_parent() -> Result<(), Error> {
+    let ipc = IpcChannel::new(Channel::from_env()?);
+    ipc.channel().set_read_timeout(Some(CHILD_TIMEOUT))?;
+    let gpu = match Gpu::open().and_then(|gpu| Ok((gpu.device.name()?, gpu))) {
+        Ok((name, gpu)) => {
+            ipc.send_data(format!("ok pid {} is ready on {} ({name})", std::process::id(), gpu.device).as_bytes())?;
+            gpu
+        }
+        Err(e) => {
+            let _ = ipc.send_data(format!("error {}", describe(e.as_ref())).as_bytes());
+            return Err(e);
+        }
+    };
+    let mut vmm = None;
+    loop {
+        let request = match ipc.recv(&gpu.stream) {
+            Ok(Received::Data(bytes)) => Request::parse(&bytes)?,
+            Ok(_) => return Err("the parent sent a pool or buffers where a request was due".into()),
+            Err(IpcError::PeerClosed) => {
+                return Err("the parent closed the channel without asking the child to quit".into());
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let outcome = match request {
+            Request::Quit => return Ok(()),
+            Request::Buffers(patterns) => child_check_buffers(&ipc, &gpu, &patterns),
+            Request::Vmm(patterns) => child_check_virtual_buffer(&ipc, &gpu, &mut vmm, patterns),
+        };
+        let reply = match outcome {
+            Ok(summary) => format!("ok {summary}"),
+            Err(e) => format!("error {}", describe(e.as_ref())),
+        };
+        ipc.send_data(reply.as_bytes())?;
+    }
+}
+
+/// Receives the pool and the buffers, checks each buffer's pattern and writes the new one.
+fn child_check_buffers(ipc: &IpcChannel, gpu: &Gpu, patterns: &[Patterns]) -> Result<String, Error> {
+    let pid = std::process::id();
+    // The imported pools: buffers can only be mapped while their pool is alive here.
+    let mut pools = Vec::new();
+    let mut buffers = loop {
+        match ipc.recv(&gpu.stream).context("receiving the pool and the buffers")? {
+            Received::Resource(pool) => {
+                let kind = match pool.kind() {
+                    SharedKind::Device(device) => format!("memory of {device}"),
+                    SharedKind::Pinned => "pinned host memory".to_string(),
+                };
+                println!("  [child {pid}] imported the pool {} ({kind})", pool.uuid());
+                pools.push(pool);
+            }
+            Received::Buffers(buffers) => break buffers,
+            Received::Data(_) => return Err("a request arrived where buffers were due".into()),
+        }
+    };
+    if buffers.len() != patterns.len() {
+        return Err(format!("{} buffers arrived for {} patterns", buffers.len(), patterns.len()).into());
+    }
+    for (index, (buffer, p)) in buffers.iter_mut().zip(patterns).enumerate() {
+        gpu.expect_words(buffer, buffer.size(), p.expect, &format!("imported buffer {index}"))?;
+        buffer.fill(FillPattern::U32(p.write), &gpu.stream)?;
+    }
+    gpu.stream.synchronize()?;
+    let addresses: Vec<String> = buffers.iter().map(|b| format!("{:#x}", b.ptr())).collect();
+    println!(
+        "  [child {pid}] mapped {} buffers (at {}), checked each pattern, wrote new ones",
+        buffers.len(),
+        addresses.join(", ")
+    );
+    Ok(format!("{} buffers checked and rewritten", buffers.len()))
+}
+
+/// Receives a virtual buffer, maps it with a resource of its own, checks it and writes it.
+fn child_check_virtual_buffer(
+    ipc: &IpcChannel,
+    gpu: &Gpu,
+    vmm: &mut Option<Arc<VirtualMemoryResource>>,
+    patterns: Patterns,
+) -> Result<String, Error> {
+    let resource = match vmm {
+        Some(resource) => Arc::clone(resource),
+        None => {
+            Arc::clone(vmm.insert(VirtualMemoryResource::new(gpu.device, VirtualMemoryResourceOptions::default())?))
+        }
+    };
+    let mut buffer =
+        recv_virtual_buffer(ipc.channel(), &resource, Some(&gpu.stream)).context("receiving the virtual buffer")?;
+    gpu.expect_words(&buffer, buffer.size(), patterns.expect, "the imported virtual buffer")?;
+    buffer.fill(FillPattern::U32(patterns.write), &gpu.stream)?;
+    gpu.stream.synchronize()?;
+    println!(
+        "  [child {}] mapped the virtual buffer ({} in {} chunks) at {:#x}, checked it, wrote {:#010x}",
+        std::process::id(),
+        format_bytes(buffer.size() as u64),
+        buffer.chunk_count(),
+        buffer.ptr(),
+        patterns.write
+    );
+    Ok("virtual buffer checked and rewritten".to_string())
+}
