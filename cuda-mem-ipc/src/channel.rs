@@ -499,6 +499,8 @@ impl FrameReader<'_> {
     /// system dropped the rest because it could not install them here (out of descriptor
     /// numbers, `EMFILE`): the frame is read on and dropped, its descriptors closed to free
     /// their numbers. With the room used up, the peer sent more than a frame may carry.
+    /// (`cmsg_space!` sizes the buffer, alignment included, for at least `fd_room` descriptors,
+    /// so the kernel sees that much room.)
     fn truncated(&mut self, delivered: usize) -> Result<()> {
         if delivered < self.fd_room {
             self.out_of_descriptors = true;
