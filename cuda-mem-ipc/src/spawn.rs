@@ -185,20 +185,19 @@ impl Channel {
     /// When [`CHANNEL_FD_ENV`] names an open socket whose inode is the one
     /// [`CHANNEL_INODE_ENV`] names, that descriptor must be this process's to take: it was
     /// inherited from the parent for this call (through [`spawn_with_channel`], or set up the
-    /// same way), and nothing else in this process owns it or will adopt it (no other code
-    /// but an earlier `from_env`, which makes later calls fail, takes that number as its own,
-    /// with
-    /// [`FromRawFd::from_raw_fd`](std::os::fd::FromRawFd::from_raw_fd) or through another
-    /// library that adopts inherited descriptors). The returned channel closes it when dropped.
-    /// Otherwise (a variable missing, or a descriptor that is not that socket) nothing is taken
-    /// and the call has no effect but its error.
+    /// same way), and nothing else in this process owns it or will adopt it (no code but an
+    /// earlier `from_env`, which makes later calls fail, takes that number as its own, with
+    /// [`FromRawFd::from_raw_fd`] or through another library that adopts inherited
+    /// descriptors). The returned channel closes it when dropped. Otherwise (a variable missing,
+    /// or a descriptor that is not that socket) nothing is taken and the call has no effect but
+    /// its error.
     ///
     /// This is `unsafe` because no check can establish it. Which code owns a descriptor is not
     /// something the system records: the checks tell the channel's socket from other files that
     /// have its number, not from the same socket already adopted by other code. Had something
     /// else owned it, that owner would go on using a closed, perhaps reused, number (std aborts
-    /// the process when it notices). [`FromRawFd::from_raw_fd`](std::os::fd::FromRawFd::from_raw_fd)
-    /// and `jobserver::Client::from_env` are `unsafe` for the same reason.
+    /// the process when it notices). [`FromRawFd::from_raw_fd`] and `jobserver::Client::from_env`
+    /// are `unsafe` for the same reason.
     ///
     /// ```compile_fail,E0133
     /// // Without `unsafe`, taking the channel does not compile.
@@ -209,7 +208,8 @@ impl Channel {
     ///
     /// [`IpcError::ChannelEnv`] if either variable is missing or malformed, the descriptor fails
     /// the checks, or the channel was already taken; [`IpcError::Io`] if setting its flags
-    /// fails. Nothing is taken on error.
+    /// fails. Nothing is taken on a [`IpcError::ChannelEnv`] error; on an [`IpcError::Io`] error
+    /// the descriptor was taken and is closed.
     pub unsafe fn from_env() -> Result<Channel> {
         let fd: RawFd = env_number(CHANNEL_FD_ENV)?.ok_or_else(|| {
             IpcError::ChannelEnv(format!("{CHANNEL_FD_ENV} is not set, so this process was not given a channel"))
