@@ -81,7 +81,9 @@ fn parent(device: Device, stream: &Stream) -> Result<()> {
 }
 
 fn child(stream: &Stream) -> Result<()> {
-    let channel = IpcChannel::new(Channel::from_env()?);
+    // SAFETY: this process was started by `parent` through `spawn_with_channel`, and nothing in
+    // it but this call adopts inherited descriptors.
+    let channel = IpcChannel::new(unsafe { Channel::from_env() }?);
     let Received::Resource(pool) = channel.recv(stream)? else {
         return Err("expected the pool first".into());
     };

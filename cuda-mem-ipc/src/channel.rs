@@ -27,7 +27,10 @@
 //!
 //! The descriptors travel as one `SCM_RIGHTS` control message on the first `sendmsg` of the
 //! frame, so they arrive with the first bytes of its header. The receiver accepts them anywhere
-//! within the frame's bytes, and requires their number to match the header.
+//! within the frame's bytes, and requires their number to match the header. It counts them after
+//! every `recvmsg` and stops as soon as there are more than the header announced (or, before the
+//! header is complete, more than [`MAX_FDS`]), so a peer cannot make it hold more than that plus
+//! one `recvmsg`'s worth.
 //!
 //! # Errors and peer input
 //!
@@ -41,6 +44,16 @@
 //! or a time-out in the middle of a frame), the byte stream is out of step: the channel refuses
 //! further receives with [`IpcError::Protocol`]. Likewise a send that fails partway through a
 //! frame makes further sends fail. Drop such a channel and open a new one.
+//!
+//! # Running out of descriptors
+//!
+//! When this process has no free descriptor numbers (`RLIMIT_NOFILE`), the system cannot hand
+//! over a message's descriptors: it drops them and marks the control data truncated. That is not
+//! the peer's fault, and the receiver tells the two apart (a truncation with room left in its
+//! control buffer is this process's; one that filled the buffer is the peer's). It reads the rest
+//! of the frame, closes whatever descriptors of it did arrive, and reports
+//! [`IpcError::OutOfDescriptors`]; the channel stays in step, so the next message is received
+//! normally once descriptors are free again.
 //!
 //! # Threads
 //!
@@ -327,14 +340,18 @@ impl Channel {
     ///   field, a payload or descriptor count over the limits, descriptors that do not match
     ///   the header's count or did not all fit, or an end of stream inside a frame), or an
     ///   earlier such failure broke the channel. Descriptors that came with it are closed.
+    /// - [`IpcError::OutOfDescriptors`]: this process had no free descriptor numbers for the
+    ///   message's descriptors. The message was read to its end and dropped; the channel is
+    ///   still usable.
     /// - [`IpcError::Io`]: the system call failed, or the read time-out expired.
     pub fn recv(&self) -> Result<RawMessage> {
-        self.recv_with_control_space(CONTROL_SPACE)
+        self.recv_with_fd_room(MAX_FDS)
     }
 
-    /// [`recv`](Self::recv) with a control buffer of `control_space` bytes (at most
-    /// [`CONTROL_SPACE`]): smaller only in tests, to make the kernel truncate control data.
-    fn recv_with_control_space(&self, control_space: usize) -> Result<RawMessage> {
+    /// [`recv`](Self::recv) with a control buffer that has room for `fd_room` descriptors per
+    /// `recvmsg` (at most [`MAX_FDS`]): fewer only in tests, to make the kernel truncate
+    /// control data.
+    fn recv_with_fd_room(&self, fd_room: usize) -> Result<RawMessage> {
         let _guard = lock(&self.recv_lock);
         if self.recv_broken.load(Ordering::Acquire) {
             return Err(IpcError::Protocol(
@@ -345,12 +362,20 @@ impl Channel {
         }
         let mut reader = FrameReader {
             stream: &self.stream,
-            control_space: control_space.min(CONTROL_SPACE),
+            fd_room: fd_room.min(MAX_FDS),
             consumed: 0,
+            header: None,
+            arrived: 0,
             fds: Vec::new(),
+            out_of_descriptors: false,
         };
         let result = reader.read_frame();
-        if result.is_err() && reader.consumed > 0 {
+        // Running out of descriptors is reported once the frame has been read to its end: the
+        // stream is still in step. Any other failure after the frame's first byte is not.
+        if let Err(e) = &result
+            && reader.consumed > 0
+            && !matches!(e, IpcError::OutOfDescriptors { .. })
+        {
             self.recv_broken.store(true, Ordering::Release);
         }
         // On error, `reader.fds` is dropped here: every descriptor received is closed.
@@ -361,11 +386,20 @@ impl Channel {
 /// Reads one frame, keeping every descriptor that arrives.
 struct FrameReader<'a> {
     stream: &'a UnixStream,
-    control_space: usize,
+    /// How many descriptors one `recvmsg` has room for.
+    fd_room: usize,
     /// Bytes of the frame read so far.
     consumed: usize,
-    /// Descriptors received so far with the frame's bytes.
+    /// The frame's header, once read.
+    header: Option<Header>,
+    /// Descriptors received with the frame's bytes so far, including any already closed.
+    arrived: usize,
+    /// Descriptors received with the frame's bytes so far, while the frame can still be
+    /// delivered.
     fds: Vec<OwnedFd>,
+    /// The system could not install some of the frame's descriptors in this process (out of
+    /// descriptor numbers): the frame is read to its end and dropped.
+    out_of_descriptors: bool,
 }
 
 impl FrameReader<'_> {
@@ -373,12 +407,15 @@ impl FrameReader<'_> {
         let mut raw = [0u8; HEADER_LEN];
         self.read_exact(&mut raw, HEADER_LEN)?;
         let header = decode_header(&raw)?;
-        if self.fds.len() > header.fds {
-            return Err(self.fd_count_mismatch(&header));
-        }
+        self.header = Some(header);
+        // The descriptors that came with the header bytes, now that their number is known.
+        self.check_fd_count()?;
         let mut payload = vec![0u8; header.len];
         self.read_exact(&mut payload, HEADER_LEN + header.len)?;
-        if self.fds.len() != header.fds {
+        if self.out_of_descriptors {
+            return Err(IpcError::OutOfDescriptors { kind: header.kind, fds: header.fds });
+        }
+        if self.arrived != header.fds {
             return Err(self.fd_count_mismatch(&header));
         }
         Ok(RawMessage { kind: header.kind, payload, fds: std::mem::take(&mut self.fds) })
@@ -387,25 +424,55 @@ impl FrameReader<'_> {
     fn fd_count_mismatch(&self, header: &Header) -> IpcError {
         IpcError::Protocol(format!(
             "a frame announces {} file descriptor(s) but {} arrived with it",
-            header.fds,
-            self.fds.len()
+            header.fds, self.arrived
         ))
+    }
+
+    /// Refuses more descriptors than the header announced or, before the header is read, than
+    /// a frame may carry: checked after every `recvmsg`, so a peer cannot make this process
+    /// hold more than that plus one `recvmsg`'s worth.
+    fn check_fd_count(&self) -> Result<()> {
+        match self.header {
+            Some(header) if self.arrived > header.fds => Err(self.fd_count_mismatch(&header)),
+            None if self.arrived > MAX_FDS => Err(IpcError::Protocol(format!(
+                "{} file descriptors arrived before the frame's header was complete, more than \
+                 the limit of {MAX_FDS}",
+                self.arrived
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// Keeps the descriptors one `recvmsg` delivered, or closes them once the frame cannot be
+    /// delivered; returns how many there were.
+    fn take_fds(&mut self, control: &mut RecvAncillaryBuffer<'_>) -> usize {
+        let mut delivered = 0;
+        for message in control.drain() {
+            if let RecvAncillaryMessage::ScmRights(fds) = message {
+                for fd in fds {
+                    delivered += 1;
+                    if !self.out_of_descriptors {
+                        self.fds.push(fd);
+                    }
+                }
+            }
+        }
+        self.arrived += delivered;
+        delivered
     }
 
     /// Fills `buf`, a part of a frame of `frame_len` bytes, collecting descriptors.
     fn read_exact(&mut self, buf: &mut [u8], frame_len: usize) -> Result<()> {
+        let control_len = rustix::cmsg_space!(ScmRights(self.fd_room));
         let mut filled = 0;
         while filled < buf.len() {
             let mut space = [MaybeUninit::<u8>::uninit(); CONTROL_SPACE];
-            let mut control = RecvAncillaryBuffer::new(&mut space[..self.control_space]);
+            let mut control = RecvAncillaryBuffer::new(&mut space[..control_len]);
             let mut iov = [IoSliceMut::new(&mut buf[filled..])];
             let received = recvmsg(self.stream, &mut iov, &mut control, RecvFlags::CMSG_CLOEXEC);
             // Take ownership of whatever descriptors arrived before looking at anything else.
-            for message in control.drain() {
-                if let RecvAncillaryMessage::ScmRights(fds) = message {
-                    self.fds.extend(fds);
-                }
-            }
+            let delivered = self.take_fds(&mut control);
+            self.check_fd_count()?;
             match received {
                 Ok(msg) => {
                     // A stream socket never returns more than asked; `min` keeps that an
@@ -414,11 +481,7 @@ impl FrameReader<'_> {
                     filled += n;
                     self.consumed += n;
                     if msg.flags.contains(ReturnFlags::CTRUNC) {
-                        return Err(IpcError::Protocol(format!(
-                            "the peer attached more control data (file descriptors) than a \
-                             frame may carry ({MAX_FDS} descriptors); the excess was discarded \
-                             by the system"
-                        )));
+                        self.truncated(delivered)?;
                     }
                     if n == 0 {
                         return Err(self.end_of_stream(frame_len));
@@ -430,6 +493,25 @@ impl FrameReader<'_> {
             }
         }
         Ok(())
+    }
+
+    /// Control data was truncated after `delivered` descriptors. With room left for more, the
+    /// system dropped the rest because it could not install them here (out of descriptor
+    /// numbers, `EMFILE`): the frame is read on and dropped, its descriptors closed to free
+    /// their numbers. With the room used up, the peer sent more than a frame may carry.
+    /// (`cmsg_space!` sizes the buffer, alignment included, for at least `fd_room` descriptors,
+    /// so the kernel sees that much room.)
+    fn truncated(&mut self, delivered: usize) -> Result<()> {
+        if delivered < self.fd_room {
+            self.out_of_descriptors = true;
+            self.fds.clear();
+            Ok(())
+        } else {
+            Err(IpcError::Protocol(format!(
+                "the peer attached more control data (file descriptors) than a frame may carry \
+                 ({MAX_FDS} descriptors); the excess was discarded by the system"
+            )))
+        }
     }
 
     fn end_of_stream(&self, frame_len: usize) -> IpcError {
@@ -782,6 +864,60 @@ mod tests {
         assert!(all_closed(&peers));
     }
 
+    fn is_closed(peer: &UnixStream) -> bool {
+        all_closed(std::slice::from_ref(peer))
+    }
+
+    /// Bytes sent to `ch` that it has not read yet.
+    fn unread(ch: &Channel) -> u64 {
+        rustix::io::ioctl_fionread(ch).unwrap()
+    }
+
+    #[test]
+    fn fds_beyond_the_announced_count_are_refused_as_they_arrive() {
+        // The header announces 2 descriptors and brings them; then the payload arrives one byte
+        // at a time, each byte with 3 more descriptors (each piece a separate `recvmsg`).
+        const PIECES: usize = 40;
+        let (ch, raw) = raw_pair();
+        let (announced, announced_peers) = canaries(2);
+        let (extra, extra_peers) = canaries(PIECES);
+        raw_send(&raw, &header(1, PIECES as u32, 2), &[announced[0].as_fd(), announced[1].as_fd()]);
+        for socket in &extra {
+            let fd = socket.as_fd();
+            raw_send(&raw, b"x", &[fd, fd, fd]);
+        }
+        drop((announced, extra));
+        // Refused at the first piece beyond the count: 2 + 3, not 2 + 3 * 40.
+        expect_protocol(ch.recv(), "announces 2 file descriptor(s) but 5 arrived");
+        assert!(all_closed(&announced_peers), "what arrived is closed");
+        assert!(is_closed(&extra_peers[0]), "the piece that went over is closed");
+        // The receiver stopped there: the other pieces, and their descriptors, were never taken.
+        assert_eq!(unread(&ch), PIECES as u64 - 1);
+        assert!(extra_peers[1..].iter().all(|p| !is_closed(p)), "still in flight, not received");
+        expect_protocol(ch.recv(), "message boundaries are lost");
+        // Dropping the channel releases what is still in flight.
+        drop(ch);
+        assert!(all_closed(&extra_peers));
+    }
+
+    #[test]
+    fn fds_before_the_header_is_complete_are_limited_to_max_fds() {
+        // The header one byte at a time, 200 descriptors on each byte: the count is unknown
+        // until the header is whole, so the limit is MAX_FDS (253), passed on the second byte.
+        let (ch, raw) = raw_pair();
+        let (send, peers) = canaries(HEADER_LEN);
+        for (byte, socket) in header(1, 0, 0).iter().zip(&send) {
+            raw_send(&raw, std::slice::from_ref(byte), &vec![socket.as_fd(); 200]);
+        }
+        drop(send);
+        expect_protocol(ch.recv(), "400 file descriptors arrived before the frame's header was complete");
+        assert!(all_closed(&peers[..2]));
+        assert_eq!(unread(&ch), HEADER_LEN as u64 - 2);
+        assert!(peers[2..].iter().all(|p| !is_closed(p)), "still in flight, not received");
+        drop(ch);
+        assert!(all_closed(&peers));
+    }
+
     #[test]
     fn fds_may_arrive_anywhere_within_their_frame() {
         // A peer that sends the header, then the payload with the descriptor attached.
@@ -803,8 +939,7 @@ mod tests {
         drop(fds);
         drop(send);
         // Room for one descriptor only: the kernel truncates and sets MSG_CTRUNC.
-        let small = rustix::cmsg_space!(ScmRights(1));
-        expect_protocol(b.recv_with_control_space(small), "more control data");
+        expect_protocol(b.recv_with_fd_room(1), "more control data");
         assert!(all_closed(&peers), "none of the five leaked");
         // Part of the frame was consumed: the channel is out of step.
         expect_protocol(b.recv(), "message boundaries are lost");

@@ -8,6 +8,8 @@
 //! - bytes or messages from the peer that do not follow the format ([`IpcError::Decode`],
 //!   [`IpcError::Protocol`]): the peer is broken, incompatible or hostile;
 //! - the peer going away ([`IpcError::PeerClosed`]);
+//! - this process running out of file descriptors while receiving
+//!   ([`IpcError::OutOfDescriptors`]): local, the peer is not at fault;
 //! - lookups and uses of shared resources that cannot succeed ([`IpcError::UnknownResource`],
 //!   [`IpcError::WrongResource`], [`IpcError::WrongResourceKind`], [`IpcError::NotIpcEnabled`],
 //!   [`IpcError::DeviceNotVisible`]);
@@ -48,6 +50,25 @@ pub enum IpcError {
          cuda-mem-ipc versions, then drop this channel and open a new one"
     )]
     Protocol(String),
+
+    /// This process ran out of file descriptors while receiving a message, so the system could
+    /// not hand it the descriptors the message carried.
+    ///
+    /// The message was read to its end and dropped (its descriptors closed); the channel is
+    /// still in step and usable. Nothing is wrong with the peer: free descriptors here, then
+    /// have the peer send the message again.
+    #[error(
+        "this process is out of file descriptors, so the {fds} descriptor(s) of a message of \
+         kind {kind} could not be received; the message was dropped and the channel is still \
+         usable: close descriptors or raise RLIMIT_NOFILE (`ulimit -n`), then have the peer \
+         send it again"
+    )]
+    OutOfDescriptors {
+        /// The kind of the dropped message.
+        kind: u16,
+        /// The number of descriptors its header announced.
+        fds: usize,
+    },
 
     /// The peer closed its end of the channel (it exited or dropped its channel).
     #[error(
@@ -181,6 +202,12 @@ mod tests {
                 "the payload is 20, more than the limit of 10",
             ),
             (IpcError::ChannelEnv("x".into()), "spawn_with_channel"),
+            (
+                IpcError::OutOfDescriptors { kind: 3, fds: 2 },
+                "the 2 descriptor(s) of a message of kind 3 could not be received; the message \
+                 was dropped and the channel is still usable: close descriptors or raise \
+                 RLIMIT_NOFILE",
+            ),
             (IpcError::Decode(DecodeError::NilResource), "invalid buffer descriptor: "),
         ];
         for (error, needle) in cases {

@@ -116,7 +116,9 @@
 //!     child.wait()?;
 //! } else {
 //!     // The child: map the pool and the buffer, write, synchronize, tell the parent.
-//!     let channel = IpcChannel::new(Channel::from_env()?);
+//!     // SAFETY: this process was started by the parent branch through `spawn_with_channel`,
+//!     // and nothing in it but this call adopts inherited descriptors.
+//!     let channel = IpcChannel::new(unsafe { Channel::from_env() }?);
 //!     let Received::Resource(_pool) = channel.recv(&stream)? else { panic!("expected the pool") };
 //!     let Received::Buffers(mut buffers) = channel.recv(&stream)? else { panic!("expected buffers") };
 //!     buffers[0].fill(FillPattern::U8(2), &stream)?;

@@ -11,6 +11,9 @@
 //! that the descriptor is the socket the parent meant and not some other file that happens to have
 //! that number (as in a grandchild that inherited the environment but not the descriptor).
 //!
+//! Taking the channel is `unsafe`: it adopts a descriptor by number, and only the caller can
+//! know that nothing else in the process owns it (see [`Channel::from_env`]).
+//!
 //! ```no_run
 //! use std::process::Command;
 //! use cuda_mem_ipc::{Channel, spawn_with_channel};
@@ -21,8 +24,10 @@
 //! let reply = channel.recv()?;
 //! child.wait().map_err(|e| cuda_mem_ipc::IpcError::Io { context: "waiting", source: e })?;
 //!
-//! // In ./worker:
-//! let channel = Channel::from_env()?;
+//! // In ./worker, started by the parent above; nothing else in it adopts inherited descriptors.
+//! // SAFETY: the descriptor named by the environment was inherited from the parent for this
+//! // call, and nothing else in this process owns it.
+//! let channel = unsafe { Channel::from_env()? };
 //! let job = channel.recv()?;
 //! # Ok::<(), cuda_mem_ipc::IpcError>(())
 //! ```
@@ -46,7 +51,7 @@ pub const CHANNEL_FD_ENV: &str = "CUDA_MEM_IPC_CHANNEL_FD";
 
 /// The environment variable holding the inode number of the child's channel socket.
 ///
-/// [`Channel::from_env`] compares it with the descriptor's when it is set.
+/// [`Channel::from_env`] requires it and compares it with the descriptor's.
 pub const CHANNEL_INODE_ENV: &str = "CUDA_MEM_IPC_CHANNEL_INODE";
 
 /// Whether this process has taken its channel from the environment.
@@ -109,8 +114,8 @@ pub fn spawn_with_channel(command: &mut Command) -> Result<(Child, Channel)> {
     Ok((child, Channel::new(parent)))
 }
 
-/// Checks that `fd` is a connected Unix stream socket, with inode `inode` if given.
-fn check_channel_fd(fd: BorrowedFd<'_>, inode: Option<u64>) -> Result<()> {
+/// Checks that `fd` is a Unix stream socket with inode `inode`.
+fn check_channel_fd(fd: BorrowedFd<'_>, inode: u64) -> Result<()> {
     let n = fd.as_raw_fd();
     let stat = rustix::fs::fstat(fd).map_err(|e| {
         IpcError::ChannelEnv(format!("{CHANNEL_FD_ENV} names descriptor {n}, which is not open here ({e})"))
@@ -121,12 +126,10 @@ fn check_channel_fd(fd: BorrowedFd<'_>, inode: Option<u64>) -> Result<()> {
             FileType::from_raw_mode(stat.st_mode)
         )));
     }
-    if let Some(expected) = inode
-        && stat.st_ino != expected
-    {
+    if stat.st_ino != inode {
         return Err(IpcError::ChannelEnv(format!(
             "descriptor {n} from {CHANNEL_FD_ENV} is socket inode {}, but {CHANNEL_INODE_ENV} \
-                 says {expected}: it is not the channel the parent passed (was the environment \
+                 says {inode}: it is not the channel the parent passed (was the environment \
                  inherited from a grandparent?)",
             stat.st_ino
         )));
@@ -169,30 +172,61 @@ impl Channel {
     /// The channel a parent passed with [`spawn_with_channel`], in the child.
     ///
     /// Takes ownership of the descriptor named by [`CHANNEL_FD_ENV`] after checking that it is
-    /// open, a Unix domain stream socket and (when [`CHANNEL_INODE_ENV`] is set) the very socket
-    /// the parent passed, then sets close-on-exec on it again so that processes this one starts
-    /// do not inherit it, and puts it in blocking mode. The environment variables are left as
-    /// they are (changing the environment is not thread-safe); the inode check makes them
-    /// harmless to a grandchild.
+    /// open, a Unix domain stream socket and the very socket the parent passed (its inode is
+    /// the one [`CHANNEL_INODE_ENV`] names; without that variable nothing is taken), then sets
+    /// close-on-exec on it again so that processes this one starts do not inherit it, and puts
+    /// it in blocking mode. The environment variables are left as they are (changing the
+    /// environment is not thread-safe); the inode check makes them harmless to a grandchild.
     ///
     /// A process has at most one such channel: a second call fails.
     ///
+    /// # Safety
+    ///
+    /// When [`CHANNEL_FD_ENV`] names an open socket whose inode is the one
+    /// [`CHANNEL_INODE_ENV`] names, that descriptor must be this process's to take: it was
+    /// inherited from the parent for this call (through [`spawn_with_channel`], or set up the
+    /// same way), and nothing else in this process owns it or will adopt it (no code but an
+    /// earlier `from_env`, which makes later calls fail, takes that number as its own, with
+    /// [`FromRawFd::from_raw_fd`] or through another library that adopts inherited
+    /// descriptors). The returned channel closes it when dropped. Otherwise (a variable missing,
+    /// or a descriptor that is not that socket) nothing is taken and the call has no effect but
+    /// its error.
+    ///
+    /// This is `unsafe` because no check can establish it. Which code owns a descriptor is not
+    /// something the system records: the checks tell the channel's socket from other files that
+    /// have its number, not from the same socket already adopted by other code. Had something
+    /// else owned it, that owner would go on using a closed, perhaps reused, number (std aborts
+    /// the process when it notices). [`FromRawFd::from_raw_fd`] and `jobserver::Client::from_env`
+    /// are `unsafe` for the same reason.
+    ///
+    /// ```compile_fail,E0133
+    /// // Without `unsafe`, taking the channel does not compile.
+    /// let _channel = cuda_mem_ipc::Channel::from_env();
+    /// ```
+    ///
     /// # Errors
     ///
-    /// [`IpcError::ChannelEnv`] if the variable is missing or malformed, the descriptor fails
+    /// [`IpcError::ChannelEnv`] if either variable is missing or malformed, the descriptor fails
     /// the checks, or the channel was already taken; [`IpcError::Io`] if setting its flags
-    /// fails.
-    pub fn from_env() -> Result<Channel> {
+    /// fails. Nothing is taken on a [`IpcError::ChannelEnv`] error; on an [`IpcError::Io`] error
+    /// the descriptor was taken and is closed.
+    pub unsafe fn from_env() -> Result<Channel> {
         let fd: RawFd = env_number(CHANNEL_FD_ENV)?.ok_or_else(|| {
             IpcError::ChannelEnv(format!("{CHANNEL_FD_ENV} is not set, so this process was not given a channel"))
         })?;
         if fd < 0 {
             return Err(IpcError::ChannelEnv(format!("{CHANNEL_FD_ENV} is {fd}, not a descriptor number")));
         }
-        let inode: Option<u64> = env_number(CHANNEL_INODE_ENV)?;
+        let inode: u64 = env_number(CHANNEL_INODE_ENV)?.ok_or_else(|| {
+            IpcError::ChannelEnv(format!(
+                "{CHANNEL_INODE_ENV} is not set, so descriptor {fd} cannot be told from another \
+                 file with that number and is not taken"
+            ))
+        })?;
         {
-            // SAFETY: the borrow lasts for these checks only, during which nothing in this
-            // function closes `fd`; if `fd` is not open, the first check (fstat) fails with EBADF
+            // SAFETY: the borrow lasts for these checks only, during which nothing closes `fd`:
+            // the caller promises nothing else in this process owns it, and nothing in this
+            // function closes it. If `fd` is not open, the first check (fstat) fails with EBADF
             // without touching any resource and nothing further uses it.
             let borrowed = unsafe { BorrowedFd::borrow_raw(fd) };
             check_channel_fd(borrowed, inode)?;
@@ -202,10 +236,9 @@ impl Channel {
                 "the channel was already taken by an earlier Channel::from_env in this process".into(),
             ));
         }
-        // SAFETY: `fd` is open and is the socket the parent passed (checked above, including its
-        // inode when given). Nothing else in this process owns it: the parent handed it to this
-        // process through the environment for `from_env` to take, and the TAKEN flag makes sure
-        // it is taken once.
+        // SAFETY: `fd` is open and is the socket the parent passed (checked above, inode
+        // included). Nothing else in this process owns it: the caller promises so, and the TAKEN
+        // flag makes sure `from_env` itself takes it once.
         let owned = unsafe { OwnedFd::from_raw_fd(fd) };
         rustix::io::fcntl_setfd(&owned, FdFlags::CLOEXEC)
             .map_err(|e| IpcError::io("setting close-on-exec on the inherited channel", e))?;
@@ -230,41 +263,42 @@ mod tests {
         }
     }
 
+    fn inode(fd: impl AsFd) -> u64 {
+        rustix::fs::fstat(fd).unwrap().st_ino
+    }
+
     #[test]
     fn a_unix_stream_socket_passes() {
         let (a, _b) = UnixStream::pair().unwrap();
-        check_channel_fd(a.as_fd(), None).unwrap();
-        let inode = rustix::fs::fstat(&a).unwrap().st_ino;
-        check_channel_fd(a.as_fd(), Some(inode)).unwrap();
+        check_channel_fd(a.as_fd(), inode(&a)).unwrap();
     }
 
     #[test]
     fn the_wrong_inode_is_refused() {
         let (a, b) = UnixStream::pair().unwrap();
-        let other = rustix::fs::fstat(&b).unwrap().st_ino;
-        let text = channel_env_error(check_channel_fd(a.as_fd(), Some(other)));
+        let text = channel_env_error(check_channel_fd(a.as_fd(), inode(&b)));
         assert!(text.contains("not the channel the parent passed"), "{text}");
     }
 
     #[test]
     fn files_and_other_sockets_are_refused() {
         let file = std::fs::File::open("/proc/self/exe").unwrap();
-        let text = channel_env_error(check_channel_fd(file.as_fd(), None));
+        let text = channel_env_error(check_channel_fd(file.as_fd(), inode(&file)));
         assert!(text.contains("not a socket"), "{text}");
 
         let (d, _e) = UnixDatagram::pair().unwrap();
-        let text = channel_env_error(check_channel_fd(d.as_fd(), None));
+        let text = channel_env_error(check_channel_fd(d.as_fd(), inode(&d)));
         assert!(text.contains("not a stream socket"), "{text}");
 
         let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let text = channel_env_error(check_channel_fd(tcp.as_fd(), None));
+        let text = channel_env_error(check_channel_fd(tcp.as_fd(), inode(&tcp)));
         assert!(text.contains("not a Unix domain socket"), "{text}");
 
         // A listening Unix socket is a stream socket too; recv on it fails later with an Io
         // error, which is acceptable: it is at least the right kind of object.
         let path = std::env::temp_dir().join(format!("cuda-mem-ipc-{}.sock", uuid::Uuid::new_v4()));
         let l = UnixListener::bind(&path).unwrap();
-        check_channel_fd(l.as_fd(), None).unwrap();
+        check_channel_fd(l.as_fd(), inode(&l)).unwrap();
         std::fs::remove_file(&path).unwrap();
     }
 
@@ -275,7 +309,7 @@ mod tests {
         // SAFETY: `beyond` is at or past the descriptor limit, so it is never open; fstat on it
         // fails with EBADF and touches nothing.
         let never_open = unsafe { BorrowedFd::borrow_raw(beyond) };
-        let text = channel_env_error(check_channel_fd(never_open, None));
+        let text = channel_env_error(check_channel_fd(never_open, 0));
         assert!(text.contains("is not open here"), "{text}");
     }
 

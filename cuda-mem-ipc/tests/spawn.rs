@@ -4,13 +4,24 @@
 //! plays in `CUDA_MEM_IPC_TEST_ROLE`; without that variable, `child_entry` does nothing.
 
 use std::fs::File;
+use std::io::Write;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::FileExt;
+use std::os::unix::net::UnixStream;
 use std::process::{Child, Command, Output, Stdio};
 
 use cuda_mem_ipc::{CHANNEL_FD_ENV, CHANNEL_INODE_ENV, Channel, IpcError, spawn_with_channel};
 
 const ROLE: &str = "CUDA_MEM_IPC_TEST_ROLE";
+
+/// The channel this child's parent passed.
+fn take_channel() -> cuda_mem_ipc::Result<Channel> {
+    // SAFETY: in the roles that get a channel this process was started by `spawn_with_channel`,
+    // and nothing in this test binary adopts inherited descriptors but this call. In the roles
+    // that expect an error, the environment names no socket with the inode it gives, so nothing
+    // is taken.
+    unsafe { Channel::from_env() }
+}
 
 fn child_command(role: &str) -> Command {
     let mut command = Command::new(std::env::current_exe().unwrap());
@@ -79,17 +90,18 @@ fn child_entry() {
     match role.as_str() {
         "echo" => child_echo(),
         "exit3" => {
-            let _channel = Channel::from_env().unwrap();
+            let _channel = take_channel().unwrap();
             std::process::exit(3);
         }
         "grandparent" => child_grandparent(),
-        "grandchild" | "expect-env-error" => match Channel::from_env() {
+        "grandchild" | "expect-env-error" => match take_channel() {
             Err(IpcError::ChannelEnv(text)) => println!("FROM_ENV_ERROR: {text}"),
             other => panic!("expected a ChannelEnv error, got {other:?}"),
         },
+        "stdin-socket" => child_stdin_socket(),
         "twice" => {
-            let channel = Channel::from_env().unwrap();
-            let second = Channel::from_env();
+            let channel = take_channel().unwrap();
+            let second = take_channel();
             let text = match second {
                 Err(e) => e.to_string(),
                 Ok(_) => "a second channel".into(),
@@ -105,7 +117,7 @@ fn child_echo() {
     let fd: i32 = std::env::var(CHANNEL_FD_ENV).unwrap().parse().unwrap();
     assert_eq!(open_sockets(), vec![fd], "inherited sockets");
 
-    let channel = Channel::from_env().unwrap();
+    let channel = take_channel().unwrap();
     assert_eq!(channel.as_fd().as_raw_fd(), fd);
     assert!(is_cloexec(&channel), "close-on-exec set again");
 
@@ -125,7 +137,7 @@ fn child_echo() {
 }
 
 fn child_grandparent() {
-    let channel = Channel::from_env().unwrap();
+    let channel = take_channel().unwrap();
     // The grandchild inherits the environment variables but not the descriptor.
     let mut command = Command::new(std::env::current_exe().unwrap());
     command.args(["--exact", "child_entry", "--nocapture", "--test-threads=1"]).env(ROLE, "grandchild");
@@ -137,6 +149,19 @@ fn child_grandparent() {
         format!("grandchild failed ({}): {stdout}", out.status)
     };
     channel.send(9, verdict.as_bytes(), &[]).unwrap();
+}
+
+/// Standard input is a socket, and the environment names it without its inode: refused, and the
+/// descriptor is left as it was, still open and readable.
+fn child_stdin_socket() {
+    match take_channel() {
+        Err(IpcError::ChannelEnv(text)) => assert!(text.contains("CUDA_MEM_IPC_CHANNEL_INODE is not set"), "{text}"),
+        other => panic!("expected a ChannelEnv error, got {other:?}"),
+    }
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line).unwrap();
+    assert_eq!(line, "still mine\n");
+    println!("STDIN_STILL_OPEN");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -228,24 +253,41 @@ fn env_error(configure: impl FnOnce(&mut Command)) -> String {
 
 #[test]
 fn from_env_explains_what_is_wrong() {
-    let cases: [(Option<&str>, &str); 5] = [
-        (None, "CUDA_MEM_IPC_CHANNEL_FD is not set"),
-        (Some("abc"), "is \"abc\", not a non-negative integer"),
-        (Some("-1"), "is -1, not a descriptor number"),
+    let cases: [(Option<&str>, Option<&str>, &str); 8] = [
+        (None, None, "CUDA_MEM_IPC_CHANNEL_FD is not set"),
+        (Some("abc"), Some("1"), "is \"abc\", not a non-negative integer"),
+        (Some("-1"), Some("1"), "is -1, not a descriptor number"),
+        (Some("0"), None, "CUDA_MEM_IPC_CHANNEL_INODE is not set, so descriptor 0 cannot be told"),
+        (Some("0"), Some("x"), "CUDA_MEM_IPC_CHANNEL_INODE is \"x\""),
         // Standard output is a pipe here.
-        (Some("1"), "not a socket"),
-        (Some("999999"), "names descriptor 999999, which is not open here"),
+        (Some("1"), Some("1"), "not a socket"),
+        (Some("999999"), Some("1"), "names descriptor 999999, which is not open here"),
+        (None, Some("1"), "CUDA_MEM_IPC_CHANNEL_FD is not set"),
     ];
-    for (value, needle) in cases {
+    for (fd, inode, needle) in cases {
         let text = env_error(|c| {
-            if let Some(v) = value {
+            if let Some(v) = fd {
                 c.env(CHANNEL_FD_ENV, v);
             }
+            if let Some(v) = inode {
+                c.env(CHANNEL_INODE_ENV, v);
+            }
         });
-        assert!(text.contains(needle), "{value:?}: {text:?} should contain {needle:?}");
+        assert!(text.contains(needle), "{fd:?}, {inode:?}: {text:?} should contain {needle:?}");
     }
-    let text = env_error(|c| {
-        c.env(CHANNEL_FD_ENV, "0").env(CHANNEL_INODE_ENV, "x");
-    });
-    assert!(text.contains("CUDA_MEM_IPC_CHANNEL_INODE is \"x\""), "{text}");
+}
+
+#[test]
+fn without_the_inode_nothing_is_taken() {
+    // The environment names a socket that is this process's standard input, with no inode: the
+    // descriptor cannot be told from the channel, so it stays where it is.
+    let (mine, theirs) = UnixStream::pair().unwrap();
+    let mut command = child_command("stdin-socket");
+    command.env(CHANNEL_FD_ENV, "0").stdin(OwnedFd::from(theirs)).stdout(Stdio::piped());
+    let child = command.spawn().unwrap();
+    (&mine).write_all(b"still mine\n").unwrap();
+    let Output { status, stdout, stderr } = child.wait_with_output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&stdout), String::from_utf8_lossy(&stderr));
+    assert!(status.success(), "{status}: {stdout}\n{stderr}");
+    assert!(stdout.contains("STDIN_STILL_OPEN"), "{stdout}");
 }

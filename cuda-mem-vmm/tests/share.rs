@@ -94,7 +94,9 @@ impl Peer {
 
 /// The channel a parent test passed to this peer.
 fn parent_channel() -> Channel {
-    let channel = Channel::from_env().expect("the parent passed a channel");
+    // SAFETY: this peer was started by its parent test through `spawn_with_channel`, and nothing
+    // in this test binary but this call adopts inherited descriptors.
+    let channel = unsafe { Channel::from_env() }.expect("the parent passed a channel");
     channel.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
     channel
 }

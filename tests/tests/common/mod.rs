@@ -178,7 +178,9 @@ impl Drop for ChildProcess {
 
 /// In a child: the channel its parent passed, with receive time-outs.
 pub fn parent_channel() -> IpcChannel {
-    let channel = Channel::from_env().expect("this child was given a channel");
+    // SAFETY: this child was started by its parent test through `spawn_with_channel`, and
+    // nothing in the test binaries but this call adopts inherited descriptors.
+    let channel = unsafe { Channel::from_env() }.expect("this child was given a channel");
     channel.set_read_timeout(Some(RECV_TIMEOUT)).expect("a read time-out");
     channel.set_write_timeout(Some(RECV_TIMEOUT)).expect("a write time-out");
     IpcChannel::new(channel)

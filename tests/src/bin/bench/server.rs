@@ -19,7 +19,8 @@ use crate::stats::{Stats, elapsed_ns};
 
 /// Serves the parent until it says `exit`; an error is also sent to it as `error: …`.
 pub(crate) fn child_main() -> Result<(), Error> {
-    let ipc = IpcChannel::new(Channel::from_env()?);
+    // SAFETY: started by the bench's parent through `spawn_with_channel`; nothing else adopts it.
+    let ipc = IpcChannel::new(unsafe { Channel::from_env() }?);
     let message = ipc.channel().recv()?;
     let fd = message.fds.into_iter().next().ok_or("the control socket did not come")?;
     let mut control = BufReader::new(UnixStream::from(fd));

@@ -30,7 +30,8 @@ pub(crate) fn child_main() -> ExitCode {
 /// Takes the channel, opens device 0, says so, then answers each request with `ok …` or
 /// `error …`.
 fn serve_parent() -> Result<(), Error> {
-    let ipc = IpcChannel::new(Channel::from_env()?);
+    // SAFETY: started by the demo's parent through `spawn_with_channel`; nothing else adopts it.
+    let ipc = IpcChannel::new(unsafe { Channel::from_env() }?);
     ipc.channel().set_read_timeout(Some(CHILD_TIMEOUT))?;
     let gpu = match Gpu::open().and_then(|gpu| Ok((gpu.device.name()?, gpu))) {
         Ok((name, gpu)) => {
