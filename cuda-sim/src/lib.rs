@@ -78,6 +78,7 @@
 //! ```
 
 pub(crate) mod api;
+mod capture;
 mod config;
 pub mod conservative;
 mod context;
@@ -90,6 +91,7 @@ mod handle;
 mod memory;
 mod pool;
 mod proc_address;
+mod sealed;
 mod shared;
 mod state;
 mod stream;
