@@ -89,6 +89,20 @@ pub(crate) fn ordinal_of(config: &Config, id: i32) -> SimResult<usize> {
     usize::try_from(id).ok().and_then(|physical| config.ordinal(physical)).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)
 }
 
+/// Appends the FNV-1a checksum of `header` (u64 LE) to it: the last field of the pool and VMM
+/// file headers.
+pub(crate) fn append_checksum(header: &mut Vec<u8>) {
+    let check = fnv1a(header);
+    header.extend_from_slice(&check.to_le_bytes());
+}
+
+/// Checks a header written by [`append_checksum`]: `CUDA_ERROR_INVALID_VALUE` unless its last 8
+/// bytes are the checksum of the rest.
+pub(crate) fn verify_checksum(header: &[u8]) -> SimResult {
+    let (fields, check) = header.split_at(header.len().saturating_sub(8));
+    ensure(check == fnv1a(fields).to_le_bytes())
+}
+
 /// `size` rounded up to whole pages (`ALIGN`); `None` when that does not fit in 64 bits.
 fn aligned(size: u64) -> Option<u64> {
     size.checked_next_multiple_of(ALIGN)
@@ -118,8 +132,7 @@ impl SharedArena {
         header.extend_from_slice(&location_id.to_le_bytes());
         header.push(u8::from(kind == PoolKind::Managed));
         header.extend_from_slice(&capacity.to_le_bytes());
-        let check = fnv1a(&header);
-        header.extend_from_slice(&check.to_le_bytes());
+        append_checksum(&mut header);
         rustix::io::pwrite(&file, &header, 0).map_err(|_| CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
         Ok(SharedArena { file, id, imported: false, capacity, free: Mutex::new(BTreeMap::from([(HEADER, capacity)])) })
     }
@@ -137,8 +150,7 @@ impl SharedArena {
         let mut header = [0u8; POOL_HEADER_LEN];
         let read = rustix::io::pread(&file, &mut header, 0).map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?;
         ensure(read == header.len() && &header[..12] == POOL_MAGIC)?;
-        let (fields, check) = header.split_at(POOL_HEADER_LEN - 8);
-        ensure(check == fnv1a(fields).to_le_bytes())?;
+        verify_checksum(&header)?;
         let mut id = [0u8; 16];
         id.copy_from_slice(&header[12..28]);
         let location_id = i32::from_le_bytes([header[29], header[30], header[31], header[32]]);

@@ -30,7 +30,7 @@ use cuda_sys::types::CUresult;
 use crate::config::Config;
 use crate::error::{SimResult, ensure, fail};
 use crate::pool::Location;
-use crate::shared::{fnv1a, ordinal_of, physical_id};
+use crate::shared::{append_checksum, fnv1a, ordinal_of, physical_id, verify_checksum};
 
 /// The header page's size; the bytes start after it.
 const HEADER: u64 = 4096;
@@ -77,8 +77,7 @@ impl Physical {
         header.push(kind);
         header.extend_from_slice(&id.to_le_bytes());
         header.extend_from_slice(&handle_types.to_le_bytes());
-        let check = fnv1a(&header);
-        header.extend_from_slice(&check.to_le_bytes());
+        append_checksum(&mut header);
         rustix::io::pwrite(&file, &header, 0).map_err(|_| CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
         Ok(Physical { handle: crate::handle::next() as u64, size, location, handle_types, file })
     }
@@ -97,8 +96,7 @@ impl Physical {
         let mut header = [0u8; HEADER_LEN];
         let read = rustix::io::pread(&file, &mut header, 0).map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?;
         ensure(read == header.len() && &header[..8] == MAGIC)?;
-        let (fields, check) = header.split_at(HEADER_LEN - 8);
-        ensure(check == fnv1a(fields).to_le_bytes())?;
+        verify_checksum(&header)?;
         let size = u64::from_le_bytes(header[8..16].try_into().map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?);
         let id = i32::from_le_bytes(header[17..21].try_into().map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?);
         let handle_types =
