@@ -39,11 +39,36 @@
 //!   signature.
 //! - **Calls from a host function** (`cuLaunchHostFunc`) return `CUDA_ERROR_NOT_PERMITTED`, as
 //!   the documentation forbids them.
-//! - **Graph capture** is modelled far enough to refuse what capture forbids: work enqueued on
-//!   a capturing stream goes into the graph and never runs (graphs are not launched);
-//!   `cuStreamSynchronize` and pool allocation on a capturing stream return
-//!   `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`; an event recorded during capture keeps its earlier
-//!   state.
+//! - **Graph capture** is modelled far enough to refuse what capture forbids (see the `capture`
+//!   module): work enqueued on a capturing stream goes into the graph and never runs (graphs are
+//!   not launched); pool allocation on a capturing stream returns
+//!   `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` and leaves the capture valid (a GPU would add an
+//!   allocation node); an event recorded during capture keeps its earlier completion state.
+//! - **Calls that need captured work to have run invalidate the capture.** `cuda.h` documents
+//!   this for `cuCtxRecordEvent` and `cuCtxWaitEvent` and documents the statuses and errors, but
+//!   not the list of calls; the simulator takes the CUDA programming guide's ("it is invalid to
+//!   synchronize or query the execution status of a stream which is being captured or a captured
+//!   event … or a broader handle which encompasses an active stream capture"):
+//!   `cuStreamSynchronize` and `cuStreamQuery` on the capturing stream return
+//!   `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`; `cuEventSynchronize` and `cuEventQuery` on an event
+//!   last recorded in a capture return `CUDA_ERROR_CAPTURED_EVENT` (also after the capture
+//!   ended, until the event is recorded outside one: it was "last recorded in a capturing
+//!   stream") and invalidate that capture if it is still active; `cuCtxSynchronize` while any
+//!   stream of the context captures returns `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` and
+//!   invalidates every such capture; any use of the legacy stream (work, a wait, a query, a
+//!   synchronous copy or memset) while a blocking stream of its context captures returns
+//!   `CUDA_ERROR_STREAM_CAPTURE_IMPLICIT` and invalidates those captures (`cuStreamIsCapturing`
+//!   on it returns the error without invalidating, as documented). Once a capture is
+//!   invalidated, its work is discarded; work, waits and queries on its stream return
+//!   `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED` (the error's own description) until
+//!   `cuStreamEndCapture`, which ends it with that error and a NULL graph (`cuda.h` documents the
+//!   NULL graph).
+//! - **Not modelled in capture**: the capture modes' ban on "potentially unsafe" calls (`cuda.h`
+//!   gives `cudaMalloc` as an example, not a list, so `cuMemAlloc`, `cuMemFree` and the VMM
+//!   calls are not refused during a capture, and `cuThreadExchangeStreamCaptureMode` is not
+//!   exported); cross-stream capture (`cuStreamWaitEvent` on an event recorded in a capture
+//!   waits for the event's earlier state instead of joining the capture); capturing the
+//!   per-thread default stream (refused with `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`).
 //! - **A stream-ordered free on an idle stream takes effect at once**: `cuMemFreeAsync` on a
 //!   stream with no pending work, no capture and no implicit wait returns its memory to the pool
 //!   before the call returns, as the stream's worker would do next; with work pending it waits
@@ -67,7 +92,11 @@
 //! - **A copy or memset whose stream's device lacks access to another device's pool memory**
 //!   returns `CUDA_ERROR_INVALID_VALUE` at the call (hardware would fault later).
 //! - **A pool's reserve** grows in 2 MiB chunks and shrinks only at synchronization points or on
-//!   `cuMemPoolTrimTo` (see the `pool` module); `used` counts exact bytes.
+//!   `cuMemPoolTrimTo` (see the `pool` module); `used` counts exact bytes. A failed allocation
+//!   changes no attribute of the pool, the high-water marks included.
+//! - **Sizes whose rounding or accounting does not fit in 64 bits** (a pool allocation of
+//!   `SIZE_MAX` bytes, a shareable pool's `maxSize`, `cuMemCreate`, `cuMemAddressReserve`) are
+//!   `CUDA_ERROR_OUT_OF_MEMORY`, which each of these functions documents, and change nothing.
 //! - **nvbug 5698116 is modelled**: a pool destroyed with peer access still granted passes that
 //!   access to the next pool created on its device, so code that must revoke first is tested.
 //! - **A zero-length copy or memset at a one-past-the-end device pointer** returns
@@ -87,6 +116,13 @@
 //!   `CUDA_ERROR_NOT_SUPPORTED`; VMM memory is never host-accessible here, even host-located
 //!   memory (the simulator reaches it through its own alias); pointer attributes do not describe
 //!   VMM addresses.
+//! - **The files behind shared memory** (a POSIX-fd shareable pool's `memfd`, a VMM
+//!   allocation's) are sealed at their size (`F_SEAL_SHRINK`, `F_SEAL_GROW`, `F_SEAL_SEAL`), so an
+//!   importer's `ftruncate` fails with `EPERM` instead of killing every process that maps the
+//!   file with `SIGBUS`. An import (`cuMemPoolImportFromShareableHandle`,
+//!   `cuMemImportFromShareableHandle`) refuses a file that is not sealed so, whose size is not
+//!   the one its header states, or whose header fails its checksum: `CUDA_ERROR_INVALID_VALUE`,
+//!   the code both document for a bad handle.
 //! - **Fabric handles** name the exporting process and its descriptor for the memory, so an
 //!   import works only while the exporter holds the allocation.
 //! - **`CUDA_VISIBLE_DEVICES` entries** are read as narrowly as the CUDA documentation's

@@ -41,7 +41,8 @@ impl Context {
         streams.push(Arc::downgrade(stream));
     }
 
-    fn live_streams(&self) -> Vec<Arc<Stream>> {
+    /// Every live stream of the context except the legacy one.
+    pub(crate) fn live_streams(&self) -> Vec<Arc<Stream>> {
         let streams = self.streams.lock().unwrap_or_else(PoisonError::into_inner);
         streams.iter().filter_map(Weak::upgrade).collect()
     }
@@ -67,7 +68,7 @@ impl Context {
     fn enqueue(&self, stream: &Stream, op: Op, run_if_idle: bool) -> Fence {
         let _order = self.submit_lock.lock().unwrap_or_else(PoisonError::into_inner);
         // Work on a capturing stream goes into the graph being captured, not into the queue.
-        let op = match stream.capture(op) {
+        let op = match stream.capture.record(op) {
             Ok(()) => return stream.queue.tail(),
             Err(op) => op,
         };

@@ -1,11 +1,12 @@
 //! Events: a marker recorded into a stream, complete once the stream reaches it.
 
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Instant;
 
 use cuda_sys::types::{CUevent_flags, CUresult};
 
 use crate::error::{SimResult, fail};
+use crate::stream::Stream;
 
 /// An event and the progress of its latest recording.
 pub(crate) struct Event {
@@ -27,6 +28,8 @@ struct Progress {
     completed: u64,
     /// When that completion happened.
     completed_at: Option<Instant>,
+    /// When it was last recorded into a capture sequence: the stream and the sequence's id.
+    captured: Option<(Weak<Stream>, usize)>,
 }
 
 impl Event {
@@ -48,8 +51,21 @@ impl Event {
     /// Starts a new recording; returns its number, to pass to [`Event::complete`] from the stream.
     pub(crate) fn begin_record(&self) -> u64 {
         let mut progress = self.lock();
+        progress.captured = None;
         progress.recorded += 1;
         progress.recorded
+    }
+
+    /// Notes a recording into capture sequence `sequence` of `stream`: the event is then a
+    /// captured event (its earlier recordings are no longer what it stands for) until it is
+    /// recorded outside a capture.
+    pub(crate) fn record_captured(&self, stream: &Arc<Stream>, sequence: usize) {
+        self.lock().captured = Some((Arc::downgrade(stream), sequence));
+    }
+
+    /// The stream and capture sequence of the latest recording, if it was captured.
+    pub(crate) fn captured_in(&self) -> Option<(Weak<Stream>, usize)> {
+        self.lock().captured.clone()
     }
 
     /// Marks recording `generation` complete (run by the stream's worker).

@@ -27,7 +27,8 @@
 //! and created), events, host functions, `cuMemAlloc`/`cuMemAllocHost`/`cuMemAllocManaged`,
 //! host registration, copies and memsets, pointer attributes, memory pools (default, current
 //! and owned; device, host, host-NUMA and managed; attributes, trimming, peer access, sharing
-//! between processes through `memfd`), graph capture far enough to refuse what it forbids, and
+//! between processes through sealed `memfd`s), graph capture far enough to refuse what it forbids
+//! (a synchronizing call on a capturing stream invalidates the capture, as on a GPU), and
 //! the VMM API (reservations, physical allocations, mappings, access, POSIX-fd and fabric
 //! handles). Kernels and modules are not.
 //!
@@ -78,6 +79,7 @@
 //! ```
 
 pub(crate) mod api;
+mod capture;
 mod config;
 pub mod conservative;
 mod context;
@@ -90,6 +92,7 @@ mod handle;
 mod memory;
 mod pool;
 mod proc_address;
+mod sealed;
 mod shared;
 mod state;
 mod stream;

@@ -76,7 +76,7 @@ impl Recycled {
 
     /// Keeps `backing` (of `len` bytes) if the bound allows; gives it back otherwise.
     fn keep(&mut self, backing: Backing, len: usize) -> Option<Backing> {
-        if self.bytes + len > RECYCLE_BYTES {
+        if self.bytes.checked_add(len).is_none_or(|total| total > RECYCLE_BYTES) {
             return Some(backing);
         }
         self.bytes += len;
@@ -314,12 +314,12 @@ impl Arena {
             candidate = start + used;
         }
         for (&start, &used) in self.used.range(from..) {
-            if candidate + len <= start {
+            if candidate.checked_add(len).is_some_and(|end| end <= start) {
                 return Some(candidate);
             }
             candidate = candidate.max(start + used);
         }
-        (candidate + len <= self.end()).then_some(candidate)
+        candidate.checked_add(len).is_some_and(|end| end <= self.end()).then_some(candidate)
     }
 
     fn give_back(&mut self, start: u64) {
@@ -344,7 +344,7 @@ impl Arena {
     /// Takes `len` bytes aligned to `align` (a power of two), next-fit.
     fn take_aligned(&mut self, len: u64, align: u64) -> SimResult<u64> {
         // Over-take, then keep the aligned part: the slack is returned at once.
-        let start = self.take(len + align)?;
+        let start = self.take(len.checked_add(align).ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)?)?;
         self.used.remove(&start);
         let aligned = start.div_ceil(align) * align;
         self.used.insert(aligned, len);
@@ -375,7 +375,8 @@ pub(crate) struct MemoryTable {
     pub mapped: BTreeMap<u64, MappedRange>,
 }
 
-/// Rounds up to the accounting granularity.
+/// Rounds up to the accounting granularity, saturating: a size that does not fit rounded is
+/// more than any device has, which the callers' comparisons then refuse.
 pub(crate) fn round_up(size: u64) -> u64 {
     size.div_ceil(PAGE).saturating_mul(PAGE)
 }
@@ -434,7 +435,8 @@ impl MemoryTable {
                 self.arena = Some(Arena::new()?);
             }
             let arena = self.arena.as_mut().ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
-            arena.take(round_up(size as u64) + GUARD)?
+            let len = round_up(size as u64).checked_add(GUARD).ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
+            arena.take(len)?
         } else {
             backing.as_ptr() as u64
         };
@@ -735,5 +737,21 @@ mod tests {
         assert!(arena.take(total / 2).is_err());
         arena.give_back(first);
         assert_eq!(arena.take(total / 2).unwrap(), first);
+    }
+
+    #[test]
+    fn lengths_that_overflow_the_arena_are_out_of_memory() {
+        let out_of_memory = Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+        let mut arena = Arena::new().unwrap();
+        let first = arena.take(4096).unwrap();
+        for len in [u64::MAX, u64::MAX - 4096, u64::MAX - first] {
+            assert_eq!(arena.take(len), out_of_memory, "{len} bytes");
+            assert_eq!(arena.take_aligned(len, 2 << 20), out_of_memory, "{len} bytes aligned");
+        }
+        assert_eq!(arena.used.len(), 1, "nothing was taken");
+        let mut table = MemoryTable::default();
+        assert_eq!(table.reserve(u64::MAX - 4095, 2 << 20, 0), out_of_memory);
+        assert_eq!(table.alloc_device(usize::MAX, 0, 1), out_of_memory);
+        assert_eq!(table.allocation_count(), 0);
     }
 }

@@ -7,7 +7,10 @@
 //! - `reserved` grows in whole [`CHUNK`]s when `used` outgrows it, and shrinks only at
 //!   synchronization points (`cuStreamSynchronize`, `cuEventSynchronize`, `cuCtxSynchronize`),
 //!   down to the release threshold but never below what is in use, or on `cuMemPoolTrimTo`;
-//! - the high-water marks follow both, and setting one to 0 resets it to the current value.
+//! - the high-water marks follow both, and setting one to 0 resets it to the current value;
+//! - an allocation that fails changes none of them: it is planned ([`PoolState::plan`]) without
+//!   touching the state, and committed ([`PoolState::commit`]) only once it has succeeded. A
+//!   size whose accounting does not fit in 64 bits is `CUDA_ERROR_OUT_OF_MEMORY`.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -21,9 +24,9 @@ use crate::shared::SharedArena;
 /// The granularity in which a pool reserves memory.
 pub(crate) const CHUNK: u64 = 2 << 20;
 
-/// Rounds up to whole chunks.
-pub(crate) fn chunks(bytes: u64) -> u64 {
-    bytes.div_ceil(CHUNK).saturating_mul(CHUNK)
+/// Rounds up to whole chunks; `None` when that does not fit in 64 bits.
+pub(crate) fn chunks(bytes: u64) -> Option<u64> {
+    bytes.div_ceil(CHUNK).checked_mul(CHUNK)
 }
 
 /// Where a pool's memory lives.
@@ -86,6 +89,15 @@ pub(crate) struct Pool {
     pub shared: Option<SharedArena>,
     destroyed: AtomicBool,
     state: Mutex<PoolState>,
+}
+
+/// A planned allocation: its bytes, and how much more the pool must reserve for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Growth {
+    /// The allocation's size.
+    pub size: u64,
+    /// The bytes the pool's reserve grows by (whole chunks; 0 when it already has room).
+    pub grown: u64,
 }
 
 /// The mutable part of a pool.
@@ -193,27 +205,35 @@ impl Pool {
 }
 
 impl PoolState {
-    /// Accounts for a new allocation of `size` bytes; returns how many more bytes were reserved
-    /// (to charge to the device), or `CUDA_ERROR_OUT_OF_MEMORY` past `max_size`.
-    pub(crate) fn allocate(&mut self, size: u64, max_size: u64) -> SimResult<u64> {
-        let used = self.used + size;
-        let needed = chunks(used).max(self.reserved);
-        if max_size > 0 && needed > chunks(max_size) {
-            return fail(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+    /// What an allocation of `size` bytes would do to the pool, without doing it:
+    /// `CUDA_ERROR_OUT_OF_MEMORY` past `max_size` (0: no limit of the pool's own) or when the
+    /// accounting would not fit in 64 bits.
+    pub(crate) fn plan(&self, size: u64, max_size: u64) -> SimResult<Growth> {
+        let out_of_memory = CUresult::CUDA_ERROR_OUT_OF_MEMORY;
+        let used = self.used.checked_add(size).ok_or(out_of_memory)?;
+        let needed = chunks(used).ok_or(out_of_memory)?.max(self.reserved);
+        // A limit too large to round is no limit this pool can reach.
+        if max_size > 0 && chunks(max_size).is_some_and(|limit| needed > limit) {
+            return fail(out_of_memory);
         }
-        let grown = needed - self.reserved;
-        self.used = used;
-        self.reserved = needed;
-        self.used_high = self.used_high.max(self.used);
-        self.reserved_high = self.reserved_high.max(self.reserved);
-        Ok(grown)
+        Ok(Growth { size, grown: needed - self.reserved })
     }
 
-    /// Takes back an allocation that could not be completed: its bytes and the growth it caused
-    /// (the high-water marks keep what they saw).
-    pub(crate) fn undo_allocate(&mut self, size: u64, grown: u64) {
-        self.used = self.used.saturating_sub(size);
-        self.reserved = self.reserved.saturating_sub(grown);
+    /// Applies a planned allocation that succeeded. Relative to the state now: frees reached
+    /// since the plan only lowered `used`, so the planned growth still covers it.
+    pub(crate) fn commit(&mut self, growth: Growth) {
+        self.used = self.used.saturating_add(growth.size);
+        self.reserved = self.reserved.saturating_add(growth.grown);
+        self.used_high = self.used_high.max(self.used);
+        self.reserved_high = self.reserved_high.max(self.reserved);
+    }
+
+    /// [`plan`](PoolState::plan) and [`commit`](PoolState::commit) at once; returns how many
+    /// more bytes were reserved.
+    pub(crate) fn allocate(&mut self, size: u64, max_size: u64) -> SimResult<u64> {
+        let growth = self.plan(size, max_size)?;
+        self.commit(growth);
+        Ok(growth.grown)
     }
 
     /// Accounts for a freed allocation.
@@ -224,7 +244,11 @@ impl PoolState {
     /// Releases reserved memory down to `keep` (but never below what is in use); returns the
     /// bytes released.
     pub(crate) fn release_to(&mut self, keep: u64) -> u64 {
-        let floor = chunks(self.used).max(chunks(keep).min(self.reserved));
+        // `used` never exceeds `reserved`, which is whole chunks; a `keep` too large to round
+        // keeps everything.
+        let in_use = chunks(self.used).unwrap_or(self.reserved);
+        let kept = chunks(keep).map_or(self.reserved, |keep| keep.min(self.reserved));
+        let floor = in_use.max(kept);
         let released = self.reserved.saturating_sub(floor);
         self.reserved -= released;
         released
@@ -329,5 +353,43 @@ mod tests {
         s.set(CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH, 0).unwrap();
         assert_eq!(s.used_high, 0);
         assert!(s.set(CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT, 0).is_err());
+    }
+
+    /// The accounting fields, to compare before and after.
+    fn accounting(s: &PoolState) -> [u64; 4] {
+        [s.used, s.used_high, s.reserved, s.reserved_high]
+    }
+
+    #[test]
+    fn sizes_whose_accounting_overflows_are_out_of_memory_and_change_nothing() {
+        let mut s = PoolState::default();
+        s.allocate(100, 0).unwrap();
+        let before = accounting(&s);
+        for size in [u64::MAX, u64::MAX - 99, u64::MAX - 100, u64::MAX - CHUNK] {
+            assert_eq!(s.allocate(size, 0), Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY), "{size} bytes");
+            assert_eq!(s.allocate(size, u64::MAX), Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY), "{size} bytes");
+            assert_eq!(accounting(&s), before, "{size} bytes");
+        }
+        // The largest size that still rounds is accounted exactly.
+        let largest = u64::MAX / CHUNK * CHUNK - 100;
+        assert_eq!(s.allocate(largest, 0), Ok(largest + 100 - CHUNK));
+        assert_eq!((s.used, s.reserved), (largest + 100, largest + 100));
+        // A threshold or trim too large to round keeps everything.
+        assert_eq!(s.release_to(u64::MAX), 0);
+    }
+
+    #[test]
+    fn a_planned_allocation_changes_nothing_until_committed() {
+        let mut s = PoolState::default();
+        s.allocate(CHUNK, 0).unwrap();
+        s.free(CHUNK);
+        s.set(CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH, 0).unwrap();
+        let before = accounting(&s);
+        let growth = s.plan(3 * CHUNK, 0).unwrap();
+        assert_eq!(growth, Growth { size: 3 * CHUNK, grown: 2 * CHUNK });
+        assert_eq!(accounting(&s), before, "a plan that is dropped leaves no mark");
+        s.commit(growth);
+        assert_eq!(accounting(&s), [3 * CHUNK, 3 * CHUNK, 3 * CHUNK, 3 * CHUNK]);
+        assert_eq!(s.plan(CHUNK, 3 * CHUNK), Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY), "past max_size");
     }
 }

@@ -4,15 +4,21 @@
 //! of its allocations, placed by a first-fit allocator over file offsets. Exporting the pool
 //! hands out a duplicate of the file descriptor; importing it in another process maps
 //! allocations of the same file, so both processes see the same bytes at their own addresses.
+//! The file is made as large as the pool may grow and sealed at that size (see
+//! [`crate::sealed`]), so no importer can truncate it under the exporter.
 //!
-//! Header (page 0): magic `cusimPOOL\0v2` (12 bytes), pool id (16 bytes), location kind (u8:
+//! Header (page 0): magic `cusimPOOL\0v3` (12 bytes), pool id (16 bytes), location kind (u8:
 //! 0 device, 1 host, 2 host NUMA, 3 unspecified), location id (i32 LE), pool kind (u8: 0 pinned,
-//! 1 managed). For a device pool the location id is the device's *physical* index on the
-//! simulated machine, not the exporting process's ordinal: processes with different
-//! `CUDA_VISIBLE_DEVICES` see the same device under different ordinals, so the importer
-//! translates the index back to its own ordinal, and refuses (`CUDA_ERROR_INVALID_VALUE`) a pool
-//! on a device it does not see. (Version 1 headers held the exporter's ordinal; they are refused
-//! as unknown rather than misread.)
+//! 1 managed), capacity (u64 LE: the bytes after the header page, a multiple of the page), FNV-1a
+//! checksum of the first 42 bytes (u64 LE). For a device pool the location id is the device's
+//! *physical* index on the simulated machine, not the exporting process's ordinal: processes
+//! with different `CUDA_VISIBLE_DEVICES` see the same device under different ordinals, so the
+//! importer translates the index back to its own ordinal, and refuses
+//! (`CUDA_ERROR_INVALID_VALUE`) a pool on a device it does not see. An importer also refuses a
+//! header whose checksum fails or whose fields are out of range, and a file that is not sealed
+//! or whose size is not the header page plus the capacity. (Version 1 headers held the
+//! exporter's ordinal, version 2 headers had no capacity or checksum; both are refused as
+//! unknown rather than misread.)
 //!
 //! Exported pointer data (the 64-byte `CUmemPoolPtrExportData`): magic `cusimPTR` (8), pool id
 //! (16), file offset (u64 LE), size (u64 LE), reserved zeros (16), FNV-1a checksum of the first
@@ -30,7 +36,9 @@ use crate::pool::{Location, PoolKind};
 
 /// The header page's size; allocations start after it.
 pub(crate) const HEADER: u64 = 4096;
-const POOL_MAGIC: &[u8; 12] = b"cusimPOOL\0v2";
+const POOL_MAGIC: &[u8; 12] = b"cusimPOOL\0v3";
+/// The header's length: the checksum covers everything before its last 8 bytes.
+const POOL_HEADER_LEN: usize = 50;
 const POINTER_MAGIC: &[u8; 8] = b"cusimPTR";
 /// Allocations are placed on page boundaries.
 const ALIGN: u64 = 4096;
@@ -81,6 +89,25 @@ pub(crate) fn ordinal_of(config: &Config, id: i32) -> SimResult<usize> {
     usize::try_from(id).ok().and_then(|physical| config.ordinal(physical)).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)
 }
 
+/// Appends the FNV-1a checksum of `header` (u64 LE) to it: the last field of the pool and VMM
+/// file headers.
+pub(crate) fn append_checksum(header: &mut Vec<u8>) {
+    let check = fnv1a(header);
+    header.extend_from_slice(&check.to_le_bytes());
+}
+
+/// Checks a header written by [`append_checksum`]: `CUDA_ERROR_INVALID_VALUE` unless its last 8
+/// bytes are the checksum of the rest.
+pub(crate) fn verify_checksum(header: &[u8]) -> SimResult {
+    let (fields, check) = header.split_at(header.len().saturating_sub(8));
+    ensure(check == fnv1a(fields).to_le_bytes())
+}
+
+/// `size` rounded up to whole pages (`ALIGN`); `None` when that does not fit in 64 bits.
+fn aligned(size: u64) -> Option<u64> {
+    size.checked_next_multiple_of(ALIGN)
+}
+
 /// FNV-1a over `bytes`: the checksum that pool pointer exports and VMM fabric handles carry, so a
 /// corrupted or forged 64-byte record is refused.
 pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
@@ -93,33 +120,37 @@ impl SharedArena {
     /// translates to the physical index the header stores).
     pub(crate) fn create(location: Location, kind: PoolKind, capacity: u64, config: &Config) -> SimResult<SharedArena> {
         let (location_kind, location_id) = location_bytes(location, config)?;
-        let file = rustix::fs::memfd_create("cuda-sim-pool", rustix::fs::MemfdFlags::CLOEXEC)
-            .map_err(|_| CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
-        let capacity = capacity.div_ceil(ALIGN) * ALIGN;
-        rustix::fs::ftruncate(&file, HEADER + capacity).map_err(|_| CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
+        // A capacity the file cannot have is more memory than the system can give.
+        let capacity = aligned(capacity).ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
+        let len = HEADER.checked_add(capacity).ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
+        let file = crate::sealed::create("cuda-sim-pool", len)?;
         let id = fresh_id();
-        let mut header = Vec::with_capacity(64);
+        let mut header = Vec::with_capacity(POOL_HEADER_LEN);
         header.extend_from_slice(POOL_MAGIC);
         header.extend_from_slice(&id);
         header.push(location_kind);
         header.extend_from_slice(&location_id.to_le_bytes());
         header.push(u8::from(kind == PoolKind::Managed));
+        header.extend_from_slice(&capacity.to_le_bytes());
+        append_checksum(&mut header);
         rustix::io::pwrite(&file, &header, 0).map_err(|_| CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
         Ok(SharedArena { file, id, imported: false, capacity, free: Mutex::new(BTreeMap::from([(HEADER, capacity)])) })
     }
 
-    /// Opens a pool another process exported: `fd` must be such a file (anything else is
-    /// `CUDA_ERROR_INVALID_VALUE`). Returns the arena (on a private duplicate of `fd`) and the
-    /// pool's location, a device by this process's ordinal (a device `config` does not make
-    /// visible is `CUDA_ERROR_INVALID_VALUE`), and kind.
+    /// Opens a pool another process exported: `fd` must be such a file, sealed, with a header
+    /// that checks out and the size it states (anything else is `CUDA_ERROR_INVALID_VALUE`).
+    /// Returns the arena (on a private duplicate of `fd`) and the pool's location, a device by
+    /// this process's ordinal (a device `config` does not make visible is
+    /// `CUDA_ERROR_INVALID_VALUE`), and kind.
     pub(crate) fn open(
         fd: std::os::fd::BorrowedFd<'_>,
         config: &Config,
     ) -> SimResult<(SharedArena, Location, PoolKind)> {
         let file = rustix::io::fcntl_dupfd_cloexec(fd, 0).map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?;
-        let mut header = [0u8; 34];
+        let mut header = [0u8; POOL_HEADER_LEN];
         let read = rustix::io::pread(&file, &mut header, 0).map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?;
         ensure(read == header.len() && &header[..12] == POOL_MAGIC)?;
+        verify_checksum(&header)?;
         let mut id = [0u8; 16];
         id.copy_from_slice(&header[12..28]);
         let location_id = i32::from_le_bytes([header[29], header[30], header[31], header[32]]);
@@ -130,9 +161,15 @@ impl SharedArena {
             3 => Location::Unspecified,
             _ => return fail(CUresult::CUDA_ERROR_INVALID_VALUE),
         };
-        let kind = if header[33] == 1 { PoolKind::Managed } else { PoolKind::Pinned };
-        let size = rustix::fs::fstat(&file).map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?.st_size;
-        let capacity = u64::try_from(size).unwrap_or(0).saturating_sub(HEADER);
+        let kind = match header[33] {
+            0 => PoolKind::Pinned,
+            1 => PoolKind::Managed,
+            _ => return fail(CUresult::CUDA_ERROR_INVALID_VALUE),
+        };
+        let capacity = u64::from_le_bytes(header[34..42].try_into().map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?);
+        ensure(capacity > 0 && capacity % ALIGN == 0)?;
+        let len = HEADER.checked_add(capacity).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        crate::sealed::check(file.as_fd(), len)?;
         Ok((SharedArena { file, id, imported: true, capacity, free: Mutex::new(BTreeMap::new()) }, location, kind))
     }
 
@@ -148,7 +185,7 @@ impl SharedArena {
 
     /// Finds room for `size` bytes: its file offset, or `CUDA_ERROR_OUT_OF_MEMORY`.
     pub(crate) fn take(&self, size: u64) -> SimResult<u64> {
-        let len = size.div_ceil(ALIGN) * ALIGN;
+        let len = aligned(size).ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
         let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
         let (&start, &available) =
             free.iter().find(|&(_, &available)| available >= len).ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
@@ -159,9 +196,11 @@ impl SharedArena {
         Ok(start)
     }
 
-    /// Returns the `size` bytes at `offset`, merging with free neighbours.
+    /// Returns the `size` bytes at `offset` (a range [`take`](SharedArena::take) handed out),
+    /// merging with free neighbours.
     pub(crate) fn give_back(&self, offset: u64, size: u64) {
-        let mut len = size.div_ceil(ALIGN) * ALIGN;
+        // `take` rounded the same size, so it fits.
+        let Some(mut len) = aligned(size) else { return };
         let mut start = offset;
         let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some((&before, &before_len)) = free.range(..start).next_back()
@@ -241,15 +280,26 @@ mod tests {
         assert_eq!(opened.check_pointer(&data), Ok((HEADER + 4096, 10)));
     }
 
+    /// Overwrites header bytes at `at` and writes a checksum that matches again, as a forger
+    /// would: what the importer must then catch is the field itself.
+    fn forge(file: std::os::fd::BorrowedFd<'_>, at: u64, bytes: &[u8]) {
+        rustix::io::pwrite(file, bytes, at).unwrap();
+        let mut header = [0u8; POOL_HEADER_LEN];
+        rustix::io::pread(file, &mut header, 0).unwrap();
+        let check = fnv1a(&header[..POOL_HEADER_LEN - 8]);
+        rustix::io::pwrite(file, &check.to_le_bytes(), (POOL_HEADER_LEN - 8) as u64).unwrap();
+    }
+
     #[test]
     fn the_header_names_the_physical_device_and_importers_translate_it() {
         // The exporter sees physical devices 2 and 0 as its ordinals 0 and 1.
         let exporter = seeing("2,0");
         let arena = SharedArena::create(Location::Device(0), PoolKind::Managed, 1 << 20, &exporter).unwrap();
-        let mut header = [0u8; 34];
+        let mut header = [0u8; POOL_HEADER_LEN];
         rustix::io::pread(&arena.file, &mut header, 0).unwrap();
-        assert_eq!(&header[..12], b"cusimPOOL\0v2");
+        assert_eq!(&header[..12], b"cusimPOOL\0v3");
         assert_eq!((header[28], i32::from_le_bytes(header[29..33].try_into().unwrap())), (0, 2));
+        assert_eq!(u64::from_le_bytes(header[34..42].try_into().unwrap()), 1 << 20, "the capacity");
         let open = |visible: &str| SharedArena::open(arena.file.as_fd(), &seeing(visible)).map(|(_, l, k)| (l, k));
         assert_eq!(open("2,0"), Ok((Location::Device(0), PoolKind::Managed)), "the exporter's own view");
         assert_eq!(open("0,1,2,3"), Ok((Location::Device(2), PoolKind::Managed)));
@@ -263,20 +313,91 @@ mod tests {
     }
 
     #[test]
-    fn version_1_headers_and_unknown_devices_are_refused() {
+    fn older_headers_and_unknown_devices_are_refused() {
         let config = seeing("0,1,2,3");
         let arena = SharedArena::create(Location::Device(1), PoolKind::Pinned, 1 << 20, &config).unwrap();
-        rustix::io::pwrite(&arena.file, b"cusimPOOL\0v1", 0).unwrap();
-        assert_eq!(SharedArena::open(arena.file.as_fd(), &config).err(), Some(CUresult::CUDA_ERROR_INVALID_VALUE));
+        for old in [b"cusimPOOL\0v1", b"cusimPOOL\0v2"] {
+            forge(arena.file.as_fd(), 0, old);
+            let opened = SharedArena::open(arena.file.as_fd(), &config);
+            assert_eq!(opened.err(), Some(CUresult::CUDA_ERROR_INVALID_VALUE));
+        }
+        forge(arena.file.as_fd(), 0, POOL_MAGIC);
+        assert!(SharedArena::open(arena.file.as_fd(), &config).is_ok());
         // A header naming a device the machine does not have (or a negative one).
         for id in [4i32, 63, -1] {
-            rustix::io::pwrite(&arena.file, b"cusimPOOL\0v2", 0).unwrap();
-            rustix::io::pwrite(&arena.file, &id.to_le_bytes(), 29).unwrap();
+            forge(arena.file.as_fd(), 29, &id.to_le_bytes());
             let opened = SharedArena::open(arena.file.as_fd(), &config);
             assert_eq!(opened.err(), Some(CUresult::CUDA_ERROR_INVALID_VALUE), "device {id}");
         }
         // An ordinal this process lacks cannot be written either.
         let created = SharedArena::create(Location::Device(4), PoolKind::Pinned, 1 << 20, &config);
         assert_eq!(created.err(), Some(CUresult::CUDA_ERROR_INVALID_VALUE));
+    }
+
+    #[test]
+    fn forged_and_inconsistent_headers_are_refused() {
+        let config = seeing("0");
+        let invalid = Some(CUresult::CUDA_ERROR_INVALID_VALUE);
+        let arena = SharedArena::create(Location::Device(0), PoolKind::Pinned, 1 << 20, &config).unwrap();
+        let mut header = [0u8; POOL_HEADER_LEN];
+        rustix::io::pread(&arena.file, &mut header, 0).unwrap();
+        // Any changed byte fails the checksum (or the magic).
+        for i in 0..POOL_HEADER_LEN {
+            let mut bad = header;
+            bad[i] ^= 0x40;
+            rustix::io::pwrite(&arena.file, &bad, 0).unwrap();
+            assert_eq!(SharedArena::open(arena.file.as_fd(), &config).err(), invalid, "byte {i}");
+        }
+        rustix::io::pwrite(&arena.file, &header, 0).unwrap();
+        assert!(SharedArena::open(arena.file.as_fd(), &config).is_ok());
+        // Fields out of range, with a checksum that matches: an unknown location or pool kind, a
+        // capacity that is not whole pages, or that is not the file's size.
+        let fields: [(u64, &[u8]); 6] = [
+            (28, &[7]),
+            (33, &[2]),
+            (34, &0u64.to_le_bytes()),
+            (34, &((1u64 << 20) + 1).to_le_bytes()),
+            (34, &(2u64 << 20).to_le_bytes()),
+            (34, &u64::MAX.to_le_bytes()),
+        ];
+        for (at, bytes) in fields {
+            forge(arena.file.as_fd(), at, bytes);
+            assert_eq!(SharedArena::open(arena.file.as_fd(), &config).err(), invalid, "{bytes:?} at {at}");
+            rustix::io::pwrite(&arena.file, &header, 0).unwrap();
+        }
+    }
+
+    #[test]
+    fn an_unsealed_copy_of_a_pool_is_refused_and_the_pool_cannot_be_resized() {
+        let config = seeing("0");
+        let arena = SharedArena::create(Location::Host, PoolKind::Pinned, 1 << 20, &config).unwrap();
+        let len = HEADER + arena.capacity;
+        let mut header = [0u8; POOL_HEADER_LEN];
+        rustix::io::pread(&arena.file, &mut header, 0).unwrap();
+        // The same header and size in a file anyone may resize.
+        let copy = rustix::fs::memfd_create("forged", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+        rustix::fs::ftruncate(&copy, len).unwrap();
+        rustix::io::pwrite(&copy, &header, 0).unwrap();
+        let opened = SharedArena::open(copy.as_fd(), &config);
+        assert_eq!(opened.err(), Some(CUresult::CUDA_ERROR_INVALID_VALUE));
+        // An importer's descriptor cannot shrink or grow the real one.
+        let (imported, _, _) = SharedArena::open(arena.file.as_fd(), &config).unwrap();
+        assert_eq!(rustix::fs::ftruncate(&imported.file, HEADER), Err(rustix::io::Errno::PERM));
+        assert_eq!(rustix::fs::ftruncate(&imported.file, 2 * len), Err(rustix::io::Errno::PERM));
+        assert_eq!(rustix::fs::fstat(&arena.file).unwrap().st_size, len as i64);
+    }
+
+    #[test]
+    fn sizes_that_overflow_are_out_of_memory() {
+        let config = seeing("0");
+        let out_of_memory = Some(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+        for capacity in [u64::MAX, u64::MAX - HEADER, u64::MAX - ALIGN] {
+            let created = SharedArena::create(Location::Host, PoolKind::Pinned, capacity, &config);
+            assert_eq!(created.err(), out_of_memory, "capacity {capacity}");
+        }
+        let arena = SharedArena::create(Location::Host, PoolKind::Pinned, 1 << 20, &config).unwrap();
+        assert_eq!(arena.take(u64::MAX).err(), out_of_memory);
+        assert_eq!(arena.take(u64::MAX - 1).err(), out_of_memory);
+        assert_eq!(arena.take(1 << 20), Ok(HEADER), "the free list is as it was");
     }
 }

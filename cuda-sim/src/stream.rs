@@ -10,6 +10,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
 use cuda_sys::types::{CUresult, CUstream_flags};
 
+use crate::capture::Capture;
 use crate::error::SimResult;
 
 /// One unit of stream work.
@@ -42,8 +43,8 @@ pub(crate) struct Stream {
     pub kind: StreamKind,
     /// The work queue.
     pub queue: Arc<Queue>,
-    /// While a graph capture is active, the work captured so far (never run).
-    capture: Mutex<Option<Vec<Op>>>,
+    /// Its graph capture sequence, if one is under way.
+    pub capture: Capture,
 }
 
 impl Stream {
@@ -57,38 +58,7 @@ impl Stream {
     ) -> SimResult<Arc<Stream>> {
         let handle = crate::handle::next();
         let queue = Queue::start(handle)?;
-        Ok(Arc::new(Stream { handle, ctx, device, flags, priority, kind, queue, capture: Mutex::new(None) }))
-    }
-
-    /// Whether a graph capture is active on the stream.
-    pub(crate) fn is_capturing(&self) -> bool {
-        self.capture.lock().unwrap_or_else(PoisonError::into_inner).is_some()
-    }
-
-    /// Starts capturing; `false` if a capture is already active.
-    pub(crate) fn begin_capture(&self) -> bool {
-        let mut capture = self.capture.lock().unwrap_or_else(PoisonError::into_inner);
-        if capture.is_some() {
-            return false;
-        }
-        *capture = Some(Vec::new());
-        true
-    }
-
-    /// Ends the capture, returning the captured work (`None` if none was active).
-    pub(crate) fn end_capture(&self) -> Option<Vec<Op>> {
-        self.capture.lock().unwrap_or_else(PoisonError::into_inner).take()
-    }
-
-    /// Adds `op` to the active capture, or gives it back when there is none.
-    pub(crate) fn capture(&self, op: Op) -> Result<(), Op> {
-        match self.capture.lock().unwrap_or_else(PoisonError::into_inner).as_mut() {
-            Some(ops) => {
-                ops.push(op);
-                Ok(())
-            }
-            None => Err(op),
-        }
+        Ok(Arc::new(Stream { handle, ctx, device, flags, priority, kind, queue, capture: Capture::default() }))
     }
 
     /// Whether it synchronizes with the legacy default stream: every stream except the legacy

@@ -2,14 +2,20 @@
 //! `memfd` (a header page, then the bytes), mapped by `cuMemMap` into the simulator's alias of
 //! the device arena at the offset of the device address it backs.
 //!
-//! Header (page 0): magic `cusimVM2` (8 bytes), size (u64 LE), location kind (u8: 0 device,
-//! 1 host, 2 host NUMA), location id (i32 LE), handle types (u32 LE). For device memory the
+//! The file is sealed at its size (see [`crate::sealed`]), so no importer can truncate it under
+//! the processes that map it.
+//!
+//! Header (page 0): magic `cusimVM3` (8 bytes), size (u64 LE), location kind (u8: 0 device,
+//! 1 host, 2 host NUMA), location id (i32 LE), handle types (u32 LE), FNV-1a checksum of the
+//! first 25 bytes (u64 LE). An importer refuses a header whose checksum fails, and a file that
+//! is not sealed or whose size is not the header page plus the size. For device memory the
 //! location id is the device's *physical* index on the simulated machine, not the creating
 //! process's ordinal (which `CUDA_VISIBLE_DEVICES` may make differ between processes): an
 //! importer translates it to its own ordinal, so that `cuMemGetAllocationPropertiesFromHandle`
 //! and access checks there name the right device, and refuses memory on a device it does not see
 //! (`CUDA_ERROR_INVALID_VALUE`). (The version-1 header, magic `cusimVMM`, held the creator's
-//! ordinal; it is refused as unknown rather than misread.)
+//! ordinal, and the version-2 one, `cusimVM2`, had no checksum; both are refused as unknown
+//! rather than misread.)
 //!
 //! A fabric handle (64 bytes, `CUmemFabricHandle`): magic `cusimFAB` (8), exporting process id
 //! (u32 LE), its descriptor number for the memfd (i32 LE), size (u64 LE), zeros, FNV-1a of the
@@ -24,11 +30,13 @@ use cuda_sys::types::CUresult;
 use crate::config::Config;
 use crate::error::{SimResult, ensure, fail};
 use crate::pool::Location;
-use crate::shared::{fnv1a, ordinal_of, physical_id};
+use crate::shared::{append_checksum, fnv1a, ordinal_of, physical_id, verify_checksum};
 
 /// The header page's size; the bytes start after it.
 const HEADER: u64 = 4096;
-const MAGIC: &[u8; 8] = b"cusimVM2";
+const MAGIC: &[u8; 8] = b"cusimVM3";
+/// The header's length: the checksum covers everything before its last 8 bytes.
+const HEADER_LEN: usize = 33;
 const FABRIC_MAGIC: &[u8; 8] = b"cusimFAB";
 /// The allocation granularity of every simulated device, minimum and recommended.
 pub(crate) const GRANULARITY: u64 = 2 << 20;
@@ -60,15 +68,16 @@ impl Physical {
     /// process's ordinal; the header gets its physical index from `config`).
     pub(crate) fn create(size: u64, location: Location, handle_types: u32, config: &Config) -> SimResult<Physical> {
         let (kind, id) = location_bytes(location, config)?;
-        let file = rustix::fs::memfd_create("cuda-sim-vmm", rustix::fs::MemfdFlags::CLOEXEC)
-            .map_err(|_| CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
-        rustix::fs::ftruncate(&file, HEADER + size).map_err(|_| CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
-        let mut header = Vec::with_capacity(25);
+        // A size the file cannot have is more memory than the system can give.
+        let len = HEADER.checked_add(size).ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
+        let file = crate::sealed::create("cuda-sim-vmm", len)?;
+        let mut header = Vec::with_capacity(HEADER_LEN);
         header.extend_from_slice(MAGIC);
         header.extend_from_slice(&size.to_le_bytes());
         header.push(kind);
         header.extend_from_slice(&id.to_le_bytes());
         header.extend_from_slice(&handle_types.to_le_bytes());
+        append_checksum(&mut header);
         rustix::io::pwrite(&file, &header, 0).map_err(|_| CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
         Ok(Physical { handle: crate::handle::next() as u64, size, location, handle_types, file })
     }
@@ -82,11 +91,12 @@ impl Physical {
     }
 
     /// Reads the header of `file`, translating a device's physical index to this process's
-    /// ordinal.
+    /// ordinal, and checks it and the file (sealed, of the size the header states).
     fn from_file(file: OwnedFd, config: &Config) -> SimResult<Physical> {
-        let mut header = [0u8; 25];
+        let mut header = [0u8; HEADER_LEN];
         let read = rustix::io::pread(&file, &mut header, 0).map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?;
         ensure(read == header.len() && &header[..8] == MAGIC)?;
+        verify_checksum(&header)?;
         let size = u64::from_le_bytes(header[8..16].try_into().map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?);
         let id = i32::from_le_bytes(header[17..21].try_into().map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?);
         let handle_types =
@@ -97,8 +107,9 @@ impl Physical {
             2 => Location::HostNuma(id),
             _ => return fail(CUresult::CUDA_ERROR_INVALID_VALUE),
         };
-        let file_size = rustix::fs::fstat(&file).map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?.st_size;
-        ensure(u64::try_from(file_size).is_ok_and(|s| s == HEADER + size))?;
+        ensure(size > 0 && size.is_multiple_of(GRANULARITY))?;
+        let len = HEADER.checked_add(size).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        crate::sealed::check(file.as_fd(), len)?;
         Ok(Physical { handle: crate::handle::next() as u64, size, location, handle_types, file })
     }
 
@@ -175,9 +186,9 @@ mod tests {
         let creator = seeing("3,1");
         let physical = Physical::create(GRANULARITY, Location::Device(1), 0, &creator).unwrap();
         assert_eq!(physical.location, Location::Device(1), "kept as the creator's ordinal");
-        let mut header = [0u8; 25];
+        let mut header = [0u8; HEADER_LEN];
         rustix::io::pread(&physical.file, &mut header, 0).unwrap();
-        assert_eq!(&header[..8], b"cusimVM2");
+        assert_eq!(&header[..8], b"cusimVM3");
         assert_eq!((header[16], i32::from_le_bytes(header[17..21].try_into().unwrap())), (0, 1));
         let open = |visible: &str| Physical::open(physical.file.as_fd(), &seeing(visible)).map(|p| p.location);
         assert_eq!(open("3,1"), Ok(Location::Device(1)));
@@ -194,20 +205,66 @@ mod tests {
         assert_eq!(Physical::open(host.file.as_fd(), &seeing("0")).map(|p| p.location), Ok(Location::HostNuma(0)));
     }
 
+    /// Overwrites header bytes at `at` and writes a checksum that matches again, as a forger
+    /// would: what the importer must then catch is the field itself.
+    fn forge(physical: &Physical, at: u64, bytes: &[u8]) {
+        rustix::io::pwrite(&physical.file, bytes, at).unwrap();
+        let mut header = [0u8; HEADER_LEN];
+        rustix::io::pread(&physical.file, &mut header, 0).unwrap();
+        let check = fnv1a(&header[..HEADER_LEN - 8]);
+        rustix::io::pwrite(&physical.file, &check.to_le_bytes(), (HEADER_LEN - 8) as u64).unwrap();
+    }
+
     #[test]
-    fn version_1_headers_and_unknown_devices_are_refused() {
+    fn older_headers_and_unknown_devices_are_refused() {
         let config = seeing("0,1,2,3");
         let physical = Physical::create(GRANULARITY, Location::Device(2), 0, &config).unwrap();
-        rustix::io::pwrite(&physical.file, b"cusimVMM", 0).unwrap();
-        let opened = Physical::open(physical.file.as_fd(), &config).map(|p| p.location);
-        assert_eq!(opened, Err(CUresult::CUDA_ERROR_INVALID_VALUE));
-        rustix::io::pwrite(&physical.file, MAGIC, 0).unwrap();
+        let open = || Physical::open(physical.file.as_fd(), &config).map(|p| p.location);
+        for old in [b"cusimVMM", b"cusimVM2"] {
+            forge(&physical, 0, old);
+            assert_eq!(open(), Err(CUresult::CUDA_ERROR_INVALID_VALUE));
+        }
+        forge(&physical, 0, MAGIC);
+        assert_eq!(open(), Ok(Location::Device(2)));
         for id in [4i32, -1] {
-            rustix::io::pwrite(&physical.file, &id.to_le_bytes(), 17).unwrap();
-            let opened = Physical::open(physical.file.as_fd(), &config).map(|p| p.location);
-            assert_eq!(opened, Err(CUresult::CUDA_ERROR_INVALID_VALUE), "device {id}");
+            forge(&physical, 17, &id.to_le_bytes());
+            assert_eq!(open(), Err(CUresult::CUDA_ERROR_INVALID_VALUE), "device {id}");
         }
         let created = Physical::create(GRANULARITY, Location::Device(4), 0, &config).map(|p| p.location);
         assert_eq!(created, Err(CUresult::CUDA_ERROR_INVALID_VALUE));
+    }
+
+    #[test]
+    fn forged_files_and_headers_are_refused() {
+        let config = seeing("0");
+        let invalid = Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        let physical = Physical::create(GRANULARITY, Location::Device(0), 0, &config).unwrap();
+        let open = |file: BorrowedFd<'_>| Physical::open(file, &config).map(|p| p.size);
+        let mut header = [0u8; HEADER_LEN];
+        rustix::io::pread(&physical.file, &mut header, 0).unwrap();
+        for i in 0..HEADER_LEN {
+            let mut bad = header;
+            bad[i] ^= 0x40;
+            rustix::io::pwrite(&physical.file, &bad, 0).unwrap();
+            assert_eq!(open(physical.file.as_fd()), invalid, "byte {i}");
+        }
+        rustix::io::pwrite(&physical.file, &header, 0).unwrap();
+        assert_eq!(open(physical.file.as_fd()), Ok(GRANULARITY));
+        // Sizes that are not the file's, or not whole granules, with a matching checksum.
+        for size in [2 * GRANULARITY, GRANULARITY - 4096, 0, u64::MAX] {
+            forge(&physical, 8, &size.to_le_bytes());
+            assert_eq!(open(physical.file.as_fd()), invalid, "size {size}");
+        }
+        forge(&physical, 8, &GRANULARITY.to_le_bytes());
+        // The same header in a file anyone may resize.
+        let copy = rustix::fs::memfd_create("forged", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+        rustix::fs::ftruncate(&copy, HEADER + GRANULARITY).unwrap();
+        rustix::io::pwrite(&copy, &header, 0).unwrap();
+        assert_eq!(open(copy.as_fd()), invalid);
+        // An importer cannot resize the real one, and a size that overflows is out of memory.
+        let imported = Physical::open(physical.file.as_fd(), &config).unwrap();
+        assert_eq!(rustix::fs::ftruncate(&imported.file, 0), Err(rustix::io::Errno::PERM));
+        let huge = Physical::create(u64::MAX - GRANULARITY + 1, Location::Host, 0, &config).map(|p| p.size);
+        assert_eq!(huge, Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY));
     }
 }

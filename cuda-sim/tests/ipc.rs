@@ -212,6 +212,135 @@ fn a_child_process_sees_and_changes_the_parent_memory() {
     assert_eq!(dtoh(ptr, 4096), vec![0xc3; 4096]);
 }
 
+/// The importer of [`an_importer_cannot_resize_the_pool_under_the_exporter`]: every way to
+/// change the size of the pool's file fails (it would make the exporter's next access to its
+/// memory a SIGBUS), and the memory is still shared.
+fn resizing_importer(fd: OwnedFd, data: &str) {
+    use_device(0);
+    let pool = import_pool(&fd).unwrap();
+    let ptr = import_ptr(pool, CUmemPoolPtrExportData { reserved: unhex(data).try_into().unwrap() }).unwrap();
+    let len = rustix::fs::fstat(&fd).unwrap().st_size as u64;
+    for to in [0, 4096, len - 4096, len + 4096, 1 << 40] {
+        assert_eq!(rustix::fs::ftruncate(&fd, to), Err(rustix::io::Errno::PERM), "ftruncate to {to} bytes");
+    }
+    let seal = rustix::fs::fcntl_add_seals(&fd, rustix::fs::SealFlags::WRITE);
+    assert_eq!(seal, Err(rustix::io::Errno::PERM), "no seal can be added");
+    assert_eq!(rustix::fs::fstat(&fd).unwrap().st_size as u64, len);
+    assert_eq!(dtoh(ptr, 4096), vec![0x5a; 4096]);
+    htod(ptr, &[0xc3; 4096]);
+    assert_eq!(free(ptr), CUresult::CUDA_SUCCESS);
+    sync(NULL_STREAM);
+}
+
+/// A pool's file is sealed at its size: an importer that tries to shrink (or grow) it gets
+/// `EPERM`, and the exporter, whose memory it maps, lives on (it died of SIGBUS).
+#[test]
+fn an_importer_cannot_resize_the_pool_under_the_exporter() {
+    const ROLE_FD_ENV: &str = "CUDA_SIM_TEST_RESIZE_FD";
+    if let (Ok(fd), Ok(data)) = (std::env::var(ROLE_FD_ENV), std::env::var(POINTER_ENV)) {
+        // SAFETY: the parent made this descriptor inheritable for this child.
+        return resizing_importer(unsafe { OwnedFd::from_raw_fd(fd.parse().unwrap()) }, &data);
+    }
+    let name = test_name!();
+    in_child!(&[], || {
+        use_device(0);
+        let pool = create_pool(&props(device0(), true));
+        let ptr = alloc(pool, 4096);
+        htod(ptr, &[0x5a; 4096]);
+        sync(NULL_STREAM);
+        let fd = export_fd(pool);
+        rustix::io::fcntl_setfd(&fd, rustix::io::FdFlags::empty()).unwrap();
+        let output = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", &name, "--nocapture", "--test-threads=1"])
+            .env(ROLE_FD_ENV, fd.as_raw_fd().to_string())
+            .env(POINTER_ENV, hex(&export_ptr(ptr).unwrap().reserved))
+            .output()
+            .unwrap();
+        assert!(output.status.success() && String::from_utf8_lossy(&output.stdout).contains("1 passed"), "{output:?}");
+        // The exporter's memory is whole: what the importer wrote, then more of the pool.
+        assert_eq!(dtoh(ptr, 4096), vec![0xc3; 4096]);
+        let later = alloc(pool, 1 << 20);
+        htod(later, &[0x11; 1 << 20]);
+        assert_eq!(dtoh(later, 1 << 20), vec![0x11; 1 << 20]);
+        for p in [ptr, later] {
+            assert_eq!(free(p), CUresult::CUDA_SUCCESS);
+        }
+        sync(NULL_STREAM);
+    });
+}
+
+/// A copy of the real file, `len` bytes long, with `header` (its first page) written in: sealed as
+/// the simulator seals its files, or not sealed at all.
+fn copy_of(header: &[u8], len: u64, sealed: bool) -> OwnedFd {
+    use rustix::fs::{MemfdFlags, SealFlags};
+    let flags = if sealed { MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING } else { MemfdFlags::CLOEXEC };
+    let file = rustix::fs::memfd_create("forged", flags).unwrap();
+    rustix::fs::ftruncate(&file, len).unwrap();
+    rustix::io::pwrite(&file, header, 0).unwrap();
+    if sealed {
+        rustix::fs::fcntl_add_seals(&file, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL).unwrap();
+    }
+    file
+}
+
+/// The first page and the length of a shared file.
+fn header_and_len(fd: &OwnedFd) -> (Vec<u8>, u64) {
+    let mut header = vec![0u8; 4096];
+    assert_eq!(rustix::io::pread(fd, &mut header, 0).unwrap(), 4096);
+    (header, rustix::fs::fstat(fd).unwrap().st_size as u64)
+}
+
+/// Importing a pool or VMM allocation checks the file, not only its header: a file that is not
+/// sealed (an importer could truncate it under everyone mapping it), or whose size is not the
+/// one its header states, or whose header fails its checksum, is `CUDA_ERROR_INVALID_VALUE`. A
+/// faithful sealed copy is accepted, so each refusal is for the reason tested.
+#[test]
+fn forged_and_unsealed_pool_and_vmm_files_are_refused() {
+    use_device(0);
+    let invalid = CUresult::CUDA_ERROR_INVALID_VALUE;
+    let (header, len) = header_and_len(&export_fd(create_pool(&props(device0(), true))));
+    assert_eq!(import_pool(&copy_of(&header, len, false)), Err(invalid), "not sealed");
+    assert_eq!(import_pool(&copy_of(&header, len + 4096, true)), Err(invalid), "another size");
+    assert_eq!(import_pool(&copy_of(&header, len - 4096, true)), Err(invalid), "another size");
+    // The header's 50 bytes (see the simulator's `shared` module): any change fails.
+    for i in 0..50 {
+        let mut forged = header.clone();
+        forged[i] ^= 0x04;
+        assert_eq!(import_pool(&copy_of(&forged, len, true)), Err(invalid), "header byte {i} changed");
+    }
+    let faithful = import_pool(&copy_of(&header, len, true)).unwrap();
+    // SAFETY: no pointers.
+    unsafe { cu_call!(driver(), cuMemPoolDestroy(faithful)) }.unwrap();
+
+    let prop = CUmemAllocationProp {
+        type_: CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
+        requestedHandleTypes: POSIX_FD,
+        location: device0(),
+        ..CUmemAllocationProp::default()
+    };
+    let mut vmm = 0;
+    // SAFETY: valid pointers for the call.
+    unsafe { cu_call!(driver(), cuMemCreate(&mut vmm, VMM_SIZE, &prop, 0)) }.unwrap();
+    let mut raw: c_int = -1;
+    // SAFETY: valid out-pointer for an int.
+    unsafe { cu_call!(driver(), cuMemExportToShareableHandle((&raw mut raw).cast(), vmm, POSIX_FD, 0)) }.unwrap();
+    // SAFETY: the driver handed over a new descriptor.
+    let (header, len) = header_and_len(&unsafe { OwnedFd::from_raw_fd(raw) });
+    let import = |fd: &OwnedFd| vmm_import(fd.as_raw_fd() as isize as *mut c_void, POSIX_FD);
+    assert_eq!(import(&copy_of(&header, len, false)), Err(invalid), "not sealed");
+    assert_eq!(import(&copy_of(&header, len + 4096, true)), Err(invalid), "another size");
+    // The header's 33 bytes (see the simulator's `vmm` module).
+    for i in 0..33 {
+        let mut forged = header.clone();
+        forged[i] ^= 0x04;
+        assert_eq!(import(&copy_of(&forged, len, true)), Err(invalid), "header byte {i} changed");
+    }
+    for handle in [import(&copy_of(&header, len, true)).unwrap(), vmm] {
+        // SAFETY: no pointers.
+        unsafe { cu_call!(driver(), cuMemRelease(handle)) }.unwrap();
+    }
+}
+
 /// What the exporter of [`records_name_the_physical_device_whatever_the_ordinals`] passes to each
 /// importer (all in the environment; the descriptors are inherited).
 const IMPORT_ROLE_ENV: &str = "CUDA_SIM_TEST_IMPORT_EXPECT";

@@ -1,6 +1,8 @@
 //! Streams (creation, flags, priorities, properties, destruction, queries), events (flags,
-//! recording, queries, synchronization, elapsed time), host functions, and handles of the wrong
-//! kind. The streams held by gates here are non-blocking, so other tests of the process that use
+//! recording, queries, synchronization, elapsed time), host functions, handles of the wrong
+//! kind, and the calls that invalidate a graph capture (in child processes: a context-wide
+//! synchronization or a use of the legacy stream elsewhere in the process would invalidate
+//! them, as on a GPU). The streams held by gates here are non-blocking, so other tests of the process that use
 //! the legacy stream never wait for them.
 
 mod common;
@@ -9,10 +11,13 @@ use std::ffi::{c_int, c_uint, c_void};
 use std::sync::Mutex;
 
 use common::{
-    Gate, NULL_STREAM, OPEN_DELAY, Pinned, STREAM_LEGACY, STREAM_PER_THREAD, WATCHDOG, code, driver, event,
-    event_query, in_child, memset_async, non_blocking_stream, query, record, sync, use_device,
+    Gate, NULL_STREAM, OPEN_DELAY, Pinned, STREAM_LEGACY, STREAM_PER_THREAD, WATCHDOG, blocking_stream, code, driver,
+    event, event_query, in_child, memset_async, non_blocking_stream, query, record, sync, use_device,
 };
-use cuda_sys::types::{CUcontext, CUevent, CUevent_flags, CUresult, CUstream, CUstream_flags, CUstreamCaptureStatus};
+use cuda_sys::types::{
+    CUcontext, CUdeviceptr, CUevent, CUevent_flags, CUgraph, CUresult, CUstream, CUstream_flags, CUstreamCaptureMode,
+    CUstreamCaptureStatus,
+};
 use cuda_sys::{Driver, cu_call};
 
 fn create(flags: c_uint, priority: Option<c_int>) -> Result<CUstream, CUresult> {
@@ -488,4 +493,238 @@ fn launch_host_func_needs_a_function() {
     let result = unsafe { code!(driver(), cuLaunchHostFunc(s, None, std::ptr::null_mut())) };
     assert_eq!(result, CUresult::CUDA_ERROR_INVALID_VALUE);
     assert_eq!(query(s), CUresult::CUDA_SUCCESS, "nothing was enqueued");
+}
+
+const ACTIVE: CUstreamCaptureStatus = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE;
+const INVALIDATED: CUstreamCaptureStatus = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+const UNSUPPORTED: CUresult = CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+const CAPTURE_INVALIDATED: CUresult = CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+const IMPLICIT: CUresult = CUresult::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+
+/// A driver call on one argument, with its name for the assertion messages.
+type NamedCall<T> = (&'static str, fn(T) -> CUresult);
+
+fn capture_status(s: CUstream) -> Result<CUstreamCaptureStatus, CUresult> {
+    let mut status = CUstreamCaptureStatus(99);
+    // SAFETY: `status` is a valid out-pointer.
+    match unsafe { code!(driver(), cuStreamIsCapturing(s, &mut status)) } {
+        CUresult::CUDA_SUCCESS => Ok(status),
+        error => Err(error),
+    }
+}
+
+/// Begins a capture in global mode (the default, and the strictest).
+fn begin_capture(s: CUstream) {
+    let global = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL;
+    // SAFETY: no pointers.
+    unsafe { cu_call!(driver(), cuStreamBeginCapture_v2(s, global)) }.unwrap();
+}
+
+/// Ends a capture: the code, and the graph written (a non-null marker if none was written).
+fn end_capture(s: CUstream) -> (CUresult, CUgraph) {
+    let mut graph = 0x5eed as CUgraph;
+    // SAFETY: `graph` is a valid out-pointer.
+    let code = unsafe { code!(driver(), cuStreamEndCapture(s, &mut graph)) };
+    (code, graph)
+}
+
+/// Ends a capture that must still be valid, and destroys its graph.
+fn end_valid_capture(s: CUstream) {
+    let (code, graph) = end_capture(s);
+    assert_eq!(code, CUresult::CUDA_SUCCESS);
+    // SAFETY: a graph cuStreamEndCapture returned, destroyed once.
+    unsafe { cu_call!(driver(), cuGraphDestroy(graph)) }.unwrap();
+}
+
+/// Ends a capture that was invalidated: the error, a NULL graph, and the stream not capturing.
+#[track_caller]
+fn end_invalidated_capture(s: CUstream) {
+    let (code, graph) = end_capture(s);
+    assert_eq!((code, graph), (CAPTURE_INVALIDATED, std::ptr::null_mut()), "cuStreamEndCapture");
+    assert_eq!(capture_status(s), Ok(NONE), "the stream is out of capture");
+}
+
+fn memset_code(dst: CUdeviceptr, value: u8, len: usize, s: CUstream) -> CUresult {
+    // SAFETY: no host pointers; the range is checked by the driver.
+    unsafe { code!(driver(), cuMemsetD8Async(dst, value, len, s)) }
+}
+
+fn sync_code(s: CUstream) -> CUresult {
+    // SAFETY: no pointers.
+    unsafe { code!(driver(), cuStreamSynchronize(s)) }
+}
+
+fn event_sync_code(e: CUevent) -> CUresult {
+    // SAFETY: no pointers.
+    unsafe { code!(driver(), cuEventSynchronize(e)) }
+}
+
+fn ctx_sync_code() -> CUresult {
+    // SAFETY: no pointers.
+    unsafe { code!(driver(), cuCtxSynchronize()) }
+}
+
+fn alloc_async_code(len: usize, s: CUstream) -> Result<CUdeviceptr, CUresult> {
+    let mut ptr = 0;
+    // SAFETY: `ptr` is a valid out-pointer.
+    match unsafe { code!(driver(), cuMemAllocAsync(&mut ptr, len, s)) } {
+        CUresult::CUDA_SUCCESS => Ok(ptr),
+        error => Err(error),
+    }
+}
+
+fn free_async_code(ptr: CUdeviceptr, s: CUstream) -> CUresult {
+    // SAFETY: no host pointers.
+    unsafe { code!(driver(), cuMemFreeAsync(ptr, s)) }
+}
+
+/// cuda.h's programming model: synchronizing or querying a capturing stream is not permitted
+/// (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`) and invalidates the capture; the stream then
+/// refuses work until the capture is ended, which returns no graph.
+#[test]
+fn synchronizing_or_querying_a_capturing_stream_invalidates_the_capture() {
+    in_child!(&[], || {
+        use_device(0);
+        let waits: [NamedCall<CUstream>; 2] = [("cuStreamSynchronize", sync_code), ("cuStreamQuery", query)];
+        for flags in [0, NON_BLOCKING] {
+            for (call, wait) in waits {
+                let s = create(flags, None).unwrap();
+                let pinned = Pinned::new(16);
+                let held = alloc_async_code(64, s).unwrap();
+                begin_capture(s);
+                memset_async(pinned.dptr(), 9, 16, s);
+                assert_eq!(wait(s), UNSUPPORTED, "{call}");
+                assert_eq!(capture_status(s), Ok(INVALIDATED), "{call} invalidated the capture");
+                assert_eq!(wait(s), CAPTURE_INVALIDATED, "{call} again");
+                // Work on the stream is refused, and refused work has no effect.
+                assert_eq!(memset_code(pinned.dptr(), 1, 16, s), CAPTURE_INVALIDATED);
+                let e = event(CUevent_flags::CU_EVENT_DEFAULT);
+                // SAFETY: no pointers.
+                assert_eq!(unsafe { code!(driver(), cuEventRecord(e, s)) }, CAPTURE_INVALIDATED);
+                assert_eq!(alloc_async_code(64, s), Err(CAPTURE_INVALIDATED));
+                assert_eq!(free_async_code(held, s), CAPTURE_INVALIDATED);
+                // SAFETY: no pointers.
+                let begin = unsafe {
+                    code!(driver(), cuStreamBeginCapture_v2(s, CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL))
+                };
+                assert_eq!(begin, CUresult::CUDA_ERROR_ILLEGAL_STATE, "the invalidated capture is not over");
+                end_invalidated_capture(s);
+                // The stream works again; the captured memset never ran, the refused free did
+                // not happen.
+                assert_eq!(free_async_code(held, s), CUresult::CUDA_SUCCESS);
+                sync(s);
+                assert_eq!(pinned.read(), [0; 16], "{call}: the discarded work never ran");
+                memset_async(pinned.dptr(), 3, 16, s);
+                sync(s);
+                assert_eq!(pinned.read(), [3; 16]);
+                assert_eq!(destroy(s), CUresult::CUDA_SUCCESS);
+            }
+        }
+    });
+}
+
+/// `CUDA_ERROR_CAPTURED_EVENT`: "the operation is not permitted on an event which was last
+/// recorded in a capturing stream". Querying or waiting for one invalidates its capture.
+#[test]
+fn querying_or_waiting_for_an_event_recorded_in_a_capture_invalidates_it() {
+    in_child!(&[], || {
+        use_device(0);
+        let captured = CUresult::CUDA_ERROR_CAPTURED_EVENT;
+        let waits: [NamedCall<CUevent>; 2] = [("cuEventQuery", event_query), ("cuEventSynchronize", event_sync_code)];
+        for (call, wait) in waits {
+            let s = non_blocking_stream();
+            let e = event(CUevent_flags::CU_EVENT_DEFAULT);
+            record(e, s);
+            sync(s);
+            begin_capture(s);
+            record(e, s);
+            assert_eq!(wait(e), captured, "{call}");
+            assert_eq!(capture_status(s), Ok(INVALIDATED), "{call} invalidated the capture");
+            end_invalidated_capture(s);
+            assert_eq!(wait(e), captured, "{call}: still last recorded in a capture");
+            record(e, s);
+            sync(s);
+            assert_eq!(wait(e), CUresult::CUDA_SUCCESS, "{call}: recorded outside a capture again");
+        }
+        // An event of an earlier capture is refused but leaves a later capture alone.
+        let s = non_blocking_stream();
+        let e = event(CUevent_flags::CU_EVENT_DEFAULT);
+        begin_capture(s);
+        record(e, s);
+        end_valid_capture(s);
+        begin_capture(s);
+        assert_eq!(event_query(e), captured);
+        assert_eq!(capture_status(s), Ok(ACTIVE), "another capture sequence");
+        end_valid_capture(s);
+    });
+}
+
+/// As `cuda.h` documents for `cuCtxRecordEvent` and `cuCtxWaitEvent`: a context-wide operation
+/// while a stream of the context captures is `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` and
+/// invalidates every such capture.
+#[test]
+fn synchronizing_a_context_with_a_capturing_stream_invalidates_every_capture() {
+    in_child!(&[], || {
+        use_device(0);
+        let (a, b, idle) = (non_blocking_stream(), blocking_stream(), non_blocking_stream());
+        begin_capture(a);
+        begin_capture(b);
+        let pinned = Pinned::new(16);
+        memset_async(pinned.dptr(), 5, 16, idle);
+        assert_eq!(ctx_sync_code(), UNSUPPORTED);
+        assert_eq!((capture_status(a), capture_status(b)), (Ok(INVALIDATED), Ok(INVALIDATED)));
+        assert_eq!(capture_status(idle), Ok(NONE));
+        end_invalidated_capture(a);
+        end_invalidated_capture(b);
+        assert_eq!(ctx_sync_code(), CUresult::CUDA_SUCCESS);
+        assert_eq!(pinned.read(), [5; 16], "work on other streams was not disturbed");
+    });
+}
+
+/// `cuda.h`, `cuStreamIsCapturing`: "When a blocking stream is capturing, the legacy stream is in
+/// an unusable state until the blocking stream capture is terminated"; asking it for its status
+/// is `CUDA_ERROR_STREAM_CAPTURE_IMPLICIT` and invalidates nothing. Using it (work, waits,
+/// queries, synchronous copies) is the same error and invalidates the blocking captures.
+#[test]
+fn the_legacy_stream_is_unusable_while_a_blocking_stream_captures() {
+    in_child!(&[], || {
+        use_device(0);
+        let pinned = Pinned::new(16);
+        // A non-blocking capture does not involve the legacy stream.
+        let free_standing = non_blocking_stream();
+        begin_capture(free_standing);
+        memset_async(pinned.dptr(), 1, 16, NULL_STREAM);
+        sync(NULL_STREAM);
+        assert_eq!(capture_status(NULL_STREAM), Ok(NONE));
+        end_valid_capture(free_standing);
+
+        let blocking = blocking_stream();
+        begin_capture(blocking);
+        assert_eq!(capture_status(NULL_STREAM), Err(IMPLICIT));
+        assert_eq!(capture_status(STREAM_LEGACY), Err(IMPLICIT));
+        assert_eq!(capture_status(blocking), Ok(ACTIVE), "asking invalidates nothing");
+        let uses: [NamedCall<CUdeviceptr>; 4] = [
+            ("cuMemsetD8Async", |dst| memset_code(dst, 2, 16, NULL_STREAM)),
+            ("cuStreamSynchronize", |_| sync_code(STREAM_LEGACY)),
+            ("cuStreamQuery", |_| query(NULL_STREAM)),
+            ("cuMemcpyHtoD", |dst| {
+                let bytes = [4u8; 16];
+                // SAFETY: `bytes` is valid for 16 bytes during this synchronous copy.
+                unsafe { code!(driver(), cuMemcpyHtoD_v2(dst, bytes.as_ptr().cast(), 16)) }
+            }),
+        ];
+        for (call, use_legacy) in uses {
+            if capture_status(blocking) == Ok(NONE) {
+                begin_capture(blocking);
+            }
+            assert_eq!(use_legacy(pinned.dptr()), IMPLICIT, "{call}");
+            assert_eq!(capture_status(blocking), Ok(INVALIDATED), "{call} invalidated the capture");
+            assert_eq!(use_legacy(pinned.dptr()), IMPLICIT, "{call}: unusable until the capture ends");
+            end_invalidated_capture(blocking);
+        }
+        assert_eq!(pinned.read(), [1; 16], "nothing the legacy stream refused ran");
+        memset_async(pinned.dptr(), 6, 16, NULL_STREAM);
+        sync(NULL_STREAM);
+        assert_eq!(pinned.read(), [6; 16], "usable again once the capture ended");
+    });
 }

@@ -181,9 +181,12 @@ pub(crate) unsafe fn get_device(out: *mut i32, context: CUcontext) -> SimResult 
     unsafe { write_out(out, context.device as i32) }
 }
 
-/// `cuCtxSynchronize` (current) and `cuCtxSynchronize_v2` (a named one, or null).
+/// `cuCtxSynchronize` (current) and `cuCtxSynchronize_v2` (a named one, or null). While a
+/// stream of the context captures, `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`, and every such
+/// capture is invalidated (see [`crate::capture::admit_context_wait`]).
 pub(crate) fn synchronize(context: CUcontext) -> SimResult {
     let context = named_or_current(&*state::lock()?, context)?;
+    crate::capture::admit_context_wait(&context)?;
     context.synchronize();
     state::lock()?.release_pools_at_sync();
     Ok(())

@@ -3,7 +3,7 @@
 use cuda_sys::types::{CUevent, CUevent_flags, CUresult, CUstream};
 
 use super::DefaultStream;
-use super::stream::resolve;
+use super::stream::resolve_for_work;
 use crate::context as ctx;
 use crate::error::{SimResult, ensure, write_out};
 use crate::event::Event;
@@ -34,18 +34,20 @@ fn find(event: CUevent) -> crate::error::SimResult<std::sync::Arc<Event>> {
     state::lock()?.events.get(&(event as usize)).cloned().ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)
 }
 
-/// `cuEventRecord`: the event and the stream must belong to the same context.
+/// `cuEventRecord`: the event and the stream must belong to the same context. Recorded on a
+/// capturing stream, it becomes a captured event (see [`refuse_captured`]).
 pub(crate) fn record(event: CUevent, stream: CUstream, mode: DefaultStream) -> SimResult {
     let state = state::lock()?;
     let event = state.events.get(&(event as usize)).cloned().ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
-    let (context, stream) = resolve(&state, stream, mode)?;
+    let (context, stream) = resolve_for_work(&state, stream, mode)?;
     drop(state);
     if context.handle != event.ctx {
         return Err(CUresult::CUDA_ERROR_INVALID_HANDLE);
     }
-    if stream.is_capturing() {
-        // Captured into the graph, which never runs here: the event keeps its earlier state
-        // rather than waiting forever for a completion that cannot come.
+    if let Some(sequence) = stream.capture.active_id() {
+        // Captured into the graph, which never runs here: the event's completion state is left
+        // alone rather than waiting forever for a completion that cannot come.
+        event.record_captured(&stream, sequence);
         context.submit(&stream, Box::new(|| {}));
         return Ok(());
     }
@@ -54,14 +56,32 @@ pub(crate) fn record(event: CUevent, stream: CUstream, mode: DefaultStream) -> S
     Ok(())
 }
 
+/// Refuses to query or wait for an event last recorded in a capture: its work never runs
+/// outside the graph. `CUDA_ERROR_CAPTURED_EVENT` ("the operation is not permitted on an event
+/// which was last recorded in a capturing stream"), and the capture it was recorded in is
+/// invalidated if it is still active.
+fn refuse_captured(event: &Event) -> SimResult {
+    let Some((stream, sequence)) = event.captured_in() else {
+        return Ok(());
+    };
+    if let Some(stream) = stream.upgrade() {
+        stream.capture.invalidate(Some(sequence));
+    }
+    Err(CUresult::CUDA_ERROR_CAPTURED_EVENT)
+}
+
 /// `cuEventQuery`: `CUDA_ERROR_NOT_READY` until the latest recording completes.
 pub(crate) fn query(event: CUevent) -> SimResult {
-    if find(event)?.is_complete() { Ok(()) } else { Err(CUresult::CUDA_ERROR_NOT_READY) }
+    let event = find(event)?;
+    refuse_captured(&event)?;
+    if event.is_complete() { Ok(()) } else { Err(CUresult::CUDA_ERROR_NOT_READY) }
 }
 
 /// `cuEventSynchronize`.
 pub(crate) fn synchronize(event: CUevent) -> SimResult {
-    find(event)?.synchronize();
+    let event = find(event)?;
+    refuse_captured(&event)?;
+    event.synchronize();
     state::lock()?.release_pools_at_sync();
     Ok(())
 }

@@ -19,7 +19,7 @@ use std::ffi::c_void;
 use cuda_sys::types::{CUdeviceptr, CUresult, CUstream};
 
 use super::DefaultStream;
-use super::stream::resolve;
+use super::stream::resolve_for_work;
 use crate::context as ctx;
 use crate::error::{SimResult, ensure, fail, write_out};
 use crate::memory::{Endpoint, Kind, round_up};
@@ -194,7 +194,7 @@ pub(crate) unsafe fn copy(
 ) -> SimResult {
     let (dst_address, src_address) = (dst, src);
     let state = state::lock()?;
-    let (context, stream) = resolve(&state, stream, mode)?;
+    let (context, stream) = resolve_for_work(&state, stream, mode)?;
     let (dst, src) = match direction {
         Direction::HostToDevice => (state.memory.classify_allocated(dst, len)?, state.memory.classify_host(src, len)?),
         Direction::DeviceToHost => (state.memory.classify_host(dst, len)?, state.memory.classify_allocated(src, len)?),
@@ -261,7 +261,7 @@ pub(crate) fn memset(
     let len = count.checked_mul(width).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
     ensure(dst.is_multiple_of(width as u64))?;
     let state = state::lock()?;
-    let (context, stream) = resolve(&state, stream, mode)?;
+    let (context, stream) = resolve_for_work(&state, stream, mode)?;
     let target = state.memory.classify_allocated(dst, len)?;
     super::pool::check_access(&state, dst, stream.device, true)?;
     super::vmm::check_access(&state, dst, len, stream.device, true)?;

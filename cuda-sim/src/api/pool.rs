@@ -11,7 +11,7 @@ use cuda_sys::types::{
 };
 
 use super::DefaultStream;
-use super::stream::resolve;
+use super::stream::{resolve, resolve_for_work};
 use crate::config::Config;
 use crate::context as ctx;
 use crate::device::check_ordinal;
@@ -321,41 +321,44 @@ pub(crate) unsafe fn get_access(
 
 /// Allocates from `pool` in the order of `stream`. 0 bytes is `CUDA_ERROR_INVALID_VALUE`
 /// (conservative: the driver does not document it); past the pool's `maxSize` or the device's
-/// memory is `CUDA_ERROR_OUT_OF_MEMORY`.
+/// memory, or a size whose accounting overflows, is `CUDA_ERROR_OUT_OF_MEMORY`. A failed
+/// allocation leaves the pool and the device as they were, high-water marks included.
 fn allocate(state: &mut State, pool: &Arc<Pool>, size: usize, stream: CUstream, mode: DefaultStream) -> SimResult<u64> {
     // "Imported memory pools do not support creating new allocations."
     ensure(size > 0 && !pool.is_imported())?;
-    let (context, stream) = resolve(state, stream, mode)?;
-    if stream.is_capturing() {
+    let (context, stream) = resolve_for_work(state, stream, mode)?;
+    if stream.capture.is_under_way() {
         return fail(CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
     }
-    let grown = pool.lock().allocate(size as u64, pool.max_size)?;
+    let bytes = u64::try_from(size).map_err(|_| CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
+    let growth = pool.lock().plan(bytes, pool.max_size)?;
     let owner = pool.owner();
     if let Some(device) = owner {
         let memory = state.config.memory;
         let used = &mut state.devices[device].used;
-        if used.saturating_add(grown) > memory {
-            pool.lock().undo_allocate(size as u64, grown);
-            return fail(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
-        }
-        *used += grown;
+        *used = used
+            .checked_add(growth.grown)
+            .filter(|&total| total <= memory)
+            .ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
     }
     let kind = Kind::Pooled { pool: pool.handle, host: pool.is_host_memory() };
     let device = owner.unwrap_or(context.device);
     let result = match &pool.shared {
-        Some(shared) => shared.take(size as u64).and_then(|offset| {
+        Some(shared) => shared.take(bytes).and_then(|offset| {
             let placed = state.memory.alloc_shared(size, kind, device, context.handle, shared.file.as_fd(), offset);
             if placed.is_err() {
-                shared.give_back(offset, size as u64);
+                shared.give_back(offset, bytes);
             }
             placed
         }),
         None => state.memory.alloc(size, kind, device, context.handle),
     };
-    if result.is_err() {
-        pool.lock().undo_allocate(size as u64, grown);
-        if let Some(device) = owner {
-            state.devices[device].used -= grown;
+    match result {
+        Ok(_) => pool.lock().commit(growth),
+        Err(_) => {
+            if let Some(device) = owner {
+                state.devices[device].used -= growth.grown;
+            }
         }
     }
     result
@@ -404,7 +407,7 @@ pub(crate) unsafe fn alloc_async(
 /// calls at once; the pool's `used` drops when the stream reaches the free.
 pub(crate) fn free_async(address: CUdeviceptr, stream: CUstream, mode: DefaultStream) -> SimResult {
     let mut state = state::lock()?;
-    let (context, stream) = resolve(&state, stream, mode)?;
+    let (context, stream) = resolve_for_work(&state, stream, mode)?;
     let allocation = state.memory.free_if(address, |kind| matches!(kind, Kind::Pooled { .. }))?;
     let Kind::Pooled { pool: handle, .. } = allocation.kind else {
         return fail(CUresult::CUDA_ERROR_INVALID_VALUE);

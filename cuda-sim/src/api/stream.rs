@@ -10,6 +10,7 @@ use cuda_sys::types::{
 
 use super::DefaultStream;
 use super::context::PRIORITY_RANGE;
+use crate::capture::{self, Ended};
 use crate::context::{self as ctx, Context};
 use crate::error::{SimResult, ensure, fail, write_out};
 use crate::state::{self, State};
@@ -38,6 +39,19 @@ pub(crate) fn resolve(state: &State, stream: CUstream, mode: DefaultStream) -> S
     Ok((context, stream))
 }
 
+/// [`resolve`], for a call that enqueues work on the stream: refused when the stream's capture
+/// was invalidated, or on the legacy stream while a blocking stream captures (see
+/// [`capture::admit_work`]).
+pub(crate) fn resolve_for_work(
+    state: &State,
+    stream: CUstream,
+    mode: DefaultStream,
+) -> SimResult<(Arc<Context>, Arc<Stream>)> {
+    let (context, stream) = resolve(state, stream, mode)?;
+    capture::admit_work(&context, &stream)?;
+    Ok((context, stream))
+}
+
 /// `cuStreamCreate` / `cuStreamCreateWithPriority`: flags are `CU_STREAM_DEFAULT` or
 /// `CU_STREAM_NON_BLOCKING`; the priority is clamped to the device's range, as documented.
 ///
@@ -63,19 +77,21 @@ pub(crate) fn destroy(stream: CUstream) -> SimResult {
     state.streams.remove(&(stream as usize)).map(drop).ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)
 }
 
-/// `cuStreamQuery`: `CUDA_ERROR_NOT_READY` while work is pending.
+/// `cuStreamQuery`: `CUDA_ERROR_NOT_READY` while work is pending. Querying a capturing stream
+/// invalidates its capture (see [`capture::admit_wait`]).
 pub(crate) fn query(stream: CUstream, mode: DefaultStream) -> SimResult {
-    let (_, stream) = resolve(&*state::lock()?, stream, mode)?;
+    let (context, stream) = resolve(&*state::lock()?, stream, mode)?;
+    capture::admit_wait(&context, &stream)?;
     if stream.queue.is_idle() { Ok(()) } else { fail(CUresult::CUDA_ERROR_NOT_READY) }
 }
 
 /// `cuStreamSynchronize`: waits for everything enqueued before it (for the legacy stream, that
-/// includes earlier work on blocking streams, which its implicit waits order before it).
+/// includes earlier work on blocking streams, which its implicit waits order before it). On a
+/// capturing stream it is `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` and invalidates the capture
+/// (see [`capture::admit_wait`]).
 pub(crate) fn synchronize(stream: CUstream, mode: DefaultStream) -> SimResult {
     let (context, stream) = resolve(&*state::lock()?, stream, mode)?;
-    if stream.is_capturing() {
-        return fail(CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
-    }
+    capture::admit_wait(&context, &stream)?;
     context.wait_as_if_submitted(&stream);
     state::lock()?.release_pools_at_sync();
     Ok(())
@@ -89,11 +105,12 @@ pub(crate) fn begin_capture(stream: CUstream, capture_mode: CUstreamCaptureMode,
     if stream.kind != StreamKind::Created {
         return fail(CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
     }
-    if stream.begin_capture() { Ok(()) } else { fail(CUresult::CUDA_ERROR_ILLEGAL_STATE) }
+    if stream.capture.begin() { Ok(()) } else { fail(CUresult::CUDA_ERROR_ILLEGAL_STATE) }
 }
 
 /// `cuStreamEndCapture`: returns the captured graph; `CUDA_ERROR_ILLEGAL_STATE` when the stream
-/// was not capturing.
+/// was not capturing. An invalidated capture ends too, with a NULL graph ("if capture was
+/// invalidated, … a NULL graph will be returned") and `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`.
 ///
 /// # Safety
 /// `out` is null or valid for a write.
@@ -101,7 +118,14 @@ pub(crate) unsafe fn end_capture(stream: CUstream, out: *mut CUgraph, mode: Defa
     ensure(!out.is_null())?;
     let mut state = state::lock()?;
     let (_, stream) = resolve(&state, stream, mode)?;
-    let ops = stream.end_capture().ok_or(CUresult::CUDA_ERROR_ILLEGAL_STATE)?;
+    let ops = match stream.capture.end().ok_or(CUresult::CUDA_ERROR_ILLEGAL_STATE)? {
+        Ended::Graph(ops) => ops,
+        Ended::Invalidated => {
+            // SAFETY: forwarded from the caller.
+            unsafe { write_out(out, std::ptr::null_mut()) }?;
+            return fail(CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+        }
+    };
     let handle = crate::handle::next();
     state.graphs.insert(handle, ops);
     // SAFETY: forwarded from the caller.
@@ -148,7 +172,7 @@ pub(crate) unsafe fn get(stream: CUstream, mode: DefaultStream, property: Proper
 pub(crate) fn wait_event(stream: CUstream, event: CUevent, flags: u32, mode: DefaultStream) -> SimResult {
     ensure(flags & !0x1 == 0)?;
     let state = state::lock()?;
-    let (context, stream) = resolve(&state, stream, mode)?;
+    let (context, stream) = resolve_for_work(&state, stream, mode)?;
     let event = state.events.get(&(event as usize)).cloned().ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
     drop(state);
     if let Some(generation) = event.latest() {
@@ -157,17 +181,16 @@ pub(crate) fn wait_event(stream: CUstream, event: CUevent, flags: u32, mode: Def
     Ok(())
 }
 
-/// `cuStreamIsCapturing`: active between `cuStreamBeginCapture` and `cuStreamEndCapture`.
+/// `cuStreamIsCapturing`: active between `cuStreamBeginCapture` and `cuStreamEndCapture`, or
+/// invalidated; on the legacy stream while a blocking stream captures,
+/// `CUDA_ERROR_STREAM_CAPTURE_IMPLICIT` (nothing is invalidated).
 ///
 /// # Safety
 /// `out` is null or valid for a write.
 pub(crate) unsafe fn is_capturing(stream: CUstream, out: *mut CUstreamCaptureStatus, mode: DefaultStream) -> SimResult {
-    let (_, stream) = resolve(&*state::lock()?, stream, mode)?;
-    let status = if stream.is_capturing() {
-        CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE
-    } else {
-        CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
-    };
+    let (context, stream) = resolve(&*state::lock()?, stream, mode)?;
+    capture::refuse_legacy_status(&context, &stream)?;
+    let status = stream.capture.status();
     // SAFETY: forwarded from the caller.
     unsafe { write_out(out, status) }
 }
@@ -188,7 +211,7 @@ pub(crate) fn launch_host_func(
     mode: DefaultStream,
 ) -> SimResult {
     let function = function.ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
-    let (context, stream) = resolve(&*state::lock()?, stream, mode)?;
+    let (context, stream) = resolve_for_work(&*state::lock()?, stream, mode)?;
     let data = UserData(user_data);
     context.submit(
         &stream,
