@@ -21,7 +21,7 @@ fn still_works(buffer: &VirtualBuffer, expected: &[u8], s: &Stream) {
 /// Arms `function` to fail at its `nth` next call, runs `attempt`, and checks that it failed
 /// with that injected error and undid everything.
 #[track_caller]
-fn fails_cleanly<T: std::fmt::Debug>(function: &CStr, nth: u32, attempt: impl FnOnce() -> cuda_mem_core::Result<T>) {
+fn fails_cleanly<T: std::fmt::Debug>(function: &CStr, nth: u32, attempt: impl FnOnce() -> cuda_mem_vmm::Result<T>) {
     let before = vmm_live();
     inject(function, nth);
     let name = function.to_str().unwrap();
