@@ -48,8 +48,8 @@ pub struct CloseError {
     pub error: VmmError,
     /// The buffer, given back when nothing was released ([`VmmError::CapturingStream`], or the
     /// capture status could not be read); `None` when the release itself failed (the error says
-    /// what became of the memory).
-    pub buffer: Option<VirtualBuffer>,
+    /// what became of the memory). Boxed, so that the error stays small.
+    pub buffer: Option<Box<VirtualBuffer>>,
 }
 
 impl std::fmt::Display for CloseError {
@@ -186,8 +186,8 @@ impl VirtualBuffer {
         if let Some(chosen) = stream.or(self.buffer.deallocation_stream()) {
             match chosen.is_capturing() {
                 Ok(false) => {}
-                Ok(true) => return Err(CloseError { error: VmmError::CapturingStream, buffer: Some(self) }),
-                Err(error) => return Err(CloseError { error: error.into(), buffer: Some(self) }),
+                Ok(true) => return Err(CloseError { error: VmmError::CapturingStream, buffer: Some(Box::new(self)) }),
+                Err(error) => return Err(CloseError { error: error.into(), buffer: Some(Box::new(self)) }),
             }
         }
         if let Some(stream) = stream {

@@ -239,12 +239,12 @@ fn unsupported_message(device: Device, feature: DeviceFeature) -> String {
         DeviceFeature::PosixFdHandles => {
             format!("{device} cannot export memory as POSIX file descriptors; use handle_type(HandleType::None)")
         }
-        DeviceFeature::FabricHandles => format!(
-            "{device} cannot export memory as fabric handles; use handle_type(HandleType::PosixFd) or None"
-        ),
-        DeviceFeature::GpuDirectRdma => format!(
-            "{device} does not support GPUDirect RDMA with VMM allocations; set gpu_direct_rdma(false)"
-        ),
+        DeviceFeature::FabricHandles => {
+            format!("{device} cannot export memory as fabric handles; use handle_type(HandleType::PosixFd) or None")
+        }
+        DeviceFeature::GpuDirectRdma => {
+            format!("{device} does not support GPUDirect RDMA with VMM allocations; set gpu_direct_rdma(false)")
+        }
         DeviceFeature::HostNumaNode => format!("{device} reports no host NUMA node; use LocationType::Host"),
     }
 }
@@ -269,7 +269,9 @@ pub enum InvalidOptions {
     )]
     HostNumaCurrent,
     /// The owning device listed among the peers.
-    #[error("invalid argument: {0} owns the memory and cannot also be one of its peers; set its access with self_access")]
+    #[error(
+        "invalid argument: {0} owns the memory and cannot also be one of its peers; set its access with self_access"
+    )]
     OwnerAsPeer(Device),
 }
 

@@ -65,8 +65,8 @@ mod share;
 
 pub use buffer::{CloseError, VirtualBuffer};
 pub use error::{DeferCause, DescriptorError, DeviceFeature, InvalidOptions, MemoryLocation, Result, VmmError};
-pub use release::release_deferred;
 pub use options::{AccessFlags, AllocationType, Granularity, HandleType, LocationType, VirtualMemoryResourceOptions};
+pub use release::release_deferred;
 pub use resource::VirtualMemoryResource;
 pub use share::{ChunkHandle, MAX_CHUNKS, VirtualBufferDescriptor};
 

@@ -22,7 +22,10 @@ use crate::resource::VirtualMemoryResource;
 /// under a key covers the bytes of every buffer under it: which one a release takes does not
 /// matter.
 #[derive(Debug, Default)]
-pub(crate) struct LiveRanges(Mutex<HashMap<(DevicePtr, usize), Vec<Arc<Range>>>>);
+pub(crate) struct LiveRanges(Mutex<RangesByBuffer>);
+
+/// A range per buffer, under the buffer's pointer and size.
+type RangesByBuffer = HashMap<(DevicePtr, usize), Vec<Arc<Range>>>;
 
 impl LiveRanges {
     fn insert(&self, ptr: DevicePtr, size: usize, range: Arc<Range>) {
@@ -77,7 +80,8 @@ unsafe impl MemoryResource for VirtualMemoryResource {
     /// synchronized and nothing unmapped: the release is deferred (see
     /// [`release_deferred`](crate::release_deferred)) and the error says so.
     unsafe fn deallocate_raw(&self, ptr: DevicePtr, size: usize, stream: &Stream) -> cuda_mem_core::Result<()> {
-        let range = self.live.take(ptr, size).ok_or(VmmError::ForeignPointer { ptr, size }).map_err(VmmError::into_core)?;
+        let range =
+            self.live.take(ptr, size).ok_or(VmmError::ForeignPointer { ptr, size }).map_err(VmmError::into_core)?;
         release_after(range, stream).map_err(VmmError::into_core)
     }
 

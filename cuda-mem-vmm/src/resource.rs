@@ -101,10 +101,11 @@ impl VirtualMemoryResource {
         }
         let mut resource =
             VirtualMemoryResource { device, options, location, granularity: 0, access, live: LiveRanges::default() };
-        resource.granularity = resource.query_granularity().map_err(|e| match (resource.options.allocation_type, e) {
-            (AllocationType::Managed, VmmError::Core(source)) => VmmError::ManagedRefused { device, source },
-            (_, e) => e,
-        })?;
+        resource.granularity =
+            resource.query_granularity().map_err(|e| match (resource.options.allocation_type, e) {
+                (AllocationType::Managed, VmmError::Core(source)) => VmmError::ManagedRefused { device, source },
+                (_, e) => e,
+            })?;
         Ok(Arc::new(resource))
     }
 

@@ -219,7 +219,10 @@ impl VirtualBufferDescriptor {
             return Err(DescriptorError::HandleTypeMismatch { descriptor: self.handle_type, resource: own });
         }
         if self.chunk_sizes.len() != self.handles.len() {
-            return Err(DescriptorError::SizesForHandles { sizes: self.chunk_sizes.len(), handles: self.handles.len() });
+            return Err(DescriptorError::SizesForHandles {
+                sizes: self.chunk_sizes.len(),
+                handles: self.handles.len(),
+            });
         }
         if self.chunk_sizes.is_empty() && self.size != 0 {
             return Err(DescriptorError::NoChunks { size: self.size });

@@ -125,6 +125,7 @@ fn close_refuses_a_capturing_stream_and_gives_the_buffer_back() {
         let Err(CloseError { error, buffer: Some(buffer) }) = buffer.close(None) else {
             panic!("closing on the capturing stream must be refused, with the buffer given back");
         };
+        let buffer = *buffer;
         assert!(matches!(error, VmmError::CapturingStream), "{error:?}");
         assert_mentions(&error.to_string(), &["capturing stream", "once the capture has ended"]);
         assert_eq!(capture_status(&s), ACTIVE);
@@ -136,6 +137,7 @@ fn close_refuses_a_capturing_stream_and_gives_the_buffer_back() {
         let Err(CloseError { error, buffer: Some(buffer) }) = buffer.close(Some(&other)) else {
             panic!("closing on a capturing stream must be refused");
         };
+        let buffer = *buffer;
         assert!(matches!(error, VmmError::CapturingStream), "{error:?}");
         assert_eq!(buffer.deallocation_stream(), Some(&s));
         end_capture(&other);

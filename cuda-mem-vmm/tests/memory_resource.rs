@@ -8,9 +8,7 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
-use cuda_mem_core::{
-    Buffer, FillPattern, MemoryResource, MemoryResourceExt, PinnedMemoryResource, Stream,
-};
+use cuda_mem_core::{Buffer, FillPattern, MemoryResource, MemoryResourceExt, PinnedMemoryResource, Stream};
 use cuda_mem_vmm::{LocationType, VirtualMemoryResource, VirtualMemoryResourceOptions};
 
 /// The bytes of `buffer`, copied to pinned memory on `stream`.
@@ -32,7 +30,10 @@ fn plain_buffers_come_through_the_trait_and_go_back() {
         let mut shared = MemoryResourceExt::allocate(&resource, 1000, &s).unwrap();
         assert_eq!(shared.size(), 1000);
         assert_eq!(shared.ptr() % G as u64, 0);
-        assert_eq!((shared.device(), shared.is_device_accessible(), shared.is_host_accessible()), (Some(d0), true, false));
+        assert_eq!(
+            (shared.device(), shared.is_device_accessible(), shared.is_host_accessible()),
+            (Some(d0), true, false)
+        );
         assert_eq!(sim_live(), baseline.map(|b| plus(b, 1, 1, 1)));
         shared.fill(FillPattern::U8(0x42), &s).unwrap();
         assert_eq!(bytes_of(&shared, &s), vec![0x42; 1000]);
@@ -65,8 +66,9 @@ fn plain_buffers_come_through_the_trait_and_go_back() {
 fn host_located_memory_belongs_to_no_device() {
     let d0 = device(0);
     let s = stream(d0);
-    let options =
-        VirtualMemoryResourceOptions::default().location_type(LocationType::Host).handle_type(cuda_mem_vmm::HandleType::None);
+    let options = VirtualMemoryResourceOptions::default()
+        .location_type(LocationType::Host)
+        .handle_type(cuda_mem_vmm::HandleType::None);
     let resource = VirtualMemoryResource::new(d0, options).unwrap();
     assert_eq!(MemoryResource::device(&*resource), None);
     assert_eq!(resource.device(), d0, "the resource's own device stays the one it allocates for");

@@ -367,9 +367,12 @@ fn every_descriptor_check_refuses_before_anything_stays_mapped() {
         write(&buffer, 0, &pattern(1, 64), &s);
         warm_up(&resource, &s);
         let cases: [Case; 10] = [
-            ("handle type", |d| d.handle_type = HandleType::Fabric, &["handle type is Fabric", "PosixFd"], |e| {
-                matches!(e, VmmError::Descriptor(DescriptorError::HandleTypeMismatch { .. }))
-            }),
+            (
+                "handle type",
+                |d| d.handle_type = HandleType::Fabric,
+                &["handle type is Fabric", "PosixFd"],
+                |e| matches!(e, VmmError::Descriptor(DescriptorError::HandleTypeMismatch { .. })),
+            ),
             ("a size too many", |d| d.chunk_sizes.push(G as u64), &["3 chunk sizes for 2 handles"], refused_descriptor),
             (
                 "a size too few",
@@ -380,9 +383,19 @@ fn every_descriptor_check_refuses_before_anything_stays_mapped() {
                 refused_descriptor,
             ),
             ("a handle too few", |d| drop(d.handles.pop()), &["2 chunk sizes for 1 handles"], refused_descriptor),
-            ("not a multiple", |d| d.chunk_sizes[1] = G as u64 + 4096, &["2101248", "2097152-byte granularity"], refused_descriptor),
+            (
+                "not a multiple",
+                |d| d.chunk_sizes[1] = G as u64 + 4096,
+                &["2101248", "2097152-byte granularity"],
+                refused_descriptor,
+            ),
             ("a zero chunk", |d| d.chunk_sizes[0] = 0, &["chunk size 0", "positive multiple"], refused_descriptor),
-            ("size past the chunks", |d| d.size = 2 * G as u64 + 1, &["4194305", "exceeds", "4194304 bytes"], refused_descriptor),
+            (
+                "size past the chunks",
+                |d| d.size = 2 * G as u64 + 1,
+                &["4194305", "exceeds", "4194304 bytes"],
+                refused_descriptor,
+            ),
             (
                 "no chunks but a size",
                 |d| {
@@ -392,9 +405,12 @@ fn every_descriptor_check_refuses_before_anything_stays_mapped() {
                 &["size 4194304 with no exported chunks"],
                 refused_descriptor,
             ),
-            ("a chunk larger than exported", |d| d.chunk_sizes[1] = 2 * G as u64, &["mapping chunk 2 of 2"], |e| {
-                matches!(e, VmmError::ChunkMap { chunk: 2, count: 2, .. }) && e.cuda_code().is_some()
-            }),
+            (
+                "a chunk larger than exported",
+                |d| d.chunk_sizes[1] = 2 * G as u64,
+                &["mapping chunk 2 of 2"],
+                |e| matches!(e, VmmError::ChunkMap { chunk: 2, count: 2, .. }) && e.cuda_code().is_some(),
+            ),
             (
                 "not a VMM file",
                 |d| {
@@ -441,7 +457,8 @@ fn a_fabric_handle_in_an_fd_descriptor_is_refused_before_the_driver_sees_it() {
         // Were the driver called, this armed failure would be spent on that call.
         inject(c"cuMemImportFromShareableHandle", 1);
         let error = resource.import(descriptor, Some(&s)).unwrap_err();
-        let fabric_in_fd = DescriptorError::HandleKind { chunk: 1, carries: "a fabric handle", handle_type: HandleType::PosixFd };
+        let fabric_in_fd =
+            DescriptorError::HandleKind { chunk: 1, carries: "a fabric handle", handle_type: HandleType::PosixFd };
         assert!(matches!(&error, VmmError::Descriptor(e) if *e == fabric_in_fd), "{error:?}");
         assert_eq!(vmm_live(), baseline);
         let unspent = resource.import(buffer.export().unwrap(), Some(&s));
@@ -469,7 +486,8 @@ fn an_fd_handle_in_a_fabric_descriptor_is_refused_before_the_driver_sees_it() {
         let file: OwnedFd = std::fs::File::open("/proc/self/status").unwrap().into();
         descriptor.handles[0] = ChunkHandle::Fd(file);
         let error = resource.import(descriptor, Some(&s)).unwrap_err();
-        let fd_in_fabric = DescriptorError::HandleKind { chunk: 1, carries: "a file descriptor", handle_type: HandleType::Fabric };
+        let fd_in_fabric =
+            DescriptorError::HandleKind { chunk: 1, carries: "a file descriptor", handle_type: HandleType::Fabric };
         assert!(matches!(&error, VmmError::Descriptor(e) if *e == fd_in_fabric), "{error:?}");
         assert_eq!(vmm_live(), baseline);
     });
