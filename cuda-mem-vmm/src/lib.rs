@@ -26,6 +26,14 @@
 //!
 //! With the feature `ipc`, the `ipc` module sends virtual buffers over `cuda-mem-ipc`'s channel.
 //!
+//! Modules (private; their items are re-exported here): `options` (the options and their
+//! enums), `resource` (the resource: checking options, allocation, growth), `memory_resource`
+//! (the resource as a `MemoryResource`, and the ranges of the buffers it handed out), `buffer`
+//! ([`VirtualBuffer`], [`CloseError`]), `pieces` (the owned driver objects: physical chunk,
+//! reservation, mapping, range, and mapping chunks contiguously into a reservation), `release`
+//! (letting go of ranges after their stream's work, deferred while it captures), `share` (export,
+//! the descriptor and its encoding, import), `error` ([`VmmError`] and the enums it names).
+//!
 //! Fabric handles are tested on the simulator only; they have not yet run on hardware.
 //!
 //! ```
