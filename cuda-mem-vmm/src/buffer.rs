@@ -1,54 +1,115 @@
 //! `VirtualBuffer`: a buffer of a [`VirtualMemoryResource`], growable without copying.
 
-use std::ops::Deref;
 use std::sync::Arc;
 
-use cuda_mem_core::{Buffer, FillPattern, Result, Stream};
+use cuda_mem_core::{Buffer, Device, DevicePtr, FillPattern, ScopedBuffer, Stream};
 
-use crate::options::LocationType;
+use crate::error::{Result, VmmError};
 use crate::pieces::Range;
 use crate::resource::VirtualMemoryResource;
 
-/// A buffer over mapped virtual memory. It dereferences to a [`Buffer`] for reading (pointer,
-/// size, copies out); writes go through its own [`copy_from`](VirtualBuffer::copy_from) and
-/// [`fill`](VirtualBuffer::fill), so that the `Buffer` inside cannot be replaced by another one
-/// (the range it maps, which export and growth use, must stay the one its pointer names). The
-/// memory goes when the last buffer mapping it is dropped (grown buffers share chunks with the
-/// buffers they grew from), after the work enqueued through it.
+/// A buffer over mapped virtual memory: a [`Buffer`] of its [`VirtualMemoryResource`]
+/// ([`as_buffer`](VirtualBuffer::as_buffer), for anything that takes one) and the range it maps,
+/// which growth and export use. Writes go through its own
+/// [`copy_from`](VirtualBuffer::copy_from) and [`fill`](VirtualBuffer::fill), so that the
+/// `Buffer` inside cannot be replaced by another one (the range must stay the one its pointer
+/// names).
+///
+/// The memory goes when the last buffer mapping it is gone (grown buffers share chunks with the
+/// buffers they grew from), after the work enqueued through it: unmapping is not stream-ordered,
+/// so its stream is synchronized first. If that stream is capturing when the buffer is dropped,
+/// neither happens then: the release is deferred until the capture has ended (see
+/// [`release_deferred`](crate::release_deferred)) and recorded
+/// ([`take_drop_errors`](cuda_mem_core::take_drop_errors)); [`close`](VirtualBuffer::close)
+/// refuses instead and gives the buffer back.
 ///
 /// ```compile_fail
 /// # use cuda_mem_core::Buffer;
 /// # use cuda_mem_vmm::VirtualBuffer;
 /// // The `Buffer` inside cannot be swapped for another one.
-/// fn replace(mut grown: VirtualBuffer, other: Buffer) {
-///     *grown = other;
+/// fn replace(grown: VirtualBuffer, other: Buffer) {
+///     *grown.as_buffer() = other;
 /// }
 /// ```
 #[derive(Debug)]
 pub struct VirtualBuffer {
+    /// Freed (first, as declared first) through the resource, which lets go of its own share of
+    /// the range after the stream's work.
     buffer: Buffer,
     range: Arc<Range>,
     resource: Arc<VirtualMemoryResource>,
     imported: bool,
 }
 
+/// A [`VirtualBuffer::close`] that did not happen, or failed.
+#[derive(Debug)]
+pub struct CloseError {
+    /// What went wrong.
+    pub error: VmmError,
+    /// The buffer, given back when nothing was released ([`VmmError::CapturingStream`], or the
+    /// capture status could not be read); `None` when the release itself failed (the error says
+    /// what became of the memory). Boxed, so that the error stays small.
+    pub buffer: Option<Box<VirtualBuffer>>,
+}
+
+impl std::fmt::Display for CloseError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.error.fmt(f)
+    }
+}
+
+impl std::error::Error for CloseError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        std::error::Error::source(&self.error)
+    }
+}
+
 impl VirtualBuffer {
+    /// `size` bytes of `range`, freed after `stream`'s work.
     pub(crate) fn new(
         range: Arc<Range>,
         size: usize,
         resource: Arc<VirtualMemoryResource>,
         imported: bool,
+        stream: &Stream,
     ) -> VirtualBuffer {
-        let device = (resource.options().location_type == LocationType::Device).then(|| resource.device());
-        let keep_alive: Arc<dyn std::any::Any + Send + Sync> = Arc::clone(&range) as _;
-        // SAFETY: the view covers `size` bytes mapped by `range` (at most its mapped size), which
-        // it keeps alive; the memory is device memory, never lent to the host.
-        let buffer = unsafe { Buffer::from_raw(range.base, size, device, true, false, Some(keep_alive)) };
+        let buffer = resource.adopt(Arc::clone(&range), size, stream);
         VirtualBuffer { buffer, range, resource, imported }
     }
 
     pub(crate) fn range(&self) -> &Arc<Range> {
         &self.range
+    }
+
+    /// The buffer, for anything that takes a [`Buffer`] (copies, reads); it is owned by this
+    /// virtual buffer's resource.
+    pub fn as_buffer(&self) -> &Buffer {
+        &self.buffer
+    }
+
+    /// The address.
+    pub fn ptr(&self) -> DevicePtr {
+        self.buffer.ptr()
+    }
+
+    /// The size in bytes (at most [`mapped_size`](VirtualBuffer::mapped_size)).
+    pub fn size(&self) -> usize {
+        self.buffer.size()
+    }
+
+    /// Whether it is empty.
+    pub fn is_empty(&self) -> bool {
+        self.buffer.is_empty()
+    }
+
+    /// The device the memory is on; `None` for host memory.
+    pub fn device(&self) -> Option<Device> {
+        self.buffer.device()
+    }
+
+    /// The stream the memory is released after.
+    pub fn deallocation_stream(&self) -> Option<&Stream> {
+        self.buffer.deallocation_stream()
     }
 
     /// The resource that allocated it (or imported it).
@@ -71,12 +132,20 @@ impl VirtualBuffer {
         self.range.mapped_size()
     }
 
+    /// Copies this buffer into `dst` on `stream` (as [`Buffer::copy_to`]).
+    ///
+    /// # Errors
+    /// As [`Buffer::copy_to`].
+    pub fn copy_to(&self, dst: &mut ScopedBuffer<'_>, stream: &Stream) -> Result<()> {
+        Ok(self.buffer.copy_to(dst, stream)?)
+    }
+
     /// Copies `src` into this buffer on `stream` (as [`Buffer::copy_from`]).
     ///
     /// # Errors
     /// As [`Buffer::copy_from`].
-    pub fn copy_from(&mut self, src: &Buffer, stream: &Stream) -> Result<()> {
-        self.buffer.copy_from(src, stream)
+    pub fn copy_from(&mut self, src: &ScopedBuffer<'_>, stream: &Stream) -> Result<()> {
+        Ok(self.buffer.copy_from(src, stream)?)
     }
 
     /// Fills this buffer with `pattern` on `stream` (as [`Buffer::fill`]).
@@ -84,12 +153,12 @@ impl VirtualBuffer {
     /// # Errors
     /// As [`Buffer::fill`].
     pub fn fill(&mut self, pattern: FillPattern, stream: &Stream) -> Result<()> {
-        self.buffer.fill(pattern, stream)
+        Ok(self.buffer.fill(pattern, stream)?)
     }
 
-    /// Makes `stream` the one whose work the unmapping waits for first (as
-    /// [`Buffer::set_deallocation_stream`]; other streams used through the buffer are waited for
-    /// too).
+    /// Makes `stream` the one whose work the unmapping waits for (as
+    /// [`Buffer::set_deallocation_stream`]; work on other streams used through the buffer is
+    /// ordered before it).
     pub fn set_deallocation_stream(&mut self, stream: &Stream) {
         self.buffer.set_deallocation_stream(stream);
     }
@@ -101,22 +170,33 @@ impl VirtualBuffer {
     pub fn grow(&self, new_size: usize) -> Result<VirtualBuffer> {
         self.resource.grow(self, new_size)
     }
-}
 
-impl Drop for VirtualBuffer {
-    fn drop(&mut self) {
-        // Unmapping is not stream-ordered: before this view lets go of the range (possibly its
-        // last holder), wait for the work enqueued through it on any stream.
-        if let Err(error) = self.buffer.wait_for_uses() {
-            cuda_mem_core::record_drop_error("virtual memory buffer (waiting for its streams)", error);
+    /// Releases the buffer now, after the work of `stream` (or of the recorded stream), and says
+    /// whether that worked: the memory is unmapped once no other buffer maps it.
+    ///
+    /// A capturing stream is refused, as by cuda.core: unmapping cannot be captured, and waiting
+    /// for the stream would disturb the capture. Close it once the capture has ended.
+    ///
+    /// # Errors
+    /// [`VmmError::CapturingStream`] with the buffer given back, unchanged (also when the capture
+    /// status cannot be read, with that error); when the release itself fails the error is
+    /// returned without the buffer (a release that could not wait for the stream is deferred,
+    /// see [`VmmError::ReleaseDeferred`]).
+    pub fn close(mut self, stream: Option<&Stream>) -> Result<(), CloseError> {
+        if let Some(chosen) = stream.or(self.buffer.deallocation_stream()) {
+            match chosen.is_capturing() {
+                Ok(false) => {}
+                Ok(true) => return Err(CloseError { error: VmmError::CapturingStream, buffer: Some(Box::new(self)) }),
+                Err(error) => return Err(CloseError { error: error.into(), buffer: Some(Box::new(self)) }),
+            }
         }
-    }
-}
-
-impl Deref for VirtualBuffer {
-    type Target = Buffer;
-
-    fn deref(&self) -> &Buffer {
-        &self.buffer
+        if let Some(stream) = stream {
+            self.buffer.set_deallocation_stream(stream);
+        }
+        let VirtualBuffer { buffer, range, .. } = self;
+        let result = buffer.close(None);
+        // After the release above waited for the stream (or deferred it with its own share).
+        drop(range);
+        result.map_err(|error| CloseError { error: error.into(), buffer: None })
     }
 }

@@ -10,6 +10,7 @@ use cuda_mem_core::Stream;
 use cuda_mem_ipc::{Channel, IpcError, RawMessage};
 
 use crate::buffer::VirtualBuffer;
+use crate::error::{Result, VmmError};
 use crate::resource::VirtualMemoryResource;
 use crate::share::VirtualBufferDescriptor;
 
@@ -19,31 +20,33 @@ pub const VIRTUAL_BUFFER: u16 = 16;
 /// Exports `buffer` and sends it; its descriptors are closed here once sent.
 ///
 /// # Errors
-/// Export errors (an imported buffer, a resource without handles) and channel errors.
-pub fn send_virtual_buffer(channel: &Channel, buffer: &VirtualBuffer) -> Result<(), IpcError> {
+/// Export errors (an imported buffer, a resource without handles) and channel errors
+/// ([`VmmError::Channel`]).
+pub fn send_virtual_buffer(channel: &Channel, buffer: &VirtualBuffer) -> Result<()> {
     let descriptor = buffer.export()?;
     let (bytes, fds) = descriptor.encode();
-    channel.send(VIRTUAL_BUFFER, &bytes, &fds)
+    Ok(channel.send(VIRTUAL_BUFFER, &bytes, &fds)?)
 }
 
 /// Maps a virtual buffer from a received message of kind [`VIRTUAL_BUFFER`] with `resource`
 /// (whose handle type must match the sender's).
 ///
 /// # Errors
-/// A protocol error for another kind of message; descriptor and import errors.
+/// A protocol error ([`VmmError::Channel`]) for another kind of message; descriptor and import
+/// errors.
 pub fn import_virtual_buffer(
     message: RawMessage,
     resource: &Arc<VirtualMemoryResource>,
     stream: Option<&Stream>,
-) -> Result<VirtualBuffer, IpcError> {
+) -> Result<VirtualBuffer> {
     if message.kind != VIRTUAL_BUFFER {
-        return Err(IpcError::Protocol(format!(
+        return Err(VmmError::Channel(IpcError::Protocol(format!(
             "expected a virtual buffer (kind {VIRTUAL_BUFFER}), got kind {}",
             message.kind
-        )));
+        ))));
     }
     let descriptor = VirtualBufferDescriptor::decode(&message.payload, message.fds)?;
-    Ok(resource.import(descriptor, stream)?)
+    resource.import(descriptor, stream)
 }
 
 /// Receives one message and maps the virtual buffer it carries.
@@ -54,7 +57,7 @@ pub fn recv_virtual_buffer(
     channel: &Channel,
     resource: &Arc<VirtualMemoryResource>,
     stream: Option<&Stream>,
-) -> Result<VirtualBuffer, IpcError> {
+) -> Result<VirtualBuffer> {
     import_virtual_buffer(channel.recv()?, resource, stream)
 }
 
@@ -80,7 +83,7 @@ mod tests {
         assert_ne!(received.ptr(), buffer.ptr());
         let host = PinnedMemoryResource::new(PinnedMemoryResourceOptions::default()).unwrap();
         let mut check = host.allocate(received.size(), &stream).unwrap();
-        check.copy_from(&received, &stream).unwrap();
+        check.copy_from(received.as_buffer(), &stream).unwrap();
         assert!(check.host_slice().unwrap().iter().all(|&x| x == 0x5c));
         a.send(1, b"not a buffer", &[]).unwrap();
         assert!(recv_virtual_buffer(&b, &vmm, None).is_err());

@@ -7,15 +7,32 @@
 //!   change.
 //! - [`VirtualMemoryResource::allocate`]: physical memory, an address reservation, a mapping and
 //!   its access, as separate owned pieces: a failure at any step undoes the earlier ones.
+//! - The resource is a [`MemoryResource`](cuda_mem_core::MemoryResource): through
+//!   [`MemoryResourceExt`](cuda_mem_core::MemoryResourceExt) (or as an
+//!   `Arc<dyn MemoryResource>`) it allocates plain `Buffer`s, which neither grow nor export.
 //! - [`VirtualBuffer::grow`]: in place (same pointer) when the addresses after the buffer are
 //!   free, otherwise by mapping the same chunks again at a new address; never a copy; the old
 //!   buffer stays valid and aliases the same memory.
 //! - [`VirtualBuffer::export`] / [`VirtualMemoryResource::import`]: one handle per chunk.
 //!
 //! Memory is freed when the last buffer mapping it is dropped, after the work of its stream:
-//! unmapping is not stream-ordered, so the buffer's stream is synchronized first.
+//! unmapping is not stream-ordered, so the buffer's stream is synchronized first. A capturing
+//! stream is never synchronized and memory it may use never unmapped: dropping a buffer then
+//! defers its release until the capture has ended ([`release_deferred`]), and
+//! [`VirtualBuffer::close`] refuses, giving the buffer back.
+//!
+//! Errors are [`VmmError`]s, with variants to match on; a driver error stays their source and
+//! answers [`VmmError::cuda_code`].
 //!
 //! With the feature `ipc`, the `ipc` module sends virtual buffers over `cuda-mem-ipc`'s channel.
+//!
+//! Modules (private; their items are re-exported here): `options` (the options and their
+//! enums), `resource` (the resource: checking options, allocation, growth), `memory_resource`
+//! (the resource as a `MemoryResource`, and the ranges of the buffers it handed out), `buffer`
+//! ([`VirtualBuffer`], [`CloseError`]), `pieces` (the owned driver objects: physical chunk,
+//! reservation, mapping, range, and mapping chunks contiguously into a reservation), `release`
+//! (letting go of ranges after their stream's work, deferred while it captures), `share` (export,
+//! the descriptor and its encoding, import), `error` ([`VmmError`] and the enums it names).
 //!
 //! Fabric handles are tested on the simulator only; they have not yet run on hardware.
 //!
@@ -35,19 +52,29 @@
 //!
 //! let shared = big.export()?; // one file descriptor per chunk, for another process
 //! assert_eq!(shared.handles.len(), big.chunk_count());
-//! # Ok::<(), cuda_mem_core::Error>(())
+//!
+//! // As a memory resource: plain buffers, here borrowing the resource for a scope.
+//! use cuda_mem_core::MemoryResourceExt;
+//! let mut scratch = vmm.allocate_scoped(4096, &stream)?;
+//! scratch.fill(FillPattern::U8(0), &stream)?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
 mod buffer;
+mod error;
 #[cfg(feature = "ipc")]
 pub mod ipc;
+mod memory_resource;
 mod options;
 mod pieces;
+mod release;
 mod resource;
 mod share;
 
-pub use buffer::VirtualBuffer;
+pub use buffer::{CloseError, VirtualBuffer};
+pub use error::{DeferCause, DescriptorError, DeviceFeature, InvalidOptions, MemoryLocation, Result, VmmError};
 pub use options::{AccessFlags, AllocationType, Granularity, HandleType, LocationType, VirtualMemoryResourceOptions};
+pub use release::release_deferred;
 pub use resource::VirtualMemoryResource;
 pub use share::{ChunkHandle, MAX_CHUNKS, VirtualBufferDescriptor};
 

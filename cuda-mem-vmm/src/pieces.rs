@@ -4,15 +4,15 @@
 //! `cuMemSetAccess` → `cuMemUnmap`), and a range: the mappings one buffer spans.
 //!
 //! A mapping holds its physical allocation and its reservation, so it is unmapped before the
-//! reservation is freed; a range holds its mappings and synchronizes its stream before they go,
-//! because unmapping is not stream-ordered. Any step that fails drops the pieces made before it,
-//! so nothing leaks.
+//! reservation is freed; a range holds its mappings. Unmapping is not stream-ordered: whoever
+//! lets go of a range waits for the work that uses it first (see `release`). Any step that
+//! fails drops the pieces made before it, so nothing leaks.
 
 use std::sync::Arc;
 
 use cuda_mem_core::sys::cu_call;
 use cuda_mem_core::sys::types::{CUmemAccessDesc, CUmemAllocationProp, CUmemGenericAllocationHandle};
-use cuda_mem_core::{DevicePtr, Result, Stream, driver, record_drop_error};
+use cuda_mem_core::{DevicePtr, Error, Result, driver, record_drop_error};
 
 /// A physical allocation and the access every mapping of it gets.
 #[derive(Debug)]
@@ -104,10 +104,10 @@ pub(crate) struct Mapping {
 impl Mapping {
     /// `cuMemMap` of the whole of `physical` at `ptr` (inside `reservation`), then
     /// `cuMemSetAccess` with the allocation's descriptors; unmapped again if that fails.
-    pub(crate) fn map(ptr: DevicePtr, physical: Arc<Physical>, reservation: Arc<Reservation>) -> Result<Arc<Mapping>> {
+    fn map(ptr: DevicePtr, physical: Arc<Physical>, reservation: Arc<Reservation>) -> Result<Arc<Mapping>> {
         let d = driver()?;
-        // SAFETY: the range lies inside `reservation` (the callers place it so) and the handle is
-        // live while `physical` is.
+        // SAFETY: the range lies inside `reservation` (`map_contiguously`, the only caller, places
+        // it so) and the handle is live while `physical` is.
         unsafe { cu_call!(d, cuMemMap(ptr, physical.size, 0, physical.handle, 0)) }?;
         let mapping = Mapping { ptr, physical, _reservation: reservation };
         if !mapping.physical.access.is_empty() {
@@ -129,8 +129,8 @@ impl Drop for Mapping {
     fn drop(&mut self) {
         let unmap = || -> Result<()> {
             let d = driver()?;
-            // SAFETY: the exact range this value mapped, unmapped once; the range that held it
-            // synchronized its stream first.
+            // SAFETY: the exact range this value mapped, unmapped once; whoever let go of the last
+            // range holding it waited for the work using it first (see `release`).
             unsafe { cu_call!(d, cuMemUnmap(self.ptr, self.physical.size)) }?;
             Ok(())
         };
@@ -140,30 +140,50 @@ impl Drop for Mapping {
     }
 }
 
-/// The contiguous mappings one buffer spans, from `base`, and the stream whose work must finish
-/// before they are unmapped.
+/// The contiguous mappings one buffer spans, from `base`.
 #[derive(Debug)]
 pub(crate) struct Range {
     pub(crate) base: DevicePtr,
     pub(crate) mappings: Vec<Arc<Mapping>>,
-    pub(crate) stream: Option<Stream>,
 }
 
 impl Range {
+    /// A range without memory (of an empty buffer).
+    pub(crate) fn empty() -> Range {
+        Range { base: 0, mappings: Vec::new() }
+    }
+
     /// The bytes mapped.
     pub(crate) fn mapped_size(&self) -> usize {
         self.mappings.iter().map(|m| m.size()).sum()
     }
 }
 
-impl Drop for Range {
-    fn drop(&mut self) {
-        // Unmapping is not stream-ordered: wait for the work that may still use the memory.
-        if let Some(stream) = &self.stream
-            && let Err(error) = stream.synchronize()
-        {
-            record_drop_error("virtual memory buffer (synchronizing before unmapping)", error);
-        }
-        // The mappings drop after this, unmapping those no other range holds.
+/// Mapping the chunk at `index` (from 0, `size` bytes) of [`map_contiguously`] failed with
+/// `error`; the chunks before it were unmapped again.
+#[derive(Debug)]
+pub(crate) struct ChunkMapFailure {
+    pub(crate) index: usize,
+    pub(crate) size: usize,
+    pub(crate) error: Error,
+}
+
+/// Maps `chunks` one after another from the start of `reservation`, each with its access: the
+/// range of one buffer. The caller reserved at least the chunks' total size. On a failure the
+/// chunks mapped so far are unmapped again (their mappings drop) and the failure names the chunk.
+pub(crate) fn map_contiguously(
+    reservation: &Arc<Reservation>,
+    chunks: impl IntoIterator<Item = Arc<Physical>>,
+) -> Result<Range, ChunkMapFailure> {
+    let mut mappings = Vec::new();
+    let mut offset = 0usize;
+    for (index, physical) in chunks.into_iter().enumerate() {
+        let size = physical.size;
+        debug_assert!(offset + size <= reservation.size, "the chunks fit in the reservation");
+        let mapping = Mapping::map(reservation.ptr + offset as DevicePtr, physical, Arc::clone(reservation))
+            .map_err(|error| ChunkMapFailure { index, size, error })?;
+        mappings.push(mapping);
+        offset += size;
     }
+    Ok(Range { base: reservation.ptr, mappings })
 }

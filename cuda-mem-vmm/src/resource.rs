@@ -4,14 +4,25 @@ use std::sync::Arc;
 
 use cuda_mem_core::sys::cu_call;
 use cuda_mem_core::sys::types::{CUmemAccessDesc, CUmemAllocationProp, CUmemLocation, CUmemLocationType};
-use cuda_mem_core::{Device, Error, Result, Stream, driver};
+use cuda_mem_core::{Device, Stream, driver};
 
 use crate::buffer::VirtualBuffer;
-use crate::options::{HandleType, LocationType, VirtualMemoryResourceOptions};
-use crate::pieces::{Mapping, Physical, Range, Reservation};
+use crate::error::{DeviceFeature, InvalidOptions, Result, VmmError};
+use crate::memory_resource::LiveRanges;
+use crate::options::{AllocationType, HandleType, LocationType, VirtualMemoryResourceOptions};
+use crate::pieces::{Physical, Range, Reservation, map_contiguously};
+use crate::release::release_deferred;
 
 /// Allocates device (or host) memory as physical chunks mapped into reserved address ranges, so
 /// that a buffer can grow without copying.
+///
+/// It is a [`MemoryResource`](cuda_mem_core::MemoryResource): an `Arc` of one allocates plain
+/// [`Buffer`](cuda_mem_core::Buffer)s through
+/// [`MemoryResourceExt`](cuda_mem_core::MemoryResourceExt) (`allocate_scoped`, or
+/// `MemoryResourceExt::allocate(&resource, size, &stream)`: the inherent
+/// [`allocate`](VirtualMemoryResource::allocate), which gives a growable, exportable
+/// [`VirtualBuffer`], takes precedence in method syntax), and it can stand wherever an
+/// `Arc<dyn MemoryResource>` is expected. Growth and export are [`VirtualBuffer`]'s.
 #[derive(Debug)]
 pub struct VirtualMemoryResource {
     device: Device,
@@ -19,13 +30,13 @@ pub struct VirtualMemoryResource {
     location: CUmemLocation,
     granularity: usize,
     access: Vec<CUmemAccessDesc>,
+    /// The ranges of the buffers it handed out, found again when they are freed.
+    pub(crate) live: LiveRanges,
 }
 
 /// Rounds `size` up to a multiple of `granularity`, or says it does not fit.
 pub(crate) fn round_up(size: usize, granularity: usize) -> Result<usize> {
-    size.checked_next_multiple_of(granularity).ok_or_else(|| {
-        Error::InvalidArgument(format!("{size} bytes rounded up to the {granularity}-byte granularity overflow"))
-    })
+    size.checked_next_multiple_of(granularity).ok_or(VmmError::SizeOverflow { size, granularity })
 }
 
 impl VirtualMemoryResource {
@@ -33,64 +44,45 @@ impl VirtualMemoryResource {
     /// is an error here, saying what to change.
     ///
     /// # Errors
-    /// [`Error::NotSupported`] when the device lacks VMM, the handle type, or GPUDirect RDMA
-    /// with VMM; [`Error::InvalidArgument`] for an alignment that is not a power of two, an
-    /// exportable handle type on plain host memory, or the owner listed as a peer.
+    /// [`VmmError::Unsupported`] when the device lacks VMM, the handle type, GPUDirect RDMA with
+    /// VMM or a host NUMA node; [`VmmError::InvalidOptions`] for an alignment that is not a power
+    /// of two, an exportable handle type on plain host memory, `HostNumaCurrent`, or the owner
+    /// listed as a peer; [`VmmError::ManagedRefused`] when the driver refuses managed memory.
     pub fn new(device: Device, options: VirtualMemoryResourceOptions) -> Result<Arc<VirtualMemoryResource>> {
         let properties = device.properties()?;
+        let unsupported = |feature| VmmError::Unsupported { device, feature };
         if !properties.virtual_memory_management_supported {
-            return Err(Error::NotSupported(format!(
-                "{device} does not support the virtual memory management API; use a pool resource instead"
-            )));
+            return Err(unsupported(DeviceFeature::VirtualMemoryManagement));
         }
         if options.address_alignment != 0 && !options.address_alignment.is_power_of_two() {
-            return Err(Error::InvalidArgument(format!(
-                "address_alignment must be a power of two (or 0 for the granularity), got {}",
-                options.address_alignment
-            )));
+            return Err(InvalidOptions::AlignmentNotPowerOfTwo(options.address_alignment).into());
         }
         if options.location_type == LocationType::Host && options.handle_type != HandleType::None {
-            return Err(Error::InvalidArgument(
-                "memory with location_type Host cannot have an exportable handle type: use handle_type(HandleType::None), \
-                 or LocationType::HostNuma to share host memory"
-                    .to_string(),
-            ));
+            return Err(InvalidOptions::ExportableHostMemory.into());
         }
         match options.handle_type {
             HandleType::PosixFd if !properties.posix_fd_handles_supported => {
-                return Err(Error::NotSupported(format!(
-                    "{device} cannot export memory as POSIX file descriptors; use handle_type(HandleType::None)"
-                )));
+                return Err(unsupported(DeviceFeature::PosixFdHandles));
             }
             HandleType::Fabric if !properties.fabric_handles_supported => {
-                return Err(Error::NotSupported(format!(
-                    "{device} cannot export memory as fabric handles; use handle_type(HandleType::PosixFd) or None"
-                )));
+                return Err(unsupported(DeviceFeature::FabricHandles));
             }
             _ => {}
         }
         if options.gpu_direct_rdma && !properties.gpu_direct_rdma_with_vmm_supported {
-            return Err(Error::NotSupported(format!(
-                "{device} does not support GPUDirect RDMA with VMM allocations; set gpu_direct_rdma(false)"
-            )));
+            return Err(unsupported(DeviceFeature::GpuDirectRdma));
         }
         if options.location_type == LocationType::HostNumaCurrent {
-            return Err(Error::NotSupported(
-                "physical allocations cannot be placed on the calling thread's NUMA node (HostNumaCurrent); use \
-                 LocationType::HostNuma or Host"
-                    .to_string(),
-            ));
+            return Err(InvalidOptions::HostNumaCurrent.into());
         }
         if options.peers.contains(&device) {
-            return Err(Error::InvalidArgument(format!(
-                "{device} owns the memory and cannot also be one of its peers; set its access with self_access"
-            )));
+            return Err(InvalidOptions::OwnerAsPeer(device).into());
         }
         let id = match options.location_type {
             LocationType::Device => device.raw(),
-            LocationType::HostNuma => properties.host_numa_id.ok_or_else(|| {
-                Error::NotSupported(format!("{device} reports no host NUMA node; use LocationType::Host"))
-            })?,
+            LocationType::HostNuma => {
+                properties.host_numa_id.ok_or_else(|| unsupported(DeviceFeature::HostNumaNode))?
+            }
             LocationType::Host | LocationType::HostNumaCurrent => 0,
         };
         let location = CUmemLocation { type_: options.location_type.raw(), id };
@@ -107,13 +99,13 @@ impl VirtualMemoryResource {
                 access.push(CUmemAccessDesc { location, flags });
             }
         }
-        let mut resource = VirtualMemoryResource { device, options, location, granularity: 0, access };
-        resource.granularity = resource.query_granularity().map_err(|e| match resource.options.allocation_type {
-            crate::options::AllocationType::Managed => Error::NotSupported(format!(
-                "the driver refuses managed physical allocations for {device} ({e}); use AllocationType::Pinned"
-            )),
-            _ => e,
-        })?;
+        let mut resource =
+            VirtualMemoryResource { device, options, location, granularity: 0, access, live: LiveRanges::default() };
+        resource.granularity =
+            resource.query_granularity().map_err(|e| match (resource.options.allocation_type, e) {
+                (AllocationType::Managed, VmmError::Core(source)) => VmmError::ManagedRefused { device, source },
+                (_, e) => e,
+            })?;
         Ok(Arc::new(resource))
     }
 
@@ -133,9 +125,10 @@ impl VirtualMemoryResource {
         let prop = self.prop();
         let mut granularity = 0usize;
         // SAFETY: valid pointers for the call.
-        unsafe { cu_call!(d, cuMemGetAllocationGranularity(&mut granularity, &prop, self.options.granularity.raw())) }?;
+        unsafe { cu_call!(d, cuMemGetAllocationGranularity(&mut granularity, &prop, self.options.granularity.raw())) }
+            .map_err(cuda_mem_core::Error::from)?;
         if granularity == 0 {
-            return Err(Error::InvalidState("the driver reported a granularity of 0".to_string()));
+            return Err(VmmError::ZeroGranularity);
         }
         Ok(granularity)
     }
@@ -167,7 +160,7 @@ impl VirtualMemoryResource {
 
     /// One physical chunk of `size` bytes with this resource's properties and access.
     pub(crate) fn create_chunk(&self, size: usize) -> Result<Arc<Physical>> {
-        Physical::create(size, &self.prop(), self.access.clone())
+        Ok(Physical::create(size, &self.prop(), self.access.clone())?)
     }
 
     /// The access descriptors mappings of this resource get.
@@ -177,7 +170,21 @@ impl VirtualMemoryResource {
 
     /// Reserves `size` bytes with this resource's alignment and hint.
     pub(crate) fn reserve(&self, size: usize) -> Result<Arc<Reservation>> {
-        Reservation::reserve(size, self.alignment(), self.options.address_hint)
+        Ok(Reservation::reserve(size, self.alignment(), self.options.address_hint)?)
+    }
+
+    /// `stream`, or the device's legacy default stream.
+    pub(crate) fn stream_or_default(&self, stream: Option<&Stream>) -> Stream {
+        stream.cloned().unwrap_or_else(|| self.device.default_stream())
+    }
+
+    /// A new range of at least `size` bytes (more than 0; rounded up to the granularity): one
+    /// physical chunk mapped into a reservation of its own.
+    pub(crate) fn map_new(&self, size: usize) -> Result<Range> {
+        let aligned = round_up(size, self.granularity)?;
+        let physical = self.create_chunk(aligned)?;
+        let reservation = self.reserve(aligned)?;
+        Ok(map_contiguously(&reservation, [physical]).map_err(|failure| failure.error)?)
     }
 
     /// Allocates at least `size` bytes (rounded up to the granularity: the buffer's size is the
@@ -186,22 +193,20 @@ impl VirtualMemoryResource {
     /// buffer without any driver call.
     ///
     /// # Errors
-    /// Driver errors from any step; every step already taken is undone.
+    /// Driver errors from any step ([`VmmError::Core`]); every step already taken is undone.
     pub fn allocate(self: &Arc<Self>, size: usize, stream: Option<&Stream>) -> Result<VirtualBuffer> {
-        let stream = stream.cloned().unwrap_or_else(|| self.device.default_stream());
+        release_deferred();
+        let stream = self.stream_or_default(stream);
         if size == 0 {
-            let range = Range { base: 0, mappings: Vec::new(), stream: Some(stream) };
-            return Ok(VirtualBuffer::new(Arc::new(range), 0, Arc::clone(self), false));
+            return Ok(VirtualBuffer::new(Arc::new(Range::empty()), 0, Arc::clone(self), false, &stream));
         }
-        let aligned = round_up(size, self.granularity)?;
-        let physical = self.create_chunk(aligned)?;
-        let reservation = self.reserve(aligned)?;
-        let mapping = Mapping::map(reservation.ptr, physical, Arc::clone(&reservation))?;
-        let range = Range { base: reservation.ptr, mappings: vec![mapping], stream: Some(stream) };
-        Ok(VirtualBuffer::new(Arc::new(range), aligned, Arc::clone(self), false))
+        let range = self.map_new(size)?;
+        let aligned = range.mapped_size();
+        Ok(VirtualBuffer::new(Arc::new(range), aligned, Arc::clone(self), false, &stream))
     }
 
-    /// A buffer covering `buffer`'s bytes and more, `new_size` in all (rounded up).
+    /// A buffer covering `buffer`'s bytes and more, `new_size` in all (rounded up), freed after
+    /// the stream `buffer` is freed on.
     ///
     /// It first reserves the addresses right after the buffer's and maps one new chunk there:
     /// the pointer stays the same and nothing is copied. If the driver puts that reservation
@@ -211,26 +216,23 @@ impl VirtualMemoryResource {
     /// driver call. A failure leaves `buffer` untouched and leaks nothing.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a buffer of another resource; driver errors.
+    /// [`VmmError::ForeignBuffer`] for a buffer of another resource; driver errors.
     pub fn grow(self: &Arc<Self>, buffer: &VirtualBuffer, new_size: usize) -> Result<VirtualBuffer> {
         if !Arc::ptr_eq(buffer.resource(), self) {
-            return Err(Error::InvalidArgument(
-                "the buffer was not allocated by this VirtualMemoryResource".to_string(),
-            ));
+            return Err(VmmError::ForeignBuffer);
         }
+        release_deferred();
+        let stream = self.stream_or_default(buffer.deallocation_stream());
         let range = buffer.range();
         if range.mappings.is_empty() {
-            return self.allocate(new_size, range.stream.as_ref());
+            return self.allocate(new_size, Some(&stream));
         }
         let requested = round_up(new_size, self.granularity)?;
         let total = range.mapped_size();
+        let imported = buffer.is_imported();
         if requested <= total {
-            return Ok(VirtualBuffer::new(
-                Arc::clone(range),
-                requested.max(buffer.size()),
-                Arc::clone(self),
-                buffer.is_imported(),
-            ));
+            let size = requested.max(buffer.size());
+            return Ok(VirtualBuffer::new(Arc::clone(range), size, Arc::clone(self), imported, &stream));
         }
         let added = requested - total;
         let end = range.base + total as u64;
@@ -238,26 +240,26 @@ impl VirtualMemoryResource {
         match Reservation::reserve(added, 0, end) {
             Ok(next) if next.ptr == end => {
                 let physical = self.create_chunk(added)?;
-                let mapping = Mapping::map(next.ptr, physical, next)?;
+                let new_chunk = map_contiguously(&next, [physical]).map_err(|failure| failure.error)?;
                 let mut mappings = range.mappings.clone();
-                mappings.push(mapping);
-                let grown = Range { base: range.base, mappings, stream: range.stream.clone() };
-                return Ok(VirtualBuffer::new(Arc::new(grown), requested, Arc::clone(self), buffer.is_imported()));
+                mappings.extend(new_chunk.mappings);
+                let grown = Range { base: range.base, mappings };
+                return Ok(VirtualBuffer::new(Arc::new(grown), requested, Arc::clone(self), imported, &stream));
             }
             // Granted elsewhere (dropped here, so freed) or refused: move instead.
             _ => {}
         }
         let reservation = self.reserve(requested)?;
-        let mut mappings = Vec::with_capacity(range.mappings.len() + 1);
-        let mut offset = 0u64;
-        for existing in &range.mappings {
-            let physical = Arc::clone(&existing.physical);
-            mappings.push(Mapping::map(reservation.ptr + offset, physical, Arc::clone(&reservation))?);
-            offset += existing.size() as u64;
-        }
         let physical = self.create_chunk(added)?;
-        mappings.push(Mapping::map(reservation.ptr + offset, physical, Arc::clone(&reservation))?);
-        let moved = Range { base: reservation.ptr, mappings, stream: range.stream.clone() };
-        Ok(VirtualBuffer::new(Arc::new(moved), requested, Arc::clone(self), buffer.is_imported()))
+        let chunks = range.mappings.iter().map(|existing| Arc::clone(&existing.physical)).chain([physical]);
+        let moved = map_contiguously(&reservation, chunks).map_err(|failure| failure.error)?;
+        Ok(VirtualBuffer::new(Arc::new(moved), requested, Arc::clone(self), imported, &stream))
+    }
+}
+
+impl Drop for VirtualMemoryResource {
+    fn drop(&mut self) {
+        // A safe point: memory deferred while its stream captured may be released by now.
+        release_deferred();
     }
 }

@@ -14,12 +14,16 @@ use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
 
 use cuda_mem_core::sys::cu_call;
-use cuda_mem_core::sys::types::{CUmemAllocationProp, CUmemFabricHandle, CUmemGenericAllocationHandle};
-use cuda_mem_core::{Error, Result, Stream, driver};
+use cuda_mem_core::sys::types::{
+    CUmemAllocationProp, CUmemFabricHandle, CUmemGenericAllocationHandle, CUmemLocation, CUmemLocationType,
+};
+use cuda_mem_core::{Stream, driver};
 
 use crate::buffer::VirtualBuffer;
+use crate::error::{DescriptorError, MemoryLocation, Result, VmmError};
 use crate::options::HandleType;
-use crate::pieces::{Mapping, Physical, Range};
+use crate::pieces::{Physical, map_contiguously};
+use crate::release::release_deferred;
 use crate::resource::VirtualMemoryResource;
 
 /// The most chunks a descriptor may name (the most descriptors one `SCM_RIGHTS` message carries).
@@ -49,49 +53,25 @@ pub struct VirtualBufferDescriptor {
     pub handles: Vec<ChunkHandle>,
 }
 
-/// A location in words ("device 0", "host memory", …).
-fn location_name(kind: cuda_mem_core::sys::types::CUmemLocationType, id: i32) -> String {
-    use cuda_mem_core::sys::types::CUmemLocationType as T;
-    match kind {
-        T::CU_MEM_LOCATION_TYPE_DEVICE => format!("memory on device {id}"),
-        T::CU_MEM_LOCATION_TYPE_HOST => "host memory".to_string(),
-        T::CU_MEM_LOCATION_TYPE_HOST_NUMA => format!("host memory on NUMA node {id}"),
-        other => format!("memory at location type {}", other.0),
-    }
-}
-
-fn malformed(what: impl std::fmt::Display) -> Error {
-    Error::InvalidArgument(format!("malformed virtual buffer descriptor: {what}"))
-}
-
 impl VirtualBuffer {
     /// Exports the buffer: one handle per chunk. Running out of file descriptors part way
     /// closes those already opened and says so.
     ///
     /// # Errors
-    /// [`Error::InvalidState`] for an imported buffer (forward the descriptor you received
-    /// instead), [`Error::NotSupported`] for a resource without an exportable handle type;
-    /// driver errors.
+    /// [`VmmError::TooManyChunks`] past [`MAX_CHUNKS`], [`VmmError::ImportedBuffer`] for an
+    /// imported buffer (forward the descriptor you received instead), [`VmmError::NotExportable`]
+    /// for a resource without an exportable handle type, [`VmmError::ExportFailed`] naming the
+    /// chunk the driver refused.
     pub fn export(&self) -> Result<VirtualBufferDescriptor> {
         if self.chunk_count() > MAX_CHUNKS {
-            return Err(Error::InvalidState(format!(
-                "the buffer spans {} chunks; a descriptor can name at most {MAX_CHUNKS} (one message of file \
-                 descriptors): grow in fewer, larger steps",
-                self.chunk_count()
-            )));
+            return Err(VmmError::TooManyChunks { chunks: self.chunk_count() });
         }
         if self.is_imported() {
-            return Err(Error::InvalidState(
-                "an imported virtual buffer cannot be exported again: forward the descriptor it was imported from"
-                    .to_string(),
-            ));
+            return Err(VmmError::ImportedBuffer);
         }
         let handle_type = self.resource().options().handle_type;
         if handle_type == HandleType::None {
-            return Err(Error::NotSupported(
-                "the buffer's resource has handle_type None: create it with HandleType::PosixFd or Fabric to share it"
-                    .to_string(),
-            ));
+            return Err(VmmError::NotExportable);
         }
         let d = driver()?;
         let mappings = &self.range().mappings;
@@ -122,15 +102,15 @@ impl VirtualBuffer {
             };
             match exported {
                 Ok(chunk) => handles.push(chunk),
-                Err(error) => {
-                    let opened = handles.len();
+                Err(source) => {
+                    let exported = handles.len();
                     drop(handles);
-                    return Err(Error::InvalidState(format!(
-                        "exporting chunk {} of {} failed after {opened} were exported (their descriptors are closed; \
-                         if the process is out of file descriptors, raise its limit): {error}",
-                        index + 1,
-                        mappings.len()
-                    )));
+                    return Err(VmmError::ExportFailed {
+                        chunk: index + 1,
+                        count: mappings.len(),
+                        exported,
+                        source: source.into(),
+                    });
                 }
             }
         }
@@ -174,42 +154,42 @@ impl VirtualBufferDescriptor {
     /// per chunk for POSIX-fd handles (the descriptors are closed on any error).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] naming what is wrong.
-    pub fn decode(bytes: &[u8], fds: Vec<OwnedFd>) -> Result<VirtualBufferDescriptor> {
-        let header =
-            bytes.get(..24).ok_or_else(|| malformed(format!("{} bytes, shorter than its header", bytes.len())))?;
+    /// The [`DescriptorError`] naming what is wrong.
+    pub fn decode(bytes: &[u8], fds: Vec<OwnedFd>) -> Result<VirtualBufferDescriptor, DescriptorError> {
+        let Some(header) = bytes.first_chunk::<24>() else {
+            return Err(DescriptorError::Truncated { len: bytes.len() });
+        };
         if &header[..8] != MAGIC {
-            return Err(malformed("bad magic"));
+            return Err(DescriptorError::BadMagic);
         }
         let version = u16::from_le_bytes([header[8], header[9]]);
         if version != VERSION {
-            return Err(malformed(format!("version {version}, this build reads {VERSION}")));
+            return Err(DescriptorError::Version { found: version, expected: VERSION });
         }
         let handle_type = match header[10] {
             1 => HandleType::PosixFd,
             2 => HandleType::Fabric,
-            other => return Err(malformed(format!("handle type {other}"))),
+            other => return Err(DescriptorError::HandleTypeCode(other)),
         };
         if header[11] != 0 {
-            return Err(malformed("reserved byte is not zero"));
+            return Err(DescriptorError::ReservedByte);
         }
         let count = u32::from_le_bytes([header[12], header[13], header[14], header[15]]) as usize;
         if count > MAX_CHUNKS {
-            return Err(malformed(format!("{count} chunks, more than {MAX_CHUNKS}")));
+            return Err(DescriptorError::TooManyChunks { count });
         }
-        let size = u64::from_le_bytes(header[16..24].try_into().map_err(|_| malformed("size"))?);
+        let size = u64_at(header, 16);
         let per_chunk = if handle_type == HandleType::Fabric { 8 + 64 } else { 8 };
         let expected = 24 + count * per_chunk;
         if bytes.len() != expected {
-            return Err(malformed(format!("{} bytes for {count} chunks, expected {expected}", bytes.len())));
+            return Err(DescriptorError::Length { len: bytes.len(), count, expected });
         }
         let sizes_end = 24 + 8 * count;
-        let chunk_sizes: Vec<u64> =
-            bytes[24..sizes_end].chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect();
+        let chunk_sizes: Vec<u64> = (24..sizes_end).step_by(8).map(|offset| u64_at(bytes, offset)).collect();
         let handles: Vec<ChunkHandle> = match handle_type {
             HandleType::Fabric => {
                 if !fds.is_empty() {
-                    return Err(malformed("file descriptors came with fabric handles"));
+                    return Err(DescriptorError::FdsWithFabricHandles);
                 }
                 bytes[sizes_end..]
                     .chunks_exact(64)
@@ -222,13 +202,96 @@ impl VirtualBufferDescriptor {
             }
             _ => {
                 if fds.len() != count {
-                    return Err(malformed(format!("{} file descriptors for {count} chunks", fds.len())));
+                    return Err(DescriptorError::FdCount { fds: fds.len(), count });
                 }
                 fds.into_iter().map(ChunkHandle::Fd).collect()
             }
         };
         Ok(VirtualBufferDescriptor { handle_type, size, chunk_sizes, handles })
     }
+
+    /// Checks what can be checked against `resource` before importing anything: the handle
+    /// type, the counts, each handle's kind, the chunk sizes against its granularity, and the
+    /// claimed size against the chunks. Returns the chunks' total size.
+    fn check_for(&self, resource: &VirtualMemoryResource) -> Result<usize, DescriptorError> {
+        let own = resource.options().handle_type;
+        if self.handle_type != own {
+            return Err(DescriptorError::HandleTypeMismatch { descriptor: self.handle_type, resource: own });
+        }
+        if self.chunk_sizes.len() != self.handles.len() {
+            return Err(DescriptorError::SizesForHandles {
+                sizes: self.chunk_sizes.len(),
+                handles: self.handles.len(),
+            });
+        }
+        if self.chunk_sizes.is_empty() && self.size != 0 {
+            return Err(DescriptorError::NoChunks { size: self.size });
+        }
+        for (index, handle) in self.handles.iter().enumerate() {
+            let carries = match handle {
+                ChunkHandle::Fd(_) if self.handle_type == HandleType::PosixFd => continue,
+                ChunkHandle::Fabric(_) if self.handle_type == HandleType::Fabric => continue,
+                ChunkHandle::Fd(_) => "a file descriptor",
+                ChunkHandle::Fabric(_) => "a fabric handle",
+            };
+            return Err(DescriptorError::HandleKind { chunk: index + 1, carries, handle_type: self.handle_type });
+        }
+        let granularity = resource.granularity() as u64;
+        let mut total: u64 = 0;
+        for &size in &self.chunk_sizes {
+            if size == 0 || !size.is_multiple_of(granularity) {
+                return Err(DescriptorError::ChunkSize { size, granularity });
+            }
+            total = total.checked_add(size).ok_or(DescriptorError::ChunkSizesOverflow)?;
+        }
+        if self.size > total {
+            return Err(DescriptorError::SizeExceedsChunks { size: self.size, total });
+        }
+        usize::try_from(total).map_err(|_| DescriptorError::AddressSpace)
+    }
+}
+
+/// The little-endian `u64` at `offset` of `bytes` (which the caller checked is long enough).
+fn u64_at(bytes: &[u8], offset: usize) -> u64 {
+    let mut word = [0u8; 8];
+    word.copy_from_slice(&bytes[offset..offset + 8]);
+    u64::from_le_bytes(word)
+}
+
+/// Imports one chunk's handle as `handle_type`: a physical allocation owned here.
+fn import_chunk(
+    handle: &ChunkHandle,
+    handle_type: HandleType,
+    size: usize,
+    resource: &VirtualMemoryResource,
+) -> cuda_mem_core::Result<Arc<Physical>> {
+    let d = driver()?;
+    let mut imported: CUmemGenericAllocationHandle = 0;
+    match handle {
+        ChunkHandle::Fd(fd) => {
+            use std::os::fd::AsRawFd;
+            let raw = fd.as_raw_fd() as isize as *mut std::ffi::c_void;
+            // SAFETY: the descriptor is open for the call; the driver does not keep it.
+            unsafe { cu_call!(d, cuMemImportFromShareableHandle(&mut imported, raw, handle_type.raw())) }
+        }
+        ChunkHandle::Fabric(data) => {
+            let mut fabric = CUmemFabricHandle { data: *data };
+            // SAFETY: a pointer to a fabric handle, valid for the call.
+            unsafe {
+                cu_call!(d, cuMemImportFromShareableHandle(&mut imported, (&raw mut fabric).cast(), handle_type.raw()))
+            }
+        }
+    }?;
+    Ok(Physical::adopt(imported, size, resource.access().to_vec()))
+}
+
+/// Where the physical allocation is, as the driver reports it.
+fn location_of(physical: &Physical) -> cuda_mem_core::Result<CUmemLocation> {
+    let d = driver()?;
+    let mut prop = CUmemAllocationProp::default();
+    // SAFETY: `prop` is a valid out-pointer; the handle is live.
+    unsafe { cu_call!(d, cuMemGetAllocationPropertiesFromHandle(&mut prop, physical.handle)) }?;
+    Ok(prop.location)
 }
 
 impl VirtualMemoryResource {
@@ -241,118 +304,48 @@ impl VirtualMemoryResource {
     /// descriptors are closed when it returns; the mapping does not need them.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] naming the failed check; driver errors. Nothing stays
-    /// imported or mapped on failure.
+    /// [`VmmError::Descriptor`] naming the failed check; [`VmmError::ChunkImport`],
+    /// [`VmmError::ChunkLocation`] and [`VmmError::ChunkMap`] naming the chunk (a driver error
+    /// stays their source); other driver errors. Nothing stays imported or mapped on failure.
     pub fn import(
         self: &Arc<Self>,
         descriptor: VirtualBufferDescriptor,
         stream: Option<&Stream>,
     ) -> Result<VirtualBuffer> {
-        let own = self.options().handle_type;
-        if descriptor.handle_type != own {
-            return Err(Error::InvalidArgument(format!(
-                "the descriptor's handle type is {:?} but this resource's is {own:?}; import it with a resource configured \
-                 like the exporter's",
-                descriptor.handle_type
-            )));
-        }
-        if descriptor.chunk_sizes.len() != descriptor.handles.len() {
-            return Err(malformed(format!(
-                "{} chunk sizes for {} handles",
-                descriptor.chunk_sizes.len(),
-                descriptor.handles.len()
-            )));
-        }
+        let total = descriptor.check_for(self)?;
         if descriptor.chunk_sizes.is_empty() {
-            if descriptor.size == 0 {
-                return self.allocate(0, stream);
-            }
-            return Err(malformed(format!("size {} with no exported chunks", descriptor.size)));
+            return self.allocate(0, stream);
         }
-        for (index, handle) in descriptor.handles.iter().enumerate() {
-            let matches = matches!(
-                (handle, descriptor.handle_type),
-                (ChunkHandle::Fd(_), HandleType::PosixFd) | (ChunkHandle::Fabric(_), HandleType::Fabric)
-            );
-            if !matches {
-                let kind = match handle {
-                    ChunkHandle::Fd(_) => "a file descriptor",
-                    ChunkHandle::Fabric(_) => "a fabric handle",
-                };
-                return Err(malformed(format!(
-                    "chunk {} carries {kind} but the descriptor's handle type is {:?}",
-                    index + 1,
-                    descriptor.handle_type
-                )));
-            }
-        }
-        let granularity = self.granularity() as u64;
-        let mut total: u64 = 0;
-        for &size in &descriptor.chunk_sizes {
-            if size == 0 || !size.is_multiple_of(granularity) {
-                return Err(Error::InvalidArgument(format!(
-                    "descriptor chunk size {size} is not a positive multiple of the {granularity}-byte granularity"
-                )));
-            }
-            total = total.checked_add(size).ok_or_else(|| malformed("chunk sizes overflow"))?;
-        }
-        if descriptor.size > total {
-            return Err(Error::InvalidArgument(format!(
-                "descriptor size ({}) exceeds the exported chunks ({total} bytes)",
-                descriptor.size
-            )));
-        }
-        let total = usize::try_from(total).map_err(|_| malformed("chunks larger than this machine's address space"))?;
-        let d = driver()?;
-        let mut chunks = Vec::with_capacity(descriptor.handles.len());
+        release_deferred();
         let count = descriptor.handles.len();
+        let mut chunks = Vec::with_capacity(count);
+        let want = self.location();
         for (index, (handle, &size)) in descriptor.handles.iter().zip(&descriptor.chunk_sizes).enumerate() {
-            let mut imported: CUmemGenericAllocationHandle = 0;
-            let result = match handle {
-                ChunkHandle::Fd(fd) => {
-                    use std::os::fd::AsRawFd;
-                    let raw = fd.as_raw_fd() as isize as *mut std::ffi::c_void;
-                    // SAFETY: the descriptor is open for the call; the driver does not keep it.
-                    unsafe { cu_call!(d, cuMemImportFromShareableHandle(&mut imported, raw, own.raw())) }
-                }
-                ChunkHandle::Fabric(data) => {
-                    let mut fabric = CUmemFabricHandle { data: *data };
-                    // SAFETY: a pointer to a fabric handle, valid for the call.
-                    unsafe {
-                        cu_call!(d, cuMemImportFromShareableHandle(&mut imported, (&raw mut fabric).cast(), own.raw()))
-                    }
-                }
-            };
-            result.map_err(|e| Error::InvalidArgument(format!("importing chunk {} of {count}: {e}", index + 1)))?;
-            let physical = Physical::adopt(imported, size as usize, self.access().to_vec());
-            let mut prop = CUmemAllocationProp::default();
-            // SAFETY: `prop` is a valid out-pointer; the handle is live.
-            unsafe { cu_call!(d, cuMemGetAllocationPropertiesFromHandle(&mut prop, physical.handle)) }?;
-            let want = self.location();
-            let device_type = cuda_mem_core::sys::types::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
-            if prop.location.type_ != want.type_ || (want.type_ == device_type && prop.location.id != want.id) {
-                return Err(Error::InvalidArgument(format!(
-                    "chunk {} of {count} is {}, but this resource maps {}; import it with a resource for that device",
-                    index + 1,
-                    location_name(prop.location.type_, prop.location.id),
-                    location_name(want.type_, want.id),
-                )));
+            let chunk = index + 1;
+            let physical = import_chunk(handle, descriptor.handle_type, size as usize, self)
+                .map_err(|source| VmmError::ChunkImport { chunk, count, source })?;
+            let found = location_of(&physical)?;
+            // Device memory must be on this resource's device; host memory is host memory
+            // whatever id the driver reports for it.
+            let device_type = CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+            if found.type_ != want.type_ || (want.type_ == device_type && found.id != want.id) {
+                return Err(VmmError::ChunkLocation {
+                    chunk,
+                    count,
+                    found: MemoryLocation::new(found.type_, found.id),
+                    wanted: MemoryLocation::new(want.type_, want.id),
+                });
             }
             chunks.push(physical);
         }
         let reservation = self.reserve(total)?;
-        let mut mappings = Vec::with_capacity(chunks.len());
-        let mut offset = 0u64;
-        for (index, physical) in chunks.into_iter().enumerate() {
-            let size = physical.size as u64;
-            let mapping = Mapping::map(reservation.ptr + offset, physical, Arc::clone(&reservation)).map_err(|e| {
-                Error::InvalidArgument(format!("mapping chunk {} of {count} ({size} bytes): {e}", index + 1))
-            })?;
-            mappings.push(mapping);
-            offset += size;
-        }
-        let stream = stream.cloned().unwrap_or_else(|| self.device().default_stream());
-        let range = Range { base: reservation.ptr, mappings, stream: Some(stream) };
-        Ok(VirtualBuffer::new(Arc::new(range), descriptor.size as usize, Arc::clone(self), true))
+        let range = map_contiguously(&reservation, chunks).map_err(|failure| VmmError::ChunkMap {
+            chunk: failure.index + 1,
+            count,
+            size: failure.size as u64,
+            source: failure.error,
+        })?;
+        let stream = self.stream_or_default(stream);
+        Ok(VirtualBuffer::new(Arc::new(range), descriptor.size as usize, Arc::clone(self), true, &stream))
     }
 }

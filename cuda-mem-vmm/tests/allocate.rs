@@ -6,7 +6,9 @@ mod common;
 use common::*;
 use cuda_mem_core::sys::types::CUresult;
 use cuda_mem_core::{Device, Error, FillPattern};
-use cuda_mem_vmm::{AccessFlags, HandleType, LocationType, VirtualMemoryResource, VirtualMemoryResourceOptions};
+use cuda_mem_vmm::{
+    AccessFlags, HandleType, LocationType, VirtualMemoryResource, VirtualMemoryResourceOptions, VmmError,
+};
 
 /// Allocates with `options`, checks rounding, placement, live objects, a round trip at both
 /// ends, and that dropping gives everything back.
@@ -25,7 +27,8 @@ fn allocate_round_trip_and_release(options: VirtualMemoryResourceOptions) {
         assert_eq!(buffer.ptr() % g as u64, 0);
         assert_eq!(buffer.device(), expected_device);
         assert!(!buffer.is_imported());
-        assert!(!buffer.is_owning(), "the view frees nothing; the pieces do");
+        let owner = buffer.as_buffer().memory_resource().expect("the buffer is owned by a resource");
+        assert!(std::ptr::addr_eq(owner, std::sync::Arc::as_ptr(&resource)), "and that is the virtual memory resource");
         assert!(std::sync::Arc::ptr_eq(buffer.resource(), &resource));
         assert_eq!(vmm_live(), plus(baseline, 1, 1, 1), "one reservation, mapping and physical allocation");
         let head = pattern(1, 4096);
@@ -238,7 +241,7 @@ fn a_peer_that_cannot_reach_the_memory_fails_cleanly() {
         let resource = VirtualMemoryResource::new(d0, VirtualMemoryResourceOptions::default().peers([d1])).unwrap();
         let baseline = vmm_live();
         let error = resource.allocate(G, Some(&s0)).unwrap_err();
-        assert!(matches!(error, Error::Cuda(_)), "{error:?}");
+        assert!(matches!(error, VmmError::Core(Error::Cuda(_))), "{error:?}");
         assert_eq!(error.cuda_code(), Some(CUresult::CUDA_ERROR_INVALID_DEVICE), "{error}");
         assert_mentions(&error.to_string(), &["cuMemSetAccess"]);
         assert_eq!(vmm_live(), baseline, "the mapping, reservation and physical memory were undone");

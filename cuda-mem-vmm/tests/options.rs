@@ -5,10 +5,9 @@
 mod common;
 
 use common::*;
-use cuda_mem_core::Error;
 use cuda_mem_vmm::{
-    AccessFlags, AllocationType, Granularity, HandleType, LocationType, VirtualMemoryResource,
-    VirtualMemoryResourceOptions,
+    AccessFlags, AllocationType, DeviceFeature, Granularity, HandleType, InvalidOptions, LocationType,
+    VirtualMemoryResource, VirtualMemoryResourceOptions, VmmError,
 };
 
 #[test]
@@ -73,7 +72,7 @@ fn builders_set_every_field_and_nothing_else() {
     assert_eq!(default.clone().address_hint(1 << 21).address_hint(0), default);
 }
 
-fn refused(options: VirtualMemoryResourceOptions) -> Error {
+fn refused(options: VirtualMemoryResourceOptions) -> VmmError {
     let d0 = device(0);
     VirtualMemoryResource::new(d0, options).expect_err("the combination must be refused")
 }
@@ -82,7 +81,10 @@ fn refused(options: VirtualMemoryResourceOptions) -> Error {
 fn an_alignment_that_is_not_a_power_of_two_is_refused() {
     for alignment in [3usize, 6, G + 4096, 3 * G, usize::MAX] {
         let error = refused(VirtualMemoryResourceOptions::default().address_alignment(alignment));
-        assert!(matches!(error, Error::InvalidArgument(_)), "{error:?}");
+        assert!(
+            matches!(error, VmmError::InvalidOptions(InvalidOptions::AlignmentNotPowerOfTwo(a)) if a == alignment),
+            "{error:?}"
+        );
         assert_mentions(&error.to_string(), &["address_alignment", "power of two", &alignment.to_string()]);
     }
 }
@@ -93,7 +95,7 @@ fn host_memory_with_an_exportable_handle_type_is_refused() {
         let options =
             VirtualMemoryResourceOptions::default().location_type(LocationType::Host).handle_type(handle_type);
         let error = refused(options);
-        assert!(matches!(error, Error::InvalidArgument(_)), "{error:?}");
+        assert!(matches!(error, VmmError::InvalidOptions(InvalidOptions::ExportableHostMemory)), "{error:?}");
         // Says both ways out: no handle type, or host NUMA memory.
         assert_mentions(&error.to_string(), &["Host", "HandleType::None", "HostNuma"]);
     }
@@ -108,7 +110,10 @@ fn gpu_direct_rdma_is_refused_where_the_device_lacks_it() {
         return;
     }
     let error = VirtualMemoryResource::new(d0, options).expect_err("refused");
-    assert!(matches!(error, Error::NotSupported(_)), "{error:?}");
+    assert!(
+        matches!(error, VmmError::Unsupported { device, feature: DeviceFeature::GpuDirectRdma } if device == d0),
+        "{error:?}"
+    );
     assert_mentions(&error.to_string(), &["device 0", "GPUDirect RDMA", "gpu_direct_rdma(false)"]);
 }
 
@@ -116,7 +121,7 @@ fn gpu_direct_rdma_is_refused_where_the_device_lacks_it() {
 fn the_owner_listed_as_a_peer_is_refused() {
     let d0 = device(0);
     let error = refused(VirtualMemoryResourceOptions::default().peers([d0]));
-    assert!(matches!(error, Error::InvalidArgument(_)), "{error:?}");
+    assert!(matches!(error, VmmError::InvalidOptions(InvalidOptions::OwnerAsPeer(d)) if d == d0), "{error:?}");
     assert_mentions(&error.to_string(), &["device 0", "peers", "self_access"]);
 }
 
@@ -181,7 +186,7 @@ fn host_location_without_a_handle_type_holds_data() {
         assert_eq!(read(&buffer, G - 4096, 4096, &s), bytes);
         // Not exportable, and it says how to make it so.
         let error = buffer.export().unwrap_err();
-        assert!(matches!(error, Error::NotSupported(_)), "{error:?}");
+        assert!(matches!(error, VmmError::NotExportable), "{error:?}");
         assert_mentions(&error.to_string(), &["HandleType::PosixFd"]);
     });
 }

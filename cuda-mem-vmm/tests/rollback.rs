@@ -9,7 +9,8 @@ use std::sync::Arc;
 
 use common::*;
 use cuda_mem_core::Stream;
-use cuda_mem_vmm::{VirtualBuffer, VirtualMemoryResource};
+use cuda_mem_core::sys::types::CUresult;
+use cuda_mem_vmm::{VirtualBuffer, VirtualMemoryResource, VmmError};
 
 /// The buffer still holds `expected` at its start and takes a new write there.
 fn still_works(buffer: &VirtualBuffer, expected: &[u8], s: &Stream) {
@@ -21,7 +22,7 @@ fn still_works(buffer: &VirtualBuffer, expected: &[u8], s: &Stream) {
 /// Arms `function` to fail at its `nth` next call, runs `attempt`, and checks that it failed
 /// with that injected error and undid everything.
 #[track_caller]
-fn fails_cleanly<T: std::fmt::Debug>(function: &CStr, nth: u32, attempt: impl FnOnce() -> cuda_mem_core::Result<T>) {
+fn fails_cleanly<T: std::fmt::Debug>(function: &CStr, nth: u32, attempt: impl FnOnce() -> cuda_mem_vmm::Result<T>) {
     let before = vmm_live();
     inject(function, nth);
     let name = function.to_str().unwrap();
@@ -173,5 +174,27 @@ fn a_failure_at_any_step_of_import_is_undone() {
         let imported = importer.import(buffer.export().unwrap(), Some(&s)).unwrap();
         assert_eq!(read(&imported, 0, 4096, &s), bytes[..4096]);
         assert_eq!(read(&imported, 3 * G - 3, 3, &s), [1, 2, 3]);
+    });
+}
+
+#[test]
+fn running_out_of_memory_while_importing_a_chunk_keeps_the_drivers_code() {
+    machine!(&[], || {
+        if !cuda_sim::testing::simulator_only("fault injection") {
+            return;
+        }
+        let (s, exporter) = setup();
+        let one = exporter.allocate(G, Some(&s)).unwrap();
+        let buffer = one.grow(2 * G).unwrap();
+        let importer = VirtualMemoryResource::new(exporter.device(), Default::default()).unwrap();
+        let before = vmm_live();
+        inject(c"cuMemImportFromShareableHandle", 2);
+        let error = importer.import(buffer.export().unwrap(), Some(&s)).unwrap_err();
+        assert!(matches!(error, VmmError::ChunkImport { chunk: 2, count: 2, .. }), "{error:?}");
+        assert_eq!(error.cuda_code(), Some(CUresult::CUDA_ERROR_OUT_OF_MEMORY), "{error}");
+        let source = std::error::Error::source(&error).expect("the driver's error is the source");
+        assert_mentions(&source.to_string(), &["cuMemImportFromShareableHandle", "CUDA_ERROR_OUT_OF_MEMORY"]);
+        assert_mentions(&error.to_string(), &["importing chunk 2 of 2"]);
+        assert_eq!(vmm_live(), before, "the first chunk's import was released");
     });
 }

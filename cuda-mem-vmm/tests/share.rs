@@ -13,11 +13,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use cuda_mem_core::{Error, Stream};
+use cuda_mem_core::Stream;
+use cuda_mem_core::sys::types::CUresult;
 use cuda_mem_ipc::{Channel, RawMessage, spawn_with_channel};
 use cuda_mem_vmm::{
-    ChunkHandle, HandleType, MAX_CHUNKS, VirtualBuffer, VirtualBufferDescriptor, VirtualMemoryResource,
-    VirtualMemoryResourceOptions,
+    ChunkHandle, DescriptorError, HandleType, MAX_CHUNKS, MemoryLocation, VirtualBuffer, VirtualBufferDescriptor,
+    VirtualMemoryResource, VirtualMemoryResourceOptions, VmmError,
 };
 
 /// Set in the grandchild a test spawns to play the importing side.
@@ -214,7 +215,7 @@ fn import_in_the_peer() {
     }
     // Not again: forward the descriptor instead.
     let error = imported.export().unwrap_err();
-    assert!(matches!(error, Error::InvalidState(_)), "{error:?}");
+    assert!(matches!(error, VmmError::ImportedBuffer), "{error:?}");
     assert_mentions(&error.to_string(), &["imported", "cannot be exported again", "forward the descriptor"]);
 
     fill(&imported, 2 * G, G, 0xC3, &s);
@@ -304,7 +305,8 @@ fn a_fabric_handle_of_freed_memory_does_not_import() {
         drop(buffer);
         let baseline = vmm_live();
         let error = resource.import(descriptor, Some(&s)).unwrap_err();
-        assert!(matches!(error, Error::InvalidArgument(_)), "{error:?}");
+        assert!(matches!(error, VmmError::ChunkImport { chunk: 1, count: 1, .. }), "{error:?}");
+        assert!(error.cuda_code().is_some(), "the driver's refusal is kept: {error:?}");
         assert_mentions(&error.to_string(), &["importing chunk 1 of 1", "cuMemImportFromShareableHandle"]);
         assert_eq!(vmm_live(), baseline);
     });
@@ -324,7 +326,11 @@ fn memory_of_another_device_is_refused() {
         let descriptor = grown.export().unwrap();
         assert_eq!(descriptor.handles.len(), 2);
         let error = on_device_1.import(descriptor, Some(&s)).unwrap_err();
-        assert!(matches!(error, Error::InvalidArgument(_)), "{error:?}");
+        let (found, wanted) = (MemoryLocation::Device(0), MemoryLocation::Device(1));
+        assert!(
+            matches!(error, VmmError::ChunkLocation { chunk: 1, count: 2, found: f, wanted: w } if f == found && w == wanted),
+            "{error:?}"
+        );
         let text = error.to_string();
         // Names the chunk, both locations (device 0's memory, device 1's resource), and the way
         // out.
@@ -341,8 +347,14 @@ fn memory_of_another_device_is_refused() {
     });
 }
 
-/// What importing `descriptor` must fail with, and what its message must mention.
-type Case = (&'static str, fn(&mut VirtualBufferDescriptor), &'static [&'static str]);
+/// What importing `descriptor` must fail with, what its message must mention, and whether the
+/// error is the expected variant.
+type Case = (&'static str, fn(&mut VirtualBufferDescriptor), &'static [&'static str], fn(&VmmError) -> bool);
+
+/// Whether the error is a descriptor refused before any driver call.
+fn refused_descriptor(error: &VmmError) -> bool {
+    matches!(error, VmmError::Descriptor(_))
+}
 
 #[test]
 fn every_descriptor_check_refuses_before_anything_stays_mapped() {
@@ -357,19 +369,35 @@ fn every_descriptor_check_refuses_before_anything_stays_mapped() {
         write(&buffer, 0, &pattern(1, 64), &s);
         warm_up(&resource, &s);
         let cases: [Case; 10] = [
-            ("handle type", |d| d.handle_type = HandleType::Fabric, &["handle type is Fabric", "PosixFd"]),
-            ("a size too many", |d| d.chunk_sizes.push(G as u64), &["3 chunk sizes for 2 handles"]),
+            (
+                "handle type",
+                |d| d.handle_type = HandleType::Fabric,
+                &["handle type is Fabric", "PosixFd"],
+                |e| matches!(e, VmmError::Descriptor(DescriptorError::HandleTypeMismatch { .. })),
+            ),
+            ("a size too many", |d| d.chunk_sizes.push(G as u64), &["3 chunk sizes for 2 handles"], refused_descriptor),
             (
                 "a size too few",
                 |d| {
                     d.chunk_sizes.pop();
                 },
                 &["1 chunk sizes for 2 handles"],
+                refused_descriptor,
             ),
-            ("a handle too few", |d| drop(d.handles.pop()), &["2 chunk sizes for 1 handles"]),
-            ("not a multiple", |d| d.chunk_sizes[1] = G as u64 + 4096, &["2101248", "2097152-byte granularity"]),
-            ("a zero chunk", |d| d.chunk_sizes[0] = 0, &["chunk size 0", "positive multiple"]),
-            ("size past the chunks", |d| d.size = 2 * G as u64 + 1, &["4194305", "exceeds", "4194304 bytes"]),
+            ("a handle too few", |d| drop(d.handles.pop()), &["2 chunk sizes for 1 handles"], refused_descriptor),
+            (
+                "not a multiple",
+                |d| d.chunk_sizes[1] = G as u64 + 4096,
+                &["2101248", "2097152-byte granularity"],
+                refused_descriptor,
+            ),
+            ("a zero chunk", |d| d.chunk_sizes[0] = 0, &["chunk size 0", "positive multiple"], refused_descriptor),
+            (
+                "size past the chunks",
+                |d| d.size = 2 * G as u64 + 1,
+                &["4194305", "exceeds", "4194304 bytes"],
+                refused_descriptor,
+            ),
             (
                 "no chunks but a size",
                 |d| {
@@ -377,8 +405,14 @@ fn every_descriptor_check_refuses_before_anything_stays_mapped() {
                     d.handles.clear();
                 },
                 &["size 4194304 with no exported chunks"],
+                refused_descriptor,
             ),
-            ("a chunk larger than exported", |d| d.chunk_sizes[1] = 2 * G as u64, &["mapping chunk 2 of 2"]),
+            (
+                "a chunk larger than exported",
+                |d| d.chunk_sizes[1] = 2 * G as u64,
+                &["mapping chunk 2 of 2"],
+                |e| matches!(e, VmmError::ChunkMap { chunk: 2, count: 2, .. }) && e.cuda_code().is_some(),
+            ),
             (
                 "not a VMM file",
                 |d| {
@@ -386,14 +420,15 @@ fn every_descriptor_check_refuses_before_anything_stays_mapped() {
                     d.handles[1] = ChunkHandle::Fd(file);
                 },
                 &["importing chunk 2 of 2"],
+                |e| matches!(e, VmmError::ChunkImport { chunk: 2, count: 2, .. }) && e.cuda_code().is_some(),
             ),
         ];
-        for (what, spoil, mentions) in cases {
+        for (what, spoil, mentions, expected) in cases {
             let (baseline, fds) = (vmm_live(), open_fds());
             let mut descriptor = buffer.export().unwrap();
             spoil(&mut descriptor);
             let error = resource.import(descriptor, Some(&s)).unwrap_err();
-            assert!(matches!(error, Error::InvalidArgument(_)), "{what}: {error:?}");
+            assert!(expected(&error), "{what}: {error:?}");
             let text = error.to_string();
             assert!(mentions.iter().all(|m| text.contains(m)), "{what}: {text:?} should mention {mentions:?}");
             assert_eq!(vmm_live(), baseline, "{what}: nothing imported or mapped stays");
@@ -424,7 +459,9 @@ fn a_fabric_handle_in_an_fd_descriptor_is_refused_before_the_driver_sees_it() {
         // Were the driver called, this armed failure would be spent on that call.
         inject(c"cuMemImportFromShareableHandle", 1);
         let error = resource.import(descriptor, Some(&s)).unwrap_err();
-        assert!(matches!(error, Error::InvalidArgument(_)), "{error:?}");
+        let fabric_in_fd =
+            DescriptorError::HandleKind { chunk: 1, carries: "a fabric handle", handle_type: HandleType::PosixFd };
+        assert!(matches!(&error, VmmError::Descriptor(e) if *e == fabric_in_fd), "{error:?}");
         assert_eq!(vmm_live(), baseline);
         let unspent = resource.import(buffer.export().unwrap(), Some(&s));
         assert!(
@@ -451,7 +488,9 @@ fn an_fd_handle_in_a_fabric_descriptor_is_refused_before_the_driver_sees_it() {
         let file: OwnedFd = std::fs::File::open("/proc/self/status").unwrap().into();
         descriptor.handles[0] = ChunkHandle::Fd(file);
         let error = resource.import(descriptor, Some(&s)).unwrap_err();
-        assert!(matches!(error, Error::InvalidArgument(_)), "{error:?}");
+        let fd_in_fabric =
+            DescriptorError::HandleKind { chunk: 1, carries: "a file descriptor", handle_type: HandleType::Fabric };
+        assert!(matches!(&error, VmmError::Descriptor(e) if *e == fd_in_fabric), "{error:?}");
         assert_eq!(vmm_live(), baseline);
     });
 }
@@ -497,7 +536,6 @@ fn decode_checks_every_field_and_closes_the_fds_it_refuses() {
         let before = open_fds();
         for (what, spoiled, mention) in cases {
             let error = VirtualBufferDescriptor::decode(&spoiled, duplicates(&fds)).unwrap_err();
-            assert!(matches!(error, Error::InvalidArgument(_)), "{what}: {error:?}");
             assert_mentions(&error.to_string(), &["malformed virtual buffer descriptor", mention]);
             assert_eq!(open_fds(), before, "{what}: the fds are closed");
         }
@@ -549,7 +587,7 @@ fn export_opens_one_fd_per_chunk_and_closes_them_on_drop() {
         let imported = resource.import(one.export().unwrap(), Some(&s)).unwrap();
         let grown = imported.grow(2 * G).unwrap();
         assert!(grown.is_imported());
-        assert!(matches!(grown.export(), Err(Error::InvalidState(_))));
+        assert!(matches!(grown.export(), Err(VmmError::ImportedBuffer)));
         write(&grown, G, &[3; 3], &s);
         assert_eq!(read(&grown, 0, 16, &s), chunk_pattern(0)[..16]);
     });
@@ -593,8 +631,10 @@ fn an_export_that_fails_part_way_closes_what_it_opened_and_says_so() {
         let fds = open_fds();
         // The second chunk's export fails, as when the process runs out of descriptors.
         inject(c"cuMemExportToShareableHandle", 2);
-        let text = error_text(three.export());
-        assert_mentions(&text, &["chunk 2 of 3", "after 1 were exported", "descriptors are closed"]);
+        let error = three.export().unwrap_err();
+        assert!(matches!(error, VmmError::ExportFailed { chunk: 2, count: 3, exported: 1, .. }), "{error:?}");
+        assert_eq!(error.cuda_code(), Some(CUresult::CUDA_ERROR_OUT_OF_MEMORY), "the driver's error is kept");
+        assert_mentions(&error.to_string(), &["chunk 2 of 3", "after 1 were exported", "descriptors are closed"]);
         assert_eq!(open_fds(), fds, "the descriptor opened for chunk 1 is closed");
         // The buffer is untouched and exports again.
         assert_eq!(three.export().unwrap().handles.len(), 3);

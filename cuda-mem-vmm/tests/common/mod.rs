@@ -66,8 +66,9 @@ pub fn stream(device: Device) -> Stream {
     Stream::new(device, StreamOptions::default().non_blocking()).expect("a stream can be created")
 }
 
-/// A view of `len` bytes at `offset` of `buffer` (which must outlive every use of the view).
-pub fn view(buffer: &Buffer, offset: usize, len: usize) -> Buffer {
+/// A view of `len` bytes at `offset` of `buffer`'s [`Buffer`] (which must outlive every use of
+/// the view).
+pub fn view(buffer: &VirtualBuffer, offset: usize, len: usize) -> Buffer {
     assert!(offset + len <= buffer.size(), "view [{offset}, +{len}) of a {}-byte buffer", buffer.size());
     // SAFETY: the range lies inside `buffer`, which the callers keep alive while they use the
     // view; the view claims no host access, so no host slice of it is ever lent.
@@ -75,7 +76,7 @@ pub fn view(buffer: &Buffer, offset: usize, len: usize) -> Buffer {
 }
 
 /// Writes `bytes` at `offset` of `buffer` on `stream` through a pinned staging buffer.
-pub fn try_write(buffer: &Buffer, offset: usize, bytes: &[u8], stream: &Stream) -> cuda_mem_core::Result<()> {
+pub fn try_write(buffer: &VirtualBuffer, offset: usize, bytes: &[u8], stream: &Stream) -> cuda_mem_core::Result<()> {
     let mut staging = PinnedMemoryResource::current()?.allocate(bytes.len(), stream)?;
     staging.host_slice_mut()?.copy_from_slice(bytes);
     view(buffer, offset, bytes.len()).copy_from(&staging, stream)?;
@@ -83,12 +84,12 @@ pub fn try_write(buffer: &Buffer, offset: usize, bytes: &[u8], stream: &Stream) 
 }
 
 /// [`try_write`], which must succeed.
-pub fn write(buffer: &Buffer, offset: usize, bytes: &[u8], stream: &Stream) {
+pub fn write(buffer: &VirtualBuffer, offset: usize, bytes: &[u8], stream: &Stream) {
     try_write(buffer, offset, bytes, stream).expect("the write succeeds");
 }
 
 /// Reads `len` bytes at `offset` of `buffer` on `stream` through a pinned staging buffer.
-pub fn try_read(buffer: &Buffer, offset: usize, len: usize, stream: &Stream) -> cuda_mem_core::Result<Vec<u8>> {
+pub fn try_read(buffer: &VirtualBuffer, offset: usize, len: usize, stream: &Stream) -> cuda_mem_core::Result<Vec<u8>> {
     let mut staging = PinnedMemoryResource::current()?.allocate(len, stream)?;
     staging.copy_from(&view(buffer, offset, len), stream)?;
     stream.synchronize()?;
@@ -96,12 +97,12 @@ pub fn try_read(buffer: &Buffer, offset: usize, len: usize, stream: &Stream) -> 
 }
 
 /// [`try_read`], which must succeed.
-pub fn read(buffer: &Buffer, offset: usize, len: usize, stream: &Stream) -> Vec<u8> {
+pub fn read(buffer: &VirtualBuffer, offset: usize, len: usize, stream: &Stream) -> Vec<u8> {
     try_read(buffer, offset, len, stream).expect("the read succeeds")
 }
 
 /// Fills `len` bytes at `offset` of `buffer` with `byte` on `stream` and waits.
-pub fn fill(buffer: &Buffer, offset: usize, len: usize, byte: u8, stream: &Stream) {
+pub fn fill(buffer: &VirtualBuffer, offset: usize, len: usize, byte: u8, stream: &Stream) {
     view(buffer, offset, len).fill(cuda_mem_core::FillPattern::U8(byte), stream).expect("the fill succeeds");
     stream.synchronize().expect("the stream synchronizes");
 }
@@ -207,7 +208,7 @@ pub fn assert_bytes(actual: &[u8], expected: &[u8], what: &str) {
 }
 
 /// The error's text, for a result that must be an error.
-pub fn error_text<T: std::fmt::Debug>(result: cuda_mem_core::Result<T>) -> String {
+pub fn error_text<T: std::fmt::Debug, E: std::fmt::Display>(result: Result<T, E>) -> String {
     result.expect_err("the call must fail").to_string()
 }
 

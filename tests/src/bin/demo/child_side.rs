@@ -117,7 +117,7 @@ fn child_check_virtual_buffer(
     };
     let mut buffer =
         recv_virtual_buffer(ipc.channel(), &resource, Some(&gpu.stream)).context("receiving the virtual buffer")?;
-    gpu.expect_words(&buffer, buffer.size(), patterns.expect, "the imported virtual buffer")?;
+    gpu.expect_words(buffer.as_buffer(), buffer.size(), patterns.expect, "the imported virtual buffer")?;
     buffer.fill(FillPattern::U32(patterns.write), &gpu.stream)?;
     gpu.stream.synchronize()?;
     println!(

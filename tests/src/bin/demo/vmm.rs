@@ -64,8 +64,8 @@ pub(crate) fn vmm_grow_in_place(demo: &Demo) -> Result<Vmm, Error> {
             grown.ptr()
         );
     }
-    gpu.expect_words(&grown, chunk, VMM_FIRST, "the grown buffer's first chunk")?;
-    gpu.expect_words(&small, chunk, VMM_FIRST, "the original buffer after the grow")?;
+    gpu.expect_words(grown.as_buffer(), chunk, VMM_FIRST, "the grown buffer's first chunk")?;
+    gpu.expect_words(small.as_buffer(), chunk, VMM_FIRST, "the original buffer after the grow")?;
     println!(
         "  the first {} reads {VMM_FIRST:#010x} through the old buffer and the new one",
         format_bytes(chunk as u64)
@@ -111,12 +111,17 @@ pub(crate) fn vmm_moving_grow(demo: &Demo, vmm: &mut Vmm) -> Result<VirtualBuffe
             moved.chunk_count()
         );
     }
-    gpu.expect_words(&moved, 2 * chunk, VMM_SECOND, "the moved buffer's first two chunks")?;
-    gpu.expect_words(&vmm.grown, 2 * chunk, VMM_SECOND, "the buffer it grew from")?;
+    gpu.expect_words(moved.as_buffer(), 2 * chunk, VMM_SECOND, "the moved buffer's first two chunks")?;
+    gpu.expect_words(vmm.grown.as_buffer(), 2 * chunk, VMM_SECOND, "the buffer it grew from")?;
     println!("  the data written before the move reads {VMM_SECOND:#010x} through the old buffer and the moved one");
     moved.fill(FillPattern::U32(VMM_THIRD), &gpu.stream)?;
-    gpu.expect_words(&vmm.small, chunk, VMM_THIRD, "the first buffer, after a write through the moved one")?;
-    gpu.expect_words(&vmm.grown, 2 * chunk, VMM_THIRD, "the second buffer, after a write through the moved one")?;
+    gpu.expect_words(vmm.small.as_buffer(), chunk, VMM_THIRD, "the first buffer, after a write through the moved one")?;
+    gpu.expect_words(
+        vmm.grown.as_buffer(),
+        2 * chunk,
+        VMM_THIRD,
+        "the second buffer, after a write through the moved one",
+    )?;
     println!("  {VMM_THIRD:#010x} written through the moved buffer reads back through the first two: one memory");
     Ok(moved)
 }
@@ -134,8 +139,8 @@ pub(crate) fn vmm_share(demo: &Demo, child: &ChildProcess, vmm: &Vmm, moved: &mu
     );
     let reply = child.reply(&gpu.stream)?;
     println!("  the child replies: {reply}");
-    gpu.expect_words(moved, moved.size(), VMM_CHILD, "the virtual buffer after the child wrote it")?;
-    gpu.expect_words(&vmm.small, vmm.small.size(), VMM_CHILD, "the first buffer after the child wrote it")?;
+    gpu.expect_words(moved.as_buffer(), moved.size(), VMM_CHILD, "the virtual buffer after the child wrote it")?;
+    gpu.expect_words(vmm.small.as_buffer(), vmm.small.size(), VMM_CHILD, "the first buffer after the child wrote it")?;
     println!("  the child's {VMM_CHILD:#010x} reads back here through the moved buffer and the first one");
     Ok(())
 }

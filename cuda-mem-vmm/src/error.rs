@@ -1,0 +1,500 @@
+//! The crate's error type: what went wrong, as variants a caller can match, each saying what to
+//! do; a driver error stays the [`source`](std::error::Error::source) and answers
+//! [`VmmError::cuda_code`].
+
+use cuda_mem_core::sys::types::{CUmemLocationType, CUresult};
+use cuda_mem_core::{Device, DevicePtr};
+
+use crate::options::HandleType;
+use crate::share::MAX_CHUNKS;
+
+/// Everything that can go wrong in `cuda-mem-vmm`.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum VmmError {
+    /// A driver call failed, or `cuda-mem-core` refused an operation.
+    #[error(transparent)]
+    Core(#[from] cuda_mem_core::Error),
+
+    /// The device lacks a capability the resource's options need.
+    #[error("not supported: {}", unsupported_message(*.device, *.feature))]
+    Unsupported {
+        /// The resource's device.
+        device: Device,
+        /// What it lacks.
+        feature: DeviceFeature,
+    },
+
+    /// The options cannot work together, whatever the device.
+    #[error(transparent)]
+    InvalidOptions(#[from] InvalidOptions),
+
+    /// The driver refuses managed physical allocations for the device (it answered the
+    /// granularity query with an error).
+    #[error(
+        "not supported: the driver refuses managed physical allocations for {device} ({source}); use \
+         AllocationType::Pinned"
+    )]
+    ManagedRefused {
+        /// The resource's device.
+        device: Device,
+        /// The driver's answer.
+        #[source]
+        source: cuda_mem_core::Error,
+    },
+
+    /// The driver reported a granularity of 0.
+    #[error("the driver reported a granularity of 0")]
+    ZeroGranularity,
+
+    /// A size rounded up to the granularity does not fit in `usize`.
+    #[error("invalid argument: {size} bytes rounded up to the {granularity}-byte granularity overflow")]
+    SizeOverflow {
+        /// The size asked for.
+        size: usize,
+        /// The granularity.
+        granularity: usize,
+    },
+
+    /// A virtual buffer given to a resource that did not allocate (or import) it.
+    #[error("invalid argument: the buffer was not allocated by this VirtualMemoryResource")]
+    ForeignBuffer,
+
+    /// Memory given back to a resource that did not hand it out (or took it back already).
+    #[error(
+        "invalid argument: {size} bytes at {ptr:#x} were not allocated by this VirtualMemoryResource, or were \
+         freed already"
+    )]
+    ForeignPointer {
+        /// The address given back.
+        ptr: DevicePtr,
+        /// The size given back.
+        size: usize,
+    },
+
+    /// The buffer spans more chunks than one descriptor can name.
+    #[error(
+        "the buffer spans {chunks} chunks; a descriptor can name at most {MAX_CHUNKS} (one message of file \
+         descriptors): grow in fewer, larger steps"
+    )]
+    TooManyChunks {
+        /// How many chunks the buffer spans.
+        chunks: usize,
+    },
+
+    /// An imported buffer cannot be exported again.
+    #[error("an imported virtual buffer cannot be exported again: forward the descriptor it was imported from")]
+    ImportedBuffer,
+
+    /// The buffer's resource has no exportable handle type.
+    #[error(
+        "not supported: the buffer's resource has handle_type None: create it with HandleType::PosixFd or Fabric \
+         to share it"
+    )]
+    NotExportable,
+
+    /// Exporting one chunk failed; the handles exported before it were closed.
+    #[error(
+        "exporting chunk {chunk} of {count} failed after {exported} were exported (their descriptors are closed; \
+         if the process is out of file descriptors, raise its limit): {source}"
+    )]
+    ExportFailed {
+        /// The chunk that failed, from 1.
+        chunk: usize,
+        /// How many chunks the buffer spans.
+        count: usize,
+        /// How many were exported before it.
+        exported: usize,
+        /// The driver's error.
+        #[source]
+        source: cuda_mem_core::Error,
+    },
+
+    /// A descriptor was refused before anything was imported or mapped.
+    #[error("invalid argument: {0}")]
+    Descriptor(#[from] DescriptorError),
+
+    /// Importing one chunk's handle failed; nothing stays imported.
+    #[error("importing chunk {chunk} of {count}: {source}")]
+    ChunkImport {
+        /// The chunk that failed, from 1.
+        chunk: usize,
+        /// How many chunks the descriptor names.
+        count: usize,
+        /// The driver's error.
+        #[source]
+        source: cuda_mem_core::Error,
+    },
+
+    /// An imported chunk is memory elsewhere than where this resource maps memory.
+    #[error(
+        "invalid argument: chunk {chunk} of {count} is {found}, but this resource maps {wanted}; import it with a \
+         resource for that device"
+    )]
+    ChunkLocation {
+        /// The chunk, from 1.
+        chunk: usize,
+        /// How many chunks the descriptor names.
+        count: usize,
+        /// Where the chunk is.
+        found: MemoryLocation,
+        /// Where this resource maps memory.
+        wanted: MemoryLocation,
+    },
+
+    /// Mapping one imported chunk failed; nothing stays mapped.
+    #[error("mapping chunk {chunk} of {count} ({size} bytes): {source}")]
+    ChunkMap {
+        /// The chunk that failed, from 1.
+        chunk: usize,
+        /// How many chunks the descriptor names.
+        count: usize,
+        /// The chunk's size.
+        size: u64,
+        /// The driver's error.
+        #[source]
+        source: cuda_mem_core::Error,
+    },
+
+    /// A virtual buffer cannot be closed on a capturing stream; it was given back, unchanged.
+    #[error(
+        "cannot close a virtual buffer on a capturing stream: unmapping virtual memory is not stream-ordered and \
+         cannot be captured; close it once the capture has ended (dropping it instead defers the release until \
+         then)"
+    )]
+    CapturingStream,
+
+    /// Memory could not be released yet and stays mapped: it is released later, at the next
+    /// allocation, growth, import or release of any virtual memory resource after its stream
+    /// can be waited for, when a resource is dropped, or by [`release_deferred`](crate::release_deferred).
+    #[error(
+        "the release of {size} bytes of virtual memory at {ptr:#x} is deferred: {cause}; the memory stays mapped \
+         and is released at a later allocation, growth, import or release once its stream can be waited for (or \
+         call cuda_mem_vmm::release_deferred)"
+    )]
+    ReleaseDeferred {
+        /// The start of the range kept mapped.
+        ptr: DevicePtr,
+        /// The bytes kept mapped.
+        size: usize,
+        /// Why it could not be released now.
+        #[source]
+        cause: DeferCause,
+    },
+
+    /// The `cuda-mem-ipc` channel failed (feature `ipc`).
+    #[cfg(feature = "ipc")]
+    #[error(transparent)]
+    Channel(#[from] cuda_mem_ipc::IpcError),
+}
+
+impl VmmError {
+    /// The driver's code, when the error came from a driver call (also one wrapped with the
+    /// chunk it concerned, or the cause of a deferred release).
+    pub fn cuda_code(&self) -> Option<CUresult> {
+        match self {
+            VmmError::Core(error)
+            | VmmError::ManagedRefused { source: error, .. }
+            | VmmError::ExportFailed { source: error, .. }
+            | VmmError::ChunkImport { source: error, .. }
+            | VmmError::ChunkMap { source: error, .. } => error.cuda_code(),
+            VmmError::ReleaseDeferred { cause, .. } => cause.cuda_code(),
+            #[cfg(feature = "ipc")]
+            VmmError::Channel(cuda_mem_ipc::IpcError::Core(error)) => error.cuda_code(),
+            _ => None,
+        }
+    }
+
+    /// The error as `cuda-mem-core`'s, for the [`MemoryResource`](cuda_mem_core::MemoryResource)
+    /// methods, whose signatures name that type: a core error as it was, any other as its text.
+    pub(crate) fn into_core(self) -> cuda_mem_core::Error {
+        match self {
+            VmmError::Core(error) => error,
+            other => cuda_mem_core::Error::InvalidState(other.to_string()),
+        }
+    }
+}
+
+/// A capability of the device that the options need.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DeviceFeature {
+    /// The virtual memory management API itself.
+    VirtualMemoryManagement,
+    /// Exporting memory as POSIX file descriptors ([`HandleType::PosixFd`]).
+    PosixFdHandles,
+    /// Exporting memory as fabric handles ([`HandleType::Fabric`]).
+    FabricHandles,
+    /// GPUDirect RDMA with VMM allocations (`gpu_direct_rdma(true)`).
+    GpuDirectRdma,
+    /// A host NUMA node near the device (`LocationType::HostNuma`).
+    HostNumaNode,
+}
+
+fn unsupported_message(device: Device, feature: DeviceFeature) -> String {
+    match feature {
+        DeviceFeature::VirtualMemoryManagement => {
+            format!("{device} does not support the virtual memory management API; use a pool resource instead")
+        }
+        DeviceFeature::PosixFdHandles => {
+            format!("{device} cannot export memory as POSIX file descriptors; use handle_type(HandleType::None)")
+        }
+        DeviceFeature::FabricHandles => {
+            format!("{device} cannot export memory as fabric handles; use handle_type(HandleType::PosixFd) or None")
+        }
+        DeviceFeature::GpuDirectRdma => {
+            format!("{device} does not support GPUDirect RDMA with VMM allocations; set gpu_direct_rdma(false)")
+        }
+        DeviceFeature::HostNumaNode => format!("{device} reports no host NUMA node; use LocationType::Host"),
+    }
+}
+
+/// Options that cannot work together, on any device.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum InvalidOptions {
+    /// `address_alignment` is neither 0 nor a power of two.
+    #[error("invalid argument: address_alignment must be a power of two (or 0 for the granularity), got {0}")]
+    AlignmentNotPowerOfTwo(usize),
+    /// Plain host memory with an exportable handle type.
+    #[error(
+        "invalid argument: memory with location_type Host cannot have an exportable handle type: use \
+         handle_type(HandleType::None), or LocationType::HostNuma to share host memory"
+    )]
+    ExportableHostMemory,
+    /// `LocationType::HostNumaCurrent`, where physical memory cannot be placed.
+    #[error(
+        "not supported: physical allocations cannot be placed on the calling thread's NUMA node (HostNumaCurrent); \
+         use LocationType::HostNuma or Host"
+    )]
+    HostNumaCurrent,
+    /// The owning device listed among the peers.
+    #[error(
+        "invalid argument: {0} owns the memory and cannot also be one of its peers; set its access with self_access"
+    )]
+    OwnerAsPeer(Device),
+}
+
+/// Why a descriptor was refused, before anything was imported or mapped.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DescriptorError {
+    /// Fewer bytes than the header.
+    #[error("malformed virtual buffer descriptor: {len} bytes, shorter than its header")]
+    Truncated {
+        /// The bytes received.
+        len: usize,
+    },
+    /// The bytes do not start with the magic.
+    #[error("malformed virtual buffer descriptor: bad magic")]
+    BadMagic,
+    /// A version this build does not read.
+    #[error("malformed virtual buffer descriptor: version {found}, this build reads {expected}")]
+    Version {
+        /// The version received.
+        found: u16,
+        /// The version this build reads.
+        expected: u16,
+    },
+    /// An unknown handle type code.
+    #[error("malformed virtual buffer descriptor: handle type {0}")]
+    HandleTypeCode(u8),
+    /// The reserved byte is not zero.
+    #[error("malformed virtual buffer descriptor: reserved byte is not zero")]
+    ReservedByte,
+    /// More chunks than a descriptor may name.
+    #[error("malformed virtual buffer descriptor: {count} chunks, more than {MAX_CHUNKS}")]
+    TooManyChunks {
+        /// The chunk count received.
+        count: usize,
+    },
+    /// The length does not match the chunk count.
+    #[error("malformed virtual buffer descriptor: {len} bytes for {count} chunks, expected {expected}")]
+    Length {
+        /// The bytes received.
+        len: usize,
+        /// The chunk count received.
+        count: usize,
+        /// The bytes that chunk count needs.
+        expected: usize,
+    },
+    /// File descriptors arrived with fabric handles.
+    #[error("malformed virtual buffer descriptor: file descriptors came with fabric handles")]
+    FdsWithFabricHandles,
+    /// Not one file descriptor per chunk.
+    #[error("malformed virtual buffer descriptor: {fds} file descriptors for {count} chunks")]
+    FdCount {
+        /// The descriptors received.
+        fds: usize,
+        /// The chunk count.
+        count: usize,
+    },
+    /// Not one handle per chunk size.
+    #[error("malformed virtual buffer descriptor: {sizes} chunk sizes for {handles} handles")]
+    SizesForHandles {
+        /// The chunk sizes.
+        sizes: usize,
+        /// The handles.
+        handles: usize,
+    },
+    /// A size but no chunks.
+    #[error("malformed virtual buffer descriptor: size {size} with no exported chunks")]
+    NoChunks {
+        /// The size claimed.
+        size: u64,
+    },
+    /// A chunk's handle is not of the descriptor's handle type.
+    #[error(
+        "malformed virtual buffer descriptor: chunk {chunk} carries {carries} but the descriptor's handle type is \
+         {handle_type:?}"
+    )]
+    HandleKind {
+        /// The chunk, from 1.
+        chunk: usize,
+        /// What it carries ("a file descriptor", "a fabric handle").
+        carries: &'static str,
+        /// The descriptor's handle type.
+        handle_type: HandleType,
+    },
+    /// The chunk sizes add up past `u64`.
+    #[error("malformed virtual buffer descriptor: chunk sizes overflow")]
+    ChunkSizesOverflow,
+    /// The chunks are larger than this machine's address space.
+    #[error("malformed virtual buffer descriptor: chunks larger than this machine's address space")]
+    AddressSpace,
+    /// The descriptor's handle type is not the importing resource's.
+    #[error(
+        "the descriptor's handle type is {descriptor:?} but this resource's is {resource:?}; import it with a \
+         resource configured like the exporter's"
+    )]
+    HandleTypeMismatch {
+        /// The descriptor's.
+        descriptor: HandleType,
+        /// The importing resource's.
+        resource: HandleType,
+    },
+    /// A chunk size that is 0 or not a multiple of the importer's granularity.
+    #[error("descriptor chunk size {size} is not a positive multiple of the {granularity}-byte granularity")]
+    ChunkSize {
+        /// The chunk size.
+        size: u64,
+        /// The importing resource's granularity.
+        granularity: u64,
+    },
+    /// The claimed size does not fit in the chunks.
+    #[error("descriptor size ({size}) exceeds the exported chunks ({total} bytes)")]
+    SizeExceedsChunks {
+        /// The size claimed.
+        size: u64,
+        /// The chunks' total size.
+        total: u64,
+    },
+}
+
+/// Where physical memory is, as the driver describes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum MemoryLocation {
+    /// On a device (its ordinal).
+    Device(i32),
+    /// Host memory.
+    Host,
+    /// Host memory on a NUMA node.
+    HostNuma(i32),
+    /// A location type this crate does not name (the driver's code and id).
+    Other {
+        /// The `CUmemLocationType` code.
+        location_type: u32,
+        /// The location's id.
+        id: i32,
+    },
+}
+
+impl MemoryLocation {
+    /// The location of `location_type` and `id`.
+    pub(crate) fn new(location_type: CUmemLocationType, id: i32) -> MemoryLocation {
+        match location_type {
+            CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE => MemoryLocation::Device(id),
+            CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST => MemoryLocation::Host,
+            CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST_NUMA => MemoryLocation::HostNuma(id),
+            other => MemoryLocation::Other { location_type: other.0, id },
+        }
+    }
+}
+
+impl std::fmt::Display for MemoryLocation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MemoryLocation::Device(id) => write!(f, "memory on device {id}"),
+            MemoryLocation::Host => write!(f, "host memory"),
+            MemoryLocation::HostNuma(id) => write!(f, "host memory on NUMA node {id}"),
+            MemoryLocation::Other { location_type, .. } => write!(f, "memory at location type {location_type}"),
+        }
+    }
+}
+
+/// Why memory could not be released at once.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DeferCause {
+    /// Its stream is capturing: waiting for it would disturb the capture, and the captured work
+    /// may still use the memory.
+    #[error(
+        "its stream is capturing, and unmapping, which is not stream-ordered, must not disturb the capture nor \
+         pull memory from under the work it records"
+    )]
+    Capturing,
+    /// Whether its stream captures could not be read.
+    #[error("reading its stream's capture status failed: {0}")]
+    CaptureStatus(#[source] cuda_mem_core::Error),
+    /// Waiting for its stream failed.
+    #[error("synchronizing its stream failed: {0}")]
+    Synchronize(#[source] cuda_mem_core::Error),
+}
+
+impl DeferCause {
+    /// The driver's code, when a driver call failed.
+    pub fn cuda_code(&self) -> Option<CUresult> {
+        match self {
+            DeferCause::Capturing => None,
+            DeferCause::CaptureStatus(error) | DeferCause::Synchronize(error) => error.cuda_code(),
+        }
+    }
+}
+
+/// The crate's result type.
+pub type Result<T, E = VmmError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error as _;
+
+    #[test]
+    fn a_driver_error_inside_keeps_its_code_and_is_the_source() {
+        let driver = cuda_mem_core::sys::DriverError::from_header(
+            "cuMemImportFromShareableHandle",
+            CUresult::CUDA_ERROR_OUT_OF_MEMORY,
+        );
+        let error = VmmError::ChunkImport { chunk: 2, count: 3, source: cuda_mem_core::Error::from(driver) };
+        assert_eq!(error.cuda_code(), Some(CUresult::CUDA_ERROR_OUT_OF_MEMORY));
+        assert!(error.to_string().starts_with("importing chunk 2 of 3: "), "{error}");
+        assert!(error.source().is_some());
+    }
+
+    #[test]
+    fn errors_without_a_driver_call_have_no_code() {
+        assert_eq!(VmmError::ForeignBuffer.cuda_code(), None);
+        let deferred = VmmError::ReleaseDeferred { ptr: 0x1000, size: 4096, cause: DeferCause::Capturing };
+        assert_eq!(deferred.cuda_code(), None);
+        assert!(deferred.to_string().contains("at 0x1000 is deferred: its stream is capturing"), "{deferred}");
+    }
+
+    #[test]
+    fn locations_read_as_before() {
+        let device = MemoryLocation::new(CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, 1);
+        assert_eq!(device.to_string(), "memory on device 1");
+        let numa = MemoryLocation::new(CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST_NUMA, 0);
+        assert_eq!(numa.to_string(), "host memory on NUMA node 0");
+    }
+}

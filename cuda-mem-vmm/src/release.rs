@@ -1,0 +1,93 @@
+//! Letting go of a range after the work that uses it, without ever disturbing a stream capture.
+//!
+//! Unmapping is not stream-ordered, so a range is let go of only once its stream has finished
+//! the work enqueued on it: the stream is synchronized first. A capturing stream must not be
+//! synchronized (on a GPU that invalidates the capture), and the work it records may still use
+//! the memory when the graph runs, so then nothing is unmapped: the range is kept, in one
+//! process-wide list, and let go of at a later safe point, once its stream is no longer
+//! capturing: the next allocation, growth, import or release of any virtual memory resource, the
+//! drop of one, or [`release_deferred`]. The capture status is read before any synchronizing
+//! call; a failure to read it, or to synchronize, keeps the range too (unmapping memory that may
+//! be in use is never the fallback).
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use cuda_mem_core::Stream;
+
+use crate::error::{DeferCause, VmmError};
+use crate::pieces::Range;
+
+/// A range kept mapped until its stream can be waited for.
+#[derive(Debug)]
+struct Deferred {
+    range: Arc<Range>,
+    stream: Stream,
+}
+
+/// The ranges whose release waits, process-wide: any resource's safe point may release them.
+static DEFERRED: Mutex<Vec<Deferred>> = Mutex::new(Vec::new());
+
+fn deferred() -> std::sync::MutexGuard<'static, Vec<Deferred>> {
+    DEFERRED.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Waits for `stream`'s work, unless it is capturing (or its status cannot be read).
+fn wait_for(stream: &Stream) -> Result<(), DeferCause> {
+    match stream.is_capturing() {
+        Ok(false) => stream.synchronize().map_err(DeferCause::Synchronize),
+        Ok(true) => Err(DeferCause::Capturing),
+        Err(error) => Err(DeferCause::CaptureStatus(error)),
+    }
+}
+
+/// Lets go of `range` (unmapping the mappings no other range holds) once `stream`'s work is
+/// done; first releases what was deferred before, where that can be done now.
+///
+/// # Errors
+/// [`VmmError::ReleaseDeferred`] when `stream` is capturing, its status cannot be read or it
+/// cannot be synchronized: the range stays mapped, kept for a later safe point.
+pub(crate) fn release_after(range: Arc<Range>, stream: &Stream) -> Result<(), VmmError> {
+    release_deferred();
+    match wait_for(stream) {
+        Ok(()) => {
+            drop(range);
+            Ok(())
+        }
+        Err(cause) => {
+            let (ptr, size) = (range.base, range.mapped_size());
+            deferred().push(Deferred { range, stream: stream.clone() });
+            Err(VmmError::ReleaseDeferred { ptr, size, cause })
+        }
+    }
+}
+
+/// Releases the memory whose release was deferred (a virtual buffer dropped while its stream
+/// was capturing, or whose stream could not be waited for), where its stream can now be waited
+/// for, and returns how many ranges are still kept mapped. Virtual memory resources call it at
+/// each allocation, growth, import and release and when dropped; call it after ending a capture
+/// to release such memory at once.
+///
+/// A failure other than a capture still going on is recorded
+/// ([`cuda_mem_core::record_drop_error`]) and the range kept.
+pub fn release_deferred() -> usize {
+    // Taken out, so that no driver call (nor a drop-error hook) runs under the lock.
+    let pending = std::mem::take(&mut *deferred());
+    if pending.is_empty() {
+        return 0;
+    }
+    let mut kept = Vec::new();
+    for entry in pending {
+        match wait_for(&entry.stream) {
+            Ok(()) => drop(entry),
+            Err(DeferCause::Capturing) => kept.push(entry),
+            Err(cause) => {
+                let error = VmmError::ReleaseDeferred { ptr: entry.range.base, size: entry.range.mapped_size(), cause };
+                cuda_mem_core::record_drop_error("virtual memory (deferred release)", error.into_core());
+                kept.push(entry);
+            }
+        }
+    }
+    let mut list = deferred();
+    list.extend(kept);
+    list.len()
+}
