@@ -37,6 +37,20 @@
 //! counts live reservations, mappings, physical allocations, pools and allocations, and
 //! `cuSimInjectFailure` arms a failure at run time.
 //!
+//! # Which module holds what
+//! | module | holds |
+//! |---|---|
+//! | `exports` | the C ABI: every exported driver symbol with the signature `cuda.h` declares, forwarding to `api` |
+//! | `api` | each driver function's behaviour (argument checks, state lookups, the work it enqueues), one file per area: `init`, `device`, `context`, `stream`, `event`, `memory`, `pointer`, `pool`, `ipc`, `vmm`, and `sim` (the simulator's own test exports) |
+//! | `state`, `config` | the process-wide state made by the first `cuInit`, and the `CUDA_SIM_*` settings it reads |
+//! | `device`, `context` | simulated devices (attributes, memory, peer topology); primary contexts and the current-context stack |
+//! | `stream`, `event`, `capture` | per-stream worker queues; events; graph capture and the calls that invalidate it |
+//! | `memory`, `pool`, `vmm` | device and host allocations with copies and memsets; stream-ordered pools and their accounting; VMM physical allocations |
+//! | `shared`, `sealed` | memory other processes map: the shareable pools' layout, and the sealed `memfd`s behind it and VMM handles |
+//! | `handle`, `error`, `fault`, `proc_address` | never-reused handle values; `CUresult`s inside the simulator; fault injection; `cuGetProcAddress_v2` |
+//! | [`conservative`] | every reading taken where `cuda.h` is silent, and why |
+//! | [`testing`] | helpers for test suites: choosing the driver, declared skips, live-object counts, fault injection |
+//!
 //! Where the driver's behaviour is not documented, the simulator takes the most conservative
 //! reading; each such choice is listed in [`conservative`].
 //!
