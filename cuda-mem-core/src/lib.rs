@@ -71,7 +71,7 @@ mod pool;
 mod sharing;
 mod stream;
 
-pub use buffer::{Buffer, FillPattern, ScopedBuffer};
+pub use buffer::{Buffer, CloseError, FillPattern, ScopedBuffer};
 pub use device::{Device, DeviceProperties};
 pub use device_resource::{DeviceMemoryResource, DeviceMemoryResourceOptions};
 pub use driver::driver;

@@ -63,6 +63,15 @@ pub unsafe trait MemoryResource: Send + Sync + Debug {
     fn pool(&self) -> Option<&MemoryPool> {
         None
     }
+
+    /// Whether the memory may be written by something other than this process's buffers while
+    /// they hold it: true for memory shared with other processes (an IPC-enabled pool, whose
+    /// importers may write it at any time, or an imported one). A buffer of such memory lends no
+    /// host slice through the safe API ([`ScopedBuffer::host_slice`] refuses with
+    /// [`Error::WritableElsewhere`](crate::Error::WritableElsewhere)); false by default.
+    fn may_be_written_externally(&self) -> bool {
+        false
+    }
 }
 
 /// Allocation into an owned [`Buffer`] that keeps the resource alive.

@@ -92,7 +92,7 @@ impl Access {
 /// their resource, and so the pool, alive), having first revoked every peer's access.
 #[derive(Debug)]
 pub struct MemoryPool {
-    handle: usize,
+    handle: CUmemoryPool,
     owned: bool,
     /// The device whose memory it is, for device pools.
     owner: Option<Device>,
@@ -103,6 +103,16 @@ pub struct MemoryPool {
     /// The shareable handle, exported once on first request (or the one it was imported from).
     pub(crate) handle_once: std::sync::OnceLock<crate::sharing::ShareableHandle>,
 }
+
+// SAFETY: the handle is an opaque token that only the driver interprets (Rust never dereferences
+// it), and the driver API lets any thread use a pool handle: its pool functions are thread-safe.
+// An owned pool is destroyed only in `Drop`, once, which needs the value itself (buffers keep
+// their resource, and so the pool, alive until they are freed), so no thread can use the handle
+// through this type after that.
+unsafe impl Send for MemoryPool {}
+// SAFETY: as for `Send`: `&MemoryPool` only passes the handle to thread-safe driver functions;
+// the one lazily set field is a `OnceLock`.
+unsafe impl Sync for MemoryPool {}
 
 fn device_location(device: Device) -> CUmemLocation {
     CUmemLocation { type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: device.raw() }
@@ -126,14 +136,7 @@ impl MemoryPool {
         shareable: bool,
         imported: bool,
     ) -> MemoryPool {
-        MemoryPool {
-            handle: handle as usize,
-            owned,
-            owner,
-            shareable,
-            imported,
-            handle_once: std::sync::OnceLock::new(),
-        }
+        MemoryPool { handle, owned, owner, shareable, imported, handle_once: std::sync::OnceLock::new() }
     }
 
     /// Wraps a pool this value does not own (a device's current pool, say).
@@ -144,7 +147,7 @@ impl MemoryPool {
     /// The raw handle.
     #[inline]
     pub fn handle(&self) -> CUmemoryPool {
-        self.handle as CUmemoryPool
+        self.handle
     }
 
     /// Whether dropping this value destroys the pool.
@@ -433,6 +436,9 @@ impl Drop for MemoryPool {
         if !self.owned {
             return;
         }
+        // A failed revocation is recorded and the pool destroyed all the same: leaving it would
+        // keep its memory for the life of the process, a worse outcome than the stale access
+        // the revocation guards against.
         if let Err(error) = self.revoke_all_peers() {
             crate::drop_errors::record("MemoryPool (revoking peer access)", error);
         }
@@ -492,6 +498,10 @@ macro_rules! pool_resource {
 
             fn pool(&self) -> Option<&$crate::MemoryPool> {
                 Some(&self.pool)
+            }
+
+            fn may_be_written_externally(&self) -> bool {
+                self.pool.is_shareable()
             }
         }
     };

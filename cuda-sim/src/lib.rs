@@ -82,7 +82,9 @@
 //! use cuda_sys::{Driver, cu_call};
 //!
 //! let path = cuda_sim::testing::library_path().expect("build cuda-sim first");
-//! let driver = Driver::open(path)?;
+//! // SAFETY: the library is the simulator, which implements each driver function it exports
+//! // with the signature and behaviour `cuda.h` documents.
+//! let driver = unsafe { Driver::open(path) }?;
 //! // SAFETY: cuInit takes no pointers and flags must be 0.
 //! unsafe { cu_call!(&driver, cuInit(0)) }?;
 //! let mut count = 0;
