@@ -43,7 +43,8 @@ pub struct MappedMemoryResource {
 /// Every mapped resource of the process, by the UUID of the resource it maps.
 static REGISTRY: Registry<MappedMemoryResource> = Registry::new();
 
-/// The process-wide registry of mapped resources (an entry goes when its resource goes).
+/// The process-wide registry of mapped resources: the first live import of each UUID (an entry
+/// goes when its resource goes).
 pub fn registry() -> &'static Registry<MappedMemoryResource> {
     &REGISTRY
 }
