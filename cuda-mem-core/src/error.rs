@@ -58,6 +58,17 @@ pub enum Error {
         /// Its size in bytes.
         size: usize,
     },
+    /// Importing a pool gave the handle of a pool this process already owns (a driver may
+    /// return one handle for every import of a pool): nothing new was owned, so that dropping the
+    /// import cannot destroy the pool under its first owner.
+    #[error(
+        "the driver answered the import with memory pool {handle:#x}, which this process already owns \
+         (imported or created earlier): use the existing pool instead of importing it again"
+    )]
+    PoolAlreadyOwned {
+        /// The pool's handle (`CUmemoryPool`, as an integer).
+        handle: usize,
+    },
 }
 
 impl From<LoadError> for Error {

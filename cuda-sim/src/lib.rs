@@ -61,6 +61,7 @@
 //! | `CUDA_SIM_PEER_ACCESS` | which physical devices can access each other: `all`, `none`, or pairs of physical indices such as `0-1,2-3` (symmetric) | `all` |
 //! | `CUDA_VISIBLE_DEVICES` | as with the real driver: the devices this process sees, in ordinal order, as physical indices or UUIDs (`GPU-…`, or a unique prefix); parsing stops at the first invalid entry; empty hides every device (`cuInit` fails with `CUDA_ERROR_NO_DEVICE`) | all, in order |
 //! | `CUDA_SIM_MEMORY` | bytes of memory per device (accepts `K`, `M`, `G` suffixes, powers of 1024) | 8 GiB |
+//! | `CUDA_SIM_POOL_IMPORT` | what a second import of one pool returns: `new-handle` (a handle of its own) or `same-handle` (the first import's, uncounted) | `new-handle` |
 //! | `CUDA_SIM_FAIL` | fault injection: `function:n[,function:n…]` makes the n-th call of each function fail with `CUDA_ERROR_OUT_OF_MEMORY` (read at the first driver call) | none |
 //!
 //! Each process simulates its own devices; nothing is shared between processes except what the
