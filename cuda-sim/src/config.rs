@@ -53,6 +53,11 @@ pub(crate) struct Config {
     /// import's handle (`CUDA_SIM_POOL_IMPORT=same-handle`) instead of a new one (see
     /// [`conservative`](crate::conservative)).
     pub same_handle_imports: bool,
+    /// What `cuDeviceGetAttribute` reports instead of the simulated device's value, by
+    /// `CUdevice_attribute` code, for every device (`CUDA_SIM_DEVICE_ATTRIBUTES`): a device that
+    /// lacks a capability, for testing the checks a library makes before relying on it. Only the
+    /// report changes; the rest of the simulator behaves as before.
+    pub attribute_overrides: Vec<(u32, i32)>,
 }
 
 impl Config {
@@ -76,7 +81,16 @@ impl Config {
                 return Err(format!("CUDA_SIM_POOL_IMPORT={other:?}: expected new-handle or same-handle"));
             }
         };
+        if let Some(text) = var("CUDA_SIM_DEVICE_ATTRIBUTES") {
+            config.attribute_overrides = parse_attribute_overrides(&text)?;
+        }
         Ok(config)
+    }
+
+    /// The value `cuDeviceGetAttribute` reports for `attribute` instead of the device's, if
+    /// `CUDA_SIM_DEVICE_ATTRIBUTES` sets one.
+    pub(crate) fn attribute_override(&self, attribute: u32) -> Option<i32> {
+        self.attribute_overrides.iter().rev().find(|(code, _)| *code == attribute).map(|&(_, value)| value)
     }
 
     /// Builds a configuration from the four settings' text (`None`: the default, which for
@@ -108,7 +122,7 @@ impl Config {
             None => ((0..physical_devices).collect(), None),
             Some(text) => parse_visible(text, physical_devices),
         };
-        Ok(Config { visible, memory, peers, visible_note, same_handle_imports: false })
+        Ok(Config { visible, memory, peers, visible_note, same_handle_imports: false, attribute_overrides: Vec::new() })
     }
 
     /// Number of devices this process sees; its ordinals are `0..devices()`.
@@ -176,6 +190,24 @@ fn resolve_visible_entry(entry: &str, physical: usize) -> Result<usize, String> 
         };
     }
     Err("is neither a device index nor a device UUID (or unique prefix of one) starting with `GPU-`".to_owned())
+}
+
+/// Reads `CUDA_SIM_DEVICE_ATTRIBUTES`: `code=value` pairs (`CUdevice_attribute` codes),
+/// separated by commas.
+fn parse_attribute_overrides(text: &str) -> Result<Vec<(u32, i32)>, String> {
+    text.split(',')
+        .map(|pair| {
+            let parsed = pair
+                .split_once('=')
+                .and_then(|(code, value)| Some((code.trim().parse::<u32>().ok()?, value.trim().parse::<i32>().ok()?)));
+            parsed.ok_or_else(|| {
+                format!(
+                    "CUDA_SIM_DEVICE_ATTRIBUTES={text:?}: expected CUdevice_attribute codes and values such as \
+                     `115=0,119=0`"
+                )
+            })
+        })
+        .collect()
 }
 
 fn parse_bytes(text: &str) -> Option<u64> {
@@ -252,6 +284,18 @@ mod tests {
         assert_eq!(c.memory, 8 << 30);
         assert!(c.peers.is_empty());
         assert!(c.visible_note.is_none());
+    }
+
+    #[test]
+    fn attribute_overrides_are_code_value_pairs() {
+        assert_eq!(parse_attribute_overrides("115=0, 134 = -1").unwrap(), [(115, 0), (134, -1)]);
+        for bad in ["115", "x=1", "115=y", "115=0,", "-1=0"] {
+            assert!(parse_attribute_overrides(bad).is_err(), "{bad:?}");
+        }
+        let mut c = Config::parse(None, None, None, None).unwrap();
+        assert_eq!(c.attribute_override(115), None);
+        c.attribute_overrides = parse_attribute_overrides("115=0,115=1").unwrap();
+        assert_eq!(c.attribute_override(115), Some(1), "the last setting of a code stands");
     }
 
     #[test]

@@ -62,6 +62,7 @@
 //! | `CUDA_VISIBLE_DEVICES` | as with the real driver: the devices this process sees, in ordinal order, as physical indices or UUIDs (`GPU-…`, or a unique prefix); parsing stops at the first invalid entry; empty hides every device (`cuInit` fails with `CUDA_ERROR_NO_DEVICE`) | all, in order |
 //! | `CUDA_SIM_MEMORY` | bytes of memory per device (accepts `K`, `M`, `G` suffixes, powers of 1024) | 8 GiB |
 //! | `CUDA_SIM_POOL_IMPORT` | what a second import of one pool returns: `new-handle` (a handle of its own) or `same-handle` (the first import's, uncounted) | `new-handle` |
+//! | `CUDA_SIM_DEVICE_ATTRIBUTES` | what `cuDeviceGetAttribute` reports for every device instead of the simulated value: `code=value` pairs of `CUdevice_attribute` codes, such as `115=0` (no memory pools), for testing a library's capability checks; only the report changes | none |
 //! | `CUDA_SIM_FAIL` | fault injection: `function:n[,function:n…]` makes the n-th call of each function fail with `CUDA_ERROR_OUT_OF_MEMORY` (read at the first driver call) | none |
 //!
 //! Each process simulates its own devices; nothing is shared between processes except what the

@@ -55,9 +55,9 @@ pub fn driver() -> Result<&'static Driver, LoadError> {
     if let Some(driver) = cuda_sys::installed_driver() {
         return Ok(driver);
     }
-    let path = library_path().ok_or_else(|| LoadError::Library {
+    let path = library_path().ok_or_else(|| LoadError::LibraryNotFound {
         path: PathBuf::from(LIBRARY_NAME),
-        reason: format!(
+        hint: format!(
             "the simulator library was not found beside the test binary; build it with \
              `cargo build -p cuda-sim` or set {LIBRARY_ENV}"
         ),

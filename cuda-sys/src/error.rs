@@ -8,14 +8,25 @@ use crate::types::CUresult;
 
 /// Why the driver library, or one of its functions, could not be had.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum LoadError {
     /// The dynamic loader could not open the library.
-    #[error("cannot load the CUDA driver from {path}: {reason}")]
+    #[error("cannot load the CUDA driver from {path}: {source}")]
     Library {
         /// The name or path that was tried.
         path: PathBuf,
         /// What the dynamic loader said.
-        reason: String,
+        #[source]
+        source: libloading::Error,
+    },
+    /// No library was found to try: whoever looks for the driver (a test harness looking for
+    /// the simulator, say) found nothing where it looked, and says where that was.
+    #[error("cannot load the CUDA driver from {path}: {hint}")]
+    LibraryNotFound {
+        /// The name of the library looked for.
+        path: PathBuf,
+        /// Where it was looked for, and how to provide it.
+        hint: String,
     },
     /// The library opened but exports none of the driver's entry points.
     #[error(

@@ -346,8 +346,7 @@ impl Driver {
 /// Running the library's initialisers is sound (as [`Driver::open`] requires).
 unsafe fn open_library(path: &Path) -> Result<libloading::Library, LoadError> {
     // SAFETY: loading runs the library's initialisers, which the caller vouches for.
-    unsafe { libloading::Library::new(path) }
-        .map_err(|e| LoadError::Library { path: path.to_path_buf(), reason: e.to_string() })
+    unsafe { libloading::Library::new(path) }.map_err(|source| LoadError::Library { path: path.to_path_buf(), source })
 }
 
 /// `dlsym` of one name; `None` when absent or null.

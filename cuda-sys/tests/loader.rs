@@ -41,6 +41,30 @@ fn a_missing_library_is_a_load_error_naming_the_path() {
 }
 
 #[test]
+fn a_library_load_error_keeps_the_loader_error_as_its_source() {
+    use std::error::Error as _;
+    // SAFETY: there is no library at that path: nothing is loaded.
+    let err = unsafe { Driver::open("/nonexistent/libcuda.so.1") }.unwrap_err();
+    let LoadError::Library { path, source } = &err else { panic!("expected LoadError::Library, got {err:?}") };
+    assert_eq!(path, std::path::Path::new("/nonexistent/libcuda.so.1"));
+    assert!(matches!(source, libloading::Error::DlOpen { .. }), "{source:?}");
+    let chained = err.source().and_then(|s| s.downcast_ref::<libloading::Error>());
+    assert!(chained.is_some(), "the loader's error is the source");
+    // The message reads as before: the path, then what the dynamic loader said.
+    assert_eq!(err.to_string(), format!("cannot load the CUDA driver from /nonexistent/libcuda.so.1: {source}"));
+    assert!(source.to_string().contains("/nonexistent/libcuda.so.1"), "{source}");
+    // Through `CudaError` and the chain, the loader's error is still reachable.
+    let cuda = CudaError::from(err);
+    let mut chain: Option<&(dyn std::error::Error + 'static)> = Some(&cuda);
+    let mut found = false;
+    while let Some(e) = chain {
+        found |= e.is::<libloading::Error>();
+        chain = e.source();
+    }
+    assert!(found, "{cuda:?}");
+}
+
+#[test]
 fn functions_resolve_lazily_and_a_missing_one_is_a_typed_error() {
     let driver = open();
     // The simulator does not implement graphs; opening the driver did not need them.

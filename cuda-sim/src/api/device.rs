@@ -79,6 +79,7 @@ pub(crate) unsafe fn get_attribute(out: *mut i32, attribute: CUdevice_attribute,
     let state = state::lock()?;
     let device = check_physical(&state.config, device)?;
     let value = device_attribute(device, attribute)?;
+    let value = state.config.attribute_override(attribute.0).unwrap_or(value);
     // SAFETY: forwarded from the caller.
     unsafe { write_out(out, value) }
 }
