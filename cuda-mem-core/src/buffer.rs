@@ -325,14 +325,11 @@ impl<'a> ScopedBuffer<'a> {
     /// Fills the buffer with `pattern` on `stream`.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] if the pattern's width does not divide the size.
+    /// [`Error::FillPatternWidth`] if the pattern's width does not divide the size; driver errors.
     pub fn fill(&mut self, pattern: FillPattern, stream: &Stream) -> Result<()> {
         let width = pattern.width();
         if !self.size.is_multiple_of(width) {
-            return Err(Error::InvalidArgument(format!(
-                "a {width}-byte fill pattern needs a size divisible by {width}; the buffer has {} bytes",
-                self.size
-            )));
+            return Err(Error::FillPatternWidth { width, size: self.size });
         }
         if self.size == 0 {
             return Ok(());
@@ -378,11 +375,7 @@ impl<'a> ScopedBuffer<'a> {
         if self.is_host_accessible() {
             Ok(())
         } else {
-            Err(Error::NotSupported(format!(
-                "host access to a buffer that is not host-accessible ({} bytes at {:#x}); copy it to a \
-                 host-accessible buffer first",
-                self.size, self.ptr
-            )))
+            Err(Error::NotHostAccessible { ptr: self.ptr, size: self.size })
         }
     }
 
@@ -398,7 +391,7 @@ impl<'a> ScopedBuffer<'a> {
     /// finished. Only for host-accessible buffers of memory that nothing else writes.
     ///
     /// # Errors
-    /// [`Error::NotSupported`] for device-only memory; [`Error::WritableElsewhere`] for memory
+    /// [`Error::NotHostAccessible`] for device-only memory; [`Error::WritableElsewhere`] for memory
     /// other processes may write (a buffer of an IPC-enabled pool: read it with
     /// [`copy_to_host`](ScopedBuffer::copy_to_host), or see
     /// [`host_slice_assume_exclusive`](ScopedBuffer::host_slice_assume_exclusive)); a driver error
@@ -429,7 +422,7 @@ impl<'a> ScopedBuffer<'a> {
     /// any other mapping of it), writes these bytes while the returned slice lives.
     ///
     /// # Errors
-    /// [`Error::NotSupported`] for device-only memory; a driver error from synchronizing.
+    /// [`Error::NotHostAccessible`] for device-only memory; a driver error from synchronizing.
     pub unsafe fn host_slice_assume_exclusive(&self) -> Result<&[u8]> {
         self.check_host_accessible()?;
         self.wait_for_uses()?;

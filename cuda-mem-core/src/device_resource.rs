@@ -7,7 +7,7 @@ use cuda_sys::types::{CUmemAllocationType, CUmemLocation, CUmemLocationType, CUm
 
 use crate::device::Device;
 use crate::driver::driver;
-use crate::error::{Error, Result};
+use crate::error::{DeviceCapability, Error, Result};
 use crate::handle_types::HandleTypes;
 use crate::pool::MemoryPool;
 
@@ -50,7 +50,8 @@ impl DeviceMemoryResource {
     /// system at every synchronization (a change every user of the shared pool sees).
     ///
     /// # Errors
-    /// If the device has no memory pools, or a driver call fails.
+    /// [`Error::Unsupported`] ([`DeviceCapability::MemoryPools`]) if the device has no memory
+    /// pools; driver errors.
     pub fn current(device: Device) -> Result<Arc<DeviceMemoryResource>> {
         require_pools(device)?;
         let d = driver()?;
@@ -68,17 +69,18 @@ impl DeviceMemoryResource {
     /// gone.
     ///
     /// # Errors
-    /// [`Error::NotSupported`] when the device has no pools, or cannot share them by file
-    /// descriptor and `ipc_enabled` is set; driver errors.
+    /// [`Error::Unsupported`] when the device has no pools ([`DeviceCapability::MemoryPools`]),
+    /// or cannot share them by file descriptor and `ipc_enabled` is set
+    /// ([`DeviceCapability::PoolFileDescriptors`]); driver errors.
     pub fn new(device: Device, options: DeviceMemoryResourceOptions) -> Result<Arc<DeviceMemoryResource>> {
         require_pools(device)?;
         let handle_types = if options.ipc_enabled {
             let supported = device.properties()?.mempool_supported_handle_types;
             if !supported.contains(HandleTypes::POSIX_FD) {
-                return Err(Error::NotSupported(format!(
-                    "{device} cannot share memory pools by file descriptor (its pools support {supported:?}); \
-                     create the resource with ipc_enabled(false)"
-                )));
+                return Err(Error::Unsupported {
+                    device,
+                    capability: DeviceCapability::PoolFileDescriptors { supported },
+                });
             }
             HandleTypes::POSIX_FD
         } else {
@@ -110,9 +112,7 @@ impl DeviceMemoryResource {
 fn require_pools(device: Device) -> Result<()> {
     use cuda_sys::types::CUdevice_attribute as A;
     if device.attribute(A::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)? == 0 {
-        return Err(Error::NotSupported(format!(
-            "{device} does not support memory pools; use SynchronousMemoryResource instead"
-        )));
+        return Err(Error::Unsupported { device, capability: DeviceCapability::MemoryPools });
     }
     Ok(())
 }

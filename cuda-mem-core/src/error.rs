@@ -1,6 +1,13 @@
-//! The crate's error type.
+//! The crate's error type: what went wrong, as variants a caller can match, each saying what to
+//! do; a failed driver call, system call or other resource stays the
+//! [`source`](std::error::Error::source), and [`Error::cuda_code`] finds a driver code anywhere
+//! in the chain.
 
-use cuda_sys::{CudaError, LoadError};
+use cuda_sys::types::CUresult;
+use cuda_sys::{CudaError, DriverError, LoadError};
+
+use crate::device::Device;
+use crate::handle_types::HandleTypes;
 
 /// Everything that can go wrong in `cuda-mem-core`.
 #[derive(Debug, thiserror::Error)]
@@ -27,12 +34,14 @@ pub enum Error {
         /// The size given.
         actual: usize,
     },
-    /// An argument is outside what the operation accepts.
-    #[error("invalid argument: {0}")]
-    InvalidArgument(String),
-    /// The operation needs a capability the device or resource lacks.
-    #[error("not supported: {0}")]
-    NotSupported(String),
+    /// The device lacks a capability the operation needs.
+    #[error("not supported: {}", unsupported_message(*.device, .capability))]
+    Unsupported {
+        /// The device.
+        device: Device,
+        /// What it lacks.
+        capability: DeviceCapability,
+    },
     /// Devices that cannot be given access to a pool's memory; nothing was changed.
     #[error("device(s) {peers:?} cannot access memory of device {owner}; peer access was left unchanged")]
     PeerAccess {
@@ -41,9 +50,91 @@ pub enum Error {
         /// The devices refused.
         peers: Vec<usize>,
     },
-    /// The operation is refused in the object's current state.
+    /// Peer access was asked of a pool that is not a device pool (pinned host memory is given to
+    /// every device already).
+    #[error("not supported: peer access applies to device pools only")]
+    PeerAccessNeedsDevicePool,
+    /// An IPC-enabled pinned pool was asked for without a NUMA location, which the driver needs
+    /// to share host memory.
+    #[error(
+        "invalid argument: an IPC-enabled pinned pool needs a NUMA location: use PinnedLocation::NumaNode(n) or \
+         PinnedLocation::NearDevice(device)"
+    )]
+    NumaLocationRequired,
+    /// A fill pattern whose width does not divide the buffer's size.
+    #[error(
+        "invalid argument: a {width}-byte fill pattern needs a size divisible by {width}; the buffer has {size} bytes"
+    )]
+    FillPatternWidth {
+        /// The pattern's width in bytes.
+        width: usize,
+        /// The buffer's size in bytes.
+        size: usize,
+    },
+    /// Host access to memory the host cannot reach (device memory, or memory another process
+    /// shares, which is never lent to the host).
+    #[error(
+        "not supported: host access to a buffer that is not host-accessible ({size} bytes at {ptr:#x}); copy it \
+         to a host-accessible buffer first"
+    )]
+    NotHostAccessible {
+        /// The buffer's address.
+        ptr: crate::memory_resource::DevicePtr,
+        /// Its size in bytes.
+        size: usize,
+    },
+    /// A pool was asked to allocate on a capturing stream: it would allocate outside the graph.
+    #[error(
+        "memory pools cannot allocate on a capturing stream: allocate before capture begins, or on a stream that \
+         is not capturing"
+    )]
+    CapturingStream,
+    /// Allocation from a pool imported from another process, which only maps what its exporter
+    /// allocates.
+    #[error(
+        "cannot allocate from a pool imported from another process (a mapped memory resource): allocate in the \
+         exporting process and send the buffer"
+    )]
+    ImportedPoolAllocation,
+    /// Sharing a pool that was created without an IPC handle type.
+    #[error("not supported: this memory pool is not IPC-enabled: create it with ipc_enabled(true) to share it")]
+    PoolNotIpcEnabled,
+    /// Mapping another process's allocation through a pool that was not imported.
+    #[error("not supported: only a pool imported from another process (MemoryPool::import) maps exported allocations")]
+    PoolNotImported,
+    /// An address that is not an allocation this process imported through the pool (to release
+    /// or to export again).
+    #[error("{ptr:#x} is not an allocation this process imported through this pool")]
+    NotAnImport {
+        /// The address given.
+        ptr: crate::memory_resource::DevicePtr,
+    },
+    /// An imported pool that is neither a device pool nor a pinned host pool; it was not kept.
+    #[error(
+        "not supported: the imported memory pool is neither a device pool nor a pinned host pool \
+         ({reachable_devices} devices can reach it at once): share device or pinned memory pools only"
+    )]
+    UnsupportedImportedPool {
+        /// How many devices have read-write access to it.
+        reachable_devices: usize,
+    },
+    /// A system call failed.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done, such as "duplicating the pool's file descriptor".
+        context: &'static str,
+        /// The operating system's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A memory resource outside this crate failed (a virtual memory resource's error, an
+    /// imported pool's, an application's own resource's), through a [`MemoryResource`] method,
+    /// whose signature names this type. The resource's error is the source: downcast it to
+    /// match on it; [`Error::cuda_code`] finds a driver code anywhere in it.
+    ///
+    /// [`MemoryResource`]: crate::MemoryResource
     #[error("{0}")]
-    InvalidState(String),
+    Resource(#[source] Box<dyn std::error::Error + Send + Sync + 'static>),
     /// A host slice of memory that others may write (a buffer of a pool shared with other
     /// processes), which the safe accessors do not lend: another process's write would change
     /// bytes behind a live `&[u8]`.
@@ -84,14 +175,137 @@ impl From<cuda_sys::DriverError> for Error {
 }
 
 impl Error {
-    /// The driver's code, when the error came from a driver call.
-    pub fn cuda_code(&self) -> Option<cuda_sys::types::CUresult> {
-        match self {
-            Error::Cuda(e) => e.code(),
-            _ => None,
+    /// An [`Error::Resource`]: `error`, from a memory resource outside this crate, kept as the
+    /// source (text becomes an error of its own: `Error::resource("out of slots")`).
+    pub fn resource(error: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>) -> Error {
+        Error::Resource(error.into())
+    }
+
+    /// The driver's code, when the error came from a driver call: this error's own, or one found
+    /// anywhere in its source chain (a virtual memory resource's failed chunk import reaching
+    /// the caller through [`MemoryResource`](crate::MemoryResource), say). See [`cuda_code_of`].
+    pub fn cuda_code(&self) -> Option<CUresult> {
+        cuda_code_of(self)
+    }
+}
+
+/// The driver's code in `error` or the first error of its source chain that has one: an
+/// [`Error::Cuda`], a [`CudaError`] or a [`DriverError`], wherever in the chain it is. `None`
+/// when no driver call failed (or a driver error is hidden behind a wrapper that neither names it
+/// as its source nor is one of these types).
+pub fn cuda_code_of(error: &(dyn std::error::Error + 'static)) -> Option<CUresult> {
+    let mut next = Some(error);
+    while let Some(error) = next {
+        let code = if let Some(core) = error.downcast_ref::<Error>() {
+            match core {
+                Error::Cuda(cuda) => cuda.code(),
+                _ => None,
+            }
+        } else if let Some(cuda) = error.downcast_ref::<CudaError>() {
+            cuda.code()
+        } else {
+            error.downcast_ref::<DriverError>().map(|driver| driver.code)
+        };
+        if code.is_some() {
+            return code;
+        }
+        next = error.source();
+    }
+    None
+}
+
+/// A capability a device lacks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DeviceCapability {
+    /// Stream-ordered memory pools.
+    MemoryPools,
+    /// Pools shareable by POSIX file descriptor.
+    PoolFileDescriptors {
+        /// The handle types its pools do support.
+        supported: HandleTypes,
+    },
+    /// A host NUMA node near the device.
+    HostNumaNode,
+}
+
+fn unsupported_message(device: Device, capability: &DeviceCapability) -> String {
+    match capability {
+        DeviceCapability::MemoryPools => {
+            format!("{device} does not support memory pools; use SynchronousMemoryResource instead")
+        }
+        DeviceCapability::PoolFileDescriptors { supported } => format!(
+            "{device} cannot share memory pools by file descriptor (its pools support {supported:?}); create the \
+             resource with ipc_enabled(false)"
+        ),
+        DeviceCapability::HostNumaNode => {
+            format!("{device} reports no host NUMA node; give the node with PinnedLocation::NumaNode")
         }
     }
 }
 
 /// The crate's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error as _;
+
+    fn oom() -> DriverError {
+        DriverError::from_header("cuMemCreate", CUresult::CUDA_ERROR_OUT_OF_MEMORY)
+    }
+
+    /// An error of another crate that wraps a core error as its source.
+    #[derive(Debug, thiserror::Error)]
+    #[error("importing chunk 2 of 3: {source}")]
+    struct Wrapper {
+        #[source]
+        source: Error,
+    }
+
+    #[test]
+    fn the_code_is_found_through_the_whole_chain() {
+        assert_eq!(Error::from(oom()).cuda_code(), Some(CUresult::CUDA_ERROR_OUT_OF_MEMORY));
+        let wrapped = Error::resource(Wrapper { source: Error::from(oom()) });
+        assert_eq!(wrapped.cuda_code(), Some(CUresult::CUDA_ERROR_OUT_OF_MEMORY));
+        let twice = Error::resource(Wrapper { source: wrapped });
+        assert_eq!(twice.cuda_code(), Some(CUresult::CUDA_ERROR_OUT_OF_MEMORY));
+        // A bare driver error, or one as `CudaError`, inside another crate's error.
+        assert_eq!(Error::resource(oom()).cuda_code(), Some(CUresult::CUDA_ERROR_OUT_OF_MEMORY));
+        assert_eq!(Error::resource(CudaError::from(oom())).cuda_code(), Some(CUresult::CUDA_ERROR_OUT_OF_MEMORY));
+    }
+
+    #[test]
+    fn errors_without_a_driver_call_have_no_code() {
+        assert_eq!(Error::CapturingStream.cuda_code(), None);
+        assert_eq!(Error::resource("a resource of the application's that ran out").cuda_code(), None);
+        let io = Error::Io { context: "duplicating", source: std::io::Error::from_raw_os_error(24) };
+        assert_eq!(io.cuda_code(), None);
+    }
+
+    #[test]
+    fn a_resource_error_is_the_source_and_keeps_its_text() {
+        let error = Error::resource(Wrapper { source: Error::from(oom()) });
+        assert!(error.to_string().starts_with("importing chunk 2 of 3: cuMemCreate failed"), "{error}");
+        let source = error.source().and_then(|s| s.downcast_ref::<Wrapper>());
+        assert!(source.is_some(), "the resource's error is the source, for downcasting");
+    }
+
+    #[test]
+    fn io_errors_keep_context_and_source() {
+        let error = Error::Io {
+            context: "duplicating the pool's file descriptor",
+            source: std::io::Error::from_raw_os_error(24),
+        };
+        assert!(error.to_string().starts_with("duplicating the pool's file descriptor: "), "{error}");
+        let source = error.source().and_then(|s| s.downcast_ref::<std::io::Error>());
+        assert_eq!(source.and_then(std::io::Error::raw_os_error), Some(24));
+    }
+
+    #[test]
+    fn errors_are_send_and_sync() {
+        fn check<T: Send + Sync + 'static>() {}
+        check::<Error>();
+    }
+}

@@ -7,7 +7,7 @@ use cuda_sys::types::{CUmemAllocationType, CUmemLocation, CUmemLocationType, CUm
 
 use crate::device::Device;
 use crate::driver::driver;
-use crate::error::{Error, Result};
+use crate::error::{DeviceCapability, Error, Result};
 use crate::handle_types::HandleTypes;
 use crate::pool::MemoryPool;
 
@@ -97,27 +97,22 @@ impl PinnedMemoryResource {
     /// A pinned pool of its own, its memory readable and writable by every device.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for IPC without a NUMA location, or a device that reports no
-    /// NUMA node; driver errors.
+    /// [`Error::NumaLocationRequired`] for IPC without a NUMA location; [`Error::Unsupported`]
+    /// ([`DeviceCapability::HostNumaNode`]) for a device that reports no NUMA node; driver errors.
     pub fn new(options: PinnedMemoryResourceOptions) -> Result<Arc<PinnedMemoryResource>> {
         let numa_node = match options.location {
             PinnedLocation::Host => None,
             PinnedLocation::NumaNode(node) => Some(node),
             PinnedLocation::NearDevice(device) => {
-                let node = device.properties()?.host_numa_id.ok_or_else(|| {
-                    Error::InvalidArgument(format!(
-                        "{device} reports no host NUMA node; give the node with PinnedLocation::NumaNode"
-                    ))
-                })?;
+                let node = device
+                    .properties()?
+                    .host_numa_id
+                    .ok_or(Error::Unsupported { device, capability: DeviceCapability::HostNumaNode })?;
                 Some(node.unsigned_abs())
             }
         };
         if options.ipc_enabled && numa_node.is_none() {
-            return Err(Error::InvalidArgument(
-                "an IPC-enabled pinned pool needs a NUMA location: use PinnedLocation::NumaNode(n) or \
-                 PinnedLocation::NearDevice(device)"
-                    .to_string(),
-            ));
+            return Err(Error::NumaLocationRequired);
         }
         let handle_types = if options.ipc_enabled { HandleTypes::POSIX_FD } else { HandleTypes::empty() };
         let props = CUmemPoolProps {

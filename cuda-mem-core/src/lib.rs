@@ -79,7 +79,7 @@ pub use device::{Device, DeviceProperties};
 pub use device_resource::{DeviceMemoryResource, DeviceMemoryResourceOptions};
 pub use driver::driver;
 pub use drop_errors::{DropError, record as record_drop_error, set_drop_error_hook, take_drop_errors};
-pub use error::{Error, Result};
+pub use error::{DeviceCapability, Error, Result, cuda_code_of};
 pub use event::{Event, EventOptions};
 pub use handle_types::HandleTypes;
 pub use host_resources::{

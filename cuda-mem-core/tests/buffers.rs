@@ -64,8 +64,10 @@ fn size_mismatch_and_bad_fill_width_are_errors() {
     assert!(matches!(err, Error::SizeMismatch { expected: 64, actual: 65, .. }), "{err}");
     assert_eq!(err.to_string(), "size mismatch: the destination buffer is 65 bytes, expected 64");
     let err = b.fill(FillPattern::U16(1), &stream).unwrap_err();
+    assert!(matches!(err, Error::FillPatternWidth { width: 2, size: 65 }), "{err}");
     assert!(err.to_string().contains("divisible by 2"), "{err}");
     let err = b.fill(FillPattern::U32(1), &stream).unwrap_err();
+    assert!(matches!(err, Error::FillPatternWidth { width: 4, size: 65 }), "{err}");
     assert!(err.to_string().contains("divisible by 4"), "{err}");
 }
 
@@ -75,7 +77,8 @@ fn device_memory_is_not_lent_to_the_host() {
     let stream = common::stream(device);
     let d = DeviceMemoryResource::current(device).unwrap().allocate(16, &stream).unwrap();
     let err = d.host_slice().unwrap_err();
-    assert!(matches!(err, Error::NotSupported(_)), "{err}");
+    assert!(matches!(err, Error::NotHostAccessible { size: 16, ptr } if ptr == d.ptr()), "{err}");
+    assert!(err.to_string().contains("copy it to a host-accessible buffer first"), "{err}");
     assert!(!d.is_host_accessible() && d.is_device_accessible());
     assert_eq!(d.device(), Some(device));
 }
@@ -110,7 +113,7 @@ fn memory_other_processes_may_write_is_not_lent_as_a_slice() {
     let device_shared =
         DeviceMemoryResource::new(device, DeviceMemoryResourceOptions::default().ipc_enabled(true)).unwrap();
     let on_device = device_shared.allocate(64, &stream).unwrap();
-    assert!(matches!(on_device.host_slice().unwrap_err(), Error::NotSupported(_)));
+    assert!(matches!(on_device.host_slice().unwrap_err(), Error::NotHostAccessible { .. }));
     // A pinned pool that is not IPC-enabled still lends its bytes.
     let local = pinned();
     assert!(!local.may_be_written_externally());

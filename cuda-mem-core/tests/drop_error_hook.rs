@@ -20,8 +20,8 @@ fn a_hook_can_remove_itself() {
     set_drop_error_hook(Some(one_shot));
     let (done, finished) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        record_drop_error("first", Error::InvalidState("one".to_string()));
-        record_drop_error("second", Error::InvalidState("two".to_string()));
+        record_drop_error("first", Error::resource("one"));
+        record_drop_error("second", Error::resource("two"));
         let _ = done.send(());
     });
     finished

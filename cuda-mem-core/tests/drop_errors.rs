@@ -15,6 +15,11 @@ use cuda_mem_core::{
 #[derive(Debug)]
 struct RefusesToFree;
 
+/// The resource's own error, which reaches the caller as the source of an [`Error::Resource`].
+#[derive(Debug, thiserror::Error)]
+#[error("this resource never frees")]
+struct NeverFrees;
+
 // SAFETY: allocates through `LegacyPinnedMemoryResource`, which keeps the promises (it just never
 // frees).
 unsafe impl MemoryResource for RefusesToFree {
@@ -23,7 +28,7 @@ unsafe impl MemoryResource for RefusesToFree {
     }
 
     unsafe fn deallocate_raw(&self, _ptr: DevicePtr, _size: usize, _stream: &Stream) -> Result<()> {
-        Err(Error::InvalidState("this resource never frees".to_string()))
+        Err(Error::resource(NeverFrees))
     }
 
     fn is_device_accessible(&self) -> bool {
@@ -51,7 +56,7 @@ fn close_returns_the_error_and_drop_records_it() {
     let stream = common::stream(device);
     let resource = Arc::new(RefusesToFree);
     let err = resource.allocate(64, &stream).unwrap().close(None).unwrap_err();
-    assert!(matches!(err.error(), Error::InvalidState(_)), "{err:?}");
+    assert!(matches!(err.error(), Error::Resource(cause) if cause.is::<NeverFrees>()), "{err:?}");
     let cause = std::error::Error::source(&err).expect("the cause is the source");
     assert_eq!(cause.to_string(), "this resource never frees");
     assert!(err.to_string().contains("was not freed and is handed back"), "{err}");
@@ -69,7 +74,7 @@ fn close_returns_the_error_and_drop_records_it() {
     let errors = take_drop_errors();
     assert_eq!(errors.len(), 1);
     assert_eq!(errors[0].what, "Buffer");
-    assert!(matches!(errors[0].error, Error::InvalidState(_)));
+    assert!(matches!(&errors[0].error, Error::Resource(cause) if cause.is::<NeverFrees>()));
     assert_eq!(HOOK_CALLS.load(Ordering::SeqCst), 1);
     assert!(take_drop_errors().is_empty(), "taking drains the record");
 }

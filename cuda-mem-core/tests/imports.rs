@@ -81,6 +81,7 @@ fn imports_are_counted_and_the_last_release_unmaps() {
     // A share given back twice is refused, not a second unmap.
     // SAFETY: refused before any driver call (the pointer is no longer an import).
     let error = unsafe { imported.release_import(first, &a) }.unwrap_err();
+    assert!(matches!(error, Error::NotAnImport { ptr } if ptr == first), "{error}");
     assert!(error.to_string().contains("not an allocation this process imported through this pool"), "{error}");
     a.synchronize().unwrap();
     assert!(cuda_mem_core::take_drop_errors().is_empty());
@@ -92,7 +93,7 @@ fn only_an_imported_pool_maps_exported_allocations() {
     let stream = common::stream(device);
     let (pool, _buffer, data) = exported(device, &stream);
     let error = pool.pool().import_allocation(&data, 8192, &stream).unwrap_err();
-    assert!(matches!(error, Error::NotSupported(_)), "{error}");
+    assert!(matches!(error, Error::PoolNotImported), "{error}");
 }
 
 /// Two holders, then the bookkeeping of a release fails at `function`: the share is given back

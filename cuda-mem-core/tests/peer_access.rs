@@ -152,5 +152,5 @@ fn the_simulator_models_inherited_access_when_a_pool_is_destroyed_without_revoki
 fn peer_access_is_only_for_device_pools() {
     common::device();
     let pinned = cuda_mem_core::PinnedMemoryResource::current().unwrap();
-    assert!(matches!(pinned.pool().peer_accessible_by(), Err(Error::NotSupported(_))));
+    assert!(matches!(pinned.pool().peer_accessible_by(), Err(Error::PeerAccessNeedsDevicePool)));
 }

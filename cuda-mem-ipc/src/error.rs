@@ -14,10 +14,17 @@
 //!   [`IpcError::WrongResource`], [`IpcError::WrongResourceKind`], [`IpcError::NotIpcEnabled`],
 //!   [`IpcError::DeviceNotVisible`]);
 //! - pools the peer describes otherwise than the driver does ([`IpcError::MisdescribedResource`])
-//!   or sends a second time under another UUID ([`IpcError::PoolAlreadyImported`]);
-//!   allocating from a mapped resource is refused by the resource itself, with a core error.
+//!   or sends a second time under another UUID ([`IpcError::PoolAlreadyImported`]), and buffers
+//!   it claims larger than the memory it shares ([`IpcError::MisdescribedBuffer`]); allocating
+//!   from a mapped resource is refused by the resource itself, with a core error
+//!   ([`cuda_mem_core::Error::ImportedPoolAllocation`]).
 //! - arguments the local caller passed beyond the limits ([`IpcError::MessageTooLarge`]) and a
 //!   process that was not started with a channel ([`IpcError::ChannelEnv`]).
+//!
+//! A failed system or driver call stays the [`source`](std::error::Error::source), and
+//! [`IpcError::cuda_code`] finds a driver code anywhere in the chain. [`IpcError::Protocol`] is
+//! text because its cases (a bad header, a truncated frame, a malformed message) all ask the same
+//! of the caller: the peer is not a compatible exporter, so drop the channel.
 
 use crate::descriptor::DecodeError;
 use crate::mapped::SharedKind;
@@ -118,6 +125,22 @@ pub enum IpcError {
         source: cuda_mem_core::Error,
     },
 
+    /// The peer described a buffer as larger than the memory the driver maps for it (the size in
+    /// the descriptor is wrong); nothing was imported.
+    #[error(
+        "malformed message from the IPC peer: the descriptor claims {claimed} bytes but the shared allocation maps \
+         only {mapped}; the peer sent a bad size; check that both processes use compatible cuda-mem-ipc versions, \
+         then drop this channel and open a new one"
+    )]
+    MisdescribedBuffer {
+        /// The resource the buffer belongs to.
+        resource: uuid::Uuid,
+        /// The size the descriptor claims.
+        claimed: usize,
+        /// The size the driver maps.
+        mapped: usize,
+    },
+
     /// A buffer descriptor names another resource than the one asked to import it.
     #[error(
         "the buffer descriptor belongs to memory resource {found}, not to {expected}: import it \
@@ -175,18 +198,58 @@ pub enum IpcError {
         limit: usize,
     },
 
-    /// The channel a parent passed through the environment cannot be taken.
+    /// The channel a parent passed through the environment cannot be taken; nothing was taken.
     #[error(
-        "cannot take the IPC channel from the environment: {0}; start this process with \
-         cuda_mem_ipc::spawn_with_channel"
+        "cannot take the IPC channel from the environment: {reason}{}; start this process with \
+         cuda_mem_ipc::spawn_with_channel",
+        os_error_suffix(.source.as_ref())
     )]
-    ChannelEnv(String),
+    ChannelEnv {
+        /// What is wrong with the environment or the descriptor it names.
+        reason: String,
+        /// The system's answer, when a system call on the descriptor failed (such as `EBADF` for
+        /// a descriptor that is not open).
+        #[source]
+        source: Option<std::io::Error>,
+    },
+}
+
+/// " (the error)", or nothing.
+fn os_error_suffix(source: Option<&std::io::Error>) -> String {
+    source.map_or_else(String::new, |e| format!(" ({e})"))
 }
 
 impl IpcError {
     /// An [`IpcError::Io`] with its context.
     pub(crate) fn io(context: &'static str, source: impl Into<std::io::Error>) -> Self {
         IpcError::Io { context, source: source.into() }
+    }
+
+    /// An [`IpcError::ChannelEnv`] without a system error.
+    pub(crate) fn channel_env(reason: impl Into<String>) -> Self {
+        IpcError::ChannelEnv { reason: reason.into(), source: None }
+    }
+
+    /// The driver's code, when the error came from a driver call: a core error's, or one found
+    /// anywhere in the error's source chain (see [`cuda_mem_core::cuda_code_of`]).
+    pub fn cuda_code(&self) -> Option<cuda_mem_core::sys::types::CUresult> {
+        match self {
+            // Transparent: its source chain starts below the core error, so ask it directly.
+            IpcError::Core(error) => error.cuda_code(),
+            other => cuda_mem_core::cuda_code_of(other),
+        }
+    }
+}
+
+/// An `IpcError` as `cuda-mem-core`'s error, for [`MemoryResource`](cuda_mem_core::MemoryResource)
+/// methods, whose signatures name that type: a core error as it was, any other kept whole as an
+/// [`Error::Resource`](cuda_mem_core::Error::Resource) (its source, for downcasting).
+impl From<IpcError> for cuda_mem_core::Error {
+    fn from(error: IpcError) -> Self {
+        match error {
+            IpcError::Core(error) => error,
+            other => cuda_mem_core::Error::resource(other),
+        }
     }
 }
 
@@ -234,7 +297,11 @@ mod tests {
                 IpcError::MessageTooLarge { what: "payload", actual: 20, limit: 10 },
                 "the payload is 20, more than the limit of 10",
             ),
-            (IpcError::ChannelEnv("x".into()), "spawn_with_channel"),
+            (IpcError::channel_env("x"), "environment: x; start this process with cuda_mem_ipc::spawn_with_channel"),
+            (
+                IpcError::MisdescribedBuffer { resource: uuid, claimed: 9000, mapped: 8192 },
+                "the descriptor claims 9000 bytes but the shared allocation maps only 8192; the peer sent a bad size",
+            ),
             (
                 IpcError::OutOfDescriptors { kind: 3, fds: 2 },
                 "the 2 descriptor(s) of a message of kind 3 could not be received; the message \
@@ -252,11 +319,43 @@ mod tests {
 
     #[test]
     fn core_errors_convert_transparently() {
-        let core = cuda_mem_core::Error::InvalidArgument("zero size".into());
+        let core = cuda_mem_core::Error::PoolNotIpcEnabled;
         let text = core.to_string();
         let e: IpcError = core.into();
         assert!(matches!(e, IpcError::Core(_)));
         assert_eq!(e.to_string(), text);
+        // And back: a core error as it was.
+        assert!(matches!(cuda_mem_core::Error::from(e), cuda_mem_core::Error::PoolNotIpcEnabled));
+    }
+
+    #[test]
+    fn other_errors_become_core_resource_errors_kept_whole() {
+        let core = cuda_mem_core::Error::from(IpcError::PeerClosed);
+        let cuda_mem_core::Error::Resource(source) = &core else { panic!("expected a resource error, got {core:?}") };
+        assert!(matches!(source.downcast_ref::<IpcError>(), Some(IpcError::PeerClosed)));
+        assert_eq!(core.to_string(), IpcError::PeerClosed.to_string());
+    }
+
+    #[test]
+    fn the_driver_code_is_found_through_the_chain() {
+        use cuda_mem_core::sys::types::CUresult;
+        let oom = || {
+            cuda_mem_core::Error::from(cuda_mem_core::sys::DriverError::from_header(
+                "cuMemPoolImportFromShareableHandle",
+                CUresult::CUDA_ERROR_OUT_OF_MEMORY,
+            ))
+        };
+        assert_eq!(IpcError::Core(oom()).cuda_code(), Some(CUresult::CUDA_ERROR_OUT_OF_MEMORY));
+        let wrapped = IpcError::PoolAlreadyImported { uuid: uuid::Uuid::from_u128(1), source: oom() };
+        assert_eq!(wrapped.cuda_code(), Some(CUresult::CUDA_ERROR_OUT_OF_MEMORY));
+        // Through core's resource error and back into a channel error.
+        let there_and_back = IpcError::Core(cuda_mem_core::Error::from(IpcError::PoolAlreadyImported {
+            uuid: uuid::Uuid::from_u128(2),
+            source: oom(),
+        }));
+        assert_eq!(there_and_back.cuda_code(), Some(CUresult::CUDA_ERROR_OUT_OF_MEMORY));
+        assert_eq!(IpcError::PeerClosed.cuda_code(), None);
+        assert_eq!(IpcError::io("sending", std::io::Error::from_raw_os_error(32)).cuda_code(), None);
     }
 
     #[test]

@@ -201,9 +201,9 @@ impl MappedMemoryResource {
     /// unmaps (when no other import of it in this process remains) when dropped, on `stream`.
     ///
     /// # Errors
-    /// [`IpcError::WrongResource`] when the descriptor belongs to another resource; a protocol
-    /// error when its size exceeds the shared allocation; driver errors for data the driver
-    /// refuses. Nothing stays mapped on failure.
+    /// [`IpcError::WrongResource`] when the descriptor belongs to another resource;
+    /// [`IpcError::MisdescribedBuffer`] when its size exceeds the shared allocation; driver errors
+    /// for data the driver refuses. Nothing stays mapped on failure.
     pub fn import_buffer(self: &Arc<Self>, descriptor: &BufferDescriptor, stream: &Stream) -> Result<Buffer> {
         if descriptor.resource != self.uuid {
             return Err(IpcError::WrongResource { expected: self.uuid, found: descriptor.resource });
@@ -212,10 +212,10 @@ impl MappedMemoryResource {
             IpcError::Protocol(format!("a buffer of {} bytes does not fit this machine", descriptor.size))
         })?;
         let ptr = self.pool.import_allocation(&descriptor.export_data, size, stream).map_err(|error| match error {
-            cuda_mem_core::Error::SizeMismatch { expected, actual, .. } => IpcError::Protocol(format!(
-                "the descriptor claims {actual} bytes but the shared allocation maps only {expected}; the peer \
-                 sent a bad size"
-            )),
+            // The only size `import_allocation` checks: the descriptor's against the mapping.
+            cuda_mem_core::Error::SizeMismatch { expected, actual, .. } => {
+                IpcError::MisdescribedBuffer { resource: self.uuid, claimed: actual, mapped: expected }
+            }
             other => other.into(),
         })?;
         let resource: Arc<dyn MemoryResource> = Arc::clone(self) as Arc<dyn MemoryResource>;
@@ -229,12 +229,10 @@ impl MappedMemoryResource {
 // against the driver's range size); the memory is reported as not host-accessible, because
 // another process may write it at any time.
 unsafe impl MemoryResource for MappedMemoryResource {
+    /// Refused: [`cuda_mem_core::Error::ImportedPoolAllocation`] (the pool only maps what its
+    /// exporter allocates).
     fn allocate_raw(&self, _size: usize, _stream: &Stream) -> cuda_mem_core::Result<DevicePtr> {
-        Err(cuda_mem_core::Error::InvalidState(
-            "cannot allocate from a mapped memory resource (a pool imported from another process): \
-             allocate in the exporting process and send the buffer"
-                .to_string(),
-        ))
+        Err(cuda_mem_core::Error::ImportedPoolAllocation)
     }
 
     unsafe fn deallocate_raw(&self, ptr: DevicePtr, _size: usize, stream: &Stream) -> cuda_mem_core::Result<()> {

@@ -129,13 +129,15 @@ impl IpcChannel {
     /// Sends buffers in one message, sending first each resource not yet sent on this channel.
     ///
     /// # Errors
-    /// [`IpcError::NotIpcEnabled`] for buffers that cannot be shared; channel errors.
+    /// [`IpcError::MessageTooLarge`] for more buffers than one message carries (nothing is
+    /// sent); [`IpcError::NotIpcEnabled`] for buffers that cannot be shared; channel errors.
     pub fn send_buffers(&self, buffers: &[&ScopedBuffer<'_>]) -> Result<()> {
         if buffers.len() > MAX_BUFFERS_PER_MESSAGE {
-            return Err(IpcError::Protocol(format!(
-                "{} buffers in one message; the most is {MAX_BUFFERS_PER_MESSAGE}",
-                buffers.len()
-            )));
+            return Err(IpcError::MessageTooLarge {
+                what: "number of buffers",
+                actual: buffers.len(),
+                limit: MAX_BUFFERS_PER_MESSAGE,
+            });
         }
         let descriptors = buffers.iter().map(|b| buffer_descriptor(b)).collect::<Result<Vec<_>>>()?;
         for (buffer, descriptor) in buffers.iter().zip(&descriptors) {
@@ -196,7 +198,9 @@ impl IpcChannel {
         if payload[21..24].iter().any(|&b| b != 0) {
             return Err(IpcError::Protocol("a resource message's reserved bytes are not zero".to_string()));
         }
-        let uuid = Uuid::from_slice(&payload[..16]).map_err(|e| IpcError::Protocol(e.to_string()))?;
+        let mut uuid = [0u8; 16];
+        uuid.copy_from_slice(&payload[..16]);
+        let uuid = Uuid::from_bytes(uuid);
         if uuid.is_nil() {
             return Err(IpcError::Protocol("a resource message names the nil UUID".to_string()));
         }

@@ -117,34 +117,39 @@ pub fn spawn_with_channel(command: &mut Command) -> Result<(Child, Channel)> {
 /// Checks that `fd` is a Unix stream socket with inode `inode`.
 fn check_channel_fd(fd: BorrowedFd<'_>, inode: u64) -> Result<()> {
     let n = fd.as_raw_fd();
-    let stat = rustix::fs::fstat(fd).map_err(|e| {
-        IpcError::ChannelEnv(format!("{CHANNEL_FD_ENV} names descriptor {n}, which is not open here ({e})"))
+    let stat = rustix::fs::fstat(fd).map_err(|e| IpcError::ChannelEnv {
+        reason: format!("{CHANNEL_FD_ENV} names descriptor {n}, which is not open here"),
+        source: Some(e.into()),
     })?;
     if FileType::from_raw_mode(stat.st_mode) != FileType::Socket {
-        return Err(IpcError::ChannelEnv(format!(
+        return Err(IpcError::channel_env(format!(
             "descriptor {n} from {CHANNEL_FD_ENV} is a {:?}, not a socket",
             FileType::from_raw_mode(stat.st_mode)
         )));
     }
     if stat.st_ino != inode {
-        return Err(IpcError::ChannelEnv(format!(
+        return Err(IpcError::channel_env(format!(
             "descriptor {n} from {CHANNEL_FD_ENV} is socket inode {}, but {CHANNEL_INODE_ENV} \
                  says {inode}: it is not the channel the parent passed (was the environment \
                  inherited from a grandparent?)",
             stat.st_ino
         )));
     }
-    let kind = rustix::net::sockopt::socket_type(fd)
-        .map_err(|e| IpcError::ChannelEnv(format!("cannot read the socket type of descriptor {n}: {e}")))?;
+    let kind = rustix::net::sockopt::socket_type(fd).map_err(|e| IpcError::ChannelEnv {
+        reason: format!("cannot read the socket type of descriptor {n}"),
+        source: Some(e.into()),
+    })?;
     if kind != SocketType::STREAM {
-        return Err(IpcError::ChannelEnv(format!(
+        return Err(IpcError::channel_env(format!(
             "descriptor {n} from {CHANNEL_FD_ENV} is a socket of type {kind:?}, not a stream socket"
         )));
     }
-    let address = rustix::net::getsockname(fd)
-        .map_err(|e| IpcError::ChannelEnv(format!("cannot read the address of descriptor {n}: {e}")))?;
+    let address = rustix::net::getsockname(fd).map_err(|e| IpcError::ChannelEnv {
+        reason: format!("cannot read the address of descriptor {n}"),
+        source: Some(e.into()),
+    })?;
     if address.address_family() != AddressFamily::UNIX {
-        return Err(IpcError::ChannelEnv(format!(
+        return Err(IpcError::channel_env(format!(
             "descriptor {n} from {CHANNEL_FD_ENV} is a socket of family {:?}, not a Unix domain \
              socket",
             address.address_family()
@@ -160,10 +165,10 @@ fn env_number<T: std::str::FromStr>(name: &str) -> Result<Option<T>> {
             .trim()
             .parse()
             .map(Some)
-            .map_err(|_| IpcError::ChannelEnv(format!("{name} is {value:?}, not a non-negative integer"))),
+            .map_err(|_| IpcError::channel_env(format!("{name} is {value:?}, not a non-negative integer"))),
         Err(std::env::VarError::NotPresent) => Ok(None),
         Err(std::env::VarError::NotUnicode(value)) => {
-            Err(IpcError::ChannelEnv(format!("{name} is {value:?}, not a non-negative integer")))
+            Err(IpcError::channel_env(format!("{name} is {value:?}, not a non-negative integer")))
         }
     }
 }
@@ -212,13 +217,13 @@ impl Channel {
     /// the descriptor was taken and is closed.
     pub unsafe fn from_env() -> Result<Channel> {
         let fd: RawFd = env_number(CHANNEL_FD_ENV)?.ok_or_else(|| {
-            IpcError::ChannelEnv(format!("{CHANNEL_FD_ENV} is not set, so this process was not given a channel"))
+            IpcError::channel_env(format!("{CHANNEL_FD_ENV} is not set, so this process was not given a channel"))
         })?;
         if fd < 0 {
-            return Err(IpcError::ChannelEnv(format!("{CHANNEL_FD_ENV} is {fd}, not a descriptor number")));
+            return Err(IpcError::channel_env(format!("{CHANNEL_FD_ENV} is {fd}, not a descriptor number")));
         }
         let inode: u64 = env_number(CHANNEL_INODE_ENV)?.ok_or_else(|| {
-            IpcError::ChannelEnv(format!(
+            IpcError::channel_env(format!(
                 "{CHANNEL_INODE_ENV} is not set, so descriptor {fd} cannot be told from another \
                  file with that number and is not taken"
             ))
@@ -232,8 +237,8 @@ impl Channel {
             check_channel_fd(borrowed, inode)?;
         }
         if TAKEN.compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire).is_err() {
-            return Err(IpcError::ChannelEnv(
-                "the channel was already taken by an earlier Channel::from_env in this process".into(),
+            return Err(IpcError::channel_env(
+                "the channel was already taken by an earlier Channel::from_env in this process",
             ));
         }
         // SAFETY: `fd` is open and is the socket the parent passed (checked above, inode
@@ -258,7 +263,7 @@ mod tests {
 
     fn channel_env_error(result: Result<()>) -> String {
         match result {
-            Err(IpcError::ChannelEnv(text)) => text,
+            Err(IpcError::ChannelEnv { reason, .. }) => reason,
             other => panic!("expected a ChannelEnv error, got {other:?}"),
         }
     }
@@ -309,8 +314,16 @@ mod tests {
         // SAFETY: `beyond` is at or past the descriptor limit, so it is never open; fstat on it
         // fails with EBADF and touches nothing.
         let never_open = unsafe { BorrowedFd::borrow_raw(beyond) };
-        let text = channel_env_error(check_channel_fd(never_open, 0));
-        assert!(text.contains("is not open here"), "{text}");
+        let error = check_channel_fd(never_open, 0).unwrap_err();
+        let IpcError::ChannelEnv { reason, source: Some(source) } = &error else {
+            panic!("expected a ChannelEnv error with the system's answer as its source, got {error:?}");
+        };
+        assert!(reason.contains("is not open here"), "{reason}");
+        assert_eq!(source.raw_os_error(), Some(rustix::io::Errno::BADF.raw_os_error()));
+        assert!(std::error::Error::source(&error).is_some_and(|s| s.is::<std::io::Error>()));
+        // The message still ends with what the system said, then what to do.
+        let text = error.to_string();
+        assert!(text.contains(&format!("which is not open here ({source}); start this process with")), "{text}");
     }
 
     #[test]

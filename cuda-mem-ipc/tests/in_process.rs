@@ -51,7 +51,8 @@ fn buffers_travel_with_their_resource_and_share_memory() {
     assert_eq!(buffer_descriptor(imported).unwrap(), buffer_descriptor(&buffer).unwrap());
     // The mapped resource cannot allocate.
     let err = mapped.allocate(16, &stream).unwrap_err();
-    assert!(err.to_string().contains("cannot allocate from a mapped memory resource"), "{err}");
+    assert!(matches!(err, cuda_mem_core::Error::ImportedPoolAllocation), "{err}");
+    assert!(err.to_string().contains("allocate in the exporting process and send the buffer"), "{err}");
 }
 
 #[test]
@@ -160,8 +161,12 @@ fn bad_descriptors_are_refused_and_leave_nothing_mapped() {
     // A claimed size beyond the mapped allocation.
     let oversize = BufferDescriptor { size: 1 << 30, ..good };
     let err = mapped.import_buffer(&oversize, &stream).unwrap_err();
-    assert!(matches!(err, IpcError::Protocol(_)), "{err}");
-    assert!(err.to_string().contains("claims"), "{err}");
+    assert!(
+        matches!(err, IpcError::MisdescribedBuffer { resource, claimed: 1_073_741_824, mapped: m }
+            if resource == mapped.uuid() && (1000..1 << 30).contains(&m)),
+        "{err}"
+    );
+    assert!(err.to_string().contains("the peer sent a bad size"), "{err}");
     // The wrong mapped resource.
     let err = other_mapped.import_buffer(&good, &stream).unwrap_err();
     assert!(matches!(err, IpcError::WrongResource { .. }), "{err}");
@@ -209,4 +214,41 @@ fn scoped_buffers_travel_like_shared_ones() {
     let mut check = host.allocate(4096, &stream).unwrap();
     check.copy_from(&received[1], &stream).unwrap();
     assert!(check.host_slice().unwrap().iter().all(|&b| b == 0x5c));
+}
+
+#[test]
+fn more_buffers_than_a_message_carries_is_the_callers_limit_not_the_peers_fault() {
+    let (device, stream) = setup();
+    let dmr = DeviceMemoryResource::new(device, DeviceMemoryResourceOptions::default().ipc_enabled(true)).unwrap();
+    let buffer = dmr.allocate(64, &stream).unwrap();
+    let (tx, rx) = pair();
+    // The same buffer many times: the count is refused before anything is looked at.
+    let too_many = vec![&buffer; cuda_mem_ipc::MAX_BUFFERS_PER_MESSAGE + 1];
+    let err = tx.send_buffers(&too_many).unwrap_err();
+    assert!(
+        matches!(err, IpcError::MessageTooLarge { what: "number of buffers", actual: 65_537, limit: 65_536 }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("nothing was sent, split the data over several messages"), "{err}");
+    // Nothing was sent: the channel carries the next message as usual.
+    tx.send_data(b"next").unwrap();
+    assert!(matches!(rx.recv(&stream).unwrap(), Received::Data(bytes) if bytes == b"next"));
+}
+
+#[test]
+fn a_failed_pool_import_keeps_the_drivers_code() {
+    cuda_sim::testing::in_simulated_machine("a_failed_pool_import_keeps_the_drivers_code", &[], || {
+        if !cuda_sim::testing::simulator_only("fault injection") {
+            return;
+        }
+        let (device, stream) = setup();
+        let dmr = DeviceMemoryResource::new(device, DeviceMemoryResourceOptions::default().ipc_enabled(true)).unwrap();
+        let (tx, rx) = pair();
+        tx.send_resource(dmr.as_ref()).unwrap();
+        let driver = cuda_sim::testing::driver().unwrap();
+        cuda_sim::testing::inject_failure(driver, c"cuMemPoolImportFromShareableHandle", 1).unwrap();
+        let err = rx.recv(&stream).unwrap_err();
+        assert_eq!(err.cuda_code(), Some(cuda_mem_core::sys::types::CUresult::CUDA_ERROR_OUT_OF_MEMORY), "{err}");
+        assert!(matches!(&err, IpcError::Core(core) if core.cuda_code() == err.cuda_code()), "{err:?}");
+    });
 }

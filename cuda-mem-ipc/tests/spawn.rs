@@ -95,7 +95,7 @@ fn child_entry() {
         }
         "grandparent" => child_grandparent(),
         "grandchild" | "expect-env-error" => match take_channel() {
-            Err(IpcError::ChannelEnv(text)) => println!("FROM_ENV_ERROR: {text}"),
+            Err(IpcError::ChannelEnv { reason, .. }) => println!("FROM_ENV_ERROR: {reason}"),
             other => panic!("expected a ChannelEnv error, got {other:?}"),
         },
         "stdin-socket" => child_stdin_socket(),
@@ -155,7 +155,9 @@ fn child_grandparent() {
 /// descriptor is left as it was, still open and readable.
 fn child_stdin_socket() {
     match take_channel() {
-        Err(IpcError::ChannelEnv(text)) => assert!(text.contains("CUDA_MEM_IPC_CHANNEL_INODE is not set"), "{text}"),
+        Err(IpcError::ChannelEnv { reason, source: None }) => {
+            assert!(reason.contains("CUDA_MEM_IPC_CHANNEL_INODE is not set"), "{reason}");
+        }
         other => panic!("expected a ChannelEnv error, got {other:?}"),
     }
     let mut line = String::new();

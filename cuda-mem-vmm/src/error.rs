@@ -205,12 +205,22 @@ impl VmmError {
         }
     }
 
-    /// The error as `cuda-mem-core`'s, for the [`MemoryResource`](cuda_mem_core::MemoryResource)
-    /// methods, whose signatures name that type: a core error as it was, any other as its text.
+    /// The error as `cuda-mem-core`'s (see the `From` conversion).
     pub(crate) fn into_core(self) -> cuda_mem_core::Error {
-        match self {
+        self.into()
+    }
+}
+
+/// A `VmmError` as `cuda-mem-core`'s error, for the
+/// [`MemoryResource`](cuda_mem_core::MemoryResource) methods, whose signatures name that type: a
+/// core error as it was, any other kept whole as an
+/// [`Error::Resource`](cuda_mem_core::Error::Resource), its source (downcast it to match on the
+/// `VmmError`; [`cuda_mem_core::Error::cuda_code`] finds a driver code inside it).
+impl From<VmmError> for cuda_mem_core::Error {
+    fn from(error: VmmError) -> Self {
+        match error {
             VmmError::Core(error) => error,
-            other => cuda_mem_core::Error::InvalidState(other.to_string()),
+            other => cuda_mem_core::Error::resource(other),
         }
     }
 }

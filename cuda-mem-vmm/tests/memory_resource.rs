@@ -5,11 +5,18 @@
 
 mod common;
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use common::*;
-use cuda_mem_core::{Buffer, FillPattern, MemoryResource, MemoryResourceExt, PinnedMemoryResource, Stream};
-use cuda_mem_vmm::{LocationType, VirtualMemoryResource, VirtualMemoryResourceOptions};
+use cuda_mem_core::sys::types::CUresult;
+use cuda_mem_core::{
+    Buffer, Device, DevicePtr, Error, FillPattern, MemoryResource, MemoryResourceExt, PinnedMemoryResource, Stream,
+};
+use cuda_mem_vmm::{
+    DeferCause, LocationType, VirtualBuffer, VirtualBufferDescriptor, VirtualMemoryResource,
+    VirtualMemoryResourceOptions, VmmError, release_deferred,
+};
 
 /// The bytes of `buffer`, copied to pinned memory on `stream`.
 fn bytes_of(buffer: &Buffer, stream: &Stream) -> Vec<u8> {
@@ -98,6 +105,132 @@ fn a_virtual_buffer_is_a_buffer_of_its_resource_where_one_is_expected() {
         virtual_buffer.copy_from(&other, &s).unwrap();
         assert_eq!(bytes_of(virtual_buffer.as_buffer(), &s), vec![5; G]);
         drop((virtual_buffer, other));
+        assert_eq!(sim_live(), baseline);
+    });
+}
+
+/// A memory resource of the application's that hands out memory another process exported: each
+/// allocation imports the next descriptor through a virtual memory resource. Its errors are the
+/// VMM crate's, converted with `?` into the core error the trait names, and kept whole.
+#[derive(Debug)]
+struct ImportingResource {
+    importer: Arc<VirtualMemoryResource>,
+    pending: Mutex<Vec<VirtualBufferDescriptor>>,
+    live: Mutex<HashMap<DevicePtr, VirtualBuffer>>,
+}
+
+// SAFETY: every pointer handed out is the start of an imported virtual buffer of at least the
+// size asked for, kept in `live` (so mapped) until `deallocate_raw` takes it out; the memory is
+// device memory, never host-accessible.
+unsafe impl MemoryResource for ImportingResource {
+    fn allocate_raw(&self, size: usize, stream: &Stream) -> cuda_mem_core::Result<DevicePtr> {
+        let descriptor = self.pending.lock().unwrap().pop().ok_or_else(|| Error::resource("nothing left to import"))?;
+        let buffer = self.importer.import(descriptor, Some(stream))?;
+        if buffer.size() < size {
+            return Err(Error::SizeMismatch { what: "the imported buffer", expected: size, actual: buffer.size() });
+        }
+        let ptr = buffer.ptr();
+        self.live.lock().unwrap().insert(ptr, buffer);
+        Ok(ptr)
+    }
+
+    unsafe fn deallocate_raw(&self, ptr: DevicePtr, _size: usize, _stream: &Stream) -> cuda_mem_core::Result<()> {
+        self.live.lock().unwrap().remove(&ptr);
+        Ok(())
+    }
+
+    fn is_device_accessible(&self) -> bool {
+        true
+    }
+
+    fn is_host_accessible(&self) -> bool {
+        false
+    }
+
+    fn device(&self) -> Option<Device> {
+        Some(self.importer.device())
+    }
+}
+
+#[test]
+fn a_chunk_import_out_of_memory_keeps_its_code_through_the_trait() {
+    machine!(&[], || {
+        if !cuda_sim::testing::simulator_only("fault injection") {
+            return;
+        }
+        let d0 = device(0);
+        let s = stream(d0);
+        let exporter = VirtualMemoryResource::new(d0, Default::default()).unwrap();
+        let shared = exporter.allocate(G, Some(&s)).unwrap().grow(2 * G).unwrap();
+        let resource = Arc::new(ImportingResource {
+            importer: VirtualMemoryResource::new(d0, Default::default()).unwrap(),
+            pending: Mutex::new(vec![shared.export().unwrap(), shared.export().unwrap()]),
+            live: Mutex::default(),
+        });
+        let before = vmm_live();
+        inject(c"cuMemImportFromShareableHandle", 2);
+        let error = MemoryResourceExt::allocate(&resource, 2 * G, &s).unwrap_err();
+        // The driver's code, found through the VMM error the core error carries.
+        assert_eq!(error.cuda_code(), Some(CUresult::CUDA_ERROR_OUT_OF_MEMORY), "{error}");
+        let Error::Resource(source) = &error else { panic!("expected the resource's own error, got {error:?}") };
+        assert!(
+            matches!(source.downcast_ref::<VmmError>(), Some(VmmError::ChunkImport { chunk: 2, count: 2, .. })),
+            "{source:?}"
+        );
+        assert!(error.to_string().starts_with("importing chunk 2 of 2: "), "the VMM error's text: {error}");
+        assert_eq!(vmm_live(), before, "nothing stayed imported");
+        // The next import works, and the memory goes back when the buffer does.
+        let buffer = MemoryResourceExt::allocate(&resource, 2 * G, &s).unwrap();
+        assert_eq!(buffer.size(), 2 * G);
+        drop(buffer);
+        assert!(resource.live.lock().unwrap().is_empty());
+    });
+}
+
+#[test]
+fn a_vmm_error_through_the_trait_is_the_source_not_text() {
+    let d0 = device(0);
+    let s = stream(d0);
+    let resource = VirtualMemoryResource::new(d0, Default::default()).unwrap();
+    let error = MemoryResourceExt::allocate(&resource, usize::MAX, &s).unwrap_err();
+    let Error::Resource(source) = &error else { panic!("expected the VMM error as the source, got {error:?}") };
+    assert!(
+        matches!(source.downcast_ref::<VmmError>(), Some(&VmmError::SizeOverflow { size: usize::MAX, granularity: G })),
+        "{source:?}"
+    );
+    assert_eq!(error.cuda_code(), None);
+    // A driver error needs no wrapping: it comes through as the core error it is.
+    assert!(matches!(cuda_mem_core::Error::from(VmmError::Core(Error::CapturingStream)), Error::CapturingStream));
+}
+
+#[test]
+fn a_deferred_release_recorded_through_the_trait_keeps_the_drivers_code() {
+    machine!(&[], || {
+        if !cuda_sim::testing::simulator_only("fault injection") {
+            return;
+        }
+        let d0 = device(0);
+        let s = stream(d0);
+        let resource = VirtualMemoryResource::new(d0, Default::default()).unwrap();
+        let baseline = sim_live();
+        let _ = cuda_mem_core::take_drop_errors();
+        let buffer = MemoryResourceExt::allocate(&resource, G, &s).unwrap();
+        inject(c"cuStreamSynchronize", 1);
+        drop(buffer);
+        let errors = cuda_mem_core::take_drop_errors();
+        let [recorded] = &errors[..] else { panic!("one deferred release is recorded: {errors:?}") };
+        let error = &recorded.error;
+        assert_eq!(error.cuda_code(), Some(CUresult::CUDA_ERROR_OUT_OF_MEMORY), "{error}");
+        let Error::Resource(source) = error else { panic!("expected the VMM error as the source, got {error:?}") };
+        assert!(
+            matches!(
+                source.downcast_ref::<VmmError>(),
+                Some(VmmError::ReleaseDeferred { cause: DeferCause::Synchronize(_), .. })
+            ),
+            "{source:?}"
+        );
+        // Released at the next safe point, now that the stream can be waited for.
+        assert_eq!(release_deferred(), 0);
         assert_eq!(sim_live(), baseline);
     });
 }

@@ -178,11 +178,24 @@ fn an_oversize_claimed_size_is_refused() {
     child.wait_success();
 }
 
+/// The refusal of a buffer claimed at `claimed` bytes of `resource`, as its message.
+fn expect_misdescribed(result: cuda_mem_ipc::Result<Received>, resource: Uuid, claimed: usize) -> String {
+    match result {
+        Err(error @ IpcError::MisdescribedBuffer { resource: r, claimed: c, mapped })
+            if r == resource && c == claimed && mapped < claimed =>
+        {
+            error.to_string()
+        }
+        other => panic!("expected a misdescribed buffer of {claimed} bytes, got {other:?}"),
+    }
+}
+
 fn oversize_child() {
     let (_device, stream) = setup();
     let channel = parent_channel();
-    let _mapped = expect_resource(&channel, &stream);
-    let text = expect_protocol(channel.recv(&stream), "claims 1099511627776 bytes");
+    let mapped_resource = expect_resource(&channel, &stream);
+    let text = expect_misdescribed(channel.recv(&stream), mapped_resource.uuid(), 1 << 40);
+    assert!(text.contains("claims 1099511627776 bytes"), "{text}");
     assert!(text.contains("the peer sent a bad size"), "{text}");
     let buffers = expect_buffers(&channel, &stream);
     let ptr = buffers[0].ptr();
@@ -191,10 +204,11 @@ fn oversize_child() {
     let mapped = cuda_mem_core::mapped_range_size(ptr).unwrap() as u64;
     channel.send_data(&encode_u64s(&[mapped])).unwrap();
     // Now the descriptor's allocation is mapped here: the cached path checks too.
-    expect_protocol(channel.recv(&stream), "claims 1099511627776 bytes");
-    expect_protocol(
-        channel.recv(&stream),
-        &format!("claims {} bytes but the shared allocation maps only {mapped}", mapped + 1),
+    expect_misdescribed(channel.recv(&stream), mapped_resource.uuid(), 1 << 40);
+    let text = expect_misdescribed(channel.recv(&stream), mapped_resource.uuid(), mapped as usize + 1);
+    assert!(
+        text.contains(&format!("claims {} bytes but the shared allocation maps only {mapped}", mapped + 1)),
+        "{text}"
     );
     assert_eq!(cuda_mem_core::import_holders(ptr), 1, "refusals add no holder");
     drop(buffers);
@@ -252,7 +266,7 @@ fn allocating_from_a_mapped_resource_is_refused() {
     let (child, channel) = spawn_role(test_name!(), "child", &[]);
     channel.send_buffers(&[&buffer]).unwrap();
     let text = String::from_utf8(expect_data(&channel, &stream)).unwrap();
-    assert!(text.contains("cannot allocate from a mapped memory resource"), "{text}");
+    assert!(text.contains("(a mapped memory resource)"), "{text}");
     assert!(text.contains("allocate in the exporting process and send the buffer"), "{text}");
     child.wait_success();
     drop(buffer);
@@ -267,9 +281,10 @@ fn allocate_child() {
     let buffers = expect_buffers(&channel, &stream);
     assert!(mapped.imported_pool().is_imported());
     let error = mapped.allocate(64, &stream).unwrap_err();
+    assert!(matches!(error, cuda_mem_core::Error::ImportedPoolAllocation), "{error}");
     let as_dyn: Arc<dyn MemoryResource> = mapped.clone();
     let again = as_dyn.allocate(1, &stream).unwrap_err();
-    assert_eq!(error.to_string(), again.to_string());
+    assert!(matches!(again, cuda_mem_core::Error::ImportedPoolAllocation), "{again}");
     // The resource still maps what it is sent.
     assert_eq!(read_bytes(&buffers[0], &stream), pattern(13, 4000));
     channel.send_data(error.to_string().as_bytes()).unwrap();

@@ -66,14 +66,12 @@ impl MemoryPool {
     /// holder's release unmaps. On any failure nothing new stays mapped.
     ///
     /// # Errors
-    /// [`Error::NotSupported`] for a pool that was not imported; [`Error::SizeMismatch`] when
+    /// [`Error::PoolNotImported`] for a pool that was not imported; [`Error::SizeMismatch`] when
     /// the mapping is smaller than `size` (the size came from the exporter and is wrong); driver
     /// errors when the driver refuses the data (garbage, or another pool's).
     pub fn import_allocation(&self, data: &[u8; EXPORT_DATA_LEN], size: usize, stream: &Stream) -> Result<DevicePtr> {
         if !self.imported {
-            return Err(Error::NotSupported(
-                "only a pool imported from another process (MemoryPool::import) maps exported allocations".to_string(),
-            ));
+            return Err(Error::PoolNotImported);
         }
         // The driver calls below need a current context, which a thread that never used CUDA
         // lacks: bind the stream's device's primary context.
@@ -124,13 +122,12 @@ impl MemoryPool {
         let key = match imports.by_ptr.get(&ptr) {
             Some(&key) if key.0 == self.handle() as usize => key,
             _ => {
-                return Err(Error::InvalidState(format!(
-                    "{ptr:#x} is not an allocation this process imported through this pool"
-                )));
+                return Err(Error::NotAnImport { ptr });
             }
         };
         let Some(entry) = imports.by_key.get_mut(&key) else {
-            return Err(Error::InvalidState(format!("the import table has no holders for {ptr:#x}")));
+            // The two tables disagree: no holder to give back, so nothing is released.
+            return Err(Error::NotAnImport { ptr });
         };
         if entry.holders > 1 {
             // Not the last: remember where this holder's work ends, for the last one to wait on.

@@ -136,20 +136,12 @@ impl MemoryPool {
     #[inline]
     pub(crate) fn allocate(&self, size: usize, stream: &Stream) -> Result<DevicePtr> {
         if self.imported {
-            return Err(Error::InvalidState(
-                "cannot allocate from a pool imported from another process: allocate in the exporting \
-                 process and share the buffer"
-                    .to_string(),
-            ));
+            return Err(Error::ImportedPoolAllocation);
         }
         let d = driver()?;
         stream.bind_if_default()?;
         if stream.is_capturing_bound()? {
-            return Err(Error::InvalidState(
-                "memory pools cannot allocate on a capturing stream: allocate before capture begins, \
-                 or on a stream that is not capturing"
-                    .to_string(),
-            ));
+            return Err(Error::CapturingStream);
         }
         let mut ptr: DevicePtr = 0;
         // SAFETY: `ptr` is a valid out-pointer; the pool and stream handles are live.
@@ -203,6 +195,10 @@ macro_rules! pool_resource {
         // SAFETY: the pool hands out `size` valid bytes per allocation until they are freed;
         // the accessibility the caller states is the pool's memory's.
         unsafe impl $crate::MemoryResource for $ty {
+            /// Allocates from the pool, in stream order; [`Error::CapturingStream`] on a
+            /// capturing stream (the pool would allocate outside the graph).
+            ///
+            /// [`Error::CapturingStream`]: $crate::Error::CapturingStream
             fn allocate_raw(&self, size: usize, stream: &$crate::Stream) -> $crate::Result<$crate::DevicePtr> {
                 self.pool.allocate(size, stream)
             }

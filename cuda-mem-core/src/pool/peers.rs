@@ -61,14 +61,14 @@ impl MemoryPool {
     }
 
     fn owner_or_error(&self) -> Result<Device> {
-        self.owner.ok_or_else(|| Error::NotSupported("peer access applies to device pools only".to_string()))
+        self.owner.ok_or(Error::PeerAccessNeedsDevicePool)
     }
 
     /// The devices other than the owner that have read-write access, read from the driver (so
     /// two wrappers of one shared pool always agree).
     ///
     /// # Errors
-    /// [`Error::NotSupported`] for pools that are not device pools; driver errors.
+    /// [`Error::PeerAccessNeedsDevicePool`] for pools that are not device pools; driver errors.
     pub fn peer_accessible_by(&self) -> Result<BTreeSet<Device>> {
         let owner = self.owner_or_error()?;
         let mut peers = BTreeSet::new();

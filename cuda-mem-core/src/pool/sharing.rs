@@ -46,9 +46,10 @@ impl ShareableHandle {
     /// A new descriptor for the same pool, owned by the caller.
     ///
     /// # Errors
-    /// When the process is out of file descriptors.
+    /// [`Error::Io`] when the descriptor cannot be duplicated (the process is out of file
+    /// descriptors, say).
     pub fn try_clone_fd(&self) -> Result<OwnedFd> {
-        self.fd.try_clone().map_err(|e| Error::InvalidState(format!("duplicating the pool's file descriptor: {e}")))
+        self.fd.try_clone().map_err(|source| Error::Io { context: "duplicating the pool's file descriptor", source })
     }
 }
 
@@ -138,15 +139,13 @@ impl MemoryPool {
     /// one (no new descriptor per call). For an imported pool, the handle it was imported from.
     ///
     /// # Errors
-    /// [`Error::NotSupported`] for a pool created without `ipc_enabled`; driver errors.
+    /// [`Error::PoolNotIpcEnabled`] for a pool created without `ipc_enabled`; driver errors.
     pub fn shareable_handle(&self) -> Result<&ShareableHandle> {
         if let Some(handle) = self.handle_once.get() {
             return Ok(handle);
         }
         if !self.shareable {
-            return Err(Error::NotSupported(
-                "this memory pool is not IPC-enabled: create it with ipc_enabled(true) to share it".to_string(),
-            ));
+            return Err(Error::PoolNotIpcEnabled);
         }
         let d = driver()?;
         let mut raw: std::ffi::c_int = -1;
@@ -169,7 +168,7 @@ impl MemoryPool {
     /// # Errors
     /// [`Error::PoolAlreadyOwned`] when the driver answers with the handle of a pool this process
     /// already owns (a driver may return one handle for every import of a pool): nothing new is
-    /// owned, and that pool is left as it was. [`Error::NotSupported`] when the pool is neither
+    /// owned, and that pool is left as it was. [`Error::UnsupportedImportedPool`] when the pool is neither
     /// a device pool nor a pinned host pool. Driver errors when the driver refuses the
     /// descriptor (not a pool, or a pool it cannot map).
     pub fn import(fd: OwnedFd, id: u128) -> Result<MemoryPool> {
@@ -208,11 +207,7 @@ impl MemoryPool {
         match reachable[..] {
             [device] => Ok(Some(device)),
             [] if self.host_access()? == Access::ReadWrite => Ok(None),
-            _ => Err(Error::NotSupported(format!(
-                "the imported memory pool is neither a device pool nor a pinned host pool ({} devices can \
-                 reach it at once): share device or pinned memory pools only",
-                reachable.len()
-            ))),
+            _ => Err(Error::UnsupportedImportedPool { reachable_devices: reachable.len() }),
         }
     }
 
@@ -221,13 +216,11 @@ impl MemoryPool {
     /// (A→B→C).
     ///
     /// # Errors
-    /// When `ptr` is not an allocation of a shareable pool (or, for an imported pool, not one
-    /// this process imported through it).
+    /// [`Error::NotAnImport`] for an imported pool when `ptr` is not an allocation this process
+    /// imported through it; driver errors when `ptr` is not an allocation of a shareable pool.
     pub fn export_pointer(&self, ptr: DevicePtr) -> Result<[u8; EXPORT_DATA_LEN]> {
         if self.imported {
-            return imports::export_data_of(self, ptr).ok_or_else(|| {
-                Error::InvalidState(format!("buffer at {ptr:#x} is not an import of this process through this pool"))
-            });
+            return imports::export_data_of(self, ptr).ok_or(Error::NotAnImport { ptr });
         }
         bind_for(self.owner())?;
         let d = driver()?;
@@ -261,4 +254,30 @@ pub fn mapped_range_size(ptr: DevicePtr) -> Result<usize> {
         )
     }?;
     Ok(size)
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{Error, ManagedMemoryResource, PreferredLocation};
+
+    /// The driver shares device and pinned pools only, so no import reaches the refusal of a
+    /// pool several devices reach; a managed pool, which every device reaches, is located here
+    /// as an imported one would be.
+    #[test]
+    fn a_pool_several_devices_reach_is_no_shareable_kind() {
+        cuda_sim::testing::in_simulated_machine(
+            "pool::sharing::tests::a_pool_several_devices_reach_is_no_shareable_kind",
+            &[("CUDA_SIM_DEVICES", "2")],
+            || {
+                if !cuda_sim::testing::simulator_only("two devices that reach a managed pool") {
+                    return;
+                }
+                cuda_sim::testing::driver().expect("the test driver loads");
+                let managed = ManagedMemoryResource::current(PreferredLocation::None).unwrap();
+                let error = managed.pool().locate_imported().unwrap_err();
+                assert!(matches!(error, Error::UnsupportedImportedPool { reachable_devices: 2 }), "{error}");
+                assert!(error.to_string().contains("share device or pinned memory pools only"), "{error}");
+            },
+        );
+    }
 }
