@@ -136,8 +136,9 @@ pub enum DecodeError {
     NilResource,
 }
 
-/// Bytes shown as an escaped byte string, such as `b"CUMEMBUF"`.
-struct Escaped<'a>(&'a [u8]);
+/// Bytes shown as an escaped byte string, such as `b"CUMEMBUF"` (also in the virtual buffer
+/// encoding's errors).
+pub(crate) struct Escaped<'a>(pub(crate) &'a [u8]);
 
 impl fmt::Display for Escaped<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -305,8 +306,8 @@ const CRC_TABLE: [u32; 256] = {
     table
 };
 
-/// CRC-32 as in IEEE 802.3 and zlib's `crc32`.
-fn crc32(bytes: &[u8]) -> u32 {
+/// CRC-32 as in IEEE 802.3 and zlib's `crc32` (the checksum of every encoding of this crate).
+pub(crate) fn crc32(bytes: &[u8]) -> u32 {
     !bytes.iter().fold(!0u32, |crc, &b| CRC_TABLE[usize::from((crc as u8) ^ b)] ^ (crc >> 8))
 }
 

@@ -2,7 +2,7 @@
 //!
 //! 1. `cargo fmt --all --check`
 //! 2. `cargo clippy --workspace --all-targets --all-features -- -D warnings` (optional features,
-//!    such as `cuda-mem-vmm/ipc`, are checked and tested too)
+//!    such as `cuda-mem-ipc/vmm`, are checked and tested too)
 //! 3. `cargo build -p cuda-sim` (the tests load `target/debug/libcuda_sim.so`)
 //! 4. fetch the pinned `cuda.h` into `.cuda-header/` (or use `CUDA_HOME`'s), for the layout test
 //!    and the bindings check; without network access this step is skipped, saying why
