@@ -7,7 +7,7 @@
 //! | 1, resource | UUID (16 bytes), memory kind (u8: 0 device, 1 pinned), the sender's device ordinal (i32 LE, -1 for pinned), 3 zero bytes, device UUID (16 bytes, zero for pinned) | the pool's |
 //! | 2, buffers | count (u32 LE), then `count` encoded [`BufferDescriptor`]s | none |
 //! | 3, data | the application's bytes | none |
-//! | 4, virtual buffer (feature `vmm`) | an encoded [`SharedVirtualBuffer`](crate::SharedVirtualBuffer) (see [`virtual_buffer`](crate::virtual_buffer)) | one per chunk (POSIX-fd handles), none (fabric handles) |
+//! | 4, virtual buffer (feature `vmm`) | an encoded `SharedVirtualBuffer` (its layout: the `virtual_buffer` module) | one per chunk (POSIX-fd handles), none (fabric handles) |
 //!
 //! One channel carries all of them, in any order. A virtual buffer is imported with the
 //! `VirtualMemoryResource` the receiver registered for where its memory lives
