@@ -13,8 +13,8 @@ use std::sync::Arc;
 use common::*;
 use cuda_mem_core::{Buffer, Device, LegacyPinnedMemoryResource, MemoryResourceExt, Stream};
 use cuda_mem_ipc::{
-    IpcChannel, IpcError, MAX_BUFFER_SIZE, Received, SharedVirtualBuffer, VirtualBufferDecodeError as Decode,
-    VirtualBufferLocation,
+    DecodeError, IpcChannel, IpcError, MAX_BUFFER_SIZE, Received, SharedVirtualBuffer,
+    VirtualBufferDecodeError as Decode, VirtualBufferLocation,
 };
 use cuda_mem_vmm::{
     ChunkHandle, DescriptorError, HandleType, LocationType, MemoryLocation, VirtualBuffer, VirtualMemoryResource,
@@ -240,11 +240,11 @@ fn spoiled(name: &str, buffer: &VirtualBuffer) -> (Vec<u8>, Vec<OwnedFd>) {
         "version 1" => patched(bytes, 8, &1u16.to_le_bytes(), false),
         "checksum" => patched(bytes, 40, &[0xFF], false),
         "flags" => patched(bytes, 10, &[0, 1], true),
-        "reserved" => patched(bytes, 14, &[1, 0], true),
-        "handle type" => patched(bytes, 12, &[0], true),
-        "location code" => patched(bytes, 13, &[9], true),
-        "too many chunks" => patched(bytes, 16, &254u32.to_le_bytes(), true),
-        "a count past the bytes" => patched(bytes, 16, &3u32.to_le_bytes(), true),
+        "reserved" => patched(bytes, 12, &[1, 0, 0, 0], true),
+        "handle type" => patched(bytes, 16, &[0], true),
+        "location code" => patched(bytes, 17, &[9], true),
+        "too many chunks" => patched(bytes, 18, &254u16.to_le_bytes(), true),
+        "a count past the bytes" => patched(bytes, 18, &3u16.to_le_bytes(), true),
         "fds with fabric handles" => {
             shared.descriptor.handle_type = HandleType::Fabric;
             shared.descriptor.handles = vec![ChunkHandle::Fabric([1; 64]), ChunkHandle::Fabric([2; 64])];
@@ -267,11 +267,13 @@ fn refused_as(name: &str, error: &IpcError) -> bool {
         "nothing registered" => {
             matches!(error, IpcError::NoVirtualMemoryResource { location: MemoryLocation::Device(0) })
         }
-        "magic" => decode(|e| matches!(e, Decode::Magic { found } if found == b"CUMEMBUF")),
-        "version 1" => decode(|e| matches!(e, Decode::UnsupportedVersion { found: 1, supported: 2 })),
-        "checksum" => decode(|e| matches!(e, Decode::Checksum { .. })),
-        "flags" => decode(|e| matches!(e, Decode::Flags { found: 0x100 })),
-        "reserved" => decode(|e| matches!(e, Decode::Reserved { found: 1 })),
+        "magic" => decode(|e| matches!(e, Decode::Envelope(DecodeError::Magic { found, .. }) if found == b"CUMEMBUF")),
+        "version 1" => {
+            decode(|e| matches!(e, Decode::Envelope(DecodeError::UnsupportedVersion { found: 1, supported: 2 })))
+        }
+        "checksum" => decode(|e| matches!(e, Decode::Envelope(DecodeError::Checksum { .. }))),
+        "flags" => decode(|e| matches!(e, Decode::Envelope(DecodeError::Flags { found: 0x100 }))),
+        "reserved" => decode(|e| matches!(e, Decode::Envelope(DecodeError::Reserved { found: 1 }))),
         "handle type" => decode(|e| matches!(e, Decode::HandleType { found: 0 })),
         "location code" => decode(|e| matches!(e, Decode::Location { found: 9 })),
         "too many chunks" => decode(|e| matches!(e, Decode::TooManyChunks { count: 254, max: 253 })),
