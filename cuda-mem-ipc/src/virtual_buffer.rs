@@ -21,6 +21,29 @@
 //! for which nothing is registered is refused ([`IpcError::NoVirtualMemoryResource`]) and its
 //! file descriptors are closed.
 //!
+//! ```
+//! # cuda_sim::testing::driver()?; // the tests run this example on the simulator
+//! use cuda_mem_core::{Device, Stream, StreamOptions};
+//! use cuda_mem_ipc::{Channel, IpcChannel, Received};
+//! use cuda_mem_vmm::{VirtualMemoryResource, VirtualMemoryResourceOptions};
+//!
+//! let device = Device::new(0)?;
+//! let stream = Stream::new(device, StreamOptions::default().non_blocking())?;
+//! // With `spawn_with_channel`, `there` would be in another process.
+//! let (here, there) = Channel::pair()?;
+//! let (sender, receiver) = (IpcChannel::new(here), IpcChannel::new(there));
+//!
+//! // The receiver says what maps the virtual buffers of memory on `device`.
+//! receiver.import_virtual_buffers_into(VirtualMemoryResource::new(device, VirtualMemoryResourceOptions::default())?);
+//!
+//! let vmm = VirtualMemoryResource::new(device, VirtualMemoryResourceOptions::default())?;
+//! let buffer = vmm.allocate(1 << 20, Some(&stream))?.grow(8 << 20)?;
+//! sender.send_virtual_buffer(&buffer)?; // one file descriptor per chunk
+//! let Received::VirtualBuffer(mapped) = receiver.recv(&stream)? else { panic!("expected a virtual buffer") };
+//! assert_eq!((mapped.size(), mapped.chunk_count()), (buffer.size(), buffer.chunk_count()));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
 //! # Encoding
 //!
 //! [`SharedVirtualBuffer::encode`] writes `48 + 8n` bytes for `n` chunks (`48 + 72n` with fabric
