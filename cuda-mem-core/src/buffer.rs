@@ -2,6 +2,7 @@
 //! the same with its resource and stream borrowed instead of shared.
 
 use std::any::Any;
+use std::borrow::Cow;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use cuda_sys::cu_call;
@@ -9,6 +10,7 @@ use cuda_sys::cu_call;
 use crate::device::Device;
 use crate::driver::driver;
 use crate::error::{Error, Result};
+use crate::event::{Event, EventOptions};
 use crate::memory_resource::{DevicePtr, MemoryResource};
 use crate::stream::Stream;
 
@@ -72,7 +74,11 @@ impl std::fmt::Debug for View {
 /// Stream-ordered operations (`copy_*`, `fill`) take the stream to run on; writes need `&mut`,
 /// so while [`host_slice`](ScopedBuffer::host_slice) lends the bytes to the host no new device
 /// write can be enqueued through the buffer, and every stream the buffer was used on is
-/// synchronized before the bytes are lent.
+/// synchronized before the bytes are lent. The stream recorded is the one the work went to:
+/// another thread's per-thread default stream, used from here, means this thread's (see
+/// [`Stream`'s notes](Stream#per-thread-default-streams)). Memory that other processes may write
+/// (a pool's shared with them) is never lent as a slice by the safe API:
+/// [`copy_to_host`](ScopedBuffer::copy_to_host) reads it.
 ///
 /// A `Buffer` holds a share (an `Arc`) of its resource and of its stream, so it can outlive the
 /// scope that made it, move to another thread and be kept anywhere. Where a buffer lives inside
@@ -138,8 +144,14 @@ impl<'a> ScopedBuffer<'a> {
     /// When the resource cannot allocate.
     #[inline]
     pub fn allocate_scoped(resource: &'a dyn MemoryResource, size: usize, stream: &'a Stream) -> Result<Self> {
-        let ptr = allocate_raw_or_empty(resource, size, stream)?;
-        Ok(ScopedBuffer::new(ptr, size, Owner::Borrowed(resource), Some(StreamRef::Borrowed(stream))))
+        // Another thread's per-thread stream names this thread's here, where the allocation goes:
+        // that one is recorded (a share of it, since there is nothing to borrow).
+        let stream = match stream.on_calling_thread() {
+            Cow::Borrowed(stream) => StreamRef::Borrowed(stream),
+            Cow::Owned(stream) => StreamRef::Shared(stream),
+        };
+        let ptr = allocate_raw_or_empty(resource, size, &stream)?;
+        Ok(ScopedBuffer::new(ptr, size, Owner::Borrowed(resource), Some(stream)))
     }
 
     /// The buffer of these parts, used on no other stream yet.
@@ -163,8 +175,10 @@ impl Buffer {
     /// # Errors
     /// When the resource cannot allocate.
     pub fn allocate(resource: Arc<dyn MemoryResource>, size: usize, stream: &Stream) -> Result<Buffer> {
-        let ptr = allocate_raw_or_empty(&*resource, size, stream)?;
-        Ok(Buffer::new(ptr, size, Owner::Resource(resource), Some(StreamRef::Shared(stream.clone()))))
+        // The stream the allocation goes to from this thread (see `allocate_scoped`).
+        let stream = stream.on_calling_thread().into_owned();
+        let ptr = allocate_raw_or_empty(&*resource, size, &stream)?;
+        Ok(Buffer::new(ptr, size, Owner::Resource(resource), Some(StreamRef::Shared(stream))))
     }
 
     /// Takes ownership of memory `resource` allocated: the buffer calls its `deallocate_raw` on
@@ -202,7 +216,7 @@ impl Buffer {
     }
 }
 
-impl ScopedBuffer<'_> {
+impl<'a> ScopedBuffer<'a> {
     /// The address.
     pub fn ptr(&self) -> DevicePtr {
         self.ptr
@@ -324,6 +338,7 @@ impl ScopedBuffer<'_> {
             return Ok(());
         }
         let d = driver()?;
+        let stream = stream.on_calling_thread();
         stream.bind_if_default()?;
         let count = self.size / width;
         let (ptr, s) = (self.ptr, stream.handle());
@@ -336,22 +351,27 @@ impl ScopedBuffer<'_> {
                 FillPattern::U32(v) => cu_call!(d, cuMemsetD32Async(ptr, v, count, s)),
             }
         }?;
-        self.note_use(stream);
+        self.note_use(&stream);
         Ok(())
     }
 
     /// Waits for every stream the buffer was used on (and its recorded stream): afterwards no
     /// work enqueued through it so far is still running. Crates built on this one call it before
-    /// releasing memory that is not freed in stream order.
+    /// releasing memory that is not freed in stream order. A stream that fails to synchronize is
+    /// waited for through its device instead; when that fails too, the error is returned and
+    /// every use not yet waited for stays recorded (a later call waits for it again).
     ///
     /// # Errors
-    /// A driver error from synchronizing.
+    /// A driver error from synchronizing a device.
     pub fn wait_for_uses(&self) -> Result<()> {
         let pending: Vec<Stream> = std::mem::take(&mut *self.used_on.lock().unwrap_or_else(PoisonError::into_inner));
-        for stream in pending.iter().chain(self.stream.as_deref()) {
-            stream.synchronize()?;
+        let waited = pending.iter().chain(self.stream.as_deref()).try_for_each(Stream::synchronize_or_device);
+        if waited.is_err() {
+            for stream in &pending {
+                self.note_use(stream);
+            }
         }
-        Ok(())
+        waited
     }
 
     fn check_host_accessible(&self) -> Result<()> {
@@ -366,55 +386,130 @@ impl ScopedBuffer<'_> {
         }
     }
 
+    /// Refuses to lend a host slice of memory that others may write (see
+    /// [`MemoryResource::may_be_written_externally`]).
+    fn refuse_if_written_elsewhere(&self) -> Result<()> {
+        let elsewhere =
+            self.is_host_accessible() && self.memory_resource().is_some_and(|r| r.may_be_written_externally());
+        if elsewhere { Err(Error::WritableElsewhere { ptr: self.ptr, size: self.size }) } else { Ok(()) }
+    }
+
     /// The bytes, for reading on the host, once every stream the buffer was used on has
-    /// finished. Only for host-accessible buffers.
+    /// finished. Only for host-accessible buffers of memory that nothing else writes.
+    ///
+    /// # Errors
+    /// [`Error::NotSupported`] for device-only memory; [`Error::WritableElsewhere`] for memory
+    /// other processes may write (a buffer of an IPC-enabled pool: read it with
+    /// [`copy_to_host`](ScopedBuffer::copy_to_host), or see
+    /// [`host_slice_assume_exclusive`](ScopedBuffer::host_slice_assume_exclusive)); a driver error
+    /// from synchronizing.
+    pub fn host_slice(&self) -> Result<&[u8]> {
+        self.refuse_if_written_elsewhere()?;
+        // SAFETY: nothing but this process's buffers writes the memory (checked above).
+        unsafe { self.host_slice_assume_exclusive() }
+    }
+
+    /// The bytes, for writing on the host, once every stream the buffer was used on has
+    /// finished. Only for host-accessible buffers of memory that nothing else writes.
+    ///
+    /// # Errors
+    /// As [`host_slice`](ScopedBuffer::host_slice).
+    pub fn host_slice_mut(&mut self) -> Result<&mut [u8]> {
+        self.refuse_if_written_elsewhere()?;
+        // SAFETY: nothing but this process's buffers writes the memory (checked above).
+        unsafe { self.host_slice_mut_assume_exclusive() }
+    }
+
+    /// [`host_slice`](ScopedBuffer::host_slice) without refusing memory that other processes
+    /// may write (a buffer of an IPC-enabled pool), for when the application knows they do not
+    /// while the slice lives (a protocol that hands the bytes back and forth, say).
+    ///
+    /// # Safety
+    /// No other process, and no importer of the memory in this one (through `cuda-mem-ipc`, or
+    /// any other mapping of it), writes these bytes while the returned slice lives.
     ///
     /// # Errors
     /// [`Error::NotSupported`] for device-only memory; a driver error from synchronizing.
-    pub fn host_slice(&self) -> Result<&[u8]> {
+    pub unsafe fn host_slice_assume_exclusive(&self) -> Result<&[u8]> {
         self.check_host_accessible()?;
         self.wait_for_uses()?;
         if self.size == 0 {
             return Ok(&[]);
         }
         // SAFETY: the memory is host-accessible, `size` bytes long and valid while `self` lives;
-        // device work on it has completed and new device writes need `&mut self`.
+        // device work on it through this buffer has completed, new device writes need
+        // `&mut self`, and nothing else writes it (the caller's promise).
         Ok(unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.size) })
     }
 
-    /// The bytes, for writing on the host, once every stream the buffer was used on has
-    /// finished. Only for host-accessible buffers.
+    /// [`host_slice_mut`](ScopedBuffer::host_slice_mut) without refusing memory that other
+    /// processes may write; see
+    /// [`host_slice_assume_exclusive`](ScopedBuffer::host_slice_assume_exclusive).
+    ///
+    /// # Safety
+    /// No other process, and no importer of the memory in this one, reads or writes these bytes
+    /// while the returned slice lives.
     ///
     /// # Errors
-    /// [`Error::NotSupported`] for device-only memory; a driver error from synchronizing.
-    pub fn host_slice_mut(&mut self) -> Result<&mut [u8]> {
+    /// As [`host_slice_assume_exclusive`](ScopedBuffer::host_slice_assume_exclusive).
+    pub unsafe fn host_slice_mut_assume_exclusive(&mut self) -> Result<&mut [u8]> {
         self.check_host_accessible()?;
         self.wait_for_uses()?;
         if self.size == 0 {
             return Ok(&mut []);
         }
-        // SAFETY: as in `host_slice`, and `&mut self` excludes every other access through the
-        // safe API.
+        // SAFETY: as in `host_slice_assume_exclusive`, and `&mut self` excludes every other
+        // access through this process's buffers.
         Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr as *mut u8, self.size) })
+    }
+
+    /// Copies the bytes into `dst`, through the driver, once every stream the buffer was used on
+    /// has finished: the safe way to read memory that other processes may write (no slice of it
+    /// is lent, so their writes cannot change bytes behind a reference), and device memory.
+    ///
+    /// # Errors
+    /// [`Error::SizeMismatch`] if `dst` is not the buffer's size; a driver error otherwise.
+    pub fn copy_to_host(&self, dst: &mut [u8]) -> Result<()> {
+        if dst.len() != self.size {
+            return Err(Error::SizeMismatch { what: "the host destination", expected: self.size, actual: dst.len() });
+        }
+        if self.size == 0 {
+            return Ok(());
+        }
+        self.wait_for_uses()?;
+        // Any context serves host memory; the memory's device, or the allocation stream's, is
+        // the natural one.
+        let device = match self.device().or_else(|| self.stream.as_deref().map(Stream::device)) {
+            Some(device) => device,
+            None => Device::new(0)?,
+        };
+        crate::context::bind(device)?;
+        let d = driver()?;
+        // SAFETY: `dst` is valid for `size` bytes of writes and the buffer covers `size` bytes
+        // that stay valid while `self` lives; a device-to-host copy returns only once it is
+        // complete (cuda.h, "API synchronization behavior"), so nothing writes `dst` afterwards.
+        unsafe { cu_call!(d, cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), self.ptr, self.size)) }?;
+        Ok(())
     }
 
     /// Frees the memory now, on `stream` (or the recorded stream), reporting any error instead
     /// of recording it. A view is just dropped.
     ///
     /// # Errors
-    /// The driver's refusal to free.
-    pub fn close(mut self, stream: Option<&Stream>) -> Result<()> {
+    /// When the memory could not be freed (the driver refused, or no order after the buffer's
+    /// uses could be established): the [`CloseError`] holds the cause and hands the buffer back,
+    /// still owning its memory.
+    pub fn close(mut self, stream: Option<&Stream>) -> Result<(), CloseError<'a>> {
         if let Some(stream) = stream {
             self.set_deallocation_stream(stream);
         }
-        let result = self.release();
-        // Marks the memory gone, so that `Drop` (which still releases the resource and stream
-        // handles) does not free it again.
-        self.size = 0;
-        result
+        // On success the buffer has no memory left, so the `Drop` that follows (which still
+        // releases the resource and stream shares) frees nothing.
+        self.release().map_err(|error| CloseError { buffer: Box::new(self), error })
     }
 
-    /// Frees the memory (owning buffers with memory only).
+    /// Frees the memory (owning buffers with memory only) and marks it gone (size 0). On failure
+    /// the memory is still the buffer's, with every use still recorded.
     fn release(&mut self) -> Result<()> {
         let resource: &dyn MemoryResource = match &self.owner {
             Owner::Resource(resource) => &**resource,
@@ -429,46 +524,99 @@ impl ScopedBuffer<'_> {
         };
         // `&mut self`: no other reference can be noting a use, so no lock is needed.
         let uses = std::mem::take(self.used_on.get_mut().unwrap_or_else(PoisonError::into_inner));
-        order_after_uses(stream, uses)?;
-        // SAFETY: the pointer came from this resource's `allocate_raw` (or the caller of
-        // `from_raw_owned` promised so) and is freed only here, once: `close` zeroes the size
-        // after calling this, so the `Drop` that follows frees nothing.
-        unsafe { resource.deallocate_raw(self.ptr, self.size, stream) }
+        let freed = order_after_uses(stream, &uses).and_then(|free_on| {
+            // SAFETY: the pointer came from this resource's `allocate_raw` (or the caller of
+            // `from_raw_owned` promised so) and is freed only here, once: the size is zeroed
+            // below when it was, so neither `close` nor `Drop` frees it again; `free_on` is
+            // ordered after every use.
+            unsafe { resource.deallocate_raw(self.ptr, self.size, &free_on) }
+        });
+        match freed {
+            Ok(()) => self.size = 0,
+            Err(_) => *self.used_on.get_mut().unwrap_or_else(PoisonError::into_inner) = uses,
+        }
+        freed
     }
 }
 
-/// Orders `stream` after the work enqueued so far on every stream in `uses`, so that a free on
-/// `stream` cannot overtake it: an event on each, waited for by `stream`. A per-thread default
-/// stream of another thread cannot be named from here, nor can the free stream if it is one:
-/// then the devices involved are synchronized instead.
+/// A [`close`](ScopedBuffer::close) that did not free the memory: the cause, and the buffer,
+/// handed back still owning it. Drop the buffer to try once more (a failure is then recorded,
+/// see [`take_drop_errors`](crate::take_drop_errors)), or keep it and close it later.
+#[derive(Debug)]
+pub struct CloseError<'a> {
+    // Boxed: only a failure pays for it, and the `Result` of every close stays small.
+    buffer: Box<ScopedBuffer<'a>>,
+    error: Error,
+}
+
+impl<'a> CloseError<'a> {
+    /// Why the memory was not freed.
+    pub fn error(&self) -> &Error {
+        &self.error
+    }
+
+    /// The buffer, still owning its memory.
+    pub fn into_buffer(self) -> ScopedBuffer<'a> {
+        *self.buffer
+    }
+
+    /// The buffer and the cause.
+    pub fn into_parts(self) -> (ScopedBuffer<'a>, Error) {
+        (*self.buffer, self.error)
+    }
+}
+
+impl std::fmt::Display for CloseError<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the buffer ({} bytes at {:#x}) was not freed and is handed back: drop it to try again, or keep it",
+            self.buffer.size, self.buffer.ptr
+        )
+    }
+}
+
+impl std::error::Error for CloseError<'_> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
+/// Orders a free on `stream` after the work enqueued so far on every stream in `uses`, and
+/// returns the stream to free on.
 #[inline]
-fn order_after_uses(stream: &Stream, uses: Vec<Stream>) -> Result<()> {
+fn order_after_uses<'s>(stream: &'s Stream, uses: &[Stream]) -> Result<Cow<'s, Stream>> {
     // The common case, a buffer used on its own stream only, orders nothing: decided here,
     // inlined into every free, without a call.
     if uses.is_empty() && !stream.is_foreign_per_thread() {
-        return Ok(());
+        return Ok(Cow::Borrowed(stream));
     }
     order_after_other_streams(stream, uses)
 }
 
-/// [`order_after_uses`] when there is something to order.
-fn order_after_other_streams(stream: &Stream, uses: Vec<Stream>) -> Result<()> {
-    if stream.is_foreign_per_thread() || uses.iter().any(Stream::is_foreign_per_thread) {
-        let mut devices: Vec<Device> = uses.iter().map(Stream::device).collect();
-        devices.push(stream.device());
-        devices.sort();
-        devices.dedup();
-        for device in devices {
-            device.synchronize()?;
-        }
-        return Ok(());
+/// [`order_after_uses`] when there is something to order: an event on each stream used, waited
+/// for by `stream`. When that bookkeeping fails, or a stream cannot be named from here (a
+/// per-thread default stream of another thread, the free stream included), the devices involved
+/// are synchronized instead, and the free goes on the stream that `stream` names from here. Only
+/// when that fails too is there no safe order, and the memory must not be freed.
+fn order_after_other_streams<'s>(stream: &'s Stream, uses: &[Stream]) -> Result<Cow<'s, Stream>> {
+    let nameable = !stream.is_foreign_per_thread() && !uses.iter().any(Stream::is_foreign_per_thread);
+    if nameable && uses.iter().filter(|&u| u != stream).try_for_each(|used| wait_in(stream, used)).is_ok() {
+        return Ok(Cow::Borrowed(stream));
     }
-    for used in uses.iter().filter(|&u| u != stream) {
-        let event = crate::event::Event::new(used.device(), crate::event::EventOptions::default())?;
-        event.record(used)?;
-        stream.wait(&event)?;
-    }
-    Ok(())
+    let mut devices: Vec<Device> = uses.iter().map(Stream::device).collect();
+    devices.push(stream.device());
+    devices.sort();
+    devices.dedup();
+    devices.into_iter().try_for_each(|device| device.synchronize())?;
+    Ok(stream.on_calling_thread())
+}
+
+/// Makes `stream` wait for the work enqueued so far on `used`.
+fn wait_in(stream: &Stream, used: &Stream) -> Result<()> {
+    let event = Event::new(used.device(), EventOptions::default())?;
+    event.record(used)?;
+    stream.wait(&event)
 }
 
 impl Drop for ScopedBuffer<'_> {
@@ -494,11 +642,12 @@ fn copy(dst: &mut ScopedBuffer<'_>, src: &ScopedBuffer<'_>, stream: &Stream) -> 
         return Ok(());
     }
     let d = driver()?;
+    let stream = stream.on_calling_thread();
     stream.bind_if_default()?;
     // SAFETY: both buffers cover `size` bytes that stay valid until they are freed, which is
     // ordered after this work; the driver handles overlap.
     unsafe { cu_call!(d, cuMemcpyAsync(dst.ptr, src.ptr, dst.size, stream.handle())) }?;
-    dst.note_use(stream);
-    src.note_use(stream);
+    dst.note_use(&stream);
+    src.note_use(&stream);
     Ok(())
 }

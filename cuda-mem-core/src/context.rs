@@ -14,14 +14,25 @@ use crate::device::Device;
 use crate::driver::driver;
 use crate::error::Result;
 
-/// Retained primary contexts, by device ordinal (the handle as an integer).
-static PRIMARY: Mutex<Vec<Option<usize>>> = Mutex::new(Vec::new());
+/// A primary context this module retained, never released: valid for the life of the process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Retained(CUcontext);
+
+// SAFETY: the handle is an opaque token that only the driver interprets (Rust never dereferences
+// it); the driver lets any thread make a context current and use it, and a retained primary
+// context is never released here, so the handle stays valid wherever it is sent.
+unsafe impl Send for Retained {}
+// SAFETY: as for `Send`; `Retained` is a copyable value with no interior mutability.
+unsafe impl Sync for Retained {}
+
+/// Retained primary contexts, by device ordinal.
+static PRIMARY: Mutex<Vec<Option<Retained>>> = Mutex::new(Vec::new());
 
 thread_local! {
     /// The entries of [`PRIMARY`] this thread has read. A retained primary context stays the
     /// same for the life of the process, so a copy never goes stale and saves the lock that
     /// every thread allocating through a default stream would otherwise contend for.
-    static SEEN: RefCell<Vec<Option<usize>>> = const { RefCell::new(Vec::new()) };
+    static SEEN: RefCell<Vec<Option<Retained>>> = const { RefCell::new(Vec::new()) };
 }
 
 /// The device's primary context, retained on first use and kept for the life of the process.
@@ -29,8 +40,8 @@ pub(crate) fn primary(device: Device) -> Result<CUcontext> {
     let ordinal = device.ordinal();
     // `try_with` fails only while the thread is being torn down; the table still answers then.
     let seen = SEEN.try_with(|seen| seen.borrow().get(ordinal).copied().flatten()).ok().flatten();
-    if let Some(handle) = seen {
-        return Ok(handle as CUcontext);
+    if let Some(Retained(handle)) = seen {
+        return Ok(handle);
     }
     let context = primary_from_table(device)?;
     let _ = SEEN.try_with(|seen| {
@@ -38,7 +49,7 @@ pub(crate) fn primary(device: Device) -> Result<CUcontext> {
         if seen.len() <= ordinal {
             seen.resize(ordinal + 1, None);
         }
-        seen[ordinal] = Some(context as usize);
+        seen[ordinal] = Some(Retained(context));
     });
     Ok(context)
 }
@@ -50,14 +61,14 @@ fn primary_from_table(device: Device) -> Result<CUcontext> {
     if table.len() <= ordinal {
         table.resize(ordinal + 1, None);
     }
-    if let Some(handle) = table[ordinal] {
-        return Ok(handle as CUcontext);
+    if let Some(Retained(handle)) = table[ordinal] {
+        return Ok(handle);
     }
     let d = driver()?;
     let mut context: CUcontext = std::ptr::null_mut();
     // SAFETY: `context` is a valid out-pointer; the ordinal was validated by `Device::new`.
     unsafe { cu_call!(d, cuDevicePrimaryCtxRetain(&mut context, device.raw())) }?;
-    table[ordinal] = Some(context as usize);
+    table[ordinal] = Some(Retained(context));
     Ok(context)
 }
 
@@ -66,9 +77,11 @@ pub(crate) fn bind(device: Device) -> Result<()> {
     let context = primary(device)?;
     let d = driver()?;
     let mut current: CUcontext = std::ptr::null_mut();
+    // Asking first only saves a call: when the question fails, the context is set all the same
+    // (so a free that needs a context is not given up for want of an answer).
     // SAFETY: `current` is a valid out-pointer.
-    unsafe { cu_call!(d, cuCtxGetCurrent(&mut current)) }?;
-    if current != context {
+    let asked = unsafe { cu_call!(d, cuCtxGetCurrent(&mut current)) };
+    if asked.is_err() || current != context {
         // SAFETY: `context` is a retained primary context, valid for the life of the process.
         unsafe { cu_call!(d, cuCtxSetCurrent(context)) }?;
     }

@@ -44,6 +44,31 @@ pub enum Error {
     /// The operation is refused in the object's current state.
     #[error("{0}")]
     InvalidState(String),
+    /// A host slice of memory that others may write (a buffer of a pool shared with other
+    /// processes), which the safe accessors do not lend: another process's write would change
+    /// bytes behind a live `&[u8]`.
+    #[error(
+        "host slices of memory that other processes may write are not lent by the safe API ({size} bytes at \
+         {ptr:#x}, from a pool shared between processes): copy the bytes out with copy_to_host, or use \
+         host_slice_assume_exclusive (unsafe) while nothing else writes them"
+    )]
+    WritableElsewhere {
+        /// The buffer's address.
+        ptr: crate::memory_resource::DevicePtr,
+        /// Its size in bytes.
+        size: usize,
+    },
+    /// Importing a pool gave the handle of a pool this process already owns (a driver may
+    /// return one handle for every import of a pool): nothing new was owned, so that dropping the
+    /// import cannot destroy the pool under its first owner.
+    #[error(
+        "the driver answered the import with memory pool {handle:#x}, which this process already owns \
+         (imported or created earlier): use the existing pool instead of importing it again"
+    )]
+    PoolAlreadyOwned {
+        /// The pool's handle (`CUmemoryPool`, as an integer).
+        handle: usize,
+    },
 }
 
 impl From<LoadError> for Error {

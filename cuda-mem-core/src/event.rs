@@ -31,9 +31,18 @@ impl EventOptions {
 /// An event of a device's primary context, destroyed on drop.
 #[derive(Debug)]
 pub struct Event {
-    handle: usize,
+    handle: CUevent,
     device: Device,
 }
+
+// SAFETY: the handle is an opaque token that only the driver interprets (Rust never dereferences
+// it), and the driver API lets any thread use an event handle: its event functions are
+// thread-safe. The event is destroyed only in `Drop`, once, which needs the value itself, so no
+// thread can use the handle through this type after that.
+unsafe impl Send for Event {}
+// SAFETY: as for `Send`: every method takes `&self` and only passes the handle to thread-safe
+// driver functions (recording, waiting, querying); nothing is mutated after construction.
+unsafe impl Sync for Event {}
 
 impl Event {
     /// Creates an event.
@@ -53,12 +62,12 @@ impl Event {
         let mut handle: CUevent = std::ptr::null_mut();
         // SAFETY: `handle` is a valid out-pointer; the device's context is current.
         unsafe { cu_call!(d, cuEventCreate(&mut handle, flags)) }?;
-        Ok(Event { handle: handle as usize, device })
+        Ok(Event { handle, device })
     }
 
     /// The raw handle.
     pub fn handle(&self) -> CUevent {
-        self.handle as CUevent
+        self.handle
     }
 
     /// The device.
@@ -66,7 +75,8 @@ impl Event {
         self.device
     }
 
-    /// Records the event at the current end of `stream`.
+    /// Records the event at the current end of `stream` (for another thread's per-thread default
+    /// stream, of the calling thread's: see [`Stream`'s notes](Stream#per-thread-default-streams)).
     ///
     /// # Errors
     /// If the driver call fails (a stream of another device, say).
@@ -118,8 +128,10 @@ impl Event {
 
 impl Drop for Event {
     fn drop(&mut self) {
+        // The event carries its context: destroying it needs none current, so a failure to bind
+        // one is no reason to leave the event behind.
+        let _ = crate::context::bind(self.device);
         let destroy = || -> Result<()> {
-            crate::context::bind(self.device)?;
             let d = driver()?;
             // SAFETY: the handle came from cuEventCreate and is destroyed once, here.
             unsafe { cu_call!(d, cuEventDestroy_v2(self.handle())) }?;

@@ -1,6 +1,6 @@
 //! Resources for devices or code paths without stream-ordered pools: `cuMemAllocHost` pinned
 //! memory and `cuMemAlloc` device memory. Both free synchronously, after waiting for the
-//! buffer's stream.
+//! buffer's stream (or, when that fails, its device).
 
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -39,7 +39,8 @@ unsafe impl MemoryResource for LegacyPinnedMemoryResource {
     }
 
     unsafe fn deallocate_raw(&self, ptr: DevicePtr, _size: usize, stream: &Stream) -> Result<()> {
-        stream.synchronize()?;
+        // The free is synchronous: it waits for the stream, or, should that fail, its device.
+        stream.synchronize_or_device()?;
         crate::context::bind(self.device)?;
         let d = driver()?;
         // SAFETY: the caller guarantees `ptr` came from `allocate_raw` and is freed once; the
@@ -87,7 +88,8 @@ unsafe impl MemoryResource for SynchronousMemoryResource {
     }
 
     unsafe fn deallocate_raw(&self, ptr: DevicePtr, _size: usize, stream: &Stream) -> Result<()> {
-        stream.synchronize()?;
+        // The free is synchronous: it waits for the stream, or, should that fail, its device.
+        stream.synchronize_or_device()?;
         crate::context::bind(self.device)?;
         let d = driver()?;
         // SAFETY: the caller guarantees `ptr` came from `allocate_raw` and is freed once; the

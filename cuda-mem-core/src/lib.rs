@@ -12,7 +12,11 @@
 //!   live inside one scope).
 //! - Pools: [`DeviceMemoryResource`] (the device's current pool, or one of its own),
 //!   [`PinnedMemoryResource`] (host memory), [`ManagedMemoryResource`]; each exposes its
-//!   [`MemoryPool`] for attributes, the release threshold, trimming and peer access.
+//!   [`MemoryPool`] for attributes, the release threshold, trimming and peer access (and is a
+//!   [`PoolResource`]; [`pool_of`] finds the pool behind a `&dyn MemoryResource`). A pool also
+//!   shares itself with other processes: its shareable file descriptor, importing a pool, and
+//!   mapping another process's allocations, counted
+//!   ([`MemoryPool::import_allocation`]/[`MemoryPool::release_import`]).
 //! - Without pools: [`SynchronousMemoryResource`] (`cuMemAlloc`) and
 //!   [`LegacyPinnedMemoryResource`] (`cuMemAllocHost`).
 //!
@@ -68,10 +72,9 @@ mod host_resources;
 mod legacy_resources;
 mod memory_resource;
 mod pool;
-mod sharing;
 mod stream;
 
-pub use buffer::{Buffer, FillPattern, ScopedBuffer};
+pub use buffer::{Buffer, CloseError, FillPattern, ScopedBuffer};
 pub use device::{Device, DeviceProperties};
 pub use device_resource::{DeviceMemoryResource, DeviceMemoryResourceOptions};
 pub use driver::driver;
@@ -85,8 +88,10 @@ pub use host_resources::{
 };
 pub use legacy_resources::{LegacyPinnedMemoryResource, SynchronousMemoryResource};
 pub use memory_resource::{DevicePtr, MemoryResource, MemoryResourceExt};
-pub use pool::{Access, MemoryPool, PoolAttributes, ReusePolicy};
-pub use sharing::{EXPORT_DATA_LEN, ShareableHandle, mapped_range_size};
+pub use pool::{
+    Access, EXPORT_DATA_LEN, MemoryPool, PoolAttributes, PoolResource, ReusePolicy, ShareableHandle, import_holders,
+    import_pending_waits, mapped_range_size, pool_of,
+};
 
 /// The raw driver bindings this crate is built on.
 pub use cuda_sys as sys;

@@ -1,13 +1,13 @@
 //! The `MemoryResource` abstraction: anything that hands out and takes back memory in stream
 //! order. The pools of this crate implement it; so can an application's own allocator.
 
+use std::any::Any;
 use std::fmt::Debug;
 use std::sync::Arc;
 
 use crate::buffer::{Buffer, ScopedBuffer};
 use crate::device::Device;
 use crate::error::Result;
-use crate::pool::MemoryPool;
 use crate::stream::Stream;
 
 /// A device address (or, for host-accessible memory, the same address seen from the device).
@@ -19,7 +19,9 @@ pub type DevicePtr = cuda_sys::types::CUdeviceptr;
 /// [`deallocate_raw`](MemoryResource::deallocate_raw) exactly once. Allocate through
 /// [`MemoryResourceExt::allocate`] to get a `Buffer` that keeps the resource alive.
 ///
-/// A resource is shared between threads (buffers may be dropped anywhere), hence `Send + Sync`.
+/// A resource is shared between threads (buffers may be dropped anywhere), hence `Send + Sync`;
+/// it is `Any`, so that code that needs more than this trait (the pool behind a pool resource,
+/// for sharing) can find the concrete type ([`pool_of`](crate::pool_of)).
 ///
 /// # Safety
 /// [`Buffer`] builds host slices and device operations on what an implementation reports, so
@@ -27,7 +29,7 @@ pub type DevicePtr = cuda_sys::types::CUdeviceptr;
 /// that stay valid until `deallocate_raw` is called for them; `is_host_accessible` is true only if
 /// those bytes can be read and written by the host at that address, and `is_device_accessible`
 /// only if devices can use them.
-pub unsafe trait MemoryResource: Send + Sync + Debug {
+pub unsafe trait MemoryResource: Any + Send + Sync + Debug {
     /// Allocates `size` bytes (more than 0), usable by work enqueued on `stream` after this call.
     ///
     /// # Errors
@@ -58,10 +60,13 @@ pub unsafe trait MemoryResource: Send + Sync + Debug {
         false
     }
 
-    /// The driver pool behind the resource, for pool resources (what sharing a buffer between
-    /// processes needs).
-    fn pool(&self) -> Option<&MemoryPool> {
-        None
+    /// Whether the memory may be written by something other than this process's buffers while
+    /// they hold it: true for memory shared with other processes (an IPC-enabled pool, whose
+    /// importers may write it at any time, or an imported one). A buffer of such memory lends no
+    /// host slice through the safe API ([`ScopedBuffer::host_slice`] refuses with
+    /// [`Error::WritableElsewhere`](crate::Error::WritableElsewhere)); false by default.
+    fn may_be_written_externally(&self) -> bool {
+        false
     }
 }
 

@@ -1,5 +1,6 @@
 //! Streams: created ones (destroyed when the last handle goes) and the default streams.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use cuda_sys::cu_call;
@@ -11,9 +12,9 @@ use crate::error::Result;
 use crate::event::Event;
 
 /// `CU_STREAM_LEGACY`: the legacy default stream, whatever the default-stream mode.
-const LEGACY: usize = 0x1;
+const LEGACY: CUstream = std::ptr::without_provenance_mut(0x1);
 /// `CU_STREAM_PER_THREAD`: the calling thread's default stream.
-const PER_THREAD: usize = 0x2;
+const PER_THREAD: CUstream = std::ptr::without_provenance_mut(0x2);
 
 /// How to create a stream.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -49,30 +50,41 @@ enum Ownership {
 
 #[derive(Debug)]
 struct Inner {
-    handle: usize,
+    handle: CUstream,
     device: Device,
     ownership: Ownership,
-    /// For the per-thread default stream: the thread whose stream it is (the same handle names
+    /// For a per-thread default stream: the thread whose stream it is (the same handle names
     /// another stream on every other thread).
     thread: Option<std::thread::ThreadId>,
 }
 
-// The raw handle is stored as an integer: streams are usable from any thread, and the driver's
-// stream functions are thread-safe, so `Inner` is `Send` and `Sync` without unsafe impls.
+// SAFETY: the handle is an opaque token that only the driver interprets (Rust never dereferences
+// it), and the driver API lets any thread use a stream handle: its stream functions are
+// thread-safe. What a per-thread default stream's handle means depends on the calling thread;
+// `thread` records whose it is, and every use through `Stream` accounts for that. An owned
+// stream is destroyed only in `Drop`, once, when the last `Stream` sharing this `Inner` is gone,
+// so no thread can use the handle after it is destroyed through this type.
+unsafe impl Send for Inner {}
+// SAFETY: as for `Send`: `&Inner` only reads the handle and passes it to thread-safe driver
+// functions; nothing in `Inner` is mutated after construction.
+unsafe impl Sync for Inner {}
 
 impl Drop for Inner {
     fn drop(&mut self) {
         if self.ownership != Ownership::Owned {
             return;
         }
-        let result = crate::context::bind(self.device).and_then(|()| {
+        // A created stream carries its context: destroying it needs none current, so a failure to
+        // bind one is no reason to leave the stream behind.
+        let _ = crate::context::bind(self.device);
+        let destroy = || -> Result<()> {
             let d = driver()?;
             // SAFETY: the handle came from cuStreamCreate and is destroyed once, here; work
             // already enqueued still completes, as the driver documents.
-            unsafe { cu_call!(d, cuStreamDestroy_v2(self.handle as CUstream)) }?;
+            unsafe { cu_call!(d, cuStreamDestroy_v2(self.handle)) }?;
             Ok(())
-        });
-        if let Err(error) = result {
+        };
+        if let Err(error) = destroy() {
             crate::drop_errors::record("Stream", error);
         }
     }
@@ -80,6 +92,15 @@ impl Drop for Inner {
 
 /// A stream of a device. Clones share it; a created stream is destroyed when the last clone is
 /// dropped.
+///
+/// # Per-thread default streams
+/// [`Stream::per_thread_default`] is the stream of the thread that calls it. The driver's handle
+/// for it (`CU_STREAM_PER_THREAD`) names the *calling* thread's stream, so, as in C, work enqueued
+/// through the value from another thread (fills, copies, allocation, [`wait`](Stream::wait),
+/// [`record_event`](Stream::record_event)) goes to that other thread's per-thread stream, and
+/// buffers record the stream it went to: their host access and their free wait for the right
+/// work. [`synchronize`](Stream::synchronize) from another thread than its own waits for the
+/// whole device, since its own thread's stream cannot be named from there.
 #[derive(Debug, Clone)]
 pub struct Stream {
     inner: Arc<Inner>,
@@ -107,43 +128,44 @@ impl Stream {
         let mut handle: CUstream = std::ptr::null_mut();
         // SAFETY: `handle` is a valid out-pointer; the device's context is current.
         unsafe { cu_call!(d, cuStreamCreateWithPriority(&mut handle, flags, options.priority.unwrap_or(0))) }?;
-        Ok(Stream {
-            inner: Arc::new(Inner { handle: handle as usize, device, ownership: Ownership::Owned, thread: None }),
-        })
+        Ok(Stream { inner: Arc::new(Inner { handle, device, ownership: Ownership::Owned, thread: None }) })
     }
 
     /// The legacy default stream of `device` (`CU_STREAM_LEGACY`).
     pub fn legacy_default(device: Device) -> Stream {
-        Stream { inner: Arc::new(Inner { handle: LEGACY, device, ownership: Ownership::Borrowed, thread: None }) }
+        Stream::borrowed(LEGACY, device)
     }
 
     /// The calling thread's per-thread default stream on `device` (`CU_STREAM_PER_THREAD`).
+    /// Used from another thread, see [the type's notes](Stream#per-thread-default-streams).
     pub fn per_thread_default(device: Device) -> Stream {
-        Stream {
-            inner: Arc::new(Inner {
-                handle: PER_THREAD,
-                device,
-                ownership: Ownership::Borrowed,
-                thread: Some(std::thread::current().id()),
-            }),
-        }
+        Stream::borrowed(PER_THREAD, device)
     }
 
     /// Wraps a stream the application owns; it is not destroyed by this crate.
+    ///
+    /// The null handle means the legacy or the per-thread default stream depending on how the
+    /// driver was opened; it is treated like `CU_STREAM_PER_THREAD`, as the calling thread's
+    /// (the cautious reading: it makes uses from other threads wait for the whole device).
     ///
     /// # Safety
     /// `handle` is a valid stream of `device`'s primary context (or a special default-stream
     /// handle) and outlives every use through the returned value.
     pub unsafe fn from_raw(handle: CUstream, device: Device) -> Stream {
-        Stream {
-            inner: Arc::new(Inner { handle: handle as usize, device, ownership: Ownership::Borrowed, thread: None }),
-        }
+        Stream::borrowed(handle, device)
+    }
+
+    /// A stream this value does not destroy; the calling thread's, for a handle whose meaning
+    /// depends on the thread.
+    fn borrowed(handle: CUstream, device: Device) -> Stream {
+        let thread = (handle == PER_THREAD || handle.is_null()).then(|| std::thread::current().id());
+        Stream { inner: Arc::new(Inner { handle, device, ownership: Ownership::Borrowed, thread }) }
     }
 
     /// The raw handle.
     #[inline]
     pub fn handle(&self) -> CUstream {
-        self.inner.handle as CUstream
+        self.inner.handle
     }
 
     /// The device.
@@ -173,6 +195,30 @@ impl Stream {
         self.inner.thread.is_some_and(|t| t != std::thread::current().id())
     }
 
+    /// The stream that work enqueued through this value from the calling thread goes to: this
+    /// one, or, for another thread's per-thread default stream, the calling thread's (what the
+    /// handle names here). Buffers record this one, so that what waits for their uses waits for
+    /// the stream the work is really on.
+    #[inline]
+    pub(crate) fn on_calling_thread(&self) -> Cow<'_, Stream> {
+        if self.is_foreign_per_thread() {
+            Cow::Owned(Stream::borrowed(self.handle(), self.device()))
+        } else {
+            Cow::Borrowed(self)
+        }
+    }
+
+    /// Waits for the stream's work, or, when that fails (or the stream cannot be named from
+    /// here), for all of its device's work: a wait that only gives up when the device cannot be
+    /// synchronized either. For callers that must know the work is done before they free or
+    /// lend memory it uses.
+    ///
+    /// # Errors
+    /// The device's synchronization error, when both fail.
+    pub(crate) fn synchronize_or_device(&self) -> Result<()> {
+        self.synchronize().or_else(|_| self.device().synchronize())
+    }
+
     /// Waits until all work enqueued so far has completed. For a per-thread default stream used
     /// from another thread, that is all the device's work (its handle cannot name that thread's
     /// stream from here).
@@ -190,7 +236,9 @@ impl Stream {
         Ok(())
     }
 
-    /// Whether all work enqueued so far has completed (`cuStreamQuery`).
+    /// Whether all work enqueued so far has completed (`cuStreamQuery`). For another thread's
+    /// per-thread default stream, the calling thread's is asked (see
+    /// [the type's notes](Stream#per-thread-default-streams)).
     ///
     /// # Errors
     /// If the driver reports an error other than "not ready".
@@ -205,7 +253,9 @@ impl Stream {
         }
     }
 
-    /// Makes later work on this stream wait for `event`'s latest recording.
+    /// Makes later work on this stream wait for `event`'s latest recording. For another thread's
+    /// per-thread default stream, the calling thread's waits (the work enqueued through this value
+    /// from here goes there; see [the type's notes](Stream#per-thread-default-streams)).
     ///
     /// # Errors
     /// If the driver call fails.
@@ -218,7 +268,8 @@ impl Stream {
         Ok(())
     }
 
-    /// Records a new event at the current end of the stream.
+    /// Records a new event at the current end of the stream (for another thread's per-thread
+    /// default stream, of the calling thread's, as [`Event::record`] does).
     ///
     /// # Errors
     /// If a driver call fails.

@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use cuda_mem_core::{
-    Buffer, Device, DeviceMemoryResource, DevicePtr, Error, FillPattern, LegacyPinnedMemoryResource, MemoryResource,
-    MemoryResourceExt, PinnedMemoryResource, PinnedMemoryResourceOptions, Result, ScopedBuffer, Stream,
-    SynchronousMemoryResource, take_drop_errors,
+    Buffer, Device, DeviceMemoryResource, DeviceMemoryResourceOptions, DevicePtr, Error, FillPattern,
+    LegacyPinnedMemoryResource, MemoryResource, MemoryResourceExt, PinnedLocation, PinnedMemoryResource,
+    PinnedMemoryResourceOptions, Result, ScopedBuffer, Stream, SynchronousMemoryResource, take_drop_errors,
 };
 
 fn pinned() -> Arc<PinnedMemoryResource> {
@@ -78,6 +78,59 @@ fn device_memory_is_not_lent_to_the_host() {
     assert!(matches!(err, Error::NotSupported(_)), "{err}");
     assert!(!d.is_host_accessible() && d.is_device_accessible());
     assert_eq!(d.device(), Some(device));
+}
+
+#[test]
+fn memory_other_processes_may_write_is_not_lent_as_a_slice() {
+    let device = common::device();
+    let stream = common::stream(device);
+    let shared = PinnedMemoryResource::new(
+        PinnedMemoryResourceOptions::default().ipc_enabled(true).location(PinnedLocation::NearDevice(device)),
+    )
+    .unwrap();
+    assert!(shared.may_be_written_externally());
+    let mut buffer = shared.allocate(256, &stream).unwrap();
+    buffer.fill(FillPattern::U8(0x42), &stream).unwrap();
+    let err = buffer.host_slice().unwrap_err();
+    assert!(matches!(err, Error::WritableElsewhere { size: 256, .. }), "{err}");
+    assert!(err.to_string().contains("copy_to_host"), "the message says what to do: {err}");
+    let err = buffer.host_slice_mut().unwrap_err();
+    assert!(matches!(err, Error::WritableElsewhere { .. }), "{err}");
+    // Copying out is safe: no reference to the shared bytes is lent.
+    let mut out = vec![0; 256];
+    buffer.copy_to_host(&mut out).unwrap();
+    assert!(out.iter().all(|&b| b == 0x42));
+    let err = buffer.copy_to_host(&mut [0; 255]).unwrap_err();
+    assert!(matches!(err, Error::SizeMismatch { expected: 256, actual: 255, .. }), "{err}");
+    // SAFETY: the pool's handle was never exported, so nothing else can write its memory.
+    unsafe { buffer.host_slice_mut_assume_exclusive() }.unwrap().fill(7);
+    // SAFETY: as above.
+    assert!(unsafe { buffer.host_slice_assume_exclusive() }.unwrap().iter().all(|&b| b == 7));
+    // Device memory of an IPC-enabled pool is refused as device memory, as ever.
+    let device_shared =
+        DeviceMemoryResource::new(device, DeviceMemoryResourceOptions::default().ipc_enabled(true)).unwrap();
+    let on_device = device_shared.allocate(64, &stream).unwrap();
+    assert!(matches!(on_device.host_slice().unwrap_err(), Error::NotSupported(_)));
+    // A pinned pool that is not IPC-enabled still lends its bytes.
+    let local = pinned();
+    assert!(!local.may_be_written_externally());
+    let mut mine = local.allocate(256, &stream).unwrap();
+    mine.fill(FillPattern::U8(0x24), &stream).unwrap();
+    assert!(mine.host_slice().unwrap().iter().all(|&b| b == 0x24));
+    mine.host_slice_mut().unwrap().fill(1);
+}
+
+#[test]
+fn device_memory_is_copied_to_the_host() {
+    let device = common::device();
+    let stream = common::stream(device);
+    let mut on_device = DeviceMemoryResource::current(device).unwrap().allocate(4096, &stream).unwrap();
+    on_device.fill(FillPattern::U32(0xDEC0_ADDE), &stream).unwrap();
+    let mut out = vec![0; 4096];
+    on_device.copy_to_host(&mut out).unwrap();
+    assert!(out.chunks(4).all(|w| w == 0xDEC0_ADDEu32.to_ne_bytes()));
+    let empty = DeviceMemoryResource::current(device).unwrap().allocate(0, &stream).unwrap();
+    empty.copy_to_host(&mut []).unwrap();
 }
 
 #[test]

@@ -51,8 +51,17 @@ fn close_returns_the_error_and_drop_records_it() {
     let stream = common::stream(device);
     let resource = Arc::new(RefusesToFree);
     let err = resource.allocate(64, &stream).unwrap().close(None).unwrap_err();
-    assert_eq!(err.to_string(), "this resource never frees");
+    assert!(matches!(err.error(), Error::InvalidState(_)), "{err:?}");
+    let cause = std::error::Error::source(&err).expect("the cause is the source");
+    assert_eq!(cause.to_string(), "this resource never frees");
+    assert!(err.to_string().contains("was not freed and is handed back"), "{err}");
     assert!(take_drop_errors().is_empty(), "close does not record what it returns");
+    // The buffer comes back still owning its memory: dropping it tries again, and records.
+    let buffer = err.into_buffer();
+    assert_eq!(buffer.size(), 64);
+    assert!(buffer.is_owning());
+    drop(buffer);
+    assert_eq!(take_drop_errors().len(), 1);
 
     set_drop_error_hook(Some(count_hook));
     drop(resource.allocate(64, &stream).unwrap());

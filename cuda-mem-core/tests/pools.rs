@@ -198,13 +198,15 @@ fn shareable_pools_export_one_handle_and_imports_cannot_allocate() {
     let data = dmr.pool().export_pointer(buffer.ptr()).unwrap();
 
     // Import in this same process (another process would receive the fd over a socket).
-    let imported = cuda_mem_core::MemoryPool::import(first.try_clone_fd().unwrap(), first.id(), Some(device)).unwrap();
+    let imported = cuda_mem_core::MemoryPool::import(first.try_clone_fd().unwrap(), first.id()).unwrap();
     assert!(imported.is_imported() && imported.is_shareable());
+    assert_eq!(imported.owner(), Some(device), "the driver says where the pool lives");
     assert_eq!(imported.shareable_handle().unwrap().id(), first.id());
-    let mapped = imported.import_pointer(&data).unwrap();
+    let mapped = imported.import_allocation(&data, 8192, &stream).unwrap();
     assert_ne!(mapped, buffer.ptr());
     assert!(cuda_mem_core::mapped_range_size(mapped).unwrap() >= 8192);
-    // SAFETY: the mapping was just imported, is not used afterwards, and is freed once.
-    unsafe { imported.free_imported(mapped, &stream) }.unwrap();
+    assert_eq!(imported.export_pointer(mapped).unwrap(), data, "an import passes on the data it came with");
+    // SAFETY: the mapping was just imported, is not used afterwards, and is released once.
+    unsafe { imported.release_import(mapped, &stream) }.unwrap();
     stream.synchronize().unwrap();
 }

@@ -14,6 +14,8 @@
 //! - lookups and uses of shared resources that cannot succeed ([`IpcError::UnknownResource`],
 //!   [`IpcError::WrongResource`], [`IpcError::WrongResourceKind`], [`IpcError::NotIpcEnabled`],
 //!   [`IpcError::DeviceNotVisible`]);
+//! - pools the peer describes otherwise than the driver does ([`IpcError::MisdescribedResource`])
+//!   or sends a second time under another UUID ([`IpcError::PoolAlreadyImported`]);
 //!   allocating from a mapped resource is refused by the resource itself, with a core error.
 //! - with the feature `vmm`, virtual buffers that cannot be exported or imported
 //!   (`IpcError::Vmm`, with `cuda-mem-vmm`'s error) or that nothing is registered to import
@@ -22,6 +24,7 @@
 //!   process that was not started with a channel ([`IpcError::ChannelEnv`]).
 
 use crate::descriptor::DecodeError;
+use crate::mapped::SharedKind;
 
 /// Everything that can go wrong in `cuda-mem-ipc`.
 #[derive(Debug, thiserror::Error)]
@@ -109,13 +112,43 @@ pub enum IpcError {
     )]
     PeerClosed,
 
-    /// No live resource with this UUID is registered in this process.
+    /// No live resource with this UUID is registered in this process, or, for buffers received
+    /// on a channel, was received on that channel (and not released).
     #[error(
-        "no live memory resource with UUID {0} is known in this process: import the exporting \
-         resource (its pool) before importing buffers from it, and keep it alive while they are \
-         in use"
+        "no live memory resource with UUID {0} is known here (a channel maps buffers only through the \
+         pools it received itself): import the exporting resource (its pool) before importing buffers \
+         from it, and keep it alive while they are in use"
     )]
     UnknownResource(uuid::Uuid),
+
+    /// The peer described a pool otherwise than the driver reports it (device memory as pinned
+    /// host memory, or another device); the pool was not kept.
+    #[error(
+        "the peer described memory pool {uuid} as a {claimed}, but the driver reports a {actual}: the \
+         peer is broken or hostile, so the pool was not imported"
+    )]
+    MisdescribedResource {
+        /// The UUID the peer named the pool with.
+        uuid: uuid::Uuid,
+        /// What the peer said it is.
+        claimed: SharedKind,
+        /// What the driver says it is.
+        actual: SharedKind,
+    },
+
+    /// A pool this process already holds under another UUID (or its own pool) was imported again;
+    /// the import was not kept, and the pool is as it was.
+    #[error(
+        "memory pool {uuid} is one this process already holds under another UUID (or its own pool): a \
+         pool is imported once per process, so it was not imported again; use the first import"
+    )]
+    PoolAlreadyImported {
+        /// The UUID it was sent (or imported) under this time.
+        uuid: uuid::Uuid,
+        /// The core library's refusal.
+        #[source]
+        source: cuda_mem_core::Error,
+    },
 
     /// A buffer descriptor names another resource than the one asked to import it.
     #[error(

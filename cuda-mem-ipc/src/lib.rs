@@ -15,6 +15,12 @@
 //! - [`spawn_with_channel`] and [`Channel::from_env`]: starting a child process that is
 //!   connected to its parent by a channel;
 //! - [`BufferDescriptor`]: the versioned, checksummed byte encoding of a shared buffer;
+//! - [`MappedMemoryResource`]: a pool imported from another process, one per pool and process,
+//!   its memory kind and device asked of the driver; it maps buffers through the counted imports
+//!   of its pool (`cuda_mem_core::MemoryPool::import_allocation`);
+//! - [`IpcChannel`]: pools, buffers and bytes over a [`Channel`]; the receiving side keeps what
+//!   it imported for as long as it lives, and maps a peer's buffers only through the pools that
+//!   peer sent on it;
 //! - with the feature `vmm`, the `virtual_buffer` module: `SharedVirtualBuffer`, the versioned,
 //!   checksummed encoding of a `cuda-mem-vmm` virtual buffer's descriptor (its bytes, and one
 //!   file descriptor per chunk), and [`IpcChannel`] carrying virtual buffers beside pools,
@@ -46,6 +52,13 @@
 //! - the device of a pool: [`IpcChannel`] names it by UUID, because processes with different
 //!   `CUDA_VISIBLE_DEVICES` number devices differently; a device this process cannot see is
 //!   refused ([`IpcError::DeviceNotVisible`]) before anything is imported;
+//! - what a pool is: its memory kind and device are asked of the driver once it is imported, and
+//!   a pool the peer described otherwise is refused ([`IpcError::MisdescribedResource`]); so is
+//!   a pool this process already holds under another UUID ([`IpcError::PoolAlreadyImported`]);
+//! - which pools a peer may use: buffers received on a channel map only through the pools
+//!   received on that same channel (never one another peer sent, whatever UUID it names), and a
+//!   UUID this process already knows is trusted only when the driver confirms the new import is
+//!   the same pool;
 //! - the types of file descriptors that are meant to be a channel (a Unix domain stream socket,
 //!   the very one the parent passed); received descriptors are owned at once (closed if the
 //!   message is rejected) and never inherited by child processes.
@@ -95,10 +108,10 @@
 //!
 //! The parent sends buffers over an [`IpcChannel`] (each buffer's pool goes first, once per
 //! channel); the child maps them and uses the same memory. Whoever writes synchronizes its stream
-//! before telling the other side. The receiver keeps the [`Received::Resource`] it got: buffers
-//! are mapped through it, and once it is dropped its buffers can no longer be received. A
-//! complete program is `examples/two_process.rs`
-//! (`cargo run -p cuda-mem-ipc --example two_process`).
+//! before telling the other side. The receiving channel keeps each pool it receives (the
+//! [`Received::Resource`] may be dropped at once) for as long as it lives, or until
+//! [`IpcChannel::release_resource`]; buffers keep their pool alive themselves. A complete program
+//! is `examples/two_process.rs` (`cargo run -p cuda-mem-ipc --example two_process`).
 //!
 //! ```no_run
 //! use std::process::Command;
@@ -129,7 +142,7 @@
 //!     // SAFETY: this process was started by the parent branch through `spawn_with_channel`,
 //!     // and nothing in it but this call adopts inherited descriptors.
 //!     let channel = IpcChannel::new(unsafe { Channel::from_env() }?);
-//!     let Received::Resource(_pool) = channel.recv(&stream)? else { panic!("expected the pool") };
+//!     let Received::Resource(_) = channel.recv(&stream)? else { panic!("expected the pool") };
 //!     let Received::Buffers(mut buffers) = channel.recv(&stream)? else { panic!("expected buffers") };
 //!     buffers[0].fill(FillPattern::U8(2), &stream)?;
 //!     stream.synchronize()?;
@@ -144,7 +157,6 @@ pub use cuda_mem_core as core;
 pub mod channel;
 pub mod descriptor;
 pub mod error;
-pub mod import_cache;
 pub mod mapped;
 pub mod protocol;
 pub mod registry;

@@ -1,18 +1,26 @@
 //! `MappedMemoryResource`: a pool imported from another process.
 //!
-//! It cannot allocate; it maps the allocations the exporting process shares (through the
-//! duplicate-import cache) into buffers that keep it, and so its file descriptor, alive. It may
-//! be dropped before those buffers.
+//! It cannot allocate; it maps the allocations the exporting process shares (counted by its
+//! pool, [`MemoryPool::import_allocation`]) into buffers that keep it, and so its file
+//! descriptor, alive. It may be dropped before those buffers.
+//!
+//! One pool has one importer per process: a driver may answer a second import of a pool with
+//! the handle of the first, and two owners of one handle would destroy it under each other. So
+//! [`MappedMemoryResource::from_fd`] returns the existing import of a UUID, and an import the
+//! driver answers with a pool this process already owns under another UUID is refused
+//! ([`IpcError::PoolAlreadyImported`]). What kind of memory the pool holds, and on which device,
+//! is asked of the driver, not taken from the exporter.
 
+use std::any::Any;
+use std::fmt;
 use std::os::fd::{BorrowedFd, OwnedFd};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use cuda_mem_core::{Buffer, Device, DevicePtr, MemoryPool, MemoryResource, Stream};
+use cuda_mem_core::{Buffer, Device, DevicePtr, MemoryPool, MemoryResource, PoolResource, Stream};
 use uuid::Uuid;
 
 use crate::descriptor::BufferDescriptor;
 use crate::error::{IpcError, Result};
-use crate::import_cache;
 use crate::registry::Registry;
 
 /// What kind of memory a shared pool holds.
@@ -35,7 +43,8 @@ pub struct MappedMemoryResource {
 /// Every mapped resource of the process, by the UUID of the resource it maps.
 static REGISTRY: Registry<MappedMemoryResource> = Registry::new();
 
-/// The process-wide registry of mapped resources (an entry goes when its resource goes).
+/// The process-wide registry of mapped resources: the first live import of each UUID (an entry
+/// goes when its resource goes).
 pub fn registry() -> &'static Registry<MappedMemoryResource> {
     &REGISTRY
 }
@@ -54,6 +63,24 @@ impl SharedKind {
         match self {
             SharedKind::Device(_) => "device memory pool",
             SharedKind::Pinned => "pinned host memory pool",
+        }
+    }
+
+    /// The kind of memory `pool` holds, by where it lives: a device pool names its device,
+    /// a host pool (pinned memory) none.
+    pub(crate) fn of(pool: &MemoryPool) -> SharedKind {
+        match pool.owner() {
+            Some(device) => SharedKind::Device(device),
+            None => SharedKind::Pinned,
+        }
+    }
+}
+
+impl fmt::Display for SharedKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SharedKind::Device(device) => write!(f, "device memory pool on {device}"),
+            SharedKind::Pinned => f.write_str("pinned host memory pool"),
         }
     }
 }
@@ -79,30 +106,80 @@ pub fn lookup(uuid: Uuid, expected: ExpectedKind) -> Result<Arc<MappedMemoryReso
     Ok(resource)
 }
 
+/// Held while importing a pool, so that two threads importing one pool cannot both own it.
+fn importing() -> MutexGuard<'static, ()> {
+    static IMPORTING: Mutex<()> = Mutex::new(());
+    IMPORTING.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A failed import of `uuid` as this crate reports it: a pool this process owns already is the
+/// peer's (or caller's) doing, named as such.
+fn refused(error: cuda_mem_core::Error, uuid: Uuid) -> IpcError {
+    match error {
+        already @ cuda_mem_core::Error::PoolAlreadyOwned { .. } => {
+            IpcError::PoolAlreadyImported { uuid, source: already }
+        }
+        other => other.into(),
+    }
+}
+
 impl MappedMemoryResource {
-    /// Imports the pool behind `fd` (which this takes), exported by the resource `uuid`.
+    /// Imports the pool behind `fd` (which this takes), exported by the resource `uuid`, and
+    /// registers it; or, when this process has a live import of `uuid` already, returns that one
+    /// (and closes `fd`). Device or pinned memory, and the device, are the driver's word.
     ///
     /// # Errors
-    /// When the driver refuses the descriptor (it is not a pool, or of a kind this process
-    /// cannot map).
-    pub fn from_owned_fd(fd: OwnedFd, uuid: Uuid, kind: SharedKind) -> Result<Arc<MappedMemoryResource>> {
-        let owner = match kind {
-            SharedKind::Device(device) => Some(device),
-            SharedKind::Pinned => None,
-        };
-        let pool = MemoryPool::import(fd, uuid.as_u128(), owner)?;
-        Ok(Arc::new(MappedMemoryResource { pool, uuid, kind }))
+    /// [`IpcError::PoolAlreadyImported`] when the driver answers with a pool this process already
+    /// holds under another UUID (or its own pool); driver errors when the driver refuses the
+    /// descriptor (it is not a pool, or of a kind this process cannot map).
+    pub fn from_owned_fd(fd: OwnedFd, uuid: Uuid) -> Result<Arc<MappedMemoryResource>> {
+        let _importing = importing();
+        if let Ok(existing) = registry().get(uuid) {
+            return Ok(existing);
+        }
+        let resource = MappedMemoryResource::import(fd, uuid).map_err(|error| refused(error, uuid))?;
+        Ok(registry().register(uuid, resource))
     }
 
-    /// Imports the pool behind `fd`, duplicating it: the caller keeps the original.
+    /// Imports the pool behind `fd`, duplicating it: the caller keeps the original. As
+    /// [`MappedMemoryResource::from_owned_fd`], an existing import of `uuid` is returned.
     ///
     /// # Errors
     /// As [`MappedMemoryResource::from_owned_fd`], and when no descriptor can be duplicated.
-    pub fn from_fd(fd: BorrowedFd<'_>, uuid: Uuid, kind: SharedKind) -> Result<Arc<MappedMemoryResource>> {
+    pub fn from_fd(fd: BorrowedFd<'_>, uuid: Uuid) -> Result<Arc<MappedMemoryResource>> {
         let owned = fd
             .try_clone_to_owned()
             .map_err(|source| IpcError::Io { context: "duplicating a pool's file descriptor", source })?;
-        MappedMemoryResource::from_owned_fd(owned, uuid, kind)
+        MappedMemoryResource::from_owned_fd(owned, uuid)
+    }
+
+    /// Imports the pool behind `fd` for a peer that named it `uuid`, trusting this process's
+    /// registered import of `uuid` only when the driver confirms it is the same pool (the import
+    /// answers with its handle). A registered import the driver cannot confirm (it gave this
+    /// import a handle of its own) is left alone: the new import is returned, unregistered, so a
+    /// peer never reaches a pool another party sent under the same UUID.
+    pub(crate) fn from_peer(fd: OwnedFd, uuid: Uuid) -> Result<Arc<MappedMemoryResource>> {
+        let _importing = importing();
+        let registered = registry().get(uuid).ok();
+        match (MappedMemoryResource::import(fd, uuid), registered) {
+            // A handle of its own: whatever is registered stays, unconfirmed, and unused here.
+            (Ok(resource), Some(_)) => Ok(resource),
+            (Ok(resource), None) => Ok(registry().register(uuid, resource)),
+            // The driver answered with the registered import's own handle: the same pool.
+            (Err(cuda_mem_core::Error::PoolAlreadyOwned { handle }), Some(registered))
+                if registered.pool.handle() as usize == handle =>
+            {
+                Ok(registered)
+            }
+            (Err(error), _) => Err(refused(error, uuid)),
+        }
+    }
+
+    /// Imports the pool behind `fd` as `uuid`, unregistered.
+    fn import(fd: OwnedFd, uuid: Uuid) -> cuda_mem_core::Result<Arc<MappedMemoryResource>> {
+        let pool = MemoryPool::import(fd, uuid.as_u128())?;
+        let kind = SharedKind::of(&pool);
+        Ok(Arc::new(MappedMemoryResource { pool, uuid, kind }))
     }
 
     /// The UUID of the exporting resource.
@@ -134,7 +211,13 @@ impl MappedMemoryResource {
         let size = usize::try_from(descriptor.size).map_err(|_| {
             IpcError::Protocol(format!("a buffer of {} bytes does not fit this machine", descriptor.size))
         })?;
-        let ptr = import_cache::acquire(&self.pool, &descriptor.export_data, size, stream)?;
+        let ptr = self.pool.import_allocation(&descriptor.export_data, size, stream).map_err(|error| match error {
+            cuda_mem_core::Error::SizeMismatch { expected, actual, .. } => IpcError::Protocol(format!(
+                "the descriptor claims {actual} bytes but the shared allocation maps only {expected}; the peer \
+                 sent a bad size"
+            )),
+            other => other.into(),
+        })?;
         let resource: Arc<dyn MemoryResource> = Arc::clone(self) as Arc<dyn MemoryResource>;
         // SAFETY: the pointer is one holder's share of an import of `size` (checked) bytes, which
         // the buffer releases once, through `deallocate_raw` below.
@@ -155,11 +238,9 @@ unsafe impl MemoryResource for MappedMemoryResource {
     }
 
     unsafe fn deallocate_raw(&self, ptr: DevicePtr, _size: usize, stream: &Stream) -> cuda_mem_core::Result<()> {
-        // SAFETY: forwarded from the caller (a buffer releasing its one share).
-        unsafe { import_cache::release(&self.pool, ptr, stream) }.map_err(|e| match e {
-            IpcError::Core(core) => core,
-            other => cuda_mem_core::Error::InvalidState(other.to_string()),
-        })
+        // SAFETY: forwarded from the caller (a buffer releasing its one share, from
+        // `import_buffer`'s `import_allocation`).
+        unsafe { self.pool.release_import(ptr, stream) }
     }
 
     fn is_device_accessible(&self) -> bool {
@@ -172,14 +253,28 @@ unsafe impl MemoryResource for MappedMemoryResource {
         false
     }
 
+    fn may_be_written_externally(&self) -> bool {
+        // The exporting process (and every other importer) may write it at any time.
+        true
+    }
+
     fn device(&self) -> Option<Device> {
         match self.kind {
             SharedKind::Device(device) => Some(device),
             SharedKind::Pinned => None,
         }
     }
+}
 
-    fn pool(&self) -> Option<&MemoryPool> {
-        Some(&self.pool)
+impl PoolResource for MappedMemoryResource {
+    fn pool(&self) -> &MemoryPool {
+        &self.pool
     }
+}
+
+/// The pool behind `resource`, when it is a pool resource of `cuda-mem-core` or a mapped
+/// resource.
+pub(crate) fn pool_behind(resource: &dyn MemoryResource) -> Option<&MemoryPool> {
+    let any: &dyn Any = resource;
+    cuda_mem_core::pool_of(resource).or_else(|| any.downcast_ref::<MappedMemoryResource>().map(PoolResource::pool))
 }

@@ -18,10 +18,20 @@
 //! that see different devices (`CUDA_VISIBLE_DEVICES`) number them differently.
 //!
 //! Sending a buffer whose resource has not been sent on this channel sends the resource first,
-//! so the receiver always knows it. Receiving a resource the process already has (the registry
-//! knows its UUID) closes the duplicate descriptor and returns the registered resource.
+//! so the receiver always knows it.
+//!
+//! The receiving channel keeps every resource it received, by the UUID the peer named it with,
+//! for as long as the channel lives (or until [`IpcChannel::release_resource`]): a receiver may
+//! drop the [`Received::Resource`] it got, and the buffers that follow still map. Buffers are
+//! resolved only against the resources their own channel received, never against the
+//! process-wide registry, so a peer can use only the pools it sent itself. The peer's word is
+//! checked against the driver's: the memory kind and device a resource message states must be
+//! what the imported pool is (asked of the driver); a UUID this process has imported already is
+//! shared only when the driver answers the new import with that import's own handle (the same
+//! pool); otherwise the new import stands on its own. A resource sent again on the same channel
+//! is the one received first (the duplicate descriptor is closed).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -31,7 +41,7 @@ use uuid::Uuid;
 use crate::channel::{Channel, RawMessage};
 use crate::descriptor::{BufferDescriptor, ENCODED_LEN};
 use crate::error::{IpcError, Result};
-use crate::mapped::{MappedMemoryResource, SharedKind, registry};
+use crate::mapped::{MappedMemoryResource, SharedKind};
 use crate::share::{allocation_handle, buffer_descriptor};
 
 /// Message kinds on the wire.
@@ -47,7 +57,7 @@ pub const MAX_BUFFERS_PER_MESSAGE: usize = 65_536;
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Received {
-    /// A pool resource, imported (or found in the registry).
+    /// A pool resource, imported (or the same pool imported earlier); the channel keeps it too.
     Resource(Arc<MappedMemoryResource>),
     /// Buffers, each mapped through its (already received) resource.
     Buffers(Vec<Buffer>),
@@ -63,7 +73,11 @@ pub enum Received {
 #[derive(Debug)]
 pub struct IpcChannel {
     channel: Channel,
+    /// The UUIDs of the resources sent on this channel.
     sent: Mutex<HashSet<Uuid>>,
+    /// The resources received on this channel, by the UUID the peer named them with: buffers
+    /// map through these only, and they live as long as the channel (or until released).
+    received: Mutex<HashMap<Uuid, Arc<MappedMemoryResource>>>,
     /// The resources virtual buffers are imported with, one per location.
     #[cfg(feature = "vmm")]
     pub(crate) virtual_buffer_importers: crate::virtual_buffer::VirtualBufferImporters,
@@ -75,6 +89,7 @@ impl IpcChannel {
         IpcChannel {
             channel,
             sent: Mutex::new(HashSet::new()),
+            received: Mutex::new(HashMap::new()),
             #[cfg(feature = "vmm")]
             virtual_buffer_importers: Default::default(),
         }
@@ -83,6 +98,32 @@ impl IpcChannel {
     /// The underlying channel.
     pub fn channel(&self) -> &Channel {
         &self.channel
+    }
+
+    fn received(&self) -> std::sync::MutexGuard<'_, HashMap<Uuid, Arc<MappedMemoryResource>>> {
+        // Every operation leaves the map consistent, so a panic elsewhere cannot corrupt it.
+        self.received.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The resource received on this channel under `uuid`, if the channel still keeps it.
+    pub fn resource(&self, uuid: Uuid) -> Option<Arc<MappedMemoryResource>> {
+        self.received().get(&uuid).cloned()
+    }
+
+    /// Lets go of the resource received under `uuid`: the channel no longer keeps it alive (the
+    /// buffers mapped through it, and other holders of its `Arc`, still do), and buffers that
+    /// name it are refused ([`IpcError::UnknownResource`]) until the peer sends it again.
+    /// Returns it, if the channel kept it.
+    pub fn release_resource(&self, uuid: Uuid) -> Option<Arc<MappedMemoryResource>> {
+        self.received().remove(&uuid)
+    }
+
+    /// Lets go of every resource received, as [`IpcChannel::release_resource`] does for one.
+    pub fn release_resources(&self) {
+        // Dropped outside the lock: a resource's drop does not come back here, but need not
+        // wait for it either.
+        let released = std::mem::take(&mut *self.received());
+        drop(released);
     }
 
     /// Sends a pool resource (its file descriptor and UUID). Sending it again sends it again;
@@ -140,8 +181,9 @@ impl IpcChannel {
         self.channel.send(DATA, bytes, &[])
     }
 
-    /// Receives one message: imports a resource and registers it, maps buffers through their
-    /// registered resources (freed on `stream` when dropped), or returns bytes.
+    /// Receives one message: imports a resource (kept by the channel, see the
+    /// [module docs](self)), maps buffers through the resources this channel received (freed on
+    /// `stream` when dropped), or returns bytes.
     ///
     /// With the feature `vmm`, a virtual buffer is imported with the resource registered for
     /// where its memory lives (freed on `stream` when dropped); when it cannot be, the error is
@@ -151,13 +193,16 @@ impl IpcChannel {
     ///
     /// # Errors
     /// Channel errors; protocol errors for malformed messages; [`IpcError::UnknownResource`]
-    /// for a buffer whose resource never arrived; driver errors from importing. A bad message
-    /// leaves the process and its pools as they were (nothing half-imported stays mapped).
+    /// for a buffer whose resource did not arrive on this channel (or was released);
+    /// [`IpcError::MisdescribedResource`] for a pool that is not what the peer says;
+    /// [`IpcError::PoolAlreadyImported`] for a pool this process holds under another UUID;
+    /// driver errors from importing. A bad message leaves the process and its pools as they
+    /// were (nothing half-imported stays mapped).
     pub fn recv(&self, stream: &Stream) -> Result<Received> {
         let message = self.channel.recv()?;
         match message.kind {
             RESOURCE => self.receive_resource(message).map(Received::Resource),
-            BUFFERS => receive_buffers(&message, stream).map(Received::Buffers),
+            BUFFERS => self.receive_buffers(&message, stream).map(Received::Buffers),
             DATA => {
                 expect_no_fds(&message)?;
                 Ok(Received::Data(message.payload))
@@ -216,17 +261,57 @@ impl IpcChannel {
             other => return Err(IpcError::Protocol(format!("memory kind {other} in a resource message"))),
         };
         let fd: OwnedFd = message.fds.remove(0);
-        // One import per UUID at a time: two threads receiving the same pool must not both
-        // import it (the loser's drop would destroy a pool the driver may share with the winner).
-        static IMPORTING: std::sync::Mutex<()> = std::sync::Mutex::new(());
-        let _importing = IMPORTING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Ok(existing) = registry().get(uuid) {
-            // A hit: the duplicate descriptor closes here.
-            drop(fd);
-            return Ok(existing);
+        // Sent again on this channel: the first one stands (the duplicate descriptor closes here).
+        let resource = match self.resource(uuid) {
+            Some(received) => received,
+            None => MappedMemoryResource::from_peer(fd, uuid)?,
+        };
+        if resource.kind() != kind {
+            return Err(IpcError::MisdescribedResource { uuid, claimed: kind, actual: resource.kind() });
         }
-        let resource = MappedMemoryResource::from_owned_fd(fd, uuid, kind)?;
-        Ok(registry().register(uuid, resource))
+        self.received().insert(uuid, Arc::clone(&resource));
+        Ok(resource)
+    }
+
+    fn receive_buffers(&self, message: &RawMessage, stream: &Stream) -> Result<Vec<Buffer>> {
+        expect_no_fds(message)?;
+        let payload = &message.payload;
+        let count = payload
+            .get(..4)
+            .and_then(|b| b.try_into().ok())
+            .map(u32::from_le_bytes)
+            .ok_or_else(|| IpcError::Protocol("a buffers message shorter than its count".to_string()))?
+            as usize;
+        if count > MAX_BUFFERS_PER_MESSAGE {
+            return Err(IpcError::Protocol(format!(
+                "a buffers message for {count} buffers; the most one message may carry is {MAX_BUFFERS_PER_MESSAGE}"
+            )));
+        }
+        if payload.len() != 4 + count * ENCODED_LEN {
+            return Err(IpcError::Protocol(format!(
+                "a buffers message for {count} buffers must have {} bytes; it has {}",
+                4 + count * ENCODED_LEN,
+                payload.len()
+            )));
+        }
+        // Decode everything, and find every resource, before importing anything.
+        let descriptors = payload[4..]
+            .chunks_exact(ENCODED_LEN)
+            .map(BufferDescriptor::decode)
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let resources = {
+            let received = self.received();
+            descriptors
+                .iter()
+                .map(|d| received.get(&d.resource).cloned().ok_or(IpcError::UnknownResource(d.resource)))
+                .collect::<Result<Vec<_>>>()?
+        };
+        let mut buffers = Vec::with_capacity(count);
+        for (descriptor, resource) in descriptors.iter().zip(&resources) {
+            // On an error the buffers imported so far drop here and are released.
+            buffers.push(resource.import_buffer(descriptor, stream)?);
+        }
+        Ok(buffers)
     }
 }
 
@@ -236,34 +321,4 @@ fn expect_no_fds(message: &RawMessage) -> Result<()> {
     } else {
         Err(IpcError::Protocol(format!("{} unexpected file descriptors with a message", message.fds.len())))
     }
-}
-
-fn receive_buffers(message: &RawMessage, stream: &Stream) -> Result<Vec<Buffer>> {
-    expect_no_fds(message)?;
-    let payload = &message.payload;
-    let count = payload
-        .get(..4)
-        .and_then(|b| b.try_into().ok())
-        .map(u32::from_le_bytes)
-        .ok_or_else(|| IpcError::Protocol("a buffers message shorter than its count".to_string()))?
-        as usize;
-    if count > MAX_BUFFERS_PER_MESSAGE || payload.len() != 4 + count * ENCODED_LEN {
-        return Err(IpcError::Protocol(format!(
-            "a buffers message for {count} buffers must have {} bytes; it has {}",
-            4usize.saturating_add(count.saturating_mul(ENCODED_LEN)),
-            payload.len()
-        )));
-    }
-    // Decode everything before importing anything.
-    let descriptors = payload[4..]
-        .chunks_exact(ENCODED_LEN)
-        .map(BufferDescriptor::decode)
-        .collect::<std::result::Result<Vec<_>, _>>()?;
-    let mut buffers = Vec::with_capacity(count);
-    for descriptor in &descriptors {
-        let resource = registry().get(descriptor.resource)?;
-        // On an error the buffers imported so far drop here and are released.
-        buffers.push(resource.import_buffer(descriptor, stream)?);
-    }
-    Ok(buffers)
 }

@@ -1,10 +1,13 @@
 //! A process-wide map from UUIDs to live shared resources.
 //!
-//! A process that imports a pool registers it under the exporter's UUID; a
-//! [`BufferDescriptor`](crate::BufferDescriptor) names that UUID, and the importer looks the
-//! pool up to import the buffer into it. The registry holds [`Weak`] references only: it never
-//! keeps a resource alive, and an entry whose resource was dropped counts as absent (and is
-//! pruned when met).
+//! A process that imports a pool registers it under the exporter's UUID (the first import of
+//! each UUID; [`MappedMemoryResource::from_fd`](crate::MappedMemoryResource::from_fd) returns
+//! it rather than importing the pool again); a [`BufferDescriptor`](crate::BufferDescriptor)
+//! names that UUID, and code that imports buffers itself looks the pool up
+//! ([`lookup`](crate::lookup)). An [`IpcChannel`](crate::IpcChannel) does not: it maps a peer's
+//! buffers only through the pools that peer sent on it. The registry holds [`Weak`] references
+//! only: it never keeps a resource alive, and an entry whose resource was dropped counts as
+//! absent (and is pruned when met).
 //!
 //! [`Registry::new`] is `const`, so a registry can be a `static`:
 //!

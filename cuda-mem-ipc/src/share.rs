@@ -5,8 +5,7 @@ use uuid::Uuid;
 
 use crate::descriptor::BufferDescriptor;
 use crate::error::{IpcError, Result};
-use crate::import_cache;
-use crate::mapped::SharedKind;
+use crate::mapped::{SharedKind, pool_behind};
 
 /// A resource's allocation handle: the pool's file descriptor (owned by the pool, exported once:
 /// asking again returns the same one) and the UUID naming the resource in every process.
@@ -43,18 +42,13 @@ impl<'a> AllocationHandle<'a> {
 /// # Errors
 /// [`IpcError::NotIpcEnabled`] for any other resource; driver errors from the first export.
 pub fn allocation_handle(resource: &dyn MemoryResource) -> Result<AllocationHandle<'_>> {
-    let pool =
-        resource.pool().ok_or_else(|| IpcError::NotIpcEnabled("a resource that is not a memory pool".to_string()))?;
+    let pool = pool_behind(resource)
+        .ok_or_else(|| IpcError::NotIpcEnabled("a resource that is not a memory pool".to_string()))?;
     if !pool.is_shareable() {
         return Err(IpcError::NotIpcEnabled("this resource's memory pool".to_string()));
     }
     let handle = pool.shareable_handle()?;
-    // A pool on a device names it; host pools (pinned memory) name none.
-    let kind = match resource.device() {
-        Some(device) => SharedKind::Device(device),
-        None => SharedKind::Pinned,
-    };
-    Ok(AllocationHandle { handle, kind })
+    Ok(AllocationHandle { handle, kind: SharedKind::of(pool) })
 }
 
 /// The descriptor of `buffer`, for another process to import (after it has imported the
@@ -69,18 +63,9 @@ pub fn buffer_descriptor(buffer: &ScopedBuffer<'_>) -> Result<BufferDescriptor> 
         .memory_resource()
         .ok_or_else(|| IpcError::NotIpcEnabled("a buffer view (it owns no memory)".to_string()))?;
     let handle = allocation_handle(resource)?;
-    let pool = resource
-        .pool()
+    let pool = pool_behind(resource)
         .ok_or_else(|| IpcError::NotIpcEnabled("a buffer that is not from a memory pool".to_string()))?;
-    let export_data = if pool.is_imported() {
-        import_cache::export_data_of(buffer.ptr()).ok_or_else(|| {
-            IpcError::Core(cuda_mem_core::Error::InvalidState(format!(
-                "buffer at {:#x} is not an import of this process",
-                buffer.ptr()
-            )))
-        })?
-    } else {
-        pool.export_pointer(buffer.ptr())?
-    };
+    // An imported buffer gives the data it came with.
+    let export_data = pool.export_pointer(buffer.ptr())?;
     Ok(BufferDescriptor { export_data, size: buffer.size() as u64, resource: handle.uuid() })
 }

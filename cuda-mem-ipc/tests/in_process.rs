@@ -8,8 +8,7 @@ use cuda_mem_core::{
     PinnedMemoryResource, PinnedMemoryResourceOptions, Stream, StreamOptions,
 };
 use cuda_mem_ipc::{
-    BufferDescriptor, Channel, IpcChannel, IpcError, Received, allocation_handle, buffer_descriptor, import_cache,
-    registry,
+    BufferDescriptor, Channel, IpcChannel, IpcError, Received, allocation_handle, buffer_descriptor, registry,
 };
 
 fn setup() -> (Device, Stream) {
@@ -56,7 +55,7 @@ fn buffers_travel_with_their_resource_and_share_memory() {
 }
 
 #[test]
-fn a_resource_sent_twice_is_a_registry_hit() {
+fn a_resource_sent_twice_is_the_one_received_first() {
     let (device, stream) = setup();
     let pinned = PinnedMemoryResource::new(
         PinnedMemoryResourceOptions::default().ipc_enabled(true).location(PinnedLocation::NearDevice(device)),
@@ -77,11 +76,12 @@ fn a_resource_sent_twice_is_a_registry_hit() {
         err.to_string().contains("is a pinned host memory pool, but this operation needs a device memory pool"),
         "{err}"
     );
+    let uuid = first.uuid();
     drop((first, second));
-    assert!(matches!(
-        registry().get(allocation_handle(pinned.as_ref()).unwrap().uuid()),
-        Err(IpcError::UnknownResource(_))
-    ));
+    assert!(registry().get(uuid).is_ok(), "the receiving channel keeps what it received");
+    assert!(rx.release_resource(uuid).is_some_and(|released| released.uuid() == uuid));
+    assert!(rx.resource(uuid).is_none());
+    assert!(matches!(registry().get(uuid), Err(IpcError::UnknownResource(_))), "gone once released");
 }
 
 #[test]
@@ -95,12 +95,12 @@ fn duplicate_imports_share_one_mapping_freed_by_the_last_holder() {
     let Received::Buffers(imports) = rx.recv(&stream).unwrap() else { panic!() };
     assert_eq!(imports[0].ptr(), imports[1].ptr());
     let ptr = imports[0].ptr();
-    assert_eq!(import_cache::holders(ptr), 2);
+    assert_eq!(cuda_mem_core::import_holders(ptr), 2);
     let mut imports = imports.into_iter();
     drop(imports.next());
-    assert_eq!(import_cache::holders(ptr), 1);
+    assert_eq!(cuda_mem_core::import_holders(ptr), 1);
     drop(imports.next());
-    assert_eq!(import_cache::holders(ptr), 0);
+    assert_eq!(cuda_mem_core::import_holders(ptr), 0);
     assert!(cuda_mem_core::take_drop_errors().is_empty());
 }
 
@@ -128,18 +128,18 @@ fn released_holders_leave_one_event_per_stream_for_the_last() {
                 again.fill(FillPattern::U8(0x5a), s).unwrap();
             }
             drop(again);
-            assert!(import_cache::pending_waits(ptr) <= streams.len());
+            assert!(cuda_mem_core::import_pending_waits(ptr) <= streams.len());
         }
     }
-    assert_eq!(import_cache::holders(ptr), 1);
+    assert_eq!(cuda_mem_core::import_holders(ptr), 1);
     // Once their work has completed, the next release on another stream drops them.
     for s in &streams {
         s.synchronize().unwrap();
     }
     drop(mapped.import_buffer(&descriptor, &stream).unwrap());
-    assert_eq!(import_cache::pending_waits(ptr), 1);
+    assert_eq!(cuda_mem_core::import_pending_waits(ptr), 1);
     drop(held);
-    assert_eq!((import_cache::holders(ptr), import_cache::pending_waits(ptr)), (0, 0));
+    assert_eq!((cuda_mem_core::import_holders(ptr), cuda_mem_core::import_pending_waits(ptr)), (0, 0));
     stream.synchronize().unwrap();
     assert!(cuda_mem_core::take_drop_errors().is_empty());
 }
@@ -174,7 +174,7 @@ fn bad_descriptors_are_refused_and_leave_nothing_mapped() {
     assert!(matches!(registry().get(orphan.resource), Err(IpcError::UnknownResource(_))));
     // After all that, nothing is left mapped and a good import works.
     let imported = mapped.import_buffer(&good, &stream).unwrap();
-    assert_eq!(import_cache::holders(imported.ptr()), 1);
+    assert_eq!(cuda_mem_core::import_holders(imported.ptr()), 1);
 }
 
 #[test]

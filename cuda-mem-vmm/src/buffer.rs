@@ -46,9 +46,9 @@ pub struct VirtualBuffer {
 pub struct CloseError {
     /// What went wrong.
     pub error: VmmError,
-    /// The buffer, given back when nothing was released ([`VmmError::CapturingStream`], or the
-    /// capture status could not be read); `None` when the release itself failed (the error says
-    /// what became of the memory). Boxed, so that the error stays small.
+    /// The buffer, given back whenever nothing was released ([`VmmError::CapturingStream`], the
+    /// capture status could not be read, or the release failed): it still owns its memory.
+    /// `None` only where the memory's fate is in the error. Boxed, so that the error stays small.
     pub buffer: Option<Box<VirtualBuffer>>,
 }
 
@@ -180,8 +180,8 @@ impl VirtualBuffer {
     /// # Errors
     /// [`VmmError::CapturingStream`] with the buffer given back, unchanged (also when the capture
     /// status cannot be read, with that error); when the release itself fails the error is
-    /// returned without the buffer (a release that could not wait for the stream is deferred,
-    /// see [`VmmError::ReleaseDeferred`]).
+    /// returned with the buffer too, still owning its memory. A release that could not wait for
+    /// the stream is not a failure: it is deferred and recorded (see [`VmmError::ReleaseDeferred`]).
     pub fn close(mut self, stream: Option<&Stream>) -> Result<(), CloseError> {
         if let Some(chosen) = stream.or(self.buffer.deallocation_stream()) {
             match chosen.is_capturing() {
@@ -193,10 +193,16 @@ impl VirtualBuffer {
         if let Some(stream) = stream {
             self.buffer.set_deallocation_stream(stream);
         }
-        let VirtualBuffer { buffer, range, .. } = self;
-        let result = buffer.close(None);
-        // After the release above waited for the stream (or deferred it with its own share).
-        drop(range);
-        result.map_err(|error| CloseError { error: error.into(), buffer: None })
+        let VirtualBuffer { buffer, range, resource, imported } = self;
+        match buffer.close(None) {
+            // After the release above waited for the stream (or deferred it with its own share).
+            Ok(()) => Ok(()),
+            // Not freed: the buffer comes back whole, still owning its memory.
+            Err(failed) => {
+                let (buffer, error) = failed.into_parts();
+                let buffer = Some(Box::new(VirtualBuffer { buffer, range, resource, imported }));
+                Err(CloseError { error: error.into(), buffer })
+            }
+        }
     }
 }

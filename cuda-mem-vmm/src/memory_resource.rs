@@ -78,11 +78,17 @@ unsafe impl MemoryResource for VirtualMemoryResource {
     /// Lets go of the range after `stream`'s work: synchronizes `stream` and unmaps what no
     /// other buffer maps. If `stream` is capturing (or cannot be waited for), nothing is
     /// synchronized and nothing unmapped: the release is deferred (see
-    /// [`release_deferred`](crate::release_deferred)) and the error says so.
+    /// [`release_deferred`](crate::release_deferred)) and recorded as a drop error
+    /// ([`cuda_mem_core::take_drop_errors`]). A deferral is not a failure to free: the range is
+    /// this resource's to release from then on, so the caller must not free it again (the
+    /// trait's `Err` means "still yours").
     unsafe fn deallocate_raw(&self, ptr: DevicePtr, size: usize, stream: &Stream) -> cuda_mem_core::Result<()> {
         let range =
             self.live.take(ptr, size).ok_or(VmmError::ForeignPointer { ptr, size }).map_err(VmmError::into_core)?;
-        release_after(range, stream).map_err(VmmError::into_core)
+        if let Err(deferred) = release_after(range, stream) {
+            cuda_mem_core::record_drop_error("virtual memory (release deferred)", deferred.into_core());
+        }
+        Ok(())
     }
 
     fn is_device_accessible(&self) -> bool {

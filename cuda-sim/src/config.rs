@@ -49,6 +49,10 @@ pub(crate) struct Config {
     /// Where parsing `CUDA_VISIBLE_DEVICES` stopped early and why, for a message at `cuInit`
     /// (the devices listed before the invalid entry stay visible).
     pub visible_note: Option<String>,
+    /// Whether a second import of a pool this process has imported already returns the first
+    /// import's handle (`CUDA_SIM_POOL_IMPORT=same-handle`) instead of a new one (see
+    /// [`conservative`](crate::conservative)).
+    pub same_handle_imports: bool,
 }
 
 impl Config {
@@ -59,12 +63,20 @@ impl Config {
         // Unlike the simulator's own variables, an empty CUDA_VISIBLE_DEVICES means something
         // (no device), so only an unset one selects every device.
         let visible = std::env::var_os(VISIBLE_DEVICES_ENV).map(|v| v.to_string_lossy().into_owned());
-        Config::parse(
+        let mut config = Config::parse(
             var("CUDA_SIM_DEVICES").as_deref(),
             var("CUDA_SIM_MEMORY").as_deref(),
             var("CUDA_SIM_PEER_ACCESS").as_deref(),
             visible.as_deref(),
-        )
+        )?;
+        config.same_handle_imports = match var("CUDA_SIM_POOL_IMPORT").as_deref().map(str::trim) {
+            None | Some("new-handle") => false,
+            Some("same-handle") => true,
+            Some(other) => {
+                return Err(format!("CUDA_SIM_POOL_IMPORT={other:?}: expected new-handle or same-handle"));
+            }
+        };
+        Ok(config)
     }
 
     /// Builds a configuration from the four settings' text (`None`: the default, which for
@@ -96,7 +108,7 @@ impl Config {
             None => ((0..physical_devices).collect(), None),
             Some(text) => parse_visible(text, physical_devices),
         };
-        Ok(Config { visible, memory, peers, visible_note })
+        Ok(Config { visible, memory, peers, visible_note, same_handle_imports: false })
     }
 
     /// Number of devices this process sees; its ordinals are `0..devices()`.

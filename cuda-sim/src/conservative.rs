@@ -105,6 +105,11 @@
 //!   imported pool) returns `CUDA_ERROR_INVALID_VALUE`; exported pointer data carries a checksum,
 //!   so any altered byte is refused; a duplicate import in one process returns the same pointer
 //!   without counting (as the driver does), so the second free fails.
+//! - **A second import of one pool** (`cuMemPoolImportFromShareableHandle` of a pool this
+//!   process has imported already) gets a handle of its own; the documentation does not say
+//!   either way. `CUDA_SIM_POOL_IMPORT=same-handle` models the other reading: the first import's
+//!   handle comes back, uncounted, so one `cuMemPoolDestroy` destroys the pool for both; code
+//!   that imports a pool twice is tested against both.
 //! - **VMM**: reservation sizes and hints must be multiples of the host page; mappings,
 //!   physical sizes and access ranges must be multiples of the granularity (2 MiB on every
 //!   simulated device); `cuMemMap` needs offset 0 (cuda.h: "currently must be zero") and a range

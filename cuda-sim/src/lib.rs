@@ -37,6 +37,20 @@
 //! counts live reservations, mappings, physical allocations, pools and allocations, and
 //! `cuSimInjectFailure` arms a failure at run time.
 //!
+//! # Which module holds what
+//! | module | holds |
+//! |---|---|
+//! | `exports` | the C ABI: every exported driver symbol with the signature `cuda.h` declares, forwarding to `api` |
+//! | `api` | each driver function's behaviour (argument checks, state lookups, the work it enqueues), one file per area: `init`, `device`, `context`, `stream`, `event`, `memory`, `pointer`, `pool`, `ipc`, `vmm`, and `sim` (the simulator's own test exports) |
+//! | `state`, `config` | the process-wide state made by the first `cuInit`, and the `CUDA_SIM_*` settings it reads |
+//! | `device`, `context` | simulated devices (attributes, memory, peer topology); primary contexts and the current-context stack |
+//! | `stream`, `event`, `capture` | per-stream worker queues; events; graph capture and the calls that invalidate it |
+//! | `memory`, `pool`, `vmm` | device and host allocations with copies and memsets; stream-ordered pools and their accounting; VMM physical allocations |
+//! | `shared`, `sealed` | memory other processes map: the shareable pools' layout, and the sealed `memfd`s behind it and VMM handles |
+//! | `handle`, `error`, `fault`, `proc_address` | never-reused handle values; `CUresult`s inside the simulator; fault injection; `cuGetProcAddress_v2` |
+//! | [`conservative`] | every reading taken where `cuda.h` is silent, and why |
+//! | [`testing`] | helpers for test suites: choosing the driver, declared skips, live-object counts, fault injection |
+//!
 //! Where the driver's behaviour is not documented, the simulator takes the most conservative
 //! reading; each such choice is listed in [`conservative`].
 //!
@@ -47,6 +61,7 @@
 //! | `CUDA_SIM_PEER_ACCESS` | which physical devices can access each other: `all`, `none`, or pairs of physical indices such as `0-1,2-3` (symmetric) | `all` |
 //! | `CUDA_VISIBLE_DEVICES` | as with the real driver: the devices this process sees, in ordinal order, as physical indices or UUIDs (`GPU-…`, or a unique prefix); parsing stops at the first invalid entry; empty hides every device (`cuInit` fails with `CUDA_ERROR_NO_DEVICE`) | all, in order |
 //! | `CUDA_SIM_MEMORY` | bytes of memory per device (accepts `K`, `M`, `G` suffixes, powers of 1024) | 8 GiB |
+//! | `CUDA_SIM_POOL_IMPORT` | what a second import of one pool returns: `new-handle` (a handle of its own) or `same-handle` (the first import's, uncounted) | `new-handle` |
 //! | `CUDA_SIM_FAIL` | fault injection: `function:n[,function:n…]` makes the n-th call of each function fail with `CUDA_ERROR_OUT_OF_MEMORY` (read at the first driver call) | none |
 //!
 //! Each process simulates its own devices; nothing is shared between processes except what the
@@ -68,7 +83,9 @@
 //! use cuda_sys::{Driver, cu_call};
 //!
 //! let path = cuda_sim::testing::library_path().expect("build cuda-sim first");
-//! let driver = Driver::open(path)?;
+//! // SAFETY: the library is the simulator, which implements each driver function it exports
+//! // with the signature and behaviour `cuda.h` documents.
+//! let driver = unsafe { Driver::open(path) }?;
 //! // SAFETY: cuInit takes no pointers and flags must be 0.
 //! unsafe { cu_call!(&driver, cuInit(0)) }?;
 //! let mut count = 0;

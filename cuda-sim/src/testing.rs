@@ -62,7 +62,9 @@ pub fn driver() -> Result<&'static Driver, LoadError> {
              `cargo build -p cuda-sim` or set {LIBRARY_ENV}"
         ),
     })?;
-    let opened = Driver::open(&path)?;
+    // SAFETY: the library is this crate's simulator, which exports every driver function it
+    // has with the signature and the documented behaviour of `cuda.h`.
+    let opened = unsafe { Driver::open(&path) }?;
     match cuda_sys::install_driver(opened) {
         Ok(driver) => Ok(driver),
         // Another thread installed one first: use that one.

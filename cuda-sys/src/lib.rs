@@ -10,7 +10,9 @@
 //!   ABI version `cuda.h` declares, or a typed [`LoadError`] naming the symbol when the driver
 //!   lacks it. Nothing is resolved eagerly, so a missing unused symbol never matters.
 //! - [`driver()`]: the process-wide driver, opened on first use from `CUDA_MEM_DRIVER` or
-//!   `libcuda.so.1`, or installed earlier with [`install_driver`].
+//!   `libcuda.so.1`, or installed earlier with [`install_driver`]. Opening a library of the
+//!   program's own choosing ([`Driver::open`]) is `unsafe`: nothing can check that it implements
+//!   the driver's functions, and every later call trusts that it does.
 //! - [`CudaError`]/[`DriverError`]: a failed call as a typed error carrying the function, the
 //!   code, its name and its description; [`cu_call!`] makes each call site one line.
 //!

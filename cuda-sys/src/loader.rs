@@ -117,20 +117,39 @@ impl Driver {
     /// Opens the driver library at `path` (a file path, or a name the dynamic loader searches
     /// for, such as `libcuda.so.1`) with default options.
     ///
+    /// [`driver()`] is the safe way to the process-wide driver; this is for opening a library the
+    /// program itself chooses.
+    ///
+    /// # Safety
+    /// The library must be a CUDA driver (or a faithful stand-in, such as the `cuda-sim`
+    /// simulator): every symbol it exports under a name of the driver API (`cuInit`,
+    /// `cuMemAlloc_v2`, `cuGetProcAddress_v2`, …), and every address its `cuGetProcAddress_v2`
+    /// returns, implements that function with the C signature and the behaviour `cuda.h`
+    /// documents; and running the library's initialisers, which loading does, must be sound. The
+    /// accessors of the returned `Driver` hand those addresses out as functions of exactly those
+    /// signatures, and safe code built on it (`cuda-mem-core`) relies on the documented
+    /// behaviour, so nothing after this call can check it. A library that exports none of those
+    /// names is refused ([`LoadError::NotADriver`]) before any of them is called.
+    ///
     /// # Errors
     /// [`LoadError::Library`] if the library cannot be loaded, [`LoadError::NotADriver`] if it
     /// exports none of the driver's entry points.
-    pub fn open(path: impl AsRef<Path>) -> Result<Driver, LoadError> {
-        Driver::open_with(path, DriverOptions::default())
+    pub unsafe fn open(path: impl AsRef<Path>) -> Result<Driver, LoadError> {
+        // SAFETY: forwarded from the caller.
+        unsafe { Driver::open_with(path, DriverOptions::default()) }
     }
 
     /// Opens the driver library at `path` with the given options.
     ///
+    /// # Safety
+    /// As [`Driver::open`].
+    ///
     /// # Errors
     /// As [`Driver::open`].
-    pub fn open_with(path: impl AsRef<Path>, options: DriverOptions) -> Result<Driver, LoadError> {
+    pub unsafe fn open_with(path: impl AsRef<Path>, options: DriverOptions) -> Result<Driver, LoadError> {
         let path = path.as_ref().to_path_buf();
-        let library = open_library(&path)?;
+        // SAFETY: the caller vouches for the library and its initialisers.
+        let library = unsafe { open_library(&path) }?;
         let get_proc_address = lookup(&library, c"cuGetProcAddress_v2").map(|address| {
             // SAFETY: `cuGetProcAddress_v2` has had this signature since it appeared (CUDA 12.0),
             // and the symbol's name pins it.
@@ -321,9 +340,12 @@ impl Driver {
     }
 }
 
-fn open_library(path: &Path) -> Result<libloading::Library, LoadError> {
-    // SAFETY: loading a library runs its initialisers. The driver's (and the simulator's) are
-    // sound to run at any time; a library the user names is trusted like any other dependency.
+/// Loads the library at `path`.
+///
+/// # Safety
+/// Running the library's initialisers is sound (as [`Driver::open`] requires).
+unsafe fn open_library(path: &Path) -> Result<libloading::Library, LoadError> {
+    // SAFETY: loading runs the library's initialisers, which the caller vouches for.
     unsafe { libloading::Library::new(path) }
         .map_err(|e| LoadError::Library { path: path.to_path_buf(), reason: e.to_string() })
 }
@@ -428,6 +450,13 @@ static GLOBAL_INIT: Mutex<()> = Mutex::new(());
 /// A failed open is not remembered: a later call tries again (after the environment changed,
 /// say).
 ///
+/// Unlike [`Driver::open`], this is safe to call: the library is the one the process's
+/// configuration names, the driver's runtime soname found by the dynamic loader's search (as
+/// for any library the program links), or `CUDA_MEM_DRIVER`, which is configuration of the same
+/// standing as `LD_LIBRARY_PATH` or `LD_PRELOAD`: whoever sets the environment chooses the code
+/// the process runs. Trusting it is the dynamic linker's rule, not a promise this call asks of
+/// its caller.
+///
 /// # Errors
 /// As [`Driver::open`].
 #[inline]
@@ -447,7 +476,10 @@ fn open_global() -> Result<&'static Driver, LoadError> {
         return Ok(driver);
     }
     let path = std::env::var_os(DRIVER_ENV).map_or_else(|| PathBuf::from(DEFAULT_LIBRARY), PathBuf::from);
-    let opened = Driver::open(path)?;
+    // SAFETY: the library is the CUDA driver the process's configuration names (see `driver()`):
+    // `CUDA_MEM_DRIVER`, set by whoever controls the environment, as `LD_LIBRARY_PATH` is, or
+    // the driver's own soname.
+    let opened = unsafe { Driver::open(path) }?;
     Ok(GLOBAL.get_or_init(|| opened))
 }
 

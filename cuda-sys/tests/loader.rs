@@ -10,7 +10,8 @@ fn sim_path() -> std::path::PathBuf {
 }
 
 fn open() -> Driver {
-    Driver::open(sim_path()).expect("the simulator opens as a driver")
+    // SAFETY: the simulator implements every driver function it exports with cuda.h's signature.
+    unsafe { Driver::open(sim_path()) }.expect("the simulator opens as a driver")
 }
 
 #[test]
@@ -24,14 +25,17 @@ fn opens_from_a_path_and_reports_its_version() {
 #[test]
 fn a_library_that_is_not_a_driver_is_refused() {
     // libm is on every Linux machine and exports nothing of the driver's.
-    let err = Driver::open("libm.so.6").unwrap_err();
+    // SAFETY: libm exports no driver function, so none can be called through the result, and
+    // its initialisers are the C library's.
+    let err = unsafe { Driver::open("libm.so.6") }.unwrap_err();
     assert!(matches!(err, LoadError::NotADriver { .. }), "{err:?}");
     assert!(err.to_string().contains("is not a CUDA driver"), "{err}");
 }
 
 #[test]
 fn a_missing_library_is_a_load_error_naming_the_path() {
-    let err = Driver::open("/nonexistent/libcuda.so.1").unwrap_err();
+    // SAFETY: there is no library at that path: nothing is loaded.
+    let err = unsafe { Driver::open("/nonexistent/libcuda.so.1") }.unwrap_err();
     assert!(matches!(err, LoadError::Library { .. }));
     assert!(err.to_string().contains("/nonexistent/libcuda.so.1"), "{err}");
 }
@@ -134,8 +138,11 @@ fn get_proc_address_selects_by_version_and_stream_mode() {
 #[test]
 fn per_thread_mode_resolves_the_per_thread_variants() {
     let legacy = open();
+    // SAFETY: the simulator implements every driver function it exports, per-thread variants
+    // included, with cuda.h's signature.
     let threaded =
-        Driver::open_with(sim_path(), DriverOptions::default().with_stream_mode(StreamMode::PerThread)).unwrap();
+        unsafe { Driver::open_with(sim_path(), DriverOptions::default().with_stream_mode(StreamMode::PerThread)) }
+            .unwrap();
     assert_ne!(legacy.cuStreamSynchronize().unwrap() as usize, threaded.cuStreamSynchronize().unwrap() as usize);
     assert_eq!(legacy.cuInit().unwrap() as usize, threaded.cuInit().unwrap() as usize);
 }

@@ -54,7 +54,10 @@ impl Choice {
 pub fn choose(program: &str, build_hint: &str) -> Result<Choice, Error> {
     if let Some(path) = std::env::var_os(DRIVER_ENV) {
         let path = PathBuf::from(path);
-        let driver = Driver::open(&path).map_err(|e| {
+        // SAFETY: `CUDA_MEM_DRIVER` names the driver library for this process, as the
+        // environment names libraries to the dynamic linker (`cuda_sys::driver()` trusts it the
+        // same way).
+        let driver = unsafe { Driver::open(&path) }.map_err(|e| {
             format!(
                 "{e}; unset {DRIVER_ENV} to let the {program} choose (the real driver when it sees a GPU, else the \
                  simulator)"
@@ -71,7 +74,10 @@ pub fn choose(program: &str, build_hint: &str) -> Result<Choice, Error> {
                      {build_hint} or `cargo build -p cuda-sim`, or set CUDA_SIM_LIB to the path of libcuda_sim.so"
                 )
             })?;
-            Ok(Choice { driver: Driver::open(&path)?, how: How::NoGpu { why_not_real: why_not_real.to_string() } })
+            // SAFETY: the library is the workspace's simulator (`cuda_sim::testing` finds the same
+            // file), which implements each driver function it exports as `cuda.h` documents.
+            let driver = unsafe { Driver::open(&path) }?;
+            Ok(Choice { driver, how: How::NoGpu { why_not_real: why_not_real.to_string() } })
         }
     }
 }
@@ -83,7 +89,9 @@ pub fn is_simulator(driver: &Driver) -> bool {
 
 /// Opens the real driver and checks that it sees at least one device.
 fn probe_real_driver() -> Result<(Driver, i32), Error> {
-    let driver = Driver::open(DEFAULT_LIBRARY)?;
+    // SAFETY: the driver's runtime soname, found by the dynamic loader's search as for any
+    // library the program links: the NVIDIA driver.
+    let driver = unsafe { Driver::open(DEFAULT_LIBRARY) }?;
     // SAFETY: cuInit takes no pointers; flags must be 0.
     unsafe { cu_call!(&driver, cuInit(0)) }?;
     let mut count = 0;

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use common::*;
 use cuda_mem_core::{DevicePtr, MemoryResourceExt};
-use cuda_mem_ipc::{BufferDescriptor, MappedMemoryResource, buffer_descriptor, import_cache};
+use cuda_mem_ipc::{BufferDescriptor, MappedMemoryResource, buffer_descriptor};
 
 const THREADS: usize = 8;
 const ROUNDS: usize = 25;
@@ -54,9 +54,9 @@ fn round(
                     let result = mapped.import_buffer(descriptor, stream);
                     // Every thread passes every barrier, whatever happened, so that a failure
                     // is reported as itself and not as a hang.
-                    let holders = result.as_ref().map(|b| import_cache::holders(b.ptr())).unwrap_or(0);
+                    let holders = result.as_ref().map(|b| cuda_mem_core::import_holders(b.ptr())).unwrap_or(0);
                     imported.wait();
-                    let all_holding = result.as_ref().map(|b| import_cache::holders(b.ptr())).unwrap_or(0);
+                    let all_holding = result.as_ref().map(|b| cuda_mem_core::import_holders(b.ptr())).unwrap_or(0);
                     counted.wait();
                     let buffer = result.unwrap_or_else(|e| panic!("a concurrent import failed: {e}"));
                     assert!((1..=THREADS).contains(&holders), "{holders} holders right after an import");
@@ -84,7 +84,7 @@ fn child() {
             for r in 0..ROUNDS {
                 let pointers = round(&mapped, &descriptor, &stream);
                 assert!(pointers.iter().all(|&p| p == pointers[0]), "round {r}: one mapping for all: {pointers:x?}");
-                assert_eq!(import_cache::holders(pointers[0]), 0, "round {r}: unmapped by the last holder");
+                assert_eq!(cuda_mem_core::import_holders(pointers[0]), 0, "round {r}: unmapped by the last holder");
                 first.get_or_insert(pointers[0]);
             }
             let _ = done.send(());
@@ -103,11 +103,11 @@ fn child() {
     let elsewhere = mapped.import_buffer(&descriptor, &stream).unwrap();
     let ptr = elsewhere.ptr();
     std::thread::spawn(move || drop(elsewhere)).join().unwrap();
-    assert_eq!(import_cache::holders(ptr), 0);
+    assert_eq!(cuda_mem_core::import_holders(ptr), 0);
 
     // A fresh import after all that.
     let mut buffer = mapped.import_buffer(&descriptor, &stream).unwrap();
-    assert_eq!(import_cache::holders(buffer.ptr()), 1);
+    assert_eq!(cuda_mem_core::import_holders(buffer.ptr()), 1);
     assert_eq!(read_bytes(&buffer, &stream), pattern(70, SIZE));
     write_bytes(&mut buffer, &pattern(71, SIZE), &stream);
     let errors = cuda_mem_core::take_drop_errors();

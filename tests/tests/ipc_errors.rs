@@ -14,7 +14,7 @@ use common::*;
 use cuda_mem_core::{Buffer, FillPattern, MemoryResource, MemoryResourceExt, Stream};
 use cuda_mem_ipc::{
     BufferDescriptor, Channel, IpcChannel, IpcError, MappedMemoryResource, Received, allocation_handle,
-    buffer_descriptor, import_cache, registry,
+    buffer_descriptor, registry,
 };
 use uuid::Uuid;
 
@@ -123,7 +123,7 @@ fn truncated_child() {
     // The channel is still in step: a good message works.
     let buffers = expect_buffers(&channel, &stream);
     assert_eq!(read_bytes(&buffers[0], &stream), pattern(7, 4000));
-    assert_eq!(import_cache::holders(buffers[0].ptr()), 1, "nothing else stayed mapped");
+    assert_eq!(cuda_mem_core::import_holders(buffers[0].ptr()), 1, "nothing else stayed mapped");
     channel.send_data(texts.join("\n").as_bytes()).unwrap();
 
     // A new channel, as the protocol has no kind for it: through the raw channel.
@@ -132,12 +132,16 @@ fn truncated_child() {
     let socket = UnixStream::from(message.fds.into_iter().next().unwrap());
     let second = IpcChannel::new(Channel::from_stream(socket).unwrap());
     second.channel().set_read_timeout(Some(RECV_TIMEOUT)).unwrap();
-    // The resource is new to that channel, so it comes again: a registry hit.
+    // The resource is new to that channel, so it comes again. The process holds the pool
+    // already: the same import when the driver confirms it (it answers with that import's own
+    // handle), or else an import of the channel's own, mapping the same memory.
     let again = expect_resource(&second, &stream);
-    assert!(Arc::ptr_eq(&again, &mapped));
+    let confirmed = again.imported_pool().handle() == mapped.imported_pool().handle();
+    assert_eq!(Arc::ptr_eq(&again, &mapped), confirmed);
     let mut more = expect_buffers(&second, &stream);
-    assert_eq!(more[0].ptr(), buffers[0].ptr(), "the same mapping");
-    assert_eq!(import_cache::holders(buffers[0].ptr()), 2);
+    assert_eq!(more[0].ptr() == buffers[0].ptr(), confirmed, "the same mapping only through the same import");
+    assert_eq!(cuda_mem_core::import_holders(buffers[0].ptr()), if confirmed { 2 } else { 1 });
+    assert_eq!(read_bytes(&more[0], &stream), pattern(7, 4000), "the same memory");
     write_bytes(&mut more[0], &pattern(8, 4000), &stream);
     second.send_data(b"wrote").unwrap();
 
@@ -182,7 +186,7 @@ fn oversize_child() {
     assert!(text.contains("the peer sent a bad size"), "{text}");
     let buffers = expect_buffers(&channel, &stream);
     let ptr = buffers[0].ptr();
-    assert_eq!(import_cache::holders(ptr), 1, "the refused first import did not stay");
+    assert_eq!(cuda_mem_core::import_holders(ptr), 1, "the refused first import did not stay");
     assert_eq!(read_bytes(&buffers[0], &stream), pattern(9, 4000));
     let mapped = cuda_mem_core::mapped_range_size(ptr).unwrap() as u64;
     channel.send_data(&encode_u64s(&[mapped])).unwrap();
@@ -192,9 +196,9 @@ fn oversize_child() {
         channel.recv(&stream),
         &format!("claims {} bytes but the shared allocation maps only {mapped}", mapped + 1),
     );
-    assert_eq!(import_cache::holders(ptr), 1, "refusals add no holder");
+    assert_eq!(cuda_mem_core::import_holders(ptr), 1, "refusals add no holder");
     drop(buffers);
-    assert_eq!(import_cache::holders(ptr), 0);
+    assert_eq!(cuda_mem_core::import_holders(ptr), 0);
     channel.send_data(b"refused").unwrap();
 }
 
@@ -232,7 +236,7 @@ fn wrong_resource_child() {
     }
     // Through the right one it works, and nothing of the refusal stayed.
     let buffer = a.import_buffer(&descriptor, &stream).unwrap();
-    assert_eq!(import_cache::holders(buffer.ptr()), 1);
+    assert_eq!(cuda_mem_core::import_holders(buffer.ptr()), 1);
     assert_eq!(read_bytes(&buffer, &stream), pattern(11, 4000));
     channel.send_data(error.to_string().as_bytes()).unwrap();
 }
@@ -311,7 +315,7 @@ fn unknown_child() {
         }
     }
     let buffers = expect_buffers(&channel, &stream);
-    assert_eq!(import_cache::holders(buffers[0].ptr()), 1, "the failed message's good import was released");
+    assert_eq!(cuda_mem_core::import_holders(buffers[0].ptr()), 1, "the failed message's good import was released");
     assert_eq!(read_bytes(&buffers[0], &stream), pattern(15, 4000));
     channel.send_data(text.as_bytes()).unwrap();
 }

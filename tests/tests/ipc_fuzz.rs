@@ -20,14 +20,15 @@ use common::*;
 use cuda_mem_core::{Buffer, Device, DeviceMemoryResource, MemoryResourceExt, Stream};
 use cuda_mem_ipc::{
     BufferDescriptor, Channel, IpcChannel, IpcError, MappedMemoryResource, Received, allocation_handle,
-    buffer_descriptor, import_cache, registry,
+    buffer_descriptor, registry,
 };
 use proptest::prelude::*;
 use proptest::test_runner::{TestCaseError, TestRunner};
 use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags, sendmsg};
 
 /// What every case shares: a pool, three of its buffers, and the pool mapped back into this
-/// process (registered, so buffers messages naming it can be imported).
+/// process (registered under its UUID). A case's buffers messages come after the pool on the
+/// case's own channel, since a channel maps buffers only through the pools it received.
 struct World {
     stream: Stream,
     pool: Arc<DeviceMemoryResource>,
@@ -187,9 +188,18 @@ fn raw_send(socket: &UnixStream, bytes: &[u8], fds: &[BorrowedFd<'_>]) {
     (&*socket).write_all(&first[n..]).unwrap();
 }
 
-/// Sends `input` from `socket` (then closes it).
+/// Sends `input` from `socket` (then closes it), after the pool when the input is meant to be
+/// buffers.
 fn feed(world: &World, socket: UnixStream, input: &Input) {
     let pool_fd = allocation_handle(&*world.pool).unwrap().fd();
+    let buffers = match input {
+        Input::DamagedFrame { which, .. } | Input::DamagedPayload { which, .. } => valid(world, *which).0 == 2,
+        Input::Resealed { .. } => true,
+        Input::Raw { .. } | Input::Framed { .. } => false,
+    };
+    if buffers {
+        raw_send(&socket, &frame(1, &resource_payload(world), 1), &[pool_fd]);
+    }
     match input {
         Input::Raw { bytes, fd } => {
             let fds = if *fd { vec![world.null.as_fd()] } else { vec![] };
@@ -242,8 +252,14 @@ fn check(message: &Received) -> Vec<u64> {
     match message {
         Received::Data(bytes) => assert!(bytes.len() <= cuda_mem_ipc::MAX_PAYLOAD_LEN),
         Received::Resource(resource) => {
-            let registered = registry().get(resource.uuid()).expect("a received resource is registered");
-            assert!(Arc::ptr_eq(&registered, resource), "the registered resource is the one returned");
+            // The world's import holds the UUID: a case's import of the same pool is its own
+            // (this driver gives it another handle), or the world's when the driver confirms it.
+            let registered = registry().get(resource.uuid()).expect("a received resource's UUID is registered");
+            assert!(
+                Arc::ptr_eq(&registered, resource)
+                    || registered.imported_pool().handle() != resource.imported_pool().handle(),
+                "the registered import, or an import of the case's own"
+            );
             if let cuda_mem_ipc::SharedKind::Device(device) = resource.kind() {
                 assert!(device.ordinal() < Device::count().unwrap());
             }
@@ -252,7 +268,7 @@ fn check(message: &Received) -> Vec<u64> {
         Received::Buffers(buffers) => {
             for buffer in buffers {
                 assert!(buffer.size() >= 1 && buffer.ptr() != 0);
-                assert!(import_cache::holders(buffer.ptr()) >= 1, "a received buffer holds its import");
+                assert!(cuda_mem_core::import_holders(buffer.ptr()) >= 1, "a received buffer holds its import");
                 let mapped = cuda_mem_core::mapped_range_size(buffer.ptr()).unwrap();
                 assert!(buffer.size() <= mapped, "{} bytes claimed, {mapped} mapped", buffer.size());
                 pointers.push(buffer.ptr());
@@ -311,7 +327,7 @@ fn one_case(world: &World, input: &Input) -> Result<(), TestCaseError> {
     drop(received);
     drop(receiver);
     for ptr in pointers {
-        prop_assert_eq!(import_cache::holders(ptr), 0, "imports released with their buffers");
+        prop_assert_eq!(cuda_mem_core::import_holders(ptr), 0, "imports released with their buffers");
     }
     prop_assert_eq!(open_fds(), before, "every descriptor of the input is closed");
     Ok(())

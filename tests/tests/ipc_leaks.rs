@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use common::*;
 use cuda_mem_core::{FillPattern, MemoryResource, MemoryResourceExt};
-use cuda_mem_ipc::{Received, import_cache};
+use cuda_mem_ipc::Received;
 
 const WARM_UP: usize = 8;
 const CYCLES: usize = 1000;
@@ -71,7 +71,7 @@ fn no_leaks_over_1000_export_import_drop_cycles() {
         assert_eq!(child_final, child_initial, "the child's descriptors once its mapped resources are gone");
     }
     for (k, pool) in pools.iter().enumerate() {
-        let used = pool.pool().unwrap().attributes().unwrap().used_mem_current;
+        let used = cuda_mem_core::pool_of(&**pool).unwrap().attributes().unwrap().used_mem_current;
         assert_eq!(used, 0, "pool {k} has nothing in use");
     }
     drop(channel);
@@ -97,9 +97,9 @@ fn child() {
                 let bytes = read_bytes(&buffers[0], &stream);
                 assert!(bytes.iter().all(|&b| b == count as u8), "cycle {count}: the parent's fill");
                 let ptr = buffers[0].ptr();
-                assert_eq!(import_cache::holders(ptr), 1);
+                assert_eq!(cuda_mem_core::import_holders(ptr), 1);
                 drop(buffers);
-                assert_eq!(import_cache::holders(ptr), 0);
+                assert_eq!(cuda_mem_core::import_holders(ptr), 0);
                 last = Some(ptr);
                 channel.send_data(&encode_u64s(&[count, checksum(&bytes)])).unwrap();
                 count += 1;
@@ -114,13 +114,14 @@ fn child() {
     let after = open_fds();
     assert_eq!(count as usize, WARM_UP + CYCLES);
     assert_eq!(resources.len(), 2, "each pool arrived once");
-    let holders = import_cache::holders(last.expect("a last import")) as u64;
+    let holders = cuda_mem_core::import_holders(last.expect("a last import")) as u64;
     let used: u64 = if cuda_sim::testing::simulator_only("imported pools' usage counters") {
         resources.iter().map(|r| r.imported_pool().attributes().unwrap().used_mem_current).sum()
     } else {
         0
     };
     drop(resources);
+    channel.release_resources();
     let finished = open_fds();
     let errors = cuda_mem_core::take_drop_errors();
     assert!(errors.is_empty(), "{errors:?}");

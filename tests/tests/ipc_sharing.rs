@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use common::*;
 use cuda_mem_core::{Buffer, MemoryResource, MemoryResourceExt, Stream};
-use cuda_mem_ipc::{IpcError, MappedMemoryResource, SharedKind, allocation_handle, import_cache, registry};
+use cuda_mem_ipc::{IpcError, MappedMemoryResource, SharedKind, allocation_handle, registry};
 use uuid::Uuid;
 
 /// Whether `buffer` is owned by `resource` (the same object).
@@ -31,7 +31,7 @@ fn uuids_from(bytes: &[u8]) -> Vec<Uuid> {
 }
 
 fn used_mem(resource: &dyn MemoryResource) -> u64 {
-    resource.pool().expect("a pool").attributes().expect("pool attributes").used_mem_current
+    cuda_mem_core::pool_of(resource).expect("a pool").attributes().expect("pool attributes").used_mem_current
 }
 
 fn assert_no_drop_errors() {
@@ -78,8 +78,13 @@ fn round_trip_parent<R: MemoryResource + 'static>(test: &str, pool: Arc<R>, stre
         let expected = pattern(100 + i as u32, buffer.size());
         assert_eq!(read_bytes(buffer, stream), expected, "buffer {i}: the child's write");
         if pinned {
-            // The exporter's own pinned buffers are lent to the host.
-            assert_eq!(buffer.host_slice().unwrap(), &expected[..], "buffer {i} through host_slice");
+            // The exporter's own pinned buffers are not lent to the host (the child may write
+            // them at any time), but they are copied out.
+            let refused = buffer.host_slice().unwrap_err();
+            assert!(matches!(refused, cuda_mem_core::Error::WritableElsewhere { .. }), "buffer {i}: {refused}");
+            let mut copied = vec![0; buffer.size()];
+            buffer.copy_to_host(&mut copied).unwrap();
+            assert_eq!(copied, expected, "buffer {i} through copy_to_host");
         }
     }
     channel.send_data(b"done").unwrap();
@@ -111,7 +116,7 @@ fn round_trip_child(role: &str) {
     assert_eq!(buffers.iter().map(Buffer::size).collect::<Vec<_>>(), ROUND_TRIP_SIZES);
     for (i, buffer) in buffers.iter().enumerate() {
         assert!(belongs_to(buffer, &mapped), "buffer {i} is mapped through the resource");
-        assert_eq!(import_cache::holders(buffer.ptr()), 1);
+        assert_eq!(cuda_mem_core::import_holders(buffer.ptr()), 1);
         // Mapped memory is never lent to the host: the exporter may write it at any time.
         assert!(!buffer.is_host_accessible());
         let expected = pattern(1 + i as u32, buffer.size());
@@ -130,9 +135,11 @@ fn round_trip_child(role: &str) {
     let pointers: Vec<_> = buffers.iter().map(Buffer::ptr).collect();
     drop(buffers);
     for ptr in pointers {
-        assert_eq!(import_cache::holders(ptr), 0, "unmapped");
+        assert_eq!(cuda_mem_core::import_holders(ptr), 0, "unmapped");
     }
     drop(mapped);
+    assert!(registry().get(uuid).is_ok(), "the channel keeps what it received");
+    assert!(channel.release_resource(uuid).is_some());
     assert!(matches!(registry().get(uuid), Err(IpcError::UnknownResource(_))), "unregistered with its resource");
     stream.synchronize().unwrap();
     assert_no_drop_errors();
@@ -250,7 +257,9 @@ fn one_resource_handle_sent_to_two_children() {
     }
     for (k, ((_, channel), buffer)) in children.iter().zip(&buffers).enumerate() {
         expect_text(channel, &stream, "wrote");
-        assert_eq!(buffer.host_slice().unwrap(), &pattern(50 + k as u32, buffer.size())[..], "child {k}'s write");
+        let mut written = vec![0; buffer.size()];
+        buffer.copy_to_host(&mut written).unwrap();
+        assert_eq!(written, pattern(50 + k as u32, buffer.size()), "child {k}'s write");
     }
     {
         use std::os::fd::AsRawFd;
@@ -466,7 +475,7 @@ fn worker() {
                 write_bytes(buffer, &bytes, &stream);
                 let ptr = buffer.ptr();
                 drop(buffers);
-                assert_eq!(import_cache::holders(ptr), 0);
+                assert_eq!(cuda_mem_core::import_holders(ptr), 0);
                 channel.send_data(&encode_u64s(&[processed, checksum(&bytes)])).unwrap();
                 processed += 1;
             }

@@ -48,7 +48,9 @@ pub(crate) unsafe fn export_pool(
 /// index, which becomes this process's ordinal for it (the imported pool's owner, and the
 /// device of pointers imported from it). A descriptor that is not an exported pool, or a device
 /// pool on a device this process does not see (`CUDA_VISIBLE_DEVICES`), is
-/// `CUDA_ERROR_INVALID_VALUE`.
+/// `CUDA_ERROR_INVALID_VALUE`. Each import gets a handle of its own, unless
+/// `CUDA_SIM_POOL_IMPORT=same-handle` asks for the other reading (see `conservative`): then a
+/// pool this process has imported already answers with the first import's handle, uncounted.
 ///
 /// # Safety
 /// `out` is null or valid for a write.
@@ -66,6 +68,14 @@ pub(crate) unsafe fn import_pool(
     // number is not an open descriptor; nothing is read through it before that succeeds.
     let borrowed = unsafe { BorrowedFd::borrow_raw(raw) };
     let (arena, location, kind) = SharedArena::open(borrowed, &state.config)?;
+    if state.config.same_handle_imports
+        && let Some(first) = state.pools.values().find(|p| {
+            !p.is_destroyed() && p.shared.as_ref().is_some_and(|first| first.imported && first.id == arena.id)
+        })
+    {
+        // SAFETY: forwarded from the caller.
+        return unsafe { write_out(out, first.handle as CUmemoryPool) };
+    }
     let pool = Arc::new(Pool::with_shared(location, kind, POSIX_FD.0, 0, false, Some(arena)));
     let handle = pool.handle;
     state.pools.insert(handle, pool);

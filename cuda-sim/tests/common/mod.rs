@@ -138,7 +138,9 @@ pub fn run_in_child(name: &str, env: &[(&str, &str)], body: impl FnOnce()) {
 /// The simulator, opened with legacy default-stream semantics (once per process).
 pub fn driver() -> &'static Driver {
     static DRIVER: OnceLock<Driver> = OnceLock::new();
-    DRIVER.get_or_init(|| Driver::open(library()).expect("the simulator opens as a driver"))
+    // SAFETY: the library is the simulator, which implements each driver function it exports
+    // with the signature and behaviour `cuda.h` documents.
+    DRIVER.get_or_init(|| unsafe { Driver::open(library()) }.expect("the simulator opens as a driver"))
 }
 
 /// The simulator, opened again with per-thread default-stream semantics (the same library, so
@@ -146,7 +148,8 @@ pub fn driver() -> &'static Driver {
 pub fn per_thread_driver() -> &'static Driver {
     static DRIVER: OnceLock<Driver> = OnceLock::new();
     DRIVER.get_or_init(|| {
-        Driver::open_with(library(), DriverOptions::default().with_stream_mode(StreamMode::PerThread))
+        // SAFETY: as in `driver`; the per-thread variants are implemented the same way.
+        unsafe { Driver::open_with(library(), DriverOptions::default().with_stream_mode(StreamMode::PerThread)) }
             .expect("the simulator opens as a driver")
     })
 }

@@ -1,19 +1,23 @@
 //! The driver side of sharing pools between processes: a pool's shareable file descriptor
-//! (exported once), importing a pool from one, and exporting and importing single allocations.
-//! `cuda-mem-ipc` builds descriptors, the import cache and the fd-passing channel on top.
+//! (exported once), importing a pool from one, and exporting single allocations. Which pool
+//! handles this process owns is kept here too: a driver may answer a second import of one pool
+//! with the handle of the first, and a second owner of it would destroy it under the first.
+//! `cuda-mem-ipc` builds descriptors and the fd-passing channel on top.
 
+use std::collections::BTreeMap;
 use std::ffi::c_void;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use cuda_sys::cu_call;
 use cuda_sys::types::{CUmemAllocationHandleType, CUmemPoolPtrExportData, CUmemoryPool, CUpointer_attribute};
 
+use super::peers::Access;
+use super::{MemoryPool, imports};
 use crate::device::Device;
 use crate::driver::driver;
 use crate::error::{Error, Result};
 use crate::memory_resource::DevicePtr;
-use crate::pool::MemoryPool;
-use crate::stream::Stream;
 
 const POSIX_FD: CUmemAllocationHandleType = CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
 
@@ -60,12 +64,62 @@ fn fresh_id() -> u128 {
 
 /// Makes a context current for calls that need one but take no stream: the pool's device's, or
 /// device 0's for host pools (any context serves them).
-fn bind_for(owner: Option<Device>) -> Result<()> {
+pub(super) fn bind_for(owner: Option<Device>) -> Result<()> {
     let device = match owner {
         Some(device) => device,
         None => Device::new(0)?,
     };
     crate::context::bind(device)
+}
+
+/// The handles of the pools this process owns (created or imported), each with how many values
+/// claim it (more than one only if the driver reuses a destroyed handle while its old claim is
+/// being let go).
+static OWNED: Mutex<BTreeMap<usize, usize>> = Mutex::new(BTreeMap::new());
+
+fn owned() -> MutexGuard<'static, BTreeMap<usize, usize>> {
+    // Every operation leaves the map consistent, so a panic elsewhere cannot corrupt it.
+    OWNED.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// An owned pool's claim on its handle, let go (after the pool is destroyed) when dropped.
+#[derive(Debug)]
+pub(super) struct HandleClaim {
+    handle: usize,
+}
+
+impl HandleClaim {
+    /// Claims the handle of a pool just created.
+    pub(super) fn created(handle: CUmemoryPool) -> HandleClaim {
+        *owned().entry(handle as usize).or_insert(0) += 1;
+        HandleClaim { handle: handle as usize }
+    }
+
+    /// Claims the handle an import returned, unless this process owns that pool already.
+    fn imported(handle: CUmemoryPool) -> Option<HandleClaim> {
+        let mut owned = owned();
+        if owned.contains_key(&(handle as usize)) {
+            return None;
+        }
+        owned.insert(handle as usize, 1);
+        Some(HandleClaim { handle: handle as usize })
+    }
+}
+
+impl Drop for HandleClaim {
+    fn drop(&mut self) {
+        {
+            let mut owned = owned();
+            if let Some(count) = owned.get_mut(&self.handle) {
+                *count -= 1;
+                if *count == 0 {
+                    owned.remove(&self.handle);
+                }
+            }
+        }
+        // Imports through a destroyed pool are gone with it (a release that failed left them).
+        imports::forget_pool(self.handle);
+    }
 }
 
 impl MemoryPool {
@@ -107,67 +161,80 @@ impl MemoryPool {
     }
 
     /// Imports a pool another process exported, taking ownership of `fd` (kept open for the
-    /// pool's life). `id` is the exporter's id for it; `owner` its device, for device pools.
+    /// pool's life); `id` is the exporter's id for it. Where its memory lives (its
+    /// [`owner`](MemoryPool::owner) device, or none for pinned host memory) is asked of the
+    /// driver, not taken from the exporter's word; an imported host pool is given to every
+    /// device, as a created one is.
     ///
     /// # Errors
-    /// When the driver refuses the descriptor (not a pool, or a pool it cannot map).
-    pub fn import(fd: OwnedFd, id: u128, owner: Option<Device>) -> Result<MemoryPool> {
-        bind_for(owner)?;
+    /// [`Error::PoolAlreadyOwned`] when the driver answers with the handle of a pool this process
+    /// already owns (a driver may return one handle for every import of a pool): nothing new is
+    /// owned, and that pool is left as it was. [`Error::NotSupported`] when the pool is neither
+    /// a device pool nor a pinned host pool. Driver errors when the driver refuses the
+    /// descriptor (not a pool, or a pool it cannot map).
+    pub fn import(fd: OwnedFd, id: u128) -> Result<MemoryPool> {
+        bind_for(None)?;
         let d = driver()?;
         let mut handle: CUmemoryPool = std::ptr::null_mut();
         // The driver takes the descriptor as a pointer-sized integer.
         let raw = fd.as_raw_fd() as isize as *mut c_void;
         // SAFETY: `handle` is a valid out-pointer; `fd` stays open for the call.
         unsafe { cu_call!(d, cuMemPoolImportFromShareableHandle(&mut handle, raw, POSIX_FD, 0)) }?;
-        let pool = MemoryPool::new(handle, true, owner, false, true);
+        let Some(claim) = HandleClaim::imported(handle) else {
+            return Err(Error::PoolAlreadyOwned { handle: handle as usize });
+        };
+        let mut pool = MemoryPool::new(handle, true, None, false, true);
+        pool.claim = Some(claim);
         let _ = pool.handle_once.set(ShareableHandle { fd, id });
+        // On an error from here the pool drops, destroying a handle that is this import's own.
+        pool.owner = pool.locate_imported()?;
         // An imported host pool, like any host pool, is the host CPU's alone until access is set.
-        if owner.is_none() {
+        if pool.owner.is_none() {
             pool.grant_all_devices()?;
         }
         Ok(pool)
     }
 
-    /// The driver's export data for the allocation that starts at `ptr`.
+    /// Where an imported pool's memory lives, from the driver's access table: a device pool is
+    /// reachable read-write from its own device (an import does not inherit the exporter's peer
+    /// access), a pinned host pool from the host CPU and no device until access is granted.
+    fn locate_imported(&self) -> Result<Option<Device>> {
+        let mut reachable = Vec::new();
+        for device in Device::all()? {
+            if self.access(device)? == Access::ReadWrite {
+                reachable.push(device);
+            }
+        }
+        match reachable[..] {
+            [device] => Ok(Some(device)),
+            [] if self.host_access()? == Access::ReadWrite => Ok(None),
+            _ => Err(Error::NotSupported(format!(
+                "the imported memory pool is neither a device pool nor a pinned host pool ({} devices can \
+                 reach it at once): share device or pinned memory pools only",
+                reachable.len()
+            ))),
+        }
+    }
+
+    /// The driver's export data for the allocation that starts at `ptr`. For a pool imported
+    /// from another process, the data the allocation was imported with, so it can be passed on
+    /// (A→B→C).
     ///
     /// # Errors
-    /// When `ptr` is not an allocation of a shareable pool.
+    /// When `ptr` is not an allocation of a shareable pool (or, for an imported pool, not one
+    /// this process imported through it).
     pub fn export_pointer(&self, ptr: DevicePtr) -> Result<[u8; EXPORT_DATA_LEN]> {
+        if self.imported {
+            return imports::export_data_of(self, ptr).ok_or_else(|| {
+                Error::InvalidState(format!("buffer at {ptr:#x} is not an import of this process through this pool"))
+            });
+        }
         bind_for(self.owner())?;
         let d = driver()?;
         let mut data = CUmemPoolPtrExportData::default();
         // SAFETY: `data` is a valid out-pointer.
         unsafe { cu_call!(d, cuMemPoolExportPointer(&mut data, ptr)) }?;
         Ok(data.reserved)
-    }
-
-    /// Maps the allocation `data` describes from this (imported) pool. Importing the same data
-    /// twice in one process returns the same pointer and the driver does not count it: free it
-    /// once (the `cuda-mem-ipc` import cache does the counting).
-    ///
-    /// # Errors
-    /// When the driver refuses the data (garbage, another pool's, not an imported pool).
-    pub fn import_pointer(&self, data: &[u8; EXPORT_DATA_LEN]) -> Result<DevicePtr> {
-        bind_for(self.owner())?;
-        let d = driver()?;
-        let mut raw = CUmemPoolPtrExportData { reserved: *data };
-        let mut ptr: DevicePtr = 0;
-        // SAFETY: valid out-pointer and export data for the call.
-        unsafe { cu_call!(d, cuMemPoolImportPointer(&mut ptr, self.handle(), &mut raw)) }?;
-        Ok(ptr)
-    }
-
-    /// Unmaps an imported allocation on `stream`.
-    ///
-    /// # Safety
-    /// `ptr` came from [`MemoryPool::import_pointer`] and is not used after `stream`'s work so
-    /// far, nor freed again.
-    ///
-    /// # Errors
-    /// Driver errors.
-    pub unsafe fn free_imported(&self, ptr: DevicePtr, stream: &Stream) -> Result<()> {
-        // SAFETY: forwarded from the caller.
-        unsafe { self.deallocate(ptr, stream) }
     }
 }
 

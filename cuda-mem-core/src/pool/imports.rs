@@ -1,0 +1,238 @@
+//! Mapping allocations another process exported, counted.
+//!
+//! The driver does not count imports: importing the same allocation twice in one process gives
+//! the same pointer, and the first free unmaps it for both (nvbug 5570902). So the raw driver
+//! calls stay private to this module, and every import goes through one process-wide table,
+//! keyed by the pool it is mapped through and the driver's export data: the first import maps,
+//! later ones share it, and only the last holder's release unmaps, after the work every earlier
+//! holder enqueued (an event per stream on which a holder let go). Lookup-or-import and release
+//! both run under one lock, so concurrent imports and releases neither race nor double-free.
+
+use std::collections::BTreeMap;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use cuda_sys::cu_call;
+use cuda_sys::types::CUmemPoolPtrExportData;
+
+use super::MemoryPool;
+use super::sharing::{EXPORT_DATA_LEN, bind_for, mapped_range_size};
+use crate::driver::driver;
+use crate::error::{Error, Result};
+use crate::event::{Event, EventOptions};
+use crate::memory_resource::DevicePtr;
+use crate::stream::Stream;
+
+/// An import: the pool it was mapped through (the same data imported through another pool is
+/// another import, kept alive by that pool) and the export data.
+type Key = (usize, [u8; EXPORT_DATA_LEN]);
+
+/// One import and its holders.
+#[derive(Debug)]
+struct Entry {
+    ptr: DevicePtr,
+    holders: usize,
+    /// For each stream a released holder's work was on, an event after that work: the last
+    /// holder's unmap waits for them all. Work on one stream is ordered, so a later release on
+    /// the same stream records the same event again (the list grows with the streams, not with
+    /// the releases); events whose work has completed are dropped as holders let go. The stream
+    /// is kept (a clone) so that, while its event stands for it, no new stream can get its
+    /// handle and be mistaken for it.
+    released: Vec<(Stream, Event)>,
+}
+
+#[derive(Debug)]
+struct Imports {
+    by_key: BTreeMap<Key, Entry>,
+    /// Pointer → key, for releases and re-exports.
+    by_ptr: BTreeMap<DevicePtr, Key>,
+}
+
+static IMPORTS: Mutex<Imports> = Mutex::new(Imports { by_key: BTreeMap::new(), by_ptr: BTreeMap::new() });
+
+fn lock() -> MutexGuard<'static, Imports> {
+    // Every operation leaves the table consistent at each step, so a panic cannot corrupt it.
+    IMPORTS.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn too_large(size: usize, mapped: usize) -> Error {
+    Error::SizeMismatch { what: "the size claimed for an imported allocation", expected: mapped, actual: size }
+}
+
+impl MemoryPool {
+    /// Maps the allocation another process exported as `data` through this imported pool, or
+    /// shares this process's earlier mapping of it through the same pool, checking that the
+    /// mapping covers `size` bytes. Either way the caller becomes one more holder of the
+    /// mapping, and gives its share back once, with [`MemoryPool::release_import`]; the last
+    /// holder's release unmaps. On any failure nothing new stays mapped.
+    ///
+    /// # Errors
+    /// [`Error::NotSupported`] for a pool that was not imported; [`Error::SizeMismatch`] when
+    /// the mapping is smaller than `size` (the size came from the exporter and is wrong); driver
+    /// errors when the driver refuses the data (garbage, or another pool's).
+    pub fn import_allocation(&self, data: &[u8; EXPORT_DATA_LEN], size: usize, stream: &Stream) -> Result<DevicePtr> {
+        if !self.imported {
+            return Err(Error::NotSupported(
+                "only a pool imported from another process (MemoryPool::import) maps exported allocations".to_string(),
+            ));
+        }
+        // The driver calls below need a current context, which a thread that never used CUDA
+        // lacks: bind the stream's device's primary context.
+        stream.device().set_current()?;
+        let key: Key = (self.handle() as usize, *data);
+        let mut imports = lock();
+        if let Some(entry) = imports.by_key.get_mut(&key) {
+            let mapped = mapped_range_size(entry.ptr)?;
+            if size > mapped {
+                return Err(too_large(size, mapped));
+            }
+            entry.holders += 1;
+            return Ok(entry.ptr);
+        }
+        let ptr = self.import_pointer(data)?;
+        match mapped_range_size(ptr) {
+            Ok(mapped) if size <= mapped => {}
+            outcome => {
+                // SAFETY: just imported, never handed out, unmapped once, here.
+                let _ = unsafe { self.free_imported(ptr, stream) };
+                return Err(match outcome {
+                    Ok(mapped) => too_large(size, mapped),
+                    Err(e) => e,
+                });
+            }
+        }
+        imports.by_key.insert(key, Entry { ptr, holders: 1, released: Vec::new() });
+        imports.by_ptr.insert(ptr, key);
+        Ok(ptr)
+    }
+
+    /// Gives back one holder's share of the mapping at `ptr`; the last holder's release unmaps
+    /// it on `stream`, after the work of every holder that let go before it.
+    ///
+    /// When the bookkeeping that orders the unmap after this holder's work fails (an event
+    /// cannot be created or recorded), `stream` is synchronized instead, and the share is still
+    /// given back.
+    ///
+    /// # Safety
+    /// The caller holds a share (from [`MemoryPool::import_allocation`] of this pool) and gives
+    /// it back once; nothing uses the memory through it after `stream`'s work so far.
+    ///
+    /// # Errors
+    /// When `ptr` is not a mapping through this pool; driver errors (the share is then kept, so
+    /// that the memory is never unmapped under work that may still use it).
+    pub unsafe fn release_import(&self, ptr: DevicePtr, stream: &Stream) -> Result<()> {
+        let mut imports = lock();
+        let key = match imports.by_ptr.get(&ptr) {
+            Some(&key) if key.0 == self.handle() as usize => key,
+            _ => {
+                return Err(Error::InvalidState(format!(
+                    "{ptr:#x} is not an allocation this process imported through this pool"
+                )));
+            }
+        };
+        let Some(entry) = imports.by_key.get_mut(&key) else {
+            return Err(Error::InvalidState(format!("the import table has no holders for {ptr:#x}")));
+        };
+        if entry.holders > 1 {
+            // Not the last: remember where this holder's work ends, for the last one to wait on.
+            note_release(&mut entry.released, stream)?;
+            entry.holders -= 1;
+            return Ok(());
+        }
+        for (_, event) in &entry.released {
+            // Cannot order the stream after it: wait on the host instead.
+            stream.wait(event).or_else(|_| event.synchronize())?;
+        }
+        // SAFETY: the last holder is releasing, under the table's lock, so no import can hand
+        // the pointer out again before it is unmapped; `stream` waits for every earlier holder's
+        // work and the caller's own work is enqueued on it. On failure the entry stays, so the
+        // import is not forgotten.
+        unsafe { self.free_imported(ptr, stream) }?;
+        imports.by_key.remove(&key);
+        imports.by_ptr.remove(&ptr);
+        Ok(())
+    }
+
+    /// Maps the allocation `data` describes, uncounted: importing the same data twice returns
+    /// the same pointer, and one free unmaps it for both.
+    fn import_pointer(&self, data: &[u8; EXPORT_DATA_LEN]) -> Result<DevicePtr> {
+        bind_for(self.owner())?;
+        let d = driver()?;
+        let mut raw = CUmemPoolPtrExportData { reserved: *data };
+        let mut ptr: DevicePtr = 0;
+        // SAFETY: valid out-pointer and export data for the call.
+        unsafe { cu_call!(d, cuMemPoolImportPointer(&mut ptr, self.handle(), &mut raw)) }?;
+        Ok(ptr)
+    }
+
+    /// Unmaps an imported allocation on `stream`.
+    ///
+    /// # Safety
+    /// `ptr` came from [`MemoryPool::import_pointer`] and no holder uses it after `stream`'s
+    /// work so far; it is not freed again.
+    unsafe fn free_imported(&self, ptr: DevicePtr, stream: &Stream) -> Result<()> {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.deallocate(ptr, stream) }
+    }
+}
+
+/// Marks where `stream`'s work ends, for the last holder to wait on: records the event kept for
+/// `stream` again, or keeps a new one, after dropping those whose work has completed. When no
+/// event can be had, waits for `stream` on the host instead (nothing is then left to wait on).
+fn note_release(released: &mut Vec<(Stream, Event)>, stream: &Stream) -> Result<()> {
+    let noted = match released.iter().position(|(kept, _)| kept == stream) {
+        Some(index) => released[index].1.record(stream).map_err(|e| (Some(index), e)),
+        None => {
+            // An event whose query fails is kept: waiting on it is the safe side.
+            released.retain(|(_, event)| !event.is_complete().unwrap_or(false));
+            Event::new(stream.device(), EventOptions::default())
+                .and_then(|event| event.record(stream).map(|()| event))
+                .map(|event| released.push((stream.clone(), event)))
+                .map_err(|e| (None, e))
+        }
+    };
+    match noted {
+        Ok(()) => Ok(()),
+        Err((kept, _)) => {
+            stream.synchronize()?;
+            // The work is done; a kept event that failed to record again would still stand for
+            // earlier work only, which is done too.
+            if let Some(index) = kept {
+                released.swap_remove(index);
+            }
+            Ok(())
+        }
+    }
+}
+
+/// The export data the mapping at `ptr` through `pool` was imported with.
+pub(super) fn export_data_of(pool: &MemoryPool, ptr: DevicePtr) -> Option<[u8; EXPORT_DATA_LEN]> {
+    lock().by_ptr.get(&ptr).filter(|(handle, _)| *handle == pool.handle() as usize).map(|(_, data)| *data)
+}
+
+/// Forgets every import through the pool `handle`, which was destroyed.
+pub(super) fn forget_pool(handle: usize) {
+    let mut imports = lock();
+    if imports.by_key.is_empty() {
+        return;
+    }
+    imports.by_key.retain(|(pool, _), _| *pool != handle);
+    imports.by_ptr.retain(|_, (pool, _)| *pool != handle);
+}
+
+/// `read` of the entry of the import at `ptr`, or 0 when it is not imported.
+fn count_of(ptr: DevicePtr, read: impl FnOnce(&Entry) -> usize) -> usize {
+    let imports = lock();
+    imports.by_ptr.get(&ptr).and_then(|key| imports.by_key.get(key)).map_or(0, read)
+}
+
+/// How many holders the import at `ptr` has (0 when it is not an import of this process).
+pub fn import_holders(ptr: DevicePtr) -> usize {
+    count_of(ptr, |e| e.holders)
+}
+
+/// How many streams the last release of the import at `ptr` will wait on: one per stream on
+/// which an earlier holder let go and whose work had not completed when last checked (0 when
+/// not imported). For diagnostics and tests.
+pub fn import_pending_waits(ptr: DevicePtr) -> usize {
+    count_of(ptr, |e| e.released.len())
+}

@@ -1,0 +1,251 @@
+//! `MemoryPool`: a driver memory pool (owned or not), one file per concern:
+//!
+//! - here: the type, creating, wrapping and destroying it, allocating and freeing, and the
+//!   [`PoolResource`] trait of the resources that allocate from one;
+//! - [`attributes`]: usage, high-water marks, release threshold, reuse policies, trimming;
+//! - [`peers`]: each device's access and the peer set of a device pool;
+//! - [`sharing`]: the shareable file descriptor, importing a pool from one (which handles this
+//!   process owns, and where an imported pool's memory lives), exporting an allocation;
+//! - [`imports`]: mapping another process's allocations, counted, since the driver does not
+//!   count them.
+//!
+//! The pool resources ([`DeviceMemoryResource`](crate::DeviceMemoryResource),
+//! [`PinnedMemoryResource`](crate::PinnedMemoryResource),
+//! [`ManagedMemoryResource`](crate::ManagedMemoryResource)) each hold one and expose it through
+//! `pool()`; [`pool_of`] finds it behind a `&dyn MemoryResource`.
+
+mod attributes;
+mod imports;
+mod peers;
+mod sharing;
+
+use std::any::Any;
+
+use cuda_sys::cu_call;
+use cuda_sys::types::{CUmemPoolProps, CUmemoryPool};
+
+pub use attributes::{PoolAttributes, ReusePolicy};
+pub use imports::{import_holders, import_pending_waits};
+pub use peers::Access;
+pub use sharing::{EXPORT_DATA_LEN, ShareableHandle, mapped_range_size};
+
+use crate::device::Device;
+use crate::device_resource::DeviceMemoryResource;
+use crate::driver::driver;
+use crate::error::{Error, Result};
+use crate::host_resources::{ManagedMemoryResource, PinnedMemoryResource};
+use crate::memory_resource::{DevicePtr, MemoryResource};
+use crate::stream::Stream;
+
+/// A memory resource that allocates from a driver pool: what sharing its buffers between
+/// processes, and reading the pool's attributes through the resource, need.
+pub trait PoolResource: MemoryResource {
+    /// The pool behind the resource.
+    fn pool(&self) -> &MemoryPool;
+}
+
+/// The pool behind `resource`, when it is one of this crate's pool resources
+/// ([`DeviceMemoryResource`], [`PinnedMemoryResource`], [`ManagedMemoryResource`]). A crate with
+/// pool resources of its own looks for those itself, after this.
+pub fn pool_of(resource: &dyn MemoryResource) -> Option<&MemoryPool> {
+    let any: &dyn Any = resource;
+    if let Some(device) = any.downcast_ref::<DeviceMemoryResource>() {
+        return Some(device.pool());
+    }
+    if let Some(pinned) = any.downcast_ref::<PinnedMemoryResource>() {
+        return Some(pinned.pool());
+    }
+    any.downcast_ref::<ManagedMemoryResource>().map(ManagedMemoryResource::pool)
+}
+
+/// A driver memory pool. An owned pool is destroyed when dropped (after its buffers, which keep
+/// their resource, and so the pool, alive), having first revoked every peer's access.
+#[derive(Debug)]
+pub struct MemoryPool {
+    handle: CUmemoryPool,
+    owned: bool,
+    /// The device whose memory it is, for device pools.
+    owner: Option<Device>,
+    /// Whether it was created shareable by file descriptor.
+    pub(crate) shareable: bool,
+    /// Whether it was imported from another process (it then cannot allocate).
+    pub(crate) imported: bool,
+    /// The shareable handle, exported once on first request (or the one it was imported from).
+    pub(crate) handle_once: std::sync::OnceLock<ShareableHandle>,
+    /// This process's claim on the handle, for owned pools (see [`sharing`]): no second value
+    /// may own it. Dropped after the pool is destroyed.
+    claim: Option<sharing::HandleClaim>,
+}
+
+// SAFETY: the handle is an opaque token that only the driver interprets (Rust never dereferences
+// it), and the driver API lets any thread use a pool handle: its pool functions are thread-safe.
+// An owned pool is destroyed only in `Drop`, once, which needs the value itself (buffers keep
+// their resource, and so the pool, alive until they are freed), so no thread can use the handle
+// through this type after that.
+unsafe impl Send for MemoryPool {}
+// SAFETY: as for `Send`: `&MemoryPool` only passes the handle to thread-safe driver functions;
+// the lazily set fields are a `OnceLock` and the claim, set before the value is shared.
+unsafe impl Sync for MemoryPool {}
+
+impl MemoryPool {
+    /// Creates an owned pool.
+    pub(crate) fn create(props: &CUmemPoolProps, owner: Option<Device>) -> Result<MemoryPool> {
+        let d = driver()?;
+        let mut handle: CUmemoryPool = std::ptr::null_mut();
+        // SAFETY: `handle` is a valid out-pointer and `props` a fully initialized structure.
+        unsafe { cu_call!(d, cuMemPoolCreate(&mut handle, props)) }?;
+        let shareable = props.handleTypes.0 != 0;
+        let mut pool = MemoryPool::new(handle, true, owner, shareable, false);
+        pool.claim = Some(sharing::HandleClaim::created(handle));
+        Ok(pool)
+    }
+
+    pub(crate) fn new(
+        handle: CUmemoryPool,
+        owned: bool,
+        owner: Option<Device>,
+        shareable: bool,
+        imported: bool,
+    ) -> MemoryPool {
+        MemoryPool { handle, owned, owner, shareable, imported, handle_once: std::sync::OnceLock::new(), claim: None }
+    }
+
+    /// Wraps a pool this value does not own (a device's current pool, say).
+    pub(crate) fn borrowed(handle: CUmemoryPool, owner: Option<Device>) -> MemoryPool {
+        MemoryPool::new(handle, false, owner, false, false)
+    }
+
+    /// The raw handle.
+    #[inline]
+    pub fn handle(&self) -> CUmemoryPool {
+        self.handle
+    }
+
+    /// Whether dropping this value destroys the pool.
+    pub fn is_owned(&self) -> bool {
+        self.owned
+    }
+
+    /// The device whose memory it is, for device pools.
+    pub fn owner(&self) -> Option<Device> {
+        self.owner
+    }
+
+    /// Allocates from the pool on `stream`. A capturing stream is refused: the pool would
+    /// allocate outside the graph.
+    #[inline]
+    pub(crate) fn allocate(&self, size: usize, stream: &Stream) -> Result<DevicePtr> {
+        if self.imported {
+            return Err(Error::InvalidState(
+                "cannot allocate from a pool imported from another process: allocate in the exporting \
+                 process and share the buffer"
+                    .to_string(),
+            ));
+        }
+        let d = driver()?;
+        stream.bind_if_default()?;
+        if stream.is_capturing_bound()? {
+            return Err(Error::InvalidState(
+                "memory pools cannot allocate on a capturing stream: allocate before capture begins, \
+                 or on a stream that is not capturing"
+                    .to_string(),
+            ));
+        }
+        let mut ptr: DevicePtr = 0;
+        // SAFETY: `ptr` is a valid out-pointer; the pool and stream handles are live.
+        unsafe { cu_call!(d, cuMemAllocFromPoolAsync(&mut ptr, size, self.handle(), stream.handle())) }?;
+        Ok(ptr)
+    }
+
+    /// Frees pool memory on `stream`.
+    ///
+    /// # Safety
+    /// As [`MemoryResource::deallocate_raw`](crate::MemoryResource::deallocate_raw).
+    #[inline]
+    pub(crate) unsafe fn deallocate(&self, ptr: DevicePtr, stream: &Stream) -> Result<()> {
+        let d = driver()?;
+        stream.bind_if_default()?;
+        // SAFETY: the caller guarantees `ptr` is a live allocation of this pool, freed once.
+        unsafe { cu_call!(d, cuMemFreeAsync(ptr, stream.handle())) }?;
+        Ok(())
+    }
+}
+
+impl Drop for MemoryPool {
+    fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
+        // A failed revocation is recorded and the pool destroyed all the same: leaving it would
+        // keep its memory for the life of the process, a worse outcome than the stale access
+        // the revocation guards against.
+        if let Err(error) = self.revoke_all_peers() {
+            crate::drop_errors::record("MemoryPool (revoking peer access)", error);
+        }
+        let destroy = || -> Result<()> {
+            let d = driver()?;
+            // SAFETY: an owned pool handle, destroyed once, here; every buffer from it is gone
+            // (buffers keep their resource, and so this pool, alive).
+            unsafe { cu_call!(d, cuMemPoolDestroy(self.handle())) }?;
+            Ok(())
+        };
+        if let Err(error) = destroy() {
+            crate::drop_errors::record("MemoryPool", error);
+        }
+    }
+}
+
+/// Implements [`MemoryResource`](crate::MemoryResource) and [`PoolResource`] for a pool resource
+/// (a struct with a `pool: MemoryPool` field): allocation and freeing go to the pool; the memory
+/// is always device-accessible; host accessibility, the device and managedness are given.
+macro_rules! pool_resource {
+    ($ty:ty, host_accessible: $host:expr, device: |$this:ident| $device:expr $(, managed: $managed:expr)?) => {
+        // SAFETY: the pool hands out `size` valid bytes per allocation until they are freed;
+        // the accessibility the caller states is the pool's memory's.
+        unsafe impl $crate::MemoryResource for $ty {
+            fn allocate_raw(&self, size: usize, stream: &$crate::Stream) -> $crate::Result<$crate::DevicePtr> {
+                self.pool.allocate(size, stream)
+            }
+
+            unsafe fn deallocate_raw(
+                &self,
+                ptr: $crate::DevicePtr,
+                _size: usize,
+                stream: &$crate::Stream,
+            ) -> $crate::Result<()> {
+                // SAFETY: forwarded from the caller.
+                unsafe { self.pool.deallocate(ptr, stream) }
+            }
+
+            fn is_device_accessible(&self) -> bool {
+                true
+            }
+
+            fn is_host_accessible(&self) -> bool {
+                $host
+            }
+
+            fn device(&self) -> Option<$crate::Device> {
+                let $this = self;
+                $device
+            }
+
+            $(
+                fn is_managed(&self) -> bool {
+                    $managed
+                }
+            )?
+
+            fn may_be_written_externally(&self) -> bool {
+                self.pool.is_shareable()
+            }
+        }
+
+        impl $crate::PoolResource for $ty {
+            fn pool(&self) -> &$crate::MemoryPool {
+                &self.pool
+            }
+        }
+    };
+}
+pub(crate) use pool_resource;

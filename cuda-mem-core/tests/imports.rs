@@ -1,0 +1,193 @@
+//! Importing pools and allocations another process exported (here the process imports its own
+//! pool, which the simulator allows): where an imported pool's memory lives (the driver's word),
+//! one owner per pool handle whatever the driver answers a second import with, and the counting
+//! of allocation imports, which the driver does not do.
+
+mod common;
+
+use std::sync::Arc;
+
+use cuda_mem_core::{
+    Access, Buffer, Device, DeviceMemoryResource, DeviceMemoryResourceOptions, EXPORT_DATA_LEN, Error, MemoryPool,
+    MemoryResource, MemoryResourceExt, PinnedLocation, PinnedMemoryResource, PinnedMemoryResourceOptions, PoolResource,
+    Stream, SynchronousMemoryResource, import_holders, import_pending_waits, pool_of,
+};
+use cuda_sim::testing::{in_simulated_machine, inject_failure, live_objects};
+
+/// An IPC-enabled device pool and a buffer of it, with the buffer's export data.
+fn exported(device: Device, stream: &Stream) -> (Arc<DeviceMemoryResource>, Buffer, [u8; EXPORT_DATA_LEN]) {
+    let pool = DeviceMemoryResource::new(device, DeviceMemoryResourceOptions::default().ipc_enabled(true)).unwrap();
+    let buffer = pool.allocate(8192, stream).unwrap();
+    let data = pool.pool().export_pointer(buffer.ptr()).unwrap();
+    (pool, buffer, data)
+}
+
+/// `pool` imported again, as another process would import it.
+fn import(pool: &MemoryPool) -> cuda_mem_core::Result<MemoryPool> {
+    let handle = pool.shareable_handle().unwrap();
+    MemoryPool::import(handle.try_clone_fd().unwrap(), handle.id())
+}
+
+fn live_allocations() -> u64 {
+    live_objects(cuda_sim::testing::driver().unwrap()).unwrap().allocations
+}
+
+fn live_pools() -> u64 {
+    live_objects(cuda_sim::testing::driver().unwrap()).unwrap().pools
+}
+
+#[test]
+fn an_imported_pool_lives_where_the_driver_says() {
+    let device = common::device();
+    let stream = common::stream(device);
+    let (pool, _buffer, _) = exported(device, &stream);
+    let imported = import(pool.pool()).unwrap();
+    assert!(imported.is_imported() && imported.is_owned());
+    assert_eq!(imported.owner(), Some(device));
+
+    let pinned = PinnedMemoryResource::new(
+        PinnedMemoryResourceOptions::default().ipc_enabled(true).location(PinnedLocation::NearDevice(device)),
+    )
+    .unwrap();
+    let imported = import(pinned.pool()).unwrap();
+    assert_eq!(imported.owner(), None, "host memory");
+    for device in Device::all().unwrap() {
+        assert_eq!(imported.access(device).unwrap(), Access::ReadWrite, "given to {device}, as a created one is");
+    }
+}
+
+#[test]
+fn imports_are_counted_and_the_last_release_unmaps() {
+    let device = common::device();
+    let (a, b) = (common::stream(device), common::stream(device));
+    let (pool, _buffer, data) = exported(device, &a);
+    let imported = import(pool.pool()).unwrap();
+
+    let first = imported.import_allocation(&data, 8192, &a).unwrap();
+    let second = imported.import_allocation(&data, 4096, &b).unwrap();
+    assert_eq!(first, second, "one mapping");
+    assert_eq!(import_holders(first), 2);
+    // A size beyond the mapping is refused and adds no holder.
+    let error = imported.import_allocation(&data, 1 << 20, &a).unwrap_err();
+    assert!(matches!(error, Error::SizeMismatch { expected, actual: 1_048_576, .. } if expected >= 8192), "{error}");
+    assert_eq!(import_holders(first), 2);
+
+    // SAFETY: each share is given back once, and nothing uses the memory afterwards.
+    unsafe { imported.release_import(second, &b) }.unwrap();
+    assert_eq!((import_holders(first), import_pending_waits(first)), (1, 1), "the last release waits for b");
+    // SAFETY: as above.
+    unsafe { imported.release_import(first, &a) }.unwrap();
+    assert_eq!((import_holders(first), import_pending_waits(first)), (0, 0), "unmapped");
+    // A share given back twice is refused, not a second unmap.
+    // SAFETY: refused before any driver call (the pointer is no longer an import).
+    let error = unsafe { imported.release_import(first, &a) }.unwrap_err();
+    assert!(error.to_string().contains("not an allocation this process imported through this pool"), "{error}");
+    a.synchronize().unwrap();
+    assert!(cuda_mem_core::take_drop_errors().is_empty());
+}
+
+#[test]
+fn only_an_imported_pool_maps_exported_allocations() {
+    let device = common::device();
+    let stream = common::stream(device);
+    let (pool, _buffer, data) = exported(device, &stream);
+    let error = pool.pool().import_allocation(&data, 8192, &stream).unwrap_err();
+    assert!(matches!(error, Error::NotSupported(_)), "{error}");
+}
+
+/// Two holders, then the bookkeeping of a release fails at `function`: the share is given back
+/// all the same (the stream synchronized instead), and the last release unmaps.
+fn release_despite_a_failure_at(function: &std::ffi::CStr, holders: usize) {
+    let device = common::device();
+    let (a, b) = (common::stream(device), common::stream(device));
+    let (pool, _buffer, data) = exported(device, &a);
+    let imported = import(pool.pool()).unwrap();
+    let allocations = live_allocations();
+    let ptrs: Vec<_> = (0..holders).map(|_| imported.import_allocation(&data, 8192, &a).unwrap()).collect();
+    let ptr = ptrs[0];
+    assert_eq!(live_allocations(), allocations + 1, "one mapping");
+    for &held in &ptrs[2..] {
+        // SAFETY: one share, given back once.
+        unsafe { imported.release_import(held, &b) }.unwrap();
+    }
+    inject_failure(cuda_sim::testing::driver().unwrap(), function, 1).unwrap();
+    // SAFETY: as above.
+    unsafe { imported.release_import(ptr, &b) }.unwrap();
+    assert_eq!(import_holders(ptr), 1, "the share was given back");
+    assert_eq!(import_pending_waits(ptr), 0, "b was synchronized instead of noted");
+    // SAFETY: the last share.
+    unsafe { imported.release_import(ptr, &a) }.unwrap();
+    a.synchronize().unwrap();
+    assert_eq!(import_holders(ptr), 0);
+    assert_eq!(live_allocations(), allocations, "unmapped: nothing left behind");
+}
+
+#[test]
+fn a_release_whose_event_cannot_be_created_still_gives_back_its_share() {
+    in_simulated_machine("a_release_whose_event_cannot_be_created_still_gives_back_its_share", &[], || {
+        release_despite_a_failure_at(c"cuEventCreate", 2);
+    });
+}
+
+#[test]
+fn a_release_whose_event_cannot_be_recorded_still_gives_back_its_share() {
+    in_simulated_machine("a_release_whose_event_cannot_be_recorded_still_gives_back_its_share", &[], || {
+        // A new event for the stream, then the one kept for it recorded again.
+        release_despite_a_failure_at(c"cuEventRecord", 2);
+        release_despite_a_failure_at(c"cuEventRecord", 3);
+    });
+}
+
+/// Importing a pool this process has imported already: with a handle of its own, a second pool;
+/// with the first import's handle, refused, and the first import intact.
+fn import_twice(same_handle: bool) {
+    let device = common::device();
+    let stream = common::stream(device);
+    let (pool, _buffer, data) = exported(device, &stream);
+    let pools = live_pools();
+    let first = import(pool.pool()).unwrap();
+    match import(pool.pool()) {
+        Ok(second) => {
+            assert!(!same_handle);
+            assert_ne!(second.handle(), first.handle());
+        }
+        Err(Error::PoolAlreadyOwned { handle }) => {
+            assert!(same_handle);
+            assert_eq!(handle, first.handle() as usize);
+        }
+        Err(error) => panic!("{error}"),
+    }
+    let ptr = first.import_allocation(&data, 8192, &stream).unwrap();
+    // SAFETY: the one share, given back once.
+    unsafe { first.release_import(ptr, &stream) }.unwrap();
+    drop(first);
+    assert_eq!(live_pools(), pools, "every import destroyed once");
+    assert!(cuda_mem_core::take_drop_errors().is_empty());
+}
+
+#[test]
+fn a_second_import_with_a_handle_of_its_own_is_a_pool_of_its_own() {
+    in_simulated_machine("a_second_import_with_a_handle_of_its_own_is_a_pool_of_its_own", &[], || import_twice(false));
+}
+
+#[test]
+fn a_second_import_answered_with_the_first_handle_is_refused() {
+    in_simulated_machine(
+        "a_second_import_answered_with_the_first_handle_is_refused",
+        &[("CUDA_SIM_POOL_IMPORT", "same-handle")],
+        || import_twice(true),
+    );
+}
+
+#[test]
+fn pool_of_finds_the_pool_behind_a_resource() {
+    let device = common::device();
+    let pool = DeviceMemoryResource::new(device, DeviceMemoryResourceOptions::default()).unwrap();
+    let resource: Arc<dyn MemoryResource> = pool.clone();
+    let found = pool_of(resource.as_ref()).unwrap();
+    assert_eq!(found.handle(), PoolResource::pool(pool.as_ref()).handle());
+    let pinned: Arc<dyn MemoryResource> = PinnedMemoryResource::current().unwrap();
+    assert!(pool_of(pinned.as_ref()).is_some());
+    let plain: Arc<dyn MemoryResource> = SynchronousMemoryResource::new(device);
+    assert!(pool_of(plain.as_ref()).is_none(), "not a pool resource");
+}
