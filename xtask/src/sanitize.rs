@@ -8,7 +8,7 @@
 //!   rebuilt instrumented with `-Zbuild-std`, and rustix uses its libc backend so that TSan sees
 //!   `mmap`): the unit and integration tests of [`SUITES`], against the simulator.
 //! - **valgrind** (memcheck, no leak check: LeakSanitizer does that): the same tests, built as
-//!   usual by the toolchain that runs xtask, less [`VALGRIND_SKIPS`].
+//!   usual by the toolchain that runs xtask.
 //!
 //! The simulator is built with the same sanitizer as the tests. It is opened by `dlopen` into the
 //! test process, and its stream threads do the device side of every copy and fill, ordered
@@ -55,10 +55,6 @@ const LSAN_SUPPRESSIONS: &str = "\
 # The test forgets a resource whose pool it destroyed behind the wrapper's back.
 leak:the_simulator_models_inherited_access_when_a_pool_is_destroyed_without_revoking
 ";
-
-/// Tests that cannot pass under valgrind. It keeps descriptors of its own just under the open
-/// file limit it shows the program, so "a descriptor at the limit is never open" does not hold.
-const VALGRIND_SKIPS: [&str; 1] = ["spawn::tests::a_closed_descriptor_is_refused"];
 
 /// The exit status valgrind gives a test binary in which it found an error.
 const VALGRIND_ERROR_STATUS: u8 = 97;
@@ -437,10 +433,6 @@ fn valgrind(workspace: &Path) -> (Outcome, Vec<String>) {
              --trace-children-skip=/bin/*,/usr/bin/*"
         ),
     );
-    command.arg("--");
-    for test in VALGRIND_SKIPS {
-        command.args(["--skip", test]);
-    }
     run_on_the_simulator(&mut command)
 }
 
