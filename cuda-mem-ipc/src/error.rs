@@ -6,7 +6,10 @@
 //! - a failed driver call or core-library check ([`IpcError::Core`]);
 //! - a failed system call, with what was being done ([`IpcError::Io`]);
 //! - bytes or messages from the peer that do not follow the format ([`IpcError::Decode`],
-//!   [`IpcError::Protocol`]): the peer is broken, incompatible or hostile;
+//!   `IpcError::VirtualBufferDecode` (feature `vmm`), [`IpcError::Protocol`]): the peer is
+//!   broken, incompatible or hostile;
+//! - a message of a kind this build receives only with a feature it lacks
+//!   ([`IpcError::NotReceivable`]): the channel goes on;
 //! - the peer going away ([`IpcError::PeerClosed`]);
 //! - this process running out of file descriptors while receiving
 //!   ([`IpcError::OutOfDescriptors`]): local, the peer is not at fault;
@@ -18,6 +21,9 @@
 //!   it claims larger than the memory it shares ([`IpcError::MisdescribedBuffer`]); allocating
 //!   from a mapped resource is refused by the resource itself, with a core error
 //!   ([`cuda_mem_core::Error::ImportedPoolAllocation`]).
+//! - with the feature `vmm`, virtual buffers that cannot be exported or imported
+//!   (`IpcError::Vmm`, with `cuda-mem-vmm`'s error) or that nothing is registered to import
+//!   (`IpcError::NoVirtualMemoryResource`);
 //! - arguments the local caller passed beyond the limits ([`IpcError::MessageTooLarge`]) and a
 //!   process that was not started with a channel ([`IpcError::ChannelEnv`]).
 //!
@@ -53,6 +59,49 @@ pub enum IpcError {
          or the bytes were damaged in transit, so nothing was imported"
     )]
     Decode(#[from] DecodeError),
+
+    /// A virtual buffer received from a peer is malformed (feature `vmm`); nothing was imported
+    /// and the file descriptors that came with it are closed.
+    #[cfg(feature = "vmm")]
+    #[error(
+        "invalid virtual buffer descriptor: {0}; the peer is not a compatible cuda-mem-ipc exporter \
+         or the bytes were damaged in transit, so nothing was imported (its file descriptors are closed)"
+    )]
+    VirtualBufferDecode(#[from] crate::virtual_buffer::VirtualBufferDecodeError),
+
+    /// Exporting or importing a virtual buffer failed in `cuda-mem-vmm` (feature `vmm`): its
+    /// error says which check or driver call, and nothing stays imported.
+    #[cfg(feature = "vmm")]
+    #[error(transparent)]
+    Vmm(#[from] cuda_mem_vmm::VmmError),
+
+    /// A virtual buffer arrived whose memory lives where no resource was registered to import
+    /// it (feature `vmm`); it was not imported and its file descriptors are closed.
+    #[cfg(feature = "vmm")]
+    #[error(
+        "a virtual buffer of {location} arrived, but no VirtualMemoryResource is registered on this channel \
+         for it: register one for that location with IpcChannel::import_virtual_buffers_into (with the \
+         sender's handle type) before the peer sends; this one was not imported"
+    )]
+    NoVirtualMemoryResource {
+        /// Where the buffer's memory lives, in this process's terms.
+        location: cuda_mem_vmm::MemoryLocation,
+    },
+
+    /// The peer sent a message of a kind this build cannot receive without a feature it lacks;
+    /// the message was dropped (its file descriptors closed) and the channel is still in step.
+    #[error(
+        "a {what} (message kind {kind}), which this build cannot receive: enable cuda-mem-ipc's `{feature}` \
+         feature; the message was dropped (its file descriptors closed) and the channel is still usable"
+    )]
+    NotReceivable {
+        /// What the message carries ("virtual buffer").
+        what: &'static str,
+        /// Its kind on the wire.
+        kind: u16,
+        /// The feature that receives it.
+        feature: &'static str,
+    },
 
     /// The peer sent a message that does not follow the channel protocol.
     #[error(
@@ -234,8 +283,10 @@ impl IpcError {
     /// anywhere in the error's source chain (see [`cuda_mem_core::cuda_code_of`]).
     pub fn cuda_code(&self) -> Option<cuda_mem_core::sys::types::CUresult> {
         match self {
-            // Transparent: its source chain starts below the core error, so ask it directly.
+            // Transparent: their source chains start below the wrapped error, so ask it directly.
             IpcError::Core(error) => error.cuda_code(),
+            #[cfg(feature = "vmm")]
+            IpcError::Vmm(error) => error.cuda_code(),
             other => cuda_mem_core::cuda_code_of(other),
         }
     }
@@ -248,6 +299,10 @@ impl From<IpcError> for cuda_mem_core::Error {
     fn from(error: IpcError) -> Self {
         match error {
             IpcError::Core(error) => error,
+            // Unwrapped, so that a core error inside comes out as itself and a driver error
+            // inside stays in the source chain (both wrappers are transparent).
+            #[cfg(feature = "vmm")]
+            IpcError::Vmm(error) => error.into(),
             other => cuda_mem_core::Error::resource(other),
         }
     }
