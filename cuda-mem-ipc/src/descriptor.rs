@@ -29,6 +29,10 @@
 //! checksum covers every other byte, any change of a single byte (indeed any burst of up to 32
 //! changed bits) of a valid encoding is rejected.
 //!
+//! The first 16 bytes (magic, version, flags, reserved) and the trailing CRC-32 are the envelope
+//! every encoding of this crate shares, checked by one function: the virtual buffer encoding
+//! (feature `vmm`) has its own magic and version in the same places.
+//!
 //! The checksum detects damage, not forgery: a peer can compute it too. What decoding cannot
 //! establish is described in the crate documentation's trust boundary.
 
@@ -62,7 +66,7 @@ const CHECKSUM_AT: usize = 104;
 // The layout above is fixed at 64 bytes of export data, whatever the driver headers say.
 const _: () = assert!(EXPORT_DATA_LEN == 64);
 const _: () = assert!(EXPORT_DATA_AT + EXPORT_DATA_LEN == CHECKSUM_AT);
-const _: () = assert!(CHECKSUM_AT + 4 == ENCODED_LEN);
+const _: () = assert!(CHECKSUM_AT + CHECKSUM_LEN == ENCODED_LEN);
 
 /// Why bytes are not a valid encoded [`BufferDescriptor`] (or why [`BufferDescriptor::new`] or
 /// [`BufferDescriptor::validate`] refused it).
@@ -77,11 +81,13 @@ pub enum DecodeError {
         /// The input's length.
         found: usize,
     },
-    /// The input does not start with [`MAGIC`].
-    #[error("magic is {}, expected {}", Escaped(found), Escaped(&MAGIC))]
+    /// The input does not start with the encoding's magic ([`MAGIC`] for a buffer descriptor).
+    #[error("magic is {}, expected {}", Escaped(found), Escaped(expected))]
     Magic {
         /// The first 8 bytes of the input.
         found: [u8; 8],
+        /// The encoding's magic.
+        expected: [u8; 8],
     },
     /// The version is not one this library decodes.
     #[error(
@@ -236,27 +242,7 @@ impl BufferDescriptor {
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
         let bytes: &[u8; ENCODED_LEN] =
             bytes.try_into().map_err(|_| DecodeError::Length { expected: ENCODED_LEN, found: bytes.len() })?;
-        let magic = field::<8>(bytes, 0);
-        if magic != MAGIC {
-            return Err(DecodeError::Magic { found: magic });
-        }
-        let version = u16::from_le_bytes(field(bytes, VERSION_AT));
-        if version != VERSION {
-            return Err(DecodeError::UnsupportedVersion { found: version, supported: VERSION });
-        }
-        let stored = u32::from_le_bytes(field(bytes, CHECKSUM_AT));
-        let computed = crc32(&bytes[..CHECKSUM_AT]);
-        if stored != computed {
-            return Err(DecodeError::Checksum { stored, computed });
-        }
-        let flags = u16::from_le_bytes(field(bytes, FLAGS_AT));
-        if flags != 0 {
-            return Err(DecodeError::Flags { found: flags });
-        }
-        let reserved = u32::from_le_bytes(field(bytes, RESERVED_AT));
-        if reserved != 0 {
-            return Err(DecodeError::Reserved { found: reserved });
-        }
+        check_envelope(bytes, MAGIC, VERSION)?;
         let size = u64::from_le_bytes(field(bytes, SIZE_AT));
         let resource = uuid::Uuid::from_bytes(field(bytes, RESOURCE_AT));
         Self::new(field(bytes, EXPORT_DATA_AT), size, resource)
@@ -271,6 +257,42 @@ impl TryFrom<&[u8]> for BufferDescriptor {
     }
 }
 
+/// The length of what every encoding of this crate shares: the 16-byte header (magic, version,
+/// flags, reserved, laid out as in a buffer descriptor) and the 4-byte checksum at the end.
+pub(crate) const ENVELOPE_LEN: usize = CHECKSUM_LEN + 16;
+const CHECKSUM_LEN: usize = 4;
+const _: () = assert!(ENCODED_LEN >= ENVELOPE_LEN);
+
+/// Checks what every encoding of this crate shares, in this order: the magic, the version (an
+/// unknown one is reported as such), the CRC-32 in the last 4 bytes over all the bytes before
+/// it, and that flags and reserved are zero. The caller checked that `bytes` has at least
+/// [`ENVELOPE_LEN`] bytes.
+pub(crate) fn check_envelope(bytes: &[u8], magic: [u8; 8], version: u16) -> Result<(), DecodeError> {
+    let found = field(bytes, 0);
+    if found != magic {
+        return Err(DecodeError::Magic { found, expected: magic });
+    }
+    let found = u16::from_le_bytes(field(bytes, VERSION_AT));
+    if found != version {
+        return Err(DecodeError::UnsupportedVersion { found, supported: version });
+    }
+    let checksum_at = bytes.len() - CHECKSUM_LEN;
+    let stored = u32::from_le_bytes(field(bytes, checksum_at));
+    let computed = crc32(&bytes[..checksum_at]);
+    if stored != computed {
+        return Err(DecodeError::Checksum { stored, computed });
+    }
+    let flags = u16::from_le_bytes(field(bytes, FLAGS_AT));
+    if flags != 0 {
+        return Err(DecodeError::Flags { found: flags });
+    }
+    let reserved = u32::from_le_bytes(field(bytes, RESERVED_AT));
+    if reserved != 0 {
+        return Err(DecodeError::Reserved { found: reserved });
+    }
+    Ok(())
+}
+
 fn check_size(size: u64) -> Result<(), DecodeError> {
     if size == 0 {
         Err(DecodeError::ZeroSize { max: MAX_BUFFER_SIZE })
@@ -281,8 +303,8 @@ fn check_size(size: u64) -> Result<(), DecodeError> {
     }
 }
 
-/// The `N` bytes at `at` of an encoding.
-fn field<const N: usize>(bytes: &[u8; ENCODED_LEN], at: usize) -> [u8; N] {
+/// The `N` bytes at `at` of an encoding (which the caller checked is long enough).
+pub(crate) fn field<const N: usize>(bytes: &[u8], at: usize) -> [u8; N] {
     let mut out = [0u8; N];
     out.copy_from_slice(&bytes[at..at + N]);
     out
@@ -305,8 +327,8 @@ const CRC_TABLE: [u32; 256] = {
     table
 };
 
-/// CRC-32 as in IEEE 802.3 and zlib's `crc32`.
-fn crc32(bytes: &[u8]) -> u32 {
+/// CRC-32 as in IEEE 802.3 and zlib's `crc32` (the checksum of every encoding of this crate).
+pub(crate) fn crc32(bytes: &[u8]) -> u32 {
     !bytes.iter().fold(!0u32, |crc, &b| CRC_TABLE[usize::from((crc as u8) ^ b)] ^ (crc >> 8))
 }
 
@@ -401,7 +423,7 @@ mod tests {
 
         let mut b = good;
         b[0] = b'X';
-        assert_eq!(BufferDescriptor::decode(&b), Err(DecodeError::Magic { found: *b"XUMEMBUF" }));
+        assert_eq!(BufferDescriptor::decode(&b), Err(DecodeError::Magic { found: *b"XUMEMBUF", expected: MAGIC }));
 
         let mut b = good;
         b[8..10].copy_from_slice(&2u16.to_le_bytes());
@@ -447,7 +469,10 @@ mod tests {
     fn error_messages_name_the_expected_value() {
         let cases = [
             (DecodeError::Length { expected: 108, found: 3 }, "3 bytes, expected exactly 108"),
-            (DecodeError::Magic { found: *b"GARBAGE\0" }, r#"magic is b"GARBAGE\x00", expected b"CUMEMBUF""#),
+            (
+                DecodeError::Magic { found: *b"GARBAGE\0", expected: MAGIC },
+                r#"magic is b"GARBAGE\x00", expected b"CUMEMBUF""#,
+            ),
             (
                 DecodeError::UnsupportedVersion { found: 7, supported: 1 },
                 "unsupported descriptor version 7, expected 1",

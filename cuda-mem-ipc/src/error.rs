@@ -6,7 +6,8 @@
 //! - a failed driver call or core-library check ([`IpcError::Core`]);
 //! - a failed system call, with what was being done ([`IpcError::Io`]);
 //! - bytes or messages from the peer that do not follow the format ([`IpcError::Decode`],
-//!   [`IpcError::Protocol`]): the peer is broken, incompatible or hostile;
+//!   `IpcError::VirtualBufferDecode` (feature `vmm`), [`IpcError::Protocol`]): the peer is
+//!   broken, incompatible or hostile;
 //! - the peer going away ([`IpcError::PeerClosed`]);
 //! - this process running out of file descriptors while receiving
 //!   ([`IpcError::OutOfDescriptors`]): local, the peer is not at fault;
@@ -16,6 +17,9 @@
 //! - pools the peer describes otherwise than the driver does ([`IpcError::MisdescribedResource`])
 //!   or sends a second time under another UUID ([`IpcError::PoolAlreadyImported`]);
 //!   allocating from a mapped resource is refused by the resource itself, with a core error.
+//! - with the feature `vmm`, virtual buffers that cannot be exported or imported
+//!   (`IpcError::Vmm`, with `cuda-mem-vmm`'s error) or that nothing is registered to import
+//!   (`IpcError::NoVirtualMemoryResource`);
 //! - arguments the local caller passed beyond the limits ([`IpcError::MessageTooLarge`]) and a
 //!   process that was not started with a channel ([`IpcError::ChannelEnv`]).
 
@@ -46,6 +50,34 @@ pub enum IpcError {
          or the bytes were damaged in transit, so nothing was imported"
     )]
     Decode(#[from] DecodeError),
+
+    /// A virtual buffer received from a peer is malformed (feature `vmm`); nothing was imported
+    /// and the file descriptors that came with it are closed.
+    #[cfg(feature = "vmm")]
+    #[error(
+        "invalid virtual buffer descriptor: {0}; the peer is not a compatible cuda-mem-ipc exporter \
+         or the bytes were damaged in transit, so nothing was imported (its file descriptors are closed)"
+    )]
+    VirtualBufferDecode(#[from] crate::virtual_buffer::VirtualBufferDecodeError),
+
+    /// Exporting or importing a virtual buffer failed in `cuda-mem-vmm` (feature `vmm`): its
+    /// error says which check or driver call, and nothing stays imported.
+    #[cfg(feature = "vmm")]
+    #[error(transparent)]
+    Vmm(#[from] cuda_mem_vmm::VmmError),
+
+    /// A virtual buffer arrived whose memory lives where no resource was registered to import
+    /// it (feature `vmm`); it was not imported and its file descriptors are closed.
+    #[cfg(feature = "vmm")]
+    #[error(
+        "a virtual buffer of {location} arrived, but no VirtualMemoryResource is registered on this channel \
+         for it: register one for that location with IpcChannel::import_virtual_buffers_into (with the \
+         sender's handle type) before the peer sends; this one was not imported"
+    )]
+    NoVirtualMemoryResource {
+        /// Where the buffer's memory lives, in this process's terms.
+        location: cuda_mem_vmm::MemoryLocation,
+    },
 
     /// The peer sent a message that does not follow the channel protocol.
     #[error(

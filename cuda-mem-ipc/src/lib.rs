@@ -21,6 +21,13 @@
 //! - [`IpcChannel`]: pools, buffers and bytes over a [`Channel`]; the receiving side keeps what
 //!   it imported for as long as it lives, and maps a peer's buffers only through the pools that
 //!   peer sent on it;
+//! - with the feature `vmm`, the `virtual_buffer` module: `SharedVirtualBuffer`, the versioned,
+//!   checksummed encoding of a `cuda-mem-vmm` virtual buffer's descriptor (its bytes, and one
+//!   file descriptor per chunk), and [`IpcChannel`] carrying virtual buffers beside pools,
+//!   buffers and data (`IpcChannel::send_virtual_buffer`, `Received::VirtualBuffer`, imported
+//!   with the resource the receiver registered, `IpcChannel::import_virtual_buffers_into`). The
+//!   rule: driver calls are `cuda-mem-core`'s and `cuda-mem-vmm`'s, bytes and file descriptors on
+//!   the wire are this crate's;
 //! - [`Registry`]: a process-wide map from resource UUIDs to the live imported resources;
 //! - [`IpcError`]: the crate's errors.
 //!
@@ -34,10 +41,13 @@
 //!
 //! - the lengths of everything received: frames, payloads (at most [`MAX_PAYLOAD_LEN`]), the
 //!   number of file descriptors (at most [`MAX_FDS`], and exactly as many as announced), and
-//!   encoded descriptors (exactly [`ENCODED_LEN`] bytes);
+//!   encoded descriptors (exactly [`ENCODED_LEN`] bytes; an encoded virtual buffer exactly the
+//!   length its chunk count gives, at most 253 chunks, with one file descriptor per chunk for
+//!   POSIX-fd handles and none for fabric handles);
 //! - magic numbers and versions (an unknown version is reported as such), and that reserved
 //!   fields and flags are zero;
-//! - the checksum of every [`BufferDescriptor`], which detects damaged descriptors;
+//! - the checksum of every [`BufferDescriptor`] (and encoded virtual buffer), which detects
+//!   damaged descriptors;
 //! - size bounds: a buffer size is in `1..=`[`MAX_BUFFER_SIZE`], and a resource UUID is not nil;
 //! - the device of a pool: [`IpcChannel`] names it by UUID, because processes with different
 //!   `CUDA_VISIBLE_DEVICES` number devices differently; a device this process cannot see is
@@ -152,6 +162,8 @@ pub mod protocol;
 pub mod registry;
 pub mod share;
 pub mod spawn;
+#[cfg(feature = "vmm")]
+pub mod virtual_buffer;
 
 pub use channel::{Channel, ChannelListener, MAX_FDS, MAX_PAYLOAD_LEN, RawMessage};
 pub use descriptor::{BufferDescriptor, DecodeError, ENCODED_LEN, EXPORT_DATA_LEN, MAGIC, MAX_BUFFER_SIZE, VERSION};
@@ -161,3 +173,7 @@ pub use protocol::{IpcChannel, MAX_BUFFERS_PER_MESSAGE, Received};
 pub use registry::Registry;
 pub use share::{AllocationHandle, allocation_handle, buffer_descriptor};
 pub use spawn::{CHANNEL_FD_ENV, CHANNEL_INODE_ENV, spawn_with_channel};
+#[cfg(feature = "vmm")]
+pub use virtual_buffer::{
+    SharedVirtualBuffer, VIRTUAL_BUFFER_MAGIC, VIRTUAL_BUFFER_VERSION, VirtualBufferDecodeError, VirtualBufferLocation,
+};

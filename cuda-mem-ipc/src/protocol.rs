@@ -7,6 +7,12 @@
 //! | 1, resource | UUID (16 bytes), memory kind (u8: 0 device, 1 pinned), the sender's device ordinal (i32 LE, -1 for pinned), 3 zero bytes, device UUID (16 bytes, zero for pinned) | the pool's |
 //! | 2, buffers | count (u32 LE), then `count` encoded [`BufferDescriptor`]s | none |
 //! | 3, data | the application's bytes | none |
+//! | 4, virtual buffer (feature `vmm`) | an encoded `SharedVirtualBuffer` (its layout: the `virtual_buffer` module) | one per chunk (POSIX-fd handles), none (fabric handles) |
+//!
+//! One channel carries all of them, in any order. A virtual buffer is imported with the
+//! `VirtualMemoryResource` the receiver registered for where its memory lives
+//! (`IpcChannel::import_virtual_buffers_into`); a build without the `vmm` feature refuses kind 4
+//! saying so, and closes its descriptors.
 //!
 //! The receiver finds the pool's device by its UUID, not by the sender's ordinal: processes
 //! that see different devices (`CUDA_VISIBLE_DEVICES`) number them differently.
@@ -42,12 +48,14 @@ use crate::share::{allocation_handle, buffer_descriptor};
 const RESOURCE: u16 = 1;
 const BUFFERS: u16 = 2;
 const DATA: u16 = 3;
+pub(crate) const VIRTUAL_BUFFER: u16 = 4;
 const RESOURCE_LEN: usize = 40;
 /// The most buffers one message may carry.
 pub const MAX_BUFFERS_PER_MESSAGE: usize = 65_536;
 
-/// What arrived.
+/// What arrived. More kinds may come with features (and later versions): match with a `_` arm.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum Received {
     /// A pool resource, imported (or the same pool imported earlier); the channel keeps it too.
     Resource(Arc<MappedMemoryResource>),
@@ -55,6 +63,10 @@ pub enum Received {
     Buffers(Vec<Buffer>),
     /// The peer's own bytes.
     Data(Vec<u8>),
+    /// A virtual buffer (feature `vmm`), mapped with the resource registered for where its
+    /// memory lives.
+    #[cfg(feature = "vmm")]
+    VirtualBuffer(cuda_mem_vmm::VirtualBuffer),
 }
 
 /// A channel that carries pools and buffers.
@@ -66,12 +78,21 @@ pub struct IpcChannel {
     /// The resources received on this channel, by the UUID the peer named them with: buffers
     /// map through these only, and they live as long as the channel (or until released).
     received: Mutex<HashMap<Uuid, Arc<MappedMemoryResource>>>,
+    /// The resources virtual buffers are imported with, one per location.
+    #[cfg(feature = "vmm")]
+    pub(crate) virtual_buffer_importers: crate::virtual_buffer::VirtualBufferImporters,
 }
 
 impl IpcChannel {
     /// Wraps a connected channel.
     pub fn new(channel: Channel) -> IpcChannel {
-        IpcChannel { channel, sent: Mutex::new(HashSet::new()), received: Mutex::new(HashMap::new()) }
+        IpcChannel {
+            channel,
+            sent: Mutex::new(HashSet::new()),
+            received: Mutex::new(HashMap::new()),
+            #[cfg(feature = "vmm")]
+            virtual_buffer_importers: Default::default(),
+        }
     }
 
     /// The underlying channel.
@@ -164,6 +185,12 @@ impl IpcChannel {
     /// [module docs](self)), maps buffers through the resources this channel received (freed on
     /// `stream` when dropped), or returns bytes.
     ///
+    /// With the feature `vmm`, a virtual buffer is imported with the resource registered for
+    /// where its memory lives (freed on `stream` when dropped); when it cannot be, the error is
+    /// `IpcError::VirtualBufferDecode`, `IpcError::DeviceNotVisible`,
+    /// `IpcError::NoVirtualMemoryResource` or `IpcError::Vmm`, its descriptors are closed and
+    /// nothing stays imported.
+    ///
     /// # Errors
     /// Channel errors; protocol errors for malformed messages; [`IpcError::UnknownResource`]
     /// for a buffer whose resource did not arrive on this channel (or was released);
@@ -180,6 +207,14 @@ impl IpcChannel {
                 expect_no_fds(&message)?;
                 Ok(Received::Data(message.payload))
             }
+            #[cfg(feature = "vmm")]
+            VIRTUAL_BUFFER => self.virtual_buffer_importers.receive(message, stream).map(Received::VirtualBuffer),
+            #[cfg(not(feature = "vmm"))]
+            VIRTUAL_BUFFER => Err(IpcError::Protocol(
+                "a virtual buffer (message kind 4), which this build cannot receive: enable cuda-mem-ipc's `vmm` \
+                 feature"
+                    .to_string(),
+            )),
             other => Err(IpcError::Protocol(format!("unknown message kind {other}"))),
         }
     }

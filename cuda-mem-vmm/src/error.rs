@@ -181,11 +181,6 @@ pub enum VmmError {
         #[source]
         cause: DeferCause,
     },
-
-    /// The `cuda-mem-ipc` channel failed (feature `ipc`).
-    #[cfg(feature = "ipc")]
-    #[error(transparent)]
-    Channel(#[from] cuda_mem_ipc::IpcError),
 }
 
 impl VmmError {
@@ -199,8 +194,6 @@ impl VmmError {
             | VmmError::ChunkImport { source: error, .. }
             | VmmError::ChunkMap { source: error, .. } => error.cuda_code(),
             VmmError::ReleaseDeferred { cause, .. } => cause.cuda_code(),
-            #[cfg(feature = "ipc")]
-            VmmError::Channel(cuda_mem_ipc::IpcError::Core(error)) => error.cuda_code(),
             _ => None,
         }
     }
@@ -275,60 +268,11 @@ pub enum InvalidOptions {
     OwnerAsPeer(Device),
 }
 
-/// Why a descriptor was refused, before anything was imported or mapped.
+/// Why a descriptor was refused, before anything was imported or mapped. (Why bytes do not
+/// decode to a descriptor is `cuda-mem-ipc`'s to say, which owns the encoding.)
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum DescriptorError {
-    /// Fewer bytes than the header.
-    #[error("malformed virtual buffer descriptor: {len} bytes, shorter than its header")]
-    Truncated {
-        /// The bytes received.
-        len: usize,
-    },
-    /// The bytes do not start with the magic.
-    #[error("malformed virtual buffer descriptor: bad magic")]
-    BadMagic,
-    /// A version this build does not read.
-    #[error("malformed virtual buffer descriptor: version {found}, this build reads {expected}")]
-    Version {
-        /// The version received.
-        found: u16,
-        /// The version this build reads.
-        expected: u16,
-    },
-    /// An unknown handle type code.
-    #[error("malformed virtual buffer descriptor: handle type {0}")]
-    HandleTypeCode(u8),
-    /// The reserved byte is not zero.
-    #[error("malformed virtual buffer descriptor: reserved byte is not zero")]
-    ReservedByte,
-    /// More chunks than a descriptor may name.
-    #[error("malformed virtual buffer descriptor: {count} chunks, more than {MAX_CHUNKS}")]
-    TooManyChunks {
-        /// The chunk count received.
-        count: usize,
-    },
-    /// The length does not match the chunk count.
-    #[error("malformed virtual buffer descriptor: {len} bytes for {count} chunks, expected {expected}")]
-    Length {
-        /// The bytes received.
-        len: usize,
-        /// The chunk count received.
-        count: usize,
-        /// The bytes that chunk count needs.
-        expected: usize,
-    },
-    /// File descriptors arrived with fabric handles.
-    #[error("malformed virtual buffer descriptor: file descriptors came with fabric handles")]
-    FdsWithFabricHandles,
-    /// Not one file descriptor per chunk.
-    #[error("malformed virtual buffer descriptor: {fds} file descriptors for {count} chunks")]
-    FdCount {
-        /// The descriptors received.
-        fds: usize,
-        /// The chunk count.
-        count: usize,
-    },
     /// Not one handle per chunk size.
     #[error("malformed virtual buffer descriptor: {sizes} chunk sizes for {handles} handles")]
     SizesForHandles {

@@ -13,7 +13,11 @@
 //! - [`VirtualBuffer::grow`]: in place (same pointer) when the addresses after the buffer are
 //!   free, otherwise by mapping the same chunks again at a new address; never a copy; the old
 //!   buffer stays valid and aliases the same memory.
-//! - [`VirtualBuffer::export`] / [`VirtualMemoryResource::import`]: one handle per chunk.
+//! - [`VirtualBuffer::export`] / [`VirtualMemoryResource::import`]: one handle per chunk, as a
+//!   [`VirtualBufferDescriptor`] in memory. Its bytes and file descriptors on the wire are
+//!   `cuda-mem-ipc`'s (feature `vmm`): its `IpcChannel` carries virtual buffers beside pools,
+//!   buffers and data, and its `SharedVirtualBuffer` encodes and decodes the descriptor for any
+//!   other transport. This crate makes the driver calls and does not depend on `cuda-mem-ipc`.
 //!
 //! Memory is freed when the last buffer mapping it is dropped, after the work of its stream:
 //! unmapping is not stream-ordered, so the buffer's stream is synchronized first. A capturing
@@ -24,15 +28,13 @@
 //! Errors are [`VmmError`]s, with variants to match on; a driver error stays their source and
 //! answers [`VmmError::cuda_code`].
 //!
-//! With the feature `ipc`, the `ipc` module sends virtual buffers over `cuda-mem-ipc`'s channel.
-//!
 //! Modules (private; their items are re-exported here): `options` (the options and their
 //! enums), `resource` (the resource: checking options, allocation, growth), `memory_resource`
 //! (the resource as a `MemoryResource`, and the ranges of the buffers it handed out), `buffer`
 //! ([`VirtualBuffer`], [`CloseError`]), `pieces` (the owned driver objects: physical chunk,
 //! reservation, mapping, range, and mapping chunks contiguously into a reservation), `release`
 //! (letting go of ranges after their stream's work, deferred while it captures), `share` (export,
-//! the descriptor and its encoding, import), `error` ([`VmmError`] and the enums it names).
+//! the descriptor in memory, import), `error` ([`VmmError`] and the enums it names).
 //!
 //! Fabric handles are tested on the simulator only; they have not yet run on hardware.
 //!
@@ -62,8 +64,6 @@
 
 mod buffer;
 mod error;
-#[cfg(feature = "ipc")]
-pub mod ipc;
 mod memory_resource;
 mod options;
 mod pieces;

@@ -7,7 +7,7 @@ use cuda_mem_core::sys::types::{CUmemAccessDesc, CUmemAllocationProp, CUmemLocat
 use cuda_mem_core::{Device, Stream, driver};
 
 use crate::buffer::VirtualBuffer;
-use crate::error::{DeviceFeature, InvalidOptions, Result, VmmError};
+use crate::error::{DeviceFeature, InvalidOptions, MemoryLocation, Result, VmmError};
 use crate::memory_resource::LiveRanges;
 use crate::options::{AllocationType, HandleType, LocationType, VirtualMemoryResourceOptions};
 use crate::pieces::{Physical, Range, Reservation, map_contiguously};
@@ -151,6 +151,13 @@ impl VirtualMemoryResource {
     /// The location of the memory it allocates, as the driver describes it.
     pub(crate) fn location(&self) -> CUmemLocation {
         self.location
+    }
+
+    /// Where the memory it allocates (and maps, when it imports) lives: on its device, or on a
+    /// host NUMA node. A receiver of shared virtual buffers uses it to pick the resource to
+    /// import each one with.
+    pub fn memory_location(&self) -> MemoryLocation {
+        MemoryLocation::new(self.location.type_, self.location.id)
     }
 
     /// The alignment of its reservations.

@@ -1,16 +1,15 @@
 //! Sharing a virtual buffer with another process: one shareable handle per physical chunk.
 //!
 //! A [`VirtualBufferDescriptor`] holds the handle type, the buffer's size, each chunk's size and
-//! its handle (an owned file descriptor, or a fabric handle's 64 bytes). The importer checks
-//! everything it can before mapping anything; then it maps the chunks into one new reservation
-//! with its own access. [`VirtualBufferDescriptor::encode`] gives bytes (and the descriptors to
-//! pass beside them, for example with `SCM_RIGHTS`) for any transport; `decode` checks them.
+//! its handle (an owned file descriptor, or a fabric handle's 64 bytes): the descriptor in
+//! memory, no bytes. The importer checks everything it can before mapping anything; then it maps
+//! the chunks into one new reservation with its own access.
 //!
-//! Encoding: magic `CUMEMVMM` (8 bytes), version (u16 LE, 1), handle type (u8: 1 POSIX fd,
-//! 2 fabric), reserved (u8, 0), chunk count (u32 LE, at most [`MAX_CHUNKS`]), buffer size
-//! (u64 LE), then per chunk its size (u64 LE), then for fabric handles 64 bytes per chunk.
+//! This crate makes the driver calls and nothing else: its bytes on the wire, checksummed and
+//! versioned, and the passing of its file descriptors are `cuda-mem-ipc`'s (feature `vmm`:
+//! `IpcChannel::send_virtual_buffer`, and the encoding for other transports).
 
-use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::Arc;
 
 use cuda_mem_core::sys::cu_call;
@@ -26,10 +25,9 @@ use crate::pieces::{Physical, map_contiguously};
 use crate::release::release_deferred;
 use crate::resource::VirtualMemoryResource;
 
-/// The most chunks a descriptor may name (the most descriptors one `SCM_RIGHTS` message carries).
+/// The most chunks an exported descriptor may name: the most file descriptors one `SCM_RIGHTS`
+/// message carries (`cuda-mem-ipc`'s `MAX_FDS`), so that one message carries any descriptor.
 pub const MAX_CHUNKS: usize = 253;
-const MAGIC: &[u8; 8] = b"CUMEMVMM";
-const VERSION: u16 = 1;
 
 /// One chunk's shareable handle.
 #[derive(Debug)]
@@ -124,92 +122,6 @@ impl VirtualBuffer {
 }
 
 impl VirtualBufferDescriptor {
-    /// The bytes to send, and the file descriptors to pass beside them (POSIX-fd handles).
-    pub fn encode(&self) -> (Vec<u8>, Vec<BorrowedFd<'_>>) {
-        let mut bytes = Vec::with_capacity(24 + 8 * self.chunk_sizes.len());
-        bytes.extend_from_slice(MAGIC);
-        bytes.extend_from_slice(&VERSION.to_le_bytes());
-        bytes.push(match self.handle_type {
-            HandleType::Fabric => 2,
-            _ => 1,
-        });
-        bytes.push(0);
-        bytes.extend_from_slice(&(self.chunk_sizes.len() as u32).to_le_bytes());
-        bytes.extend_from_slice(&self.size.to_le_bytes());
-        for size in &self.chunk_sizes {
-            bytes.extend_from_slice(&size.to_le_bytes());
-        }
-        let mut fds = Vec::new();
-        for handle in &self.handles {
-            match handle {
-                ChunkHandle::Fabric(data) => bytes.extend_from_slice(data),
-                ChunkHandle::Fd(fd) => fds.push(fd.as_fd()),
-            }
-        }
-        (bytes, fds)
-    }
-
-    /// Rebuilds a descriptor from received bytes and descriptors, checking its shape: magic,
-    /// version, handle type, reserved byte, chunk count, lengths, and that one descriptor came
-    /// per chunk for POSIX-fd handles (the descriptors are closed on any error).
-    ///
-    /// # Errors
-    /// The [`DescriptorError`] naming what is wrong.
-    pub fn decode(bytes: &[u8], fds: Vec<OwnedFd>) -> Result<VirtualBufferDescriptor, DescriptorError> {
-        let Some(header) = bytes.first_chunk::<24>() else {
-            return Err(DescriptorError::Truncated { len: bytes.len() });
-        };
-        if &header[..8] != MAGIC {
-            return Err(DescriptorError::BadMagic);
-        }
-        let version = u16::from_le_bytes([header[8], header[9]]);
-        if version != VERSION {
-            return Err(DescriptorError::Version { found: version, expected: VERSION });
-        }
-        let handle_type = match header[10] {
-            1 => HandleType::PosixFd,
-            2 => HandleType::Fabric,
-            other => return Err(DescriptorError::HandleTypeCode(other)),
-        };
-        if header[11] != 0 {
-            return Err(DescriptorError::ReservedByte);
-        }
-        let count = u32::from_le_bytes([header[12], header[13], header[14], header[15]]) as usize;
-        if count > MAX_CHUNKS {
-            return Err(DescriptorError::TooManyChunks { count });
-        }
-        let size = u64_at(header, 16);
-        let per_chunk = if handle_type == HandleType::Fabric { 8 + 64 } else { 8 };
-        let expected = 24 + count * per_chunk;
-        if bytes.len() != expected {
-            return Err(DescriptorError::Length { len: bytes.len(), count, expected });
-        }
-        let sizes_end = 24 + 8 * count;
-        let chunk_sizes: Vec<u64> = (24..sizes_end).step_by(8).map(|offset| u64_at(bytes, offset)).collect();
-        let handles: Vec<ChunkHandle> = match handle_type {
-            HandleType::Fabric => {
-                if !fds.is_empty() {
-                    return Err(DescriptorError::FdsWithFabricHandles);
-                }
-                bytes[sizes_end..]
-                    .chunks_exact(64)
-                    .map(|c| {
-                        let mut data = [0u8; 64];
-                        data.copy_from_slice(c);
-                        ChunkHandle::Fabric(data)
-                    })
-                    .collect()
-            }
-            _ => {
-                if fds.len() != count {
-                    return Err(DescriptorError::FdCount { fds: fds.len(), count });
-                }
-                fds.into_iter().map(ChunkHandle::Fd).collect()
-            }
-        };
-        Ok(VirtualBufferDescriptor { handle_type, size, chunk_sizes, handles })
-    }
-
     /// Checks what can be checked against `resource` before importing anything: the handle
     /// type, the counts, each handle's kind, the chunk sizes against its granularity, and the
     /// claimed size against the chunks. Returns the chunks' total size.
@@ -249,13 +161,6 @@ impl VirtualBufferDescriptor {
         }
         usize::try_from(total).map_err(|_| DescriptorError::AddressSpace)
     }
-}
-
-/// The little-endian `u64` at `offset` of `bytes` (which the caller checked is long enough).
-fn u64_at(bytes: &[u8], offset: usize) -> u64 {
-    let mut word = [0u8; 8];
-    word.copy_from_slice(&bytes[offset..offset + 8]);
-    u64::from_le_bytes(word)
 }
 
 /// Imports one chunk's handle as `handle_type`: a physical allocation owned here.

@@ -1,106 +1,23 @@
-//! Sharing: a three-chunk buffer (one chunk allocated, one from an in-place growth, one from a
-//! moving growth) imported by a child process over a `cuda-mem-ipc` channel, fabric handles in
-//! the same process and in a child, imports refused for the wrong device, every descriptor
-//! check, file descriptors closed after import on both sides, and imported buffers not
-//! exported again.
+//! Sharing: export and import of a three-chunk buffer (one chunk allocated, one from an
+//! in-place growth, one from a moving growth), fabric handles in the same process, imports
+//! refused for the wrong device, every descriptor check, file descriptors closed after export
+//! and import, and imported buffers not exported again.
+//!
+//! The descriptor's bytes on the wire and the cross-process tests are `cuda-mem-ipc`'s (feature
+//! `vmm`) and `tests`': this crate makes the driver calls only.
 
 mod common;
 
-use std::io::Read;
 use std::os::fd::OwnedFd;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::time::Duration;
 
 use common::*;
 use cuda_mem_core::Stream;
 use cuda_mem_core::sys::types::CUresult;
-use cuda_mem_ipc::{Channel, RawMessage, spawn_with_channel};
 use cuda_mem_vmm::{
     ChunkHandle, DescriptorError, HandleType, MAX_CHUNKS, MemoryLocation, VirtualBuffer, VirtualBufferDescriptor,
     VirtualMemoryResource, VirtualMemoryResourceOptions, VmmError,
 };
-
-/// Set in the grandchild a test spawns to play the importing side.
-const ROLE_ENV: &str = "CUDA_MEM_VMM_TEST_ROLE";
-const DESCRIPTOR: u16 = 1;
-const WRITTEN: u16 = 2;
-const DONE: u16 = 3;
-
-fn is_peer() -> bool {
-    std::env::var(ROLE_ENV).is_ok_and(|role| role == "peer")
-}
-
-/// The importing process: this test binary again, running just `test_name`, as the peer. Its
-/// output is drained on threads of its own, so that a peer that says much (a failing assertion)
-/// never blocks on a full pipe while this process waits for a message.
-struct Peer {
-    child: Child,
-    output: [Option<std::thread::JoinHandle<String>>; 2],
-    channel: Channel,
-}
-
-fn drain(reader: Option<impl Read + Send + 'static>) -> Option<std::thread::JoinHandle<String>> {
-    let mut reader = reader?;
-    Some(std::thread::spawn(move || {
-        let mut text = String::new();
-        let _ = reader.read_to_string(&mut text);
-        text
-    }))
-}
-
-impl Peer {
-    fn spawn(test_name: &str) -> Peer {
-        let exe = std::env::current_exe().expect("the test binary's path");
-        let mut command = Command::new(exe);
-        command
-            .args([test_name, "--exact", "--nocapture", "--test-threads=1"])
-            .env(ROLE_ENV, "peer")
-            .env(cuda_sim::testing::CHILD_ENV, test_name)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let (mut child, channel) = spawn_with_channel(&mut command).expect("the peer starts");
-        channel.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-        let output = [drain(child.stdout.take()), drain(child.stderr.take())];
-        Peer { child, output, channel }
-    }
-
-    /// Waits for the peer to end: whether it passed its test, and what it said.
-    fn wait(&mut self) -> (bool, String) {
-        let status = self.child.wait().expect("the peer ends");
-        let [stdout, stderr] =
-            std::mem::take(&mut self.output).map(|h| h.map(|h| h.join().unwrap_or_default()).unwrap_or_default());
-        let passed = status.success() && stdout.contains("1 passed");
-        (passed, format!("{status}\n--- stdout\n{stdout}\n--- stderr\n{stderr}"))
-    }
-
-    /// The peer's next message, which must be of `kind` (on anything else, the peer's output).
-    fn recv(&mut self, kind: u16) -> RawMessage {
-        match self.channel.recv() {
-            Ok(message) if message.kind == kind => message,
-            other => {
-                let _ = self.child.kill();
-                let (_, said) = self.wait();
-                panic!("expected message {kind} from the peer, got {other:?}; the peer said: {said}");
-            }
-        }
-    }
-
-    /// Waits for the peer, which must have passed its test.
-    fn finish(mut self) {
-        let (passed, said) = self.wait();
-        assert!(passed, "the peer failed: {said}");
-    }
-}
-
-/// The channel a parent test passed to this peer.
-fn parent_channel() -> Channel {
-    // SAFETY: this peer was started by its parent test through `spawn_with_channel`, and nothing
-    // in this test binary but this call adopts inherited descriptors.
-    let channel = unsafe { Channel::from_env() }.expect("the parent passed a channel");
-    channel.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    channel
-}
 
 fn setup(options: VirtualMemoryResourceOptions) -> (Stream, Arc<VirtualMemoryResource>) {
     let d0 = device(0);
@@ -157,81 +74,8 @@ fn warm_up(resource: &Arc<VirtualMemoryResource>, s: &Stream) {
 }
 
 #[test]
-fn a_child_process_reads_and_writes_a_three_chunk_buffer() {
+fn fabric_handles_in_the_same_process() {
     machine!(&[], || {
-        if is_peer() {
-            return import_in_the_peer();
-        }
-        let (s, resource) = setup(Default::default());
-        let [one, two, three] = three_chunks(&resource, &s);
-        let mut peer = Peer::spawn(&test_name!());
-
-        let fds = open_fds();
-        let descriptor = three.export().unwrap();
-        assert_eq!(descriptor.handle_type, HandleType::PosixFd);
-        assert_eq!(descriptor.size, 3 * G as u64);
-        assert_eq!(descriptor.chunk_sizes, vec![G as u64; 3]);
-        assert!(descriptor.handles.iter().all(|h| matches!(h, ChunkHandle::Fd(_))));
-        assert_eq!(open_fds(), fds + 3, "one descriptor per chunk");
-        {
-            let (bytes, handles) = descriptor.encode();
-            assert_eq!(bytes.len(), 24 + 8 * 3);
-            assert_eq!(handles.len(), 3);
-            peer.channel.send(DESCRIPTOR, &bytes, &handles).unwrap();
-        }
-        drop(descriptor);
-        assert_eq!(open_fds(), fds, "the exporter's descriptors are closed once sent");
-
-        let written = peer.recv(WRITTEN);
-        assert_eq!(written.payload, b"chunk 2");
-        // The peer's write into the third chunk is here; the other chunks are untouched.
-        assert_bytes(&read(&three, 2 * G, G, &s), &vec![0xC3; G], "the peer's write into the third chunk");
-        assert_bytes(&read(&three, 0, G, &s), &chunk_pattern(0), "chunk 0 untouched");
-        assert_bytes(&read(&two, G, G, &s), &chunk_pattern(1), "chunk 1 untouched, through the in-place buffer");
-        assert_bytes(&read(&one, 0, G, &s), &chunk_pattern(0), "chunk 0 through the first buffer");
-        peer.channel.send(DONE, b"", &[]).unwrap();
-        peer.finish();
-    });
-}
-
-fn import_in_the_peer() {
-    let channel = parent_channel();
-    let (s, resource) = setup(Default::default());
-    warm_up(&resource, &s);
-    let baseline = sim_live();
-    let fds = open_fds();
-    let message = channel.recv().unwrap();
-    assert_eq!(message.kind, DESCRIPTOR);
-    assert_eq!(message.fds.len(), 3);
-    assert_eq!(open_fds(), fds + 3);
-    let descriptor = VirtualBufferDescriptor::decode(&message.payload, message.fds).unwrap();
-    assert_eq!(descriptor.chunk_sizes, vec![G as u64; 3]);
-    let imported = resource.import(descriptor, Some(&s)).unwrap();
-    assert!(imported.is_imported());
-    assert_eq!((imported.size(), imported.chunk_count(), imported.mapped_size()), (3 * G, 3, 3 * G));
-    assert_eq!(sim_live(), baseline.map(|b| plus(b, 1, 3, 3)), "one reservation, three mappings and imported chunks");
-    for i in 0..3 {
-        assert_bytes(&read(&imported, i * G, G, &s), &chunk_pattern(i), &format!("chunk {i}"));
-    }
-    // Not again: forward the descriptor instead.
-    let error = imported.export().unwrap_err();
-    assert!(matches!(error, VmmError::ImportedBuffer), "{error:?}");
-    assert_mentions(&error.to_string(), &["imported", "cannot be exported again", "forward the descriptor"]);
-
-    fill(&imported, 2 * G, G, 0xC3, &s);
-    channel.send(WRITTEN, b"chunk 2", &[]).unwrap();
-    assert_eq!(channel.recv().unwrap().kind, DONE);
-    drop(imported);
-    assert_eq!(sim_live(), baseline, "unmapped and released");
-    assert_eq!(open_fds(), fds, "the received descriptors were closed");
-}
-
-#[test]
-fn fabric_handles_in_the_same_process_and_in_a_child() {
-    machine!(&[], || {
-        if is_peer() {
-            return import_fabric_in_the_peer();
-        }
         if !cuda_sim::testing::simulator_only("fabric handles are tested on the simulator only") {
             return;
         }
@@ -243,14 +87,11 @@ fn fabric_handles_in_the_same_process_and_in_a_child() {
         let descriptor = three.export().unwrap();
         assert_eq!(descriptor.handle_type, HandleType::Fabric);
         assert!(descriptor.handles.iter().all(|h| matches!(h, ChunkHandle::Fabric(_))));
-        let (bytes, handles) = descriptor.encode();
-        assert!(handles.is_empty(), "fabric handles travel in the bytes");
-        assert_eq!(bytes.len(), 24 + (8 + 64) * 3);
         assert_eq!(open_fds(), fds, "no descriptor is opened");
 
-        // In this process, with a resource of its own.
+        // With a resource of its own.
         let importer = VirtualMemoryResource::new(resource.device(), fabric.clone()).unwrap();
-        let imported = importer.import(VirtualBufferDescriptor::decode(&bytes, Vec::new()).unwrap(), Some(&s)).unwrap();
+        let imported = importer.import(descriptor, Some(&s)).unwrap();
         assert_eq!(vmm_live(), plus(baseline, 1, 3, 3));
         for i in 0..3 {
             assert_bytes(&read(&imported, i * G, G, &s), &chunk_pattern(i), &format!("chunk {i}"));
@@ -262,34 +103,7 @@ fn fabric_handles_in_the_same_process_and_in_a_child() {
         drop(imported);
         assert_eq!(vmm_live(), baseline);
         assert_eq!(open_fds(), fds);
-
-        // In a child, while this process holds the memory.
-        let mut peer = Peer::spawn(&test_name!());
-        peer.channel.send(DESCRIPTOR, &bytes, &[]).unwrap();
-        peer.recv(WRITTEN);
-        assert_bytes(&read(&three, 0, G, &s), &vec![0x5A; G], "the child's write");
-        assert_bytes(&read(&three, 2 * G, G, &s), &chunk_pattern(2), "chunk 2 untouched");
-        peer.channel.send(DONE, b"", &[]).unwrap();
-        peer.finish();
     });
-}
-
-fn import_fabric_in_the_peer() {
-    let channel = parent_channel();
-    let (s, resource) = setup(VirtualMemoryResourceOptions::default().handle_type(HandleType::Fabric));
-    let baseline = vmm_live();
-    let message = channel.recv().unwrap();
-    assert!(message.fds.is_empty());
-    let descriptor = VirtualBufferDescriptor::decode(&message.payload, message.fds).unwrap();
-    let imported = resource.import(descriptor, Some(&s)).unwrap();
-    for i in 0..3 {
-        assert_bytes(&read(&imported, i * G, G, &s), &chunk_pattern(i), &format!("chunk {i}"));
-    }
-    fill(&imported, 0, G, 0x5A, &s);
-    channel.send(WRITTEN, b"", &[]).unwrap();
-    assert_eq!(channel.recv().unwrap().kind, DONE);
-    drop(imported);
-    assert_eq!(vmm_live(), baseline);
 }
 
 #[test]
@@ -495,79 +309,6 @@ fn an_fd_handle_in_a_fabric_descriptor_is_refused_before_the_driver_sees_it() {
     });
 }
 
-/// Duplicates of `fds`, owned.
-fn duplicates(fds: &[std::os::fd::BorrowedFd<'_>]) -> Vec<OwnedFd> {
-    fds.iter().map(|fd| fd.try_clone_to_owned().unwrap()).collect()
-}
-
-#[test]
-fn decode_checks_every_field_and_closes_the_fds_it_refuses() {
-    machine!(&[], || {
-        let (s, resource) = setup(Default::default());
-        let one = resource.allocate(G, Some(&s)).unwrap();
-        let buffer = one.grow(2 * G).unwrap();
-        write(&buffer, G, &[6; 6], &s);
-        let descriptor = buffer.export().unwrap();
-        let (bytes, fds) = descriptor.encode();
-        assert_eq!(&bytes[..8], b"CUMEMVMM");
-        assert_eq!(bytes.len(), 40);
-
-        let with = |at: usize, value: &[u8]| {
-            let mut spoiled = bytes.clone();
-            spoiled[at..at + value.len()].copy_from_slice(value);
-            spoiled
-        };
-        let mut longer = bytes.clone();
-        longer.push(0);
-        let garbage: Vec<u8> = (0..100u32).map(|i| (i * 37 + 11) as u8).collect();
-        let cases: Vec<(&str, Vec<u8>, &str)> = vec![
-            ("empty", Vec::new(), "0 bytes, shorter than its header"),
-            ("a short header", bytes[..23].to_vec(), "23 bytes, shorter than its header"),
-            ("garbage", garbage, "bad magic"),
-            ("bad magic", with(0, b"CUMEMMSG"), "bad magic"),
-            ("another version", with(8, &2u16.to_le_bytes()), "version 2, this build reads 1"),
-            ("an unknown handle type", with(10, &[7]), "handle type 7"),
-            ("a reserved byte", with(11, &[1]), "reserved byte is not zero"),
-            ("too many chunks", with(12, &(MAX_CHUNKS as u32 + 1).to_le_bytes()), "254 chunks, more than 253"),
-            ("a count past the bytes", with(12, &3u32.to_le_bytes()), "40 bytes for 3 chunks, expected 48"),
-            ("a byte too many", longer, "41 bytes for 2 chunks, expected 40"),
-            ("a byte too few", bytes[..39].to_vec(), "39 bytes for 2 chunks, expected 40"),
-        ];
-        let before = open_fds();
-        for (what, spoiled, mention) in cases {
-            let error = VirtualBufferDescriptor::decode(&spoiled, duplicates(&fds)).unwrap_err();
-            assert_mentions(&error.to_string(), &["malformed virtual buffer descriptor", mention]);
-            assert_eq!(open_fds(), before, "{what}: the fds are closed");
-        }
-        // The wrong number of fds.
-        for count in [0, 1, 3] {
-            let mut owned = duplicates(&fds);
-            owned.resize_with(count.min(2), || unreachable!());
-            while owned.len() < count {
-                owned.push(fds[0].try_clone_to_owned().unwrap());
-            }
-            let error = VirtualBufferDescriptor::decode(&bytes, owned).unwrap_err();
-            assert_mentions(&error.to_string(), &[&format!("{count} file descriptors for 2 chunks")]);
-            assert_eq!(open_fds(), before);
-        }
-        // File descriptors beside fabric handles.
-        let mut fabric = with(10, &[2]);
-        fabric.extend_from_slice(&[0; 128]);
-        let error = VirtualBufferDescriptor::decode(&fabric, duplicates(&fds)).unwrap_err();
-        assert_mentions(&error.to_string(), &["file descriptors came with fabric handles"]);
-        assert_eq!(open_fds(), before);
-
-        // The round trip keeps every field, and imports.
-        let decoded = VirtualBufferDescriptor::decode(&bytes, duplicates(&fds)).unwrap();
-        assert_eq!(decoded.handle_type, descriptor.handle_type);
-        assert_eq!(decoded.size, descriptor.size);
-        assert_eq!(decoded.chunk_sizes, descriptor.chunk_sizes);
-        assert_eq!(decoded.handles.len(), 2);
-        let imported = resource.import(decoded, Some(&s)).unwrap();
-        assert_eq!(read(&imported, G, 6, &s), [6; 6]);
-    });
-}
-
 #[test]
 fn export_opens_one_fd_per_chunk_and_closes_them_on_drop() {
     machine!(&[], || {
@@ -606,15 +347,11 @@ fn export_refuses_more_chunks_than_a_descriptor_can_name() {
         // export says so instead of handing one out.
         match buffer.export() {
             Err(error) => assert_mentions(&error.to_string(), &[&MAX_CHUNKS.to_string()]),
-            Ok(descriptor) => {
-                let (bytes, fds) = descriptor.encode();
-                let decoded = VirtualBufferDescriptor::decode(&bytes, duplicates(&fds));
-                panic!(
-                    "export of {} chunks succeeded, but its descriptor does not decode: {:?}",
-                    MAX_CHUNKS + 1,
-                    decoded.map(|d| d.chunk_sizes.len())
-                );
-            }
+            Ok(descriptor) => panic!(
+                "export of {} chunks succeeded: its {} descriptors fit in no message",
+                MAX_CHUNKS + 1,
+                descriptor.handles.len()
+            ),
         }
     });
 }

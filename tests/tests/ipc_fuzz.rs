@@ -274,6 +274,8 @@ fn check(message: &Received) -> Vec<u64> {
                 pointers.push(buffer.ptr());
             }
         }
+        // No virtual memory resource is registered, so no virtual buffer is imported.
+        other => panic!("unexpected {other:?}"),
     }
     pointers
 }
@@ -303,6 +305,7 @@ fn one_case(world: &World, input: &Input) -> Result<(), TestCaseError> {
                     Received::Resource(_) => "resource",
                     Received::Buffers(_) => "buffers",
                     Received::Data(_) => "data",
+                    _ => "other",
                 });
                 pointers.extend(check(&message));
                 received.push(message);

@@ -107,6 +107,7 @@ fn child() {
             Received::Data(text) if text == b"start" => before = Some(open_fds()),
             Received::Data(text) if text == b"end" => break,
             Received::Data(text) => panic!("unexpected {text:?}"),
+            other => panic!("unexpected {other:?}"),
         }
     }
     stream.synchronize().unwrap();

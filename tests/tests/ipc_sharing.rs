@@ -483,6 +483,7 @@ fn worker() {
                 assert_eq!(bytes, b"done");
                 break;
             }
+            Ok(other) => panic!("worker: unexpected {other:?}"),
             Err(e) => panic!("worker: {e}"),
         }
     }

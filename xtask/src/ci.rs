@@ -2,7 +2,7 @@
 //!
 //! 1. `cargo fmt --all --check`
 //! 2. `cargo clippy --workspace --all-targets --all-features -- -D warnings` (optional features,
-//!    such as `cuda-mem-vmm/ipc`, are checked and tested too)
+//!    such as `cuda-mem-ipc/vmm`, are checked and tested too)
 //! 3. `cargo build -p cuda-sim` (the tests load `target/debug/libcuda_sim.so`)
 //! 4. fetch the pinned `cuda.h` into `.cuda-header/` (or use `CUDA_HOME`'s), for the layout test
 //!    and the bindings check; without network access this step is skipped, saying why
@@ -54,7 +54,7 @@ pub fn run(workspace: &Path) -> Result<(), String> {
 
 /// The steps, each recorded as it ends; returns the first failure.
 fn run_steps(workspace: &Path, records: &mut Vec<Record>, summaries: &mut Vec<String>) -> Result<(), String> {
-    const TOTAL: usize = 9;
+    const TOTAL: usize = 10;
     let mut step = |name: &'static str, f: &mut dyn FnMut() -> Result<Outcome, String>| {
         println!("\n==> ci [{}/{TOTAL}] {name}", records.len() + 1);
         let start = Instant::now();
@@ -110,6 +110,20 @@ fn run_steps(workspace: &Path, records: &mut Vec<Record>, summaries: &mut Vec<St
             .env_remove(cuda_sys_env::SIM_LIB);
         let (result, lines) = run_collecting_summaries(&mut command);
         *summaries = lines;
+        result?;
+        Ok(Outcome::PassedWith(count_tests(summaries)))
+    })?;
+    // `--all-features` above never builds cuda-mem-ipc without `vmm`: the test that a build
+    // without it refuses virtual buffers (naming the feature) runs here.
+    step("cuda-mem-ipc without features", &mut || {
+        let mut command = cargo(workspace);
+        command
+            .args(["test", "-p", "cuda-mem-ipc", "--test", "without_vmm"])
+            .env_remove(cuda_sys_env::DRIVER)
+            .env_remove(cuda_sys_env::REQUIRE_GPU)
+            .env_remove(cuda_sys_env::SIM_LIB);
+        let (result, lines) = run_collecting_summaries(&mut command);
+        summaries.extend(lines);
         result?;
         Ok(Outcome::PassedWith(count_tests(summaries)))
     })?;

@@ -6,7 +6,6 @@ use std::sync::Arc;
 
 use cuda_mem_core::FillPattern;
 use cuda_mem_ipc::{Channel, IpcChannel, IpcError, Received, SharedKind};
-use cuda_mem_vmm::ipc::recv_virtual_buffer;
 use cuda_mem_vmm::{VirtualMemoryResource, VirtualMemoryResourceOptions};
 
 use crate::Error;
@@ -83,6 +82,7 @@ fn child_check_buffers(ipc: &IpcChannel, gpu: &Gpu, patterns: &[Patterns]) -> Re
             }
             Received::Buffers(buffers) => break buffers,
             Received::Data(_) => return Err("a request arrived where buffers were due".into()),
+            _ => return Err("a virtual buffer arrived where buffers were due".into()),
         }
     };
     if buffers.len() != patterns.len() {
@@ -102,21 +102,22 @@ fn child_check_buffers(ipc: &IpcChannel, gpu: &Gpu, patterns: &[Patterns]) -> Re
     Ok(format!("{} buffers checked and rewritten", buffers.len()))
 }
 
-/// Receives a virtual buffer, maps it with a resource of its own, checks it and writes it.
+/// Receives a virtual buffer on the same channel as the pools and buffers, maps it with a
+/// resource of its own (registered on the channel the first time), checks it and writes it.
 fn child_check_virtual_buffer(
     ipc: &IpcChannel,
     gpu: &Gpu,
     vmm: &mut Option<Arc<VirtualMemoryResource>>,
     patterns: Patterns,
 ) -> Result<String, Error> {
-    let resource = match vmm {
-        Some(resource) => Arc::clone(resource),
-        None => {
-            Arc::clone(vmm.insert(VirtualMemoryResource::new(gpu.device, VirtualMemoryResourceOptions::default())?))
-        }
+    if vmm.is_none() {
+        let resource = VirtualMemoryResource::new(gpu.device, VirtualMemoryResourceOptions::default())?;
+        ipc.import_virtual_buffers_into(Arc::clone(vmm.insert(resource)));
+    }
+    let mut buffer = match ipc.recv(&gpu.stream).context("receiving the virtual buffer")? {
+        Received::VirtualBuffer(buffer) => buffer,
+        _ => return Err("something else arrived where a virtual buffer was due".into()),
     };
-    let mut buffer =
-        recv_virtual_buffer(ipc.channel(), &resource, Some(&gpu.stream)).context("receiving the virtual buffer")?;
     gpu.expect_words(buffer.as_buffer(), buffer.size(), patterns.expect, "the imported virtual buffer")?;
     buffer.fill(FillPattern::U32(patterns.write), &gpu.stream)?;
     gpu.stream.synchronize()?;

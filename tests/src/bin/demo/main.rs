@@ -16,7 +16,8 @@
 //!    checks each pattern and writes a new one that this process then reads;
 //! 7. VMM (`cuda-mem-vmm`): a buffer grows in place, then is made to move (the addresses after
 //!    it are reserved first with a raw `cuMemAddressReserve`), and its data stays intact through
-//!    the old and the new buffers; then the child maps it and writes it;
+//!    the old and the new buffers; then it goes to the child on the same `IpcChannel` as the
+//!    pools, and the child maps it and writes it;
 //! 8. the child's exit, and a check that nothing failed while being released.
 //!
 //! It ends with a table of the steps and how long each took, and exits non-zero on any error or

@@ -6,7 +6,6 @@ use std::sync::Arc;
 
 use cuda_mem_core::sys::cu_call;
 use cuda_mem_core::{DevicePtr, FillPattern};
-use cuda_mem_vmm::ipc::send_virtual_buffer;
 use cuda_mem_vmm::{HandleType, VirtualBuffer, VirtualMemoryResource, VirtualMemoryResourceOptions};
 
 use crate::Error;
@@ -131,9 +130,10 @@ pub(crate) fn vmm_moving_grow(demo: &Demo, vmm: &mut Vmm) -> Result<VirtualBuffe
 pub(crate) fn vmm_share(demo: &Demo, child: &ChildProcess, vmm: &Vmm, moved: &mut VirtualBuffer) -> Result<(), Error> {
     let gpu = &demo.gpu;
     child.request(&Request::Vmm(Patterns { expect: VMM_THIRD, write: VMM_CHILD }))?;
-    send_virtual_buffer(child.ipc.channel(), moved).context("sending the virtual buffer")?;
+    child.ipc.send_virtual_buffer(moved).context("sending the virtual buffer")?;
     println!(
-        "  sent the {} virtual buffer with send_virtual_buffer: {} chunks, one file descriptor each",
+        "  sent the {} virtual buffer on the pools' IpcChannel (send_virtual_buffer): {} chunks, one file \
+         descriptor each",
         format_bytes(moved.size() as u64),
         moved.chunk_count()
     );
