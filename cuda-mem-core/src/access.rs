@@ -6,13 +6,9 @@
 use cuda_sys::types::CUmemAccess_flags;
 
 /// The access a location (a device, or the host) has to memory.
-///
-/// The default is read-write: what a pool's own device has, and what cuda.core's virtual memory
-/// options give the owner and its peers.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Access {
     /// Read and write (`CU_MEM_ACCESS_FLAGS_PROT_READWRITE`).
-    #[default]
     ReadWrite,
     /// Read only (`CU_MEM_ACCESS_FLAGS_PROT_READ`).
     Read,
@@ -61,10 +57,5 @@ mod tests {
     fn flags_cuda_h_does_not_define_grant_nothing() {
         assert_eq!(Access::from_raw(CUmemAccess_flags(2)), Access::None);
         assert_eq!(Access::from_raw(CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_MAX), Access::None);
-    }
-
-    #[test]
-    fn the_default_is_read_write() {
-        assert_eq!(Access::default(), Access::ReadWrite);
     }
 }

@@ -260,7 +260,7 @@ fn check(message: &Received) -> Vec<u64> {
                     || registered.imported_pool().handle() != resource.imported_pool().handle(),
                 "the registered import, or an import of the case's own"
             );
-            if let cuda_mem_ipc::SharedKind::Device(device) = resource.kind() {
+            if let cuda_mem_core::PoolKind::Device(device) = resource.kind() {
                 assert!(device.ordinal() < Device::count().unwrap());
             }
             assert!(resource.imported_pool().is_imported());
