@@ -8,8 +8,8 @@ use cuda_sys::types::{CUmemAllocationType, CUmemLocation, CUmemLocationType, CUm
 use crate::device::Device;
 use crate::driver::driver;
 use crate::error::{DeviceCapability, Error, Result};
-use crate::handle_types::HandleTypes;
-use crate::pool::MemoryPool;
+use crate::handle_types::{HandleType, HandleTypes};
+use crate::pool::{MemoryPool, PoolKind};
 
 /// How to create an owned device pool.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -58,7 +58,7 @@ impl DeviceMemoryResource {
         let mut handle: CUmemoryPool = std::ptr::null_mut();
         // SAFETY: `handle` is a valid out-pointer.
         unsafe { cu_call!(d, cuDeviceGetMemPool(&mut handle, device.raw())) }?;
-        let pool = MemoryPool::borrowed(handle, Some(device));
+        let pool = MemoryPool::borrowed(handle, PoolKind::Device(device));
         if pool.release_threshold()? == 0 {
             pool.set_release_threshold(u64::MAX)?;
         }
@@ -76,13 +76,13 @@ impl DeviceMemoryResource {
         require_pools(device)?;
         let handle_types = if options.ipc_enabled {
             let supported = device.properties()?.mempool_supported_handle_types;
-            if !supported.contains(HandleTypes::POSIX_FD) {
+            if !supported.contains(HandleType::PosixFd) {
                 return Err(Error::Unsupported {
                     device,
                     capability: DeviceCapability::PoolFileDescriptors { supported },
                 });
             }
-            HandleTypes::POSIX_FD
+            HandleTypes::from(HandleType::PosixFd)
         } else {
             HandleTypes::empty()
         };
@@ -93,7 +93,7 @@ impl DeviceMemoryResource {
             maxSize: options.max_size.unwrap_or(0),
             ..CUmemPoolProps::default()
         };
-        let pool = MemoryPool::create(&props, Some(device))?;
+        let pool = MemoryPool::create(&props, PoolKind::Device(device))?;
         Ok(Arc::new(DeviceMemoryResource { device, pool, ipc_enabled: options.ipc_enabled }))
     }
 
