@@ -512,10 +512,14 @@ mod tests {
             })
     }
 
+    // The properties below run hundreds of cases each; under Miri one case takes about a
+    // second (`round_trips` took 8 minutes), and proptest reads its regression files, which
+    // Miri's isolation refuses. `cargo xtask sanitize --miri` runs the tests above.
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(512))]
 
         #[test]
+        #[cfg_attr(miri, ignore)]
         fn round_trips(d in descriptor()) {
             let e = d.encode();
             prop_assert_eq!(BufferDescriptor::decode(&e), Ok(d));
@@ -523,6 +527,7 @@ mod tests {
         }
 
         #[test]
+        #[cfg_attr(miri, ignore)]
         fn any_single_byte_change_is_rejected(
             d in descriptor(),
             at in 0..ENCODED_LEN,
@@ -534,6 +539,7 @@ mod tests {
         }
 
         #[test]
+        #[cfg_attr(miri, ignore)]
         fn truncations_and_extensions_are_rejected(
             d in descriptor(),
             extra in proptest::collection::vec(any::<u8>(), 1..64),
@@ -559,6 +565,7 @@ mod tests {
 
         /// Every one of the 108 × 255 single-byte changes of a few valid encodings.
         #[test]
+        #[cfg_attr(miri, ignore)]
         fn every_single_byte_change_is_rejected(d in descriptor()) {
             let e = d.encode();
             for at in 0..ENCODED_LEN {
@@ -578,12 +585,14 @@ mod tests {
         #![proptest_config(ProptestConfig::with_cases(2000))]
 
         #[test]
+        #[cfg_attr(miri, ignore)]
         fn decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
             let _ = BufferDescriptor::decode(&bytes);
         }
 
         /// Inputs that get past the length and magic checks, to reach the later ones.
         #[test]
+        #[cfg_attr(miri, ignore)]
         fn decode_never_panics_on_well_framed_input(
             tail in proptest::collection::vec(any::<u8>(), ENCODED_LEN - 8),
             version in prop_oneof![Just(VERSION), any::<u16>()],

@@ -121,11 +121,19 @@ fn released_holders_leave_one_event_per_stream_for_the_last() {
     let streams: Vec<Stream> =
         (0..3).map(|_| Stream::new(device, StreamOptions::default().non_blocking()).unwrap()).collect();
     // Many duplicate imports let go on three streams: three events, not one per release.
+    let mut last_fill: Option<&Stream> = None;
     for round in 0..100 {
         for s in &streams {
             let mut again = mapped.import_buffer(&descriptor, s).unwrap();
             if round % 10 == 0 {
+                // Every import is the same memory: each fill waits for the one before it (on
+                // another stream), as two writers of one buffer must (ThreadSanitizer saw the
+                // unordered fills race in the simulator).
+                if let Some(previous) = last_fill {
+                    s.wait(&previous.record_event().unwrap()).unwrap();
+                }
                 again.fill(FillPattern::U8(0x5a), s).unwrap();
+                last_fill = Some(s);
             }
             drop(again);
             assert!(cuda_mem_core::import_pending_waits(ptr) <= streams.len());

@@ -28,19 +28,21 @@ use std::time::{Duration, Instant};
 use crate::{bindgen, cargo, describe, header, run_command};
 
 /// How a step ended.
-enum Outcome {
+pub(crate) enum Outcome {
     Passed,
     /// Passed, with a note for the summary (the test counts).
     PassedWith(String),
     Skipped(String),
+    /// Could not run here (a tool is missing), with why and how to get it.
+    Unavailable(String),
     Failed(String),
 }
 
 /// One step's line in the summary.
-struct Record {
-    name: &'static str,
-    time: Duration,
-    outcome: Outcome,
+pub(crate) struct Record {
+    pub(crate) name: &'static str,
+    pub(crate) time: Duration,
+    pub(crate) outcome: Outcome,
 }
 
 /// Runs the subcommand.
@@ -48,20 +50,20 @@ pub fn run(workspace: &Path) -> Result<(), String> {
     let mut records = Vec::new();
     let mut summaries = Vec::new();
     let result = run_steps(workspace, &mut records, &mut summaries);
-    print_summary(&records, &summaries);
+    print_summary("ci", &records, &summaries);
     result
 }
 
 /// The steps, each recorded as it ends; returns the first failure.
 fn run_steps(workspace: &Path, records: &mut Vec<Record>, summaries: &mut Vec<String>) -> Result<(), String> {
-    const TOTAL: usize = 9;
+    const TOTAL: usize = 10;
     let mut step = |name: &'static str, f: &mut dyn FnMut() -> Result<Outcome, String>| {
         println!("\n==> ci [{}/{TOTAL}] {name}", records.len() + 1);
         let start = Instant::now();
         let outcome = f().unwrap_or_else(Outcome::Failed);
         let failure = match &outcome {
             Outcome::Failed(message) => Some(format!("ci step `{name}` failed: {message}")),
-            Outcome::Skipped(reason) => {
+            Outcome::Skipped(reason) | Outcome::Unavailable(reason) => {
                 println!("{name} skipped: {reason}");
                 None
             }
@@ -113,6 +115,20 @@ fn run_steps(workspace: &Path, records: &mut Vec<Record>, summaries: &mut Vec<St
         result?;
         Ok(Outcome::PassedWith(count_tests(summaries)))
     })?;
+    // `--all-features` above never builds cuda-mem-ipc without `vmm`: the test that a build
+    // without it refuses virtual buffers (naming the feature) runs here.
+    step("cuda-mem-ipc without features", &mut || {
+        let mut command = cargo(workspace);
+        command
+            .args(["test", "-p", "cuda-mem-ipc", "--test", "without_vmm"])
+            .env_remove(cuda_sys_env::DRIVER)
+            .env_remove(cuda_sys_env::REQUIRE_GPU)
+            .env_remove(cuda_sys_env::SIM_LIB);
+        let (result, lines) = run_collecting_summaries(&mut command);
+        summaries.extend(lines);
+        result?;
+        Ok(Outcome::PassedWith(count_tests(summaries)))
+    })?;
     step("no libcuda link", &mut || no_libcuda_link(workspace))?;
     step("cuda-bindings on the simulator", &mut || match crate::python_smoke::run(workspace) {
         Ok(None) => Ok(Outcome::Passed),
@@ -134,7 +150,7 @@ fn run_steps(workspace: &Path, records: &mut Vec<Record>, summaries: &mut Vec<St
 
 /// The environment variables the test step removes (named here rather than taken from the
 /// crates, which xtask does not depend on).
-mod cuda_sys_env {
+pub(crate) mod cuda_sys_env {
     /// `cuda_sys::DRIVER_ENV`.
     pub const DRIVER: &str = "CUDA_MEM_DRIVER";
     /// `cuda_sim::testing::REQUIRE_GPU_ENV`.
@@ -150,9 +166,11 @@ fn passed(result: Result<(), String>) -> Result<Outcome, String> {
 }
 
 /// Runs `command`, passing its output through as it comes, and returns, with its result, the
-/// lines that announce a test binary (`Running …`, `Doc-tests …`) and the `test result:` lines,
-/// in order.
-fn run_collecting_summaries(command: &mut Command) -> (Result<(), String>, Vec<String>) {
+/// lines that announce a test binary (`Running …`, `Doc-tests …`), the `test result:` lines,
+/// cargo's `error: test failed, to rerun pass …` lines (a binary that exited non-zero after its
+/// tests passed, as a sanitizer's report makes it) and the sanitizers' `SUMMARY: …` lines, in
+/// order.
+pub(crate) fn run_collecting_summaries(command: &mut Command) -> (Result<(), String>, Vec<String>) {
     let lines = Arc::new(Mutex::new(Vec::new()));
     let spawned = command.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn();
     let mut child = match spawned {
@@ -216,19 +234,24 @@ fn relay(
 fn keep_if_summary(line: &[u8], keep: &Mutex<Vec<String>>) {
     let line = String::from_utf8_lossy(line);
     let trimmed = line.trim();
-    if trimmed.starts_with("test result:") || trimmed.starts_with("Running ") || trimmed.starts_with("Doc-tests ") {
+    if trimmed.starts_with("test result:")
+        || trimmed.starts_with("Running ")
+        || trimmed.starts_with("Doc-tests ")
+        || trimmed.starts_with("error: test failed")
+        || trimmed.starts_with("SUMMARY: ")
+    {
         keep.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(line.trim_end().to_string());
     }
 }
 
 /// Totals of the `test result:` lines, as "N passed, N failed, N ignored".
-fn count_tests(summaries: &[String]) -> String {
+pub(crate) fn count_tests(summaries: &[String]) -> String {
     let (passed, failed, ignored) = totals(summaries);
     format!("{passed} passed, {failed} failed, {ignored} ignored")
 }
 
 /// Passed, failed and ignored tests over every `test result:` line.
-fn totals(summaries: &[String]) -> (u64, u64, u64) {
+pub(crate) fn totals(summaries: &[String]) -> (u64, u64, u64) {
     let (mut passed, mut failed, mut ignored) = (0u64, 0u64, 0u64);
     for line in summaries.iter().filter(|l| l.trim_start().starts_with("test result:")) {
         let words: Vec<&str> = line.split_whitespace().collect();
@@ -317,15 +340,17 @@ fn is_libclang(name: &str) -> bool {
     version_ok && (suffix == ".so" || suffix.starts_with(".so."))
 }
 
-/// Prints the time each step took and, last, the summaries of `cargo test`.
-fn print_summary(records: &[Record], summaries: &[String]) {
-    println!("\n==> ci summary");
+/// Prints, under `==> TITLE summary`, the time each step took and, last, the summaries of
+/// `cargo test`.
+pub(crate) fn print_summary(title: &str, records: &[Record], summaries: &[String]) {
+    println!("\n==> {title} summary");
     for record in records {
         let (status, note) = match &record.outcome {
             Outcome::Passed => ("ok", String::new()),
             Outcome::PassedWith(note) => ("ok", format!(" ({note})")),
             Outcome::Skipped(reason) => ("skipped", format!(": {reason}")),
-            Outcome::Failed(_) => ("FAILED", String::new()),
+            Outcome::Unavailable(reason) => ("unavailable", format!(": {reason}")),
+            Outcome::Failed(message) => ("FAILED", format!(": {message}")),
         };
         println!("  {:<16} {:>8.1}s  {status}{note}", record.name, record.time.as_secs_f64());
     }

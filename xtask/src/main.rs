@@ -8,6 +8,8 @@
 //! - `cargo xtask gpu-test [--out DIR]`: build the bundle that runs the test suite on a GPU
 //!   machine without Rust.
 //! - `cargo xtask bindgen [--check]`: regenerate (or verify) the committed `cuda-sys` bindings.
+//! - `cargo xtask sanitize [--miri] [--asan] [--tsan] [--valgrind] [--install]`: the tests under
+//!   Miri, AddressSanitizer, ThreadSanitizer and valgrind (not part of `ci`).
 
 mod bench;
 mod bindgen;
@@ -18,6 +20,7 @@ mod gpu_test;
 mod header;
 mod json;
 mod python_smoke;
+mod sanitize;
 
 use std::ffi::OsString;
 use std::path::Path;
@@ -34,6 +37,7 @@ fn main() -> ExitCode {
         Some("ci") if rest.is_empty() => ci::run(&workspace),
         Some("demo") => demo::run(&workspace, rest),
         Some("gpu-test") => gpu_test::run(&workspace, rest),
+        Some("sanitize") => sanitize::run(&workspace, rest),
         // Inside a GPU bundle, run by its `run.sh`: BUNDLE RESULTS.
         Some("compare-bundle") if rest.len() == 2 => {
             compare::compare(&compare::Setup::in_bundle(Path::new(&rest[0]), Path::new(&rest[1])))
@@ -61,7 +65,12 @@ fn usage() -> String {
        demo [ARGS...]        build the simulator, then run the demo (real GPU if found, else the simulator)\n  \
        ci                    fmt, clippy, build, test, doc and the bindings check, stopping at the first failure\n  \
        gpu-test [--out DIR]  build the GPU test bundle (default: gpu-bundle/); run it with `bash DIR/run.sh`\n  \
-       bindgen [--check]     regenerate (or check) cuda-sys/src/generated from cuda.h"
+       bindgen [--check]     regenerate (or check) cuda-sys/src/generated from cuda.h\n  \
+       sanitize [--miri] [--asan] [--tsan] [--valgrind] [--install]\n                             \
+     the tests under Miri (pure modules), AddressSanitizer and ThreadSanitizer (core, ipc\n                             \
+     and vmm on the simulator) and valgrind; by default every one that can run here.\n                             \
+     Needs the nightly toolchain (Miri: components miri and rust-src; TSan: rust-src);\n                             \
+     --install gets what is missing with rustup. Not part of ci."
         .to_string()
 }
 
