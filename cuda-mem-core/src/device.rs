@@ -4,7 +4,7 @@
 use std::ffi::c_char;
 
 use cuda_sys::cu_call;
-use cuda_sys::types::{CUdevice_attribute as A, CUdevice_attribute};
+use cuda_sys::types::{CUdevice_attribute as A, CUdevice_attribute, CUmemAllocationHandleType};
 
 use crate::driver::driver;
 use crate::error::{Error, Result};
@@ -177,7 +177,7 @@ impl Device {
             memory_pools_supported: self.flag(A::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)?,
             virtual_memory_management_supported: self
                 .flag(A::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)?,
-            mempool_supported_handle_types: HandleTypes::from_bits_truncate(handle_bits as u32),
+            mempool_supported_handle_types: HandleTypes::from_raw(CUmemAllocationHandleType(handle_bits as u32)),
             posix_fd_handles_supported: self
                 .flag(A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED)?,
             fabric_handles_supported: self.flag(A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED)?,

@@ -8,8 +8,8 @@ use cuda_sys::types::{CUmemAllocationType, CUmemLocation, CUmemLocationType, CUm
 use crate::device::Device;
 use crate::driver::driver;
 use crate::error::{Error, Result};
-use crate::handle_types::HandleTypes;
-use crate::pool::MemoryPool;
+use crate::handle_types::{HandleType, HandleTypes};
+use crate::pool::{MemoryPool, PoolKind};
 
 /// How to create an owned device pool.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -57,7 +57,7 @@ impl DeviceMemoryResource {
         let mut handle: CUmemoryPool = std::ptr::null_mut();
         // SAFETY: `handle` is a valid out-pointer.
         unsafe { cu_call!(d, cuDeviceGetMemPool(&mut handle, device.raw())) }?;
-        let pool = MemoryPool::borrowed(handle, Some(device));
+        let pool = MemoryPool::borrowed(handle, PoolKind::Device(device));
         if pool.release_threshold()? == 0 {
             pool.set_release_threshold(u64::MAX)?;
         }
@@ -74,13 +74,13 @@ impl DeviceMemoryResource {
         require_pools(device)?;
         let handle_types = if options.ipc_enabled {
             let supported = device.properties()?.mempool_supported_handle_types;
-            if !supported.contains(HandleTypes::POSIX_FD) {
+            if !supported.contains(HandleType::PosixFd) {
                 return Err(Error::NotSupported(format!(
                     "{device} cannot share memory pools by file descriptor (its pools support {supported:?}); \
                      create the resource with ipc_enabled(false)"
                 )));
             }
-            HandleTypes::POSIX_FD
+            HandleTypes::from(HandleType::PosixFd)
         } else {
             HandleTypes::empty()
         };
@@ -91,7 +91,7 @@ impl DeviceMemoryResource {
             maxSize: options.max_size.unwrap_or(0),
             ..CUmemPoolProps::default()
         };
-        let pool = MemoryPool::create(&props, Some(device))?;
+        let pool = MemoryPool::create(&props, PoolKind::Device(device))?;
         Ok(Arc::new(DeviceMemoryResource { device, pool, ipc_enabled: options.ipc_enabled }))
     }
 

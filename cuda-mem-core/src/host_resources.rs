@@ -8,8 +8,8 @@ use cuda_sys::types::{CUmemAllocationType, CUmemLocation, CUmemLocationType, CUm
 use crate::device::Device;
 use crate::driver::driver;
 use crate::error::{Error, Result};
-use crate::handle_types::HandleTypes;
-use crate::pool::MemoryPool;
+use crate::handle_types::{HandleType, HandleTypes};
+use crate::pool::{MemoryPool, PoolKind};
 
 /// Where a pinned pool's host memory lives.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -89,7 +89,7 @@ impl PinnedMemoryResource {
     /// If the driver lacks `cuMemGetMemPool` (before CUDA 13) or the call fails.
     pub fn current() -> Result<Arc<PinnedMemoryResource>> {
         let handle = current_pool(host_location(None), CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED)?;
-        let pool = MemoryPool::borrowed(handle, None);
+        let pool = MemoryPool::borrowed(handle, PoolKind::Pinned);
         pool.grant_all_devices()?;
         Ok(Arc::new(PinnedMemoryResource { pool, numa_node: None, ipc_enabled: false }))
     }
@@ -119,7 +119,8 @@ impl PinnedMemoryResource {
                     .to_string(),
             ));
         }
-        let handle_types = if options.ipc_enabled { HandleTypes::POSIX_FD } else { HandleTypes::empty() };
+        let handle_types =
+            if options.ipc_enabled { HandleTypes::from(HandleType::PosixFd) } else { HandleTypes::empty() };
         let props = CUmemPoolProps {
             allocType: CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
             handleTypes: handle_types.raw(),
@@ -127,7 +128,7 @@ impl PinnedMemoryResource {
             maxSize: options.max_size.unwrap_or(0),
             ..CUmemPoolProps::default()
         };
-        let pool = MemoryPool::create(&props, None)?;
+        let pool = MemoryPool::create(&props, PoolKind::Pinned)?;
         pool.grant_all_devices()?;
         Ok(Arc::new(PinnedMemoryResource { pool, numa_node, ipc_enabled: options.ipc_enabled }))
     }
@@ -207,7 +208,10 @@ impl ManagedMemoryResource {
     /// If the driver lacks managed pools or the call fails.
     pub fn current(preferred_location: PreferredLocation) -> Result<Arc<ManagedMemoryResource>> {
         let handle = current_pool(preferred_location.raw(), CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_MANAGED)?;
-        Ok(Arc::new(ManagedMemoryResource { pool: MemoryPool::borrowed(handle, None), preferred_location }))
+        Ok(Arc::new(ManagedMemoryResource {
+            pool: MemoryPool::borrowed(handle, PoolKind::Managed),
+            preferred_location,
+        }))
     }
 
     /// A managed pool of its own.
@@ -220,7 +224,7 @@ impl ManagedMemoryResource {
             location: options.preferred_location.raw(),
             ..CUmemPoolProps::default()
         };
-        let pool = MemoryPool::create(&props, None)?;
+        let pool = MemoryPool::create(&props, PoolKind::Managed)?;
         Ok(Arc::new(ManagedMemoryResource { pool, preferred_location: options.preferred_location }))
     }
 

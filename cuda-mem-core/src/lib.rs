@@ -23,6 +23,32 @@
 //! Errors are [`Error`]s; a driver failure carries the function, the code and its name. Errors
 //! in `Drop` are recorded ([`take_drop_errors`]), never lost and never a panic.
 //!
+//! The vocabulary the memory crates share is defined here once: [`Access`] (what a device may
+//! do with memory), [`HandleType`] and [`HandleTypes`] (the OS handles memory is exported as),
+//! [`PoolKind`] (what memory a pool holds), [`EXPORT_DATA_LEN`] (the driver's export data of
+//! one allocation).
+//!
+//! # Which module holds what
+//!
+//! The modules are private; everything public is re-exported here.
+//!
+//! | module | holds |
+//! |---|---|
+//! | `device` | [`Device`], [`DeviceProperties`] |
+//! | `context` | primary contexts, retained once and bound before each driver call that needs one |
+//! | `stream`, `event` | [`Stream`], [`StreamOptions`]; [`Event`], [`EventOptions`] |
+//! | `memory_resource` | the [`MemoryResource`] trait, [`MemoryResourceExt`], [`DevicePtr`] |
+//! | `buffer` | [`Buffer`], [`ScopedBuffer`], [`FillPattern`], [`CloseError`] |
+//! | `device_resource` | [`DeviceMemoryResource`] and its options |
+//! | `host_resources` | [`PinnedMemoryResource`], [`ManagedMemoryResource`], their options and locations |
+//! | `legacy_resources` | [`SynchronousMemoryResource`], [`LegacyPinnedMemoryResource`] (no pools) |
+//! | `pool` | [`MemoryPool`] (a folder, a file per concern: attributes, [`PoolKind`], peers, sharing, counted imports), [`PoolResource`], [`pool_of`] |
+//! | `access` | [`Access`] |
+//! | `handle_types` | [`HandleType`], [`HandleTypes`] |
+//! | `driver` | [`driver()`]: the process-wide driver, initialized once |
+//! | `error` | [`Error`], [`Result`] |
+//! | `drop_errors` | errors in `Drop`: [`record_drop_error`], [`take_drop_errors`], [`set_drop_error_hook`] |
+//!
 //! The driver is loaded at run time (see `cuda-sys`): `libcuda.so.1`, or the library
 //! `CUDA_MEM_DRIVER` names (such as the `cuda-sim` simulator).
 //!
@@ -59,6 +85,7 @@
 //! # Ok::<(), cuda_mem_core::Error>(())
 //! ```
 
+mod access;
 mod buffer;
 mod context;
 mod device;
@@ -74,6 +101,7 @@ mod memory_resource;
 mod pool;
 mod stream;
 
+pub use access::Access;
 pub use buffer::{Buffer, CloseError, FillPattern, ScopedBuffer};
 pub use device::{Device, DeviceProperties};
 pub use device_resource::{DeviceMemoryResource, DeviceMemoryResourceOptions};
@@ -81,7 +109,7 @@ pub use driver::driver;
 pub use drop_errors::{DropError, record as record_drop_error, set_drop_error_hook, take_drop_errors};
 pub use error::{Error, Result};
 pub use event::{Event, EventOptions};
-pub use handle_types::HandleTypes;
+pub use handle_types::{HandleType, HandleTypes};
 pub use host_resources::{
     ManagedMemoryResource, ManagedMemoryResourceOptions, PinnedLocation, PinnedMemoryResource,
     PinnedMemoryResourceOptions, PreferredLocation,
@@ -89,7 +117,7 @@ pub use host_resources::{
 pub use legacy_resources::{LegacyPinnedMemoryResource, SynchronousMemoryResource};
 pub use memory_resource::{DevicePtr, MemoryResource, MemoryResourceExt};
 pub use pool::{
-    Access, EXPORT_DATA_LEN, MemoryPool, PoolAttributes, PoolResource, ReusePolicy, ShareableHandle, import_holders,
+    EXPORT_DATA_LEN, MemoryPool, PoolAttributes, PoolKind, PoolResource, ReusePolicy, ShareableHandle, import_holders,
     import_pending_waits, mapped_range_size, pool_of,
 };
 

@@ -3,7 +3,7 @@
 mod common;
 
 use cuda_mem_core::{
-    Device, DeviceMemoryResource, Error, Event, EventOptions, FillPattern, HandleTypes, MemoryResourceExt,
+    Device, DeviceMemoryResource, Error, Event, EventOptions, FillPattern, HandleType, MemoryResourceExt,
     PinnedMemoryResource, PinnedMemoryResourceOptions, Stream, StreamOptions,
 };
 
@@ -19,7 +19,7 @@ fn device_properties() {
     assert!(p.memory_pools_supported);
     if cuda_sim::testing::on_simulator() {
         assert_eq!(p.compute_capability, (9, 0));
-        assert!(p.mempool_supported_handle_types.contains(HandleTypes::POSIX_FD));
+        assert!(p.mempool_supported_handle_types.contains(HandleType::PosixFd));
         assert_eq!(p.host_numa_id, Some(0));
         assert!(p.virtual_memory_management_supported);
     }

@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use cuda_mem_core::{
     Access, Buffer, Device, DeviceMemoryResource, DeviceMemoryResourceOptions, EXPORT_DATA_LEN, Error, MemoryPool,
-    MemoryResource, MemoryResourceExt, PinnedLocation, PinnedMemoryResource, PinnedMemoryResourceOptions, PoolResource,
-    Stream, SynchronousMemoryResource, import_holders, import_pending_waits, pool_of,
+    MemoryResource, MemoryResourceExt, PinnedLocation, PinnedMemoryResource, PinnedMemoryResourceOptions, PoolKind,
+    PoolResource, Stream, SynchronousMemoryResource, import_holders, import_pending_waits, pool_of,
 };
 use cuda_sim::testing::{in_simulated_machine, inject_failure, live_objects};
 
@@ -44,6 +44,7 @@ fn an_imported_pool_lives_where_the_driver_says() {
     let imported = import(pool.pool()).unwrap();
     assert!(imported.is_imported() && imported.is_owned());
     assert_eq!(imported.owner(), Some(device));
+    assert_eq!(imported.kind(), PoolKind::Device(device));
 
     let pinned = PinnedMemoryResource::new(
         PinnedMemoryResourceOptions::default().ipc_enabled(true).location(PinnedLocation::NearDevice(device)),
@@ -51,6 +52,7 @@ fn an_imported_pool_lives_where_the_driver_says() {
     .unwrap();
     let imported = import(pinned.pool()).unwrap();
     assert_eq!(imported.owner(), None, "host memory");
+    assert_eq!(imported.kind(), PoolKind::Pinned);
     for device in Device::all().unwrap() {
         assert_eq!(imported.access(device).unwrap(), Access::ReadWrite, "given to {device}, as a created one is");
     }

@@ -5,7 +5,7 @@ mod common;
 use cuda_mem_core::{
     Access, Device, DeviceMemoryResource, DeviceMemoryResourceOptions, Error, FillPattern, ManagedMemoryResource,
     ManagedMemoryResourceOptions, MemoryResourceExt, PinnedLocation, PinnedMemoryResource, PinnedMemoryResourceOptions,
-    PreferredLocation, ReusePolicy,
+    PoolKind, PreferredLocation, ReusePolicy,
 };
 use cuda_sys::types::CUresult;
 
@@ -168,6 +168,31 @@ fn managed_pools_are_host_and_device_accessible() {
     }
     let current = ManagedMemoryResource::current(PreferredLocation::None).unwrap();
     assert!(!current.pool().is_owned());
+}
+
+#[test]
+fn each_pool_knows_what_memory_it_holds() {
+    let device = common::device();
+    let kinds = [
+        DeviceMemoryResource::current(device).unwrap().pool().kind(),
+        DeviceMemoryResource::new(device, DeviceMemoryResourceOptions::default()).unwrap().pool().kind(),
+        PinnedMemoryResource::current().unwrap().pool().kind(),
+        PinnedMemoryResource::new(PinnedMemoryResourceOptions::default()).unwrap().pool().kind(),
+        ManagedMemoryResource::current(PreferredLocation::None).unwrap().pool().kind(),
+        // Preferring a device does not make managed memory that device's.
+        ManagedMemoryResource::new(
+            ManagedMemoryResourceOptions::default().preferred_location(PreferredLocation::Device(device)),
+        )
+        .unwrap()
+        .pool()
+        .kind(),
+    ];
+    use PoolKind::{Device as OnDevice, Managed, Pinned};
+    assert_eq!(kinds, [OnDevice(device), OnDevice(device), Pinned, Pinned, Managed, Managed]);
+    assert_eq!(kinds.map(PoolKind::device), [Some(device), Some(device), None, None, None, None]);
+    assert_eq!(kinds[0].to_string(), format!("device memory pool on {device}"));
+    assert_eq!(kinds[2].to_string(), "pinned host memory pool");
+    assert_eq!(kinds[4].to_string(), "managed memory pool");
 }
 
 #[test]

@@ -17,7 +17,7 @@
 use std::error::Error;
 use std::process::Command;
 
-use cuda_mem_ipc::core::{
+use cuda_mem_core::{
     Buffer, Device, DeviceMemoryResource, DeviceMemoryResourceOptions, FillPattern, LegacyPinnedMemoryResource,
     MemoryResourceExt, Stream, StreamOptions,
 };
@@ -34,7 +34,7 @@ type Result<T> = std::result::Result<T, Box<dyn Error>>;
 
 fn main() -> Result<()> {
     let who = if std::env::var_os(CHILD).is_some() { "child " } else { "parent" };
-    let driver = match std::env::var(cuda_mem_ipc::core::sys::DRIVER_ENV) {
+    let driver = match std::env::var(cuda_mem_core::sys::DRIVER_ENV) {
         Ok(library) => library,
         Err(_) => "the cuda-sim simulator".to_string(),
     };

@@ -1,66 +1,6 @@
 //! A message channel between two processes that carries file descriptors.
 //!
-//! A [`Channel`] is one end of a connected Unix domain stream socket. It sends framed messages:
-//! a kind (a `u16` the application chooses), a byte payload, and file descriptors, which the
-//! kernel duplicates into the receiving process (`SCM_RIGHTS`). This is how pools are shared: the
-//! exporting process sends the pool's file descriptor, the importing process receives its own
-//! descriptor for the same pool.
-//!
-//! Channels come from [`Channel::pair`] (both ends in this process, to hand one to a child: see
-//! [`spawn_with_channel`](crate::spawn_with_channel)), from [`Channel::connect`] and
-//! [`ChannelListener::accept`] (unrelated processes meeting at a socket path), and from
-//! [`Channel::from_env`] (a child started by [`spawn_with_channel`](crate::spawn_with_channel)).
-//!
-//! # Frames
-//!
-//! Each message is one frame: a 24-byte header, then the payload. Integers are little-endian.
-//!
-//! | offset | length | field    | value                                            |
-//! |-------:|-------:|----------|--------------------------------------------------|
-//! |      0 |      8 | magic    | `b"CUMEMMSG"`                                    |
-//! |      8 |      2 | version  | `1`, `u16`                                       |
-//! |     10 |      2 | kind     | the message kind, `u16`                          |
-//! |     12 |      4 | length   | payload length in bytes, `u32`, at most [`MAX_PAYLOAD_LEN`] |
-//! |     16 |      4 | fd count | number of file descriptors, `u32`, at most [`MAX_FDS`] |
-//! |     20 |      4 | reserved | `0`, `u32`                                       |
-//! |     24 |      … | payload  | `length` bytes                                   |
-//!
-//! The descriptors travel as one `SCM_RIGHTS` control message on the first `sendmsg` of the
-//! frame, so they arrive with the first bytes of its header. The receiver accepts them anywhere
-//! within the frame's bytes, and requires their number to match the header. It counts them after
-//! every `recvmsg` and stops as soon as there are more than the header announced (or, before the
-//! header is complete, more than [`MAX_FDS`]), so a peer cannot make it hold more than that plus
-//! one `recvmsg`'s worth.
-//!
-//! # Errors and peer input
-//!
-//! Nothing a peer sends makes [`Channel::recv`] panic. Descriptors are wrapped in [`OwnedFd`] as
-//! soon as they arrive, so every one received is either returned in a [`RawMessage`] or closed,
-//! including when the frame turns out to be malformed. Receiving uses `MSG_CMSG_CLOEXEC`, so
-//! received descriptors are never inherited by children spawned later. A malformed frame is an
-//! [`IpcError::Protocol`]; an end of stream between frames is [`IpcError::PeerClosed`].
-//!
-//! Once a frame has been partly consumed and then failed (a malformed header, an end of stream
-//! or a time-out in the middle of a frame), the byte stream is out of step: the channel refuses
-//! further receives with [`IpcError::Protocol`]. Likewise a send that fails partway through a
-//! frame makes further sends fail. Drop such a channel and open a new one.
-//!
-//! # Running out of descriptors
-//!
-//! When this process has no free descriptor numbers (`RLIMIT_NOFILE`), the system cannot hand
-//! over a message's descriptors: it drops them and marks the control data truncated. That is not
-//! the peer's fault, and the receiver tells the two apart (a truncation with room left in its
-//! control buffer is this process's; one that filled the buffer is the peer's). It reads the rest
-//! of the frame, closes whatever descriptors of it did arrive, and reports
-//! [`IpcError::OutOfDescriptors`]; the channel stays in step, so the next message is received
-//! normally once descriptors are free again.
-//!
-//! # Threads
-//!
-//! [`Channel::send`] and [`Channel::recv`] take `&self`, and a `Channel` is `Send` and `Sync`.
-//! Sends are serialized with one lock and receives with another, so concurrent senders never
-//! interleave their frames and concurrent receivers each get whole messages, while one thread
-//! may send as another receives.
+//! Documented on [`Channel`]: its frames, errors, descriptors and threads.
 
 use std::io::{IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
@@ -104,7 +44,69 @@ pub struct RawMessage {
     pub fds: Vec<OwnedFd>,
 }
 
-/// One end of a connected channel; see the [module docs](self).
+/// One end of a connected channel between two processes, which carries file descriptors.
+///
+/// A [`Channel`] is one end of a connected Unix domain stream socket. It sends framed messages:
+/// a kind (a `u16` the application chooses), a byte payload, and file descriptors, which the
+/// kernel duplicates into the receiving process (`SCM_RIGHTS`). This is how pools are shared: the
+/// exporting process sends the pool's file descriptor, the importing process receives its own
+/// descriptor for the same pool.
+///
+/// Channels come from [`Channel::pair`] (both ends in this process, to hand one to a child: see
+/// [`spawn_with_channel`](crate::spawn_with_channel)), from [`Channel::connect`] and
+/// [`ChannelListener::accept`] (unrelated processes meeting at a socket path), and from
+/// [`Channel::from_env`] (a child started by [`spawn_with_channel`](crate::spawn_with_channel)).
+///
+/// # Frames
+///
+/// Each message is one frame: a 24-byte header, then the payload. Integers are little-endian.
+///
+/// | offset | length | field    | value                                            |
+/// |-------:|-------:|----------|--------------------------------------------------|
+/// |      0 |      8 | magic    | `b"CUMEMMSG"`                                    |
+/// |      8 |      2 | version  | `1`, `u16`                                       |
+/// |     10 |      2 | kind     | the message kind, `u16`                          |
+/// |     12 |      4 | length   | payload length in bytes, `u32`, at most [`MAX_PAYLOAD_LEN`] |
+/// |     16 |      4 | fd count | number of file descriptors, `u32`, at most [`MAX_FDS`] |
+/// |     20 |      4 | reserved | `0`, `u32`                                       |
+/// |     24 |      … | payload  | `length` bytes                                   |
+///
+/// The descriptors travel as one `SCM_RIGHTS` control message on the first `sendmsg` of the
+/// frame, so they arrive with the first bytes of its header. The receiver accepts them anywhere
+/// within the frame's bytes, and requires their number to match the header. It counts them after
+/// every `recvmsg` and stops as soon as there are more than the header announced (or, before the
+/// header is complete, more than [`MAX_FDS`]), so a peer cannot make it hold more than that plus
+/// one `recvmsg`'s worth.
+///
+/// # Errors and peer input
+///
+/// Nothing a peer sends makes [`Channel::recv`] panic. Descriptors are wrapped in [`OwnedFd`] as
+/// soon as they arrive, so every one received is either returned in a [`RawMessage`] or closed,
+/// including when the frame turns out to be malformed. Receiving uses `MSG_CMSG_CLOEXEC`, so
+/// received descriptors are never inherited by children spawned later. A malformed frame is an
+/// [`IpcError::Protocol`]; an end of stream between frames is [`IpcError::PeerClosed`].
+///
+/// Once a frame has been partly consumed and then failed (a malformed header, an end of stream
+/// or a time-out in the middle of a frame), the byte stream is out of step: the channel refuses
+/// further receives with [`IpcError::Protocol`]. Likewise a send that fails partway through a
+/// frame makes further sends fail. Drop such a channel and open a new one.
+///
+/// # Running out of descriptors
+///
+/// When this process has no free descriptor numbers (`RLIMIT_NOFILE`), the system cannot hand
+/// over a message's descriptors: it drops them and marks the control data truncated. That is not
+/// the peer's fault, and the receiver tells the two apart (a truncation with room left in its
+/// control buffer is this process's; one that filled the buffer is the peer's). It reads the rest
+/// of the frame, closes whatever descriptors of it did arrive, and reports
+/// [`IpcError::OutOfDescriptors`]; the channel stays in step, so the next message is received
+/// normally once descriptors are free again.
+///
+/// # Threads
+///
+/// [`Channel::send`] and [`Channel::recv`] take `&self`, and a `Channel` is `Send` and `Sync`.
+/// Sends are serialized with one lock and receives with another, so concurrent senders never
+/// interleave their frames and concurrent receivers each get whole messages, while one thread
+/// may send as another receives.
 #[derive(Debug)]
 pub struct Channel {
     stream: UnixStream,
@@ -225,7 +227,7 @@ impl Channel {
     /// A time-out before the first byte of a message is an [`IpcError::Io`] whose source has
     /// kind [`WouldBlock`](std::io::ErrorKind::WouldBlock), and leaves the channel usable. A
     /// time-out in the middle of a message breaks the channel (see the
-    /// [module docs](self#errors-and-peer-input)).
+    /// [`Channel`] docs, *Errors and peer input*).
     ///
     /// # Errors
     ///

@@ -1,46 +1,10 @@
 //! Buffer descriptors: what one process sends another so that it can import a buffer.
 //!
-//! A buffer allocated from an IPC-enabled pool is shared in two steps: the pool itself is
-//! shared once (as a file descriptor, see the crate docs), then each buffer is shared as a
-//! [`BufferDescriptor`]: the driver's 64-byte `CUmemPoolPtrExportData` for the allocation, the
-//! buffer's size, and the UUID of the exporting memory resource, which tells the importer which
-//! of its imported pools the buffer belongs to.
-//!
-//! # Encoding
-//!
-//! [`BufferDescriptor::encode`] writes exactly [`ENCODED_LEN`] (108) bytes; integers are
-//! little-endian.
-//!
-//! | offset | length | field         | value                                                   |
-//! |-------:|-------:|---------------|---------------------------------------------------------|
-//! |      0 |      8 | magic         | `b"CUMEMBUF"` ([`MAGIC`])                               |
-//! |      8 |      2 | version       | `1` ([`VERSION`]), `u16`                                |
-//! |     10 |      2 | flags         | `0`, `u16`: reserved for future versions                |
-//! |     12 |      4 | reserved      | `0`, `u32`                                              |
-//! |     16 |      8 | size          | buffer size in bytes, `u64`, `1..=`[`MAX_BUFFER_SIZE`]  |
-//! |     24 |     16 | resource      | UUID of the exporting resource (RFC 9562 byte order), not nil |
-//! |     40 |     64 | export data   | the driver's `CUmemPoolPtrExportData`, opaque           |
-//! |    104 |      4 | checksum      | CRC-32 (IEEE 802.3, as zlib's `crc32`) of bytes 0..104, `u32` |
-//!
-//! [`BufferDescriptor::decode`] checks, in this order and before any driver call: the exact
-//! length, the magic, the version (an unknown one is reported as such, so that a newer peer is
-//! recognized), the checksum, that flags and reserved are zero, that the size is in range and
-//! that the UUID is not nil. Each failure is its own [`DecodeError`] variant. Because the
-//! checksum covers every other byte, any change of a single byte (indeed any burst of up to 32
-//! changed bits) of a valid encoding is rejected.
-//!
-//! The first 16 bytes (magic, version, flags, reserved) and the trailing CRC-32 are the envelope
-//! every encoding of this crate shares, checked by one function: the virtual buffer encoding
-//! (feature `vmm`) has its own magic and version in the same places.
-//!
-//! The checksum detects damage, not forgery: a peer can compute it too. What decoding cannot
-//! establish is described in the crate documentation's trust boundary.
+//! Documented on [`BufferDescriptor`]: its encoding and what decoding checks.
 
 use std::fmt;
 
-/// The length in bytes of the driver's `CUmemPoolPtrExportData` (the same as
-/// [`cuda_mem_core::EXPORT_DATA_LEN`]).
-pub const EXPORT_DATA_LEN: usize = cuda_mem_core::EXPORT_DATA_LEN;
+use cuda_mem_core::EXPORT_DATA_LEN;
 
 /// The length in bytes of an encoded [`BufferDescriptor`].
 pub const ENCODED_LEN: usize = 108;
@@ -160,8 +124,43 @@ impl fmt::Display for Escaped<'_> {
 /// A descriptor from [`BufferDescriptor::decode`] or [`BufferDescriptor::new`] is valid: its
 /// size is in `1..=MAX_BUFFER_SIZE` and its resource UUID is not nil. The fields are public, so
 /// one built field by field may not be; [`validate`](Self::validate) checks, and such a
-/// descriptor encodes to bytes that [`decode`](Self::decode) rejects. See the
-/// [module docs](self) for the encoding.
+/// descriptor encodes to bytes that [`decode`](Self::decode) rejects.
+///
+/// A buffer allocated from an IPC-enabled pool is shared in two steps: the pool itself is
+/// shared once (as a file descriptor, see the crate docs), then each buffer is shared as a
+/// [`BufferDescriptor`]: the driver's 64-byte `CUmemPoolPtrExportData` for the allocation, the
+/// buffer's size, and the UUID of the exporting memory resource, which tells the importer which
+/// of its imported pools the buffer belongs to.
+///
+/// # Encoding
+///
+/// [`BufferDescriptor::encode`] writes exactly [`ENCODED_LEN`] (108) bytes; integers are
+/// little-endian.
+///
+/// | offset | length | field         | value                                                   |
+/// |-------:|-------:|---------------|---------------------------------------------------------|
+/// |      0 |      8 | magic         | `b"CUMEMBUF"` ([`MAGIC`])                               |
+/// |      8 |      2 | version       | `1` ([`VERSION`]), `u16`                                |
+/// |     10 |      2 | flags         | `0`, `u16`: reserved for future versions                |
+/// |     12 |      4 | reserved      | `0`, `u32`                                              |
+/// |     16 |      8 | size          | buffer size in bytes, `u64`, `1..=`[`MAX_BUFFER_SIZE`]  |
+/// |     24 |     16 | resource      | UUID of the exporting resource (RFC 9562 byte order), not nil |
+/// |     40 |     64 | export data   | the driver's `CUmemPoolPtrExportData`, opaque           |
+/// |    104 |      4 | checksum      | CRC-32 (IEEE 802.3, as zlib's `crc32`) of bytes 0..104, `u32` |
+///
+/// [`BufferDescriptor::decode`] checks, in this order and before any driver call: the exact
+/// length, the magic, the version (an unknown one is reported as such, so that a newer peer is
+/// recognized), the checksum, that flags and reserved are zero, that the size is in range and
+/// that the UUID is not nil. Each failure is its own [`DecodeError`] variant. Because the
+/// checksum covers every other byte, any change of a single byte (indeed any burst of up to 32
+/// changed bits) of a valid encoding is rejected.
+///
+/// The first 16 bytes (magic, version, flags, reserved) and the trailing CRC-32 are the envelope
+/// every encoding of this crate shares, checked by one function: the virtual buffer encoding
+/// (feature `vmm`) has its own magic and version in the same places.
+///
+/// The checksum detects damage, not forgery: a peer can compute it too. What decoding cannot
+/// establish is described in the crate documentation's trust boundary.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct BufferDescriptor {
     /// The driver's `CUmemPoolPtrExportData` for the allocation: opaque bytes.
@@ -214,7 +213,7 @@ impl BufferDescriptor {
         Ok(())
     }
 
-    /// The descriptor's fixed-size encoding (see the [module docs](self)).
+    /// The descriptor's fixed-size encoding (see [`BufferDescriptor`], *Encoding*).
     ///
     /// Encodes the fields as they are: an invalid descriptor (see
     /// [`validate`](Self::validate)) gives bytes that [`decode`](Self::decode) rejects.
@@ -237,7 +236,7 @@ impl BufferDescriptor {
     ///
     /// # Errors
     ///
-    /// A [`DecodeError`] naming the first check that failed (see the [module docs](self) for
+    /// A [`DecodeError`] naming the first check that failed (see [`BufferDescriptor`], *Encoding*, for
     /// the order).
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
         let bytes: &[u8; ENCODED_LEN] =

@@ -24,7 +24,7 @@
 //!   process that was not started with a channel ([`IpcError::ChannelEnv`]).
 
 use crate::descriptor::DecodeError;
-use crate::mapped::SharedKind;
+use cuda_mem_core::PoolKind;
 
 /// Everything that can go wrong in `cuda-mem-ipc`.
 #[derive(Debug, thiserror::Error)]
@@ -131,9 +131,9 @@ pub enum IpcError {
         /// The UUID the peer named the pool with.
         uuid: uuid::Uuid,
         /// What the peer said it is.
-        claimed: SharedKind,
+        claimed: PoolKind,
         /// What the driver says it is.
-        actual: SharedKind,
+        actual: PoolKind,
     },
 
     /// A pool this process already holds under another UUID (or its own pool) was imported again;
@@ -168,9 +168,9 @@ pub enum IpcError {
         /// The resource's UUID.
         uuid: uuid::Uuid,
         /// The kind the operation needs.
-        expected: &'static str,
+        expected: PoolKind,
         /// The kind it is.
-        found: &'static str,
+        found: PoolKind,
     },
 
     /// A peer sent a pool of a device this process does not see (the two processes see
@@ -250,8 +250,8 @@ mod tests {
             (IpcError::Protocol("bad magic".into()), "bad magic"),
             (IpcError::UnknownResource(uuid), "import the exporting resource"),
             (
-                IpcError::WrongResourceKind { uuid, expected: "device pool", found: "pinned pool" },
-                "is a pinned pool, but this operation needs a device pool",
+                IpcError::WrongResourceKind { uuid, expected: PoolKind::Pinned, found: PoolKind::Managed },
+                "is a managed memory pool, but this operation needs a pinned host memory pool",
             ),
             (
                 IpcError::NotIpcEnabled("pool 3".into()),

@@ -21,7 +21,7 @@
 //! - [`IpcChannel`]: pools, buffers and bytes over a [`Channel`]; the receiving side keeps what
 //!   it imported for as long as it lives, and maps a peer's buffers only through the pools that
 //!   peer sent on it;
-//! - with the feature `vmm`, the `virtual_buffer` module: `SharedVirtualBuffer`, the versioned,
+//! - with the feature `vmm`: `SharedVirtualBuffer`, the versioned,
 //!   checksummed encoding of a `cuda-mem-vmm` virtual buffer's descriptor (its bytes, and one
 //!   file descriptor per chunk), and [`IpcChannel`] carrying virtual buffers beside pools,
 //!   buffers and data (`IpcChannel::send_virtual_buffer`, `Received::VirtualBuffer`, imported
@@ -30,6 +30,28 @@
 //!   the wire are this crate's;
 //! - [`Registry`]: a process-wide map from resource UUIDs to the live imported resources;
 //! - [`IpcError`]: the crate's errors.
+//!
+//! Devices, streams, buffers and pools are `cuda-mem-core`'s, and so is the vocabulary this crate
+//! speaks: what memory a shared pool holds ([`PoolKind`](cuda_mem_core::PoolKind), reported by
+//! [`MappedMemoryResource::kind`] and expected by [`lookup`]) and the length of an allocation's
+//! export data ([`EXPORT_DATA_LEN`](cuda_mem_core::EXPORT_DATA_LEN)). Depend on `cuda-mem-core`
+//! for them.
+//!
+//! # Which module holds what
+//!
+//! The modules are private; everything public is re-exported here.
+//!
+//! | module | holds |
+//! |---|---|
+//! | `channel` | [`Channel`] (framing, descriptors, errors and threads are documented there), [`ChannelListener`], [`RawMessage`], the limits [`MAX_PAYLOAD_LEN`] and [`MAX_FDS`] |
+//! | `spawn` | [`spawn_with_channel`] and the environment it sets, [`CHANNEL_FD_ENV`], [`CHANNEL_INODE_ENV`] |
+//! | `descriptor` | [`BufferDescriptor`] and its encoding ([`ENCODED_LEN`], [`MAGIC`], [`VERSION`], [`MAX_BUFFER_SIZE`]), [`DecodeError`] |
+//! | `share` | the exporting side: [`allocation_handle`] ([`AllocationHandle`]) and [`buffer_descriptor`] |
+//! | `mapped` | [`MappedMemoryResource`], the process-wide [`registry()`] of them, [`lookup`] |
+//! | `registry` | [`Registry`] |
+//! | `protocol` | [`IpcChannel`] (its messages are documented there), [`Received`], [`MAX_BUFFERS_PER_MESSAGE`] |
+//! | `virtual_buffer` | feature `vmm`: `SharedVirtualBuffer`, `VirtualBufferLocation`, `VirtualBufferDecodeError`, `VIRTUAL_BUFFER_MAGIC`, `VIRTUAL_BUFFER_VERSION`, and `IpcChannel`'s virtual buffer methods |
+//! | `error` | [`IpcError`], [`Result`] |
 //!
 //! # Trust boundary
 //!
@@ -115,7 +137,7 @@
 //!
 //! ```no_run
 //! use std::process::Command;
-//! use cuda_mem_ipc::core::{
+//! use cuda_mem_core::{
 //!     Device, DeviceMemoryResource, DeviceMemoryResourceOptions, FillPattern, MemoryResourceExt, Stream,
 //!     StreamOptions,
 //! };
@@ -152,23 +174,21 @@
 //! # }
 //! ```
 
-pub use cuda_mem_core as core;
-
-pub mod channel;
-pub mod descriptor;
-pub mod error;
-pub mod mapped;
-pub mod protocol;
-pub mod registry;
-pub mod share;
-pub mod spawn;
+mod channel;
+mod descriptor;
+mod error;
+mod mapped;
+mod protocol;
+mod registry;
+mod share;
+mod spawn;
 #[cfg(feature = "vmm")]
-pub mod virtual_buffer;
+mod virtual_buffer;
 
 pub use channel::{Channel, ChannelListener, MAX_FDS, MAX_PAYLOAD_LEN, RawMessage};
-pub use descriptor::{BufferDescriptor, DecodeError, ENCODED_LEN, EXPORT_DATA_LEN, MAGIC, MAX_BUFFER_SIZE, VERSION};
+pub use descriptor::{BufferDescriptor, DecodeError, ENCODED_LEN, MAGIC, MAX_BUFFER_SIZE, VERSION};
 pub use error::{IpcError, Result};
-pub use mapped::{ExpectedKind, MappedMemoryResource, SharedKind, lookup, registry};
+pub use mapped::{MappedMemoryResource, lookup, registry};
 pub use protocol::{IpcChannel, MAX_BUFFERS_PER_MESSAGE, Received};
 pub use registry::Registry;
 pub use share::{AllocationHandle, allocation_handle, buffer_descriptor};

@@ -1,43 +1,34 @@
 //! `MappedMemoryResource`: a pool imported from another process.
 //!
-//! It cannot allocate; it maps the allocations the exporting process shares (counted by its
-//! pool, [`MemoryPool::import_allocation`]) into buffers that keep it, and so its file
-//! descriptor, alive. It may be dropped before those buffers.
-//!
-//! One pool has one importer per process: a driver may answer a second import of a pool with
-//! the handle of the first, and two owners of one handle would destroy it under each other. So
-//! [`MappedMemoryResource::from_fd`] returns the existing import of a UUID, and an import the
-//! driver answers with a pool this process already owns under another UUID is refused
-//! ([`IpcError::PoolAlreadyImported`]). What kind of memory the pool holds, and on which device,
-//! is asked of the driver, not taken from the exporter.
+//! Documented on [`MappedMemoryResource`].
 
 use std::any::Any;
-use std::fmt;
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use cuda_mem_core::{Buffer, Device, DevicePtr, MemoryPool, MemoryResource, PoolResource, Stream};
+use cuda_mem_core::{Buffer, Device, DevicePtr, MemoryPool, MemoryResource, PoolKind, PoolResource, Stream};
 use uuid::Uuid;
 
 use crate::descriptor::BufferDescriptor;
 use crate::error::{IpcError, Result};
 use crate::registry::Registry;
 
-/// What kind of memory a shared pool holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SharedKind {
-    /// Device memory of this device (by ordinal in the importing process).
-    Device(Device),
-    /// Pinned host memory (accessible from the host and every device).
-    Pinned,
-}
-
 /// A pool imported from another process.
+///
+/// It cannot allocate; it maps the allocations the exporting process shares (counted by its
+/// pool, [`MemoryPool::import_allocation`]) into buffers that keep it, and so its file
+/// descriptor, alive. It may be dropped before those buffers.
+///
+/// One pool has one importer per process: a driver may answer a second import of a pool with
+/// the handle of the first, and two owners of one handle would destroy it under each other. So
+/// [`MappedMemoryResource::from_fd`] returns the existing import of a UUID, and an import the
+/// driver answers with a pool this process already owns under another UUID is refused
+/// ([`IpcError::PoolAlreadyImported`]). What kind of memory the pool holds, and on which device,
+/// is asked of the driver, not taken from the exporter.
 #[derive(Debug)]
 pub struct MappedMemoryResource {
     pool: MemoryPool,
     uuid: Uuid,
-    kind: SharedKind,
 }
 
 /// Every mapped resource of the process, by the UUID of the resource it maps.
@@ -49,59 +40,17 @@ pub fn registry() -> &'static Registry<MappedMemoryResource> {
     &REGISTRY
 }
 
-/// The kind of memory a lookup expects.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ExpectedKind {
-    /// A device pool.
-    Device,
-    /// A pinned host pool.
-    Pinned,
-}
-
-impl SharedKind {
-    fn name(self) -> &'static str {
-        match self {
-            SharedKind::Device(_) => "device memory pool",
-            SharedKind::Pinned => "pinned host memory pool",
-        }
-    }
-
-    /// The kind of memory `pool` holds, by where it lives: a device pool names its device,
-    /// a host pool (pinned memory) none.
-    pub(crate) fn of(pool: &MemoryPool) -> SharedKind {
-        match pool.owner() {
-            Some(device) => SharedKind::Device(device),
-            None => SharedKind::Pinned,
-        }
-    }
-}
-
-impl fmt::Display for SharedKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            SharedKind::Device(device) => write!(f, "device memory pool on {device}"),
-            SharedKind::Pinned => f.write_str("pinned host memory pool"),
-        }
-    }
-}
-
-/// The registered mapped resource with this UUID, which must be of the expected kind.
+/// The registered mapped resource with this UUID, which must hold the `expected` kind of memory
+/// (device memory of the expected device, or pinned host memory), as the driver reports it.
 ///
 /// # Errors
 /// [`IpcError::UnknownResource`] when none is registered (or it was dropped);
-/// [`IpcError::WrongResourceKind`] when it holds the other kind of memory.
-pub fn lookup(uuid: Uuid, expected: ExpectedKind) -> Result<Arc<MappedMemoryResource>> {
+/// [`IpcError::WrongResourceKind`] when it holds another kind of memory, or another device's.
+pub fn lookup(uuid: Uuid, expected: PoolKind) -> Result<Arc<MappedMemoryResource>> {
     let resource = registry().get(uuid)?;
-    let matches = matches!(
-        (resource.kind, expected),
-        (SharedKind::Device(_), ExpectedKind::Device) | (SharedKind::Pinned, ExpectedKind::Pinned)
-    );
-    if !matches {
-        let expected = match expected {
-            ExpectedKind::Device => "device memory pool",
-            ExpectedKind::Pinned => "pinned host memory pool",
-        };
-        return Err(IpcError::WrongResourceKind { uuid, expected, found: resource.kind.name() });
+    let found = resource.kind();
+    if found != expected {
+        return Err(IpcError::WrongResourceKind { uuid, expected, found });
     }
     Ok(resource)
 }
@@ -178,8 +127,7 @@ impl MappedMemoryResource {
     /// Imports the pool behind `fd` as `uuid`, unregistered.
     fn import(fd: OwnedFd, uuid: Uuid) -> cuda_mem_core::Result<Arc<MappedMemoryResource>> {
         let pool = MemoryPool::import(fd, uuid.as_u128())?;
-        let kind = SharedKind::of(&pool);
-        Ok(Arc::new(MappedMemoryResource { pool, uuid, kind }))
+        Ok(Arc::new(MappedMemoryResource { pool, uuid }))
     }
 
     /// The UUID of the exporting resource.
@@ -187,9 +135,10 @@ impl MappedMemoryResource {
         self.uuid
     }
 
-    /// Device or pinned memory.
-    pub fn kind(&self) -> SharedKind {
-        self.kind
+    /// Device or pinned memory, as the driver reports it
+    /// ([`MemoryPool::kind`] of the imported pool).
+    pub fn kind(&self) -> PoolKind {
+        self.pool.kind()
     }
 
     /// The imported pool (it keeps the file descriptor it was imported from).
@@ -259,10 +208,7 @@ unsafe impl MemoryResource for MappedMemoryResource {
     }
 
     fn device(&self) -> Option<Device> {
-        match self.kind {
-            SharedKind::Device(device) => Some(device),
-            SharedKind::Pinned => None,
-        }
+        self.pool.owner()
     }
 }
 

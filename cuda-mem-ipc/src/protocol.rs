@@ -1,47 +1,18 @@
 //! `IpcChannel`: pools, buffers and plain bytes between processes, over a [`Channel`].
 //!
-//! Messages (each one frame of the channel):
-//!
-//! | kind | payload | file descriptors |
-//! |---|---|---|
-//! | 1, resource | UUID (16 bytes), memory kind (u8: 0 device, 1 pinned), the sender's device ordinal (i32 LE, -1 for pinned), 3 zero bytes, device UUID (16 bytes, zero for pinned) | the pool's |
-//! | 2, buffers | count (u32 LE), then `count` encoded [`BufferDescriptor`]s | none |
-//! | 3, data | the application's bytes | none |
-//! | 4, virtual buffer (feature `vmm`) | an encoded `SharedVirtualBuffer` (its layout: the `virtual_buffer` module) | one per chunk (POSIX-fd handles), none (fabric handles) |
-//!
-//! One channel carries all of them, in any order. A virtual buffer is imported with the
-//! `VirtualMemoryResource` the receiver registered for where its memory lives
-//! (`IpcChannel::import_virtual_buffers_into`); a build without the `vmm` feature refuses kind 4
-//! saying so, and closes its descriptors.
-//!
-//! The receiver finds the pool's device by its UUID, not by the sender's ordinal: processes
-//! that see different devices (`CUDA_VISIBLE_DEVICES`) number them differently.
-//!
-//! Sending a buffer whose resource has not been sent on this channel sends the resource first,
-//! so the receiver always knows it.
-//!
-//! The receiving channel keeps every resource it received, by the UUID the peer named it with,
-//! for as long as the channel lives (or until [`IpcChannel::release_resource`]): a receiver may
-//! drop the [`Received::Resource`] it got, and the buffers that follow still map. Buffers are
-//! resolved only against the resources their own channel received, never against the
-//! process-wide registry, so a peer can use only the pools it sent itself. The peer's word is
-//! checked against the driver's: the memory kind and device a resource message states must be
-//! what the imported pool is (asked of the driver); a UUID this process has imported already is
-//! shared only when the driver answers the new import with that import's own handle (the same
-//! pool); otherwise the new import stands on its own. A resource sent again on the same channel
-//! is the one received first (the duplicate descriptor is closed).
+//! Documented on [`IpcChannel`]: its messages and what the receiving side keeps.
 
 use std::collections::{HashMap, HashSet};
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use cuda_mem_core::{Buffer, Device, MemoryResource, ScopedBuffer, Stream};
+use cuda_mem_core::{Buffer, Device, MemoryResource, PoolKind, ScopedBuffer, Stream};
 use uuid::Uuid;
 
 use crate::channel::{Channel, RawMessage};
 use crate::descriptor::{BufferDescriptor, ENCODED_LEN};
 use crate::error::{IpcError, Result};
-use crate::mapped::{MappedMemoryResource, SharedKind};
+use crate::mapped::MappedMemoryResource;
 use crate::share::{allocation_handle, buffer_descriptor};
 
 /// Message kinds on the wire.
@@ -69,7 +40,39 @@ pub enum Received {
     VirtualBuffer(cuda_mem_vmm::VirtualBuffer),
 }
 
-/// A channel that carries pools and buffers.
+/// A channel that carries pools, buffers, plain bytes (and, with the feature `vmm`, virtual
+/// buffers) between processes, over a [`Channel`].
+///
+/// Messages (each one frame of the channel):
+///
+/// | kind | payload | file descriptors |
+/// |---|---|---|
+/// | 1, resource | UUID (16 bytes), memory kind (u8: 0 device, 1 pinned), the sender's device ordinal (i32 LE, -1 for pinned), 3 zero bytes, device UUID (16 bytes, zero for pinned) | the pool's |
+/// | 2, buffers | count (u32 LE), then `count` encoded [`BufferDescriptor`]s | none |
+/// | 3, data | the application's bytes | none |
+/// | 4, virtual buffer (feature `vmm`) | an encoded `SharedVirtualBuffer` (its layout: `SharedVirtualBuffer`'s docs) | one per chunk (POSIX-fd handles), none (fabric handles) |
+///
+/// One channel carries all of them, in any order. A virtual buffer is imported with the
+/// `VirtualMemoryResource` the receiver registered for where its memory lives
+/// (`IpcChannel::import_virtual_buffers_into`); a build without the `vmm` feature refuses kind 4
+/// saying so, and closes its descriptors.
+///
+/// The receiver finds the pool's device by its UUID, not by the sender's ordinal: processes
+/// that see different devices (`CUDA_VISIBLE_DEVICES`) number them differently.
+///
+/// Sending a buffer whose resource has not been sent on this channel sends the resource first,
+/// so the receiver always knows it.
+///
+/// The receiving channel keeps every resource it received, by the UUID the peer named it with,
+/// for as long as the channel lives (or until [`IpcChannel::release_resource`]): a receiver may
+/// drop the [`Received::Resource`] it got, and the buffers that follow still map. Buffers are
+/// resolved only against the resources their own channel received, never against the
+/// process-wide registry, so a peer can use only the pools it sent itself. The peer's word is
+/// checked against the driver's: the memory kind and device a resource message states must be
+/// what the imported pool is (asked of the driver); a UUID this process has imported already is
+/// shared only when the driver answers the new import with that import's own handle (the same
+/// pool); otherwise the new import stands on its own. A resource sent again on the same channel
+/// is the one received first (the duplicate descriptor is closed).
 #[derive(Debug)]
 pub struct IpcChannel {
     channel: Channel,
@@ -136,8 +139,10 @@ impl IpcChannel {
         let mut payload = [0u8; RESOURCE_LEN];
         payload[..16].copy_from_slice(handle.uuid().as_bytes());
         let (kind, ordinal, device_uuid) = match handle.kind() {
-            SharedKind::Device(device) => (0u8, device.ordinal() as i32, device.uuid()?),
-            SharedKind::Pinned => (1u8, -1, [0; 16]),
+            PoolKind::Device(device) => (0u8, device.ordinal() as i32, device.uuid()?),
+            PoolKind::Pinned => (1u8, -1, [0; 16]),
+            // Only device and pinned pools can be created shareable (or imported).
+            other => return Err(IpcError::NotIpcEnabled(format!("a {other}"))),
         };
         payload[16] = kind;
         payload[17..21].copy_from_slice(&ordinal.to_le_bytes());
@@ -181,8 +186,8 @@ impl IpcChannel {
         self.channel.send(DATA, bytes, &[])
     }
 
-    /// Receives one message: imports a resource (kept by the channel, see the
-    /// [module docs](self)), maps buffers through the resources this channel received (freed on
+    /// Receives one message: imports a resource (kept by the channel, see
+    /// [`IpcChannel`]), maps buffers through the resources this channel received (freed on
     /// `stream` when dropped), or returns bytes.
     ///
     /// With the feature `vmm`, a virtual buffer is imported with the resource registered for
@@ -250,14 +255,14 @@ impl IpcChannel {
                     uuid: Uuid::from_bytes(device_uuid),
                     sender_ordinal: ordinal,
                 })?;
-                SharedKind::Device(device)
+                PoolKind::Device(device)
             }
             1 if ordinal != -1 || device_uuid != [0; 16] => {
                 return Err(IpcError::Protocol(
                     "a pinned pool's resource message names a device (ordinal -1 and a zero UUID expected)".to_string(),
                 ));
             }
-            1 => SharedKind::Pinned,
+            1 => PoolKind::Pinned,
             other => return Err(IpcError::Protocol(format!("memory kind {other} in a resource message"))),
         };
         let fd: OwnedFd = message.fds.remove(0);

@@ -1,30 +1,6 @@
 //! A process-wide map from UUIDs to live shared resources.
 //!
-//! A process that imports a pool registers it under the exporter's UUID (the first import of
-//! each UUID; [`MappedMemoryResource::from_fd`](crate::MappedMemoryResource::from_fd) returns
-//! it rather than importing the pool again); a [`BufferDescriptor`](crate::BufferDescriptor)
-//! names that UUID, and code that imports buffers itself looks the pool up
-//! ([`lookup`](crate::lookup)). An [`IpcChannel`](crate::IpcChannel) does not: it maps a peer's
-//! buffers only through the pools that peer sent on it. The registry holds [`Weak`] references
-//! only: it never keeps a resource alive, and an entry whose resource was dropped counts as
-//! absent (and is pruned when met).
-//!
-//! [`Registry::new`] is `const`, so a registry can be a `static`:
-//!
-//! ```
-//! use std::sync::Arc;
-//! use cuda_mem_ipc::Registry;
-//!
-//! struct ImportedPool { name: &'static str }
-//! static POOLS: Registry<ImportedPool> = Registry::new();
-//!
-//! let id = uuid::Uuid::new_v4();
-//! let pool = POOLS.register(id, Arc::new(ImportedPool { name: "pool A" }));
-//! assert_eq!(POOLS.get(id)?.name, "pool A");
-//! drop(pool);
-//! assert!(POOLS.get(id).is_err()); // gone with the last Arc
-//! # Ok::<(), cuda_mem_ipc::IpcError>(())
-//! ```
+//! Documented on [`Registry`].
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -34,7 +10,34 @@ use uuid::Uuid;
 
 use crate::error::{IpcError, Result};
 
-/// A thread-safe map from UUIDs to weakly held resources; see the [module docs](self).
+/// A thread-safe map from UUIDs to weakly held resources: a process-wide map from UUIDs to live
+/// shared resources.
+///
+/// A process that imports a pool registers it under the exporter's UUID (the first import of
+/// each UUID; [`MappedMemoryResource::from_fd`](crate::MappedMemoryResource::from_fd) returns
+/// it rather than importing the pool again); a [`BufferDescriptor`](crate::BufferDescriptor)
+/// names that UUID, and code that imports buffers itself looks the pool up
+/// ([`lookup`](crate::lookup)). An [`IpcChannel`](crate::IpcChannel) does not: it maps a peer's
+/// buffers only through the pools that peer sent on it. The registry holds [`Weak`] references
+/// only: it never keeps a resource alive, and an entry whose resource was dropped counts as
+/// absent (and is pruned when met).
+///
+/// [`Registry::new`] is `const`, so a registry can be a `static`:
+///
+/// ```
+/// use std::sync::Arc;
+/// use cuda_mem_ipc::Registry;
+///
+/// struct ImportedPool { name: &'static str }
+/// static POOLS: Registry<ImportedPool> = Registry::new();
+///
+/// let id = uuid::Uuid::new_v4();
+/// let pool = POOLS.register(id, Arc::new(ImportedPool { name: "pool A" }));
+/// assert_eq!(POOLS.get(id)?.name, "pool A");
+/// drop(pool);
+/// assert!(POOLS.get(id).is_err()); // gone with the last Arc
+/// # Ok::<(), cuda_mem_ipc::IpcError>(())
+/// ```
 pub struct Registry<T> {
     inner: Mutex<Inner<T>>,
 }

@@ -1,18 +1,18 @@
 //! The exporting side: a resource's allocation handle and a buffer's descriptor.
 
-use cuda_mem_core::{MemoryResource, ScopedBuffer, ShareableHandle};
+use cuda_mem_core::{MemoryResource, PoolKind, ScopedBuffer, ShareableHandle};
 use uuid::Uuid;
 
 use crate::descriptor::BufferDescriptor;
 use crate::error::{IpcError, Result};
-use crate::mapped::{SharedKind, pool_behind};
+use crate::mapped::pool_behind;
 
 /// A resource's allocation handle: the pool's file descriptor (owned by the pool, exported once:
 /// asking again returns the same one) and the UUID naming the resource in every process.
 #[derive(Debug, Clone, Copy)]
 pub struct AllocationHandle<'a> {
     handle: &'a ShareableHandle,
-    kind: SharedKind,
+    kind: PoolKind,
 }
 
 impl<'a> AllocationHandle<'a> {
@@ -27,7 +27,7 @@ impl<'a> AllocationHandle<'a> {
     }
 
     /// Device or pinned memory.
-    pub fn kind(&self) -> SharedKind {
+    pub fn kind(&self) -> PoolKind {
         self.kind
     }
 }
@@ -48,7 +48,7 @@ pub fn allocation_handle(resource: &dyn MemoryResource) -> Result<AllocationHand
         return Err(IpcError::NotIpcEnabled("this resource's memory pool".to_string()));
     }
     let handle = pool.shareable_handle()?;
-    Ok(AllocationHandle { handle, kind: SharedKind::of(pool) })
+    Ok(AllocationHandle { handle, kind: pool.kind() })
 }
 
 /// The descriptor of `buffer`, for another process to import (after it has imported the

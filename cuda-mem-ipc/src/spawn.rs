@@ -1,36 +1,6 @@
 //! Starting a child process connected to this one by a [`Channel`].
 //!
-//! [`spawn_with_channel`] creates a socket pair, keeps one end, and starts the child (through
-//! [`Command::spawn`]: `fork` and `exec`, never a `fork` that goes on running Rust code) with the
-//! other end inherited. The child's end is inheritable in that child only: the parent's copy keeps
-//! close-on-exec, so children spawned at the same time by other threads do not inherit it, and the
-//! flag is cleared between `fork` and `exec` in the new process alone.
-//!
-//! The child finds its end through two environment variables: [`CHANNEL_FD_ENV`], the descriptor
-//! number, and [`CHANNEL_INODE_ENV`], the socket's inode, which lets [`Channel::from_env`] check
-//! that the descriptor is the socket the parent meant and not some other file that happens to have
-//! that number (as in a grandchild that inherited the environment but not the descriptor).
-//!
-//! Taking the channel is `unsafe`: it adopts a descriptor by number, and only the caller can
-//! know that nothing else in the process owns it (see [`Channel::from_env`]).
-//!
-//! ```no_run
-//! use std::process::Command;
-//! use cuda_mem_ipc::{Channel, spawn_with_channel};
-//!
-//! // In the parent:
-//! let (mut child, channel) = spawn_with_channel(&mut Command::new("./worker"))?;
-//! channel.send(1, b"work", &[])?;
-//! let reply = channel.recv()?;
-//! child.wait().map_err(|e| cuda_mem_ipc::IpcError::Io { context: "waiting", source: e })?;
-//!
-//! // In ./worker, started by the parent above; nothing else in it adopts inherited descriptors.
-//! // SAFETY: the descriptor named by the environment was inherited from the parent for this
-//! // call, and nothing else in this process owns it.
-//! let channel = unsafe { Channel::from_env()? };
-//! let job = channel.recv()?;
-//! # Ok::<(), cuda_mem_ipc::IpcError>(())
-//! ```
+//! Documented on [`spawn_with_channel`].
 
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
@@ -58,6 +28,38 @@ pub const CHANNEL_INODE_ENV: &str = "CUDA_MEM_IPC_CHANNEL_INODE";
 static TAKEN: AtomicBool = AtomicBool::new(false);
 
 /// Starts `command` with one end of a new [`Channel`] and returns the child and the other end.
+///
+/// [`spawn_with_channel`] creates a socket pair, keeps one end, and starts the child (through
+/// [`Command::spawn`]: `fork` and `exec`, never a `fork` that goes on running Rust code) with the
+/// other end inherited. The child's end is inheritable in that child only: the parent's copy keeps
+/// close-on-exec, so children spawned at the same time by other threads do not inherit it, and the
+/// flag is cleared between `fork` and `exec` in the new process alone.
+///
+/// The child finds its end through two environment variables: [`CHANNEL_FD_ENV`], the descriptor
+/// number, and [`CHANNEL_INODE_ENV`], the socket's inode, which lets [`Channel::from_env`] check
+/// that the descriptor is the socket the parent meant and not some other file that happens to have
+/// that number (as in a grandchild that inherited the environment but not the descriptor).
+///
+/// Taking the channel is `unsafe`: it adopts a descriptor by number, and only the caller can
+/// know that nothing else in the process owns it (see [`Channel::from_env`]).
+///
+/// ```no_run
+/// use std::process::Command;
+/// use cuda_mem_ipc::{Channel, spawn_with_channel};
+///
+/// // In the parent:
+/// let (mut child, channel) = spawn_with_channel(&mut Command::new("./worker"))?;
+/// channel.send(1, b"work", &[])?;
+/// let reply = channel.recv()?;
+/// child.wait().map_err(|e| cuda_mem_ipc::IpcError::Io { context: "waiting", source: e })?;
+///
+/// // In ./worker, started by the parent above; nothing else in it adopts inherited descriptors.
+/// // SAFETY: the descriptor named by the environment was inherited from the parent for this
+/// // call, and nothing else in this process owns it.
+/// let channel = unsafe { Channel::from_env()? };
+/// let job = channel.recv()?;
+/// # Ok::<(), cuda_mem_ipc::IpcError>(())
+/// ```
 ///
 /// Sets [`CHANNEL_FD_ENV`] and [`CHANNEL_INODE_ENV`] in the child's environment and arranges for
 /// the descriptor to survive `exec` in the child; the child takes it with

@@ -1,96 +1,16 @@
 //! Virtual buffers on the wire (feature `vmm`): the bytes and file descriptors of a
 //! `cuda-mem-vmm` [`VirtualBufferDescriptor`], and where its memory lives.
 //!
-//! `cuda-mem-vmm` makes the driver calls: [`VirtualBuffer::export`] gives a descriptor in memory
-//! (one shareable handle per physical chunk) and [`VirtualMemoryResource::import`] maps one. This
-//! module is what travels between them. A [`SharedVirtualBuffer`] is the descriptor with the
-//! location of its memory, which the receiver needs to pick the resource to import it with;
-//! [`IpcChannel::send_virtual_buffer`] sends one as a message of its own (kind 4, see
-//! [`protocol`](crate::protocol)), and [`SharedVirtualBuffer::encode`] and
-//! [`SharedVirtualBuffer::decode`] serve any other transport.
-//!
-//! # The importing resource
-//!
-//! The receiving application chooses how virtual buffers are mapped: it registers one
-//! [`VirtualMemoryResource`] per location on the channel
-//! ([`IpcChannel::import_virtual_buffers_into`]), and each virtual buffer received is imported
-//! with the one registered for where its memory lives (its device, found by UUID; or its host
-//! NUMA node). The channel does not make one itself: the access the mapping gets (the peers, read
-//! only or read-write), the granularity and the handle type are the importer's choice, and a
-//! resource made from the sender's word alone would take them from the peer. A virtual buffer
-//! for which nothing is registered is refused ([`IpcError::NoVirtualMemoryResource`]) and its
-//! file descriptors are closed.
-//!
-//! ```
-//! # cuda_sim::testing::driver()?; // the tests run this example on the simulator
-//! use cuda_mem_core::{Device, Stream, StreamOptions};
-//! use cuda_mem_ipc::{Channel, IpcChannel, Received};
-//! use cuda_mem_vmm::{VirtualMemoryResource, VirtualMemoryResourceOptions};
-//!
-//! let device = Device::new(0)?;
-//! let stream = Stream::new(device, StreamOptions::default().non_blocking())?;
-//! // With `spawn_with_channel`, `there` would be in another process.
-//! let (here, there) = Channel::pair()?;
-//! let (sender, receiver) = (IpcChannel::new(here), IpcChannel::new(there));
-//!
-//! // The receiver says what maps the virtual buffers of memory on `device`.
-//! receiver.import_virtual_buffers_into(VirtualMemoryResource::new(device, VirtualMemoryResourceOptions::default())?);
-//!
-//! let vmm = VirtualMemoryResource::new(device, VirtualMemoryResourceOptions::default())?;
-//! let buffer = vmm.allocate(1 << 20, Some(&stream))?.grow(8 << 20)?;
-//! sender.send_virtual_buffer(&buffer)?; // one file descriptor per chunk
-//! let Received::VirtualBuffer(mapped) = receiver.recv(&stream)? else { panic!("expected a virtual buffer") };
-//! assert_eq!((mapped.size(), mapped.chunk_count()), (buffer.size(), buffer.chunk_count()));
-//! # Ok::<(), Box<dyn std::error::Error>>(())
-//! ```
-//!
-//! # Encoding
-//!
-//! [`SharedVirtualBuffer::encode`] writes `48 + 8n` bytes for `n` chunks (`48 + 72n` with fabric
-//! handles), then a 4-byte checksum; integers are little-endian.
-//!
-//! | offset | length | field          | value                                                          |
-//! |-------:|-------:|----------------|----------------------------------------------------------------|
-//! |      0 |      8 | magic          | `b"CUMEMVMM"` ([`VIRTUAL_BUFFER_MAGIC`])                       |
-//! |      8 |      2 | version        | `2` ([`VIRTUAL_BUFFER_VERSION`]), `u16`                        |
-//! |     10 |      2 | flags          | `0`, `u16`: reserved for future versions                       |
-//! |     12 |      4 | reserved       | `0`, `u32`                                                     |
-//! |     16 |      1 | handle type    | `1` POSIX file descriptors, `2` fabric handles                 |
-//! |     17 |      1 | location       | `1` device memory, `2` host memory on a NUMA node              |
-//! |     18 |      2 | chunk count    | `n`, `u16`, `0..=`[`MAX_CHUNKS`]                               |
-//! |     20 |      4 | location id    | `i32`, not negative: device memory, the sender's ordinal of the device (for messages: processes number devices differently); host memory, the NUMA node |
-//! |     24 |     16 | device UUID    | device memory: the device's UUID, not nil; host memory: zero   |
-//! |     40 |      8 | size           | the buffer's size in bytes, `u64`, `0..=`[`MAX_BUFFER_SIZE`]   |
-//! |     48 |     8n | chunk sizes    | each chunk's size, `u64`, `1..=`[`MAX_BUFFER_SIZE`], in order  |
-//! | 48+8n  |    64n | fabric handles | fabric handles only: each chunk's `CUmemFabricHandle`, opaque  |
-//! | end−4  |      4 | checksum       | CRC-32 (as [`BufferDescriptor`](crate::BufferDescriptor)'s) of every byte before it, `u32` |
-//!
-//! The first 16 bytes and the checksum are laid out as in a buffer descriptor's encoding, and
-//! checked by the same code.
-//!
-//! File descriptors travel beside the bytes (`SCM_RIGHTS`): with POSIX-fd handles exactly `n`,
-//! one per chunk in order; with fabric handles none. (Version 1 was `cuda-mem-vmm`'s own
-//! encoding, without checksum or location; it is not decoded.)
-//!
-//! [`SharedVirtualBuffer::decode`] takes ownership of the file descriptors at once and closes
-//! them on any error. It checks, in this order and before any driver call: the length against
-//! the smallest encoding, the magic, the version, the checksum, that flags and reserved are
-//! zero, the handle type and location codes, the chunk count against [`MAX_CHUNKS`], the exact
-//! length for that count, the location's fields, the size and each chunk size against
-//! [`MAX_BUFFER_SIZE`], and the number of file descriptors. Each failure is its own
-//! [`VirtualBufferDecodeError`] variant (those of the shared header and checksum are
-//! [`DecodeError`]s, as for a buffer descriptor). What the importing resource checks (handle type,
-//! granularity, the size against the chunks, where each imported chunk lives) is
-//! [`VirtualMemoryResource::import`]'s.
+//! Documented on [`SharedVirtualBuffer`]: the importing resource, the encoding and what
+//! decoding checks.
 
 use std::fmt;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use cuda_mem_core::{Device, Stream};
+use cuda_mem_core::{Device, HandleType, Stream};
 use cuda_mem_vmm::{
-    ChunkHandle, HandleType, MAX_CHUNKS, MemoryLocation, VirtualBuffer, VirtualBufferDescriptor, VirtualMemoryResource,
-    VmmError,
+    ChunkHandle, MAX_CHUNKS, MemoryLocation, VirtualBuffer, VirtualBufferDescriptor, VirtualMemoryResource, VmmError,
 };
 use uuid::Uuid;
 
@@ -143,8 +63,89 @@ pub enum VirtualBufferLocation {
     },
 }
 
-/// A virtual buffer as it travels: its descriptor (one handle per chunk) and where its memory
-/// lives. See the [module docs](self) for the encoding.
+/// A virtual buffer as it travels (feature `vmm`): its descriptor (one handle per chunk) and
+/// where its memory lives.
+///
+/// `cuda-mem-vmm` makes the driver calls: [`VirtualBuffer::export`] gives a descriptor in memory
+/// (one shareable handle per physical chunk) and [`VirtualMemoryResource::import`] maps one. This
+/// type is what travels between them: the descriptor with the location of its memory, which the
+/// receiver needs to pick the resource to import it with; [`IpcChannel::send_virtual_buffer`]
+/// sends one as a message of its own (kind 4, see [`IpcChannel`]), and
+/// [`SharedVirtualBuffer::encode`] and [`SharedVirtualBuffer::decode`] serve any other transport.
+///
+/// # The importing resource
+///
+/// The receiving application chooses how virtual buffers are mapped: it registers one
+/// [`VirtualMemoryResource`] per location on the channel
+/// ([`IpcChannel::import_virtual_buffers_into`]), and each virtual buffer received is imported
+/// with the one registered for where its memory lives (its device, found by UUID; or its host
+/// NUMA node). The channel does not make one itself: the access the mapping gets (the peers, read
+/// only or read-write), the granularity and the handle type are the importer's choice, and a
+/// resource made from the sender's word alone would take them from the peer. A virtual buffer
+/// for which nothing is registered is refused ([`IpcError::NoVirtualMemoryResource`]) and its
+/// file descriptors are closed.
+///
+/// ```
+/// # cuda_sim::testing::driver()?; // the tests run this example on the simulator
+/// use cuda_mem_core::{Device, Stream, StreamOptions};
+/// use cuda_mem_ipc::{Channel, IpcChannel, Received};
+/// use cuda_mem_vmm::{VirtualMemoryResource, VirtualMemoryResourceOptions};
+///
+/// let device = Device::new(0)?;
+/// let stream = Stream::new(device, StreamOptions::default().non_blocking())?;
+/// // With `spawn_with_channel`, `there` would be in another process.
+/// let (here, there) = Channel::pair()?;
+/// let (sender, receiver) = (IpcChannel::new(here), IpcChannel::new(there));
+///
+/// // The receiver says what maps the virtual buffers of memory on `device`.
+/// receiver.import_virtual_buffers_into(VirtualMemoryResource::new(device, VirtualMemoryResourceOptions::default())?);
+///
+/// let vmm = VirtualMemoryResource::new(device, VirtualMemoryResourceOptions::default())?;
+/// let buffer = vmm.allocate(1 << 20, Some(&stream))?.grow(8 << 20)?;
+/// sender.send_virtual_buffer(&buffer)?; // one file descriptor per chunk
+/// let Received::VirtualBuffer(mapped) = receiver.recv(&stream)? else { panic!("expected a virtual buffer") };
+/// assert_eq!((mapped.size(), mapped.chunk_count()), (buffer.size(), buffer.chunk_count()));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// # Encoding
+///
+/// [`SharedVirtualBuffer::encode`] writes `48 + 8n` bytes for `n` chunks (`48 + 72n` with fabric
+/// handles), then a 4-byte checksum; integers are little-endian.
+///
+/// | offset | length | field          | value                                                          |
+/// |-------:|-------:|----------------|----------------------------------------------------------------|
+/// |      0 |      8 | magic          | `b"CUMEMVMM"` ([`VIRTUAL_BUFFER_MAGIC`])                       |
+/// |      8 |      2 | version        | `2` ([`VIRTUAL_BUFFER_VERSION`]), `u16`                        |
+/// |     10 |      2 | flags          | `0`, `u16`: reserved for future versions                       |
+/// |     12 |      4 | reserved       | `0`, `u32`                                                     |
+/// |     16 |      1 | handle type    | `1` POSIX file descriptors, `2` fabric handles                 |
+/// |     17 |      1 | location       | `1` device memory, `2` host memory on a NUMA node              |
+/// |     18 |      2 | chunk count    | `n`, `u16`, `0..=`[`MAX_CHUNKS`]                               |
+/// |     20 |      4 | location id    | `i32`, not negative: device memory, the sender's ordinal of the device (for messages: processes number devices differently); host memory, the NUMA node |
+/// |     24 |     16 | device UUID    | device memory: the device's UUID, not nil; host memory: zero   |
+/// |     40 |      8 | size           | the buffer's size in bytes, `u64`, `0..=`[`MAX_BUFFER_SIZE`]   |
+/// |     48 |     8n | chunk sizes    | each chunk's size, `u64`, `1..=`[`MAX_BUFFER_SIZE`], in order  |
+/// | 48+8n  |    64n | fabric handles | fabric handles only: each chunk's `CUmemFabricHandle`, opaque  |
+/// | end−4  |      4 | checksum       | CRC-32 (as [`BufferDescriptor`](crate::BufferDescriptor)'s) of every byte before it, `u32` |
+///
+/// The first 16 bytes and the checksum are laid out as in a buffer descriptor's encoding, and
+/// checked by the same code.
+///
+/// File descriptors travel beside the bytes (`SCM_RIGHTS`): with POSIX-fd handles exactly `n`,
+/// one per chunk in order; with fabric handles none. (Version 1 was `cuda-mem-vmm`'s own
+/// encoding, without checksum or location; it is not decoded.)
+///
+/// [`SharedVirtualBuffer::decode`] takes ownership of the file descriptors at once and closes
+/// them on any error. It checks, in this order and before any driver call: the length against
+/// the smallest encoding, the magic, the version, the checksum, that flags and reserved are
+/// zero, the handle type and location codes, the chunk count against [`MAX_CHUNKS`], the exact
+/// length for that count, the location's fields, the size and each chunk size against
+/// [`MAX_BUFFER_SIZE`], and the number of file descriptors. Each failure is its own
+/// [`VirtualBufferDecodeError`] variant (those of the shared header and checksum are
+/// [`DecodeError`]s, as for a buffer descriptor). What the importing resource checks (handle type,
+/// granularity, the size against the chunks, where each imported chunk lives) is
+/// [`VirtualMemoryResource::import`]'s.
 #[derive(Debug)]
 pub struct SharedVirtualBuffer {
     /// Where the memory lives.
@@ -281,10 +282,10 @@ impl SharedVirtualBuffer {
     }
 
     /// The bytes to send, and the file descriptors to pass beside them (POSIX-fd handles, in
-    /// chunk order). See the [module docs](self) for the layout.
+    /// chunk order). See [`SharedVirtualBuffer`], *Encoding*, for the layout.
     ///
     /// Encodes the fields as they are: a descriptor that is not what an export gives (a handle
-    /// type of `None`, a handle of the other kind, not one handle per chunk size, more than
+    /// type other than POSIX file descriptors and fabric handles, a handle of the other kind, not one handle per chunk size, more than
     /// [`MAX_CHUNKS`] chunks, sizes out of range) gives bytes and descriptors that
     /// [`decode`](Self::decode) rejects.
     pub fn encode(&self) -> (Vec<u8>, Vec<BorrowedFd<'_>>) {
@@ -299,8 +300,9 @@ impl SharedVirtualBuffer {
         bytes.push(match descriptor.handle_type {
             HandleType::PosixFd => POSIX_FD_CODE,
             HandleType::Fabric => FABRIC_CODE,
-            // Not exportable: a code no decoder accepts.
-            HandleType::None => 0,
+            // A handle type this encoding does not carry (Windows handles): a code no decoder
+            // accepts.
+            _ => 0,
         });
         let (location, id, device) = match self.location {
             VirtualBufferLocation::Device { uuid, sender_ordinal } => (DEVICE_CODE, sender_ordinal, uuid),
@@ -332,7 +334,7 @@ impl SharedVirtualBuffer {
     ///
     /// # Errors
     /// A [`VirtualBufferDecodeError`] naming the first check that failed (see the
-    /// [module docs](self) for the order).
+    /// [`SharedVirtualBuffer`] docs, *Encoding*, for the order).
     pub fn decode(bytes: &[u8], fds: Vec<OwnedFd>) -> Result<SharedVirtualBuffer, VirtualBufferDecodeError> {
         let min = encoded_len(0, false);
         if bytes.len() < min {
@@ -469,8 +471,9 @@ impl IpcChannel {
     /// Imports the virtual buffers this channel receives whose memory lives where `resource`
     /// allocates (its device, or its host NUMA node) with `resource`: its access settings and
     /// granularity apply, and its handle type must be the sender's. One resource per location;
-    /// returns the one registered before for `resource`'s location, which it replaces. See the
-    /// [module docs](self) for why the channel does not make one itself.
+    /// returns the one registered before for `resource`'s location, which it replaces. See
+    /// [`SharedVirtualBuffer`], *The importing resource*, for why the channel does not make one
+    /// itself.
     pub fn import_virtual_buffers_into(
         &self,
         resource: Arc<VirtualMemoryResource>,
@@ -794,8 +797,8 @@ mod tests {
     #[test]
     fn descriptors_an_export_never_gives_encode_to_rejected_bytes() {
         let pipe = Pipe::new(1);
-        let mut none = posix(&pipe, 1, device());
-        none.descriptor.handle_type = HandleType::None;
+        let mut windows = posix(&pipe, 1, device());
+        windows.descriptor.handle_type = HandleType::Win32;
         let mut fabric_in_fd = posix(&pipe, 1, device());
         fabric_in_fd.descriptor.handles[0] = ChunkHandle::Fabric([0; 64]);
         let mut fd_in_fabric = fabric(1);
@@ -807,7 +810,7 @@ mod tests {
         let mut negative = fabric(1);
         negative.location = VirtualBufferLocation::HostNuma { node: -1 };
         for (what, s) in [
-            ("handle type None", none),
+            ("a Windows handle type", windows),
             ("a fabric handle in an fd descriptor", fabric_in_fd),
             ("an fd in a fabric descriptor", fd_in_fabric),
             ("more sizes than handles", sizes_for_handles),

@@ -5,10 +5,10 @@ use std::sync::Arc;
 
 use cuda_mem_core::{
     Device, DeviceMemoryResource, DeviceMemoryResourceOptions, FillPattern, MemoryResourceExt, PinnedLocation,
-    PinnedMemoryResource, PinnedMemoryResourceOptions, Stream, StreamOptions,
+    PinnedMemoryResource, PinnedMemoryResourceOptions, PoolKind, Stream, StreamOptions,
 };
 use cuda_mem_ipc::{
-    BufferDescriptor, Channel, IpcChannel, IpcError, Received, allocation_handle, buffer_descriptor, registry,
+    BufferDescriptor, Channel, IpcChannel, IpcError, Received, allocation_handle, buffer_descriptor, lookup, registry,
 };
 
 fn setup() -> (Device, Stream) {
@@ -69,11 +69,12 @@ fn a_resource_sent_twice_is_the_one_received_first() {
     assert!(Arc::ptr_eq(&first, &second));
     assert!(registry().get(first.uuid()).is_ok());
     // A lookup of the right kind finds it; of the wrong kind, a clear error.
-    assert!(cuda_mem_ipc::lookup(first.uuid(), cuda_mem_ipc::ExpectedKind::Pinned).is_ok());
-    let err = cuda_mem_ipc::lookup(first.uuid(), cuda_mem_ipc::ExpectedKind::Device).unwrap_err();
+    assert!(lookup(first.uuid(), PoolKind::Pinned).is_ok());
+    let err = lookup(first.uuid(), PoolKind::Device(device)).unwrap_err();
     assert!(matches!(err, IpcError::WrongResourceKind { .. }), "{err}");
     assert!(
-        err.to_string().contains("is a pinned host memory pool, but this operation needs a device memory pool"),
+        err.to_string()
+            .contains("is a pinned host memory pool, but this operation needs a device memory pool on device 0"),
         "{err}"
     );
     let uuid = first.uuid();
@@ -217,4 +218,28 @@ fn scoped_buffers_travel_like_shared_ones() {
     let mut check = host.allocate(4096, &stream).unwrap();
     check.copy_from(&received[1], &stream).unwrap();
     assert!(check.host_slice().unwrap().iter().all(|&b| b == 0x5c));
+}
+
+#[test]
+fn a_lookup_expects_the_kind_of_memory_and_its_device() {
+    let name = "a_lookup_expects_the_kind_of_memory_and_its_device";
+    cuda_sim::testing::in_simulated_machine(name, &[("CUDA_SIM_DEVICES", "2")], || {
+        let (device, stream) = setup();
+        let other = Device::new(1).unwrap();
+        let dmr = DeviceMemoryResource::new(device, DeviceMemoryResourceOptions::default().ipc_enabled(true)).unwrap();
+        let (tx, rx) = pair();
+        tx.send_resource(dmr.as_ref()).unwrap();
+        let Received::Resource(mapped) = rx.recv(&stream).unwrap() else { panic!("a resource") };
+        assert_eq!(mapped.kind(), PoolKind::Device(device));
+        assert!(Arc::ptr_eq(&lookup(mapped.uuid(), PoolKind::Device(device)).unwrap(), &mapped));
+        for wrong in [PoolKind::Device(other), PoolKind::Pinned, PoolKind::Managed] {
+            let err = lookup(mapped.uuid(), wrong).unwrap_err();
+            assert!(
+                matches!(err, IpcError::WrongResourceKind { expected, found, .. }
+                    if expected == wrong && found == PoolKind::Device(device)),
+                "{err:?}"
+            );
+            assert!(err.to_string().contains(&format!("needs a {wrong}")), "{err}");
+        }
+    });
 }

@@ -11,11 +11,11 @@ use std::time::Duration;
 
 use cuda_mem_core::{
     Buffer, Device, DeviceMemoryResource, DeviceMemoryResourceOptions, FillPattern, MemoryResourceExt, PinnedLocation,
-    PinnedMemoryResource, PinnedMemoryResourceOptions, Stream, StreamOptions,
+    PinnedMemoryResource, PinnedMemoryResourceOptions, PoolKind, Stream, StreamOptions,
 };
 use cuda_mem_ipc::{
     BufferDescriptor, Channel, IpcChannel, IpcError, MAX_BUFFERS_PER_MESSAGE, MappedMemoryResource, Received,
-    SharedKind, allocation_handle, buffer_descriptor, registry,
+    allocation_handle, buffer_descriptor, registry,
 };
 use cuda_sim::testing::{in_simulated_machine, live_objects};
 use uuid::Uuid;
@@ -211,7 +211,7 @@ fn from_fd_twice(same_handle: bool) {
     let second = MappedMemoryResource::from_fd(handle.fd(), handle.uuid()).unwrap();
     assert!(Arc::ptr_eq(&first, &second), "one import per UUID");
     assert_eq!(live_pools(), pools + 1);
-    assert_eq!(first.kind(), SharedKind::Device(device), "the driver's word");
+    assert_eq!(first.kind(), PoolKind::Device(device), "the driver's word");
 
     let other = Uuid::new_v4();
     match MappedMemoryResource::from_fd(handle.fd(), other) {
@@ -406,7 +406,7 @@ fn device_memory_labelled_pinned_is_refused() {
         assert!(
             matches!(
                 error,
-                IpcError::MisdescribedResource { uuid: u, claimed: SharedKind::Pinned, actual: SharedKind::Device(d) }
+                IpcError::MisdescribedResource { uuid: u, claimed: PoolKind::Pinned, actual: PoolKind::Device(d) }
                     if u == uuid && d == device
             ),
             "{error}"
@@ -420,7 +420,7 @@ fn device_memory_labelled_pinned_is_refused() {
         assert_eq!(read(&buffer, &stream), vec![0x54; 4096]);
         // Described truthfully, the same pool is taken.
         send_pool(&peer, &pool, &as_device(uuid, device));
-        assert_eq!(expect_resource(&rx, &stream).kind(), SharedKind::Device(device));
+        assert_eq!(expect_resource(&rx, &stream).kind(), PoolKind::Device(device));
     });
 }
 
@@ -433,14 +433,11 @@ fn pinned_memory_labelled_device_is_refused() {
     peer.send(RESOURCE, &as_device(handle.uuid(), device), &[handle.fd()]).unwrap();
     let error = rx.recv(&stream).unwrap_err();
     assert!(
-        matches!(
-            error,
-            IpcError::MisdescribedResource { claimed: SharedKind::Device(_), actual: SharedKind::Pinned, .. }
-        ),
+        matches!(error, IpcError::MisdescribedResource { claimed: PoolKind::Device(_), actual: PoolKind::Pinned, .. }),
         "{error}"
     );
     peer.send(RESOURCE, &as_pinned(handle.uuid()), &[handle.fd()]).unwrap();
-    assert_eq!(expect_resource(&rx, &stream).kind(), SharedKind::Pinned);
+    assert_eq!(expect_resource(&rx, &stream).kind(), PoolKind::Pinned);
 }
 
 #[test]

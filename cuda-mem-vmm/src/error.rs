@@ -3,9 +3,8 @@
 //! [`VmmError::cuda_code`].
 
 use cuda_mem_core::sys::types::{CUmemLocationType, CUresult};
-use cuda_mem_core::{Device, DevicePtr};
+use cuda_mem_core::{Device, DevicePtr, HandleType};
 
-use crate::options::HandleType;
 use crate::share::MAX_CHUNKS;
 
 /// Everything that can go wrong in `cuda-mem-vmm`.
@@ -230,7 +229,7 @@ fn unsupported_message(device: Device, feature: DeviceFeature) -> String {
             format!("{device} does not support the virtual memory management API; use a pool resource instead")
         }
         DeviceFeature::PosixFdHandles => {
-            format!("{device} cannot export memory as POSIX file descriptors; use handle_type(HandleType::None)")
+            format!("{device} cannot export memory as POSIX file descriptors; use handle_type(None)")
         }
         DeviceFeature::FabricHandles => {
             format!("{device} cannot export memory as fabric handles; use handle_type(HandleType::PosixFd) or None")
@@ -252,9 +251,15 @@ pub enum InvalidOptions {
     /// Plain host memory with an exportable handle type.
     #[error(
         "invalid argument: memory with location_type Host cannot have an exportable handle type: use \
-         handle_type(HandleType::None), or LocationType::HostNuma to share host memory"
+         handle_type(None), or LocationType::HostNuma to share host memory"
     )]
     ExportableHostMemory,
+    /// A handle type virtual memory is not shared as here (Windows handles).
+    #[error(
+        "not supported: virtual memory is shared as POSIX file descriptors or fabric handles, not as a {0}: use \
+         handle_type(HandleType::PosixFd), HandleType::Fabric, or None"
+    )]
+    UnsupportedHandleType(HandleType),
     /// `LocationType::HostNumaCurrent`, where physical memory cannot be placed.
     #[error(
         "not supported: physical allocations cannot be placed on the calling thread's NUMA node (HostNumaCurrent); \
@@ -308,14 +313,15 @@ pub enum DescriptorError {
     AddressSpace,
     /// The descriptor's handle type is not the importing resource's.
     #[error(
-        "the descriptor's handle type is {descriptor:?} but this resource's is {resource:?}; import it with a \
-         resource configured like the exporter's"
+        "the descriptor's handle type is {descriptor:?} but this resource's is {}; import it with a \
+         resource configured like the exporter's",
+        .resource.map_or_else(|| "None".to_string(), |t| format!("{t:?}"))
     )]
     HandleTypeMismatch {
         /// The descriptor's.
         descriptor: HandleType,
-        /// The importing resource's.
-        resource: HandleType,
+        /// The importing resource's (`None`: it exports nothing).
+        resource: Option<HandleType>,
     },
     /// A chunk size that is 0 or not a multiple of the importer's granularity.
     #[error("descriptor chunk size {size} is not a positive multiple of the {granularity}-byte granularity")]
@@ -432,6 +438,15 @@ mod tests {
         let deferred = VmmError::ReleaseDeferred { ptr: 0x1000, size: 4096, cause: DeferCause::Capturing };
         assert_eq!(deferred.cuda_code(), None);
         assert!(deferred.to_string().contains("at 0x1000 is deferred: its stream is capturing"), "{deferred}");
+    }
+
+    #[test]
+    fn a_resource_without_a_handle_type_reads_as_none() {
+        let error = DescriptorError::HandleTypeMismatch { descriptor: HandleType::PosixFd, resource: None };
+        assert!(error.to_string().starts_with("the descriptor's handle type is PosixFd but this resource's is None;"));
+        let error =
+            DescriptorError::HandleTypeMismatch { descriptor: HandleType::PosixFd, resource: Some(HandleType::Fabric) };
+        assert!(error.to_string().contains("is PosixFd but this resource's is Fabric;"), "{error}");
     }
 
     #[test]

@@ -28,13 +28,24 @@
 //! Errors are [`VmmError`]s, with variants to match on; a driver error stays their source and
 //! answers [`VmmError::cuda_code`].
 //!
-//! Modules (private; their items are re-exported here): `options` (the options and their
-//! enums), `resource` (the resource: checking options, allocation, growth), `memory_resource`
-//! (the resource as a `MemoryResource`, and the ranges of the buffers it handed out), `buffer`
-//! ([`VirtualBuffer`], [`CloseError`]), `pieces` (the owned driver objects: physical chunk,
-//! reservation, mapping, range, and mapping chunks contiguously into a reservation), `release`
-//! (letting go of ranges after their stream's work, deferred while it captures), `share` (export,
-//! the descriptor in memory, import), `error` ([`VmmError`] and the enums it names).
+//! The handle type and the access in the options are `cuda-mem-core`'s
+//! ([`HandleType`](cuda_mem_core::HandleType), [`Access`](cuda_mem_core::Access)), the same
+//! words the pools use; depend on `cuda-mem-core` for them and for devices and streams.
+//!
+//! # Which module holds what
+//!
+//! The modules are private; everything public is re-exported here.
+//!
+//! | module | holds |
+//! |---|---|
+//! | `options` | [`VirtualMemoryResourceOptions`] and its enums ([`AllocationType`], [`LocationType`], [`Granularity`]) |
+//! | `resource` | [`VirtualMemoryResource`]: checking options, allocation, growth |
+//! | `memory_resource` | the resource as a `MemoryResource`, and the ranges of the buffers it handed out |
+//! | `buffer` | [`VirtualBuffer`], [`CloseError`] |
+//! | `pieces` | the owned driver objects (physical chunk, reservation, mapping, range) and mapping chunks contiguously into a reservation |
+//! | `release` | letting go of ranges after their stream's work, deferred while it captures ([`release_deferred`]) |
+//! | `share` | export, the descriptor in memory ([`VirtualBufferDescriptor`], [`ChunkHandle`], [`MAX_CHUNKS`]), import |
+//! | `error` | [`VmmError`], [`Result`] and the enums it names ([`InvalidOptions`], [`DeviceFeature`], [`DescriptorError`], [`MemoryLocation`], [`DeferCause`]) |
 //!
 //! Fabric handles are tested on the simulator only; they have not yet run on hardware.
 //!
@@ -73,10 +84,7 @@ mod share;
 
 pub use buffer::{CloseError, VirtualBuffer};
 pub use error::{DeferCause, DescriptorError, DeviceFeature, InvalidOptions, MemoryLocation, Result, VmmError};
-pub use options::{AccessFlags, AllocationType, Granularity, HandleType, LocationType, VirtualMemoryResourceOptions};
+pub use options::{AllocationType, Granularity, LocationType, VirtualMemoryResourceOptions};
 pub use release::release_deferred;
 pub use resource::VirtualMemoryResource;
 pub use share::{ChunkHandle, MAX_CHUNKS, VirtualBufferDescriptor};
-
-/// The crate this one builds on.
-pub use cuda_mem_core as core;

@@ -1,11 +1,9 @@
 //! `VirtualMemoryResourceOptions`: every option of the resource, typed, with cuda.core's
-//! defaults.
+//! defaults. The handle type and the access are `cuda-mem-core`'s vocabulary
+//! ([`HandleType`], [`Access`]), shared with the pools.
 
-use cuda_mem_core::Device;
-use cuda_mem_core::sys::types::{
-    CUmemAccess_flags, CUmemAllocationGranularity_flags, CUmemAllocationHandleType, CUmemAllocationType,
-    CUmemLocationType,
-};
+use cuda_mem_core::sys::types::{CUmemAllocationGranularity_flags, CUmemAllocationType, CUmemLocationType};
+use cuda_mem_core::{Access, Device, HandleType};
 
 /// What kind of physical memory to create.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -56,28 +54,6 @@ impl LocationType {
     }
 }
 
-/// The kind of shareable handle the physical memory can be exported as.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum HandleType {
-    /// A POSIX file descriptor per chunk (Linux).
-    #[default]
-    PosixFd,
-    /// A fabric handle per chunk (multi-node NVLink). Tested on the simulator only.
-    Fabric,
-    /// Not exportable.
-    None,
-}
-
-impl HandleType {
-    pub(crate) fn raw(self) -> CUmemAllocationHandleType {
-        match self {
-            HandleType::PosixFd => CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-            HandleType::Fabric => CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_FABRIC,
-            HandleType::None => CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE,
-        }
-    }
-}
-
 /// Which granularity sizes are rounded to.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Granularity {
@@ -97,40 +73,19 @@ impl Granularity {
     }
 }
 
-/// Access a device is given to the memory.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum AccessFlags {
-    /// Read and write.
-    #[default]
-    ReadWrite,
-    /// Read only.
-    Read,
-    /// No access (no descriptor is sent).
-    None,
-}
-
-impl AccessFlags {
-    pub(crate) fn raw(self) -> Option<CUmemAccess_flags> {
-        match self {
-            AccessFlags::ReadWrite => Some(CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE),
-            AccessFlags::Read => Some(CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READ),
-            AccessFlags::None => None,
-        }
-    }
-}
-
 /// How a [`VirtualMemoryResource`](crate::VirtualMemoryResource) allocates. The defaults are
 /// cuda.core's: pinned device memory, POSIX-fd handles, recommended granularity, no RDMA, the
 /// driver's choice of address and alignment, no peers, read-write access.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct VirtualMemoryResourceOptions {
     /// Pinned or managed memory.
     pub allocation_type: AllocationType,
     /// Where the memory lives.
     pub location_type: LocationType,
-    /// The handle type chunks can be exported as.
-    pub handle_type: HandleType,
+    /// The handle type chunks can be exported as: [`HandleType::PosixFd`] or
+    /// [`HandleType::Fabric`]; `None` for memory that is not exported.
+    pub handle_type: Option<HandleType>,
     /// The granularity sizes are rounded to.
     pub granularity: Granularity,
     /// Whether the memory must be usable for GPUDirect RDMA.
@@ -141,10 +96,27 @@ pub struct VirtualMemoryResourceOptions {
     pub address_alignment: usize,
     /// Devices besides the owner that get access.
     pub peers: Vec<Device>,
-    /// The owner's access.
-    pub self_access: AccessFlags,
-    /// Each peer's access.
-    pub peer_access: AccessFlags,
+    /// The owner's access ([`Access::None`]: no access descriptor is set for it).
+    pub self_access: Access,
+    /// Each peer's access ([`Access::None`]: no access descriptor is set for them).
+    pub peer_access: Access,
+}
+
+impl Default for VirtualMemoryResourceOptions {
+    fn default() -> Self {
+        VirtualMemoryResourceOptions {
+            allocation_type: AllocationType::default(),
+            location_type: LocationType::default(),
+            handle_type: Some(HandleType::PosixFd),
+            granularity: Granularity::default(),
+            gpu_direct_rdma: false,
+            address_hint: 0,
+            address_alignment: 0,
+            peers: Vec::new(),
+            self_access: Access::ReadWrite,
+            peer_access: Access::ReadWrite,
+        }
+    }
 }
 
 impl VirtualMemoryResourceOptions {
@@ -160,9 +132,10 @@ impl VirtualMemoryResourceOptions {
         self
     }
 
-    /// With a handle type.
-    pub fn handle_type(mut self, value: HandleType) -> Self {
-        self.handle_type = value;
+    /// With a handle type (`HandleType::PosixFd` or `HandleType::Fabric`), or `None` for
+    /// memory that is not exported.
+    pub fn handle_type(mut self, value: impl Into<Option<HandleType>>) -> Self {
+        self.handle_type = value.into();
         self
     }
 
@@ -197,13 +170,13 @@ impl VirtualMemoryResourceOptions {
     }
 
     /// With the owner's access.
-    pub fn self_access(mut self, value: AccessFlags) -> Self {
+    pub fn self_access(mut self, value: Access) -> Self {
         self.self_access = value;
         self
     }
 
     /// With the peers' access.
-    pub fn peer_access(mut self, value: AccessFlags) -> Self {
+    pub fn peer_access(mut self, value: Access) -> Self {
         self.peer_access = value;
         self
     }

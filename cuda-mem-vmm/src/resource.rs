@@ -3,13 +3,15 @@
 use std::sync::Arc;
 
 use cuda_mem_core::sys::cu_call;
-use cuda_mem_core::sys::types::{CUmemAccessDesc, CUmemAllocationProp, CUmemLocation, CUmemLocationType};
-use cuda_mem_core::{Device, Stream, driver};
+use cuda_mem_core::sys::types::{
+    CUmemAccess_flags, CUmemAccessDesc, CUmemAllocationProp, CUmemLocation, CUmemLocationType,
+};
+use cuda_mem_core::{Access, Device, HandleType, HandleTypes, Stream, driver};
 
 use crate::buffer::VirtualBuffer;
 use crate::error::{DeviceFeature, InvalidOptions, MemoryLocation, Result, VmmError};
 use crate::memory_resource::LiveRanges;
-use crate::options::{AllocationType, HandleType, LocationType, VirtualMemoryResourceOptions};
+use crate::options::{AllocationType, LocationType, VirtualMemoryResourceOptions};
 use crate::pieces::{Physical, Range, Reservation, map_contiguously};
 use crate::release::release_deferred;
 
@@ -34,6 +36,12 @@ pub struct VirtualMemoryResource {
     pub(crate) live: LiveRanges,
 }
 
+/// The flags of the access descriptor that gives `access`, or none for no access: a mapping
+/// starts inaccessible, so no descriptor is sent for it.
+fn descriptor_flags(access: Access) -> Option<CUmemAccess_flags> {
+    (access != Access::None).then(|| access.raw())
+}
+
 /// Rounds `size` up to a multiple of `granularity`, or says it does not fit.
 pub(crate) fn round_up(size: usize, granularity: usize) -> Result<usize> {
     size.checked_next_multiple_of(granularity).ok_or(VmmError::SizeOverflow { size, granularity })
@@ -46,8 +54,8 @@ impl VirtualMemoryResource {
     /// # Errors
     /// [`VmmError::Unsupported`] when the device lacks VMM, the handle type, GPUDirect RDMA with
     /// VMM or a host NUMA node; [`VmmError::InvalidOptions`] for an alignment that is not a power
-    /// of two, an exportable handle type on plain host memory, `HostNumaCurrent`, or the owner
-    /// listed as a peer; [`VmmError::ManagedRefused`] when the driver refuses managed memory.
+    /// of two, an exportable handle type on plain host memory, a handle type other than POSIX file
+    /// descriptors and fabric handles, `HostNumaCurrent`, or the owner listed as a peer; [`VmmError::ManagedRefused`] when the driver refuses managed memory.
     pub fn new(device: Device, options: VirtualMemoryResourceOptions) -> Result<Arc<VirtualMemoryResource>> {
         let properties = device.properties()?;
         let unsupported = |feature| VmmError::Unsupported { device, feature };
@@ -57,17 +65,19 @@ impl VirtualMemoryResource {
         if options.address_alignment != 0 && !options.address_alignment.is_power_of_two() {
             return Err(InvalidOptions::AlignmentNotPowerOfTwo(options.address_alignment).into());
         }
-        if options.location_type == LocationType::Host && options.handle_type != HandleType::None {
+        if options.location_type == LocationType::Host && options.handle_type.is_some() {
             return Err(InvalidOptions::ExportableHostMemory.into());
         }
         match options.handle_type {
-            HandleType::PosixFd if !properties.posix_fd_handles_supported => {
+            None => {}
+            Some(HandleType::PosixFd) if !properties.posix_fd_handles_supported => {
                 return Err(unsupported(DeviceFeature::PosixFdHandles));
             }
-            HandleType::Fabric if !properties.fabric_handles_supported => {
+            Some(HandleType::Fabric) if !properties.fabric_handles_supported => {
                 return Err(unsupported(DeviceFeature::FabricHandles));
             }
-            _ => {}
+            Some(HandleType::PosixFd | HandleType::Fabric) => {}
+            Some(other) => return Err(InvalidOptions::UnsupportedHandleType(other).into()),
         }
         if options.gpu_direct_rdma && !properties.gpu_direct_rdma_with_vmm_supported {
             return Err(unsupported(DeviceFeature::GpuDirectRdma));
@@ -87,13 +97,13 @@ impl VirtualMemoryResource {
         };
         let location = CUmemLocation { type_: options.location_type.raw(), id };
         let mut access = Vec::new();
-        if let Some(flags) = options.self_access.raw() {
+        if let Some(flags) = descriptor_flags(options.self_access) {
             // The owner's descriptor names the device even for host memory: it is the device
             // that accesses it.
             let location = CUmemLocation { type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: device.raw() };
             access.push(CUmemAccessDesc { location, flags });
         }
-        if let Some(flags) = options.peer_access.raw() {
+        if let Some(flags) = descriptor_flags(options.peer_access) {
             for peer in &options.peers {
                 let location = CUmemLocation { type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: peer.raw() };
                 access.push(CUmemAccessDesc { location, flags });
@@ -112,7 +122,7 @@ impl VirtualMemoryResource {
     fn prop(&self) -> CUmemAllocationProp {
         let mut prop = CUmemAllocationProp {
             type_: self.options.allocation_type.raw(),
-            requestedHandleTypes: self.options.handle_type.raw(),
+            requestedHandleTypes: HandleTypes::from(self.options.handle_type).raw(),
             location: self.location,
             ..CUmemAllocationProp::default()
         };

@@ -16,11 +16,10 @@ use cuda_mem_core::sys::cu_call;
 use cuda_mem_core::sys::types::{
     CUmemAllocationProp, CUmemFabricHandle, CUmemGenericAllocationHandle, CUmemLocation, CUmemLocationType,
 };
-use cuda_mem_core::{Stream, driver};
+use cuda_mem_core::{HandleType, Stream, driver};
 
 use crate::buffer::VirtualBuffer;
 use crate::error::{DescriptorError, MemoryLocation, Result, VmmError};
-use crate::options::HandleType;
 use crate::pieces::{Physical, map_contiguously};
 use crate::release::release_deferred;
 use crate::resource::VirtualMemoryResource;
@@ -67,10 +66,9 @@ impl VirtualBuffer {
         if self.is_imported() {
             return Err(VmmError::ImportedBuffer);
         }
-        let handle_type = self.resource().options().handle_type;
-        if handle_type == HandleType::None {
+        let Some(handle_type) = self.resource().options().handle_type else {
             return Err(VmmError::NotExportable);
-        }
+        };
         let d = driver()?;
         let mappings = &self.range().mappings;
         let mut handles = Vec::with_capacity(mappings.len());
@@ -88,6 +86,7 @@ impl VirtualBuffer {
                     }
                     .map(|()| ChunkHandle::Fabric(fabric.data))
                 }
+                // POSIX file descriptors: the only other handle type a resource is created with.
                 _ => {
                     let mut raw: std::ffi::c_int = -1;
                     // SAFETY: a POSIX-fd export writes one `int`, a new descriptor owned here.
@@ -127,7 +126,7 @@ impl VirtualBufferDescriptor {
     /// claimed size against the chunks. Returns the chunks' total size.
     fn check_for(&self, resource: &VirtualMemoryResource) -> Result<usize, DescriptorError> {
         let own = resource.options().handle_type;
-        if self.handle_type != own {
+        if own != Some(self.handle_type) {
             return Err(DescriptorError::HandleTypeMismatch { descriptor: self.handle_type, resource: own });
         }
         if self.chunk_sizes.len() != self.handles.len() {

@@ -5,10 +5,8 @@ mod common;
 
 use common::*;
 use cuda_mem_core::sys::types::CUresult;
-use cuda_mem_core::{Device, Error, FillPattern};
-use cuda_mem_vmm::{
-    AccessFlags, HandleType, LocationType, VirtualMemoryResource, VirtualMemoryResourceOptions, VmmError,
-};
+use cuda_mem_core::{Access, Device, Error, FillPattern};
+use cuda_mem_vmm::{LocationType, VirtualMemoryResource, VirtualMemoryResourceOptions, VmmError};
 
 /// Allocates with `options`, checks rounding, placement, live objects, a round trip at both
 /// ends, and that dropping gives everything back.
@@ -53,7 +51,7 @@ fn device_memory_round_trip_and_release() {
     machine!(&[], || {
         if cuda_sim::testing::simulator_only("live-object counts") {
             allocate_round_trip_and_release(VirtualMemoryResourceOptions::default());
-            allocate_round_trip_and_release(VirtualMemoryResourceOptions::default().handle_type(HandleType::None));
+            allocate_round_trip_and_release(VirtualMemoryResourceOptions::default().handle_type(None));
         }
     });
 }
@@ -63,7 +61,7 @@ fn host_memory_round_trip_and_release() {
     machine!(&[], || {
         if cuda_sim::testing::simulator_only("live-object counts") {
             allocate_round_trip_and_release(
-                VirtualMemoryResourceOptions::default().location_type(LocationType::Host).handle_type(HandleType::None),
+                VirtualMemoryResourceOptions::default().location_type(LocationType::Host).handle_type(None),
             );
         }
     });
@@ -207,7 +205,7 @@ fn peers_get_access_and_others_do_not() {
         assert_eq!(read(&buffer, 0, 8192, &s0), bytes);
 
         // Read-only peers read but do not write.
-        let options = VirtualMemoryResourceOptions::default().peers([d1]).peer_access(AccessFlags::Read);
+        let options = VirtualMemoryResourceOptions::default().peers([d1]).peer_access(Access::Read);
         let read_only = VirtualMemoryResource::new(d0, options).unwrap();
         let buffer = read_only.allocate(G, Some(&s0)).unwrap();
         write(&buffer, 0, &bytes, &s0);
@@ -218,7 +216,7 @@ fn peers_get_access_and_others_do_not() {
         assert_eq!(read(&buffer, 0, 1, &s0), [bytes[0]]);
 
         // Peers listed with no access: the same as none listed.
-        let options = VirtualMemoryResourceOptions::default().peers([d1]).peer_access(AccessFlags::None);
+        let options = VirtualMemoryResourceOptions::default().peers([d1]).peer_access(Access::None);
         let listed_without_access = VirtualMemoryResource::new(d0, options).unwrap();
         let buffer = listed_without_access.allocate(G, Some(&s0)).unwrap();
         write(&buffer, 0, &bytes, &s0);

@@ -66,9 +66,7 @@ fn plain_buffers_come_through_the_trait_and_go_back() {
 fn host_located_memory_belongs_to_no_device() {
     let d0 = device(0);
     let s = stream(d0);
-    let options = VirtualMemoryResourceOptions::default()
-        .location_type(LocationType::Host)
-        .handle_type(cuda_mem_vmm::HandleType::None);
+    let options = VirtualMemoryResourceOptions::default().location_type(LocationType::Host).handle_type(None);
     let resource = VirtualMemoryResource::new(d0, options).unwrap();
     assert_eq!(MemoryResource::device(&*resource), None);
     assert_eq!(resource.device(), d0, "the resource's own device stays the one it allocates for");

@@ -5,9 +5,10 @@
 mod common;
 
 use common::*;
+use cuda_mem_core::{Access, HandleType};
 use cuda_mem_vmm::{
-    AccessFlags, AllocationType, DeviceFeature, Granularity, HandleType, InvalidOptions, LocationType,
-    VirtualMemoryResource, VirtualMemoryResourceOptions, VmmError,
+    AllocationType, DeviceFeature, Granularity, InvalidOptions, LocationType, VirtualMemoryResource,
+    VirtualMemoryResourceOptions, VmmError,
 };
 
 #[test]
@@ -15,20 +16,18 @@ fn defaults_are_cuda_cores() {
     let options = VirtualMemoryResourceOptions::default();
     assert_eq!(options.allocation_type, AllocationType::Pinned);
     assert_eq!(options.location_type, LocationType::Device);
-    assert_eq!(options.handle_type, HandleType::PosixFd);
+    assert_eq!(options.handle_type, Some(HandleType::PosixFd));
     assert_eq!(options.granularity, Granularity::Recommended);
     assert!(!options.gpu_direct_rdma);
     assert_eq!(options.address_hint, 0);
     assert_eq!(options.address_alignment, 0);
     assert!(options.peers.is_empty());
-    assert_eq!(options.self_access, AccessFlags::ReadWrite);
-    assert_eq!(options.peer_access, AccessFlags::ReadWrite);
+    assert_eq!(options.self_access, Access::ReadWrite);
+    assert_eq!(options.peer_access, Access::ReadWrite);
     // Each enum's own default is the option's default.
     assert_eq!(AllocationType::default(), AllocationType::Pinned);
     assert_eq!(LocationType::default(), LocationType::Device);
-    assert_eq!(HandleType::default(), HandleType::PosixFd);
     assert_eq!(Granularity::default(), Granularity::Recommended);
-    assert_eq!(AccessFlags::default(), AccessFlags::ReadWrite);
     assert!(!LocationType::Device.is_host());
     for host in [LocationType::Host, LocationType::HostNuma, LocationType::HostNumaCurrent] {
         assert!(host.is_host(), "{host:?}");
@@ -47,18 +46,18 @@ fn builders_set_every_field_and_nothing_else() {
         .address_hint(0x7000_0000_0000)
         .address_alignment(1 << 30)
         .peers([d0, d0])
-        .self_access(AccessFlags::Read)
-        .peer_access(AccessFlags::None);
+        .self_access(Access::Read)
+        .peer_access(Access::None);
     assert_eq!(options.allocation_type, AllocationType::Managed);
     assert_eq!(options.location_type, LocationType::HostNuma);
-    assert_eq!(options.handle_type, HandleType::Fabric);
+    assert_eq!(options.handle_type, Some(HandleType::Fabric));
     assert_eq!(options.granularity, Granularity::Minimum);
     assert!(options.gpu_direct_rdma);
     assert_eq!(options.address_hint, 0x7000_0000_0000);
     assert_eq!(options.address_alignment, 1 << 30);
     assert_eq!(options.peers, vec![d0, d0]);
-    assert_eq!(options.self_access, AccessFlags::Read);
-    assert_eq!(options.peer_access, AccessFlags::None);
+    assert_eq!(options.self_access, Access::Read);
+    assert_eq!(options.peer_access, Access::None);
     // `peers` replaces the list rather than appending to it.
     let replaced = options.clone().peers([]);
     assert!(replaced.peers.is_empty());
@@ -70,6 +69,9 @@ fn builders_set_every_field_and_nothing_else() {
     assert_eq!(default.clone().gpu_direct_rdma(false), default);
     assert_ne!(default.clone().address_hint(1 << 21), default);
     assert_eq!(default.clone().address_hint(1 << 21).address_hint(0), default);
+    // No handle type is `None`; one is given as itself.
+    assert_eq!(default.clone().handle_type(None).handle_type, None);
+    assert_eq!(default.clone().handle_type(None).handle_type(HandleType::PosixFd), default);
 }
 
 fn refused(options: VirtualMemoryResourceOptions) -> VmmError {
@@ -97,7 +99,22 @@ fn host_memory_with_an_exportable_handle_type_is_refused() {
         let error = refused(options);
         assert!(matches!(error, VmmError::InvalidOptions(InvalidOptions::ExportableHostMemory)), "{error:?}");
         // Says both ways out: no handle type, or host NUMA memory.
-        assert_mentions(&error.to_string(), &["Host", "HandleType::None", "HostNuma"]);
+        assert_mentions(&error.to_string(), &["Host", "handle_type(None)", "HostNuma"]);
+    }
+}
+
+#[test]
+fn handle_types_other_than_posix_fd_and_fabric_are_refused() {
+    for handle_type in [HandleType::Win32, HandleType::Win32Kmt] {
+        let error = refused(VirtualMemoryResourceOptions::default().handle_type(handle_type));
+        assert!(
+            matches!(error, VmmError::InvalidOptions(InvalidOptions::UnsupportedHandleType(t)) if t == handle_type),
+            "{error:?}"
+        );
+        assert_mentions(
+            &error.to_string(),
+            &[&handle_type.to_string(), "handle_type(HandleType::PosixFd)", "HandleType::Fabric", "None"],
+        );
     }
 }
 
@@ -132,9 +149,8 @@ fn the_first_invalid_option_is_reported_even_among_valid_ones() {
     let valid = VirtualMemoryResourceOptions::default().granularity(Granularity::Minimum).address_alignment(4 * G);
     VirtualMemoryResource::new(d0, valid.clone()).expect("valid");
     let error = VirtualMemoryResource::new(d0, valid.clone().location_type(LocationType::Host)).unwrap_err();
-    assert!(error.to_string().contains("HandleType::None"), "{error}");
-    VirtualMemoryResource::new(d0, valid.location_type(LocationType::Host).handle_type(HandleType::None))
-        .expect("valid again");
+    assert!(error.to_string().contains("handle_type(None)"), "{error}");
+    VirtualMemoryResource::new(d0, valid.location_type(LocationType::Host).handle_type(None)).expect("valid again");
 }
 
 #[test]
@@ -164,7 +180,7 @@ fn minimum_and_recommended_granularity() {
 #[test]
 fn resource_accessors_report_what_it_was_made_with() {
     let d0 = device(0);
-    let options = VirtualMemoryResourceOptions::default().handle_type(HandleType::None).address_alignment(8 * G);
+    let options = VirtualMemoryResourceOptions::default().handle_type(None).address_alignment(8 * G);
     let resource = VirtualMemoryResource::new(d0, options.clone()).unwrap();
     assert_eq!(resource.device(), d0);
     assert_eq!(resource.options(), &options);
@@ -175,8 +191,7 @@ fn host_location_without_a_handle_type_holds_data() {
     machine!(&[], || {
         let d0 = device(0);
         let s = stream(d0);
-        let options =
-            VirtualMemoryResourceOptions::default().location_type(LocationType::Host).handle_type(HandleType::None);
+        let options = VirtualMemoryResourceOptions::default().location_type(LocationType::Host).handle_type(None);
         let resource = VirtualMemoryResource::new(d0, options).unwrap();
         let buffer = resource.allocate(G / 2, Some(&s)).unwrap();
         assert_eq!(buffer.size(), G);
@@ -266,15 +281,13 @@ fn self_access_read_only_and_none() {
         let d0 = device(0);
         let s = stream(d0);
         let read_only =
-            VirtualMemoryResource::new(d0, VirtualMemoryResourceOptions::default().self_access(AccessFlags::Read))
-                .unwrap();
+            VirtualMemoryResource::new(d0, VirtualMemoryResourceOptions::default().self_access(Access::Read)).unwrap();
         let buffer = read_only.allocate(G, Some(&s)).unwrap();
         assert_eq!(read(&buffer, 0, 16, &s).len(), 16, "reads are allowed");
         let error = try_write(&buffer, 0, &[1; 16], &s).unwrap_err();
         assert_eq!(error.cuda_code(), Some(cuda_mem_core::sys::types::CUresult::CUDA_ERROR_INVALID_VALUE), "{error}");
         let no_access =
-            VirtualMemoryResource::new(d0, VirtualMemoryResourceOptions::default().self_access(AccessFlags::None))
-                .unwrap();
+            VirtualMemoryResource::new(d0, VirtualMemoryResourceOptions::default().self_access(Access::None)).unwrap();
         let buffer = no_access.allocate(G, Some(&s)).unwrap();
         assert!(try_read(&buffer, 0, 16, &s).is_err(), "no access: no reads");
         assert!(try_write(&buffer, 0, &[1; 16], &s).is_err(), "no access: no writes");

@@ -12,10 +12,10 @@ use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
 use common::*;
-use cuda_mem_core::Stream;
 use cuda_mem_core::sys::types::CUresult;
+use cuda_mem_core::{HandleType, Stream};
 use cuda_mem_vmm::{
-    ChunkHandle, DescriptorError, HandleType, MAX_CHUNKS, MemoryLocation, VirtualBuffer, VirtualBufferDescriptor,
+    ChunkHandle, DescriptorError, MAX_CHUNKS, MemoryLocation, VirtualBuffer, VirtualBufferDescriptor,
     VirtualMemoryResource, VirtualMemoryResourceOptions, VmmError,
 };
 
@@ -68,7 +68,7 @@ fn warm_up(resource: &Arc<VirtualMemoryResource>, s: &Stream) {
     let buffer = resource.allocate(G, Some(s)).unwrap();
     write(&buffer, 0, &[1], s);
     assert_eq!(read(&buffer, 0, 1, s), [1]);
-    if resource.options().handle_type != HandleType::None {
+    if resource.options().handle_type.is_some() {
         drop(buffer.export().unwrap());
     }
 }

@@ -18,6 +18,17 @@
 //!
 //! Nothing here links against libcuda: the build needs neither the CUDA toolkit nor libclang.
 //!
+//! # Which module holds what
+//!
+//! | module | holds |
+//! |---|---|
+//! | [`types`] | the generated types, constants and enums of `cuda.h` (`generated/bindings.rs`) |
+//! | [`error_table`] | the generated name and description of every `CUresult` (`generated/errors.rs`) |
+//! | `loader` (private) | [`Driver`] and its options, the lazily resolved entry points (one accessor per function, generated into `generated/functions.rs`), [`SYMBOLS`], the process-wide [`driver()`] and [`install_driver`], [`cu_call!`] |
+//! | `error` (private) | [`CudaError`], [`DriverError`], [`LoadError`], [`error_name`], [`error_description`] |
+//!
+//! Everything the private modules hold is re-exported here.
+//!
 //! ```no_run
 //! use cuda_sys::{cu_call, driver, types::CUdevice};
 //!

@@ -260,7 +260,7 @@ fn check(message: &Received) -> Vec<u64> {
                     || registered.imported_pool().handle() != resource.imported_pool().handle(),
                 "the registered import, or an import of the case's own"
             );
-            if let cuda_mem_ipc::SharedKind::Device(device) = resource.kind() {
+            if let cuda_mem_core::PoolKind::Device(device) = resource.kind() {
                 assert!(device.ordinal() < Device::count().unwrap());
             }
             assert!(resource.imported_pool().is_imported());
@@ -289,6 +289,9 @@ fn tally(outcome: &'static str) {
 
 /// One case: feed `input`, receive until an error, check what came, drop it all.
 fn one_case(world: &World, input: &Input) -> Result<(), TestCaseError> {
+    // Releasing an import is stream-ordered, and the last release of a pool's imports closes its
+    // descriptor when that work runs: count only once the stream is idle, here and below.
+    world.stream.synchronize().unwrap();
     let before = open_fds();
     let (ours, theirs) = UnixStream::pair().unwrap();
     let receiver = IpcChannel::new(Channel::from_stream(ours).unwrap());
@@ -329,6 +332,7 @@ fn one_case(world: &World, input: &Input) -> Result<(), TestCaseError> {
     for ptr in pointers {
         prop_assert_eq!(cuda_mem_core::import_holders(ptr), 0, "imports released with their buffers");
     }
+    world.stream.synchronize().unwrap();
     prop_assert_eq!(open_fds(), before, "every descriptor of the input is closed");
     Ok(())
 }

@@ -11,8 +11,8 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
-use cuda_mem_core::{Buffer, MemoryResource, MemoryResourceExt, Stream};
-use cuda_mem_ipc::{IpcError, MappedMemoryResource, SharedKind, allocation_handle, registry};
+use cuda_mem_core::{Buffer, MemoryResource, MemoryResourceExt, PoolKind, Stream};
+use cuda_mem_ipc::{IpcError, MappedMemoryResource, allocation_handle, registry};
 use uuid::Uuid;
 
 /// Whether `buffer` is owned by `resource` (the same object).
@@ -109,7 +109,7 @@ fn round_trip_child(role: &str) {
 
     let mapped = expect_resource(&channel, &stream);
     assert_eq!(mapped.uuid(), uuid, "the exporter's UUID");
-    assert_eq!(mapped.kind(), if pinned { SharedKind::Pinned } else { SharedKind::Device(device) });
+    assert_eq!(mapped.kind(), if pinned { PoolKind::Pinned } else { PoolKind::Device(device) });
     assert!(Arc::ptr_eq(&registry().get(uuid).unwrap(), &mapped), "registered");
 
     let mut buffers = expect_buffers(&channel, &stream);
@@ -276,7 +276,7 @@ fn one_resource_child(k: usize) {
     let channel = parent_channel();
     let uuid = uuids_from(&expect_data(&channel, &stream))[0];
     let mapped = expect_resource(&channel, &stream);
-    assert_eq!((mapped.uuid(), mapped.kind()), (uuid, SharedKind::Pinned));
+    assert_eq!((mapped.uuid(), mapped.kind()), (uuid, PoolKind::Pinned));
     let mut buffers = expect_buffers(&channel, &stream);
     assert_eq!(buffers.len(), 1);
     let buffer = &mut buffers[0];
@@ -328,7 +328,7 @@ fn seven_buffers_child() {
     let resources: Vec<_> = (0..3).map(|_| expect_resource(&channel, &stream)).collect();
     assert_eq!(resources.iter().map(|r| r.uuid()).collect::<Vec<_>>(), uuids, "resources in order of first use");
     let kinds: Vec<_> = resources.iter().map(|r| r.kind()).collect();
-    assert_eq!(kinds, [SharedKind::Device(device), SharedKind::Device(device), SharedKind::Pinned]);
+    assert_eq!(kinds, [PoolKind::Device(device), PoolKind::Device(device), PoolKind::Pinned]);
     let buffers = expect_buffers(&channel, &stream);
     assert_eq!(buffers.len(), 7);
     let mut sums = Vec::new();
@@ -403,7 +403,7 @@ fn re_export_c() {
     let uuids = uuids_from(&expect_data(&channel, &stream));
     let resources = [expect_resource(&channel, &stream), expect_resource(&channel, &stream)];
     assert_eq!([resources[0].uuid(), resources[1].uuid()], [uuids[0], uuids[1]], "A's UUIDs, through B");
-    assert_eq!([resources[0].kind(), resources[1].kind()], [SharedKind::Device(device), SharedKind::Pinned]);
+    assert_eq!([resources[0].kind(), resources[1].kind()], [PoolKind::Device(device), PoolKind::Pinned]);
     let mut buffers = expect_buffers(&channel, &stream);
     assert_eq!(buffers.iter().map(Buffer::size).collect::<Vec<_>>(), [32 << 10, 8000]);
     for (k, buffer) in buffers.iter_mut().enumerate() {

@@ -11,13 +11,13 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 
 use common::*;
-use cuda_mem_core::{Buffer, Device, LegacyPinnedMemoryResource, MemoryResourceExt, Stream};
+use cuda_mem_core::{Buffer, Device, HandleType, LegacyPinnedMemoryResource, MemoryResourceExt, Stream};
 use cuda_mem_ipc::{
     DecodeError, IpcChannel, IpcError, MAX_BUFFER_SIZE, Received, SharedVirtualBuffer,
     VirtualBufferDecodeError as Decode, VirtualBufferLocation,
 };
 use cuda_mem_vmm::{
-    ChunkHandle, DescriptorError, HandleType, LocationType, MemoryLocation, VirtualBuffer, VirtualMemoryResource,
+    ChunkHandle, DescriptorError, LocationType, MemoryLocation, VirtualBuffer, VirtualMemoryResource,
     VirtualMemoryResourceOptions, VmmError,
 };
 use uuid::Uuid;

@@ -2,6 +2,7 @@
 //!
 //! - here: the type, creating, wrapping and destroying it, allocating and freeing, and the
 //!   [`PoolResource`] trait of the resources that allocate from one;
+//! - [`kind`]: [`PoolKind`], what memory a pool holds (device, pinned or managed);
 //! - [`attributes`]: usage, high-water marks, release threshold, reuse policies, trimming;
 //! - [`peers`]: each device's access and the peer set of a device pool;
 //! - [`sharing`]: the shareable file descriptor, importing a pool from one (which handles this
@@ -16,6 +17,7 @@
 
 mod attributes;
 mod imports;
+mod kind;
 mod peers;
 mod sharing;
 
@@ -26,7 +28,7 @@ use cuda_sys::types::{CUmemPoolProps, CUmemoryPool};
 
 pub use attributes::{PoolAttributes, ReusePolicy};
 pub use imports::{import_holders, import_pending_waits};
-pub use peers::Access;
+pub use kind::PoolKind;
 pub use sharing::{EXPORT_DATA_LEN, ShareableHandle, mapped_range_size};
 
 use crate::device::Device;
@@ -64,8 +66,8 @@ pub fn pool_of(resource: &dyn MemoryResource) -> Option<&MemoryPool> {
 pub struct MemoryPool {
     handle: CUmemoryPool,
     owned: bool,
-    /// The device whose memory it is, for device pools.
-    owner: Option<Device>,
+    /// What memory it holds (for an imported pool, as the driver reports it).
+    kind: PoolKind,
     /// Whether it was created shareable by file descriptor.
     pub(crate) shareable: bool,
     /// Whether it was imported from another process (it then cannot allocate).
@@ -89,13 +91,13 @@ unsafe impl Sync for MemoryPool {}
 
 impl MemoryPool {
     /// Creates an owned pool.
-    pub(crate) fn create(props: &CUmemPoolProps, owner: Option<Device>) -> Result<MemoryPool> {
+    pub(crate) fn create(props: &CUmemPoolProps, kind: PoolKind) -> Result<MemoryPool> {
         let d = driver()?;
         let mut handle: CUmemoryPool = std::ptr::null_mut();
         // SAFETY: `handle` is a valid out-pointer and `props` a fully initialized structure.
         unsafe { cu_call!(d, cuMemPoolCreate(&mut handle, props)) }?;
         let shareable = props.handleTypes.0 != 0;
-        let mut pool = MemoryPool::new(handle, true, owner, shareable, false);
+        let mut pool = MemoryPool::new(handle, true, kind, shareable, false);
         pool.claim = Some(sharing::HandleClaim::created(handle));
         Ok(pool)
     }
@@ -103,16 +105,16 @@ impl MemoryPool {
     pub(crate) fn new(
         handle: CUmemoryPool,
         owned: bool,
-        owner: Option<Device>,
+        kind: PoolKind,
         shareable: bool,
         imported: bool,
     ) -> MemoryPool {
-        MemoryPool { handle, owned, owner, shareable, imported, handle_once: std::sync::OnceLock::new(), claim: None }
+        MemoryPool { handle, owned, kind, shareable, imported, handle_once: std::sync::OnceLock::new(), claim: None }
     }
 
     /// Wraps a pool this value does not own (a device's current pool, say).
-    pub(crate) fn borrowed(handle: CUmemoryPool, owner: Option<Device>) -> MemoryPool {
-        MemoryPool::new(handle, false, owner, false, false)
+    pub(crate) fn borrowed(handle: CUmemoryPool, kind: PoolKind) -> MemoryPool {
+        MemoryPool::new(handle, false, kind, false, false)
     }
 
     /// The raw handle.
@@ -126,9 +128,15 @@ impl MemoryPool {
         self.owned
     }
 
+    /// What memory the pool holds: device memory of its device, pinned host memory, or managed
+    /// memory. For an imported pool, what the driver reports, not what the exporter said.
+    pub fn kind(&self) -> PoolKind {
+        self.kind
+    }
+
     /// The device whose memory it is, for device pools.
     pub fn owner(&self) -> Option<Device> {
-        self.owner
+        self.kind.device()
     }
 
     /// Allocates from the pool on `stream`. A capturing stream is refused: the pool would

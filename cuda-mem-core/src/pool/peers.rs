@@ -8,30 +8,10 @@ use cuda_sys::cu_call;
 use cuda_sys::types::{CUmemAccess_flags, CUmemAccessDesc, CUmemLocation, CUmemLocationType};
 
 use super::MemoryPool;
+use crate::access::Access;
 use crate::device::Device;
 use crate::driver::driver;
 use crate::error::{Error, Result};
-
-/// The access a device has to a pool's memory.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Access {
-    /// Read and write.
-    ReadWrite,
-    /// Read only.
-    Read,
-    /// None.
-    None,
-}
-
-impl Access {
-    fn from_raw(flags: CUmemAccess_flags) -> Access {
-        match flags {
-            CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE => Access::ReadWrite,
-            CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READ => Access::Read,
-            _ => Access::None,
-        }
-    }
-}
 
 fn device_location(device: Device) -> CUmemLocation {
     CUmemLocation { type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: device.raw() }
@@ -61,7 +41,7 @@ impl MemoryPool {
     }
 
     fn owner_or_error(&self) -> Result<Device> {
-        self.owner.ok_or_else(|| Error::NotSupported("peer access applies to device pools only".to_string()))
+        self.owner().ok_or_else(|| Error::NotSupported("peer access applies to device pools only".to_string()))
     }
 
     /// The devices other than the owner that have read-write access, read from the driver (so
@@ -130,18 +110,15 @@ impl MemoryPool {
             return Err(Error::PeerAccess { owner: owner.ordinal(), peers: refused });
         }
         self.set_access(
-            to_add
-                .iter()
-                .map(|&p| (p, CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE))
-                .chain(to_remove.iter().map(|&p| (p, CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_NONE))),
+            to_add.iter().map(|&p| (p, Access::ReadWrite)).chain(to_remove.iter().map(|&p| (p, Access::None))),
         )
     }
 
     /// Sets the access of each device in `changes`, in one driver call (none for no change).
-    fn set_access(&self, changes: impl IntoIterator<Item = (Device, CUmemAccess_flags)>) -> Result<()> {
+    fn set_access(&self, changes: impl IntoIterator<Item = (Device, Access)>) -> Result<()> {
         let descs: Vec<CUmemAccessDesc> = changes
             .into_iter()
-            .map(|(device, flags)| CUmemAccessDesc { location: device_location(device), flags })
+            .map(|(device, access)| CUmemAccessDesc { location: device_location(device), flags: access.raw() })
             .collect();
         if descs.is_empty() {
             return Ok(());
@@ -160,7 +137,7 @@ impl MemoryPool {
         let mut lacking = Vec::new();
         for device in Device::all()? {
             if self.access(device)? != Access::ReadWrite {
-                lacking.push((device, CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
+                lacking.push((device, Access::ReadWrite));
             }
         }
         self.set_access(lacking)
@@ -169,7 +146,7 @@ impl MemoryPool {
     /// Revokes every peer's access, one call per device (never the owner), so that the driver
     /// does not hand the old access to a pool that reuses this handle (nvbug 5698116).
     pub(super) fn revoke_all_peers(&self) -> Result<()> {
-        let Some(owner) = self.owner else {
+        let Some(owner) = self.owner() else {
             return Ok(());
         };
         let mut first_error = None;

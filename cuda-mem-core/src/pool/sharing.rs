@@ -12,8 +12,8 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use cuda_sys::cu_call;
 use cuda_sys::types::{CUmemAllocationHandleType, CUmemPoolPtrExportData, CUmemoryPool, CUpointer_attribute};
 
-use super::peers::Access;
-use super::{MemoryPool, imports};
+use super::{MemoryPool, PoolKind, imports};
+use crate::access::Access;
 use crate::device::Device;
 use crate::driver::driver;
 use crate::error::{Error, Result};
@@ -161,9 +161,9 @@ impl MemoryPool {
     }
 
     /// Imports a pool another process exported, taking ownership of `fd` (kept open for the
-    /// pool's life); `id` is the exporter's id for it. Where its memory lives (its
-    /// [`owner`](MemoryPool::owner) device, or none for pinned host memory) is asked of the
-    /// driver, not taken from the exporter's word; an imported host pool is given to every
+    /// pool's life); `id` is the exporter's id for it. What memory it holds (its
+    /// [`kind`](MemoryPool::kind): device memory of its device, or pinned host memory) is asked
+    /// of the driver, not taken from the exporter's word; an imported host pool is given to every
     /// device, as a created one is.
     ///
     /// # Errors
@@ -183,13 +183,14 @@ impl MemoryPool {
         let Some(claim) = HandleClaim::imported(handle) else {
             return Err(Error::PoolAlreadyOwned { handle: handle as usize });
         };
-        let mut pool = MemoryPool::new(handle, true, None, false, true);
+        // Pinned (no owner) until located: nothing reads the kind before.
+        let mut pool = MemoryPool::new(handle, true, PoolKind::Pinned, false, true);
         pool.claim = Some(claim);
         let _ = pool.handle_once.set(ShareableHandle { fd, id });
         // On an error from here the pool drops, destroying a handle that is this import's own.
-        pool.owner = pool.locate_imported()?;
+        pool.kind = pool.locate_imported()?;
         // An imported host pool, like any host pool, is the host CPU's alone until access is set.
-        if pool.owner.is_none() {
+        if pool.kind == PoolKind::Pinned {
             pool.grant_all_devices()?;
         }
         Ok(pool)
@@ -198,7 +199,7 @@ impl MemoryPool {
     /// Where an imported pool's memory lives, from the driver's access table: a device pool is
     /// reachable read-write from its own device (an import does not inherit the exporter's peer
     /// access), a pinned host pool from the host CPU and no device until access is granted.
-    fn locate_imported(&self) -> Result<Option<Device>> {
+    fn locate_imported(&self) -> Result<PoolKind> {
         let mut reachable = Vec::new();
         for device in Device::all()? {
             if self.access(device)? == Access::ReadWrite {
@@ -206,8 +207,8 @@ impl MemoryPool {
             }
         }
         match reachable[..] {
-            [device] => Ok(Some(device)),
-            [] if self.host_access()? == Access::ReadWrite => Ok(None),
+            [device] => Ok(PoolKind::Device(device)),
+            [] if self.host_access()? == Access::ReadWrite => Ok(PoolKind::Pinned),
             _ => Err(Error::NotSupported(format!(
                 "the imported memory pool is neither a device pool nor a pinned host pool ({} devices can \
                  reach it at once): share device or pinned memory pools only",

@@ -4,8 +4,8 @@
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use cuda_mem_core::FillPattern;
-use cuda_mem_ipc::{Channel, IpcChannel, IpcError, Received, SharedKind};
+use cuda_mem_core::{FillPattern, PoolKind};
+use cuda_mem_ipc::{Channel, IpcChannel, IpcError, Received};
 use cuda_mem_vmm::{VirtualMemoryResource, VirtualMemoryResourceOptions};
 
 use crate::Error;
@@ -74,8 +74,9 @@ fn child_check_buffers(ipc: &IpcChannel, gpu: &Gpu, patterns: &[Patterns]) -> Re
         match ipc.recv(&gpu.stream).context("receiving the pool and the buffers")? {
             Received::Resource(pool) => {
                 let kind = match pool.kind() {
-                    SharedKind::Device(device) => format!("memory of {device}"),
-                    SharedKind::Pinned => "pinned host memory".to_string(),
+                    PoolKind::Device(device) => format!("memory of {device}"),
+                    PoolKind::Pinned => "pinned host memory".to_string(),
+                    other => other.to_string(),
                 };
                 println!("  [child {pid}] imported the pool {} ({kind})", pool.uuid());
                 pools.push(pool);

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use cuda_mem_core::{Device, DeviceProperties, HandleTypes};
+use cuda_mem_core::{Device, DeviceProperties, HandleType};
 
 use crate::Error;
 use crate::driver::{ChosenDriver, SIM_DEVICES_ENV};
@@ -64,7 +64,7 @@ pub(crate) fn open_devices(chosen: ChosenDriver) -> Result<Demo, Error> {
         println!(
             "    memory pools: {} (shareable by fd: {}); virtual memory management: {} (shareable by fd: {})",
             yes_no(p.memory_pools_supported),
-            yes_no(p.mempool_supported_handle_types.contains(HandleTypes::POSIX_FD)),
+            yes_no(p.mempool_supported_handle_types.contains(HandleType::PosixFd)),
             yes_no(p.virtual_memory_management_supported),
             yes_no(p.posix_fd_handles_supported)
         );
@@ -87,7 +87,7 @@ pub(crate) fn open_devices(chosen: ChosenDriver) -> Result<Demo, Error> {
         simulator: chosen.simulator,
         gpu,
         devices,
-        pool_ipc: properties.mempool_supported_handle_types.contains(HandleTypes::POSIX_FD),
+        pool_ipc: properties.mempool_supported_handle_types.contains(HandleType::PosixFd),
         properties,
         peer_reachable,
     })

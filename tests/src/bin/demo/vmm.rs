@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use cuda_mem_core::sys::cu_call;
 use cuda_mem_core::{DevicePtr, FillPattern};
-use cuda_mem_vmm::{HandleType, VirtualBuffer, VirtualMemoryResource, VirtualMemoryResourceOptions};
+use cuda_mem_vmm::{VirtualBuffer, VirtualMemoryResource, VirtualMemoryResourceOptions};
 
 use crate::Error;
 use crate::child::ChildProcess;
@@ -37,7 +37,7 @@ pub(crate) fn vmm_grow_in_place(demo: &Demo) -> Result<Vmm, Error> {
     let gpu = &demo.gpu;
     let mut options = VirtualMemoryResourceOptions::default();
     if !demo.properties.posix_fd_handles_supported {
-        options = options.handle_type(HandleType::None);
+        options = options.handle_type(None);
     }
     let resource = VirtualMemoryResource::new(gpu.device, options)?;
     let chunk = resource.granularity();
