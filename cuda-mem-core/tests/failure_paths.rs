@@ -5,9 +5,9 @@
 //! the devices; only when that fails too is the memory kept, and that is recorded.
 //!
 //! Fault injection counts calls process-wide, so each test runs in a child process of its own.
-//! The calls are counted first, the way the bench does: every function is armed to fail far
-//! ahead, the scenario runs, and a harmless probe call of each then finds how many calls the
-//! scenario made. Then each call k of each function is made to fail in turn.
+//! The calls are counted first (`cuda_sim::testing::count_calls`): a run of the scenario with
+//! nothing failing says which driver functions it calls, and how often. Then each call k of each
+//! function is made to fail in turn, every driver function the scenario reaches included.
 
 mod common;
 
@@ -15,64 +15,16 @@ use std::ffi::CStr;
 use std::sync::Arc;
 
 use common::{Gate, OPEN_DELAY, expect_host_read_waited};
-use cuda_mem_core::sys::cu_call;
-use cuda_mem_core::sys::types::{
-    CUcontext, CUdevice_attribute, CUevent, CUmemAccess_flags, CUmemAccessDesc, CUmemLocation, CUmemPoolProps,
-    CUmemoryPool, CUresult, CUstream, CUstreamCaptureStatus,
-};
+use cuda_mem_core::sys::types::CUresult;
 use cuda_mem_core::{
     Device, DeviceMemoryResource, Error, FillPattern, LegacyPinnedMemoryResource, ManagedMemoryResource,
     MemoryResource, MemoryResourceExt, PinnedMemoryResource, Result, Stream, StreamOptions, SynchronousMemoryResource,
     take_drop_errors,
 };
-use cuda_sim::testing::{LiveObjects, in_simulated_machine, simulator_only};
+use cuda_sim::testing::{LiveObjects, count_calls, in_simulated_machine, run_failing, simulator_only};
 
 const SIZE: usize = 1 << 16;
 const OOM: CUresult = CUresult::CUDA_ERROR_OUT_OF_MEMORY;
-
-/// How far ahead every function is armed when counting: more calls than any scenario makes.
-const ARM_AT: u32 = 512;
-
-/// Every driver function the scenarios call (allocation, use, ordering, freeing, streams and
-/// pools made and destroyed), each with a harmless probe in [`probe`].
-const FUNCTIONS: &[&CStr] = &[
-    c"cuCtxGetCurrent",
-    c"cuCtxSetCurrent",
-    c"cuCtxSynchronize",
-    c"cuDeviceGetCount",
-    c"cuDeviceGetAttribute",
-    c"cuDeviceCanAccessPeer",
-    c"cuStreamCreateWithPriority",
-    c"cuStreamDestroy_v2",
-    c"cuStreamIsCapturing",
-    c"cuStreamSynchronize",
-    c"cuStreamWaitEvent",
-    c"cuEventCreate",
-    c"cuEventRecord",
-    c"cuEventDestroy_v2",
-    c"cuMemPoolCreate",
-    c"cuMemPoolDestroy",
-    c"cuMemPoolGetAccess",
-    c"cuMemPoolSetAccess",
-    c"cuMemAllocFromPoolAsync",
-    c"cuMemFreeAsync",
-    c"cuMemAlloc_v2",
-    c"cuMemFree_v2",
-    c"cuMemAllocHost_v2",
-    c"cuMemFreeHost",
-    c"cuMemsetD8Async",
-];
-
-/// The calls that free or destroy something: when one of them is refused, what it would have
-/// freed stays, and the refusal must be returned or recorded.
-const FREES: &[&CStr] = &[
-    c"cuMemFreeAsync",
-    c"cuMemFree_v2",
-    c"cuMemFreeHost",
-    c"cuMemPoolDestroy",
-    c"cuStreamDestroy_v2",
-    c"cuEventDestroy_v2",
-];
 
 #[derive(Debug, Clone, Copy)]
 enum Kind {
@@ -162,98 +114,12 @@ fn scenario(kind: Kind, path: Path, device: Device, peer: Device) -> Option<Erro
     close_error
 }
 
-/// Calls `function` with arguments that make it do nothing (null handles and out-pointers, zero
-/// sizes, the current context, a synchronization) and returns its code.
-fn probe(function: &CStr, current: CUcontext) -> CUresult {
-    let d = driver();
-    let legacy: CUstream = std::ptr::without_provenance_mut(0x1);
-    let no_stream: CUstream = std::ptr::null_mut();
-    let no_event: CUevent = std::ptr::null_mut();
-    let no_pool: CUmemoryPool = std::ptr::null_mut();
-    let props = CUmemPoolProps::default();
-    let mut location = CUmemLocation::default();
-    let desc = CUmemAccessDesc { location, flags: CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_NONE };
-    let (mut int, mut ptr, mut count) = (0i32, 0u64, 0i32);
-    let mut host: *mut std::ffi::c_void = std::ptr::null_mut();
-    let mut got: CUcontext = std::ptr::null_mut();
-    let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-    let mut flags = CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_NONE;
-    let attribute = CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED;
-    let resolve = "the simulator exports every probed function";
-    // SAFETY: every pointer argument points to a live local of the right type or is null where
-    // the function refuses null; handles are null (refused) or the legacy stream and the
-    // current context, and sizes are 0, so a call that is not the armed failure changes nothing
-    // (a synchronization at most).
-    unsafe {
-        match function.to_str().unwrap_or("?") {
-            "cuCtxGetCurrent" => d.cuCtxGetCurrent().expect(resolve)(&mut got),
-            "cuCtxSetCurrent" => d.cuCtxSetCurrent().expect(resolve)(current),
-            "cuCtxSynchronize" => d.cuCtxSynchronize().expect(resolve)(),
-            "cuDeviceGetCount" => d.cuDeviceGetCount().expect(resolve)(&mut count),
-            "cuDeviceGetAttribute" => d.cuDeviceGetAttribute().expect(resolve)(&mut int, attribute, 0),
-            "cuDeviceCanAccessPeer" => d.cuDeviceCanAccessPeer().expect(resolve)(&mut int, 0, 0),
-            "cuStreamCreateWithPriority" => d.cuStreamCreateWithPriority().expect(resolve)(std::ptr::null_mut(), 0, 0),
-            "cuStreamDestroy_v2" => d.cuStreamDestroy_v2().expect(resolve)(no_stream),
-            "cuStreamIsCapturing" => d.cuStreamIsCapturing().expect(resolve)(legacy, &mut status),
-            "cuStreamSynchronize" => d.cuStreamSynchronize().expect(resolve)(legacy),
-            "cuStreamWaitEvent" => d.cuStreamWaitEvent().expect(resolve)(legacy, no_event, 0),
-            "cuEventCreate" => d.cuEventCreate().expect(resolve)(std::ptr::null_mut(), 0),
-            "cuEventRecord" => d.cuEventRecord().expect(resolve)(no_event, legacy),
-            "cuEventDestroy_v2" => d.cuEventDestroy_v2().expect(resolve)(no_event),
-            "cuMemPoolCreate" => d.cuMemPoolCreate().expect(resolve)(std::ptr::null_mut(), &props),
-            "cuMemPoolDestroy" => d.cuMemPoolDestroy().expect(resolve)(no_pool),
-            "cuMemPoolGetAccess" => d.cuMemPoolGetAccess().expect(resolve)(&mut flags, no_pool, &mut location),
-            "cuMemPoolSetAccess" => d.cuMemPoolSetAccess().expect(resolve)(no_pool, &desc, 1),
-            "cuMemAllocFromPoolAsync" => d.cuMemAllocFromPoolAsync().expect(resolve)(&mut ptr, 0, no_pool, legacy),
-            "cuMemFreeAsync" => d.cuMemFreeAsync().expect(resolve)(0, legacy),
-            "cuMemAlloc_v2" => d.cuMemAlloc_v2().expect(resolve)(&mut ptr, 0),
-            "cuMemFree_v2" => d.cuMemFree_v2().expect(resolve)(0),
-            "cuMemAllocHost_v2" => d.cuMemAllocHost_v2().expect(resolve)(&mut host, 0),
-            "cuMemFreeHost" => d.cuMemFreeHost().expect(resolve)(std::ptr::null_mut()),
-            "cuMemsetD8Async" => d.cuMemsetD8Async().expect(resolve)(0, 0, 0, legacy),
-            other => panic!("no probe for {other}"),
-        }
-    }
-}
-
-/// The calling thread's current context (read before anything is armed: reading it is one of
-/// the calls counted).
-fn current_context() -> CUcontext {
-    let mut current: CUcontext = std::ptr::null_mut();
-    // SAFETY: a valid out-pointer.
-    unsafe { cu_call!(driver(), cuCtxGetCurrent(&mut current)) }.expect("the current context can be read");
-    current
-}
-
-/// Whether the failure armed at the `k`th next call of `function` has not fired yet (a probe
-/// fires it within `k` calls then, so that it cannot hit a later scenario).
-fn still_armed(function: &CStr, k: u32, current: CUcontext) -> bool {
-    (0..k).any(|_| probe(function, current) == OOM)
-}
-
 /// Makes and drops a device pool: when destroying a pool failed to revoke a peer's access, the
 /// driver gives that access to the next pool made on the device (nvbug 5698116, which the
 /// simulator reproduces); this one takes it and revokes it, so that every scenario starts from
 /// the same state and makes the calls counted.
 fn absorb_leftover_peer_access(device: Device) {
     drop(DeviceMemoryResource::new(device, Default::default()).expect("a device pool can be made"));
-}
-
-/// How many calls of each function `scenario` makes when nothing fails.
-fn count_calls(current: CUcontext, scenario: impl FnOnce()) -> Vec<(&'static CStr, u32)> {
-    for function in FUNCTIONS {
-        inject(function, ARM_AT);
-    }
-    scenario();
-    FUNCTIONS
-        .iter()
-        .map(|&function| {
-            let probes = (1..=ARM_AT)
-                .find(|_| probe(function, current) == OOM)
-                .unwrap_or_else(|| panic!("the failure armed for {function:?} never fired"));
-            (function, ARM_AT - probes)
-        })
-        .collect()
 }
 
 #[test]
@@ -270,50 +136,51 @@ fn a_failure_at_any_driver_call_leaves_nothing_behind_unless_the_free_itself_fai
             // Everything retained once per process (the contexts) is retained before counting.
             peer.set_current().unwrap();
             device.set_current().unwrap();
-            let current = current_context();
             let mut injected = 0;
             for kind in KINDS {
                 for path in PATHS {
-                    let calls = count_calls(current, || assert!(scenario(kind, path, device, peer).is_none()));
+                    // Once first: what is resolved or retained once per process is, before counting.
+                    assert!(scenario(kind, path, device, peer).is_none());
+                    let (close_error, calls) =
+                        count_calls(driver(), || scenario(kind, path, device, peer)).expect("the simulator counts");
+                    assert!(close_error.is_none());
                     let errors = take_drop_errors();
                     assert!(errors.is_empty(), "{kind:?} {path:?} without failures: {errors:?}");
-                    let count = |name: &CStr| calls.iter().find(|(f, _)| *f == name).map_or(0, |&(_, n)| n);
                     // The counts are what the scenario should make: the checks below are not empty.
-                    assert!(count(c"cuMemsetD8Async") == 1, "{kind:?} {path:?}: {calls:?}");
+                    assert!(calls.of("cuMemsetD8Async") == 1, "{kind:?} {path:?}: {calls:?}");
                     if !matches!(path, Path::DropOnOwnStream) {
-                        assert!(count(c"cuStreamWaitEvent") >= 1, "{kind:?} {path:?} orders its free: {calls:?}");
+                        assert!(calls.of("cuStreamWaitEvent") >= 1, "{kind:?} {path:?} orders its free: {calls:?}");
                     }
-                    for &(function, n) in &calls {
-                        for k in 1..=n {
-                            let before = live();
-                            inject(function, k);
-                            let close_error = scenario(kind, path, device, peer);
-                            injected += 1;
-                            let case = format!("{kind:?} {path:?}, call {k} of {function:?} failing");
-                            assert!(!still_armed(function, k, current), "{case}: the scenario did not make that call");
-                            absorb_leftover_peer_access(device);
-                            let after = live();
-                            let errors = take_drop_errors();
-                            if FREES.contains(&function) {
-                                let refusal_seen = close_error.as_ref().is_some_and(|e| e.cuda_code() == Some(OOM))
-                                    || errors.iter().any(|e| e.error.cuda_code() == Some(OOM));
-                                assert!(refusal_seen, "{case}: the refused free was neither returned nor recorded");
-                                if after != before {
-                                    assert!(
-                                        errors.iter().any(|e| e.error.cuda_code() == Some(OOM)),
-                                        "{case}: memory was kept without a record: {errors:?}"
-                                    );
-                                }
-                            } else {
-                                assert_eq!(after, before, "{case}: something was left behind ({errors:?})");
-                                // Streams and events are not counted as live objects: a drop that
-                                // gave one up would say so here. A pool whose peer access could not
-                                // be revoked is still destroyed; only that may be recorded.
+                    for injection in calls.injections() {
+                        let before = live();
+                        let (close_error, fired) =
+                            run_failing(driver(), injection, || scenario(kind, path, device, peer))
+                                .expect("the simulator injects");
+                        injected += 1;
+                        let case = format!("{kind:?} {path:?}, {injection}");
+                        assert!(fired, "{case}: the scenario did not make that call");
+                        absorb_leftover_peer_access(device);
+                        let after = live();
+                        let errors = take_drop_errors();
+                        if injection.is_releasing() {
+                            let refusal_seen = close_error.as_ref().is_some_and(|e| e.cuda_code() == Some(OOM))
+                                || errors.iter().any(|e| e.error.cuda_code() == Some(OOM));
+                            assert!(refusal_seen, "{case}: the refused free was neither returned nor recorded");
+                            if after != before {
                                 assert!(
-                                    errors.iter().all(|e| e.what == "MemoryPool (revoking peer access)"),
-                                    "{case}: a release was given up: {errors:?}"
+                                    errors.iter().any(|e| e.error.cuda_code() == Some(OOM)),
+                                    "{case}: memory was kept without a record: {errors:?}"
                                 );
                             }
+                        } else {
+                            assert_eq!(after, before, "{case}: something was left behind ({errors:?})");
+                            // Streams and events are not counted as live objects: a drop that
+                            // gave one up would say so here. A pool whose peer access could not
+                            // be revoked is still destroyed; only that may be recorded.
+                            assert!(
+                                errors.iter().all(|e| e.what == "MemoryPool (revoking peer access)"),
+                                "{case}: a release was given up: {errors:?}"
+                            );
                         }
                     }
                 }

@@ -7,8 +7,9 @@
 //! process-wide list, and let go of at a later safe point, once its stream is no longer
 //! capturing: the next allocation, growth, import or release of any virtual memory resource, the
 //! drop of one, or [`release_deferred`]. The capture status is read before any synchronizing
-//! call; a failure to read it, or to synchronize, keeps the range too (unmapping memory that may
-//! be in use is never the fallback).
+//! call; a failure to read it keeps the range too (unmapping memory that may be in use is never
+//! the fallback). A stream that fails to synchronize is waited for through an event recorded at
+//! its end instead; only when that fails too is the range kept.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -31,10 +32,15 @@ fn deferred() -> std::sync::MutexGuard<'static, Vec<Deferred>> {
     DEFERRED.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Waits for `stream`'s work, unless it is capturing (or its status cannot be read).
+/// Waits for `stream`'s work, unless it is capturing (or its status cannot be read). When
+/// synchronizing the stream fails, waits for an event recorded at its end instead (waiting for
+/// the whole device would disturb captures on its other streams); only when that fails too is
+/// there no safe order.
 fn wait_for(stream: &Stream) -> Result<(), DeferCause> {
     match stream.is_capturing() {
-        Ok(false) => stream.synchronize().map_err(DeferCause::Synchronize),
+        Ok(false) => stream.synchronize().or_else(|error| {
+            stream.record_event().and_then(|event| event.synchronize()).map_err(|_| DeferCause::Synchronize(error))
+        }),
         Ok(true) => Err(DeferCause::Capturing),
         Err(error) => Err(DeferCause::CaptureStatus(error)),
     }

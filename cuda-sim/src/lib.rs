@@ -32,10 +32,12 @@
 //! the VMM API (reservations, physical allocations, mappings, access, POSIX-fd and fabric
 //! handles). Kernels and modules are not.
 //!
-//! Two exports of the simulator's own, not part of the driver API, serve the tests
-//! ([`testing::live_objects`] and [`testing::inject_failure`] call them): `cuSimLiveObjects`
-//! counts live reservations, mappings, physical allocations, pools and allocations, and
-//! `cuSimInjectFailure` arms a failure at run time.
+//! Four exports of the simulator's own, not part of the driver API, serve the tests
+//! ([`testing::live_objects`], [`testing::inject_failure`], [`testing::count_calls`] and
+//! [`testing::run_failing`] call them): `cuSimLiveObjects` counts live reservations, mappings,
+//! physical allocations, pools and allocations, `cuSimInjectFailure` arms a failure at run time,
+//! and `cuSimCountCalls` and `cuSimCallCount` count the driver calls a stretch of code makes, so
+//! that a test can fail each of them in turn.
 //!
 //! # Which module holds what
 //! | module | holds |
@@ -47,9 +49,9 @@
 //! | `stream`, `event`, `capture` | per-stream worker queues; events; graph capture and the calls that invalidate it |
 //! | `memory`, `pool`, `vmm` | device and host allocations with copies and memsets; stream-ordered pools and their accounting; VMM physical allocations |
 //! | `shared`, `sealed` | memory other processes map: the shareable pools' layout, and the sealed `memfd`s behind it and VMM handles |
-//! | `handle`, `error`, `fault`, `proc_address` | never-reused handle values; `CUresult`s inside the simulator; fault injection; `cuGetProcAddress_v2` |
+//! | `handle`, `error`, `fault`, `proc_address` | never-reused handle values; `CUresult`s inside the simulator; fault injection and call counts; `cuGetProcAddress_v2` |
 //! | [`conservative`] | every reading taken where `cuda.h` is silent, and why |
-//! | [`testing`] | helpers for test suites: choosing the driver, declared skips, live-object counts, fault injection |
+//! | [`testing`] | helpers for test suites: choosing the driver, declared skips, live-object counts, fault injection, counting the driver calls of a path and failing each in turn, open descriptors |
 //!
 //! Where the driver's behaviour is not documented, the simulator takes the most conservative
 //! reading; each such choice is listed in [`conservative`].

@@ -8,9 +8,16 @@
 //! A test that needs what the machine lacks (two GPUs, the simulator's fault injection) calls
 //! [`skip`], which prints a `SKIP-DECLARED` line with the reason. With `CUDA_MEM_REQUIRE_GPU=1`
 //! (set by the GPU bundle's run script) a skip is a failure instead, so nothing passes silently.
+//!
+//! Failure paths are tested as a matrix: [`count_calls`] runs a path once and says which driver
+//! functions it called and how often; then [`CallCounts::injections`] names every one of those
+//! calls, and [`run_failing`] runs the path again with that call failing (and says whether it
+//! fired). Compare [`live_objects`] (and [`open_fds`]) before and after each; a failure of a
+//! function that frees something ([`is_releasing`]) may leave what it would have freed.
 
 use std::path::PathBuf;
 
+use cuda_sys::types::CUresult;
 use cuda_sys::{Driver, LoadError};
 
 /// The file name of the simulator library.
@@ -158,19 +165,22 @@ pub struct LiveObjects {
 /// # Errors
 /// When the driver is not the simulator, or the call fails.
 pub fn live_objects(driver: &Driver) -> Result<LiveObjects, cuda_sys::CudaError> {
-    let address = driver.library_symbol(c"cuSimLiveObjects")?;
     // SAFETY: the simulator exports `cuSimLiveObjects` with this signature.
-    let f = unsafe {
-        std::mem::transmute::<
-            *const std::ffi::c_void,
-            unsafe extern "C" fn(*mut LiveObjects) -> cuda_sys::types::CUresult,
-        >(address)
-    };
+    let f = unsafe { control::<unsafe extern "C" fn(*mut LiveObjects) -> CUresult>(driver, c"cuSimLiveObjects") }?;
     let mut out = LiveObjects::default();
     // SAFETY: `out` is a valid out-pointer.
     let code = unsafe { f(&mut out) };
     driver.check("cuSimLiveObjects", code)?;
     Ok(out)
+}
+
+/// How many file descriptors this process has open (entries of `/proc/self/fd`, counted the
+/// same way each time: the one listing them included), for checking that nothing leaks one.
+///
+/// # Panics
+/// When `/proc/self/fd` cannot be listed (not Linux, or no `/proc`).
+pub fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").expect("/proc/self/fd can be listed").count()
 }
 
 /// Makes the `nth` next call of `function` in the loaded simulator fail with
@@ -179,16 +189,173 @@ pub fn live_objects(driver: &Driver) -> Result<LiveObjects, cuda_sys::CudaError>
 /// # Errors
 /// When the driver is not the simulator, or the call fails.
 pub fn inject_failure(driver: &Driver, function: &std::ffi::CStr, nth: u32) -> Result<(), cuda_sys::CudaError> {
-    let address = driver.library_symbol(c"cuSimInjectFailure")?;
     // SAFETY: the simulator exports `cuSimInjectFailure` with this signature.
     let f = unsafe {
-        std::mem::transmute::<
-            *const std::ffi::c_void,
-            unsafe extern "C" fn(*const std::ffi::c_char, u32) -> cuda_sys::types::CUresult,
-        >(address)
-    };
+        control::<unsafe extern "C" fn(*const std::ffi::c_char, u32) -> CUresult>(driver, c"cuSimInjectFailure")
+    }?;
     // SAFETY: `function` is NUL-terminated.
     let code = unsafe { f(function.as_ptr(), nth) };
     driver.check("cuSimInjectFailure", code)?;
     Ok(())
+}
+
+/// The functions the loader calls on its own (resolving entry points, naming errors), which no
+/// path of the library makes: a [`CallCounts`] leaves them out, so they are never failed on
+/// purpose (a failed resolution would stay cached for the life of the process).
+pub const LOADER_FUNCTIONS: &[&str] =
+    &["cuGetProcAddress", "cuGetProcAddress_v2", "cuDriverGetVersion", "cuGetErrorName", "cuGetErrorString"];
+
+/// The driver functions that free, destroy, unmap or release something: when one of them is
+/// refused, what it would have let go of stays, and the refusal must be returned or recorded.
+pub const RELEASING_FUNCTIONS: &[&str] = &[
+    "cuMemFree_v2",
+    "cuMemFreeAsync",
+    "cuMemFreeHost",
+    "cuMemHostUnregister",
+    "cuMemPoolDestroy",
+    "cuStreamDestroy_v2",
+    "cuEventDestroy_v2",
+    "cuMemRelease",
+    "cuMemUnmap",
+    "cuMemAddressFree",
+    "cuDevicePrimaryCtxRelease_v2",
+];
+
+/// Whether `function` frees, destroys, unmaps or releases something (see [`RELEASING_FUNCTIONS`]).
+pub fn is_releasing(function: &str) -> bool {
+    RELEASING_FUNCTIONS.contains(&function)
+}
+
+/// How many calls of each driver function a stretch of code made (those it made at least once,
+/// in the order the simulator lists its exports; [`LOADER_FUNCTIONS`] left out).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CallCounts(Vec<(&'static str, u32)>);
+
+impl CallCounts {
+    /// The calls of `function`.
+    pub fn of(&self, function: &str) -> u32 {
+        self.0.iter().find(|(name, _)| *name == function).map_or(0, |&(_, n)| n)
+    }
+
+    /// Each function called, with its number of calls.
+    pub fn iter(&self) -> impl Iterator<Item = (&'static str, u32)> + '_ {
+        self.0.iter().copied()
+    }
+
+    /// Every call, each an [`Injection`] that fails it: call 1 to n of each function.
+    pub fn injections(&self) -> impl Iterator<Item = Injection> + '_ {
+        self.iter().flat_map(|(function, n)| (1..=n).map(move |nth| Injection { function, nth }))
+    }
+
+    /// The number of calls made in all.
+    pub fn total(&self) -> u32 {
+        self.0.iter().map(|&(_, n)| n).sum()
+    }
+}
+
+/// One injected failure: the `nth` call of `function` (counted from when it is armed) fails
+/// with `CUDA_ERROR_OUT_OF_MEMORY`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Injection {
+    /// The driver function.
+    pub function: &'static str,
+    /// Which of its calls fails, from 1.
+    pub nth: u32,
+}
+
+impl Injection {
+    /// Whether the failed call frees, destroys, unmaps or releases something.
+    pub fn is_releasing(&self) -> bool {
+        is_releasing(self.function)
+    }
+}
+
+impl std::fmt::Display for Injection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "call {} of {} failing", self.nth, self.function)
+    }
+}
+
+/// The simulator's control `name`, with the signature `F`.
+///
+/// # Safety
+/// The simulator exports `name` with the signature `F` (a function pointer type).
+unsafe fn control<F: Copy>(driver: &Driver, name: &'static std::ffi::CStr) -> Result<F, cuda_sys::CudaError> {
+    let address = driver.library_symbol(name)?;
+    debug_assert_eq!(std::mem::size_of::<F>(), std::mem::size_of_val(&address));
+    // SAFETY: the caller guarantees the symbol has the signature `F`, a function pointer as
+    // large as the address.
+    Ok(unsafe { std::mem::transmute_copy::<*const std::ffi::c_void, F>(&address) })
+}
+
+/// Starts counting every driver call from zero (`true`), or stops counting, keeping the counts.
+fn set_counting(driver: &Driver, on: bool) -> Result<(), cuda_sys::CudaError> {
+    // SAFETY: the simulator exports `cuSimCountCalls` with this signature.
+    let f = unsafe { control::<unsafe extern "C" fn(u32) -> CUresult>(driver, c"cuSimCountCalls") }?;
+    // SAFETY: takes a plain value.
+    let code = unsafe { f(u32::from(on)) };
+    driver.check("cuSimCountCalls", code)?;
+    Ok(())
+}
+
+/// The calls of `function` counted since counting last started.
+fn counted(driver: &Driver, function: &str) -> Result<u32, cuda_sys::CudaError> {
+    // SAFETY: the simulator exports `cuSimCallCount` with this signature.
+    let f = unsafe {
+        control::<unsafe extern "C" fn(*const std::ffi::c_char, *mut u32) -> CUresult>(driver, c"cuSimCallCount")
+    }?;
+    let name = std::ffi::CString::new(function).unwrap_or_default();
+    let mut count = 0;
+    // SAFETY: a NUL-terminated name and a valid out-pointer.
+    let code = unsafe { f(name.as_ptr(), &mut count) };
+    driver.check("cuSimCallCount", code)?;
+    Ok(count)
+}
+
+/// The counts since counting last started, of every function the simulator exports.
+fn read_counts(driver: &Driver) -> Result<CallCounts, cuda_sys::CudaError> {
+    let mut counts = Vec::new();
+    for (name, _) in crate::exports::table() {
+        let per_thread = name.ends_with("_ptsz") || name.ends_with("_ptds");
+        if per_thread || name.starts_with("cuSim") || LOADER_FUNCTIONS.contains(&name) {
+            continue;
+        }
+        let n = counted(driver, name)?;
+        if n > 0 {
+            counts.push((name, n));
+        }
+    }
+    Ok(CallCounts(counts))
+}
+
+/// Runs `path` and counts the driver calls it makes (on the simulator; calls other threads make
+/// meanwhile count too). Run it once first if it retains things once per process (contexts,
+/// cached properties, resolved entry points), so that the count is that of every later run.
+///
+/// # Errors
+/// When the driver is not the simulator.
+pub fn count_calls<R>(driver: &Driver, path: impl FnOnce() -> R) -> Result<(R, CallCounts), cuda_sys::CudaError> {
+    set_counting(driver, true)?;
+    let out = path();
+    set_counting(driver, false)?;
+    Ok((out, read_counts(driver)?))
+}
+
+/// Runs `path` with `injection` armed, and says whether it fired (whether `path` made that
+/// call): a path that makes other calls than the ones counted is not deterministic, and a
+/// failure that did not fire would stay armed for whatever comes next, so check it.
+///
+/// # Errors
+/// When the driver is not the simulator.
+pub fn run_failing<R>(
+    driver: &Driver,
+    injection: Injection,
+    path: impl FnOnce() -> R,
+) -> Result<(R, bool), cuda_sys::CudaError> {
+    let name = std::ffi::CString::new(injection.function).unwrap_or_default();
+    set_counting(driver, true)?;
+    inject_failure(driver, &name, injection.nth)?;
+    let out = path();
+    set_counting(driver, false)?;
+    Ok((out, counted(driver, injection.function)? >= injection.nth))
 }

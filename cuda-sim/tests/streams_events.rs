@@ -728,3 +728,32 @@ fn the_legacy_stream_is_unusable_while_a_blocking_stream_captures() {
         assert_eq!(pinned.read(), [6; 16], "usable again once the capture ended");
     });
 }
+
+#[test]
+fn calls_are_counted_by_function_and_any_one_of_them_can_be_failed() {
+    in_child!(&[], || {
+        use_device(0);
+        let d = driver();
+        let per_thread = common::per_thread_driver();
+        let s = non_blocking_stream();
+        // SAFETY: a live stream and the calling thread's per-thread default stream.
+        let both = || unsafe { (code!(d, cuStreamQuery(s)), code!(per_thread, cuStreamQuery(NULL_STREAM))) };
+        let (codes, calls) = cuda_sim::testing::count_calls(d, both).unwrap();
+        assert_eq!(codes, (CUresult::CUDA_SUCCESS, CUresult::CUDA_SUCCESS));
+        // The per-thread variant counts under the plain name; the simulator's controls not at all.
+        assert_eq!(calls.iter().collect::<Vec<_>>(), [("cuStreamQuery", 2)]);
+        let injections: Vec<_> = calls.injections().map(|i| i.to_string()).collect();
+        assert_eq!(injections, ["call 1 of cuStreamQuery failing", "call 2 of cuStreamQuery failing"]);
+
+        let second = cuda_sim::testing::Injection { function: "cuStreamQuery", nth: 2 };
+        let (codes, fired) = cuda_sim::testing::run_failing(d, second, both).unwrap();
+        assert_eq!(codes, (CUresult::CUDA_SUCCESS, CUresult::CUDA_ERROR_OUT_OF_MEMORY));
+        assert!(fired);
+        // A failure armed beyond the calls made does not fire, says so, and stays armed.
+        let third = cuda_sim::testing::Injection { function: "cuStreamQuery", nth: 3 };
+        let (codes, fired) = cuda_sim::testing::run_failing(d, third, both).unwrap();
+        assert_eq!(codes, (CUresult::CUDA_SUCCESS, CUresult::CUDA_SUCCESS));
+        assert!(!fired);
+        assert_eq!(query(s), CUresult::CUDA_ERROR_OUT_OF_MEMORY, "the third call");
+    });
+}

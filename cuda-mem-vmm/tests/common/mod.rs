@@ -184,9 +184,7 @@ pub fn block_after(buffer: &VirtualBuffer, size: usize) -> RawReservation {
 }
 
 /// How many file descriptors this process has open.
-pub fn open_fds() -> usize {
-    std::fs::read_dir("/proc/self/fd").expect("/proc/self/fd can be listed").count()
-}
+pub use cuda_sim::testing::open_fds;
 
 /// Asserts that `actual` equals `expected`, reporting the first difference rather than every
 /// byte (buffers here are megabytes).

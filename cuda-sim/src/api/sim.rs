@@ -1,7 +1,7 @@
 //! The simulator's own controls, exported beside the driver functions for tests: counts of
-//! live objects, and fault injection.
+//! live objects, fault injection, and counts of driver calls.
 
-use std::ffi::{CStr, c_char};
+use std::ffi::{CStr, c_char, c_uint};
 
 use crate::error::{SimResult, ensure, write_out};
 use crate::testing::LiveObjects;
@@ -29,11 +29,38 @@ pub(crate) unsafe fn live_objects(out: *mut LiveObjects) -> SimResult {
 /// # Safety
 /// `function` is null or NUL-terminated.
 pub(crate) unsafe fn inject_failure(function: *const c_char, nth: u32) -> SimResult {
-    ensure(!function.is_null() && nth > 0)?;
-    // SAFETY: non-null and NUL-terminated by the caller's contract.
-    let name = unsafe { CStr::from_ptr(function) }
-        .to_str()
-        .map_err(|_| cuda_sys::types::CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    ensure(nth > 0)?;
+    // SAFETY: forwarded from the caller.
+    let name = unsafe { function_name(function) }?;
     crate::fault::arm(name, nth);
     Ok(())
+}
+
+/// `function` as a name.
+///
+/// # Safety
+/// `function` is null or NUL-terminated, and outlives the returned name.
+unsafe fn function_name<'a>(function: *const c_char) -> SimResult<&'a str> {
+    ensure(!function.is_null())?;
+    // SAFETY: non-null and NUL-terminated by the caller's contract.
+    unsafe { CStr::from_ptr(function) }.to_str().map_err(|_| cuda_sys::types::CUresult::CUDA_ERROR_INVALID_VALUE)
+}
+
+/// `cuSimCountCalls`: `on` non-zero starts counting every driver call from zero; zero stops
+/// counting and keeps the counts for `cuSimCallCount`.
+pub(crate) fn count_calls(on: c_uint) -> SimResult {
+    crate::fault::count_calls(on != 0);
+    Ok(())
+}
+
+/// `cuSimCallCount`: how many calls of `function` were counted since counting last started
+/// (a per-thread-default-stream variant counts under the plain name).
+///
+/// # Safety
+/// `function` is null or NUL-terminated; `count` is null or valid for a write.
+pub(crate) unsafe fn call_count(function: *const c_char, count: *mut c_uint) -> SimResult {
+    // SAFETY: forwarded from the caller.
+    let name = unsafe { function_name(function) }?;
+    // SAFETY: forwarded from the caller.
+    unsafe { write_out(count, crate::fault::calls(name)) }
 }
