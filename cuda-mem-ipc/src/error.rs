@@ -1,41 +1,41 @@
-//! The crate's error type.
-//!
-//! Every fallible function of `cuda-mem-ipc` returns [`IpcError`]. The variants separate what the
-//! caller can act on differently:
-//!
-//! - a failed driver call or core-library check ([`IpcError::Core`]);
-//! - a failed system call, with what was being done ([`IpcError::Io`]);
-//! - bytes or messages from the peer that do not follow the format ([`IpcError::Decode`],
-//!   `IpcError::VirtualBufferDecode` (feature `vmm`), [`IpcError::Protocol`]): the peer is
-//!   broken, incompatible or hostile;
-//! - a message of a kind this build receives only with a feature it lacks
-//!   ([`IpcError::NotReceivable`]): the channel goes on;
-//! - the peer going away ([`IpcError::PeerClosed`]);
-//! - this process running out of file descriptors while receiving
-//!   ([`IpcError::OutOfDescriptors`]): local, the peer is not at fault;
-//! - lookups and uses of shared resources that cannot succeed ([`IpcError::UnknownResource`],
-//!   [`IpcError::WrongResource`], [`IpcError::WrongResourceKind`], [`IpcError::NotIpcEnabled`],
-//!   [`IpcError::DeviceNotVisible`]);
-//! - pools the peer describes otherwise than the driver does ([`IpcError::MisdescribedResource`])
-//!   or sends a second time under another UUID ([`IpcError::PoolAlreadyImported`]), and buffers
-//!   it claims larger than the memory it shares ([`IpcError::MisdescribedBuffer`]); allocating
-//!   from a mapped resource is refused by the resource itself, with a core error
-//!   ([`cuda_mem_core::Error::ImportedPoolAllocation`]).
-//! - with the feature `vmm`, virtual buffers that cannot be exported or imported
-//!   (`IpcError::Vmm`, with `cuda-mem-vmm`'s error) or that nothing is registered to import
-//!   (`IpcError::NoVirtualMemoryResource`);
-//! - arguments the local caller passed beyond the limits ([`IpcError::MessageTooLarge`]) and a
-//!   process that was not started with a channel ([`IpcError::ChannelEnv`]).
-//!
-//! A failed system or driver call stays the [`source`](std::error::Error::source), and
-//! [`IpcError::cuda_code`] finds a driver code anywhere in the chain. [`IpcError::Protocol`] is
-//! text because its cases (a bad header, a truncated frame, a malformed message) all ask the same
-//! of the caller: the peer is not a compatible exporter, so drop the channel.
+//! The crate's error type, [`IpcError`].
 
 use crate::descriptor::DecodeError;
 use cuda_mem_core::PoolKind;
 
 /// Everything that can go wrong in `cuda-mem-ipc`.
+///
+/// Every fallible function of `cuda-mem-ipc` returns [`IpcError`]. The variants separate what the
+/// caller can act on differently:
+///
+/// - a failed driver call or core-library check ([`IpcError::Core`]);
+/// - a failed system call, with what was being done ([`IpcError::Io`]);
+/// - bytes or messages from the peer that do not follow the format ([`IpcError::Decode`],
+///   `IpcError::VirtualBufferDecode` (feature `vmm`), [`IpcError::Protocol`]): the peer is
+///   broken, incompatible or hostile;
+/// - a message of a kind this build receives only with a feature it lacks
+///   ([`IpcError::NotReceivable`]): the channel goes on;
+/// - the peer going away ([`IpcError::PeerClosed`]);
+/// - this process running out of file descriptors while receiving
+///   ([`IpcError::OutOfDescriptors`]): local, the peer is not at fault;
+/// - lookups and uses of shared resources that cannot succeed ([`IpcError::UnknownResource`],
+///   [`IpcError::WrongResource`], [`IpcError::WrongResourceKind`], [`IpcError::NotIpcEnabled`],
+///   [`IpcError::DeviceNotVisible`]);
+/// - pools the peer describes otherwise than the driver does ([`IpcError::MisdescribedResource`])
+///   or sends a second time under another UUID ([`IpcError::PoolAlreadyImported`]), and buffers
+///   it claims larger than the memory it shares ([`IpcError::MisdescribedBuffer`]); allocating
+///   from a mapped resource is refused by the resource itself, with a core error
+///   ([`cuda_mem_core::Error::ImportedPoolAllocation`]).
+/// - with the feature `vmm`, virtual buffers that cannot be exported or imported
+///   (`IpcError::Vmm`, with `cuda-mem-vmm`'s error) or that nothing is registered to import
+///   (`IpcError::NoVirtualMemoryResource`);
+/// - arguments the local caller passed beyond the limits ([`IpcError::MessageTooLarge`]) and a
+///   process that was not started with a channel ([`IpcError::ChannelEnv`]).
+///
+/// A failed system or driver call stays the [`source`](std::error::Error::source), and
+/// [`IpcError::cuda_code`] finds a driver code anywhere in the chain. [`IpcError::Protocol`] is
+/// text because its cases (a bad header, a truncated frame, a malformed message) all ask the same
+/// of the caller: the peer is not a compatible exporter, so drop the channel.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum IpcError {

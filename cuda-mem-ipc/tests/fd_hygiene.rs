@@ -8,12 +8,8 @@ use std::os::unix::net::UnixStream;
 use std::process::Command;
 
 use cuda_mem_ipc::{Channel, IpcError, spawn_with_channel};
+use cuda_sim::testing::open_fds;
 use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags, sendmsg};
-
-fn open_fds() -> usize {
-    // The directory's own descriptor is counted every time, so it cancels out.
-    std::fs::read_dir("/proc/self/fd").unwrap().count()
-}
 
 fn memfd(n: usize) -> std::fs::File {
     let fd = rustix::fs::memfd_create("cuda-mem-ipc-hygiene", rustix::fs::MemfdFlags::CLOEXEC).unwrap();

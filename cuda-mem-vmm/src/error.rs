@@ -407,8 +407,9 @@ pub enum DeferCause {
     /// Whether its stream captures could not be read.
     #[error("reading its stream's capture status failed: {0}")]
     CaptureStatus(#[source] cuda_mem_core::Error),
-    /// Waiting for its stream failed.
-    #[error("synchronizing its stream failed: {0}")]
+    /// Waiting for its stream failed both ways: synchronizing it (the error kept here), then
+    /// waiting for an event recorded at its end.
+    #[error("synchronizing its stream failed (and so did waiting for an event at its end): {0}")]
     Synchronize(#[source] cuda_mem_core::Error),
 }
 

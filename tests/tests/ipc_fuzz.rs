@@ -22,6 +22,7 @@ use cuda_mem_ipc::{
     BufferDescriptor, Channel, IpcChannel, IpcError, MappedMemoryResource, Received, allocation_handle,
     buffer_descriptor, registry,
 };
+use cuda_sim::testing::open_fds;
 use proptest::prelude::*;
 use proptest::test_runner::{TestCaseError, TestRunner};
 use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags, sendmsg};

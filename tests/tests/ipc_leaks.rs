@@ -12,6 +12,7 @@ use std::sync::Arc;
 use common::*;
 use cuda_mem_core::{FillPattern, MemoryResource, MemoryResourceExt};
 use cuda_mem_ipc::Received;
+use cuda_sim::testing::open_fds;
 
 const WARM_UP: usize = 8;
 const CYCLES: usize = 1000;

@@ -20,6 +20,7 @@ use cuda_mem_vmm::{
     ChunkHandle, DescriptorError, LocationType, MemoryLocation, VirtualBuffer, VirtualMemoryResource,
     VirtualMemoryResourceOptions, VmmError,
 };
+use cuda_sim::testing::open_fds;
 use uuid::Uuid;
 
 /// The granularity of every simulated device.

@@ -46,6 +46,7 @@ const SUITES: [&str; 3] = ["cuda-mem-core", "cuda-mem-ipc", "cuda-mem-vmm"];
 /// `#[cfg_attr(miri, ignore)]`.
 const MIRI_SUITES: &[(&str, &[&str])] = &[
     ("cuda-sys", &["error::"]),
+    ("cuda-mem-core", &["access::", "handle_types::"]),
     ("cuda-mem-ipc", &["descriptor::", "registry::", "error::"]),
     ("cuda-sim", &["config::", "device::", "pool::", "stream::"]),
 ];

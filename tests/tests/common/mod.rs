@@ -186,12 +186,6 @@ pub fn parent_channel() -> IpcChannel {
     IpcChannel::new(channel)
 }
 
-/// The number of open file descriptors of this process.
-pub fn open_fds() -> usize {
-    // The directory's own descriptor is counted every time, so it cancels out.
-    std::fs::read_dir("/proc/self/fd").expect("/proc/self/fd").count()
-}
-
 /// Receives a resource, failing the test on anything else.
 pub fn expect_resource(channel: &IpcChannel, stream: &Stream) -> Arc<MappedMemoryResource> {
     match channel.recv(stream) {
