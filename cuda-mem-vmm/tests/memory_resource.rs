@@ -213,7 +213,10 @@ fn a_deferred_release_recorded_through_the_trait_keeps_the_drivers_code() {
         let baseline = sim_live();
         let _ = cuda_mem_core::take_drop_errors();
         let buffer = MemoryResourceExt::allocate(&resource, G, &s).unwrap();
+        // Both ways of waiting for the stream fail (synchronizing it, then an event at its end),
+        // so the release is deferred.
         inject(c"cuStreamSynchronize", 1);
+        inject(c"cuEventSynchronize", 1);
         drop(buffer);
         let errors = cuda_mem_core::take_drop_errors();
         let [recorded] = &errors[..] else { panic!("one deferred release is recorded: {errors:?}") };
