@@ -125,9 +125,10 @@ fn run_steps(workspace: &Path, records: &mut Vec<Record>, summaries: &mut Vec<St
             .env_remove(cuda_sys_env::REQUIRE_GPU)
             .env_remove(cuda_sys_env::SIM_LIB);
         let (result, lines) = run_collecting_summaries(&mut command);
+        let counted = count_tests(&lines);
         summaries.extend(lines);
         result?;
-        Ok(Outcome::PassedWith(count_tests(summaries)))
+        Ok(Outcome::PassedWith(counted))
     })?;
     step("no libcuda link", &mut || no_libcuda_link(workspace))?;
     step("cuda-bindings on the simulator", &mut || match crate::python_smoke::run(workspace) {
@@ -352,10 +353,10 @@ pub(crate) fn print_summary(title: &str, records: &[Record], summaries: &[String
             Outcome::Unavailable(reason) => ("unavailable", format!(": {reason}")),
             Outcome::Failed(message) => ("FAILED", format!(": {message}")),
         };
-        println!("  {:<16} {:>8.1}s  {status}{note}", record.name, record.time.as_secs_f64());
+        println!("  {:<30} {:>8.1}s  {status}{note}", record.name, record.time.as_secs_f64());
     }
     let total: Duration = records.iter().map(|r| r.time).sum();
-    println!("  {:<16} {:>8.1}s", "total", total.as_secs_f64());
+    println!("  {:<30} {:>8.1}s", "total", total.as_secs_f64());
     if !summaries.is_empty() {
         println!("\n==> cargo test summaries");
         for line in summaries {
