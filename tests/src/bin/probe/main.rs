@@ -54,7 +54,7 @@ use crate::runner::{SIMULATOR_SIDE_ARG, Setup};
 type Error = Box<dyn std::error::Error>;
 
 /// What `--help` prints.
-const USAGE: &str = "usage: probe [NAME...]     ask every question (or those named) of the driver\n       probe --list         \
+const USAGE: &str = "usage: probe [NAME...]     ask every question (or those named) of the driver\n       probe --list        \
                      the questions\n\nThe driver is the library CUDA_MEM_DRIVER names, else libcuda.so.1 when it finds a \
                      GPU, else the cuda-sim simulator (CUDA_SIM_LIB, or libcuda_sim.so beside this program, with \
                      CUDA_SIM_DEVICES=2 unless it is set). Prints `PROBE <name>: <answer>` per question and writes \

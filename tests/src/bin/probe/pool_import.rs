@@ -5,8 +5,9 @@
 //! imports its descriptor twice, then a duplicate of it, and destroys the later imports before
 //! asking whether the first still works.
 
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd};
 
+use cuda_sys::CudaError;
 use cuda_sys::types::{CUmemPool_attribute, CUmemoryPool};
 
 use crate::child::{self, Input};
@@ -72,7 +73,7 @@ fn child_side(input: &Input, details: &mut Details) -> Result<(), Error> {
     record_import(details, "import_2", &second, first);
     later.extend(second.ok());
     let dup = input.fds.first().ok_or("no descriptor")?.try_clone()?;
-    let third = import_pool(std::os::fd::AsRawFd::as_raw_fd(&dup));
+    let third = import_pool(dup.as_raw_fd());
     record_import(details, "import_dup", &third, first);
     later.extend(third.ok());
     for (index, pool) in later.into_iter().enumerate().rev() {
@@ -85,12 +86,7 @@ fn child_side(input: &Input, details: &mut Details) -> Result<(), Error> {
 }
 
 /// Records an import's outcome and whether its handle is the first import's.
-fn record_import(
-    details: &mut Details,
-    key: &str,
-    import: &Result<CUmemoryPool, cuda_sys::CudaError>,
-    first: CUmemoryPool,
-) {
+fn record_import(details: &mut Details, key: &str, import: &Result<CUmemoryPool, CudaError>, first: CUmemoryPool) {
     details.put(key, code(import));
     if let Ok(pool) = import {
         let same = if *pool == first { "the first import's handle" } else { "a new handle" };
