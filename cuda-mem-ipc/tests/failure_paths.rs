@@ -122,6 +122,8 @@ fn scenario(kind: Kind, path: Path, device: Device, own: &Stream, other: &Stream
         match path {
             Path::OneBuffer => {
                 let mut received = expect_buffers(&receiver, own)?;
+                // The same memory as `buffer`: its second writer waits for the first.
+                other.wait(&own.record_event()?)?;
                 received[0].fill(FillPattern::U8(2), other)?;
                 drop(received);
                 receiver.release_resources();
@@ -131,6 +133,8 @@ fn scenario(kind: Kind, path: Path, device: Device, own: &Stream, other: &Stream
                 let mut first = expect_buffers(&receiver, own)?;
                 let mut second = expect_buffers(&receiver, other)?;
                 first[0].fill(FillPattern::U8(2), own)?;
+                // Both imports are `buffer`'s memory: the second writer waits for the first.
+                other.wait(&own.record_event()?)?;
                 second[0].fill(FillPattern::U8(3), other)?;
                 drop(receiver);
                 drop(first);
