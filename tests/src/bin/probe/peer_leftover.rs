@@ -3,13 +3,10 @@
 //! revokes peer access before destroying a pool it owns because of it. Does this driver still
 //! do it? Needs two devices, the second able to reach the first.
 
-use std::ffi::c_int;
-
-use cuda_sys::types::{CUmemAccess_flags, CUmemAccessDesc, CUmemoryPool};
-use cuda_sys::{cu_call, driver};
+use cuda_sys::types::CUmemAccess_flags;
 
 use crate::owned::OwnedPool;
-use crate::raw::{Call, code, device_location, pool_access, pool_props};
+use crate::raw::{can_access_peer, code, device_location, pool_access, pool_props, set_pool_access};
 use crate::report::Details;
 use crate::runner::Setup;
 use crate::{Error, Question};
@@ -30,11 +27,12 @@ fn run(setup: &Setup<'_>, details: &mut Details) -> Result<String, Error> {
     }
     let can_access = can_access_peer(1, 0)?;
     details.put("cuDeviceCanAccessPeer(1, 0)", can_access);
-    if can_access == 0 {
+    if !can_access {
         return Ok("not applicable: device 1 cannot access device 0".to_string());
     }
     let mut first = OwnedPool::new(&pool_props(device_location(0), false, 0))?;
-    let granted = set_peer_access(first.raw(), 1, CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    let granted =
+        set_pool_access(first.raw(), device_location(1), CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
     details.put("grant_device_1", code(&granted));
     granted?;
     details.put("destroy_without_revoking", code(&first.destroy()));
@@ -42,29 +40,11 @@ fn run(setup: &Setup<'_>, details: &mut Details) -> Result<String, Error> {
     let inherited = pool_access(next.raw(), device_location(1));
     details.put("next_pool.device_1", &inherited);
     // Revoked, so that this probe leaves no access behind for the pools created after it.
-    let revoked = set_peer_access(next.raw(), 1, CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_NONE);
+    let revoked = set_pool_access(next.raw(), device_location(1), CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_NONE);
     details.put("revoke_on_the_next_pool", code(&revoked));
     Ok(match inherited.as_str() {
         "NONE" => "the next pool starts without device 1's access (the bug is not seen)".to_string(),
         "READWRITE" | "READ" => format!("the next pool starts with device 1's access ({inherited}): nvbug 5698116"),
         other => format!("the next pool's access could not be read ({other})"),
     })
-}
-
-/// `cuDeviceCanAccessPeer(device, peer)`.
-fn can_access_peer(device: c_int, peer: c_int) -> Result<c_int, Error> {
-    let d = driver()?;
-    let mut can = 0;
-    // SAFETY: `can` is a valid out-pointer; the ordinals are the driver's devices (checked by
-    // the driver).
-    unsafe { cu_call!(d, cuDeviceCanAccessPeer(&mut can, device, peer)) }?;
-    Ok(can)
-}
-
-/// Sets device `ordinal`'s access to `pool`.
-fn set_peer_access(pool: CUmemoryPool, ordinal: c_int, flags: CUmemAccess_flags) -> Call {
-    let d = driver()?;
-    let desc = CUmemAccessDesc { location: device_location(ordinal), flags };
-    // SAFETY: one descriptor, valid for the read; the pool is alive.
-    unsafe { cu_call!(d, cuMemPoolSetAccess(pool, &desc, 1)) }
 }

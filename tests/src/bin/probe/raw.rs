@@ -5,7 +5,7 @@
 use std::ffi::{c_int, c_void};
 
 use cuda_sys::types::{
-    CUdevice, CUdevice_attribute, CUdeviceptr, CUevent, CUmemAccess_flags, CUmemAllocationHandleType,
+    CUdevice, CUdevice_attribute, CUdeviceptr, CUevent, CUmemAccess_flags, CUmemAccessDesc, CUmemAllocationHandleType,
     CUmemAllocationType, CUmemLocation, CUmemLocationType, CUmemPool_attribute, CUmemPoolProps, CUmemoryPool, CUstream,
     CUstreamCaptureStatus,
 };
@@ -87,6 +87,20 @@ pub(crate) fn device_attribute(ordinal: c_int, attribute: CUdevice_attribute) ->
     Ok(value)
 }
 
+/// `cuDeviceCanAccessPeer`: whether device `ordinal` can access device `peer`'s memory.
+pub(crate) fn can_access_peer(ordinal: c_int, peer: c_int) -> Result<bool, CudaError> {
+    let d = driver()?;
+    let (mut device, mut peer_device): (CUdevice, CUdevice) = (0, 0);
+    // SAFETY: valid out-pointers.
+    unsafe { cu_call!(d, cuDeviceGet(&mut device, ordinal)) }?;
+    // SAFETY: as above.
+    unsafe { cu_call!(d, cuDeviceGet(&mut peer_device, peer)) }?;
+    let mut can = 0;
+    // SAFETY: `can` is a valid out-pointer; both devices came from the driver.
+    unsafe { cu_call!(d, cuDeviceCanAccessPeer(&mut can, device, peer_device)) }?;
+    Ok(can != 0)
+}
+
 /// The name of device `ordinal`.
 pub(crate) fn device_name(ordinal: c_int) -> Result<String, CudaError> {
     let d = driver()?;
@@ -166,6 +180,14 @@ pub(crate) fn pool_access(pool: CUmemoryPool, location: CUmemLocation) -> String
         Ok(other) => format!("flags {}", other.0),
         Err(e) => error_code(e),
     }
+}
+
+/// Sets `location`'s access to `pool` (`cuMemPoolSetAccess` with one descriptor).
+pub(crate) fn set_pool_access(pool: CUmemoryPool, location: CUmemLocation, flags: CUmemAccess_flags) -> Call {
+    let d = driver()?;
+    let desc = CUmemAccessDesc { location, flags };
+    // SAFETY: one descriptor, valid for the read; the pool is the caller's, alive.
+    unsafe { cu_call!(d, cuMemPoolSetAccess(pool, &desc, 1)) }
 }
 
 /// Free and total memory of the current context's device, in bytes.
