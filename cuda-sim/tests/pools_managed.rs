@@ -6,8 +6,8 @@ mod common;
 use std::ffi::{c_int, c_void};
 
 use common::{
-    DeviceBuffer, NULL_STREAM, Pinned, access, code, device_location, driver, dtoh, htod, in_child, init, memset_async,
-    non_blocking_stream, query, set_access, sync, use_device,
+    DeviceBuffer, Gate, NULL_STREAM, Pinned, access, code, device_location, driver, dtoh, htod, in_child, init,
+    memset_async, non_blocking_stream, query, set_access, sync, use_device,
 };
 use cuda_sys::cu_call;
 use cuda_sys::types::{
@@ -298,6 +298,43 @@ fn pool_limits_and_exhaustion() {
         assert_eq!(mem_free(), total, "after trimming an idle pool, all device memory is free");
         let all = DeviceBuffer::new(total);
         drop(all);
+    });
+}
+
+/// cuda.h (cuMemPoolDestroy): "If any pointers obtained from this pool haven't been freed or the
+/// pool has free operations that haven't completed when cuMemPoolDestroy is invoked, the
+/// function will return immediately and the resources associated with the pool will be released
+/// automatically once there are no more outstanding allocations."
+#[test]
+fn a_pool_destroyed_before_its_last_free_gives_its_memory_back_once_the_free_is_done() {
+    in_child!(&[], || {
+        use_device(0);
+        let start = mem_free();
+        let s = non_blocking_stream();
+
+        // The last free still waits on the stream when the pool is destroyed.
+        let pool = create_pool(&pool_props(0, 0)).unwrap();
+        let p = alloc_from_pool(MIB, pool, s).unwrap();
+        sync(s);
+        assert!(mem_free() < start, "the pool holds device memory");
+        let (gate, _guard) = Gate::new();
+        gate.hold(driver(), s);
+        gate.wait_entered(1);
+        assert_eq!(free_async(p, s), CUresult::CUDA_SUCCESS);
+        assert_eq!(destroy_pool(pool), CUresult::CUDA_SUCCESS);
+        gate.open();
+        sync(s);
+        assert_eq!(mem_free(), start, "the reserve returns to the device once the free has run");
+
+        // The last allocation freed at once (cuMemFree) after the pool was destroyed.
+        let pool = create_pool(&pool_props(0, 0)).unwrap();
+        let p = alloc_from_pool(MIB, pool, s).unwrap();
+        sync(s);
+        assert_eq!(destroy_pool(pool), CUresult::CUDA_SUCCESS);
+        assert!(mem_free() < start, "its allocation is still live");
+        // SAFETY: no host pointers.
+        unsafe { cu_call!(driver(), cuMemFree_v2(p)) }.unwrap();
+        assert_eq!(mem_free(), start, "the reserve returns to the device with the last allocation");
     });
 }
 

@@ -125,9 +125,7 @@ pub(crate) fn destroy(pool: CUmemoryPool) -> SimResult {
         *used = used.saturating_sub(released);
     }
     state.other_pools.retain(|_, handle| *handle != pool.handle);
-    if state.memory.pooled_in(pool.handle).next().is_none() {
-        state.pools.remove(&pool.handle);
-    }
+    forget_if_destroyed(&mut state, pool.handle);
     Ok(())
 }
 
@@ -413,13 +411,19 @@ pub(crate) fn free_async(address: CUdeviceptr, stream: CUstream, mode: DefaultSt
         return fail(CUresult::CUDA_ERROR_INVALID_VALUE);
     };
     let pool = state.pools.get(&handle).cloned().ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
-    forget_if_destroyed(&mut state, handle);
     drop(state);
     context.submit_or_run(
         &stream,
         Box::new(move || {
             pool.release(&allocation);
             drop(allocation);
+            // A destroyed pool stays in the table until its last free has run, so that its
+            // reserve goes back to the device then (no state lock is held while work runs).
+            if pool.is_destroyed()
+                && let Ok(mut state) = state::lock()
+            {
+                forget_if_destroyed(&mut state, handle);
+            }
         }),
     );
     Ok(())
@@ -433,12 +437,28 @@ pub(crate) fn release_allocation(state: &mut State, pool: usize, allocation: &cr
     forget_if_destroyed(state, pool);
 }
 
-/// Drops a destroyed pool from the table once its last allocation is gone.
+/// Once a destroyed pool's last allocation is gone and its last free has run (`cuda.h`: its
+/// resources are "released automatically once there are no more outstanding allocations"),
+/// gives what it still reserves back to its device and drops it from the table.
 fn forget_if_destroyed(state: &mut State, pool: usize) {
-    let destroyed = state.pools.get(&pool).is_some_and(|p| p.is_destroyed());
-    if destroyed && state.memory.pooled_in(pool).next().is_none() {
-        state.pools.remove(&pool);
+    let Some(entry) = state.pools.get(&pool) else {
+        return;
+    };
+    if !entry.is_destroyed() || state.memory.pooled_in(pool).next().is_some() {
+        return;
     }
+    let mut accounts = entry.lock();
+    if accounts.used > 0 {
+        // A `cuMemFreeAsync` the stream has not reached yet.
+        return;
+    }
+    let released = accounts.release_to(0);
+    drop(accounts);
+    if let Some(device) = entry.owner() {
+        let used = &mut state.devices[device].used;
+        *used = used.saturating_sub(released);
+    }
+    state.pools.remove(&pool);
 }
 
 /// `cuMemAllocManaged`: exactly one of `CU_MEM_ATTACH_GLOBAL` and `CU_MEM_ATTACH_HOST`.
