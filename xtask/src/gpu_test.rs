@@ -1,12 +1,15 @@
 //! `cargo xtask gpu-test [--out DIR]`: builds the bundle that runs the test suite on a GPU
 //! machine that has no Rust.
 //!
-//! Every test binary of the workspace (but the simulator's own and xtask's, which test nothing
-//! a GPU changes), the probe, the demo and the benchmarks (`bench`) are built in release, stripped, and
-//! copied into DIR (default `gpu-bundle/` at the workspace root, ignored by git) beside a
-//! `run.sh`; so are xtask itself and, under `compare/`, what the comparison with cuda.core needs
-//! there (its script, the two helper libraries, and wheels of cuda.core for the machine's
-//! Python, which cannot reach PyPI). Carried to the GPU machine, `bash DIR/run.sh` runs the probe
+//! Every test binary of the workspace that holds tests (but the simulator's own and xtask's,
+//! which test nothing a GPU changes), the probe, the demo and the benchmarks (`bench`) are built
+//! in release, stripped, and packed into `payload.tar.gz` in DIR (default `gpu-bundle/` at the
+//! workspace root, ignored by git) beside a `run.sh` and the simulator library; so are xtask
+//! itself and, under `compare/`, what the comparison with cuda.core needs there (its script, the
+//! two helper libraries, and wheels of cuda.core for the machine's Python, which cannot reach
+//! PyPI). The folder must fit what can be carried (64 MiB); unpacked, the binaries would not.
+//! Carried to the GPU machine, `bash DIR/run.sh` unpacks the archive into a temporary folder
+//! (gzip and tar, or python3), runs the probe
 //! first (the open driver questions, answered beside the simulator's, which lies in the bundle;
 //! `probe.json` and `probe-simulator.json` in the results), then the rest against
 //! `libcuda.so.1` with `CUDA_MEM_REQUIRE_GPU=1`, then the comparison (`xtask compare-bundle`),
@@ -30,6 +33,12 @@ const EXCLUDED: [&str; 2] = ["cuda-sim", "xtask"];
 
 /// The simulator library's file name (`cuda_sim::testing::LIBRARY_NAME`).
 const SIMULATOR: &str = "libcuda_sim.so";
+
+/// The archive in the bundle that holds everything but `run.sh`, the manifest and the simulator.
+const PAYLOAD: &str = "payload.tar.gz";
+
+/// The folder in the bundle where the archive's contents are gathered before packing.
+const PAYLOAD_DIR: &str = ".payload";
 
 /// The first line of every `run.sh`, which marks a folder as a bundle this command may replace.
 const MARKER: &str = "# cuda-mem GPU test bundle";
@@ -59,16 +68,27 @@ pub fn run(workspace: &Path, args: &[String]) -> Result<(), String> {
     let bench = build_binary(workspace, "tests", "bench")?;
     let xtask = build_binary(workspace, "xtask", "xtask")?;
 
-    let tests_dir = out.join("tests");
+    // Everything but the simulator goes into a compressed archive, which `run.sh` unpacks into
+    // a temporary folder: the binaries, uncompressed, are over what can be carried.
+    let payload = out.join(PAYLOAD_DIR);
+    create_dir(&payload)?;
+    let tests_dir = payload.join("tests");
     create_dir(&tests_dir)?;
-    for test in &tests {
-        copy(&test.path, &tests_dir.join(&test.name))?;
+    let mut carried = Vec::new();
+    for test in tests {
+        if holds_tests(&test.path)? {
+            copy(&test.path, &tests_dir.join(&test.name))?;
+            carried.push(test);
+        } else {
+            println!("left out (it holds no tests): {}", test.name);
+        }
     }
-    copy(&probe, &out.join("probe"))?;
-    copy(&demo, &out.join("demo"))?;
-    copy(&bench, &out.join("bench"))?;
-    copy(&xtask, &out.join("xtask"))?;
-    let compare_dir = out.join("compare");
+    let tests = carried;
+    copy(&probe, &payload.join("probe"))?;
+    copy(&demo, &payload.join("demo"))?;
+    copy(&bench, &payload.join("bench"))?;
+    copy(&xtask, &payload.join("xtask"))?;
+    let compare_dir = payload.join("compare");
     let wheels = match crate::compare::pack(workspace, &compare_dir) {
         Ok(()) => Some(dir_size(&compare_dir.join("wheels"))?),
         Err(why) => {
@@ -77,27 +97,35 @@ pub fn run(workspace: &Path, args: &[String]) -> Result<(), String> {
             None
         }
     };
-    // Beside the test binaries' folder, where `cuda_sim::testing::library_path` looks, for the
-    // tests that exercise the loader against the simulator explicitly.
+    let unpacked = dir_size(&payload)?;
+    pack_payload(&payload, &out.join(PAYLOAD))?;
+    std::fs::remove_dir_all(&payload).map_err(|e| format!("removing {}: {e}", payload.display()))?;
+    // Outside the archive, so that the bundle's programs can be tried on the simulator
+    // (`CUDA_MEM_DRIVER=DIR/libcuda_sim.so`); `run.sh` copies it beside the unpacked test
+    // binaries' folder, where `cuda_sim::testing::library_path` looks, for the tests that
+    // exercise the loader against the simulator explicitly.
     if let Some(simulator) = &simulator {
         copy(simulator, &out.join(SIMULATOR))?;
     }
     write_executable(&out.join("run.sh"), &run_script())?;
     write_manifest(&out, &tests, simulator.is_some(), wheels.is_some())?;
 
+    // What is carried: the folder as it is now, the archive packed.
     let size = dir_size(&out)?;
     let mib = size as f64 / f64::from(1 << 20);
     if size > MAX_BUNDLE_BYTES {
         return Err(format!("the bundle at {} is {mib:.1} MiB, over the 64 MiB limit", out.display()));
     }
     println!(
-        "\nGPU test bundle: {} ({} test binaries, the probe, the demo, the benchmarks{}, {mib:.1} MiB)",
+        "\nGPU test bundle: {} ({} test binaries, the probe, the demo, the benchmarks{}; {mib:.1} MiB, \
+         {:.1} MiB unpacked)",
         out.display(),
         tests.len(),
         wheels.map_or_else(String::new, |w| format!(
             " and the comparison with cuda.core ({:.1} MiB of wheels)",
             w as f64 / f64::from(1 << 20)
-        ))
+        )),
+        unpacked as f64 / f64::from(1 << 20)
     );
     for test in &tests {
         println!("  tests/{}", test.name);
@@ -129,6 +157,45 @@ fn build_binary(workspace: &Path, package: &str, name: &str) -> Result<PathBuf, 
         .filter(|m| m.get("target").and_then(|t| t.get("name")).and_then(Value::as_str) == Some(name))
         .find_map(|m| m.get("executable").and_then(Value::as_str).map(PathBuf::from))
         .ok_or_else(|| format!("cargo built no {name} binary"))
+}
+
+/// Whether the test binary at `path` holds any test (`--list` names one): cargo builds a harness
+/// for every binary target, and those of the probe, the demo and the benchmarks are empty.
+fn holds_tests(path: &Path) -> Result<bool, String> {
+    let mut command = Command::new(path);
+    command.arg("--list");
+    let output = command.output().map_err(|e| format!("cannot run `{}`: {e}", describe(&command)))?;
+    if !output.status.success() {
+        return Err(format!("`{}` failed ({})", describe(&command), output.status));
+    }
+    Ok(lists_tests(&String::from_utf8_lossy(&output.stdout)))
+}
+
+/// Whether the output of a test binary's `--list` names a test (`name: test`).
+fn lists_tests(list: &str) -> bool {
+    list.lines().any(|line| line.ends_with(": test"))
+}
+
+/// Packs the contents of `dir` into the gzip-compressed tar archive `archive` (ustar, which
+/// every tar reads; gzip, which every machine has, unlike xz).
+fn pack_payload(dir: &Path, archive: &Path) -> Result<(), String> {
+    let file = std::fs::File::create(archive).map_err(|e| format!("creating {}: {e}", archive.display()))?;
+    let mut tar = Command::new("tar");
+    tar.args(["--format=ustar", "-cf", "-", "-C"]).arg(dir).arg(".").stdout(Stdio::piped());
+    let mut tar_child = tar.spawn().map_err(|e| format!("cannot run `{}`: {e}", describe(&tar)))?;
+    let tar_out = tar_child.stdout.take().ok_or("tar has no stdout")?;
+    let mut gzip = Command::new("gzip");
+    gzip.args(["-9", "-n"]).stdin(tar_out).stdout(file);
+    let gzip_status = gzip.status().map_err(|e| format!("cannot run `{}`: {e}", describe(&gzip)));
+    let tar_status = tar_child.wait().map_err(|e| format!("waiting for `{}`: {e}", describe(&tar)))?;
+    let gzip_status = gzip_status?;
+    if !tar_status.success() {
+        return Err(format!("`{}` failed ({tar_status})", describe(&tar)));
+    }
+    if !gzip_status.success() {
+        return Err(format!("`{}` failed ({gzip_status})", describe(&gzip)));
+    }
+    Ok(())
 }
 
 /// The simulator library, if a cargo message reports building it (it is a dev-dependency of
@@ -261,6 +328,7 @@ fn write_manifest(out: &Path, tests: &[Artifact], simulator: bool, compare: bool
         "cuda-mem GPU test bundle, built by `cargo xtask gpu-test` with {rustc}\n\
          Run: bash run.sh [TEST-BINARY-ARGS...]   (RESULTS=dir, CUDA_MEM_DRIVER=lib, TEST_TIMEOUT=seconds,\n\
          PARTS=\"probe tests demo bench compare\")\n\n\
+         payload.tar.gz (unpacked by run.sh into a temporary folder) holds:\n\
          probe (the open driver questions; probe.json, and probe-simulator.json beside, go to $RESULTS/)\n\
          demo\n\
          bench (the benchmarks; its files go to $RESULTS/bench/)\n\
@@ -278,7 +346,7 @@ fn write_manifest(out: &Path, tests: &[Artifact], simulator: bool, compare: bool
     }
     if simulator {
         text.push_str(&format!(
-            "{SIMULATOR} (for the tests that exercise the loader against the simulator, and the probe's comparison)\n"
+            "\nbeside it, {SIMULATOR} (for the tests that exercise the loader against the simulator, and the probe's comparison)\n"
         ));
     }
     let path = out.join("MANIFEST.txt");
@@ -327,10 +395,33 @@ const RUN_SCRIPT: &str = r#"#!/usr/bin/env bash
 # (default python3: a Python 3.12 with numpy).
 set -uo pipefail
 
-bundle="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+home="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 results="${RESULTS:-./results}"
 mkdir -p "$results" || exit 1
 results="$(cd "$results" && pwd)"
+
+# The programs travel packed (payload.tar.gz, to fit what can be carried): they are unpacked
+# into a temporary folder, removed at exit, with the simulator copied beside the tests' folder
+# (where the tests that load it explicitly, and the probe, look for it).
+bundle="$(mktemp -d "${TMPDIR:-/tmp}/cuda-mem-bundle.XXXXXX")" || exit 1
+trap 'rm -rf "$bundle"' EXIT
+# unpack ARCHIVE DIR: extracts a .tar.gz with gzip and tar, or with python3 where gzip is missing.
+unpack() {
+    if command -v gzip >/dev/null 2>&1; then
+        gzip -dc "$1" | tar -xf - -C "$2"
+    elif command -v python3 >/dev/null 2>&1; then
+        python3 -c 'import sys, tarfile
+extra = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+tarfile.open(sys.argv[1]).extractall(sys.argv[2], **extra)' "$1" "$2"
+    else
+        echo "cannot unpack $1: neither gzip nor python3 is here"
+        return 1
+    fi
+}
+unpack "$home/payload.tar.gz" "$bundle" || { echo "unpacking $home/payload.tar.gz failed"; exit 1; }
+if [ -f "$home/libcuda_sim.so" ]; then
+    cp "$home/libcuda_sim.so" "$bundle/" || exit 1
+fi
 
 echo "== machine"
 if command -v nvidia-smi >/dev/null 2>&1; then
@@ -348,6 +439,7 @@ echo "driver version: ${version:-unknown}"
 export CUDA_MEM_DRIVER="${CUDA_MEM_DRIVER:-libcuda.so.1}"
 export CUDA_MEM_REQUIRE_GPU="${CUDA_MEM_REQUIRE_GPU:-1}"
 echo "CUDA_MEM_DRIVER=$CUDA_MEM_DRIVER CUDA_MEM_REQUIRE_GPU=$CUDA_MEM_REQUIRE_GPU"
+echo "unpacked into: $bundle"
 echo "results: $results"
 
 limit="${TEST_TIMEOUT:-1800}"
@@ -527,6 +619,40 @@ mod tests {
         let tests = script.find("if wants tests; then").expect("a tests part");
         assert!(probe < tests, "the probe runs before the tests");
         assert!(script.contains(r#"env PROBE_OUT="$results" "$bundle/probe""#), "its report goes beside the logs");
+    }
+
+    #[test]
+    fn the_run_script_unpacks_the_payload_and_runs_what_it_holds() {
+        let script = run_script();
+        let unpack = script.find(r#"unpack "$home/payload.tar.gz" "$bundle""#).expect("the payload is unpacked");
+        let probe = script.find("if wants probe; then").expect("a probe part");
+        assert!(unpack < probe, "before anything runs");
+        assert!(script.contains(r#"trap 'rm -rf "$bundle"' EXIT"#), "and removed at exit");
+        assert!(script.contains(r#"cp "$home/libcuda_sim.so" "$bundle/""#), "the simulator beside the tests' folder");
+        assert!(script.contains(r#"for binary in "$bundle"/tests/*; do"#));
+        assert!(script.contains(r#"echo "$total_passed passed, $total_failed failed""#));
+    }
+
+    #[test]
+    fn only_binaries_that_list_a_test_are_carried() {
+        assert!(lists_tests("pool::tests::grows: test\nother: test\n\n2 tests, 0 benchmarks\n"));
+        assert!(!lists_tests("0 tests, 0 benchmarks\n"));
+        assert!(!lists_tests(""));
+    }
+
+    #[test]
+    fn the_payload_is_a_gzipped_tar_that_tar_reads_back() {
+        let dir = std::env::temp_dir().join(format!("xtask-gpu-test-payload-{}", std::process::id()));
+        let payload = dir.join("payload");
+        std::fs::create_dir_all(payload.join("tests")).unwrap();
+        std::fs::write(payload.join("tests").join("a.test.b"), b"binary").unwrap();
+        let archive = dir.join(PAYLOAD);
+        pack_payload(&payload, &archive).unwrap();
+        assert_eq!(&std::fs::read(&archive).unwrap()[..2], &[0x1f, 0x8b], "gzip's magic");
+        let listed = Command::new("tar").arg("-tzf").arg(&archive).output().unwrap();
+        assert!(listed.status.success());
+        assert!(String::from_utf8_lossy(&listed.stdout).lines().any(|l| l == "./tests/a.test.b"));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
