@@ -203,6 +203,7 @@ impl Buffer {
     /// `size` bytes at `ptr` stay valid while the view lives, with the accessibility claimed,
     /// and the owner does not free or write them behind the view's back while host slices of
     /// it are borrowed.
+    #[doc(alias = "from_handle")]
     pub unsafe fn from_raw(
         ptr: DevicePtr,
         size: usize,
@@ -218,6 +219,7 @@ impl Buffer {
 
 impl<'a> ScopedBuffer<'a> {
     /// The address.
+    #[doc(alias = "handle")]
     pub fn ptr(&self) -> DevicePtr {
         self.ptr
     }
@@ -256,6 +258,7 @@ impl<'a> ScopedBuffer<'a> {
     }
 
     /// The device the memory belongs to, if one does.
+    #[doc(alias = "device_id")]
     pub fn device(&self) -> Option<Device> {
         match &self.owner {
             Owner::View(view) => view.device,

@@ -3,16 +3,25 @@
 //! This crate is to Rust what `cuda.core`'s memory classes are to Python: typed, owned wrappers
 //! that free what they allocate, exactly once, on the right stream.
 //!
+//! The everyday path needs no trait import: a resource's constructor returns an `Arc` of it, and
+//! `resource.allocate(size, &stream)` on that `Arc` gives an owned [`Buffer`] (an inherent method
+//! of every resource of this crate); the pool's features are on the resource too
+//! (`resource.attributes()`, `resource.set_release_threshold(…)`, `resource.trim_to(…)`,
+//! `resource.set_peer_accessible_by(…)`). For the rest, `use cuda_mem_core::prelude::*;` brings the
+//! traits ([`MemoryResource`], [`MemoryResourceExt`], [`PoolResource`]) and the common types into
+//! scope. Coming from cuda.core? [Its names and ours](#cudacores-names-and-ours) are at the end.
+//!
 //! - [`Device`]: enumeration, properties, peer capability, making the primary context current.
 //! - [`Stream`] and [`Event`]: stream-ordered work and its synchronization.
 //! - [`MemoryResource`]: anything that allocates in stream order; [`MemoryResourceExt::allocate`]
-//!   turns an `Arc` of one into owned [`Buffer`]s, which keep their resource alive;
+//!   (inherent on this crate's resources) turns an `Arc` of one into owned [`Buffer`]s, which keep their resource alive;
 //!   [`MemoryResourceExt::allocate_scoped`] makes [`ScopedBuffer`]s, which borrow the resource
 //!   and the stream instead (no reference counting: the cheapest allocation, for buffers that
 //!   live inside one scope).
 //! - Pools: [`DeviceMemoryResource`] (the device's current pool, or one of its own),
-//!   [`PinnedMemoryResource`] (host memory), [`ManagedMemoryResource`]; each exposes its
-//!   [`MemoryPool`] for attributes, the release threshold, trimming and peer access (and is a
+//!   [`PinnedMemoryResource`] (host memory), [`ManagedMemoryResource`]; each forwards the
+//!   features of its [`MemoryPool`] (attributes, the release threshold, trimming and, for device
+//!   pools, peer access) and exposes the pool itself through `pool()` (and is a
 //!   [`PoolResource`]; [`pool_of`] finds the pool behind a `&dyn MemoryResource`). A pool also
 //!   shares itself with other processes: its shareable file descriptor, importing a pool, and
 //!   mapping another process's allocations, counted
@@ -30,7 +39,8 @@
 //!
 //! # Which module holds what
 //!
-//! The modules are private; everything public is re-exported here.
+//! The modules are private; everything public is re-exported here (and the everyday part of it
+//! again in [`prelude`]).
 //!
 //! | module | holds |
 //! |---|---|
@@ -46,6 +56,7 @@
 //! | `access` | [`Access`] |
 //! | `handle_types` | [`HandleType`], [`HandleTypes`] |
 //! | `driver` | [`driver()`]: the process-wide driver, initialized once |
+//! | [`prelude`] (public) | the traits and the common types, for one glob import |
 //! | `error` | [`Error`], [`Result`] |
 //! | `drop_errors` | errors in `Drop`: [`record_drop_error`], [`take_drop_errors`], [`set_drop_error_hook`] |
 //!
@@ -54,10 +65,7 @@
 //!
 //! ```
 //! # cuda_sim::testing::driver()?; // the tests run this example on the simulator
-//! use cuda_mem_core::{
-//!     Device, DeviceMemoryResource, FillPattern, MemoryResourceExt, PinnedMemoryResource, Stream,
-//!     StreamOptions,
-//! };
+//! use cuda_mem_core::{Device, DeviceMemoryResource, FillPattern, PinnedMemoryResource, Stream, StreamOptions};
 //!
 //! let device = Device::new(0)?;
 //! let stream = Stream::new(device, StreamOptions::default().non_blocking())?;
@@ -69,7 +77,7 @@
 //! let mut on_host = PinnedMemoryResource::current()?.allocate(1 << 20, &stream)?;
 //! on_host.copy_from(&on_device, &stream)?;
 //! assert!(on_host.host_slice()?.chunks(4).all(|w| w == 0xC0FFEEu32.to_ne_bytes()));
-//! println!("pool uses {} bytes", pool.pool().attributes()?.used_mem_current);
+//! println!("pool uses {} bytes", pool.attributes()?.used_mem_current);
 //!
 //! // Scratch memory for this scope only: it borrows the pool and the stream (no reference
 //! // counting), and the borrow checker keeps both alive until it is freed.
@@ -81,9 +89,11 @@
 //!     .into_iter()
 //!     .filter(|&d| d != device && d.can_access_peer(device).unwrap_or(false))
 //!     .collect();
-//! pool.pool().set_peer_accessible_by(peers)?;
+//! pool.set_peer_accessible_by(peers)?;
 //! # Ok::<(), cuda_mem_core::Error>(())
 //! ```
+
+#![doc = include_str!("cuda_core_names.md")]
 
 mod access;
 mod buffer;
@@ -99,6 +109,7 @@ mod host_resources;
 mod legacy_resources;
 mod memory_resource;
 mod pool;
+pub mod prelude;
 mod stream;
 
 pub use access::Access;

@@ -31,6 +31,7 @@ use crate::resource::VirtualMemoryResource;
 ///     *grown.as_buffer() = other;
 /// }
 /// ```
+#[doc(alias = "VirtualMemoryBuffer")]
 #[derive(Debug)]
 pub struct VirtualBuffer {
     /// Freed (first, as declared first) through the resource, which lets go of its own share of
@@ -88,6 +89,7 @@ impl VirtualBuffer {
     }
 
     /// The address.
+    #[doc(alias = "handle")]
     pub fn ptr(&self) -> DevicePtr {
         self.buffer.ptr()
     }
@@ -103,6 +105,7 @@ impl VirtualBuffer {
     }
 
     /// The device the memory is on; `None` for host memory.
+    #[doc(alias = "device_id")]
     pub fn device(&self) -> Option<Device> {
         self.buffer.device()
     }
@@ -167,6 +170,7 @@ impl VirtualBuffer {
     ///
     /// # Errors
     /// As [`VirtualMemoryResource::grow`].
+    #[doc(alias = "modify_allocation")]
     pub fn grow(&self, new_size: usize) -> Result<VirtualBuffer> {
         self.resource.grow(self, new_size)
     }
