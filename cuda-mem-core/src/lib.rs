@@ -38,7 +38,8 @@
 //! | `context` | primary contexts, retained once and bound before each driver call that needs one |
 //! | `stream`, `event` | [`Stream`], [`StreamOptions`]; [`Event`], [`EventOptions`] |
 //! | `memory_resource` | the [`MemoryResource`] trait, [`MemoryResourceExt`], [`DevicePtr`] |
-//! | `buffer` | [`Buffer`], [`ScopedBuffer`], [`FillPattern`], [`CloseError`] |
+//! | `buffer` | [`Buffer`], [`ScopedBuffer`], [`FillPattern`], [`CloseError`], [`RawBuffer`] |
+//! | `view` | [`DeviceView`], [`DeviceViewMut`]: typed views of a buffer, copies to and from Rust slices |
 //! | `device_resource` | [`DeviceMemoryResource`] and its options |
 //! | `host_resources` | [`PinnedMemoryResource`], [`ManagedMemoryResource`], their options and locations |
 //! | `legacy_resources` | [`SynchronousMemoryResource`], [`LegacyPinnedMemoryResource`] (no pools) |
@@ -100,9 +101,10 @@ mod legacy_resources;
 mod memory_resource;
 mod pool;
 mod stream;
+mod view;
 
 pub use access::Access;
-pub use buffer::{Buffer, CloseError, FillPattern, ScopedBuffer};
+pub use buffer::{Buffer, CloseError, FillPattern, RawBuffer, ScopedBuffer};
 pub use device::{Device, DeviceProperties};
 pub use device_resource::{DeviceMemoryResource, DeviceMemoryResourceOptions};
 pub use driver::driver;
@@ -121,6 +123,10 @@ pub use pool::{
     import_pending_waits, mapped_range_size, pool_of,
 };
 
+/// The crate typed views take their element types' guarantees from ([`bytemuck::Pod`]): derive
+/// `Pod` and `Zeroable` for your `#[repr(C)]` types to view buffers as them.
+pub use bytemuck;
 /// The raw driver bindings this crate is built on.
 pub use cuda_sys as sys;
 pub use stream::{Stream, StreamOptions};
+pub use view::{DeviceView, DeviceViewMut};
