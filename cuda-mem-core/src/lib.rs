@@ -18,6 +18,10 @@
 //!   [`MemoryResourceExt::allocate_scoped`] makes [`ScopedBuffer`]s, which borrow the resource
 //!   and the stream instead (no reference counting: the cheapest allocation, for buffers that
 //!   live inside one scope).
+//! - Rust data: [`DeviceView`] and [`DeviceViewMut`] view a buffer's bytes as `[T]` for any
+//!   [`bytemuck::Pod`] `T` (size, alignment and sub-ranges checked), and copy from `&[T]`, into
+//!   `&mut [T]` and to a `Vec<T>`; [`ScopedBuffer::copy_to_new`] copies into a new buffer of the
+//!   same resource; [`Buffer::into_raw`] and [`Buffer::leak`] let ownership leave.
 //! - Pools: [`DeviceMemoryResource`] (the device's current pool, or one of its own),
 //!   [`PinnedMemoryResource`] (host memory), [`ManagedMemoryResource`]; each forwards the
 //!   features of its [`MemoryPool`] (attributes, the release threshold, trimming and, for device
@@ -48,7 +52,8 @@
 //! | `context` | primary contexts, retained once and bound before each driver call that needs one |
 //! | `stream`, `event` | [`Stream`], [`StreamOptions`]; [`Event`], [`EventOptions`] |
 //! | `memory_resource` | the [`MemoryResource`] trait, [`MemoryResourceExt`], [`DevicePtr`] |
-//! | `buffer` | [`Buffer`], [`ScopedBuffer`], [`FillPattern`], [`CloseError`] |
+//! | `buffer` | [`Buffer`], [`ScopedBuffer`], [`FillPattern`], [`CloseError`], [`RawBuffer`] |
+//! | `view` | [`DeviceView`], [`DeviceViewMut`]: typed views of a buffer, copies to and from Rust slices |
 //! | `device_resource` | [`DeviceMemoryResource`] and its options |
 //! | `host_resources` | [`PinnedMemoryResource`], [`ManagedMemoryResource`], their options and locations |
 //! | `legacy_resources` | [`SynchronousMemoryResource`], [`LegacyPinnedMemoryResource`] (no pools) |
@@ -70,11 +75,21 @@
 //! let device = Device::new(0)?;
 //! let stream = Stream::new(device, StreamOptions::default().non_blocking())?;
 //!
-//! // Allocate from a pool of its own, fill on the device, copy back to pinned host memory.
+//! // Rust data into a pool of its own, and back: typed, sizes checked, and each copy returns
+//! // once the data is where it goes (see `DeviceView` on host memory).
 //! let pool = DeviceMemoryResource::new(device, Default::default())?;
-//! let mut on_device = pool.allocate(1 << 20, &stream)?;
+//! let data: Vec<f32> = (0..1024).map(|i| i as f32).collect();
+//! let mut on_device = pool.allocate(data.len() * size_of::<f32>(), &stream)?;
+//! on_device.copy_from_slice(&data, &stream)?;
+//! let mut view = on_device.view_mut::<f32>()?;
+//! view.slice_mut(512..)?.fill(0.0, &stream)?;
+//! assert_eq!(view.slice(..4)?.to_vec(&stream)?, [0.0, 1.0, 2.0, 3.0]);
+//! let copy = on_device.copy_to_new(&stream)?; // from the same pool
+//! assert_eq!(copy.to_vec::<f32>(&stream)?[510..514], [510.0, 511.0, 0.0, 0.0]);
+//!
+//! // Fill on the device, copy to pinned host memory and read it there.
 //! on_device.fill(FillPattern::U32(0xC0FFEE), &stream)?;
-//! let mut on_host = PinnedMemoryResource::current()?.allocate(1 << 20, &stream)?;
+//! let mut on_host = PinnedMemoryResource::current()?.allocate(on_device.size(), &stream)?;
 //! on_host.copy_from(&on_device, &stream)?;
 //! assert!(on_host.host_slice()?.chunks(4).all(|w| w == 0xC0FFEEu32.to_ne_bytes()));
 //! println!("pool uses {} bytes", pool.attributes()?.used_mem_current);
@@ -111,9 +126,10 @@ mod memory_resource;
 mod pool;
 pub mod prelude;
 mod stream;
+mod view;
 
 pub use access::Access;
-pub use buffer::{Buffer, CloseError, FillPattern, ScopedBuffer};
+pub use buffer::{Buffer, CloseError, FillPattern, RawBuffer, ScopedBuffer};
 pub use device::{Device, DeviceProperties};
 pub use device_resource::{DeviceMemoryResource, DeviceMemoryResourceOptions};
 pub use driver::driver;
@@ -132,6 +148,10 @@ pub use pool::{
     import_pending_waits, mapped_range_size, pool_of,
 };
 
+/// The crate typed views take their element types' guarantees from ([`bytemuck::Pod`]): derive
+/// `Pod` and `Zeroable` for your `#[repr(C)]` types to view buffers as them.
+pub use bytemuck;
 /// The raw driver bindings this crate is built on.
 pub use cuda_sys as sys;
 pub use stream::{Stream, StreamOptions};
+pub use view::{DeviceView, DeviceViewMut};

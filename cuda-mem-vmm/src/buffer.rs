@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use cuda_mem_core::{Buffer, Device, DevicePtr, FillPattern, ScopedBuffer, Stream};
+use cuda_mem_core::{Buffer, Device, DevicePtr, DeviceViewMut, FillPattern, ScopedBuffer, Stream};
 
 use crate::error::{Result, VmmError};
 use crate::pieces::Range;
@@ -149,6 +149,17 @@ impl VirtualBuffer {
     /// As [`Buffer::copy_from`].
     pub fn copy_from(&mut self, src: &ScopedBuffer<'_>, stream: &Stream) -> Result<()> {
         Ok(self.buffer.copy_from(src, stream)?)
+    }
+
+    /// The buffer's bytes as a mutable typed view (as [`Buffer::view_mut`]), for writing Rust
+    /// data into it ([`DeviceViewMut::copy_from_slice`]); read through
+    /// [`as_buffer`](VirtualBuffer::as_buffer)`().view()`. The view borrows this buffer
+    /// exclusively, so it cannot be closed or dropped while the view lives.
+    ///
+    /// # Errors
+    /// As [`Buffer::view_mut`].
+    pub fn view_mut<T: cuda_mem_core::bytemuck::Pod>(&mut self) -> Result<DeviceViewMut<'_, T>> {
+        Ok(self.buffer.view_mut()?)
     }
 
     /// Fills this buffer with `pattern` on `stream` (as [`Buffer::fill`]).

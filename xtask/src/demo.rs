@@ -1,15 +1,16 @@
-//! `cargo xtask demo [ARGS…]`: builds the simulator (so that the demo has it to fall back on),
-//! then runs the `demo` binary of the `tests` crate with the given arguments and the caller's
-//! environment (`CUDA_MEM_DRIVER` and the `CUDA_SIM_*` variables included).
+//! `cargo xtask demo [ARGS…]` and `cargo xtask probe [NAMES…]`: build the simulator (so that
+//! the program has it to fall back on, and the probe something to compare a GPU with), then run
+//! the `demo` or `probe` binary of the `tests` crate with the given arguments and the caller's
+//! environment (`CUDA_MEM_DRIVER`, `PROBE_OUT` and the `CUDA_SIM_*` variables included).
 
 use std::path::Path;
 
 use crate::{cargo, run_command};
 
-/// Runs the subcommand.
-pub fn run(workspace: &Path, args: &[String]) -> Result<(), String> {
+/// Runs the subcommand: `binary` is `demo` or `probe`.
+pub fn run(workspace: &Path, binary: &str, args: &[String]) -> Result<(), String> {
     run_command(cargo(workspace).args(["build", "-p", "cuda-sim"]))
         .map_err(|e| format!("building the simulator: {e}"))?;
-    run_command(cargo(workspace).args(["run", "-p", "tests", "--bin", "demo", "--"]).args(args))
-        .map_err(|e| format!("the demo failed: {e}"))
+    run_command(cargo(workspace).args(["run", "-p", "tests", "--bin", binary, "--"]).args(args))
+        .map_err(|e| format!("the {binary} failed: {e}"))
 }

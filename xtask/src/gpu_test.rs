@@ -2,15 +2,17 @@
 //! machine that has no Rust.
 //!
 //! Every test binary of the workspace (but the simulator's own and xtask's, which test nothing
-//! a GPU changes), the demo and the benchmarks (`bench`) are built in release, stripped, and
+//! a GPU changes), the probe, the demo and the benchmarks (`bench`) are built in release, stripped, and
 //! copied into DIR (default `gpu-bundle/` at the workspace root, ignored by git) beside a
 //! `run.sh`; so are xtask itself and, under `compare/`, what the comparison with cuda.core needs
 //! there (its script, the two helper libraries, and wheels of cuda.core for the machine's
-//! Python, which cannot reach PyPI). Carried to the GPU machine, `bash DIR/run.sh` runs them all
-//! against `libcuda.so.1` with `CUDA_MEM_REQUIRE_GPU=1`, then the comparison
-//! (`xtask compare-bundle`), writes each one's output under `${RESULTS:-./results}` (the
-//! benchmarks' and the comparison's files under `bench/` there), and prints a line per binary
-//! and the totals. `PARTS` picks the parts (default `tests demo bench compare`).
+//! Python, which cannot reach PyPI). Carried to the GPU machine, `bash DIR/run.sh` runs the probe
+//! first (the open driver questions, answered beside the simulator's, which lies in the bundle;
+//! `probe.json` and `probe-simulator.json` in the results), then the rest against
+//! `libcuda.so.1` with `CUDA_MEM_REQUIRE_GPU=1`, then the comparison (`xtask compare-bundle`),
+//! writes each one's output under `${RESULTS:-./results}` (the benchmarks' and the comparison's
+//! files under `bench/` there), and prints a line per binary and the totals. `PARTS` picks the
+//! parts (default `probe tests demo bench compare`).
 
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
@@ -52,6 +54,7 @@ pub fn run(workspace: &Path, args: &[String]) -> Result<(), String> {
         return Err("cargo built no test binaries".to_string());
     }
     let simulator = messages.iter().find_map(simulator_library);
+    let probe = build_binary(workspace, "tests", "probe")?;
     let demo = build_binary(workspace, "tests", "demo")?;
     let bench = build_binary(workspace, "tests", "bench")?;
     let xtask = build_binary(workspace, "xtask", "xtask")?;
@@ -61,6 +64,7 @@ pub fn run(workspace: &Path, args: &[String]) -> Result<(), String> {
     for test in &tests {
         copy(&test.path, &tests_dir.join(&test.name))?;
     }
+    copy(&probe, &out.join("probe"))?;
     copy(&demo, &out.join("demo"))?;
     copy(&bench, &out.join("bench"))?;
     copy(&xtask, &out.join("xtask"))?;
@@ -87,7 +91,7 @@ pub fn run(workspace: &Path, args: &[String]) -> Result<(), String> {
         return Err(format!("the bundle at {} is {mib:.1} MiB, over the 64 MiB limit", out.display()));
     }
     println!(
-        "\nGPU test bundle: {} ({} test binaries, the demo, the benchmarks{}, {mib:.1} MiB)",
+        "\nGPU test bundle: {} ({} test binaries, the probe, the demo, the benchmarks{}, {mib:.1} MiB)",
         out.display(),
         tests.len(),
         wheels.map_or_else(String::new, |w| format!(
@@ -115,7 +119,7 @@ fn build_tests(workspace: &Path) -> Result<Vec<Value>, String> {
     build(&mut command)
 }
 
-/// Builds the binary `name` of `package` (the demo, the benchmarks, xtask) in release,
+/// Builds the binary `name` of `package` (the probe, the demo, the benchmarks, xtask) in release,
 /// stripped, and returns where it is.
 fn build_binary(workspace: &Path, package: &str, name: &str) -> Result<PathBuf, String> {
     let mut command = cargo(workspace);
@@ -256,7 +260,8 @@ fn write_manifest(out: &Path, tests: &[Artifact], simulator: bool, compare: bool
     let mut text = format!(
         "cuda-mem GPU test bundle, built by `cargo xtask gpu-test` with {rustc}\n\
          Run: bash run.sh [TEST-BINARY-ARGS...]   (RESULTS=dir, CUDA_MEM_DRIVER=lib, TEST_TIMEOUT=seconds,\n\
-         PARTS=\"tests demo bench compare\")\n\n\
+         PARTS=\"probe tests demo bench compare\")\n\n\
+         probe (the open driver questions; probe.json, and probe-simulator.json beside, go to $RESULTS/)\n\
          demo\n\
          bench (the benchmarks; its files go to $RESULTS/bench/)\n\
          xtask (its compare-bundle command compares with cuda.core; compare.md goes to $RESULTS/bench/)\n"
@@ -272,7 +277,9 @@ fn write_manifest(out: &Path, tests: &[Artifact], simulator: bool, compare: bool
         text.push_str(&format!("tests/{}\n", test.name));
     }
     if simulator {
-        text.push_str(&format!("{SIMULATOR} (for the tests that exercise the loader against the simulator)\n"));
+        text.push_str(&format!(
+            "{SIMULATOR} (for the tests that exercise the loader against the simulator, and the probe's comparison)\n"
+        ));
     }
     let path = out.join("MANIFEST.txt");
     std::fs::write(&path, text).map_err(|e| format!("writing {}: {e}", path.display()))
@@ -302,11 +309,12 @@ fn run_script() -> String {
 const RUN_SCRIPT: &str = r#"#!/usr/bin/env bash
 #MARKER#, built by `cargo xtask gpu-test`.
 #
-# Runs every test binary in tests/, then the demo, then the benchmarks (bench) against the real
-# CUDA driver, writes each one's output to $RESULTS/<name>.log (the benchmarks' results.json,
-# results.md and plots to $RESULTS/bench/), prints a line per binary and the totals, and exits
-# non-zero if anything failed. Arguments are passed to every test binary (a name filter,
-# --test-threads=N, ...).
+# Runs the probe (the driver questions cuda.h leaves open, answered on the real driver and then
+# on the simulator beside it: $RESULTS/probe.json and probe-simulator.json), every test binary in
+# tests/, then the demo, then the benchmarks (bench) against the real CUDA driver, writes each
+# one's output to $RESULTS/<name>.log (the benchmarks' results.json, results.md and plots to
+# $RESULTS/bench/), prints a line per binary and the totals, and exits non-zero if anything
+# failed. Arguments are passed to every test binary (a name filter, --test-threads=N, ...).
 #
 # Then it compares with cuda.core (`xtask compare-bundle`): it installs the packed wheels into a
 # folder of their own (no PyPI needed) and runs cuda.core's side with python3 on the same driver;
@@ -315,7 +323,7 @@ const RUN_SCRIPT: &str = r#"#!/usr/bin/env bash
 # Environment: CUDA_MEM_DRIVER (default libcuda.so.1), RESULTS (default ./results),
 # TEST_TIMEOUT (seconds per binary, default 1800), CUDA_MEM_REQUIRE_GPU (default 1: a test that
 # declares it cannot run here, say for want of a second GPU, fails; 0 lets it pass as skipped),
-# PARTS (default "tests demo bench compare": the parts to run), CUDA_MEM_COMPARE_PYTHON
+# PARTS (default "probe tests demo bench compare": the parts to run), CUDA_MEM_COMPARE_PYTHON
 # (default python3: a Python 3.12 with numpy).
 set -uo pipefail
 
@@ -343,7 +351,7 @@ echo "CUDA_MEM_DRIVER=$CUDA_MEM_DRIVER CUDA_MEM_REQUIRE_GPU=$CUDA_MEM_REQUIRE_GP
 echo "results: $results"
 
 limit="${TEST_TIMEOUT:-1800}"
-parts=" ${PARTS:-tests demo bench compare} "
+parts=" ${PARTS:-probe tests demo bench compare} "
 # wants PART: whether PARTS names it.
 wants() {
     [[ "$parts" == *" $1 "* ]]
@@ -443,6 +451,12 @@ compare_with_cuda_core() {
     PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" "$bundle/xtask" compare-bundle "$bundle" "$results/bench"
 }
 
+if wants probe; then
+    echo
+    echo "== probe"
+    run_part probe "probe (report in $results/probe.json)" env PROBE_OUT="$results" "$bundle/probe"
+fi
+
 if wants tests; then
     echo
     echo "== tests"
@@ -503,6 +517,16 @@ mod tests {
     #[test]
     fn the_run_script_carries_the_marker() {
         assert!(run_script().lines().nth(1).is_some_and(|l| l.starts_with(MARKER)));
+    }
+
+    #[test]
+    fn the_run_script_runs_the_probe_first_by_default_and_keeps_its_report() {
+        let script = run_script();
+        assert!(script.contains(r#"parts=" ${PARTS:-probe tests demo bench compare} ""#));
+        let probe = script.find("if wants probe; then").expect("a probe part");
+        let tests = script.find("if wants tests; then").expect("a tests part");
+        assert!(probe < tests, "the probe runs before the tests");
+        assert!(script.contains(r#"env PROBE_OUT="$results" "$bundle/probe""#), "its report goes beside the logs");
     }
 
     #[test]

@@ -2,6 +2,9 @@
 //!
 //! - `cargo xtask demo [ARGS…]`: build the simulator and run the demo (on the real driver when
 //!   there is a GPU, on the simulator otherwise).
+//! - `cargo xtask probe [NAMES…]`: build the simulator and ask the driver the questions its
+//!   documentation leaves open (on the real driver when there is a GPU, beside the simulator's
+//!   answers; on the simulator otherwise), writing `target/probe/probe.json`.
 //! - `cargo xtask bench`: build the simulator and run the benchmarks (release), writing
 //!   `target/bench/`.
 //! - `cargo xtask ci`: the whole CI: fmt, clippy, build, tests, docs, binding check.
@@ -35,7 +38,8 @@ fn main() -> ExitCode {
         Some("bench") if rest == ["--compare"] => bench::run(&workspace, true),
         Some("bindgen") => bindgen::run(&workspace, rest.iter().any(|a| a == "--check")),
         Some("ci") if rest.is_empty() => ci::run(&workspace),
-        Some("demo") => demo::run(&workspace, rest),
+        Some("demo") => demo::run(&workspace, "demo", rest),
+        Some("probe") => demo::run(&workspace, "probe", rest),
         Some("gpu-test") => gpu_test::run(&workspace, rest),
         Some("sanitize") => sanitize::run(&workspace, rest),
         // Inside a GPU bundle, run by its `run.sh`: BUNDLE RESULTS.
@@ -63,6 +67,7 @@ fn usage() -> String {
      commands:\n  \
        bench [--compare]     build the simulator, then run the benchmarks in release (results in target/bench/);\n                             --compare also runs cuda.core's equivalents on the same driver\n                             (and case 1 of both on a nearly free stand-in driver)\n  \
        demo [ARGS...]        build the simulator, then run the demo (real GPU if found, else the simulator)\n  \
+       probe [NAMES...]      build the simulator, then ask the driver the open questions (same choice of\n                             driver; report in target/probe/probe.json)\n  \
        ci                    fmt, clippy, build, test, doc and the bindings check, stopping at the first failure\n  \
        gpu-test [--out DIR]  build the GPU test bundle (default: gpu-bundle/); run it with `bash DIR/run.sh`\n  \
        bindgen [--check]     regenerate (or check) cuda-sys/src/generated from cuda.h\n  \

@@ -3,12 +3,13 @@
 //! exit (killed if it outstays its time or is left behind).
 
 use std::cell::Cell;
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use cuda_mem_core::Stream;
 use cuda_mem_core::sys::DRIVER_ENV;
 use cuda_mem_ipc::{IpcChannel, IpcError, Received, spawn_with_channel};
+use tests::child_process::KillOnDrop;
 
 use crate::devices::Demo;
 use crate::protocol::Request;
@@ -24,13 +25,14 @@ pub(crate) fn spawn_child(demo: &Demo) -> Result<ChildProcess, Error> {
     let mut command = Command::new(&exe);
     command.arg(CHILD_ARG).env(DRIVER_ENV, &demo.driver_path).stdin(Stdio::null());
     let (process, channel) = spawn_with_channel(&mut command)?;
-    let child = ChildProcess { process: KillOnDrop(process), ipc: IpcChannel::new(channel), in_step: Cell::new(true) };
+    let child =
+        ChildProcess { process: KillOnDrop::new(process), ipc: IpcChannel::new(channel), in_step: Cell::new(true) };
     child.ipc.channel().set_read_timeout(Some(CHILD_TIMEOUT))?;
     let hello = child.reply(&demo.gpu.stream)?;
     println!(
         "  started `{} {CHILD_ARG}` (pid {}) with spawn_with_channel, {DRIVER_ENV}={}",
         exe.file_name().map_or_else(|| exe.display().to_string(), |n| n.to_string_lossy().into_owned()),
-        child.process.0.id(),
+        child.process.id(),
         demo.driver_path.display()
     );
     println!("  the child says: {hello}");
@@ -91,35 +93,5 @@ impl ChildProcess {
         };
         self.in_step.set(true);
         reply
-    }
-}
-
-/// A child process, killed if dropped while it still runs (after a failure).
-struct KillOnDrop(Child);
-
-impl KillOnDrop {
-    /// Waits for the child to exit, at most `timeout`; kills it after that.
-    fn wait(&mut self, timeout: Duration) -> Result<ExitStatus, Error> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(status) = self.0.try_wait()? {
-                return Ok(status);
-            }
-            if Instant::now() >= deadline {
-                self.0.kill()?;
-                self.0.wait()?;
-                return Err(format!("the child did not exit within {} s and was killed", timeout.as_secs()).into());
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-}
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        if let Ok(None) = self.0.try_wait() {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
     }
 }

@@ -1,7 +1,9 @@
-//! How the demo's errors read: an error with its causes on one line, and what was being done
-//! when it happened.
+//! How the demo's errors read: an error with its causes on one line (`tests::errors`), and what
+//! was being done when it happened.
 
 use std::fmt;
+
+pub(crate) use tests::errors::describe;
 
 use crate::Error;
 
@@ -15,18 +17,4 @@ impl<T, E: Into<Error>> Context<T> for Result<T, E> {
     fn context(self, what: impl fmt::Display) -> Result<T, Error> {
         self.map_err(|e| format!("{what}: {}", describe(e.into().as_ref())).into())
     }
-}
-
-/// An error and its causes, on one line (a cause already in the message is not repeated).
-pub(crate) fn describe(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let message = cause.to_string();
-        if !text.contains(&message) {
-            text = format!("{text}: {message}");
-        }
-        source = cause.source();
-    }
-    text
 }

@@ -2,30 +2,16 @@
 
 use std::fmt::Write as _;
 
+use tests::output::json_escape;
+
 use super::{Results, host_cpus};
 use crate::pacing::PACING_WORK_NS;
 use crate::vmm::mode_name;
 
-/// `text` as the inside of a JSON string.
-fn escape(text: &str) -> String {
-    let mut out = String::new();
-    for c in text.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out
-}
-
 /// The whole file.
 pub(super) fn json(results: &Results) -> String {
     let mut out = String::from("{\n");
-    let _ = writeln!(out, r#"  "driver": "{}","#, escape(&results.driver));
+    let _ = writeln!(out, r#"  "driver": "{}","#, json_escape(&results.driver));
     let _ = writeln!(out, r#"  "host_cpus": {},"#, host_cpus());
     let _ = writeln!(out, r#"  "simulator": {},"#, results.simulator);
     out.push_str("  \"units\": \"nanoseconds, except rates (operations per second)\",\n");

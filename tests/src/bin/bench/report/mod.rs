@@ -5,7 +5,7 @@ mod json;
 mod markdown;
 mod svg;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
 
 use crate::Error;
@@ -41,7 +41,7 @@ pub(crate) struct Results {
 /// Writes `results.json`, `results.md`, `vmm_steps.svg` and `pools.svg` to the output folder,
 /// then prints the Markdown and what it wrote, with the time since `total`.
 pub(crate) fn write_all(results: &Results, total: Instant) -> Result<(), Error> {
-    let out = output_dir();
+    let out = tests::output::output_dir("BENCH_OUT", "bench");
     std::fs::create_dir_all(&out).map_err(|e| format!("creating {}: {e}", out.display()))?;
     let markdown = markdown::markdown(results);
     write(&out.join("results.json"), &json::json(results))?;
@@ -61,18 +61,6 @@ pub(crate) fn write_all(results: &Results, total: Instant) -> Result<(), Error> 
 /// take turns and the 4-thread rows measure the scheduler as much as the pool.
 fn host_cpus() -> usize {
     std::thread::available_parallelism().map_or(0, usize::from)
-}
-
-/// `BENCH_OUT`, or `target/bench` under the workspace (`CARGO_TARGET_DIR` respected), or
-/// `./bench-results` when this program runs outside the workspace (in the GPU bundle).
-fn output_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("BENCH_OUT") {
-        return PathBuf::from(dir);
-    }
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap_or(Path::new(".")).join("target"));
-    if target.is_dir() { target.join("bench") } else { PathBuf::from("bench-results") }
 }
 
 fn write(path: &Path, text: &str) -> Result<(), Error> {

@@ -1,0 +1,136 @@
+//! The questions asked from another process (importing what this process exported): this
+//! program again, with `--child NAME`, started with `spawn_with_channel` on the same driver.
+//!
+//! The parent sends one message (bytes and file descriptors); the child opens device 0's
+//! primary context, runs the question's child side and sends each observation as it makes it,
+//! then `done` or its error. A child that crashes (a driver call that faults) leaves what it
+//! sent before, and its exit status says how it ended: an answer too.
+
+use std::ffi::c_int;
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::process::{Command, ExitCode, Stdio};
+use std::rc::Rc;
+use std::time::Duration;
+
+use cuda_mem_ipc::{Channel, spawn_with_channel};
+use cuda_sys::DRIVER_ENV;
+use tests::child_process::{KillOnDrop, read_in_background};
+
+use crate::Error;
+use crate::owned::PrimaryContext;
+use crate::report::Details;
+
+/// The argument that makes this program a probe's child side: `--child NAME`.
+pub(crate) const CHILD_ARG: &str = "--child";
+
+/// How long the parent waits for each message of the child, and for its exit.
+const CHILD_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Message kinds: the parent's input, an observation, the end, the child's error.
+const KIND_INPUT: u16 = 1;
+const KIND_DETAIL: u16 = 2;
+const KIND_DONE: u16 = 3;
+const KIND_ERROR: u16 = 4;
+
+/// What the parent hands the child side.
+pub(crate) struct Input {
+    /// The bytes (export data, a tag).
+    pub(crate) payload: Vec<u8>,
+    /// The file descriptors (exported pools), in the order sent.
+    pub(crate) fds: Vec<OwnedFd>,
+}
+
+impl Input {
+    /// The descriptor at `index`, as the driver takes it.
+    pub(crate) fn fd(&self, index: usize) -> Result<c_int, Error> {
+        self.fds.get(index).map(AsRawFd::as_raw_fd).ok_or_else(|| format!("no file descriptor #{index}").into())
+    }
+}
+
+/// A child side: what the child does with the input, recording what it observes.
+pub(crate) type ChildSide = fn(&Input, &mut Details) -> Result<(), Error>;
+
+/// Runs the child side `name` in a new process, hands it `payload` and `fds`, and returns what
+/// it observed; the detail `child` says how it ended.
+pub(crate) fn ask(name: &str, payload: &[u8], fds: &[BorrowedFd<'_>]) -> Result<Details, Error> {
+    let exe = std::env::current_exe()?;
+    let driver = cuda_sys::driver()?.path().to_path_buf();
+    let mut command = Command::new(exe);
+    command
+        .args([CHILD_ARG, name])
+        .env(DRIVER_ENV, driver)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let (process, channel) = spawn_with_channel(&mut command)?;
+    let mut process = KillOnDrop::new(process);
+    let stderr = process.child().stderr.take().map(read_in_background);
+    channel.set_read_timeout(Some(CHILD_TIMEOUT))?;
+    channel.send(KIND_INPUT, payload, fds)?;
+    let mut details = Details::default();
+    let end = loop {
+        let message = match channel.recv() {
+            Ok(message) => message,
+            Err(e) => break format!("stopped before the end ({e})"),
+        };
+        let text = String::from_utf8_lossy(&message.payload).into_owned();
+        match message.kind {
+            KIND_DETAIL => {
+                let (key, value) = text.split_once('\t').unwrap_or((text.as_str(), ""));
+                details.put(key, value);
+            }
+            KIND_DONE => break "finished".to_string(),
+            KIND_ERROR => break format!("error: {text}"),
+            other => break format!("sent a message of unknown kind {other}"),
+        }
+    };
+    drop(channel);
+    let status = match process.wait(CHILD_TIMEOUT) {
+        Ok(status) => status.to_string(),
+        Err(e) => e.to_string(),
+    };
+    details.put("child", format!("{end}; {status}"));
+    let stderr = stderr.and_then(|reader| reader.join().ok()).unwrap_or_default();
+    let stderr = stderr.trim();
+    if !stderr.is_empty() {
+        let tail: String = stderr.chars().rev().take(400).collect::<Vec<_>>().into_iter().rev().collect();
+        details.put("child_stderr", tail);
+    }
+    Ok(details)
+}
+
+/// The child's `main`: runs the child side `name` on the input its parent sends.
+pub(crate) fn child_main(name: &str) -> ExitCode {
+    // SAFETY: this process was started by the probe's parent with `spawn_with_channel`, which
+    // handed it the descriptor the environment names; nothing else in this process has taken it.
+    let channel = match unsafe { Channel::from_env() } {
+        Ok(channel) => Rc::new(channel),
+        Err(e) => {
+            eprintln!("probe {CHILD_ARG} {name}: {e} (this is started by the probe itself)");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = run_side(name, &channel);
+    let sent = match &result {
+        Ok(()) => channel.send(KIND_DONE, b"", &[]),
+        Err(e) => channel.send(KIND_ERROR, e.to_string().as_bytes(), &[]),
+    };
+    if result.is_ok() && sent.is_ok() { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+}
+
+fn run_side(name: &str, channel: &Rc<Channel>) -> Result<(), Error> {
+    let side = crate::child_side(name).ok_or_else(|| format!("no question has a child side named {name}"))?;
+    channel.set_read_timeout(Some(CHILD_TIMEOUT))?;
+    let message = channel.recv()?;
+    if message.kind != KIND_INPUT {
+        return Err(format!("expected the input, got a message of kind {}", message.kind).into());
+    }
+    let input = Input { payload: message.payload, fds: message.fds };
+    let _context = PrimaryContext::open()?;
+    let forward = Rc::clone(channel);
+    let mut details = Details::forwarding(move |key, value| {
+        // A parent that is gone no longer reads; the child finishes on its own.
+        let _ = forward.send(KIND_DETAIL, format!("{key}\t{value}").as_bytes(), &[]);
+    });
+    side(&input, &mut details)
+}

@@ -1,0 +1,133 @@
+//! The `probe` binary on the simulator: every question gets an answer, the report holds them,
+//! the comparison with the simulator (forced with `PROBE_COMPARE=1`) finds its own answers
+//! stable, and the probe tells the two readings of a second pool import apart.
+//!
+//! The binary is run from the build folder, so these tests do not run from the GPU bundle
+//! (where `run.sh` runs the probe itself, as its part `probe`).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use tests::child_process::{KillOnDrop, read_in_background};
+
+/// How long one run of the probe may take.
+const TIMEOUT: Duration = Duration::from_secs(300);
+
+/// A folder of this test's own for the report, removed on drop.
+struct OutDir(PathBuf);
+
+impl OutDir {
+    fn new(name: &str) -> OutDir {
+        let dir = std::env::temp_dir().join(format!("cuda-mem-probe-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        OutDir(dir)
+    }
+}
+
+impl Drop for OutDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Runs the probe on the simulator (two devices) with `args` and extra environment; its exit
+/// success and standard output.
+fn probe(out: &Path, args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
+    let simulator = cuda_sim::testing::library_path().expect("the simulator library is built beside the tests");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_probe"));
+    command
+        .args(args)
+        .env(cuda_sys::DRIVER_ENV, simulator)
+        .env("CUDA_SIM_DEVICES", "2")
+        .env("PROBE_OUT", out)
+        .env_remove("CUDA_VISIBLE_DEVICES")
+        .env_remove("CUDA_SIM_POOL_IMPORT")
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped());
+    let mut process = KillOnDrop::new(command.spawn().expect("starting the probe"));
+    let stdout = read_in_background(process.child().stdout.take().expect("piped"));
+    let status = process.wait(TIMEOUT).expect("the probe finishes");
+    (status.success(), stdout.join().expect("reading the probe's output"))
+}
+
+/// The answer lines: name → answer.
+fn answers(output: &str) -> Vec<(String, String)> {
+    output
+        .lines()
+        .filter_map(|l| l.strip_prefix("PROBE "))
+        .filter_map(|l| l.split_once(": "))
+        .map(|(n, a)| (n.to_string(), a.to_string()))
+        .collect()
+}
+
+fn answer<'a>(answers: &'a [(String, String)], name: &str) -> &'a str {
+    answers.iter().find(|(n, _)| n == name).map(|(_, a)| a.as_str()).unwrap_or_else(|| panic!("no answer to {name}"))
+}
+
+#[test]
+fn every_question_is_answered_and_the_simulator_agrees_with_itself() {
+    if !cuda_sim::testing::simulator_only("the probe binary runs from the build folder") {
+        return;
+    }
+    let out = OutDir::new("all");
+    let list = Command::new(env!("CARGO_BIN_EXE_probe")).arg("--list").output().expect("probe --list");
+    let names: Vec<String> = String::from_utf8_lossy(&list.stdout)
+        .lines()
+        .filter_map(|l| l.split_once(": ").map(|(n, _)| n.to_string()))
+        .collect();
+    assert!(names.len() >= 8, "the questions: {names:?}");
+
+    let (success, output) = probe(&out.0, &[], &[("PROBE_COMPARE", "1")]);
+    assert!(success, "the probe failed:\n{output}");
+    let answers = answers(&output);
+    let answered: Vec<&String> = answers.iter().map(|(n, _)| n).collect();
+    assert_eq!(answered, names.iter().collect::<Vec<_>>(), "one answer per question, in order:\n{output}");
+    for (name, answer) in &answers {
+        assert!(!answer.starts_with("error:"), "{name}: {answer}");
+    }
+    // What the simulator models, as the probe reports it.
+    assert!(answer(&answers, "pool-import-twice").starts_with("same fd again: a new handle"));
+    assert!(answer(&answers, "peer-access-after-destroy").contains("nvbug 5698116"));
+    assert!(answer(&answers, "failed-alloc-marks").matches("counts unchanged").count() == 3);
+
+    let report = std::fs::read_to_string(out.0.join("probe.json")).expect("the report");
+    for name in &names {
+        assert_eq!(report.matches(&format!("\"name\": \"{name}\"")).count(), 1, "{name} in the report");
+    }
+    assert_eq!(report.matches("\"answered\": true").count(), names.len());
+    assert_eq!(report.matches("\"agrees_with_simulator\": true").count(), names.len(), "{report}");
+    assert!(out.0.join("probe-simulator.json").is_file(), "the simulator's side wrote its report");
+    assert!(output.lines().filter(|l| l.starts_with("  agrees ")).count() == names.len(), "{output}");
+}
+
+#[test]
+fn the_probe_tells_the_two_readings_of_a_second_pool_import_apart() {
+    if !cuda_sim::testing::simulator_only("CUDA_SIM_POOL_IMPORT is the simulator's") {
+        return;
+    }
+    let questions = ["pool-import-twice", "pointer-import-two-pools"];
+    let out = OutDir::new("import");
+    let (success, new_handle) = probe(&out.0, &questions, &[]);
+    assert!(success, "{new_handle}");
+    let (success, same_handle) = probe(&out.0, &questions, &[("CUDA_SIM_POOL_IMPORT", "same-handle")]);
+    assert!(success, "{same_handle}");
+    let (new_handle, same_handle) = (answers(&new_handle), answers(&same_handle));
+
+    let new = answer(&new_handle, "pool-import-twice");
+    assert!(new.contains("same fd again: a new handle; a dup of the fd: a new handle"), "{new}");
+    assert!(new.contains("leaves the first usable"), "{new}");
+    let same = answer(&same_handle, "pool-import-twice");
+    assert!(same.contains("same fd again: the first import's handle; a dup of the fd: the first import's handle"));
+    assert!(same.contains("the first answers CUDA_ERROR_INVALID_VALUE"), "one destroy destroys it for all: {same}");
+
+    let new = answer(&new_handle, "pointer-import-two-pools");
+    assert!(new.contains("through it: another address, freeing the first import leaves it mapped"), "{new}");
+    let same = answer(&same_handle, "pointer-import-two-pools");
+    assert!(same.contains("through it: the same address, freeing the first import unmaps it"), "{same}");
+    // The duplicate import through one handle is uncounted in both readings (nvbug 5570902).
+    for answer in [new, same] {
+        assert!(answer.contains("through one handle twice: the same address, second free CUDA_ERROR_INVALID_VALUE"));
+    }
+}
