@@ -54,6 +54,12 @@ struct View {
     _keep_alive: Option<Arc<dyn Any + Send + Sync>>,
 }
 
+impl View {
+    /// A view that knows nothing and keeps nothing alive: what an owner is replaced by when
+    /// ownership leaves a buffer.
+    const NOTHING: View = View { device: None, device_accessible: false, host_accessible: false, _keep_alive: None };
+}
+
 impl std::fmt::Debug for View {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("View")
@@ -203,6 +209,7 @@ impl Buffer {
     /// `size` bytes at `ptr` stay valid while the view lives, with the accessibility claimed,
     /// and the owner does not free or write them behind the view's back while host slices of
     /// it are borrowed.
+    #[doc(alias = "from_handle")]
     pub unsafe fn from_raw(
         ptr: DevicePtr,
         size: usize,
@@ -216,8 +223,107 @@ impl Buffer {
     }
 }
 
+/// The parts of an owning [`Buffer`] whose ownership left it ([`Buffer::into_raw`]): the memory,
+/// the resource that frees it and the stream its free must follow. Nothing frees the memory
+/// until they are given back to [`Buffer::from_raw_owned`] (or freed by hand with
+/// `resource.deallocate_raw(ptr, size, &stream)`); dropping them leaks it.
+#[derive(Debug)]
+pub struct RawBuffer {
+    /// The address.
+    pub ptr: DevicePtr,
+    /// The size in bytes.
+    pub size: usize,
+    /// The resource that allocated it, which must free it.
+    pub resource: Arc<dyn MemoryResource>,
+    /// The stream after whose work (enqueued so far) the memory may be freed: work that used it
+    /// on other streams is already ordered before this stream's next work.
+    pub stream: Stream,
+}
+
+impl Buffer {
+    /// Gives up ownership without freeing: the pointer, size, resource and stream, for code that
+    /// takes raw memory (another library, FFI), and back through [`Buffer::from_raw_owned`]
+    /// (`from_raw_owned(raw.ptr, raw.size, raw.resource, &raw.stream)` owns it again). Work
+    /// enqueued through the buffer on streams other than the returned one is ordered before that
+    /// stream's next work (with events, as a free is), so whoever frees on it frees after every
+    /// use.
+    ///
+    /// # Errors
+    /// When the buffer owns nothing to hand out ([`Error::NotOwning`] for a view,
+    /// [`Error::NoSharedResource`] for a buffer that borrows its resource), or its uses could
+    /// not be ordered (a driver error): the [`CloseError`] holds the cause and hands the buffer
+    /// back unchanged.
+    pub fn into_raw(mut self) -> Result<RawBuffer, CloseError<'static>> {
+        let (ptr, size) = (self.ptr, self.size);
+        // Taken out while the parts are gathered; put back whenever the buffer is handed back.
+        let resource = match std::mem::replace(&mut self.owner, Owner::View(View::NOTHING)) {
+            Owner::Resource(resource) => resource,
+            owner => {
+                let error = match owner {
+                    Owner::View(_) => Error::NotOwning { ptr, size },
+                    _ => Error::NoSharedResource { ptr, size },
+                };
+                self.owner = owner;
+                return Err(CloseError { buffer: Box::new(self), error });
+            }
+        };
+        let uses = std::mem::take(self.used_on.get_mut().unwrap_or_else(PoisonError::into_inner));
+        // An owning buffer always records a stream; without one there is nothing to order.
+        let ordered = match &self.stream {
+            Some(stream) => order_after_uses(stream, &uses).map(Cow::into_owned),
+            None => Err(Error::NotOwning { ptr, size }),
+        };
+        let stream = match ordered {
+            Ok(stream) => stream,
+            Err(error) => {
+                self.owner = Owner::Resource(resource);
+                *self.used_on.get_mut().unwrap_or_else(PoisonError::into_inner) = uses;
+                return Err(CloseError { buffer: Box::new(self), error });
+            }
+        };
+        // What is left owns nothing: the drop that follows frees nothing.
+        self.size = 0;
+        Ok(RawBuffer { ptr, size, resource, stream })
+    }
+
+    /// Gives up ownership for good and returns the address: the memory is never freed, and the
+    /// buffer, with its resource (or, for a view, what it keeps alive), is kept in a process-wide
+    /// list until the process exits, so the address stays valid. Work enqueued through the
+    /// buffer is not waited for: order what uses the address after it (synchronize, or an
+    /// event).
+    pub fn leak(self) -> DevicePtr {
+        /// Leaked buffers: never dropped (statics are not), and reachable, so leak checkers see
+        /// them as kept on purpose.
+        static LEAKED: Mutex<Vec<Buffer>> = Mutex::new(Vec::new());
+        let ptr = self.ptr;
+        LEAKED.lock().unwrap_or_else(PoisonError::into_inner).push(self);
+        ptr
+    }
+}
+
+impl<'a> ScopedBuffer<'a> {
+    /// A new buffer of the same size from this buffer's own resource, allocated on `stream`,
+    /// with this buffer's bytes copied into it on `stream` (as cuda.core's
+    /// `Buffer.copy_to(dst=None)`).
+    ///
+    /// # Errors
+    /// [`Error::NoSharedResource`] for a buffer that holds no share of its resource (a scoped
+    /// buffer: allocate the destination with `allocate_scoped` and use
+    /// [`copy_to`](ScopedBuffer::copy_to); a view of memory someone else owns); the resource's
+    /// allocation error; a driver error.
+    pub fn copy_to_new(&self, stream: &Stream) -> Result<Buffer> {
+        let Some(resource) = self.resource() else {
+            return Err(Error::NoSharedResource { ptr: self.ptr, size: self.size });
+        };
+        let mut dst = Buffer::allocate(Arc::clone(resource), self.size, stream)?;
+        copy(&mut dst, self, stream)?;
+        Ok(dst)
+    }
+}
+
 impl<'a> ScopedBuffer<'a> {
     /// The address.
+    #[doc(alias = "handle")]
     pub fn ptr(&self) -> DevicePtr {
         self.ptr
     }
@@ -256,6 +362,7 @@ impl<'a> ScopedBuffer<'a> {
     }
 
     /// The device the memory belongs to, if one does.
+    #[doc(alias = "device_id")]
     pub fn device(&self) -> Option<Device> {
         match &self.owner {
             Owner::View(view) => view.device,
@@ -296,7 +403,7 @@ impl<'a> ScopedBuffer<'a> {
     }
 
     /// Remembers that work on `stream` uses the buffer (host access waits for it).
-    fn note_use(&self, stream: &Stream) {
+    pub(crate) fn note_use(&self, stream: &Stream) {
         if self.stream.as_deref() == Some(stream) {
             return;
         }

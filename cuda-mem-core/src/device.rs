@@ -98,6 +98,7 @@ impl Device {
     }
 
     /// The ordinal.
+    #[doc(alias = "device_id")]
     pub fn ordinal(&self) -> usize {
         self.ordinal as usize
     }
@@ -190,13 +191,15 @@ impl Device {
         })
     }
 
-    /// Whether this device can access memory on `peer` (false for the device itself).
+    /// Whether this device can access memory on `peer`: true for the device itself (its own
+    /// memory, as cuda.core's `Device.can_access_peer` says), without asking the driver, whose
+    /// `cuDeviceCanAccessPeer` answers only for two different devices.
     ///
     /// # Errors
     /// If the driver call fails.
     pub fn can_access_peer(&self, peer: Device) -> Result<bool> {
         if peer == *self {
-            return Ok(false);
+            return Ok(true);
         }
         let d = driver()?;
         let mut can = 0;
@@ -223,6 +226,7 @@ impl Device {
     ///
     /// # Errors
     /// If a driver call fails.
+    #[doc(alias = "sync")]
     pub fn synchronize(&self) -> Result<()> {
         crate::context::bind(*self)?;
         let d = driver()?;

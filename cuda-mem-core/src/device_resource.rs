@@ -1,5 +1,6 @@
 //! `DeviceMemoryResource`: stream-ordered device memory from a driver pool.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use cuda_sys::cu_call;
@@ -41,7 +42,6 @@ impl DeviceMemoryResourceOptions {
 pub struct DeviceMemoryResource {
     device: Device,
     pool: MemoryPool,
-    ipc_enabled: bool,
 }
 
 impl DeviceMemoryResource {
@@ -52,6 +52,7 @@ impl DeviceMemoryResource {
     /// # Errors
     /// [`Error::Unsupported`] ([`DeviceCapability::MemoryPools`]) if the device has no memory
     /// pools; driver errors.
+    #[doc(alias = "memory_resource")]
     pub fn current(device: Device) -> Result<Arc<DeviceMemoryResource>> {
         require_pools(device)?;
         let d = driver()?;
@@ -62,7 +63,7 @@ impl DeviceMemoryResource {
         if pool.release_threshold()? == 0 {
             pool.set_release_threshold(u64::MAX)?;
         }
-        Ok(Arc::new(DeviceMemoryResource { device, pool, ipc_enabled: false }))
+        Ok(Arc::new(DeviceMemoryResource { device, pool }))
     }
 
     /// A pool of its own on `device`, destroyed when the resource and every buffer from it are
@@ -94,7 +95,7 @@ impl DeviceMemoryResource {
             ..CUmemPoolProps::default()
         };
         let pool = MemoryPool::create(&props, PoolKind::Device(device))?;
-        Ok(Arc::new(DeviceMemoryResource { device, pool, ipc_enabled: options.ipc_enabled }))
+        Ok(Arc::new(DeviceMemoryResource { device, pool }))
     }
 
     /// The pool: attributes, release threshold, trimming, peer access.
@@ -102,9 +103,38 @@ impl DeviceMemoryResource {
         &self.pool
     }
 
-    /// Whether the pool can be shared by file descriptor.
-    pub fn is_ipc_enabled(&self) -> bool {
-        self.ipc_enabled
+    /// The devices other than the owner that have read-write access to the pool's memory:
+    /// [`MemoryPool::peer_accessible_by`].
+    ///
+    /// # Errors
+    /// Driver errors.
+    pub fn peer_accessible_by(&self) -> Result<BTreeSet<Device>> {
+        self.pool.peer_accessible_by()
+    }
+
+    /// Makes exactly `peers` (the owner ignored) have read-write access:
+    /// [`MemoryPool::set_peer_accessible_by`].
+    ///
+    /// # Errors
+    /// [`Error::PeerAccess`] naming the devices that cannot be peers; driver errors.
+    pub fn set_peer_accessible_by(&self, peers: impl IntoIterator<Item = Device>) -> Result<()> {
+        self.pool.set_peer_accessible_by(peers)
+    }
+
+    /// Gives `peer` read-write access: [`MemoryPool::add_peer`].
+    ///
+    /// # Errors
+    /// As [`DeviceMemoryResource::set_peer_accessible_by`].
+    pub fn add_peer(&self, peer: Device) -> Result<()> {
+        self.pool.add_peer(peer)
+    }
+
+    /// Revokes `peer`'s access: [`MemoryPool::remove_peer`].
+    ///
+    /// # Errors
+    /// Driver errors.
+    pub fn remove_peer(&self, peer: Device) -> Result<()> {
+        self.pool.remove_peer(peer)
     }
 }
 

@@ -71,6 +71,66 @@ pub enum Error {
         /// The buffer's size in bytes.
         size: usize,
     },
+    /// A typed view of bytes that are not a whole number of its elements.
+    #[error(
+        "invalid argument: {size} bytes are not a whole number of `{element}` ({element_size} bytes each): view \
+         them as a smaller type, or view a buffer (or sub-range) whose size is a multiple of {element_size}"
+    )]
+    ViewSize {
+        /// The element type's name.
+        element: &'static str,
+        /// Its size in bytes.
+        element_size: usize,
+        /// The size of the bytes viewed.
+        size: usize,
+    },
+    /// A typed view of memory whose address is not aligned for its elements.
+    #[error(
+        "invalid argument: address {ptr:#x} is not aligned for `{element}` (which needs {align}-byte alignment): \
+         view it as a type of smaller alignment, or copy it into an aligned buffer"
+    )]
+    ViewAlignment {
+        /// The element type's name.
+        element: &'static str,
+        /// Its alignment in bytes.
+        align: usize,
+        /// The address.
+        ptr: crate::memory_resource::DevicePtr,
+    },
+    /// A sub-range of a view that does not lie within it (in elements).
+    #[error("out of range: elements {start}..{end} of a view of {len} elements: slice within 0..{len}")]
+    SliceOutOfRange {
+        /// The first element asked for (`usize::MAX` when the bound overflowed).
+        start: usize,
+        /// One past the last element asked for (`usize::MAX` when the bound overflowed).
+        end: usize,
+        /// The view's length.
+        len: usize,
+    },
+    /// An allocation from a buffer's own resource, which it does not hold a share of (a
+    /// [`ScopedBuffer`](crate::ScopedBuffer) borrows it; a view of memory someone else owns has
+    /// none).
+    #[error(
+        "not supported: the buffer ({size} bytes at {ptr:#x}) holds no share of a memory resource to allocate \
+         from (it is scoped, or a view): allocate the destination yourself and use copy_to"
+    )]
+    NoSharedResource {
+        /// The buffer's address.
+        ptr: crate::memory_resource::DevicePtr,
+        /// Its size in bytes.
+        size: usize,
+    },
+    /// Ownership asked of a buffer that owns nothing (a view of memory someone else owns).
+    #[error(
+        "not supported: the buffer ({size} bytes at {ptr:#x}) is a view of memory someone else owns and has no \
+         ownership to hand out: keep the view, or take the memory from its owner"
+    )]
+    NotOwning {
+        /// The buffer's address.
+        ptr: crate::memory_resource::DevicePtr,
+        /// Its size in bytes.
+        size: usize,
+    },
     /// Host access to memory the host cannot reach (device memory, or memory another process
     /// shares, which is never lent to the host).
     #[error(

@@ -92,6 +92,7 @@ impl Event {
     ///
     /// # Errors
     /// If the driver call fails.
+    #[doc(alias = "sync")]
     pub fn synchronize(&self) -> Result<()> {
         let d = driver()?;
         // SAFETY: a valid event handle.

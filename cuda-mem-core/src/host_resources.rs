@@ -62,7 +62,6 @@ impl PinnedMemoryResourceOptions {
 pub struct PinnedMemoryResource {
     pool: MemoryPool,
     numa_node: Option<u32>,
-    ipc_enabled: bool,
 }
 
 fn host_location(numa_node: Option<u32>) -> CUmemLocation {
@@ -91,7 +90,7 @@ impl PinnedMemoryResource {
         let handle = current_pool(host_location(None), CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED)?;
         let pool = MemoryPool::borrowed(handle, PoolKind::Pinned);
         pool.grant_all_devices()?;
-        Ok(Arc::new(PinnedMemoryResource { pool, numa_node: None, ipc_enabled: false }))
+        Ok(Arc::new(PinnedMemoryResource { pool, numa_node: None }))
     }
 
     /// A pinned pool of its own, its memory readable and writable by every device.
@@ -125,7 +124,7 @@ impl PinnedMemoryResource {
         };
         let pool = MemoryPool::create(&props, PoolKind::Pinned)?;
         pool.grant_all_devices()?;
-        Ok(Arc::new(PinnedMemoryResource { pool, numa_node, ipc_enabled: options.ipc_enabled }))
+        Ok(Arc::new(PinnedMemoryResource { pool, numa_node }))
     }
 
     /// The pool: attributes, release threshold, trimming.
@@ -136,11 +135,6 @@ impl PinnedMemoryResource {
     /// The NUMA node of its memory, if it has one.
     pub fn numa_node(&self) -> Option<u32> {
         self.numa_node
-    }
-
-    /// Whether the pool can be shared by file descriptor.
-    pub fn is_ipc_enabled(&self) -> bool {
-        self.ipc_enabled
     }
 }
 

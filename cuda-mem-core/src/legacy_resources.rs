@@ -63,6 +63,7 @@ unsafe impl MemoryResource for LegacyPinnedMemoryResource {
 }
 
 /// Device memory from `cuMemAlloc`, for devices without memory pools.
+#[doc(alias = "_SynchronousMemoryResource")]
 #[derive(Debug)]
 pub struct SynchronousMemoryResource {
     device: Device,
@@ -110,3 +111,6 @@ unsafe impl MemoryResource for SynchronousMemoryResource {
         Some(self.device)
     }
 }
+
+crate::memory_resource::inherent_allocation!(LegacyPinnedMemoryResource);
+crate::memory_resource::inherent_allocation!(SynchronousMemoryResource);

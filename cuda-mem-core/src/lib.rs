@@ -3,16 +3,29 @@
 //! This crate is to Rust what `cuda.core`'s memory classes are to Python: typed, owned wrappers
 //! that free what they allocate, exactly once, on the right stream.
 //!
+//! The everyday path needs no trait import: a resource's constructor returns an `Arc` of it, and
+//! `resource.allocate(size, &stream)` on that `Arc` gives an owned [`Buffer`] (an inherent method
+//! of every resource of this crate); the pool's features are on the resource too
+//! (`resource.attributes()`, `resource.set_release_threshold(…)`, `resource.trim_to(…)`,
+//! `resource.set_peer_accessible_by(…)`). For the rest, `use cuda_mem_core::prelude::*;` brings the
+//! traits ([`MemoryResource`], [`MemoryResourceExt`], [`PoolResource`]) and the common types into
+//! scope. Coming from cuda.core? [Its names and ours](#cudacores-names-and-ours) are at the end.
+//!
 //! - [`Device`]: enumeration, properties, peer capability, making the primary context current.
 //! - [`Stream`] and [`Event`]: stream-ordered work and its synchronization.
 //! - [`MemoryResource`]: anything that allocates in stream order; [`MemoryResourceExt::allocate`]
-//!   turns an `Arc` of one into owned [`Buffer`]s, which keep their resource alive;
+//!   (inherent on this crate's resources) turns an `Arc` of one into owned [`Buffer`]s, which keep their resource alive;
 //!   [`MemoryResourceExt::allocate_scoped`] makes [`ScopedBuffer`]s, which borrow the resource
 //!   and the stream instead (no reference counting: the cheapest allocation, for buffers that
 //!   live inside one scope).
+//! - Rust data: [`DeviceView`] and [`DeviceViewMut`] view a buffer's bytes as `[T]` for any
+//!   [`bytemuck::Pod`] `T` (size, alignment and sub-ranges checked), and copy from `&[T]`, into
+//!   `&mut [T]` and to a `Vec<T>`; [`ScopedBuffer::copy_to_new`] copies into a new buffer of the
+//!   same resource; [`Buffer::into_raw`] and [`Buffer::leak`] let ownership leave.
 //! - Pools: [`DeviceMemoryResource`] (the device's current pool, or one of its own),
-//!   [`PinnedMemoryResource`] (host memory), [`ManagedMemoryResource`]; each exposes its
-//!   [`MemoryPool`] for attributes, the release threshold, trimming and peer access (and is a
+//!   [`PinnedMemoryResource`] (host memory), [`ManagedMemoryResource`]; each forwards the
+//!   features of its [`MemoryPool`] (attributes, the release threshold, trimming and, for device
+//!   pools, peer access) and exposes the pool itself through `pool()` (and is a
 //!   [`PoolResource`]; [`pool_of`] finds the pool behind a `&dyn MemoryResource`). A pool also
 //!   shares itself with other processes: its shareable file descriptor, importing a pool, and
 //!   mapping another process's allocations, counted
@@ -30,7 +43,8 @@
 //!
 //! # Which module holds what
 //!
-//! The modules are private; everything public is re-exported here.
+//! The modules are private; everything public is re-exported here (and the everyday part of it
+//! again in [`prelude`]).
 //!
 //! | module | holds |
 //! |---|---|
@@ -38,7 +52,8 @@
 //! | `context` | primary contexts, retained once and bound before each driver call that needs one |
 //! | `stream`, `event` | [`Stream`], [`StreamOptions`]; [`Event`], [`EventOptions`] |
 //! | `memory_resource` | the [`MemoryResource`] trait, [`MemoryResourceExt`], [`DevicePtr`] |
-//! | `buffer` | [`Buffer`], [`ScopedBuffer`], [`FillPattern`], [`CloseError`] |
+//! | `buffer` | [`Buffer`], [`ScopedBuffer`], [`FillPattern`], [`CloseError`], [`RawBuffer`] |
+//! | `view` | [`DeviceView`], [`DeviceViewMut`]: typed views of a buffer, copies to and from Rust slices |
 //! | `device_resource` | [`DeviceMemoryResource`] and its options |
 //! | `host_resources` | [`PinnedMemoryResource`], [`ManagedMemoryResource`], their options and locations |
 //! | `legacy_resources` | [`SynchronousMemoryResource`], [`LegacyPinnedMemoryResource`] (no pools) |
@@ -46,6 +61,7 @@
 //! | `access` | [`Access`] |
 //! | `handle_types` | [`HandleType`], [`HandleTypes`] |
 //! | `driver` | [`driver()`]: the process-wide driver, initialized once |
+//! | [`prelude`] (public) | the traits and the common types, for one glob import |
 //! | `error` | [`Error`], [`Result`] |
 //! | `drop_errors` | errors in `Drop`: [`record_drop_error`], [`take_drop_errors`], [`set_drop_error_hook`] |
 //!
@@ -54,22 +70,29 @@
 //!
 //! ```
 //! # cuda_sim::testing::driver()?; // the tests run this example on the simulator
-//! use cuda_mem_core::{
-//!     Device, DeviceMemoryResource, FillPattern, MemoryResourceExt, PinnedMemoryResource, Stream,
-//!     StreamOptions,
-//! };
+//! use cuda_mem_core::{Device, DeviceMemoryResource, FillPattern, PinnedMemoryResource, Stream, StreamOptions};
 //!
 //! let device = Device::new(0)?;
 //! let stream = Stream::new(device, StreamOptions::default().non_blocking())?;
 //!
-//! // Allocate from a pool of its own, fill on the device, copy back to pinned host memory.
+//! // Rust data into a pool of its own, and back: typed, sizes checked, and each copy returns
+//! // once the data is where it goes (see `DeviceView` on host memory).
 //! let pool = DeviceMemoryResource::new(device, Default::default())?;
-//! let mut on_device = pool.allocate(1 << 20, &stream)?;
+//! let data: Vec<f32> = (0..1024).map(|i| i as f32).collect();
+//! let mut on_device = pool.allocate(data.len() * size_of::<f32>(), &stream)?;
+//! on_device.copy_from_slice(&data, &stream)?;
+//! let mut view = on_device.view_mut::<f32>()?;
+//! view.slice_mut(512..)?.fill(0.0, &stream)?;
+//! assert_eq!(view.slice(..4)?.to_vec(&stream)?, [0.0, 1.0, 2.0, 3.0]);
+//! let copy = on_device.copy_to_new(&stream)?; // from the same pool
+//! assert_eq!(copy.to_vec::<f32>(&stream)?[510..514], [510.0, 511.0, 0.0, 0.0]);
+//!
+//! // Fill on the device, copy to pinned host memory and read it there.
 //! on_device.fill(FillPattern::U32(0xC0FFEE), &stream)?;
-//! let mut on_host = PinnedMemoryResource::current()?.allocate(1 << 20, &stream)?;
+//! let mut on_host = PinnedMemoryResource::current()?.allocate(on_device.size(), &stream)?;
 //! on_host.copy_from(&on_device, &stream)?;
 //! assert!(on_host.host_slice()?.chunks(4).all(|w| w == 0xC0FFEEu32.to_ne_bytes()));
-//! println!("pool uses {} bytes", pool.pool().attributes()?.used_mem_current);
+//! println!("pool uses {} bytes", pool.attributes()?.used_mem_current);
 //!
 //! // Scratch memory for this scope only: it borrows the pool and the stream (no reference
 //! // counting), and the borrow checker keeps both alive until it is freed.
@@ -81,9 +104,11 @@
 //!     .into_iter()
 //!     .filter(|&d| d != device && d.can_access_peer(device).unwrap_or(false))
 //!     .collect();
-//! pool.pool().set_peer_accessible_by(peers)?;
+//! pool.set_peer_accessible_by(peers)?;
 //! # Ok::<(), cuda_mem_core::Error>(())
 //! ```
+
+#![doc = include_str!("cuda_core_names.md")]
 
 mod access;
 mod buffer;
@@ -99,10 +124,12 @@ mod host_resources;
 mod legacy_resources;
 mod memory_resource;
 mod pool;
+pub mod prelude;
 mod stream;
+mod view;
 
 pub use access::Access;
-pub use buffer::{Buffer, CloseError, FillPattern, ScopedBuffer};
+pub use buffer::{Buffer, CloseError, FillPattern, RawBuffer, ScopedBuffer};
 pub use device::{Device, DeviceProperties};
 pub use device_resource::{DeviceMemoryResource, DeviceMemoryResourceOptions};
 pub use driver::driver;
@@ -121,6 +148,10 @@ pub use pool::{
     import_pending_waits, mapped_range_size, pool_of,
 };
 
+/// The crate typed views take their element types' guarantees from ([`bytemuck::Pod`]): derive
+/// `Pod` and `Zeroable` for your `#[repr(C)]` types to view buffers as them.
+pub use bytemuck;
 /// The raw driver bindings this crate is built on.
 pub use cuda_sys as sys;
 pub use stream::{Stream, StreamOptions};
+pub use view::{DeviceView, DeviceViewMut};

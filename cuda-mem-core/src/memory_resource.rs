@@ -53,6 +53,7 @@ pub unsafe trait MemoryResource: Any + Send + Sync + Debug {
     fn is_host_accessible(&self) -> bool;
 
     /// The device the memory belongs to, if one does (`None` for host memory).
+    #[doc(alias = "device_id")]
     fn device(&self) -> Option<Device>;
 
     /// Whether the memory is managed (migrates between host and devices).
@@ -112,3 +113,48 @@ impl MemoryResourceExt for Arc<dyn MemoryResource> {
         ScopedBuffer::allocate_scoped(&**self, size, stream)
     }
 }
+
+/// Gives a resource type inherent `allocate` and `allocate_scoped`, the everyday path that needs
+/// no trait import: `allocate` takes `self: &Arc<Self>` (what the constructors return), so the
+/// buffer can keep the resource alive; both forward to [`MemoryResourceExt`].
+macro_rules! inherent_allocation {
+    ($ty:ty) => {
+        impl $ty {
+            /// Allocates `size` bytes on `stream` into an owned [`Buffer`](crate::Buffer) that
+            /// keeps this resource alive (as [`MemoryResourceExt::allocate`], without the
+            /// import). A zero-size request makes an empty buffer without asking the resource.
+            ///
+            /// [`MemoryResourceExt::allocate`]: crate::MemoryResourceExt::allocate
+            ///
+            /// # Errors
+            /// When the resource cannot allocate.
+            #[inline]
+            pub fn allocate(
+                self: &std::sync::Arc<Self>,
+                size: usize,
+                stream: &$crate::Stream,
+            ) -> $crate::Result<$crate::Buffer> {
+                $crate::MemoryResourceExt::allocate(self, size, stream)
+            }
+
+            /// Allocates `size` bytes on `stream` into a [`ScopedBuffer`](crate::ScopedBuffer)
+            /// that borrows this resource and the stream (as
+            /// [`MemoryResourceExt::allocate_scoped`], without the import, and from a plain
+            /// reference).
+            ///
+            /// [`MemoryResourceExt::allocate_scoped`]: crate::MemoryResourceExt::allocate_scoped
+            ///
+            /// # Errors
+            /// When the resource cannot allocate.
+            #[inline]
+            pub fn allocate_scoped<'a>(
+                &'a self,
+                size: usize,
+                stream: &'a $crate::Stream,
+            ) -> $crate::Result<$crate::ScopedBuffer<'a>> {
+                $crate::ScopedBuffer::allocate_scoped(self, size, stream)
+            }
+        }
+    };
+}
+pub(crate) use inherent_allocation;

@@ -225,6 +225,7 @@ impl Stream {
     ///
     /// # Errors
     /// If a driver call fails (for example an earlier asynchronous error).
+    #[doc(alias = "sync")]
     pub fn synchronize(&self) -> Result<()> {
         if self.is_foreign_per_thread() {
             return self.device().synchronize();

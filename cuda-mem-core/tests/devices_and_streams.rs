@@ -3,8 +3,8 @@
 mod common;
 
 use cuda_mem_core::{
-    Device, DeviceMemoryResource, Error, Event, EventOptions, FillPattern, HandleType, MemoryResourceExt,
-    PinnedMemoryResource, PinnedMemoryResourceOptions, Stream, StreamOptions,
+    Device, DeviceMemoryResource, Error, Event, EventOptions, FillPattern, HandleType, PinnedMemoryResource,
+    PinnedMemoryResourceOptions, Stream, StreamOptions,
 };
 
 #[test]
@@ -24,8 +24,22 @@ fn device_properties() {
         assert!(p.virtual_memory_management_supported);
     }
     assert_eq!(device.uuid().unwrap().len(), 16);
-    assert!(!device.can_access_peer(device).unwrap());
     assert_eq!(device.to_string(), "device 0");
+}
+
+#[test]
+fn a_device_can_access_its_own_memory_without_asking_the_driver() {
+    let device = common::device();
+    assert!(device.can_access_peer(device).unwrap(), "cuda.core: a device can access itself");
+    if !cuda_sim::testing::simulator_only("counting driver calls") {
+        return;
+    }
+    let (can, calls) =
+        cuda_sim::testing::count_calls(cuda_sim::testing::driver().unwrap(), || device.can_access_peer(device))
+            .unwrap();
+    assert!(can.unwrap());
+    // `cuDeviceCanAccessPeer` refuses a device with itself (CUDA_ERROR_INVALID_DEVICE).
+    assert_eq!(calls.of("cuDeviceCanAccessPeer"), 0, "{calls:?}");
 }
 
 #[test]

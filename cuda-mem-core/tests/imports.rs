@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use cuda_mem_core::{
     Access, Buffer, Device, DeviceMemoryResource, DeviceMemoryResourceOptions, EXPORT_DATA_LEN, Error, MemoryPool,
-    MemoryResource, MemoryResourceExt, PinnedLocation, PinnedMemoryResource, PinnedMemoryResourceOptions, PoolKind,
-    PoolResource, Stream, SynchronousMemoryResource, import_holders, import_pending_waits, pool_of,
+    MemoryResource, PinnedLocation, PinnedMemoryResource, PinnedMemoryResourceOptions, PoolKind, PoolResource, Stream,
+    SynchronousMemoryResource, import_holders, import_pending_waits, pool_of,
 };
 use cuda_sim::testing::{in_simulated_machine, inject_failure, live_objects};
 

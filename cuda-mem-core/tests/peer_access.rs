@@ -5,9 +5,7 @@ mod common;
 
 use std::collections::BTreeSet;
 
-use cuda_mem_core::{
-    Access, Buffer, Device, DeviceMemoryResource, Error, FillPattern, MemoryResourceExt, Stream, StreamOptions,
-};
+use cuda_mem_core::{Access, Buffer, Device, DeviceMemoryResource, Error, FillPattern, Stream, StreamOptions};
 use cuda_sim::testing::in_simulated_machine;
 
 /// Whether a copy run by `device` into `target` (memory of another device's pool) succeeds.

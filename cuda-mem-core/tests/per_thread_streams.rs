@@ -151,3 +151,23 @@ fn freeing_waits_for_work_through_another_threads_per_thread_stream() {
     let errors = take_drop_errors();
     assert!(errors.is_empty(), "{errors:?}");
 }
+
+#[test]
+fn host_access_waits_for_a_view_fill_through_another_threads_per_thread_stream() {
+    let device = common::device();
+    let pool = pinned();
+    let ours = Stream::per_thread_default(device);
+    let mut buffer = pool.allocate(SIZE, &ours).unwrap();
+    buffer.host_slice_mut().unwrap().fill(0);
+    let theirs = ours.clone();
+    behind_another_threads_gate(
+        device,
+        move || {
+            buffer.view_mut::<u32>().unwrap().slice_mut(..).unwrap().fill(0x5A5A_5A5A, &theirs).unwrap();
+            buffer
+        },
+        |buffer, gate| {
+            expect_host_read_waited(&buffer, gate, 0x5A);
+        },
+    );
+}

@@ -4,8 +4,8 @@ mod common;
 
 use cuda_mem_core::{
     Access, Device, DeviceMemoryResource, DeviceMemoryResourceOptions, Error, FillPattern, ManagedMemoryResource,
-    ManagedMemoryResourceOptions, MemoryResourceExt, PinnedLocation, PinnedMemoryResource, PinnedMemoryResourceOptions,
-    PoolKind, PreferredLocation, ReusePolicy,
+    ManagedMemoryResourceOptions, PinnedLocation, PinnedMemoryResource, PinnedMemoryResourceOptions, PoolKind,
+    PreferredLocation, ReusePolicy,
 };
 use cuda_sys::types::CUresult;
 
@@ -234,4 +234,50 @@ fn shareable_pools_export_one_handle_and_imports_cannot_allocate() {
     // SAFETY: the mapping was just imported, is not used afterwards, and is released once.
     unsafe { imported.release_import(mapped, &stream) }.unwrap();
     stream.synchronize().unwrap();
+}
+
+/// The pool's features on each pool resource itself, as cuda.core has them (`mr.attributes`,
+/// …), with no trait import: each agrees with the same feature reached through `pool()`.
+#[test]
+fn pool_features_are_on_the_resource() {
+    let device = common::device();
+    let stream = common::stream(device);
+    let dmr = DeviceMemoryResource::new(device, DeviceMemoryResourceOptions::default().ipc_enabled(true)).unwrap();
+    let pinned = PinnedMemoryResource::new(PinnedMemoryResourceOptions::default()).unwrap();
+    let managed = ManagedMemoryResource::new(ManagedMemoryResourceOptions::default()).unwrap();
+    macro_rules! check {
+        ($resource:expr, ipc: $ipc:expr) => {{
+            let resource = &$resource;
+            assert_eq!(resource.handle(), resource.pool().handle());
+            assert!(resource.is_owned());
+            assert_eq!(resource.is_ipc_enabled(), $ipc);
+            resource.set_release_threshold(1 << 20).unwrap();
+            assert_eq!(resource.release_threshold().unwrap(), 1 << 20);
+            assert_eq!(resource.pool().release_threshold().unwrap(), 1 << 20);
+            resource.set_reuse(ReusePolicy::AllowOpportunistic, false).unwrap();
+            assert!(!resource.attributes().unwrap().reuse_allow_opportunistic);
+            let buffer = resource.allocate(4096, &stream).unwrap(); // inherent: no import
+            stream.synchronize().unwrap();
+            assert!(resource.attributes().unwrap().used_mem_current >= 4096);
+            drop(buffer);
+            stream.synchronize().unwrap();
+            resource.reset_peak_usage().unwrap();
+            assert_eq!(resource.attributes().unwrap().used_mem_high, 0);
+            resource.trim_to(0).unwrap();
+            assert_eq!(resource.attributes().unwrap().reserved_mem_current, 0);
+            assert_eq!(resource.access(device).unwrap(), resource.pool().access(device).unwrap());
+        }};
+    }
+    check!(dmr, ipc: true);
+    check!(pinned, ipc: false);
+    check!(managed, ipc: false);
+    assert!(!DeviceMemoryResource::current(device).unwrap().is_owned());
+
+    // Peer access of a device pool, on the resource: the owner is never a peer of its own pool.
+    assert!(dmr.peer_accessible_by().unwrap().is_empty());
+    dmr.add_peer(device).unwrap();
+    dmr.set_peer_accessible_by([device]).unwrap();
+    assert!(dmr.peer_accessible_by().unwrap().is_empty());
+    dmr.remove_peer(device).unwrap();
+    assert_eq!(dmr.access(device).unwrap(), Access::ReadWrite);
 }

@@ -18,8 +18,8 @@ use std::error::Error;
 use std::process::Command;
 
 use cuda_mem_core::{
-    Buffer, Device, DeviceMemoryResource, DeviceMemoryResourceOptions, FillPattern, LegacyPinnedMemoryResource,
-    MemoryResourceExt, Stream, StreamOptions,
+    Buffer, Device, DeviceMemoryResource, DeviceMemoryResourceOptions, FillPattern, LegacyPinnedMemoryResource, Stream,
+    StreamOptions,
 };
 use cuda_mem_ipc::{Channel, IpcChannel, Received, spawn_with_channel};
 

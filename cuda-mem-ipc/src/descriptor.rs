@@ -161,6 +161,7 @@ impl fmt::Display for Escaped<'_> {
 ///
 /// The checksum detects damage, not forgery: a peer can compute it too. What decoding cannot
 /// establish is described in the crate documentation's trust boundary.
+#[doc(alias = "IPCBufferDescriptor")]
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct BufferDescriptor {
     /// The driver's `CUmemPoolPtrExportData` for the allocation: opaque bytes.

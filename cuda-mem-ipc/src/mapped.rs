@@ -36,6 +36,7 @@ static REGISTRY: Registry<MappedMemoryResource> = Registry::new();
 
 /// The process-wide registry of mapped resources: the first live import of each UUID (an entry
 /// goes when its resource goes).
+#[doc(alias = "register")]
 pub fn registry() -> &'static Registry<MappedMemoryResource> {
     &REGISTRY
 }
@@ -46,6 +47,7 @@ pub fn registry() -> &'static Registry<MappedMemoryResource> {
 /// # Errors
 /// [`IpcError::UnknownResource`] when none is registered (or it was dropped);
 /// [`IpcError::WrongResourceKind`] when it holds another kind of memory, or another device's.
+#[doc(alias = "from_registry")]
 pub fn lookup(uuid: Uuid, expected: PoolKind) -> Result<Arc<MappedMemoryResource>> {
     let resource = registry().get(uuid)?;
     let found = resource.kind();
@@ -81,6 +83,7 @@ impl MappedMemoryResource {
     /// [`IpcError::PoolAlreadyImported`] when the driver answers with a pool this process already
     /// holds under another UUID (or its own pool); driver errors when the driver refuses the
     /// descriptor (it is not a pool, or of a kind this process cannot map).
+    #[doc(alias = "from_allocation_handle")]
     pub fn from_owned_fd(fd: OwnedFd, uuid: Uuid) -> Result<Arc<MappedMemoryResource>> {
         let _importing = importing();
         if let Ok(existing) = registry().get(uuid) {
@@ -95,6 +98,7 @@ impl MappedMemoryResource {
     ///
     /// # Errors
     /// As [`MappedMemoryResource::from_owned_fd`], and when no descriptor can be duplicated.
+    #[doc(alias = "from_allocation_handle")]
     pub fn from_fd(fd: BorrowedFd<'_>, uuid: Uuid) -> Result<Arc<MappedMemoryResource>> {
         let owned = fd
             .try_clone_to_owned()
@@ -142,6 +146,7 @@ impl MappedMemoryResource {
     }
 
     /// The imported pool (it keeps the file descriptor it was imported from).
+    #[doc(alias = "handle")]
     pub fn imported_pool(&self) -> &MemoryPool {
         &self.pool
     }
@@ -153,6 +158,7 @@ impl MappedMemoryResource {
     /// [`IpcError::WrongResource`] when the descriptor belongs to another resource;
     /// [`IpcError::MisdescribedBuffer`] when its size exceeds the shared allocation; driver errors
     /// for data the driver refuses. Nothing stays mapped on failure.
+    #[doc(alias = "from_ipc_descriptor")]
     pub fn import_buffer(self: &Arc<Self>, descriptor: &BufferDescriptor, stream: &Stream) -> Result<Buffer> {
         if descriptor.resource != self.uuid {
             return Err(IpcError::WrongResource { expected: self.uuid, found: descriptor.resource });

@@ -9,6 +9,7 @@ use crate::mapped::pool_behind;
 
 /// A resource's allocation handle: the pool's file descriptor (owned by the pool, exported once:
 /// asking again returns the same one) and the UUID naming the resource in every process.
+#[doc(alias = "IPCAllocationHandle")]
 #[derive(Debug, Clone, Copy)]
 pub struct AllocationHandle<'a> {
     handle: &'a ShareableHandle,
@@ -41,6 +42,7 @@ impl<'a> AllocationHandle<'a> {
 ///
 /// # Errors
 /// [`IpcError::NotIpcEnabled`] for any other resource; driver errors from the first export.
+#[doc(alias = "get_allocation_handle")]
 pub fn allocation_handle(resource: &dyn MemoryResource) -> Result<AllocationHandle<'_>> {
     let pool = pool_behind(resource)
         .ok_or_else(|| IpcError::NotIpcEnabled("a resource that is not a memory pool".to_string()))?;
@@ -58,6 +60,7 @@ pub fn allocation_handle(resource: &dyn MemoryResource) -> Result<AllocationHand
 /// # Errors
 /// [`IpcError::NotIpcEnabled`] for buffers of resources that cannot be shared, or views;
 /// driver errors.
+#[doc(alias("ipc_descriptor", "get_ipc_descriptor", "export"))]
 pub fn buffer_descriptor(buffer: &ScopedBuffer<'_>) -> Result<BufferDescriptor> {
     let resource = buffer
         .memory_resource()

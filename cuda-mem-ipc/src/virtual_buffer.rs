@@ -146,6 +146,7 @@ pub enum VirtualBufferLocation {
 /// [`DecodeError`]s, as for a buffer descriptor). What the importing resource checks (handle type,
 /// granularity, the size against the chunks, where each imported chunk lives) is
 /// [`VirtualMemoryResource::import`]'s.
+#[doc(alias = "VirtualMemoryIPCBufferDescriptor")]
 #[derive(Debug)]
 pub struct SharedVirtualBuffer {
     /// Where the memory lives.

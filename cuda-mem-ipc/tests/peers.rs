@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cuda_mem_core::{
-    Buffer, Device, DeviceMemoryResource, DeviceMemoryResourceOptions, FillPattern, MemoryResourceExt, PinnedLocation,
+    Buffer, Device, DeviceMemoryResource, DeviceMemoryResourceOptions, FillPattern, PinnedLocation,
     PinnedMemoryResource, PinnedMemoryResourceOptions, PoolKind, Stream, StreamOptions,
 };
 use cuda_mem_ipc::{

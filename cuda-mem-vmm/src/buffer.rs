@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use cuda_mem_core::{Buffer, Device, DevicePtr, FillPattern, ScopedBuffer, Stream};
+use cuda_mem_core::{Buffer, Device, DevicePtr, DeviceViewMut, FillPattern, ScopedBuffer, Stream};
 
 use crate::error::{Result, VmmError};
 use crate::pieces::Range;
@@ -31,6 +31,7 @@ use crate::resource::VirtualMemoryResource;
 ///     *grown.as_buffer() = other;
 /// }
 /// ```
+#[doc(alias = "VirtualMemoryBuffer")]
 #[derive(Debug)]
 pub struct VirtualBuffer {
     /// Freed (first, as declared first) through the resource, which lets go of its own share of
@@ -88,6 +89,7 @@ impl VirtualBuffer {
     }
 
     /// The address.
+    #[doc(alias = "handle")]
     pub fn ptr(&self) -> DevicePtr {
         self.buffer.ptr()
     }
@@ -103,6 +105,7 @@ impl VirtualBuffer {
     }
 
     /// The device the memory is on; `None` for host memory.
+    #[doc(alias = "device_id")]
     pub fn device(&self) -> Option<Device> {
         self.buffer.device()
     }
@@ -148,6 +151,17 @@ impl VirtualBuffer {
         Ok(self.buffer.copy_from(src, stream)?)
     }
 
+    /// The buffer's bytes as a mutable typed view (as [`Buffer::view_mut`]), for writing Rust
+    /// data into it ([`DeviceViewMut::copy_from_slice`]); read through
+    /// [`as_buffer`](VirtualBuffer::as_buffer)`().view()`. The view borrows this buffer
+    /// exclusively, so it cannot be closed or dropped while the view lives.
+    ///
+    /// # Errors
+    /// As [`Buffer::view_mut`].
+    pub fn view_mut<T: cuda_mem_core::bytemuck::Pod>(&mut self) -> Result<DeviceViewMut<'_, T>> {
+        Ok(self.buffer.view_mut()?)
+    }
+
     /// Fills this buffer with `pattern` on `stream` (as [`Buffer::fill`]).
     ///
     /// # Errors
@@ -167,6 +181,7 @@ impl VirtualBuffer {
     ///
     /// # Errors
     /// As [`VirtualMemoryResource::grow`].
+    #[doc(alias = "modify_allocation")]
     pub fn grow(&self, new_size: usize) -> Result<VirtualBuffer> {
         self.resource.grow(self, new_size)
     }

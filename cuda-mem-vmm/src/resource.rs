@@ -144,6 +144,7 @@ impl VirtualMemoryResource {
     }
 
     /// The device the resource allocates for.
+    #[doc(alias = "device_id")]
     pub fn device(&self) -> Device {
         self.device
     }
@@ -234,6 +235,7 @@ impl VirtualMemoryResource {
     ///
     /// # Errors
     /// [`VmmError::ForeignBuffer`] for a buffer of another resource; driver errors.
+    #[doc(alias = "modify_allocation")]
     pub fn grow(self: &Arc<Self>, buffer: &VirtualBuffer, new_size: usize) -> Result<VirtualBuffer> {
         if !Arc::ptr_eq(buffer.resource(), self) {
             return Err(VmmError::ForeignBuffer);

@@ -38,6 +38,7 @@ pub enum ChunkHandle {
 }
 
 /// What another process needs to map a virtual buffer.
+#[doc(alias = "VirtualMemoryIPCBufferDescriptor")]
 #[derive(Debug)]
 pub struct VirtualBufferDescriptor {
     /// The handle type every chunk is exported as.
@@ -59,6 +60,7 @@ impl VirtualBuffer {
     /// imported buffer (forward the descriptor you received instead), [`VmmError::NotExportable`]
     /// for a resource without an exportable handle type, [`VmmError::ExportFailed`] naming the
     /// chunk the driver refused.
+    #[doc(alias("ipc_descriptor", "get_ipc_descriptor"))]
     pub fn export(&self) -> Result<VirtualBufferDescriptor> {
         if self.chunk_count() > MAX_CHUNKS {
             return Err(VmmError::TooManyChunks { chunks: self.chunk_count() });
@@ -211,6 +213,7 @@ impl VirtualMemoryResource {
     /// [`VmmError::Descriptor`] naming the failed check; [`VmmError::ChunkImport`],
     /// [`VmmError::ChunkLocation`] and [`VmmError::ChunkMap`] naming the chunk (a driver error
     /// stays their source); other driver errors. Nothing stays imported or mapped on failure.
+    #[doc(alias = "from_ipc_descriptor")]
     pub fn import(
         self: &Arc<Self>,
         descriptor: VirtualBufferDescriptor,

@@ -30,7 +30,9 @@ pub const LIBRARY_ENV: &str = "CUDA_SIM_LIB";
 pub const REQUIRE_GPU_ENV: &str = "CUDA_MEM_REQUIRE_GPU";
 
 /// Where the simulator library is: `CUDA_SIM_LIB`, or `libcuda_sim.so` beside the running
-/// executable or in its parent folder (cargo puts test binaries in `target/<profile>/deps/`).
+/// executable or in its parent folder (cargo puts test binaries in `target/<profile>/deps/`),
+/// else (doc tests run from a temporary folder) in this workspace's target folder, which may
+/// hold an older build: the one picked there is named on stderr.
 pub fn library_path() -> Option<PathBuf> {
     if let Some(path) = std::env::var_os(LIBRARY_ENV) {
         return Some(PathBuf::from(path));
@@ -42,7 +44,13 @@ pub fn library_path() -> Option<PathBuf> {
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
     let in_target = ["debug/deps", "debug", "release/deps", "release"].map(|dir| target.join(dir).join(LIBRARY_NAME));
-    beside_exe.chain(in_target).find(|candidate| candidate.is_file())
+    if let Some(found) = beside_exe.into_iter().find(|candidate| candidate.is_file()) {
+        return Some(found);
+    }
+    // Not beside the executable: the one found may be older than this build, so say which.
+    let found = in_target.into_iter().find(|candidate| candidate.is_file())?;
+    eprintln!("cuda-sim: no {LIBRARY_NAME} beside the test binary; using {}", found.display());
+    Some(found)
 }
 
 /// Whether the tests run on the simulator (no `CUDA_MEM_DRIVER` set).
@@ -117,7 +125,19 @@ pub use crate::config::VISIBLE_DEVICES_ENV;
 pub fn in_simulated_machine(test_name: &str, env: &[(&str, &str)], body: impl FnOnce()) {
     if std::env::var(CHILD_ENV).is_ok_and(|name| name == test_name) {
         body();
+        // The parent checks for this line: a child that ran another test never prints it.
+        println!("\n{}", child_ran(test_name));
         return;
+    }
+    // libtest names each test's thread after the test: a name that is not this test's would
+    // re-run another test (or none) in the child, and this body never.
+    if let Some(running) = std::thread::current().name().filter(|&name| name != "main")
+        && running != test_name
+    {
+        panic!(
+            "in_simulated_machine was given the name {test_name:?}, but the test running is {running:?}: \
+             pass the test's own path as libtest prints it"
+        );
     }
     if !on_simulator() {
         static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -137,10 +157,20 @@ pub fn in_simulated_machine(test_name: &str, env: &[(&str, &str)], body: impl Fn
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
-        output.status.success() && stdout.contains("1 passed"),
+        output.status.success() && stdout.contains("test result: ok. 1 passed"),
         "child for {test_name} with {env:?} failed ({}):\n{stdout}\n{stderr}",
         output.status
     );
+    assert!(
+        stdout.lines().any(|line| line == child_ran(test_name)),
+        "the child for {test_name:?} did not run this body: is {test_name:?} the test's own path as \
+         libtest prints it?\n{stdout}\n{stderr}"
+    );
+}
+
+/// The line a child prints once the body of `test_name` has run in it.
+fn child_ran(test_name: &str) -> String {
+    format!("{CHILD_ENV}: ran the body of {test_name}")
 }
 
 /// Counts of the simulator's live objects (`cuSimLiveObjects`), for checking that nothing

@@ -10,7 +10,7 @@ use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use common::*;
-use cuda_mem_core::{DevicePtr, MemoryResourceExt};
+use cuda_mem_core::DevicePtr;
 use cuda_mem_ipc::{BufferDescriptor, MappedMemoryResource, buffer_descriptor};
 
 const THREADS: usize = 8;

@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use cuda_mem_core::{Device, MemoryResource, MemoryResourceExt};
+use cuda_mem_core::{Device, MemoryResource};
 use cuda_mem_ipc::IpcError;
 use uuid::Uuid;
 

@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use common::*;
-use cuda_mem_core::{Buffer, Device, DeviceMemoryResource, MemoryResourceExt, Stream};
+use cuda_mem_core::{Buffer, Device, DeviceMemoryResource, Stream};
 use cuda_mem_ipc::{
     BufferDescriptor, Channel, IpcChannel, IpcError, MappedMemoryResource, Received, allocation_handle,
     buffer_descriptor, registry,

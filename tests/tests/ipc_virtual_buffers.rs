@@ -11,7 +11,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 
 use common::*;
-use cuda_mem_core::{Buffer, Device, HandleType, LegacyPinnedMemoryResource, MemoryResourceExt, Stream};
+use cuda_mem_core::{Buffer, Device, HandleType, LegacyPinnedMemoryResource, Stream};
 use cuda_mem_ipc::{
     DecodeError, IpcChannel, IpcError, MAX_BUFFER_SIZE, Received, SharedVirtualBuffer,
     VirtualBufferDecodeError as Decode, VirtualBufferLocation,

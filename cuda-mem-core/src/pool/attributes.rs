@@ -11,6 +11,7 @@ use crate::driver::driver;
 use crate::error::Result;
 
 /// A snapshot of a pool's attributes (`cuMemPoolGetAttribute`).
+#[doc(alias = "_MemPoolAttributes")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct PoolAttributes {
@@ -141,6 +142,7 @@ impl MemoryPool {
     ///
     /// # Errors
     /// If the driver call fails.
+    #[doc(alias = "trim")]
     pub fn trim_to(&self, keep: usize) -> Result<()> {
         let d = driver()?;
         // SAFETY: a live pool handle.

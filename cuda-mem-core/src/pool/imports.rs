@@ -69,6 +69,7 @@ impl MemoryPool {
     /// [`Error::PoolNotImported`] for a pool that was not imported; [`Error::SizeMismatch`] when
     /// the mapping is smaller than `size` (the size came from the exporter and is wrong); driver
     /// errors when the driver refuses the data (garbage, or another pool's).
+    #[doc(alias = "from_ipc_descriptor")]
     pub fn import_allocation(&self, data: &[u8; EXPORT_DATA_LEN], size: usize, stream: &Stream) -> Result<DevicePtr> {
         if !self.imported {
             return Err(Error::PoolNotImported);

@@ -124,6 +124,7 @@ impl MemoryPool {
     }
 
     /// Whether dropping this value destroys the pool.
+    #[doc(alias = "is_handle_owned")]
     pub fn is_owned(&self) -> bool {
         self.owned
     }
@@ -250,6 +251,103 @@ macro_rules! pool_resource {
                 &self.pool
             }
         }
+
+        $crate::memory_resource::inherent_allocation!($ty);
+        $crate::pool::pool_delegates!($ty);
     };
 }
 pub(crate) use pool_resource;
+
+/// The pool's features on the resource itself, where cuda.core puts them (`mr.attributes`,
+/// `mr.release_threshold`, …): each forwards to the [`MemoryPool`] method of the same name.
+macro_rules! pool_delegates {
+    ($ty:ty) => {
+        /// The pool's features, forwarded to [`MemoryPool`](crate::MemoryPool) (also reachable
+        /// through `pool()`).
+        impl $ty {
+            /// The pool's usage, high-water marks, release threshold and reuse policies:
+            /// [`MemoryPool::attributes`](crate::MemoryPool::attributes).
+            ///
+            /// # Errors
+            /// Driver errors.
+            pub fn attributes(&self) -> $crate::Result<$crate::PoolAttributes> {
+                self.pool.attributes()
+            }
+
+            /// Bytes the pool keeps cached at a synchronization:
+            /// [`MemoryPool::release_threshold`](crate::MemoryPool::release_threshold).
+            ///
+            /// # Errors
+            /// Driver errors.
+            pub fn release_threshold(&self) -> $crate::Result<u64> {
+                self.pool.release_threshold()
+            }
+
+            /// Sets the release threshold:
+            /// [`MemoryPool::set_release_threshold`](crate::MemoryPool::set_release_threshold).
+            ///
+            /// # Errors
+            /// Driver errors.
+            pub fn set_release_threshold(&self, bytes: u64) -> $crate::Result<()> {
+                self.pool.set_release_threshold(bytes)
+            }
+
+            /// Turns a reuse policy on or off:
+            /// [`MemoryPool::set_reuse`](crate::MemoryPool::set_reuse).
+            ///
+            /// # Errors
+            /// Driver errors.
+            pub fn set_reuse(&self, policy: $crate::ReusePolicy, enabled: bool) -> $crate::Result<()> {
+                self.pool.set_reuse(policy, enabled)
+            }
+
+            /// Resets the high-water marks to the current usage:
+            /// [`MemoryPool::reset_peak_usage`](crate::MemoryPool::reset_peak_usage).
+            ///
+            /// # Errors
+            /// Driver errors.
+            pub fn reset_peak_usage(&self) -> $crate::Result<()> {
+                self.pool.reset_peak_usage()
+            }
+
+            /// Releases cached memory down to `keep` bytes:
+            /// [`MemoryPool::trim_to`](crate::MemoryPool::trim_to).
+            ///
+            /// # Errors
+            /// Driver errors.
+            #[doc(alias = "trim")]
+            pub fn trim_to(&self, keep: usize) -> $crate::Result<()> {
+                self.pool.trim_to(keep)
+            }
+
+            /// The access `device` has to the pool's memory:
+            /// [`MemoryPool::access`](crate::MemoryPool::access).
+            ///
+            /// # Errors
+            /// Driver errors.
+            #[doc(alias = "DMR_mempool_get_access")]
+            pub fn access(&self, device: $crate::Device) -> $crate::Result<$crate::Access> {
+                self.pool.access(device)
+            }
+
+            /// Whether the pool can be shared with other processes by file descriptor
+            /// ([`MemoryPool::is_shareable`](crate::MemoryPool::is_shareable)).
+            pub fn is_ipc_enabled(&self) -> bool {
+                self.pool.is_shareable()
+            }
+
+            /// Whether dropping the resource destroys the pool (false for a current pool):
+            /// [`MemoryPool::is_owned`](crate::MemoryPool::is_owned).
+            #[doc(alias = "is_handle_owned")]
+            pub fn is_owned(&self) -> bool {
+                self.pool.is_owned()
+            }
+
+            /// The raw pool handle: [`MemoryPool::handle`](crate::MemoryPool::handle).
+            pub fn handle(&self) -> cuda_sys::types::CUmemoryPool {
+                self.pool.handle()
+            }
+        }
+    };
+}
+pub(crate) use pool_delegates;

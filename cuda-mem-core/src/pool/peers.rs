@@ -31,6 +31,7 @@ impl MemoryPool {
     ///
     /// # Errors
     /// If the driver call fails.
+    #[doc(alias = "DMR_mempool_get_access")]
     pub fn access(&self, device: Device) -> Result<Access> {
         self.access_from(device_location(device))
     }

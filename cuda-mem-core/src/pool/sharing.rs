@@ -26,6 +26,7 @@ pub const EXPORT_DATA_LEN: usize = 64;
 
 /// A pool's shareable handle: an owned file descriptor and an id that names the pool (the
 /// exporting resource) in every process that imports it.
+#[doc(alias = "IPCAllocationHandle")]
 #[derive(Debug)]
 pub struct ShareableHandle {
     fd: OwnedFd,
@@ -131,6 +132,7 @@ impl MemoryPool {
 
     /// Whether the pool was imported from another process (a "mapped" pool: it cannot
     /// allocate; it maps allocations another process exports).
+    #[doc(alias = "is_mapped")]
     pub fn is_imported(&self) -> bool {
         self.imported
     }
@@ -140,6 +142,7 @@ impl MemoryPool {
     ///
     /// # Errors
     /// [`Error::PoolNotIpcEnabled`] for a pool created without `ipc_enabled`; driver errors.
+    #[doc(alias("allocation_handle", "get_allocation_handle"))]
     pub fn shareable_handle(&self) -> Result<&ShareableHandle> {
         if let Some(handle) = self.handle_once.get() {
             return Ok(handle);
@@ -171,6 +174,7 @@ impl MemoryPool {
     /// owned, and that pool is left as it was. [`Error::UnsupportedImportedPool`] when the pool is neither
     /// a device pool nor a pinned host pool. Driver errors when the driver refuses the
     /// descriptor (not a pool, or a pool it cannot map).
+    #[doc(alias = "from_allocation_handle")]
     pub fn import(fd: OwnedFd, id: u128) -> Result<MemoryPool> {
         bind_for(None)?;
         let d = driver()?;
@@ -224,6 +228,7 @@ impl MemoryPool {
     /// # Errors
     /// [`Error::NotAnImport`] for an imported pool when `ptr` is not an allocation this process
     /// imported through it; driver errors when `ptr` is not an allocation of a shareable pool.
+    #[doc(alias = "ipc_descriptor")]
     pub fn export_pointer(&self, ptr: DevicePtr) -> Result<[u8; EXPORT_DATA_LEN]> {
         if self.imported {
             return imports::export_data_of(self, ptr).ok_or(Error::NotAnImport { ptr });

@@ -20,8 +20,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use cuda_mem_core::{
-    Buffer, Device, DeviceMemoryResource, DeviceMemoryResourceOptions, LegacyPinnedMemoryResource, MemoryResourceExt,
-    PinnedLocation, PinnedMemoryResource, PinnedMemoryResourceOptions, Stream, StreamOptions,
+    Buffer, Device, DeviceMemoryResource, DeviceMemoryResourceOptions, LegacyPinnedMemoryResource, PinnedLocation,
+    PinnedMemoryResource, PinnedMemoryResourceOptions, Stream, StreamOptions,
 };
 use cuda_mem_ipc::{CHANNEL_FD_ENV, CHANNEL_INODE_ENV, Channel, IpcChannel, MappedMemoryResource, Received};
 

@@ -7,9 +7,7 @@ use std::time::Instant;
 
 use cuda_mem_core::sys::cu_call;
 use cuda_mem_core::sys::types::CUmemPoolPtrExportData;
-use cuda_mem_core::{
-    Buffer, Device, DeviceMemoryResource, DeviceMemoryResourceOptions, MemoryResourceExt, Stream, StreamOptions,
-};
+use cuda_mem_core::{Buffer, Device, DeviceMemoryResource, DeviceMemoryResourceOptions, Stream, StreamOptions};
 
 use crate::Error;
 use crate::child::{Child, RAW_KIND};

@@ -1,9 +1,7 @@
 //! Step 4, peer access: device 1 becomes a peer of a pool on device 0, copies into it on its
 //! own stream (refused before, on the simulator), and loses its access again.
 
-use cuda_mem_core::{
-    Device, DeviceMemoryResource, DeviceMemoryResourceOptions, FillPattern, MemoryResourceExt, Stream, StreamOptions,
-};
+use cuda_mem_core::{Device, DeviceMemoryResource, DeviceMemoryResourceOptions, FillPattern, Stream, StreamOptions};
 
 use crate::Error;
 use crate::devices::Demo;

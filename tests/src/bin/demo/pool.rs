@@ -1,7 +1,7 @@
 //! Step 3, a device pool: allocate, fill on the device, read back through pinned memory and
 //! check every word, free, with the pool's attributes at each stage.
 
-use cuda_mem_core::{DeviceMemoryResource, DeviceMemoryResourceOptions, FillPattern, MemoryResourceExt};
+use cuda_mem_core::{DeviceMemoryResource, DeviceMemoryResourceOptions, FillPattern};
 
 use crate::Error;
 use crate::devices::Demo;

@@ -1,7 +1,7 @@
 //! Step 6, sharing a pool: an IPC-enabled pool and several buffers of it go to the child, which
 //! checks each pattern and writes another that this process then reads.
 
-use cuda_mem_core::{DeviceMemoryResource, DeviceMemoryResourceOptions, FillPattern, MemoryResourceExt};
+use cuda_mem_core::{DeviceMemoryResource, DeviceMemoryResourceOptions, FillPattern};
 
 use crate::Error;
 use crate::child::ChildProcess;
