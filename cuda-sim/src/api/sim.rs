@@ -16,7 +16,13 @@ pub(crate) unsafe fn live_objects(out: *mut LiveObjects) -> SimResult {
         reservations: state.memory.reservations.len() as u64,
         mappings: state.memory.mapped.len() as u64,
         physical_allocations: state.physicals.len() as u64,
-        pools: state.pools.values().filter(|p| !p.is_default).count() as u64,
+        // A destroyed pool waiting only for a pending free to run (to give its reserve back)
+        // holds nothing of the application's: not counted, as an allocation it still had would be.
+        pools: state
+            .pools
+            .values()
+            .filter(|p| !p.is_default && (!p.is_destroyed() || state.memory.pooled_in(p.handle).next().is_some()))
+            .count() as u64,
         allocations: state.memory.allocation_count() as u64,
     };
     // SAFETY: forwarded from the caller.
