@@ -14,7 +14,7 @@ mod common;
 use std::ffi::CStr;
 use std::sync::Arc;
 
-use common::{Gate, OPEN_DELAY, expect_host_read_waited};
+use common::{Gate, OPEN_DELAY, expect_host_read_waited, hold};
 use cuda_mem_core::sys::types::CUresult;
 use cuda_mem_core::{
     Device, DeviceMemoryResource, Error, FillPattern, LegacyPinnedMemoryResource, ManagedMemoryResource,
@@ -248,7 +248,7 @@ fn uses_that_could_not_be_waited_for_are_waited_for_next_time() {
         let mut buffer = pool.allocate(SIZE, &own).unwrap();
         buffer.host_slice_mut().unwrap().fill(0);
         let (gate, _opens_on_failure) = Gate::new();
-        gate.hold(other.handle());
+        hold(gate, other.handle());
         buffer.fill(FillPattern::U8(0x77), &other).unwrap();
 
         // Waiting for the other stream fails, and so does waiting for the device.
@@ -264,7 +264,7 @@ fn uses_that_could_not_be_waited_for_are_waited_for_next_time() {
 
         // A stream that fails to synchronize is waited for through its device instead.
         let (gate, _opens_on_failure) = Gate::new();
-        gate.hold(other.handle());
+        hold(gate, other.handle());
         buffer.fill(FillPattern::U8(0x78), &other).unwrap();
         inject(c"cuStreamSynchronize", 1);
         gate.open_after(OPEN_DELAY);

@@ -12,7 +12,7 @@ mod common;
 use std::sync::Arc;
 use std::sync::mpsc;
 
-use common::{Gate, OPEN_DELAY, expect_host_read_waited};
+use common::{Gate, OPEN_DELAY, expect_host_read_waited, hold};
 use cuda_mem_core::sys::types::CUstream;
 use cuda_mem_core::{Device, FillPattern, MemoryResourceExt, PinnedMemoryResource, Stream, take_drop_errors};
 
@@ -38,7 +38,7 @@ fn behind_another_threads_gate<T: Send>(device: Device, work: impl FnOnce() -> T
         let (finished, done) = mpsc::channel::<()>();
         scope.spawn(move || {
             device.set_current().unwrap();
-            gate.hold(PER_THREAD);
+            hold(gate, PER_THREAD);
             sent.send(work()).unwrap();
             // Alive until the check is over: its per-thread stream is the one being waited for.
             let _ = done.recv();

@@ -404,10 +404,10 @@ fn context_synchronize_waits_for_every_stream_of_the_context() {
             let pinned = Pinned::new(3);
             let streams = [non_blocking_stream(), common::blocking_stream()];
             for (i, &s) in streams.iter().enumerate() {
-                gate.hold(d, s);
+                common::hold(gate, d, s);
                 common::memset_async(pinned.dptr() + i as u64, 1 + i as u8, 1, s);
             }
-            gate.hold(d, STREAM_LEGACY);
+            common::hold(gate, d, STREAM_LEGACY);
             common::memset_async(pinned.dptr() + 2, 3, 1, NULL_STREAM);
             // The legacy stream's host function waits for the blocking stream before it starts.
             gate.wait_entered(2);
@@ -432,7 +432,7 @@ fn sync_memops_makes_synchronous_memsets_synchronous() {
         let d = driver();
         let buffer = DeviceBuffer::new(16);
         let (gate, _guard) = Gate::new();
-        gate.hold(d, NULL_STREAM);
+        common::hold(gate, d, NULL_STREAM);
         gate.wait_entered(1);
         gate.open_after(OPEN_DELAY);
         // SAFETY: no host pointers.

@@ -46,7 +46,7 @@ fn an_async_copy_behind_a_blocked_host_function_waits_for_it() {
             let pinned = Pinned::new(n);
             let done = event(CUevent_flags::CU_EVENT_DEFAULT);
             let (gate, _guard) = Gate::new();
-            gate.hold(d, s);
+            common::hold(gate, d, s);
             // SAFETY: `pinned` is valid for `n` bytes until the stream is synchronized.
             unsafe { cu_call!(d, cuMemcpyDtoHAsync_v2(pinned.ptr.cast(), src.ptr, n, s)) }.unwrap();
             record(done, s);
@@ -74,7 +74,7 @@ fn stream_wait_event_orders_a_stream_after_another() {
         let (first, second) = (Pinned::new(64), Pinned::new(64));
         let e = event(CUevent_flags::CU_EVENT_DISABLE_TIMING);
         let (gate, _guard) = Gate::new();
-        gate.hold(d, a);
+        common::hold(gate, d, a);
         memset_async(first.dptr(), 7, 64, a);
         record(e, a);
         wait_event(b, e);
@@ -105,11 +105,11 @@ fn a_wait_is_for_the_recording_current_when_it_was_enqueued() {
         // gate 2): B waits for the first recording only.
         let (gate1, _guard1) = Gate::new();
         let (gate2, _guard2) = Gate::new();
-        gate1.hold(d, a);
+        common::hold(gate1, d, a);
         record(e, a);
         wait_event(b, e);
         memset_async(pinned.dptr(), 1, 1, b);
-        gate2.hold(d, c);
+        common::hold(gate2, d, c);
         record(e, c);
         assert_eq!(query(b), NOT_READY);
         gate1.open();
@@ -128,7 +128,7 @@ fn a_wait_is_for_the_recording_current_when_it_was_enqueued() {
         let (gate3, _guard3) = Gate::new();
         wait_event(b, fresh);
         memset_async(pinned.dptr() + 1, 2, 1, b);
-        gate3.hold(d, a);
+        common::hold(gate3, d, a);
         record(fresh, a);
         let watchdog = gate3.watchdog(WATCHDOG);
         sync(b);
@@ -147,7 +147,7 @@ fn the_legacy_stream_waits_for_blocking_streams_but_non_blocking_streams_do_not(
         let blocking = blocking_stream();
         let non_blocking = non_blocking_stream();
         let (gate, _guard) = Gate::new();
-        gate.hold(d, blocking);
+        common::hold(gate, d, blocking);
         memset_async(at(0), 5, 1, blocking);
         gate.wait_entered(1);
 
@@ -189,7 +189,7 @@ fn blocking_streams_wait_for_earlier_legacy_work() {
         let pinned = Pinned::new(3);
         let (blocking, non_blocking) = (blocking_stream(), non_blocking_stream());
         let (gate, _guard) = Gate::new();
-        gate.hold(d, NULL_STREAM);
+        common::hold(gate, d, NULL_STREAM);
         memset_async(pinned.dptr(), 1, 1, NULL_STREAM);
         gate.wait_entered(1);
         // The blocking stream copies what the legacy stream wrote; had it not waited, zero.
@@ -215,7 +215,7 @@ fn synchronizing_an_idle_stream_keeps_the_implicit_waits_of_the_legacy_stream() 
         let pinned = Pinned::new(2);
         let (blocking, non_blocking) = (blocking_stream(), non_blocking_stream());
         let (gate, _guard) = Gate::new();
-        gate.hold(d, NULL_STREAM);
+        common::hold(gate, d, NULL_STREAM);
         memset_async(pinned.dptr(), 7, 1, NULL_STREAM);
         gate.wait_entered(1);
         // An idle non-blocking stream does not wait for the legacy stream.
@@ -229,7 +229,7 @@ fn synchronizing_an_idle_stream_keeps_the_implicit_waits_of_the_legacy_stream() 
         assert_eq!(pinned.read(), [7, 0]);
         // And the legacy stream, idle now, waits for a blocking stream's pending work.
         let (gate, _guard) = Gate::new();
-        gate.hold(d, blocking);
+        common::hold(gate, d, blocking);
         memset_async(pinned.dptr() + 1, 9, 1, blocking);
         gate.wait_entered(1);
         gate.open_after(Duration::from_millis(50));
@@ -246,7 +246,7 @@ fn synchronous_device_copies_and_memsets_return_before_they_complete() {
         let n = 256;
         let (a, b) = (DeviceBuffer::with(&pattern(n, 1)), DeviceBuffer::with(&pattern(n, 2)));
         let (gate, _guard) = Gate::new();
-        gate.hold(d, NULL_STREAM);
+        common::hold(gate, d, NULL_STREAM);
         gate.wait_entered(1);
         let watchdog = gate.watchdog(WATCHDOG);
         // SAFETY: no host pointers.
@@ -284,7 +284,7 @@ fn synchronous_copies_involving_host_memory_return_when_done() {
         let pinned = Pinned::new(n);
         pinned.write(&pattern(n, 9));
         let (gate, _guard) = Gate::new();
-        gate.hold(d, NULL_STREAM);
+        common::hold(gate, d, NULL_STREAM);
         gate.wait_entered(1);
         gate.open_after(OPEN_DELAY);
         // SAFETY: `pinned` is valid for `n` bytes.
@@ -295,7 +295,7 @@ fn synchronous_copies_involving_host_memory_return_when_done() {
         // Device to pinned, and to pageable: return when done.
         for pageable in [false, true] {
             let (gate, _guard) = Gate::new();
-            gate.hold(d, NULL_STREAM);
+            common::hold(gate, d, NULL_STREAM);
             gate.wait_entered(1);
             memset_async(a.ptr, 0x42, n, NULL_STREAM);
             gate.open_after(OPEN_DELAY);
@@ -328,7 +328,7 @@ fn async_copies_stage_pageable_sources_and_wait_for_pageable_destinations() {
         // afterwards changes nothing, and the call does not wait for the stream.
         let mut source = pattern(n, 3);
         let (gate, _guard) = Gate::new();
-        gate.hold(d, s);
+        common::hold(gate, d, s);
         let watchdog = gate.watchdog(WATCHDOG);
         // SAFETY: `source` is valid for `n` bytes during the call, which stages it.
         unsafe { cu_call!(d, cuMemcpyHtoDAsync_v2(a.ptr, source.as_ptr().cast(), n, s)) }.unwrap();
@@ -340,7 +340,7 @@ fn async_copies_stage_pageable_sources_and_wait_for_pageable_destinations() {
 
         // Device to pageable memory: the call returns when the copy is done.
         let (gate, _guard) = Gate::new();
-        gate.hold(d, s);
+        common::hold(gate, d, s);
         gate.open_after(OPEN_DELAY);
         let mut out = vec![0u8; n];
         // SAFETY: `out` is valid for `n` bytes until the copy completes (before the call returns).
@@ -350,7 +350,7 @@ fn async_copies_stage_pageable_sources_and_wait_for_pageable_destinations() {
         // Device to pinned memory: returns at once.
         let pinned = Pinned::new(n);
         let (gate, _guard) = Gate::new();
-        gate.hold(d, s);
+        common::hold(gate, d, s);
         let watchdog = gate.watchdog(WATCHDOG);
         // SAFETY: `pinned` is valid for `n` bytes until the stream is synchronized.
         unsafe { cu_call!(d, cuMemcpyDtoHAsync_v2(pinned.ptr.cast(), a.ptr, n, s)) }.unwrap();
@@ -371,7 +371,7 @@ fn per_thread_default_streams_are_separate_queues() {
         let at = |i: u64| pinned.dptr() + i;
         let (gate, _guard) = Gate::new();
         // Hold this thread's per-thread default stream (handle 0 in the _ptsz functions).
-        gate.hold(threaded, NULL_STREAM);
+        common::hold(gate, threaded, NULL_STREAM);
         gate.wait_entered(1);
         // SAFETY: no pointers.
         unsafe {
@@ -522,7 +522,7 @@ fn a_pool_free_waits_for_pending_work_and_takes_effect_at_once_on_an_idle_stream
         assert_eq!(used_in_default_pool(), 1 << 20);
         // Behind pending work, the free waits its turn.
         let (gate, _guard) = Gate::new();
-        gate.hold(d, s);
+        common::hold(gate, d, s);
         // SAFETY: `ptr` is a live allocation of this stream, freed once.
         unsafe { cu_call!(d, cuMemFreeAsync(ptr, s)) }.unwrap();
         gate.wait_entered(1);

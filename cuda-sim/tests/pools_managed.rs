@@ -318,7 +318,7 @@ fn a_pool_destroyed_before_its_last_free_gives_its_memory_back_once_the_free_is_
         sync(s);
         assert!(mem_free() < start, "the pool holds device memory");
         let (gate, _guard) = Gate::new();
-        gate.hold(driver(), s);
+        common::hold(gate, driver(), s);
         gate.wait_entered(1);
         assert_eq!(free_async(p, s), CUresult::CUDA_SUCCESS);
         assert_eq!(destroy_pool(pool), CUresult::CUDA_SUCCESS);

@@ -133,7 +133,7 @@ fn destroying_a_stream_lets_its_pending_work_finish() {
     let s = non_blocking_stream();
     let e = event(CUevent_flags::CU_EVENT_DEFAULT);
     let (gate, _guard) = Gate::new();
-    gate.hold(d, s);
+    common::hold(gate, d, s);
     memset_async(pinned.dptr(), 5, 8, s);
     record(e, s);
     let watchdog = gate.watchdog(WATCHDOG);
@@ -154,7 +154,7 @@ fn stream_query_is_not_ready_while_work_is_pending() {
     let pinned = Pinned::new(16);
     assert_eq!(query(s), CUresult::CUDA_SUCCESS, "an empty stream is idle");
     let (gate, _guard) = Gate::new();
-    gate.hold(d, s);
+    common::hold(gate, d, s);
     memset_async(pinned.dptr(), 9, 16, s);
     for _ in 0..3 {
         assert_eq!(query(s), CUresult::CUDA_ERROR_NOT_READY);
@@ -175,7 +175,7 @@ fn stream_synchronize_waits_for_the_stream() {
     let s = non_blocking_stream();
     let pinned = Pinned::new(16);
     let (gate, _guard) = Gate::new();
-    gate.hold(d, s);
+    common::hold(gate, d, s);
     memset_async(pinned.dptr(), 3, 16, s);
     gate.open_after(OPEN_DELAY);
     sync(s);
@@ -268,7 +268,7 @@ fn event_record_query_synchronize_and_elapsed_time() {
 
     // A recording still pending: NOT_READY, for the query and for elapsed time.
     let (gate, _guard) = Gate::new();
-    gate.hold(d, s);
+    common::hold(gate, d, s);
     record(end, s);
     assert_eq!(event_query(end), CUresult::CUDA_ERROR_NOT_READY);
     assert_eq!(elapsed(start, end), Err(CUresult::CUDA_ERROR_NOT_READY));
@@ -300,7 +300,7 @@ fn event_synchronize_waits_for_the_recording() {
     let pinned = Pinned::new(8);
     let e = event(CUevent_flags::CU_EVENT_BLOCKING_SYNC);
     let (gate, _guard) = Gate::new();
-    gate.hold(d, s);
+    common::hold(gate, d, s);
     memset_async(pinned.dptr(), 4, 8, s);
     record(e, s);
     gate.open_after(OPEN_DELAY);
@@ -385,7 +385,7 @@ fn recording_an_event_on_a_stream_of_another_context_is_invalid() {
         // Waiting on an event of another context is allowed, and orders the streams.
         let pinned = Pinned::new(2);
         let (gate, _guard) = Gate::new();
-        gate.hold(d, s0);
+        common::hold(gate, d, s0);
         memset_async(pinned.dptr(), 1, 2, s0);
         record(e0, s0);
         common::wait_event(s1, e0);

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
+pub use cuda_sim::testing::{Gate, OpenOnDrop, wait_for_gate};
 pub use cuda_sys::types::{
     CUcontext, CUdevice_attribute, CUdeviceptr, CUevent, CUevent_flags, CUmemAccess_flags, CUmemAccessDesc,
     CUmemLocation, CUmemLocationType, CUmemoryPool, CUpointer_attribute, CUresult, CUstream, CUstream_flags,
@@ -376,108 +377,10 @@ pub fn wait_event(s: CUstream, e: CUevent) {
     unsafe { cu_call!(driver(), cuStreamWaitEvent(s, e, 0)) }.unwrap();
 }
 
-/// A gate a host function waits on, holding its stream until the test opens it.
-///
-/// Gates are leaked (`&'static`), so a stream worker blocked on one never sees it freed. Hold
-/// the [`OpenOnDrop`] guard [`Gate::new`] returns: it opens the gate if the test fails first, so
-/// that no stream stays blocked for the rest of the process.
-pub struct Gate {
-    open: Mutex<bool>,
-    changed: Condvar,
-    entered: Mutex<u32>,
-    entered_changed: Condvar,
-}
-
-/// Opens its gate when dropped.
-pub struct OpenOnDrop(&'static Gate);
-
-impl Drop for OpenOnDrop {
-    fn drop(&mut self) {
-        self.0.open();
-    }
-}
-
-impl Gate {
-    /// A closed gate and the guard that opens it on drop.
-    pub fn new() -> (&'static Gate, OpenOnDrop) {
-        let gate: &'static Gate = Box::leak(Box::new(Gate {
-            open: Mutex::new(false),
-            changed: Condvar::new(),
-            entered: Mutex::new(0),
-            entered_changed: Condvar::new(),
-        }));
-        (gate, OpenOnDrop(gate))
-    }
-
-    /// Lets every host function waiting on the gate (and any later one) return.
-    pub fn open(&self) {
-        *self.open.lock().unwrap_or_else(PoisonError::into_inner) = true;
-        self.changed.notify_all();
-    }
-
-    /// Whether the gate has been opened.
-    pub fn is_open(&self) -> bool {
-        *self.open.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Blocks until the gate is open.
-    pub fn wait(&self) {
-        *self.entered.lock().unwrap_or_else(PoisonError::into_inner) += 1;
-        self.entered_changed.notify_all();
-        let open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
-        let _open = self.changed.wait_while(open, |open| !*open).unwrap_or_else(PoisonError::into_inner);
-    }
-
-    /// Blocks until `n` host functions have reached the gate (so their stream is provably
-    /// blocked there, not merely about to be).
-    pub fn wait_entered(&self, n: u32) {
-        let entered = self.entered.lock().unwrap_or_else(PoisonError::into_inner);
-        let _entered =
-            self.entered_changed.wait_while(entered, |entered| *entered < n).unwrap_or_else(PoisonError::into_inner);
-    }
-
-    /// Enqueues a host function on `s` (through `d`) that waits for this gate.
-    pub fn hold(&'static self, d: &Driver, s: CUstream) {
-        let data = std::ptr::from_ref(self).cast_mut().cast::<c_void>();
-        // SAFETY: `wait_for_gate` takes a `Gate` pointer, and the gate is never freed.
-        unsafe { cu_call!(d, cuLaunchHostFunc(s, Some(wait_for_gate), data)) }.unwrap();
-    }
-
-    /// Opens the gate from another thread after `delay`. Used where the test must show that a
-    /// call *waits*: if the call returned without waiting, the effect it should have waited for
-    /// is still missing when the test looks.
-    pub fn open_after(&'static self, delay: Duration) {
-        std::thread::spawn(move || {
-            std::thread::sleep(delay);
-            self.open();
-        });
-    }
-
-    /// A watchdog for a call that must *not* wait for this gate: if the gate is still closed
-    /// after `limit`, it opens it (so a wrong wait ends) and records that it had to. The test
-    /// then asserts `!gate.is_open()` after the call: only a call that waited sees it open.
-    pub fn watchdog(&'static self, limit: Duration) -> Arc<AtomicBool> {
-        let fired = Arc::new(AtomicBool::new(false));
-        let flag = Arc::clone(&fired);
-        std::thread::spawn(move || {
-            let open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
-            let (open, timeout) =
-                self.changed.wait_timeout_while(open, limit, |open| !*open).unwrap_or_else(PoisonError::into_inner);
-            drop(open);
-            if timeout.timed_out() {
-                flag.store(true, Ordering::SeqCst);
-                self.open();
-            }
-        });
-        fired
-    }
-}
-
-/// The host function [`Gate::hold`] enqueues.
-pub extern "C" fn wait_for_gate(data: *mut c_void) {
-    // SAFETY: `hold` passes a pointer to a leaked `Gate`.
-    let gate = unsafe { &*data.cast::<Gate>() };
-    gate.wait();
+/// [`Gate::hold`] on a stream the test made and has not destroyed, or a special handle.
+pub fn hold(gate: &'static Gate, d: &Driver, s: CUstream) {
+    // SAFETY: the tests pass only their own live streams and the special handles.
+    unsafe { gate.hold(d, s) }.unwrap();
 }
 
 /// How long a watchdog waits before declaring that a call waited when it should not have.

@@ -15,10 +15,14 @@
 //! fired). Compare [`live_objects`] (and [`open_fds`]) before and after each; a failure of a
 //! function that frees something ([`is_releasing`]) may leave what it would have freed.
 
+mod gate;
+
 use std::path::PathBuf;
 
 use cuda_sys::types::CUresult;
 use cuda_sys::{Driver, LoadError};
+
+pub use gate::{Gate, OpenOnDrop, wait_for_gate};
 
 /// The file name of the simulator library.
 pub const LIBRARY_NAME: &str = "libcuda_sim.so";
