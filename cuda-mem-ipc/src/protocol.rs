@@ -255,11 +255,7 @@ impl IpcChannel {
                 if device_uuid == [0; 16] {
                     return Err(IpcError::Protocol("a device pool's resource message has no device UUID".to_string()));
                 }
-                let device = Device::with_uuid(device_uuid)?.ok_or(IpcError::DeviceNotVisible {
-                    uuid: Uuid::from_bytes(device_uuid),
-                    sender_ordinal: ordinal,
-                })?;
-                PoolKind::Device(device)
+                PoolKind::Device(visible_device(Uuid::from_bytes(device_uuid), ordinal)?)
             }
             1 if ordinal != -1 || device_uuid != [0; 16] => {
                 return Err(IpcError::Protocol(
@@ -322,6 +318,14 @@ impl IpcChannel {
         }
         Ok(buffers)
     }
+}
+
+/// This process's device with the UUID a peer named (its ordinal there is `sender_ordinal`).
+///
+/// # Errors
+/// [`IpcError::DeviceNotVisible`] when this process does not see it; driver errors.
+pub(crate) fn visible_device(uuid: Uuid, sender_ordinal: i32) -> Result<Device> {
+    Device::with_uuid(*uuid.as_bytes())?.ok_or(IpcError::DeviceNotVisible { uuid, sender_ordinal })
 }
 
 fn expect_no_fds(message: &RawMessage) -> Result<()> {

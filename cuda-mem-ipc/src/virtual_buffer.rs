@@ -8,7 +8,7 @@ use std::fmt;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use cuda_mem_core::{Device, HandleType, Stream};
+use cuda_mem_core::{HandleType, Stream};
 use cuda_mem_vmm::{
     ChunkHandle, MAX_CHUNKS, MemoryLocation, VirtualBuffer, VirtualBufferDescriptor, VirtualMemoryResource, VmmError,
 };
@@ -17,7 +17,7 @@ use uuid::Uuid;
 use crate::channel::{MAX_FDS, RawMessage};
 use crate::descriptor::{DecodeError, ENVELOPE_LEN, MAX_BUFFER_SIZE, check_envelope, crc32, field};
 use crate::error::{IpcError, Result};
-use crate::protocol::{IpcChannel, VIRTUAL_BUFFER};
+use crate::protocol::{IpcChannel, VIRTUAL_BUFFER, visible_device};
 
 /// The first 8 bytes of every encoded virtual buffer.
 pub const VIRTUAL_BUFFER_MAGIC: [u8; 8] = *b"CUMEMVMM";
@@ -445,9 +445,7 @@ impl VirtualBufferImporters {
         let shared = SharedVirtualBuffer::decode(&payload, fds)?;
         let location = match shared.location {
             VirtualBufferLocation::Device { uuid, sender_ordinal } => {
-                let device =
-                    Device::with_uuid(*uuid.as_bytes())?.ok_or(IpcError::DeviceNotVisible { uuid, sender_ordinal })?;
-                MemoryLocation::Device(device.raw())
+                MemoryLocation::Device(visible_device(uuid, sender_ordinal)?.raw())
             }
             VirtualBufferLocation::HostNuma { node } => MemoryLocation::HostNuma(node),
         };
