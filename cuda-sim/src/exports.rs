@@ -275,6 +275,7 @@ exports! {
         => |_mode| api::vmm::import(handle, os_handle, handle_type);
 
     // The simulator's own controls (not driver functions).
+    cuSimBuildId / -(out: *mut *const c_char) => |_mode| crate::api::sim::build_id(out);
     cuSimLiveObjects / -(out: *mut crate::testing::LiveObjects) => |_mode| crate::api::sim::live_objects(out);
     cuSimInjectFailure / -(function: *const c_char, nth: c_uint) => |_mode| crate::api::sim::inject_failure(function, nth);
     cuSimCountCalls / -(on: c_uint) => |_mode| crate::api::sim::count_calls(on);

@@ -32,12 +32,13 @@
 //! the VMM API (reservations, physical allocations, mappings, access, POSIX-fd and fabric
 //! handles). Kernels and modules are not.
 //!
-//! Four exports of the simulator's own, not part of the driver API, serve the tests
-//! ([`testing::live_objects`], [`testing::inject_failure`], [`testing::count_calls`] and
-//! [`testing::run_failing`] call them): `cuSimLiveObjects` counts live reservations, mappings,
-//! physical allocations, pools and allocations, `cuSimInjectFailure` arms a failure at run time,
-//! and `cuSimCountCalls` and `cuSimCallCount` count the driver calls a stretch of code makes, so
-//! that a test can fail each of them in turn.
+//! Five exports of the simulator's own, not part of the driver API, serve the tests
+//! ([`testing::driver`], [`testing::live_objects`], [`testing::inject_failure`],
+//! [`testing::count_calls`] and [`testing::run_failing`] call them): `cuSimBuildId` says which
+//! sources the library was built from ([`BUILD_ID`]), `cuSimLiveObjects` counts live
+//! reservations, mappings, physical allocations, pools and allocations, `cuSimInjectFailure` arms
+//! a failure at run time, and `cuSimCountCalls` and `cuSimCallCount` count the driver calls a
+//! stretch of code makes, so that a test can fail each of them in turn.
 //!
 //! # Which module holds what
 //! | module | holds |
@@ -97,6 +98,11 @@
 //! assert_eq!(count, 1);
 //! # Ok::<(), cuda_sys::CudaError>(())
 //! ```
+
+/// A hash of the simulator's sources (made by its build script), the same in the shared library
+/// and in the `rlib` test suites link: [`testing::driver`] refuses a library whose
+/// `cuSimBuildId` differs, which would be a stale build found outside this build's folders.
+pub const BUILD_ID: &str = env!("CUDA_SIM_BUILD_ID");
 
 pub(crate) mod api;
 mod capture;

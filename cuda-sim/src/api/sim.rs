@@ -29,6 +29,22 @@ pub(crate) unsafe fn live_objects(out: *mut LiveObjects) -> SimResult {
     unsafe { write_out(out, counts) }
 }
 
+/// `cuSimBuildId`: the build id of this library ([`crate::BUILD_ID`]), NUL-terminated and
+/// static.
+///
+/// # Safety
+/// `out` is null or valid for a write.
+pub(crate) unsafe fn build_id(out: *mut *const c_char) -> SimResult {
+    // SAFETY: forwarded from the caller.
+    unsafe { write_out(out, BUILD_ID_C.as_ptr()) }
+}
+
+/// [`crate::BUILD_ID`] with its terminating NUL, for C callers.
+const BUILD_ID_C: &CStr = match CStr::from_bytes_with_nul(concat!(env!("CUDA_SIM_BUILD_ID"), "\0").as_bytes()) {
+    Ok(id) => id,
+    Err(_) => panic!("the build id holds no NUL"),
+};
+
 /// `cuSimInjectFailure`: the `nth` next call of `function` fails with
 /// `CUDA_ERROR_OUT_OF_MEMORY`.
 ///

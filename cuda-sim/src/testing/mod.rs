@@ -36,7 +36,8 @@ pub const REQUIRE_GPU_ENV: &str = "CUDA_MEM_REQUIRE_GPU";
 /// Where the simulator library is: `CUDA_SIM_LIB`, or `libcuda_sim.so` beside the running
 /// executable or in its parent folder (cargo puts test binaries in `target/<profile>/deps/`),
 /// else (doc tests run from a temporary folder) in this workspace's target folder, which may
-/// hold an older build: the one picked there is named on stderr.
+/// hold an older build: the one picked there is named on stderr, and [`driver()`] refuses a
+/// library whose build id ([`crate::BUILD_ID`]) is not this build's.
 pub fn library_path() -> Option<PathBuf> {
     if let Some(path) = std::env::var_os(LIBRARY_ENV) {
         return Some(PathBuf::from(path));
@@ -84,11 +85,48 @@ pub fn driver() -> Result<&'static Driver, LoadError> {
     // SAFETY: the library is this crate's simulator, which exports every driver function it
     // has with the signature and the documented behaviour of `cuda.h`.
     let opened = unsafe { Driver::open(&path) }?;
+    check_build(&opened, &path)?;
     match cuda_sys::install_driver(opened) {
         Ok(driver) => Ok(driver),
         // Another thread installed one first: use that one.
         Err(_) => cuda_sys::installed_driver().ok_or(LoadError::NotADriver { path }),
     }
+}
+
+/// Refuses a simulator library built from other sources than this crate (a stale build in a
+/// shared target folder, or one from another checkout): its behaviour is not what the tests of
+/// this build expect, and the failures it causes would point nowhere near the cause.
+fn check_build(driver: &Driver, path: &std::path::Path) -> Result<(), LoadError> {
+    let found =
+        build_id(driver).map_err(|_| None).and_then(|id| if id == crate::BUILD_ID { Ok(()) } else { Err(Some(id)) });
+    let Err(found) = found else { return Ok(()) };
+    let found = found.map_or_else(|| "no build id (an older simulator)".to_string(), |id| format!("build id {id}"));
+    Err(LoadError::LibraryNotFound {
+        path: PathBuf::from(LIBRARY_NAME),
+        hint: format!(
+            "{} has {found}, but these tests were built with cuda-sim build id {}: it is a stale \
+             build or one from other sources; rebuild it with `cargo build -p cuda-sim` or set \
+             {LIBRARY_ENV} to the library built with these tests",
+            path.display(),
+            crate::BUILD_ID
+        ),
+    })
+}
+
+/// The build id a simulator library reports (`cuSimBuildId`).
+fn build_id(driver: &Driver) -> Result<String, cuda_sys::CudaError> {
+    // SAFETY: the simulator exports `cuSimBuildId` with this signature.
+    let f =
+        unsafe { control::<unsafe extern "C" fn(*mut *const std::ffi::c_char) -> CUresult>(driver, c"cuSimBuildId") }?;
+    let mut id = std::ptr::null();
+    // SAFETY: `id` is valid for a write.
+    let code = unsafe { f(&mut id) };
+    driver.check("cuSimBuildId", code)?;
+    if id.is_null() {
+        return Ok(String::new());
+    }
+    // SAFETY: the simulator writes a pointer to a static NUL-terminated string.
+    Ok(unsafe { std::ffi::CStr::from_ptr(id) }.to_string_lossy().into_owned())
 }
 
 /// Whether a check of the simulator's own model applies here: on a real driver it does not (the
