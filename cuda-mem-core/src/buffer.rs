@@ -84,7 +84,7 @@ impl std::fmt::Debug for View {
 /// another thread's per-thread default stream, used from here, means this thread's (see
 /// [`Stream`'s notes](Stream#per-thread-default-streams)). Memory that other processes may write
 /// (a pool's shared with them) is never lent as a slice by the safe API:
-/// [`copy_to_host`](ScopedBuffer::copy_to_host) reads it.
+/// [`copy_to_slice`](ScopedBuffer::copy_to_slice) and [`to_vec`](ScopedBuffer::to_vec) read it.
 ///
 /// A `Buffer` holds a share (an `Arc`) of its resource and of its stream, so it can outlive the
 /// scope that made it, move to another thread and be kept anywhere. Where a buffer lives inside
@@ -500,7 +500,7 @@ impl<'a> ScopedBuffer<'a> {
     /// # Errors
     /// [`Error::NotHostAccessible`] for device-only memory; [`Error::WritableElsewhere`] for memory
     /// other processes may write (a buffer of an IPC-enabled pool: read it with
-    /// [`copy_to_host`](ScopedBuffer::copy_to_host), or see
+    /// [`copy_to_slice`](ScopedBuffer::copy_to_slice), or see
     /// [`host_slice_assume_exclusive`](ScopedBuffer::host_slice_assume_exclusive)); a driver error
     /// from synchronizing.
     pub fn host_slice(&self) -> Result<&[u8]> {
@@ -561,35 +561,6 @@ impl<'a> ScopedBuffer<'a> {
         // SAFETY: as in `host_slice_assume_exclusive`, and `&mut self` excludes every other
         // access through this process's buffers.
         Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr as *mut u8, self.size) })
-    }
-
-    /// Copies the bytes into `dst`, through the driver, once every stream the buffer was used on
-    /// has finished: the safe way to read memory that other processes may write (no slice of it
-    /// is lent, so their writes cannot change bytes behind a reference), and device memory.
-    ///
-    /// # Errors
-    /// [`Error::SizeMismatch`] if `dst` is not the buffer's size; a driver error otherwise.
-    pub fn copy_to_host(&self, dst: &mut [u8]) -> Result<()> {
-        if dst.len() != self.size {
-            return Err(Error::SizeMismatch { what: "the host destination", expected: self.size, actual: dst.len() });
-        }
-        if self.size == 0 {
-            return Ok(());
-        }
-        self.wait_for_uses()?;
-        // Any context serves host memory; the memory's device, or the allocation stream's, is
-        // the natural one.
-        let device = match self.device().or_else(|| self.stream.as_deref().map(Stream::device)) {
-            Some(device) => device,
-            None => Device::new(0)?,
-        };
-        crate::context::bind(device)?;
-        let d = driver()?;
-        // SAFETY: `dst` is valid for `size` bytes of writes and the buffer covers `size` bytes
-        // that stay valid while `self` lives; a device-to-host copy returns only once it is
-        // complete (cuda.h, "API synchronization behavior"), so nothing writes `dst` afterwards.
-        unsafe { cu_call!(d, cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), self.ptr, self.size)) }?;
-        Ok(())
     }
 
     /// Frees the memory now, on `stream` (or the recorded stream), reporting any error instead

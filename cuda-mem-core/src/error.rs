@@ -200,7 +200,7 @@ pub enum Error {
     /// bytes behind a live `&[u8]`.
     #[error(
         "host slices of memory that other processes may write are not lent by the safe API ({size} bytes at \
-         {ptr:#x}, from a pool shared between processes): copy the bytes out with copy_to_host, or use \
+         {ptr:#x}, from a pool shared between processes): copy the bytes out with copy_to_slice or to_vec, or use \
          host_slice_assume_exclusive (unsafe) while nothing else writes them"
     )]
     WritableElsewhere {

@@ -96,14 +96,14 @@ fn memory_other_processes_may_write_is_not_lent_as_a_slice() {
     buffer.fill(FillPattern::U8(0x42), &stream).unwrap();
     let err = buffer.host_slice().unwrap_err();
     assert!(matches!(err, Error::WritableElsewhere { size: 256, .. }), "{err}");
-    assert!(err.to_string().contains("copy_to_host"), "the message says what to do: {err}");
+    assert!(err.to_string().contains("copy_to_slice"), "the message says what to do: {err}");
     let err = buffer.host_slice_mut().unwrap_err();
     assert!(matches!(err, Error::WritableElsewhere { .. }), "{err}");
     // Copying out is safe: no reference to the shared bytes is lent.
-    let mut out = vec![0; 256];
-    buffer.copy_to_host(&mut out).unwrap();
+    let mut out = vec![0u8; 256];
+    buffer.copy_to_slice(&mut out, &stream).unwrap();
     assert!(out.iter().all(|&b| b == 0x42));
-    let err = buffer.copy_to_host(&mut [0; 255]).unwrap_err();
+    let err = buffer.copy_to_slice(&mut [0u8; 255], &stream).unwrap_err();
     assert!(matches!(err, Error::SizeMismatch { expected: 256, actual: 255, .. }), "{err}");
     // SAFETY: the pool's handle was never exported, so nothing else can write its memory.
     unsafe { buffer.host_slice_mut_assume_exclusive() }.unwrap().fill(7);
@@ -129,11 +129,10 @@ fn device_memory_is_copied_to_the_host() {
     let stream = common::stream(device);
     let mut on_device = DeviceMemoryResource::current(device).unwrap().allocate(4096, &stream).unwrap();
     on_device.fill(FillPattern::U32(0xDEC0_ADDE), &stream).unwrap();
-    let mut out = vec![0; 4096];
-    on_device.copy_to_host(&mut out).unwrap();
-    assert!(out.chunks(4).all(|w| w == 0xDEC0_ADDEu32.to_ne_bytes()));
+    let out = on_device.to_vec::<u32>(&stream).unwrap();
+    assert!(out.iter().all(|&w| w == 0xDEC0_ADDE));
     let empty = DeviceMemoryResource::current(device).unwrap().allocate(0, &stream).unwrap();
-    empty.copy_to_host(&mut []).unwrap();
+    empty.copy_to_slice::<u8>(&mut [], &stream).unwrap();
 }
 
 #[test]

@@ -82,9 +82,8 @@ fn round_trip_parent<R: MemoryResource + 'static>(test: &str, pool: Arc<R>, stre
             // them at any time), but they are copied out.
             let refused = buffer.host_slice().unwrap_err();
             assert!(matches!(refused, cuda_mem_core::Error::WritableElsewhere { .. }), "buffer {i}: {refused}");
-            let mut copied = vec![0; buffer.size()];
-            buffer.copy_to_host(&mut copied).unwrap();
-            assert_eq!(copied, expected, "buffer {i} through copy_to_host");
+            let copied = buffer.to_vec::<u8>(stream).unwrap();
+            assert_eq!(copied, expected, "buffer {i} through to_vec");
         }
     }
     channel.send_data(b"done").unwrap();
@@ -257,8 +256,7 @@ fn one_resource_handle_sent_to_two_children() {
     }
     for (k, ((_, channel), buffer)) in children.iter().zip(&buffers).enumerate() {
         expect_text(channel, &stream, "wrote");
-        let mut written = vec![0; buffer.size()];
-        buffer.copy_to_host(&mut written).unwrap();
+        let written = buffer.to_vec::<u8>(&stream).unwrap();
         assert_eq!(written, pattern(50 + k as u32, buffer.size()), "child {k}'s write");
     }
     {
