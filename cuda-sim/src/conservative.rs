@@ -130,6 +130,17 @@
 //!   the code both document for a bad handle.
 //! - **Fabric handles** name the exporting process and its descriptor for the memory, so an
 //!   import works only while the exporter holds the allocation.
+//! - **Interprocess events** (`cuIpcGetEventHandle`, `cuIpcOpenEventHandle`): exporting an event
+//!   created without `CU_EVENT_INTERPROCESS` is `CUDA_ERROR_INVALID_HANDLE` (the event is the
+//!   argument at fault; the runtime's counterpart answers `cudaErrorInvalidResourceHandle`). A
+//!   handle names the exporting process and its descriptor for the event's shared progress, so it
+//!   opens only while the exporter holds the event (cuda.h: using it after the exporter destroyed
+//!   the event is undefined). Opening a handle in the process that exported it, which cuda.h
+//!   neither allows nor forbids, is refused with `CUDA_ERROR_INVALID_VALUE`, as are forged and
+//!   stale handles: code that works here never depends on it. Both processes may record the
+//!   event; its latest recording, from either, is what queries and waits see. A stream waiting
+//!   for another process's recording polls its progress (20 µs to 1 ms apart), so such a wait
+//!   may end up to a millisecond late, never early.
 //! - **`CUDA_VISIBLE_DEVICES` entries** are read as narrowly as the CUDA documentation's
 //!   examples: a decimal index (no sign, no spaces), or `GPU-` and the UUID's lowercase hex as
 //!   `nvidia-smi` prints it, whole or a prefix that matches exactly one device. Anything else

@@ -6,6 +6,7 @@ use std::time::Instant;
 use cuda_sys::types::{CUevent_flags, CUresult};
 
 use crate::error::{SimResult, fail};
+use crate::ipc_event::SharedProgress;
 use crate::stream::Stream;
 
 /// An event and the progress of its latest recording.
@@ -18,6 +19,9 @@ pub(crate) struct Event {
     pub flags: u32,
     progress: Mutex<Progress>,
     reached: Condvar,
+    /// For an interprocess event (created or imported): the progress every process holding it
+    /// shares, which stands in for `progress`'s counters.
+    pub shared: Option<SharedProgress>,
 }
 
 #[derive(Default)]
@@ -34,13 +38,14 @@ struct Progress {
 
 impl Event {
     /// A new, never-recorded event (which counts as complete, as in the driver).
-    pub(crate) fn new(ctx: usize, flags: u32) -> Arc<Event> {
+    pub(crate) fn new(ctx: usize, flags: u32, shared: Option<SharedProgress>) -> Arc<Event> {
         Arc::new(Event {
             handle: crate::handle::next(),
             ctx,
             flags,
             progress: Mutex::new(Progress::default()),
             reached: Condvar::new(),
+            shared,
         })
     }
 
@@ -53,7 +58,10 @@ impl Event {
         let mut progress = self.lock();
         progress.captured = None;
         progress.recorded += 1;
-        progress.recorded
+        match &self.shared {
+            Some(shared) => shared.begin_record(),
+            None => progress.recorded,
+        }
     }
 
     /// Notes a recording into capture sequence `sequence` of `stream`: the event is then a
@@ -70,6 +78,10 @@ impl Event {
 
     /// Marks recording `generation` complete (run by the stream's worker).
     pub(crate) fn complete(&self, generation: u64) {
+        if let Some(shared) = &self.shared {
+            shared.complete(generation);
+            return;
+        }
         let mut progress = self.lock();
         if progress.completed < generation {
             progress.completed = generation;
@@ -81,18 +93,25 @@ impl Event {
 
     /// The latest recording, or `None` if it was never recorded.
     pub(crate) fn latest(&self) -> Option<u64> {
-        let recorded = self.lock().recorded;
+        let recorded = self.shared.as_ref().map_or_else(|| self.lock().recorded, SharedProgress::recorded);
         (recorded > 0).then_some(recorded)
     }
 
     /// Whether the latest recording has completed.
     pub(crate) fn is_complete(&self) -> bool {
+        if let Some(shared) = &self.shared {
+            return shared.completed() >= shared.recorded();
+        }
         let progress = self.lock();
         progress.completed >= progress.recorded
     }
 
     /// Blocks until recording `generation` has completed.
     pub(crate) fn wait_for(&self, generation: u64) {
+        if let Some(shared) = &self.shared {
+            shared.wait_for(generation);
+            return;
+        }
         let mut progress = self.lock();
         while progress.completed < generation {
             progress = self.reached.wait(progress).unwrap_or_else(PoisonError::into_inner);
@@ -101,7 +120,7 @@ impl Event {
 
     /// Blocks until the latest recording (as of now) has completed.
     pub(crate) fn synchronize(&self) {
-        let generation = self.lock().recorded;
+        let generation = self.latest().unwrap_or(0);
         self.wait_for(generation);
     }
 

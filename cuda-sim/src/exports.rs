@@ -11,7 +11,7 @@ use std::ffi::{c_char, c_int, c_uint, c_void};
 
 use cuda_sys::types::{
     CUcontext, CUdevice, CUdevice_attribute, CUdeviceptr, CUdriverProcAddressQueryResult, CUevent, CUgraph, CUhostFn,
-    CUmemAccess_flags, CUmemAccessDesc, CUmemAllocationGranularity_flags, CUmemAllocationHandleType,
+    CUipcEventHandle, CUmemAccess_flags, CUmemAccessDesc, CUmemAllocationGranularity_flags, CUmemAllocationHandleType,
     CUmemAllocationProp, CUmemAllocationType, CUmemGenericAllocationHandle, CUmemLocation, CUmemPool_attribute,
     CUmemPoolProps, CUmemPoolPtrExportData, CUmemoryPool, CUpointer_attribute, CUresult, CUstream, CUstreamCaptureMode,
     CUstreamCaptureStatus, CUuuid, cuuint64_t,
@@ -155,6 +155,8 @@ exports! {
     cuEventSynchronize / -(event: CUevent) => |_mode| api::event::synchronize(event);
     cuEventDestroy_v2 / -(event: CUevent) => |_mode| api::event::destroy(event);
     cuEventElapsedTime_v2 / -(ms: *mut f32, start: CUevent, end: CUevent) => |_mode| api::event::elapsed_time(ms, start, end);
+    cuIpcGetEventHandle / -(handle: *mut CUipcEventHandle, event: CUevent) => |_mode| api::event::ipc_get_handle(handle, event);
+    cuIpcOpenEventHandle / -(event: *mut CUevent, handle: CUipcEventHandle) => |_mode| api::event::ipc_open_handle(event, handle);
 
     // Memory.
     cuMemAlloc_v2 / -(pointer: *mut CUdeviceptr, size: usize) => |_mode| api::memory::alloc(pointer, size);

@@ -24,7 +24,8 @@
 //!
 //! # What is simulated
 //! Initialization, devices and their attributes, primary contexts, streams (legacy, per-thread
-//! and created), events, host functions, `cuMemAlloc`/`cuMemAllocHost`/`cuMemAllocManaged`,
+//! and created), events (interprocess ones too: `cuIpcGetEventHandle`/`cuIpcOpenEventHandle`),
+//! host functions, `cuMemAlloc`/`cuMemAllocHost`/`cuMemAllocManaged`,
 //! host registration, copies and memsets, pointer attributes, memory pools (default, current
 //! and owned; device, host, host-NUMA and managed; attributes, trimming, peer access, sharing
 //! between processes through sealed `memfd`s), graph capture far enough to refuse what it forbids
@@ -50,6 +51,7 @@
 //! | `stream`, `event`, `capture` | per-stream worker queues; events; graph capture and the calls that invalidate it |
 //! | `memory`, `pool`, `vmm` | device and host allocations with copies and memsets; stream-ordered pools and their accounting; VMM physical allocations |
 //! | `shared`, `sealed` | memory other processes map: the shareable pools' layout, and the sealed `memfd`s behind it and VMM handles |
+//! | `ipc_event` | interprocess events' progress, shared with the processes that open their handles |
 //! | `handle`, `error`, `fault`, `proc_address` | never-reused handle values; `CUresult`s inside the simulator; fault injection and call counts; `cuGetProcAddress_v2` |
 //! | [`conservative`] | every reading taken where `cuda.h` is silent, and why |
 //! | [`testing`] | helpers for test suites: choosing the driver, declared skips, live-object counts, fault injection, counting the driver calls of a path and failing each in turn, open descriptors |
@@ -115,6 +117,7 @@ mod event;
 mod exports;
 mod fault;
 mod handle;
+mod ipc_event;
 mod memory;
 mod pool;
 mod proc_address;

@@ -1,15 +1,17 @@
 //! Events: creation, recording, queries, synchronization, elapsed time.
 
-use cuda_sys::types::{CUevent, CUevent_flags, CUresult, CUstream};
+use cuda_sys::types::{CUevent, CUevent_flags, CUipcEventHandle, CUresult, CUstream};
 
 use super::DefaultStream;
 use super::stream::resolve_for_work;
 use crate::context as ctx;
 use crate::error::{SimResult, ensure, write_out};
 use crate::event::Event;
+use crate::ipc_event::SharedProgress;
 use crate::state;
 
-/// `cuEventCreate`: `CU_EVENT_INTERPROCESS` needs `CU_EVENT_DISABLE_TIMING`, as documented.
+/// `cuEventCreate`: `CU_EVENT_INTERPROCESS` needs `CU_EVENT_DISABLE_TIMING`, as documented; such
+/// an event keeps its progress where other processes can map it (see [`crate::ipc_event`]).
 ///
 /// # Safety
 /// `out` is null or valid for a write.
@@ -21,9 +23,11 @@ pub(crate) unsafe fn create(out: *mut CUevent, flags: u32) -> SimResult {
     if flags & CUevent_flags::CU_EVENT_INTERPROCESS.0 != 0 {
         ensure(flags & CUevent_flags::CU_EVENT_DISABLE_TIMING.0 != 0)?;
     }
+    let interprocess = flags & CUevent_flags::CU_EVENT_INTERPROCESS.0 != 0;
     let mut state = state::lock()?;
     let context = ctx::current(&state)?;
-    let event = Event::new(context.handle, flags);
+    let shared = if interprocess { Some(SharedProgress::create()?) } else { None };
+    let event = Event::new(context.handle, flags, shared);
     let handle = event.handle;
     state.events.insert(handle, event);
     // SAFETY: forwarded from the caller.
@@ -101,4 +105,39 @@ pub(crate) unsafe fn elapsed_time(out: *mut f32, start: CUevent, end: CUevent) -
     let ms = Event::elapsed_ms(&start, &end)?;
     // SAFETY: forwarded from the caller.
     unsafe { write_out(out, ms) }
+}
+
+/// `cuIpcGetEventHandle`: the handle of an event created with `CU_EVENT_INTERPROCESS` (and so
+/// `CU_EVENT_DISABLE_TIMING`); any other event is `CUDA_ERROR_INVALID_HANDLE`.
+///
+/// # Safety
+/// `out` is null or valid for a write.
+pub(crate) unsafe fn ipc_get_handle(out: *mut CUipcEventHandle, event: CUevent) -> SimResult {
+    ensure(!out.is_null())?;
+    let event = find(event)?;
+    let shared = event.shared.as_ref().ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+    let reserved = shared.handle().map(|byte| byte as std::ffi::c_char);
+    // SAFETY: forwarded from the caller.
+    unsafe { write_out(out, CUipcEventHandle { reserved }) }
+}
+
+/// `cuIpcOpenEventHandle`: an event of the current context sharing the exporter's progress,
+/// behaving like one created with `CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING`. A handle that
+/// names no live event of another process is `CUDA_ERROR_INVALID_VALUE` (one from this process
+/// too: see `conservative`).
+///
+/// # Safety
+/// `out` is null or valid for a write.
+pub(crate) unsafe fn ipc_open_handle(out: *mut CUevent, handle: CUipcEventHandle) -> SimResult {
+    ensure(!out.is_null())?;
+    let data = handle.reserved.map(|byte| byte as u8);
+    let mut state = state::lock()?;
+    let context = ctx::current(&state)?;
+    let shared = SharedProgress::open(&data)?;
+    let flags = CUevent_flags::CU_EVENT_INTERPROCESS.0 | CUevent_flags::CU_EVENT_DISABLE_TIMING.0;
+    let event = Event::new(context.handle, flags, Some(shared));
+    let handle = event.handle;
+    state.events.insert(handle, event);
+    // SAFETY: forwarded from the caller.
+    unsafe { write_out(out, handle as CUevent) }
 }
