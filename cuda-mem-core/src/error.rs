@@ -178,6 +178,20 @@ pub enum Error {
         /// How many devices have read-write access to it.
         reachable_devices: usize,
     },
+    /// An allocation a [`LimitingAdaptor`](crate::LimitingAdaptor) refused: it would have taken
+    /// the bytes allocated through it past its limit. The resource it wraps was not asked.
+    #[error(
+        "memory limit exceeded: {requested} bytes asked for with {in_use} of the limit's {limit} bytes in use: \
+         free buffers allocated through the limiting adaptor, or give it a larger limit"
+    )]
+    LimitExceeded {
+        /// The size asked for, in bytes.
+        requested: usize,
+        /// The adaptor's limit, in bytes.
+        limit: usize,
+        /// The bytes allocated through the adaptor and not yet freed, when it refused.
+        in_use: usize,
+    },
     /// A system call failed.
     #[error("{context}: {source}")]
     Io {

@@ -32,6 +32,10 @@
 //!   ([`MemoryPool::import_allocation`]/[`MemoryPool::release_import`]).
 //! - Without pools: [`SynchronousMemoryResource`] (`cuMemAlloc`) and
 //!   [`LegacyPinnedMemoryResource`] (`cuMemAllocHost`).
+//! - Adaptors over any resource, RMM's, which stack and are resources themselves:
+//!   [`StatisticsAdaptor`] (current, peak and total bytes and counts), [`LimitingAdaptor`] (a
+//!   byte budget, refused past with [`Error::LimitExceeded`]) and [`TrackingAdaptor`] (the live
+//!   allocations, with backtraces when asked, to find leaks).
 //!
 //! Errors are [`Error`]s; a driver failure carries the function, the code and its name. Errors
 //! in `Drop` are recorded ([`take_drop_errors`]), never lost and never a panic.
@@ -51,13 +55,14 @@
 //! | `device` | [`Device`], [`DeviceProperties`] |
 //! | `context` | primary contexts, retained once and bound before each driver call that needs one |
 //! | `stream`, `event` | [`Stream`], [`StreamOptions`]; [`Event`], [`EventOptions`] |
-//! | `memory_resource` | the [`MemoryResource`] trait, [`MemoryResourceExt`], [`DevicePtr`] |
+//! | `memory_resource` | the [`MemoryResource`] trait, [`MemoryResourceExt`], [`AsDynMemoryResource`], [`DevicePtr`] |
 //! | `buffer` | [`Buffer`], [`ScopedBuffer`], [`FillPattern`], [`CloseError`], [`RawBuffer`] |
 //! | `view` | [`DeviceView`], [`DeviceViewMut`]: typed views of a buffer, copies to and from Rust slices |
 //! | `device_resource` | [`DeviceMemoryResource`] and its options |
 //! | `host_resources` | [`PinnedMemoryResource`], [`ManagedMemoryResource`], their options and locations |
 //! | `legacy_resources` | [`SynchronousMemoryResource`], [`LegacyPinnedMemoryResource`] (no pools) |
 //! | `pool` | [`MemoryPool`] (a folder, a file per concern: attributes, [`PoolKind`], peers, sharing, counted imports), [`PoolResource`], [`pool_of`] |
+//! | `adaptors` | [`StatisticsAdaptor`] ([`AllocationStatistics`]), [`LimitingAdaptor`], [`TrackingAdaptor`] ([`LeakReport`], [`LiveAllocation`]): resources over resources, a file each |
 //! | `access` | [`Access`] |
 //! | `handle_types` | [`HandleType`], [`HandleTypes`] |
 //! | `driver` | [`driver()`]: the process-wide driver, initialized once |
@@ -70,7 +75,10 @@
 //!
 //! ```
 //! # cuda_sim::testing::driver()?; // the tests run this example on the simulator
-//! use cuda_mem_core::{Device, DeviceMemoryResource, FillPattern, PinnedMemoryResource, Stream, StreamOptions};
+//! use cuda_mem_core::{
+//!     Device, DeviceMemoryResource, Error, FillPattern, LimitingAdaptor, PinnedMemoryResource, StatisticsAdaptor,
+//!     Stream, StreamOptions,
+//! };
 //!
 //! let device = Device::new(0)?;
 //! let stream = Stream::new(device, StreamOptions::default().non_blocking())?;
@@ -99,6 +107,14 @@
 //! let mut scratch = pool.allocate_scoped(4096, &stream)?;
 //! scratch.fill(FillPattern::U8(0), &stream)?;
 //!
+//! // Adaptors stack over any resource: a budget over counters over the pool.
+//! let counted = StatisticsAdaptor::new(pool.clone());
+//! let limited = LimitingAdaptor::new(counted.clone(), 1 << 20);
+//! let held = limited.allocate(768 << 10, &stream)?;
+//! assert!(matches!(limited.allocate(512 << 10, &stream), Err(Error::LimitExceeded { .. })));
+//! assert_eq!(counted.statistics().current_bytes, 768 << 10);
+//! drop(held);
+//!
 //! // Let every other device that can reach it use the pool's memory.
 //! let peers: Vec<Device> = Device::all()?
 //!     .into_iter()
@@ -111,6 +127,7 @@
 #![doc = include_str!("cuda_core_names.md")]
 
 mod access;
+mod adaptors;
 mod buffer;
 mod context;
 mod device;
@@ -129,6 +146,9 @@ mod stream;
 mod view;
 
 pub use access::Access;
+pub use adaptors::{
+    AllocationStatistics, LeakReport, LimitingAdaptor, LiveAllocation, StatisticsAdaptor, TrackingAdaptor,
+};
 pub use buffer::{Buffer, CloseError, FillPattern, RawBuffer, ScopedBuffer};
 pub use device::{Device, DeviceProperties};
 pub use device_resource::{DeviceMemoryResource, DeviceMemoryResourceOptions};
@@ -142,7 +162,7 @@ pub use host_resources::{
     PinnedMemoryResourceOptions, PreferredLocation,
 };
 pub use legacy_resources::{LegacyPinnedMemoryResource, SynchronousMemoryResource};
-pub use memory_resource::{DevicePtr, MemoryResource, MemoryResourceExt};
+pub use memory_resource::{AsDynMemoryResource, DevicePtr, MemoryResource, MemoryResourceExt};
 pub use pool::{
     EXPORT_DATA_LEN, MemoryPool, PoolAttributes, PoolKind, PoolResource, ReusePolicy, ShareableHandle, import_holders,
     import_pending_waits, mapped_range_size, pool_of,

@@ -29,7 +29,7 @@ pub type DevicePtr = cuda_sys::types::CUdeviceptr;
 /// that stay valid until `deallocate_raw` is called for them; `is_host_accessible` is true only if
 /// those bytes can be read and written by the host at that address, and `is_device_accessible`
 /// only if devices can use them.
-pub unsafe trait MemoryResource: Any + Send + Sync + Debug {
+pub unsafe trait MemoryResource: AsDynMemoryResource + Any + Send + Sync + Debug {
     /// Allocates `size` bytes (more than 0), usable by work enqueued on `stream` after this call.
     ///
     /// # Errors
@@ -68,6 +68,32 @@ pub unsafe trait MemoryResource: Any + Send + Sync + Debug {
     /// [`Error::WritableElsewhere`](crate::Error::WritableElsewhere)); false by default.
     fn may_be_written_externally(&self) -> bool {
         false
+    }
+
+    /// The resource this one allocates from, for an adaptor (a
+    /// [`StatisticsAdaptor`](crate::StatisticsAdaptor), say) that wraps another: what lets code
+    /// that needs more than this trait see through adaptors ([`pool_of`](crate::pool_of) finds
+    /// the pool under a stack of them). `None` by default: a resource that adapts none.
+    #[doc(alias = "get_upstream_resource")]
+    #[doc(alias = "upstream_resource")]
+    fn upstream(&self) -> Option<&dyn MemoryResource> {
+        None
+    }
+}
+
+/// Any memory resource as a `&dyn MemoryResource`, also where its type is a generic `R: ?Sized`
+/// (which the language cannot turn into a trait object): implemented for every sized resource,
+/// and a supertrait of [`MemoryResource`], so `dyn MemoryResource` has it too. An adaptor over
+/// `Arc<R>` names its resource through it in [`MemoryResource::upstream`].
+pub trait AsDynMemoryResource {
+    /// `self`, as a trait object.
+    fn as_dyn_memory_resource(&self) -> &dyn MemoryResource;
+}
+
+impl<R: MemoryResource> AsDynMemoryResource for R {
+    #[inline]
+    fn as_dyn_memory_resource(&self) -> &dyn MemoryResource {
+        self
     }
 }
 
@@ -117,9 +143,11 @@ impl MemoryResourceExt for Arc<dyn MemoryResource> {
 /// Gives a resource type inherent `allocate` and `allocate_scoped`, the everyday path that needs
 /// no trait import: `allocate` takes `self: &Arc<Self>` (what the constructors return), so the
 /// buffer can keep the resource alive; both forward to [`MemoryResourceExt`].
+///
+/// `inherent_allocation!([R: Bound] Type<R>)` does it for a generic type.
 macro_rules! inherent_allocation {
-    ($ty:ty) => {
-        impl $ty {
+    ([$($generics:tt)*] $ty:ty) => {
+        impl<$($generics)*> $ty {
             /// Allocates `size` bytes on `stream` into an owned [`Buffer`](crate::Buffer) that
             /// keeps this resource alive (as [`MemoryResourceExt::allocate`], without the
             /// import). A zero-size request makes an empty buffer without asking the resource.
@@ -155,6 +183,9 @@ macro_rules! inherent_allocation {
                 $crate::ScopedBuffer::allocate_scoped(self, size, stream)
             }
         }
+    };
+    ($ty:ty) => {
+        $crate::memory_resource::inherent_allocation!([] $ty);
     };
 }
 pub(crate) use inherent_allocation;

@@ -4,7 +4,7 @@
 //! on an `Arc<dyn MemoryResource>` or a resource of your own (this crate's resources have the
 //! same methods inherent, no import needed), [`MemoryResource`]'s `is_device_accessible`,
 //! `is_host_accessible` and `device` on any resource, and [`PoolResource`]'s `pool`. The types
-//! are the ones almost every program names.
+//! are the ones almost every program names, with the adaptors that stack over any resource.
 //!
 //! ```
 //! # cuda_sim::testing::driver()?; // the tests run this example on the simulator
@@ -20,7 +20,7 @@
 //! ```
 
 pub use crate::{
-    Buffer, Device, DeviceMemoryResource, DeviceMemoryResourceOptions, Error, Event, FillPattern,
+    Buffer, Device, DeviceMemoryResource, DeviceMemoryResourceOptions, Error, Event, FillPattern, LimitingAdaptor,
     ManagedMemoryResource, MemoryResource, MemoryResourceExt, PinnedMemoryResource, PinnedMemoryResourceOptions,
-    PoolResource, Stream, StreamOptions,
+    PoolResource, StatisticsAdaptor, Stream, StreamOptions, TrackingAdaptor,
 };

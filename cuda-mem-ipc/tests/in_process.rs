@@ -4,8 +4,9 @@
 use std::sync::Arc;
 
 use cuda_mem_core::{
-    Device, DeviceMemoryResource, DeviceMemoryResourceOptions, FillPattern, MemoryResourceExt, PinnedLocation,
-    PinnedMemoryResource, PinnedMemoryResourceOptions, PoolKind, Stream, StreamOptions,
+    Device, DeviceMemoryResource, DeviceMemoryResourceOptions, FillPattern, LimitingAdaptor, MemoryResourceExt,
+    PinnedLocation, PinnedMemoryResource, PinnedMemoryResourceOptions, PoolKind, StatisticsAdaptor, Stream,
+    StreamOptions,
 };
 use cuda_mem_ipc::{
     BufferDescriptor, Channel, IpcChannel, IpcError, Received, allocation_handle, buffer_descriptor, lookup, registry,
@@ -223,6 +224,33 @@ fn scoped_buffers_travel_like_shared_ones() {
     let mut check = host.allocate(4096, &stream).unwrap();
     check.copy_from(&received[1], &stream).unwrap();
     assert!(check.host_slice().unwrap().iter().all(|&b| b == 0x5c));
+}
+
+/// A pool behind adaptors is shared as the bare pool is: the same allocation handle, and its
+/// buffers travel and share memory; the adaptors count this process's allocations only.
+#[test]
+fn buffers_of_an_adapted_pool_travel_like_the_pools_own() {
+    let (device, stream) = setup();
+    let dmr = DeviceMemoryResource::new(device, DeviceMemoryResourceOptions::default().ipc_enabled(true)).unwrap();
+    let counted = StatisticsAdaptor::new(Arc::clone(&dmr));
+    let adapted = LimitingAdaptor::new(Arc::clone(&counted), 1 << 20);
+    let mut buffer = adapted.allocate(4096, &stream).unwrap();
+    buffer.fill(FillPattern::U8(0x3d), &stream).unwrap();
+    stream.synchronize().unwrap();
+    assert_eq!(allocation_handle(&*adapted).unwrap().uuid(), allocation_handle(dmr.as_ref()).unwrap().uuid());
+    let (tx, rx) = pair();
+    tx.send_buffers(&[&buffer]).unwrap();
+    let Received::Resource(mapped) = rx.recv(&stream).unwrap() else { panic!("the resource comes first") };
+    let Received::Buffers(received) = rx.recv(&stream).unwrap() else { panic!("then the buffers") };
+    assert_eq!(mapped.uuid(), allocation_handle(dmr.as_ref()).unwrap().uuid());
+    assert_eq!(buffer_descriptor(&received[0]).unwrap(), buffer_descriptor(&buffer).unwrap());
+    let host = PinnedMemoryResource::new(PinnedMemoryResourceOptions::default()).unwrap();
+    let mut check = host.allocate(4096, &stream).unwrap();
+    check.copy_from(&received[0], &stream).unwrap();
+    assert!(check.host_slice().unwrap().iter().all(|&b| b == 0x3d));
+    assert_eq!(counted.statistics().current_bytes, 4096, "the import is not this side's allocation");
+    drop((received, buffer));
+    assert_eq!((counted.statistics().current_bytes, adapted.in_use()), (0, 0));
 }
 
 #[test]

@@ -47,9 +47,16 @@ pub trait PoolResource: MemoryResource {
 }
 
 /// The pool behind `resource`, when it is one of this crate's pool resources
-/// ([`DeviceMemoryResource`], [`PinnedMemoryResource`], [`ManagedMemoryResource`]). A crate with
-/// pool resources of its own looks for those itself, after this.
+/// ([`DeviceMemoryResource`], [`PinnedMemoryResource`], [`ManagedMemoryResource`]) or adapts
+/// one, through any number of adaptors ([`MemoryResource::upstream`]): buffers allocated through
+/// a [`StatisticsAdaptor`](crate::StatisticsAdaptor) over a pool are that pool's, to share with
+/// other processes as any other. A crate with pool resources of its own looks for those itself,
+/// after this.
 pub fn pool_of(resource: &dyn MemoryResource) -> Option<&MemoryPool> {
+    let mut resource = resource;
+    while let Some(upstream) = resource.upstream() {
+        resource = upstream;
+    }
     let any: &dyn Any = resource;
     if let Some(device) = any.downcast_ref::<DeviceMemoryResource>() {
         return Some(device.pool());

@@ -9,17 +9,22 @@
 //!    with the driver calls per step counted on the simulator;
 //! 4. registry lookups and duplicate-import cache hits per second, in the child, on 1 and 8
 //!    threads;
-//! 5. the time from spawning a process to its first driver call returning (`--first-call`).
+//! 5. the time from spawning a process to its first driver call returning (`--first-call`);
+//! 6. each memory-resource adaptor's allocate+free pair against the bare pool resource;
+//! 7. slice copies host ↔ device (`copy_from_slice` + `copy_to_slice`/`to_vec`) against the raw
+//!    `cuMemcpyHtoDAsync` + `cuMemcpyDtoHAsync` + `cuStreamSynchronize`, on the same pageable memory.
 //!
 //! The driver is chosen as the demo chooses it (`tests::driver_choice`). Results go to
-//! `target/bench/` (`results.json`, `results.md`, two SVG plots); the Markdown tables are printed
+//! `target/bench/` (`results.json`, `results.md`, three SVG plots); the Markdown tables are printed
 //! at the end. `bench --child` and `bench --first-call` are its own children.
 //!
 //! Modules: [`cli`] (the command line), [`parent`] (the full run and `--pool-pairs`), [`stats`]
 //! and [`units`] (the harness's numbers), one per case ([`pools`] and [`pacing`], [`sharing`]
-//! with [`child`], [`server`] and [`rates`], [`vmm`] with [`call_count`], [`first_call`]), and
+//! with [`child`], [`server`] and [`rates`], [`vmm`] with [`call_count`], [`first_call`],
+//! [`adaptors`] for (6) and (7)), and
 //! [`report`] (the JSON, Markdown and SVG outputs).
 
+mod adaptors;
 mod call_count;
 mod child;
 mod cli;

@@ -8,6 +8,7 @@ use cuda_mem_core::sys::{DRIVER_ENV, Driver};
 use tests::driver_choice::{self, Choice, How};
 
 use crate::Error;
+use crate::adaptors::{adaptors, copies};
 use crate::first_call::first_call;
 use crate::pacing::pacing;
 use crate::pools::{POOL_THREADS, PoolRow, pools};
@@ -69,6 +70,11 @@ pub(crate) fn parent_main() -> Result<(), Error> {
     results.vmm = vmm(device, simulator)?;
     results.first_grows = first_grows(device)?;
     println!("[3] VMM growth: done in {:.1} s", step.elapsed().as_secs_f64());
+
+    let step = Instant::now();
+    results.adaptors = adaptors(device)?;
+    results.copies = copies(device)?;
+    println!("[6, 7] adaptors and slice copies: done in {:.1} s", step.elapsed().as_secs_f64());
 
     report::write_all(&results, total)
 }

@@ -97,6 +97,12 @@ pub(super) fn json(results: &Results) -> String {
         .map(|r| format!(r#"    {{"what":"{}","threads":{},"per_second":{}}}"#, r.what, r.threads, r.rate.json()))
         .collect();
     out.push_str(&rows.join(",\n"));
+    out.push_str("\n  ],\n  \"adaptors\": [\n");
+    let rows: Vec<String> = results.adaptors.iter().map(|r| format!("    {}", r.json())).collect();
+    out.push_str(&rows.join(",\n"));
+    out.push_str("\n  ],\n  \"copies\": [\n");
+    let rows: Vec<String> = results.copies.iter().map(|r| format!("    {}", r.json())).collect();
+    out.push_str(&rows.join(",\n"));
     out.push_str("\n  ],\n");
     match &results.first_call {
         Some((spawn, main)) => {

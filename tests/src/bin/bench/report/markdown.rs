@@ -3,6 +3,7 @@
 use std::fmt::Write as _;
 
 use super::{Results, host_cpus};
+use crate::adaptors::ADAPTOR_PAIR_SIZE;
 use crate::pacing::PACING_WORK_NS;
 use crate::units::{bytes, ns};
 use crate::vmm::mode_name;
@@ -130,6 +131,40 @@ pub(super) fn markdown(results: &Results) -> String {
         md.push_str("| measured | time |\n|---|---|\n");
         let _ = writeln!(md, "| spawn to the child's report (parent's clock; exec included) | {} |", spawn.show());
         let _ = writeln!(md, "| child's main() to cuDriverGetVersion returned | {} |", main.show());
+    }
+
+    md.push_str("\n## 6. Memory-resource adaptors, per allocate+free pair\n\n");
+    let _ = writeln!(
+        md,
+        "A `Buffer` of {} allocated and dropped through each adaptor over a pool, and through the bare pool \
+         resource on the same stream, alternately in the same run.\n\n| adaptor | through it | bare pool | ratio |\n\
+         |---|---|---|---|",
+        bytes(ADAPTOR_PAIR_SIZE)
+    );
+    for r in &results.adaptors {
+        let _ = writeln!(md, "| {} | {} | {} | {:.2}× |", r.name, r.adapted.show(), r.bare.show(), r.ratio());
+    }
+
+    md.push_str("\n## 7. Slice copies host ↔ device, per round trip (pageable memory)\n\n");
+    md.push_str(
+        "One copy in and one out of a device buffer, the same pageable `Vec`s each way. Safe: `copy_from_slice` + \
+         `copy_to_slice` (+ to_vec: `to_vec` in place of `copy_to_slice`, which allocates the `Vec`). Raw: \
+         `cuMemcpyHtoDAsync` + `cuMemcpyDtoHAsync` + `cuStreamSynchronize`. Each safe copy waits for \
+         the stream before it returns (the slice's borrow ends there), so the safe round trip synchronizes twice \
+         where the raw one does once.\n\n\
+         | size each way | safe | + to_vec | raw | safe/raw | to_vec/raw |\n|---|---|---|---|---|---|\n",
+    );
+    for r in &results.copies {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {:.2}× | {:.2}× |",
+            bytes(r.size),
+            r.safe.show(),
+            r.to_vec.show(),
+            r.raw.show(),
+            r.ratio(),
+            r.ratio_to_vec()
+        );
     }
     md
 }

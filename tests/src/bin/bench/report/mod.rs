@@ -1,5 +1,5 @@
 //! The outputs: what the run found ([`Results`]), written to the output folder as JSON
-//! ([`json`]), Markdown ([`markdown`]) and two SVG plots ([`svg`]).
+//! ([`json`]), Markdown ([`markdown`]) and three SVG plots ([`svg`]).
 
 mod json;
 mod markdown;
@@ -9,6 +9,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use crate::Error;
+use crate::adaptors::{AdaptorRow, CopyRow};
 use crate::pacing::Pacing;
 use crate::pools::PoolRow;
 use crate::sharing::{RateRow, ShareRow};
@@ -36,9 +37,13 @@ pub(crate) struct Results {
     pub(crate) lookups: Vec<RateRow>,
     /// Case (5): spawn to return, and main to return.
     pub(crate) first_call: Option<(Stats, Stats)>,
+    /// Case (6).
+    pub(crate) adaptors: Vec<AdaptorRow>,
+    /// Case (7).
+    pub(crate) copies: Vec<CopyRow>,
 }
 
-/// Writes `results.json`, `results.md`, `vmm_steps.svg` and `pools.svg` to the output folder,
+/// Writes `results.json`, `results.md`, `vmm_steps.svg`, `pools.svg` and `copies.svg` to the output folder,
 /// then prints the Markdown and what it wrote, with the time since `total`.
 pub(crate) fn write_all(results: &Results, total: Instant) -> Result<(), Error> {
     let out = tests::output::output_dir("BENCH_OUT", "bench");
@@ -48,9 +53,10 @@ pub(crate) fn write_all(results: &Results, total: Instant) -> Result<(), Error> 
     write(&out.join("results.md"), &markdown)?;
     write(&out.join("vmm_steps.svg"), &svg::vmm_svg(&results.vmm))?;
     write(&out.join("pools.svg"), &svg::pools_svg(&results.pools))?;
+    write(&out.join("copies.svg"), &svg::copies_svg(&results.copies))?;
     println!("\n{markdown}");
     println!(
-        "wrote {}/{{results.json, results.md, vmm_steps.svg, pools.svg}} in {:.1} s",
+        "wrote {}/{{results.json, results.md, vmm_steps.svg, pools.svg, copies.svg}} in {:.1} s",
         out.display(),
         total.elapsed().as_secs_f64()
     );

@@ -1,8 +1,9 @@
-//! The SVG plots: a small line-plot writer ([`svg`]), and the two plots made with it (VMM step
-//! times against the buffer's size, and case (1)'s pairs against the allocation size).
+//! The SVG plots: a small line-plot writer ([`svg`]), and the three plots made with it (VMM step
+//! times against the buffer's size, case (1)'s pairs and case (7)'s copies against the size).
 
 use std::fmt::Write as _;
 
+use crate::adaptors::{COPY_SIZES, CopyRow};
 use crate::pools::{POOL_SIZES, POOL_THREADS, PoolRow};
 use crate::units::{MIB, bytes, ns};
 use crate::vmm::VmmMode;
@@ -26,8 +27,13 @@ struct Plot<'a> {
 /// The plot as an SVG document.
 fn svg(plot: &Plot<'_>) -> String {
     // Room on the left for the tick labels and the axis title, on the right for the last x
-    // label, and on top for the legend (drawn in one row, outside the plot so no line hides it).
-    let (w, h, left, right, top, bottom) = (780.0, 460.0, 104.0, 48.0, 64.0, 60.0);
+    // label, and on top for the legend (outside the plot so no line hides it, in as many rows
+    // as its entries need to stay inside the frame).
+    let (w, left, right, bottom) = (780.0, 104.0, 48.0, 60.0);
+    let legend = legend_layout(&plot.series, left, w - right);
+    let legend_rows = legend.last().map_or(0.0, |&(_, row)| row + 1.0);
+    let top = 46.0 + LEGEND_ROW * legend_rows;
+    let h = 396.0 + top;
     // Non-positive values have no place on a log axis: they are left out of it.
     let points = plot.series.iter().flat_map(|s| s.2.iter().copied()).filter(|&(_, y)| !plot.log_y || y > 0.0);
     let fx = |x: f64| if plot.log_x { x.log2() } else { x };
@@ -105,8 +111,8 @@ fn svg(plot: &Plot<'_>) -> String {
                 let _ = writeln!(out, r#"<circle cx="{:.1}" cy="{:.1}" r="3" fill="{color}"/>"#, px(x), py(y));
             }
         }
-        let lx = left + 160.0 * i as f64;
-        let ly = top - 16.0;
+        let (lx, row) = legend[i];
+        let ly = 46.0 + LEGEND_ROW * row;
         let _ = writeln!(
             out,
             r#"<rect x="{}" y="{}" width="14" height="4" fill="{color}"/><text x="{}" y="{}">{name}</text>"#,
@@ -118,6 +124,29 @@ fn svg(plot: &Plot<'_>) -> String {
     }
     out.push_str("</svg>\n");
     out
+}
+
+/// The height of a row of the legend.
+const LEGEND_ROW: f64 = 18.0;
+
+/// Where each series' legend entry goes: its x and its row, entries placed left to right and
+/// wrapped to a new row before one would pass `right_edge` (text widths estimated from the
+/// 12-pixel font: about 7 pixels a character).
+fn legend_layout(series: &[Series<'_>], left: f64, right_edge: f64) -> Vec<(f64, f64)> {
+    let (mut x, mut row) = (left, 0.0);
+    series
+        .iter()
+        .map(|(name, _, _)| {
+            let width = 20.0 + 7.0 * name.chars().count() as f64 + 18.0;
+            if x > left && x + width > right_edge {
+                x = left;
+                row += 1.0;
+            }
+            let at = (x, row);
+            x += width;
+            at
+        })
+        .collect()
 }
 
 /// `vmm_steps.svg`: time per step against the size after it, a line per mode.
@@ -165,6 +194,26 @@ pub(super) fn pools_svg(rows: &[PoolRow]) -> String {
         y_label: "time per pair (median)",
         log_x: true,
         log_y: false,
+        series,
+        x_ticks,
+    })
+}
+
+/// `copies.svg`: time per round trip against the size, safe (both ways of copying out) and raw.
+pub(super) fn copies_svg(rows: &[CopyRow]) -> String {
+    let line = |median: fn(&CopyRow) -> f64| rows.iter().map(|r| (r.size as f64, median(r))).collect();
+    let series = vec![
+        ("copy_from_slice + copy_to_slice", "#1f77b4", line(|r| r.safe.median)),
+        ("copy_from_slice + to_vec", "#2ca02c", line(|r| r.to_vec.median)),
+        ("raw HtoD + DtoH + sync", "#d62728", line(|r| r.raw.median)),
+    ];
+    let x_ticks = COPY_SIZES.iter().map(|&s| (s as f64, bytes(s))).collect();
+    svg(&Plot {
+        title: "Slice copy host -> device -> host (pageable): safe API vs raw calls",
+        x_label: "bytes each way (log scale)",
+        y_label: "time per round trip (log scale)",
+        log_x: true,
+        log_y: true,
         series,
         x_ticks,
     })
