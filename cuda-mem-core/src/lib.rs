@@ -48,7 +48,7 @@
 //!
 //! | module | holds |
 //! |---|---|
-//! | `device` | [`Device`], [`DeviceProperties`] |
+//! | `device` | [`Device`], [`DeviceProperties`], [`MemoryInfo`] |
 //! | `context` | primary contexts, retained once and bound before each driver call that needs one |
 //! | `stream`, `event` | [`Stream`], [`StreamOptions`]; [`Event`], [`EventOptions`] |
 //! | `memory_resource` | the [`MemoryResource`] trait, [`MemoryResourceExt`], [`DevicePtr`] |
@@ -62,7 +62,7 @@
 //! | `handle_types` | [`HandleType`], [`HandleTypes`] |
 //! | `driver` | [`driver()`]: the process-wide driver, initialized once |
 //! | [`prelude`] (public) | the traits and the common types, for one glob import |
-//! | `error` | [`Error`], [`Result`] |
+//! | `error` | [`Error`] (with [`PoolHoldings`] for out-of-memory errors), [`Result`] |
 //! | `drop_errors` | errors in `Drop`: [`record_drop_error`], [`take_drop_errors`], [`set_drop_error_hook`] |
 //!
 //! The driver is loaded at run time (see `cuda-sys`): `libcuda.so.1`, or the library
@@ -126,15 +126,25 @@ mod memory_resource;
 mod pool;
 pub mod prelude;
 mod stream;
+mod trace;
 mod view;
+
+/// What the memory crates' macros and tests reach through this crate; not part of the API.
+#[doc(hidden)]
+pub mod __private {
+    #[cfg(feature = "tracing")]
+    pub use crate::trace::capture;
+    #[cfg(feature = "tracing")]
+    pub use tracing;
+}
 
 pub use access::Access;
 pub use buffer::{Buffer, CloseError, FillPattern, RawBuffer, ScopedBuffer};
-pub use device::{Device, DeviceProperties};
+pub use device::{Device, DeviceProperties, MemoryInfo};
 pub use device_resource::{DeviceMemoryResource, DeviceMemoryResourceOptions};
 pub use driver::driver;
 pub use drop_errors::{DropError, record as record_drop_error, set_drop_error_hook, take_drop_errors};
-pub use error::{DeviceCapability, Error, Result, cuda_code_of};
+pub use error::{DeviceCapability, Error, PoolHoldings, Result, cuda_code_of};
 pub use event::{Event, EventOptions};
 pub use handle_types::{HandleType, HandleTypes};
 pub use host_resources::{
@@ -144,8 +154,8 @@ pub use host_resources::{
 pub use legacy_resources::{LegacyPinnedMemoryResource, SynchronousMemoryResource};
 pub use memory_resource::{DevicePtr, MemoryResource, MemoryResourceExt};
 pub use pool::{
-    EXPORT_DATA_LEN, MemoryPool, PoolAttributes, PoolKind, PoolResource, ReusePolicy, ShareableHandle, import_holders,
-    import_pending_waits, mapped_range_size, pool_of,
+    EXPORT_DATA_LEN, MemoryPool, PoolAttributes, PoolKind, PoolResource, PoolUsage, ReusePolicy, ShareableHandle,
+    import_holders, import_pending_waits, mapped_range_size, pool_of,
 };
 
 /// The crate typed views take their element types' guarantees from ([`bytemuck::Pod`]): derive
