@@ -16,20 +16,11 @@ pub enum Error {
     /// A driver call failed, or the driver could not be loaded.
     #[error(transparent)]
     Cuda(#[from] CudaError),
-    /// The driver had no memory for an allocation (`CUDA_ERROR_OUT_OF_MEMORY`, kept as the
-    /// source, so [`Error::cuda_code`] still names it). For a pool, what it held when it refused
-    /// (read after the failure, never on a successful allocation) and its cap, when it has one.
-    #[error("{}: {source}", out_of_memory_message(*.requested, .pool.as_deref()))]
-    OutOfMemory {
-        /// The bytes asked for.
-        requested: usize,
-        /// For a pool, its cap and what it held at the failure (`None`: not a pool). Boxed, so
-        /// that every `Result` of the crate stays small.
-        pool: Option<Box<PoolHoldings>>,
-        /// The driver's error.
-        #[source]
-        source: CudaError,
-    },
+    /// The driver had no memory for an allocation (`CUDA_ERROR_OUT_OF_MEMORY`, the source, so
+    /// [`Error::cuda_code`] still names it): how many bytes were asked for and, for a pool, its
+    /// cap and what it held. Boxed, so that every `Result` of the crate stays small.
+    #[error(transparent)]
+    OutOfMemory(Box<OutOfMemory>),
     /// A device ordinal past the last device.
     #[error("device {ordinal} does not exist: the driver reports {count} device(s)")]
     NoSuchDevice {
@@ -260,7 +251,7 @@ impl Error {
     #[cold]
     pub(crate) fn allocation(source: CudaError, requested: usize) -> Error {
         if source.code() == Some(CUresult::CUDA_ERROR_OUT_OF_MEMORY) {
-            Error::OutOfMemory { requested, pool: None, source }
+            Error::OutOfMemory(Box::new(OutOfMemory { requested, pool: None, source }))
         } else {
             Error::Cuda(source)
         }
@@ -283,7 +274,8 @@ pub fn cuda_code_of(error: &(dyn std::error::Error + 'static)) -> Option<CUresul
     while let Some(error) = next {
         let code = if let Some(core) = error.downcast_ref::<Error>() {
             match core {
-                Error::Cuda(cuda) | Error::OutOfMemory { source: cuda, .. } => cuda.code(),
+                Error::Cuda(cuda) => cuda.code(),
+                Error::OutOfMemory(refused) => refused.source.code(),
                 _ => None,
             }
         } else if let Some(cuda) = error.downcast_ref::<CudaError>() {
@@ -329,7 +321,22 @@ fn unsupported_message(device: Device, capability: &DeviceCapability) -> String 
     }
 }
 
-/// A pool's cap and what it held when it refused an allocation ([`Error::OutOfMemory`]).
+/// An allocation the driver had no memory for ([`Error::OutOfMemory`]). For a pool, what it
+/// held is read after the failure (never on a successful allocation).
+#[derive(Debug, thiserror::Error)]
+#[error("{}: {source}", out_of_memory_message(*.requested, .pool.as_ref()))]
+#[non_exhaustive]
+pub struct OutOfMemory {
+    /// The bytes asked for.
+    pub requested: usize,
+    /// For a pool, its cap and what it held at the failure (`None`: not a pool).
+    pub pool: Option<PoolHoldings>,
+    /// The driver's error (`CUDA_ERROR_OUT_OF_MEMORY`).
+    #[source]
+    pub source: CudaError,
+}
+
+/// A pool's cap and what it held when it refused an allocation ([`OutOfMemory::pool`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct PoolHoldings {

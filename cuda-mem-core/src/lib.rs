@@ -62,7 +62,7 @@
 //! | `handle_types` | [`HandleType`], [`HandleTypes`] |
 //! | `driver` | [`driver()`]: the process-wide driver, initialized once |
 //! | [`prelude`] (public) | the traits and the common types, for one glob import |
-//! | `error` | [`Error`] (with [`PoolHoldings`] for out-of-memory errors), [`Result`] |
+//! | `error` | [`Error`] (with [`OutOfMemory`] and [`PoolHoldings`]), [`Result`] |
 //! | `drop_errors` | errors in `Drop`: [`record_drop_error`], [`take_drop_errors`], [`set_drop_error_hook`] |
 //!
 //! The driver is loaded at run time (see `cuda-sys`): `libcuda.so.1`, or the library
@@ -144,7 +144,7 @@ pub use device::{Device, DeviceProperties, MemoryInfo};
 pub use device_resource::{DeviceMemoryResource, DeviceMemoryResourceOptions};
 pub use driver::driver;
 pub use drop_errors::{DropError, record as record_drop_error, set_drop_error_hook, take_drop_errors};
-pub use error::{DeviceCapability, Error, PoolHoldings, Result, cuda_code_of};
+pub use error::{DeviceCapability, Error, OutOfMemory, PoolHoldings, Result, cuda_code_of};
 pub use event::{Event, EventOptions};
 pub use handle_types::{HandleType, HandleTypes};
 pub use host_resources::{

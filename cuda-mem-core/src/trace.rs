@@ -136,3 +136,130 @@ pub mod capture {
         events.iter().filter(move |event| event.message() == message)
     }
 }
+
+#[cfg(all(test, feature = "tracing"))]
+mod tests {
+    use tracing::Level;
+
+    use super::capture::{Captured, capture, named};
+    use crate::{Device, DeviceMemoryResource, DeviceMemoryResourceOptions, MemoryPool, Stream, StreamOptions};
+
+    fn device_and_stream() -> (Device, Stream) {
+        cuda_sim::testing::driver().expect("the test driver loads");
+        let device = Device::new(0).unwrap();
+        (device, Stream::new(device, StreamOptions::default().non_blocking()).unwrap())
+    }
+
+    /// The one event named `message`.
+    fn only<'a>(events: &'a [Captured], message: &'a str) -> &'a Captured {
+        let found: Vec<&Captured> = named(events, message).collect();
+        assert_eq!(found.len(), 1, "one {message:?} event in {events:#?}");
+        found[0]
+    }
+
+    #[test]
+    fn allocation_and_free_are_traced_with_size_pointer_pool_and_stream() {
+        let (device, stream) = device_and_stream();
+        let pool = DeviceMemoryResource::new(device, DeviceMemoryResourceOptions::default()).unwrap();
+        let (ptr, events) = capture(|| {
+            let buffer = pool.allocate(4096, &stream).unwrap();
+            buffer.ptr()
+        });
+        let handle = pool.handle() as usize as u64;
+        let stream_handle = stream.handle() as usize as u64;
+        for message in ["allocate", "free"] {
+            let event = only(&events, message);
+            assert_eq!(event.level, Level::TRACE, "{event:?}");
+            assert_eq!(event.target, "cuda_mem_core::pool", "{event:?}");
+            assert_eq!(event.number("size"), Some(4096), "{event:?}");
+            assert_eq!(event.number("ptr"), Some(ptr), "{event:?}");
+            assert_eq!(event.number("pool"), Some(handle), "{event:?}");
+            assert_eq!(event.number("stream"), Some(stream_handle), "{event:?}");
+        }
+    }
+
+    #[test]
+    fn a_pool_is_traced_from_creation_to_destruction() {
+        let (device, _) = device_and_stream();
+        let options = DeviceMemoryResourceOptions::default().max_size(8 << 20).ipc_enabled(true);
+        let (handle, events) = capture(|| {
+            let pool = DeviceMemoryResource::new(device, options).unwrap();
+            pool.handle() as usize as u64
+        });
+        let created = only(&events, "pool created");
+        assert_eq!(created.level, Level::DEBUG);
+        assert_eq!(created.number("pool"), Some(handle));
+        assert_eq!(created.number("max_size"), Some(8 << 20));
+        assert_eq!(created.fields.get("ipc_enabled").map(String::as_str), Some("true"));
+        assert_eq!(created.fields.get("kind").map(String::as_str), Some("Device(Device { ordinal: 0 })"));
+        assert_eq!(only(&events, "pool destroyed").number("pool"), Some(handle));
+    }
+
+    /// Export and import in one process: the pool's handle, then an allocation's export data,
+    /// mapped through the imported pool and released.
+    #[test]
+    fn export_and_import_are_traced() {
+        let (device, stream) = device_and_stream();
+        let options = DeviceMemoryResourceOptions::default().ipc_enabled(true);
+        let pool = DeviceMemoryResource::new(device, options).unwrap();
+        let buffer = pool.allocate(8192, &stream).unwrap();
+        let ((id, imported_handle, mapped), events) = capture(|| {
+            let shared = pool.pool().shareable_handle().unwrap();
+            let imported = MemoryPool::import(shared.try_clone_fd().unwrap(), shared.id()).unwrap();
+            let data = pool.pool().export_pointer(buffer.ptr()).unwrap();
+            let mapped = imported.import_allocation(&data, 8192, &stream).unwrap();
+            // SAFETY: the one share just taken, given back once; nothing used the mapping.
+            unsafe { imported.release_import(mapped, &stream) }.unwrap();
+            stream.synchronize().unwrap();
+            (shared.id(), imported.handle() as usize as u64, mapped)
+        });
+        let exporter = pool.handle() as usize as u64;
+        let exported = only(&events, "pool exported");
+        assert_eq!((exported.level, exported.number("pool")), (Level::DEBUG, Some(exporter)));
+        assert_eq!(exported.fields.get("id"), Some(&id.to_string()));
+        let imported = only(&events, "pool imported");
+        assert_eq!(
+            (imported.number("pool"), imported.fields.get("id")),
+            (Some(imported_handle), Some(&id.to_string()))
+        );
+        let allocation = only(&events, "allocation exported");
+        assert_eq!((allocation.number("ptr"), allocation.number("pool")), (Some(buffer.ptr()), Some(exporter)));
+        let mapping = only(&events, "allocation imported");
+        assert_eq!(mapping.number("size"), Some(8192));
+        assert_eq!((mapping.number("ptr"), mapping.number("pool")), (Some(mapped), Some(imported_handle)));
+        assert_eq!(mapping.number("holders"), Some(1));
+        let released = only(&events, "import released");
+        assert_eq!((released.number("ptr"), released.number("holders")), (Some(mapped), Some(0)));
+        assert!(named(&events, "pool destroyed").any(|e| e.number("pool") == Some(imported_handle)));
+    }
+
+    #[test]
+    fn peer_access_changes_are_traced() {
+        cuda_sim::testing::in_simulated_machine(
+            "trace::tests::peer_access_changes_are_traced",
+            &[("CUDA_SIM_DEVICES", "2")],
+            || {
+                cuda_sim::testing::driver().expect("the test driver loads");
+                let devices = Device::all().unwrap();
+                let [owner, peer] = devices[..] else {
+                    cuda_sim::testing::skip("needs two devices");
+                    return;
+                };
+                let pool = DeviceMemoryResource::new(owner, DeviceMemoryResourceOptions::default()).unwrap();
+                let ((), events) = capture(|| {
+                    pool.add_peer(peer).unwrap();
+                    pool.remove_peer(peer).unwrap();
+                });
+                let changes: Vec<&Captured> = named(&events, "peer access changed").collect();
+                assert_eq!(changes.len(), 2, "{events:#?}");
+                let handle = pool.handle() as usize as u64;
+                for (change, access) in changes.iter().zip(["ReadWrite", "None"]) {
+                    assert_eq!(change.level, Level::DEBUG);
+                    assert_eq!(change.number("pool"), Some(handle));
+                    assert_eq!(change.number("device"), Some(peer.ordinal() as u64));
+                    assert_eq!(change.fields.get("access").map(String::as_str), Some(access));
+                }
+            },
+        );
+    }
+}

@@ -144,12 +144,12 @@ impl MemoryPool {
     #[cold]
     pub(super) fn allocation_failed(&self, source: CudaError, requested: usize) -> Error {
         let mut error = Error::allocation(source, requested);
-        if let Error::OutOfMemory { pool, .. } = &mut error {
-            *pool = Some(Box::new(PoolHoldings {
+        if let Error::OutOfMemory(refused) = &mut error {
+            refused.pool = Some(PoolHoldings {
                 max_size: self.max_size,
                 reserved: self.get(CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT).ok(),
                 used: self.get(CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT).ok(),
-            }));
+            });
         }
         error
     }
@@ -255,10 +255,9 @@ mod tests {
         let held = pool.allocate(2 << 20, &stream).unwrap();
         let error = pool.allocate(64 << 20, &stream).unwrap_err();
         let usage = pool.usage().unwrap();
-        let Error::OutOfMemory { requested, pool: Some(ref holdings), ref source } = error else {
-            panic!("not a pool's out-of-memory error: {error:?}");
-        };
-        assert_eq!((requested, holdings.max_size), (64 << 20, Some(cap)));
+        let Error::OutOfMemory(ref refused) = error else { panic!("not an out-of-memory error: {error:?}") };
+        let (Some(holdings), source) = (refused.pool, &refused.source) else { panic!("no holdings: {error:?}") };
+        assert_eq!((refused.requested, holdings.max_size), (64 << 20, Some(cap)));
         assert_eq!((holdings.reserved, holdings.used), (Some(usage.reserved_bytes), Some(usage.used_bytes)));
         assert!(holdings.used >= Some(2 << 20), "{error}");
         assert_eq!(source.code(), Some(CUresult::CUDA_ERROR_OUT_OF_MEMORY));
@@ -285,14 +284,14 @@ mod tests {
         let too_much = device.total_memory().unwrap() + 1;
         let error = pool.allocate(too_much, &stream).unwrap_err();
         assert!(
-            matches!(&error, Error::OutOfMemory { requested, pool: Some(held), .. }
-                if *requested == too_much && held.max_size.is_none() && held.reserved.is_some() && held.used.is_some()),
+            matches!(&error, Error::OutOfMemory(refused) if refused.requested == too_much
+                && refused.pool.is_some_and(|held| held.max_size.is_none() && held.reserved.is_some() && held.used.is_some())),
             "{error:?}"
         );
         assert!(error.to_string().contains("and the device has no more"), "{error}");
         let legacy = crate::SynchronousMemoryResource::new(device).allocate(too_much, &stream).unwrap_err();
         assert!(
-            matches!(legacy, Error::OutOfMemory { requested, pool: None, .. } if requested == too_much),
+            matches!(&legacy, Error::OutOfMemory(refused) if refused.requested == too_much && refused.pool.is_none()),
             "{legacy:?}"
         );
         assert_eq!(legacy.cuda_code(), Some(CUresult::CUDA_ERROR_OUT_OF_MEMORY));
