@@ -33,8 +33,28 @@
 //! - Without pools: [`SynchronousMemoryResource`] (`cuMemAlloc`) and
 //!   [`LegacyPinnedMemoryResource`] (`cuMemAllocHost`).
 //!
-//! Errors are [`Error`]s; a driver failure carries the function, the code and its name. Errors
-//! in `Drop` are recorded ([`take_drop_errors`]), never lost and never a panic.
+//! Errors are [`Error`]s; a driver failure carries the function, the code and its name. An
+//! allocation the driver has no memory for is an [`Error::OutOfMemory`] ([`OutOfMemory`]): the
+//! bytes asked for and, for a pool, its `max_size` and what it held ([`PoolHoldings`]), with the
+//! driver's error as the source. Errors in `Drop` are recorded ([`take_drop_errors`]), never
+//! lost and never a panic.
+//!
+//! # Seeing what memory does
+//!
+//! - `resource.usage()` ([`MemoryPool::usage`]): a pool's [`PoolUsage`] in one call: used and
+//!   reserved bytes, their high-water marks, and the live allocations made through it (counted
+//!   here: one relaxed atomic add per allocation and per free, the only cost on the hot path).
+//! - [`Device::memory_info`]: the device's free and total memory ([`MemoryInfo`],
+//!   `cuMemGetInfo`).
+//! - The optional feature `tracing` (off by default): [`tracing`](https://docs.rs/tracing)
+//!   events at `TRACE` for every allocation and free (`"allocate"`, `"free"`: `size`, `ptr`,
+//!   `pool`, `stream`) and at `DEBUG` for a pool's creation and destruction (`"pool created"`:
+//!   `pool`, `kind`, `max_size`, `ipc_enabled`; `"pool destroyed"`), its export (`"pool
+//!   exported"`, `"allocation exported"`), imports (`"pool imported"`, `"allocation imported"`,
+//!   `"import released"`, with the `holders` left) and peer-access changes (`"peer access
+//!   changed"`: `device`, `access`). `pool` is the `CUmemoryPool` handle and `stream` the
+//!   `CUstream` handle, as integers. Without the feature the macro that emits them expands to
+//!   nothing: the hot path is the same code as without it.
 //!
 //! The vocabulary the memory crates share is defined here once: [`Access`] (what a device may
 //! do with memory), [`HandleType`] and [`HandleTypes`] (the OS handles memory is exported as),
@@ -57,12 +77,13 @@
 //! | `device_resource` | [`DeviceMemoryResource`] and its options |
 //! | `host_resources` | [`PinnedMemoryResource`], [`ManagedMemoryResource`], their options and locations |
 //! | `legacy_resources` | [`SynchronousMemoryResource`], [`LegacyPinnedMemoryResource`] (no pools) |
-//! | `pool` | [`MemoryPool`] (a folder, a file per concern: attributes, [`PoolKind`], peers, sharing, counted imports), [`PoolResource`], [`pool_of`] |
+//! | `pool` | [`MemoryPool`] (a folder, a file per concern: attributes and [`PoolUsage`], [`PoolKind`], peers, sharing, counted imports), [`PoolResource`], [`pool_of`] |
 //! | `access` | [`Access`] |
 //! | `handle_types` | [`HandleType`], [`HandleTypes`] |
 //! | `driver` | [`driver()`]: the process-wide driver, initialized once |
 //! | [`prelude`] (public) | the traits and the common types, for one glob import |
 //! | `error` | [`Error`] (with [`OutOfMemory`] and [`PoolHoldings`]), [`Result`] |
+//! | `trace` | the events of the `tracing` feature (a macro that is empty without it) |
 //! | `drop_errors` | errors in `Drop`: [`record_drop_error`], [`take_drop_errors`], [`set_drop_error_hook`] |
 //!
 //! The driver is loaded at run time (see `cuda-sys`): `libcuda.so.1`, or the library
@@ -92,7 +113,10 @@
 //! let mut on_host = PinnedMemoryResource::current()?.allocate(on_device.size(), &stream)?;
 //! on_host.copy_from(&on_device, &stream)?;
 //! assert!(on_host.host_slice()?.chunks(4).all(|w| w == 0xC0FFEEu32.to_ne_bytes()));
-//! println!("pool uses {} bytes", pool.attributes()?.used_mem_current);
+//! let usage = pool.usage()?;
+//! let (used, reserved) = (usage.used_bytes, usage.reserved_bytes);
+//! println!("pool uses {used} of {reserved} reserved bytes in {} allocations", usage.live_allocations);
+//! println!("{device} has {} bytes free", device.memory_info()?.free);
 //!
 //! // Scratch memory for this scope only: it borrows the pool and the stream (no reference
 //! // counting), and the borrow checker keeps both alive until it is freed.
