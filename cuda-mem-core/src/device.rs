@@ -49,6 +49,17 @@ pub struct DeviceProperties {
     pub unified_addressing: bool,
 }
 
+/// A device's free and total memory in bytes, as the driver reports them
+/// ([`Device::memory_info`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct MemoryInfo {
+    /// Bytes free for allocation now (every process's allocations and pools taken out).
+    pub free: usize,
+    /// The device's total memory.
+    pub total: usize,
+}
+
 impl Device {
     /// The number of devices the driver sees.
     ///
@@ -145,6 +156,22 @@ impl Device {
         Ok(bytes)
     }
 
+    /// The device's free and total memory now (`cuMemGetInfo`, asked in the device's primary
+    /// context, which is made current on the calling thread). Memory a pool has reserved counts
+    /// as taken, whether or not it is in live allocations.
+    ///
+    /// # Errors
+    /// If a driver call fails.
+    #[doc(alias("cuMemGetInfo", "mem_get_info"))]
+    pub fn memory_info(&self) -> Result<MemoryInfo> {
+        crate::context::bind(*self)?;
+        let d = driver()?;
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: both are valid out-pointers; the device's context is current.
+        unsafe { cu_call!(d, cuMemGetInfo_v2(&mut free, &mut total)) }?;
+        Ok(MemoryInfo { free, total })
+    }
+
     /// One raw device attribute.
     ///
     /// # Errors
@@ -239,5 +266,41 @@ impl Device {
 impl std::fmt::Display for Device {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "device {}", self.ordinal)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{Device, SynchronousMemoryResource};
+
+    /// `cuMemGetInfo` in the device's own context: total is the device's memory, and free drops
+    /// by what an allocation takes and comes back when it is freed. In a process of its own, so
+    /// that no other test allocates meanwhile.
+    #[test]
+    fn memory_info_follows_allocations() {
+        cuda_sim::testing::in_simulated_machine(
+            "device::tests::memory_info_follows_allocations",
+            &[("CUDA_SIM_DEVICES", "2"), ("CUDA_SIM_MEMORY", "64M")],
+            || {
+                if !cuda_sim::testing::simulator_only("a known amount of free memory") {
+                    return;
+                }
+                cuda_sim::testing::driver().expect("the test driver loads");
+                let (first, second) = (Device::new(0).unwrap(), Device::new(1).unwrap());
+                // Device 1's context is current; device 0 is still asked in its own.
+                second.set_current().unwrap();
+                let before = first.memory_info().unwrap();
+                assert_eq!(before.total, first.total_memory().unwrap());
+                assert_eq!(before.total, 64 << 20);
+                assert_eq!(before.free, before.total, "nothing allocated yet: {before:?}");
+                let stream = first.default_stream();
+                let buffer = SynchronousMemoryResource::new(first).allocate(3 << 20, &stream).unwrap();
+                let during = first.memory_info().unwrap();
+                assert_eq!(during.free, before.free - (3 << 20), "{during:?}");
+                assert_eq!(second.memory_info().unwrap().free, 64 << 20, "another device's memory is its own");
+                drop(buffer);
+                assert_eq!(first.memory_info().unwrap(), before);
+            },
+        );
     }
 }

@@ -16,6 +16,11 @@ pub enum Error {
     /// A driver call failed, or the driver could not be loaded.
     #[error(transparent)]
     Cuda(#[from] CudaError),
+    /// The driver had no memory for an allocation (`CUDA_ERROR_OUT_OF_MEMORY`, the source, so
+    /// [`Error::cuda_code`] still names it): how many bytes were asked for and, for a pool, its
+    /// cap and what it held. Boxed, so that every `Result` of the crate stays small.
+    #[error(transparent)]
+    OutOfMemory(Box<OutOfMemory>),
     /// A device ordinal past the last device.
     #[error("device {ordinal} does not exist: the driver reports {count} device(s)")]
     NoSuchDevice {
@@ -255,6 +260,17 @@ impl Error {
         Error::Resource(error.into())
     }
 
+    /// A failed allocation of `requested` bytes: [`Error::OutOfMemory`] when the driver ran out
+    /// of memory (the caller may fill in what its pool held), the driver's error otherwise.
+    #[cold]
+    pub(crate) fn allocation(source: CudaError, requested: usize) -> Error {
+        if source.code() == Some(CUresult::CUDA_ERROR_OUT_OF_MEMORY) {
+            Error::OutOfMemory(Box::new(OutOfMemory { requested, pool: None, source }))
+        } else {
+            Error::Cuda(source)
+        }
+    }
+
     /// The driver's code, when the error came from a driver call: this error's own, or one found
     /// anywhere in its source chain (a virtual memory resource's failed chunk import reaching
     /// the caller through [`MemoryResource`](crate::MemoryResource), say). See [`cuda_code_of`].
@@ -273,6 +289,7 @@ pub fn cuda_code_of(error: &(dyn std::error::Error + 'static)) -> Option<CUresul
         let code = if let Some(core) = error.downcast_ref::<Error>() {
             match core {
                 Error::Cuda(cuda) => cuda.code(),
+                Error::OutOfMemory(refused) => refused.source.code(),
                 _ => None,
             }
         } else if let Some(cuda) = error.downcast_ref::<CudaError>() {
@@ -315,6 +332,53 @@ fn unsupported_message(device: Device, capability: &DeviceCapability) -> String 
         DeviceCapability::HostNumaNode => {
             format!("{device} reports no host NUMA node; give the node with PinnedLocation::NumaNode")
         }
+    }
+}
+
+/// An allocation the driver had no memory for ([`Error::OutOfMemory`]). For a pool, what it
+/// held is read after the failure (never on a successful allocation).
+#[derive(Debug, thiserror::Error)]
+#[error("{}: {source}", out_of_memory_message(*.requested, .pool.as_ref()))]
+#[non_exhaustive]
+pub struct OutOfMemory {
+    /// The bytes asked for.
+    pub requested: usize,
+    /// For a pool, its cap and what it held at the failure (`None`: not a pool).
+    pub pool: Option<PoolHoldings>,
+    /// The driver's error (`CUDA_ERROR_OUT_OF_MEMORY`).
+    #[source]
+    pub source: CudaError,
+}
+
+/// A pool's cap and what it held when it refused an allocation ([`OutOfMemory::pool`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PoolHoldings {
+    /// The pool's `max_size` (`None`: no cap of its own).
+    pub max_size: Option<usize>,
+    /// The bytes it had reserved from the device (`None`: the attribute could not be read).
+    pub reserved: Option<u64>,
+    /// The bytes in its live allocations, every process's (`None` as for `reserved`).
+    pub used: Option<u64>,
+}
+
+fn out_of_memory_message(requested: usize, pool: Option<&PoolHoldings>) -> String {
+    let Some(&PoolHoldings { max_size, reserved, used }) = pool else {
+        return format!("out of memory: {requested} bytes were asked for: free buffers or allocate less");
+    };
+    let held = match (reserved, used) {
+        (Some(reserved), Some(used)) => format!(" that holds {reserved} bytes reserved, {used} of them in use"),
+        _ => String::new(),
+    };
+    match max_size {
+        Some(cap) => format!(
+            "out of memory: {requested} bytes were asked of a pool capped at {cap} bytes (max_size){held}: free \
+             buffers, allocate less, or create the pool with a larger max_size"
+        ),
+        None => format!(
+            "out of memory: {requested} bytes were asked of a pool{held}, and the device has no more: free buffers, \
+             trim other pools (trim_to) or allocate less"
+        ),
     }
 }
 

@@ -9,7 +9,7 @@ use cuda_sys::cu_call;
 
 use crate::device::Device;
 use crate::driver::driver;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::memory_resource::{DevicePtr, MemoryResource};
 use crate::stream::Stream;
 
@@ -34,7 +34,8 @@ unsafe impl MemoryResource for LegacyPinnedMemoryResource {
         let d = driver()?;
         let mut ptr: *mut c_void = std::ptr::null_mut();
         // SAFETY: `ptr` is a valid out-pointer; a context is current.
-        unsafe { cu_call!(d, cuMemAllocHost_v2(&mut ptr, size)) }?;
+        unsafe { cu_call!(d, cuMemAllocHost_v2(&mut ptr, size)) }.map_err(|e| Error::allocation(e, size))?;
+        crate::memory_event!(TRACE, size, ptr = ptr as u64, "allocate");
         Ok(ptr as DevicePtr)
     }
 
@@ -46,6 +47,7 @@ unsafe impl MemoryResource for LegacyPinnedMemoryResource {
         // SAFETY: the caller guarantees `ptr` came from `allocate_raw` and is freed once; the
         // stream's work on it has finished.
         unsafe { cu_call!(d, cuMemFreeHost(ptr as *mut c_void)) }?;
+        crate::memory_event!(TRACE, size = _size, ptr, "free");
         Ok(())
     }
 
@@ -84,7 +86,8 @@ unsafe impl MemoryResource for SynchronousMemoryResource {
         let d = driver()?;
         let mut ptr: DevicePtr = 0;
         // SAFETY: `ptr` is a valid out-pointer; the device's context is current.
-        unsafe { cu_call!(d, cuMemAlloc_v2(&mut ptr, size)) }?;
+        unsafe { cu_call!(d, cuMemAlloc_v2(&mut ptr, size)) }.map_err(|e| Error::allocation(e, size))?;
+        crate::memory_event!(TRACE, size, ptr, device = self.device.ordinal(), "allocate");
         Ok(ptr)
     }
 
@@ -96,6 +99,7 @@ unsafe impl MemoryResource for SynchronousMemoryResource {
         // SAFETY: the caller guarantees `ptr` came from `allocate_raw` and is freed once; the
         // stream's work on it has finished.
         unsafe { cu_call!(d, cuMemFree_v2(ptr)) }?;
+        crate::memory_event!(TRACE, size = _size, ptr, device = self.device.ordinal(), "free");
         Ok(())
     }
 

@@ -37,8 +37,28 @@
 //!   byte budget, refused past with [`Error::LimitExceeded`]) and [`TrackingAdaptor`] (the live
 //!   allocations, with backtraces when asked, to find leaks).
 //!
-//! Errors are [`Error`]s; a driver failure carries the function, the code and its name. Errors
-//! in `Drop` are recorded ([`take_drop_errors`]), never lost and never a panic.
+//! Errors are [`Error`]s; a driver failure carries the function, the code and its name. An
+//! allocation the driver has no memory for is an [`Error::OutOfMemory`] ([`OutOfMemory`]): the
+//! bytes asked for and, for a pool, its `max_size` and what it held ([`PoolHoldings`]), with the
+//! driver's error as the source. Errors in `Drop` are recorded ([`take_drop_errors`]), never
+//! lost and never a panic.
+//!
+//! # Seeing what memory does
+//!
+//! - `resource.usage()` ([`MemoryPool::usage`]): a pool's [`PoolUsage`] in one call: used and
+//!   reserved bytes, their high-water marks, and the live allocations made through it (counted
+//!   here: one relaxed atomic add per allocation and per free, the only cost on the hot path).
+//! - [`Device::memory_info`]: the device's free and total memory ([`MemoryInfo`],
+//!   `cuMemGetInfo`).
+//! - The optional feature `tracing` (off by default): [`tracing`](https://docs.rs/tracing)
+//!   events at `TRACE` for every allocation and free (`"allocate"`, `"free"`: `size`, `ptr`,
+//!   `pool`, `stream`) and at `DEBUG` for a pool's creation and destruction (`"pool created"`:
+//!   `pool`, `kind`, `max_size`, `ipc_enabled`; `"pool destroyed"`), its export (`"pool
+//!   exported"`, `"allocation exported"`), imports (`"pool imported"`, `"allocation imported"`,
+//!   `"import released"`, with the `holders` left) and peer-access changes (`"peer access
+//!   changed"`: `device`, `access`). `pool` is the `CUmemoryPool` handle and `stream` the
+//!   `CUstream` handle, as integers. Without the feature the macro that emits them expands to
+//!   nothing: the hot path is the same code as without it.
 //!
 //! The vocabulary the memory crates share is defined here once: [`Access`] (what a device may
 //! do with memory), [`HandleType`] and [`HandleTypes`] (the OS handles memory is exported as),
@@ -52,7 +72,7 @@
 //!
 //! | module | holds |
 //! |---|---|
-//! | `device` | [`Device`], [`DeviceProperties`] |
+//! | `device` | [`Device`], [`DeviceProperties`], [`MemoryInfo`] |
 //! | `context` | primary contexts, retained once and bound before each driver call that needs one |
 //! | `stream`, `event` | [`Stream`], [`StreamOptions`]; [`Event`], [`EventOptions`] |
 //! | `memory_resource` | the [`MemoryResource`] trait, [`MemoryResourceExt`], [`AsDynMemoryResource`], [`DevicePtr`] |
@@ -61,13 +81,14 @@
 //! | `device_resource` | [`DeviceMemoryResource`] and its options |
 //! | `host_resources` | [`PinnedMemoryResource`], [`ManagedMemoryResource`], their options and locations |
 //! | `legacy_resources` | [`SynchronousMemoryResource`], [`LegacyPinnedMemoryResource`] (no pools) |
-//! | `pool` | [`MemoryPool`] (a folder, a file per concern: attributes, [`PoolKind`], peers, sharing, counted imports), [`PoolResource`], [`pool_of`] |
+//! | `pool` | [`MemoryPool`] (a folder, a file per concern: attributes and [`PoolUsage`], [`PoolKind`], peers, sharing, counted imports), [`PoolResource`], [`pool_of`] |
 //! | `adaptors` | [`StatisticsAdaptor`] ([`AllocationStatistics`]), [`LimitingAdaptor`], [`TrackingAdaptor`] ([`LeakReport`], [`LiveAllocation`]): resources over resources, a file each |
 //! | `access` | [`Access`] |
 //! | `handle_types` | [`HandleType`], [`HandleTypes`] |
 //! | `driver` | [`driver()`]: the process-wide driver, initialized once |
 //! | [`prelude`] (public) | the traits and the common types, for one glob import |
-//! | `error` | [`Error`], [`Result`] |
+//! | `error` | [`Error`] (with [`OutOfMemory`] and [`PoolHoldings`]), [`Result`] |
+//! | `trace` | the events of the `tracing` feature (a macro that is empty without it) |
 //! | `drop_errors` | errors in `Drop`: [`record_drop_error`], [`take_drop_errors`], [`set_drop_error_hook`] |
 //!
 //! The driver is loaded at run time (see `cuda-sys`): `libcuda.so.1`, or the library
@@ -100,7 +121,10 @@
 //! let mut on_host = PinnedMemoryResource::current()?.allocate(on_device.size(), &stream)?;
 //! on_host.copy_from(&on_device, &stream)?;
 //! assert!(on_host.host_slice()?.chunks(4).all(|w| w == 0xC0FFEEu32.to_ne_bytes()));
-//! println!("pool uses {} bytes", pool.attributes()?.used_mem_current);
+//! let usage = pool.usage()?;
+//! let (used, reserved) = (usage.used_bytes, usage.reserved_bytes);
+//! println!("pool uses {used} of {reserved} reserved bytes in {} allocations", usage.live_allocations);
+//! println!("{device} has {} bytes free", device.memory_info()?.free);
 //!
 //! // Scratch memory for this scope only: it borrows the pool and the stream (no reference
 //! // counting), and the borrow checker keeps both alive until it is freed.
@@ -143,18 +167,28 @@ mod memory_resource;
 mod pool;
 pub mod prelude;
 mod stream;
+mod trace;
 mod view;
+
+/// What the memory crates' macros and tests reach through this crate; not part of the API.
+#[doc(hidden)]
+pub mod __private {
+    #[cfg(feature = "tracing")]
+    pub use crate::trace::capture;
+    #[cfg(feature = "tracing")]
+    pub use tracing;
+}
 
 pub use access::Access;
 pub use adaptors::{
     AllocationStatistics, LeakReport, LimitingAdaptor, LiveAllocation, StatisticsAdaptor, TrackingAdaptor,
 };
 pub use buffer::{Buffer, CloseError, FillPattern, RawBuffer, ScopedBuffer};
-pub use device::{Device, DeviceProperties};
+pub use device::{Device, DeviceProperties, MemoryInfo};
 pub use device_resource::{DeviceMemoryResource, DeviceMemoryResourceOptions};
 pub use driver::driver;
 pub use drop_errors::{DropError, record as record_drop_error, set_drop_error_hook, take_drop_errors};
-pub use error::{DeviceCapability, Error, Result, cuda_code_of};
+pub use error::{DeviceCapability, Error, OutOfMemory, PoolHoldings, Result, cuda_code_of};
 pub use event::{Event, EventOptions};
 pub use handle_types::{HandleType, HandleTypes};
 pub use host_resources::{
@@ -164,8 +198,8 @@ pub use host_resources::{
 pub use legacy_resources::{LegacyPinnedMemoryResource, SynchronousMemoryResource};
 pub use memory_resource::{AsDynMemoryResource, DevicePtr, MemoryResource, MemoryResourceExt};
 pub use pool::{
-    EXPORT_DATA_LEN, MemoryPool, PoolAttributes, PoolKind, PoolResource, ReusePolicy, ShareableHandle, import_holders,
-    import_pending_waits, mapped_range_size, pool_of,
+    EXPORT_DATA_LEN, MemoryPool, PoolAttributes, PoolKind, PoolResource, PoolUsage, ReusePolicy, ShareableHandle,
+    import_holders, import_pending_waits, mapped_range_size, pool_of,
 };
 
 /// The crate typed views take their element types' guarantees from ([`bytemuck::Pod`]): derive

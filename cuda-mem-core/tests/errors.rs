@@ -203,7 +203,12 @@ fn another_resources_error_keeps_its_cause_and_the_drivers_code() {
         assert_eq!(exhausted.source.cuda_code(), Some(CUresult::CUDA_ERROR_OUT_OF_MEMORY));
         assert_eq!(error.cuda_code(), Some(CUresult::CUDA_ERROR_OUT_OF_MEMORY), "found through the chain");
         assert_eq!(cuda_mem_core::cuda_code_of(&error), error.cuda_code());
-        assert!(error.to_string().starts_with("the quota's device memory ran out: cuMemAlloc_v2 failed"), "{error}");
+        let text = error.to_string();
+        assert!(
+            text.starts_with("the quota's device memory ran out: out of memory: 4096 bytes were asked for"),
+            "{text}"
+        );
+        assert!(text.contains(": cuMemAlloc_v2 failed"), "the driver's error is kept: {text}");
         // And plain text, for a resource with nothing more to say, is an error of its own.
         let text = Error::resource("no quota left");
         assert_eq!(text.to_string(), "no quota left");

@@ -29,7 +29,11 @@
 //!   rule: driver calls are `cuda-mem-core`'s and `cuda-mem-vmm`'s, bytes and file descriptors on
 //!   the wire are this crate's;
 //! - [`Registry`]: a process-wide map from resource UUIDs to the live imported resources;
-//! - [`IpcError`]: the crate's errors.
+//! - [`IpcError`]: the crate's errors;
+//! - with the feature `tracing` (which turns on `cuda-mem-core`'s, and `cuda-mem-vmm`'s with
+//!   `vmm`): `DEBUG` events when a resource is imported (`"resource imported"`) and a buffer is
+//!   exported or imported (`"buffer exported"`, `"buffer imported"`), with the resource's `uuid`,
+//!   `size`, `ptr` and `pool`, beside the pool-level events of `cuda-mem-core`.
 //!
 //! Devices, streams, buffers and pools are `cuda-mem-core`'s, and so is the vocabulary this crate
 //! speaks: what memory a shared pool holds ([`PoolKind`](cuda_mem_core::PoolKind), reported by

@@ -131,6 +131,13 @@ impl MappedMemoryResource {
     /// Imports the pool behind `fd` as `uuid`, unregistered.
     fn import(fd: OwnedFd, uuid: Uuid) -> cuda_mem_core::Result<Arc<MappedMemoryResource>> {
         let pool = MemoryPool::import(fd, uuid.as_u128())?;
+        cuda_mem_core::memory_event!(
+            DEBUG,
+            uuid = %uuid,
+            pool = pool.handle() as usize,
+            kind = ?pool.kind(),
+            "resource imported"
+        );
         Ok(Arc::new(MappedMemoryResource { pool, uuid }))
     }
 
@@ -173,6 +180,7 @@ impl MappedMemoryResource {
             }
             other => other.into(),
         })?;
+        cuda_mem_core::memory_event!(DEBUG, uuid = %self.uuid, size, ptr, pool = self.pool.handle() as usize, "buffer imported");
         let resource: Arc<dyn MemoryResource> = Arc::clone(self) as Arc<dyn MemoryResource>;
         // SAFETY: the pointer is one holder's share of an import of `size` (checked) bytes, which
         // the buffer releases once, through `deallocate_raw` below.

@@ -70,5 +70,60 @@ pub fn buffer_descriptor(buffer: &ScopedBuffer<'_>) -> Result<BufferDescriptor> 
         .ok_or_else(|| IpcError::NotIpcEnabled("a buffer that is not from a memory pool".to_string()))?;
     // An imported buffer gives the data it came with.
     let export_data = pool.export_pointer(buffer.ptr())?;
+    cuda_mem_core::memory_event!(
+        DEBUG,
+        uuid = %handle.uuid(),
+        size = buffer.size(),
+        ptr = buffer.ptr(),
+        pool = pool.handle() as usize,
+        "buffer exported"
+    );
     Ok(BufferDescriptor { export_data, size: buffer.size() as u64, resource: handle.uuid() })
+}
+
+#[cfg(all(test, feature = "tracing"))]
+mod tests {
+    use cuda_mem_core::__private::capture::{Captured, capture, named};
+    use cuda_mem_core::{Device, DeviceMemoryResource, DeviceMemoryResourceOptions, Stream, StreamOptions};
+
+    use crate::{MappedMemoryResource, allocation_handle, buffer_descriptor};
+
+    fn only<'a>(events: &'a [Captured], message: &'a str) -> &'a Captured {
+        let found: Vec<&Captured> = named(events, message).collect();
+        assert_eq!(found.len(), 1, "one {message:?} event in {events:#?}");
+        found[0]
+    }
+
+    /// A pool and a buffer exported and imported in one process: each step's event carries the
+    /// resource's UUID, the size and the addresses on each side.
+    #[test]
+    fn exports_and_imports_are_traced_with_the_resource_uuid() {
+        cuda_sim::testing::driver().expect("the test driver loads");
+        let device = Device::new(0).unwrap();
+        let stream = Stream::new(device, StreamOptions::default().non_blocking()).unwrap();
+        let pool = DeviceMemoryResource::new(device, DeviceMemoryResourceOptions::default().ipc_enabled(true)).unwrap();
+        let buffer = pool.allocate(4096, &stream).unwrap();
+        let ((uuid, mapped_pool, imported_ptr), events) = capture(|| {
+            let handle = allocation_handle(pool.as_ref()).unwrap();
+            let mapped = MappedMemoryResource::from_fd(handle.fd(), handle.uuid()).unwrap();
+            let descriptor = buffer_descriptor(&buffer).unwrap();
+            let imported = mapped.import_buffer(&descriptor, &stream).unwrap();
+            (handle.uuid(), mapped.imported_pool().handle() as usize as u64, imported.ptr())
+        });
+        let uuid = uuid.to_string();
+        let exporter = pool.handle() as usize as u64;
+        assert_eq!(only(&events, "pool exported").number("pool"), Some(exporter));
+        let resource = only(&events, "resource imported");
+        assert_eq!(resource.target, "cuda_mem_ipc::mapped");
+        assert_eq!((resource.fields.get("uuid"), resource.number("pool")), (Some(&uuid), Some(mapped_pool)));
+        let exported = only(&events, "buffer exported");
+        assert_eq!(exported.target, "cuda_mem_ipc::share");
+        assert_eq!((exported.fields.get("uuid"), exported.number("size")), (Some(&uuid), Some(4096)));
+        assert_eq!((exported.number("ptr"), exported.number("pool")), (Some(buffer.ptr()), Some(exporter)));
+        let imported = only(&events, "buffer imported");
+        assert_eq!((imported.fields.get("uuid"), imported.number("size")), (Some(&uuid), Some(4096)));
+        assert_eq!((imported.number("ptr"), imported.number("pool")), (Some(imported_ptr), Some(mapped_pool)));
+        assert_eq!(only(&events, "allocation imported").number("ptr"), Some(imported_ptr));
+        assert_eq!(only(&events, "import released").number("ptr"), Some(imported_ptr), "dropped in the closure");
+    }
 }

@@ -28,6 +28,13 @@
 //! Errors are [`VmmError`]s, with variants to match on; a driver error stays their source and
 //! answers [`VmmError::cuda_code`].
 //!
+//! With the feature `tracing` (which turns on `cuda-mem-core`'s), the resource emits `tracing`
+//! events: `"virtual memory resource created"` (`DEBUG`: `device`, `granularity`), `"allocate"`
+//! (`TRACE`: `size`, `ptr`, `device`), `"virtual buffer grown"` (`DEBUG`: `old_ptr`, `old_size`,
+//! `ptr`, `size`, `in_place`, `chunks`, `device`), `"virtual buffer exported"` and `"virtual
+//! buffer imported"` (`DEBUG`: `ptr`, `size`, `chunks`). Without it nothing is emitted and
+//! nothing is compiled in. Virtual buffers do not shrink, so there is no shrink event.
+//!
 //! The handle type and the access in the options are `cuda-mem-core`'s
 //! ([`HandleType`](cuda_mem_core::HandleType), [`Access`](cuda_mem_core::Access)), the same
 //! words the pools use; depend on `cuda-mem-core` for them and for devices and streams.

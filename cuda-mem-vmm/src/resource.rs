@@ -6,7 +6,7 @@ use cuda_mem_core::sys::cu_call;
 use cuda_mem_core::sys::types::{
     CUmemAccess_flags, CUmemAccessDesc, CUmemAllocationProp, CUmemLocation, CUmemLocationType,
 };
-use cuda_mem_core::{Access, Device, HandleType, HandleTypes, Stream, driver};
+use cuda_mem_core::{Access, Device, DevicePtr, HandleType, HandleTypes, Stream, driver};
 
 use crate::buffer::VirtualBuffer;
 use crate::error::{DeviceFeature, InvalidOptions, MemoryLocation, Result, VmmError};
@@ -116,6 +116,14 @@ impl VirtualMemoryResource {
                 (AllocationType::Managed, VmmError::Core(source)) => VmmError::ManagedRefused { device, source },
                 (_, e) => e,
             })?;
+        cuda_mem_core::memory_event!(
+            DEBUG,
+            device = device.ordinal(),
+            granularity = resource.granularity,
+            location = ?resource.options.location_type,
+            handle_type = ?resource.options.handle_type,
+            "virtual memory resource created"
+        );
         Ok(Arc::new(resource))
     }
 
@@ -202,7 +210,15 @@ impl VirtualMemoryResource {
         let aligned = round_up(size, self.granularity)?;
         let physical = self.create_chunk(aligned)?;
         let reservation = self.reserve(aligned)?;
-        Ok(map_contiguously(&reservation, [physical]).map_err(|failure| failure.error)?)
+        let range = map_contiguously(&reservation, [physical]).map_err(|failure| failure.error)?;
+        cuda_mem_core::memory_event!(
+            TRACE,
+            size = aligned,
+            ptr = range.base,
+            device = self.device.ordinal(),
+            "allocate"
+        );
+        Ok(range)
     }
 
     /// Allocates at least `size` bytes (rounded up to the granularity: the buffer's size is the
@@ -263,6 +279,7 @@ impl VirtualMemoryResource {
                 let mut mappings = range.mappings.clone();
                 mappings.extend(new_chunk.mappings);
                 let grown = Range { base: range.base, mappings };
+                grown_event(buffer, range.base, requested, true);
                 return Ok(VirtualBuffer::new(Arc::new(grown), requested, Arc::clone(self), imported, &stream));
             }
             // Granted elsewhere (dropped here, so freed) or refused: move instead.
@@ -272,13 +289,74 @@ impl VirtualMemoryResource {
         let physical = self.create_chunk(added)?;
         let chunks = range.mappings.iter().map(|existing| Arc::clone(&existing.physical)).chain([physical]);
         let moved = map_contiguously(&reservation, chunks).map_err(|failure| failure.error)?;
+        grown_event(buffer, moved.base, requested, false);
         Ok(VirtualBuffer::new(Arc::new(moved), requested, Arc::clone(self), imported, &stream))
     }
+}
+
+/// The event of a growth of `buffer` to `size` bytes at `ptr` (the same address when
+/// `in_place`).
+#[inline]
+fn grown_event(_buffer: &VirtualBuffer, _ptr: DevicePtr, _size: usize, _in_place: bool) {
+    cuda_mem_core::memory_event!(
+        DEBUG,
+        old_ptr = _buffer.ptr(),
+        old_size = _buffer.size(),
+        ptr = _ptr,
+        size = _size,
+        in_place = _in_place,
+        chunks = _buffer.chunk_count() + 1,
+        device = _buffer.resource().device().ordinal(),
+        "virtual buffer grown"
+    );
 }
 
 impl Drop for VirtualMemoryResource {
     fn drop(&mut self) {
         // A safe point: memory deferred while its stream captured may be released by now.
         release_deferred();
+    }
+}
+
+#[cfg(all(test, feature = "tracing"))]
+mod tests {
+    use cuda_mem_core::__private::capture::{capture, named};
+    use cuda_mem_core::__private::tracing::Level;
+    use cuda_mem_core::{Device, Stream, StreamOptions};
+
+    use crate::VirtualMemoryResource;
+
+    /// Creation, an allocation and a growth each emit their event, with sizes, addresses and
+    /// the device.
+    #[test]
+    fn creation_allocation_and_growth_are_traced() {
+        cuda_sim::testing::driver().expect("the test driver loads");
+        let device = Device::new(0).unwrap();
+        let stream = Stream::new(device, StreamOptions::default().non_blocking()).unwrap();
+        let ((small, grown), events) = capture(|| {
+            let resource = VirtualMemoryResource::new(device, Default::default()).unwrap();
+            let small = resource.allocate(1, Some(&stream)).unwrap();
+            let grown = small.grow(small.size() + 1).unwrap();
+            ((small.ptr(), small.size()), (grown.ptr(), grown.size(), grown.chunk_count()))
+        });
+        let granularity = small.1 as u64;
+        let created: Vec<_> = named(&events, "virtual memory resource created").collect();
+        assert_eq!(created.len(), 1, "{events:#?}");
+        assert_eq!((created[0].level, created[0].number("device")), (Level::DEBUG, Some(0)));
+        assert_eq!(created[0].number("granularity"), Some(granularity));
+        let allocated: Vec<_> = named(&events, "allocate").collect();
+        assert_eq!(allocated.len(), 1, "{events:#?}");
+        assert_eq!(allocated[0].level, Level::TRACE);
+        assert_eq!((allocated[0].number("ptr"), allocated[0].number("size")), (Some(small.0), Some(granularity)));
+        let growth: Vec<_> = named(&events, "virtual buffer grown").collect();
+        assert_eq!(growth.len(), 1, "{events:#?}");
+        let event = growth[0];
+        assert_eq!(event.level, Level::DEBUG);
+        assert_eq!(event.target, "cuda_mem_vmm::resource");
+        assert_eq!((event.number("old_ptr"), event.number("old_size")), (Some(small.0), Some(granularity)));
+        assert_eq!((event.number("ptr"), event.number("size")), (Some(grown.0), Some(grown.1 as u64)));
+        assert_eq!((event.number("chunks"), event.number("device")), (Some(grown.2 as u64), Some(0)));
+        let in_place = (grown.0 == small.0).to_string();
+        assert_eq!(event.fields.get("in_place"), Some(&in_place), "{event:?}");
     }
 }

@@ -113,6 +113,14 @@ impl VirtualBuffer {
                 }
             }
         }
+        cuda_mem_core::memory_event!(
+            DEBUG,
+            ptr = self.ptr(),
+            size = self.size(),
+            chunks = mappings.len(),
+            handle_type = ?handle_type,
+            "virtual buffer exported"
+        );
         Ok(VirtualBufferDescriptor {
             handle_type,
             size: self.size() as u64,
@@ -253,6 +261,14 @@ impl VirtualMemoryResource {
             source: failure.error,
         })?;
         let stream = self.stream_or_default(stream);
+        cuda_mem_core::memory_event!(
+            DEBUG,
+            ptr = range.base,
+            size = descriptor.size,
+            chunks = count,
+            device = self.device().ordinal(),
+            "virtual buffer imported"
+        );
         Ok(VirtualBuffer::new(Arc::new(range), descriptor.size as usize, Arc::clone(self), true, &stream))
     }
 }

@@ -2,13 +2,14 @@
 //! high-water marks, the release threshold, the reuse policies, and trimming.
 
 use std::ffi::c_void;
+use std::sync::atomic::Ordering;
 
-use cuda_sys::cu_call;
 use cuda_sys::types::CUmemPool_attribute;
+use cuda_sys::{CudaError, cu_call};
 
 use super::MemoryPool;
 use crate::driver::driver;
-use crate::error::Result;
+use crate::error::{Error, PoolHoldings, Result};
 
 /// A snapshot of a pool's attributes (`cuMemPoolGetAttribute`).
 #[doc(alias = "_MemPoolAttributes")]
@@ -31,6 +32,28 @@ pub struct PoolAttributes {
     pub used_mem_current: u64,
     /// High-water mark of `used_mem_current` since creation or the last reset.
     pub used_mem_high: u64,
+}
+
+/// A pool's usage at a glance ([`MemoryPool::usage`]): its bytes, their high-water marks and
+/// its live allocations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct PoolUsage {
+    /// Bytes in live allocations (`CU_MEMPOOL_ATTR_USED_MEM_CURRENT`): every process's, for a
+    /// pool shared between processes.
+    pub used_bytes: u64,
+    /// High-water mark of `used_bytes` since creation or the last
+    /// [`reset_peak_usage`](MemoryPool::reset_peak_usage).
+    pub used_bytes_high: u64,
+    /// Bytes the pool holds from the system (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`): live
+    /// allocations and what it keeps cached.
+    pub reserved_bytes: u64,
+    /// High-water mark of `reserved_bytes`, as `used_bytes_high`.
+    pub reserved_bytes_high: u64,
+    /// Allocations this process made through this pool value (the resource) and has not freed
+    /// yet. The driver does not count allocations, so this is counted here, at the cost of one
+    /// relaxed atomic add per allocation and per free.
+    pub live_allocations: u64,
 }
 
 /// One of the pool's reuse policies.
@@ -98,6 +121,39 @@ impl MemoryPool {
         })
     }
 
+    /// Its usage at a glance: used and reserved bytes with their high-water marks (four
+    /// attribute reads) and the allocations made through this value that are still live.
+    ///
+    /// # Errors
+    /// If a driver call fails.
+    #[doc(alias("used_mem_current", "reserved_mem_current"))]
+    pub fn usage(&self) -> Result<PoolUsage> {
+        use CUmemPool_attribute as A;
+        Ok(PoolUsage {
+            used_bytes: self.get(A::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?,
+            used_bytes_high: self.get(A::CU_MEMPOOL_ATTR_USED_MEM_HIGH)?,
+            reserved_bytes: self.get(A::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?,
+            reserved_bytes_high: self.get(A::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)?,
+            live_allocations: self.live_allocations.load(Ordering::Relaxed),
+        })
+    }
+
+    /// The error for a failed allocation of `requested` bytes: out of memory, with the pool's
+    /// cap and what it held (read now, on the failure path only; a read that fails leaves its
+    /// field empty rather than hide the driver's error), or the driver's error.
+    #[cold]
+    pub(super) fn allocation_failed(&self, source: CudaError, requested: usize) -> Error {
+        let mut error = Error::allocation(source, requested);
+        if let Error::OutOfMemory(refused) = &mut error {
+            refused.pool = Some(PoolHoldings {
+                max_size: self.max_size,
+                reserved: self.get(CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT).ok(),
+                used: self.get(CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT).ok(),
+            });
+        }
+        error
+    }
+
     /// The release threshold: reserved bytes kept at synchronization points.
     ///
     /// # Errors
@@ -148,5 +204,96 @@ impl MemoryPool {
         // SAFETY: a live pool handle.
         unsafe { cu_call!(d, cuMemPoolTrimTo(self.handle(), keep)) }?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use cuda_sys::types::CUresult;
+
+    use crate::{Device, DeviceMemoryResource, DeviceMemoryResourceOptions, Error, Stream, StreamOptions};
+
+    fn device_and_stream() -> (Device, Stream) {
+        cuda_sim::testing::driver().expect("the test driver loads");
+        let device = Device::new(0).unwrap();
+        (device, Stream::new(device, StreamOptions::default().non_blocking()).unwrap())
+    }
+
+    #[test]
+    fn usage_counts_bytes_marks_and_live_allocations() {
+        let (device, stream) = device_and_stream();
+        let pool = DeviceMemoryResource::new(device, DeviceMemoryResourceOptions::default()).unwrap();
+        assert_eq!(pool.usage().unwrap(), crate::PoolUsage::default());
+        let a = pool.allocate(1000, &stream).unwrap();
+        let b = pool.allocate(3000, &stream).unwrap();
+        let during = pool.usage().unwrap();
+        let attributes = pool.attributes().unwrap();
+        assert_eq!(during.live_allocations, 2);
+        assert_eq!(during.used_bytes, attributes.used_mem_current);
+        assert!(during.used_bytes >= 4000, "{during:?}");
+        assert!(during.reserved_bytes >= during.used_bytes, "{during:?}");
+        assert_eq!(during.reserved_bytes, attributes.reserved_mem_current);
+        drop(a);
+        let one_left = pool.usage().unwrap();
+        assert_eq!(one_left.live_allocations, 1);
+        drop(b);
+        stream.synchronize().unwrap();
+        let after = pool.usage().unwrap();
+        assert_eq!((after.live_allocations, after.used_bytes), (0, 0));
+        assert_eq!(after.used_bytes_high, during.used_bytes_high);
+        assert_eq!(after.reserved_bytes_high, attributes.reserved_mem_high);
+        assert!(after.used_bytes_high >= 4000, "{after:?}");
+    }
+
+    /// A pool at its cap refuses with the bytes asked for, the cap and what it holds, and keeps
+    /// the driver's error as the source.
+    #[test]
+    fn out_of_memory_names_the_request_the_cap_and_the_holdings() {
+        let (device, stream) = device_and_stream();
+        let cap = 4 << 20;
+        let pool = DeviceMemoryResource::new(device, DeviceMemoryResourceOptions::default().max_size(cap)).unwrap();
+        let held = pool.allocate(2 << 20, &stream).unwrap();
+        let error = pool.allocate(64 << 20, &stream).unwrap_err();
+        let usage = pool.usage().unwrap();
+        let Error::OutOfMemory(ref refused) = error else { panic!("not an out-of-memory error: {error:?}") };
+        let (Some(holdings), source) = (refused.pool, &refused.source) else { panic!("no holdings: {error:?}") };
+        assert_eq!((refused.requested, holdings.max_size), (64 << 20, Some(cap)));
+        assert_eq!((holdings.reserved, holdings.used), (Some(usage.reserved_bytes), Some(usage.used_bytes)));
+        assert!(holdings.used >= Some(2 << 20), "{error}");
+        assert_eq!(source.code(), Some(CUresult::CUDA_ERROR_OUT_OF_MEMORY));
+        assert_eq!(error.cuda_code(), Some(CUresult::CUDA_ERROR_OUT_OF_MEMORY));
+        let text = error.to_string();
+        for part in [
+            format!("{} bytes were asked of a pool capped at {cap} bytes (max_size)", 64 << 20),
+            format!("{} bytes reserved, {} of them in use", usage.reserved_bytes, usage.used_bytes),
+            "create the pool with a larger max_size".to_owned(),
+            "cuMemAllocFromPoolAsync".to_owned(),
+        ] {
+            assert!(text.contains(&part), "{text:?} lacks {part:?}");
+        }
+        assert!(std::error::Error::source(&error).is_some_and(|s| s.is::<cuda_sys::CudaError>()));
+        drop(held);
+    }
+
+    /// Without a cap of its own the pool still says what it holds; an allocation larger than
+    /// the device says how much was asked for.
+    #[test]
+    fn out_of_memory_without_a_cap_says_what_the_pool_holds() {
+        let (device, stream) = device_and_stream();
+        let pool = DeviceMemoryResource::new(device, DeviceMemoryResourceOptions::default()).unwrap();
+        let too_much = device.total_memory().unwrap() + 1;
+        let error = pool.allocate(too_much, &stream).unwrap_err();
+        assert!(
+            matches!(&error, Error::OutOfMemory(refused) if refused.requested == too_much
+                && refused.pool.is_some_and(|held| held.max_size.is_none() && held.reserved.is_some() && held.used.is_some())),
+            "{error:?}"
+        );
+        assert!(error.to_string().contains("and the device has no more"), "{error}");
+        let legacy = crate::SynchronousMemoryResource::new(device).allocate(too_much, &stream).unwrap_err();
+        assert!(
+            matches!(&legacy, Error::OutOfMemory(refused) if refused.requested == too_much && refused.pool.is_none()),
+            "{legacy:?}"
+        );
+        assert_eq!(legacy.cuda_code(), Some(CUresult::CUDA_ERROR_OUT_OF_MEMORY));
     }
 }

@@ -85,6 +85,14 @@ impl MemoryPool {
                 return Err(too_large(size, mapped));
             }
             entry.holders += 1;
+            crate::memory_event!(
+                DEBUG,
+                size,
+                ptr = entry.ptr,
+                pool = self.handle() as usize,
+                holders = entry.holders,
+                "allocation imported"
+            );
             return Ok(entry.ptr);
         }
         let ptr = self.import_pointer(data)?;
@@ -101,6 +109,7 @@ impl MemoryPool {
         }
         imports.by_key.insert(key, Entry { ptr, holders: 1, released: Vec::new() });
         imports.by_ptr.insert(ptr, key);
+        crate::memory_event!(DEBUG, size, ptr, pool = self.handle() as usize, holders = 1, "allocation imported");
         Ok(ptr)
     }
 
@@ -134,6 +143,7 @@ impl MemoryPool {
             // Not the last: remember where this holder's work ends, for the last one to wait on.
             note_release(&mut entry.released, stream)?;
             entry.holders -= 1;
+            crate::memory_event!(DEBUG, ptr, pool = self.handle() as usize, holders = entry.holders, "import released");
             return Ok(());
         }
         for (_, event) in &entry.released {
@@ -147,6 +157,7 @@ impl MemoryPool {
         unsafe { self.free_imported(ptr, stream) }?;
         imports.by_key.remove(&key);
         imports.by_ptr.remove(&ptr);
+        crate::memory_event!(DEBUG, ptr, pool = self.handle() as usize, holders = 0, "import released");
         Ok(())
     }
 
@@ -169,7 +180,7 @@ impl MemoryPool {
     /// work so far; it is not freed again.
     unsafe fn free_imported(&self, ptr: DevicePtr, stream: &Stream) -> Result<()> {
         // SAFETY: forwarded from the caller.
-        unsafe { self.deallocate(ptr, stream) }
+        unsafe { self.free_async(ptr, stream) }
     }
 }
 

@@ -22,11 +22,12 @@ mod peers;
 mod sharing;
 
 use std::any::Any;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use cuda_sys::cu_call;
 use cuda_sys::types::{CUmemPoolProps, CUmemoryPool};
 
-pub use attributes::{PoolAttributes, ReusePolicy};
+pub use attributes::{PoolAttributes, PoolUsage, ReusePolicy};
 pub use imports::{import_holders, import_pending_waits};
 pub use kind::PoolKind;
 pub use sharing::{EXPORT_DATA_LEN, ShareableHandle, mapped_range_size};
@@ -84,6 +85,12 @@ pub struct MemoryPool {
     /// This process's claim on the handle, for owned pools (see [`sharing`]): no second value
     /// may own it. Dropped after the pool is destroyed.
     claim: Option<sharing::HandleClaim>,
+    /// The cap it was created with (`None`: none of its own, or not created here), for the
+    /// out-of-memory error.
+    max_size: Option<usize>,
+    /// Allocations made through this value and not yet freed: the one cost [`MemoryPool::usage`]
+    /// adds to allocation and freeing (a relaxed atomic add), as the driver does not count them.
+    live_allocations: AtomicU64,
 }
 
 // SAFETY: the handle is an opaque token that only the driver interprets (Rust never dereferences
@@ -106,6 +113,15 @@ impl MemoryPool {
         let shareable = props.handleTypes.0 != 0;
         let mut pool = MemoryPool::new(handle, true, kind, shareable, false);
         pool.claim = Some(sharing::HandleClaim::created(handle));
+        pool.max_size = (props.maxSize != 0).then_some(props.maxSize);
+        crate::memory_event!(
+            DEBUG,
+            pool = handle as usize,
+            kind = ?kind,
+            max_size = props.maxSize,
+            ipc_enabled = shareable,
+            "pool created"
+        );
         Ok(pool)
     }
 
@@ -116,7 +132,17 @@ impl MemoryPool {
         shareable: bool,
         imported: bool,
     ) -> MemoryPool {
-        MemoryPool { handle, owned, kind, shareable, imported, handle_once: std::sync::OnceLock::new(), claim: None }
+        MemoryPool {
+            handle,
+            owned,
+            kind,
+            shareable,
+            imported,
+            handle_once: std::sync::OnceLock::new(),
+            claim: None,
+            max_size: None,
+            live_allocations: AtomicU64::new(0),
+        }
     }
 
     /// Wraps a pool this value does not own (a device's current pool, say).
@@ -161,7 +187,19 @@ impl MemoryPool {
         }
         let mut ptr: DevicePtr = 0;
         // SAFETY: `ptr` is a valid out-pointer; the pool and stream handles are live.
-        unsafe { cu_call!(d, cuMemAllocFromPoolAsync(&mut ptr, size, self.handle(), stream.handle())) }?;
+        let allocated = unsafe { cu_call!(d, cuMemAllocFromPoolAsync(&mut ptr, size, self.handle(), stream.handle())) };
+        if let Err(error) = allocated {
+            return Err(self.allocation_failed(error, size));
+        }
+        self.live_allocations.fetch_add(1, Ordering::Relaxed);
+        crate::memory_event!(
+            TRACE,
+            size,
+            ptr,
+            pool = self.handle as usize,
+            stream = stream.handle() as usize,
+            "allocate"
+        );
         Ok(ptr)
     }
 
@@ -170,10 +208,31 @@ impl MemoryPool {
     /// # Safety
     /// As [`MemoryResource::deallocate_raw`](crate::MemoryResource::deallocate_raw).
     #[inline]
-    pub(crate) unsafe fn deallocate(&self, ptr: DevicePtr, stream: &Stream) -> Result<()> {
+    pub(crate) unsafe fn deallocate(&self, ptr: DevicePtr, _size: usize, stream: &Stream) -> Result<()> {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.free_async(ptr, stream) }?;
+        self.live_allocations.fetch_sub(1, Ordering::Relaxed);
+        crate::memory_event!(
+            TRACE,
+            size = _size,
+            ptr,
+            pool = self.handle as usize,
+            stream = stream.handle() as usize,
+            "free"
+        );
+        Ok(())
+    }
+
+    /// Frees (or, for an import, unmaps) pool memory on `stream`, uncounted.
+    ///
+    /// # Safety
+    /// `ptr` is live memory of this pool (allocated or imported through it) that nothing uses
+    /// after `stream`'s work so far, freed once.
+    #[inline]
+    unsafe fn free_async(&self, ptr: DevicePtr, stream: &Stream) -> Result<()> {
         let d = driver()?;
         stream.bind_if_default()?;
-        // SAFETY: the caller guarantees `ptr` is a live allocation of this pool, freed once.
+        // SAFETY: the caller guarantees `ptr` is live memory of this pool, freed once.
         unsafe { cu_call!(d, cuMemFreeAsync(ptr, stream.handle())) }?;
         Ok(())
     }
@@ -197,8 +256,11 @@ impl Drop for MemoryPool {
             unsafe { cu_call!(d, cuMemPoolDestroy(self.handle())) }?;
             Ok(())
         };
-        if let Err(error) = destroy() {
-            crate::drop_errors::record("MemoryPool", error);
+        match destroy() {
+            Ok(()) => {
+                crate::memory_event!(DEBUG, pool = self.handle as usize, "pool destroyed");
+            }
+            Err(error) => crate::drop_errors::record("MemoryPool", error),
         }
     }
 }
@@ -222,11 +284,11 @@ macro_rules! pool_resource {
             unsafe fn deallocate_raw(
                 &self,
                 ptr: $crate::DevicePtr,
-                _size: usize,
+                size: usize,
                 stream: &$crate::Stream,
             ) -> $crate::Result<()> {
                 // SAFETY: forwarded from the caller.
-                unsafe { self.pool.deallocate(ptr, stream) }
+                unsafe { self.pool.deallocate(ptr, size, stream) }
             }
 
             fn is_device_accessible(&self) -> bool {
@@ -279,6 +341,15 @@ macro_rules! pool_delegates {
             /// Driver errors.
             pub fn attributes(&self) -> $crate::Result<$crate::PoolAttributes> {
                 self.pool.attributes()
+            }
+
+            /// The pool's usage at a glance (used and reserved bytes with their high-water
+            /// marks, live allocations): [`MemoryPool::usage`](crate::MemoryPool::usage).
+            ///
+            /// # Errors
+            /// Driver errors.
+            pub fn usage(&self) -> $crate::Result<$crate::PoolUsage> {
+                self.pool.usage()
             }
 
             /// Bytes the pool keeps cached at a synchronization:

@@ -127,6 +127,15 @@ impl MemoryPool {
         let d = driver()?;
         // SAFETY: `descs` holds `descs.len()` initialized descriptors for the call's duration.
         unsafe { cu_call!(d, cuMemPoolSetAccess(self.handle(), descs.as_ptr(), descs.len())) }?;
+        for _desc in &descs {
+            crate::memory_event!(
+                DEBUG,
+                pool = self.handle() as usize,
+                device = _desc.location.id,
+                access = ?Access::from_raw(_desc.flags),
+                "peer access changed"
+            );
+        }
         Ok(())
     }
 

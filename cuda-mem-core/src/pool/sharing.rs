@@ -159,7 +159,9 @@ impl MemoryPool {
         // SAFETY: the driver returned a new descriptor that the caller owns.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
         // Another thread may have won the race; its handle is kept and this one closed.
-        Ok(self.handle_once.get_or_init(|| ShareableHandle { fd, id: fresh_id() }))
+        let handle = self.handle_once.get_or_init(|| ShareableHandle { fd, id: fresh_id() });
+        crate::memory_event!(DEBUG, pool = self.handle() as usize, id = handle.id, kind = ?self.kind, "pool exported");
+        Ok(handle)
     }
 
     /// Imports a pool another process exported, taking ownership of `fd` (kept open for the
@@ -196,6 +198,7 @@ impl MemoryPool {
         if pool.kind == PoolKind::Pinned {
             pool.grant_all_devices()?;
         }
+        crate::memory_event!(DEBUG, pool = handle as usize, id, kind = ?pool.kind, "pool imported");
         Ok(pool)
     }
 
@@ -238,6 +241,7 @@ impl MemoryPool {
         let mut data = CUmemPoolPtrExportData::default();
         // SAFETY: `data` is a valid out-pointer.
         unsafe { cu_call!(d, cuMemPoolExportPointer(&mut data, ptr)) }?;
+        crate::memory_event!(DEBUG, ptr, pool = self.handle() as usize, "allocation exported");
         Ok(data.reserved)
     }
 }
