@@ -113,6 +113,8 @@
 mod access;
 mod buffer;
 mod context;
+#[cfg(feature = "cudarc")]
+mod cudarc_interop;
 mod device;
 mod device_resource;
 mod driver;
@@ -155,3 +157,10 @@ pub use bytemuck;
 pub use cuda_sys as sys;
 pub use stream::{Stream, StreamOptions};
 pub use view::{DeviceView, DeviceViewMut};
+
+/// The cudarc this crate's interop is built against (feature `cudarc`): use it, or the same
+/// version, so that its types are the ones the interop takes.
+#[cfg(feature = "cudarc")]
+pub use cudarc;
+#[cfg(feature = "cudarc")]
+pub use cudarc_interop::{CudarcError, CudarcMemoryResource, CudarcView, CudarcViewMut};
