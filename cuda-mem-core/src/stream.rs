@@ -150,7 +150,9 @@ impl Stream {
         let mut handle: CUstream = std::ptr::null_mut();
         // SAFETY: `handle` is a valid out-pointer; the device's context is current.
         unsafe { cu_call!(d, cuStreamCreateWithPriority(&mut handle, flags, options.priority.unwrap_or(0))) }?;
-        Ok(Stream { inner: Arc::new(Inner { handle, device, ownership: Ownership::Owned, thread: None, _owner: None }) })
+        Ok(Stream {
+            inner: Arc::new(Inner { handle, device, ownership: Ownership::Owned, thread: None, _owner: None }),
+        })
     }
 
     /// The legacy default stream of `device` (`CU_STREAM_LEGACY`).
@@ -184,11 +186,7 @@ impl Stream {
     }
 
     /// A borrowed stream that holds `owner`, which keeps it alive, until the last clone goes.
-    pub(crate) fn borrowed_from(
-        handle: CUstream,
-        device: Device,
-        owner: Option<StreamOwner>,
-    ) -> Stream {
+    pub(crate) fn borrowed_from(handle: CUstream, device: Device, owner: Option<StreamOwner>) -> Stream {
         let thread = (handle == PER_THREAD || handle.is_null()).then(|| std::thread::current().id());
         Stream { inner: Arc::new(Inner { handle, device, ownership: Ownership::Borrowed, thread, _owner: owner }) }
     }

@@ -99,9 +99,9 @@ fn a_pool_buffer_cudarc_used_is_freed_by_us_after_cudarcs_work() {
         unsafe { gate.hold(d, theirs.cu_stream().cast()) }.unwrap();
         theirs.memset_zeros(&mut buffer.cudarc_view_mut::<u32>(&theirs).unwrap()).unwrap();
         drop(buffer); // freed on `ours`, which must wait for cudarc's memset
-        assert!(!ours.is_idle().unwrap(), "the free did not wait for cudarc's work on its stream");
-        gate.open();
+        gate.open_after(std::time::Duration::from_millis(200));
         ours.synchronize().unwrap();
+        assert!(gate.is_open(), "the free did not wait for cudarc's work on its stream");
         assert_eq!(pool.attributes().unwrap().used_mem_current, 0, "freed by us once cudarc was done");
         assert!(cuda_mem_core::take_drop_errors().is_empty());
     });
@@ -117,27 +117,35 @@ fn a_cudarc_allocation_is_a_buffer_cudarc_frees_after_our_work() {
         let allocations = testing::live_objects(d).unwrap().allocations;
 
         let mut buffer = Buffer::from_cudarc(slice).unwrap();
-        assert_eq!((buffer.size(), buffer.is_device_accessible(), buffer.is_host_accessible()), (4096 * 4, true, false));
+        assert_eq!(
+            (buffer.size(), buffer.is_device_accessible(), buffer.is_host_accessible()),
+            (4096 * 4, true, false)
+        );
         assert!(buffer.is_owning() && buffer.deallocation_stream() == Some(&Stream::from_cudarc(&theirs).unwrap()));
+        // Its data is ready in the order of cudarc's stream, the buffer's own (read there, as
+        // cudarc's copy in was made there; `to_vec` waits for it).
+        let home = buffer.deallocation_stream().unwrap().clone();
+        assert_eq!(buffer.to_vec::<u32>(&home).unwrap(), data, "cudarc's data, read by us");
         let ours = Stream::new(buffer.device().unwrap(), StreamOptions::default().non_blocking()).unwrap();
-        assert_eq!(buffer.to_vec::<u32>(&ours).unwrap(), data, "cudarc's data, read by us");
         let copy = buffer.copy_to_new(&ours).unwrap(); // allocated through cudarc too
         assert_eq!(copy.to_vec::<u32>(&ours).unwrap(), data);
 
-        // Our work on our stream, held: cudarc's free (on its stream) must wait for it.
-        let (gate, _opens_on_failure) = Gate::new();
-        // SAFETY: a live stream of the driver's primary context.
-        unsafe { gate.hold(d, ours.handle()) }.unwrap();
-        buffer.fill(FillPattern::U32(1), &ours).unwrap();
-        drop(buffer);
-        assert!(
-            !Stream::from_cudarc(&theirs).unwrap().is_idle().unwrap(),
-            "cudarc's free did not wait for our work"
-        );
-        gate.open();
-        theirs.synchronize().unwrap();
-        drop(copy);
-        theirs.synchronize().unwrap();
+        // Our work on our stream, held: cudarc's free (on its stream) must wait for it, whether
+        // the buffer is freed on its recorded stream (cudarc's) or on ours.
+        for (mut buffer, free_on_ours) in [(copy, true), (buffer, false)] {
+            let (gate, _opens_on_failure) = Gate::new();
+            // SAFETY: a live stream of the driver's primary context.
+            unsafe { gate.hold(d, ours.handle()) }.unwrap();
+            buffer.fill(FillPattern::U32(1), &ours).unwrap();
+            if free_on_ours {
+                buffer.close(Some(&ours)).unwrap()
+            } else {
+                drop(buffer)
+            }
+            gate.open_after(std::time::Duration::from_millis(200));
+            theirs.synchronize().unwrap();
+            assert!(gate.is_open(), "cudarc's free did not wait for our work (freed on ours: {free_on_ours})");
+        }
         assert_eq!(testing::live_objects(d).unwrap().allocations, allocations - 1, "both freed by cudarc");
         assert!(cuda_mem_core::take_drop_errors().is_empty());
         context.check_err().unwrap();

@@ -188,8 +188,11 @@ pub fn libcuda_dir() -> std::io::Result<PathBuf> {
     let library = std::fs::canonicalize(library_path().ok_or_else(not_found)?)?;
     let dir = library.parent().ok_or_else(not_found)?.join("libcuda-links");
     std::fs::create_dir_all(&dir)?;
+    // A temporary name of this call's own (threads of one process make links at once too).
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     for name in ["libcuda.so", "libcuda.so.1"] {
-        let temporary = dir.join(format!(".{name}.{}", std::process::id()));
+        let temporary = dir.join(format!(".{name}.{}.{call}", std::process::id()));
         let _ = std::fs::remove_file(&temporary);
         std::os::unix::fs::symlink(&library, &temporary)?;
         std::fs::rename(&temporary, dir.join(name))?;
