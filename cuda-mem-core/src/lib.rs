@@ -65,6 +65,9 @@
 //! | `error` | [`Error`], [`Result`] |
 //! | `drop_errors` | errors in `Drop`: [`record_drop_error`], [`take_drop_errors`], [`set_drop_error_hook`] |
 //!
+//! With the `cudarc` feature (off by default), cudarc's streams, copies, memsets, launches and
+//! allocations meet this crate's: see "cudarc" below (built with the feature).
+//!
 //! The driver is loaded at run time (see `cuda-sys`): `libcuda.so.1`, or the library
 //! `CUDA_MEM_DRIVER` names (such as the `cuda-sim` simulator).
 //!
@@ -108,6 +111,7 @@
 //! # Ok::<(), cuda_mem_core::Error>(())
 //! ```
 
+#![cfg_attr(feature = "cudarc", doc = include_str!("cudarc_interop/README.md"))]
 #![doc = include_str!("cuda_core_names.md")]
 
 mod access;

@@ -116,7 +116,7 @@ fn a_cudarc_allocation_is_a_buffer_cudarc_frees_after_our_work() {
         let slice = theirs.clone_htod(&data).unwrap();
         let allocations = testing::live_objects(d).unwrap().allocations;
 
-        let mut buffer = Buffer::from_cudarc(slice).unwrap();
+        let buffer = Buffer::from_cudarc(slice).unwrap();
         assert_eq!(
             (buffer.size(), buffer.is_device_accessible(), buffer.is_host_accessible()),
             (4096 * 4, true, false)
