@@ -413,6 +413,14 @@ impl<'a> ScopedBuffer<'a> {
         }
     }
 
+    /// The streams whose work may still use the buffer: the recorded one and those it was used
+    /// on since the last host access (for code that orders other work after all of them).
+    #[cfg_attr(not(feature = "cudarc"), expect(dead_code, reason = "only the cudarc interop asks"))]
+    pub(crate) fn streams_in_use(&self) -> Vec<Stream> {
+        let used_on = self.used_on.lock().unwrap_or_else(PoisonError::into_inner);
+        self.stream.as_deref().into_iter().chain(used_on.iter()).cloned().collect()
+    }
+
     /// Copies this buffer into `dst` on `stream`.
     ///
     /// # Errors
@@ -684,7 +692,7 @@ fn order_after_other_streams<'s>(stream: &'s Stream, uses: &[Stream]) -> Result<
 }
 
 /// Makes `stream` wait for the work enqueued so far on `used`.
-fn wait_in(stream: &Stream, used: &Stream) -> Result<()> {
+pub(crate) fn wait_in(stream: &Stream, used: &Stream) -> Result<()> {
     let event = Event::new(used.device(), EventOptions::default())?;
     event.record(used)?;
     stream.wait(&event)

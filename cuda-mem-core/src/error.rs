@@ -239,6 +239,10 @@ pub enum Error {
         /// The pool's handle (`CUmemoryPool`, as an integer).
         handle: usize,
     },
+    /// A cudarc object this crate cannot work with (feature `cudarc`).
+    #[cfg(feature = "cudarc")]
+    #[error(transparent)]
+    Cudarc(#[from] crate::cudarc_interop::CudarcError),
 }
 
 impl From<LoadError> for Error {

@@ -91,6 +91,9 @@
 //! | `trace` | the events of the `tracing` feature (a macro that is empty without it) |
 //! | `drop_errors` | errors in `Drop`: [`record_drop_error`], [`take_drop_errors`], [`set_drop_error_hook`] |
 //!
+//! With the `cudarc` feature (off by default), cudarc's streams, copies, memsets, launches and
+//! allocations meet this crate's: see "cudarc" below (built with the feature).
+//!
 //! The driver is loaded at run time (see `cuda-sys`): `libcuda.so.1`, or the library
 //! `CUDA_MEM_DRIVER` names (such as the `cuda-sim` simulator).
 //!
@@ -148,12 +151,15 @@
 //! # Ok::<(), cuda_mem_core::Error>(())
 //! ```
 
+#![cfg_attr(feature = "cudarc", doc = include_str!("cudarc_interop/README.md"))]
 #![doc = include_str!("cuda_core_names.md")]
 
 mod access;
 mod adaptors;
 mod buffer;
 mod context;
+#[cfg(feature = "cudarc")]
+mod cudarc_interop;
 mod device;
 mod device_resource;
 mod driver;
@@ -209,3 +215,10 @@ pub use bytemuck;
 pub use cuda_sys as sys;
 pub use stream::{Stream, StreamOptions};
 pub use view::{DeviceView, DeviceViewMut};
+
+/// The cudarc this crate's interop is built against (feature `cudarc`): use it, or the same
+/// version, so that its types are the ones the interop takes.
+#[cfg(feature = "cudarc")]
+pub use cudarc;
+#[cfg(feature = "cudarc")]
+pub use cudarc_interop::{CudarcError, CudarcMemoryResource, CudarcView, CudarcViewMut};

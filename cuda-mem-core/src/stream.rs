@@ -56,6 +56,28 @@ struct Inner {
     /// For a per-thread default stream: the thread whose stream it is (the same handle names
     /// another stream on every other thread).
     thread: Option<std::thread::ThreadId>,
+    /// For a borrowed stream: what keeps it alive while this value lives (another library's
+    /// handle to it, such as a cudarc `Arc<CudaStream>`), dropped with the last clone.
+    _owner: Option<StreamOwner>,
+}
+
+/// What keeps a borrowed stream alive; only held, never looked into.
+pub(crate) struct StreamOwner {
+    _keep: Arc<dyn std::any::Any + Send + Sync>,
+}
+
+impl StreamOwner {
+    /// Holds `keep` for a borrowed stream.
+    #[cfg_attr(not(feature = "cudarc"), expect(dead_code, reason = "only cudarc's streams have an owner to hold"))]
+    pub(crate) fn new(keep: Arc<dyn std::any::Any + Send + Sync>) -> Self {
+        StreamOwner { _keep: keep }
+    }
+}
+
+impl std::fmt::Debug for StreamOwner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StreamOwner(..)")
+    }
 }
 
 // SAFETY: the handle is an opaque token that only the driver interprets (Rust never dereferences
@@ -128,7 +150,9 @@ impl Stream {
         let mut handle: CUstream = std::ptr::null_mut();
         // SAFETY: `handle` is a valid out-pointer; the device's context is current.
         unsafe { cu_call!(d, cuStreamCreateWithPriority(&mut handle, flags, options.priority.unwrap_or(0))) }?;
-        Ok(Stream { inner: Arc::new(Inner { handle, device, ownership: Ownership::Owned, thread: None }) })
+        Ok(Stream {
+            inner: Arc::new(Inner { handle, device, ownership: Ownership::Owned, thread: None, _owner: None }),
+        })
     }
 
     /// The legacy default stream of `device` (`CU_STREAM_LEGACY`).
@@ -158,8 +182,13 @@ impl Stream {
     /// A stream this value does not destroy; the calling thread's, for a handle whose meaning
     /// depends on the thread.
     fn borrowed(handle: CUstream, device: Device) -> Stream {
+        Stream::borrowed_from(handle, device, None)
+    }
+
+    /// A borrowed stream that holds `owner`, which keeps it alive, until the last clone goes.
+    pub(crate) fn borrowed_from(handle: CUstream, device: Device, owner: Option<StreamOwner>) -> Stream {
         let thread = (handle == PER_THREAD || handle.is_null()).then(|| std::thread::current().id());
-        Stream { inner: Arc::new(Inner { handle, device, ownership: Ownership::Borrowed, thread }) }
+        Stream { inner: Arc::new(Inner { handle, device, ownership: Ownership::Borrowed, thread, _owner: owner }) }
     }
 
     /// The raw handle.

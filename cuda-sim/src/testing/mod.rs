@@ -210,6 +210,56 @@ pub fn in_simulated_machine(test_name: &str, env: &[(&str, &str)], body: impl Fn
     );
 }
 
+/// The environment variable the dynamic loader searches first for a library named without a
+/// path.
+const LOADER_PATH_ENV: &str = "LD_LIBRARY_PATH";
+
+/// A folder where `libcuda.so` and `libcuda.so.1` link to the simulator library ([`library_path`]):
+/// put it first in `LD_LIBRARY_PATH` and a library that loads the driver by name (cudarc does)
+/// loads the simulator. It is `libcuda-links/` beside the simulator; the links are replaced
+/// atomically, so concurrent test processes can make it at once.
+///
+/// # Errors
+/// When the simulator is not found, or the folder or a link cannot be made.
+pub fn libcuda_dir() -> std::io::Result<PathBuf> {
+    let not_found = || std::io::Error::new(std::io::ErrorKind::NotFound, format!("no {LIBRARY_NAME} was found"));
+    let library = std::fs::canonicalize(library_path().ok_or_else(not_found)?)?;
+    let dir = library.parent().ok_or_else(not_found)?.join("libcuda-links");
+    std::fs::create_dir_all(&dir)?;
+    // A temporary name of this call's own (threads of one process make links at once too).
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    for name in ["libcuda.so", "libcuda.so.1"] {
+        let temporary = dir.join(format!(".{name}.{}.{call}", std::process::id()));
+        let _ = std::fs::remove_file(&temporary);
+        std::os::unix::fs::symlink(&library, &temporary)?;
+        std::fs::rename(&temporary, dir.join(name))?;
+    }
+    Ok(dir)
+}
+
+/// Runs `body` where a library that loads the driver by name (`libcuda.so`, as cudarc does) gets
+/// the same driver as [`driver()`], so both see the same memory: on the simulator, in a child
+/// process (as [`in_simulated_machine`], with `test_name` the test's own path) whose
+/// `LD_LIBRARY_PATH` starts with [`libcuda_dir`] (the loader reads it only at start-up); on a real
+/// driver, here.
+///
+/// # Panics
+/// When the links cannot be made, or the child fails.
+pub fn with_simulator_as_libcuda(test_name: &str, body: impl FnOnce()) {
+    if !on_simulator() || std::env::var(CHILD_ENV).is_ok_and(|name| name == test_name) {
+        return in_simulated_machine(test_name, &[], body);
+    }
+    let dir = libcuda_dir().unwrap_or_else(|e| panic!("cannot link the simulator as libcuda.so: {e}"));
+    let mut search = std::ffi::OsString::from(dir);
+    if let Some(inherited) = std::env::var_os(LOADER_PATH_ENV).filter(|path| !path.is_empty()) {
+        search.push(":");
+        search.push(inherited);
+    }
+    let search = search.into_string().unwrap_or_else(|path| panic!("a library path that is not UTF-8: {path:?}"));
+    in_simulated_machine(test_name, &[(LOADER_PATH_ENV, &search)], body);
+}
+
 /// The line a child prints once the body of `test_name` has run in it.
 fn child_ran(test_name: &str) -> String {
     format!("{CHILD_ENV}: ran the body of {test_name}")

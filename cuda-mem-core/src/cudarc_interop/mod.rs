@@ -1,0 +1,444 @@
+//! Interop with cudarc (feature `cudarc`): its streams as ours and ours as its, typed views and
+//! buffers in its copies, memsets and kernel launches, and its allocations as buffers. The
+//! overview and an example are in the crate docs ("cudarc").
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use bytemuck::Pod;
+use cuda_sys::types::{CUresult, CUstream};
+use cudarc::driver::{
+    self as rc, CudaContext, CudaSlice, CudaStream, DeviceSlice, LaunchArgs, PushKernelArg, SyncOnDrop,
+};
+
+use crate::buffer::{Buffer, ScopedBuffer, wait_in};
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::memory_resource::{DevicePtr, MemoryResource};
+use crate::stream::{Stream, StreamOwner};
+use crate::view::{DeviceView, DeviceViewMut};
+
+/// What this crate cannot do with a cudarc object, inside [`Error::Cudarc`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CudarcError {
+    /// A cudarc context other than its device's primary context (`CudaContext::new_non_primary`,
+    /// `from_raw_context`): this crate's streams and memory live in primary contexts.
+    #[error(
+        "not supported: the cudarc context of device {ordinal} is not the device's primary context, the one this \
+         crate works in: make it with CudaContext::new({ordinal})"
+    )]
+    NotPrimaryContext {
+        /// The context's device ordinal.
+        ordinal: usize,
+    },
+    /// A stream handed to the cudarc context of another device.
+    #[error(
+        "the stream is of device {stream_device} and the cudarc context of device {context_device}: give the \
+         context of the stream's device (CudaContext::new({stream_device}))"
+    )]
+    ContextOfAnotherDevice {
+        /// The stream's device ordinal.
+        stream_device: usize,
+        /// The context's device ordinal.
+        context_device: usize,
+    },
+    /// Memory given back to a [`CudarcMemoryResource`] that does not hold it (a caller bug:
+    /// `deallocate_raw` of another resource's memory, or of a size other than the one held).
+    #[error("{size} bytes at {ptr:#x} are not a cudarc allocation this resource holds")]
+    NotHeld {
+        /// The address given.
+        ptr: DevicePtr,
+        /// The size given.
+        size: usize,
+    },
+}
+
+/// cudarc's error as ours: the same driver code, named after the driver function that failed.
+fn from_cudarc(function: &'static str, error: rc::DriverError) -> Error {
+    Error::from(cuda_sys::DriverError::from_header(function, CUresult(error.0 as u32)))
+}
+
+/// The device whose primary context `context` is.
+fn primary_device(context: &CudaContext) -> Result<Device> {
+    if !context.is_primary() {
+        return Err(CudarcError::NotPrimaryContext { ordinal: context.ordinal() }.into());
+    }
+    Device::new(context.ordinal())
+}
+
+impl Stream {
+    /// A cudarc stream as one of ours, borrowed: dropping the value (its last clone) never
+    /// destroys the stream, and it holds a share of cudarc's `Arc`, so the stream lives at least as
+    /// long as any clone of it (buffers allocated on it included).
+    ///
+    /// # Errors
+    /// [`CudarcError::NotPrimaryContext`] for a stream of a non-primary context; a driver error.
+    pub fn from_cudarc(stream: &Arc<CudaStream>) -> Result<Stream> {
+        let device = primary_device(stream.context())?;
+        let handle: CUstream = stream.cu_stream().cast();
+        let owner: Arc<dyn Any + Send + Sync> = Arc::clone(stream) as _;
+        Ok(Stream::borrowed_from(handle, device, Some(StreamOwner::new(owner))))
+    }
+
+    /// This stream as a cudarc stream of `context` (cudarc's `wrap_borrowed_stream`): dropping
+    /// it never destroys the stream. cudarc's `CudaStream` has no room for a share of ours, so
+    /// nothing keeps the stream alive for it: hence `unsafe`. The default streams
+    /// ([`Stream::legacy_default`], [`Stream::per_thread_default`]) are never destroyed, so for
+    /// them the promise below always holds.
+    ///
+    /// # Safety
+    /// A clone of `self` outlives every use of the returned stream and of what holds it (cudarc
+    /// slices allocated on it, launches): an owned stream is destroyed with its last clone.
+    ///
+    /// # Errors
+    /// [`CudarcError::NotPrimaryContext`] and [`CudarcError::ContextOfAnotherDevice`] unless
+    /// `context` is the primary context of this stream's device.
+    pub unsafe fn to_cudarc(&self, context: &Arc<CudaContext>) -> Result<Arc<CudaStream>> {
+        let device = primary_device(context)?;
+        if device != self.device() {
+            return Err(CudarcError::ContextOfAnotherDevice {
+                stream_device: self.device().ordinal(),
+                context_device: device.ordinal(),
+            }
+            .into());
+        }
+        // SAFETY: the handle is a stream of this device's primary context, which `context` is;
+        // the caller keeps it alive while cudarc uses it; work through either wrapper goes to the
+        // same stream, so stream order orders it.
+        Ok(unsafe { context.wrap_borrowed_stream(self.handle().cast()) })
+    }
+}
+
+/// Orders the work enqueued from now on on `stream` after the work enqueued so far on every one
+/// of `streams`: an event each, or, for a stream that cannot be named from this thread (another
+/// thread's per-thread default stream), a wait for it.
+fn order_after_all(stream: &Stream, streams: &[Stream]) -> Result<()> {
+    for used in streams.iter().filter(|&used| used != stream) {
+        if used.is_foreign_per_thread() { used.synchronize()? } else { wait_in(stream, used)? }
+    }
+    Ok(())
+}
+
+/// Brings `buffer` to `stream` for cudarc: work on `stream` from now on follows the work
+/// enqueued so far through the buffer, and the buffer's free and host access wait for
+/// `stream`'s work.
+fn join(buffer: &ScopedBuffer<'_>, stream: &Arc<CudaStream>) -> Result<()> {
+    let ours = Stream::from_cudarc(stream)?;
+    order_after_all(&ours, &buffer.streams_in_use())?;
+    buffer.note_use(&ours);
+    Ok(())
+}
+
+/// Where cudarc asks for the address on `stream`: nothing more to do on the view's own stream;
+/// on another one, that stream first waits for the view's stream, and the call that asked waits
+/// for it before returning (cudarc lends the stream only for the call, so the buffer cannot
+/// record it to wait for later).
+fn use_on<'a>(home: &'a CudaStream, stream: &'a CudaStream) -> SyncOnDrop<'a> {
+    if stream == home {
+        return SyncOnDrop::Sync(None);
+    }
+    stream.context().record_err(stream.join(home));
+    SyncOnDrop::sync_stream(stream)
+}
+
+/// A read-only typed view of a buffer, bound to a cudarc stream: what cudarc's copies
+/// (`CudaStream::memcpy_dtoh`, `memcpy_dtod`, `clone_dtoh`, …) take as a source
+/// ([`DevicePtr`](cudarc::driver::DevicePtr)) and its launches as an argument (`&view`).
+///
+/// cudarc's traits ask every piece of device memory for the `Arc<CudaStream>` it belongs to,
+/// which this crate's views do not hold: [`DeviceView::on_cudarc`] (or
+/// [`ScopedBuffer::cudarc_view`]) names it. Making one orders the stream after the work
+/// enqueued so far through the buffer (on any stream) and records the stream on the buffer, so
+/// its free and host access wait for cudarc's work there, as they do for this crate's own.
+///
+/// Use it on that stream. A copy or memset of cudarc's on another stream waits for the view's
+/// stream first and returns once it is done. A kernel launch is not told its stream (cudarc's
+/// `LaunchArgs` keeps it private), so launch on the view's stream: launches are `unsafe`, and
+/// this is part of what the caller promises.
+#[derive(Debug)]
+pub struct CudarcView<'b, T> {
+    view: DeviceView<'b, T>,
+    /// The address, where a launch reads it from (cudarc passes arguments by reference).
+    ptr: rc::sys::CUdeviceptr,
+    stream: Arc<CudaStream>,
+}
+
+/// A mutable typed view of a buffer, bound to a cudarc stream: what cudarc's copies and memsets
+/// (`memcpy_htod`, `memcpy_dtod`, `memset_zeros`, …) take as a destination
+/// ([`DevicePtrMut`](cudarc::driver::DevicePtrMut)) and its launches as an argument
+/// (`&mut view`). As [`CudarcView`] otherwise.
+#[derive(Debug)]
+pub struct CudarcViewMut<'b, T> {
+    view: DeviceViewMut<'b, T>,
+    ptr: rc::sys::CUdeviceptr,
+    stream: Arc<CudaStream>,
+}
+
+impl<'b, T: Pod> DeviceView<'b, T> {
+    /// This view, for cudarc's copies and launches on `stream` (see [`CudarcView`]).
+    ///
+    /// # Errors
+    /// [`CudarcError::NotPrimaryContext`]; a driver error from ordering the streams.
+    pub fn on_cudarc(self, stream: &Arc<CudaStream>) -> Result<CudarcView<'b, T>> {
+        join(self.buffer(), stream)?;
+        Ok(CudarcView { ptr: self.ptr(), view: self, stream: Arc::clone(stream) })
+    }
+}
+
+impl<'b, T: Pod> DeviceViewMut<'b, T> {
+    /// This view, for cudarc's copies, memsets and launches on `stream` (see [`CudarcViewMut`]).
+    ///
+    /// # Errors
+    /// [`CudarcError::NotPrimaryContext`]; a driver error from ordering the streams.
+    pub fn on_cudarc(self, stream: &Arc<CudaStream>) -> Result<CudarcViewMut<'b, T>> {
+        join(self.as_view().buffer(), stream)?;
+        Ok(CudarcViewMut { ptr: self.ptr(), view: self, stream: Arc::clone(stream) })
+    }
+}
+
+impl<'a> ScopedBuffer<'a> {
+    /// The buffer as `T`s for cudarc's copies and launches on `stream`
+    /// (`buffer.view::<T>()?.on_cudarc(stream)`).
+    ///
+    /// # Errors
+    /// As [`view`](ScopedBuffer::view) and [`DeviceView::on_cudarc`].
+    pub fn cudarc_view<T: Pod>(&self, stream: &Arc<CudaStream>) -> Result<CudarcView<'_, T>> {
+        self.view::<T>()?.on_cudarc(stream)
+    }
+
+    /// The buffer as mutable `T`s for cudarc's copies, memsets and launches on `stream`
+    /// (`buffer.view_mut::<T>()?.on_cudarc(stream)`).
+    ///
+    /// # Errors
+    /// As [`view_mut`](ScopedBuffer::view_mut) and [`DeviceViewMut::on_cudarc`].
+    pub fn cudarc_view_mut<T: Pod>(&mut self, stream: &Arc<CudaStream>) -> Result<CudarcViewMut<'_, T>> {
+        self.view_mut::<T>()?.on_cudarc(stream)
+    }
+}
+
+impl<'b, T: Pod> CudarcView<'b, T> {
+    /// The view of this crate it wraps.
+    pub fn view(&self) -> DeviceView<'b, T> {
+        self.view
+    }
+
+    /// The cudarc stream it is bound to.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+}
+
+impl<'b, T: Pod> CudarcViewMut<'b, T> {
+    /// The view of this crate it wraps, read-only, while borrowed.
+    pub fn view(&self) -> DeviceView<'_, T> {
+        self.view.as_view()
+    }
+
+    /// The view of this crate it wraps, for writing, while borrowed.
+    pub fn view_mut(&mut self) -> &mut DeviceViewMut<'b, T> {
+        &mut self.view
+    }
+
+    /// The cudarc stream it is bound to.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+}
+
+impl<T: Pod> DeviceSlice<T> for CudarcView<'_, T> {
+    fn len(&self) -> usize {
+        self.view.len()
+    }
+
+    fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+}
+
+impl<T: Pod> DeviceSlice<T> for CudarcViewMut<'_, T> {
+    fn len(&self) -> usize {
+        self.view.len()
+    }
+
+    fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+}
+
+impl<T: Pod> rc::DevicePtr<T> for CudarcView<'_, T> {
+    fn device_ptr<'a>(&'a self, stream: &'a CudaStream) -> (rc::sys::CUdeviceptr, SyncOnDrop<'a>) {
+        (self.ptr, use_on(&self.stream, stream))
+    }
+}
+
+impl<T: Pod> rc::DevicePtr<T> for CudarcViewMut<'_, T> {
+    fn device_ptr<'a>(&'a self, stream: &'a CudaStream) -> (rc::sys::CUdeviceptr, SyncOnDrop<'a>) {
+        (self.ptr, use_on(&self.stream, stream))
+    }
+}
+
+impl<T: Pod> rc::DevicePtrMut<T> for CudarcViewMut<'_, T> {
+    fn device_ptr_mut<'a>(&'a mut self, stream: &'a CudaStream) -> (rc::sys::CUdeviceptr, SyncOnDrop<'a>) {
+        (self.ptr, use_on(&self.stream, stream))
+    }
+}
+
+// SAFETY: the argument pushed is a reference to the view's address, a `CUdeviceptr` (which is
+// `DeviceRepr`) that lives as long as the borrow `'b`, which outlives the launch builder `'a`;
+// the address stays valid while the view borrows its buffer.
+unsafe impl<'a, 'b: 'a, 'c: 'b, T> PushKernelArg<&'b CudarcView<'c, T>> for LaunchArgs<'a> {
+    #[inline(always)]
+    fn arg(&mut self, arg: &'b CudarcView<'c, T>) -> &mut Self {
+        <Self as PushKernelArg<&'b rc::sys::CUdeviceptr>>::arg(self, &arg.ptr)
+    }
+}
+
+// SAFETY: as for `CudarcView`; the exclusive borrow lets the kernel write through the address.
+unsafe impl<'a, 'b: 'a, 'c: 'b, T> PushKernelArg<&'b mut CudarcViewMut<'c, T>> for LaunchArgs<'a> {
+    #[inline(always)]
+    fn arg(&mut self, arg: &'b mut CudarcViewMut<'c, T>) -> &mut Self {
+        let arg: &'b CudarcViewMut<'c, T> = arg;
+        <Self as PushKernelArg<&'b rc::sys::CUdeviceptr>>::arg(self, &arg.ptr)
+    }
+}
+
+/// A cudarc allocation a [`CudarcMemoryResource`] holds: the `CudaSlice` (of any element type)
+/// and the stream it belongs to.
+struct Held {
+    size: usize,
+    // Held to be dropped: cudarc frees it then.
+    _slice: Box<dyn Any + Send + Sync>,
+    home: Stream,
+}
+
+/// A memory resource whose memory is cudarc's: it allocates with cudarc on a cudarc stream
+/// (`CudaStream::alloc`), and adopts cudarc allocations ([`adopt`](CudarcMemoryResource::adopt),
+/// [`Buffer::from_cudarc`]) as owned [`Buffer`]s. It holds each `CudaSlice` until the buffer
+/// frees it: the slice's stream is then made to wait for the buffer's uses, and the slice is
+/// dropped, so cudarc frees it, in stream order, after them. Nothing is freed by this crate; an
+/// error of cudarc's own free goes to the cudarc context's error state (`check_err`).
+pub struct CudarcMemoryResource {
+    stream: Arc<CudaStream>,
+    ours: Stream,
+    held: Mutex<HashMap<DevicePtr, Held>>,
+}
+
+impl std::fmt::Debug for CudarcMemoryResource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let held = self.held.lock().unwrap_or_else(PoisonError::into_inner).len();
+        f.debug_struct("CudarcMemoryResource").field("stream", &self.ours).field("held", &held).finish()
+    }
+}
+
+crate::memory_resource::inherent_allocation!(CudarcMemoryResource);
+
+impl CudarcMemoryResource {
+    /// A resource allocating with cudarc on `stream`.
+    ///
+    /// # Errors
+    /// [`CudarcError::NotPrimaryContext`]; a driver error.
+    pub fn new(stream: &Arc<CudaStream>) -> Result<Arc<Self>> {
+        let ours = Stream::from_cudarc(stream)?;
+        Ok(Arc::new(CudarcMemoryResource { stream: Arc::clone(stream), ours, held: Mutex::default() }))
+    }
+
+    /// The cudarc stream it allocates on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// How many cudarc allocations it holds.
+    pub fn held(&self) -> usize {
+        self.held.lock().unwrap_or_else(PoisonError::into_inner).len()
+    }
+
+    /// Takes `slice` as an owned [`Buffer`] of this resource, recorded on the slice's own stream
+    /// (which first waits for cudarc's uses of it, as cudarc does before a write). When the
+    /// buffer is freed, the slice is dropped after the buffer's uses and cudarc frees it.
+    ///
+    /// # Errors
+    /// [`CudarcError::NotPrimaryContext`]; a driver error.
+    pub fn adopt<T: 'static>(self: &Arc<Self>, mut slice: CudaSlice<T>) -> Result<Buffer> {
+        let home = Stream::from_cudarc(slice.stream())?;
+        let size = slice.num_bytes();
+        if size == 0 {
+            // Nothing to hold: an empty buffer, as a zero-size allocation makes.
+            drop(slice);
+            return self.allocate(0, &home);
+        }
+        let slice_stream = Arc::clone(slice.stream());
+        let ptr = {
+            // cudarc orders its stream after its own uses of the slice here, and records the
+            // write it expects when `_record` goes.
+            let (ptr, _record) = rc::DevicePtrMut::device_ptr_mut(&mut slice, &slice_stream);
+            ptr
+        };
+        let held = Held { size, _slice: Box::new(slice), home: home.clone() };
+        self.held.lock().unwrap_or_else(PoisonError::into_inner).insert(ptr, held);
+        let resource: Arc<dyn MemoryResource> = Arc::clone(self) as _;
+        // SAFETY: the memory is held by this resource from now on and given back (dropped) only
+        // by its `deallocate_raw`, which the buffer calls once.
+        Ok(unsafe { Buffer::from_raw_owned(ptr, size, resource, &home) })
+    }
+}
+
+impl Buffer {
+    /// A cudarc allocation as an owned buffer (through a [`CudarcMemoryResource`] of the slice's
+    /// stream): views, copies and everything else of this crate work on it, and when the buffer
+    /// is freed, cudarc frees the slice after the buffer's uses.
+    ///
+    /// # Errors
+    /// [`CudarcError::NotPrimaryContext`]; a driver error.
+    pub fn from_cudarc<T: 'static>(slice: CudaSlice<T>) -> Result<Buffer> {
+        CudarcMemoryResource::new(slice.stream())?.adopt(slice)
+    }
+}
+
+// SAFETY: every address handed out is that of a cudarc device allocation of at least `size`
+// bytes, held (so not freed) until `deallocate_raw` takes it back; it is device memory, which
+// the host cannot access.
+unsafe impl MemoryResource for CudarcMemoryResource {
+    fn allocate_raw(&self, size: usize, stream: &Stream) -> Result<DevicePtr> {
+        // SAFETY: bytes may hold anything; a new allocation's contents are unspecified, as every
+        // resource's are.
+        let mut slice = unsafe { self.stream.alloc::<u8>(size) }.map_err(|e| from_cudarc("cuMemAllocAsync", e))?;
+        let (ptr, record) = rc::DevicePtrMut::device_ptr_mut(&mut slice, &self.stream);
+        drop(record);
+        if self.ours != *stream {
+            // Allocated in the order of cudarc's stream: usable on `stream` once it follows.
+            order_after_all(stream, std::slice::from_ref(&self.ours))?;
+        }
+        let held = Held { size, _slice: Box::new(slice), home: self.ours.clone() };
+        self.held.lock().unwrap_or_else(PoisonError::into_inner).insert(ptr, held);
+        Ok(ptr)
+    }
+
+    unsafe fn deallocate_raw(&self, ptr: DevicePtr, size: usize, stream: &Stream) -> Result<()> {
+        let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        let home = match held.get(&ptr) {
+            Some(entry) if entry.size == size => entry.home.clone(),
+            _ => return Err(CudarcError::NotHeld { ptr, size }.into()),
+        };
+        // cudarc frees on the slice's stream: after the work enqueued so far on `stream`.
+        order_after_all(&home, std::slice::from_ref(stream))?;
+        let entry = held.remove(&ptr);
+        drop(held);
+        // cudarc's `Drop` frees the memory on its stream.
+        drop(entry);
+        Ok(())
+    }
+
+    fn is_device_accessible(&self) -> bool {
+        true
+    }
+
+    fn is_host_accessible(&self) -> bool {
+        false
+    }
+
+    fn device(&self) -> Option<Device> {
+        Some(self.ours.device())
+    }
+}
