@@ -21,9 +21,11 @@
 #[macro_use]
 mod common;
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 use common::*;
@@ -41,7 +43,10 @@ const PYTHON_TIMEOUT: Duration = Duration::from_secs(120);
 fn python() -> Option<PathBuf> {
     let python = std::env::var_os(PYTHON_ENV).map(PathBuf::from);
     if python.is_none() {
-        eprintln!(
+        // Straight to the standard error, past the test harness's capture, so that the skip
+        // shows in `cargo test`'s output.
+        let _ = writeln!(
+            std::io::stderr(),
             "SKIP: {PYTHON_ENV} is not set, so the Python side cannot run: `cargo xtask ci` runs these tests \
              with a Python that has cuda.core"
         );
@@ -82,20 +87,51 @@ fn python_command(python: &Path, script: &str, mode: &str) -> Command {
     command
 }
 
-/// Waits for a Python process and asserts it exited 0 having printed `marker` (so a script that
-/// did not get to its end never passes).
-fn wait_python(mut child: KillOnDrop, marker: &str) {
-    let stdout = child.child().stdout.take().map(read_in_background);
-    let stderr = child.child().stderr.take().map(read_in_background);
-    let status = child.wait(PYTHON_TIMEOUT);
-    let stdout = stdout.map(|h| h.join().unwrap_or_default()).unwrap_or_default();
-    let stderr = stderr.map(|h| h.join().unwrap_or_default()).unwrap_or_default();
-    let ok = matches!(&status, Ok(status) if status.success());
-    assert!(
-        ok && stdout.lines().any(|line| line == marker),
-        "the Python process failed ({status:?}):\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
-    );
-    eprintln!("{stdout}");
+/// A Python process, its output read as it runs; killed, and its output shown, if dropped
+/// before [`PythonProcess::wait`] (a failed test).
+struct PythonProcess {
+    child: KillOnDrop,
+    stdout: Option<JoinHandle<String>>,
+    stderr: Option<JoinHandle<String>>,
+}
+
+impl PythonProcess {
+    fn new(child: std::process::Child) -> PythonProcess {
+        let mut child = KillOnDrop::new(child);
+        let stdout = child.child().stdout.take().map(read_in_background);
+        let stderr = child.child().stderr.take().map(read_in_background);
+        PythonProcess { child, stdout, stderr }
+    }
+
+    fn output(&mut self) -> (String, String) {
+        let join = |h: Option<JoinHandle<String>>| h.map(|h| h.join().unwrap_or_default()).unwrap_or_default();
+        (join(self.stdout.take()), join(self.stderr.take()))
+    }
+
+    /// Waits and asserts it exited 0 having printed `marker` (so a script that did not get to
+    /// its end never passes).
+    fn wait(mut self, marker: &str) {
+        let status = self.child.wait(PYTHON_TIMEOUT);
+        let (stdout, stderr) = self.output();
+        let ok = matches!(&status, Ok(status) if status.success());
+        assert!(
+            ok && stdout.lines().any(|line| line == marker),
+            "the Python process failed ({status:?}):\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
+        );
+        eprintln!("{stdout}");
+    }
+}
+
+impl Drop for PythonProcess {
+    fn drop(&mut self) {
+        if self.stdout.is_none() && self.stderr.is_none() {
+            return;
+        }
+        // Not waited for: the test failed. Stop it and show what it said.
+        let _ = self.child.child().kill();
+        let (stdout, stderr) = self.output();
+        eprintln!("the Python process:\n--- stdout\n{stdout}\n--- stderr\n{stderr}");
+    }
 }
 
 const DEVICE_SIZES: [usize; 3] = [1 << 16, 1000, 1];
@@ -133,12 +169,12 @@ fn round_trip_to_child(channel: &IpcChannel, buffers: &[Buffer], seeds: &[u32], 
 }
 
 /// Starts the Python child with a channel to it.
-fn spawn_python_child(python: &Path, mode: &str) -> (KillOnDrop, IpcChannel) {
+fn spawn_python_child(python: &Path, mode: &str) -> (PythonProcess, IpcChannel) {
     let mut command = python_command(python, "exchange_child.py", mode);
     let (child, channel) = cuda_mem_ipc::spawn_with_channel(&mut command).expect("the Python child starts");
     channel.set_read_timeout(Some(RECV_TIMEOUT)).unwrap();
     channel.set_write_timeout(Some(RECV_TIMEOUT)).unwrap();
-    (KillOnDrop::new(child), IpcChannel::new(channel))
+    (PythonProcess::new(child), IpcChannel::new(channel))
 }
 
 #[test]
@@ -148,7 +184,7 @@ fn rust_parent_python_child_round_trip() {
     let (_pools, buffers, seeds) = written_buffers(&stream);
     let (child, channel) = spawn_python_child(&python, "roundtrip");
     round_trip_to_child(&channel, &buffers, &seeds, &stream);
-    wait_python(child, "python-child: ok roundtrip");
+    child.wait("python-child: ok roundtrip");
 }
 
 #[test]
@@ -183,7 +219,7 @@ fn rust_parent_python_child_mismatches() {
     rustix::io::write(channel.channel(), &frame).unwrap();
     let answer = String::from_utf8(expect_data(&channel, &stream)).unwrap();
     assert!(answer.contains("frame version: expected 1, received 2"), "{answer}");
-    wait_python(child, "python-child: ok mismatch");
+    child.wait("python-child: ok mismatch");
 }
 
 /// Runs the Python parent, whose child is this test binary re-run for `test` only.
@@ -193,8 +229,8 @@ fn run_python_parent(python: &Path, test: &str, mode: &str) {
         .env("CUDA_MEM_EXCHANGE_CHILD", std::env::current_exe().unwrap())
         .env("CUDA_MEM_EXCHANGE_TEST", test)
         .env_remove(ROLE_ENV);
-    let child = KillOnDrop::new(command.spawn().expect("the Python parent starts"));
-    wait_python(child, &format!("python-parent: ok {mode}"));
+    let parent = PythonProcess::new(command.spawn().expect("the Python parent starts"));
+    parent.wait(&format!("python-parent: ok {mode}"));
 }
 
 /// The Rust child of the Python parent: receives the seeds, the pools and the buffers, checks
