@@ -40,7 +40,10 @@ receiving (message boundaries are lost), as in Rust. Descriptors that came with 
 are closed.
 
 Trust: import only from trusted peers (the same user, cooperating code), as with cuda-mem-ipc:
-the export data is opaque and a peer that shares memory can write it at any time.
+the export data is opaque and a peer that shares memory can write it at any time. Lengths,
+versions, checksums and reserved fields are checked before anything is imported, but the memory
+kind and device a pool message states are the peer's word here (cuda.core does not ask the driver
+what an imported pool holds); cuda-mem-ipc, on the Rust side, checks them against the driver.
 
 A Rust parent, a Python child
 -----------------------------
@@ -498,7 +501,12 @@ def _core():
 
 
 def _device_uuid(device) -> bytes:
-    return uuidlib.UUID(device.uuid).bytes
+    """The 16 bytes of a cuda.core device's UUID (``cuDeviceGetUuid``'s, as Rust's
+    ``Device::uuid``), with or without a ``GPU-``/``MIG-`` prefix."""
+    text = device.uuid
+    if text[:4] in ("GPU-", "MIG-"):
+        text = text[4:]
+    return uuidlib.UUID(text).bytes
 
 
 def _export_data(descriptor) -> bytes:

@@ -18,7 +18,7 @@
 //!    environment's Python, which has cuda.core; skipped, saying why, without Python or PyPI)
 //! 9. `cargo doc --workspace --all-features --no-deps` with `RUSTDOCFLAGS=-Dwarnings`
 //! 10. the `cargo xtask bindgen --check` equivalent, when libclang and `cuda.h` can be had
-//!    (skipped, saying why, otherwise)
+//!     (skipped, saying why, otherwise)
 //!
 //! It ends with the time each step took and, last, the summaries `cargo test` printed.
 
