@@ -139,6 +139,10 @@
 //! [`IpcChannel::release_resource`]; buffers keep their pool alive themselves. A complete program
 //! is `examples/two_process.rs` (`cargo run -p cuda-mem-ipc --example two_process`).
 //!
+//! The other process may be a Python one that uses cuda.core: the repository's
+//! `python/cuda_mem_exchange.py` speaks [`IpcChannel`]'s messages there, turning them into
+//! cuda.core pools and buffers and cuda.core's into them (its docstring shows both directions).
+//!
 //! ```no_run
 //! use std::process::Command;
 //! use cuda_mem_core::{

@@ -14,9 +14,12 @@
 //! 6. no binary links `libcuda` (the driver is loaded at run time)
 //! 7. cuda-bindings (the layer under cuda.core) on the simulator, from a private virtual
 //!    environment (skipped, saying why, without Python or PyPI)
-//! 8. `cargo doc --workspace --all-features --no-deps` with `RUSTDOCFLAGS=-Dwarnings`
-//! 9. the `cargo xtask bindgen --check` equivalent, when libclang and `cuda.h` can be had
-//!    (skipped, saying why, otherwise)
+//! 8. cuda.core sharing pools and buffers with Rust processes on the simulator, both ways
+//!    (`cargo test -p tests --test python_exchange` with `CUDA_MEM_PYTHON` naming the virtual
+//!    environment's Python, which has cuda.core; skipped, saying why, without Python or PyPI)
+//! 9. `cargo doc --workspace --all-features --no-deps` with `RUSTDOCFLAGS=-Dwarnings`
+//! 10. the `cargo xtask bindgen --check` equivalent, when libclang and `cuda.h` can be had
+//!     (skipped, saying why, otherwise)
 //!
 //! It ends with the time each step took and, last, the summaries `cargo test` printed.
 
@@ -57,7 +60,7 @@ pub fn run(workspace: &Path) -> Result<(), String> {
 
 /// The steps, each recorded as it ends; returns the first failure.
 fn run_steps(workspace: &Path, records: &mut Vec<Record>, summaries: &mut Vec<String>) -> Result<(), String> {
-    const TOTAL: usize = 10;
+    const TOTAL: usize = 11;
     let mut step = |name: &'static str, f: &mut dyn FnMut() -> Result<Outcome, String>| {
         println!("\n==> ci [{}/{TOTAL}] {name}", records.len() + 1);
         let start = Instant::now();
@@ -138,6 +141,26 @@ fn run_steps(workspace: &Path, records: &mut Vec<Record>, summaries: &mut Vec<St
         Ok(None) => Ok(Outcome::Passed),
         Ok(Some(reason)) => Ok(Outcome::Skipped(reason)),
         Err(message) => Err(message),
+    })?;
+    step("cuda.core exchange on the simulator", &mut || {
+        let mut command = match crate::python_smoke::exchange_test(workspace)? {
+            Ok(command) => command,
+            Err(reason) => return Ok(Outcome::Skipped(reason)),
+        };
+        command
+            .env_remove(cuda_sys_env::DRIVER)
+            .env_remove(cuda_sys_env::REQUIRE_GPU)
+            .env_remove(cuda_sys_env::SIM_LIB);
+        let (result, lines) = run_collecting_summaries(&mut command);
+        let (passed, failed, _) = totals(&lines);
+        let counted = count_tests(&lines);
+        summaries.extend(lines);
+        result?;
+        // The tests skip without the Python; here they must have run.
+        if passed == 0 || failed > 0 {
+            return Err(format!("the exchange tests did not all run and pass: {counted}"));
+        }
+        Ok(Outcome::PassedWith(counted))
     })?;
     step("doc", &mut || {
         let mut flags = std::env::var("RUSTDOCFLAGS").unwrap_or_default();

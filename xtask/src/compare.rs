@@ -8,8 +8,8 @@ use std::process::Command;
 use crate::json::{self, Value};
 use crate::{create_dir, python_smoke};
 
-/// The cuda.core release compared against.
-pub const CUDA_CORE: &str = "cuda-core==1.2.2";
+/// The cuda.core release compared against (the one the exchange step installs too).
+pub use crate::python_smoke::CUDA_CORE;
 
 /// Where the comparison's pieces are: in the workspace (`cargo xtask bench --compare`), or in a
 /// GPU bundle (`cargo xtask gpu-test`), where there is no Rust and no PyPI.

@@ -1,13 +1,36 @@
-//! A CI step: NVIDIA's `cuda-bindings` (the layer under cuda.core), installed from PyPI into a
-//! private virtual environment, drives the simulator through the normal library search
-//! (`libcuda.so.1` in `LD_LIBRARY_PATH`). It shows that programs other than ours can load the
-//! simulator; it is skipped, saying why, where Python or PyPI cannot be had.
+//! CI steps with Python: NVIDIA's `cuda-bindings` (the layer under cuda.core), installed from PyPI
+//! into a private virtual environment, drives the simulator through the normal library search
+//! (`libcuda.so.1` in `LD_LIBRARY_PATH`), which shows that programs other than ours can load the
+//! simulator; and cuda.core, installed beside it, shares pools and buffers with Rust processes
+//! through `python/cuda_mem_exchange.py` ([`exchange_test`]). Both are skipped, saying why, where
+//! Python or PyPI cannot be had.
 
 use std::path::Path;
 use std::process::Command;
 
-/// The cuda-bindings release the step installs.
+/// The cuda-bindings release the steps install.
 pub const CUDA_BINDINGS: &str = "cuda-bindings==13.5.0";
+
+/// The cuda.core release the exchange step and the benchmark comparison install: the newest on
+/// PyPI that works with [`CUDA_BINDINGS`] (1.2.2 is the newest release as of this pin).
+pub const CUDA_CORE: &str = "cuda-core==1.2.2";
+
+/// The environment variable that gives `tests/tests/python_exchange.rs` its Python (one with
+/// cuda.core); without it those tests say SKIP and do not run.
+pub const PYTHON_ENV: &str = "CUDA_MEM_PYTHON";
+
+/// The `cargo test` that runs the exchange between Rust and Python (cuda.core) processes on the
+/// simulator, with [`PYTHON_ENV`] naming a Python with cuda.core; `Ok(Err(reason))` when Python
+/// or PyPI cannot be had.
+pub fn exchange_test(workspace: &Path) -> Result<Result<Command, String>, String> {
+    let python = match venv(workspace, &[CUDA_BINDINGS, CUDA_CORE])? {
+        Ok(python) => python,
+        Err(reason) => return Ok(Err(reason)),
+    };
+    let mut command = crate::cargo(workspace);
+    command.args(["test", "-p", "tests", "--test", "python_exchange"]).env(PYTHON_ENV, python);
+    Ok(Ok(command))
+}
 
 /// A private virtual environment under `target/` with `packages` installed; `Ok(Err(reason))`
 /// when Python or PyPI cannot be had.

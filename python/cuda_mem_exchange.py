@@ -1,0 +1,687 @@
+"""Share memory pools and buffers between a Python process that uses cuda.core and a Rust
+process that uses cuda-mem-ipc, in either direction, with no change to cuda.core.
+
+The two meet on cuda-mem-ipc's channel: a connected Unix domain stream socket that carries framed
+messages and file descriptors (``SCM_RIGHTS``). This module speaks that channel in pure Python
+(the standard library's ``socket.send_fds``/``socket.recv_fds`` and ``struct``) and turns its
+messages into cuda.core objects and back:
+
+============  =======================================================  ==========================
+kind          payload                                                  cuda.core side
+============  =======================================================  ==========================
+1 resource    pool UUID (16 bytes), memory kind (u8: 0 device,         ``DeviceMemoryResource.
+              1 pinned), sender's device ordinal (i32 LE, -1 for       from_allocation_handle`` /
+              pinned), 3 zero bytes, device UUID (16 bytes, zero for   ``PinnedMemoryResource.
+              pinned); one file descriptor: the pool's                 from_allocation_handle``
+2 buffers     count (u32 LE), then ``count`` 108-byte buffer           ``Buffer.from_ipc_descriptor``
+              descriptors (see :func:`encode_descriptor`)              / ``Buffer.ipc_descriptor``
+3 data        the application's bytes                                  ``bytes``
+============  =======================================================  ==========================
+
+Each message is one frame: a 24-byte header (``b"CUMEMMSG"``, frame version ``1`` (u16), kind
+(u16), payload length (u32), descriptor count (u32), reserved ``0`` (u32), little-endian), then
+the payload; the descriptors ride on the frame's first bytes. Kind 4 (a cuda-mem-vmm virtual
+buffer) has no cuda.core counterpart and is refused, saying so. This is the Rust crate's
+``Channel`` and ``IpcChannel``; their docs are the reference.
+
+A pool is named on the wire by a UUID: a cuda.core pool by its own ``mr.uuid`` (the one its
+``allocation_handle`` carries), a Rust pool by its resource's UUID. A pool received here is
+registered in cuda.core's registry under the UUID the peer named it with, so
+``DeviceMemoryResource.from_registry(uuid)`` finds it, and a pool that arrives again (on this
+channel or another) is the one imported first. A device is named by its UUID, not its ordinal,
+because processes that see different devices (``CUDA_VISIBLE_DEVICES``) number them differently.
+
+Errors are exceptions: :class:`ProtocolError` (a frame, message or descriptor that is not what
+this protocol expects; its ``expected`` and ``received`` say what each was), :class:`PeerClosed`,
+:class:`UnknownResource` (a buffer whose pool did not arrive on this channel) and
+:class:`DeviceNotVisible`. An error about one message leaves the channel usable when the whole
+frame was read (an unknown kind, a malformed payload); a malformed frame header breaks it for
+receiving (message boundaries are lost), as in Rust. Descriptors that came with a refused message
+are closed.
+
+Trust: import only from trusted peers (the same user, cooperating code), as with cuda-mem-ipc:
+the export data is opaque and a peer that shares memory can write it at any time. Lengths,
+versions, checksums and reserved fields are checked before anything is imported, but the memory
+kind and device a pool message states are the peer's word here (cuda.core does not ask the driver
+what an imported pool holds); cuda-mem-ipc, on the Rust side, checks them against the driver.
+
+A Rust parent, a Python child
+-----------------------------
+
+The Rust parent starts the child with ``cuda_mem_ipc::spawn_with_channel`` and sends::
+
+    let (mut child, channel) = spawn_with_channel(Command::new("python3").arg("worker.py"))?;
+    let channel = IpcChannel::new(channel);
+    channel.send_buffers(&[&buffer])?; // the pool first, then the buffer
+    let Received::Data(reply) = channel.recv(&stream)? else { panic!() };
+
+and ``worker.py`` takes the channel from its environment::
+
+    from cuda.core import Device
+    import cuda_mem_exchange as cx
+
+    device = Device(0)
+    device.set_current()
+    stream = device.create_stream()
+    channel = cx.IpcChannel(cx.Channel.from_env())
+    pool = channel.recv(stream).resource        # a cuda.core DeviceMemoryResource
+    (buffer,) = channel.recv(stream).buffers    # cuda.core Buffers, mapped from the parent's
+    buffer.fill(7, stream=stream)
+    stream.sync()
+    channel.send_data(b"written")
+
+A Python parent, a Rust child
+-----------------------------
+
+::
+
+    from cuda.core import Device, DeviceMemoryResource, DeviceMemoryResourceOptions
+    import cuda_mem_exchange as cx
+
+    device = Device(0)
+    device.set_current()
+    stream = device.create_stream()
+    pool = DeviceMemoryResource(device, DeviceMemoryResourceOptions(ipc_enabled=True))
+    buffer = pool.allocate(1 << 20, stream=stream)
+    process, channel = cx.spawn_with_channel(["./rust-worker"])
+    channel = cx.IpcChannel(channel)
+    channel.send_buffers([buffer])              # the pool first, then the buffer
+    assert channel.recv(stream).data == b"written"
+    process.wait()
+
+and the Rust child takes its end with ``unsafe { Channel::from_env() }`` and receives
+``Received::Resource`` then ``Received::Buffers``. Processes that are not parent and child meet at
+a socket path: ``Channel.connect(path)`` here, ``ChannelListener::bind``/``accept`` there (or
+``Channel.listen(path)``/``accept()`` here and ``Channel::connect`` there).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+import struct
+import subprocess
+import uuid as uuidlib
+import zlib
+from dataclasses import dataclass, field
+
+__all__ = [
+    "BUFFERS",
+    "CHANNEL_FD_ENV",
+    "CHANNEL_INODE_ENV",
+    "DATA",
+    "DESCRIPTOR_LEN",
+    "DESCRIPTOR_VERSION",
+    "FRAME_VERSION",
+    "RESOURCE",
+    "VIRTUAL_BUFFER",
+    "Buffers",
+    "Channel",
+    "Data",
+    "DeviceNotVisible",
+    "ExchangeError",
+    "IpcChannel",
+    "PeerClosed",
+    "ProtocolError",
+    "RawMessage",
+    "Resource",
+    "UnknownResource",
+    "decode_descriptor",
+    "encode_descriptor",
+    "spawn_with_channel",
+]
+
+# The frame (cuda-mem-ipc's `Channel`).
+FRAME_MAGIC = b"CUMEMMSG"
+FRAME_VERSION = 1
+_HEADER = struct.Struct("<8sHHIII")
+HEADER_LEN = _HEADER.size
+MAX_PAYLOAD_LEN = 16 << 20
+MAX_FDS = 253
+
+# Message kinds (cuda-mem-ipc's `IpcChannel`).
+RESOURCE = 1
+BUFFERS = 2
+DATA = 3
+VIRTUAL_BUFFER = 4
+_KIND_NAMES = {RESOURCE: "resource", BUFFERS: "buffers", DATA: "data", VIRTUAL_BUFFER: "virtual buffer"}
+RESOURCE_LEN = 40
+MAX_BUFFERS_PER_MESSAGE = 65_536
+DEVICE_MEMORY = 0
+PINNED_MEMORY = 1
+
+# The buffer descriptor (cuda-mem-ipc's `BufferDescriptor`).
+DESCRIPTOR_MAGIC = b"CUMEMBUF"
+DESCRIPTOR_VERSION = 1
+DESCRIPTOR_LEN = 108
+EXPORT_DATA_LEN = 64
+MAX_BUFFER_SIZE = 1 << 48
+_DESCRIPTOR_HEAD = struct.Struct("<8sHHIQ16s")
+
+# What a child started by `spawn_with_channel` (here or in Rust) finds its channel by.
+CHANNEL_FD_ENV = "CUDA_MEM_IPC_CHANNEL_FD"
+CHANNEL_INODE_ENV = "CUDA_MEM_IPC_CHANNEL_INODE"
+
+
+class ExchangeError(Exception):
+    """Any error of this module."""
+
+
+class ProtocolError(ExchangeError):
+    """What arrived is not what the protocol expects: ``what`` was expected to be ``expected``
+    and was ``received``."""
+
+    def __init__(self, what: str, expected: object, received: object, hint: str = ""):
+        self.what = what
+        self.expected = expected
+        self.received = received
+        message = f"{what}: expected {expected}, received {received}"
+        super().__init__(f"{message} ({hint})" if hint else message)
+
+
+class PeerClosed(ExchangeError):
+    """The peer closed its end of the channel (between messages)."""
+
+    def __init__(self):
+        super().__init__("the peer closed the channel")
+
+
+class UnknownResource(ExchangeError):
+    """A buffer names a pool that did not arrive on this channel (or was released)."""
+
+    def __init__(self, uuid: uuidlib.UUID):
+        self.uuid = uuid
+        super().__init__(f"a buffer of pool {uuid}, which was not received on this channel")
+
+
+class DeviceNotVisible(ExchangeError):
+    """A pool's device is not one this process sees."""
+
+    def __init__(self, uuid: uuidlib.UUID, sender_ordinal: int):
+        self.uuid = uuid
+        self.sender_ordinal = sender_ordinal
+        super().__init__(
+            f"the peer's device {sender_ordinal} (UUID {uuid}) is not visible to this process "
+            "(check CUDA_VISIBLE_DEVICES)"
+        )
+
+
+@dataclass
+class RawMessage:
+    """A frame as received: its kind, payload and file descriptors (owned: close them)."""
+
+    kind: int
+    payload: bytes
+    fds: list[int] = field(default_factory=list)
+
+    def close_fds(self) -> None:
+        """Closes the message's descriptors."""
+        for fd in self.fds:
+            os.close(fd)
+        self.fds = []
+
+
+def _kind_name(kind: int) -> str:
+    return f"{kind} ({_KIND_NAMES[kind]})" if kind in _KIND_NAMES else str(kind)
+
+
+class Channel:
+    """One end of a cuda-mem-ipc channel: framed messages with file descriptors over a connected
+    Unix domain stream socket (the framing is in the module's docs).
+
+    ``send`` and ``recv`` are for one thread at a time each."""
+
+    def __init__(self, sock: socket.socket):
+        if sock.family != socket.AF_UNIX or sock.type != socket.SOCK_STREAM:
+            raise ExchangeError(f"a channel needs a Unix domain stream socket, not {sock!r}")
+        self.sock = sock
+        self._recv_broken = False
+        self._send_broken = False
+
+    @classmethod
+    def pair(cls) -> tuple["Channel", "Channel"]:
+        """Two connected ends."""
+        a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        return cls(a), cls(b)
+
+    @classmethod
+    def connect(cls, path: str | os.PathLike) -> "Channel":
+        """Connects to a listener at ``path`` (Rust's ``ChannelListener``, or :meth:`listen`)."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(os.fspath(path))
+        except BaseException:
+            sock.close()
+            raise
+        return cls(sock)
+
+    @staticmethod
+    def listen(path: str | os.PathLike) -> socket.socket:
+        """A listening socket bound at ``path``: ``Channel.accept(listener)`` takes one peer
+        (Rust's ``Channel::connect`` connects)."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.bind(os.fspath(path))
+            sock.listen()
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
+    @classmethod
+    def accept(cls, listener: socket.socket) -> "Channel":
+        """The next peer to connect to ``listener``."""
+        sock, _ = listener.accept()
+        return cls(sock)
+
+    @classmethod
+    def from_env(cls) -> "Channel":
+        """The channel a parent passed (Rust's ``spawn_with_channel`` or this module's): the
+        descriptor ``CUDA_MEM_IPC_CHANNEL_FD`` names, checked to be the very socket whose inode
+        ``CUDA_MEM_IPC_CHANNEL_INODE`` names (so a grandchild that inherited the environment but
+        not the descriptor does not take some other file). It is made close-on-exec again."""
+        try:
+            fd = int(os.environ[CHANNEL_FD_ENV])
+            inode = int(os.environ[CHANNEL_INODE_ENV])
+        except KeyError as missing:
+            raise ExchangeError(f"{missing.args[0]} is not set, so this process was not given a channel") from None
+        except ValueError as bad:
+            raise ExchangeError(f"{CHANNEL_FD_ENV}/{CHANNEL_INODE_ENV} are not numbers: {bad}") from None
+        try:
+            info = os.fstat(fd)
+        except OSError as e:
+            raise ExchangeError(f"{CHANNEL_FD_ENV} names descriptor {fd}, which is not open here") from e
+        if not stat.S_ISSOCK(info.st_mode) or info.st_ino != inode:
+            raise ExchangeError(
+                f"descriptor {fd} from {CHANNEL_FD_ENV} is not the channel the parent passed "
+                f"(inode {info.st_ino}, expected a socket with inode {inode})"
+            )
+        os.set_inheritable(fd, False)
+        return cls(socket.socket(fileno=fd))
+
+    def settimeout(self, seconds: float | None) -> None:
+        """How long a send or receive waits (``None``: indefinitely)."""
+        self.sock.settimeout(seconds)
+
+    def fileno(self) -> int:
+        """The socket's descriptor."""
+        return self.sock.fileno()
+
+    def close(self) -> None:
+        """Closes this end."""
+        self.sock.close()
+
+    def __enter__(self) -> "Channel":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def send(self, kind: int, payload: bytes = b"", fds: list[int] | tuple[int, ...] = ()) -> None:
+        """Sends one frame: ``kind``, ``payload`` and duplicates of ``fds`` for the peer (the
+        caller keeps its own)."""
+        if len(payload) > MAX_PAYLOAD_LEN:
+            raise ExchangeError(f"a payload of {len(payload)} bytes, more than the limit of {MAX_PAYLOAD_LEN}")
+        if len(fds) > MAX_FDS:
+            raise ExchangeError(f"{len(fds)} file descriptors, more than the limit of {MAX_FDS}")
+        if self._send_broken:
+            raise ExchangeError("an earlier send failed partway through a message: open a new channel")
+        frame = _HEADER.pack(FRAME_MAGIC, FRAME_VERSION, kind, len(payload), len(fds), 0) + bytes(payload)
+        self.send_frame(frame, fds)
+
+    def send_frame(self, frame: bytes, fds: list[int] | tuple[int, ...] = ()) -> None:
+        """Sends bytes as they are, ``fds`` on the first of them: for tests of a peer's checks."""
+        view = memoryview(frame)
+        sent = 0
+        try:
+            sent = socket.send_fds(self.sock, [view], list(fds)) if fds else self.sock.send(view)
+            while sent < len(view):
+                sent += self.sock.send(view[sent:])
+        except (BrokenPipeError, ConnectionResetError):
+            self._send_broken = sent > 0
+            raise PeerClosed() from None
+        except BaseException:
+            self._send_broken = sent > 0
+            raise
+
+    def recv(self) -> RawMessage:
+        """Receives the next frame whole. Raises :class:`PeerClosed` at an end of stream between
+        frames, :class:`ProtocolError` for a malformed frame (whose descriptors are closed)."""
+        if self._recv_broken:
+            raise ProtocolError(
+                "the channel", "message boundaries intact", "an earlier message cut short or malformed"
+            )
+        fds: list[int] = []
+        consumed = [0]
+        try:
+            header = self._read(HEADER_LEN, fds, consumed, MAX_FDS)
+            magic, version, kind, length, fd_count, reserved = _HEADER.unpack(header)
+            if magic != FRAME_MAGIC:
+                raise ProtocolError(
+                    "a frame's magic",
+                    FRAME_MAGIC,
+                    magic,
+                    "the peer does not speak the cuda-mem-ipc channel protocol",
+                )
+            if version != FRAME_VERSION:
+                raise ProtocolError(
+                    "the frame version", FRAME_VERSION, version, "the peer uses a different cuda-mem-ipc version"
+                )
+            if reserved != 0:
+                raise ProtocolError("the frame header's reserved field", 0, reserved)
+            if length > MAX_PAYLOAD_LEN:
+                raise ProtocolError("a frame's payload length", f"at most {MAX_PAYLOAD_LEN}", length)
+            if fd_count > MAX_FDS:
+                raise ProtocolError("a frame's descriptor count", f"at most {MAX_FDS}", fd_count)
+            if len(fds) > fd_count:
+                raise ProtocolError("file descriptors with a frame", fd_count, len(fds))
+            payload = self._read(length, fds, consumed, fd_count)
+            if len(fds) != fd_count:
+                raise ProtocolError("file descriptors with a frame", fd_count, len(fds))
+            return RawMessage(kind, payload, fds)
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            if consumed[0] > 0:
+                self._recv_broken = True
+            raise
+
+    def _read(self, n: int, fds: list[int], consumed: list[int], fd_limit: int) -> bytes:
+        """Exactly ``n`` bytes of the current frame, keeping the descriptors that come along."""
+        chunks = []
+        left = n
+        while left > 0:
+            data, received, flags, _ = socket.recv_fds(self.sock, left, MAX_FDS, socket.MSG_CMSG_CLOEXEC)
+            fds.extend(received)
+            if flags & socket.MSG_CTRUNC:
+                raise ProtocolError("a frame's control data", "all of its descriptors", "truncated control data")
+            if len(fds) > fd_limit:
+                raise ProtocolError("file descriptors with a frame", f"at most {fd_limit}", len(fds))
+            if not data:
+                if consumed[0] == 0:
+                    raise PeerClosed()
+                raise ProtocolError("the rest of a frame", f"{left} more bytes", "the end of the stream")
+            consumed[0] += len(data)
+            chunks.append(data)
+            left -= len(data)
+        return b"".join(chunks)
+
+
+def spawn_with_channel(args, **popen_kwargs) -> tuple[subprocess.Popen, Channel]:
+    """Starts ``args`` (as ``subprocess.Popen``) with one end of a new channel and returns the
+    process and the other end. The child finds its end through ``CUDA_MEM_IPC_CHANNEL_FD`` and
+    ``CUDA_MEM_IPC_CHANNEL_INODE``, as a child of Rust's ``spawn_with_channel`` does: a Rust
+    child takes it with ``Channel::from_env``, a Python one with :meth:`Channel.from_env`."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        env = dict(popen_kwargs.pop("env", None) or os.environ)
+        env[CHANNEL_FD_ENV] = str(theirs.fileno())
+        env[CHANNEL_INODE_ENV] = str(os.fstat(theirs.fileno()).st_ino)
+        pass_fds = tuple(popen_kwargs.pop("pass_fds", ())) + (theirs.fileno(),)
+        process = subprocess.Popen(args, env=env, pass_fds=pass_fds, **popen_kwargs)
+    except BaseException:
+        ours.close()
+        raise
+    finally:
+        theirs.close()
+    return process, Channel(ours)
+
+
+def encode_descriptor(export_data: bytes, size: int, resource: uuidlib.UUID) -> bytes:
+    """A buffer descriptor's 108 bytes: ``b"CUMEMBUF"``, version 1 (u16), flags 0 (u16),
+    reserved 0 (u32), size (u64), the pool's UUID (16 bytes), the driver's 64 bytes of export
+    data, and the CRC-32 (zlib's) of all that (u32), little-endian."""
+    if len(export_data) != EXPORT_DATA_LEN:
+        raise ExchangeError(f"export data of {len(export_data)} bytes, expected {EXPORT_DATA_LEN}")
+    if not 1 <= size <= MAX_BUFFER_SIZE:
+        raise ExchangeError(f"a buffer of {size} bytes, expected 1 to {MAX_BUFFER_SIZE}")
+    body = _DESCRIPTOR_HEAD.pack(DESCRIPTOR_MAGIC, DESCRIPTOR_VERSION, 0, 0, size, resource.bytes) + export_data
+    return body + struct.pack("<I", zlib.crc32(body))
+
+
+def decode_descriptor(encoded: bytes) -> tuple[bytes, int, uuidlib.UUID]:
+    """``(export_data, size, resource UUID)`` of an encoded buffer descriptor, checked as Rust's
+    ``BufferDescriptor::decode`` checks it (length, magic, version, checksum, flags, reserved,
+    size, UUID), each failure a :class:`ProtocolError`."""
+    if len(encoded) != DESCRIPTOR_LEN:
+        raise ProtocolError("a buffer descriptor's length", DESCRIPTOR_LEN, len(encoded))
+    magic, version, flags, reserved, size, resource = _DESCRIPTOR_HEAD.unpack_from(encoded)
+    if magic != DESCRIPTOR_MAGIC:
+        raise ProtocolError("a buffer descriptor's magic", DESCRIPTOR_MAGIC, magic)
+    if version != DESCRIPTOR_VERSION:
+        raise ProtocolError(
+            "the buffer descriptor version",
+            DESCRIPTOR_VERSION,
+            version,
+            "the peer uses a different cuda-mem-ipc version",
+        )
+    (stored,) = struct.unpack_from("<I", encoded, DESCRIPTOR_LEN - 4)
+    computed = zlib.crc32(encoded[: DESCRIPTOR_LEN - 4])
+    if stored != computed:
+        raise ProtocolError("a buffer descriptor's checksum", f"{computed:#010x}", f"{stored:#010x}", "damaged")
+    if flags != 0 or reserved != 0:
+        raise ProtocolError("a buffer descriptor's flags and reserved field", "0 and 0", f"{flags} and {reserved}")
+    if not 1 <= size <= MAX_BUFFER_SIZE:
+        raise ProtocolError("a buffer descriptor's size", f"1 to {MAX_BUFFER_SIZE}", size)
+    if resource == bytes(16):
+        raise ProtocolError("a buffer descriptor's pool UUID", "a UUID", "the nil UUID")
+    export_data = encoded[_DESCRIPTOR_HEAD.size : DESCRIPTOR_LEN - 4]
+    return export_data, size, uuidlib.UUID(bytes=resource)
+
+
+@dataclass
+class Resource:
+    """A pool arrived: ``resource`` is the cuda.core memory resource (imported, or the one this
+    process imported earlier under ``uuid``)."""
+
+    resource: object
+    uuid: uuidlib.UUID
+
+
+@dataclass
+class Buffers:
+    """Buffers arrived: cuda.core ``Buffer`` objects mapped through their pools."""
+
+    buffers: list
+
+
+@dataclass
+class Data:
+    """The peer's own bytes."""
+
+    data: bytes
+
+
+def _core():
+    """cuda.core, imported when first needed (the framing works without it)."""
+    import cuda.core as core
+
+    return core
+
+
+def _device_uuid(device) -> bytes:
+    """The 16 bytes of a cuda.core device's UUID (``cuDeviceGetUuid``'s, as Rust's
+    ``Device::uuid``), with or without a ``GPU-``/``MIG-`` prefix."""
+    text = device.uuid
+    if text[:4] in ("GPU-", "MIG-"):
+        text = text[4:]
+    return uuidlib.UUID(text).bytes
+
+
+def _export_data(descriptor) -> bytes:
+    """The driver's export data of a cuda.core ``IPCBufferDescriptor``, through its pickling
+    contract (``(IPCBufferDescriptor._init, (payload, size))``)."""
+    _, (payload, _) = descriptor.__reduce__()
+    return bytes(payload)
+
+
+class IpcChannel:
+    """Pools, buffers and bytes between this process (cuda.core) and a cuda-mem-ipc peer, over a
+    :class:`Channel`: Python's counterpart of Rust's ``cuda_mem_ipc::IpcChannel``.
+
+    Sending a buffer whose pool was not sent on this channel sends the pool first. The channel
+    keeps every pool it received, by the UUID the peer named it with, for as long as it lives
+    (or until :meth:`release_resource`); buffers map only through pools received on this
+    channel."""
+
+    def __init__(self, channel: Channel):
+        self.channel = channel
+        self._sent: set[uuidlib.UUID] = set()
+        self._received: dict[uuidlib.UUID, object] = {}
+
+    def resource(self, uuid: uuidlib.UUID):
+        """The pool received under ``uuid``, if the channel still keeps it."""
+        return self._received.get(uuid)
+
+    def release_resource(self, uuid: uuidlib.UUID):
+        """Lets go of the pool received under ``uuid`` (buffers already mapped keep it alive)."""
+        return self._received.pop(uuid, None)
+
+    def uuid_of(self, mr) -> uuidlib.UUID:
+        """The UUID a pool goes by on the wire: the one it was received under, else its own."""
+        for uuid, received in self._received.items():
+            if received is mr:
+                return uuid
+        if not getattr(mr, "is_ipc_enabled", False) or mr.uuid is None:
+            raise ExchangeError(f"{type(mr).__name__} is not IPC-enabled: create it with ipc_enabled=True")
+        return mr.uuid
+
+    def send_resource(self, mr) -> None:
+        """Sends an IPC-enabled ``DeviceMemoryResource`` or ``PinnedMemoryResource`` (its
+        allocation handle's descriptor, and its UUID)."""
+        core = _core()
+        uuid = self.uuid_of(mr)
+        if isinstance(mr, core.DeviceMemoryResource):
+            device = core.Device(mr.device_id)
+            head = struct.pack("<16sBi3x", uuid.bytes, DEVICE_MEMORY, device.device_id) + _device_uuid(device)
+        elif isinstance(mr, core.PinnedMemoryResource):
+            head = struct.pack("<16sBi3x", uuid.bytes, PINNED_MEMORY, -1) + bytes(16)
+        else:
+            raise ExchangeError(f"a {type(mr).__name__} cannot be shared: only device and pinned pools can")
+        self.channel.send(RESOURCE, head, [mr.allocation_handle.handle])
+        self._sent.add(uuid)
+
+    def send_buffers(self, buffers) -> None:
+        """Sends cuda.core buffers of IPC-enabled pools in one message, each pool first if it
+        was not sent on this channel yet."""
+        if len(buffers) > MAX_BUFFERS_PER_MESSAGE:
+            raise ExchangeError(f"{len(buffers)} buffers, more than one message carries ({MAX_BUFFERS_PER_MESSAGE})")
+        encoded = []
+        for buffer in buffers:
+            mr = buffer.memory_resource
+            uuid = self.uuid_of(mr)
+            if uuid not in self._sent:
+                self.send_resource(mr)
+            descriptor = buffer.ipc_descriptor
+            encoded.append(encode_descriptor(_export_data(descriptor), descriptor.size, uuid))
+        self.channel.send(BUFFERS, struct.pack("<I", len(encoded)) + b"".join(encoded))
+
+    def send_data(self, data: bytes) -> None:
+        """Sends the application's bytes."""
+        self.channel.send(DATA, data)
+
+    def recv(self, stream) -> Resource | Buffers | Data:
+        """Receives one message: imports a pool, maps buffers (freed on ``stream`` when
+        closed), or returns bytes. A refused message's descriptors are closed and nothing of it
+        stays imported."""
+        message = self.channel.recv()
+        try:
+            if message.kind == RESOURCE:
+                return self._receive_resource(message)
+            if message.kind != VIRTUAL_BUFFER:
+                _expect_no_fds(message)
+            if message.kind == BUFFERS:
+                return self._receive_buffers(message.payload, stream)
+            if message.kind == DATA:
+                return Data(message.payload)
+            if message.kind == VIRTUAL_BUFFER:
+                raise ProtocolError(
+                    "the message kind",
+                    "1 (resource), 2 (buffers) or 3 (data)",
+                    _kind_name(message.kind),
+                    "cuda.core cannot import a cuda-mem-vmm virtual buffer",
+                )
+            raise ProtocolError(
+                "the message kind", "1 (resource), 2 (buffers) or 3 (data)", _kind_name(message.kind)
+            )
+        finally:
+            message.close_fds()
+
+    def _receive_resource(self, message: RawMessage) -> Resource:
+        core = _core()
+        payload = message.payload
+        if len(payload) != RESOURCE_LEN or len(message.fds) != 1:
+            raise ProtocolError(
+                "a resource message",
+                f"{RESOURCE_LEN} bytes and 1 file descriptor",
+                f"{len(payload)} bytes and {len(message.fds)}",
+            )
+        uuid_bytes, kind, ordinal, reserved, device_uuid = struct.unpack("<16sBi3s16s", payload)
+        if reserved != bytes(3):
+            raise ProtocolError("a resource message's reserved bytes", "zero", reserved)
+        if uuid_bytes == bytes(16):
+            raise ProtocolError("a resource message's pool UUID", "a UUID", "the nil UUID")
+        uuid = uuidlib.UUID(bytes=uuid_bytes)
+        if kind == DEVICE_MEMORY:
+            if ordinal < 0 or device_uuid == bytes(16):
+                raise ProtocolError(
+                    "a device pool's ordinal and device UUID", "an ordinal >= 0 and a UUID", (ordinal, device_uuid)
+                )
+            device = next((d for d in core.Device.get_all_devices() if _device_uuid(d) == device_uuid), None)
+            if device is None:
+                raise DeviceNotVisible(uuidlib.UUID(bytes=device_uuid), ordinal)
+            cls, args = core.DeviceMemoryResource, (device,)
+        elif kind == PINNED_MEMORY:
+            if ordinal != -1 or device_uuid != bytes(16):
+                raise ProtocolError("a pinned pool's ordinal and device UUID", "-1 and zero", (ordinal, device_uuid))
+            cls, args = core.PinnedMemoryResource, ()
+        else:
+            raise ProtocolError("a resource message's memory kind", "0 (device) or 1 (pinned)", kind)
+        mr = self._received.get(uuid)
+        if mr is None:
+            try:
+                mr = cls.from_registry(uuid)
+            except RuntimeError:
+                mr = cls.from_allocation_handle(*args, message.fds[0])
+                mr.register(uuid)
+        if not isinstance(mr, cls) or (kind == DEVICE_MEMORY and mr.device_id != args[0].device_id):
+            raise ProtocolError(f"pool {uuid}", f"a {cls.__name__} as the message says", f"{mr!r}")
+        self._received[uuid] = mr
+        return Resource(mr, uuid)
+
+    def _receive_buffers(self, payload: bytes, stream) -> Buffers:
+        core = _core()
+        # Where cuda.core keeps the class its pickled descriptors name.
+        from cuda.core._memory._ipc import IPCBufferDescriptor
+
+        if len(payload) < 4:
+            raise ProtocolError("a buffers message's length", "at least 4 bytes", len(payload))
+        (count,) = struct.unpack_from("<I", payload)
+        if count > MAX_BUFFERS_PER_MESSAGE:
+            raise ProtocolError("a buffers message's count", f"at most {MAX_BUFFERS_PER_MESSAGE}", count)
+        if len(payload) != 4 + count * DESCRIPTOR_LEN:
+            raise ProtocolError(f"a buffers message for {count} buffers", 4 + count * DESCRIPTOR_LEN, len(payload))
+        # Decode everything, and find every pool, before importing anything.
+        descriptors = [decode_descriptor(payload[at : at + DESCRIPTOR_LEN]) for at in range(4, len(payload), DESCRIPTOR_LEN)]
+        pools = []
+        for _, _, uuid in descriptors:
+            if uuid not in self._received:
+                raise UnknownResource(uuid)
+            pools.append(self._received[uuid])
+        buffers = []
+        try:
+            for (export_data, size, _), mr in zip(descriptors, pools):
+                # The constructor cuda.core's own unpickling uses.
+                descriptor = IPCBufferDescriptor._init(export_data, size)
+                buffers.append(core.Buffer.from_ipc_descriptor(mr, descriptor, stream=stream))
+        except BaseException:
+            for buffer in buffers:
+                buffer.close(stream)
+            raise
+        return Buffers(buffers)
+
+
+def _expect_no_fds(message: RawMessage) -> None:
+    if message.fds:
+        raise ProtocolError(f"file descriptors with a {_kind_name(message.kind)} message", 0, len(message.fds))

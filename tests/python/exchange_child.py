@@ -1,0 +1,56 @@
+"""The Python child of `tests/tests/python_exchange.rs`: started by a Rust parent with
+`cuda_mem_ipc::spawn_with_channel`, it imports the parent's pools and buffers with cuda.core
+through `cuda_mem_exchange`, checks and rewrites them. Usage: `exchange_child.py roundtrip|mismatch`.
+
+Protocol with the parent: the parent sends the seeds of its buffers (u32 LE each), then the
+buffers (each pool first); buffer i holds `pattern(seed_i)`; the child writes `pattern(seed_i +
+100)` into it and answers b"rewritten". In `mismatch`, a message of an unknown kind and a
+resource message of an unknown memory kind come first, each answered with the child's error text;
+then the round trip; then a frame of another version, answered likewise.
+"""
+
+import sys
+
+from exchange_common import RECV_TIMEOUT, cx, expect, pattern, read_bytes, refused, setup, u32s, write_bytes
+
+
+def round_trip(channel, stream) -> None:
+    seeds = u32s(expect(channel.recv(stream), cx.Data).data)
+    kinds = []
+    while True:
+        message = channel.recv(stream)
+        if isinstance(message, cx.Buffers):
+            break
+        kinds.append(type(expect(message, cx.Resource).resource).__name__)
+    buffers = message.buffers
+    print(f"pools {kinds}, buffers {[b.size for b in buffers]}", flush=True)
+    assert len(buffers) == len(seeds), (len(buffers), seeds)
+    for seed, buffer in zip(seeds, buffers):
+        assert buffer.is_mapped
+        assert read_bytes(buffer, stream) == pattern(seed, buffer.size), f"buffer of seed {seed}: the parent's bytes"
+        write_bytes(buffer, pattern(seed + 100, buffer.size), stream)
+    channel.send_data(b"rewritten")
+    for buffer in buffers:
+        buffer.close(stream)
+    stream.sync()
+
+
+def main(mode: str) -> None:
+    _, stream = setup()
+    raw = cx.Channel.from_env()
+    raw.settimeout(RECV_TIMEOUT)
+    channel = cx.IpcChannel(raw)
+    if mode == "mismatch":
+        text = refused(channel, stream, cx.ProtocolError, "message kind", "received 77")
+        channel.send_data(text.encode())
+        text = refused(channel, stream, cx.ProtocolError, "memory kind", "0 (device) or 1 (pinned)", "received 7")
+        channel.send_data(text.encode())
+    round_trip(channel, stream)
+    if mode == "mismatch":
+        text = refused(channel, stream, cx.ProtocolError, "frame version", "expected 1, received 2")
+        channel.send_data(text.encode())
+    print(f"python-child: ok {mode}", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,299 @@
+//! Sharing with Python processes that use cuda.core: a Rust process and a Python process share
+//! pools and buffers both ways, through `python/cuda_mem_exchange.py` on the Python side
+//! (cuda.core as published, unchanged) and cuda-mem-ipc on ours.
+//!
+//! - Rust parent, Python child (`tests/python/exchange_child.py`): a device and a pinned pool's
+//!   buffers, written here, are checked and rewritten there, and the new bytes are seen here.
+//! - Python parent (`tests/python/exchange_parent.py`), Rust child (this test binary, re-run for
+//!   one test with a role): the same, the other way.
+//! - Mismatches: a message of an unknown kind, a pool of an unknown memory kind, a buffer
+//!   descriptor of another version and a frame of another version are refused on each side with
+//!   an error naming what was expected and what came; both processes go on (the round trip runs
+//!   after the refusals) and exit cleanly.
+//!
+//! The Python side needs a Python with cuda.core, named by `CUDA_MEM_PYTHON`: `cargo xtask ci`
+//! sets it (its step "cuda.core exchange on the simulator" installs cuda.core into a private
+//! virtual environment and runs this file). Without it these tests say SKIP on stderr and pass
+//! without running: the CI step, which runs them with it set, is where they count. On the
+//! simulator, the Python process loads the same simulator as this one (a `libcuda.so.1` link
+//! to it, first in `LD_LIBRARY_PATH`) with the same settings, so both simulate one machine.
+
+#[macro_use]
+mod common;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use common::*;
+use cuda_mem_core::{Buffer, MemoryResource, PoolKind, Stream};
+use cuda_mem_ipc::{CHANNEL_FD_ENV, CHANNEL_INODE_ENV, DecodeError, IpcChannel, IpcError, Received, allocation_handle};
+use tests::child_process::{KillOnDrop, read_in_background};
+
+/// The environment variable naming a Python that has cuda.core.
+const PYTHON_ENV: &str = "CUDA_MEM_PYTHON";
+
+/// How long a Python process may run.
+const PYTHON_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// The Python to run, or `None` (said on stderr) when `CUDA_MEM_PYTHON` is not set.
+fn python() -> Option<PathBuf> {
+    let python = std::env::var_os(PYTHON_ENV).map(PathBuf::from);
+    if python.is_none() {
+        // Straight to the standard error, past the test harness's capture, so that the skip
+        // shows in `cargo test`'s output.
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIP: {PYTHON_ENV} is not set, so the Python side cannot run: `cargo xtask ci` runs these tests \
+             with a Python that has cuda.core"
+        );
+    }
+    python
+}
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// `python script mode`, with the simulator this process uses as its `libcuda.so.1` (on a real
+/// driver, the system's).
+fn python_command(python: &Path, script: &str, mode: &str) -> Command {
+    let mut command = Command::new(python);
+    command
+        .arg(workspace().join("tests/python").join(script))
+        .arg(mode)
+        .env_remove(CHANNEL_FD_ENV)
+        .env_remove(CHANNEL_INODE_ENV)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if cuda_sim::testing::on_simulator() {
+        let library = cuda_sim::testing::library_path().expect("the simulator library");
+        let dir = std::env::temp_dir().join(format!("cuda-mem-python-exchange-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a folder for libcuda.so.1");
+        let link = dir.join("libcuda.so.1");
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(&library, &link).expect("libcuda.so.1 links to the simulator");
+        let mut path = std::ffi::OsString::from(&dir);
+        if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
+            path.push(":");
+            path.push(old);
+        }
+        command.env("LD_LIBRARY_PATH", path);
+    }
+    command
+}
+
+/// A Python process, its output read as it runs; killed, and its output shown, if dropped
+/// before [`PythonProcess::wait`] (a failed test).
+struct PythonProcess {
+    child: KillOnDrop,
+    stdout: Option<JoinHandle<String>>,
+    stderr: Option<JoinHandle<String>>,
+}
+
+impl PythonProcess {
+    fn new(child: std::process::Child) -> PythonProcess {
+        let mut child = KillOnDrop::new(child);
+        let stdout = child.child().stdout.take().map(read_in_background);
+        let stderr = child.child().stderr.take().map(read_in_background);
+        PythonProcess { child, stdout, stderr }
+    }
+
+    fn output(&mut self) -> (String, String) {
+        let join = |h: Option<JoinHandle<String>>| h.map(|h| h.join().unwrap_or_default()).unwrap_or_default();
+        (join(self.stdout.take()), join(self.stderr.take()))
+    }
+
+    /// Waits and asserts it exited 0 having printed `marker` (so a script that did not get to
+    /// its end never passes).
+    fn wait(mut self, marker: &str) {
+        let status = self.child.wait(PYTHON_TIMEOUT);
+        let (stdout, stderr) = self.output();
+        let ok = matches!(&status, Ok(status) if status.success());
+        assert!(
+            ok && stdout.lines().any(|line| line == marker),
+            "the Python process failed ({status:?}):\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
+        );
+        eprintln!("{stdout}");
+    }
+}
+
+impl Drop for PythonProcess {
+    fn drop(&mut self) {
+        if self.stdout.is_none() && self.stderr.is_none() {
+            return;
+        }
+        // Not waited for: the test failed. Stop it and show what it said.
+        let _ = self.child.child().kill();
+        let (stdout, stderr) = self.output();
+        eprintln!("the Python process:\n--- stdout\n{stdout}\n--- stderr\n{stderr}");
+    }
+}
+
+const DEVICE_SIZES: [usize; 3] = [1 << 16, 1000, 1];
+const PINNED_SIZE: usize = 4096;
+
+/// Buffers of a device and a pinned pool, buffer i holding `pattern(1 + i)`, and their seeds.
+fn written_buffers(stream: &Stream) -> (Vec<Arc<dyn MemoryResource>>, Vec<Buffer>, Vec<u32>) {
+    let device = device_pool(stream.device());
+    let pinned = pinned_pool(stream.device());
+    let mut buffers: Vec<Buffer> = DEVICE_SIZES.iter().map(|&n| device.allocate(n, stream).unwrap()).collect();
+    buffers.push(pinned.allocate(PINNED_SIZE, stream).unwrap());
+    let seeds: Vec<u32> = (1..=buffers.len() as u32).collect();
+    for (buffer, &seed) in buffers.iter_mut().zip(&seeds) {
+        write_bytes(buffer, &pattern(seed, buffer.size()), stream);
+    }
+    (vec![device, pinned], buffers, seeds)
+}
+
+fn seeds_bytes(seeds: &[u32]) -> Vec<u8> {
+    seeds.iter().flat_map(|s| s.to_le_bytes()).collect()
+}
+
+/// Sends the seeds and the buffers (each pool first), and checks the child's rewrite.
+fn round_trip_to_child(channel: &IpcChannel, buffers: &[Buffer], seeds: &[u32], stream: &Stream) {
+    channel.send_data(&seeds_bytes(seeds)).unwrap();
+    channel.send_buffers(&buffers.iter().collect::<Vec<_>>()).unwrap();
+    expect_text(channel, stream, "rewritten");
+    for (i, (buffer, &seed)) in buffers.iter().zip(seeds).enumerate() {
+        assert_eq!(
+            read_bytes(buffer, stream),
+            pattern(seed + 100, buffer.size()),
+            "buffer {i}: the Python child's bytes"
+        );
+    }
+}
+
+/// Starts the Python child with a channel to it.
+fn spawn_python_child(python: &Path, mode: &str) -> (PythonProcess, IpcChannel) {
+    let mut command = python_command(python, "exchange_child.py", mode);
+    let (child, channel) = cuda_mem_ipc::spawn_with_channel(&mut command).expect("the Python child starts");
+    channel.set_read_timeout(Some(RECV_TIMEOUT)).unwrap();
+    channel.set_write_timeout(Some(RECV_TIMEOUT)).unwrap();
+    (PythonProcess::new(child), IpcChannel::new(channel))
+}
+
+#[test]
+fn rust_parent_python_child_round_trip() {
+    let Some(python) = python() else { return };
+    let (_, stream) = setup();
+    let (_pools, buffers, seeds) = written_buffers(&stream);
+    let (child, channel) = spawn_python_child(&python, "roundtrip");
+    round_trip_to_child(&channel, &buffers, &seeds, &stream);
+    child.wait("python-child: ok roundtrip");
+}
+
+#[test]
+fn rust_parent_python_child_mismatches() {
+    let Some(python) = python() else { return };
+    let (_, stream) = setup();
+    let (pools, buffers, seeds) = written_buffers(&stream);
+    let (child, channel) = spawn_python_child(&python, "mismatch");
+
+    // A kind the Python side does not know.
+    channel.channel().send(77, b"an unknown kind", &[]).unwrap();
+    let answer = String::from_utf8(expect_data(&channel, &stream)).unwrap();
+    assert!(answer.contains("expected 1 (resource), 2 (buffers) or 3 (data), received 77"), "{answer}");
+
+    // A pool described as memory kind 7, with its real descriptor.
+    let handle = allocation_handle(&*pools[0]).unwrap();
+    let mut payload = [0u8; 40];
+    payload[..16].copy_from_slice(handle.uuid().as_bytes());
+    payload[16] = 7;
+    channel.channel().send(1, &payload, &[handle.fd()]).unwrap();
+    let answer = String::from_utf8(expect_data(&channel, &stream)).unwrap();
+    assert!(answer.contains("memory kind: expected 0 (device) or 1 (pinned), received 7"), "{answer}");
+
+    // Both processes and the channel go on.
+    round_trip_to_child(&channel, &buffers, &seeds, &stream);
+
+    // A frame of another version: the channel's header, version 2.
+    let mut frame = Vec::from(*b"CUMEMMSG");
+    frame.extend_from_slice(&2u16.to_le_bytes());
+    frame.extend_from_slice(&3u16.to_le_bytes());
+    frame.extend_from_slice(&[0; 12]);
+    rustix::io::write(channel.channel(), &frame).unwrap();
+    let answer = String::from_utf8(expect_data(&channel, &stream)).unwrap();
+    assert!(answer.contains("frame version: expected 1, received 2"), "{answer}");
+    child.wait("python-child: ok mismatch");
+}
+
+/// Runs the Python parent, whose child is this test binary re-run for `test` only.
+fn run_python_parent(python: &Path, test: &str, mode: &str) {
+    let mut command = python_command(python, "exchange_parent.py", mode);
+    command
+        .env("CUDA_MEM_EXCHANGE_CHILD", std::env::current_exe().unwrap())
+        .env("CUDA_MEM_EXCHANGE_TEST", test)
+        .env_remove(ROLE_ENV);
+    let parent = PythonProcess::new(command.spawn().expect("the Python parent starts"));
+    parent.wait(&format!("python-parent: ok {mode}"));
+}
+
+/// The Rust child of the Python parent: receives the seeds, the pools and the buffers, checks
+/// the Python side's bytes and writes its own. `kinds` holds the kinds of the pools received
+/// before.
+fn round_trip_from_parent(channel: &IpcChannel, stream: &Stream, mut kinds: Vec<PoolKind>) {
+    let seeds: Vec<u32> =
+        expect_data(channel, stream).chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect();
+    let mut buffers = loop {
+        match channel.recv(stream).unwrap() {
+            Received::Resource(resource) => kinds.push(resource.kind()),
+            Received::Buffers(buffers) => break buffers,
+            other => panic!("expected a pool or buffers, got {other:?}"),
+        }
+    };
+    assert_eq!(buffers.len(), seeds.len());
+    assert_eq!(kinds, [PoolKind::Device(stream.device()), PoolKind::Pinned], "cuda.core's device and pinned pools");
+    for (buffer, &seed) in buffers.iter_mut().zip(&seeds) {
+        assert_eq!(read_bytes(buffer, stream), pattern(seed, buffer.size()), "buffer of seed {seed}: the Python bytes");
+        write_bytes(buffer, &pattern(seed + 100, buffer.size()), stream);
+    }
+    channel.send_data(b"rewritten").unwrap();
+}
+
+/// Receives a message that must be refused, answers with the error's text, returns the error.
+fn refuse(channel: &IpcChannel, stream: &Stream) -> IpcError {
+    let error = channel.recv(stream).expect_err("a refused message");
+    channel.send_data(error.to_string().as_bytes()).unwrap();
+    error
+}
+
+#[test]
+fn python_parent_rust_child_round_trip() {
+    if role().is_some() {
+        let (_, stream) = setup();
+        return round_trip_from_parent(&parent_channel(), &stream, Vec::new());
+    }
+    let Some(python) = python() else { return };
+    run_python_parent(&python, test_name!(), "roundtrip");
+}
+
+#[test]
+fn python_parent_rust_child_mismatches() {
+    if role().is_some() {
+        let (_, stream) = setup();
+        let channel = parent_channel();
+        let error = refuse(&channel, &stream);
+        assert!(matches!(&error, IpcError::Protocol(text) if text == "unknown message kind 77"), "{error:?}");
+        // The pool arrives whole; its buffer's descriptor is of version 2.
+        let Ok(Received::Resource(device_pool)) = channel.recv(&stream) else { panic!("expected the device pool") };
+        let error = refuse(&channel, &stream);
+        assert!(
+            matches!(error, IpcError::Decode(DecodeError::UnsupportedVersion { found: 2, supported: 1 })),
+            "{error:?}"
+        );
+        round_trip_from_parent(&channel, &stream, vec![device_pool.kind()]);
+        let error = refuse(&channel, &stream);
+        assert!(
+            matches!(&error, IpcError::Protocol(text) if text == "unsupported frame version 2, expected 1"),
+            "{error:?}"
+        );
+        return;
+    }
+    let Some(python) = python() else { return };
+    run_python_parent(&python, test_name!(), "mismatch");
+}
