@@ -565,11 +565,11 @@ fn location_table(locations: ManagedLocations<'_>, buffers: usize) -> Result<(Ve
     }
 }
 
-/// The ranges of a batch, every buffer checked managed; [`Error::EmptyBatch`] for none.
-fn ranges<'x, 'y: 'x>(
+/// The buffers of a batch, every one checked managed; [`Error::EmptyBatch`] for none.
+fn checked<'x, 'y: 'x>(
     buffers: impl IntoIterator<Item = &'x ScopedBuffer<'y>>,
     operation: &'static str,
-) -> Result<(Vec<&'x ScopedBuffer<'y>>, Vec<DevicePtr>, Vec<usize>)> {
+) -> Result<Vec<&'x ScopedBuffer<'y>>> {
     let buffers: Vec<&ScopedBuffer<'y>> = buffers.into_iter().collect();
     if buffers.is_empty() {
         return Err(Error::EmptyBatch { operation });
@@ -577,9 +577,40 @@ fn ranges<'x, 'y: 'x>(
     for buffer in &buffers {
         check_managed(buffer, operation)?;
     }
-    let ptrs = buffers.iter().map(|b| b.ptr()).collect();
-    let sizes = buffers.iter().map(|b| b.size()).collect();
-    Ok((buffers, ptrs, sizes))
+    Ok(buffers)
+}
+
+/// One batched driver call over checked `buffers` on `stream`: a discard (`discard`), a
+/// prefetch (`locations`), or both; then notes the stream's use of each buffer.
+fn run_batch(
+    buffers: &[&ScopedBuffer<'_>],
+    locations: Option<ManagedLocations<'_>>,
+    discard: bool,
+    stream: &Stream,
+) -> Result<()> {
+    let mut ptrs: Vec<DevicePtr> = buffers.iter().map(|b| b.ptr()).collect();
+    let mut sizes: Vec<usize> = buffers.iter().map(|b| b.size()).collect();
+    let (mut table, mut first) = match locations {
+        Some(locations) => location_table(locations, buffers.len())?,
+        None => (Vec::new(), Vec::new()),
+    };
+    let d = driver()?;
+    let stream = stream.on_calling_thread();
+    stream.bind_if_default()?;
+    let (p, z, n, s) = (ptrs.as_mut_ptr(), sizes.as_mut_ptr(), ptrs.len(), stream.handle());
+    let (l, f, k) = (table.as_mut_ptr(), first.as_mut_ptr(), table.len());
+    // SAFETY: each array is valid for the length passed with it; the ranges are the buffers',
+    // valid until they are freed, which is ordered after this work; a discard's buffers are
+    // borrowed exclusively by the callers, so no host slice of them is alive.
+    unsafe {
+        match (discard, locations.is_some()) {
+            (false, _) => cu_call!(d, cuMemPrefetchBatchAsync(p, z, n, l, f, k, 0, s)),
+            (true, false) => cu_call!(d, cuMemDiscardBatchAsync(p, z, n, 0, s)),
+            (true, true) => cu_call!(d, cuMemDiscardAndPrefetchBatchAsync(p, z, n, l, f, k, 0, s)),
+        }
+    }?;
+    buffers.iter().for_each(|b| b.note_use(&stream));
+    Ok(())
 }
 
 /// Prefetches many managed buffers in one `cuMemPrefetchBatchAsync` on `stream`: to one
@@ -595,30 +626,7 @@ pub fn prefetch_batch<'x, 'y: 'x, 'l>(
     locations: impl Into<ManagedLocations<'l>>,
     stream: &Stream,
 ) -> Result<()> {
-    let (buffers, mut ptrs, mut sizes) = ranges(buffers, "prefetch_batch")?;
-    let (mut table, mut first) = location_table(locations.into(), buffers.len())?;
-    let d = driver()?;
-    let stream = stream.on_calling_thread();
-    stream.bind_if_default()?;
-    // SAFETY: each array is valid for the length passed with it; the ranges are the buffers',
-    // valid until they are freed, which is ordered after this work.
-    unsafe {
-        cu_call!(
-            d,
-            cuMemPrefetchBatchAsync(
-                ptrs.as_mut_ptr(),
-                sizes.as_mut_ptr(),
-                ptrs.len(),
-                table.as_mut_ptr(),
-                first.as_mut_ptr(),
-                table.len(),
-                0,
-                stream.handle()
-            )
-        )
-    }?;
-    buffers.iter().for_each(|b| b.note_use(&stream));
-    Ok(())
+    run_batch(&checked(buffers, "prefetch_batch")?, Some(locations.into()), false, stream)
 }
 
 /// Discards many managed buffers in one `cuMemDiscardBatchAsync` on `stream` (cuda.core's
@@ -630,17 +638,8 @@ pub fn discard_batch<'x, 'b: 'x, 'y: 'b>(
     buffers: impl IntoIterator<Item = &'x mut ManagedBufferMut<'b, 'y>>,
     stream: &Stream,
 ) -> Result<()> {
-    let (buffers, mut ptrs, mut sizes) = ranges(buffers.into_iter().map(|b| b.shared.buffer), "discard_batch")?;
-    let d = driver()?;
-    let stream = stream.on_calling_thread();
-    stream.bind_if_default()?;
-    // SAFETY: as in `prefetch_batch`; the buffers are borrowed exclusively, so no host slice of
-    // them is alive.
-    unsafe {
-        cu_call!(d, cuMemDiscardBatchAsync(ptrs.as_mut_ptr(), sizes.as_mut_ptr(), ptrs.len(), 0, stream.handle()))
-    }?;
-    buffers.iter().for_each(|b| b.note_use(&stream));
-    Ok(())
+    let buffers = checked(buffers.into_iter().map(|b| b.shared.buffer), "discard_batch")?;
+    run_batch(&buffers, None, true, stream)
 }
 
 /// Discards many managed buffers and prefetches them, in one
@@ -653,30 +652,8 @@ pub fn discard_prefetch_batch<'x, 'b: 'x, 'y: 'b, 'l>(
     locations: impl Into<ManagedLocations<'l>>,
     stream: &Stream,
 ) -> Result<()> {
-    let (buffers, mut ptrs, mut sizes) =
-        ranges(buffers.into_iter().map(|b| b.shared.buffer), "discard_prefetch_batch")?;
-    let (mut table, mut first) = location_table(locations.into(), buffers.len())?;
-    let d = driver()?;
-    let stream = stream.on_calling_thread();
-    stream.bind_if_default()?;
-    // SAFETY: as in `discard_batch`.
-    unsafe {
-        cu_call!(
-            d,
-            cuMemDiscardAndPrefetchBatchAsync(
-                ptrs.as_mut_ptr(),
-                sizes.as_mut_ptr(),
-                ptrs.len(),
-                table.as_mut_ptr(),
-                first.as_mut_ptr(),
-                table.len(),
-                0,
-                stream.handle()
-            )
-        )
-    }?;
-    buffers.iter().for_each(|b| b.note_use(&stream));
-    Ok(())
+    let buffers = checked(buffers.into_iter().map(|b| b.shared.buffer), "discard_prefetch_batch")?;
+    run_batch(&buffers, Some(locations.into()), true, stream)
 }
 
 /// Makes a context current for a call that takes no stream: the buffer's device's, else
