@@ -537,8 +537,24 @@ impl<'a> ScopedBuffer<'a> {
     /// any other mapping of it), writes these bytes while the returned slice lives.
     ///
     /// # Errors
-    /// [`Error::NotHostAccessible`] for device-only memory; a driver error from synchronizing.
+    /// [`Error::NotHostAccessible`] for device-only memory; [`Error::ManagedAccessNotConcurrent`]
+    /// for managed memory where a device lacks concurrent managed access (see
+    /// [`host_slice_devices_idle`](ScopedBuffer::host_slice_devices_idle)); a driver error from
+    /// synchronizing.
     pub unsafe fn host_slice_assume_exclusive(&self) -> Result<&[u8]> {
+        self.check_host_accessible()?;
+        crate::managed::check_host_access(self)?;
+        // SAFETY: forwarded from the caller; host access may overlap device work (checked).
+        unsafe { self.host_slice_unchecked_concurrency() }
+    }
+
+    /// The host slice once the buffer's streams are done, without the managed-memory check.
+    ///
+    /// # Safety
+    /// As [`host_slice_assume_exclusive`](ScopedBuffer::host_slice_assume_exclusive), and host
+    /// access to the memory may overlap device work (it is not managed memory, every device has
+    /// concurrent managed access, or no device work runs while the slice lives).
+    pub(crate) unsafe fn host_slice_unchecked_concurrency(&self) -> Result<&[u8]> {
         self.check_host_accessible()?;
         self.wait_for_uses()?;
         if self.size == 0 {
@@ -561,6 +577,19 @@ impl<'a> ScopedBuffer<'a> {
     /// # Errors
     /// As [`host_slice_assume_exclusive`](ScopedBuffer::host_slice_assume_exclusive).
     pub unsafe fn host_slice_mut_assume_exclusive(&mut self) -> Result<&mut [u8]> {
+        self.check_host_accessible()?;
+        crate::managed::check_host_access(self)?;
+        // SAFETY: forwarded from the caller; host access may overlap device work (checked).
+        unsafe { self.host_slice_mut_unchecked_concurrency() }
+    }
+
+    /// [`host_slice_unchecked_concurrency`](ScopedBuffer::host_slice_unchecked_concurrency), for
+    /// writing.
+    ///
+    /// # Safety
+    /// As [`host_slice_mut_assume_exclusive`](ScopedBuffer::host_slice_mut_assume_exclusive),
+    /// and host access may overlap device work.
+    pub(crate) unsafe fn host_slice_mut_unchecked_concurrency(&mut self) -> Result<&mut [u8]> {
         self.check_host_accessible()?;
         self.wait_for_uses()?;
         if self.size == 0 {

@@ -184,6 +184,21 @@ impl Device {
         Ok(value)
     }
 
+    /// Whether the device can access managed memory concurrently with the host
+    /// (`CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS`). Without it, the host must not touch
+    /// managed memory while any device work runs (on such a system a host access during a
+    /// kernel faults): host slices of managed buffers are then refused
+    /// ([`Error::ManagedAccessNotConcurrent`]) unless every device is idle, and the driver
+    /// refuses prefetches to the device and the batched managed operations. cuda.core warns once
+    /// per process in this case; here the check is this query and those refusals.
+    ///
+    /// # Errors
+    /// If the driver call fails.
+    #[doc(alias = "CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS")]
+    pub fn concurrent_managed_access(&self) -> Result<bool> {
+        self.flag(A::CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS)
+    }
+
     fn flag(&self, attribute: CUdevice_attribute) -> Result<bool> {
         Ok(self.attribute(attribute)? != 0)
     }

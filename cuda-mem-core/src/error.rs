@@ -228,6 +228,60 @@ pub enum Error {
         /// Its size in bytes.
         size: usize,
     },
+    /// A managed-memory operation (advice, prefetch, discard, range query) on memory that is not
+    /// managed.
+    #[error(
+        "{operation} requires a managed-memory allocation ({size} bytes at {ptr:#x} is not managed memory): allocate \
+         it from a ManagedMemoryResource, or wrap memory from cuMemAllocManaged"
+    )]
+    NotManaged {
+        /// The operation refused (`"prefetch"`, `"set_read_mostly"`, …).
+        operation: &'static str,
+        /// The buffer's address.
+        ptr: crate::memory_resource::DevicePtr,
+        /// Its size in bytes.
+        size: usize,
+    },
+    /// Advice given with a location of a kind it does not take (checked before any driver
+    /// call; see [`Advice::accepts`](crate::Advice::accepts)).
+    #[error("advice {advice:?} does not take the location {location:?}: it takes {}", advice.accepted())]
+    AdviceLocation {
+        /// The advice.
+        advice: crate::managed::Advice,
+        /// The location refused.
+        location: crate::managed::Location,
+    },
+    /// A batched managed-memory operation given no buffers.
+    #[error("{operation} needs at least one buffer: the batch is empty")]
+    EmptyBatch {
+        /// The operation (`"prefetch_batch"`, …).
+        operation: &'static str,
+    },
+    /// A batched prefetch given a number of locations other than one or one per buffer.
+    #[error(
+        "{locations} locations for {buffers} buffers: give one location for every buffer (ManagedLocations::Same) \
+         or one per buffer"
+    )]
+    BatchLengthMismatch {
+        /// How many buffers.
+        buffers: usize,
+        /// How many locations.
+        locations: usize,
+    },
+    /// A host slice of managed memory on a system where a device lacks concurrent managed
+    /// access ([`Device::concurrent_managed_access`]): the host may touch managed memory only
+    /// while no device work runs.
+    #[error(
+        "host access to managed memory ({size} bytes at {ptr:#x}) is unsafe while device work runs, and a device \
+         here lacks concurrent managed access: use host_slice_devices_idle (unsafe), which synchronizes every \
+         device first, and launch no work while the slice lives"
+    )]
+    ManagedAccessNotConcurrent {
+        /// The buffer's address.
+        ptr: crate::memory_resource::DevicePtr,
+        /// Its size in bytes.
+        size: usize,
+    },
     /// Importing a pool gave the handle of a pool this process already owns (a driver may
     /// return one handle for every import of a pool): nothing new was owned, so that dropping the
     /// import cannot destroy the pool under its first owner.

@@ -30,6 +30,12 @@
 //!   shares itself with other processes: its shareable file descriptor, importing a pool, and
 //!   mapping another process's allocations, counted
 //!   ([`MemoryPool::import_allocation`]/[`MemoryPool::release_import`]).
+//! - Managed memory: [`Buffer::managed`] checks a buffer is managed and gives its advice
+//!   (read-mostly, preferred location, accessed-by), prefetches and the last prefetch location
+//!   ([`ManagedBuffer`]; discards through [`Buffer::managed_mut`]), with [`Location`]s;
+//!   [`prefetch_batch`], [`discard_batch`] and [`discard_prefetch_batch`] do many buffers in one
+//!   driver call; [`Device::concurrent_managed_access`] tells whether the host may touch managed
+//!   memory while devices work.
 //! - Without pools: [`SynchronousMemoryResource`] (`cuMemAlloc`) and
 //!   [`LegacyPinnedMemoryResource`] (`cuMemAllocHost`).
 //! - Adaptors over any resource, RMM's, which stack and are resources themselves:
@@ -80,6 +86,7 @@
 //! | `view` | [`DeviceView`], [`DeviceViewMut`]: typed views of a buffer, copies to and from Rust slices |
 //! | `device_resource` | [`DeviceMemoryResource`] and its options |
 //! | `host_resources` | [`PinnedMemoryResource`], [`ManagedMemoryResource`], their options and locations |
+//! | `managed` | managed memory's operations: [`ScopedBuffer::managed`] gives a checked [`ManagedBuffer`] (advice, preferred location, accessed-by, prefetch, last prefetch location; [`ManagedBufferMut`] discards), [`Location`], [`Advice`], the batches [`prefetch_batch`], [`discard_batch`], [`discard_prefetch_batch`] |
 //! | `legacy_resources` | [`SynchronousMemoryResource`], [`LegacyPinnedMemoryResource`] (no pools) |
 //! | `pool` | [`MemoryPool`] (a folder, a file per concern: attributes and [`PoolUsage`], [`PoolKind`], peers, sharing, counted imports), [`PoolResource`], [`pool_of`] |
 //! | `adaptors` | [`StatisticsAdaptor`] ([`AllocationStatistics`]), [`LimitingAdaptor`], [`TrackingAdaptor`] ([`LeakReport`], [`LiveAllocation`]): resources over resources, a file each |
@@ -169,6 +176,7 @@ mod event;
 mod handle_types;
 mod host_resources;
 mod legacy_resources;
+mod managed;
 mod memory_resource;
 mod pool;
 pub mod prelude;
@@ -202,6 +210,10 @@ pub use host_resources::{
     PinnedMemoryResourceOptions, PreferredLocation,
 };
 pub use legacy_resources::{LegacyPinnedMemoryResource, SynchronousMemoryResource};
+pub use managed::{
+    Advice, Location, ManagedBuffer, ManagedBufferMut, ManagedLocations, discard_batch, discard_prefetch_batch,
+    prefetch_batch,
+};
 pub use memory_resource::{AsDynMemoryResource, DevicePtr, MemoryResource, MemoryResourceExt};
 pub use pool::{
     EXPORT_DATA_LEN, MemoryPool, PoolAttributes, PoolKind, PoolResource, PoolUsage, ReusePolicy, ShareableHandle,

@@ -154,3 +154,33 @@
 //!   `CUDA_ERROR_INVALID_VALUE`, which `cuda.h` documents for both; what the real driver does is
 //!   not documented. Such records name the device by its physical index, so processes that
 //!   number the devices differently agree on which one it is.
+//! - **Managed memory operations** (`cuMemAdvise`, `cuMemPrefetchAsync`, the batched prefetches
+//!   and discards, `cuMemRangeGetAttribute(s)`; see `api::managed`) accept managed memory only,
+//!   `cuMemAllocManaged`'s or a managed pool's (cuda.core advises pool memory; the pointer
+//!   attribute `IS_MANAGED` is still false for it, as on the driver); system-allocated pageable
+//!   memory, which `cuda.h` allows only with `CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS` (0 on
+//!   every simulated device), is `CUDA_ERROR_INVALID_VALUE`, as are a zero count and a range that
+//!   leaves its allocation's last page (the documentation says neither). Each needs a current
+//!   context (`cuMemRangeGetAttributes` documents `CUDA_ERROR_INVALID_CONTEXT`; the others are
+//!   read the same way).
+//! - **Advice and prefetch locations**: a device that lacks concurrent managed access, or an
+//!   ordinal that names none, is `CUDA_ERROR_INVALID_DEVICE`; a host NUMA node other than 0 (the
+//!   simulated host's only node, also the calling thread's) and a location type an advice does
+//!   not take are `CUDA_ERROR_INVALID_VALUE`. When `CUDA_SIM_DEVICE_ATTRIBUTES` reports
+//!   `CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS` (89) as 0, the managed operations behave as
+//!   on such devices, and the batched calls, which need it on every device ("otherwise the API
+//!   will return an error", code unnamed), return `CUDA_ERROR_NOT_SUPPORTED`.
+//! - **Batched prefetches and discards** on the legacy NULL stream ("must not be") and with an
+//!   empty or malformed location table (no entry, more entries than operations, a first index
+//!   other than 0, indices not increasing or past the last operation) return
+//!   `CUDA_ERROR_INVALID_VALUE`; every operation is checked before any is recorded or enqueued.
+//! - **A discard** overwrites the discarded pages with `0xDB` in stream order, so code that
+//!   reads discarded memory without writing or prefetching it first sees wrong values ("an
+//!   indeterminate value"); a prefetch moves nothing (the memory is host memory here) but runs in
+//!   stream order, and the last prefetch location is recorded when the call is made (what the
+//!   application requested, as documented).
+//! - **Range attributes' ids where the type says to ignore them** (`PREFERRED_LOCATION_ID` and
+//!   `LAST_PREFETCH_LOCATION_ID` for the host or no location) read `CU_DEVICE_INVALID`; the
+//!   legacy `PREFERRED_LOCATION` and `LAST_PREFETCH_LOCATION` report a host NUMA node as
+//!   `CU_DEVICE_CPU` (it is the CPU); `ACCESSED_BY` lists devices in ordinal order, then the
+//!   host as `CU_DEVICE_CPU`.

@@ -11,10 +11,10 @@ use std::ffi::{c_char, c_int, c_uint, c_void};
 
 use cuda_sys::types::{
     CUcontext, CUdevice, CUdevice_attribute, CUdeviceptr, CUdriverProcAddressQueryResult, CUevent, CUgraph, CUhostFn,
-    CUipcEventHandle, CUmemAccess_flags, CUmemAccessDesc, CUmemAllocationGranularity_flags, CUmemAllocationHandleType,
-    CUmemAllocationProp, CUmemAllocationType, CUmemGenericAllocationHandle, CUmemLocation, CUmemPool_attribute,
-    CUmemPoolProps, CUmemPoolPtrExportData, CUmemoryPool, CUpointer_attribute, CUresult, CUstream, CUstreamCaptureMode,
-    CUstreamCaptureStatus, CUuuid, cuuint64_t,
+    CUipcEventHandle, CUmem_advise, CUmem_range_attribute, CUmemAccess_flags, CUmemAccessDesc, CUmemAllocationGranularity_flags,
+    CUmemAllocationHandleType, CUmemAllocationProp, CUmemAllocationType, CUmemGenericAllocationHandle, CUmemLocation,
+    CUmemPool_attribute, CUmemPoolProps, CUmemPoolPtrExportData, CUmemoryPool, CUpointer_attribute, CUresult, CUstream,
+    CUstreamCaptureMode, CUstreamCaptureStatus, CUuuid, cuuint64_t,
 };
 
 use crate::api::memory::Direction;
@@ -238,6 +238,30 @@ exports! {
     cuMemAllocManaged / -(pointer: *mut CUdeviceptr, size: usize, flags: c_uint) => |_mode| api::pool::alloc_managed(pointer, size, flags);
     cuMemHostRegister_v2 / -(pointer: *mut c_void, size: usize, flags: c_uint) => |_mode| api::pool::host_register(pointer, size, flags);
     cuMemHostUnregister / -(pointer: *mut c_void) => |_mode| api::pool::host_unregister(pointer);
+
+    // Managed memory operations.
+    cuMemAdvise_v2 / -(pointer: CUdeviceptr, count: usize, advice: CUmem_advise, location: CUmemLocation)
+        => |_mode| api::managed::advise(pointer, count, advice, location);
+    cuMemPrefetchAsync_v2 / cuMemPrefetchAsync_v2_ptsz(
+        pointer: CUdeviceptr, count: usize, location: CUmemLocation, flags: c_uint, stream: CUstream,
+    ) => |mode| api::managed::prefetch(pointer, count, location, flags, stream, mode);
+    cuMemPrefetchBatchAsync / cuMemPrefetchBatchAsync_ptsz(
+        dptrs: *mut CUdeviceptr, sizes: *mut usize, count: usize, locations: *mut CUmemLocation,
+        first_indices: *mut usize, num_locations: usize, flags: u64, stream: CUstream,
+    ) => |mode| api::managed::batch(dptrs, sizes, count, Some((locations, first_indices, num_locations)), false, flags, stream, mode);
+    cuMemDiscardBatchAsync / cuMemDiscardBatchAsync_ptsz(
+        dptrs: *mut CUdeviceptr, sizes: *mut usize, count: usize, flags: u64, stream: CUstream,
+    ) => |mode| api::managed::batch(dptrs, sizes, count, None, true, flags, stream, mode);
+    cuMemDiscardAndPrefetchBatchAsync / cuMemDiscardAndPrefetchBatchAsync_ptsz(
+        dptrs: *mut CUdeviceptr, sizes: *mut usize, count: usize, locations: *mut CUmemLocation,
+        first_indices: *mut usize, num_locations: usize, flags: u64, stream: CUstream,
+    ) => |mode| api::managed::batch(dptrs, sizes, count, Some((locations, first_indices, num_locations)), true, flags, stream, mode);
+    cuMemRangeGetAttribute / -(data: *mut c_void, size: usize, attribute: CUmem_range_attribute, pointer: CUdeviceptr, count: usize)
+        => |_mode| api::managed::range_attribute(data, size, attribute, pointer, count);
+    cuMemRangeGetAttributes / -(
+        data: *mut *mut c_void, sizes: *mut usize, attributes: *mut CUmem_range_attribute, n: usize,
+        pointer: CUdeviceptr, count: usize,
+    ) => |_mode| api::managed::range_attributes(data, sizes, attributes, n, pointer, count);
 
     // Sharing pools between processes.
     cuMemPoolExportToShareableHandle / -(

@@ -26,7 +26,8 @@
 //! Initialization, devices and their attributes, primary contexts, streams (legacy, per-thread
 //! and created), events (interprocess ones too: `cuIpcGetEventHandle`/`cuIpcOpenEventHandle`),
 //! host functions, `cuMemAlloc`/`cuMemAllocHost`/`cuMemAllocManaged`,
-//! host registration, copies and memsets, pointer attributes, memory pools (default, current
+//! host registration, copies and memsets, pointer attributes, managed memory's advice, prefetches,
+//! discards and range attributes (per page), memory pools (default, current
 //! and owned; device, host, host-NUMA and managed; attributes, trimming, peer access, sharing
 //! between processes through sealed `memfd`s), graph capture far enough to refuse what it forbids
 //! (a synchronizing call on a capturing stream invalidates the capture, as on a GPU), and
@@ -45,11 +46,12 @@
 //! | module | holds |
 //! |---|---|
 //! | `exports` | the C ABI: every exported driver symbol with the signature `cuda.h` declares, forwarding to `api` |
-//! | `api` | each driver function's behaviour (argument checks, state lookups, the work it enqueues), one file per area: `init`, `device`, `context`, `stream`, `event`, `memory`, `pointer`, `pool`, `ipc`, `vmm`, and `sim` (the simulator's own test exports) |
+//! | `api` | each driver function's behaviour (argument checks, state lookups, the work it enqueues), one file per area: `init`, `device`, `context`, `stream`, `event`, `memory`, `managed`, `pointer`, `pool`, `ipc`, `vmm`, and `sim` (the simulator's own test exports) |
 //! | `state`, `config` | the process-wide state made by the first `cuInit`, and the `CUDA_SIM_*` settings it reads |
 //! | `device`, `context` | simulated devices (attributes, memory, peer topology); primary contexts and the current-context stack |
 //! | `stream`, `event`, `capture` | per-stream worker queues; events; graph capture and the calls that invalidate it |
 //! | `memory`, `pool`, `vmm` | device and host allocations with copies and memsets; stream-ordered pools and their accounting; VMM physical allocations |
+//! | `managed` | managed memory's range attributes, kept per run of equal pages |
 //! | `shared`, `sealed` | memory other processes map: the shareable pools' layout, and the sealed `memfd`s behind it and VMM handles |
 //! | `ipc_event` | interprocess events' progress, shared with the processes that open their handles |
 //! | `handle`, `error`, `fault`, `proc_address` | never-reused handle values; `CUresult`s inside the simulator; fault injection and call counts; `cuGetProcAddress_v2` |
@@ -67,7 +69,7 @@
 //! | `CUDA_VISIBLE_DEVICES` | as with the real driver: the devices this process sees, in ordinal order, as physical indices or UUIDs (`GPU-…`, or a unique prefix); parsing stops at the first invalid entry; empty hides every device (`cuInit` fails with `CUDA_ERROR_NO_DEVICE`) | all, in order |
 //! | `CUDA_SIM_MEMORY` | bytes of memory per device (accepts `K`, `M`, `G` suffixes, powers of 1024) | 8 GiB |
 //! | `CUDA_SIM_POOL_IMPORT` | what a second import of one pool returns: `new-handle` (a handle of its own) or `same-handle` (the first import's, uncounted) | `new-handle` |
-//! | `CUDA_SIM_DEVICE_ATTRIBUTES` | what `cuDeviceGetAttribute` reports for every device instead of the simulated value: `code=value` pairs of `CUdevice_attribute` codes, such as `115=0` (no memory pools), for testing a library's capability checks; only the report changes | none |
+//! | `CUDA_SIM_DEVICE_ATTRIBUTES` | what `cuDeviceGetAttribute` reports for every device instead of the simulated value: `code=value` pairs of `CUdevice_attribute` codes, such as `115=0` (no memory pools), for testing a library's capability checks; only the report changes, except that the managed-memory operations follow a reported 0 for concurrent managed access (`89=0`, see [`conservative`]) | none |
 //! | `CUDA_SIM_FAIL` | fault injection: `function:n[,function:n…]` makes the n-th call of each function fail with `CUDA_ERROR_OUT_OF_MEMORY` (read at the first driver call) | none |
 //!
 //! Each process simulates its own devices; nothing is shared between processes except what the
@@ -118,6 +120,7 @@ mod exports;
 mod fault;
 mod handle;
 mod ipc_event;
+mod managed;
 mod memory;
 mod pool;
 mod proc_address;

@@ -21,7 +21,7 @@ use cuda_sys::types::CUresult;
 use crate::error::{SimResult, ensure, fail};
 
 /// The granularity allocations are rounded to for accounting and arena placement.
-const PAGE: u64 = 4096;
+pub(crate) const PAGE: u64 = 4096;
 /// Unused address space left after each device allocation, so that pointer arithmetic past the
 /// end of one allocation never lands in the next.
 const GUARD: u64 = 64 << 10;
@@ -210,6 +210,8 @@ pub(crate) struct Allocation {
     pub backing: Arc<Mapping>,
     /// For memory of a shareable pool: where in the pool's shared file the bytes are.
     pub file_offset: Option<u64>,
+    /// For managed memory: the range attributes of its pages (`cuMemAdvise`, prefetches).
+    pub pages: crate::managed::PageRuns,
 }
 
 /// A byte range inside an allocation's backing, kept alive for as long as an operation needs it.
@@ -480,7 +482,10 @@ impl MemoryTable {
     ) {
         self.next_id += 1;
         let id = self.next_id;
-        self.allocations.insert(base, Allocation { base, size, kind, device, ctx, id, backing, file_offset });
+        self.allocations.insert(
+            base,
+            Allocation { base, size, kind, device, ctx, id, backing, file_offset, pages: Default::default() },
+        );
     }
 
     /// Frees the allocation that starts at `base`, which must be of `kind`.
@@ -528,6 +533,12 @@ impl MemoryTable {
     /// The allocation containing `address`, if any.
     pub(crate) fn find(&self, address: u64) -> Option<&Allocation> {
         let (_, allocation) = self.allocations.range(..=address).next_back()?;
+        (address < allocation.base + allocation.size as u64).then_some(allocation)
+    }
+
+    /// The allocation containing `address`, if any, for changing it.
+    pub(crate) fn find_mut(&mut self, address: u64) -> Option<&mut Allocation> {
+        let (_, allocation) = self.allocations.range_mut(..=address).next_back()?;
         (address < allocation.base + allocation.size as u64).then_some(allocation)
     }
 

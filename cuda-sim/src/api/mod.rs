@@ -6,6 +6,7 @@ pub(crate) mod device;
 pub(crate) mod event;
 pub(crate) mod init;
 pub(crate) mod ipc;
+pub(crate) mod managed;
 pub(crate) mod memory;
 pub(crate) mod pointer;
 pub(crate) mod pool;
