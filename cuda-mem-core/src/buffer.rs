@@ -413,6 +413,18 @@ impl<'a> ScopedBuffer<'a> {
         }
     }
 
+    /// Makes `consumer` wait for the work enqueued so far through the buffer (on its recorded
+    /// stream and every stream it was used on), and records `consumer` as a use, so that the
+    /// free follows the consumer's work too: a DLPack export's stream exchange.
+    #[cfg(feature = "dlpack")]
+    pub(crate) fn order_before(&self, consumer: &Stream) -> Result<()> {
+        let mut producers = self.used_on.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        producers.extend(self.stream.as_deref().cloned());
+        order_after_other_streams(consumer, &producers)?;
+        self.note_use(consumer);
+        Ok(())
+    }
+
     /// Copies this buffer into `dst` on `stream`.
     ///
     /// # Errors

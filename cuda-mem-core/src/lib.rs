@@ -115,6 +115,8 @@ mod buffer;
 mod context;
 mod device;
 mod device_resource;
+#[cfg(feature = "dlpack")]
+mod dlpack;
 mod driver;
 mod drop_errors;
 mod error;
@@ -132,6 +134,15 @@ pub use access::Access;
 pub use buffer::{Buffer, CloseError, FillPattern, RawBuffer, ScopedBuffer};
 pub use device::{Device, DeviceProperties};
 pub use device_resource::{DeviceMemoryResource, DeviceMemoryResourceOptions};
+#[cfg(feature = "dlpack")]
+pub use dlpack::{
+    ConsumerStream, DlpackElement, DlpackError, DlpackImport, DlpackTensor, ExportOptions, ExportSource, OwnedBy,
+    RawStream, export_dlpack, export_dlpack_as,
+};
+/// The DLPack implementation the `dlpack` feature is built on: its C types
+/// (`dlpark::ffi::DLDataType`, `DLDevice`, ...) and owning tensor handles.
+#[cfg(feature = "dlpack")]
+pub use dlpark;
 pub use driver::driver;
 pub use drop_errors::{DropError, record as record_drop_error, set_drop_error_hook, take_drop_errors};
 pub use error::{DeviceCapability, Error, Result, cuda_code_of};
