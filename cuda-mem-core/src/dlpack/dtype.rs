@@ -12,7 +12,7 @@ mod sealed {
 /// what a typed export writes into the tensor and what a typed import checks. Sealed: `u8`,
 /// `u16`, `u32`, `u64`, `i8`, `i16`, `i32`, `i64`, `f32`, `f64` and `bool` (DLPack's `bool` is
 /// one byte, as Rust's). Other data types (`float16`, `bfloat16`, complex, vectors) are exported
-/// from raw bytes with an explicit [`DataType`](crate::DataType)
+/// from raw bytes with an explicit `dlpark::ffi::DLDataType`
 /// ([`into_dlpack_as`](crate::ScopedBuffer::into_dlpack_as)).
 pub trait DlpackElement: sealed::Sealed + Copy + Send + Sync + 'static {
     /// The DLPack data type of one element.

@@ -73,8 +73,9 @@ pub enum DlpackError {
         shape: Vec<usize>,
         /// The strides given (in elements).
         strides: Vec<isize>,
-        /// How many elements lie between the first and the last element reached, both included.
-        span: u128,
+        /// How many elements lie between the first and the last element reached, both included
+        /// (`usize::MAX` when more).
+        span: usize,
         /// The elements exported.
         len: usize,
     },
@@ -162,3 +163,8 @@ pub enum DlpackError {
     #[error("the DLPack tensor is read-only (its producer set DLPACK_FLAG_BITMASK_READ_ONLY): read it only")]
     ReadOnly,
 }
+
+// The feature must not grow `Error`, which other crates' errors carry (a larger one trips
+// clippy's `result_large_err` across the workspace): a DLPack error is no larger than a driver
+// error.
+const _: () = assert!(size_of::<DlpackError>() <= size_of::<cuda_sys::CudaError>());

@@ -232,6 +232,7 @@ impl Buffer {
     /// [`DlpackError::NotAccessible`] or [`DlpackError::UnknownDevice`] for memory with no
     /// DLPack device; a driver error from the stream exchange. The buffer is dropped (freed) on
     /// error: export an `Arc` of it to keep it.
+    #[doc(alias = "__dlpack__")]
     pub fn into_dlpack<T: DlpackElement>(self, options: &ExportOptions<'_>) -> Result<DlpackTensor> {
         export_dlpack::<T>(self, options)
     }

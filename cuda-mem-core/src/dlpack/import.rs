@@ -30,6 +30,8 @@ use crate::view::{DeviceView, DeviceViewMut};
 /// never does so under work still running, and then calls the producer's deleter, exactly
 /// once (an error waiting is recorded, see [`take_drop_errors`](crate::take_drop_errors), and
 /// the deleter still called).
+#[doc(alias = "StridedMemoryView")]
+#[doc(alias = "from_dlpack")]
 #[derive(Debug)]
 pub struct DlpackImport {
     // Dropped after `Drop::drop` has waited for its uses: the deleter lives in its keep-alive.
