@@ -415,10 +415,23 @@ impl<'a> ScopedBuffer<'a> {
 
     /// The streams whose work may still use the buffer: the recorded one and those it was used
     /// on since the last host access (for code that orders other work after all of them).
-    #[cfg_attr(not(feature = "cudarc"), expect(dead_code, reason = "only the cudarc interop asks"))]
+    #[cfg_attr(
+        not(any(feature = "cudarc", feature = "dlpack")),
+        expect(dead_code, reason = "only the cudarc interop and DLPack ask")
+    )]
     pub(crate) fn streams_in_use(&self) -> Vec<Stream> {
         let used_on = self.used_on.lock().unwrap_or_else(PoisonError::into_inner);
         self.stream.as_deref().into_iter().chain(used_on.iter()).cloned().collect()
+    }
+
+    /// Makes `consumer` wait for the work enqueued so far through the buffer (on its recorded
+    /// stream and every stream it was used on), and records `consumer` as a use, so that the
+    /// free follows the consumer's work too: a DLPack export's stream exchange.
+    #[cfg(feature = "dlpack")]
+    pub(crate) fn order_before(&self, consumer: &Stream) -> Result<()> {
+        order_after_other_streams(consumer, &self.streams_in_use())?;
+        self.note_use(consumer);
+        Ok(())
     }
 
     /// Copies this buffer into `dst` on `stream`.

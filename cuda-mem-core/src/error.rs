@@ -282,6 +282,10 @@ pub enum Error {
         /// Its size in bytes.
         size: usize,
     },
+    /// A DLPack export or import was refused (feature `dlpack`).
+    #[cfg(feature = "dlpack")]
+    #[error(transparent)]
+    Dlpack(#[from] crate::dlpack::DlpackError),
     /// Importing a pool gave the handle of a pool this process already owns (a driver may
     /// return one handle for every import of a pool): nothing new was owned, so that dropping the
     /// import cannot destroy the pool under its first owner.

@@ -90,6 +90,7 @@
 //! | `legacy_resources` | [`SynchronousMemoryResource`], [`LegacyPinnedMemoryResource`] (no pools) |
 //! | `pool` | [`MemoryPool`] (a folder, a file per concern: attributes and [`PoolUsage`], [`PoolKind`], peers, sharing, counted imports), [`PoolResource`], [`pool_of`] |
 //! | `adaptors` | [`StatisticsAdaptor`] ([`AllocationStatistics`]), [`LimitingAdaptor`], [`TrackingAdaptor`] ([`LeakReport`], [`LiveAllocation`]): resources over resources, a file each |
+//! | `dlpack` | feature `dlpack`: a folder, a file per concern: export, import, the stream exchange, element types, layouts, `DlpackError` |
 //! | `access` | [`Access`] |
 //! | `handle_types` | [`HandleType`], [`HandleTypes`] |
 //! | `driver` | [`driver()`]: the process-wide driver, initialized once |
@@ -103,6 +104,18 @@
 //!
 //! The driver is loaded at run time (see `cuda-sys`): `libcuda.so.1`, or the library
 //! `CUDA_MEM_DRIVER` names (such as the `cuda-sim` simulator).
+//!
+//! # Features
+//!
+//! All off by default.
+//!
+//! - `dlpack`: DLPack export and import ([see below](#dlpack-feature-dlpack)), on the `dlpark`
+//!   crate. Turn it on with `cuda-mem-core = { version = "0.1", features = ["dlpack"] }`.
+//! - `cudarc`: interop with cudarc (its streams as ours and back, typed views in its copies,
+//!   memsets and launches, its allocations as buffers); documented in the section "cudarc" when
+//!   the feature is on.
+//! - `tracing`: events for allocations, frees, pools, sharing and peer access
+//!   ([see above](#seeing-what-memory-does)); compiled out without it.
 //!
 //! ```
 //! # cuda_sim::testing::driver()?; // the tests run this example on the simulator
@@ -158,6 +171,52 @@
 //! # Ok::<(), cuda_mem_core::Error>(())
 //! ```
 
+//!
+//! # DLPack (feature `dlpack`)
+//!
+//! A buffer leaves as a versioned DLPack tensor (`DLManagedTensorVersioned`) for any DLPack
+//! consumer (PyTorch, CuPy, JAX, cuda.core's `StridedMemoryView`, a C library): `into_dlpack`
+//! moves an owned `Buffer` into the tensor (writable), `export_dlpack` takes an `Arc<Buffer>`
+//! or any `ExportSource`, `DeviceView::to_dlpack` a typed view of a shared buffer (both
+//! read-only). The tensor keeps the buffer, and so its pool, alive until the consumer calls its
+//! deleter; its device is the memory's (`kDLCUDA`, `kDLCUDAHost`, `kDLCUDAManaged`), its data
+//! type the element type's (`DlpackElement`), its shape one dimension or the one
+//! `ExportOptions` gives (strides checked against the size). The consumer names its stream
+//! (`ConsumerStream`, as `__dlpack__(stream=…)`): it waits for the buffer's work, and the
+//! memory is freed after the consumer's. `DlpackImport` takes a tensor of CUDA device, pinned or
+//! managed memory as a buffer that frees nothing and calls the producer's deleter once when
+//! dropped (after the work enqueued through it).
+//!
+//! ```
+//! # #[cfg(feature = "dlpack")] {
+//! # cuda_sim::testing::driver()?; // the tests run this example on the simulator
+//! use cuda_mem_core::{ConsumerStream, Device, DeviceMemoryResource, DlpackImport, ExportOptions, Stream, StreamOptions};
+//!
+//! let device = Device::new(0)?;
+//! let producer = Stream::new(device, StreamOptions::default().non_blocking())?;
+//! let consumer = Stream::new(device, StreamOptions::default().non_blocking())?;
+//! let pool = DeviceMemoryResource::new(device, Default::default())?;
+//! let mut buffer = pool.allocate(6 * size_of::<f32>(), &producer)?;
+//! buffer.copy_from_slice(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &producer)?;
+//!
+//! // Export: a 2x3 float32 tensor that owns the buffer (and keeps the pool alive); the
+//! // consumer's stream waits for the producer's work. `tensor.into_raw()` hands it to C, or
+//! // to Python in a `dltensor_versioned` capsule.
+//! let options = ExportOptions::default().shape(&[2, 3]).consumer_stream(ConsumerStream::Stream(&consumer));
+//! let tensor = buffer.into_dlpack::<f32>(&options)?;
+//! drop(pool);
+//!
+//! // Import, as a consumer: a buffer over the tensor's memory, typed views of it.
+//! // SAFETY: the tensor's memory stays valid until its deleter runs (it owns the buffer), and
+//! // nothing else writes it.
+//! let import = unsafe { DlpackImport::from_dlpack(tensor)? };
+//! assert_eq!(import.shape(), [2, 3]);
+//! assert_eq!(import.view::<f32>()?.to_vec(&consumer)?, [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+//! drop(import); // the deleter: the buffer is freed (after the consumer's work), then the pool
+//! # }
+//! # Ok::<(), cuda_mem_core::Error>(())
+//! ```
+
 #![cfg_attr(feature = "cudarc", doc = include_str!("cudarc_interop/README.md"))]
 #![doc = include_str!("cuda_core_names.md")]
 
@@ -169,6 +228,8 @@ mod context;
 mod cudarc_interop;
 mod device;
 mod device_resource;
+#[cfg(feature = "dlpack")]
+mod dlpack;
 mod driver;
 mod drop_errors;
 mod error;
@@ -200,6 +261,15 @@ pub use adaptors::{
 pub use buffer::{Buffer, CloseError, FillPattern, RawBuffer, ScopedBuffer};
 pub use device::{Device, DeviceProperties, MemoryInfo};
 pub use device_resource::{DeviceMemoryResource, DeviceMemoryResourceOptions};
+#[cfg(feature = "dlpack")]
+pub use dlpack::{
+    ConsumerStream, DlpackElement, DlpackError, DlpackImport, DlpackTensor, ExportOptions, ExportSource, OwnedBy,
+    RawStream, export_dlpack, export_dlpack_as,
+};
+/// The DLPack implementation the `dlpack` feature is built on: its C types
+/// (`dlpark::ffi::DLDataType`, `DLDevice`, ...) and owning tensor handles.
+#[cfg(feature = "dlpack")]
+pub use dlpark;
 pub use driver::driver;
 pub use drop_errors::{DropError, record as record_drop_error, set_drop_error_hook, take_drop_errors};
 pub use error::{DeviceCapability, Error, OutOfMemory, PoolHoldings, Result, cuda_code_of};

@@ -109,7 +109,7 @@ fn element_count<T: Pod>(ptr: DevicePtr, size: usize) -> Result<usize> {
 }
 
 /// The elements `range` names in a view of `len`, as a start and a length.
-fn checked_range(range: impl RangeBounds<usize>, len: usize) -> Result<(usize, usize)> {
+pub(crate) fn checked_range(range: impl RangeBounds<usize>, len: usize) -> Result<(usize, usize)> {
     let start = match range.start_bound() {
         Bound::Included(&s) => Some(s),
         Bound::Excluded(&s) => s.checked_add(1),

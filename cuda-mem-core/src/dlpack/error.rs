@@ -1,0 +1,170 @@
+//! [`DlpackError`]: why a buffer could not be exported as a DLPack tensor, or a tensor imported
+//! as a buffer. It reaches callers as [`Error::Dlpack`](crate::Error::Dlpack).
+
+use dlpark::ffi::DLDataType;
+
+use crate::memory_resource::DevicePtr;
+
+use super::dtype::describe;
+
+/// What went wrong exporting or importing a DLPack tensor.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DlpackError {
+    /// A buffer that neither devices nor the host can access (an empty view that knows nothing
+    /// of its memory) has no DLPack device.
+    #[error(
+        "not supported: the buffer ({size} bytes at {ptr:#x}) is neither device- nor host-accessible, so it has no \
+         DLPack device"
+    )]
+    NotAccessible {
+        /// The buffer's address.
+        ptr: DevicePtr,
+        /// Its size in bytes.
+        size: usize,
+    },
+    /// Device memory whose device is unknown (a view made without one) cannot name its DLPack
+    /// device id.
+    #[error(
+        "not supported: the buffer ({size} bytes at {ptr:#x}) is device memory of no known device: make the view \
+         with its device (Buffer::from_raw) to export it"
+    )]
+    UnknownDevice {
+        /// The buffer's address.
+        ptr: DevicePtr,
+        /// Its size in bytes.
+        size: usize,
+    },
+    /// A data type whose elements are not a whole number of bytes (packed sub-byte types, zero
+    /// bits or lanes).
+    #[error("not supported: DLPack data type {} is not a whole number of bytes per element", describe(*.dtype))]
+    UnsupportedDtype {
+        /// The data type.
+        dtype: DLDataType,
+    },
+    /// A shape (without strides) whose element count is not the number of elements exported.
+    #[error(
+        "invalid argument: shape {shape:?} has {elements} elements, the exported range has {len}: give a shape \
+         whose dimensions multiply to {len}, or explicit strides"
+    )]
+    ShapeSize {
+        /// The shape given.
+        shape: Vec<usize>,
+        /// Its element count (`usize::MAX` when the product overflows).
+        elements: usize,
+        /// The elements exported.
+        len: usize,
+    },
+    /// Strides of another length than the shape.
+    #[error("invalid argument: {strides} strides for a shape of {ndim} dimensions: give one stride per dimension")]
+    StridesLength {
+        /// The shape's dimensions.
+        ndim: usize,
+        /// The strides given.
+        strides: usize,
+    },
+    /// A shape and strides that reach elements outside the exported range.
+    #[error(
+        "out of range: shape {shape:?} with strides {strides:?} reaches {span} elements, the exported range has \
+         {len}: every element the strides reach must lie in the range"
+    )]
+    OutOfBounds {
+        /// The shape given.
+        shape: Vec<usize>,
+        /// The strides given (in elements).
+        strides: Vec<isize>,
+        /// How many elements lie between the first and the last element reached, both included
+        /// (`usize::MAX` when more).
+        span: usize,
+        /// The elements exported.
+        len: usize,
+    },
+    /// A shape with more dimensions, or a dimension larger, than DLPack's integers hold.
+    #[error(
+        "invalid argument: shape {shape:?} does not fit DLPack's dimensions (at most i32::MAX of at most i64::MAX)"
+    )]
+    ShapeTooLarge {
+        /// The shape given.
+        shape: Vec<usize>,
+    },
+    /// A typed view exported with a share of another buffer than the one it views.
+    #[error(
+        "invalid argument: the view is not of the buffer given to keep it alive: pass the Arc of the buffer the \
+         view was made from"
+    )]
+    NotTheViewsBuffer,
+    /// dlpark could not build the tensor's metadata.
+    #[error("building the DLPack tensor: {0}")]
+    Metadata(#[source] dlpark::metadata::Error),
+    /// A tensor of a DLPack major version this crate does not read (it was released, as
+    /// DLPack requires).
+    #[error("not supported: DLPack major version {major}; this crate reads version {supported}.x tensors")]
+    UnsupportedVersion {
+        /// The tensor's major version.
+        major: u32,
+        /// The major version this crate reads.
+        supported: u32,
+    },
+    /// A tensor of memory that is not CUDA device, CUDA pinned host or CUDA managed memory.
+    #[error(
+        "not supported: DLPack device type {device_type} (id {device_id}): only CUDA (2), CUDA host (3) and CUDA \
+         managed (13) memory is imported"
+    )]
+    UnsupportedDevice {
+        /// The tensor's `DLDeviceType`.
+        device_type: u32,
+        /// The tensor's device id.
+        device_id: i32,
+    },
+    /// A tensor of a CUDA device this process does not see.
+    #[error("CUDA device {device_id} of the DLPack tensor is not visible to this process ({count} device(s))")]
+    DeviceNotVisible {
+        /// The tensor's device id.
+        device_id: i32,
+        /// How many devices this process sees.
+        count: usize,
+    },
+    /// A tensor with elements but no data pointer.
+    #[error("invalid DLPack tensor: {bytes} bytes of elements at a null data pointer")]
+    NullData {
+        /// The size its shape and data type give.
+        bytes: usize,
+    },
+    /// A null tensor pointer.
+    #[error("invalid argument: a null DLPack tensor pointer")]
+    NullTensor,
+    /// A tensor whose metadata is inconsistent (negative dimensions or rank, a null shape,
+    /// sizes or addresses that overflow).
+    #[error("invalid DLPack tensor: {0}")]
+    Malformed(#[source] dlpark::tensor::Error),
+    /// A contiguous view asked of a tensor that is not compact row-major.
+    #[error(
+        "not contiguous: shape {shape:?} with strides {strides:?} is not compact row-major, which a typed view \
+         needs: read it through buffer(), which covers every element the strides reach"
+    )]
+    NotContiguous {
+        /// The tensor's shape.
+        shape: Vec<i64>,
+        /// Its strides (in elements).
+        strides: Vec<i64>,
+    },
+    /// A typed view asked of a tensor of another data type.
+    #[error(
+        "dtype mismatch: the view is of {}, the tensor holds {}: view it as its own type, or reinterpret the bytes \
+         through buffer().view()", describe(*.expected), describe(*.actual)
+    )]
+    DtypeMismatch {
+        /// The view's data type.
+        expected: DLDataType,
+        /// The tensor's.
+        actual: DLDataType,
+    },
+    /// Write access asked of a tensor its producer marked read-only.
+    #[error("the DLPack tensor is read-only (its producer set DLPACK_FLAG_BITMASK_READ_ONLY): read it only")]
+    ReadOnly,
+}
+
+// The feature must not grow `Error`, which other crates' errors carry (a larger one trips
+// clippy's `result_large_err` across the workspace): a DLPack error is no larger than a driver
+// error.
+const _: () = assert!(size_of::<DlpackError>() <= size_of::<cuda_sys::CudaError>());

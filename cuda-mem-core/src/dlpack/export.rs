@@ -1,0 +1,365 @@
+//! Export: a buffer (owned, shared, or held by another owner) or a typed view of one as a
+//! versioned DLPack tensor whose deleter keeps the buffer alive.
+
+use std::ffi::c_void;
+use std::ops::{Bound, RangeBounds};
+use std::sync::Arc;
+
+use bytemuck::Pod;
+use cuda_sys::cu_call;
+use cuda_sys::types::CUpointer_attribute;
+use dlpark::DlpackFlags;
+use dlpark::ffi::{DLDataType, DLDevice, DLDeviceType};
+use dlpark::metadata::Dynamic;
+
+use super::dtype::{DlpackElement, element_bytes};
+use super::error::DlpackError;
+use super::layout;
+use super::stream::{ConsumerStream, hand_over};
+use crate::buffer::{Buffer, ScopedBuffer};
+use crate::device::Device;
+use crate::driver::driver;
+use crate::error::{Error, Result};
+use crate::view::{DeviceView, checked_range};
+
+/// An exported DLPack tensor (`DLManagedTensorVersioned`): dlpark's owning handle. Dropping it
+/// calls the deleter; hand it to C or Python with `into_raw()`, after which the consumer calls
+/// the deleter exactly once.
+pub type DlpackTensor = dlpark::versioned::Dlpack;
+
+/// How a buffer is exported: which elements, their shape and strides, whether the consumer may
+/// write, and the consumer's stream.
+///
+/// By default the whole buffer, one dimension, writable when the source is exclusive (see
+/// [`ExportSource`]), synchronized with the legacy default stream.
+#[derive(Debug, Clone, Default)]
+pub struct ExportOptions<'s> {
+    elements: Option<(Bound<usize>, Bound<usize>)>,
+    shape: Option<Vec<usize>>,
+    strides: Option<Vec<isize>>,
+    read_only: bool,
+    consumer: ConsumerStream<'s>,
+}
+
+impl<'s> ExportOptions<'s> {
+    /// Exports only these elements (in elements of the exported type, within the buffer or
+    /// view): `elements(16..32)`.
+    pub fn elements(mut self, range: impl RangeBounds<usize>) -> Self {
+        self.elements = Some((range.start_bound().cloned(), range.end_bound().cloned()));
+        self
+    }
+
+    /// The tensor's shape, compact row-major: its dimensions must multiply to the number of
+    /// elements exported.
+    pub fn shape(mut self, shape: &[usize]) -> Self {
+        self.shape = Some(shape.to_vec());
+        self.strides = None;
+        self
+    }
+
+    /// The tensor's shape and strides (in elements, as DLPack counts them; negative to walk
+    /// backwards): every element they reach must lie in the elements exported, and the element
+    /// reached first is the first exported (element `[0, …, 0]` is placed accordingly).
+    pub fn shape_and_strides(mut self, shape: &[usize], strides: &[isize]) -> Self {
+        self.shape = Some(shape.to_vec());
+        self.strides = Some(strides.to_vec());
+        self
+    }
+
+    /// Marks the tensor read-only (`DLPACK_FLAG_BITMASK_READ_ONLY`): consumers must not write it.
+    pub fn read_only(mut self) -> Self {
+        self.read_only = true;
+        self
+    }
+
+    /// The stream the consumer will use the tensor on (see [`ConsumerStream`]).
+    pub fn consumer_stream(mut self, consumer: ConsumerStream<'s>) -> Self {
+        self.consumer = consumer;
+        self
+    }
+}
+
+/// What an exported tensor holds to keep its memory alive: it is moved into the tensor and
+/// dropped when the consumer calls the deleter (from any thread), which frees the memory if it
+/// was the last holder.
+///
+/// A source is *exclusive* when nothing else can reach the memory while the tensor lives (a
+/// [`Buffer`] moved in); the tensor is then writable unless
+/// [`read_only`](ExportOptions::read_only) is asked. A shared source (an `Arc`, an [`OwnedBy`])
+/// is always exported read-only, since its other holders may read the memory while the consumer
+/// holds it.
+pub trait ExportSource: Send + 'static {
+    /// The buffer to export.
+    fn buffer(&self) -> &Buffer;
+
+    /// Whether nothing else reaches the memory while the tensor lives.
+    fn is_exclusive(&self) -> bool;
+
+    /// Whether the memory is managed, when the source knows better than its buffer (a
+    /// [`DlpackImport`](crate::DlpackImport) knows what its producer said); `None` lets the
+    /// buffer's resource, or for a view the driver's pointer attributes, tell.
+    fn is_managed(&self) -> Option<bool> {
+        None
+    }
+}
+
+impl ExportSource for Buffer {
+    fn buffer(&self) -> &Buffer {
+        self
+    }
+
+    fn is_exclusive(&self) -> bool {
+        true
+    }
+}
+
+impl<S: ExportSource + Sync> ExportSource for Arc<S> {
+    fn buffer(&self) -> &Buffer {
+        (**self).buffer()
+    }
+
+    fn is_exclusive(&self) -> bool {
+        false
+    }
+}
+
+/// A value that holds a buffer (a `VirtualBuffer` of `cuda-mem-vmm`, which lends its buffer
+/// through `as_buffer`), exported through the function that lends it:
+/// `OwnedBy::new(virtual_buffer, VirtualBuffer::as_buffer)`. Read-only unless made with
+/// [`new_exclusive`](OwnedBy::new_exclusive).
+pub struct OwnedBy<O> {
+    owner: O,
+    buffer: fn(&O) -> &Buffer,
+    exclusive: bool,
+}
+
+impl<O> OwnedBy<O> {
+    /// `owner`, whose buffer `buffer` lends; exported read-only.
+    pub fn new(owner: O, buffer: fn(&O) -> &Buffer) -> OwnedBy<O> {
+        OwnedBy { owner, buffer, exclusive: false }
+    }
+
+    /// `owner`, whose buffer `buffer` lends, exported writable unless asked otherwise.
+    ///
+    /// # Safety
+    /// Nothing but the tensor reaches the buffer's memory while the tensor lives: no other
+    /// value of this process views, copies or frees it (a grown virtual buffer shares memory
+    /// with the buffer it grew from, say).
+    pub unsafe fn new_exclusive(owner: O, buffer: fn(&O) -> &Buffer) -> OwnedBy<O> {
+        OwnedBy { owner, buffer, exclusive: true }
+    }
+}
+
+impl<O> std::fmt::Debug for OwnedBy<O> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OwnedBy").field("buffer", (self.buffer)(&self.owner)).finish_non_exhaustive()
+    }
+}
+
+impl<O: Send + 'static> ExportSource for OwnedBy<O> {
+    fn buffer(&self) -> &Buffer {
+        (self.buffer)(&self.owner)
+    }
+
+    fn is_exclusive(&self) -> bool {
+        self.exclusive
+    }
+}
+
+/// Exports `source`'s buffer as a tensor of `T` (see [`Buffer::into_dlpack`] for what the
+/// tensor says and the errors).
+///
+/// # Errors
+/// As [`Buffer::into_dlpack`].
+pub fn export_dlpack<T: DlpackElement>(source: impl ExportSource, options: &ExportOptions<'_>) -> Result<DlpackTensor> {
+    let size = source.buffer().size();
+    let element = Element { dtype: T::DTYPE, size: size_of::<T>(), align: align_of::<T>(), name: type_name::<T>() };
+    export_range(source, element, 0, size, options)
+}
+
+/// Exports `source`'s buffer as a tensor of elements of `dtype` (a data type no Rust type of
+/// [`DlpackElement`] names: `float16`, complex, vectors), without an alignment check.
+///
+/// # Errors
+/// [`DlpackError::UnsupportedDtype`] for a data type that is not a whole number of bytes; as
+/// [`Buffer::into_dlpack`].
+pub fn export_dlpack_as(
+    source: impl ExportSource,
+    dtype: DLDataType,
+    options: &ExportOptions<'_>,
+) -> Result<DlpackTensor> {
+    let Some(size) = element_bytes(dtype) else {
+        return Err(DlpackError::UnsupportedDtype { dtype }.into());
+    };
+    let total = source.buffer().size();
+    export_range(source, Element { dtype, size, align: 1, name: "the DLPack data type's elements" }, 0, total, options)
+}
+
+fn type_name<T>() -> &'static str {
+    std::any::type_name::<T>()
+}
+
+/// What is exported: the data type, the Rust size and alignment of one element, and its name
+/// for errors.
+#[derive(Clone, Copy)]
+struct Element {
+    dtype: DLDataType,
+    size: usize,
+    align: usize,
+    name: &'static str,
+}
+
+impl Buffer {
+    /// Exports the buffer as a versioned DLPack tensor of `T` (`DLManagedTensorVersioned`) that
+    /// owns it: the memory stays valid, and its resource (a pool) alive, until the consumer calls
+    /// the tensor's deleter, which frees it (from any thread, once, never panicking; errors are
+    /// recorded, see [`take_drop_errors`](crate::take_drop_errors)).
+    ///
+    /// The tensor's device is the memory's: `kDLCUDA` and the device's ordinal for device
+    /// memory, `kDLCUDAHost` for pinned host memory and `kDLCUDAManaged` for managed memory
+    /// (id 0 for both, as DLPack asks). Its data type is `T`'s; its shape one dimension of
+    /// every element, or the options' shape and strides; it is writable unless
+    /// [`read_only`](ExportOptions::read_only) is asked. The consumer's stream waits for the
+    /// buffer's work (see [`ConsumerStream`]). To keep the buffer in Rust too, export an
+    /// `Arc<Buffer>` with [`export_dlpack`](crate::export_dlpack) (read-only), or a view with
+    /// [`DeviceView::to_dlpack`].
+    ///
+    /// # Errors
+    /// [`Error::ViewSize`] or [`Error::ViewAlignment`] when the bytes are not whole, aligned
+    /// `T`s; [`Error::SliceOutOfRange`] for elements past the end; [`Error::Dlpack`] with
+    /// [`DlpackError::ShapeSize`], [`DlpackError::StridesLength`], [`DlpackError::OutOfBounds`]
+    /// or [`DlpackError::ShapeTooLarge`] for a layout that does not fit,
+    /// [`DlpackError::NotAccessible`] or [`DlpackError::UnknownDevice`] for memory with no
+    /// DLPack device; a driver error from the stream exchange. The buffer is dropped (freed) on
+    /// error: export an `Arc` of it to keep it.
+    #[doc(alias = "__dlpack__")]
+    pub fn into_dlpack<T: DlpackElement>(self, options: &ExportOptions<'_>) -> Result<DlpackTensor> {
+        export_dlpack::<T>(self, options)
+    }
+
+    /// As [`into_dlpack`](ScopedBuffer::into_dlpack), with elements of `dtype` (see
+    /// [`export_dlpack_as`](crate::export_dlpack_as)).
+    ///
+    /// # Errors
+    /// As [`into_dlpack`](ScopedBuffer::into_dlpack); [`DlpackError::UnsupportedDtype`].
+    pub fn into_dlpack_as(self, dtype: DLDataType, options: &ExportOptions<'_>) -> Result<DlpackTensor> {
+        export_dlpack_as(self, dtype, options)
+    }
+}
+
+impl<T: Pod + DlpackElement> DeviceView<'_, T> {
+    /// Exports the elements this view covers as a read-only DLPack tensor of `T` that holds a
+    /// share of `owner`, the buffer the view was made from (a view borrows its buffer, so the
+    /// tensor, which outlives the borrow, keeps the buffer alive through the `Arc` instead).
+    /// The options' [`elements`](ExportOptions::elements) count within the view.
+    ///
+    /// # Errors
+    /// [`DlpackError::NotTheViewsBuffer`] when `owner` is not the view's buffer; as
+    /// [`Buffer::into_dlpack`].
+    pub fn to_dlpack(&self, owner: &Arc<Buffer>, options: &ExportOptions<'_>) -> Result<DlpackTensor> {
+        let viewed: *const ScopedBuffer<'_> = self.buffer();
+        if !std::ptr::eq(viewed.cast::<()>(), Arc::as_ptr(owner).cast::<()>()) {
+            return Err(DlpackError::NotTheViewsBuffer.into());
+        }
+        let element = Element { dtype: T::DTYPE, size: size_of::<T>(), align: align_of::<T>(), name: type_name::<T>() };
+        // The view lies within its buffer, so the offset does not underflow.
+        let start = (self.ptr() - owner.ptr()) as usize;
+        export_range(Arc::clone(owner), element, start, self.byte_len(), options)
+    }
+}
+
+/// Exports `byte_len` bytes from `byte_start` of the source's buffer as elements of `element`.
+fn export_range(
+    source: impl ExportSource,
+    element: Element,
+    byte_start: usize,
+    byte_len: usize,
+    options: &ExportOptions<'_>,
+) -> Result<DlpackTensor> {
+    let buffer = source.buffer();
+    let base = buffer.ptr() + byte_start as u64;
+    if !byte_len.is_multiple_of(element.size) {
+        return Err(Error::ViewSize { element: element.name, element_size: element.size, size: byte_len });
+    }
+    if !(base as usize).is_multiple_of(element.align) {
+        return Err(Error::ViewAlignment { element: element.name, align: element.align, ptr: base });
+    }
+    let (first, count) = match options.elements {
+        Some(range) => checked_range(range, byte_len / element.size)?,
+        None => (0, byte_len / element.size),
+    };
+    let layout = layout::check(options.shape.as_deref(), options.strides.as_deref(), count)?;
+    let device = dl_device(buffer, source.is_managed())?;
+    let stream_device = match buffer.device().or_else(|| buffer.deallocation_stream().map(|s| s.device())) {
+        Some(device) => device,
+        None => Device::new(0)?,
+    };
+    hand_over(buffer, options.consumer, stream_device)?;
+    let data = match count {
+        // DLPack: "if the tensor is of size zero, then the data pointer should be set to NULL".
+        0 => 0,
+        _ => base + ((first + layout.origin) * element.size) as u64,
+    };
+    let read_only = options.read_only || !source.is_exclusive();
+    let metadata = Dynamic::new(layout.shape, layout.strides);
+    let mut tensor = metadata.initialize(Box::new(source)).map_err(DlpackError::Metadata)?;
+    tensor.set_data(data as *mut c_void).set_device(device).set_dtype(element.dtype);
+    if read_only {
+        // SAFETY: READ_ONLY only narrows what the consumer may do; IS_COPIED is not asserted.
+        unsafe { tensor.set_flags_unchecked(DlpackFlags::READ_ONLY) };
+    }
+    // SAFETY: the data pointer addresses elements of the buffer that the layout keeps inside
+    // it (checked above), and the buffer lives in the tensor's context until the deleter runs;
+    // shape and strides live in the tensor's own allocation; the flags say read-only whenever
+    // anything else may reach the memory.
+    Ok(unsafe { tensor.finish() })
+}
+
+/// The DLPack device of the buffer's memory, as cuda.core's `Buffer.__dlpack_device__` reports
+/// it.
+fn dl_device(buffer: &Buffer, managed: Option<bool>) -> Result<DLDevice> {
+    let (ptr, size) = (buffer.ptr(), buffer.size());
+    match (buffer.is_device_accessible(), buffer.is_host_accessible()) {
+        (true, false) => {
+            let device = buffer.device().ok_or(DlpackError::UnknownDevice { ptr, size })?;
+            // Ordinals come from the driver's `int` device count.
+            Ok(DLDevice::cuda(device.ordinal() as i32))
+        }
+        (true, true) => {
+            let managed = match managed {
+                Some(managed) => managed,
+                None => is_managed(buffer)?,
+            };
+            let device_type = if managed { DLDeviceType::CUDAMANAGED } else { DLDeviceType::CUDAHOST };
+            Ok(DLDevice { device_type, device_id: 0 })
+        }
+        (false, true) => Ok(DLDevice::CPU),
+        (false, false) => Err(DlpackError::NotAccessible { ptr, size }.into()),
+    }
+}
+
+/// Whether the buffer's memory is managed: its resource says so, or, for a view of memory
+/// someone else owns, the driver's pointer attributes do.
+fn is_managed(buffer: &Buffer) -> Result<bool> {
+    if let Some(resource) = buffer.memory_resource() {
+        return Ok(resource.is_managed());
+    }
+    if buffer.size() == 0 {
+        return Ok(false);
+    }
+    let d = driver()?;
+    // The driver writes a boolean; zeroed `u32` space holds it whatever its width.
+    let mut managed = 0u32;
+    // SAFETY: `managed` is valid for the attribute's value; the pointer is only looked up.
+    unsafe {
+        cu_call!(
+            d,
+            cuPointerGetAttribute(
+                (&raw mut managed).cast(),
+                CUpointer_attribute::CU_POINTER_ATTRIBUTE_IS_MANAGED,
+                buffer.ptr()
+            )
+        )
+    }?;
+    Ok(managed != 0)
+}
