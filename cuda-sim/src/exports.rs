@@ -11,10 +11,11 @@ use std::ffi::{c_char, c_int, c_uint, c_void};
 
 use cuda_sys::types::{
     CUcontext, CUdevice, CUdevice_attribute, CUdeviceptr, CUdriverProcAddressQueryResult, CUevent, CUgraph, CUhostFn,
-    CUipcEventHandle, CUmem_advise, CUmem_range_attribute, CUmemAccess_flags, CUmemAccessDesc, CUmemAllocationGranularity_flags,
-    CUmemAllocationHandleType, CUmemAllocationProp, CUmemAllocationType, CUmemGenericAllocationHandle, CUmemLocation,
-    CUmemPool_attribute, CUmemPoolProps, CUmemPoolPtrExportData, CUmemoryPool, CUpointer_attribute, CUresult, CUstream,
-    CUstreamCaptureMode, CUstreamCaptureStatus, CUuuid, cuuint64_t,
+    CUipcEventHandle, CUmem_advise, CUmem_range_attribute, CUmemAccess_flags, CUmemAccessDesc,
+    CUmemAllocationGranularity_flags, CUmemAllocationHandleType, CUmemAllocationProp, CUmemAllocationType,
+    CUmemGenericAllocationHandle, CUmemLocation, CUmemPool_attribute, CUmemPoolProps, CUmemPoolPtrExportData,
+    CUmemoryPool, CUpointer_attribute, CUresult, CUstream, CUstreamCaptureMode, CUstreamCaptureStatus, CUuuid,
+    cuuint64_t,
 };
 
 use crate::api::memory::Direction;
