@@ -71,12 +71,8 @@ fn python_command(python: &Path, script: &str, mode: &str) -> Command {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     if cuda_sim::testing::on_simulator() {
-        let library = cuda_sim::testing::library_path().expect("the simulator library");
-        let dir = std::env::temp_dir().join(format!("cuda-mem-python-exchange-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("a folder for libcuda.so.1");
-        let link = dir.join("libcuda.so.1");
-        let _ = std::fs::remove_file(&link);
-        std::os::unix::fs::symlink(&library, &link).expect("libcuda.so.1 links to the simulator");
+        // Links made beside the simulator, atomically (the tests of this file run at once).
+        let dir = cuda_sim::testing::libcuda_dir().expect("libcuda.so.1 links to the simulator");
         let mut path = std::ffi::OsString::from(&dir);
         if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
             path.push(":");
