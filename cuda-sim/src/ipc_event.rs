@@ -11,14 +11,13 @@
 //! The importer opens `/proc/<pid>/fd/<n>`, so the exporting process must still hold the event
 //! (cuda.h: operations after the exporter destroyed it are undefined).
 
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use cuda_sys::types::CUresult;
 
 use crate::error::{SimResult, ensure};
-use crate::shared::fnv1a;
 
 const PAGE: usize = 4096;
 const FILE_MAGIC: &[u8; 8] = b"cusimEV1";
@@ -96,33 +95,17 @@ impl SharedProgress {
 
     /// The 64 bytes of the event's handle.
     pub(crate) fn handle(&self) -> [u8; 64] {
-        let mut data = [0u8; 64];
-        data[..8].copy_from_slice(HANDLE_MAGIC);
-        data[8..12].copy_from_slice(&std::process::id().to_le_bytes());
-        data[12..16].copy_from_slice(&self.file.as_raw_fd().to_le_bytes());
-        let check = fnv1a(&data[..56]);
-        data[56..].copy_from_slice(&check.to_le_bytes());
-        data
+        crate::sealed::process_handle(HANDLE_MAGIC, self.file.as_fd(), &[])
     }
 
     /// Maps the progress of the event a handle names, through the exporter's `/proc` entry.
     /// A handle made in this process, a forged one, or one whose exporter is gone or whose file
     /// is not an event's is `CUDA_ERROR_INVALID_VALUE`.
     pub(crate) fn open(data: &[u8; 64]) -> SimResult<SharedProgress> {
-        let invalid = |_| CUresult::CUDA_ERROR_INVALID_VALUE;
-        ensure(&data[..8] == HANDLE_MAGIC && data[16..56].iter().all(|&b| b == 0))?;
-        ensure(u64::from_le_bytes(data[56..].try_into().map_err(invalid)?) == fnv1a(&data[..56]))?;
-        let pid = u32::from_le_bytes(data[8..12].try_into().map_err(invalid)?);
-        let fd = i32::from_le_bytes(data[12..16].try_into().map_err(invalid)?);
+        ensure(data[16..56].iter().all(|&b| b == 0))?;
+        let (pid, file) = crate::sealed::open_process_handle(data, HANDLE_MAGIC)?;
         // Opened in the exporting process itself: refused (see `conservative`).
         ensure(pid != std::process::id())?;
-        let path = format!("/proc/{pid}/fd/{fd}");
-        let file = rustix::fs::open(
-            path.as_str(),
-            rustix::fs::OFlags::RDWR | rustix::fs::OFlags::CLOEXEC,
-            rustix::fs::Mode::empty(),
-        )
-        .map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?;
         crate::sealed::check(file.as_fd(), PAGE as u64)?;
         let progress = SharedProgress::map(file)?;
         let mut magic = [0u8; 8];

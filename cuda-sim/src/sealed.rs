@@ -10,7 +10,7 @@
 //! importer accepts only a file sealed so, of exactly the size its header states; anything else
 //! is a forged or foreign descriptor, `CUDA_ERROR_INVALID_VALUE`.
 
-use std::os::fd::{BorrowedFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 
 use cuda_sys::types::CUresult;
 use rustix::fs::SealFlags;
@@ -39,6 +39,40 @@ pub(crate) fn check(file: BorrowedFd<'_>, len: u64) -> SimResult {
     ensure(seals.contains(SEALS))?;
     let size = rustix::fs::fstat(file).map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?.st_size;
     ensure(u64::try_from(size).is_ok_and(|size| size == len))
+}
+
+/// A 64-byte handle that names `file` as this process holds it (fabric handles, interprocess
+/// event handles): `magic` (8 bytes), process id (u32 LE), descriptor number (i32 LE),
+/// `payload` (at most 40 bytes, the rest zeros), FNV-1a of the first 56 bytes (u64 LE).
+pub(crate) fn process_handle(magic: &[u8; 8], file: BorrowedFd<'_>, payload: &[u8]) -> [u8; 64] {
+    let mut data = [0u8; 64];
+    data[..8].copy_from_slice(magic);
+    data[8..12].copy_from_slice(&std::process::id().to_le_bytes());
+    data[12..16].copy_from_slice(&file.as_raw_fd().to_le_bytes());
+    data[16..16 + payload.len()].copy_from_slice(payload);
+    let check = crate::shared::fnv1a(&data[..56]);
+    data[56..].copy_from_slice(&check.to_le_bytes());
+    data
+}
+
+/// Opens the file a [`process_handle`] with `magic` names, through the exporting process's
+/// `/proc/<pid>/fd/<n>` (so only while that process holds it); returns the process id and the
+/// file. A wrong magic or checksum, or a file that cannot be opened, is
+/// `CUDA_ERROR_INVALID_VALUE`; the payload (bytes 16..56) is the caller's to check.
+pub(crate) fn open_process_handle(data: &[u8; 64], magic: &[u8; 8]) -> SimResult<(u32, OwnedFd)> {
+    let field = |range: std::ops::Range<usize>| -> SimResult<[u8; 4]> {
+        data[range].try_into().map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)
+    };
+    ensure(&data[..8] == magic)?;
+    let check = u64::from_le_bytes(data[56..].try_into().map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?);
+    ensure(check == crate::shared::fnv1a(&data[..56]))?;
+    let pid = u32::from_le_bytes(field(8..12)?);
+    let fd = i32::from_le_bytes(field(12..16)?);
+    let path = format!("/proc/{pid}/fd/{fd}");
+    let flags = rustix::fs::OFlags::RDWR | rustix::fs::OFlags::CLOEXEC;
+    let file = rustix::fs::open(path.as_str(), flags, rustix::fs::Mode::empty())
+        .map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    Ok((pid, file))
 }
 
 #[cfg(test)]

@@ -23,14 +23,14 @@
 //! must still hold the allocation (as on a fabric, where the exporter keeps it alive). It names
 //! no device itself: the location comes from the header above, translated the same way.
 
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use cuda_sys::types::CUresult;
 
 use crate::config::Config;
 use crate::error::{SimResult, ensure, fail};
 use crate::pool::Location;
-use crate::shared::{append_checksum, fnv1a, ordinal_of, physical_id, verify_checksum};
+use crate::shared::{append_checksum, ordinal_of, physical_id, verify_checksum};
 
 /// The header page's size; the bytes start after it.
 const HEADER: u64 = 4096;
@@ -120,31 +120,14 @@ impl Physical {
 
     /// The 64 bytes of a fabric handle for the allocation.
     pub(crate) fn fabric_handle(&self) -> [u8; 64] {
-        let mut data = [0u8; 64];
-        data[..8].copy_from_slice(FABRIC_MAGIC);
-        data[8..12].copy_from_slice(&std::process::id().to_le_bytes());
-        data[12..16].copy_from_slice(&self.file.as_raw_fd().to_le_bytes());
-        data[16..24].copy_from_slice(&self.size.to_le_bytes());
-        let check = fnv1a(&data[..56]);
-        data[56..].copy_from_slice(&check.to_le_bytes());
-        data
+        crate::sealed::process_handle(FABRIC_MAGIC, self.file.as_fd(), &self.size.to_le_bytes())
     }
 
     /// Opens the allocation a fabric handle names (through the exporter's `/proc` entry); its
     /// location is translated as in [`Physical::open`].
     pub(crate) fn open_fabric(data: &[u8; 64], config: &Config) -> SimResult<Physical> {
-        ensure(&data[..8] == FABRIC_MAGIC && data[24..56].iter().all(|&b| b == 0))?;
-        let check = u64::from_le_bytes(data[56..].try_into().map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?);
-        ensure(check == fnv1a(&data[..56]))?;
-        let pid = u32::from_le_bytes(data[8..12].try_into().map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?);
-        let fd = i32::from_le_bytes(data[12..16].try_into().map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?);
-        let path = format!("/proc/{pid}/fd/{fd}");
-        let file = rustix::fs::open(
-            path.as_str(),
-            rustix::fs::OFlags::RDWR | rustix::fs::OFlags::CLOEXEC,
-            rustix::fs::Mode::empty(),
-        )
-        .map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        ensure(data[24..56].iter().all(|&b| b == 0))?;
+        let (_, file) = crate::sealed::open_process_handle(data, FABRIC_MAGIC)?;
         let physical = Physical::from_file(file, config)?;
         let size = u64::from_le_bytes(data[16..24].try_into().map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?);
         ensure(physical.size == size)?;
@@ -179,6 +162,7 @@ mod tests {
     use super::*;
 
     use crate::config::four_devices_seeing as seeing;
+    use crate::shared::fnv1a;
 
     #[test]
     fn the_header_names_the_physical_device_and_importers_translate_it() {
