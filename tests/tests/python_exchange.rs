@@ -21,42 +21,14 @@
 #[macro_use]
 mod common;
 
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::thread::JoinHandle;
-use std::time::Duration;
 
+use common::python::{PythonProcess, python, workspace};
 use common::*;
 use cuda_mem_core::{Buffer, MemoryResource, PoolKind, Stream};
 use cuda_mem_ipc::{CHANNEL_FD_ENV, CHANNEL_INODE_ENV, DecodeError, IpcChannel, IpcError, Received, allocation_handle};
-use tests::child_process::{KillOnDrop, read_in_background};
-
-/// The environment variable naming a Python that has cuda.core.
-const PYTHON_ENV: &str = "CUDA_MEM_PYTHON";
-
-/// How long a Python process may run.
-const PYTHON_TIMEOUT: Duration = Duration::from_secs(120);
-
-/// The Python to run, or `None` (said on stderr) when `CUDA_MEM_PYTHON` is not set.
-fn python() -> Option<PathBuf> {
-    let python = std::env::var_os(PYTHON_ENV).map(PathBuf::from);
-    if python.is_none() {
-        // Straight to the standard error, past the test harness's capture, so that the skip
-        // shows in `cargo test`'s output.
-        let _ = writeln!(
-            std::io::stderr(),
-            "SKIP: {PYTHON_ENV} is not set, so the Python side cannot run: `cargo xtask ci` runs these tests \
-             with a Python that has cuda.core"
-        );
-    }
-    python
-}
-
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
 
 /// `python script mode`, with the simulator this process uses as its `libcuda.so.1` (on a real
 /// driver, the system's).
@@ -70,64 +42,8 @@ fn python_command(python: &Path, script: &str, mode: &str) -> Command {
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    if cuda_sim::testing::on_simulator() {
-        // Links made beside the simulator, atomically (the tests of this file run at once).
-        let dir = cuda_sim::testing::libcuda_dir().expect("libcuda.so.1 links to the simulator");
-        let mut path = std::ffi::OsString::from(&dir);
-        if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
-            path.push(":");
-            path.push(old);
-        }
-        command.env("LD_LIBRARY_PATH", path);
-    }
+    common::python::use_this_simulator(&mut command);
     command
-}
-
-/// A Python process, its output read as it runs; killed, and its output shown, if dropped
-/// before [`PythonProcess::wait`] (a failed test).
-struct PythonProcess {
-    child: KillOnDrop,
-    stdout: Option<JoinHandle<String>>,
-    stderr: Option<JoinHandle<String>>,
-}
-
-impl PythonProcess {
-    fn new(child: std::process::Child) -> PythonProcess {
-        let mut child = KillOnDrop::new(child);
-        let stdout = child.child().stdout.take().map(read_in_background);
-        let stderr = child.child().stderr.take().map(read_in_background);
-        PythonProcess { child, stdout, stderr }
-    }
-
-    fn output(&mut self) -> (String, String) {
-        let join = |h: Option<JoinHandle<String>>| h.map(|h| h.join().unwrap_or_default()).unwrap_or_default();
-        (join(self.stdout.take()), join(self.stderr.take()))
-    }
-
-    /// Waits and asserts it exited 0 having printed `marker` (so a script that did not get to
-    /// its end never passes).
-    fn wait(mut self, marker: &str) {
-        let status = self.child.wait(PYTHON_TIMEOUT);
-        let (stdout, stderr) = self.output();
-        let ok = matches!(&status, Ok(status) if status.success());
-        assert!(
-            ok && stdout.lines().any(|line| line == marker),
-            "the Python process failed ({status:?}):\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
-        );
-        eprintln!("{stdout}");
-    }
-}
-
-impl Drop for PythonProcess {
-    fn drop(&mut self) {
-        if self.stdout.is_none() && self.stderr.is_none() {
-            return;
-        }
-        // Not waited for: the test failed. Stop it and show what it said.
-        let _ = self.child.child().kill();
-        let (stdout, stderr) = self.output();
-        eprintln!("the Python process:\n--- stdout\n{stdout}\n--- stderr\n{stderr}");
-    }
 }
 
 const DEVICE_SIZES: [usize; 3] = [1 << 16, 1000, 1];

@@ -154,11 +154,14 @@ fn run_steps(workspace: &Path, records: &mut Vec<Record>, summaries: &mut Vec<St
         let (result, lines) = run_collecting_summaries(&mut command);
         let (passed, failed, _) = totals(&lines);
         let counted = count_tests(&lines);
+        // One result line per test target (python_exchange, dlpack_consumer): each must have
+        // passed tests.
+        let targets_passed = lines.iter().filter(|line| totals(std::slice::from_ref(line)).0 > 0).count();
         summaries.extend(lines);
         result?;
         // The tests skip without the Python; here they must have run.
-        if passed == 0 || failed > 0 {
-            return Err(format!("the exchange tests did not all run and pass: {counted}"));
+        if passed == 0 || failed > 0 || targets_passed < 2 {
+            return Err(format!("the exchange and DLPack consumer tests did not all run and pass: {counted}"));
         }
         Ok(Outcome::PassedWith(counted))
     })?;

@@ -25,6 +25,8 @@ use cuda_mem_core::{
 };
 use cuda_mem_ipc::{CHANNEL_FD_ENV, CHANNEL_INODE_ENV, Channel, IpcChannel, MappedMemoryResource, Received};
 
+pub mod python;
+
 /// The environment variable that names the role of a child process.
 pub const ROLE_ENV: &str = "CUDA_MEM_TESTS_ROLE";
 
