@@ -413,23 +413,15 @@ impl<'a> ScopedBuffer<'a> {
         }
     }
 
-    /// The streams whose work may still use the buffer: the recorded one and those it was used
-    /// on since the last host access (for code that orders other work after all of them).
-    #[cfg_attr(
-        not(any(feature = "cudarc", feature = "dlpack")),
-        expect(dead_code, reason = "only the cudarc interop and DLPack ask")
-    )]
-    pub(crate) fn streams_in_use(&self) -> Vec<Stream> {
-        let used_on = self.used_on.lock().unwrap_or_else(PoisonError::into_inner);
-        self.stream.as_deref().into_iter().chain(used_on.iter()).cloned().collect()
-    }
-
     /// Makes `consumer` wait for the work enqueued so far through the buffer (on its recorded
     /// stream and every stream it was used on), and records `consumer` as a use, so that the
-    /// free follows the consumer's work too: a DLPack export's stream exchange.
-    #[cfg(feature = "dlpack")]
+    /// free follows the consumer's work too: a DLPack export's stream exchange, and a buffer
+    /// handed to cudarc's stream.
+    #[cfg(any(feature = "cudarc", feature = "dlpack"))]
     pub(crate) fn order_before(&self, consumer: &Stream) -> Result<()> {
-        order_after_other_streams(consumer, &self.streams_in_use())?;
+        let mut producers = self.used_on.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        producers.extend(self.stream.as_deref().cloned());
+        order_after_other_streams(consumer, &producers)?;
         self.note_use(consumer);
         Ok(())
     }
@@ -720,7 +712,7 @@ fn order_after_uses<'s>(stream: &'s Stream, uses: &[Stream]) -> Result<Cow<'s, S
 /// per-thread default stream of another thread, the free stream included), the devices involved
 /// are synchronized instead, and the free goes on the stream that `stream` names from here. Only
 /// when that fails too is there no safe order, and the memory must not be freed.
-fn order_after_other_streams<'s>(stream: &'s Stream, uses: &[Stream]) -> Result<Cow<'s, Stream>> {
+pub(crate) fn order_after_other_streams<'s>(stream: &'s Stream, uses: &[Stream]) -> Result<Cow<'s, Stream>> {
     let nameable = !stream.is_foreign_per_thread() && !uses.iter().any(Stream::is_foreign_per_thread);
     if nameable && uses.iter().filter(|&u| u != stream).try_for_each(|used| wait_in(stream, used)).is_ok() {
         return Ok(Cow::Borrowed(stream));
@@ -734,7 +726,7 @@ fn order_after_other_streams<'s>(stream: &'s Stream, uses: &[Stream]) -> Result<
 }
 
 /// Makes `stream` wait for the work enqueued so far on `used`.
-pub(crate) fn wait_in(stream: &Stream, used: &Stream) -> Result<()> {
+fn wait_in(stream: &Stream, used: &Stream) -> Result<()> {
     let event = Event::new(used.device(), EventOptions::default())?;
     event.record(used)?;
     stream.wait(&event)

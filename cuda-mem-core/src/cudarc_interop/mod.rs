@@ -12,7 +12,7 @@ use cudarc::driver::{
     self as rc, CudaContext, CudaSlice, CudaStream, DeviceSlice, LaunchArgs, PushKernelArg, SyncOnDrop,
 };
 
-use crate::buffer::{Buffer, ScopedBuffer, wait_in};
+use crate::buffer::{Buffer, ScopedBuffer, order_after_other_streams};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::memory_resource::{DevicePtr, MemoryResource};
@@ -111,14 +111,11 @@ impl Stream {
     }
 }
 
-/// Orders the work enqueued from now on on `stream` after the work enqueued so far on every one
-/// of `streams`: an event each, or, for a stream that cannot be named from this thread (another
-/// thread's per-thread default stream), a wait for it.
-fn order_after_all(stream: &Stream, streams: &[Stream]) -> Result<()> {
-    for used in streams.iter().filter(|&used| used != stream) {
-        if used.is_foreign_per_thread() { used.synchronize()? } else { wait_in(stream, used)? }
-    }
-    Ok(())
+/// Orders the work enqueued from now on on `stream` after the work enqueued so far on `other`,
+/// the way a buffer's free is ordered after its uses (an event, or where a stream cannot be named
+/// from this thread, the devices synchronized).
+fn order_after(stream: &Stream, other: &Stream) -> Result<()> {
+    order_after_other_streams(stream, std::slice::from_ref(other)).map(drop)
 }
 
 /// Brings `buffer` to `stream` for cudarc: work on `stream` from now on follows the work
@@ -126,9 +123,7 @@ fn order_after_all(stream: &Stream, streams: &[Stream]) -> Result<()> {
 /// `stream`'s work.
 fn join(buffer: &ScopedBuffer<'_>, stream: &Arc<CudaStream>) -> Result<()> {
     let ours = Stream::from_cudarc(stream)?;
-    order_after_all(&ours, &buffer.streams_in_use())?;
-    buffer.note_use(&ours);
-    Ok(())
+    buffer.order_before(&ours)
 }
 
 /// Where cudarc asks for the address on `stream`: nothing more to do on the view's own stream;
@@ -408,7 +403,7 @@ unsafe impl MemoryResource for CudarcMemoryResource {
         drop(record);
         if self.ours != *stream {
             // Allocated in the order of cudarc's stream: usable on `stream` once it follows.
-            order_after_all(stream, std::slice::from_ref(&self.ours))?;
+            order_after(stream, &self.ours)?;
         }
         let held = Held { size, _slice: Box::new(slice), home: self.ours.clone() };
         self.held.lock().unwrap_or_else(PoisonError::into_inner).insert(ptr, held);
@@ -422,7 +417,7 @@ unsafe impl MemoryResource for CudarcMemoryResource {
             _ => return Err(CudarcError::NotHeld { ptr, size }.into()),
         };
         // cudarc frees on the slice's stream: after the work enqueued so far on `stream`.
-        order_after_all(&home, std::slice::from_ref(stream))?;
+        order_after(&home, stream)?;
         let entry = held.remove(&ptr);
         drop(held);
         // cudarc's `Drop` frees the memory on its stream.
