@@ -102,6 +102,10 @@ exports! {
     cuDeviceGetCount / -(count: *mut c_int) => |_mode| api::device::count(count);
     cuDeviceGetName / -(name: *mut c_char, len: c_int, device: CUdevice) => |_mode| api::device::name(name, len, device);
     cuDeviceGetUuid_v2 / -(uuid: *mut CUuuid, device: CUdevice) => |_mode| api::device::get_uuid(uuid, device);
+    cuDeviceGetPCIBusId / -(bus_id: *mut c_char, len: c_int, device: CUdevice)
+        => |_mode| api::device::pci_bus_id(bus_id, len, device);
+    cuDeviceGetByPCIBusId / -(device: *mut CUdevice, bus_id: *const c_char)
+        => |_mode| api::device::by_pci_bus_id(device, bus_id);
     cuDeviceTotalMem_v2 / -(bytes: *mut usize, device: CUdevice) => |_mode| api::device::total_mem(bytes, device);
     cuDeviceGetAttribute / -(value: *mut c_int, attribute: CUdevice_attribute, device: CUdevice)
         => |_mode| api::device::get_attribute(value, attribute, device);

@@ -400,6 +400,14 @@ impl MemoryTable {
         self.place(size, kind, device, ctx, Arc::new(backing), None)
     }
 
+    /// Records a zero-byte allocation of `kind` (a zero-byte pool allocation): a unique address
+    /// that starts no bytes, backed by a private page that nothing can reach, so that freeing it
+    /// is checked as any other free and it outlives nothing it should not.
+    pub(crate) fn alloc_empty(&mut self, kind: Kind, device: usize, ctx: usize) -> SimResult<u64> {
+        let backing = Mapping::inaccessible(1)?;
+        self.place(0, kind, device, ctx, Arc::new(backing), None)
+    }
+
     /// Allocates `size` bytes of pinned host memory in context `ctx`.
     pub(crate) fn alloc_pinned(&mut self, size: usize, device: usize, ctx: usize) -> SimResult<u64> {
         self.alloc(size, Kind::PinnedHost, device, ctx)
@@ -590,16 +598,25 @@ impl MemoryTable {
     }
 
     /// Reserves `size` bytes of device address space (`cuMemAddressReserve`), at `hint` when that
-    /// range is free, aligned to `align`.
-    pub(crate) fn reserve(&mut self, size: u64, align: u64, hint: u64) -> SimResult<u64> {
+    /// range is free, aligned to `align`. A `refused` hint is not honoured: the range starts
+    /// elsewhere, even where the hint's range is free.
+    pub(crate) fn reserve(&mut self, size: u64, align: u64, hint: u64, refused: bool) -> SimResult<u64> {
         if self.arena.is_none() {
             self.arena = Some(Arena::new()?);
         }
         let arena = self.arena.as_mut().ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
-        let base = if hint != 0 && hint.is_multiple_of(align) && arena.take_at(hint, size) {
+        let base = if hint != 0 && !refused && hint.is_multiple_of(align) && arena.take_at(hint, size) {
             hint
         } else {
-            arena.take_aligned(size, align)?
+            let base = arena.take_aligned(size, align)?;
+            if refused && base == hint {
+                // The next free range is the hint's own: take the one after it instead.
+                let elsewhere = arena.take_aligned(size, align);
+                arena.give_back(base);
+                elsewhere?
+            } else {
+                base
+            }
         };
         self.reservations.insert(base, size);
         Ok(base)
@@ -761,7 +778,7 @@ mod tests {
         }
         assert_eq!(arena.used.len(), 1, "nothing was taken");
         let mut table = MemoryTable::default();
-        assert_eq!(table.reserve(u64::MAX - 4095, 2 << 20, 0), out_of_memory);
+        assert_eq!(table.reserve(u64::MAX - 4095, 2 << 20, 0, false), out_of_memory);
         assert_eq!(table.alloc_device(usize::MAX, 0, 1), out_of_memory);
         assert_eq!(table.allocation_count(), 0);
     }

@@ -47,10 +47,15 @@ pub(crate) struct State {
     /// Current pools of other kinds (`cuMemGetMemPool`/`cuMemSetMemPool`), keyed by location
     /// and kind, created on first use.
     pub other_pools: HashMap<(crate::pool::LocationKey, bool), usize>,
-    /// The peer-access state the last destroyed pool of each device left behind, which the
-    /// next pool created on that device inherits (the driver's nvbug 5698116, modelled so that
-    /// code working around it is tested).
-    pub leftover_access: HashMap<usize, std::collections::BTreeMap<usize, cuda_sys::types::CUmemAccess_flags>>,
+    /// Per device, the handle values of destroyed pools that are gone, each with the peer
+    /// access the pool still had, for the next pools created there to reuse
+    /// (`CUDA_SIM_POOL_HANDLES=recycle`: the driver's nvbug 5698116, modelled so that code
+    /// working around it is tested).
+    pub recyclable_pools:
+        HashMap<usize, Vec<(usize, std::collections::BTreeMap<usize, cuda_sys::types::CUmemAccess_flags>)>>,
+    /// How many `cuMemAddressReserve` calls gave a hint (`CUDA_SIM_ADDRESS_HINTS` refuses by
+    /// this count).
+    pub address_hints_seen: u64,
 }
 
 /// A physical VMM allocation and what refers to it.
@@ -126,7 +131,8 @@ pub(crate) fn init() -> SimResult {
         other_pools: HashMap::new(),
         graphs: HashMap::new(),
         physicals: HashMap::new(),
-        leftover_access: HashMap::new(),
+        recyclable_pools: HashMap::new(),
+        address_hints_seen: 0,
     };
     let _ = STATE.set(Mutex::new(state));
     Ok(())

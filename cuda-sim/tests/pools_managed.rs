@@ -248,8 +248,7 @@ fn stream_ordered_allocation_and_pool_accounting() {
         }
         assert_eq!(flag, 0);
 
-        // Errors: zero bytes, null out-pointer, memory not from a pool.
-        assert_eq!(alloc_async(0, s), Err(INVALID));
+        // Errors: null out-pointer, memory not from a pool (0 bytes succeeds: see fidelity.rs).
         // SAFETY: a null out-pointer is rejected.
         let result = unsafe { code!(driver(), cuMemAllocAsync(std::ptr::null_mut(), 8, s)) };
         assert_eq!(result, INVALID);

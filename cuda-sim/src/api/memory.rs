@@ -19,6 +19,7 @@ use std::ffi::c_void;
 use cuda_sys::types::{CUdeviceptr, CUresult, CUstream};
 
 use super::DefaultStream;
+use super::pool::Reach;
 use super::stream::resolve_for_work;
 use crate::context as ctx;
 use crate::error::{SimResult, ensure, fail, write_out};
@@ -203,8 +204,8 @@ pub(crate) unsafe fn copy(
         }
         Direction::Any => (state.memory.classify(dst, len)?, state.memory.classify(src, len)?),
     };
-    super::pool::check_access(&state, dst_address, stream.device, true)?;
-    super::pool::check_access(&state, src_address, stream.device, false)?;
+    super::pool::check_access(&state, dst_address, stream.device, true, Reach::Copy)?;
+    super::pool::check_access(&state, src_address, stream.device, false, Reach::Copy)?;
     super::vmm::check_access(&state, dst_address, len, stream.device, true)?;
     super::vmm::check_access(&state, src_address, len, stream.device, false)?;
     let sync_memops = syncs_memops(&state, context.device);
@@ -263,7 +264,7 @@ pub(crate) fn memset(
     let state = state::lock()?;
     let (context, stream) = resolve_for_work(&state, stream, mode)?;
     let target = state.memory.classify_allocated(dst, len)?;
-    super::pool::check_access(&state, dst, stream.device, true)?;
+    super::pool::check_access(&state, dst, stream.device, true, Reach::Memset)?;
     super::vmm::check_access(&state, dst, len, stream.device, true)?;
     let sync_memops = syncs_memops(&state, context.device);
     drop(state);

@@ -92,12 +92,14 @@ pub(crate) unsafe fn create(out: *mut CUmemoryPool, props: *const CUmemPoolProps
     } else {
         None
     };
-    let pool = Arc::new(Pool::with_shared(location, kind, handle_types, props.maxSize as u64, false, shared));
+    let mut pool = Pool::with_shared(location, kind, handle_types, props.maxSize as u64, false, shared);
     if let Location::Device(device) = location
-        && let Some(access) = state.leftover_access.remove(&device)
+        && let Some((handle, access)) = state.recyclable_pools.get_mut(&device).and_then(Vec::pop)
     {
+        pool.handle = handle;
         pool.lock().access = access;
     }
+    let pool = Arc::new(pool);
     let handle = pool.handle;
     state.pools.insert(handle, pool);
     // SAFETY: forwarded from the caller.
@@ -113,10 +115,6 @@ pub(crate) fn destroy(pool: CUmemoryPool) -> SimResult {
     ensure(!pool.is_default)?;
     pool.mark_destroyed();
     if let Some(device) = pool.owner() {
-        let access = std::mem::take(&mut pool.lock().access);
-        if !access.is_empty() {
-            state.leftover_access.insert(device, access);
-        }
         if state.current_pool[device] == pool.handle {
             state.current_pool[device] = state.default_pool[device];
         }
@@ -317,13 +315,14 @@ pub(crate) unsafe fn get_access(
     unsafe { write_out(flags, access) }
 }
 
-/// Allocates from `pool` in the order of `stream`. 0 bytes is `CUDA_ERROR_INVALID_VALUE`
-/// (conservative: the driver does not document it); past the pool's `maxSize` or the device's
+/// Allocates from `pool` in the order of `stream`. 0 bytes succeeds with a unique pointer that
+/// addresses no bytes and must be freed as any other (see [`conservative`](crate::conservative));
+/// past the pool's `maxSize` or the device's
 /// memory, or a size whose accounting overflows, is `CUDA_ERROR_OUT_OF_MEMORY`. A failed
 /// allocation leaves the pool and the device as they were, high-water marks included.
 fn allocate(state: &mut State, pool: &Arc<Pool>, size: usize, stream: CUstream, mode: DefaultStream) -> SimResult<u64> {
     // "Imported memory pools do not support creating new allocations."
-    ensure(size > 0 && !pool.is_imported())?;
+    ensure(!pool.is_imported())?;
     let (context, stream) = resolve_for_work(state, stream, mode)?;
     if stream.capture.is_under_way() {
         return fail(CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
@@ -342,6 +341,8 @@ fn allocate(state: &mut State, pool: &Arc<Pool>, size: usize, stream: CUstream, 
     let kind = Kind::Pooled { pool: pool.handle, host: pool.is_host_memory() };
     let device = owner.unwrap_or(context.device);
     let result = match &pool.shared {
+        // Takes nothing from a shared pool's file: there is nothing to share.
+        _ if size == 0 => state.memory.alloc_empty(kind, device, context.handle),
         Some(shared) => shared.take(bytes).and_then(|offset| {
             let placed = state.memory.alloc_shared(size, kind, device, context.handle, shared.file.as_fd(), offset);
             if placed.is_err() {
@@ -453,10 +454,15 @@ fn forget_if_destroyed(state: &mut State, pool: usize) {
         return;
     }
     let released = accounts.release_to(0);
+    let access = std::mem::take(&mut accounts.access);
     drop(accounts);
     if let Some(device) = entry.owner() {
         let used = &mut state.devices[device].used;
         *used = used.saturating_sub(released);
+        // Gone: its handle value may be reused, and with it the access it still had.
+        if state.config.recycle_pool_handles && !entry.is_imported() {
+            state.recyclable_pools.entry(device).or_default().push((pool, access));
+        }
     }
     state.pools.remove(&pool);
 }
@@ -494,20 +500,34 @@ pub(crate) fn host_unregister(address: *mut c_void) -> SimResult {
         .map_err(|_| CUresult::CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED)
 }
 
+/// How a device reaches memory in a copy or memset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Reach {
+    /// A copy (`cuMemcpy*`), which the copy engine carries out.
+    Copy,
+    /// A memset, which writes from the device.
+    Memset,
+}
+
 /// Checks that the device running a copy or memset can reach pool memory at `address`: a
-/// device pool's memory needs access granted to other devices, a pinned host pool's to every
-/// device (read for a source, read-write for a destination). Without it,
-/// `CUDA_ERROR_INVALID_VALUE`, as an H100 answers a memset into a host pool's memory.
-pub(crate) fn check_access(state: &State, address: u64, device: usize, write: bool) -> SimResult {
+/// device pool's memory needs access granted to other devices (read for a source, read-write
+/// for a destination), or `CUDA_ERROR_INVALID_VALUE`. A pinned host pool's memory is reached by
+/// copies without any grant (cuda.core copies into and out of it without one, and its tests pass
+/// on GPUs), while a memset into it needs the device's read-write access, as an H100 refuses one
+/// without (`CUDA_ERROR_INVALID_VALUE`; see [`conservative`](crate::conservative)).
+pub(crate) fn check_access(state: &State, address: u64, device: usize, write: bool, reach: Reach) -> SimResult {
     let Some(allocation) = state.memory.find(address) else {
         return Ok(());
     };
-    let Kind::Pooled { pool, .. } = allocation.kind else {
+    let Kind::Pooled { pool, host } = allocation.kind else {
         return Ok(());
     };
     let Some(pool) = state.pools.get(&pool) else {
         return Ok(());
     };
+    if host && reach == Reach::Copy {
+        return Ok(());
+    }
     let access = pool.access(device);
     let allowed = if write {
         access == CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE
