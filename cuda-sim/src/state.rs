@@ -51,12 +51,14 @@ pub(crate) struct State {
     /// access the pool still had, for the next pools created there to reuse
     /// (`CUDA_SIM_POOL_HANDLES=recycle`: the driver's nvbug 5698116, modelled so that code
     /// working around it is tested).
-    pub recyclable_pools:
-        HashMap<usize, Vec<(usize, std::collections::BTreeMap<usize, cuda_sys::types::CUmemAccess_flags>)>>,
+    pub recyclable_pools: HashMap<usize, Vec<(usize, PeerAccess)>>,
     /// How many `cuMemAddressReserve` calls gave a hint (`CUDA_SIM_ADDRESS_HINTS` refuses by
     /// this count).
     pub address_hints_seen: u64,
 }
+
+/// A pool's access granted to devices other than its owner (device -> flags).
+pub(crate) type PeerAccess = std::collections::BTreeMap<usize, cuda_sys::types::CUmemAccess_flags>;
 
 /// A physical VMM allocation and what refers to it.
 pub(crate) struct PhysicalEntry {
