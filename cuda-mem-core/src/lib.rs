@@ -234,6 +234,8 @@ mod driver;
 mod drop_errors;
 mod error;
 mod event;
+mod graph;
+mod graph_memory;
 mod handle_types;
 mod host_resources;
 mod legacy_resources;
@@ -274,6 +276,8 @@ pub use driver::driver;
 pub use drop_errors::{DropError, record as record_drop_error, set_drop_error_hook, take_drop_errors};
 pub use error::{DeviceCapability, Error, OutOfMemory, PoolHoldings, Result, cuda_code_of};
 pub use event::{Event, EventOptions};
+pub use graph::{Capture, CaptureMode, CaptureState, Graph, GraphExec, InstantiateOptions};
+pub use graph_memory::{GraphMemoryAttributes, GraphMemoryResource, HighWaterMark};
 pub use handle_types::{HandleType, HandleTypes};
 pub use host_resources::{
     ManagedMemoryResource, ManagedMemoryResourceOptions, PinnedLocation, PinnedMemoryResource,
