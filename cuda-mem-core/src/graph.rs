@@ -30,11 +30,12 @@ use crate::stream::Stream;
 pub enum CaptureMode {
     /// Refused on every thread while any global capture is under way, and on the capturing
     /// thread while its thread-local captures are (`CU_STREAM_CAPTURE_MODE_GLOBAL`, the
-    /// safest, cuda.core's default).
+    /// safest).
     Global,
     /// Refused on the capturing thread only (`CU_STREAM_CAPTURE_MODE_THREAD_LOCAL`).
     ThreadLocal,
-    /// Never refused because of the capture (`CU_STREAM_CAPTURE_MODE_RELAXED`).
+    /// Never refused because of the capture (`CU_STREAM_CAPTURE_MODE_RELAXED`; cuda.core's
+    /// `begin_building` default).
     Relaxed,
 }
 
@@ -158,6 +159,8 @@ impl Stream {
     /// # Errors
     /// If the driver refuses: a stream already capturing (`CUDA_ERROR_ILLEGAL_STATE`), the
     /// legacy default stream (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`), …
+    #[doc(alias = "begin_building")]
+    #[doc(alias = "create_graph_builder")]
     pub fn begin_capture(&self, mode: CaptureMode) -> Result<Capture> {
         self.bind_if_default()?;
         let d = driver()?;
@@ -176,6 +179,7 @@ impl Stream {
 /// It is neither `Send` nor `Sync`: the driver ends a global or thread-local capture only on
 /// the thread that began it.
 #[derive(Debug)]
+#[doc(alias = "GraphBuilder")]
 #[must_use = "the capture ends, its graph discarded, when this is dropped: call end() for the graph"]
 pub struct Capture {
     stream: Stream,
@@ -195,6 +199,7 @@ impl Capture {
     ///
     /// # Errors
     /// If the driver call fails.
+    #[doc(alias = "is_building")]
     pub fn is_active(&self) -> Result<bool> {
         self.stream.bind_if_default()?;
         let d = driver()?;
@@ -209,6 +214,7 @@ impl Capture {
     /// # Errors
     /// If the driver refuses: `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED` when a conflicting call
     /// invalidated the capture (it has ended all the same, without a graph), and the like.
+    #[doc(alias = "end_building")]
     pub fn end(mut self) -> Result<Graph> {
         let graph = self.finish()?;
         Ok(Graph { handle: graph, device: self.stream.device(), resources: Arc::clone(&self.resources) })
@@ -256,6 +262,7 @@ impl Drop for Capture {
 /// `GraphCompleteOptions`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
+#[doc(alias = "GraphCompleteOptions")]
 pub struct InstantiateOptions {
     /// Frees the graph's allocations that are still live when it is launched again, instead
     /// of refusing the launch (`CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH`).
@@ -391,14 +398,15 @@ impl GraphExec {
         let d = driver()?;
         // SAFETY: the exec handle is live (owned by `self`) and the stream handle valid.
         unsafe { cu_call!(d, cuGraphLaunch(self.handle, stream.on_calling_thread().handle())) }?;
-        if self.resources.len() > 0 {
-            if let Err(kept) = stream.keep_alive_in_capture(Arc::clone(&self.resources)) {
-                match stream.is_capturing() {
-                    Ok(false) => self.resources.order_after(&stream.on_calling_thread()),
-                    // Launched into a capture this crate does not follow: its graph may use the
-                    // memory for as long as it lives, which cannot be known, so it is kept.
-                    _ => std::mem::forget(kept),
-                }
+        if self.resources.len() == 0 {
+            return Ok(());
+        }
+        if let Err(kept) = stream.keep_alive_in_capture(Arc::clone(&self.resources)) {
+            match stream.is_capturing() {
+                Ok(false) => self.resources.order_after(&stream.on_calling_thread()),
+                // Launched into a capture this crate does not follow: its graph may use the
+                // memory for as long as it lives, which cannot be known, so it is kept.
+                _ => std::mem::forget(kept),
             }
         }
         Ok(())

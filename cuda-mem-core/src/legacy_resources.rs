@@ -123,6 +123,7 @@ fn refuse_capture(stream: &Stream) -> Result<()> {
 #[derive(Debug)]
 struct SynchronousFree {
     ptr: DevicePtr,
+    #[cfg_attr(not(feature = "tracing"), expect(dead_code, reason = "only the `tracing` events name the size"))]
     size: usize,
     device: Device,
     /// `cuMemFreeHost` rather than `cuMemFree`.

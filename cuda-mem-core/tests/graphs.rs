@@ -151,17 +151,13 @@ fn graph_memory_refuses_a_stream_that_is_not_capturing() {
 
 #[test]
 fn graph_memory_refuses_a_stream_of_another_device() {
-    in_simulated_machine(
-        "graph_memory_refuses_a_stream_of_another_device",
-        &[("CUDA_SIM_DEVICES", "2")],
-        || {
-            let Some(devices) = common::devices(2) else { return };
-            let stream = common::stream(devices[1]);
-            let capture = stream.begin_capture(CaptureMode::Relaxed).unwrap();
-            let error = GraphMemoryResource::new(devices[0]).allocate(64, &stream).unwrap_err();
-            assert!(matches!(error, Error::StreamOfAnotherDevice { resource: 0, stream: 1 }), "{error}");
-            assert!(capture.is_active().unwrap());
-            drop(capture.end().unwrap());
-        },
-    );
+    in_simulated_machine("graph_memory_refuses_a_stream_of_another_device", &[("CUDA_SIM_DEVICES", "2")], || {
+        let Some(devices) = common::devices(2) else { return };
+        let stream = common::stream(devices[1]);
+        let capture = stream.begin_capture(CaptureMode::Relaxed).unwrap();
+        let error = GraphMemoryResource::new(devices[0]).allocate(64, &stream).unwrap_err();
+        assert!(matches!(error, Error::StreamOfAnotherDevice { resource: 0, stream: 1 }), "{error}");
+        assert!(capture.is_active().unwrap());
+        drop(capture.end().unwrap());
+    });
 }
