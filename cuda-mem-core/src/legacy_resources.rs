@@ -137,7 +137,9 @@ impl SynchronousFree {
     /// # Safety
     /// As [`MemoryResource::deallocate_raw`].
     unsafe fn after(self, stream: &Stream) -> Result<()> {
-        if stream.is_capturing()? {
+        // A status that cannot be read is taken as "not capturing": waiting for a capturing
+        // stream (or its device) fails, so memory a capture may use is never freed that way.
+        if stream.is_capturing().unwrap_or(false) {
             // Freed when the graphs are gone, after their work (the drop below), or refused.
             return stream.keep_alive_in_capture(PendingFree(Some(self))).map_err(|mut refused| {
                 // Not freed: the memory stays the caller's (kept, never freed under the capture).
