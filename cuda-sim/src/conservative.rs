@@ -39,11 +39,34 @@
 //!   signature.
 //! - **Calls from a host function** (`cuLaunchHostFunc`) return `CUDA_ERROR_NOT_PERMITTED`, as
 //!   the documentation forbids them.
-//! - **Graph capture** is modelled far enough to refuse what capture forbids (see the `capture`
-//!   module): work enqueued on a capturing stream goes into the graph and never runs (graphs are
-//!   not launched); pool allocation on a capturing stream returns
-//!   `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` and leaves the capture valid (a GPU would add an
-//!   allocation node); an event recorded during capture keeps its earlier completion state.
+//! - **Graphs** (see the `graph` module): a captured graph is its nodes in capture order, and a
+//!   launch replays them as one piece of work on the launch stream, after the executable
+//!   graph's previous launch. Launching or uploading into a capturing stream returns
+//!   `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` and leaves the capture valid (a GPU would add a
+//!   child graph node). `cuStreamEndCapture` accepts a NULL graph pointer and keeps the graph for
+//!   whoever took its handle from `cuStreamGetCaptureInfo`: `cuda.h` says the graph is
+//!   "transferred or destroyed" at the end, but cuda.core's graph builder ends its captures so
+//!   and then instantiates the graph, which works on GPUs. `cuStreamGetCaptureInfo` reports no
+//!   dependency nodes (the simulator does not expose nodes). A second instantiation of a graph
+//!   with allocation or free nodes, and `CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH` for a graph
+//!   with memory or event nodes, return `CUDA_ERROR_INVALID_VALUE` (`cuda.h`: "an error").
+//! - **Graph memory**: `cuMemAllocAsync` on a capturing stream makes an allocation node whose
+//!   address is live from the capture until the capture ends (so that captured work can use
+//!   it), then from each launch until a free node, `cuMemFreeAsync`/`cuMemFree` or another
+//!   graph's free node; its bytes are the same at every launch (a GPU gives no guarantee about
+//!   them) and its address is never handed out again, so a stale graph pointer is always
+//!   reported. `cuMemAllocFromPoolAsync` on a capturing stream still returns
+//!   `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` and leaves the capture valid (no evidence yet of what
+//!   a GPU does with an explicit pool in a capture; cuda.core allocates graph memory with
+//!   `cuMemAllocAsync` and documents allocating from a `DeviceMemoryResource` during capture as
+//!   an error). A captured `cuMemFreeAsync` of memory no allocation node made, or of a graph
+//!   allocation of another graph that is not live at capture time, returns
+//!   `CUDA_ERROR_INVALID_VALUE` (`cuGraphAddMemFreeNode`'s rule). Graph memory counts in 2 MiB
+//!   granules (`USED_MEM_*` and `RESERVED_MEM_*`); freed graph memory stays reserved until
+//!   `cuDeviceGraphMemTrim`, and the reserve counts as device memory in use. Resetting a
+//!   high-water mark (to 0, the only value allowed) sets it to the current value, as cuda.core
+//!   documents. An event recorded during capture keeps its earlier completion state until a
+//!   launch records it.
 //! - **Calls that need captured work to have run invalidate the capture.** `cuda.h` documents
 //!   this for `cuCtxRecordEvent` and `cuCtxWaitEvent` and documents the statuses and errors, but
 //!   not the list of calls; the simulator takes the CUDA programming guide's ("it is invalid to

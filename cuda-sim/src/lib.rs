@@ -118,6 +118,7 @@ mod error;
 mod event;
 mod exports;
 mod fault;
+mod graph;
 mod handle;
 mod ipc_event;
 mod managed;

@@ -176,6 +176,8 @@ pub(crate) enum Kind {
     Registered,
     /// `cuMemAllocManaged` memory.
     Managed,
+    /// A graph allocation, mapped by a launch of its graph (see `crate::graph`).
+    Graph,
     /// Memory from a pool (`cuMemAllocFromPoolAsync`, `cuMemAllocAsync`).
     Pooled {
         /// The pool's handle.
@@ -188,7 +190,7 @@ pub(crate) enum Kind {
 impl Kind {
     /// Whether the memory lives in the device arena (inaccessible to the host).
     pub(crate) fn is_device_memory(self) -> bool {
-        matches!(self, Kind::Device | Kind::Pooled { host: false, .. })
+        matches!(self, Kind::Device | Kind::Graph | Kind::Pooled { host: false, .. })
     }
 }
 
@@ -432,16 +434,7 @@ impl MemoryTable {
         backing: Arc<Mapping>,
         file_offset: Option<u64>,
     ) -> SimResult<u64> {
-        let base = if kind.is_device_memory() {
-            if self.arena.is_none() {
-                self.arena = Some(Arena::new()?);
-            }
-            let arena = self.arena.as_mut().ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
-            let len = round_up(size as u64).checked_add(GUARD).ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
-            arena.take(len)?
-        } else {
-            backing.as_ptr() as u64
-        };
+        let base = if kind.is_device_memory() { self.take_device_range(size)? } else { backing.as_ptr() as u64 };
         self.insert(base, size, kind, device, ctx, backing, file_offset);
         Ok(base)
     }
@@ -501,12 +494,48 @@ impl MemoryTable {
             _ => return fail(CUresult::CUDA_ERROR_INVALID_VALUE),
         }
         let allocation = self.allocations.remove(&base).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        // A graph allocation's address stays its graph's: it is never handed out again.
         if allocation.kind.is_device_memory()
+            && allocation.kind != Kind::Graph
             && let Some(arena) = self.arena.as_mut()
         {
             arena.give_back(base);
         }
         Ok(allocation)
+    }
+
+    /// Takes device address space for a graph allocation of `size` bytes, for good: the address
+    /// is the allocation node's for the life of the process (it is mapped and unmapped with
+    /// [`map_graph`](MemoryTable::map_graph) and [`unmap_graph`](MemoryTable::unmap_graph)).
+    pub(crate) fn reserve_graph(&mut self, size: usize) -> SimResult<u64> {
+        ensure(size > 0)?;
+        self.take_device_range(size)
+    }
+
+    /// Device address space for `size` bytes and the guard after them.
+    fn take_device_range(&mut self, size: usize) -> SimResult<u64> {
+        if self.arena.is_none() {
+            self.arena = Some(Arena::new()?);
+        }
+        let arena = self.arena.as_mut().ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
+        let len = round_up(size as u64).checked_add(GUARD).ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
+        arena.take(len)
+    }
+
+    /// Maps a graph allocation: its address becomes a live allocation with its bytes.
+    pub(crate) fn map_graph(&mut self, alloc: &crate::graph::GraphAlloc) {
+        let backing = Arc::clone(&alloc.backing);
+        self.insert(alloc.base, alloc.size, Kind::Graph, alloc.device, alloc.ctx, backing, None);
+    }
+
+    /// Whether the graph allocation at `base` is mapped.
+    pub(crate) fn is_graph_mapped(&self, base: u64) -> bool {
+        self.allocations.get(&base).is_some_and(|a| a.kind == Kind::Graph)
+    }
+
+    /// Unmaps the graph allocation at `base`, if it is mapped.
+    pub(crate) fn unmap_graph(&mut self, base: u64) -> Option<Allocation> {
+        self.free(base, Kind::Graph).ok()
     }
 
     /// Every live allocation from pool `pool`.

@@ -36,8 +36,12 @@ pub(crate) struct State {
     pub memory: MemoryTable,
     /// Physical VMM allocations by handle.
     pub physicals: HashMap<u64, PhysicalEntry>,
-    /// Captured graphs by handle (their work never runs: the simulator does not launch graphs).
-    pub graphs: HashMap<usize, Vec<crate::stream::Op>>,
+    /// Captured graphs by handle.
+    pub graphs: HashMap<usize, Arc<crate::graph::Body>>,
+    /// Executable graphs by handle.
+    pub execs: HashMap<usize, Arc<crate::graph::Exec>>,
+    /// Each device's graph memory counters.
+    pub graph_memory: Vec<Arc<crate::graph::GraphMemory>>,
     /// Live pools by handle.
     pub pools: HashMap<usize, Arc<Pool>>,
     /// Each device's current pool (the one `cuMemAllocAsync` uses).
@@ -125,6 +129,8 @@ pub(crate) fn init() -> SimResult {
         pools: defaults.into_iter().map(|p| (p.handle, p)).collect(),
         other_pools: HashMap::new(),
         graphs: HashMap::new(),
+        execs: HashMap::new(),
+        graph_memory: (0..devices).map(|_| Arc::default()).collect(),
         physicals: HashMap::new(),
         leftover_access: HashMap::new(),
     };

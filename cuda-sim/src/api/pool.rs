@@ -12,14 +12,17 @@ use cuda_sys::types::{
 
 use super::DefaultStream;
 use super::stream::{resolve, resolve_for_work};
+use crate::capture;
 use crate::config::Config;
-use crate::context as ctx;
+use crate::context::{self as ctx, Context};
 use crate::device::check_ordinal;
 use crate::error::{SimResult, ensure, fail, write_out};
+use crate::graph::{GraphAlloc, Node};
 use crate::memory::Kind;
 use crate::pool::{Location, Pool, PoolKind, PoolState};
 use crate::shared::SharedArena;
 use crate::state::{self, State};
+use crate::stream::Stream;
 
 /// `CU_MEM_ATTACH_GLOBAL` and `CU_MEM_ATTACH_HOST`.
 const ATTACH_GLOBAL: u32 = 0x1;
@@ -393,11 +396,54 @@ pub(crate) unsafe fn alloc_async(
 ) -> SimResult {
     ensure(!out.is_null())?;
     let mut state = state::lock()?;
-    let (_, s) = resolve(&state, stream, mode)?;
-    let pool = state.pools.get(&state.current_pool[s.device]).cloned().ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
-    let address = allocate(&mut state, &pool, size, stream, mode)?;
+    let (context, s) = resolve(&state, stream, mode)?;
+    let address = if s.capture.is_under_way() {
+        capture_alloc(&mut state, &context, &s, size)?
+    } else {
+        let pool = state.pools.get(&state.current_pool[s.device]).cloned().ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        allocate(&mut state, &pool, size, stream, mode)?
+    };
     // SAFETY: forwarded from the caller.
     unsafe { write_out(out, address) }
+}
+
+/// `cuMemAllocAsync` on a capturing stream: an allocation node (see [`crate::graph`]). Its
+/// address is live until the capture ends, so that the captured work can use it; launches map it
+/// again. 0 bytes is `CUDA_ERROR_INVALID_VALUE`, as outside a capture.
+fn capture_alloc(state: &mut State, context: &Context, stream: &Stream, size: usize) -> SimResult<u64> {
+    ensure(size > 0)?;
+    capture::admit_work(context, stream)?;
+    let backing = Arc::new(crate::memory::Mapping::read_write(size)?);
+    let base = state.memory.reserve_graph(size)?;
+    let alloc = GraphAlloc::new(base, size, stream.device, context.handle, backing);
+    state.memory.map_graph(&alloc);
+    if stream.capture.record_node(Node::Alloc(alloc)).is_err() {
+        // The capture ended meanwhile (on another thread).
+        state.memory.unmap_graph(base);
+        return fail(CUresult::CUDA_ERROR_ILLEGAL_STATE);
+    }
+    Ok(base)
+}
+
+/// `cuMemFreeAsync` on a capturing stream: a free node, for an allocation node of the same
+/// capture not freed yet (its address stops being live at once) or for another graph's live
+/// allocation (unmapped when the graph is launched). Anything else is `CUDA_ERROR_INVALID_VALUE`
+/// (`cuGraphAddMemFreeNode`: "an address that was not returned by an allocation node", or an
+/// allocation freed twice).
+fn capture_free(state: &mut State, stream: &Stream, address: CUdeviceptr) -> SimResult {
+    let node = match stream.capture.own_alloc(address) {
+        Some(alloc) => {
+            ensure(alloc.mark_freed_in_graph())?;
+            state.memory.unmap_graph(address);
+            Node::Free { base: address, size: alloc.size, device: alloc.device, own: true }
+        }
+        None => {
+            ensure(state.memory.is_graph_mapped(address))?;
+            let allocation = state.memory.find(address).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+            Node::Free { base: address, size: allocation.size, device: allocation.device, own: false }
+        }
+    };
+    stream.capture.record_node(node).map_err(|_| CUresult::CUDA_ERROR_ILLEGAL_STATE)
 }
 
 /// `cuMemFreeAsync`: the pointer must start a live pool allocation (freeing it twice, or
@@ -406,15 +452,31 @@ pub(crate) unsafe fn alloc_async(
 pub(crate) fn free_async(address: CUdeviceptr, stream: CUstream, mode: DefaultStream) -> SimResult {
     let mut state = state::lock()?;
     let (context, stream) = resolve_for_work(&state, stream, mode)?;
-    let allocation = state.memory.free_if(address, |kind| matches!(kind, Kind::Pooled { .. }))?;
+    if stream.capture.is_under_way() {
+        return capture_free(&mut state, &stream, address);
+    }
+    let allocation = state.memory.free_if(address, |kind| matches!(kind, Kind::Pooled { .. } | Kind::Graph))?;
+    if allocation.kind == Kind::Graph {
+        // Graph memory: it stops counting as used when the stream reaches the free.
+        let memory = Arc::clone(&state.graph_memory[allocation.device]);
+        let bytes = crate::graph::charge(allocation.size);
+        drop(state);
+        context.submit_or_run(&stream, Box::new(move || memory.release(bytes)));
+        return Ok(());
+    }
     let Kind::Pooled { pool: handle, .. } = allocation.kind else {
         return fail(CUresult::CUDA_ERROR_INVALID_VALUE);
     };
     let pool = state.pools.get(&handle).cloned().ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
     drop(state);
+    // Never captured (a capture makes a free node instead), so it runs once.
+    let mut allocation = Some(allocation);
     context.submit_or_run(
         &stream,
         Box::new(move || {
+            let Some(allocation) = allocation.take() else {
+                return;
+            };
             pool.release(&allocation);
             drop(allocation);
             // A destroyed pool stays in the table until its last free has run, so that its
