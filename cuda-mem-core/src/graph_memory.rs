@@ -187,3 +187,101 @@ unsafe impl MemoryResource for GraphMemoryResource {
 }
 
 crate::memory_resource::inherent_allocation!(GraphMemoryResource);
+
+#[cfg(test)]
+mod tests {
+    use cuda_sim::testing::in_simulated_machine;
+    use cuda_sys::types::CUresult;
+
+    use super::*;
+    use crate::{CaptureMode, FillPattern, InstantiateOptions, MemoryResourceExt, StreamOptions};
+
+    /// The granularity the simulator reserves and counts graph memory in.
+    const GRANULE: u64 = 2 << 20;
+
+    fn setup() -> (Device, Stream, Arc<GraphMemoryResource>) {
+        cuda_sim::testing::driver().expect("the test driver loads");
+        let device = Device::new(0).unwrap();
+        let stream = Stream::new(device, StreamOptions::default().non_blocking()).unwrap();
+        (device, stream, GraphMemoryResource::new(device))
+    }
+
+    #[test]
+    fn attributes_follow_the_graphs_allocations_and_the_marks_reset_to_the_current_use() {
+        let name =
+            "graph_memory::tests::attributes_follow_the_graphs_allocations_and_the_marks_reset_to_the_current_use";
+        in_simulated_machine(name, &[], || {
+            let (_, stream, graph_memory) = setup();
+            assert_eq!(graph_memory.attributes().unwrap(), GraphMemoryAttributes::default(), "nothing yet");
+            let capture = stream.begin_capture(CaptureMode::Global).unwrap();
+            let mut output = graph_memory.allocate(4096, &stream).unwrap();
+            // Each allocation counts for a granule.
+            let mut scratch = graph_memory.allocate(4096, &stream).unwrap();
+            scratch.fill(FillPattern::U8(9), &stream).unwrap();
+            output.copy_from(&scratch, &stream).unwrap();
+            drop(scratch);
+            let exec = capture.end().unwrap().instantiate(InstantiateOptions::default()).unwrap();
+            exec.launch(&stream).unwrap();
+            stream.synchronize().unwrap();
+            let after = graph_memory.attributes().unwrap();
+            assert_eq!(after.used_current, GRANULE, "the output is live, the scratch freed in the graph");
+            assert_eq!(after.used_high, 2 * GRANULE, "both were live during the launch");
+            assert!(after.reserved_current >= after.used_high && after.reserved_high >= after.reserved_current);
+            assert_eq!(output.to_vec::<u8>(&stream).unwrap(), vec![9; 4096], "the graph's output");
+            // Launched again while its output lives: refused without auto-free.
+            let again = exec.launch(&stream).unwrap_err();
+            assert_eq!(again.cuda_code(), Some(CUresult::CUDA_ERROR_INVALID_VALUE), "{again}");
+            // The marks reset to the current figures, never to anything else.
+            graph_memory.reset_high_water_mark(HighWaterMark::Used).unwrap();
+            let reset = graph_memory.attributes().unwrap();
+            assert_eq!(reset.used_high, GRANULE);
+            assert_eq!(reset.reserved_high, after.reserved_high, "only the mark asked for");
+            // Freed outside the graph, on its stream; the reserve stays until trimmed.
+            drop(output);
+            stream.synchronize().unwrap();
+            let freed = graph_memory.attributes().unwrap();
+            assert_eq!(freed.used_current, 0);
+            assert_eq!(freed.reserved_current, after.reserved_current, "cached for the next launch");
+            graph_memory.reset_high_water_mark(HighWaterMark::Reserved).unwrap();
+            assert_eq!(graph_memory.attributes().unwrap().reserved_high, freed.reserved_current);
+            graph_memory.trim().unwrap();
+            let trimmed = graph_memory.attributes().unwrap();
+            assert_eq!(trimmed.reserved_current, 0, "nothing in use: all given back");
+            assert!(crate::take_drop_errors().is_empty());
+            // Its allocation freed, the graph launches again.
+            exec.launch(&stream).unwrap();
+            stream.synchronize().unwrap();
+            assert_eq!(graph_memory.attributes().unwrap().used_current, GRANULE);
+        });
+    }
+
+    #[test]
+    fn auto_free_on_launch_lets_a_graph_with_a_live_output_launch_again() {
+        let (_, stream, graph_memory) = setup();
+        let capture = stream.begin_capture(CaptureMode::Relaxed).unwrap();
+        let mut output = graph_memory.allocate(64, &stream).unwrap();
+        output.fill(FillPattern::U32(5), &stream).unwrap();
+        let graph = capture.end().unwrap();
+        let exec = graph.instantiate(InstantiateOptions::default().auto_free_on_launch()).unwrap();
+        // A graph with memory nodes has one executable graph at a time.
+        let second = graph.instantiate(InstantiateOptions::default()).unwrap_err();
+        assert!(second.cuda_code().is_some(), "{second}");
+        for _ in 0..3 {
+            exec.launch(&stream).unwrap();
+            assert_eq!(output.to_vec::<u32>(&stream).unwrap(), [5; 16]);
+        }
+        drop(output);
+        stream.synchronize().unwrap();
+        assert!(crate::take_drop_errors().iter().all(|e| e.what != "Buffer"));
+    }
+
+    #[test]
+    fn a_zero_byte_buffer_asks_nothing() {
+        let (_, stream, graph_memory) = setup();
+        let capture = stream.begin_capture(CaptureMode::Relaxed).unwrap();
+        let empty = graph_memory.allocate(0, &stream).unwrap();
+        assert!(empty.is_empty());
+        drop(empty);
+        drop(capture.end().unwrap());
+    }
+}
