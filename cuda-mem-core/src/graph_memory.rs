@@ -194,7 +194,7 @@ mod tests {
     use cuda_sys::types::CUresult;
 
     use super::*;
-    use crate::{CaptureMode, FillPattern, InstantiateOptions, MemoryResourceExt, StreamOptions};
+    use crate::{CaptureMode, FillPattern, InstantiateOptions, StreamOptions};
 
     /// The granularity the simulator reserves and counts graph memory in.
     const GRANULE: u64 = 2 << 20;
