@@ -178,6 +178,13 @@ impl Stream {
 ///
 /// It is neither `Send` nor `Sync`: the driver ends a global or thread-local capture only on
 /// the thread that began it.
+///
+/// ```compile_fail
+/// fn send<T: Send>(_: T) {}
+/// fn end_elsewhere(capture: cuda_mem_core::Capture) {
+///     send(capture); // a capture ends on the thread that began it
+/// }
+/// ```
 #[derive(Debug)]
 #[doc(alias = "GraphBuilder")]
 #[must_use = "the capture ends, its graph discarded, when this is dropped: call end() for the graph"]
@@ -300,6 +307,15 @@ impl InstantiateOptions {
 /// A graph made by a capture ([`Capture::end`]); destroyed (`cuGraphDestroy`) when dropped.
 /// What the capture kept alive lives until this graph and every [`GraphExec`] instantiated from
 /// it are gone.
+///
+/// It is `Send` but not `Sync`: the driver lets one thread at a time use a graph.
+///
+/// ```compile_fail
+/// fn share<T: Sync>(_: &T) {}
+/// fn instantiate_from_two_threads(graph: &cuda_mem_core::Graph) {
+///     share(graph);
+/// }
+/// ```
 #[derive(Debug)]
 pub struct Graph {
     handle: CUgraph,
@@ -363,7 +379,8 @@ impl Drop for Graph {
 }
 
 /// An executable graph ([`Graph::instantiate`]); destroyed (`cuGraphExecDestroy`) when dropped
-/// (a launch still running completes first, as the driver documents).
+/// (a launch still running completes first, as the driver documents). `Send`, not `Sync`, as
+/// [`Graph`].
 #[derive(Debug)]
 pub struct GraphExec {
     handle: CUgraphExec,

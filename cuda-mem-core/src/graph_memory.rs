@@ -276,6 +276,21 @@ mod tests {
     }
 
     #[test]
+    fn an_output_dropped_before_any_launch_is_refused_and_recorded() {
+        let (_, stream, graph_memory) = setup();
+        let capture = stream.begin_capture(CaptureMode::Relaxed).unwrap();
+        let output = graph_memory.allocate(64, &stream).unwrap();
+        let graph = capture.end().unwrap();
+        let _ = crate::take_drop_errors();
+        // No launch has allocated it yet: there is nothing to free.
+        drop(output);
+        let errors: Vec<_> = crate::take_drop_errors().into_iter().filter(|e| e.what == "Buffer").collect();
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert_eq!(errors[0].error.cuda_code(), Some(CUresult::CUDA_ERROR_INVALID_VALUE));
+        drop(graph);
+    }
+
+    #[test]
     fn a_zero_byte_buffer_asks_nothing() {
         let (_, stream, graph_memory) = setup();
         let capture = stream.begin_capture(CaptureMode::Relaxed).unwrap();
