@@ -149,11 +149,36 @@ pub enum Error {
         size: usize,
     },
     /// A pool was asked to allocate on a capturing stream: it would allocate outside the graph.
+    /// The resources without pools refuse the same way (their frees wait for the stream, which
+    /// a capture forbids).
     #[error(
         "memory pools cannot allocate on a capturing stream: allocate before capture begins, or on a stream that \
-         is not capturing"
+         is not capturing (or, inside the capture, from a GraphMemoryResource)"
     )]
     CapturingStream,
+    /// A [`GraphMemoryResource`](crate::GraphMemoryResource) was asked to allocate on a stream
+    /// that is not capturing a graph (or whose capture was invalidated): graph memory is
+    /// allocated by the graph's launches, so it can only be asked for while capturing.
+    #[error(
+        "GraphMemoryResource cannot allocate on a stream that is not capturing a graph{}: begin a capture first \
+         (Stream::begin_capture), or allocate from a DeviceMemoryResource outside captures",
+        if *.invalidated { " (its capture was invalidated)" } else { "" }
+    )]
+    NotCapturing {
+        /// Whether the stream's capture was under way but invalidated.
+        invalidated: bool,
+    },
+    /// A resource of one device was asked to allocate on a stream of another.
+    #[error(
+        "the memory resource allocates on device {resource} but the stream belongs to device {stream}: allocate \
+         on a stream of device {resource}, or use that device's resource"
+    )]
+    StreamOfAnotherDevice {
+        /// The resource's device ordinal.
+        resource: usize,
+        /// The stream's device ordinal.
+        stream: usize,
+    },
     /// Allocation from a pool imported from another process, which only maps what its exporter
     /// allocates.
     #[error(

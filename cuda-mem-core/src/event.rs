@@ -1,5 +1,6 @@
 //! Events: markers recorded in a stream.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use cuda_sys::cu_call;
@@ -33,6 +34,9 @@ impl EventOptions {
 pub struct Event {
     handle: CUevent,
     device: Device,
+    /// Whether its latest recording (through [`Event::record`]) may have been in a capture: a
+    /// stream that waits for it may join that capture.
+    in_capture: AtomicBool,
 }
 
 // SAFETY: the handle is an opaque token that only the driver interprets (Rust never dereferences
@@ -41,7 +45,8 @@ pub struct Event {
 // thread can use the handle through this type after that.
 unsafe impl Send for Event {}
 // SAFETY: as for `Send`: every method takes `&self` and only passes the handle to thread-safe
-// driver functions (recording, waiting, querying); nothing is mutated after construction.
+// driver functions (recording, waiting, querying); the only state mutated after construction
+// is an atomic flag.
 unsafe impl Sync for Event {}
 
 impl Event {
@@ -62,7 +67,7 @@ impl Event {
         let mut handle: CUevent = std::ptr::null_mut();
         // SAFETY: `handle` is a valid out-pointer; the device's context is current.
         unsafe { cu_call!(d, cuEventCreate(&mut handle, flags)) }?;
-        Ok(Event { handle, device })
+        Ok(Event { handle, device, in_capture: AtomicBool::new(false) })
     }
 
     /// The raw handle.
@@ -85,7 +90,15 @@ impl Event {
         let d = driver()?;
         // SAFETY: valid event and stream handles.
         unsafe { cu_call!(d, cuEventRecord(self.handle(), stream.handle())) }?;
+        let in_capture = stream.capture_state() != crate::graph::CaptureState::NotCapturing;
+        self.in_capture.store(in_capture, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Whether the latest recording through [`Event::record`] may have been in a capture (its
+    /// stream was capturing, or its capture state unknown).
+    pub(crate) fn maybe_recorded_in_capture(&self) -> bool {
+        self.in_capture.load(Ordering::Relaxed)
     }
 
     /// Waits for the latest recording to complete.
