@@ -50,6 +50,7 @@
 //! | `channel` | [`Channel`] (framing, descriptors, errors and threads are documented there), [`ChannelListener`], [`RawMessage`], the limits [`MAX_PAYLOAD_LEN`] and [`MAX_FDS`] |
 //! | `spawn` | [`spawn_with_channel`] and the environment it sets, [`CHANNEL_FD_ENV`], [`CHANNEL_INODE_ENV`] |
 //! | `descriptor` | [`BufferDescriptor`] and its encoding ([`ENCODED_LEN`], [`MAGIC`], [`VERSION`], [`MAX_BUFFER_SIZE`]), [`DecodeError`] |
+//! | `event` | [`EventDescriptor`] (an interprocess event on the wire) and its encoding ([`EVENT_ENCODED_LEN`], [`EVENT_MAGIC`], [`EVENT_VERSION`]) |
 //! | `share` | the exporting side: [`allocation_handle`] ([`AllocationHandle`]) and [`buffer_descriptor`] |
 //! | `mapped` | [`MappedMemoryResource`], the process-wide [`registry()`] of them, [`lookup`] |
 //! | `registry` | [`Registry`] |
@@ -185,6 +186,7 @@
 mod channel;
 mod descriptor;
 mod error;
+mod event;
 mod mapped;
 mod protocol;
 mod registry;
@@ -196,6 +198,7 @@ mod virtual_buffer;
 pub use channel::{Channel, ChannelListener, MAX_FDS, MAX_PAYLOAD_LEN, RawMessage};
 pub use descriptor::{BufferDescriptor, DecodeError, ENCODED_LEN, MAGIC, MAX_BUFFER_SIZE, VERSION};
 pub use error::{IpcError, Result};
+pub use event::{EVENT_ENCODED_LEN, EVENT_MAGIC, EVENT_VERSION, EventDescriptor};
 pub use mapped::{MappedMemoryResource, lookup, registry};
 pub use protocol::{IpcChannel, MAX_BUFFERS_PER_MESSAGE, Received};
 pub use registry::Registry;
