@@ -485,8 +485,7 @@ fn expect_no_fds(message: &RawMessage) -> Result<()> {
 mod tests {
     use super::*;
     use cuda_mem_core::{
-        DeviceMemoryResource, DeviceMemoryResourceOptions, EventOptions, IpcEventHandle, MemoryResourceExt,
-        StreamOptions,
+        DeviceMemoryResource, DeviceMemoryResourceOptions, EventOptions, IpcEventHandle, StreamOptions,
     };
 
     fn setup() -> (Device, Stream, Channel, IpcChannel) {
