@@ -307,6 +307,21 @@ pub enum Error {
         /// Its size in bytes.
         size: usize,
     },
+    /// An interprocess event was asked for with timing: the driver does not time interprocess
+    /// events (checked before any driver call).
+    #[error(
+        "invalid argument: an interprocess event cannot record timing: create it with \
+         EventOptions::default().interprocess() (timing off), and time the work with a separate event"
+    )]
+    InterprocessEventTiming,
+    /// An interprocess handle was asked of an event created without
+    /// [`EventOptions::interprocess`](crate::EventOptions::interprocess) (checked before any
+    /// driver call).
+    #[error(
+        "not supported: this event is not IPC-enabled: create it with EventOptions::default().interprocess() to \
+         share it between processes"
+    )]
+    EventNotInterprocess,
     /// A DLPack export or import was refused (feature `dlpack`).
     #[cfg(feature = "dlpack")]
     #[error(transparent)]

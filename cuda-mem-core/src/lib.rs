@@ -12,7 +12,10 @@
 //! scope. Coming from cuda.core? [Its names and ours](#cudacores-names-and-ours) are at the end.
 //!
 //! - [`Device`]: enumeration, properties, peer capability, making the primary context current.
-//! - [`Stream`] and [`Event`]: stream-ordered work and its synchronization.
+//! - [`Stream`] and [`Event`]: stream-ordered work and its synchronization; an interprocess
+//!   event ([`EventOptions::interprocess`]) names itself to another process by an
+//!   [`IpcEventHandle`] ([`Event::ipc_handle`]), which opens it there ([`Event::from_ipc_handle`])
+//!   so that its streams wait for this process's work on the GPU.
 //! - [`MemoryResource`]: anything that allocates in stream order; [`MemoryResourceExt::allocate`]
 //!   (inherent on this crate's resources) turns an `Arc` of one into owned [`Buffer`]s, which keep their resource alive;
 //!   [`MemoryResourceExt::allocate_scoped`] makes [`ScopedBuffer`]s, which borrow the resource
@@ -87,7 +90,6 @@
 //! |---|---|
 //! | `device` | [`Device`], [`DeviceProperties`], [`MemoryInfo`] |
 //! | `context` | primary contexts, retained once and bound before each driver call that needs one |
-//! | `stream`, `event` | [`Stream`], [`StreamOptions`]; [`Event`], [`EventOptions`] |
 //! | `graph` | stream capture: [`Capture`], [`CaptureMode`], [`CaptureState`], [`Graph`], [`GraphExec`], [`InstantiateOptions`]; what a capture keeps alive for its graphs |
 //! | `graph_memory` | [`GraphMemoryResource`], [`GraphMemoryAttributes`], [`HighWaterMark`] |
 //! | `memory_resource` | the [`MemoryResource`] trait, [`MemoryResourceExt`], [`AsDynMemoryResource`], [`DevicePtr`] |
@@ -342,7 +344,7 @@ pub use dlpark;
 pub use driver::driver;
 pub use drop_errors::{DropError, record as record_drop_error, set_drop_error_hook, take_drop_errors};
 pub use error::{DeviceCapability, Error, OutOfMemory, PoolHoldings, Result, cuda_code_of};
-pub use event::{Event, EventOptions};
+pub use event::{Event, EventOptions, IPC_EVENT_HANDLE_LEN, IpcEventHandle};
 pub use graph::{Capture, CaptureMode, CaptureState, Graph, GraphExec, InstantiateOptions};
 pub use graph_memory::{GraphMemoryAttributes, GraphMemoryResource, HighWaterMark};
 pub use handle_types::{HandleType, HandleTypes};
