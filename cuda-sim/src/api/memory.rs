@@ -172,7 +172,7 @@ fn wait_rule(dst: &Endpoint, src: &Endpoint, asynchronous: bool) -> Wait {
 }
 
 /// A raw address moved into a stream operation.
-struct Address(*mut u8);
+pub(crate) struct Address(pub(crate) *mut u8);
 // SAFETY: the address points into simulator-owned memory kept alive by the operation's spans, or
 // into caller-owned host memory the caller keeps valid until the copy completes (the driver's
 // contract for asynchronous copies).
