@@ -107,7 +107,9 @@ fn two_wrappers_of_the_current_pool_agree() {
 
 #[test]
 fn a_destroyed_pool_leaves_no_access_behind() {
-    in_simulated_machine("a_destroyed_pool_leaves_no_access_behind", &[("CUDA_SIM_DEVICES", "2")], || {
+    // Handle values recycled, as the driver may: the case nvbug 5698116 concerns.
+    let settings = [("CUDA_SIM_DEVICES", "2"), ("CUDA_SIM_POOL_HANDLES", "recycle")];
+    in_simulated_machine("a_destroyed_pool_leaves_no_access_behind", &settings, || {
         let Some(devices) = common::devices(2) else {
             return;
         };
@@ -129,7 +131,7 @@ fn the_simulator_models_inherited_access_when_a_pool_is_destroyed_without_revoki
     }
     in_simulated_machine(
         "the_simulator_models_inherited_access_when_a_pool_is_destroyed_without_revoking",
-        &[("CUDA_SIM_DEVICES", "2")],
+        &[("CUDA_SIM_DEVICES", "2"), ("CUDA_SIM_POOL_HANDLES", "recycle")],
         || {
             let devices = common::devices(2).unwrap();
             let first = DeviceMemoryResource::new(devices[0], Default::default()).unwrap();
@@ -141,6 +143,7 @@ fn the_simulator_models_inherited_access_when_a_pool_is_destroyed_without_revoki
             unsafe { cuda_sys::cu_call!(d, cuMemPoolDestroy(raw)) }.unwrap();
             std::mem::forget(first);
             let second = DeviceMemoryResource::new(devices[0], Default::default()).unwrap();
+            assert_eq!(second.pool().handle(), raw, "the destroyed pool's handle value, recycled");
             assert_eq!(second.pool().peer_accessible_by().unwrap(), BTreeSet::from([devices[1]]));
         },
     );

@@ -112,6 +112,52 @@ fn growth_moves_when_the_next_addresses_are_taken() {
     });
 }
 
+/// Grows one buffer `steps` times by a granule, writing each new granule, and checks every
+/// byte after each step; returns which steps kept the pointer.
+fn grow_step_by_step(steps: usize) -> Vec<bool> {
+    let d0 = device(0);
+    let s = stream(d0);
+    let resource = VirtualMemoryResource::new(d0, Default::default()).unwrap();
+    let mut buffer = resource.allocate(G, Some(&s)).unwrap();
+    write(&buffer, 0, &pattern(0, G), &s);
+    let mut in_place = Vec::new();
+    for step in 1..=steps {
+        let grown = buffer.grow((step + 1) * G).unwrap();
+        in_place.push(grown.ptr() == buffer.ptr());
+        drop(std::mem::replace(&mut buffer, grown));
+        write(&buffer, step * G, &pattern(step as u8, G), &s);
+        for granule in 0..=step {
+            let what = format!("granule {granule} after growth step {step}");
+            assert_bytes(&read(&buffer, granule * G, G, &s), &pattern(granule as u8, G), &what);
+        }
+    }
+    in_place
+}
+
+#[test]
+fn growth_keeps_the_data_when_the_driver_refuses_address_hints() {
+    // The driver need not honour cuMemAddressReserve's hint (an H100 moved 32 of 511 in-place
+    // growth steps); the simulator refuses hints under CUDA_SIM_ADDRESS_HINTS, so the moving
+    // path runs where hardware would take it.
+    machine!(&[("CUDA_SIM_ADDRESS_HINTS", "refuse-all")], || {
+        if !cuda_sim::testing::simulator_only("CUDA_SIM_ADDRESS_HINTS is the simulator's") {
+            return;
+        }
+        assert_eq!(grow_step_by_step(4), [false; 4], "every hint refused: every step moves");
+    });
+}
+
+#[test]
+fn growth_keeps_the_data_when_the_driver_refuses_some_address_hints() {
+    machine!(&[("CUDA_SIM_ADDRESS_HINTS", "refuse-every-2")], || {
+        if !cuda_sim::testing::simulator_only("CUDA_SIM_ADDRESS_HINTS is the simulator's") {
+            return;
+        }
+        let in_place = grow_step_by_step(6);
+        assert!(in_place.contains(&true) && in_place.contains(&false), "both paths taken: {in_place:?}");
+    });
+}
+
 #[test]
 fn growing_to_a_covered_size_makes_no_driver_call() {
     machine!(&[], || {

@@ -22,12 +22,13 @@
 //!   stream is in an unusable state until the blocking stream capture is terminated");
 //!   `cuStreamIsCapturing` on it returns the same error without invalidating, as documented.
 
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use cuda_sys::types::{CUresult, CUstreamCaptureStatus};
 
 use crate::context::Context;
 use crate::error::{SimResult, fail};
+use crate::graph::{GraphAlloc, Node};
 use crate::stream::{Op, Stream, StreamKind};
 
 /// The capture sequence of one stream, if it has one.
@@ -41,17 +42,30 @@ struct Sequence {
     /// Unique for the life of the process, so that an event recorded in one sequence never
     /// invalidates a later one on the same stream.
     id: usize,
-    /// The work captured so far (never run); `None` once the sequence is invalidated, its work
-    /// discarded.
-    ops: Option<Vec<Op>>,
+    /// The handle of the graph being captured (`cuStreamGetCaptureInfo` gives it out before the
+    /// capture ends).
+    graph: usize,
+    /// The nodes captured so far (never run here); `None` once the sequence is invalidated, its
+    /// work discarded.
+    nodes: Option<Vec<Node>>,
+    /// The allocations its allocation nodes made, invalidated or not: their addresses are live
+    /// only until the capture ends.
+    allocs: Vec<Arc<GraphAlloc>>,
 }
 
 /// How `cuStreamEndCapture` ends a sequence.
 pub(crate) enum Ended {
-    /// The captured work, for the graph.
-    Graph(Vec<Op>),
-    /// The sequence had been invalidated.
-    Invalidated,
+    /// The captured graph: its handle and nodes.
+    Graph {
+        /// The handle given out at the beginning.
+        handle: usize,
+        /// The nodes.
+        nodes: Vec<Node>,
+        /// The allocations of its allocation nodes.
+        allocs: Vec<Arc<GraphAlloc>>,
+    },
+    /// The sequence had been invalidated; the allocations its allocation nodes had made.
+    Invalidated(Vec<Arc<GraphAlloc>>),
 }
 
 impl Capture {
@@ -63,8 +77,8 @@ impl Capture {
     pub(crate) fn status(&self) -> CUstreamCaptureStatus {
         match self.lock().as_ref() {
             None => CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE,
-            Some(Sequence { ops: Some(_), .. }) => CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE,
-            Some(Sequence { ops: None, .. }) => CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_INVALIDATED,
+            Some(Sequence { nodes: Some(_), .. }) => CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE,
+            Some(Sequence { nodes: None, .. }) => CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_INVALIDATED,
         }
     }
 
@@ -75,23 +89,32 @@ impl Capture {
 
     /// The id of the active sequence, if there is one (not when it was invalidated).
     pub(crate) fn active_id(&self) -> Option<usize> {
-        self.lock().as_ref().filter(|s| s.ops.is_some()).map(|s| s.id)
+        self.lock().as_ref().filter(|s| s.nodes.is_some()).map(|s| s.id)
     }
 
-    /// Starts a sequence; `false` if one is already under way.
-    pub(crate) fn begin(&self) -> bool {
+    /// The id and graph handle of the active sequence (`cuStreamGetCaptureInfo`).
+    pub(crate) fn active_info(&self) -> Option<(usize, usize)> {
+        self.lock().as_ref().filter(|s| s.nodes.is_some()).map(|s| (s.id, s.graph))
+    }
+
+    /// Starts a sequence; its id, or `None` if one is already under way.
+    pub(crate) fn begin(&self) -> Option<usize> {
         let mut sequence = self.lock();
         if sequence.is_some() {
-            return false;
+            return None;
         }
-        *sequence = Some(Sequence { id: crate::handle::next(), ops: Some(Vec::new()) });
-        true
+        let id = crate::handle::next();
+        *sequence = Some(Sequence { id, graph: crate::handle::next(), nodes: Some(Vec::new()), allocs: Vec::new() });
+        Some(id)
     }
 
     /// Ends the sequence (`None` if none was under way).
     pub(crate) fn end(&self) -> Option<Ended> {
         let sequence = self.lock().take()?;
-        Some(sequence.ops.map_or(Ended::Invalidated, Ended::Graph))
+        Some(match sequence.nodes {
+            Some(nodes) => Ended::Graph { handle: sequence.graph, nodes, allocs: sequence.allocs },
+            None => Ended::Invalidated(sequence.allocs),
+        })
     }
 
     /// Adds `op` to the sequence under way, or gives it back when there is none. An invalidated
@@ -99,19 +122,39 @@ impl Capture {
     /// ([`admit_work`]), so only work that raced with the invalidation gets here, and it is
     /// discarded as if it had been captured just before.
     pub(crate) fn record(&self, op: Op) -> Result<(), Op> {
+        self.push(op, |op| Node::Work(Mutex::new(op)))
+    }
+
+    /// Adds `node` to the sequence under way (see [`record`](Capture::record)), or gives it back
+    /// when there is none.
+    pub(crate) fn record_node(&self, node: Node) -> Result<(), Node> {
+        self.push(node, |node| node)
+    }
+
+    /// Adds `item`, made a node by `into`, to the sequence under way, or gives it back.
+    fn push<T>(&self, item: T, into: impl FnOnce(T) -> Node) -> Result<(), T> {
         let mut sequence = self.lock();
         match sequence.as_mut() {
-            Some(Sequence { ops: Some(ops), .. }) => {
-                ops.push(op);
+            Some(Sequence { nodes: Some(nodes), allocs, .. }) => {
+                let node = into(item);
+                if let Node::Alloc(alloc) = &node {
+                    allocs.push(Arc::clone(alloc));
+                }
+                nodes.push(node);
                 Ok(())
             }
-            Some(Sequence { ops: None, .. }) => {
+            Some(Sequence { nodes: None, .. }) => {
                 drop(sequence);
-                drop(op);
+                drop(item);
                 Ok(())
             }
-            None => Err(op),
+            None => Err(item),
         }
+    }
+
+    /// The allocation an allocation node of the sequence under way made at `base`, if any.
+    pub(crate) fn own_alloc(&self, base: u64) -> Option<Arc<GraphAlloc>> {
+        self.lock().as_ref()?.allocs.iter().find(|a| a.base == base).cloned()
     }
 
     /// Invalidates the active sequence (only the one with id `only`, when given), discarding its
@@ -122,7 +165,7 @@ impl Capture {
             match sequence.as_mut() {
                 None => return false,
                 Some(s) if only.is_some_and(|id| id != s.id) => return false,
-                Some(s) => s.ops.take(),
+                Some(s) => s.nodes.take(),
             }
         };
         // Captured work may hold memory; it is released outside the lock.
@@ -198,7 +241,6 @@ pub(crate) fn refuse_legacy_status(context: &Context, stream: &Stream) -> SimRes
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use cuda_sys::types::CUstreamCaptureStatus as S;
@@ -212,7 +254,9 @@ mod tests {
             }
         }
         let tracker = Tracker(Arc::clone(drops));
-        Box::new(move || drop(tracker))
+        Box::new(move || {
+            let _ = &tracker;
+        })
     }
 
     #[test]
@@ -221,8 +265,8 @@ mod tests {
         let drops = Arc::new(AtomicUsize::new(0));
         assert_eq!(capture.status(), S::CU_STREAM_CAPTURE_STATUS_NONE);
         assert!(capture.record(counted(&drops)).is_err(), "no capture: the op comes back");
-        assert!(capture.begin());
-        assert!(!capture.begin(), "one sequence at a time");
+        assert!(capture.begin().is_some());
+        assert!(capture.begin().is_none(), "one sequence at a time");
         let id = capture.active_id().unwrap();
         assert!(capture.record(counted(&drops)).is_ok());
         assert!(!capture.invalidate(Some(id + 1)), "another sequence's id leaves this one alone");
@@ -234,11 +278,11 @@ mod tests {
         assert_eq!(capture.active_id(), None);
         assert!(capture.record(counted(&drops)).is_ok(), "a racing op is swallowed");
         assert!(capture.is_under_way());
-        assert!(matches!(capture.end(), Some(Ended::Invalidated)));
+        assert!(matches!(capture.end(), Some(Ended::Invalidated(allocs)) if allocs.is_empty()));
         assert_eq!(capture.status(), S::CU_STREAM_CAPTURE_STATUS_NONE);
         assert!(capture.end().is_none());
-        assert!(capture.begin(), "a new sequence after the end");
+        assert!(capture.begin().is_some(), "a new sequence after the end");
         assert_ne!(capture.active_id(), Some(id));
-        assert!(matches!(capture.end(), Some(Ended::Graph(ops)) if ops.is_empty()));
+        assert!(matches!(capture.end(), Some(Ended::Graph { nodes, .. }) if nodes.is_empty()));
     }
 }

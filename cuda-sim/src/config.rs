@@ -36,6 +36,44 @@ const MAX_DEVICES: usize = 64;
 /// which the simulator honours as the driver does.
 pub const VISIBLE_DEVICES_ENV: &str = "CUDA_VISIBLE_DEVICES";
 
+/// Which address hints `cuMemAddressReserve` refuses (`CUDA_SIM_ADDRESS_HINTS`): the driver
+/// need not honour a hint (an H100 moved 32 of 511 in-place growth steps), so code that asks for
+/// an address must work when it gets another one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AddressHints {
+    /// Every hint whose range is free is honoured (`honour`, the default).
+    Honour,
+    /// Every `n`-th hint of the process is refused, the others honoured (`refuse-every-N`).
+    RefuseEvery(u64),
+    /// No hint is honoured (`refuse-all`).
+    RefuseAll,
+}
+
+impl AddressHints {
+    /// Reads `honour`, `refuse-all` or `refuse-every-N` (`N` >= 1).
+    fn parse(text: &str) -> Result<AddressHints, String> {
+        let text = text.trim();
+        let every = text.strip_prefix("refuse-every-").map(str::parse::<u64>);
+        match (text, every) {
+            ("honour", _) => Ok(AddressHints::Honour),
+            ("refuse-all", _) => Ok(AddressHints::RefuseAll),
+            (_, Some(Ok(n))) if n >= 1 => Ok(AddressHints::RefuseEvery(n)),
+            _ => {
+                Err(format!("CUDA_SIM_ADDRESS_HINTS={text:?}: expected honour, refuse-all or refuse-every-N (N >= 1)"))
+            }
+        }
+    }
+
+    /// Whether the `nth` hint of the process (1 = the first) is refused.
+    pub(crate) fn refuses(self, nth: u64) -> bool {
+        match self {
+            AddressHints::Honour => false,
+            AddressHints::RefuseEvery(n) => nth.is_multiple_of(n),
+            AddressHints::RefuseAll => true,
+        }
+    }
+}
+
 /// The simulated machine, and the part of it this process sees.
 #[derive(Debug, Clone)]
 pub(crate) struct Config {
@@ -53,6 +91,12 @@ pub(crate) struct Config {
     /// import's handle (`CUDA_SIM_POOL_IMPORT=same-handle`) instead of a new one (see
     /// [`conservative`](crate::conservative)).
     pub same_handle_imports: bool,
+    /// Whether a destroyed device pool's handle value is handed to the next pool created on its
+    /// device, with the peer access it still had (`CUDA_SIM_POOL_HANDLES=recycle`, the driver's
+    /// nvbug 5698116), instead of every pool getting a value never used before (`unique`).
+    pub recycle_pool_handles: bool,
+    /// Which `cuMemAddressReserve` hints are refused (`CUDA_SIM_ADDRESS_HINTS`).
+    pub address_hints: AddressHints,
     /// What `cuDeviceGetAttribute` reports instead of the simulated device's value, by
     /// `CUdevice_attribute` code, for every device (`CUDA_SIM_DEVICE_ATTRIBUTES`): a device that
     /// lacks a capability, for testing the checks a library makes before relying on it. Only the
@@ -81,6 +125,16 @@ impl Config {
                 return Err(format!("CUDA_SIM_POOL_IMPORT={other:?}: expected new-handle or same-handle"));
             }
         };
+        config.recycle_pool_handles = match var("CUDA_SIM_POOL_HANDLES").as_deref().map(str::trim) {
+            None | Some("unique") => false,
+            Some("recycle") => true,
+            Some(other) => {
+                return Err(format!("CUDA_SIM_POOL_HANDLES={other:?}: expected unique or recycle"));
+            }
+        };
+        if let Some(text) = var("CUDA_SIM_ADDRESS_HINTS") {
+            config.address_hints = AddressHints::parse(&text)?;
+        }
         if let Some(text) = var("CUDA_SIM_DEVICE_ATTRIBUTES") {
             config.attribute_overrides = parse_attribute_overrides(&text)?;
         }
@@ -122,7 +176,16 @@ impl Config {
             None => ((0..physical_devices).collect(), None),
             Some(text) => parse_visible(text, physical_devices),
         };
-        Ok(Config { visible, memory, peers, visible_note, same_handle_imports: false, attribute_overrides: Vec::new() })
+        Ok(Config {
+            visible,
+            memory,
+            peers,
+            visible_note,
+            same_handle_imports: false,
+            recycle_pool_handles: false,
+            address_hints: AddressHints::Honour,
+            attribute_overrides: Vec::new(),
+        })
     }
 
     /// Number of devices this process sees; its ordinals are `0..devices()`.
@@ -426,5 +489,18 @@ mod tests {
             assert_eq!(c.devices(), 0, "{text:?}");
             assert!(c.visible_note.is_some(), "{text:?}");
         }
+    }
+
+    #[test]
+    fn address_hint_settings() {
+        assert_eq!(AddressHints::parse("honour"), Ok(AddressHints::Honour));
+        assert_eq!(AddressHints::parse(" refuse-all "), Ok(AddressHints::RefuseAll));
+        assert_eq!(AddressHints::parse("refuse-every-3"), Ok(AddressHints::RefuseEvery(3)));
+        for bad in ["refuse-every-0", "refuse-every-", "refuse-every-x", "honor", "all"] {
+            assert!(AddressHints::parse(bad).is_err(), "{bad:?}");
+        }
+        let every_third: Vec<bool> = (1..=6).map(|n| AddressHints::RefuseEvery(3).refuses(n)).collect();
+        assert_eq!(every_third, [false, false, true, false, false, true]);
+        assert!((1..=4).all(|n| AddressHints::RefuseAll.refuses(n) && !AddressHints::Honour.refuses(n)));
     }
 }

@@ -39,11 +39,34 @@
 //!   signature.
 //! - **Calls from a host function** (`cuLaunchHostFunc`) return `CUDA_ERROR_NOT_PERMITTED`, as
 //!   the documentation forbids them.
-//! - **Graph capture** is modelled far enough to refuse what capture forbids (see the `capture`
-//!   module): work enqueued on a capturing stream goes into the graph and never runs (graphs are
-//!   not launched); pool allocation on a capturing stream returns
-//!   `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` and leaves the capture valid (a GPU would add an
-//!   allocation node); an event recorded during capture keeps its earlier completion state.
+//! - **Graphs** (see the `graph` module): a captured graph is its nodes in capture order, and a
+//!   launch replays them as one piece of work on the launch stream, after the executable
+//!   graph's previous launch. Launching or uploading into a capturing stream returns
+//!   `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` and leaves the capture valid (a GPU would add a
+//!   child graph node). `cuStreamEndCapture` accepts a NULL graph pointer and keeps the graph for
+//!   whoever took its handle from `cuStreamGetCaptureInfo`: `cuda.h` says the graph is
+//!   "transferred or destroyed" at the end, but cuda.core's graph builder ends its captures so
+//!   and then instantiates the graph, which works on GPUs. `cuStreamGetCaptureInfo` reports no
+//!   dependency nodes (the simulator does not expose nodes). A second instantiation of a graph
+//!   with allocation or free nodes, and `CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH` for a graph
+//!   with memory or event nodes, return `CUDA_ERROR_INVALID_VALUE` (`cuda.h`: "an error").
+//! - **Graph memory**: `cuMemAllocAsync` on a capturing stream makes an allocation node whose
+//!   address is live from the capture until the capture ends (so that captured work can use
+//!   it), then from each launch until a free node, `cuMemFreeAsync`/`cuMemFree` or another
+//!   graph's free node; its bytes are the same at every launch (a GPU gives no guarantee about
+//!   them) and its address is never handed out again, so a stale graph pointer is always
+//!   reported. `cuMemAllocFromPoolAsync` on a capturing stream still returns
+//!   `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` and leaves the capture valid (no evidence yet of what
+//!   a GPU does with an explicit pool in a capture; cuda.core allocates graph memory with
+//!   `cuMemAllocAsync` and documents allocating from a `DeviceMemoryResource` during capture as
+//!   an error). A captured `cuMemFreeAsync` of memory no allocation node made, or of a graph
+//!   allocation of another graph that is not live at capture time, returns
+//!   `CUDA_ERROR_INVALID_VALUE` (`cuGraphAddMemFreeNode`'s rule). Graph memory counts in 2 MiB
+//!   granules (`USED_MEM_*` and `RESERVED_MEM_*`); freed graph memory stays reserved until
+//!   `cuDeviceGraphMemTrim`, and the reserve counts as device memory in use. Resetting a
+//!   high-water mark (to 0, the only value allowed) sets it to the current value, as cuda.core
+//!   documents. An event recorded during capture keeps its earlier completion state until a
+//!   launch records it.
 //! - **Calls that need captured work to have run invalidate the capture.** `cuda.h` documents
 //!   this for `cuCtxRecordEvent` and `cuCtxWaitEvent` and documents the statuses and errors, but
 //!   not the list of calls; the simulator takes the CUDA programming guide's ("it is invalid to
@@ -75,12 +98,23 @@
 //!   its turn. The documentation promises only stream order; a GPU reaches the free as soon as
 //!   it reaches the stream's end, so memory freed on an idle stream may be reused at once there
 //!   too, and code that counted on a free taking time is wrong on either.
-//! - **Pool allocations of 0 bytes** return `CUDA_ERROR_INVALID_VALUE`.
+//! - **Pool allocations of 0 bytes** (`cuMemAllocFromPoolAsync`, `cuMemAllocAsync`) succeed, as
+//!   on GPUs (cuda.core's newer releases pass 0 to the driver and free what comes back with
+//!   `cuMemFreeAsync`, and its zero-size tests pass on GPUs; they check only the buffer's size
+//!   and device). The pointer is unique and non-null, addresses no byte (a copy or memset of one
+//!   byte at a device pool's is `CUDA_ERROR_INVALID_VALUE`), counts 0 bytes in the pool's
+//!   attributes, and must be freed as any other (`cuMemFreeAsync` or `cuMemFree`; twice is
+//!   `CUDA_ERROR_INVALID_VALUE`): a destroyed pool waits for it, so code that skips the free of
+//!   an empty allocation leaks here. It takes nothing from a shareable pool's file. Whether a
+//!   GPU returns null or a pointer is the probe's question `zero-byte-pool-allocation`.
 //! - **A pinned host pool's memory** (created or imported) gives no device access until
 //!   `cuMemPoolSetAccess` grants it (`cuda.h`: "their default accessibility will be from the host
-//!   CPU"); a memset into it is then `CUDA_ERROR_INVALID_VALUE`, as an H100 with driver 580
-//!   answers. Copies into or out of it are refused the same way, which the driver's
-//!   documentation does not say either way.
+//!   CPU"; `cuMemPoolGetAccess` reads `NONE`); a memset into it is then
+//!   `CUDA_ERROR_INVALID_VALUE`, as an H100 with driver 580 answers. Copies (`cuMemcpy*`, which
+//!   the copy engine carries out) into and out of it work without a grant: cuda.core's
+//!   `PinnedMemoryResource` never grants access and its tests copy into and out of its memory
+//!   (its `PatternGen` helper) on GPUs. What a GPU answers for each is the probe's question
+//!   `host-pool-before-access`.
 //! - **Freed pool memory's bytes are reused as they were**: a pool allocation may get the host
 //!   backing of one freed earlier (of any pool in the process, same length), old contents
 //!   included, as reused pool memory is not cleared on a GPU; code must not count on fresh pool
@@ -97,8 +131,38 @@
 //! - **Sizes whose rounding or accounting does not fit in 64 bits** (a pool allocation of
 //!   `SIZE_MAX` bytes, a shareable pool's `maxSize`, `cuMemCreate`, `cuMemAddressReserve`) are
 //!   `CUDA_ERROR_OUT_OF_MEMORY`, which each of these functions documents, and change nothing.
-//! - **nvbug 5698116 is modelled**: a pool destroyed with peer access still granted passes that
-//!   access to the next pool created on its device, so code that must revoke first is tested.
+//! - **nvbug 5698116 is modelled where it arises, a recycled pool handle**: by default every
+//!   pool gets a handle value never used before (so a destroyed pool's handle is always
+//!   detected) and starts with no peer access. With `CUDA_SIM_POOL_HANDLES=recycle`, a device
+//!   pool that is gone (destroyed, its last allocation freed) gives its handle value to the next
+//!   pool created on its device, with the peer access it still had when destroyed, as the bug
+//!   report describes ("the driver may hand a recycled pool handle to a new pool with the
+//!   previous pool's peer-access state"); a pool destroyed while allocations are outstanding is
+//!   not gone, and the next pool gets a new value. Code that must revoke access before
+//!   destroying a pool is tested under `recycle`. Until 2026-11-25 the simulator passed the
+//!   access on to a pool with a new handle too, which no report describes.
+//! - **PCI bus ids**: `cuDeviceGetPCIBusId` writes
+//!   `domain:bus:device.function` in lowercase hexadecimal with a 4-digit domain
+//!   (`0000:01:00.0`), from the physical device's `PCI_DOMAIN_ID` (0), `PCI_BUS_ID` (physical
+//!   index + 1) and `PCI_DEVICE_ID` (0) attributes, function 0. A buffer of fewer than the 13
+//!   characters `cuda.h` asks for (NUL included), a negative length or a null buffer is
+//!   `CUDA_ERROR_INVALID_VALUE`: the string is never cut short. `cuDeviceGetByPCIBusId` takes
+//!   the three forms `cuda.h` lists, hexadecimal in either case; anything else (spaces, empty
+//!   parts, a fourth part) is `CUDA_ERROR_INVALID_VALUE`, and a well-formed id of no visible
+//!   device `CUDA_ERROR_INVALID_DEVICE`.
+//! - **`cuMemFree` never waits for work still using the memory.** `cuda.h`: it "will not
+//!   perform any implicit synchronization" for stream-ordered memory, and "may" for other
+//!   pointers; the API synchronization behavior page says nothing more. The simulator reads
+//!   "may" as "does not": `cuMemFree` returns at once, work already enqueued on the memory
+//!   still completes (on memory no longer the caller's), and every later use of the pointer is
+//!   `CUDA_ERROR_INVALID_VALUE`. Code must synchronize before freeing. Whether a GPU waits is the
+//!   probe's question `free-with-pending-work`.
+//! - **Address hints** (`cuMemAddressReserve`) are honoured whenever the range is free and
+//!   aligned, unless `CUDA_SIM_ADDRESS_HINTS` says otherwise: `refuse-all` honours none,
+//!   `refuse-every-N` refuses every N-th call that gives a hint. The driver need not honour a
+//!   hint (an H100 moved 32 of 511 in-place growth steps of `cuda-mem-vmm`), so code that asks
+//!   for an address must work at another one; a refused hint's reservation starts elsewhere
+//!   even when the hinted range is free.
 //! - **A zero-length copy or memset at a one-past-the-end device pointer** returns
 //!   `CUDA_ERROR_INVALID_VALUE` (the pointer is not inside a live allocation).
 //! - **Pool sharing**: importing a pointer into the pool that exported it (rather than into an

@@ -68,7 +68,7 @@ impl Context {
     fn enqueue(&self, stream: &Stream, op: Op, run_if_idle: bool) -> Fence {
         let _order = self.submit_lock.lock().unwrap_or_else(PoisonError::into_inner);
         // Work on a capturing stream goes into the graph being captured, not into the queue.
-        let op = match stream.capture.record(op) {
+        let mut op = match stream.capture.record(op) {
             Ok(()) => return stream.queue.tail(),
             Err(op) => op,
         };

@@ -10,8 +10,9 @@
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
 use cuda_sys::types::{
-    CUcontext, CUdevice, CUdevice_attribute, CUdeviceptr, CUdriverProcAddressQueryResult, CUevent, CUgraph, CUhostFn,
-    CUipcEventHandle, CUmem_advise, CUmem_range_attribute, CUmemAccess_flags, CUmemAccessDesc,
+    CUDA_GRAPH_INSTANTIATE_PARAMS, CUcontext, CUdevice, CUdevice_attribute, CUdeviceptr,
+    CUdriverProcAddressQueryResult, CUevent, CUgraph, CUgraphEdgeData, CUgraphExec, CUgraphMem_attribute, CUgraphNode,
+    CUhostFn, CUipcEventHandle, CUmem_advise, CUmem_range_attribute, CUmemAccess_flags, CUmemAccessDesc,
     CUmemAllocationGranularity_flags, CUmemAllocationHandleType, CUmemAllocationProp, CUmemAllocationType,
     CUmemGenericAllocationHandle, CUmemLocation, CUmemPool_attribute, CUmemPoolProps, CUmemPoolPtrExportData,
     CUmemcpyAttributes, CUmemoryPool, CUpointer_attribute, CUresult, CUstream, CUstreamCaptureMode,
@@ -102,6 +103,10 @@ exports! {
     cuDeviceGetCount / -(count: *mut c_int) => |_mode| api::device::count(count);
     cuDeviceGetName / -(name: *mut c_char, len: c_int, device: CUdevice) => |_mode| api::device::name(name, len, device);
     cuDeviceGetUuid_v2 / -(uuid: *mut CUuuid, device: CUdevice) => |_mode| api::device::get_uuid(uuid, device);
+    cuDeviceGetPCIBusId / -(bus_id: *mut c_char, len: c_int, device: CUdevice)
+        => |_mode| api::device::pci_bus_id(bus_id, len, device);
+    cuDeviceGetByPCIBusId / -(device: *mut CUdevice, bus_id: *const c_char)
+        => |_mode| api::device::by_pci_bus_id(device, bus_id);
     cuDeviceTotalMem_v2 / -(bytes: *mut usize, device: CUdevice) => |_mode| api::device::total_mem(bytes, device);
     cuDeviceGetAttribute / -(value: *mut c_int, attribute: CUdevice_attribute, device: CUdevice)
         => |_mode| api::device::get_attribute(value, attribute, device);
@@ -213,12 +218,29 @@ exports! {
     cuMemsetD32Async / cuMemsetD32Async_ptsz(dst: CUdeviceptr, value: c_uint, count: usize, stream: CUstream)
         => |mode| api::memory::memset(dst, value, 4, count, stream, mode, true);
 
-    // Graph capture (enough to capture and discard; graphs are not launched).
+    // Graph capture and graphs.
     cuStreamBeginCapture_v2 / cuStreamBeginCapture_v2_ptsz(stream: CUstream, capture_mode: CUstreamCaptureMode)
         => |mode| api::stream::begin_capture(stream, capture_mode, mode);
     cuStreamEndCapture / cuStreamEndCapture_ptsz(stream: CUstream, graph: *mut CUgraph)
         => |mode| api::stream::end_capture(stream, graph, mode);
-    cuGraphDestroy / -(graph: CUgraph) => |_mode| api::stream::destroy_graph(graph);
+    cuStreamGetCaptureInfo_v3 / cuStreamGetCaptureInfo_v3_ptsz(
+        stream: CUstream, status: *mut CUstreamCaptureStatus, id: *mut cuuint64_t, graph: *mut CUgraph,
+        dependencies: *mut *const CUgraphNode, edges: *mut *const CUgraphEdgeData, count: *mut usize,
+    ) => |mode| api::graph::capture_info(stream, status, id, graph, dependencies, edges, count, mode);
+    cuGraphDestroy / -(graph: CUgraph) => |_mode| api::graph::destroy(graph);
+    cuGraphInstantiateWithFlags / -(exec: *mut CUgraphExec, graph: CUgraph, flags: u64)
+        => |_mode| api::graph::instantiate(exec, graph, flags);
+    cuGraphInstantiateWithParams / cuGraphInstantiateWithParams_ptsz(
+        exec: *mut CUgraphExec, graph: CUgraph, params: *mut CUDA_GRAPH_INSTANTIATE_PARAMS,
+    ) => |mode| api::graph::instantiate_with_params(exec, graph, params, mode);
+    cuGraphLaunch / cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream) => |mode| api::graph::launch(exec, stream, mode);
+    cuGraphUpload / cuGraphUpload_ptsz(exec: CUgraphExec, stream: CUstream) => |mode| api::graph::upload(exec, stream, mode);
+    cuGraphExecDestroy / -(exec: CUgraphExec) => |_mode| api::graph::exec_destroy(exec);
+    cuDeviceGetGraphMemAttribute / -(device: CUdevice, attribute: CUgraphMem_attribute, value: *mut c_void)
+        => |_mode| api::graph::get_mem_attribute(device, attribute, value);
+    cuDeviceSetGraphMemAttribute / -(device: CUdevice, attribute: CUgraphMem_attribute, value: *mut c_void)
+        => |_mode| api::graph::set_mem_attribute(device, attribute, value);
+    cuDeviceGraphMemTrim / -(device: CUdevice) => |_mode| api::graph::trim(device);
 
     // Pools.
     cuMemPoolCreate / -(pool: *mut CUmemoryPool, props: *const CUmemPoolProps) => |_mode| api::pool::create(pool, props);

@@ -69,6 +69,8 @@
 //! | `CUDA_VISIBLE_DEVICES` | as with the real driver: the devices this process sees, in ordinal order, as physical indices or UUIDs (`GPU-…`, or a unique prefix); parsing stops at the first invalid entry; empty hides every device (`cuInit` fails with `CUDA_ERROR_NO_DEVICE`) | all, in order |
 //! | `CUDA_SIM_MEMORY` | bytes of memory per device (accepts `K`, `M`, `G` suffixes, powers of 1024) | 8 GiB |
 //! | `CUDA_SIM_POOL_IMPORT` | what a second import of one pool returns: `new-handle` (a handle of its own) or `same-handle` (the first import's, uncounted) | `new-handle` |
+//! | `CUDA_SIM_POOL_HANDLES` | pool handle values: `unique` (never reused, so a destroyed pool's handle is always detected) or `recycle` (a gone device pool's value goes to the next pool on its device, with its peer access: nvbug 5698116; see [`conservative`]) | `unique` |
+//! | `CUDA_SIM_ADDRESS_HINTS` | which `cuMemAddressReserve` hints are refused, as the driver may refuse any: `honour`, `refuse-all`, or `refuse-every-N` (every N-th call with a hint) | `honour` |
 //! | `CUDA_SIM_DEVICE_ATTRIBUTES` | what `cuDeviceGetAttribute` reports for every device instead of the simulated value: `code=value` pairs of `CUdevice_attribute` codes, such as `115=0` (no memory pools), for testing a library's capability checks; only the report changes, except that the managed-memory operations follow a reported 0 for concurrent managed access (`89=0`, see [`conservative`]) | none |
 //! | `CUDA_SIM_FAIL` | fault injection: `function:n[,function:n…]` makes the n-th call of each function fail with `CUDA_ERROR_OUT_OF_MEMORY` (read at the first driver call) | none |
 //!
@@ -118,6 +120,7 @@ mod error;
 mod event;
 mod exports;
 mod fault;
+mod graph;
 mod handle;
 mod ipc_event;
 mod managed;

@@ -176,6 +176,8 @@ pub(crate) enum Kind {
     Registered,
     /// `cuMemAllocManaged` memory.
     Managed,
+    /// A graph allocation, mapped by a launch of its graph (see `crate::graph`).
+    Graph,
     /// Memory from a pool (`cuMemAllocFromPoolAsync`, `cuMemAllocAsync`).
     Pooled {
         /// The pool's handle.
@@ -188,7 +190,7 @@ pub(crate) enum Kind {
 impl Kind {
     /// Whether the memory lives in the device arena (inaccessible to the host).
     pub(crate) fn is_device_memory(self) -> bool {
-        matches!(self, Kind::Device | Kind::Pooled { host: false, .. })
+        matches!(self, Kind::Device | Kind::Graph | Kind::Pooled { host: false, .. })
     }
 }
 
@@ -400,6 +402,14 @@ impl MemoryTable {
         self.place(size, kind, device, ctx, Arc::new(backing), None)
     }
 
+    /// Records a zero-byte allocation of `kind` (a zero-byte pool allocation): a unique address
+    /// that starts no bytes, backed by a private page that nothing can reach, so that freeing it
+    /// is checked as any other free and it outlives nothing it should not.
+    pub(crate) fn alloc_empty(&mut self, kind: Kind, device: usize, ctx: usize) -> SimResult<u64> {
+        let backing = Mapping::inaccessible(1)?;
+        self.place(0, kind, device, ctx, Arc::new(backing), None)
+    }
+
     /// Allocates `size` bytes of pinned host memory in context `ctx`.
     pub(crate) fn alloc_pinned(&mut self, size: usize, device: usize, ctx: usize) -> SimResult<u64> {
         self.alloc(size, Kind::PinnedHost, device, ctx)
@@ -432,16 +442,7 @@ impl MemoryTable {
         backing: Arc<Mapping>,
         file_offset: Option<u64>,
     ) -> SimResult<u64> {
-        let base = if kind.is_device_memory() {
-            if self.arena.is_none() {
-                self.arena = Some(Arena::new()?);
-            }
-            let arena = self.arena.as_mut().ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
-            let len = round_up(size as u64).checked_add(GUARD).ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
-            arena.take(len)?
-        } else {
-            backing.as_ptr() as u64
-        };
+        let base = if kind.is_device_memory() { self.take_device_range(size)? } else { backing.as_ptr() as u64 };
         self.insert(base, size, kind, device, ctx, backing, file_offset);
         Ok(base)
     }
@@ -501,12 +502,48 @@ impl MemoryTable {
             _ => return fail(CUresult::CUDA_ERROR_INVALID_VALUE),
         }
         let allocation = self.allocations.remove(&base).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        // A graph allocation's address stays its graph's: it is never handed out again.
         if allocation.kind.is_device_memory()
+            && allocation.kind != Kind::Graph
             && let Some(arena) = self.arena.as_mut()
         {
             arena.give_back(base);
         }
         Ok(allocation)
+    }
+
+    /// Takes device address space for a graph allocation of `size` bytes, for good: the address
+    /// is the allocation node's for the life of the process (it is mapped and unmapped with
+    /// [`map_graph`](MemoryTable::map_graph) and [`unmap_graph`](MemoryTable::unmap_graph)).
+    pub(crate) fn reserve_graph(&mut self, size: usize) -> SimResult<u64> {
+        ensure(size > 0)?;
+        self.take_device_range(size)
+    }
+
+    /// Device address space for `size` bytes and the guard after them.
+    fn take_device_range(&mut self, size: usize) -> SimResult<u64> {
+        if self.arena.is_none() {
+            self.arena = Some(Arena::new()?);
+        }
+        let arena = self.arena.as_mut().ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
+        let len = round_up(size as u64).checked_add(GUARD).ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
+        arena.take(len)
+    }
+
+    /// Maps a graph allocation: its address becomes a live allocation with its bytes.
+    pub(crate) fn map_graph(&mut self, alloc: &crate::graph::GraphAlloc) {
+        let backing = Arc::clone(&alloc.backing);
+        self.insert(alloc.base, alloc.size, Kind::Graph, alloc.device, alloc.ctx, backing, None);
+    }
+
+    /// Whether the graph allocation at `base` is mapped.
+    pub(crate) fn is_graph_mapped(&self, base: u64) -> bool {
+        self.allocations.get(&base).is_some_and(|a| a.kind == Kind::Graph)
+    }
+
+    /// Unmaps the graph allocation at `base`, if it is mapped.
+    pub(crate) fn unmap_graph(&mut self, base: u64) -> Option<Allocation> {
+        self.free(base, Kind::Graph).ok()
     }
 
     /// Every live allocation from pool `pool`.
@@ -590,16 +627,25 @@ impl MemoryTable {
     }
 
     /// Reserves `size` bytes of device address space (`cuMemAddressReserve`), at `hint` when that
-    /// range is free, aligned to `align`.
-    pub(crate) fn reserve(&mut self, size: u64, align: u64, hint: u64) -> SimResult<u64> {
+    /// range is free, aligned to `align`. A `refused` hint is not honoured: the range starts
+    /// elsewhere, even where the hint's range is free.
+    pub(crate) fn reserve(&mut self, size: u64, align: u64, hint: u64, refused: bool) -> SimResult<u64> {
         if self.arena.is_none() {
             self.arena = Some(Arena::new()?);
         }
         let arena = self.arena.as_mut().ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
-        let base = if hint != 0 && hint.is_multiple_of(align) && arena.take_at(hint, size) {
+        let base = if hint != 0 && !refused && hint.is_multiple_of(align) && arena.take_at(hint, size) {
             hint
         } else {
-            arena.take_aligned(size, align)?
+            let base = arena.take_aligned(size, align)?;
+            if refused && base == hint {
+                // The next free range is the hint's own: take the one after it instead.
+                let elsewhere = arena.take_aligned(size, align);
+                arena.give_back(base);
+                elsewhere?
+            } else {
+                base
+            }
         };
         self.reservations.insert(base, size);
         Ok(base)
@@ -761,7 +807,7 @@ mod tests {
         }
         assert_eq!(arena.used.len(), 1, "nothing was taken");
         let mut table = MemoryTable::default();
-        assert_eq!(table.reserve(u64::MAX - 4095, 2 << 20, 0), out_of_memory);
+        assert_eq!(table.reserve(u64::MAX - 4095, 2 << 20, 0, false), out_of_memory);
         assert_eq!(table.alloc_device(usize::MAX, 0, 1), out_of_memory);
         assert_eq!(table.allocation_count(), 0);
     }

@@ -36,8 +36,12 @@ pub(crate) struct State {
     pub memory: MemoryTable,
     /// Physical VMM allocations by handle.
     pub physicals: HashMap<u64, PhysicalEntry>,
-    /// Captured graphs by handle (their work never runs: the simulator does not launch graphs).
-    pub graphs: HashMap<usize, Vec<crate::stream::Op>>,
+    /// Captured graphs by handle.
+    pub graphs: HashMap<usize, Arc<crate::graph::Body>>,
+    /// Executable graphs by handle.
+    pub execs: HashMap<usize, Arc<crate::graph::Exec>>,
+    /// Each device's graph memory counters.
+    pub graph_memory: Vec<Arc<crate::graph::GraphMemory>>,
     /// Live pools by handle.
     pub pools: HashMap<usize, Arc<Pool>>,
     /// Each device's current pool (the one `cuMemAllocAsync` uses).
@@ -47,11 +51,18 @@ pub(crate) struct State {
     /// Current pools of other kinds (`cuMemGetMemPool`/`cuMemSetMemPool`), keyed by location
     /// and kind, created on first use.
     pub other_pools: HashMap<(crate::pool::LocationKey, bool), usize>,
-    /// The peer-access state the last destroyed pool of each device left behind, which the
-    /// next pool created on that device inherits (the driver's nvbug 5698116, modelled so that
-    /// code working around it is tested).
-    pub leftover_access: HashMap<usize, std::collections::BTreeMap<usize, cuda_sys::types::CUmemAccess_flags>>,
+    /// Per device, the handle values of destroyed pools that are gone, each with the peer
+    /// access the pool still had, for the next pools created there to reuse
+    /// (`CUDA_SIM_POOL_HANDLES=recycle`: the driver's nvbug 5698116, modelled so that code
+    /// working around it is tested).
+    pub recyclable_pools: HashMap<usize, Vec<(usize, PeerAccess)>>,
+    /// How many `cuMemAddressReserve` calls gave a hint (`CUDA_SIM_ADDRESS_HINTS` refuses by
+    /// this count).
+    pub address_hints_seen: u64,
 }
+
+/// A pool's access granted to devices other than its owner (device -> flags).
+pub(crate) type PeerAccess = std::collections::BTreeMap<usize, cuda_sys::types::CUmemAccess_flags>;
 
 /// A physical VMM allocation and what refers to it.
 pub(crate) struct PhysicalEntry {
@@ -125,8 +136,11 @@ pub(crate) fn init() -> SimResult {
         pools: defaults.into_iter().map(|p| (p.handle, p)).collect(),
         other_pools: HashMap::new(),
         graphs: HashMap::new(),
+        execs: HashMap::new(),
+        graph_memory: (0..devices).map(|_| Arc::default()).collect(),
         physicals: HashMap::new(),
-        leftover_access: HashMap::new(),
+        recyclable_pools: HashMap::new(),
+        address_hints_seen: 0,
     };
     let _ = STATE.set(Mutex::new(state));
     Ok(())

@@ -13,8 +13,9 @@ use cuda_sys::types::{CUresult, CUstream_flags};
 use crate::capture::Capture;
 use crate::error::SimResult;
 
-/// One unit of stream work.
-pub(crate) type Op = Box<dyn FnOnce() + Send + 'static>;
+/// One unit of stream work. `FnMut`, not `FnOnce`: work captured into a graph runs again at each
+/// launch of the graph (a queue runs each operation it is given once).
+pub(crate) type Op = Box<dyn FnMut() + Send + 'static>;
 
 /// What kind of stream this is, which decides how it synchronizes with others.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -43,6 +43,8 @@ fn probe(out: &Path, args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
         .env("PROBE_OUT", out)
         .env_remove("CUDA_VISIBLE_DEVICES")
         .env_remove("CUDA_SIM_POOL_IMPORT")
+        .env_remove("CUDA_SIM_POOL_HANDLES")
+        .env_remove("CUDA_SIM_ADDRESS_HINTS")
         .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::piped());
@@ -89,7 +91,27 @@ fn every_question_is_answered_and_the_simulator_agrees_with_itself() {
     }
     // What the simulator models, as the probe reports it.
     assert!(answer(&answers, "pool-import-twice").starts_with("same fd again: a new handle"));
-    assert!(answer(&answers, "peer-access-after-destroy").contains("nvbug 5698116"));
+    assert_eq!(
+        answer(&answers, "peer-access-after-destroy"),
+        "the next pool (a new handle value) starts without device 1's access (the bug is not seen)"
+    );
+    assert_eq!(
+        answer(&answers, "zero-byte-pool-allocation"),
+        "succeeds: two distinct non-null pointers; cuMemFreeAsync CUDA_SUCCESS, again CUDA_ERROR_INVALID_VALUE"
+    );
+    assert_eq!(
+        answer(&answers, "host-pool-before-access"),
+        "access NONE; copies: host->pool CUDA_SUCCESS, pool->device CUDA_SUCCESS, device->pool CUDA_SUCCESS, \
+         pool->host CUDA_SUCCESS; memset CUDA_ERROR_INVALID_VALUE"
+    );
+    assert!(answer(&answers, "pci-bus-id").starts_with(
+        "\"0000:01:00.0\" (matches the attributes); room for 12: \
+         CUDA_ERROR_INVALID_VALUE; by id: full device 0, no_function device 0, no_domain device 0, upper device 0"
+    ));
+    assert_eq!(
+        answer(&answers, "free-with-pending-work"),
+        "cuMemAlloc: CUDA_SUCCESS returned at once; pool: CUDA_SUCCESS returned at once"
+    );
     assert!(answer(&answers, "failed-alloc-marks").matches("counts unchanged").count() == 3);
 
     let report = std::fs::read_to_string(out.0.join("probe.json")).expect("the report");
@@ -130,4 +152,33 @@ fn the_probe_tells_the_two_readings_of_a_second_pool_import_apart() {
     for answer in [new, same] {
         assert!(answer.contains("through one handle twice: the same address, second free CUDA_ERROR_INVALID_VALUE"));
     }
+}
+
+#[test]
+fn the_probe_sees_nvbug_5698116_when_pool_handles_are_recycled() {
+    if !cuda_sim::testing::simulator_only("CUDA_SIM_POOL_HANDLES is the simulator's") {
+        return;
+    }
+    let out = OutDir::new("recycle");
+    let (success, output) =
+        probe(&out.0, &["peer-access-after-destroy"], &[("CUDA_SIM_POOL_HANDLES", "recycle"), ("PROBE_COMPARE", "0")]);
+    assert!(success, "the probe failed:\n{output}");
+    assert_eq!(
+        answer(&answers(&output), "peer-access-after-destroy"),
+        "the next pool (the destroyed pool's handle value) starts with device 1's access (READWRITE): nvbug 5698116"
+    );
+}
+
+#[test]
+fn the_probe_sees_refused_address_hints() {
+    if !cuda_sim::testing::simulator_only("CUDA_SIM_ADDRESS_HINTS is the simulator's") {
+        return;
+    }
+    let out = OutDir::new("hints");
+    let (success, output) =
+        probe(&out.0, &["address-hint"], &[("CUDA_SIM_ADDRESS_HINTS", "refuse-every-4"), ("PROBE_COMPARE", "0")]);
+    assert!(success, "the probe failed:\n{output}");
+    let answers = answers(&output);
+    let answer = answer(&answers, "address-hint");
+    assert!(answer.contains("24/32"), "{answer}");
 }

@@ -49,11 +49,12 @@ pub(crate) fn record(event: CUevent, stream: CUstream, mode: DefaultStream) -> S
         return Err(CUresult::CUDA_ERROR_INVALID_HANDLE);
     }
     if let Some(sequence) = stream.capture.active_id() {
-        // Captured into the graph, which never runs here: the event's completion state is left
-        // alone rather than waiting forever for a completion that cannot come.
+        // Captured into the graph: each launch records the event anew; until then its
+        // completion state is left alone rather than waiting for a launch that may never come.
         event.record_captured(&stream, sequence);
-        context.submit(&stream, Box::new(|| {}));
-        return Ok(());
+        if stream.capture.record_node(crate::graph::Node::Record(std::sync::Arc::clone(&event))).is_ok() {
+            return Ok(());
+        }
     }
     let generation = event.begin_record();
     context.submit(&stream, Box::new(move || event.complete(generation)));

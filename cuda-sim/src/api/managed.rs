@@ -170,10 +170,10 @@ fn enqueue(
     context.submit(
         &stream,
         Box::new(move || {
-            for (range, len) in discarded {
+            for (range, len) in &discarded {
                 // SAFETY: `range` is `len` bytes of a managed allocation's host backing
                 // (checked at the call), kept alive by the endpoint's span.
-                unsafe { std::ptr::write_bytes(range.ptr(), DISCARDED, len) };
+                unsafe { std::ptr::write_bytes(range.ptr(), DISCARDED, *len) };
             }
         }),
     );

@@ -19,6 +19,7 @@ use std::ffi::c_void;
 use cuda_sys::types::{CUdeviceptr, CUresult, CUstream};
 
 use super::DefaultStream;
+use super::pool::Reach;
 use super::stream::resolve_for_work;
 use crate::context as ctx;
 use crate::error::{SimResult, ensure, fail, write_out};
@@ -56,8 +57,15 @@ pub(crate) unsafe fn alloc(out: *mut CUdeviceptr, size: usize) -> SimResult {
 /// `CUDA_ERROR_INVALID_VALUE`.
 pub(crate) fn free(address: CUdeviceptr) -> SimResult {
     let mut state = state::lock()?;
-    let allocation =
-        state.memory.free_if(address, |kind| matches!(kind, Kind::Device | Kind::Managed | Kind::Pooled { .. }))?;
+    let allocation = state
+        .memory
+        .free_if(address, |kind| matches!(kind, Kind::Device | Kind::Managed | Kind::Pooled { .. } | Kind::Graph))?;
+    if allocation.kind == Kind::Graph {
+        // Graph memory: no implicit synchronization either (cuda.h lists cuMemFree among the
+        // ways to free it).
+        state.graph_memory[allocation.device].release(crate::graph::charge(allocation.size));
+        return Ok(());
+    }
     if let Kind::Pooled { pool, .. } = allocation.kind {
         // No implicit synchronization for stream-ordered memory, as cuda.h says: the caller
         // guarantees its accesses are done.
@@ -203,8 +211,8 @@ pub(crate) unsafe fn copy(
         }
         Direction::Any => (state.memory.classify(dst, len)?, state.memory.classify(src, len)?),
     };
-    super::pool::check_access(&state, dst_address, stream.device, true)?;
-    super::pool::check_access(&state, src_address, stream.device, false)?;
+    super::pool::check_access(&state, dst_address, stream.device, true, Reach::Copy)?;
+    super::pool::check_access(&state, src_address, stream.device, false, Reach::Copy)?;
     super::vmm::check_access(&state, dst_address, len, stream.device, true)?;
     super::vmm::check_access(&state, src_address, len, stream.device, false)?;
     let sync_memops = syncs_memops(&state, context.device);
@@ -223,7 +231,7 @@ pub(crate) unsafe fn copy(
         context.submit(
             &stream,
             Box::new(move || {
-                let (to, _keep) = (to, dst);
+                let (to, _keep) = (&to, &dst);
                 // SAFETY: `to` is valid for `len` bytes (checked at the call; kept alive by
                 // `_keep`); `staged` is a private buffer of `len` bytes.
                 unsafe { std::ptr::copy_nonoverlapping(staged.as_ptr(), to.0, len) };
@@ -234,7 +242,7 @@ pub(crate) unsafe fn copy(
         context.submit(
             &stream,
             Box::new(move || {
-                let (to, from, _keep) = (to, from, (dst, src));
+                let (to, from, _keep) = (&to, &from, (&dst, &src));
                 // SAFETY: both ranges are valid for `len` bytes (checked at the call, or
                 // guaranteed by the caller for host memory) and kept alive by `_keep`; they may
                 // overlap, hence a memmove.
@@ -263,7 +271,7 @@ pub(crate) fn memset(
     let state = state::lock()?;
     let (context, stream) = resolve_for_work(&state, stream, mode)?;
     let target = state.memory.classify_allocated(dst, len)?;
-    super::pool::check_access(&state, dst, stream.device, true)?;
+    super::pool::check_access(&state, dst, stream.device, true, Reach::Memset)?;
     super::vmm::check_access(&state, dst, len, stream.device, true)?;
     let sync_memops = syncs_memops(&state, context.device);
     drop(state);
@@ -275,7 +283,7 @@ pub(crate) fn memset(
     let fence = context.submit(
         &stream,
         Box::new(move || {
-            let (to, _keep) = (to, target);
+            let (to, _keep) = (&to, &target);
             // SAFETY: `to` is valid and `width`-aligned for `count` elements (checked at the
             // call; the backing is page-aligned) and kept alive by `_keep`.
             unsafe { fill(to.0, value, width, count) };

@@ -5,6 +5,7 @@ pub(crate) mod context;
 pub(crate) mod copy_batch;
 pub(crate) mod device;
 pub(crate) mod event;
+pub(crate) mod graph;
 pub(crate) mod init;
 pub(crate) mod ipc;
 pub(crate) mod managed;

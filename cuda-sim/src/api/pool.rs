@@ -12,14 +12,17 @@ use cuda_sys::types::{
 
 use super::DefaultStream;
 use super::stream::{resolve, resolve_for_work};
+use crate::capture;
 use crate::config::Config;
-use crate::context as ctx;
+use crate::context::{self as ctx, Context};
 use crate::device::check_ordinal;
 use crate::error::{SimResult, ensure, fail, write_out};
+use crate::graph::{GraphAlloc, Node};
 use crate::memory::Kind;
 use crate::pool::{Location, Pool, PoolKind, PoolState};
 use crate::shared::SharedArena;
 use crate::state::{self, State};
+use crate::stream::Stream;
 
 /// `CU_MEM_ATTACH_GLOBAL` and `CU_MEM_ATTACH_HOST`.
 const ATTACH_GLOBAL: u32 = 0x1;
@@ -92,12 +95,14 @@ pub(crate) unsafe fn create(out: *mut CUmemoryPool, props: *const CUmemPoolProps
     } else {
         None
     };
-    let pool = Arc::new(Pool::with_shared(location, kind, handle_types, props.maxSize as u64, false, shared));
+    let mut pool = Pool::with_shared(location, kind, handle_types, props.maxSize as u64, false, shared);
     if let Location::Device(device) = location
-        && let Some(access) = state.leftover_access.remove(&device)
+        && let Some((handle, access)) = state.recyclable_pools.get_mut(&device).and_then(Vec::pop)
     {
+        pool.handle = handle;
         pool.lock().access = access;
     }
+    let pool = Arc::new(pool);
     let handle = pool.handle;
     state.pools.insert(handle, pool);
     // SAFETY: forwarded from the caller.
@@ -113,10 +118,6 @@ pub(crate) fn destroy(pool: CUmemoryPool) -> SimResult {
     ensure(!pool.is_default)?;
     pool.mark_destroyed();
     if let Some(device) = pool.owner() {
-        let access = std::mem::take(&mut pool.lock().access);
-        if !access.is_empty() {
-            state.leftover_access.insert(device, access);
-        }
         if state.current_pool[device] == pool.handle {
             state.current_pool[device] = state.default_pool[device];
         }
@@ -317,13 +318,14 @@ pub(crate) unsafe fn get_access(
     unsafe { write_out(flags, access) }
 }
 
-/// Allocates from `pool` in the order of `stream`. 0 bytes is `CUDA_ERROR_INVALID_VALUE`
-/// (conservative: the driver does not document it); past the pool's `maxSize` or the device's
+/// Allocates from `pool` in the order of `stream`. 0 bytes succeeds with a unique pointer that
+/// addresses no bytes and must be freed as any other (see [`conservative`](crate::conservative));
+/// past the pool's `maxSize` or the device's
 /// memory, or a size whose accounting overflows, is `CUDA_ERROR_OUT_OF_MEMORY`. A failed
 /// allocation leaves the pool and the device as they were, high-water marks included.
 fn allocate(state: &mut State, pool: &Arc<Pool>, size: usize, stream: CUstream, mode: DefaultStream) -> SimResult<u64> {
     // "Imported memory pools do not support creating new allocations."
-    ensure(size > 0 && !pool.is_imported())?;
+    ensure(!pool.is_imported())?;
     let (context, stream) = resolve_for_work(state, stream, mode)?;
     if stream.capture.is_under_way() {
         return fail(CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
@@ -342,6 +344,8 @@ fn allocate(state: &mut State, pool: &Arc<Pool>, size: usize, stream: CUstream, 
     let kind = Kind::Pooled { pool: pool.handle, host: pool.is_host_memory() };
     let device = owner.unwrap_or(context.device);
     let result = match &pool.shared {
+        // Takes nothing from a shared pool's file: there is nothing to share.
+        _ if size == 0 => state.memory.alloc_empty(kind, device, context.handle),
         Some(shared) => shared.take(bytes).and_then(|offset| {
             let placed = state.memory.alloc_shared(size, kind, device, context.handle, shared.file.as_fd(), offset);
             if placed.is_err() {
@@ -393,11 +397,54 @@ pub(crate) unsafe fn alloc_async(
 ) -> SimResult {
     ensure(!out.is_null())?;
     let mut state = state::lock()?;
-    let (_, s) = resolve(&state, stream, mode)?;
-    let pool = state.pools.get(&state.current_pool[s.device]).cloned().ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
-    let address = allocate(&mut state, &pool, size, stream, mode)?;
+    let (context, s) = resolve(&state, stream, mode)?;
+    let address = if s.capture.is_under_way() {
+        capture_alloc(&mut state, &context, &s, size)?
+    } else {
+        let pool = state.pools.get(&state.current_pool[s.device]).cloned().ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        allocate(&mut state, &pool, size, stream, mode)?
+    };
     // SAFETY: forwarded from the caller.
     unsafe { write_out(out, address) }
+}
+
+/// `cuMemAllocAsync` on a capturing stream: an allocation node (see [`crate::graph`]). Its
+/// address is live until the capture ends, so that the captured work can use it; launches map it
+/// again. 0 bytes is `CUDA_ERROR_INVALID_VALUE`, as outside a capture.
+fn capture_alloc(state: &mut State, context: &Context, stream: &Stream, size: usize) -> SimResult<u64> {
+    ensure(size > 0)?;
+    capture::admit_work(context, stream)?;
+    let backing = Arc::new(crate::memory::Mapping::read_write(size)?);
+    let base = state.memory.reserve_graph(size)?;
+    let alloc = GraphAlloc::new(base, size, stream.device, context.handle, backing);
+    state.memory.map_graph(&alloc);
+    if stream.capture.record_node(Node::Alloc(alloc)).is_err() {
+        // The capture ended meanwhile (on another thread).
+        state.memory.unmap_graph(base);
+        return fail(CUresult::CUDA_ERROR_ILLEGAL_STATE);
+    }
+    Ok(base)
+}
+
+/// `cuMemFreeAsync` on a capturing stream: a free node, for an allocation node of the same
+/// capture not freed yet (its address stops being live at once) or for another graph's live
+/// allocation (unmapped when the graph is launched). Anything else is `CUDA_ERROR_INVALID_VALUE`
+/// (`cuGraphAddMemFreeNode`: "an address that was not returned by an allocation node", or an
+/// allocation freed twice).
+fn capture_free(state: &mut State, stream: &Stream, address: CUdeviceptr) -> SimResult {
+    let node = match stream.capture.own_alloc(address) {
+        Some(alloc) => {
+            ensure(alloc.mark_freed_in_graph())?;
+            state.memory.unmap_graph(address);
+            Node::Free { base: address, size: alloc.size, device: alloc.device, own: true }
+        }
+        None => {
+            ensure(state.memory.is_graph_mapped(address))?;
+            let allocation = state.memory.find(address).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+            Node::Free { base: address, size: allocation.size, device: allocation.device, own: false }
+        }
+    };
+    stream.capture.record_node(node).map_err(|_| CUresult::CUDA_ERROR_ILLEGAL_STATE)
 }
 
 /// `cuMemFreeAsync`: the pointer must start a live pool allocation (freeing it twice, or
@@ -406,15 +453,31 @@ pub(crate) unsafe fn alloc_async(
 pub(crate) fn free_async(address: CUdeviceptr, stream: CUstream, mode: DefaultStream) -> SimResult {
     let mut state = state::lock()?;
     let (context, stream) = resolve_for_work(&state, stream, mode)?;
-    let allocation = state.memory.free_if(address, |kind| matches!(kind, Kind::Pooled { .. }))?;
+    if stream.capture.is_under_way() {
+        return capture_free(&mut state, &stream, address);
+    }
+    let allocation = state.memory.free_if(address, |kind| matches!(kind, Kind::Pooled { .. } | Kind::Graph))?;
+    if allocation.kind == Kind::Graph {
+        // Graph memory: it stops counting as used when the stream reaches the free.
+        let memory = Arc::clone(&state.graph_memory[allocation.device]);
+        let bytes = crate::graph::charge(allocation.size);
+        drop(state);
+        context.submit_or_run(&stream, Box::new(move || memory.release(bytes)));
+        return Ok(());
+    }
     let Kind::Pooled { pool: handle, .. } = allocation.kind else {
         return fail(CUresult::CUDA_ERROR_INVALID_VALUE);
     };
     let pool = state.pools.get(&handle).cloned().ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
     drop(state);
+    // Never captured (a capture makes a free node instead), so it runs once.
+    let mut allocation = Some(allocation);
     context.submit_or_run(
         &stream,
         Box::new(move || {
+            let Some(allocation) = allocation.take() else {
+                return;
+            };
             pool.release(&allocation);
             drop(allocation);
             // A destroyed pool stays in the table until its last free has run, so that its
@@ -453,10 +516,15 @@ fn forget_if_destroyed(state: &mut State, pool: usize) {
         return;
     }
     let released = accounts.release_to(0);
+    let access = std::mem::take(&mut accounts.access);
     drop(accounts);
     if let Some(device) = entry.owner() {
         let used = &mut state.devices[device].used;
         *used = used.saturating_sub(released);
+        // Gone: its handle value may be reused, and with it the access it still had.
+        if state.config.recycle_pool_handles && !entry.is_imported() {
+            state.recyclable_pools.entry(device).or_default().push((pool, access));
+        }
     }
     state.pools.remove(&pool);
 }
@@ -494,20 +562,34 @@ pub(crate) fn host_unregister(address: *mut c_void) -> SimResult {
         .map_err(|_| CUresult::CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED)
 }
 
+/// How a device reaches memory in a copy or memset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Reach {
+    /// A copy (`cuMemcpy*`), which the copy engine carries out.
+    Copy,
+    /// A memset, which writes from the device.
+    Memset,
+}
+
 /// Checks that the device running a copy or memset can reach pool memory at `address`: a
-/// device pool's memory needs access granted to other devices, a pinned host pool's to every
-/// device (read for a source, read-write for a destination). Without it,
-/// `CUDA_ERROR_INVALID_VALUE`, as an H100 answers a memset into a host pool's memory.
-pub(crate) fn check_access(state: &State, address: u64, device: usize, write: bool) -> SimResult {
+/// device pool's memory needs access granted to other devices (read for a source, read-write
+/// for a destination), or `CUDA_ERROR_INVALID_VALUE`. A pinned host pool's memory is reached by
+/// copies without any grant (cuda.core copies into and out of it without one, and its tests pass
+/// on GPUs), while a memset into it needs the device's read-write access, as an H100 refuses one
+/// without (`CUDA_ERROR_INVALID_VALUE`; see [`conservative`](crate::conservative)).
+pub(crate) fn check_access(state: &State, address: u64, device: usize, write: bool, reach: Reach) -> SimResult {
     let Some(allocation) = state.memory.find(address) else {
         return Ok(());
     };
-    let Kind::Pooled { pool, .. } = allocation.kind else {
+    let Kind::Pooled { pool, host } = allocation.kind else {
         return Ok(());
     };
     let Some(pool) = state.pools.get(&pool) else {
         return Ok(());
     };
+    if host && reach == Reach::Copy {
+        return Ok(());
+    }
     let access = pool.access(device);
     let allowed = if write {
         access == CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE

@@ -112,36 +112,41 @@ pub(crate) fn begin_capture(stream: CUstream, capture_mode: CUstreamCaptureMode,
     if stream.kind != StreamKind::Created {
         return fail(CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
     }
-    if stream.capture.begin() { Ok(()) } else { fail(CUresult::CUDA_ERROR_ILLEGAL_STATE) }
+    if stream.capture.begin().is_some() { Ok(()) } else { fail(CUresult::CUDA_ERROR_ILLEGAL_STATE) }
 }
 
 /// `cuStreamEndCapture`: returns the captured graph; `CUDA_ERROR_ILLEGAL_STATE` when the stream
 /// was not capturing. An invalidated capture ends too, with a NULL graph ("if capture was
 /// invalidated, … a NULL graph will be returned") and `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`.
+/// `out` may be NULL: the graph is then kept for whoever took its handle from
+/// `cuStreamGetCaptureInfo` (as cuda.core's graph builder does; see `conservative`). The
+/// addresses of the capture's graph allocations stop being live: launches map them.
 ///
 /// # Safety
 /// `out` is null or valid for a write.
 pub(crate) unsafe fn end_capture(stream: CUstream, out: *mut CUgraph, mode: DefaultStream) -> SimResult {
-    ensure(!out.is_null())?;
     let mut state = state::lock()?;
     let (_, stream) = resolve(&state, stream, mode)?;
-    let ops = match stream.capture.end().ok_or(CUresult::CUDA_ERROR_ILLEGAL_STATE)? {
-        Ended::Graph(ops) => ops,
-        Ended::Invalidated => {
-            // SAFETY: forwarded from the caller.
-            unsafe { write_out(out, std::ptr::null_mut()) }?;
-            return fail(CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
-        }
+    let ended = stream.capture.end().ok_or(CUresult::CUDA_ERROR_ILLEGAL_STATE)?;
+    let (graph, allocs) = match ended {
+        Ended::Graph { handle, nodes, allocs } => (Some((handle, nodes)), allocs),
+        Ended::Invalidated(allocs) => (None, allocs),
     };
-    let handle = crate::handle::next();
-    state.graphs.insert(handle, ops);
-    // SAFETY: forwarded from the caller.
-    unsafe { write_out(out, handle as CUgraph) }
-}
-
-/// `cuGraphDestroy` of a captured graph.
-pub(crate) fn destroy_graph(graph: CUgraph) -> SimResult {
-    state::lock()?.graphs.remove(&(graph as usize)).map(drop).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)
+    for alloc in &allocs {
+        state.memory.unmap_graph(alloc.base);
+    }
+    let handle = match graph {
+        Some((handle, nodes)) => {
+            state.graphs.insert(handle, crate::graph::Body::new(nodes));
+            handle
+        }
+        None => 0,
+    };
+    if !out.is_null() {
+        // SAFETY: forwarded from the caller.
+        unsafe { write_out(out, handle as CUgraph) }?;
+    }
+    if handle == 0 { fail(CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED) } else { Ok(()) }
 }
 
 /// `cuStreamGetFlags`, `cuStreamGetPriority`, `cuStreamGetDevice`, `cuStreamGetCtx`: one of the
@@ -223,7 +228,7 @@ pub(crate) fn launch_host_func(
     context.submit(
         &stream,
         Box::new(move || {
-            let data = data;
+            let data = &data;
             // SAFETY: the caller of cuLaunchHostFunc provided a function that accepts this
             // pointer; calling it on a driver thread is the documented contract.
             super::as_host_function(|| unsafe { function(data.0) });

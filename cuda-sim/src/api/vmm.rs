@@ -68,7 +68,13 @@ pub(crate) unsafe fn reserve(
     ensure(alignment == 0 || alignment.is_power_of_two())?;
     ensure(hint.is_multiple_of(PAGE))?;
     let align = (alignment as u64).max(GRANULARITY);
-    let base = state::lock()?.memory.reserve(size, align, hint)?;
+    let mut state = state::lock()?;
+    // A hint the setting refuses is ignored, as the driver may ignore any (see `conservative`).
+    let refused = hint != 0 && {
+        state.address_hints_seen += 1;
+        state.config.address_hints.refuses(state.address_hints_seen)
+    };
+    let base = state.memory.reserve(size, align, hint, refused)?;
     // SAFETY: forwarded from the caller.
     unsafe { write_out(out, base) }
 }

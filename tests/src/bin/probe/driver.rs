@@ -15,9 +15,11 @@ use crate::raw::{device_count, device_name};
 pub(crate) const SIM_DEVICES_ENV: &str = "CUDA_SIM_DEVICES";
 
 /// The environment variables that change the simulator's answers, shown in the report.
-const SIMULATOR_SETTINGS: [&str; 6] = [
+const SIMULATOR_SETTINGS: [&str; 8] = [
     SIM_DEVICES_ENV,
     "CUDA_SIM_POOL_IMPORT",
+    "CUDA_SIM_POOL_HANDLES",
+    "CUDA_SIM_ADDRESS_HINTS",
     "CUDA_SIM_PEER_ACCESS",
     "CUDA_SIM_MEMORY",
     "CUDA_SIM_FAIL",

@@ -33,9 +33,12 @@ mod child;
 mod destroy_pending;
 mod driver;
 mod failed_alloc;
+mod free_pending;
 mod gate;
+mod host_pool_access;
 mod imported_access;
 mod owned;
+mod pci_bus_id;
 mod peer_leftover;
 mod per_thread_capture;
 mod pointer_import;
@@ -43,6 +46,7 @@ mod pool_import;
 mod raw;
 mod report;
 mod runner;
+mod zero_byte;
 
 use std::process::ExitCode;
 
@@ -75,7 +79,7 @@ pub(crate) struct Question {
 }
 
 /// Every question, in the order they are asked.
-pub(crate) const QUESTIONS: [Question; 9] = [
+pub(crate) const QUESTIONS: [Question; 13] = [
     pool_import::QUESTION,
     pointer_import::QUESTION,
     imported_access::QUESTION,
@@ -85,6 +89,10 @@ pub(crate) const QUESTIONS: [Question; 9] = [
     address_hint::QUESTION,
     per_thread_capture::QUESTION,
     peer_leftover::QUESTION,
+    zero_byte::QUESTION,
+    host_pool_access::QUESTION,
+    pci_bus_id::QUESTION,
+    free_pending::QUESTION,
 ];
 
 /// The child side of the question `name`.

@@ -1,0 +1,492 @@
+//! Graphs: instantiating, launching, uploading and destroying captured graphs, the capture's
+//! graph (`cuStreamGetCaptureInfo`), graph memory (allocation and free nodes, the device's graph
+//! memory attributes, trimming), and capture modes across threads. Each test runs in a child
+//! process: graph memory counters are per process, and a global-mode capture restricts every
+//! thread of the process.
+
+mod common;
+
+use std::ffi::c_void;
+
+use common::{
+    DeviceBuffer, Pinned, blocking_stream, code, driver, event, event_query, in_child, memset_async,
+    non_blocking_stream, record, sync, use_device,
+};
+use cuda_sys::cu_call;
+use cuda_sys::types::{
+    CUDA_GRAPH_INSTANTIATE_PARAMS, CUdeviceptr, CUevent_flags, CUgraph, CUgraphExec, CUgraphInstantiateResult,
+    CUgraphMem_attribute, CUresult, CUstream, CUstreamCaptureMode, CUstreamCaptureStatus,
+};
+
+const INVALID_VALUE: CUresult = CUresult::CUDA_ERROR_INVALID_VALUE;
+const RELAXED: CUstreamCaptureMode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+const GLOBAL: CUstreamCaptureMode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL;
+const AUTO_FREE_ON_LAUNCH: u64 = 1;
+const UPLOAD: u64 = 2;
+const DEVICE_LAUNCH: u64 = 4;
+const MIB: usize = 1 << 20;
+
+fn begin(s: CUstream, mode: CUstreamCaptureMode) {
+    // SAFETY: no pointers.
+    unsafe { cu_call!(driver(), cuStreamBeginCapture_v2(s, mode)) }.unwrap();
+}
+
+fn end(s: CUstream) -> CUgraph {
+    let mut graph: CUgraph = std::ptr::null_mut();
+    // SAFETY: `graph` is a valid out-pointer.
+    unsafe { cu_call!(driver(), cuStreamEndCapture(s, &mut graph)) }.unwrap();
+    assert!(!graph.is_null());
+    graph
+}
+
+fn instantiate_code(graph: CUgraph, flags: u64) -> Result<CUgraphExec, CUresult> {
+    let mut exec: CUgraphExec = std::ptr::null_mut();
+    // SAFETY: `exec` is a valid out-pointer.
+    match unsafe { code!(driver(), cuGraphInstantiateWithFlags(&mut exec, graph, flags)) } {
+        CUresult::CUDA_SUCCESS => Ok(exec),
+        error => Err(error),
+    }
+}
+
+fn instantiate(graph: CUgraph) -> CUgraphExec {
+    instantiate_code(graph, 0).unwrap()
+}
+
+fn launch(exec: CUgraphExec, s: CUstream) -> CUresult {
+    // SAFETY: no pointers.
+    unsafe { code!(driver(), cuGraphLaunch(exec, s)) }
+}
+
+fn exec_destroy(exec: CUgraphExec) -> CUresult {
+    // SAFETY: no pointers.
+    unsafe { code!(driver(), cuGraphExecDestroy(exec)) }
+}
+
+fn graph_destroy(graph: CUgraph) -> CUresult {
+    // SAFETY: no pointers.
+    unsafe { code!(driver(), cuGraphDestroy(graph)) }
+}
+
+fn memset_code(dst: CUdeviceptr, value: u8, len: usize, s: CUstream) -> CUresult {
+    // SAFETY: no host pointers; the range is checked by the driver.
+    unsafe { code!(driver(), cuMemsetD8Async(dst, value, len, s)) }
+}
+
+fn dtod_async(dst: CUdeviceptr, src: CUdeviceptr, len: usize, s: CUstream) {
+    // SAFETY: no host pointers; the ranges are checked by the driver.
+    unsafe { cu_call!(driver(), cuMemcpyDtoDAsync_v2(dst, src, len, s)) }.unwrap();
+}
+
+fn alloc_async(len: usize, s: CUstream) -> Result<CUdeviceptr, CUresult> {
+    let mut ptr = 0;
+    // SAFETY: `ptr` is a valid out-pointer.
+    match unsafe { code!(driver(), cuMemAllocAsync(&mut ptr, len, s)) } {
+        CUresult::CUDA_SUCCESS => Ok(ptr),
+        error => Err(error),
+    }
+}
+
+fn free_async(ptr: CUdeviceptr, s: CUstream) -> CUresult {
+    // SAFETY: no host pointers.
+    unsafe { code!(driver(), cuMemFreeAsync(ptr, s)) }
+}
+
+fn graph_attribute(attribute: CUgraphMem_attribute) -> u64 {
+    let mut value = u64::MAX;
+    // SAFETY: `value` is a valid out-pointer of the attribute's type.
+    unsafe { cu_call!(driver(), cuDeviceGetGraphMemAttribute(0, attribute, (&raw mut value).cast::<c_void>())) }
+        .unwrap();
+    value
+}
+
+/// (used, used high, reserved, reserved high), in MiB.
+fn graph_memory() -> [u64; 4] {
+    use CUgraphMem_attribute as A;
+    [
+        A::CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT,
+        A::CU_GRAPH_MEM_ATTR_USED_MEM_HIGH,
+        A::CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT,
+        A::CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH,
+    ]
+    .map(|a| graph_attribute(a) / MIB as u64)
+}
+
+/// Captures `record` on a new stream in `mode` and returns the stream and the graph.
+fn capture(mode: CUstreamCaptureMode, record: impl FnOnce(CUstream)) -> (CUstream, CUgraph) {
+    let s = non_blocking_stream();
+    begin(s, mode);
+    record(s);
+    (s, end(s))
+}
+
+/// Launching replays the captured operations in capture order, at every launch, and only then:
+/// capturing ran nothing.
+#[test]
+fn launch_replays_the_captured_work_in_order_each_time() {
+    in_child!(&[], || {
+        use_device(0);
+        let device = DeviceBuffer::new(16);
+        let pinned = Pinned::new(16);
+        let (s, graph) = capture(RELAXED, |s| {
+            memset_async(device.ptr, 7, 16, s);
+            memset_async(device.ptr, 8, 4, s);
+            dtod_async(pinned.dptr(), device.ptr, 16, s);
+            memset_async(pinned.dptr() + 12, 9, 4, s);
+        });
+        sync(s);
+        assert_eq!(pinned.read(), vec![0; 16], "capturing runs nothing");
+        let exec = instantiate(graph);
+        sync(s);
+        assert_eq!(pinned.read(), vec![0; 16], "instantiating runs nothing");
+        let expected = [[8; 4], [7; 4], [7; 4], [9; 4]].concat();
+        for _ in 0..3 {
+            pinned.fill(1);
+            assert_eq!(launch(exec, s), CUresult::CUDA_SUCCESS);
+            sync(s);
+            assert_eq!(pinned.read(), expected);
+        }
+        // Launched on another stream too; the launches of one executable graph are ordered.
+        let other = blocking_stream();
+        pinned.fill(1);
+        assert_eq!(launch(exec, other), CUresult::CUDA_SUCCESS);
+        sync(other);
+        assert_eq!(pinned.read(), expected);
+        assert_eq!(exec_destroy(exec), CUresult::CUDA_SUCCESS);
+        assert_eq!(graph_destroy(graph), CUresult::CUDA_SUCCESS);
+    });
+}
+
+/// An event recorded in a capture is recorded again by each launch, and completes with it.
+#[test]
+fn a_captured_event_record_records_at_each_launch() {
+    in_child!(&[], || {
+        use_device(0);
+        let e = event(CUevent_flags::CU_EVENT_DISABLE_TIMING);
+        let (s, graph) = capture(RELAXED, |s| record(e, s));
+        assert_eq!(event_query(e), CUresult::CUDA_ERROR_CAPTURED_EVENT, "last recorded in a capture");
+        let exec = instantiate(graph);
+        assert_eq!(launch(exec, s), CUresult::CUDA_SUCCESS);
+        sync(s);
+        assert_eq!(event_query(e), CUresult::CUDA_SUCCESS, "the launch recorded it");
+        assert_eq!(exec_destroy(exec), CUresult::CUDA_SUCCESS);
+        assert_eq!(graph_destroy(graph), CUresult::CUDA_SUCCESS);
+    });
+}
+
+/// The errors `cuda.h` documents for instantiation, launch and destruction.
+#[test]
+fn instantiate_launch_and_destroy_refuse_bad_arguments() {
+    in_child!(&[], || {
+        use_device(0);
+        let pinned = Pinned::new(4);
+        let (s, graph) = capture(RELAXED, |s| memset_async(pinned.dptr(), 1, 4, s));
+        let d = driver();
+        // SAFETY: a null out-pointer is refused before any write.
+        let null_out = unsafe { code!(d, cuGraphInstantiateWithFlags(std::ptr::null_mut(), graph, 0)) };
+        assert_eq!(null_out, INVALID_VALUE);
+        assert_eq!(instantiate_code(0x77 as CUgraph, 0).err(), Some(INVALID_VALUE), "unknown graph");
+        assert_eq!(instantiate_code(graph, 16).err(), Some(INVALID_VALUE), "unknown flag");
+        assert_eq!(instantiate_code(graph, UPLOAD).err(), Some(INVALID_VALUE), "UPLOAD is for WithParams");
+        assert_eq!(instantiate_code(graph, DEVICE_LAUNCH | AUTO_FREE_ON_LAUNCH).err(), Some(INVALID_VALUE));
+        let exec = instantiate(graph);
+        let second = instantiate(graph);
+        assert_ne!(exec, second, "a graph without memory nodes has any number of executable graphs");
+        assert_eq!(exec_destroy(second), CUresult::CUDA_SUCCESS);
+        assert_eq!(exec_destroy(second), INVALID_VALUE, "destroyed twice");
+        assert_eq!(launch(second, s), INVALID_VALUE, "a destroyed executable graph");
+        assert_eq!(launch(0x77 as CUgraphExec, s), INVALID_VALUE);
+        assert_eq!(launch(exec, 0x77 as CUstream), CUresult::CUDA_ERROR_INVALID_HANDLE);
+        // SAFETY: no pointers.
+        assert_eq!(unsafe { code!(d, cuGraphUpload(exec, s)) }, CUresult::CUDA_SUCCESS);
+        // SAFETY: no pointers.
+        assert_eq!(unsafe { code!(d, cuGraphUpload(0x77 as CUgraphExec, s)) }, INVALID_VALUE);
+        // Into a capturing stream: refused, and the capture goes on.
+        let capturing = non_blocking_stream();
+        begin(capturing, RELAXED);
+        assert_eq!(launch(exec, capturing), CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+        let mut status = CUstreamCaptureStatus(99);
+        // SAFETY: `status` is a valid out-pointer.
+        unsafe { cu_call!(d, cuStreamIsCapturing(capturing, &mut status)) }.unwrap();
+        assert_eq!(status, CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE);
+        assert_eq!(graph_destroy(end(capturing)), CUresult::CUDA_SUCCESS);
+        // The graph's destruction leaves its executable graph working.
+        assert_eq!(graph_destroy(graph), CUresult::CUDA_SUCCESS);
+        assert_eq!(graph_destroy(graph), INVALID_VALUE, "destroyed twice");
+        assert_eq!(instantiate_code(graph, 0).err(), Some(INVALID_VALUE), "a destroyed graph");
+        assert_eq!(launch(exec, s), CUresult::CUDA_SUCCESS);
+        sync(s);
+        assert_eq!(pinned.read(), vec![1; 4]);
+        assert_eq!(exec_destroy(exec), CUresult::CUDA_SUCCESS);
+    });
+}
+
+/// `cuGraphInstantiateWithParams` reports the outcome in `result_out` and uploads to the stream
+/// it is given.
+#[test]
+fn instantiate_with_params_reports_its_result() {
+    in_child!(&[], || {
+        use_device(0);
+        let pinned = Pinned::new(4);
+        let (s, graph) = capture(RELAXED, |s| memset_async(pinned.dptr(), 3, 4, s));
+        let d = driver();
+        let mut exec: CUgraphExec = std::ptr::null_mut();
+        // SAFETY: the params are plain data; zero is a valid value for each field.
+        let mut params: CUDA_GRAPH_INSTANTIATE_PARAMS = unsafe { std::mem::zeroed() };
+        params.flags = UPLOAD;
+        params.hUploadStream = s;
+        params.result_out = CUgraphInstantiateResult::CUDA_GRAPH_INSTANTIATE_INVALID_STRUCTURE;
+        // SAFETY: `exec` and `params` are valid for the call.
+        unsafe { cu_call!(d, cuGraphInstantiateWithParams(&mut exec, graph, &mut params)) }.unwrap();
+        assert_eq!(params.result_out, CUgraphInstantiateResult::CUDA_GRAPH_INSTANTIATE_SUCCESS);
+        assert!(params.hErrNode_out.is_null());
+        params.flags = 32;
+        let mut refused: CUgraphExec = std::ptr::null_mut();
+        // SAFETY: as above.
+        let result = unsafe { code!(d, cuGraphInstantiateWithParams(&mut refused, graph, &mut params)) };
+        assert_eq!(
+            (result, params.result_out),
+            (INVALID_VALUE, CUgraphInstantiateResult::CUDA_GRAPH_INSTANTIATE_ERROR)
+        );
+        // SAFETY: a null params pointer is refused before any access.
+        let null = unsafe { code!(d, cuGraphInstantiateWithParams(&mut refused, graph, std::ptr::null_mut())) };
+        assert_eq!(null, INVALID_VALUE);
+        assert_eq!(launch(exec, s), CUresult::CUDA_SUCCESS);
+        sync(s);
+        assert_eq!(pinned.read(), vec![3; 4]);
+        assert_eq!(exec_destroy(exec), CUresult::CUDA_SUCCESS);
+        assert_eq!(graph_destroy(graph), CUresult::CUDA_SUCCESS);
+    });
+}
+
+/// `cuStreamGetCaptureInfo` gives out the graph being captured, which `cuStreamEndCapture`
+/// completes, even when it is not given a place to write the graph (as cuda.core's graph builder
+/// calls it).
+#[test]
+fn capture_info_gives_the_graph_before_the_capture_ends() {
+    in_child!(&[], || {
+        use_device(0);
+        let pinned = Pinned::new(4);
+        let s = non_blocking_stream();
+        let d = driver();
+        let mut status = CUstreamCaptureStatus(99);
+        let (mut id, mut graph) = (0u64, std::ptr::null_mut());
+        let mut count = 99usize;
+        // SAFETY: every pointer is valid for a write or null.
+        let info = |status: &mut CUstreamCaptureStatus, id: &mut u64, graph: &mut CUgraph, count: &mut usize| unsafe {
+            code!(d, cuStreamGetCaptureInfo_v3(s, status, id, graph, std::ptr::null_mut(), std::ptr::null_mut(), count))
+        };
+        assert_eq!(info(&mut status, &mut id, &mut graph, &mut count), CUresult::CUDA_SUCCESS);
+        assert_eq!(status, CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE);
+        begin(s, GLOBAL);
+        memset_async(pinned.dptr(), 5, 4, s);
+        assert_eq!(info(&mut status, &mut id, &mut graph, &mut count), CUresult::CUDA_SUCCESS);
+        assert_eq!((status, count), (CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE, 0));
+        assert!(id != 0 && !graph.is_null());
+        assert_eq!(graph_destroy(graph), INVALID_VALUE, "a graph being captured cannot be destroyed");
+        // SAFETY: the status pointer is required; edge data needs a dependencies pointer.
+        unsafe {
+            let no_status = std::ptr::null_mut();
+            let result = code!(
+                d,
+                cuStreamGetCaptureInfo_v3(
+                    s,
+                    no_status,
+                    &mut id,
+                    &mut graph,
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    &mut count
+                )
+            );
+            assert_eq!(result, INVALID_VALUE);
+            let mut edges = std::ptr::null();
+            let result = code!(
+                d,
+                cuStreamGetCaptureInfo_v3(
+                    s,
+                    &mut status,
+                    &mut id,
+                    &mut graph,
+                    std::ptr::null_mut(),
+                    &mut edges,
+                    &mut count
+                )
+            );
+            assert_eq!(result, INVALID_VALUE);
+        }
+        // SAFETY: a null graph pointer is accepted.
+        unsafe { cu_call!(d, cuStreamEndCapture(s, std::ptr::null_mut())) }.unwrap();
+        let exec = instantiate(graph);
+        assert_eq!(launch(exec, s), CUresult::CUDA_SUCCESS);
+        sync(s);
+        assert_eq!(pinned.read(), vec![5; 4]);
+        assert_eq!(exec_destroy(exec), CUresult::CUDA_SUCCESS);
+        assert_eq!(graph_destroy(graph), CUresult::CUDA_SUCCESS);
+    });
+}
+
+/// Graph memory: an allocation node's address is fixed at capture, live during the capture and
+/// after each launch until freed, and not before a launch; an unfreed allocation blocks the next
+/// launch; the attributes count it; trimming gives back the reserve not in use.
+#[test]
+fn an_allocation_node_maps_at_launch_and_lives_until_freed() {
+    in_child!(&[], || {
+        use_device(0);
+        let pinned = Pinned::new(8);
+        let mut address = 0;
+        let (s, graph) = capture(RELAXED, |s| {
+            address = alloc_async(MIB, s).unwrap();
+            memset_async(address, 4, 8, s);
+            dtod_async(pinned.dptr(), address, 8, s);
+        });
+        assert_eq!(memset_code(address, 1, 8, s), INVALID_VALUE, "not mapped before a launch");
+        assert_eq!(graph_memory(), [0; 4]);
+        let exec = instantiate(graph);
+        assert_eq!(instantiate_code(graph, 0).err(), Some(INVALID_VALUE), "one executable graph at a time");
+        assert_eq!(launch(exec, s), CUresult::CUDA_SUCCESS);
+        sync(s);
+        assert_eq!(pinned.read(), vec![4; 8]);
+        assert_eq!(graph_memory(), [2, 2, 2, 2], "1 MiB counts as the 2 MiB granule mapped");
+        // Live after the launch: ordinary stream work may use it.
+        assert_eq!(memset_code(address, 6, 8, s), CUresult::CUDA_SUCCESS);
+        assert_eq!(launch(exec, s), INVALID_VALUE, "relaunched with the allocation unfreed");
+        assert_eq!(free_async(address, s), CUresult::CUDA_SUCCESS);
+        sync(s);
+        assert_eq!(graph_memory(), [0, 2, 2, 2], "freed: still reserved");
+        assert_eq!(memset_code(address, 1, 8, s), INVALID_VALUE, "freed");
+        assert_eq!(launch(exec, s), CUresult::CUDA_SUCCESS, "the same address again");
+        // SAFETY: no pointers.
+        unsafe { cu_call!(driver(), cuMemFree_v2(address)) }.unwrap();
+        assert_eq!(graph_memory(), [0, 2, 2, 2]);
+        // SAFETY: no pointers.
+        unsafe { cu_call!(driver(), cuDeviceGraphMemTrim(0)) }.unwrap();
+        assert_eq!(graph_memory(), [0, 2, 0, 2], "trimmed");
+        assert_eq!(exec_destroy(exec), CUresult::CUDA_SUCCESS);
+        let again = instantiate(graph);
+        assert_eq!(exec_destroy(again), CUresult::CUDA_SUCCESS);
+        assert_eq!(graph_destroy(graph), CUresult::CUDA_SUCCESS);
+    });
+}
+
+/// An allocation freed in its own graph is live only inside the launch; relaunching needs no
+/// free; `AUTO_FREE_ON_LAUNCH` frees an unfreed allocation at the next launch.
+#[test]
+fn free_nodes_and_auto_free_release_graph_memory() {
+    in_child!(&[], || {
+        use_device(0);
+        let pinned = Pinned::new(8);
+        let (s, graph) = capture(RELAXED, |s| {
+            let address = alloc_async(3 * MIB, s).unwrap();
+            memset_async(address, 2, 8, s);
+            dtod_async(pinned.dptr(), address, 8, s);
+            assert_eq!(free_async(address, s), CUresult::CUDA_SUCCESS);
+            assert_eq!(free_async(address, s), INVALID_VALUE, "freed twice in the graph");
+            assert_eq!(memset_code(address, 1, 8, s), INVALID_VALUE, "used after its free node");
+        });
+        let exec = instantiate(graph);
+        for _ in 0..2 {
+            pinned.fill(0);
+            assert_eq!(launch(exec, s), CUresult::CUDA_SUCCESS);
+            sync(s);
+            assert_eq!(pinned.read(), vec![2; 8]);
+            assert_eq!(graph_memory(), [0, 4, 4, 4]);
+        }
+        assert_eq!(exec_destroy(exec), CUresult::CUDA_SUCCESS);
+        assert_eq!(graph_destroy(graph), CUresult::CUDA_SUCCESS);
+
+        let mut address = 0;
+        let (s, graph) = capture(RELAXED, |s| address = alloc_async(MIB, s).unwrap());
+        let exec = instantiate_code(graph, AUTO_FREE_ON_LAUNCH).unwrap();
+        for _ in 0..3 {
+            assert_eq!(launch(exec, s), CUresult::CUDA_SUCCESS);
+            sync(s);
+            assert_eq!(graph_memory()[0], 2, "one launch's allocation in use at a time");
+        }
+        assert_eq!(free_async(address, s), CUresult::CUDA_SUCCESS);
+        assert_eq!(free_async(address, s), INVALID_VALUE, "freed twice");
+        sync(s);
+        assert_eq!(graph_memory()[0], 0);
+        assert_eq!(exec_destroy(exec), CUresult::CUDA_SUCCESS);
+        assert_eq!(graph_destroy(graph), CUresult::CUDA_SUCCESS);
+    });
+}
+
+/// A free node for another graph's allocation frees it when its graph is launched; a captured
+/// free of memory no allocation node made is `CUDA_ERROR_INVALID_VALUE`.
+#[test]
+fn a_free_node_frees_another_graphs_allocation() {
+    in_child!(&[], || {
+        use_device(0);
+        let mut address = 0;
+        let (s, alloc_graph) = capture(RELAXED, |s| address = alloc_async(MIB, s).unwrap());
+        let alloc_exec = instantiate(alloc_graph);
+        assert_eq!(launch(alloc_exec, s), CUresult::CUDA_SUCCESS);
+        let device = DeviceBuffer::new(8);
+        let (_, free_graph) = capture(RELAXED, |capturing| {
+            assert_eq!(free_async(device.ptr, capturing), INVALID_VALUE, "not graph memory");
+            assert_eq!(free_async(address, capturing), CUresult::CUDA_SUCCESS);
+        });
+        assert_eq!(memset_code(address, 1, 8, s), CUresult::CUDA_SUCCESS, "live until the free graph runs");
+        let free_exec = instantiate(free_graph);
+        assert_eq!(launch(free_exec, s), CUresult::CUDA_SUCCESS);
+        sync(s);
+        assert_eq!(memset_code(address, 1, 8, s), INVALID_VALUE);
+        assert_eq!(graph_memory()[0], 0);
+        assert_eq!(launch(free_exec, s), INVALID_VALUE, "nothing live to free");
+        assert_eq!(launch(alloc_exec, s), CUresult::CUDA_SUCCESS, "freed by the other graph");
+        for exec in [alloc_exec, free_exec] {
+            assert_eq!(exec_destroy(exec), CUresult::CUDA_SUCCESS);
+        }
+        for graph in [alloc_graph, free_graph] {
+            assert_eq!(graph_destroy(graph), CUresult::CUDA_SUCCESS);
+        }
+        // The allocation outlives its graph until it is freed.
+        assert_eq!(memset_code(address, 1, 8, s), CUresult::CUDA_SUCCESS);
+        assert_eq!(free_async(address, s), CUresult::CUDA_SUCCESS);
+        sync(s);
+    });
+}
+
+/// The attributes' errors, and resetting the high-water marks (only to 0, only those two).
+#[test]
+fn graph_memory_attributes_reset_only_the_high_marks_to_zero() {
+    in_child!(&[], || {
+        use CUgraphMem_attribute as A;
+        use_device(0);
+        let (s, graph) = capture(RELAXED, |s| {
+            alloc_async(5 * MIB, s).unwrap();
+        });
+        let exec = instantiate_code(graph, AUTO_FREE_ON_LAUNCH).unwrap();
+        assert_eq!(launch(exec, s), CUresult::CUDA_SUCCESS);
+        sync(s);
+        assert_eq!(graph_memory(), [6, 6, 6, 6]);
+        let d = driver();
+        let set = |attribute: A, mut value: u64| {
+            // SAFETY: `value` is valid for a read of a cuuint64_t.
+            unsafe { code!(d, cuDeviceSetGraphMemAttribute(0, attribute, (&raw mut value).cast::<c_void>())) }
+        };
+        assert_eq!(set(A::CU_GRAPH_MEM_ATTR_USED_MEM_HIGH, 1), INVALID_VALUE);
+        assert_eq!(set(A::CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, 0), INVALID_VALUE);
+        assert_eq!(set(A::CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, 0), INVALID_VALUE);
+        let mut value = 0u64;
+        // SAFETY: `value` is valid for a write; the device and the null pointer are refused.
+        unsafe {
+            let out = (&raw mut value).cast::<c_void>();
+            let bad_device = code!(d, cuDeviceGetGraphMemAttribute(5, A::CU_GRAPH_MEM_ATTR_USED_MEM_HIGH, out));
+            assert_eq!(bad_device, CUresult::CUDA_ERROR_INVALID_DEVICE);
+            let null =
+                code!(d, cuDeviceGetGraphMemAttribute(0, A::CU_GRAPH_MEM_ATTR_USED_MEM_HIGH, std::ptr::null_mut()));
+            assert_eq!(null, INVALID_VALUE);
+            assert_eq!(code!(d, cuDeviceGetGraphMemAttribute(0, A(77), out)), INVALID_VALUE);
+            assert_eq!(code!(d, cuDeviceGraphMemTrim(5)), CUresult::CUDA_ERROR_INVALID_DEVICE);
+        }
+        assert_eq!(exec_destroy(exec), CUresult::CUDA_SUCCESS);
+        assert_eq!(graph_destroy(graph), CUresult::CUDA_SUCCESS);
+        // SAFETY: no pointers.
+        unsafe { cu_call!(d, cuDeviceGraphMemTrim(0)) }.unwrap();
+        assert_eq!(graph_memory(), [6, 6, 6, 6], "the live allocation is still in use after the graph is gone");
+        assert_eq!(set(A::CU_GRAPH_MEM_ATTR_USED_MEM_HIGH, 0), CUresult::CUDA_SUCCESS);
+        assert_eq!(set(A::CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH, 0), CUresult::CUDA_SUCCESS);
+        assert_eq!(graph_memory(), [6, 6, 6, 6], "reset to the current values");
+    });
+}
