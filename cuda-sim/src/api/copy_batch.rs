@@ -26,7 +26,7 @@ use cuda_sys::types::{
 };
 
 use super::DefaultStream;
-use super::memory::Address;
+use super::memory::{Address, check_copy_access};
 use super::stream::{names_legacy, resolve_for_work};
 use crate::device::check_ordinal;
 use crate::error::{SimResult, ensure, fail};
@@ -203,10 +203,7 @@ unsafe fn submit(
     for request in requests {
         let dst = state.memory.classify(request.dst, request.len)?;
         let src = state.memory.classify(request.src, request.len)?;
-        super::pool::check_access(&state, request.dst, stream.device, true)?;
-        super::pool::check_access(&state, request.src, stream.device, false)?;
-        super::vmm::check_access(&state, request.dst, request.len, stream.device, true)?;
-        super::vmm::check_access(&state, request.src, request.len, stream.device, false)?;
+        check_copy_access(&state, request.dst, request.src, request.len, stream.device)?;
         checked.push((request, dst, src));
     }
     drop(state);
@@ -231,7 +228,7 @@ unsafe fn submit(
     let fence = context.submit(
         &stream,
         Box::new(move || {
-            for copy in copies {
+            for copy in &copies {
                 let from = match &copy.from {
                     Source::Staged(bytes) => bytes.as_ptr(),
                     Source::Live(address, _) => address.0.cast_const(),
