@@ -246,7 +246,7 @@ pub enum CopyError {
         /// The loader's error, when the driver reports a version new enough but lacks the
         /// function.
         #[source]
-        missing: Option<LoadError>,
+        missing: Option<Box<LoadError>>,
     },
     /// Two copies of a batch touch the same bytes, one of them writing: the driver runs a
     /// batch's copies in no particular order.
@@ -430,7 +430,7 @@ fn entry_point<F>(
     let installed = d.version()?;
     let missing = match (installed >= required).then(|| get(d)) {
         Some(Ok(f)) => return Ok(Some(f)),
-        Some(Err(error)) => Some(error),
+        Some(Err(error)) => Some(Box::new(error)),
         None => None,
     };
     if needed {
