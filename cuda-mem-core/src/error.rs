@@ -337,6 +337,10 @@ pub enum Error {
         /// The pool's handle (`CUmemoryPool`, as an integer).
         handle: usize,
     },
+    /// A copy with options, or a batch of copies, refused before any driver call (see
+    /// [`copy_batch`](crate::copy_batch)).
+    #[error(transparent)]
+    Copy(crate::copy::CopyError),
     /// A cudarc object this crate cannot work with (feature `cudarc`).
     #[cfg(feature = "cudarc")]
     #[error(transparent)]

@@ -46,6 +46,10 @@
 //!   captures, memory the graph allocates and frees as it runs ([`GraphMemoryAttributes`],
 //!   [`HighWaterMark`], `trim`). Every other resource refuses a capturing stream
 //!   ([`Error::CapturingStream`]); see [below](#graphs-and-graph-memory).
+//! - Copies with options ([`CopyOptions`]: source access order, location hints, overlap
+//!   preference) between buffers and views ([`Buffer::copy_to_with`]), and many copies in one
+//!   driver call ([`copy_batch`], of [`BatchCopy`]s), refused with a [`CopyError`] where cuda.core
+//!   refuses them (and where copies of a batch overlap).
 //! - Without pools: [`SynchronousMemoryResource`] (`cuMemAlloc`) and
 //!   [`LegacyPinnedMemoryResource`] (`cuMemAllocHost`).
 //! - Adaptors over any resource, RMM's, which stack and are resources themselves:
@@ -95,6 +99,7 @@
 //! | `memory_resource` | the [`MemoryResource`] trait, [`MemoryResourceExt`], [`AsDynMemoryResource`], [`DevicePtr`] |
 //! | `buffer` | [`Buffer`], [`ScopedBuffer`], [`FillPattern`], [`CloseError`], [`RawBuffer`] |
 //! | `view` | [`DeviceView`], [`DeviceViewMut`]: typed views of a buffer, copies to and from Rust slices |
+//! | `copy` | copies with options and batches of copies: [`CopyOptions`], [`SourceAccessOrder`], [`OverlapMode`], [`copy_batch`], [`BatchCopy`], [`BatchOptions`], [`CopyError`] |
 //! | `device_resource` | [`DeviceMemoryResource`] and its options |
 //! | `host_resources` | [`PinnedMemoryResource`], [`ManagedMemoryResource`], their options and locations |
 //! | `managed` | managed memory's operations: [`ScopedBuffer::managed`] gives a checked [`ManagedBuffer`] (advice, preferred location, accessed-by, prefetch, last prefetch location; [`ManagedBufferMut`] discards), [`Location`], [`Advice`], the batches [`prefetch_batch`], [`discard_batch`], [`discard_prefetch_batch`] |
@@ -293,6 +298,7 @@ mod access;
 mod adaptors;
 mod buffer;
 mod context;
+mod copy;
 #[cfg(feature = "cudarc")]
 mod cudarc_interop;
 mod device;
@@ -330,6 +336,10 @@ pub use adaptors::{
     AllocationStatistics, LeakReport, LimitingAdaptor, LiveAllocation, StatisticsAdaptor, TrackingAdaptor,
 };
 pub use buffer::{Buffer, CloseError, FillPattern, RawBuffer, ScopedBuffer};
+pub use copy::{
+    BATCH_DRIVER_VERSION, BatchCopy, BatchOptions, CopyError, CopyOptions, OverlapKind, OverlapMode, SourceAccessOrder,
+    WITH_ATTRIBUTES_DRIVER_VERSION, copy_batch,
+};
 pub use device::{Device, DeviceProperties, MemoryInfo};
 pub use device_resource::{DeviceMemoryResource, DeviceMemoryResourceOptions};
 #[cfg(feature = "dlpack")]

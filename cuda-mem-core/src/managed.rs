@@ -41,7 +41,7 @@ pub enum Location {
 
 impl Location {
     /// The driver's form.
-    fn raw(self) -> CUmemLocation {
+    pub(crate) fn raw(self) -> CUmemLocation {
         use CUmemLocationType as T;
         let (type_, id) = match self {
             Location::Device(device) => (T::CU_MEM_LOCATION_TYPE_DEVICE, device.raw()),

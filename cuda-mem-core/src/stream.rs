@@ -13,7 +13,7 @@ use crate::event::Event;
 use crate::graph::{CaptureMode, CaptureState, GraphResources};
 
 /// `CU_STREAM_LEGACY`: the legacy default stream, whatever the default-stream mode.
-const LEGACY: CUstream = std::ptr::without_provenance_mut(0x1);
+pub(crate) const LEGACY: CUstream = std::ptr::without_provenance_mut(0x1);
 /// `CU_STREAM_PER_THREAD`: the calling thread's default stream.
 const PER_THREAD: CUstream = std::ptr::without_provenance_mut(0x2);
 

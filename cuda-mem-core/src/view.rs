@@ -266,6 +266,11 @@ impl<'b, T: Pod> DeviceView<'b, T> {
 }
 
 impl<'b, T: Pod> DeviceViewMut<'b, T> {
+    /// The buffer viewed (for noting the streams that use it).
+    pub(crate) fn buffer(&self) -> &'b ScopedBuffer<'b> {
+        self.buffer
+    }
+
     /// This view, read-only, for as long as it is borrowed.
     pub fn as_view(&self) -> DeviceView<'_, T> {
         DeviceView { buffer: self.buffer, ptr: self.ptr, len: self.len, _elements: PhantomData }

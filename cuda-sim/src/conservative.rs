@@ -248,3 +248,24 @@
 //!   legacy `PREFERRED_LOCATION` and `LAST_PREFETCH_LOCATION` report a host NUMA node as
 //!   `CU_DEVICE_CPU` (it is the CPU); `ACCESSED_BY` lists devices in ordinal order, then the
 //!   host as `CU_DEVICE_CPU`.
+//! - **Copies with attributes** (`cuMemcpyBatchAsync`, `cuMemcpyWithAttributesAsync`; see
+//!   `api::copy_batch`): on a capturing stream they return `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`
+//!   and leave the capture valid (no graph node represents them; RAPIDS reported exactly this of
+//!   `cudaMemcpyBatchAsync` on CUDA 13, rapidsai/rmm#2518, and cuda.core refuses both under
+//!   capture); `cuda.h` says nothing of capture. A zero-byte copy is `CUDA_ERROR_INVALID_VALUE`
+//!   (the batch's sizes are not documented to allow 0). Copies of one batch that depend on each
+//!   other (one writes a byte another reads or writes: "undefined behavior", as `cuda.h` puts
+//!   it) are refused with `CUDA_ERROR_INVALID_VALUE` before anything is enqueued, so the
+//!   mistake shows here instead of as wrong bytes on a GPU; a copy's own source and destination
+//!   may overlap. A malformed location hint (an unknown type, a device ordinal the process does
+//!   not have, a host NUMA node other than 0) is `CUDA_ERROR_INVALID_VALUE`, although the
+//!   hints are otherwise ignored (the simulator's managed memory never moves). The source of a
+//!   `CU_MEMCPY_SRC_ACCESS_ORDER_ANY` copy is read in stream order (one of the readings the
+//!   order allows); `DURING_API_CALL` reads it before the call returns. The attribute flags take
+//!   only `CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE`.
+//! - **The reported driver version** is `cuda.h`'s (13000) unless `CUDA_SIM_DRIVER_VERSION`
+//!   names another from 12000 to 13020; `cuGetProcAddress` then offers no variant newer than it
+//!   (a driver reporting 13.0 has no `cuMemcpyWithAttributesAsync`, one reporting 12.8 no
+//!   `cuMemcpyBatchAsync_v2`). The simulator still exports every symbol it implements, so `dlsym`
+//!   finds them: `cuMemcpyWithAttributesAsync` called that way on a simulator reporting less than
+//!   13.2 returns `CUDA_ERROR_NOT_SUPPORTED`.

@@ -15,8 +15,8 @@ use cuda_sys::types::{
     CUhostFn, CUipcEventHandle, CUmem_advise, CUmem_range_attribute, CUmemAccess_flags, CUmemAccessDesc,
     CUmemAllocationGranularity_flags, CUmemAllocationHandleType, CUmemAllocationProp, CUmemAllocationType,
     CUmemGenericAllocationHandle, CUmemLocation, CUmemPool_attribute, CUmemPoolProps, CUmemPoolPtrExportData,
-    CUmemoryPool, CUpointer_attribute, CUresult, CUstream, CUstreamCaptureMode, CUstreamCaptureStatus, CUuuid,
-    cuuint64_t,
+    CUmemcpyAttributes, CUmemoryPool, CUpointer_attribute, CUresult, CUstream, CUstreamCaptureMode,
+    CUstreamCaptureStatus, CUuuid, cuuint64_t,
 };
 
 use crate::api::memory::Direction;
@@ -194,6 +194,15 @@ exports! {
         => |mode| api::memory::copy(dst as u64, src, len, Direction::DeviceToHost, stream, mode, true);
     cuMemcpyDtoDAsync_v2 / cuMemcpyDtoDAsync_v2_ptsz(dst: CUdeviceptr, src: CUdeviceptr, len: usize, stream: CUstream)
         => |mode| api::memory::copy(dst, src, len, Direction::DeviceToDevice, stream, mode, true);
+
+    // Copies with attributes.
+    cuMemcpyBatchAsync_v2 / cuMemcpyBatchAsync_v2_ptsz(
+        dsts: *mut CUdeviceptr, srcs: *mut CUdeviceptr, sizes: *mut usize, count: usize,
+        attrs: *mut CUmemcpyAttributes, attrs_idxs: *mut usize, num_attrs: usize, stream: CUstream,
+    ) => |mode| api::copy_batch::batch(dsts, srcs, sizes, count, attrs, attrs_idxs, num_attrs, stream, mode);
+    cuMemcpyWithAttributesAsync / cuMemcpyWithAttributesAsync_ptsz(
+        dst: CUdeviceptr, src: CUdeviceptr, size: usize, attr: *mut CUmemcpyAttributes, stream: CUstream,
+    ) => |mode| api::copy_batch::with_attributes(dst, src, size, attr, stream, mode);
 
     // Memsets.
     cuMemsetD8_v2 / cuMemsetD8_v2_ptds(dst: CUdeviceptr, value: u8, count: usize)

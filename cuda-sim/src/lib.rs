@@ -72,6 +72,7 @@
 //! | `CUDA_SIM_POOL_HANDLES` | pool handle values: `unique` (never reused, so a destroyed pool's handle is always detected) or `recycle` (a gone device pool's value goes to the next pool on its device, with its peer access: nvbug 5698116; see [`conservative`]) | `unique` |
 //! | `CUDA_SIM_ADDRESS_HINTS` | which `cuMemAddressReserve` hints are refused, as the driver may refuse any: `honour`, `refuse-all`, or `refuse-every-N` (every N-th call with a hint) | `honour` |
 //! | `CUDA_SIM_DEVICE_ATTRIBUTES` | what `cuDeviceGetAttribute` reports for every device instead of the simulated value: `code=value` pairs of `CUdevice_attribute` codes, such as `115=0` (no memory pools), for testing a library's capability checks; only the report changes, except that the managed-memory operations follow a reported 0 for concurrent managed access (`89=0`, see [`conservative`]) | none |
+//! | `CUDA_SIM_DRIVER_VERSION` | the CUDA version `cuDriverGetVersion` reports, from 12000 to 13020 (read at its first call); `cuGetProcAddress` offers no entry point newer than it, so 13020 (CUDA 13.2) makes `cuMemcpyWithAttributesAsync` available and 12080 hides CUDA 13.0's `cuMemcpyBatchAsync` | 13000 (`cuda.h`'s) |
 //! | `CUDA_SIM_FAIL` | fault injection: `function:n[,function:n…]` makes the n-th call of each function fail with `CUDA_ERROR_OUT_OF_MEMORY` (read at the first driver call) | none |
 //!
 //! Each process simulates its own devices; nothing is shared between processes except what the

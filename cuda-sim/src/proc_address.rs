@@ -5,7 +5,10 @@
 //! from `cuda.h` and `cudaTypedefs.h`), which says for each versioned symbol its base name and
 //! the CUDA version its ABI appeared in. A request selects the variant with the highest version
 //! not above the one asked for; the per-thread flag selects the `_ptds`/`_ptsz` variant where
-//! there is one. The simulator implements only the variants `cuda.h` 13.0 declares, so a request
+//! there is one. Variants newer than the version the simulator reports (`CUDA_SIM_DRIVER_VERSION`)
+//! are not offered, as a driver of that version would not have them; the few functions newer than
+//! `cuda.h` 13.0 come from `cuda_sys::NEWER_SYMBOLS`. The simulator implements only the variants
+//! `cuda.h` 13.0 (or, for those few, their own release) declares, so a request
 //! for an older ABI of a function (`cuMemAlloc` at CUDA 3.0, with 32-bit sizes) is answered
 //! "version not sufficient" rather than with an entry point of the wrong signature.
 
@@ -28,9 +31,11 @@ fn table() -> &'static HashMap<&'static [u8], Variants> {
     static TABLE: OnceLock<HashMap<&'static [u8], Variants>> = OnceLock::new();
     TABLE.get_or_init(|| {
         let exported: HashMap<&str, usize> = crate::exports::table().into_iter().collect();
+        // A driver offers no variant newer than itself (`CUDA_SIM_DRIVER_VERSION`).
+        let newest = crate::api::init::reported_version().map_or(0, |v| v as u32);
         let mut table: HashMap<&'static [u8], Variants> = HashMap::new();
-        for info in cuda_sys::SYMBOLS {
-            let Some(version) = info.version else {
+        for info in cuda_sys::SYMBOLS.iter().chain(cuda_sys::NEWER_SYMBOLS) {
+            let Some(version) = info.version.filter(|&v| v <= newest) else {
                 continue;
             };
             let base = info.base.to_bytes();
@@ -38,6 +43,7 @@ fn table() -> &'static HashMap<&'static [u8], Variants> {
                 table.entry(base).or_default().legacy.push((version, address));
             }
             if let Some((name, pt_version)) = info.per_thread
+                && pt_version <= newest
                 && let Some(&address) = name.to_str().ok().and_then(|s| exported.get(s))
             {
                 table.entry(base).or_default().per_thread.push((pt_version, address));

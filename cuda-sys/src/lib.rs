@@ -25,6 +25,7 @@
 //! | [`types`] | the generated types, constants and enums of `cuda.h` (`generated/bindings.rs`) |
 //! | [`error_table`] | the generated name and description of every `CUresult` (`generated/errors.rs`) |
 //! | `loader` (private) | [`Driver`] and its options, the lazily resolved entry points (one accessor per function, generated into `generated/functions.rs`), [`SYMBOLS`], the process-wide [`driver()`] and [`install_driver`], [`cu_call!`] |
+//! | `newer` (private) | the few driver functions newer than that `cuda.h`, declared by hand ([`NEWER_SYMBOLS`], [`Driver::cuMemcpyWithAttributesAsync`]) |
 //! | `error` (private) | [`CudaError`], [`DriverError`], [`LoadError`], [`error_name`], [`error_description`] |
 //!
 //! Everything the private modules hold is re-exported here.
@@ -45,12 +46,14 @@
 
 mod error;
 mod loader;
+mod newer;
 
 pub use error::{CudaError, DriverError, LoadError, error_description, error_name};
 pub use loader::{
     DEFAULT_LIBRARY, DRIVER_ENV, Driver, DriverOptions, SYMBOLS, StreamMode, SymbolInfo, driver, install_driver,
     installed_driver,
 };
+pub use newer::{MEMCPY_WITH_ATTRIBUTES_VERSION, MemcpyWithAttributesAsync, NEWER_SYMBOLS};
 
 /// The generated bindings: types, constants and enums of `cuda.h`.
 #[allow(

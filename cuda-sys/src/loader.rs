@@ -95,6 +95,8 @@ pub struct Driver {
     get_proc_address: Option<GetProcAddress>,
     version: OnceLock<Option<u32>>,
     pub(crate) entries: Box<Entries>,
+    /// The entry points newer than `cuda.h` ([`crate::newer`]).
+    pub(crate) newer: crate::newer::NewerEntries,
 }
 
 // SAFETY: the driver library's entry points are documented as thread-safe, the library handle
@@ -166,6 +168,7 @@ impl Driver {
             get_proc_address,
             version: OnceLock::new(),
             entries: Box::new(Entries::new()),
+            newer: crate::newer::NewerEntries::default(),
         })
     }
 

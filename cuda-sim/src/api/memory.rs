@@ -180,11 +180,20 @@ fn wait_rule(dst: &Endpoint, src: &Endpoint, asynchronous: bool) -> Wait {
 }
 
 /// A raw address moved into a stream operation.
-struct Address(*mut u8);
+pub(crate) struct Address(pub(crate) *mut u8);
 // SAFETY: the address points into simulator-owned memory kept alive by the operation's spans, or
 // into caller-owned host memory the caller keeps valid until the copy completes (the driver's
 // contract for asynchronous copies).
 unsafe impl Send for Address {}
+
+/// Checks that `device`, running a copy of `len` bytes from `src` to `dst`, can reach both
+/// (pool memory's access grants, VMM mappings' access).
+pub(crate) fn check_copy_access(state: &state::State, dst: u64, src: u64, len: usize, device: usize) -> SimResult {
+    super::pool::check_access(state, dst, device, true, Reach::Copy)?;
+    super::pool::check_access(state, src, device, false, Reach::Copy)?;
+    super::vmm::check_access(state, dst, len, device, true)?;
+    super::vmm::check_access(state, src, len, device, false)
+}
 
 /// Every `cuMemcpy*` function.
 ///
@@ -211,10 +220,7 @@ pub(crate) unsafe fn copy(
         }
         Direction::Any => (state.memory.classify(dst, len)?, state.memory.classify(src, len)?),
     };
-    super::pool::check_access(&state, dst_address, stream.device, true, Reach::Copy)?;
-    super::pool::check_access(&state, src_address, stream.device, false, Reach::Copy)?;
-    super::vmm::check_access(&state, dst_address, len, stream.device, true)?;
-    super::vmm::check_access(&state, src_address, len, stream.device, false)?;
+    check_copy_access(&state, dst_address, src_address, len, stream.device)?;
     let sync_memops = syncs_memops(&state, context.device);
     drop(state);
     if len == 0 {

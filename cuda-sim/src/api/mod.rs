@@ -2,6 +2,7 @@
 //! `crate::exports` gives each one its C symbol(s).
 
 pub(crate) mod context;
+pub(crate) mod copy_batch;
 pub(crate) mod device;
 pub(crate) mod event;
 pub(crate) mod graph;

@@ -21,6 +21,13 @@ const STREAM_LEGACY: usize = 0x1;
 /// `CU_STREAM_PER_THREAD`.
 const STREAM_PER_THREAD: usize = 0x2;
 
+/// Whether a stream handle names the legacy default stream (`CU_STREAM_LEGACY`, or 0 for a
+/// function with legacy default-stream semantics).
+pub(crate) fn names_legacy(stream: CUstream, mode: DefaultStream) -> bool {
+    let handle = stream as usize;
+    handle == STREAM_LEGACY || (handle == 0 && mode == DefaultStream::Legacy)
+}
+
 /// The context and stream a stream handle names. Handle 0 means the default stream `mode`
 /// selects; the special handles and handle 0 need a current context.
 pub(crate) fn resolve(state: &State, stream: CUstream, mode: DefaultStream) -> SimResult<(Arc<Context>, Arc<Stream>)> {

@@ -15,8 +15,9 @@ use crate::raw::{device_count, device_name};
 pub(crate) const SIM_DEVICES_ENV: &str = "CUDA_SIM_DEVICES";
 
 /// The environment variables that change the simulator's answers, shown in the report.
-const SIMULATOR_SETTINGS: [&str; 8] = [
+const SIMULATOR_SETTINGS: [&str; 9] = [
     SIM_DEVICES_ENV,
+    "CUDA_SIM_DRIVER_VERSION",
     "CUDA_SIM_POOL_IMPORT",
     "CUDA_SIM_POOL_HANDLES",
     "CUDA_SIM_ADDRESS_HINTS",

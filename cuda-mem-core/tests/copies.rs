@@ -1,0 +1,271 @@
+//! Copies with options and batches of copies (`CopyOptions`, `copy_to_with`, `copy_batch`):
+//! what they copy, what the source access order lets the caller do, and every refusal, on the
+//! driver versions that have the calls and on those that do not.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{Gate, device, hold, stream};
+use cuda_mem_core::sys::cu_call;
+use cuda_mem_core::sys::types::{CUgraph, CUstreamCaptureMode};
+use cuda_mem_core::{
+    BatchCopy, Buffer, CopyError, CopyOptions, DeviceMemoryResource, Error, Location, OverlapKind, OverlapMode,
+    PinnedMemoryResource, ScopedBuffer, SourceAccessOrder, Stream, copy_batch,
+};
+use cuda_sim::testing::{in_simulated_machine, skip};
+
+fn during_call() -> CopyOptions {
+    CopyOptions::default().src_access_order(SourceAccessOrder::DuringApiCall)
+}
+
+fn driver_version() -> u32 {
+    cuda_sim::testing::driver().expect("the test driver loads").version().expect("the driver has a version")
+}
+
+/// The installed driver's version when it is `wanted` (the simulator is configured so in its
+/// child); else a declared skip (a real driver of another version).
+fn on_driver(wanted: u32) -> bool {
+    device();
+    let installed = driver_version();
+    if installed != wanted {
+        skip(&format!("needs a driver reporting {wanted}, this one reports {installed}"));
+    }
+    installed == wanted
+}
+
+fn pinned(bytes: &[u8], stream: &Stream) -> Buffer {
+    let mut buffer = PinnedMemoryResource::current().unwrap().allocate(bytes.len(), stream).unwrap();
+    stream.synchronize().unwrap();
+    buffer.host_slice_mut().unwrap().copy_from_slice(bytes);
+    buffer
+}
+
+fn zeroed(len: usize, pool: &Arc<DeviceMemoryResource>, stream: &Stream) -> Buffer {
+    let mut buffer = pool.allocate(len, stream).unwrap();
+    buffer.fill(cuda_mem_core::FillPattern::U8(0), stream).unwrap();
+    buffer
+}
+
+#[test]
+fn a_batch_copies_each_range_with_its_options() {
+    let device = device();
+    let s = stream(device);
+    let pool = DeviceMemoryResource::new(device, Default::default()).unwrap();
+    let source = pinned(&(0..32).collect::<Vec<u8>>(), &s);
+    let (mut a, mut b, mut c) = (zeroed(16, &pool, &s), zeroed(8, &pool, &s), zeroed(8, &pool, &s));
+    let hinted = CopyOptions::default()
+        .src_location_hint(Location::Host)
+        .dst_location_hint(device)
+        .overlap_mode(OverlapMode::PreferOverlapWithCompute);
+    let options = [hinted, hinted, CopyOptions::default().src_access_order(SourceAccessOrder::Any)];
+    let copies = [
+        BatchCopy::range(&source, 0, &mut a).unwrap(),
+        BatchCopy::range(&source, 16, &mut b).unwrap(),
+        BatchCopy::range(&source, 24, &mut c).unwrap(),
+    ];
+    copy_batch(&s, copies, &options).unwrap();
+    assert_eq!(a.to_vec::<u8>(&s).unwrap(), (0..16).collect::<Vec<u8>>());
+    assert_eq!(b.to_vec::<u8>(&s).unwrap(), (16..24).collect::<Vec<u8>>());
+    assert_eq!(c.to_vec::<u8>(&s).unwrap(), (24..32).collect::<Vec<u8>>());
+}
+
+#[test]
+fn during_api_call_lets_the_source_be_reused_at_once() {
+    let device = device();
+    let s = stream(device);
+    let pool = DeviceMemoryResource::new(device, Default::default()).unwrap();
+    let source = pinned(&[1; 16], &s);
+    let (mut early, mut late) = (zeroed(16, &pool, &s), zeroed(16, &pool, &s));
+    s.synchronize().unwrap();
+    let (gate, _open) = Gate::new();
+    hold(gate, s.handle());
+    copy_batch(&s, [BatchCopy::new(&source, &mut early).unwrap()], during_call()).unwrap();
+    copy_batch(&s, [BatchCopy::new(&source, &mut late).unwrap()], CopyOptions::default()).unwrap();
+    // SAFETY: pinned memory of 16 bytes, host-accessible at its address; the gate holds the
+    // stream's work, so nothing reads it now (the during-call copy already has).
+    unsafe { std::ptr::write_bytes(source.ptr() as *mut u8, 2, 16) };
+    gate.open();
+    assert_eq!(early.to_vec::<u8>(&s).unwrap(), [1; 16], "read during the call");
+    assert_eq!(late.to_vec::<u8>(&s).unwrap(), [2; 16], "read in stream order");
+}
+
+#[test]
+fn copies_with_options_between_views_and_buffers() {
+    let device = device();
+    let s = stream(device);
+    let pool = DeviceMemoryResource::new(device, Default::default()).unwrap();
+    let mut a = pool.allocate(16, &s).unwrap();
+    a.copy_from_slice(&[7u32, 8, 9, 10], &s).unwrap();
+    let mut b = zeroed(16, &pool, &s);
+    a.copy_to_with(&mut b, &s, CopyOptions::default()).unwrap();
+    assert_eq!(b.to_vec::<u32>(&s).unwrap(), [7, 8, 9, 10]);
+    let mut c = zeroed(16, &pool, &s);
+    c.copy_from_with(&b, &s, CopyOptions::default().src_access_order(SourceAccessOrder::Any)).unwrap();
+    assert_eq!(c.to_vec::<u32>(&s).unwrap(), [7, 8, 9, 10]);
+    let view = a.view::<u32>().unwrap();
+    let mut d = zeroed(8, &pool, &s);
+    d.view_mut::<u32>().unwrap().copy_from_with(&view.slice(2..).unwrap(), &s, CopyOptions::default()).unwrap();
+    assert_eq!(d.to_vec::<u32>(&s).unwrap(), [9, 10]);
+    let mut e = zeroed(4, &pool, &s);
+    assert!(matches!(a.copy_to_with(&mut e, &s, CopyOptions::default()), Err(Error::SizeMismatch { .. })));
+    // A batch of views.
+    let (mut x, mut y) = (zeroed(8, &pool, &s), zeroed(8, &pool, &s));
+    let (first, second) = (view.slice(..2).unwrap(), view.slice(2..).unwrap());
+    let (mut xv, mut yv) = (x.view_mut::<u32>().unwrap(), y.view_mut::<u32>().unwrap());
+    copy_batch(
+        &s,
+        [BatchCopy::views(&second, &mut xv).unwrap(), BatchCopy::views(&first, &mut yv).unwrap()],
+        CopyOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(x.to_vec::<u32>(&s).unwrap(), [9, 10]);
+    assert_eq!(y.to_vec::<u32>(&s).unwrap(), [7, 8]);
+}
+
+/// A buffer over `len` bytes of `buffer` from `offset` (memory wrapped from a raw pointer, as
+/// interop gives: it may alias other buffers).
+fn alias(buffer: &ScopedBuffer<'_>, offset: usize, len: usize) -> Buffer {
+    // SAFETY: the bytes lie inside `buffer`, which outlives every alias the tests make.
+    unsafe { Buffer::from_raw(buffer.ptr() + offset as u64, len, buffer.device(), true, false, None) }
+}
+
+#[test]
+fn refusals_come_before_any_driver_call() {
+    let device = device();
+    let s = stream(device);
+    let pool = DeviceMemoryResource::new(device, Default::default()).unwrap();
+    let whole = zeroed(64, &pool, &s);
+    let (src, mut dst) = (zeroed(16, &pool, &s), zeroed(16, &pool, &s));
+    assert!(matches!(
+        copy_batch(&s, Vec::<BatchCopy<'_>>::new(), CopyOptions::default()),
+        Err(Error::EmptyBatch { operation: "copy_batch" })
+    ));
+    let two = [CopyOptions::default(); 2];
+    assert!(matches!(
+        copy_batch(&s, [BatchCopy::new(&src, &mut dst).unwrap()], &two),
+        Err(Error::Copy(CopyError::OptionsLengthMismatch { copies: 1, options: 2 }))
+    ));
+    // Memory wrapped twice: two destinations that meet, and a destination another copy reads.
+    let (mut d1, mut d2, s3) = (alias(&whole, 0, 16), alias(&whole, 8, 16), alias(&whole, 40, 8));
+    let mut d4 = alias(&whole, 32, 16);
+    let mut d6 = zeroed(8, &pool, &s);
+    let r = copy_batch(
+        &s,
+        [BatchCopy::new(&src, &mut d1).unwrap(), BatchCopy::new(&src, &mut d2).unwrap()],
+        CopyOptions::default(),
+    );
+    assert!(
+        matches!(r, Err(Error::Copy(CopyError::Overlap { first: 0, second: 1, kind: OverlapKind::Destinations }))),
+        "{r:?}"
+    );
+    let r = copy_batch(
+        &s,
+        [BatchCopy::new(&s3, &mut d6).unwrap(), BatchCopy::range(&src, 0, &mut d4).unwrap()],
+        CopyOptions::default(),
+    );
+    assert!(
+        matches!(
+            r,
+            Err(Error::Copy(CopyError::Overlap { first: 1, second: 0, kind: OverlapKind::DestinationAndSource }))
+        ),
+        "{r:?}"
+    );
+    // The legacy default stream; the per-thread one is accepted.
+    let legacy = Stream::legacy_default(device);
+    let r = copy_batch(&legacy, [BatchCopy::new(&src, &mut dst).unwrap()], CopyOptions::default());
+    assert!(matches!(r, Err(Error::Copy(CopyError::LegacyStream { operation: "copy_batch" }))), "{r:?}");
+    let r = src.copy_to_with(&mut dst, &legacy, CopyOptions::default());
+    assert!(matches!(r, Err(Error::Copy(CopyError::LegacyStream { operation: "copy_to_with" }))), "{r:?}");
+    let per_thread = Stream::per_thread_default(device);
+    copy_batch(&per_thread, [BatchCopy::new(&src, &mut dst).unwrap()], CopyOptions::default()).unwrap();
+    per_thread.synchronize().unwrap();
+    // A capturing stream; the capture is left as it was.
+    let d = cuda_sim::testing::driver().unwrap();
+    // SAFETY: a live stream of the current context.
+    unsafe { cu_call!(d, cuStreamBeginCapture_v2(s.handle(), CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)) }
+        .unwrap();
+    let r = copy_batch(&s, [BatchCopy::new(&src, &mut dst).unwrap()], CopyOptions::default());
+    assert!(matches!(r, Err(Error::Copy(CopyError::Capturing { operation: "copy_batch" }))), "{r:?}");
+    let r = dst.copy_from_with(&src, &s, CopyOptions::default());
+    assert!(matches!(r, Err(Error::Copy(CopyError::Capturing { operation: "copy_from_with" }))), "{r:?}");
+    assert!(s.is_capturing().unwrap());
+    let mut graph: CUgraph = std::ptr::null_mut();
+    // SAFETY: `graph` is a valid out-pointer; the graph is destroyed once.
+    unsafe {
+        cu_call!(d, cuStreamEndCapture(s.handle(), &mut graph)).unwrap();
+        cu_call!(d, cuGraphDestroy(graph)).unwrap();
+    }
+}
+
+#[test]
+fn a_cuda_13_0_driver_falls_back_for_single_copies_unless_the_source_is_read_during_the_call() {
+    if !on_driver(13000) {
+        return;
+    }
+    let device = device();
+    let s = stream(device);
+    let pool = DeviceMemoryResource::new(device, Default::default()).unwrap();
+    let src = pinned(&[3; 8], &s);
+    let mut dst = zeroed(8, &pool, &s);
+    dst.copy_from_with(&src, &s, CopyOptions::default().dst_location_hint(device)).unwrap();
+    assert_eq!(dst.to_vec::<u8>(&s).unwrap(), [3; 8]);
+    let r = src.copy_to_with(&mut dst, &s, during_call());
+    let Err(Error::Copy(error @ CopyError::DriverTooOld { required: 13020, installed: 13000, missing: None, .. })) = r
+    else {
+        panic!("{r:?}")
+    };
+    assert!(error.to_string().contains("CUDA 13.2 and newer"), "{error}");
+}
+
+#[test]
+fn a_cuda_13_2_driver_copies_with_attributes() {
+    in_simulated_machine("a_cuda_13_2_driver_copies_with_attributes", &[("CUDA_SIM_DRIVER_VERSION", "13020")], || {
+        if !on_driver(13020) {
+            return;
+        }
+        let device = device();
+        let s = stream(device);
+        let pool = DeviceMemoryResource::new(device, Default::default()).unwrap();
+        let source = pinned(&[1; 16], &s);
+        let mut early = zeroed(16, &pool, &s);
+        s.synchronize().unwrap();
+        let (gate, _open) = Gate::new();
+        hold(gate, s.handle());
+        source.copy_to_with(&mut early, &s, during_call()).unwrap();
+        // SAFETY: pinned memory of 16 bytes, host-accessible at its address; the
+        // during-call copy has read it, and the gate holds every other use.
+        unsafe { std::ptr::write_bytes(source.ptr() as *mut u8, 2, 16) };
+        gate.open();
+        assert_eq!(early.to_vec::<u8>(&s).unwrap(), [1; 16]);
+    });
+}
+
+#[test]
+fn a_cuda_12_8_driver_batches_plain_copies_only() {
+    in_simulated_machine(
+        "a_cuda_12_8_driver_batches_plain_copies_only",
+        &[("CUDA_SIM_DRIVER_VERSION", "12080")],
+        || {
+            if !on_driver(12080) {
+                return;
+            }
+            let device = device();
+            let s = stream(device);
+            let pool = DeviceMemoryResource::new(device, Default::default()).unwrap();
+            let src = pinned(&[4; 8], &s);
+            let (mut a, mut b) = (zeroed(8, &pool, &s), zeroed(8, &pool, &s));
+            let any = CopyOptions::default().src_access_order(SourceAccessOrder::Any);
+            copy_batch(&s, [BatchCopy::new(&src, &mut a).unwrap(), BatchCopy::new(&src, &mut b).unwrap()], any)
+                .unwrap();
+            assert_eq!(a.to_vec::<u8>(&s).unwrap(), [4; 8]);
+            assert_eq!(b.to_vec::<u8>(&s).unwrap(), [4; 8]);
+            let r = copy_batch(&s, [BatchCopy::new(&src, &mut a).unwrap()], during_call());
+            let Err(Error::Copy(error @ CopyError::DriverTooOld { required: 13000, installed: 12080, .. })) = r else {
+                panic!("{r:?}")
+            };
+            let text = error.to_string();
+            assert!(text.contains("cuMemcpyBatchAsync") && text.contains("reports CUDA 12.8"), "{text}");
+        },
+    );
+}
