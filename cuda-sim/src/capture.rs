@@ -64,8 +64,9 @@ pub(crate) enum Ended {
         /// The allocations of its allocation nodes.
         allocs: Vec<Arc<GraphAlloc>>,
     },
-    /// The sequence had been invalidated; the allocations its allocation nodes had made.
-    Invalidated(Vec<Arc<GraphAlloc>>),
+    /// The sequence had been invalidated: the handle its graph had, and the allocations its
+    /// allocation nodes had made.
+    Invalidated(usize, Vec<Arc<GraphAlloc>>),
 }
 
 impl Capture {
@@ -113,7 +114,7 @@ impl Capture {
         let sequence = self.lock().take()?;
         Some(match sequence.nodes {
             Some(nodes) => Ended::Graph { handle: sequence.graph, nodes, allocs: sequence.allocs },
-            None => Ended::Invalidated(sequence.allocs),
+            None => Ended::Invalidated(sequence.graph, sequence.allocs),
         })
     }
 
@@ -278,7 +279,7 @@ mod tests {
         assert_eq!(capture.active_id(), None);
         assert!(capture.record(counted(&drops)).is_ok(), "a racing op is swallowed");
         assert!(capture.is_under_way());
-        assert!(matches!(capture.end(), Some(Ended::Invalidated(allocs)) if allocs.is_empty()));
+        assert!(matches!(capture.end(), Some(Ended::Invalidated(_, allocs)) if allocs.is_empty()));
         assert_eq!(capture.status(), S::CU_STREAM_CAPTURE_STATUS_NONE);
         assert!(capture.end().is_none());
         assert!(capture.begin().is_some(), "a new sequence after the end");

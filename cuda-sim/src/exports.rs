@@ -15,7 +15,7 @@ use cuda_sys::types::{
     CUhostFn, CUipcEventHandle, CUmem_advise, CUmem_range_attribute, CUmemAccess_flags, CUmemAccessDesc,
     CUmemAllocationGranularity_flags, CUmemAllocationHandleType, CUmemAllocationProp, CUmemAllocationType,
     CUmemGenericAllocationHandle, CUmemLocation, CUmemPool_attribute, CUmemPoolProps, CUmemPoolPtrExportData,
-    CUmemoryPool, CUpointer_attribute, CUresult, CUstream, CUstreamCaptureMode, CUstreamCaptureStatus, CUuuid,
+    CUmemoryPool, CUpointer_attribute, CUresult, CUstream, CUstreamCaptureMode, CUstreamCaptureStatus, CUuserObject, CUuuid,
     cuuint64_t,
 };
 
@@ -232,6 +232,16 @@ exports! {
     cuDeviceSetGraphMemAttribute / -(device: CUdevice, attribute: CUgraphMem_attribute, value: *mut c_void)
         => |_mode| api::graph::set_mem_attribute(device, attribute, value);
     cuDeviceGraphMemTrim / -(device: CUdevice) => |_mode| api::graph::trim(device);
+
+    // User objects.
+    cuUserObjectCreate / -(object: *mut CUuserObject, ptr: *mut c_void, destroy: CUhostFn, initial: c_uint, flags: c_uint)
+        => |_mode| api::user_object::create(object, ptr, destroy, initial, flags);
+    cuUserObjectRetain / -(object: CUuserObject, count: c_uint) => |_mode| api::user_object::retain(object, count);
+    cuUserObjectRelease / -(object: CUuserObject, count: c_uint) => |_mode| api::user_object::release(object, count);
+    cuGraphRetainUserObject / -(graph: CUgraph, object: CUuserObject, count: c_uint, flags: c_uint)
+        => |_mode| api::user_object::graph_retain(graph, object, count, flags);
+    cuGraphReleaseUserObject / -(graph: CUgraph, object: CUuserObject, count: c_uint)
+        => |_mode| api::user_object::graph_release(graph, object, count);
 
     // Pools.
     cuMemPoolCreate / -(pool: *mut CUmemoryPool, props: *const CUmemPoolProps) => |_mode| api::pool::create(pool, props);

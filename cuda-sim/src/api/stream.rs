@@ -122,18 +122,22 @@ pub(crate) unsafe fn end_capture(stream: CUstream, out: *mut CUgraph, mode: Defa
     let (_, stream) = resolve(&state, stream, mode)?;
     let ended = stream.capture.end().ok_or(CUresult::CUDA_ERROR_ILLEGAL_STATE)?;
     let (graph, allocs) = match ended {
-        Ended::Graph { handle, nodes, allocs } => (Some((handle, nodes)), allocs),
-        Ended::Invalidated(allocs) => (None, allocs),
+        Ended::Graph { handle, nodes, allocs } => (Ok((handle, nodes)), allocs),
+        Ended::Invalidated(handle, allocs) => (Err(handle), allocs),
     };
     for alloc in &allocs {
         state.memory.unmap_graph(alloc.base);
     }
     let handle = match graph {
-        Some((handle, nodes)) => {
+        Ok((handle, nodes)) => {
             state.graphs.insert(handle, crate::graph::Body::new(nodes));
             handle
         }
-        None => 0,
+        Err(discarded) => {
+            // The graph is gone: the user object references it was given go with it.
+            state.graph_user_objects.remove(&discarded);
+            0
+        }
     };
     if !out.is_null() {
         // SAFETY: forwarded from the caller.
