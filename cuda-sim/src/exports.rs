@@ -15,8 +15,8 @@ use cuda_sys::types::{
     CUhostFn, CUipcEventHandle, CUmem_advise, CUmem_range_attribute, CUmemAccess_flags, CUmemAccessDesc,
     CUmemAllocationGranularity_flags, CUmemAllocationHandleType, CUmemAllocationProp, CUmemAllocationType,
     CUmemGenericAllocationHandle, CUmemLocation, CUmemPool_attribute, CUmemPoolProps, CUmemPoolPtrExportData,
-    CUmemoryPool, CUpointer_attribute, CUresult, CUstream, CUstreamCaptureMode, CUstreamCaptureStatus, CUuserObject, CUuuid,
-    cuuint64_t,
+    CUmemoryPool, CUpointer_attribute, CUresult, CUstream, CUstreamCaptureMode, CUstreamCaptureStatus, CUuserObject,
+    CUuuid, cuuint64_t,
 };
 
 use crate::api::memory::Direction;

@@ -131,6 +131,6 @@ mod sealed;
 mod shared;
 mod state;
 mod stream;
-mod user_object;
 pub mod testing;
+mod user_object;
 mod vmm;

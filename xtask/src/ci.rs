@@ -14,8 +14,9 @@
 //! 6. no binary links `libcuda` (the driver is loaded at run time)
 //! 7. cuda-bindings (the layer under cuda.core) on the simulator, from a private virtual
 //!    environment (skipped, saying why, without Python or PyPI)
-//! 8. cuda.core sharing pools and buffers with Rust processes on the simulator, both ways
-//!    (`cargo test -p tests --test python_exchange` with `CUDA_MEM_PYTHON` naming the virtual
+//! 8. cuda.core sharing pools and buffers with Rust processes on the simulator, both ways, and
+//!    cuda.core's graphs (`cargo test -p tests --test python_exchange` (and `dlpack_consumer`,
+//!    `cuda_core_graph`) with `CUDA_MEM_PYTHON` naming the virtual
 //!    environment's Python, which has cuda.core; skipped, saying why, without Python or PyPI)
 //! 9. `cargo doc --workspace --all-features --no-deps` with `RUSTDOCFLAGS=-Dwarnings`
 //! 10. the `cargo xtask bindgen --check` equivalent, when libclang and `cuda.h` can be had
@@ -154,14 +155,16 @@ fn run_steps(workspace: &Path, records: &mut Vec<Record>, summaries: &mut Vec<St
         let (result, lines) = run_collecting_summaries(&mut command);
         let (passed, failed, _) = totals(&lines);
         let counted = count_tests(&lines);
-        // One result line per test target (python_exchange, dlpack_consumer): each must have
-        // passed tests.
+        // One result line per test target (python_exchange, dlpack_consumer, cuda_core_graph):
+        // each must have passed tests.
         let targets_passed = lines.iter().filter(|line| totals(std::slice::from_ref(line)).0 > 0).count();
         summaries.extend(lines);
         result?;
         // The tests skip without the Python; here they must have run.
-        if passed == 0 || failed > 0 || targets_passed < 2 {
-            return Err(format!("the exchange and DLPack consumer tests did not all run and pass: {counted}"));
+        if passed == 0 || failed > 0 || targets_passed < 3 {
+            return Err(format!(
+                "the exchange, DLPack consumer and cuda.core graph tests did not all run and pass: {counted}"
+            ));
         }
         Ok(Outcome::PassedWith(counted))
     })?;

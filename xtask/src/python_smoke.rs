@@ -15,13 +15,14 @@ pub const CUDA_BINDINGS: &str = "cuda-bindings==13.5.0";
 /// PyPI that works with [`CUDA_BINDINGS`] (1.2.2 is the newest release as of this pin).
 pub const CUDA_CORE: &str = "cuda-core==1.2.2";
 
-/// The environment variable that gives `tests/tests/python_exchange.rs` and
-/// `tests/tests/dlpack_consumer.rs` their Python (one with cuda.core); without it those tests
+/// The environment variable that gives `tests/tests/python_exchange.rs`,
+/// `tests/tests/dlpack_consumer.rs` and `tests/tests/cuda_core_graph.rs` their Python (one with cuda.core); without it those tests
 /// say SKIP and do not run.
 pub const PYTHON_ENV: &str = "CUDA_MEM_PYTHON";
 
-/// The `cargo test` that runs the exchange between Rust and Python (cuda.core) processes, and
-/// DLPack between cuda-mem-core and cuda.core in one process, on the simulator, with [`PYTHON_ENV`] naming a Python with cuda.core; `Ok(Err(reason))` when Python
+/// The `cargo test` that runs the exchange between Rust and Python (cuda.core) processes,
+/// DLPack between cuda-mem-core and cuda.core in one process, and cuda.core's graphs, on the
+/// simulator, with [`PYTHON_ENV`] naming a Python with cuda.core; `Ok(Err(reason))` when Python
 /// or PyPI cannot be had.
 pub fn exchange_test(workspace: &Path) -> Result<Result<Command, String>, String> {
     let python = match venv(workspace, &[CUDA_BINDINGS, CUDA_CORE])? {
@@ -30,7 +31,17 @@ pub fn exchange_test(workspace: &Path) -> Result<Result<Command, String>, String
     };
     let mut command = crate::cargo(workspace);
     command
-        .args(["test", "-p", "tests", "--test", "python_exchange", "--test", "dlpack_consumer"])
+        .args([
+            "test",
+            "-p",
+            "tests",
+            "--test",
+            "python_exchange",
+            "--test",
+            "dlpack_consumer",
+            "--test",
+            "cuda_core_graph",
+        ])
         .env(PYTHON_ENV, python);
     Ok(Ok(command))
 }

@@ -60,7 +60,8 @@ fn instantiate_in(state: &mut State, graph: CUgraph, flags: u64, with_params: bo
         return fail(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
     let handle = crate::handle::next();
-    let user_objects = Arc::new(state.graph_user_objects.get(&(graph as usize)).map(Held::duplicate).unwrap_or_default());
+    let user_objects =
+        Arc::new(state.graph_user_objects.get(&(graph as usize)).map(Held::duplicate).unwrap_or_default());
     let exec = Arc::new(Exec { body, flags, last_launch: Mutex::new(None), user_objects });
     state.execs.insert(handle, exec);
     Ok(handle)
