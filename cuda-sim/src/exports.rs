@@ -214,6 +214,8 @@ exports! {
         => |mode| api::stream::begin_capture(stream, capture_mode, mode);
     cuStreamEndCapture / cuStreamEndCapture_ptsz(stream: CUstream, graph: *mut CUgraph)
         => |mode| api::stream::end_capture(stream, graph, mode);
+    cuThreadExchangeStreamCaptureMode / -(capture_mode: *mut CUstreamCaptureMode)
+        => |_mode| api::stream::exchange_capture_mode(capture_mode);
     cuStreamGetCaptureInfo_v3 / cuStreamGetCaptureInfo_v3_ptsz(
         stream: CUstream, status: *mut CUstreamCaptureStatus, id: *mut cuuint64_t, graph: *mut CUgraph,
         dependencies: *mut *const CUgraphNode, edges: *mut *const CUgraphEdgeData, count: *mut usize,
