@@ -702,8 +702,8 @@ fn a_capture_s_graph_holds_user_object_references() {
         let object = user_object(0x4100, 1);
         assert_eq!(graph_retain(capturing_graph(s), object, 1, MOVE), CUresult::CUDA_SUCCESS);
         assert_eq!(query(s), CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "invalidates the capture");
-        // SAFETY: `graph` is a valid out-pointer.
         let mut graph: CUgraph = std::ptr::null_mut();
+        // SAFETY: `graph` is a valid out-pointer.
         let ended = unsafe { code!(driver(), cuStreamEndCapture(s, &mut graph)) };
         assert_eq!((ended, graph), (CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, std::ptr::null_mut()));
         wait_destroyed(0x4100);
