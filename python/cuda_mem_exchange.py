@@ -16,6 +16,11 @@ kind          payload                                                  cuda.core
 2 buffers     count (u32 LE), then ``count`` 108-byte buffer           ``Buffer.from_ipc_descriptor``
               descriptors (see :func:`encode_descriptor`)              / ``Buffer.ipc_descriptor``
 3 data        the application's bytes                                  ``bytes``
+5 event       a 92-byte event descriptor (see                          ``Event.from_ipc_descriptor``
+              :func:`encode_event_descriptor`)                         / ``Event.ipc_descriptor``
+6 buffers     a 92-byte event descriptor, then what a buffers          both of the above
+  after an    message carries
+  event
 ============  =======================================================  ==========================
 
 Each message is one frame: a 24-byte header (``b"CUMEMMSG"``, frame version ``1`` (u16), kind
@@ -31,10 +36,19 @@ registered in cuda.core's registry under the UUID the peer named it with, so
 channel or another) is the one imported first. A device is named by its UUID, not its ordinal,
 because processes that see different devices (``CUDA_VISIBLE_DEVICES``) number them differently.
 
+An event (kind 5, or 6 with buffers) hands work over without host synchronization: the sender
+records an IPC-enabled cuda.core ``Event`` (``EventOptions(ipc_enabled=True)``) after its work and
+sends it (:meth:`IpcChannel.send_event`, :meth:`IpcChannel.send_buffers_after`); the receiver
+opens it (once per channel, by the sender's id of it) and makes the stream given to
+:meth:`IpcChannel.recv` wait for it (``Stream.wait``) before it hands over what came with it.
+The sending channel keeps each event it sent alive (the receiver can open an event only while its
+exporter holds it) until :meth:`IpcChannel.release_sent_events`.
+
 Errors are exceptions: :class:`ProtocolError` (a frame, message or descriptor that is not what
 this protocol expects; its ``expected`` and ``received`` say what each was), :class:`PeerClosed`,
 :class:`UnknownResource` (a buffer whose pool did not arrive on this channel) and
-:class:`DeviceNotVisible`. An error about one message leaves the channel usable when the whole
+:class:`DeviceNotVisible`, :class:`EventNotOpened` (the driver refused the peer's event: it
+destroyed it too early, or the handle is bad). An error about one message leaves the channel usable when the whole
 frame was read (an unknown kind, a malformed payload); a malformed frame header breaks it for
 receiving (message boundaries are lost), as in Rust. Descriptors that came with a refused message
 are closed.
@@ -120,6 +134,8 @@ __all__ = [
     "Channel",
     "Data",
     "DeviceNotVisible",
+    "Event",
+    "EventNotOpened",
     "ExchangeError",
     "IpcChannel",
     "PeerClosed",
@@ -128,7 +144,9 @@ __all__ = [
     "Resource",
     "UnknownResource",
     "decode_descriptor",
+    "decode_event_descriptor",
     "encode_descriptor",
+    "encode_event_descriptor",
     "spawn_with_channel",
 ]
 
@@ -145,7 +163,17 @@ RESOURCE = 1
 BUFFERS = 2
 DATA = 3
 VIRTUAL_BUFFER = 4
-_KIND_NAMES = {RESOURCE: "resource", BUFFERS: "buffers", DATA: "data", VIRTUAL_BUFFER: "virtual buffer"}
+EVENT = 5
+BUFFERS_AFTER_EVENT = 6
+_KIND_NAMES = {
+    RESOURCE: "resource",
+    BUFFERS: "buffers",
+    DATA: "data",
+    VIRTUAL_BUFFER: "virtual buffer",
+    EVENT: "event",
+    BUFFERS_AFTER_EVENT: "buffers after an event",
+}
+_RECEIVED_KINDS = "1 (resource), 2 (buffers), 3 (data), 5 (event) or 6 (buffers after an event)"
 RESOURCE_LEN = 40
 MAX_BUFFERS_PER_MESSAGE = 65_536
 DEVICE_MEMORY = 0
@@ -158,6 +186,13 @@ DESCRIPTOR_LEN = 108
 EXPORT_DATA_LEN = 64
 MAX_BUFFER_SIZE = 1 << 48
 _DESCRIPTOR_HEAD = struct.Struct("<8sHHIQ16s")
+
+# The event descriptor (cuda-mem-ipc's `EventDescriptor`).
+EVENT_MAGIC = b"CUMEMEVT"
+EVENT_VERSION = 1
+EVENT_DESCRIPTOR_LEN = 92
+IPC_EVENT_HANDLE_LEN = 64
+_EVENT_HEAD = struct.Struct("<8sHHIQ")
 
 # What a child started by `spawn_with_channel` (here or in Rust) finds its channel by.
 CHANNEL_FD_ENV = "CUDA_MEM_IPC_CHANNEL_FD"
@@ -204,6 +239,19 @@ class DeviceNotVisible(ExchangeError):
         super().__init__(
             f"the peer's device {sender_ordinal} (UUID {uuid}) is not visible to this process "
             "(check CUDA_VISIBLE_DEVICES)"
+        )
+
+
+class EventNotOpened(ExchangeError):
+    """The driver refused to open the peer's event (it destroyed the event before this side
+    opened it, or sent a bad handle); no stream waits for it and nothing that came with it was
+    imported. The driver's error is the ``__cause__``."""
+
+    def __init__(self, event_id: int):
+        self.event_id = event_id
+        super().__init__(
+            f"the peer's event (its id {event_id}) could not be opened: the peer must hold the event until this "
+            "side has received it, and the handle must be the driver's; nothing was imported"
         )
 
 
@@ -470,6 +518,45 @@ def decode_descriptor(encoded: bytes) -> tuple[bytes, int, uuidlib.UUID]:
     return export_data, size, uuidlib.UUID(bytes=resource)
 
 
+def encode_event_descriptor(event_id: int, handle: bytes) -> bytes:
+    """An event descriptor's 92 bytes: ``b"CUMEMEVT"``, version 1 (u16), flags 0 (u16), reserved
+    0 (u32), the sender's id of the event (u64, not 0), the driver's 64-byte ``CUipcEventHandle``,
+    and the CRC-32 (zlib's) of all that (u32), little-endian."""
+    if len(handle) != IPC_EVENT_HANDLE_LEN:
+        raise ExchangeError(f"an event handle of {len(handle)} bytes, expected {IPC_EVENT_HANDLE_LEN}")
+    if not 1 <= event_id < 1 << 64:
+        raise ExchangeError(f"event id {event_id}, expected 1 to 2**64 - 1")
+    body = _EVENT_HEAD.pack(EVENT_MAGIC, EVENT_VERSION, 0, 0, event_id) + handle
+    return body + struct.pack("<I", zlib.crc32(body))
+
+
+def decode_event_descriptor(encoded: bytes) -> tuple[int, bytes]:
+    """``(event id, handle)`` of an encoded event descriptor, checked as Rust's
+    ``EventDescriptor::decode`` checks it (length, magic, version, checksum, flags, reserved, a
+    nonzero id, a handle that is not all zeros), each failure a :class:`ProtocolError`."""
+    if len(encoded) != EVENT_DESCRIPTOR_LEN:
+        raise ProtocolError("an event descriptor's length", EVENT_DESCRIPTOR_LEN, len(encoded))
+    magic, version, flags, reserved, event_id = _EVENT_HEAD.unpack_from(encoded)
+    if magic != EVENT_MAGIC:
+        raise ProtocolError("an event descriptor's magic", EVENT_MAGIC, magic)
+    if version != EVENT_VERSION:
+        raise ProtocolError(
+            "the event descriptor version", EVENT_VERSION, version, "the peer uses a different cuda-mem-ipc version"
+        )
+    (stored,) = struct.unpack_from("<I", encoded, EVENT_DESCRIPTOR_LEN - 4)
+    computed = zlib.crc32(encoded[: EVENT_DESCRIPTOR_LEN - 4])
+    if stored != computed:
+        raise ProtocolError("an event descriptor's checksum", f"{computed:#010x}", f"{stored:#010x}", "damaged")
+    if flags != 0 or reserved != 0:
+        raise ProtocolError("an event descriptor's flags and reserved field", "0 and 0", f"{flags} and {reserved}")
+    if event_id == 0:
+        raise ProtocolError("an event descriptor's id", "not 0", 0)
+    handle = encoded[_EVENT_HEAD.size : EVENT_DESCRIPTOR_LEN - 4]
+    if handle == bytes(IPC_EVENT_HANDLE_LEN):
+        raise ProtocolError("an event descriptor's handle", "the driver's handle", "all zeros")
+    return event_id, handle
+
+
 @dataclass
 class Resource:
     """A pool arrived: ``resource`` is the cuda.core memory resource (imported, or the one this
@@ -491,6 +578,15 @@ class Data:
     """The peer's own bytes."""
 
     data: bytes
+
+
+@dataclass
+class Event:
+    """An event of the peer arrived: ``event`` is a cuda.core ``Event`` opened from it (or the
+    one opened when it came before), which the stream given to :meth:`IpcChannel.recv` already
+    waits for."""
+
+    event: object
 
 
 def _core():
@@ -529,6 +625,20 @@ class IpcChannel:
         self.channel = channel
         self._sent: set[uuidlib.UUID] = set()
         self._received: dict[uuidlib.UUID, object] = {}
+        # The events sent, by id(): (the event, kept alive so that the peer can open it and its
+        # handle is not given to another, and the id it goes by on the wire).
+        self._sent_events: dict[int, tuple[object, int]] = {}
+        # The peer's events opened here, by the peer's id of each: (handle, cuda.core Event).
+        self._events: dict[int, tuple[bytes, object]] = {}
+
+    def release_sent_events(self) -> None:
+        """Lets go of the events sent on this channel (send them again only after the peer
+        received them)."""
+        self._sent_events.clear()
+
+    def release_events(self) -> None:
+        """Lets go of the peer's events opened on this channel (one sent again is opened again)."""
+        self._events.clear()
 
     def resource(self, uuid: uuidlib.UUID):
         """The pool received under ``uuid``, if the channel still keeps it."""
@@ -565,6 +675,32 @@ class IpcChannel:
     def send_buffers(self, buffers) -> None:
         """Sends cuda.core buffers of IPC-enabled pools in one message, each pool first if it
         was not sent on this channel yet."""
+        self.channel.send(BUFFERS, self._buffers_payload(buffers))
+
+    def send_buffers_after(self, event, buffers) -> None:
+        """Sends cuda.core buffers with an IPC-enabled cuda.core ``Event`` in one message: the
+        receiver's stream waits for the event (recorded after the work it must see) before the
+        buffers are handed over."""
+        descriptor = self._event_descriptor(event)
+        self.channel.send(BUFFERS_AFTER_EVENT, descriptor + self._buffers_payload(buffers))
+
+    def send_event(self, event) -> None:
+        """Sends an IPC-enabled cuda.core ``Event``: the receiver's stream waits for it."""
+        self.channel.send(EVENT, self._event_descriptor(event))
+
+    def _event_descriptor(self, event) -> bytes:
+        if not event.is_ipc_enabled:
+            raise ExchangeError("the event is not IPC-enabled: create it with EventOptions(ipc_enabled=True)")
+        kept = self._sent_events.get(id(event))
+        if kept is None or kept[0] is not event:
+            kept = (event, _next_event_id())
+            self._sent_events[id(event)] = kept
+        descriptor = event.ipc_descriptor if hasattr(event, "ipc_descriptor") else event.get_ipc_descriptor()
+        # cuda.core's pickling contract: (IPCEventDescriptor._init, (handle bytes, blocking sync)).
+        _, (handle, _) = descriptor.__reduce__()
+        return encode_event_descriptor(kept[1], bytes(handle))
+
+    def _buffers_payload(self, buffers) -> bytes:
         if len(buffers) > MAX_BUFFERS_PER_MESSAGE:
             raise ExchangeError(f"{len(buffers)} buffers, more than one message carries ({MAX_BUFFERS_PER_MESSAGE})")
         encoded = []
@@ -575,13 +711,13 @@ class IpcChannel:
                 self.send_resource(mr)
             descriptor = buffer.ipc_descriptor
             encoded.append(encode_descriptor(_export_data(descriptor), descriptor.size, uuid))
-        self.channel.send(BUFFERS, struct.pack("<I", len(encoded)) + b"".join(encoded))
+        return struct.pack("<I", len(encoded)) + b"".join(encoded)
 
     def send_data(self, data: bytes) -> None:
         """Sends the application's bytes."""
         self.channel.send(DATA, data)
 
-    def recv(self, stream) -> Resource | Buffers | Data:
+    def recv(self, stream) -> Resource | Buffers | Data | Event:
         """Receives one message: imports a pool, maps buffers (freed on ``stream`` when
         closed), or returns bytes. A refused message's descriptors are closed and nothing of it
         stays imported."""
@@ -593,18 +729,27 @@ class IpcChannel:
                 _expect_no_fds(message)
             if message.kind == BUFFERS:
                 return self._receive_buffers(message.payload, stream)
+            if message.kind == EVENT:
+                return Event(self._wait_for_event(decode_event_descriptor(message.payload), stream))
+            if message.kind == BUFFERS_AFTER_EVENT:
+                if len(message.payload) < EVENT_DESCRIPTOR_LEN:
+                    raise ProtocolError(
+                        "a buffers-after-event message's length",
+                        f"at least {EVENT_DESCRIPTOR_LEN} bytes",
+                        len(message.payload),
+                    )
+                event = decode_event_descriptor(message.payload[:EVENT_DESCRIPTOR_LEN])
+                return self._receive_buffers(message.payload[EVENT_DESCRIPTOR_LEN:], stream, event)
             if message.kind == DATA:
                 return Data(message.payload)
             if message.kind == VIRTUAL_BUFFER:
                 raise ProtocolError(
                     "the message kind",
-                    "1 (resource), 2 (buffers) or 3 (data)",
+                    _RECEIVED_KINDS,
                     _kind_name(message.kind),
                     "cuda.core cannot import a cuda-mem-vmm virtual buffer",
                 )
-            raise ProtocolError(
-                "the message kind", "1 (resource), 2 (buffers) or 3 (data)", _kind_name(message.kind)
-            )
+            raise ProtocolError("the message kind", _RECEIVED_KINDS, _kind_name(message.kind))
         finally:
             message.close_fds()
 
@@ -650,7 +795,28 @@ class IpcChannel:
         self._received[uuid] = mr
         return Resource(mr, uuid)
 
-    def _receive_buffers(self, payload: bytes, stream) -> Buffers:
+    def _wait_for_event(self, descriptor: tuple[int, bytes], stream):
+        """The peer's event ``descriptor`` names, opened the first time it arrives (then kept
+        by the peer's id), and ``stream`` made to wait for it."""
+        core = _core()
+        from cuda.core._event import IPCEventDescriptor
+
+        event_id, handle = descriptor
+        kept = self._events.get(event_id)
+        if kept is not None and kept[0] != handle:
+            raise ProtocolError(f"the handle of the peer's event {event_id}", "the one it came with before", "another")
+        if kept is None:
+            # Another id with the same handle names an event the peer destroyed since.
+            self._events = {i: k for i, k in self._events.items() if k[0] != handle}
+            try:
+                opened = core.Event.from_ipc_descriptor(IPCEventDescriptor._init(handle, False))
+            except Exception as error:
+                raise EventNotOpened(event_id) from error
+            kept = self._events[event_id] = (handle, opened)
+        stream.wait(kept[1])
+        return kept[1]
+
+    def _receive_buffers(self, payload: bytes, stream, event: tuple[int, bytes] | None = None) -> Buffers:
         core = _core()
         # Where cuda.core keeps the class its pickled descriptors name.
         from cuda.core._memory._ipc import IPCBufferDescriptor
@@ -669,6 +835,8 @@ class IpcChannel:
             if uuid not in self._received:
                 raise UnknownResource(uuid)
             pools.append(self._received[uuid])
+        if event is not None:
+            self._wait_for_event(event, stream)
         buffers = []
         try:
             for (export_data, size, _), mr in zip(descriptors, pools):
@@ -680,6 +848,16 @@ class IpcChannel:
                 buffer.close(stream)
             raise
         return Buffers(buffers)
+
+
+_last_event_id = 0
+
+
+def _next_event_id() -> int:
+    """An id no event sent from this process had before (the wire's name for it)."""
+    global _last_event_id
+    _last_event_id += 1
+    return _last_event_id
 
 
 def _expect_no_fds(message: RawMessage) -> None:

@@ -149,11 +149,36 @@ pub enum Error {
         size: usize,
     },
     /// A pool was asked to allocate on a capturing stream: it would allocate outside the graph.
+    /// The resources without pools refuse the same way (their frees wait for the stream, which
+    /// a capture forbids).
     #[error(
         "memory pools cannot allocate on a capturing stream: allocate before capture begins, or on a stream that \
-         is not capturing"
+         is not capturing (or, inside the capture, from a GraphMemoryResource)"
     )]
     CapturingStream,
+    /// A [`GraphMemoryResource`](crate::GraphMemoryResource) was asked to allocate on a stream
+    /// that is not capturing a graph (or whose capture was invalidated): graph memory is
+    /// allocated by the graph's launches, so it can only be asked for while capturing.
+    #[error(
+        "GraphMemoryResource cannot allocate on a stream that is not capturing a graph{}: begin a capture first \
+         (Stream::begin_capture), or allocate from a DeviceMemoryResource outside captures",
+        if *.invalidated { " (its capture was invalidated)" } else { "" }
+    )]
+    NotCapturing {
+        /// Whether the stream's capture was under way but invalidated.
+        invalidated: bool,
+    },
+    /// A resource of one device was asked to allocate on a stream of another.
+    #[error(
+        "the memory resource allocates on device {resource} but the stream belongs to device {stream}: allocate \
+         on a stream of device {resource}, or use that device's resource"
+    )]
+    StreamOfAnotherDevice {
+        /// The resource's device ordinal.
+        resource: usize,
+        /// The stream's device ordinal.
+        stream: usize,
+    },
     /// Allocation from a pool imported from another process, which only maps what its exporter
     /// allocates.
     #[error(
@@ -282,6 +307,21 @@ pub enum Error {
         /// Its size in bytes.
         size: usize,
     },
+    /// An interprocess event was asked for with timing: the driver does not time interprocess
+    /// events (checked before any driver call).
+    #[error(
+        "invalid argument: an interprocess event cannot record timing: create it with \
+         EventOptions::default().interprocess() (timing off), and time the work with a separate event"
+    )]
+    InterprocessEventTiming,
+    /// An interprocess handle was asked of an event created without
+    /// [`EventOptions::interprocess`](crate::EventOptions::interprocess) (checked before any
+    /// driver call).
+    #[error(
+        "not supported: this event is not IPC-enabled: create it with EventOptions::default().interprocess() to \
+         share it between processes"
+    )]
+    EventNotInterprocess,
     /// A DLPack export or import was refused (feature `dlpack`).
     #[cfg(feature = "dlpack")]
     #[error(transparent)]

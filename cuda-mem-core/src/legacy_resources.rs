@@ -1,6 +1,13 @@
 //! Resources for devices or code paths without stream-ordered pools: `cuMemAllocHost` pinned
 //! memory and `cuMemAlloc` device memory. Both free synchronously, after waiting for the
 //! buffer's stream (or, when that fails, its device).
+//!
+//! Under capture: a capturing stream cannot be waited for (waiting invalidates the capture), so
+//! both refuse to allocate on one ([`Error::CapturingStream`], as pools do), and a buffer freed
+//! on one is not freed then: its free is handed to the capture when it was begun through this
+//! crate (done once the graph and its executable graphs are gone, after their work; see
+//! [`Stream::keep_alive_in_capture`]), and refused otherwise ([`Error::CapturingStream`]; the
+//! memory is then kept, never freed under work a graph may still do).
 
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -29,7 +36,8 @@ impl LegacyPinnedMemoryResource {
 // SAFETY: `cuMemAllocHost` returns `size` bytes of page-locked host memory, mapped for the host
 // and every device, valid until `cuMemFreeHost`.
 unsafe impl MemoryResource for LegacyPinnedMemoryResource {
-    fn allocate_raw(&self, size: usize, _stream: &Stream) -> Result<DevicePtr> {
+    fn allocate_raw(&self, size: usize, stream: &Stream) -> Result<DevicePtr> {
+        refuse_capture(stream)?;
         crate::context::bind(self.device)?;
         let d = driver()?;
         let mut ptr: *mut c_void = std::ptr::null_mut();
@@ -39,16 +47,10 @@ unsafe impl MemoryResource for LegacyPinnedMemoryResource {
         Ok(ptr as DevicePtr)
     }
 
-    unsafe fn deallocate_raw(&self, ptr: DevicePtr, _size: usize, stream: &Stream) -> Result<()> {
-        // The free is synchronous: it waits for the stream, or, should that fail, its device.
-        stream.synchronize_or_device()?;
-        crate::context::bind(self.device)?;
-        let d = driver()?;
-        // SAFETY: the caller guarantees `ptr` came from `allocate_raw` and is freed once; the
-        // stream's work on it has finished.
-        unsafe { cu_call!(d, cuMemFreeHost(ptr as *mut c_void)) }?;
-        crate::memory_event!(TRACE, size = _size, ptr, "free");
-        Ok(())
+    unsafe fn deallocate_raw(&self, ptr: DevicePtr, size: usize, stream: &Stream) -> Result<()> {
+        let free = SynchronousFree { ptr, size, device: self.device, host: true };
+        // SAFETY: forwarded from the caller.
+        unsafe { free.after(stream) }
     }
 
     fn is_device_accessible(&self) -> bool {
@@ -81,7 +83,8 @@ impl SynchronousMemoryResource {
 // SAFETY: `cuMemAlloc` returns `size` bytes of device memory (not host-accessible), valid until
 // `cuMemFree`.
 unsafe impl MemoryResource for SynchronousMemoryResource {
-    fn allocate_raw(&self, size: usize, _stream: &Stream) -> Result<DevicePtr> {
+    fn allocate_raw(&self, size: usize, stream: &Stream) -> Result<DevicePtr> {
+        refuse_capture(stream)?;
         crate::context::bind(self.device)?;
         let d = driver()?;
         let mut ptr: DevicePtr = 0;
@@ -91,16 +94,10 @@ unsafe impl MemoryResource for SynchronousMemoryResource {
         Ok(ptr)
     }
 
-    unsafe fn deallocate_raw(&self, ptr: DevicePtr, _size: usize, stream: &Stream) -> Result<()> {
-        // The free is synchronous: it waits for the stream, or, should that fail, its device.
-        stream.synchronize_or_device()?;
-        crate::context::bind(self.device)?;
-        let d = driver()?;
-        // SAFETY: the caller guarantees `ptr` came from `allocate_raw` and is freed once; the
-        // stream's work on it has finished.
-        unsafe { cu_call!(d, cuMemFree_v2(ptr)) }?;
-        crate::memory_event!(TRACE, size = _size, ptr, device = self.device.ordinal(), "free");
-        Ok(())
+    unsafe fn deallocate_raw(&self, ptr: DevicePtr, size: usize, stream: &Stream) -> Result<()> {
+        let free = SynchronousFree { ptr, size, device: self.device, host: false };
+        // SAFETY: forwarded from the caller.
+        unsafe { free.after(stream) }
     }
 
     fn is_device_accessible(&self) -> bool {
@@ -113,6 +110,84 @@ unsafe impl MemoryResource for SynchronousMemoryResource {
 
     fn device(&self) -> Option<Device> {
         Some(self.device)
+    }
+}
+
+/// [`Error::CapturingStream`] when `stream` captures: a free that waits for it would invalidate
+/// the capture.
+fn refuse_capture(stream: &Stream) -> Result<()> {
+    if stream.is_capturing()? { Err(Error::CapturingStream) } else { Ok(()) }
+}
+
+/// A synchronous free (`cuMemFreeHost` or `cuMemFree`) of memory a legacy resource allocated.
+#[derive(Debug)]
+struct SynchronousFree {
+    ptr: DevicePtr,
+    #[cfg_attr(not(feature = "tracing"), expect(dead_code, reason = "only the `tracing` events name the size"))]
+    size: usize,
+    device: Device,
+    /// `cuMemFreeHost` rather than `cuMemFree`.
+    host: bool,
+}
+
+impl SynchronousFree {
+    /// Frees after `stream`'s work: waits for it (or, should that fail, its device) and frees
+    /// now, unless the stream captures (see the module's notes).
+    ///
+    /// # Safety
+    /// As [`MemoryResource::deallocate_raw`].
+    unsafe fn after(self, stream: &Stream) -> Result<()> {
+        // A status that cannot be read is taken as "not capturing": waiting for a capturing
+        // stream (or its device) fails, so memory a capture may use is never freed that way.
+        if stream.is_capturing().unwrap_or(false) {
+            // Freed when the graphs are gone, after their work (the drop below), or refused.
+            return stream.keep_alive_in_capture(PendingFree(Some(self))).map_err(|mut refused| {
+                // Not freed: the memory stays the caller's (kept, never freed under the capture).
+                refused.0 = None;
+                Error::CapturingStream
+            });
+        }
+        stream.synchronize_or_device()?;
+        // SAFETY: forwarded from the caller; the stream's work on it has finished.
+        unsafe { self.now() }
+    }
+
+    /// Frees now.
+    ///
+    /// # Safety
+    /// The memory is live, from this resource, freed once, and nothing uses it any more.
+    unsafe fn now(self) -> Result<()> {
+        crate::context::bind(self.device)?;
+        let d = driver()?;
+        if self.host {
+            // SAFETY: the caller guarantees the memory came from cuMemAllocHost, is unused and
+            // freed once.
+            unsafe { cu_call!(d, cuMemFreeHost(self.ptr as *mut c_void)) }?;
+            crate::memory_event!(TRACE, size = self.size, ptr = self.ptr, "free");
+        } else {
+            // SAFETY: the caller guarantees the memory came from cuMemAlloc, is unused and freed
+            // once.
+            unsafe { cu_call!(d, cuMemFree_v2(self.ptr)) }?;
+            crate::memory_event!(TRACE, size = self.size, ptr = self.ptr, device = self.device.ordinal(), "free");
+        }
+        Ok(())
+    }
+}
+
+/// A free handed to a capture: done when the capture's graphs let go of it, after their work.
+#[derive(Debug)]
+struct PendingFree(Option<SynchronousFree>);
+
+impl Drop for PendingFree {
+    fn drop(&mut self) {
+        if let Some(free) = self.0.take() {
+            // SAFETY: the buffer's deallocation handed the free over unperformed (its memory is
+            // live and freed once, here); the graph resources drop what they keep only after
+            // the work of the capture's stream and of every launch is done.
+            if let Err(error) = unsafe { free.now() } {
+                crate::drop_errors::record("legacy allocation (freed after its graphs)", error);
+            }
+        }
     }
 }
 

@@ -12,7 +12,10 @@
 //! scope. Coming from cuda.core? [Its names and ours](#cudacores-names-and-ours) are at the end.
 //!
 //! - [`Device`]: enumeration, properties, peer capability, making the primary context current.
-//! - [`Stream`] and [`Event`]: stream-ordered work and its synchronization.
+//! - [`Stream`] and [`Event`]: stream-ordered work and its synchronization; an interprocess
+//!   event ([`EventOptions::interprocess`]) names itself to another process by an
+//!   [`IpcEventHandle`] ([`Event::ipc_handle`]), which opens it there ([`Event::from_ipc_handle`])
+//!   so that its streams wait for this process's work on the GPU.
 //! - [`MemoryResource`]: anything that allocates in stream order; [`MemoryResourceExt::allocate`]
 //!   (inherent on this crate's resources) turns an `Arc` of one into owned [`Buffer`]s, which keep their resource alive;
 //!   [`MemoryResourceExt::allocate_scoped`] makes [`ScopedBuffer`]s, which borrow the resource
@@ -36,6 +39,13 @@
 //!   [`prefetch_batch`], [`discard_batch`] and [`discard_prefetch_batch`] do many buffers in one
 //!   driver call; [`Device::concurrent_managed_access`] tells whether the host may touch managed
 //!   memory while devices work.
+//! - Graphs: [`Stream::begin_capture`] records a stream's work into a [`Graph`] ([`Capture`],
+//!   [`CaptureMode`]), instantiated into a [`GraphExec`] that launches on any stream; the
+//!   stream's [`capture_state`](Stream::capture_state) is known without asking the driver for
+//!   the streams this crate created. [`GraphMemoryResource`] (one per device) allocates inside
+//!   captures, memory the graph allocates and frees as it runs ([`GraphMemoryAttributes`],
+//!   [`HighWaterMark`], `trim`). Every other resource refuses a capturing stream
+//!   ([`Error::CapturingStream`]); see [below](#graphs-and-graph-memory).
 //! - Without pools: [`SynchronousMemoryResource`] (`cuMemAlloc`) and
 //!   [`LegacyPinnedMemoryResource`] (`cuMemAllocHost`).
 //! - Adaptors over any resource, RMM's, which stack and are resources themselves:
@@ -80,7 +90,8 @@
 //! |---|---|
 //! | `device` | [`Device`], [`DeviceProperties`], [`MemoryInfo`] |
 //! | `context` | primary contexts, retained once and bound before each driver call that needs one |
-//! | `stream`, `event` | [`Stream`], [`StreamOptions`]; [`Event`], [`EventOptions`] |
+//! | `graph` | stream capture: [`Capture`], [`CaptureMode`], [`CaptureState`], [`Graph`], [`GraphExec`], [`InstantiateOptions`]; what a capture keeps alive for its graphs |
+//! | `graph_memory` | [`GraphMemoryResource`], [`GraphMemoryAttributes`], [`HighWaterMark`] |
 //! | `memory_resource` | the [`MemoryResource`] trait, [`MemoryResourceExt`], [`AsDynMemoryResource`], [`DevicePtr`] |
 //! | `buffer` | [`Buffer`], [`ScopedBuffer`], [`FillPattern`], [`CloseError`], [`RawBuffer`] |
 //! | `view` | [`DeviceView`], [`DeviceViewMut`]: typed views of a buffer, copies to and from Rust slices |
@@ -172,6 +183,64 @@
 //! ```
 
 //!
+//! # Graphs and graph memory
+//!
+//! What cuda.core writes with a `GraphBuilder` and a `GraphMemoryResource`:
+//!
+//! ```python
+//! gmr = GraphMemoryResource(device)
+//! gb = stream.create_graph_builder().begin_building("relaxed")
+//! scratch = gmr.allocate(16, stream=gb)
+//! scratch.fill(3, width=4, stream=gb)
+//! output.copy_from(scratch, stream=gb)
+//! scratch.close()
+//! graph = gb.end_building().complete()
+//! graph.launch(stream); graph.launch(stream)
+//! gmr.attributes.used_mem_high = 0
+//! gmr.trim()
+//! ```
+//!
+//! is, here:
+//!
+//! ```
+//! # cuda_sim::testing::driver()?; // the tests run this example on the simulator
+//! use cuda_mem_core::{
+//!     CaptureMode, Device, DeviceMemoryResource, Error, FillPattern, GraphMemoryResource, HighWaterMark,
+//!     InstantiateOptions, Stream, StreamOptions,
+//! };
+//!
+//! let device = Device::new(0)?;
+//! let stream = Stream::new(device, StreamOptions::default().non_blocking())?;
+//! let pool = DeviceMemoryResource::new(device, Default::default())?;
+//! let mut output = pool.allocate(16, &stream)?; // allocated before the capture
+//! let graph_memory = GraphMemoryResource::new(device); // the same `Arc` for every call
+//! assert!(matches!(graph_memory.allocate(16, &stream), Err(Error::NotCapturing { .. })));
+//!
+//! let capture = stream.begin_capture(CaptureMode::Relaxed)?;
+//! assert!(matches!(pool.allocate(16, &stream), Err(Error::CapturingStream)));
+//! let mut scratch = graph_memory.allocate(16, capture.stream())?; // an allocation node
+//! scratch.fill(FillPattern::U32(3), capture.stream())?;
+//! output.copy_from(&scratch, capture.stream())?;
+//! drop(scratch); // a free node: each launch allocates and frees it
+//! let exec = capture.end()?.instantiate(InstantiateOptions::default())?;
+//! exec.launch(&stream)?;
+//! exec.launch(&stream)?;
+//! assert_eq!(output.to_vec::<u32>(&stream)?, [3; 4]);
+//!
+//! let attributes = graph_memory.attributes()?; // used and reserved, current and high
+//! assert!(attributes.used_high >= 16 && attributes.reserved_high >= attributes.used_high);
+//! graph_memory.reset_high_water_mark(HighWaterMark::Used)?; // to the current use: no other value
+//! graph_memory.trim()?;
+//! # Ok::<(), cuda_mem_core::Error>(())
+//! ```
+//!
+//! A capture keeps what its graphs may use ([`Stream::keep_alive_in_capture`]): a
+//! `cuda-mem-vmm` virtual buffer dropped during the capture stays mapped, and a buffer of a
+//! resource without pools unfreed, until the graph and every executable graph made from it are
+//! gone and their launches done. Captures begun through raw handles cannot be followed: there
+//! the pools and the resources without pools refuse, and virtual buffers wait only for the end of
+//! the capture.
+//!
 //! # DLPack (feature `dlpack`)
 //!
 //! A buffer leaves as a versioned DLPack tensor (`DLManagedTensorVersioned`) for any DLPack
@@ -234,6 +303,8 @@ mod driver;
 mod drop_errors;
 mod error;
 mod event;
+mod graph;
+mod graph_memory;
 mod handle_types;
 mod host_resources;
 mod legacy_resources;
@@ -273,7 +344,9 @@ pub use dlpark;
 pub use driver::driver;
 pub use drop_errors::{DropError, record as record_drop_error, set_drop_error_hook, take_drop_errors};
 pub use error::{DeviceCapability, Error, OutOfMemory, PoolHoldings, Result, cuda_code_of};
-pub use event::{Event, EventOptions};
+pub use event::{Event, EventOptions, IPC_EVENT_HANDLE_LEN, IpcEventHandle};
+pub use graph::{Capture, CaptureMode, CaptureState, Graph, GraphExec, InstantiateOptions};
+pub use graph_memory::{GraphMemoryAttributes, GraphMemoryResource, HighWaterMark};
 pub use handle_types::{HandleType, HandleTypes};
 pub use host_resources::{
     ManagedMemoryResource, ManagedMemoryResourceOptions, PinnedLocation, PinnedMemoryResource,

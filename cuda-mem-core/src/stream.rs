@@ -1,7 +1,7 @@
 //! Streams: created ones (destroyed when the last handle goes) and the default streams.
 
 use std::borrow::Cow;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use cuda_sys::cu_call;
 use cuda_sys::types::{CUstream, CUstream_flags, CUstreamCaptureStatus};
@@ -10,6 +10,7 @@ use crate::device::Device;
 use crate::driver::driver;
 use crate::error::Result;
 use crate::event::Event;
+use crate::graph::{CaptureMode, CaptureState, GraphResources};
 
 /// `CU_STREAM_LEGACY`: the legacy default stream, whatever the default-stream mode.
 const LEGACY: CUstream = std::ptr::without_provenance_mut(0x1);
@@ -59,6 +60,27 @@ struct Inner {
     /// For a borrowed stream: what keeps it alive while this value lives (another library's
     /// handle to it, such as a cudarc `Arc<CudaStream>`), dropped with the last clone.
     _owner: Option<StreamOwner>,
+    /// What this crate knows of the stream's capture, and the resources of a capture begun
+    /// through [`Stream::begin_capture`].
+    capture: Mutex<CaptureSlot>,
+}
+
+/// A stream's capture as this crate knows it.
+#[derive(Debug)]
+struct CaptureSlot {
+    state: CaptureState,
+    /// While a capture begun through this crate is under way: what its graph keeps alive.
+    resources: Option<Arc<GraphResources>>,
+}
+
+impl CaptureSlot {
+    /// The state of a stream no capture of this crate's is under way on: known not to capture
+    /// for a stream this crate created (nothing else can begin one on it without `unsafe`) and
+    /// for the legacy default stream (which cannot capture); unknown for the others.
+    fn resting(ownership: Ownership, handle: CUstream) -> CaptureSlot {
+        let known = ownership == Ownership::Owned || handle == LEGACY;
+        CaptureSlot { state: if known { CaptureState::NotCapturing } else { CaptureState::Unknown }, resources: None }
+    }
 }
 
 /// What keeps a borrowed stream alive; only held, never looked into.
@@ -88,7 +110,7 @@ impl std::fmt::Debug for StreamOwner {
 // so no thread can use the handle after it is destroyed through this type.
 unsafe impl Send for Inner {}
 // SAFETY: as for `Send`: `&Inner` only reads the handle and passes it to thread-safe driver
-// functions; nothing in `Inner` is mutated after construction.
+// functions; the only state mutated after construction, the capture slot, is behind a mutex.
 unsafe impl Sync for Inner {}
 
 impl Drop for Inner {
@@ -150,8 +172,9 @@ impl Stream {
         let mut handle: CUstream = std::ptr::null_mut();
         // SAFETY: `handle` is a valid out-pointer; the device's context is current.
         unsafe { cu_call!(d, cuStreamCreateWithPriority(&mut handle, flags, options.priority.unwrap_or(0))) }?;
+        let capture = Mutex::new(CaptureSlot::resting(Ownership::Owned, handle));
         Ok(Stream {
-            inner: Arc::new(Inner { handle, device, ownership: Ownership::Owned, thread: None, _owner: None }),
+            inner: Arc::new(Inner { handle, device, ownership: Ownership::Owned, thread: None, _owner: None, capture }),
         })
     }
 
@@ -188,7 +211,10 @@ impl Stream {
     /// A borrowed stream that holds `owner`, which keeps it alive, until the last clone goes.
     pub(crate) fn borrowed_from(handle: CUstream, device: Device, owner: Option<StreamOwner>) -> Stream {
         let thread = (handle == PER_THREAD || handle.is_null()).then(|| std::thread::current().id());
-        Stream { inner: Arc::new(Inner { handle, device, ownership: Ownership::Borrowed, thread, _owner: owner }) }
+        let capture = Mutex::new(CaptureSlot::resting(Ownership::Borrowed, handle));
+        Stream {
+            inner: Arc::new(Inner { handle, device, ownership: Ownership::Borrowed, thread, _owner: owner, capture }),
+        }
     }
 
     /// The raw handle.
@@ -295,6 +321,14 @@ impl Stream {
         // SAFETY: valid stream and event handles; the event outlives the call (the driver keeps
         // what it needs).
         unsafe { cu_call!(d, cuStreamWaitEvent(self.handle(), event.handle(), 0)) }?;
+        if event.maybe_recorded_in_capture() {
+            // Waiting for work of a capture joins it: this stream now captures into that graph
+            // (until its capture ends), which this crate cannot follow.
+            let mut slot = self.capture_slot();
+            if slot.state == CaptureState::NotCapturing {
+                slot.state = CaptureState::Unknown;
+            }
+        }
         Ok(())
     }
 
@@ -309,7 +343,9 @@ impl Stream {
         Ok(event)
     }
 
-    /// Whether the stream is capturing a graph (an active or invalidated capture both count).
+    /// Whether the stream is capturing a graph (an active or invalidated capture both count),
+    /// as the driver says (`cuStreamIsCapturing`); [`capture_state`](Stream::capture_state) says
+    /// what this crate knows without asking it.
     ///
     /// # Errors
     /// If the driver call fails.
@@ -328,5 +364,59 @@ impl Stream {
         // SAFETY: `status` is a valid out-pointer; a valid stream handle.
         unsafe { cu_call!(d, cuStreamIsCapturing(self.handle(), &mut status)) }?;
         Ok(status != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+    }
+
+    /// What this crate knows of the stream's capture, without asking the driver:
+    /// [`CaptureState::Capturing`] between [`begin_capture`](Stream::begin_capture) and the end
+    /// of the [`Capture`](crate::Capture) it returned, [`CaptureState::NotCapturing`] for a
+    /// stream this crate created otherwise (and for the legacy default stream, which cannot
+    /// capture), [`CaptureState::Unknown`] where it cannot be known: a stream wrapped from a raw
+    /// handle ([`Stream::from_raw`], cudarc's, the per-thread default stream), whose capture may
+    /// be begun by other code, and a stream of this crate's that waited for an event recorded in
+    /// a capture (or in a stream whose capture is unknown), which joins that capture. The state
+    /// is shared by the stream's clones.
+    pub fn capture_state(&self) -> CaptureState {
+        self.capture_slot().state
+    }
+
+    fn capture_slot(&self) -> MutexGuard<'_, CaptureSlot> {
+        self.inner.capture.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Notes a capture begun through this crate, and what its graph will keep alive.
+    pub(crate) fn capture_began(&self, mode: CaptureMode, resources: Arc<GraphResources>) {
+        *self.capture_slot() = CaptureSlot { state: CaptureState::Capturing(mode), resources: Some(resources) };
+    }
+
+    /// Notes that the capture begun through this crate ended (`known`: the driver confirmed it;
+    /// otherwise the state is unknown).
+    pub(crate) fn capture_ended(&self, known: bool) {
+        let mut slot = self.capture_slot();
+        *slot = CaptureSlot::resting(self.inner.ownership, self.inner.handle);
+        if !known {
+            slot.state = CaptureState::Unknown;
+        }
+    }
+
+    /// Hands `item` to the capture under way on this stream, when it was begun through this
+    /// crate ([`begin_capture`](Stream::begin_capture)): the item then lives as long as the
+    /// graph the capture makes and every executable graph instantiated from it, and is dropped
+    /// only once the work they enqueued before (the stream's work from before the capture, each
+    /// launch) is done. This is how memory a captured operation uses is kept for as long as a
+    /// graph may still use it: a resource whose release cannot be captured (unmapping virtual
+    /// memory, a synchronous free) hands the release over instead of doing it.
+    ///
+    /// # Errors
+    /// The item back, when no capture of this crate's is under way on the stream (not
+    /// capturing, or captured by other code, or joined to another stream's capture: see
+    /// [`capture_state`](Stream::capture_state)).
+    pub fn keep_alive_in_capture<T: std::any::Any + Send + Sync>(&self, item: T) -> std::result::Result<(), T> {
+        match &self.capture_slot().resources {
+            Some(resources) => {
+                resources.keep(Box::new(item));
+                Ok(())
+            }
+            None => Err(item),
+        }
     }
 }

@@ -2,8 +2,10 @@
 //!
 //! The parent creates an IPC-enabled device pool, allocates two buffers and fills them, then
 //! starts itself again as the child, connected by a channel ([`spawn_with_channel`]). It sends
-//! the buffers (the pool goes first, as a file descriptor); the child maps them, checks what the
-//! parent wrote, writes a new pattern into the first, and says so; the parent checks that it
+//! the buffers (the pool goes first, as a file descriptor) with an interprocess event recorded
+//! after its fills; the child maps them, and its stream waits for that event on the GPU (neither
+//! side waits on the host), checks what the parent wrote, writes a new pattern into the first,
+//! and sends its own event back; the parent's stream waits for it, and the parent checks that it
 //! sees the child's write.
 //!
 //! ```sh
@@ -18,8 +20,8 @@ use std::error::Error;
 use std::process::Command;
 
 use cuda_mem_core::{
-    Buffer, Device, DeviceMemoryResource, DeviceMemoryResourceOptions, FillPattern, LegacyPinnedMemoryResource, Stream,
-    StreamOptions,
+    Buffer, Device, DeviceMemoryResource, DeviceMemoryResourceOptions, Event, EventOptions, FillPattern,
+    LegacyPinnedMemoryResource, Stream, StreamOptions,
 };
 use cuda_mem_ipc::{Channel, IpcChannel, Received, spawn_with_channel};
 
@@ -44,7 +46,7 @@ fn main() -> Result<()> {
     device.set_current()?;
     let stream = Stream::new(device, StreamOptions::default().non_blocking())?;
     println!("[{who}] pid {}, {} on {driver}", std::process::id(), device.name()?);
-    if who == "parent" { parent(device, &stream) } else { child(&stream) }
+    if who == "parent" { parent(device, &stream) } else { child(device, &stream) }
 }
 
 fn parent(device: Device, stream: &Stream) -> Result<()> {
@@ -53,15 +55,21 @@ fn parent(device: Device, stream: &Stream) -> Result<()> {
     let mut second = pool.allocate(SIZE, stream)?;
     first.fill(FillPattern::U32(FIRST), stream)?;
     second.fill(FillPattern::U32(SECOND), stream)?;
-    // What the child reads must be written first.
-    stream.synchronize()?;
-    println!("[parent] filled two buffers of {SIZE} bytes with {FIRST:#010x} and {SECOND:#010x}");
+    // What the child reads must be written first: an interprocess event after the fills, which
+    // the child's stream waits for (no host synchronization here).
+    let filled = Event::new(device, EventOptions::default().interprocess())?;
+    filled.record(stream)?;
+    println!("[parent] enqueued fills of two buffers of {SIZE} bytes with {FIRST:#010x} and {SECOND:#010x}");
 
     let (mut process, channel) = spawn_with_channel(Command::new(std::env::current_exe()?).env(CHILD, "1"))?;
     let channel = IpcChannel::new(channel);
-    channel.send_buffers(&[&first, &second])?;
-    println!("[parent] sent the pool and both buffers to the child (pid {})", process.id());
+    channel.send_buffers_after(&filled, &[&first, &second])?;
+    println!("[parent] sent the pool, both buffers and the event after the fills to the child (pid {})", process.id());
 
+    // The child's event: our stream waits for its write before we read.
+    let Received::Event(_) = channel.recv(stream)? else {
+        return Err("expected the child's event".into());
+    };
     match channel.recv(stream)? {
         Received::Data(text) => println!("[parent] the child says: {}", String::from_utf8_lossy(&text)),
         other => return Err(format!("expected the child's word, got {other:?}").into()),
@@ -69,6 +77,8 @@ fn parent(device: Device, stream: &Stream) -> Result<()> {
     check(&first, FROM_CHILD, stream)?;
     check(&second, SECOND, stream)?;
     println!("[parent] the first buffer now holds the child's {FROM_CHILD:#010x}; the second is unchanged");
+    // The child holds its event until we have used it.
+    channel.send_data(b"bye")?;
 
     let status = process.wait()?;
     if !status.success() {
@@ -80,7 +90,7 @@ fn parent(device: Device, stream: &Stream) -> Result<()> {
     Ok(())
 }
 
-fn child(stream: &Stream) -> Result<()> {
+fn child(device: Device, stream: &Stream) -> Result<()> {
     // SAFETY: this process was started by `parent` through `spawn_with_channel`, and nothing in
     // it but this call adopts inherited descriptors.
     let channel = IpcChannel::new(unsafe { Channel::from_env() }?);
@@ -88,6 +98,7 @@ fn child(stream: &Stream) -> Result<()> {
         return Err("expected the pool first".into());
     };
     println!("[child ] mapped pool {} ({:?})", pool.uuid(), pool.kind());
+    // The stream waits (on the GPU) for the parent's event before the buffers are handed over.
     let Received::Buffers(mut buffers) = channel.recv(stream)? else {
         return Err("expected the buffers".into());
     };
@@ -98,9 +109,15 @@ fn child(stream: &Stream) -> Result<()> {
     println!("[child ] both hold what the parent wrote");
 
     buffers[0].fill(FillPattern::U32(FROM_CHILD), stream)?;
-    // The parent reads it after our word: finish writing first.
-    stream.synchronize()?;
-    channel.send_data(format!("wrote {FROM_CHILD:#010x} into the first buffer").as_bytes())?;
+    // The parent reads it after our event, which its stream waits for.
+    let written = Event::new(device, EventOptions::default().interprocess())?;
+    written.record(stream)?;
+    channel.send_event(&written)?;
+    channel.send_data(format!("enqueued {FROM_CHILD:#010x} into the first buffer").as_bytes())?;
+    // Keep the event (and the mapped buffers) until the parent is done with them.
+    let Received::Data(_) = channel.recv(stream)? else {
+        return Err("expected the parent's goodbye".into());
+    };
     Ok(())
 }
 

@@ -104,6 +104,12 @@ pub enum DecodeError {
     /// The resource UUID is nil.
     #[error("resource UUID is nil, expected the exporting resource's UUID")]
     NilResource,
+    /// An event descriptor's event id is zero (an [`EventDescriptor`](crate::EventDescriptor)).
+    #[error("event id is 0, expected the exporting process's nonzero id of the event")]
+    NoEventId,
+    /// An event descriptor's handle is all zeros, which names no event.
+    #[error("event handle is all zeros, expected the driver's handle of an interprocess event")]
+    EmptyEventHandle,
 }
 
 /// Bytes shown as an escaped byte string, such as `b"CUMEMBUF"`.

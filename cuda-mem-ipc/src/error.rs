@@ -11,8 +11,10 @@ use cuda_mem_core::PoolKind;
 /// - a failed driver call or core-library check ([`IpcError::Core`]);
 /// - a failed system call, with what was being done ([`IpcError::Io`]);
 /// - bytes or messages from the peer that do not follow the format ([`IpcError::Decode`],
-///   `IpcError::VirtualBufferDecode` (feature `vmm`), [`IpcError::Protocol`]): the peer is
-///   broken, incompatible or hostile;
+///   [`IpcError::EventDecode`], `IpcError::VirtualBufferDecode` (feature `vmm`),
+///   [`IpcError::Protocol`]): the peer is broken, incompatible or hostile;
+/// - an event the peer sent that the driver will not open ([`IpcError::EventImport`]): the peer
+///   destroyed it too early, or sent a bad handle;
 /// - a message of a kind this build receives only with a feature it lacks
 ///   ([`IpcError::NotReceivable`]): the channel goes on;
 /// - the peer going away ([`IpcError::PeerClosed`]);
@@ -59,6 +61,30 @@ pub enum IpcError {
          or the bytes were damaged in transit, so nothing was imported"
     )]
     Decode(#[from] DecodeError),
+
+    /// An event descriptor received from a peer is malformed; no event was opened and no
+    /// stream waits for one (a buffers message that came with it imported none of its buffers).
+    #[error(
+        "invalid event descriptor: {0}; the peer is not a compatible cuda-mem-ipc exporter or the bytes were \
+         damaged in transit, so no event was opened and nothing was imported"
+    )]
+    EventDecode(#[source] DecodeError),
+
+    /// The driver refused to open the interprocess event a peer sent; no stream waits for it
+    /// (a buffers message that came with it imported none of its buffers), and the channel is
+    /// still usable.
+    #[error(
+        "the peer's event (its id {id}) could not be opened: {source}; the peer must hold the event (not destroy it, \
+         not exit) until this side has received it, and the handle must be the driver's; nothing was imported and \
+         the channel is still usable"
+    )]
+    EventImport {
+        /// The exporting process's id of the event.
+        id: u64,
+        /// The core library's error (the driver's refusal).
+        #[source]
+        source: cuda_mem_core::Error,
+    },
 
     /// A virtual buffer received from a peer is malformed (feature `vmm`); nothing was imported
     /// and the file descriptors that came with it are closed.
@@ -364,6 +390,11 @@ mod tests {
                  RLIMIT_NOFILE",
             ),
             (IpcError::Decode(DecodeError::NilResource), "invalid buffer descriptor: "),
+            (IpcError::EventDecode(DecodeError::NoEventId), "invalid event descriptor: event id is 0"),
+            (
+                IpcError::EventImport { id: 7, source: cuda_mem_core::Error::EventNotInterprocess },
+                "the peer's event (its id 7) could not be opened: ",
+            ),
         ];
         for (error, needle) in cases {
             let text = error.to_string();

@@ -50,6 +50,7 @@
 //! | `channel` | [`Channel`] (framing, descriptors, errors and threads are documented there), [`ChannelListener`], [`RawMessage`], the limits [`MAX_PAYLOAD_LEN`] and [`MAX_FDS`] |
 //! | `spawn` | [`spawn_with_channel`] and the environment it sets, [`CHANNEL_FD_ENV`], [`CHANNEL_INODE_ENV`] |
 //! | `descriptor` | [`BufferDescriptor`] and its encoding ([`ENCODED_LEN`], [`MAGIC`], [`VERSION`], [`MAX_BUFFER_SIZE`]), [`DecodeError`] |
+//! | `event` | [`EventDescriptor`] (an interprocess event on the wire) and its encoding ([`EVENT_ENCODED_LEN`], [`EVENT_MAGIC`], [`EVENT_VERSION`]) |
 //! | `share` | the exporting side: [`allocation_handle`] ([`AllocationHandle`]) and [`buffer_descriptor`] |
 //! | `mapped` | [`MappedMemoryResource`], the process-wide [`registry()`] of them, [`lookup`] |
 //! | `registry` | [`Registry`] |
@@ -133,9 +134,12 @@
 //! # Sharing a pool between two processes
 //!
 //! The parent sends buffers over an [`IpcChannel`] (each buffer's pool goes first, once per
-//! channel); the child maps them and uses the same memory. Whoever writes synchronizes its stream
-//! before telling the other side. The receiving channel keeps each pool it receives (the
-//! [`Received::Resource`] may be dropped at once) for as long as it lives, or until
+//! channel); the child maps them and uses the same memory. Whoever writes hands over with an
+//! interprocess event instead of synchronizing on the host: it records the event after its work
+//! and sends it with the buffers ([`IpcChannel::send_buffers_after`]) or alone
+//! ([`IpcChannel::send_event`]); the receiving [`IpcChannel::recv`] makes its stream wait for it
+//! on the GPU (see [`IpcChannel`], *Events*). The receiving channel keeps each pool it receives
+//! (the [`Received::Resource`] may be dropped at once) for as long as it lives, or until
 //! [`IpcChannel::release_resource`]; buffers keep their pool alive themselves. A complete program
 //! is `examples/two_process.rs` (`cargo run -p cuda-mem-ipc --example two_process`).
 //!
@@ -146,37 +150,44 @@
 //! ```no_run
 //! use std::process::Command;
 //! use cuda_mem_core::{
-//!     Device, DeviceMemoryResource, DeviceMemoryResourceOptions, FillPattern, MemoryResourceExt, Stream,
-//!     StreamOptions,
+//!     Device, DeviceMemoryResource, DeviceMemoryResourceOptions, Event, EventOptions, FillPattern, MemoryResourceExt,
+//!     Stream, StreamOptions,
 //! };
 //! use cuda_mem_ipc::{Channel, IpcChannel, Received, spawn_with_channel};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let device = Device::new(0)?;
 //! let stream = Stream::new(device, StreamOptions::default().non_blocking())?;
+//! // The event that hands the work over: interprocess (timing off).
+//! let handed_over = Event::new(device, EventOptions::default().interprocess())?;
 //! if std::env::var_os("I_AM_THE_CHILD").is_none() {
-//!     // The parent: an IPC-enabled pool, a buffer written (and synchronized), then sent.
+//!     // The parent: an IPC-enabled pool, a buffer filled on the stream, then sent with an
+//!     // event recorded after the fill (no host synchronization).
 //!     let pool = DeviceMemoryResource::new(device, DeviceMemoryResourceOptions::default().ipc_enabled(true))?;
 //!     let mut buffer = pool.allocate(1 << 20, &stream)?;
 //!     buffer.fill(FillPattern::U8(1), &stream)?;
-//!     stream.synchronize()?;
+//!     handed_over.record(&stream)?;
 //!     let mut command = Command::new(std::env::current_exe()?);
 //!     let (mut child, channel) = spawn_with_channel(command.env("I_AM_THE_CHILD", "1"))?;
 //!     let channel = IpcChannel::new(channel);
-//!     channel.send_buffers(&[&buffer])?; // the pool, then the buffer
-//!     let Received::Data(reply) = channel.recv(&stream)? else { panic!("expected the child's word") };
-//!     assert_eq!(reply, b"written"); // `buffer` now holds the child's 2s
+//!     channel.send_buffers_after(&handed_over, &[&buffer])?; // the pool, then the buffer and event
+//!     // The child's event: `stream` waits for the child's write.
+//!     let Received::Event(_) = channel.recv(&stream)? else { panic!("expected the child's event") };
+//!     // Work enqueued on `stream` from here sees the child's 2s in `buffer`.
+//!     channel.send_data(b"done")?; // the child may let its event go
 //!     child.wait()?;
 //! } else {
-//!     // The child: map the pool and the buffer, write, synchronize, tell the parent.
+//!     // The child: map the pool and the buffer (`stream` waits for the parent's fill), write,
+//!     // hand the write back with its own event.
 //!     // SAFETY: this process was started by the parent branch through `spawn_with_channel`,
 //!     // and nothing in it but this call adopts inherited descriptors.
 //!     let channel = IpcChannel::new(unsafe { Channel::from_env() }?);
 //!     let Received::Resource(_) = channel.recv(&stream)? else { panic!("expected the pool") };
 //!     let Received::Buffers(mut buffers) = channel.recv(&stream)? else { panic!("expected buffers") };
 //!     buffers[0].fill(FillPattern::U8(2), &stream)?;
-//!     stream.synchronize()?;
-//!     channel.send_data(b"written")?;
+//!     handed_over.record(&stream)?;
+//!     channel.send_event(&handed_over)?;
+//!     let Received::Data(_) = channel.recv(&stream)? else { panic!("expected the parent's word") };
 //! }
 //! # Ok(())
 //! # }
@@ -185,6 +196,7 @@
 mod channel;
 mod descriptor;
 mod error;
+mod event;
 mod mapped;
 mod protocol;
 mod registry;
@@ -196,6 +208,7 @@ mod virtual_buffer;
 pub use channel::{Channel, ChannelListener, MAX_FDS, MAX_PAYLOAD_LEN, RawMessage};
 pub use descriptor::{BufferDescriptor, DecodeError, ENCODED_LEN, MAGIC, MAX_BUFFER_SIZE, VERSION};
 pub use error::{IpcError, Result};
+pub use event::{EVENT_ENCODED_LEN, EVENT_MAGIC, EVENT_VERSION, EventDescriptor};
 pub use mapped::{MappedMemoryResource, lookup, registry};
 pub use protocol::{IpcChannel, MAX_BUFFERS_PER_MESSAGE, Received};
 pub use registry::Registry;

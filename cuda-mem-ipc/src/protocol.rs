@@ -6,12 +6,13 @@ use std::collections::{HashMap, HashSet};
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use cuda_mem_core::{Buffer, Device, MemoryResource, PoolKind, ScopedBuffer, Stream};
+use cuda_mem_core::{Buffer, Device, Event, MemoryResource, PoolKind, ScopedBuffer, Stream};
 use uuid::Uuid;
 
 use crate::channel::{Channel, RawMessage};
 use crate::descriptor::{BufferDescriptor, ENCODED_LEN};
 use crate::error::{IpcError, Result};
+use crate::event::{EVENT_ENCODED_LEN, EventDescriptor};
 use crate::mapped::MappedMemoryResource;
 use crate::share::{allocation_handle, buffer_descriptor};
 
@@ -20,6 +21,8 @@ const RESOURCE: u16 = 1;
 const BUFFERS: u16 = 2;
 const DATA: u16 = 3;
 pub(crate) const VIRTUAL_BUFFER: u16 = 4;
+const EVENT: u16 = 5;
+const BUFFERS_AFTER_EVENT: u16 = 6;
 const RESOURCE_LEN: usize = 40;
 /// The most buffers one message may carry.
 pub const MAX_BUFFERS_PER_MESSAGE: usize = 65_536;
@@ -34,6 +37,10 @@ pub enum Received {
     Buffers(Vec<Buffer>),
     /// The peer's own bytes.
     Data(Vec<u8>),
+    /// An interprocess event of the peer, opened here (or the one opened when it came before):
+    /// the stream given to [`IpcChannel::recv`] already waits for its latest recording. Other
+    /// streams may wait for it too ([`Stream::wait`]); the channel keeps it.
+    Event(Arc<Event>),
     /// A virtual buffer (feature `vmm`), mapped with the resource registered for where its
     /// memory lives.
     #[cfg(feature = "vmm")]
@@ -51,8 +58,28 @@ pub enum Received {
 /// | 2, buffers | count (u32 LE), then `count` encoded [`BufferDescriptor`]s | none |
 /// | 3, data | the application's bytes | none |
 /// | 4, virtual buffer (feature `vmm`) | an encoded `SharedVirtualBuffer` (its layout: `SharedVirtualBuffer`'s docs) | one per chunk (POSIX-fd handles), none (fabric handles) |
+/// | 5, event | an encoded [`EventDescriptor`] | none |
+/// | 6, buffers after an event | an encoded [`EventDescriptor`], then what a buffers message carries | none |
 ///
-/// One channel carries all of them, in any order. A virtual buffer is imported with the
+/// One channel carries all of them, in any order.
+///
+/// # Events: the receiver's stream waits on the GPU
+///
+/// The usual hand-off: the sender enqueues work on a stream, records an interprocess event
+/// (created with [`EventOptions::interprocess`](cuda_mem_core::EventOptions::interprocess)) on
+/// it and sends the buffers with the event ([`IpcChannel::send_buffers_after`]), or the event
+/// alone ([`IpcChannel::send_event`]) to say "what I enqueued so far is yours once done". The
+/// receiver's [`IpcChannel::recv`] opens the event and makes the stream it is given wait for
+/// it (`cuStreamWaitEvent`) before it hands over the buffers: work the receiver then enqueues on
+/// that stream runs after the sender's, and neither side waits on the host. The sender may
+/// record the same event again and send it again; the receiver opens each event once per
+/// channel, by the sender's [`Event::id`] (kept until the channel drops, or
+/// [`IpcChannel::release_events`]), and each wait is for the latest recording. The sender must
+/// keep the event alive until the receiver has received it (the driver opens an event only while
+/// its exporter holds it): an event it destroyed too early is an [`IpcError::EventImport`]
+/// there, after which the channel goes on.
+///
+/// A virtual buffer is imported with the
 /// `VirtualMemoryResource` the receiver registered for where its memory lives
 /// (`IpcChannel::import_virtual_buffers_into`); a build without the `vmm` feature refuses kind 4
 /// saying so, and closes its descriptors.
@@ -81,6 +108,8 @@ pub struct IpcChannel {
     /// The resources received on this channel, by the UUID the peer named them with: buffers
     /// map through these only, and they live as long as the channel (or until released).
     received: Mutex<HashMap<Uuid, Arc<MappedMemoryResource>>>,
+    /// The peer's events opened on this channel, by the peer's id of each.
+    events: Mutex<HashMap<u64, Arc<Event>>>,
     /// The resources virtual buffers are imported with, one per location.
     #[cfg(feature = "vmm")]
     pub(crate) virtual_buffer_importers: crate::virtual_buffer::VirtualBufferImporters,
@@ -93,6 +122,7 @@ impl IpcChannel {
             channel,
             sent: Mutex::new(HashSet::new()),
             received: Mutex::new(HashMap::new()),
+            events: Mutex::new(HashMap::new()),
             #[cfg(feature = "vmm")]
             virtual_buffer_importers: Default::default(),
         }
@@ -129,6 +159,52 @@ impl IpcChannel {
         drop(released);
     }
 
+    /// Lets go of every event of the peer opened on this channel (they are closed once no
+    /// [`Received::Event`] holds them either). An event the peer sends again is opened again.
+    pub fn release_events(&self) {
+        let released = std::mem::take(&mut *self.events());
+        drop(released);
+    }
+
+    /// How many of the peer's events this channel keeps open.
+    pub fn open_events(&self) -> usize {
+        self.events().len()
+    }
+
+    fn events(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<Event>>> {
+        // Every operation leaves the map consistent, so a panic elsewhere cannot corrupt it.
+        self.events.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The peer's event `descriptor` names, opened on `stream`'s device the first time it
+    /// arrives (then kept by the peer's id), and `stream` made to wait for it.
+    fn wait_for_event(&self, descriptor: EventDescriptor, stream: &Stream) -> Result<Arc<Event>> {
+        let event = {
+            let mut events = self.events();
+            match events.get(&descriptor.id) {
+                Some(event) if event.ipc_handle().ok() == Some(descriptor.handle) => Arc::clone(event),
+                Some(_) => {
+                    return Err(IpcError::Protocol(format!(
+                        "the peer sent its event {} with another handle than before: an id names one event",
+                        descriptor.id
+                    )));
+                }
+                None => {
+                    // Another id with the same handle names an event the peer has destroyed
+                    // since (the driver gave its handle to this new one): let it go.
+                    events.retain(|_, event| event.ipc_handle().ok() != Some(descriptor.handle));
+                    let opened = Event::from_ipc_handle(stream.device(), &descriptor.handle)
+                        .map_err(|source| IpcError::EventImport { id: descriptor.id, source })?;
+                    let opened = Arc::new(opened);
+                    events.insert(descriptor.id, Arc::clone(&opened));
+                    opened
+                }
+            }
+        };
+        stream.wait(&event)?;
+        Ok(event)
+    }
+
     /// Sends a pool resource (its file descriptor and UUID). Sending it again sends it again;
     /// the receiver's registry turns the second one into a hit.
     ///
@@ -158,6 +234,40 @@ impl IpcChannel {
     /// [`IpcError::MessageTooLarge`] for more buffers than one message carries (nothing is
     /// sent); [`IpcError::NotIpcEnabled`] for buffers that cannot be shared; channel errors.
     pub fn send_buffers(&self, buffers: &[&ScopedBuffer<'_>]) -> Result<()> {
+        let payload = self.buffers_payload(Vec::new(), buffers)?;
+        self.channel.send(BUFFERS, &payload, &[])
+    }
+
+    /// Sends buffers with an interprocess event, in one message: the receiver's stream waits for
+    /// the event's latest recording (on the GPU) before the buffers are handed over (see
+    /// [`IpcChannel`], *Events*). Record `event` on the stream of the work the receiver must wait
+    /// for, then send; keep `event` alive until the receiver has received it.
+    ///
+    /// # Errors
+    /// [`cuda_mem_core::Error::EventNotInterprocess`] (as [`IpcError::Core`]) for an event
+    /// created without [`EventOptions::interprocess`](cuda_mem_core::EventOptions::interprocess);
+    /// as [`IpcChannel::send_buffers`]. Nothing is sent on an error before the message.
+    pub fn send_buffers_after(&self, event: &Event, buffers: &[&ScopedBuffer<'_>]) -> Result<()> {
+        let descriptor = EventDescriptor::of(event)?;
+        let payload = self.buffers_payload(descriptor.encode().to_vec(), buffers)?;
+        self.channel.send(BUFFERS_AFTER_EVENT, &payload, &[])
+    }
+
+    /// Sends an interprocess event: the receiver's stream waits for its latest recording (see
+    /// [`IpcChannel`], *Events*). Keep `event` alive until the receiver has received it.
+    ///
+    /// # Errors
+    /// [`cuda_mem_core::Error::EventNotInterprocess`] (as [`IpcError::Core`]) for an event
+    /// created without [`EventOptions::interprocess`](cuda_mem_core::EventOptions::interprocess);
+    /// channel errors.
+    pub fn send_event(&self, event: &Event) -> Result<()> {
+        let descriptor = EventDescriptor::of(event)?;
+        self.channel.send(EVENT, &descriptor.encode(), &[])
+    }
+
+    /// `payload` followed by a buffers message's payload for `buffers`, after sending each
+    /// resource not yet sent on this channel.
+    fn buffers_payload(&self, mut payload: Vec<u8>, buffers: &[&ScopedBuffer<'_>]) -> Result<Vec<u8>> {
         if buffers.len() > MAX_BUFFERS_PER_MESSAGE {
             return Err(IpcError::MessageTooLarge {
                 what: "number of buffers",
@@ -172,12 +282,12 @@ impl IpcChannel {
                 self.send_resource(resource)?;
             }
         }
-        let mut payload = Vec::with_capacity(4 + descriptors.len() * ENCODED_LEN);
+        payload.reserve(4 + descriptors.len() * ENCODED_LEN);
         payload.extend_from_slice(&(descriptors.len() as u32).to_le_bytes());
         for descriptor in &descriptors {
             payload.extend_from_slice(&descriptor.encode());
         }
-        self.channel.send(BUFFERS, &payload, &[])
+        Ok(payload)
     }
 
     /// Sends the application's bytes.
@@ -211,7 +321,16 @@ impl IpcChannel {
         let message = self.channel.recv()?;
         match message.kind {
             RESOURCE => self.receive_resource(message).map(Received::Resource),
-            BUFFERS => self.receive_buffers(&message, stream).map(Received::Buffers),
+            BUFFERS => self.receive_buffers(&message, &message.payload, None, stream).map(Received::Buffers),
+            BUFFERS_AFTER_EVENT => {
+                let (event, buffers) = split_event(&message.payload)?;
+                self.receive_buffers(&message, buffers, Some(event), stream).map(Received::Buffers)
+            }
+            EVENT => {
+                expect_no_fds(&message)?;
+                let event = decode_event(&message.payload)?;
+                self.wait_for_event(event, stream).map(Received::Event)
+            }
             DATA => {
                 expect_no_fds(&message)?;
                 Ok(Received::Data(message.payload))
@@ -278,9 +397,15 @@ impl IpcChannel {
         Ok(resource)
     }
 
-    fn receive_buffers(&self, message: &RawMessage, stream: &Stream) -> Result<Vec<Buffer>> {
+    /// Maps the buffers `payload` describes; with `event`, makes `stream` wait for it first.
+    fn receive_buffers(
+        &self,
+        message: &RawMessage,
+        payload: &[u8],
+        event: Option<EventDescriptor>,
+        stream: &Stream,
+    ) -> Result<Vec<Buffer>> {
         expect_no_fds(message)?;
-        let payload = &message.payload;
         let count = payload
             .get(..4)
             .and_then(|b| b.try_into().ok())
@@ -311,6 +436,9 @@ impl IpcChannel {
                 .map(|d| received.get(&d.resource).cloned().ok_or(IpcError::UnknownResource(d.resource)))
                 .collect::<Result<Vec<_>>>()?
         };
+        if let Some(event) = event {
+            self.wait_for_event(event, stream)?;
+        }
         let mut buffers = Vec::with_capacity(count);
         for (descriptor, resource) in descriptors.iter().zip(&resources) {
             // On an error the buffers imported so far drop here and are released.
@@ -328,10 +456,132 @@ pub(crate) fn visible_device(uuid: Uuid, sender_ordinal: i32) -> Result<Device> 
     Device::with_uuid(*uuid.as_bytes())?.ok_or(IpcError::DeviceNotVisible { uuid, sender_ordinal })
 }
 
+fn decode_event(bytes: &[u8]) -> Result<EventDescriptor> {
+    EventDescriptor::decode(bytes).map_err(IpcError::EventDecode)
+}
+
+/// A buffers-after-event payload's event and the buffers payload after it.
+fn split_event(payload: &[u8]) -> Result<(EventDescriptor, &[u8])> {
+    if payload.len() < EVENT_ENCODED_LEN {
+        return Err(IpcError::Protocol(format!(
+            "a buffers-after-event message shorter than its event descriptor ({} bytes, at least {EVENT_ENCODED_LEN} \
+             expected)",
+            payload.len()
+        )));
+    }
+    let (event, buffers) = payload.split_at(EVENT_ENCODED_LEN);
+    Ok((decode_event(event)?, buffers))
+}
+
 fn expect_no_fds(message: &RawMessage) -> Result<()> {
     if message.fds.is_empty() {
         Ok(())
     } else {
         Err(IpcError::Protocol(format!("{} unexpected file descriptors with a message", message.fds.len())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cuda_mem_core::{
+        DeviceMemoryResource, DeviceMemoryResourceOptions, EventOptions, IpcEventHandle, StreamOptions,
+    };
+
+    fn setup() -> (Device, Stream, Channel, IpcChannel) {
+        cuda_sim::testing::driver().expect("the test driver loads");
+        let device = Device::new(0).unwrap();
+        let stream = Stream::new(device, StreamOptions::default().non_blocking()).unwrap();
+        let (raw, receiver) = Channel::pair().unwrap();
+        (device, stream, raw, IpcChannel::new(receiver))
+    }
+
+    /// The channel is still in step after a refused message: the next one arrives.
+    fn still_usable(raw: &Channel, receiver: &IpcChannel, stream: &Stream) {
+        raw.send(DATA, b"next", &[]).unwrap();
+        assert!(matches!(receiver.recv(stream), Ok(Received::Data(bytes)) if bytes == b"next"));
+    }
+
+    #[test]
+    fn malformed_event_messages_are_refused_and_the_channel_goes_on() {
+        let (device, stream, raw, receiver) = setup();
+        let event = Event::new(device, EventOptions::default().interprocess()).unwrap();
+        let good = EventDescriptor::of(&event).unwrap().encode();
+
+        raw.send(EVENT, &good[..40], &[]).unwrap();
+        let error = receiver.recv(&stream).unwrap_err();
+        assert!(
+            matches!(error, IpcError::EventDecode(crate::DecodeError::Length { expected: 92, found: 40 })),
+            "{error:?}"
+        );
+        assert!(error.to_string().contains("invalid event descriptor"), "{error}");
+        still_usable(&raw, &receiver, &stream);
+
+        let mut damaged = good;
+        damaged[30] ^= 0xff;
+        raw.send(EVENT, &damaged, &[]).unwrap();
+        assert!(matches!(receiver.recv(&stream), Err(IpcError::EventDecode(crate::DecodeError::Checksum { .. }))));
+        still_usable(&raw, &receiver, &stream);
+
+        // Shorter than the event it must start with.
+        raw.send(BUFFERS_AFTER_EVENT, &good[..10], &[]).unwrap();
+        let error = receiver.recv(&stream).unwrap_err();
+        assert!(matches!(&error, IpcError::Protocol(text) if text.contains("shorter than its event")), "{error}");
+        // A damaged event with well-formed buffers: nothing is imported.
+        let mut payload = damaged.to_vec();
+        payload.extend_from_slice(&0u32.to_le_bytes());
+        raw.send(BUFFERS_AFTER_EVENT, &payload, &[]).unwrap();
+        assert!(matches!(receiver.recv(&stream), Err(IpcError::EventDecode(_))));
+        still_usable(&raw, &receiver, &stream);
+        assert_eq!(receiver.open_events(), 0);
+    }
+
+    #[test]
+    fn an_event_the_driver_will_not_open_is_an_import_error_and_nothing_is_kept() {
+        let (device, stream, raw, receiver) = setup();
+        // The simulator opens no handle in the process that exported it (nor a forged one): the
+        // case of a peer that destroyed its event, or sent bytes that name none.
+        let event = Event::new(device, EventOptions::default().interprocess()).unwrap();
+        let mut forged = [0x5a; 64];
+        forged[0] = 1;
+        for descriptor in [
+            EventDescriptor::of(&event).unwrap(),
+            EventDescriptor { id: 99, handle: IpcEventHandle::from_bytes(forged) },
+        ] {
+            raw.send(EVENT, &descriptor.encode(), &[]).unwrap();
+            let error = receiver.recv(&stream).unwrap_err();
+            assert!(matches!(error, IpcError::EventImport { id, .. } if id == descriptor.id), "{error:?}");
+            assert_eq!(error.cuda_code(), Some(cuda_mem_core::sys::types::CUresult::CUDA_ERROR_INVALID_VALUE));
+            assert!(error.to_string().contains("could not be opened"), "{error}");
+            still_usable(&raw, &receiver, &stream);
+        }
+        assert_eq!(receiver.open_events(), 0, "nothing half-opened is kept");
+        // The buffers that came with such an event are not imported (none is mapped, and the
+        // stream still works).
+        let pool = DeviceMemoryResource::new(device, DeviceMemoryResourceOptions::default().ipc_enabled(true)).unwrap();
+        let buffer = pool.allocate(256, &stream).unwrap();
+        let sender = IpcChannel::new(raw);
+        sender.send_buffers_after(&event, &[&buffer]).unwrap();
+        assert!(matches!(receiver.recv(&stream), Ok(Received::Resource(_))));
+        let error = receiver.recv(&stream).unwrap_err();
+        assert!(matches!(error, IpcError::EventImport { .. }), "{error:?}");
+        assert_eq!(cuda_mem_core::import_holders(buffer.ptr()), 0, "no buffer mapped");
+        stream.synchronize().unwrap();
+    }
+
+    #[test]
+    fn events_that_are_not_interprocess_are_refused_before_anything_is_sent() {
+        let (device, stream, raw, receiver) = setup();
+        let sender = IpcChannel::new(raw);
+        let plain = Event::new(device, Default::default()).unwrap();
+        let error = sender.send_event(&plain).unwrap_err();
+        assert!(matches!(error, IpcError::Core(cuda_mem_core::Error::EventNotInterprocess)), "{error:?}");
+        let pool = DeviceMemoryResource::new(device, DeviceMemoryResourceOptions::default().ipc_enabled(true)).unwrap();
+        let buffer = pool.allocate(256, &stream).unwrap();
+        let error = sender.send_buffers_after(&plain, &[&buffer]).unwrap_err();
+        assert!(matches!(error, IpcError::Core(cuda_mem_core::Error::EventNotInterprocess)), "{error:?}");
+        // Nothing went out: the next message is the first.
+        sender.send_data(b"first").unwrap();
+        assert!(matches!(receiver.recv(&stream), Ok(Received::Data(bytes)) if bytes == b"first"));
     }
 }

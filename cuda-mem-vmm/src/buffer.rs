@@ -18,10 +18,14 @@ use crate::resource::VirtualMemoryResource;
 /// The memory goes when the last buffer mapping it is gone (grown buffers share chunks with the
 /// buffers they grew from), after the work enqueued through it: unmapping is not stream-ordered,
 /// so its stream is synchronized first. If that stream is capturing when the buffer is dropped,
-/// neither happens then: the release is deferred until the capture has ended (see
-/// [`release_deferred`](crate::release_deferred)) and recorded
-/// ([`take_drop_errors`](cuda_mem_core::take_drop_errors)); [`close`](VirtualBuffer::close)
-/// refuses instead and gives the buffer back.
+/// neither happens then. A capture begun through
+/// [`Stream::begin_capture`](cuda_mem_core::Stream::begin_capture) takes the memory: it is
+/// unmapped once the graph and every executable graph made from it are gone and their launches
+/// done. Another capture (begun through a raw handle) cannot be followed: the release is
+/// deferred until it has ended (see [`release_deferred`](crate::release_deferred)) and recorded
+/// ([`take_drop_errors`](cuda_mem_core::take_drop_errors)), so its graph must not be launched
+/// after that. [`close`](VirtualBuffer::close) refuses a capturing stream instead and gives the
+/// buffer back.
 ///
 /// ```compile_fail
 /// # use cuda_mem_core::Buffer;

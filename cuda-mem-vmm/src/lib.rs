@@ -22,8 +22,12 @@
 //! Memory is freed when the last buffer mapping it is dropped, after the work of its stream:
 //! unmapping is not stream-ordered, so the buffer's stream is synchronized first. A capturing
 //! stream is never synchronized and memory it may use never unmapped: dropping a buffer then
-//! defers its release until the capture has ended ([`release_deferred`]), and
-//! [`VirtualBuffer::close`] refuses, giving the buffer back.
+//! hands its memory to the capture when it was begun through
+//! [`Stream::begin_capture`](cuda_mem_core::Stream::begin_capture) (it stays mapped while the
+//! graph or any executable graph made from it lives, and until their launches are done), and
+//! otherwise (a capture begun through a raw handle, which cannot be followed) defers its release
+//! until the capture has ended ([`release_deferred`]: a graph from such a capture must not be
+//! launched after that); [`VirtualBuffer::close`] refuses, giving the buffer back.
 //!
 //! Errors are [`VmmError`]s, with variants to match on; a driver error stays their source and
 //! answers [`VmmError::cuda_code`].

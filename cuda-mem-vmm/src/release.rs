@@ -3,10 +3,17 @@
 //! Unmapping is not stream-ordered, so a range is let go of only once its stream has finished
 //! the work enqueued on it: the stream is synchronized first. A capturing stream must not be
 //! synchronized (on a GPU that invalidates the capture), and the work it records may still use
-//! the memory when the graph runs, so then nothing is unmapped: the range is kept, in one
-//! process-wide list, and let go of at a later safe point, once its stream is no longer
-//! capturing: the next allocation, growth, import or release of any virtual memory resource, the
-//! drop of one, or [`release_deferred`]. The capture status is read before any synchronizing
+//! the memory when the graph runs, so then nothing is unmapped. When the capture was begun
+//! through [`Stream::begin_capture`](cuda_mem_core::Stream::begin_capture), the range is handed
+//! to it ([`Stream::keep_alive_in_capture`](cuda_mem_core::Stream::keep_alive_in_capture)): it
+//! stays mapped as long as the graph and every executable graph made from it live, and until
+//! their launches are done. A capture this crate cannot follow (begun through a raw handle, or a
+//! stream that joined another's capture) cannot keep it: the range is kept, in one process-wide
+//! list, and let go of at a later safe point, once its stream is no longer capturing: the next
+//! allocation, growth, import or release of any virtual memory resource, the drop of one, or
+//! [`release_deferred`]. That is the limit of what can be done without knowing the capture: a
+//! graph from it launched after that point finds the memory unmapped, so begin captures that
+//! use virtual memory through `Stream::begin_capture`. The capture status is read before any synchronizing
 //! call; a failure to read it keeps the range too (unmapping memory that may be in use is never
 //! the fallback). A stream that fails to synchronize is waited for through an event recorded at
 //! its end instead; only when that fails too is the range kept.
@@ -59,12 +66,20 @@ pub(crate) fn release_after(range: Arc<Range>, stream: &Stream) -> Result<(), Vm
             drop(range);
             Ok(())
         }
-        Err(cause) => {
-            let (ptr, size) = (range.base, range.mapped_size());
-            deferred().push(Deferred { range, stream: stream.clone() });
-            Err(VmmError::ReleaseDeferred { ptr, size, cause })
+        Err(DeferCause::Capturing) => {
+            // A capture begun through `Stream::begin_capture` takes the range: it stays mapped
+            // while the graph, or any executable graph made from it, may use it.
+            stream.keep_alive_in_capture(range).map_err(|range| defer(range, stream, DeferCause::Capturing))
         }
+        Err(cause) => Err(defer(range, stream, cause)),
     }
+}
+
+/// Keeps `range` in the process-wide list until `stream` can be waited for.
+fn defer(range: Arc<Range>, stream: &Stream, cause: DeferCause) -> VmmError {
+    let (ptr, size) = (range.base, range.mapped_size());
+    deferred().push(Deferred { range, stream: stream.clone() });
+    VmmError::ReleaseDeferred { ptr, size, cause }
 }
 
 /// Releases the memory whose release was deferred (a virtual buffer dropped while its stream

@@ -3,13 +3,18 @@
 //! its release is deferred until the capture has ended, and happens at the next safe point
 //! (`release_deferred`, the next allocation, the resource's drop). `close` refuses a capturing
 //! stream and gives the buffer back. The same holds for plain buffers of the resource.
+//!
+//! Those captures are begun through the raw handle, which this crate cannot follow: the ranges
+//! wait in the process-wide list. A capture begun through `Stream::begin_capture` takes the
+//! range instead: it stays mapped as long as the graph (and every executable graph made from
+//! it) lives, past the end of the capture and every safe point.
 
 mod common;
 
 use common::*;
 use cuda_mem_core::sys::cu_call;
 use cuda_mem_core::sys::types::{CUstreamCaptureMode, CUstreamCaptureStatus};
-use cuda_mem_core::{DropError, FillPattern, MemoryResourceExt, Stream, take_drop_errors};
+use cuda_mem_core::{CaptureMode, DropError, FillPattern, MemoryResourceExt, Stream, take_drop_errors};
 use cuda_mem_vmm::{CloseError, VirtualMemoryResource, VmmError, release_deferred};
 
 /// Starts capturing `stream`, in relaxed mode (global mode would also police the calls other
@@ -173,5 +178,36 @@ fn a_plain_buffer_of_the_resource_freed_during_a_capture_waits_for_its_end() {
         end_capture(&s);
         assert_eq!(release_deferred(), 0);
         assert_eq!(sim_live(), baseline);
+    });
+}
+
+#[test]
+fn a_buffer_dropped_during_a_capture_of_this_crate_stays_mapped_while_its_graph_lives() {
+    machine!(&[], || {
+        let d0 = device(0);
+        let s = stream(d0);
+        let resource = VirtualMemoryResource::new(d0, Default::default()).unwrap();
+        let baseline = sim_live();
+        let _ = take_drop_errors();
+        let mut buffer = resource.allocate(G, Some(&s)).unwrap();
+        let plain = MemoryResourceExt::allocate(&resource, 1000, &s).unwrap();
+        let capture = s.begin_capture(CaptureMode::Relaxed).unwrap();
+        buffer.fill(FillPattern::U8(1), &s).unwrap();
+        drop((buffer, plain));
+        // Handed to the capture: not deferred, nothing recorded, the capture undisturbed.
+        assert!(take_drop_errors().is_empty(), "handed to the capture, not deferred");
+        assert!(capture.is_active().unwrap());
+        let mapped = baseline.map(|b| plus(b, 2, 2, 2));
+        assert_eq!(sim_live(), mapped);
+        let graph = capture.end().unwrap();
+        assert_eq!(graph.kept_alive(), 2);
+        // Past the capture's end and every safe point, while the graph may still be launched.
+        assert_eq!(release_deferred(), 0, "nothing in the process-wide list");
+        let other = resource.allocate(G, Some(&s)).unwrap();
+        drop(other);
+        assert_eq!(sim_live(), mapped, "still mapped: the graph may still use it");
+        drop(graph);
+        assert_eq!(sim_live(), baseline, "unmapped with the graph");
+        assert!(take_drop_errors().is_empty());
     });
 }

@@ -1,17 +1,41 @@
 """The Python child of `tests/tests/python_exchange.rs`: started by a Rust parent with
 `cuda_mem_ipc::spawn_with_channel`, it imports the parent's pools and buffers with cuda.core
-through `cuda_mem_exchange`, checks and rewrites them. Usage: `exchange_child.py roundtrip|mismatch`.
+through `cuda_mem_exchange`, checks and rewrites them. Usage: `exchange_child.py
+roundtrip|mismatch|events`.
 
 Protocol with the parent: the parent sends the seeds of its buffers (u32 LE each), then the
 buffers (each pool first); buffer i holds `pattern(seed_i)`; the child writes `pattern(seed_i +
 100)` into it and answers b"rewritten". In `mismatch`, a message of an unknown kind and a
 resource message of an unknown memory kind come first, each answered with the child's error text;
-then the round trip; then a frame of another version, answered likewise.
+then the round trip; then a frame of another version, answered likewise. In `events`, one buffer
+arrives behind the parent's IPC event (its fill is held pending there until this side says
+b"enqueued"): a copy enqueued on the receiving stream sees the fill; then this side fills the
+buffer with 9s and sends its own IPC event instead of synchronizing, kept until the parent's b"bye".
 """
+
+import ctypes
 
 import sys
 
+from cuda.core import EventOptions, LegacyPinnedMemoryResource
 from exchange_common import RECV_TIMEOUT, cx, expect, pattern, read_bytes, refused, setup, u32s, write_bytes
+
+
+def events(channel, stream) -> None:
+    expect(channel.recv(stream), cx.Resource)
+    (buffer,) = expect(channel.recv(stream), cx.Buffers).buffers
+    stage = LegacyPinnedMemoryResource().allocate(buffer.size, stream=stream)
+    stage.copy_from(buffer, stream=stream)
+    channel.send_data(b"enqueued")
+    stream.sync()
+    assert ctypes.string_at(int(stage.handle), buffer.size) == bytes([7]) * buffer.size, "the copy ran first"
+    buffer.fill(9, stream=stream)
+    written = stream.record(options=EventOptions(ipc_enabled=True))
+    channel.send_event(written)
+    assert expect(channel.recv(stream), cx.Data).data == b"bye"
+    for b in (stage, buffer):
+        b.close(stream)
+    stream.sync()
 
 
 def round_trip(channel, stream) -> None:
@@ -45,6 +69,10 @@ def main(mode: str) -> None:
         channel.send_data(text.encode())
         text = refused(channel, stream, cx.ProtocolError, "memory kind", "0 (device) or 1 (pinned)", "received 7")
         channel.send_data(text.encode())
+    if mode == "events":
+        events(channel, stream)
+        print(f"python-child: ok {mode}", flush=True)
+        return
     round_trip(channel, stream)
     if mode == "mismatch":
         text = refused(channel, stream, cx.ProtocolError, "frame version", "expected 1, received 2")

@@ -45,6 +45,7 @@ fn probe(out: &Path, args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
         .env_remove("CUDA_SIM_POOL_IMPORT")
         .env_remove("CUDA_SIM_POOL_HANDLES")
         .env_remove("CUDA_SIM_ADDRESS_HINTS")
+        .env_remove("CUDA_SIM_DEVICE_ATTRIBUTES")
         .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::piped());
@@ -121,6 +122,39 @@ fn every_question_is_answered_and_the_simulator_agrees_with_itself() {
          INVALIDATED | relaxed: another thread's cuStreamIsCapturing(per-thread) NONE, \
          cuMemAllocFromPoolAsync(per-thread) ok, cuMemAlloc ok, cuMemPoolCreate ok; the capture then ACTIVE"
     );
+    // The delays themselves are details (microseconds, varying from run to run): the
+    // simulator's waiter polls, at most about a millisecond late on an idle machine.
+    assert_eq!(
+        answer(&answers, "ipc-event"),
+        "without CU_EVENT_INTERPROCESS: CUDA_ERROR_INVALID_HANDLE; opened in the exporting process: \
+         CUDA_ERROR_INVALID_VALUE; another process's view before the recording completes: CUDA_ERROR_NOT_READY; then \
+         cuEventQuery sees it within 1 s, cuStreamWaitEvent sees it within 1 s"
+    );
+    let refused = "one page past the end CUDA_ERROR_INVALID_VALUE, spanning two CUDA_ERROR_INVALID_VALUE, cuMemAlloc \
+                   CUDA_ERROR_INVALID_VALUE, 0 bytes CUDA_ERROR_INVALID_VALUE";
+    assert_eq!(
+        answer(&answers, "managed-range-errors"),
+        format!(
+            "read-mostly: managed CUDA_SUCCESS, {refused}; preferred location: managed CUDA_SUCCESS, {refused}; \
+             prefetch: managed CUDA_SUCCESS, {refused}"
+        )
+    );
+    assert_eq!(
+        answer(&answers, "managed-ignored-location-ids"),
+        "fresh: preferred INVALID id CU_DEVICE_INVALID (legacy CU_DEVICE_INVALID), last prefetch INVALID id \
+         CU_DEVICE_INVALID (legacy CU_DEVICE_INVALID); after preferring and prefetching to the host (advice \
+         CUDA_SUCCESS, prefetch CUDA_SUCCESS): preferred HOST id CU_DEVICE_INVALID (legacy CU_DEVICE_CPU), last \
+         prefetch HOST id CU_DEVICE_INVALID (legacy CU_DEVICE_CPU)"
+    );
+    assert_eq!(
+        answer(&answers, "managed-pool-advice"),
+        "IS_MANAGED false; advice: read-mostly CUDA_SUCCESS, preferred location CUDA_SUCCESS, accessed by \
+         CUDA_SUCCESS; prefetch CUDA_SUCCESS; READ_MOSTLY reads 1"
+    );
+    assert_eq!(
+        answer(&answers, "managed-discard"),
+        "cuMemDiscardBatchAsync: CUDA_SUCCESS; the memory reads every byte 0xDB"
+    );
 
     let report = std::fs::read_to_string(out.0.join("probe.json")).expect("the report");
     for name in &names {
@@ -189,4 +223,21 @@ fn the_probe_sees_refused_address_hints() {
     let answers = answers(&output);
     let answer = answer(&answers, "address-hint");
     assert!(answer.contains("24/32"), "{answer}");
+}
+
+#[test]
+fn the_managed_probes_stop_where_devices_lack_concurrent_managed_access() {
+    if !cuda_sim::testing::simulator_only("CUDA_SIM_DEVICE_ATTRIBUTES is the simulator's") {
+        return;
+    }
+    let out = OutDir::new("managed");
+    let questions = ["managed-range-errors", "managed-ignored-location-ids", "managed-pool-advice", "managed-discard"];
+    // Attribute 89: CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS.
+    let (success, output) =
+        probe(&out.0, &questions, &[("CUDA_SIM_DEVICE_ATTRIBUTES", "89=0"), ("PROBE_COMPARE", "0")]);
+    assert!(success, "the probe failed:\n{output}");
+    let answers = answers(&output);
+    for name in questions {
+        assert_eq!(answer(&answers, name), "not applicable: device 0 has no concurrent managed access", "{output}");
+    }
 }

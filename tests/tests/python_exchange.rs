@@ -6,6 +6,10 @@
 //!   buffers, written here, are checked and rewritten there, and the new bytes are seen here.
 //! - Python parent (`tests/python/exchange_parent.py`), Rust child (this test binary, re-run for
 //!   one test with a role): the same, the other way.
+//! - Events: a buffer goes to the Python child behind an interprocess event recorded after a
+//!   fill held pending here, and the child's copy on its receiving stream sees the fill; the
+//!   child hands its own write back with a cuda.core IPC event, which this side's stream waits
+//!   for.
 //! - Mismatches: a message of an unknown kind, a pool of an unknown memory kind, a buffer
 //!   descriptor of another version and a frame of another version are refused on each side with
 //!   an error naming what was expected and what came; both processes go on (the round trip runs
@@ -27,7 +31,7 @@ use std::sync::Arc;
 
 use common::python::{PythonProcess, python, workspace};
 use common::*;
-use cuda_mem_core::{Buffer, MemoryResource, PoolKind, Stream};
+use cuda_mem_core::{Buffer, Event, EventOptions, MemoryResource, PoolKind, Stream};
 use cuda_mem_ipc::{CHANNEL_FD_ENV, CHANNEL_INODE_ENV, DecodeError, IpcChannel, IpcError, Received, allocation_handle};
 
 /// `python script mode`, with the simulator this process uses as its `libcuda.so.1` (on a real
@@ -109,7 +113,12 @@ fn rust_parent_python_child_mismatches() {
     // A kind the Python side does not know.
     channel.channel().send(77, b"an unknown kind", &[]).unwrap();
     let answer = String::from_utf8(expect_data(&channel, &stream)).unwrap();
-    assert!(answer.contains("expected 1 (resource), 2 (buffers) or 3 (data), received 77"), "{answer}");
+    assert!(
+        answer.contains(
+            "expected 1 (resource), 2 (buffers), 3 (data), 5 (event) or 6 (buffers after an event), received 77"
+        ),
+        "{answer}"
+    );
 
     // A pool described as memory kind 7, with its real descriptor.
     let handle = allocation_handle(&*pools[0]).unwrap();
@@ -132,6 +141,35 @@ fn rust_parent_python_child_mismatches() {
     let answer = String::from_utf8(expect_data(&channel, &stream)).unwrap();
     assert!(answer.contains("frame version: expected 1, received 2"), "{answer}");
     child.wait("python-child: ok mismatch");
+}
+
+#[test]
+fn rust_parent_python_child_events() {
+    let Some(python) = python() else { return };
+    let (device, stream) = setup();
+    let pool = device_pool(device);
+    let mut buffer = pool.allocate(4096, &stream).unwrap();
+    write_bytes(&mut buffer, &[1; 4096], &stream);
+    let (child, channel) = spawn_python_child(&python, "events");
+    // The fill is held pending until the child has enqueued its copy: only a stream that waits
+    // for the event sees it.
+    let (gate, _opens) = cuda_sim::testing::Gate::new();
+    // SAFETY: a live stream this test created, on this thread.
+    unsafe { gate.hold(cuda_sim::testing::driver().unwrap(), stream.handle()) }.unwrap();
+    buffer.fill(cuda_mem_core::FillPattern::U8(7), &stream).unwrap();
+    let filled = Event::new(device, EventOptions::default().interprocess()).unwrap();
+    filled.record(&stream).unwrap();
+    channel.send_buffers_after(&filled, &[&buffer]).unwrap();
+    expect_text(&channel, &stream, "enqueued");
+    // Time for a copy that did not wait to run before the fill (it would read the 1s).
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    gate.open();
+    // The child's cuda.core event: this stream waits for its fill of 9s.
+    let Ok(Received::Event(written)) = channel.recv(&stream) else { panic!("expected the child's event") };
+    assert!(written.is_imported());
+    assert_eq!(read_bytes(&buffer, &stream), vec![9; 4096], "read after the child's fill");
+    channel.send_data(b"bye").unwrap();
+    child.wait("python-child: ok events");
 }
 
 /// Runs the Python parent, whose child is this test binary re-run for `test` only.

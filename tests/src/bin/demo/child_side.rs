@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use cuda_mem_core::{FillPattern, PoolKind};
+use cuda_mem_core::{Event, EventOptions, FillPattern, PoolKind};
 use cuda_mem_ipc::{Channel, IpcChannel, IpcError, Received};
 use cuda_mem_vmm::{VirtualMemoryResource, VirtualMemoryResourceOptions};
 
@@ -43,6 +43,9 @@ fn serve_parent() -> Result<(), Error> {
         }
     };
     let mut vmm = None;
+    // Hands the child's writes to the parent (recorded after them, sent, waited for there); one
+    // for the whole run, re-recorded each time, and alive until the parent has opened it.
+    let written = Event::new(gpu.device, EventOptions::default().interprocess())?;
     loop {
         let request = match ipc.recv(&gpu.stream) {
             Ok(Received::Data(bytes)) => Request::parse(&bytes)?,
@@ -54,8 +57,8 @@ fn serve_parent() -> Result<(), Error> {
         };
         let outcome = match request {
             Request::Quit => return Ok(()),
-            Request::Buffers(patterns) => child_check_buffers(&ipc, &gpu, &patterns),
-            Request::Vmm(patterns) => child_check_virtual_buffer(&ipc, &gpu, &mut vmm, patterns),
+            Request::Buffers(patterns) => child_check_buffers(&ipc, &gpu, &written, &patterns),
+            Request::Vmm(patterns) => child_check_virtual_buffer(&ipc, &gpu, &mut vmm, &written, patterns),
         };
         let reply = match outcome {
             Ok(summary) => format!("ok {summary}"),
@@ -65,8 +68,10 @@ fn serve_parent() -> Result<(), Error> {
     }
 }
 
-/// Receives the pool and the buffers, checks each buffer's pattern and writes the new one.
-fn child_check_buffers(ipc: &IpcChannel, gpu: &Gpu, patterns: &[Patterns]) -> Result<String, Error> {
+/// Receives the pool and the buffers (the stream waits for the parent's event that came with
+/// them), checks each buffer's pattern and writes the new one, then sends `written`, recorded
+/// after the writes.
+fn child_check_buffers(ipc: &IpcChannel, gpu: &Gpu, written: &Event, patterns: &[Patterns]) -> Result<String, Error> {
     let pid = std::process::id();
     // The imported pools: buffers can only be mapped while their pool is alive here.
     let mut pools = Vec::new();
@@ -93,22 +98,25 @@ fn child_check_buffers(ipc: &IpcChannel, gpu: &Gpu, patterns: &[Patterns]) -> Re
         gpu.expect_words(buffer, buffer.size(), p.expect, &format!("imported buffer {index}"))?;
         buffer.fill(FillPattern::U32(p.write), &gpu.stream)?;
     }
-    gpu.stream.synchronize()?;
+    written.record(&gpu.stream)?;
     let addresses: Vec<String> = buffers.iter().map(|b| format!("{:#x}", b.ptr())).collect();
     println!(
-        "  [child {pid}] mapped {} buffers (at {}), checked each pattern, wrote new ones",
+        "  [child {pid}] mapped {} buffers (at {}), checked each pattern, wrote new ones, sent an event after them",
         buffers.len(),
         addresses.join(", ")
     );
+    ipc.send_event(written).context("sending the event after the writes")?;
     Ok(format!("{} buffers checked and rewritten", buffers.len()))
 }
 
 /// Receives a virtual buffer on the same channel as the pools and buffers, maps it with a
-/// resource of its own (registered on the channel the first time), checks it and writes it.
+/// resource of its own (registered on the channel the first time), checks it and writes it, then
+/// sends `written`, recorded after the write.
 fn child_check_virtual_buffer(
     ipc: &IpcChannel,
     gpu: &Gpu,
     vmm: &mut Option<Arc<VirtualMemoryResource>>,
+    written: &Event,
     patterns: Patterns,
 ) -> Result<String, Error> {
     if vmm.is_none() {
@@ -121,14 +129,15 @@ fn child_check_virtual_buffer(
     };
     gpu.expect_words(buffer.as_buffer(), buffer.size(), patterns.expect, "the imported virtual buffer")?;
     buffer.fill(FillPattern::U32(patterns.write), &gpu.stream)?;
-    gpu.stream.synchronize()?;
+    written.record(&gpu.stream)?;
     println!(
-        "  [child {}] mapped the virtual buffer ({} in {} chunks) at {:#x}, checked it, wrote {:#010x}",
+        "  [child {}] mapped the virtual buffer ({} in {} chunks) at {:#x}, checked it, wrote {:#010x}, sent an event after it",
         std::process::id(),
         format_bytes(buffer.size() as u64),
         buffer.chunk_count(),
         buffer.ptr(),
         patterns.write
     );
+    ipc.send_event(written).context("sending the event after the write")?;
     Ok("virtual buffer checked and rewritten".to_string())
 }

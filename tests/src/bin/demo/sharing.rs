@@ -1,7 +1,10 @@
 //! Step 6, sharing a pool: an IPC-enabled pool and several buffers of it go to the child, which
-//! checks each pattern and writes another that this process then reads.
+//! checks each pattern and writes another that this process then reads. The hand-offs are
+//! interprocess events, not host synchronization: each side records one after its writes and
+//! sends it, and the other side's stream waits for it on the GPU.
 
-use cuda_mem_core::{DeviceMemoryResource, DeviceMemoryResourceOptions, FillPattern};
+use cuda_mem_core::{DeviceMemoryResource, DeviceMemoryResourceOptions, Event, EventOptions, FillPattern};
+use cuda_mem_ipc::Received;
 
 use crate::Error;
 use crate::child::ChildProcess;
@@ -25,15 +28,19 @@ pub(crate) fn share_pool(demo: &Demo, child: &ChildProcess) -> Result<(), Error>
         buffer.fill(FillPattern::U32(p.expect), &gpu.stream)?;
         buffers.push(buffer);
     }
-    gpu.stream.synchronize()?;
+    // No host synchronization: the child's stream waits for this event, recorded after the fills.
+    let filled = Event::new(gpu.device, EventOptions::default().interprocess())?;
+    filled.record(&gpu.stream)?;
     child.request(&Request::Buffers(patterns.clone()))?;
-    child.ipc.send_buffers(&buffers.iter().collect::<Vec<_>>()).context("sending the buffers")?;
+    child.ipc.send_buffers_after(&filled, &buffers.iter().collect::<Vec<_>>()).context("sending the buffers")?;
     let sizes: Vec<String> = SHARED_SIZES.iter().map(|&s| format_bytes(s as u64)).collect();
     println!(
-        "  sent an IPC-enabled pool (its file descriptor) and {} buffers of it ({}) with send_buffers",
+        "  sent an IPC-enabled pool (its file descriptor) and {} buffers of it ({}) with send_buffers_after, \
+         behind an interprocess event recorded after the fills (the child's stream waits for it on the GPU)",
         buffers.len(),
         sizes.join(", ")
     );
+    wait_for_child(child, gpu)?;
     let reply = child.reply(&gpu.stream)?;
     println!("  the child replies: {reply}");
     for (index, (buffer, p)) in buffers.iter().zip(&patterns).enumerate() {
@@ -41,6 +48,17 @@ pub(crate) fn share_pool(demo: &Demo, child: &ChildProcess) -> Result<(), Error>
     }
     println!("  every buffer here now holds the child's pattern: both processes use the same memory");
     Ok(())
+}
+
+/// Receives the event the child sends after its writes: the stream waits for them on the GPU.
+pub(crate) fn wait_for_child(child: &ChildProcess, gpu: &crate::gpu::Gpu) -> Result<(), Error> {
+    match child.ipc.recv(&gpu.stream).context("receiving the child's event")? {
+        Received::Event(_) => {
+            println!("  the child's event arrived: this stream now waits for the child's writes on the GPU");
+            Ok(())
+        }
+        _ => Err("something else arrived where the child's event was due".into()),
+    }
 }
 
 /// The patterns of shared buffer `index`: what this process writes, what the child writes.

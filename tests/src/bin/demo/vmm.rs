@@ -137,6 +137,7 @@ pub(crate) fn vmm_share(demo: &Demo, child: &ChildProcess, vmm: &Vmm, moved: &mu
         format_bytes(moved.size() as u64),
         moved.chunk_count()
     );
+    crate::sharing::wait_for_child(child, gpu)?;
     let reply = child.reply(&gpu.stream)?;
     println!("  the child replies: {reply}");
     gpu.expect_words(moved.as_buffer(), moved.size(), VMM_CHILD, "the virtual buffer after the child wrote it")?;

@@ -4,8 +4,9 @@
 //! would otherwise wait for the probe, which waits for the call) returns late instead of never.
 
 use std::ffi::c_void;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use cuda_sys::types::CUstream;
 use cuda_sys::{CudaError, cu_call, driver};
@@ -14,6 +15,8 @@ use cuda_sys::{CudaError, cu_call, driver};
 struct GateState {
     open: AtomicBool,
     deadline: Instant,
+    /// When the host function returned: the wall clock, which other processes read too.
+    released: OnceLock<SystemTime>,
 }
 
 /// A gate held by a host function on a stream; opened on drop.
@@ -27,8 +30,11 @@ pub(crate) struct Gate {
 impl Gate {
     /// Enqueues on `stream` a host function that returns once the gate opens, or after `limit`.
     pub(crate) fn hold(stream: CUstream, limit: Duration) -> Result<Gate, CudaError> {
-        let state: &'static GateState =
-            Box::leak(Box::new(GateState { open: AtomicBool::new(false), deadline: Instant::now() + limit }));
+        let state: &'static GateState = Box::leak(Box::new(GateState {
+            open: AtomicBool::new(false),
+            deadline: Instant::now() + limit,
+            released: OnceLock::new(),
+        }));
         let d = driver()?;
         let user_data = std::ptr::from_ref(state).cast_mut().cast::<c_void>();
         // SAFETY: `wait` has the host function's signature and only reads the `GateState` that
@@ -42,6 +48,12 @@ impl Gate {
     pub(crate) fn open(&self) {
         self.state.open.store(true, Ordering::Release);
     }
+
+    /// When the host function let the stream go (the wall clock, comparable across processes),
+    /// once it has.
+    pub(crate) fn released_at(&self) -> Option<SystemTime> {
+        self.state.released.get().copied()
+    }
 }
 
 impl Drop for Gate {
@@ -53,9 +65,10 @@ impl Drop for Gate {
 /// The host function: waits for the gate (on the driver's thread for host functions).
 unsafe extern "C" fn wait(user_data: *mut c_void) {
     // SAFETY: `user_data` is the leaked `GateState` that `Gate::hold` passed, valid forever and
-    // only read here (atomically).
+    // only reached through atomics and a `OnceLock` here.
     let state = unsafe { &*user_data.cast_const().cast::<GateState>() };
     while !state.open.load(Ordering::Acquire) && Instant::now() < state.deadline {
         std::thread::sleep(Duration::from_millis(1));
     }
+    let _ = state.released.set(SystemTime::now());
 }

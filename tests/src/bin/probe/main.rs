@@ -25,7 +25,8 @@
 //! a probe creates, released on drop), [`gate`] (holding a stream busy), and a module per
 //! question: [`pool_import`], [`pointer_import`], [`imported_access`], [`capture`],
 //! [`failed_alloc`], [`destroy_pending`], [`address_hint`], [`per_thread_capture`],
-//! [`peer_leftover`].
+//! [`peer_leftover`], [`zero_byte`], [`host_pool_access`], [`pci_bus_id`], [`free_pending`],
+//! [`ipc_event`], [`managed_ranges`], [`managed_ids`], [`managed_pool`], [`managed_discard`].
 
 mod address_hint;
 mod capture;
@@ -37,6 +38,11 @@ mod free_pending;
 mod gate;
 mod host_pool_access;
 mod imported_access;
+mod ipc_event;
+mod managed_discard;
+mod managed_ids;
+mod managed_pool;
+mod managed_ranges;
 mod owned;
 mod pci_bus_id;
 mod peer_leftover;
@@ -79,7 +85,7 @@ pub(crate) struct Question {
 }
 
 /// Every question, in the order they are asked.
-pub(crate) const QUESTIONS: [Question; 13] = [
+pub(crate) const QUESTIONS: [Question; 18] = [
     pool_import::QUESTION,
     pointer_import::QUESTION,
     imported_access::QUESTION,
@@ -93,6 +99,11 @@ pub(crate) const QUESTIONS: [Question; 13] = [
     host_pool_access::QUESTION,
     pci_bus_id::QUESTION,
     free_pending::QUESTION,
+    ipc_event::QUESTION,
+    managed_ranges::QUESTION,
+    managed_ids::QUESTION,
+    managed_pool::QUESTION,
+    managed_discard::QUESTION,
 ];
 
 /// The child side of the question `name`.

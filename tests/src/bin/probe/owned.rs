@@ -7,8 +7,8 @@ use std::ffi::c_int;
 use std::sync::{Mutex, PoisonError};
 
 use cuda_sys::types::{
-    CUcontext, CUdevice, CUdeviceptr, CUevent, CUgraph, CUmemPoolProps, CUmemoryPool, CUstream, CUstream_flags,
-    CUstreamCaptureMode,
+    CUcontext, CUdevice, CUdeviceptr, CUevent, CUgraph, CUipcEventHandle, CUmemPoolProps, CUmemoryPool, CUstream,
+    CUstream_flags, CUstreamCaptureMode,
 };
 use cuda_sys::{CudaError, cu_call, driver};
 
@@ -302,17 +302,82 @@ impl Drop for DeviceAllocation {
     }
 }
 
-/// An event the probe created (no timing).
+/// Memory from `cuMemAllocManaged` (`CU_MEM_ATTACH_GLOBAL`), freed with `cuMemFree`.
+pub(crate) struct ManagedAllocation {
+    ptr: CUdeviceptr,
+}
+
+impl ManagedAllocation {
+    /// `cuMemAllocManaged` of `size` bytes, attached globally.
+    pub(crate) fn new(size: usize) -> Result<ManagedAllocation, CudaError> {
+        let d = driver()?;
+        let mut ptr: CUdeviceptr = 0;
+        // SAFETY: `ptr` is a valid out-pointer; 1 is CU_MEM_ATTACH_GLOBAL.
+        unsafe { cu_call!(d, cuMemAllocManaged(&mut ptr, size, 1)) }?;
+        Ok(ManagedAllocation { ptr })
+    }
+
+    /// The pointer.
+    pub(crate) fn ptr(&self) -> CUdeviceptr {
+        self.ptr
+    }
+}
+
+impl Drop for ManagedAllocation {
+    fn drop(&mut self) {
+        let free = || -> Call {
+            let d = driver()?;
+            // SAFETY: the allocation this value made, freed once.
+            unsafe { cu_call!(d, cuMemFree_v2(self.ptr)) }
+        };
+        note_cleanup("freeing a cuMemAllocManaged allocation", free());
+    }
+}
+
+/// An event the probe created (no timing) or opened from an interprocess handle.
 pub(crate) struct OwnedEvent(CUevent);
+
+/// `CU_EVENT_DISABLE_TIMING`.
+const EVENT_DISABLE_TIMING: u32 = 0x2;
+/// `CU_EVENT_INTERPROCESS`.
+const EVENT_INTERPROCESS: u32 = 0x4;
 
 impl OwnedEvent {
     /// `cuEventCreate` with `CU_EVENT_DISABLE_TIMING`.
     pub(crate) fn new() -> Result<OwnedEvent, CudaError> {
+        OwnedEvent::create(EVENT_DISABLE_TIMING)
+    }
+
+    /// `cuEventCreate` with `CU_EVENT_INTERPROCESS` (and `CU_EVENT_DISABLE_TIMING`, which the
+    /// driver requires with it).
+    pub(crate) fn interprocess() -> Result<OwnedEvent, CudaError> {
+        OwnedEvent::create(EVENT_INTERPROCESS | EVENT_DISABLE_TIMING)
+    }
+
+    fn create(flags: u32) -> Result<OwnedEvent, CudaError> {
         let d = driver()?;
         let mut event: CUevent = std::ptr::null_mut();
-        // SAFETY: `event` is a valid out-pointer; 0x2 is CU_EVENT_DISABLE_TIMING.
-        unsafe { cu_call!(d, cuEventCreate(&mut event, 0x2)) }?;
+        // SAFETY: `event` is a valid out-pointer; the flags are `CUevent_flags` bits.
+        unsafe { cu_call!(d, cuEventCreate(&mut event, flags)) }?;
         Ok(OwnedEvent(event))
+    }
+
+    /// `cuIpcOpenEventHandle`: the event an interprocess handle names, destroyed on drop.
+    pub(crate) fn open_ipc(handle: CUipcEventHandle) -> Result<OwnedEvent, CudaError> {
+        let d = driver()?;
+        let mut event: CUevent = std::ptr::null_mut();
+        // SAFETY: `event` is a valid out-pointer; the handle is passed by value.
+        unsafe { cu_call!(d, cuIpcOpenEventHandle(&mut event, handle)) }?;
+        Ok(OwnedEvent(event))
+    }
+
+    /// `cuIpcGetEventHandle`: the event's interprocess handle.
+    pub(crate) fn ipc_handle(&self) -> Result<CUipcEventHandle, CudaError> {
+        let d = driver()?;
+        let mut handle = CUipcEventHandle { reserved: [0; 64] };
+        // SAFETY: `handle` is a valid out-pointer; the event is alive while `self` is.
+        unsafe { cu_call!(d, cuIpcGetEventHandle(&mut handle, self.0)) }?;
+        Ok(handle)
     }
 
     /// The driver's handle.

@@ -5,9 +5,9 @@
 use std::ffi::{c_int, c_void};
 
 use cuda_sys::types::{
-    CUdevice, CUdevice_attribute, CUdeviceptr, CUevent, CUmemAccess_flags, CUmemAccessDesc, CUmemAllocationHandleType,
-    CUmemAllocationType, CUmemLocation, CUmemLocationType, CUmemPool_attribute, CUmemPoolProps, CUmemoryPool, CUstream,
-    CUstreamCaptureStatus,
+    CUdevice, CUdevice_attribute, CUdeviceptr, CUevent, CUmem_advise, CUmem_range_attribute, CUmemAccess_flags,
+    CUmemAccessDesc, CUmemAllocationHandleType, CUmemAllocationType, CUmemLocation, CUmemLocationType,
+    CUmemPool_attribute, CUmemPoolProps, CUmemoryPool, CUstream, CUstreamCaptureStatus,
 };
 use cuda_sys::{CudaError, cu_call, driver};
 
@@ -273,4 +273,59 @@ pub(crate) fn read_byte(ptr: CUdeviceptr) -> Result<u8, CudaError> {
     // SAFETY: `byte` is writable for the one byte copied; `ptr` is mapped device memory.
     unsafe { cu_call!(d, cuMemcpyDtoH_v2((&raw mut byte).cast(), ptr, 1)) }?;
     Ok(byte)
+}
+
+/// Why device 0 cannot answer the managed-memory questions (no managed memory, or no
+/// concurrent managed access, which advice and prefetches to a device need), if it cannot.
+pub(crate) fn managed_unsupported() -> Result<Option<String>, CudaError> {
+    use CUdevice_attribute as A;
+    if device_attribute(0, A::CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY)? == 0 {
+        return Ok(Some("not applicable: device 0 has no managed memory".to_string()));
+    }
+    if device_attribute(0, A::CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS)? == 0 {
+        return Ok(Some("not applicable: device 0 has no concurrent managed access".to_string()));
+    }
+    Ok(None)
+}
+
+/// `cuMemAdvise_v2` of `[ptr, ptr + count)`.
+pub(crate) fn advise(ptr: CUdeviceptr, count: usize, advice: CUmem_advise, location: CUmemLocation) -> Call {
+    let d = driver()?;
+    // SAFETY: the driver only reads the range's address; it checks what memory it is.
+    unsafe { cu_call!(d, cuMemAdvise_v2(ptr, count, advice, location)) }
+}
+
+/// `cuMemPrefetchAsync_v2` of `[ptr, ptr + count)` to `location` on `stream`, then the stream
+/// synchronized (the first failure is the outcome).
+pub(crate) fn prefetch(ptr: CUdeviceptr, count: usize, location: CUmemLocation, stream: CUstream) -> Call {
+    let d = driver()?;
+    // SAFETY: the driver only reads the range's address and checks it; the stream is alive.
+    unsafe { cu_call!(d, cuMemPrefetchAsync_v2(ptr, count, location, 0, stream)) }?;
+    stream_synchronize(stream)
+}
+
+/// A 4-byte range attribute (`cuMemRangeGetAttribute`) of `[ptr, ptr + count)`, read into a
+/// value preset to [`UNWRITTEN`] so that an attribute the driver leaves alone shows.
+pub(crate) fn range_attribute(
+    ptr: CUdeviceptr,
+    count: usize,
+    attribute: CUmem_range_attribute,
+) -> Result<i32, CudaError> {
+    let d = driver()?;
+    let mut value: i32 = UNWRITTEN;
+    // SAFETY: `value` is 4 writable bytes, the size given; the attributes asked are 4 bytes.
+    unsafe { cu_call!(d, cuMemRangeGetAttribute((&raw mut value).cast::<c_void>(), 4, attribute, ptr, count)) }?;
+    Ok(value)
+}
+
+/// What an out-value is preset to, to tell a value the driver did not write.
+pub(crate) const UNWRITTEN: i32 = 0x7EAD_BEEF;
+
+/// `cuMemcpyDtoH` of `len` bytes at device address `ptr`.
+pub(crate) fn read_bytes(ptr: CUdeviceptr, len: usize) -> Result<Vec<u8>, CudaError> {
+    let d = driver()?;
+    let mut bytes = vec![0u8; len];
+    // SAFETY: `bytes` is writable for `len` bytes; the driver checks `ptr..ptr + len`.
+    unsafe { cu_call!(d, cuMemcpyDtoH_v2(bytes.as_mut_ptr().cast(), ptr, len)) }?;
+    Ok(bytes)
 }

@@ -1,0 +1,302 @@
+//! [`GraphMemoryResource`]: memory that graphs allocate and free as they run (allocation and
+//! free nodes, made by `cuMemAllocAsync` and `cuMemFreeAsync` on a capturing stream), one per
+//! device in the process, with the device's graph-memory attributes and `trim`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+
+use cuda_sys::cu_call;
+use cuda_sys::types::{CUgraphMem_attribute, CUstreamCaptureStatus};
+
+use crate::device::Device;
+use crate::driver::driver;
+use crate::error::{Error, Result};
+use crate::memory_resource::{DevicePtr, MemoryResource};
+use crate::stream::Stream;
+
+/// The memory graphs of a device allocate while they run: a [`MemoryResource`] that allocates
+/// only on a stream that is capturing a graph (`cuMemAllocAsync` there makes an allocation node
+/// of the graph), and frees on the buffer's stream (`cuMemFreeAsync`: a free node while the
+/// stream captures, a free of the graph's allocation otherwise). As cuda.core's
+/// `GraphMemoryResource`, its memory is device memory that only the graph's launches make valid:
+/// device-accessible, never host-accessible.
+///
+/// There is one per device in the process ([`GraphMemoryResource::new`] gives the same `Arc`
+/// for a device each time): graph memory is the device's, as are its
+/// [`attributes`](GraphMemoryResource::attributes) and [`trim`](GraphMemoryResource::trim).
+///
+/// A buffer allocated during the capture and dropped during it becomes a free node: the graph
+/// allocates and frees it at each launch. One kept past the capture is the graph's output: its
+/// memory is valid after each launch, and dropping the buffer after a launch frees it (a graph
+/// whose allocation was not freed cannot be launched again, unless instantiated with
+/// [`auto_free_on_launch`](crate::InstantiateOptions::auto_free_on_launch)).
+#[derive(Debug)]
+pub struct GraphMemoryResource {
+    device: Device,
+}
+
+/// The graph-memory figures of a device (`cuDeviceGetGraphMemAttribute`), in bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct GraphMemoryAttributes {
+    /// The memory graphs' allocations use now (`CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT`).
+    pub used_current: u64,
+    /// The most they used since the mark was last reset (`CU_GRAPH_MEM_ATTR_USED_MEM_HIGH`).
+    pub used_high: u64,
+    /// The memory reserved for graph allocations now, cached by the driver
+    /// (`CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT`).
+    pub reserved_current: u64,
+    /// The most reserved since the mark was last reset (`CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH`).
+    pub reserved_high: u64,
+}
+
+/// A high-water mark of graph memory, which can only be reset to the current figure
+/// ([`GraphMemoryResource::reset_high_water_mark`]); cuda.core refuses setting it to anything
+/// but zero, which here cannot be written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum HighWaterMark {
+    /// [`GraphMemoryAttributes::used_high`].
+    Used,
+    /// [`GraphMemoryAttributes::reserved_high`].
+    Reserved,
+}
+
+/// The resources made so far, one per device ordinal, for the life of the process.
+static RESOURCES: OnceLock<Mutex<HashMap<usize, Arc<GraphMemoryResource>>>> = OnceLock::new();
+
+impl GraphMemoryResource {
+    /// The graph memory resource of `device`: the same one for every call (interned, as
+    /// cuda.core's `GraphMemoryResource(device)`).
+    pub fn new(device: Device) -> Arc<GraphMemoryResource> {
+        let resources = RESOURCES.get_or_init(Mutex::default);
+        let mut resources = resources.lock().unwrap_or_else(PoisonError::into_inner);
+        Arc::clone(resources.entry(device.ordinal()).or_insert_with(|| Arc::new(GraphMemoryResource { device })))
+    }
+
+    /// The device.
+    #[doc(alias = "device_id")]
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// The device's graph-memory figures, read now.
+    ///
+    /// # Errors
+    /// If a driver call fails.
+    pub fn attributes(&self) -> Result<GraphMemoryAttributes> {
+        Ok(GraphMemoryAttributes {
+            used_current: self.attribute(CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT)?,
+            used_high: self.attribute(CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_USED_MEM_HIGH)?,
+            reserved_current: self.attribute(CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT)?,
+            reserved_high: self.attribute(CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH)?,
+        })
+    }
+
+    fn attribute(&self, attribute: CUgraphMem_attribute) -> Result<u64> {
+        crate::context::bind(self.device)?;
+        let d = driver()?;
+        let mut value: u64 = 0;
+        // SAFETY: the graph-memory attributes are `cuuint64_t`s: `value` is a valid out-pointer
+        // of that type.
+        unsafe { cu_call!(d, cuDeviceGetGraphMemAttribute(self.device.raw(), attribute, (&raw mut value).cast())) }?;
+        Ok(value)
+    }
+
+    /// Resets a high-water mark to the current figure (`cuDeviceSetGraphMemAttribute` with 0,
+    /// the only value the driver takes).
+    ///
+    /// # Errors
+    /// If a driver call fails.
+    pub fn reset_high_water_mark(&self, mark: HighWaterMark) -> Result<()> {
+        let attribute = match mark {
+            HighWaterMark::Used => CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_USED_MEM_HIGH,
+            HighWaterMark::Reserved => CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH,
+        };
+        crate::context::bind(self.device)?;
+        let d = driver()?;
+        let mut zero: u64 = 0;
+        // SAFETY: the high-water marks are `cuuint64_t`s: `zero` is a valid pointer to one.
+        unsafe { cu_call!(d, cuDeviceSetGraphMemAttribute(self.device.raw(), attribute, (&raw mut zero).cast())) }?;
+        Ok(())
+    }
+
+    /// Gives the memory cached for graph allocations and not in use back to the system
+    /// (`cuDeviceGraphMemTrim`).
+    ///
+    /// # Errors
+    /// If a driver call fails.
+    pub fn trim(&self) -> Result<()> {
+        crate::context::bind(self.device)?;
+        let d = driver()?;
+        // SAFETY: a valid device ordinal.
+        unsafe { cu_call!(d, cuDeviceGraphMemTrim(self.device.raw())) }?;
+        Ok(())
+    }
+}
+
+// SAFETY: `cuMemAllocAsync` on a capturing stream makes an allocation node: `size` bytes of
+// device memory at the returned address, valid for the graph's work from its launch until the
+// free, which `deallocate_raw` makes. It is never host-accessible (reported so).
+unsafe impl MemoryResource for GraphMemoryResource {
+    fn allocate_raw(&self, size: usize, stream: &Stream) -> Result<DevicePtr> {
+        if stream.device() != self.device {
+            return Err(Error::StreamOfAnotherDevice {
+                resource: self.device.ordinal(),
+                stream: stream.device().ordinal(),
+            });
+        }
+        stream.bind_if_default()?;
+        let d = driver()?;
+        let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: `status` is a valid out-pointer; a valid stream handle.
+        unsafe { cu_call!(d, cuStreamIsCapturing(stream.handle(), &mut status)) }?;
+        if status != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE {
+            return Err(Error::NotCapturing {
+                invalidated: status == CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_INVALIDATED,
+            });
+        }
+        let mut ptr: DevicePtr = 0;
+        // SAFETY: `ptr` is a valid out-pointer; the stream handle is valid and capturing.
+        unsafe { cu_call!(d, cuMemAllocAsync(&mut ptr, size, stream.handle())) }
+            .map_err(|e| Error::allocation(e, size))?;
+        crate::memory_event!(TRACE, size, ptr, stream = stream.handle() as usize, "allocate");
+        Ok(ptr)
+    }
+
+    unsafe fn deallocate_raw(&self, ptr: DevicePtr, _size: usize, stream: &Stream) -> Result<()> {
+        stream.bind_if_default()?;
+        let d = driver()?;
+        // SAFETY: the caller guarantees `ptr` came from `allocate_raw` and is freed once, after
+        // the work enqueued on `stream`.
+        unsafe { cu_call!(d, cuMemFreeAsync(ptr, stream.handle())) }?;
+        crate::memory_event!(TRACE, size = _size, ptr, stream = stream.handle() as usize, "free");
+        Ok(())
+    }
+
+    fn is_device_accessible(&self) -> bool {
+        true
+    }
+
+    fn is_host_accessible(&self) -> bool {
+        false
+    }
+
+    fn device(&self) -> Option<Device> {
+        Some(self.device)
+    }
+}
+
+crate::memory_resource::inherent_allocation!(GraphMemoryResource);
+
+#[cfg(test)]
+mod tests {
+    use cuda_sim::testing::in_simulated_machine;
+    use cuda_sys::types::CUresult;
+
+    use super::*;
+    use crate::{CaptureMode, FillPattern, InstantiateOptions, StreamOptions};
+
+    /// The granularity the simulator reserves and counts graph memory in.
+    const GRANULE: u64 = 2 << 20;
+
+    fn setup() -> (Device, Stream, Arc<GraphMemoryResource>) {
+        cuda_sim::testing::driver().expect("the test driver loads");
+        let device = Device::new(0).unwrap();
+        let stream = Stream::new(device, StreamOptions::default().non_blocking()).unwrap();
+        (device, stream, GraphMemoryResource::new(device))
+    }
+
+    #[test]
+    fn attributes_follow_the_graphs_allocations_and_the_marks_reset_to_the_current_use() {
+        let name =
+            "graph_memory::tests::attributes_follow_the_graphs_allocations_and_the_marks_reset_to_the_current_use";
+        in_simulated_machine(name, &[], || {
+            let (_, stream, graph_memory) = setup();
+            assert_eq!(graph_memory.attributes().unwrap(), GraphMemoryAttributes::default(), "nothing yet");
+            let capture = stream.begin_capture(CaptureMode::Global).unwrap();
+            let mut output = graph_memory.allocate(4096, &stream).unwrap();
+            // Each allocation counts for a granule.
+            let mut scratch = graph_memory.allocate(4096, &stream).unwrap();
+            scratch.fill(FillPattern::U8(9), &stream).unwrap();
+            output.copy_from(&scratch, &stream).unwrap();
+            drop(scratch);
+            let exec = capture.end().unwrap().instantiate(InstantiateOptions::default()).unwrap();
+            exec.launch(&stream).unwrap();
+            stream.synchronize().unwrap();
+            let after = graph_memory.attributes().unwrap();
+            assert_eq!(after.used_current, GRANULE, "the output is live, the scratch freed in the graph");
+            assert_eq!(after.used_high, 2 * GRANULE, "both were live during the launch");
+            assert!(after.reserved_current >= after.used_high && after.reserved_high >= after.reserved_current);
+            assert_eq!(output.to_vec::<u8>(&stream).unwrap(), vec![9; 4096], "the graph's output");
+            // Launched again while its output lives: refused without auto-free.
+            let again = exec.launch(&stream).unwrap_err();
+            assert_eq!(again.cuda_code(), Some(CUresult::CUDA_ERROR_INVALID_VALUE), "{again}");
+            // The marks reset to the current figures, never to anything else.
+            graph_memory.reset_high_water_mark(HighWaterMark::Used).unwrap();
+            let reset = graph_memory.attributes().unwrap();
+            assert_eq!(reset.used_high, GRANULE);
+            assert_eq!(reset.reserved_high, after.reserved_high, "only the mark asked for");
+            // Freed outside the graph, on its stream; the reserve stays until trimmed.
+            drop(output);
+            stream.synchronize().unwrap();
+            let freed = graph_memory.attributes().unwrap();
+            assert_eq!(freed.used_current, 0);
+            assert_eq!(freed.reserved_current, after.reserved_current, "cached for the next launch");
+            graph_memory.reset_high_water_mark(HighWaterMark::Reserved).unwrap();
+            assert_eq!(graph_memory.attributes().unwrap().reserved_high, freed.reserved_current);
+            graph_memory.trim().unwrap();
+            let trimmed = graph_memory.attributes().unwrap();
+            assert_eq!(trimmed.reserved_current, 0, "nothing in use: all given back");
+            assert!(crate::take_drop_errors().is_empty());
+            // Its allocation freed, the graph launches again.
+            exec.launch(&stream).unwrap();
+            stream.synchronize().unwrap();
+            assert_eq!(graph_memory.attributes().unwrap().used_current, GRANULE);
+        });
+    }
+
+    #[test]
+    fn auto_free_on_launch_lets_a_graph_with_a_live_output_launch_again() {
+        let (_, stream, graph_memory) = setup();
+        let capture = stream.begin_capture(CaptureMode::Relaxed).unwrap();
+        let mut output = graph_memory.allocate(64, &stream).unwrap();
+        output.fill(FillPattern::U32(5), &stream).unwrap();
+        let graph = capture.end().unwrap();
+        let exec = graph.instantiate(InstantiateOptions::default().auto_free_on_launch()).unwrap();
+        // A graph with memory nodes has one executable graph at a time.
+        let second = graph.instantiate(InstantiateOptions::default()).unwrap_err();
+        assert!(second.cuda_code().is_some(), "{second}");
+        for _ in 0..3 {
+            exec.launch(&stream).unwrap();
+            assert_eq!(output.to_vec::<u32>(&stream).unwrap(), [5; 16]);
+        }
+        drop(output);
+        stream.synchronize().unwrap();
+        assert!(crate::take_drop_errors().iter().all(|e| e.what != "Buffer"));
+    }
+
+    #[test]
+    fn an_output_dropped_before_any_launch_is_refused_and_recorded() {
+        let (_, stream, graph_memory) = setup();
+        let capture = stream.begin_capture(CaptureMode::Relaxed).unwrap();
+        let output = graph_memory.allocate(64, &stream).unwrap();
+        let graph = capture.end().unwrap();
+        let _ = crate::take_drop_errors();
+        // No launch has allocated it yet: there is nothing to free.
+        drop(output);
+        let errors: Vec<_> = crate::take_drop_errors().into_iter().filter(|e| e.what == "Buffer").collect();
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert_eq!(errors[0].error.cuda_code(), Some(CUresult::CUDA_ERROR_INVALID_VALUE));
+        drop(graph);
+    }
+
+    #[test]
+    fn a_zero_byte_buffer_asks_nothing() {
+        let (_, stream, graph_memory) = setup();
+        let capture = stream.begin_capture(CaptureMode::Relaxed).unwrap();
+        let empty = graph_memory.allocate(0, &stream).unwrap();
+        assert!(empty.is_empty());
+        drop(empty);
+        drop(capture.end().unwrap());
+    }
+}
