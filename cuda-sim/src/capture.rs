@@ -21,10 +21,20 @@
 //!   `CUDA_ERROR_STREAM_CAPTURE_IMPLICIT`, those captures invalidated (`cuda.h`: "the legacy
 //!   stream is in an unusable state until the blocking stream capture is terminated");
 //!   `cuStreamIsCapturing` on it returns the same error without invalidating, as documented.
+//!
+//! Capture modes (`cuThreadExchangeStreamCaptureMode`): a thread whose mode is not relaxed is
+//! prohibited from "potentially unsafe API calls" while it has a capture under way that it
+//! began in a mode other than relaxed, and (in the global mode) while another thread has a
+//! capture under way begun in the global mode. A prohibited call fails with
+//! `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` and invalidates the captures that prohibited it; which
+//! calls are unsafe is [`crate::conservative`]'s reading. A capture begun in a mode other than
+//! relaxed must be ended by the thread that began it (`CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD`).
 
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::cell::Cell;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::thread::ThreadId;
 
-use cuda_sys::types::{CUresult, CUstreamCaptureStatus};
+use cuda_sys::types::{CUresult, CUstreamCaptureMode, CUstreamCaptureStatus};
 
 use crate::context::Context;
 use crate::error::{SimResult, fail};
@@ -51,6 +61,10 @@ struct Sequence {
     /// The allocations its allocation nodes made, invalidated or not: their addresses are live
     /// only until the capture ends.
     allocs: Vec<Arc<GraphAlloc>>,
+    /// The mode it was begun in.
+    mode: CUstreamCaptureMode,
+    /// The thread that began it.
+    thread: ThreadId,
 }
 
 /// How `cuStreamEndCapture` ends a sequence.
@@ -64,8 +78,9 @@ pub(crate) enum Ended {
         /// The allocations of its allocation nodes.
         allocs: Vec<Arc<GraphAlloc>>,
     },
-    /// The sequence had been invalidated; the allocations its allocation nodes had made.
-    Invalidated(Vec<Arc<GraphAlloc>>),
+    /// The sequence had been invalidated: the handle its graph had, and the allocations its
+    /// allocation nodes had made.
+    Invalidated(usize, Vec<Arc<GraphAlloc>>),
 }
 
 impl Capture {
@@ -97,23 +112,44 @@ impl Capture {
         self.lock().as_ref().filter(|s| s.nodes.is_some()).map(|s| (s.id, s.graph))
     }
 
-    /// Starts a sequence; its id, or `None` if one is already under way.
-    pub(crate) fn begin(&self) -> Option<usize> {
+    /// Starts a sequence in `mode`, begun by this thread; its id, or `None` if one is already
+    /// under way.
+    pub(crate) fn begin(&self, mode: CUstreamCaptureMode) -> Option<usize> {
         let mut sequence = self.lock();
         if sequence.is_some() {
             return None;
         }
         let id = crate::handle::next();
-        *sequence = Some(Sequence { id, graph: crate::handle::next(), nodes: Some(Vec::new()), allocs: Vec::new() });
+        let thread = std::thread::current().id();
+        let graph = crate::handle::next();
+        *sequence = Some(Sequence { id, graph, nodes: Some(Vec::new()), allocs: Vec::new(), mode, thread });
         Some(id)
     }
 
-    /// Ends the sequence (`None` if none was under way).
-    pub(crate) fn end(&self) -> Option<Ended> {
-        let sequence = self.lock().take()?;
-        Some(match sequence.nodes {
+    /// The id of the sequence under way (active or invalidated).
+    fn under_way_id(&self) -> Option<usize> {
+        self.lock().as_ref().map(|s| s.id)
+    }
+
+    /// Ends the sequence: `CUDA_ERROR_ILLEGAL_STATE` if none was under way, and
+    /// `CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD` (the sequence goes on) if it was begun in a mode
+    /// other than relaxed by another thread.
+    pub(crate) fn end(&self) -> SimResult<Ended> {
+        let sequence = {
+            let mut sequence = self.lock();
+            match sequence.as_ref() {
+                None => return fail(CUresult::CUDA_ERROR_ILLEGAL_STATE),
+                Some(s) if s.mode != RELAXED && s.thread != std::thread::current().id() => {
+                    return fail(CUresult::CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD);
+                }
+                Some(_) => {}
+            }
+            sequence.take().ok_or(CUresult::CUDA_ERROR_ILLEGAL_STATE)?
+        };
+        forget(sequence.id);
+        Ok(match sequence.nodes {
             Some(nodes) => Ended::Graph { handle: sequence.graph, nodes, allocs: sequence.allocs },
-            None => Ended::Invalidated(sequence.allocs),
+            None => Ended::Invalidated(sequence.graph, sequence.allocs),
         })
     }
 
@@ -172,6 +208,77 @@ impl Capture {
         drop(discarded);
         true
     }
+}
+
+const RELAXED: CUstreamCaptureMode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+const GLOBAL: CUstreamCaptureMode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL;
+
+thread_local! {
+    /// This thread's capture interaction mode (`cuThreadExchangeStreamCaptureMode`); global
+    /// until changed, as `cuda.h` says.
+    static THREAD_MODE: Cell<CUstreamCaptureMode> = const { Cell::new(GLOBAL) };
+}
+
+/// `cuThreadExchangeStreamCaptureMode`: sets this thread's mode, returning the previous one.
+pub(crate) fn exchange_thread_mode(mode: CUstreamCaptureMode) -> CUstreamCaptureMode {
+    THREAD_MODE.with(|current| current.replace(mode))
+}
+
+/// A capture sequence under way somewhere in the process.
+struct Begun {
+    /// The sequence's id.
+    id: usize,
+    /// Its mode.
+    mode: CUstreamCaptureMode,
+    /// The thread that began it.
+    thread: ThreadId,
+    /// Its stream.
+    stream: Weak<Stream>,
+}
+
+/// Every capture sequence under way in the process.
+static UNDER_WAY: Mutex<Vec<Begun>> = Mutex::new(Vec::new());
+
+fn under_way() -> MutexGuard<'static, Vec<Begun>> {
+    UNDER_WAY.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Notes the sequence `id` just begun on `stream` in `mode` by this thread.
+pub(crate) fn note_begun(id: usize, mode: CUstreamCaptureMode, stream: &Arc<Stream>) {
+    let thread = std::thread::current().id();
+    under_way().push(Begun { id, mode, thread, stream: Arc::downgrade(stream) });
+}
+
+/// Forgets the sequence `id` (ended).
+fn forget(id: usize) {
+    under_way().retain(|begun| begun.id != id);
+}
+
+/// Checks a "potentially unsafe" call (see [`crate::conservative`] for which): refused with
+/// `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` when this thread's mode is not relaxed and it began a
+/// capture under way in a mode other than relaxed, or its mode is global and another thread
+/// began one in the global mode. The captures that prohibit the call are invalidated. Called
+/// before the state lock is taken (invalidating drops captured work).
+pub(crate) fn refuse_unsafe() -> SimResult {
+    let mode = THREAD_MODE.with(Cell::get);
+    if mode == RELAXED {
+        return Ok(());
+    }
+    let me = std::thread::current().id();
+    let prohibiting: Vec<(usize, Arc<Stream>)> = {
+        let mut begun = under_way();
+        // A stream destroyed during its capture takes the capture with it.
+        begun.retain(|b| b.stream.upgrade().is_some_and(|s| s.capture.under_way_id() == Some(b.id)));
+        begun
+            .iter()
+            .filter(|b| if b.thread == me { b.mode != RELAXED } else { mode == GLOBAL && b.mode == GLOBAL })
+            .filter_map(|b| Some((b.id, b.stream.upgrade()?)))
+            .collect()
+    };
+    for (id, stream) in &prohibiting {
+        stream.capture.invalidate(Some(*id));
+    }
+    if prohibiting.is_empty() { Ok(()) } else { fail(CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) }
 }
 
 /// The blocking streams of `context` with a capture under way: the legacy default stream
@@ -265,8 +372,8 @@ mod tests {
         let drops = Arc::new(AtomicUsize::new(0));
         assert_eq!(capture.status(), S::CU_STREAM_CAPTURE_STATUS_NONE);
         assert!(capture.record(counted(&drops)).is_err(), "no capture: the op comes back");
-        assert!(capture.begin().is_some());
-        assert!(capture.begin().is_none(), "one sequence at a time");
+        assert!(capture.begin(RELAXED).is_some());
+        assert!(capture.begin(RELAXED).is_none(), "one sequence at a time");
         let id = capture.active_id().unwrap();
         assert!(capture.record(counted(&drops)).is_ok());
         assert!(!capture.invalidate(Some(id + 1)), "another sequence's id leaves this one alone");
@@ -278,11 +385,13 @@ mod tests {
         assert_eq!(capture.active_id(), None);
         assert!(capture.record(counted(&drops)).is_ok(), "a racing op is swallowed");
         assert!(capture.is_under_way());
-        assert!(matches!(capture.end(), Some(Ended::Invalidated(allocs)) if allocs.is_empty()));
+        assert!(matches!(capture.end(), Ok(Ended::Invalidated(_, allocs)) if allocs.is_empty()));
         assert_eq!(capture.status(), S::CU_STREAM_CAPTURE_STATUS_NONE);
-        assert!(capture.end().is_none());
-        assert!(capture.begin().is_some(), "a new sequence after the end");
+        assert_eq!(capture.end().err(), Some(CUresult::CUDA_ERROR_ILLEGAL_STATE));
+        assert!(capture.begin(GLOBAL).is_some(), "a new sequence after the end");
         assert_ne!(capture.active_id(), Some(id));
-        assert!(matches!(capture.end(), Some(Ended::Graph { nodes, .. }) if nodes.is_empty()));
+        let other_thread = std::thread::scope(|scope| scope.spawn(|| capture.end().err()).join().unwrap());
+        assert_eq!(other_thread, Some(CUresult::CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD));
+        assert!(matches!(capture.end(), Ok(Ended::Graph { nodes, .. }) if nodes.is_empty()));
     }
 }

@@ -86,12 +86,31 @@
 //!   `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED` (the error's own description) until
 //!   `cuStreamEndCapture`, which ends it with that error and a NULL graph (`cuda.h` documents the
 //!   NULL graph).
-//! - **Not modelled in capture**: the capture modes' ban on "potentially unsafe" calls (`cuda.h`
-//!   gives `cudaMalloc` as an example, not a list, so `cuMemAlloc`, `cuMemFree` and the VMM
-//!   calls are not refused during a capture, and `cuThreadExchangeStreamCaptureMode` is not
-//!   exported); cross-stream capture (`cuStreamWaitEvent` on an event recorded in a capture
-//!   waits for the event's earlier state instead of joining the capture); capturing the
-//!   per-thread default stream (refused with `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`).
+//! - **Capture modes' "potentially unsafe" calls** (see the `capture` module for when a thread is
+//!   prohibited from them): `cuda.h` gives `cudaMalloc` as an example, not a list. The simulator
+//!   refuses the calls that allocate or free memory synchronously: `cuMemAlloc`, `cuMemFree`,
+//!   `cuMemAllocHost`, `cuMemFreeHost`, `cuMemAllocManaged` (`cuda.h`'s example, `cudaMalloc`, is
+//!   unsafe because the allocation is "not enqueued asynchronously to a stream", which holds for
+//!   each of these) and `cuMemPoolCreate` (on an H100 a global-mode capture refused other
+//!   threads' `cuMemPoolCreate`). The error is
+//!   `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` (its description: "not permitted when the stream is
+//!   capturing"), and the captures that prohibited the call are invalidated, the stricter
+//!   reading (a GPU may leave them valid: not yet probed). The VMM calls, pool destruction and
+//!   host registration are not refused (no evidence yet).
+//! - **User objects** (see the `user_object` module): `cuUserObjectCreate` with a null destructor
+//!   or an initial count of 0 returns `CUDA_ERROR_INVALID_VALUE` (the count must be "nonzero" in
+//!   the other calls). Releasing more references than user code owns (`cuUserObjectRelease`, or
+//!   moving them with `CU_GRAPH_USER_OBJECT_MOVE`) or than a graph holds
+//!   (`cuGraphReleaseUserObject`), and using a handle once its object is destroyed, return
+//!   `CUDA_ERROR_INVALID_VALUE` (`cuda.h`: undefined behaviour); the references of all user
+//!   code's threads are counted together. An executable graph holds references of its own to
+//!   what its graph held when it was instantiated, released when it is destroyed and its launches
+//!   have completed (as the CUDA programming guide describes). `cuGraphExecUpdate` is not
+//!   exported (cuda.core uses it only for `Graph.update`): cuda.bindings reports
+//!   `CUDA_ERROR_NOT_FOUND` for it.
+//! - **Not modelled in capture**: cross-stream capture (`cuStreamWaitEvent` on an event recorded
+//!   in a capture waits for the event's earlier state instead of joining the capture); capturing
+//!   the per-thread default stream (refused with `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`).
 //! - **A stream-ordered free on an idle stream takes effect at once**: `cuMemFreeAsync` on a
 //!   stream with no pending work, no capture and no implicit wait returns its memory to the pool
 //!   before the call returns, as the stream's worker would do next; with work pending it waits

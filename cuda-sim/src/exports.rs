@@ -16,7 +16,7 @@ use cuda_sys::types::{
     CUmemAllocationGranularity_flags, CUmemAllocationHandleType, CUmemAllocationProp, CUmemAllocationType,
     CUmemGenericAllocationHandle, CUmemLocation, CUmemPool_attribute, CUmemPoolProps, CUmemPoolPtrExportData,
     CUmemcpyAttributes, CUmemoryPool, CUpointer_attribute, CUresult, CUstream, CUstreamCaptureMode,
-    CUstreamCaptureStatus, CUuuid, cuuint64_t,
+    CUstreamCaptureStatus, CUuserObject, CUuuid, cuuint64_t,
 };
 
 use crate::api::memory::Direction;
@@ -223,6 +223,8 @@ exports! {
         => |mode| api::stream::begin_capture(stream, capture_mode, mode);
     cuStreamEndCapture / cuStreamEndCapture_ptsz(stream: CUstream, graph: *mut CUgraph)
         => |mode| api::stream::end_capture(stream, graph, mode);
+    cuThreadExchangeStreamCaptureMode / -(capture_mode: *mut CUstreamCaptureMode)
+        => |_mode| api::stream::exchange_capture_mode(capture_mode);
     cuStreamGetCaptureInfo_v3 / cuStreamGetCaptureInfo_v3_ptsz(
         stream: CUstream, status: *mut CUstreamCaptureStatus, id: *mut cuuint64_t, graph: *mut CUgraph,
         dependencies: *mut *const CUgraphNode, edges: *mut *const CUgraphEdgeData, count: *mut usize,
@@ -241,6 +243,16 @@ exports! {
     cuDeviceSetGraphMemAttribute / -(device: CUdevice, attribute: CUgraphMem_attribute, value: *mut c_void)
         => |_mode| api::graph::set_mem_attribute(device, attribute, value);
     cuDeviceGraphMemTrim / -(device: CUdevice) => |_mode| api::graph::trim(device);
+
+    // User objects.
+    cuUserObjectCreate / -(object: *mut CUuserObject, ptr: *mut c_void, destroy: CUhostFn, initial: c_uint, flags: c_uint)
+        => |_mode| api::user_object::create(object, ptr, destroy, initial, flags);
+    cuUserObjectRetain / -(object: CUuserObject, count: c_uint) => |_mode| api::user_object::retain(object, count);
+    cuUserObjectRelease / -(object: CUuserObject, count: c_uint) => |_mode| api::user_object::release(object, count);
+    cuGraphRetainUserObject / -(graph: CUgraph, object: CUuserObject, count: c_uint, flags: c_uint)
+        => |_mode| api::user_object::graph_retain(graph, object, count, flags);
+    cuGraphReleaseUserObject / -(graph: CUgraph, object: CUuserObject, count: c_uint)
+        => |_mode| api::user_object::graph_release(graph, object, count);
 
     // Pools.
     cuMemPoolCreate / -(pool: *mut CUmemoryPool, props: *const CUmemPoolProps) => |_mode| api::pool::create(pool, props);

@@ -118,6 +118,9 @@ pub(crate) struct Exec {
     pub flags: u64,
     /// Where its latest launch ends: the next launch waits for it.
     pub last_launch: Mutex<Option<Fence>>,
+    /// The user object references it holds (those of its graph when it was instantiated), kept
+    /// by each launch until the launch completes.
+    pub user_objects: Arc<crate::user_object::Held>,
 }
 
 impl Drop for Exec {

@@ -133,4 +133,5 @@ mod shared;
 mod state;
 mod stream;
 pub mod testing;
+mod user_object;
 mod vmm;

@@ -40,6 +40,12 @@ pub(crate) struct State {
     pub graphs: HashMap<usize, Arc<crate::graph::Body>>,
     /// Executable graphs by handle.
     pub execs: HashMap<usize, Arc<crate::graph::Exec>>,
+    /// The user object references each graph holds (a graph still being captured too), by
+    /// graph handle.
+    pub graph_user_objects: HashMap<usize, crate::user_object::Held>,
+    /// User objects by handle (an entry whose object was destroyed stays until the next
+    /// `cuUserObjectCreate` sweeps it, so that a stale handle is refused).
+    pub user_objects: HashMap<usize, Arc<crate::user_object::UserObject>>,
     /// Each device's graph memory counters.
     pub graph_memory: Vec<Arc<crate::graph::GraphMemory>>,
     /// Live pools by handle.
@@ -137,6 +143,8 @@ pub(crate) fn init() -> SimResult {
         other_pools: HashMap::new(),
         graphs: HashMap::new(),
         execs: HashMap::new(),
+        graph_user_objects: HashMap::new(),
+        user_objects: HashMap::new(),
         graph_memory: (0..devices).map(|_| Arc::default()).collect(),
         physicals: HashMap::new(),
         recyclable_pools: HashMap::new(),

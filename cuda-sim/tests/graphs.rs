@@ -1,21 +1,25 @@
 //! Graphs: instantiating, launching, uploading and destroying captured graphs, the capture's
 //! graph (`cuStreamGetCaptureInfo`), graph memory (allocation and free nodes, the device's graph
-//! memory attributes, trimming), and capture modes across threads. Each test runs in a child
+//! memory attributes, trimming), user objects (their references held by user code, graphs and
+//! executable graphs; the destructor), and capture modes across threads
+//! (`cuThreadExchangeStreamCaptureMode`, the unsafe calls they prohibit, ending a capture on the
+//! wrong thread). Each test runs in a child
 //! process: graph memory counters are per process, and a global-mode capture restricts every
 //! thread of the process.
 
 mod common;
 
 use std::ffi::c_void;
+use std::sync::Mutex;
 
 use common::{
-    DeviceBuffer, Pinned, blocking_stream, code, driver, event, event_query, in_child, memset_async,
-    non_blocking_stream, record, sync, use_device,
+    DeviceBuffer, Gate, Pinned, blocking_stream, code, driver, event, event_query, in_child, memset_async,
+    non_blocking_stream, query, record, sync, use_device,
 };
 use cuda_sys::cu_call;
 use cuda_sys::types::{
     CUDA_GRAPH_INSTANTIATE_PARAMS, CUdeviceptr, CUevent_flags, CUgraph, CUgraphExec, CUgraphInstantiateResult,
-    CUgraphMem_attribute, CUresult, CUstream, CUstreamCaptureMode, CUstreamCaptureStatus,
+    CUgraphMem_attribute, CUmemPoolProps, CUresult, CUstream, CUstreamCaptureMode, CUstreamCaptureStatus, CUuserObject,
 };
 
 const INVALID_VALUE: CUresult = CUresult::CUDA_ERROR_INVALID_VALUE;
@@ -488,5 +492,387 @@ fn graph_memory_attributes_reset_only_the_high_marks_to_zero() {
         assert_eq!(set(A::CU_GRAPH_MEM_ATTR_USED_MEM_HIGH, 0), CUresult::CUDA_SUCCESS);
         assert_eq!(set(A::CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH, 0), CUresult::CUDA_SUCCESS);
         assert_eq!(graph_memory(), [6, 6, 6, 6], "reset to the current values");
+    });
+}
+
+// User objects.
+
+const NO_DESTRUCTOR_SYNC: u32 = 1;
+const MOVE: u32 = 1;
+const INT_MAX: u32 = i32::MAX as u32;
+
+/// What the destructors of a test's user objects saw: how many ran, on which threads, and what
+/// a driver call made from one returned.
+static DESTROYED: Mutex<Vec<(usize, std::thread::ThreadId, CUresult)>> = Mutex::new(Vec::new());
+
+/// A destructor: records its pointer, its thread and what a driver call returns there.
+unsafe extern "C" fn destroy(ptr: *mut c_void) {
+    let mut version = 0;
+    // SAFETY: `version` is a valid out-pointer.
+    let call = unsafe { code!(driver(), cuDriverGetVersion(&mut version)) };
+    DESTROYED.lock().unwrap().push((ptr as usize, std::thread::current().id(), call));
+}
+
+/// The destructors that ran for `ptr` so far.
+fn destroyed(ptr: usize) -> Vec<(std::thread::ThreadId, CUresult)> {
+    DESTROYED.lock().unwrap().iter().filter(|(p, ..)| *p == ptr).map(|(_, t, c)| (*t, *c)).collect()
+}
+
+/// Waits (at most 10 s) for the destructor of `ptr` to have run, and returns what it saw.
+fn wait_destroyed(ptr: usize) -> (std::thread::ThreadId, CUresult) {
+    let start = std::time::Instant::now();
+    loop {
+        if let Some(&seen) = destroyed(ptr).first() {
+            return seen;
+        }
+        assert!(start.elapsed() < common::WATCHDOG, "the destructor of {ptr:#x} did not run");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
+/// Gives the destructor thread time to run anything queued, then checks that `ptr`'s did not.
+fn assert_not_destroyed(ptr: usize, when: &str) {
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    assert!(destroyed(ptr).is_empty(), "the destructor ran {when}");
+}
+
+fn user_object_code(ptr: usize, initial: u32, flags: u32) -> Result<CUuserObject, CUresult> {
+    let mut object: CUuserObject = std::ptr::null_mut();
+    // SAFETY: `object` is a valid out-pointer; the destructor ignores its pointer but for its value.
+    match unsafe { code!(driver(), cuUserObjectCreate(&mut object, ptr as *mut c_void, Some(destroy), initial, flags)) }
+    {
+        CUresult::CUDA_SUCCESS => Ok(object),
+        error => Err(error),
+    }
+}
+
+fn user_object(ptr: usize, initial: u32) -> CUuserObject {
+    user_object_code(ptr, initial, NO_DESTRUCTOR_SYNC).unwrap()
+}
+
+fn user_retain(object: CUuserObject, count: u32) -> CUresult {
+    // SAFETY: no pointers.
+    unsafe { code!(driver(), cuUserObjectRetain(object, count)) }
+}
+
+fn user_release(object: CUuserObject, count: u32) -> CUresult {
+    // SAFETY: no pointers.
+    unsafe { code!(driver(), cuUserObjectRelease(object, count)) }
+}
+
+fn graph_retain(graph: CUgraph, object: CUuserObject, count: u32, flags: u32) -> CUresult {
+    // SAFETY: no pointers.
+    unsafe { code!(driver(), cuGraphRetainUserObject(graph, object, count, flags)) }
+}
+
+fn graph_release(graph: CUgraph, object: CUuserObject, count: u32) -> CUresult {
+    // SAFETY: no pointers.
+    unsafe { code!(driver(), cuGraphReleaseUserObject(graph, object, count)) }
+}
+
+/// A user object's references: created, retained and released by user code; the destructor
+/// runs once, when the last goes, on another thread, where driver calls are refused; the errors
+/// `cuda.h` documents, and the simulator's readings for what it leaves undefined.
+#[test]
+fn a_user_object_is_destroyed_on_another_thread_when_its_last_reference_goes() {
+    in_child!(&[], || {
+        use_device(0);
+        let ptr = 0x1000;
+        let object = user_object(ptr, 2);
+        assert_eq!(user_retain(object, 1), CUresult::CUDA_SUCCESS);
+        assert_eq!(user_release(object, 2), CUresult::CUDA_SUCCESS);
+        assert_not_destroyed(ptr, "with a reference left");
+        assert_eq!(user_release(object, 2), INVALID_VALUE, "more than user code owns");
+        assert_eq!(user_release(object, 1), CUresult::CUDA_SUCCESS);
+        let (thread, call) = wait_destroyed(ptr);
+        assert_ne!(thread, std::thread::current().id(), "not in the releasing call");
+        assert_eq!(call, CUresult::CUDA_ERROR_NOT_PERMITTED, "destructors cannot call the driver");
+        assert_eq!(destroyed(ptr).len(), 1, "once");
+        assert_eq!(user_retain(object, 1), INVALID_VALUE, "a destroyed object");
+        assert_eq!(user_release(object, 1), INVALID_VALUE, "a destroyed object");
+
+        // Arguments.
+        assert_eq!(user_object_code(ptr, 1, 0), Err(INVALID_VALUE), "NO_DESTRUCTOR_SYNC is required");
+        assert_eq!(user_object_code(ptr, 1, 3), Err(INVALID_VALUE));
+        assert_eq!(user_object_code(ptr, 0, NO_DESTRUCTOR_SYNC), Err(INVALID_VALUE), "no reference");
+        assert_eq!(user_object_code(ptr, INT_MAX + 1, NO_DESTRUCTOR_SYNC), Err(INVALID_VALUE));
+        // SAFETY: null pointers, refused.
+        unsafe {
+            let mut object: CUuserObject = std::ptr::null_mut();
+            let null_out =
+                code!(driver(), cuUserObjectCreate(std::ptr::null_mut(), std::ptr::null_mut(), Some(destroy), 1, 1));
+            assert_eq!(null_out, INVALID_VALUE);
+            let no_destructor = code!(driver(), cuUserObjectCreate(&mut object, std::ptr::null_mut(), None, 1, 1));
+            assert_eq!(no_destructor, INVALID_VALUE);
+        }
+        let big = user_object(0x2000, INT_MAX);
+        assert_eq!(user_retain(big, 0), INVALID_VALUE, "a zero count");
+        assert_eq!(user_retain(big, INT_MAX + 1), INVALID_VALUE, "above INT_MAX");
+        assert_eq!(user_release(big, 0), INVALID_VALUE);
+        assert_eq!(user_retain(std::ptr::null_mut(), 1), INVALID_VALUE, "no object");
+        assert_eq!(user_release(big, INT_MAX), CUresult::CUDA_SUCCESS);
+        wait_destroyed(0x2000);
+    });
+}
+
+/// A graph's references (new or moved from user code) are released with the graph, and an
+/// executable graph holds references of its own, released once it is destroyed and its launch
+/// has completed.
+#[test]
+fn graphs_and_executable_graphs_hold_user_object_references() {
+    in_child!(&[], || {
+        use_device(0);
+        let device = DeviceBuffer::new(16);
+        let (s, graph) = capture(RELAXED, |s| memset_async(device.ptr, 3, 16, s));
+        let ptr = 0x3000;
+        let object = user_object(ptr, 1);
+        assert_eq!(graph_retain(graph, object, 1, MOVE), CUresult::CUDA_SUCCESS);
+        assert_eq!(user_release(object, 1), INVALID_VALUE, "the reference moved to the graph");
+        assert_eq!(graph_retain(graph, object, 2, MOVE), INVALID_VALUE, "user code owns none to move");
+        assert_eq!(graph_retain(graph, object, 1, 0), CUresult::CUDA_SUCCESS, "a new reference");
+        assert_eq!(graph_release(graph, object, 3), INVALID_VALUE, "more than the graph holds");
+        assert_eq!(graph_release(graph, object, 1), CUresult::CUDA_SUCCESS);
+        assert_eq!(graph_retain(graph, object, 1, 2), INVALID_VALUE, "an unknown flag");
+        assert_eq!(graph_retain(graph, object, 0, 0), INVALID_VALUE, "a zero count");
+        assert_eq!(graph_release(graph, object, 0), INVALID_VALUE, "a zero count");
+        assert_eq!(graph_retain(std::ptr::null_mut(), object, 1, 0), INVALID_VALUE, "no graph");
+        let exec = instantiate(graph);
+        assert_eq!(graph_destroy(graph), CUresult::CUDA_SUCCESS);
+        assert_eq!(graph_retain(graph, object, 1, 0), INVALID_VALUE, "a destroyed graph");
+        assert_not_destroyed(ptr, "while an executable graph holds a reference");
+        let (gate, _guard) = Gate::new();
+        common::hold(gate, driver(), s);
+        assert_eq!(launch(exec, s), CUresult::CUDA_SUCCESS);
+        assert_eq!(exec_destroy(exec), CUresult::CUDA_SUCCESS);
+        assert_not_destroyed(ptr, "while a launch is pending");
+        gate.open();
+        sync(s);
+        assert_eq!(device.read(), vec![3; 16], "the launch ran");
+        wait_destroyed(ptr);
+
+        // A graph with a reference and no executable graph: destroying it destroys the object.
+        let (_, graph) = capture(RELAXED, |s| memset_async(device.ptr, 4, 16, s));
+        let object = user_object(0x3100, 1);
+        assert_eq!(graph_retain(graph, object, 1, MOVE), CUresult::CUDA_SUCCESS);
+        assert_not_destroyed(0x3100, "while the graph holds it");
+        assert_eq!(graph_destroy(graph), CUresult::CUDA_SUCCESS);
+        wait_destroyed(0x3100);
+    });
+}
+
+/// The graph of a capture under way (from `cuStreamGetCaptureInfo`) takes references too; they
+/// are its graph's after the capture, and go when an invalidated capture ends without a graph.
+#[test]
+fn a_capture_s_graph_holds_user_object_references() {
+    in_child!(&[], || {
+        use_device(0);
+        let device = DeviceBuffer::new(16);
+        let capturing_graph = |s: CUstream| {
+            let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+            let mut graph: CUgraph = std::ptr::null_mut();
+            // SAFETY: valid out-pointers; the others null.
+            unsafe {
+                cu_call!(
+                    driver(),
+                    cuStreamGetCaptureInfo_v3(
+                        s,
+                        &mut status,
+                        std::ptr::null_mut(),
+                        &mut graph,
+                        std::ptr::null_mut(),
+                        std::ptr::null_mut(),
+                        std::ptr::null_mut()
+                    )
+                )
+            }
+            .unwrap();
+            graph
+        };
+        let s = non_blocking_stream();
+        begin(s, RELAXED);
+        memset_async(device.ptr, 5, 16, s);
+        let object = user_object(0x4000, 1);
+        assert_eq!(graph_retain(capturing_graph(s), object, 1, MOVE), CUresult::CUDA_SUCCESS);
+        let graph = end(s);
+        assert_not_destroyed(0x4000, "while the captured graph holds it");
+        assert_eq!(graph_release(graph, object, 1), CUresult::CUDA_SUCCESS);
+        wait_destroyed(0x4000);
+
+        begin(s, RELAXED);
+        let object = user_object(0x4100, 1);
+        assert_eq!(graph_retain(capturing_graph(s), object, 1, MOVE), CUresult::CUDA_SUCCESS);
+        assert_eq!(query(s), CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "invalidates the capture");
+        let mut graph: CUgraph = std::ptr::null_mut();
+        // SAFETY: `graph` is a valid out-pointer.
+        let ended = unsafe { code!(driver(), cuStreamEndCapture(s, &mut graph)) };
+        assert_eq!((ended, graph), (CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, std::ptr::null_mut()));
+        wait_destroyed(0x4100);
+    });
+}
+
+// Capture modes.
+
+const THREAD_LOCAL: CUstreamCaptureMode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+const UNSUPPORTED: CUresult = CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+
+/// `cuThreadExchangeStreamCaptureMode`: sets `mode` for this thread and returns the previous one.
+fn exchange_mode(mode: CUstreamCaptureMode) -> CUstreamCaptureMode {
+    let mut swapped = mode;
+    // SAFETY: `swapped` is valid for a read and a write.
+    unsafe { cu_call!(driver(), cuThreadExchangeStreamCaptureMode(&mut swapped)) }.unwrap();
+    swapped
+}
+
+/// `cuMemAlloc` (freed at once when it succeeds), a potentially unsafe call.
+fn mem_alloc_code() -> CUresult {
+    let mut ptr: CUdeviceptr = 0;
+    // SAFETY: `ptr` is a valid out-pointer.
+    let result = unsafe { code!(driver(), cuMemAlloc_v2(&mut ptr, 4096)) };
+    if result == CUresult::CUDA_SUCCESS {
+        // SAFETY: memory this function allocated.
+        unsafe { cu_call!(driver(), cuMemFree_v2(ptr)) }.unwrap();
+    }
+    result
+}
+
+/// `cuMemPoolCreate` (the pool destroyed at once when it succeeds), another unsafe call.
+fn pool_create_code() -> CUresult {
+    let props = CUmemPoolProps {
+        allocType: cuda_sys::types::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
+        location: common::device_location(0),
+        ..Default::default()
+    };
+    let mut pool: cuda_sys::types::CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: valid pointers.
+    let result = unsafe { code!(driver(), cuMemPoolCreate(&mut pool, &props)) };
+    if result == CUresult::CUDA_SUCCESS {
+        // SAFETY: a pool this function created.
+        unsafe { cu_call!(driver(), cuMemPoolDestroy(pool)) }.unwrap();
+    }
+    result
+}
+
+/// `f` on a new thread with device 0's context current and capture mode `mode`.
+fn on_thread_in_mode<T: Send + 'static>(mode: CUstreamCaptureMode, f: impl FnOnce() -> T + Send + 'static) -> T {
+    common::on_fresh_thread(move || {
+        use_device(0);
+        exchange_mode(mode);
+        f()
+    })
+}
+
+fn status(s: CUstream) -> CUstreamCaptureStatus {
+    let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: `status` is a valid out-pointer.
+    unsafe { cu_call!(driver(), cuStreamIsCapturing(s, &mut status)) }.unwrap();
+    status
+}
+
+/// Ends an invalidated capture.
+fn end_invalidated(s: CUstream) {
+    // SAFETY: a null graph pointer is accepted.
+    let ended = unsafe { code!(driver(), cuStreamEndCapture(s, std::ptr::null_mut())) };
+    assert_eq!(ended, CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+}
+
+const ACTIVE: CUstreamCaptureStatus = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE;
+const INVALIDATED: CUstreamCaptureStatus = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_INVALIDATED;
+
+/// A global-mode capture prohibits unsafe calls on its own thread and on every other thread in
+/// the global mode (the call fails and the capture is invalidated), not on threads in the
+/// thread-local or relaxed mode; a thread that switches to relaxed may make them.
+#[test]
+fn a_global_capture_prohibits_unsafe_calls_in_every_global_mode_thread() {
+    in_child!(&[], || {
+        use_device(0);
+        let s = non_blocking_stream();
+        begin(s, GLOBAL);
+        assert_eq!(on_thread_in_mode(THREAD_LOCAL, mem_alloc_code), CUresult::CUDA_SUCCESS);
+        assert_eq!(on_thread_in_mode(RELAXED, pool_create_code), CUresult::CUDA_SUCCESS);
+        assert_eq!(status(s), ACTIVE, "allowed calls leave the capture alone");
+        assert_eq!(on_thread_in_mode(GLOBAL, pool_create_code), UNSUPPORTED, "another global-mode thread");
+        assert_eq!(status(s), INVALIDATED);
+        end_invalidated(s);
+        assert_eq!(on_thread_in_mode(GLOBAL, mem_alloc_code), CUresult::CUDA_SUCCESS, "after the capture");
+
+        begin(s, GLOBAL);
+        assert_eq!(mem_alloc_code(), UNSUPPORTED, "this thread, in the global mode");
+        end_invalidated(s);
+        begin(s, GLOBAL);
+        assert_eq!(exchange_mode(RELAXED), GLOBAL, "the default mode");
+        assert_eq!(mem_alloc_code(), CUresult::CUDA_SUCCESS, "this thread, relaxed");
+        assert_eq!(exchange_mode(GLOBAL), RELAXED);
+        let pinned = {
+            let mut ptr: *mut c_void = std::ptr::null_mut();
+            // SAFETY: `ptr` is a valid out-pointer.
+            unsafe { code!(driver(), cuMemAllocHost_v2(&mut ptr, 16)) }
+        };
+        assert_eq!(pinned, UNSUPPORTED, "cuMemAllocHost");
+        end_invalidated(s);
+    });
+}
+
+/// Thread-local and relaxed captures restrict only their own thread, and a relaxed capture not
+/// even that; a thread's mode does not let it make unsafe calls while its own capture forbids
+/// them.
+#[test]
+fn thread_local_and_relaxed_captures_restrict_only_their_thread() {
+    in_child!(&[], || {
+        use_device(0);
+        let s = non_blocking_stream();
+        begin(s, THREAD_LOCAL);
+        assert_eq!(on_thread_in_mode(GLOBAL, mem_alloc_code), CUresult::CUDA_SUCCESS, "another thread");
+        assert_eq!(status(s), ACTIVE);
+        exchange_mode(THREAD_LOCAL);
+        assert_eq!(pool_create_code(), UNSUPPORTED, "this thread's own capture");
+        assert_eq!(status(s), INVALIDATED);
+        end_invalidated(s);
+        exchange_mode(GLOBAL);
+
+        begin(s, RELAXED);
+        assert_eq!(mem_alloc_code(), CUresult::CUDA_SUCCESS, "a relaxed capture forbids nothing");
+        assert_eq!(on_thread_in_mode(GLOBAL, pool_create_code), CUresult::CUDA_SUCCESS);
+        assert_eq!(status(s), ACTIVE);
+        end(s);
+    });
+}
+
+/// A capture begun in a mode other than relaxed must be ended by its thread
+/// (`CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD`, and the capture goes on); a relaxed one may be
+/// ended anywhere. `cuThreadExchangeStreamCaptureMode` refuses a null pointer and an unknown
+/// mode.
+#[test]
+fn only_the_beginning_thread_ends_a_non_relaxed_capture() {
+    in_child!(&[], || {
+        use_device(0);
+        let s = non_blocking_stream();
+        let end_elsewhere = move || {
+            let s = s as usize;
+            on_thread_in_mode(GLOBAL, move || {
+                let mut graph: CUgraph = std::ptr::null_mut();
+                // SAFETY: `graph` is a valid out-pointer.
+                let ended = unsafe { code!(driver(), cuStreamEndCapture(s as CUstream, &mut graph)) };
+                (ended, graph as usize)
+            })
+        };
+        for mode in [GLOBAL, THREAD_LOCAL] {
+            begin(s, mode);
+            assert_eq!(end_elsewhere(), (CUresult::CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD, 0), "{mode:?}");
+            assert_eq!(status(s), ACTIVE, "{mode:?}: the capture goes on");
+            graph_destroy(end(s));
+        }
+        begin(s, RELAXED);
+        let (ended, graph) = end_elsewhere();
+        assert_eq!(ended, CUresult::CUDA_SUCCESS);
+        assert_eq!(graph_destroy(graph as CUgraph), CUresult::CUDA_SUCCESS);
+
+        // SAFETY: a null pointer, refused.
+        let null = unsafe { code!(driver(), cuThreadExchangeStreamCaptureMode(std::ptr::null_mut())) };
+        assert_eq!(null, INVALID_VALUE);
+        let mut unknown = CUstreamCaptureMode(3);
+        // SAFETY: `unknown` is valid for a read and a write.
+        let refused = unsafe { code!(driver(), cuThreadExchangeStreamCaptureMode(&mut unknown)) };
+        assert_eq!((refused, unknown), (INVALID_VALUE, CUstreamCaptureMode(3)), "unchanged");
+        assert_eq!(exchange_mode(RELAXED), GLOBAL, "the mode is unchanged too");
     });
 }

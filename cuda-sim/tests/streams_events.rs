@@ -667,9 +667,10 @@ fn synchronizing_a_context_with_a_capturing_stream_invalidates_every_capture() {
     in_child!(&[], || {
         use_device(0);
         let (a, b, idle) = (non_blocking_stream(), blocking_stream(), non_blocking_stream());
+        // Allocated first: `cuMemAllocHost` is prohibited during a global-mode capture.
+        let pinned = Pinned::new(16);
         begin_capture(a);
         begin_capture(b);
-        let pinned = Pinned::new(16);
         memset_async(pinned.dptr(), 5, 16, idle);
         assert_eq!(ctx_sync_code(), UNSUPPORTED);
         assert_eq!((capture_status(a), capture_status(b)), (Ok(INVALIDATED), Ok(INVALIDATED)));

@@ -114,6 +114,14 @@ fn every_question_is_answered_and_the_simulator_agrees_with_itself() {
         "cuMemAlloc: CUDA_SUCCESS returned at once; pool: CUDA_SUCCESS returned at once"
     );
     assert!(answer(&answers, "failed-alloc-marks").matches("counts unchanged").count() == 3);
+    // Capture modes: a global capture refuses another thread's unsafe calls and is invalidated.
+    assert_eq!(
+        answer(&answers, "per-thread-stream-during-capture"),
+        "global: another thread's cuStreamIsCapturing(per-thread) NONE, cuMemAllocFromPoolAsync(per-thread) ok, \
+         cuMemAlloc STREAM_CAPTURE_UNSUPPORTED, cuMemPoolCreate STREAM_CAPTURE_UNSUPPORTED; the capture then \
+         INVALIDATED | relaxed: another thread's cuStreamIsCapturing(per-thread) NONE, \
+         cuMemAllocFromPoolAsync(per-thread) ok, cuMemAlloc ok, cuMemPoolCreate ok; the capture then ACTIVE"
+    );
     // The delays themselves are details (microseconds, varying from run to run): the
     // simulator's waiter polls, at most about a millisecond late on an idle machine.
     assert_eq!(

@@ -15,8 +15,8 @@
 //! 7. cuda-bindings (the layer under cuda.core) on the simulator, from a private virtual
 //!    environment (skipped, saying why, without Python or PyPI)
 //! 8. cuda.core sharing pools and buffers with Rust processes on the simulator, both ways, and
-//!    cuda.core's DLPack and `copy_batch` on it (`cargo test -p tests --test python_exchange
-//!    --test dlpack_consumer --test cuda_core_copy` with `CUDA_MEM_PYTHON` naming the virtual
+//!    cuda.core's DLPack, `copy_batch` and graphs on it (`cargo test -p tests` of the targets in
+//!    `python_smoke::PYTHON_TEST_TARGETS`, with `CUDA_MEM_PYTHON` naming the virtual
 //!    environment's Python, which has cuda.core; skipped, saying why, without Python or PyPI)
 //! 9. `cargo doc --workspace --all-features --no-deps` with `RUSTDOCFLAGS=-Dwarnings`
 //! 10. the `cargo xtask bindgen --check` equivalent, when libclang and `cuda.h` can be had
@@ -155,15 +155,15 @@ fn run_steps(workspace: &Path, records: &mut Vec<Record>, summaries: &mut Vec<St
         let (result, lines) = run_collecting_summaries(&mut command);
         let (passed, failed, _) = totals(&lines);
         let counted = count_tests(&lines);
-        // One result line per test target (python_exchange, dlpack_consumer, cuda_core_copy):
-        // each must have passed tests.
+        // One result line per test target (`PYTHON_TEST_TARGETS`): each must have passed tests.
         let targets_passed = lines.iter().filter(|line| totals(std::slice::from_ref(line)).0 > 0).count();
         summaries.extend(lines);
         result?;
         // The tests skip without the Python; here they must have run.
-        if passed == 0 || failed > 0 || targets_passed < 3 {
+        if passed == 0 || failed > 0 || targets_passed < crate::python_smoke::PYTHON_TEST_TARGETS.len() {
             return Err(format!(
-                "the exchange, DLPack consumer and cuda.core copy tests did not all run and pass: {counted}"
+                "the tests with Python ({}) did not all run and pass: {counted}",
+                crate::python_smoke::PYTHON_TEST_TARGETS.join(", ")
             ));
         }
         Ok(Outcome::PassedWith(counted))

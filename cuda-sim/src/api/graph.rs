@@ -20,6 +20,7 @@ use crate::device::check_ordinal;
 use crate::error::{SimResult, ensure, fail, write_out};
 use crate::graph::{Exec, Node, Step, charge, run_steps};
 use crate::state::{self, State};
+use crate::user_object::Held;
 
 /// `CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH`.
 const AUTO_FREE_ON_LAUNCH: u64 = 1;
@@ -31,10 +32,14 @@ const DEVICE_LAUNCH: u64 = 4;
 const USE_NODE_PRIORITY: u64 = 8;
 
 /// `cuGraphDestroy`: the graph's live allocations stay live (graph destruction "does not
-/// automatically free any live graph-allocated memory"); its executable graphs keep working.
+/// automatically free any live graph-allocated memory"); its executable graphs keep working,
+/// and the user object references it held are released.
 /// A graph still being captured is not in the table yet: `CUDA_ERROR_INVALID_VALUE`.
 pub(crate) fn destroy(graph: CUgraph) -> SimResult {
-    state::lock()?.graphs.remove(&(graph as usize)).map(drop).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)
+    let mut state = state::lock()?;
+    state.graphs.remove(&(graph as usize)).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    state.graph_user_objects.remove(&(graph as usize));
+    Ok(())
 }
 
 /// Checks instantiation flags and the graph, and makes the executable graph. `UPLOAD` is only
@@ -55,7 +60,9 @@ fn instantiate_in(state: &mut State, graph: CUgraph, flags: u64, with_params: bo
         return fail(CUresult::CUDA_ERROR_INVALID_VALUE);
     }
     let handle = crate::handle::next();
-    let exec = Arc::new(Exec { body, flags, last_launch: Mutex::new(None) });
+    let user_objects =
+        Arc::new(state.graph_user_objects.get(&(graph as usize)).map(Held::duplicate).unwrap_or_default());
+    let exec = Arc::new(Exec { body, flags, last_launch: Mutex::new(None), user_objects });
     state.execs.insert(handle, exec);
     Ok(handle)
 }
@@ -106,7 +113,8 @@ pub(crate) unsafe fn instantiate_with_params(
     unsafe { write_out(out, handle as CUgraphExec) }
 }
 
-/// `cuGraphExecDestroy`: a launch still in flight completes (it holds the nodes).
+/// `cuGraphExecDestroy`: a launch still in flight completes (it holds the nodes, and the user
+/// object references, which are released when the last launch completes).
 pub(crate) fn exec_destroy(exec: CUgraphExec) -> SimResult {
     state::lock()?.execs.remove(&(exec as usize)).map(drop).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)
 }
@@ -143,6 +151,7 @@ pub(crate) fn launch(exec: CUgraphExec, stream: CUstream, mode: DefaultStream) -
     let (context, stream) = resolve_for_work(&state, stream, mode)?;
     refuse_capturing(&stream)?;
     let body = Arc::clone(&exec.body);
+    let user_objects = Arc::clone(&exec.user_objects);
     let auto_free = exec.flags & AUTO_FREE_ON_LAUNCH != 0;
     // Everything is checked before anything changes.
     let mut still_live = Vec::new();
@@ -193,6 +202,9 @@ pub(crate) fn launch(exec: CUgraphExec, stream: CUstream, mode: DefaultStream) -
                 previous.wait();
             }
             run_steps(&body, &steps);
+            // The executable graph's user objects live until its launches complete (this work
+            // is dropped once it has run).
+            let _ = &user_objects;
         }),
     );
     *last = Some(fence);

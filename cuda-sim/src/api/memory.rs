@@ -21,6 +21,7 @@ use cuda_sys::types::{CUdeviceptr, CUresult, CUstream};
 use super::DefaultStream;
 use super::pool::Reach;
 use super::stream::resolve_for_work;
+use crate::capture;
 use crate::context as ctx;
 use crate::error::{SimResult, ensure, fail, write_out};
 use crate::memory::{Endpoint, Kind, round_up};
@@ -32,6 +33,7 @@ use crate::state;
 /// # Safety
 /// `out` is null or valid for a write.
 pub(crate) unsafe fn alloc(out: *mut CUdeviceptr, size: usize) -> SimResult {
+    capture::refuse_unsafe()?;
     ensure(!out.is_null() && size > 0)?;
     let mut state = state::lock()?;
     let context = ctx::current(&state)?;
@@ -56,6 +58,7 @@ pub(crate) unsafe fn alloc(out: *mut CUdeviceptr, size: usize) -> SimResult {
 /// or pool allocation; freeing twice, freeing null, or freeing host memory is
 /// `CUDA_ERROR_INVALID_VALUE`.
 pub(crate) fn free(address: CUdeviceptr) -> SimResult {
+    capture::refuse_unsafe()?;
     let mut state = state::lock()?;
     let allocation = state
         .memory
@@ -84,6 +87,7 @@ pub(crate) fn free(address: CUdeviceptr) -> SimResult {
 /// # Safety
 /// `out` is null or valid for a write.
 pub(crate) unsafe fn alloc_host(out: *mut *mut c_void, size: usize) -> SimResult {
+    capture::refuse_unsafe()?;
     ensure(!out.is_null() && size > 0)?;
     let mut state = state::lock()?;
     let context = ctx::current(&state)?;
@@ -94,6 +98,7 @@ pub(crate) unsafe fn alloc_host(out: *mut *mut c_void, size: usize) -> SimResult
 
 /// `cuMemFreeHost`: the pointer must come from `cuMemAllocHost`.
 pub(crate) fn free_host(address: *mut c_void) -> SimResult {
+    capture::refuse_unsafe()?;
     state::lock()?.memory.free(address as u64, Kind::PinnedHost).map(drop)
 }
 

@@ -14,6 +14,7 @@ pub(crate) mod pointer;
 pub(crate) mod pool;
 pub(crate) mod sim;
 pub(crate) mod stream;
+pub(crate) mod user_object;
 pub(crate) mod vmm;
 
 use std::cell::Cell;

@@ -74,6 +74,7 @@ fn pool_kind(allocation_type: CUmemAllocationType) -> SimResult<PoolKind> {
 /// # Safety
 /// `out` is null or valid for a write; `props` is null or valid for a read.
 pub(crate) unsafe fn create(out: *mut CUmemoryPool, props: *const CUmemPoolProps) -> SimResult {
+    capture::refuse_unsafe()?;
     ensure(!out.is_null() && !props.is_null())?;
     // SAFETY: non-null and valid for a read by the caller's contract.
     let props = unsafe { props.read_unaligned() };
@@ -534,6 +535,7 @@ fn forget_if_destroyed(state: &mut State, pool: usize) {
 /// # Safety
 /// `out` is null or valid for a write.
 pub(crate) unsafe fn alloc_managed(out: *mut CUdeviceptr, size: usize, flags: u32) -> SimResult {
+    capture::refuse_unsafe()?;
     ensure(!out.is_null() && size > 0 && (flags == ATTACH_GLOBAL || flags == ATTACH_HOST))?;
     let mut state = state::lock()?;
     let context = ctx::current(&state)?;

@@ -112,11 +112,29 @@ pub(crate) fn begin_capture(stream: CUstream, capture_mode: CUstreamCaptureMode,
     if stream.kind != StreamKind::Created {
         return fail(CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
     }
-    if stream.capture.begin().is_some() { Ok(()) } else { fail(CUresult::CUDA_ERROR_ILLEGAL_STATE) }
+    let id = stream.capture.begin(capture_mode).ok_or(CUresult::CUDA_ERROR_ILLEGAL_STATE)?;
+    capture::note_begun(id, capture_mode, &stream);
+    Ok(())
+}
+
+/// `cuThreadExchangeStreamCaptureMode`: swaps the calling thread's capture interaction mode
+/// (see [`capture`]); an unknown mode is `CUDA_ERROR_INVALID_VALUE`.
+///
+/// # Safety
+/// `mode` is null or valid for a read and a write.
+pub(crate) unsafe fn exchange_capture_mode(mode: *mut CUstreamCaptureMode) -> SimResult {
+    ensure(!mode.is_null())?;
+    // SAFETY: non-null and valid for a read by the caller's contract.
+    let wanted = unsafe { mode.read_unaligned() };
+    ensure(wanted.0 <= CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED.0)?;
+    let previous = capture::exchange_thread_mode(wanted);
+    // SAFETY: forwarded from the caller.
+    unsafe { write_out(mode, previous) }
 }
 
 /// `cuStreamEndCapture`: returns the captured graph; `CUDA_ERROR_ILLEGAL_STATE` when the stream
-/// was not capturing. An invalidated capture ends too, with a NULL graph ("if capture was
+/// was not capturing, `CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD` (the capture goes on) from a
+/// thread other than the one that began it in a mode other than relaxed. An invalidated capture ends too, with a NULL graph ("if capture was
 /// invalidated, … a NULL graph will be returned") and `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`.
 /// `out` may be NULL: the graph is then kept for whoever took its handle from
 /// `cuStreamGetCaptureInfo` (as cuda.core's graph builder does; see `conservative`). The
@@ -127,20 +145,24 @@ pub(crate) fn begin_capture(stream: CUstream, capture_mode: CUstreamCaptureMode,
 pub(crate) unsafe fn end_capture(stream: CUstream, out: *mut CUgraph, mode: DefaultStream) -> SimResult {
     let mut state = state::lock()?;
     let (_, stream) = resolve(&state, stream, mode)?;
-    let ended = stream.capture.end().ok_or(CUresult::CUDA_ERROR_ILLEGAL_STATE)?;
+    let ended = stream.capture.end()?;
     let (graph, allocs) = match ended {
-        Ended::Graph { handle, nodes, allocs } => (Some((handle, nodes)), allocs),
-        Ended::Invalidated(allocs) => (None, allocs),
+        Ended::Graph { handle, nodes, allocs } => (Ok((handle, nodes)), allocs),
+        Ended::Invalidated(handle, allocs) => (Err(handle), allocs),
     };
     for alloc in &allocs {
         state.memory.unmap_graph(alloc.base);
     }
     let handle = match graph {
-        Some((handle, nodes)) => {
+        Ok((handle, nodes)) => {
             state.graphs.insert(handle, crate::graph::Body::new(nodes));
             handle
         }
-        None => 0,
+        Err(discarded) => {
+            // The graph is gone: the user object references it was given go with it.
+            state.graph_user_objects.remove(&discarded);
+            0
+        }
     };
     if !out.is_null() {
         // SAFETY: forwarded from the caller.

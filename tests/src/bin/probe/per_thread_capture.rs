@@ -1,10 +1,10 @@
 //! Question 8: another thread's per-thread default stream while a stream captures. In the
 //! global mode `cuda.h` forbids "potentially unsafe" calls to every thread while a capture
-//! runs, without listing them; the simulator does not model the modes. `cuda-mem-core` checks
-//! `cuStreamIsCapturing` before every pool allocation and allocates on per-thread default
-//! streams, and creates pools: does each call work from another thread, and does it disturb the
-//! capture? (On an H100, a global-mode capture in one test refused `cuMemPoolCreate` in tests
-//! running on other threads.)
+//! runs, without listing them; the simulator refuses the calls `cuda_sim::conservative` lists.
+//! `cuda-mem-core` checks `cuStreamIsCapturing` before every pool allocation and allocates on
+//! per-thread default streams, and creates pools: does each call work from another thread, and
+//! does it disturb the capture? (On an H100, a global-mode capture in one test refused
+//! `cuMemPoolCreate` in tests running on other threads.)
 
 use cuda_sys::types::{CUdeviceptr, CUmemoryPool};
 
