@@ -248,3 +248,9 @@
 //!   legacy `PREFERRED_LOCATION` and `LAST_PREFETCH_LOCATION` report a host NUMA node as
 //!   `CU_DEVICE_CPU` (it is the CPU); `ACCESSED_BY` lists devices in ordinal order, then the
 //!   host as `CU_DEVICE_CPU`.
+//! - **An older driver** (`CUDA_SIM_DRIVER_VERSION`) is pretended to by `cuDriverGetVersion` and
+//!   `cuGetProcAddress` alone: the simulator still exports every symbol it implements, so `dlsym`
+//!   finds functions the pretended driver did not have, and they behave as CUDA 13.0's. A
+//!   library's version checks, which come before such calls, are what the setting tests. Before
+//!   CUDA 12.0 `cuGetProcAddress_v2` answers every request `CUDA_ERROR_NOT_FOUND` with
+//!   `CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND` (a driver of that age has no such entry point).

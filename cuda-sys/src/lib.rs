@@ -25,6 +25,7 @@
 //! | [`types`] | the generated types, constants and enums of `cuda.h` (`generated/bindings.rs`) |
 //! | [`error_table`] | the generated name and description of every `CUresult` (`generated/errors.rs`) |
 //! | `loader` (private) | [`Driver`] and its options, the lazily resolved entry points (one accessor per function, generated into `generated/functions.rs`), [`SYMBOLS`], the process-wide [`driver()`] and [`install_driver`], [`cu_call!`] |
+//! | [`older`] | older variants of a few functions, which `cuda.h` no longer declares, for older drivers ([`OLDER_SYMBOLS`]) |
 //! | `error` (private) | [`CudaError`], [`DriverError`], [`LoadError`], [`error_name`], [`error_description`] |
 //!
 //! Everything the private modules hold is re-exported here.
@@ -45,7 +46,9 @@
 
 mod error;
 mod loader;
+pub mod older;
 
+pub use older::OLDER_SYMBOLS;
 pub use error::{CudaError, DriverError, LoadError, error_description, error_name};
 pub use loader::{
     DEFAULT_LIBRARY, DRIVER_ENV, Driver, DriverOptions, SYMBOLS, StreamMode, SymbolInfo, driver, install_driver,

@@ -6,12 +6,16 @@ use cuda_sys::types::CUresult;
 
 use crate::error::{SimResult, ensure, fail, write_out};
 
-/// The CUDA version the simulator reports: the version of the header it was built from.
-pub(crate) const DRIVER_VERSION: i32 = cuda_sys::HEADER_VERSION;
+/// The CUDA version the simulator reports: the version of the header it was built from, or the
+/// older one `CUDA_SIM_DRIVER_VERSION` names.
+pub(crate) fn reported_version() -> SimResult<i32> {
+    crate::config::driver_version().or(Err(CUresult::CUDA_ERROR_INVALID_VALUE))
+}
 
 /// `cuInit`: flags must be 0.
 pub(crate) fn init(flags: u32) -> SimResult {
     ensure(flags == 0)?;
+    reported_version()?;
     crate::state::init()
 }
 
@@ -20,8 +24,9 @@ pub(crate) fn init(flags: u32) -> SimResult {
 /// # Safety
 /// `out` is null or valid for a write of an `int`.
 pub(crate) unsafe fn driver_version(out: *mut i32) -> SimResult {
+    let version = reported_version()?;
     // SAFETY: forwarded from the caller.
-    unsafe { write_out(out, DRIVER_VERSION) }
+    unsafe { write_out(out, version) }
 }
 
 /// `cuGetErrorName` / `cuGetErrorString`: an unknown code writes null and fails with
