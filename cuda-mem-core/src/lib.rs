@@ -285,6 +285,7 @@
 //! ```
 
 #![cfg_attr(feature = "cudarc", doc = include_str!("cudarc_interop/README.md"))]
+#![doc = include_str!("driver_versions.md")]
 #![doc = include_str!("cuda_core_names.md")]
 
 mod access;
@@ -298,6 +299,7 @@ mod device_resource;
 #[cfg(feature = "dlpack")]
 mod dlpack;
 mod driver;
+mod driver_version;
 mod drop_errors;
 mod error;
 mod event;
@@ -340,6 +342,7 @@ pub use dlpack::{
 #[cfg(feature = "dlpack")]
 pub use dlpark;
 pub use driver::driver;
+pub use driver_version::{DriverCapability, installed_version};
 pub use drop_errors::{DropError, record as record_drop_error, set_drop_error_hook, take_drop_errors};
 pub use error::{DeviceCapability, Error, OutOfMemory, PoolHoldings, Result, cuda_code_of};
 pub use event::{Event, EventOptions};

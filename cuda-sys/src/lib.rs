@@ -48,12 +48,12 @@ mod error;
 mod loader;
 pub mod older;
 
-pub use older::OLDER_SYMBOLS;
 pub use error::{CudaError, DriverError, LoadError, error_description, error_name};
 pub use loader::{
     DEFAULT_LIBRARY, DRIVER_ENV, Driver, DriverOptions, SYMBOLS, StreamMode, SymbolInfo, driver, install_driver,
     installed_driver,
 };
+pub use older::OLDER_SYMBOLS;
 
 /// The generated bindings: types, constants and enums of `cuda.h`.
 #[allow(

@@ -20,7 +20,13 @@
 //!   hand a CUDA 14 driver's `cuMemAdvise_v3`, say, to code built for the 12.2 signature);
 //! - gets "version not sufficient" from a driver that only has an older variant, which
 //!   [`LoadError::VersionNotSufficient`] reports with both versions;
-//! - gets "symbol not found" from a driver that predates the function.
+//! - gets "symbol not found" from a driver that predates the function;
+//! - is never made of a driver older than that version: such a driver answers with the newest
+//!   variant not above the version asked for, an older signature (a CUDA 12.0 driver asked for
+//!   `cuMemAdvise` at 12020 gives CUDA 8.0's, which takes a device ordinal where `_v2` takes a
+//!   `CUmemLocation`), so the loader compares the driver's version (`cuDriverGetVersion`, asked
+//!   once) with the variant's first and reports [`LoadError::VersionNotSufficient`] without
+//!   asking. The same holds for `dlsym`: a driver never exports a variant newer than itself.
 //!
 //! So the version asked for is the one the signature was introduced with: `cuMemAlloc_v2` is
 //! asked for at 3020, `cuMemPoolCreate` at 11020, `cuMemAdvise_v2` and `cuMemPrefetchAsync_v2`
@@ -318,6 +324,14 @@ impl Driver {
             }
             _ => (spec.symbol, spec.version, CUdriverProcAddress_flags::CU_GET_PROC_ADDRESS_LEGACY_STREAM),
         };
+        // A driver older than the variant has only older variants, which `cuGetProcAddress_v2`
+        // would hand out for this request (the newest not above the version asked for) with
+        // another signature (`cuMemAdvise` of CUDA 8.0 for `cuMemAdvise_v2`): refuse instead.
+        if let (Some(required), Some(driver)) = (version, self.known_version())
+            && driver < required
+        {
+            return Err(Failure::TooOld { required, driver });
+        }
         let mut too_old = None;
         if let (Some(get_proc_address), Some(version)) = (self.get_proc_address, version) {
             let mut address: *mut c_void = std::ptr::null_mut();
@@ -354,19 +368,22 @@ impl Driver {
 
     /// The driver version for error messages, without recursing through a failing lookup.
     fn version_cached(&self) -> u32 {
-        self.version
-            .get_or_init(|| {
-                let address = lookup(&self.library, c"cuDriverGetVersion")?;
-                // SAFETY: `cuDriverGetVersion(int*)` has had this signature since CUDA 2.2.
-                let f = unsafe {
-                    std::mem::transmute::<*const c_void, unsafe extern "C" fn(*mut c_int) -> CUresult>(address)
-                };
-                let mut version: c_int = 0;
-                // SAFETY: `version` is a valid out-pointer.
-                let code = unsafe { f(&mut version) };
-                (code == CUresult::CUDA_SUCCESS).then(|| u32::try_from(version).unwrap_or(0))
-            })
-            .unwrap_or(0)
+        self.known_version().unwrap_or(0)
+    }
+
+    /// The driver's version, asked once through `dlsym` (never through a lookup, which needs
+    /// it); `None` when it cannot be had.
+    fn known_version(&self) -> Option<u32> {
+        *self.version.get_or_init(|| {
+            let address = lookup(&self.library, c"cuDriverGetVersion")?;
+            // SAFETY: `cuDriverGetVersion(int*)` has had this signature since CUDA 2.2.
+            let f =
+                unsafe { std::mem::transmute::<*const c_void, unsafe extern "C" fn(*mut c_int) -> CUresult>(address) };
+            let mut version: c_int = 0;
+            // SAFETY: `version` is a valid out-pointer.
+            let code = unsafe { f(&mut version) };
+            (code == CUresult::CUDA_SUCCESS).then(|| u32::try_from(version).unwrap_or(0))
+        })
     }
 }
 

@@ -14,12 +14,8 @@ use crate::types::{CUevent, CUresult};
 
 /// `cuEventElapsedTime` as CUDA 2.0 defined it (`PFN_cuEventElapsedTime_v2000`): the signature
 /// of CUDA 12.8's `cuEventElapsedTime_v2`, for drivers before 12.8.
-const EVENT_ELAPSED_TIME_V1: SymbolInfo = SymbolInfo {
-    symbol: c"cuEventElapsedTime",
-    base: c"cuEventElapsedTime",
-    version: Some(2000),
-    per_thread: None,
-};
+const EVENT_ELAPSED_TIME_V1: SymbolInfo =
+    SymbolInfo { symbol: c"cuEventElapsedTime", base: c"cuEventElapsedTime", version: Some(2000), per_thread: None };
 
 /// Every variant declared here, in the form of [`SYMBOLS`](crate::SYMBOLS).
 pub static OLDER_SYMBOLS: &[SymbolInfo] = &[EVENT_ELAPSED_TIME_V1];
