@@ -10,6 +10,7 @@
 //! `resource.set_peer_accessible_by(…)`). For the rest, `use cuda_mem_core::prelude::*;` brings the
 //! traits ([`MemoryResource`], [`MemoryResourceExt`], [`PoolResource`]) and the common types into
 //! scope. Coming from cuda.core? [Its names and ours](#cudacores-names-and-ours) are at the end.
+//! Which CUDA driver each capability needs: [Driver versions](#driver-versions), also at the end.
 //!
 //! - [`Device`]: enumeration, properties, peer capability, making the primary context current.
 //! - [`Stream`] and [`Event`]: stream-ordered work and its synchronization.

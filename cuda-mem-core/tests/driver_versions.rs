@@ -6,8 +6,8 @@ mod common;
 
 use cuda_mem_core::{
     DeviceMemoryResource, DriverCapability, Error, EventOptions, GraphMemoryResource, ManagedMemoryResource,
-    ManagedMemoryResourceOptions, MemoryResourceExt, PinnedMemoryResource, PinnedMemoryResourceOptions,
-    PreferredLocation, installed_version,
+    ManagedMemoryResourceOptions, PinnedMemoryResource, PinnedMemoryResourceOptions, PreferredLocation,
+    installed_version,
 };
 use cuda_sim::testing::{in_simulated_machine, live_objects, simulator_only};
 
