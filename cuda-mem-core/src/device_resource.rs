@@ -141,6 +141,7 @@ impl DeviceMemoryResource {
 /// Fails unless the device supports memory pools.
 fn require_pools(device: Device) -> Result<()> {
     use cuda_sys::types::CUdevice_attribute as A;
+    crate::DriverCapability::MemoryPools.require()?;
     if device.attribute(A::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)? == 0 {
         return Err(Error::Unsupported { device, capability: DeviceCapability::MemoryPools });
     }

@@ -47,6 +47,22 @@ pub enum Error {
         /// What it lacks.
         capability: DeviceCapability,
     },
+    /// The installed driver is older than a capability needs (see the crate documentation's
+    /// "Driver versions"); nothing was done.
+    #[error(
+        "not supported: {capability} need CUDA {} or newer, but the installed driver is CUDA {}: update the \
+         driver (the crate documentation's \"Driver versions\" lists what each capability needs)",
+        crate::driver_version::dotted(*.needs),
+        crate::driver_version::dotted(*.installed)
+    )]
+    DriverTooOld {
+        /// What was asked for.
+        capability: crate::DriverCapability,
+        /// The CUDA version it needs (`cuDriverGetVersion`'s encoding: `12060` for 12.6).
+        needs: u32,
+        /// The version the installed driver reports.
+        installed: u32,
+    },
     /// Devices that cannot be given access to a pool's memory; nothing was changed.
     #[error("device(s) {peers:?} cannot access memory of device {owner}; peer access was left unchanged")]
     PeerAccess {

@@ -18,6 +18,10 @@ pub const IPC_EVENT_HANDLE_LEN: usize = 64;
 
 const _: () = assert!(std::mem::size_of::<CUipcEventHandle>() == IPC_EVENT_HANDLE_LEN);
 
+/// The CUDA version of `cuEventElapsedTime_v2` (`PFN_cuEventElapsedTime_v12080`); older drivers
+/// get CUDA 2.0's `cuEventElapsedTime`, which takes the same arguments.
+const ELAPSED_TIME_V2: u32 = 12080;
+
 /// How to create an event.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -335,8 +339,16 @@ impl Event {
     pub fn elapsed_since(&self, start: &Event) -> Result<Duration> {
         let d = driver()?;
         let mut ms = 0f32;
+        let has_v2 = d.version()? >= ELAPSED_TIME_V2;
         // SAFETY: `ms` is a valid out-pointer; valid event handles.
-        unsafe { cu_call!(d, cuEventElapsedTime_v2(&mut ms, start.handle(), self.handle())) }?;
+        unsafe {
+            if has_v2 {
+                cu_call!(d, cuEventElapsedTime_v2(&mut ms, start.handle(), self.handle()))
+            } else {
+                // Before 12.8 only CUDA 2.0's variant exists; it takes the same arguments.
+                cu_call!(d, cuEventElapsedTime_v1(&mut ms, start.handle(), self.handle()))
+            }
+        }?;
         Ok(Duration::from_secs_f64(f64::from(ms.max(0.0)) / 1e3))
     }
 }

@@ -10,6 +10,7 @@ use cuda_sys::types::{CUgraphMem_attribute, CUstreamCaptureStatus};
 
 use crate::device::Device;
 use crate::driver::driver;
+use crate::driver_version::DriverCapability;
 use crate::error::{Error, Result};
 use crate::memory_resource::{DevicePtr, MemoryResource};
 use crate::stream::Stream;
@@ -93,6 +94,7 @@ impl GraphMemoryResource {
     }
 
     fn attribute(&self, attribute: CUgraphMem_attribute) -> Result<u64> {
+        DriverCapability::GraphMemory.require()?;
         crate::context::bind(self.device)?;
         let d = driver()?;
         let mut value: u64 = 0;
@@ -112,6 +114,7 @@ impl GraphMemoryResource {
             HighWaterMark::Used => CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_USED_MEM_HIGH,
             HighWaterMark::Reserved => CUgraphMem_attribute::CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH,
         };
+        DriverCapability::GraphMemory.require()?;
         crate::context::bind(self.device)?;
         let d = driver()?;
         let mut zero: u64 = 0;
@@ -126,6 +129,7 @@ impl GraphMemoryResource {
     /// # Errors
     /// If a driver call fails.
     pub fn trim(&self) -> Result<()> {
+        DriverCapability::GraphMemory.require()?;
         crate::context::bind(self.device)?;
         let d = driver()?;
         // SAFETY: a valid device ordinal.
@@ -139,6 +143,7 @@ impl GraphMemoryResource {
 // free, which `deallocate_raw` makes. It is never host-accessible (reported so).
 unsafe impl MemoryResource for GraphMemoryResource {
     fn allocate_raw(&self, size: usize, stream: &Stream) -> Result<DevicePtr> {
+        DriverCapability::GraphMemory.require()?;
         if stream.device() != self.device {
             return Err(Error::StreamOfAnotherDevice {
                 resource: self.device.ordinal(),

@@ -7,6 +7,7 @@ use cuda_sys::types::{CUmemAllocationType, CUmemLocation, CUmemLocationType, CUm
 
 use crate::device::Device;
 use crate::driver::driver;
+use crate::driver_version::DriverCapability;
 use crate::error::{DeviceCapability, Error, Result};
 use crate::handle_types::{HandleType, HandleTypes};
 use crate::pool::{MemoryPool, PoolKind};
@@ -85,8 +86,11 @@ impl PinnedMemoryResource {
     /// which holds for every user of the process-wide pool.
     ///
     /// # Errors
-    /// If the driver lacks `cuMemGetMemPool` (before CUDA 13) or the call fails.
+    /// [`Error::DriverTooOld`] before CUDA 13.0 ([`DriverCapability::CurrentPools`]: there is
+    /// no current host pool; [`PinnedMemoryResource::new`] makes one of its own from 12.6);
+    /// driver errors.
     pub fn current() -> Result<Arc<PinnedMemoryResource>> {
+        DriverCapability::CurrentPools.require()?;
         let handle = current_pool(host_location(None), CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED)?;
         let pool = MemoryPool::borrowed(handle, PoolKind::Pinned);
         pool.grant_all_devices()?;
@@ -96,9 +100,11 @@ impl PinnedMemoryResource {
     /// A pinned pool of its own, its memory readable and writable by every device.
     ///
     /// # Errors
+    /// [`Error::DriverTooOld`] before CUDA 12.6 ([`DriverCapability::PinnedPools`]);
     /// [`Error::NumaLocationRequired`] for IPC without a NUMA location; [`Error::Unsupported`]
     /// ([`DeviceCapability::HostNumaNode`]) for a device that reports no NUMA node; driver errors.
     pub fn new(options: PinnedMemoryResourceOptions) -> Result<Arc<PinnedMemoryResource>> {
+        DriverCapability::PinnedPools.require()?;
         let numa_node = match options.location {
             PinnedLocation::Host => None,
             PinnedLocation::NumaNode(node) => Some(node),
@@ -194,8 +200,10 @@ impl ManagedMemoryResource {
     /// The current managed pool for a preferred location (shared, never destroyed).
     ///
     /// # Errors
-    /// If the driver lacks managed pools or the call fails.
+    /// [`Error::DriverTooOld`] before CUDA 13.0 ([`DriverCapability::CurrentPools`]); driver
+    /// errors.
     pub fn current(preferred_location: PreferredLocation) -> Result<Arc<ManagedMemoryResource>> {
+        DriverCapability::CurrentPools.require()?;
         let handle = current_pool(preferred_location.raw(), CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_MANAGED)?;
         Ok(Arc::new(ManagedMemoryResource {
             pool: MemoryPool::borrowed(handle, PoolKind::Managed),
@@ -206,8 +214,10 @@ impl ManagedMemoryResource {
     /// A managed pool of its own.
     ///
     /// # Errors
-    /// If the driver call fails.
+    /// [`Error::DriverTooOld`] before CUDA 13.0 ([`DriverCapability::ManagedPools`]); driver
+    /// errors.
     pub fn new(options: ManagedMemoryResourceOptions) -> Result<Arc<ManagedMemoryResource>> {
+        DriverCapability::ManagedPools.require()?;
         let props = CUmemPoolProps {
             allocType: CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_MANAGED,
             location: options.preferred_location.raw(),

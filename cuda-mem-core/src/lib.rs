@@ -10,6 +10,7 @@
 //! `resource.set_peer_accessible_by(…)`). For the rest, `use cuda_mem_core::prelude::*;` brings the
 //! traits ([`MemoryResource`], [`MemoryResourceExt`], [`PoolResource`]) and the common types into
 //! scope. Coming from cuda.core? [Its names and ours](#cudacores-names-and-ours) are at the end.
+//! Which CUDA driver each capability needs: [Driver versions](#driver-versions), also at the end.
 //!
 //! - [`Device`]: enumeration, properties, peer capability, making the primary context current.
 //! - [`Stream`] and [`Event`]: stream-ordered work and its synchronization; an interprocess
@@ -292,6 +293,7 @@
 //! ```
 
 #![cfg_attr(feature = "cudarc", doc = include_str!("cudarc_interop/README.md"))]
+#![doc = include_str!("driver_versions.md")]
 #![doc = include_str!("cuda_core_names.md")]
 
 mod access;
@@ -306,6 +308,7 @@ mod device_resource;
 #[cfg(feature = "dlpack")]
 mod dlpack;
 mod driver;
+mod driver_version;
 mod drop_errors;
 mod error;
 mod event;
@@ -352,6 +355,7 @@ pub use dlpack::{
 #[cfg(feature = "dlpack")]
 pub use dlpark;
 pub use driver::driver;
+pub use driver_version::{DriverCapability, installed_version};
 pub use drop_errors::{DropError, record as record_drop_error, set_drop_error_hook, take_drop_errors};
 pub use error::{DeviceCapability, Error, OutOfMemory, PoolHoldings, Result, cuda_code_of};
 pub use event::{Event, EventOptions, IPC_EVENT_HANDLE_LEN, IpcEventHandle};

@@ -18,6 +18,7 @@ use cuda_sys::types::{CUmem_advise, CUmem_range_attribute, CUmemLocation, CUmemL
 use crate::buffer::ScopedBuffer;
 use crate::device::Device;
 use crate::driver::driver;
+use crate::driver_version::DriverCapability;
 use crate::error::{Error, Result};
 use crate::memory_resource::DevicePtr;
 use crate::stream::Stream;
@@ -319,12 +320,14 @@ impl<'b, 'a> ManagedBuffer<'b, 'a> {
     ///
     /// # Errors
     /// [`Error::AdviceLocation`] when the advice does not take the location (before any driver
-    /// call); a driver error.
+    /// call); [`Error::DriverTooOld`] before CUDA 12.2 ([`DriverCapability::ManagedLocations`]);
+    /// a driver error.
     #[doc(alias = "cuMemAdvise")]
     pub fn advise(&self, advice: Advice, location: Location) -> Result<()> {
         if !advice.accepts(location) {
             return Err(Error::AdviceLocation { advice, location });
         }
+        DriverCapability::ManagedLocations.require()?;
         let d = driver()?;
         bind_for(self.buffer)?;
         // SAFETY: the range is the buffer's, valid while it lives; no pointers are passed.
@@ -453,9 +456,11 @@ impl<'b, 'a> ManagedBuffer<'b, 'a> {
     /// Prefetches the memory to `location` on `stream`.
     ///
     /// # Errors
-    /// A driver error (a device without concurrent managed access, say).
+    /// [`Error::DriverTooOld`] before CUDA 12.2 ([`DriverCapability::ManagedLocations`]); a
+    /// driver error (a device without concurrent managed access, say).
     #[doc(alias = "cuMemPrefetchAsync")]
     pub fn prefetch(&self, location: impl Into<Location>, stream: &Stream) -> Result<()> {
+        DriverCapability::ManagedLocations.require()?;
         let d = driver()?;
         let stream = stream.on_calling_thread();
         stream.bind_if_default()?;
@@ -565,11 +570,13 @@ fn location_table(locations: ManagedLocations<'_>, buffers: usize) -> Result<(Ve
     }
 }
 
-/// The buffers of a batch, every one checked managed; [`Error::EmptyBatch`] for none.
+/// The buffers of a batch, every one checked managed; [`Error::DriverTooOld`] before CUDA 13.0,
+/// [`Error::EmptyBatch`] for none.
 fn checked<'x, 'y: 'x>(
     buffers: impl IntoIterator<Item = &'x ScopedBuffer<'y>>,
     operation: &'static str,
 ) -> Result<Vec<&'x ScopedBuffer<'y>>> {
+    DriverCapability::BatchPrefetchDiscard.require()?;
     let buffers: Vec<&ScopedBuffer<'y>> = buffers.into_iter().collect();
     if buffers.is_empty() {
         return Err(Error::EmptyBatch { operation });
@@ -617,6 +624,7 @@ fn run_batch(
 /// location, or to one each (cuda.core's `utils.prefetch_batch`).
 ///
 /// # Errors
+/// [`Error::DriverTooOld`] before CUDA 13.0 ([`DriverCapability::BatchPrefetchDiscard`]);
 /// [`Error::EmptyBatch`], [`Error::BatchLengthMismatch`] and [`Error::NotManaged`], before any
 /// driver call; a driver error (the legacy default stream is refused, as are systems without
 /// concurrent managed access).
@@ -633,7 +641,8 @@ pub fn prefetch_batch<'x, 'y: 'x, 'l>(
 /// `utils.discard_batch`): exclusive handles, since their contents are destroyed.
 ///
 /// # Errors
-/// [`Error::EmptyBatch`] before any driver call; a driver error.
+/// [`Error::DriverTooOld`] before CUDA 13.0, [`Error::EmptyBatch`], before any driver call; a
+/// driver error.
 pub fn discard_batch<'x, 'b: 'x, 'y: 'b>(
     buffers: impl IntoIterator<Item = &'x mut ManagedBufferMut<'b, 'y>>,
     stream: &Stream,

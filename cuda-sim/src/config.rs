@@ -36,6 +36,45 @@ const MAX_DEVICES: usize = 64;
 /// which the simulator honours as the driver does.
 pub const VISIBLE_DEVICES_ENV: &str = "CUDA_VISIBLE_DEVICES";
 
+/// The environment variable that makes the simulator pretend to be another (older) driver.
+pub const DRIVER_VERSION_ENV: &str = "CUDA_SIM_DRIVER_VERSION";
+/// The oldest version [`DRIVER_VERSION_ENV`] accepts: CUDA 11.0, older than every capability
+/// `cuda-mem` gates (stream-ordered pools came with 11.2).
+pub(crate) const OLDEST_DRIVER_VERSION: i32 = 11000;
+/// The default: the `cuda.h` the simulator implements.
+pub(crate) const DEFAULT_DRIVER_VERSION: i32 = cuda_sys::HEADER_VERSION;
+/// The newest version it accepts: CUDA 13.2, whose `cuMemcpyWithAttributesAsync` is the newest
+/// entry point the simulator implements (`cuda_sys::NEWER_SYMBOLS`).
+pub(crate) const NEWEST_DRIVER_VERSION: i32 = cuda_sys::MEMCPY_WITH_ATTRIBUTES_VERSION as i32;
+
+/// Reads a [`DRIVER_VERSION_ENV`] value: a version as `cuDriverGetVersion` encodes it
+/// (1000 × major + 10 × minor, `12080` for CUDA 12.8); unset or blank is the default.
+pub(crate) fn parse_driver_version(text: Option<&str>) -> Result<i32, String> {
+    let Some(text) = text.map(str::trim).filter(|t| !t.is_empty()) else {
+        return Ok(DEFAULT_DRIVER_VERSION);
+    };
+    match text.parse::<i32>() {
+        Ok(v) if (OLDEST_DRIVER_VERSION..=NEWEST_DRIVER_VERSION).contains(&v) => Ok(v),
+        _ => Err(format!(
+            "{DRIVER_VERSION_ENV}={text:?}: expected a CUDA version as cuDriverGetVersion encodes it (12080 for \
+             CUDA 12.8), from {OLDEST_DRIVER_VERSION} to {NEWEST_DRIVER_VERSION}"
+        )),
+    }
+}
+
+/// The CUDA version the simulator reports ([`DRIVER_VERSION_ENV`], read once, at the first call
+/// that needs it: `cuDriverGetVersion` and `cuGetProcAddress` may come before `cuInit`). A value
+/// it cannot read is reported on stderr, once, and is `Err`: `cuInit`, `cuDriverGetVersion` and
+/// `cuGetProcAddress` then fail with `CUDA_ERROR_INVALID_VALUE`.
+pub(crate) fn driver_version() -> Result<i32, ()> {
+    static VERSION: std::sync::OnceLock<Result<i32, ()>> = std::sync::OnceLock::new();
+    *VERSION.get_or_init(|| {
+        parse_driver_version(std::env::var(DRIVER_VERSION_ENV).ok().as_deref()).map_err(|message| {
+            eprintln!("cuda-sim: {message}");
+        })
+    })
+}
+
 /// Which address hints `cuMemAddressReserve` refuses (`CUDA_SIM_ADDRESS_HINTS`): the driver
 /// need not honour a hint (an H100 moved 32 of 511 in-place growth steps), so code that asks for
 /// an address must work when it gets another one.
@@ -488,6 +527,18 @@ mod tests {
             let c = machine("4", Some(text));
             assert_eq!(c.devices(), 0, "{text:?}");
             assert!(c.visible_note.is_some(), "{text:?}");
+        }
+    }
+
+    #[test]
+    fn driver_version_settings() {
+        assert_eq!(parse_driver_version(None), Ok(DEFAULT_DRIVER_VERSION));
+        assert_eq!(parse_driver_version(Some(" ")), Ok(DEFAULT_DRIVER_VERSION));
+        assert_eq!(parse_driver_version(Some("13020")), Ok(13020));
+        assert_eq!(parse_driver_version(Some("11020")), Ok(11020));
+        assert_eq!(parse_driver_version(Some(" 12080 ")), Ok(12080));
+        for bad in ["12.8", "10020", "13030", "x", "-1"] {
+            assert!(parse_driver_version(Some(bad)).unwrap_err().contains(DRIVER_VERSION_ENV), "{bad:?}");
         }
     }
 

@@ -282,9 +282,12 @@
 //!   `CU_MEMCPY_SRC_ACCESS_ORDER_ANY` copy is read in stream order (one of the readings the
 //!   order allows); `DURING_API_CALL` reads it before the call returns. The attribute flags take
 //!   only `CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE`.
-//! - **The reported driver version** is `cuda.h`'s (13000) unless `CUDA_SIM_DRIVER_VERSION`
-//!   names another from 12000 to 13020; `cuGetProcAddress` then offers no variant newer than it
-//!   (a driver reporting 13.0 has no `cuMemcpyWithAttributesAsync`, one reporting 12.8 no
-//!   `cuMemcpyBatchAsync_v2`). The simulator still exports every symbol it implements, so `dlsym`
-//!   finds them: `cuMemcpyWithAttributesAsync` called that way on a simulator reporting less than
-//!   13.2 returns `CUDA_ERROR_NOT_SUPPORTED`.
+//! - **An older driver** (`CUDA_SIM_DRIVER_VERSION`) is pretended to by `cuDriverGetVersion` and
+//!   `cuGetProcAddress` alone: the simulator still exports every symbol it implements, so `dlsym`
+//!   finds functions the pretended driver did not have, and they behave as CUDA 13.0's. A
+//!   library's version checks, which come before such calls, are what the setting tests. Before
+//!   CUDA 12.0 `cuGetProcAddress_v2` answers every request `CUDA_ERROR_NOT_FOUND` with
+//!   `CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND` (a driver of that age has no such entry point).
+//!   A version up to 13020 (CUDA 13.2) makes `cuMemcpyWithAttributesAsync`, which `cuda.h` 13.0
+//!   does not declare, available; called through `dlsym` on a simulator reporting less than 13.2
+//!   it returns `CUDA_ERROR_NOT_SUPPORTED`.

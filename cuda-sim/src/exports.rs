@@ -161,6 +161,8 @@ exports! {
     cuEventSynchronize / -(event: CUevent) => |_mode| api::event::synchronize(event);
     cuEventDestroy_v2 / -(event: CUevent) => |_mode| api::event::destroy(event);
     cuEventElapsedTime_v2 / -(ms: *mut f32, start: CUevent, end: CUevent) => |_mode| api::event::elapsed_time(ms, start, end);
+    // CUDA 2.0's variant, same signature, for callers of drivers before 12.8.
+    cuEventElapsedTime / -(ms: *mut f32, start: CUevent, end: CUevent) => |_mode| api::event::elapsed_time(ms, start, end);
     cuIpcGetEventHandle / -(handle: *mut CUipcEventHandle, event: CUevent) => |_mode| api::event::ipc_get_handle(handle, event);
     cuIpcOpenEventHandle / -(event: *mut CUevent, handle: CUipcEventHandle) => |_mode| api::event::ipc_open_handle(event, handle);
 

@@ -5,12 +5,21 @@
 //! from `cuda.h` and `cudaTypedefs.h`), which says for each versioned symbol its base name and
 //! the CUDA version its ABI appeared in. A request selects the variant with the highest version
 //! not above the one asked for; the per-thread flag selects the `_ptds`/`_ptsz` variant where
-//! there is one. Variants newer than the version the simulator reports (`CUDA_SIM_DRIVER_VERSION`)
-//! are not offered, as a driver of that version would not have them; the few functions newer than
-//! `cuda.h` 13.0 come from `cuda_sys::NEWER_SYMBOLS`. The simulator implements only the variants
-//! `cuda.h` 13.0 (or, for those few, their own release) declares, so a request
-//! for an older ABI of a function (`cuMemAlloc` at CUDA 3.0, with 32-bit sizes) is answered
-//! "version not sufficient" rather than with an entry point of the wrong signature.
+//! there is one. The simulator implements the variants `cuda.h` 13.0 declares, and the few older
+//! ones `cuda_sys::OLDER_SYMBOLS` lists (`cuEventElapsedTime` of CUDA 2.0, which `cuda-mem` uses
+//! on drivers before 12.8), so a request for another older ABI of a function (`cuMemAlloc` at
+//! CUDA 3.0, with 32-bit sizes) is answered "version not sufficient" rather than with an entry
+//! point of the wrong signature.
+//!
+//! Pretending to be an older driver (`CUDA_SIM_DRIVER_VERSION`), it offers no variant newer
+//! than that version: a function all of whose variants are newer is "symbol not found", as on a
+//! driver that never had it, and a request for a newer variant gets the newest one that driver
+//! had. Before CUDA 12.0 there was no `cuGetProcAddress_v2` (and before 11.3 no
+//! `cuGetProcAddress`): the simulator still exports them, so it answers every request "symbol
+//! not found", which sends a loader to `dlsym`, as the missing entry point would.
+//!
+//! The few functions newer than `cuda.h` 13.0 come from `cuda_sys::NEWER_SYMBOLS`, offered only
+//! when the reported version is at least theirs.
 
 use std::collections::HashMap;
 use std::ffi::{CStr, c_char, c_int, c_void};
@@ -31,10 +40,10 @@ fn table() -> &'static HashMap<&'static [u8], Variants> {
     static TABLE: OnceLock<HashMap<&'static [u8], Variants>> = OnceLock::new();
     TABLE.get_or_init(|| {
         let exported: HashMap<&str, usize> = crate::exports::table().into_iter().collect();
-        // A driver offers no variant newer than itself (`CUDA_SIM_DRIVER_VERSION`).
-        let newest = crate::api::init::reported_version().map_or(0, |v| v as u32);
+        // A driver has no variant newer than itself.
+        let newest = crate::config::driver_version().map_or(0, |v| v.unsigned_abs());
         let mut table: HashMap<&'static [u8], Variants> = HashMap::new();
-        for info in cuda_sys::SYMBOLS.iter().chain(cuda_sys::NEWER_SYMBOLS) {
+        for info in cuda_sys::SYMBOLS.iter().chain(cuda_sys::NEWER_SYMBOLS).chain(cuda_sys::OLDER_SYMBOLS) {
             let Some(version) = info.version.filter(|&v| v <= newest) else {
                 continue;
             };
@@ -52,6 +61,9 @@ fn table() -> &'static HashMap<&'static [u8], Variants> {
         table
     })
 }
+
+/// The CUDA version that introduced `cuGetProcAddress_v2` (`PFN_cuGetProcAddress_v12000`).
+const GET_PROC_ADDRESS_V2: i32 = 12000;
 
 /// The highest-versioned variant not above `version`, and whether any variant exists at all.
 fn pick(variants: &[(u32, usize)], version: u32) -> Option<usize> {
@@ -72,13 +84,14 @@ pub(crate) unsafe fn get_proc_address(
 ) -> SimResult {
     use CUdriverProcAddressQueryResult as Q;
     ensure(!symbol.is_null() && !pfn.is_null() && version > 0)?;
+    let reported = crate::api::init::reported_version()?;
     let legacy = u64::from(CUdriverProcAddress_flags::CU_GET_PROC_ADDRESS_LEGACY_STREAM.0);
     let per_thread = u64::from(CUdriverProcAddress_flags::CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM.0);
     ensure(flags & !(legacy | per_thread) == 0 && flags != (legacy | per_thread))?;
     // SAFETY: non-null and NUL-terminated by the caller's contract.
     let name = unsafe { CStr::from_ptr(symbol) }.to_bytes();
     let version = version as u32;
-    let found = table().get(name).map(|variants| {
+    let found = (reported >= GET_PROC_ADDRESS_V2).then(|| table().get(name)).flatten().map(|variants| {
         let threaded = if flags == per_thread { pick(&variants.per_thread, version) } else { None };
         (threaded.or_else(|| pick(&variants.legacy, version)), variants)
     });

@@ -26,6 +26,7 @@
 //! | [`error_table`] | the generated name and description of every `CUresult` (`generated/errors.rs`) |
 //! | `loader` (private) | [`Driver`] and its options, the lazily resolved entry points (one accessor per function, generated into `generated/functions.rs`), [`SYMBOLS`], the process-wide [`driver()`] and [`install_driver`], [`cu_call!`] |
 //! | `newer` (private) | the few driver functions newer than that `cuda.h`, declared by hand ([`NEWER_SYMBOLS`], [`Driver::cuMemcpyWithAttributesAsync`]) |
+//! | [`older`] | older variants of a few functions, which `cuda.h` no longer declares, for older drivers ([`OLDER_SYMBOLS`]) |
 //! | `error` (private) | [`CudaError`], [`DriverError`], [`LoadError`], [`error_name`], [`error_description`] |
 //!
 //! Everything the private modules hold is re-exported here.
@@ -47,6 +48,7 @@
 mod error;
 mod loader;
 mod newer;
+pub mod older;
 
 pub use error::{CudaError, DriverError, LoadError, error_description, error_name};
 pub use loader::{
@@ -54,6 +56,7 @@ pub use loader::{
     installed_driver,
 };
 pub use newer::{MEMCPY_WITH_ATTRIBUTES_VERSION, MemcpyWithAttributesAsync, NEWER_SYMBOLS};
+pub use older::OLDER_SYMBOLS;
 
 /// The generated bindings: types, constants and enums of `cuda.h`.
 #[allow(

@@ -4,11 +4,37 @@
 //! 1. through `cuGetProcAddress_v2(base name, ABI version, stream flag)`, where the version is the
 //!    one `cudaTypedefs.h` gives the variant `cuda.h` declares: the driver then returns exactly
 //!    that variant (a newer driver does not "upgrade" it to a signature we were not built for);
-//! 2. otherwise (a driver older than CUDA 12.5, or a symbol `cuGetProcAddress_v2` does not know)
-//!    through `dlsym` of the versioned name `cuda.h` maps to (`cuMemAlloc_v2`), which pins the
-//!    ABI by name.
+//! 2. otherwise (a driver older than CUDA 12.0, which has no `cuGetProcAddress_v2`, or a symbol
+//!    it does not know) through `dlsym` of the versioned name `cuda.h` maps to (`cuMemAlloc_v2`),
+//!    which pins the ABI by name.
 //!
 //! The result, found or not, is cached per symbol, so later calls cost one atomic load.
+//!
+//! # Which version each symbol is asked for
+//!
+//! The version passed to `cuGetProcAddress_v2` is an ABI choice, not a wish for the newest: it
+//! is the CUDA version whose `PFN_<name>_v<version>` typedef in `cudaTypedefs.h` matches the
+//! signature we call it with, recorded per symbol in the generated table (the fourth field of
+//! each entry of `generated/functions.rs`, [`SymbolInfo::version`]). Asking for it:
+//! - gets exactly that variant from any newer driver (asking for the driver's own version would
+//!   hand a CUDA 14 driver's `cuMemAdvise_v3`, say, to code built for the 12.2 signature);
+//! - gets "version not sufficient" from a driver that only has an older variant, which
+//!   [`LoadError::VersionNotSufficient`] reports with both versions;
+//! - gets "symbol not found" from a driver that predates the function;
+//! - is never made of a driver older than that version: such a driver answers with the newest
+//!   variant not above the version asked for, an older signature (a CUDA 12.0 driver asked for
+//!   `cuMemAdvise` at 12020 gives CUDA 8.0's, which takes a device ordinal where `_v2` takes a
+//!   `CUmemLocation`), so the loader compares the driver's version (`cuDriverGetVersion`, asked
+//!   once) with the variant's first and reports [`LoadError::VersionNotSufficient`] without
+//!   asking. The same holds for `dlsym`: a driver never exports a variant newer than itself.
+//!
+//! So the version asked for is the one the signature was introduced with: `cuMemAlloc_v2` is
+//! asked for at 3020, `cuMemPoolCreate` at 11020, `cuMemAdvise_v2` and `cuMemPrefetchAsync_v2`
+//! at 12020 (their CUDA 8.0 forms took a device ordinal where these take a `CUmemLocation`),
+//! `cuEventElapsedTime_v2` at 12080, `cuMemcpyBatchAsync_v2` and `cuMemGetMemPool` at 13000.
+//! Where `cuda-mem` can use an older variant on older drivers (the same job, an older
+//! signature), that variant is declared by hand with its own version in [`crate::older`]
+//! (`cuEventElapsedTime` at 2000) and the caller picks one by the driver's version.
 
 use std::ffi::{CStr, c_int, c_void};
 use std::path::{Path, PathBuf};
@@ -93,6 +119,8 @@ pub struct Driver {
     path: PathBuf,
     options: DriverOptions,
     get_proc_address: Option<GetProcAddress>,
+    /// The entry points of older variants ([`crate::older`]).
+    pub(crate) older_entries: crate::older::OlderEntries,
     version: OnceLock<Option<u32>>,
     pub(crate) entries: Box<Entries>,
     /// The entry points newer than `cuda.h` ([`crate::newer`]).
@@ -166,6 +194,7 @@ impl Driver {
             path,
             options,
             get_proc_address,
+            older_entries: crate::older::OlderEntries::default(),
             version: OnceLock::new(),
             entries: Box::new(Entries::new()),
             newer: crate::newer::NewerEntries::default(),
@@ -199,13 +228,20 @@ impl Driver {
     ///
     /// # Errors
     /// If the driver lacks `cuDriverGetVersion` or the call fails.
+    /// The answer is asked once and kept (a driver's version does not change while it is
+    /// loaded), so version checks before each call cost a load.
     pub fn version(&self) -> Result<u32, CudaError> {
+        if let Some(Some(version)) = self.version.get() {
+            return Ok(*version);
+        }
         let f = self.cuDriverGetVersion()?;
         let mut version: c_int = 0;
         // SAFETY: `version` is a valid, writable int for the duration of the call.
         let code = unsafe { f(&mut version) };
         self.check("cuDriverGetVersion", code)?;
-        Ok(u32::try_from(version).unwrap_or(0))
+        let version = u32::try_from(version).unwrap_or(0);
+        let _ = self.version.set(Some(version));
+        Ok(version)
     }
 
     /// Turns a returned code into `Ok(())` or a [`DriverError`] naming `function`, with the
@@ -291,6 +327,14 @@ impl Driver {
             }
             _ => (spec.symbol, spec.version, CUdriverProcAddress_flags::CU_GET_PROC_ADDRESS_LEGACY_STREAM),
         };
+        // A driver older than the variant has only older variants, which `cuGetProcAddress_v2`
+        // would hand out for this request (the newest not above the version asked for) with
+        // another signature (`cuMemAdvise` of CUDA 8.0 for `cuMemAdvise_v2`): refuse instead.
+        if let (Some(required), Some(driver)) = (version, self.known_version())
+            && driver < required
+        {
+            return Err(Failure::TooOld { required, driver });
+        }
         let mut too_old = None;
         if let (Some(get_proc_address), Some(version)) = (self.get_proc_address, version) {
             let mut address: *mut c_void = std::ptr::null_mut();
@@ -327,19 +371,22 @@ impl Driver {
 
     /// The driver version for error messages, without recursing through a failing lookup.
     fn version_cached(&self) -> u32 {
-        self.version
-            .get_or_init(|| {
-                let address = lookup(&self.library, c"cuDriverGetVersion")?;
-                // SAFETY: `cuDriverGetVersion(int*)` has had this signature since CUDA 2.2.
-                let f = unsafe {
-                    std::mem::transmute::<*const c_void, unsafe extern "C" fn(*mut c_int) -> CUresult>(address)
-                };
-                let mut version: c_int = 0;
-                // SAFETY: `version` is a valid out-pointer.
-                let code = unsafe { f(&mut version) };
-                (code == CUresult::CUDA_SUCCESS).then(|| u32::try_from(version).unwrap_or(0))
-            })
-            .unwrap_or(0)
+        self.known_version().unwrap_or(0)
+    }
+
+    /// The driver's version, asked once through `dlsym` (never through a lookup, which needs
+    /// it); `None` when it cannot be had.
+    fn known_version(&self) -> Option<u32> {
+        *self.version.get_or_init(|| {
+            let address = lookup(&self.library, c"cuDriverGetVersion")?;
+            // SAFETY: `cuDriverGetVersion(int*)` has had this signature since CUDA 2.2.
+            let f =
+                unsafe { std::mem::transmute::<*const c_void, unsafe extern "C" fn(*mut c_int) -> CUresult>(address) };
+            let mut version: c_int = 0;
+            // SAFETY: `version` is a valid out-pointer.
+            let code = unsafe { f(&mut version) };
+            (code == CUresult::CUDA_SUCCESS).then(|| u32::try_from(version).unwrap_or(0))
+        })
     }
 }
 

@@ -119,7 +119,7 @@ pub(crate) unsafe fn with_attributes(
     stream: CUstream,
     mode: DefaultStream,
 ) -> SimResult {
-    if super::init::reported_version()? < super::init::NEWEST_VERSION {
+    if super::init::reported_version()? < cuda_sys::MEMCPY_WITH_ATTRIBUTES_VERSION as i32 {
         return fail(CUresult::CUDA_ERROR_NOT_SUPPORTED);
     }
     ensure(!attr.is_null())?;

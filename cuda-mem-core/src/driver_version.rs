@@ -1,0 +1,135 @@
+//! Which driver each capability needs, and the check made before using one.
+//!
+//! The table is `driver_versions.md` (in the crate documentation and the README); the versions
+//! here are the same, and a test keeps them so.
+
+use crate::driver::driver;
+use crate::error::{Error, Result};
+
+/// A capability that needs a newer driver than the crates load with (see the crate
+/// documentation's "Driver versions").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum DriverCapability {
+    /// Stream-ordered memory pools (`cuMemPoolCreate`, CUDA 11.2).
+    MemoryPools,
+    /// Graph memory (`cuDeviceGraphMemTrim` and the graph-memory attributes, CUDA 11.4).
+    GraphMemory,
+    /// Managed memory's advice and single prefetches with a `CUmemLocation`
+    /// (`cuMemAdvise_v2`, `cuMemPrefetchAsync_v2`, CUDA 12.2).
+    ManagedLocations,
+    /// Pools of pinned host memory (CUDA 12.6).
+    PinnedPools,
+    /// Pools of managed memory (CUDA 13.0).
+    ManagedPools,
+    /// A location's current pool (`cuMemGetMemPool`, CUDA 13.0).
+    CurrentPools,
+    /// Batched prefetches and discards (`cuMemPrefetchBatchAsync`, `cuMemDiscardBatchAsync`,
+    /// CUDA 13.0).
+    BatchPrefetchDiscard,
+}
+
+impl DriverCapability {
+    /// Every capability, oldest first.
+    pub const ALL: [DriverCapability; 7] = [
+        DriverCapability::MemoryPools,
+        DriverCapability::GraphMemory,
+        DriverCapability::ManagedLocations,
+        DriverCapability::PinnedPools,
+        DriverCapability::ManagedPools,
+        DriverCapability::CurrentPools,
+        DriverCapability::BatchPrefetchDiscard,
+    ];
+
+    /// The CUDA version it needs, as `cuDriverGetVersion` encodes it (`12060` for 12.6).
+    pub const fn needs(self) -> u32 {
+        match self {
+            DriverCapability::MemoryPools => 11020,
+            DriverCapability::GraphMemory => 11040,
+            DriverCapability::ManagedLocations => 12020,
+            DriverCapability::PinnedPools => 12060,
+            DriverCapability::ManagedPools
+            | DriverCapability::CurrentPools
+            | DriverCapability::BatchPrefetchDiscard => 13000,
+        }
+    }
+
+    /// What it is, in the words of the version table.
+    pub const fn describe(self) -> &'static str {
+        match self {
+            DriverCapability::MemoryPools => "stream-ordered pools",
+            DriverCapability::GraphMemory => "graph memory",
+            DriverCapability::ManagedLocations => "managed memory's advice and single prefetches",
+            DriverCapability::PinnedPools => "pinned (host) pools",
+            DriverCapability::ManagedPools => "managed pools",
+            DriverCapability::CurrentPools => "current pinned and managed pools",
+            DriverCapability::BatchPrefetchDiscard => "batched prefetches and discards",
+        }
+    }
+
+    /// Whether the installed driver has it.
+    ///
+    /// # Errors
+    /// If the driver cannot be loaded or does not say its version.
+    pub fn is_available(self) -> Result<bool> {
+        Ok(installed_version()? >= self.needs())
+    }
+
+    /// `Ok` if the installed driver has it, else [`Error::DriverTooOld`].
+    ///
+    /// # Errors
+    /// [`Error::DriverTooOld`]; if the driver cannot be loaded or does not say its version.
+    pub fn require(self) -> Result<()> {
+        let installed = installed_version()?;
+        if installed < self.needs() {
+            return Err(Error::DriverTooOld { capability: self, needs: self.needs(), installed });
+        }
+        Ok(())
+    }
+}
+
+impl std::fmt::Display for DriverCapability {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.describe())
+    }
+}
+
+/// The CUDA version of the installed driver (`cuDriverGetVersion`, asked once per process).
+///
+/// # Errors
+/// If the driver cannot be loaded or does not say its version.
+pub fn installed_version() -> Result<u32> {
+    Ok(driver()?.version()?)
+}
+
+/// A version as `cuDriverGetVersion` encodes it, written `major.minor` (`12080` → `12.8`).
+pub(crate) fn dotted(version: u32) -> String {
+    format!("{}.{}", version / 1000, version % 1000 / 10)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TABLE: &str = include_str!("driver_versions.md");
+
+    #[test]
+    fn versions_are_written_as_cuda_names_them() {
+        assert_eq!(dotted(12080), "12.8");
+        assert_eq!(dotted(11020), "11.2");
+        assert_eq!(dotted(13000), "13.0");
+    }
+
+    #[test]
+    fn the_table_gives_each_capability_its_version() {
+        for capability in DriverCapability::ALL {
+            let version = capability.needs();
+            let row = TABLE
+                .lines()
+                .find(|line| line.starts_with(&format!("| {}", capability.describe())))
+                .unwrap_or_else(|| panic!("no row for {capability:?} in driver_versions.md"));
+            let cell = format!("| {} (`{version}`) |", dotted(version));
+            assert!(row.contains(&cell), "{capability:?}: the row says {row:?}, the code {cell:?}");
+        }
+    }
+}
