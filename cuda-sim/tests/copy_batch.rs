@@ -320,10 +320,23 @@ fn a_cuda_13_0_driver_has_no_memcpy_with_attributes() {
         proc_address(c"cuMemcpyWithAttributesAsync", 13020),
         (CUresult::CUDA_ERROR_NOT_FOUND, Q::CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND)
     );
+    // The loader does not ask a driver older than the variant for it.
+    assert!(
+        matches!(driver().cuMemcpyWithAttributesAsync(), Err(cuda_sys::LoadError::VersionNotSufficient { .. })),
+        "the loader refuses a 13.2 function on a 13.0 driver"
+    );
+    // Found by `dlsym` anyway (the simulator exports every symbol it implements), it refuses.
+    let path = cuda_sim::testing::library_path().expect("the simulator library is built");
+    // SAFETY: the simulator library runs no initialisation with preconditions when loaded.
+    let library = unsafe { libloading::Library::new(&path) }.expect("the simulator loads");
+    // SAFETY: the symbol has `cuMemcpyWithAttributesAsync`'s signature (the simulator's export).
+    let function = unsafe { library.get::<cuda_sys::MemcpyWithAttributesAsync>(b"cuMemcpyWithAttributesAsync\0") }
+        .expect("the simulator exports it");
     let (a, b) = (DeviceBuffer::with(&[1; 8]), DeviceBuffer::new(8));
     let s = non_blocking_stream();
     let mut attr = stream_order();
-    assert_eq!(with_attributes(b.ptr, a.ptr, 8, &mut attr, s), CUresult::CUDA_ERROR_NOT_SUPPORTED);
+    // SAFETY: the memory and the attributes are the test's own; the stream is live.
+    assert_eq!(unsafe { function(b.ptr, a.ptr, 8, &mut attr, s) }, CUresult::CUDA_ERROR_NOT_SUPPORTED);
     destroy(s);
 }
 
