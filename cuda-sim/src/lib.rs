@@ -133,3 +133,8 @@ mod state;
 mod stream;
 pub mod testing;
 mod vmm;
+
+/// The crate's README (its crates.io page), whose example the doc tests compile.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

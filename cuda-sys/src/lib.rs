@@ -84,3 +84,8 @@ pub const HEADER_VERSION: i32 = types::CUDA_VERSION as i32;
 pub mod __private {
     pub use crate::loader::Slot;
 }
+
+/// The crate's README (its crates.io page), whose example the doc tests compile.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
