@@ -18,6 +18,10 @@
 //!
 //! Nothing here links against libcuda: the build needs neither the CUDA toolkit nor libclang.
 //!
+//! Each driver function's and type's documentation is `cuda.h`'s, converted from Doxygen to
+//! Markdown when the bindings are generated; NVIDIA's
+//! [CUDA Driver API reference](https://docs.nvidia.com/cuda/cuda-driver-api/) is the authority.
+//!
 //! # Which module holds what
 //!
 //! | module | holds |

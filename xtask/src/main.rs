@@ -19,6 +19,7 @@ mod bindgen;
 mod ci;
 mod compare;
 mod demo;
+mod doxygen;
 mod gpu_test;
 mod header;
 mod json;
