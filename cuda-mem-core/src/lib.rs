@@ -295,6 +295,8 @@
 #![cfg_attr(feature = "cudarc", doc = include_str!("cudarc_interop/README.md"))]
 #![doc = include_str!("driver_versions.md")]
 #![doc = include_str!("cuda_core_names.md")]
+// On docs.rs (which sets `docsrs`), items behind a feature say which.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod access;
 mod adaptors;
@@ -391,3 +393,8 @@ pub use view::{DeviceView, DeviceViewMut};
 pub use cudarc;
 #[cfg(feature = "cudarc")]
 pub use cudarc_interop::{CudarcError, CudarcMemoryResource, CudarcView, CudarcViewMut};
+
+/// The crate's README (its crates.io page), whose example the doc tests compile.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -193,6 +193,9 @@
 //! # }
 //! ```
 
+// On docs.rs (which sets `docsrs`), items behind a feature say which.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod channel;
 mod descriptor;
 mod error;
@@ -218,3 +221,8 @@ pub use spawn::{CHANNEL_FD_ENV, CHANNEL_INODE_ENV, spawn_with_channel};
 pub use virtual_buffer::{
     SharedVirtualBuffer, VIRTUAL_BUFFER_MAGIC, VIRTUAL_BUFFER_VERSION, VirtualBufferDecodeError, VirtualBufferLocation,
 };
+
+/// The crate's README (its crates.io page), whose example the doc tests compile.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -99,3 +99,8 @@ pub use options::{AllocationType, Granularity, LocationType, VirtualMemoryResour
 pub use release::release_deferred;
 pub use resource::VirtualMemoryResource;
 pub use share::{ChunkHandle, MAX_CHUNKS, VirtualBufferDescriptor};
+
+/// The crate's README (its crates.io page), whose example the doc tests compile.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

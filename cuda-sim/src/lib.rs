@@ -135,3 +135,8 @@ mod stream;
 pub mod testing;
 mod user_object;
 mod vmm;
+
+/// The crate's README (its crates.io page), whose example the doc tests compile.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

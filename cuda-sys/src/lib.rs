@@ -18,6 +18,10 @@
 //!
 //! Nothing here links against libcuda: the build needs neither the CUDA toolkit nor libclang.
 //!
+//! Each driver function's and type's documentation is `cuda.h`'s, converted from Doxygen to
+//! Markdown when the bindings are generated; NVIDIA's
+//! [CUDA Driver API reference](https://docs.nvidia.com/cuda/cuda-driver-api/) is the authority.
+//!
 //! # Which module holds what
 //!
 //! | module | holds |
@@ -90,3 +94,8 @@ pub const HEADER_VERSION: i32 = types::CUDA_VERSION as i32;
 pub mod __private {
     pub use crate::loader::Slot;
 }
+
+/// The crate's README (its crates.io page), whose example the doc tests compile.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

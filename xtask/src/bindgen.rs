@@ -9,6 +9,9 @@
 //!   from `cudaTypedefs.h` (`PFN_<name>_v<version>`);
 //! - `errors.rs`: the name and a one-line description of every `CUresult` code.
 //!
+//! Doc comments are `cuda.h`'s, converted from Doxygen to Markdown ([`crate::doxygen`]); the error
+//! descriptions are their plain text.
+//!
 //! `--check` generates into memory and fails if the committed files differ.
 
 use std::collections::BTreeMap;
@@ -151,20 +154,14 @@ fn run_bindgen(header: &Path, include: &Path, per_thread: bool) -> Result<String
     Ok(bindings.to_string())
 }
 
-/// Turns cuda.h's Doxygen comments into Markdown that rustdoc neither compiles nor warns on.
+/// Turns cuda.h's Doxygen comments into Markdown that rustdoc renders without raw markup, neither
+/// compiling nor warning on it (see [`crate::doxygen`]).
 #[derive(Debug)]
 struct Comments;
 
 impl bindgen::callbacks::ParseCallbacks for Comments {
     fn process_comment(&self, comment: &str) -> Option<String> {
-        // `\code` may end a line of prose; give each fence a line of its own.
-        let fenced = comment.replace("\\endcode", "\n```\n").replace("\\code", "\n```text\n");
-        let mut out = String::new();
-        for line in fenced.lines() {
-            out.push_str(line.trim());
-            out.push('\n');
-        }
-        Some(out)
+        Some(crate::doxygen::to_markdown(comment))
     }
 }
 
@@ -328,7 +325,7 @@ fn collect_errors(imp: &syn::ItemImpl, out: &mut Vec<(u32, String, String)>) {
         let Ok(code) = code.base10_parse::<u32>() else {
             continue;
         };
-        out.push((code, c.ident.to_string(), first_sentence(&doc_text(&c.attrs))));
+        out.push((code, c.ident.to_string(), first_sentence(&crate::doxygen::plain(&doc_text(&c.attrs)))));
     }
 }
 

@@ -21,6 +21,14 @@
 //! 9. `cargo doc --workspace --all-features --no-deps` with `RUSTDOCFLAGS=-Dwarnings`
 //! 10. the `cargo xtask bindgen --check` equivalent, when libclang and `cuda.h` can be had
 //!     (skipped, saying why, otherwise)
+//! 11. `cargo publish --dry-run` of every published crate, each packaged and its package built as
+//!     a user would get it (about 45 s warm on two cores); where crates.io cannot be reached,
+//!     `cargo package --offline` of the same crates (which builds them too, from the local cache)
+//! 12. the declared `rust-version` (MSRV): `cargo +<rust-version> check --workspace --all-targets
+//!     --all-features` when rustup has that toolchain (about 2 min the first time, seconds after;
+//!     `rustup toolchain install <rust-version> --profile minimal` gets it), otherwise skipped,
+//!     saying so: clippy's `incompatible_msrv` lint (on by default, denied by step 2's `-D
+//!     warnings`) still refuses standard-library items newer than the manifests' `rust-version`
 //!
 //! It ends with the time each step took and, last, the summaries `cargo test` printed.
 
@@ -61,7 +69,7 @@ pub fn run(workspace: &Path) -> Result<(), String> {
 
 /// The steps, each recorded as it ends; returns the first failure.
 fn run_steps(workspace: &Path, records: &mut Vec<Record>, summaries: &mut Vec<String>) -> Result<(), String> {
-    const TOTAL: usize = 11;
+    const TOTAL: usize = 13;
     let mut step = |name: &'static str, f: &mut dyn FnMut() -> Result<Outcome, String>| {
         println!("\n==> ci [{}/{TOTAL}] {name}", records.len() + 1);
         let start = Instant::now();
@@ -178,7 +186,88 @@ fn run_steps(workspace: &Path, records: &mut Vec<Record>, summaries: &mut Vec<St
         ))
     })?;
     step("bindgen --check", &mut || bindgen_check(workspace, include.is_some()))?;
+    step("publish --dry-run", &mut || publish_dry_run(workspace))?;
+    step("msrv", &mut || msrv_check(workspace))?;
     Ok(())
+}
+
+/// The crates published to crates.io, in the order they can be published.
+const PUBLISHED: &[&str] = &["cuda-sys", "cuda-sim", "cuda-mem-core", "cuda-mem-vmm", "cuda-mem-ipc"];
+
+/// `cargo publish --dry-run` of every published crate (packaged, then built from the package);
+/// `cargo package --offline` of them where crates.io's index cannot be reached.
+fn publish_dry_run(workspace: &Path) -> Result<Outcome, String> {
+    let packages: Vec<&str> = PUBLISHED.iter().flat_map(|name| ["-p", name]).collect();
+    // `--allow-dirty`: this checks what the packages hold, not whether the tree is committed.
+    let mut command = cargo(workspace);
+    command.args(["publish", "--dry-run", "--allow-dirty"]).args(&packages);
+    let output = command.stderr(Stdio::piped()).spawn().and_then(|child| child.wait_with_output());
+    let output = output.map_err(|e| format!("cannot run `{}`: {e}", describe(&command)))?;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    eprint!("{stderr}");
+    if output.status.success() {
+        return Ok(Outcome::PassedWith(format!("{} crates", PUBLISHED.len())));
+    }
+    if !is_network_failure(&stderr) {
+        return Err(format!("`{}` failed ({})", describe(&command), output.status));
+    }
+    println!("crates.io cannot be reached: packaging offline instead");
+    run_command(cargo(workspace).args(["package", "--offline", "--allow-dirty"]).args(&packages))?;
+    Ok(Outcome::PassedWith(format!("{} crates, packaged offline (crates.io not reachable)", PUBLISHED.len())))
+}
+
+/// Whether cargo's error output says the registry could not be reached, rather than that a
+/// package is wrong.
+fn is_network_failure(stderr: &str) -> bool {
+    [
+        "failed to query replaced source",
+        "Unable to update registry",
+        "failed to download",
+        "spurious network error",
+        "Couldn't resolve host",
+        "failed to connect",
+    ]
+    .iter()
+    .any(|sign| stderr.contains(sign))
+}
+
+/// The workspace's declared `rust-version` (`[workspace.package]` in the root manifest).
+fn declared_rust_version(workspace: &Path) -> Result<String, String> {
+    let manifest = workspace.join("Cargo.toml");
+    let text = std::fs::read_to_string(&manifest).map_err(|e| format!("reading {}: {e}", manifest.display()))?;
+    text.lines()
+        .find_map(|line| {
+            let value = line.trim().strip_prefix("rust-version")?.trim_start().strip_prefix('=')?;
+            Some(value.trim().trim_matches('"').to_string())
+        })
+        .ok_or_else(|| format!("{} declares no rust-version", manifest.display()))
+}
+
+/// `cargo check` of the whole workspace on the declared `rust-version`, when rustup has it.
+fn msrv_check(workspace: &Path) -> Result<Outcome, String> {
+    let version = declared_rust_version(workspace)?;
+    let installed = Command::new("rustup")
+        .args(["run", &version, "cargo", "--version"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|status| status.success());
+    if !installed {
+        return Ok(Outcome::Skipped(format!(
+            "Rust {version} (the declared rust-version) is not installed (`rustup toolchain install {version} \
+             --profile minimal`); clippy's incompatible_msrv lint (step clippy) still checks the standard \
+             library items used"
+        )));
+    }
+    let mut command = Command::new("rustup");
+    command
+        .current_dir(workspace)
+        .args(["run", &version, "cargo", "check", "--workspace", "--all-targets", "--all-features"])
+        // The outer cargo's choices name its own toolchain.
+        .env_remove("RUSTC")
+        .env_remove("RUSTDOC")
+        .env_remove("CARGO");
+    run_command(&mut command).map(|()| Outcome::PassedWith(format!("Rust {version}")))
 }
 
 /// The environment variables the test step removes (named here rather than taken from the
@@ -443,6 +532,18 @@ mod tests {
         for name in ["libclang-cpp.so.14", "libclangBasic.a", "libclang.a", "libclang-14.sox"] {
             assert!(!is_libclang(name), "{name}");
         }
+    }
+
+    #[test]
+    fn reads_the_declared_rust_version() {
+        let version = declared_rust_version(&crate::bindgen::workspace_root()).expect("the root manifest");
+        assert!(version.split('.').all(|part| part.parse::<u32>().is_ok()), "{version}");
+    }
+
+    #[test]
+    fn tells_network_failures_from_packaging_failures() {
+        assert!(is_network_failure("error: failed to query replaced source registry `crates-io`"));
+        assert!(!is_network_failure("error: failed to verify package tarball\nerror[E0432]: unresolved import"));
     }
 
     #[test]

@@ -7,7 +7,8 @@
 //!   answers; on the simulator otherwise), writing `target/probe/probe.json`.
 //! - `cargo xtask bench`: build the simulator and run the benchmarks (release), writing
 //!   `target/bench/`.
-//! - `cargo xtask ci`: the whole CI: fmt, clippy, build, tests, docs, binding check.
+//! - `cargo xtask ci`: the whole CI: fmt, clippy, build, tests, docs, binding check, the
+//!   published crates' dry run, the MSRV check.
 //! - `cargo xtask gpu-test [--out DIR]`: build the bundle that runs the test suite on a GPU
 //!   machine without Rust.
 //! - `cargo xtask bindgen [--check]`: regenerate (or verify) the committed `cuda-sys` bindings.
@@ -19,6 +20,7 @@ mod bindgen;
 mod ci;
 mod compare;
 mod demo;
+mod doxygen;
 mod gpu_test;
 mod header;
 mod json;
@@ -68,7 +70,7 @@ fn usage() -> String {
        bench [--compare]     build the simulator, then run the benchmarks in release (results in target/bench/);\n                             --compare also runs cuda.core's equivalents on the same driver\n                             (and case 1 of both on a nearly free stand-in driver)\n  \
        demo [ARGS...]        build the simulator, then run the demo (real GPU if found, else the simulator)\n  \
        probe [NAMES...]      build the simulator, then ask the driver the open questions (same choice of\n                             driver; report in target/probe/probe.json)\n  \
-       ci                    fmt, clippy, build, test, doc and the bindings check, stopping at the first failure\n  \
+       ci                    fmt, clippy, build, test, doc, the bindings check, publish --dry-run and MSRV,\n                             stopping at the first failure\n  \
        gpu-test [--out DIR]  build the GPU test bundle (default: gpu-bundle/); run it with `bash DIR/run.sh`\n  \
        bindgen [--check]     regenerate (or check) cuda-sys/src/generated from cuda.h\n  \
        sanitize [--miri] [--asan] [--tsan] [--valgrind] [--install]\n                             \

@@ -191,9 +191,8 @@ pub type CUasyncCallbackHandle = *mut CUasyncCallbackEntry_st;
 pub struct CUgreenCtx_st {
     _unused: [u8; 0],
 }
-/// \typedef typedef struct CUgreenCtx_st* CUgreenCtx
 /// A green context handle. This handle can be used safely from only one CPU thread at a time.
-/// Created via ::cuGreenCtxCreate
+/// Created via `cuGreenCtxCreate`
 pub type CUgreenCtx = *mut CUgreenCtx_st;
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone, Hash, PartialEq, Eq)]
@@ -292,7 +291,7 @@ pub type CUipcMemHandle_v1 = CUipcMemHandle_st;
 /// CUDA IPC mem handle
 pub type CUipcMemHandle = CUipcMemHandle_v1;
 impl CUipcMem_flags_enum {
-    /// < Automatically enable peer access between remote devices as needed
+    /// Automatically enable peer access between remote devices as needed
     pub const CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS: CUipcMem_flags_enum = CUipcMem_flags_enum(1);
 }
 #[repr(transparent)]
@@ -302,11 +301,11 @@ pub struct CUipcMem_flags_enum(pub ::std::os::raw::c_uint);
 /// CUDA Ipc Mem Flags
 pub use self::CUipcMem_flags_enum as CUipcMem_flags;
 impl CUmemAttach_flags_enum {
-    /// < Memory can be accessed by any stream on any device
+    /// Memory can be accessed by any stream on any device
     pub const CU_MEM_ATTACH_GLOBAL: CUmemAttach_flags_enum = CUmemAttach_flags_enum(1);
-    /// < Memory cannot be accessed by any stream on any device
+    /// Memory cannot be accessed by any stream on any device
     pub const CU_MEM_ATTACH_HOST: CUmemAttach_flags_enum = CUmemAttach_flags_enum(2);
-    /// < Memory can only be accessed by a single stream on the associated device
+    /// Memory can only be accessed by a single stream on the associated device
     pub const CU_MEM_ATTACH_SINGLE: CUmemAttach_flags_enum = CUmemAttach_flags_enum(4);
 }
 #[repr(transparent)]
@@ -316,30 +315,31 @@ pub struct CUmemAttach_flags_enum(pub ::std::os::raw::c_uint);
 /// CUDA Mem Attach Flags
 pub use self::CUmemAttach_flags_enum as CUmemAttach_flags;
 impl CUctx_flags_enum {
-    /// < Automatic scheduling
+    /// Automatic scheduling
     pub const CU_CTX_SCHED_AUTO: CUctx_flags_enum = CUctx_flags_enum(0);
-    /// < Set spin as default scheduling
+    /// Set spin as default scheduling
     pub const CU_CTX_SCHED_SPIN: CUctx_flags_enum = CUctx_flags_enum(1);
-    /// < Set yield as default scheduling
+    /// Set yield as default scheduling
     pub const CU_CTX_SCHED_YIELD: CUctx_flags_enum = CUctx_flags_enum(2);
-    /// < Set blocking synchronization as default scheduling
+    /// Set blocking synchronization as default scheduling
     pub const CU_CTX_SCHED_BLOCKING_SYNC: CUctx_flags_enum = CUctx_flags_enum(4);
-    /// < Set blocking synchronization as default scheduling
-    /// \deprecated This flag was deprecated as of CUDA 4.0
-    /// and was replaced with ::CU_CTX_SCHED_BLOCKING_SYNC.
+    /// Set blocking synchronization as default scheduling
+    ///
+    /// **Deprecated:** This flag was deprecated as of CUDA 4.0
+    /// and was replaced with `CU_CTX_SCHED_BLOCKING_SYNC`.
     pub const CU_CTX_BLOCKING_SYNC: CUctx_flags_enum = CUctx_flags_enum(4);
     pub const CU_CTX_SCHED_MASK: CUctx_flags_enum = CUctx_flags_enum(7);
-    /// < \deprecated This flag was deprecated as of CUDA 11.0
+    /// **Deprecated:** This flag was deprecated as of CUDA 11.0
     /// and it no longer has any effect. All contexts
     /// as of CUDA 3.2 behave as though the flag is enabled.
     pub const CU_CTX_MAP_HOST: CUctx_flags_enum = CUctx_flags_enum(8);
-    /// < Keep local memory allocation after launch
+    /// Keep local memory allocation after launch
     pub const CU_CTX_LMEM_RESIZE_TO_MAX: CUctx_flags_enum = CUctx_flags_enum(16);
-    /// < Trigger coredumps from exceptions in this context
+    /// Trigger coredumps from exceptions in this context
     pub const CU_CTX_COREDUMP_ENABLE: CUctx_flags_enum = CUctx_flags_enum(32);
-    /// < Enable user pipe to trigger coredumps in this context
+    /// Enable user pipe to trigger coredumps in this context
     pub const CU_CTX_USER_COREDUMP_ENABLE: CUctx_flags_enum = CUctx_flags_enum(64);
-    /// < Ensure synchronous memory operations on this context will synchronize
+    /// Ensure synchronous memory operations on this context will synchronize
     pub const CU_CTX_SYNC_MEMOPS: CUctx_flags_enum = CUctx_flags_enum(128);
     pub const CU_CTX_FLAGS_MASK: CUctx_flags_enum = CUctx_flags_enum(255);
 }
@@ -350,13 +350,13 @@ pub struct CUctx_flags_enum(pub ::std::os::raw::c_uint);
 /// Context creation flags
 pub use self::CUctx_flags_enum as CUctx_flags;
 impl CUevent_sched_flags_enum {
-    /// < Automatic scheduling
+    /// Automatic scheduling
     pub const CU_EVENT_SCHED_AUTO: CUevent_sched_flags_enum = CUevent_sched_flags_enum(0);
-    /// < Set spin as default scheduling
+    /// Set spin as default scheduling
     pub const CU_EVENT_SCHED_SPIN: CUevent_sched_flags_enum = CUevent_sched_flags_enum(1);
-    /// < Set yield as default scheduling
+    /// Set yield as default scheduling
     pub const CU_EVENT_SCHED_YIELD: CUevent_sched_flags_enum = CUevent_sched_flags_enum(2);
-    /// < Set blocking synchronization as default scheduling
+    /// Set blocking synchronization as default scheduling
     pub const CU_EVENT_SCHED_BLOCKING_SYNC: CUevent_sched_flags_enum = CUevent_sched_flags_enum(4);
 }
 #[repr(transparent)]
@@ -366,9 +366,9 @@ pub struct CUevent_sched_flags_enum(pub ::std::os::raw::c_uint);
 /// Event sched flags
 pub use self::CUevent_sched_flags_enum as CUevent_sched_flags;
 impl CUstream_flags_enum {
-    /// < Default stream flag
+    /// Default stream flag
     pub const CU_STREAM_DEFAULT: CUstream_flags_enum = CUstream_flags_enum(0);
-    /// < Stream does not synchronize with stream 0 (the NULL stream)
+    /// Stream does not synchronize with stream 0 (the NULL stream)
     pub const CU_STREAM_NON_BLOCKING: CUstream_flags_enum = CUstream_flags_enum(1);
 }
 #[repr(transparent)]
@@ -378,13 +378,13 @@ pub struct CUstream_flags_enum(pub ::std::os::raw::c_uint);
 /// Stream creation flags
 pub use self::CUstream_flags_enum as CUstream_flags;
 impl CUevent_flags_enum {
-    /// < Default event flag
+    /// Default event flag
     pub const CU_EVENT_DEFAULT: CUevent_flags_enum = CUevent_flags_enum(0);
-    /// < Event uses blocking synchronization
+    /// Event uses blocking synchronization
     pub const CU_EVENT_BLOCKING_SYNC: CUevent_flags_enum = CUevent_flags_enum(1);
-    /// < Event will not record timing data
+    /// Event will not record timing data
     pub const CU_EVENT_DISABLE_TIMING: CUevent_flags_enum = CUevent_flags_enum(2);
-    /// < Event is suitable for interprocess use. CU_EVENT_DISABLE_TIMING must be set
+    /// Event is suitable for interprocess use. CU_EVENT_DISABLE_TIMING must be set
     pub const CU_EVENT_INTERPROCESS: CUevent_flags_enum = CUevent_flags_enum(4);
 }
 #[repr(transparent)]
@@ -394,9 +394,9 @@ pub struct CUevent_flags_enum(pub ::std::os::raw::c_uint);
 /// Event creation flags
 pub use self::CUevent_flags_enum as CUevent_flags;
 impl CUevent_record_flags_enum {
-    /// < Default event record flag
+    /// Default event record flag
     pub const CU_EVENT_RECORD_DEFAULT: CUevent_record_flags_enum = CUevent_record_flags_enum(0);
-    /// < When using stream capture, create an event record node
+    /// When using stream capture, create an event record node
     /// instead of the default behavior.  This flag is invalid
     /// when used outside of capture.
     pub const CU_EVENT_RECORD_EXTERNAL: CUevent_record_flags_enum = CUevent_record_flags_enum(1);
@@ -408,9 +408,9 @@ pub struct CUevent_record_flags_enum(pub ::std::os::raw::c_uint);
 /// Event record flags
 pub use self::CUevent_record_flags_enum as CUevent_record_flags;
 impl CUevent_wait_flags_enum {
-    /// < Default event wait flag
+    /// Default event wait flag
     pub const CU_EVENT_WAIT_DEFAULT: CUevent_wait_flags_enum = CUevent_wait_flags_enum(0);
-    /// < When using stream capture, create an event wait node
+    /// When using stream capture, create an event wait node
     /// instead of the default behavior.  This flag is invalid
     /// when used outside of capture.
     pub const CU_EVENT_WAIT_EXTERNAL: CUevent_wait_flags_enum = CUevent_wait_flags_enum(1);
@@ -422,19 +422,19 @@ pub struct CUevent_wait_flags_enum(pub ::std::os::raw::c_uint);
 /// Event wait flags
 pub use self::CUevent_wait_flags_enum as CUevent_wait_flags;
 impl CUstreamWaitValue_flags_enum {
-    /// < Wait until (int32_t)(*addr - value) >= 0 (or int64_t for 64 bit
+    /// Wait until (int32_t)(\*addr - value) >= 0 (or int64_t for 64 bit
     /// values). Note this is a cyclic comparison which ignores wraparound.
     /// (Default behavior.)
     pub const CU_STREAM_WAIT_VALUE_GEQ: CUstreamWaitValue_flags_enum = CUstreamWaitValue_flags_enum(0);
-    /// < Wait until *addr == value.
+    /// Wait until \*addr == value.
     pub const CU_STREAM_WAIT_VALUE_EQ: CUstreamWaitValue_flags_enum = CUstreamWaitValue_flags_enum(1);
-    /// < Wait until (*addr & value) != 0.
+    /// Wait until (\*addr & value) != 0.
     pub const CU_STREAM_WAIT_VALUE_AND: CUstreamWaitValue_flags_enum = CUstreamWaitValue_flags_enum(2);
-    /// < Wait until ~(*addr | value) != 0. Support for this operation can be
-    /// queried with ::cuDeviceGetAttribute() and
-    /// ::CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR.
+    /// Wait until ~(\*addr | value) != 0. Support for this operation can be
+    /// queried with `cuDeviceGetAttribute()` and
+    /// `CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR`.
     pub const CU_STREAM_WAIT_VALUE_NOR: CUstreamWaitValue_flags_enum = CUstreamWaitValue_flags_enum(3);
-    /// < Follow the wait operation with a flush of outstanding remote writes. This
+    /// Follow the wait operation with a flush of outstanding remote writes. This
     /// means that, if a remote write operation is guaranteed to have reached the
     /// device before the wait can be satisfied, that write is guaranteed to be
     /// visible to downstream device work. The device is permitted to reorder
@@ -442,21 +442,21 @@ impl CUstreamWaitValue_flags_enum {
     /// two remote writes arrive in a defined order, the wait is satisfied by the
     /// second write, and downstream work needs to observe the first write.
     /// Support for this operation is restricted to selected platforms and can be
-    /// queried with ::CU_DEVICE_ATTRIBUTE_CAN_FLUSH_REMOTE_WRITES.
+    /// queried with `CU_DEVICE_ATTRIBUTE_CAN_FLUSH_REMOTE_WRITES`.
     pub const CU_STREAM_WAIT_VALUE_FLUSH: CUstreamWaitValue_flags_enum = CUstreamWaitValue_flags_enum(1073741824);
 }
 #[repr(transparent)]
-/// Flags for ::cuStreamWaitValue32 and ::cuStreamWaitValue64
+/// Flags for `cuStreamWaitValue32` and `cuStreamWaitValue64`
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUstreamWaitValue_flags_enum(pub ::std::os::raw::c_uint);
-/// Flags for ::cuStreamWaitValue32 and ::cuStreamWaitValue64
+/// Flags for `cuStreamWaitValue32` and `cuStreamWaitValue64`
 pub use self::CUstreamWaitValue_flags_enum as CUstreamWaitValue_flags;
 impl CUstreamWriteValue_flags_enum {
-    /// < Default behavior
+    /// Default behavior
     pub const CU_STREAM_WRITE_VALUE_DEFAULT: CUstreamWriteValue_flags_enum = CUstreamWriteValue_flags_enum(0);
-    /// < Permits the write to be reordered with writes which were issued
+    /// Permits the write to be reordered with writes which were issued
     /// before it, as a performance optimization. Normally,
-    /// ::cuStreamWriteValue32 will provide a memory fence before the
+    /// `cuStreamWriteValue32` will provide a memory fence before the
     /// write, which has similar semantics to
     /// __threadfence_system() but is scoped to the stream
     /// rather than a CUDA thread.
@@ -464,57 +464,57 @@ impl CUstreamWriteValue_flags_enum {
     pub const CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER: CUstreamWriteValue_flags_enum = CUstreamWriteValue_flags_enum(1);
 }
 #[repr(transparent)]
-/// Flags for ::cuStreamWriteValue32
+/// Flags for `cuStreamWriteValue32`
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUstreamWriteValue_flags_enum(pub ::std::os::raw::c_uint);
-/// Flags for ::cuStreamWriteValue32
+/// Flags for `cuStreamWriteValue32`
 pub use self::CUstreamWriteValue_flags_enum as CUstreamWriteValue_flags;
 impl CUstreamBatchMemOpType_enum {
-    /// < Represents a ::cuStreamWaitValue32 operation
+    /// Represents a `cuStreamWaitValue32` operation
     pub const CU_STREAM_MEM_OP_WAIT_VALUE_32: CUstreamBatchMemOpType_enum = CUstreamBatchMemOpType_enum(1);
-    /// < Represents a ::cuStreamWriteValue32 operation
+    /// Represents a `cuStreamWriteValue32` operation
     pub const CU_STREAM_MEM_OP_WRITE_VALUE_32: CUstreamBatchMemOpType_enum = CUstreamBatchMemOpType_enum(2);
-    /// < Represents a ::cuStreamWaitValue64 operation
+    /// Represents a `cuStreamWaitValue64` operation
     pub const CU_STREAM_MEM_OP_WAIT_VALUE_64: CUstreamBatchMemOpType_enum = CUstreamBatchMemOpType_enum(4);
-    /// < Represents a ::cuStreamWriteValue64 operation
+    /// Represents a `cuStreamWriteValue64` operation
     pub const CU_STREAM_MEM_OP_WRITE_VALUE_64: CUstreamBatchMemOpType_enum = CUstreamBatchMemOpType_enum(5);
-    /// < Insert a memory barrier of the specified type
+    /// Insert a memory barrier of the specified type
     pub const CU_STREAM_MEM_OP_BARRIER: CUstreamBatchMemOpType_enum = CUstreamBatchMemOpType_enum(6);
-    /// < This has the same effect as ::CU_STREAM_WAIT_VALUE_FLUSH, but as a
+    /// This has the same effect as `CU_STREAM_WAIT_VALUE_FLUSH`, but as a
     /// standalone operation.
     pub const CU_STREAM_MEM_OP_FLUSH_REMOTE_WRITES: CUstreamBatchMemOpType_enum = CUstreamBatchMemOpType_enum(3);
 }
 #[repr(transparent)]
-/// Operations for ::cuStreamBatchMemOp
+/// Operations for `cuStreamBatchMemOp`
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUstreamBatchMemOpType_enum(pub ::std::os::raw::c_uint);
-/// Operations for ::cuStreamBatchMemOp
+/// Operations for `cuStreamBatchMemOp`
 pub use self::CUstreamBatchMemOpType_enum as CUstreamBatchMemOpType;
 impl CUstreamMemoryBarrier_flags_enum {
-    /// < System-wide memory barrier.
+    /// System-wide memory barrier.
     pub const CU_STREAM_MEMORY_BARRIER_TYPE_SYS: CUstreamMemoryBarrier_flags_enum = CUstreamMemoryBarrier_flags_enum(0);
-    /// < Limit memory barrier scope to the GPU.
+    /// Limit memory barrier scope to the GPU.
     pub const CU_STREAM_MEMORY_BARRIER_TYPE_GPU: CUstreamMemoryBarrier_flags_enum = CUstreamMemoryBarrier_flags_enum(1);
 }
 #[repr(transparent)]
-/// Flags for ::CUstreamBatchMemOpParams::memoryBarrier
+/// Flags for `CUstreamBatchMemOpParams::memoryBarrier`
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUstreamMemoryBarrier_flags_enum(pub ::std::os::raw::c_uint);
-/// Flags for ::CUstreamBatchMemOpParams::memoryBarrier
+/// Flags for `CUstreamBatchMemOpParams::memoryBarrier`
 pub use self::CUstreamMemoryBarrier_flags_enum as CUstreamMemoryBarrier_flags;
-/// Per-operation parameters for ::cuStreamBatchMemOp
+/// Per-operation parameters for `cuStreamBatchMemOp`
 #[repr(C)]
 #[derive(Copy, Clone)]
 pub union CUstreamBatchMemOpParams_union {
-    /// < Operation. This is the first field of all the union elemets and acts as a TAG to determine which union member is valid.
+    /// Operation. This is the first field of all the union elemets and acts as a TAG to determine which union member is valid.
     pub operation: CUstreamBatchMemOpType,
-    /// < Params for ::CU_STREAM_MEM_OP_WAIT_VALUE_32 and ::CU_STREAM_MEM_OP_WAIT_VALUE_64 operations.
+    /// Params for `CU_STREAM_MEM_OP_WAIT_VALUE_32` and `CU_STREAM_MEM_OP_WAIT_VALUE_64` operations.
     pub waitValue: CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st,
-    /// < Params for ::CU_STREAM_MEM_OP_WRITE_VALUE_32 and ::CU_STREAM_MEM_OP_WRITE_VALUE_64 operations.
+    /// Params for `CU_STREAM_MEM_OP_WRITE_VALUE_32` and `CU_STREAM_MEM_OP_WRITE_VALUE_64` operations.
     pub writeValue: CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st,
-    /// < Params for ::CU_STREAM_MEM_OP_FLUSH_REMOTE_WRITES operations.
+    /// Params for `CU_STREAM_MEM_OP_FLUSH_REMOTE_WRITES` operations.
     pub flushRemoteWrites: CUstreamBatchMemOpParams_union_CUstreamMemOpFlushRemoteWritesParams_st,
-    /// < Params for ::CU_STREAM_MEM_OP_BARRIER operations.
+    /// Params for `CU_STREAM_MEM_OP_BARRIER` operations.
     pub memoryBarrier: CUstreamBatchMemOpParams_union_CUstreamMemOpMemoryBarrierParams_st,
     pub pad: [cuuint64_t; 6usize],
 }
@@ -524,9 +524,9 @@ pub struct CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st {
     pub operation: CUstreamBatchMemOpType,
     pub address: CUdeviceptr,
     pub __bindgen_anon_1: CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st__bindgen_ty_1,
-    /// < See ::CUstreamWaitValue_flags.
+    /// See `CUstreamWaitValue_flags`.
     pub flags: ::std::os::raw::c_uint,
-    /// < For driver internal use. Initial value is unimportant.
+    /// For driver internal use. Initial value is unimportant.
     pub alias: CUdeviceptr,
 }
 #[repr(C)]
@@ -593,9 +593,9 @@ pub struct CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st {
     pub operation: CUstreamBatchMemOpType,
     pub address: CUdeviceptr,
     pub __bindgen_anon_1: CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st__bindgen_ty_1,
-    /// < See ::CUstreamWriteValue_flags.
+    /// See `CUstreamWriteValue_flags`.
     pub flags: ::std::os::raw::c_uint,
-    /// < For driver internal use. Initial value is unimportant.
+    /// For driver internal use. Initial value is unimportant.
     pub alias: CUdeviceptr,
 }
 #[repr(C)]
@@ -660,7 +660,7 @@ impl Default for CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUstreamBatchMemOpParams_union_CUstreamMemOpFlushRemoteWritesParams_st {
     pub operation: CUstreamBatchMemOpType,
-    /// < Must be 0.
+    /// Must be 0.
     pub flags: ::std::os::raw::c_uint,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
@@ -691,7 +691,7 @@ impl Default for CUstreamBatchMemOpParams_union_CUstreamMemOpFlushRemoteWritesPa
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUstreamBatchMemOpParams_union_CUstreamMemOpMemoryBarrierParams_st {
     pub operation: CUstreamBatchMemOpType,
-    /// < See ::CUstreamMemoryBarrier_flags
+    /// See `CUstreamMemoryBarrier_flags`
     pub flags: ::std::os::raw::c_uint,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
@@ -742,14 +742,14 @@ impl Default for CUstreamBatchMemOpParams_union {
         }
     }
 }
-/// Per-operation parameters for ::cuStreamBatchMemOp
+/// Per-operation parameters for `cuStreamBatchMemOp`
 pub type CUstreamBatchMemOpParams_v1 = CUstreamBatchMemOpParams_union;
-/// Per-operation parameters for ::cuStreamBatchMemOp
+/// Per-operation parameters for `cuStreamBatchMemOp`
 pub type CUstreamBatchMemOpParams = CUstreamBatchMemOpParams_v1;
 /// Batch memory operation node parameters
 ///
-/// Used in the legacy ::cuGraphAddBatchMemOpNode api.
-/// New code should use ::cuGraphAddNode()
+/// Used in the legacy `cuGraphAddBatchMemOpNode` api.
+/// New code should use `cuGraphAddNode()`
 #[repr(C)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUDA_BATCH_MEM_OP_NODE_PARAMS_v1_st {
@@ -784,25 +784,25 @@ impl Default for CUDA_BATCH_MEM_OP_NODE_PARAMS_v1_st {
 }
 /// Batch memory operation node parameters
 ///
-/// Used in the legacy ::cuGraphAddBatchMemOpNode api.
-/// New code should use ::cuGraphAddNode()
+/// Used in the legacy `cuGraphAddBatchMemOpNode` api.
+/// New code should use `cuGraphAddNode()`
 pub type CUDA_BATCH_MEM_OP_NODE_PARAMS_v1 = CUDA_BATCH_MEM_OP_NODE_PARAMS_v1_st;
 /// Batch memory operation node parameters
 ///
-/// Used in the legacy ::cuGraphAddBatchMemOpNode api.
-/// New code should use ::cuGraphAddNode()
+/// Used in the legacy `cuGraphAddBatchMemOpNode` api.
+/// New code should use `cuGraphAddNode()`
 pub type CUDA_BATCH_MEM_OP_NODE_PARAMS = CUDA_BATCH_MEM_OP_NODE_PARAMS_v1;
 /// Batch memory operation node parameters
 #[repr(C)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUDA_BATCH_MEM_OP_NODE_PARAMS_v2_st {
-    /// < Context to use for the operations.
+    /// Context to use for the operations.
     pub ctx: CUcontext,
-    /// < Number of operations in paramArray.
+    /// Number of operations in paramArray.
     pub count: ::std::os::raw::c_uint,
-    /// < Array of batch memory operations.
+    /// Array of batch memory operations.
     pub paramArray: *mut CUstreamBatchMemOpParams,
-    /// < Flags to control the node.
+    /// Flags to control the node.
     pub flags: ::std::os::raw::c_uint,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
@@ -832,9 +832,9 @@ impl Default for CUDA_BATCH_MEM_OP_NODE_PARAMS_v2_st {
 /// Batch memory operation node parameters
 pub type CUDA_BATCH_MEM_OP_NODE_PARAMS_v2 = CUDA_BATCH_MEM_OP_NODE_PARAMS_v2_st;
 impl CUoccupancy_flags_enum {
-    /// < Default behavior
+    /// Default behavior
     pub const CU_OCCUPANCY_DEFAULT: CUoccupancy_flags_enum = CUoccupancy_flags_enum(0);
-    /// < Assume global caching is enabled and cannot be automatically turned off
+    /// Assume global caching is enabled and cannot be automatically turned off
     pub const CU_OCCUPANCY_DISABLE_CACHING_OVERRIDE: CUoccupancy_flags_enum = CUoccupancy_flags_enum(1);
 }
 #[repr(transparent)]
@@ -844,21 +844,21 @@ pub struct CUoccupancy_flags_enum(pub ::std::os::raw::c_uint);
 /// Occupancy calculator flag
 pub use self::CUoccupancy_flags_enum as CUoccupancy_flags;
 impl CUstreamUpdateCaptureDependencies_flags_enum {
-    /// < Add new nodes to the dependency set
+    /// Add new nodes to the dependency set
     pub const CU_STREAM_ADD_CAPTURE_DEPENDENCIES: CUstreamUpdateCaptureDependencies_flags_enum =
         CUstreamUpdateCaptureDependencies_flags_enum(0);
-    /// < Replace the dependency set with the new nodes
+    /// Replace the dependency set with the new nodes
     pub const CU_STREAM_SET_CAPTURE_DEPENDENCIES: CUstreamUpdateCaptureDependencies_flags_enum =
         CUstreamUpdateCaptureDependencies_flags_enum(1);
 }
 #[repr(transparent)]
-/// Flags for ::cuStreamUpdateCaptureDependencies
+/// Flags for `cuStreamUpdateCaptureDependencies`
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUstreamUpdateCaptureDependencies_flags_enum(pub ::std::os::raw::c_uint);
-/// Flags for ::cuStreamUpdateCaptureDependencies
+/// Flags for `cuStreamUpdateCaptureDependencies`
 pub use self::CUstreamUpdateCaptureDependencies_flags_enum as CUstreamUpdateCaptureDependencies_flags;
 impl CUasyncNotificationType_enum {
-    /// < Sent when the process has exceeded its device memory budget
+    /// Sent when the process has exceeded its device memory budget
     pub const CU_ASYNC_NOTIFICATION_TYPE_OVER_BUDGET: CUasyncNotificationType_enum = CUasyncNotificationType_enum(1);
 }
 #[repr(transparent)]
@@ -871,21 +871,21 @@ pub use self::CUasyncNotificationType_enum as CUasyncNotificationType;
 #[repr(C)]
 #[derive(Copy, Clone)]
 pub struct CUasyncNotificationInfo_st {
-    /// < The type of notification being sent
+    /// The type of notification being sent
     pub type_: CUasyncNotificationType,
-    /// < Information about the notification. \p type must be checked in order to interpret this field.
+    /// Information about the notification. `type` must be checked in order to interpret this field.
     pub info: CUasyncNotificationInfo_st__bindgen_ty_1,
 }
 #[repr(C)]
 #[derive(Copy, Clone)]
 pub union CUasyncNotificationInfo_st__bindgen_ty_1 {
-    /// < Information about notifications of type \p CU_ASYNC_NOTIFICATION_TYPE_OVER_BUDGET
+    /// Information about notifications of type `CU_ASYNC_NOTIFICATION_TYPE_OVER_BUDGET`
     pub overBudget: CUasyncNotificationInfo_st__bindgen_ty_1__bindgen_ty_1,
 }
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUasyncNotificationInfo_st__bindgen_ty_1__bindgen_ty_1 {
-    /// < The number of bytes that the process has allocated above its device memory budget
+    /// The number of bytes that the process has allocated above its device memory budget
     pub bytesOverBudget: ::std::os::raw::c_ulonglong,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
@@ -936,9 +936,12 @@ impl Default for CUasyncNotificationInfo_st {
 /// Information passed to the user via the async notification callback
 pub type CUasyncNotificationInfo = CUasyncNotificationInfo_st;
 /// CUDA async notification callback
-/// \param info Information describing what actions to take as a result of this notification.
-/// \param userData Pointer to user defined data provided at callback registration.
-/// \param callback The callback handle associated with this specific callback.
+///
+/// # Parameters
+///
+/// - `info`: Information describing what actions to take as a result of this notification.
+/// - `userData`: Pointer to user defined data provided at callback registration.
+/// - `callback`: The callback handle associated with this specific callback.
 pub type CUasyncCallback = ::std::option::Option<
     unsafe extern "C" fn(
         info: *mut CUasyncNotificationInfo,
@@ -947,107 +950,107 @@ pub type CUasyncCallback = ::std::option::Option<
     ),
 >;
 impl CUarray_format_enum {
-    /// < Unsigned 8-bit integers
+    /// Unsigned 8-bit integers
     pub const CU_AD_FORMAT_UNSIGNED_INT8: CUarray_format_enum = CUarray_format_enum(1);
-    /// < Unsigned 16-bit integers
+    /// Unsigned 16-bit integers
     pub const CU_AD_FORMAT_UNSIGNED_INT16: CUarray_format_enum = CUarray_format_enum(2);
-    /// < Unsigned 32-bit integers
+    /// Unsigned 32-bit integers
     pub const CU_AD_FORMAT_UNSIGNED_INT32: CUarray_format_enum = CUarray_format_enum(3);
-    /// < Signed 8-bit integers
+    /// Signed 8-bit integers
     pub const CU_AD_FORMAT_SIGNED_INT8: CUarray_format_enum = CUarray_format_enum(8);
-    /// < Signed 16-bit integers
+    /// Signed 16-bit integers
     pub const CU_AD_FORMAT_SIGNED_INT16: CUarray_format_enum = CUarray_format_enum(9);
-    /// < Signed 32-bit integers
+    /// Signed 32-bit integers
     pub const CU_AD_FORMAT_SIGNED_INT32: CUarray_format_enum = CUarray_format_enum(10);
-    /// < 16-bit floating point
+    /// 16-bit floating point
     pub const CU_AD_FORMAT_HALF: CUarray_format_enum = CUarray_format_enum(16);
-    /// < 32-bit floating point
+    /// 32-bit floating point
     pub const CU_AD_FORMAT_FLOAT: CUarray_format_enum = CUarray_format_enum(32);
-    /// < 8-bit YUV planar format, with 4:2:0 sampling
+    /// 8-bit YUV planar format, with 4:2:0 sampling
     pub const CU_AD_FORMAT_NV12: CUarray_format_enum = CUarray_format_enum(176);
-    /// < 1 channel unsigned 8-bit normalized integer
+    /// 1 channel unsigned 8-bit normalized integer
     pub const CU_AD_FORMAT_UNORM_INT8X1: CUarray_format_enum = CUarray_format_enum(192);
-    /// < 2 channel unsigned 8-bit normalized integer
+    /// 2 channel unsigned 8-bit normalized integer
     pub const CU_AD_FORMAT_UNORM_INT8X2: CUarray_format_enum = CUarray_format_enum(193);
-    /// < 4 channel unsigned 8-bit normalized integer
+    /// 4 channel unsigned 8-bit normalized integer
     pub const CU_AD_FORMAT_UNORM_INT8X4: CUarray_format_enum = CUarray_format_enum(194);
-    /// < 1 channel unsigned 16-bit normalized integer
+    /// 1 channel unsigned 16-bit normalized integer
     pub const CU_AD_FORMAT_UNORM_INT16X1: CUarray_format_enum = CUarray_format_enum(195);
-    /// < 2 channel unsigned 16-bit normalized integer
+    /// 2 channel unsigned 16-bit normalized integer
     pub const CU_AD_FORMAT_UNORM_INT16X2: CUarray_format_enum = CUarray_format_enum(196);
-    /// < 4 channel unsigned 16-bit normalized integer
+    /// 4 channel unsigned 16-bit normalized integer
     pub const CU_AD_FORMAT_UNORM_INT16X4: CUarray_format_enum = CUarray_format_enum(197);
-    /// < 1 channel signed 8-bit normalized integer
+    /// 1 channel signed 8-bit normalized integer
     pub const CU_AD_FORMAT_SNORM_INT8X1: CUarray_format_enum = CUarray_format_enum(198);
-    /// < 2 channel signed 8-bit normalized integer
+    /// 2 channel signed 8-bit normalized integer
     pub const CU_AD_FORMAT_SNORM_INT8X2: CUarray_format_enum = CUarray_format_enum(199);
-    /// < 4 channel signed 8-bit normalized integer
+    /// 4 channel signed 8-bit normalized integer
     pub const CU_AD_FORMAT_SNORM_INT8X4: CUarray_format_enum = CUarray_format_enum(200);
-    /// < 1 channel signed 16-bit normalized integer
+    /// 1 channel signed 16-bit normalized integer
     pub const CU_AD_FORMAT_SNORM_INT16X1: CUarray_format_enum = CUarray_format_enum(201);
-    /// < 2 channel signed 16-bit normalized integer
+    /// 2 channel signed 16-bit normalized integer
     pub const CU_AD_FORMAT_SNORM_INT16X2: CUarray_format_enum = CUarray_format_enum(202);
-    /// < 4 channel signed 16-bit normalized integer
+    /// 4 channel signed 16-bit normalized integer
     pub const CU_AD_FORMAT_SNORM_INT16X4: CUarray_format_enum = CUarray_format_enum(203);
-    /// < 4 channel unsigned normalized block-compressed (BC1 compression) format
+    /// 4 channel unsigned normalized block-compressed (BC1 compression) format
     pub const CU_AD_FORMAT_BC1_UNORM: CUarray_format_enum = CUarray_format_enum(145);
-    /// < 4 channel unsigned normalized block-compressed (BC1 compression) format with sRGB encoding
+    /// 4 channel unsigned normalized block-compressed (BC1 compression) format with sRGB encoding
     pub const CU_AD_FORMAT_BC1_UNORM_SRGB: CUarray_format_enum = CUarray_format_enum(146);
-    /// < 4 channel unsigned normalized block-compressed (BC2 compression) format
+    /// 4 channel unsigned normalized block-compressed (BC2 compression) format
     pub const CU_AD_FORMAT_BC2_UNORM: CUarray_format_enum = CUarray_format_enum(147);
-    /// < 4 channel unsigned normalized block-compressed (BC2 compression) format with sRGB encoding
+    /// 4 channel unsigned normalized block-compressed (BC2 compression) format with sRGB encoding
     pub const CU_AD_FORMAT_BC2_UNORM_SRGB: CUarray_format_enum = CUarray_format_enum(148);
-    /// < 4 channel unsigned normalized block-compressed (BC3 compression) format
+    /// 4 channel unsigned normalized block-compressed (BC3 compression) format
     pub const CU_AD_FORMAT_BC3_UNORM: CUarray_format_enum = CUarray_format_enum(149);
-    /// < 4 channel unsigned normalized block-compressed (BC3 compression) format with sRGB encoding
+    /// 4 channel unsigned normalized block-compressed (BC3 compression) format with sRGB encoding
     pub const CU_AD_FORMAT_BC3_UNORM_SRGB: CUarray_format_enum = CUarray_format_enum(150);
-    /// < 1 channel unsigned normalized block-compressed (BC4 compression) format
+    /// 1 channel unsigned normalized block-compressed (BC4 compression) format
     pub const CU_AD_FORMAT_BC4_UNORM: CUarray_format_enum = CUarray_format_enum(151);
-    /// < 1 channel signed normalized block-compressed (BC4 compression) format
+    /// 1 channel signed normalized block-compressed (BC4 compression) format
     pub const CU_AD_FORMAT_BC4_SNORM: CUarray_format_enum = CUarray_format_enum(152);
-    /// < 2 channel unsigned normalized block-compressed (BC5 compression) format
+    /// 2 channel unsigned normalized block-compressed (BC5 compression) format
     pub const CU_AD_FORMAT_BC5_UNORM: CUarray_format_enum = CUarray_format_enum(153);
-    /// < 2 channel signed normalized block-compressed (BC5 compression) format
+    /// 2 channel signed normalized block-compressed (BC5 compression) format
     pub const CU_AD_FORMAT_BC5_SNORM: CUarray_format_enum = CUarray_format_enum(154);
-    /// < 3 channel unsigned half-float block-compressed (BC6H compression) format
+    /// 3 channel unsigned half-float block-compressed (BC6H compression) format
     pub const CU_AD_FORMAT_BC6H_UF16: CUarray_format_enum = CUarray_format_enum(155);
-    /// < 3 channel signed half-float block-compressed (BC6H compression) format
+    /// 3 channel signed half-float block-compressed (BC6H compression) format
     pub const CU_AD_FORMAT_BC6H_SF16: CUarray_format_enum = CUarray_format_enum(156);
-    /// < 4 channel unsigned normalized block-compressed (BC7 compression) format
+    /// 4 channel unsigned normalized block-compressed (BC7 compression) format
     pub const CU_AD_FORMAT_BC7_UNORM: CUarray_format_enum = CUarray_format_enum(157);
-    /// < 4 channel unsigned normalized block-compressed (BC7 compression) format with sRGB encoding
+    /// 4 channel unsigned normalized block-compressed (BC7 compression) format with sRGB encoding
     pub const CU_AD_FORMAT_BC7_UNORM_SRGB: CUarray_format_enum = CUarray_format_enum(158);
-    /// < 10-bit YUV planar format, with 4:2:0 sampling
+    /// 10-bit YUV planar format, with 4:2:0 sampling
     pub const CU_AD_FORMAT_P010: CUarray_format_enum = CUarray_format_enum(159);
-    /// < 16-bit YUV planar format, with 4:2:0 sampling
+    /// 16-bit YUV planar format, with 4:2:0 sampling
     pub const CU_AD_FORMAT_P016: CUarray_format_enum = CUarray_format_enum(161);
-    /// < 8-bit YUV planar format, with 4:2:2 sampling
+    /// 8-bit YUV planar format, with 4:2:2 sampling
     pub const CU_AD_FORMAT_NV16: CUarray_format_enum = CUarray_format_enum(162);
-    /// < 10-bit YUV planar format, with 4:2:2 sampling
+    /// 10-bit YUV planar format, with 4:2:2 sampling
     pub const CU_AD_FORMAT_P210: CUarray_format_enum = CUarray_format_enum(163);
-    /// < 16-bit YUV planar format, with 4:2:2 sampling
+    /// 16-bit YUV planar format, with 4:2:2 sampling
     pub const CU_AD_FORMAT_P216: CUarray_format_enum = CUarray_format_enum(164);
-    /// < 2 channel, 8-bit YUV packed planar format, with 4:2:2 sampling
+    /// 2 channel, 8-bit YUV packed planar format, with 4:2:2 sampling
     pub const CU_AD_FORMAT_YUY2: CUarray_format_enum = CUarray_format_enum(165);
-    /// < 2 channel, 10-bit YUV packed planar format, with 4:2:2 sampling
+    /// 2 channel, 10-bit YUV packed planar format, with 4:2:2 sampling
     pub const CU_AD_FORMAT_Y210: CUarray_format_enum = CUarray_format_enum(166);
-    /// < 2 channel, 16-bit YUV packed planar format, with 4:2:2 sampling
+    /// 2 channel, 16-bit YUV packed planar format, with 4:2:2 sampling
     pub const CU_AD_FORMAT_Y216: CUarray_format_enum = CUarray_format_enum(167);
-    /// < 4 channel, 8-bit YUV packed planar format, with 4:4:4 sampling
+    /// 4 channel, 8-bit YUV packed planar format, with 4:4:4 sampling
     pub const CU_AD_FORMAT_AYUV: CUarray_format_enum = CUarray_format_enum(168);
-    /// < 10-bit YUV packed planar format, with 4:4:4 sampling
+    /// 10-bit YUV packed planar format, with 4:4:4 sampling
     pub const CU_AD_FORMAT_Y410: CUarray_format_enum = CUarray_format_enum(169);
-    /// < 4 channel, 12-bit YUV packed planar format, with 4:4:4 sampling
+    /// 4 channel, 12-bit YUV packed planar format, with 4:4:4 sampling
     pub const CU_AD_FORMAT_Y416: CUarray_format_enum = CUarray_format_enum(177);
-    /// < 3 channel 8-bit YUV planar format, with 4:4:4 sampling
+    /// 3 channel 8-bit YUV planar format, with 4:4:4 sampling
     pub const CU_AD_FORMAT_Y444_PLANAR8: CUarray_format_enum = CUarray_format_enum(178);
-    /// < 3 channel 10-bit YUV planar format, with 4:4:4 sampling
+    /// 3 channel 10-bit YUV planar format, with 4:4:4 sampling
     pub const CU_AD_FORMAT_Y444_PLANAR10: CUarray_format_enum = CUarray_format_enum(179);
-    /// < 3 channel 8-bit YUV semi-planar format, with 4:4:4 sampling
+    /// 3 channel 8-bit YUV semi-planar format, with 4:4:4 sampling
     pub const CU_AD_FORMAT_YUV444_8bit_SemiPlanar: CUarray_format_enum = CUarray_format_enum(180);
-    /// < 3 channel 16-bit YUV semi-planar format, with 4:4:4 sampling
+    /// 3 channel 16-bit YUV semi-planar format, with 4:4:4 sampling
     pub const CU_AD_FORMAT_YUV444_16bit_SemiPlanar: CUarray_format_enum = CUarray_format_enum(181);
-    /// < 4 channel unorm R10G10B10A2 RGB format
+    /// 4 channel unorm R10G10B10A2 RGB format
     pub const CU_AD_FORMAT_UNORM_INT_101010_2: CUarray_format_enum = CUarray_format_enum(80);
     pub const CU_AD_FORMAT_MAX: CUarray_format_enum = CUarray_format_enum(2147483647);
 }
@@ -1058,13 +1061,13 @@ pub struct CUarray_format_enum(pub ::std::os::raw::c_uint);
 /// Array formats
 pub use self::CUarray_format_enum as CUarray_format;
 impl CUaddress_mode_enum {
-    /// < Wrapping address mode
+    /// Wrapping address mode
     pub const CU_TR_ADDRESS_MODE_WRAP: CUaddress_mode_enum = CUaddress_mode_enum(0);
-    /// < Clamp to edge address mode
+    /// Clamp to edge address mode
     pub const CU_TR_ADDRESS_MODE_CLAMP: CUaddress_mode_enum = CUaddress_mode_enum(1);
-    /// < Mirror address mode
+    /// Mirror address mode
     pub const CU_TR_ADDRESS_MODE_MIRROR: CUaddress_mode_enum = CUaddress_mode_enum(2);
-    /// < Border address mode
+    /// Border address mode
     pub const CU_TR_ADDRESS_MODE_BORDER: CUaddress_mode_enum = CUaddress_mode_enum(3);
 }
 #[repr(transparent)]
@@ -1074,9 +1077,9 @@ pub struct CUaddress_mode_enum(pub ::std::os::raw::c_uint);
 /// Texture reference addressing modes
 pub use self::CUaddress_mode_enum as CUaddress_mode;
 impl CUfilter_mode_enum {
-    /// < Point filter mode
+    /// Point filter mode
     pub const CU_TR_FILTER_MODE_POINT: CUfilter_mode_enum = CUfilter_mode_enum(0);
-    /// < Linear filter mode
+    /// Linear filter mode
     pub const CU_TR_FILTER_MODE_LINEAR: CUfilter_mode_enum = CUfilter_mode_enum(1);
 }
 #[repr(transparent)]
@@ -1086,361 +1089,361 @@ pub struct CUfilter_mode_enum(pub ::std::os::raw::c_uint);
 /// Texture reference filtering modes
 pub use self::CUfilter_mode_enum as CUfilter_mode;
 impl CUdevice_attribute_enum {
-    /// < Maximum number of threads per block
+    /// Maximum number of threads per block
     pub const CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: CUdevice_attribute_enum = CUdevice_attribute_enum(1);
-    /// < Maximum block dimension X
+    /// Maximum block dimension X
     pub const CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X: CUdevice_attribute_enum = CUdevice_attribute_enum(2);
-    /// < Maximum block dimension Y
+    /// Maximum block dimension Y
     pub const CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y: CUdevice_attribute_enum = CUdevice_attribute_enum(3);
-    /// < Maximum block dimension Z
+    /// Maximum block dimension Z
     pub const CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z: CUdevice_attribute_enum = CUdevice_attribute_enum(4);
-    /// < Maximum grid dimension X
+    /// Maximum grid dimension X
     pub const CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X: CUdevice_attribute_enum = CUdevice_attribute_enum(5);
-    /// < Maximum grid dimension Y
+    /// Maximum grid dimension Y
     pub const CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y: CUdevice_attribute_enum = CUdevice_attribute_enum(6);
-    /// < Maximum grid dimension Z
+    /// Maximum grid dimension Z
     pub const CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z: CUdevice_attribute_enum = CUdevice_attribute_enum(7);
-    /// < Maximum shared memory available per block in bytes
+    /// Maximum shared memory available per block in bytes
     pub const CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK: CUdevice_attribute_enum = CUdevice_attribute_enum(8);
-    /// < Deprecated, use CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK
+    /// Deprecated, use CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK
     pub const CU_DEVICE_ATTRIBUTE_SHARED_MEMORY_PER_BLOCK: CUdevice_attribute_enum = CUdevice_attribute_enum(8);
-    /// < Memory available on device for __constant__ variables in a CUDA C kernel in bytes
+    /// Memory available on device for __constant__ variables in a CUDA C kernel in bytes
     pub const CU_DEVICE_ATTRIBUTE_TOTAL_CONSTANT_MEMORY: CUdevice_attribute_enum = CUdevice_attribute_enum(9);
-    /// < Warp size in threads
+    /// Warp size in threads
     pub const CU_DEVICE_ATTRIBUTE_WARP_SIZE: CUdevice_attribute_enum = CUdevice_attribute_enum(10);
-    /// < Maximum pitch in bytes allowed by memory copies
+    /// Maximum pitch in bytes allowed by memory copies
     pub const CU_DEVICE_ATTRIBUTE_MAX_PITCH: CUdevice_attribute_enum = CUdevice_attribute_enum(11);
-    /// < Maximum number of 32-bit registers available per block
+    /// Maximum number of 32-bit registers available per block
     pub const CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK: CUdevice_attribute_enum = CUdevice_attribute_enum(12);
-    /// < Deprecated, use CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK
+    /// Deprecated, use CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK
     pub const CU_DEVICE_ATTRIBUTE_REGISTERS_PER_BLOCK: CUdevice_attribute_enum = CUdevice_attribute_enum(12);
-    /// < Typical clock frequency in kilohertz
+    /// Typical clock frequency in kilohertz
     pub const CU_DEVICE_ATTRIBUTE_CLOCK_RATE: CUdevice_attribute_enum = CUdevice_attribute_enum(13);
-    /// < Alignment requirement for textures
+    /// Alignment requirement for textures
     pub const CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT: CUdevice_attribute_enum = CUdevice_attribute_enum(14);
-    /// < Device can possibly copy memory and execute a kernel concurrently. Deprecated. Use instead CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT.
+    /// Device can possibly copy memory and execute a kernel concurrently. Deprecated. Use instead CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT.
     pub const CU_DEVICE_ATTRIBUTE_GPU_OVERLAP: CUdevice_attribute_enum = CUdevice_attribute_enum(15);
-    /// < Number of multiprocessors on device
+    /// Number of multiprocessors on device
     pub const CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: CUdevice_attribute_enum = CUdevice_attribute_enum(16);
-    /// < Specifies whether there is a run time limit on kernels
+    /// Specifies whether there is a run time limit on kernels
     pub const CU_DEVICE_ATTRIBUTE_KERNEL_EXEC_TIMEOUT: CUdevice_attribute_enum = CUdevice_attribute_enum(17);
-    /// < Device is integrated with host memory
+    /// Device is integrated with host memory
     pub const CU_DEVICE_ATTRIBUTE_INTEGRATED: CUdevice_attribute_enum = CUdevice_attribute_enum(18);
-    /// < Device can map host memory into CUDA address space
+    /// Device can map host memory into CUDA address space
     pub const CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY: CUdevice_attribute_enum = CUdevice_attribute_enum(19);
-    /// < Compute mode (See ::CUcomputemode for details)
+    /// Compute mode (See `CUcomputemode` for details)
     pub const CU_DEVICE_ATTRIBUTE_COMPUTE_MODE: CUdevice_attribute_enum = CUdevice_attribute_enum(20);
-    /// < Maximum 1D texture width
+    /// Maximum 1D texture width
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_WIDTH: CUdevice_attribute_enum = CUdevice_attribute_enum(21);
-    /// < Maximum 2D texture width
+    /// Maximum 2D texture width
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_WIDTH: CUdevice_attribute_enum = CUdevice_attribute_enum(22);
-    /// < Maximum 2D texture height
+    /// Maximum 2D texture height
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_HEIGHT: CUdevice_attribute_enum = CUdevice_attribute_enum(23);
-    /// < Maximum 3D texture width
+    /// Maximum 3D texture width
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_WIDTH: CUdevice_attribute_enum = CUdevice_attribute_enum(24);
-    /// < Maximum 3D texture height
+    /// Maximum 3D texture height
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_HEIGHT: CUdevice_attribute_enum = CUdevice_attribute_enum(25);
-    /// < Maximum 3D texture depth
+    /// Maximum 3D texture depth
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_DEPTH: CUdevice_attribute_enum = CUdevice_attribute_enum(26);
-    /// < Maximum 2D layered texture width
+    /// Maximum 2D layered texture width
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LAYERED_WIDTH: CUdevice_attribute_enum =
         CUdevice_attribute_enum(27);
-    /// < Maximum 2D layered texture height
+    /// Maximum 2D layered texture height
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LAYERED_HEIGHT: CUdevice_attribute_enum =
         CUdevice_attribute_enum(28);
-    /// < Maximum layers in a 2D layered texture
+    /// Maximum layers in a 2D layered texture
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LAYERED_LAYERS: CUdevice_attribute_enum =
         CUdevice_attribute_enum(29);
-    /// < Deprecated, use CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LAYERED_WIDTH
+    /// Deprecated, use CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LAYERED_WIDTH
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_ARRAY_WIDTH: CUdevice_attribute_enum = CUdevice_attribute_enum(27);
-    /// < Deprecated, use CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LAYERED_HEIGHT
+    /// Deprecated, use CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LAYERED_HEIGHT
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_ARRAY_HEIGHT: CUdevice_attribute_enum = CUdevice_attribute_enum(28);
-    /// < Deprecated, use CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LAYERED_LAYERS
+    /// Deprecated, use CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LAYERED_LAYERS
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_ARRAY_NUMSLICES: CUdevice_attribute_enum =
         CUdevice_attribute_enum(29);
-    /// < Alignment requirement for surfaces
+    /// Alignment requirement for surfaces
     pub const CU_DEVICE_ATTRIBUTE_SURFACE_ALIGNMENT: CUdevice_attribute_enum = CUdevice_attribute_enum(30);
-    /// < Device can possibly execute multiple kernels concurrently
+    /// Device can possibly execute multiple kernels concurrently
     pub const CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS: CUdevice_attribute_enum = CUdevice_attribute_enum(31);
-    /// < Device has ECC support enabled
+    /// Device has ECC support enabled
     pub const CU_DEVICE_ATTRIBUTE_ECC_ENABLED: CUdevice_attribute_enum = CUdevice_attribute_enum(32);
-    /// < PCI bus ID of the device
+    /// PCI bus ID of the device
     pub const CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: CUdevice_attribute_enum = CUdevice_attribute_enum(33);
-    /// < PCI device ID of the device
+    /// PCI device ID of the device
     pub const CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID: CUdevice_attribute_enum = CUdevice_attribute_enum(34);
-    /// < Device is using TCC driver model
+    /// Device is using TCC driver model
     pub const CU_DEVICE_ATTRIBUTE_TCC_DRIVER: CUdevice_attribute_enum = CUdevice_attribute_enum(35);
-    /// < Peak memory clock frequency in kilohertz
+    /// Peak memory clock frequency in kilohertz
     pub const CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE: CUdevice_attribute_enum = CUdevice_attribute_enum(36);
-    /// < Global memory bus width in bits
+    /// Global memory bus width in bits
     pub const CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH: CUdevice_attribute_enum = CUdevice_attribute_enum(37);
-    /// < Size of L2 cache in bytes
+    /// Size of L2 cache in bytes
     pub const CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE: CUdevice_attribute_enum = CUdevice_attribute_enum(38);
-    /// < Maximum resident threads per multiprocessor
+    /// Maximum resident threads per multiprocessor
     pub const CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: CUdevice_attribute_enum = CUdevice_attribute_enum(39);
-    /// < Number of asynchronous engines
+    /// Number of asynchronous engines
     pub const CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT: CUdevice_attribute_enum = CUdevice_attribute_enum(40);
-    /// < Device shares a unified address space with the host
+    /// Device shares a unified address space with the host
     pub const CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: CUdevice_attribute_enum = CUdevice_attribute_enum(41);
-    /// < Maximum 1D layered texture width
+    /// Maximum 1D layered texture width
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_LAYERED_WIDTH: CUdevice_attribute_enum =
         CUdevice_attribute_enum(42);
-    /// < Maximum layers in a 1D layered texture
+    /// Maximum layers in a 1D layered texture
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_LAYERED_LAYERS: CUdevice_attribute_enum =
         CUdevice_attribute_enum(43);
-    /// < Deprecated, do not use.
+    /// Deprecated, do not use.
     pub const CU_DEVICE_ATTRIBUTE_CAN_TEX2D_GATHER: CUdevice_attribute_enum = CUdevice_attribute_enum(44);
-    /// < Maximum 2D texture width if CUDA_ARRAY3D_TEXTURE_GATHER is set
+    /// Maximum 2D texture width if CUDA_ARRAY3D_TEXTURE_GATHER is set
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_GATHER_WIDTH: CUdevice_attribute_enum = CUdevice_attribute_enum(45);
-    /// < Maximum 2D texture height if CUDA_ARRAY3D_TEXTURE_GATHER is set
+    /// Maximum 2D texture height if CUDA_ARRAY3D_TEXTURE_GATHER is set
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_GATHER_HEIGHT: CUdevice_attribute_enum =
         CUdevice_attribute_enum(46);
-    /// < Alternate maximum 3D texture width
+    /// Alternate maximum 3D texture width
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_WIDTH_ALTERNATE: CUdevice_attribute_enum =
         CUdevice_attribute_enum(47);
-    /// < Alternate maximum 3D texture height
+    /// Alternate maximum 3D texture height
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_HEIGHT_ALTERNATE: CUdevice_attribute_enum =
         CUdevice_attribute_enum(48);
-    /// < Alternate maximum 3D texture depth
+    /// Alternate maximum 3D texture depth
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_DEPTH_ALTERNATE: CUdevice_attribute_enum =
         CUdevice_attribute_enum(49);
-    /// < PCI domain ID of the device
+    /// PCI domain ID of the device
     pub const CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID: CUdevice_attribute_enum = CUdevice_attribute_enum(50);
-    /// < Pitch alignment requirement for textures
+    /// Pitch alignment requirement for textures
     pub const CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT: CUdevice_attribute_enum = CUdevice_attribute_enum(51);
-    /// < Maximum cubemap texture width/height
+    /// Maximum cubemap texture width/height
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURECUBEMAP_WIDTH: CUdevice_attribute_enum = CUdevice_attribute_enum(52);
-    /// < Maximum cubemap layered texture width/height
+    /// Maximum cubemap layered texture width/height
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURECUBEMAP_LAYERED_WIDTH: CUdevice_attribute_enum =
         CUdevice_attribute_enum(53);
-    /// < Maximum layers in a cubemap layered texture
+    /// Maximum layers in a cubemap layered texture
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURECUBEMAP_LAYERED_LAYERS: CUdevice_attribute_enum =
         CUdevice_attribute_enum(54);
-    /// < Maximum 1D surface width
+    /// Maximum 1D surface width
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE1D_WIDTH: CUdevice_attribute_enum = CUdevice_attribute_enum(55);
-    /// < Maximum 2D surface width
+    /// Maximum 2D surface width
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE2D_WIDTH: CUdevice_attribute_enum = CUdevice_attribute_enum(56);
-    /// < Maximum 2D surface height
+    /// Maximum 2D surface height
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE2D_HEIGHT: CUdevice_attribute_enum = CUdevice_attribute_enum(57);
-    /// < Maximum 3D surface width
+    /// Maximum 3D surface width
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE3D_WIDTH: CUdevice_attribute_enum = CUdevice_attribute_enum(58);
-    /// < Maximum 3D surface height
+    /// Maximum 3D surface height
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE3D_HEIGHT: CUdevice_attribute_enum = CUdevice_attribute_enum(59);
-    /// < Maximum 3D surface depth
+    /// Maximum 3D surface depth
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE3D_DEPTH: CUdevice_attribute_enum = CUdevice_attribute_enum(60);
-    /// < Maximum 1D layered surface width
+    /// Maximum 1D layered surface width
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE1D_LAYERED_WIDTH: CUdevice_attribute_enum =
         CUdevice_attribute_enum(61);
-    /// < Maximum layers in a 1D layered surface
+    /// Maximum layers in a 1D layered surface
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE1D_LAYERED_LAYERS: CUdevice_attribute_enum =
         CUdevice_attribute_enum(62);
-    /// < Maximum 2D layered surface width
+    /// Maximum 2D layered surface width
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE2D_LAYERED_WIDTH: CUdevice_attribute_enum =
         CUdevice_attribute_enum(63);
-    /// < Maximum 2D layered surface height
+    /// Maximum 2D layered surface height
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE2D_LAYERED_HEIGHT: CUdevice_attribute_enum =
         CUdevice_attribute_enum(64);
-    /// < Maximum layers in a 2D layered surface
+    /// Maximum layers in a 2D layered surface
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE2D_LAYERED_LAYERS: CUdevice_attribute_enum =
         CUdevice_attribute_enum(65);
-    /// < Maximum cubemap surface width
+    /// Maximum cubemap surface width
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACECUBEMAP_WIDTH: CUdevice_attribute_enum = CUdevice_attribute_enum(66);
-    /// < Maximum cubemap layered surface width
+    /// Maximum cubemap layered surface width
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACECUBEMAP_LAYERED_WIDTH: CUdevice_attribute_enum =
         CUdevice_attribute_enum(67);
-    /// < Maximum layers in a cubemap layered surface
+    /// Maximum layers in a cubemap layered surface
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACECUBEMAP_LAYERED_LAYERS: CUdevice_attribute_enum =
         CUdevice_attribute_enum(68);
-    /// < Deprecated, do not use. Use cudaDeviceGetTexture1DLinearMaxWidth() or cuDeviceGetTexture1DLinearMaxWidth() instead.
+    /// Deprecated, do not use. Use cudaDeviceGetTexture1DLinearMaxWidth() or cuDeviceGetTexture1DLinearMaxWidth() instead.
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_LINEAR_WIDTH: CUdevice_attribute_enum = CUdevice_attribute_enum(69);
-    /// < Maximum 2D linear texture width
+    /// Maximum 2D linear texture width
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LINEAR_WIDTH: CUdevice_attribute_enum = CUdevice_attribute_enum(70);
-    /// < Maximum 2D linear texture height
+    /// Maximum 2D linear texture height
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LINEAR_HEIGHT: CUdevice_attribute_enum =
         CUdevice_attribute_enum(71);
-    /// < Maximum 2D linear texture pitch in bytes
+    /// Maximum 2D linear texture pitch in bytes
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LINEAR_PITCH: CUdevice_attribute_enum = CUdevice_attribute_enum(72);
-    /// < Maximum mipmapped 2D texture width
+    /// Maximum mipmapped 2D texture width
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_MIPMAPPED_WIDTH: CUdevice_attribute_enum =
         CUdevice_attribute_enum(73);
-    /// < Maximum mipmapped 2D texture height
+    /// Maximum mipmapped 2D texture height
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_MIPMAPPED_HEIGHT: CUdevice_attribute_enum =
         CUdevice_attribute_enum(74);
-    /// < Major compute capability version number
+    /// Major compute capability version number
     pub const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: CUdevice_attribute_enum = CUdevice_attribute_enum(75);
-    /// < Minor compute capability version number
+    /// Minor compute capability version number
     pub const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: CUdevice_attribute_enum = CUdevice_attribute_enum(76);
-    /// < Maximum mipmapped 1D texture width
+    /// Maximum mipmapped 1D texture width
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_MIPMAPPED_WIDTH: CUdevice_attribute_enum =
         CUdevice_attribute_enum(77);
-    /// < Device supports stream priorities
+    /// Device supports stream priorities
     pub const CU_DEVICE_ATTRIBUTE_STREAM_PRIORITIES_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(78);
-    /// < Device supports caching globals in L1
+    /// Device supports caching globals in L1
     pub const CU_DEVICE_ATTRIBUTE_GLOBAL_L1_CACHE_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(79);
-    /// < Device supports caching locals in L1
+    /// Device supports caching locals in L1
     pub const CU_DEVICE_ATTRIBUTE_LOCAL_L1_CACHE_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(80);
-    /// < Maximum shared memory available per multiprocessor in bytes
+    /// Maximum shared memory available per multiprocessor in bytes
     pub const CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR: CUdevice_attribute_enum =
         CUdevice_attribute_enum(81);
-    /// < Maximum number of 32-bit registers available per multiprocessor
+    /// Maximum number of 32-bit registers available per multiprocessor
     pub const CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR: CUdevice_attribute_enum =
         CUdevice_attribute_enum(82);
-    /// < Device can allocate managed memory on this system
+    /// Device can allocate managed memory on this system
     pub const CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY: CUdevice_attribute_enum = CUdevice_attribute_enum(83);
-    /// < Device is on a multi-GPU board
+    /// Device is on a multi-GPU board
     pub const CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD: CUdevice_attribute_enum = CUdevice_attribute_enum(84);
-    /// < Unique id for a group of devices on the same multi-GPU board
+    /// Unique id for a group of devices on the same multi-GPU board
     pub const CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD_GROUP_ID: CUdevice_attribute_enum = CUdevice_attribute_enum(85);
-    /// < Link between the device and the host supports all native atomic operations
+    /// Link between the device and the host supports all native atomic operations
     pub const CU_DEVICE_ATTRIBUTE_HOST_NATIVE_ATOMIC_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(86);
-    /// < Ratio of single precision performance (in floating-point operations per second) to double precision performance
+    /// Ratio of single precision performance (in floating-point operations per second) to double precision performance
     pub const CU_DEVICE_ATTRIBUTE_SINGLE_TO_DOUBLE_PRECISION_PERF_RATIO: CUdevice_attribute_enum =
         CUdevice_attribute_enum(87);
-    /// < Device supports coherently accessing pageable memory without calling cudaHostRegister on it
+    /// Device supports coherently accessing pageable memory without calling cudaHostRegister on it
     pub const CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS: CUdevice_attribute_enum = CUdevice_attribute_enum(88);
-    /// < Device can coherently access managed memory concurrently with the CPU
+    /// Device can coherently access managed memory concurrently with the CPU
     pub const CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS: CUdevice_attribute_enum = CUdevice_attribute_enum(89);
-    /// < Device supports compute preemption.
+    /// Device supports compute preemption.
     pub const CU_DEVICE_ATTRIBUTE_COMPUTE_PREEMPTION_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(90);
-    /// < Device can access host registered memory at the same virtual address as the CPU
+    /// Device can access host registered memory at the same virtual address as the CPU
     pub const CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM: CUdevice_attribute_enum =
         CUdevice_attribute_enum(91);
-    /// < Deprecated, along with v1 MemOps API, ::cuStreamBatchMemOp and related APIs are supported.
+    /// Deprecated, along with v1 MemOps API, `cuStreamBatchMemOp` and related APIs are supported.
     pub const CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1: CUdevice_attribute_enum = CUdevice_attribute_enum(92);
-    /// < Deprecated, along with v1 MemOps API, 64-bit operations are supported in ::cuStreamBatchMemOp and related APIs.
+    /// Deprecated, along with v1 MemOps API, 64-bit operations are supported in `cuStreamBatchMemOp` and related APIs.
     pub const CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS_V1: CUdevice_attribute_enum =
         CUdevice_attribute_enum(93);
-    /// < Deprecated, along with v1 MemOps API, ::CU_STREAM_WAIT_VALUE_NOR is supported.
+    /// Deprecated, along with v1 MemOps API, `CU_STREAM_WAIT_VALUE_NOR` is supported.
     pub const CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR_V1: CUdevice_attribute_enum =
         CUdevice_attribute_enum(94);
-    /// < Device supports launching cooperative kernels via ::cuLaunchCooperativeKernel
+    /// Device supports launching cooperative kernels via `cuLaunchCooperativeKernel`
     pub const CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH: CUdevice_attribute_enum = CUdevice_attribute_enum(95);
-    /// < Deprecated, ::cuLaunchCooperativeKernelMultiDevice is deprecated.
+    /// Deprecated, `cuLaunchCooperativeKernelMultiDevice` is deprecated.
     pub const CU_DEVICE_ATTRIBUTE_COOPERATIVE_MULTI_DEVICE_LAUNCH: CUdevice_attribute_enum =
         CUdevice_attribute_enum(96);
-    /// < Maximum optin shared memory per block
+    /// Maximum optin shared memory per block
     pub const CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: CUdevice_attribute_enum =
         CUdevice_attribute_enum(97);
-    /// < The ::CU_STREAM_WAIT_VALUE_FLUSH flag and the ::CU_STREAM_MEM_OP_FLUSH_REMOTE_WRITES MemOp are supported on the device. See \ref CUDA_MEMOP for additional details.
+    /// The `CU_STREAM_WAIT_VALUE_FLUSH` flag and the `CU_STREAM_MEM_OP_FLUSH_REMOTE_WRITES` MemOp are supported on the device. See `CUDA_MEMOP` for additional details.
     pub const CU_DEVICE_ATTRIBUTE_CAN_FLUSH_REMOTE_WRITES: CUdevice_attribute_enum = CUdevice_attribute_enum(98);
-    /// < Device supports host memory registration via ::cudaHostRegister.
+    /// Device supports host memory registration via `cudaHostRegister`.
     pub const CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(99);
-    /// < Device accesses pageable memory via the host's page tables.
+    /// Device accesses pageable memory via the host's page tables.
     pub const CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES: CUdevice_attribute_enum =
         CUdevice_attribute_enum(100);
-    /// < The host can directly access managed memory on the device without migration.
+    /// The host can directly access managed memory on the device without migration.
     pub const CU_DEVICE_ATTRIBUTE_DIRECT_MANAGED_MEM_ACCESS_FROM_HOST: CUdevice_attribute_enum =
         CUdevice_attribute_enum(101);
-    /// < Deprecated, Use CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
+    /// Deprecated, Use CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
     pub const CU_DEVICE_ATTRIBUTE_VIRTUAL_ADDRESS_MANAGEMENT_SUPPORTED: CUdevice_attribute_enum =
         CUdevice_attribute_enum(102);
-    /// < Device supports virtual memory management APIs like ::cuMemAddressReserve, ::cuMemCreate, ::cuMemMap and related APIs
+    /// Device supports virtual memory management APIs like `cuMemAddressReserve`, `cuMemCreate`, `cuMemMap` and related APIs
     pub const CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: CUdevice_attribute_enum =
         CUdevice_attribute_enum(102);
-    /// < Device supports exporting memory to a posix file descriptor with ::cuMemExportToShareableHandle, if requested via ::cuMemCreate
+    /// Device supports exporting memory to a posix file descriptor with `cuMemExportToShareableHandle`, if requested via `cuMemCreate`
     pub const CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: CUdevice_attribute_enum =
         CUdevice_attribute_enum(103);
-    /// < Device supports exporting memory to a Win32 NT handle with ::cuMemExportToShareableHandle, if requested via ::cuMemCreate
+    /// Device supports exporting memory to a Win32 NT handle with `cuMemExportToShareableHandle`, if requested via `cuMemCreate`
     pub const CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_WIN32_HANDLE_SUPPORTED: CUdevice_attribute_enum =
         CUdevice_attribute_enum(104);
-    /// < Device supports exporting memory to a Win32 KMT handle with ::cuMemExportToShareableHandle, if requested via ::cuMemCreate
+    /// Device supports exporting memory to a Win32 KMT handle with `cuMemExportToShareableHandle`, if requested via `cuMemCreate`
     pub const CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_WIN32_KMT_HANDLE_SUPPORTED: CUdevice_attribute_enum =
         CUdevice_attribute_enum(105);
-    /// < Maximum number of blocks per multiprocessor
+    /// Maximum number of blocks per multiprocessor
     pub const CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR: CUdevice_attribute_enum = CUdevice_attribute_enum(106);
-    /// < Device supports compression of memory
+    /// Device supports compression of memory
     pub const CU_DEVICE_ATTRIBUTE_GENERIC_COMPRESSION_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(107);
-    /// < Maximum L2 persisting lines capacity setting in bytes.
+    /// Maximum L2 persisting lines capacity setting in bytes.
     pub const CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE: CUdevice_attribute_enum = CUdevice_attribute_enum(108);
-    /// < Maximum value of CUaccessPolicyWindow::num_bytes.
+    /// Maximum value of CUaccessPolicyWindow::num_bytes.
     pub const CU_DEVICE_ATTRIBUTE_MAX_ACCESS_POLICY_WINDOW_SIZE: CUdevice_attribute_enum = CUdevice_attribute_enum(109);
-    /// < Device supports specifying the GPUDirect RDMA flag with ::cuMemCreate
+    /// Device supports specifying the GPUDirect RDMA flag with `cuMemCreate`
     pub const CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED: CUdevice_attribute_enum =
         CUdevice_attribute_enum(110);
-    /// < Shared memory reserved by CUDA driver per block in bytes
+    /// Shared memory reserved by CUDA driver per block in bytes
     pub const CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK: CUdevice_attribute_enum =
         CUdevice_attribute_enum(111);
-    /// < Device supports sparse CUDA arrays and sparse CUDA mipmapped arrays
+    /// Device supports sparse CUDA arrays and sparse CUDA mipmapped arrays
     pub const CU_DEVICE_ATTRIBUTE_SPARSE_CUDA_ARRAY_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(112);
-    /// < Device supports using the ::cuMemHostRegister flag ::CU_MEMHOSTERGISTER_READ_ONLY to register memory that must be mapped as read-only to the GPU
+    /// Device supports using the `cuMemHostRegister` flag `CU_MEMHOSTERGISTER_READ_ONLY` to register memory that must be mapped as read-only to the GPU
     pub const CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED: CUdevice_attribute_enum =
         CUdevice_attribute_enum(113);
-    /// < External timeline semaphore interop is supported on the device
+    /// External timeline semaphore interop is supported on the device
     pub const CU_DEVICE_ATTRIBUTE_TIMELINE_SEMAPHORE_INTEROP_SUPPORTED: CUdevice_attribute_enum =
         CUdevice_attribute_enum(114);
-    /// < Device supports using the ::cuMemAllocAsync and ::cuMemPool family of APIs
+    /// Device supports using the `cuMemAllocAsync` and `cuMemPool` family of APIs
     pub const CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(115);
-    /// < Device supports GPUDirect RDMA APIs, like nvidia_p2p_get_pages (see https://docs.nvidia.com/cuda/gpudirect-rdma for more information)
+    /// Device supports GPUDirect RDMA APIs, like nvidia_p2p_get_pages (see https://docs.nvidia.com/cuda/gpudirect-rdma for more information)
     pub const CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(116);
-    /// < The returned attribute shall be interpreted as a bitmask, where the individual bits are described by the ::CUflushGPUDirectRDMAWritesOptions enum
+    /// The returned attribute shall be interpreted as a bitmask, where the individual bits are described by the `CUflushGPUDirectRDMAWritesOptions` enum
     pub const CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS: CUdevice_attribute_enum =
         CUdevice_attribute_enum(117);
-    /// < GPUDirect RDMA writes to the device do not need to be flushed for consumers within the scope indicated by the returned attribute. See ::CUGPUDirectRDMAWritesOrdering for the numerical values returned here.
+    /// GPUDirect RDMA writes to the device do not need to be flushed for consumers within the scope indicated by the returned attribute. See `CUGPUDirectRDMAWritesOrdering` for the numerical values returned here.
     pub const CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING: CUdevice_attribute_enum =
         CUdevice_attribute_enum(118);
-    /// < Handle types supported with mempool based IPC
+    /// Handle types supported with mempool based IPC
     pub const CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES: CUdevice_attribute_enum =
         CUdevice_attribute_enum(119);
-    /// < Indicates device supports cluster launch
+    /// Indicates device supports cluster launch
     pub const CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH: CUdevice_attribute_enum = CUdevice_attribute_enum(120);
-    /// < Device supports deferred mapping CUDA arrays and CUDA mipmapped arrays
+    /// Device supports deferred mapping CUDA arrays and CUDA mipmapped arrays
     pub const CU_DEVICE_ATTRIBUTE_DEFERRED_MAPPING_CUDA_ARRAY_SUPPORTED: CUdevice_attribute_enum =
         CUdevice_attribute_enum(121);
-    /// < 64-bit operations are supported in ::cuStreamBatchMemOp and related MemOp APIs.
+    /// 64-bit operations are supported in `cuStreamBatchMemOp` and related MemOp APIs.
     pub const CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS: CUdevice_attribute_enum = CUdevice_attribute_enum(122);
-    /// < ::CU_STREAM_WAIT_VALUE_NOR is supported by MemOp APIs.
+    /// `CU_STREAM_WAIT_VALUE_NOR` is supported by MemOp APIs.
     pub const CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR: CUdevice_attribute_enum = CUdevice_attribute_enum(123);
-    /// < Device supports buffer sharing with dma_buf mechanism.
+    /// Device supports buffer sharing with dma_buf mechanism.
     pub const CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(124);
-    /// < Device supports IPC Events.
+    /// Device supports IPC Events.
     pub const CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(125);
-    /// < Number of memory domains the device supports.
+    /// Number of memory domains the device supports.
     pub const CU_DEVICE_ATTRIBUTE_MEM_SYNC_DOMAIN_COUNT: CUdevice_attribute_enum = CUdevice_attribute_enum(126);
-    /// < Device supports accessing memory using Tensor Map.
+    /// Device supports accessing memory using Tensor Map.
     pub const CU_DEVICE_ATTRIBUTE_TENSOR_MAP_ACCESS_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(127);
-    /// < Device supports exporting memory to a fabric handle with cuMemExportToShareableHandle() or requested with cuMemCreate()
+    /// Device supports exporting memory to a fabric handle with cuMemExportToShareableHandle() or requested with cuMemCreate()
     pub const CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(128);
-    /// < Device supports unified function pointers.
+    /// Device supports unified function pointers.
     pub const CU_DEVICE_ATTRIBUTE_UNIFIED_FUNCTION_POINTERS: CUdevice_attribute_enum = CUdevice_attribute_enum(129);
-    /// < NUMA configuration of a device: value is of type ::CUdeviceNumaConfig enum
+    /// NUMA configuration of a device: value is of type `CUdeviceNumaConfig` enum
     pub const CU_DEVICE_ATTRIBUTE_NUMA_CONFIG: CUdevice_attribute_enum = CUdevice_attribute_enum(130);
-    /// < NUMA node ID of the GPU memory
+    /// NUMA node ID of the GPU memory
     pub const CU_DEVICE_ATTRIBUTE_NUMA_ID: CUdevice_attribute_enum = CUdevice_attribute_enum(131);
-    /// < Device supports switch multicast and reduction operations.
+    /// Device supports switch multicast and reduction operations.
     pub const CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(132);
-    /// < Indicates if contexts created on this device will be shared via MPS
+    /// Indicates if contexts created on this device will be shared via MPS
     pub const CU_DEVICE_ATTRIBUTE_MPS_ENABLED: CUdevice_attribute_enum = CUdevice_attribute_enum(133);
-    /// < NUMA ID of the host node closest to the device. Returns -1 when system does not support NUMA.
+    /// NUMA ID of the host node closest to the device. Returns -1 when system does not support NUMA.
     pub const CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID: CUdevice_attribute_enum = CUdevice_attribute_enum(134);
-    /// < Device supports CIG with D3D12.
+    /// Device supports CIG with D3D12.
     pub const CU_DEVICE_ATTRIBUTE_D3D12_CIG_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(135);
-    /// < The returned valued shall be interpreted as a bitmask, where the individual bits are described by the ::CUmemDecompressAlgorithm enum.
+    /// The returned valued shall be interpreted as a bitmask, where the individual bits are described by the `CUmemDecompressAlgorithm` enum.
     pub const CU_DEVICE_ATTRIBUTE_MEM_DECOMPRESS_ALGORITHM_MASK: CUdevice_attribute_enum = CUdevice_attribute_enum(136);
-    /// < The returned valued is the maximum length in bytes of a single decompress operation that is allowed.
+    /// The returned valued is the maximum length in bytes of a single decompress operation that is allowed.
     pub const CU_DEVICE_ATTRIBUTE_MEM_DECOMPRESS_MAXIMUM_LENGTH: CUdevice_attribute_enum = CUdevice_attribute_enum(137);
-    /// < Device supports CIG with Vulkan.
+    /// Device supports CIG with Vulkan.
     pub const CU_DEVICE_ATTRIBUTE_VULKAN_CIG_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(138);
-    /// < The combined 16-bit PCI device ID and 16-bit PCI vendor ID.
+    /// The combined 16-bit PCI device ID and 16-bit PCI vendor ID.
     pub const CU_DEVICE_ATTRIBUTE_GPU_PCI_DEVICE_ID: CUdevice_attribute_enum = CUdevice_attribute_enum(139);
-    /// < The combined 16-bit PCI subsystem ID and 16-bit PCI subsystem vendor ID.
+    /// The combined 16-bit PCI subsystem ID and 16-bit PCI subsystem vendor ID.
     pub const CU_DEVICE_ATTRIBUTE_GPU_PCI_SUBSYSTEM_ID: CUdevice_attribute_enum = CUdevice_attribute_enum(140);
-    /// < Device supports HOST_NUMA location with the virtual memory management APIs like ::cuMemCreate, ::cuMemMap and related APIs
+    /// Device supports HOST_NUMA location with the virtual memory management APIs like `cuMemCreate`, `cuMemMap` and related APIs
     pub const CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: CUdevice_attribute_enum =
         CUdevice_attribute_enum(141);
-    /// < Device supports HOST_NUMA location with the ::cuMemAllocAsync and ::cuMemPool family of APIs
+    /// Device supports HOST_NUMA location with the `cuMemAllocAsync` and `cuMemPool` family of APIs
     pub const CU_DEVICE_ATTRIBUTE_HOST_NUMA_MEMORY_POOLS_SUPPORTED: CUdevice_attribute_enum =
         CUdevice_attribute_enum(142);
-    /// < Device supports HOST_NUMA location IPC between nodes in a multi-node system.
+    /// Device supports HOST_NUMA location IPC between nodes in a multi-node system.
     pub const CU_DEVICE_ATTRIBUTE_HOST_NUMA_MULTINODE_IPC_SUPPORTED: CUdevice_attribute_enum =
         CUdevice_attribute_enum(143);
-    /// < Device suports HOST location with the ::cuMemAllocAsync and ::cuMemPool family of APIs
+    /// Device suports HOST location with the `cuMemAllocAsync` and `cuMemPool` family of APIs
     pub const CU_DEVICE_ATTRIBUTE_HOST_MEMORY_POOLS_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(144);
-    /// < Device supports HOST location with the virtual memory management APIs like ::cuMemCreate, ::cuMemMap and related APIs
+    /// Device supports HOST location with the virtual memory management APIs like `cuMemCreate`, `cuMemMap` and related APIs
     pub const CU_DEVICE_ATTRIBUTE_HOST_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: CUdevice_attribute_enum =
         CUdevice_attribute_enum(145);
-    /// < Device supports page-locked host memory buffer sharing with dma_buf mechanism.
+    /// Device supports page-locked host memory buffer sharing with dma_buf mechanism.
     pub const CU_DEVICE_ATTRIBUTE_HOST_ALLOC_DMA_BUF_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(146);
-    /// < Link between the device and the host supports only some native atomic operations
+    /// Link between the device and the host supports only some native atomic operations
     pub const CU_DEVICE_ATTRIBUTE_ONLY_PARTIAL_HOST_NATIVE_ATOMIC_SUPPORTED: CUdevice_attribute_enum =
         CUdevice_attribute_enum(147);
     pub const CU_DEVICE_ATTRIBUTE_MAX: CUdevice_attribute_enum = CUdevice_attribute_enum(148);
@@ -1455,25 +1458,25 @@ pub use self::CUdevice_attribute_enum as CUdevice_attribute;
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUdevprop_st {
-    /// < Maximum number of threads per block
+    /// Maximum number of threads per block
     pub maxThreadsPerBlock: ::std::os::raw::c_int,
-    /// < Maximum size of each dimension of a block
+    /// Maximum size of each dimension of a block
     pub maxThreadsDim: [::std::os::raw::c_int; 3usize],
-    /// < Maximum size of each dimension of a grid
+    /// Maximum size of each dimension of a grid
     pub maxGridSize: [::std::os::raw::c_int; 3usize],
-    /// < Shared memory available per block in bytes
+    /// Shared memory available per block in bytes
     pub sharedMemPerBlock: ::std::os::raw::c_int,
-    /// < Constant memory available on device in bytes
+    /// Constant memory available on device in bytes
     pub totalConstantMemory: ::std::os::raw::c_int,
-    /// < Warp size in threads
+    /// Warp size in threads
     pub SIMDWidth: ::std::os::raw::c_int,
-    /// < Maximum pitch in bytes allowed by memory copies
+    /// Maximum pitch in bytes allowed by memory copies
     pub memPitch: ::std::os::raw::c_int,
-    /// < 32-bit registers available per block
+    /// 32-bit registers available per block
     pub regsPerBlock: ::std::os::raw::c_int,
-    /// < Clock frequency in kilohertz
+    /// Clock frequency in kilohertz
     pub clockRate: ::std::os::raw::c_int,
-    /// < Alignment requirement for textures
+    /// Alignment requirement for textures
     pub textureAlign: ::std::os::raw::c_int,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
@@ -1499,47 +1502,47 @@ pub type CUdevprop_v1 = CUdevprop_st;
 /// Legacy device properties
 pub type CUdevprop = CUdevprop_v1;
 impl CUpointer_attribute_enum {
-    /// < The ::CUcontext on which a pointer was allocated or registered
+    /// The `CUcontext` on which a pointer was allocated or registered
     pub const CU_POINTER_ATTRIBUTE_CONTEXT: CUpointer_attribute_enum = CUpointer_attribute_enum(1);
-    /// < The ::CUmemorytype describing the physical location of a pointer
+    /// The `CUmemorytype` describing the physical location of a pointer
     pub const CU_POINTER_ATTRIBUTE_MEMORY_TYPE: CUpointer_attribute_enum = CUpointer_attribute_enum(2);
-    /// < The address at which a pointer's memory may be accessed on the device
+    /// The address at which a pointer's memory may be accessed on the device
     pub const CU_POINTER_ATTRIBUTE_DEVICE_POINTER: CUpointer_attribute_enum = CUpointer_attribute_enum(3);
-    /// < The address at which a pointer's memory may be accessed on the host
+    /// The address at which a pointer's memory may be accessed on the host
     pub const CU_POINTER_ATTRIBUTE_HOST_POINTER: CUpointer_attribute_enum = CUpointer_attribute_enum(4);
-    /// < A pair of tokens for use with the nv-p2p.h Linux kernel interface
+    /// A pair of tokens for use with the nv-p2p.h Linux kernel interface
     pub const CU_POINTER_ATTRIBUTE_P2P_TOKENS: CUpointer_attribute_enum = CUpointer_attribute_enum(5);
-    /// < Synchronize every synchronous memory operation initiated on this region
+    /// Synchronize every synchronous memory operation initiated on this region
     pub const CU_POINTER_ATTRIBUTE_SYNC_MEMOPS: CUpointer_attribute_enum = CUpointer_attribute_enum(6);
-    /// < A process-wide unique ID for an allocated memory region
+    /// A process-wide unique ID for an allocated memory region
     pub const CU_POINTER_ATTRIBUTE_BUFFER_ID: CUpointer_attribute_enum = CUpointer_attribute_enum(7);
-    /// < Indicates if the pointer points to managed memory
+    /// Indicates if the pointer points to managed memory
     pub const CU_POINTER_ATTRIBUTE_IS_MANAGED: CUpointer_attribute_enum = CUpointer_attribute_enum(8);
-    /// < A device ordinal of a device on which a pointer was allocated or registered
+    /// A device ordinal of a device on which a pointer was allocated or registered
     pub const CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: CUpointer_attribute_enum = CUpointer_attribute_enum(9);
-    /// < 1 if this pointer maps to an allocation that is suitable for ::cudaIpcGetMemHandle, 0 otherwise
+    /// 1 if this pointer maps to an allocation that is suitable for `cudaIpcGetMemHandle`, 0 otherwise
     pub const CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE: CUpointer_attribute_enum = CUpointer_attribute_enum(10);
-    /// < Starting address for this requested pointer
+    /// Starting address for this requested pointer
     pub const CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: CUpointer_attribute_enum = CUpointer_attribute_enum(11);
-    /// < Size of the address range for this requested pointer
+    /// Size of the address range for this requested pointer
     pub const CU_POINTER_ATTRIBUTE_RANGE_SIZE: CUpointer_attribute_enum = CUpointer_attribute_enum(12);
-    /// < 1 if this pointer is in a valid address range that is mapped to a backing allocation, 0 otherwise
+    /// 1 if this pointer is in a valid address range that is mapped to a backing allocation, 0 otherwise
     pub const CU_POINTER_ATTRIBUTE_MAPPED: CUpointer_attribute_enum = CUpointer_attribute_enum(13);
-    /// < Bitmask of allowed ::CUmemAllocationHandleType for this allocation
+    /// Bitmask of allowed `CUmemAllocationHandleType` for this allocation
     pub const CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES: CUpointer_attribute_enum = CUpointer_attribute_enum(14);
-    /// < 1 if the memory this pointer is referencing can be used with the GPUDirect RDMA API
+    /// 1 if the memory this pointer is referencing can be used with the GPUDirect RDMA API
     pub const CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE: CUpointer_attribute_enum = CUpointer_attribute_enum(15);
-    /// < Returns the access flags the device associated with the current context has on the corresponding memory referenced by the pointer given
+    /// Returns the access flags the device associated with the current context has on the corresponding memory referenced by the pointer given
     pub const CU_POINTER_ATTRIBUTE_ACCESS_FLAGS: CUpointer_attribute_enum = CUpointer_attribute_enum(16);
-    /// < Returns the mempool handle for the allocation if it was allocated from a mempool. Otherwise returns NULL.
+    /// Returns the mempool handle for the allocation if it was allocated from a mempool. Otherwise returns NULL.
     pub const CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE: CUpointer_attribute_enum = CUpointer_attribute_enum(17);
-    /// < Size of the actual underlying mapping that the pointer belongs to
+    /// Size of the actual underlying mapping that the pointer belongs to
     pub const CU_POINTER_ATTRIBUTE_MAPPING_SIZE: CUpointer_attribute_enum = CUpointer_attribute_enum(18);
-    /// < The start address of the mapping that the pointer belongs to
+    /// The start address of the mapping that the pointer belongs to
     pub const CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR: CUpointer_attribute_enum = CUpointer_attribute_enum(19);
-    /// < A process-wide unique id corresponding to the physical allocation the pointer belongs to
+    /// A process-wide unique id corresponding to the physical allocation the pointer belongs to
     pub const CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID: CUpointer_attribute_enum = CUpointer_attribute_enum(20);
-    /// < Returns in \p *data a boolean that indicates whether the pointer points to memory that is capable to be used for hardware accelerated decompression.
+    /// Returns in  \*data a boolean that indicates whether the pointer points to memory that is capable to be used for hardware accelerated decompression.
     pub const CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE: CUpointer_attribute_enum = CUpointer_attribute_enum(21);
 }
 #[repr(transparent)]
@@ -1583,23 +1586,23 @@ impl CUfunction_attribute_enum {
     /// this function. If the user-specified dynamic shared memory size is larger than this
     /// value, the launch will fail.
     /// The default value of this attribute is
-    /// ::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK - ::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
-    /// except when ::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES is greater than
-    /// ::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK, then the default value of this attribute is 0.
-    /// The value can be increased to ::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN -
-    /// ::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES.
-    /// See ::cuFuncSetAttribute, ::cuKernelSetAttribute
+    /// `CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK` - `CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES`,
+    /// except when `CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES` is greater than
+    /// `CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK`, then the default value of this attribute is 0.
+    /// The value can be increased to `CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN` -
+    /// `CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES`.
+    /// See `cuFuncSetAttribute`, `cuKernelSetAttribute`
     pub const CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: CUfunction_attribute_enum = CUfunction_attribute_enum(8);
     /// On devices where the L1 cache and shared memory use the same hardware resources,
     /// this sets the shared memory carveout preference, in percent of the total shared memory.
-    /// Refer to ::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR.
+    /// Refer to `CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR`.
     /// This is only a hint, and the driver can choose a different ratio if required to execute the function.
-    /// See ::cuFuncSetAttribute, ::cuKernelSetAttribute
+    /// See `cuFuncSetAttribute`, `cuKernelSetAttribute`
     pub const CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT: CUfunction_attribute_enum =
         CUfunction_attribute_enum(9);
     /// If this attribute is set, the kernel must launch with a valid cluster
     /// size specified.
-    /// See ::cuFuncSetAttribute, ::cuKernelSetAttribute
+    /// See `cuFuncSetAttribute`, `cuKernelSetAttribute`
     pub const CU_FUNC_ATTRIBUTE_CLUSTER_SIZE_MUST_BE_SET: CUfunction_attribute_enum = CUfunction_attribute_enum(10);
     /// The required cluster width in blocks. The values must either all be 0 or
     /// all be positive. The validity of the cluster dimensions is otherwise
@@ -1607,7 +1610,7 @@ impl CUfunction_attribute_enum {
     ///
     /// If the value is set during compile time, it cannot be set at runtime.
     /// Setting it at runtime will return CUDA_ERROR_NOT_PERMITTED.
-    /// See ::cuFuncSetAttribute, ::cuKernelSetAttribute
+    /// See `cuFuncSetAttribute`, `cuKernelSetAttribute`
     pub const CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH: CUfunction_attribute_enum = CUfunction_attribute_enum(11);
     /// The required cluster height in blocks. The values must either all be 0 or
     /// all be positive. The validity of the cluster dimensions is otherwise
@@ -1615,7 +1618,7 @@ impl CUfunction_attribute_enum {
     ///
     /// If the value is set during compile time, it cannot be set at runtime.
     /// Setting it at runtime should return CUDA_ERROR_NOT_PERMITTED.
-    /// See ::cuFuncSetAttribute, ::cuKernelSetAttribute
+    /// See `cuFuncSetAttribute`, `cuKernelSetAttribute`
     pub const CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT: CUfunction_attribute_enum = CUfunction_attribute_enum(12);
     /// The required cluster depth in blocks. The values must either all be 0 or
     /// all be positive. The validity of the cluster dimensions is otherwise
@@ -1623,7 +1626,7 @@ impl CUfunction_attribute_enum {
     ///
     /// If the value is set during compile time, it cannot be set at runtime.
     /// Setting it at runtime should return CUDA_ERROR_NOT_PERMITTED.
-    /// See ::cuFuncSetAttribute, ::cuKernelSetAttribute
+    /// See `cuFuncSetAttribute`, `cuKernelSetAttribute`
     pub const CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH: CUfunction_attribute_enum = CUfunction_attribute_enum(13);
     /// Whether the function can be launched with non-portable cluster size. 1 is
     /// allowed, 0 is disallowed. A non-portable cluster size may only function
@@ -1642,17 +1645,17 @@ impl CUfunction_attribute_enum {
     ///
     /// The specific hardware unit may support higher cluster sizes that’s not
     /// guaranteed to be portable.
-    /// See ::cuFuncSetAttribute, ::cuKernelSetAttribute
+    /// See `cuFuncSetAttribute`, `cuKernelSetAttribute`
     pub const CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED: CUfunction_attribute_enum =
         CUfunction_attribute_enum(14);
     /// The block scheduling policy of a function. The value type is
     /// CUclusterSchedulingPolicy / cudaClusterSchedulingPolicy.
-    /// See ::cuFuncSetAttribute, ::cuKernelSetAttribute
+    /// See `cuFuncSetAttribute`, `cuKernelSetAttribute`
     pub const CU_FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE: CUfunction_attribute_enum =
         CUfunction_attribute_enum(15);
     /// The block scheduling policy of a function. The value type is
     /// CUclusterSchedulingPolicy / cudaClusterSchedulingPolicy.
-    /// See ::cuFuncSetAttribute, ::cuKernelSetAttribute
+    /// See `cuFuncSetAttribute`, `cuKernelSetAttribute`
     pub const CU_FUNC_ATTRIBUTE_MAX: CUfunction_attribute_enum = CUfunction_attribute_enum(16);
 }
 #[repr(transparent)]
@@ -1662,13 +1665,13 @@ pub struct CUfunction_attribute_enum(pub ::std::os::raw::c_uint);
 /// Function properties
 pub use self::CUfunction_attribute_enum as CUfunction_attribute;
 impl CUfunc_cache_enum {
-    /// < no preference for shared memory or L1 (default)
+    /// no preference for shared memory or L1 (default)
     pub const CU_FUNC_CACHE_PREFER_NONE: CUfunc_cache_enum = CUfunc_cache_enum(0);
-    /// < prefer larger shared memory and smaller L1 cache
+    /// prefer larger shared memory and smaller L1 cache
     pub const CU_FUNC_CACHE_PREFER_SHARED: CUfunc_cache_enum = CUfunc_cache_enum(1);
-    /// < prefer larger L1 cache and smaller shared memory
+    /// prefer larger L1 cache and smaller shared memory
     pub const CU_FUNC_CACHE_PREFER_L1: CUfunc_cache_enum = CUfunc_cache_enum(2);
-    /// < prefer equal sized L1 cache and shared memory
+    /// prefer equal sized L1 cache and shared memory
     pub const CU_FUNC_CACHE_PREFER_EQUAL: CUfunc_cache_enum = CUfunc_cache_enum(3);
 }
 #[repr(transparent)]
@@ -1678,45 +1681,45 @@ pub struct CUfunc_cache_enum(pub ::std::os::raw::c_uint);
 /// Function cache configurations
 pub use self::CUfunc_cache_enum as CUfunc_cache;
 impl CUsharedconfig_enum {
-    /// < set default shared memory bank size
+    /// set default shared memory bank size
     pub const CU_SHARED_MEM_CONFIG_DEFAULT_BANK_SIZE: CUsharedconfig_enum = CUsharedconfig_enum(0);
-    /// < set shared memory bank width to four bytes
+    /// set shared memory bank width to four bytes
     pub const CU_SHARED_MEM_CONFIG_FOUR_BYTE_BANK_SIZE: CUsharedconfig_enum = CUsharedconfig_enum(1);
-    /// < set shared memory bank width to eight bytes
+    /// set shared memory bank width to eight bytes
     pub const CU_SHARED_MEM_CONFIG_EIGHT_BYTE_BANK_SIZE: CUsharedconfig_enum = CUsharedconfig_enum(2);
 }
 #[repr(transparent)]
-/// \deprecated
+/// **Deprecated:**
 ///
 /// Shared memory configurations
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUsharedconfig_enum(pub ::std::os::raw::c_uint);
-/// \deprecated
+/// **Deprecated:**
 ///
 /// Shared memory configurations
 pub use self::CUsharedconfig_enum as CUsharedconfig;
 impl CUshared_carveout_enum {
-    /// < No preference for shared memory or L1 (default)
+    /// No preference for shared memory or L1 (default)
     pub const CU_SHAREDMEM_CARVEOUT_DEFAULT: CUshared_carveout_enum = CUshared_carveout_enum(-1);
-    /// < Prefer maximum available shared memory, minimum L1 cache
+    /// Prefer maximum available shared memory, minimum L1 cache
     pub const CU_SHAREDMEM_CARVEOUT_MAX_SHARED: CUshared_carveout_enum = CUshared_carveout_enum(100);
-    /// < Prefer maximum available L1 cache, minimum shared memory
+    /// Prefer maximum available L1 cache, minimum shared memory
     pub const CU_SHAREDMEM_CARVEOUT_MAX_L1: CUshared_carveout_enum = CUshared_carveout_enum(0);
 }
 #[repr(transparent)]
-/// Shared memory carveout configurations. These may be passed to ::cuFuncSetAttribute or ::cuKernelSetAttribute
+/// Shared memory carveout configurations. These may be passed to `cuFuncSetAttribute` or `cuKernelSetAttribute`
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUshared_carveout_enum(pub ::std::os::raw::c_int);
-/// Shared memory carveout configurations. These may be passed to ::cuFuncSetAttribute or ::cuKernelSetAttribute
+/// Shared memory carveout configurations. These may be passed to `cuFuncSetAttribute` or `cuKernelSetAttribute`
 pub use self::CUshared_carveout_enum as CUshared_carveout;
 impl CUmemorytype_enum {
-    /// < Host memory
+    /// Host memory
     pub const CU_MEMORYTYPE_HOST: CUmemorytype_enum = CUmemorytype_enum(1);
-    /// < Device memory
+    /// Device memory
     pub const CU_MEMORYTYPE_DEVICE: CUmemorytype_enum = CUmemorytype_enum(2);
-    /// < Array memory
+    /// Array memory
     pub const CU_MEMORYTYPE_ARRAY: CUmemorytype_enum = CUmemorytype_enum(3);
-    /// < Unified device or host memory
+    /// Unified device or host memory
     pub const CU_MEMORYTYPE_UNIFIED: CUmemorytype_enum = CUmemorytype_enum(4);
 }
 #[repr(transparent)]
@@ -1726,11 +1729,11 @@ pub struct CUmemorytype_enum(pub ::std::os::raw::c_uint);
 /// Memory types
 pub use self::CUmemorytype_enum as CUmemorytype;
 impl CUcomputemode_enum {
-    /// < Default compute mode (Multiple contexts allowed per device)
+    /// Default compute mode (Multiple contexts allowed per device)
     pub const CU_COMPUTEMODE_DEFAULT: CUcomputemode_enum = CUcomputemode_enum(0);
-    /// < Compute-prohibited mode (No contexts can be created on this device at this time)
+    /// Compute-prohibited mode (No contexts can be created on this device at this time)
     pub const CU_COMPUTEMODE_PROHIBITED: CUcomputemode_enum = CUcomputemode_enum(2);
-    /// < Compute-exclusive-process mode (Only one context used by a single process can be present on this device at a time)
+    /// Compute-exclusive-process mode (Only one context used by a single process can be present on this device at a time)
     pub const CU_COMPUTEMODE_EXCLUSIVE_PROCESS: CUcomputemode_enum = CUcomputemode_enum(3);
 }
 #[repr(transparent)]
@@ -1740,17 +1743,17 @@ pub struct CUcomputemode_enum(pub ::std::os::raw::c_uint);
 /// Compute Modes
 pub use self::CUcomputemode_enum as CUcomputemode;
 impl CUmem_advise_enum {
-    /// < Data will mostly be read and only occasionally be written to
+    /// Data will mostly be read and only occasionally be written to
     pub const CU_MEM_ADVISE_SET_READ_MOSTLY: CUmem_advise_enum = CUmem_advise_enum(1);
-    /// < Undo the effect of ::CU_MEM_ADVISE_SET_READ_MOSTLY
+    /// Undo the effect of `CU_MEM_ADVISE_SET_READ_MOSTLY`
     pub const CU_MEM_ADVISE_UNSET_READ_MOSTLY: CUmem_advise_enum = CUmem_advise_enum(2);
-    /// < Set the preferred location for the data as the specified device
+    /// Set the preferred location for the data as the specified device
     pub const CU_MEM_ADVISE_SET_PREFERRED_LOCATION: CUmem_advise_enum = CUmem_advise_enum(3);
-    /// < Clear the preferred location for the data
+    /// Clear the preferred location for the data
     pub const CU_MEM_ADVISE_UNSET_PREFERRED_LOCATION: CUmem_advise_enum = CUmem_advise_enum(4);
-    /// < Data will be accessed by the specified device, so prevent page faults as much as possible
+    /// Data will be accessed by the specified device, so prevent page faults as much as possible
     pub const CU_MEM_ADVISE_SET_ACCESSED_BY: CUmem_advise_enum = CUmem_advise_enum(5);
-    /// < Let the Unified Memory subsystem decide on the page faulting policy for the specified device
+    /// Let the Unified Memory subsystem decide on the page faulting policy for the specified device
     pub const CU_MEM_ADVISE_UNSET_ACCESSED_BY: CUmem_advise_enum = CUmem_advise_enum(6);
 }
 #[repr(transparent)]
@@ -1760,23 +1763,23 @@ pub struct CUmem_advise_enum(pub ::std::os::raw::c_uint);
 /// Memory advise values
 pub use self::CUmem_advise_enum as CUmem_advise;
 impl CUmem_range_attribute_enum {
-    /// < Whether the range will mostly be read and only occasionally be written to
+    /// Whether the range will mostly be read and only occasionally be written to
     pub const CU_MEM_RANGE_ATTRIBUTE_READ_MOSTLY: CUmem_range_attribute_enum = CUmem_range_attribute_enum(1);
-    /// < The preferred location of the range
+    /// The preferred location of the range
     pub const CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION: CUmem_range_attribute_enum = CUmem_range_attribute_enum(2);
-    /// < Memory range has ::CU_MEM_ADVISE_SET_ACCESSED_BY set for specified device
+    /// Memory range has `CU_MEM_ADVISE_SET_ACCESSED_BY` set for specified device
     pub const CU_MEM_RANGE_ATTRIBUTE_ACCESSED_BY: CUmem_range_attribute_enum = CUmem_range_attribute_enum(3);
-    /// < The last location to which the range was prefetched
+    /// The last location to which the range was prefetched
     pub const CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION: CUmem_range_attribute_enum = CUmem_range_attribute_enum(4);
-    /// < The preferred location type of the range
+    /// The preferred location type of the range
     pub const CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION_TYPE: CUmem_range_attribute_enum =
         CUmem_range_attribute_enum(5);
-    /// < The preferred location id of the range
+    /// The preferred location id of the range
     pub const CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION_ID: CUmem_range_attribute_enum = CUmem_range_attribute_enum(6);
-    /// < The last location type to which the range was prefetched
+    /// The last location type to which the range was prefetched
     pub const CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION_TYPE: CUmem_range_attribute_enum =
         CUmem_range_attribute_enum(7);
-    /// < The last location id to which the range was prefetched
+    /// The last location id to which the range was prefetched
     pub const CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION_ID: CUmem_range_attribute_enum =
         CUmem_range_attribute_enum(8);
 }
@@ -1785,235 +1788,235 @@ impl CUmem_range_attribute_enum {
 pub struct CUmem_range_attribute_enum(pub ::std::os::raw::c_uint);
 pub use self::CUmem_range_attribute_enum as CUmem_range_attribute;
 impl CUjit_option_enum {
-    /// Max number of registers that a thread may use.\n
-    /// Option type: unsigned int\n
+    /// Max number of registers that a thread may use.
+    /// Option type: unsigned int
     /// Applies to: compiler only
     pub const CU_JIT_MAX_REGISTERS: CUjit_option_enum = CUjit_option_enum(0);
     /// IN: Specifies minimum number of threads per block to target compilation
-    /// for\n
+    /// for
     /// OUT: Returns the number of threads the compiler actually targeted.
     /// This restricts the resource utilization of the compiler (e.g. max
     /// registers) such that a block with the given number of threads should be
     /// able to launch based on register limitations. Note, this option does not
     /// currently take into account any other resource limitations, such as
-    /// shared memory utilization.\n
-    /// Cannot be combined with ::CU_JIT_TARGET.\n
-    /// Option type: unsigned int\n
+    /// shared memory utilization.
+    /// Cannot be combined with `CU_JIT_TARGET`.
+    /// Option type: unsigned int
     /// Applies to: compiler only
     pub const CU_JIT_THREADS_PER_BLOCK: CUjit_option_enum = CUjit_option_enum(1);
     /// Overwrites the option value with the total wall clock time, in
-    /// milliseconds, spent in the compiler and linker\n
-    /// Option type: float\n
+    /// milliseconds, spent in the compiler and linker
+    /// Option type: float
     /// Applies to: compiler and linker
     pub const CU_JIT_WALL_TIME: CUjit_option_enum = CUjit_option_enum(2);
     /// Pointer to a buffer in which to print any log messages
     /// that are informational in nature (the buffer size is specified via
-    /// option ::CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES)\n
-    /// Option type: char *\n
+    /// option `CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES`)
+    /// Option type: char *
     /// Applies to: compiler and linker
     pub const CU_JIT_INFO_LOG_BUFFER: CUjit_option_enum = CUjit_option_enum(3);
     /// IN: Log buffer size in bytes.  Log messages will be capped at this size
-    /// (including null terminator)\n
-    /// OUT: Amount of log buffer filled with messages\n
-    /// Option type: unsigned int\n
+    /// (including null terminator)
+    /// OUT: Amount of log buffer filled with messages
+    /// Option type: unsigned int
     /// Applies to: compiler and linker
     pub const CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES: CUjit_option_enum = CUjit_option_enum(4);
     /// Pointer to a buffer in which to print any log messages that
     /// reflect errors (the buffer size is specified via option
-    /// ::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES)\n
-    /// Option type: char *\n
+    /// `CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES`)
+    /// Option type: char *
     /// Applies to: compiler and linker
     pub const CU_JIT_ERROR_LOG_BUFFER: CUjit_option_enum = CUjit_option_enum(5);
     /// IN: Log buffer size in bytes.  Log messages will be capped at this size
-    /// (including null terminator)\n
-    /// OUT: Amount of log buffer filled with messages\n
-    /// Option type: unsigned int\n
+    /// (including null terminator)
+    /// OUT: Amount of log buffer filled with messages
+    /// Option type: unsigned int
     /// Applies to: compiler and linker
     pub const CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES: CUjit_option_enum = CUjit_option_enum(6);
     /// Level of optimizations to apply to generated code (0 - 4), with 4
-    /// being the default and highest level of optimizations.\n
-    /// Option type: unsigned int\n
+    /// being the default and highest level of optimizations.
+    /// Option type: unsigned int
     /// Applies to: compiler only
     pub const CU_JIT_OPTIMIZATION_LEVEL: CUjit_option_enum = CUjit_option_enum(7);
     /// No option value required. Determines the target based on the current
-    /// attached context (default)\n
-    /// Option type: No option value needed\n
+    /// attached context (default)
+    /// Option type: No option value needed
     /// Applies to: compiler and linker
     pub const CU_JIT_TARGET_FROM_CUCONTEXT: CUjit_option_enum = CUjit_option_enum(8);
-    /// Target is chosen based on supplied ::CUjit_target.  Cannot be
-    /// combined with ::CU_JIT_THREADS_PER_BLOCK.\n
-    /// Option type: unsigned int for enumerated type ::CUjit_target\n
+    /// Target is chosen based on supplied `CUjit_target`.  Cannot be
+    /// combined with `CU_JIT_THREADS_PER_BLOCK`.
+    /// Option type: unsigned int for enumerated type `CUjit_target`
     /// Applies to: compiler and linker
     pub const CU_JIT_TARGET: CUjit_option_enum = CUjit_option_enum(9);
     /// Specifies choice of fallback strategy if matching cubin is not found.
-    /// Choice is based on supplied ::CUjit_fallback.  This option cannot be
-    /// used with cuLink* APIs as the linker requires exact matches.\n
-    /// Option type: unsigned int for enumerated type ::CUjit_fallback\n
+    /// Choice is based on supplied `CUjit_fallback`.  This option cannot be
+    /// used with cuLink* APIs as the linker requires exact matches.
+    /// Option type: unsigned int for enumerated type `CUjit_fallback`
     /// Applies to: compiler only
     pub const CU_JIT_FALLBACK_STRATEGY: CUjit_option_enum = CUjit_option_enum(10);
     /// Specifies whether to create debug information in output (-g)
-    /// (0: false, default)\n
-    /// Option type: int\n
+    /// (0: false, default)
+    /// Option type: int
     /// Applies to: compiler and linker
     pub const CU_JIT_GENERATE_DEBUG_INFO: CUjit_option_enum = CUjit_option_enum(11);
-    /// Generate verbose log messages (0: false, default)\n
-    /// Option type: int\n
+    /// Generate verbose log messages (0: false, default)
+    /// Option type: int
     /// Applies to: compiler and linker
     pub const CU_JIT_LOG_VERBOSE: CUjit_option_enum = CUjit_option_enum(12);
-    /// Generate line number information (-lineinfo) (0: false, default)\n
-    /// Option type: int\n
+    /// Generate line number information (-lineinfo) (0: false, default)
+    /// Option type: int
     /// Applies to: compiler only
     pub const CU_JIT_GENERATE_LINE_INFO: CUjit_option_enum = CUjit_option_enum(13);
-    /// Specifies whether to enable caching explicitly (-dlcm) \n
-    /// Choice is based on supplied ::CUjit_cacheMode_enum.\n
-    /// Option type: unsigned int for enumerated type ::CUjit_cacheMode_enum\n
+    /// Specifies whether to enable caching explicitly (-dlcm)
+    /// Choice is based on supplied `CUjit_cacheMode_enum`.
+    /// Option type: unsigned int for enumerated type `CUjit_cacheMode_enum`
     /// Applies to: compiler only
     pub const CU_JIT_CACHE_MODE: CUjit_option_enum = CUjit_option_enum(14);
-    /// \deprecated
+    /// **Deprecated:**
     /// This jit option is deprecated and should not be used.
     pub const CU_JIT_NEW_SM3X_OPT: CUjit_option_enum = CUjit_option_enum(15);
     /// This jit option is used for internal purpose only.
     pub const CU_JIT_FAST_COMPILE: CUjit_option_enum = CUjit_option_enum(16);
     /// Array of device symbol names that will be relocated to the corresponding
-    /// host addresses stored in ::CU_JIT_GLOBAL_SYMBOL_ADDRESSES.\n
-    /// Must contain ::CU_JIT_GLOBAL_SYMBOL_COUNT entries.\n
+    /// host addresses stored in `CU_JIT_GLOBAL_SYMBOL_ADDRESSES`.
+    /// Must contain `CU_JIT_GLOBAL_SYMBOL_COUNT` entries.
     /// When loading a device module, driver will relocate all encountered
-    /// unresolved symbols to the host addresses.\n
+    /// unresolved symbols to the host addresses.
     /// It is only allowed to register symbols that correspond to unresolved
-    /// global variables.\n
-    /// It is illegal to register the same device symbol at multiple addresses.\n
-    /// Option type: const char **\n
+    /// global variables.
+    /// It is illegal to register the same device symbol at multiple addresses.
+    /// Option type: const char **
     /// Applies to: dynamic linker only
     pub const CU_JIT_GLOBAL_SYMBOL_NAMES: CUjit_option_enum = CUjit_option_enum(17);
     /// Array of host addresses that will be used to relocate corresponding
-    /// device symbols stored in ::CU_JIT_GLOBAL_SYMBOL_NAMES.\n
-    /// Must contain ::CU_JIT_GLOBAL_SYMBOL_COUNT entries.\n
-    /// Option type: void **\n
+    /// device symbols stored in `CU_JIT_GLOBAL_SYMBOL_NAMES`.
+    /// Must contain `CU_JIT_GLOBAL_SYMBOL_COUNT` entries.
+    /// Option type: void **
     /// Applies to: dynamic linker only
     pub const CU_JIT_GLOBAL_SYMBOL_ADDRESSES: CUjit_option_enum = CUjit_option_enum(18);
-    /// Number of entries in ::CU_JIT_GLOBAL_SYMBOL_NAMES and
-    /// ::CU_JIT_GLOBAL_SYMBOL_ADDRESSES arrays.\n
-    /// Option type: unsigned int\n
+    /// Number of entries in `CU_JIT_GLOBAL_SYMBOL_NAMES` and
+    /// `CU_JIT_GLOBAL_SYMBOL_ADDRESSES` arrays.
+    /// Option type: unsigned int
     /// Applies to: dynamic linker only
     pub const CU_JIT_GLOBAL_SYMBOL_COUNT: CUjit_option_enum = CUjit_option_enum(19);
-    /// \deprecated
-    /// Enable link-time optimization (-dlto) for device code (Disabled by default).\n
-    /// This option is not supported on 32-bit platforms.\n
-    /// Option type: int\n
+    /// **Deprecated:**
+    /// Enable link-time optimization (-dlto) for device code (Disabled by default).
+    /// This option is not supported on 32-bit platforms.
+    /// Option type: int
     /// Applies to: compiler and linker
     ///
     /// Only valid with LTO-IR compiled with toolkits prior to CUDA 12.0
     pub const CU_JIT_LTO: CUjit_option_enum = CUjit_option_enum(20);
-    /// \deprecated
+    /// **Deprecated:**
     /// Control single-precision denormals (-ftz) support (0: false, default).
     /// 1 : flushes denormal values to zero
     /// 0 : preserves denormal values
-    /// Option type: int\n
+    /// Option type: int
     /// Applies to: link-time optimization specified with CU_JIT_LTO
     ///
     /// Only valid with LTO-IR compiled with toolkits prior to CUDA 12.0
     pub const CU_JIT_FTZ: CUjit_option_enum = CUjit_option_enum(21);
-    /// \deprecated
+    /// **Deprecated:**
     /// Control single-precision floating-point division and reciprocals
     /// (-prec-div) support (1: true, default).
     /// 1 : Enables the IEEE round-to-nearest mode
     /// 0 : Enables the fast approximation mode
-    /// Option type: int\n
+    /// Option type: int
     /// Applies to: link-time optimization specified with CU_JIT_LTO
     ///
     /// Only valid with LTO-IR compiled with toolkits prior to CUDA 12.0
     pub const CU_JIT_PREC_DIV: CUjit_option_enum = CUjit_option_enum(22);
-    /// \deprecated
+    /// **Deprecated:**
     /// Control single-precision floating-point square root
     /// (-prec-sqrt) support (1: true, default).
     /// 1 : Enables the IEEE round-to-nearest mode
     /// 0 : Enables the fast approximation mode
-    /// Option type: int\n
+    /// Option type: int
     /// Applies to: link-time optimization specified with CU_JIT_LTO
     ///
     /// Only valid with LTO-IR compiled with toolkits prior to CUDA 12.0
     pub const CU_JIT_PREC_SQRT: CUjit_option_enum = CUjit_option_enum(23);
-    /// \deprecated
+    /// **Deprecated:**
     /// Enable/Disable the contraction of floating-point multiplies
     /// and adds/subtracts into floating-point multiply-add (-fma)
     /// operations (1: Enable, default; 0: Disable).
-    /// Option type: int\n
+    /// Option type: int
     /// Applies to: link-time optimization specified with CU_JIT_LTO
     ///
     /// Only valid with LTO-IR compiled with toolkits prior to CUDA 12.0
     pub const CU_JIT_FMA: CUjit_option_enum = CUjit_option_enum(24);
-    /// \deprecated
+    /// **Deprecated:**
     /// Array of kernel names that should be preserved at link time while others
-    /// can be removed.\n
-    /// Must contain ::CU_JIT_REFERENCED_KERNEL_COUNT entries.\n
+    /// can be removed.
+    /// Must contain `CU_JIT_REFERENCED_KERNEL_COUNT` entries.
     /// Note that kernel names can be mangled by the compiler in which case the
-    /// mangled name needs to be specified.\n
+    /// mangled name needs to be specified.
     /// Wildcard "*" can be used to represent zero or more characters instead of
-    /// specifying the full or mangled name.\n
+    /// specifying the full or mangled name.
     /// It is important to note that the wildcard "*" is also added implicitly.
     /// For example, specifying "foo" will match "foobaz", "barfoo", "barfoobaz" and
     /// thus preserve all kernels with those names. This can be avoided by providing
-    /// a more specific name like "barfoobaz".\n
-    /// Option type: const char **\n
+    /// a more specific name like "barfoobaz".
+    /// Option type: const char **
     /// Applies to: dynamic linker only
     ///
     /// Only valid with LTO-IR compiled with toolkits prior to CUDA 12.0
     pub const CU_JIT_REFERENCED_KERNEL_NAMES: CUjit_option_enum = CUjit_option_enum(25);
-    /// \deprecated
-    /// Number of entries in ::CU_JIT_REFERENCED_KERNEL_NAMES array.\n
-    /// Option type: unsigned int\n
+    /// **Deprecated:**
+    /// Number of entries in `CU_JIT_REFERENCED_KERNEL_NAMES` array.
+    /// Option type: unsigned int
     /// Applies to: dynamic linker only
     ///
     /// Only valid with LTO-IR compiled with toolkits prior to CUDA 12.0
     pub const CU_JIT_REFERENCED_KERNEL_COUNT: CUjit_option_enum = CUjit_option_enum(26);
-    /// \deprecated
+    /// **Deprecated:**
     /// Array of variable names (__device__ and/or __constant__) that should be
-    /// preserved at link time while others can be removed.\n
-    /// Must contain ::CU_JIT_REFERENCED_VARIABLE_COUNT entries.\n
+    /// preserved at link time while others can be removed.
+    /// Must contain `CU_JIT_REFERENCED_VARIABLE_COUNT` entries.
     /// Note that variable names can be mangled by the compiler in which case the
-    /// mangled name needs to be specified.\n
+    /// mangled name needs to be specified.
     /// Wildcard "*" can be used to represent zero or more characters instead of
-    /// specifying the full or mangled name.\n
+    /// specifying the full or mangled name.
     /// It is important to note that the wildcard "*" is also added implicitly.
     /// For example, specifying "foo" will match "foobaz", "barfoo", "barfoobaz" and
     /// thus preserve all variables with those names. This can be avoided by providing
-    /// a more specific name like "barfoobaz".\n
-    /// Option type: const char **\n
+    /// a more specific name like "barfoobaz".
+    /// Option type: const char **
     /// Applies to: link-time optimization specified with CU_JIT_LTO
     ///
     /// Only valid with LTO-IR compiled with toolkits prior to CUDA 12.0
     pub const CU_JIT_REFERENCED_VARIABLE_NAMES: CUjit_option_enum = CUjit_option_enum(27);
-    /// \deprecated
-    /// Number of entries in ::CU_JIT_REFERENCED_VARIABLE_NAMES array.\n
-    /// Option type: unsigned int\n
+    /// **Deprecated:**
+    /// Number of entries in `CU_JIT_REFERENCED_VARIABLE_NAMES` array.
+    /// Option type: unsigned int
     /// Applies to: link-time optimization specified with CU_JIT_LTO
     ///
     /// Only valid with LTO-IR compiled with toolkits prior to CUDA 12.0
     pub const CU_JIT_REFERENCED_VARIABLE_COUNT: CUjit_option_enum = CUjit_option_enum(28);
-    /// \deprecated
+    /// **Deprecated:**
     /// This option serves as a hint to enable the JIT compiler/linker
     /// to remove constant (__constant__) and device (__device__) variables
-    /// unreferenced in device code (Disabled by default).\n
+    /// unreferenced in device code (Disabled by default).
     /// Note that host references to constant and device variables using APIs like
-    /// ::cuModuleGetGlobal() with this option specified may result in undefined behavior unless
-    /// the variables are explicitly specified using ::CU_JIT_REFERENCED_VARIABLE_NAMES.\n
-    /// Option type: int\n
+    /// `cuModuleGetGlobal()` with this option specified may result in undefined behavior unless
+    /// the variables are explicitly specified using `CU_JIT_REFERENCED_VARIABLE_NAMES`.
+    /// Option type: int
     /// Applies to: link-time optimization specified with CU_JIT_LTO
     ///
     /// Only valid with LTO-IR compiled with toolkits prior to CUDA 12.0
     pub const CU_JIT_OPTIMIZE_UNUSED_DEVICE_VARIABLES: CUjit_option_enum = CUjit_option_enum(29);
-    /// Generate position independent code (0: false)\n
-    /// Option type: int\n
+    /// Generate position independent code (0: false)
+    /// Option type: int
     /// Applies to: compiler only
     pub const CU_JIT_POSITION_INDEPENDENT_CODE: CUjit_option_enum = CUjit_option_enum(30);
     /// This option hints to the JIT compiler the minimum number of CTAs from the
     /// kernel’s grid to be mapped to a SM. This option is ignored when used together
-    /// with ::CU_JIT_MAX_REGISTERS or ::CU_JIT_THREADS_PER_BLOCK.
-    /// Optimizations based on this option need ::CU_JIT_MAX_THREADS_PER_BLOCK to
+    /// with `CU_JIT_MAX_REGISTERS` or `CU_JIT_THREADS_PER_BLOCK`.
+    /// Optimizations based on this option need `CU_JIT_MAX_THREADS_PER_BLOCK` to
     /// be specified as well. For kernels already using PTX directive .minnctapersm,
-    /// this option will be ignored by default. Use ::CU_JIT_OVERRIDE_DIRECTIVE_VALUES
+    /// this option will be ignored by default. Use `CU_JIT_OVERRIDE_DIRECTIVE_VALUES`
     /// to let this option take precedence over the PTX directive.
-    /// Option type: unsigned int\n
+    /// Option type: unsigned int
     /// Applies to: compiler only
     pub const CU_JIT_MIN_CTA_PER_SM: CUjit_option_enum = CUjit_option_enum(31);
     /// Maximum number threads in a thread block, computed as the product of
@@ -2021,16 +2024,16 @@ impl CUjit_option_enum {
     /// is guaranteed not to be exeeded in any invocation of the kernel. Exceeding
     /// the the maximum number of threads results in runtime error or kernel launch
     /// failure. For kernels already using PTX directive .maxntid, this option will
-    /// be ignored by default. Use ::CU_JIT_OVERRIDE_DIRECTIVE_VALUES to let this
+    /// be ignored by default. Use `CU_JIT_OVERRIDE_DIRECTIVE_VALUES` to let this
     /// option take precedence over the PTX directive.
-    /// Option type: int\n
+    /// Option type: int
     /// Applies to: compiler only
     pub const CU_JIT_MAX_THREADS_PER_BLOCK: CUjit_option_enum = CUjit_option_enum(32);
-    /// This option lets the values specified using ::CU_JIT_MAX_REGISTERS,
-    /// ::CU_JIT_THREADS_PER_BLOCK, ::CU_JIT_MAX_THREADS_PER_BLOCK and
-    /// ::CU_JIT_MIN_CTA_PER_SM take precedence over any PTX directives.
+    /// This option lets the values specified using `CU_JIT_MAX_REGISTERS`,
+    /// `CU_JIT_THREADS_PER_BLOCK`, `CU_JIT_MAX_THREADS_PER_BLOCK` and
+    /// `CU_JIT_MIN_CTA_PER_SM` take precedence over any PTX directives.
     /// (0: Disable, default; 1: Enable)
-    /// Option type: int\n
+    /// Option type: int
     /// Applies to: compiler only
     pub const CU_JIT_OVERRIDE_DIRECTIVE_VALUES: CUjit_option_enum = CUjit_option_enum(33);
     /// This option specifies the maximum number of concurrent threads to use
@@ -2038,7 +2041,7 @@ impl CUjit_option_enum {
     /// option will be ignored. If the specified value is 0, the number of
     /// threads will match the number of CPUs on the underlying machine.
     /// Otherwise, if the option is N, then up to N threads will be used.
-    /// Option type: unsigned int\n
+    /// Option type: unsigned int
     /// Applies to: compiler only
     pub const CU_JIT_SPLIT_COMPILE: CUjit_option_enum = CUjit_option_enum(34);
     /// This option specifies the maximum number of concurrent threads to use
@@ -2046,7 +2049,7 @@ impl CUjit_option_enum {
     /// option will be ignored. If the specified value is 0, the number of
     /// threads will match the number of CPUs on the underlying machine.
     /// Otherwise, if the option is N, then up to N threads will be used.
-    /// Option type: unsigned int\n
+    /// Option type: unsigned int
     /// Applies to: compiler only
     pub const CU_JIT_NUM_OPTIONS: CUjit_option_enum = CUjit_option_enum(35);
 }
@@ -2057,51 +2060,51 @@ pub struct CUjit_option_enum(pub ::std::os::raw::c_uint);
 /// Online compiler and linker options
 pub use self::CUjit_option_enum as CUjit_option;
 impl CUjit_target_enum {
-    /// < Compute device class 3.0
+    /// Compute device class 3.0
     pub const CU_TARGET_COMPUTE_30: CUjit_target_enum = CUjit_target_enum(30);
-    /// < Compute device class 3.2
+    /// Compute device class 3.2
     pub const CU_TARGET_COMPUTE_32: CUjit_target_enum = CUjit_target_enum(32);
-    /// < Compute device class 3.5
+    /// Compute device class 3.5
     pub const CU_TARGET_COMPUTE_35: CUjit_target_enum = CUjit_target_enum(35);
-    /// < Compute device class 3.7
+    /// Compute device class 3.7
     pub const CU_TARGET_COMPUTE_37: CUjit_target_enum = CUjit_target_enum(37);
-    /// < Compute device class 5.0
+    /// Compute device class 5.0
     pub const CU_TARGET_COMPUTE_50: CUjit_target_enum = CUjit_target_enum(50);
-    /// < Compute device class 5.2
+    /// Compute device class 5.2
     pub const CU_TARGET_COMPUTE_52: CUjit_target_enum = CUjit_target_enum(52);
-    /// < Compute device class 5.3
+    /// Compute device class 5.3
     pub const CU_TARGET_COMPUTE_53: CUjit_target_enum = CUjit_target_enum(53);
-    /// < Compute device class 6.0.
+    /// Compute device class 6.0.
     pub const CU_TARGET_COMPUTE_60: CUjit_target_enum = CUjit_target_enum(60);
-    /// < Compute device class 6.1.
+    /// Compute device class 6.1.
     pub const CU_TARGET_COMPUTE_61: CUjit_target_enum = CUjit_target_enum(61);
-    /// < Compute device class 6.2.
+    /// Compute device class 6.2.
     pub const CU_TARGET_COMPUTE_62: CUjit_target_enum = CUjit_target_enum(62);
-    /// < Compute device class 7.0.
+    /// Compute device class 7.0.
     pub const CU_TARGET_COMPUTE_70: CUjit_target_enum = CUjit_target_enum(70);
-    /// < Compute device class 7.2.
+    /// Compute device class 7.2.
     pub const CU_TARGET_COMPUTE_72: CUjit_target_enum = CUjit_target_enum(72);
-    /// < Compute device class 7.5.
+    /// Compute device class 7.5.
     pub const CU_TARGET_COMPUTE_75: CUjit_target_enum = CUjit_target_enum(75);
-    /// < Compute device class 8.0.
+    /// Compute device class 8.0.
     pub const CU_TARGET_COMPUTE_80: CUjit_target_enum = CUjit_target_enum(80);
-    /// < Compute device class 8.6.
+    /// Compute device class 8.6.
     pub const CU_TARGET_COMPUTE_86: CUjit_target_enum = CUjit_target_enum(86);
-    /// < Compute device class 8.7.
+    /// Compute device class 8.7.
     pub const CU_TARGET_COMPUTE_87: CUjit_target_enum = CUjit_target_enum(87);
-    /// < Compute device class 8.9.
+    /// Compute device class 8.9.
     pub const CU_TARGET_COMPUTE_89: CUjit_target_enum = CUjit_target_enum(89);
-    /// < Compute device class 9.0.
+    /// Compute device class 9.0.
     pub const CU_TARGET_COMPUTE_90: CUjit_target_enum = CUjit_target_enum(90);
-    /// < Compute device class 10.0.
+    /// Compute device class 10.0.
     pub const CU_TARGET_COMPUTE_100: CUjit_target_enum = CUjit_target_enum(100);
-    /// < Compute device class 11.0.
+    /// Compute device class 11.0.
     pub const CU_TARGET_COMPUTE_110: CUjit_target_enum = CUjit_target_enum(110);
-    /// < Compute device class 10.3.
+    /// Compute device class 10.3.
     pub const CU_TARGET_COMPUTE_103: CUjit_target_enum = CUjit_target_enum(103);
-    /// < Compute device class 12.0.
+    /// Compute device class 12.0.
     pub const CU_TARGET_COMPUTE_120: CUjit_target_enum = CUjit_target_enum(120);
-    /// < Compute device class 12.1.
+    /// Compute device class 12.1.
     pub const CU_TARGET_COMPUTE_121: CUjit_target_enum = CUjit_target_enum(121);
     pub const CU_TARGET_COMPUTE_90A: CUjit_target_enum = CUjit_target_enum(65626);
     pub const CU_TARGET_COMPUTE_100A: CUjit_target_enum = CUjit_target_enum(65636);
@@ -2122,9 +2125,9 @@ pub struct CUjit_target_enum(pub ::std::os::raw::c_uint);
 /// Online compilation targets
 pub use self::CUjit_target_enum as CUjit_target;
 impl CUjit_fallback_enum {
-    /// < Prefer to compile ptx if exact binary match not found
+    /// Prefer to compile ptx if exact binary match not found
     pub const CU_PREFER_PTX: CUjit_fallback_enum = CUjit_fallback_enum(0);
-    /// < Prefer to fall back to compatible binary code if exact match not found
+    /// Prefer to fall back to compatible binary code if exact match not found
     pub const CU_PREFER_BINARY: CUjit_fallback_enum = CUjit_fallback_enum(1);
 }
 #[repr(transparent)]
@@ -2134,11 +2137,11 @@ pub struct CUjit_fallback_enum(pub ::std::os::raw::c_uint);
 /// Cubin matching fallback strategies
 pub use self::CUjit_fallback_enum as CUjit_fallback;
 impl CUjit_cacheMode_enum {
-    /// < Compile with no -dlcm flag specified
+    /// Compile with no -dlcm flag specified
     pub const CU_JIT_CACHE_OPTION_NONE: CUjit_cacheMode_enum = CUjit_cacheMode_enum(0);
-    /// < Compile with L1 cache disabled
+    /// Compile with L1 cache disabled
     pub const CU_JIT_CACHE_OPTION_CG: CUjit_cacheMode_enum = CUjit_cacheMode_enum(1);
-    /// < Compile with L1 cache enabled
+    /// Compile with L1 cache enabled
     pub const CU_JIT_CACHE_OPTION_CA: CUjit_cacheMode_enum = CUjit_cacheMode_enum(2);
 }
 #[repr(transparent)]
@@ -2148,29 +2151,29 @@ pub struct CUjit_cacheMode_enum(pub ::std::os::raw::c_uint);
 /// Caching modes for dlcm
 pub use self::CUjit_cacheMode_enum as CUjit_cacheMode;
 impl CUjitInputType_enum {
-    /// Compiled device-class-specific device code\n
+    /// Compiled device-class-specific device code
     /// Applicable options: none
     pub const CU_JIT_INPUT_CUBIN: CUjitInputType_enum = CUjitInputType_enum(0);
-    /// PTX source code\n
+    /// PTX source code
     /// Applicable options: PTX compiler options
     pub const CU_JIT_INPUT_PTX: CUjitInputType_enum = CUjitInputType_enum(1);
-    /// Bundle of multiple cubins and/or PTX of some device code\n
-    /// Applicable options: PTX compiler options, ::CU_JIT_FALLBACK_STRATEGY
+    /// Bundle of multiple cubins and/or PTX of some device code
+    /// Applicable options: PTX compiler options, `CU_JIT_FALLBACK_STRATEGY`
     pub const CU_JIT_INPUT_FATBINARY: CUjitInputType_enum = CUjitInputType_enum(2);
-    /// Host object with embedded device code\n
-    /// Applicable options: PTX compiler options, ::CU_JIT_FALLBACK_STRATEGY
+    /// Host object with embedded device code
+    /// Applicable options: PTX compiler options, `CU_JIT_FALLBACK_STRATEGY`
     pub const CU_JIT_INPUT_OBJECT: CUjitInputType_enum = CUjitInputType_enum(3);
-    /// Archive of host objects with embedded device code\n
-    /// Applicable options: PTX compiler options, ::CU_JIT_FALLBACK_STRATEGY
+    /// Archive of host objects with embedded device code
+    /// Applicable options: PTX compiler options, `CU_JIT_FALLBACK_STRATEGY`
     pub const CU_JIT_INPUT_LIBRARY: CUjitInputType_enum = CUjitInputType_enum(4);
-    /// \deprecated
-    /// High-level intermediate code for link-time optimization\n
+    /// **Deprecated:**
+    /// High-level intermediate code for link-time optimization
     /// Applicable options: NVVM compiler options, PTX compiler options
     ///
     /// Only valid with LTO-IR compiled with toolkits prior to CUDA 12.0
     pub const CU_JIT_INPUT_NVVM: CUjitInputType_enum = CUjitInputType_enum(5);
-    /// \deprecated
-    /// High-level intermediate code for link-time optimization\n
+    /// **Deprecated:**
+    /// High-level intermediate code for link-time optimization
     /// Applicable options: NVVM compiler options, PTX compiler options
     ///
     /// Only valid with LTO-IR compiled with toolkits prior to CUDA 12.0
@@ -2215,17 +2218,17 @@ pub struct CUgraphicsMapResourceFlags_enum(pub ::std::os::raw::c_uint);
 /// Flags for mapping and unmapping interop resources
 pub use self::CUgraphicsMapResourceFlags_enum as CUgraphicsMapResourceFlags;
 impl CUarray_cubemap_face_enum {
-    /// < Positive X face of cubemap
+    /// Positive X face of cubemap
     pub const CU_CUBEMAP_FACE_POSITIVE_X: CUarray_cubemap_face_enum = CUarray_cubemap_face_enum(0);
-    /// < Negative X face of cubemap
+    /// Negative X face of cubemap
     pub const CU_CUBEMAP_FACE_NEGATIVE_X: CUarray_cubemap_face_enum = CUarray_cubemap_face_enum(1);
-    /// < Positive Y face of cubemap
+    /// Positive Y face of cubemap
     pub const CU_CUBEMAP_FACE_POSITIVE_Y: CUarray_cubemap_face_enum = CUarray_cubemap_face_enum(2);
-    /// < Negative Y face of cubemap
+    /// Negative Y face of cubemap
     pub const CU_CUBEMAP_FACE_NEGATIVE_Y: CUarray_cubemap_face_enum = CUarray_cubemap_face_enum(3);
-    /// < Positive Z face of cubemap
+    /// Positive Z face of cubemap
     pub const CU_CUBEMAP_FACE_POSITIVE_Z: CUarray_cubemap_face_enum = CUarray_cubemap_face_enum(4);
-    /// < Negative Z face of cubemap
+    /// Negative Z face of cubemap
     pub const CU_CUBEMAP_FACE_NEGATIVE_Z: CUarray_cubemap_face_enum = CUarray_cubemap_face_enum(5);
 }
 #[repr(transparent)]
@@ -2235,25 +2238,25 @@ pub struct CUarray_cubemap_face_enum(pub ::std::os::raw::c_uint);
 /// Array indices for cube faces
 pub use self::CUarray_cubemap_face_enum as CUarray_cubemap_face;
 impl CUlimit_enum {
-    /// < GPU thread stack size
+    /// GPU thread stack size
     pub const CU_LIMIT_STACK_SIZE: CUlimit_enum = CUlimit_enum(0);
-    /// < GPU printf FIFO size
+    /// GPU printf FIFO size
     pub const CU_LIMIT_PRINTF_FIFO_SIZE: CUlimit_enum = CUlimit_enum(1);
-    /// < GPU malloc heap size
+    /// GPU malloc heap size
     pub const CU_LIMIT_MALLOC_HEAP_SIZE: CUlimit_enum = CUlimit_enum(2);
-    /// < GPU device runtime launch synchronize depth
+    /// GPU device runtime launch synchronize depth
     pub const CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH: CUlimit_enum = CUlimit_enum(3);
-    /// < GPU device runtime pending launch count
+    /// GPU device runtime pending launch count
     pub const CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT: CUlimit_enum = CUlimit_enum(4);
-    /// < A value between 0 and 128 that indicates the maximum fetch granularity of L2 (in Bytes). This is a hint
+    /// A value between 0 and 128 that indicates the maximum fetch granularity of L2 (in Bytes). This is a hint
     pub const CU_LIMIT_MAX_L2_FETCH_GRANULARITY: CUlimit_enum = CUlimit_enum(5);
-    /// < A size in bytes for L2 persisting lines cache size
+    /// A size in bytes for L2 persisting lines cache size
     pub const CU_LIMIT_PERSISTING_L2_CACHE_SIZE: CUlimit_enum = CUlimit_enum(6);
-    /// < A maximum size in bytes of shared memory available to CUDA kernels on a CIG context. Can only be queried, cannot be set
+    /// A maximum size in bytes of shared memory available to CUDA kernels on a CIG context. Can only be queried, cannot be set
     pub const CU_LIMIT_SHMEM_SIZE: CUlimit_enum = CUlimit_enum(7);
-    /// < A non-zero value indicates this CUDA context is a CIG-enabled context. Can only be queried, cannot be set
+    /// A non-zero value indicates this CUDA context is a CIG-enabled context. Can only be queried, cannot be set
     pub const CU_LIMIT_CIG_ENABLED: CUlimit_enum = CUlimit_enum(8);
-    /// < When set to zero, CUDA will fail to launch a kernel on a CIG context, instead of using the fallback path, if the kernel uses more shared memory than available
+    /// When set to zero, CUDA will fail to launch a kernel on a CIG context, instead of using the fallback path, if the kernel uses more shared memory than available
     pub const CU_LIMIT_CIG_SHMEM_FALLBACK_ENABLED: CUlimit_enum = CUlimit_enum(9);
     pub const CU_LIMIT_MAX: CUlimit_enum = CUlimit_enum(10);
 }
@@ -2264,13 +2267,13 @@ pub struct CUlimit_enum(pub ::std::os::raw::c_uint);
 /// Limits
 pub use self::CUlimit_enum as CUlimit;
 impl CUresourcetype_enum {
-    /// < Array resource
+    /// Array resource
     pub const CU_RESOURCE_TYPE_ARRAY: CUresourcetype_enum = CUresourcetype_enum(0);
-    /// < Mipmapped array resource
+    /// Mipmapped array resource
     pub const CU_RESOURCE_TYPE_MIPMAPPED_ARRAY: CUresourcetype_enum = CUresourcetype_enum(1);
-    /// < Linear resource
+    /// Linear resource
     pub const CU_RESOURCE_TYPE_LINEAR: CUresourcetype_enum = CUresourcetype_enum(2);
-    /// < Pitch 2D resource
+    /// Pitch 2D resource
     pub const CU_RESOURCE_TYPE_PITCH2D: CUresourcetype_enum = CUresourcetype_enum(3);
 }
 #[repr(transparent)]
@@ -2280,21 +2283,24 @@ pub struct CUresourcetype_enum(pub ::std::os::raw::c_uint);
 /// Resource types
 pub use self::CUresourcetype_enum as CUresourcetype;
 /// CUDA host function
-/// \param userData Argument value passed to the function
+///
+/// # Parameters
+///
+/// - `userData`: Argument value passed to the function
 pub type CUhostFn = ::std::option::Option<unsafe extern "C" fn(userData: *mut ::std::os::raw::c_void)>;
 impl CUaccessProperty_enum {
-    /// < Normal cache persistence.
+    /// Normal cache persistence.
     pub const CU_ACCESS_PROPERTY_NORMAL: CUaccessProperty_enum = CUaccessProperty_enum(0);
-    /// < Streaming access is less likely to persit from cache.
+    /// Streaming access is less likely to persit from cache.
     pub const CU_ACCESS_PROPERTY_STREAMING: CUaccessProperty_enum = CUaccessProperty_enum(1);
-    /// < Persisting access is more likely to persist in cache.
+    /// Persisting access is more likely to persist in cache.
     pub const CU_ACCESS_PROPERTY_PERSISTING: CUaccessProperty_enum = CUaccessProperty_enum(2);
 }
 #[repr(transparent)]
-/// Specifies performance hint with ::CUaccessPolicyWindow for hitProp and missProp members.
+/// Specifies performance hint with `CUaccessPolicyWindow` for hitProp and missProp members.
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUaccessProperty_enum(pub ::std::os::raw::c_uint);
-/// Specifies performance hint with ::CUaccessPolicyWindow for hitProp and missProp members.
+/// Specifies performance hint with `CUaccessPolicyWindow` for hitProp and missProp members.
 pub use self::CUaccessProperty_enum as CUaccessProperty;
 /// Specifies an access policy for a window, a contiguous extent of memory
 /// beginning at base_ptr and ending at base_ptr + num_bytes.
@@ -2309,15 +2315,15 @@ pub use self::CUaccessProperty_enum as CUaccessProperty;
 #[repr(C)]
 #[derive(Debug, Copy, Clone, PartialEq)]
 pub struct CUaccessPolicyWindow_st {
-    /// < Starting address of the access policy window. CUDA driver may align it.
+    /// Starting address of the access policy window. CUDA driver may align it.
     pub base_ptr: *mut ::std::os::raw::c_void,
-    /// < Size in bytes of the window policy. CUDA driver may restrict the maximum size and alignment.
+    /// Size in bytes of the window policy. CUDA driver may restrict the maximum size and alignment.
     pub num_bytes: usize,
-    /// < hitRatio specifies percentage of lines assigned hitProp, rest are assigned missProp.
+    /// hitRatio specifies percentage of lines assigned hitProp, rest are assigned missProp.
     pub hitRatio: f32,
-    /// < ::CUaccessProperty set for hit.
+    /// `CUaccessProperty` set for hit.
     pub hitProp: CUaccessProperty,
-    /// < ::CUaccessProperty set for miss. Must be either NORMAL or STREAMING
+    /// `CUaccessProperty` set for miss. Must be either NORMAL or STREAMING
     pub missProp: CUaccessProperty,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
@@ -2361,25 +2367,25 @@ pub type CUaccessPolicyWindow = CUaccessPolicyWindow_v1;
 #[repr(C)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUDA_KERNEL_NODE_PARAMS_st {
-    /// < Kernel to launch
+    /// Kernel to launch
     pub func: CUfunction,
-    /// < Width of grid in blocks
+    /// Width of grid in blocks
     pub gridDimX: ::std::os::raw::c_uint,
-    /// < Height of grid in blocks
+    /// Height of grid in blocks
     pub gridDimY: ::std::os::raw::c_uint,
-    /// < Depth of grid in blocks
+    /// Depth of grid in blocks
     pub gridDimZ: ::std::os::raw::c_uint,
-    /// < X dimension of each thread block
+    /// X dimension of each thread block
     pub blockDimX: ::std::os::raw::c_uint,
-    /// < Y dimension of each thread block
+    /// Y dimension of each thread block
     pub blockDimY: ::std::os::raw::c_uint,
-    /// < Z dimension of each thread block
+    /// Z dimension of each thread block
     pub blockDimZ: ::std::os::raw::c_uint,
-    /// < Dynamic shared-memory size per thread block in bytes
+    /// Dynamic shared-memory size per thread block in bytes
     pub sharedMemBytes: ::std::os::raw::c_uint,
-    /// < Array of pointers to kernel parameters
+    /// Array of pointers to kernel parameters
     pub kernelParams: *mut *mut ::std::os::raw::c_void,
-    /// < Extra options
+    /// Extra options
     pub extra: *mut *mut ::std::os::raw::c_void,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
@@ -2422,29 +2428,29 @@ pub type CUDA_KERNEL_NODE_PARAMS_v1 = CUDA_KERNEL_NODE_PARAMS_st;
 #[repr(C)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUDA_KERNEL_NODE_PARAMS_v2_st {
-    /// < Kernel to launch
+    /// Kernel to launch
     pub func: CUfunction,
-    /// < Width of grid in blocks
+    /// Width of grid in blocks
     pub gridDimX: ::std::os::raw::c_uint,
-    /// < Height of grid in blocks
+    /// Height of grid in blocks
     pub gridDimY: ::std::os::raw::c_uint,
-    /// < Depth of grid in blocks
+    /// Depth of grid in blocks
     pub gridDimZ: ::std::os::raw::c_uint,
-    /// < X dimension of each thread block
+    /// X dimension of each thread block
     pub blockDimX: ::std::os::raw::c_uint,
-    /// < Y dimension of each thread block
+    /// Y dimension of each thread block
     pub blockDimY: ::std::os::raw::c_uint,
-    /// < Z dimension of each thread block
+    /// Z dimension of each thread block
     pub blockDimZ: ::std::os::raw::c_uint,
-    /// < Dynamic shared-memory size per thread block in bytes
+    /// Dynamic shared-memory size per thread block in bytes
     pub sharedMemBytes: ::std::os::raw::c_uint,
-    /// < Array of pointers to kernel parameters
+    /// Array of pointers to kernel parameters
     pub kernelParams: *mut *mut ::std::os::raw::c_void,
-    /// < Extra options
+    /// Extra options
     pub extra: *mut *mut ::std::os::raw::c_void,
-    /// < Kernel to launch, will only be referenced if func is NULL
+    /// Kernel to launch, will only be referenced if func is NULL
     pub kern: CUkernel,
-    /// < Context for the kernel task to run in. The value NULL will indicate the current context should be used by the api. This field is ignored if func is set.
+    /// Context for the kernel task to run in. The value NULL will indicate the current context should be used by the api. This field is ignored if func is set.
     pub ctx: CUcontext,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
@@ -2493,29 +2499,29 @@ pub type CUDA_KERNEL_NODE_PARAMS = CUDA_KERNEL_NODE_PARAMS_v2;
 #[repr(C)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUDA_KERNEL_NODE_PARAMS_v3_st {
-    /// < Kernel to launch
+    /// Kernel to launch
     pub func: CUfunction,
-    /// < Width of grid in blocks
+    /// Width of grid in blocks
     pub gridDimX: ::std::os::raw::c_uint,
-    /// < Height of grid in blocks
+    /// Height of grid in blocks
     pub gridDimY: ::std::os::raw::c_uint,
-    /// < Depth of grid in blocks
+    /// Depth of grid in blocks
     pub gridDimZ: ::std::os::raw::c_uint,
-    /// < X dimension of each thread block
+    /// X dimension of each thread block
     pub blockDimX: ::std::os::raw::c_uint,
-    /// < Y dimension of each thread block
+    /// Y dimension of each thread block
     pub blockDimY: ::std::os::raw::c_uint,
-    /// < Z dimension of each thread block
+    /// Z dimension of each thread block
     pub blockDimZ: ::std::os::raw::c_uint,
-    /// < Dynamic shared-memory size per thread block in bytes
+    /// Dynamic shared-memory size per thread block in bytes
     pub sharedMemBytes: ::std::os::raw::c_uint,
-    /// < Array of pointers to kernel parameters
+    /// Array of pointers to kernel parameters
     pub kernelParams: *mut *mut ::std::os::raw::c_void,
-    /// < Extra options
+    /// Extra options
     pub extra: *mut *mut ::std::os::raw::c_void,
-    /// < Kernel to launch, will only be referenced if func is NULL
+    /// Kernel to launch, will only be referenced if func is NULL
     pub kern: CUkernel,
-    /// < Context for the kernel task to run in. The value NULL will indicate the current context should be used by the api. This field is ignored if func is set.
+    /// Context for the kernel task to run in. The value NULL will indicate the current context should be used by the api. This field is ignored if func is set.
     pub ctx: CUcontext,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
@@ -2562,17 +2568,17 @@ pub type CUDA_KERNEL_NODE_PARAMS_v3 = CUDA_KERNEL_NODE_PARAMS_v3_st;
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUDA_MEMSET_NODE_PARAMS_st {
-    /// < Destination device pointer
+    /// Destination device pointer
     pub dst: CUdeviceptr,
-    /// < Pitch of destination device pointer. Unused if height is 1
+    /// Pitch of destination device pointer. Unused if height is 1
     pub pitch: usize,
-    /// < Value to be set
+    /// Value to be set
     pub value: ::std::os::raw::c_uint,
-    /// < Size of each element in bytes. Must be 1, 2, or 4.
+    /// Size of each element in bytes. Must be 1, 2, or 4.
     pub elementSize: ::std::os::raw::c_uint,
-    /// < Width of the row in elements
+    /// Width of the row in elements
     pub width: usize,
-    /// < Number of rows
+    /// Number of rows
     pub height: usize,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
@@ -2600,19 +2606,19 @@ pub type CUDA_MEMSET_NODE_PARAMS = CUDA_MEMSET_NODE_PARAMS_v1;
 #[repr(C)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUDA_MEMSET_NODE_PARAMS_v2_st {
-    /// < Destination device pointer
+    /// Destination device pointer
     pub dst: CUdeviceptr,
-    /// < Pitch of destination device pointer. Unused if height is 1
+    /// Pitch of destination device pointer. Unused if height is 1
     pub pitch: usize,
-    /// < Value to be set
+    /// Value to be set
     pub value: ::std::os::raw::c_uint,
-    /// < Size of each element in bytes. Must be 1, 2, or 4.
+    /// Size of each element in bytes. Must be 1, 2, or 4.
     pub elementSize: ::std::os::raw::c_uint,
-    /// < Width of the row in elements
+    /// Width of the row in elements
     pub width: usize,
-    /// < Number of rows
+    /// Number of rows
     pub height: usize,
-    /// < Context on which to run the node
+    /// Context on which to run the node
     pub ctx: CUcontext,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
@@ -2649,9 +2655,9 @@ pub type CUDA_MEMSET_NODE_PARAMS_v2 = CUDA_MEMSET_NODE_PARAMS_v2_st;
 #[repr(C)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUDA_HOST_NODE_PARAMS_st {
-    /// < The function to call when the node executes
+    /// The function to call when the node executes
     pub fn_: CUhostFn,
-    /// < Argument to pass to the function
+    /// Argument to pass to the function
     pub userData: *mut ::std::os::raw::c_void,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
@@ -2679,9 +2685,9 @@ pub type CUDA_HOST_NODE_PARAMS = CUDA_HOST_NODE_PARAMS_v1;
 #[repr(C)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUDA_HOST_NODE_PARAMS_v2_st {
-    /// < The function to call when the node executes
+    /// The function to call when the node executes
     pub fn_: CUhostFn,
-    /// < Argument to pass to the function
+    /// Argument to pass to the function
     pub userData: *mut ::std::os::raw::c_void,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
@@ -2705,11 +2711,11 @@ impl Default for CUDA_HOST_NODE_PARAMS_v2_st {
 /// Host node parameters
 pub type CUDA_HOST_NODE_PARAMS_v2 = CUDA_HOST_NODE_PARAMS_v2_st;
 impl CUgraphConditionalNodeType_enum {
-    /// < Conditional 'if/else' Node. Body[0] executed if condition is non-zero.  If \p size == 2, an optional ELSE graph is created and this is executed if the condition is zero.
+    /// Conditional 'if/else' Node. Body[0] executed if condition is non-zero.  If `size` == 2, an optional ELSE graph is created and this is executed if the condition is zero.
     pub const CU_GRAPH_COND_TYPE_IF: CUgraphConditionalNodeType_enum = CUgraphConditionalNodeType_enum(0);
-    /// < Conditional 'while' Node. Body executed repeatedly while condition value is non-zero.
+    /// Conditional 'while' Node. Body executed repeatedly while condition value is non-zero.
     pub const CU_GRAPH_COND_TYPE_WHILE: CUgraphConditionalNodeType_enum = CUgraphConditionalNodeType_enum(1);
-    /// < Conditional 'switch' Node. Body[n] is executed once, where 'n' is the value of the condition. If the condition does not match a body index, no body is launched.
+    /// Conditional 'switch' Node. Body[n] is executed once, where 'n' is the value of the condition. If the condition does not match a body index, no body is launched.
     pub const CU_GRAPH_COND_TYPE_SWITCH: CUgraphConditionalNodeType_enum = CUgraphConditionalNodeType_enum(2);
 }
 #[repr(transparent)]
@@ -2722,16 +2728,16 @@ pub use self::CUgraphConditionalNodeType_enum as CUgraphConditionalNodeType;
 #[repr(C)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUDA_CONDITIONAL_NODE_PARAMS {
-    /// < Conditional node handle.
+    /// Conditional node handle.
     /// Handles must be created in advance of creating the node
-    /// using ::cuGraphConditionalHandleCreate.
+    /// using `cuGraphConditionalHandleCreate`.
     pub handle: CUgraphConditionalHandle,
-    /// < Type of conditional node.
+    /// Type of conditional node.
     pub type_: CUgraphConditionalNodeType,
-    /// < Size of graph output array.  Allowed values are 1 for CU_GRAPH_COND_TYPE_WHILE, 1 or 2
+    /// Size of graph output array.  Allowed values are 1 for CU_GRAPH_COND_TYPE_WHILE, 1 or 2
     /// for CU_GRAPH_COND_TYPE_IF, or any value greater than zero for CU_GRAPH_COND_TYPE_SWITCH.
     pub size: ::std::os::raw::c_uint,
-    /// < CUDA-owned array populated with conditional node child graphs during creation of the node.
+    /// CUDA-owned array populated with conditional node child graphs during creation of the node.
     /// Valid for the lifetime of the conditional node.
     /// The contents of the graph(s) are subject to the following constraints:
     ///
@@ -2740,18 +2746,18 @@ pub struct CUDA_CONDITIONAL_NODE_PARAMS {
     /// - All kernels, including kernels in nested conditionals or child graphs at any level,
     /// must belong to the same CUDA context.
     ///
-    /// These graphs may be populated using graph node creation APIs or ::cuStreamBeginCaptureToGraph.
+    /// These graphs may be populated using graph node creation APIs or `cuStreamBeginCaptureToGraph`.
     ///
     /// CU_GRAPH_COND_TYPE_IF:
-    /// phGraph_out[0] is executed when the condition is non-zero.  If \p size == 2, phGraph_out[1] will
+    /// phGraph_out[0] is executed when the condition is non-zero.  If `size` == 2, phGraph_out[1] will
     /// be executed when the condition is zero.
     /// CU_GRAPH_COND_TYPE_WHILE:
     /// phGraph_out[0] is executed as long as the condition is non-zero.
     /// CU_GRAPH_COND_TYPE_SWITCH:
-    /// phGraph_out[n] is executed when the condition is equal to n.  If the condition >= \p size,
+    /// phGraph_out[n] is executed when the condition is equal to n.  If the condition >= `size`,
     /// no body graph is executed.
     pub phGraph_out: *mut CUgraph,
-    /// < Context on which to run the node.  Must match context used to create the handle and all body nodes.
+    /// Context on which to run the node.  Must match context used to create the handle and all body nodes.
     pub ctx: CUcontext,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
@@ -2779,34 +2785,34 @@ impl Default for CUDA_CONDITIONAL_NODE_PARAMS {
     }
 }
 impl CUgraphNodeType_enum {
-    /// < GPU kernel node
+    /// GPU kernel node
     pub const CU_GRAPH_NODE_TYPE_KERNEL: CUgraphNodeType_enum = CUgraphNodeType_enum(0);
-    /// < Memcpy node
+    /// Memcpy node
     pub const CU_GRAPH_NODE_TYPE_MEMCPY: CUgraphNodeType_enum = CUgraphNodeType_enum(1);
-    /// < Memset node
+    /// Memset node
     pub const CU_GRAPH_NODE_TYPE_MEMSET: CUgraphNodeType_enum = CUgraphNodeType_enum(2);
-    /// < Host (executable) node
+    /// Host (executable) node
     pub const CU_GRAPH_NODE_TYPE_HOST: CUgraphNodeType_enum = CUgraphNodeType_enum(3);
-    /// < Node which executes an embedded graph
+    /// Node which executes an embedded graph
     pub const CU_GRAPH_NODE_TYPE_GRAPH: CUgraphNodeType_enum = CUgraphNodeType_enum(4);
-    /// < Empty (no-op) node
+    /// Empty (no-op) node
     pub const CU_GRAPH_NODE_TYPE_EMPTY: CUgraphNodeType_enum = CUgraphNodeType_enum(5);
-    /// < External event wait node
+    /// External event wait node
     pub const CU_GRAPH_NODE_TYPE_WAIT_EVENT: CUgraphNodeType_enum = CUgraphNodeType_enum(6);
-    /// < External event record node
+    /// External event record node
     pub const CU_GRAPH_NODE_TYPE_EVENT_RECORD: CUgraphNodeType_enum = CUgraphNodeType_enum(7);
-    /// < External semaphore signal node
+    /// External semaphore signal node
     pub const CU_GRAPH_NODE_TYPE_EXT_SEMAS_SIGNAL: CUgraphNodeType_enum = CUgraphNodeType_enum(8);
-    /// < External semaphore wait node
+    /// External semaphore wait node
     pub const CU_GRAPH_NODE_TYPE_EXT_SEMAS_WAIT: CUgraphNodeType_enum = CUgraphNodeType_enum(9);
-    /// < Memory Allocation Node
+    /// Memory Allocation Node
     pub const CU_GRAPH_NODE_TYPE_MEM_ALLOC: CUgraphNodeType_enum = CUgraphNodeType_enum(10);
-    /// < Memory Free Node
+    /// Memory Free Node
     pub const CU_GRAPH_NODE_TYPE_MEM_FREE: CUgraphNodeType_enum = CUgraphNodeType_enum(11);
-    /// < Batch MemOp Node
-    /// See ::cuStreamBatchMemOp and ::CUstreamBatchMemOpType for what these nodes can do.
+    /// Batch MemOp Node
+    /// See `cuStreamBatchMemOp` and `CUstreamBatchMemOpType` for what these nodes can do.
     pub const CU_GRAPH_NODE_TYPE_BATCH_MEM_OP: CUgraphNodeType_enum = CUgraphNodeType_enum(12);
-    /// < Conditional Node
+    /// Conditional Node
     ///
     /// May be used to implement a conditional execution path or loop
     /// inside of a graph. The graph(s) contained within the body of the conditional node
@@ -2814,7 +2820,7 @@ impl CUgraphNodeType_enum {
     /// variable.
     ///
     /// Handles must be created in advance of creating the node
-    /// using ::cuGraphConditionalHandleCreate.
+    /// using `cuGraphConditionalHandleCreate`.
     ///
     /// The following restrictions apply to graphs which contain conditional nodes:
     /// The graph cannot be used in a child node.
@@ -2822,7 +2828,7 @@ impl CUgraphNodeType_enum {
     /// The graph cannot be cloned.
     ///
     /// To set the control value, supply a default value when creating the handle and/or
-    /// call ::cudaGraphSetConditional from device code.
+    /// call `cudaGraphSetConditional` from device code.
     pub const CU_GRAPH_NODE_TYPE_CONDITIONAL: CUgraphNodeType_enum = CUgraphNodeType_enum(13);
 }
 #[repr(transparent)]
@@ -2832,20 +2838,20 @@ pub struct CUgraphNodeType_enum(pub ::std::os::raw::c_uint);
 /// Graph node types
 pub use self::CUgraphNodeType_enum as CUgraphNodeType;
 impl CUgraphDependencyType_enum {
-    /// < This is an ordinary dependency.
+    /// This is an ordinary dependency.
     pub const CU_GRAPH_DEPENDENCY_TYPE_DEFAULT: CUgraphDependencyType_enum = CUgraphDependencyType_enum(0);
-    /// < This dependency type allows the downstream node to
-    /// use \c cudaGridDependencySynchronize(). It may only be used
+    /// This dependency type allows the downstream node to
+    /// use `cudaGridDependencySynchronize`(). It may only be used
     /// between kernel nodes, and must be used with either the
-    /// ::CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC or
-    /// ::CU_GRAPH_KERNEL_NODE_PORT_LAUNCH_ORDER outgoing port.
+    /// `CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC` or
+    /// `CU_GRAPH_KERNEL_NODE_PORT_LAUNCH_ORDER` outgoing port.
     pub const CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC: CUgraphDependencyType_enum = CUgraphDependencyType_enum(1);
 }
 #[repr(transparent)]
-/// Type annotations that can be applied to graph edges as part of ::CUgraphEdgeData.
+/// Type annotations that can be applied to graph edges as part of `CUgraphEdgeData`.
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUgraphDependencyType_enum(pub ::std::os::raw::c_uint);
-/// Type annotations that can be applied to graph edges as part of ::CUgraphEdgeData.
+/// Type annotations that can be applied to graph edges as part of `CUgraphEdgeData`.
 pub use self::CUgraphDependencyType_enum as CUgraphDependencyType;
 /// Optional annotation for edges in a CUDA graph. Note, all edges implicitly have annotations and
 /// default to a zero-initialized value if not specified. A zero-initialized struct indicates a
@@ -2853,30 +2859,30 @@ pub use self::CUgraphDependencyType_enum as CUgraphDependencyType;
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUgraphEdgeData_st {
-    /// < This indicates when the dependency is triggered from the upstream
+    /// This indicates when the dependency is triggered from the upstream
     /// node on the edge. The meaning is specfic to the node type. A value
     /// of 0 in all cases means full completion of the upstream node, with
     /// memory visibility to the downstream node or portion thereof
-    /// (indicated by \c to_port).
+    /// (indicated by `to_port`).
     /// <br>
     /// Only kernel nodes define non-zero ports. A kernel node
     /// can use the following output port types:
-    /// ::CU_GRAPH_KERNEL_NODE_PORT_DEFAULT, ::CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC,
-    /// or ::CU_GRAPH_KERNEL_NODE_PORT_LAUNCH_ORDER.
+    /// `CU_GRAPH_KERNEL_NODE_PORT_DEFAULT`, `CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC`,
+    /// or `CU_GRAPH_KERNEL_NODE_PORT_LAUNCH_ORDER`.
     pub from_port: ::std::os::raw::c_uchar,
-    /// < This indicates what portion of the downstream node is dependent on
-    /// the upstream node or portion thereof (indicated by \c from_port). The
+    /// This indicates what portion of the downstream node is dependent on
+    /// the upstream node or portion thereof (indicated by `from_port`). The
     /// meaning is specific to the node type. A value of 0 in all cases means
     /// the entirety of the downstream node is dependent on the upstream work.
     /// <br>
     /// Currently no node types define non-zero ports. Accordingly, this field
     /// must be set to zero.
     pub to_port: ::std::os::raw::c_uchar,
-    /// < This should be populated with a value from ::CUgraphDependencyType. (It
+    /// This should be populated with a value from `CUgraphDependencyType`. (It
     /// is typed as char due to compiler-specific layout of bitfields.) See
-    /// ::CUgraphDependencyType.
+    /// `CUgraphDependencyType`.
     pub type_: ::std::os::raw::c_uchar,
-    /// < These bytes are unused and must be zeroed. This ensures
+    /// These bytes are unused and must be zeroed. This ensures
     /// compatibility if additional fields are added in the future.
     pub reserved: [::std::os::raw::c_uchar; 5usize],
 }
@@ -2894,20 +2900,20 @@ const _: () = {
 /// standard full serialization of two nodes with memory visibility.
 pub type CUgraphEdgeData = CUgraphEdgeData_st;
 impl CUgraphInstantiateResult_enum {
-    /// < Instantiation succeeded
+    /// Instantiation succeeded
     pub const CUDA_GRAPH_INSTANTIATE_SUCCESS: CUgraphInstantiateResult_enum = CUgraphInstantiateResult_enum(0);
-    /// < Instantiation failed for an unexpected reason which is described in the return value of the function
+    /// Instantiation failed for an unexpected reason which is described in the return value of the function
     pub const CUDA_GRAPH_INSTANTIATE_ERROR: CUgraphInstantiateResult_enum = CUgraphInstantiateResult_enum(1);
-    /// < Instantiation failed due to invalid structure, such as cycles
+    /// Instantiation failed due to invalid structure, such as cycles
     pub const CUDA_GRAPH_INSTANTIATE_INVALID_STRUCTURE: CUgraphInstantiateResult_enum =
         CUgraphInstantiateResult_enum(2);
-    /// < Instantiation for device launch failed because the graph contained an unsupported operation
+    /// Instantiation for device launch failed because the graph contained an unsupported operation
     pub const CUDA_GRAPH_INSTANTIATE_NODE_OPERATION_NOT_SUPPORTED: CUgraphInstantiateResult_enum =
         CUgraphInstantiateResult_enum(3);
-    /// < Instantiation for device launch failed due to the nodes belonging to different contexts
+    /// Instantiation for device launch failed due to the nodes belonging to different contexts
     pub const CUDA_GRAPH_INSTANTIATE_MULTIPLE_CTXS_NOT_SUPPORTED: CUgraphInstantiateResult_enum =
         CUgraphInstantiateResult_enum(4);
-    /// < One or more conditional handles are not associated with conditional nodes
+    /// One or more conditional handles are not associated with conditional nodes
     pub const CUDA_GRAPH_INSTANTIATE_CONDITIONAL_HANDLE_UNUSED: CUgraphInstantiateResult_enum =
         CUgraphInstantiateResult_enum(5);
 }
@@ -2921,13 +2927,13 @@ pub use self::CUgraphInstantiateResult_enum as CUgraphInstantiateResult;
 #[repr(C)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUDA_GRAPH_INSTANTIATE_PARAMS_st {
-    /// < Instantiation flags
+    /// Instantiation flags
     pub flags: cuuint64_t,
-    /// < Upload stream
+    /// Upload stream
     pub hUploadStream: CUstream,
-    /// < The node which caused instantiation to fail, if any
+    /// The node which caused instantiation to fail, if any
     pub hErrNode_out: CUgraphNode,
-    /// < Whether instantiation was successful.  If it failed, the reason why
+    /// Whether instantiation was successful.  If it failed, the reason why
     pub result_out: CUgraphInstantiateResult,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
@@ -2966,24 +2972,24 @@ impl CUsynchronizationPolicy_enum {
 pub struct CUsynchronizationPolicy_enum(pub ::std::os::raw::c_uint);
 pub use self::CUsynchronizationPolicy_enum as CUsynchronizationPolicy;
 impl CUclusterSchedulingPolicy_enum {
-    /// < the default policy
+    /// the default policy
     pub const CU_CLUSTER_SCHEDULING_POLICY_DEFAULT: CUclusterSchedulingPolicy_enum = CUclusterSchedulingPolicy_enum(0);
-    /// < spread the blocks within a cluster to the SMs
+    /// spread the blocks within a cluster to the SMs
     pub const CU_CLUSTER_SCHEDULING_POLICY_SPREAD: CUclusterSchedulingPolicy_enum = CUclusterSchedulingPolicy_enum(1);
-    /// < allow the hardware to load-balance the blocks in a cluster to the SMs
+    /// allow the hardware to load-balance the blocks in a cluster to the SMs
     pub const CU_CLUSTER_SCHEDULING_POLICY_LOAD_BALANCING: CUclusterSchedulingPolicy_enum =
         CUclusterSchedulingPolicy_enum(2);
 }
 #[repr(transparent)]
-/// Cluster scheduling policies. These may be passed to ::cuFuncSetAttribute or ::cuKernelSetAttribute
+/// Cluster scheduling policies. These may be passed to `cuFuncSetAttribute` or `cuKernelSetAttribute`
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUclusterSchedulingPolicy_enum(pub ::std::os::raw::c_uint);
-/// Cluster scheduling policies. These may be passed to ::cuFuncSetAttribute or ::cuKernelSetAttribute
+/// Cluster scheduling policies. These may be passed to `cuFuncSetAttribute` or `cuKernelSetAttribute`
 pub use self::CUclusterSchedulingPolicy_enum as CUclusterSchedulingPolicy;
 impl CUlaunchMemSyncDomain_enum {
-    /// < Launch kernels in the default domain
+    /// Launch kernels in the default domain
     pub const CU_LAUNCH_MEM_SYNC_DOMAIN_DEFAULT: CUlaunchMemSyncDomain_enum = CUlaunchMemSyncDomain_enum(0);
-    /// < Launch kernels in the remote domain
+    /// Launch kernels in the remote domain
     pub const CU_LAUNCH_MEM_SYNC_DOMAIN_REMOTE: CUlaunchMemSyncDomain_enum = CUlaunchMemSyncDomain_enum(1);
 }
 #[repr(transparent)]
@@ -2993,10 +2999,10 @@ impl CUlaunchMemSyncDomain_enum {
 /// that kernel. A memory barrier issued in one domain will only order memory operations in that domain, thus eliminating
 /// latency increase from memory barriers ordering unrelated traffic.
 ///
-/// By default, kernels are launched in domain 0. Kernel launched with ::CU_LAUNCH_MEM_SYNC_DOMAIN_REMOTE will have a
-/// different domain ID. User may also alter the domain ID with ::CUlaunchMemSyncDomainMap for a specific stream /
-/// graph node / kernel launch. See ::CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN, ::cuStreamSetAttribute, ::cuLaunchKernelEx,
-/// ::cuGraphKernelNodeSetAttribute.
+/// By default, kernels are launched in domain 0. Kernel launched with `CU_LAUNCH_MEM_SYNC_DOMAIN_REMOTE` will have a
+/// different domain ID. User may also alter the domain ID with `CUlaunchMemSyncDomainMap` for a specific stream /
+/// graph node / kernel launch. See `CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN`, `cuStreamSetAttribute`, `cuLaunchKernelEx`,
+/// `cuGraphKernelNodeSetAttribute`.
 ///
 /// Memory operations done in kernels launched in different domains are considered system-scope distanced. In other
 /// words, a GPU scoped memory synchronization is not sufficient for memory order to be observed by kernels in another
@@ -3009,10 +3015,10 @@ pub struct CUlaunchMemSyncDomain_enum(pub ::std::os::raw::c_uint);
 /// that kernel. A memory barrier issued in one domain will only order memory operations in that domain, thus eliminating
 /// latency increase from memory barriers ordering unrelated traffic.
 ///
-/// By default, kernels are launched in domain 0. Kernel launched with ::CU_LAUNCH_MEM_SYNC_DOMAIN_REMOTE will have a
-/// different domain ID. User may also alter the domain ID with ::CUlaunchMemSyncDomainMap for a specific stream /
-/// graph node / kernel launch. See ::CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN, ::cuStreamSetAttribute, ::cuLaunchKernelEx,
-/// ::cuGraphKernelNodeSetAttribute.
+/// By default, kernels are launched in domain 0. Kernel launched with `CU_LAUNCH_MEM_SYNC_DOMAIN_REMOTE` will have a
+/// different domain ID. User may also alter the domain ID with `CUlaunchMemSyncDomainMap` for a specific stream /
+/// graph node / kernel launch. See `CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN`, `cuStreamSetAttribute`, `cuLaunchKernelEx`,
+/// `cuGraphKernelNodeSetAttribute`.
 ///
 /// Memory operations done in kernels launched in different domains are considered system-scope distanced. In other
 /// words, a GPU scoped memory synchronization is not sufficient for memory order to be observed by kernels in another
@@ -3020,19 +3026,19 @@ pub struct CUlaunchMemSyncDomain_enum(pub ::std::os::raw::c_uint);
 pub use self::CUlaunchMemSyncDomain_enum as CUlaunchMemSyncDomain;
 /// Memory Synchronization Domain map
 ///
-/// See ::cudaLaunchMemSyncDomain.
+/// See `cudaLaunchMemSyncDomain`.
 ///
-/// By default, kernels are launched in domain 0. Kernel launched with ::CU_LAUNCH_MEM_SYNC_DOMAIN_REMOTE will have a
-/// different domain ID. User may also alter the domain ID with ::CUlaunchMemSyncDomainMap for a specific stream /
-/// graph node / kernel launch. See ::CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP.
+/// By default, kernels are launched in domain 0. Kernel launched with `CU_LAUNCH_MEM_SYNC_DOMAIN_REMOTE` will have a
+/// different domain ID. User may also alter the domain ID with `CUlaunchMemSyncDomainMap` for a specific stream /
+/// graph node / kernel launch. See `CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP`.
 ///
-/// Domain ID range is available through ::CU_DEVICE_ATTRIBUTE_MEM_SYNC_DOMAIN_COUNT.
+/// Domain ID range is available through `CU_DEVICE_ATTRIBUTE_MEM_SYNC_DOMAIN_COUNT`.
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUlaunchMemSyncDomainMap_st {
-    /// < The default domain ID to use for designated kernels
+    /// The default domain ID to use for designated kernels
     pub default_: ::std::os::raw::c_uchar,
-    /// < The remote domain ID to use for designated kernels
+    /// The remote domain ID to use for designated kernels
     pub remote: ::std::os::raw::c_uchar,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
@@ -3046,33 +3052,33 @@ const _: () = {
 };
 /// Memory Synchronization Domain map
 ///
-/// See ::cudaLaunchMemSyncDomain.
+/// See `cudaLaunchMemSyncDomain`.
 ///
-/// By default, kernels are launched in domain 0. Kernel launched with ::CU_LAUNCH_MEM_SYNC_DOMAIN_REMOTE will have a
-/// different domain ID. User may also alter the domain ID with ::CUlaunchMemSyncDomainMap for a specific stream /
-/// graph node / kernel launch. See ::CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP.
+/// By default, kernels are launched in domain 0. Kernel launched with `CU_LAUNCH_MEM_SYNC_DOMAIN_REMOTE` will have a
+/// different domain ID. User may also alter the domain ID with `CUlaunchMemSyncDomainMap` for a specific stream /
+/// graph node / kernel launch. See `CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP`.
 ///
-/// Domain ID range is available through ::CU_DEVICE_ATTRIBUTE_MEM_SYNC_DOMAIN_COUNT.
+/// Domain ID range is available through `CU_DEVICE_ATTRIBUTE_MEM_SYNC_DOMAIN_COUNT`.
 pub type CUlaunchMemSyncDomainMap = CUlaunchMemSyncDomainMap_st;
 impl CUlaunchAttributeID_enum {
-    /// < Ignored entry, for convenient composition
+    /// Ignored entry, for convenient composition
     pub const CU_LAUNCH_ATTRIBUTE_IGNORE: CUlaunchAttributeID_enum = CUlaunchAttributeID_enum(0);
-    /// < Valid for streams, graph nodes, launches. See
-    /// ::CUlaunchAttributeValue::accessPolicyWindow.
+    /// Valid for streams, graph nodes, launches. See
+    /// `CUlaunchAttributeValue::accessPolicyWindow`.
     pub const CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW: CUlaunchAttributeID_enum = CUlaunchAttributeID_enum(1);
-    /// < Valid for graph nodes, launches. See
-    /// ::CUlaunchAttributeValue::cooperative.
+    /// Valid for graph nodes, launches. See
+    /// `CUlaunchAttributeValue::cooperative`.
     pub const CU_LAUNCH_ATTRIBUTE_COOPERATIVE: CUlaunchAttributeID_enum = CUlaunchAttributeID_enum(2);
-    /// < Valid for streams. See
-    /// ::CUlaunchAttributeValue::syncPolicy.
+    /// Valid for streams. See
+    /// `CUlaunchAttributeValue::syncPolicy`.
     pub const CU_LAUNCH_ATTRIBUTE_SYNCHRONIZATION_POLICY: CUlaunchAttributeID_enum = CUlaunchAttributeID_enum(3);
-    /// < Valid for graph nodes, launches. See ::CUlaunchAttributeValue::clusterDim.
+    /// Valid for graph nodes, launches. See `CUlaunchAttributeValue::clusterDim`.
     pub const CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION: CUlaunchAttributeID_enum = CUlaunchAttributeID_enum(4);
-    /// < Valid for graph nodes, launches. See ::CUlaunchAttributeValue::clusterSchedulingPolicyPreference.
+    /// Valid for graph nodes, launches. See `CUlaunchAttributeValue::clusterSchedulingPolicyPreference`.
     pub const CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE: CUlaunchAttributeID_enum =
         CUlaunchAttributeID_enum(5);
-    /// < Valid for launches. Setting
-    /// ::CUlaunchAttributeValue::programmaticStreamSerializationAllowed
+    /// Valid for launches. Setting
+    /// `CUlaunchAttributeValue::programmaticStreamSerializationAllowed`
     /// to non-0 signals that the kernel will use programmatic
     /// means to resolve its stream dependency, so that the
     /// CUDA runtime should opportunistically allow the grid's
@@ -3084,8 +3090,8 @@ impl CUlaunchAttributeID_enum {
     /// instructions).
     pub const CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION: CUlaunchAttributeID_enum =
         CUlaunchAttributeID_enum(6);
-    /// < Valid for launches. Set
-    /// ::CUlaunchAttributeValue::programmaticEvent to
+    /// Valid for launches. Set
+    /// `CUlaunchAttributeValue::programmaticEvent` to
     /// record the event. Event recorded through this
     /// launch attribute is guaranteed to only trigger
     /// after all block in the associated kernel trigger
@@ -3110,25 +3116,25 @@ impl CUlaunchAttributeID_enum {
     /// <br>
     /// The event supplied must not be an interprocess or
     /// interop event. The event must disable timing (i.e.
-    /// must be created with the ::CU_EVENT_DISABLE_TIMING
+    /// must be created with the `CU_EVENT_DISABLE_TIMING`
     /// flag set).
     pub const CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT: CUlaunchAttributeID_enum = CUlaunchAttributeID_enum(7);
-    /// < Valid for streams, graph nodes, launches. See
-    /// ::CUlaunchAttributeValue::priority.
+    /// Valid for streams, graph nodes, launches. See
+    /// `CUlaunchAttributeValue::priority`.
     pub const CU_LAUNCH_ATTRIBUTE_PRIORITY: CUlaunchAttributeID_enum = CUlaunchAttributeID_enum(8);
-    /// < Valid for streams, graph nodes, launches. See
-    /// ::CUlaunchAttributeValue::memSyncDomainMap.
+    /// Valid for streams, graph nodes, launches. See
+    /// `CUlaunchAttributeValue::memSyncDomainMap`.
     pub const CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP: CUlaunchAttributeID_enum = CUlaunchAttributeID_enum(9);
-    /// < Valid for streams, graph nodes, launches. See
-    /// ::CUlaunchAttributeValue::memSyncDomain.
+    /// Valid for streams, graph nodes, launches. See
+    /// `CUlaunchAttributeValue::memSyncDomain`.
     pub const CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN: CUlaunchAttributeID_enum = CUlaunchAttributeID_enum(10);
-    /// < Valid for graph nodes, launches. Set
-    /// ::CUlaunchAttributeValue::preferredClusterDim
+    /// Valid for graph nodes, launches. Set
+    /// `CUlaunchAttributeValue::preferredClusterDim`
     /// to allow the kernel launch to specify a preferred substitute
     /// cluster dimension. Blocks may be grouped according to either
     /// the dimensions specified with this attribute (grouped into a
     /// "preferred substitute cluster"), or the one specified with
-    /// ::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION attribute (grouped
+    /// `CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION` attribute (grouped
     /// into a "regular cluster"). The cluster dimensions of a
     /// "preferred substitute cluster" shall be an integer multiple
     /// greater than zero of the regular cluster dimensions. The
@@ -3159,8 +3165,8 @@ impl CUlaunchAttributeID_enum {
     /// Otherwise, setting this attribute to a value physically
     /// unable to fit on any particular device is permitted.
     pub const CU_LAUNCH_ATTRIBUTE_PREFERRED_CLUSTER_DIMENSION: CUlaunchAttributeID_enum = CUlaunchAttributeID_enum(11);
-    /// < Valid for launches. Set
-    /// ::CUlaunchAttributeValue::launchCompletionEvent to record the
+    /// Valid for launches. Set
+    /// `CUlaunchAttributeValue::launchCompletionEvent` to record the
     /// event.
     /// <br>
     /// Nominally, the event is triggered once all blocks of the kernel
@@ -3174,53 +3180,53 @@ impl CUlaunchAttributeID_enum {
     /// to deadlock.
     /// <br>
     /// A launch completion event is nominally similar to a programmatic
-    /// event with \c triggerAtBlockStart set except that it is not
-    /// visible to \c cudaGridDependencySynchronize() and can be used with
+    /// event with `triggerAtBlockStart` set except that it is not
+    /// visible to `cudaGridDependencySynchronize`() and can be used with
     /// compute capability less than 9.0.
     /// <br>
     /// The event supplied must not be an interprocess or interop
     /// event. The event must disable timing (i.e. must be created
-    /// with the ::CU_EVENT_DISABLE_TIMING flag set).
+    /// with the `CU_EVENT_DISABLE_TIMING` flag set).
     pub const CU_LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT: CUlaunchAttributeID_enum = CUlaunchAttributeID_enum(12);
-    /// < Valid for graph nodes, launches. This attribute is graphs-only,
+    /// Valid for graph nodes, launches. This attribute is graphs-only,
     /// and passing it to a launch in a non-capturing stream will result
     /// in an error.
     /// <br>
-    /// ::CUlaunchAttributeValue::deviceUpdatableKernelNode::deviceUpdatable can
+    /// `CUlaunchAttributeValue::deviceUpdatableKernelNode::deviceUpdatable` can
     /// only be set to 0 or 1. Setting the field to 1 indicates that the
     /// corresponding kernel node should be device-updatable. On success, a handle
     /// will be returned via
-    /// ::CUlaunchAttributeValue::deviceUpdatableKernelNode::devNode which can be
+    /// `CUlaunchAttributeValue::deviceUpdatableKernelNode::devNode` which can be
     /// passed to the various device-side update functions to update the node's
     /// kernel parameters from within another kernel. For more information on the
     /// types of device updates that can be made, as well as the relevant limitations
-    /// thereof, see ::cudaGraphKernelNodeUpdatesApply.
+    /// thereof, see `cudaGraphKernelNodeUpdatesApply`.
     /// <br>
     /// Nodes which are device-updatable have additional restrictions compared to
     /// regular kernel nodes. Firstly, device-updatable nodes cannot be removed
-    /// from their graph via ::cuGraphDestroyNode. Additionally, once opted-in
+    /// from their graph via `cuGraphDestroyNode`. Additionally, once opted-in
     /// to this functionality, a node cannot opt out, and any attempt to set the
     /// deviceUpdatable attribute to 0 will result in an error. Device-updatable
     /// kernel nodes also cannot have their attributes copied to/from another kernel
-    /// node via ::cuGraphKernelNodeCopyAttributes. Graphs containing one or more
+    /// node via `cuGraphKernelNodeCopyAttributes`. Graphs containing one or more
     /// device-updatable nodes also do not allow multiple instantiation, and neither
-    /// the graph nor its instantiated version can be passed to ::cuGraphExecUpdate.
+    /// the graph nor its instantiated version can be passed to `cuGraphExecUpdate`.
     /// <br>
     /// If a graph contains device-updatable nodes and updates those nodes from the device
-    /// from within the graph, the graph must be uploaded with ::cuGraphUpload before it
+    /// from within the graph, the graph must be uploaded with `cuGraphUpload` before it
     /// is launched. For such a graph, if host-side executable graph updates are made to the
     /// device-updatable nodes, the graph must be uploaded before it is launched again.
     pub const CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE: CUlaunchAttributeID_enum = CUlaunchAttributeID_enum(13);
-    /// < Valid for launches. On devices where the L1 cache and shared memory use the
-    /// same hardware resources, setting ::CUlaunchAttributeValue::sharedMemCarveout to a
+    /// Valid for launches. On devices where the L1 cache and shared memory use the
+    /// same hardware resources, setting `CUlaunchAttributeValue::sharedMemCarveout` to a
     /// percentage between 0-100 signals the CUDA driver to set the shared memory carveout
     /// preference, in percent of the total shared memory for that kernel launch.
-    /// This attribute takes precedence over ::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT.
+    /// This attribute takes precedence over `CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT`.
     /// This is only a hint, and the CUDA driver can choose a different configuration if
     /// required for the launch.
     pub const CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT: CUlaunchAttributeID_enum =
         CUlaunchAttributeID_enum(14);
-    /// < Valid for streams, graph nodes, launches. This attribute is a hint to the CUDA runtime that the
+    /// Valid for streams, graph nodes, launches. This attribute is a hint to the CUDA runtime that the
     /// launch should attempt to make the kernel maximize its NVLINK utilization.
     /// <br>
     /// When possible to honor this hint, CUDA will assume each block in the grid launch will carry out an even amount
@@ -3232,63 +3238,63 @@ impl CUlaunchAttributeID_enum {
     /// previously observed perf characteristics.) It also doesn't guarantee a successful result, i.e. applying
     /// the attribute may not improve the performance of either the targeted kernel or the encapsulating application.
     /// <br>
-    /// Valid values for ::CUlaunchAttributeValue::nvlinkUtilCentricScheduling are 0 (disabled) and 1 (enabled).
+    /// Valid values for `CUlaunchAttributeValue::nvlinkUtilCentricScheduling` are 0 (disabled) and 1 (enabled).
     pub const CU_LAUNCH_ATTRIBUTE_NVLINK_UTIL_CENTRIC_SCHEDULING: CUlaunchAttributeID_enum =
         CUlaunchAttributeID_enum(16);
 }
 #[repr(transparent)]
-/// Launch attributes enum; used as id field of ::CUlaunchAttribute
+/// Launch attributes enum; used as id field of `CUlaunchAttribute`
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUlaunchAttributeID_enum(pub ::std::os::raw::c_uint);
-/// Launch attributes enum; used as id field of ::CUlaunchAttribute
+/// Launch attributes enum; used as id field of `CUlaunchAttribute`
 pub use self::CUlaunchAttributeID_enum as CUlaunchAttributeID;
-/// Launch attributes union; used as value field of ::CUlaunchAttribute
+/// Launch attributes union; used as value field of `CUlaunchAttribute`
 #[repr(C)]
 #[derive(Copy, Clone)]
 pub union CUlaunchAttributeValue_union {
     pub pad: [::std::os::raw::c_char; 64usize],
-    /// < Value of launch attribute ::CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW.
+    /// Value of launch attribute `CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW`.
     pub accessPolicyWindow: CUaccessPolicyWindow,
-    /// < Value of launch attribute ::CU_LAUNCH_ATTRIBUTE_COOPERATIVE. Nonzero indicates a cooperative
-    /// kernel (see ::cuLaunchCooperativeKernel).
+    /// Value of launch attribute `CU_LAUNCH_ATTRIBUTE_COOPERATIVE`. Nonzero indicates a cooperative
+    /// kernel (see `cuLaunchCooperativeKernel`).
     pub cooperative: ::std::os::raw::c_int,
-    /// < Value of launch attribute
-    /// ::CU_LAUNCH_ATTRIBUTE_SYNCHRONIZATION_POLICY. ::CUsynchronizationPolicy for
+    /// Value of launch attribute
+    /// `CU_LAUNCH_ATTRIBUTE_SYNCHRONIZATION_POLICY`. `CUsynchronizationPolicy` for
     /// work queued up in this stream
     pub syncPolicy: CUsynchronizationPolicy,
     pub clusterDim: CUlaunchAttributeValue_union__bindgen_ty_1,
-    /// < Value of launch attribute
-    /// ::CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE. Cluster
+    /// Value of launch attribute
+    /// `CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE`. Cluster
     /// scheduling policy preference for the kernel.
     pub clusterSchedulingPolicyPreference: CUclusterSchedulingPolicy,
-    /// < Value of launch attribute
-    /// ::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION.
+    /// Value of launch attribute
+    /// `CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`.
     pub programmaticStreamSerializationAllowed: ::std::os::raw::c_int,
     pub programmaticEvent: CUlaunchAttributeValue_union__bindgen_ty_2,
     pub launchCompletionEvent: CUlaunchAttributeValue_union__bindgen_ty_3,
-    /// < Value of launch attribute ::CU_LAUNCH_ATTRIBUTE_PRIORITY. Execution priority of the kernel.
+    /// Value of launch attribute `CU_LAUNCH_ATTRIBUTE_PRIORITY`. Execution priority of the kernel.
     pub priority: ::std::os::raw::c_int,
-    /// < Value of launch attribute
-    /// ::CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP. See
-    /// ::CUlaunchMemSyncDomainMap.
+    /// Value of launch attribute
+    /// `CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP`. See
+    /// `CUlaunchMemSyncDomainMap`.
     pub memSyncDomainMap: CUlaunchMemSyncDomainMap,
-    /// < Value of launch attribute
-    /// ::CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN. See::CUlaunchMemSyncDomain
+    /// Value of launch attribute
+    /// `CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN`. See::CUlaunchMemSyncDomain
     pub memSyncDomain: CUlaunchMemSyncDomain,
     pub preferredClusterDim: CUlaunchAttributeValue_union__bindgen_ty_4,
     pub deviceUpdatableKernelNode: CUlaunchAttributeValue_union__bindgen_ty_5,
-    /// < Value of launch attribute ::CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT.
+    /// Value of launch attribute `CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT`.
     pub sharedMemCarveout: ::std::os::raw::c_uint,
     pub nvlinkUtilCentricScheduling: ::std::os::raw::c_uint,
 }
-/// Value of launch attribute ::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION that
+/// Value of launch attribute `CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION` that
 /// represents the desired cluster dimensions for the kernel. Opaque type
 /// with the following fields:
-/// - \p x - The X dimension of the cluster, in blocks. Must be a divisor
+/// - `x` - The X dimension of the cluster, in blocks. Must be a divisor
 /// of the grid X dimension.
-/// - \p y - The Y dimension of the cluster, in blocks. Must be a divisor
+/// - `y` - The Y dimension of the cluster, in blocks. Must be a divisor
 /// of the grid Y dimension.
-/// - \p z - The Z dimension of the cluster, in blocks. Must be a divisor
+/// - `z` - The Z dimension of the cluster, in blocks. Must be a divisor
 /// of the grid Z dimension.
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone, Hash, PartialEq, Eq)]
@@ -3310,11 +3316,11 @@ const _: () = {
     ["Offset of field: CUlaunchAttributeValue_union__bindgen_ty_1::z"]
         [::std::mem::offset_of!(CUlaunchAttributeValue_union__bindgen_ty_1, z) - 8usize];
 };
-/// Value of launch attribute ::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT
+/// Value of launch attribute `CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT`
 /// with the following fields:
-/// - \p CUevent event - Event to fire when all blocks trigger it.
-/// - \p Event record flags, see ::cuEventRecordWithFlags. Does not accept :CU_EVENT_RECORD_EXTERNAL.
-/// - \p triggerAtBlockStart - If this is set to non-0, each block launch will automatically trigger the event.
+/// - `CUevent` event - Event to fire when all blocks trigger it.
+/// - `Event` record flags, see `cuEventRecordWithFlags`. Does not accept :CU_EVENT_RECORD_EXTERNAL.
+/// - `triggerAtBlockStart` - If this is set to non-0, each block launch will automatically trigger the event.
 #[repr(C)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUlaunchAttributeValue_union__bindgen_ty_2 {
@@ -3344,10 +3350,10 @@ impl Default for CUlaunchAttributeValue_union__bindgen_ty_2 {
         }
     }
 }
-/// Value of launch attribute ::CU_LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT
+/// Value of launch attribute `CU_LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT`
 /// with the following fields:
-/// - \p CUevent event - Event to fire when the last block launches
-/// - \p int flags; - Event record flags, see ::cuEventRecordWithFlags. Does not accept ::CU_EVENT_RECORD_EXTERNAL.
+/// - `CUevent` event - Event to fire when the last block launches
+/// - `int` flags; - Event record flags, see `cuEventRecordWithFlags`. Does not accept `CU_EVENT_RECORD_EXTERNAL`.
 #[repr(C)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUlaunchAttributeValue_union__bindgen_ty_3 {
@@ -3374,17 +3380,17 @@ impl Default for CUlaunchAttributeValue_union__bindgen_ty_3 {
         }
     }
 }
-/// Value of launch attribute ::CU_LAUNCH_ATTRIBUTE_PREFERRED_CLUSTER_DIMENSION
+/// Value of launch attribute `CU_LAUNCH_ATTRIBUTE_PREFERRED_CLUSTER_DIMENSION`
 /// that represents the desired preferred cluster dimensions for the kernel.
 /// Opaque type with the following fields:
-/// - \p x - The X dimension of the preferred cluster, in blocks. Must
+/// - `x` - The X dimension of the preferred cluster, in blocks. Must
 /// be a divisor of the grid X dimension, and must be a
-/// multiple of the \p x field of ::CUlaunchAttributeValue::clusterDim.
-/// - \p y - The Y dimension of the preferred cluster, in blocks. Must
+/// multiple of the `x` field of `CUlaunchAttributeValue::clusterDim`.
+/// - `y` - The Y dimension of the preferred cluster, in blocks. Must
 /// be a divisor of the grid Y dimension, and must be a
-/// multiple of the \p y field of ::CUlaunchAttributeValue::clusterDim.
-/// - \p z - The Z dimension of the preferred cluster, in blocks. Must be
-/// equal to the \p z field of ::CUlaunchAttributeValue::clusterDim.
+/// multiple of the `y` field of `CUlaunchAttributeValue::clusterDim`.
+/// - `z` - The Z dimension of the preferred cluster, in blocks. Must be
+/// equal to the `z` field of `CUlaunchAttributeValue::clusterDim`.
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUlaunchAttributeValue_union__bindgen_ty_4 {
@@ -3405,10 +3411,10 @@ const _: () = {
     ["Offset of field: CUlaunchAttributeValue_union__bindgen_ty_4::z"]
         [::std::mem::offset_of!(CUlaunchAttributeValue_union__bindgen_ty_4, z) - 8usize];
 };
-/// Value of launch attribute ::CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE.
+/// Value of launch attribute `CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE`.
 /// with the following fields:
-/// - \p int deviceUpdatable - Whether or not the resulting kernel node should be device-updatable.
-/// - \p CUgraphDeviceNode devNode - Returns a handle to pass to the various device-side update functions.
+/// - `int` deviceUpdatable - Whether or not the resulting kernel node should be device-updatable.
+/// - `CUgraphDeviceNode` devNode - Returns a handle to pass to the various device-side update functions.
 #[repr(C)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUlaunchAttributeValue_union__bindgen_ty_5 {
@@ -3481,16 +3487,16 @@ impl Default for CUlaunchAttributeValue_union {
         }
     }
 }
-/// Launch attributes union; used as value field of ::CUlaunchAttribute
+/// Launch attributes union; used as value field of `CUlaunchAttribute`
 pub type CUlaunchAttributeValue = CUlaunchAttributeValue_union;
 /// Launch attribute
 #[repr(C)]
 #[derive(Copy, Clone)]
 pub struct CUlaunchAttribute_st {
-    /// < Attribute to set
+    /// Attribute to set
     pub id: CUlaunchAttributeID,
     pub pad: [::std::os::raw::c_char; 4usize],
-    /// < Value of the attribute
+    /// Value of the attribute
     pub value: CUlaunchAttributeValue,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
@@ -3516,25 +3522,25 @@ pub type CUlaunchAttribute = CUlaunchAttribute_st;
 #[repr(C)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUlaunchConfig_st {
-    /// < Width of grid in blocks
+    /// Width of grid in blocks
     pub gridDimX: ::std::os::raw::c_uint,
-    /// < Height of grid in blocks
+    /// Height of grid in blocks
     pub gridDimY: ::std::os::raw::c_uint,
-    /// < Depth of grid in blocks
+    /// Depth of grid in blocks
     pub gridDimZ: ::std::os::raw::c_uint,
-    /// < X dimension of each thread block
+    /// X dimension of each thread block
     pub blockDimX: ::std::os::raw::c_uint,
-    /// < Y dimension of each thread block
+    /// Y dimension of each thread block
     pub blockDimY: ::std::os::raw::c_uint,
-    /// < Z dimension of each thread block
+    /// Z dimension of each thread block
     pub blockDimZ: ::std::os::raw::c_uint,
-    /// < Dynamic shared-memory size per thread block in bytes
+    /// Dynamic shared-memory size per thread block in bytes
     pub sharedMemBytes: ::std::os::raw::c_uint,
-    /// < Stream identifier
+    /// Stream identifier
     pub hStream: CUstream,
-    /// < List of attributes; nullable if ::CUlaunchConfig::numAttrs == 0
+    /// List of attributes; nullable if `CUlaunchConfig::numAttrs` == 0
     pub attrs: *mut CUlaunchAttribute,
-    /// < Number of attributes populated in ::CUlaunchConfig::attrs
+    /// Number of attributes populated in `CUlaunchConfig::attrs`
     pub numAttrs: ::std::os::raw::c_uint,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
@@ -3564,26 +3570,26 @@ impl Default for CUlaunchConfig_st {
 }
 /// CUDA extensible launch configuration
 pub type CUlaunchConfig = CUlaunchConfig_st;
-/// Launch attributes enum; used as id field of ::CUlaunchAttribute
+/// Launch attributes enum; used as id field of `CUlaunchAttribute`
 pub use self::CUlaunchAttributeID as CUkernelNodeAttrID;
-/// Launch attributes union; used as value field of ::CUlaunchAttribute
+/// Launch attributes union; used as value field of `CUlaunchAttribute`
 pub type CUkernelNodeAttrValue_v1 = CUlaunchAttributeValue;
-/// Launch attributes union; used as value field of ::CUlaunchAttribute
+/// Launch attributes union; used as value field of `CUlaunchAttribute`
 pub type CUkernelNodeAttrValue = CUkernelNodeAttrValue_v1;
 impl CUstreamCaptureStatus_enum {
-    /// < Stream is not capturing
+    /// Stream is not capturing
     pub const CU_STREAM_CAPTURE_STATUS_NONE: CUstreamCaptureStatus_enum = CUstreamCaptureStatus_enum(0);
-    /// < Stream is actively capturing
+    /// Stream is actively capturing
     pub const CU_STREAM_CAPTURE_STATUS_ACTIVE: CUstreamCaptureStatus_enum = CUstreamCaptureStatus_enum(1);
-    /// < Stream is part of a capture sequence that
+    /// Stream is part of a capture sequence that
     /// has been invalidated, but not terminated
     pub const CU_STREAM_CAPTURE_STATUS_INVALIDATED: CUstreamCaptureStatus_enum = CUstreamCaptureStatus_enum(2);
 }
 #[repr(transparent)]
-/// Possible stream capture statuses returned by ::cuStreamIsCapturing
+/// Possible stream capture statuses returned by `cuStreamIsCapturing`
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUstreamCaptureStatus_enum(pub ::std::os::raw::c_uint);
-/// Possible stream capture statuses returned by ::cuStreamIsCapturing
+/// Possible stream capture statuses returned by `cuStreamIsCapturing`
 pub use self::CUstreamCaptureStatus_enum as CUstreamCaptureStatus;
 impl CUstreamCaptureMode_enum {
     pub const CU_STREAM_CAPTURE_MODE_GLOBAL: CUstreamCaptureMode_enum = CUstreamCaptureMode_enum(0);
@@ -3592,51 +3598,51 @@ impl CUstreamCaptureMode_enum {
 }
 #[repr(transparent)]
 /// Possible modes for stream capture thread interactions. For more details see
-/// ::cuStreamBeginCapture and ::cuThreadExchangeStreamCaptureMode
+/// `cuStreamBeginCapture` and `cuThreadExchangeStreamCaptureMode`
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUstreamCaptureMode_enum(pub ::std::os::raw::c_uint);
-/// Launch attributes enum; used as id field of ::CUlaunchAttribute
+/// Launch attributes enum; used as id field of `CUlaunchAttribute`
 pub use self::CUlaunchAttributeID as CUstreamAttrID;
 /// Possible modes for stream capture thread interactions. For more details see
-/// ::cuStreamBeginCapture and ::cuThreadExchangeStreamCaptureMode
+/// `cuStreamBeginCapture` and `cuThreadExchangeStreamCaptureMode`
 pub use self::CUstreamCaptureMode_enum as CUstreamCaptureMode;
-/// Launch attributes union; used as value field of ::CUlaunchAttribute
+/// Launch attributes union; used as value field of `CUlaunchAttribute`
 pub type CUstreamAttrValue_v1 = CUlaunchAttributeValue;
-/// Launch attributes union; used as value field of ::CUlaunchAttribute
+/// Launch attributes union; used as value field of `CUlaunchAttribute`
 pub type CUstreamAttrValue = CUstreamAttrValue_v1;
 impl CUdriverProcAddress_flags_enum {
-    /// < Default search mode for driver symbols.
+    /// Default search mode for driver symbols.
     pub const CU_GET_PROC_ADDRESS_DEFAULT: CUdriverProcAddress_flags_enum = CUdriverProcAddress_flags_enum(0);
-    /// < Search for legacy versions of driver symbols.
+    /// Search for legacy versions of driver symbols.
     pub const CU_GET_PROC_ADDRESS_LEGACY_STREAM: CUdriverProcAddress_flags_enum = CUdriverProcAddress_flags_enum(1);
-    /// < Search for per-thread versions of driver symbols.
+    /// Search for per-thread versions of driver symbols.
     pub const CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM: CUdriverProcAddress_flags_enum =
         CUdriverProcAddress_flags_enum(2);
 }
 #[repr(transparent)]
-/// Flags to specify search options. For more details see ::cuGetProcAddress
+/// Flags to specify search options. For more details see `cuGetProcAddress`
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUdriverProcAddress_flags_enum(pub ::std::os::raw::c_uint);
-/// Flags to specify search options. For more details see ::cuGetProcAddress
+/// Flags to specify search options. For more details see `cuGetProcAddress`
 pub use self::CUdriverProcAddress_flags_enum as CUdriverProcAddress_flags;
 impl CUdriverProcAddressQueryResult_enum {
-    /// < Symbol was succesfully found
+    /// Symbol was succesfully found
     pub const CU_GET_PROC_ADDRESS_SUCCESS: CUdriverProcAddressQueryResult_enum = CUdriverProcAddressQueryResult_enum(0);
-    /// < Symbol was not found in search
+    /// Symbol was not found in search
     pub const CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND: CUdriverProcAddressQueryResult_enum =
         CUdriverProcAddressQueryResult_enum(1);
-    /// < Symbol was found but version supplied was not sufficient
+    /// Symbol was found but version supplied was not sufficient
     pub const CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT: CUdriverProcAddressQueryResult_enum =
         CUdriverProcAddressQueryResult_enum(2);
 }
 #[repr(transparent)]
-/// Flags to indicate search status. For more details see ::cuGetProcAddress
+/// Flags to indicate search status. For more details see `cuGetProcAddress`
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUdriverProcAddressQueryResult_enum(pub ::std::os::raw::c_uint);
-/// Flags to indicate search status. For more details see ::cuGetProcAddress
+/// Flags to indicate search status. For more details see `cuGetProcAddress`
 pub use self::CUdriverProcAddressQueryResult_enum as CUdriverProcAddressQueryResult;
 impl CUexecAffinityType_enum {
-    /// < Create a context with limited SMs.
+    /// Create a context with limited SMs.
     pub const CU_EXEC_AFFINITY_TYPE_SM_COUNT: CUexecAffinityType_enum = CUexecAffinityType_enum(0);
     pub const CU_EXEC_AFFINITY_TYPE_MAX: CUexecAffinityType_enum = CUexecAffinityType_enum(1);
 }
@@ -3646,11 +3652,11 @@ impl CUexecAffinityType_enum {
 pub struct CUexecAffinityType_enum(pub ::std::os::raw::c_uint);
 /// Execution Affinity Types
 pub use self::CUexecAffinityType_enum as CUexecAffinityType;
-/// Value for ::CU_EXEC_AFFINITY_TYPE_SM_COUNT
+/// Value for `CU_EXEC_AFFINITY_TYPE_SM_COUNT`
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUexecAffinitySmCount_st {
-    /// < The number of SMs the context is limited to use.
+    /// The number of SMs the context is limited to use.
     pub val: ::std::os::raw::c_uint,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
@@ -3659,9 +3665,9 @@ const _: () = {
     ["Alignment of CUexecAffinitySmCount_st"][::std::mem::align_of::<CUexecAffinitySmCount_st>() - 4usize];
     ["Offset of field: CUexecAffinitySmCount_st::val"][::std::mem::offset_of!(CUexecAffinitySmCount_st, val) - 0usize];
 };
-/// Value for ::CU_EXEC_AFFINITY_TYPE_SM_COUNT
+/// Value for `CU_EXEC_AFFINITY_TYPE_SM_COUNT`
 pub type CUexecAffinitySmCount_v1 = CUexecAffinitySmCount_st;
-/// Value for ::CU_EXEC_AFFINITY_TYPE_SM_COUNT
+/// Value for `CU_EXEC_AFFINITY_TYPE_SM_COUNT`
 pub type CUexecAffinitySmCount = CUexecAffinitySmCount_v1;
 /// Execution Affinity Parameters
 #[repr(C)]
@@ -3784,28 +3790,28 @@ impl Default for CUctxCreateParams_st {
 pub type CUctxCreateParams = CUctxCreateParams_st;
 impl CUlibraryOption_enum {
     pub const CU_LIBRARY_HOST_UNIVERSAL_FUNCTION_AND_DATA_TABLE: CUlibraryOption_enum = CUlibraryOption_enum(0);
-    /// Specifes that the argument \p code passed to ::cuLibraryLoadData() will be preserved.
-    /// Specifying this option will let the driver know that \p code can be accessed at any point
-    /// until ::cuLibraryUnload(). The default behavior is for the driver to allocate and
-    /// maintain its own copy of \p code. Note that this is only a memory usage optimization
+    /// Specifes that the argument `code` passed to `cuLibraryLoadData()` will be preserved.
+    /// Specifying this option will let the driver know that `code` can be accessed at any point
+    /// until `cuLibraryUnload()`. The default behavior is for the driver to allocate and
+    /// maintain its own copy of `code`. Note that this is only a memory usage optimization
     /// hint and the driver can choose to ignore it if required.
-    /// Specifying this option with ::cuLibraryLoadFromFile() is invalid and
-    /// will return ::CUDA_ERROR_INVALID_VALUE.
+    /// Specifying this option with `cuLibraryLoadFromFile()` is invalid and
+    /// will return `CUDA_ERROR_INVALID_VALUE`.
     pub const CU_LIBRARY_BINARY_IS_PRESERVED: CUlibraryOption_enum = CUlibraryOption_enum(1);
-    /// Specifes that the argument \p code passed to ::cuLibraryLoadData() will be preserved.
-    /// Specifying this option will let the driver know that \p code can be accessed at any point
-    /// until ::cuLibraryUnload(). The default behavior is for the driver to allocate and
-    /// maintain its own copy of \p code. Note that this is only a memory usage optimization
+    /// Specifes that the argument `code` passed to `cuLibraryLoadData()` will be preserved.
+    /// Specifying this option will let the driver know that `code` can be accessed at any point
+    /// until `cuLibraryUnload()`. The default behavior is for the driver to allocate and
+    /// maintain its own copy of `code`. Note that this is only a memory usage optimization
     /// hint and the driver can choose to ignore it if required.
-    /// Specifying this option with ::cuLibraryLoadFromFile() is invalid and
-    /// will return ::CUDA_ERROR_INVALID_VALUE.
+    /// Specifying this option with `cuLibraryLoadFromFile()` is invalid and
+    /// will return `CUDA_ERROR_INVALID_VALUE`.
     pub const CU_LIBRARY_NUM_OPTIONS: CUlibraryOption_enum = CUlibraryOption_enum(2);
 }
 #[repr(transparent)]
-/// Library options to be specified with ::cuLibraryLoadData() or ::cuLibraryLoadFromFile()
+/// Library options to be specified with `cuLibraryLoadData()` or `cuLibraryLoadFromFile()`
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUlibraryOption_enum(pub ::std::os::raw::c_uint);
-/// Library options to be specified with ::cuLibraryLoadData() or ::cuLibraryLoadFromFile()
+/// Library options to be specified with `cuLibraryLoadData()` or `cuLibraryLoadFromFile()`
 pub use self::CUlibraryOption_enum as CUlibraryOption;
 #[repr(C)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
@@ -3843,7 +3849,7 @@ pub type CUlibraryHostUniversalFunctionAndDataTable = CUlibraryHostUniversalFunc
 impl cudaError_enum {
     /// The API call returned with no errors. In the case of query calls, this
     /// also means that the operation being queried is complete (see
-    /// ::cuEventQuery() and ::cuStreamQuery()).
+    /// `cuEventQuery()` and `cuStreamQuery()`).
     pub const CUDA_SUCCESS: cudaError_enum = cudaError_enum(0);
     /// This indicates that one or more of the parameters passed to the API call
     /// is not within an acceptable range of values.
@@ -3852,7 +3858,7 @@ impl cudaError_enum {
     /// other resources to perform the requested operation.
     pub const CUDA_ERROR_OUT_OF_MEMORY: cudaError_enum = cudaError_enum(2);
     /// This indicates that the CUDA driver has not been initialized with
-    /// ::cuInit() or that initialization has failed.
+    /// `cuInit()` or that initialization has failed.
     pub const CUDA_ERROR_NOT_INITIALIZED: cudaError_enum = cudaError_enum(3);
     /// This indicates that the CUDA driver is in the process of shutting down.
     pub const CUDA_ERROR_DEINITIALIZED: cudaError_enum = cudaError_enum(4);
@@ -3860,16 +3866,16 @@ impl cudaError_enum {
     /// happen when the application is running with external profiling tools
     /// like visual profiler.
     pub const CUDA_ERROR_PROFILER_DISABLED: cudaError_enum = cudaError_enum(5);
-    /// \deprecated
+    /// **Deprecated:**
     /// This error return is deprecated as of CUDA 5.0. It is no longer an error
-    /// to attempt to enable/disable the profiling via ::cuProfilerStart or
-    /// ::cuProfilerStop without initialization.
+    /// to attempt to enable/disable the profiling via `cuProfilerStart` or
+    /// `cuProfilerStop` without initialization.
     pub const CUDA_ERROR_PROFILER_NOT_INITIALIZED: cudaError_enum = cudaError_enum(6);
-    /// \deprecated
+    /// **Deprecated:**
     /// This error return is deprecated as of CUDA 5.0. It is no longer an error
     /// to call cuProfilerStart() when profiling is already enabled.
     pub const CUDA_ERROR_PROFILER_ALREADY_STARTED: cudaError_enum = cudaError_enum(7);
-    /// \deprecated
+    /// **Deprecated:**
     /// This error return is deprecated as of CUDA 5.0. It is no longer an error
     /// to call cuProfilerStop() when profiling is already disabled.
     pub const CUDA_ERROR_PROFILER_ALREADY_STOPPED: cudaError_enum = cudaError_enum(8);
@@ -3883,7 +3889,7 @@ impl cudaError_enum {
     pub const CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER: cudaError_enum = cudaError_enum(36);
     /// This indicates that requested CUDA device is unavailable at the current
     /// time. Devices are often unavailable due to use of
-    /// ::CU_COMPUTEMODE_EXCLUSIVE_PROCESS or ::CU_COMPUTEMODE_PROHIBITED.
+    /// `CU_COMPUTEMODE_EXCLUSIVE_PROCESS` or `CU_COMPUTEMODE_PROHIBITED`.
     pub const CUDA_ERROR_DEVICE_UNAVAILABLE: cudaError_enum = cudaError_enum(46);
     /// This indicates that no CUDA-capable devices were detected by the installed
     /// CUDA driver.
@@ -3900,17 +3906,18 @@ impl cudaError_enum {
     /// This most frequently indicates that there is no context bound to the
     /// current thread. This can also be returned if the context passed to an
     /// API call is not a valid handle (such as a context that has had
-    /// ::cuCtxDestroy() invoked on it). This can also be returned if a user
+    /// `cuCtxDestroy()` invoked on it). This can also be returned if a user
     /// mixes different API versions (i.e. 3010 context with 3020 API calls).
-    /// See ::cuCtxGetApiVersion() for more details.
+    /// See `cuCtxGetApiVersion()` for more details.
     /// This can also be returned if the green context passed to an API call
-    /// was not converted to a ::CUcontext using ::cuCtxFromGreenCtx API.
+    /// was not converted to a `CUcontext` using `cuCtxFromGreenCtx` API.
     pub const CUDA_ERROR_INVALID_CONTEXT: cudaError_enum = cudaError_enum(201);
     /// This indicated that the context being supplied as a parameter to the
     /// API call was already the active context.
-    /// \deprecated
+    ///
+    /// **Deprecated:**
     /// This error return is deprecated as of CUDA 3.2. It is no longer an
-    /// error to attempt to push the active context via ::cuCtxPushCurrent().
+    /// error to attempt to push the active context via `cuCtxPushCurrent()`.
     pub const CUDA_ERROR_CONTEXT_ALREADY_CURRENT: cudaError_enum = cudaError_enum(202);
     /// This indicates that a map or register operation has failed.
     pub const CUDA_ERROR_MAP_FAILED: cudaError_enum = cudaError_enum(205);
@@ -3939,10 +3946,10 @@ impl cudaError_enum {
     /// This indicates that an uncorrectable ECC error was detected during
     /// execution.
     pub const CUDA_ERROR_ECC_UNCORRECTABLE: cudaError_enum = cudaError_enum(214);
-    /// This indicates that the ::CUlimit passed to the API call is not
+    /// This indicates that the `CUlimit` passed to the API call is not
     /// supported by the active device.
     pub const CUDA_ERROR_UNSUPPORTED_LIMIT: cudaError_enum = cudaError_enum(215);
-    /// This indicates that the ::CUcontext passed to the API call can
+    /// This indicates that the `CUcontext` passed to the API call can
     /// only be bound to a single CPU thread at a time but is already
     /// bound to a CPU thread.
     pub const CUDA_ERROR_CONTEXT_ALREADY_IN_USE: cudaError_enum = cudaError_enum(216);
@@ -3962,7 +3969,7 @@ impl cudaError_enum {
     pub const CUDA_ERROR_UNSUPPORTED_PTX_VERSION: cudaError_enum = cudaError_enum(222);
     /// This indicates that the PTX JIT compilation was disabled.
     pub const CUDA_ERROR_JIT_COMPILATION_DISABLED: cudaError_enum = cudaError_enum(223);
-    /// This indicates that the ::CUexecAffinityType passed to the API call is not
+    /// This indicates that the `CUexecAffinityType` passed to the API call is not
     /// supported by the active device.
     pub const CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY: cudaError_enum = cudaError_enum(224);
     /// This indicates that the code to be compiled by the PTX JIT contains
@@ -3988,7 +3995,7 @@ impl cudaError_enum {
     /// This indicates that an OS call failed.
     pub const CUDA_ERROR_OPERATING_SYSTEM: cudaError_enum = cudaError_enum(304);
     /// This indicates that a resource handle passed to the API call was not
-    /// valid. Resource handles are opaque types like ::CUstream and ::CUevent.
+    /// valid. Resource handles are opaque types like `CUstream` and `CUevent`.
     pub const CUDA_ERROR_INVALID_HANDLE: cudaError_enum = cudaError_enum(400);
     /// This indicates that a resource required by the API call is not in a
     /// valid state to perform the requested operation.
@@ -4004,8 +4011,8 @@ impl cudaError_enum {
     pub const CUDA_ERROR_NOT_FOUND: cudaError_enum = cudaError_enum(500);
     /// This indicates that asynchronous operations issued previously have not
     /// completed yet. This result is not actually an error, but must be indicated
-    /// differently than ::CUDA_SUCCESS (which indicates completion). Calls that
-    /// may return this value include ::cuEventQuery() and ::cuStreamQuery().
+    /// differently than `CUDA_SUCCESS` (which indicates completion). Calls that
+    /// may return this value include `cuEventQuery()` and `cuStreamQuery()`.
     pub const CUDA_ERROR_NOT_READY: cudaError_enum = cudaError_enum(600);
     /// While executing a kernel, the device encountered a
     /// load or store instruction on an invalid memory address.
@@ -4023,7 +4030,7 @@ impl cudaError_enum {
     pub const CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES: cudaError_enum = cudaError_enum(701);
     /// This indicates that the device kernel took too long to execute. This can
     /// only occur if timeouts are enabled - see the device attribute
-    /// ::CU_DEVICE_ATTRIBUTE_KERNEL_EXEC_TIMEOUT for more information.
+    /// `CU_DEVICE_ATTRIBUTE_KERNEL_EXEC_TIMEOUT` for more information.
     /// This leaves the process in an inconsistent state and any further CUDA work
     /// will return the same error. To continue using CUDA, the process must be terminated
     /// and relaunched.
@@ -4031,19 +4038,19 @@ impl cudaError_enum {
     /// This error indicates a kernel launch that uses an incompatible texturing
     /// mode.
     pub const CUDA_ERROR_LAUNCH_INCOMPATIBLE_TEXTURING: cudaError_enum = cudaError_enum(703);
-    /// This error indicates that a call to ::cuCtxEnablePeerAccess() is
+    /// This error indicates that a call to `cuCtxEnablePeerAccess()` is
     /// trying to re-enable peer access to a context which has already
     /// had peer access to it enabled.
     pub const CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED: cudaError_enum = cudaError_enum(704);
-    /// This error indicates that ::cuCtxDisablePeerAccess() is
+    /// This error indicates that `cuCtxDisablePeerAccess()` is
     /// trying to disable peer access which has not been enabled yet
-    /// via ::cuCtxEnablePeerAccess().
+    /// via `cuCtxEnablePeerAccess()`.
     pub const CUDA_ERROR_PEER_ACCESS_NOT_ENABLED: cudaError_enum = cudaError_enum(705);
     /// This error indicates that the primary context for the specified device
     /// has already been initialized.
     pub const CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE: cudaError_enum = cudaError_enum(708);
     /// This error indicates that the context current to the calling thread
-    /// has been destroyed using ::cuCtxDestroy, or is a primary context which
+    /// has been destroyed using `cuCtxDestroy`, or is a primary context which
     /// has not yet been initialized.
     pub const CUDA_ERROR_CONTEXT_IS_DESTROYED: cudaError_enum = cudaError_enum(709);
     /// A device-side assert triggered during kernel execution. The context
@@ -4053,12 +4060,12 @@ impl cudaError_enum {
     pub const CUDA_ERROR_ASSERT: cudaError_enum = cudaError_enum(710);
     /// This error indicates that the hardware resources required to enable
     /// peer access have been exhausted for one or more of the devices
-    /// passed to ::cuCtxEnablePeerAccess().
+    /// passed to `cuCtxEnablePeerAccess()`.
     pub const CUDA_ERROR_TOO_MANY_PEERS: cudaError_enum = cudaError_enum(711);
-    /// This error indicates that the memory range passed to ::cuMemHostRegister()
+    /// This error indicates that the memory range passed to `cuMemHostRegister()`
     /// has already been registered.
     pub const CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED: cudaError_enum = cudaError_enum(712);
-    /// This error indicates that the pointer passed to ::cuMemHostUnregister()
+    /// This error indicates that the pointer passed to `cuMemHostUnregister()`
     /// does not correspond to any currently registered memory region.
     pub const CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED: cudaError_enum = cudaError_enum(713);
     /// While executing a kernel, the device encountered a stack error.
@@ -4100,10 +4107,10 @@ impl cudaError_enum {
     /// and relaunched.
     pub const CUDA_ERROR_LAUNCH_FAILED: cudaError_enum = cudaError_enum(719);
     /// This error indicates that the number of blocks launched per grid for a kernel that was
-    /// launched via either ::cuLaunchCooperativeKernel or ::cuLaunchCooperativeKernelMultiDevice
-    /// exceeds the maximum number of blocks as allowed by ::cuOccupancyMaxActiveBlocksPerMultiprocessor
-    /// or ::cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags times the number of multiprocessors
-    /// as specified by the device attribute ::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT.
+    /// launched via either `cuLaunchCooperativeKernel` or `cuLaunchCooperativeKernelMultiDevice`
+    /// exceeds the maximum number of blocks as allowed by `cuOccupancyMaxActiveBlocksPerMultiprocessor`
+    /// or `cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags` times the number of multiprocessors
+    /// as specified by the device attribute `CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT`.
     pub const CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE: cudaError_enum = cudaError_enum(720);
     /// An exception occurred on the device while exiting a kernel using tensor memory: the
     /// tensor memory was not completely deallocated. This leaves the process in an inconsistent
@@ -4172,8 +4179,8 @@ impl cudaError_enum {
     /// This error indicates that the operation is not permitted on an event which
     /// was last recorded in a capturing stream.
     pub const CUDA_ERROR_CAPTURED_EVENT: cudaError_enum = cudaError_enum(907);
-    /// A stream capture sequence not initiated with the ::CU_STREAM_CAPTURE_MODE_RELAXED
-    /// argument to ::cuStreamBeginCapture was passed to ::cuStreamEndCapture in a
+    /// A stream capture sequence not initiated with the `CU_STREAM_CAPTURE_MODE_RELAXED`
+    /// argument to `cuStreamBeginCapture` was passed to `cuStreamEndCapture` in a
     /// different thread.
     pub const CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD: cudaError_enum = cudaError_enum(908);
     /// This error indicates that the timeout specified for the wait operation has lapsed.
@@ -4212,20 +4219,20 @@ pub struct cudaError_enum(pub ::std::os::raw::c_uint);
 /// Error codes
 pub use self::cudaError_enum as CUresult;
 impl CUdevice_P2PAttribute_enum {
-    /// < A relative value indicating the performance of the link between two devices
+    /// A relative value indicating the performance of the link between two devices
     pub const CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK: CUdevice_P2PAttribute_enum = CUdevice_P2PAttribute_enum(1);
-    /// < P2P Access is enable
+    /// P2P Access is enable
     pub const CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED: CUdevice_P2PAttribute_enum = CUdevice_P2PAttribute_enum(2);
-    /// < All CUDA-valid atomic operation over the link are supported
+    /// All CUDA-valid atomic operation over the link are supported
     pub const CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED: CUdevice_P2PAttribute_enum =
         CUdevice_P2PAttribute_enum(3);
-    /// < \deprecated use CU_DEVICE_P2P_ATTRIBUTE_CUDA_ARRAY_ACCESS_SUPPORTED instead
+    /// **Deprecated:** use CU_DEVICE_P2P_ATTRIBUTE_CUDA_ARRAY_ACCESS_SUPPORTED instead
     pub const CU_DEVICE_P2P_ATTRIBUTE_ACCESS_ACCESS_SUPPORTED: CUdevice_P2PAttribute_enum =
         CUdevice_P2PAttribute_enum(4);
-    /// < Accessing CUDA arrays over the link supported
+    /// Accessing CUDA arrays over the link supported
     pub const CU_DEVICE_P2P_ATTRIBUTE_CUDA_ARRAY_ACCESS_SUPPORTED: CUdevice_P2PAttribute_enum =
         CUdevice_P2PAttribute_enum(4);
-    /// < Only some CUDA-valid atomic operations over the link are supported.
+    /// Only some CUDA-valid atomic operations over the link are supported.
     pub const CU_DEVICE_P2P_ATTRIBUTE_ONLY_PARTIAL_NATIVE_ATOMIC_SUPPORTED: CUdevice_P2PAttribute_enum =
         CUdevice_P2PAttribute_enum(5);
 }
@@ -4273,52 +4280,61 @@ pub struct CUatomicOperationCapability_enum(pub ::std::os::raw::c_uint);
 /// CUDA-valid Atomic Operation capabilities
 pub use self::CUatomicOperationCapability_enum as CUatomicOperationCapability;
 /// CUDA stream callback
-/// \param hStream The stream the callback was added to, as passed to ::cuStreamAddCallback.  May be NULL.
-/// \param status ::CUDA_SUCCESS or any persistent error on the stream.
-/// \param userData User parameter provided at registration.
+///
+/// # Parameters
+///
+/// - `hStream`: The stream the callback was added to, as passed to `cuStreamAddCallback`.  May be NULL.
+/// - `status`: `CUDA_SUCCESS` or any persistent error on the stream.
+/// - `userData`: User parameter provided at registration.
 pub type CUstreamCallback = ::std::option::Option<
     unsafe extern "C" fn(hStream: CUstream, status: CUresult, userData: *mut ::std::os::raw::c_void),
 >;
 /// Block size to per-block dynamic shared memory mapping for a certain
-/// kernel \param blockSize Block size of the kernel.
+/// kernel
 ///
-/// \return The dynamic shared memory needed by a block.
+/// # Parameters
+///
+/// - `blockSize`: Block size of the kernel.
+///
+/// # Returns
+///
+/// The dynamic shared memory needed by a block.
 pub type CUoccupancyB2DSize = ::std::option::Option<unsafe extern "C" fn(blockSize: ::std::os::raw::c_int) -> usize>;
 /// 2D memory copy parameters
 #[repr(C)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUDA_MEMCPY2D_st {
-    /// < Source X in bytes
+    /// Source X in bytes
     pub srcXInBytes: usize,
-    /// < Source Y
+    /// Source Y
     pub srcY: usize,
-    /// < Source memory type (host, device, array)
+    /// Source memory type (host, device, array)
     pub srcMemoryType: CUmemorytype,
-    /// < Source host pointer
+    /// Source host pointer
     pub srcHost: *const ::std::os::raw::c_void,
-    /// < Source device pointer
+    /// Source device pointer
     pub srcDevice: CUdeviceptr,
-    /// < Source array reference
+    /// Source array reference
     pub srcArray: CUarray,
-    /// < Source pitch (ignored when src is array)
+    /// Source pitch (ignored when src is array)
     pub srcPitch: usize,
-    /// < Destination X in bytes
+    /// Destination X in bytes
     pub dstXInBytes: usize,
-    /// < Destination Y
+    /// Destination Y
     pub dstY: usize,
-    /// < Destination memory type (host, device, array)
+    /// Destination memory type (host, device, array)
     pub dstMemoryType: CUmemorytype,
-    /// < Destination host pointer
+    /// Destination host pointer
     pub dstHost: *mut ::std::os::raw::c_void,
-    /// < Destination device pointer
+    /// Destination device pointer
     pub dstDevice: CUdeviceptr,
-    /// < Destination array reference
+    /// Destination array reference
     pub dstArray: CUarray,
-    /// < Destination pitch (ignored when dst is array)
+    /// Destination pitch (ignored when dst is array)
     pub dstPitch: usize,
-    /// < Width of 2D memory copy in bytes
+    /// Width of 2D memory copy in bytes
     pub WidthInBytes: usize,
-    /// < Height of 2D memory copy
+    /// Height of 2D memory copy
     pub Height: usize,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
@@ -4362,55 +4378,55 @@ pub type CUDA_MEMCPY2D = CUDA_MEMCPY2D_v2;
 #[repr(C)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUDA_MEMCPY3D_st {
-    /// < Source X in bytes
+    /// Source X in bytes
     pub srcXInBytes: usize,
-    /// < Source Y
+    /// Source Y
     pub srcY: usize,
-    /// < Source Z
+    /// Source Z
     pub srcZ: usize,
-    /// < Source LOD
+    /// Source LOD
     pub srcLOD: usize,
-    /// < Source memory type (host, device, array)
+    /// Source memory type (host, device, array)
     pub srcMemoryType: CUmemorytype,
-    /// < Source host pointer
+    /// Source host pointer
     pub srcHost: *const ::std::os::raw::c_void,
-    /// < Source device pointer
+    /// Source device pointer
     pub srcDevice: CUdeviceptr,
-    /// < Source array reference
+    /// Source array reference
     pub srcArray: CUarray,
-    /// < Must be NULL
+    /// Must be NULL
     pub reserved0: *mut ::std::os::raw::c_void,
-    /// < Source pitch (ignored when src is array)
+    /// Source pitch (ignored when src is array)
     pub srcPitch: usize,
-    /// < Source height (ignored when src is array; may be 0 if Depth==1)
+    /// Source height (ignored when src is array; may be 0 if Depth==1)
     pub srcHeight: usize,
-    /// < Destination X in bytes
+    /// Destination X in bytes
     pub dstXInBytes: usize,
-    /// < Destination Y
+    /// Destination Y
     pub dstY: usize,
-    /// < Destination Z
+    /// Destination Z
     pub dstZ: usize,
-    /// < Destination LOD
+    /// Destination LOD
     pub dstLOD: usize,
-    /// < Destination memory type (host, device, array)
+    /// Destination memory type (host, device, array)
     pub dstMemoryType: CUmemorytype,
-    /// < Destination host pointer
+    /// Destination host pointer
     pub dstHost: *mut ::std::os::raw::c_void,
-    /// < Destination device pointer
+    /// Destination device pointer
     pub dstDevice: CUdeviceptr,
-    /// < Destination array reference
+    /// Destination array reference
     pub dstArray: CUarray,
-    /// < Must be NULL
+    /// Must be NULL
     pub reserved1: *mut ::std::os::raw::c_void,
-    /// < Destination pitch (ignored when dst is array)
+    /// Destination pitch (ignored when dst is array)
     pub dstPitch: usize,
-    /// < Destination height (ignored when dst is array; may be 0 if Depth==1)
+    /// Destination height (ignored when dst is array; may be 0 if Depth==1)
     pub dstHeight: usize,
-    /// < Width of 3D memory copy in bytes
+    /// Width of 3D memory copy in bytes
     pub WidthInBytes: usize,
-    /// < Height of 3D memory copy
+    /// Height of 3D memory copy
     pub Height: usize,
-    /// < Depth of 3D memory copy
+    /// Depth of 3D memory copy
     pub Depth: usize,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
@@ -4463,55 +4479,55 @@ pub type CUDA_MEMCPY3D = CUDA_MEMCPY3D_v2;
 #[repr(C)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUDA_MEMCPY3D_PEER_st {
-    /// < Source X in bytes
+    /// Source X in bytes
     pub srcXInBytes: usize,
-    /// < Source Y
+    /// Source Y
     pub srcY: usize,
-    /// < Source Z
+    /// Source Z
     pub srcZ: usize,
-    /// < Source LOD
+    /// Source LOD
     pub srcLOD: usize,
-    /// < Source memory type (host, device, array)
+    /// Source memory type (host, device, array)
     pub srcMemoryType: CUmemorytype,
-    /// < Source host pointer
+    /// Source host pointer
     pub srcHost: *const ::std::os::raw::c_void,
-    /// < Source device pointer
+    /// Source device pointer
     pub srcDevice: CUdeviceptr,
-    /// < Source array reference
+    /// Source array reference
     pub srcArray: CUarray,
-    /// < Source context (ignored with srcMemoryType is ::CU_MEMORYTYPE_ARRAY)
+    /// Source context (ignored with srcMemoryType is `CU_MEMORYTYPE_ARRAY`)
     pub srcContext: CUcontext,
-    /// < Source pitch (ignored when src is array)
+    /// Source pitch (ignored when src is array)
     pub srcPitch: usize,
-    /// < Source height (ignored when src is array; may be 0 if Depth==1)
+    /// Source height (ignored when src is array; may be 0 if Depth==1)
     pub srcHeight: usize,
-    /// < Destination X in bytes
+    /// Destination X in bytes
     pub dstXInBytes: usize,
-    /// < Destination Y
+    /// Destination Y
     pub dstY: usize,
-    /// < Destination Z
+    /// Destination Z
     pub dstZ: usize,
-    /// < Destination LOD
+    /// Destination LOD
     pub dstLOD: usize,
-    /// < Destination memory type (host, device, array)
+    /// Destination memory type (host, device, array)
     pub dstMemoryType: CUmemorytype,
-    /// < Destination host pointer
+    /// Destination host pointer
     pub dstHost: *mut ::std::os::raw::c_void,
-    /// < Destination device pointer
+    /// Destination device pointer
     pub dstDevice: CUdeviceptr,
-    /// < Destination array reference
+    /// Destination array reference
     pub dstArray: CUarray,
-    /// < Destination context (ignored with dstMemoryType is ::CU_MEMORYTYPE_ARRAY)
+    /// Destination context (ignored with dstMemoryType is `CU_MEMORYTYPE_ARRAY`)
     pub dstContext: CUcontext,
-    /// < Destination pitch (ignored when dst is array)
+    /// Destination pitch (ignored when dst is array)
     pub dstPitch: usize,
-    /// < Destination height (ignored when dst is array; may be 0 if Depth==1)
+    /// Destination height (ignored when dst is array; may be 0 if Depth==1)
     pub dstHeight: usize,
-    /// < Width of 3D memory copy in bytes
+    /// Width of 3D memory copy in bytes
     pub WidthInBytes: usize,
-    /// < Height of 3D memory copy
+    /// Height of 3D memory copy
     pub Height: usize,
-    /// < Depth of 3D memory copy
+    /// Depth of 3D memory copy
     pub Depth: usize,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
@@ -4580,13 +4596,13 @@ pub type CUDA_MEMCPY3D_PEER = CUDA_MEMCPY3D_PEER_v1;
 #[repr(C)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUDA_MEMCPY_NODE_PARAMS_st {
-    /// < Must be zero
+    /// Must be zero
     pub flags: ::std::os::raw::c_int,
-    /// < Must be zero
+    /// Must be zero
     pub reserved: ::std::os::raw::c_int,
-    /// < Context on which to run the node
+    /// Context on which to run the node
     pub copyCtx: CUcontext,
-    /// < Parameters for the memory copy
+    /// Parameters for the memory copy
     pub copyParams: CUDA_MEMCPY3D,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
@@ -4617,13 +4633,13 @@ pub type CUDA_MEMCPY_NODE_PARAMS = CUDA_MEMCPY_NODE_PARAMS_st;
 #[repr(C)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUDA_ARRAY_DESCRIPTOR_st {
-    /// < Width of array
+    /// Width of array
     pub Width: usize,
-    /// < Height of array
+    /// Height of array
     pub Height: usize,
-    /// < Array format
+    /// Array format
     pub Format: CUarray_format,
-    /// < Channels per array element
+    /// Channels per array element
     pub NumChannels: ::std::os::raw::c_uint,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
@@ -4656,17 +4672,17 @@ pub type CUDA_ARRAY_DESCRIPTOR = CUDA_ARRAY_DESCRIPTOR_v2;
 #[repr(C)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUDA_ARRAY3D_DESCRIPTOR_st {
-    /// < Width of 3D array
+    /// Width of 3D array
     pub Width: usize,
-    /// < Height of 3D array
+    /// Height of 3D array
     pub Height: usize,
-    /// < Depth of 3D array
+    /// Depth of 3D array
     pub Depth: usize,
-    /// < Array format
+    /// Array format
     pub Format: CUarray_format,
-    /// < Channels per array element
+    /// Channels per array element
     pub NumChannels: ::std::os::raw::c_uint,
-    /// < Flags
+    /// Flags
     pub Flags: ::std::os::raw::c_uint,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
@@ -4708,18 +4724,18 @@ pub struct CUDA_ARRAY_SPARSE_PROPERTIES_st {
     pub miptailFirstLevel: ::std::os::raw::c_uint,
     /// Total size of the mip tail.
     pub miptailSize: ::std::os::raw::c_ulonglong,
-    /// Flags will either be zero or ::CU_ARRAY_SPARSE_PROPERTIES_SINGLE_MIPTAIL
+    /// Flags will either be zero or `CU_ARRAY_SPARSE_PROPERTIES_SINGLE_MIPTAIL`
     pub flags: ::std::os::raw::c_uint,
     pub reserved: [::std::os::raw::c_uint; 4usize],
 }
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUDA_ARRAY_SPARSE_PROPERTIES_st__bindgen_ty_1 {
-    /// < Width of sparse tile in elements
+    /// Width of sparse tile in elements
     pub width: ::std::os::raw::c_uint,
-    /// < Height of sparse tile in elements
+    /// Height of sparse tile in elements
     pub height: ::std::os::raw::c_uint,
-    /// < Depth of sparse tile in elements
+    /// Depth of sparse tile in elements
     pub depth: ::std::os::raw::c_uint,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
@@ -4759,9 +4775,9 @@ pub type CUDA_ARRAY_SPARSE_PROPERTIES = CUDA_ARRAY_SPARSE_PROPERTIES_v1;
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUDA_ARRAY_MEMORY_REQUIREMENTS_st {
-    /// < Total required memory size
+    /// Total required memory size
     pub size: usize,
-    /// < alignment requirement
+    /// alignment requirement
     pub alignment: usize,
     pub reserved: [::std::os::raw::c_uint; 4usize],
 }
@@ -4785,10 +4801,10 @@ pub type CUDA_ARRAY_MEMORY_REQUIREMENTS = CUDA_ARRAY_MEMORY_REQUIREMENTS_v1;
 #[repr(C)]
 #[derive(Copy, Clone)]
 pub struct CUDA_RESOURCE_DESC_st {
-    /// < Resource type
+    /// Resource type
     pub resType: CUresourcetype,
     pub res: CUDA_RESOURCE_DESC_st__bindgen_ty_1,
-    /// < Flags (must be zero)
+    /// Flags (must be zero)
     pub flags: ::std::os::raw::c_uint,
 }
 #[repr(C)]
@@ -4803,7 +4819,7 @@ pub union CUDA_RESOURCE_DESC_st__bindgen_ty_1 {
 #[repr(C)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_1 {
-    /// < CUDA array
+    /// CUDA array
     pub hArray: CUarray,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
@@ -4827,7 +4843,7 @@ impl Default for CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_1 {
 #[repr(C)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_2 {
-    /// < CUDA mipmapped array
+    /// CUDA mipmapped array
     pub hMipmappedArray: CUmipmappedArray,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
@@ -4851,13 +4867,13 @@ impl Default for CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_2 {
 #[repr(C)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_3 {
-    /// < Device pointer
+    /// Device pointer
     pub devPtr: CUdeviceptr,
-    /// < Array format
+    /// Array format
     pub format: CUarray_format,
-    /// < Channels per array element
+    /// Channels per array element
     pub numChannels: ::std::os::raw::c_uint,
-    /// < Size in bytes
+    /// Size in bytes
     pub sizeInBytes: usize,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
@@ -4887,17 +4903,17 @@ impl Default for CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_3 {
 #[repr(C)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_4 {
-    /// < Device pointer
+    /// Device pointer
     pub devPtr: CUdeviceptr,
-    /// < Array format
+    /// Array format
     pub format: CUarray_format,
-    /// < Channels per array element
+    /// Channels per array element
     pub numChannels: ::std::os::raw::c_uint,
-    /// < Width of the array in elements
+    /// Width of the array in elements
     pub width: usize,
-    /// < Height of the array in elements
+    /// Height of the array in elements
     pub height: usize,
-    /// < Pitch between two rows in bytes
+    /// Pitch between two rows in bytes
     pub pitchInBytes: usize,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
@@ -4994,23 +5010,23 @@ pub type CUDA_RESOURCE_DESC = CUDA_RESOURCE_DESC_v1;
 #[repr(C)]
 #[derive(Debug, Copy, Clone, PartialEq)]
 pub struct CUDA_TEXTURE_DESC_st {
-    /// < Address modes
+    /// Address modes
     pub addressMode: [CUaddress_mode; 3usize],
-    /// < Filter mode
+    /// Filter mode
     pub filterMode: CUfilter_mode,
-    /// < Flags
+    /// Flags
     pub flags: ::std::os::raw::c_uint,
-    /// < Maximum anisotropy ratio
+    /// Maximum anisotropy ratio
     pub maxAnisotropy: ::std::os::raw::c_uint,
-    /// < Mipmap filter mode
+    /// Mipmap filter mode
     pub mipmapFilterMode: CUfilter_mode,
-    /// < Mipmap level bias
+    /// Mipmap level bias
     pub mipmapLevelBias: f32,
-    /// < Mipmap minimum level clamp
+    /// Mipmap minimum level clamp
     pub minMipmapLevelClamp: f32,
-    /// < Mipmap maximum level clamp
+    /// Mipmap maximum level clamp
     pub maxMipmapLevelClamp: f32,
-    /// < Border Color
+    /// Border Color
     pub borderColor: [f32; 4usize],
     pub reserved: [::std::os::raw::c_int; 12usize],
 }
@@ -5052,75 +5068,75 @@ pub type CUDA_TEXTURE_DESC_v1 = CUDA_TEXTURE_DESC_st;
 /// Texture descriptor
 pub type CUDA_TEXTURE_DESC = CUDA_TEXTURE_DESC_v1;
 impl CUresourceViewFormat_enum {
-    /// < No resource view format (use underlying resource format)
+    /// No resource view format (use underlying resource format)
     pub const CU_RES_VIEW_FORMAT_NONE: CUresourceViewFormat_enum = CUresourceViewFormat_enum(0);
-    /// < 1 channel unsigned 8-bit integers
+    /// 1 channel unsigned 8-bit integers
     pub const CU_RES_VIEW_FORMAT_UINT_1X8: CUresourceViewFormat_enum = CUresourceViewFormat_enum(1);
-    /// < 2 channel unsigned 8-bit integers
+    /// 2 channel unsigned 8-bit integers
     pub const CU_RES_VIEW_FORMAT_UINT_2X8: CUresourceViewFormat_enum = CUresourceViewFormat_enum(2);
-    /// < 4 channel unsigned 8-bit integers
+    /// 4 channel unsigned 8-bit integers
     pub const CU_RES_VIEW_FORMAT_UINT_4X8: CUresourceViewFormat_enum = CUresourceViewFormat_enum(3);
-    /// < 1 channel signed 8-bit integers
+    /// 1 channel signed 8-bit integers
     pub const CU_RES_VIEW_FORMAT_SINT_1X8: CUresourceViewFormat_enum = CUresourceViewFormat_enum(4);
-    /// < 2 channel signed 8-bit integers
+    /// 2 channel signed 8-bit integers
     pub const CU_RES_VIEW_FORMAT_SINT_2X8: CUresourceViewFormat_enum = CUresourceViewFormat_enum(5);
-    /// < 4 channel signed 8-bit integers
+    /// 4 channel signed 8-bit integers
     pub const CU_RES_VIEW_FORMAT_SINT_4X8: CUresourceViewFormat_enum = CUresourceViewFormat_enum(6);
-    /// < 1 channel unsigned 16-bit integers
+    /// 1 channel unsigned 16-bit integers
     pub const CU_RES_VIEW_FORMAT_UINT_1X16: CUresourceViewFormat_enum = CUresourceViewFormat_enum(7);
-    /// < 2 channel unsigned 16-bit integers
+    /// 2 channel unsigned 16-bit integers
     pub const CU_RES_VIEW_FORMAT_UINT_2X16: CUresourceViewFormat_enum = CUresourceViewFormat_enum(8);
-    /// < 4 channel unsigned 16-bit integers
+    /// 4 channel unsigned 16-bit integers
     pub const CU_RES_VIEW_FORMAT_UINT_4X16: CUresourceViewFormat_enum = CUresourceViewFormat_enum(9);
-    /// < 1 channel signed 16-bit integers
+    /// 1 channel signed 16-bit integers
     pub const CU_RES_VIEW_FORMAT_SINT_1X16: CUresourceViewFormat_enum = CUresourceViewFormat_enum(10);
-    /// < 2 channel signed 16-bit integers
+    /// 2 channel signed 16-bit integers
     pub const CU_RES_VIEW_FORMAT_SINT_2X16: CUresourceViewFormat_enum = CUresourceViewFormat_enum(11);
-    /// < 4 channel signed 16-bit integers
+    /// 4 channel signed 16-bit integers
     pub const CU_RES_VIEW_FORMAT_SINT_4X16: CUresourceViewFormat_enum = CUresourceViewFormat_enum(12);
-    /// < 1 channel unsigned 32-bit integers
+    /// 1 channel unsigned 32-bit integers
     pub const CU_RES_VIEW_FORMAT_UINT_1X32: CUresourceViewFormat_enum = CUresourceViewFormat_enum(13);
-    /// < 2 channel unsigned 32-bit integers
+    /// 2 channel unsigned 32-bit integers
     pub const CU_RES_VIEW_FORMAT_UINT_2X32: CUresourceViewFormat_enum = CUresourceViewFormat_enum(14);
-    /// < 4 channel unsigned 32-bit integers
+    /// 4 channel unsigned 32-bit integers
     pub const CU_RES_VIEW_FORMAT_UINT_4X32: CUresourceViewFormat_enum = CUresourceViewFormat_enum(15);
-    /// < 1 channel signed 32-bit integers
+    /// 1 channel signed 32-bit integers
     pub const CU_RES_VIEW_FORMAT_SINT_1X32: CUresourceViewFormat_enum = CUresourceViewFormat_enum(16);
-    /// < 2 channel signed 32-bit integers
+    /// 2 channel signed 32-bit integers
     pub const CU_RES_VIEW_FORMAT_SINT_2X32: CUresourceViewFormat_enum = CUresourceViewFormat_enum(17);
-    /// < 4 channel signed 32-bit integers
+    /// 4 channel signed 32-bit integers
     pub const CU_RES_VIEW_FORMAT_SINT_4X32: CUresourceViewFormat_enum = CUresourceViewFormat_enum(18);
-    /// < 1 channel 16-bit floating point
+    /// 1 channel 16-bit floating point
     pub const CU_RES_VIEW_FORMAT_FLOAT_1X16: CUresourceViewFormat_enum = CUresourceViewFormat_enum(19);
-    /// < 2 channel 16-bit floating point
+    /// 2 channel 16-bit floating point
     pub const CU_RES_VIEW_FORMAT_FLOAT_2X16: CUresourceViewFormat_enum = CUresourceViewFormat_enum(20);
-    /// < 4 channel 16-bit floating point
+    /// 4 channel 16-bit floating point
     pub const CU_RES_VIEW_FORMAT_FLOAT_4X16: CUresourceViewFormat_enum = CUresourceViewFormat_enum(21);
-    /// < 1 channel 32-bit floating point
+    /// 1 channel 32-bit floating point
     pub const CU_RES_VIEW_FORMAT_FLOAT_1X32: CUresourceViewFormat_enum = CUresourceViewFormat_enum(22);
-    /// < 2 channel 32-bit floating point
+    /// 2 channel 32-bit floating point
     pub const CU_RES_VIEW_FORMAT_FLOAT_2X32: CUresourceViewFormat_enum = CUresourceViewFormat_enum(23);
-    /// < 4 channel 32-bit floating point
+    /// 4 channel 32-bit floating point
     pub const CU_RES_VIEW_FORMAT_FLOAT_4X32: CUresourceViewFormat_enum = CUresourceViewFormat_enum(24);
-    /// < Block compressed 1
+    /// Block compressed 1
     pub const CU_RES_VIEW_FORMAT_UNSIGNED_BC1: CUresourceViewFormat_enum = CUresourceViewFormat_enum(25);
-    /// < Block compressed 2
+    /// Block compressed 2
     pub const CU_RES_VIEW_FORMAT_UNSIGNED_BC2: CUresourceViewFormat_enum = CUresourceViewFormat_enum(26);
-    /// < Block compressed 3
+    /// Block compressed 3
     pub const CU_RES_VIEW_FORMAT_UNSIGNED_BC3: CUresourceViewFormat_enum = CUresourceViewFormat_enum(27);
-    /// < Block compressed 4 unsigned
+    /// Block compressed 4 unsigned
     pub const CU_RES_VIEW_FORMAT_UNSIGNED_BC4: CUresourceViewFormat_enum = CUresourceViewFormat_enum(28);
-    /// < Block compressed 4 signed
+    /// Block compressed 4 signed
     pub const CU_RES_VIEW_FORMAT_SIGNED_BC4: CUresourceViewFormat_enum = CUresourceViewFormat_enum(29);
-    /// < Block compressed 5 unsigned
+    /// Block compressed 5 unsigned
     pub const CU_RES_VIEW_FORMAT_UNSIGNED_BC5: CUresourceViewFormat_enum = CUresourceViewFormat_enum(30);
-    /// < Block compressed 5 signed
+    /// Block compressed 5 signed
     pub const CU_RES_VIEW_FORMAT_SIGNED_BC5: CUresourceViewFormat_enum = CUresourceViewFormat_enum(31);
-    /// < Block compressed 6 unsigned half-float
+    /// Block compressed 6 unsigned half-float
     pub const CU_RES_VIEW_FORMAT_UNSIGNED_BC6H: CUresourceViewFormat_enum = CUresourceViewFormat_enum(32);
-    /// < Block compressed 6 signed half-float
+    /// Block compressed 6 signed half-float
     pub const CU_RES_VIEW_FORMAT_SIGNED_BC6H: CUresourceViewFormat_enum = CUresourceViewFormat_enum(33);
-    /// < Block compressed 7
+    /// Block compressed 7
     pub const CU_RES_VIEW_FORMAT_UNSIGNED_BC7: CUresourceViewFormat_enum = CUresourceViewFormat_enum(34);
 }
 #[repr(transparent)]
@@ -5133,21 +5149,21 @@ pub use self::CUresourceViewFormat_enum as CUresourceViewFormat;
 #[repr(C)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUDA_RESOURCE_VIEW_DESC_st {
-    /// < Resource view format
+    /// Resource view format
     pub format: CUresourceViewFormat,
-    /// < Width of the resource view
+    /// Width of the resource view
     pub width: usize,
-    /// < Height of the resource view
+    /// Height of the resource view
     pub height: usize,
-    /// < Depth of the resource view
+    /// Depth of the resource view
     pub depth: usize,
-    /// < First defined mipmap level
+    /// First defined mipmap level
     pub firstMipmapLevel: ::std::os::raw::c_uint,
-    /// < Last defined mipmap level
+    /// Last defined mipmap level
     pub lastMipmapLevel: ::std::os::raw::c_uint,
-    /// < First layer index
+    /// First layer index
     pub firstLayer: ::std::os::raw::c_uint,
-    /// < Last layer index
+    /// Last layer index
     pub lastLayer: ::std::os::raw::c_uint,
     pub reserved: [::std::os::raw::c_uint; 16usize],
 }
@@ -5317,13 +5333,13 @@ pub type CUDA_POINTER_ATTRIBUTE_P2P_TOKENS_v1 = CUDA_POINTER_ATTRIBUTE_P2P_TOKEN
 /// GPU Direct v3 tokens
 pub type CUDA_POINTER_ATTRIBUTE_P2P_TOKENS = CUDA_POINTER_ATTRIBUTE_P2P_TOKENS_v1;
 impl CUDA_POINTER_ATTRIBUTE_ACCESS_FLAGS_enum {
-    /// < No access, meaning the device cannot access this memory at all, thus must be staged through accessible memory in order to complete certain operations
+    /// No access, meaning the device cannot access this memory at all, thus must be staged through accessible memory in order to complete certain operations
     pub const CU_POINTER_ATTRIBUTE_ACCESS_FLAG_NONE: CUDA_POINTER_ATTRIBUTE_ACCESS_FLAGS_enum =
         CUDA_POINTER_ATTRIBUTE_ACCESS_FLAGS_enum(0);
-    /// < Read-only access, meaning writes to this memory are considered invalid accesses and thus return error in that case.
+    /// Read-only access, meaning writes to this memory are considered invalid accesses and thus return error in that case.
     pub const CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READ: CUDA_POINTER_ATTRIBUTE_ACCESS_FLAGS_enum =
         CUDA_POINTER_ATTRIBUTE_ACCESS_FLAGS_enum(1);
-    /// < Read-write access, the device has full read-write access to the memory
+    /// Read-write access, the device has full read-write access to the memory
     pub const CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE: CUDA_POINTER_ATTRIBUTE_ACCESS_FLAGS_enum =
         CUDA_POINTER_ATTRIBUTE_ACCESS_FLAGS_enum(3);
 }
@@ -5339,25 +5355,25 @@ pub use self::CUDA_POINTER_ATTRIBUTE_ACCESS_FLAGS_enum as CUDA_POINTER_ATTRIBUTE
 #[repr(C)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUDA_LAUNCH_PARAMS_st {
-    /// < Kernel to launch
+    /// Kernel to launch
     pub function: CUfunction,
-    /// < Width of grid in blocks
+    /// Width of grid in blocks
     pub gridDimX: ::std::os::raw::c_uint,
-    /// < Height of grid in blocks
+    /// Height of grid in blocks
     pub gridDimY: ::std::os::raw::c_uint,
-    /// < Depth of grid in blocks
+    /// Depth of grid in blocks
     pub gridDimZ: ::std::os::raw::c_uint,
-    /// < X dimension of each thread block
+    /// X dimension of each thread block
     pub blockDimX: ::std::os::raw::c_uint,
-    /// < Y dimension of each thread block
+    /// Y dimension of each thread block
     pub blockDimY: ::std::os::raw::c_uint,
-    /// < Z dimension of each thread block
+    /// Z dimension of each thread block
     pub blockDimZ: ::std::os::raw::c_uint,
-    /// < Dynamic shared-memory size per thread block in bytes
+    /// Dynamic shared-memory size per thread block in bytes
     pub sharedMemBytes: ::std::os::raw::c_uint,
-    /// < Stream identifier
+    /// Stream identifier
     pub hStream: CUstream,
-    /// < Array of pointers to kernel parameters
+    /// Array of pointers to kernel parameters
     pub kernelParams: *mut *mut ::std::os::raw::c_void,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
@@ -5442,7 +5458,7 @@ pub struct CUDA_EXTERNAL_MEMORY_HANDLE_DESC_st {
     pub handle: CUDA_EXTERNAL_MEMORY_HANDLE_DESC_st__bindgen_ty_1,
     /// Size of the memory allocation
     pub size: ::std::os::raw::c_ulonglong,
-    /// Flags must either be zero or ::CUDA_EXTERNAL_MEMORY_DEDICATED
+    /// Flags must either be zero or `CUDA_EXTERNAL_MEMORY_DEDICATED`
     pub flags: ::std::os::raw::c_uint,
     pub reserved: [::std::os::raw::c_uint; 16usize],
 }
@@ -5451,25 +5467,25 @@ pub struct CUDA_EXTERNAL_MEMORY_HANDLE_DESC_st {
 pub union CUDA_EXTERNAL_MEMORY_HANDLE_DESC_st__bindgen_ty_1 {
     /// File descriptor referencing the memory object. Valid
     /// when type is
-    /// ::CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD
+    /// `CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD`
     pub fd: ::std::os::raw::c_int,
     pub win32: CUDA_EXTERNAL_MEMORY_HANDLE_DESC_st__bindgen_ty_1__bindgen_ty_1,
     /// A handle representing an NvSciBuf Object. Valid when type
-    /// is ::CU_EXTERNAL_MEMORY_HANDLE_TYPE_NVSCIBUF
+    /// is `CU_EXTERNAL_MEMORY_HANDLE_TYPE_NVSCIBUF`
     pub nvSciBufObject: *const ::std::os::raw::c_void,
 }
 /// Win32 handle referencing the semaphore object. Valid when
 /// type is one of the following:
-/// - ::CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_WIN32
-/// - ::CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_WIN32_KMT
-/// - ::CU_EXTERNAL_MEMORY_HANDLE_TYPE_D3D12_HEAP
-/// - ::CU_EXTERNAL_MEMORY_HANDLE_TYPE_D3D12_RESOURCE
-/// - ::CU_EXTERNAL_MEMORY_HANDLE_TYPE_D3D11_RESOURCE
-/// - ::CU_EXTERNAL_MEMORY_HANDLE_TYPE_D3D11_RESOURCE_KMT
+/// - `CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_WIN32`
+/// - `CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_WIN32_KMT`
+/// - `CU_EXTERNAL_MEMORY_HANDLE_TYPE_D3D12_HEAP`
+/// - `CU_EXTERNAL_MEMORY_HANDLE_TYPE_D3D12_RESOURCE`
+/// - `CU_EXTERNAL_MEMORY_HANDLE_TYPE_D3D11_RESOURCE`
+/// - `CU_EXTERNAL_MEMORY_HANDLE_TYPE_D3D11_RESOURCE_KMT`
 /// Exactly one of 'handle' and 'name' must be non-NULL. If
 /// type is one of the following:
-/// ::CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_WIN32_KMT
-/// ::CU_EXTERNAL_MEMORY_HANDLE_TYPE_D3D11_RESOURCE_KMT
+/// `CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_WIN32_KMT`
+/// `CU_EXTERNAL_MEMORY_HANDLE_TYPE_D3D11_RESOURCE_KMT`
 /// then 'name' must be NULL.
 #[repr(C)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
@@ -5678,8 +5694,8 @@ pub struct CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC_st {
 pub union CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC_st__bindgen_ty_1 {
     /// File descriptor referencing the semaphore object. Valid
     /// when type is one of the following:
-    /// - ::CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_OPAQUE_FD
-    /// - ::CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_TIMELINE_SEMAPHORE_FD
+    /// - `CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_OPAQUE_FD`
+    /// - `CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_TIMELINE_SEMAPHORE_FD`
     pub fd: ::std::os::raw::c_int,
     pub win32: CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC_st__bindgen_ty_1__bindgen_ty_1,
     /// Valid NvSciSyncObj. Must be non NULL
@@ -5687,16 +5703,16 @@ pub union CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC_st__bindgen_ty_1 {
 }
 /// Win32 handle referencing the semaphore object. Valid when
 /// type is one of the following:
-/// - ::CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_OPAQUE_WIN32
-/// - ::CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_OPAQUE_WIN32_KMT
-/// - ::CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_D3D12_FENCE
-/// - ::CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_D3D11_FENCE
-/// - ::CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_D3D11_KEYED_MUTEX
-/// - ::CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_TIMELINE_SEMAPHORE_WIN32
+/// - `CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_OPAQUE_WIN32`
+/// - `CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_OPAQUE_WIN32_KMT`
+/// - `CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_D3D12_FENCE`
+/// - `CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_D3D11_FENCE`
+/// - `CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_D3D11_KEYED_MUTEX`
+/// - `CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_TIMELINE_SEMAPHORE_WIN32`
 /// Exactly one of 'handle' and 'name' must be non-NULL. If
 /// type is one of the following:
-/// - ::CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_OPAQUE_WIN32_KMT
-/// - ::CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_D3D11_KEYED_MUTEX_KMT
+/// - `CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_OPAQUE_WIN32_KMT`
+/// - `CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_D3D11_KEYED_MUTEX_KMT`
 /// then 'name' must be NULL.
 #[repr(C)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
@@ -5782,14 +5798,14 @@ pub type CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC = CUDA_EXTERNAL_SEMAPHORE_HANDLE_DE
 #[derive(Copy, Clone)]
 pub struct CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_st {
     pub params: CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_st__bindgen_ty_1,
-    /// Only when ::CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS is used to
-    /// signal a ::CUexternalSemaphore of type
-    /// ::CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_NVSCISYNC, the valid flag is
-    /// ::CUDA_EXTERNAL_SEMAPHORE_SIGNAL_SKIP_NVSCIBUF_MEMSYNC which indicates
-    /// that while signaling the ::CUexternalSemaphore, no memory synchronization
+    /// Only when `CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS` is used to
+    /// signal a `CUexternalSemaphore` of type
+    /// `CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_NVSCISYNC`, the valid flag is
+    /// `CUDA_EXTERNAL_SEMAPHORE_SIGNAL_SKIP_NVSCIBUF_MEMSYNC` which indicates
+    /// that while signaling the `CUexternalSemaphore`, no memory synchronization
     /// operations should be performed for any external memory object imported
-    /// as ::CU_EXTERNAL_MEMORY_HANDLE_TYPE_NVSCIBUF.
-    /// For all other types of ::CUexternalSemaphore, flags must be zero.
+    /// as `CU_EXTERNAL_MEMORY_HANDLE_TYPE_NVSCIBUF`.
+    /// For all other types of `CUexternalSemaphore`, flags must be zero.
     pub flags: ::std::os::raw::c_uint,
     pub reserved: [::std::os::raw::c_uint; 16usize],
 }
@@ -5820,8 +5836,8 @@ const _: () = {
 #[repr(C)]
 #[derive(Copy, Clone)]
 pub union CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS_st__bindgen_ty_1__bindgen_ty_2 {
-    /// Pointer to NvSciSyncFence. Valid if ::CUexternalSemaphoreHandleType
-    /// is of type ::CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_NVSCISYNC.
+    /// Pointer to NvSciSyncFence. Valid if `CUexternalSemaphoreHandleType`
+    /// is of type `CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_NVSCISYNC`.
     pub fence: *mut ::std::os::raw::c_void,
     pub reserved: ::std::os::raw::c_ulonglong,
 }
@@ -5918,13 +5934,13 @@ pub type CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS = CUDA_EXTERNAL_SEMAPHORE_SIGNAL_
 #[derive(Copy, Clone)]
 pub struct CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st {
     pub params: CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS_st__bindgen_ty_1,
-    /// Only when ::CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS is used to wait on
-    /// a ::CUexternalSemaphore of type ::CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_NVSCISYNC,
-    /// the valid flag is ::CUDA_EXTERNAL_SEMAPHORE_WAIT_SKIP_NVSCIBUF_MEMSYNC
-    /// which indicates that while waiting for the ::CUexternalSemaphore, no memory
+    /// Only when `CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS` is used to wait on
+    /// a `CUexternalSemaphore` of type `CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_NVSCISYNC`,
+    /// the valid flag is `CUDA_EXTERNAL_SEMAPHORE_WAIT_SKIP_NVSCIBUF_MEMSYNC`
+    /// which indicates that while waiting for the `CUexternalSemaphore`, no memory
     /// synchronization operations should be performed for any external memory
-    /// object imported as ::CU_EXTERNAL_MEMORY_HANDLE_TYPE_NVSCIBUF.
-    /// For all other types of ::CUexternalSemaphore, flags must be zero.
+    /// object imported as `CU_EXTERNAL_MEMORY_HANDLE_TYPE_NVSCIBUF`.
+    /// For all other types of `CUexternalSemaphore`, flags must be zero.
     pub flags: ::std::os::raw::c_uint,
     pub reserved: [::std::os::raw::c_uint; 16usize],
 }
@@ -6056,11 +6072,11 @@ pub type CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS = CUDA_EXTERNAL_SEMAPHORE_WAIT_PARA
 #[repr(C)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUDA_EXT_SEM_SIGNAL_NODE_PARAMS_st {
-    /// < Array of external semaphore handles.
+    /// Array of external semaphore handles.
     pub extSemArray: *mut CUexternalSemaphore,
-    /// < Array of external semaphore signal parameters.
+    /// Array of external semaphore signal parameters.
     pub paramsArray: *const CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS,
-    /// < Number of handles and parameters supplied in extSemArray and paramsArray.
+    /// Number of handles and parameters supplied in extSemArray and paramsArray.
     pub numExtSems: ::std::os::raw::c_uint,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
@@ -6093,11 +6109,11 @@ pub type CUDA_EXT_SEM_SIGNAL_NODE_PARAMS = CUDA_EXT_SEM_SIGNAL_NODE_PARAMS_v1;
 #[repr(C)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUDA_EXT_SEM_SIGNAL_NODE_PARAMS_v2_st {
-    /// < Array of external semaphore handles.
+    /// Array of external semaphore handles.
     pub extSemArray: *mut CUexternalSemaphore,
-    /// < Array of external semaphore signal parameters.
+    /// Array of external semaphore signal parameters.
     pub paramsArray: *const CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS,
-    /// < Number of handles and parameters supplied in extSemArray and paramsArray.
+    /// Number of handles and parameters supplied in extSemArray and paramsArray.
     pub numExtSems: ::std::os::raw::c_uint,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
@@ -6128,11 +6144,11 @@ pub type CUDA_EXT_SEM_SIGNAL_NODE_PARAMS_v2 = CUDA_EXT_SEM_SIGNAL_NODE_PARAMS_v2
 #[repr(C)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUDA_EXT_SEM_WAIT_NODE_PARAMS_st {
-    /// < Array of external semaphore handles.
+    /// Array of external semaphore handles.
     pub extSemArray: *mut CUexternalSemaphore,
-    /// < Array of external semaphore wait parameters.
+    /// Array of external semaphore wait parameters.
     pub paramsArray: *const CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS,
-    /// < Number of handles and parameters supplied in extSemArray and paramsArray.
+    /// Number of handles and parameters supplied in extSemArray and paramsArray.
     pub numExtSems: ::std::os::raw::c_uint,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
@@ -6164,11 +6180,11 @@ pub type CUDA_EXT_SEM_WAIT_NODE_PARAMS = CUDA_EXT_SEM_WAIT_NODE_PARAMS_v1;
 #[repr(C)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUDA_EXT_SEM_WAIT_NODE_PARAMS_v2_st {
-    /// < Array of external semaphore handles.
+    /// Array of external semaphore handles.
     pub extSemArray: *mut CUexternalSemaphore,
-    /// < Array of external semaphore wait parameters.
+    /// Array of external semaphore wait parameters.
     pub paramsArray: *const CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS,
-    /// < Number of handles and parameters supplied in extSemArray and paramsArray.
+    /// Number of handles and parameters supplied in extSemArray and paramsArray.
     pub numExtSems: ::std::os::raw::c_uint,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
@@ -6198,16 +6214,16 @@ pub type CUDA_EXT_SEM_WAIT_NODE_PARAMS_v2 = CUDA_EXT_SEM_WAIT_NODE_PARAMS_v2_st;
 pub type CUmemGenericAllocationHandle_v1 = ::std::os::raw::c_ulonglong;
 pub type CUmemGenericAllocationHandle = CUmemGenericAllocationHandle_v1;
 impl CUmemAllocationHandleType_enum {
-    /// < Does not allow any export mechanism. >
+    /// Does not allow any export mechanism. >
     pub const CU_MEM_HANDLE_TYPE_NONE: CUmemAllocationHandleType_enum = CUmemAllocationHandleType_enum(0);
-    /// < Allows a file descriptor to be used for exporting. Permitted only on POSIX systems. (int)
+    /// Allows a file descriptor to be used for exporting. Permitted only on POSIX systems. (int)
     pub const CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: CUmemAllocationHandleType_enum =
         CUmemAllocationHandleType_enum(1);
-    /// < Allows a Win32 NT handle to be used for exporting. (HANDLE)
+    /// Allows a Win32 NT handle to be used for exporting. (HANDLE)
     pub const CU_MEM_HANDLE_TYPE_WIN32: CUmemAllocationHandleType_enum = CUmemAllocationHandleType_enum(2);
-    /// < Allows a Win32 KMT handle to be used for exporting. (D3DKMT_HANDLE)
+    /// Allows a Win32 KMT handle to be used for exporting. (D3DKMT_HANDLE)
     pub const CU_MEM_HANDLE_TYPE_WIN32_KMT: CUmemAllocationHandleType_enum = CUmemAllocationHandleType_enum(4);
-    /// < Allows a fabric handle to be used for exporting. (CUmemFabricHandle)
+    /// Allows a fabric handle to be used for exporting. (CUmemFabricHandle)
     pub const CU_MEM_HANDLE_TYPE_FABRIC: CUmemAllocationHandleType_enum = CUmemAllocationHandleType_enum(8);
     pub const CU_MEM_HANDLE_TYPE_MAX: CUmemAllocationHandleType_enum = CUmemAllocationHandleType_enum(2147483647);
 }
@@ -6244,11 +6260,11 @@ pub struct CUmemAllocationHandleType_enum(pub ::std::os::raw::c_uint);
 /// Flags for specifying particular handle types
 pub use self::CUmemAllocationHandleType_enum as CUmemAllocationHandleType;
 impl CUmemAccess_flags_enum {
-    /// < Default, make the address range not accessible
+    /// Default, make the address range not accessible
     pub const CU_MEM_ACCESS_FLAGS_PROT_NONE: CUmemAccess_flags_enum = CUmemAccess_flags_enum(0);
-    /// < Make the address range read accessible
+    /// Make the address range read accessible
     pub const CU_MEM_ACCESS_FLAGS_PROT_READ: CUmemAccess_flags_enum = CUmemAccess_flags_enum(1);
-    /// < Make the address range read-write accessible
+    /// Make the address range read-write accessible
     pub const CU_MEM_ACCESS_FLAGS_PROT_READWRITE: CUmemAccess_flags_enum = CUmemAccess_flags_enum(3);
     pub const CU_MEM_ACCESS_FLAGS_PROT_MAX: CUmemAccess_flags_enum = CUmemAccess_flags_enum(2147483647);
 }
@@ -6260,15 +6276,15 @@ pub struct CUmemAccess_flags_enum(pub ::std::os::raw::c_uint);
 pub use self::CUmemAccess_flags_enum as CUmemAccess_flags;
 impl CUmemLocationType_enum {
     pub const CU_MEM_LOCATION_TYPE_INVALID: CUmemLocationType_enum = CUmemLocationType_enum(0);
-    /// < Location is unspecified. This is used when creating a managed memory pool to indicate no preferred location for the pool
+    /// Location is unspecified. This is used when creating a managed memory pool to indicate no preferred location for the pool
     pub const CU_MEM_LOCATION_TYPE_NONE: CUmemLocationType_enum = CUmemLocationType_enum(0);
-    /// < Location is a device location, thus id is a device ordinal
+    /// Location is a device location, thus id is a device ordinal
     pub const CU_MEM_LOCATION_TYPE_DEVICE: CUmemLocationType_enum = CUmemLocationType_enum(1);
-    /// < Location is host, id is ignored
+    /// Location is host, id is ignored
     pub const CU_MEM_LOCATION_TYPE_HOST: CUmemLocationType_enum = CUmemLocationType_enum(2);
-    /// < Location is a host NUMA node, thus id is a host NUMA node id
+    /// Location is a host NUMA node, thus id is a host NUMA node id
     pub const CU_MEM_LOCATION_TYPE_HOST_NUMA: CUmemLocationType_enum = CUmemLocationType_enum(3);
-    /// < Location is a host NUMA node of the current thread, id is ignored
+    /// Location is a host NUMA node of the current thread, id is ignored
     pub const CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT: CUmemLocationType_enum = CUmemLocationType_enum(4);
     pub const CU_MEM_LOCATION_TYPE_MAX: CUmemLocationType_enum = CUmemLocationType_enum(2147483647);
 }
@@ -6295,10 +6311,10 @@ pub struct CUmemAllocationType_enum(pub ::std::os::raw::c_uint);
 /// Defines the allocation types available
 pub use self::CUmemAllocationType_enum as CUmemAllocationType;
 impl CUmemAllocationGranularity_flags_enum {
-    /// < Minimum required granularity for allocation
+    /// Minimum required granularity for allocation
     pub const CU_MEM_ALLOC_GRANULARITY_MINIMUM: CUmemAllocationGranularity_flags_enum =
         CUmemAllocationGranularity_flags_enum(0);
-    /// < Recommended granularity for allocation for best performance
+    /// Recommended granularity for allocation for best performance
     pub const CU_MEM_ALLOC_GRANULARITY_RECOMMENDED: CUmemAllocationGranularity_flags_enum =
         CUmemAllocationGranularity_flags_enum(1);
 }
@@ -6319,7 +6335,7 @@ pub struct CUmemRangeHandleType_enum(pub ::std::os::raw::c_uint);
 /// Specifies the handle type for address range
 pub use self::CUmemRangeHandleType_enum as CUmemRangeHandleType;
 impl CUmemRangeFlags_enum {
-    /// < Indicates that DMA_BUF handle should be mapped via PCIe BAR1
+    /// Indicates that DMA_BUF handle should be mapped via PCIe BAR1
     pub const CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE: CUmemRangeFlags_enum = CUmemRangeFlags_enum(1);
 }
 #[repr(transparent)]
@@ -6363,24 +6379,24 @@ pub use self::CUmemHandleType_enum as CUmemHandleType;
 #[repr(C)]
 #[derive(Copy, Clone)]
 pub struct CUarrayMapInfo_st {
-    /// < Resource type
+    /// Resource type
     pub resourceType: CUresourcetype,
     pub resource: CUarrayMapInfo_st__bindgen_ty_1,
-    /// < Sparse subresource type
+    /// Sparse subresource type
     pub subresourceType: CUarraySparseSubresourceType,
     pub subresource: CUarrayMapInfo_st__bindgen_ty_2,
-    /// < Memory operation type
+    /// Memory operation type
     pub memOperationType: CUmemOperationType,
-    /// < Memory handle type
+    /// Memory handle type
     pub memHandleType: CUmemHandleType,
     pub memHandle: CUarrayMapInfo_st__bindgen_ty_3,
-    /// < Offset within the memory
+    /// Offset within the memory
     pub offset: ::std::os::raw::c_ulonglong,
-    /// < Device ordinal bit mask
+    /// Device ordinal bit mask
     pub deviceBitMask: ::std::os::raw::c_uint,
-    /// < flags for future use, must be zero now.
+    /// flags for future use, must be zero now.
     pub flags: ::std::os::raw::c_uint,
-    /// < Reserved for future use, must be zero now.
+    /// Reserved for future use, must be zero now.
     pub reserved: [::std::os::raw::c_uint; 2usize],
 }
 #[repr(C)]
@@ -6417,21 +6433,21 @@ pub union CUarrayMapInfo_st__bindgen_ty_2 {
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUarrayMapInfo_st__bindgen_ty_2__bindgen_ty_1 {
-    /// < For CUDA mipmapped arrays must a valid mipmap level. For CUDA arrays must be zero
+    /// For CUDA mipmapped arrays must a valid mipmap level. For CUDA arrays must be zero
     pub level: ::std::os::raw::c_uint,
-    /// < For CUDA layered arrays must be a valid layer index. Otherwise, must be zero
+    /// For CUDA layered arrays must be a valid layer index. Otherwise, must be zero
     pub layer: ::std::os::raw::c_uint,
-    /// < Starting X offset in elements
+    /// Starting X offset in elements
     pub offsetX: ::std::os::raw::c_uint,
-    /// < Starting Y offset in elements
+    /// Starting Y offset in elements
     pub offsetY: ::std::os::raw::c_uint,
-    /// < Starting Z offset in elements
+    /// Starting Z offset in elements
     pub offsetZ: ::std::os::raw::c_uint,
-    /// < Width in elements
+    /// Width in elements
     pub extentWidth: ::std::os::raw::c_uint,
-    /// < Height in elements
+    /// Height in elements
     pub extentHeight: ::std::os::raw::c_uint,
-    /// < Depth in elements
+    /// Depth in elements
     pub extentDepth: ::std::os::raw::c_uint,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
@@ -6460,11 +6476,11 @@ const _: () = {
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUarrayMapInfo_st__bindgen_ty_2__bindgen_ty_2 {
-    /// < For CUDA layered arrays must be a valid layer index. Otherwise, must be zero
+    /// For CUDA layered arrays must be a valid layer index. Otherwise, must be zero
     pub layer: ::std::os::raw::c_uint,
-    /// < Offset within mip tail
+    /// Offset within mip tail
     pub offset: ::std::os::raw::c_ulonglong,
-    /// < Extent in bytes
+    /// Extent in bytes
     pub size: ::std::os::raw::c_ulonglong,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
@@ -6560,9 +6576,9 @@ pub type CUarrayMapInfo = CUarrayMapInfo_v1;
 #[repr(C)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUmemLocation_st {
-    /// < Specifies the location type, which modifies the meaning of id.
+    /// Specifies the location type, which modifies the meaning of id.
     pub type_: CUmemLocationType,
-    /// < identifier for a given this location's ::CUmemLocationType.
+    /// identifier for a given this location's `CUmemLocationType`.
     pub id: ::std::os::raw::c_int,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
@@ -6586,9 +6602,9 @@ pub type CUmemLocation_v1 = CUmemLocation_st;
 /// Specifies a memory location.
 pub type CUmemLocation = CUmemLocation_v1;
 impl CUmemAllocationCompType_enum {
-    /// < Allocating non-compressible memory
+    /// Allocating non-compressible memory
     pub const CU_MEM_ALLOCATION_COMP_NONE: CUmemAllocationCompType_enum = CUmemAllocationCompType_enum(0);
-    /// < Allocating  compressible memory
+    /// Allocating  compressible memory
     pub const CU_MEM_ALLOCATION_COMP_GENERIC: CUmemAllocationCompType_enum = CUmemAllocationCompType_enum(1);
 }
 #[repr(transparent)]
@@ -6603,12 +6619,12 @@ pub use self::CUmemAllocationCompType_enum as CUmemAllocationCompType;
 pub struct CUmemAllocationProp_st {
     /// Allocation type
     pub type_: CUmemAllocationType,
-    /// requested ::CUmemAllocationHandleType
+    /// requested `CUmemAllocationHandleType`
     pub requestedHandleTypes: CUmemAllocationHandleType,
     /// Location of allocation
     pub location: CUmemLocation,
     /// Windows-specific POBJECT_ATTRIBUTES required when
-    /// ::CU_MEM_HANDLE_TYPE_WIN32 is specified.  This object attributes structure
+    /// `CU_MEM_HANDLE_TYPE_WIN32` is specified.  This object attributes structure
     /// includes security attributes that define
     /// the scope of which exported allocations may be transferred to other
     /// processes.  In all other cases, this field is required to be zero.
@@ -6623,7 +6639,7 @@ pub struct CUmemAllocationProp_st__bindgen_ty_1 {
     /// memory can be used to accelerate accesses to data with unstructured
     /// sparsity and other compressible data patterns. Applications are
     /// expected to query allocation property of the handle obtained with
-    /// ::cuMemCreate using ::cuMemGetAllocationPropertiesFromHandle to
+    /// `cuMemCreate` using `cuMemGetAllocationPropertiesFromHandle` to
     /// validate if the obtained allocation is compressible or not. Note that
     /// compressed memory may not be mappable on all devices.
     pub compressionType: ::std::os::raw::c_uchar,
@@ -6675,10 +6691,10 @@ pub type CUmemAllocationProp_v1 = CUmemAllocationProp_st;
 /// Specifies the allocation properties for a allocation.
 pub type CUmemAllocationProp = CUmemAllocationProp_v1;
 impl CUmulticastGranularity_flags_enum {
-    /// < Minimum required granularity
+    /// Minimum required granularity
     pub const CU_MULTICAST_GRANULARITY_MINIMUM: CUmulticastGranularity_flags_enum =
         CUmulticastGranularity_flags_enum(0);
-    /// < Recommended granularity for best performance
+    /// Recommended granularity for best performance
     pub const CU_MULTICAST_GRANULARITY_RECOMMENDED: CUmulticastGranularity_flags_enum =
         CUmulticastGranularity_flags_enum(1);
 }
@@ -6698,7 +6714,7 @@ pub struct CUmulticastObjectProp_st {
     /// The maximum amount of memory that can be bound to this multicast object
     /// per device
     pub size: usize,
-    /// Bitmask of exportable handle types (see ::CUmemAllocationHandleType) for
+    /// Bitmask of exportable handle types (see `CUmemAllocationHandleType`) for
     /// this object
     pub handleTypes: ::std::os::raw::c_ulonglong,
     /// Flags for future use, must be zero now
@@ -6725,9 +6741,9 @@ pub type CUmulticastObjectProp = CUmulticastObjectProp_v1;
 #[repr(C)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUmemAccessDesc_st {
-    /// < Location on which the request is to change it's accessibility
+    /// Location on which the request is to change it's accessibility
     pub location: CUmemLocation,
-    /// < ::CUmemProt accessibility flags to set on the request
+    /// `CUmemProt` accessibility flags to set on the request
     pub flags: CUmemAccess_flags,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
@@ -6751,28 +6767,28 @@ pub type CUmemAccessDesc_v1 = CUmemAccessDesc_st;
 /// Memory access descriptor
 pub type CUmemAccessDesc = CUmemAccessDesc_v1;
 impl CUgraphExecUpdateResult_enum {
-    /// < The update succeeded
+    /// The update succeeded
     pub const CU_GRAPH_EXEC_UPDATE_SUCCESS: CUgraphExecUpdateResult_enum = CUgraphExecUpdateResult_enum(0);
-    /// < The update failed for an unexpected reason which is described in the return value of the function
+    /// The update failed for an unexpected reason which is described in the return value of the function
     pub const CU_GRAPH_EXEC_UPDATE_ERROR: CUgraphExecUpdateResult_enum = CUgraphExecUpdateResult_enum(1);
-    /// < The update failed because the topology changed
+    /// The update failed because the topology changed
     pub const CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED: CUgraphExecUpdateResult_enum =
         CUgraphExecUpdateResult_enum(2);
-    /// < The update failed because a node type changed
+    /// The update failed because a node type changed
     pub const CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED: CUgraphExecUpdateResult_enum =
         CUgraphExecUpdateResult_enum(3);
-    /// < The update failed because the function of a kernel node changed (CUDA driver < 11.2)
+    /// The update failed because the function of a kernel node changed (CUDA driver &lt; 11.2)
     pub const CU_GRAPH_EXEC_UPDATE_ERROR_FUNCTION_CHANGED: CUgraphExecUpdateResult_enum =
         CUgraphExecUpdateResult_enum(4);
-    /// < The update failed because the parameters changed in a way that is not supported
+    /// The update failed because the parameters changed in a way that is not supported
     pub const CU_GRAPH_EXEC_UPDATE_ERROR_PARAMETERS_CHANGED: CUgraphExecUpdateResult_enum =
         CUgraphExecUpdateResult_enum(5);
-    /// < The update failed because something about the node is not supported
+    /// The update failed because something about the node is not supported
     pub const CU_GRAPH_EXEC_UPDATE_ERROR_NOT_SUPPORTED: CUgraphExecUpdateResult_enum = CUgraphExecUpdateResult_enum(6);
-    /// < The update failed because the function of a kernel node changed in an unsupported way
+    /// The update failed because the function of a kernel node changed in an unsupported way
     pub const CU_GRAPH_EXEC_UPDATE_ERROR_UNSUPPORTED_FUNCTION_CHANGE: CUgraphExecUpdateResult_enum =
         CUgraphExecUpdateResult_enum(7);
-    /// < The update failed because the node attributes changed in a way that is not supported
+    /// The update failed because the node attributes changed in a way that is not supported
     pub const CU_GRAPH_EXEC_UPDATE_ERROR_ATTRIBUTES_CHANGED: CUgraphExecUpdateResult_enum =
         CUgraphExecUpdateResult_enum(8);
 }
@@ -6868,22 +6884,22 @@ pub use self::CUmemPool_attribute_enum as CUmemPool_attribute;
 #[repr(C)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUmemPoolProps_st {
-    /// < Allocation type. Currently must be specified as CU_MEM_ALLOCATION_TYPE_PINNED
+    /// Allocation type. Currently must be specified as CU_MEM_ALLOCATION_TYPE_PINNED
     pub allocType: CUmemAllocationType,
-    /// < Handle types that will be supported by allocations from the pool.
+    /// Handle types that will be supported by allocations from the pool.
     pub handleTypes: CUmemAllocationHandleType,
-    /// < Location where allocations should reside.
+    /// Location where allocations should reside.
     pub location: CUmemLocation,
     /// Windows-specific LPSECURITYATTRIBUTES required when
-    /// ::CU_MEM_HANDLE_TYPE_WIN32 is specified.  This security attribute defines
+    /// `CU_MEM_HANDLE_TYPE_WIN32` is specified.  This security attribute defines
     /// the scope of which exported allocations may be transferred to other
     /// processes.  In all other cases, this field is required to be zero.
     pub win32SecurityAttributes: *mut ::std::os::raw::c_void,
-    /// < Maximum pool size. When set to 0, defaults to a system dependent value.
+    /// Maximum pool size. When set to 0, defaults to a system dependent value.
     pub maxSize: usize,
-    /// < Bitmask indicating intended usage for the pool.
+    /// Bitmask indicating intended usage for the pool.
     pub usage: ::std::os::raw::c_ushort,
-    /// < reserved for future use, must be 0
+    /// reserved for future use, must be 0
     pub reserved: [::std::os::raw::c_uchar; 54usize],
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
@@ -6945,10 +6961,10 @@ impl CUmemcpyFlags_enum {
     pub const CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE: CUmemcpyFlags_enum = CUmemcpyFlags_enum(1);
 }
 #[repr(transparent)]
-/// Flags to specify for copies within a batch. For more details see ::cuMemcpyBatchAsync.
+/// Flags to specify for copies within a batch. For more details see `cuMemcpyBatchAsync`.
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUmemcpyFlags_enum(pub ::std::os::raw::c_uint);
-/// Flags to specify for copies within a batch. For more details see ::cuMemcpyBatchAsync.
+/// Flags to specify for copies within a batch. For more details see `cuMemcpyBatchAsync`.
 pub use self::CUmemcpyFlags_enum as CUmemcpyFlags;
 impl CUmemcpySrcAccessOrder_enum {
     /// Default invalid.
@@ -6984,17 +7000,17 @@ pub struct CUmemcpySrcAccessOrder_enum(pub ::std::os::raw::c_uint);
 /// These flags allow applications to convey the source access ordering CUDA must maintain.
 /// The destination will always be accessed in stream order.
 pub use self::CUmemcpySrcAccessOrder_enum as CUmemcpySrcAccessOrder;
-/// Attributes specific to copies within a batch. For more details on usage see ::cuMemcpyBatchAsync.
+/// Attributes specific to copies within a batch. For more details on usage see `cuMemcpyBatchAsync`.
 #[repr(C)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUmemcpyAttributes_st {
-    /// < Source access ordering to be observed for copies with this attribute.
+    /// Source access ordering to be observed for copies with this attribute.
     pub srcAccessOrder: CUmemcpySrcAccessOrder,
-    /// < Hint location for the source operand. Ignored when the pointers are not managed memory or memory allocated outside CUDA.
+    /// Hint location for the source operand. Ignored when the pointers are not managed memory or memory allocated outside CUDA.
     pub srcLocHint: CUmemLocation,
-    /// < Hint location for the destination operand. Ignored when the pointers are not managed memory or memory allocated outside CUDA.
+    /// Hint location for the destination operand. Ignored when the pointers are not managed memory or memory allocated outside CUDA.
     pub dstLocHint: CUmemLocation,
-    /// < Additional flags for copies with this attribute. See ::CUmemcpyFlags
+    /// Additional flags for copies with this attribute. See `CUmemcpyFlags`
     pub flags: ::std::os::raw::c_uint,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
@@ -7018,22 +7034,22 @@ impl Default for CUmemcpyAttributes_st {
         }
     }
 }
-/// Attributes specific to copies within a batch. For more details on usage see ::cuMemcpyBatchAsync.
+/// Attributes specific to copies within a batch. For more details on usage see `cuMemcpyBatchAsync`.
 pub type CUmemcpyAttributes_v1 = CUmemcpyAttributes_st;
-/// Attributes specific to copies within a batch. For more details on usage see ::cuMemcpyBatchAsync.
+/// Attributes specific to copies within a batch. For more details on usage see `cuMemcpyBatchAsync`.
 pub type CUmemcpyAttributes = CUmemcpyAttributes_v1;
 impl CUmemcpy3DOperandType_enum {
-    /// < Memcpy operand is a valid pointer.
+    /// Memcpy operand is a valid pointer.
     pub const CU_MEMCPY_OPERAND_TYPE_POINTER: CUmemcpy3DOperandType_enum = CUmemcpy3DOperandType_enum(1);
-    /// < Memcpy operand is a CUarray.
+    /// Memcpy operand is a CUarray.
     pub const CU_MEMCPY_OPERAND_TYPE_ARRAY: CUmemcpy3DOperandType_enum = CUmemcpy3DOperandType_enum(2);
     pub const CU_MEMCPY_OPERAND_TYPE_MAX: CUmemcpy3DOperandType_enum = CUmemcpy3DOperandType_enum(2147483647);
 }
 #[repr(transparent)]
-/// These flags allow applications to convey the operand type for individual copies specified in ::cuMemcpy3DBatchAsync.
+/// These flags allow applications to convey the operand type for individual copies specified in `cuMemcpy3DBatchAsync`.
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUmemcpy3DOperandType_enum(pub ::std::os::raw::c_uint);
-/// These flags allow applications to convey the operand type for individual copies specified in ::cuMemcpy3DBatchAsync.
+/// These flags allow applications to convey the operand type for individual copies specified in `cuMemcpy3DBatchAsync`.
 pub use self::CUmemcpy3DOperandType_enum as CUmemcpy3DOperandType;
 /// Struct representing offset into a CUarray in elements
 #[repr(C)]
@@ -7075,7 +7091,7 @@ const _: () = {
 pub type CUextent3D_v1 = CUextent3D_st;
 /// Struct representing width/height/depth of a CUarray in elements
 pub type CUextent3D = CUextent3D_v1;
-/// Struct representing an operand for copy with ::cuMemcpy3DBatchAsync
+/// Struct representing an operand for copy with `cuMemcpy3DBatchAsync`
 #[repr(C)]
 #[derive(Copy, Clone)]
 pub struct CUmemcpy3DOperand_st {
@@ -7088,16 +7104,16 @@ pub union CUmemcpy3DOperand_st__bindgen_ty_1 {
     pub ptr: CUmemcpy3DOperand_st__bindgen_ty_1__bindgen_ty_1,
     pub array: CUmemcpy3DOperand_st__bindgen_ty_1__bindgen_ty_2,
 }
-/// Struct representing an operand when ::CUmemcpy3DOperand::type is ::CU_MEMCPY_OPERAND_TYPE_POINTER
+/// Struct representing an operand when `CUmemcpy3DOperand::type` is `CU_MEMCPY_OPERAND_TYPE_POINTER`
 #[repr(C)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUmemcpy3DOperand_st__bindgen_ty_1__bindgen_ty_1 {
     pub ptr: CUdeviceptr,
-    /// < Length of each row in elements.
+    /// Length of each row in elements.
     pub rowLength: usize,
-    /// < Height of each layer in elements.
+    /// Height of each layer in elements.
     pub layerHeight: usize,
-    /// < Hint location for the operand. Ignored when the pointers are not managed memory or memory allocated outside CUDA.
+    /// Hint location for the operand. Ignored when the pointers are not managed memory or memory allocated outside CUDA.
     pub locHint: CUmemLocation,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
@@ -7124,7 +7140,7 @@ impl Default for CUmemcpy3DOperand_st__bindgen_ty_1__bindgen_ty_1 {
         }
     }
 }
-/// Struct representing an operand when ::CUmemcpy3DOperand::type is ::CU_MEMCPY_OPERAND_TYPE_ARRAY
+/// Struct representing an operand when `CUmemcpy3DOperand::type` is `CU_MEMCPY_OPERAND_TYPE_ARRAY`
 #[repr(C)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUmemcpy3DOperand_st__bindgen_ty_1__bindgen_ty_2 {
@@ -7187,22 +7203,22 @@ impl Default for CUmemcpy3DOperand_st {
         }
     }
 }
-/// Struct representing an operand for copy with ::cuMemcpy3DBatchAsync
+/// Struct representing an operand for copy with `cuMemcpy3DBatchAsync`
 pub type CUmemcpy3DOperand_v1 = CUmemcpy3DOperand_st;
-/// Struct representing an operand for copy with ::cuMemcpy3DBatchAsync
+/// Struct representing an operand for copy with `cuMemcpy3DBatchAsync`
 pub type CUmemcpy3DOperand = CUmemcpy3DOperand_v1;
 #[repr(C)]
 #[derive(Copy, Clone)]
 pub struct CUDA_MEMCPY3D_BATCH_OP_st {
-    /// < Source memcpy operand.
+    /// Source memcpy operand.
     pub src: CUmemcpy3DOperand,
-    /// < Destination memcpy operand.
+    /// Destination memcpy operand.
     pub dst: CUmemcpy3DOperand,
-    /// < Extents of the memcpy between src and dst. The width, height and depth components must not be 0.
+    /// Extents of the memcpy between src and dst. The width, height and depth components must not be 0.
     pub extent: CUextent3D,
-    /// < Source access ordering to be observed for copy from src to dst.
+    /// Source access ordering to be observed for copy from src to dst.
     pub srcAccessOrder: CUmemcpySrcAccessOrder,
-    /// < Additional flags for copies with this attribute. See ::CUmemcpyFlags
+    /// Additional flags for copies with this attribute. See `CUmemcpyFlags`
     pub flags: ::std::os::raw::c_uint,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
@@ -7235,16 +7251,16 @@ pub type CUDA_MEMCPY3D_BATCH_OP = CUDA_MEMCPY3D_BATCH_OP_v1;
 #[repr(C)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUDA_MEM_ALLOC_NODE_PARAMS_v1_st {
-    /// in: location where the allocation should reside (specified in ::location).
-    /// ::handleTypes must be ::CU_MEM_HANDLE_TYPE_NONE. IPC is not supported.
+    /// in: location where the allocation should reside (specified in `location`).
+    /// `handleTypes` must be `CU_MEM_HANDLE_TYPE_NONE`. IPC is not supported.
     pub poolProps: CUmemPoolProps,
-    /// < in: array of memory access descriptors. Used to describe peer GPU access
+    /// in: array of memory access descriptors. Used to describe peer GPU access
     pub accessDescs: *const CUmemAccessDesc,
-    /// < in: number of memory access descriptors.  Must not exceed the number of GPUs.
+    /// in: number of memory access descriptors.  Must not exceed the number of GPUs.
     pub accessDescCount: usize,
-    /// < in: size in bytes of the requested allocation
+    /// in: size in bytes of the requested allocation
     pub bytesize: usize,
-    /// < out: address of the allocation returned by CUDA
+    /// out: address of the allocation returned by CUDA
     pub dptr: CUdeviceptr,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
@@ -7280,16 +7296,16 @@ pub type CUDA_MEM_ALLOC_NODE_PARAMS = CUDA_MEM_ALLOC_NODE_PARAMS_v1;
 #[repr(C)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUDA_MEM_ALLOC_NODE_PARAMS_v2_st {
-    /// in: location where the allocation should reside (specified in ::location).
-    /// ::handleTypes must be ::CU_MEM_HANDLE_TYPE_NONE. IPC is not supported.
+    /// in: location where the allocation should reside (specified in `location`).
+    /// `handleTypes` must be `CU_MEM_HANDLE_TYPE_NONE`. IPC is not supported.
     pub poolProps: CUmemPoolProps,
-    /// < in: array of memory access descriptors. Used to describe peer GPU access
+    /// in: array of memory access descriptors. Used to describe peer GPU access
     pub accessDescs: *const CUmemAccessDesc,
-    /// < in: number of memory access descriptors.  Must not exceed the number of GPUs.
+    /// in: number of memory access descriptors.  Must not exceed the number of GPUs.
     pub accessDescCount: usize,
-    /// < in: size in bytes of the requested allocation
+    /// in: size in bytes of the requested allocation
     pub bytesize: usize,
-    /// < out: address of the allocation returned by CUDA
+    /// out: address of the allocation returned by CUDA
     pub dptr: CUdeviceptr,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
@@ -7323,7 +7339,7 @@ pub type CUDA_MEM_ALLOC_NODE_PARAMS_v2 = CUDA_MEM_ALLOC_NODE_PARAMS_v2_st;
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUDA_MEM_FREE_NODE_PARAMS_st {
-    /// < in: the pointer to free
+    /// in: the pointer to free
     pub dptr: CUdeviceptr,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
@@ -7357,12 +7373,12 @@ impl CUgraphMem_attribute_enum {
 pub struct CUgraphMem_attribute_enum(pub ::std::os::raw::c_uint);
 pub use self::CUgraphMem_attribute_enum as CUgraphMem_attribute;
 impl CUgraphChildGraphNodeOwnership_enum {
-    /// < Default behavior for a child graph node. Child graph is cloned
+    /// Default behavior for a child graph node. Child graph is cloned
     /// into the parent and memory allocation/free nodes can't be present
     /// in the child graph.
     pub const CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE: CUgraphChildGraphNodeOwnership_enum =
         CUgraphChildGraphNodeOwnership_enum(0);
-    /// < The child graph is moved to the parent. The handle to the child graph
+    /// The child graph is moved to the parent. The handle to the child graph
     /// is owned by the parent and will be destroyed when the parent is
     /// destroyed.
     ///
@@ -7384,13 +7400,13 @@ pub use self::CUgraphChildGraphNodeOwnership_enum as CUgraphChildGraphNodeOwners
 #[repr(C)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUDA_CHILD_GRAPH_NODE_PARAMS_st {
-    /// < The child graph to clone into the node for node creation, or
+    /// The child graph to clone into the node for node creation, or
     /// a handle to the graph owned by the node for node query.
     /// The graph must not contain conditional nodes. Graphs
     /// containing memory allocation or memory free nodes must
     /// set the ownership to be moved to the parent.
     pub graph: CUgraph,
-    /// < The ownership relationship of the child graph node.
+    /// The ownership relationship of the child graph node.
     pub ownership: CUgraphChildGraphNodeOwnership,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
@@ -7418,7 +7434,7 @@ pub type CUDA_CHILD_GRAPH_NODE_PARAMS = CUDA_CHILD_GRAPH_NODE_PARAMS_st;
 #[repr(C)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUDA_EVENT_RECORD_NODE_PARAMS_st {
-    /// < The event to record when the node executes
+    /// The event to record when the node executes
     pub event: CUevent,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
@@ -7444,7 +7460,7 @@ pub type CUDA_EVENT_RECORD_NODE_PARAMS = CUDA_EVENT_RECORD_NODE_PARAMS_st;
 #[repr(C)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUDA_EVENT_WAIT_NODE_PARAMS_st {
-    /// < The event to wait on from the node
+    /// The event to wait on from the node
     pub event: CUevent,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
@@ -7465,48 +7481,48 @@ impl Default for CUDA_EVENT_WAIT_NODE_PARAMS_st {
 }
 /// Event wait node parameters
 pub type CUDA_EVENT_WAIT_NODE_PARAMS = CUDA_EVENT_WAIT_NODE_PARAMS_st;
-/// Graph node parameters.  See ::cuGraphAddNode.
+/// Graph node parameters.  See `cuGraphAddNode`.
 #[repr(C)]
 #[derive(Copy, Clone)]
 pub struct CUgraphNodeParams_st {
-    /// < Type of the node
+    /// Type of the node
     pub type_: CUgraphNodeType,
-    /// < Reserved. Must be zero.
+    /// Reserved. Must be zero.
     pub reserved0: [::std::os::raw::c_int; 3usize],
     pub __bindgen_anon_1: CUgraphNodeParams_st__bindgen_ty_1,
-    /// < Reserved bytes. Must be zero.
+    /// Reserved bytes. Must be zero.
     pub reserved2: ::std::os::raw::c_longlong,
 }
 #[repr(C)]
 #[derive(Copy, Clone)]
 pub union CUgraphNodeParams_st__bindgen_ty_1 {
-    /// < Padding. Unused bytes must be zero.
+    /// Padding. Unused bytes must be zero.
     pub reserved1: [::std::os::raw::c_longlong; 29usize],
-    /// < Kernel node parameters.
+    /// Kernel node parameters.
     pub kernel: CUDA_KERNEL_NODE_PARAMS_v3,
-    /// < Memcpy node parameters.
+    /// Memcpy node parameters.
     pub memcpy: CUDA_MEMCPY_NODE_PARAMS,
-    /// < Memset node parameters.
+    /// Memset node parameters.
     pub memset: CUDA_MEMSET_NODE_PARAMS_v2,
-    /// < Host node parameters.
+    /// Host node parameters.
     pub host: CUDA_HOST_NODE_PARAMS_v2,
-    /// < Child graph node parameters.
+    /// Child graph node parameters.
     pub graph: CUDA_CHILD_GRAPH_NODE_PARAMS,
-    /// < Event wait node parameters.
+    /// Event wait node parameters.
     pub eventWait: CUDA_EVENT_WAIT_NODE_PARAMS,
-    /// < Event record node parameters.
+    /// Event record node parameters.
     pub eventRecord: CUDA_EVENT_RECORD_NODE_PARAMS,
-    /// < External semaphore signal node parameters.
+    /// External semaphore signal node parameters.
     pub extSemSignal: CUDA_EXT_SEM_SIGNAL_NODE_PARAMS_v2,
-    /// < External semaphore wait node parameters.
+    /// External semaphore wait node parameters.
     pub extSemWait: CUDA_EXT_SEM_WAIT_NODE_PARAMS_v2,
-    /// < Memory allocation node parameters.
+    /// Memory allocation node parameters.
     pub alloc: CUDA_MEM_ALLOC_NODE_PARAMS_v2,
-    /// < Memory free node parameters.
+    /// Memory free node parameters.
     pub free: CUDA_MEM_FREE_NODE_PARAMS,
-    /// < MemOp node parameters.
+    /// MemOp node parameters.
     pub memOp: CUDA_BATCH_MEM_OP_NODE_PARAMS_v2,
-    /// < Conditional node parameters.
+    /// Conditional node parameters.
     pub conditional: CUDA_CONDITIONAL_NODE_PARAMS,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
@@ -7572,30 +7588,30 @@ impl Default for CUgraphNodeParams_st {
         }
     }
 }
-/// Graph node parameters.  See ::cuGraphAddNode.
+/// Graph node parameters.  See `cuGraphAddNode`.
 pub type CUgraphNodeParams = CUgraphNodeParams_st;
 impl CUflushGPUDirectRDMAWritesOptions_enum {
-    /// < ::cuFlushGPUDirectRDMAWrites() and its CUDA Runtime API counterpart are supported on the device.
+    /// `cuFlushGPUDirectRDMAWrites()` and its CUDA Runtime API counterpart are supported on the device.
     pub const CU_FLUSH_GPU_DIRECT_RDMA_WRITES_OPTION_HOST: CUflushGPUDirectRDMAWritesOptions_enum =
         CUflushGPUDirectRDMAWritesOptions_enum(1);
-    /// < The ::CU_STREAM_WAIT_VALUE_FLUSH flag and the ::CU_STREAM_MEM_OP_FLUSH_REMOTE_WRITES MemOp are supported on the device.
+    /// The `CU_STREAM_WAIT_VALUE_FLUSH` flag and the `CU_STREAM_MEM_OP_FLUSH_REMOTE_WRITES` MemOp are supported on the device.
     pub const CU_FLUSH_GPU_DIRECT_RDMA_WRITES_OPTION_MEMOPS: CUflushGPUDirectRDMAWritesOptions_enum =
         CUflushGPUDirectRDMAWritesOptions_enum(2);
 }
 #[repr(transparent)]
-/// Bitmasks for ::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS
+/// Bitmasks for `CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS`
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUflushGPUDirectRDMAWritesOptions_enum(pub ::std::os::raw::c_uint);
-/// Bitmasks for ::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS
+/// Bitmasks for `CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS`
 pub use self::CUflushGPUDirectRDMAWritesOptions_enum as CUflushGPUDirectRDMAWritesOptions;
 impl CUGPUDirectRDMAWritesOrdering_enum {
-    /// < The device does not natively support ordering of remote writes. ::cuFlushGPUDirectRDMAWrites() can be leveraged if supported.
+    /// The device does not natively support ordering of remote writes. `cuFlushGPUDirectRDMAWrites()` can be leveraged if supported.
     pub const CU_GPU_DIRECT_RDMA_WRITES_ORDERING_NONE: CUGPUDirectRDMAWritesOrdering_enum =
         CUGPUDirectRDMAWritesOrdering_enum(0);
-    /// < Natively, the device can consistently consume remote writes, although other CUDA devices may not.
+    /// Natively, the device can consistently consume remote writes, although other CUDA devices may not.
     pub const CU_GPU_DIRECT_RDMA_WRITES_ORDERING_OWNER: CUGPUDirectRDMAWritesOrdering_enum =
         CUGPUDirectRDMAWritesOrdering_enum(100);
-    /// < Any CUDA device in the system can consistently consume remote writes to this device.
+    /// Any CUDA device in the system can consistently consume remote writes to this device.
     pub const CU_GPU_DIRECT_RDMA_WRITES_ORDERING_ALL_DEVICES: CUGPUDirectRDMAWritesOrdering_enum =
         CUGPUDirectRDMAWritesOrdering_enum(200);
 }
@@ -7606,79 +7622,79 @@ pub struct CUGPUDirectRDMAWritesOrdering_enum(pub ::std::os::raw::c_uint);
 /// Platform native ordering for GPUDirect RDMA writes
 pub use self::CUGPUDirectRDMAWritesOrdering_enum as CUGPUDirectRDMAWritesOrdering;
 impl CUflushGPUDirectRDMAWritesScope_enum {
-    /// < Blocks until remote writes are visible to the CUDA device context owning the data.
+    /// Blocks until remote writes are visible to the CUDA device context owning the data.
     pub const CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_OWNER: CUflushGPUDirectRDMAWritesScope_enum =
         CUflushGPUDirectRDMAWritesScope_enum(100);
-    /// < Blocks until remote writes are visible to all CUDA device contexts.
+    /// Blocks until remote writes are visible to all CUDA device contexts.
     pub const CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_ALL_DEVICES: CUflushGPUDirectRDMAWritesScope_enum =
         CUflushGPUDirectRDMAWritesScope_enum(200);
 }
 #[repr(transparent)]
-/// The scopes for ::cuFlushGPUDirectRDMAWrites
+/// The scopes for `cuFlushGPUDirectRDMAWrites`
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUflushGPUDirectRDMAWritesScope_enum(pub ::std::os::raw::c_uint);
-/// The scopes for ::cuFlushGPUDirectRDMAWrites
+/// The scopes for `cuFlushGPUDirectRDMAWrites`
 pub use self::CUflushGPUDirectRDMAWritesScope_enum as CUflushGPUDirectRDMAWritesScope;
 impl CUflushGPUDirectRDMAWritesTarget_enum {
-    /// < Sets the target for ::cuFlushGPUDirectRDMAWrites() to the currently active CUDA device context.
+    /// Sets the target for `cuFlushGPUDirectRDMAWrites()` to the currently active CUDA device context.
     pub const CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TARGET_CURRENT_CTX: CUflushGPUDirectRDMAWritesTarget_enum =
         CUflushGPUDirectRDMAWritesTarget_enum(0);
 }
 #[repr(transparent)]
-/// The targets for ::cuFlushGPUDirectRDMAWrites
+/// The targets for `cuFlushGPUDirectRDMAWrites`
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUflushGPUDirectRDMAWritesTarget_enum(pub ::std::os::raw::c_uint);
-/// The targets for ::cuFlushGPUDirectRDMAWrites
+/// The targets for `cuFlushGPUDirectRDMAWrites`
 pub use self::CUflushGPUDirectRDMAWritesTarget_enum as CUflushGPUDirectRDMAWritesTarget;
 impl CUgraphDebugDot_flags_enum {
-    /// < Output all debug data as if every debug flag is enabled
+    /// Output all debug data as if every debug flag is enabled
     pub const CU_GRAPH_DEBUG_DOT_FLAGS_VERBOSE: CUgraphDebugDot_flags_enum = CUgraphDebugDot_flags_enum(1);
-    /// < Use CUDA Runtime structures for output
+    /// Use CUDA Runtime structures for output
     pub const CU_GRAPH_DEBUG_DOT_FLAGS_RUNTIME_TYPES: CUgraphDebugDot_flags_enum = CUgraphDebugDot_flags_enum(2);
-    /// < Adds CUDA_KERNEL_NODE_PARAMS values to output
+    /// Adds CUDA_KERNEL_NODE_PARAMS values to output
     pub const CU_GRAPH_DEBUG_DOT_FLAGS_KERNEL_NODE_PARAMS: CUgraphDebugDot_flags_enum = CUgraphDebugDot_flags_enum(4);
-    /// < Adds CUDA_MEMCPY3D values to output
+    /// Adds CUDA_MEMCPY3D values to output
     pub const CU_GRAPH_DEBUG_DOT_FLAGS_MEMCPY_NODE_PARAMS: CUgraphDebugDot_flags_enum = CUgraphDebugDot_flags_enum(8);
-    /// < Adds CUDA_MEMSET_NODE_PARAMS values to output
+    /// Adds CUDA_MEMSET_NODE_PARAMS values to output
     pub const CU_GRAPH_DEBUG_DOT_FLAGS_MEMSET_NODE_PARAMS: CUgraphDebugDot_flags_enum = CUgraphDebugDot_flags_enum(16);
-    /// < Adds CUDA_HOST_NODE_PARAMS values to output
+    /// Adds CUDA_HOST_NODE_PARAMS values to output
     pub const CU_GRAPH_DEBUG_DOT_FLAGS_HOST_NODE_PARAMS: CUgraphDebugDot_flags_enum = CUgraphDebugDot_flags_enum(32);
-    /// < Adds CUevent handle from record and wait nodes to output
+    /// Adds CUevent handle from record and wait nodes to output
     pub const CU_GRAPH_DEBUG_DOT_FLAGS_EVENT_NODE_PARAMS: CUgraphDebugDot_flags_enum = CUgraphDebugDot_flags_enum(64);
-    /// < Adds CUDA_EXT_SEM_SIGNAL_NODE_PARAMS values to output
+    /// Adds CUDA_EXT_SEM_SIGNAL_NODE_PARAMS values to output
     pub const CU_GRAPH_DEBUG_DOT_FLAGS_EXT_SEMAS_SIGNAL_NODE_PARAMS: CUgraphDebugDot_flags_enum =
         CUgraphDebugDot_flags_enum(128);
-    /// < Adds CUDA_EXT_SEM_WAIT_NODE_PARAMS values to output
+    /// Adds CUDA_EXT_SEM_WAIT_NODE_PARAMS values to output
     pub const CU_GRAPH_DEBUG_DOT_FLAGS_EXT_SEMAS_WAIT_NODE_PARAMS: CUgraphDebugDot_flags_enum =
         CUgraphDebugDot_flags_enum(256);
-    /// < Adds CUkernelNodeAttrValue values to output
+    /// Adds CUkernelNodeAttrValue values to output
     pub const CU_GRAPH_DEBUG_DOT_FLAGS_KERNEL_NODE_ATTRIBUTES: CUgraphDebugDot_flags_enum =
         CUgraphDebugDot_flags_enum(512);
-    /// < Adds node handles and every kernel function handle to output
+    /// Adds node handles and every kernel function handle to output
     pub const CU_GRAPH_DEBUG_DOT_FLAGS_HANDLES: CUgraphDebugDot_flags_enum = CUgraphDebugDot_flags_enum(1024);
-    /// < Adds memory alloc node parameters to output
+    /// Adds memory alloc node parameters to output
     pub const CU_GRAPH_DEBUG_DOT_FLAGS_MEM_ALLOC_NODE_PARAMS: CUgraphDebugDot_flags_enum =
         CUgraphDebugDot_flags_enum(2048);
-    /// < Adds memory free node parameters to output
+    /// Adds memory free node parameters to output
     pub const CU_GRAPH_DEBUG_DOT_FLAGS_MEM_FREE_NODE_PARAMS: CUgraphDebugDot_flags_enum =
         CUgraphDebugDot_flags_enum(4096);
-    /// < Adds batch mem op node parameters to output
+    /// Adds batch mem op node parameters to output
     pub const CU_GRAPH_DEBUG_DOT_FLAGS_BATCH_MEM_OP_NODE_PARAMS: CUgraphDebugDot_flags_enum =
         CUgraphDebugDot_flags_enum(8192);
-    /// < Adds edge numbering information
+    /// Adds edge numbering information
     pub const CU_GRAPH_DEBUG_DOT_FLAGS_EXTRA_TOPO_INFO: CUgraphDebugDot_flags_enum = CUgraphDebugDot_flags_enum(16384);
-    /// < Adds conditional node parameters to output
+    /// Adds conditional node parameters to output
     pub const CU_GRAPH_DEBUG_DOT_FLAGS_CONDITIONAL_NODE_PARAMS: CUgraphDebugDot_flags_enum =
         CUgraphDebugDot_flags_enum(32768);
 }
 #[repr(transparent)]
-/// The additional write options for ::cuGraphDebugDotPrint
+/// The additional write options for `cuGraphDebugDotPrint`
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUgraphDebugDot_flags_enum(pub ::std::os::raw::c_uint);
-/// The additional write options for ::cuGraphDebugDotPrint
+/// The additional write options for `cuGraphDebugDotPrint`
 pub use self::CUgraphDebugDot_flags_enum as CUgraphDebugDot_flags;
 impl CUuserObject_flags_enum {
-    /// < Indicates the destructor execution is not synchronized by any CUDA handle.
+    /// Indicates the destructor execution is not synchronized by any CUDA handle.
     pub const CU_USER_OBJECT_NO_DESTRUCTOR_SYNC: CUuserObject_flags_enum = CUuserObject_flags_enum(1);
 }
 #[repr(transparent)]
@@ -7688,7 +7704,7 @@ pub struct CUuserObject_flags_enum(pub ::std::os::raw::c_uint);
 /// Flags for user objects for graphs
 pub use self::CUuserObject_flags_enum as CUuserObject_flags;
 impl CUuserObjectRetain_flags_enum {
-    /// < Transfer references from the caller rather than creating new references.
+    /// Transfer references from the caller rather than creating new references.
     pub const CU_GRAPH_USER_OBJECT_MOVE: CUuserObjectRetain_flags_enum = CUuserObjectRetain_flags_enum(1);
 }
 #[repr(transparent)]
@@ -7698,19 +7714,19 @@ pub struct CUuserObjectRetain_flags_enum(pub ::std::os::raw::c_uint);
 /// Flags for retaining user object references for graphs
 pub use self::CUuserObjectRetain_flags_enum as CUuserObjectRetain_flags;
 impl CUgraphInstantiate_flags_enum {
-    /// < Automatically free memory allocated in a graph before relaunching.
+    /// Automatically free memory allocated in a graph before relaunching.
     pub const CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH: CUgraphInstantiate_flags_enum =
         CUgraphInstantiate_flags_enum(1);
-    /// < Automatically upload the graph after instantiation. Only supported by
-    /// ::cuGraphInstantiateWithParams.  The upload will be performed using the
-    /// stream provided in \p instantiateParams.
+    /// Automatically upload the graph after instantiation. Only supported by
+    /// `cuGraphInstantiateWithParams`.  The upload will be performed using the
+    /// stream provided in `instantiateParams`.
     pub const CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD: CUgraphInstantiate_flags_enum = CUgraphInstantiate_flags_enum(2);
-    /// < Instantiate the graph to be launchable from the device. This flag can only
+    /// Instantiate the graph to be launchable from the device. This flag can only
     /// be used on platforms which support unified addressing. This flag cannot be
     /// used in conjunction with CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH.
     pub const CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH: CUgraphInstantiate_flags_enum =
         CUgraphInstantiate_flags_enum(4);
-    /// < Run the graph using the per-node priority attributes rather than the
+    /// Run the graph using the per-node priority attributes rather than the
     /// priority of the stream it is launched into.
     pub const CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY: CUgraphInstantiate_flags_enum =
         CUgraphInstantiate_flags_enum(8);
@@ -7722,9 +7738,9 @@ pub struct CUgraphInstantiate_flags_enum(pub ::std::os::raw::c_uint);
 /// Flags for instantiating a graph
 pub use self::CUgraphInstantiate_flags_enum as CUgraphInstantiate_flags;
 impl CUdeviceNumaConfig_enum {
-    /// < The GPU is not a NUMA node
+    /// The GPU is not a NUMA node
     pub const CU_DEVICE_NUMA_CONFIG_NONE: CUdeviceNumaConfig_enum = CUdeviceNumaConfig_enum(0);
-    /// < The GPU is a NUMA node, CU_DEVICE_ATTRIBUTE_NUMA_ID contains its NUMA ID
+    /// The GPU is a NUMA node, CU_DEVICE_ATTRIBUTE_NUMA_ID contains its NUMA ID
     pub const CU_DEVICE_NUMA_CONFIG_NUMA_NODE: CUdeviceNumaConfig_enum = CUdeviceNumaConfig_enum(1);
 }
 #[repr(transparent)]
@@ -7734,13 +7750,13 @@ pub struct CUdeviceNumaConfig_enum(pub ::std::os::raw::c_uint);
 /// CUDA device NUMA configuration
 pub use self::CUdeviceNumaConfig_enum as CUdeviceNumaConfig;
 impl CUprocessState_enum {
-    /// < Default process state
+    /// Default process state
     pub const CU_PROCESS_STATE_RUNNING: CUprocessState_enum = CUprocessState_enum(0);
-    /// < CUDA API locks are taken so further CUDA API calls will block
+    /// CUDA API locks are taken so further CUDA API calls will block
     pub const CU_PROCESS_STATE_LOCKED: CUprocessState_enum = CUprocessState_enum(1);
-    /// < Application memory contents have been checkpointed and underlying allocations and device handles have been released
+    /// Application memory contents have been checkpointed and underlying allocations and device handles have been released
     pub const CU_PROCESS_STATE_CHECKPOINTED: CUprocessState_enum = CUprocessState_enum(2);
-    /// < Application entered an uncorrectable error during the checkpoint/restore process
+    /// Application entered an uncorrectable error during the checkpoint/restore process
     pub const CU_PROCESS_STATE_FAILED: CUprocessState_enum = CUprocessState_enum(3);
 }
 #[repr(transparent)]
@@ -7753,11 +7769,11 @@ pub use self::CUprocessState_enum as CUprocessState;
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUcheckpointLockArgs_st {
-    /// < Timeout in milliseconds to attempt to lock the process, 0 indicates no timeout
+    /// Timeout in milliseconds to attempt to lock the process, 0 indicates no timeout
     pub timeoutMs: ::std::os::raw::c_uint,
-    /// < Reserved for future use, must be zero
+    /// Reserved for future use, must be zero
     pub reserved0: ::std::os::raw::c_uint,
-    /// < Reserved for future use, must be zeroed
+    /// Reserved for future use, must be zeroed
     pub reserved1: [cuuint64_t; 7usize],
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
@@ -7777,7 +7793,7 @@ pub type CUcheckpointLockArgs = CUcheckpointLockArgs_st;
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUcheckpointCheckpointArgs_st {
-    /// < Reserved for future use, must be zeroed
+    /// Reserved for future use, must be zeroed
     pub reserved: [cuuint64_t; 8usize],
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
@@ -7793,9 +7809,9 @@ pub type CUcheckpointCheckpointArgs = CUcheckpointCheckpointArgs_st;
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUcheckpointGpuPair_st {
-    /// < UUID of the GPU that was checkpointed
+    /// UUID of the GPU that was checkpointed
     pub oldUuid: CUuuid,
-    /// < UUID of the GPU to restore onto
+    /// UUID of the GPU to restore onto
     pub newUuid: CUuuid,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
@@ -7813,13 +7829,13 @@ pub type CUcheckpointGpuPair = CUcheckpointGpuPair_st;
 #[repr(C)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUcheckpointRestoreArgs_st {
-    /// < Pointer to array of gpu pairs that indicate how to remap GPUs during restore
+    /// Pointer to array of gpu pairs that indicate how to remap GPUs during restore
     pub gpuPairs: *mut CUcheckpointGpuPair,
-    /// < Number of gpu pairs to remap
+    /// Number of gpu pairs to remap
     pub gpuPairsCount: ::std::os::raw::c_uint,
-    /// < Reserved for future use, must be zeroed
+    /// Reserved for future use, must be zeroed
     pub reserved: [::std::os::raw::c_char; 44usize],
-    /// < Reserved for future use, must be zeroed
+    /// Reserved for future use, must be zeroed
     pub reserved1: cuuint64_t,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
@@ -7850,7 +7866,7 @@ pub type CUcheckpointRestoreArgs = CUcheckpointRestoreArgs_st;
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUcheckpointUnlockArgs_st {
-    /// < Reserved for future use, must be zeroed
+    /// Reserved for future use, must be zeroed
     pub reserved: [cuuint64_t; 8usize],
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
@@ -7863,9 +7879,9 @@ const _: () = {
 /// CUDA checkpoint optional unlock arguments
 pub type CUcheckpointUnlockArgs = CUcheckpointUnlockArgs_st;
 impl CUmoduleLoadingMode_enum {
-    /// < Lazy Kernel Loading is not enabled
+    /// Lazy Kernel Loading is not enabled
     pub const CU_MODULE_EAGER_LOADING: CUmoduleLoadingMode_enum = CUmoduleLoadingMode_enum(1);
-    /// < Lazy Kernel Loading is enabled
+    /// Lazy Kernel Loading is enabled
     pub const CU_MODULE_LAZY_LOADING: CUmoduleLoadingMode_enum = CUmoduleLoadingMode_enum(2);
 }
 #[repr(transparent)]
@@ -7875,44 +7891,44 @@ pub struct CUmoduleLoadingMode_enum(pub ::std::os::raw::c_uint);
 /// CUDA Lazy Loading status
 pub use self::CUmoduleLoadingMode_enum as CUmoduleLoadingMode;
 impl CUmemDecompressAlgorithm_enum {
-    /// < Decompression is unsupported.
+    /// Decompression is unsupported.
     pub const CU_MEM_DECOMPRESS_UNSUPPORTED: CUmemDecompressAlgorithm_enum = CUmemDecompressAlgorithm_enum(0);
-    /// < Deflate is supported.
+    /// Deflate is supported.
     pub const CU_MEM_DECOMPRESS_ALGORITHM_DEFLATE: CUmemDecompressAlgorithm_enum = CUmemDecompressAlgorithm_enum(1);
-    /// < Snappy is supported.
+    /// Snappy is supported.
     pub const CU_MEM_DECOMPRESS_ALGORITHM_SNAPPY: CUmemDecompressAlgorithm_enum = CUmemDecompressAlgorithm_enum(2);
-    /// < LZ4 is supported.
+    /// LZ4 is supported.
     pub const CU_MEM_DECOMPRESS_ALGORITHM_LZ4: CUmemDecompressAlgorithm_enum = CUmemDecompressAlgorithm_enum(4);
 }
 #[repr(transparent)]
-/// \brief Bitmasks for CU_DEVICE_ATTRIBUTE_MEM_DECOMPRESS_ALGORITHM_MASK.
+/// Bitmasks for CU_DEVICE_ATTRIBUTE_MEM_DECOMPRESS_ALGORITHM_MASK.
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUmemDecompressAlgorithm_enum(pub ::std::os::raw::c_uint);
-/// \brief Bitmasks for CU_DEVICE_ATTRIBUTE_MEM_DECOMPRESS_ALGORITHM_MASK.
+/// Bitmasks for CU_DEVICE_ATTRIBUTE_MEM_DECOMPRESS_ALGORITHM_MASK.
 pub use self::CUmemDecompressAlgorithm_enum as CUmemDecompressAlgorithm;
-/// \brief Structure describing the parameters that compose a single
+/// Structure describing the parameters that compose a single
 /// decompression operation.
 #[repr(C)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUmemDecompressParams_st {
     /// The number of bytes to be read and decompressed from
-    /// ::CUmemDecompressParams_st.src.
+    /// `CUmemDecompressParams_st`.src.
     pub srcNumBytes: usize,
     /// The number of bytes that the decompression operation will be expected to
-    /// write to ::CUmemDecompressParams_st.dst. This value is optional; if
+    /// write to `CUmemDecompressParams_st`.dst. This value is optional; if
     /// present, it may be used by the CUDA driver as a heuristic for scheduling
     /// the individual decompression operations.
     pub dstNumBytes: usize,
     /// After the decompression operation has completed, the actual number of
-    /// bytes written to ::CUmemDecompressParams.dst will be recorded as a 32-bit
+    /// bytes written to `CUmemDecompressParams`.dst will be recorded as a 32-bit
     /// unsigned integer in the memory at this address.
     pub dstActBytes: *mut cuuint32_t,
-    /// Pointer to a buffer of at least ::CUmemDecompressParams_st.srcNumBytes
+    /// Pointer to a buffer of at least `CUmemDecompressParams_st`.srcNumBytes
     /// compressed bytes.
     pub src: *const ::std::os::raw::c_void,
     /// Pointer to a buffer where the decompressed data will be written. The
     /// number of bytes written to this location will be recorded in the memory
-    /// pointed to by ::CUmemDecompressParams_st.dstActBytes
+    /// pointed to by `CUmemDecompressParams_st`.dstActBytes
     pub dst: *mut ::std::os::raw::c_void,
     /// The decompression algorithm to use.
     pub algo: CUmemDecompressAlgorithm,
@@ -7944,7 +7960,7 @@ impl Default for CUmemDecompressParams_st {
         }
     }
 }
-/// \brief Structure describing the parameters that compose a single
+/// Structure describing the parameters that compose a single
 /// decompression operation.
 pub type CUmemDecompressParams = CUmemDecompressParams_st;
 impl CUfunctionLoadingState_enum {
@@ -7991,12 +8007,11 @@ pub struct CUCoredumpGenerationFlags(pub ::std::os::raw::c_uint);
 pub struct CUdevResourceDesc_st {
     _unused: [u8; 0],
 }
-/// \typedef struct CUdevResourceDesc_st* CUdevResourceDesc;
 /// An opaque descriptor handle. The descriptor encapsulates multiple created and configured resources.
-/// Created via ::cuDevResourceGenerateDesc
+/// Created via `cuDevResourceGenerateDesc`
 pub type CUdevResourceDesc = *mut CUdevResourceDesc_st;
 impl CUgreenCtxCreate_flags {
-    /// < Required. Creates a default stream to use inside the green context
+    /// Required. Creates a default stream to use inside the green context
     pub const CU_GREEN_CTX_DEFAULT_STREAM: CUgreenCtxCreate_flags = CUgreenCtxCreate_flags(1);
 }
 #[repr(transparent)]
@@ -8013,25 +8028,23 @@ impl CUdevSmResourceSplit_flags {
 pub struct CUdevSmResourceSplit_flags(pub ::std::os::raw::c_uint);
 impl CUdevResourceType {
     pub const CU_DEV_RESOURCE_TYPE_INVALID: CUdevResourceType = CUdevResourceType(0);
-    /// < Streaming multiprocessors related information
+    /// Streaming multiprocessors related information
     pub const CU_DEV_RESOURCE_TYPE_SM: CUdevResourceType = CUdevResourceType(1);
 }
 #[repr(transparent)]
-/// \typedef enum CUdevResourceType
 /// Type of resource
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUdevResourceType(pub ::std::os::raw::c_uint);
-/// \struct CUdevSmResource
 /// Data for SM-related resources
 #[repr(C)]
 #[derive(Debug, Default, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUdevSmResource_st {
-    /// < The amount of streaming multiprocessors available in this resource. This is an output parameter only, do not write to this field.
+    /// The amount of streaming multiprocessors available in this resource. This is an output parameter only, do not write to this field.
     pub smCount: ::std::os::raw::c_uint,
-    /// < The minimum number of streaming multiprocessors required to partition this resource.
+    /// The minimum number of streaming multiprocessors required to partition this resource.
     /// This is an output parameter only, do not write to this field.
     pub minSmPartitionSize: ::std::os::raw::c_uint,
-    /// < The number of streaming multiprocessors in this resource that are guaranteed to
+    /// The number of streaming multiprocessors in this resource that are guaranteed to
     /// be co-scheduled on the same GPU processing cluster. smCount is a multiple of this value.
     /// This is an output parameter only, do not write to this field.
     pub smCoscheduledAlignment: ::std::os::raw::c_uint,
@@ -8046,30 +8059,24 @@ const _: () = {
     ["Offset of field: CUdevSmResource_st::smCoscheduledAlignment"]
         [::std::mem::offset_of!(CUdevSmResource_st, smCoscheduledAlignment) - 8usize];
 };
-/// \struct CUdevSmResource
 /// Data for SM-related resources
 pub type CUdevSmResource = CUdevSmResource_st;
-/// \struct CUdevResource
 /// A tagged union describing different resources identified by the type field. This structure should not be directly modified outside of the API that created it.
-///
 /// ```text
-///
-/// struct {
-/// CUdevResourceType type;
-/// union {
-/// CUdevSmResource sm;
-/// };
-/// };
-///
+///  struct {
+///      CUdevResourceType type;
+///      union {
+///          CUdevSmResource sm;
+///      };
+///  };
 /// ```
-///
-/// - If \p type is \p CU_DEV_RESOURCE_TYPE_INVALID, this resoure is not valid and cannot be further accessed.
-/// - If \p type is \p CU_DEV_RESOURCE_TYPE_SM, the ::CUdevSmResource structure \p sm is filled in. For example,
-/// \p sm.smCount will reflect the amount of streaming multiprocessors available in this resource.
+/// - If `type` is `CU_DEV_RESOURCE_TYPE_INVALID`, this resoure is not valid and cannot be further accessed.
+/// - If `type` is `CU_DEV_RESOURCE_TYPE_SM`, the `CUdevSmResource` structure `sm` is filled in. For example,
+/// `sm`.smCount will reflect the amount of streaming multiprocessors available in this resource.
 #[repr(C)]
 #[derive(Copy, Clone)]
 pub struct CUdevResource_st {
-    /// < Type of resource, dictates which union field was last set
+    /// Type of resource, dictates which union field was last set
     pub type_: CUdevResourceType,
     pub _internal_padding: [::std::os::raw::c_uchar; 92usize],
     pub __bindgen_anon_1: CUdevResource_st__bindgen_ty_1,
@@ -8077,7 +8084,7 @@ pub struct CUdevResource_st {
 #[repr(C)]
 #[derive(Copy, Clone)]
 pub union CUdevResource_st__bindgen_ty_1 {
-    /// < Resource corresponding to CU_DEV_RESOURCE_TYPE_SM \p type.
+    /// Resource corresponding to CU_DEV_RESOURCE_TYPE_SM `type`.
     pub sm: CUdevSmResource,
     pub _oversize: [::std::os::raw::c_uchar; 48usize],
 }
@@ -8116,49 +8123,37 @@ impl Default for CUdevResource_st {
         }
     }
 }
-/// \struct CUdevResource
 /// A tagged union describing different resources identified by the type field. This structure should not be directly modified outside of the API that created it.
-///
 /// ```text
-///
-/// struct {
-/// CUdevResourceType type;
-/// union {
-/// CUdevSmResource sm;
-/// };
-/// };
-///
+///  struct {
+///      CUdevResourceType type;
+///      union {
+///          CUdevSmResource sm;
+///      };
+///  };
 /// ```
-///
-/// - If \p type is \p CU_DEV_RESOURCE_TYPE_INVALID, this resoure is not valid and cannot be further accessed.
-/// - If \p type is \p CU_DEV_RESOURCE_TYPE_SM, the ::CUdevSmResource structure \p sm is filled in. For example,
-/// \p sm.smCount will reflect the amount of streaming multiprocessors available in this resource.
+/// - If `type` is `CU_DEV_RESOURCE_TYPE_INVALID`, this resoure is not valid and cannot be further accessed.
+/// - If `type` is `CU_DEV_RESOURCE_TYPE_SM`, the `CUdevSmResource` structure `sm` is filled in. For example,
+/// `sm`.smCount will reflect the amount of streaming multiprocessors available in this resource.
 pub type CUdevResource_v1 = CUdevResource_st;
-/// \struct CUdevResource
 /// A tagged union describing different resources identified by the type field. This structure should not be directly modified outside of the API that created it.
-///
 /// ```text
-///
-/// struct {
-/// CUdevResourceType type;
-/// union {
-/// CUdevSmResource sm;
-/// };
-/// };
-///
+///  struct {
+///      CUdevResourceType type;
+///      union {
+///          CUdevSmResource sm;
+///      };
+///  };
 /// ```
-///
-/// - If \p type is \p CU_DEV_RESOURCE_TYPE_INVALID, this resoure is not valid and cannot be further accessed.
-/// - If \p type is \p CU_DEV_RESOURCE_TYPE_SM, the ::CUdevSmResource structure \p sm is filled in. For example,
-/// \p sm.smCount will reflect the amount of streaming multiprocessors available in this resource.
+/// - If `type` is `CU_DEV_RESOURCE_TYPE_INVALID`, this resoure is not valid and cannot be further accessed.
+/// - If `type` is `CU_DEV_RESOURCE_TYPE_SM`, the `CUdevSmResource` structure `sm` is filled in. For example,
+/// `sm`.smCount will reflect the amount of streaming multiprocessors available in this resource.
 pub type CUdevResource = CUdevResource_v1;
 impl CUlogLevel_enum {
     pub const CU_LOG_LEVEL_ERROR: CUlogLevel_enum = CUlogLevel_enum(0);
     pub const CU_LOG_LEVEL_WARNING: CUlogLevel_enum = CUlogLevel_enum(1);
 }
 #[repr(transparent)]
-/// \defgroup CUDA_LOGS Error Log Management Functions
-///
 /// ___MANBRIEF___ error log management functions for the low-level CUDA API
 /// (___CURRENT_FILE___) ___ENDMANBRIEF___
 ///
@@ -8168,8 +8163,6 @@ impl CUlogLevel_enum {
 /// @{
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUlogLevel_enum(pub ::std::os::raw::c_uint);
-/// \defgroup CUDA_LOGS Error Log Management Functions
-///
 /// ___MANBRIEF___ error log management functions for the low-level CUDA API
 /// (___CURRENT_FILE___) ___ENDMANBRIEF___
 ///
