@@ -15,8 +15,8 @@ use cuda_sys::{cu_call, driver};
 use crate::capture::{end_described, short};
 use crate::owned::{DeviceAllocation, ManagedAllocation, OwnedStream};
 use crate::raw::{
-    Call, code, device_location, driver_version, host_numa_location, managed_unsupported,
-    memset_async, memset_sync, read_bytes,
+    Call, code, device_location, driver_version, host_numa_location, managed_unsupported, memset_async, memset_sync,
+    read_bytes,
 };
 use crate::report::Details;
 use crate::runner::Setup;
@@ -113,7 +113,8 @@ fn malformed_hints(setup: &Setup<'_>, details: &mut Details) -> Result<String, E
     let mut outcomes = Vec::new();
     for (name, hint) in hints {
         let attributes = CUmemcpyAttributes { srcLocHint: hint, ..no_hint() };
-        let result = batch(&[(dst.ptr(), src.ptr(), SIZE)], attributes, stream.raw()).and_then(|()| stream.synchronize());
+        let result =
+            batch(&[(dst.ptr(), src.ptr(), SIZE)], attributes, stream.raw()).and_then(|()| stream.synchronize());
         details.put(format!("hints.{name}"), code(&result));
         outcomes.push(format!("{name} {}", short(&code(&result))));
     }

@@ -68,10 +68,8 @@ fn run(_setup: &Setup<'_>, details: &mut Details) -> Result<String, Error> {
         drop(exec);
         drop(graph);
         let free = if freed.is_ok() { String::new() } else { format!(" (cuMemFreeAsync {})", short(&code(&freed))) };
-        phrases.push(format!(
-            "{} MiB: launched {launched}; freed{free} {after_free}; trimmed {after_trim}",
-            size / MIB
-        ));
+        phrases
+            .push(format!("{} MiB: launched {launched}; freed{free} {after_free}; trimmed {after_trim}", size / MIB));
     }
     Ok(format!("{}; USED_MEM_HIGH reset to 0 with 1 MiB in use reads {high_after_reset}", phrases.join("; ")))
 }
@@ -115,7 +113,7 @@ fn counters(device: CUdevice) -> String {
 
 /// A byte count as `N MiB` when whole, else in bytes.
 fn mib(bytes: u64) -> String {
-    if bytes % MIB as u64 == 0 { format!("{} MiB", bytes / MIB as u64) } else { format!("{bytes} B") }
+    if bytes.is_multiple_of(MIB as u64) { format!("{} MiB", bytes / MIB as u64) } else { format!("{bytes} B") }
 }
 
 /// `cuDeviceGetGraphMemAttribute` (every attribute is a `cuuint64_t`).

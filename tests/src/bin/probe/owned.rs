@@ -7,8 +7,8 @@ use std::ffi::c_int;
 use std::sync::{Mutex, PoisonError};
 
 use cuda_sys::types::{
-    CUcontext, CUdevice, CUdeviceptr, CUevent, CUgraph, CUgraphExec, CUipcEventHandle, CUmemPoolProps, CUmemoryPool, CUstream,
-    CUstream_flags, CUstreamCaptureMode,
+    CUcontext, CUdevice, CUdeviceptr, CUevent, CUgraph, CUgraphExec, CUipcEventHandle, CUmemPoolProps, CUmemoryPool,
+    CUstream, CUstream_flags, CUstreamCaptureMode,
 };
 use cuda_sys::{CudaError, cu_call, driver};
 

@@ -6,8 +6,8 @@
 //! in the same capture, so the graph owns nothing afterwards; the graph is not launched. The
 //! pool's usage after says whether the pool or the graph counted the allocation.
 
-use cuda_sys::types::{CUdeviceptr, CUstreamCaptureMode};
 use cuda_sys::CudaError;
+use cuda_sys::types::{CUdeviceptr, CUstreamCaptureMode};
 
 use crate::capture::end_described;
 use crate::owned::{OwnedPool, OwnedStream, alloc_from_pool, free_async};

@@ -79,10 +79,7 @@ fn run(setup: &Setup<'_>, details: &mut Details) -> Result<String, Error> {
             details.put(format!("{key}.{name}"), format!("call={call} status_after={status} end={}", code(&ended)));
             outcomes.push((name, call, status));
         }
-        summaries.push(format!(
-            "{thread}: {}",
-            grouped(outcomes.iter().map(|(n, c, s)| (*n, c.as_str(), s.as_str())))
-        ));
+        summaries.push(format!("{thread}: {}", grouped(outcomes.iter().map(|(n, c, s)| (*n, c.as_str(), s.as_str())))));
     }
     Ok(summaries.join(" | "))
 }

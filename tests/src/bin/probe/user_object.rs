@@ -11,7 +11,9 @@ use std::sync::{Mutex, PoisonError};
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
-use cuda_sys::types::{CUcontext, CUdeviceptr, CUstreamCaptureMode, CUuserObject, CUuserObjectRetain_flags, CUuserObject_flags};
+use cuda_sys::types::{
+    CUcontext, CUdeviceptr, CUstreamCaptureMode, CUuserObject, CUuserObject_flags, CUuserObjectRetain_flags,
+};
 use cuda_sys::{CudaError, cu_call, driver};
 
 use crate::child::{self, Input};
@@ -188,9 +190,9 @@ fn create(watch: &'static Watch) -> Result<CUuserObject, CudaError> {
     let d = driver()?;
     let mut object: CUuserObject = std::ptr::null_mut();
     let user_data = std::ptr::from_ref(watch).cast_mut().cast::<c_void>();
+    let flags = CUuserObject_flags::CU_USER_OBJECT_NO_DESTRUCTOR_SYNC.0;
     // SAFETY: `object` is a valid out-pointer; `destructor` only reads the `Watch` that
     // `user_data` points to, which lives for the rest of the process.
-    let flags = CUuserObject_flags::CU_USER_OBJECT_NO_DESTRUCTOR_SYNC.0;
     unsafe { cu_call!(d, cuUserObjectCreate(&mut object, user_data, Some(destructor), 1, flags)) }?;
     Ok(object)
 }
