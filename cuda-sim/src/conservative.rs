@@ -43,7 +43,7 @@
 //!   launch replays them as one piece of work on the launch stream, after the executable
 //!   graph's previous launch. Launching or uploading into a capturing stream returns
 //!   `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` and leaves the capture valid (a GPU would add a
-//!   child graph node). `cuStreamEndCapture` accepts a NULL graph pointer and keeps the graph for
+//!   child graph node: the probe's question `graph-launch-into-capture`). `cuStreamEndCapture` accepts a NULL graph pointer and keeps the graph for
 //!   whoever took its handle from `cuStreamGetCaptureInfo`: `cuda.h` says the graph is
 //!   "transferred or destroyed" at the end, but cuda.core's graph builder ends its captures so
 //!   and then instantiates the graph, which works on GPUs. `cuStreamGetCaptureInfo` reports no
@@ -57,15 +57,16 @@
 //!   them) and its address is never handed out again, so a stale graph pointer is always
 //!   reported. `cuMemAllocFromPoolAsync` on a capturing stream still returns
 //!   `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` and leaves the capture valid (no evidence yet of what
-//!   a GPU does with an explicit pool in a capture; cuda.core allocates graph memory with
-//!   `cuMemAllocAsync` and documents allocating from a `DeviceMemoryResource` during capture as
-//!   an error). A captured `cuMemFreeAsync` of memory no allocation node made, or of a graph
+//!   a GPU does with an explicit pool in a capture, though `cuda.h` notes that it makes an
+//!   allocation node: the probe's question `pool-alloc-in-capture`; cuda.core allocates graph
+//!   memory with `cuMemAllocAsync` and documents allocating from a `DeviceMemoryResource` during
+//!   capture as an error). A captured `cuMemFreeAsync` of memory no allocation node made, or of a graph
 //!   allocation of another graph that is not live at capture time, returns
 //!   `CUDA_ERROR_INVALID_VALUE` (`cuGraphAddMemFreeNode`'s rule). Graph memory counts in 2 MiB
 //!   granules (`USED_MEM_*` and `RESERVED_MEM_*`); freed graph memory stays reserved until
 //!   `cuDeviceGraphMemTrim`, and the reserve counts as device memory in use. Resetting a
 //!   high-water mark (to 0, the only value allowed) sets it to the current value, as cuda.core
-//!   documents. An event recorded during capture keeps its earlier completion state until a
+//!   documents. What a GPU counts is the probe's question `graph-memory-accounting`. An event recorded during capture keeps its earlier completion state until a
 //!   launch records it.
 //! - **Calls that need captured work to have run invalidate the capture.** `cuda.h` documents
 //!   this for `cuCtxRecordEvent` and `cuCtxWaitEvent` and documents the statuses and errors, but
@@ -95,7 +96,7 @@
 //!   threads' `cuMemPoolCreate`). The error is
 //!   `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` (its description: "not permitted when the stream is
 //!   capturing"), and the captures that prohibited the call are invalidated, the stricter
-//!   reading (a GPU may leave them valid: not yet probed). The VMM calls, pool destruction and
+//!   reading (a GPU may leave them valid: the probe's question `unsafe-call-invalidates`). The VMM calls, pool destruction and
 //!   host registration are not refused (no evidence yet).
 //! - **User objects** (see the `user_object` module): `cuUserObjectCreate` with a null destructor
 //!   or an initial count of 0 returns `CUDA_ERROR_INVALID_VALUE` (the count must be "nonzero" in
@@ -107,7 +108,8 @@
 //!   what its graph held when it was instantiated, released when it is destroyed and its launches
 //!   have completed (as the CUDA programming guide describes). `cuGraphExecUpdate` is not
 //!   exported (cuda.core uses it only for `Graph.update`): cuda.bindings reports
-//!   `CUDA_ERROR_NOT_FOUND` for it.
+//!   `CUDA_ERROR_NOT_FOUND` for it. Where a driver runs destructors, and whether they can call
+//!   it, is the probe's question `user-object-destructor-thread`.
 //! - **Not modelled in capture**: cross-stream capture (`cuStreamWaitEvent` on an event recorded
 //!   in a capture waits for the event's earlier state instead of joining the capture); capturing
 //!   the per-thread default stream (refused with `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`).
@@ -281,7 +283,9 @@
 //!   hints are otherwise ignored (the simulator's managed memory never moves). The source of a
 //!   `CU_MEMCPY_SRC_ACCESS_ORDER_ANY` copy is read in stream order (one of the readings the
 //!   order allows); `DURING_API_CALL` reads it before the call returns. The attribute flags take
-//!   only `CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE`.
+//!   only `CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE`. What a GPU does with a zero-byte copy,
+//!   dependent copies, a capture and a malformed hint is the probe's question
+//!   `batch-copy-edges`.
 //! - **An older driver** (`CUDA_SIM_DRIVER_VERSION`) is pretended to by `cuDriverGetVersion` and
 //!   `cuGetProcAddress` alone: the simulator still exports every symbol it implements, so `dlsym`
 //!   finds functions the pretended driver did not have, and they behave as CUDA 13.0's. A

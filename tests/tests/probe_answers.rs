@@ -156,6 +156,46 @@ fn every_question_is_answered_and_the_simulator_agrees_with_itself() {
         "cuMemDiscardBatchAsync: CUDA_SUCCESS; the memory reads every byte 0xDB"
     );
 
+    // Questions 19-24: the readings `cuda_sim::conservative` takes for batch copies, graphs,
+    // graph memory, capture modes and user objects.
+    let no_nodes = "nodes: not listed (no cuGraphGetNodes)";
+    assert_eq!(
+        answer(&answers, "batch-copy-edges"),
+        format!(
+            "zero-byte INVALID_VALUE; dependent INVALID_VALUE; on a capturing stream STREAM_CAPTURE_UNSUPPORTED, the \
+             capture then ACTIVE, end ok ({no_nodes}); malformed hints: unknown type INVALID_VALUE, absent device \
+             INVALID_VALUE, NUMA node 4096 INVALID_VALUE"
+        )
+    );
+    assert_eq!(
+        answer(&answers, "graph-memory-accounting"),
+        "1 MiB: launched used=2 MiB reserved=2 MiB; freed used=0 MiB reserved=2 MiB; trimmed used=0 MiB reserved=0 \
+         MiB; 3 MiB: launched used=4 MiB reserved=4 MiB; freed used=0 MiB reserved=4 MiB; trimmed used=0 MiB \
+         reserved=0 MiB; USED_MEM_HIGH reset to 0 with 1 MiB in use reads 2 MiB"
+    );
+    let refused = format!("STREAM_CAPTURE_UNSUPPORTED, the capture then ACTIVE, end ok ({no_nodes})");
+    assert_eq!(
+        answer(&answers, "graph-launch-into-capture"),
+        format!("cuGraphLaunch {refused}; cuGraphUpload {refused}")
+    );
+    assert_eq!(
+        answer(&answers, "pool-alloc-in-capture"),
+        format!("cuMemAllocFromPoolAsync {refused}; cuMemAllocAsync ok, the capture then ACTIVE, end ok ({no_nodes})")
+    );
+    let invalidated = "STREAM_CAPTURE_UNSUPPORTED→INVALIDATED: cuMemAlloc, cuMemFree, cuMemAllocHost, \
+                       cuMemAllocManaged, cuMemPoolCreate";
+    assert_eq!(
+        answer(&answers, "unsafe-call-invalidates"),
+        format!("this thread: {invalidated} | another thread: {invalidated}")
+    );
+    let destructor = "runs on another thread, the call does not wait for it; in it cuCtxGetCurrent \
+                      CUDA_ERROR_NOT_PERMITTED, cuCtxSetCurrent CUDA_ERROR_NOT_PERMITTED, cuMemAlloc \
+                      CUDA_ERROR_NOT_PERMITTED";
+    assert_eq!(
+        answer(&answers, "user-object-destructor-thread"),
+        format!("cuUserObjectRelease: {destructor}; cuGraphDestroy: {destructor}")
+    );
+
     let report = std::fs::read_to_string(out.0.join("probe.json")).expect("the report");
     for name in &names {
         assert_eq!(report.matches(&format!("\"name\": \"{name}\"")).count(), 1, "{name} in the report");

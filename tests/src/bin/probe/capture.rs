@@ -9,8 +9,8 @@ use cuda_sys::types::CUstreamCaptureMode;
 
 use crate::owned::{DeviceAllocation, OwnedEvent, OwnedPool, OwnedStream, alloc_from_pool, free_async};
 use crate::raw::{
-    LEGACY, capture_status, code, context_synchronize, device_location, event_synchronize, memset_async, memset_sync,
-    pool_props, stream_query, stream_synchronize, stream_wait_event,
+    LEGACY, capture_status, code, context_synchronize, device_location, event_synchronize, graph_node_types,
+    memset_async, memset_sync, pool_props, stream_query, stream_synchronize, stream_wait_event,
 };
 use crate::report::Details;
 use crate::runner::Setup;
@@ -125,7 +125,7 @@ fn run(_setup: &Setup<'_>, details: &mut Details) -> Result<String, Error> {
             };
             details.put(format!("{mode_name}.{}", case.name), described);
         }
-        summaries.push((mode_name, grouped(&outcomes)));
+        summaries.push((mode_name, grouped(outcomes.iter().map(|(n, o)| (*n, o.call.as_str(), o.status.as_str())))));
     }
     Ok(join_modes(&summaries))
 }
@@ -138,11 +138,12 @@ pub(crate) fn join_modes(answers: &[(&str, String)]) -> String {
     }
 }
 
-/// The cases grouped by what the call returned and the status it left: `RESULT→STATUS: case, case`.
-fn grouped(outcomes: &[(&'static str, Outcome)]) -> String {
+/// Cases grouped by what the call returned and the status it left: `RESULT→STATUS: case, case`,
+/// from `(case, call outcome, status)` triples.
+pub(crate) fn grouped<'a>(outcomes: impl IntoIterator<Item = (&'a str, &'a str, &'a str)>) -> String {
     let mut groups: Vec<(String, Vec<&str>)> = Vec::new();
-    for (name, outcome) in outcomes {
-        let key = format!("{}→{}", short(&outcome.call), outcome.status);
+    for (name, call, status) in outcomes {
+        let key = format!("{}→{status}", short(call));
         match groups.iter_mut().find(|(k, _)| *k == key) {
             Some((_, names)) => names.push(name),
             None => groups.push((key, vec![name])),
@@ -232,4 +233,18 @@ fn run_case(
         extras.push(("destroy_after_the_end", code(&pool.destroy())));
     }
     Ok(Outcome { call, status, end, extras })
+}
+
+/// Ends the capture on `stream` after a case's call (whose outcome is `call`), records the
+/// call, the capture's status before the end, the end's outcome and the graph's nodes under
+/// `name`, and returns them in a phrase: `RESULT, the capture then STATUS, end RESULT (nodes: …)`.
+pub(crate) fn end_described(name: &str, stream: &OwnedStream, call: &str, details: &mut Details) -> String {
+    let status = capture_status(stream.raw());
+    let (ended, graph) = stream.end_capture();
+    let nodes = if graph.is_null() { "no graph".to_string() } else { graph_node_types(graph.raw()) };
+    details.put(format!("{name}.call"), call);
+    details.put(format!("{name}.status_after"), &status);
+    details.put(format!("{name}.end"), code(&ended));
+    details.put(format!("{name}.nodes"), &nodes);
+    format!("{}, the capture then {status}, end {} (nodes: {nodes})", short(call), short(&code(&ended)))
 }

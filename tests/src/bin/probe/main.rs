@@ -26,9 +26,12 @@
 //! question: [`pool_import`], [`pointer_import`], [`imported_access`], [`capture`],
 //! [`failed_alloc`], [`destroy_pending`], [`address_hint`], [`per_thread_capture`],
 //! [`peer_leftover`], [`zero_byte`], [`host_pool_access`], [`pci_bus_id`], [`free_pending`],
-//! [`ipc_event`], [`managed_ranges`], [`managed_ids`], [`managed_pool`], [`managed_discard`].
+//! [`ipc_event`], [`managed_ranges`], [`managed_ids`], [`managed_pool`], [`managed_discard`],
+//! [`batch_copy_edges`], [`graph_memory`], [`graph_launch_capture`], [`pool_alloc_capture`],
+//! [`unsafe_calls`], [`user_object`].
 
 mod address_hint;
+mod batch_copy_edges;
 mod capture;
 mod child;
 mod destroy_pending;
@@ -36,6 +39,8 @@ mod driver;
 mod failed_alloc;
 mod free_pending;
 mod gate;
+mod graph_launch_capture;
+mod graph_memory;
 mod host_pool_access;
 mod imported_access;
 mod ipc_event;
@@ -48,10 +53,13 @@ mod pci_bus_id;
 mod peer_leftover;
 mod per_thread_capture;
 mod pointer_import;
+mod pool_alloc_capture;
 mod pool_import;
 mod raw;
 mod report;
 mod runner;
+mod unsafe_calls;
+mod user_object;
 mod zero_byte;
 
 use std::process::ExitCode;
@@ -85,7 +93,7 @@ pub(crate) struct Question {
 }
 
 /// Every question, in the order they are asked.
-pub(crate) const QUESTIONS: [Question; 18] = [
+pub(crate) const QUESTIONS: [Question; 24] = [
     pool_import::QUESTION,
     pointer_import::QUESTION,
     imported_access::QUESTION,
@@ -104,6 +112,12 @@ pub(crate) const QUESTIONS: [Question; 18] = [
     managed_ids::QUESTION,
     managed_pool::QUESTION,
     managed_discard::QUESTION,
+    batch_copy_edges::QUESTION,
+    graph_memory::QUESTION,
+    graph_launch_capture::QUESTION,
+    pool_alloc_capture::QUESTION,
+    unsafe_calls::QUESTION,
+    user_object::QUESTION,
 ];
 
 /// The child side of the question `name`.

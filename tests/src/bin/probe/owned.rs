@@ -1,14 +1,14 @@
 //! What a probe creates, released when it goes out of scope: the primary context, streams (a
-//! capture still under way is ended first), pools, allocations, events, captured graphs and
-//! address reservations. A release that fails is noted ([`note_cleanup`]) and shows in the
+//! capture still under way is ended first), pools, allocations, events, captured graphs,
+//! executable graphs and address reservations. A release that fails is noted ([`note_cleanup`]) and shows in the
 //! probe's details, never lost and never a panic.
 
 use std::ffi::c_int;
 use std::sync::{Mutex, PoisonError};
 
 use cuda_sys::types::{
-    CUcontext, CUdevice, CUdeviceptr, CUevent, CUgraph, CUipcEventHandle, CUmemPoolProps, CUmemoryPool, CUstream,
-    CUstream_flags, CUstreamCaptureMode,
+    CUcontext, CUdevice, CUdeviceptr, CUevent, CUgraph, CUgraphExec, CUipcEventHandle, CUmemPoolProps, CUmemoryPool,
+    CUstream, CUstream_flags, CUstreamCaptureMode,
 };
 use cuda_sys::{CudaError, cu_call, driver};
 
@@ -147,6 +147,20 @@ impl CapturedGraph {
     pub(crate) fn is_null(&self) -> bool {
         self.0.is_null()
     }
+
+    /// The driver's handle (NULL when there is none).
+    pub(crate) fn raw(&self) -> CUgraph {
+        self.0
+    }
+
+    /// `cuGraphInstantiateWithFlags` with no flags.
+    pub(crate) fn instantiate(&self) -> Result<OwnedGraphExec, CudaError> {
+        let d = driver()?;
+        let mut exec: CUgraphExec = std::ptr::null_mut();
+        // SAFETY: `exec` is a valid out-pointer; the graph is alive while `self` is.
+        unsafe { cu_call!(d, cuGraphInstantiateWithFlags(&mut exec, self.0, 0)) }?;
+        Ok(OwnedGraphExec(exec))
+    }
 }
 
 impl Drop for CapturedGraph {
@@ -160,6 +174,36 @@ impl Drop for CapturedGraph {
             unsafe { cu_call!(d, cuGraphDestroy(self.0)) }
         };
         note_cleanup("destroying a captured graph", destroy());
+    }
+}
+
+/// An executable graph, destroyed on drop (after its launches, which the driver lets finish).
+pub(crate) struct OwnedGraphExec(CUgraphExec);
+
+impl OwnedGraphExec {
+    /// `cuGraphLaunch` on any stream.
+    pub(crate) fn launch(&self, stream: CUstream) -> Call {
+        let d = driver()?;
+        // SAFETY: the executable graph is alive while `self` is; the stream is the caller's.
+        unsafe { cu_call!(d, cuGraphLaunch(self.0, stream)) }
+    }
+
+    /// `cuGraphUpload` on any stream.
+    pub(crate) fn upload(&self, stream: CUstream) -> Call {
+        let d = driver()?;
+        // SAFETY: as in `launch`.
+        unsafe { cu_call!(d, cuGraphUpload(self.0, stream)) }
+    }
+}
+
+impl Drop for OwnedGraphExec {
+    fn drop(&mut self) {
+        let destroy = || -> Call {
+            let d = driver()?;
+            // SAFETY: destroys the executable graph this value instantiated, once.
+            unsafe { cu_call!(d, cuGraphExecDestroy(self.0)) }
+        };
+        note_cleanup("destroying an executable graph", destroy());
     }
 }
 
@@ -331,6 +375,32 @@ impl Drop for ManagedAllocation {
             unsafe { cu_call!(d, cuMemFree_v2(self.ptr)) }
         };
         note_cleanup("freeing a cuMemAllocManaged allocation", free());
+    }
+}
+
+/// Pinned host memory from `cuMemAllocHost`, freed with `cuMemFreeHost` (the address is kept as
+/// an integer: the value is only handed back to the driver).
+pub(crate) struct HostAllocation(usize);
+
+impl HostAllocation {
+    /// `cuMemAllocHost` of `size` bytes.
+    pub(crate) fn new(size: usize) -> Result<HostAllocation, CudaError> {
+        let d = driver()?;
+        let mut ptr: *mut std::ffi::c_void = std::ptr::null_mut();
+        // SAFETY: `ptr` is a valid out-pointer.
+        unsafe { cu_call!(d, cuMemAllocHost_v2(&mut ptr, size)) }?;
+        Ok(HostAllocation(ptr as usize))
+    }
+}
+
+impl Drop for HostAllocation {
+    fn drop(&mut self) {
+        let free = || -> Call {
+            let d = driver()?;
+            // SAFETY: the allocation this value made, freed once.
+            unsafe { cu_call!(d, cuMemFreeHost(self.0 as *mut std::ffi::c_void)) }
+        };
+        note_cleanup("freeing a cuMemAllocHost allocation", free());
     }
 }
 

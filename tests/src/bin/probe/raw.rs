@@ -5,9 +5,10 @@
 use std::ffi::{c_int, c_void};
 
 use cuda_sys::types::{
-    CUdevice, CUdevice_attribute, CUdeviceptr, CUevent, CUmem_advise, CUmem_range_attribute, CUmemAccess_flags,
-    CUmemAccessDesc, CUmemAllocationHandleType, CUmemAllocationType, CUmemLocation, CUmemLocationType,
-    CUmemPool_attribute, CUmemPoolProps, CUmemoryPool, CUstream, CUstreamCaptureStatus,
+    CUdevice, CUdevice_attribute, CUdeviceptr, CUevent, CUgraph, CUgraphNode, CUgraphNodeType, CUmem_advise,
+    CUmem_range_attribute, CUmemAccess_flags, CUmemAccessDesc, CUmemAllocationHandleType, CUmemAllocationType,
+    CUmemLocation, CUmemLocationType, CUmemPool_attribute, CUmemPoolProps, CUmemoryPool, CUstream,
+    CUstreamCaptureStatus,
 };
 use cuda_sys::{CudaError, cu_call, driver};
 
@@ -328,4 +329,69 @@ pub(crate) fn read_bytes(ptr: CUdeviceptr, len: usize) -> Result<Vec<u8>, CudaEr
     // SAFETY: `bytes` is writable for `len` bytes; the driver checks `ptr..ptr + len`.
     unsafe { cu_call!(d, cuMemcpyDtoH_v2(bytes.as_mut_ptr().cast(), ptr, len)) }?;
     Ok(bytes)
+}
+
+/// The node types of `graph` in the order `cuGraphGetNodes` lists them (`MEMSET, GRAPH`), or
+/// why they could not be listed.
+pub(crate) fn graph_node_types(graph: CUgraph) -> String {
+    let listed = (|| {
+        let d = driver()?;
+        let mut count = 0usize;
+        // SAFETY: a NULL node array asks for the count only, written to `count`.
+        unsafe { cu_call!(d, cuGraphGetNodes(graph, std::ptr::null_mut(), &mut count)) }?;
+        let mut nodes: Vec<CUgraphNode> = vec![std::ptr::null_mut(); count];
+        // SAFETY: `nodes` has room for `count` handles, the count passed.
+        unsafe { cu_call!(d, cuGraphGetNodes(graph, nodes.as_mut_ptr(), &mut count)) }?;
+        nodes.truncate(count);
+        let mut types = Vec::new();
+        for node in nodes {
+            let mut kind = CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
+            // SAFETY: `kind` is a valid out-pointer; the node belongs to the live graph.
+            unsafe { cu_call!(d, cuGraphNodeGetType(node, &mut kind)) }?;
+            types.push(node_type_name(kind));
+        }
+        Ok::<_, CudaError>(types)
+    })();
+    match listed {
+        Ok(types) if types.is_empty() => "none".to_string(),
+        Ok(types) => types.join(", "),
+        Err(CudaError::Load(_)) => "not listed (no cuGraphGetNodes)".to_string(),
+        Err(e) => format!("not listed ({})", error_code(e)),
+    }
+}
+
+/// A node type's name without its `CU_GRAPH_NODE_TYPE_` prefix.
+fn node_type_name(kind: CUgraphNodeType) -> String {
+    use CUgraphNodeType as T;
+    let name = match kind {
+        T::CU_GRAPH_NODE_TYPE_KERNEL => "KERNEL",
+        T::CU_GRAPH_NODE_TYPE_MEMCPY => "MEMCPY",
+        T::CU_GRAPH_NODE_TYPE_MEMSET => "MEMSET",
+        T::CU_GRAPH_NODE_TYPE_HOST => "HOST",
+        T::CU_GRAPH_NODE_TYPE_GRAPH => "GRAPH",
+        T::CU_GRAPH_NODE_TYPE_EMPTY => "EMPTY",
+        T::CU_GRAPH_NODE_TYPE_WAIT_EVENT => "WAIT_EVENT",
+        T::CU_GRAPH_NODE_TYPE_EVENT_RECORD => "EVENT_RECORD",
+        T::CU_GRAPH_NODE_TYPE_MEM_ALLOC => "MEM_ALLOC",
+        T::CU_GRAPH_NODE_TYPE_MEM_FREE => "MEM_FREE",
+        T::CU_GRAPH_NODE_TYPE_BATCH_MEM_OP => "BATCH_MEM_OP",
+        T::CU_GRAPH_NODE_TYPE_CONDITIONAL => "CONDITIONAL",
+        other => return format!("type {}", other.0),
+    };
+    name.to_string()
+}
+
+/// `cuMemAllocAsync` of `size` bytes on `stream` (from the device's current pool, or a graph
+/// allocation node when the stream captures).
+pub(crate) fn alloc_async(size: usize, stream: CUstream) -> Result<CUdeviceptr, CudaError> {
+    let d = driver()?;
+    let mut ptr: CUdeviceptr = 0;
+    // SAFETY: `ptr` is a valid out-pointer; the stream is the caller's, alive.
+    unsafe { cu_call!(d, cuMemAllocAsync(&mut ptr, size, stream)) }?;
+    Ok(ptr)
+}
+
+/// The driver's CUDA version (`cuDriverGetVersion`: 13000 for 13.0).
+pub(crate) fn driver_version() -> Result<u32, CudaError> {
+    driver()?.version()
 }
