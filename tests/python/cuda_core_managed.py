@@ -42,7 +42,7 @@ from cuda.core import (
     ManagedMemoryResource,
     ManagedMemoryResourceOptions,
 )
-from cuda.core._utils.cuda_utils import CUDAError
+from cuda.core._utils.cuda_utils import CUDAError  # cuda.core 1.2 exports it nowhere public
 from cuda.core.utils import discard_batch, discard_prefetch_batch, prefetch_batch
 
 SIZE = 1 << 20
@@ -122,7 +122,8 @@ def check_resources(device):
     assert mr.preferred_location[1] == device.properties.host_numa_id, mr.preferred_location
     mr.close()
     # What cuMemPoolCreate refuses (HOST_NUMA_CURRENT), cuda.core refuses first.
-    raises(ValueError, lambda: ManagedMemoryResource(ManagedMemoryResourceOptions(preferred_location_type="host_numa_current")))
+    current_node = ManagedMemoryResourceOptions(preferred_location_type="host_numa_current")
+    raises(ValueError, lambda: ManagedMemoryResource(current_node))
     raises(ValueError, lambda: ManagedMemoryResource(ManagedMemoryResourceOptions(preferred_location=-3)))
 
 
