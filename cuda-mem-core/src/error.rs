@@ -292,6 +292,17 @@ pub enum Error {
         /// The location refused.
         location: crate::managed::Location,
     },
+    /// A managed pool asked to prefer a location a pool cannot have (checked before any driver
+    /// call): the calling thread's NUMA node ([`Location::HostNumaCurrent`](crate::Location::HostNumaCurrent)),
+    /// which `cuMemPoolCreate` refuses.
+    #[error(
+        "invalid argument: a managed pool cannot prefer {location:?}, which names no fixed location: use \
+         Location::HostNuma(node), Location::Host, a device, or None"
+    )]
+    PoolLocation {
+        /// The location refused.
+        location: crate::managed::Location,
+    },
     /// A batched managed-memory operation given no buffers.
     #[error("{operation} needs at least one buffer: the batch is empty")]
     EmptyBatch {

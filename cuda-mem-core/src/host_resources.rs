@@ -10,6 +10,7 @@ use crate::driver::driver;
 use crate::driver_version::DriverCapability;
 use crate::error::{DeviceCapability, Error, Result};
 use crate::handle_types::{HandleType, HandleTypes};
+use crate::managed::Location;
 use crate::pool::{MemoryPool, PoolKind};
 
 /// Where a pinned pool's host memory lives.
@@ -146,29 +147,16 @@ impl PinnedMemoryResource {
 
 crate::pool::pool_resource!(PinnedMemoryResource, host_accessible: true, device: |_this| None);
 
-/// Where managed memory prefers to live.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum PreferredLocation {
-    /// No preference.
-    #[default]
-    None,
-    /// A device.
-    Device(Device),
-    /// The host.
-    Host,
-    /// A host NUMA node.
-    HostNuma(u32),
-}
-
-impl PreferredLocation {
-    fn raw(self) -> CUmemLocation {
-        let (type_, id) = match self {
-            PreferredLocation::None => (CUmemLocationType::CU_MEM_LOCATION_TYPE_NONE, 0),
-            PreferredLocation::Device(device) => (CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, device.raw()),
-            PreferredLocation::Host => (CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST, 0),
-            PreferredLocation::HostNuma(node) => (CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST_NUMA, node as i32),
-        };
-        CUmemLocation { type_, id }
+/// A managed pool's preferred location in the driver's form: `CU_MEM_LOCATION_TYPE_NONE` for
+/// none, else the location's own, which must be one a pool can have.
+fn pool_location(preferred_location: Option<Location>) -> Result<CUmemLocation> {
+    match preferred_location {
+        None => Ok(CUmemLocation { type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_NONE, id: 0 }),
+        // `cuMemPoolCreate`: "Specifying CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT … will result in
+        // CUDA_ERROR_INVALID_VALUE"; `cuMemGetMemPool` does not take it either. A pool's
+        // location is fixed, and the calling thread's node is not.
+        Some(location @ Location::HostNumaCurrent) => Err(Error::PoolLocation { location }),
+        Some(location) => Ok(location.raw()),
     }
 }
 
@@ -176,13 +164,15 @@ impl PreferredLocation {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ManagedMemoryResourceOptions {
-    /// Where the memory prefers to live.
-    pub preferred_location: PreferredLocation,
+    /// Where the memory prefers to live (`None`: no preference, the driver decides): a device,
+    /// the host or a host NUMA node; not [`Location::HostNumaCurrent`], which a pool cannot
+    /// have.
+    pub preferred_location: Option<Location>,
 }
 
 impl ManagedMemoryResourceOptions {
-    /// With a preferred location.
-    pub fn preferred_location(mut self, location: PreferredLocation) -> Self {
+    /// With a preferred location (`None`: none).
+    pub fn preferred_location(mut self, location: Option<Location>) -> Self {
         self.preferred_location = location;
         self
     }
@@ -193,18 +183,21 @@ impl ManagedMemoryResourceOptions {
 #[derive(Debug)]
 pub struct ManagedMemoryResource {
     pool: MemoryPool,
-    preferred_location: PreferredLocation,
+    preferred_location: Option<Location>,
 }
 
 impl ManagedMemoryResource {
-    /// The current managed pool for a preferred location (shared, never destroyed).
+    /// The current managed pool for a preferred location (`None`: the pool with no preferred
+    /// location; shared, never destroyed).
     ///
     /// # Errors
-    /// [`Error::DriverTooOld`] before CUDA 13.0 ([`DriverCapability::CurrentPools`]); driver
-    /// errors.
-    pub fn current(preferred_location: PreferredLocation) -> Result<Arc<ManagedMemoryResource>> {
+    /// [`Error::DriverTooOld`] before CUDA 13.0 ([`DriverCapability::CurrentPools`]);
+    /// [`Error::PoolLocation`] for [`Location::HostNumaCurrent`] (both before any driver call);
+    /// driver errors.
+    pub fn current(preferred_location: Option<Location>) -> Result<Arc<ManagedMemoryResource>> {
         DriverCapability::CurrentPools.require()?;
-        let handle = current_pool(preferred_location.raw(), CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_MANAGED)?;
+        let location = pool_location(preferred_location)?;
+        let handle = current_pool(location, CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_MANAGED)?;
         Ok(Arc::new(ManagedMemoryResource {
             pool: MemoryPool::borrowed(handle, PoolKind::Managed),
             preferred_location,
@@ -214,13 +207,14 @@ impl ManagedMemoryResource {
     /// A managed pool of its own.
     ///
     /// # Errors
-    /// [`Error::DriverTooOld`] before CUDA 13.0 ([`DriverCapability::ManagedPools`]); driver
-    /// errors.
+    /// [`Error::DriverTooOld`] before CUDA 13.0 ([`DriverCapability::ManagedPools`]);
+    /// [`Error::PoolLocation`] for [`Location::HostNumaCurrent`] (both before any driver call);
+    /// driver errors.
     pub fn new(options: ManagedMemoryResourceOptions) -> Result<Arc<ManagedMemoryResource>> {
         DriverCapability::ManagedPools.require()?;
         let props = CUmemPoolProps {
             allocType: CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_MANAGED,
-            location: options.preferred_location.raw(),
+            location: pool_location(options.preferred_location)?,
             ..CUmemPoolProps::default()
         };
         let pool = MemoryPool::create(&props, PoolKind::Managed)?;
@@ -232,13 +226,13 @@ impl ManagedMemoryResource {
         &self.pool
     }
 
-    /// Where the memory prefers to live.
-    pub fn preferred_location(&self) -> PreferredLocation {
+    /// Where the memory prefers to live (`None`: no preference).
+    pub fn preferred_location(&self) -> Option<Location> {
         self.preferred_location
     }
 }
 
 crate::pool::pool_resource!(ManagedMemoryResource, host_accessible: true, device: |this| match this.preferred_location {
-    PreferredLocation::Device(device) => Some(device),
+    Some(Location::Device(device)) => Some(device),
     _ => None,
 }, managed: true);

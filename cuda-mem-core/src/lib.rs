@@ -102,7 +102,7 @@
 //! | `view` | [`DeviceView`], [`DeviceViewMut`]: typed views of a buffer, copies to and from Rust slices |
 //! | `copy` | copies with options and batches of copies: [`CopyOptions`], [`SourceAccessOrder`], [`OverlapMode`], [`copy_batch`], [`BatchCopy`], [`BatchOptions`], [`CopyError`] |
 //! | `device_resource` | [`DeviceMemoryResource`] and its options |
-//! | `host_resources` | [`PinnedMemoryResource`], [`ManagedMemoryResource`], their options and locations |
+//! | `host_resources` | [`PinnedMemoryResource`], [`ManagedMemoryResource`], their options ([`PinnedLocation`]; a managed pool prefers a [`Location`]) |
 //! | `managed` | managed memory's operations: [`ScopedBuffer::managed`] gives a checked [`ManagedBuffer`] (advice, preferred location, accessed-by, prefetch, last prefetch location; [`ManagedBufferMut`] discards), [`Location`], [`Advice`], the batches [`prefetch_batch`], [`discard_batch`], [`discard_prefetch_batch`] |
 //! | `legacy_resources` | [`SynchronousMemoryResource`], [`LegacyPinnedMemoryResource`] (no pools) |
 //! | `pool` | [`MemoryPool`] (a folder, a file per concern: attributes and [`PoolUsage`], [`PoolKind`], peers, sharing, counted imports), [`PoolResource`], [`pool_of`] |
@@ -247,6 +247,63 @@
 //! the pools and the resources without pools refuse, and virtual buffers wait only for the end of
 //! the capture.
 //!
+//! # Managed memory
+//!
+//! What cuda.core 1.2 writes with a `ManagedMemoryResource`, a `ManagedBuffer`'s advice and
+//! its prefetches and discards, and the batches of `cuda.core.utils`:
+//!
+//! ```python
+//! mr = ManagedMemoryResource(ManagedMemoryResourceOptions(preferred_location=0))
+//! buf = mr.allocate(1 << 20, stream=stream)
+//! other = mr.allocate(4096, stream=stream)
+//! buf.read_mostly = True
+//! buf.preferred_location = Host(numa_id=0)
+//! buf.accessed_by.add(device)
+//! buf.prefetch(device, stream=stream)
+//! prefetch_batch(stream, [buf, other], [Host(), device])
+//! buf.discard_prefetch(Host.numa_current(), stream=stream)
+//! discard_batch(stream, [buf, other])
+//! discard_prefetch_batch(stream, [buf, other], device)
+//! ```
+//!
+//! is, here:
+//!
+//! ```
+//! # cuda_sim::testing::driver()?; // the tests run this example on the simulator
+//! use cuda_mem_core::{
+//!     Device, Error, Location, ManagedMemoryResource, ManagedMemoryResourceOptions, Stream, StreamOptions,
+//!     discard_batch, discard_prefetch_batch, prefetch_batch,
+//! };
+//!
+//! let device = Device::new(0)?;
+//! let stream = Stream::new(device, StreamOptions::default().non_blocking())?;
+//! let options = ManagedMemoryResourceOptions::default().preferred_location(Some(Location::Device(device)));
+//! let resource = ManagedMemoryResource::new(options)?;
+//! let mut buf = resource.allocate(1 << 20, &stream)?;
+//! let mut other = resource.allocate(4096, &stream)?;
+//!
+//! let managed = buf.managed()?; // checked once: Error::NotManaged for other memory
+//! managed.set_read_mostly(true)?;
+//! managed.set_preferred_location(Location::HostNuma(0))?;
+//! managed.add_accessed_by(device)?;
+//! managed.prefetch(device, &stream)?;
+//! assert!(managed.read_mostly()?);
+//! assert_eq!(managed.preferred_location()?, Some(Location::HostNuma(0)));
+//! assert_eq!(managed.accessed_by()?, [Location::Device(device)]);
+//! assert_eq!(managed.last_prefetch_location()?, Some(Location::Device(device)));
+//! // cuda.core's table of the locations each advice takes, checked before the driver is called.
+//! assert!(matches!(managed.add_accessed_by(Location::HostNuma(0)), Err(Error::AdviceLocation { .. })));
+//!
+//! prefetch_batch([&buf, &other], &[Location::Host, Location::Device(device)][..], &stream)?;
+//! // Discards destroy the contents: they take the buffers exclusively.
+//! buf.managed_mut()?.discard_prefetch(Location::HostNumaCurrent, &stream)?;
+//! let (mut a, mut b) = (buf.managed_mut()?, other.managed_mut()?);
+//! discard_batch([&mut a, &mut b], &stream)?;
+//! discard_prefetch_batch([&mut a, &mut b], device, &stream)?;
+//! stream.synchronize()?;
+//! # Ok::<(), cuda_mem_core::Error>(())
+//! ```
+//!
 //! # DLPack (feature `dlpack`)
 //!
 //! A buffer leaves as a versioned DLPack tensor (`DLManagedTensorVersioned`) for any DLPack
@@ -366,7 +423,7 @@ pub use graph_memory::{GraphMemoryAttributes, GraphMemoryResource, HighWaterMark
 pub use handle_types::{HandleType, HandleTypes};
 pub use host_resources::{
     ManagedMemoryResource, ManagedMemoryResourceOptions, PinnedLocation, PinnedMemoryResource,
-    PinnedMemoryResourceOptions, PreferredLocation,
+    PinnedMemoryResourceOptions,
 };
 pub use legacy_resources::{LegacyPinnedMemoryResource, SynchronousMemoryResource};
 pub use managed::{

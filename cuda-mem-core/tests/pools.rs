@@ -3,9 +3,9 @@
 mod common;
 
 use cuda_mem_core::{
-    Access, Device, DeviceMemoryResource, DeviceMemoryResourceOptions, Error, FillPattern, ManagedMemoryResource,
-    ManagedMemoryResourceOptions, PinnedLocation, PinnedMemoryResource, PinnedMemoryResourceOptions, PoolKind,
-    PreferredLocation, ReusePolicy,
+    Access, Device, DeviceMemoryResource, DeviceMemoryResourceOptions, Error, FillPattern, Location,
+    ManagedMemoryResource, ManagedMemoryResourceOptions, MemoryResource, PinnedLocation, PinnedMemoryResource,
+    PinnedMemoryResourceOptions, PoolKind, ReusePolicy,
 };
 use cuda_sys::types::CUresult;
 
@@ -158,16 +158,36 @@ fn ipc_pinned_pools_need_a_numa_location() {
 fn managed_pools_are_host_and_device_accessible() {
     let device = common::device();
     let stream = common::stream(device);
-    for preferred in [PreferredLocation::None, PreferredLocation::Device(device), PreferredLocation::Host] {
+    for preferred in [None, Some(Location::Device(device)), Some(Location::Host), Some(Location::HostNuma(0))] {
         let mmr =
             ManagedMemoryResource::new(ManagedMemoryResourceOptions::default().preferred_location(preferred)).unwrap();
+        assert_eq!(mmr.preferred_location(), preferred);
+        assert_eq!(mmr.device(), preferred.and_then(|p| if let Location::Device(d) = p { Some(d) } else { None }));
         let mut buffer = mmr.allocate(256, &stream).unwrap();
         buffer.fill(FillPattern::U8(9), &stream).unwrap();
         assert!(buffer.host_slice().unwrap().iter().all(|&b| b == 9));
         assert_eq!(buffer.resource().map(|r| r.is_managed()), Some(true));
     }
-    let current = ManagedMemoryResource::current(PreferredLocation::None).unwrap();
+    let current = ManagedMemoryResource::current(None).unwrap();
     assert!(!current.pool().is_owned());
+    assert_eq!(
+        ManagedMemoryResource::current(Some(Location::Host)).unwrap().preferred_location(),
+        Some(Location::Host)
+    );
+}
+
+#[test]
+fn managed_pools_refuse_the_calling_threads_numa_node_before_the_driver() {
+    common::device();
+    let options = ManagedMemoryResourceOptions::default().preferred_location(Some(Location::HostNumaCurrent));
+    // The driver would refuse it with CUDA_ERROR_INVALID_VALUE; this error is the library's own.
+    for err in [
+        ManagedMemoryResource::new(options).unwrap_err(),
+        ManagedMemoryResource::current(Some(Location::HostNumaCurrent)).unwrap_err(),
+    ] {
+        assert!(matches!(err, Error::PoolLocation { location: Location::HostNumaCurrent }), "{err}");
+        assert!(err.to_string().contains("use Location::HostNuma(node)"), "{err}");
+    }
 }
 
 #[test]
@@ -178,10 +198,10 @@ fn each_pool_knows_what_memory_it_holds() {
         DeviceMemoryResource::new(device, DeviceMemoryResourceOptions::default()).unwrap().pool().kind(),
         PinnedMemoryResource::current().unwrap().pool().kind(),
         PinnedMemoryResource::new(PinnedMemoryResourceOptions::default()).unwrap().pool().kind(),
-        ManagedMemoryResource::current(PreferredLocation::None).unwrap().pool().kind(),
+        ManagedMemoryResource::current(None).unwrap().pool().kind(),
         // Preferring a device does not make managed memory that device's.
         ManagedMemoryResource::new(
-            ManagedMemoryResourceOptions::default().preferred_location(PreferredLocation::Device(device)),
+            ManagedMemoryResourceOptions::default().preferred_location(Some(Location::Device(device))),
         )
         .unwrap()
         .pool()

@@ -16,17 +16,18 @@ pub const CUDA_BINDINGS: &str = "cuda-bindings==13.5.0";
 pub const CUDA_CORE: &str = "cuda-core==1.2.2";
 
 /// The environment variable that gives `tests/tests/python_exchange.rs`,
-/// `tests/tests/dlpack_consumer.rs`, `tests/tests/cuda_core_copy.rs` and
-/// `tests/tests/cuda_core_graph.rs` their Python (one with cuda.core); without it those tests say
-/// SKIP and do not run.
+/// `tests/tests/dlpack_consumer.rs`, `tests/tests/cuda_core_copy.rs`,
+/// `tests/tests/cuda_core_graph.rs` and `tests/tests/cuda_core_managed.rs` their Python (one with
+/// cuda.core); without it those tests say SKIP and do not run.
 pub const PYTHON_ENV: &str = "CUDA_MEM_PYTHON";
 
 /// The `tests` crate's test targets that need [`PYTHON_ENV`]; each must run and pass.
-pub const PYTHON_TEST_TARGETS: &[&str] = &["python_exchange", "dlpack_consumer", "cuda_core_copy", "cuda_core_graph"];
+pub const PYTHON_TEST_TARGETS: &[&str] =
+    &["python_exchange", "dlpack_consumer", "cuda_core_copy", "cuda_core_graph", "cuda_core_managed"];
 
 /// The `cargo test` that runs the exchange between Rust and Python (cuda.core) processes,
 /// DLPack between cuda-mem-core and cuda.core in one process, and cuda.core's `copy_batch`,
-/// `CopyOptions` and graphs, on the simulator, with [`PYTHON_ENV`] naming a Python with
+/// `CopyOptions`, graphs and managed memory, on the simulator, with [`PYTHON_ENV`] naming a Python with
 /// cuda.core; `Ok(Err(reason))` when Python or PyPI cannot be had.
 pub fn exchange_test(workspace: &Path) -> Result<Result<Command, String>, String> {
     let python = match venv(workspace, &[CUDA_BINDINGS, CUDA_CORE])? {
