@@ -18,8 +18,12 @@
 //!    (`cargo test -p tests --test python_exchange` with `CUDA_MEM_PYTHON` naming the virtual
 //!    environment's Python, which has cuda.core; skipped, saying why, without Python or PyPI)
 //! 9. `cargo doc --workspace --all-features --no-deps` with `RUSTDOCFLAGS=-Dwarnings`
-//! 10. the `cargo xtask bindgen --check` equivalent, when libclang and `cuda.h` can be had
-//!     (skipped, saying why, otherwise)
+//! 10. the README's "Platforms" table, on other targets ([`crate::platforms`]): `cargo check` of
+//!     the crates that build on Windows, macOS and aarch64 Linux, and the one `compile_error!` of
+//!     each Linux-only crate elsewhere (a target whose standard library is not installed is
+//!     skipped, saying so)
+//! 11. the `cargo xtask bindgen --check` equivalent, when libclang and `cuda.h` can be had
+//!     (skipped, saying why, otherwise; it builds xtask again with its `bindgen` feature)
 //!
 //! It ends with the time each step took and, last, the summaries `cargo test` printed.
 
@@ -29,7 +33,7 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::{bindgen, cargo, describe, header, run_command};
+use crate::{cargo, describe, header, run_command};
 
 /// How a step ended.
 pub(crate) enum Outcome {
@@ -60,7 +64,7 @@ pub fn run(workspace: &Path) -> Result<(), String> {
 
 /// The steps, each recorded as it ends; returns the first failure.
 fn run_steps(workspace: &Path, records: &mut Vec<Record>, summaries: &mut Vec<String>) -> Result<(), String> {
-    const TOTAL: usize = 11;
+    const TOTAL: usize = 12;
     let mut step = |name: &'static str, f: &mut dyn FnMut() -> Result<Outcome, String>| {
         println!("\n==> ci [{}/{TOTAL}] {name}", records.len() + 1);
         let start = Instant::now();
@@ -174,6 +178,7 @@ fn run_steps(workspace: &Path, records: &mut Vec<Record>, summaries: &mut Vec<St
                 .env("RUSTDOCFLAGS", flags.trim()),
         ))
     })?;
+    step("other targets", &mut || crate::platforms::check(workspace))?;
     step("bindgen --check", &mut || bindgen_check(workspace, include.is_some()))?;
     Ok(())
 }
@@ -311,7 +316,7 @@ fn bindgen_check(workspace: &Path, have_header: bool) -> Result<Outcome, String>
         ));
     };
     println!("libclang: {}", libclang.display());
-    bindgen::run(workspace, true).map(|()| Outcome::Passed)
+    crate::run_bindgen(workspace, true).map(|()| Outcome::Passed)
 }
 
 /// A libclang shared library bindgen can load: in `LIBCLANG_PATH`, in the dynamic loader's
