@@ -54,7 +54,9 @@
 // `CUDAAPI` is `__stdcall` on Windows: only on 64-bit targets is that the C convention the
 // bindings use.
 #[cfg(all(windows, not(target_pointer_width = "64")))]
-compile_error!("cuda-sys needs a 64-bit target on Windows: the CUDA driver API is __stdcall there, and 32-bit CUDA is gone");
+compile_error!(
+    "cuda-sys needs a 64-bit target on Windows: the CUDA driver API is __stdcall there, and 32-bit CUDA is gone"
+);
 
 mod error;
 mod loader;

@@ -5,8 +5,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use serde_json::Value;
 use crate::{create_dir, python_smoke};
+use serde_json::Value;
 
 /// The cuda.core release compared against (the one the exchange step installs too).
 pub use crate::python_smoke::CUDA_CORE;
@@ -404,8 +404,7 @@ fn sharing_tables(ours: &Value, their_results: &[Value]) -> String {
     }
     let find = |batch: f64, api: &str| {
         theirs.iter().copied().find(|r| {
-            r.get("batch").and_then(Value::as_f64) == Some(batch)
-                && r.get("api").and_then(Value::as_str) == Some(api)
+            r.get("batch").and_then(Value::as_f64) == Some(batch) && r.get("api").and_then(Value::as_str) == Some(api)
         })
     };
     let mut table = String::from(

@@ -22,8 +22,8 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use serde_json::Value;
 use crate::{cargo, create_dir, describe};
+use serde_json::Value;
 
 /// The largest bundle that can be carried to the GPU machine.
 const MAX_BUNDLE_BYTES: u64 = 64 << 20;

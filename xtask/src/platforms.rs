@@ -92,10 +92,7 @@ fn expect_refusal(workspace: &Path, triple: &str, name: &str, message: &str) -> 
         return Err(format!("`{}` passed: the README says {name} does not build for {triple}", describe(&command)));
     }
     if !stderr.contains(message) {
-        return Err(format!(
-            "`{}` failed without {name}'s own message (\"{message}\"):\n{stderr}",
-            describe(&command)
-        ));
+        return Err(format!("`{}` failed without {name}'s own message (\"{message}\"):\n{stderr}", describe(&command)));
     }
     let errors = stderr.lines().filter(|line| line.contains("error:") && !line.starts_with("error: could not compile"));
     let count = errors.count();
