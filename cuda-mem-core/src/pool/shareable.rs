@@ -158,7 +158,7 @@ mod tests {
     #[test]
     fn a_pool_several_devices_reach_is_no_shareable_kind() {
         cuda_sim::testing::in_simulated_machine(
-            "pool::sharing::tests::a_pool_several_devices_reach_is_no_shareable_kind",
+            "pool::shareable::tests::a_pool_several_devices_reach_is_no_shareable_kind",
             &[("CUDA_SIM_DEVICES", "2")],
             || {
                 if !cuda_sim::testing::simulator_only("two devices that reach one device pool") {
