@@ -119,8 +119,16 @@
 //! With the `cudarc` feature (off by default), cudarc's streams, copies, memsets, launches and
 //! allocations meet this crate's: see "cudarc" below (built with the feature).
 //!
-//! The driver is loaded at run time (see `cuda-sys`): `libcuda.so.1`, or the library
-//! `CUDA_MEM_DRIVER` names (such as the `cuda-sim` simulator).
+//! The driver is loaded at run time (see `cuda-sys`): `libcuda.so.1` (`nvcuda.dll` on
+//! Windows), or the library `CUDA_MEM_DRIVER` names (such as the `cuda-sim` simulator).
+//!
+//! # Platforms
+//!
+//! Linux: everything. Windows: everything but a pool's shareable file descriptor
+//! (`ShareableHandle`, `MemoryPool::shareable_handle` and `MemoryPool::import` are built on Unix
+//! only, as `std::os::fd` is; the driver exports pools as file descriptors on Linux only, and
+//! Windows handles are not implemented). macOS: builds, but has no CUDA driver to load. The tests
+//! run on Linux; the other targets are checked with `cargo check`.
 //!
 //! # Features
 //!
@@ -431,9 +439,11 @@ pub use managed::{
     prefetch_batch,
 };
 pub use memory_resource::{AsDynMemoryResource, DevicePtr, MemoryResource, MemoryResourceExt};
+#[cfg(unix)]
+pub use pool::ShareableHandle;
 pub use pool::{
-    EXPORT_DATA_LEN, MemoryPool, PoolAttributes, PoolKind, PoolResource, PoolUsage, ReusePolicy, ShareableHandle,
-    import_holders, import_pending_waits, mapped_range_size, pool_of,
+    EXPORT_DATA_LEN, MemoryPool, PoolAttributes, PoolKind, PoolResource, PoolUsage, ReusePolicy, import_holders,
+    import_pending_waits, mapped_range_size, pool_of,
 };
 
 /// The crate typed views take their element types' guarantees from ([`bytemuck::Pod`]): derive

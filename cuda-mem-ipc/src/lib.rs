@@ -35,6 +35,11 @@
 //!   exported or imported (`"buffer exported"`, `"buffer imported"`), with the resource's `uuid`,
 //!   `size`, `ptr` and `pool`, beside the pool-level events of `cuda-mem-core`.
 //!
+//! **Linux only**: everything here passes POSIX file descriptors (Unix domain sockets,
+//! `SCM_RIGHTS`, `/proc`), which the driver exports on Linux only; elsewhere the crate stops
+//! with one `compile_error!` saying so (`cuda-mem-core` and `cuda-mem-vmm` build on Windows and
+//! macOS).
+//!
 //! Devices, streams, buffers and pools are `cuda-mem-core`'s, and so is the vocabulary this crate
 //! speaks: what memory a shared pool holds ([`PoolKind`](cuda_mem_core::PoolKind), reported by
 //! [`MappedMemoryResource::kind`] and expected by [`lookup`]) and the length of an allocation's
@@ -196,28 +201,56 @@
 // On docs.rs (which sets `docsrs`), items behind a feature say which.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+// Every module passes or adopts POSIX file descriptors (Unix domain sockets, `SCM_RIGHTS`,
+// `/proc`), and the driver exports pools as file descriptors on Linux only: elsewhere the crate
+// stops here, with one message, rather than with an error per module.
+#[cfg(not(target_os = "linux"))]
+compile_error!(
+    "cuda-mem-ipc builds on Linux only: it shares CUDA memory between processes by passing POSIX file \
+     descriptors, which the CUDA driver exports on Linux only. On Windows and macOS depend on \
+     cuda-mem-core and cuda-mem-vmm, which build there."
+);
+
+#[cfg(target_os = "linux")]
 mod channel;
+#[cfg(target_os = "linux")]
 mod descriptor;
+#[cfg(target_os = "linux")]
 mod error;
+#[cfg(target_os = "linux")]
 mod event;
+#[cfg(target_os = "linux")]
 mod mapped;
+#[cfg(target_os = "linux")]
 mod protocol;
+#[cfg(target_os = "linux")]
 mod registry;
+#[cfg(target_os = "linux")]
 mod share;
+#[cfg(target_os = "linux")]
 mod spawn;
-#[cfg(feature = "vmm")]
+#[cfg(all(target_os = "linux", feature = "vmm"))]
 mod virtual_buffer;
 
+#[cfg(target_os = "linux")]
 pub use channel::{Channel, ChannelListener, MAX_FDS, MAX_PAYLOAD_LEN, RawMessage};
+#[cfg(target_os = "linux")]
 pub use descriptor::{BufferDescriptor, DecodeError, ENCODED_LEN, MAGIC, MAX_BUFFER_SIZE, VERSION};
+#[cfg(target_os = "linux")]
 pub use error::{IpcError, Result};
+#[cfg(target_os = "linux")]
 pub use event::{EVENT_ENCODED_LEN, EVENT_MAGIC, EVENT_VERSION, EventDescriptor};
+#[cfg(target_os = "linux")]
 pub use mapped::{MappedMemoryResource, lookup, registry};
+#[cfg(target_os = "linux")]
 pub use protocol::{IpcChannel, MAX_BUFFERS_PER_MESSAGE, Received};
+#[cfg(target_os = "linux")]
 pub use registry::Registry;
+#[cfg(target_os = "linux")]
 pub use share::{AllocationHandle, allocation_handle, buffer_descriptor};
+#[cfg(target_os = "linux")]
 pub use spawn::{CHANNEL_FD_ENV, CHANNEL_INODE_ENV, spawn_with_channel};
-#[cfg(feature = "vmm")]
+#[cfg(all(target_os = "linux", feature = "vmm"))]
 pub use virtual_buffer::{
     SharedVirtualBuffer, VIRTUAL_BUFFER_MAGIC, VIRTUAL_BUFFER_VERSION, VirtualBufferDecodeError, VirtualBufferLocation,
 };

@@ -60,6 +60,14 @@
 //!
 //! Fabric handles are tested on the simulator only; they have not yet run on hardware.
 //!
+//! # Platforms
+//!
+//! Linux: everything. Windows: allocating, growing, mapping and fabric handles build, but not
+//! export and import by file descriptor ([`ChunkHandle`]'s `Fd` is built on Unix only): the
+//! default [`handle_type`](VirtualMemoryResourceOptions::handle_type) is `None` there and
+//! `HandleType::PosixFd` is refused as unsupported. macOS: builds, but has no CUDA driver. The
+//! tests run on Linux; the other targets are checked with `cargo check`.
+//!
 //! ```
 //! # cuda_sim::testing::driver()?; // the tests run this example on the simulator
 //! use cuda_mem_core::{Device, FillPattern, Stream, StreamOptions};

@@ -74,8 +74,9 @@ impl Granularity {
 }
 
 /// How a [`VirtualMemoryResource`](crate::VirtualMemoryResource) allocates. The defaults are
-/// cuda.core's: pinned device memory, POSIX-fd handles, recommended granularity, no RDMA, the
-/// driver's choice of address and alignment, no peers, read-write access.
+/// cuda.core's: pinned device memory, POSIX-fd handles (on Unix; elsewhere `None`, as file
+/// descriptors exist on Unix only), recommended granularity, no RDMA, the driver's choice of
+/// address and alignment, no peers, read-write access.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct VirtualMemoryResourceOptions {
@@ -83,7 +84,7 @@ pub struct VirtualMemoryResourceOptions {
     pub allocation_type: AllocationType,
     /// Where the memory lives.
     pub location_type: LocationType,
-    /// The handle type chunks can be exported as: [`HandleType::PosixFd`] or
+    /// The handle type chunks can be exported as: [`HandleType::PosixFd`] (Unix only) or
     /// [`HandleType::Fabric`]; `None` for memory that is not exported.
     pub handle_type: Option<HandleType>,
     /// The granularity sizes are rounded to.
@@ -107,7 +108,8 @@ impl Default for VirtualMemoryResourceOptions {
         VirtualMemoryResourceOptions {
             allocation_type: AllocationType::default(),
             location_type: LocationType::default(),
-            handle_type: Some(HandleType::PosixFd),
+            // Exportable by default where file descriptors exist (Unix); not exported elsewhere.
+            handle_type: if cfg!(unix) { Some(HandleType::PosixFd) } else { None },
             granularity: Granularity::default(),
             gpu_direct_rdma: false,
             address_hint: 0,

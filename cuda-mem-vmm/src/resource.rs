@@ -70,7 +70,8 @@ impl VirtualMemoryResource {
         }
         match options.handle_type {
             None => {}
-            Some(HandleType::PosixFd) if !properties.posix_fd_handles_supported => {
+            // No file descriptors off Unix (`ChunkHandle::Fd` is Unix only), whatever the device says.
+            Some(HandleType::PosixFd) if !cfg!(unix) || !properties.posix_fd_handles_supported => {
                 return Err(unsupported(DeviceFeature::PosixFdHandles));
             }
             Some(HandleType::Fabric) if !properties.fabric_handles_supported => {

@@ -8,7 +8,12 @@
 //! This crate makes the driver calls and nothing else: its bytes on the wire, checksummed and
 //! versioned, and the passing of its file descriptors are `cuda-mem-ipc`'s (feature `vmm`:
 //! `IpcChannel::send_virtual_buffer`, and the encoding for other transports).
+//!
+//! File descriptors ([`ChunkHandle::Fd`]) exist on Unix only (`cfg(unix)`); elsewhere only
+//! fabric handles can be carried, and a resource cannot be created with
+//! [`HandleType::PosixFd`](cuda_mem_core::HandleType::PosixFd).
 
+#[cfg(unix)]
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::Arc;
 
@@ -31,7 +36,8 @@ pub const MAX_CHUNKS: usize = 253;
 /// One chunk's shareable handle.
 #[derive(Debug)]
 pub enum ChunkHandle {
-    /// A POSIX file descriptor (closed when dropped).
+    /// A POSIX file descriptor (closed when dropped). Unix only.
+    #[cfg(unix)]
     Fd(OwnedFd),
     /// A fabric handle.
     Fabric([u8; 64]),
@@ -89,6 +95,7 @@ impl VirtualBuffer {
                     .map(|()| ChunkHandle::Fabric(fabric.data))
                 }
                 // POSIX file descriptors: the only other handle type a resource is created with.
+                #[cfg(unix)]
                 _ => {
                     let mut raw: std::ffi::c_int = -1;
                     // SAFETY: a POSIX-fd export writes one `int`, a new descriptor owned here.
@@ -97,6 +104,13 @@ impl VirtualBuffer {
                     }
                     // SAFETY: on success the driver handed over a new descriptor.
                     .map(|()| ChunkHandle::Fd(unsafe { OwnedFd::from_raw_fd(raw) }))
+                }
+                // `VirtualMemoryResource::new` refuses POSIX file descriptors here, and every
+                // other handle type but fabric handles everywhere.
+                #[cfg(not(unix))]
+                _ => {
+                    let device = self.resource().device();
+                    return Err(VmmError::Unsupported { device, feature: crate::error::DeviceFeature::PosixFdHandles });
                 }
             };
             match exported {
@@ -150,8 +164,10 @@ impl VirtualBufferDescriptor {
         }
         for (index, handle) in self.handles.iter().enumerate() {
             let carries = match handle {
+                #[cfg(unix)]
                 ChunkHandle::Fd(_) if self.handle_type == HandleType::PosixFd => continue,
                 ChunkHandle::Fabric(_) if self.handle_type == HandleType::Fabric => continue,
+                #[cfg(unix)]
                 ChunkHandle::Fd(_) => "a file descriptor",
                 ChunkHandle::Fabric(_) => "a fabric handle",
             };
@@ -182,6 +198,7 @@ fn import_chunk(
     let d = driver()?;
     let mut imported: CUmemGenericAllocationHandle = 0;
     match handle {
+        #[cfg(unix)]
         ChunkHandle::Fd(fd) => {
             use std::os::fd::AsRawFd;
             let raw = fd.as_raw_fd() as isize as *mut std::ffi::c_void;

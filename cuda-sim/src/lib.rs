@@ -7,6 +7,10 @@
 //! path (`CUDA_MEM_DRIVER=…/libcuda_sim.so` here; cuda-python or PyTorch through
 //! `LD_LIBRARY_PATH` and a `libcuda.so.1` symlink) can use it.
 //!
+//! **Linux only**: it simulates the driver of a Linux process (memfd-backed shared memory,
+//! `/proc`, file descriptors for exported memory); elsewhere the crate stops with one
+//! `compile_error!` saying so.
+//!
 //! # Strictness
 //! The simulator exists to catch bugs before a GPU does, so wherever `cuda.h` documents an error
 //! it returns that error: calls before `cuInit` return `CUDA_ERROR_NOT_INITIALIZED`, calls that
@@ -106,34 +110,68 @@
 //! # Ok::<(), cuda_sys::CudaError>(())
 //! ```
 
+// The simulator models a Linux process (memfd-backed shared memory, `/proc`, file descriptors
+// for exported pools and memory): elsewhere the crate stops here, with one message, rather
+// than with an error per module.
+#[cfg(not(target_os = "linux"))]
+compile_error!(
+    "cuda-sim builds on Linux only: it simulates the CUDA driver of a Linux process (memfd shared memory, \
+     /proc, POSIX file descriptors). Run its tests on Linux (or WSL)."
+);
+
 /// A hash of the simulator's sources (made by its build script), the same in the shared library
 /// and in the `rlib` test suites link: [`testing::driver`] refuses a library whose
 /// `cuSimBuildId` differs, which would be a stale build found outside this build's folders.
+#[cfg(target_os = "linux")]
 pub const BUILD_ID: &str = env!("CUDA_SIM_BUILD_ID");
 
+#[cfg(target_os = "linux")]
 pub(crate) mod api;
+#[cfg(target_os = "linux")]
 mod capture;
+#[cfg(target_os = "linux")]
 mod config;
+#[cfg(target_os = "linux")]
 pub mod conservative;
+#[cfg(target_os = "linux")]
 mod context;
+#[cfg(target_os = "linux")]
 mod device;
+#[cfg(target_os = "linux")]
 mod error;
+#[cfg(target_os = "linux")]
 mod event;
+#[cfg(target_os = "linux")]
 mod exports;
+#[cfg(target_os = "linux")]
 mod fault;
+#[cfg(target_os = "linux")]
 mod graph;
+#[cfg(target_os = "linux")]
 mod handle;
+#[cfg(target_os = "linux")]
 mod ipc_event;
+#[cfg(target_os = "linux")]
 mod managed;
+#[cfg(target_os = "linux")]
 mod memory;
+#[cfg(target_os = "linux")]
 mod pool;
+#[cfg(target_os = "linux")]
 mod proc_address;
+#[cfg(target_os = "linux")]
 mod sealed;
+#[cfg(target_os = "linux")]
 mod shared;
+#[cfg(target_os = "linux")]
 mod state;
+#[cfg(target_os = "linux")]
 mod stream;
+#[cfg(target_os = "linux")]
 pub mod testing;
+#[cfg(target_os = "linux")]
 mod user_object;
+#[cfg(target_os = "linux")]
 mod vmm;
 
 /// The crate's README (its crates.io page), whose example the doc tests compile.

@@ -48,6 +48,21 @@
 //!     Ok(count)
 //! }
 //! ```
+//!
+//! # Platforms
+//!
+//! Builds on Linux, Windows and macOS (64-bit). [`DEFAULT_LIBRARY`] is `libcuda.so.1` on Linux
+//! and `nvcuda.dll` on Windows; macOS has no CUDA driver, so there the crate builds but
+//! [`driver()`] fails with a [`LoadError`] unless `CUDA_MEM_DRIVER` names a library. The entry
+//! points are `extern "C"`: the driver declares them `__stdcall` on Windows, which is the C
+//! convention on 64-bit targets only, so 32-bit Windows is refused at build time.
+
+// `CUDAAPI` is `__stdcall` on Windows: only on 64-bit targets is that the C convention the
+// bindings use.
+#[cfg(all(windows, not(target_pointer_width = "64")))]
+compile_error!(
+    "cuda-sys needs a 64-bit target on Windows: the CUDA driver API is __stdcall there, and 32-bit CUDA is gone"
+);
 
 mod error;
 mod loader;

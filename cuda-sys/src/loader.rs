@@ -46,9 +46,16 @@ use crate::types::{CUdriverProcAddress_flags, CUdriverProcAddressQueryResult, CU
 /// The environment variable naming the driver library to load instead of [`DEFAULT_LIBRARY`].
 pub const DRIVER_ENV: &str = "CUDA_MEM_DRIVER";
 
-/// The library [`driver()`] opens when [`DRIVER_ENV`] is unset: the driver's runtime soname,
-/// which (unlike the development symlink `libcuda.so`) every driver installation has.
+/// The library [`driver()`] opens when [`DRIVER_ENV`] is unset: on Linux (and other Unix
+/// systems) the driver's runtime soname, `libcuda.so.1`, which (unlike the development symlink
+/// `libcuda.so`) every driver installation has.
+#[cfg(not(windows))]
 pub const DEFAULT_LIBRARY: &str = "libcuda.so.1";
+
+/// The library [`driver()`] opens when [`DRIVER_ENV`] is unset: on Windows `nvcuda.dll`, which
+/// the display driver installs in the system folder.
+#[cfg(windows)]
+pub const DEFAULT_LIBRARY: &str = "nvcuda.dll";
 
 /// Which default-stream semantics the resolved functions have.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

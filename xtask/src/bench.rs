@@ -14,6 +14,7 @@ use crate::{cargo, run_command};
 
 /// Runs the subcommand.
 pub fn run(workspace: &Path, compare: bool) -> Result<(), String> {
+    println!("building the simulator and the benchmarks in release (the first time, minutes on 2 cores)…");
     run_command(cargo(workspace).args(["build", "--release", "-p", "cuda-sim"]))
         .map_err(|e| format!("building the simulator: {e}"))?;
     run_command(cargo(workspace).args(["run", "--release", "-p", "tests", "--bin", "bench"]))

@@ -16,7 +16,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use quote::ToTokens;
@@ -368,9 +368,4 @@ fn rustfmt(text: &str) -> Result<String, String> {
         return Err(format!("rustfmt failed: {}", String::from_utf8_lossy(&output.stderr)));
     }
     String::from_utf8(output.stdout).map_err(|e| format!("rustfmt output: {e}"))
-}
-
-/// The workspace root, found from this crate's manifest directory.
-pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf)
 }

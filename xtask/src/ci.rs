@@ -19,12 +19,16 @@
 //!    `python_smoke::PYTHON_TEST_TARGETS`, with `CUDA_MEM_PYTHON` naming the virtual
 //!    environment's Python, which has cuda.core; skipped, saying why, without Python or PyPI)
 //! 9. `cargo doc --workspace --all-features --no-deps` with `RUSTDOCFLAGS=-Dwarnings`
-//! 10. the `cargo xtask bindgen --check` equivalent, when libclang and `cuda.h` can be had
-//!     (skipped, saying why, otherwise)
-//! 11. `cargo publish --dry-run` of every published crate, each packaged and its package built as
+//! 10. the README's "Platforms" table, on other targets ([`crate::platforms`]): `cargo check` of
+//!     the crates that build on Windows, macOS and aarch64 Linux, and the one `compile_error!` of
+//!     each Linux-only crate elsewhere (a target whose standard library is not installed is
+//!     skipped, saying so)
+//! 11. the `cargo xtask bindgen --check` equivalent, when libclang and `cuda.h` can be had
+//!     (skipped, saying why, otherwise; it builds xtask again with its `bindgen` feature)
+//! 12. `cargo publish --dry-run` of every published crate, each packaged and its package built as
 //!     a user would get it (about 45 s warm on two cores); where crates.io cannot be reached,
 //!     `cargo package --offline` of the same crates (which builds them too, from the local cache)
-//! 12. the declared `rust-version` (MSRV): `cargo +<rust-version> check --workspace --all-targets
+//! 13. the declared `rust-version` (MSRV): `cargo +<rust-version> check --workspace --all-targets
 //!     --all-features` when rustup has that toolchain (about 2 min the first time, seconds after;
 //!     `rustup toolchain install <rust-version> --profile minimal` gets it), otherwise skipped,
 //!     saying so: clippy's `incompatible_msrv` lint (on by default, denied by step 2's `-D
@@ -38,7 +42,7 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::{bindgen, cargo, describe, header, run_command};
+use crate::{cargo, describe, header, run_command};
 
 /// How a step ended.
 pub(crate) enum Outcome {
@@ -69,7 +73,7 @@ pub fn run(workspace: &Path) -> Result<(), String> {
 
 /// The steps, each recorded as it ends; returns the first failure.
 fn run_steps(workspace: &Path, records: &mut Vec<Record>, summaries: &mut Vec<String>) -> Result<(), String> {
-    const TOTAL: usize = 13;
+    const TOTAL: usize = 14;
     let mut step = |name: &'static str, f: &mut dyn FnMut() -> Result<Outcome, String>| {
         println!("\n==> ci [{}/{TOTAL}] {name}", records.len() + 1);
         let start = Instant::now();
@@ -185,6 +189,7 @@ fn run_steps(workspace: &Path, records: &mut Vec<Record>, summaries: &mut Vec<St
                 .env("RUSTDOCFLAGS", flags.trim()),
         ))
     })?;
+    step("other targets", &mut || crate::platforms::check(workspace))?;
     step("bindgen --check", &mut || bindgen_check(workspace, include.is_some()))?;
     step("publish --dry-run", &mut || publish_dry_run(workspace))?;
     step("msrv", &mut || msrv_check(workspace))?;
@@ -403,7 +408,7 @@ fn bindgen_check(workspace: &Path, have_header: bool) -> Result<Outcome, String>
         ));
     };
     println!("libclang: {}", libclang.display());
-    bindgen::run(workspace, true).map(|()| Outcome::Passed)
+    crate::run_bindgen(workspace, true).map(|()| Outcome::Passed)
 }
 
 /// A libclang shared library bindgen can load: in `LIBCLANG_PATH`, in the dynamic loader's

@@ -5,8 +5,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::json::{self, Value};
 use crate::{create_dir, python_smoke};
+use serde_json::Value;
 
 /// The cuda.core release compared against (the one the exchange step installs too).
 pub use crate::python_smoke::CUDA_CORE;
@@ -28,6 +28,8 @@ pub struct Setup {
     results: PathBuf,
     /// A folder whose `libcuda.so.1` is the simulator, for runs on it.
     simulator_dir: Option<PathBuf>,
+    /// In a bundle, the temporary folder `simulator_dir` names: removed when the setup is.
+    _simulator_temp: Option<tempfile::TempDir>,
 }
 
 impl Setup {
@@ -45,6 +47,7 @@ impl Setup {
             bench: workspace.join("target/release/bench"),
             results: workspace.join("target/bench"),
             simulator_dir: python_smoke::simulator_lib_dir(workspace, "release").ok(),
+            _simulator_temp: None,
         })
     }
 
@@ -53,6 +56,7 @@ impl Setup {
     /// on its path (the bundle's `run.sh` installs them and sets `PYTHONPATH`).
     pub fn in_bundle(bundle: &Path, results: &Path) -> Setup {
         let dir = bundle.join("compare");
+        let simulator_temp = simulator_link(&bundle.join("libcuda_sim.so")).ok();
         Setup {
             python: std::env::var_os("CUDA_MEM_COMPARE_PYTHON").map_or_else(|| PathBuf::from("python3"), PathBuf::from),
             script: dir.join("cuda_core_bench.py"),
@@ -60,18 +64,24 @@ impl Setup {
             null_dir: dir.join("null"),
             bench: bundle.join("bench"),
             results: results.to_path_buf(),
-            simulator_dir: simulator_link(&bundle.join("libcuda_sim.so")).ok(),
+            simulator_dir: simulator_temp.as_ref().map(|temp| temp.path().to_path_buf()),
+            _simulator_temp: simulator_temp,
         }
     }
 }
 
-/// A folder in the temporary folder whose `libcuda.so.1` links to `simulator` (for a bundle run
-/// on the simulator, as when it is tried out without a GPU).
-fn simulator_link(simulator: &Path) -> Result<PathBuf, String> {
+/// A new temporary folder whose `libcuda.so.1` links to `simulator` (for a bundle run on the
+/// simulator, as when it is tried out without a GPU); removed when dropped.
+fn simulator_link(simulator: &Path) -> Result<tempfile::TempDir, String> {
     if !simulator.is_file() {
         return Err(format!("{} is missing", simulator.display()));
     }
-    python_smoke::libcuda_dir(simulator, &std::env::temp_dir().join("cuda-mem-compare-simulator"))
+    let temp = tempfile::Builder::new()
+        .prefix("cuda-mem-compare-simulator")
+        .tempdir()
+        .map_err(|e| format!("creating a temporary folder: {e}"))?;
+    python_smoke::libcuda_dir(simulator, temp.path())?;
+    Ok(temp)
 }
 
 /// Packs what [`Setup::in_bundle`] needs into `dir`: the script, the two helper libraries built
@@ -182,6 +192,11 @@ fn cdylib(source: &Path, library: &Path) -> Result<(), String> {
     Ok(())
 }
 
+/// The array `key` of an object, empty when it is missing or not an array.
+fn items<'a>(value: &'a Value, key: &str) -> &'a [Value] {
+    value.get(key).and_then(Value::as_array).map_or(&[], Vec::as_slice)
+}
+
 /// Whether cuda.core's result `r` is of `case`.
 fn is_case(r: &Value, case: &str) -> bool {
     r.get("case").and_then(Value::as_str) == Some(case)
@@ -189,7 +204,7 @@ fn is_case(r: &Value, case: &str) -> bool {
 
 /// The median of a `{"median": …}` (ours) or `{"median_ns": …}` (cuda.core's) object.
 fn median(value: &Value, key: &str) -> Option<f64> {
-    value.get(key).and_then(Value::as_number)
+    value.get(key).and_then(Value::as_f64)
 }
 
 /// A median with its p10 and p90, in nanoseconds.
@@ -218,11 +233,11 @@ impl Spread {
 pub fn compare(setup: &Setup) -> Result<(), String> {
     let ours_text = std::fs::read_to_string(setup.results.join("results.json"))
         .map_err(|e| format!("reading results.json in {}: {e}", setup.results.display()))?;
-    let ours = json::parse(&ours_text)?;
+    let ours = crate::parse_json(&ours_text)?;
     let on_simulator = ours.get("simulator").and_then(Value::as_bool).unwrap_or(true);
     let theirs_text = run(setup, &Driver::OfTheRun { simulator: on_simulator }, &[])?;
-    let theirs = json::parse(theirs_text.trim())?;
-    let their_results = theirs.get("results").and_then(Value::as_array).unwrap_or_default();
+    let theirs = crate::parse_json(theirs_text.trim())?;
+    let their_results = items(&theirs, "results");
     let mut vmm = String::new();
     for r in their_results.iter().filter(|r| is_case(r, "vmm_grow_step")) {
         match (r.get("error").and_then(Value::as_str), median(r, "median_ns")) {
@@ -284,10 +299,10 @@ fn pool_rounds(setup: &Setup, driver: &Driver) -> Result<Vec<PoolRound>, String>
             }
             let stdout = stdout_of(&mut ours, &format!("{} --pool-pairs", setup.bench.display()))?;
             let last = stdout.lines().last().unwrap_or_default();
-            let ours = json::parse(last)?.get("pools").and_then(Value::as_array).unwrap_or_default().to_vec();
+            let ours = items(&crate::parse_json(last)?, "pools").to_vec();
             let theirs_text = run(setup, driver, &["--pool-pairs"])?;
-            let theirs = json::parse(theirs_text.trim())?;
-            let theirs = theirs.get("results").and_then(Value::as_array).unwrap_or_default().to_vec();
+            let theirs = crate::parse_json(theirs_text.trim())?;
+            let theirs = items(&theirs, "results").to_vec();
             Ok(PoolRound { ours, theirs })
         })
         .collect()
@@ -315,7 +330,7 @@ fn pool_table(rounds: &[PoolRound]) -> String {
         let per_round: Vec<[f64; 6]> = rounds
             .iter()
             .map(|round| {
-                let ours = round.ours.iter().find(|r| r.get("size").and_then(Value::as_number) == Some(size));
+                let ours = round.ours.iter().find(|r| r.get("size").and_then(Value::as_f64) == Some(size));
                 let of =
                     |key: &str| ours.and_then(|r| r.get(key)).and_then(|v| median(v, "median")).unwrap_or(f64::NAN);
                 let theirs = |api: &str| {
@@ -324,7 +339,7 @@ fn pool_table(rounds: &[PoolRound]) -> String {
                         .iter()
                         .find(|r| {
                             is_case(r, "pool_pair")
-                                && r.get("size").and_then(Value::as_number) == Some(size)
+                                && r.get("size").and_then(Value::as_f64) == Some(size)
                                 && r.get("api").and_then(Value::as_str) == Some(api)
                         })
                         .and_then(|r| median(r, "median_ns"))
@@ -367,7 +382,7 @@ fn pool_table(rounds: &[PoolRound]) -> String {
 /// The additivity check of our run (`results.json`'s `pacing`), as a note under case (1).
 fn additivity(ours: &Value) -> String {
     let pacing = ours.get("pacing");
-    let number = |key: &str| pacing.and_then(|p| p.get(key)).and_then(Value::as_number);
+    let number = |key: &str| pacing.and_then(|p| p.get(key)).and_then(Value::as_f64);
     match (number("hidden_ns"), number("work_ns")) {
         (Some(hidden), Some(work)) => format!(
             "\nAdditivity on this driver (our run's check, BENCHMARKS.md method item 1): raw pairs with {work:.0} ns of \
@@ -389,8 +404,7 @@ fn sharing_tables(ours: &Value, their_results: &[Value]) -> String {
     }
     let find = |batch: f64, api: &str| {
         theirs.iter().copied().find(|r| {
-            r.get("batch").and_then(Value::as_number) == Some(batch)
-                && r.get("api").and_then(Value::as_str) == Some(api)
+            r.get("batch").and_then(Value::as_f64) == Some(batch) && r.get("api").and_then(Value::as_str) == Some(api)
         })
     };
     let mut table = String::from(
@@ -401,8 +415,8 @@ fn sharing_tables(ours: &Value, their_results: &[Value]) -> String {
         "| batch | raw native (cuda-sys) | ours | cuda.core | raw cuda.bindings | cuda.core, Connection.send |\n\
          |---:|---:|---:|---:|---:|---:|\n",
     );
-    for row in ours.get("sharing").and_then(Value::as_array).unwrap_or_default() {
-        let batch = row.get("batch").and_then(Value::as_number).unwrap_or(f64::NAN);
+    for row in items(ours, "sharing") {
+        let batch = row.get("batch").and_then(Value::as_f64).unwrap_or(f64::NAN);
         let per_buffer = row.get("per_buffer");
         let ours_side = |key: &str| Spread::of(per_buffer.and_then(|p| p.get(key)), "");
         let (mine, raw) = (ours_side("ours"), ours_side("raw"));
@@ -468,12 +482,12 @@ fn first_grow_table(ours: &Value, their_results: &[Value]) -> String {
         return format!("cuda.core first growth: failed on this driver: {error}\n");
     }
     let core = Spread::of(Some(theirs), "_ns");
-    let count = |key: &str| theirs.get(key).and_then(Value::as_number).unwrap_or(f64::NAN);
+    let count = |key: &str| theirs.get(key).and_then(Value::as_f64).unwrap_or(f64::NAN);
     let mut table = String::from(
         "| API | how it grew | per growth | ours / cuda.core |\n\
          |---|---|---:|---:|\n",
     );
-    for row in ours.get("vmm_first_grow").and_then(Value::as_array).unwrap_or_default() {
+    for row in items(ours, "vmm_first_grow") {
         let mode = row.get("mode").and_then(Value::as_str).unwrap_or("?");
         let mine = Spread::of(row.get("per_grow"), "");
         table.push_str(&format!("| ours | {mode} | {} | {:.3} |\n", mine.show(), mine.median / core.median));
@@ -501,12 +515,12 @@ mod tests {
     /// change that breaks them fails before a GPU session needs them.
     #[test]
     fn the_helper_libraries_build() {
-        let dir = std::env::temp_dir().join(format!("cuda-mem-compare-helpers-{}", std::process::id()));
+        let temp = tempfile::tempdir().unwrap();
+        let dir = temp.path();
         let (raw_pairs, null_dir) = (dir.join("libraw_pairs.so"), dir.join("null"));
-        build_helpers(&crate::bindgen::workspace_root(), &raw_pairs, &null_dir).unwrap();
+        build_helpers(&crate::workspace_root(), &raw_pairs, &null_dir).unwrap();
         for library in [raw_pairs, null_dir.join("libcuda.so.1")] {
             assert!(std::fs::metadata(&library).is_ok_and(|m| m.len() > 0), "{} built nothing", library.display());
         }
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

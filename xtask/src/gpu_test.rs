@@ -22,8 +22,8 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use crate::json::{self, Value};
 use crate::{cargo, create_dir, describe};
+use serde_json::Value;
 
 /// The largest bundle that can be carried to the GPU machine.
 const MAX_BUNDLE_BYTES: u64 = 64 << 20;
@@ -253,7 +253,7 @@ fn build(command: &mut Command) -> Result<Vec<Value>, String> {
     let mut messages = Vec::new();
     for line in BufReader::new(stdout).lines() {
         let line = line.map_err(|e| format!("reading cargo's output: {e}"))?;
-        let Ok(message) = json::parse(&line) else {
+        let Ok(message) = crate::parse_json(&line) else {
             println!("{line}");
             continue;
         };
@@ -642,7 +642,8 @@ mod tests {
 
     #[test]
     fn the_payload_is_a_gzipped_tar_that_tar_reads_back() {
-        let dir = std::env::temp_dir().join(format!("xtask-gpu-test-payload-{}", std::process::id()));
+        let temp = tempfile::tempdir().unwrap();
+        let dir = temp.path();
         let payload = dir.join("payload");
         std::fs::create_dir_all(payload.join("tests")).unwrap();
         std::fs::write(payload.join("tests").join("a.test.b"), b"binary").unwrap();
@@ -652,18 +653,17 @@ mod tests {
         let listed = Command::new("tar").arg("-tzf").arg(&archive).output().unwrap();
         assert!(listed.status.success());
         assert!(String::from_utf8_lossy(&listed.stdout).lines().any(|l| l == "./tests/a.test.b"));
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
     fn test_artifacts_are_named_by_package_kind_and_target() {
-        let message = json::parse(
+        let message = crate::parse_json(
             r#"{"reason":"compiler-artifact","package_id":"path+file:///w/tests#0.1.0","target":{"kind":["test"],"name":"ipc"},"profile":{"test":true},"executable":"/w/target/release/deps/ipc-1"}"#,
         )
         .unwrap();
         assert!(is_test_artifact(&message));
         assert_eq!(artifact(&message).unwrap().name, "tests.test.ipc");
-        let sim = json::parse(
+        let sim = crate::parse_json(
             r#"{"reason":"compiler-artifact","package_id":"path+file:///w/cuda-sim#0.1.0","target":{"kind":["lib"],"name":"cuda_sim"},"profile":{"test":true},"executable":"/x"}"#,
         )
         .unwrap();

@@ -7,15 +7,20 @@
 //!   answers; on the simulator otherwise), writing `target/probe/probe.json`.
 //! - `cargo xtask bench`: build the simulator and run the benchmarks (release), writing
 //!   `target/bench/`.
-//! - `cargo xtask ci`: the whole CI: fmt, clippy, build, tests, docs, binding check, the
-//!   published crates' dry run, the MSRV check.
+//! - `cargo xtask ci`: the whole CI: fmt, clippy, build, tests, docs, other targets, binding
+//!   check, the published crates' dry run, the MSRV check.
+//! - `cargo xtask platforms`: the README's "Platforms" table checked on other targets (`cargo
+//!   check`; part of `ci`).
 //! - `cargo xtask gpu-test [--out DIR]`: build the bundle that runs the test suite on a GPU
 //!   machine without Rust.
 //! - `cargo xtask bindgen [--check]`: regenerate (or verify) the committed `cuda-sys` bindings.
+//!   The generator (bindgen, syn) is behind xtask's `bindgen` feature, so that the other
+//!   commands do not compile it: without the feature, this command runs xtask again with it.
 //! - `cargo xtask sanitize [--miri] [--asan] [--tsan] [--valgrind] [--install]`: the tests under
 //!   Miri, AddressSanitizer, ThreadSanitizer and valgrind (not part of `ci`).
 
 mod bench;
+#[cfg(feature = "bindgen")]
 mod bindgen;
 mod ci;
 mod compare;
@@ -23,23 +28,24 @@ mod demo;
 mod doxygen;
 mod gpu_test;
 mod header;
-mod json;
+mod platforms;
 mod python_smoke;
 mod sanitize;
 
 use std::ffi::OsString;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let workspace = bindgen::workspace_root();
+    let workspace = workspace_root();
     let rest = args.get(1..).unwrap_or_default();
     let result = match args.first().map(String::as_str) {
         Some("bench") if rest.is_empty() => bench::run(&workspace, false),
         Some("bench") if rest == ["--compare"] => bench::run(&workspace, true),
-        Some("bindgen") => bindgen::run(&workspace, rest.iter().any(|a| a == "--check")),
+        Some("bindgen") => run_bindgen(&workspace, rest.iter().any(|a| a == "--check")),
         Some("ci") if rest.is_empty() => ci::run(&workspace),
+        Some("platforms") if rest.is_empty() => platforms::run(&workspace),
         Some("demo") => demo::run(&workspace, "demo", rest),
         Some("probe") => demo::run(&workspace, "probe", rest),
         Some("gpu-test") => gpu_test::run(&workspace, rest),
@@ -70,7 +76,8 @@ fn usage() -> String {
        bench [--compare]     build the simulator, then run the benchmarks in release (results in target/bench/);\n                             --compare also runs cuda.core's equivalents on the same driver\n                             (and case 1 of both on a nearly free stand-in driver)\n  \
        demo [ARGS...]        build the simulator, then run the demo (real GPU if found, else the simulator)\n  \
        probe [NAMES...]      build the simulator, then ask the driver the open questions (same choice of\n                             driver; report in target/probe/probe.json)\n  \
-       ci                    fmt, clippy, build, test, doc, the bindings check, publish --dry-run and MSRV,\n                             stopping at the first failure\n  \
+       ci                    fmt, clippy, build, test, doc, other targets, the bindings check, publish --dry-run\n                             and MSRV, stopping at the first failure\n  \
+       platforms             check the README's Platforms table on Windows, macOS and aarch64 Linux (cargo check;\n                             targets not installed are skipped: `rustup target add` them)\n  \
        gpu-test [--out DIR]  build the GPU test bundle (default: gpu-bundle/); run it with `bash DIR/run.sh`\n  \
        bindgen [--check]     regenerate (or check) cuda-sys/src/generated from cuda.h\n  \
        sanitize [--miri] [--asan] [--tsan] [--valgrind] [--install]\n                             \
@@ -79,6 +86,36 @@ fn usage() -> String {
      Needs the nightly toolchain (Miri: components miri and rust-src; TSan: rust-src);\n                             \
      --install gets what is missing with rustup. Not part of ci."
         .to_string()
+}
+
+/// The workspace root, found from this crate's manifest directory.
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf)
+}
+
+/// `cargo xtask bindgen [--check]`: here, when xtask was built with its `bindgen` feature.
+#[cfg(feature = "bindgen")]
+fn run_bindgen(workspace: &Path, check: bool) -> Result<(), String> {
+    bindgen::run(workspace, check)
+}
+
+/// `cargo xtask bindgen [--check]`: xtask again, built with its `bindgen` feature (bindgen and
+/// syn are left out of the default build, which every other command uses).
+#[cfg(not(feature = "bindgen"))]
+fn run_bindgen(workspace: &Path, check: bool) -> Result<(), String> {
+    println!("building xtask with its bindings generator (bindgen, syn; first time: about a minute)…");
+    let mut command = cargo(workspace);
+    command.args(["run", "--quiet", "--package", "xtask", "--features", "bindgen", "--", "bindgen"]);
+    if check {
+        command.arg("--check");
+    }
+    run_command(&mut command)
+}
+
+/// Parses one JSON document (a line of cargo's `--message-format=json`, the benchmarks'
+/// results).
+fn parse_json(text: &str) -> Result<serde_json::Value, String> {
+    serde_json::from_str(text).map_err(|e| format!("invalid JSON: {e}"))
 }
 
 /// A `cargo` command run from the workspace root, with the cargo that runs xtask.

@@ -49,11 +49,14 @@ pub fn venv(workspace: &Path, packages: &[&str]) -> Result<Result<std::path::Pat
     let venv = workspace.join("target/python-smoke");
     let python = venv.join("bin/python");
     if !python.is_file() {
+        println!("creating a Python virtual environment in {}…", venv.display());
         let created = Command::new("python3").args(["-m", "venv"]).arg(&venv).status();
         if !created.is_ok_and(|s| s.success()) {
             return Ok(Err("python3 -m venv is not available".to_string()));
         }
     }
+    // Quick when they are there already; the first time, pip downloads them from PyPI.
+    println!("pip: installing {} into {} (the first time, a download from PyPI)…", packages.join(" "), venv.display());
     let installed = Command::new(&python)
         .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"])
         .args(packages)

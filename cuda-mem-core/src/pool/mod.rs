@@ -5,8 +5,9 @@
 //! - [`kind`]: [`PoolKind`], what memory a pool holds (device, pinned or managed);
 //! - [`attributes`]: usage, high-water marks, release threshold, reuse policies, trimming;
 //! - [`peers`]: each device's access and the peer set of a device pool;
-//! - [`sharing`]: the shareable file descriptor, importing a pool from one (which handles this
-//!   process owns, and where an imported pool's memory lives), exporting an allocation;
+//! - [`sharing`]: which pool handles this process owns, exporting an allocation;
+//! - `shareable` (Unix only): the shareable file descriptor, importing a pool from one (and
+//!   where an imported pool's memory lives);
 //! - [`imports`]: mapping another process's allocations, counted, since the driver does not
 //!   count them.
 //!
@@ -19,6 +20,8 @@ mod attributes;
 mod imports;
 mod kind;
 mod peers;
+#[cfg(unix)]
+mod shareable;
 mod sharing;
 
 use std::any::Any;
@@ -30,7 +33,9 @@ use cuda_sys::types::{CUmemPoolProps, CUmemoryPool};
 pub use attributes::{PoolAttributes, PoolUsage, ReusePolicy};
 pub use imports::{import_holders, import_pending_waits};
 pub use kind::PoolKind;
-pub use sharing::{EXPORT_DATA_LEN, ShareableHandle, mapped_range_size};
+#[cfg(unix)]
+pub use shareable::ShareableHandle;
+pub use sharing::{EXPORT_DATA_LEN, mapped_range_size};
 
 use crate::device::Device;
 use crate::device_resource::DeviceMemoryResource;
@@ -81,6 +86,7 @@ pub struct MemoryPool {
     /// Whether it was imported from another process (it then cannot allocate).
     pub(crate) imported: bool,
     /// The shareable handle, exported once on first request (or the one it was imported from).
+    #[cfg(unix)]
     pub(crate) handle_once: std::sync::OnceLock<ShareableHandle>,
     /// This process's claim on the handle, for owned pools (see [`sharing`]): no second value
     /// may own it. Dropped after the pool is destroyed.
@@ -138,6 +144,7 @@ impl MemoryPool {
             kind,
             shareable,
             imported,
+            #[cfg(unix)]
             handle_once: std::sync::OnceLock::new(),
             claim: None,
             max_size: None,

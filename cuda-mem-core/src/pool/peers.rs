@@ -37,6 +37,7 @@ impl MemoryPool {
     }
 
     /// The access the host CPU has to the pool's memory (read-write for host pools).
+    #[cfg(unix)]
     pub(super) fn host_access(&self) -> Result<Access> {
         self.access_from(CUmemLocation { type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST, id: 0 })
     }
