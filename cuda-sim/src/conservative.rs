@@ -55,12 +55,16 @@
 //!   it), then from each launch until a free node, `cuMemFreeAsync`/`cuMemFree` or another
 //!   graph's free node; its bytes are the same at every launch (a GPU gives no guarantee about
 //!   them) and its address is never handed out again, so a stale graph pointer is always
-//!   reported. `cuMemAllocFromPoolAsync` on a capturing stream still returns
-//!   `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` and leaves the capture valid (no evidence yet of what
-//!   a GPU does with an explicit pool in a capture, though `cuda.h` notes that it makes an
-//!   allocation node: the probe's question `pool-alloc-in-capture`; cuda.core allocates graph
-//!   memory with `cuMemAllocAsync` and documents allocating from a `DeviceMemoryResource` during
-//!   capture as an error). A captured `cuMemFreeAsync` of memory no allocation node made, or of a graph
+//!   reported. `cuMemAllocFromPoolAsync` on a capturing stream makes an allocation node too,
+//!   as `cuda.h` notes ("the allocation is owned by the graph instead of the memory pool. The
+//!   memory pool's properties are used to set the node's creation parameters"): on the pool's
+//!   device, the pool's usage unchanged. A pool whose properties no allocation node can take is
+//!   refused with `CUDA_ERROR_NOT_SUPPORTED`, the capture left valid: a pool with shareable
+//!   handle types (`CUDA_MEM_ALLOC_NODE_PARAMS`: "IPC is not supported"), a pinned host pool or
+//!   a managed pool (the node's location is taken to be a device's). What a GPU does is the
+//!   probe's question `pool-alloc-in-capture`. cuda.core allocates graph memory with
+//!   `cuMemAllocAsync` and documents allocating from a `DeviceMemoryResource` during capture as
+//!   an error, as `cuda-mem-core` refuses it. A captured `cuMemFreeAsync` of memory no allocation node made, or of a graph
 //!   allocation of another graph that is not live at capture time, returns
 //!   `CUDA_ERROR_INVALID_VALUE` (`cuGraphAddMemFreeNode`'s rule). Graph memory counts in 2 MiB
 //!   granules (`USED_MEM_*` and `RESERVED_MEM_*`); freed graph memory stays reserved until

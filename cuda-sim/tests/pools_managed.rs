@@ -677,11 +677,21 @@ fn graph_capture_records_work_without_running_it() {
     assert_eq!(capturing(s), S::CU_STREAM_CAPTURE_STATUS_ACTIVE);
     assert_eq!(begin_capture(s, M::CU_STREAM_CAPTURE_MODE_RELAXED), CUresult::CUDA_ERROR_ILLEGAL_STATE);
     memset_async(pinned.dptr(), 9, 16, s);
-    // An allocation from an explicit pool is refused without invalidating the capture
-    // (synchronizing would invalidate it: see streams_events.rs); one from the current pool is
-    // an allocation node (see graphs.rs).
+    // An allocation from an explicit device pool is an allocation node owned by the graph, as
+    // `cuda.h` notes ("the memory pool's properties are used to set the node's creation
+    // parameters"): the pool lends nothing. One from a pool a node cannot describe (shareable:
+    // "IPC is not supported") is refused without invalidating the capture. One from the current
+    // pool is an allocation node too (see graphs.rs).
     let pool = device_pool(0, false).unwrap();
-    assert_eq!(alloc_from_pool(64, pool, s), Err(CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED));
+    let used_before = pool_attribute(pool, CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT);
+    assert!(alloc_from_pool(64, pool, s).is_ok());
+    assert_eq!(pool_attribute(pool, CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT), used_before);
+    let shareable = create_pool(&CUmemPoolProps {
+        handleTypes: CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+        ..pool_props(0, 0)
+    })
+    .unwrap();
+    assert_eq!(alloc_from_pool(64, shareable, s), Err(CUresult::CUDA_ERROR_NOT_SUPPORTED));
     assert!(alloc_async(64, s).is_ok());
     assert_eq!(capturing(s), S::CU_STREAM_CAPTURE_STATUS_ACTIVE);
     let graph = end_capture(s).unwrap();

@@ -180,7 +180,10 @@ fn every_question_is_answered_and_the_simulator_agrees_with_itself() {
     );
     assert_eq!(
         answer(&answers, "pool-alloc-in-capture"),
-        format!("cuMemAllocFromPoolAsync {refused}; cuMemAllocAsync ok, the capture then ACTIVE, end ok ({no_nodes})")
+        format!(
+            "cuMemAllocFromPoolAsync ok, the capture then ACTIVE, end ok ({no_nodes}); cuMemAllocAsync ok, the \
+             capture then ACTIVE, end ok ({no_nodes})"
+        )
     );
     let invalidated = "STREAM_CAPTURE_UNSUPPORTED→INVALIDATED: cuMemAlloc, cuMemFree, cuMemAllocHost, \
                        cuMemAllocManaged, cuMemPoolCreate";

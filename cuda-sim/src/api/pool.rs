@@ -329,7 +329,7 @@ fn allocate(state: &mut State, pool: &Arc<Pool>, size: usize, stream: CUstream, 
     ensure(!pool.is_imported())?;
     let (context, stream) = resolve_for_work(state, stream, mode)?;
     if stream.capture.is_under_way() {
-        return fail(CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+        return capture_alloc_from_pool(state, &context, &stream, pool, size);
     }
     let bytes = u64::try_from(size).map_err(|_| CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
     let growth = pool.lock().plan(bytes, pool.max_size)?;
@@ -409,15 +409,45 @@ pub(crate) unsafe fn alloc_async(
     unsafe { write_out(out, address) }
 }
 
+/// `cuMemAllocFromPoolAsync` on a capturing stream: `cuda.h` says it "results in the creation of
+/// an allocation node", owned by the graph, the pool's properties setting the node's. Those of
+/// an allocation node must name a device and no shareable handle type ("IPC is not supported",
+/// `CUDA_MEM_ALLOC_NODE_PARAMS`): a pool that does not fit is `CUDA_ERROR_NOT_SUPPORTED` (see
+/// [`conservative`](crate::conservative)). The pool itself lends nothing: its usage is unchanged.
+fn capture_alloc_from_pool(
+    state: &mut State,
+    context: &Context,
+    stream: &Stream,
+    pool: &Arc<Pool>,
+    size: usize,
+) -> SimResult<u64> {
+    let device = match pool.owner() {
+        Some(device) if pool.kind == PoolKind::Pinned && pool.handle_types == 0 => device,
+        _ => return fail(CUresult::CUDA_ERROR_NOT_SUPPORTED),
+    };
+    capture_alloc_on(state, context, stream, device, size)
+}
+
 /// `cuMemAllocAsync` on a capturing stream: an allocation node (see [`crate::graph`]). Its
 /// address is live until the capture ends, so that the captured work can use it; launches map it
 /// again. 0 bytes is `CUDA_ERROR_INVALID_VALUE`, as outside a capture.
 fn capture_alloc(state: &mut State, context: &Context, stream: &Stream, size: usize) -> SimResult<u64> {
+    capture_alloc_on(state, context, stream, stream.device, size)
+}
+
+/// An allocation node of `size` bytes on `device`, in `stream`'s capture.
+fn capture_alloc_on(
+    state: &mut State,
+    context: &Context,
+    stream: &Stream,
+    device: usize,
+    size: usize,
+) -> SimResult<u64> {
     ensure(size > 0)?;
     capture::admit_work(context, stream)?;
     let backing = Arc::new(crate::memory::Mapping::read_write(size)?);
     let base = state.memory.reserve_graph(size)?;
-    let alloc = GraphAlloc::new(base, size, stream.device, context.handle, backing);
+    let alloc = GraphAlloc::new(base, size, device, context.handle, backing);
     state.memory.map_graph(&alloc);
     if stream.capture.record_node(Node::Alloc(alloc)).is_err() {
         // The capture ended meanwhile (on another thread).
