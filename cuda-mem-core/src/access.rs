@@ -3,7 +3,7 @@
 //! `cuMemPoolSetAccess`); the virtual memory resource sets it on every mapping
 //! (`cuMemSetAccess`).
 
-use cuda_sys::types::CUmemAccess_flags;
+use cuda_mem_sys::types::CUmemAccess_flags;
 
 /// The access a location (a device, or the host) has to memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -5,7 +5,7 @@ use std::any::Any;
 use std::borrow::Cow;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use cuda_sys::cu_call;
+use cuda_mem_sys::cu_call;
 
 use crate::device::Device;
 use crate::driver::driver;

@@ -7,8 +7,8 @@
 use std::cell::RefCell;
 use std::sync::{Mutex, PoisonError};
 
-use cuda_sys::cu_call;
-use cuda_sys::types::CUcontext;
+use cuda_mem_sys::cu_call;
+use cuda_mem_sys::types::CUcontext;
 
 use crate::device::Device;
 use crate::driver::driver;

@@ -3,8 +3,8 @@
 //!
 //! The overview and an example are on [`CopyOptions`].
 
-use cuda_sys::types::{CUmemLocation, CUmemcpyAttributes, CUmemcpyFlags, CUmemcpySrcAccessOrder, CUstream};
-use cuda_sys::{Driver, LoadError, StreamMode, cu_call};
+use cuda_mem_sys::types::{CUmemLocation, CUmemcpyAttributes, CUmemcpyFlags, CUmemcpySrcAccessOrder, CUstream};
+use cuda_mem_sys::{Driver, LoadError, StreamMode, cu_call};
 
 use crate::buffer::ScopedBuffer;
 use crate::driver::driver;
@@ -18,7 +18,7 @@ use crate::view::{DeviceView, DeviceViewMut};
 /// (CUDA 13.0 dropped 12.8's `failIdx`).
 pub const BATCH_DRIVER_VERSION: u32 = 13000;
 /// The CUDA version whose driver has `cuMemcpyWithAttributesAsync` (CUDA 13.2).
-pub const WITH_ATTRIBUTES_DRIVER_VERSION: u32 = cuda_sys::MEMCPY_WITH_ATTRIBUTES_VERSION;
+pub const WITH_ATTRIBUTES_DRIVER_VERSION: u32 = cuda_mem_sys::MEMCPY_WITH_ATTRIBUTES_VERSION;
 
 /// When a copy may read its source (`CUmemcpySrcAccessOrder`; cuda.core's
 /// `MemcpySrcAccessOrder`). The destination is always written in stream order.

@@ -3,8 +3,8 @@
 
 use std::ffi::c_char;
 
-use cuda_sys::cu_call;
-use cuda_sys::types::{CUdevice_attribute as A, CUdevice_attribute, CUmemAllocationHandleType};
+use cuda_mem_sys::cu_call;
+use cuda_mem_sys::types::{CUdevice_attribute as A, CUdevice_attribute, CUmemAllocationHandleType};
 
 use crate::driver::driver;
 use crate::error::{Error, Result};
@@ -115,7 +115,7 @@ impl Device {
     }
 
     /// The ordinal as the driver's `CUdevice`.
-    pub fn raw(&self) -> cuda_sys::types::CUdevice {
+    pub fn raw(&self) -> cuda_mem_sys::types::CUdevice {
         self.ordinal
     }
 
@@ -138,7 +138,7 @@ impl Device {
     /// If the driver call fails.
     pub fn uuid(&self) -> Result<[u8; 16]> {
         let d = driver()?;
-        let mut uuid = cuda_sys::types::CUuuid::default();
+        let mut uuid = cuda_mem_sys::types::CUuuid::default();
         // SAFETY: `uuid` is a valid out-pointer.
         unsafe { cu_call!(d, cuDeviceGetUuid_v2(&mut uuid, self.ordinal)) }?;
         Ok(uuid.bytes.map(|b| b as u8))

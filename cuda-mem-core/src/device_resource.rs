@@ -3,8 +3,8 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use cuda_sys::cu_call;
-use cuda_sys::types::{CUmemAllocationType, CUmemLocation, CUmemLocationType, CUmemPoolProps, CUmemoryPool};
+use cuda_mem_sys::cu_call;
+use cuda_mem_sys::types::{CUmemAllocationType, CUmemLocation, CUmemLocationType, CUmemPoolProps, CUmemoryPool};
 
 use crate::device::Device;
 use crate::driver::driver;
@@ -140,7 +140,7 @@ impl DeviceMemoryResource {
 
 /// Fails unless the device supports memory pools.
 fn require_pools(device: Device) -> Result<()> {
-    use cuda_sys::types::CUdevice_attribute as A;
+    use cuda_mem_sys::types::CUdevice_attribute as A;
     crate::DriverCapability::MemoryPools.require()?;
     if device.attribute(A::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)? == 0 {
         return Err(Error::Unsupported { device, capability: DeviceCapability::MemoryPools });

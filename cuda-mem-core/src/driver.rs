@@ -2,17 +2,17 @@
 
 use std::sync::OnceLock;
 
-use cuda_sys::{Driver, cu_call};
+use cuda_mem_sys::{Driver, cu_call};
 
 use crate::error::Result;
 
 static INITIALIZED: OnceLock<()> = OnceLock::new();
 
-/// The process-wide driver ([`cuda_sys::driver()`]), with `cuInit(0)` done. A failed
+/// The process-wide driver ([`cuda_mem_sys::driver()`]), with `cuInit(0)` done. A failed
 /// initialization is not remembered, so a later call tries again.
 #[inline]
 pub fn driver() -> Result<&'static Driver> {
-    let driver = cuda_sys::driver()?;
+    let driver = cuda_mem_sys::driver()?;
     if INITIALIZED.get().is_none() {
         initialize(driver)?;
     }

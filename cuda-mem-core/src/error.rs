@@ -3,8 +3,8 @@
 //! [`source`](std::error::Error::source), and [`Error::cuda_code`] finds a driver code anywhere
 //! in the chain.
 
-use cuda_sys::types::CUresult;
-use cuda_sys::{CudaError, DriverError, LoadError};
+use cuda_mem_sys::types::CUresult;
+use cuda_mem_sys::{CudaError, DriverError, LoadError};
 
 use crate::device::Device;
 use crate::handle_types::HandleTypes;
@@ -380,8 +380,8 @@ impl From<LoadError> for Error {
     }
 }
 
-impl From<cuda_sys::DriverError> for Error {
-    fn from(error: cuda_sys::DriverError) -> Self {
+impl From<cuda_mem_sys::DriverError> for Error {
+    fn from(error: cuda_mem_sys::DriverError) -> Self {
         Error::Cuda(CudaError::Driver(error))
     }
 }

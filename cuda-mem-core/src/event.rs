@@ -5,8 +5,8 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use cuda_sys::cu_call;
-use cuda_sys::types::{CUevent, CUevent_flags, CUipcEventHandle, CUresult};
+use cuda_mem_sys::cu_call;
+use cuda_mem_sys::types::{CUevent, CUevent_flags, CUipcEventHandle, CUresult};
 
 use crate::device::Device;
 use crate::driver::driver;

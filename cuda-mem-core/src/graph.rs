@@ -13,8 +13,8 @@ use std::any::Any;
 use std::marker::PhantomData;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use cuda_sys::cu_call;
-use cuda_sys::types::{
+use cuda_mem_sys::cu_call;
+use cuda_mem_sys::types::{
     CUgraph, CUgraphExec, CUgraphInstantiate_flags, CUresult, CUstreamCaptureMode, CUstreamCaptureStatus,
 };
 

@@ -5,8 +5,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
-use cuda_sys::cu_call;
-use cuda_sys::types::{CUgraphMem_attribute, CUstreamCaptureStatus};
+use cuda_mem_sys::cu_call;
+use cuda_mem_sys::types::{CUgraphMem_attribute, CUstreamCaptureStatus};
 
 use crate::device::Device;
 use crate::driver::driver;
@@ -195,8 +195,8 @@ crate::memory_resource::inherent_allocation!(GraphMemoryResource);
 
 #[cfg(test)]
 mod tests {
+    use cuda_mem_sys::types::CUresult;
     use cuda_sim::testing::in_simulated_machine;
-    use cuda_sys::types::CUresult;
 
     use super::*;
     use crate::{CaptureMode, FillPattern, InstantiateOptions, StreamOptions};

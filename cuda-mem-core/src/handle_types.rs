@@ -4,7 +4,7 @@
 use std::fmt;
 use std::ops::{BitOr, BitOrAssign};
 
-use cuda_sys::types::CUmemAllocationHandleType as T;
+use cuda_mem_sys::types::CUmemAllocationHandleType as T;
 
 /// One kind of OS handle a pool or an allocation can be exported as
 /// (`CUmemAllocationHandleType`). Memory that cannot be exported has no handle type: options

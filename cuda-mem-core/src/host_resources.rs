@@ -2,8 +2,8 @@
 
 use std::sync::Arc;
 
-use cuda_sys::cu_call;
-use cuda_sys::types::{CUmemAllocationType, CUmemLocation, CUmemLocationType, CUmemPoolProps, CUmemoryPool};
+use cuda_mem_sys::cu_call;
+use cuda_mem_sys::types::{CUmemAllocationType, CUmemLocation, CUmemLocationType, CUmemPoolProps, CUmemoryPool};
 
 use crate::device::Device;
 use crate::driver::driver;

@@ -12,7 +12,7 @@
 use std::ffi::c_void;
 use std::sync::Arc;
 
-use cuda_sys::cu_call;
+use cuda_mem_sys::cu_call;
 
 use crate::device::Device;
 use crate::driver::driver;

@@ -119,7 +119,7 @@
 //! With the `cudarc` feature (off by default), cudarc's streams, copies, memsets, launches and
 //! allocations meet this crate's: see "cudarc" below (built with the feature).
 //!
-//! The driver is loaded at run time (see `cuda-sys`): `libcuda.so.1` (`nvcuda.dll` on
+//! The driver is loaded at run time (see `cuda-mem-sys`): `libcuda.so.1` (`nvcuda.dll` on
 //! Windows), or the library `CUDA_MEM_DRIVER` names (such as the `cuda-sim` simulator).
 //!
 //! # Platforms
@@ -450,7 +450,7 @@ pub use pool::{
 /// `Pod` and `Zeroable` for your `#[repr(C)]` types to view buffers as them.
 pub use bytemuck;
 /// The raw driver bindings this crate is built on.
-pub use cuda_sys as sys;
+pub use cuda_mem_sys as sys;
 pub use stream::{Stream, StreamOptions};
 pub use view::{DeviceView, DeviceViewMut};
 

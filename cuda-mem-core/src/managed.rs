@@ -12,8 +12,8 @@
 use std::ffi::c_void;
 use std::sync::OnceLock;
 
-use cuda_sys::cu_call;
-use cuda_sys::types::{CUmem_advise, CUmem_range_attribute, CUmemLocation, CUmemLocationType, CUpointer_attribute};
+use cuda_mem_sys::cu_call;
+use cuda_mem_sys::types::{CUmem_advise, CUmem_range_attribute, CUmemLocation, CUmemLocationType, CUpointer_attribute};
 
 use crate::buffer::ScopedBuffer;
 use crate::device::Device;

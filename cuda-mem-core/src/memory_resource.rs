@@ -11,7 +11,7 @@ use crate::error::Result;
 use crate::stream::Stream;
 
 /// A device address (or, for host-accessible memory, the same address seen from the device).
-pub type DevicePtr = cuda_sys::types::CUdeviceptr;
+pub type DevicePtr = cuda_mem_sys::types::CUdeviceptr;
 
 /// A source of memory.
 ///

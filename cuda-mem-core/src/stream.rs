@@ -3,8 +3,8 @@
 use std::borrow::Cow;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use cuda_sys::cu_call;
-use cuda_sys::types::{CUstream, CUstream_flags, CUstreamCaptureStatus};
+use cuda_mem_sys::cu_call;
+use cuda_mem_sys::types::{CUstream, CUstream_flags, CUstreamCaptureStatus};
 
 use crate::device::Device;
 use crate::driver::driver;
@@ -304,7 +304,7 @@ impl Stream {
         // SAFETY: a valid stream handle; the device's context is current.
         match unsafe { cu_call!(d, cuStreamQuery(self.handle())) } {
             Ok(()) => Ok(true),
-            Err(e) if e.code() == Some(cuda_sys::types::CUresult::CUDA_ERROR_NOT_READY) => Ok(false),
+            Err(e) if e.code() == Some(cuda_mem_sys::types::CUresult::CUDA_ERROR_NOT_READY) => Ok(false),
             Err(e) => Err(e.into()),
         }
     }

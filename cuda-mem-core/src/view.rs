@@ -5,7 +5,7 @@ use std::marker::PhantomData;
 use std::ops::{Bound, RangeBounds};
 
 use bytemuck::Pod;
-use cuda_sys::cu_call;
+use cuda_mem_sys::cu_call;
 
 use crate::buffer::ScopedBuffer;
 use crate::driver::driver;

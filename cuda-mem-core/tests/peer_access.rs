@@ -140,7 +140,7 @@ fn the_simulator_models_inherited_access_when_a_pool_is_destroyed_without_revoki
             let raw = first.pool().handle();
             // SAFETY: destroys the pool behind the wrapper's back, then forgets the wrapper so it
             // is not destroyed twice.
-            unsafe { cuda_sys::cu_call!(d, cuMemPoolDestroy(raw)) }.unwrap();
+            unsafe { cuda_mem_sys::cu_call!(d, cuMemPoolDestroy(raw)) }.unwrap();
             std::mem::forget(first);
             let second = DeviceMemoryResource::new(devices[0], Default::default()).unwrap();
             assert_eq!(second.pool().handle(), raw, "the destroyed pool's handle value, recycled");

@@ -7,7 +7,7 @@ use cuda_mem_core::{
     ManagedMemoryResource, ManagedMemoryResourceOptions, MemoryResource, PinnedLocation, PinnedMemoryResource,
     PinnedMemoryResourceOptions, PoolKind, ReusePolicy,
 };
-use cuda_sys::types::CUresult;
+use cuda_mem_sys::types::CUresult;
 
 #[test]
 fn the_current_pool_keeps_memory_between_allocations() {
@@ -107,18 +107,18 @@ fn a_capturing_stream_is_refused() {
     // Relaxed mode: in global mode the real driver refuses, and invalidates the capture over,
     // calls such as `cuMemPoolCreate` that other tests of this binary make on other threads
     // meanwhile (seen on an H100).
-    let relaxed = cuda_sys::types::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+    let relaxed = cuda_mem_sys::types::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
     // SAFETY: a live stream handle and a valid capture mode.
-    unsafe { cuda_sys::cu_call!(d, cuStreamBeginCapture_v2(stream.handle(), relaxed)) }.unwrap();
+    unsafe { cuda_mem_sys::cu_call!(d, cuStreamBeginCapture_v2(stream.handle(), relaxed)) }.unwrap();
     assert!(stream.is_capturing().unwrap());
     let err = dmr.allocate(64, &stream).unwrap_err();
     assert!(matches!(err, Error::CapturingStream), "{err}");
     assert!(err.to_string().contains("allocate before capture begins"), "{err}");
     let mut graph = std::ptr::null_mut();
     // SAFETY: `graph` is a valid out-pointer; the stream is capturing.
-    unsafe { cuda_sys::cu_call!(d, cuStreamEndCapture(stream.handle(), &mut graph)) }.unwrap();
+    unsafe { cuda_mem_sys::cu_call!(d, cuStreamEndCapture(stream.handle(), &mut graph)) }.unwrap();
     // SAFETY: the graph was just captured and is destroyed once.
-    unsafe { cuda_sys::cu_call!(d, cuGraphDestroy(graph)) }.unwrap();
+    unsafe { cuda_mem_sys::cu_call!(d, cuGraphDestroy(graph)) }.unwrap();
     assert!(dmr.allocate(64, &stream).is_ok());
 }
 

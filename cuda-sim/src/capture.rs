@@ -34,7 +34,7 @@ use std::cell::Cell;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::thread::ThreadId;
 
-use cuda_sys::types::{CUresult, CUstreamCaptureMode, CUstreamCaptureStatus};
+use cuda_mem_sys::types::{CUresult, CUstreamCaptureMode, CUstreamCaptureStatus};
 
 use crate::context::Context;
 use crate::error::{SimResult, fail};
@@ -350,7 +350,7 @@ mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    use cuda_sys::types::CUstreamCaptureStatus as S;
+    use cuda_mem_sys::types::CUstreamCaptureStatus as S;
 
     /// An operation that counts its drops, to see captured work discarded.
     fn counted(drops: &Arc<AtomicUsize>) -> Op {

@@ -42,10 +42,10 @@ pub const DRIVER_VERSION_ENV: &str = "CUDA_SIM_DRIVER_VERSION";
 /// `cuda-mem` gates (stream-ordered pools came with 11.2).
 pub(crate) const OLDEST_DRIVER_VERSION: i32 = 11000;
 /// The default: the `cuda.h` the simulator implements.
-pub(crate) const DEFAULT_DRIVER_VERSION: i32 = cuda_sys::HEADER_VERSION;
+pub(crate) const DEFAULT_DRIVER_VERSION: i32 = cuda_mem_sys::HEADER_VERSION;
 /// The newest version it accepts: CUDA 13.2, whose `cuMemcpyWithAttributesAsync` is the newest
-/// entry point the simulator implements (`cuda_sys::NEWER_SYMBOLS`).
-pub(crate) const NEWEST_DRIVER_VERSION: i32 = cuda_sys::MEMCPY_WITH_ATTRIBUTES_VERSION as i32;
+/// entry point the simulator implements (`cuda_mem_sys::NEWER_SYMBOLS`).
+pub(crate) const NEWEST_DRIVER_VERSION: i32 = cuda_mem_sys::MEMCPY_WITH_ATTRIBUTES_VERSION as i32;
 
 /// Reads a [`DRIVER_VERSION_ENV`] value: a version as `cuDriverGetVersion` encodes it
 /// (1000 × major + 10 × minor, `12080` for CUDA 12.8); unset or blank is the default.

@@ -5,7 +5,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
-use cuda_sys::types::CUresult;
+use cuda_mem_sys::types::CUresult;
 
 use crate::error::{SimResult, fail};
 use crate::state::State;

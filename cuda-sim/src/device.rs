@@ -10,11 +10,11 @@
 //! [`config`](crate::config)), so two processes that see it under different ordinals agree on
 //! which GPU it is.
 
-use cuda_sys::types::{CUdevice_attribute, CUmemAllocationHandleType};
+use cuda_mem_sys::types::{CUdevice_attribute, CUmemAllocationHandleType};
 
 use crate::config::Config;
 use crate::error::{SimResult, fail};
-use cuda_sys::types::CUresult;
+use cuda_mem_sys::types::CUresult;
 
 /// Per-device bookkeeping that changes at run time.
 #[derive(Debug, Default)]

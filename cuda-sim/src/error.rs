@@ -1,6 +1,6 @@
 //! Results inside the simulator: `Err` carries the `CUresult` the exported function returns.
 
-use cuda_sys::types::CUresult;
+use cuda_mem_sys::types::CUresult;
 
 /// What simulator functions return; the export layer turns it into a `CUresult`.
 pub(crate) type SimResult<T = ()> = Result<T, CUresult>;

@@ -3,7 +3,7 @@
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Instant;
 
-use cuda_sys::types::{CUevent_flags, CUresult};
+use cuda_mem_sys::types::{CUevent_flags, CUresult};
 
 use crate::error::{SimResult, fail};
 use crate::ipc_event::SharedProgress;

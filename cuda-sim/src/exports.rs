@@ -9,7 +9,7 @@
 
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
-use cuda_sys::types::{
+use cuda_mem_sys::types::{
     CUDA_GRAPH_INSTANTIATE_PARAMS, CUcontext, CUdevice, CUdevice_attribute, CUdeviceptr,
     CUdriverProcAddressQueryResult, CUevent, CUgraph, CUgraphEdgeData, CUgraphExec, CUgraphMem_attribute, CUgraphNode,
     CUhostFn, CUipcEventHandle, CUmem_advise, CUmem_range_attribute, CUmemAccess_flags, CUmemAccessDesc,

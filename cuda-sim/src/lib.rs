@@ -95,7 +95,7 @@
 //!
 //! # Example
 //! ```no_run
-//! use cuda_sys::{Driver, cu_call};
+//! use cuda_mem_sys::{Driver, cu_call};
 //!
 //! let path = cuda_sim::testing::library_path().expect("build cuda-sim first");
 //! // SAFETY: the library is the simulator, which implements each driver function it exports
@@ -107,7 +107,7 @@
 //! // SAFETY: `count` is a valid out-pointer.
 //! unsafe { cu_call!(&driver, cuDeviceGetCount(&mut count)) }?;
 //! assert_eq!(count, 1);
-//! # Ok::<(), cuda_sys::CudaError>(())
+//! # Ok::<(), cuda_mem_sys::CudaError>(())
 //! ```
 
 // The simulator models a Linux process (memfd-backed shared memory, `/proc`, file descriptors

@@ -16,7 +16,7 @@ use std::os::fd::BorrowedFd;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use cuda_sys::types::CUresult;
+use cuda_mem_sys::types::CUresult;
 
 use crate::error::{SimResult, ensure, fail};
 
@@ -364,7 +364,7 @@ pub(crate) struct MappedRange {
     /// The physical allocation mapped.
     pub physical: Arc<crate::vmm::Physical>,
     /// Access granted, per device (none until `cuMemSetAccess`).
-    pub access: BTreeMap<usize, cuda_sys::types::CUmemAccess_flags>,
+    pub access: BTreeMap<usize, cuda_mem_sys::types::CUmemAccess_flags>,
 }
 
 /// Every live allocation of the process.

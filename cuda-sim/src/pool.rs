@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use cuda_sys::types::{CUmemAccess_flags, CUmemPool_attribute, CUresult};
+use cuda_mem_sys::types::{CUmemAccess_flags, CUmemPool_attribute, CUresult};
 
 use crate::error::{SimResult, ensure, fail};
 use crate::shared::SharedArena;

@@ -1,12 +1,12 @@
 //! `cuGetProcAddress_v2`: base name + CUDA version + stream flag → entry point, as the driver
 //! answers it.
 //!
-//! The table joins the simulator's exported symbols with `cuda-sys`'s symbol table (generated
+//! The table joins the simulator's exported symbols with `cuda-mem-sys`'s symbol table (generated
 //! from `cuda.h` and `cudaTypedefs.h`), which says for each versioned symbol its base name and
 //! the CUDA version its ABI appeared in. A request selects the variant with the highest version
 //! not above the one asked for; the per-thread flag selects the `_ptds`/`_ptsz` variant where
 //! there is one. The simulator implements the variants `cuda.h` 13.0 declares, and the few older
-//! ones `cuda_sys::OLDER_SYMBOLS` lists (`cuEventElapsedTime` of CUDA 2.0, which `cuda-mem` uses
+//! ones `cuda_mem_sys::OLDER_SYMBOLS` lists (`cuEventElapsedTime` of CUDA 2.0, which `cuda-mem` uses
 //! on drivers before 12.8), so a request for another older ABI of a function (`cuMemAlloc` at
 //! CUDA 3.0, with 32-bit sizes) is answered "version not sufficient" rather than with an entry
 //! point of the wrong signature.
@@ -18,14 +18,14 @@
 //! `cuGetProcAddress`): the simulator still exports them, so it answers every request "symbol
 //! not found", which sends a loader to `dlsym`, as the missing entry point would.
 //!
-//! The few functions newer than `cuda.h` 13.0 come from `cuda_sys::NEWER_SYMBOLS`, offered only
+//! The few functions newer than `cuda.h` 13.0 come from `cuda_mem_sys::NEWER_SYMBOLS`, offered only
 //! when the reported version is at least theirs.
 
 use std::collections::HashMap;
 use std::ffi::{CStr, c_char, c_int, c_void};
 use std::sync::OnceLock;
 
-use cuda_sys::types::{CUdriverProcAddress_flags, CUdriverProcAddressQueryResult, CUresult, cuuint64_t};
+use cuda_mem_sys::types::{CUdriverProcAddress_flags, CUdriverProcAddressQueryResult, CUresult, cuuint64_t};
 
 use crate::error::{SimResult, ensure, fail, write_out};
 
@@ -43,7 +43,7 @@ fn table() -> &'static HashMap<&'static [u8], Variants> {
         // A driver has no variant newer than itself.
         let newest = crate::config::driver_version().map_or(0, |v| v.unsigned_abs());
         let mut table: HashMap<&'static [u8], Variants> = HashMap::new();
-        for info in cuda_sys::SYMBOLS.iter().chain(cuda_sys::NEWER_SYMBOLS).chain(cuda_sys::OLDER_SYMBOLS) {
+        for info in cuda_mem_sys::SYMBOLS.iter().chain(cuda_mem_sys::NEWER_SYMBOLS).chain(cuda_mem_sys::OLDER_SYMBOLS) {
             let Some(version) = info.version.filter(|&v| v <= newest) else {
                 continue;
             };

@@ -12,7 +12,7 @@
 
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 
-use cuda_sys::types::CUresult;
+use cuda_mem_sys::types::CUresult;
 use rustix::fs::SealFlags;
 
 use crate::error::{SimResult, ensure};

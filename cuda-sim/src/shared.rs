@@ -28,7 +28,7 @@ use std::collections::BTreeMap;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::{Mutex, PoisonError};
 
-use cuda_sys::types::CUresult;
+use cuda_mem_sys::types::CUresult;
 
 use crate::config::Config;
 use crate::error::{SimResult, ensure, fail};

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
-use cuda_sys::types::CUresult;
+use cuda_mem_sys::types::CUresult;
 
 use crate::config::Config;
 use crate::context::Context;
@@ -68,7 +68,7 @@ pub(crate) struct State {
 }
 
 /// A pool's access granted to devices other than its owner (device -> flags).
-pub(crate) type PeerAccess = std::collections::BTreeMap<usize, cuda_sys::types::CUmemAccess_flags>;
+pub(crate) type PeerAccess = std::collections::BTreeMap<usize, cuda_mem_sys::types::CUmemAccess_flags>;
 
 /// A physical VMM allocation and what refers to it.
 pub(crate) struct PhysicalEntry {

@@ -8,7 +8,7 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
-use cuda_sys::types::{CUresult, CUstream_flags};
+use cuda_mem_sys::types::{CUresult, CUstream_flags};
 
 use crate::capture::Capture;
 use crate::error::SimResult;

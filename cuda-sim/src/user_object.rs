@@ -16,7 +16,7 @@ use std::ffi::c_void;
 use std::sync::mpsc::{Sender, channel};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
-use cuda_sys::types::CUresult;
+use cuda_mem_sys::types::CUresult;
 
 use crate::error::{SimResult, fail};
 

@@ -25,7 +25,7 @@
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
-use cuda_sys::types::CUresult;
+use cuda_mem_sys::types::CUresult;
 
 use crate::config::Config;
 use crate::error::{SimResult, ensure, fail};

@@ -10,8 +10,8 @@ use common::{
     DeviceBuffer, Gate, NULL_STREAM, OPEN_DELAY, Pinned, STREAM_LEGACY, STREAM_PER_THREAD, code, current, driver,
     in_child, init, non_blocking_stream, on_fresh_thread, retain, use_device,
 };
-use cuda_sys::cu_call;
-use cuda_sys::types::{CUcontext, CUctx_flags, CUevent, CUresult, CUstream};
+use cuda_mem_sys::cu_call;
+use cuda_mem_sys::types::{CUcontext, CUctx_flags, CUevent, CUresult, CUstream};
 
 /// `cuDevicePrimaryCtxGetState`: (flags, active).
 fn state(device: c_int) -> (c_uint, c_int) {
@@ -132,7 +132,7 @@ fn a_context_released_to_zero_is_destroyed_for_the_thread_that_has_it_current() 
         let old = use_device(0);
         let buffer = DeviceBuffer::new(4096);
         let stream = non_blocking_stream();
-        let event = common::event(cuda_sys::types::CUevent_flags::CU_EVENT_DEFAULT);
+        let event = common::event(cuda_mem_sys::types::CUevent_flags::CU_EVENT_DEFAULT);
         assert_eq!(release(0), CUresult::CUDA_SUCCESS);
         assert_eq!(state(0).1, 0);
 
@@ -182,7 +182,7 @@ fn reset_destroys_the_context_and_everything_in_it() {
         let buffer = DeviceBuffer::new(100_000);
         let pinned = Pinned::new(64);
         let stream = non_blocking_stream();
-        let event = common::event(cuda_sys::types::CUevent_flags::CU_EVENT_DEFAULT);
+        let event = common::event(cuda_mem_sys::types::CUevent_flags::CU_EVENT_DEFAULT);
         assert_eq!(set_flags(0, CUctx_flags::CU_CTX_SCHED_BLOCKING_SYNC.0), CUresult::CUDA_SUCCESS);
         assert_eq!(state(0), (CUctx_flags::CU_CTX_SCHED_BLOCKING_SYNC.0, 1));
 
@@ -319,7 +319,7 @@ fn calls_that_need_a_context_fail_without_one() {
     // A context and objects made on a thread that has one.
     let ctx = use_device(0) as usize;
     let buffer = DeviceBuffer::new(64);
-    let event = common::event(cuda_sys::types::CUevent_flags::CU_EVENT_DEFAULT) as usize;
+    let event = common::event(cuda_mem_sys::types::CUevent_flags::CU_EVENT_DEFAULT) as usize;
     let ptr = buffer.ptr;
     let results = on_fresh_thread(move || {
         let d = driver();
@@ -330,7 +330,7 @@ fn calls_that_need_a_context_fail_without_one() {
         let mut stream: CUstream = std::ptr::null_mut();
         let mut new_event: CUevent = std::ptr::null_mut();
         let byte = [0u8; 4];
-        let mut status = cuda_sys::types::CUstreamCaptureStatus(7);
+        let mut status = cuda_mem_sys::types::CUstreamCaptureStatus(7);
         // SAFETY: every pointer is a valid out-pointer or source for its call.
         let codes = unsafe {
             vec![

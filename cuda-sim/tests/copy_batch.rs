@@ -10,8 +10,8 @@ use common::{
     DeviceBuffer, Gate, NULL_STREAM, Pinned, STREAM_LEGACY, code, driver, hold, in_child, non_blocking_stream,
     per_thread_driver, query, sync, use_device,
 };
-use cuda_sys::cu_call;
-use cuda_sys::types::{
+use cuda_mem_sys::cu_call;
+use cuda_mem_sys::types::{
     CUdeviceptr, CUdriverProcAddressQueryResult, CUgraph, CUmemLocation, CUmemLocationType, CUmemcpyAttributes,
     CUmemcpySrcAccessOrder, CUresult, CUstream, CUstreamCaptureMode, CUstreamCaptureStatus,
 };
@@ -31,7 +31,7 @@ fn stream_order() -> CUmemcpyAttributes {
 
 /// `cuMemcpyBatchAsync` through the legacy driver, with the arrays as slices (null when empty).
 fn batch_on(
-    d: &cuda_sys::Driver,
+    d: &cuda_mem_sys::Driver,
     dsts: &[CUdeviceptr],
     srcs: &[CUdeviceptr],
     sizes: &[usize],
@@ -149,7 +149,8 @@ fn a_pageable_source_and_destination_work_as_with_cu_memcpy_async() {
 fn the_per_thread_default_stream_is_accepted_the_legacy_one_is_not() {
     use_device(0);
     let (a, b) = (DeviceBuffer::with(&[3; 8]), DeviceBuffer::new(8));
-    let copy = |d: &cuda_sys::Driver, s: CUstream| batch_on(d, &[b.ptr], &[a.ptr], &[8], &[stream_order()], &[0], s);
+    let copy =
+        |d: &cuda_mem_sys::Driver, s: CUstream| batch_on(d, &[b.ptr], &[a.ptr], &[8], &[stream_order()], &[0], s);
     assert_eq!(copy(driver(), NULL_STREAM), INVALID, "handle 0 is the legacy stream here");
     assert_eq!(copy(driver(), STREAM_LEGACY), INVALID);
     assert_eq!(copy(per_thread_driver(), STREAM_LEGACY), INVALID);
@@ -322,7 +323,7 @@ fn a_cuda_13_0_driver_has_no_memcpy_with_attributes() {
     );
     // The loader does not ask a driver older than the variant for it.
     assert!(
-        matches!(driver().cuMemcpyWithAttributesAsync(), Err(cuda_sys::LoadError::VersionNotSufficient { .. })),
+        matches!(driver().cuMemcpyWithAttributesAsync(), Err(cuda_mem_sys::LoadError::VersionNotSufficient { .. })),
         "the loader refuses a 13.2 function on a 13.0 driver"
     );
     // Found by `dlsym` anyway (the simulator exports every symbol it implements), it refuses.
@@ -330,7 +331,7 @@ fn a_cuda_13_0_driver_has_no_memcpy_with_attributes() {
     // SAFETY: the simulator library runs no initialisation with preconditions when loaded.
     let library = unsafe { libloading::Library::new(&path) }.expect("the simulator loads");
     // SAFETY: the symbol has `cuMemcpyWithAttributesAsync`'s signature (the simulator's export).
-    let function = unsafe { library.get::<cuda_sys::MemcpyWithAttributesAsync>(b"cuMemcpyWithAttributesAsync\0") }
+    let function = unsafe { library.get::<cuda_mem_sys::MemcpyWithAttributesAsync>(b"cuMemcpyWithAttributesAsync\0") }
         .expect("the simulator exports it");
     let (a, b) = (DeviceBuffer::with(&[1; 8]), DeviceBuffer::new(8));
     let s = non_blocking_stream();

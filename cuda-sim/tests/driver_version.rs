@@ -6,7 +6,7 @@ mod common;
 use std::ffi::{CStr, c_int, c_void};
 
 use common::{Driver, code, driver, in_child};
-use cuda_sys::types::{CUdriverProcAddressQueryResult as Q, CUresult};
+use cuda_mem_sys::types::{CUdriverProcAddressQueryResult as Q, CUresult};
 
 const ENV: &str = "CUDA_SIM_DRIVER_VERSION";
 
@@ -103,7 +103,7 @@ fn before_cuda_12_0_get_proc_address_v2_finds_nothing_and_the_loader_uses_dlsym(
         let d = driver();
         assert_eq!(reported(d), 11020);
         // The loader does not hand out an entry point newer than the driver, this one included.
-        assert!(matches!(d.cuGetProcAddress_v2(), Err(cuda_sys::LoadError::VersionNotSufficient { .. })));
+        assert!(matches!(d.cuGetProcAddress_v2(), Err(cuda_mem_sys::LoadError::VersionNotSufficient { .. })));
         // Called anyway (the simulator exports it), it finds nothing.
         let address = d.library_symbol(c"cuGetProcAddress_v2").expect("exported");
         // SAFETY: the simulator's `cuGetProcAddress_v2` has the signature of CUDA 12.0's.
@@ -145,16 +145,16 @@ fn the_loader_refuses_a_variant_newer_than_the_driver_instead_of_taking_an_older
         // Asked for 12.8's cuEventElapsedTime, a 12.0 driver would hand out 2.0's: the loader
         // says the driver is too old instead.
         match d.cuEventElapsedTime_v2() {
-            Err(cuda_sys::LoadError::VersionNotSufficient { required: 12080, driver: 12000, .. }) => {}
+            Err(cuda_mem_sys::LoadError::VersionNotSufficient { required: 12080, driver: 12000, .. }) => {}
             other => panic!("expected VersionNotSufficient, got {:?}", other.map(|f| f as usize)),
         }
         match d.cuMemAdvise_v2() {
-            Err(cuda_sys::LoadError::VersionNotSufficient { required: 12020, driver: 12000, .. }) => {}
+            Err(cuda_mem_sys::LoadError::VersionNotSufficient { required: 12020, driver: 12000, .. }) => {}
             other => panic!("expected VersionNotSufficient, got {:?}", other.map(|f| f as usize)),
         }
         // Found by dlsym too (the simulator exports it), and refused all the same.
         match d.cuMemGetMemPool() {
-            Err(cuda_sys::LoadError::VersionNotSufficient { required: 13000, driver: 12000, .. }) => {}
+            Err(cuda_mem_sys::LoadError::VersionNotSufficient { required: 13000, driver: 12000, .. }) => {}
             other => panic!("expected VersionNotSufficient, got {:?}", other.map(|f| f as usize)),
         }
         // The old variant, declared by hand, is there.

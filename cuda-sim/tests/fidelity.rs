@@ -12,8 +12,8 @@ use common::{
     DeviceBuffer, Gate, NULL_STREAM, Pinned, access, code, device_location, driver, htod, in_child,
     non_blocking_stream, set_access, sync, use_device,
 };
-use cuda_sys::cu_call;
-use cuda_sys::types::{
+use cuda_mem_sys::cu_call;
+use cuda_mem_sys::types::{
     CUdevice_attribute, CUdeviceptr, CUmemAccess_flags, CUmemAllocationHandleType, CUmemAllocationType, CUmemLocation,
     CUmemLocationType, CUmemPool_attribute, CUmemPoolProps, CUmemoryPool, CUresult, CUstream,
 };

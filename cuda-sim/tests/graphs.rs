@@ -16,8 +16,8 @@ use common::{
     DeviceBuffer, Gate, Pinned, blocking_stream, code, driver, event, event_query, in_child, memset_async,
     non_blocking_stream, query, record, sync, use_device,
 };
-use cuda_sys::cu_call;
-use cuda_sys::types::{
+use cuda_mem_sys::cu_call;
+use cuda_mem_sys::types::{
     CUDA_GRAPH_INSTANTIATE_PARAMS, CUdeviceptr, CUevent_flags, CUgraph, CUgraphExec, CUgraphInstantiateResult,
     CUgraphMem_attribute, CUmemPoolProps, CUresult, CUstream, CUstreamCaptureMode, CUstreamCaptureStatus, CUuserObject,
 };
@@ -738,11 +738,11 @@ fn mem_alloc_code() -> CUresult {
 /// `cuMemPoolCreate` (the pool destroyed at once when it succeeds), another unsafe call.
 fn pool_create_code() -> CUresult {
     let props = CUmemPoolProps {
-        allocType: cuda_sys::types::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
+        allocType: cuda_mem_sys::types::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
         location: common::device_location(0),
         ..Default::default()
     };
-    let mut pool: cuda_sys::types::CUmemoryPool = std::ptr::null_mut();
+    let mut pool: cuda_mem_sys::types::CUmemoryPool = std::ptr::null_mut();
     // SAFETY: valid pointers.
     let result = unsafe { code!(driver(), cuMemPoolCreate(&mut pool, &props)) };
     if result == CUresult::CUDA_SUCCESS {

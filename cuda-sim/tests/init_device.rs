@@ -6,10 +6,10 @@ mod common;
 use std::ffi::{CStr, c_char, c_int, c_void};
 
 use common::{NULL_STREAM, code, driver, in_child, init};
-use cuda_sys::types::{
+use cuda_mem_sys::types::{
     CUdevice_attribute, CUdriverProcAddressQueryResult, CUmemAllocationHandleType, CUresult, CUuuid,
 };
-use cuda_sys::{Driver, cu_call};
+use cuda_mem_sys::{Driver, cu_call};
 
 fn device_count(d: &Driver) -> c_int {
     let mut count = -1;
@@ -88,7 +88,7 @@ fn calls_before_init_return_not_initialized() {
                         d,
                         cuPointerGetAttribute(
                             std::ptr::from_mut(&mut u).cast(),
-                            cuda_sys::types::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                            cuda_mem_sys::types::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
                             0x1000
                         )
                     ),
@@ -175,7 +175,7 @@ fn error_text(d: &Driver, code: CUresult, name: bool) -> (CUresult, *const c_cha
 #[test]
 fn error_names_and_strings() {
     let d = driver();
-    for &(value, name, description) in cuda_sys::error_table::ERROR_TABLE {
+    for &(value, name, description) in cuda_mem_sys::error_table::ERROR_TABLE {
         let (result, text) = error_text(d, CUresult(value), true);
         assert_eq!(result, CUresult::CUDA_SUCCESS, "cuGetErrorName({value})");
         // SAFETY: on success the driver wrote a static NUL-terminated string.
@@ -267,7 +267,7 @@ fn get_proc_address_selects_the_variant_by_version_and_stream_flag() {
     assert_eq!(found(c"cuMemcpyHtoD", 6050, 2), legacy);
     // Functions without a per-thread variant give the same entry point for either flag.
     assert_eq!(found(c"cuMemAlloc", 13000, 2), found(c"cuMemAlloc", 13000, 1));
-    // And the loader in cuda-sys resolves to the same addresses.
+    // And the loader in cuda-mem-sys resolves to the same addresses.
     assert_eq!(d.cuMemcpyHtoD_v2().unwrap() as usize, legacy);
     assert_eq!(common::per_thread_driver().cuMemcpyHtoD_v2().unwrap() as usize, per_thread);
 

@@ -8,7 +8,7 @@ use std::ffi::{c_int, c_void};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 use common::*;
-use cuda_sys::types::{
+use cuda_mem_sys::types::{
     CUmemAllocationHandleType, CUmemAllocationProp, CUmemAllocationType, CUmemFabricHandle,
     CUmemGenericAllocationHandle, CUmemLocation, CUmemLocationType, CUmemPoolProps, CUmemPoolPtrExportData,
     CUmemoryPool, CUuuid,

@@ -8,7 +8,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 
 use common::*;
-use cuda_sys::types::CUipcEventHandle;
+use cuda_mem_sys::types::CUipcEventHandle;
 
 const HANDLE_ENV: &str = "CUDA_SIM_TEST_EVENT_HANDLE";
 const INTERPROCESS: CUevent_flags =

@@ -9,8 +9,8 @@ use common::{
     Gate, NULL_STREAM, STREAM_LEGACY, code, driver, hold, in_child, init, non_blocking_stream, on_fresh_thread, query,
     sync, use_device,
 };
-use cuda_sys::cu_call;
-use cuda_sys::types::{
+use cuda_mem_sys::cu_call;
+use cuda_mem_sys::types::{
     CUdeviceptr, CUmem_advise, CUmem_range_attribute, CUmemAllocationHandleType, CUmemAllocationType, CUmemLocation,
     CUmemLocationType, CUmemPoolProps, CUmemoryPool, CUresult, CUstream,
 };
@@ -558,7 +558,7 @@ fn the_driver_version_13_entry_points_resolve() {
     let d = init();
     for name in [c"cuMemAdvise", c"cuMemPrefetchAsync", c"cuMemPrefetchBatchAsync", c"cuMemDiscardBatchAsync"] {
         let mut pfn: *mut c_void = std::ptr::null_mut();
-        let mut status = cuda_sys::types::CUdriverProcAddressQueryResult(99);
+        let mut status = cuda_mem_sys::types::CUdriverProcAddressQueryResult(99);
         // SAFETY: a NUL-terminated name and valid out-pointers.
         unsafe { cu_call!(d, cuGetProcAddress_v2(name.as_ptr(), &mut pfn, 13000, 0, &mut status)) }.unwrap();
         assert!(!pfn.is_null(), "{name:?}");

@@ -8,8 +8,8 @@ use std::ffi::{c_uint, c_void};
 use common::{
     DeviceBuffer, NULL_STREAM, Pinned, code, driver, dtoh, htod, in_child, non_blocking_stream, sync, use_device,
 };
-use cuda_sys::cu_call;
-use cuda_sys::types::{CUcontext, CUdeviceptr, CUmemorytype, CUpointer_attribute, CUresult, CUstream};
+use cuda_mem_sys::cu_call;
+use cuda_mem_sys::types::{CUcontext, CUdeviceptr, CUmemorytype, CUpointer_attribute, CUresult, CUstream};
 
 const INVALID: CUresult = CUresult::CUDA_ERROR_INVALID_VALUE;
 

@@ -14,8 +14,8 @@ use common::{
     code, driver, dtoh, event, event_query, in_child, memset_async, non_blocking_stream, per_thread_driver, query,
     record, sync, use_device, wait_event,
 };
-use cuda_sys::cu_call;
-use cuda_sys::types::{CUdeviceptr, CUevent_flags, CUresult, CUstream};
+use cuda_mem_sys::cu_call;
+use cuda_mem_sys::types::{CUdeviceptr, CUevent_flags, CUresult, CUstream};
 
 const NOT_READY: CUresult = CUresult::CUDA_ERROR_NOT_READY;
 const SUCCESS: CUresult = CUresult::CUDA_SUCCESS;
@@ -386,7 +386,7 @@ fn per_thread_default_streams_are_separate_queues() {
         let address = at(0);
         common::on_fresh_thread(move || {
             // SAFETY: `ctx` is the live primary context.
-            unsafe { cu_call!(driver(), cuCtxSetCurrent(ctx as cuda_sys::types::CUcontext)) }.unwrap();
+            unsafe { cu_call!(driver(), cuCtxSetCurrent(ctx as cuda_mem_sys::types::CUcontext)) }.unwrap();
             let threaded = per_thread_driver();
             // SAFETY: no pointers; the pinned memory outlives the synchronized work.
             unsafe {
@@ -470,7 +470,7 @@ fn per_thread_variants_work_on_the_per_thread_stream() {
         assert_eq!(event_query(e), SUCCESS);
         let (mut flags, mut priority, mut device) = (9, 9, 9);
         let mut stream_ctx = std::ptr::null_mut();
-        let mut status = cuda_sys::types::CUstreamCaptureStatus(9);
+        let mut status = cuda_mem_sys::types::CUstreamCaptureStatus(9);
         // SAFETY: every pointer is a valid out-pointer.
         unsafe {
             cu_call!(t, cuStreamGetFlags(s, &mut flags)).unwrap();
@@ -480,14 +480,14 @@ fn per_thread_variants_work_on_the_per_thread_stream() {
             cu_call!(t, cuStreamIsCapturing(s, &mut status)).unwrap();
         }
         assert_eq!((flags, priority, device, stream_ctx), (0, 0, 0, ctx));
-        assert_eq!(status, cuda_sys::types::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE);
+        assert_eq!(status, cuda_mem_sys::types::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE);
     });
 }
 
 /// The default pool's `CU_MEMPOOL_ATTR_USED_MEM_CURRENT` on device 0.
 fn used_in_default_pool() -> u64 {
     let d = driver();
-    let mut pool: cuda_sys::types::CUmemoryPool = std::ptr::null_mut();
+    let mut pool: cuda_mem_sys::types::CUmemoryPool = std::ptr::null_mut();
     // SAFETY: `pool` is a valid out-pointer; device 0 exists.
     unsafe { cu_call!(d, cuDeviceGetDefaultMemPool(&mut pool, 0)) }.unwrap();
     let mut used = 0u64;
@@ -497,7 +497,7 @@ fn used_in_default_pool() -> u64 {
             d,
             cuMemPoolGetAttribute(
                 pool,
-                cuda_sys::types::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
+                cuda_mem_sys::types::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
                 std::ptr::from_mut(&mut used).cast::<c_void>()
             )
         )

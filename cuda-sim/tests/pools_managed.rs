@@ -9,8 +9,8 @@ use common::{
     DeviceBuffer, Gate, NULL_STREAM, Pinned, access, code, device_location, driver, dtoh, htod, in_child, init,
     memset_async, non_blocking_stream, query, set_access, sync, use_device,
 };
-use cuda_sys::cu_call;
-use cuda_sys::types::{
+use cuda_mem_sys::cu_call;
+use cuda_mem_sys::types::{
     CUdeviceptr, CUgraph, CUmemAccess_flags, CUmemAllocationHandleType, CUmemAllocationType, CUmemLocation,
     CUmemLocationType, CUmemPool_attribute, CUmemPoolProps, CUmemoryPool, CUmemorytype, CUpointer_attribute, CUresult,
     CUstream, CUstreamCaptureMode, CUstreamCaptureStatus,

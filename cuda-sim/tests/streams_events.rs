@@ -14,11 +14,11 @@ use common::{
     Gate, NULL_STREAM, OPEN_DELAY, Pinned, STREAM_LEGACY, STREAM_PER_THREAD, WATCHDOG, blocking_stream, code, driver,
     event, event_query, in_child, memset_async, non_blocking_stream, query, record, sync, use_device,
 };
-use cuda_sys::types::{
+use cuda_mem_sys::types::{
     CUcontext, CUdeviceptr, CUevent, CUevent_flags, CUgraph, CUresult, CUstream, CUstream_flags, CUstreamCaptureMode,
     CUstreamCaptureStatus,
 };
-use cuda_sys::{Driver, cu_call};
+use cuda_mem_sys::{Driver, cu_call};
 
 fn create(flags: c_uint, priority: Option<c_int>) -> Result<CUstream, CUresult> {
     let mut s: CUstream = std::ptr::null_mut();

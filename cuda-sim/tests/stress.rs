@@ -16,8 +16,8 @@ use common::{
     DeviceBuffer, NULL_STREAM, Pinned, blocking_stream, code, driver, event, non_blocking_stream, record, sync,
     use_device, wait_event,
 };
-use cuda_sys::cu_call;
-use cuda_sys::types::{CUevent, CUevent_flags, CUresult, CUstream};
+use cuda_mem_sys::cu_call;
+use cuda_mem_sys::types::{CUevent, CUevent_flags, CUresult, CUstream};
 use proptest::prelude::*;
 
 const BUFFERS: usize = 3;
@@ -274,7 +274,7 @@ fn many_threads_allocate_copy_and_free_at_once() {
             scope.spawn(move || {
                 let d = driver();
                 // SAFETY: `ctx` is the live primary context.
-                unsafe { cu_call!(d, cuCtxSetCurrent(ctx as cuda_sys::types::CUcontext)) }.unwrap();
+                unsafe { cu_call!(d, cuCtxSetCurrent(ctx as cuda_mem_sys::types::CUcontext)) }.unwrap();
                 let mut rng = Lcg(t as u64 + 1);
                 let s = if t % 2 == 0 { non_blocking_stream() } else { blocking_stream() };
                 for round in 0..ROUNDS {

@@ -7,12 +7,12 @@ use std::ffi::{c_int, c_void};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 use common::*;
-use cuda_sim::testing::{LiveObjects, inject_failure, live_objects};
-use cuda_sys::types::{
+use cuda_mem_sys::types::{
     CUmemAccess_flags, CUmemAccessDesc, CUmemAllocationGranularity_flags, CUmemAllocationHandleType,
     CUmemAllocationProp, CUmemAllocationType, CUmemFabricHandle, CUmemGenericAllocationHandle, CUmemLocation,
     CUmemLocationType,
 };
+use cuda_sim::testing::{LiveObjects, inject_failure, live_objects};
 
 const G: usize = 2 << 20;
 

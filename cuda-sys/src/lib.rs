@@ -36,9 +36,9 @@
 //! Everything the private modules hold is re-exported here.
 //!
 //! ```no_run
-//! use cuda_sys::{cu_call, driver, types::CUdevice};
+//! use cuda_mem_sys::{cu_call, driver, types::CUdevice};
 //!
-//! fn count_devices() -> Result<i32, cuda_sys::CudaError> {
+//! fn count_devices() -> Result<i32, cuda_mem_sys::CudaError> {
 //!     let d = driver()?;
 //!     // SAFETY: cuInit takes no pointers; flags must be 0.
 //!     unsafe { cu_call!(d, cuInit(0)) }?;
@@ -61,7 +61,7 @@
 // bindings use.
 #[cfg(all(windows, not(target_pointer_width = "64")))]
 compile_error!(
-    "cuda-sys needs a 64-bit target on Windows: the CUDA driver API is __stdcall there, and 32-bit CUDA is gone"
+    "cuda-mem-sys needs a 64-bit target on Windows: the CUDA driver API is __stdcall there, and 32-bit CUDA is gone"
 );
 
 mod error;

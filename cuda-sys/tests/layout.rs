@@ -10,7 +10,7 @@ use std::mem::{offset_of, size_of};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use cuda_sys::types::*;
+use cuda_mem_sys::types::*;
 
 fn include_dir() -> Option<PathBuf> {
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent()?.to_path_buf();
@@ -24,7 +24,7 @@ fn include_dir() -> Option<PathBuf> {
 
 /// Compiles and runs `layout.c`, returning "name → number" for each line it prints.
 fn c_layout(include: &Path) -> BTreeMap<String, usize> {
-    let out_dir = std::env::temp_dir().join(format!("cuda-sys-layout-{}", std::process::id()));
+    let out_dir = std::env::temp_dir().join(format!("cuda-mem-sys-layout-{}", std::process::id()));
     std::fs::create_dir_all(&out_dir).unwrap();
     let target = if cfg!(target_arch = "aarch64") { "aarch64-unknown-linux-gnu" } else { "x86_64-unknown-linux-gnu" };
     let compiler = cc::Build::new()

@@ -2,8 +2,8 @@
 
 use std::ffi::{CStr, c_char};
 
-use cuda_sys::types::{CUdriverProcAddressQueryResult, CUresult};
-use cuda_sys::{CudaError, Driver, DriverOptions, LoadError, StreamMode, cu_call};
+use cuda_mem_sys::types::{CUdriverProcAddressQueryResult, CUresult};
+use cuda_mem_sys::{CudaError, Driver, DriverOptions, LoadError, StreamMode, cu_call};
 
 fn sim_path() -> std::path::PathBuf {
     cuda_sim::testing::library_path().expect("libcuda_sim.so is built beside the test binary")

@@ -106,7 +106,7 @@ unsafe fn consumer_stream(stream: isize) -> Result<ConsumerStream<'static>, Stri
         2 => ConsumerStream::PerThreadDefault,
         0 => return Err("stream 0 is ambiguous for CUDA (DLPack): pass 1, 2, -1 or a stream handle".to_string()),
         // SAFETY: the caller vouches for the handle.
-        handle => ConsumerStream::Raw(unsafe { RawStream::new(handle as cuda_sys::types::CUstream) }),
+        handle => ConsumerStream::Raw(unsafe { RawStream::new(handle as cuda_mem_sys::types::CUstream) }),
     })
 }
 

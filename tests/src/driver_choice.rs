@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use cuda_sys::{DEFAULT_LIBRARY, DRIVER_ENV, Driver, cu_call};
+use cuda_mem_sys::{DEFAULT_LIBRARY, DRIVER_ENV, Driver, cu_call};
 
 /// The simulator's export that the real driver lacks.
 const SIMULATOR_SYMBOL: &std::ffi::CStr = c"cuSimLiveObjects";
@@ -55,7 +55,7 @@ pub fn choose(program: &str, build_hint: &str) -> Result<Choice, Error> {
     if let Some(path) = std::env::var_os(DRIVER_ENV) {
         let path = PathBuf::from(path);
         // SAFETY: `CUDA_MEM_DRIVER` names the driver library for this process, as the
-        // environment names libraries to the dynamic linker (`cuda_sys::driver()` trusts it the
+        // environment names libraries to the dynamic linker (`cuda_mem_sys::driver()` trusts it the
         // same way).
         let driver = unsafe { Driver::open(&path) }.map_err(|e| {
             format!(

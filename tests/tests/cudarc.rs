@@ -16,7 +16,7 @@ use cudarc::driver::{CudaContext, CudaStream, LaunchConfig, PushKernelArg};
 
 /// The driver, installed for this crate, and cudarc's context of device 0, checked to be the
 /// same driver: an allocation of cudarc's is one the simulator counts.
-fn driver_and_context() -> (&'static cuda_sys::Driver, Arc<CudaContext>) {
+fn driver_and_context() -> (&'static cuda_mem_sys::Driver, Arc<CudaContext>) {
     let d = testing::driver().expect("the driver loads");
     let context = CudaContext::new(0).expect("cudarc opens device 0");
     if testing::on_simulator() {

@@ -53,7 +53,7 @@ fn cuda_core_consumes_and_produces_dlpack_tensors() {
     // Our driver is the library cuda.bindings loads: the simulator's link, or on a GPU
     // machine whatever this process was given (`CUDA_MEM_DRIVER`, else `libcuda.so.1`).
     if let Some(link) = use_this_simulator(&mut command) {
-        command.env(cuda_sys::DRIVER_ENV, link);
+        command.env(cuda_mem_sys::DRIVER_ENV, link);
     }
     let process = PythonProcess::new(command.spawn().expect("the Python process starts"));
     process.wait("dlpack-consumer: ok");

@@ -38,7 +38,7 @@ fn probe(out: &Path, args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
     let mut command = Command::new(env!("CARGO_BIN_EXE_probe"));
     command
         .args(args)
-        .env(cuda_sys::DRIVER_ENV, simulator)
+        .env(cuda_mem_sys::DRIVER_ENV, simulator)
         .env("CUDA_SIM_DEVICES", "2")
         .env("PROBE_OUT", out)
         .env_remove("CUDA_VISIBLE_DEVICES")

@@ -120,15 +120,15 @@ fn run_steps(workspace: &Path, records: &mut Vec<Record>, summaries: &mut Vec<St
     step("test", &mut || {
         let mut command = cargo(workspace);
         if let Some(dir) = &include
-            && std::env::var_os(cuda_sys_env::CUDA_INCLUDE).is_none()
+            && std::env::var_os(cuda_mem_sys_env::CUDA_INCLUDE).is_none()
         {
-            command.env(cuda_sys_env::CUDA_INCLUDE, dir);
+            command.env(cuda_mem_sys_env::CUDA_INCLUDE, dir);
         }
         command
             .args(["test", "--workspace", "--all-features", "--no-fail-fast"])
-            .env_remove(cuda_sys_env::DRIVER)
-            .env_remove(cuda_sys_env::REQUIRE_GPU)
-            .env_remove(cuda_sys_env::SIM_LIB);
+            .env_remove(cuda_mem_sys_env::DRIVER)
+            .env_remove(cuda_mem_sys_env::REQUIRE_GPU)
+            .env_remove(cuda_mem_sys_env::SIM_LIB);
         let (result, lines) = run_collecting_summaries(&mut command);
         *summaries = lines;
         result?;
@@ -140,9 +140,9 @@ fn run_steps(workspace: &Path, records: &mut Vec<Record>, summaries: &mut Vec<St
         let mut command = cargo(workspace);
         command
             .args(["test", "-p", "cuda-mem-ipc", "--test", "without_vmm"])
-            .env_remove(cuda_sys_env::DRIVER)
-            .env_remove(cuda_sys_env::REQUIRE_GPU)
-            .env_remove(cuda_sys_env::SIM_LIB);
+            .env_remove(cuda_mem_sys_env::DRIVER)
+            .env_remove(cuda_mem_sys_env::REQUIRE_GPU)
+            .env_remove(cuda_mem_sys_env::SIM_LIB);
         let (result, lines) = run_collecting_summaries(&mut command);
         let counted = count_tests(&lines);
         summaries.extend(lines);
@@ -161,9 +161,9 @@ fn run_steps(workspace: &Path, records: &mut Vec<Record>, summaries: &mut Vec<St
             Err(reason) => return Ok(Outcome::Skipped(reason)),
         };
         command
-            .env_remove(cuda_sys_env::DRIVER)
-            .env_remove(cuda_sys_env::REQUIRE_GPU)
-            .env_remove(cuda_sys_env::SIM_LIB);
+            .env_remove(cuda_mem_sys_env::DRIVER)
+            .env_remove(cuda_mem_sys_env::REQUIRE_GPU)
+            .env_remove(cuda_mem_sys_env::SIM_LIB);
         let (result, lines) = run_collecting_summaries(&mut command);
         let (passed, failed, _) = totals(&lines);
         let counted = count_tests(&lines);
@@ -197,7 +197,7 @@ fn run_steps(workspace: &Path, records: &mut Vec<Record>, summaries: &mut Vec<St
 }
 
 /// The crates published to crates.io, in the order they can be published.
-const PUBLISHED: &[&str] = &["cuda-sys", "cuda-sim", "cuda-mem-core", "cuda-mem-vmm", "cuda-mem-ipc"];
+const PUBLISHED: &[&str] = &["cuda-mem-sys", "cuda-sim", "cuda-mem-core", "cuda-mem-vmm", "cuda-mem-ipc"];
 
 /// `cargo publish --dry-run` of every published crate (packaged, then built from the package);
 /// `cargo package --offline` of them where crates.io's index cannot be reached.
@@ -277,14 +277,14 @@ fn msrv_check(workspace: &Path) -> Result<Outcome, String> {
 
 /// The environment variables the test step removes (named here rather than taken from the
 /// crates, which xtask does not depend on).
-pub(crate) mod cuda_sys_env {
-    /// `cuda_sys::DRIVER_ENV`.
+pub(crate) mod cuda_mem_sys_env {
+    /// `cuda_mem_sys::DRIVER_ENV`.
     pub const DRIVER: &str = "CUDA_MEM_DRIVER";
     /// `cuda_sim::testing::REQUIRE_GPU_ENV`.
     pub const REQUIRE_GPU: &str = "CUDA_MEM_REQUIRE_GPU";
     /// `cuda_sim::testing::LIBRARY_ENV`.
     pub const SIM_LIB: &str = "CUDA_SIM_LIB";
-    /// Where `cuda-sys`'s layout test finds `cuda.h`.
+    /// Where `cuda-mem-sys`'s layout test finds `cuda.h`.
     pub const CUDA_INCLUDE: &str = "CUDA_MEM_CUDA_INCLUDE";
 }
 

@@ -251,7 +251,7 @@ pub fn compare(setup: &Setup) -> Result<(), String> {
         "# cuda-mem against cuda.core ({CUDA_CORE}, {}), on {driver}\n\n\
          ## 1. Pool allocate+free pairs\n\n\
          Allocate+free pairs on one stream, on one thread, medians per pair. Each API is sampled in turn with \
-         the raw driver calls made natively in its own process, on its pool and stream (ours: cuda-sys; \
+         the raw driver calls made natively in its own process, on its pool and stream (ours: cuda-mem-sys; \
          cuda.core's: `raw_pairs.rs`, a native loop through the driver's entry points, called from the \
          script), so that an overhead is the API's median minus the raw median measured beside it. Ours \
          twice: `allocate` (a `Buffer`, holding shares of its pool and stream) and `allocate_scoped` (a \
@@ -408,11 +408,11 @@ fn sharing_tables(ours: &Value, their_results: &[Value]) -> String {
         })
     };
     let mut table = String::from(
-        "| batch | raw native (cuda-sys) | ours | our cost beyond raw | cuda.core | cuda.core's cost beyond raw | ours / theirs | raw cuda.bindings (Python, for reference) | cuda.core, buffers through Connection.send (for reference) |\n\
+        "| batch | raw native (cuda-mem-sys) | ours | our cost beyond raw | cuda.core | cuda.core's cost beyond raw | ours / theirs | raw cuda.bindings (Python, for reference) | cuda.core, buffers through Connection.send (for reference) |\n\
          |---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     let mut split = String::from(
-        "| batch | raw native (cuda-sys) | ours | cuda.core | raw cuda.bindings | cuda.core, Connection.send |\n\
+        "| batch | raw native (cuda-mem-sys) | ours | cuda.core | raw cuda.bindings | cuda.core, Connection.send |\n\
          |---:|---:|---:|---:|---:|---:|\n",
     );
     for row in items(ours, "sharing") {
@@ -463,7 +463,7 @@ fn sharing_tables(ours: &Value, their_results: &[Value]) -> String {
          list of Buffers pickled and sent with `Connection.send_bytes`, unpickled by the spawned child (a registry \
          lookup, then one import per buffer); cuda.core caches each buffer's export, so after the warm-up its \
          parent makes no driver call. Cost beyond raw = the API's median minus the median of the native raw path \
-         (`cuMemPoolExportPointer`, 64 bytes per buffer over a socket, `cuMemPoolImportPointer`; cuda-sys, our \
+         (`cuMemPoolExportPointer`, 64 bytes per buffer over a socket, `cuMemPoolImportPointer`; cuda-mem-sys, our \
          run), for both APIs: that path is the floor of the driver work both must do; cuda.bindings' raw path adds \
          Python work of its own (a loop, ctypes copies, a wrapper per call), which is no part of cuda.core's \
          compiled import path, so it cannot serve as cuda.core's floor. The last column sends the list with \

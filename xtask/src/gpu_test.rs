@@ -277,7 +277,7 @@ fn is_test_artifact(message: &Value) -> bool {
         && message.get("profile").and_then(|p| p.get("test")).and_then(Value::as_bool) == Some(true)
 }
 
-/// A test binary, named `<package>.<kind>.<target>` (`cuda-sys.lib`, `tests.test.ipc`), unless
+/// A test binary, named `<package>.<kind>.<target>` (`cuda-mem-sys.lib`, `tests.test.ipc`), unless
 /// it belongs to an excluded package or has no executable.
 fn artifact(message: &Value) -> Option<Artifact> {
     let path = PathBuf::from(message.get("executable")?.as_str()?);
@@ -294,7 +294,7 @@ fn artifact(message: &Value) -> Option<Artifact> {
     Some(Artifact { name, path })
 }
 
-/// The package name in a cargo package id: `path+file:///w/cuda-sys#0.1.0`,
+/// The package name in a cargo package id: `path+file:///w/cuda-mem-sys#0.1.0`,
 /// `path+file:///w/dir#name@0.1.0`, or the older `name 0.1.0 (path+file:///w/name)`.
 fn package_name(id: &str) -> String {
     if let Some((name, _)) = id.split_once(' ') {
@@ -600,7 +600,7 @@ mod tests {
 
     #[test]
     fn names_packages_from_every_id_format() {
-        assert_eq!(package_name("path+file:///w/cuda-sys#0.1.0"), "cuda-sys");
+        assert_eq!(package_name("path+file:///w/cuda-mem-sys#0.1.0"), "cuda-mem-sys");
         assert_eq!(package_name("path+file:///w/some-dir#tests@0.1.0"), "tests");
         assert_eq!(package_name("cuda-sim 0.1.0 (path+file:///w/cuda-sim)"), "cuda-sim");
         assert_eq!(package_name("registry+https://github.com/rust-lang/crates.io-index#libc@0.2.1"), "libc");

@@ -13,7 +13,7 @@
 //!   check`; part of `ci`).
 //! - `cargo xtask gpu-test [--out DIR]`: build the bundle that runs the test suite on a GPU
 //!   machine without Rust.
-//! - `cargo xtask bindgen [--check]`: regenerate (or verify) the committed `cuda-sys` bindings.
+//! - `cargo xtask bindgen [--check]`: regenerate (or verify) the committed `cuda-mem-sys` bindings.
 //!   The generator (bindgen, syn) is behind xtask's `bindgen` feature, so that the other
 //!   commands do not compile it: without the feature, this command runs xtask again with it.
 //! - `cargo xtask sanitize [--miri] [--asan] [--tsan] [--valgrind] [--install]`: the tests under

@@ -11,7 +11,7 @@ use crate::ci::Outcome;
 use crate::{cargo, describe, run_command};
 
 /// The crates that build everywhere the driver API exists (and on macOS, which has none).
-const PORTABLE: &[&str] = &["cuda-sys", "cuda-mem-core", "cuda-mem-vmm"];
+const PORTABLE: &[&str] = &["cuda-mem-sys", "cuda-mem-core", "cuda-mem-vmm"];
 
 /// The crates that build on Linux only, each with the start of its `compile_error!`.
 const LINUX_ONLY: &[(&str, &str)] =

@@ -31,7 +31,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::ci::{Outcome, Record, count_tests, cuda_sys_env, print_summary, run_collecting_summaries};
+use crate::ci::{Outcome, Record, count_tests, cuda_mem_sys_env, print_summary, run_collecting_summaries};
 use crate::{cargo, create_dir, run_command};
 
 /// The rustup toolchain the sanitizers and Miri need.
@@ -45,7 +45,7 @@ const SUITES: [&str; 3] = ["cuda-mem-core", "cuda-mem-ipc", "cuda-mem-vmm"];
 /// mappings). Tests in these modules that Miri cannot run in reasonable time carry
 /// `#[cfg_attr(miri, ignore)]`.
 const MIRI_SUITES: &[(&str, &[&str])] = &[
-    ("cuda-sys", &["error::"]),
+    ("cuda-mem-sys", &["error::"]),
     ("cuda-mem-core", &["access::", "handle_types::"]),
     ("cuda-mem-ipc", &["descriptor::", "registry::", "error::"]),
     ("cuda-sim", &["config::", "device::", "pool::", "stream::"]),
@@ -460,7 +460,10 @@ fn suite_tests(command: &mut Command) -> &mut Command {
 /// Runs the tests of `command` against the simulator (removing what would send them to another
 /// driver, as `ci` does) and returns how they ended with the summary lines.
 fn run_on_the_simulator(command: &mut Command) -> (Outcome, Vec<String>) {
-    command.env_remove(cuda_sys_env::DRIVER).env_remove(cuda_sys_env::REQUIRE_GPU).env_remove(cuda_sys_env::SIM_LIB);
+    command
+        .env_remove(cuda_mem_sys_env::DRIVER)
+        .env_remove(cuda_mem_sys_env::REQUIRE_GPU)
+        .env_remove(cuda_mem_sys_env::SIM_LIB);
     let (result, lines) = run_collecting_summaries(command);
     (tests_outcome(&lines, result.err().into_iter().collect()), lines)
 }

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use bytemuck::Pod;
-use cuda_sys::types::{CUresult, CUstream};
+use cuda_mem_sys::types::{CUresult, CUstream};
 use cudarc::driver::{
     self as rc, CudaContext, CudaSlice, CudaStream, DeviceSlice, LaunchArgs, PushKernelArg, SyncOnDrop,
 };
@@ -57,7 +57,7 @@ pub enum CudarcError {
 
 /// cudarc's error as ours: the same driver code, named after the driver function that failed.
 fn from_cudarc(function: &'static str, error: rc::DriverError) -> Error {
-    Error::from(cuda_sys::DriverError::from_header(function, CUresult(error.0 as u32)))
+    Error::from(cuda_mem_sys::DriverError::from_header(function, CUresult(error.0 as u32)))
 }
 
 /// The device whose primary context `context` is.

@@ -167,4 +167,4 @@ pub enum DlpackError {
 // The feature must not grow `Error`, which other crates' errors carry (a larger one trips
 // clippy's `result_large_err` across the workspace): a DLPack error is no larger than a driver
 // error.
-const _: () = assert!(size_of::<DlpackError>() <= size_of::<cuda_sys::CudaError>());
+const _: () = assert!(size_of::<DlpackError>() <= size_of::<cuda_mem_sys::CudaError>());

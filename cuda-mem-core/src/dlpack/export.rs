@@ -6,8 +6,8 @@ use std::ops::{Bound, RangeBounds};
 use std::sync::Arc;
 
 use bytemuck::Pod;
-use cuda_sys::cu_call;
-use cuda_sys::types::CUpointer_attribute;
+use cuda_mem_sys::cu_call;
+use cuda_mem_sys::types::CUpointer_attribute;
 use dlpark::DlpackFlags;
 use dlpark::ffi::{DLDataType, DLDevice, DLDeviceType};
 use dlpark::metadata::Dynamic;

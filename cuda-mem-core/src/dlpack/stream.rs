@@ -2,7 +2,7 @@
 //! ([`ConsumerStream`]), and the producer makes that stream wait for the work that wrote the
 //! data.
 
-use cuda_sys::types::CUstream;
+use cuda_mem_sys::types::CUstream;
 
 use crate::buffer::Buffer;
 use crate::device::Device;

@@ -4,8 +4,8 @@
 use std::ffi::c_void;
 use std::sync::atomic::Ordering;
 
-use cuda_sys::types::CUmemPool_attribute;
-use cuda_sys::{CudaError, cu_call};
+use cuda_mem_sys::types::CUmemPool_attribute;
+use cuda_mem_sys::{CudaError, cu_call};
 
 use super::MemoryPool;
 use crate::driver::driver;
@@ -209,7 +209,7 @@ impl MemoryPool {
 
 #[cfg(test)]
 mod tests {
-    use cuda_sys::types::CUresult;
+    use cuda_mem_sys::types::CUresult;
 
     use crate::{Device, DeviceMemoryResource, DeviceMemoryResourceOptions, Error, Stream, StreamOptions};
 
@@ -271,7 +271,7 @@ mod tests {
         ] {
             assert!(text.contains(&part), "{text:?} lacks {part:?}");
         }
-        assert!(std::error::Error::source(&error).is_some_and(|s| s.is::<cuda_sys::CudaError>()));
+        assert!(std::error::Error::source(&error).is_some_and(|s| s.is::<cuda_mem_sys::CudaError>()));
         drop(held);
     }
 

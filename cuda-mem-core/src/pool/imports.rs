@@ -11,8 +11,8 @@
 use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use cuda_sys::cu_call;
-use cuda_sys::types::CUmemPoolPtrExportData;
+use cuda_mem_sys::cu_call;
+use cuda_mem_sys::types::CUmemPoolPtrExportData;
 
 use super::MemoryPool;
 use super::sharing::{EXPORT_DATA_LEN, bind_for, mapped_range_size};

@@ -27,8 +27,8 @@ mod sharing;
 use std::any::Any;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use cuda_sys::cu_call;
-use cuda_sys::types::{CUmemPoolProps, CUmemoryPool};
+use cuda_mem_sys::cu_call;
+use cuda_mem_sys::types::{CUmemPoolProps, CUmemoryPool};
 
 pub use attributes::{PoolAttributes, PoolUsage, ReusePolicy};
 pub use imports::{import_holders, import_pending_waits};
@@ -429,7 +429,7 @@ macro_rules! pool_delegates {
             }
 
             /// The raw pool handle: [`MemoryPool::handle`](crate::MemoryPool::handle).
-            pub fn handle(&self) -> cuda_sys::types::CUmemoryPool {
+            pub fn handle(&self) -> cuda_mem_sys::types::CUmemoryPool {
                 self.pool.handle()
             }
         }

@@ -4,8 +4,8 @@
 
 use std::collections::BTreeSet;
 
-use cuda_sys::cu_call;
-use cuda_sys::types::{CUmemAccess_flags, CUmemAccessDesc, CUmemLocation, CUmemLocationType};
+use cuda_mem_sys::cu_call;
+use cuda_mem_sys::types::{CUmemAccess_flags, CUmemAccessDesc, CUmemLocation, CUmemLocationType};
 
 use super::MemoryPool;
 use crate::access::Access;

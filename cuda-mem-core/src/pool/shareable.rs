@@ -6,8 +6,8 @@
 use std::ffi::c_void;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
-use cuda_sys::cu_call;
-use cuda_sys::types::{CUmemAllocationHandleType, CUmemoryPool};
+use cuda_mem_sys::cu_call;
+use cuda_mem_sys::types::{CUmemAllocationHandleType, CUmemoryPool};
 
 use super::sharing::{HandleClaim, bind_for};
 use super::{MemoryPool, PoolKind};

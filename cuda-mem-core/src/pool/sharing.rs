@@ -9,8 +9,8 @@ use std::collections::BTreeMap;
 use std::ffi::c_void;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use cuda_sys::cu_call;
-use cuda_sys::types::{CUmemPoolPtrExportData, CUmemoryPool, CUpointer_attribute};
+use cuda_mem_sys::cu_call;
+use cuda_mem_sys::types::{CUmemPoolPtrExportData, CUmemoryPool, CUpointer_attribute};
 
 use super::{MemoryPool, imports};
 use crate::device::Device;

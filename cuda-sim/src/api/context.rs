@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use cuda_sys::types::{CUcontext, CUresult};
+use cuda_mem_sys::types::{CUcontext, CUresult};
 
 use crate::context::{self as ctx, Context};
 use crate::device::check_ordinal;

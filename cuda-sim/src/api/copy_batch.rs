@@ -20,7 +20,7 @@
 //! memory never moves. `CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE` is a hint and changes
 //! nothing.
 
-use cuda_sys::types::{
+use cuda_mem_sys::types::{
     CUdeviceptr, CUmemLocation, CUmemLocationType, CUmemcpyAttributes, CUmemcpyFlags, CUmemcpySrcAccessOrder, CUresult,
     CUstream, CUstreamCaptureStatus,
 };
@@ -119,7 +119,7 @@ pub(crate) unsafe fn with_attributes(
     stream: CUstream,
     mode: DefaultStream,
 ) -> SimResult {
-    if super::init::reported_version()? < cuda_sys::MEMCPY_WITH_ATTRIBUTES_VERSION as i32 {
+    if super::init::reported_version()? < cuda_mem_sys::MEMCPY_WITH_ATTRIBUTES_VERSION as i32 {
         return fail(CUresult::CUDA_ERROR_NOT_SUPPORTED);
     }
     ensure(!attr.is_null())?;

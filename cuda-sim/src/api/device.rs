@@ -2,7 +2,7 @@
 
 use std::ffi::c_char;
 
-use cuda_sys::types::{CUdevice_attribute, CUuuid};
+use cuda_mem_sys::types::{CUdevice_attribute, CUuuid};
 
 use crate::device::{attribute as device_attribute, check_ordinal, check_physical, name as device_name, uuid};
 use crate::error::{SimResult, ensure, write_out};
@@ -127,13 +127,13 @@ pub(crate) unsafe fn by_pci_bus_id(out: *mut i32, text: *const c_char) -> SimRes
     // SAFETY: non-null and NUL-terminated by the caller's contract.
     let text = unsafe { std::ffi::CStr::from_ptr(text) };
     let wanted =
-        text.to_str().ok().and_then(parse_bus_id).ok_or(cuda_sys::types::CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        text.to_str().ok().and_then(parse_bus_id).ok_or(cuda_mem_sys::types::CUresult::CUDA_ERROR_INVALID_VALUE)?;
     let state = state::lock()?;
     let found = (0..state.config.devices()).find(|&ordinal| {
         state.config.physical(ordinal).and_then(|physical| bus_id_text(physical).ok()).and_then(|t| parse_bus_id(&t))
             == Some(wanted)
     });
-    let ordinal = found.ok_or(cuda_sys::types::CUresult::CUDA_ERROR_INVALID_DEVICE)?;
+    let ordinal = found.ok_or(cuda_mem_sys::types::CUresult::CUDA_ERROR_INVALID_DEVICE)?;
     // SAFETY: forwarded from the caller.
     unsafe { write_out(out, ordinal as i32) }
 }

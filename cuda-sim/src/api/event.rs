@@ -1,6 +1,6 @@
 //! Events: creation, recording, queries, synchronization, elapsed time.
 
-use cuda_sys::types::{CUevent, CUevent_flags, CUipcEventHandle, CUresult, CUstream};
+use cuda_mem_sys::types::{CUevent, CUevent_flags, CUipcEventHandle, CUresult, CUstream};
 
 use super::DefaultStream;
 use super::stream::resolve_for_work;

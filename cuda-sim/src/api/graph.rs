@@ -8,7 +8,7 @@ use std::ffi::c_void;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
-use cuda_sys::types::{
+use cuda_mem_sys::types::{
     CUDA_GRAPH_INSTANTIATE_PARAMS, CUgraph, CUgraphEdgeData, CUgraphExec, CUgraphInstantiateResult,
     CUgraphMem_attribute, CUgraphNode, CUresult, CUstream, CUstreamCaptureStatus,
 };

@@ -2,7 +2,7 @@
 
 use std::ffi::c_char;
 
-use cuda_sys::types::CUresult;
+use cuda_mem_sys::types::CUresult;
 
 use crate::error::{SimResult, ensure, fail, write_out};
 
@@ -35,7 +35,7 @@ pub(crate) unsafe fn driver_version(out: *mut i32) -> SimResult {
 /// # Safety
 /// `out` is null or valid for a write of a pointer.
 pub(crate) unsafe fn error_text(code: CUresult, out: *mut *const c_char, name: bool) -> SimResult {
-    let table = cuda_sys::error_table::ERROR_TABLE;
+    let table = cuda_mem_sys::error_table::ERROR_TABLE;
     let found = table.binary_search_by_key(&code.0, |(c, _, _)| *c).ok().map(|i| table[i]);
     let text = found.map_or(std::ptr::null(), |(_, n, d)| if name { n.as_ptr() } else { d.as_ptr() });
     // SAFETY: forwarded from the caller.

@@ -5,7 +5,7 @@ use std::ffi::{c_int, c_void};
 use std::os::fd::{BorrowedFd, IntoRawFd};
 use std::sync::Arc;
 
-use cuda_sys::types::{CUdeviceptr, CUmemAllocationHandleType, CUmemPoolPtrExportData, CUmemoryPool, CUresult};
+use cuda_mem_sys::types::{CUdeviceptr, CUmemAllocationHandleType, CUmemPoolPtrExportData, CUmemoryPool, CUresult};
 
 use super::pool::find;
 use crate::context as ctx;

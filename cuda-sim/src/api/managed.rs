@@ -13,7 +13,7 @@
 use std::ffi::c_void;
 use std::ops::Range;
 
-use cuda_sys::types::{
+use cuda_mem_sys::types::{
     CUdevice_attribute, CUdeviceptr, CUmem_advise, CUmem_range_attribute, CUmemLocation, CUmemLocationType, CUresult,
     CUstream,
 };

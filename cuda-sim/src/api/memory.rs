@@ -16,7 +16,7 @@
 
 use std::ffi::c_void;
 
-use cuda_sys::types::{CUdeviceptr, CUresult, CUstream};
+use cuda_mem_sys::types::{CUdeviceptr, CUresult, CUstream};
 
 use super::DefaultStream;
 use super::pool::Reach;

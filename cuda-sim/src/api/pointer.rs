@@ -2,7 +2,7 @@
 
 use std::ffi::c_void;
 
-use cuda_sys::types::{CUcontext, CUdeviceptr, CUmemorytype, CUpointer_attribute, CUresult};
+use cuda_mem_sys::types::{CUcontext, CUdeviceptr, CUmemorytype, CUpointer_attribute, CUresult};
 
 use crate::error::{SimResult, ensure, fail};
 use crate::memory::{Allocation, Kind};

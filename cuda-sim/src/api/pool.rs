@@ -5,7 +5,7 @@ use std::ffi::c_void;
 use std::os::fd::AsFd;
 use std::sync::Arc;
 
-use cuda_sys::types::{
+use cuda_mem_sys::types::{
     CUdeviceptr, CUmemAccess_flags, CUmemAccessDesc, CUmemAllocationHandleType, CUmemAllocationType, CUmemLocation,
     CUmemLocationType, CUmemPool_attribute, CUmemPoolProps, CUmemoryPool, CUresult, CUstream,
 };

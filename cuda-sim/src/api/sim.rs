@@ -65,7 +65,7 @@ pub(crate) unsafe fn inject_failure(function: *const c_char, nth: u32) -> SimRes
 unsafe fn function_name<'a>(function: *const c_char) -> SimResult<&'a str> {
     ensure(!function.is_null())?;
     // SAFETY: non-null and NUL-terminated by the caller's contract.
-    unsafe { CStr::from_ptr(function) }.to_str().map_err(|_| cuda_sys::types::CUresult::CUDA_ERROR_INVALID_VALUE)
+    unsafe { CStr::from_ptr(function) }.to_str().map_err(|_| cuda_mem_sys::types::CUresult::CUDA_ERROR_INVALID_VALUE)
 }
 
 /// `cuSimCountCalls`: `on` non-zero starts counting every driver call from zero; zero stops

@@ -3,7 +3,7 @@
 use std::ffi::c_void;
 use std::sync::Arc;
 
-use cuda_sys::types::{
+use cuda_mem_sys::types::{
     CUcontext, CUevent, CUgraph, CUhostFn, CUresult, CUstream, CUstream_flags, CUstreamCaptureMode,
     CUstreamCaptureStatus,
 };

@@ -5,7 +5,7 @@
 use std::ffi::c_void;
 use std::sync::Arc;
 
-use cuda_sys::types::{CUgraph, CUhostFn, CUresult, CUuserObject};
+use cuda_mem_sys::types::{CUgraph, CUhostFn, CUresult, CUuserObject};
 
 use crate::error::{SimResult, ensure, fail, write_out};
 use crate::state::{self, State};

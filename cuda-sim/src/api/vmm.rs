@@ -5,7 +5,7 @@ use std::ffi::{c_int, c_void};
 use std::os::fd::{BorrowedFd, IntoRawFd};
 use std::sync::Arc;
 
-use cuda_sys::types::{
+use cuda_mem_sys::types::{
     CUdeviceptr, CUmemAccess_flags, CUmemAccessDesc, CUmemAllocationGranularity_flags, CUmemAllocationHandleType,
     CUmemAllocationProp, CUmemAllocationType, CUmemFabricHandle, CUmemGenericAllocationHandle, CUmemLocation,
     CUmemLocationType, CUresult,

@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::Duration;
 
-use cuda_sys::types::CUstream;
-use cuda_sys::{CudaError, Driver, cu_call};
+use cuda_mem_sys::types::CUstream;
+use cuda_mem_sys::{CudaError, Driver, cu_call};
 
 /// A gate a host function waits on, holding its stream until the test opens it.
 ///

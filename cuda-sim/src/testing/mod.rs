@@ -19,8 +19,8 @@ mod gate;
 
 use std::path::PathBuf;
 
-use cuda_sys::types::CUresult;
-use cuda_sys::{Driver, LoadError};
+use cuda_mem_sys::types::CUresult;
+use cuda_mem_sys::{Driver, LoadError};
 
 pub use gate::{Gate, OpenOnDrop, wait_for_gate};
 
@@ -60,19 +60,19 @@ pub fn library_path() -> Option<PathBuf> {
 
 /// Whether the tests run on the simulator (no `CUDA_MEM_DRIVER` set).
 pub fn on_simulator() -> bool {
-    std::env::var_os(cuda_sys::DRIVER_ENV).is_none()
+    std::env::var_os(cuda_mem_sys::DRIVER_ENV).is_none()
 }
 
 /// The driver the tests use, installed as the process-wide driver so that code under test that
-/// calls [`cuda_sys::driver()`] gets the same one.
+/// calls [`cuda_mem_sys::driver()`] gets the same one.
 ///
 /// # Errors
 /// When the simulator library cannot be found or either library cannot be opened.
 pub fn driver() -> Result<&'static Driver, LoadError> {
     if !on_simulator() {
-        return cuda_sys::driver();
+        return cuda_mem_sys::driver();
     }
-    if let Some(driver) = cuda_sys::installed_driver() {
+    if let Some(driver) = cuda_mem_sys::installed_driver() {
         return Ok(driver);
     }
     let path = library_path().ok_or_else(|| LoadError::LibraryNotFound {
@@ -86,10 +86,10 @@ pub fn driver() -> Result<&'static Driver, LoadError> {
     // has with the signature and the documented behaviour of `cuda.h`.
     let opened = unsafe { Driver::open(&path) }?;
     check_build(&opened, &path)?;
-    match cuda_sys::install_driver(opened) {
+    match cuda_mem_sys::install_driver(opened) {
         Ok(driver) => Ok(driver),
         // Another thread installed one first: use that one.
-        Err(_) => cuda_sys::installed_driver().ok_or(LoadError::NotADriver { path }),
+        Err(_) => cuda_mem_sys::installed_driver().ok_or(LoadError::NotADriver { path }),
     }
 }
 
@@ -114,7 +114,7 @@ fn check_build(driver: &Driver, path: &std::path::Path) -> Result<(), LoadError>
 }
 
 /// The build id a simulator library reports (`cuSimBuildId`).
-fn build_id(driver: &Driver) -> Result<String, cuda_sys::CudaError> {
+fn build_id(driver: &Driver) -> Result<String, cuda_mem_sys::CudaError> {
     // SAFETY: the simulator exports `cuSimBuildId` with this signature.
     let f =
         unsafe { control::<unsafe extern "C" fn(*mut *const std::ffi::c_char) -> CUresult>(driver, c"cuSimBuildId") }?;
@@ -286,7 +286,7 @@ pub struct LiveObjects {
 ///
 /// # Errors
 /// When the driver is not the simulator, or the call fails.
-pub fn live_objects(driver: &Driver) -> Result<LiveObjects, cuda_sys::CudaError> {
+pub fn live_objects(driver: &Driver) -> Result<LiveObjects, cuda_mem_sys::CudaError> {
     // SAFETY: the simulator exports `cuSimLiveObjects` with this signature.
     let f = unsafe { control::<unsafe extern "C" fn(*mut LiveObjects) -> CUresult>(driver, c"cuSimLiveObjects") }?;
     let mut out = LiveObjects::default();
@@ -310,7 +310,7 @@ pub fn open_fds() -> usize {
 ///
 /// # Errors
 /// When the driver is not the simulator, or the call fails.
-pub fn inject_failure(driver: &Driver, function: &std::ffi::CStr, nth: u32) -> Result<(), cuda_sys::CudaError> {
+pub fn inject_failure(driver: &Driver, function: &std::ffi::CStr, nth: u32) -> Result<(), cuda_mem_sys::CudaError> {
     // SAFETY: the simulator exports `cuSimInjectFailure` with this signature.
     let f = unsafe {
         control::<unsafe extern "C" fn(*const std::ffi::c_char, u32) -> CUresult>(driver, c"cuSimInjectFailure")
@@ -402,7 +402,7 @@ impl std::fmt::Display for Injection {
 ///
 /// # Safety
 /// The simulator exports `name` with the signature `F` (a function pointer type).
-unsafe fn control<F: Copy>(driver: &Driver, name: &'static std::ffi::CStr) -> Result<F, cuda_sys::CudaError> {
+unsafe fn control<F: Copy>(driver: &Driver, name: &'static std::ffi::CStr) -> Result<F, cuda_mem_sys::CudaError> {
     let address = driver.library_symbol(name)?;
     debug_assert_eq!(std::mem::size_of::<F>(), std::mem::size_of_val(&address));
     // SAFETY: the caller guarantees the symbol has the signature `F`, a function pointer as
@@ -411,7 +411,7 @@ unsafe fn control<F: Copy>(driver: &Driver, name: &'static std::ffi::CStr) -> Re
 }
 
 /// Starts counting every driver call from zero (`true`), or stops counting, keeping the counts.
-fn set_counting(driver: &Driver, on: bool) -> Result<(), cuda_sys::CudaError> {
+fn set_counting(driver: &Driver, on: bool) -> Result<(), cuda_mem_sys::CudaError> {
     // SAFETY: the simulator exports `cuSimCountCalls` with this signature.
     let f = unsafe { control::<unsafe extern "C" fn(u32) -> CUresult>(driver, c"cuSimCountCalls") }?;
     // SAFETY: takes a plain value.
@@ -421,7 +421,7 @@ fn set_counting(driver: &Driver, on: bool) -> Result<(), cuda_sys::CudaError> {
 }
 
 /// The calls of `function` counted since counting last started.
-fn counted(driver: &Driver, function: &str) -> Result<u32, cuda_sys::CudaError> {
+fn counted(driver: &Driver, function: &str) -> Result<u32, cuda_mem_sys::CudaError> {
     // SAFETY: the simulator exports `cuSimCallCount` with this signature.
     let f = unsafe {
         control::<unsafe extern "C" fn(*const std::ffi::c_char, *mut u32) -> CUresult>(driver, c"cuSimCallCount")
@@ -435,7 +435,7 @@ fn counted(driver: &Driver, function: &str) -> Result<u32, cuda_sys::CudaError> 
 }
 
 /// The counts since counting last started, of every function the simulator exports.
-fn read_counts(driver: &Driver) -> Result<CallCounts, cuda_sys::CudaError> {
+fn read_counts(driver: &Driver) -> Result<CallCounts, cuda_mem_sys::CudaError> {
     let mut counts = Vec::new();
     for (name, _) in crate::exports::table() {
         let per_thread = name.ends_with("_ptsz") || name.ends_with("_ptds");
@@ -456,7 +456,7 @@ fn read_counts(driver: &Driver) -> Result<CallCounts, cuda_sys::CudaError> {
 ///
 /// # Errors
 /// When the driver is not the simulator.
-pub fn count_calls<R>(driver: &Driver, path: impl FnOnce() -> R) -> Result<(R, CallCounts), cuda_sys::CudaError> {
+pub fn count_calls<R>(driver: &Driver, path: impl FnOnce() -> R) -> Result<(R, CallCounts), cuda_mem_sys::CudaError> {
     set_counting(driver, true)?;
     let out = path();
     set_counting(driver, false)?;
@@ -473,7 +473,7 @@ pub fn run_failing<R>(
     driver: &Driver,
     injection: Injection,
     path: impl FnOnce() -> R,
-) -> Result<(R, bool), cuda_sys::CudaError> {
+) -> Result<(R, bool), cuda_mem_sys::CudaError> {
     let name = std::ffi::CString::new(injection.function).unwrap_or_default();
     set_counting(driver, true)?;
     inject_failure(driver, &name, injection.nth)?;

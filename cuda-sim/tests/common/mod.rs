@@ -11,12 +11,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
-pub use cuda_sim::testing::{Gate, OpenOnDrop, wait_for_gate};
-pub use cuda_sys::types::{
+pub use cuda_mem_sys::types::{
     CUcontext, CUdevice_attribute, CUdeviceptr, CUevent, CUevent_flags, CUmemAccess_flags, CUmemAccessDesc,
     CUmemLocation, CUmemLocationType, CUmemoryPool, CUpointer_attribute, CUresult, CUstream, CUstream_flags,
 };
-pub use cuda_sys::{Driver, DriverOptions, StreamMode, cu_call};
+pub use cuda_mem_sys::{Driver, DriverOptions, StreamMode, cu_call};
+pub use cuda_sim::testing::{Gate, OpenOnDrop, wait_for_gate};
 
 /// `CU_STREAM_LEGACY`.
 pub const STREAM_LEGACY: CUstream = 0x1 as CUstream;

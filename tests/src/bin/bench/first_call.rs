@@ -50,7 +50,7 @@ pub(crate) fn first_call(driver_path: &Path) -> Result<(Stats, Stats), Error> {
     Ok(result)
 }
 
-/// The child of case 5: opens the driver through `cuda_sys::driver()` (`CUDA_MEM_DRIVER`),
+/// The child of case 5: opens the driver through `cuda_mem_sys::driver()` (`CUDA_MEM_DRIVER`),
 /// calls `cuDriverGetVersion`, and prints the nanoseconds since `main` began.
 pub(crate) fn first_call_main(started: Instant) -> Result<(), Error> {
     let version = cuda_mem_core::sys::driver()?.version()?;

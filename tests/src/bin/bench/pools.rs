@@ -30,7 +30,7 @@ pub(crate) struct PoolRow {
     pub(crate) threads: usize,
     /// The safe API's shared allocation (`allocate`: a `Buffer`).
     pub(crate) safe: Stats,
-    /// `cuMemAllocFromPoolAsync` + `cuMemFreeAsync` through cuda-sys.
+    /// `cuMemAllocFromPoolAsync` + `cuMemFreeAsync` through cuda-mem-sys.
     pub(crate) raw: Stats,
     /// The raw calls with the capture check the safe API makes before each allocation (as
     /// cuda.core does): the same driver work as the safe pair, so the rest is our code's.

@@ -4,8 +4,8 @@
 //! it to show growth in place. Asked many times, with alignment 0 (as the library asks), with
 //! the granularity as the alignment, and for a range eight times larger.
 
-use cuda_sys::types::{CUmemAllocationGranularity_flags, CUmemAllocationProp, CUmemAllocationType};
-use cuda_sys::{CudaError, cu_call, driver};
+use cuda_mem_sys::types::{CUmemAllocationGranularity_flags, CUmemAllocationProp, CUmemAllocationType};
+use cuda_mem_sys::{CudaError, cu_call, driver};
 
 use crate::owned::Reservation;
 use crate::raw::{device_location, error_code};

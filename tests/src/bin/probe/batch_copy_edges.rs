@@ -6,11 +6,11 @@
 //! each? Three device buffers are filled with `0x11`, `0x22` and `0x33`; each batch copies
 //! between them on a non-blocking stream, which is then synchronized.
 
-use cuda_sys::types::{
+use cuda_mem_sys::types::{
     CUdeviceptr, CUmemLocation, CUmemLocationType, CUmemcpyAttributes, CUmemcpySrcAccessOrder, CUstream,
     CUstreamCaptureMode,
 };
-use cuda_sys::{cu_call, driver};
+use cuda_mem_sys::{cu_call, driver};
 
 use crate::capture::{end_described, short};
 use crate::owned::{DeviceAllocation, ManagedAllocation, OwnedStream};

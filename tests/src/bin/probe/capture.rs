@@ -5,7 +5,7 @@
 //! records the call's outcome, the capture's status after it, and how `cuStreamEndCapture` ends
 //! it; in both the global and the relaxed mode.
 
-use cuda_sys::types::CUstreamCaptureMode;
+use cuda_mem_sys::types::CUstreamCaptureMode;
 
 use crate::owned::{DeviceAllocation, OwnedEvent, OwnedPool, OwnedStream, alloc_from_pool, free_async};
 use crate::raw::{

@@ -13,7 +13,7 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use cuda_mem_ipc::{Channel, spawn_with_channel};
-use cuda_sys::DRIVER_ENV;
+use cuda_mem_sys::DRIVER_ENV;
 use tests::child_process::{KillOnDrop, read_in_background};
 
 use crate::Error;
@@ -54,7 +54,7 @@ pub(crate) type ChildSide = fn(&Input, &mut Details) -> Result<(), Error>;
 /// it observed; the detail `child` says how it ended.
 pub(crate) fn ask(name: &str, payload: &[u8], fds: &[BorrowedFd<'_>]) -> Result<Details, Error> {
     let exe = std::env::current_exe()?;
-    let driver = cuda_sys::driver()?.path().to_path_buf();
+    let driver = cuda_mem_sys::driver()?.path().to_path_buf();
     let mut command = Command::new(exe);
     command
         .args([CHILD_ARG, name])

@@ -1,10 +1,10 @@
 //! Which driver the probes ask (chosen as the demo chooses, `tests::driver_choice`, and installed
-//! as the process-wide driver that `cuda_sys::driver()` returns), and what the report says
+//! as the process-wide driver that `cuda_mem_sys::driver()` returns), and what the report says
 //! about it.
 
 use std::path::PathBuf;
 
-use cuda_sys::{DRIVER_ENV, install_driver};
+use cuda_mem_sys::{DRIVER_ENV, install_driver};
 use tests::driver_choice::How;
 use tests::output::json_escape;
 
@@ -81,7 +81,7 @@ pub(crate) struct DriverInfo {
 impl DriverInfo {
     /// Asks the installed driver (after `cuInit`).
     pub(crate) fn read(chosen: &Chosen) -> DriverInfo {
-        let version = match cuda_sys::driver().map_err(Error::from).and_then(|d| d.version().map_err(Error::from)) {
+        let version = match cuda_mem_sys::driver().map_err(Error::from).and_then(|d| d.version().map_err(Error::from)) {
             Ok(v) => format!("{}.{}", v / 1000, (v % 1000) / 10),
             Err(e) => format!("unknown ({e})"),
         };

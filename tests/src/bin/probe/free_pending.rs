@@ -11,7 +11,7 @@ use crate::raw::{code, device_location, memset_async, pool_props, stream_query};
 use crate::report::Details;
 use crate::runner::Setup;
 use crate::{Error, Question};
-use cuda_sys::{cu_call, driver};
+use cuda_mem_sys::{cu_call, driver};
 
 /// The question.
 pub(crate) const QUESTION: Question = Question {

@@ -8,8 +8,8 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
-use cuda_sys::types::CUstream;
-use cuda_sys::{CudaError, cu_call, driver};
+use cuda_mem_sys::types::CUstream;
+use cuda_mem_sys::{CudaError, cu_call, driver};
 
 /// What the host function reads.
 struct GateState {

@@ -4,7 +4,7 @@
 //! child graph node. A graph of one memset is captured and instantiated; another stream begins
 //! a capture, captures a memset, then launches (or uploads) the executable graph.
 
-use cuda_sys::types::CUstreamCaptureMode;
+use cuda_mem_sys::types::CUstreamCaptureMode;
 
 use crate::capture::end_described;
 use crate::owned::{DeviceAllocation, OwnedGraphExec, OwnedStream};
@@ -42,8 +42,8 @@ fn run(_setup: &Setup<'_>, details: &mut Details) -> Result<String, Error> {
 fn case(
     name: &str,
     exec: &OwnedGraphExec,
-    call: fn(&OwnedGraphExec, cuda_sys::types::CUstream) -> Call,
-    ptr: cuda_sys::types::CUdeviceptr,
+    call: fn(&OwnedGraphExec, cuda_mem_sys::types::CUstream) -> Call,
+    ptr: cuda_mem_sys::types::CUdeviceptr,
     details: &mut Details,
 ) -> Result<String, Error> {
     let stream = OwnedStream::new(false)?;

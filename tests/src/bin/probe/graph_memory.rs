@@ -7,8 +7,8 @@
 
 use std::ffi::c_void;
 
-use cuda_sys::types::{CUdevice, CUgraphMem_attribute, CUstreamCaptureMode};
-use cuda_sys::{CudaError, cu_call, driver};
+use cuda_mem_sys::types::{CUdevice, CUgraphMem_attribute, CUstreamCaptureMode};
+use cuda_mem_sys::{CudaError, cu_call, driver};
 
 use crate::capture::short;
 use crate::owned::{OwnedStream, free_async};

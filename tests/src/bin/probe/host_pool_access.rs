@@ -5,7 +5,7 @@
 
 use std::ffi::c_void;
 
-use cuda_sys::{cu_call, driver};
+use cuda_mem_sys::{cu_call, driver};
 
 use crate::owned::{DeviceAllocation, OwnedPool, OwnedStream, alloc_from_pool, free_async};
 use crate::raw::{Call, code, device_location, host_location, memset_async, pool_access, pool_props};

@@ -12,7 +12,7 @@
 use std::ffi::c_int;
 use std::os::fd::AsFd;
 
-use cuda_sys::types::{CUdevice_attribute, CUmemAccess_flags, CUmemLocation, CUmemoryPool};
+use cuda_mem_sys::types::{CUdevice_attribute, CUmemAccess_flags, CUmemLocation, CUmemoryPool};
 
 use crate::child::{self, Input};
 use crate::owned::OwnedPool;

@@ -17,8 +17,8 @@ use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use cuda_sys::types::{CUipcEventHandle, CUresult};
-use cuda_sys::{CudaError, cu_call, driver};
+use cuda_mem_sys::types::{CUipcEventHandle, CUresult};
+use cuda_mem_sys::{CudaError, cu_call, driver};
 
 use crate::child::{self, Input};
 use crate::gate::Gate;

@@ -3,7 +3,7 @@
 //!
 //! `cuda-sim` takes a reading wherever `cuda.h` is silent (`cuda_sim::conservative`), and the
 //! libraries rely on some behaviours no document states. Each question here is answered with raw
-//! driver calls (`cuda_sys`, the process-wide driver chosen as the demo chooses it: the library
+//! driver calls (`cuda_mem_sys`, the process-wide driver chosen as the demo chooses it: the library
 //! `CUDA_MEM_DRIVER` names, else `libcuda.so.1` when it sees a device, else the simulator), on
 //! device 0, and printed as one line, `PROBE <name>: <answer>`, with the observations it was
 //! drawn from indented below. Questions about importing are asked from a child process (this

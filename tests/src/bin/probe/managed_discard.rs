@@ -5,7 +5,7 @@
 
 use std::collections::BTreeSet;
 
-use cuda_sys::{cu_call, driver};
+use cuda_mem_sys::{cu_call, driver};
 
 use crate::owned::{ManagedAllocation, OwnedStream};
 use crate::raw::{Call, code, managed_unsupported, memset_sync, read_bytes};

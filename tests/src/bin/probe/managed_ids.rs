@@ -5,7 +5,7 @@
 //! `LAST_PREFETCH_LOCATION` read `CU_DEVICE_CPU` (-1) for the host. Each value is read into one
 //! preset to a marker, so that one the driver leaves alone shows as `unwritten`.
 
-use cuda_sys::types::{CUmem_advise, CUmem_range_attribute, CUmemLocationType};
+use cuda_mem_sys::types::{CUmem_advise, CUmem_range_attribute, CUmemLocationType};
 
 use crate::owned::{ManagedAllocation, OwnedStream};
 use crate::raw::{UNWRITTEN, advise, code, host_location, managed_unsupported, prefetch, range_attribute};

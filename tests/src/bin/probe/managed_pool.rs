@@ -6,8 +6,8 @@
 
 use std::ffi::c_void;
 
-use cuda_sys::types::{CUmem_advise, CUmem_range_attribute, CUmemAllocationType, CUpointer_attribute};
-use cuda_sys::{CudaError, cu_call, driver};
+use cuda_mem_sys::types::{CUmem_advise, CUmem_range_attribute, CUmemAllocationType, CUpointer_attribute};
+use cuda_mem_sys::{CudaError, cu_call, driver};
 
 use crate::owned::{OwnedPool, OwnedStream, PoolAllocation};
 use crate::raw::{advise, code, device_location, managed_unsupported, pool_props, prefetch, range_attribute};
@@ -33,7 +33,7 @@ fn run(_setup: &Setup<'_>, details: &mut Details) -> Result<String, Error> {
     }
     let props = pool_props(device_location(0), false, 0);
     let props =
-        cuda_sys::types::CUmemPoolProps { allocType: CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_MANAGED, ..props };
+        cuda_mem_sys::types::CUmemPoolProps { allocType: CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_MANAGED, ..props };
     let pool = match OwnedPool::new(&props) {
         Ok(pool) => pool,
         Err(e) => return Ok(format!("not applicable: a managed cuMemPoolCreate is {}", crate::raw::error_code(e))),

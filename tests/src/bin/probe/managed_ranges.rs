@@ -5,7 +5,7 @@
 //! What does the driver answer for `cuMemAdvise` (read-mostly, whose location is ignored, and a
 //! preferred location) and `cuMemPrefetchAsync` (to device 0)?
 
-use cuda_sys::types::CUmem_advise;
+use cuda_mem_sys::types::CUmem_advise;
 
 use crate::owned::{DeviceAllocation, ManagedAllocation, OwnedStream};
 use crate::raw::{advise, code, device_location, managed_unsupported, prefetch};

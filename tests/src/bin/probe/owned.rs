@@ -6,11 +6,11 @@
 use std::ffi::c_int;
 use std::sync::{Mutex, PoisonError};
 
-use cuda_sys::types::{
+use cuda_mem_sys::types::{
     CUcontext, CUdevice, CUdeviceptr, CUevent, CUgraph, CUgraphExec, CUipcEventHandle, CUmemPoolProps, CUmemoryPool,
     CUstream, CUstream_flags, CUstreamCaptureMode,
 };
-use cuda_sys::{CudaError, cu_call, driver};
+use cuda_mem_sys::{CudaError, cu_call, driver};
 
 use crate::raw::{Call, capture_status, code, destroy_pool};
 

@@ -5,8 +5,8 @@
 
 use std::ffi::{CStr, CString, c_char, c_int};
 
-use cuda_sys::types::CUdevice_attribute;
-use cuda_sys::{CudaError, cu_call, driver};
+use cuda_mem_sys::types::CUdevice_attribute;
+use cuda_mem_sys::{CudaError, cu_call, driver};
 
 use crate::raw::{code, device_attribute};
 use crate::report::Details;

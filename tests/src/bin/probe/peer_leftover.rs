@@ -4,7 +4,7 @@
 //! revokes peer access before destroying a pool it owns because of it. Does this driver still
 //! do it? Needs two devices, the second able to reach the first.
 
-use cuda_sys::types::CUmemAccess_flags;
+use cuda_mem_sys::types::CUmemAccess_flags;
 
 use crate::owned::OwnedPool;
 use crate::raw::{can_access_peer, code, device_location, pool_access, pool_props, set_pool_access};

@@ -6,7 +6,7 @@
 //! does it disturb the capture? (On an H100, a global-mode capture in one test refused
 //! `cuMemPoolCreate` in tests running on other threads.)
 
-use cuda_sys::types::{CUdeviceptr, CUmemoryPool};
+use cuda_mem_sys::types::{CUdeviceptr, CUmemoryPool};
 
 use crate::capture::{MODES, join_modes, short};
 use crate::owned::{DeviceAllocation, OwnedPool, OwnedStream, PrimaryContext, alloc_from_pool, free_async};

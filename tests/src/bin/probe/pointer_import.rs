@@ -7,8 +7,8 @@
 
 use std::os::fd::AsFd;
 
-use cuda_sys::types::{CUdeviceptr, CUmemPoolPtrExportData, CUmemoryPool, CUpointer_attribute};
-use cuda_sys::{CudaError, cu_call, driver};
+use cuda_mem_sys::types::{CUdeviceptr, CUmemPoolPtrExportData, CUmemoryPool, CUpointer_attribute};
+use cuda_mem_sys::{CudaError, cu_call, driver};
 
 use crate::child::{self, Input};
 use crate::owned::{OwnedPool, OwnedStream, PoolAllocation, free_async};

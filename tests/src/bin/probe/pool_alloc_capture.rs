@@ -6,8 +6,8 @@
 //! in the same capture, so the graph owns nothing afterwards; the graph is not launched. The
 //! pool's usage after says whether the pool or the graph counted the allocation.
 
-use cuda_sys::CudaError;
-use cuda_sys::types::{CUdeviceptr, CUstreamCaptureMode};
+use cuda_mem_sys::CudaError;
+use cuda_mem_sys::types::{CUdeviceptr, CUstreamCaptureMode};
 
 use crate::capture::end_described;
 use crate::owned::{OwnedPool, OwnedStream, alloc_from_pool, free_async};
@@ -40,7 +40,7 @@ fn run(_setup: &Setup<'_>, details: &mut Details) -> Result<String, Error> {
 /// One allocation in a fresh capture, freed in it: the outcomes, the status and the nodes.
 fn case(
     name: &str,
-    allocate: impl FnOnce(cuda_sys::types::CUstream) -> Result<CUdeviceptr, CudaError>,
+    allocate: impl FnOnce(cuda_mem_sys::types::CUstream) -> Result<CUdeviceptr, CudaError>,
     details: &mut Details,
 ) -> Result<String, Error> {
     let stream = OwnedStream::new(false)?;

@@ -7,8 +7,8 @@
 
 use std::os::fd::{AsFd, AsRawFd};
 
-use cuda_sys::CudaError;
-use cuda_sys::types::{CUmemPool_attribute, CUmemoryPool};
+use cuda_mem_sys::CudaError;
+use cuda_mem_sys::types::{CUmemPool_attribute, CUmemoryPool};
 
 use crate::child::{self, Input};
 use crate::owned::OwnedPool;

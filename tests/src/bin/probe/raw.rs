@@ -1,16 +1,16 @@
 //! Driver calls as the probes record them: what a call returned, by name, and the queries the
 //! probes share (capture status, pool attributes, pool access, free memory), each one raw call
-//! through `cuda_sys`.
+//! through `cuda_mem_sys`.
 
 use std::ffi::{c_int, c_void};
 
-use cuda_sys::types::{
+use cuda_mem_sys::types::{
     CUdevice, CUdevice_attribute, CUdeviceptr, CUevent, CUgraph, CUgraphNode, CUgraphNodeType, CUmem_advise,
     CUmem_range_attribute, CUmemAccess_flags, CUmemAccessDesc, CUmemAllocationHandleType, CUmemAllocationType,
     CUmemLocation, CUmemLocationType, CUmemPool_attribute, CUmemPoolProps, CUmemoryPool, CUstream,
     CUstreamCaptureStatus,
 };
-use cuda_sys::{CudaError, cu_call, driver};
+use cuda_mem_sys::{CudaError, cu_call, driver};
 
 /// What one driver call returned.
 pub(crate) type Call = Result<(), CudaError>;

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
-use cuda_sys::DRIVER_ENV;
+use cuda_mem_sys::DRIVER_ENV;
 use tests::child_process::{KillOnDrop, read_in_background};
 use tests::errors::describe;
 

@@ -14,7 +14,7 @@ use crate::report::Details;
 use crate::runner::Setup;
 use crate::{Error, Question};
 
-use cuda_sys::types::CUstreamCaptureMode;
+use cuda_mem_sys::types::CUstreamCaptureMode;
 
 /// The question.
 pub(crate) const QUESTION: Question = Question {
@@ -94,7 +94,7 @@ fn on_another_thread(context: &PrimaryContext, action: Action, victim: Option<De
 
 /// Makes the call: its outcome, and what to release after the capture.
 fn act(action: Action, victim: Option<DeviceAllocation>) -> (String, Leftover) {
-    fn kept<T: Send + 'static>(result: Result<T, cuda_sys::CudaError>) -> (String, Leftover) {
+    fn kept<T: Send + 'static>(result: Result<T, cuda_mem_sys::CudaError>) -> (String, Leftover) {
         let outcome = code(&result);
         (outcome, result.ok().map(|value| Box::new(value) as Box<dyn Send>))
     }

@@ -11,10 +11,10 @@ use std::sync::{Mutex, PoisonError};
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
-use cuda_sys::types::{
+use cuda_mem_sys::types::{
     CUcontext, CUdeviceptr, CUstreamCaptureMode, CUuserObject, CUuserObject_flags, CUuserObjectRetain_flags,
 };
-use cuda_sys::{CudaError, cu_call, driver};
+use cuda_mem_sys::{CudaError, cu_call, driver};
 
 use crate::child::{self, Input};
 use crate::owned::{DeviceAllocation, OwnedStream};

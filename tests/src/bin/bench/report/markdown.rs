@@ -17,10 +17,10 @@ pub(super) fn markdown(results: &Results) -> String {
     md.push_str("## 1. Pool allocate+free pairs (one stream per thread)\n\n");
     md.push_str(
         "Safe: `allocate` (a `Buffer`, which holds shares of its pool and stream). Scoped: `allocate_scoped` (a \
-         `ScopedBuffer`, which borrows them). Raw: `cuMemAllocFromPoolAsync` + `cuMemFreeAsync` through cuda-sys. Raw \
+         `ScopedBuffer`, which borrows them). Raw: `cuMemAllocFromPoolAsync` + `cuMemFreeAsync` through cuda-mem-sys. Raw \
          + check: the same with the `cuStreamIsCapturing` the safe API makes before each allocation (as cuda.core \
          does), so that safe / (raw + check) is our code's share alone.\n\n\
-         | size | threads | safe API per pair | scoped per pair | raw cuda-sys per pair | raw + check per pair | \
+         | size | threads | safe API per pair | scoped per pair | raw cuda-mem-sys per pair | raw + check per pair | \
          safe/raw | scoped/raw | safe/(raw + check) |\n|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in &results.pools {
