@@ -203,6 +203,7 @@ const PUBLISHED: &[&str] = &["cuda-mem-sys", "cuda-sim", "cuda-mem-core", "cuda-
 /// `cargo package --offline` of them where crates.io's index cannot be reached.
 fn publish_dry_run(workspace: &Path) -> Result<Outcome, String> {
     let packages: Vec<&str> = PUBLISHED.iter().flat_map(|name| ["-p", name]).collect();
+    forget_unpacked_packages()?;
     // `--allow-dirty`: this checks what the packages hold, not whether the tree is committed.
     let mut command = cargo(workspace);
     command.args(["publish", "--dry-run", "--allow-dirty"]).args(&packages);
@@ -219,6 +220,35 @@ fn publish_dry_run(workspace: &Path) -> Result<Outcome, String> {
     println!("crates.io cannot be reached: packaging offline instead");
     run_command(cargo(workspace).args(["package", "--offline", "--allow-dirty"]).args(&packages))?;
     Ok(Outcome::PassedWith(format!("{} crates, packaged offline (crates.io not reachable)", PUBLISHED.len())))
+}
+
+/// Removes the copies of our packages that an earlier dry run unpacked from its temporary local
+/// registry (`target/package/tmp-registry`) under `$CARGO_HOME/registry/src/-<hash>/`: cargo
+/// reuses an unpacked copy of the same name and version without comparing its contents, so the
+/// next dry run would verify a dependent against the old sources. Only folders of file-URL
+/// registries (named `-<hash>`, no host) are touched, never crates.io's.
+fn forget_unpacked_packages() -> Result<(), String> {
+    let cargo_home = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cargo")));
+    let Some(sources) = cargo_home.map(|home| home.join("registry/src")) else { return Ok(()) };
+    let Ok(registries) = std::fs::read_dir(&sources) else { return Ok(()) };
+    for registry in registries.filter_map(Result::ok).filter(|r| r.file_name().to_string_lossy().starts_with('-')) {
+        let Ok(unpacked) = std::fs::read_dir(registry.path()) else { continue };
+        for package in unpacked.filter_map(Result::ok) {
+            let name = package.file_name().to_string_lossy().into_owned();
+            let ours = PUBLISHED.iter().any(|crate_name| {
+                name.strip_prefix(crate_name)
+                    .and_then(|rest| rest.strip_prefix('-'))
+                    .is_some_and(|version| version.starts_with(|c: char| c.is_ascii_digit()))
+            });
+            if ours {
+                std::fs::remove_dir_all(package.path())
+                    .map_err(|e| format!("removing the stale {}: {e}", package.path().display()))?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Whether cargo's error output says the registry could not be reached, rather than that a
