@@ -6,8 +6,7 @@ mod common;
 
 use cuda_mem_core::{
     DeviceMemoryResource, DriverCapability, Error, EventOptions, GraphMemoryResource, ManagedMemoryResource,
-    ManagedMemoryResourceOptions, PinnedMemoryResource, PinnedMemoryResourceOptions, PreferredLocation,
-    installed_version,
+    ManagedMemoryResourceOptions, PinnedMemoryResource, PinnedMemoryResourceOptions, installed_version,
 };
 use cuda_sim::testing::{in_simulated_machine, live_objects, simulator_only};
 
@@ -121,7 +120,7 @@ fn cuda_12_8_has_pinned_pools_but_no_managed_or_current_pools() {
         stream.synchronize().unwrap();
         event_timing_works();
         assert_too_old(PinnedMemoryResource::current(), DriverCapability::CurrentPools, 12080);
-        assert_too_old(ManagedMemoryResource::current(PreferredLocation::None), DriverCapability::CurrentPools, 12080);
+        assert_too_old(ManagedMemoryResource::current(None), DriverCapability::CurrentPools, 12080);
         assert_too_old(
             ManagedMemoryResource::new(ManagedMemoryResourceOptions::default()),
             DriverCapability::ManagedPools,
@@ -144,7 +143,7 @@ fn cuda_13_0_has_every_capability() {
         }
         let stream = common::stream(device);
         drop(PinnedMemoryResource::current().unwrap().allocate(4096, &stream).unwrap());
-        drop(ManagedMemoryResource::current(PreferredLocation::None).unwrap().allocate(4096, &stream).unwrap());
+        drop(ManagedMemoryResource::current(None).unwrap().allocate(4096, &stream).unwrap());
         stream.synchronize().unwrap();
         event_timing_works();
     });

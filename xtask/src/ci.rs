@@ -571,7 +571,7 @@ mod tests {
 
     #[test]
     fn reads_the_declared_rust_version() {
-        let version = declared_rust_version(&crate::bindgen::workspace_root()).expect("the root manifest");
+        let version = declared_rust_version(&crate::workspace_root()).expect("the root manifest");
         assert!(version.split('.').all(|part| part.parse::<u32>().is_ok()), "{version}");
     }
 
