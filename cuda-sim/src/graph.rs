@@ -15,8 +15,8 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use crate::event::Event;
 use crate::context::Fault;
+use crate::event::Event;
 use crate::memory::{Mapping, Touch};
 use crate::stream::{Fence, Op};
 

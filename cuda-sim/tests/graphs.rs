@@ -886,8 +886,7 @@ const VMM_GRANULE: usize = 2 << 20;
 /// `VMM_GRANULE` bytes of VMM memory on device 0, mapped read-write for it: (address, handle).
 fn vmm_memory() -> (CUdeviceptr, cuda_mem_sys::types::CUmemGenericAllocationHandle) {
     use cuda_mem_sys::types::{
-        CUmemAccess_flags, CUmemAccessDesc, CUmemAllocationProp, CUmemAllocationType, CUmemLocation,
-        CUmemLocationType,
+        CUmemAccess_flags, CUmemAccessDesc, CUmemAllocationProp, CUmemAllocationType, CUmemLocation, CUmemLocationType,
     };
     let location = CUmemLocation { type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: 0 };
     let prop = CUmemAllocationProp {
@@ -1013,7 +1012,7 @@ fn a_captured_pageable_copy_reads_its_source_at_each_launch() {
     in_child!(&[], || {
         use_device(0);
         let device = DeviceBuffer::new(16);
-        let mut source = vec![1u8; 16];
+        let mut source = [1u8; 16];
         let (s, graph) = capture(RELAXED, |s| {
             // SAFETY: `source` outlives every launch (synchronized below).
             unsafe { cu_call!(driver(), cuMemcpyHtoDAsync_v2(device.ptr, source.as_ptr().cast(), 16, s)) }.unwrap();
