@@ -39,6 +39,7 @@ use cuda_mem_sys::types::{CUresult, CUstreamCaptureMode, CUstreamCaptureStatus};
 use crate::context::Context;
 use crate::error::{SimResult, fail};
 use crate::graph::{GraphAlloc, Node};
+use crate::memory::Touch;
 use crate::stream::{Op, Stream, StreamKind};
 
 /// The capture sequence of one stream, if it has one.
@@ -153,12 +154,22 @@ impl Capture {
         })
     }
 
+    /// Ends the sequence under way, if any, whatever thread began it (its stream is being
+    /// destroyed): its graph's handle and the allocations of its allocation nodes. Its work is
+    /// discarded with the returned nodes.
+    pub(crate) fn abandon(&self) -> Option<(usize, Vec<Node>, Vec<Arc<GraphAlloc>>)> {
+        let sequence = self.lock().take()?;
+        forget(sequence.id);
+        Some((sequence.graph, sequence.nodes.unwrap_or_default(), sequence.allocs))
+    }
+
     /// Adds `op` to the sequence under way, or gives it back when there is none. An invalidated
     /// sequence swallows it: the callers refuse work on such a stream beforehand
     /// ([`admit_work`]), so only work that raced with the invalidation gets here, and it is
     /// discarded as if it had been captured just before.
-    pub(crate) fn record(&self, op: Op) -> Result<(), Op> {
-        self.push(op, |op| Node::Work(Mutex::new(op)))
+    /// `touches` is the simulator's memory the op reads or writes (checked at each launch).
+    pub(crate) fn record(&self, op: Op, touches: Vec<Touch>) -> Result<(), Op> {
+        self.push(op, |op| Node::Work { op: Mutex::new(op), touches })
     }
 
     /// Adds `node` to the sequence under way (see [`record`](Capture::record)), or gives it back
@@ -371,11 +382,11 @@ mod tests {
         let capture = Capture::default();
         let drops = Arc::new(AtomicUsize::new(0));
         assert_eq!(capture.status(), S::CU_STREAM_CAPTURE_STATUS_NONE);
-        assert!(capture.record(counted(&drops)).is_err(), "no capture: the op comes back");
+        assert!(capture.record(counted(&drops), Vec::new()).is_err(), "no capture: the op comes back");
         assert!(capture.begin(RELAXED).is_some());
         assert!(capture.begin(RELAXED).is_none(), "one sequence at a time");
         let id = capture.active_id().unwrap();
-        assert!(capture.record(counted(&drops)).is_ok());
+        assert!(capture.record(counted(&drops), Vec::new()).is_ok());
         assert!(!capture.invalidate(Some(id + 1)), "another sequence's id leaves this one alone");
         assert_eq!(capture.status(), S::CU_STREAM_CAPTURE_STATUS_ACTIVE);
         let before = drops.load(Ordering::SeqCst);
@@ -383,7 +394,7 @@ mod tests {
         assert_eq!(drops.load(Ordering::SeqCst), before + 1, "the captured op is discarded");
         assert_eq!(capture.status(), S::CU_STREAM_CAPTURE_STATUS_INVALIDATED);
         assert_eq!(capture.active_id(), None);
-        assert!(capture.record(counted(&drops)).is_ok(), "a racing op is swallowed");
+        assert!(capture.record(counted(&drops), Vec::new()).is_ok(), "a racing op is swallowed");
         assert!(capture.is_under_way());
         assert!(matches!(capture.end(), Ok(Ended::Invalidated(_, allocs)) if allocs.is_empty()));
         assert_eq!(capture.status(), S::CU_STREAM_CAPTURE_STATUS_NONE);

@@ -114,6 +114,30 @@
 //!   exported (cuda.core uses it only for `Graph.update`): cuda.bindings reports
 //!   `CUDA_ERROR_NOT_FOUND` for it. Where a driver runs destructors, and whether they can call
 //!   it, is the probe's question `user-object-destructor-thread`.
+//! - **Memory gone before work touches it is an illegal address.** A GPU faults when work
+//!   touches memory no longer mapped (`CUDA_ERROR_ILLEGAL_ADDRESS`, sticky: "the context cannot
+//!   be used"). The simulator checks a graph launch's copies and memsets at the launch: memory a
+//!   captured node touches must still be the memory it was at capture time (the same live
+//!   allocation, a VMM range still mapped, or a graph allocation of the graph itself). A node
+//!   whose memory is gone does not run; the fault becomes the context's sticky error. Stream work
+//!   on VMM memory unmapped after the work was enqueued faults the same way when it runs:
+//!   `cuMemUnmap` and the work exclude each other (an unmapping waits for work touching VMM
+//!   memory, and work after it sees the mapping gone), so the check cannot race with the
+//!   unmapping. Stream work on a `cuMemAlloc` or pool allocation freed after it was enqueued
+//!   still completes, as described under `cuMemFree` below. The sticky error is returned by
+//!   `cuStreamSynchronize`, `cuStreamQuery` and `cuCtxSynchronize` once the faulting work ran,
+//!   and by every later call that names the context's streams or needs its current context,
+//!   until the context is destroyed (a primary context reset or released); event waits and
+//!   queries do not report it.
+//! - **A copy from pageable host memory captured into a graph** reads its source when a launch
+//!   runs it, as a memcpy node does, not when it is captured (nothing is staged or waited for
+//!   at the capture); `cuda.h` does not refuse pageable memory in a capture. The application
+//!   must keep the source valid for every launch.
+//! - **A stream destroyed during a capture** (`cuda.h` says nothing of it) ends the capture
+//!   without a graph, as an invalidated capture ends: its work is discarded, the handle of its
+//!   graph (from `cuStreamGetCaptureInfo`) becomes invalid, the user object references the graph
+//!   was given are released, and its graph allocations' addresses stop being live. Destroying a
+//!   context ends its streams' captures so too.
 //! - **Not modelled in capture**: cross-stream capture (`cuStreamWaitEvent` on an event recorded
 //!   in a capture waits for the event's earlier state instead of joining the capture); capturing
 //!   the per-thread default stream (refused with `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`).

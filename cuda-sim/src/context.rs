@@ -3,11 +3,13 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use cuda_mem_sys::types::CUresult;
 
 use crate::error::{SimResult, fail};
+use crate::memory::Touch;
 use crate::state::State;
 use crate::stream::{Fence, Op, Stream, StreamKind};
 
@@ -24,6 +26,30 @@ pub(crate) struct Context {
     /// Serializes submissions, so that "enqueued before" is one order across the context's
     /// streams and the legacy stream's implicit waits never form a cycle.
     submit_lock: Mutex<()>,
+    /// The sticky error of an asynchronous fault, shared with the work that may report one.
+    pub fault: Arc<Fault>,
+}
+
+/// A context's sticky error: once work on the context faulted (touched memory no longer mapped,
+/// `CUDA_ERROR_ILLEGAL_ADDRESS` on a GPU), every later call on the context returns the error, as
+/// the driver documents for such errors ("the context cannot be used"), until the context is
+/// destroyed (for a primary context, reset or released).
+#[derive(Default)]
+pub(crate) struct Fault(AtomicU32);
+
+impl Fault {
+    /// Records `code` as the context's sticky error (the first one stays).
+    pub(crate) fn record(&self, code: CUresult) {
+        let _ = self.0.compare_exchange(CUresult::CUDA_SUCCESS.0, code.0, Ordering::SeqCst, Ordering::SeqCst);
+    }
+
+    /// The sticky error, if work has faulted.
+    pub(crate) fn check(&self) -> SimResult {
+        match self.0.load(Ordering::SeqCst) {
+            0 => Ok(()),
+            code => fail(CUresult(code)),
+        }
+    }
 }
 
 impl Context {
@@ -31,7 +57,14 @@ impl Context {
     pub(crate) fn start(device: usize) -> SimResult<Arc<Context>> {
         let handle = crate::handle::next();
         let legacy = Stream::start(handle, device, 0, 0, StreamKind::Legacy)?;
-        Ok(Arc::new(Context { handle, device, legacy, streams: Mutex::new(Vec::new()), submit_lock: Mutex::new(()) }))
+        Ok(Arc::new(Context {
+            handle,
+            device,
+            legacy,
+            streams: Mutex::new(Vec::new()),
+            submit_lock: Mutex::new(()),
+            fault: Arc::default(),
+        }))
     }
 
     /// Remembers a stream made in this context.
@@ -51,7 +84,13 @@ impl Context {
     /// legacy default stream: work on it waits for earlier work on every blocking stream, and
     /// work on a blocking stream waits for earlier work on it.
     pub(crate) fn submit(&self, stream: &Stream, op: Op) -> Fence {
-        self.enqueue(stream, op, false)
+        self.enqueue(stream, op, Vec::new(), false)
+    }
+
+    /// [`submit`](Context::submit) for work that touches the simulator's memory `touches`:
+    /// captured into a graph, each launch checks that the memory is still there.
+    pub(crate) fn submit_touching(&self, stream: &Stream, op: Op, touches: Vec<Touch>) -> Fence {
+        self.enqueue(stream, op, touches, false)
     }
 
     /// [`submit`](Context::submit), except that on an idle stream that nothing else orders (no
@@ -61,14 +100,14 @@ impl Context {
     /// simulator's own bookkeeping (returning freed pool memory), which never blocks and runs
     /// no user code.
     pub(crate) fn submit_or_run(&self, stream: &Stream, op: Op) -> Fence {
-        self.enqueue(stream, op, true)
+        self.enqueue(stream, op, Vec::new(), true)
     }
 
     /// [`submit`](Context::submit), or with `run_if_idle` [`submit_or_run`](Context::submit_or_run).
-    fn enqueue(&self, stream: &Stream, op: Op, run_if_idle: bool) -> Fence {
+    fn enqueue(&self, stream: &Stream, op: Op, touches: Vec<Touch>, run_if_idle: bool) -> Fence {
         let _order = self.submit_lock.lock().unwrap_or_else(PoisonError::into_inner);
         // Work on a capturing stream goes into the graph being captured, not into the queue.
-        let mut op = match stream.capture.record(op) {
+        let mut op = match stream.capture.record(op, touches) {
             Ok(()) => return stream.queue.tail(),
             Err(op) => op,
         };
@@ -140,14 +179,16 @@ pub(crate) fn current_handle() -> Option<usize> {
     CURRENT.with(|stack| stack.borrow().last().copied())
 }
 
-/// The current context: `CUDA_ERROR_INVALID_CONTEXT` without one, and
+/// The current context: `CUDA_ERROR_INVALID_CONTEXT` without one,
 /// `CUDA_ERROR_CONTEXT_IS_DESTROYED` when it has been destroyed (a primary context released to
-/// zero, or reset).
+/// zero, or reset), and its sticky error once its work faulted (see [`Fault`]).
 pub(crate) fn current(state: &State) -> SimResult<Arc<Context>> {
-    match current_handle() {
-        None => fail(CUresult::CUDA_ERROR_INVALID_CONTEXT),
-        Some(handle) => state.contexts.get(&handle).cloned().ok_or(CUresult::CUDA_ERROR_CONTEXT_IS_DESTROYED),
-    }
+    let context = match current_handle() {
+        None => return fail(CUresult::CUDA_ERROR_INVALID_CONTEXT),
+        Some(handle) => state.contexts.get(&handle).cloned().ok_or(CUresult::CUDA_ERROR_CONTEXT_IS_DESTROYED)?,
+    };
+    context.fault.check()?;
+    Ok(context)
 }
 
 /// Replaces the top of the stack (`cuCtxSetCurrent`); `None` pops it.

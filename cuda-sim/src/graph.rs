@@ -15,8 +15,9 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use crate::context::Fault;
 use crate::event::Event;
-use crate::memory::Mapping;
+use crate::memory::{Mapping, Touch};
 use crate::stream::{Fence, Op};
 
 /// The granularity graph memory is reserved and counted in (the VMM granularity every simulated
@@ -31,7 +32,12 @@ pub(crate) fn charge(size: usize) -> u64 {
 /// One node of a captured graph.
 pub(crate) enum Node {
     /// Stream work (a copy, a memset, a host function, a wait), run again at each launch.
-    Work(Mutex<Op>),
+    Work {
+        /// The work.
+        op: Mutex<Op>,
+        /// The simulator's memory it touches (checked at each launch).
+        touches: Vec<Touch>,
+    },
     /// An event recording: each launch records the event anew.
     Record(Arc<Event>),
     /// An allocation node.
@@ -133,6 +139,10 @@ impl Drop for Exec {
 pub(crate) enum Step {
     /// Run node `index` (a [`Node::Work`]).
     Work(usize),
+    /// Node `index` (a [`Node::Work`]) touches memory no longer mapped at the launch: a GPU
+    /// faults (`CUDA_ERROR_ILLEGAL_ADDRESS`), which becomes the context's sticky error; the
+    /// node does not run.
+    Fault(Arc<Fault>),
     /// Complete recording `generation` of an event.
     Complete(Arc<Event>, u64),
     /// A free node reached: the allocation's memory stops counting as used.
@@ -144,11 +154,12 @@ pub(crate) fn run_steps(body: &Body, steps: &[Step]) {
     for step in steps {
         match step {
             Step::Work(index) => {
-                if let Some(Node::Work(op)) = body.nodes.get(*index) {
+                if let Some(Node::Work { op, .. }) = body.nodes.get(*index) {
                     let mut op = op.lock().unwrap_or_else(PoisonError::into_inner);
                     (*op)();
                 }
             }
+            Step::Fault(fault) => fault.record(cuda_mem_sys::types::CUresult::CUDA_ERROR_ILLEGAL_ADDRESS),
             Step::Complete(event, generation) => event.complete(*generation),
             Step::Release(memory, bytes) => memory.release(*bytes),
         }

@@ -14,7 +14,8 @@
 use std::collections::BTreeMap;
 use std::os::fd::BorrowedFd;
 use std::ptr::NonNull;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard};
 
 use cuda_mem_sys::types::CUresult;
 
@@ -221,6 +222,10 @@ pub(crate) struct Allocation {
 pub(crate) struct Span {
     backing: Arc<Mapping>,
     offset: usize,
+    /// For VMM memory (the alias arena, which `cuMemUnmap` makes inaccessible again): whether each
+    /// mapping the range covers is still mapped. Empty for an allocation's own backing, which the
+    /// span keeps alive.
+    mapped: Vec<Arc<AtomicBool>>,
 }
 
 impl Span {
@@ -229,6 +234,21 @@ impl Span {
         // SAFETY: `offset` was checked against the allocation's size, which the backing covers.
         unsafe { self.backing.as_ptr().add(self.offset) }
     }
+
+    /// Whether it is the same memory as `other` (the same backing at the same offset).
+    fn is_same_memory(&self, other: &Span) -> bool {
+        Arc::ptr_eq(&self.backing, &other.backing) && self.offset == other.offset
+    }
+}
+
+/// Taken for reading by every operation touching VMM memory while it touches it, and for writing
+/// by `cuMemUnmap` while it unmaps: an unmapping waits for the operations under way, and an
+/// operation that comes after it sees its mappings gone (see [`Endpoint::hold`]).
+static ALIAS_IN_USE: RwLock<()> = RwLock::new(());
+
+/// What keeps the memory of an operation's endpoints reachable while the operation runs.
+pub(crate) struct Held {
+    _reading: Option<RwLockReadGuard<'static, ()>>,
 }
 
 /// One side of a copy or the target of a memset, as the simulator classified it.
@@ -260,6 +280,49 @@ impl Endpoint {
     pub(crate) fn is_pageable(&self) -> bool {
         matches!(self, Endpoint::Pageable(_))
     }
+
+    /// Whether it is the same memory as `other`: the same host address, or the same bytes of the
+    /// same backing.
+    pub(crate) fn is_same_memory(&self, other: &Endpoint) -> bool {
+        match (self, other) {
+            (Endpoint::Device(a), Endpoint::Device(b)) | (Endpoint::Pinned(a), Endpoint::Pinned(b)) => {
+                a.is_same_memory(b)
+            }
+            (Endpoint::Pageable(a), Endpoint::Pageable(b)) => a == b,
+            _ => false,
+        }
+    }
+
+    /// Makes the memory of `endpoints` reachable until the result is dropped: `None` if VMM
+    /// memory among them has been unmapped since they were classified (an operation must then
+    /// not touch it: on a GPU it faults with an illegal address). Holding it keeps `cuMemUnmap`
+    /// waiting.
+    pub(crate) fn hold(endpoints: &[&Endpoint]) -> Option<Held> {
+        let mapped = || endpoints.iter().filter_map(|e| e.span()).flat_map(|span| span.mapped.iter());
+        if mapped().next().is_none() {
+            return Some(Held { _reading: None });
+        }
+        let guard = ALIAS_IN_USE.read().unwrap_or_else(PoisonError::into_inner);
+        mapped().all(|live| live.load(Ordering::SeqCst)).then_some(Held { _reading: Some(guard) })
+    }
+
+    fn span(&self) -> Option<&Span> {
+        match self {
+            Endpoint::Device(span) | Endpoint::Pinned(span) => Some(span),
+            Endpoint::Pageable(_) => None,
+        }
+    }
+}
+
+/// Memory a captured operation touches, as classified at capture time: a launch replays the
+/// operation only if the address still holds the same memory.
+pub(crate) struct Touch {
+    /// Where the range starts.
+    pub address: u64,
+    /// Its length.
+    pub len: usize,
+    /// What it was at capture time.
+    pub endpoint: Endpoint,
 }
 
 /// The address-space reservation that device pointers are carved from.
@@ -365,6 +428,9 @@ pub(crate) struct MappedRange {
     pub physical: Arc<crate::vmm::Physical>,
     /// Access granted, per device (none until `cuMemSetAccess`).
     pub access: BTreeMap<usize, cuda_mem_sys::types::CUmemAccess_flags>,
+    /// Whether it is still mapped (cleared by [`MemoryTable::unmap`]), for operations enqueued
+    /// before it was unmapped.
+    pub live: Arc<AtomicBool>,
 }
 
 /// Every live allocation of the process.
@@ -587,7 +653,7 @@ impl MemoryTable {
         if let Some(allocation) = self.find(address) {
             let offset = (address - allocation.base) as usize;
             ensure(len <= allocation.size - offset)?;
-            let span = Span { backing: Arc::clone(&allocation.backing), offset };
+            let span = Span { backing: Arc::clone(&allocation.backing), offset, mapped: Vec::new() };
             return Ok(if allocation.kind.is_device_memory() {
                 Endpoint::Device(span)
             } else {
@@ -621,9 +687,9 @@ impl MemoryTable {
 
     /// A span of the alias arena for a contiguous mapped range.
     fn mapped_span(&self, address: u64, len: usize) -> Option<Span> {
-        self.mapped_cover(address, len as u64)?;
+        let mapped = self.mapped_cover(address, len as u64)?.into_iter().map(|(_, r)| Arc::clone(&r.live)).collect();
         let arena = self.arena.as_ref()?;
-        Some(Span { backing: Arc::clone(&arena.alias), offset: (address - arena.start()) as usize })
+        Some(Span { backing: Arc::clone(&arena.alias), offset: (address - arena.start()) as usize, mapped })
     }
 
     /// Reserves `size` bytes of device address space (`cuMemAddressReserve`), at `hint` when that
@@ -678,7 +744,8 @@ impl MemoryTable {
         let arena = self.arena.as_ref().ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
         let alias = arena.alias.as_ptr() as u64 + (base - arena.start());
         physical.map_at(alias, size)?;
-        self.mapped.insert(base, MappedRange { size, physical, access: BTreeMap::new() });
+        let live = Arc::new(AtomicBool::new(true));
+        self.mapped.insert(base, MappedRange { size, physical, access: BTreeMap::new(), live });
         Ok(())
     }
 
@@ -693,7 +760,17 @@ impl MemoryTable {
         ensure(cursor == end)?;
         let arena = self.arena.as_ref().ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
         let alias = arena.alias.as_ptr() as u64 + (base - arena.start());
-        crate::vmm::unmap_alias(alias, size)?;
+        // Operations touching the memory finish first; those after see it unmapped.
+        let _no_operation = ALIAS_IN_USE.write().unwrap_or_else(PoisonError::into_inner);
+        for range in self.mapped.range(base..end).map(|(_, r)| r) {
+            range.live.store(false, Ordering::SeqCst);
+        }
+        if let Err(code) = crate::vmm::unmap_alias(alias, size) {
+            for range in self.mapped.range(base..end).map(|(_, r)| r) {
+                range.live.store(true, Ordering::SeqCst);
+            }
+            return fail(code);
+        }
         let starts: Vec<u64> = self.mapped.range(base..end).map(|(&s, _)| s).collect();
         Ok(starts.into_iter().filter_map(|s| self.mapped.remove(&s)).collect())
     }

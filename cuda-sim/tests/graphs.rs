@@ -876,3 +876,244 @@ fn only_the_beginning_thread_ends_a_non_relaxed_capture() {
         assert_eq!(exchange_mode(RELAXED), GLOBAL, "the mode is unchanged too");
     });
 }
+
+// Replays over memory gone since the capture, captured pageable copies, captures ended by their
+// stream's destruction, counted objects, and a context's graph memory.
+
+const ILLEGAL_ADDRESS: CUresult = CUresult::CUDA_ERROR_ILLEGAL_ADDRESS;
+const VMM_GRANULE: usize = 2 << 20;
+
+/// `VMM_GRANULE` bytes of VMM memory on device 0, mapped read-write for it: (address, handle).
+fn vmm_memory() -> (CUdeviceptr, cuda_mem_sys::types::CUmemGenericAllocationHandle) {
+    use cuda_mem_sys::types::{
+        CUmemAccess_flags, CUmemAccessDesc, CUmemAllocationProp, CUmemAllocationType, CUmemLocation, CUmemLocationType,
+    };
+    let location = CUmemLocation { type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: 0 };
+    let prop = CUmemAllocationProp {
+        type_: CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
+        location,
+        ..CUmemAllocationProp::default()
+    };
+    let desc = CUmemAccessDesc { location, flags: CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
+    let (mut handle, mut ptr) = (0, 0);
+    // SAFETY: valid out-pointers, one valid descriptor.
+    unsafe {
+        cu_call!(driver(), cuMemCreate(&mut handle, VMM_GRANULE, &prop, 0)).unwrap();
+        cu_call!(driver(), cuMemAddressReserve(&mut ptr, VMM_GRANULE, 0, 0, 0)).unwrap();
+        cu_call!(driver(), cuMemMap(ptr, VMM_GRANULE, 0, handle, 0)).unwrap();
+        cu_call!(driver(), cuMemSetAccess(ptr, VMM_GRANULE, &desc, 1)).unwrap();
+    }
+    (ptr, handle)
+}
+
+fn vmm_unmap(ptr: CUdeviceptr) -> CUresult {
+    // SAFETY: plain values.
+    unsafe { code!(driver(), cuMemUnmap(ptr, VMM_GRANULE)) }
+}
+
+fn stream_sync_code(s: CUstream) -> CUresult {
+    // SAFETY: no pointers.
+    unsafe { code!(driver(), cuStreamSynchronize(s)) }
+}
+
+fn ctx_sync_code() -> CUresult {
+    // SAFETY: no pointers.
+    unsafe { code!(driver(), cuCtxSynchronize()) }
+}
+
+/// After a fault, the context's synchronizing calls and later calls on it return the sticky
+/// error; the primary context's reset recovers the device.
+fn assert_sticky_illegal_address(s: CUstream) {
+    assert_eq!(stream_sync_code(s), ILLEGAL_ADDRESS, "the stream's synchronization reports the fault");
+    assert_eq!(ctx_sync_code(), ILLEGAL_ADDRESS, "and the context's");
+    assert_eq!(query(s), ILLEGAL_ADDRESS, "sticky: every later call on the context");
+    let mut other: CUstream = std::ptr::null_mut();
+    // SAFETY: `other` is a valid out-pointer.
+    assert_eq!(unsafe { code!(driver(), cuStreamCreate(&mut other, 0)) }, ILLEGAL_ADDRESS);
+    // SAFETY: no pointers.
+    unsafe { cu_call!(driver(), cuDevicePrimaryCtxReset_v2(0)) }.unwrap();
+    use_device(0);
+    assert_eq!(ctx_sync_code(), CUresult::CUDA_SUCCESS, "a new context is clean");
+}
+
+/// A memset captured into VMM memory that is unmapped before the launch faults on the device
+/// (the simulator used to crash touching the unmapped alias): the launch succeeds, the fault is
+/// the context's sticky `CUDA_ERROR_ILLEGAL_ADDRESS`.
+#[test]
+fn replaying_over_unmapped_vmm_memory_is_an_illegal_address() {
+    in_child!(&[], || {
+        use_device(0);
+        let (ptr, handle) = vmm_memory();
+        let (s, graph) = capture(RELAXED, |s| memset_async(ptr, 7, 64, s));
+        let exec = instantiate(graph);
+        assert_eq!(vmm_unmap(ptr), CUresult::CUDA_SUCCESS);
+        assert_eq!(launch(exec, s), CUresult::CUDA_SUCCESS, "the fault is asynchronous");
+        assert_sticky_illegal_address(s);
+        // SAFETY: plain values.
+        unsafe {
+            cu_call!(driver(), cuMemRelease(handle)).unwrap();
+            cu_call!(driver(), cuMemAddressFree(ptr, VMM_GRANULE)).unwrap();
+        }
+    });
+}
+
+/// The same for a `cuMemAlloc` buffer freed between the capture and the launch: the launch's
+/// memset faults instead of writing memory that is no longer the application's.
+#[test]
+fn replaying_over_freed_device_memory_is_an_illegal_address() {
+    in_child!(&[], || {
+        use_device(0);
+        let pinned = Pinned::new(8);
+        let device = DeviceBuffer::new(64);
+        let (s, graph) = capture(RELAXED, |s| {
+            memset_async(device.ptr, 9, 64, s);
+            dtod_async(pinned.dptr(), device.ptr, 8, s);
+        });
+        let exec = instantiate(graph);
+        assert_eq!(launch(exec, s), CUresult::CUDA_SUCCESS);
+        sync(s);
+        assert_eq!(pinned.read(), vec![9; 8], "live memory: the replay runs");
+        let freed = device.ptr;
+        drop(device);
+        pinned.fill(0);
+        assert_eq!(launch(exec, s), CUresult::CUDA_SUCCESS);
+        assert_sticky_illegal_address(s);
+        assert_eq!(pinned.read(), vec![0; 8], "nothing ran from memory gone: {freed:#x}");
+    });
+}
+
+/// Stream work (not captured) enqueued on VMM memory that is unmapped before the work runs
+/// faults too (the simulator used to crash); `cuMemUnmap` waits for work touching the memory.
+#[test]
+fn work_on_vmm_memory_unmapped_before_it_runs_is_an_illegal_address() {
+    in_child!(&[], || {
+        use_device(0);
+        let (ptr, handle) = vmm_memory();
+        let s = non_blocking_stream();
+        let (gate, _guard) = Gate::new();
+        common::hold(gate, driver(), s);
+        memset_async(ptr, 3, 64, s);
+        assert_eq!(vmm_unmap(ptr), CUresult::CUDA_SUCCESS);
+        gate.open();
+        assert_sticky_illegal_address(s);
+        // SAFETY: plain values.
+        unsafe {
+            cu_call!(driver(), cuMemRelease(handle)).unwrap();
+            cu_call!(driver(), cuMemAddressFree(ptr, VMM_GRANULE)).unwrap();
+        }
+    });
+}
+
+/// A copy from pageable host memory captured into a graph reads its source when a launch runs
+/// it (as a memcpy node does), not the bytes it held at capture time; `cuda.h` does not refuse
+/// pageable memory in a capture.
+#[test]
+fn a_captured_pageable_copy_reads_its_source_at_each_launch() {
+    in_child!(&[], || {
+        use_device(0);
+        let device = DeviceBuffer::new(16);
+        let mut source = [1u8; 16];
+        let (s, graph) = capture(RELAXED, |s| {
+            // SAFETY: `source` outlives every launch (synchronized below).
+            unsafe { cu_call!(driver(), cuMemcpyHtoDAsync_v2(device.ptr, source.as_ptr().cast(), 16, s)) }.unwrap();
+        });
+        source.fill(2);
+        let exec = instantiate(graph);
+        assert_eq!(launch(exec, s), CUresult::CUDA_SUCCESS);
+        sync(s);
+        assert_eq!(device.read(), vec![2; 16], "the source as it is at the launch");
+        source.fill(3);
+        assert_eq!(launch(exec, s), CUresult::CUDA_SUCCESS);
+        sync(s);
+        assert_eq!(device.read(), vec![3; 16], "and at the next");
+        assert_eq!(exec_destroy(exec), CUresult::CUDA_SUCCESS);
+        assert_eq!(graph_destroy(graph), CUresult::CUDA_SUCCESS);
+    });
+}
+
+/// The graph handle of a capture under way (`cuStreamGetCaptureInfo`).
+fn capturing_graph(s: CUstream) -> CUgraph {
+    let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    let mut graph: CUgraph = std::ptr::null_mut();
+    // SAFETY: valid out-pointers; the others null.
+    unsafe {
+        cu_call!(
+            driver(),
+            cuStreamGetCaptureInfo_v3(
+                s,
+                &mut status,
+                std::ptr::null_mut(),
+                &mut graph,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut()
+            )
+        )
+    }
+    .unwrap();
+    graph
+}
+
+/// A stream destroyed during its capture ends the capture without a graph: the user object
+/// references its graph was given are released (the destructor runs), its graph handle is gone.
+#[test]
+fn destroying_a_capturing_stream_releases_its_graph_s_user_objects() {
+    in_child!(&[], || {
+        use_device(0);
+        let device = DeviceBuffer::new(16);
+        let s = non_blocking_stream();
+        begin(s, GLOBAL);
+        memset_async(device.ptr, 5, 16, s);
+        let graph = capturing_graph(s);
+        let object = user_object(0x5000, 1);
+        assert_eq!(graph_retain(graph, object, 1, MOVE), CUresult::CUDA_SUCCESS);
+        // SAFETY: no pointers.
+        unsafe { cu_call!(driver(), cuStreamDestroy_v2(s)) }.unwrap();
+        wait_destroyed(0x5000);
+        assert_eq!(graph_retain(graph, object, 1, 0), INVALID_VALUE, "the capture's graph is gone");
+        assert_eq!(mem_alloc_code(), CUresult::CUDA_SUCCESS, "the global capture no longer prohibits calls");
+    });
+}
+
+/// `live_objects` counts user objects, graphs and executable graphs, so leak checks see them.
+#[test]
+fn live_objects_count_user_objects_and_graphs() {
+    in_child!(&[], || {
+        use cuda_sim::testing::live_objects;
+        use_device(0);
+        let device = DeviceBuffer::new(16);
+        let before = live_objects(driver()).unwrap();
+        let object = user_object(0x6000, 1);
+        let (_, graph) = capture(RELAXED, |s| memset_async(device.ptr, 1, 16, s));
+        let exec = instantiate(graph);
+        let during = live_objects(driver()).unwrap();
+        assert_eq!(
+            (during.user_objects, during.graphs, during.executable_graphs),
+            (before.user_objects + 1, before.graphs + 1, before.executable_graphs + 1)
+        );
+        assert_eq!(exec_destroy(exec), CUresult::CUDA_SUCCESS);
+        assert_eq!(graph_destroy(graph), CUresult::CUDA_SUCCESS);
+        assert_eq!(user_release(object, 1), CUresult::CUDA_SUCCESS);
+        wait_destroyed(0x6000);
+        assert_eq!(live_objects(driver()).unwrap(), before);
+    });
+}
+
+/// Destroying a context (resetting a primary one) unmaps its graph allocations, which stop
+/// counting as used graph memory.
+#[test]
+fn destroying_a_context_releases_its_graph_memory() {
+    in_child!(&[], || {
+        use_device(0);
+        let (s, graph) = capture(RELAXED, |s| {
+            alloc_async(MIB, s).unwrap();
+        });
+        let exec = instantiate(graph);
+        assert_eq!(launch(exec, s), CUresult::CUDA_SUCCESS);
+        sync(s);
+        assert_eq!(graph_memory(), [2, 2, 2, 2]);
+        // SAFETY: no pointers.
+        unsafe { cu_call!(driver(), cuDevicePrimaryCtxReset_v2(0)) }.unwrap();
+        assert_eq!(graph_memory(), [0, 2, 2, 2], "no longer used; reserved until trimmed");
+    });
+}

@@ -80,12 +80,21 @@ fn destroy_primary(state: &mut State, device: usize) {
         return;
     };
     state.contexts.remove(&context.handle);
-    state.streams.retain(|_, s| s.ctx != context.handle);
+    let streams: Vec<_> = state.streams.extract_if(|_, s| s.ctx == context.handle).map(|(_, s)| s).collect();
+    for stream in &streams {
+        super::stream::discard_capture(state, stream);
+    }
     state.events.retain(|_, e| e.ctx != context.handle);
     for allocation in state.memory.free_context(context.handle) {
-        if allocation.kind == Kind::Device {
-            let used = &mut state.devices[allocation.device].used;
-            *used = used.saturating_sub(round_up(allocation.size as u64));
+        match allocation.kind {
+            Kind::Device => {
+                let used = &mut state.devices[allocation.device].used;
+                *used = used.saturating_sub(round_up(allocation.size as u64));
+            }
+            // A graph allocation mapped by a launch stops counting as used (its reserve stays, as
+            // for any freed graph memory, until trimmed).
+            Kind::Graph => state.graph_memory[allocation.device].release(crate::graph::charge(allocation.size)),
+            _ => {}
         }
     }
 }
@@ -188,6 +197,8 @@ pub(crate) fn synchronize(context: CUcontext) -> SimResult {
     let context = named_or_current(&*state::lock()?, context)?;
     crate::capture::admit_context_wait(&context)?;
     context.synchronize();
+    // The work waited for may have faulted: its error is the synchronization's.
+    context.fault.check()?;
     state::lock()?.release_pools_at_sync();
     Ok(())
 }

@@ -54,8 +54,8 @@ enum Source {
 /// One copy, ready to run.
 struct Prepared {
     to: Address,
-    /// Keeps the destination alive until the copy ran.
-    _keep: Endpoint,
+    /// The destination, kept alive until the copy ran.
+    dst: Endpoint,
     from: Source,
     len: usize,
 }
@@ -223,19 +223,24 @@ unsafe fn submit(
         } else {
             Source::Live(Address(src.ptr()), src)
         };
-        copies.push(Prepared { to: Address(dst.ptr()), _keep: dst, from, len: request.len });
+        copies.push(Prepared { to: Address(dst.ptr()), dst, from, len: request.len });
     }
+    let fault = std::sync::Arc::clone(&context.fault);
     let fence = context.submit(
         &stream,
         Box::new(move || {
             for copy in &copies {
-                let from = match &copy.from {
-                    Source::Staged(bytes) => bytes.as_ptr(),
-                    Source::Live(address, _) => address.0.cast_const(),
+                let (from, held) = match &copy.from {
+                    Source::Staged(bytes) => (bytes.as_ptr(), Endpoint::hold(&[&copy.dst])),
+                    Source::Live(address, src) => (address.0.cast_const(), Endpoint::hold(&[&copy.dst, src])),
+                };
+                // VMM memory unmapped since the call: a GPU faults.
+                let Some(_held) = held else {
+                    return fault.record(CUresult::CUDA_ERROR_ILLEGAL_ADDRESS);
                 };
                 // SAFETY: both ranges are valid for `len` bytes (checked at the call, or
-                // guaranteed by the caller for host memory) and kept alive by the endpoints;
-                // a copy's own ranges may overlap, hence a memmove.
+                // guaranteed by the caller for host memory), kept alive by the endpoints and
+                // mapped while `_held` lives; a copy's own ranges may overlap, hence a memmove.
                 unsafe { std::ptr::copy(from, copy.to.0, copy.len) };
             }
         }),

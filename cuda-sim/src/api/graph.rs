@@ -19,6 +19,7 @@ use crate::capture;
 use crate::device::check_ordinal;
 use crate::error::{SimResult, ensure, fail, write_out};
 use crate::graph::{Exec, Node, Step, charge, run_steps};
+use crate::memory::Touch;
 use crate::state::{self, State};
 use crate::user_object::Held;
 
@@ -54,7 +55,7 @@ fn instantiate_in(state: &mut State, graph: CUgraph, flags: u64, with_params: bo
     ensure(!(device_launch && flags & AUTO_FREE_ON_LAUNCH != 0))?;
     let body = state.graphs.get(&(graph as usize)).cloned().ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
     if device_launch {
-        ensure(body.nodes.iter().all(|node| matches!(node, Node::Work(_))))?;
+        ensure(body.nodes.iter().all(|node| matches!(node, Node::Work { .. })))?;
     }
     if body.has_memory_nodes() && body.instantiated.swap(true, Ordering::SeqCst) {
         return fail(CUresult::CUDA_ERROR_INVALID_VALUE);
@@ -177,7 +178,10 @@ pub(crate) fn launch(exec: CUgraphExec, stream: CUstream, mode: DefaultStream) -
     charge_devices(&mut state, &charges)?;
     for (index, node) in body.nodes.iter().enumerate() {
         match node {
-            Node::Work(_) => steps.push(Step::Work(index)),
+            Node::Work { touches, .. } => {
+                let mapped = touches.iter().all(|touch| is_still_mapped(&state, &body, touch));
+                steps.push(if mapped { Step::Work(index) } else { Step::Fault(Arc::clone(&context.fault)) });
+            }
             Node::Record(event) => steps.push(Step::Complete(Arc::clone(event), event.begin_record())),
             Node::Alloc(alloc) => {
                 if !alloc.is_freed_in_graph() {
@@ -209,6 +213,16 @@ pub(crate) fn launch(exec: CUgraphExec, stream: CUstream, mode: DefaultStream) -
     );
     *last = Some(fence);
     Ok(())
+}
+
+/// Whether the memory a captured operation touches is still what it was at capture time: an
+/// allocation of the graph itself (mapped by the launch), or the same live memory (the same
+/// allocation, or a VMM range still mapped).
+fn is_still_mapped(state: &State, body: &crate::graph::Body, touch: &Touch) -> bool {
+    let own = body.nodes.iter().any(|node| {
+        matches!(node, Node::Alloc(alloc) if (alloc.base..alloc.base + alloc.size as u64).contains(&touch.address))
+    });
+    own || state.memory.classify(touch.address, touch.len).is_ok_and(|now| now.is_same_memory(&touch.endpoint))
 }
 
 /// Counts a launch's graph memory as used on each device, growing the reserve (and the device's

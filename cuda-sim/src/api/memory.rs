@@ -24,7 +24,7 @@ use super::stream::resolve_for_work;
 use crate::capture;
 use crate::context as ctx;
 use crate::error::{SimResult, ensure, fail, write_out};
-use crate::memory::{Endpoint, Kind, round_up};
+use crate::memory::{Endpoint, Kind, Touch, round_up};
 use crate::state;
 
 /// `cuMemAlloc_v2`: `CUDA_ERROR_INVALID_VALUE` for 0 bytes, `CUDA_ERROR_OUT_OF_MEMORY` past the
@@ -231,7 +231,17 @@ pub(crate) unsafe fn copy(
     if len == 0 {
         return Ok(());
     }
-    let wait = if !asynchronous && sync_memops { Wait::UntilDone } else { wait_rule(&dst, &src, asynchronous) };
+    let touches = touches([(dst_address, &dst), (src_address, &src)], len);
+    let fault = std::sync::Arc::clone(&context.fault);
+    let wait = if stream.capture.is_under_way() {
+        // A captured copy reads its source when a launch runs it, as a GPU's memcpy node does:
+        // nothing is staged, nothing is waited for (see `conservative`).
+        Wait::No
+    } else if !asynchronous && sync_memops {
+        Wait::UntilDone
+    } else {
+        wait_rule(&dst, &src, asynchronous)
+    };
     if matches!(wait, Wait::StageAfterStream) {
         context.submit(&stream, Box::new(|| {})).wait();
     }
@@ -239,26 +249,35 @@ pub(crate) unsafe fn copy(
     let fence = if matches!(wait, Wait::Stage | Wait::StageAfterStream) {
         // SAFETY: the caller guarantees the source is readable for `len` bytes now.
         let staged = unsafe { std::slice::from_raw_parts(src.ptr(), len) }.to_vec();
-        context.submit(
+        context.submit_touching(
             &stream,
             Box::new(move || {
-                let (to, _keep) = (&to, &dst);
+                let to = &to;
+                let Some(_held) = Endpoint::hold(&[&dst]) else {
+                    return fault.record(CUresult::CUDA_ERROR_ILLEGAL_ADDRESS);
+                };
                 // SAFETY: `to` is valid for `len` bytes (checked at the call; kept alive by
-                // `_keep`); `staged` is a private buffer of `len` bytes.
+                // `dst`, and mapped while `_held` lives); `staged` is a private buffer of `len`
+                // bytes.
                 unsafe { std::ptr::copy_nonoverlapping(staged.as_ptr(), to.0, len) };
             }),
+            touches,
         )
     } else {
         let from = Address(src.ptr());
-        context.submit(
+        context.submit_touching(
             &stream,
             Box::new(move || {
-                let (to, from, _keep) = (&to, &from, (&dst, &src));
+                let Some(_held) = Endpoint::hold(&[&dst, &src]) else {
+                    return fault.record(CUresult::CUDA_ERROR_ILLEGAL_ADDRESS);
+                };
+                let (to, from) = (&to, &from);
                 // SAFETY: both ranges are valid for `len` bytes (checked at the call, or
-                // guaranteed by the caller for host memory) and kept alive by `_keep`; they may
-                // overlap, hence a memmove.
+                // guaranteed by the caller for host memory), kept alive by `dst` and `src` and
+                // mapped while `_held` lives; they may overlap, hence a memmove.
                 unsafe { std::ptr::copy(from.0, to.0, len) };
             }),
+            touches,
         )
     };
     if matches!(wait, Wait::UntilDone) {
@@ -291,19 +310,36 @@ pub(crate) fn memset(
     }
     let pinned = target.is_host();
     let to = Address(target.ptr());
-    let fence = context.submit(
+    let touches = touches([(dst, &target)], len);
+    let fault = std::sync::Arc::clone(&context.fault);
+    let fence = context.submit_touching(
         &stream,
         Box::new(move || {
-            let (to, _keep) = (&to, &target);
+            let to = &to;
+            let Some(_held) = Endpoint::hold(&[&target]) else {
+                return fault.record(CUresult::CUDA_ERROR_ILLEGAL_ADDRESS);
+            };
             // SAFETY: `to` is valid and `width`-aligned for `count` elements (checked at the
-            // call; the backing is page-aligned) and kept alive by `_keep`.
+            // call; the backing is page-aligned), kept alive by `target` and mapped while
+            // `_held` lives.
             unsafe { fill(to.0, value, width, count) };
         }),
+        touches,
     );
     if !asynchronous && (pinned || sync_memops) {
         fence.wait();
     }
     Ok(())
+}
+
+/// The simulator's memory among `endpoints` (each with its address), `len` bytes each: what a
+/// launch of a captured copy or memset checks (pageable host memory is the application's).
+fn touches<const N: usize>(endpoints: [(u64, &Endpoint); N], len: usize) -> Vec<Touch> {
+    endpoints
+        .into_iter()
+        .filter(|(_, endpoint)| !endpoint.is_pageable())
+        .map(|(address, endpoint)| Touch { address, len, endpoint: endpoint.clone() })
+        .collect()
 }
 
 /// Writes `count` copies of the low `width` bytes of `value` from `to`.

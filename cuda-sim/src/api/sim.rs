@@ -24,6 +24,9 @@ pub(crate) unsafe fn live_objects(out: *mut LiveObjects) -> SimResult {
             .filter(|p| !p.is_default && (!p.is_destroyed() || state.memory.pooled_in(p.handle).next().is_some()))
             .count() as u64,
         allocations: state.memory.allocation_count() as u64,
+        user_objects: state.user_objects.values().filter(|o| o.is_alive()).count() as u64,
+        graphs: state.graphs.len() as u64,
+        executable_graphs: state.execs.len() as u64,
     };
     // SAFETY: forwarded from the caller.
     unsafe { write_out(out, counts) }

@@ -38,6 +38,7 @@ pub(crate) fn resolve(state: &State, stream: CUstream, mode: DefaultStream) -> S
         _ => {
             let stream = state.streams.get(&handle).cloned().ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
             let context = state.contexts.get(&stream.ctx).cloned().ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+            context.fault.check()?;
             return Ok((context, stream));
         }
     };
@@ -78,10 +79,26 @@ pub(crate) unsafe fn create(out: *mut CUstream, flags: u32, priority: i32) -> Si
 }
 
 /// `cuStreamDestroy_v2`: only created streams can be destroyed; work already enqueued still
-/// completes.
+/// completes. A capture under way ends with it (see [`discard_capture`]).
 pub(crate) fn destroy(stream: CUstream) -> SimResult {
     let mut state = state::lock()?;
-    state.streams.remove(&(stream as usize)).map(drop).ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)
+    let stream = state.streams.remove(&(stream as usize)).ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+    discard_capture(&mut state, &stream);
+    Ok(())
+}
+
+/// Ends the capture under way on `stream` (being destroyed), if any, without a graph: its work
+/// is discarded, the user object references its graph was given are released, and its graph
+/// allocations' addresses stop being live (see `conservative`).
+pub(crate) fn discard_capture(state: &mut State, stream: &Stream) {
+    let Some((graph, nodes, allocs)) = stream.capture.abandon() else {
+        return;
+    };
+    drop(nodes);
+    for alloc in &allocs {
+        state.memory.unmap_graph(alloc.base);
+    }
+    state.graph_user_objects.remove(&graph);
 }
 
 /// `cuStreamQuery`: `CUDA_ERROR_NOT_READY` while work is pending. Querying a capturing stream
@@ -89,7 +106,11 @@ pub(crate) fn destroy(stream: CUstream) -> SimResult {
 pub(crate) fn query(stream: CUstream, mode: DefaultStream) -> SimResult {
     let (context, stream) = resolve(&*state::lock()?, stream, mode)?;
     capture::admit_wait(&context, &stream)?;
-    if stream.queue.is_idle() { Ok(()) } else { fail(CUresult::CUDA_ERROR_NOT_READY) }
+    if !stream.queue.is_idle() {
+        return fail(CUresult::CUDA_ERROR_NOT_READY);
+    }
+    // Work that completed may have faulted.
+    context.fault.check()
 }
 
 /// `cuStreamSynchronize`: waits for everything enqueued before it (for the legacy stream, that
@@ -100,6 +121,8 @@ pub(crate) fn synchronize(stream: CUstream, mode: DefaultStream) -> SimResult {
     let (context, stream) = resolve(&*state::lock()?, stream, mode)?;
     capture::admit_wait(&context, &stream)?;
     context.wait_as_if_submitted(&stream);
+    // The work waited for may have faulted: its error is the synchronization's.
+    context.fault.check()?;
     state::lock()?.release_pools_at_sync();
     Ok(())
 }

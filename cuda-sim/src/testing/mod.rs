@@ -280,6 +280,13 @@ pub struct LiveObjects {
     pub pools: u64,
     /// Allocations (device, pinned, managed, registered, pool).
     pub allocations: u64,
+    /// User objects not yet destroyed (references remain, from user code, graphs or executable
+    /// graphs).
+    pub user_objects: u64,
+    /// Graphs (captured, not yet destroyed).
+    pub graphs: u64,
+    /// Executable graphs not yet destroyed.
+    pub executable_graphs: u64,
 }
 
 /// The simulator's live objects now, asked of the loaded simulator library.
