@@ -34,7 +34,8 @@
 //! `cuEventElapsedTime_v2` at 12080, `cuMemcpyBatchAsync_v2` and `cuMemGetMemPool` at 13000.
 //! Where `cuda-mem` can use an older variant on older drivers (the same job, an older
 //! signature), that variant is declared by hand with its own version in [`crate::older`]
-//! (`cuEventElapsedTime` at 2000) and the caller picks one by the driver's version.
+//! (`cuEventElapsedTime` at 2000, `cuMemAdvise` and `cuMemPrefetchAsync` at 8000) and the caller
+//! picks one by the driver's version.
 
 use std::ffi::{CStr, c_int, c_void};
 use std::path::{Path, PathBuf};
