@@ -127,8 +127,9 @@ pub struct Driver {
     path: PathBuf,
     options: DriverOptions,
     get_proc_address: Option<GetProcAddress>,
-    /// The entry points of older variants ([`crate::older`]).
-    pub(crate) older_entries: crate::older::OlderEntries,
+    /// The entry points of older variants ([`crate::older`]), boxed like `entries`: a `Driver`
+    /// is passed by value (back out of `install_driver`, say) and stays small.
+    pub(crate) older_entries: Box<crate::older::OlderEntries>,
     version: OnceLock<Option<u32>>,
     pub(crate) entries: Box<Entries>,
     /// The entry points newer than `cuda.h` ([`crate::newer`]).
@@ -202,7 +203,7 @@ impl Driver {
             path,
             options,
             get_proc_address,
-            older_entries: crate::older::OlderEntries::default(),
+            older_entries: Box::default(),
             version: OnceLock::new(),
             entries: Box::new(Entries::new()),
             newer: crate::newer::NewerEntries::default(),
