@@ -8,17 +8,12 @@ use cuda_mem_sys::{Driver, LoadError, StreamMode, cu_call};
 
 use crate::buffer::ScopedBuffer;
 use crate::driver::driver;
+use crate::driver_version::DriverCapability;
 use crate::error::{Error, Result};
 use crate::managed::Location;
 use crate::memory_resource::DevicePtr;
 use crate::stream::Stream;
 use crate::view::{DeviceView, DeviceViewMut};
-
-/// The CUDA version whose driver has `cuMemcpyBatchAsync` with the signature bound here
-/// (CUDA 13.0 dropped 12.8's `failIdx`).
-pub const BATCH_DRIVER_VERSION: u32 = 13000;
-/// The CUDA version whose driver has `cuMemcpyWithAttributesAsync` (CUDA 13.2).
-pub const WITH_ATTRIBUTES_DRIVER_VERSION: u32 = cuda_mem_sys::MEMCPY_WITH_ATTRIBUTES_VERSION;
 
 /// When a copy may read its source (`CUmemcpySrcAccessOrder`; cuda.core's
 /// `MemcpySrcAccessOrder`). The destination is always written in stream order.
@@ -66,13 +61,16 @@ pub enum OverlapMode {
 /// default stream (both driver calls reject it; the per-thread default stream is a real stream
 /// and is accepted), a capturing stream (no graph node represents these copies: copy without
 /// options while capturing), copies of one batch that overlap (the driver runs them in any
-/// order), and, as cuda.core does, a driver too old for the call when the options need it.
-/// On an older driver the options fall back to plain `cuMemcpyAsync` copies, as cuda.core's do:
+/// order). As cuda.core does, a driver too old for the call when the options need it is
+/// refused too. On an older driver the options fall back to plain `cuMemcpyAsync` copies, as cuda.core's do:
 /// [`SourceAccessOrder::Stream`] and [`SourceAccessOrder::Any`] are honoured by a
 /// stream-ordered copy and the hints are only hints, but
 /// [`SourceAccessOrder::DuringApiCall`] promises that the source may be reused when the call
 /// returns, which a stream-ordered copy cannot keep: it is refused with
-/// [`CopyError::DriverTooOld`], which names the version needed and the one installed. An empty
+/// [`Error::DriverTooOld`] ([`DriverCapability::CopyBatches`],
+/// [`DriverCapability::CopiesWithAttributes`]), which names the version needed and the one
+/// installed. A driver that reports a version new enough but lacks the function gives the
+/// loader's error ([`CudaError::Load`](crate::sys::CudaError::Load)) instead. An empty
 /// batch is [`Error::EmptyBatch`]; sizes that differ are [`Error::SizeMismatch`].
 ///
 /// ```
@@ -224,29 +222,6 @@ pub enum CopyError {
     Capturing {
         /// The operation refused.
         operation: &'static str,
-    },
-    /// [`SourceAccessOrder::DuringApiCall`] on a driver without the call that keeps it (a
-    /// stream-ordered fallback would let the caller reuse the source too early).
-    #[error(
-        "{operation} with SourceAccessOrder::DuringApiCall needs {function}, which drivers of CUDA {}.{} and newer \
-         have; the installed driver reports CUDA {}.{}{}: update the driver, or use SourceAccessOrder::Stream or \
-         Any, which fall back to plain copies",
-        required / 1000, required % 1000 / 10, installed / 1000, installed % 1000 / 10,
-        if missing.is_some() { " and lacks the function" } else { "" }
-    )]
-    DriverTooOld {
-        /// The operation refused.
-        operation: &'static str,
-        /// The driver function needed.
-        function: &'static str,
-        /// The CUDA version that has it (`cuDriverGetVersion`'s encoding: 13020 for 13.2).
-        required: u32,
-        /// The version the installed driver reports.
-        installed: u32,
-        /// The loader's error, when the driver reports a version new enough but lacks the
-        /// function.
-        #[source]
-        missing: Option<Box<LoadError>>,
     },
     /// Two copies of a batch touch the same bytes, one of them writing: the driver runs a
     /// batch's copies in no particular order.
@@ -418,25 +393,26 @@ fn checked_stream<'s>(stream: &'s Stream, d: &Driver, operation: &'static str) -
     Ok(stream)
 }
 
-/// The driver's entry point `get` gives when the driver reports at least `required`; `None`
-/// (the plain-copy fallback) otherwise, or a [`CopyError::DriverTooOld`] when the options need
-/// the entry point.
+/// The driver's entry point `get` gives when the driver has `capability`; `None` (the
+/// plain-copy fallback) otherwise, or [`Error::DriverTooOld`] when the options need the entry
+/// point. A driver that reports a version new enough but lacks the function falls back too, or,
+/// when the options need it, gives the loader's error (which names the function): the version
+/// is not what is missing.
 fn entry_point<F>(
     d: &Driver,
     get: impl FnOnce(&Driver) -> std::result::Result<F, LoadError>,
-    (operation, function, required): (&'static str, &'static str, u32),
+    capability: DriverCapability,
     needed: bool,
 ) -> Result<Option<F>> {
     let installed = d.version()?;
-    let missing = match (installed >= required).then(|| get(d)) {
-        Some(Ok(f)) => return Ok(Some(f)),
-        Some(Err(error)) => Some(Box::new(error)),
-        None => None,
-    };
-    if needed {
-        return Err(CopyError::DriverTooOld { operation, function, required, installed, missing }.into());
+    if installed < capability.needs() {
+        return if needed { Err(capability.too_old(installed)) } else { Ok(None) };
     }
-    Ok(None)
+    match get(d) {
+        Ok(f) => Ok(Some(f)),
+        Err(error) if needed => Err(error.into()),
+        Err(_) => Ok(None),
+    }
 }
 
 /// Whether any of `options` reads its source during the call (which a fallback cannot keep).
@@ -465,8 +441,9 @@ fn plain_copies(d: &Driver, copies: &[BatchCopy<'_>], stream: CUstream) -> Resul
 ///
 /// # Errors
 /// Before any driver call: [`Error::EmptyBatch`] for no copies; [`CopyError::OptionsLengthMismatch`],
-/// [`CopyError::Overlap`], [`CopyError::LegacyStream`], [`CopyError::Capturing`] and
-/// [`CopyError::DriverTooOld`] inside [`Error::Copy`]. Then a driver error (memory the stream's
+/// [`CopyError::Overlap`], [`CopyError::LegacyStream`] and [`CopyError::Capturing`] inside
+/// [`Error::Copy`]; [`Error::DriverTooOld`] ([`DriverCapability::CopyBatches`]) before CUDA
+/// 13.0 when an option reads its source during the call. Then a driver error (memory the stream's
 /// device cannot reach, an earlier asynchronous error).
 #[doc(alias = "cuMemcpyBatchAsync")]
 pub fn copy_batch<'a, 'o>(
@@ -489,12 +466,7 @@ pub fn copy_batch<'a, 'o>(
     // Zero-byte copies copy nothing; the driver's batch is not documented to take them.
     let (copies, options): (Vec<BatchCopy<'a>>, Vec<CopyOptions>) =
         copies.into_iter().zip(options).filter(|(c, _)| !c.is_empty()).unzip();
-    let batch = entry_point(
-        d,
-        Driver::cuMemcpyBatchAsync_v2,
-        (OPERATION, "cuMemcpyBatchAsync", BATCH_DRIVER_VERSION),
-        needs_native(&options),
-    )?;
+    let batch = entry_point(d, Driver::cuMemcpyBatchAsync_v2, DriverCapability::CopyBatches, needs_native(&options))?;
     match batch {
         _ if copies.is_empty() => {}
         Some(f) => {
@@ -536,7 +508,7 @@ fn copy_with(copy: BatchCopy<'_>, stream: &Stream, options: CopyOptions, operati
     let native = entry_point(
         d,
         Driver::cuMemcpyWithAttributesAsync,
-        (operation, "cuMemcpyWithAttributesAsync", WITH_ATTRIBUTES_DRIVER_VERSION),
+        DriverCapability::CopiesWithAttributes,
         options.src_access_order == SourceAccessOrder::DuringApiCall,
     )?;
     match native {
@@ -562,8 +534,9 @@ impl ScopedBuffer<'_> {
     /// copy on a driver older than CUDA 13.2 (see [`CopyOptions`]).
     ///
     /// # Errors
-    /// [`Error::SizeMismatch`]; [`CopyError::LegacyStream`], [`CopyError::Capturing`] and
-    /// [`CopyError::DriverTooOld`] before any driver call; a driver error.
+    /// [`Error::SizeMismatch`]; [`CopyError::LegacyStream`], [`CopyError::Capturing`], and
+    /// [`Error::DriverTooOld`] ([`DriverCapability::CopiesWithAttributes`]) before CUDA 13.2 for
+    /// [`SourceAccessOrder::DuringApiCall`], before any driver call; a driver error.
     pub fn copy_to_with(&self, dst: &mut ScopedBuffer<'_>, stream: &Stream, options: CopyOptions) -> Result<()> {
         check_sizes(self, dst)?;
         copy_with(BatchCopy::new(self, dst)?, stream, options, "copy_to_with")
@@ -676,15 +649,11 @@ mod tests {
     }
 
     #[test]
-    fn the_driver_too_old_error_says_which_versions() {
-        let error = CopyError::DriverTooOld {
-            operation: "copy_batch",
-            function: "cuMemcpyBatchAsync",
-            required: 13000,
-            installed: 12080,
-            missing: None,
-        };
+    fn the_driver_too_old_error_says_which_versions_and_what_else_to_do() {
+        let capability = DriverCapability::CopyBatches;
+        let error = Error::DriverTooOld { capability, needs: capability.needs(), installed: 12080 };
         let text = error.to_string();
-        assert!(text.contains("CUDA 13.0 and newer") && text.contains("reports CUDA 12.8"), "{text}");
+        assert!(text.contains("batched copies reading their source during the call need CUDA 13.0"), "{text}");
+        assert!(text.contains("is CUDA 12.8") && text.contains("use SourceAccessOrder::Stream or Any"), "{text}");
     }
 }

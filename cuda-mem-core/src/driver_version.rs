@@ -15,9 +15,12 @@ pub enum DriverCapability {
     MemoryPools,
     /// Graph memory (`cuDeviceGraphMemTrim` and the graph-memory attributes, CUDA 11.4).
     GraphMemory,
-    /// Managed memory's advice and single prefetches with a `CUmemLocation`
-    /// (`cuMemAdvise_v2`, `cuMemPrefetchAsync_v2`, CUDA 12.2).
+    /// Managed memory's advice and single prefetches naming a host NUMA node, which only the
+    /// `CUmemLocation` forms can (`cuMemAdvise_v2`, `cuMemPrefetchAsync_v2`, CUDA 12.2); for
+    /// devices and the host, older drivers get CUDA 8.0's `cuMemAdvise` and `cuMemPrefetchAsync`.
     ManagedLocations,
+    /// Exporting and importing memory as fabric handles (`CU_MEM_HANDLE_TYPE_FABRIC`, CUDA 12.3).
+    FabricHandles,
     /// Pools of pinned host memory (CUDA 12.6).
     PinnedPools,
     /// Pools of managed memory (CUDA 13.0).
@@ -27,18 +30,29 @@ pub enum DriverCapability {
     /// Batched prefetches and discards (`cuMemPrefetchBatchAsync`, `cuMemDiscardBatchAsync`,
     /// CUDA 13.0).
     BatchPrefetchDiscard,
+    /// Batched copies that read their source during the call
+    /// ([`SourceAccessOrder::DuringApiCall`](crate::SourceAccessOrder::DuringApiCall):
+    /// `cuMemcpyBatchAsync_v2`, CUDA 13.0); other orders fall back to plain copies.
+    CopyBatches,
+    /// Single copies that read their source during the call
+    /// ([`SourceAccessOrder::DuringApiCall`](crate::SourceAccessOrder::DuringApiCall):
+    /// `cuMemcpyWithAttributesAsync`, CUDA 13.2); other orders fall back to plain copies.
+    CopiesWithAttributes,
 }
 
 impl DriverCapability {
     /// Every capability, oldest first.
-    pub const ALL: [DriverCapability; 7] = [
+    pub const ALL: [DriverCapability; 10] = [
         DriverCapability::MemoryPools,
         DriverCapability::GraphMemory,
         DriverCapability::ManagedLocations,
+        DriverCapability::FabricHandles,
         DriverCapability::PinnedPools,
         DriverCapability::ManagedPools,
         DriverCapability::CurrentPools,
         DriverCapability::BatchPrefetchDiscard,
+        DriverCapability::CopyBatches,
+        DriverCapability::CopiesWithAttributes,
     ];
 
     /// The CUDA version it needs, as `cuDriverGetVersion` encodes it (`12060` for 12.6).
@@ -47,10 +61,13 @@ impl DriverCapability {
             DriverCapability::MemoryPools => 11020,
             DriverCapability::GraphMemory => 11040,
             DriverCapability::ManagedLocations => 12020,
+            DriverCapability::FabricHandles => 12030,
             DriverCapability::PinnedPools => 12060,
             DriverCapability::ManagedPools
             | DriverCapability::CurrentPools
-            | DriverCapability::BatchPrefetchDiscard => 13000,
+            | DriverCapability::BatchPrefetchDiscard
+            | DriverCapability::CopyBatches => 13000,
+            DriverCapability::CopiesWithAttributes => cuda_mem_sys::MEMCPY_WITH_ATTRIBUTES_VERSION,
         }
     }
 
@@ -59,11 +76,25 @@ impl DriverCapability {
         match self {
             DriverCapability::MemoryPools => "stream-ordered pools",
             DriverCapability::GraphMemory => "graph memory",
-            DriverCapability::ManagedLocations => "managed memory's advice and single prefetches",
+            DriverCapability::ManagedLocations => "managed memory's advice and single prefetches to host NUMA nodes",
             DriverCapability::PinnedPools => "pinned (host) pools",
             DriverCapability::ManagedPools => "managed pools",
             DriverCapability::CurrentPools => "current pinned and managed pools",
             DriverCapability::BatchPrefetchDiscard => "batched prefetches and discards",
+            DriverCapability::FabricHandles => "fabric handles",
+            DriverCapability::CopyBatches => "batched copies reading their source during the call",
+            DriverCapability::CopiesWithAttributes => "single copies reading their source during the call",
+        }
+    }
+
+    /// What else to do than updating the driver, where something is (said after "update the
+    /// driver" in [`Error::DriverTooOld`]); empty otherwise.
+    pub(crate) const fn alternative(self) -> &'static str {
+        match self {
+            DriverCapability::CopyBatches | DriverCapability::CopiesWithAttributes => {
+                ", or use SourceAccessOrder::Stream or Any, which fall back to plain copies"
+            }
+            _ => "",
         }
     }
 
@@ -82,9 +113,14 @@ impl DriverCapability {
     pub fn require(self) -> Result<()> {
         let installed = installed_version()?;
         if installed < self.needs() {
-            return Err(Error::DriverTooOld { capability: self, needs: self.needs(), installed });
+            return Err(self.too_old(installed));
         }
         Ok(())
+    }
+
+    /// [`Error::DriverTooOld`] for this capability on a driver of version `installed`.
+    pub(crate) fn too_old(self, installed: u32) -> Error {
+        Error::DriverTooOld { capability: self, needs: self.needs(), installed }
     }
 }
 

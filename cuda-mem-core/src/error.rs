@@ -51,9 +51,10 @@ pub enum Error {
     /// "Driver versions"); nothing was done.
     #[error(
         "not supported: {capability} need CUDA {} or newer, but the installed driver is CUDA {}: update the \
-         driver (the crate documentation's \"Driver versions\" lists what each capability needs)",
+         driver{} (the crate documentation's \"Driver versions\" lists what each capability needs)",
         crate::driver_version::dotted(*.needs),
-        crate::driver_version::dotted(*.installed)
+        crate::driver_version::dotted(*.installed),
+        .capability.alternative()
     )]
     DriverTooOld {
         /// What was asked for.

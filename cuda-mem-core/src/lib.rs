@@ -449,8 +449,7 @@ pub use adaptors::{
 };
 pub use buffer::{Buffer, CloseError, FillPattern, RawBuffer, ScopedBuffer};
 pub use copy::{
-    BATCH_DRIVER_VERSION, BatchCopy, BatchOptions, CopyError, CopyOptions, OverlapKind, OverlapMode, SourceAccessOrder,
-    WITH_ATTRIBUTES_DRIVER_VERSION, copy_batch,
+    BatchCopy, BatchOptions, CopyError, CopyOptions, OverlapKind, OverlapMode, SourceAccessOrder, copy_batch,
 };
 pub use device::{Device, DeviceProperties, MemoryInfo};
 pub use device_resource::{DeviceMemoryResource, DeviceMemoryResourceOptions};

@@ -67,6 +67,37 @@ impl Location {
             _ => None,
         })
     }
+
+    /// A location as CUDA 8.0's range attributes report it: a device ordinal, `CU_DEVICE_CPU`
+    /// for the host, `None` for anything else (`CU_DEVICE_INVALID`: no location).
+    fn from_legacy(id: i32) -> Result<Option<Location>> {
+        Ok(match id {
+            CU_DEVICE_CPU => Some(Location::Host),
+            id if id >= 0 => Some(Location::Device(Device::new(id as usize)?)),
+            _ => None,
+        })
+    }
+}
+
+/// `CU_DEVICE_CPU`: the host, where CUDA 8.0's managed-memory calls take a device ordinal.
+const CU_DEVICE_CPU: i32 = -1;
+
+/// The installed driver's version when it lacks the `CUmemLocation` forms of advice and
+/// prefetches ([`DriverCapability::ManagedLocations`]), whose CUDA 8.0 forms take a device
+/// ordinal instead; `None` when it has them.
+fn before_locations() -> Result<Option<u32>> {
+    let installed = crate::driver_version::installed_version()?;
+    Ok((installed < DriverCapability::ManagedLocations.needs()).then_some(installed))
+}
+
+/// `location` as CUDA 8.0's `cuMemAdvise` and `cuMemPrefetchAsync` take it: a device ordinal or
+/// `CU_DEVICE_CPU`; a host NUMA node, which they cannot name, is [`Error::DriverTooOld`].
+fn legacy_device(location: Location, installed: u32) -> Result<i32> {
+    match location {
+        Location::Device(device) => Ok(device.raw()),
+        Location::Host => Ok(CU_DEVICE_CPU),
+        Location::HostNuma(_) | Location::HostNumaCurrent => Err(DriverCapability::ManagedLocations.too_old(installed)),
+    }
 }
 
 impl From<Device> for Location {
@@ -107,6 +138,12 @@ impl Advice {
                 matches!(location, Location::Device(_) | Location::Host)
             }
         }
+    }
+
+    /// Whether the driver reads the location given with the advice (it ignores it for the
+    /// read-mostly advice and for unsetting the preferred location).
+    fn uses_location(self) -> bool {
+        matches!(self, Advice::SetPreferredLocation | Advice::SetAccessedBy | Advice::UnsetAccessedBy)
     }
 
     /// What [`accepts`](Advice::accepts) accepts, in words.
@@ -320,18 +357,27 @@ impl<'b, 'a> ManagedBuffer<'b, 'a> {
     ///
     /// # Errors
     /// [`Error::AdviceLocation`] when the advice does not take the location (before any driver
-    /// call); [`Error::DriverTooOld`] before CUDA 12.2 ([`DriverCapability::ManagedLocations`]);
-    /// a driver error.
+    /// call); [`Error::DriverTooOld`] before CUDA 12.2 ([`DriverCapability::ManagedLocations`])
+    /// for a host NUMA location the advice uses (devices and the host go through CUDA 8.0's
+    /// `cuMemAdvise` there); a driver error.
     #[doc(alias = "cuMemAdvise")]
     pub fn advise(&self, advice: Advice, location: Location) -> Result<()> {
         if !advice.accepts(location) {
             return Err(Error::AdviceLocation { advice, location });
         }
-        DriverCapability::ManagedLocations.require()?;
         let d = driver()?;
+        let (ptr, size) = (self.buffer.ptr(), self.buffer.size());
+        if let Some(installed) = before_locations()? {
+            // CUDA 8.0's form ignores the device for advice that takes no location, as `_v2` does.
+            let device = if advice.uses_location() { legacy_device(location, installed)? } else { CU_DEVICE_CPU };
+            bind_for(self.buffer)?;
+            // SAFETY: the range is the buffer's, valid while it lives; no pointers are passed.
+            unsafe { cu_call!(d, cuMemAdvise_v1(ptr, size, advice.raw(), device)) }?;
+            return Ok(());
+        }
         bind_for(self.buffer)?;
         // SAFETY: the range is the buffer's, valid while it lives; no pointers are passed.
-        unsafe { cu_call!(d, cuMemAdvise_v2(self.buffer.ptr(), self.buffer.size(), advice.raw(), location.raw())) }?;
+        unsafe { cu_call!(d, cuMemAdvise_v2(ptr, size, advice.raw(), location.raw())) }?;
         Ok(())
     }
 
@@ -355,13 +401,18 @@ impl<'b, 'a> ManagedBuffer<'b, 'a> {
     }
 
     /// The preferred location every page agrees on (a host NUMA node named, with its node),
-    /// `None` when there is none or the pages disagree.
+    /// `None` when there is none or the pages disagree. Before CUDA 12.2 the driver names no
+    /// NUMA node: a host location is [`Location::Host`].
     ///
     /// # Errors
     /// A driver error.
     #[doc(alias = "CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION")]
     pub fn preferred_location(&self) -> Result<Option<Location>> {
         use CUmem_range_attribute as A;
+        if before_locations()?.is_some() {
+            let [id] = self.range_attributes([A::CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION])?;
+            return Location::from_legacy(id);
+        }
         let [type_, id] = self.range_attributes([
             A::CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION_TYPE,
             A::CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION_ID,
@@ -439,13 +490,18 @@ impl<'b, 'a> ManagedBuffer<'b, 'a> {
     }
 
     /// Where every page was last prefetched to (what was asked for, not whether it is done),
-    /// `None` if some page never was or the pages disagree.
+    /// `None` if some page never was or the pages disagree. Before CUDA 12.2 the driver names
+    /// no NUMA node: a host location is [`Location::Host`].
     ///
     /// # Errors
     /// A driver error.
     #[doc(alias = "CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION")]
     pub fn last_prefetch_location(&self) -> Result<Option<Location>> {
         use CUmem_range_attribute as A;
+        if before_locations()?.is_some() {
+            let [id] = self.range_attributes([A::CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION])?;
+            return Location::from_legacy(id);
+        }
         let [type_, id] = self.range_attributes([
             A::CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION_TYPE,
             A::CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION_ID,
@@ -456,18 +512,25 @@ impl<'b, 'a> ManagedBuffer<'b, 'a> {
     /// Prefetches the memory to `location` on `stream`.
     ///
     /// # Errors
-    /// [`Error::DriverTooOld`] before CUDA 12.2 ([`DriverCapability::ManagedLocations`]); a
-    /// driver error (a device without concurrent managed access, say).
+    /// [`Error::DriverTooOld`] before CUDA 12.2 ([`DriverCapability::ManagedLocations`]) for a
+    /// host NUMA location (devices and the host go through CUDA 8.0's `cuMemPrefetchAsync`
+    /// there), before any other driver call; a driver error (a device without concurrent
+    /// managed access, say).
     #[doc(alias = "cuMemPrefetchAsync")]
     pub fn prefetch(&self, location: impl Into<Location>, stream: &Stream) -> Result<()> {
-        DriverCapability::ManagedLocations.require()?;
+        let location = location.into();
         let d = driver()?;
+        let legacy = before_locations()?.map(|installed| legacy_device(location, installed)).transpose()?;
         let stream = stream.on_calling_thread();
         stream.bind_if_default()?;
         let (ptr, size) = (self.buffer.ptr(), self.buffer.size());
-        // SAFETY: the range is the buffer's, valid until it is freed, which is ordered after
-        // this work; flags must be 0.
-        unsafe { cu_call!(d, cuMemPrefetchAsync_v2(ptr, size, location.into().raw(), 0, stream.handle())) }?;
+        match legacy {
+            // SAFETY: the range is the buffer's, valid until it is freed, which is ordered after
+            // this work.
+            Some(device) => unsafe { cu_call!(d, cuMemPrefetchAsync_v1(ptr, size, device, stream.handle())) }?,
+            // SAFETY: as above; flags must be 0.
+            None => unsafe { cu_call!(d, cuMemPrefetchAsync_v2(ptr, size, location.raw(), 0, stream.handle())) }?,
+        }
         self.buffer.note_use(&stream);
         Ok(())
     }

@@ -10,8 +10,8 @@ use common::{Gate, device, hold, stream};
 use cuda_mem_core::sys::cu_call;
 use cuda_mem_core::sys::types::{CUgraph, CUstreamCaptureMode};
 use cuda_mem_core::{
-    BatchCopy, Buffer, CopyError, CopyOptions, DeviceMemoryResource, Error, Location, OverlapKind, OverlapMode,
-    PinnedMemoryResource, ScopedBuffer, SourceAccessOrder, Stream, copy_batch,
+    BatchCopy, Buffer, CopyError, CopyOptions, DeviceMemoryResource, DriverCapability, Error, Location, OverlapKind,
+    OverlapMode, PinnedMemoryResource, ScopedBuffer, SourceAccessOrder, Stream, copy_batch,
 };
 use cuda_sim::testing::{in_simulated_machine, skip};
 
@@ -212,11 +212,21 @@ fn a_cuda_13_0_driver_falls_back_for_single_copies_unless_the_source_is_read_dur
     dst.copy_from_with(&src, &s, CopyOptions::default().dst_location_hint(device)).unwrap();
     assert_eq!(dst.to_vec::<u8>(&s).unwrap(), [3; 8]);
     let r = src.copy_to_with(&mut dst, &s, during_call());
-    let Err(Error::Copy(error @ CopyError::DriverTooOld { required: 13020, installed: 13000, missing: None, .. })) = r
+    let Err(
+        error @ Error::DriverTooOld {
+            capability: DriverCapability::CopiesWithAttributes,
+            needs: 13020,
+            installed: 13000,
+        },
+    ) = r
     else {
         panic!("{r:?}")
     };
-    assert!(error.to_string().contains("CUDA 13.2 and newer"), "{error}");
+    let text = error.to_string();
+    assert!(
+        text.contains("need CUDA 13.2 or newer") && text.contains("use SourceAccessOrder::Stream or Any"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -262,11 +272,18 @@ fn a_cuda_12_8_driver_batches_plain_copies_only() {
             assert_eq!(a.to_vec::<u8>(&s).unwrap(), [4; 8]);
             assert_eq!(b.to_vec::<u8>(&s).unwrap(), [4; 8]);
             let r = copy_batch(&s, [BatchCopy::new(&src, &mut a).unwrap()], during_call());
-            let Err(Error::Copy(error @ CopyError::DriverTooOld { required: 13000, installed: 12080, .. })) = r else {
+            let Err(
+                error @ Error::DriverTooOld {
+                    capability: DriverCapability::CopyBatches,
+                    needs: 13000,
+                    installed: 12080,
+                },
+            ) = r
+            else {
                 panic!("{r:?}")
             };
             let text = error.to_string();
-            assert!(text.contains("cuMemcpyBatchAsync") && text.contains("reports CUDA 12.8"), "{text}");
+            assert!(text.contains("batched copies reading their source") && text.contains("is CUDA 12.8"), "{text}");
         },
     );
 }

@@ -4,9 +4,11 @@
 
 mod common;
 
+use cuda_mem_core::sys::cu_call;
 use cuda_mem_core::{
-    DeviceMemoryResource, DriverCapability, Error, EventOptions, GraphMemoryResource, ManagedMemoryResource,
-    ManagedMemoryResourceOptions, PinnedMemoryResource, PinnedMemoryResourceOptions, installed_version,
+    Advice, Buffer, DeviceMemoryResource, DriverCapability, Error, EventOptions, GraphMemoryResource, Location,
+    ManagedMemoryResource, ManagedMemoryResourceOptions, PinnedMemoryResource, PinnedMemoryResourceOptions,
+    installed_version,
 };
 use cuda_sim::testing::{in_simulated_machine, live_objects, simulator_only};
 
@@ -132,19 +134,122 @@ fn cuda_12_8_has_pinned_pools_but_no_managed_or_current_pools() {
 }
 
 #[test]
-fn cuda_13_0_has_every_capability() {
-    in_simulated_machine("cuda_13_0_has_every_capability", &[(ENV, "13000")], || {
+fn cuda_13_0_has_every_capability_but_single_copies_with_attributes() {
+    in_simulated_machine("cuda_13_0_has_every_capability_but_single_copies_with_attributes", &[(ENV, "13000")], || {
         if !simulator_only("pretending to be CUDA 13.0") {
             return;
         }
         let device = common::device();
         for capability in DriverCapability::ALL {
-            capability.require().unwrap();
+            if capability == DriverCapability::CopiesWithAttributes {
+                // CUDA 13.2's.
+                assert_too_old(capability.require(), capability, 13000);
+            } else {
+                capability.require().unwrap();
+            }
         }
         let stream = common::stream(device);
         drop(PinnedMemoryResource::current().unwrap().allocate(4096, &stream).unwrap());
         drop(ManagedMemoryResource::current(None).unwrap().allocate(4096, &stream).unwrap());
         stream.synchronize().unwrap();
         event_timing_works();
+    });
+}
+
+/// Managed memory of `cuMemAllocManaged` (CUDA 6.0, so on every driver), freed on drop.
+struct Managed(cuda_mem_core::DevicePtr);
+
+impl Managed {
+    const SIZE: usize = 2 << 20;
+
+    fn new() -> Managed {
+        let d = cuda_mem_core::driver().unwrap();
+        let mut ptr = 0;
+        // SAFETY: a valid out-pointer; CU_MEM_ATTACH_GLOBAL.
+        unsafe { cu_call!(d, cuMemAllocManaged(&mut ptr, Managed::SIZE, 1)) }.unwrap();
+        Managed(ptr)
+    }
+
+    /// A view of the memory, for the managed operations.
+    fn view(&self) -> Buffer {
+        // SAFETY: the memory stays allocated while `self` lives, which the test keeps longer.
+        unsafe { Buffer::from_raw(self.0, Managed::SIZE, None, true, true, None) }
+    }
+}
+
+impl Drop for Managed {
+    fn drop(&mut self) {
+        let d = cuda_mem_core::driver().unwrap();
+        // SAFETY: allocated in `new`; its views are gone.
+        unsafe { cu_call!(d, cuMemFree_v2(self.0)) }.unwrap();
+    }
+}
+
+#[test]
+fn cuda_12_0_advises_and_prefetches_devices_and_the_host_with_cuda_8_0_s_calls() {
+    in_simulated_machine(
+        "cuda_12_0_advises_and_prefetches_devices_and_the_host_with_cuda_8_0_s_calls",
+        &[(ENV, "12000")],
+        || {
+            if !simulator_only("pretending to be CUDA 12.0") {
+                return;
+            }
+            let device = common::device();
+            let stream = common::stream(device);
+            let memory = Managed::new();
+            let view = memory.view();
+            let managed = view.managed().unwrap();
+            managed.set_preferred_location(device).unwrap();
+            assert_eq!(managed.preferred_location().unwrap(), Some(Location::Device(device)));
+            managed.set_preferred_location(Location::Host).unwrap();
+            assert_eq!(managed.preferred_location().unwrap(), Some(Location::Host));
+            managed.unset_preferred_location().unwrap();
+            assert_eq!(managed.preferred_location().unwrap(), None);
+            managed.set_read_mostly(true).unwrap();
+            assert!(managed.read_mostly().unwrap());
+            managed.add_accessed_by(device).unwrap();
+            managed.add_accessed_by(Location::Host).unwrap();
+            assert_eq!(managed.accessed_by().unwrap(), [Location::Device(device), Location::Host]);
+            managed.remove_accessed_by(Location::Host).unwrap();
+            assert_eq!(managed.accessed_by().unwrap(), [Location::Device(device)]);
+            managed.prefetch(device, &stream).unwrap();
+            assert_eq!(managed.last_prefetch_location().unwrap(), Some(Location::Device(device)));
+            managed.prefetch(Location::Host, &stream).unwrap();
+            assert_eq!(managed.last_prefetch_location().unwrap(), Some(Location::Host));
+            stream.synchronize().unwrap();
+
+            // A host NUMA node has no CUDA 8.0 form: refused before the driver is asked.
+            let d = cuda_mem_core::driver().unwrap();
+            let before = live_objects(d).unwrap();
+            assert_too_old(managed.prefetch(Location::HostNuma(0), &stream), DriverCapability::ManagedLocations, 12000);
+            assert_too_old(
+                managed.set_preferred_location(Location::HostNumaCurrent),
+                DriverCapability::ManagedLocations,
+                12000,
+            );
+            assert_eq!(managed.last_prefetch_location().unwrap(), Some(Location::Host), "nothing was prefetched");
+            assert_eq!(live_objects(d).unwrap(), before);
+            // Advice that ignores the location takes any.
+            managed.advise(Advice::UnsetReadMostly, Location::HostNuma(0)).unwrap();
+            assert!(!managed.read_mostly().unwrap());
+        },
+    );
+}
+
+#[test]
+fn cuda_12_2_prefetches_to_host_numa_nodes() {
+    in_simulated_machine("cuda_12_2_prefetches_to_host_numa_nodes", &[(ENV, "12020")], || {
+        if !simulator_only("pretending to be CUDA 12.2") {
+            return;
+        }
+        let stream = common::stream(common::device());
+        let memory = Managed::new();
+        let view = memory.view();
+        let managed = view.managed().unwrap();
+        managed.prefetch(Location::HostNuma(0), &stream).unwrap();
+        assert_eq!(managed.last_prefetch_location().unwrap(), Some(Location::HostNuma(0)));
+        managed.set_preferred_location(Location::HostNuma(0)).unwrap();
+        assert_eq!(managed.preferred_location().unwrap(), Some(Location::HostNuma(0)));
+        stream.synchronize().unwrap();
     });
 }

@@ -6,7 +6,7 @@ use cuda_mem_core::sys::cu_call;
 use cuda_mem_core::sys::types::{
     CUmemAccess_flags, CUmemAccessDesc, CUmemAllocationProp, CUmemLocation, CUmemLocationType,
 };
-use cuda_mem_core::{Access, Device, DevicePtr, HandleType, HandleTypes, Stream, driver};
+use cuda_mem_core::{Access, Device, DevicePtr, DriverCapability, HandleType, HandleTypes, Stream, driver};
 
 use crate::buffer::VirtualBuffer;
 use crate::error::{DeviceFeature, InvalidOptions, MemoryLocation, Result, VmmError};
@@ -55,8 +55,14 @@ impl VirtualMemoryResource {
     /// [`VmmError::Unsupported`] when the device lacks VMM, the handle type, GPUDirect RDMA with
     /// VMM or a host NUMA node; [`VmmError::InvalidOptions`] for an alignment that is not a power
     /// of two, an exportable handle type on plain host memory, a handle type other than POSIX file
-    /// descriptors and fabric handles, `HostNumaCurrent`, or the owner listed as a peer; [`VmmError::ManagedRefused`] when the driver refuses managed memory.
+    /// descriptors and fabric handles, `HostNumaCurrent`, or the owner listed as a peer; [`VmmError::ManagedRefused`] when the driver refuses managed memory;
+    /// [`cuda_mem_core::Error::DriverTooOld`] (inside [`VmmError::Core`]) for fabric handles before
+    /// CUDA 12.3 ([`DriverCapability::FabricHandles`]), before any driver call.
     pub fn new(device: Device, options: VirtualMemoryResourceOptions) -> Result<Arc<VirtualMemoryResource>> {
+        // Before any other driver call: an older driver would refuse only the handle type, later.
+        if options.handle_type == Some(HandleType::Fabric) {
+            DriverCapability::FabricHandles.require()?;
+        }
         let properties = device.properties()?;
         let unsupported = |feature| VmmError::Unsupported { device, feature };
         if !properties.virtual_memory_management_supported {

@@ -323,3 +323,7 @@
 //!   A version up to 13020 (CUDA 13.2) makes `cuMemcpyWithAttributesAsync`, which `cuda.h` 13.0
 //!   does not declare, available; called through `dlsym` on a simulator reporting less than 13.2
 //!   it returns `CUDA_ERROR_NOT_SUPPORTED`.
+//!   Enum values an older driver did not know are refused where the simulator checks them: the
+//!   typed location attributes of `cuMemRangeGetAttribute(s)` (`PREFERRED_LOCATION_TYPE` to
+//!   `LAST_PREFETCH_LOCATION_ID`, CUDA 12.2) are `CUDA_ERROR_INVALID_VALUE` below 12.2, as an
+//!   unknown attribute is (`cuda.h` documents no other code for it).

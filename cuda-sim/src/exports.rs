@@ -291,6 +291,11 @@ exports! {
     cuMemPrefetchAsync_v2 / cuMemPrefetchAsync_v2_ptsz(
         pointer: CUdeviceptr, count: usize, location: CUmemLocation, flags: c_uint, stream: CUstream,
     ) => |mode| api::managed::prefetch(pointer, count, location, flags, stream, mode);
+    // CUDA 8.0's variants (a device ordinal or CU_DEVICE_CPU), for callers of drivers before 12.2.
+    cuMemAdvise / -(pointer: CUdeviceptr, count: usize, advice: CUmem_advise, device: CUdevice)
+        => |_mode| api::managed::advise_v1(pointer, count, advice, device);
+    cuMemPrefetchAsync / cuMemPrefetchAsync_ptsz(pointer: CUdeviceptr, count: usize, device: CUdevice, stream: CUstream)
+        => |mode| api::managed::prefetch_v1(pointer, count, device, stream, mode);
     cuMemPrefetchBatchAsync / cuMemPrefetchBatchAsync_ptsz(
         dptrs: *mut CUdeviceptr, sizes: *mut usize, count: usize, locations: *mut CUmemLocation,
         first_indices: *mut usize, num_locations: usize, flags: u64, stream: CUstream,

@@ -87,8 +87,11 @@ fn a_cuda_12_0_driver_gives_the_older_variant_of_a_newer_function() {
             proc_address(d, c"cuEventElapsedTime", 12080),
             (CUresult::CUDA_SUCCESS, v1, Q::CU_GET_PROC_ADDRESS_SUCCESS)
         );
-        // 12.2's cuMemAdvise_v2 is absent (and the simulator has no CUDA 8.0 variant).
-        assert_eq!(proc_address(d, c"cuMemAdvise", 12020), NOT_FOUND);
+        // 12.2's cuMemAdvise_v2 is absent: asked for it, the driver gives CUDA 8.0's.
+        assert_eq!(
+            proc_address(d, c"cuMemAdvise", 12020),
+            (CUresult::CUDA_SUCCESS, exported(d, c"cuMemAdvise"), Q::CU_GET_PROC_ADDRESS_SUCCESS)
+        );
         // A variant older than any the driver has: found, but the version is not sufficient.
         assert_eq!(
             proc_address(d, c"cuMemPoolCreate", 11000),

@@ -271,10 +271,12 @@ fn get_proc_address_selects_the_variant_by_version_and_stream_flag() {
     assert_eq!(d.cuMemcpyHtoD_v2().unwrap() as usize, legacy);
     assert_eq!(common::per_thread_driver().cuMemcpyHtoD_v2().unwrap() as usize, per_thread);
 
-    // Older ABIs the simulator does not implement: "version not sufficient", null entry point.
-    // (`cuEventElapsedTime` at 12000 is CUDA 2.0's variant, which it implements: see
-    // `driver_version.rs`.)
-    for (name, version) in [(c"cuMemAlloc", 3010), (c"cuMemAdvise", 12000), (c"cuDevicePrimaryCtxRelease", 10000)] {
+    // Older ABIs the simulator does not implement, or none: "version not sufficient", null entry
+    // point.
+    // (`cuEventElapsedTime` at 12000 is CUDA 2.0's variant, and `cuMemAdvise` at 12000 CUDA
+    // 8.0's, which it implements: see `driver_version.rs` and `managed_ops.rs`; before 8.0 there
+    // was no `cuMemAdvise`.)
+    for (name, version) in [(c"cuMemAlloc", 3010), (c"cuMemAdvise", 7050), (c"cuDevicePrimaryCtxRelease", 10000)] {
         let (result, address, status) = proc_address(d, name, version, 0);
         assert_eq!(result, CUresult::CUDA_ERROR_NOT_FOUND, "{name:?} at {version}");
         assert_eq!(status, Q::CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT, "{name:?} at {version}");

@@ -564,3 +564,70 @@ fn the_driver_version_13_entry_points_resolve() {
         assert!(!pfn.is_null(), "{name:?}");
     }
 }
+
+/// CUDA 8.0's `cuMemAdvise` and `cuMemPrefetchAsync`, which a driver before 12.2 offers instead
+/// of the `CUmemLocation` forms: a device ordinal, or `CU_DEVICE_CPU` for the host; an invalid
+/// device is `CUDA_ERROR_INVALID_DEVICE`. That driver also knows only the untyped range
+/// attributes.
+#[test]
+fn cuda_8_0_s_advice_and_prefetch_take_a_device_ordinal() {
+    in_child!(&[("CUDA_SIM_DRIVER_VERSION", "12000")], || {
+        use cuda_mem_sys::types::CUdriverProcAddress_flags as F;
+        let d = driver();
+        use_device(0);
+        // Through cuGetProcAddress_v2 at the old version, legacy and per-thread, as a loader asks.
+        let lookup = |name: &std::ffi::CStr, flags: F| {
+            let mut pfn: *mut c_void = std::ptr::null_mut();
+            // SAFETY: the name is NUL-terminated; the out-pointer is valid; status may be null.
+            let r = unsafe {
+                code!(d, cuGetProcAddress_v2(name.as_ptr(), &mut pfn, 8000, u64::from(flags.0), std::ptr::null_mut()))
+            };
+            assert_eq!(r, OK, "{name:?}");
+            pfn as usize
+        };
+        let exported = |name: &'static std::ffi::CStr| d.library_symbol(name).expect("exported") as usize;
+        assert_eq!(lookup(c"cuMemAdvise", F::CU_GET_PROC_ADDRESS_LEGACY_STREAM), exported(c"cuMemAdvise"));
+        assert_eq!(
+            lookup(c"cuMemPrefetchAsync", F::CU_GET_PROC_ADDRESS_LEGACY_STREAM),
+            exported(c"cuMemPrefetchAsync")
+        );
+        assert_eq!(
+            lookup(c"cuMemPrefetchAsync", F::CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM),
+            exported(c"cuMemPrefetchAsync_ptsz")
+        );
+        assert_eq!(d.cuMemAdvise_v1().unwrap() as usize, exported(c"cuMemAdvise"));
+
+        let len = 2 * PAGE;
+        let ptr = managed(len);
+        let s = non_blocking_stream();
+        let advise_v1 = |advice: CUmem_advise, device: i32| {
+            // SAFETY: no host pointers.
+            unsafe { code!(d, cuMemAdvise_v1(ptr, len, advice, device)) }
+        };
+        let prefetch_v1 = |device: i32| {
+            // SAFETY: no host pointers.
+            unsafe { code!(d, cuMemPrefetchAsync_v1(ptr, len, device, s)) }
+        };
+        assert_eq!(advise_v1(Advice::CU_MEM_ADVISE_SET_PREFERRED_LOCATION, CPU), OK);
+        assert_eq!(attr(ptr, len, Attr::CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION), Ok(CPU));
+        assert_eq!(advise_v1(Advice::CU_MEM_ADVISE_SET_PREFERRED_LOCATION, 0), OK);
+        assert_eq!(attr(ptr, len, Attr::CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION), Ok(0));
+        assert_eq!(advise_v1(Advice::CU_MEM_ADVISE_SET_ACCESSED_BY, CPU), OK);
+        let invalid_device = CUresult::CUDA_ERROR_INVALID_DEVICE;
+        assert_eq!(advise_v1(Advice::CU_MEM_ADVISE_SET_PREFERRED_LOCATION, 7), invalid_device);
+        assert_eq!(advise_v1(Advice::CU_MEM_ADVISE_SET_ACCESSED_BY, NONE), invalid_device);
+        // The device is ignored where the advice takes none.
+        assert_eq!(advise_v1(Advice::CU_MEM_ADVISE_SET_READ_MOSTLY, NONE), OK);
+        assert_eq!(attr(ptr, len, Attr::CU_MEM_RANGE_ATTRIBUTE_READ_MOSTLY), Ok(1));
+        assert_eq!(prefetch_v1(0), OK);
+        assert_eq!(attr(ptr, len, Attr::CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION), Ok(0));
+        assert_eq!(prefetch_v1(CPU), OK);
+        assert_eq!(attr(ptr, len, Attr::CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION), Ok(CPU));
+        assert_eq!(prefetch_v1(3), invalid_device);
+        // CUDA 12.2's typed attributes are unknown to this driver.
+        assert_eq!(attr(ptr, len, Attr::CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION_TYPE), Err(INVALID));
+        assert_eq!(attr(ptr, len, Attr::CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION_ID), Err(INVALID));
+        sync(s);
+        free(ptr);
+    });
+}

@@ -34,7 +34,8 @@
 //! `cuEventElapsedTime_v2` at 12080, `cuMemcpyBatchAsync_v2` and `cuMemGetMemPool` at 13000.
 //! Where `cuda-mem` can use an older variant on older drivers (the same job, an older
 //! signature), that variant is declared by hand with its own version in [`crate::older`]
-//! (`cuEventElapsedTime` at 2000) and the caller picks one by the driver's version.
+//! (`cuEventElapsedTime` at 2000, `cuMemAdvise` and `cuMemPrefetchAsync` at 8000) and the caller
+//! picks one by the driver's version.
 
 use std::ffi::{CStr, c_int, c_void};
 use std::path::{Path, PathBuf};
@@ -126,8 +127,9 @@ pub struct Driver {
     path: PathBuf,
     options: DriverOptions,
     get_proc_address: Option<GetProcAddress>,
-    /// The entry points of older variants ([`crate::older`]).
-    pub(crate) older_entries: crate::older::OlderEntries,
+    /// The entry points of older variants ([`crate::older`]), boxed like `entries`: a `Driver`
+    /// is passed by value (back out of `install_driver`, say) and stays small.
+    pub(crate) older_entries: Box<crate::older::OlderEntries>,
     version: OnceLock<Option<u32>>,
     pub(crate) entries: Box<Entries>,
     /// The entry points newer than `cuda.h` ([`crate::newer`]).
@@ -201,7 +203,7 @@ impl Driver {
             path,
             options,
             get_proc_address,
-            older_entries: crate::older::OlderEntries::default(),
+            older_entries: Box::default(),
             version: OnceLock::new(),
             entries: Box::new(Entries::new()),
             newer: crate::newer::NewerEntries::default(),

@@ -9,42 +9,90 @@
 use std::ffi::c_void;
 
 use crate::error::LoadError;
-use crate::loader::{Driver, SymbolInfo};
-use crate::types::{CUevent, CUresult};
+use crate::loader::{Driver, Slot, SymbolInfo};
+use crate::types::{CUdevice, CUdeviceptr, CUevent, CUmem_advise, CUresult, CUstream};
 
 /// `cuEventElapsedTime` as CUDA 2.0 defined it (`PFN_cuEventElapsedTime_v2000`): the signature
 /// of CUDA 12.8's `cuEventElapsedTime_v2`, for drivers before 12.8.
 const EVENT_ELAPSED_TIME_V1: SymbolInfo =
     SymbolInfo { symbol: c"cuEventElapsedTime", base: c"cuEventElapsedTime", version: Some(2000), per_thread: None };
 
+/// `cuMemAdvise` as CUDA 8.0 defined it (`PFN_cuMemAdvise_v8000`): a device ordinal, or
+/// `CU_DEVICE_CPU` (-1) for the host, where CUDA 12.2's `cuMemAdvise_v2` takes a `CUmemLocation`.
+const MEM_ADVISE_V1: SymbolInfo =
+    SymbolInfo { symbol: c"cuMemAdvise", base: c"cuMemAdvise", version: Some(8000), per_thread: None };
+
+/// `cuMemPrefetchAsync` as CUDA 8.0 defined it (`PFN_cuMemPrefetchAsync_v8000`, and
+/// `PFN_cuMemPrefetchAsync_v8000_ptsz`): a device ordinal or `CU_DEVICE_CPU`, and no flags.
+const MEM_PREFETCH_ASYNC_V1: SymbolInfo = SymbolInfo {
+    symbol: c"cuMemPrefetchAsync",
+    base: c"cuMemPrefetchAsync",
+    version: Some(8000),
+    per_thread: Some((c"cuMemPrefetchAsync_ptsz", 8000)),
+};
+
 /// Every variant declared here, in the form of [`SYMBOLS`](crate::SYMBOLS).
-pub static OLDER_SYMBOLS: &[SymbolInfo] = &[EVENT_ELAPSED_TIME_V1];
+pub static OLDER_SYMBOLS: &[SymbolInfo] = &[EVENT_ELAPSED_TIME_V1, MEM_ADVISE_V1, MEM_PREFETCH_ASYNC_V1];
 
 /// The signature of `cuEventElapsedTime` (both variants).
 pub type EventElapsedTime = unsafe extern "C" fn(ms: *mut f32, start: CUevent, end: CUevent) -> CUresult;
 
+/// The signature of CUDA 8.0's `cuMemAdvise`.
+pub type MemAdviseV1 =
+    unsafe extern "C" fn(dev_ptr: CUdeviceptr, count: usize, advice: CUmem_advise, device: CUdevice) -> CUresult;
+
+/// The signature of CUDA 8.0's `cuMemPrefetchAsync` (and its `_ptsz` twin).
+pub type MemPrefetchAsyncV1 =
+    unsafe extern "C" fn(dev_ptr: CUdeviceptr, count: usize, dst_device: CUdevice, stream: CUstream) -> CUresult;
+
+/// Declares the accessor of one older variant: its cache slot in [`OlderEntries`], its
+/// [`SymbolInfo`] and its signature.
+macro_rules! older_entry {
+    ($(#[$doc:meta])* $name:ident: $signature:ty = $spec:expr, $slot:ident) => {
+        $(#[$doc])*
+        ///
+        /// **Loader:** returns the entry point, resolved on first use, valid while this `Driver`
+        /// lives.
+        ///
+        /// # Errors
+        /// A [`LoadError`] naming the symbol when the driver lacks it.
+        #[inline]
+        pub fn $name(&self) -> Result<$signature, LoadError> {
+            static SPEC: SymbolInfo = $spec;
+            let address = self.resolve(&self.older_entries.$slot, &SPEC)?;
+            // SAFETY: `address` is the driver's entry point for the symbol at the ABI version
+            // `SPEC` names, whose C signature (`cudaTypedefs.h`'s `PFN_…` of that version) is
+            // the one transmuted to.
+            Ok(unsafe { std::mem::transmute::<*const c_void, $signature>(address) })
+        }
+    };
+}
+
 #[allow(non_snake_case)]
 impl Driver {
-    /// `cuEventElapsedTime(ms, start, end)` as CUDA 2.0 defined it, for drivers older than 12.8
-    /// (whose `cuEventElapsedTime_v2` takes the same arguments).
-    ///
-    /// **Loader:** returns the entry point, resolved on first use, valid while this `Driver`
-    /// lives.
-    ///
-    /// # Errors
-    /// A [`LoadError`] naming the symbol when the driver lacks it.
-    #[inline]
-    pub fn cuEventElapsedTime_v1(&self) -> Result<EventElapsedTime, LoadError> {
-        static SPEC: SymbolInfo = EVENT_ELAPSED_TIME_V1;
-        let address = self.resolve(&self.older_entries.event_elapsed_time, &SPEC)?;
-        // SAFETY: `address` is the driver's entry point for `cuEventElapsedTime` at ABI version
-        // 2000, whose C signature is `EventElapsedTime`.
-        Ok(unsafe { std::mem::transmute::<*const c_void, EventElapsedTime>(address) })
+    older_entry! {
+        /// `cuEventElapsedTime(ms, start, end)` as CUDA 2.0 defined it, for drivers older than
+        /// 12.8 (whose `cuEventElapsedTime_v2` takes the same arguments).
+        cuEventElapsedTime_v1: EventElapsedTime = EVENT_ELAPSED_TIME_V1, event_elapsed_time
+    }
+
+    older_entry! {
+        /// `cuMemAdvise(devPtr, count, advice, device)` as CUDA 8.0 defined it, for drivers older
+        /// than 12.2: `device` is a device ordinal or `CU_DEVICE_CPU` (-1) for the host.
+        cuMemAdvise_v1: MemAdviseV1 = MEM_ADVISE_V1, mem_advise
+    }
+
+    older_entry! {
+        /// `cuMemPrefetchAsync(devPtr, count, dstDevice, hStream)` as CUDA 8.0 defined it, for
+        /// drivers older than 12.2: `dstDevice` is a device ordinal or `CU_DEVICE_CPU` (-1).
+        cuMemPrefetchAsync_v1: MemPrefetchAsyncV1 = MEM_PREFETCH_ASYNC_V1, mem_prefetch_async
     }
 }
 
 /// One cache slot per variant declared here.
 #[derive(Default)]
 pub(crate) struct OlderEntries {
-    event_elapsed_time: crate::loader::Slot,
+    event_elapsed_time: Slot,
+    mem_advise: Slot,
+    mem_prefetch_async: Slot,
 }

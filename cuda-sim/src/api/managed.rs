@@ -34,6 +34,13 @@ pub(crate) const DISCARDED: u8 = 0xDB;
 const DEVICE_CPU: i32 = -1;
 /// `CU_DEVICE_INVALID`.
 const DEVICE_INVALID: i32 = -2;
+/// The CUDA version whose `CUmem_range_attribute` gained the typed location attributes
+/// (`CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION_TYPE` and the three after it), with
+/// `cuMemAdvise_v2`.
+const TYPED_LOCATION_ATTRIBUTES: i32 = 12020;
+/// The last attribute of CUDA 8.0's `CUmem_range_attribute`
+/// (`CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION`).
+const LAST_LEGACY_ATTRIBUTE: u32 = CUmem_range_attribute::CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION.0;
 /// `CU_STREAM_LEGACY`.
 const STREAM_LEGACY: usize = 0x1;
 
@@ -134,6 +141,23 @@ pub(crate) fn advise(address: CUdeviceptr, count: usize, advice: CUmem_advise, l
     Ok(())
 }
 
+/// The location CUDA 8.0's `cuMemAdvise` and `cuMemPrefetchAsync` mean by a device argument:
+/// `CU_DEVICE_CPU` is the host, anything else a device ordinal (checked where it is read, so an
+/// invalid one is `CUDA_ERROR_INVALID_DEVICE`, and ignored where the advice ignores it).
+fn legacy_location(device: i32) -> CUmemLocation {
+    if device == DEVICE_CPU {
+        CUmemLocation { type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST, id: 0 }
+    } else {
+        CUmemLocation { type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: device }
+    }
+}
+
+/// `cuMemAdvise` of CUDA 8.0 (`PFN_cuMemAdvise_v8000`): `cuMemAdvise_v2` with a device ordinal
+/// or `CU_DEVICE_CPU` for the location.
+pub(crate) fn advise_v1(address: CUdeviceptr, count: usize, advice: CUmem_advise, device: i32) -> SimResult {
+    advise(address, count, advice, legacy_location(device))
+}
+
 /// One range of a prefetch or discard, checked.
 struct Operation {
     /// The managed allocation's base.
@@ -196,6 +220,18 @@ pub(crate) fn prefetch(
     let (base, pages) = managed_pages(&state, address, count)?;
     let place = place(&state, location)?;
     enqueue(&mut state, vec![Operation { base, pages, place: Some(place) }], false, stream, mode)
+}
+
+/// `cuMemPrefetchAsync` of CUDA 8.0 (`PFN_cuMemPrefetchAsync_v8000`): `cuMemPrefetchAsync_v2`
+/// to a device ordinal or `CU_DEVICE_CPU`, without flags.
+pub(crate) fn prefetch_v1(
+    address: CUdeviceptr,
+    count: usize,
+    device: i32,
+    stream: CUstream,
+    mode: DefaultStream,
+) -> SimResult {
+    prefetch(address, count, legacy_location(device), 0, stream, mode)
 }
 
 /// Every batched discard or prefetch: `cuMemPrefetchBatchAsync` (`discard` false),
@@ -341,6 +377,9 @@ fn query(
     attributes: &[(CUmem_range_attribute, usize)],
 ) -> SimResult<Vec<Vec<u8>>> {
     ctx::current(state)?;
+    // The typed location attributes came with CUDA 12.2; an older driver does not know them.
+    let typed_known = super::init::reported_version()? >= TYPED_LOCATION_ATTRIBUTES;
+    ensure(typed_known || attributes.iter().all(|(attribute, _)| attribute.0 <= LAST_LEGACY_ATTRIBUTE))?;
     let (base, pages) = managed_pages(state, address, count)?;
     let allocation = state.memory.find(base).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
     let runs = allocation.pages.covering(pages);
