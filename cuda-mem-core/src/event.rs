@@ -300,10 +300,12 @@ impl Event {
         Ok(())
     }
 
-    /// Whether the latest recording through [`Event::record`] may have been in a capture (its
-    /// stream was capturing, or its capture state unknown).
+    /// Whether the latest recording may have been in a capture: through [`Event::record`], in a
+    /// stream that was capturing or whose capture state was unknown; and always for an event
+    /// opened from another process, whose recordings (there, or here through its raw handle)
+    /// this crate does not see.
     pub(crate) fn maybe_recorded_in_capture(&self) -> bool {
-        self.in_capture.load(Ordering::Relaxed)
+        self.is_imported() || self.in_capture.load(Ordering::Relaxed)
     }
 
     /// Waits for the latest recording to complete.
@@ -434,5 +436,23 @@ mod tests {
         stream.wait(&shared).unwrap();
         shared.synchronize().unwrap();
         assert!(shared.is_complete().unwrap());
+    }
+
+    #[test]
+    fn waiting_for_an_opened_event_makes_the_waiters_capture_unknown() {
+        let device = device();
+        let recorder = Stream::new(device, StreamOptions::default().non_blocking()).unwrap();
+        let waiter = Stream::new(device, StreamOptions::default().non_blocking()).unwrap();
+        let created = Event::new(device, EventOptions::default().interprocess()).unwrap();
+        created.record(&recorder).unwrap();
+        waiter.wait(&created).unwrap();
+        assert_eq!(waiter.capture_state(), crate::CaptureState::NotCapturing, "recorded outside captures");
+        // As `from_ipc_handle` opens one (the simulator opens only other processes' handles):
+        // its recordings, in the exporter or here through its raw handle, are not seen here.
+        let mut opened = Event::new(device, EventOptions::default().interprocess()).unwrap();
+        opened.origin = Origin::Imported;
+        opened.record(&recorder).unwrap();
+        waiter.wait(&opened).unwrap();
+        assert_eq!(waiter.capture_state(), crate::CaptureState::Unknown, "its origin cannot be vouched for");
     }
 }

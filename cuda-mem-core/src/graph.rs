@@ -60,8 +60,10 @@ pub enum CaptureState {
     /// A capture begun through [`Stream::begin_capture`] is under way (it may have been
     /// invalidated since: the driver still counts it as capturing until it ends).
     Capturing(CaptureMode),
-    /// Cannot be known here: a stream from a raw handle (whose capture other code may begin),
-    /// or one that joined another stream's capture by waiting for an event recorded in it.
+    /// Cannot be known here: a stream from a raw handle or whose handle was shared
+    /// ([`Stream::shared_handle`]; other code may begin its capture), or one that may have
+    /// joined another stream's capture by waiting for an event recorded in it (until the
+    /// driver next says it does not capture). Allocations on it ask the driver.
     Unknown,
 }
 

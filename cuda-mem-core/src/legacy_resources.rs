@@ -116,7 +116,8 @@ unsafe impl MemoryResource for SynchronousMemoryResource {
 /// [`Error::CapturingStream`] when `stream` captures: a free that waits for it would invalidate
 /// the capture.
 fn refuse_capture(stream: &Stream) -> Result<()> {
-    if stream.is_capturing()? { Err(Error::CapturingStream) } else { Ok(()) }
+    stream.bind_if_default()?;
+    if stream.refuses_allocation()? { Err(Error::CapturingStream) } else { Ok(()) }
 }
 
 /// A synchronous free (`cuMemFreeHost` or `cuMemFree`) of memory a legacy resource allocated.
@@ -137,8 +138,10 @@ impl SynchronousFree {
     /// # Safety
     /// As [`MemoryResource::deallocate_raw`].
     unsafe fn after(self, stream: &Stream) -> Result<()> {
-        // A status that cannot be read is taken as "not capturing": waiting for a capturing
-        // stream (or its device) fails, so memory a capture may use is never freed that way.
+        // The driver is asked even where the stream's capture is known: the free waits for the
+        // stream anyway, and a wrong answer would invalidate a capture. A status that cannot be
+        // read is taken as "not capturing": waiting for a capturing stream (or its device)
+        // fails, so memory a capture may use is never freed that way.
         if stream.is_capturing().unwrap_or(false) {
             // Freed when the graphs are gone, after their work (the drop below), or refused.
             return stream.keep_alive_in_capture(PendingFree(Some(self))).map_err(|mut refused| {

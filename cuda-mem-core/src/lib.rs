@@ -43,7 +43,9 @@
 //! - Graphs: [`Stream::begin_capture`] records a stream's work into a [`Graph`] ([`Capture`],
 //!   [`CaptureMode`]), instantiated into a [`GraphExec`] that launches on any stream; the
 //!   stream's [`capture_state`](Stream::capture_state) is known without asking the driver for
-//!   the streams this crate created. [`GraphMemoryResource`] (one per device) allocates inside
+//!   the streams this crate created, so that their allocations make no capture query (give
+//!   code that may capture a stream through FFI its [`shared_handle`](Stream::shared_handle),
+//!   see [`Stream::handle`]). [`GraphMemoryResource`] (one per device) allocates inside
 //!   captures, memory the graph allocates and frees as it runs ([`GraphMemoryAttributes`],
 //!   [`HighWaterMark`], `trim`). Every other resource refuses a capturing stream
 //!   ([`Error::CapturingStream`]); see [below](#graphs-and-graph-memory).

@@ -1,6 +1,7 @@
 //! Streams: created ones (destroyed when the last handle goes) and the default streams.
 
 use std::borrow::Cow;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use cuda_mem_sys::cu_call;
@@ -60,26 +61,120 @@ struct Inner {
     /// For a borrowed stream: what keeps it alive while this value lives (another library's
     /// handle to it, such as a cudarc `Arc<CudaStream>`), dropped with the last clone.
     _owner: Option<StreamOwner>,
-    /// What this crate knows of the stream's capture, and the resources of a capture begun
-    /// through [`Stream::begin_capture`].
-    capture: Mutex<CaptureSlot>,
+    /// What this crate knows of the stream's capture ([`CaptureWord`]): read without a lock by
+    /// every pool allocation.
+    capture: CaptureWord,
+    /// While a capture begun through [`Stream::begin_capture`] is under way: what its graph
+    /// keeps alive.
+    capture_resources: Mutex<Option<Arc<GraphResources>>>,
+    /// Whether the handle went to code that may capture the stream through an API of its own
+    /// ([`Stream::shared_handle`]): its capture is then never known without the driver.
+    handle_shared: AtomicBool,
 }
 
-/// A stream's capture as this crate knows it.
+impl Inner {
+    fn new(
+        handle: CUstream,
+        device: Device,
+        ownership: Ownership,
+        thread: Option<std::thread::ThreadId>,
+        owner: Option<StreamOwner>,
+    ) -> Inner {
+        let mut inner = Inner {
+            handle,
+            device,
+            ownership,
+            thread,
+            _owner: owner,
+            capture: CaptureWord::new(CaptureState::Unknown),
+            capture_resources: Mutex::new(None),
+            handle_shared: AtomicBool::new(false),
+        };
+        inner.capture = CaptureWord::new(inner.resting_state());
+        inner
+    }
+
+    /// Whether this crate can know the stream's capture when none of its own is under way: for
+    /// a stream it created whose handle it never shared (nothing else can begin a capture on it
+    /// without `unsafe` FFI, see [`Stream::handle`]) and for the legacy default stream (which
+    /// cannot capture); not for the others.
+    fn capture_knowable(&self) -> bool {
+        (self.ownership == Ownership::Owned && !self.handle_shared.load(Ordering::Acquire)) || self.handle == LEGACY
+    }
+
+    /// The state when no capture of this crate's is under way.
+    fn resting_state(&self) -> CaptureState {
+        if self.capture_knowable() { CaptureState::NotCapturing } else { CaptureState::Unknown }
+    }
+}
+
+/// A [`CaptureState`] in one atomic word, with a generation that every change bumps: a driver
+/// answer asked for while the state was unknown is written back only if nothing changed
+/// meanwhile (a concurrent wait that joined a capture, say).
 #[derive(Debug)]
-struct CaptureSlot {
-    state: CaptureState,
-    /// While a capture begun through this crate is under way: what its graph keeps alive.
-    resources: Option<Arc<GraphResources>>,
-}
+struct CaptureWord(AtomicU64);
 
-impl CaptureSlot {
-    /// The state of a stream no capture of this crate's is under way on: known not to capture
-    /// for a stream this crate created (nothing else can begin one on it without `unsafe`) and
-    /// for the legacy default stream (which cannot capture); unknown for the others.
-    fn resting(ownership: Ownership, handle: CUstream) -> CaptureSlot {
-        let known = ownership == Ownership::Owned || handle == LEGACY;
-        CaptureSlot { state: if known { CaptureState::NotCapturing } else { CaptureState::Unknown }, resources: None }
+/// The low bits of a [`CaptureWord`]: the state.
+const STATE_BITS: u32 = 3;
+const STATE_MASK: u64 = (1 << STATE_BITS) - 1;
+const NOT_CAPTURING: u64 = 0;
+const UNKNOWN: u64 = 1;
+const CAPTURING_GLOBAL: u64 = 2;
+const CAPTURING_THREAD_LOCAL: u64 = 3;
+const CAPTURING_RELAXED: u64 = 4;
+
+impl CaptureWord {
+    fn new(state: CaptureState) -> CaptureWord {
+        CaptureWord(AtomicU64::new(CaptureWord::encode(state)))
+    }
+
+    fn encode(state: CaptureState) -> u64 {
+        match state {
+            CaptureState::NotCapturing => NOT_CAPTURING,
+            CaptureState::Unknown => UNKNOWN,
+            CaptureState::Capturing(CaptureMode::Global) => CAPTURING_GLOBAL,
+            CaptureState::Capturing(CaptureMode::ThreadLocal) => CAPTURING_THREAD_LOCAL,
+            CaptureState::Capturing(CaptureMode::Relaxed) => CAPTURING_RELAXED,
+        }
+    }
+
+    fn decode(word: u64) -> CaptureState {
+        match word & STATE_MASK {
+            NOT_CAPTURING => CaptureState::NotCapturing,
+            CAPTURING_GLOBAL => CaptureState::Capturing(CaptureMode::Global),
+            CAPTURING_THREAD_LOCAL => CaptureState::Capturing(CaptureMode::ThreadLocal),
+            CAPTURING_RELAXED => CaptureState::Capturing(CaptureMode::Relaxed),
+            _ => CaptureState::Unknown,
+        }
+    }
+
+    /// The word with `state` in place of its state, one generation on.
+    fn next(word: u64, state: CaptureState) -> u64 {
+        ((word >> STATE_BITS).wrapping_add(1) << STATE_BITS) | CaptureWord::encode(state)
+    }
+
+    fn load(&self) -> u64 {
+        self.0.load(Ordering::Acquire)
+    }
+
+    fn set(&self, state: CaptureState) {
+        let _ = self.0.fetch_update(Ordering::AcqRel, Ordering::Acquire, |word| Some(CaptureWord::next(word, state)));
+    }
+
+    /// Makes the state unknown, unless a capture of this crate's is under way (whose end sets
+    /// it anew).
+    fn forget(&self) {
+        let _ = self.0.fetch_update(Ordering::AcqRel, Ordering::Acquire, |word| {
+            (!matches!(CaptureWord::decode(word), CaptureState::Capturing(_)))
+                .then(|| CaptureWord::next(word, CaptureState::Unknown))
+        });
+    }
+
+    /// Records the driver's "not capturing", asked for when the word was `seen` (unknown), if it
+    /// has not changed since.
+    fn confirm_not_capturing(&self, seen: u64) {
+        let confirmed = CaptureWord::next(seen, CaptureState::NotCapturing);
+        let _ = self.0.compare_exchange(seen, confirmed, Ordering::AcqRel, Ordering::Relaxed);
     }
 }
 
@@ -172,10 +267,7 @@ impl Stream {
         let mut handle: CUstream = std::ptr::null_mut();
         // SAFETY: `handle` is a valid out-pointer; the device's context is current.
         unsafe { cu_call!(d, cuStreamCreateWithPriority(&mut handle, flags, options.priority.unwrap_or(0))) }?;
-        let capture = Mutex::new(CaptureSlot::resting(Ownership::Owned, handle));
-        Ok(Stream {
-            inner: Arc::new(Inner { handle, device, ownership: Ownership::Owned, thread: None, _owner: None, capture }),
-        })
+        Ok(Stream { inner: Arc::new(Inner::new(handle, device, Ownership::Owned, None, None)) })
     }
 
     /// The legacy default stream of `device` (`CU_STREAM_LEGACY`).
@@ -211,15 +303,36 @@ impl Stream {
     /// A borrowed stream that holds `owner`, which keeps it alive, until the last clone goes.
     pub(crate) fn borrowed_from(handle: CUstream, device: Device, owner: Option<StreamOwner>) -> Stream {
         let thread = (handle == PER_THREAD || handle.is_null()).then(|| std::thread::current().id());
-        let capture = Mutex::new(CaptureSlot::resting(Ownership::Borrowed, handle));
-        Stream {
-            inner: Arc::new(Inner { handle, device, ownership: Ownership::Borrowed, thread, _owner: owner, capture }),
-        }
+        Stream { inner: Arc::new(Inner::new(handle, device, Ownership::Borrowed, thread, owner)) }
     }
 
     /// The raw handle.
+    ///
+    /// # Capture
+    /// This crate follows the capture of a stream it created without asking the driver (see
+    /// [`capture_state`](Stream::capture_state)): pool allocations on it ask the driver only
+    /// when the state is unknown. Code that takes this handle must not begin a capture on the
+    /// stream with it (`cuStreamBeginCapture` through FFI), nor make the stream wait with it for
+    /// an event recorded in a capture (`cuStreamWaitEvent`, which joins that capture): the state
+    /// would then say [`NotCapturing`](CaptureState::NotCapturing) while the stream captures,
+    /// and a pool would allocate outside the graph, memory that is not there once the capture
+    /// ends. Hand such code [`shared_handle`](Stream::shared_handle) instead, or begin the
+    /// capture with [`begin_capture`](Stream::begin_capture) and make the stream wait with
+    /// [`wait`](Stream::wait).
     #[inline]
     pub fn handle(&self) -> CUstream {
+        self.inner.handle
+    }
+
+    /// The raw handle, for code that may begin a capture on the stream or make it wait for
+    /// events this crate did not record (another library, FFI): from this call on, this crate
+    /// no longer claims to know the stream's capture ([`CaptureState::Unknown`] outside its own
+    /// captures), and every pool allocation on the stream asks the driver
+    /// (`cuStreamIsCapturing`), as for a stream wrapped from a raw handle.
+    /// [`Stream::to_cudarc`] shares the handle this way.
+    pub fn shared_handle(&self) -> CUstream {
+        self.inner.handle_shared.store(true, Ordering::Release);
+        self.inner.capture.forget();
         self.inner.handle
     }
 
@@ -323,11 +436,9 @@ impl Stream {
         unsafe { cu_call!(d, cuStreamWaitEvent(self.handle(), event.handle(), 0)) }?;
         if event.maybe_recorded_in_capture() {
             // Waiting for work of a capture joins it: this stream now captures into that graph
-            // (until its capture ends), which this crate cannot follow.
-            let mut slot = self.capture_slot();
-            if slot.state == CaptureState::NotCapturing {
-                slot.state = CaptureState::Unknown;
-            }
+            // (until its capture ends), which this crate cannot follow. Forgotten after the
+            // wait, so that a driver answer asked for before it is never written back.
+            self.inner.capture.forget();
         }
         Ok(())
     }
@@ -366,36 +477,70 @@ impl Stream {
         Ok(status != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
     }
 
+    /// Whether a resource may not allocate on the stream because it captures (a pool would
+    /// allocate outside the graph; see [`Error::CapturingStream`](crate::Error::CapturingStream)), asking the driver
+    /// (`cuStreamIsCapturing`) only where this crate does not know
+    /// ([`capture_state`](Stream::capture_state)): a capture of this crate's is refused at once,
+    /// a stream known not to capture allocates at once. The legacy default stream, which cannot
+    /// capture, is asked all the same: the driver refuses using it while a blocking stream
+    /// captures (`CUDA_ERROR_STREAM_CAPTURE_IMPLICIT`), and the query is refused without harm
+    /// where the allocation would invalidate that capture. The caller has bound what the handle
+    /// needs ([`bind_if_default`](Stream::bind_if_default)).
+    #[inline]
+    pub(crate) fn refuses_allocation(&self) -> Result<bool> {
+        let seen = self.inner.capture.load();
+        match CaptureWord::decode(seen) {
+            CaptureState::NotCapturing if self.inner.handle != LEGACY => Ok(false),
+            CaptureState::Capturing(_) => Ok(true),
+            CaptureState::NotCapturing | CaptureState::Unknown => {
+                let capturing = self.is_capturing_bound()?;
+                if !capturing && self.inner.capture_knowable() {
+                    // Known again until the next wait that may join a capture: nothing else
+                    // begins one on this stream (see `handle`).
+                    self.inner.capture.confirm_not_capturing(seen);
+                }
+                Ok(capturing)
+            }
+        }
+    }
+
     /// What this crate knows of the stream's capture, without asking the driver:
     /// [`CaptureState::Capturing`] between [`begin_capture`](Stream::begin_capture) and the end
     /// of the [`Capture`](crate::Capture) it returned, [`CaptureState::NotCapturing`] for a
     /// stream this crate created otherwise (and for the legacy default stream, which cannot
     /// capture), [`CaptureState::Unknown`] where it cannot be known: a stream wrapped from a raw
-    /// handle ([`Stream::from_raw`], cudarc's, the per-thread default stream), whose capture may
-    /// be begun by other code, and a stream of this crate's that waited for an event recorded in
-    /// a capture (or in a stream whose capture is unknown), which joins that capture. The state
-    /// is shared by the stream's clones.
+    /// handle ([`Stream::from_raw`], cudarc's, the per-thread default stream) or whose handle
+    /// was shared ([`Stream::shared_handle`], [`Stream::to_cudarc`]), whose capture other code
+    /// may begin; a stream of this crate's that waited for an event that may have been recorded
+    /// in a capture (recorded in a capturing stream or in one whose capture is unknown, or
+    /// opened from another process, whose recordings this crate does not see), which joins
+    /// that capture, until the driver next says it does not capture (pool allocations ask it);
+    /// and a stream whose capture of this crate's ended with an error other than its
+    /// invalidation. The state is shared by the stream's clones.
+    ///
+    /// It is stale only where code outside this crate captures a stream it created through its
+    /// raw [`handle`](Stream::handle) (see there): that is outside the safe API.
     pub fn capture_state(&self) -> CaptureState {
-        self.capture_slot().state
+        CaptureWord::decode(self.inner.capture.load())
     }
 
-    fn capture_slot(&self) -> MutexGuard<'_, CaptureSlot> {
-        self.inner.capture.lock().unwrap_or_else(PoisonError::into_inner)
+    fn capture_resources(&self) -> MutexGuard<'_, Option<Arc<GraphResources>>> {
+        self.inner.capture_resources.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Notes a capture begun through this crate, and what its graph will keep alive.
     pub(crate) fn capture_began(&self, mode: CaptureMode, resources: Arc<GraphResources>) {
-        *self.capture_slot() = CaptureSlot { state: CaptureState::Capturing(mode), resources: Some(resources) };
+        let mut held = self.capture_resources();
+        *held = Some(resources);
+        self.inner.capture.set(CaptureState::Capturing(mode));
     }
 
     /// Notes that the capture begun through this crate ended (`known`: the driver confirmed it;
     /// otherwise the state is unknown).
     pub(crate) fn capture_ended(&self, known: bool) {
-        let mut slot = self.capture_slot();
-        *slot = CaptureSlot::resting(self.inner.ownership, self.inner.handle);
-        if !known {
-            slot.state = CaptureState::Unknown;
-        }
+        let mut held = self.capture_resources();
+        *held = None;
+        self.inner.capture.set(if known { self.inner.resting_state() } else { CaptureState::Unknown });
     }
 
     /// Hands `item` to the capture under way on this stream, when it was begun through this
@@ -411,7 +556,7 @@ impl Stream {
     /// capturing, or captured by other code, or joined to another stream's capture: see
     /// [`capture_state`](Stream::capture_state)).
     pub fn keep_alive_in_capture<T: std::any::Any + Send + Sync>(&self, item: T) -> std::result::Result<(), T> {
-        match &self.capture_slot().resources {
+        match &*self.capture_resources() {
             Some(resources) => {
                 resources.keep(Box::new(item));
                 Ok(())

@@ -184,8 +184,10 @@ fn refusals_come_before_any_driver_call() {
     // A capturing stream; the capture is left as it was.
     let d = cuda_sim::testing::driver().unwrap();
     // SAFETY: a live stream of the current context.
-    unsafe { cu_call!(d, cuStreamBeginCapture_v2(s.handle(), CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)) }
-        .unwrap();
+    unsafe {
+        cu_call!(d, cuStreamBeginCapture_v2(s.shared_handle(), CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED))
+    }
+    .unwrap();
     let r = copy_batch(&s, [BatchCopy::new(&src, &mut dst).unwrap()], CopyOptions::default());
     assert!(matches!(r, Err(Error::Copy(CopyError::Capturing { operation: "copy_batch" }))), "{r:?}");
     let r = dst.copy_from_with(&src, &s, CopyOptions::default());

@@ -97,7 +97,7 @@ fn legacy_buffers_freed_into_a_capture_of_other_code_are_kept() {
         let buffer = SynchronousMemoryResource::new(device).allocate(4096, &stream).unwrap();
         let relaxed = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
         // SAFETY: a live stream handle and a valid capture mode.
-        unsafe { cu_call!(d, cuStreamBeginCapture_v2(stream.handle(), relaxed)) }.unwrap();
+        unsafe { cu_call!(d, cuStreamBeginCapture_v2(stream.shared_handle(), relaxed)) }.unwrap();
         drop(buffer);
         let errors = take_drop_errors();
         assert_eq!(errors.len(), 1, "{errors:?}");

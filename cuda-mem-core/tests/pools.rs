@@ -108,8 +108,10 @@ fn a_capturing_stream_is_refused() {
     // calls such as `cuMemPoolCreate` that other tests of this binary make on other threads
     // meanwhile (seen on an H100).
     let relaxed = cuda_mem_sys::types::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+    // Captured through FFI: the handle for that is the shared one (see `Stream::handle`).
+    let handle = stream.shared_handle();
     // SAFETY: a live stream handle and a valid capture mode.
-    unsafe { cuda_mem_sys::cu_call!(d, cuStreamBeginCapture_v2(stream.handle(), relaxed)) }.unwrap();
+    unsafe { cuda_mem_sys::cu_call!(d, cuStreamBeginCapture_v2(handle, relaxed)) }.unwrap();
     assert!(stream.is_capturing().unwrap());
     let err = dmr.allocate(64, &stream).unwrap_err();
     assert!(matches!(err, Error::CapturingStream), "{err}");

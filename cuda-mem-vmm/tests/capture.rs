@@ -23,8 +23,9 @@ use cuda_sim::testing::LiveObjects;
 fn begin_capture(stream: &Stream) {
     let d = cuda_sim::testing::driver().expect("the test driver loads");
     let relaxed = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
-    // SAFETY: a live stream handle and a valid capture mode.
-    unsafe { cu_call!(d, cuStreamBeginCapture_v2(stream.handle(), relaxed)) }.expect("the capture begins");
+    // SAFETY: a live stream handle (shared: captured through FFI, see `Stream::handle`) and a valid
+    // capture mode.
+    unsafe { cu_call!(d, cuStreamBeginCapture_v2(stream.shared_handle(), relaxed)) }.expect("the capture begins");
 }
 
 /// The capture status of `stream`, as the driver reports it.

@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use cuda_mem_core::{Buffer, Device, DeviceMemoryResource, FillPattern, Stream, StreamOptions};
+use cuda_mem_core::{Buffer, CaptureState, Device, DeviceMemoryResource, FillPattern, Stream, StreamOptions};
 use cuda_sim::testing::{self, Gate, with_simulator_as_libcuda};
 use cudarc::driver::{CudaContext, CudaStream, LaunchConfig, PushKernelArg};
 
@@ -187,6 +187,37 @@ fn streams_cross_both_ways_and_stay_with_their_owner() {
         let mut buffer = pool.allocate(16, &ours).unwrap();
         buffer.fill(FillPattern::U8(9), &ours).unwrap();
         assert_eq!(buffer.to_vec::<u8>(&ours).unwrap(), [9; 16]);
+        context.check_err().unwrap();
+    });
+}
+
+#[test]
+fn a_stream_cudarc_captures_is_refused_by_our_pools() {
+    with_simulator_as_libcuda("a_stream_cudarc_captures_is_refused_by_our_pools", || {
+        let (_, context) = driver_and_context();
+        let relaxed = cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+        let assert_refused = |result: cuda_mem_core::Result<Buffer>, what: &str| {
+            let error = result.expect_err(what);
+            assert!(matches!(error, cuda_mem_core::Error::CapturingStream), "{what}: {error}");
+        };
+        // Ours, handed to cudarc, captured through cudarc's safe API.
+        let ours = Stream::new(Device::new(0).unwrap(), StreamOptions::default()).unwrap();
+        let pool = DeviceMemoryResource::new(ours.device(), Default::default()).unwrap();
+        drop(pool.allocate(16, &ours).unwrap());
+        // SAFETY: `ours` outlives `wrapped`.
+        let wrapped = unsafe { ours.to_cudarc(&context) }.unwrap();
+        assert_eq!(ours.capture_state(), CaptureState::Unknown, "cudarc may capture it");
+        wrapped.begin_capture(relaxed).unwrap();
+        assert_refused(pool.allocate(16, &ours), "ours, captured by cudarc");
+        assert!(wrapped.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0)).is_ok());
+        drop(pool.allocate(16, &ours).unwrap());
+        // Cudarc's, captured by cudarc.
+        let theirs = context.new_stream().unwrap();
+        let borrowed = Stream::from_cudarc(&theirs).unwrap();
+        theirs.begin_capture(relaxed).unwrap();
+        assert_refused(pool.allocate(16, &borrowed), "cudarc's, captured by cudarc");
+        assert!(theirs.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0)).is_ok());
+        drop(pool.allocate(16, &borrowed).unwrap());
         context.check_err().unwrap();
     });
 }

@@ -107,7 +107,9 @@ impl Stream {
         // SAFETY: the handle is a stream of this device's primary context, which `context` is;
         // the caller keeps it alive while cudarc uses it; work through either wrapper goes to the
         // same stream, so stream order orders it.
-        Ok(unsafe { context.wrap_borrowed_stream(self.handle().cast()) })
+        // cudarc may begin a capture on it, or make it wait for its events, through its safe
+        // API: the handle is shared, and the stream's capture is asked of the driver from now on.
+        Ok(unsafe { context.wrap_borrowed_stream(self.shared_handle().cast()) })
     }
 }
 

@@ -189,7 +189,7 @@ impl MemoryPool {
         }
         let d = driver()?;
         stream.bind_if_default()?;
-        if stream.is_capturing_bound()? {
+        if stream.refuses_allocation()? {
             return Err(Error::CapturingStream);
         }
         let mut ptr: DevicePtr = 0;
