@@ -204,9 +204,15 @@ const PUBLISHED: &[&str] = &["cuda-mem-sys", "cuda-sim", "cuda-mem-core", "cuda-
 fn publish_dry_run(workspace: &Path) -> Result<Outcome, String> {
     let packages: Vec<&str> = PUBLISHED.iter().flat_map(|name| ["-p", name]).collect();
     forget_unpacked_packages()?;
+    // The packages are built from a temporary registry, whose crates cargo takes to be immutable:
+    // it reuses what it built of one of that name and version before without looking at its
+    // sources. So the verify builds get a target folder of their own, from which our crates'
+    // builds are forgotten each time (the third-party crates stay built).
+    let target = workspace.join("target/publish-check");
+    forget_built_packages(&target)?;
     // `--allow-dirty`: this checks what the packages hold, not whether the tree is committed.
     let mut command = cargo(workspace);
-    command.args(["publish", "--dry-run", "--allow-dirty"]).args(&packages);
+    command.args(["publish", "--dry-run", "--allow-dirty"]).args(&packages).env("CARGO_TARGET_DIR", &target);
     let output = command.stderr(Stdio::piped()).spawn().and_then(|child| child.wait_with_output());
     let output = output.map_err(|e| format!("cannot run `{}`: {e}", describe(&command)))?;
     let stderr = String::from_utf8_lossy(&output.stderr);
@@ -218,8 +224,33 @@ fn publish_dry_run(workspace: &Path) -> Result<Outcome, String> {
         return Err(format!("`{}` failed ({})", describe(&command), output.status));
     }
     println!("crates.io cannot be reached: packaging offline instead");
-    run_command(cargo(workspace).args(["package", "--offline", "--allow-dirty"]).args(&packages))?;
+    run_command(
+        cargo(workspace)
+            .args(["package", "--offline", "--allow-dirty"])
+            .args(&packages)
+            .env("CARGO_TARGET_DIR", &target),
+    )?;
     Ok(Outcome::PassedWith(format!("{} crates, packaged offline (crates.io not reachable)", PUBLISHED.len())))
+}
+
+/// Forgets what an earlier dry run built of our packages in `target` (its `.fingerprint`
+/// entries, named after the package), so that they are built again from the new packages.
+fn forget_built_packages(target: &Path) -> Result<(), String> {
+    let fingerprints = target.join("debug/.fingerprint");
+    let Ok(entries) = std::fs::read_dir(&fingerprints) else { return Ok(()) };
+    for entry in entries.filter_map(Result::ok) {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let ours = PUBLISHED.iter().any(|crate_name| {
+            name.strip_prefix(crate_name)
+                .and_then(|rest| rest.strip_prefix('-'))
+                .is_some_and(|hash| hash.chars().all(|c| c.is_ascii_hexdigit()))
+        });
+        if ours {
+            std::fs::remove_dir_all(entry.path())
+                .map_err(|e| format!("removing the stale {}: {e}", entry.path().display()))?;
+        }
+    }
+    Ok(())
 }
 
 /// Removes the copies of our packages that an earlier dry run unpacked from its temporary local
