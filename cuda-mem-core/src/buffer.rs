@@ -3,7 +3,7 @@
 
 use std::any::Any;
 use std::borrow::Cow;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use cuda_mem_sys::cu_call;
 
@@ -122,6 +122,10 @@ pub struct ScopedBuffer<'a> {
     stream: Option<StreamRef<'a>>,
     /// Other streams that have used the buffer since the last host access.
     used_on: Mutex<Vec<Stream>>,
+    /// The driver's export data for the allocation, made on the first export and valid while
+    /// the buffer lives (see [`crate::MemoryPool::export_buffer`]). Boxed: most buffers are never
+    /// exported, and this keeps them 16 bytes larger, not 72.
+    export: OnceLock<Box<crate::pool::CachedExport>>,
 }
 
 /// The recorded stream: borrowed (scoped allocation) or a share of it.
@@ -160,10 +164,16 @@ impl<'a> ScopedBuffer<'a> {
         Ok(ScopedBuffer::new(ptr, size, Owner::Borrowed(resource), Some(stream)))
     }
 
+    /// The slot for this allocation's export data (empty until first exported; a new buffer,
+    /// even at the same address, starts empty).
+    pub(crate) fn export_slot(&self) -> &OnceLock<Box<crate::pool::CachedExport>> {
+        &self.export
+    }
+
     /// The buffer of these parts, used on no other stream yet.
     #[inline]
     fn new(ptr: DevicePtr, size: usize, owner: Owner<'a>, stream: Option<StreamRef<'a>>) -> Self {
-        ScopedBuffer { ptr, size, owner, stream, used_on: Mutex::default() }
+        ScopedBuffer { ptr, size, owner, stream, used_on: Mutex::default(), export: OnceLock::new() }
     }
 }
 

@@ -55,7 +55,9 @@ pub fn allocation_handle(resource: &dyn MemoryResource) -> Result<AllocationHand
 
 /// The descriptor of `buffer`, for another process to import (after it has imported the
 /// buffer's resource). A buffer imported from elsewhere re-exports the data it came with, so it
-/// can be passed on (A→B→C).
+/// can be passed on (A→B→C). The export data is made once per buffer and kept in it
+/// ([`MemoryPool::export_buffer`](cuda_mem_core::MemoryPool::export_buffer)): describing the
+/// same buffer again makes no driver call.
 ///
 /// # Errors
 /// [`IpcError::NotIpcEnabled`] for buffers of resources that cannot be shared, or views;
@@ -68,8 +70,9 @@ pub fn buffer_descriptor(buffer: &ScopedBuffer<'_>) -> Result<BufferDescriptor> 
     let handle = allocation_handle(resource)?;
     let pool = pool_behind(resource)
         .ok_or_else(|| IpcError::NotIpcEnabled("a buffer that is not from a memory pool".to_string()))?;
-    // An imported buffer gives the data it came with.
-    let export_data = pool.export_pointer(buffer.ptr())?;
+    // Made once per buffer and kept in it: sending the buffer again makes no driver call. An
+    // imported buffer gives the data it came with.
+    let export_data = pool.export_buffer(buffer)?;
     cuda_mem_core::memory_event!(
         DEBUG,
         uuid = %handle.uuid(),

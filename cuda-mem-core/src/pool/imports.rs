@@ -30,6 +30,9 @@ type Key = (usize, [u8; EXPORT_DATA_LEN]);
 #[derive(Debug)]
 struct Entry {
     ptr: DevicePtr,
+    /// The mapping's size, as the driver reported it when mapped (it does not change while
+    /// mapped): later imports check against it without asking again.
+    mapped: usize,
     holders: usize,
     /// For each stream a released holder's work was on, an event after that work: the last
     /// holder's unmap waits for them all. Work on one stream is ordered, so a later release on
@@ -74,15 +77,13 @@ impl MemoryPool {
         if !self.imported {
             return Err(Error::PoolNotImported);
         }
-        // The driver calls below need a current context, which a thread that never used CUDA
-        // lacks: bind the stream's device's primary context.
-        stream.device().set_current()?;
         let key: Key = (self.handle() as usize, *data);
         let mut imports = lock();
+        // Mapped already (a buffer sent again while this process holds it): shared without a
+        // driver call.
         if let Some(entry) = imports.by_key.get_mut(&key) {
-            let mapped = mapped_range_size(entry.ptr)?;
-            if size > mapped {
-                return Err(too_large(size, mapped));
+            if size > entry.mapped {
+                return Err(too_large(size, entry.mapped));
             }
             entry.holders += 1;
             crate::memory_event!(
@@ -95,9 +96,12 @@ impl MemoryPool {
             );
             return Ok(entry.ptr);
         }
+        // The driver calls below need a current context, which a thread that never used CUDA
+        // lacks: bind the stream's device's primary context.
+        stream.device().set_current()?;
         let ptr = self.import_pointer(data)?;
-        match mapped_range_size(ptr) {
-            Ok(mapped) if size <= mapped => {}
+        let mapped = match mapped_range_size(ptr) {
+            Ok(mapped) if size <= mapped => mapped,
             outcome => {
                 // SAFETY: just imported, never handed out, unmapped once, here.
                 let _ = unsafe { self.free_imported(ptr, stream) };
@@ -106,8 +110,8 @@ impl MemoryPool {
                     Err(e) => e,
                 });
             }
-        }
-        imports.by_key.insert(key, Entry { ptr, holders: 1, released: Vec::new() });
+        };
+        imports.by_key.insert(key, Entry { ptr, mapped, holders: 1, released: Vec::new() });
         imports.by_ptr.insert(ptr, key);
         crate::memory_event!(DEBUG, size, ptr, pool = self.handle() as usize, holders = 1, "allocation imported");
         Ok(ptr)

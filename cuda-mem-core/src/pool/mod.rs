@@ -35,6 +35,7 @@ pub use imports::{import_holders, import_pending_waits};
 pub use kind::PoolKind;
 #[cfg(unix)]
 pub use shareable::ShareableHandle;
+pub(crate) use sharing::CachedExport;
 pub use sharing::{EXPORT_DATA_LEN, mapped_range_size};
 
 use crate::device::Device;

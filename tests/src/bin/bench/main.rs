@@ -56,6 +56,7 @@ fn main() -> ExitCode {
         Ok(Mode::Child) => server::child_main(),
         Ok(Mode::FirstCall) => first_call::first_call_main(started),
         Ok(Mode::PoolPairs) => parent::pool_pairs_main(),
+        Ok(Mode::Sharing) => parent::sharing_main(),
         Ok(Mode::Help) => {
             println!("{}", cli::USAGE);
             Ok(())

@@ -26,6 +26,17 @@ pub(crate) fn pool_pairs_main() -> Result<(), Error> {
     Ok(())
 }
 
+/// `--sharing`: case (2) alone (and the registry rates of (4), which share its child), printed
+/// only, on the driver the full run would choose.
+pub(crate) fn sharing_main() -> Result<(), Error> {
+    let choice = choose()?;
+    let path = choice.driver.path().to_path_buf();
+    println!("driver: {}{}", path.display(), if choice.is_simulator() { " (the simulator)" } else { "" });
+    install(choice.driver)?;
+    sharing(Device::new(0)?, &path)?;
+    Ok(())
+}
+
 /// Every case, in turn, then the outputs.
 pub(crate) fn parent_main() -> Result<(), Error> {
     let total = Instant::now();

@@ -1,5 +1,6 @@
 //! `bench --child`, the child of cases (2) and (4): takes the control socket from the data
-//! channel, then answers each command on it (`resource`, `ours N`, `raw N`, `lookups`, `exit`)
+//! channel, then answers each command on it (`resource`, `ours N`, `raw N`, `hold N`,
+//! `resend N`, `release`, `lookups`, `exit`)
 //! with a line: the nanoseconds its side took, the rates, or `error: …`.
 
 use std::fmt::Write as _;
@@ -39,6 +40,8 @@ fn serve(ipc: &IpcChannel, control: &mut BufReader<UnixStream>, reply: &mut Unix
     device.set_current()?;
     let stream = Stream::new(device, StreamOptions::default().non_blocking())?;
     let mut resource = None;
+    // The buffers `hold` keeps, which `resend` finds again.
+    let mut held = Vec::new();
     let mut line = String::new();
     loop {
         line.clear();
@@ -62,6 +65,31 @@ fn serve(ipc: &IpcChannel, control: &mut BufReader<UnixStream>, reply: &mut Unix
                 drop(buffers);
                 stream.synchronize()?;
                 format!("{took:.0}")
+            }
+            (Some("hold"), Some(Ok(batch))) => {
+                let Received::Buffers(buffers) = ipc.recv(&stream)? else { return Err("expected buffers".into()) };
+                if buffers.len() != batch {
+                    return Err(format!("expected {batch} buffers, got {}", buffers.len()).into());
+                }
+                held = buffers;
+                "ok".to_string()
+            }
+            (Some("resend"), Some(Ok(batch))) => {
+                // The buffers `hold` keeps, sent again: found, not imported.
+                let start = Instant::now();
+                let Received::Buffers(buffers) = ipc.recv(&stream)? else { return Err("expected buffers".into()) };
+                let took = elapsed_ns(start);
+                if buffers.len() != batch || buffers.iter().zip(&held).any(|(again, kept)| again.ptr() != kept.ptr()) {
+                    return Err(format!("expected the {batch} held buffers again").into());
+                }
+                drop(buffers);
+                stream.synchronize()?;
+                format!("{took:.0}")
+            }
+            (Some("release"), None) => {
+                held.clear();
+                stream.synchronize()?;
+                "ok".to_string()
             }
             (Some("raw"), Some(Ok(batch))) => {
                 let pool = resource.as_ref().ok_or("no pool yet")?.imported_pool().handle();

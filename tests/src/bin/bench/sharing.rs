@@ -1,6 +1,7 @@
 //! Cases (2) and (4), the parent's side: sharing buffers with `bench --child` in batches, through
-//! `IpcChannel` and through the two raw driver calls, per buffer on each side; then the
-//! child's registry lookups and duplicate-import cache hits per second.
+//! `IpcChannel` (each repetition new buffers: first sends) and through the two raw driver calls,
+//! per buffer on each side; a re-send of buffers already sent, which the child still holds; then
+//! the child's registry lookups and duplicate-import cache hits per second.
 
 use std::path::Path;
 use std::time::Instant;
@@ -75,7 +76,9 @@ pub(crate) fn sharing(device: Device, driver_path: &Path) -> Result<(Vec<ShareRo
     let pool = DeviceMemoryResource::new(device, DeviceMemoryResourceOptions::default().ipc_enabled(true))?;
     pool.pool().set_release_threshold(u64::MAX)?;
     let max = SHARE_BATCHES.iter().copied().max().unwrap_or(1);
-    let buffers = (0..max).map(|_| pool.allocate(SHARE_BUFFER, &stream)).collect::<Result<Vec<Buffer>, _>>()?;
+    let allocate =
+        |count: usize| (0..count).map(|_| pool.allocate(SHARE_BUFFER, &stream)).collect::<Result<Vec<Buffer>, _>>();
+    let buffers = allocate(max)?;
     stream.synchronize()?;
 
     let mut child = Child::spawn(driver_path)?;
@@ -93,15 +96,20 @@ pub(crate) fn sharing(device: Device, driver_path: &Path) -> Result<(Vec<ShareRo
         };
         let (mut ours, mut raw) = (PerBuffer::default(), PerBuffer::default());
         for rep in 0..warmup + reps {
-            // Ours: export and encode (buffer_descriptor), send.
+            // Ours: export and encode (buffer_descriptor), send; new buffers each time, as a
+            // buffer keeps its export once made (the re-send is measured below).
+            let fresh = allocate(batch)?;
+            let fresh_refs: Vec<&Buffer> = fresh.iter().collect();
             let start = Instant::now();
-            child.ipc.send_buffers(&refs)?;
+            child.ipc.send_buffers(&fresh_refs)?;
             let parent = elapsed_ns(start);
             child.command(&format!("ours {batch}"))?;
             let child_ns: f64 = child.reply()?.parse()?;
             if rep >= warmup {
                 ours.push(parent, child_ns, batch);
             }
+            drop(fresh_refs);
+            drop(fresh);
             // Raw: cuMemPoolExportPointer per buffer, the 64-byte data sent as plain bytes.
             let start = Instant::now();
             let mut payload = Vec::with_capacity(batch * 64);
@@ -136,6 +144,7 @@ pub(crate) fn sharing(device: Device, driver_path: &Path) -> Result<(Vec<ShareRo
         );
         rows.push(row);
     }
+    resend(&mut child, &buffers, &rows)?;
 
     // 4: one buffer for the child to hold and import again.
     child.ipc.send_buffers(&[&buffers[0]])?;
@@ -157,4 +166,38 @@ pub(crate) fn sharing(device: Device, driver_path: &Path) -> Result<(Vec<ShareRo
     drop(buffers);
     stream.synchronize()?;
     Ok((rows, rates))
+}
+
+/// A re-send of the largest batch, already sent and still held by the child: per buffer on each
+/// side and both, against the raw export+import of the same batch (ratio of the medians).
+fn resend(child: &mut Child, buffers: &[Buffer], rows: &[ShareRow]) -> Result<(), Error> {
+    let Some(raw) = rows.last() else { return Ok(()) };
+    let batch = raw.batch.min(buffers.len());
+    let refs: Vec<&Buffer> = buffers[..batch].iter().collect();
+    child.ipc.send_buffers(&refs)?;
+    child.command(&format!("hold {batch}"))?;
+    child.reply()?;
+    let mut again = PerBuffer::default();
+    for rep in 0..3 + 60 {
+        let start = Instant::now();
+        child.ipc.send_buffers(&refs)?;
+        let parent = elapsed_ns(start);
+        child.command(&format!("resend {batch}"))?;
+        let child_ns: f64 = child.reply()?.parse()?;
+        if rep >= 3 {
+            again.push(parent, child_ns, batch);
+        }
+    }
+    child.command("release")?;
+    child.reply()?;
+    let (parent, child_side, both) = (Stats::of(again.parent), Stats::of(again.child), Stats::of(again.both));
+    println!(
+        "  re-send of {batch} already-sent buffers: parent {} child {} both {} per buffer; raw {} ({:.3} of raw)",
+        parent.show(),
+        child_side.show(),
+        both.show(),
+        raw.raw.show(),
+        both.median / raw.raw.median
+    );
+    Ok(())
 }
