@@ -6,7 +6,8 @@ pub(crate) const USAGE: &str = "usage: bench\n\nRuns the cuda-mem benchmarks (po
                      cache, first driver call) and writes target/bench/results.{json,md} and SVG plots. The driver \
                      is the library CUDA_MEM_DRIVER names, else libcuda.so.1 when it finds a GPU, else the cuda-sim \
                      simulator. BENCH_OUT overrides the output folder.\n\n\
-                     bench --pool-pairs: case 1 on one thread only, its last line JSON (for --compare).";
+                     bench --pool-pairs: case 1 on one thread only, its last line JSON (for --compare).\n\
+                     bench --vmm: case 3's growth series only, printed (no outputs written).";
 
 /// The child of cases (2) and (4) (see [`crate::server`]).
 pub(crate) const CHILD_ARG: &str = "--child";
@@ -15,6 +16,8 @@ pub(crate) const FIRST_CALL_ARG: &str = "--first-call";
 /// Case (1) on one thread only, as one JSON line: `cargo xtask bench --compare` alternates it
 /// with cuda.core's side, so that both are measured under the same load.
 const POOL_PAIRS_ARG: &str = "--pool-pairs";
+/// Case (3)'s growth series alone, printed.
+const VMM_ARG: &str = "--vmm";
 
 /// What this run of the program does.
 pub(crate) enum Mode {
@@ -26,6 +29,8 @@ pub(crate) enum Mode {
     FirstCall,
     /// Case (1) on one thread, as JSON.
     PoolPairs,
+    /// Case (3)'s growth series, printed.
+    Vmm,
     /// Print [`USAGE`].
     Help,
 }
@@ -37,6 +42,7 @@ pub(crate) fn parse(args: &[String]) -> Result<Mode, String> {
         [CHILD_ARG] => Ok(Mode::Child),
         [FIRST_CALL_ARG] => Ok(Mode::FirstCall),
         [POOL_PAIRS_ARG] => Ok(Mode::PoolPairs),
+        [VMM_ARG] => Ok(Mode::Vmm),
         ["--help" | "-h"] => Ok(Mode::Help),
         other => Err(format!("unexpected arguments {other:?}\n{USAGE}")),
     }
