@@ -12,7 +12,9 @@
 //!   `Arc<dyn MemoryResource>`) it allocates plain `Buffer`s, which neither grow nor export.
 //! - [`VirtualBuffer::grow`]: in place (same pointer) when the addresses after the buffer are
 //!   free, otherwise by mapping the same chunks again at a new address; never a copy; the old
-//!   buffer stays valid and aliases the same memory.
+//!   buffer stays valid and aliases the same memory. With [`ReserveAhead`] (an option) each
+//!   reservation is made larger than what it maps, and growth inside it never moves, whatever
+//!   the driver does with address hints; reserving costs address space only.
 //! - [`VirtualBuffer::export`] / [`VirtualMemoryResource::import`]: one handle per chunk, as a
 //!   [`VirtualBufferDescriptor`] in memory. Its bytes and file descriptors on the wire are
 //!   `cuda-mem-ipc`'s (feature `vmm`): its `IpcChannel` carries virtual buffers beside pools,
@@ -49,11 +51,11 @@
 //!
 //! | module | holds |
 //! |---|---|
-//! | `options` | [`VirtualMemoryResourceOptions`] and its enums ([`AllocationType`], [`LocationType`], [`Granularity`]) |
+//! | `options` | [`VirtualMemoryResourceOptions`] and its enums ([`AllocationType`], [`LocationType`], [`Granularity`], [`ReserveAhead`]) |
 //! | `resource` | [`VirtualMemoryResource`]: checking options, allocation, growth |
 //! | `memory_resource` | the resource as a `MemoryResource`, and the ranges of the buffers it handed out |
 //! | `buffer` | [`VirtualBuffer`], [`CloseError`] |
-//! | `pieces` | the owned driver objects (physical chunk, reservation, mapping, range) and mapping chunks contiguously into a reservation |
+//! | `pieces` | the owned driver objects (physical chunk, reservation, mapping, range), mapping chunks contiguously into a reservation, and claiming the addresses after a range inside its reservation |
 //! | `release` | letting go of ranges after their stream's work, deferred while it captures ([`release_deferred`]) |
 //! | `share` | export, the descriptor in memory ([`VirtualBufferDescriptor`], [`ChunkHandle`], [`MAX_CHUNKS`]), import |
 //! | `error` | [`VmmError`], [`Result`] and the enums it names ([`InvalidOptions`], [`DeviceFeature`], [`DescriptorError`], [`MemoryLocation`], [`DeferCause`]) |
@@ -103,7 +105,7 @@ mod share;
 
 pub use buffer::{CloseError, VirtualBuffer};
 pub use error::{DeferCause, DescriptorError, DeviceFeature, InvalidOptions, MemoryLocation, Result, VmmError};
-pub use options::{AllocationType, Granularity, LocationType, VirtualMemoryResourceOptions};
+pub use options::{AllocationType, Granularity, LocationType, ReserveAhead, VirtualMemoryResourceOptions};
 pub use release::release_deferred;
 pub use resource::VirtualMemoryResource;
 pub use share::{ChunkHandle, MAX_CHUNKS, VirtualBufferDescriptor};

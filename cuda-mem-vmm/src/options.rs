@@ -73,10 +73,44 @@ impl Granularity {
     }
 }
 
+/// How much address space each reservation of a
+/// [`VirtualMemoryResource`](crate::VirtualMemoryResource) takes beyond what it maps, so that a
+/// buffer grows inside it: the new chunks are mapped right after the old ones, with no address
+/// hint to be refused, and the pointer never moves (PyTorch's expandable segments do the same).
+///
+/// Every reservation the resource makes (for an allocation, for a growth past a reservation's
+/// end, for a move, for an import) is then at least this large; a buffer larger than that gets a
+/// reservation of its own size. Growth past the reservation takes the usual path (the addresses
+/// right after it, if the driver grants them, else a move), and the reservation it makes is
+/// again this large.
+///
+/// Reserving costs address space only: no physical memory is created or mapped until the buffer
+/// grows into it, and the unmapped part cannot be read or written. The device's virtual address
+/// space is large but finite, and `cuMemAddressReserve` fails with
+/// `CUDA_ERROR_OUT_OF_MEMORY` when it is used up (it is shared with every other allocation of the
+/// process): with [`ReserveAhead::DeviceMemory`] every live reservation takes as much address
+/// space as the device has memory, so the number of reservations that can live at once is the
+/// address space divided by the device's memory. Reserving is one `cuMemAddressReserve` call
+/// whatever the size.
+///
+/// Sharing is unchanged: an export names the buffer's chunks only, so the importer maps the
+/// mapped part (into a reservation of its own resource's options), never the reserved rest.
+/// The reservation is freed with its last mapping: when the last buffer mapping any of it (the
+/// buffer, the buffers it grew from and those grown from it) is gone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ReserveAhead {
+    /// At least this many bytes (rounded up to the granularity) per reservation.
+    Bytes(usize),
+    /// As many bytes as the resource's device has memory (`cuDeviceTotalMem`): a buffer of
+    /// device memory then never grows past its reservation.
+    DeviceMemory,
+}
+
 /// How a [`VirtualMemoryResource`](crate::VirtualMemoryResource) allocates. The defaults are
 /// cuda.core's: pinned device memory, POSIX-fd handles (on Unix; elsewhere `None`, as file
 /// descriptors exist on Unix only), recommended granularity, no RDMA, the driver's choice of
-/// address and alignment, no peers, read-write access.
+/// address and alignment, no peers, read-write access; no address space reserved ahead.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct VirtualMemoryResourceOptions {
@@ -101,6 +135,9 @@ pub struct VirtualMemoryResourceOptions {
     pub self_access: Access,
     /// Each peer's access ([`Access::None`]: no access descriptor is set for them).
     pub peer_access: Access,
+    /// Address space reserved ahead of each buffer, for growth that never moves; `None`: each
+    /// reservation is as large as what it maps.
+    pub reserve_ahead: Option<ReserveAhead>,
 }
 
 impl Default for VirtualMemoryResourceOptions {
@@ -117,6 +154,7 @@ impl Default for VirtualMemoryResourceOptions {
             peers: Vec::new(),
             self_access: Access::ReadWrite,
             peer_access: Access::ReadWrite,
+            reserve_ahead: None,
         }
     }
 }
@@ -180,6 +218,12 @@ impl VirtualMemoryResourceOptions {
     /// With the peers' access.
     pub fn peer_access(mut self, value: Access) -> Self {
         self.peer_access = value;
+        self
+    }
+
+    /// With address space reserved ahead (see [`ReserveAhead`]), or `None` for none.
+    pub fn reserve_ahead(mut self, value: impl Into<Option<ReserveAhead>>) -> Self {
+        self.reserve_ahead = value.into();
         self
     }
 }

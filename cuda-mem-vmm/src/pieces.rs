@@ -3,12 +3,18 @@
 //! (`cuMemAddressReserve` → `cuMemAddressFree`), a mapping of one into the other (`cuMemMap` +
 //! `cuMemSetAccess` → `cuMemUnmap`), and a range: the mappings one buffer spans.
 //!
+//! A reservation may be larger than what is mapped in it (`ReserveAhead`): it keeps the end of
+//! its mapped part, and a range that ends there may claim the addresses after it and map a new
+//! chunk in place ([`Range::claim_after`]). Claims move that end with a compare-and-swap, so two
+//! growths of the same range never map at the same address: the loser moves instead.
+//!
 //! A mapping holds its physical allocation and its reservation, so it is unmapped before the
 //! reservation is freed; a range holds its mappings. Unmapping is not stream-ordered: whoever
 //! lets go of a range waits for the work that uses it first (see `release`). Any step that
 //! fails drops the pieces made before it, so nothing leaks.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use cuda_mem_core::sys::cu_call;
 use cuda_mem_core::sys::types::{CUmemAccessDesc, CUmemAllocationProp, CUmemGenericAllocationHandle};
@@ -60,11 +66,14 @@ impl Drop for Physical {
     }
 }
 
-/// An address reservation.
+/// An address reservation, and the end of its mapped part.
 #[derive(Debug)]
 pub(crate) struct Reservation {
     pub(crate) ptr: DevicePtr,
     pub(crate) size: usize,
+    /// The offset every mapping in it ends at or before: mappings are made from the start,
+    /// one after another, and this end moves back when the last one is unmapped.
+    mapped_end: AtomicUsize,
 }
 
 impl Reservation {
@@ -74,7 +83,20 @@ impl Reservation {
         let mut ptr: DevicePtr = 0;
         // SAFETY: `ptr` is a valid out-pointer.
         unsafe { cu_call!(d, cuMemAddressReserve(&mut ptr, size, alignment, hint, 0)) }?;
-        Ok(Arc::new(Reservation { ptr, size }))
+        Ok(Arc::new(Reservation { ptr, size, mapped_end: AtomicUsize::new(0) }))
+    }
+
+    /// Claims `size` bytes at `offset` when they fit and nothing is mapped (or claimed) from
+    /// `offset` on.
+    fn claim(&self, offset: usize, size: usize) -> bool {
+        let fits = offset.checked_add(size).is_some_and(|end| end <= self.size);
+        fits && self.mapped_end.compare_exchange(offset, offset + size, Ordering::AcqRel, Ordering::Acquire).is_ok()
+    }
+
+    /// Gives back the claim of `size` bytes at `offset` when it is the last one (a claim behind
+    /// a later one stays: the addresses are not reused until the reservation goes).
+    fn unclaim(&self, offset: usize, size: usize) {
+        let _ = self.mapped_end.compare_exchange(offset + size, offset, Ordering::AcqRel, Ordering::Acquire);
     }
 }
 
@@ -98,7 +120,7 @@ impl Drop for Reservation {
 pub(crate) struct Mapping {
     pub(crate) ptr: DevicePtr,
     pub(crate) physical: Arc<Physical>,
-    _reservation: Arc<Reservation>,
+    reservation: Arc<Reservation>,
 }
 
 impl Mapping {
@@ -106,10 +128,10 @@ impl Mapping {
     /// `cuMemSetAccess` with the allocation's descriptors; unmapped again if that fails.
     fn map(ptr: DevicePtr, physical: Arc<Physical>, reservation: Arc<Reservation>) -> Result<Arc<Mapping>> {
         let d = driver()?;
-        // SAFETY: the range lies inside `reservation` (`map_contiguously`, the only caller, places
-        // it so) and the handle is live while `physical` is.
+        // SAFETY: the range lies inside `reservation`, claimed for it (`map_contiguously` and
+        // `Claim::map`, the only callers, place it so) and the handle is live while `physical` is.
         unsafe { cu_call!(d, cuMemMap(ptr, physical.size, 0, physical.handle, 0)) }?;
-        let mapping = Mapping { ptr, physical, _reservation: reservation };
+        let mapping = Mapping { ptr, physical, reservation };
         if !mapping.physical.access.is_empty() {
             let access = &mapping.physical.access;
             // SAFETY: `access` holds `access.len()` initialized descriptors; the range was just
@@ -134,8 +156,10 @@ impl Drop for Mapping {
             unsafe { cu_call!(d, cuMemUnmap(self.ptr, self.physical.size)) }?;
             Ok(())
         };
-        if let Err(error) = unmap() {
-            record_drop_error("virtual memory mapping", error);
+        match unmap() {
+            // The addresses are free again: a growth may map there.
+            Ok(()) => self.reservation.unclaim((self.ptr - self.reservation.ptr) as usize, self.physical.size),
+            Err(error) => record_drop_error("virtual memory mapping", error),
         }
     }
 }
@@ -156,6 +180,54 @@ impl Range {
     /// The bytes mapped.
     pub(crate) fn mapped_size(&self) -> usize {
         self.mappings.iter().map(|m| m.size()).sum()
+    }
+
+    /// Claims the `size` bytes right after the range inside the reservation of its last chunk,
+    /// when they fit there and nothing is mapped after the range: where it can grow in place
+    /// without asking the driver for an address. `None` otherwise (and for an empty range).
+    pub(crate) fn claim_after(&self, size: usize) -> Option<Claim> {
+        let last = self.mappings.last()?;
+        let reservation = &last.reservation;
+        let offset = (last.ptr - reservation.ptr) as usize + last.size();
+        reservation.claim(offset, size).then(|| Claim {
+            reservation: Arc::clone(reservation),
+            offset,
+            size,
+            mapped: false,
+        })
+    }
+}
+
+/// Addresses claimed in a reservation for one new chunk ([`Range::claim_after`]); given back
+/// when dropped unless mapped.
+#[derive(Debug)]
+pub(crate) struct Claim {
+    reservation: Arc<Reservation>,
+    offset: usize,
+    size: usize,
+    mapped: bool,
+}
+
+impl Claim {
+    /// Maps `physical` (of the claimed size) at the claimed addresses: `range` with one more
+    /// chunk, at the same base. On a failure the claim is given back (dropped).
+    pub(crate) fn map(mut self, range: &Range, physical: Arc<Physical>) -> Result<Range> {
+        debug_assert_eq!(physical.size, self.size, "the chunk fills the claim");
+        let ptr = self.reservation.ptr + self.offset as DevicePtr;
+        let mapping = Mapping::map(ptr, physical, Arc::clone(&self.reservation))?;
+        // The mapping gives the addresses back when it is unmapped.
+        self.mapped = true;
+        let mut mappings = range.mappings.clone();
+        mappings.push(mapping);
+        Ok(Range { base: range.base, mappings })
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        if !self.mapped {
+            self.reservation.unclaim(self.offset, self.size);
+        }
     }
 }
 
@@ -179,7 +251,9 @@ pub(crate) fn map_contiguously(
     let mut offset = 0usize;
     for (index, physical) in chunks.into_iter().enumerate() {
         let size = physical.size;
-        debug_assert!(offset + size <= reservation.size, "the chunks fit in the reservation");
+        // A fresh reservation, nothing mapped in it yet: each claim follows the last one.
+        let claimed = reservation.claim(offset, size);
+        debug_assert!(claimed, "the chunks fit in a fresh reservation");
         let mapping = Mapping::map(reservation.ptr + offset as DevicePtr, physical, Arc::clone(reservation))
             .map_err(|error| ChunkMapFailure { index, size, error })?;
         mappings.push(mapping);

@@ -11,7 +11,7 @@ use cuda_mem_core::{Access, Device, DevicePtr, DriverCapability, HandleType, Han
 use crate::buffer::VirtualBuffer;
 use crate::error::{DeviceFeature, InvalidOptions, MemoryLocation, Result, VmmError};
 use crate::memory_resource::LiveRanges;
-use crate::options::{AllocationType, LocationType, VirtualMemoryResourceOptions};
+use crate::options::{AllocationType, LocationType, ReserveAhead, VirtualMemoryResourceOptions};
 use crate::pieces::{Physical, Range, Reservation, map_contiguously};
 use crate::release::release_deferred;
 
@@ -31,6 +31,9 @@ pub struct VirtualMemoryResource {
     options: VirtualMemoryResourceOptions,
     location: CUmemLocation,
     granularity: usize,
+    /// The least size of each reservation ([`ReserveAhead`], rounded up to the granularity); 0
+    /// for none.
+    reserve_ahead: usize,
     access: Vec<CUmemAccessDesc>,
     /// The ranges of the buffers it handed out, found again when they are freed.
     pub(crate) live: LiveRanges,
@@ -57,7 +60,10 @@ impl VirtualMemoryResource {
     /// of two, an exportable handle type on plain host memory, a handle type other than POSIX file
     /// descriptors and fabric handles, `HostNumaCurrent`, or the owner listed as a peer; [`VmmError::ManagedRefused`] when the driver refuses managed memory;
     /// [`cuda_mem_core::Error::DriverTooOld`] (inside [`VmmError::Core`]) for fabric handles before
-    /// CUDA 12.3 ([`DriverCapability::FabricHandles`]), before any driver call.
+    /// CUDA 12.3 ([`DriverCapability::FabricHandles`]), before any driver call;
+    /// [`VmmError::SizeOverflow`] for a [`ReserveAhead::Bytes`] that cannot be rounded up to the
+    /// granularity; the driver's error when [`ReserveAhead::DeviceMemory`] cannot read the
+    /// device's memory.
     pub fn new(device: Device, options: VirtualMemoryResourceOptions) -> Result<Arc<VirtualMemoryResource>> {
         // Before any other driver call: an older driver would refuse only the handle type, later.
         if options.handle_type == Some(HandleType::Fabric) {
@@ -116,13 +122,26 @@ impl VirtualMemoryResource {
                 access.push(CUmemAccessDesc { location, flags });
             }
         }
-        let mut resource =
-            VirtualMemoryResource { device, options, location, granularity: 0, access, live: LiveRanges::default() };
+        let mut resource = VirtualMemoryResource {
+            device,
+            options,
+            location,
+            granularity: 0,
+            reserve_ahead: 0,
+            access,
+            live: LiveRanges::default(),
+        };
         resource.granularity =
             resource.query_granularity().map_err(|e| match (resource.options.allocation_type, e) {
                 (AllocationType::Managed, VmmError::Core(source)) => VmmError::ManagedRefused { device, source },
                 (_, e) => e,
             })?;
+        let ahead = match resource.options.reserve_ahead {
+            None => 0,
+            Some(ReserveAhead::Bytes(bytes)) => bytes,
+            Some(ReserveAhead::DeviceMemory) => device.total_memory()?,
+        };
+        resource.reserve_ahead = round_up(ahead, resource.granularity)?;
         cuda_mem_core::memory_event!(
             DEBUG,
             device = device.ordinal(),
@@ -201,9 +220,15 @@ impl VirtualMemoryResource {
         &self.access
     }
 
-    /// Reserves `size` bytes with this resource's alignment and hint.
+    /// The size of a reservation for `size` bytes: at least the size reserved ahead.
+    fn reservation_size(&self, size: usize) -> usize {
+        size.max(self.reserve_ahead)
+    }
+
+    /// Reserves `size` bytes (or the size reserved ahead, if larger) with this resource's
+    /// alignment and hint.
     pub(crate) fn reserve(&self, size: usize) -> Result<Arc<Reservation>> {
-        Ok(Reservation::reserve(size, self.alignment(), self.options.address_hint)?)
+        Ok(Reservation::reserve(self.reservation_size(size), self.alignment(), self.options.address_hint)?)
     }
 
     /// `stream`, or the device's legacy default stream.
@@ -249,7 +274,11 @@ impl VirtualMemoryResource {
     /// A buffer covering `buffer`'s bytes and more, `new_size` in all (rounded up), freed after
     /// the stream `buffer` is freed on.
     ///
-    /// It first reserves the addresses right after the buffer's and maps one new chunk there:
+    /// With [`ReserveAhead`](crate::ReserveAhead), a growth that fits in the reservation the
+    /// buffer's last chunk lies in, where nothing is mapped after the buffer yet, maps one new
+    /// chunk right after the buffer: the pointer stays the same, with no address asked of the
+    /// driver (a constant number of driver calls). Otherwise it first reserves the addresses
+    /// right after the buffer's (with `ReserveAhead`, that many) and maps one new chunk there:
     /// the pointer stays the same and nothing is copied. If the driver puts that reservation
     /// elsewhere, it reserves a new range and maps every existing chunk again, then the new one:
     /// a new pointer, still no copy. Either way `buffer` stays valid and aliases the same
@@ -277,9 +306,17 @@ impl VirtualMemoryResource {
             return Ok(VirtualBuffer::new(Arc::clone(range), size, Arc::clone(self), imported, &stream));
         }
         let added = requested - total;
+        // In place inside the reservation: the addresses after the buffer, reserved ahead.
+        if let Some(claim) = range.claim_after(added) {
+            // A failure drops the claim, which gives the addresses back.
+            let physical = self.create_chunk(added)?;
+            let grown = claim.map(range, physical)?;
+            grown_event(buffer, range.base, requested, true);
+            return Ok(VirtualBuffer::new(Arc::new(grown), requested, Arc::clone(self), imported, &stream));
+        }
         let end = range.base + total as u64;
         // In place: the addresses right after the buffer, if the driver grants them.
-        match Reservation::reserve(added, 0, end) {
+        match Reservation::reserve(self.reservation_size(added), 0, end) {
             Ok(next) if next.ptr == end => {
                 let physical = self.create_chunk(added)?;
                 let new_chunk = map_contiguously(&next, [physical]).map_err(|failure| failure.error)?;

@@ -2,12 +2,14 @@
 //! children, `--pool-pairs` is case (1) alone for `cargo xtask bench --compare`.
 
 /// What `--help` prints, and what follows an unexpected argument.
-pub(crate) const USAGE: &str = "usage: bench\n\nRuns the cuda-mem benchmarks (pools, sharing, VMM growth, registry and import \
+pub(crate) const USAGE: &str =
+    "usage: bench\n\nRuns the cuda-mem benchmarks (pools, sharing, VMM growth, registry and import \
                      cache, first driver call) and writes target/bench/results.{json,md} and SVG plots. The driver \
                      is the library CUDA_MEM_DRIVER names, else libcuda.so.1 when it finds a GPU, else the cuda-sim \
                      simulator. BENCH_OUT overrides the output folder.\n\n\
                      bench --pool-pairs: case 1 on one thread only, its last line JSON (for --compare).\n\
-                     bench --sharing: case 2 (and 4's rates) only, printed, no files written.";
+                     bench --sharing: case 2 (and 4's rates) only, printed, no files written.\n\
+                     bench --vmm: case 3's growth series only, printed (no outputs written).";
 
 /// The child of cases (2) and (4) (see [`crate::server`]).
 pub(crate) const CHILD_ARG: &str = "--child";
@@ -18,6 +20,8 @@ pub(crate) const FIRST_CALL_ARG: &str = "--first-call";
 const POOL_PAIRS_ARG: &str = "--pool-pairs";
 /// Case (2) alone, printed (its child also gives case (4)'s rates).
 const SHARING_ARG: &str = "--sharing";
+/// Case (3)'s growth series alone, printed.
+const VMM_ARG: &str = "--vmm";
 
 /// What this run of the program does.
 pub(crate) enum Mode {
@@ -31,6 +35,8 @@ pub(crate) enum Mode {
     PoolPairs,
     /// Case (2) alone, printed.
     Sharing,
+    /// Case (3)'s growth series, printed.
+    Vmm,
     /// Print [`USAGE`].
     Help,
 }
@@ -43,6 +49,7 @@ pub(crate) fn parse(args: &[String]) -> Result<Mode, String> {
         [FIRST_CALL_ARG] => Ok(Mode::FirstCall),
         [POOL_PAIRS_ARG] => Ok(Mode::PoolPairs),
         [SHARING_ARG] => Ok(Mode::Sharing),
+        [VMM_ARG] => Ok(Mode::Vmm),
         ["--help" | "-h"] => Ok(Mode::Help),
         other => Err(format!("unexpected arguments {other:?}\n{USAGE}")),
     }

@@ -5,8 +5,9 @@
 //!    `cuMemAllocFromPoolAsync`/`cuMemFreeAsync`, on one thread and on 4 threads (4 streams);
 //! 2. sharing buffers with a child process (this program with `--child`), through
 //!    `IpcChannel` and through the two raw driver calls, for batches of 1, 64 and 1,024;
-//! 3. VMM growth from 2 MiB to 1 GiB in 2 MiB steps, in place and forced to move, timed per step,
-//!    with the driver calls per step counted on the simulator;
+//! 3. VMM growth from 2 MiB to 1 GiB in 2 MiB steps, in place, forced to move and with the
+//!    device's memory reserved ahead, timed per step, with the driver calls per step counted on
+//!    the simulator (`--vmm`: this case alone, printed);
 //! 4. registry lookups and duplicate-import cache hits per second, in the child, on 1 and 8
 //!    threads;
 //! 5. the time from spawning a process to its first driver call returning (`--first-call`);
@@ -57,6 +58,7 @@ fn main() -> ExitCode {
         Ok(Mode::FirstCall) => first_call::first_call_main(started),
         Ok(Mode::PoolPairs) => parent::pool_pairs_main(),
         Ok(Mode::Sharing) => parent::sharing_main(),
+        Ok(Mode::Vmm) => parent::vmm_main(),
         Ok(Mode::Help) => {
             println!("{}", cli::USAGE);
             Ok(())

@@ -37,6 +37,15 @@ pub(crate) fn sharing_main() -> Result<(), Error> {
     Ok(())
 }
 
+/// `--vmm`: case (3)'s growth series alone, printed, on the driver the full run would choose.
+pub(crate) fn vmm_main() -> Result<(), Error> {
+    let choice = choose()?;
+    let simulator = choice.is_simulator();
+    install(choice.driver)?;
+    vmm(Device::new(0)?, simulator)?;
+    Ok(())
+}
+
 /// Every case, in turn, then the outputs.
 pub(crate) fn parent_main() -> Result<(), Error> {
     let total = Instant::now();

@@ -1,12 +1,14 @@
-//! Case (3): VMM growth from 2 MiB to 1 GiB in 2 MiB steps, in place and forced to move (the
-//! addresses after the buffer reserved first), timed per step, with the driver calls of some
-//! steps counted on the simulator; and one growth of a fresh buffer, repeated.
+//! Case (3): VMM growth from 2 MiB to 1 GiB in 2 MiB steps, in place, forced to move (the
+//! addresses after the buffer reserved first) and with the device's memory reserved ahead
+//! (`ReserveAhead::DeviceMemory`: growth inside the reservation, no address hint), timed per
+//! step, with the driver calls of some steps counted on the simulator; and one growth of a fresh
+//! buffer, repeated.
 
 use std::time::Instant;
 
 use cuda_mem_core::sys::{Driver, cu_call};
 use cuda_mem_core::{Device, DevicePtr, Stream, StreamOptions};
-use cuda_mem_vmm::{VirtualBuffer, VirtualMemoryResource, VirtualMemoryResourceOptions};
+use cuda_mem_vmm::{ReserveAhead, VirtualBuffer, VirtualMemoryResource, VirtualMemoryResourceOptions};
 
 use crate::Error;
 use crate::call_count::{Calls, arm, probe};
@@ -18,14 +20,35 @@ const VMM_STEP: usize = 2 * MIB;
 /// The size growth stops at.
 const VMM_LIMIT: usize = 1 << 30;
 
+/// How a growth series grows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Growth {
+    /// In place when the driver grants the addresses after the buffer.
+    InPlace,
+    /// Forced to move: the addresses after the buffer reserved first.
+    Moving,
+    /// Inside a reservation of the device's memory, made with the first allocation.
+    ReserveAhead,
+}
+
+impl Growth {
+    /// The modes, in the order they run.
+    const ALL: [Growth; 3] = [Growth::InPlace, Growth::Moving, Growth::ReserveAhead];
+
+    /// Whether each step is meant to move.
+    fn moves(self) -> bool {
+        self == Growth::Moving
+    }
+}
+
 /// One mode's growth from one step to the limit.
 pub(crate) struct VmmMode {
-    /// Whether each step was forced to move.
-    pub(crate) moving: bool,
+    /// How it grows.
+    pub(crate) growth: Growth,
     /// Per step: the size after it and its time.
     pub(crate) steps: Steps,
-    /// Steps whose pointer did not behave as the mode wants (moved in place mode, stayed put
-    /// in moving mode).
+    /// Steps whose pointer did not behave as the mode wants (moved in place or with reserve-ahead,
+    /// stayed put in moving mode).
     pub(crate) unexpected: usize,
     /// Counted steps: chunks before the step, calls per function (simulator only).
     pub(crate) calls: Counts,
@@ -34,7 +57,10 @@ pub(crate) struct VmmMode {
 impl VmmMode {
     /// The mode, in words.
     pub(crate) fn name(&self) -> &'static str {
-        mode_name(self.moving)
+        match self.growth {
+            Growth::ReserveAhead => "with reserve-ahead",
+            growth => mode_name(growth.moves()),
+        }
     }
 
     /// The statistics of the steps in `range`.
@@ -53,29 +79,30 @@ pub(crate) fn mode_name(moving: bool) -> &'static str {
     if moving { "forced to move" } else { "in place" }
 }
 
-/// Both modes, timed, then (on the simulator) counted; each printed.
+/// Every mode, timed, then (on the simulator) counted; each printed.
 pub(crate) fn vmm(device: Device, simulator: bool) -> Result<Vec<VmmMode>, Error> {
     let mut modes = Vec::new();
-    for moving in [false, true] {
-        let (steps, unexpected, _) = grow_all(device, moving, false)?;
-        modes.push(VmmMode { moving, steps, unexpected, calls: Vec::new() });
+    for growth in Growth::ALL {
+        let (steps, unexpected, _) = grow_all(device, growth, false)?;
+        modes.push(VmmMode { growth, steps, unexpected, calls: Vec::new() });
     }
     // Counting arms the simulator's fault injection, which makes every later call slower: last.
     if simulator {
         for mode in &mut modes {
-            mode.calls = grow_all(device, mode.moving, true)?.2;
+            mode.calls = grow_all(device, mode.growth, true)?.2;
         }
     }
     for mode in &modes {
         let tenth = mode.tenth();
         let n = mode.steps.len();
         println!(
-            "  {}: {} steps, {} per step, first 10% {}, last 10% {}{}",
+            "  {}: {} steps, {} per step, first 10% {}, last 10% {}, {} not in their mode{}",
             mode.name(),
             n,
             mode.stats(0..n).show(),
             ns(mode.stats(0..tenth).median),
             ns(mode.stats(n - tenth..n).median),
+            mode.unexpected,
             calls_summary(mode)
         );
     }
@@ -109,10 +136,15 @@ pub(crate) type Steps = Vec<(usize, f64)>;
 
 /// Grows from one step to the limit; per step its size and time, the unexpected steps, and
 /// (when counting) the calls of the counted steps.
-fn grow_all(device: Device, moving: bool, count: bool) -> Result<(Steps, usize, Counts), Error> {
+fn grow_all(device: Device, growth: Growth, count: bool) -> Result<(Steps, usize, Counts), Error> {
     let d = cuda_mem_core::driver()?;
     let stream = Stream::new(device, StreamOptions::default().non_blocking())?;
-    let vmm = VirtualMemoryResource::new(device, VirtualMemoryResourceOptions::default())?;
+    let mut options = VirtualMemoryResourceOptions::default();
+    if growth == Growth::ReserveAhead {
+        options = options.reserve_ahead(ReserveAhead::DeviceMemory);
+    }
+    let vmm = VirtualMemoryResource::new(device, options)?;
+    let moving = growth.moves();
     let mut buffer: VirtualBuffer = vmm.allocate(VMM_STEP, Some(&stream))?;
     let last = VMM_LIMIT / VMM_STEP - 2;
     let (mut steps, mut unexpected, mut counts) = (Vec::new(), 0, Vec::new());

@@ -151,7 +151,7 @@ fn legend_layout(series: &[Series<'_>], left: f64, right_edge: f64) -> Vec<(f64,
 
 /// `vmm_steps.svg`: time per step against the size after it, a line per mode.
 pub(super) fn vmm_svg(modes: &[VmmMode]) -> String {
-    let colors = ["#1f77b4", "#d62728"];
+    let colors = ["#1f77b4", "#d62728", "#2ca02c"];
     let series = modes
         .iter()
         .zip(colors)
