@@ -2,8 +2,7 @@
 //! children, `--pool-pairs` is case (1) alone for `cargo xtask bench --compare`.
 
 /// What `--help` prints, and what follows an unexpected argument.
-pub(crate) const USAGE: &str =
-    "usage: bench\n\nRuns the cuda-mem benchmarks (pools, sharing, VMM growth, registry and import \
+pub(crate) const USAGE: &str = "usage: bench\n\nRuns the cuda-mem benchmarks (pools, sharing, VMM growth, registry and import \
                      cache, first driver call) and writes target/bench/results.{json,md} and SVG plots. The driver \
                      is the library CUDA_MEM_DRIVER names, else libcuda.so.1 when it finds a GPU, else the cuda-sim \
                      simulator. BENCH_OUT overrides the output folder.\n\n\
