@@ -8,7 +8,8 @@ pub(crate) const USAGE: &str = "usage: bench\n\nRuns the cuda-mem benchmarks (po
                      simulator. BENCH_OUT overrides the output folder.\n\n\
                      bench --pool-pairs: case 1 on one thread only, its last line JSON (for --compare).\n\
                      bench --sharing: case 2 (and 4's rates) only, printed, no files written.\n\
-                     bench --vmm: case 3's growth series only, printed (no outputs written).";
+                     bench --vmm: case 3's growth series only, printed (no outputs written).\n\
+                     bench --scaling: case 1b (pairs on 1, 2, 4 and 8 threads) only, printed (no outputs written).";
 
 /// The child of cases (2) and (4) (see [`crate::server`]).
 pub(crate) const CHILD_ARG: &str = "--child";
@@ -21,6 +22,8 @@ const POOL_PAIRS_ARG: &str = "--pool-pairs";
 const SHARING_ARG: &str = "--sharing";
 /// Case (3)'s growth series alone, printed.
 const VMM_ARG: &str = "--vmm";
+/// Case (1b)'s scaling curve alone, printed.
+const SCALING_ARG: &str = "--scaling";
 
 /// What this run of the program does.
 pub(crate) enum Mode {
@@ -36,6 +39,8 @@ pub(crate) enum Mode {
     Sharing,
     /// Case (3)'s growth series, printed.
     Vmm,
+    /// Case (1b)'s scaling curve, printed.
+    Scaling,
     /// Print [`USAGE`].
     Help,
 }
@@ -49,6 +54,7 @@ pub(crate) fn parse(args: &[String]) -> Result<Mode, String> {
         [POOL_PAIRS_ARG] => Ok(Mode::PoolPairs),
         [SHARING_ARG] => Ok(Mode::Sharing),
         [VMM_ARG] => Ok(Mode::Vmm),
+        [SCALING_ARG] => Ok(Mode::Scaling),
         ["--help" | "-h"] => Ok(Mode::Help),
         other => Err(format!("unexpected arguments {other:?}\n{USAGE}")),
     }

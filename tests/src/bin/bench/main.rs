@@ -3,6 +3,8 @@
 //!
 //! 1. pool allocate+free pairs at 256 B, 64 KiB and 4 MiB, through the safe API (shared and scoped buffers) and through raw
 //!    `cuMemAllocFromPoolAsync`/`cuMemFreeAsync`, on one thread and on 4 threads (4 streams);
+//!    (1b) the same pairs (256 B) on 1, 2, 4 and 8 threads at once, a stream each, as pairs per
+//!    second of all threads together (`--scaling`: this case alone, printed);
 //! 2. sharing buffers with a child process (this program with `--child`), through
 //!    `IpcChannel` and through the two raw driver calls, for batches of 1, 64 and 1,024;
 //! 3. VMM growth from 2 MiB to 1 GiB in 2 MiB steps, in place, forced to move and with the
@@ -16,11 +18,11 @@
 //!    `cuMemcpyHtoDAsync` + `cuMemcpyDtoHAsync` + `cuStreamSynchronize`, on the same pageable memory.
 //!
 //! The driver is chosen as the demo chooses it (`tests::driver_choice`). Results go to
-//! `target/bench/` (`results.json`, `results.md`, three SVG plots); the Markdown tables are printed
+//! `target/bench/` (`results.json`, `results.md`, four SVG plots); the Markdown tables are printed
 //! at the end. `bench --child` and `bench --first-call` are its own children.
 //!
 //! Modules: [`cli`] (the command line), [`parent`] (the full run and `--pool-pairs`), [`stats`]
-//! and [`units`] (the harness's numbers), one per case ([`pools`] and [`pacing`], [`sharing`]
+//! and [`units`] (the harness's numbers), one per case ([`pools`] and [`pacing`], [`scaling`], [`sharing`]
 //! with [`child`], [`server`] and [`rates`], [`vmm`] with [`call_count`], [`first_call`],
 //! [`adaptors`] for (6) and (7)), and
 //! [`report`] (the JSON, Markdown and SVG outputs).
@@ -35,6 +37,7 @@ mod parent;
 mod pools;
 mod rates;
 mod report;
+mod scaling;
 mod server;
 mod sharing;
 mod stats;
@@ -59,6 +62,7 @@ fn main() -> ExitCode {
         Ok(Mode::PoolPairs) => parent::pool_pairs_main(),
         Ok(Mode::Sharing) => parent::sharing_main(),
         Ok(Mode::Vmm) => parent::vmm_main(),
+        Ok(Mode::Scaling) => parent::scaling_main(),
         Ok(Mode::Help) => {
             println!("{}", cli::USAGE);
             Ok(())

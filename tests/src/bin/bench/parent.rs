@@ -13,6 +13,7 @@ use crate::first_call::first_call;
 use crate::pacing::pacing;
 use crate::pools::{POOL_THREADS, PoolRow, pools};
 use crate::report::{self, Results};
+use crate::scaling::scaling;
 use crate::sharing::sharing;
 use crate::vmm::{first_grows, vmm};
 
@@ -43,6 +44,13 @@ pub(crate) fn vmm_main() -> Result<(), Error> {
     let simulator = choice.is_simulator();
     install(choice.driver)?;
     vmm(Device::new(0)?, simulator)?;
+    Ok(())
+}
+
+/// `--scaling`: case (1b)'s curve alone, printed, on the driver the full run would choose.
+pub(crate) fn scaling_main() -> Result<(), Error> {
+    install(choose()?.driver)?;
+    scaling(Device::new(0)?)?;
     Ok(())
 }
 
@@ -78,7 +86,8 @@ pub(crate) fn parent_main() -> Result<(), Error> {
     let step = Instant::now();
     results.pools = pools(device, &[1, POOL_THREADS])?;
     results.pacing = Some(pacing(device)?);
-    println!("[1] pools: done in {:.1} s", step.elapsed().as_secs_f64());
+    results.scaling = scaling(device)?;
+    println!("[1] pools and scaling: done in {:.1} s", step.elapsed().as_secs_f64());
 
     let step = Instant::now();
     let (sharing, lookups) = sharing(device, &path)?;

@@ -18,6 +18,9 @@ pub(super) fn json(results: &Results) -> String {
     out.push_str("  \"pools\": [\n");
     let rows: Vec<String> = results.pools.iter().map(|r| format!("    {}", r.json())).collect();
     out.push_str(&rows.join(",\n"));
+    out.push_str("\n  ],\n  \"scaling\": [\n");
+    let rows: Vec<String> = results.scaling.iter().map(|r| format!("    {}", r.json())).collect();
+    out.push_str(&rows.join(",\n"));
     out.push_str("\n  ],\n");
     if let Some(p) = &results.pacing {
         let _ = writeln!(

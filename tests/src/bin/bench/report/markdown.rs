@@ -5,6 +5,8 @@ use std::fmt::Write as _;
 use super::{Results, host_cpus};
 use crate::adaptors::ADAPTOR_PAIR_SIZE;
 use crate::pacing::PACING_WORK_NS;
+use crate::scaling::{PAIRS_PER_SYNC, SCALING_SIZE, ScalingRow};
+use crate::stats::Stats;
 use crate::units::{bytes, ns};
 use crate::vmm::mode_name;
 
@@ -39,6 +41,15 @@ pub(super) fn markdown(results: &Results) -> String {
         );
     }
 
+    if let Some(threads) = results.pools.iter().map(|r| r.threads).filter(|&t| t > host_cpus()).max() {
+        let _ = writeln!(
+            md,
+            "\nThis host has {} CPUs: on {threads} threads the threads take turns, so those rows measure the \
+             scheduler as much as the pool (see 1b for the curve).",
+            host_cpus()
+        );
+    }
+
     if let Some(p) = &results.pacing {
         let _ = writeln!(
             md,
@@ -53,6 +64,8 @@ pub(super) fn markdown(results: &Results) -> String {
             p.hidden_ns().clamp(0.0, PACING_WORK_NS as f64)
         );
     }
+    scaling(&mut md, &results.scaling);
+
     md.push_str("\n## 2. Sharing with a child process, per buffer\n\n");
     md.push_str(
         "| batch | ours: parent (export+encode+send) | ours: child (recv+decode+import) | ours total | raw: parent | \
@@ -167,4 +180,40 @@ pub(super) fn markdown(results: &Results) -> String {
         );
     }
     md
+}
+
+/// Case (1b)'s table, with which rows have more threads than the host has CPUs.
+fn scaling(md: &mut String, rows: &[ScalingRow]) {
+    let cpus = host_cpus();
+    let _ = writeln!(
+        md,
+        "\n## 1b. Scaling: {} allocate+free pairs on 1–8 threads (one stream per thread)\n\n\
+         All threads allocate from one pool at once, each on a stream of its own, {PAIRS} pairs then a wait for \
+         its stream, over and over. Pairs per second are of all threads together, over the span from the first \
+         thread's start to the last one's end; per thread is the time one pair takes on each thread (threads / \
+         rate). This host has {cpus} CPUs: rows with more threads (marked *) measure the scheduler as much as \
+         the pool, the threads taking turns.\n\n\
+         | threads | Buffer pairs/s | ScopedBuffer pairs/s | raw pairs/s | Buffer per pair per thread | \
+         ScopedBuffer per pair per thread | raw per pair per thread | Buffer/raw | ScopedBuffer/raw |\n\
+         |---|---|---|---|---|---|---|---|---|",
+        bytes(SCALING_SIZE),
+        PAIRS = PAIRS_PER_SYNC,
+    );
+    let rate = |s: &Stats| format!("{:.2} M ({:.2}–{:.2} M)", s.median / 1e6, s.p10 / 1e6, s.p90 / 1e6);
+    for r in rows {
+        let _ = writeln!(
+            md,
+            "| {}{} | {} | {} | {} | {} | {} | {} | {:.2}× | {:.2}× |",
+            r.threads,
+            if r.threads > cpus { " *" } else { "" },
+            rate(&r.buffer),
+            rate(&r.scoped),
+            rate(&r.raw),
+            ns(r.per_thread_ns(&r.buffer)),
+            ns(r.per_thread_ns(&r.scoped)),
+            ns(r.per_thread_ns(&r.raw)),
+            r.ratio(&r.buffer),
+            r.ratio(&r.scoped)
+        );
+    }
 }

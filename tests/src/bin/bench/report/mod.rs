@@ -1,5 +1,5 @@
 //! The outputs: what the run found ([`Results`]), written to the output folder as JSON
-//! ([`json`]), Markdown ([`markdown`]) and three SVG plots ([`svg`]).
+//! ([`json`]), Markdown ([`markdown`]) and four SVG plots ([`svg`]).
 
 mod json;
 mod markdown;
@@ -12,6 +12,7 @@ use crate::Error;
 use crate::adaptors::{AdaptorRow, CopyRow};
 use crate::pacing::Pacing;
 use crate::pools::PoolRow;
+use crate::scaling::ScalingRow;
 use crate::sharing::{RateRow, ShareRow};
 use crate::stats::Stats;
 use crate::vmm::VmmMode;
@@ -31,6 +32,8 @@ pub(crate) struct Results {
     pub(crate) vmm: Vec<VmmMode>,
     /// One growth from one chunk to two, repeated: (moving, its time).
     pub(crate) first_grows: Vec<(bool, Stats)>,
+    /// Case (1b): pairs per second against threads.
+    pub(crate) scaling: Vec<ScalingRow>,
     /// Case (1)'s additivity check.
     pub(crate) pacing: Option<Pacing>,
     /// Case (4).
@@ -43,7 +46,8 @@ pub(crate) struct Results {
     pub(crate) copies: Vec<CopyRow>,
 }
 
-/// Writes `results.json`, `results.md`, `vmm_steps.svg`, `pools.svg` and `copies.svg` to the output folder,
+/// Writes `results.json`, `results.md`, `vmm_steps.svg`, `pools.svg`, `scaling.svg` and `copies.svg` to the
+/// output folder,
 /// then prints the Markdown and what it wrote, with the time since `total`.
 pub(crate) fn write_all(results: &Results, total: Instant) -> Result<(), Error> {
     let out = tests::output::output_dir("BENCH_OUT", "bench");
@@ -53,18 +57,19 @@ pub(crate) fn write_all(results: &Results, total: Instant) -> Result<(), Error> 
     write(&out.join("results.md"), &markdown)?;
     write(&out.join("vmm_steps.svg"), &svg::vmm_svg(&results.vmm))?;
     write(&out.join("pools.svg"), &svg::pools_svg(&results.pools))?;
+    write(&out.join("scaling.svg"), &svg::scaling_svg(&results.scaling, host_cpus()))?;
     write(&out.join("copies.svg"), &svg::copies_svg(&results.copies))?;
     println!("\n{markdown}");
     println!(
-        "wrote {}/{{results.json, results.md, vmm_steps.svg, pools.svg, copies.svg}} in {:.1} s",
+        "wrote {}/{{results.json, results.md, vmm_steps.svg, pools.svg, scaling.svg, copies.svg}} in {:.1} s",
         out.display(),
         total.elapsed().as_secs_f64()
     );
     Ok(())
 }
 
-/// The CPUs this process may run on: with fewer than the 4 threads of case (1), the threads
-/// take turns and the 4-thread rows measure the scheduler as much as the pool.
+/// The CPUs this process may run on: with fewer than the threads of a row of case (1) or (1b),
+/// the threads take turns and the row measures the scheduler as much as the pool.
 fn host_cpus() -> usize {
     std::thread::available_parallelism().map_or(0, usize::from)
 }

@@ -1,10 +1,12 @@
-//! The SVG plots: a small line-plot writer ([`svg`]), and the three plots made with it (VMM step
-//! times against the buffer's size, case (1)'s pairs and case (7)'s copies against the size).
+//! The SVG plots: a small line-plot writer ([`svg`]), and the four plots made with it (VMM step
+//! times against the buffer's size, case (1)'s pairs and case (7)'s copies against the size,
+//! case (1b)'s pairs against the threads).
 
 use std::fmt::Write as _;
 
 use crate::adaptors::{COPY_SIZES, CopyRow};
 use crate::pools::{POOL_SIZES, POOL_THREADS, PoolRow};
+use crate::scaling::{SCALING_SIZE, SCALING_THREADS, ScalingRow};
 use crate::units::{MIB, bytes, ns};
 use crate::vmm::VmmMode;
 
@@ -191,6 +193,41 @@ pub(super) fn pools_svg(rows: &[PoolRow]) -> String {
     svg(&Plot {
         title: "Pool allocate+free pair: safe API (Buffer, ScopedBuffer) vs raw calls",
         x_label: "allocation size (log scale)",
+        y_label: "time per pair (median)",
+        log_x: true,
+        log_y: false,
+        series,
+        x_ticks,
+    })
+}
+
+/// `scaling.svg`: time per pair against the threads, a line per kind: all threads together
+/// (wall time over pairs, 1 / rate) and on each thread (threads / rate).
+pub(super) fn scaling_svg(rows: &[ScalingRow], cpus: usize) -> String {
+    let kinds = ["Buffer", "ScopedBuffer", "raw"];
+    let colors = [["#1f77b4", "#2ca02c", "#d62728"], ["#aec7e8", "#98df8a", "#ff9896"]];
+    let mut lines = Vec::new();
+    for (per_thread, colors) in [false, true].into_iter().zip(colors) {
+        for (k, (kind, color)) in kinds.into_iter().zip(colors).enumerate() {
+            let points: Vec<(f64, f64)> = rows
+                .iter()
+                .map(|r| {
+                    let rate = r.kinds()[k].1;
+                    let all = 1e9 / rate.median;
+                    (r.threads as f64, if per_thread { all * r.threads as f64 } else { all })
+                })
+                .collect();
+            let whose = if per_thread { "on each thread" } else { "all threads" };
+            lines.push((format!("{kind}, {whose}"), color, points));
+        }
+    }
+    let series = lines.iter().map(|(name, color, points)| (name.as_str(), *color, points.clone())).collect();
+    let x_ticks = SCALING_THREADS.iter().map(|&t| (t as f64, t.to_string())).collect();
+    let title = format!("Pool allocate+free pairs ({}) on 1-8 threads, a stream each", bytes(SCALING_SIZE));
+    let x_label = format!("threads (log scale); this host has {cpus} CPUs: beyond {cpus} threads take turns");
+    svg(&Plot {
+        title: &title,
+        x_label: &x_label,
         y_label: "time per pair (median)",
         log_x: true,
         log_y: false,
