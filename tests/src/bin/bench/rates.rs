@@ -35,7 +35,7 @@ pub(crate) fn rate(
     total: usize,
     op: impl Fn(usize) -> Result<(), Error> + Sync,
 ) -> Result<Stats, Error> {
-    rate_per_thread(threads, total, 5, |t| Ok(t), |t: &usize| op(*t))
+    rate_per_thread(threads, total, 5, Ok, |t: &usize| op(*t))
 }
 
 /// Operations per second of `op` on `threads` threads, `total` operations per repetition split
