@@ -646,8 +646,18 @@ impl<'a> ScopedBuffer<'a> {
             return Ok(());
         };
         // `&mut self`: no other reference can be noting a use, so no lock is needed.
-        let uses = std::mem::take(self.used_on.get_mut().unwrap_or_else(PoisonError::into_inner));
-        let freed = order_after_uses(stream, &uses).and_then(|free_on| {
+        let used_on = self.used_on.get_mut().unwrap_or_else(PoisonError::into_inner);
+        // The common case, a buffer used only on the stream it is freed on, which the calling
+        // thread can name: its work so far is all the free must follow, in that stream's own
+        // order, so nothing is ordered (no event) and the uses are neither taken nor put back.
+        if used_on.is_empty() && !stream.is_foreign_per_thread() {
+            // SAFETY: as below; every use of the memory was enqueued on `stream`, before this.
+            unsafe { resource.deallocate_raw(self.ptr, self.size, stream) }?;
+            self.size = 0;
+            return Ok(());
+        }
+        let uses = std::mem::take(used_on);
+        let freed = order_after_other_streams(stream, &uses).and_then(|free_on| {
             // SAFETY: the pointer came from this resource's `allocate_raw` (or the caller of
             // `from_raw_owned` promised so) and is freed only here, once: the size is zeroed
             // below when it was, so neither `close` nor `Drop` frees it again; `free_on` is
@@ -709,8 +719,7 @@ impl std::error::Error for CloseError<'_> {
 /// returns the stream to free on.
 #[inline]
 fn order_after_uses<'s>(stream: &'s Stream, uses: &[Stream]) -> Result<Cow<'s, Stream>> {
-    // The common case, a buffer used on its own stream only, orders nothing: decided here,
-    // inlined into every free, without a call.
+    // A buffer used on its own stream only orders nothing (as `release`'s fast path).
     if uses.is_empty() && !stream.is_foreign_per_thread() {
         return Ok(Cow::Borrowed(stream));
     }
