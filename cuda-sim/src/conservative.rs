@@ -165,7 +165,8 @@
 //!   (its `PatternGen` helper) on GPUs. What a GPU answers for each is the probe's question
 //!   `host-pool-before-access`.
 //! - **Freed pool memory's bytes are reused as they were**: a pool allocation may get the host
-//!   backing of one freed earlier (of any pool in the process, same length), old contents
+//!   backing of one freed earlier (of any pool in the process: same length, or for device pool
+//!   allocations up to 1 MiB, same power-of-two class; see `crate::blocks`), old contents
 //!   included, as reused pool memory is not cleared on a GPU; code must not count on fresh pool
 //!   memory being zero. Device addresses are still not reused until the arena wraps, so stale
 //!   device pointers are still reported.

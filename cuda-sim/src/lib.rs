@@ -128,6 +128,8 @@ pub const BUILD_ID: &str = env!("CUDA_SIM_BUILD_ID");
 #[cfg(target_os = "linux")]
 pub(crate) mod api;
 #[cfg(target_os = "linux")]
+mod blocks;
+#[cfg(target_os = "linux")]
 mod capture;
 #[cfg(target_os = "linux")]
 mod config;

@@ -34,9 +34,20 @@ const ARENA_SIZES: [u64; 4] = [1 << 40, 1 << 38, 1 << 36, 1 << 34];
 pub(crate) struct Mapping {
     ptr: NonNull<u8>,
     len: usize,
-    owned: bool,
-    /// Kept for reuse when dropped (see [`RECYCLED`]) rather than unmapped.
-    recycle: bool,
+    origin: Origin,
+}
+
+/// Where a [`Mapping`]'s memory came from, and so where it goes when dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Origin {
+    /// Mapped for it: unmapped when dropped.
+    Owned,
+    /// Mapped for a pool allocation: kept for reuse when dropped (see [`RECYCLED`]).
+    Recycled,
+    /// A block of a larger mapping (see [`crate::blocks`]), of the class given: given back to it.
+    Block(usize),
+    /// The application's (`cuMemHostRegister`): left alone.
+    Borrowed,
 }
 
 /// Host backings of freed pool allocations, kept for the next pool allocation of the same
@@ -104,11 +115,23 @@ impl Mapping {
     fn pooled(len: usize) -> SimResult<Mapping> {
         let kept = recycled().take(len);
         let mut mapping = match kept {
-            Some(Backing(ptr)) => Mapping { ptr, len, owned: true, recycle: false },
+            Some(Backing(ptr)) => Mapping { ptr, len, origin: Origin::Owned },
             None => Mapping::read_write(len)?,
         };
-        mapping.recycle = true;
+        mapping.origin = Origin::Recycled;
         Ok(mapping)
+    }
+
+    /// `len` bytes of readable and writable memory for a device pool allocation, which the
+    /// application never reaches through this address: a block of a larger mapping for sizes up
+    /// to [`blocks::LARGEST`](crate::blocks::LARGEST) (a freed block's old bytes included), else
+    /// as [`pooled`](Mapping::pooled).
+    fn device_pooled(len: usize) -> SimResult<Mapping> {
+        if len > crate::blocks::LARGEST {
+            return Mapping::pooled(len);
+        }
+        let (ptr, class) = crate::blocks::take(len)?;
+        Ok(Mapping { ptr, len, origin: Origin::Block(class) })
     }
 
     /// Reserves `len` bytes of address space that cannot be accessed.
@@ -122,7 +145,7 @@ impl Mapping {
         let ptr = unsafe { rustix::mm::mmap_anonymous(std::ptr::null_mut(), len, prot, flags) }
             .map_err(|_| CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
         let ptr = NonNull::new(ptr.cast::<u8>()).ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
-        Ok(Mapping { ptr, len, owned: true, recycle: false })
+        Ok(Mapping { ptr, len, origin: Origin::Owned })
     }
 
     /// Maps `len` bytes of `file` at `offset`, shared (so other processes mapping the same file
@@ -135,12 +158,12 @@ impl Mapping {
             unsafe { rustix::mm::mmap(std::ptr::null_mut(), len, prot, rustix::mm::MapFlags::SHARED, file, offset) }
                 .map_err(|_| CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
         let ptr = NonNull::new(ptr.cast::<u8>()).ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
-        Ok(Mapping { ptr, len, owned: true, recycle: false })
+        Ok(Mapping { ptr, len, origin: Origin::Owned })
     }
 
     /// Describes application memory without taking ownership of it.
     fn borrowed(ptr: NonNull<u8>, len: usize) -> Mapping {
-        Mapping { ptr, len, owned: false, recycle: false }
+        Mapping { ptr, len, origin: Origin::Borrowed }
     }
 
     /// The first byte.
@@ -156,12 +179,14 @@ impl Mapping {
 
 impl Drop for Mapping {
     fn drop(&mut self) {
-        if self.owned && self.recycle && recycled().keep(Backing(self.ptr), self.len).is_none() {
-            return;
-        }
-        if self.owned {
-            // SAFETY: the range was mapped by `Mapping::new` and is unmapped once, here.
-            let _ = unsafe { rustix::mm::munmap(self.ptr.as_ptr().cast(), self.len) };
+        match self.origin {
+            Origin::Borrowed => {}
+            Origin::Block(class) => crate::blocks::give_back(self.ptr, class),
+            Origin::Recycled if recycled().keep(Backing(self.ptr), self.len).is_none() => {}
+            Origin::Owned | Origin::Recycled => {
+                // SAFETY: the range was mapped by `Mapping::new` and is unmapped once, here.
+                let _ = unsafe { rustix::mm::munmap(self.ptr.as_ptr().cast(), self.len) };
+            }
         }
     }
 }
@@ -462,7 +487,8 @@ impl MemoryTable {
     pub(crate) fn alloc(&mut self, size: usize, kind: Kind, device: usize, ctx: usize) -> SimResult<u64> {
         ensure(size > 0)?;
         let backing = match kind {
-            Kind::Pooled { .. } => Mapping::pooled(size)?,
+            Kind::Pooled { host: false, .. } => Mapping::device_pooled(size)?,
+            Kind::Pooled { host: true, .. } => Mapping::pooled(size)?,
             _ => Mapping::read_write(size)?,
         };
         self.place(size, kind, device, ctx, Arc::new(backing), None)
@@ -831,7 +857,7 @@ mod tests {
         // Unmap them again, for the other tests.
         loop {
             let Some(Backing(ptr)) = recycled().take(len) else { break };
-            drop(Mapping { ptr, len, owned: true, recycle: false });
+            drop(Mapping { ptr, len, origin: Origin::Owned });
         }
     }
 
