@@ -148,6 +148,19 @@
 //! [`IpcChannel::release_resource`]; buffers keep their pool alive themselves. A complete program
 //! is `examples/two_process.rs` (`cargo run -p cuda-mem-ipc --example two_process`).
 //!
+//! What cuda.core writes for the hand-over, with its descriptor pickled across by the user:
+//!
+//! ```python
+//! done = stream.record(options=EventOptions(ipc_enabled=True))  # timing off
+//! send(done.ipc_descriptor)                                      # the sender
+//! stream.wait(Event.from_ipc_descriptor(receive()))              # the receiver: on the GPU
+//! ```
+//!
+//! is, here, `Event::new(device, EventOptions::default().interprocess())`, `record`, and
+//! [`IpcChannel::send_buffers_after`] or [`IpcChannel::send_event`] on one side, and
+//! [`IpcChannel::recv`] on the other, which opens the event (once per channel) and makes the
+//! stream wait (below).
+//!
 //! The other process may be a Python one that uses cuda.core: the repository's
 //! `python/cuda_mem_exchange.py` speaks [`IpcChannel`]'s messages there, turning them into
 //! cuda.core pools and buffers and cuda.core's into them (its docstring shows both directions).
