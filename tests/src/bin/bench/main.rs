@@ -6,7 +6,8 @@
 //!    (1b) the same pairs (256 B) on 1, 2, 4 and 8 threads at once, a stream each, as pairs per
 //!    second of all threads together (`--scaling`: this case alone, printed);
 //! 2. sharing buffers with a child process (this program with `--child`), through
-//!    `IpcChannel` and through the two raw driver calls, for batches of 1, 64 and 1,024;
+//!    `IpcChannel` and through the two raw driver calls, for batches of 1, 64 and 1,024, and a
+//!    re-send of the 1,024 already sent against the raw path (its target: ≤ 1/10 of raw);
 //! 3. VMM growth from 2 MiB to 1 GiB in 2 MiB steps, in place, forced to move and with the
 //!    device's memory reserved ahead, timed per step, with the driver calls per step counted on
 //!    the simulator (`--vmm`: this case alone, printed);

@@ -90,9 +90,10 @@ pub(crate) fn parent_main() -> Result<(), Error> {
     println!("[1] pools and scaling: done in {:.1} s", step.elapsed().as_secs_f64());
 
     let step = Instant::now();
-    let (sharing, lookups) = sharing(device, &path)?;
-    results.sharing = sharing;
-    results.lookups = lookups;
+    let sharing = sharing(device, &path)?;
+    results.sharing = sharing.rows;
+    results.resend = sharing.resend;
+    results.lookups = sharing.rates;
     println!("[2, 4] sharing, registry and import cache: done in {:.1} s", step.elapsed().as_secs_f64());
 
     let step = Instant::now();

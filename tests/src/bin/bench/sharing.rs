@@ -41,6 +41,43 @@ impl ShareRow {
     }
 }
 
+/// A re-send of the largest batch, already sent and still held by the child: ns per buffer on
+/// each side, against the raw export+import of the same batch.
+pub(crate) struct ResendRow {
+    /// Buffers re-sent at once.
+    pub(crate) batch: usize,
+    /// Per buffer: parent side (send), child side (recv, found in its imports), both.
+    pub(crate) parent: Stats,
+    pub(crate) child: Stats,
+    pub(crate) both: Stats,
+    /// Per buffer, both sides, through the two raw driver calls (the batch's [`ShareRow::raw`]).
+    pub(crate) raw: Stats,
+}
+
+impl ResendRow {
+    /// The target: a re-send costs at most this fraction of the raw export+import per buffer.
+    pub(crate) const TARGET: f64 = 0.1;
+
+    /// Both sides' median over the raw path's.
+    pub(crate) fn ratio(&self) -> f64 {
+        self.both.median / self.raw.median
+    }
+
+    /// As a JSON object, `results.json`'s `sharing_resend`.
+    pub(crate) fn json(&self) -> String {
+        format!(
+            r#"{{"batch":{},"per_buffer":{{"parent":{},"child":{},"both":{},"raw":{}}},"ratio_to_raw":{:.4},"target_ratio":{}}}"#,
+            self.batch,
+            self.parent.json(),
+            self.child.json(),
+            self.both.json(),
+            self.raw.json(),
+            self.ratio(),
+            Self::TARGET
+        )
+    }
+}
+
 /// One operation of case (4) on one thread count.
 pub(crate) struct RateRow {
     /// The operation, in words.
@@ -68,9 +105,18 @@ impl PerBuffer {
     }
 }
 
-/// Cases (2) and (4) with a child on the driver at `driver_path`: a row per batch, a row per
-/// operation and thread count.
-pub(crate) fn sharing(device: Device, driver_path: &Path) -> Result<(Vec<ShareRow>, Vec<RateRow>), Error> {
+/// What cases (2) and (4) found.
+pub(crate) struct Sharing {
+    /// A row per batch (first sends).
+    pub(crate) rows: Vec<ShareRow>,
+    /// The re-send of the largest batch (none without batches).
+    pub(crate) resend: Option<ResendRow>,
+    /// A row per operation and thread count of case (4).
+    pub(crate) rates: Vec<RateRow>,
+}
+
+/// Cases (2) and (4) with a child on the driver at `driver_path`.
+pub(crate) fn sharing(device: Device, driver_path: &Path) -> Result<Sharing, Error> {
     let d = cuda_mem_core::driver()?;
     let stream = Stream::new(device, StreamOptions::default().non_blocking())?;
     let pool = DeviceMemoryResource::new(device, DeviceMemoryResourceOptions::default().ipc_enabled(true))?;
@@ -144,7 +190,7 @@ pub(crate) fn sharing(device: Device, driver_path: &Path) -> Result<(Vec<ShareRo
         );
         rows.push(row);
     }
-    resend(&mut child, &buffers, &rows)?;
+    let resend = resend(&mut child, &buffers, &rows)?;
 
     // 4: one buffer for the child to hold and import again.
     child.ipc.send_buffers(&[&buffers[0]])?;
@@ -165,13 +211,13 @@ pub(crate) fn sharing(device: Device, driver_path: &Path) -> Result<(Vec<ShareRo
     child.exit()?;
     drop(buffers);
     stream.synchronize()?;
-    Ok((rows, rates))
+    Ok(Sharing { rows, resend, rates })
 }
 
 /// A re-send of the largest batch, already sent and still held by the child: per buffer on each
 /// side and both, against the raw export+import of the same batch (ratio of the medians).
-fn resend(child: &mut Child, buffers: &[Buffer], rows: &[ShareRow]) -> Result<(), Error> {
-    let Some(raw) = rows.last() else { return Ok(()) };
+fn resend(child: &mut Child, buffers: &[Buffer], rows: &[ShareRow]) -> Result<Option<ResendRow>, Error> {
+    let Some(raw) = rows.last() else { return Ok(None) };
     let batch = raw.batch.min(buffers.len());
     let refs: Vec<&Buffer> = buffers[..batch].iter().collect();
     child.ipc.send_buffers(&refs)?;
@@ -190,14 +236,20 @@ fn resend(child: &mut Child, buffers: &[Buffer], rows: &[ShareRow]) -> Result<()
     }
     child.command("release")?;
     child.reply()?;
-    let (parent, child_side, both) = (Stats::of(again.parent), Stats::of(again.child), Stats::of(again.both));
+    let row = ResendRow {
+        batch,
+        parent: Stats::of(again.parent),
+        child: Stats::of(again.child),
+        both: Stats::of(again.both),
+        raw: raw.raw,
+    };
     println!(
         "  re-send of {batch} already-sent buffers: parent {} child {} both {} per buffer; raw {} ({:.3} of raw)",
-        parent.show(),
-        child_side.show(),
-        both.show(),
-        raw.raw.show(),
-        both.median / raw.raw.median
+        row.parent.show(),
+        row.child.show(),
+        row.both.show(),
+        row.raw.show(),
+        row.ratio()
     );
-    Ok(())
+    Ok(Some(row))
 }

@@ -50,7 +50,14 @@ pub(super) fn json(results: &Results) -> String {
         })
         .collect();
     out.push_str(&rows.join(",\n"));
-    out.push_str("\n  ],\n  \"vmm\": [\n");
+    out.push_str("\n  ],\n");
+    match &results.resend {
+        Some(r) => {
+            let _ = writeln!(out, r#"  "sharing_resend": {},"#, r.json());
+        }
+        None => out.push_str("  \"sharing_resend\": null,\n"),
+    }
+    out.push_str("  \"vmm\": [\n");
     let rows: Vec<String> = results
         .vmm
         .iter()

@@ -6,6 +6,7 @@ use super::{Results, host_cpus};
 use crate::adaptors::ADAPTOR_PAIR_SIZE;
 use crate::pacing::PACING_WORK_NS;
 use crate::scaling::{PAIRS_PER_SYNC, SCALING_SIZE, ScalingRow};
+use crate::sharing::ResendRow;
 use crate::stats::Stats;
 use crate::units::{bytes, ns};
 use crate::vmm::mode_name;
@@ -84,6 +85,9 @@ pub(super) fn markdown(results: &Results) -> String {
             r.raw.show(),
             ns(r.overhead())
         );
+    }
+    if let Some(r) = &results.resend {
+        resend(&mut md, r);
     }
 
     md.push_str("\n## 3. VMM growth, 2 MiB to 1 GiB in 2 MiB steps\n\n");
@@ -180,6 +184,26 @@ pub(super) fn markdown(results: &Results) -> String {
         );
     }
     md
+}
+
+/// Case (2)'s re-send row: buffers already sent, sent again, against the raw export+import.
+fn resend(md: &mut String, r: &ResendRow) {
+    let _ = writeln!(
+        md,
+        "\nRe-send of {batch} buffers already sent, still held by the child: per buffer, the parent's send (each \
+         buffer's export kept from its first send) and the child's recv (each found among the channel's imports), \
+         against the raw export+import of the same batch above.\n\n\
+         | batch | parent (send) | child (recv) | both | raw export+import | both/raw | target ≤ 1/10 of raw |\n\
+         |---|---|---|---|---|---|---|\n\
+         | {batch} | {} | {} | {} | {} | {:.3}× | {} |",
+        r.parent.show(),
+        r.child.show(),
+        r.both.show(),
+        r.raw.show(),
+        r.ratio(),
+        if r.ratio() <= ResendRow::TARGET { "met" } else { "missed" },
+        batch = r.batch,
+    );
 }
 
 /// Case (1b)'s table, with which rows have more threads than the host has CPUs.

@@ -13,7 +13,7 @@ use crate::adaptors::{AdaptorRow, CopyRow};
 use crate::pacing::Pacing;
 use crate::pools::PoolRow;
 use crate::scaling::ScalingRow;
-use crate::sharing::{RateRow, ShareRow};
+use crate::sharing::{RateRow, ResendRow, ShareRow};
 use crate::stats::Stats;
 use crate::vmm::VmmMode;
 
@@ -28,6 +28,8 @@ pub(crate) struct Results {
     pub(crate) pools: Vec<PoolRow>,
     /// Case (2).
     pub(crate) sharing: Vec<ShareRow>,
+    /// Case (2)'s re-send of buffers already sent.
+    pub(crate) resend: Option<ResendRow>,
     /// Case (3), per mode.
     pub(crate) vmm: Vec<VmmMode>,
     /// One growth from one chunk to two, repeated: (moving, its time).
@@ -76,4 +78,50 @@ fn host_cpus() -> usize {
 
 fn write(path: &Path, text: &str) -> Result<(), Error> {
     std::fs::write(path, text).map_err(|e| format!("writing {}: {e}", path.display()).into())
+}
+
+#[cfg(test)]
+mod report_tests {
+    use super::*;
+
+    /// `median (p10–p90)` of nanoseconds, from 100 samples.
+    fn stats(median: f64, p10: f64, p90: f64) -> Stats {
+        Stats { median, p10, p90, n: 100 }
+    }
+
+    /// Results with a re-send at 1/20 of raw: 50 + 25 ns against 1,500 ns.
+    fn with_resend() -> Results {
+        let resend = ResendRow {
+            batch: 1024,
+            parent: stats(50.0, 40.0, 60.0),
+            child: stats(25.0, 20.0, 30.0),
+            both: stats(75.0, 65.0, 85.0),
+            raw: stats(1500.0, 1400.0, 1600.0),
+        };
+        Results { resend: Some(resend), ..Results::default() }
+    }
+
+    #[test]
+    fn the_json_has_the_resend_with_its_raw_figure() {
+        let json = json::json(&with_resend());
+        let expected = r#"  "sharing_resend": {"batch":1024,"per_buffer":{"parent":{"median":50.0,"p10":40.0,"p90":60.0,"n":100},"child":{"median":25.0,"p10":20.0,"p90":30.0,"n":100},"both":{"median":75.0,"p10":65.0,"p90":85.0,"n":100},"raw":{"median":1500.0,"p10":1400.0,"p90":1600.0,"n":100}},"ratio_to_raw":0.0500,"target_ratio":0.1},"#;
+        assert!(json.lines().any(|line| line == expected), "{json}");
+        let without = json::json(&Results::default());
+        assert!(without.lines().any(|line| line == r#"  "sharing_resend": null,"#), "{without}");
+    }
+
+    #[test]
+    fn the_markdown_has_the_resend_row_with_its_ratio_and_target() {
+        let md = markdown::markdown(&with_resend());
+        let row = md.lines().find(|line| line.starts_with("| 1024 |")).unwrap_or_else(|| panic!("{md}"));
+        assert!(row.contains("| 0.050× | met |"), "{row}");
+        assert!(md.contains("target ≤ 1/10 of raw"), "{md}");
+        let mut missed = with_resend();
+        if let Some(r) = &mut missed.resend {
+            r.both = stats(300.0, 290.0, 310.0);
+        }
+        let md = markdown::markdown(&missed);
+        assert!(md.contains("| 0.200× | missed |"), "{md}");
+        assert!(!markdown::markdown(&Results::default()).contains("Re-send"));
+    }
 }
