@@ -70,7 +70,8 @@
 //!
 //! - `resource.usage()` ([`MemoryPool::usage`]): a pool's [`PoolUsage`] in one call: used and
 //!   reserved bytes, their high-water marks, and the live allocations made through it (counted
-//!   here: one relaxed atomic add per allocation and per free, the only cost on the hot path).
+//!   here, in a slot per thread: a load and a store per allocation and per free, no locked
+//!   instruction, the only cost on the hot path).
 //! - [`Device::memory_info`]: the device's free and total memory ([`MemoryInfo`],
 //!   `cuMemGetInfo`).
 //! - The optional feature `tracing` (off by default): [`tracing`](https://docs.rs/tracing)

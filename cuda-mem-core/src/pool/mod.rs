@@ -19,13 +19,13 @@
 mod attributes;
 mod imports;
 mod kind;
+mod live_count;
 mod peers;
 #[cfg(unix)]
 mod shareable;
 mod sharing;
 
 use std::any::Any;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use cuda_mem_sys::cu_call;
 use cuda_mem_sys::types::{CUmemPoolProps, CUmemoryPool};
@@ -96,8 +96,9 @@ pub struct MemoryPool {
     /// out-of-memory error.
     max_size: Option<usize>,
     /// Allocations made through this value and not yet freed: the one cost [`MemoryPool::usage`]
-    /// adds to allocation and freeing (a relaxed atomic add), as the driver does not count them.
-    live_allocations: AtomicU64,
+    /// adds to allocation and freeing (a per-thread slot, no locked instruction; see
+    /// [`live_count`]), as the driver does not count them.
+    live_allocations: live_count::LiveCount,
 }
 
 // SAFETY: the handle is an opaque token that only the driver interprets (Rust never dereferences
@@ -149,7 +150,7 @@ impl MemoryPool {
             handle_once: std::sync::OnceLock::new(),
             claim: None,
             max_size: None,
-            live_allocations: AtomicU64::new(0),
+            live_allocations: live_count::LiveCount::default(),
         }
     }
 
@@ -199,7 +200,7 @@ impl MemoryPool {
         if let Err(error) = allocated {
             return Err(self.allocation_failed(error, size));
         }
-        self.live_allocations.fetch_add(1, Ordering::Relaxed);
+        self.live_allocations.add();
         crate::memory_event!(
             TRACE,
             size,
@@ -219,7 +220,7 @@ impl MemoryPool {
     pub(crate) unsafe fn deallocate(&self, ptr: DevicePtr, _size: usize, stream: &Stream) -> Result<()> {
         // SAFETY: forwarded from the caller.
         unsafe { self.free_async(ptr, stream) }?;
-        self.live_allocations.fetch_sub(1, Ordering::Relaxed);
+        self.live_allocations.sub();
         crate::memory_event!(
             TRACE,
             size = _size,
