@@ -387,7 +387,8 @@ fn checked_stream<'s>(stream: &'s Stream, d: &Driver, operation: &'static str) -
         return Err(CopyError::LegacyStream { operation }.into());
     }
     stream.bind_if_default()?;
-    if stream.is_capturing_bound()? {
+    // The same knowledge the pools use: the driver is asked only where this crate cannot know.
+    if stream.refuses_allocation()? {
         return Err(CopyError::Capturing { operation }.into());
     }
     Ok(stream)

@@ -478,7 +478,8 @@ impl Stream {
     }
 
     /// Whether a resource may not allocate on the stream because it captures (a pool would
-    /// allocate outside the graph; see [`Error::CapturingStream`](crate::Error::CapturingStream)), asking the driver
+    /// allocate outside the graph; see [`Error::CapturingStream`](crate::Error::CapturingStream)),
+    /// nor a copy with options run on it (`copy_batch` and the `_with` copies), asking the driver
     /// (`cuStreamIsCapturing`) only where this crate does not know
     /// ([`capture_state`](Stream::capture_state)): a capture of this crate's is refused at once,
     /// a stream known not to capture allocates at once. The legacy default stream, which cannot
