@@ -126,9 +126,12 @@
 //!   unmapping. Stream work on a `cuMemAlloc` or pool allocation freed after it was enqueued
 //!   still completes, as described under `cuMemFree` below. The sticky error is returned by
 //!   `cuStreamSynchronize`, `cuStreamQuery` and `cuCtxSynchronize` once the faulting work ran,
-//!   and by every later call that names the context's streams or needs its current context,
-//!   until the context is destroyed (a primary context reset or released); event waits and
-//!   queries do not report it.
+//!   and by every later call that names the context's streams or needs its current context, or
+//!   names an event created in it (`cuEventQuery`, `cuEventSynchronize`, `cuEventElapsedTime`,
+//!   `cuEventDestroy`: `cuda.h` says each "may also return error codes from previous,
+//!   asynchronous launches"), until the context is destroyed (a primary context reset or
+//!   released). `cuEventDestroy` destroys the event all the same (`cuda.h` does not say; a
+//!   handle destroyed with an error is not used again).
 //! - **A copy from pageable host memory captured into a graph** reads its source when a launch
 //!   runs it, as a memcpy node does, not when it is captured (nothing is staged or waited for
 //!   at the capture); `cuda.h` does not refuse pageable memory in a capture. The application

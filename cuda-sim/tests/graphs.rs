@@ -18,7 +18,7 @@ use common::{
 };
 use cuda_mem_sys::cu_call;
 use cuda_mem_sys::types::{
-    CUDA_GRAPH_INSTANTIATE_PARAMS, CUdeviceptr, CUevent_flags, CUgraph, CUgraphExec, CUgraphInstantiateResult,
+    CUDA_GRAPH_INSTANTIATE_PARAMS, CUdeviceptr, CUevent, CUevent_flags, CUgraph, CUgraphExec, CUgraphInstantiateResult,
     CUgraphMem_attribute, CUmemPoolProps, CUresult, CUstream, CUstreamCaptureMode, CUstreamCaptureStatus, CUuserObject,
 };
 
@@ -948,6 +948,44 @@ fn replaying_over_unmapped_vmm_memory_is_an_illegal_address() {
         let exec = instantiate(graph);
         assert_eq!(vmm_unmap(ptr), CUresult::CUDA_SUCCESS);
         assert_eq!(launch(exec, s), CUresult::CUDA_SUCCESS, "the fault is asynchronous");
+        assert_sticky_illegal_address(s);
+        // SAFETY: plain values.
+        unsafe {
+            cu_call!(driver(), cuMemRelease(handle)).unwrap();
+            cu_call!(driver(), cuMemAddressFree(ptr, VMM_GRANULE)).unwrap();
+        }
+    });
+}
+
+/// The calls on an event of a faulted context report the sticky error too (`cuda.h`: each "may
+/// also return error codes from previous, asynchronous launches"), an event completed before the
+/// fault included; its destruction destroys it all the same.
+#[test]
+fn events_of_a_faulted_context_report_the_sticky_error() {
+    in_child!(&[], || {
+        use_device(0);
+        let (ptr, handle) = vmm_memory();
+        let (s, graph) = capture(RELAXED, |s| memset_async(ptr, 7, 64, s));
+        let exec = instantiate(graph);
+        let mut event: CUevent = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer; plain values.
+        unsafe {
+            cu_call!(driver(), cuEventCreate(&mut event, 0)).unwrap();
+            cu_call!(driver(), cuEventRecord(event, s)).unwrap();
+            cu_call!(driver(), cuEventSynchronize(event)).unwrap();
+        }
+        assert_eq!(vmm_unmap(ptr), CUresult::CUDA_SUCCESS);
+        assert_eq!(launch(exec, s), CUresult::CUDA_SUCCESS);
+        assert_eq!(stream_sync_code(s), ILLEGAL_ADDRESS);
+        let mut ms = 0f32;
+        // SAFETY: a valid out-pointer; plain values.
+        unsafe {
+            assert_eq!(code!(driver(), cuEventQuery(event)), ILLEGAL_ADDRESS, "a query");
+            assert_eq!(code!(driver(), cuEventSynchronize(event)), ILLEGAL_ADDRESS, "a wait");
+            assert_eq!(code!(driver(), cuEventElapsedTime_v2(&mut ms, event, event)), ILLEGAL_ADDRESS, "timing");
+            assert_eq!(code!(driver(), cuEventDestroy_v2(event)), ILLEGAL_ADDRESS, "the destruction reports it");
+            assert_eq!(code!(driver(), cuEventQuery(event)), CUresult::CUDA_ERROR_INVALID_HANDLE, "and destroyed it");
+        }
         assert_sticky_illegal_address(s);
         // SAFETY: plain values.
         unsafe {

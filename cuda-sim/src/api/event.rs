@@ -38,6 +38,17 @@ fn find(event: CUevent) -> crate::error::SimResult<std::sync::Arc<Event>> {
     state::lock()?.events.get(&(event as usize)).cloned().ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)
 }
 
+/// The sticky error of the context `event` was created in, once its work faulted: the calls on
+/// an event report it as the calls on the context's streams do (`cuda.h` says of each that it
+/// "may also return error codes from previous, asynchronous launches"). An event whose context
+/// is gone has none.
+fn context_fault(event: &Event) -> SimResult {
+    match state::lock()?.contexts.get(&event.ctx) {
+        Some(context) => context.fault.check(),
+        None => Ok(()),
+    }
+}
+
 /// `cuEventRecord`: the event and the stream must belong to the same context. Recorded on a
 /// capturing stream, it becomes a captured event (see [`refuse_captured`]).
 pub(crate) fn record(event: CUevent, stream: CUstream, mode: DefaultStream) -> SimResult {
@@ -78,6 +89,7 @@ fn refuse_captured(event: &Event) -> SimResult {
 /// `cuEventQuery`: `CUDA_ERROR_NOT_READY` until the latest recording completes.
 pub(crate) fn query(event: CUevent) -> SimResult {
     let event = find(event)?;
+    context_fault(&event)?;
     refuse_captured(&event)?;
     if event.is_complete() { Ok(()) } else { Err(CUresult::CUDA_ERROR_NOT_READY) }
 }
@@ -85,16 +97,21 @@ pub(crate) fn query(event: CUevent) -> SimResult {
 /// `cuEventSynchronize`.
 pub(crate) fn synchronize(event: CUevent) -> SimResult {
     let event = find(event)?;
+    context_fault(&event)?;
     refuse_captured(&event)?;
     event.synchronize();
+    // The work the wait covered may have faulted.
+    context_fault(&event)?;
     state::lock()?.release_pools_at_sync();
     Ok(())
 }
 
-/// `cuEventDestroy_v2`: a pending recording still completes for streams waiting on it.
+/// `cuEventDestroy_v2`: a pending recording still completes for streams waiting on it. Once the
+/// event's context faulted, the event is destroyed all the same and the sticky error returned
+/// (see `conservative`).
 pub(crate) fn destroy(event: CUevent) -> SimResult {
-    let mut state = state::lock()?;
-    state.events.remove(&(event as usize)).map(drop).ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)
+    let removed = state::lock()?.events.remove(&(event as usize)).ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+    context_fault(&removed)
 }
 
 /// `cuEventElapsedTime_v2`.
@@ -103,6 +120,8 @@ pub(crate) fn destroy(event: CUevent) -> SimResult {
 /// `out` is null or valid for a write.
 pub(crate) unsafe fn elapsed_time(out: *mut f32, start: CUevent, end: CUevent) -> SimResult {
     let (start, end) = (find(start)?, find(end)?);
+    context_fault(&start)?;
+    context_fault(&end)?;
     let ms = Event::elapsed_ms(&start, &end)?;
     // SAFETY: forwarded from the caller.
     unsafe { write_out(out, ms) }
