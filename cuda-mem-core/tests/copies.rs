@@ -179,6 +179,9 @@ fn refusals_come_before_any_driver_call() {
     let r = src.copy_to_with(&mut dst, &legacy, CopyOptions::default());
     assert!(matches!(r, Err(Error::Copy(CopyError::LegacyStream { operation: "copy_to_with" }))), "{r:?}");
     let per_thread = Stream::per_thread_default(device);
+    // The per-thread stream is not ordered after `s`, where `dst` was filled (ThreadSanitizer
+    // saw the copy race the fill): wait for that first.
+    s.synchronize().unwrap();
     copy_batch(&per_thread, [BatchCopy::new(&src, &mut dst).unwrap()], CopyOptions::default()).unwrap();
     per_thread.synchronize().unwrap();
     // A capturing stream; the capture is left as it was.
