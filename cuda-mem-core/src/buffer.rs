@@ -135,6 +135,19 @@ enum StreamRef<'a> {
     Shared(Stream),
 }
 
+impl<'a> StreamRef<'a> {
+    /// The stream that work enqueued through `stream` from the calling thread goes to,
+    /// borrowed; or, for another thread's per-thread default stream, a share of the calling
+    /// thread's (there is nothing to borrow).
+    #[inline(always)]
+    fn on_calling_thread(stream: &'a Stream) -> StreamRef<'a> {
+        match stream.on_calling_thread() {
+            Cow::Borrowed(stream) => StreamRef::Borrowed(stream),
+            Cow::Owned(stream) => StreamRef::Shared(stream),
+        }
+    }
+}
+
 impl std::ops::Deref for StreamRef<'_> {
     type Target = Stream;
 
@@ -154,12 +167,21 @@ impl<'a> ScopedBuffer<'a> {
     /// When the resource cannot allocate.
     #[inline]
     pub fn allocate_scoped(resource: &'a dyn MemoryResource, size: usize, stream: &'a Stream) -> Result<Self> {
-        // Another thread's per-thread stream names this thread's here, where the allocation goes:
-        // that one is recorded (a share of it, since there is nothing to borrow).
-        let stream = match stream.on_calling_thread() {
-            Cow::Borrowed(stream) => StreamRef::Borrowed(stream),
-            Cow::Owned(stream) => StreamRef::Shared(stream),
-        };
+        let stream = StreamRef::on_calling_thread(stream);
+        let ptr = allocate_raw_or_empty(resource, size, &stream)?;
+        Ok(ScopedBuffer::new(ptr, size, Owner::Borrowed(resource), Some(stream)))
+    }
+
+    /// [`allocate_scoped`](Self::allocate_scoped) from a resource whose type is known: its
+    /// `allocate_raw` is called directly, inlined into the caller with everything on the way,
+    /// instead of through the vtable (the allocation's every layer is a call otherwise).
+    #[inline(always)]
+    pub(crate) fn allocate_scoped_in<R: MemoryResource>(
+        resource: &'a R,
+        size: usize,
+        stream: &'a Stream,
+    ) -> Result<Self> {
+        let stream = StreamRef::on_calling_thread(stream);
         let ptr = allocate_raw_or_empty(resource, size, &stream)?;
         Ok(ScopedBuffer::new(ptr, size, Owner::Borrowed(resource), Some(stream)))
     }
@@ -179,8 +201,8 @@ impl<'a> ScopedBuffer<'a> {
 
 /// `size` bytes from `resource` on `stream`, or the null pointer of an empty buffer (without
 /// asking the resource) when `size` is 0.
-#[inline]
-fn allocate_raw_or_empty(resource: &dyn MemoryResource, size: usize, stream: &Stream) -> Result<DevicePtr> {
+#[inline(always)]
+fn allocate_raw_or_empty<R: MemoryResource + ?Sized>(resource: &R, size: usize, stream: &Stream) -> Result<DevicePtr> {
     if size == 0 { Ok(0) } else { resource.allocate_raw(size, stream) }
 }
 
@@ -192,6 +214,19 @@ impl Buffer {
     /// When the resource cannot allocate.
     pub fn allocate(resource: Arc<dyn MemoryResource>, size: usize, stream: &Stream) -> Result<Buffer> {
         // The stream the allocation goes to from this thread (see `allocate_scoped`).
+        let stream = stream.on_calling_thread().into_owned();
+        let ptr = allocate_raw_or_empty(&*resource, size, &stream)?;
+        Ok(Buffer::new(ptr, size, Owner::Resource(resource), Some(StreamRef::Shared(stream))))
+    }
+
+    /// [`allocate`](Self::allocate) from a resource whose type is known: its `allocate_raw` is
+    /// called directly, inlined into the caller, instead of through the vtable.
+    #[inline(always)]
+    pub(crate) fn allocate_in<R: MemoryResource + 'static>(
+        resource: Arc<R>,
+        size: usize,
+        stream: &Stream,
+    ) -> Result<Buffer> {
         let stream = stream.on_calling_thread().into_owned();
         let ptr = allocate_raw_or_empty(&*resource, size, &stream)?;
         Ok(Buffer::new(ptr, size, Owner::Resource(resource), Some(StreamRef::Shared(stream))))
@@ -633,6 +668,10 @@ impl<'a> ScopedBuffer<'a> {
 
     /// Frees the memory (owning buffers with memory only) and marks it gone (size 0). On failure
     /// the memory is still the buffer's, with every use still recorded.
+    ///
+    /// Only the common case is here, inlined into `Drop` and `close`; ordering after other
+    /// streams' uses is [`release_after_uses`], out of line.
+    #[inline(always)]
     fn release(&mut self) -> Result<()> {
         let resource: &dyn MemoryResource = match &self.owner {
             Owner::Resource(resource) => &**resource,
@@ -645,31 +684,47 @@ impl<'a> ScopedBuffer<'a> {
         let Some(stream) = &self.stream else {
             return Ok(());
         };
-        // `&mut self`: no other reference can be noting a use, so no lock is needed.
-        let used_on = self.used_on.get_mut().unwrap_or_else(PoisonError::into_inner);
         // The common case, a buffer used only on the stream it is freed on, which the calling
         // thread can name: its work so far is all the free must follow, in that stream's own
         // order, so nothing is ordered (no event) and the uses are neither taken nor put back.
-        if used_on.is_empty() && !stream.is_foreign_per_thread() {
-            // SAFETY: as below; every use of the memory was enqueued on `stream`, before this.
+        // `&mut self`: no other reference can be noting a use, so no lock is needed.
+        let used_on = self.used_on.get_mut().unwrap_or_else(PoisonError::into_inner);
+        if !used_on.is_empty() || stream.is_foreign_per_thread() {
+            release_after_uses(resource, stream, self.ptr, self.size, used_on)?;
+        } else {
+            // SAFETY: as in `release_after_uses`; every use of the memory was enqueued on
+            // `stream`, before this.
             unsafe { resource.deallocate_raw(self.ptr, self.size, stream) }?;
-            self.size = 0;
-            return Ok(());
         }
-        let uses = std::mem::take(used_on);
-        let freed = order_after_other_streams(stream, &uses).and_then(|free_on| {
-            // SAFETY: the pointer came from this resource's `allocate_raw` (or the caller of
-            // `from_raw_owned` promised so) and is freed only here, once: the size is zeroed
-            // below when it was, so neither `close` nor `Drop` frees it again; `free_on` is
-            // ordered after every use.
-            unsafe { resource.deallocate_raw(self.ptr, self.size, &free_on) }
-        });
-        match freed {
-            Ok(()) => self.size = 0,
-            Err(_) => *self.used_on.get_mut().unwrap_or_else(PoisonError::into_inner) = uses,
-        }
-        freed
+        self.size = 0;
+        Ok(())
     }
+}
+
+/// [`ScopedBuffer::release`] of an owning buffer with memory that was used on other streams
+/// too (`used_on`), or whose `stream` the calling thread cannot name: the free is ordered after
+/// every use first. On failure the uses are left as they were.
+#[cold]
+#[inline(never)]
+fn release_after_uses(
+    resource: &dyn MemoryResource,
+    stream: &Stream,
+    ptr: DevicePtr,
+    size: usize,
+    used_on: &mut Vec<Stream>,
+) -> Result<()> {
+    let uses = std::mem::take(used_on);
+    let freed = order_after_other_streams(stream, &uses).and_then(|free_on| {
+        // SAFETY: the pointer came from this resource's `allocate_raw` (or the caller of
+        // `from_raw_owned` promised so) and is freed only here, once: the caller zeroes the
+        // buffer's size when it was, so neither `close` nor `Drop` frees it again; `free_on` is
+        // ordered after every use.
+        unsafe { resource.deallocate_raw(ptr, size, &free_on) }
+    });
+    if freed.is_err() {
+        *used_on = uses;
+    }
+    freed
 }
 
 /// A [`close`](ScopedBuffer::close) that did not free the memory: the cause, and the buffer,
@@ -752,11 +807,19 @@ fn wait_in(stream: &Stream, used: &Stream) -> Result<()> {
 }
 
 impl Drop for ScopedBuffer<'_> {
+    #[inline]
     fn drop(&mut self) {
         if let Err(error) = self.release() {
-            crate::drop_errors::record("Buffer", error);
+            record_drop_error(error);
         }
     }
+}
+
+/// A failed free in `Drop`, recorded (out of line: it is rare, and keeps `drop` small).
+#[cold]
+#[inline(never)]
+fn record_drop_error(error: Error) {
+    crate::drop_errors::record("Buffer", error);
 }
 
 impl PartialEq for ScopedBuffer<'_> {

@@ -59,7 +59,7 @@ impl DeviceMemoryResource {
         let mut handle: CUmemoryPool = std::ptr::null_mut();
         // SAFETY: `handle` is a valid out-pointer.
         unsafe { cu_call!(d, cuDeviceGetMemPool(&mut handle, device.raw())) }?;
-        let pool = MemoryPool::borrowed(handle, PoolKind::Device(device));
+        let pool = MemoryPool::borrowed(handle, PoolKind::Device(device))?;
         if pool.release_threshold()? == 0 {
             pool.set_release_threshold(u64::MAX)?;
         }

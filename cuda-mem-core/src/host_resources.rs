@@ -93,7 +93,7 @@ impl PinnedMemoryResource {
     pub fn current() -> Result<Arc<PinnedMemoryResource>> {
         DriverCapability::CurrentPools.require()?;
         let handle = current_pool(host_location(None), CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED)?;
-        let pool = MemoryPool::borrowed(handle, PoolKind::Pinned);
+        let pool = MemoryPool::borrowed(handle, PoolKind::Pinned)?;
         pool.grant_all_devices()?;
         Ok(Arc::new(PinnedMemoryResource { pool, numa_node: None }))
     }
@@ -199,7 +199,7 @@ impl ManagedMemoryResource {
         let location = pool_location(preferred_location)?;
         let handle = current_pool(location, CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_MANAGED)?;
         Ok(Arc::new(ManagedMemoryResource {
-            pool: MemoryPool::borrowed(handle, PoolKind::Managed),
+            pool: MemoryPool::borrowed(handle, PoolKind::Managed)?,
             preferred_location,
         }))
     }

@@ -119,12 +119,12 @@ pub trait MemoryResourceExt {
 impl<R: MemoryResource + 'static> MemoryResourceExt for Arc<R> {
     #[inline]
     fn allocate(&self, size: usize, stream: &Stream) -> Result<Buffer> {
-        Buffer::allocate(Arc::clone(self) as Arc<dyn MemoryResource>, size, stream)
+        Buffer::allocate_in(Arc::clone(self), size, stream)
     }
 
     #[inline]
     fn allocate_scoped<'a>(&'a self, size: usize, stream: &'a Stream) -> Result<ScopedBuffer<'a>> {
-        ScopedBuffer::allocate_scoped(&**self, size, stream)
+        ScopedBuffer::allocate_scoped_in(&**self, size, stream)
     }
 }
 
@@ -180,7 +180,7 @@ macro_rules! inherent_allocation {
                 size: usize,
                 stream: &'a $crate::Stream,
             ) -> $crate::Result<$crate::ScopedBuffer<'a>> {
-                $crate::ScopedBuffer::allocate_scoped(self, size, stream)
+                $crate::ScopedBuffer::allocate_scoped_in(self, size, stream)
             }
         }
     };

@@ -153,6 +153,7 @@ impl CaptureWord {
         ((word >> STATE_BITS).wrapping_add(1) << STATE_BITS) | CaptureWord::encode(state)
     }
 
+    #[inline(always)]
     fn load(&self) -> u64 {
         self.0.load(Ordering::Acquire)
     }
@@ -487,9 +488,20 @@ impl Stream {
     /// captures (`CUDA_ERROR_STREAM_CAPTURE_IMPLICIT`), and the query is refused without harm
     /// where the allocation would invalidate that capture. The caller has bound what the handle
     /// needs ([`bind_if_default`](Stream::bind_if_default)).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn refuses_allocation(&self) -> Result<bool> {
         let seen = self.inner.capture.load();
+        // Inlined into every allocation: the common case, known not to capture, in two compares.
+        if seen & STATE_MASK == NOT_CAPTURING && self.inner.handle != LEGACY {
+            return Ok(false);
+        }
+        self.refuses_allocation_unless_known(seen)
+    }
+
+    /// [`refuses_allocation`](Stream::refuses_allocation) but where the stream is known not to
+    /// capture, with the capture word as it was `seen` there.
+    #[inline(never)]
+    fn refuses_allocation_unless_known(&self, seen: u64) -> Result<bool> {
         match CaptureWord::decode(seen) {
             CaptureState::NotCapturing if self.inner.handle != LEGACY => Ok(false),
             CaptureState::Capturing(_) => Ok(true),

@@ -27,8 +27,8 @@ mod sharing;
 
 use std::any::Any;
 
-use cuda_mem_sys::cu_call;
 use cuda_mem_sys::types::{CUmemPoolProps, CUmemoryPool};
+use cuda_mem_sys::{Driver, cu_call};
 
 pub use attributes::{PoolAttributes, PoolUsage, ReusePolicy};
 pub use imports::{import_holders, import_pending_waits};
@@ -80,6 +80,8 @@ pub fn pool_of(resource: &dyn MemoryResource) -> Option<&MemoryPool> {
 pub struct MemoryPool {
     handle: CUmemoryPool,
     owned: bool,
+    /// The driver it came from, kept so that allocating and freeing need not look it up.
+    driver: &'static Driver,
     /// What memory it holds (for an imported pool, as the driver reports it).
     kind: PoolKind,
     /// Whether it was created shareable by file descriptor.
@@ -119,7 +121,7 @@ impl MemoryPool {
         // SAFETY: `handle` is a valid out-pointer and `props` a fully initialized structure.
         unsafe { cu_call!(d, cuMemPoolCreate(&mut handle, props)) }?;
         let shareable = props.handleTypes.0 != 0;
-        let mut pool = MemoryPool::new(handle, true, kind, shareable, false);
+        let mut pool = MemoryPool::new(d, handle, true, kind, shareable, false);
         pool.claim = Some(sharing::HandleClaim::created(handle));
         pool.max_size = (props.maxSize != 0).then_some(props.maxSize);
         crate::memory_event!(
@@ -134,6 +136,7 @@ impl MemoryPool {
     }
 
     pub(crate) fn new(
+        driver: &'static Driver,
         handle: CUmemoryPool,
         owned: bool,
         kind: PoolKind,
@@ -143,6 +146,7 @@ impl MemoryPool {
         MemoryPool {
             handle,
             owned,
+            driver,
             kind,
             shareable,
             imported,
@@ -155,8 +159,11 @@ impl MemoryPool {
     }
 
     /// Wraps a pool this value does not own (a device's current pool, say).
-    pub(crate) fn borrowed(handle: CUmemoryPool, kind: PoolKind) -> MemoryPool {
-        MemoryPool::new(handle, false, kind, false, false)
+    ///
+    /// # Errors
+    /// When the driver cannot be had (it gave the handle, so it can).
+    pub(crate) fn borrowed(handle: CUmemoryPool, kind: PoolKind) -> Result<MemoryPool> {
+        Ok(MemoryPool::new(driver()?, handle, false, kind, false, false))
     }
 
     /// The raw handle.
@@ -184,12 +191,12 @@ impl MemoryPool {
 
     /// Allocates from the pool on `stream`. A capturing stream is refused: the pool would
     /// allocate outside the graph.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn allocate(&self, size: usize, stream: &Stream) -> Result<DevicePtr> {
         if self.imported {
             return Err(Error::ImportedPoolAllocation);
         }
-        let d = driver()?;
+        let d = self.driver;
         stream.bind_if_default()?;
         if stream.refuses_allocation()? {
             return Err(Error::CapturingStream);
@@ -216,7 +223,7 @@ impl MemoryPool {
     ///
     /// # Safety
     /// As [`MemoryResource::deallocate_raw`](crate::MemoryResource::deallocate_raw).
-    #[inline]
+    #[inline(always)]
     pub(crate) unsafe fn deallocate(&self, ptr: DevicePtr, _size: usize, stream: &Stream) -> Result<()> {
         // SAFETY: forwarded from the caller.
         unsafe { self.free_async(ptr, stream) }?;
@@ -237,9 +244,9 @@ impl MemoryPool {
     /// # Safety
     /// `ptr` is live memory of this pool (allocated or imported through it) that nothing uses
     /// after `stream`'s work so far, freed once.
-    #[inline]
+    #[inline(always)]
     unsafe fn free_async(&self, ptr: DevicePtr, stream: &Stream) -> Result<()> {
-        let d = driver()?;
+        let d = self.driver;
         stream.bind_if_default()?;
         // SAFETY: the caller guarantees `ptr` is live memory of this pool, freed once.
         unsafe { cu_call!(d, cuMemFreeAsync(ptr, stream.handle())) }?;
@@ -286,6 +293,7 @@ macro_rules! pool_resource {
             /// capturing stream (the pool would allocate outside the graph).
             ///
             /// [`Error::CapturingStream`]: $crate::Error::CapturingStream
+            #[inline(always)]
             fn allocate_raw(&self, size: usize, stream: &$crate::Stream) -> $crate::Result<$crate::DevicePtr> {
                 self.pool.allocate(size, stream)
             }

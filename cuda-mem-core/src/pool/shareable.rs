@@ -111,7 +111,7 @@ impl MemoryPool {
             return Err(Error::PoolAlreadyOwned { handle: handle as usize });
         };
         // Pinned (no owner) until located: nothing reads the kind before.
-        let mut pool = MemoryPool::new(handle, true, PoolKind::Pinned, false, true);
+        let mut pool = MemoryPool::new(d, handle, true, PoolKind::Pinned, false, true);
         pool.claim = Some(claim);
         let _ = pool.handle_once.set(ShareableHandle { fd, id });
         // On an error from here the pool drops, destroying a handle that is this import's own.
