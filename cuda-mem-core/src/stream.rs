@@ -491,19 +491,19 @@ impl Stream {
     #[inline(always)]
     pub(crate) fn refuses_allocation(&self) -> Result<bool> {
         let seen = self.inner.capture.load();
-        // Inlined into every allocation: the common case, known not to capture, in two compares.
+        // Inlined into every allocation: the common case, known not to capture, in two compares
+        // (the state bits read directly: `decode`'s full match costs two instructions more).
         if seen & STATE_MASK == NOT_CAPTURING && self.inner.handle != LEGACY {
             return Ok(false);
         }
-        self.refuses_allocation_unless_known(seen)
+        self.refuses_allocation_otherwise(seen)
     }
 
-    /// [`refuses_allocation`](Stream::refuses_allocation) but where the stream is known not to
-    /// capture, with the capture word as it was `seen` there.
+    /// [`refuses_allocation`](Stream::refuses_allocation) of every other case (capturing,
+    /// unknown, the legacy stream), with the capture word as it was `seen` there.
     #[inline(never)]
-    fn refuses_allocation_unless_known(&self, seen: u64) -> Result<bool> {
+    fn refuses_allocation_otherwise(&self, seen: u64) -> Result<bool> {
         match CaptureWord::decode(seen) {
-            CaptureState::NotCapturing if self.inner.handle != LEGACY => Ok(false),
             CaptureState::Capturing(_) => Ok(true),
             CaptureState::NotCapturing | CaptureState::Unknown => {
                 let capturing = self.is_capturing_bound()?;
