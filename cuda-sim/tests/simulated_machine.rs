@@ -26,3 +26,52 @@ fn a_name_that_is_not_the_tests_own_fails_loudly() {
 fn a_misspelled_name_fails_loudly() {
     in_simulated_machine("a_mispelled_name_fails_loudly", &[], || {});
 }
+
+/// Set (to the simulator's path) in the child of the test below.
+const NAMED_ENV: &str = "CUDA_SIM_TEST_NAMED_DRIVER";
+
+/// A GPU bundle run against its own simulator names it in `CUDA_MEM_DRIVER`: the tests must still
+/// know they are on the simulator (each in a simulated machine of its own, the simulator's model
+/// checked) and link `libcuda.so` to that very library, so that cudarc shares its machine.
+#[test]
+fn a_simulator_named_by_cuda_mem_driver_is_the_simulator() {
+    let library = std::fs::canonicalize(cuda_sim::testing::library_path().expect("the simulator is built")).unwrap();
+    // A copy elsewhere, so that finding the one beside the test binary instead would show.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let named = elsewhere.path().join("libcuda_sim.so");
+    std::fs::copy(&library, &named).unwrap();
+    let output = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "the_named_simulator_seen_from_inside", "--nocapture", "--test-threads=1"])
+        .env(cuda_mem_sys::DRIVER_ENV, &named)
+        .env(NAMED_ENV, &named)
+        .env_remove(cuda_sim::testing::LIBRARY_ENV)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success() && stdout.contains("1 passed") && stdout.contains("checked the named simulator"),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// The child of the test above (passes trivially anywhere else).
+#[test]
+fn the_named_simulator_seen_from_inside() {
+    let Some(named) = std::env::var_os(NAMED_ENV) else { return };
+    let named = std::path::PathBuf::from(named);
+    assert!(cuda_sim::testing::on_simulator(), "CUDA_MEM_DRIVER names the simulator");
+    assert_eq!(cuda_sim::testing::library_path().as_deref(), Some(named.as_path()));
+    let links = cuda_sim::testing::libcuda_dir().unwrap();
+    for name in ["libcuda.so", "libcuda.so.1"] {
+        assert_eq!(std::fs::canonicalize(links.join(name)).unwrap(), named, "{name}");
+    }
+    let driver = cuda_sim::testing::driver().unwrap();
+    assert_eq!(driver.path(), named.as_path(), "the library loaded is the one named");
+    assert!(driver.library_symbol(c"cuSimBuildId").is_ok(), "and it is the simulator");
+    // Each body in a machine of its own, as without CUDA_MEM_DRIVER.
+    in_simulated_machine("the_named_simulator_seen_from_inside", &[], || {
+        assert!(std::env::var(CHILD_ENV).is_ok(), "the body runs in a child");
+    });
+    println!("checked the named simulator");
+}

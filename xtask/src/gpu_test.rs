@@ -1,21 +1,21 @@
 //! `cargo xtask gpu-test [--out DIR]`: builds the bundle that runs the test suite on a GPU
 //! machine that has no Rust.
 //!
-//! Every test binary of the workspace that holds tests (but the simulator's own and xtask's,
-//! which test nothing a GPU changes), the probe, the demo and the benchmarks (`bench`) are built
-//! in release, stripped, and packed into `payload.tar.xz` in DIR (default `gpu-bundle/` at the
-//! workspace root, ignored by git) beside a `run.sh` and the simulator library; so are xtask
-//! itself and, under `compare/`, what the comparison with cuda.core needs there (its script, the
-//! two helper libraries, and wheels of cuda.core for the machine's Python, which cannot reach
-//! PyPI). The folder must fit what can be carried (64 MiB); unpacked, the binaries would not.
-//! Carried to the GPU machine, `bash DIR/run.sh` unpacks the archive into a temporary folder
-//! (xz and tar, or python3), runs the probe
-//! first (the open driver questions, answered beside the simulator's, which lies in the bundle;
-//! `probe.json` and `probe-simulator.json` in the results), then the rest against
-//! `libcuda.so.1` with `CUDA_MEM_REQUIRE_GPU=1`, then the comparison (`xtask compare-bundle`),
-//! writes each one's output under `${RESULTS:-./results}` (the benchmarks' and the comparison's
-//! files under `bench/` there), and prints a line per binary and the totals. `PARTS` picks the
-//! parts (default `probe tests demo bench compare`).
+//! Every test binary of the workspace that holds tests (but the simulator's own and xtask's, which
+//! test nothing a GPU changes), the probe, the demo and the benchmarks (`bench`) are built in
+//! release, stripped of debug information (not of symbols), and packed into `payload.tar.xz` in DIR
+//! (default `gpu-bundle/` at the workspace root, ignored by git) beside a `run.sh` and the
+//! simulator library; so are xtask itself and, under `compare/`, what the comparison with cuda.core
+//! needs there (its script, the two helper libraries, and wheels of cuda.core for the machine's
+//! Python, which cannot reach PyPI). The folder must fit what can be carried (64 MiB); unpacked,
+//! the binaries would not. Carried to the GPU machine, `bash DIR/run.sh` unpacks the archive into a
+//! temporary folder (xz and tar, or python3), runs the probe first (the open driver questions,
+//! answered beside the simulator's, which lies in the bundle; `probe.json` and
+//! `probe-simulator.json` in the results), then the rest against `libcuda.so.1` with
+//! `CUDA_MEM_REQUIRE_GPU=1`, then the comparison (`xtask compare-bundle`), writes each one's output
+//! under `${RESULTS:-./results}` (the benchmarks' and the comparison's files under `bench/` there),
+//! and prints a line per binary and the totals. `PARTS` picks the parts (default `probe tests demo
+//! bench compare`).
 
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
@@ -137,7 +137,8 @@ pub fn run(workspace: &Path, args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
-/// Builds the test binaries in release, stripped, and returns cargo's messages.
+/// Builds the test binaries in release, stripped of debug information, and returns cargo's
+/// messages.
 fn build_tests(workspace: &Path) -> Result<Vec<Value>, String> {
     let mut command = cargo(workspace);
     command.args(["test", "--workspace", "--all-features", "--release", "--no-run", "--message-format=json"]);
@@ -148,7 +149,7 @@ fn build_tests(workspace: &Path) -> Result<Vec<Value>, String> {
 }
 
 /// Builds the binary `name` of `package` (the probe, the demo, the benchmarks, xtask) in release,
-/// stripped, and returns where it is.
+/// stripped of debug information, and returns where it is.
 fn build_binary(workspace: &Path, package: &str, name: &str) -> Result<PathBuf, String> {
     let mut command = cargo(workspace);
     command.args(["build", "--release", "-p", package, "--bin", name, "--message-format=json"]);
@@ -247,10 +248,15 @@ fn prepare_dir(out: &Path) -> Result<(), String> {
     create_dir(out)
 }
 
+/// What the bundle's release builds strip (`CARGO_PROFILE_RELEASE_STRIP`).
+const BUNDLE_STRIP: &str = "debuginfo";
+
 /// Runs a cargo build that prints JSON messages, and returns them; compiler diagnostics go to
-/// the terminal as they come. Release binaries are stripped of symbols.
+/// the terminal as they come. Release binaries are stripped of their debug information but keep
+/// their symbols: backtraces then name functions (a test checks that a leak's backtrace names
+/// its allocating function, as a user's would), for about 2 MiB more in the packed payload.
 fn build(command: &mut Command) -> Result<Vec<Value>, String> {
-    command.env("CARGO_PROFILE_RELEASE_STRIP", "symbols").stdout(Stdio::piped());
+    command.env("CARGO_PROFILE_RELEASE_STRIP", BUNDLE_STRIP).stdout(Stdio::piped());
     let mut child = command.spawn().map_err(|e| format!("cannot run `{}`: {e}", describe(command)))?;
     let stdout = child.stdout.take().ok_or("cargo has no stdout")?;
     let mut messages = Vec::new();
@@ -443,6 +449,17 @@ echo "driver version: ${version:-unknown}"
 export CUDA_MEM_DRIVER="${CUDA_MEM_DRIVER:-libcuda.so.1}"
 export CUDA_MEM_REQUIRE_GPU="${CUDA_MEM_REQUIRE_GPU:-1}"
 echo "CUDA_MEM_DRIVER=$CUDA_MEM_DRIVER CUDA_MEM_REQUIRE_GPU=$CUDA_MEM_REQUIRE_GPU"
+# A driver named by its path (the simulator, say) is also what a library that loads the driver
+# by name finds (cudarc opens `libcuda.so`): links under those names come first in the loader's
+# path, so both sides of the interop tests share one driver, as they do on a GPU machine.
+if [[ "$CUDA_MEM_DRIVER" == */* ]]; then
+    links="$bundle/libcuda-links"
+    mkdir -p "$links" || exit 1
+    driver_path="$(cd "$(dirname "$CUDA_MEM_DRIVER")" && pwd)/$(basename "$CUDA_MEM_DRIVER")"
+    ln -sf "$driver_path" "$links/libcuda.so" && ln -sf "$driver_path" "$links/libcuda.so.1" || exit 1
+    export LD_LIBRARY_PATH="$links${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    echo "libcuda.so, libcuda.so.1 -> $driver_path (first in LD_LIBRARY_PATH)"
+fi
 echo "unpacked into: $bundle"
 echo "results: $results"
 
@@ -635,6 +652,69 @@ mod tests {
         assert!(script.contains(r#"cp "$home/libcuda_sim.so" "$bundle/""#), "the simulator beside the tests' folder");
         assert!(script.contains(r#"for binary in "$bundle"/tests/*; do"#));
         assert!(script.contains(r#"echo "$total_passed passed, $total_failed failed""#));
+    }
+
+    /// Runs the run script of a bundle whose one test binary is `test_body` (a bash script), from
+    /// a folder holding a stand-in driver `drv/libcuda_sim.so`, with `CUDA_MEM_DRIVER` set to
+    /// `driver` (`{dir}` there is that folder), and returns whether it passed and what it printed.
+    fn run_bundle_with_test(test_body: &str, driver: &str) -> (bool, String) {
+        let temp = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(temp.path().join("drv")).unwrap();
+        std::fs::write(temp.path().join("drv").join("libcuda_sim.so"), b"not a real library").unwrap();
+        let driver = driver.replace("{dir}", temp.path().to_str().unwrap());
+        let payload = temp.path().join("payload");
+        std::fs::create_dir_all(payload.join("tests")).unwrap();
+        let test = payload.join("tests").join("fake.test.links");
+        std::fs::write(&test, format!("#!/usr/bin/env bash\n{test_body}\n")).unwrap();
+        std::fs::set_permissions(&test, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let bundle = temp.path().join("bundle");
+        std::fs::create_dir_all(&bundle).unwrap();
+        pack_payload(&payload, &bundle.join(PAYLOAD)).unwrap();
+        std::fs::write(bundle.join("run.sh"), run_script()).unwrap();
+        let output = Command::new("bash")
+            .arg(bundle.join("run.sh"))
+            .current_dir(temp.path())
+            .env("PARTS", "tests")
+            .env("RESULTS", temp.path().join("results"))
+            .env("CUDA_MEM_DRIVER", &driver)
+            .env_remove("LD_LIBRARY_PATH")
+            .output()
+            .unwrap();
+        let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+        (output.status.success(), text)
+    }
+
+    /// What a test binary prints when its one test passed or failed, for the run script to count.
+    const PASSES: &str = r#"echo "test result: ok. 1 passed; 0 failed; 0 ignored;""#;
+    const FAILS: &str = r#"echo "test result: FAILED. 0 passed; 1 failed; 0 ignored;"; exit 101"#;
+
+    #[test]
+    fn a_driver_named_by_path_is_what_libraries_loading_it_by_name_find() {
+        // As cudarc does: `libcuda.so` (and `.so.1`) looked up in the loader's path.
+        let body = format!(
+            r#"first="${{LD_LIBRARY_PATH%%:*}}"
+for name in libcuda.so libcuda.so.1; do
+    [ "$(readlink -f "$first/$name")" = "$(readlink -f "$CUDA_MEM_DRIVER")" ] || {{ {FAILS}; }}
+done
+{PASSES}"#
+        );
+        for driver in ["{dir}/drv/libcuda_sim.so", "drv/libcuda_sim.so"] {
+            let (passed, text) = run_bundle_with_test(&body, driver);
+            assert!(passed && text.contains("1 passed, 0 failed"), "{driver}: {text}");
+        }
+    }
+
+    #[test]
+    fn a_driver_named_by_file_name_is_left_to_the_loader() {
+        let body = format!(
+            r#"[[ "${{LD_LIBRARY_PATH:-}}" != *libcuda-links* ]] || {{ {FAILS}; }}
+{PASSES}"#
+        );
+        let (passed, text) = run_bundle_with_test(&body, "libcuda.so.1");
+        assert!(passed && text.contains("1 passed, 0 failed"), "{text}");
+        // The check can fail: a body that fails is reported as failed.
+        let (passed, text) = run_bundle_with_test(FAILS, "libcuda.so.1");
+        assert!(!passed && text.contains("0 passed, 1 failed"), "{text}");
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //! Tests run against the simulator by default, through the same `dlopen` path as the real
 //! driver: [`driver()`] opens `libcuda_sim.so` (which cargo builds next to every test binary of
 //! a crate that has `cuda-sim` as a dev-dependency). When `CUDA_MEM_DRIVER` names a library (on
-//! a GPU machine: `libcuda.so.1`), that library is used instead.
+//! a GPU machine: `libcuda.so.1`), that library is used instead; where that library is itself the
+//! simulator, the tests still know they run on it ([`on_simulator`]).
 //!
 //! A test that needs what the machine lacks (two GPUs, the simulator's fault injection) calls
 //! [`skip`], which prints a `SKIP-DECLARED` line with the reason. With `CUDA_MEM_REQUIRE_GPU=1`
@@ -33,7 +34,8 @@ pub const LIBRARY_ENV: &str = "CUDA_SIM_LIB";
 /// Environment variable that turns declared skips into failures.
 pub const REQUIRE_GPU_ENV: &str = "CUDA_MEM_REQUIRE_GPU";
 
-/// Where the simulator library is: `CUDA_SIM_LIB`, or `libcuda_sim.so` beside the running
+/// Where the simulator library is: `CUDA_SIM_LIB`, or the simulator `CUDA_MEM_DRIVER` names
+/// (see [`on_simulator`]), or `libcuda_sim.so` beside the running
 /// executable or in its parent folder (cargo puts test binaries in `target/<profile>/deps/`),
 /// else (doc tests run from a temporary folder) in this workspace's target folder, which may
 /// hold an older build: the one picked there is named on stderr, and [`driver()`] refuses a
@@ -41,6 +43,11 @@ pub const REQUIRE_GPU_ENV: &str = "CUDA_MEM_REQUIRE_GPU";
 pub fn library_path() -> Option<PathBuf> {
     if let Some(path) = std::env::var_os(LIBRARY_ENV) {
         return Some(PathBuf::from(path));
+    }
+    // The simulator `CUDA_MEM_DRIVER` names is the one loaded: links to it (`libcuda_dir`) must
+    // reach that file, or a library loading `libcuda.so` would get a second, separate machine.
+    if driver_env_names_simulator() {
+        return std::env::var_os(cuda_mem_sys::DRIVER_ENV).map(PathBuf::from);
     }
     let exe = std::env::current_exe().ok()?;
     let beside_exe = exe.ancestors().skip(1).take(3).map(|dir| dir.join(LIBRARY_NAME));
@@ -58,9 +65,21 @@ pub fn library_path() -> Option<PathBuf> {
     Some(found)
 }
 
-/// Whether the tests run on the simulator (no `CUDA_MEM_DRIVER` set).
+/// Whether the tests run on the simulator: no `CUDA_MEM_DRIVER` set, or it names a simulator
+/// library (one that answers `cuSimBuildId`, as a GPU bundle run against its own simulator
+/// does). A test then checks the simulator's model and runs in a simulated machine of its own.
 pub fn on_simulator() -> bool {
-    std::env::var_os(cuda_mem_sys::DRIVER_ENV).is_none()
+    std::env::var_os(cuda_mem_sys::DRIVER_ENV).is_none() || driver_env_names_simulator()
+}
+
+/// Whether `CUDA_MEM_DRIVER` is set and names a simulator library (asked once, of the library
+/// loaded: a real driver has no `cuSimBuildId`).
+fn driver_env_names_simulator() -> bool {
+    static NAMES_SIMULATOR: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *NAMES_SIMULATOR.get_or_init(|| {
+        std::env::var_os(cuda_mem_sys::DRIVER_ENV).is_some()
+            && cuda_mem_sys::driver().is_ok_and(|driver| build_id(driver).is_ok())
+    })
 }
 
 /// The driver the tests use, installed as the process-wide driver so that code under test that
@@ -69,7 +88,8 @@ pub fn on_simulator() -> bool {
 /// # Errors
 /// When the simulator library cannot be found or either library cannot be opened.
 pub fn driver() -> Result<&'static Driver, LoadError> {
-    if !on_simulator() {
+    // The library `CUDA_MEM_DRIVER` names, be it a real driver or a simulator.
+    if std::env::var_os(cuda_mem_sys::DRIVER_ENV).is_some() {
         return cuda_mem_sys::driver();
     }
     if let Some(driver) = cuda_mem_sys::installed_driver() {
