@@ -3,7 +3,8 @@
 //! (`cuStreamIsCapturing`) only where this crate cannot know.
 //!
 //! Each test runs in a process of its own (`in_simulated_machine`): the simulator counts the
-//! calls of every thread, and the counts here are of one thread's allocations.
+//! calls of every thread, and the counts here are of one thread's allocations. On a real driver,
+//! which counts nothing, the refusals are checked and the counts are not.
 
 mod common;
 
@@ -15,24 +16,20 @@ use cuda_mem_core::{
     CaptureMode, CaptureState, DeviceMemoryResource, Error, MemoryResourceExt, Stream, StreamOptions,
     SynchronousMemoryResource,
 };
-use cuda_sim::testing::{CallCounts, count_calls, driver, in_simulated_machine};
+use cuda_sim::testing::{CountedIfSimulated, count_calls_if_simulated, driver, in_simulated_machine};
 
-/// The capture queries `path` made.
-fn queries(counts: &CallCounts) -> u32 {
-    counts.of("cuStreamIsCapturing")
-}
+/// The capture query, whose calls are counted.
+const QUERY: &str = "cuStreamIsCapturing";
 
 /// Allocates and frees 256 bytes from `pool` on `stream`, as `Buffer` and as `ScopedBuffer`:
 /// the outcome of the first allocation (both the same), and the driver calls made.
-fn allocate_both(pool: &Arc<DeviceMemoryResource>, stream: &Stream) -> (cuda_mem_core::Result<()>, CallCounts) {
-    let (outcome, counts) = count_calls(driver().unwrap(), || {
+fn allocate_both(pool: &Arc<DeviceMemoryResource>, stream: &Stream) -> (cuda_mem_core::Result<()>, CountedIfSimulated) {
+    count_calls_if_simulated(|| {
         let owned = pool.allocate(256, stream).map(drop);
         let scoped = pool.allocate_scoped(256, stream).map(drop);
         assert_eq!(owned.is_ok(), scoped.is_ok(), "Buffer and ScopedBuffer agree: {owned:?} {scoped:?}");
         owned
     })
-    .unwrap();
-    (outcome, counts)
 }
 
 /// Asserts that `outcome` is the refusal of a capturing stream.
@@ -75,14 +72,14 @@ fn streams_of_this_crate_allocate_and_refuse_without_asking_the_driver() {
         let pool = pool(&stream);
         let (outcome, counts) = allocate_both(&pool, &stream);
         outcome.unwrap();
-        assert_eq!(queries(&counts), 0, "known not to capture: {counts:?}");
-        assert_eq!(counts.of("cuMemAllocFromPoolAsync"), 2, "{counts:?}");
+        counts.assert_calls(QUERY, 0, "known not to capture");
+        counts.assert_calls("cuMemAllocFromPoolAsync", 2, "");
         // The resource without a pool too (its synchronous free asks the driver: it waits for
         // the stream anyway).
         let (allocated, counts) =
-            count_calls(driver().unwrap(), || SynchronousMemoryResource::new(device).allocate(256, &stream)).unwrap();
+            count_calls_if_simulated(|| SynchronousMemoryResource::new(device).allocate(256, &stream));
         drop(allocated.unwrap());
-        assert_eq!(queries(&counts), 0, "{counts:?}");
+        counts.assert_calls(QUERY, 0, "");
 
         // A capture begun through a clone: every clone refuses at once, in every mode.
         let clone = stream.clone();
@@ -90,18 +87,17 @@ fn streams_of_this_crate_allocate_and_refuse_without_asking_the_driver() {
             let capture = clone.begin_capture(mode).unwrap();
             let (outcome, counts) = allocate_both(&pool, &stream);
             assert_refused(outcome, "a clone's capture");
-            assert_eq!(queries(&counts), 0, "{counts:?}");
-            assert_eq!(counts.of("cuMemAllocFromPoolAsync"), 0, "refused before the allocation: {counts:?}");
+            counts.assert_calls(QUERY, 0, "");
+            counts.assert_calls("cuMemAllocFromPoolAsync", 0, "refused before the allocation");
             let (refused, counts) =
-                count_calls(driver().unwrap(), || SynchronousMemoryResource::new(device).allocate(256, &clone))
-                    .unwrap();
+                count_calls_if_simulated(|| SynchronousMemoryResource::new(device).allocate(256, &clone));
             assert!(matches!(refused, Err(Error::CapturingStream)), "{refused:?}");
-            assert_eq!(counts.total(), 0, "refused before any driver call: {counts:?}");
+            counts.assert_total(0, "refused before any driver call");
             assert!(capture.is_active().unwrap(), "{mode:?}: the capture was not disturbed");
             drop(capture.end().unwrap());
             let (outcome, counts) = allocate_both(&pool, &stream);
             outcome.unwrap();
-            assert_eq!(queries(&counts), 0, "known again once it ended: {counts:?}");
+            counts.assert_calls(QUERY, 0, "known again once it ended");
         }
     });
 }
@@ -119,13 +115,13 @@ fn an_invalidated_capture_is_refused_until_it_ends() {
         assert!(!capture.is_active().unwrap() && stream.is_capturing().unwrap());
         let (outcome, counts) = allocate_both(&pool, &stream);
         assert_refused(outcome, "an invalidated capture");
-        assert_eq!(queries(&counts), 0, "{counts:?}");
+        counts.assert_calls(QUERY, 0, "");
         let ended = capture.end().unwrap_err();
         assert_eq!(ended.cuda_code(), Some(CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED), "{ended}");
         assert_eq!(stream.capture_state(), CaptureState::NotCapturing, "the driver ended it");
         let (outcome, counts) = allocate_both(&pool, &stream);
         outcome.unwrap();
-        assert_eq!(queries(&counts), 0, "{counts:?}");
+        counts.assert_calls(QUERY, 0, "");
     });
 }
 
@@ -139,22 +135,27 @@ fn streams_from_raw_handles_are_asked_and_refused_when_captured_by_other_code() 
         let raw = unsafe { Stream::from_raw(owned.handle(), device) };
         let (outcome, counts) = allocate_both(&pool, &raw);
         outcome.unwrap();
-        assert_eq!(queries(&counts), 2, "unknown: asked on every allocation: {counts:?}");
+        counts.assert_calls(QUERY, 2, "unknown: asked on every allocation");
         begin_raw_capture(raw.handle());
         let (outcome, counts) = allocate_both(&pool, &raw);
         assert_refused(outcome, "a raw stream captured through FFI");
-        assert_eq!(queries(&counts), 2, "{counts:?}");
+        counts.assert_calls(QUERY, 2, "");
         // A raw stream waits for its capture's events: our stream joining them is asked too.
         let event = raw.record_event().unwrap();
         let joined = common::stream(device);
         joined.wait(&event).unwrap();
         assert_eq!(joined.capture_state(), CaptureState::Unknown);
-        let (_, counts) = allocate_both(&pool, &joined);
-        assert_eq!(queries(&counts), 1, "joined a capture it cannot follow: asked, then known: {counts:?}");
+        // The driver follows the join: asked, it says the stream captures, and the allocation is
+        // refused.
+        let (outcome, counts) = allocate_both(&pool, &joined);
+        assert_refused(outcome, "a stream that joined a capture through a raw stream's event");
+        counts.assert_calls(QUERY, 2, "joined a capture it cannot follow: asked on each allocation");
+        // The joined stream rejoins the origin, or the capture cannot end.
+        raw.wait(&joined.record_event().unwrap()).unwrap();
         end_raw_capture(raw.handle());
         let (outcome, counts) = allocate_both(&pool, &raw);
         outcome.unwrap();
-        assert_eq!(queries(&counts), 2, "still unknown: other code may capture it again: {counts:?}");
+        counts.assert_calls(QUERY, 2, "still unknown: other code may capture it again");
     });
 }
 
@@ -170,11 +171,11 @@ fn a_shared_handle_makes_the_capture_unknown_for_good() {
         begin_raw_capture(handle);
         let (outcome, counts) = allocate_both(&pool, &stream);
         assert_refused(outcome, "a capture begun through the shared handle");
-        assert_eq!(queries(&counts), 2, "{counts:?}");
+        counts.assert_calls(QUERY, 2, "");
         end_raw_capture(handle);
         let (outcome, counts) = allocate_both(&pool, &stream);
         outcome.unwrap();
-        assert_eq!(queries(&counts), 2, "never known again: {counts:?}");
+        counts.assert_calls(QUERY, 2, "never known again");
         // A capture of this crate's on it is known while under way, unknown after.
         let capture = stream.begin_capture(CaptureMode::Relaxed).unwrap();
         assert_refused(allocate_both(&pool, &stream).0, "a capture of this crate's");
@@ -196,23 +197,35 @@ fn waiting_for_an_event_of_a_capture_makes_the_driver_decide_until_it_says_no_ca
             let capture = origin.begin_capture(CaptureMode::Relaxed).unwrap();
             let fork = origin.record_event().unwrap();
             joined.wait(&fork).unwrap();
-            // The simulator does not model joins (its `conservative` notes): the driver's answer
-            // is what decides, so a failure of the query is what the allocation returns.
-            cuda_sim::testing::inject_failure(driver().unwrap(), c"cuStreamIsCapturing", 1).unwrap();
-            let failed = pool.allocate(256, &joined).unwrap_err();
-            assert_eq!(failed.cuda_code(), Some(CUresult::CUDA_ERROR_OUT_OF_MEMORY), "asked the driver: {failed}");
-            assert_eq!(joined.capture_state(), CaptureState::Unknown, "no answer, still unknown");
-            let (outcome, counts) = count_calls(driver().unwrap(), || pool.allocate(256, &joined).map(drop)).unwrap();
-            outcome.unwrap();
-            assert_eq!(queries(&counts), 1, "{counts:?}");
-            // The driver said "not capturing": known again, until the next such wait.
-            assert_eq!(joined.capture_state(), CaptureState::NotCapturing);
+            // The driver follows the join: asked, it says the stream captures.
+            assert_eq!(joined.capture_state(), CaptureState::Unknown, "joined a capture it cannot follow");
+            let (outcome, counts) = allocate_both(&pool, &joined);
+            assert_refused(outcome, "a stream that joined a capture");
+            counts.assert_calls(QUERY, 2, "asked on each allocation while joined");
+            assert_eq!(joined.capture_state(), CaptureState::Unknown, "a capture begun elsewhere is not kept");
+            // It rejoins the origin, or the capture cannot end; once it ended, the driver is
+            // asked again and says "not capturing".
+            origin.wait(&joined.record_event().unwrap()).unwrap();
+            drop(capture.end().unwrap());
             let (outcome, counts) = allocate_both(&pool, &joined);
             outcome.unwrap();
-            assert_eq!(queries(&counts), 0, "{counts:?}");
+            counts.assert_calls(QUERY, 1, "asked once, then known not to capture");
+            assert_eq!(joined.capture_state(), CaptureState::NotCapturing);
+            let capture = origin.begin_capture(CaptureMode::Relaxed).unwrap();
+            let fork = origin.record_event().unwrap();
             joined.wait(&fork).unwrap();
-            assert_eq!(joined.capture_state(), CaptureState::Unknown);
+            if cuda_sim::testing::simulator_only("failing the capture query") {
+                // The driver's answer is what decides, so a failure of the query is what the
+                // allocation returns, and the state stays unknown.
+                cuda_sim::testing::inject_failure(driver().unwrap(), c"cuStreamIsCapturing", 1).unwrap();
+                let failed = pool.allocate(256, &joined).unwrap_err();
+                assert_eq!(failed.cuda_code(), Some(CUresult::CUDA_ERROR_OUT_OF_MEMORY), "asked the driver: {failed}");
+                assert_eq!(joined.capture_state(), CaptureState::Unknown, "no answer, still unknown");
+            }
+            origin.wait(&joined.record_event().unwrap()).unwrap();
             drop(capture.end().unwrap());
+            joined.wait(&fork).unwrap();
+            assert_eq!(joined.capture_state(), CaptureState::Unknown, "an event of a capture, ended or not");
             // An event recorded on a stream whose capture is unknown is as good as one of a
             // capture.
             let unknown = Stream::per_thread_default(device);
@@ -222,7 +235,7 @@ fn waiting_for_an_event_of_a_capture_makes_the_driver_decide_until_it_says_no_ca
             joined.wait(&event).unwrap();
             assert_eq!(joined.capture_state(), CaptureState::Unknown);
             let (_, counts) = allocate_both(&pool, &joined);
-            assert_eq!(queries(&counts), 1, "asked once, then known: {counts:?}");
+            counts.assert_calls(QUERY, 1, "asked once, then known");
             // An event recorded outside any capture leaves the state known.
             let plain = origin.record_event().unwrap();
             joined.wait(&plain).unwrap();
@@ -240,9 +253,12 @@ fn the_per_thread_default_stream_is_always_asked() {
         for _ in 0..2 {
             let (outcome, counts) = allocate_both(&pool, &stream);
             outcome.unwrap();
-            assert_eq!(queries(&counts), 2, "other code may capture it: {counts:?}");
+            counts.assert_calls(QUERY, 2, "other code may capture it");
         }
         assert_eq!(stream.capture_state(), CaptureState::Unknown, "never known");
+        if !cuda_sim::testing::simulator_only("failing the capture query") {
+            return;
+        }
         // The driver's answer decides.
         cuda_sim::testing::inject_failure(driver().unwrap(), c"cuStreamIsCapturing", 1).unwrap();
         let failed = pool.allocate(256, &stream).unwrap_err();
@@ -267,7 +283,7 @@ fn the_legacy_stream_is_asked_while_a_blocking_stream_captures() {
         drop(capture.end().unwrap());
         let (outcome, counts) = allocate_both(&pool, &legacy);
         outcome.unwrap();
-        assert_eq!(queries(&counts), 2, "{counts:?}");
+        counts.assert_calls(QUERY, 2, "");
     });
 }
 
@@ -284,7 +300,7 @@ fn a_global_capture_on_another_stream_leaves_pool_allocation_alone() {
         // of this stream too.
         let (outcome, counts) = allocate_both(&pool, &stream);
         outcome.unwrap();
-        assert_eq!(queries(&counts), 0, "{counts:?}");
+        counts.assert_calls(QUERY, 0, "");
         assert!(!stream.is_capturing().unwrap());
         std::thread::scope(|scope| {
             scope.spawn(|| {

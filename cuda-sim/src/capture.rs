@@ -29,6 +29,18 @@
 //! `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` and invalidates the captures that prohibited it; which
 //! calls are unsafe is [`crate::conservative`]'s reading. A capture begun in a mode other than
 //! relaxed must be ended by the thread that began it (`CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD`).
+//!
+//! Cross-stream capture: a stream that waits for an event recorded in an active capture joins
+//! that capture (`cuStreamIsCapturing` says active, `cuStreamGetCaptureInfo` gives the same id
+//! and graph), and its work goes into the same graph, in the order it is enqueued (a linear
+//! order that keeps every dependency). The stream that began the capture (its origin) ends it;
+//! `cuStreamEndCapture` on a joined stream is `CUDA_ERROR_STREAM_CAPTURE_UNMATCHED`. Each stream of
+//! the capture must have rejoined the origin (the origin waited, directly or through other
+//! streams of the capture, for an event recorded after the stream's last work there), or the end
+//! is `CUDA_ERROR_STREAM_CAPTURE_UNJOINED` with a NULL graph; a stream that joined counts as
+//! having work until then (see [`crate::conservative`]). A stream capturing one sequence that
+//! waits for an event of another is `CUDA_ERROR_STREAM_CAPTURE_MERGE`. Once the capture ends,
+//! its joined streams capture nothing.
 
 use std::cell::Cell;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
@@ -42,10 +54,57 @@ use crate::graph::{GraphAlloc, Node};
 use crate::memory::Touch;
 use crate::stream::{Op, Stream, StreamKind};
 
-/// The capture sequence of one stream, if it has one.
+/// The capture sequence of one stream, if it has one, or the sequence of another stream it
+/// joined.
 #[derive(Default)]
 pub(crate) struct Capture {
     sequence: Mutex<Option<Sequence>>,
+    /// The sequence this stream joined by waiting for an event captured in it: its origin
+    /// stream and the sequence's id. Stale (and ignored) once that sequence ended.
+    joined: Mutex<Option<(Weak<Stream>, usize)>>,
+}
+
+/// Where a captured event was recorded: the stream, the sequence, and the work of each stream of
+/// the sequence that precedes the recording (for the joins).
+#[derive(Clone)]
+pub(crate) struct CapturePoint {
+    /// The stream it was recorded on.
+    pub(crate) stream: Weak<Stream>,
+    /// The sequence's id.
+    pub(crate) sequence: usize,
+    /// For each stream of the sequence (by [`Capture::key`]), how much of its work precedes.
+    covers: Vec<(usize, u64)>,
+}
+
+/// One stream's part in a sequence.
+struct Member {
+    /// The stream's [`Capture::key`].
+    key: usize,
+    /// How many operations it has put into the sequence (a joined stream starts at 1: it must
+    /// rejoin even with no work of its own).
+    work: u64,
+    /// How much of each stream's work its next operation follows (its own excluded).
+    covers: Vec<(usize, u64)>,
+}
+
+impl Member {
+    /// Adds `covers` to what this member follows.
+    fn follow(&mut self, covers: &[(usize, u64)]) {
+        for &(key, work) in covers {
+            if key == self.key {
+                continue;
+            }
+            match self.covers.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, known)) => *known = (*known).max(work),
+                None => self.covers.push((key, work)),
+            }
+        }
+    }
+
+    /// How much of the work of the stream `key` this member follows.
+    fn follows(&self, key: usize) -> u64 {
+        self.covers.iter().find(|(k, _)| *k == key).map_or(0, |&(_, work)| work)
+    }
 }
 
 /// One capture sequence.
@@ -66,6 +125,28 @@ struct Sequence {
     mode: CUstreamCaptureMode,
     /// The thread that began it.
     thread: ThreadId,
+    /// Its streams: the origin first, then the ones that joined.
+    members: Vec<Member>,
+}
+
+impl Sequence {
+    /// The part of the stream `key`, made on its first use.
+    fn member(&mut self, key: usize) -> &mut Member {
+        let index = match self.members.iter().position(|m| m.key == key) {
+            Some(index) => index,
+            None => {
+                self.members.push(Member { key, work: 0, covers: Vec::new() });
+                self.members.len() - 1
+            }
+        };
+        &mut self.members[index]
+    }
+
+    /// Whether every stream of the sequence has rejoined its origin (the first member).
+    fn all_joined(&self) -> bool {
+        let Some((origin, others)) = self.members.split_first() else { return true };
+        others.iter().all(|m| origin.follows(m.key) >= m.work)
+    }
 }
 
 /// How `cuStreamEndCapture` ends a sequence.
@@ -82,6 +163,9 @@ pub(crate) enum Ended {
     /// The sequence had been invalidated: the handle its graph had, and the allocations its
     /// allocation nodes had made.
     Invalidated(usize, Vec<Arc<GraphAlloc>>),
+    /// A stream that joined the sequence had not rejoined its origin: no graph, as for an
+    /// invalidated sequence.
+    Unjoined(usize, Vec<Arc<GraphAlloc>>),
 }
 
 impl Capture {
@@ -89,33 +173,67 @@ impl Capture {
         self.sequence.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    fn lock_joined(&self) -> MutexGuard<'_, Option<(Weak<Stream>, usize)>> {
+        self.joined.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// This stream's identity within a sequence: the address of its capture, which lives as
+    /// long as the stream (streams are shared, never moved).
+    fn key(&self) -> usize {
+        self as *const Capture as usize
+    }
+
+    /// Runs `f` on the sequence this stream's work goes to, with this stream's key: the sequence
+    /// it joined while that one is under way, else its own (`None` when it has neither). Never
+    /// holds two streams' locks at once.
+    fn with_sequence<R>(&self, f: impl FnOnce(Option<&mut Sequence>, usize) -> R) -> R {
+        let joined = self.lock_joined().clone();
+        if let Some((origin, id)) = joined {
+            if let Some(origin) = origin.upgrade() {
+                let mut sequence = origin.capture.lock();
+                if let Some(sequence) = sequence.as_mut().filter(|s| s.id == id) {
+                    return f(Some(sequence), self.key());
+                }
+            }
+            // That sequence ended: this stream captures no more.
+            let mut current = self.lock_joined();
+            if current.as_ref().is_some_and(|(_, current)| *current == id) {
+                *current = None;
+            }
+        }
+        f(self.lock().as_mut(), self.key())
+    }
+
     /// The status `cuStreamIsCapturing` reports.
     pub(crate) fn status(&self) -> CUstreamCaptureStatus {
-        match self.lock().as_ref() {
+        self.with_sequence(|sequence, _| match sequence {
             None => CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE,
             Some(Sequence { nodes: Some(_), .. }) => CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE,
             Some(Sequence { nodes: None, .. }) => CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_INVALIDATED,
-        }
+        })
     }
 
     /// Whether a sequence is under way (active or invalidated, until it is ended).
     pub(crate) fn is_under_way(&self) -> bool {
-        self.lock().is_some()
+        self.with_sequence(|sequence, _| sequence.is_some())
     }
 
     /// The id of the active sequence, if there is one (not when it was invalidated).
     pub(crate) fn active_id(&self) -> Option<usize> {
-        self.lock().as_ref().filter(|s| s.nodes.is_some()).map(|s| s.id)
+        self.with_sequence(|sequence, _| sequence.filter(|s| s.nodes.is_some()).map(|s| s.id))
     }
 
     /// The id and graph handle of the active sequence (`cuStreamGetCaptureInfo`).
     pub(crate) fn active_info(&self) -> Option<(usize, usize)> {
-        self.lock().as_ref().filter(|s| s.nodes.is_some()).map(|s| (s.id, s.graph))
+        self.with_sequence(|sequence, _| sequence.filter(|s| s.nodes.is_some()).map(|s| (s.id, s.graph)))
     }
 
     /// Starts a sequence in `mode`, begun by this thread; its id, or `None` if one is already
-    /// under way.
+    /// under way (its own, or one it joined).
     pub(crate) fn begin(&self, mode: CUstreamCaptureMode) -> Option<usize> {
+        if self.with_sequence(|sequence, _| sequence.is_some()) {
+            return None;
+        }
         let mut sequence = self.lock();
         if sequence.is_some() {
             return None;
@@ -123,19 +241,25 @@ impl Capture {
         let id = crate::handle::next();
         let thread = std::thread::current().id();
         let graph = crate::handle::next();
-        *sequence = Some(Sequence { id, graph, nodes: Some(Vec::new()), allocs: Vec::new(), mode, thread });
+        let members = vec![Member { key: self.key(), work: 0, covers: Vec::new() }];
+        *sequence = Some(Sequence { id, graph, nodes: Some(Vec::new()), allocs: Vec::new(), mode, thread, members });
         Some(id)
     }
 
     /// The id of the sequence under way (active or invalidated).
     fn under_way_id(&self) -> Option<usize> {
-        self.lock().as_ref().map(|s| s.id)
+        self.with_sequence(|sequence, _| sequence.map(|s| s.id))
     }
 
-    /// Ends the sequence: `CUDA_ERROR_ILLEGAL_STATE` if none was under way, and
+    /// Ends the sequence: `CUDA_ERROR_ILLEGAL_STATE` if none was under way,
+    /// `CUDA_ERROR_STREAM_CAPTURE_UNMATCHED` on a stream that joined another's,
     /// `CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD` (the sequence goes on) if it was begun in a mode
-    /// other than relaxed by another thread.
+    /// other than relaxed by another thread; [`Ended::Unjoined`] if a stream that joined it has
+    /// not rejoined.
     pub(crate) fn end(&self) -> SimResult<Ended> {
+        if self.lock().is_none() && self.is_under_way() {
+            return fail(CUresult::CUDA_ERROR_STREAM_CAPTURE_UNMATCHED);
+        }
         let sequence = {
             let mut sequence = self.lock();
             match sequence.as_ref() {
@@ -148,10 +272,71 @@ impl Capture {
             sequence.take().ok_or(CUresult::CUDA_ERROR_ILLEGAL_STATE)?
         };
         forget(sequence.id);
+        let joined = sequence.all_joined();
         Ok(match sequence.nodes {
-            Some(nodes) => Ended::Graph { handle: sequence.graph, nodes, allocs: sequence.allocs },
+            Some(nodes) if joined => Ended::Graph { handle: sequence.graph, nodes, allocs: sequence.allocs },
+            // The work of an unjoined capture is discarded, as an invalidated one's.
+            Some(nodes) => {
+                drop(nodes);
+                Ended::Unjoined(sequence.graph, sequence.allocs)
+            }
             None => Ended::Invalidated(sequence.graph, sequence.allocs),
         })
+    }
+
+    /// Where an event recorded on this stream now stands, if the stream captures (after the
+    /// event's record node was added): the sequence and the work that precedes the recording.
+    pub(crate) fn point(&self, stream: &Arc<Stream>) -> Option<CapturePoint> {
+        self.with_sequence(|sequence, key| {
+            let sequence = sequence.filter(|s| s.nodes.is_some())?;
+            let id = sequence.id;
+            let member = sequence.member(key);
+            let mut covers = member.covers.clone();
+            covers.push((key, member.work));
+            Some(CapturePoint { stream: Arc::downgrade(stream), sequence: id, covers })
+        })
+    }
+
+    /// This stream waits for an event recorded at `point`: a stream of that sequence now follows
+    /// the work before it; a stream that captures nothing joins the sequence (if it is still
+    /// under way); a stream that captures another sequence is `CUDA_ERROR_STREAM_CAPTURE_MERGE`.
+    pub(crate) fn wait_for_point(&self, point: &CapturePoint) -> SimResult {
+        let outcome = self.with_sequence(|sequence, key| match sequence {
+            Some(sequence) if sequence.id == point.sequence => {
+                sequence.member(key).follow(&point.covers);
+                Ok(true)
+            }
+            Some(_) => fail(CUresult::CUDA_ERROR_STREAM_CAPTURE_MERGE),
+            None => Ok(false),
+        })?;
+        if outcome {
+            return Ok(());
+        }
+        // Not capturing: join the sequence through the stream it was recorded on, if it is
+        // still under way there.
+        let Some(recorder) = point.stream.upgrade() else { return Ok(()) };
+        let Some(origin) = recorder.capture.origin(&recorder) else { return Ok(()) };
+        let mut sequence = origin.capture.lock();
+        let Some(sequence) = sequence.as_mut().filter(|s| s.id == point.sequence) else { return Ok(()) };
+        let key = self.key();
+        let member = sequence.member(key);
+        member.work = member.work.max(1);
+        member.follow(&point.covers);
+        *self.lock_joined() = Some((Arc::downgrade(&origin), point.sequence));
+        Ok(())
+    }
+
+    /// The stream whose sequence this stream's work goes to: `stream` itself (this capture's
+    /// own) or the origin of the sequence it joined; `None` when it captures nothing.
+    fn origin(&self, stream: &Arc<Stream>) -> Option<Arc<Stream>> {
+        let joined = self.lock_joined().clone();
+        if let Some((origin, id)) = joined
+            && let Some(origin) = origin.upgrade()
+            && origin.capture.lock().as_ref().is_some_and(|s| s.id == id)
+        {
+            return Some(origin);
+        }
+        self.lock().is_some().then(|| Arc::clone(stream))
     }
 
     /// Ends the sequence under way, if any, whatever thread began it (its stream is being
@@ -180,40 +365,40 @@ impl Capture {
 
     /// Adds `item`, made a node by `into`, to the sequence under way, or gives it back.
     fn push<T>(&self, item: T, into: impl FnOnce(T) -> Node) -> Result<(), T> {
-        let mut sequence = self.lock();
-        match sequence.as_mut() {
-            Some(Sequence { nodes: Some(nodes), allocs, .. }) => {
+        let swallowed = self.with_sequence(|sequence, key| match sequence {
+            Some(sequence) if sequence.nodes.is_some() => {
                 let node = into(item);
                 if let Node::Alloc(alloc) = &node {
-                    allocs.push(Arc::clone(alloc));
+                    sequence.allocs.push(Arc::clone(alloc));
                 }
-                nodes.push(node);
-                Ok(())
+                sequence.member(key).work += 1;
+                if let Some(nodes) = sequence.nodes.as_mut() {
+                    nodes.push(node);
+                }
+                Ok(None)
             }
-            Some(Sequence { nodes: None, .. }) => {
-                drop(sequence);
-                drop(item);
-                Ok(())
-            }
+            Some(_) => Ok(Some(item)),
             None => Err(item),
-        }
+        })?;
+        // Dropped outside the lock: captured work may hold memory.
+        drop(swallowed);
+        Ok(())
     }
 
     /// The allocation an allocation node of the sequence under way made at `base`, if any.
     pub(crate) fn own_alloc(&self, base: u64) -> Option<Arc<GraphAlloc>> {
-        self.lock().as_ref()?.allocs.iter().find(|a| a.base == base).cloned()
+        self.with_sequence(|sequence, _| sequence?.allocs.iter().find(|a| a.base == base).cloned())
     }
 
     /// Invalidates the active sequence (only the one with id `only`, when given), discarding its
     /// work. Returns whether a sequence was under way, active or already invalidated.
     pub(crate) fn invalidate(&self, only: Option<usize>) -> bool {
-        let discarded = {
-            let mut sequence = self.lock();
-            match sequence.as_mut() {
-                None => return false,
-                Some(s) if only.is_some_and(|id| id != s.id) => return false,
-                Some(s) => s.nodes.take(),
-            }
+        let Some(discarded) = self.with_sequence(|sequence, _| match sequence {
+            None => None,
+            Some(s) if only.is_some_and(|id| id != s.id) => None,
+            Some(s) => Some(s.nodes.take()),
+        }) else {
+            return false;
         };
         // Captured work may hold memory; it is released outside the lock.
         drop(discarded);

@@ -141,9 +141,20 @@
 //!   graph (from `cuStreamGetCaptureInfo`) becomes invalid, the user object references the graph
 //!   was given are released, and its graph allocations' addresses stop being live. Destroying a
 //!   context ends its streams' captures so too.
-//! - **Not modelled in capture**: cross-stream capture (`cuStreamWaitEvent` on an event recorded
-//!   in a capture waits for the event's earlier state instead of joining the capture); capturing
-//!   the per-thread default stream (refused with `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`).
+//! - **Cross-stream capture** (a stream joins a capture by waiting for an event recorded in it;
+//!   `capture`'s notes) keeps `cuda.h`'s errors (`CUDA_ERROR_STREAM_CAPTURE_UNJOINED`,
+//!   `_UNMATCHED`, `_MERGE`) where the documentation leaves the details open: a stream that
+//!   joined must rejoin its origin even if it enqueued nothing after joining (the join counts as
+//!   its work); an unjoined capture ends as an invalidated one does, its work discarded and no
+//!   graph; the joined streams' work goes into the graph in the order it was enqueued (one order
+//!   that keeps every dependency, not the parallel branches a GPU graph would have); a stream
+//!   destroyed while joined leaves its work in the capture, which then cannot rejoin it. The
+//!   rehearsal of a GPU run (`CUDA_SIM_HIDE_CONTROLS=1`) found that the simulator did not model
+//!   joins before 2026-11-28, where a real driver does.
+//! - **Not modelled in capture**: a capturing stream waiting for an event recorded outside any
+//!   capture (`cuda.h`'s `CUDA_ERROR_STREAM_CAPTURE_ISOLATION` for a dependency crossing the
+//!   capture's boundary) waits for that event's recording instead of failing; capturing the
+//!   per-thread default stream (refused with `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`).
 //! - **A stream-ordered free on an idle stream takes effect at once**: `cuMemFreeAsync` on a
 //!   stream with no pending work, no capture and no implicit wait returns its memory to the pool
 //!   before the call returns, as the stream's worker would do next; with work pending it waits

@@ -1,13 +1,13 @@
 //! Events: a marker recorded into a stream, complete once the stream reaches it.
 
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
 use cuda_mem_sys::types::{CUevent_flags, CUresult};
 
+use crate::capture::CapturePoint;
 use crate::error::{SimResult, fail};
 use crate::ipc_event::SharedProgress;
-use crate::stream::Stream;
 
 /// An event and the progress of its latest recording.
 pub(crate) struct Event {
@@ -32,8 +32,8 @@ struct Progress {
     completed: u64,
     /// When that completion happened.
     completed_at: Option<Instant>,
-    /// When it was last recorded into a capture sequence: the stream and the sequence's id.
-    captured: Option<(Weak<Stream>, usize)>,
+    /// When it was last recorded into a capture sequence: where.
+    captured: Option<CapturePoint>,
 }
 
 impl Event {
@@ -64,15 +64,15 @@ impl Event {
         }
     }
 
-    /// Notes a recording into capture sequence `sequence` of `stream`: the event is then a
+    /// Notes a recording into a capture sequence at `point`: the event is then a
     /// captured event (its earlier recordings are no longer what it stands for) until it is
     /// recorded outside a capture.
-    pub(crate) fn record_captured(&self, stream: &Arc<Stream>, sequence: usize) {
-        self.lock().captured = Some((Arc::downgrade(stream), sequence));
+    pub(crate) fn record_captured(&self, point: CapturePoint) {
+        self.lock().captured = Some(point);
     }
 
-    /// The stream and capture sequence of the latest recording, if it was captured.
-    pub(crate) fn captured_in(&self) -> Option<(Weak<Stream>, usize)> {
+    /// Where the latest recording was captured, if it was.
+    pub(crate) fn captured_in(&self) -> Option<CapturePoint> {
         self.lock().captured.clone()
     }
 

@@ -14,7 +14,7 @@ use std::sync::Mutex;
 
 use common::{
     DeviceBuffer, Gate, Pinned, blocking_stream, code, driver, event, event_query, in_child, memset_async,
-    non_blocking_stream, query, record, sync, use_device,
+    non_blocking_stream, query, record, sync, use_device, wait_event,
 };
 use cuda_mem_sys::cu_call;
 use cuda_mem_sys::types::{
@@ -1153,5 +1153,133 @@ fn destroying_a_context_releases_its_graph_memory() {
         // SAFETY: no pointers.
         unsafe { cu_call!(driver(), cuDevicePrimaryCtxReset_v2(0)) }.unwrap();
         assert_eq!(graph_memory(), [0, 2, 2, 2], "no longer used; reserved until trimmed");
+    });
+}
+
+/// The capture id a stream reports (`cuStreamGetCaptureInfo`), if it captures.
+fn capture_id(s: CUstream) -> Option<u64> {
+    let mut status = CUstreamCaptureStatus(99);
+    let mut id = 0u64;
+    // SAFETY: valid out-pointers; the others are null, which the call allows.
+    unsafe {
+        cu_call!(
+            driver(),
+            cuStreamGetCaptureInfo_v3(
+                s,
+                &mut status,
+                &mut id,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut()
+            )
+        )
+    }
+    .unwrap();
+    (status == CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE).then_some(id)
+}
+
+/// `cuStreamEndCapture`'s code, and the graph it gave (destroyed here).
+fn end_code(s: CUstream) -> (CUresult, bool) {
+    let mut graph: CUgraph = std::ptr::null_mut();
+    // SAFETY: `graph` is a valid out-pointer.
+    let code = unsafe { code!(driver(), cuStreamEndCapture(s, &mut graph)) };
+    let made = !graph.is_null();
+    if made {
+        assert_eq!(graph_destroy(graph), CUresult::CUDA_SUCCESS);
+    }
+    (code, made)
+}
+
+/// Cross-stream capture: a stream that waits for an event recorded in a capture joins it (its
+/// work goes into the same graph, replayed by each launch), is ended with it, and must have
+/// rejoined its origin first.
+#[test]
+fn a_stream_waiting_for_a_captured_event_joins_the_capture_and_must_rejoin() {
+    in_child!(&[], || {
+        use_device(0);
+        let pinned = Pinned::new(8);
+        let (origin, forked) = (non_blocking_stream(), non_blocking_stream());
+        let (fork, join) =
+            (event(CUevent_flags::CU_EVENT_DISABLE_TIMING), event(CUevent_flags::CU_EVENT_DISABLE_TIMING));
+        begin(origin, RELAXED);
+        memset_async(pinned.dptr(), 1, 8, origin);
+        record(fork, origin);
+        assert_eq!(status(forked), CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE);
+        wait_event(forked, fork);
+        assert_eq!(status(forked), CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE, "joined");
+        assert_eq!(capture_id(forked), capture_id(origin), "the same capture");
+        memset_async(pinned.dptr() + 4, 2, 4, forked);
+        // Only the origin ends it, and not before the forked stream rejoined.
+        assert_eq!(end_code(forked), (CUresult::CUDA_ERROR_STREAM_CAPTURE_UNMATCHED, false));
+        // SAFETY: no pointers.
+        let begun_again = unsafe { code!(driver(), cuStreamBeginCapture_v2(forked, RELAXED)) };
+        assert_eq!(begun_again, CUresult::CUDA_ERROR_ILLEGAL_STATE, "it captures already");
+        record(join, forked);
+        wait_event(origin, join);
+        let graph = end(origin);
+        assert_eq!(status(forked), CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE, "ended with its origin");
+        sync(forked);
+        assert_eq!(pinned.read(), vec![0; 8], "captured, not run");
+        let exec = instantiate(graph);
+        assert_eq!(launch(exec, origin), CUresult::CUDA_SUCCESS);
+        sync(origin);
+        assert_eq!(pinned.read(), [[1; 4], [2; 4]].concat(), "both streams' work in the graph");
+        assert_eq!(exec_destroy(exec), CUresult::CUDA_SUCCESS);
+        assert_eq!(graph_destroy(graph), CUresult::CUDA_SUCCESS);
+
+        // Work after the last rejoin: unjoined, no graph.
+        begin(origin, RELAXED);
+        record(fork, origin);
+        wait_event(forked, fork);
+        record(join, forked);
+        wait_event(origin, join);
+        memset_async(pinned.dptr(), 3, 4, forked);
+        assert_eq!(end_code(origin), (CUresult::CUDA_ERROR_STREAM_CAPTURE_UNJOINED, false));
+        assert_eq!(status(forked), CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE);
+        // A joined stream with no work of its own must rejoin too (the conservative reading).
+        begin(origin, RELAXED);
+        record(fork, origin);
+        wait_event(forked, fork);
+        assert_eq!(end_code(origin), (CUresult::CUDA_ERROR_STREAM_CAPTURE_UNJOINED, false));
+        sync(forked);
+        sync(origin);
+        assert_eq!(pinned.read(), [[1; 4], [2; 4]].concat(), "nothing of the failed captures ran");
+    });
+}
+
+/// Rejoining through another stream of the capture counts: the origin follows what the stream
+/// it waited for followed. A stream capturing one sequence cannot wait for another's event.
+#[test]
+fn a_capture_rejoins_through_its_streams_and_two_captures_do_not_merge() {
+    in_child!(&[], || {
+        use_device(0);
+        let pinned = Pinned::new(4);
+        let (origin, a, b) = (non_blocking_stream(), non_blocking_stream(), non_blocking_stream());
+        let flags = CUevent_flags::CU_EVENT_DISABLE_TIMING;
+        let (fork, from_b, from_a) = (event(flags), event(flags), event(flags));
+        begin(origin, RELAXED);
+        record(fork, origin);
+        wait_event(a, fork);
+        wait_event(b, fork);
+        memset_async(pinned.dptr(), 5, 4, b);
+        record(from_b, b);
+        wait_event(a, from_b);
+        record(from_a, a);
+        wait_event(origin, from_a);
+        let graph = end(origin);
+        assert_eq!(graph_destroy(graph), CUresult::CUDA_SUCCESS);
+
+        let other = non_blocking_stream();
+        begin(origin, RELAXED);
+        begin(other, RELAXED);
+        record(fork, origin);
+        // SAFETY: no pointers.
+        let merged = unsafe { code!(driver(), cuStreamWaitEvent(other, fork, 0)) };
+        assert_eq!(merged, CUresult::CUDA_ERROR_STREAM_CAPTURE_MERGE);
+        assert!(capture_id(other).is_some(), "its own capture goes on");
+        assert_ne!(capture_id(other), capture_id(origin));
+        assert_eq!(graph_destroy(end(other)), CUresult::CUDA_SUCCESS);
+        assert_eq!(graph_destroy(end(origin)), CUresult::CUDA_SUCCESS);
     });
 }

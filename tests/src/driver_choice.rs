@@ -6,9 +6,6 @@ use std::path::PathBuf;
 
 use cuda_mem_sys::{DEFAULT_LIBRARY, DRIVER_ENV, Driver, cu_call};
 
-/// The simulator's export that the real driver lacks.
-const SIMULATOR_SYMBOL: &std::ffi::CStr = c"cuSimLiveObjects";
-
 /// Any failure while choosing.
 pub type Error = Box<dyn std::error::Error>;
 
@@ -82,9 +79,10 @@ pub fn choose(program: &str, build_hint: &str) -> Result<Choice, Error> {
     }
 }
 
-/// Whether `driver` is the simulator (it exports a function of its own).
+/// Whether `driver` is the simulator (it answers a function of its own; one whose controls are
+/// hidden, `CUDA_SIM_HIDE_CONTROLS=1`, counts as a real driver).
 pub fn is_simulator(driver: &Driver) -> bool {
-    driver.library_symbol(SIMULATOR_SYMBOL).is_ok()
+    cuda_sim::testing::is_simulator(driver)
 }
 
 /// Opens the real driver and checks that it sees at least one device.

@@ -336,7 +336,7 @@ fn write_manifest(out: &Path, tests: &[Artifact], simulator: bool, compare: bool
     let mut text = format!(
         "cuda-mem GPU test bundle, built by `cargo xtask gpu-test` with {rustc}\n\
          Run: bash run.sh [TEST-BINARY-ARGS...]   (RESULTS=dir, CUDA_MEM_DRIVER=lib, TEST_TIMEOUT=seconds,\n\
-         PARTS=\"probe tests demo bench compare\")\n\n\
+         PARTS=\"probe tests demo bench compare\", REHEARSE=1 for a rehearsal on the bundle's simulator)\n\n\
          payload.tar.xz (unpacked by run.sh into a temporary folder) holds:\n\
          probe (the open driver questions; probe.json, and probe-simulator.json beside, go to $RESULTS/)\n\
          demo\n\
@@ -401,7 +401,9 @@ const RUN_SCRIPT: &str = r#"#!/usr/bin/env bash
 # TEST_TIMEOUT (seconds per binary, default 1800), CUDA_MEM_REQUIRE_GPU (default 1: a test that
 # declares it cannot run here, say for want of a second GPU, fails; 0 lets it pass as skipped),
 # PARTS (default "probe tests demo bench compare": the parts to run), CUDA_MEM_COMPARE_PYTHON
-# (default python3: a Python 3.12 with numpy).
+# (default python3: a Python 3.12 with numpy), REHEARSE (1: run on the bundle's simulator as if
+# it were a real driver, to find before a GPU run what would fail there for want of the
+# simulator).
 set -uo pipefail
 
 home="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -446,6 +448,13 @@ if [ -z "$version" ] && [ -r /proc/driver/nvidia/version ]; then
 fi
 echo "driver version: ${version:-unknown}"
 
+# REHEARSE=1: a rehearsal of the GPU run on this bundle's simulator with its own controls hidden
+# (CUDA_SIM_HIDE_CONTROLS=1), so every test takes the path it takes on a real driver: a test
+# that would need the simulator there fails here, before any GPU time is spent on it.
+if [ "${REHEARSE:-0}" = 1 ]; then
+    export CUDA_MEM_DRIVER="$bundle/libcuda_sim.so" CUDA_SIM_HIDE_CONTROLS=1
+    echo "rehearsal: the simulator as if it were a real driver (CUDA_SIM_HIDE_CONTROLS=1)"
+fi
 export CUDA_MEM_DRIVER="${CUDA_MEM_DRIVER:-libcuda.so.1}"
 export CUDA_MEM_REQUIRE_GPU="${CUDA_MEM_REQUIRE_GPU:-1}"
 echo "CUDA_MEM_DRIVER=$CUDA_MEM_DRIVER CUDA_MEM_REQUIRE_GPU=$CUDA_MEM_REQUIRE_GPU"

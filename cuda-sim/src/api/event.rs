@@ -59,13 +59,16 @@ pub(crate) fn record(event: CUevent, stream: CUstream, mode: DefaultStream) -> S
     if context.handle != event.ctx {
         return Err(CUresult::CUDA_ERROR_INVALID_HANDLE);
     }
-    if let Some(sequence) = stream.capture.active_id() {
+    if stream.capture.active_id().is_some()
+        && stream.capture.record_node(crate::graph::Node::Record(std::sync::Arc::clone(&event))).is_ok()
+    {
         // Captured into the graph: each launch records the event anew; until then its
         // completion state is left alone rather than waiting for a launch that may never come.
-        event.record_captured(&stream, sequence);
-        if stream.capture.record_node(crate::graph::Node::Record(std::sync::Arc::clone(&event))).is_ok() {
-            return Ok(());
+        // Where it stands in the capture is what a stream waiting for it joins or follows.
+        if let Some(point) = stream.capture.point(&stream) {
+            event.record_captured(point);
         }
+        return Ok(());
     }
     let generation = event.begin_record();
     context.submit(&stream, Box::new(move || event.complete(generation)));
@@ -77,11 +80,11 @@ pub(crate) fn record(event: CUevent, stream: CUstream, mode: DefaultStream) -> S
 /// which was last recorded in a capturing stream"), and the capture it was recorded in is
 /// invalidated if it is still active.
 fn refuse_captured(event: &Event) -> SimResult {
-    let Some((stream, sequence)) = event.captured_in() else {
+    let Some(point) = event.captured_in() else {
         return Ok(());
     };
-    if let Some(stream) = stream.upgrade() {
-        stream.capture.invalidate(Some(sequence));
+    if let Some(stream) = point.stream.upgrade() {
+        stream.capture.invalidate(Some(point.sequence));
     }
     Err(CUresult::CUDA_ERROR_CAPTURED_EVENT)
 }

@@ -1,16 +1,36 @@
 //! The simulator's own controls, exported beside the driver functions for tests: counts of
-//! live objects, fault injection, and counts of driver calls.
+//! live objects, fault injection, and counts of driver calls. With `CUDA_SIM_HIDE_CONTROLS=1`
+//! each answers `CUDA_ERROR_NOT_FOUND`, as if the library had none ([`HIDE_CONTROLS_ENV`]).
 
 use std::ffi::{CStr, c_char, c_uint};
 
 use crate::error::{SimResult, ensure, write_out};
 use crate::testing::LiveObjects;
 
+/// Environment variable that, set to `1`, hides the simulator's own controls: every `cuSim*`
+/// function answers `CUDA_ERROR_NOT_FOUND` (read once). A test suite then takes the paths it
+/// takes on a real driver, which has none of them, with the simulator behind them: a rehearsal
+/// of a GPU run that finds a test relying on the simulator where it would not be.
+pub const HIDE_CONTROLS_ENV: &str = "CUDA_SIM_HIDE_CONTROLS";
+
+/// `Ok` unless the controls are hidden ([`HIDE_CONTROLS_ENV`]).
+fn controls_shown() -> SimResult {
+    static HIDDEN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let hidden = *HIDDEN.get_or_init(|| std::env::var(HIDE_CONTROLS_ENV).is_ok_and(|value| value.trim() == "1"));
+    ensure_shown(hidden)
+}
+
+/// `CUDA_ERROR_NOT_FOUND` where the controls are `hidden`.
+fn ensure_shown(hidden: bool) -> SimResult {
+    if hidden { Err(cuda_mem_sys::types::CUresult::CUDA_ERROR_NOT_FOUND) } else { Ok(()) }
+}
+
 /// `cuSimLiveObjects`: how many of each kind of object are alive now.
 ///
 /// # Safety
 /// `out` is null or valid for a write.
 pub(crate) unsafe fn live_objects(out: *mut LiveObjects) -> SimResult {
+    controls_shown()?;
     let state = crate::state::lock()?;
     let counts = LiveObjects {
         reservations: state.memory.reservations.len() as u64,
@@ -38,6 +58,7 @@ pub(crate) unsafe fn live_objects(out: *mut LiveObjects) -> SimResult {
 /// # Safety
 /// `out` is null or valid for a write.
 pub(crate) unsafe fn build_id(out: *mut *const c_char) -> SimResult {
+    controls_shown()?;
     // SAFETY: forwarded from the caller.
     unsafe { write_out(out, BUILD_ID_C.as_ptr()) }
 }
@@ -54,6 +75,7 @@ const BUILD_ID_C: &CStr = match CStr::from_bytes_with_nul(concat!(env!("CUDA_SIM
 /// # Safety
 /// `function` is null or NUL-terminated.
 pub(crate) unsafe fn inject_failure(function: *const c_char, nth: u32) -> SimResult {
+    controls_shown()?;
     ensure(nth > 0)?;
     // SAFETY: forwarded from the caller.
     let name = unsafe { function_name(function) }?;
@@ -74,6 +96,7 @@ unsafe fn function_name<'a>(function: *const c_char) -> SimResult<&'a str> {
 /// `cuSimCountCalls`: `on` non-zero starts counting every driver call from zero; zero stops
 /// counting and keeps the counts for `cuSimCallCount`.
 pub(crate) fn count_calls(on: c_uint) -> SimResult {
+    controls_shown()?;
     crate::fault::count_calls(on != 0);
     Ok(())
 }
@@ -84,6 +107,7 @@ pub(crate) fn count_calls(on: c_uint) -> SimResult {
 /// # Safety
 /// `function` is null or NUL-terminated; `count` is null or valid for a write.
 pub(crate) unsafe fn call_count(function: *const c_char, count: *mut c_uint) -> SimResult {
+    controls_shown()?;
     // SAFETY: forwarded from the caller.
     let name = unsafe { function_name(function) }?;
     // SAFETY: forwarded from the caller.

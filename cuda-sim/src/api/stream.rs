@@ -156,9 +156,12 @@ pub(crate) unsafe fn exchange_capture_mode(mode: *mut CUstreamCaptureMode) -> Si
 }
 
 /// `cuStreamEndCapture`: returns the captured graph; `CUDA_ERROR_ILLEGAL_STATE` when the stream
-/// was not capturing, `CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD` (the capture goes on) from a
-/// thread other than the one that began it in a mode other than relaxed. An invalidated capture ends too, with a NULL graph ("if capture was
-/// invalidated, … a NULL graph will be returned") and `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`.
+/// was not capturing, `CUDA_ERROR_STREAM_CAPTURE_UNMATCHED` on a stream that joined another's
+/// capture, `CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD` (the capture goes on) from a thread other
+/// than the one that began it in a mode other than relaxed. An invalidated capture ends too, with
+/// a NULL graph ("if capture was invalidated, … a NULL graph will be returned") and
+/// `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`; one with a joined stream that did not rejoin, with a
+/// NULL graph and `CUDA_ERROR_STREAM_CAPTURE_UNJOINED` (see `capture`).
 /// `out` may be NULL: the graph is then kept for whoever took its handle from
 /// `cuStreamGetCaptureInfo` (as cuda.core's graph builder does; see `conservative`). The
 /// addresses of the capture's graph allocations stop being live: launches map them.
@@ -169,9 +172,10 @@ pub(crate) unsafe fn end_capture(stream: CUstream, out: *mut CUgraph, mode: Defa
     let mut state = state::lock()?;
     let (_, stream) = resolve(&state, stream, mode)?;
     let ended = stream.capture.end()?;
-    let (graph, allocs) = match ended {
-        Ended::Graph { handle, nodes, allocs } => (Ok((handle, nodes)), allocs),
-        Ended::Invalidated(handle, allocs) => (Err(handle), allocs),
+    let (graph, allocs, failure) = match ended {
+        Ended::Graph { handle, nodes, allocs } => (Ok((handle, nodes)), allocs, CUresult::CUDA_SUCCESS),
+        Ended::Invalidated(handle, allocs) => (Err(handle), allocs, CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED),
+        Ended::Unjoined(handle, allocs) => (Err(handle), allocs, CUresult::CUDA_ERROR_STREAM_CAPTURE_UNJOINED),
     };
     for alloc in &allocs {
         state.memory.unmap_graph(alloc.base);
@@ -191,7 +195,7 @@ pub(crate) unsafe fn end_capture(stream: CUstream, out: *mut CUgraph, mode: Defa
         // SAFETY: forwarded from the caller.
         unsafe { write_out(out, handle as CUgraph) }?;
     }
-    if handle == 0 { fail(CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED) } else { Ok(()) }
+    if handle == 0 { fail(failure) } else { Ok(()) }
 }
 
 /// `cuStreamGetFlags`, `cuStreamGetPriority`, `cuStreamGetDevice`, `cuStreamGetCtx`: one of the
@@ -225,13 +229,19 @@ pub(crate) unsafe fn get(stream: CUstream, mode: DefaultStream, property: Proper
 }
 
 /// `cuStreamWaitEvent`: later work on `stream` waits for the event's latest recording (an event
-/// never recorded is complete, so the wait is empty). The event may belong to any context.
+/// never recorded is complete, so the wait is empty). The event may belong to any context. An
+/// event last recorded in an active capture makes the stream join that capture (see `capture`);
+/// `CUDA_ERROR_STREAM_CAPTURE_MERGE` from a stream capturing another sequence.
 pub(crate) fn wait_event(stream: CUstream, event: CUevent, flags: u32, mode: DefaultStream) -> SimResult {
     ensure(flags & !0x1 == 0)?;
     let state = state::lock()?;
     let (context, stream) = resolve_for_work(&state, stream, mode)?;
     let event = state.events.get(&(event as usize)).cloned().ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
     drop(state);
+    // An event recorded in a capture: the stream joins it, or follows the work before it there.
+    if let Some(point) = event.captured_in() {
+        stream.capture.wait_for_point(&point)?;
+    }
     if let Some(generation) = event.latest() {
         context.submit(&stream, Box::new(move || event.wait_for(generation)));
     }

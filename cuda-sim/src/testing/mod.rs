@@ -73,13 +73,19 @@ pub fn on_simulator() -> bool {
 }
 
 /// Whether `CUDA_MEM_DRIVER` is set and names a simulator library (asked once, of the library
-/// loaded: a real driver has no `cuSimBuildId`).
+/// loaded).
 fn driver_env_names_simulator() -> bool {
     static NAMES_SIMULATOR: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *NAMES_SIMULATOR.get_or_init(|| {
-        std::env::var_os(cuda_mem_sys::DRIVER_ENV).is_some()
-            && cuda_mem_sys::driver().is_ok_and(|driver| build_id(driver).is_ok())
+        std::env::var_os(cuda_mem_sys::DRIVER_ENV).is_some() && cuda_mem_sys::driver().is_ok_and(is_simulator)
     })
+}
+
+/// Whether `driver` is the simulator with its controls shown: it answers `cuSimBuildId`, which a
+/// real driver lacks and a simulator with hidden controls ([`HIDE_CONTROLS_ENV`]) refuses, so
+/// that a rehearsal takes a real driver's paths everywhere.
+pub fn is_simulator(driver: &Driver) -> bool {
+    build_id(driver).is_ok()
 }
 
 /// The driver the tests use, installed as the process-wide driver so that code under test that
@@ -172,6 +178,7 @@ pub fn skip(reason: &str) {
 /// Environment variable that marks a child process spawned by [`in_simulated_machine`].
 pub const CHILD_ENV: &str = "CUDA_SIM_TEST_CHILD";
 
+pub use crate::api::sim::HIDE_CONTROLS_ENV;
 pub use crate::config::VISIBLE_DEVICES_ENV;
 
 /// Runs `body` on a simulated machine configured by `env` (`CUDA_SIM_DEVICES`, …), which must
@@ -488,6 +495,69 @@ pub fn count_calls<R>(driver: &Driver, path: impl FnOnce() -> R) -> Result<(R, C
     let out = path();
     set_counting(driver, false)?;
     Ok((out, read_counts(driver)?))
+}
+
+/// The simulator's live objects now ([`live_objects`]) where the tests run on it; `None` on a real
+/// driver, which does not count its objects, so that a comparison of two such values (mapped
+/// alike) holds there trivially while the rest of the test still runs.
+///
+/// # Panics
+/// When the simulator cannot report them.
+pub fn live_objects_if_simulated() -> Option<LiveObjects> {
+    on_simulator().then(|| {
+        let driver = driver().unwrap_or_else(|e| panic!("the test driver does not load: {e}"));
+        live_objects(driver).unwrap_or_else(|e| panic!("the simulator does not report its live objects: {e}"))
+    })
+}
+
+/// Runs `path`, counting its driver calls where the driver is the simulator ([`on_simulator`]);
+/// on a real driver, which counts nothing, `path` runs uncounted and every check of the counts
+/// holds, so the rest of a test (what it asserts of the outcome) still runs there. Run it once
+/// first, as for [`count_calls`].
+///
+/// # Panics
+/// When the simulator cannot count.
+pub fn count_calls_if_simulated<R>(path: impl FnOnce() -> R) -> (R, CountedIfSimulated) {
+    if !on_simulator() {
+        return (path(), CountedIfSimulated(None));
+    }
+    let driver = driver().unwrap_or_else(|e| panic!("the test driver does not load: {e}"));
+    let (out, counts) = count_calls(driver, path).unwrap_or_else(|e| panic!("the simulator cannot count calls: {e}"));
+    (out, CountedIfSimulated(Some(counts)))
+}
+
+/// The driver calls [`count_calls_if_simulated`] counted: the simulator's counts, or none on a
+/// real driver, where each check holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CountedIfSimulated(Option<CallCounts>);
+
+impl CountedIfSimulated {
+    /// The counts, where they were counted.
+    pub fn counts(&self) -> Option<&CallCounts> {
+        self.0.as_ref()
+    }
+
+    /// Asserts that `function` was called `expected` times, where calls were counted.
+    ///
+    /// # Panics
+    /// When it was not.
+    #[track_caller]
+    pub fn assert_calls(&self, function: &str, expected: u32, what: &str) {
+        if let Some(counts) = &self.0 {
+            assert_eq!(counts.of(function), expected, "calls of {function}: {what}: {counts:?}");
+        }
+    }
+
+    /// Asserts that `expected` calls were made in all, where calls were counted.
+    ///
+    /// # Panics
+    /// When they were not.
+    #[track_caller]
+    pub fn assert_total(&self, expected: u32, what: &str) {
+        if let Some(counts) = &self.0 {
+            assert_eq!(counts.total(), expected, "calls in all: {what}: {counts:?}");
+        }
+    }
 }
 
 /// Runs `path` with `injection` armed, and says whether it fired (whether `path` made that
