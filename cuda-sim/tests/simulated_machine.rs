@@ -75,3 +75,47 @@ fn the_named_simulator_seen_from_inside() {
     });
     println!("checked the named simulator");
 }
+
+/// Set in the child of the test below.
+const HIDDEN_ENV: &str = "CUDA_SIM_TEST_HIDDEN_CONTROLS";
+
+/// A rehearsal of a GPU run: the simulator named by `CUDA_MEM_DRIVER` with its controls hidden
+/// passes for a real driver, and the helpers take a real driver's paths.
+#[test]
+fn a_simulator_with_hidden_controls_passes_for_a_real_driver() {
+    let library = cuda_sim::testing::library_path().expect("the simulator is built");
+    let output = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "the_hidden_controls_seen_from_inside", "--nocapture", "--test-threads=1"])
+        .env(cuda_mem_sys::DRIVER_ENV, &library)
+        .env(cuda_sim::testing::HIDE_CONTROLS_ENV, "1")
+        .env(HIDDEN_ENV, "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success() && stdout.contains("1 passed") && stdout.contains("checked the hidden controls"),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// The child of the test above (passes trivially anywhere else).
+#[test]
+fn the_hidden_controls_seen_from_inside() {
+    if std::env::var_os(HIDDEN_ENV).is_none() {
+        return;
+    }
+    let driver = cuda_sim::testing::driver().unwrap();
+    assert!(!cuda_sim::testing::is_simulator(driver) && !cuda_sim::testing::on_simulator());
+    let refused = cuda_sim::testing::live_objects(driver).unwrap_err();
+    assert_eq!(refused.code(), Some(cuda_mem_sys::types::CUresult::CUDA_ERROR_NOT_FOUND), "{refused}");
+    assert!(cuda_sim::testing::count_calls(driver, || ()).is_err());
+    assert_eq!(cuda_sim::testing::live_objects_if_simulated(), None);
+    let ((), counted) = cuda_sim::testing::count_calls_if_simulated(|| ());
+    assert_eq!(counted.counts(), None, "nothing counted");
+    counted.assert_total(7, "holds where nothing was counted");
+    // The driver functions work as ever.
+    // SAFETY: cuInit takes no pointers; flags must be 0.
+    unsafe { cuda_mem_sys::cu_call!(driver, cuInit(0)) }.unwrap();
+    println!("checked the hidden controls");
+}

@@ -480,6 +480,7 @@ wants() {
 }
 total_passed=0
 total_failed=0
+total_cannot=0
 summary=()
 
 # with_timeout COMMAND...: runs COMMAND, killed after $limit seconds where `timeout` exists.
@@ -517,6 +518,10 @@ run_one() {
     read -r passed failed ignored <<<"$counts"
     local verdict="ok"
     local note=""
+    # Tests that declared they cannot run on this machine (a second GPU, another driver
+    # version), failed because CUDA_MEM_REQUIRE_GPU=1: counted apart, so that what broke stands out.
+    local cannot
+    cannot="$(grep -c -- 'test cannot run here and CUDA_MEM_REQUIRE_GPU=1' "$log")"
     if [ "$status" -ne 0 ]; then
         verdict="FAILED"
         if [ "$status" -eq 124 ]; then
@@ -528,9 +533,19 @@ run_one() {
         if [ "$failed" -eq 0 ]; then
             failed=1
         fi
+        if [ "$cannot" -gt "$failed" ]; then
+            cannot="$failed"
+        fi
+        if [ "$status" -ne 124 ] && [ "$cannot" -eq "$failed" ]; then
+            verdict="CANNOT"
+        fi
+        note="$note, $cannot of them could not run here"
+    else
+        cannot=0
     fi
     total_passed=$((total_passed + passed))
-    total_failed=$((total_failed + failed))
+    total_failed=$((total_failed + failed - cannot))
+    total_cannot=$((total_cannot + cannot))
     local line
     line="$(printf '%-6s %-44s %5d passed, %d failed, %d ignored, %ds%s' \
         "$verdict" "$name" "$passed" "$failed" "$ignored" "$((end - start))" "$note")"
@@ -621,7 +636,12 @@ for line in "${summary[@]}"; do
     echo "$line"
 done
 echo "$total_passed passed, $total_failed failed"
-[ "$total_failed" -eq 0 ]
+if [ "$total_cannot" -gt 0 ]; then
+    echo "$total_cannot more could not run on this machine (declared; failed because CUDA_MEM_REQUIRE_GPU=1):"
+    grep -h -o -- 'test cannot run here and CUDA_MEM_REQUIRE_GPU=1: .*' "$results"/*.log \
+        | sed 's/^test cannot run here and CUDA_MEM_REQUIRE_GPU=1: /  /' | sort | uniq -c
+fi
+[ "$total_failed" -eq 0 ] && [ "$total_cannot" -eq 0 ]
 "#;
 
 #[cfg(test)]
@@ -667,6 +687,11 @@ mod tests {
     /// a folder holding a stand-in driver `drv/libcuda_sim.so`, with `CUDA_MEM_DRIVER` set to
     /// `driver` (`{dir}` there is that folder), and returns whether it passed and what it printed.
     fn run_bundle_with_test(test_body: &str, driver: &str) -> (bool, String) {
+        run_bundle_with_test_and_env(test_body, driver, &[])
+    }
+
+    /// [`run_bundle_with_test`] with `env` set too, and the bundle holding a stand-in simulator.
+    fn run_bundle_with_test_and_env(test_body: &str, driver: &str, env: &[(&str, &str)]) -> (bool, String) {
         let temp = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(temp.path().join("drv")).unwrap();
         std::fs::write(temp.path().join("drv").join("libcuda_sim.so"), b"not a real library").unwrap();
@@ -680,7 +705,9 @@ mod tests {
         std::fs::create_dir_all(&bundle).unwrap();
         pack_payload(&payload, &bundle.join(PAYLOAD)).unwrap();
         std::fs::write(bundle.join("run.sh"), run_script()).unwrap();
+        std::fs::write(bundle.join(SIMULATOR), b"not a real simulator").unwrap();
         let output = Command::new("bash")
+            .envs(env.iter().copied())
             .arg(bundle.join("run.sh"))
             .current_dir(temp.path())
             .env("PARTS", "tests")
@@ -711,6 +738,38 @@ done
             let (passed, text) = run_bundle_with_test(&body, driver);
             assert!(passed && text.contains("1 passed, 0 failed"), "{driver}: {text}");
         }
+    }
+
+    #[test]
+    fn a_rehearsal_runs_on_the_bundles_simulator_with_its_controls_hidden() {
+        let body = format!(
+            r#"[ "$CUDA_SIM_HIDE_CONTROLS" = 1 ] && [ "$(basename "$CUDA_MEM_DRIVER")" = libcuda_sim.so ] \
+    && [ -f "$CUDA_MEM_DRIVER" ] || {{ {FAILS}; }}
+{PASSES}"#
+        );
+        let (passed, text) = run_bundle_with_test_and_env(&body, "libcuda.so.1", &[("REHEARSE", "1")]);
+        assert!(passed && text.contains("1 passed, 0 failed") && text.contains("rehearsal:"), "{text}");
+        // Without it, the driver named is the one used, controls shown.
+        let (passed, text) = run_bundle_with_test_and_env(&body, "libcuda.so.1", &[]);
+        assert!(!passed && text.contains("0 passed, 1 failed"), "{text}");
+    }
+
+    #[test]
+    fn tests_that_could_not_run_here_are_counted_apart_from_failures() {
+        let cannot = format!(
+            r#"echo "test cannot run here and CUDA_MEM_REQUIRE_GPU=1: needs two devices"
+{FAILS}"#
+        );
+        let (passed, text) = run_bundle_with_test(&cannot, "libcuda.so.1");
+        assert!(!passed, "still not a pass: {text}");
+        assert!(text.contains("CANNOT ") && text.contains("0 passed, 0 failed"), "{text}");
+        assert!(
+            text.contains("1 more could not run on this machine") && text.contains("1   needs two devices"),
+            "{text}"
+        );
+        // A failure that is not one stays a failure.
+        let (passed, text) = run_bundle_with_test(FAILS, "libcuda.so.1");
+        assert!(!passed && text.contains("FAILED ") && !text.contains("could not run on this machine"), "{text}");
     }
 
     #[test]
