@@ -56,8 +56,10 @@ use crate::stream::{Op, Stream, StreamKind};
 
 /// The capture sequence of one stream, if it has one, or the sequence of another stream it
 /// joined.
-#[derive(Default)]
 pub(crate) struct Capture {
+    /// This stream's identity within a sequence: unique for the life of the process, so that a
+    /// new stream never passes for a destroyed one that had joined a sequence still under way.
+    key: usize,
     sequence: Mutex<Option<Sequence>>,
     /// The sequence this stream joined by waiting for an event captured in it: its origin
     /// stream and the sequence's id. Stale (and ignored) once that sequence ended.
@@ -168,6 +170,12 @@ pub(crate) enum Ended {
     Unjoined(usize, Vec<Arc<GraphAlloc>>),
 }
 
+impl Default for Capture {
+    fn default() -> Self {
+        Capture { key: crate::handle::next(), sequence: Mutex::default(), joined: Mutex::default() }
+    }
+}
+
 impl Capture {
     fn lock(&self) -> MutexGuard<'_, Option<Sequence>> {
         self.sequence.lock().unwrap_or_else(PoisonError::into_inner)
@@ -177,10 +185,9 @@ impl Capture {
         self.joined.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// This stream's identity within a sequence: the address of its capture, which lives as
-    /// long as the stream (streams are shared, never moved).
+    /// This stream's identity within a sequence.
     fn key(&self) -> usize {
-        self as *const Capture as usize
+        self.key
     }
 
     /// Runs `f` on the sequence this stream's work goes to, with this stream's key: the sequence
