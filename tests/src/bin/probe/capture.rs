@@ -22,8 +22,9 @@ pub(crate) const QUESTION: Question = Question {
     question: "While a stream captures (global and relaxed modes): what do cuStreamSynchronize and cuStreamQuery on \
                it, cuEventQuery and cuEventSynchronize on an event recorded in the capture, cuCtxSynchronize, uses of \
                the legacy stream (while a blocking or a non-blocking stream captures), cuMemAllocFromPoolAsync, \
-               cuMemAlloc and cuMemPoolCreate, and another stream's wait on the captured event return, and what is the capture's status \
-               after each?",
+               cuMemAlloc and cuMemPoolCreate, and another stream's wait on the captured event (joined back, not joined \
+               back, not joined back after work there: how does the capture end?) return, and what is the capture's \
+               status after each?",
     run,
     child: None,
 };
@@ -48,6 +49,10 @@ enum Action {
     MemAlloc,
     PoolCreate,
     CrossStreamWait,
+    /// Another stream waits for the captured event and is not joined back.
+    ForkNotJoined,
+    /// The same, after a memset on the other stream.
+    ForkWithWorkNotJoined,
 }
 
 /// One case: a name, whether the capturing stream is blocking, and the call.
@@ -62,7 +67,7 @@ const fn case(name: &'static str, action: Action) -> Case {
 }
 
 /// Every case, in order.
-const CASES: [Case; 15] = [
+const CASES: [Case; 17] = [
     case("cuStreamSynchronize", Action::StreamSynchronize),
     case("cuStreamQuery", Action::StreamQuery),
     case("cuEventQuery(captured)", Action::EventQuery),
@@ -78,6 +83,8 @@ const CASES: [Case; 15] = [
     case("cuMemAlloc", Action::MemAlloc),
     case("cuMemPoolCreate", Action::PoolCreate),
     case("cuStreamWaitEvent(other,captured)", Action::CrossStreamWait),
+    case("cuStreamWaitEvent(other,captured),not-joined-back", Action::ForkNotJoined),
+    case("cuStreamWaitEvent(other,captured),memset-there,not-joined-back", Action::ForkWithWorkNotJoined),
 ];
 
 /// The capture modes asked about (here and in [`crate::per_thread_capture`]).
@@ -219,10 +226,24 @@ fn run_case(
             extras.push(("join_back", code(&join)));
             outcome
         }
+        Action::ForkNotJoined | Action::ForkWithWorkNotJoined => {
+            event.record(stream.raw())?;
+            let outcome = code(&stream_wait_event(other.raw(), event.raw()));
+            if case.action == Action::ForkWithWorkNotJoined {
+                extras.push(("memset_there", code(&memset_async(buffer.ptr(), 3, SIZE, other.raw()))));
+            }
+            extras.push(("other_stream_status", capture_status(other.raw())));
+            let (ended, graph) = other.end_capture();
+            extras.push(("end_on_the_other_stream", format!("{}({})", code(&ended), graph_or_none(&graph))));
+            outcome
+        }
     };
     let status = capture_status(stream.raw());
     let (ended, graph) = stream.end_capture();
-    let end = format!("{}({})", code(&ended), if graph.is_null() { "no graph" } else { "a graph" });
+    let end = format!("{}({})", code(&ended), graph_or_none(&graph));
+    if matches!(case.action, Action::ForkNotJoined | Action::ForkWithWorkNotJoined) {
+        extras.push(("other_stream_status_after_the_end", capture_status(other.raw())));
+    }
     if matches!(case.action, Action::EventQuery | Action::EventSynchronize) {
         extras.push(("event_query_after_the_end", code(&event.query())));
     }
@@ -233,6 +254,11 @@ fn run_case(
         extras.push(("destroy_after_the_end", code(&pool.destroy())));
     }
     Ok(Outcome { call, status, end, extras })
+}
+
+/// What `cuStreamEndCapture` gave, in words.
+fn graph_or_none(graph: &crate::owned::CapturedGraph) -> &'static str {
+    if graph.is_null() { "no graph" } else { "a graph" }
 }
 
 /// Ends the capture on `stream` after a case's call (whose outcome is `call`), records the
