@@ -1250,6 +1250,7 @@ fn a_stream_waiting_for_a_captured_event_joins_the_capture_and_must_rejoin() {
 
 /// Rejoining through another stream of the capture counts: the origin follows what the stream
 /// it waited for followed. A stream capturing one sequence cannot wait for another's event.
+/// `CU_EVENT_WAIT_EXTERNAL` is refused outside a capture.
 #[test]
 fn a_capture_rejoins_through_its_streams_and_two_captures_do_not_merge() {
     in_child!(&[], || {
@@ -1270,8 +1271,18 @@ fn a_capture_rejoins_through_its_streams_and_two_captures_do_not_merge() {
         let graph = end(origin);
         assert_eq!(graph_destroy(graph), CUresult::CUDA_SUCCESS);
 
+        // `CU_EVENT_WAIT_EXTERNAL` is for captures only.
+        let plain = event(flags);
+        record(plain, a);
+        // SAFETY: no pointers.
+        let external = unsafe { code!(driver(), cuStreamWaitEvent(a, plain, 0x1)) };
+        assert_eq!(external, CUresult::CUDA_ERROR_INVALID_VALUE, "outside a capture");
+
         let other = non_blocking_stream();
         begin(origin, RELAXED);
+        // SAFETY: no pointers.
+        let external = unsafe { code!(driver(), cuStreamWaitEvent(origin, plain, 0x1)) };
+        assert_eq!(external, CUresult::CUDA_SUCCESS, "in a capture");
         begin(other, RELAXED);
         record(fork, origin);
         // SAFETY: no pointers.

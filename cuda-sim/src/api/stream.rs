@@ -232,12 +232,16 @@ pub(crate) unsafe fn get(stream: CUstream, mode: DefaultStream, property: Proper
 /// never recorded is complete, so the wait is empty). The event may belong to any context. An
 /// event last recorded in an active capture makes the stream join that capture (see `capture`);
 /// `CUDA_ERROR_STREAM_CAPTURE_MERGE` from a stream capturing another sequence.
+/// `CU_EVENT_WAIT_EXTERNAL` outside a capture is `CUDA_ERROR_INVALID_VALUE` ("invalid when used
+/// outside of capture").
 pub(crate) fn wait_event(stream: CUstream, event: CUevent, flags: u32, mode: DefaultStream) -> SimResult {
-    ensure(flags & !0x1 == 0)?;
+    ensure(flags & !CU_EVENT_WAIT_EXTERNAL == 0)?;
     let state = state::lock()?;
     let (context, stream) = resolve_for_work(&state, stream, mode)?;
     let event = state.events.get(&(event as usize)).cloned().ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
     drop(state);
+    // `CU_EVENT_WAIT_EXTERNAL` "is invalid when used outside of capture".
+    ensure(flags & CU_EVENT_WAIT_EXTERNAL == 0 || stream.capture.is_under_way())?;
     // An event recorded in a capture: the stream joins it, or follows the work before it there.
     if let Some(point) = event.captured_in() {
         stream.capture.wait_for_point(&point)?;
@@ -247,6 +251,9 @@ pub(crate) fn wait_event(stream: CUstream, event: CUevent, flags: u32, mode: Def
     }
     Ok(())
 }
+
+/// `CU_EVENT_WAIT_EXTERNAL`, the one flag `cuStreamWaitEvent` takes.
+const CU_EVENT_WAIT_EXTERNAL: u32 = cuda_mem_sys::types::CUevent_wait_flags::CU_EVENT_WAIT_EXTERNAL.0;
 
 /// `cuStreamIsCapturing`: active between `cuStreamBeginCapture` and `cuStreamEndCapture`, or
 /// invalidated; on the legacy stream while a blocking stream captures,
