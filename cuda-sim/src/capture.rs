@@ -78,6 +78,13 @@ pub(crate) struct CapturePoint {
     covers: Vec<(usize, u64)>,
 }
 
+impl CapturePoint {
+    /// Whether the sequence it was recorded in is still under way.
+    pub(crate) fn is_under_way(&self) -> bool {
+        self.stream.upgrade().is_some_and(|stream| stream.capture.under_way_id() == Some(self.sequence))
+    }
+}
+
 /// One stream's part in a sequence.
 struct Member {
     /// The stream's [`Capture::key`].

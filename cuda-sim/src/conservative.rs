@@ -148,7 +148,9 @@
 //!   its work); an unjoined capture ends as an invalidated one does, its work discarded and no
 //!   graph; the joined streams' work goes into the graph in the order it was enqueued (one order
 //!   that keeps every dependency, not the parallel branches a GPU graph would have); a stream
-//!   destroyed while joined leaves its work in the capture, which then cannot rejoin it. The
+//!   destroyed while joined leaves its work in the capture, which then cannot rejoin it; the
+//!   default streams cannot join (the legacy stream's wait is `CUDA_ERROR_STREAM_CAPTURE_IMPLICIT`,
+//!   the per-thread stream's `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`, as its capture is). The
 //!   rehearsal of a GPU run (`CUDA_SIM_HIDE_CONTROLS=1`) found that the simulator did not model
 //!   joins before 2026-11-28, where a real driver does.
 //! - **Not modelled in capture**: a capturing stream waiting for an event recorded outside any

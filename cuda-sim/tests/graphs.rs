@@ -1250,7 +1250,7 @@ fn a_stream_waiting_for_a_captured_event_joins_the_capture_and_must_rejoin() {
 
 /// Rejoining through another stream of the capture counts: the origin follows what the stream
 /// it waited for followed. A stream capturing one sequence cannot wait for another's event.
-/// `CU_EVENT_WAIT_EXTERNAL` is refused outside a capture.
+/// `CU_EVENT_WAIT_EXTERNAL` is refused outside a capture; the default streams cannot join.
 #[test]
 fn a_capture_rejoins_through_its_streams_and_two_captures_do_not_merge() {
     in_child!(&[], || {
@@ -1288,6 +1288,16 @@ fn a_capture_rejoins_through_its_streams_and_two_captures_do_not_merge() {
         // SAFETY: no pointers.
         let merged = unsafe { code!(driver(), cuStreamWaitEvent(other, fork, 0)) };
         assert_eq!(merged, CUresult::CUDA_ERROR_STREAM_CAPTURE_MERGE);
+        // The default streams cannot capture, so they cannot join either.
+        for (default, refused) in [
+            (0x1 as CUstream, CUresult::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT),
+            (0x2 as CUstream, CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED),
+        ] {
+            // SAFETY: no pointers.
+            let joined = unsafe { code!(driver(), cuStreamWaitEvent(default, fork, 0)) };
+            assert_eq!(joined, refused, "{default:?}");
+            assert_eq!(status(default), CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE);
+        }
         assert!(capture_id(other).is_some(), "its own capture goes on");
         assert_ne!(capture_id(other), capture_id(origin));
         assert_eq!(graph_destroy(end(other)), CUresult::CUDA_SUCCESS);

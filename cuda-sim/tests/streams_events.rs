@@ -352,7 +352,8 @@ fn stream_wait_event_flags_and_unrecorded_events() {
     // SAFETY: no pointers.
     unsafe {
         assert_eq!(code!(d, cuStreamWaitEvent(s, e, 2)), CUresult::CUDA_ERROR_INVALID_VALUE);
-        cu_call!(d, cuStreamWaitEvent(s, e, 1)).unwrap();
+        // `CU_EVENT_WAIT_EXTERNAL` "is invalid outside of stream capture".
+        assert_eq!(code!(d, cuStreamWaitEvent(s, e, 1)), CUresult::CUDA_ERROR_INVALID_VALUE);
         cu_call!(d, cuStreamWaitEvent(s, e, 0)).unwrap();
         cu_call!(d, cuStreamWaitEvent(NULL_STREAM, e, 0)).unwrap();
     }

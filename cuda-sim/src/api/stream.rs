@@ -243,7 +243,17 @@ pub(crate) fn wait_event(stream: CUstream, event: CUevent, flags: u32, mode: Def
     // `CU_EVENT_WAIT_EXTERNAL` "is invalid when used outside of capture".
     ensure(flags & CU_EVENT_WAIT_EXTERNAL == 0 || stream.capture.is_under_way())?;
     // An event recorded in a capture: the stream joins it, or follows the work before it there.
+    // The default streams cannot capture, so they cannot join one either: the legacy stream's
+    // wait is the implicit dependency `CUDA_ERROR_STREAM_CAPTURE_IMPLICIT` names, the per-thread
+    // stream's is refused as its capture is (see `conservative`).
     if let Some(point) = event.captured_in() {
+        if point.is_under_way() && !stream.capture.is_under_way() {
+            match stream.kind {
+                StreamKind::Legacy => return fail(CUresult::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT),
+                StreamKind::PerThread => return fail(CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED),
+                StreamKind::Created => {}
+            }
+        }
         stream.capture.wait_for_point(&point)?;
     }
     if let Some(generation) = event.latest() {
