@@ -35,7 +35,8 @@ pub const LIBRARY_ENV: &str = "CUDA_SIM_LIB";
 pub const REQUIRE_GPU_ENV: &str = "CUDA_MEM_REQUIRE_GPU";
 
 /// Where the simulator library is: `CUDA_SIM_LIB`, or the simulator `CUDA_MEM_DRIVER` names
-/// (see [`on_simulator`]), or `libcuda_sim.so` beside the running
+/// (see [`on_simulator`]), or `libcuda_sim.so` of this build (the nearest other one where there is
+/// none, for [`driver()`] to refuse) beside the running
 /// executable or in its parent folder (cargo puts test binaries in `target/<profile>/deps/`),
 /// else (doc tests run from a temporary folder) in this workspace's target folder, which may
 /// hold an older build: the one picked there is named on stderr, and [`driver()`] refuses a
@@ -50,19 +51,34 @@ pub fn library_path() -> Option<PathBuf> {
         return std::env::var_os(cuda_mem_sys::DRIVER_ENV).map(PathBuf::from);
     }
     let exe = std::env::current_exe().ok()?;
-    let beside_exe = exe.ancestors().skip(1).take(3).map(|dir| dir.join(LIBRARY_NAME));
+    let existing = |candidates: Vec<PathBuf>| candidates.into_iter().filter(|c| c.is_file()).collect::<Vec<_>>();
+    let beside_exe = existing(exe.ancestors().skip(1).take(3).map(|dir| dir.join(LIBRARY_NAME)).collect());
     // Doc tests run from a temporary folder: look in this workspace's target folder too.
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
-    let in_target = ["debug/deps", "debug", "release/deps", "release"].map(|dir| target.join(dir).join(LIBRARY_NAME));
-    if let Some(found) = beside_exe.into_iter().find(|candidate| candidate.is_file()) {
-        return Some(found);
+    let in_target = existing(
+        ["debug/deps", "debug", "release/deps", "release"].map(|dir| target.join(dir).join(LIBRARY_NAME)).to_vec(),
+    );
+    // This build's simulator first: a folder above a doc test's temporary one (the system's
+    // temporary folder) may hold a stray library of another build.
+    if let Some(found) = beside_exe.iter().find(|candidate| is_this_build(candidate)) {
+        return Some(found.clone());
     }
-    // Not beside the executable: the one found may be older than this build, so say which.
-    let found = in_target.into_iter().find(|candidate| candidate.is_file())?;
-    eprintln!("cuda-sim: no {LIBRARY_NAME} beside the test binary; using {}", found.display());
-    Some(found)
+    if let Some(found) = in_target.iter().find(|candidate| is_this_build(candidate)) {
+        eprintln!("cuda-sim: no {LIBRARY_NAME} beside the test binary; using {}", found.display());
+        return Some(found.clone());
+    }
+    // None of this build: the nearest, which `driver()` refuses, naming its build id.
+    beside_exe.into_iter().chain(in_target).next()
+}
+
+/// Whether the library at `path` holds this build's id ([`crate::BUILD_ID`], which the
+/// simulator reports from a constant of its own): cheaper than opening it, and opening a library
+/// runs its initializers.
+fn is_this_build(path: &std::path::Path) -> bool {
+    let id = crate::BUILD_ID.as_bytes();
+    std::fs::read(path).is_ok_and(|bytes| bytes.windows(id.len()).any(|window| window == id))
 }
 
 /// Whether the tests run on the simulator: no `CUDA_MEM_DRIVER` set, or it names a simulator
@@ -577,4 +593,28 @@ pub fn run_failing<R>(
     let out = path();
     set_counting(driver, false)?;
     Ok((out, counted(driver, injection.function)? >= injection.nth))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn this_builds_simulator_is_told_from_another_builds() {
+        let library = library_path().expect("the simulator is built");
+        assert!(is_this_build(&library), "{} is not of this build: `cargo build -p cuda-sim` first", library.display());
+        let id = crate::BUILD_ID.as_bytes();
+        let mut other = std::fs::read(&library).unwrap();
+        let mut at = 0;
+        while let Some(found) = other[at..].windows(id.len()).position(|window| window == id) {
+            other[at + found..at + found + id.len()].fill(b'0');
+            at += found + id.len();
+        }
+        assert!(at > 0, "the build id is in the library");
+        let dir = tempfile::tempdir().unwrap();
+        let stale = dir.path().join(LIBRARY_NAME);
+        std::fs::write(&stale, other).unwrap();
+        assert!(!is_this_build(&stale));
+        assert!(!is_this_build(&dir.path().join("missing.so")));
+    }
 }
