@@ -23,8 +23,8 @@ pub(crate) const QUESTION: Question = Question {
                it, cuEventQuery and cuEventSynchronize on an event recorded in the capture, cuCtxSynchronize, uses of \
                the legacy stream (while a blocking or a non-blocking stream captures), cuMemAllocFromPoolAsync, \
                cuMemAlloc and cuMemPoolCreate, and another stream's wait on the captured event (joined back, not joined \
-               back, not joined back after work there: how does the capture end?) return, and what is the capture's \
-               status after each?",
+               back, not joined back after work there: how does the capture end?), and the capturing stream's wait \
+               on an event recorded outside the capture return, and what is the capture's status after each?",
     run,
     child: None,
 };
@@ -53,6 +53,8 @@ enum Action {
     ForkNotJoined,
     /// The same, after a memset on the other stream.
     ForkWithWorkNotJoined,
+    /// The capturing stream waits for an event recorded outside any capture.
+    WaitUncaptured,
 }
 
 /// One case: a name, whether the capturing stream is blocking, and the call.
@@ -67,7 +69,7 @@ const fn case(name: &'static str, action: Action) -> Case {
 }
 
 /// Every case, in order.
-const CASES: [Case; 17] = [
+const CASES: [Case; 18] = [
     case("cuStreamSynchronize", Action::StreamSynchronize),
     case("cuStreamQuery", Action::StreamQuery),
     case("cuEventQuery(captured)", Action::EventQuery),
@@ -85,6 +87,7 @@ const CASES: [Case; 17] = [
     case("cuStreamWaitEvent(other,captured)", Action::CrossStreamWait),
     case("cuStreamWaitEvent(other,captured),not-joined-back", Action::ForkNotJoined),
     case("cuStreamWaitEvent(other,captured),memset-there,not-joined-back", Action::ForkWithWorkNotJoined),
+    case("cuStreamWaitEvent(capturing,uncaptured)", Action::WaitUncaptured),
 ];
 
 /// The capture modes asked about (here and in [`crate::per_thread_capture`]).
@@ -225,6 +228,12 @@ fn run_case(
             let join = joined.record(other.raw()).and_then(|()| stream_wait_event(stream.raw(), joined.raw()));
             extras.push(("join_back", code(&join)));
             outcome
+        }
+        Action::WaitUncaptured => {
+            // Recorded on the other stream, outside any capture (what `cuda-mem-core` does to
+            // order a buffer's free after another stream's use).
+            joined.record(other.raw())?;
+            code(&stream_wait_event(stream.raw(), joined.raw()))
         }
         Action::ForkNotJoined | Action::ForkWithWorkNotJoined => {
             event.record(stream.raw())?;
