@@ -74,7 +74,7 @@ pub(crate) struct CapturePoint {
     pub(crate) stream: Weak<Stream>,
     /// The sequence's id.
     pub(crate) sequence: usize,
-    /// For each stream of the sequence (by [`Capture::key`]), how much of its work precedes.
+    /// For each stream of the sequence (by its capture's key), how much of its work precedes.
     covers: Vec<(usize, u64)>,
 }
 
@@ -87,7 +87,7 @@ impl CapturePoint {
 
 /// One stream's part in a sequence.
 struct Member {
-    /// The stream's [`Capture::key`].
+    /// The stream's capture's key.
     key: usize,
     /// How many operations it has put into the sequence (a joined stream starts at 1: it must
     /// rejoin even with no work of its own).
@@ -192,21 +192,16 @@ impl Capture {
         self.joined.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// This stream's identity within a sequence.
-    fn key(&self) -> usize {
-        self.key
-    }
-
-    /// Runs `f` on the sequence this stream's work goes to, with this stream's key: the sequence
-    /// it joined while that one is under way, else its own (`None` when it has neither). Never
-    /// holds two streams' locks at once.
-    fn with_sequence<R>(&self, f: impl FnOnce(Option<&mut Sequence>, usize) -> R) -> R {
+    /// Runs `f` on the sequence this stream's work goes to: the sequence it joined while that one
+    /// is under way, else its own (`None` when it has neither). Never holds two streams' locks at
+    /// once.
+    fn with_sequence<R>(&self, f: impl FnOnce(Option<&mut Sequence>) -> R) -> R {
         let joined = self.lock_joined().clone();
         if let Some((origin, id)) = joined {
             if let Some(origin) = origin.upgrade() {
                 let mut sequence = origin.capture.lock();
                 if let Some(sequence) = sequence.as_mut().filter(|s| s.id == id) {
-                    return f(Some(sequence), self.key());
+                    return f(Some(sequence));
                 }
             }
             // That sequence ended: this stream captures no more.
@@ -215,12 +210,12 @@ impl Capture {
                 *current = None;
             }
         }
-        f(self.lock().as_mut(), self.key())
+        f(self.lock().as_mut())
     }
 
     /// The status `cuStreamIsCapturing` reports.
     pub(crate) fn status(&self) -> CUstreamCaptureStatus {
-        self.with_sequence(|sequence, _| match sequence {
+        self.with_sequence(|sequence| match sequence {
             None => CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE,
             Some(Sequence { nodes: Some(_), .. }) => CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE,
             Some(Sequence { nodes: None, .. }) => CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_INVALIDATED,
@@ -229,23 +224,23 @@ impl Capture {
 
     /// Whether a sequence is under way (active or invalidated, until it is ended).
     pub(crate) fn is_under_way(&self) -> bool {
-        self.with_sequence(|sequence, _| sequence.is_some())
+        self.with_sequence(|sequence| sequence.is_some())
     }
 
     /// The id of the active sequence, if there is one (not when it was invalidated).
     pub(crate) fn active_id(&self) -> Option<usize> {
-        self.with_sequence(|sequence, _| sequence.filter(|s| s.nodes.is_some()).map(|s| s.id))
+        self.with_sequence(|sequence| sequence.filter(|s| s.nodes.is_some()).map(|s| s.id))
     }
 
     /// The id and graph handle of the active sequence (`cuStreamGetCaptureInfo`).
     pub(crate) fn active_info(&self) -> Option<(usize, usize)> {
-        self.with_sequence(|sequence, _| sequence.filter(|s| s.nodes.is_some()).map(|s| (s.id, s.graph)))
+        self.with_sequence(|sequence| sequence.filter(|s| s.nodes.is_some()).map(|s| (s.id, s.graph)))
     }
 
     /// Starts a sequence in `mode`, begun by this thread; its id, or `None` if one is already
     /// under way (its own, or one it joined).
     pub(crate) fn begin(&self, mode: CUstreamCaptureMode) -> Option<usize> {
-        if self.with_sequence(|sequence, _| sequence.is_some()) {
+        if self.is_under_way() {
             return None;
         }
         let mut sequence = self.lock();
@@ -255,14 +250,14 @@ impl Capture {
         let id = crate::handle::next();
         let thread = std::thread::current().id();
         let graph = crate::handle::next();
-        let members = vec![Member { key: self.key(), work: 0, covers: Vec::new() }];
+        let members = vec![Member { key: self.key, work: 0, covers: Vec::new() }];
         *sequence = Some(Sequence { id, graph, nodes: Some(Vec::new()), allocs: Vec::new(), mode, thread, members });
         Some(id)
     }
 
     /// The id of the sequence under way (active or invalidated).
     fn under_way_id(&self) -> Option<usize> {
-        self.with_sequence(|sequence, _| sequence.map(|s| s.id))
+        self.with_sequence(|sequence| sequence.map(|s| s.id))
     }
 
     /// Ends the sequence: `CUDA_ERROR_ILLEGAL_STATE` if none was under way,
@@ -301,12 +296,12 @@ impl Capture {
     /// Where an event recorded on this stream now stands, if the stream captures (after the
     /// event's record node was added): the sequence and the work that precedes the recording.
     pub(crate) fn point(&self, stream: &Arc<Stream>) -> Option<CapturePoint> {
-        self.with_sequence(|sequence, key| {
+        self.with_sequence(|sequence| {
             let sequence = sequence.filter(|s| s.nodes.is_some())?;
             let id = sequence.id;
-            let member = sequence.member(key);
+            let member = sequence.member(self.key);
             let mut covers = member.covers.clone();
-            covers.push((key, member.work));
+            covers.push((self.key, member.work));
             Some(CapturePoint { stream: Arc::downgrade(stream), sequence: id, covers })
         })
     }
@@ -315,9 +310,9 @@ impl Capture {
     /// the work before it; a stream that captures nothing joins the sequence (if it is still
     /// under way); a stream that captures another sequence is `CUDA_ERROR_STREAM_CAPTURE_MERGE`.
     pub(crate) fn wait_for_point(&self, point: &CapturePoint) -> SimResult {
-        let outcome = self.with_sequence(|sequence, key| match sequence {
+        let outcome = self.with_sequence(|sequence| match sequence {
             Some(sequence) if sequence.id == point.sequence => {
-                sequence.member(key).follow(&point.covers);
+                sequence.member(self.key).follow(&point.covers);
                 Ok(true)
             }
             Some(_) => fail(CUresult::CUDA_ERROR_STREAM_CAPTURE_MERGE),
@@ -332,8 +327,7 @@ impl Capture {
         let Some(origin) = recorder.capture.origin(&recorder) else { return Ok(()) };
         let mut sequence = origin.capture.lock();
         let Some(sequence) = sequence.as_mut().filter(|s| s.id == point.sequence) else { return Ok(()) };
-        let key = self.key();
-        let member = sequence.member(key);
+        let member = sequence.member(self.key);
         member.work = member.work.max(1);
         member.follow(&point.covers);
         *self.lock_joined() = Some((Arc::downgrade(&origin), point.sequence));
@@ -379,20 +373,16 @@ impl Capture {
 
     /// Adds `item`, made a node by `into`, to the sequence under way, or gives it back.
     fn push<T>(&self, item: T, into: impl FnOnce(T) -> Node) -> Result<(), T> {
-        let swallowed = self.with_sequence(|sequence, key| match sequence {
-            Some(sequence) if sequence.nodes.is_some() => {
-                let node = into(item);
-                if let Node::Alloc(alloc) = &node {
-                    sequence.allocs.push(Arc::clone(alloc));
-                }
-                sequence.member(key).work += 1;
-                if let Some(nodes) = sequence.nodes.as_mut() {
-                    nodes.push(node);
-                }
-                Ok(None)
+        let swallowed = self.with_sequence(|sequence| {
+            let Some(sequence) = sequence else { return Err(item) };
+            let Some(nodes) = sequence.nodes.as_mut() else { return Ok(Some(item)) };
+            let node = into(item);
+            if let Node::Alloc(alloc) = &node {
+                sequence.allocs.push(Arc::clone(alloc));
             }
-            Some(_) => Ok(Some(item)),
-            None => Err(item),
+            nodes.push(node);
+            sequence.member(self.key).work += 1;
+            Ok(None)
         })?;
         // Dropped outside the lock: captured work may hold memory.
         drop(swallowed);
@@ -401,13 +391,13 @@ impl Capture {
 
     /// The allocation an allocation node of the sequence under way made at `base`, if any.
     pub(crate) fn own_alloc(&self, base: u64) -> Option<Arc<GraphAlloc>> {
-        self.with_sequence(|sequence, _| sequence?.allocs.iter().find(|a| a.base == base).cloned())
+        self.with_sequence(|sequence| sequence?.allocs.iter().find(|a| a.base == base).cloned())
     }
 
     /// Invalidates the active sequence (only the one with id `only`, when given), discarding its
     /// work. Returns whether a sequence was under way, active or already invalidated.
     pub(crate) fn invalidate(&self, only: Option<usize>) -> bool {
-        let Some(discarded) = self.with_sequence(|sequence, _| match sequence {
+        let Some(discarded) = self.with_sequence(|sequence| match sequence {
             None => None,
             Some(s) if only.is_some_and(|id| id != s.id) => None,
             Some(s) => Some(s.nodes.take()),

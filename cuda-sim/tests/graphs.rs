@@ -911,6 +911,23 @@ fn vmm_unmap(ptr: CUdeviceptr) -> CUresult {
     unsafe { code!(driver(), cuMemUnmap(ptr, VMM_GRANULE)) }
 }
 
+/// Releases what [`vmm_memory`] made (once unmapped).
+fn vmm_release(ptr: CUdeviceptr, handle: cuda_mem_sys::types::CUmemGenericAllocationHandle) {
+    // SAFETY: plain values.
+    unsafe {
+        cu_call!(driver(), cuMemRelease(handle)).unwrap();
+        cu_call!(driver(), cuMemAddressFree(ptr, VMM_GRANULE)).unwrap();
+    }
+}
+
+/// [`vmm_memory`], and a graph of a memset into it captured on a new stream and instantiated:
+/// the memory, its handle, the stream and the executable graph.
+fn memset_graph_over_vmm() -> (CUdeviceptr, cuda_mem_sys::types::CUmemGenericAllocationHandle, CUstream, CUgraphExec) {
+    let (ptr, handle) = vmm_memory();
+    let (s, graph) = capture(RELAXED, |s| memset_async(ptr, 7, 64, s));
+    (ptr, handle, s, instantiate(graph))
+}
+
 fn stream_sync_code(s: CUstream) -> CUresult {
     // SAFETY: no pointers.
     unsafe { code!(driver(), cuStreamSynchronize(s)) }
@@ -943,17 +960,11 @@ fn assert_sticky_illegal_address(s: CUstream) {
 fn replaying_over_unmapped_vmm_memory_is_an_illegal_address() {
     in_child!(&[], || {
         use_device(0);
-        let (ptr, handle) = vmm_memory();
-        let (s, graph) = capture(RELAXED, |s| memset_async(ptr, 7, 64, s));
-        let exec = instantiate(graph);
+        let (ptr, handle, s, exec) = memset_graph_over_vmm();
         assert_eq!(vmm_unmap(ptr), CUresult::CUDA_SUCCESS);
         assert_eq!(launch(exec, s), CUresult::CUDA_SUCCESS, "the fault is asynchronous");
         assert_sticky_illegal_address(s);
-        // SAFETY: plain values.
-        unsafe {
-            cu_call!(driver(), cuMemRelease(handle)).unwrap();
-            cu_call!(driver(), cuMemAddressFree(ptr, VMM_GRANULE)).unwrap();
-        }
+        vmm_release(ptr, handle);
     });
 }
 
@@ -964,9 +975,7 @@ fn replaying_over_unmapped_vmm_memory_is_an_illegal_address() {
 fn events_of_a_faulted_context_report_the_sticky_error() {
     in_child!(&[], || {
         use_device(0);
-        let (ptr, handle) = vmm_memory();
-        let (s, graph) = capture(RELAXED, |s| memset_async(ptr, 7, 64, s));
-        let exec = instantiate(graph);
+        let (ptr, handle, s, exec) = memset_graph_over_vmm();
         let mut event: CUevent = std::ptr::null_mut();
         // SAFETY: a valid out-pointer; plain values.
         unsafe {
@@ -987,11 +996,7 @@ fn events_of_a_faulted_context_report_the_sticky_error() {
             assert_eq!(code!(driver(), cuEventQuery(event)), CUresult::CUDA_ERROR_INVALID_HANDLE, "and destroyed it");
         }
         assert_sticky_illegal_address(s);
-        // SAFETY: plain values.
-        unsafe {
-            cu_call!(driver(), cuMemRelease(handle)).unwrap();
-            cu_call!(driver(), cuMemAddressFree(ptr, VMM_GRANULE)).unwrap();
-        }
+        vmm_release(ptr, handle);
     });
 }
 
@@ -1034,11 +1039,7 @@ fn work_on_vmm_memory_unmapped_before_it_runs_is_an_illegal_address() {
         assert_eq!(vmm_unmap(ptr), CUresult::CUDA_SUCCESS);
         gate.open();
         assert_sticky_illegal_address(s);
-        // SAFETY: plain values.
-        unsafe {
-            cu_call!(driver(), cuMemRelease(handle)).unwrap();
-            cu_call!(driver(), cuMemAddressFree(ptr, VMM_GRANULE)).unwrap();
-        }
+        vmm_release(ptr, handle);
     });
 }
 

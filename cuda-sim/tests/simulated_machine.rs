@@ -40,16 +40,27 @@ fn a_simulator_named_by_cuda_mem_driver_is_the_simulator() {
     let elsewhere = tempfile::tempdir().unwrap();
     let named = elsewhere.path().join("libcuda_sim.so");
     std::fs::copy(&library, &named).unwrap();
+    let named = named.as_os_str();
+    run_child(
+        "the_named_simulator_seen_from_inside",
+        &[(cuda_mem_sys::DRIVER_ENV, named), (NAMED_ENV, named)],
+        "checked the named simulator",
+    );
+}
+
+/// Runs the test `name` of this binary alone in a child process, with `env` set and
+/// `CUDA_SIM_LIB` unset, and asserts that it passed having printed `done` (so that it ran in
+/// earnest, not as the trivial pass it is without its variable).
+fn run_child(name: &str, env: &[(&str, &std::ffi::OsStr)], done: &str) {
     let output = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "the_named_simulator_seen_from_inside", "--nocapture", "--test-threads=1"])
-        .env(cuda_mem_sys::DRIVER_ENV, &named)
-        .env(NAMED_ENV, &named)
+        .args(["--exact", name, "--nocapture", "--test-threads=1"])
+        .envs(env.iter().copied())
         .env_remove(cuda_sim::testing::LIBRARY_ENV)
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
-        output.status.success() && stdout.contains("1 passed") && stdout.contains("checked the named simulator"),
+        output.status.success() && stdout.contains("1 passed") && stdout.contains(done),
         "{stdout}\n{}",
         String::from_utf8_lossy(&output.stderr)
     );
@@ -84,18 +95,15 @@ const HIDDEN_ENV: &str = "CUDA_SIM_TEST_HIDDEN_CONTROLS";
 #[test]
 fn a_simulator_with_hidden_controls_passes_for_a_real_driver() {
     let library = cuda_sim::testing::library_path().expect("the simulator is built");
-    let output = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "the_hidden_controls_seen_from_inside", "--nocapture", "--test-threads=1"])
-        .env(cuda_mem_sys::DRIVER_ENV, &library)
-        .env(cuda_sim::testing::HIDE_CONTROLS_ENV, "1")
-        .env(HIDDEN_ENV, "1")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success() && stdout.contains("1 passed") && stdout.contains("checked the hidden controls"),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
+    let one = std::ffi::OsStr::new("1");
+    run_child(
+        "the_hidden_controls_seen_from_inside",
+        &[
+            (cuda_mem_sys::DRIVER_ENV, library.as_os_str()),
+            (cuda_sim::testing::HIDE_CONTROLS_ENV, one),
+            (HIDDEN_ENV, one),
+        ],
+        "checked the hidden controls",
     );
 }
 

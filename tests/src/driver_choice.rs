@@ -36,9 +36,10 @@ pub struct Choice {
 }
 
 impl Choice {
-    /// Whether the chosen driver is the `cuda-sim` simulator.
+    /// Whether the chosen driver is the `cuda-sim` simulator (one whose controls are hidden,
+    /// `CUDA_SIM_HIDE_CONTROLS=1`, counts as a real driver).
     pub fn is_simulator(&self) -> bool {
-        is_simulator(&self.driver)
+        cuda_sim::testing::is_simulator(&self.driver)
     }
 }
 
@@ -77,12 +78,6 @@ pub fn choose(program: &str, build_hint: &str) -> Result<Choice, Error> {
             Ok(Choice { driver, how: How::NoGpu { why_not_real: why_not_real.to_string() } })
         }
     }
-}
-
-/// Whether `driver` is the simulator (it answers a function of its own; one whose controls are
-/// hidden, `CUDA_SIM_HIDE_CONTROLS=1`, counts as a real driver).
-pub fn is_simulator(driver: &Driver) -> bool {
-    cuda_sim::testing::is_simulator(driver)
 }
 
 /// Opens the real driver and checks that it sees at least one device.

@@ -481,6 +481,9 @@ wants() {
 total_passed=0
 total_failed=0
 total_cannot=0
+# What a test that declared it cannot run on this machine fails with under
+# CUDA_MEM_REQUIRE_GPU=1 (`cuda_sim::testing::skip`'s panic), before its reason.
+cannot_mark='test cannot run here and CUDA_MEM_REQUIRE_GPU=1: '
 summary=()
 
 # with_timeout COMMAND...: runs COMMAND, killed after $limit seconds where `timeout` exists.
@@ -521,7 +524,7 @@ run_one() {
     # Tests that declared they cannot run on this machine (a second GPU, another driver
     # version), failed because CUDA_MEM_REQUIRE_GPU=1: counted apart, so that what broke stands out.
     local cannot
-    cannot="$(grep -c -- 'test cannot run here and CUDA_MEM_REQUIRE_GPU=1' "$log")"
+    cannot="$(grep -c -F -- "$cannot_mark" "$log")"
     if [ "$status" -ne 0 ]; then
         verdict="FAILED"
         if [ "$status" -eq 124 ]; then
@@ -638,8 +641,7 @@ done
 echo "$total_passed passed, $total_failed failed"
 if [ "$total_cannot" -gt 0 ]; then
     echo "$total_cannot more could not run on this machine (declared; failed because CUDA_MEM_REQUIRE_GPU=1):"
-    grep -h -o -- 'test cannot run here and CUDA_MEM_REQUIRE_GPU=1: .*' "$results"/*.log \
-        | sed 's/^test cannot run here and CUDA_MEM_REQUIRE_GPU=1: /  /' | sort | uniq -c
+    grep -h -F -- "$cannot_mark" "$results"/*.log | sed "s/^.*$cannot_mark/  /" | sort | uniq -c
 fi
 [ "$total_failed" -eq 0 ] && [ "$total_cannot" -eq 0 ]
 "#;

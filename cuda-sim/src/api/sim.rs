@@ -17,11 +17,6 @@ pub const HIDE_CONTROLS_ENV: &str = "CUDA_SIM_HIDE_CONTROLS";
 fn controls_shown() -> SimResult {
     static HIDDEN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let hidden = *HIDDEN.get_or_init(|| std::env::var(HIDE_CONTROLS_ENV).is_ok_and(|value| value.trim() == "1"));
-    ensure_shown(hidden)
-}
-
-/// `CUDA_ERROR_NOT_FOUND` where the controls are `hidden`.
-fn ensure_shown(hidden: bool) -> SimResult {
     if hidden { Err(cuda_mem_sys::types::CUresult::CUDA_ERROR_NOT_FOUND) } else { Ok(()) }
 }
 
