@@ -85,9 +85,9 @@ fn simulator_link(simulator: &Path) -> Result<tempfile::TempDir, String> {
 }
 
 /// Packs what [`Setup::in_bundle`] needs into `dir`: the script, the two helper libraries built
-/// here, and wheels of cuda.core and cuda-bindings (and cuda-pathfinder, which both need) for
-/// the GPU machine's Python (3.12, x86-64 Linux), which has no PyPI; the wheels go to
-/// `dir/wheels`.
+/// here, and wheels of cuda.core and cuda-bindings and of what they import (cuda-pathfinder,
+/// numpy) for the GPU machine's Python (3.12, x86-64 Linux), which has no PyPI and, being a bare
+/// machine, no numpy either; the wheels go to `dir/wheels`.
 pub fn pack(workspace: &Path, dir: &Path) -> Result<(), String> {
     build_helpers(workspace, &dir.join("libraw_pairs.so"), &dir.join("null"))?;
     let script = workspace.join("xtask/compare/cuda_core_bench.py");
@@ -101,7 +101,7 @@ pub fn pack(workspace: &Path, dir: &Path) -> Result<(), String> {
         .args(["--platform", "manylinux2014_x86_64", "--platform", "any"])
         .arg("-d")
         .arg(&wheels)
-        .args([python_smoke::CUDA_BINDINGS, CUDA_CORE, CUDA_PATHFINDER]);
+        .args([python_smoke::CUDA_BINDINGS, CUDA_CORE, CUDA_PATHFINDER, NUMPY]);
     let status = download.status().map_err(|e| format!("running pip download: {e}"))?;
     if !status.success() {
         return Err(format!("pip download of the wheels failed ({status}); no PyPI here?"));
@@ -112,6 +112,11 @@ pub fn pack(workspace: &Path, dir: &Path) -> Result<(), String> {
 /// The cuda-pathfinder release packed with cuda.core and cuda-bindings (both ask for at least
 /// 1.4.2; this is the one pip installs beside them here).
 const CUDA_PATHFINDER: &str = "cuda-pathfinder==1.9.0";
+
+/// The numpy release packed with them: cuda.core asks for numpy, unpinned, and cuda-bindings'
+/// NVML module (which `import cuda.core` loads) imports it; without it the comparison stops at
+/// its first import (found by running the bundle's comparison with a Python 3.12 that had none).
+const NUMPY: &str = "numpy==2.4.6";
 
 /// Which driver a comparison runs on.
 enum Driver {

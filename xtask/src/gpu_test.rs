@@ -345,7 +345,7 @@ fn write_manifest(out: &Path, tests: &[Artifact], simulator: bool, compare: bool
     );
     if compare {
         text.push_str(&format!(
-            "compare/ (cuda_core_bench.py, libraw_pairs.so, null/libcuda.so.1, wheels of {} and {})\n",
+            "compare/ (cuda_core_bench.py, libraw_pairs.so, null/libcuda.so.1, wheels of {}, {} and what they import)\n",
             crate::compare::CUDA_CORE,
             crate::python_smoke::CUDA_BINDINGS
         ));
@@ -401,7 +401,7 @@ const RUN_SCRIPT: &str = r#"#!/usr/bin/env bash
 # TEST_TIMEOUT (seconds per binary, default 1800), CUDA_MEM_REQUIRE_GPU (default 1: a test that
 # declares it cannot run here, say for want of a second GPU, fails; 0 lets it pass as skipped),
 # PARTS (default "probe tests demo bench compare": the parts to run), CUDA_MEM_COMPARE_PYTHON
-# (default python3: a Python 3.12 with numpy), REHEARSE (1: run on the bundle's simulator as if
+# (default python3: a Python 3.12; the wheels it needs, numpy's included, are packed), REHEARSE (1: run on the bundle's simulator as if
 # it were a real driver, to find before a GPU run what would fail there for want of the
 # simulator).
 set -uo pipefail
@@ -582,12 +582,25 @@ run_part() {
     summary+=("$(printf '%-6s %-44s %ds' "$verdict" "$label" "$((end - start))")")
 }
 
+# install_wheels PYTHON SITE: the packed wheels into the folder SITE, by pip, or by unzipping them
+# where PYTHON has no pip (a distribution's python3 often comes without it): none of them has a
+# .data folder or anything to build, so unzipped is installed.
+install_wheels() {
+    if "$1" -m pip --version >/dev/null 2>&1; then
+        "$1" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+            --target "$2" "$bundle"/compare/wheels/*.whl
+    else
+        echo "$1 has no pip: unzipping the wheels into $2"
+        rm -rf "$2" && "$1" -c 'import sys, zipfile
+for wheel in sys.argv[2:]:
+    zipfile.ZipFile(wheel).extractall(sys.argv[1])' "$2" "$bundle"/compare/wheels/*.whl
+    fi
+}
+
 # The comparison with cuda.core: the packed wheels installed into a folder of their own.
 compare_with_cuda_core() {
     local site="${TMPDIR:-/tmp}/cuda-mem-compare-site"
-    local python="${CUDA_MEM_COMPARE_PYTHON:-python3}"
-    "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target "$site" "$bundle"/compare/wheels/*.whl || return 1
+    install_wheels "${CUDA_MEM_COMPARE_PYTHON:-python3}" "$site" || return 1
     PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" "$bundle/xtask" compare-bundle "$bundle" "$results/bench"
 }
 
@@ -627,7 +640,7 @@ if wants compare; then
     elif [ ! -f "$results/bench/results.json" ]; then
         echo "skipped: no results of bench in $results/bench (PARTS must include bench, or an earlier run's results be there)"
     else
-        export -f compare_with_cuda_core
+        export -f compare_with_cuda_core install_wheels
         export bundle results
         run_part compare "compare (tables in $results/bench/compare.md)" bash -c compare_with_cuda_core
     fi
@@ -698,16 +711,8 @@ mod tests {
         std::fs::create_dir_all(temp.path().join("drv")).unwrap();
         std::fs::write(temp.path().join("drv").join("libcuda_sim.so"), b"not a real library").unwrap();
         let driver = driver.replace("{dir}", temp.path().to_str().unwrap());
-        let payload = temp.path().join("payload");
-        std::fs::create_dir_all(payload.join("tests")).unwrap();
-        let test = payload.join("tests").join("fake.test.links");
-        std::fs::write(&test, format!("#!/usr/bin/env bash\n{test_body}\n")).unwrap();
-        std::fs::set_permissions(&test, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let bundle = temp.path().join("bundle");
-        std::fs::create_dir_all(&bundle).unwrap();
-        pack_payload(&payload, &bundle.join(PAYLOAD)).unwrap();
-        std::fs::write(bundle.join("run.sh"), run_script()).unwrap();
-        std::fs::write(bundle.join(SIMULATOR), b"not a real simulator").unwrap();
+        let test = format!("#!/usr/bin/env bash\n{test_body}\n");
+        let bundle = make_bundle(temp.path(), &[("tests/fake.test.links", test.as_bytes())]);
         let output = Command::new("bash")
             .envs(env.iter().copied())
             .arg(bundle.join("run.sh"))
@@ -720,6 +725,88 @@ mod tests {
             .unwrap();
         let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
         (output.status.success(), text)
+    }
+
+    /// A bundle in `dir/bundle` whose payload holds `files` (path in the payload, contents; each
+    /// made executable), beside `run.sh` and a stand-in simulator; returns its folder.
+    fn make_bundle(dir: &Path, files: &[(&str, &[u8])]) -> PathBuf {
+        let payload = dir.join("payload");
+        for (path, contents) in files {
+            let file = payload.join(path);
+            std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+            std::fs::write(&file, contents).unwrap();
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        let bundle = dir.join("bundle");
+        std::fs::create_dir_all(&bundle).unwrap();
+        pack_payload(&payload, &bundle.join(PAYLOAD)).unwrap();
+        std::fs::write(bundle.join("run.sh"), run_script()).unwrap();
+        std::fs::write(bundle.join(SIMULATOR), b"not a real simulator").unwrap();
+        bundle
+    }
+
+    #[test]
+    fn the_comparison_installs_its_wheels_with_pip_or_without() {
+        let temp = tempfile::tempdir().unwrap();
+        let dir = temp.path();
+        // A wheel of one module, made as wheels are: a zip of the package and its metadata.
+        let wheel = dir.join("fake-1.0-py3-none-any.whl");
+        let made = Command::new("python3")
+            .args(["-c", "import sys, zipfile\nwith zipfile.ZipFile(sys.argv[1], 'w') as w:\n    w.writestr('fakemod/__init__.py', 'VALUE = 7\\n')\n    w.writestr('fake-1.0.dist-info/METADATA', 'Metadata-Version: 2.1\\nName: fake\\nVersion: 1.0\\n')\n    w.writestr('fake-1.0.dist-info/WHEEL', 'Wheel-Version: 1.0\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n')\n    w.writestr('fake-1.0.dist-info/RECORD', '')"])
+            .arg(&wheel)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        // The comparison's stand-in: passes only where the wheel's module imports.
+        let xtask =
+            b"#!/usr/bin/env bash\npython3 -c 'import fakemod; assert fakemod.VALUE == 7' || exit 1\necho compared\n";
+        let bundle = make_bundle(
+            dir,
+            &[("compare/wheels/fake-1.0-py3-none-any.whl", &std::fs::read(&wheel).unwrap()), ("xtask", xtask)],
+        );
+        let results = dir.join("results");
+        std::fs::create_dir_all(results.join("bench")).unwrap();
+        std::fs::write(results.join("bench").join("results.json"), b"{}").unwrap();
+        // A Python without pip: `-m pip` fails as it does there, anything else is python3.
+        let no_pip = dir.join("python-without-pip");
+        std::fs::write(&no_pip, "#!/usr/bin/env bash\n[ \"$1 $2\" != \"-m pip\" ] || { echo 'No module named pip' >&2; exit 1; }\nexec python3 \"$@\"\n").unwrap();
+        std::fs::set_permissions(&no_pip, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let run = |python: &Path, site: &str| {
+            let tmp = dir.join(site);
+            std::fs::create_dir_all(&tmp).unwrap();
+            let output = Command::new("bash")
+                .arg(bundle.join("run.sh"))
+                .current_dir(dir)
+                .env("PARTS", "compare")
+                .env("RESULTS", &results)
+                .env("TMPDIR", &tmp)
+                .env("CUDA_MEM_COMPARE_PYTHON", python)
+                .env("CUDA_MEM_DRIVER", "libcuda.so.1")
+                .env_remove("LD_LIBRARY_PATH")
+                .env_remove("PYTHONPATH")
+                .output()
+                .unwrap();
+            (
+                output.status.success(),
+                format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr)),
+            )
+        };
+        let (passed, text) = run(&no_pip, "unzipped");
+        assert!(passed && text.contains("has no pip: unzipping") && text.contains("1 passed, 0 failed"), "{text}");
+        let has_pip =
+            Command::new("python3").args(["-m", "pip", "--version"]).output().is_ok_and(|o| o.status.success());
+        if has_pip {
+            let (passed, text) = run(Path::new("python3"), "pip");
+            assert!(passed && !text.contains("has no pip") && text.contains("1 passed, 0 failed"), "{text}");
+        }
+        // The stand-in can fail: without the wheels' folder on the path the module is missing.
+        let bare = Command::new("python3")
+            .args(["-c", "import fakemod"])
+            .env_remove("PYTHONPATH")
+            .current_dir(dir)
+            .output()
+            .unwrap();
+        assert!(!bare.status.success());
     }
 
     /// What a test binary prints when its one test passed or failed, for the run script to count.
