@@ -17,9 +17,18 @@ use std::process::{Command, Stdio};
 
 use common::python::{PythonProcess, python, use_this_simulator, workspace};
 
+/// The environment variable naming a `dlpack_ffi` library built beforehand, for a machine
+/// without cargo: the GPU bundle carries one (built with the test binaries), and its `run.sh`
+/// names it.
+const FFI_LIBRARY_ENV: &str = "CUDA_MEM_DLPACK_FFI";
+
 /// Builds the `dlpack_ffi` example (a `cdylib`) into this test's target folder and profile,
-/// and returns the library's path: built here so that the test never loads a stale one.
+/// and returns the library's path: built here so that the test never loads a stale one. Where
+/// [`FFI_LIBRARY_ENV`] names one, that one.
 fn ffi_library() -> PathBuf {
+    if let Some(library) = std::env::var_os(FFI_LIBRARY_ENV) {
+        return PathBuf::from(library);
+    }
     let exe = std::env::current_exe().expect("the test binary's path");
     // `<target>/<profile folder>/deps/<test binary>`.
     let profile_dir = exe.parent().and_then(|deps| deps.parent()).expect("the profile folder");

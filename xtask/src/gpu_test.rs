@@ -7,7 +7,8 @@
 //! (default `gpu-bundle/` at the workspace root, ignored by git) beside a `run.sh` and the
 //! simulator library; so are xtask itself and, under `compare/`, what the comparison with cuda.core
 //! needs there (its script, the two helper libraries, and wheels of cuda.core for the machine's
-//! Python, which cannot reach PyPI). The folder must fit what can be carried (64 MiB); unpacked,
+//! Python, which cannot reach PyPI), and the workspace's Python files, for the tests that run
+//! cuda.core's side beside ours (on the GPU machine the workspace is not at hand). The folder must fit what can be carried (64 MiB); unpacked,
 //! the binaries would not. Carried to the GPU machine, `bash DIR/run.sh` unpacks the archive into a
 //! temporary folder (xz and tar, or python3), runs the probe first (the open driver questions,
 //! answered beside the simulator's, which lies in the bundle; `probe.json` and
@@ -88,6 +89,11 @@ pub fn run(workspace: &Path, args: &[String]) -> Result<(), String> {
     copy(&demo, &payload.join("demo"))?;
     copy(&bench, &payload.join("bench"))?;
     copy(&xtask, &payload.join("xtask"))?;
+    copy_python_sources(workspace, &payload.join(PYTHON_SOURCES_DIR))?;
+    // The C library the DLPack test loads into cuda.core's Python process (built by the test
+    // itself where cargo is at hand; the GPU machine has none).
+    create_dir(&payload.join("examples"))?;
+    copy(&build_cdylib_example(workspace, "tests", "dlpack_ffi")?, &payload.join("examples").join(DLPACK_FFI))?;
     let compare_dir = payload.join("compare");
     let wheels = match crate::compare::pack(workspace, &compare_dir) {
         Ok(()) => Some(dir_size(&compare_dir.join("wheels"))?),
@@ -158,6 +164,23 @@ fn build_binary(workspace: &Path, package: &str, name: &str) -> Result<PathBuf, 
         .filter(|m| m.get("target").and_then(|t| t.get("name")).and_then(Value::as_str) == Some(name))
         .find_map(|m| m.get("executable").and_then(Value::as_str).map(PathBuf::from))
         .ok_or_else(|| format!("cargo built no {name} binary"))
+}
+
+/// The file name of the `dlpack_ffi` example's library, in the payload's `examples/`.
+const DLPACK_FFI: &str = "libdlpack_ffi.so";
+
+/// Builds the example `name` of `package`, a `cdylib`, in release; returns its library's path.
+fn build_cdylib_example(workspace: &Path, package: &str, name: &str) -> Result<PathBuf, String> {
+    let mut command = cargo(workspace);
+    command.args(["build", "--release", "-p", package, "--example", name, "--message-format=json"]);
+    build(&mut command)?
+        .iter()
+        .filter(|m| m.get("target").and_then(|t| t.get("name")).and_then(Value::as_str) == Some(name))
+        .flat_map(|m| m.get("filenames").and_then(Value::as_array).map_or(&[][..], Vec::as_slice))
+        .filter_map(Value::as_str)
+        .find(|f| f.ends_with(".so"))
+        .map(PathBuf::from)
+        .ok_or_else(|| format!("cargo built no {name} library"))
 }
 
 /// Whether the test binary at `path` holds any test (`--list` names one): cargo builds a harness
@@ -320,6 +343,33 @@ fn copy(from: &Path, to: &Path) -> Result<(), String> {
     std::fs::copy(from, to).map(drop).map_err(|e| format!("copying {} to {}: {e}", from.display(), to.display()))
 }
 
+/// The folder of the payload that holds the workspace's Python files in their places, for the
+/// tests that run Python beside Rust (they find it through `CUDA_MEM_WORKSPACE`).
+const PYTHON_SOURCES_DIR: &str = "workspace";
+
+/// The folders of the workspace whose Python files those tests run.
+const PYTHON_SOURCE_FOLDERS: [&str; 2] = ["python", "tests/python"];
+
+/// Copies the `.py` files of [`PYTHON_SOURCE_FOLDERS`] from `workspace` to the same places under
+/// `to`.
+fn copy_python_sources(workspace: &Path, to: &Path) -> Result<(), String> {
+    for folder in PYTHON_SOURCE_FOLDERS {
+        let from = workspace.join(folder);
+        let dest = to.join(folder);
+        std::fs::create_dir_all(&dest).map_err(|e| format!("creating {}: {e}", dest.display()))?;
+        let entries = std::fs::read_dir(&from).map_err(|e| format!("reading {}: {e}", from.display()))?;
+        for entry in entries {
+            let path = entry.map_err(|e| format!("reading {}: {e}", from.display()))?.path();
+            if path.extension().is_some_and(|e| e == "py") {
+                if let Some(name) = path.file_name() {
+                    copy(&path, &dest.join(name))?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 fn write_executable(path: &Path, text: &str) -> Result<(), String> {
     std::fs::write(path, text).map_err(|e| format!("writing {}: {e}", path.display()))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
@@ -391,7 +441,10 @@ const RUN_SCRIPT: &str = r#"#!/usr/bin/env bash
 # tests/, then the demo, then the benchmarks (bench) against the real CUDA driver, writes each
 # one's output to $RESULTS/<name>.log (the benchmarks' results.json, results.md and plots to
 # $RESULTS/bench/), prints a line per binary and the totals, and exits non-zero if anything
-# failed. Arguments are passed to every test binary (a name filter, --test-threads=N, ...).
+# failed. Arguments are passed to every test binary (a name filter, --test-threads=N, ...). The
+# tests that run Python beside Rust (sharing with cuda.core processes, DLPack, cuda.core's copies,
+# graphs and managed memory) get the Python with the packed wheels installed, and the workspace's
+# Python files, which the bundle carries.
 #
 # Then it compares with cuda.core (`xtask compare-bundle`): it installs the packed wheels into a
 # folder of their own (no PyPI needed) and runs cuda.core's side with python3 on the same driver;
@@ -401,9 +454,9 @@ const RUN_SCRIPT: &str = r#"#!/usr/bin/env bash
 # TEST_TIMEOUT (seconds per binary, default 1800), CUDA_MEM_REQUIRE_GPU (default 1: a test that
 # declares it cannot run here, say for want of a second GPU, fails; 0 lets it pass as skipped),
 # PARTS (default "probe tests demo bench compare": the parts to run), CUDA_MEM_COMPARE_PYTHON
-# (default python3: a Python 3.12; the wheels it needs, numpy's included, are packed), REHEARSE (1: run on the bundle's simulator as if
-# it were a real driver, to find before a GPU run what would fail there for want of the
-# simulator).
+# (default python3: a Python 3.12, for the comparison and the tests that run Python; the wheels
+# it needs, numpy's included, are packed), REHEARSE (1: run on the bundle's simulator as if it
+# were a real driver, to find before a GPU run what would fail there for want of the simulator).
 set -uo pipefail
 
 home="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -584,16 +637,45 @@ run_part() {
 
 # install_wheels PYTHON SITE: the packed wheels into the folder SITE, by pip, or by unzipping them
 # where PYTHON has no pip (a distribution's python3 often comes without it): none of them has a
-# .data folder or anything to build, so unzipped is installed.
+# .data folder or anything to build, so unzipped is installed, once the Python is the 3.12 they
+# were packed for (pip checks that itself).
 install_wheels() {
     if "$1" -m pip --version >/dev/null 2>&1; then
         "$1" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
             --target "$2" "$bundle"/compare/wheels/*.whl
+    elif ! "$1" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null; then
+        echo "$1 is not the Python 3.12 the wheels were packed for"
+        return 1
     else
         echo "$1 has no pip: unzipping the wheels into $2"
         rm -rf "$2" && "$1" -c 'import sys, zipfile
 for wheel in sys.argv[2:]:
     zipfile.ZipFile(wheel).extractall(sys.argv[1])' "$2" "$bundle"/compare/wheels/*.whl
+    fi
+}
+
+# The tests that run Python beside Rust (cuda.core's side of sharing, DLPack, copies, graphs,
+# managed memory) need a Python with cuda.core, named by CUDA_MEM_PYTHON, and the workspace's
+# Python files, found through CUDA_MEM_WORKSPACE: the packed wheels, installed as for the
+# comparison, and the files the bundle carries. Without them those tests say SKIP and pass.
+python_for_tests() {
+    local python="${CUDA_MEM_COMPARE_PYTHON:-python3}"
+    local site="${TMPDIR:-/tmp}/cuda-mem-python-tests-site"
+    if [ ! -d "$bundle/compare/wheels" ] || [ ! -d "$bundle/workspace" ]; then
+        echo "Python beside Rust: the bundle holds no wheels or no Python files; those tests will say SKIP"
+    elif ! command -v "$python" >/dev/null 2>&1; then
+        echo "Python beside Rust: no $python here; those tests will say SKIP"
+    elif ! install_wheels "$python" "$site" >"$results/python-setup.log" 2>&1; then
+        echo "Python beside Rust: the wheels could not be installed for $python (python-setup.log); those tests will say SKIP"
+    else
+        CUDA_MEM_PYTHON="$(command -v "$python")"
+        PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+        CUDA_MEM_WORKSPACE="$bundle/workspace"
+        export CUDA_MEM_PYTHON PYTHONPATH CUDA_MEM_WORKSPACE
+        if [ -f "$bundle/examples/libdlpack_ffi.so" ]; then
+            export CUDA_MEM_DLPACK_FFI="$bundle/examples/libdlpack_ffi.so"
+        fi
+        echo "Python beside Rust: $CUDA_MEM_PYTHON ($("$python" --version 2>&1)), cuda.core from $site"
     fi
 }
 
@@ -613,6 +695,7 @@ fi
 if wants tests; then
     echo
     echo "== tests"
+    python_for_tests
     for binary in "$bundle"/tests/*; do
         [ -f "$binary" ] || continue
         run_one "$(basename "$binary")" "$binary" "$@"
@@ -745,11 +828,9 @@ mod tests {
         bundle
     }
 
-    #[test]
-    fn the_comparison_installs_its_wheels_with_pip_or_without() {
-        let temp = tempfile::tempdir().unwrap();
-        let dir = temp.path();
-        // A wheel of one module, made as wheels are: a zip of the package and its metadata.
+    /// A wheel of one module, `fakemod` (`VALUE = 7`), made as wheels are: a zip of the package
+    /// and its metadata, in `dir`; returns its bytes.
+    fn fake_wheel(dir: &Path) -> Vec<u8> {
         let wheel = dir.join("fake-1.0-py3-none-any.whl");
         let made = Command::new("python3")
             .args(["-c", "import sys, zipfile\nwith zipfile.ZipFile(sys.argv[1], 'w') as w:\n    w.writestr('fakemod/__init__.py', 'VALUE = 7\\n')\n    w.writestr('fake-1.0.dist-info/METADATA', 'Metadata-Version: 2.1\\nName: fake\\nVersion: 1.0\\n')\n    w.writestr('fake-1.0.dist-info/WHEEL', 'Wheel-Version: 1.0\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n')\n    w.writestr('fake-1.0.dist-info/RECORD', '')"])
@@ -757,13 +838,41 @@ mod tests {
             .status()
             .unwrap();
         assert!(made.success());
+        std::fs::read(&wheel).unwrap()
+    }
+
+    /// Where the bundles of these tests put the fake wheel.
+    const FAKE_WHEEL: &str = "compare/wheels/fake-1.0-py3-none-any.whl";
+
+    /// Runs `bundle`'s `run.sh` from `dir` with `env`, the results in `dir/results`; returns
+    /// whether it passed and what it printed.
+    fn run_bundle(bundle: &Path, dir: &Path, env: &[(&str, &std::ffi::OsStr)]) -> (bool, String) {
+        let output = Command::new("bash")
+            .arg(bundle.join("run.sh"))
+            .current_dir(dir)
+            .env("RESULTS", dir.join("results"))
+            .env("CUDA_MEM_DRIVER", "libcuda.so.1")
+            .env_remove("LD_LIBRARY_PATH")
+            .env_remove("PYTHONPATH")
+            .env_remove("CUDA_MEM_PYTHON")
+            .env_remove("CUDA_MEM_WORKSPACE")
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        (
+            output.status.success(),
+            format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr)),
+        )
+    }
+
+    #[test]
+    fn the_comparison_installs_its_wheels_with_pip_or_without() {
+        let temp = tempfile::tempdir().unwrap();
+        let dir = temp.path();
         // The comparison's stand-in: passes only where the wheel's module imports.
         let xtask =
             b"#!/usr/bin/env bash\npython3 -c 'import fakemod; assert fakemod.VALUE == 7' || exit 1\necho compared\n";
-        let bundle = make_bundle(
-            dir,
-            &[("compare/wheels/fake-1.0-py3-none-any.whl", &std::fs::read(&wheel).unwrap()), ("xtask", xtask)],
-        );
+        let bundle = make_bundle(dir, &[(FAKE_WHEEL, &fake_wheel(dir)), ("xtask", xtask)]);
         let results = dir.join("results");
         std::fs::create_dir_all(results.join("bench")).unwrap();
         std::fs::write(results.join("bench").join("results.json"), b"{}").unwrap();
@@ -774,25 +883,27 @@ mod tests {
         let run = |python: &Path, site: &str| {
             let tmp = dir.join(site);
             std::fs::create_dir_all(&tmp).unwrap();
-            let output = Command::new("bash")
-                .arg(bundle.join("run.sh"))
-                .current_dir(dir)
-                .env("PARTS", "compare")
-                .env("RESULTS", &results)
-                .env("TMPDIR", &tmp)
-                .env("CUDA_MEM_COMPARE_PYTHON", python)
-                .env("CUDA_MEM_DRIVER", "libcuda.so.1")
-                .env_remove("LD_LIBRARY_PATH")
-                .env_remove("PYTHONPATH")
-                .output()
-                .unwrap();
-            (
-                output.status.success(),
-                format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr)),
+            run_bundle(
+                &bundle,
+                dir,
+                &[
+                    ("PARTS", "compare".as_ref()),
+                    ("TMPDIR", tmp.as_os_str()),
+                    ("CUDA_MEM_COMPARE_PYTHON", python.as_os_str()),
+                ],
             )
         };
+        let python_is_3_12 = Command::new("python3")
+            .args(["-c", "import sys; sys.exit(sys.version_info[:2] != (3, 12))"])
+            .status()
+            .is_ok_and(|s| s.success());
         let (passed, text) = run(&no_pip, "unzipped");
-        assert!(passed && text.contains("has no pip: unzipping") && text.contains("1 passed, 0 failed"), "{text}");
+        if python_is_3_12 {
+            assert!(passed && text.contains("has no pip: unzipping") && text.contains("1 passed, 0 failed"), "{text}");
+        } else {
+            // Unzipped wheels of another Python would not import: refused before.
+            assert!(!passed && text.contains("not the Python 3.12") && text.contains("0 passed, 1 failed"), "{text}");
+        }
         let has_pip =
             Command::new("python3").args(["-m", "pip", "--version"]).output().is_ok_and(|o| o.status.success());
         if has_pip {
@@ -807,6 +918,45 @@ mod tests {
             .output()
             .unwrap();
         assert!(!bare.status.success());
+    }
+
+    #[test]
+    fn the_tests_get_a_python_with_the_wheels_and_the_workspaces_python_files() {
+        let temp = tempfile::tempdir().unwrap();
+        let dir = temp.path();
+        // A test that passes only with both: the module imports in the Python named, and the
+        // Python files are where the tests look.
+        let test = format!(
+            r#"#!/usr/bin/env bash
+[ -n "${{CUDA_MEM_PYTHON:-}}" ] && "$CUDA_MEM_PYTHON" -c 'import fakemod' \
+    && [ -f "$CUDA_MEM_WORKSPACE/tests/python/child.py" ] && [ -f "$CUDA_MEM_WORKSPACE/python/lib.py" ] \
+    && [ "$(cat "$CUDA_MEM_DLPACK_FFI")" = library ] || {{ {FAILS}; }}
+{PASSES}"#
+        );
+        let tmp = dir.join("tmp");
+        std::fs::create_dir_all(&tmp).unwrap();
+        let env = [("PARTS", "tests".as_ref()), ("TMPDIR", tmp.as_os_str())];
+        let bundle = make_bundle(
+            dir,
+            &[
+                (FAKE_WHEEL, &fake_wheel(dir)),
+                ("workspace/tests/python/child.py", b"print('child')\n"),
+                ("workspace/python/lib.py", b"VALUE = 1\n"),
+                ("examples/libdlpack_ffi.so", b"library"),
+                ("tests/fake.test.python", test.as_bytes()),
+            ],
+        );
+        let (passed, text) = run_bundle(&bundle, dir, &env);
+        assert!(passed && text.contains("Python beside Rust: /") && text.contains("1 passed, 0 failed"), "{text}");
+        // Without the wheels the same test fails: the Python is not named.
+        let other = dir.join("other");
+        std::fs::create_dir_all(&other).unwrap();
+        let bundle = make_bundle(
+            &other,
+            &[("workspace/python/lib.py", b"VALUE = 1\n"), ("tests/fake.test.python", test.as_bytes())],
+        );
+        let (passed, text) = run_bundle(&bundle, &other, &env);
+        assert!(!passed && text.contains("those tests will say SKIP") && text.contains("0 passed, 1 failed"), "{text}");
     }
 
     /// What a test binary prints when its one test passed or failed, for the run script to count.

@@ -31,9 +31,16 @@ pub fn python() -> Option<PathBuf> {
     python
 }
 
-/// The workspace's root.
+/// The environment variable naming a folder that holds the workspace's Python files in their
+/// places (`python/`, `tests/python/`) when the workspace itself is not at hand: the GPU bundle
+/// carries them, and its `run.sh` names the copy.
+pub const WORKSPACE_ENV: &str = "CUDA_MEM_WORKSPACE";
+
+/// The workspace's root (where this binary was built), or the folder [`WORKSPACE_ENV`] names.
 pub fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+    std::env::var_os(WORKSPACE_ENV)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
 }
 
 /// On the simulator, makes `command` load the simulator this process uses as its
