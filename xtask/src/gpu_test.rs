@@ -93,7 +93,8 @@ pub fn run(workspace: &Path, args: &[String]) -> Result<(), String> {
     // The C library the DLPack test loads into cuda.core's Python process (built by the test
     // itself where cargo is at hand; the GPU machine has none).
     create_dir(&payload.join("examples"))?;
-    copy(&build_cdylib_example(workspace, "tests", "dlpack_ffi")?, &payload.join("examples").join(DLPACK_FFI))?;
+    let dlpack_ffi = build_target(workspace, "tests", "dlpack_ffi", Target::CdylibExample)?;
+    copy(&dlpack_ffi, &payload.join("examples").join(DLPACK_FFI))?;
     let compare_dir = payload.join("compare");
     let wheels = match crate::compare::pack(workspace, &compare_dir) {
         Ok(()) => Some(dir_size(&compare_dir.join("wheels"))?),
@@ -154,33 +155,42 @@ fn build_tests(workspace: &Path) -> Result<Vec<Value>, String> {
     build(&mut command)
 }
 
+/// What [`build_target`] builds: a binary, or an example that is a `cdylib`.
+#[derive(Clone, Copy)]
+enum Target {
+    Bin,
+    CdylibExample,
+}
+
 /// Builds the binary `name` of `package` (the probe, the demo, the benchmarks, xtask) in release,
 /// stripped of debug information, and returns where it is.
 fn build_binary(workspace: &Path, package: &str, name: &str) -> Result<PathBuf, String> {
-    let mut command = cargo(workspace);
-    command.args(["build", "--release", "-p", package, "--bin", name, "--message-format=json"]);
-    build(&mut command)?
-        .iter()
-        .filter(|m| m.get("target").and_then(|t| t.get("name")).and_then(Value::as_str) == Some(name))
-        .find_map(|m| m.get("executable").and_then(Value::as_str).map(PathBuf::from))
-        .ok_or_else(|| format!("cargo built no {name} binary"))
+    build_target(workspace, package, name, Target::Bin)
 }
 
 /// The file name of the `dlpack_ffi` example's library, in the payload's `examples/`.
 const DLPACK_FFI: &str = "libdlpack_ffi.so";
 
-/// Builds the example `name` of `package`, a `cdylib`, in release; returns its library's path.
-fn build_cdylib_example(workspace: &Path, package: &str, name: &str) -> Result<PathBuf, String> {
+/// Builds `name` of `package`, a `kind`, in release, and returns where its file is (a binary's
+/// executable, a `cdylib`'s shared library).
+fn build_target(workspace: &Path, package: &str, name: &str, kind: Target) -> Result<PathBuf, String> {
     let mut command = cargo(workspace);
-    command.args(["build", "--release", "-p", package, "--example", name, "--message-format=json"]);
-    build(&mut command)?
-        .iter()
-        .filter(|m| m.get("target").and_then(|t| t.get("name")).and_then(Value::as_str) == Some(name))
-        .flat_map(|m| m.get("filenames").and_then(Value::as_array).map_or(&[][..], Vec::as_slice))
-        .filter_map(Value::as_str)
-        .find(|f| f.ends_with(".so"))
-        .map(PathBuf::from)
-        .ok_or_else(|| format!("cargo built no {name} library"))
+    let flag = match kind {
+        Target::Bin => "--bin",
+        Target::CdylibExample => "--example",
+    };
+    command.args(["build", "--release", "-p", package, flag, name, "--message-format=json"]);
+    let messages = build(&mut command)?;
+    let mut built =
+        messages.iter().filter(|m| m.get("target").and_then(|t| t.get("name")).and_then(Value::as_str) == Some(name));
+    let file = match kind {
+        Target::Bin => built.find_map(|m| m.get("executable").and_then(Value::as_str)),
+        Target::CdylibExample => built
+            .flat_map(|m| m.get("filenames").and_then(Value::as_array).map_or(&[][..], Vec::as_slice))
+            .filter_map(Value::as_str)
+            .find(|f| f.ends_with(".so")),
+    };
+    file.map(PathBuf::from).ok_or_else(|| format!("cargo built no {name} {flag}"))
 }
 
 /// Whether the test binary at `path` holds any test (`--list` names one): cargo builds a harness
@@ -360,10 +370,8 @@ fn copy_python_sources(workspace: &Path, to: &Path) -> Result<(), String> {
         let entries = std::fs::read_dir(&from).map_err(|e| format!("reading {}: {e}", from.display()))?;
         for entry in entries {
             let path = entry.map_err(|e| format!("reading {}: {e}", from.display()))?.path();
-            if path.extension().is_some_and(|e| e == "py") {
-                if let Some(name) = path.file_name() {
-                    copy(&path, &dest.join(name))?;
-                }
+            if let (Some(name), true) = (path.file_name(), path.extension().is_some_and(|e| e == "py")) {
+                copy(&path, &dest.join(name))?;
             }
         }
     }
