@@ -34,6 +34,22 @@ def summary(samples):
     return {"median_ns": at(0.5), "p10_ns": at(0.1), "p90_ns": at(0.9), "n": len(samples)}
 
 
+def loaded_drivers():
+    """The files of the CUDA drivers mapped into this process (their real paths, as
+    /proc/self/maps gives them), so that xtask can check that the driver it chose, by
+    LD_LIBRARY_PATH, is the one cuda.bindings loaded and these figures are of."""
+    paths = set()
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split(None, 5)
+            if len(fields) == 6:
+                path = fields[5].strip()
+                name = os.path.basename(path)
+                if name.startswith("libcuda.so") or name == "libcuda_sim.so":
+                    paths.add(path)
+    return sorted(paths)
+
+
 # -------------------------------------------------------------------------------------------------
 # 1. Pool allocate+free pairs.
 # -------------------------------------------------------------------------------------------------
@@ -402,7 +418,7 @@ def main():
         # Case (1) alone: xtask alternates it with ours, so both run under the same load.
         results = []
         pool_pairs(results, quick)
-        print(json.dumps({"results": results}))
+        print(json.dumps({"results": results, "drivers": loaded_drivers()}))
         return
     # cuda.core supports spawned children only (and warns on sharing under "fork").
     multiprocessing.set_start_method("spawn")
@@ -421,7 +437,7 @@ def main():
     except Exception as error:  # reported, not fatal: the pool comparison still stands
         results.append({"case": "vmm_grow_step", "api": "cuda.core", "error": str(error)})
     (version,) = check(cu.cuDriverGetVersion())
-    print(json.dumps({"driver_version": version, "results": results}))
+    print(json.dumps({"driver_version": version, "results": results, "drivers": loaded_drivers()}))
 
 
 if __name__ == "__main__":

@@ -142,8 +142,42 @@ impl Driver {
     }
 }
 
-/// Runs cuda.core's benchmarks on `driver`; returns their JSON.
-fn run(setup: &Setup, driver: &Driver, args: &[&str]) -> Result<String, String> {
+impl Driver {
+    /// Whether the driver files a Python process mapped (`drivers`, real paths) are this driver
+    /// alone: the stand-in or the simulator that [`Driver::lib_dir`] names; for the driver of
+    /// the run, the one our benchmarks were given by path (`named`, `CUDA_MEM_DRIVER` when it
+    /// is a path), else one file that is neither of those. Else the figures would be another
+    /// driver's (a loader that ignored `LD_LIBRARY_PATH`), and the error says which.
+    fn check_loaded(&self, setup: &Setup, named: Option<&Path>, drivers: &[Value]) -> Result<(), String> {
+        let loaded: Vec<PathBuf> = drivers.iter().filter_map(Value::as_str).map(PathBuf::from).collect();
+        let real_path = |dir: &Path| std::fs::canonicalize(dir.join("libcuda.so.1")).ok();
+        let stand_ins: Vec<PathBuf> = [Some(&setup.null_dir), setup.simulator_dir.as_ref()]
+            .into_iter()
+            .flatten()
+            .filter_map(|d| real_path(d))
+            .collect();
+        let ok = match (self.lib_dir(setup)?, named) {
+            (Some(dir), _) => real_path(dir).is_some_and(|expected| loaded == [expected]),
+            (None, Some(named)) => std::fs::canonicalize(named).is_ok_and(|expected| loaded == [expected]),
+            (None, None) => loaded.len() == 1 && !stand_ins.contains(&loaded[0]),
+        };
+        if ok {
+            return Ok(());
+        }
+        let wanted = match self {
+            Driver::OfTheRun { simulator: true } => "the simulator",
+            Driver::OfTheRun { simulator: false } => "the real driver alone",
+            Driver::Null => "the nearly free driver",
+        };
+        Err(format!(
+            "cuda.core's process was to run on {wanted}, and it loaded {loaded:?}: its figures would be of another driver"
+        ))
+    }
+}
+
+/// Runs cuda.core's benchmarks on `driver`; returns their JSON, once it is known to be of that
+/// driver ([`Driver::check_loaded`]).
+fn run(setup: &Setup, driver: &Driver, args: &[&str]) -> Result<Value, String> {
     let mut command = Command::new(&setup.python);
     command.arg(&setup.script).args(args).env_remove("CUDA_SIM_DEVICES").env("CUDA_MEM_RAW_PAIRS", &setup.raw_pairs);
     if let Some(dir) = driver.lib_dir(setup)? {
@@ -155,7 +189,12 @@ fn run(setup: &Setup, driver: &Driver, args: &[&str]) -> Result<String, String> 
         }
         command.env("LD_LIBRARY_PATH", path);
     }
-    stdout_of(&mut command, &setup.script.display().to_string())
+    let value = crate::parse_json(stdout_of(&mut command, &setup.script.display().to_string())?.trim())?;
+    // The driver our benchmarks loaded, where they were given it by path (the bundle's `run.sh`
+    // passes its `CUDA_MEM_DRIVER` on to us; a file name is left to the loader).
+    let named = std::env::var_os("CUDA_MEM_DRIVER").map(PathBuf::from).filter(|p| p.components().count() > 1);
+    driver.check_loaded(setup, named.as_deref(), items(&value, "drivers"))?;
+    Ok(value)
 }
 
 /// Runs `command` (`what`, for messages) and returns its standard output; a failure, with its
@@ -240,8 +279,7 @@ pub fn compare(setup: &Setup) -> Result<(), String> {
         .map_err(|e| format!("reading results.json in {}: {e}", setup.results.display()))?;
     let ours = crate::parse_json(&ours_text)?;
     let on_simulator = ours.get("simulator").and_then(Value::as_bool).unwrap_or(true);
-    let theirs_text = run(setup, &Driver::OfTheRun { simulator: on_simulator }, &[])?;
-    let theirs = crate::parse_json(theirs_text.trim())?;
+    let theirs = run(setup, &Driver::OfTheRun { simulator: on_simulator }, &[])?;
     let their_results = items(&theirs, "results");
     let mut vmm = String::new();
     for r in their_results.iter().filter(|r| is_case(r, "vmm_grow_step")) {
@@ -305,9 +343,7 @@ fn pool_rounds(setup: &Setup, driver: &Driver) -> Result<Vec<PoolRound>, String>
             let stdout = stdout_of(&mut ours, &format!("{} --pool-pairs", setup.bench.display()))?;
             let last = stdout.lines().last().unwrap_or_default();
             let ours = items(&crate::parse_json(last)?, "pools").to_vec();
-            let theirs_text = run(setup, driver, &["--pool-pairs"])?;
-            let theirs = crate::parse_json(theirs_text.trim())?;
-            let theirs = items(&theirs, "results").to_vec();
+            let theirs = items(&run(setup, driver, &["--pool-pairs"])?, "results").to_vec();
             Ok(PoolRound { ours, theirs })
         })
         .collect()
@@ -526,6 +562,60 @@ mod tests {
         build_helpers(&crate::workspace_root(), &raw_pairs, &null_dir).unwrap();
         for library in [raw_pairs, null_dir.join("libcuda.so.1")] {
             assert!(std::fs::metadata(&library).is_ok_and(|m| m.len() > 0), "{} built nothing", library.display());
+        }
+    }
+
+    #[test]
+    fn figures_count_only_when_cuda_core_loaded_the_driver_chosen() {
+        let temp = tempfile::tempdir().unwrap();
+        let dir = std::fs::canonicalize(temp.path()).unwrap();
+        // The stand-in driver, and the simulator linked as `libcuda.so.1` (as `simulator_link`).
+        let null_dir = dir.join("null");
+        std::fs::create_dir_all(&null_dir).unwrap();
+        std::fs::write(null_dir.join("libcuda.so.1"), b"null").unwrap();
+        let simulator = dir.join("libcuda_sim.so");
+        std::fs::write(&simulator, b"sim").unwrap();
+        let simulator_dir = dir.join("sim");
+        std::fs::create_dir_all(&simulator_dir).unwrap();
+        std::os::unix::fs::symlink(&simulator, simulator_dir.join("libcuda.so.1")).unwrap();
+        let setup = Setup {
+            python: PathBuf::from("python3"),
+            script: dir.join("script.py"),
+            raw_pairs: dir.join("libraw_pairs.so"),
+            null_dir: null_dir.clone(),
+            bench: dir.join("bench"),
+            results: dir.clone(),
+            simulator_dir: Some(simulator_dir),
+            _simulator_temp: None,
+        };
+        let null = null_dir.join("libcuda.so.1").display().to_string();
+        let sim = simulator.display().to_string();
+        let real = "/usr/lib/x86_64-linux-gnu/libcuda.so.580.159.04".to_string();
+        let check_named = |driver: Driver, named: Option<&Path>, loaded: &[&String]| {
+            let loaded: Vec<Value> = loaded.iter().map(|p| Value::from(p.as_str())).collect();
+            driver.check_loaded(&setup, named, &loaded)
+        };
+        let check = |driver: Driver, loaded: &[&String]| check_named(driver, None, loaded);
+        assert!(check(Driver::Null, &[&null]).is_ok());
+        assert!(check(Driver::OfTheRun { simulator: true }, &[&sim]).is_ok());
+        assert!(check(Driver::OfTheRun { simulator: false }, &[&real]).is_ok());
+        // A driver named by path (a rehearsal names the simulator, as if it were a GPU's): that
+        // one, and nothing else.
+        let named = setup.simulator_dir.as_ref().unwrap().join("libcuda.so.1");
+        assert!(check_named(Driver::OfTheRun { simulator: false }, Some(&named), &[&sim]).is_ok());
+        let error = check_named(Driver::OfTheRun { simulator: false }, Some(&named), &[&real]).unwrap_err();
+        assert!(error.contains("its figures would be of another driver"), "{error}");
+        for (driver, loaded) in [
+            (Driver::Null, vec![&real]),
+            (Driver::Null, vec![&null, &real]),
+            (Driver::Null, vec![]),
+            (Driver::OfTheRun { simulator: true }, vec![&null]),
+            (Driver::OfTheRun { simulator: false }, vec![&sim]),
+            (Driver::OfTheRun { simulator: false }, vec![&null]),
+            (Driver::OfTheRun { simulator: false }, vec![]),
+        ] {
+            let error = check(driver, &loaded).unwrap_err();
+            assert!(error.contains("its figures would be of another driver"), "{error}");
         }
     }
 }
