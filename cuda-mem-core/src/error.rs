@@ -216,6 +216,17 @@ pub enum Error {
         /// The address given.
         ptr: crate::memory_resource::DevicePtr,
     },
+    /// The driver mapped an allocation to import at an address this process holds already
+    /// through another pool (another import of the same pool): the held mapping is left as it
+    /// is, and this import refused, since the driver does not count imports and releasing one
+    /// would unmap both.
+    #[error(
+        "the driver mapped the allocation at {ptr:#x}, which this process holds already through          another imported pool; that mapping was left alone"
+    )]
+    ImportHeldElsewhere {
+        /// The address the driver answered with.
+        ptr: crate::memory_resource::DevicePtr,
+    },
     /// An imported pool that is neither a device pool nor a pinned host pool; it was not kept.
     #[error(
         "not supported: the imported memory pool is neither a device pool nor a pinned host pool \

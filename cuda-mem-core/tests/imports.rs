@@ -8,9 +8,9 @@ mod common;
 use std::sync::Arc;
 
 use cuda_mem_core::{
-    Access, Buffer, Device, DeviceMemoryResource, DeviceMemoryResourceOptions, EXPORT_DATA_LEN, Error, MemoryPool,
-    MemoryResource, PinnedLocation, PinnedMemoryResource, PinnedMemoryResourceOptions, PoolKind, PoolResource, Stream,
-    SynchronousMemoryResource, import_holders, import_pending_waits, pool_of,
+    Access, Buffer, Device, DeviceMemoryResource, DeviceMemoryResourceOptions, EXPORT_DATA_LEN, Error, FillPattern,
+    MemoryPool, MemoryResource, PinnedLocation, PinnedMemoryResource, PinnedMemoryResourceOptions, PoolKind,
+    PoolResource, Stream, SynchronousMemoryResource, import_holders, import_pending_waits, pool_of,
 };
 use cuda_sim::testing::{in_simulated_machine, inject_failure, live_objects_if_simulated};
 
@@ -89,6 +89,58 @@ fn imports_are_counted_and_the_last_release_unmaps() {
     assert!(error.to_string().contains("not an allocation this process imported through this pool"), "{error}");
     a.synchronize().unwrap();
     assert!(cuda_mem_core::take_drop_errors().is_empty());
+}
+
+/// `data` changed where the simulator does not look when it maps it (the size it records: the
+/// mapping is found by pool and offset), its checksum made again: export data that differs from
+/// the genuine bytes yet names the same allocation, as a peer could send (the format is the
+/// simulator's, `cuda_sim::shared`: the FNV-1a of the first 56 bytes in the last 8).
+fn forged(data: &[u8; EXPORT_DATA_LEN]) -> [u8; EXPORT_DATA_LEN] {
+    let mut forged = *data;
+    let size = u64::from_le_bytes(forged[32..40].try_into().unwrap());
+    forged[32..40].copy_from_slice(&(size - 1).to_le_bytes());
+    let check =
+        forged[..56].iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
+    forged[56..].copy_from_slice(&check.to_le_bytes());
+    forged
+}
+
+#[test]
+fn other_export_data_the_driver_maps_onto_a_held_import_shares_it() {
+    if !cuda_sim::testing::simulator_only("export data forged in the simulator's format") {
+        return;
+    }
+    let device = common::device();
+    let stream = common::stream(device);
+    let (pool, mut buffer, data) = exported(device, &stream);
+    buffer.fill(FillPattern::U8(0x5a), &stream).unwrap();
+    let imported = import(pool.pool()).unwrap();
+    let allocations = live_allocations();
+    let genuine = imported.import_allocation(&data, 8192, &stream).unwrap();
+    let other = forged(&data);
+    assert_ne!(other, data);
+    // The driver maps it onto the held import: one more holder of it, not a second entry.
+    let forged_import = imported.import_allocation(&other, 4096, &stream).unwrap();
+    assert_eq!(forged_import, genuine);
+    assert_eq!(import_holders(genuine), 2);
+    // The held mapping's size still bounds what may be claimed.
+    let error = imported.import_allocation(&other, 1 << 20, &stream).unwrap_err();
+    assert!(matches!(error, Error::SizeMismatch { actual: 1_048_576, .. }), "{error}");
+    assert_eq!(import_holders(genuine), 2);
+    // Giving the forged share back leaves the genuine holder's mapping in place.
+    // SAFETY: one share, given back once; nothing used it.
+    unsafe { imported.release_import(forged_import, &stream) }.unwrap();
+    assert_eq!(import_holders(genuine), 1);
+    assert_eq!(live_allocations(), allocations.map(|n| n + 1), "still mapped");
+    // SAFETY: 8192 bytes mapped at `genuine` while its share is held, read on `stream` only.
+    let view = unsafe { Buffer::from_raw(genuine, 8192, Some(device), true, false, None) };
+    assert_eq!(view.to_vec::<u8>(&stream).unwrap(), vec![0x5a; 8192], "the genuine mapping still reads");
+    drop(view);
+    // SAFETY: the last share.
+    unsafe { imported.release_import(genuine, &stream) }.unwrap();
+    stream.synchronize().unwrap();
+    assert_eq!(import_holders(genuine), 0);
+    assert_eq!(live_allocations(), allocations, "unmapped once, by the last holder");
 }
 
 #[test]

@@ -7,6 +7,9 @@
 //! later ones share it, and only the last holder's release unmaps, after the work every earlier
 //! holder enqueued (an event per stream on which a holder let go). Lookup-or-import and release
 //! both run under one lock, so concurrent imports and releases neither race nor double-free.
+//! Export data that differs from a held import's yet is mapped where that import lies (bytes
+//! the driver ignores, changed by a peer) shares the held mapping: one entry per pointer, so no
+//! release can unmap memory another holder still uses.
 
 use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -100,6 +103,15 @@ impl MemoryPool {
         // lacks: bind the stream's device's primary context.
         stream.device().set_current()?;
         let ptr = self.import_pointer(data)?;
+        if let Some(&held) = imports.by_ptr.get(&ptr) {
+            // The driver mapped this data where an import this process holds already lies: the
+            // same allocation under export data that differs where the driver does not look
+            // (forged or padded by a peer), or through another handle of the pool. Its imports
+            // are not counted, so this one is the held mapping: unmapping it would unmap that
+            // too, and a second entry for one pointer would let either holder's release unmap
+            // it under the other.
+            return self.share_held(&mut imports, held, ptr, size);
+        }
         let mapped = match mapped_range_size(ptr) {
             Ok(mapped) if size <= mapped => mapped,
             outcome => {
@@ -114,6 +126,23 @@ impl MemoryPool {
         imports.by_key.insert(key, Entry { ptr, mapped, holders: 1, released: Vec::new() });
         imports.by_ptr.insert(ptr, key);
         crate::memory_event!(DEBUG, size, ptr, pool = self.handle() as usize, holders = 1, "allocation imported");
+        Ok(ptr)
+    }
+
+    /// The import of `ptr` that the driver answered with a mapping held under `held`: one more
+    /// holder of it when it was mapped through this pool (the size checked against it, as for a
+    /// key found), else refused; either way nothing is unmapped.
+    fn share_held(&self, imports: &mut Imports, held: Key, ptr: DevicePtr, size: usize) -> Result<DevicePtr> {
+        let pool = self.handle() as usize;
+        let entry = imports.by_key.get_mut(&held).filter(|_| held.0 == pool);
+        let Some(entry) = entry else {
+            return Err(Error::ImportHeldElsewhere { ptr });
+        };
+        if size > entry.mapped {
+            return Err(too_large(size, entry.mapped));
+        }
+        entry.holders += 1;
+        crate::memory_event!(DEBUG, size, ptr, pool, holders = entry.holders, "allocation imported (held already)");
         Ok(ptr)
     }
 
