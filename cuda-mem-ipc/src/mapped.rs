@@ -21,14 +21,19 @@ use crate::registry::Registry;
 ///
 /// One pool has one importer per process: a driver may answer a second import of a pool with
 /// the handle of the first, and two owners of one handle would destroy it under each other. So
-/// [`MappedMemoryResource::from_fd`] returns the existing import of a UUID, and an import the
-/// driver answers with a pool this process already owns under another UUID is refused
+/// [`MappedMemoryResource::from_fd`] returns the existing import of a UUID (one a peer named on
+/// a channel only when the driver confirms it is the same pool), and an import the driver
+/// answers with a pool this process already owns under another UUID is refused
 /// ([`IpcError::PoolAlreadyImported`]). What kind of memory the pool holds, and on which device,
 /// is asked of the driver, not taken from the exporter.
 #[derive(Debug)]
 pub struct MappedMemoryResource {
     pool: MemoryPool,
     uuid: Uuid,
+    /// Registered because a peer named it `uuid` on a channel, not by this program's own import:
+    /// a UUID is the peer's claim, so [`MappedMemoryResource::from_owned_fd`] trusts such an
+    /// entry only when the driver confirms it is the same pool.
+    named_by_peer: bool,
 }
 
 /// Every mapped resource of the process, by the UUID of the resource it maps.
@@ -43,6 +48,11 @@ pub fn registry() -> &'static Registry<MappedMemoryResource> {
 
 /// The registered mapped resource with this UUID, which must hold the `expected` kind of memory
 /// (device memory of the expected device, or pinned host memory), as the driver reports it.
+///
+/// The entry is this program's own import ([`MappedMemoryResource::from_fd`]), or the first
+/// import of a pool a peer sent on a channel under this UUID (the peer's claim: a program that
+/// takes pools from peers it does not trust imports them with `from_fd`, which a peer's entry
+/// does not survive unconfirmed).
 ///
 /// # Errors
 /// [`IpcError::UnknownResource`] when none is registered (or it was dropped);
@@ -79,6 +89,11 @@ impl MappedMemoryResource {
     /// registers it; or, when this process has a live import of `uuid` already, returns that one
     /// (and closes `fd`). Device or pinned memory, and the device, are the driver's word.
     ///
+    /// An import a peer registered by naming it `uuid` on a channel is returned only when the
+    /// driver confirms `fd` is the same pool (it answers the import with that pool's handle);
+    /// otherwise this import replaces it in the registry (the peer's channel keeps its own), so
+    /// a peer that names another pool's UUID first never captures it.
+    ///
     /// # Errors
     /// [`IpcError::PoolAlreadyImported`] when the driver answers with a pool this process already
     /// holds under another UUID (or its own pool); driver errors when the driver refuses the
@@ -86,11 +101,26 @@ impl MappedMemoryResource {
     #[doc(alias = "from_allocation_handle")]
     pub fn from_owned_fd(fd: OwnedFd, uuid: Uuid) -> Result<Arc<MappedMemoryResource>> {
         let _importing = importing();
-        if let Ok(existing) = registry().get(uuid) {
-            return Ok(existing);
+        let registered = registry().get(uuid).ok();
+        if let Some(existing) = registered.as_ref().filter(|r| !r.named_by_peer) {
+            return Ok(Arc::clone(existing));
         }
-        let resource = MappedMemoryResource::import(fd, uuid).map_err(|error| refused(error, uuid))?;
-        Ok(registry().register(uuid, resource))
+        match (MappedMemoryResource::import(fd, uuid, false), registered) {
+            // The driver answered with the peer-named import's own handle: the same pool.
+            (Err(cuda_mem_core::Error::PoolAlreadyOwned { handle }), Some(registered))
+                if registered.pool.handle() as usize == handle =>
+            {
+                Ok(registered)
+            }
+            (Ok(resource), registered) => {
+                if registered.is_some() {
+                    // Unconfirmed: this program's word outranks a peer's claim.
+                    registry().remove(uuid);
+                }
+                Ok(registry().register(uuid, resource))
+            }
+            (Err(error), _) => Err(refused(error, uuid)),
+        }
     }
 
     /// Imports the pool behind `fd`, duplicating it: the caller keeps the original. As
@@ -114,7 +144,7 @@ impl MappedMemoryResource {
     pub(crate) fn from_peer(fd: OwnedFd, uuid: Uuid) -> Result<Arc<MappedMemoryResource>> {
         let _importing = importing();
         let registered = registry().get(uuid).ok();
-        match (MappedMemoryResource::import(fd, uuid), registered) {
+        match (MappedMemoryResource::import(fd, uuid, true), registered) {
             // A handle of its own: whatever is registered stays, unconfirmed, and unused here.
             (Ok(resource), Some(_)) => Ok(resource),
             (Ok(resource), None) => Ok(registry().register(uuid, resource)),
@@ -128,8 +158,8 @@ impl MappedMemoryResource {
         }
     }
 
-    /// Imports the pool behind `fd` as `uuid`, unregistered.
-    fn import(fd: OwnedFd, uuid: Uuid) -> cuda_mem_core::Result<Arc<MappedMemoryResource>> {
+    /// Imports the pool behind `fd` as `uuid`, unregistered; `named_by_peer` says who named it.
+    fn import(fd: OwnedFd, uuid: Uuid, named_by_peer: bool) -> cuda_mem_core::Result<Arc<MappedMemoryResource>> {
         let pool = MemoryPool::import(fd, uuid.as_u128())?;
         cuda_mem_core::memory_event!(
             DEBUG,
@@ -138,7 +168,7 @@ impl MappedMemoryResource {
             kind = ?pool.kind(),
             "resource imported"
         );
-        Ok(Arc::new(MappedMemoryResource { pool, uuid }))
+        Ok(Arc::new(MappedMemoryResource { pool, uuid, named_by_peer }))
     }
 
     /// The UUID of the exporting resource.

@@ -1,7 +1,8 @@
 //! The receiving side of an `IpcChannel` against what a peer says, in one process (the peer
 //! writes on a raw `Channel`): a receiver that drops the resource it got still maps the buffers
 //! that follow; buffers resolve only against the pools their own channel received; a UUID this
-//! process knows is not handed to another peer; the memory kind and device of a pool are the
+//! process knows is not handed to another peer, nor one a peer named first to the program's own
+//! `from_fd`; the memory kind and device of a pool are the
 //! driver's word; a pool imported twice is never owned twice, whether the driver gives the second
 //! import a handle of its own or the first import's (`CUDA_SIM_POOL_IMPORT=same-handle`). Every
 //! refusal leaves the process and its pools as they were.
@@ -15,7 +16,7 @@ use cuda_mem_core::{
 };
 use cuda_mem_ipc::{
     BufferDescriptor, Channel, IpcChannel, IpcError, MAX_BUFFERS_PER_MESSAGE, MappedMemoryResource, Received,
-    allocation_handle, buffer_descriptor, registry,
+    allocation_handle, buffer_descriptor, lookup, registry,
 };
 use cuda_sim::testing::{in_simulated_machine, live_objects_if_simulated};
 use uuid::Uuid;
@@ -401,6 +402,78 @@ fn a_squatter_that_comes_first_does_not_capture_the_genuine_pool() {
     assert!(!Arc::ptr_eq(&legit, &squatted), "the genuine channel gets the genuine pool");
     let buffers = expect_buffers(&rx, &stream);
     assert_eq!(read(&buffers[0], &stream), vec![0x53; 4096]);
+}
+
+#[test]
+fn a_squatter_that_comes_first_does_not_capture_the_uuid_for_from_fd() {
+    let (device, stream) = setup();
+    let genuine_pool = device_pool(device);
+    let genuine = filled(&genuine_pool, 0x55, &stream);
+    let uuid = uuid_of(&genuine_pool);
+    let squat_pool = device_pool(device);
+    let (peer, other) = from_raw_peer();
+    send_pool(&peer, &squat_pool, &as_device(uuid, device));
+    let squatted = expect_resource(&other, &stream);
+    assert!(Arc::ptr_eq(&registry().get(uuid).unwrap(), &squatted), "registered under the UUID the peer named");
+
+    // The program imports the genuine pool by its own descriptor: the driver cannot confirm the
+    // peer's import is that pool, so the program's import replaces it in the registry.
+    let handle = allocation_handle(genuine_pool.as_ref()).unwrap();
+    let mine = MappedMemoryResource::from_fd(handle.fd(), uuid).unwrap();
+    assert!(!Arc::ptr_eq(&mine, &squatted), "the genuine descriptor gives the genuine pool");
+    assert!(Arc::ptr_eq(&registry().get(uuid).unwrap(), &mine));
+    assert!(Arc::ptr_eq(&lookup(uuid, PoolKind::Device(device)).unwrap(), &mine));
+    let buffer = mine.import_buffer(&buffer_descriptor(&genuine).unwrap(), &stream).unwrap();
+    assert_eq!(read(&buffer, &stream), vec![0x55; 4096]);
+    // The program's own import is trusted from now on; the peer's channel keeps its own pool.
+    assert!(Arc::ptr_eq(&MappedMemoryResource::from_fd(handle.fd(), uuid).unwrap(), &mine));
+    assert!(Arc::ptr_eq(&other.resource(uuid).unwrap(), &squatted));
+}
+
+/// A pool a peer sent first, then imported by the program from its own descriptor: the peer's
+/// import when the driver confirms it is the same pool (it answers with that import's handle),
+/// else an import of the program's own that takes its place; either maps the same memory.
+fn a_pool_a_peer_sent_then_from_fd(same_handle: bool) {
+    // On a real driver the answer to a second import is the driver's own (the GPU probe
+    // pool-import-twice reports it): the invariants are checked, not the simulator's model.
+    let same_handle = cuda_sim::testing::on_simulator().then_some(same_handle);
+    let (device, stream) = setup();
+    let pool = device_pool(device);
+    let buffer = filled(&pool, 0x56, &stream);
+    let (tx, rx) = pair();
+    tx.send_buffers(&[&buffer]).unwrap();
+    let received = expect_resource(&rx, &stream);
+    let via_channel = expect_buffers(&rx, &stream);
+    let handle = allocation_handle(pool.as_ref()).unwrap();
+    let mine = MappedMemoryResource::from_fd(handle.fd(), handle.uuid()).unwrap();
+    if let Some(same_handle) = same_handle {
+        assert_eq!(Arc::ptr_eq(&mine, &received), same_handle, "confirmed only by the driver");
+    }
+    assert!(Arc::ptr_eq(&registry().get(handle.uuid()).unwrap(), &mine));
+    match mine.import_buffer(&buffer_descriptor(&buffer).unwrap(), &stream) {
+        Ok(imported) => assert_eq!(read(&imported, &stream), vec![0x56; 4096]),
+        // Two handles of one pool, and a driver that maps the allocation where the channel's
+        // import holds it already (GPU probe pointer-import-two-pools): refused, left alone.
+        Err(IpcError::Core(cuda_mem_core::Error::ImportHeldElsewhere { ptr })) => {
+            assert!(!Arc::ptr_eq(&mine, &received) && ptr == via_channel[0].ptr());
+        }
+        Err(error) => panic!("{error}"),
+    }
+    assert_eq!(read(&via_channel[0], &stream), vec![0x56; 4096]);
+}
+
+#[test]
+fn a_pool_a_peer_sent_is_imported_again_unless_the_driver_confirms_it() {
+    in_simulated_machine("a_pool_a_peer_sent_is_imported_again_unless_the_driver_confirms_it", &[], || {
+        a_pool_a_peer_sent_then_from_fd(false)
+    });
+}
+
+#[test]
+fn a_pool_a_peer_sent_is_shared_when_the_driver_confirms_it() {
+    in_simulated_machine("a_pool_a_peer_sent_is_shared_when_the_driver_confirms_it", SAME_HANDLE, || {
+        a_pool_a_peer_sent_then_from_fd(true)
+    });
 }
 
 #[test]
