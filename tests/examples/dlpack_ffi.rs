@@ -34,7 +34,9 @@ static LAST_ERROR: Mutex<Option<CString>> = Mutex::new(None);
 /// An exported buffer that counts its release in [`SOURCES_RELEASED`].
 struct Counted(Buffer);
 
-impl ExportSource for Counted {
+// SAFETY: the buffer is moved into `Counted`, which is moved into the tensor: nothing else
+// reaches it.
+unsafe impl ExportSource for Counted {
     fn buffer(&self) -> &Buffer {
         &self.0
     }

@@ -88,7 +88,28 @@ impl<'s> ExportOptions<'s> {
 /// [`read_only`](ExportOptions::read_only) is asked. A shared source (an `Arc`, an [`OwnedBy`])
 /// is always exported read-only, since its other holders may read the memory while the consumer
 /// holds it.
-pub trait ExportSource: Send + 'static {
+///
+/// # Safety
+/// The consumer may write a tensor whose source says it is exclusive, while this process reads
+/// the memory through any other value that reaches it: [`is_exclusive`](Self::is_exclusive)
+/// returns `true` only when nothing but the source reaches the buffer's memory while the source
+/// lives (no other buffer, view, slice or copy of this process). [`buffer`](Self::buffer)
+/// returns the same buffer every time, alive as long as the source.
+///
+/// So a source that claims it is the caller's word, not safe code's:
+///
+/// ```compile_fail,E0200
+/// use std::sync::Arc;
+/// use cuda_mem_core::{Buffer, ExportSource};
+///
+/// // A share of a buffer that others read, claimed exclusive: refused without `unsafe impl`.
+/// struct Claimed(Arc<Buffer>);
+/// impl ExportSource for Claimed {
+///     fn buffer(&self) -> &Buffer { &self.0 }
+///     fn is_exclusive(&self) -> bool { true }
+/// }
+/// ```
+pub unsafe trait ExportSource: Send + 'static {
     /// The buffer to export.
     fn buffer(&self) -> &Buffer;
 
@@ -103,7 +124,8 @@ pub trait ExportSource: Send + 'static {
     }
 }
 
-impl ExportSource for Buffer {
+// SAFETY: a buffer moved into the tensor is reached through nothing else: its owner gave it up.
+unsafe impl ExportSource for Buffer {
     fn buffer(&self) -> &Buffer {
         self
     }
@@ -113,7 +135,9 @@ impl ExportSource for Buffer {
     }
 }
 
-impl<S: ExportSource + Sync> ExportSource for Arc<S> {
+// SAFETY: never claims exclusivity (other holders of the `Arc` reach the memory); the buffer is
+// the shared source's, alive while the `Arc` is.
+unsafe impl<S: ExportSource + Sync> ExportSource for Arc<S> {
     fn buffer(&self) -> &Buffer {
         (**self).buffer()
     }
@@ -156,7 +180,9 @@ impl<O> std::fmt::Debug for OwnedBy<O> {
     }
 }
 
-impl<O: Send + 'static> ExportSource for OwnedBy<O> {
+// SAFETY: exclusive only when made with the `unsafe` `new_exclusive`, whose caller vouches for
+// it; the buffer is lent by the owner the source holds.
+unsafe impl<O: Send + 'static> ExportSource for OwnedBy<O> {
     fn buffer(&self) -> &Buffer {
         (self.buffer)(&self.owner)
     }

@@ -196,7 +196,9 @@ impl DlpackImport {
 /// An import handed on to another consumer: the new tensor holds it, so the producer's deleter
 /// runs when the new consumer releases it. Writable unless its producer said read-only; its
 /// device type stays the producer's (managed memory stays managed).
-impl ExportSource for DlpackImport {
+// SAFETY: the import is moved into the tensor, so its buffer is reached through nothing else of
+// this process; the producer's read-only flag is kept (writable only where it allowed writes).
+unsafe impl ExportSource for DlpackImport {
     fn buffer(&self) -> &Buffer {
         &self.buffer
     }
