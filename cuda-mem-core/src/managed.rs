@@ -202,7 +202,10 @@ impl Advice {
 /// stream.synchronize()?;
 /// # Ok::<(), cuda_mem_core::Error>(())
 /// ```
-#[derive(Debug, Clone, Copy)]
+///
+/// Not `Copy` or `Clone`: a [`ManagedBufferMut`] lends its `ManagedBuffer` by reference only,
+/// so no copy of it can keep the buffer borrowed past the exclusive handle's discards.
+#[derive(Debug)]
 pub struct ManagedBuffer<'b, 'a> {
     buffer: &'b ScopedBuffer<'a>,
 }
@@ -347,8 +350,20 @@ pub(crate) fn check_host_access(buffer: &ScopedBuffer<'_>) -> Result<()> {
 }
 
 impl<'b, 'a> ManagedBuffer<'b, 'a> {
-    /// The buffer.
-    pub fn buffer(&self) -> &'b ScopedBuffer<'a> {
+    /// The buffer, borrowed from this handle (so from a [`ManagedBufferMut`] only while its
+    /// discards wait).
+    ///
+    /// ```compile_fail,E0502
+    /// # use cuda_mem_core::{Device, ManagedMemoryResource, Stream, StreamOptions};
+    /// # fn f(resource: std::sync::Arc<ManagedMemoryResource>, stream: &Stream) -> cuda_mem_core::Result<()> {
+    /// let mut buffer = resource.allocate(4096, stream)?;
+    /// let mut exclusive = buffer.managed_mut()?;
+    /// let bytes: &[u8] = exclusive.buffer().host_slice()?;
+    /// exclusive.discard(stream)?; // error: `exclusive` is borrowed by `bytes`
+    /// println!("{}", bytes[0]);
+    /// # Ok(()) }
+    /// ```
+    pub fn buffer(&self) -> &ScopedBuffer<'a> {
         self.buffer
     }
 
