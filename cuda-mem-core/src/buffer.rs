@@ -51,13 +51,15 @@ struct View {
     device: Option<Device>,
     device_accessible: bool,
     host_accessible: bool,
-    _keep_alive: Option<Arc<dyn Any + Send + Sync>>,
+    /// Dropped with the view, once the work enqueued through the view is done (its drop may
+    /// free the memory: a DLPack producer's deleter, say).
+    keep_alive: Option<Arc<dyn Any + Send + Sync>>,
 }
 
 impl View {
     /// A view that knows nothing and keeps nothing alive: what an owner is replaced by when
     /// ownership leaves a buffer.
-    const NOTHING: View = View { device: None, device_accessible: false, host_accessible: false, _keep_alive: None };
+    const NOTHING: View = View { device: None, device_accessible: false, host_accessible: false, keep_alive: None };
 }
 
 impl std::fmt::Debug for View {
@@ -248,12 +250,14 @@ impl Buffer {
     }
 
     /// A view of memory someone else owns; dropping it frees nothing. `keep_alive`, if given,
-    /// is held until the view is dropped.
+    /// is held until the view is dropped, and then until the work enqueued through the view is
+    /// done (the view's drop waits for it first), so that dropping it may free the memory.
     ///
     /// # Safety
-    /// `size` bytes at `ptr` stay valid while the view lives, with the accessibility claimed,
-    /// and the owner does not free or write them behind the view's back while host slices of
-    /// it are borrowed.
+    /// `size` bytes at `ptr` stay valid while the view lives and, without `keep_alive`, until
+    /// the work enqueued through it is done (the owner orders its free after that work), with
+    /// the accessibility claimed, and the owner does not free or write them behind the view's
+    /// back while host slices of it are borrowed.
     #[doc(alias = "from_handle")]
     pub unsafe fn from_raw(
         ptr: DevicePtr,
@@ -263,7 +267,7 @@ impl Buffer {
         host_accessible: bool,
         keep_alive: Option<Arc<dyn Any + Send + Sync>>,
     ) -> Buffer {
-        let view = View { device, device_accessible, host_accessible, _keep_alive: keep_alive };
+        let view = View { device, device_accessible, host_accessible, keep_alive };
         Buffer::new(ptr, size, Owner::View(view), None)
     }
 }
@@ -673,10 +677,20 @@ impl<'a> ScopedBuffer<'a> {
     /// streams' uses is [`release_after_uses`], out of line.
     #[inline(always)]
     fn release(&mut self) -> Result<()> {
-        let resource: &dyn MemoryResource = match &self.owner {
+        let resource: &dyn MemoryResource = match &mut self.owner {
             Owner::Resource(resource) => &**resource,
             Owner::Borrowed(resource) => *resource,
-            Owner::View(_) => return Ok(()),
+            Owner::View(view) => {
+                let Some(keep_alive) = view.keep_alive.take() else { return Ok(()) };
+                // What keeps the memory alive goes only after the work on it: its drop may
+                // free it. When that work cannot be waited for, it is never dropped (leaked),
+                // so the memory is never freed under the work.
+                let waited = self.wait_for_uses();
+                if waited.is_err() {
+                    std::mem::forget(keep_alive);
+                }
+                return waited;
+            }
         };
         if self.size == 0 {
             return Ok(());

@@ -472,3 +472,29 @@ fn dropping_an_import_waits_for_its_work_before_the_deleter() {
     assert_eq!(released.load(Ordering::SeqCst), 1);
     assert_eq!(out.to_vec::<u32>(&stream).unwrap(), vec![5; 64]);
 }
+
+/// The view moved out of the import (`buffer_mut` lends `&mut Buffer`, so `mem::swap` can):
+/// dropping it alone still waits for its work before the producer's deleter runs.
+#[test]
+fn a_view_swapped_out_of_an_import_waits_for_its_work_before_the_deleter() {
+    let device = common::device();
+    let stream = common::stream(device);
+    let pool: Arc<dyn MemoryResource> = DeviceMemoryResource::current(device).unwrap();
+    let host: Arc<dyn MemoryResource> = PinnedMemoryResource::new(Default::default()).unwrap();
+    let memory = filled(&pool, &[6u32; 64], &stream);
+    let (tensor, released) = foreign(memory.ptr(), DLDevice::cuda(0), u32::DTYPE, &[64], &[1]);
+    let mut import = take(tensor).unwrap();
+    let mut view = Buffer::allocate(Arc::clone(&pool), 256, &stream).unwrap();
+    std::mem::swap(import.buffer_mut().unwrap(), &mut view);
+    let mut out = Buffer::allocate(host, 256, &stream).unwrap();
+    let (gate, _opens_on_failure) = Gate::new();
+    hold(gate, stream.handle());
+    out.copy_from(&view, &stream).unwrap();
+    gate.open_after(OPEN_DELAY);
+    drop(view);
+    assert!(gate.is_open(), "the producer's deleter ran while work on its memory was pending");
+    assert_eq!(released.load(Ordering::SeqCst), 1);
+    drop(import);
+    assert_eq!(released.load(Ordering::SeqCst), 1, "once");
+    assert_eq!(out.to_vec::<u32>(&stream).unwrap(), vec![6; 64]);
+}
