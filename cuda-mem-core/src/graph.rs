@@ -409,10 +409,28 @@ impl GraphExec {
     /// go of only after this launch's work (and, launched into a capture begun through this
     /// crate, after that capture's graphs are gone).
     ///
+    /// # Safety
+    /// The graph's work reads and writes the memory the captured work used, by address, when it
+    /// runs, and nothing ties that memory to the graph but what the capture was handed
+    /// ([`Stream::keep_alive_in_capture`]: virtual buffers and buffers of resources without
+    /// pools dropped during the capture, the graph's own allocations). So every other buffer,
+    /// view or pointer the captured work used (fills, copies, kernels) is still allocated when
+    /// this launch's work runs, and none of its bytes is lent to the host
+    /// ([`host_slice`](crate::ScopedBuffer::host_slice) and the like) while that work may run:
+    /// keep them, and their slices, ordered around the launch's stream as for any work on it.
+    /// (A buffer used in a capture and dropped after it, then a launch, would be a write to
+    /// freed memory.)
+    ///
+    /// ```compile_fail,E0133
+    /// # fn f(exec: &cuda_mem_core::GraphExec, stream: &cuda_mem_core::Stream) -> cuda_mem_core::Result<()> {
+    /// exec.launch(stream)?; // error: the caller vouches for the memory the graph uses
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Errors
     /// If the driver refuses (a graph whose allocations are still live launched again without
     /// [`InstantiateOptions::auto_free_on_launch`], say).
-    pub fn launch(&self, stream: &Stream) -> Result<()> {
+    pub unsafe fn launch(&self, stream: &Stream) -> Result<()> {
         crate::context::bind(stream.device())?;
         let d = driver()?;
         // SAFETY: the exec handle is live (owned by `self`) and the stream handle valid.

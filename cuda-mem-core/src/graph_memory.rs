@@ -226,7 +226,8 @@ mod tests {
             output.copy_from(&scratch, &stream).unwrap();
             drop(scratch);
             let exec = capture.end().unwrap().instantiate(InstantiateOptions::default()).unwrap();
-            exec.launch(&stream).unwrap();
+            // SAFETY: the graph uses only memory it allocates itself.
+            unsafe { exec.launch(&stream) }.unwrap();
             stream.synchronize().unwrap();
             let after = graph_memory.attributes().unwrap();
             assert_eq!(after.used_current, GRANULE, "the output is live, the scratch freed in the graph");
@@ -234,7 +235,8 @@ mod tests {
             assert!(after.reserved_current >= after.used_high && after.reserved_high >= after.reserved_current);
             assert_eq!(output.to_vec::<u8>(&stream).unwrap(), vec![9; 4096], "the graph's output");
             // Launched again while its output lives: refused without auto-free.
-            let again = exec.launch(&stream).unwrap_err();
+            // SAFETY: as above.
+            let again = unsafe { exec.launch(&stream) }.unwrap_err();
             assert_eq!(again.cuda_code(), Some(CUresult::CUDA_ERROR_INVALID_VALUE), "{again}");
             // The marks reset to the current figures, never to anything else.
             graph_memory.reset_high_water_mark(HighWaterMark::Used).unwrap();
@@ -254,7 +256,8 @@ mod tests {
             assert_eq!(trimmed.reserved_current, 0, "nothing in use: all given back");
             assert!(crate::take_drop_errors().is_empty());
             // Its allocation freed, the graph launches again.
-            exec.launch(&stream).unwrap();
+            // SAFETY: as above.
+            unsafe { exec.launch(&stream) }.unwrap();
             stream.synchronize().unwrap();
             assert_eq!(graph_memory.attributes().unwrap().used_current, GRANULE);
         });
@@ -272,7 +275,8 @@ mod tests {
         let second = graph.instantiate(InstantiateOptions::default()).unwrap_err();
         assert!(second.cuda_code().is_some(), "{second}");
         for _ in 0..3 {
-            exec.launch(&stream).unwrap();
+            // SAFETY: the graph uses only memory it allocates itself.
+            unsafe { exec.launch(&stream) }.unwrap();
             assert_eq!(output.to_vec::<u32>(&stream).unwrap(), [5; 16]);
         }
         drop(output);

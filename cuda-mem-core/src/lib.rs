@@ -240,8 +240,12 @@
 //! output.copy_from(&scratch, capture.stream())?;
 //! drop(scratch); // a free node: each launch allocates and frees it
 //! let exec = capture.end()?.instantiate(InstantiateOptions::default())?;
-//! exec.launch(&stream)?;
-//! exec.launch(&stream)?;
+//! // SAFETY: `output`, the one buffer the graph uses that it does not allocate itself, lives
+//! // on, and no host slice of it is taken before the launches' work is done.
+//! unsafe {
+//!     exec.launch(&stream)?;
+//!     exec.launch(&stream)?;
+//! }
 //! assert_eq!(output.to_vec::<u32>(&stream)?, [3; 4]);
 //!
 //! let attributes = graph_memory.attributes()?; // used and reserved, current and high

@@ -46,8 +46,11 @@ fn a_graph_launched_after_its_virtual_buffer_was_dropped_still_finds_it_mapped()
         drop(vmm.allocate(2 << 20, Some(&stream)).unwrap());
         drop(vmm);
 
-        exec.launch(&stream).expect("the graph runs on mapped memory");
-        exec.launch(&stream).expect("the graph runs on mapped memory");
+        // SAFETY: `output` lives on, unlent; the virtual buffer is the capture's to keep.
+        unsafe {
+            exec.launch(&stream).expect("the graph runs on mapped memory");
+            exec.launch(&stream).expect("the graph runs on mapped memory");
+        }
         assert!(output.to_vec::<u8>(&stream).unwrap().iter().all(|&b| b == 0x5A), "the graph ran on mapped memory");
         assert_eq!(mappings(), baseline.map(|n| n + 1), "kept for the executable graph");
         drop(exec);
@@ -72,7 +75,8 @@ fn a_graph_launched_after_its_cumemalloc_buffer_was_dropped_still_finds_it_alloc
             drop(buffer);
             assert!(capture.is_active().unwrap(), "the free did not wait for the capturing stream");
             let exec = capture.end().unwrap().instantiate(InstantiateOptions::default()).unwrap();
-            exec.launch(&stream).unwrap();
+            // SAFETY: `output` lives on, unlent; the dropped buffer is the capture's to keep.
+            unsafe { exec.launch(&stream) }.unwrap();
             assert_eq!(output.to_vec::<u32>(&stream).unwrap(), vec![0xBEEF; 16]);
             assert!(take_drop_errors().is_empty());
         },
@@ -96,7 +100,8 @@ fn what_a_graph_keeps_goes_only_after_its_launches() {
         let (gate, _open) = Gate::new();
         // SAFETY: a live stream of this test.
         unsafe { gate.hold(d, launcher.handle()) }.unwrap();
-        exec.launch(&launcher).unwrap();
+        // SAFETY: the graph uses only the virtual buffer, which is the capture's to keep.
+        unsafe { exec.launch(&launcher) }.unwrap();
         let opened = Arc::new(AtomicBool::new(false));
         let opener = {
             let opened = Arc::clone(&opened);
@@ -130,7 +135,8 @@ fn graph_memory_in_a_graph_launched_twice() {
     let exec = capture.end().unwrap().instantiate(InstantiateOptions::default()).unwrap();
     for _ in 0..2 {
         output.fill(FillPattern::U32(0), &stream).unwrap();
-        exec.launch(&stream).unwrap();
+        // SAFETY: `output` lives on, unlent; the scratch memory is the graph's own.
+        unsafe { exec.launch(&stream) }.unwrap();
         assert_eq!(output.to_vec::<u32>(&stream).unwrap(), [3; 4]);
     }
 }
