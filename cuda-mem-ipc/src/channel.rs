@@ -7,10 +7,11 @@ use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use rustix::event::{PollFd, PollFlags, Timespec, poll};
 use rustix::io::Errno;
 use rustix::net::{
     RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendAncillaryBuffer, SendAncillaryMessage,
@@ -116,6 +117,10 @@ pub struct Channel {
     send_broken: AtomicBool,
     /// A receive failed partway through a frame.
     recv_broken: AtomicBool,
+    /// How long one `recv` may take, in nanoseconds (0: no limit), from the call to the
+    /// message's last byte. The socket's own time-out bounds each read only, which a peer
+    /// sending a byte at a time would renew indefinitely.
+    read_timeout_ns: AtomicU64,
 }
 
 /// The header's fields.
@@ -178,6 +183,11 @@ fn lock(m: &Mutex<()>) -> MutexGuard<'_, ()> {
 const SEND_CONTEXT: &str = "sending a message on the IPC channel";
 const RECV_CONTEXT: &str = "receiving a message on the IPC channel";
 
+/// A read time-out in nanoseconds, 0 for none (a zero time-out is refused by the socket).
+fn timeout_ns(timeout: Option<Duration>) -> u64 {
+    timeout.map_or(0, |t| u64::try_from(t.as_nanos()).unwrap_or(u64::MAX).max(1))
+}
+
 impl Channel {
     /// Two connected ends (`socketpair`, close-on-exec).
     ///
@@ -213,16 +223,21 @@ impl Channel {
     }
 
     pub(crate) fn new(stream: UnixStream) -> Channel {
+        // A socket handed over with a time-out set keeps it (a failed query: none).
+        let timeout = stream.read_timeout().ok().flatten();
         Channel {
             stream,
             send_lock: Mutex::new(()),
             recv_lock: Mutex::new(()),
             send_broken: AtomicBool::new(false),
             recv_broken: AtomicBool::new(false),
+            read_timeout_ns: AtomicU64::new(timeout_ns(timeout)),
         }
     }
 
-    /// Sets how long [`recv`](Self::recv) waits; `None` (the default) waits indefinitely.
+    /// Sets how long [`recv`](Self::recv) waits; `None` (the default) waits indefinitely. The
+    /// time counts from the call to the message's last byte, however the peer spreads the bytes
+    /// out.
     ///
     /// A time-out before the first byte of a message is an [`IpcError::Io`] whose source has
     /// kind [`WouldBlock`](std::io::ErrorKind::WouldBlock), and leaves the channel usable. A
@@ -233,7 +248,9 @@ impl Channel {
     ///
     /// [`IpcError::Io`] if the duration is zero or the socket refuses the option.
     pub fn set_read_timeout(&self, timeout: Option<Duration>) -> Result<()> {
-        self.stream.set_read_timeout(timeout).map_err(|e| IpcError::io("setting the IPC channel's read timeout", e))
+        self.stream.set_read_timeout(timeout).map_err(|e| IpcError::io("setting the IPC channel's read timeout", e))?;
+        self.read_timeout_ns.store(timeout_ns(timeout), Ordering::Release);
+        Ok(())
     }
 
     /// Sets how long [`send`](Self::send) waits for room in the socket; `None` (the default)
@@ -362,8 +379,10 @@ impl Channel {
                     .into(),
             ));
         }
+        let timeout = self.read_timeout_ns.load(Ordering::Acquire);
         let mut reader = FrameReader {
             stream: &self.stream,
+            deadline: (timeout > 0).then(|| Instant::now() + Duration::from_nanos(timeout)),
             fd_room: fd_room.min(MAX_FDS),
             consumed: 0,
             header: None,
@@ -388,6 +407,8 @@ impl Channel {
 /// Reads one frame, keeping every descriptor that arrives.
 struct FrameReader<'a> {
     stream: &'a UnixStream,
+    /// When the message must have arrived whole, if ever.
+    deadline: Option<Instant>,
     /// How many descriptors one `recvmsg` has room for.
     fd_room: usize,
     /// Bytes of the frame read so far.
@@ -468,6 +489,7 @@ impl FrameReader<'_> {
         let control_len = rustix::cmsg_space!(ScmRights(self.fd_room));
         let mut filled = 0;
         while filled < buf.len() {
+            self.wait_readable()?;
             let mut space = [MaybeUninit::<u8>::uninit(); CONTROL_SPACE];
             let mut control = RecvAncillaryBuffer::new(&mut space[..control_len]);
             let mut iov = [IoSliceMut::new(&mut buf[filled..])];
@@ -495,6 +517,29 @@ impl FrameReader<'_> {
             }
         }
         Ok(())
+    }
+
+    /// Waits until the socket has something to read, or fails as the socket's own time-out
+    /// does (`EAGAIN`) once the deadline has passed; without a deadline, at once.
+    fn wait_readable(&self) -> Result<()> {
+        let Some(deadline) = self.deadline else { return Ok(()) };
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(IpcError::io(RECV_CONTEXT, Errno::AGAIN));
+            }
+            let left = Timespec {
+                tv_sec: i64::try_from(left.as_secs()).unwrap_or(i64::MAX),
+                tv_nsec: i64::from(left.subsec_nanos()),
+            };
+            let mut fds = [PollFd::new(self.stream, PollFlags::IN)];
+            match poll(&mut fds, Some(&left)) {
+                // Readable, closed or failed: the `recvmsg` that follows says which.
+                Ok(n) if n > 0 => return Ok(()),
+                Ok(_) | Err(Errno::INTR) => {}
+                Err(e) => return Err(IpcError::io(RECV_CONTEXT, e)),
+            }
+        }
     }
 
     /// Control data was truncated after `delivered` descriptors. With room left for more, the
@@ -969,6 +1014,51 @@ mod tests {
         assert!(matches!(ch.recv(), Err(IpcError::Io { .. })));
         raw.write_all(&[0; 10]).unwrap();
         expect_protocol(ch.recv(), "message boundaries are lost");
+    }
+
+    /// A peer that sends a byte every 25 ms: each read finds a byte well within the 150 ms
+    /// time-out, and the 64-byte frame would take 1.6 s. The time-out is the message's: it ends
+    /// inside the frame, which breaks the channel. Set on the channel, or on the socket before
+    /// the channel took it.
+    fn a_trickled_message_times_out(set_on_socket: bool) {
+        let timeout = Duration::from_millis(150);
+        let (ours, raw) = UnixStream::pair().unwrap();
+        if set_on_socket {
+            ours.set_read_timeout(Some(timeout)).unwrap();
+        }
+        let ch = Channel::from_stream(ours).unwrap();
+        if !set_on_socket {
+            ch.set_read_timeout(Some(timeout)).unwrap();
+        }
+        let mut frame = header(3, 40, 0);
+        frame.extend_from_slice(&[0xAB; 40]);
+        let trickle = std::thread::spawn(move || {
+            let mut raw = raw;
+            for byte in frame {
+                // Stops once the receiver has gone (EPIPE).
+                if raw.write_all(&[byte]).is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(25));
+            }
+        });
+        match ch.recv() {
+            Err(IpcError::Io { source, .. }) => assert_eq!(source.kind(), std::io::ErrorKind::WouldBlock),
+            other => panic!("expected the message's time-out, got {other:?}"),
+        }
+        expect_protocol(ch.recv(), "message boundaries are lost");
+        drop(ch);
+        trickle.join().unwrap();
+    }
+
+    #[test]
+    fn read_timeout_bounds_a_whole_message_however_slowly_it_comes() {
+        a_trickled_message_times_out(false);
+    }
+
+    #[test]
+    fn a_read_timeout_set_on_the_socket_before_bounds_the_whole_message_too() {
+        a_trickled_message_times_out(true);
     }
 
     #[test]
