@@ -257,7 +257,9 @@
 //!   file with `SIGBUS`. An import (`cuMemPoolImportFromShareableHandle`,
 //!   `cuMemImportFromShareableHandle`) refuses a file that is not sealed so, whose size is not
 //!   the one its header states, or whose header fails its checksum: `CUDA_ERROR_INVALID_VALUE`,
-//!   the code both document for a bad handle.
+//!   the code both document for a bad handle. So is a descriptor of another kind of file
+//!   (`/dev/null`, a socket, an unsealed memfd, a regular file: the probe
+//!   `pool-import-not-a-pool` asks a GPU's driver the same).
 //! - **Fabric handles** name the exporting process and its descriptor for the memory, so an
 //!   import works only while the exporter holds the allocation.
 //! - **Interprocess events** (`cuIpcGetEventHandle`, `cuIpcOpenEventHandle`): exporting an event

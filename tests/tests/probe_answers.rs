@@ -199,6 +199,16 @@ fn every_question_is_answered_and_the_simulator_agrees_with_itself() {
         format!("cuUserObjectRelease: {destructor}; cuGraphDestroy: {destructor}")
     );
 
+    // Question 25: descriptors of other kinds are refused, and the importer lives on.
+    let invalid = "CUDA_ERROR_INVALID_VALUE";
+    assert_eq!(
+        answer(&answers, "pool-import-not-a-pool"),
+        format!(
+            "/dev/null {invalid}, a socket {invalid}, a memfd of garbage {invalid}, a regular file {invalid}; the \
+             process lived on (a pool of its own made after)"
+        )
+    );
+
     let report = std::fs::read_to_string(out.0.join("probe.json")).expect("the report");
     for name in &names {
         assert_eq!(report.matches(&format!("\"name\": \"{name}\"")).count(), 1, "{name} in the report");

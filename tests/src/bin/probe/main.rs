@@ -28,7 +28,7 @@
 //! [`peer_leftover`], [`zero_byte`], [`host_pool_access`], [`pci_bus_id`], [`free_pending`],
 //! [`ipc_event`], [`managed_ranges`], [`managed_ids`], [`managed_pool`], [`managed_discard`],
 //! [`batch_copy_edges`], [`graph_memory`], [`graph_launch_capture`], [`pool_alloc_capture`],
-//! [`unsafe_calls`], [`user_object`].
+//! [`unsafe_calls`], [`user_object`], [`pool_import_not_a_pool`].
 
 mod address_hint;
 mod batch_copy_edges;
@@ -55,6 +55,7 @@ mod per_thread_capture;
 mod pointer_import;
 mod pool_alloc_capture;
 mod pool_import;
+mod pool_import_not_a_pool;
 mod raw;
 mod report;
 mod runner;
@@ -93,7 +94,7 @@ pub(crate) struct Question {
 }
 
 /// Every question, in the order they are asked.
-pub(crate) const QUESTIONS: [Question; 24] = [
+pub(crate) const QUESTIONS: [Question; 25] = [
     pool_import::QUESTION,
     pointer_import::QUESTION,
     imported_access::QUESTION,
@@ -118,6 +119,7 @@ pub(crate) const QUESTIONS: [Question; 24] = [
     pool_alloc_capture::QUESTION,
     unsafe_calls::QUESTION,
     user_object::QUESTION,
+    pool_import_not_a_pool::QUESTION,
 ];
 
 /// The child side of the question `name`.
