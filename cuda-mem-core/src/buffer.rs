@@ -11,6 +11,7 @@ use crate::device::Device;
 use crate::driver::driver;
 use crate::error::{Error, Result};
 use crate::event::{Event, EventOptions};
+use crate::graph::CaptureState;
 use crate::memory_resource::{DevicePtr, MemoryResource};
 use crate::stream::Stream;
 
@@ -703,7 +704,9 @@ impl<'a> ScopedBuffer<'a> {
         // order, so nothing is ordered (no event) and the uses are neither taken nor put back.
         // `&mut self`: no other reference can be noting a use, so no lock is needed.
         let used_on = self.used_on.get_mut().unwrap_or_else(PoisonError::into_inner);
-        if !used_on.is_empty() || stream.is_foreign_per_thread() {
+        if used_on.iter().any(|used| matches!(used.capture_state(), CaptureState::Capturing(_))) {
+            free_after_captures(&self.owner, stream, self.ptr, self.size, used_on)?;
+        } else if !used_on.is_empty() || stream.is_foreign_per_thread() {
             release_after_uses(resource, stream, self.ptr, self.size, used_on)?;
         } else {
             // SAFETY: as in `release_after_uses`; every use of the memory was enqueued on
@@ -713,6 +716,79 @@ impl<'a> ScopedBuffer<'a> {
         self.size = 0;
         Ok(())
     }
+}
+
+/// The free of a buffer that work captured into a graph used: handed to each capture (begun
+/// through [`Stream::begin_capture`]) it was used in, it is done on the buffer's stream when the
+/// last of them lets go of it, after their graphs and the work those enqueued.
+#[derive(Debug)]
+struct FreeAfterGraphs {
+    resource: Arc<dyn MemoryResource>,
+    ptr: DevicePtr,
+    size: usize,
+    stream: Stream,
+}
+
+impl Drop for FreeAfterGraphs {
+    fn drop(&mut self) {
+        // SAFETY: the buffer handed its free over unperformed (the memory is live, from this
+        // resource, and freed once, here); the captures drop what they keep only after their
+        // graphs are gone and the work of every launch is done, and `stream` was ordered after
+        // the buffer's uses outside them before the free was handed over.
+        if let Err(error) = unsafe { self.resource.deallocate_raw(self.ptr, self.size, &self.stream) } {
+            crate::drop_errors::record("Buffer (freed after the graphs that used it)", error);
+        }
+    }
+}
+
+/// [`ScopedBuffer::release`] of a buffer that work being captured used (on a stream whose
+/// capture this crate began): its graph may run that work for as long as it lives, so the
+/// memory goes only when every such capture lets go of it ([`FreeAfterGraphs`]). Ordering the
+/// free after those streams the usual way (an event recorded in the capture, waited for by the
+/// freeing stream) would instead draw the freeing stream into the capture and free the memory
+/// under the graph. The other streams' work is ordered before the free now. A buffer whose
+/// resource is borrowed cannot outlive the borrow: it is not freed ([`Error::CapturingStream`];
+/// the memory stays allocated, never freed under a graph).
+#[cold]
+#[inline(never)]
+fn free_after_captures(
+    owner: &Owner<'_>,
+    stream: &Stream,
+    ptr: DevicePtr,
+    size: usize,
+    used_on: &mut Vec<Stream>,
+) -> Result<()> {
+    let Owner::Resource(resource) = owner else {
+        // The uses stay: a later attempt (a `close` given back) finds the capture still under
+        // way, or over and the free ordered the usual way.
+        return Err(Error::CapturingStream);
+    };
+    let (capturing, others): (Vec<Stream>, Vec<Stream>) = std::mem::take(used_on)
+        .into_iter()
+        .partition(|used| matches!(used.capture_state(), CaptureState::Capturing(_)));
+    let free_on = match order_after_other_streams(stream, &others) {
+        Ok(free_on) => free_on.into_owned(),
+        Err(error) => {
+            used_on.extend(capturing.into_iter().chain(others));
+            return Err(error);
+        }
+    };
+    let free = Arc::new(FreeAfterGraphs { resource: Arc::clone(resource), ptr, size, stream: free_on });
+    let ended: Vec<&Stream> =
+        capturing.iter().filter(|used| used.keep_alive_in_capture(Arc::clone(&free)).is_err()).collect();
+    for used in ended {
+        // Its capture ended meanwhile (on its own thread): its work is no longer recorded, so
+        // the free follows its stream the usual way.
+        if let Err(error) = wait_in(&free.stream, used).or_else(|_| used.synchronize_or_device()) {
+            // No order after that work: the memory is never freed (leaked), and the buffer no
+            // longer owns it either, so nothing frees it twice.
+            std::mem::forget(free);
+            crate::drop_errors::record("Buffer (used in a capture; not freed)", error);
+            return Ok(());
+        }
+    }
+    // The captures hold the rest; the last of them frees.
+    Ok(())
 }
 
 /// [`ScopedBuffer::release`] of an owning buffer with memory that was used on other streams

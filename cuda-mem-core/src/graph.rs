@@ -412,14 +412,15 @@ impl GraphExec {
     /// # Safety
     /// The graph's work reads and writes the memory the captured work used, by address, when it
     /// runs, and nothing ties that memory to the graph but what the capture was handed
-    /// ([`Stream::keep_alive_in_capture`]: virtual buffers and buffers of resources without
-    /// pools dropped during the capture, the graph's own allocations). So every other buffer,
-    /// view or pointer the captured work used (fills, copies, kernels) is still allocated when
-    /// this launch's work runs, and none of its bytes is lent to the host
-    /// ([`host_slice`](crate::ScopedBuffer::host_slice) and the like) while that work may run:
-    /// keep them, and their slices, ordered around the launch's stream as for any work on it.
-    /// (A buffer used in a capture and dropped after it, then a launch, would be a write to
-    /// freed memory.)
+    /// ([`Stream::keep_alive_in_capture`]): the graph's own allocations, and the buffers the
+    /// captured work used through this crate (fills, copies) that were dropped *during* the
+    /// capture, whatever stream frees them (their frees wait for the graphs). So every other
+    /// buffer, view or pointer the captured work used (one dropped after the capture ended, one
+    /// a kernel used, a view) is still allocated when this launch's work runs, and none of its
+    /// bytes is lent to the host ([`host_slice`](crate::ScopedBuffer::host_slice) and the like)
+    /// while that work may run: keep them, and their slices, ordered around the launch's stream
+    /// as for any work on it. (A buffer used in a capture and dropped after it, then a launch,
+    /// would be a write to freed memory.)
     ///
     /// ```compile_fail,E0133
     /// # fn f(exec: &cuda_mem_core::GraphExec, stream: &cuda_mem_core::Stream) -> cuda_mem_core::Result<()> {

@@ -256,9 +256,10 @@
 //! ```
 //!
 //! A capture keeps what its graphs may use ([`Stream::keep_alive_in_capture`]): a
-//! `cuda-mem-vmm` virtual buffer dropped during the capture stays mapped, and a buffer of a
-//! resource without pools unfreed, until the graph and every executable graph made from it are
-//! gone and their launches done. Captures begun through raw handles cannot be followed: there
+//! `cuda-mem-vmm` virtual buffer dropped during the capture stays mapped, a buffer of a
+//! resource without pools unfreed, and any buffer the captured work used on the capturing stream
+//! and dropped on another during the capture unfreed, until the graph and every executable graph
+//! made from it are gone and their launches done. Captures begun through raw handles cannot be followed: there
 //! the pools and the resources without pools refuse, and virtual buffers wait only for the end of
 //! the capture.
 //!

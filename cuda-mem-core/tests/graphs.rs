@@ -165,3 +165,62 @@ fn graph_memory_refuses_a_stream_of_another_device() {
         drop(capture.end().unwrap());
     });
 }
+
+/// A pool buffer used by work captured on another stream and dropped during the capture, on
+/// its own stream: the free goes to the capture (ordering it the usual way would draw its
+/// stream into the capture, `STREAM_CAPTURE_UNJOINED` at the end, and free the memory under the
+/// graph), and is done only once the graph and its executable graph are gone.
+#[test]
+fn a_buffer_used_in_another_streams_capture_is_freed_after_its_graphs() {
+    let device = common::device();
+    let (own, capturing) = (common::stream(device), common::stream(device));
+    let pool = DeviceMemoryResource::new(device, Default::default()).unwrap();
+    let mut output = pool.allocate(64, &capturing).unwrap();
+    let mut buffer = pool.allocate(64, &own).unwrap();
+    buffer.fill(cuda_mem_core::FillPattern::U32(0), &own).unwrap();
+    own.synchronize().unwrap();
+    let used = |pool: &DeviceMemoryResource| pool.usage().unwrap().used_bytes;
+    let both = used(&pool);
+
+    let capture = capturing.begin_capture(CaptureMode::Relaxed).unwrap();
+    buffer.fill(cuda_mem_core::FillPattern::U32(0xC0FFEE), &capturing).unwrap();
+    output.copy_from(&buffer, &capturing).unwrap();
+    drop(buffer);
+    assert!(capture.is_active().unwrap(), "the free neither waited for nor joined the capture");
+    let graph = capture.end().expect("the freeing stream was not drawn into the capture");
+    assert_eq!(graph.kept_alive(), 1, "the free went to the capture");
+    let exec = graph.instantiate(Default::default()).unwrap();
+    drop(graph);
+    assert_eq!(used(&pool), both, "still allocated for the executable graph");
+    // SAFETY: `output` lives on, unlent; the dropped buffer is the graph's to keep.
+    unsafe { exec.launch(&capturing) }.unwrap();
+    assert_eq!(output.to_vec::<u32>(&capturing).unwrap(), vec![0xC0FFEE; 16]);
+    drop(exec);
+    own.synchronize().unwrap();
+    assert!(used(&pool) < both, "freed with the last graph");
+    assert!(take_drop_errors().is_empty());
+}
+
+/// The same with a buffer that borrows its pool (`allocate_scoped`): it cannot outlive the
+/// borrow, so it is not freed at all (refused, recorded) rather than under the graph.
+#[test]
+fn a_scoped_buffer_used_in_another_streams_capture_is_kept_not_freed_under_it() {
+    let device = common::device();
+    let (own, capturing) = (common::stream(device), common::stream(device));
+    let pool = DeviceMemoryResource::new(device, Default::default()).unwrap();
+    let buffer = {
+        let mut buffer = pool.allocate_scoped(64, &own).unwrap();
+        let capture = capturing.begin_capture(CaptureMode::Relaxed).unwrap();
+        buffer.fill(cuda_mem_core::FillPattern::U32(1), &capturing).unwrap();
+        let closed = buffer.close(None);
+        let error = closed.expect_err("refused while the capture may use it");
+        assert!(matches!(error.error(), Error::CapturingStream), "{}", error.error());
+        let graph = capture.end().expect("the capture was not disturbed");
+        drop(graph);
+        error.into_parts().0
+    };
+    // The capture is over: the buffer closes the usual way.
+    buffer.close(None).map_err(|e| e.into_parts().1).unwrap();
+    own.synchronize().unwrap();
+    assert_eq!(pool.usage().unwrap().used_bytes, 0);
+}

@@ -7,7 +7,9 @@
 //! through [`Stream::begin_capture`](cuda_mem_core::Stream::begin_capture), the range is handed
 //! to it ([`Stream::keep_alive_in_capture`](cuda_mem_core::Stream::keep_alive_in_capture)): it
 //! stays mapped as long as the graph and every executable graph made from it live, and until
-//! their launches are done. A capture this crate cannot follow (begun through a raw handle, or a
+//! their launches are done. A buffer that work captured on another stream used, released during
+//! that capture, goes to that capture the same way (`cuda-mem-core`'s buffer hands its free over
+//! before this is reached). A capture this crate cannot follow (begun through a raw handle, or a
 //! stream that joined another's capture) cannot keep it: the range is kept, in one process-wide
 //! list, and let go of at a later safe point, once its stream is no longer capturing: the next
 //! allocation, growth, import or release of any virtual memory resource, the drop of one, or

@@ -214,3 +214,44 @@ fn a_buffer_dropped_during_a_capture_of_this_crate_stays_mapped_while_its_graph_
         assert!(take_drop_errors().is_empty());
     });
 }
+
+/// A virtual buffer used by work captured on another stream, then dropped (or closed on its own
+/// stream) during the capture: its release goes to that capture, so the freeing stream is not
+/// drawn into it, the capture ends cleanly, and the memory stays mapped for the graph's launch.
+#[test]
+fn a_buffer_used_in_another_streams_capture_stays_mapped_for_its_graph() {
+    machine!(&[], || {
+        let d0 = device(0);
+        let (own, capturing) = (stream(d0), stream(d0));
+        let resource = VirtualMemoryResource::new(d0, Default::default()).unwrap();
+        let baseline = sim_live();
+        let _ = take_drop_errors();
+        let mut dropped = resource.allocate(G, Some(&own)).unwrap();
+        let mut closed = resource.allocate(G, Some(&own)).unwrap();
+        let mut output = resource.allocate(G, Some(&capturing)).unwrap();
+        let capture = capturing.begin_capture(CaptureMode::Relaxed).unwrap();
+        dropped.fill(FillPattern::U8(7), &capturing).unwrap();
+        closed.fill(FillPattern::U8(7), &capturing).unwrap();
+        output.copy_from(dropped.as_buffer(), &capturing).unwrap();
+        drop(dropped);
+        closed.close(Some(&own)).map_err(|e| e.error).expect("its own stream does not capture");
+        assert!(take_drop_errors().is_empty(), "handed to the capture, not deferred");
+        assert!(capture.is_active().unwrap(), "the capture undisturbed");
+        let graph = capture.end().expect("the freeing stream was not drawn into the capture");
+        assert_eq!(graph.kept_alive(), 2);
+        assert_eq!(release_deferred(), 0);
+        let exec = graph.instantiate(Default::default()).unwrap();
+        drop(graph);
+        // SAFETY: `output` lives on; the two released buffers are the graph's to keep.
+        unsafe { exec.launch(&capturing) }.unwrap();
+        assert!(
+            output.as_buffer().to_vec::<u8>(&capturing).unwrap().iter().all(|&b| b == 7),
+            "the graph ran on mapped memory"
+        );
+        drop((exec, output));
+        own.synchronize().unwrap();
+        assert_eq!(release_deferred(), 0);
+        assert_eq!(sim_live(), baseline, "unmapped with the last graph");
+        assert!(take_drop_errors().is_empty());
+    });
+}
