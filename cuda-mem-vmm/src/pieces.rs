@@ -125,20 +125,29 @@ pub(crate) struct Mapping {
 
 impl Mapping {
     /// `cuMemMap` of the whole of `physical` at `ptr` (inside `reservation`), then
-    /// `cuMemSetAccess` with the allocation's descriptors; unmapped again if that fails.
+    /// `cuMemSetAccess` with the allocation's descriptors; unmapped again if that fails. The
+    /// addresses stay claimed on a failure: the caller, who claimed them, gives them back once
+    /// (a mapping gives its addresses back only when it was made and is dropped: both giving
+    /// them back could undo another thread's claim of the same addresses in between).
     fn map(ptr: DevicePtr, physical: Arc<Physical>, reservation: Arc<Reservation>) -> Result<Arc<Mapping>> {
         let d = driver()?;
         // SAFETY: the range lies inside `reservation`, claimed for it (`map_contiguously` and
         // `Claim::map`, the only callers, place it so) and the handle is live while `physical` is.
         unsafe { cu_call!(d, cuMemMap(ptr, physical.size, 0, physical.handle, 0)) }?;
-        let mapping = Mapping { ptr, physical, reservation };
-        if !mapping.physical.access.is_empty() {
-            let access = &mapping.physical.access;
+        if !physical.access.is_empty() {
+            let access = &physical.access;
             // SAFETY: `access` holds `access.len()` initialized descriptors; the range was just
-            // mapped. On failure `mapping` drops and unmaps.
-            unsafe { cu_call!(d, cuMemSetAccess(ptr, mapping.physical.size, access.as_ptr(), access.len())) }?;
+            // mapped.
+            let set = unsafe { cu_call!(d, cuMemSetAccess(ptr, physical.size, access.as_ptr(), access.len())) };
+            if let Err(error) = set {
+                // SAFETY: mapped just above and handed to no one: unmapped once, here.
+                if let Err(unmap) = unsafe { cu_call!(d, cuMemUnmap(ptr, physical.size)) } {
+                    record_drop_error("virtual memory mapping (access refused)", unmap.into());
+                }
+                return Err(error.into());
+            }
         }
-        Ok(Arc::new(mapping))
+        Ok(Arc::new(Mapping { ptr, physical, reservation }))
     }
 
     /// The mapping's size.

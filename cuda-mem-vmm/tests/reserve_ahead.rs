@@ -208,3 +208,31 @@ fn a_reservation_too_large_to_round_is_refused() {
     let error = VirtualMemoryResource::new(d0, options).unwrap_err();
     assert!(matches!(error, VmmError::SizeOverflow { size: usize::MAX, .. }), "{error:?}");
 }
+
+#[test]
+fn a_failed_growth_inside_the_reservation_gives_its_addresses_back_once() {
+    machine!(&[("CUDA_SIM_ADDRESS_HINTS", "refuse-all")], || {
+        if !cuda_sim::testing::simulator_only("fault injection") {
+            return;
+        }
+        let (s, resource) = setup(ReserveAhead::Bytes(8 * G));
+        let buffer = resource.allocate(G, Some(&s)).unwrap();
+        let bytes = pattern(3, G);
+        write(&buffer, 0, &bytes, &s);
+        // Mapped, then its access refused: unmapped again, and the claimed addresses given back
+        // by the claim alone (the mapping that was unmapped never held them).
+        for function in [c"cuMemMap", c"cuMemSetAccess"] {
+            let before = vmm_live();
+            inject(function, 1);
+            let error = buffer.grow(2 * G).expect_err("the growth fails");
+            assert!(error.to_string().contains(function.to_str().unwrap()), "{error}");
+            assert_eq!(vmm_live(), before, "nothing left mapped");
+        }
+        // The addresses are free again: the growth stays inside the reservation.
+        let grown = buffer.grow(2 * G).unwrap();
+        assert_eq!(grown.ptr(), buffer.ptr(), "in place, with hints refused");
+        assert_eq!(read(&grown, 0, G, &s), bytes);
+        let again = grown.grow(3 * G).unwrap();
+        assert_eq!(again.ptr(), buffer.ptr(), "and the next step after it");
+    });
+}
