@@ -166,6 +166,10 @@ impl Stream {
     pub fn begin_capture(&self, mode: CaptureMode) -> Result<Capture> {
         self.bind_if_default()?;
         let d = driver()?;
+        // Unknown from before the driver's capture begins to after it is noted (another thread's
+        // event record or allocation in between must not count it as not capturing); a refused
+        // capture leaves it unknown until the driver next says it does not capture.
+        self.capture_beginning();
         // SAFETY: a valid stream handle; the mode is one of the driver's values.
         unsafe { cu_call!(d, cuStreamBeginCapture_v2(self.handle(), mode.raw())) }?;
         let resources = Arc::new(GraphResources::default());

@@ -1,8 +1,9 @@
 //! Streams: created ones (destroyed when the last handle goes) and the default streams.
 
 use std::borrow::Cow;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
 use cuda_mem_sys::cu_call;
 use cuda_mem_sys::types::{CUstream, CUstream_flags, CUstreamCaptureStatus};
@@ -209,10 +210,26 @@ unsafe impl Send for Inner {}
 // functions; the only state mutated after construction, the capture slot, is behind a mutex.
 unsafe impl Sync for Inner {}
 
+/// The streams this crate created and that live, by handle: a wrapper of one of their handles
+/// ([`Stream::from_raw`]) can begin or join a capture of it that the creator's value would not
+/// see, so making one shares the handle ([`Stream::shared_handle`]).
+static CREATED: Mutex<BTreeMap<usize, Weak<Inner>>> = Mutex::new(BTreeMap::new());
+
+fn created() -> MutexGuard<'static, BTreeMap<usize, Weak<Inner>>> {
+    CREATED.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 impl Drop for Inner {
     fn drop(&mut self) {
         if self.ownership != Ownership::Owned {
             return;
+        }
+        {
+            // Gone from the created streams before the handle can be reused.
+            let mut created = created();
+            if created.get(&(self.handle as usize)).is_some_and(|weak| std::ptr::eq(weak.as_ptr(), self)) {
+                created.remove(&(self.handle as usize));
+            }
         }
         // A created stream carries its context: destroying it needs none current, so a failure to
         // bind one is no reason to leave the stream behind.
@@ -268,7 +285,9 @@ impl Stream {
         let mut handle: CUstream = std::ptr::null_mut();
         // SAFETY: `handle` is a valid out-pointer; the device's context is current.
         unsafe { cu_call!(d, cuStreamCreateWithPriority(&mut handle, flags, options.priority.unwrap_or(0))) }?;
-        Ok(Stream { inner: Arc::new(Inner::new(handle, device, Ownership::Owned, None, None)) })
+        let inner = Arc::new(Inner::new(handle, device, Ownership::Owned, None, None));
+        created().insert(handle as usize, Arc::downgrade(&inner));
+        Ok(Stream { inner })
     }
 
     /// The legacy default stream of `device` (`CU_STREAM_LEGACY`).
@@ -288,10 +307,18 @@ impl Stream {
     /// driver was opened; it is treated like `CU_STREAM_PER_THREAD`, as the calling thread's
     /// (the cautious reading: it makes uses from other threads wait for the whole device).
     ///
+    /// A handle of a stream this crate created is shared by this
+    /// ([`shared_handle`](Stream::shared_handle)): a capture the wrapper begins or joins is then
+    /// one the creating value asks the driver about.
+    ///
     /// # Safety
     /// `handle` is a valid stream of `device`'s primary context (or a special default-stream
     /// handle) and outlives every use through the returned value.
     pub unsafe fn from_raw(handle: CUstream, device: Device) -> Stream {
+        let creator = created().get(&(handle as usize)).and_then(Weak::upgrade);
+        if let Some(creator) = creator {
+            Stream { inner: creator }.shared_handle();
+        }
         Stream::borrowed(handle, device)
     }
 
@@ -539,6 +566,13 @@ impl Stream {
 
     fn capture_resources(&self) -> MutexGuard<'_, Option<Arc<GraphResources>>> {
         self.inner.capture_resources.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Makes the capture state unknown just before a capture begins: until
+    /// [`capture_began`](Stream::capture_began) says so, work recorded or allocations made from
+    /// other threads meanwhile ask the driver rather than count the stream as not capturing.
+    pub(crate) fn capture_beginning(&self) {
+        self.inner.capture.forget();
     }
 
     /// Notes a capture begun through this crate, and what its graph will keep alive.
