@@ -168,10 +168,14 @@ impl Stream {
         let d = driver()?;
         // Unknown from before the driver's capture begins to after it is noted (another thread's
         // event record or allocation in between must not count it as not capturing); a refused
-        // capture leaves it unknown until the driver next says it does not capture.
-        self.capture_beginning();
+        // capture puts the state back.
+        let replaced = self.capture_beginning();
         // SAFETY: a valid stream handle; the mode is one of the driver's values.
-        unsafe { cu_call!(d, cuStreamBeginCapture_v2(self.handle(), mode.raw())) }?;
+        let begun = unsafe { cu_call!(d, cuStreamBeginCapture_v2(self.handle(), mode.raw())) };
+        if let Err(refused) = begun {
+            self.capture_not_begun(replaced);
+            return Err(refused.into());
+        }
         let resources = Arc::new(GraphResources::default());
         self.capture_began(mode, Arc::clone(&resources));
         Ok(Capture { stream: self.clone(), resources, ended: false, _same_thread: PhantomData })

@@ -164,12 +164,22 @@ impl CaptureWord {
     }
 
     /// Makes the state unknown, unless a capture of this crate's is under way (whose end sets
-    /// it anew).
-    fn forget(&self) {
-        let _ = self.0.fetch_update(Ordering::AcqRel, Ordering::Acquire, |word| {
-            (!matches!(CaptureWord::decode(word), CaptureState::Capturing(_)))
-                .then(|| CaptureWord::next(word, CaptureState::Unknown))
-        });
+    /// it anew); returns the word it replaced, if it did.
+    fn forget(&self) -> Option<u64> {
+        self.0
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |word| {
+                (!matches!(CaptureWord::decode(word), CaptureState::Capturing(_)))
+                    .then(|| CaptureWord::next(word, CaptureState::Unknown))
+            })
+            .ok()
+    }
+
+    /// Puts back the state of `replaced` over the word `forget` made of it, if nothing changed
+    /// it since.
+    fn put_back(&self, replaced: u64) {
+        let made = CaptureWord::next(replaced, CaptureState::Unknown);
+        let back = CaptureWord::next(made, CaptureWord::decode(replaced));
+        let _ = self.0.compare_exchange(made, back, Ordering::AcqRel, Ordering::Relaxed);
     }
 
     /// Records the driver's "not capturing", asked for when the word was `seen` (unknown), if it
@@ -571,8 +581,18 @@ impl Stream {
     /// Makes the capture state unknown just before a capture begins: until
     /// [`capture_began`](Stream::capture_began) says so, work recorded or allocations made from
     /// other threads meanwhile ask the driver rather than count the stream as not capturing.
-    pub(crate) fn capture_beginning(&self) {
-        self.inner.capture.forget();
+    /// Returns what to give [`capture_not_begun`](Stream::capture_not_begun) if the driver
+    /// refuses the capture.
+    pub(crate) fn capture_beginning(&self) -> Option<u64> {
+        self.inner.capture.forget()
+    }
+
+    /// The driver refused the capture [`capture_beginning`](Stream::capture_beginning) prepared
+    /// for: the state from before stands again, unless something changed it meanwhile.
+    pub(crate) fn capture_not_begun(&self, replaced: Option<u64>) {
+        if let Some(replaced) = replaced {
+            self.inner.capture.put_back(replaced);
+        }
     }
 
     /// Notes a capture begun through this crate, and what its graph will keep alive.
