@@ -36,7 +36,7 @@ use crate::stream::Stream;
 /// # Host memory
 ///
 /// The driver's synchronization rules for pageable memory decide what a copy from or into a
-/// Rust slice may assume. /// A Rust slice is usually pageable memory (a `Vec`, the stack). For an asynchronous copy between
+/// Rust slice may assume. A Rust slice is usually pageable memory (a `Vec`, the stack). For an asynchronous copy between
 /// device memory and pageable host memory, the driver documents only that the call "might be
 /// synchronous with respect to host", and that it "may synchronize with the stream and stage the
 /// copy into pinned memory" (CUDA driver API, "API synchronization behavior"): it does not
@@ -379,10 +379,10 @@ impl<'b, T: Pod> DeviceViewMut<'b, T> {
         Ok(())
     }
 
-    /// Sets every element to `value` on `stream`. Elements of 1, 2 or 4 bytes, and values whose
-    /// bytes are all equal (zero, say), are set by the device (`cuMemsetD*Async`,
-    /// asynchronously); other values are copied from the host (and the stream waited for, as
-    /// [`copy_from_slice`](DeviceViewMut::copy_from_slice)).
+    /// Sets every element to `value` on `stream`. Values whose bytes are all equal (zero, say),
+    /// and elements of 2 or 4 bytes that start at an address aligned to their size, are set by
+    /// the device (`cuMemsetD*Async`, asynchronously); other values are copied from the host
+    /// (and the stream waited for, as [`copy_from_slice`](DeviceViewMut::copy_from_slice)).
     ///
     /// # Errors
     /// A driver error.
@@ -391,10 +391,13 @@ impl<'b, T: Pod> DeviceViewMut<'b, T> {
             return Ok(());
         }
         let bytes = bytemuck::bytes_of(&value);
+        // The wider memsets need an address aligned to their width, which an element type of
+        // smaller alignment (`[u8; 2]`, `[u16; 2]`) does not promise.
+        let aligned_to = |width: DevicePtr| self.ptr.is_multiple_of(width);
         let memset = match *bytes {
             [b, ..] if bytes.iter().all(|&x| x == b) => Some(Memset::D8(b, self.byte_len())),
-            [a, b] => Some(Memset::D16(u16::from_ne_bytes([a, b]), self.len)),
-            [a, b, c, e] => Some(Memset::D32(u32::from_ne_bytes([a, b, c, e]), self.len)),
+            [a, b] if aligned_to(2) => Some(Memset::D16(u16::from_ne_bytes([a, b]), self.len)),
+            [a, b, c, e] if aligned_to(4) => Some(Memset::D32(u32::from_ne_bytes([a, b, c, e]), self.len)),
             _ => None,
         };
         let Some(memset) = memset else {
@@ -406,7 +409,7 @@ impl<'b, T: Pod> DeviceViewMut<'b, T> {
         let (ptr, s) = (self.ptr, stream.handle());
         // SAFETY: the view covers `byte_len()` bytes (`count` units of the width) of its buffer,
         // valid until the buffer is freed, which is ordered after this work; D16 and D32 are
-        // used only for elements of that size, whose alignment the view checked.
+        // used only for elements of that size at an address aligned to it.
         unsafe {
             match memset {
                 Memset::D8(v, count) => cu_call!(d, cuMemsetD8Async(ptr, v, count, s)),

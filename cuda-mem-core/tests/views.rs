@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use bytemuck::{Pod, Zeroable};
 use cuda_mem_core::{
-    Buffer, DeviceMemoryResource, Error, LegacyPinnedMemoryResource, ManagedMemoryResource, MemoryResource,
-    MemoryResourceExt, PinnedMemoryResource, ScopedBuffer, Stream, SynchronousMemoryResource,
+    Buffer, DeviceMemoryResource, Error, FillPattern, LegacyPinnedMemoryResource, ManagedMemoryResource,
+    MemoryResource, MemoryResourceExt, PinnedMemoryResource, ScopedBuffer, Stream, SynchronousMemoryResource,
 };
 use proptest::prelude::*;
 
@@ -117,6 +117,35 @@ fn fills_set_every_element_whatever_its_size() {
     assert_eq!(buffer.to_vec::<Particle>(&stream).unwrap(), [first, particle, particle, particle, particle, particle]);
     buffer.view_mut::<f64>().unwrap().fill(0.0, &stream).unwrap();
     assert_eq!(buffer.to_vec::<u8>(&stream).unwrap(), vec![0; 96]);
+}
+
+#[test]
+fn fills_of_elements_aligned_below_their_size_set_every_element() {
+    // `[u8; 2]` and `[u16; 2]` views may start at an odd or a 2-byte address, where the 2- and
+    // 4-byte memsets would be refused: such fills take the host's way there.
+    let stream = common::stream(common::device());
+    let device = stream.device();
+    let mut buffer = DeviceMemoryResource::new(device, Default::default()).unwrap().allocate(64, &stream).unwrap();
+    for offset in [1, 2, 3] {
+        buffer.fill(FillPattern::U8(0), &stream).unwrap();
+        let len = 60;
+        // SAFETY: `len` bytes from `offset` lie inside `buffer`, which outlives the view and is
+        // used by nothing else meanwhile; both are used on `stream` only.
+        let mut view =
+            unsafe { Buffer::from_raw(buffer_ptr_plus(buffer.ptr(), offset), len, Some(device), true, false, None) };
+        if offset % 2 == 1 {
+            view.view_mut::<[u8; 2]>().unwrap().fill([1, 2], &stream).unwrap();
+        } else {
+            view.view_mut::<[u16; 2]>().unwrap().fill([0x0201, 0x0403], &stream).unwrap();
+        }
+        drop(view);
+        let pattern: &[u8] = if offset % 2 == 1 { &[1, 2] } else { &[1, 2, 3, 4] };
+        let mut expected = vec![0u8; 64];
+        for chunk in expected[offset..offset + len].chunks_mut(pattern.len()) {
+            chunk.copy_from_slice(pattern);
+        }
+        assert_eq!(buffer.to_vec::<u8>(&stream).unwrap(), expected, "at offset {offset}");
+    }
 }
 
 #[test]
