@@ -45,7 +45,10 @@ pub enum OverlapMode {
 }
 
 /// How a copy is done (cuda.core's `CopyOptions`); the default is a plain stream-ordered copy.
-/// Options change how the driver stages a transfer, never the bytes it produces.
+/// Options change how the driver stages a transfer, not the bytes it produces, with one
+/// exception the caller answers for: a source read out of stream order
+/// ([`SourceAccessOrder::DuringApiCall`], [`SourceAccessOrder::Any`]) is read without waiting
+/// for the work already enqueued, so bytes that work still writes may be read as they were.
 ///
 /// - [`CopyOptions`]: the source access order ([`SourceAccessOrder`]), location hints for the
 ///   source and the destination (a [`Location`], honoured only for managed memory on devices
@@ -468,6 +471,12 @@ pub fn copy_batch<'a, 'o>(
     let (copies, options): (Vec<BatchCopy<'a>>, Vec<CopyOptions>) =
         copies.into_iter().zip(options).filter(|(c, _)| !c.is_empty()).unzip();
     let batch = entry_point(d, Driver::cuMemcpyBatchAsync_v2, DriverCapability::CopyBatches, needs_native(&options))?;
+    // Noted before anything is enqueued: a batch refused half-way (the fallback's third copy,
+    // say) leaves the copies before it running, and the buffers' frees must wait for them.
+    for copy in &copies {
+        copy.src.buffer.note_use(&stream);
+        copy.dst.buffer.note_use(&stream);
+    }
     match batch {
         _ if copies.is_empty() => {}
         Some(f) => {
@@ -494,10 +503,6 @@ pub fn copy_batch<'a, 'o>(
         }
         None => plain_copies(d, &copies, stream.handle())?,
     }
-    for copy in &copies {
-        copy.src.buffer.note_use(&stream);
-        copy.dst.buffer.note_use(&stream);
-    }
     Ok(())
 }
 
@@ -512,6 +517,9 @@ fn copy_with(copy: BatchCopy<'_>, stream: &Stream, options: CopyOptions, operati
         DriverCapability::CopiesWithAttributes,
         options.src_access_order == SourceAccessOrder::DuringApiCall,
     )?;
+    // Noted before the copy is enqueued, as in `copy_batch`.
+    copy.src.buffer.note_use(&stream);
+    copy.dst.buffer.note_use(&stream);
     match native {
         _ if copy.is_empty() => {}
         Some(f) => {
@@ -524,8 +532,6 @@ fn copy_with(copy: BatchCopy<'_>, stream: &Stream, options: CopyOptions, operati
         }
         None => plain_copies(d, &[copy], stream.handle())?,
     }
-    copy.src.buffer.note_use(&stream);
-    copy.dst.buffer.note_use(&stream);
     Ok(())
 }
 

@@ -292,3 +292,34 @@ fn a_cuda_12_8_driver_batches_plain_copies_only() {
         },
     );
 }
+
+#[test]
+fn a_batch_refused_half_way_orders_the_frees_after_the_copies_it_enqueued() {
+    // On a CUDA 12.8 driver a batch is one `cuMemcpyAsync` per copy; the second is refused here,
+    // the first stays enqueued on the copy's stream, so the destination's free on its own
+    // stream must still wait for that stream.
+    in_simulated_machine(
+        "a_batch_refused_half_way_orders_the_frees_after_the_copies_it_enqueued",
+        &[("CUDA_SIM_DRIVER_VERSION", "12080")],
+        || {
+            if !on_driver(12080) {
+                return;
+            }
+            let device = device();
+            let (home, copier) = (stream(device), stream(device));
+            let pool = DeviceMemoryResource::new(device, Default::default()).unwrap();
+            let src = pinned(&[4; 8], &home);
+            let (mut a, mut b) = (zeroed(8, &pool, &home), zeroed(8, &pool, &home));
+            home.synchronize().unwrap();
+            let d = cuda_sim::testing::driver().unwrap();
+            cuda_sim::testing::inject_failure(d, c"cuMemcpyAsync", 2).unwrap();
+            let copies = [BatchCopy::new(&src, &mut a).unwrap(), BatchCopy::new(&src, &mut b).unwrap()];
+            let r = copy_batch(&copier, copies, CopyOptions::default());
+            assert!(matches!(r, Err(Error::Cuda(cuda_mem_core::sys::CudaError::Driver(_)))), "{r:?}");
+            let (_, counts) = cuda_sim::testing::count_calls_if_simulated(|| drop(a));
+            counts.assert_calls("cuStreamWaitEvent", 1, "the free of the copy's destination waits for its stream");
+            copier.synchronize().unwrap();
+            home.synchronize().unwrap();
+        },
+    );
+}
