@@ -399,24 +399,32 @@ mod tests {
         assert_ne!(shared.id(), plain.id());
     }
 
+    /// In a process of its own: the simulator counts the `cuIpcGetEventHandle` calls of every
+    /// thread, and other tests of this binary export events meanwhile.
     #[test]
     fn only_interprocess_events_are_exported_and_the_handle_is_asked_once() {
-        let device = device();
-        let plain = Event::new(device, EventOptions::default()).unwrap();
-        let (refused, counts) = cuda_sim::testing::count_calls_if_simulated(|| plain.ipc_handle());
-        assert!(matches!(refused, Err(Error::EventNotInterprocess)), "{refused:?}");
-        counts.assert_calls("cuIpcGetEventHandle", 0, "refused before the driver call");
-        assert!(refused.unwrap_err().to_string().contains("not IPC-enabled"));
+        cuda_sim::testing::in_simulated_machine(
+            "event::tests::only_interprocess_events_are_exported_and_the_handle_is_asked_once",
+            &[],
+            || {
+                let device = device();
+                let plain = Event::new(device, EventOptions::default()).unwrap();
+                let (refused, counts) = cuda_sim::testing::count_calls_if_simulated(|| plain.ipc_handle());
+                assert!(matches!(refused, Err(Error::EventNotInterprocess)), "{refused:?}");
+                counts.assert_calls("cuIpcGetEventHandle", 0, "refused before the driver call");
+                assert!(refused.unwrap_err().to_string().contains("not IPC-enabled"));
 
-        let shared = Event::new(device, EventOptions::default().interprocess()).unwrap();
-        let first = shared.ipc_handle().unwrap();
-        let (again, counts) = cuda_sim::testing::count_calls_if_simulated(|| shared.ipc_handle());
-        assert_eq!(again.unwrap(), first);
-        counts.assert_calls("cuIpcGetEventHandle", 0, "kept from the first export");
-        assert_ne!(first.to_bytes(), [0; IPC_EVENT_HANDLE_LEN]);
-        assert_eq!(IpcEventHandle::from_raw(&first.to_raw()), first);
-        assert_eq!(IpcEventHandle::from_bytes(first.to_bytes()), first);
-        assert!(format!("{first:?}").starts_with("IpcEventHandle("));
+                let shared = Event::new(device, EventOptions::default().interprocess()).unwrap();
+                let first = shared.ipc_handle().unwrap();
+                let (again, counts) = cuda_sim::testing::count_calls_if_simulated(|| shared.ipc_handle());
+                assert_eq!(again.unwrap(), first);
+                counts.assert_calls("cuIpcGetEventHandle", 0, "kept from the first export");
+                assert_ne!(first.to_bytes(), [0; IPC_EVENT_HANDLE_LEN]);
+                assert_eq!(IpcEventHandle::from_raw(&first.to_raw()), first);
+                assert_eq!(IpcEventHandle::from_bytes(first.to_bytes()), first);
+                assert!(format!("{first:?}").starts_with("IpcEventHandle("));
+            },
+        );
     }
 
     #[test]

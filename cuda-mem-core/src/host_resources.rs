@@ -68,7 +68,12 @@ pub struct PinnedMemoryResource {
 
 fn host_location(numa_node: Option<u32>) -> CUmemLocation {
     match numa_node {
-        Some(node) => CUmemLocation { type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST_NUMA, id: node as i32 },
+        // A node beyond `int` is no node: the driver refuses `i32::MAX` as it refuses any unknown
+        // one, where `as` would wrap to a negative id.
+        Some(node) => CUmemLocation {
+            type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST_NUMA,
+            id: i32::try_from(node).unwrap_or(i32::MAX),
+        },
         None => CUmemLocation { type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST, id: 0 },
     }
 }

@@ -307,10 +307,11 @@ pub(crate) fn is_managed(buffer: &ScopedBuffer<'_>) -> Result<bool> {
         return Ok(true);
     }
     let d = driver()?;
-    let mut managed = 0u8;
-    // SAFETY: `managed` is valid for the attribute's one-byte boolean (a C `bool`; the value is
-    // read as nonzero, whatever width the driver writes up to `unsigned int`, of which the first
-    // byte is nonzero for `true` on a little-endian host and `bool` in the simulator).
+    // Four bytes, zeroed: `cuda.h` calls the attribute "a boolean" without a width, so the slot
+    // holds the widest a driver writes (`unsigned int`), and a narrower write (the simulator's C
+    // `bool`) leaves the rest zero; either way the value is read as nonzero or not.
+    let mut managed = 0u32;
+    // SAFETY: `managed` is valid for writes of up to four bytes, the widest the attribute takes.
     let queried = unsafe {
         cu_call!(
             d,
@@ -800,41 +801,50 @@ mod tests {
         assert_eq!(m.accessed_by().unwrap(), [Location::Host]);
     }
 
+    /// In a process of its own: it asserts that no driver call at all was made, and the
+    /// simulator counts the calls of every thread, those of the tests beside it too.
     #[test]
     fn each_advice_takes_its_locations_only_checked_before_the_driver() {
-        let (device, stream, managed) = setup();
-        let all = [Location::Device(device), Location::Host, Location::HostNuma(0), Location::HostNumaCurrent];
-        let table = [
-            (Advice::SetReadMostly, [true, true, true, false]),
-            (Advice::UnsetReadMostly, [true, true, true, false]),
-            (Advice::UnsetPreferredLocation, [true, true, true, false]),
-            (Advice::SetPreferredLocation, [true, true, true, true]),
-            (Advice::SetAccessedBy, [true, true, false, false]),
-            (Advice::UnsetAccessedBy, [true, true, false, false]),
-        ];
-        let buffer = managed.allocate(PAGE, &stream).unwrap();
-        let m = buffer.managed().unwrap();
-        for (advice, accepted) in table {
-            for (location, accepts) in all.into_iter().zip(accepted) {
-                assert_eq!(advice.accepts(location), accepts, "{advice:?} {location:?}");
-                let result = m.advise(advice, location);
-                if accepts {
-                    result.unwrap();
-                } else {
-                    // The driver ignores the location of the read-mostly advice: this refusal
-                    // is ours, made before the call.
-                    let error = result.unwrap_err();
-                    assert!(
-                        matches!(error, Error::AdviceLocation { advice: a, location: l } if a == advice && l == location)
-                    );
-                    assert!(error.to_string().contains("does not take the location"), "{error}");
+        cuda_sim::testing::in_simulated_machine(
+            "managed::tests::each_advice_takes_its_locations_only_checked_before_the_driver",
+            &[],
+            || {
+                let (device, stream, managed) = setup();
+                let all = [Location::Device(device), Location::Host, Location::HostNuma(0), Location::HostNumaCurrent];
+                let table = [
+                    (Advice::SetReadMostly, [true, true, true, false]),
+                    (Advice::UnsetReadMostly, [true, true, true, false]),
+                    (Advice::UnsetPreferredLocation, [true, true, true, false]),
+                    (Advice::SetPreferredLocation, [true, true, true, true]),
+                    (Advice::SetAccessedBy, [true, true, false, false]),
+                    (Advice::UnsetAccessedBy, [true, true, false, false]),
+                ];
+                let buffer = managed.allocate(PAGE, &stream).unwrap();
+                let m = buffer.managed().unwrap();
+                for (advice, accepted) in table {
+                    for (location, accepts) in all.into_iter().zip(accepted) {
+                        assert_eq!(advice.accepts(location), accepts, "{advice:?} {location:?}");
+                        let result = m.advise(advice, location);
+                        if accepts {
+                            result.unwrap();
+                        } else {
+                            // The driver ignores the location of the read-mostly advice: this refusal
+                            // is ours, made before the call.
+                            let error = result.unwrap_err();
+                            assert!(matches!(
+                                error,
+                                Error::AdviceLocation { advice: a, location: l } if a == advice && l == location
+                            ));
+                            assert!(error.to_string().contains("does not take the location"), "{error}");
+                        }
+                    }
                 }
-            }
-        }
-        let (_, counts) = cuda_sim::testing::count_calls_if_simulated(|| {
-            m.advise(Advice::SetReadMostly, Location::HostNumaCurrent).unwrap_err()
-        });
-        counts.assert_total(0, "no driver call");
+                let (_, counts) = cuda_sim::testing::count_calls_if_simulated(|| {
+                    m.advise(Advice::SetReadMostly, Location::HostNumaCurrent).unwrap_err()
+                });
+                counts.assert_total(0, "no driver call");
+            },
+        );
     }
 
     #[test]
