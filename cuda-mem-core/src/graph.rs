@@ -518,35 +518,43 @@ mod tests {
         assert_eq!(flags(InstantiateOptions::default().auto_free_on_launch().use_node_priority()), 9);
     }
 
+    /// In a process of its own: a capture in the global mode restricts the driver calls of
+    /// every other thread while it lasts.
     #[test]
     fn the_state_follows_begin_and_end_and_agrees_with_the_driver() {
-        let (_, stream) = setup();
-        let clone = stream.clone();
-        assert_eq!(stream.capture_state(), CaptureState::NotCapturing);
-        assert!(!stream.is_capturing().unwrap());
-        let capture = stream.begin_capture(CaptureMode::Relaxed).unwrap();
-        assert_eq!(clone.capture_state(), CaptureState::Capturing(CaptureMode::Relaxed), "clones share it");
-        assert!(stream.is_capturing().unwrap());
-        assert!(capture.is_active().unwrap());
-        assert_eq!(capture.stream(), &stream);
-        // A second capture on the same stream is refused, and leaves the first alone.
-        let again = clone.begin_capture(CaptureMode::Relaxed).unwrap_err();
-        assert_eq!(again.cuda_code(), Some(CUresult::CUDA_ERROR_ILLEGAL_STATE), "{again}");
-        assert_eq!(stream.capture_state(), CaptureState::Capturing(CaptureMode::Relaxed));
-        let graph = capture.end().unwrap();
-        assert!(!graph.handle().is_null());
-        assert_eq!(graph.device(), stream.device());
-        assert_eq!(graph.kept_alive(), 0);
-        assert_eq!(stream.capture_state(), CaptureState::NotCapturing);
-        assert!(!stream.is_capturing().unwrap());
-        drop(graph);
-        assert!(recorded("Graph").is_empty(), "the graph was destroyed once");
-        // Each mode begins a capture of its own.
-        for mode in [CaptureMode::Global, CaptureMode::ThreadLocal, CaptureMode::Relaxed] {
-            let capture = stream.begin_capture(mode).unwrap();
-            assert_eq!(stream.capture_state(), CaptureState::Capturing(mode));
-            drop(capture.end().unwrap());
-        }
+        cuda_sim::testing::in_simulated_machine(
+            "graph::tests::the_state_follows_begin_and_end_and_agrees_with_the_driver",
+            &[],
+            || {
+                let (_, stream) = setup();
+                let clone = stream.clone();
+                assert_eq!(stream.capture_state(), CaptureState::NotCapturing);
+                assert!(!stream.is_capturing().unwrap());
+                let capture = stream.begin_capture(CaptureMode::Relaxed).unwrap();
+                assert_eq!(clone.capture_state(), CaptureState::Capturing(CaptureMode::Relaxed), "clones share it");
+                assert!(stream.is_capturing().unwrap());
+                assert!(capture.is_active().unwrap());
+                assert_eq!(capture.stream(), &stream);
+                // A second capture on the same stream is refused, and leaves the first alone.
+                let again = clone.begin_capture(CaptureMode::Relaxed).unwrap_err();
+                assert_eq!(again.cuda_code(), Some(CUresult::CUDA_ERROR_ILLEGAL_STATE), "{again}");
+                assert_eq!(stream.capture_state(), CaptureState::Capturing(CaptureMode::Relaxed));
+                let graph = capture.end().unwrap();
+                assert!(!graph.handle().is_null());
+                assert_eq!(graph.device(), stream.device());
+                assert_eq!(graph.kept_alive(), 0);
+                assert_eq!(stream.capture_state(), CaptureState::NotCapturing);
+                assert!(!stream.is_capturing().unwrap());
+                drop(graph);
+                assert!(recorded("Graph").is_empty(), "the graph was destroyed once");
+                // Each mode begins a capture of its own.
+                for mode in [CaptureMode::Global, CaptureMode::ThreadLocal, CaptureMode::Relaxed] {
+                    let capture = stream.begin_capture(mode).unwrap();
+                    assert_eq!(stream.capture_state(), CaptureState::Capturing(mode));
+                    drop(capture.end().unwrap());
+                }
+            },
+        );
     }
 
     #[test]
@@ -593,42 +601,58 @@ mod tests {
         assert!(!joined.is_capturing().unwrap());
     }
 
+    /// In a process of its own: the drop errors it reads are the whole process's, which the
+    /// tests beside it record and drain.
     #[test]
     fn a_capture_dropped_without_end_ends_and_discards_its_graph() {
-        let (_, stream) = setup();
-        let (item, dropped) = flag();
-        let capture = stream.begin_capture(CaptureMode::Relaxed).unwrap();
-        stream.keep_alive_in_capture(item).map_err(drop).unwrap();
-        drop(capture);
-        assert!(!stream.is_capturing().unwrap(), "the capture ended");
-        assert_eq!(stream.capture_state(), CaptureState::NotCapturing);
-        assert!(dropped.load(Ordering::SeqCst), "what it kept went with it");
-        assert!(recorded("Capture").is_empty());
-        assert!(recorded("Graph").is_empty(), "its graph was destroyed");
-        // The stream captures again.
-        drop(stream.begin_capture(CaptureMode::Relaxed).unwrap().end().unwrap());
+        cuda_sim::testing::in_simulated_machine(
+            "graph::tests::a_capture_dropped_without_end_ends_and_discards_its_graph",
+            &[],
+            || {
+                let (_, stream) = setup();
+                let (item, dropped) = flag();
+                let capture = stream.begin_capture(CaptureMode::Relaxed).unwrap();
+                stream.keep_alive_in_capture(item).map_err(drop).unwrap();
+                drop(capture);
+                assert!(!stream.is_capturing().unwrap(), "the capture ended");
+                assert_eq!(stream.capture_state(), CaptureState::NotCapturing);
+                assert!(dropped.load(Ordering::SeqCst), "what it kept went with it");
+                assert!(recorded("Capture").is_empty());
+                assert!(recorded("Graph").is_empty(), "its graph was destroyed");
+                // The stream captures again.
+                drop(stream.begin_capture(CaptureMode::Relaxed).unwrap().end().unwrap());
+            },
+        );
     }
 
+    /// In a process of its own: the drop errors it reads are the whole process's, which the
+    /// tests beside it record and drain.
     #[test]
     fn an_invalidated_capture_ends_with_its_error() {
-        let (_, stream) = setup();
-        let capture = stream.begin_capture(CaptureMode::Relaxed).unwrap();
-        // Waiting for a capturing stream invalidates its capture.
-        assert!(stream.synchronize().is_err());
-        assert!(!capture.is_active().unwrap());
-        assert!(stream.is_capturing().unwrap(), "invalidated still counts as capturing");
-        let error = capture.end().unwrap_err();
-        assert_eq!(error.cuda_code(), Some(CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED), "{error}");
-        assert_eq!(stream.capture_state(), CaptureState::NotCapturing, "it ended all the same");
-        assert!(!stream.is_capturing().unwrap());
-        // Dropped instead of ended, the error is recorded.
-        let capture = stream.begin_capture(CaptureMode::Relaxed).unwrap();
-        assert!(stream.synchronize().is_err());
-        drop(capture);
-        let errors = recorded("Capture");
-        assert_eq!(errors.len(), 1, "{errors:?}");
-        assert_eq!(errors[0].error.cuda_code(), Some(CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED));
-        assert_eq!(stream.capture_state(), CaptureState::NotCapturing);
+        cuda_sim::testing::in_simulated_machine(
+            "graph::tests::an_invalidated_capture_ends_with_its_error",
+            &[],
+            || {
+                let (_, stream) = setup();
+                let capture = stream.begin_capture(CaptureMode::Relaxed).unwrap();
+                // Waiting for a capturing stream invalidates its capture.
+                assert!(stream.synchronize().is_err());
+                assert!(!capture.is_active().unwrap());
+                assert!(stream.is_capturing().unwrap(), "invalidated still counts as capturing");
+                let error = capture.end().unwrap_err();
+                assert_eq!(error.cuda_code(), Some(CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED), "{error}");
+                assert_eq!(stream.capture_state(), CaptureState::NotCapturing, "it ended all the same");
+                assert!(!stream.is_capturing().unwrap());
+                // Dropped instead of ended, the error is recorded.
+                let capture = stream.begin_capture(CaptureMode::Relaxed).unwrap();
+                assert!(stream.synchronize().is_err());
+                drop(capture);
+                let errors = recorded("Capture");
+                assert_eq!(errors.len(), 1, "{errors:?}");
+                assert_eq!(errors[0].error.cuda_code(), Some(CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED));
+                assert_eq!(stream.capture_state(), CaptureState::NotCapturing);
+            },
+        );
     }
 
     #[test]

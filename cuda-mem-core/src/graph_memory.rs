@@ -263,40 +263,56 @@ mod tests {
         });
     }
 
+    /// In a process of its own: the drop errors it reads are the whole process's, which the
+    /// tests beside it record and drain.
     #[test]
     fn auto_free_on_launch_lets_a_graph_with_a_live_output_launch_again() {
-        let (_, stream, graph_memory) = setup();
-        let capture = stream.begin_capture(CaptureMode::Relaxed).unwrap();
-        let mut output = graph_memory.allocate(64, &stream).unwrap();
-        output.fill(FillPattern::U32(5), &stream).unwrap();
-        let graph = capture.end().unwrap();
-        let exec = graph.instantiate(InstantiateOptions::default().auto_free_on_launch()).unwrap();
-        // A graph with memory nodes has one executable graph at a time.
-        let second = graph.instantiate(InstantiateOptions::default()).unwrap_err();
-        assert!(second.cuda_code().is_some(), "{second}");
-        for _ in 0..3 {
-            // SAFETY: the graph uses only memory it allocates itself.
-            unsafe { exec.launch(&stream) }.unwrap();
-            assert_eq!(output.to_vec::<u32>(&stream).unwrap(), [5; 16]);
-        }
-        drop(output);
-        stream.synchronize().unwrap();
-        assert!(crate::take_drop_errors().iter().all(|e| e.what != "Buffer"));
+        cuda_sim::testing::in_simulated_machine(
+            "graph_memory::tests::auto_free_on_launch_lets_a_graph_with_a_live_output_launch_again",
+            &[],
+            || {
+                let (_, stream, graph_memory) = setup();
+                let capture = stream.begin_capture(CaptureMode::Relaxed).unwrap();
+                let mut output = graph_memory.allocate(64, &stream).unwrap();
+                output.fill(FillPattern::U32(5), &stream).unwrap();
+                let graph = capture.end().unwrap();
+                let exec = graph.instantiate(InstantiateOptions::default().auto_free_on_launch()).unwrap();
+                // A graph with memory nodes has one executable graph at a time.
+                let second = graph.instantiate(InstantiateOptions::default()).unwrap_err();
+                assert!(second.cuda_code().is_some(), "{second}");
+                for _ in 0..3 {
+                    // SAFETY: the graph uses only memory it allocates itself.
+                    unsafe { exec.launch(&stream) }.unwrap();
+                    assert_eq!(output.to_vec::<u32>(&stream).unwrap(), [5; 16]);
+                }
+                drop(output);
+                stream.synchronize().unwrap();
+                assert!(crate::take_drop_errors().iter().all(|e| e.what != "Buffer"));
+            },
+        );
     }
 
+    /// In a process of its own: the drop errors it reads are the whole process's, which the
+    /// tests beside it record and drain.
     #[test]
     fn an_output_dropped_before_any_launch_is_refused_and_recorded() {
-        let (_, stream, graph_memory) = setup();
-        let capture = stream.begin_capture(CaptureMode::Relaxed).unwrap();
-        let output = graph_memory.allocate(64, &stream).unwrap();
-        let graph = capture.end().unwrap();
-        let _ = crate::take_drop_errors();
-        // No launch has allocated it yet: there is nothing to free.
-        drop(output);
-        let errors: Vec<_> = crate::take_drop_errors().into_iter().filter(|e| e.what == "Buffer").collect();
-        assert_eq!(errors.len(), 1, "{errors:?}");
-        assert_eq!(errors[0].error.cuda_code(), Some(CUresult::CUDA_ERROR_INVALID_VALUE));
-        drop(graph);
+        cuda_sim::testing::in_simulated_machine(
+            "graph_memory::tests::an_output_dropped_before_any_launch_is_refused_and_recorded",
+            &[],
+            || {
+                let (_, stream, graph_memory) = setup();
+                let capture = stream.begin_capture(CaptureMode::Relaxed).unwrap();
+                let output = graph_memory.allocate(64, &stream).unwrap();
+                let graph = capture.end().unwrap();
+                let _ = crate::take_drop_errors();
+                // No launch has allocated it yet: there is nothing to free.
+                drop(output);
+                let errors: Vec<_> = crate::take_drop_errors().into_iter().filter(|e| e.what == "Buffer").collect();
+                assert_eq!(errors.len(), 1, "{errors:?}");
+                assert_eq!(errors[0].error.cuda_code(), Some(CUresult::CUDA_ERROR_INVALID_VALUE));
+                drop(graph);
+            },
+        );
     }
 
     #[test]
