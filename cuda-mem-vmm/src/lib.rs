@@ -14,7 +14,8 @@
 //!   free, otherwise by mapping the same chunks again at a new address; never a copy; the old
 //!   buffer stays valid and aliases the same memory. With [`ReserveAhead`] (an option) each
 //!   reservation is made larger than what it maps, and growth inside it never moves, whatever
-//!   the driver does with address hints; reserving costs address space only.
+//!   the driver does with address hints; reserving costs address space only. A second growth
+//!   of the same buffer, while the first one lives, moves: the addresses after it are mapped.
 //! - [`VirtualBuffer::export`] / [`VirtualMemoryResource::import`]: one handle per chunk, as a
 //!   [`VirtualBufferDescriptor`] in memory. Its bytes and file descriptors on the wire are
 //!   `cuda-mem-ipc`'s (feature `vmm`): its `IpcChannel` carries virtual buffers beside pools,

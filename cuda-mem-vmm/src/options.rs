@@ -78,6 +78,11 @@ impl Granularity {
 /// buffer grows inside it: the new chunks are mapped right after the old ones, with no address
 /// hint to be refused, and the pointer never moves (PyTorch's expandable segments do the same).
 ///
+/// The pointer stays where nothing is mapped after the buffer yet: growing the same buffer a
+/// second time while its first growth (or a buffer grown from that) lives moves, as the
+/// addresses after it are the first growth's; they are free again once that growth and what
+/// grew from it are dropped.
+///
 /// Every reservation the resource makes (for an allocation, for a growth past a reservation's
 /// end, for a move, for an import) is then at least this large; a buffer larger than that gets a
 /// reservation of its own size. Growth past the reservation takes the usual path (the addresses

@@ -8,6 +8,14 @@
 //! chunk in place ([`Range::claim_after`]). Claims move that end with a compare-and-swap, so two
 //! growths of the same range never map at the same address: the loser moves instead.
 //!
+//! Giving addresses back moves that end back, again by compare-and-swap, and only from the last
+//! claim: it needs the mappings of a reservation unmapped last to first. That holds because every
+//! range's mappings inside a reservation are a prefix of the reservation's mappings (a range maps
+//! from the reservation's start, or grows by the claim right after its last chunk), and a range
+//! lets go of its mappings last to first (its `Drop`): whoever holds a mapping holds every one
+//! before it, and lets go of it first, so the last holder of a mapping lets go of it only after
+//! the mapping after it was unmapped and gave its addresses back, on whatever thread.
+//!
 //! A mapping holds its physical allocation and its reservation, so it is unmapped before the
 //! reservation is freed; a range holds its mappings. Unmapping is not stream-ordered: whoever
 //! lets go of a range waits for the work that uses it first (see `release`). Any step that
@@ -94,7 +102,9 @@ impl Reservation {
     }
 
     /// Gives back the claim of `size` bytes at `offset` when it is the last one (a claim behind
-    /// a later one stays: the addresses are not reused until the reservation goes).
+    /// a later one stays: the addresses are not reused until the reservation goes). Mappings are
+    /// unmapped last to first (see the module's documentation), so a claim is the last one when
+    /// it is given back, unless a mapping after it could not be unmapped.
     fn unclaim(&self, offset: usize, size: usize) {
         let _ = self.mapped_end.compare_exchange(offset + size, offset, Ordering::AcqRel, Ordering::Acquire);
     }
@@ -173,11 +183,23 @@ impl Drop for Mapping {
     }
 }
 
-/// The contiguous mappings one buffer spans, from `base`.
+/// The contiguous mappings one buffer spans, from `base`; let go of last to first when dropped.
 #[derive(Debug)]
 pub(crate) struct Range {
     pub(crate) base: DevicePtr,
     pub(crate) mappings: Vec<Arc<Mapping>>,
+}
+
+impl Drop for Range {
+    /// Lets go of the mappings last to first, so that each one this range held last is unmapped
+    /// after the ones behind it and gives its addresses back to its reservation (a `Vec` drops
+    /// first to last: the claims of all but the last chunk would stay, and the ranges they grew
+    /// from would move at their next growth instead of growing in place).
+    fn drop(&mut self) {
+        while let Some(mapping) = self.mappings.pop() {
+            drop(mapping);
+        }
+    }
 }
 
 impl Range {
@@ -251,12 +273,13 @@ pub(crate) struct ChunkMapFailure {
 
 /// Maps `chunks` one after another from the start of `reservation`, each with its access: the
 /// range of one buffer. The caller reserved at least the chunks' total size. On a failure the
-/// chunks mapped so far are unmapped again (their mappings drop) and the failure names the chunk.
+/// chunks mapped so far are unmapped again (the range made so far drops, last to first) and the
+/// failure names the chunk.
 pub(crate) fn map_contiguously(
     reservation: &Arc<Reservation>,
     chunks: impl IntoIterator<Item = Arc<Physical>>,
 ) -> Result<Range, ChunkMapFailure> {
-    let mut mappings = Vec::new();
+    let mut range = Range { base: reservation.ptr, mappings: Vec::new() };
     let mut offset = 0usize;
     for (index, physical) in chunks.into_iter().enumerate() {
         let size = physical.size;
@@ -265,8 +288,8 @@ pub(crate) fn map_contiguously(
         debug_assert!(claimed, "the chunks fit in a fresh reservation");
         let mapping = Mapping::map(reservation.ptr + offset as DevicePtr, physical, Arc::clone(reservation))
             .map_err(|error| ChunkMapFailure { index, size, error })?;
-        mappings.push(mapping);
+        range.mappings.push(mapping);
         offset += size;
     }
-    Ok(Range { base: reservation.ptr, mappings })
+    Ok(range)
 }

@@ -23,6 +23,7 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use cuda_mem_core::Stream;
+use cuda_mem_core::sys::types::CUresult;
 
 use crate::error::{DeferCause, VmmError};
 use crate::pieces::Range;
@@ -32,6 +33,18 @@ use crate::pieces::Range;
 struct Deferred {
     range: Arc<Range>,
     stream: Stream,
+    /// The failures already recorded for it (the deferral's own cause, recorded by whoever
+    /// deferred it, included): a safe point records a failure only the first time it sees it, so
+    /// that an entry that keeps failing the same way does not fill the recorded drop errors.
+    reported: Vec<FailureKind>,
+}
+
+/// What tells one failure to wait for a stream from another: the cause, and the driver's code.
+type FailureKind = (std::mem::Discriminant<DeferCause>, Option<CUresult>);
+
+/// The [`FailureKind`] of `cause`.
+fn kind(cause: &DeferCause) -> FailureKind {
+    (std::mem::discriminant(cause), cause.cuda_code())
 }
 
 /// The ranges whose release waits, process-wide: any resource's safe point may release them.
@@ -77,10 +90,12 @@ pub(crate) fn release_after(range: Arc<Range>, stream: &Stream) -> Result<(), Vm
     }
 }
 
-/// Keeps `range` in the process-wide list until `stream` can be waited for.
+/// Keeps `range` in the process-wide list until `stream` can be waited for. The error returned
+/// is the caller's to report (it is, as a drop error): [`release_deferred`] does not report the
+/// same cause again.
 fn defer(range: Arc<Range>, stream: &Stream, cause: DeferCause) -> VmmError {
     let (ptr, size) = (range.base, range.mapped_size());
-    deferred().push(Deferred { range, stream: stream.clone() });
+    deferred().push(Deferred { range, stream: stream.clone(), reported: vec![kind(&cause)] });
     VmmError::ReleaseDeferred { ptr, size, cause }
 }
 
@@ -91,7 +106,10 @@ fn defer(range: Arc<Range>, stream: &Stream, cause: DeferCause) -> VmmError {
 /// to release such memory at once.
 ///
 /// A failure other than a capture still going on is recorded
-/// ([`cuda_mem_core::record_drop_error`]) and the range kept.
+/// ([`cuda_mem_core::record_drop_error`]) and the range kept. Each range's failure is recorded
+/// once: the first time its release fails that way (the same cause and driver code), its
+/// deferral included, not again at every later safe point, where it would push every other
+/// recorded drop error out.
 pub fn release_deferred() -> usize {
     // Taken out, so that no driver call (nor a drop-error hook) runs under the lock.
     let pending = std::mem::take(&mut *deferred());
@@ -99,13 +117,18 @@ pub fn release_deferred() -> usize {
         return 0;
     }
     let mut kept = Vec::new();
-    for entry in pending {
+    for mut entry in pending {
         match wait_for(&entry.stream) {
             Ok(()) => drop(entry),
             Err(DeferCause::Capturing) => kept.push(entry),
             Err(cause) => {
-                let error = VmmError::ReleaseDeferred { ptr: entry.range.base, size: entry.range.mapped_size(), cause };
-                cuda_mem_core::record_drop_error("virtual memory (deferred release)", error.into_core());
+                let failure = kind(&cause);
+                if !entry.reported.contains(&failure) {
+                    entry.reported.push(failure);
+                    let (ptr, size) = (entry.range.base, entry.range.mapped_size());
+                    let error = VmmError::ReleaseDeferred { ptr, size, cause };
+                    cuda_mem_core::record_drop_error("virtual memory (deferred release)", error.into_core());
+                }
                 kept.push(entry);
             }
         }

@@ -282,8 +282,18 @@ impl VirtualMemoryResource {
     /// the pointer stays the same and nothing is copied. If the driver puts that reservation
     /// elsewhere, it reserves a new range and maps every existing chunk again, then the new one:
     /// a new pointer, still no copy. Either way `buffer` stays valid and aliases the same
-    /// memory; existing chunks keep their access. Growing to a size already covered makes no
-    /// driver call. A failure leaves `buffer` untouched and leaks nothing.
+    /// memory; existing chunks keep their access.
+    ///
+    /// Growing the same `buffer` a second time while the first growth (or a buffer grown from
+    /// it) lives moves: the addresses right after `buffer` are that growth's, mapped, so the
+    /// second one (a sibling of the first) gets a new pointer, with or without `ReserveAhead`.
+    /// Once the first growth and every buffer grown from it are dropped, those addresses are
+    /// free again and `buffer` grows in place once more.
+    ///
+    /// Growing to a size already covered creates, reserves and maps nothing: its only driver
+    /// calls are those of releasing memory whose release was deferred earlier (growth is a safe
+    /// point, see [`release_deferred`](crate::release_deferred)), and with nothing deferred it
+    /// makes none. A failure leaves `buffer` untouched and leaks nothing.
     ///
     /// # Errors
     /// [`VmmError::ForeignBuffer`] for a buffer of another resource; driver errors.
@@ -319,9 +329,10 @@ impl VirtualMemoryResource {
         match Reservation::reserve(self.reservation_size(added), 0, end) {
             Ok(next) if next.ptr == end => {
                 let physical = self.create_chunk(added)?;
-                let new_chunk = map_contiguously(&next, [physical]).map_err(|failure| failure.error)?;
+                let mut new_chunk = map_contiguously(&next, [physical]).map_err(|failure| failure.error)?;
                 let mut mappings = range.mappings.clone();
-                mappings.extend(new_chunk.mappings);
+                // Taken out: a range lets go of its mappings when dropped.
+                mappings.extend(std::mem::take(&mut new_chunk.mappings));
                 let grown = Range { base: range.base, mappings };
                 grown_event(buffer, range.base, requested, true);
                 return Ok(VirtualBuffer::new(Arc::new(grown), requested, Arc::clone(self), imported, &stream));

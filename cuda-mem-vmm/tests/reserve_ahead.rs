@@ -1,8 +1,10 @@
 //! Address space reserved ahead (`ReserveAhead`): growth inside the reservation keeps the
 //! pointer with address hints refused, with the same driver calls at every step; growth past it
 //! takes the usual path (a move when hints are refused, the addresses after it when granted);
-//! a buffer grown from an old one never maps over a newer one's chunk; the reservation is
-//! sized as asked and freed with the last buffer; an export names the mapped chunks only.
+//! a buffer grown from an old one never maps over a newer one's chunk; growths let go of (one
+//! alone, or several sharing chunks at once on several threads) give every address back, so the
+//! buffer they grew from grows in place again; the reservation is sized as asked and freed with
+//! the last buffer; an export names the mapped chunks only.
 
 mod common;
 
@@ -234,5 +236,68 @@ fn a_failed_growth_inside_the_reservation_gives_its_addresses_back_once() {
         assert_eq!(read(&grown, 0, G, &s), bytes);
         let again = grown.grow(3 * G).unwrap();
         assert_eq!(again.ptr(), buffer.ptr(), "and the next step after it");
+    });
+}
+
+#[test]
+fn a_buffer_grown_by_several_chunks_and_dropped_alone_gives_all_its_addresses_back() {
+    machine!(&[("CUDA_SIM_ADDRESS_HINTS", "refuse-all")], || {
+        if !cuda_sim::testing::simulator_only("CUDA_SIM_ADDRESS_HINTS and live-object counts are the simulator's") {
+            return;
+        }
+        let (s, resource) = setup(ReserveAhead::Bytes(8 * G));
+        let baseline = vmm_live();
+        let a = resource.allocate(G, Some(&s)).unwrap();
+        write(&a, 0, &pattern(1, G), &s);
+        // Three chunks in place; the two-chunk buffer in between is gone at once, so the last
+        // two chunks are `d`'s alone.
+        let d = a.grow(2 * G).unwrap().grow(3 * G).unwrap();
+        assert_eq!((d.ptr(), d.chunk_count()), (a.ptr(), 3));
+        assert_eq!(vmm_live(), plus(baseline, 1, 3, 3));
+        drop(d);
+        assert_eq!(vmm_live(), plus(baseline, 1, 1, 1), "`d`'s own two chunks are unmapped");
+
+        // Every address after `a` is free again: it grows in place, and on from there.
+        let e = a.grow(2 * G).unwrap();
+        assert_eq!(e.ptr(), a.ptr(), "in place again, with hints refused");
+        let f = e.grow(4 * G).unwrap();
+        assert_eq!(f.ptr(), a.ptr(), "and on inside the reservation");
+        assert_bytes(&read(&f, 0, G, &s), &pattern(1, G), "the first chunk is `a`'s");
+        drop((e, f));
+        drop(a);
+        assert_eq!(vmm_live(), baseline, "everything freed with the last buffer");
+    });
+}
+
+#[test]
+fn siblings_sharing_chunks_dropped_at_once_give_all_their_addresses_back() {
+    machine!(&[("CUDA_SIM_ADDRESS_HINTS", "refuse-all")], || {
+        if !cuda_sim::testing::simulator_only("CUDA_SIM_ADDRESS_HINTS and live-object counts are the simulator's") {
+            return;
+        }
+        let (s, resource) = setup(ReserveAhead::Bytes(8 * G));
+        let baseline = vmm_live();
+        let a = resource.allocate(G, Some(&s)).unwrap();
+        for round in 0..50 {
+            // `a` < `b` < `c` < `d`, each one chunk more, all in place; `b`, `c` and `d` are let
+            // go of at once on three threads, whichever unmaps each shared chunk last.
+            let b = a.grow(2 * G).unwrap();
+            let c = b.grow(3 * G).unwrap();
+            let d = c.grow(5 * G).unwrap();
+            assert_eq!([b.ptr(), c.ptr(), d.ptr()], [a.ptr(); 3], "round {round}: in place");
+            let start = std::sync::Barrier::new(3);
+            std::thread::scope(|scope| {
+                for buffer in [b, c, d] {
+                    let start = &start;
+                    scope.spawn(move || {
+                        start.wait();
+                        drop(buffer);
+                    });
+                }
+            });
+            assert_eq!(vmm_live(), plus(baseline, 1, 1, 1), "round {round}: only `a`'s chunk is left");
+        }
+        let e = a.grow(8 * G).unwrap();
+        assert_eq!(e.ptr(), a.ptr(), "the whole reservation after `a` is free");
     });
 }
