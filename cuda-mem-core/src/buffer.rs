@@ -235,12 +235,17 @@ impl Buffer {
         Ok(Buffer::new(ptr, size, Owner::Resource(resource), Some(StreamRef::Shared(stream))))
     }
 
-    /// Takes ownership of memory `resource` allocated: the buffer calls its `deallocate_raw` on
-    /// `stream` when dropped.
+    /// Takes ownership of memory `resource` allocated (or otherwise hands out for it to
+    /// release): the buffer calls its `deallocate_raw` on `stream` when dropped, unless `size`
+    /// is 0 (an empty buffer releases nothing).
     ///
     /// # Safety
-    /// `ptr` and `size` come from one `resource.allocate_raw` call and the memory is not freed
-    /// by anything else.
+    /// `ptr` and `size` come from one `resource.allocate_raw` call, or name other memory of at
+    /// least `size` bytes that one call of `resource.deallocate_raw` with them releases (such
+    /// as one holder's share of an allocation imported from another process, which the
+    /// imported pool's resource gives back); either way the memory is released exactly once,
+    /// through this buffer, and not freed by anything else. Memory that must be released
+    /// cannot be taken with a `size` of 0, which would never release it.
     pub unsafe fn from_raw_owned(
         ptr: DevicePtr,
         size: usize,

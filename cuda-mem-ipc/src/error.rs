@@ -22,7 +22,8 @@ use cuda_mem_core::PoolKind;
 ///   ([`IpcError::OutOfDescriptors`]): local, the peer is not at fault;
 /// - lookups and uses of shared resources that cannot succeed ([`IpcError::UnknownResource`],
 ///   [`IpcError::WrongResource`], [`IpcError::WrongResourceKind`], [`IpcError::NotIpcEnabled`],
-///   [`IpcError::DeviceNotVisible`]);
+///   [`IpcError::DeviceNotVisible`]), and a pool that cannot go on a channel that carried
+///   another under its UUID ([`IpcError::UuidTakenOnChannel`]);
 /// - pools the peer describes otherwise than the driver does ([`IpcError::MisdescribedResource`])
 ///   or sends a second time under another UUID ([`IpcError::PoolAlreadyImported`]), and buffers
 ///   it claims larger than the memory it shares ([`IpcError::MisdescribedBuffer`]); allocating
@@ -214,6 +215,20 @@ pub enum IpcError {
         claimed: usize,
         /// The size the driver maps.
         mapped: usize,
+    },
+
+    /// A pool was to be sent on a channel that already carried another pool under the same UUID
+    /// (a process passing on two imports that different peers named alike): the receiver would
+    /// map this pool's buffers through the other one, so nothing of it was sent. The channel
+    /// goes on; send this pool on another channel.
+    #[error(
+        "another pool is (or was) sent on this channel under the same UUID {uuid} (two imports named alike, by \
+         different peers), and the receiver would map this pool's buffers through that one: nothing of it was \
+         sent; send it on another channel"
+    )]
+    UuidTakenOnChannel {
+        /// The UUID both pools go by.
+        uuid: uuid::Uuid,
     },
 
     /// A buffer descriptor names another resource than the one asked to import it.

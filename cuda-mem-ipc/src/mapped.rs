@@ -4,6 +4,7 @@
 
 use std::any::Any;
 use std::os::fd::{BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use cuda_mem_core::{Buffer, Device, DevicePtr, MemoryPool, MemoryResource, PoolKind, PoolResource, Stream};
@@ -34,6 +35,10 @@ pub struct MappedMemoryResource {
     /// a UUID is the peer's claim, so [`MappedMemoryResource::from_owned_fd`] trusts such an
     /// entry only when the driver confirms it is the same pool.
     named_by_peer: bool,
+    /// This import's number in the process, never reused: two imports that a peer (or two
+    /// peers) named with one UUID are two pools, and a channel that sends one of them must not
+    /// take the other for it (a pool handle could be reused once its import is gone).
+    serial: u64,
 }
 
 /// Every mapped resource of the process, by the UUID of the resource it maps.
@@ -142,6 +147,8 @@ impl MappedMemoryResource {
     /// import a handle of its own) is left alone: the new import is returned, unregistered, so a
     /// peer never reaches a pool another party sent under the same UUID.
     pub(crate) fn from_peer(fd: OwnedFd, uuid: Uuid) -> Result<Arc<MappedMemoryResource>> {
+        #[cfg(test)]
+        test_hooks::waiting_to_import(uuid);
         let _importing = importing();
         let registered = registry().get(uuid).ok();
         match (MappedMemoryResource::import(fd, uuid, true), registered) {
@@ -160,6 +167,7 @@ impl MappedMemoryResource {
 
     /// Imports the pool behind `fd` as `uuid`, unregistered; `named_by_peer` says who named it.
     fn import(fd: OwnedFd, uuid: Uuid, named_by_peer: bool) -> cuda_mem_core::Result<Arc<MappedMemoryResource>> {
+        static SERIALS: AtomicU64 = AtomicU64::new(0);
         let pool = MemoryPool::import(fd, uuid.as_u128())?;
         cuda_mem_core::memory_event!(
             DEBUG,
@@ -168,7 +176,14 @@ impl MappedMemoryResource {
             kind = ?pool.kind(),
             "resource imported"
         );
-        Ok(Arc::new(MappedMemoryResource { pool, uuid, named_by_peer }))
+        let serial = SERIALS.fetch_add(1, Ordering::Relaxed);
+        Ok(Arc::new(MappedMemoryResource { pool, uuid, named_by_peer, serial }))
+    }
+
+    /// This import's number in the process (never reused): which pool it is, where two
+    /// imports share a UUID.
+    pub(crate) fn serial(&self) -> u64 {
+        self.serial
     }
 
     /// The UUID of the exporting resource.
@@ -192,11 +207,17 @@ impl MappedMemoryResource {
     /// unmaps (when no other import of it in this process remains) when dropped, on `stream`.
     ///
     /// # Errors
-    /// [`IpcError::WrongResource`] when the descriptor belongs to another resource;
+    /// [`IpcError::Decode`] for a descriptor that [`BufferDescriptor::validate`] refuses (its
+    /// fields are public, so one may have been changed after decoding: a size of 0, or beyond
+    /// [`MAX_BUFFER_SIZE`](crate::MAX_BUFFER_SIZE), or the nil UUID), checked before any driver
+    /// call; [`IpcError::WrongResource`] when the descriptor belongs to another resource;
     /// [`IpcError::MisdescribedBuffer`] when its size exceeds the shared allocation; driver errors
     /// for data the driver refuses. Nothing stays mapped on failure.
     #[doc(alias = "from_ipc_descriptor")]
     pub fn import_buffer(self: &Arc<Self>, descriptor: &BufferDescriptor, stream: &Stream) -> Result<Buffer> {
+        // A buffer of 0 bytes would never give its share back (an empty buffer frees nothing),
+        // so the import would stay mapped for good.
+        descriptor.validate()?;
         if descriptor.resource != self.uuid {
             return Err(IpcError::WrongResource { expected: self.uuid, found: descriptor.resource });
         }
@@ -204,7 +225,8 @@ impl MappedMemoryResource {
             IpcError::Protocol(format!("a buffer of {} bytes does not fit this machine", descriptor.size))
         })?;
         let ptr = self.pool.import_allocation(&descriptor.export_data, size, stream).map_err(|error| match error {
-            // The only size `import_allocation` checks: the descriptor's against the mapping.
+            // The descriptor's size against the mapping (the other size it checks, 0, was
+            // refused above).
             cuda_mem_core::Error::SizeMismatch { expected, actual, .. } => {
                 IpcError::MisdescribedBuffer { resource: self.uuid, claimed: actual, mapped: expected }
             }
@@ -212,8 +234,11 @@ impl MappedMemoryResource {
         })?;
         cuda_mem_core::memory_event!(DEBUG, uuid = %self.uuid, size, ptr, pool = self.pool.handle() as usize, "buffer imported");
         let resource: Arc<dyn MemoryResource> = Arc::clone(self) as Arc<dyn MemoryResource>;
-        // SAFETY: the pointer is one holder's share of an import of `size` (checked) bytes, which
-        // the buffer releases once, through `deallocate_raw` below.
+        // SAFETY: not memory from `allocate_raw` (which refuses), but what `from_raw_owned` also
+        // takes: memory the resource's `deallocate_raw` releases exactly once. The pointer is one
+        // holder's share of an import whose mapping covers `size` bytes (checked, and `size` is
+        // not 0, so the buffer's drop does call `deallocate_raw`), and the buffer gives it back
+        // once, through `deallocate_raw` below (`release_import`); nothing else releases it.
         Ok(unsafe { Buffer::from_raw_owned(ptr, size, resource, stream) })
     }
 }
@@ -265,4 +290,86 @@ impl PoolResource for MappedMemoryResource {
 pub(crate) fn pool_behind(resource: &dyn MemoryResource) -> Option<&MemoryPool> {
     let any: &dyn Any = resource;
     cuda_mem_core::pool_of(resource).or_else(|| any.downcast_ref::<MappedMemoryResource>().map(PoolResource::pool))
+}
+
+/// For tests: holding every pool import of the process back, and seeing when receivers have
+/// come to import a given UUID (they looked it up on their channel and found nothing).
+#[cfg(test)]
+pub(crate) mod test_hooks {
+    use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
+    use std::time::Duration;
+
+    use uuid::Uuid;
+
+    /// The UUID watched, and how many imports of it came to the import lock since.
+    static WATCHED: Mutex<Option<(Uuid, usize)>> = Mutex::new(None);
+    static ARRIVED: Condvar = Condvar::new();
+
+    /// Called by `from_peer` before it takes the import lock.
+    pub(crate) fn waiting_to_import(uuid: Uuid) {
+        let mut watched = WATCHED.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((watched, count)) = watched.as_mut()
+            && *watched == uuid
+        {
+            *count += 1;
+            ARRIVED.notify_all();
+        }
+    }
+
+    /// Holds every pool import of the process back until the guard drops, and watches `uuid`.
+    pub(crate) fn hold_imports(uuid: Uuid) -> MutexGuard<'static, ()> {
+        *WATCHED.lock().unwrap_or_else(PoisonError::into_inner) = Some((uuid, 0));
+        super::importing()
+    }
+
+    /// Waits until `count` imports of the watched UUID wait for the import lock.
+    pub(crate) fn wait_for_importers(count: usize) {
+        let watched = WATCHED.lock().unwrap_or_else(PoisonError::into_inner);
+        let (watched, timed_out) = ARRIVED
+            .wait_timeout_while(watched, Duration::from_secs(60), |w| w.is_none_or(|(_, n)| n < count))
+            .unwrap_or_else(PoisonError::into_inner);
+        assert!(!timed_out.timed_out(), "{count} imports expected, {watched:?} came");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use cuda_mem_core::{DeviceMemoryResource, DeviceMemoryResourceOptions, StreamOptions, import_holders};
+
+    use super::*;
+    use crate::{DecodeError, MAX_BUFFER_SIZE, allocation_handle, buffer_descriptor};
+
+    /// A descriptor changed after decoding (its fields are public) is checked as decoding checks
+    /// it, before any driver call: a size of 0 would take a share of the mapping that the empty
+    /// buffer never gives back, so the allocation would stay mapped for good.
+    #[test]
+    fn descriptors_that_decoding_would_refuse_are_refused_and_take_no_share() {
+        cuda_sim::testing::driver().expect("the test driver loads");
+        let device = Device::new(0).unwrap();
+        let stream = Stream::new(device, StreamOptions::default().non_blocking()).unwrap();
+        let pool = DeviceMemoryResource::new(device, DeviceMemoryResourceOptions::default().ipc_enabled(true)).unwrap();
+        let buffer = pool.allocate(4096, &stream).unwrap();
+        let handle = allocation_handle(pool.as_ref()).unwrap();
+        let mapped = MappedMemoryResource::from_fd(handle.fd(), handle.uuid()).unwrap();
+        let good = buffer_descriptor(&buffer).unwrap();
+
+        let refusals = [
+            (BufferDescriptor { size: 0, ..good }, DecodeError::ZeroSize { max: MAX_BUFFER_SIZE }),
+            (
+                BufferDescriptor { size: MAX_BUFFER_SIZE + 1, ..good },
+                DecodeError::SizeTooLarge { size: MAX_BUFFER_SIZE + 1, max: MAX_BUFFER_SIZE },
+            ),
+        ];
+        for (descriptor, expected) in refusals {
+            let error = mapped.import_buffer(&descriptor, &stream).unwrap_err();
+            assert!(matches!(&error, IpcError::Decode(found) if *found == expected), "{error:?}");
+        }
+        // No share was taken: a genuine import is the only holder, and its drop unmaps.
+        let imported = mapped.import_buffer(&good, &stream).unwrap();
+        let ptr = imported.ptr();
+        assert_eq!(import_holders(ptr), 1);
+        drop(imported);
+        assert_eq!(import_holders(ptr), 0, "unmapped");
+        stream.synchronize().unwrap();
+    }
 }

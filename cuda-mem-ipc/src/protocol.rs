@@ -2,7 +2,9 @@
 //!
 //! Documented on [`IpcChannel`]: its messages and what the receiving side keeps.
 
-use std::collections::{HashMap, HashSet};
+use std::any::Any;
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -90,6 +92,14 @@ pub enum Received {
 /// Sending a buffer whose resource has not been sent on this channel sends the resource first,
 /// so the receiver always knows it.
 ///
+/// A UUID names one pool on a channel, for the channel's life: the receiver maps every buffer
+/// that names it through the pool it received under it first. A process that imported two
+/// different pools under one UUID (from two peers, each naming its own pool so) and passes both
+/// on can send only the first on a given channel: the other, and its buffers, are refused there
+/// with [`IpcError::UuidTakenOnChannel`], before anything of it is sent (send it on another channel). The same holds for a pool imported under
+/// a UUID once its earlier import, sent on the channel, is gone: this side cannot tell whether
+/// it is the same pool.
+///
 /// The receiving channel keeps every resource it received, by the UUID the peer named it with,
 /// for as long as the channel lives (or until [`IpcChannel::release_resource`]): a receiver may
 /// drop the [`Received::Resource`] it got, and the buffers that follow still map. Buffers are
@@ -103,8 +113,10 @@ pub enum Received {
 #[derive(Debug)]
 pub struct IpcChannel {
     channel: Channel,
-    /// The UUIDs of the resources sent on this channel.
-    sent: Mutex<HashSet<Uuid>>,
+    /// The resources sent on this channel: by UUID, which pool went under it. Held while a
+    /// resource is sent, so that a UUID is in here only once its resource has gone (buffers
+    /// that name it then follow it on the wire), and only one pool ever goes under it.
+    sent: Mutex<HashMap<Uuid, SentPool>>,
     /// The resources received on this channel, by the UUID the peer named them with: buffers
     /// map through these only, and they live as long as the channel (or until released).
     received: Mutex<HashMap<Uuid, Arc<MappedMemoryResource>>>,
@@ -120,7 +132,7 @@ impl IpcChannel {
     pub fn new(channel: Channel) -> IpcChannel {
         IpcChannel {
             channel,
-            sent: Mutex::new(HashSet::new()),
+            sent: Mutex::new(HashMap::new()),
             received: Mutex::new(HashMap::new()),
             events: Mutex::new(HashMap::new()),
             #[cfg(feature = "vmm")]
@@ -131,6 +143,11 @@ impl IpcChannel {
     /// The underlying channel.
     pub fn channel(&self) -> &Channel {
         &self.channel
+    }
+
+    fn sent(&self) -> std::sync::MutexGuard<'_, HashMap<Uuid, SentPool>> {
+        // Every operation leaves the map consistent, so a panic elsewhere cannot corrupt it.
+        self.sent.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn received(&self) -> std::sync::MutexGuard<'_, HashMap<Uuid, Arc<MappedMemoryResource>>> {
@@ -206,12 +223,17 @@ impl IpcChannel {
     }
 
     /// Sends a pool resource (its file descriptor and UUID). Sending it again sends it again;
-    /// the receiver's registry turns the second one into a hit.
+    /// the receiving channel answers the second one with the resource it received first, kept
+    /// by UUID (no driver call), and closes the duplicate descriptor.
     ///
     /// # Errors
-    /// [`IpcError::NotIpcEnabled`] for resources that cannot be shared; channel errors.
+    /// [`IpcError::NotIpcEnabled`] for resources that cannot be shared;
+    /// [`IpcError::UuidTakenOnChannel`] for a pool whose UUID another pool was sent under on this
+    /// channel (see [`IpcChannel`]; nothing is sent); channel
+    /// errors.
     pub fn send_resource(&self, resource: &dyn MemoryResource) -> Result<()> {
         let handle = allocation_handle(resource)?;
+        let pool = SentPool::of(resource);
         let mut payload = [0u8; RESOURCE_LEN];
         payload[..16].copy_from_slice(handle.uuid().as_bytes());
         let (kind, ordinal, device_uuid) = match handle.kind() {
@@ -223,8 +245,12 @@ impl IpcChannel {
         payload[16] = kind;
         payload[17..21].copy_from_slice(&ordinal.to_le_bytes());
         payload[24..40].copy_from_slice(&device_uuid);
+        // Checked, sent and noted under one lock: two threads sending two pools under one UUID
+        // cannot both send theirs, nor note another pool than the one that went first.
+        let mut sent = self.sent();
+        check_not_taken(&sent, handle.uuid(), pool)?;
         self.channel.send(RESOURCE, &payload, &[handle.fd()])?;
-        self.sent.lock().unwrap_or_else(PoisonError::into_inner).insert(handle.uuid());
+        sent.insert(handle.uuid(), pool);
         Ok(())
     }
 
@@ -232,7 +258,9 @@ impl IpcChannel {
     ///
     /// # Errors
     /// [`IpcError::MessageTooLarge`] for more buffers than one message carries (nothing is
-    /// sent); [`IpcError::NotIpcEnabled`] for buffers that cannot be shared; channel errors.
+    /// sent); [`IpcError::NotIpcEnabled`] for buffers that cannot be shared;
+    /// [`IpcError::UuidTakenOnChannel`] for a buffer of a pool whose UUID another pool was sent under on this channel, or that another
+    /// buffer's pool shares (see [`IpcChannel`]; the message is not sent); channel errors.
     pub fn send_buffers(&self, buffers: &[&ScopedBuffer<'_>]) -> Result<()> {
         let payload = self.buffers_payload(Vec::new(), buffers)?;
         self.channel.send(BUFFERS, &payload, &[])
@@ -276,11 +304,32 @@ impl IpcChannel {
             });
         }
         let descriptors = buffers.iter().map(|b| buffer_descriptor(b)).collect::<Result<Vec<_>>>()?;
-        for (buffer, descriptor) in buffers.iter().zip(&descriptors) {
-            let known = self.sent.lock().unwrap_or_else(PoisonError::into_inner).contains(&descriptor.resource);
-            if !known && let Some(resource) = buffer.memory_resource() {
-                self.send_resource(resource)?;
+        // The resources to send first, each once; a UUID that would stand for two pools (one
+        // sent before, or two in this message) is refused before any of them is sent.
+        let mut unsent: HashMap<Uuid, SentPool> = HashMap::new();
+        let mut to_send: Vec<&dyn MemoryResource> = Vec::new();
+        {
+            let sent = self.sent();
+            for (buffer, descriptor) in buffers.iter().zip(&descriptors) {
+                let Some(resource) = buffer.memory_resource() else { continue };
+                let pool = SentPool::of(resource);
+                check_not_taken(&sent, descriptor.resource, pool)?;
+                match unsent.get(&descriptor.resource) {
+                    Some(&other) if other != pool => {
+                        return Err(IpcError::UuidTakenOnChannel { uuid: descriptor.resource });
+                    }
+                    Some(_) => {}
+                    None if sent.contains_key(&descriptor.resource) => {}
+                    None => {
+                        unsent.insert(descriptor.resource, pool);
+                        to_send.push(resource);
+                    }
+                }
             }
+        }
+        for resource in to_send {
+            // Checked again there: another thread may have sent another pool under its UUID.
+            self.send_resource(resource)?;
         }
         payload.reserve(4 + descriptors.len() * ENCODED_LEN);
         payload.extend_from_slice(&(descriptors.len() as u32).to_le_bytes());
@@ -315,8 +364,13 @@ impl IpcChannel {
     /// [`IpcError::PoolAlreadyImported`] for a pool this process holds under another UUID;
     /// [`IpcError::MisdescribedBuffer`] for a buffer larger than the memory its pool shares;
     /// [`IpcError::NotReceivable`] for a virtual buffer without the feature `vmm`; driver errors
-    /// from importing. A bad message leaves the process and its pools as they were (nothing
-    /// half-imported stays mapped).
+    /// from importing. A bad message leaves the process's pools and mappings as they were
+    /// (nothing half-imported stays mapped). One thing stays, which changes no memory: when a
+    /// buffers-after-event message is refused after its event was opened and `stream` made to
+    /// wait for it (a buffer the driver refuses, or larger than its mapping; malformed
+    /// descriptors and unknown resources are refused before), the channel keeps the event
+    /// open, as if it had come alone, and `stream` still waits for it (the buffers imported
+    /// before the refusal are unmapped on `stream`, so after the sender's work).
     pub fn recv(&self, stream: &Stream) -> Result<Received> {
         let message = self.channel.recv()?;
         match message.kind {
@@ -388,12 +442,23 @@ impl IpcChannel {
         // Sent again on this channel: the first one stands (the duplicate descriptor closes here).
         let resource = match self.resource(uuid) {
             Some(received) => received,
-            None => MappedMemoryResource::from_peer(fd, uuid)?,
+            None => {
+                let imported = MappedMemoryResource::from_peer(fd, uuid)?;
+                // Another `recv` on this channel may have kept one under `uuid` while this one
+                // imported (the look-up above let go of the lock): the one kept first stands,
+                // checked below, and this import drops (after the lock, declared after it). An
+                // import is kept only when it is the kind of memory the message claims.
+                let mut received = self.received();
+                match received.entry(uuid) {
+                    Entry::Occupied(kept) => Arc::clone(kept.get()),
+                    Entry::Vacant(slot) if imported.kind() == kind => Arc::clone(slot.insert(imported)),
+                    Entry::Vacant(_) => imported,
+                }
+            }
         };
         if resource.kind() != kind {
             return Err(IpcError::MisdescribedResource { uuid, claimed: kind, actual: resource.kind() });
         }
-        self.received().insert(uuid, Arc::clone(&resource));
         Ok(resource)
     }
 
@@ -445,6 +510,32 @@ impl IpcChannel {
             buffers.push(resource.import_buffer(descriptor, stream)?);
         }
         Ok(buffers)
+    }
+}
+
+/// Which pool a resource sent on a channel is, where its UUID may not tell: a pool created in
+/// this process has a UUID of its own (made at random when it is first shared), but an imported
+/// one has the UUID its exporter named it with, which another import may share.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SentPool {
+    /// A pool of this process (through any adaptors).
+    Local,
+    /// An import ([`MappedMemoryResource::serial`]).
+    Imported(u64),
+}
+
+impl SentPool {
+    fn of(resource: &dyn MemoryResource) -> SentPool {
+        let any: &dyn Any = resource;
+        any.downcast_ref::<MappedMemoryResource>().map_or(SentPool::Local, |mapped| SentPool::Imported(mapped.serial()))
+    }
+}
+
+/// Refuses `pool` under `uuid` when another pool was sent under it.
+fn check_not_taken(sent: &HashMap<Uuid, SentPool>, uuid: Uuid, pool: SentPool) -> Result<()> {
+    match sent.get(&uuid) {
+        Some(&earlier) if earlier != pool => Err(IpcError::UuidTakenOnChannel { uuid }),
+        _ => Ok(()),
     }
 }
 
@@ -567,6 +658,53 @@ mod tests {
         assert!(matches!(error, IpcError::EventImport { .. }), "{error:?}");
         assert_eq!(cuda_mem_core::import_holders(buffer.ptr()), 0, "no buffer mapped");
         stream.synchronize().unwrap();
+    }
+
+    /// A resource message naming `uuid` for a device pool of `device`, as a peer writes it.
+    fn resource_payload(uuid: Uuid, device: Device) -> [u8; RESOURCE_LEN] {
+        let mut payload = [0u8; RESOURCE_LEN];
+        payload[..16].copy_from_slice(uuid.as_bytes());
+        payload[17..21].copy_from_slice(&(device.ordinal() as i32).to_le_bytes());
+        payload[24..40].copy_from_slice(&device.uuid().unwrap());
+        payload
+    }
+
+    /// Two receives on one channel, each of a different pool the peer names with one UUID, both
+    /// looking the UUID up before either keeps its import: the first kept stands for both, and
+    /// the channel keeps that one (not whichever came last, which a buffer would then map
+    /// through while the other receive handed out another pool). The imports are held back
+    /// until both receives have looked up and are waiting to import, so the interleaving is
+    /// the racy one every time.
+    #[test]
+    fn concurrent_receives_of_one_uuid_keep_the_first_import() {
+        let (device, stream, raw, receiver) = setup();
+        let options = || DeviceMemoryResourceOptions::default().ipc_enabled(true);
+        let first = DeviceMemoryResource::new(device, options()).unwrap();
+        let second = DeviceMemoryResource::new(device, options()).unwrap();
+        let uuid = Uuid::new_v4();
+        for pool in [&first, &second] {
+            raw.send(RESOURCE, &resource_payload(uuid, device), &[allocation_handle(pool.as_ref()).unwrap().fd()])
+                .unwrap();
+        }
+        let held = crate::mapped::test_hooks::hold_imports(uuid);
+        let (one, other) = std::thread::scope(|scope| {
+            let receive = || {
+                let stream = Stream::new(device, StreamOptions::default().non_blocking()).unwrap();
+                match receiver.recv(&stream) {
+                    Ok(Received::Resource(resource)) => resource,
+                    other => panic!("a resource expected, got {other:?}"),
+                }
+            };
+            let one = scope.spawn(receive);
+            let other = scope.spawn(receive);
+            crate::mapped::test_hooks::wait_for_importers(2);
+            drop(held);
+            (one.join().unwrap(), other.join().unwrap())
+        });
+        assert!(Arc::ptr_eq(&one, &other), "both receives give the resource kept first");
+        let kept = receiver.resource(uuid).expect("the channel keeps one");
+        assert!(Arc::ptr_eq(&kept, &one), "and it is the one the receives gave");
+        still_usable(&raw, &receiver, &stream);
     }
 
     #[test]

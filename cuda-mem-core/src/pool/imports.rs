@@ -72,13 +72,22 @@ impl MemoryPool {
     /// holder's release unmaps. On any failure nothing new stays mapped.
     ///
     /// # Errors
-    /// [`Error::PoolNotImported`] for a pool that was not imported; [`Error::SizeMismatch`] when
-    /// the mapping is smaller than `size` (the size came from the exporter and is wrong); driver
+    /// [`Error::PoolNotImported`] for a pool that was not imported; [`Error::SizeMismatch`] for
+    /// a `size` of 0 (checked before any driver call: a share taken for no bytes would be held
+    /// by an empty buffer, which releases nothing, so the mapping would never go) and when the
+    /// mapping is smaller than `size` (the size came from the exporter and is wrong); driver
     /// errors when the driver refuses the data (garbage, or another pool's).
     #[doc(alias = "from_ipc_descriptor")]
     pub fn import_allocation(&self, data: &[u8; EXPORT_DATA_LEN], size: usize, stream: &Stream) -> Result<DevicePtr> {
         if !self.imported {
             return Err(Error::PoolNotImported);
+        }
+        if size == 0 {
+            return Err(Error::SizeMismatch {
+                what: "the size claimed for an imported allocation (an allocation has at least one byte)",
+                expected: 1,
+                actual: 0,
+            });
         }
         let key: Key = (self.handle() as usize, *data);
         let mut imports = lock();
@@ -277,4 +286,42 @@ pub fn import_holders(ptr: DevicePtr) -> usize {
 /// not imported). For diagnostics and tests.
 pub fn import_pending_waits(ptr: DevicePtr) -> usize {
     count_of(ptr, |e| e.released.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Device, DeviceMemoryResource, DeviceMemoryResourceOptions, StreamOptions};
+
+    /// An import of 0 bytes is refused before anything is mapped or counted: the empty buffer
+    /// that would hold its share releases nothing, so the mapping would stay for good (and every
+    /// later import of the allocation would share it, never unmapped either).
+    #[test]
+    fn an_import_of_zero_bytes_is_refused_and_takes_no_share() {
+        cuda_sim::testing::driver().expect("the test driver loads");
+        let device = Device::new(0).unwrap();
+        device.set_current().unwrap();
+        let stream = Stream::new(device, StreamOptions::default().non_blocking()).unwrap();
+        let exporter =
+            DeviceMemoryResource::new(device, DeviceMemoryResourceOptions::default().ipc_enabled(true)).unwrap();
+        let buffer = exporter.allocate(4096, &stream).unwrap();
+        let data = exporter.pool().export_pointer(buffer.ptr()).unwrap();
+        let handle = exporter.pool().shareable_handle().unwrap();
+        let imported = MemoryPool::import(handle.try_clone_fd().unwrap(), handle.id()).unwrap();
+        let key: Key = (imported.handle() as usize, data);
+
+        let error = imported.import_allocation(&data, 0, &stream).unwrap_err();
+        assert!(matches!(error, Error::SizeMismatch { expected: 1, actual: 0, .. }), "{error:?}");
+        assert!(error.to_string().contains("at least one byte"), "{error}");
+        assert!(!lock().by_key.contains_key(&key), "nothing mapped, no share taken");
+
+        // A genuine import is the only holder, and its release unmaps.
+        let ptr = imported.import_allocation(&data, 4096, &stream).unwrap();
+        assert_eq!(import_holders(ptr), 1);
+        // SAFETY: the one share just taken, given back once; nothing used the memory.
+        unsafe { imported.release_import(ptr, &stream) }.unwrap();
+        assert_eq!(import_holders(ptr), 0);
+        assert!(!lock().by_key.contains_key(&key));
+        stream.synchronize().unwrap();
+    }
 }
