@@ -132,12 +132,44 @@ fn join(buffer: &ScopedBuffer<'_>, stream: &Arc<CudaStream>) -> Result<()> {
 /// on another one, that stream first waits for the view's stream, and the call that asked waits
 /// for it before returning (cudarc lends the stream only for the call, so the buffer cannot
 /// record it to wait for later).
+///
+/// When `stream` cannot be made to wait (its event could not be made, recorded or waited for),
+/// the view's stream is waited for here instead, before the call enqueues its work: the order
+/// holds all the same, and the failure is recovered, as this crate's own waits fall back
+/// (`Stream::synchronize_or_device`). It is not recorded: cudarc's trait returns no error, and
+/// one recorded in the context's error state (`check_err`) would make the wait this returns
+/// fail at once (cudarc's waits check that state first), so the call would return before its
+/// work is done. Only when the view's stream cannot be waited for either is the call's work
+/// unordered; that error is recorded then, as cudarc records its own.
 fn use_on<'a>(home: &'a CudaStream, stream: &'a CudaStream) -> SyncOnDrop<'a> {
     if stream == home {
         return SyncOnDrop::Sync(None);
     }
-    stream.context().record_err(stream.join(home));
+    if stream.join(home).is_err() {
+        stream.context().record_err(wait_for(home));
+    }
     SyncOnDrop::sync_stream(stream)
+}
+
+/// Waits for the work enqueued so far on `home`, in its context, leaving the calling thread's
+/// current context as it was (cudarc's call goes on in it). The driver's calls, not
+/// `CudaStream::synchronize`, which first checks the context's error state and would not wait
+/// while an error is recorded.
+fn wait_for(home: &CudaStream) -> std::result::Result<(), rc::DriverError> {
+    let current = rc::result::ctx::get_current()?;
+    let context = home.context().cu_ctx();
+    let switch = current != Some(context);
+    if switch {
+        // SAFETY: `home`'s context is alive: the stream holds it.
+        unsafe { rc::result::ctx::set_current(context) }?;
+    }
+    // SAFETY: `home` is a live stream (the view that asked holds it), of the current context.
+    let waited = unsafe { rc::result::stream::synchronize(home.cu_stream()) };
+    if switch && let Some(current) = current {
+        // SAFETY: the context current a moment ago, which the call that asked holds alive.
+        unsafe { rc::result::ctx::set_current(current) }?;
+    }
+    waited
 }
 
 /// A read-only typed view of a buffer, bound to a cudarc stream: what cudarc's copies
@@ -233,9 +265,30 @@ impl<'b, T: Pod> CudarcViewMut<'b, T> {
         self.view.as_view()
     }
 
-    /// The view of this crate it wraps, for writing, while borrowed.
-    pub fn view_mut(&mut self) -> &mut DeviceViewMut<'b, T> {
-        &mut self.view
+    /// The view of this crate it wraps, for writing with this crate's methods, while borrowed:
+    /// a new view of the same elements, not the wrapped one itself, which stays the one
+    /// cudarc's calls were bound to (its address and length are what they use, and its buffer
+    /// is the one ordered after cudarc's stream). So another view cannot be swapped in:
+    ///
+    /// ```compile_fail,E0308
+    /// # use std::sync::Arc;
+    /// # use cuda_mem_core::cudarc::driver::CudaStream;
+    /// # use cuda_mem_core::{DeviceMemoryResource, Stream};
+    /// # fn f(theirs: &Arc<CudaStream>, ours: &Stream) -> cuda_mem_core::Result<()> {
+    /// let pool = DeviceMemoryResource::new(ours.device(), Default::default())?;
+    /// let (mut small, mut large) = (pool.allocate(4, ours)?, pool.allocate(1 << 20, ours)?);
+    /// let mut bound = small.cudarc_view_mut::<u8>(theirs)?;
+    /// let mut other = large.view_mut::<u8>()?;
+    /// // error: a `Result` of a new view, not a `&mut` to the one cudarc uses
+    /// std::mem::swap(bound.view_mut(), &mut other);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// None in practice: it is [`DeviceViewMut::slice_mut`] of every element, whose range always
+    /// lies within the view.
+    pub fn view_mut(&mut self) -> Result<DeviceViewMut<'_, T>> {
+        self.view.slice_mut(..)
     }
 
     /// The cudarc stream it is bound to.
@@ -355,10 +408,21 @@ impl CudarcMemoryResource {
     /// (which first waits for cudarc's uses of it, as cudarc does before a write). When the
     /// buffer is freed, the slice is dropped after the buffer's uses and cudarc frees it.
     ///
+    /// The slice must be memory of this resource's device: the buffer reports the resource's
+    /// device as its own. [`Buffer::from_cudarc`] makes a resource of the slice's device.
+    ///
     /// # Errors
-    /// [`CudarcError::NotPrimaryContext`]; a driver error.
+    /// [`CudarcError::NotPrimaryContext`]; [`Error::StreamOfAnotherDevice`] when the slice's
+    /// stream (and so its memory) is of another device than the resource's; a driver error. On
+    /// error the slice is dropped, which frees it.
     pub fn adopt<T: 'static>(self: &Arc<Self>, mut slice: CudaSlice<T>) -> Result<Buffer> {
         let home = Stream::from_cudarc(slice.stream())?;
+        if home.device() != self.ours.device() {
+            return Err(Error::StreamOfAnotherDevice {
+                resource: self.ours.device().ordinal(),
+                stream: home.device().ordinal(),
+            });
+        }
         let size = slice.num_bytes();
         if size == 0 {
             // Nothing to hold: an empty buffer, as a zero-size allocation makes.
@@ -437,5 +501,106 @@ unsafe impl MemoryResource for CudarcMemoryResource {
 
     fn device(&self) -> Option<Device> {
         Some(self.ours.device())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! cudarc loads the driver by name (`libcuda.so`): on the simulator each test runs in a
+    //! child process whose `LD_LIBRARY_PATH` finds the simulator under that name, as in
+    //! `tests/tests/cudarc.rs`, so cudarc and this crate share one driver and one memory.
+
+    use std::time::Duration;
+
+    use cuda_sim::testing::{self, Gate};
+    use cudarc::driver::CudaContext;
+
+    use super::*;
+    use crate::{DeviceMemoryResource, FillPattern};
+
+    /// Runs `body` as `testing::with_simulator_as_libcuda` does, on a simulated machine of
+    /// `devices` devices (on a real driver: here, on the machine's own).
+    fn with_cudarc_on(test_name: &str, devices: &str, body: impl FnOnce()) {
+        if !testing::on_simulator() || std::env::var(testing::CHILD_ENV).is_ok_and(|name| name == test_name) {
+            return testing::in_simulated_machine(test_name, &[], body);
+        }
+        let mut search = testing::libcuda_dir().expect("the simulator links as libcuda.so").into_os_string();
+        if let Some(inherited) = std::env::var_os("LD_LIBRARY_PATH").filter(|path| !path.is_empty()) {
+            search.push(":");
+            search.push(inherited);
+        }
+        let search = search.into_string().expect("a UTF-8 library path");
+        testing::in_simulated_machine(test_name, &[("LD_LIBRARY_PATH", &search), ("CUDA_SIM_DEVICES", devices)], body);
+    }
+
+    #[test]
+    fn a_resource_refuses_to_adopt_a_slice_of_another_device() {
+        let name = "cudarc_interop::tests::a_resource_refuses_to_adopt_a_slice_of_another_device";
+        with_cudarc_on(name, "2", || {
+            testing::driver().expect("the driver loads");
+            if Device::count().unwrap() < 2 {
+                testing::skip("needs 2 devices");
+                return;
+            }
+            let (zero, one) = (CudaContext::new(0).unwrap(), CudaContext::new(1).unwrap());
+            let resource = CudarcMemoryResource::new(&zero.new_stream().unwrap()).unwrap();
+            let allocations = || testing::live_objects_if_simulated().map(|live| live.allocations);
+            let before = allocations();
+            let theirs = one.new_stream().unwrap();
+            let error = resource.adopt(theirs.alloc_zeros::<u32>(64).unwrap()).unwrap_err();
+            assert!(matches!(error, Error::StreamOfAnotherDevice { resource: 0, stream: 1 }), "{error}");
+            // Not held, and freed by cudarc.
+            assert_eq!(resource.held(), 0);
+            theirs.synchronize().unwrap();
+            assert_eq!(allocations(), before, "the refused slice was freed");
+            // Its own device's resource takes it, as the memory of that device.
+            let buffer = Buffer::from_cudarc(theirs.alloc_zeros::<u32>(64).unwrap()).unwrap();
+            assert_eq!(buffer.device(), Some(Device::new(1).unwrap()));
+            let buffer = resource.adopt(zero.default_stream().alloc_zeros::<u32>(64).unwrap()).unwrap();
+            assert_eq!(buffer.device(), Some(Device::new(0).unwrap()));
+            zero.check_err().unwrap();
+            one.check_err().unwrap();
+        });
+    }
+
+    #[test]
+    fn a_copy_on_another_stream_waits_for_the_views_stream_when_it_cannot_join_it() {
+        let name = "cudarc_interop::tests::a_copy_on_another_stream_waits_for_the_views_stream_when_it_cannot_join_it";
+        with_cudarc_on(name, "1", || {
+            let d = testing::driver().expect("the driver loads");
+            if !testing::simulator_only("fault injection") {
+                return;
+            }
+            let context = CudaContext::new(0).unwrap();
+            let (home, other) = (context.new_stream().unwrap(), context.new_stream().unwrap());
+            let ours = Stream::from_cudarc(&home).unwrap();
+            let pool = DeviceMemoryResource::new(ours.device(), Default::default()).unwrap();
+            let mut buffer = pool.allocate(4096, &ours).unwrap();
+            // The view's stream is held, then fills the buffer: a copy on `other` that follows
+            // it reads the fill, after the gate opens.
+            let (gate, _opens_on_failure) = Gate::new();
+            // SAFETY: a live stream of the driver's primary context.
+            unsafe { gate.hold(d, home.cu_stream().cast()) }.unwrap();
+            buffer.fill(FillPattern::U8(7), &ours).unwrap();
+            let view = buffer.cudarc_view::<u8>(&home).unwrap();
+            gate.open_after(Duration::from_millis(200));
+            // `other` cannot be made to wait for `home` (cudarc's `join` fails in its
+            // `cuStreamWaitEvent`): the copy must still follow the fill.
+            testing::inject_failure(d, c"cuStreamWaitEvent", 1).unwrap();
+            let out = other.clone_dtoh(&view).unwrap();
+            assert!(gate.is_open(), "the copy on another stream returned before the view's stream ran");
+            assert!(out.iter().all(|&b| b == 7), "the copy read the buffer before the fill");
+            // Recovered: nothing recorded.
+            context.check_err().unwrap();
+
+            // Neither joined nor waited for: the failure is recorded.
+            testing::inject_failure(d, c"cuStreamWaitEvent", 1).unwrap();
+            testing::inject_failure(d, c"cuStreamSynchronize", 1).unwrap();
+            let _ = other.clone_dtoh(&view);
+            let recorded = context.check_err().unwrap_err();
+            assert_eq!(recorded.0, rc::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY, "{recorded}");
+            other.synchronize().unwrap();
+            home.synchronize().unwrap();
+        });
     }
 }

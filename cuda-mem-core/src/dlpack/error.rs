@@ -148,6 +148,19 @@ pub enum DlpackError {
         /// Its strides (in elements).
         strides: Vec<i64>,
     },
+    /// Write access asked of the buffer of a tensor whose elements leave gaps in their span
+    /// (see [`DlpackImport::has_gaps`](crate::DlpackImport::has_gaps)): the buffer covers bytes
+    /// between them that the producer did not lend.
+    #[error(
+        "not writable: shape {shape:?} with strides {strides:?} leaves gaps between its elements, and the buffer \
+         over them covers bytes the producer did not lend: read it through buffer(), or write a tensor without gaps"
+    )]
+    Gaps {
+        /// The tensor's shape.
+        shape: Vec<i64>,
+        /// Its strides (in elements).
+        strides: Vec<i64>,
+    },
     /// A typed view asked of a tensor of another data type.
     #[error(
         "dtype mismatch: the view is of {}, the tensor holds {}: view it as its own type, or reinterpret the bytes \

@@ -321,11 +321,11 @@ fn export_range(
         None => Device::new(0)?,
     };
     hand_over(buffer, options.consumer, stream_device)?;
-    let data = match count {
-        // DLPack: "if the tensor is of size zero, then the data pointer should be set to NULL".
-        0 => 0,
-        _ => base + ((first + layout.origin) * element.size) as u64,
-    };
+    // DLPack: "if the tensor is of size zero, then the data pointer should be set to NULL",
+    // the size being the product of the shape's dimensions (its `GetDataSize`): a shape with a
+    // dimension of 0 has none, whatever the range (explicit strides may put an empty shape over
+    // a range with elements).
+    let data = if layout.shape.contains(&0) { 0 } else { base + ((first + layout.origin) * element.size) as u64 };
     let read_only = options.read_only || !source.is_exclusive();
     let metadata = Dynamic::new(layout.shape, layout.strides);
     let mut tensor = metadata.initialize(Box::new(source)).map_err(DlpackError::Metadata)?;

@@ -11,7 +11,7 @@ use dlpark::{DlpackFlags, Managed, ManagedTensorBase};
 use super::dtype::{DlpackElement, element_bytes};
 use super::error::DlpackError;
 use super::export::ExportSource;
-use super::layout::reach;
+use super::layout::{Unbounded, has_gaps, reach};
 use crate::buffer::Buffer;
 use crate::device::Device;
 use crate::error::{Error, Result};
@@ -25,11 +25,20 @@ use crate::view::{DeviceView, DeviceViewMut};
 /// of host memory); writing needs [`buffer_mut`](DlpackImport::buffer_mut) or
 /// [`view_mut`](DlpackImport::view_mut), which refuse a tensor its producer marked read-only.
 ///
+/// A tensor whose elements leave gaps in their span (a column of a wider matrix, every other
+/// element: see [`has_gaps`](DlpackImport::has_gaps)) gets a buffer over the whole span, gaps
+/// included, which hold bytes the producer did not lend: it is read-only here.
+/// [`buffer_mut`](DlpackImport::buffer_mut) refuses it, and handed on to another consumer
+/// ([`export_dlpack`](crate::export_dlpack)) it is exported read-only.
+///
 /// Dropping it first waits for the work enqueued through the buffer (every stream it was used
 /// on), so that the producer, which may free or reuse the memory as soon as it is released,
 /// never does so under work still running, and then calls the producer's deleter, exactly
-/// once (an error waiting is recorded, see [`take_drop_errors`](crate::take_drop_errors), and
-/// the deleter still called).
+/// once. When that wait fails, the error is recorded (see
+/// [`take_drop_errors`](crate::take_drop_errors)) and the buffer, dropped next, waits once
+/// more: if that succeeds the deleter is called then; if it fails too, that error is recorded
+/// as well and the deleter is never called (the tensor is leaked), so that the producer cannot
+/// free or reuse the memory under work that may still be running.
 #[doc(alias = "StridedMemoryView")]
 #[doc(alias = "from_dlpack")]
 #[derive(Debug)]
@@ -116,13 +125,18 @@ impl DlpackImport {
         &self.buffer
     }
 
-    /// The buffer, for writing.
+    /// The buffer, for writing: only where it holds nothing but the tensor's elements.
     ///
     /// # Errors
-    /// [`DlpackError::ReadOnly`] when the producer marked the tensor read-only.
+    /// [`DlpackError::ReadOnly`] when the producer marked the tensor read-only;
+    /// [`DlpackError::Gaps`] when its elements leave gaps in the buffer (see
+    /// [`has_gaps`](DlpackImport::has_gaps)), bytes the producer did not lend.
     pub fn buffer_mut(&mut self) -> Result<&mut Buffer> {
         if self.read_only {
             return Err(DlpackError::ReadOnly.into());
+        }
+        if self.has_gaps() {
+            return Err(DlpackError::Gaps { shape: self.shape.clone(), strides: self.strides.clone() }.into());
         }
         Ok(&mut self.buffer)
     }
@@ -150,6 +164,14 @@ impl DlpackImport {
     /// Whether the producer marked it read-only.
     pub fn is_read_only(&self) -> bool {
         self.read_only
+    }
+
+    /// Whether its elements leave gaps in the span they reach (a column of a wider matrix,
+    /// every other element): the buffer then covers bytes between them that are not the
+    /// tensor's, so it is not lent for writing. Compact, permuted (transposed), reversed and
+    /// broadcast tensors have none.
+    pub fn has_gaps(&self) -> bool {
+        has_gaps(&self.shape, &self.strides)
     }
 
     /// Whether its elements are compact row-major (what a typed view needs).
@@ -194,17 +216,19 @@ impl DlpackImport {
 }
 
 /// An import handed on to another consumer: the new tensor holds it, so the producer's deleter
-/// runs when the new consumer releases it. Writable unless its producer said read-only; its
-/// device type stays the producer's (managed memory stays managed).
+/// runs when the new consumer releases it. Writable unless its producer said read-only or its
+/// elements leave gaps (the tensor exported covers the whole buffer, and the gaps are not the
+/// producer's to lend); its device type stays the producer's (managed memory stays managed).
 // SAFETY: the import is moved into the tensor, so its buffer is reached through nothing else of
-// this process; the producer's read-only flag is kept (writable only where it allowed writes).
+// this process; the producer's read-only flag is kept (writable only where it allowed writes),
+// and a buffer with gaps, bytes the producer did not lend, is never claimed exclusive.
 unsafe impl ExportSource for DlpackImport {
     fn buffer(&self) -> &Buffer {
         &self.buffer
     }
 
     fn is_exclusive(&self) -> bool {
-        !self.read_only
+        !self.read_only && !self.has_gaps()
     }
 
     fn is_managed(&self) -> Option<bool> {
@@ -272,7 +296,8 @@ fn import<M: ManagedTensorBase>(tensor: Managed<M>) -> Result<DlpackImport> {
     let element = element_bytes(dtype).ok_or(DlpackError::UnsupportedDtype { dtype })?;
     let shape = described.shape().to_vec();
     let strides = described.strides_or_compact().map_err(DlpackError::Malformed)?.into_owned();
-    let (ptr, size) = match reach(&shape, &strides) {
+    let overflow = || Error::from(DlpackError::Malformed(dlpark::tensor::Error::DataPointerOverflow));
+    let (ptr, size) = match reach(&shape, &strides).map_err(|Unbounded| overflow())? {
         None => (0, 0),
         Some((low, high)) => {
             let bytes = described.num_bytes();
@@ -281,12 +306,17 @@ fn import<M: ManagedTensorBase>(tensor: Managed<M>) -> Result<DlpackImport> {
                 return Err(DlpackError::NullData { bytes }.into());
             }
             // Element `[0, …, 0]` is at data + byte_offset; the buffer starts at the lowest
-            // element reached and ends after the highest.
+            // element reached and ends after the highest. Checked: dlpark's validation (a byte
+            // count that fits `usize`) keeps these products below 2^127, but the metadata is the
+            // producer's, and nothing here should wrap on its word.
             let element = element as i128;
             let origin = i128::from(data) + i128::from(described.byte_offset());
-            let start = origin + low * element;
-            let end = origin + (high + 1) * element;
-            let overflow = || Error::from(DlpackError::Malformed(dlpark::tensor::Error::DataPointerOverflow));
+            let start = low.checked_mul(element).and_then(|offset| origin.checked_add(offset)).ok_or_else(overflow)?;
+            let end = high
+                .checked_add(1)
+                .and_then(|past| past.checked_mul(element))
+                .and_then(|offset| origin.checked_add(offset))
+                .ok_or_else(overflow)?;
             let ptr = u64::try_from(start).map_err(|_| overflow())?;
             let size = usize::try_from(end - start).map_err(|_| overflow())?;
             u64::try_from(end).map_err(|_| overflow())?;

@@ -13,19 +13,71 @@ pub(crate) struct Layout {
     pub(crate) origin: usize,
 }
 
+/// A layout whose reach does not fit in `i128` (see [`reach`]): it reaches past any range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Unbounded;
+
 /// The lowest and highest element offsets (relative to element `[0, …, 0]`) that `shape` with
 /// `strides` reaches, or `None` when it has no elements (a dimension is 0). The caller checked
 /// that both have the same length and no dimension is negative.
-pub(crate) fn reach(shape: &[i64], strides: &[i64]) -> Option<(i128, i128)> {
+///
+/// Each dimension's extent, `(dim - 1) * stride`, fits in `i128` (below 2^126 in magnitude),
+/// but their sum over many dimensions may not (16 dimensions of `2^62 + 1` with strides of
+/// `2^62` sum to 2^128): the sums are checked, and so is the span `high - low + 1`, which the
+/// callers compute, so that `Ok` means both fit. A layout beyond that is [`Unbounded`], which
+/// no range of memory holds.
+///
+/// # Errors
+/// [`Unbounded`] when the offsets or the span do not fit in `i128`.
+pub(crate) fn reach(shape: &[i64], strides: &[i64]) -> Result<Option<(i128, i128)>, Unbounded> {
     if shape.contains(&0) {
-        return None;
+        return Ok(None);
     }
-    // i128: a dimension below 2^63 times a stride of magnitude at most 2^63, summed over at most
-    // 2^31 dimensions, stays below 2^127.
-    Some(shape.iter().zip(strides).fold((0, 0), |(low, high), (&dim, &stride)| {
-        let extent = i128::from(dim - 1) * i128::from(stride);
-        (low + extent.min(0), high + extent.max(0))
-    }))
+    let (low, high) = shape
+        .iter()
+        .zip(strides)
+        .try_fold((0i128, 0i128), |(low, high), (&dim, &stride)| {
+            let extent = i128::from(dim - 1).checked_mul(i128::from(stride))?;
+            Some((low.checked_add(extent.min(0))?, high.checked_add(extent.max(0))?))
+        })
+        .ok_or(Unbounded)?;
+    high.checked_sub(low).and_then(|span| span.checked_add(1)).ok_or(Unbounded)?;
+    Ok(Some((low, high)))
+}
+
+/// Whether the elements `shape` with `strides` reaches leave gaps in their span: offsets
+/// between the lowest and the highest reached that no element lies at (a tensor of every other
+/// element, or a row of a wider matrix). Such a span holds bytes that are not the tensor's.
+/// Reversed, permuted and broadcast (stride 0, overlapping) layouts have none.
+///
+/// Exact: the dimensions that move (more than one element, a stride other than 0), taken by
+/// increasing stride magnitude, each reach a contiguous run of `run` elements from the ones
+/// before when their stride is at most `run`; a larger stride leaves the offsets from `run` up
+/// to it unreached, since every later dimension moves at least as far. A sign only mirrors a
+/// dimension's offsets, which moves the set reached without changing its gaps. The caller
+/// checked what [`reach`] needs.
+pub(crate) fn has_gaps(shape: &[i64], strides: &[i64]) -> bool {
+    if shape.contains(&0) {
+        return false;
+    }
+    let mut moving: Vec<(u64, i64)> = shape
+        .iter()
+        .zip(strides)
+        .filter(|&(&dim, &stride)| dim > 1 && stride != 0)
+        .map(|(&dim, &stride)| (stride.unsigned_abs(), dim))
+        .collect();
+    moving.sort_unstable();
+    // How many consecutive elements, from the lowest, the dimensions so far reach; i128, as in
+    // `reach` (saturating: a run past any stride has no gap left to find).
+    let mut run: i128 = 1;
+    for (stride, dim) in moving {
+        let stride = i128::from(stride);
+        if stride > run {
+            return true;
+        }
+        run = run.saturating_add(i128::from(dim - 1).saturating_mul(stride));
+    }
+    false
 }
 
 /// Checks a caller's shape (and strides) against `len` elements: without strides, the shape's
@@ -60,13 +112,16 @@ pub(crate) fn check(shape: Option<&[usize]>, strides: Option<&[isize]>, len: usi
     }
     // `isize` and `i64` are the same width on every target this crate builds for.
     let steps: Vec<i64> = strides.iter().map(|&s| s as i64).collect();
-    let Some((low, high)) = reach(&dims, &steps) else {
+    let out_of_bounds =
+        |span: usize| DlpackError::OutOfBounds { shape: shape.to_vec(), strides: strides.to_vec(), span, len };
+    // A reach beyond i128 is beyond any range: its span is counted as `usize::MAX`.
+    let Some((low, high)) = reach(&dims, &steps).map_err(|Unbounded| out_of_bounds(usize::MAX))? else {
         return Ok(Layout { shape: dims, strides: steps, origin: 0 });
     };
+    // `reach` checked that the span fits.
     let span = high - low + 1;
     if span > len as i128 {
-        let span = usize::try_from(span).unwrap_or(usize::MAX);
-        return Err(DlpackError::OutOfBounds { shape: shape.to_vec(), strides: strides.to_vec(), span, len });
+        return Err(out_of_bounds(usize::try_from(span).unwrap_or(usize::MAX)));
     }
     // `-low` < span <= len, so it fits.
     Ok(Layout { shape: dims, strides: steps, origin: (-low) as usize })
@@ -113,6 +168,40 @@ mod tests {
         assert!(matches!(huge, DlpackError::OutOfBounds { span: usize::MAX, .. }), "{huge:?}");
     }
 
+    #[test]
+    fn a_reach_past_i128_is_out_of_bounds_not_wrapped() {
+        // 16 extents of 2^124 sum to 2^128: unchecked, the sum wraps (in release; debug
+        // panics), and the layout passed for one that fits in a single element.
+        let (shape, strides) = ([(1usize << 62) + 1; 16], [1isize << 62; 16]);
+        let error = check(Some(&shape), Some(&strides), 1).unwrap_err();
+        assert!(matches!(error, DlpackError::OutOfBounds { span: usize::MAX, len: 1, .. }), "{error:?}");
+        let (dims, steps) = (shape.map(|d| d as i64), strides.map(|s| s as i64));
+        assert_eq!(reach(&dims, &steps), Err(Unbounded));
+        // Negative strides: the low end overflows the same way.
+        let error = check(Some(&shape), Some(&strides.map(|s| -s)), usize::MAX).unwrap_err();
+        assert!(matches!(error, DlpackError::OutOfBounds { span: usize::MAX, .. }), "{error:?}");
+        // Each end fits, the span between them does not: 7 extents up, 7 down, 14 * 2^124 apart.
+        let mixed: Vec<i64> = (0..14).map(|axis| if axis < 7 { 1 << 62 } else { -(1 << 62) }).collect();
+        assert!(reach(&dims[..7], &mixed[..7]).is_ok() && reach(&dims[7..14], &mixed[7..]).is_ok());
+        assert_eq!(reach(&dims[..14], &mixed), Err(Unbounded));
+        // The largest single extents still fit, and are merely out of bounds.
+        let huge = check(Some(&[usize::MAX >> 1]), Some(&[isize::MIN]), 1).unwrap_err();
+        assert!(matches!(huge, DlpackError::OutOfBounds { span: usize::MAX, .. }), "{huge:?}");
+    }
+
+    #[test]
+    fn gaps_are_the_offsets_in_the_span_nothing_reaches() {
+        let gaps = |shape: &[i64], strides: &[i64]| has_gaps(shape, strides);
+        // Compact, transposed, reversed, broadcast and overlapping: none.
+        assert!(!gaps(&[2, 3, 4], &[12, 4, 1]) && !gaps(&[4, 3], &[1, 4]) && !gaps(&[8], &[-1]));
+        assert!(!gaps(&[1000], &[0]) && !gaps(&[3, 3], &[1, 1]) && !gaps(&[], &[]) && !gaps(&[0, 5], &[9, 2]));
+        // A column of a wider matrix, every other element, a strided dimension of one.
+        assert!(gaps(&[4, 1], &[8, 1]) && gaps(&[6], &[2]) && gaps(&[2, 2], &[1, 3]));
+        assert!(!gaps(&[1, 6], &[99, 1]));
+        // Extents past i128 do not wrap into a run without gaps.
+        assert!(gaps(&[(1 << 62) + 1; 16], &[1 << 62; 16]));
+    }
+
     /// Every offset `shape` with `strides` reaches from element `[0, …, 0]`.
     fn offsets(shape: &[usize], strides: &[isize]) -> Vec<i128> {
         let mut all = vec![0i128];
@@ -146,6 +235,22 @@ mod tests {
                 }
                 Err(other) => prop_assert!(false, "unexpected {other:?}"),
             }
+        }
+
+        /// A layout has gaps exactly when some offset of its span is reached by no element.
+        #[test]
+        fn gaps_exactly_when_an_offset_of_the_span_is_unreached(
+            dims in proptest::collection::vec((0usize..5, -7isize..8), 0..4),
+        ) {
+            let (shape, strides): (Vec<usize>, Vec<isize>) = dims.into_iter().unzip();
+            let reached = offsets(&shape, &strides);
+            let expected = !shape.contains(&0) && {
+                let (low, high) = (*reached.iter().min().unwrap(), *reached.iter().max().unwrap());
+                (low..=high).any(|offset| !reached.contains(&offset))
+            };
+            let (dims, steps): (Vec<i64>, Vec<i64>) =
+                shape.iter().zip(&strides).map(|(&d, &s)| (d as i64, s as i64)).unzip();
+            prop_assert_eq!(has_gaps(&dims, &steps), expected, "{:?} {:?}", shape, strides);
         }
 
         /// A shape alone is accepted exactly when it has `len` elements, with strides that are
