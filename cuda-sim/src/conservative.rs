@@ -201,7 +201,9 @@
 //!   pool gets a handle value never used before (so a destroyed pool's handle is always
 //!   detected) and starts with no peer access. With `CUDA_SIM_POOL_HANDLES=recycle`, a device
 //!   pool that is gone (destroyed, its last allocation freed) gives its handle value to the next
-//!   pool created on its device, with the peer access it still had when destroyed, as the bug
+//!   pool created on its device, or imported there (since 2026-11-29: a library that keeps a
+//!   table of pool handles must not take an import's recycled handle for the gone pool's), with
+//!   the peer access it still had when destroyed, as the bug
 //!   report describes ("the driver may hand a recycled pool handle to a new pool with the
 //!   previous pool's peer-access state"); a pool destroyed while allocations are outstanding is
 //!   not gone, and the next pool gets a new value. Code that must revoke access before

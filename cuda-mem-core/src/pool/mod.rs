@@ -92,7 +92,7 @@ pub struct MemoryPool {
     #[cfg(unix)]
     pub(crate) handle_once: std::sync::OnceLock<ShareableHandle>,
     /// This process's claim on the handle, for owned pools (see [`sharing`]): no second value
-    /// may own it. Dropped after the pool is destroyed.
+    /// may own it. Let go right after the pool is destroyed, under the same lock.
     claim: Option<sharing::HandleClaim>,
     /// The cap it was created with (`None`: none of its own, or not created here), for the
     /// out-of-memory error.
@@ -118,11 +118,15 @@ impl MemoryPool {
     pub(crate) fn create(props: &CUmemPoolProps, kind: PoolKind) -> Result<MemoryPool> {
         let d = driver()?;
         let mut handle: CUmemoryPool = std::ptr::null_mut();
-        // SAFETY: `handle` is a valid out-pointer and `props` a fully initialized structure.
-        unsafe { cu_call!(d, cuMemPoolCreate(&mut handle, props)) }?;
+        let claim = {
+            let _turnover = sharing::handle_turnover();
+            // SAFETY: `handle` is a valid out-pointer and `props` a fully initialized structure.
+            unsafe { cu_call!(d, cuMemPoolCreate(&mut handle, props)) }?;
+            sharing::HandleClaim::created(handle)
+        };
         let shareable = props.handleTypes.0 != 0;
         let mut pool = MemoryPool::new(d, handle, true, kind, shareable, false);
-        pool.claim = Some(sharing::HandleClaim::created(handle));
+        pool.claim = Some(claim);
         pool.max_size = (props.maxSize != 0).then_some(props.maxSize);
         crate::memory_event!(
             DEBUG,
@@ -272,7 +276,13 @@ impl Drop for MemoryPool {
             unsafe { cu_call!(d, cuMemPoolDestroy(self.handle())) }?;
             Ok(())
         };
-        match destroy() {
+        // The claim is let go under the same lock as the destruction: the handle may name the
+        // next pool as soon as it is destroyed (see `sharing::handle_turnover`).
+        let turnover = sharing::handle_turnover();
+        let destroyed = destroy();
+        drop(self.claim.take());
+        drop(turnover);
+        match destroyed {
             Ok(()) => {
                 crate::memory_event!(DEBUG, pool = self.handle as usize, "pool destroyed");
             }

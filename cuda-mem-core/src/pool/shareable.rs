@@ -9,7 +9,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use cuda_mem_sys::cu_call;
 use cuda_mem_sys::types::{CUmemAllocationHandleType, CUmemoryPool};
 
-use super::sharing::{HandleClaim, bind_for};
+use super::sharing::{HandleClaim, bind_for, handle_turnover};
 use super::{MemoryPool, PoolKind};
 use crate::access::Access;
 use crate::device::Device;
@@ -105,9 +105,14 @@ impl MemoryPool {
         let mut handle: CUmemoryPool = std::ptr::null_mut();
         // The driver takes the descriptor as a pointer-sized integer.
         let raw = fd.as_raw_fd() as isize as *mut c_void;
-        // SAFETY: `handle` is a valid out-pointer; `fd` stays open for the call.
-        unsafe { cu_call!(d, cuMemPoolImportFromShareableHandle(&mut handle, raw, POSIX_FD, 0)) }?;
-        let Some(claim) = HandleClaim::imported(handle) else {
+        let claim = {
+            // Released before anything below can drop the pool (whose `Drop` takes it).
+            let _turnover = handle_turnover();
+            // SAFETY: `handle` is a valid out-pointer; `fd` stays open for the call.
+            unsafe { cu_call!(d, cuMemPoolImportFromShareableHandle(&mut handle, raw, POSIX_FD, 0)) }?;
+            HandleClaim::imported(handle)
+        };
+        let Some(claim) = claim else {
             return Err(Error::PoolAlreadyOwned { handle: handle as usize });
         };
         // Pinned (no owner) until located: nothing reads the kind before.

@@ -11,7 +11,7 @@ use super::pool::find;
 use crate::context as ctx;
 use crate::error::{SimResult, ensure, fail, write_out};
 use crate::memory::Kind;
-use crate::pool::Pool;
+use crate::pool::{Location, Pool};
 use crate::shared::SharedArena;
 use crate::state;
 
@@ -76,7 +76,16 @@ pub(crate) unsafe fn import_pool(
         // SAFETY: forwarded from the caller.
         return unsafe { write_out(out, first.handle as CUmemoryPool) };
     }
-    let pool = Arc::new(Pool::with_shared(location, kind, POSIX_FD.0, 0, false, Some(arena)));
+    let mut pool = Pool::with_shared(location, kind, POSIX_FD.0, 0, false, Some(arena));
+    // A gone pool's handle value may come back from an import as from a creation
+    // (`CUDA_SIM_POOL_HANDLES=recycle`): a driver's handles are addresses it reuses.
+    if let Location::Device(device) = location
+        && let Some((handle, access)) = state.recyclable_pools.get_mut(&device).and_then(Vec::pop)
+    {
+        pool.handle = handle;
+        pool.lock().access = access;
+    }
+    let pool = Arc::new(pool);
     let handle = pool.handle;
     state.pools.insert(handle, pool);
     // SAFETY: forwarded from the caller.
