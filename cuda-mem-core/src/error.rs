@@ -221,7 +221,8 @@ pub enum Error {
     /// is, and this import refused, since the driver does not count imports and releasing one
     /// would unmap both.
     #[error(
-        "the driver mapped the allocation at {ptr:#x}, which this process holds already through          another imported pool; that mapping was left alone"
+        "the driver mapped the allocation at {ptr:#x}, which this process holds already through another imported \
+         pool; that mapping was left alone"
     )]
     ImportHeldElsewhere {
         /// The address the driver answered with.

@@ -28,7 +28,11 @@ pub type DevicePtr = cuda_mem_sys::types::CUdeviceptr;
 /// implementing the trait promises: `allocate_raw` returns the address of at least `size` bytes
 /// that stay valid until `deallocate_raw` is called for them; `is_host_accessible` is true only if
 /// those bytes can be read and written by the host at that address, and `is_device_accessible`
-/// only if devices can use them.
+/// only if devices can use them. The host slices also rest on two answers that have safe
+/// defaults: `may_be_written_externally` must be true whenever anything but this process's
+/// buffers may write the memory (another process importing it), and `is_managed` whenever it is
+/// managed memory (whose host access waits for the devices). An adaptor over another resource
+/// forwards both, as this crate's adaptors do.
 pub unsafe trait MemoryResource: AsDynMemoryResource + Any + Send + Sync + Debug {
     /// Allocates `size` bytes (more than 0), usable by work enqueued on `stream` after this call.
     ///
