@@ -78,7 +78,8 @@
 //!   synchronize or query the execution status of a stream which is being captured or a captured
 //!   event … or a broader handle which encompasses an active stream capture"):
 //!   `cuStreamSynchronize` and `cuStreamQuery` on the capturing stream return
-//!   `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`; `cuEventSynchronize` and `cuEventQuery` on an event
+//!   `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`; `cuEventSynchronize`, `cuEventQuery` and
+//!   `cuEventElapsedTime` (which asks what `cuEventQuery` asks, of both its events) on an event
 //!   last recorded in a capture return `CUDA_ERROR_CAPTURED_EVENT` (also after the capture
 //!   ended, until the event is recorded outside one: it was "last recorded in a capturing
 //!   stream") and invalidate that capture if it is still active; `cuCtxSynchronize` while any
@@ -190,7 +191,15 @@
 //!   pool functions document only that code for bad arguments).
 //! - **`cuMemFreeAsync` of `cuMemAlloc` memory** returns `CUDA_ERROR_INVALID_VALUE`.
 //! - **A copy or memset whose stream's device lacks access to another device's pool memory**
-//!   returns `CUDA_ERROR_INVALID_VALUE` at the call (hardware would fault later).
+//!   returns `CUDA_ERROR_INVALID_VALUE` at the call (hardware would fault later). So does one
+//!   touching another device's graph memory (the simulated allocation nodes give no peer access,
+//!   where a GPU's captured node takes its pool's access at capture time), and a memset into
+//!   another device's `cuMemAlloc` memory: a GPU needs context peer access for it
+//!   (`cuCtxEnablePeerAccess`), which the simulator does not model. Copies of `cuMemAlloc` memory
+//!   between devices need none, as the driver stages them.
+//! - **A managed pool with a shareable handle type** is `CUDA_ERROR_NOT_SUPPORTED` at
+//!   `cuMemPoolCreate`, which `cuda.h` does not address (for a host pool it documents
+//!   `CUDA_ERROR_INVALID_VALUE`, which the simulator returns, for a managed host pool too).
 //! - **A pool's reserve** grows in 2 MiB chunks and shrinks only at synchronization points or on
 //!   `cuMemPoolTrimTo` (see the `pool` module); `used` counts exact bytes. A failed allocation
 //!   changes no attribute of the pool, the high-water marks included.
@@ -225,6 +234,16 @@
 //!   still completes (on memory no longer the caller's), and every later use of the pointer is
 //!   `CUDA_ERROR_INVALID_VALUE`. Code must synchronize before freeing. Whether a GPU waits is the
 //!   probe's question `free-with-pending-work`.
+//! - **No current context is needed** by `cuEventSynchronize`, `cuEventDestroy`,
+//!   `cuEventElapsedTime` and `cuStreamDestroy`, although `cuda.h` lists
+//!   `CUDA_ERROR_INVALID_CONTEXT` for each (generically, as for most calls): the handle names its
+//!   context, and real drivers do not require one current (`cuda-mem-core`'s event and stream
+//!   drops bind the handle's context all the same). The event calls still report the sticky error
+//!   of the event's context. `cuMemFree` and `cuMemFreeHost` (both listing
+//!   `CUDA_ERROR_INVALID_CONTEXT` too) need none either: the pointer names its allocation, freed
+//!   whatever context is current, another device's or none, and no context's sticky error is
+//!   reported; `cuMemAlloc` memory of a context destroyed since is gone with it
+//!   (`CUDA_ERROR_INVALID_VALUE`).
 //! - **Address hints** (`cuMemAddressReserve`) are honoured whenever the range is free and
 //!   aligned, unless `CUDA_SIM_ADDRESS_HINTS` says otherwise: `refuse-all` honours none,
 //!   `refuse-every-N` refuses every N-th call that gives a hint. The driver need not honour a
@@ -242,9 +261,14 @@
 //!   either way. `CUDA_SIM_POOL_IMPORT=same-handle` models the other reading: the first import's
 //!   handle comes back, uncounted, so one `cuMemPoolDestroy` destroys the pool for both; code
 //!   that imports a pool twice is tested against both.
-//! - **VMM**: reservation sizes and hints must be multiples of the host page; mappings,
-//!   physical sizes and access ranges must be multiples of the granularity (2 MiB on every
-//!   simulated device); `cuMemMap` needs offset 0 (cuda.h: "currently must be zero") and a range
+//! - **VMM**: reservation sizes and hints must be multiples of the host page; mappings and
+//!   physical sizes must be multiples of the granularity (2 MiB on every simulated device); a
+//!   `cuMemSetAccess` range must start and end on the granularity and be made of whole mappings
+//!   (`cuda.h`: "a fully mapped address range containing all allocations"; access is kept per
+//!   mapping, so a grant never reaches past the range it names), else `CUDA_ERROR_INVALID_VALUE`;
+//!   `cuMemGetAllocationGranularity` refuses plain host memory with a handle type
+//!   (`CUDA_ERROR_INVALID_VALUE`, as `cuMemCreate` documents; its own documentation says
+//!   nothing of it); `cuMemMap` needs offset 0 (cuda.h: "currently must be zero") and a range
 //!   inside one reservation; `cuMemUnmap` takes whole mappings only; `cuMemAddressFree` takes
 //!   a whole reservation with nothing mapped in it; access must be granted, even to the owning
 //!   device, before a copy or memset touches the memory (`CUDA_ERROR_INVALID_VALUE` otherwise);
@@ -347,4 +371,14 @@
 //!   Enum values an older driver did not know are refused where the simulator checks them: the
 //!   typed location attributes of `cuMemRangeGetAttribute(s)` (`PREFERRED_LOCATION_TYPE` to
 //!   `LAST_PREFETCH_LOCATION_ID`, CUDA 12.2) are `CUDA_ERROR_INVALID_VALUE` below 12.2, as an
-//!   unknown attribute is (`cuda.h` documents no other code for it).
+//!   unknown attribute is (`cuda.h` documents no other code for it); so is every
+//!   `cuDeviceGetAttribute` attribute newer than the pretended driver (`HOST_NUMA_ID` below 12.2,
+//!   `HANDLE_TYPE_FABRIC_SUPPORTED` below 12.3, `MEMPOOL_SUPPORTED_HANDLE_TYPES` below 11.3, as
+//!   NVIDIA's programming guide says of the last), even with a `CUDA_SIM_DEVICE_ATTRIBUTES`
+//!   value for it. `cuda.h` does not say when an attribute came; the table (`device.rs`,
+//!   `ATTRIBUTE_VERSIONS`) takes each release's `cuda.h` enum from 11.4 on, and before that is
+//!   partly a reading: 116 to 118 (GPUDirect RDMA) are put at 11.3 with
+//!   `cuFlushGPUDirectRDMAWrites` (`PFN_…_v11030`), 112 and 113 (sparse arrays, read-only host
+//!   registration) at 11.1 and 114 (timeline semaphores) at 11.2, the releases of what they
+//!   describe. Attributes not in the table are taken as known to CUDA 11.0, the oldest version
+//!   the setting takes.

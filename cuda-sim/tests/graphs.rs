@@ -372,6 +372,42 @@ fn an_allocation_node_maps_at_launch_and_lives_until_freed() {
     });
 }
 
+/// Graph memory is its device's: a stream of another device can neither set nor copy it (the
+/// simulated allocation nodes give no peer access), `CUDA_ERROR_INVALID_VALUE` as for a device
+/// pool's memory without access.
+#[test]
+fn another_device_reaches_no_graph_memory() {
+    in_child!(&[("CUDA_SIM_DEVICES", "2")], || {
+        use_device(0);
+        let mut address = 0;
+        let (s0, graph) = capture(RELAXED, |s| {
+            address = alloc_async(MIB, s).unwrap();
+            memset_async(address, 4, 8, s);
+        });
+        let exec = instantiate(graph);
+        assert_eq!(launch(exec, s0), CUresult::CUDA_SUCCESS);
+        sync(s0);
+        use_device(1);
+        let s1 = non_blocking_stream();
+        let on_one = DeviceBuffer::new(8);
+        assert_eq!(memset_code(address, 1, 8, s1), INVALID_VALUE, "a memset from device 1");
+        // SAFETY: no host pointers; the ranges are checked by the driver.
+        let copy = |dst, src| unsafe { code!(driver(), cuMemcpyDtoDAsync_v2(dst, src, 8, s1)) };
+        assert_eq!(copy(on_one.ptr, address), INVALID_VALUE, "a copy out of it on device 1");
+        assert_eq!(copy(address, on_one.ptr), INVALID_VALUE, "a copy into it on device 1");
+        sync(s1);
+        use_device(0);
+        let pinned = Pinned::new(8);
+        dtod_async(pinned.dptr(), address, 8, s0);
+        sync(s0);
+        assert_eq!(pinned.read(), vec![4; 8], "untouched by device 1");
+        assert_eq!(free_async(address, s0), CUresult::CUDA_SUCCESS);
+        sync(s0);
+        assert_eq!(exec_destroy(exec), CUresult::CUDA_SUCCESS);
+        assert_eq!(graph_destroy(graph), CUresult::CUDA_SUCCESS);
+    });
+}
+
 /// An allocation freed in its own graph is live only inside the launch; relaunching needs no
 /// free; `AUTO_FREE_ON_LAUNCH` frees an unfreed allocation at the next launch.
 #[test]

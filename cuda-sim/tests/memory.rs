@@ -728,3 +728,34 @@ fn pointer_attributes_name_the_allocating_device_and_context() {
         assert_eq!(free(ptr), CUresult::CUDA_SUCCESS);
     });
 }
+
+/// Another device's `cuMemAlloc` memory takes copies on this device's streams (the driver stages
+/// a copy between devices without peer access) but not memsets, which would need the context
+/// peer access the simulator does not model: `CUDA_ERROR_INVALID_VALUE`, as for a pool's memory
+/// without access.
+#[test]
+fn another_devices_memory_takes_copies_but_not_memsets() {
+    in_child!(&[("CUDA_SIM_DEVICES", "2")], || {
+        use_device(0);
+        let on_zero = DeviceBuffer::with(&[4; 64]);
+        use_device(1);
+        let on_one = DeviceBuffer::new(64);
+        let s = non_blocking_stream();
+        for asynchronous in [false, true] {
+            assert_eq!(memset(1, asynchronous, on_zero.ptr, 7, 64, s), INVALID, "async {asynchronous}");
+            assert_eq!(memset(4, asynchronous, on_zero.ptr, 7, 16, s), INVALID, "async {asynchronous}");
+        }
+        // SAFETY: no host pointers; both ranges are 64 live bytes.
+        unsafe { cu_call!(driver(), cuMemcpyDtoDAsync_v2(on_one.ptr, on_zero.ptr, 64, s)) }.unwrap();
+        // SAFETY: as above.
+        unsafe { cu_call!(driver(), cuMemcpyDtoDAsync_v2(on_zero.ptr + 32, on_one.ptr, 32, s)) }.unwrap();
+        sync(s);
+        assert_eq!(on_one.read(), [4; 64]);
+        // This device's own memory takes memsets.
+        assert_eq!(memset(1, true, on_one.ptr, 2, 64, s), CUresult::CUDA_SUCCESS);
+        sync(s);
+        assert_eq!(on_one.read(), [2; 64]);
+        use_device(0);
+        assert_eq!(on_zero.read(), [4; 64], "the refused memsets wrote nothing");
+    });
+}

@@ -173,6 +173,44 @@ fn default_created_and_current_pools() {
     });
 }
 
+/// `cuda.h` (`cuMemPoolCreate`): "Pools created with the type ::CU_MEM_LOCATION_TYPE_HOST are not
+/// IPC capable and ::CUmemPoolProps::handleTypes must be 0, any other values will result in
+/// ::CUDA_ERROR_INVALID_VALUE". A managed pool with a handle type, which `cuda.h` does not
+/// address, stays unsupported.
+#[test]
+fn host_pools_take_no_handle_type() {
+    in_child!(&[], || {
+        use_device(0);
+        let posix = CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+        let fabric = CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_FABRIC;
+        let at = |type_, handle_types| CUmemPoolProps {
+            handleTypes: handle_types,
+            location: CUmemLocation { type_, id: 0 },
+            ..pool_props(0, 0)
+        };
+        for handle_types in [posix, fabric] {
+            let props = at(CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST, handle_types);
+            assert_eq!(create_pool(&props), Err(INVALID), "host pool, {handle_types:?}");
+            let managed = CUmemPoolProps { allocType: CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_MANAGED, ..props };
+            assert_eq!(create_pool(&managed), Err(INVALID), "managed host pool, {handle_types:?}");
+        }
+        let managed = CUmemPoolProps {
+            allocType: CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_MANAGED,
+            ..at(CUmemLocationType::CU_MEM_LOCATION_TYPE_NONE, posix)
+        };
+        assert_eq!(create_pool(&managed), Err(CUresult::CUDA_ERROR_NOT_SUPPORTED), "managed pool");
+        // Without a handle type, and a host NUMA pool with one, are fine.
+        let none = CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE;
+        for props in [
+            at(CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST, none),
+            at(CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST_NUMA, posix),
+        ] {
+            let pool = create_pool(&props).unwrap();
+            assert_eq!(destroy_pool(pool), CUresult::CUDA_SUCCESS);
+        }
+    });
+}
+
 #[test]
 fn stream_ordered_allocation_and_pool_accounting() {
     use CUmemPool_attribute as A;

@@ -660,6 +660,33 @@ fn querying_or_waiting_for_an_event_recorded_in_a_capture_invalidates_it() {
     });
 }
 
+/// `cuEventElapsedTime` asks what `cuEventQuery` asks of both events (`cuda.h`: not ready when
+/// "::cuEventQuery() would return ::CUDA_ERROR_NOT_READY on at least one of the events"), so an
+/// event last recorded in a capture is refused as there, and its capture invalidated, rather than
+/// timed by its earlier recording.
+#[test]
+fn elapsed_time_refuses_an_event_recorded_in_a_capture() {
+    in_child!(&[], || {
+        use_device(0);
+        let captured = CUresult::CUDA_ERROR_CAPTURED_EVENT;
+        let s = non_blocking_stream();
+        let (start, end) = (event(CUevent_flags::CU_EVENT_DEFAULT), event(CUevent_flags::CU_EVENT_DEFAULT));
+        record(start, s);
+        record(end, s);
+        sync(s);
+        assert!(elapsed(start, end).is_ok(), "both recorded and complete");
+        begin_capture(s);
+        record(end, s);
+        assert_eq!(elapsed(start, end), Err(captured), "the end event was last recorded in the capture");
+        assert_eq!(capture_status(s), Ok(INVALIDATED), "the call invalidated the capture");
+        end_invalidated_capture(s);
+        assert_eq!(elapsed(end, start), Err(captured), "as the start event, after the capture ended");
+        record(end, s);
+        sync(s);
+        assert!(elapsed(start, end).is_ok(), "recorded outside a capture again");
+    });
+}
+
 /// As `cuda.h` documents for `cuCtxRecordEvent` and `cuCtxWaitEvent`: a context-wide operation
 /// while a stream of the context captures is `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` and
 /// invalidates every such capture.

@@ -270,3 +270,115 @@ fn retain_properties_and_injected_failures() {
         assert_eq!(map(ra + G as u64, G, a), CUresult::CUDA_SUCCESS, "and only it");
     });
 }
+
+fn located(type_: CUmemLocationType, handle_types: u32) -> CUmemAllocationProp {
+    CUmemAllocationProp { location: CUmemLocation { type_, id: 0 }, ..prop(handle_types) }
+}
+
+/// `cuda.h` (`cuMemCreate`): "HOST allocations are not IPC capable and
+/// ::CUmemAllocationProp::requestedHandleTypes must be 0, any other value will result in
+/// ::CUDA_ERROR_INVALID_VALUE". `cuMemGetAllocationGranularity` refuses such properties too.
+#[test]
+fn host_memory_takes_no_handle_type() {
+    in_child!(&[], || {
+        use_device(0);
+        let posix = CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR.0;
+        let fabric = CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_FABRIC.0;
+        let host = CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST;
+        let granularity = |p: &CUmemAllocationProp| {
+            let mut out = 0usize;
+            // SAFETY: valid pointers.
+            unsafe { code!(driver(), cuMemGetAllocationGranularity(&mut out, p, CUmemAllocationGranularity_flags(0))) }
+        };
+        for types in [posix, fabric, posix | fabric] {
+            let p = located(host, types);
+            let mut handle = 0;
+            // SAFETY: valid pointers.
+            let code = unsafe { code!(driver(), cuMemCreate(&mut handle, G, &p, 0)) };
+            assert_eq!(code, CUresult::CUDA_ERROR_INVALID_VALUE, "cuMemCreate, handle types {types:#x}");
+            assert_eq!(granularity(&p), CUresult::CUDA_ERROR_INVALID_VALUE, "granularity, handle types {types:#x}");
+        }
+        let before = live();
+        // Without a handle type, and host NUMA memory with one, are fine.
+        for p in [located(host, 0), located(CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST_NUMA, posix)] {
+            assert_eq!(granularity(&p), CUresult::CUDA_SUCCESS);
+            let mut handle = 0;
+            // SAFETY: valid pointers.
+            unsafe { cu_call!(driver(), cuMemCreate(&mut handle, G, &p, 0)) }.unwrap();
+            assert_eq!(release(handle), CUresult::CUDA_SUCCESS);
+        }
+        assert_eq!(live(), before);
+    });
+}
+
+fn set_access_at(ptr: CUdeviceptr, size: usize, type_: CUmemLocationType, id: i32) -> CUresult {
+    let desc = CUmemAccessDesc {
+        location: CUmemLocation { type_, id },
+        flags: CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    };
+    // SAFETY: one valid descriptor.
+    unsafe { code!(driver(), cuMemSetAccess(ptr, size, &desc, 1)) }
+}
+
+/// `cuMemSetAccess` takes ranges of whole mappings, aligned to the granularity and mapped
+/// throughout ("a fully mapped address range containing all allocations"): a grant never reaches
+/// memory outside the range it names.
+#[test]
+fn access_is_set_on_whole_granular_mappings() {
+    in_child!(&[], || {
+        use_device(0);
+        let g = G as u64;
+        let two = create(2 * G, 0).unwrap();
+        let one = create(G, 0).unwrap();
+        let ptr = reserve(4 * G, 0);
+        assert_eq!(map(ptr, 2 * G, two), CUresult::CUDA_SUCCESS);
+        assert_eq!(map(ptr + 2 * g, G, one), CUresult::CUDA_SUCCESS);
+        assert_eq!(grant(ptr + 4096, G, 0), CUresult::CUDA_ERROR_INVALID_VALUE, "misaligned start");
+        assert_eq!(grant(ptr, 2 * G + 4096, 0), CUresult::CUDA_ERROR_INVALID_VALUE, "misaligned size");
+        assert_eq!(grant(ptr, G, 0), CUresult::CUDA_ERROR_INVALID_VALUE, "the first half of a mapping");
+        assert_eq!(grant(ptr + g, 2 * G, 0), CUresult::CUDA_ERROR_INVALID_VALUE, "from the middle of a mapping");
+        assert_eq!(grant(ptr, 4 * G, 0), CUresult::CUDA_ERROR_INVALID_VALUE, "past the mapped range");
+        // Nothing was granted by the refused calls.
+        let mut flags = 7u64;
+        let location = CUmemLocation { type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: 0 };
+        // SAFETY: valid pointers.
+        unsafe { cu_call!(driver(), cuMemGetAccess(&mut flags, &location, ptr + g)) }.unwrap();
+        assert_eq!(flags, 0);
+        assert_eq!(grant(ptr + 2 * g, G, 0), CUresult::CUDA_SUCCESS, "one whole mapping");
+        assert_eq!(grant(ptr, 3 * G, 0), CUresult::CUDA_SUCCESS, "two whole mappings");
+        htod(ptr + 2 * g - 4, &[6u8; 8]);
+        assert_eq!(dtoh(ptr + 2 * g - 4, 8), vec![6u8; 8]);
+        assert_eq!(unmap(ptr, 2 * G), CUresult::CUDA_SUCCESS);
+        assert_eq!(unmap(ptr + 2 * g, G), CUresult::CUDA_SUCCESS);
+        assert_eq!(release(two), CUresult::CUDA_SUCCESS);
+        assert_eq!(release(one), CUresult::CUDA_SUCCESS);
+        assert_eq!(free_range(ptr, 4 * G), CUresult::CUDA_SUCCESS);
+    });
+}
+
+/// `cuda.h` (`cuMemSetAccess`): "Users cannot specify ::CU_MEM_LOCATION_TYPE_HOST_NUMA
+/// accessibility for allocations created on with other location types".
+#[test]
+fn host_numa_access_is_only_for_host_numa_memory() {
+    in_child!(&[], || {
+        use_device(0);
+        let (host, numa) =
+            (CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST, CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST_NUMA);
+        for (created, expected) in [
+            (CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, CUresult::CUDA_ERROR_INVALID_VALUE),
+            (host, CUresult::CUDA_ERROR_INVALID_VALUE),
+            (numa, CUresult::CUDA_SUCCESS),
+        ] {
+            let p = located(created, 0);
+            let mut handle = 0;
+            // SAFETY: valid pointers.
+            unsafe { cu_call!(driver(), cuMemCreate(&mut handle, G, &p, 0)) }.unwrap();
+            let ptr = reserve(G, 0);
+            assert_eq!(map(ptr, G, handle), CUresult::CUDA_SUCCESS);
+            assert_eq!(set_access_at(ptr, G, numa, 0), expected, "host NUMA access to {created:?} memory");
+            assert_eq!(unmap(ptr, G), CUresult::CUDA_SUCCESS);
+            assert_eq!(release(handle), CUresult::CUDA_SUCCESS);
+            assert_eq!(free_range(ptr, G), CUresult::CUDA_SUCCESS);
+        }
+    });
+}

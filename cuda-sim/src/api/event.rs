@@ -117,7 +117,9 @@ pub(crate) fn destroy(event: CUevent) -> SimResult {
     context_fault(&removed)
 }
 
-/// `cuEventElapsedTime_v2`.
+/// `cuEventElapsedTime_v2`. It asks what `cuEventQuery` asks of each event (`cuda.h`: not ready
+/// when "::cuEventQuery() would return ::CUDA_ERROR_NOT_READY on at least one of the events"), so
+/// an event last recorded in a capture is refused as there (see [`refuse_captured`]).
 ///
 /// # Safety
 /// `out` is null or valid for a write.
@@ -125,6 +127,8 @@ pub(crate) unsafe fn elapsed_time(out: *mut f32, start: CUevent, end: CUevent) -
     let (start, end) = (find(start)?, find(end)?);
     context_fault(&start)?;
     context_fault(&end)?;
+    refuse_captured(&start)?;
+    refuse_captured(&end)?;
     let ms = Event::elapsed_ms(&start, &end)?;
     // SAFETY: forwarded from the caller.
     unsafe { write_out(out, ms) }

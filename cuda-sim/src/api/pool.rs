@@ -68,8 +68,12 @@ fn pool_kind(allocation_type: CUmemAllocationType) -> SimResult<PoolKind> {
     }
 }
 
-/// `cuMemPoolCreate`. Reserved bytes must be zero; POSIX-fd handles need a device or host-NUMA
-/// location and pinned memory; other handle types and usage flags are not supported.
+/// `cuMemPoolCreate`. Reserved bytes must be zero; a host pool takes no handle type (`cuda.h`:
+/// "Pools created with the type ::CU_MEM_LOCATION_TYPE_HOST are not IPC capable and
+/// ::CUmemPoolProps::handleTypes must be 0, any other values will result in
+/// ::CUDA_ERROR_INVALID_VALUE"); POSIX-fd handles need a device or host-NUMA location and pinned
+/// memory (a managed pool with one is not supported, which `cuda.h` does not address); other
+/// handle types and usage flags are not supported.
 ///
 /// # Safety
 /// `out` is null or valid for a write; `props` is null or valid for a read.
@@ -83,11 +87,14 @@ pub(crate) unsafe fn create(out: *mut CUmemoryPool, props: *const CUmemPoolProps
     let kind = pool_kind(props.allocType)?;
     let location = location(&state.config, &props.location, kind)?;
     let handle_types = props.handleTypes.0;
+    if location == Location::Host {
+        ensure(handle_types == 0)?;
+    }
     let posix = CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR.0;
     if handle_types & !posix != 0 || props.usage != 0 {
         return fail(CUresult::CUDA_ERROR_NOT_SUPPORTED);
     }
-    if handle_types != 0 && (kind == PoolKind::Managed || matches!(location, Location::Host | Location::Unspecified)) {
+    if handle_types != 0 && (kind == PoolKind::Managed || location == Location::Unspecified) {
         return fail(CUresult::CUDA_ERROR_NOT_SUPPORTED);
     }
     let shared = if handle_types != 0 {
@@ -609,12 +616,21 @@ pub(crate) enum Reach {
 /// copies without any grant (cuda.core copies into and out of it without one, and its tests pass
 /// on GPUs), while a memset into it needs the device's read-write access, as an H100 refuses one
 /// without (`CUDA_ERROR_INVALID_VALUE`; see [`conservative`](crate::conservative)).
+///
+/// Another device's `cuMemAlloc` memory is reached by copies (the driver stages a copy between
+/// devices without peer access) but not by memsets, which would need the context peer access the
+/// simulator does not model (`cuCtxEnablePeerAccess` is not exported); another device's graph
+/// memory is reached by neither, as a device pool's without a grant (the simulated allocation
+/// nodes give no peer access). Both are `CUDA_ERROR_INVALID_VALUE`, as for pools.
 pub(crate) fn check_access(state: &State, address: u64, device: usize, write: bool, reach: Reach) -> SimResult {
     let Some(allocation) = state.memory.find(address) else {
         return Ok(());
     };
-    let Kind::Pooled { pool, host } = allocation.kind else {
-        return Ok(());
+    let (pool, host) = match allocation.kind {
+        Kind::Pooled { pool, host } => (pool, host),
+        Kind::Device => return ensure(allocation.device == device || reach == Reach::Copy),
+        Kind::Graph => return ensure(allocation.device == device),
+        Kind::PinnedHost | Kind::Registered | Kind::Managed => return Ok(()),
     };
     let Some(pool) = state.pools.get(&pool) else {
         return Ok(());

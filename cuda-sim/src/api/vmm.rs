@@ -27,8 +27,11 @@ fn granular(value: u64) -> bool {
 }
 
 /// Checks allocation properties: pinned memory on a device, the host or host NUMA node 0;
-/// POSIX-fd and fabric handles only; no compression, RDMA or usage flags (the simulated devices
-/// support none); zero reserved bytes.
+/// POSIX-fd and fabric handles only, and none for host memory (`cuda.h`: "HOST allocations are
+/// not IPC capable and ::CUmemAllocationProp::requestedHandleTypes must be 0, any other value will
+/// result in ::CUDA_ERROR_INVALID_VALUE"; `cuMemGetAllocationGranularity` refuses them too, see
+/// `conservative`); no compression, RDMA or usage flags (the simulated devices support none);
+/// zero reserved bytes.
 fn check_props(state: &State, prop: &CUmemAllocationProp) -> SimResult<(Location, u32)> {
     ensure(prop.type_ == CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED)?;
     let location = match prop.location.type_ {
@@ -40,6 +43,9 @@ fn check_props(state: &State, prop: &CUmemAllocationProp) -> SimResult<(Location
         _ => return fail(CUresult::CUDA_ERROR_INVALID_VALUE),
     };
     let types = prop.requestedHandleTypes.0;
+    if location == Location::Host {
+        ensure(types == 0)?;
+    }
     if types & !(POSIX_FD | FABRIC) != 0 {
         return fail(CUresult::CUDA_ERROR_NOT_SUPPORTED);
     }
@@ -186,9 +192,13 @@ pub(crate) fn unmap(ptr: CUdeviceptr, size: usize) -> SimResult {
     Ok(())
 }
 
-/// `cuMemSetAccess`: the range must be mapped throughout. Device locations take read-write,
-/// read or none (a device that cannot reach the memory's device cannot be given access:
-/// `CUDA_ERROR_INVALID_DEVICE`); host locations are accepted for host memory.
+/// `cuMemSetAccess`: `ptr` and `size` multiples of the granularity, the range mapped throughout
+/// and made of whole mappings (`cuda.h`: "a fully mapped address range containing all
+/// allocations"; see `conservative`), else `CUDA_ERROR_INVALID_VALUE`. Device locations take
+/// read-write, read or none (a device that cannot reach the memory's device cannot be given
+/// access: `CUDA_ERROR_INVALID_DEVICE`); a host location is accepted for host memory, a host NUMA
+/// one only for host-NUMA memory (`cuda.h`: "Users cannot specify ::CU_MEM_LOCATION_TYPE_HOST_NUMA
+/// accessibility for allocations created on with other location types").
 ///
 /// # Safety
 /// `descs` is null or valid for `count` reads.
@@ -198,17 +208,18 @@ pub(crate) unsafe fn set_access(
     descs: *const CUmemAccessDesc,
     count: usize,
 ) -> SimResult {
-    ensure(!descs.is_null() && count > 0 && size > 0)?;
+    let size = size as u64;
+    ensure(!descs.is_null() && count > 0 && size > 0 && granular(ptr) && granular(size))?;
     // SAFETY: valid for `count` reads by the caller's contract.
     let descs = unsafe { std::slice::from_raw_parts(descs, count) };
     let mut state = state::lock()?;
-    let cover: Vec<(u64, Location)> = state
-        .memory
-        .mapped_cover(ptr, size as u64)
-        .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?
-        .into_iter()
-        .map(|(start, range)| (start, range.physical.location))
-        .collect();
+    let mappings = state.memory.mapped_cover(ptr, size).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+    // Whole mappings only: access is kept per mapping, and a grant must not reach past the range.
+    let whole = mappings.first().is_some_and(|&(start, _)| start == ptr)
+        && mappings.last().is_some_and(|&(start, range)| start + range.size == ptr + size);
+    ensure(whole)?;
+    let cover: Vec<(u64, Location)> =
+        mappings.into_iter().map(|(start, range)| (start, range.physical.location)).collect();
     let mut changes = Vec::new();
     for desc in descs {
         ensure(matches!(desc.flags.0, 0 | 1 | 3))?;
@@ -226,8 +237,11 @@ pub(crate) unsafe fn set_access(
                 }
                 changes.push((device, desc.flags));
             }
-            CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST | CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST_NUMA => {
+            CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST => {
                 ensure(cover.iter().all(|(_, l)| !matches!(l, Location::Device(_))))?;
+            }
+            CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST_NUMA => {
+                ensure(cover.iter().all(|(_, l)| matches!(l, Location::HostNuma(_))))?;
             }
             _ => return fail(CUresult::CUDA_ERROR_INVALID_VALUE),
         }
