@@ -4,7 +4,7 @@
 use std::ffi::c_char;
 
 use cuda_mem_sys::cu_call;
-use cuda_mem_sys::types::{CUdevice_attribute as A, CUdevice_attribute, CUmemAllocationHandleType};
+use cuda_mem_sys::types::{CUdevice_attribute as A, CUdevice_attribute, CUmemAllocationHandleType, CUresult};
 
 use crate::driver::driver;
 use crate::error::{Error, Result};
@@ -17,7 +17,18 @@ pub struct Device {
     ordinal: i32,
 }
 
+/// The CUDA version of `cuDeviceGetUuid_v2` (`PFN_cuDeviceGetUuid_v11040`); older drivers have
+/// only CUDA 9.2's `cuDeviceGetUuid` (`PFN_cuDeviceGetUuid_v9020`), with the same arguments.
+const UUID_V2: u32 = 11040;
+
 /// What the memory crates need to know about a device.
+///
+/// A few of these come from attributes newer than CUDA 11.2, the oldest driver the crates
+/// support. A driver older than an attribute does not know it and refuses it with
+/// `CUDA_ERROR_INVALID_VALUE` (NVIDIA's programming guide says so of
+/// `MEMPOOL_SUPPORTED_HANDLE_TYPES` before 11.3; cuda.core met the same, NVIDIA/cuda-python#1437):
+/// [`Device::properties`] then gives the field's default, which each field's documentation names.
+/// Every other attribute is known to every supported driver, and its refusal is an error.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct DeviceProperties {
@@ -31,17 +42,25 @@ pub struct DeviceProperties {
     pub memory_pools_supported: bool,
     /// Whether the virtual memory management API (`cuMemCreate`, `cuMemMap`) is supported.
     pub virtual_memory_management_supported: bool,
-    /// The shareable handle types memory pools support.
+    /// The shareable handle types memory pools support
+    /// (`CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES`, CUDA 11.3). Empty on an 11.2 driver,
+    /// which cannot say: [`DeviceMemoryResource::new`](crate::DeviceMemoryResource::new) then
+    /// leaves the question to the driver's `cuMemPoolCreate`.
     pub mempool_supported_handle_types: HandleTypes,
     /// Whether POSIX file descriptors can share VMM allocations.
     pub posix_fd_handles_supported: bool,
-    /// Whether fabric handles can share VMM allocations.
+    /// Whether fabric handles can share VMM allocations
+    /// (`CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED`, CUDA 12.3). False before CUDA 12.3,
+    /// which has no fabric handles.
     pub fabric_handles_supported: bool,
-    /// Whether GPUDirect RDMA is supported.
+    /// Whether GPUDirect RDMA is supported (`CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED`,
+    /// CUDA 11.3). False on an 11.2 driver, which does not say.
     pub gpu_direct_rdma_supported: bool,
     /// Whether GPUDirect RDMA works with VMM allocations.
     pub gpu_direct_rdma_with_vmm_supported: bool,
-    /// The host NUMA node closest to the device, if the system reports one.
+    /// The host NUMA node closest to the device, if the system reports one
+    /// (`CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID`, CUDA 12.2; the driver's -1 is `None`). `None` before
+    /// CUDA 12.2, which does not know the attribute.
     pub host_numa_id: Option<i32>,
     /// Whether the device can access managed memory concurrently with the host.
     pub concurrent_managed_access: bool,
@@ -132,15 +151,24 @@ impl Device {
         Ok(String::from_utf8_lossy(&bytes).into_owned())
     }
 
-    /// The device's UUID.
+    /// The device's UUID: `cuDeviceGetUuid_v2` from CUDA 11.4, CUDA 9.2's `cuDeviceGetUuid` (the
+    /// same arguments and bytes) on older drivers. Only `_v2` is documented to give a MIG instance
+    /// its own UUID.
     ///
     /// # Errors
     /// If the driver call fails.
     pub fn uuid(&self) -> Result<[u8; 16]> {
         let d = driver()?;
         let mut uuid = cuda_mem_sys::types::CUuuid::default();
+        let has_v2 = d.version()? >= UUID_V2;
         // SAFETY: `uuid` is a valid out-pointer.
-        unsafe { cu_call!(d, cuDeviceGetUuid_v2(&mut uuid, self.ordinal)) }?;
+        unsafe {
+            if has_v2 {
+                cu_call!(d, cuDeviceGetUuid_v2(&mut uuid, self.ordinal))
+            } else {
+                cu_call!(d, cuDeviceGetUuid_v1(&mut uuid, self.ordinal) as "cuDeviceGetUuid")
+            }
+        }?;
         Ok(uuid.bytes.map(|b| b as u8))
     }
 
@@ -203,13 +231,43 @@ impl Device {
         Ok(self.attribute(attribute)? != 0)
     }
 
-    /// The properties the memory crates use, read from the driver.
+    /// One of the attributes newer than the oldest supported driver (CUDA 11.2) that
+    /// [`Device::properties`] reads: `None` when the driver refuses it with
+    /// `CUDA_ERROR_INVALID_VALUE`, as a driver older than the attribute does. Any other attribute
+    /// is read as [`Device::attribute`] reads it, its refusal an error.
+    fn attribute_if_known(&self, attribute: CUdevice_attribute) -> Result<Option<i32>> {
+        let newer_than_supported = matches!(
+            attribute,
+            A::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED
+                | A::CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES
+                | A::CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID
+                | A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED
+        );
+        match self.attribute(attribute) {
+            Ok(value) => Ok(Some(value)),
+            Err(error) if newer_than_supported && error.cuda_code() == Some(CUresult::CUDA_ERROR_INVALID_VALUE) => {
+                Ok(None)
+            }
+            Err(error) => Err(error),
+        }
+    }
+
+    /// The shareable handle types the device's memory pools support, `None` when the driver
+    /// cannot say (before CUDA 11.3, which added `CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES`).
+    pub(crate) fn mempool_handle_types(&self) -> Result<Option<HandleTypes>> {
+        let bits = self.attribute_if_known(A::CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES)?;
+        // The attribute is a bit mask of `CUmemAllocationHandleType` values.
+        Ok(bits.map(|bits| HandleTypes::from_raw(CUmemAllocationHandleType(bits as u32))))
+    }
+
+    /// The properties the memory crates use, read from the driver. Attributes newer than the
+    /// driver give their defaults ([`DeviceProperties`] says which).
     ///
     /// # Errors
     /// If a driver call fails.
     pub fn properties(&self) -> Result<DeviceProperties> {
-        let numa = self.attribute(A::CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID)?;
-        let handle_bits = self.attribute(A::CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES)?;
+        let numa = self.attribute_if_known(A::CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID)?.unwrap_or(-1);
+        let newer_flag = |attribute| Ok::<_, Error>(self.attribute_if_known(attribute)?.is_some_and(|v| v != 0));
         Ok(DeviceProperties {
             name: self.name()?,
             total_memory: self.total_memory()?,
@@ -220,11 +278,11 @@ impl Device {
             memory_pools_supported: self.flag(A::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)?,
             virtual_memory_management_supported: self
                 .flag(A::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)?,
-            mempool_supported_handle_types: HandleTypes::from_raw(CUmemAllocationHandleType(handle_bits as u32)),
+            mempool_supported_handle_types: self.mempool_handle_types()?.unwrap_or_else(HandleTypes::empty),
             posix_fd_handles_supported: self
                 .flag(A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED)?,
-            fabric_handles_supported: self.flag(A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED)?,
-            gpu_direct_rdma_supported: self.flag(A::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED)?,
+            fabric_handles_supported: newer_flag(A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED)?,
+            gpu_direct_rdma_supported: newer_flag(A::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED)?,
             gpu_direct_rdma_with_vmm_supported: self
                 .flag(A::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED)?,
             host_numa_id: (numa >= 0).then_some(numa),

@@ -72,12 +72,15 @@ impl DeviceMemoryResource {
     /// # Errors
     /// [`Error::Unsupported`] when the device has no pools ([`DeviceCapability::MemoryPools`]),
     /// or cannot share them by file descriptor and `ipc_enabled` is set
-    /// ([`DeviceCapability::PoolFileDescriptors`]); driver errors.
+    /// ([`DeviceCapability::PoolFileDescriptors`]; an 11.2 driver cannot say which handle types
+    /// its pools take, so there the driver's `cuMemPoolCreate` decides); driver errors.
     pub fn new(device: Device, options: DeviceMemoryResourceOptions) -> Result<Arc<DeviceMemoryResource>> {
         require_pools(device)?;
         let handle_types = if options.ipc_enabled {
-            let supported = device.properties()?.mempool_supported_handle_types;
-            if !supported.contains(HandleType::PosixFd) {
+            // `None`: a driver before 11.3, which does not know the attribute.
+            if let Some(supported) = device.mempool_handle_types()?
+                && !supported.contains(HandleType::PosixFd)
+            {
                 return Err(Error::Unsupported {
                     device,
                     capability: DeviceCapability::PoolFileDescriptors { supported },

@@ -348,7 +348,7 @@ impl Event {
                 cu_call!(d, cuEventElapsedTime_v2(&mut ms, start.handle(), self.handle()))
             } else {
                 // Before 12.8 only CUDA 2.0's variant exists; it takes the same arguments.
-                cu_call!(d, cuEventElapsedTime_v1(&mut ms, start.handle(), self.handle()))
+                cu_call!(d, cuEventElapsedTime_v1(&mut ms, start.handle(), self.handle()) as "cuEventElapsedTime")
             }
         }?;
         Ok(Duration::from_secs_f64(f64::from(ms.max(0.0)) / 1e3))

@@ -388,7 +388,7 @@ impl<'b, 'a> ManagedBuffer<'b, 'a> {
             let device = if advice.uses_location() { legacy_device(location, installed)? } else { CU_DEVICE_CPU };
             bind_for(self.buffer)?;
             // SAFETY: the range is the buffer's, valid while it lives; no pointers are passed.
-            unsafe { cu_call!(d, cuMemAdvise_v1(ptr, size, advice.raw(), device)) }?;
+            unsafe { cu_call!(d, cuMemAdvise_v1(ptr, size, advice.raw(), device) as "cuMemAdvise") }?;
             return Ok(());
         }
         bind_for(self.buffer)?;
@@ -543,7 +543,9 @@ impl<'b, 'a> ManagedBuffer<'b, 'a> {
         match legacy {
             // SAFETY: the range is the buffer's, valid until it is freed, which is ordered after
             // this work.
-            Some(device) => unsafe { cu_call!(d, cuMemPrefetchAsync_v1(ptr, size, device, stream.handle())) }?,
+            Some(device) => unsafe {
+                cu_call!(d, cuMemPrefetchAsync_v1(ptr, size, device, stream.handle()) as "cuMemPrefetchAsync")
+            }?,
             // SAFETY: as above; flags must be 0.
             None => unsafe { cu_call!(d, cuMemPrefetchAsync_v2(ptr, size, location.raw(), 0, stream.handle())) }?,
         }

@@ -5,12 +5,13 @@
 mod common;
 
 use cuda_mem_core::sys::cu_call;
+use cuda_mem_core::sys::types::{CUdevice_attribute as A, CUresult, CUuuid};
 use cuda_mem_core::{
-    Advice, Buffer, DeviceMemoryResource, DriverCapability, Error, EventOptions, GraphMemoryResource, Location,
-    ManagedMemoryResource, ManagedMemoryResourceOptions, PinnedMemoryResource, PinnedMemoryResourceOptions,
-    installed_version,
+    Advice, Buffer, Device, DeviceMemoryResource, DeviceMemoryResourceOptions, DriverCapability, Error, EventOptions,
+    GraphMemoryResource, HandleType, HandleTypes, Location, ManagedMemoryResource, ManagedMemoryResourceOptions,
+    PinnedMemoryResource, PinnedMemoryResourceOptions, installed_version,
 };
-use cuda_sim::testing::{in_simulated_machine, live_objects, simulator_only};
+use cuda_sim::testing::{count_calls, in_simulated_machine, live_objects, simulator_only};
 
 const ENV: &str = "CUDA_SIM_DRIVER_VERSION";
 
@@ -252,4 +253,143 @@ fn cuda_12_2_prefetches_to_host_numa_nodes() {
         assert_eq!(managed.preferred_location().unwrap(), Some(Location::HostNuma(0)));
         stream.synchronize().unwrap();
     });
+}
+
+/// The attributes `Device::properties` reads that are newer than CUDA 11.2, with the version that
+/// added each.
+const NEWER_ATTRIBUTES: [(A, u32); 4] = [
+    (A::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED, 11030),
+    (A::CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES, 11030),
+    (A::CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, 12020),
+    (A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED, 12030),
+];
+
+/// The UUID CUDA 11.4's `cuDeviceGetUuid_v2` gives for `device`, called through its exported
+/// symbol: the simulator exports every entry point whatever version it pretends to be, and each
+/// behaves as CUDA 13.0's, so this is what a 13.0 driver gives for the same simulated device.
+fn uuid_of_a_13_0_driver(device: Device) -> [u8; 16] {
+    let d = cuda_mem_core::driver().unwrap();
+    let symbol = d.library_symbol(c"cuDeviceGetUuid_v2").expect("the simulator exports cuDeviceGetUuid_v2");
+    // SAFETY: the simulator's `cuDeviceGetUuid_v2`, whose signature is `cuda.h`'s
+    // (`PFN_cuDeviceGetUuid_v11040`, the same as CUDA 9.2's variant).
+    let f = unsafe { std::mem::transmute::<*const std::ffi::c_void, cuda_mem_core::sys::older::DeviceGetUuid>(symbol) };
+    let mut uuid = CUuuid::default();
+    // SAFETY: a valid out-pointer and a device of this process.
+    assert_eq!(unsafe { f(&mut uuid, device.raw()) }, CUresult::CUDA_SUCCESS);
+    uuid.bytes.map(|b| b as u8)
+}
+
+/// On a driver of `version`: `Device::properties` reads every property, the attributes newer
+/// than the driver (which it refuses) as their defaults; `Device::uuid` gives each device's UUID
+/// as a 13.0 driver does, through `cuDeviceGetUuid_v2` from 11.4 and CUDA 9.2's `cuDeviceGetUuid`
+/// before, and `Device::with_uuid` finds the device by it; a pool shared by file descriptor is
+/// made.
+fn properties_and_uuids_on(version: u32) {
+    let device = common::device();
+    assert_eq!(installed_version().unwrap(), version);
+    for (attribute, added) in NEWER_ATTRIBUTES {
+        let read = device.attribute(attribute);
+        if version < added {
+            let code = read.as_ref().map_err(Error::cuda_code);
+            assert_eq!(code, Err(Some(CUresult::CUDA_ERROR_INVALID_VALUE)), "{attribute:?} on {version}");
+        } else {
+            read.unwrap_or_else(|e| panic!("{attribute:?} on {version}: {e}"));
+        }
+    }
+    let properties = device.properties().unwrap();
+    assert_eq!(properties.compute_capability, (9, 0));
+    assert!(properties.memory_pools_supported && properties.virtual_memory_management_supported);
+    assert!(properties.posix_fd_handles_supported && properties.unified_addressing);
+    assert!(properties.concurrent_managed_access);
+    // The simulated device has no GPUDirect RDMA, whatever the driver.
+    assert!(!properties.gpu_direct_rdma_supported && !properties.gpu_direct_rdma_with_vmm_supported);
+    let (handle_types, numa, fabric) =
+        (properties.mempool_supported_handle_types, properties.host_numa_id, properties.fabric_handles_supported);
+    let pool_fds = if version >= 11030 { HandleTypes::from(HandleType::PosixFd) } else { HandleTypes::empty() };
+    assert_eq!(handle_types, pool_fds, "on {version}");
+    assert_eq!(numa, (version >= 12020).then_some(0), "on {version}");
+    assert_eq!(fabric, version >= 12030, "on {version}");
+
+    // Pool sharing by file descriptor works from 11.2, whether or not the driver can say so.
+    let stream = common::stream(device);
+    let shared = DeviceMemoryResource::new(device, DeviceMemoryResourceOptions::default().ipc_enabled(true)).unwrap();
+    drop(shared.allocate(1024, &stream).unwrap());
+    stream.synchronize().unwrap();
+
+    let d = cuda_mem_core::driver().unwrap();
+    let devices = Device::all().unwrap();
+    assert_eq!(devices.len(), 2);
+    for &each in &devices {
+        let (uuid, calls) = count_calls(d, || each.uuid().unwrap()).unwrap();
+        assert_eq!(uuid, uuid_of_a_13_0_driver(each), "{each} on {version}");
+        let (v1, v2) = if version >= 11040 { (0, 1) } else { (1, 0) };
+        assert_eq!((calls.of("cuDeviceGetUuid"), calls.of("cuDeviceGetUuid_v2")), (v1, v2), "on {version}");
+        assert_eq!(Device::with_uuid(uuid).unwrap(), Some(each));
+    }
+    assert_ne!(devices[0].uuid().unwrap(), devices[1].uuid().unwrap());
+}
+
+#[test]
+fn cuda_11_2_reads_properties_and_uuids_with_cuda_9_2_s_uuid_call() {
+    in_simulated_machine(
+        "cuda_11_2_reads_properties_and_uuids_with_cuda_9_2_s_uuid_call",
+        &[(ENV, "11020"), ("CUDA_SIM_DEVICES", "2")],
+        || {
+            if !simulator_only("pretending to be CUDA 11.2") {
+                return;
+            }
+            properties_and_uuids_on(11020);
+        },
+    );
+}
+
+#[test]
+fn cuda_12_0_reads_properties_without_host_numa_nodes_or_fabric_handles() {
+    in_simulated_machine(
+        "cuda_12_0_reads_properties_without_host_numa_nodes_or_fabric_handles",
+        &[(ENV, "12000"), ("CUDA_SIM_DEVICES", "2")],
+        || {
+            if !simulator_only("pretending to be CUDA 12.0") {
+                return;
+            }
+            properties_and_uuids_on(12000);
+        },
+    );
+}
+
+#[test]
+fn cuda_13_0_reads_every_property() {
+    in_simulated_machine("cuda_13_0_reads_every_property", &[(ENV, "13000"), ("CUDA_SIM_DEVICES", "2")], || {
+        if !simulator_only("pretending to be CUDA 13.0") {
+            return;
+        }
+        properties_and_uuids_on(13000);
+    });
+}
+
+#[test]
+fn an_older_variant_fails_under_the_name_cuda_h_gives_it() {
+    // Before 12.8 the elapsed time is CUDA 2.0's `cuEventElapsedTime`, called through an
+    // accessor of another name: an error names the function as `cuda.h` does.
+    in_simulated_machine(
+        "an_older_variant_fails_under_the_name_cuda_h_gives_it",
+        &[(ENV, "12000"), ("CUDA_SIM_FAIL", "cuEventElapsedTime:1")],
+        || {
+            if !simulator_only("fault injection") {
+                return;
+            }
+            let device = common::device();
+            let stream = common::stream(device);
+            let start = cuda_mem_core::Event::new(device, EventOptions::default().timing()).unwrap();
+            let end = cuda_mem_core::Event::new(device, EventOptions::default().timing()).unwrap();
+            start.record(&stream).unwrap();
+            end.record(&stream).unwrap();
+            end.synchronize().unwrap();
+            let error = end.elapsed_since(&start).unwrap_err();
+            let cuda_mem_core::Error::Cuda(cuda_mem_core::sys::CudaError::Driver(failed)) = &error else {
+                panic!("a driver error: {error:?}")
+            };
+            assert_eq!(failed.function, "cuEventElapsedTime", "{error}");
+        },
+    );
 }

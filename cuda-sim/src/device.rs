@@ -71,6 +71,84 @@ pub(crate) fn uuid_string(physical: usize) -> String {
     format!("GPU-{}-{}-{}-{}-{}", &hex[..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..])
 }
 
+/// The CUDA version (`cuDriverGetVersion`'s encoding) that added each device attribute newer than
+/// CUDA 11.0, the oldest driver `CUDA_SIM_DRIVER_VERSION` pretends to be; an attribute not listed
+/// is older. A driver older than an attribute does not know it and answers
+/// `CUDA_ERROR_INVALID_VALUE` (as NVIDIA's programming guide says of 11.3's
+/// `MEMPOOL_SUPPORTED_HANDLE_TYPES` on earlier drivers, and as cuda.core meets on old drivers,
+/// NVIDIA/cuda-python#1409, #1437).
+///
+/// Where the versions come from (`cuda.h` does not say when an enum value came):
+/// - 11.4 to 13.0: the `CUdevice_attribute_enum` of each release's `cuda.h`, as cudarc's bindings
+///   transcribe them one release at a time (coreylowman/cudarc, `src/driver/sys`, CUDA 11.4 to
+///   13.x); cross-checked with cuda-python's notes: 139 and 140 came with 12.8 (#1437), 138 with
+///   12.9 (#1409), 142 with 12.9 and 144 with 13.0 (#2795). The numbers are not in order of
+///   release: 120 (cluster launch, 11.8) is younger than 121 to 124 (11.6, 11.7).
+/// - 11.3: NVIDIA's programming guide ("Starting with CUDA 11.3, IPC memory pool support can be
+///   queried with `cudaDevAttrMemoryPoolSupportedHandleTypes`") for 119; 116 to 118, the GPUDirect
+///   RDMA attributes, came with `cuFlushGPUDirectRDMAWrites` (`PFN_…_v11030` in `cudaTypedefs.h`),
+///   which 117 and 118 describe.
+/// - 11.1, 11.2: the release of what each describes: sparse arrays (`cuArrayGetSparseProperties`,
+///   `PFN_…_v11010`), read-only host registration (11.1), timeline semaphores (11.2), memory pools
+///   (`cuMemPoolCreate`, `PFN_…_v11020`, and the programming guide's `driverVersion >= 11020`
+///   before asking `cudaDevAttrMemoryPoolsSupported`).
+///
+/// The readings among these (everything before 11.4 but 115 and 119) are listed in
+/// [`conservative`](crate::conservative).
+const ATTRIBUTE_VERSIONS: &[(CUdevice_attribute, i32)] = {
+    use CUdevice_attribute as A;
+    &[
+        (A::CU_DEVICE_ATTRIBUTE_SPARSE_CUDA_ARRAY_SUPPORTED, 11010),
+        (A::CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED, 11010),
+        (A::CU_DEVICE_ATTRIBUTE_TIMELINE_SEMAPHORE_INTEROP_SUPPORTED, 11020),
+        (A::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, 11020),
+        (A::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED, 11030),
+        (A::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS, 11030),
+        (A::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING, 11030),
+        (A::CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES, 11030),
+        (A::CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH, 11080),
+        (A::CU_DEVICE_ATTRIBUTE_DEFERRED_MAPPING_CUDA_ARRAY_SUPPORTED, 11060),
+        (A::CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, 11070),
+        (A::CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR, 11070),
+        (A::CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, 11070),
+        (A::CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED, 12000),
+        (A::CU_DEVICE_ATTRIBUTE_MEM_SYNC_DOMAIN_COUNT, 12000),
+        (A::CU_DEVICE_ATTRIBUTE_TENSOR_MAP_ACCESS_SUPPORTED, 12000),
+        (A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED, 12030),
+        (A::CU_DEVICE_ATTRIBUTE_UNIFIED_FUNCTION_POINTERS, 12000),
+        (A::CU_DEVICE_ATTRIBUTE_NUMA_CONFIG, 12020),
+        (A::CU_DEVICE_ATTRIBUTE_NUMA_ID, 12020),
+        (A::CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED, 12010),
+        (A::CU_DEVICE_ATTRIBUTE_MPS_ENABLED, 12030),
+        (A::CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, 12020),
+        (A::CU_DEVICE_ATTRIBUTE_D3D12_CIG_SUPPORTED, 12050),
+        (A::CU_DEVICE_ATTRIBUTE_MEM_DECOMPRESS_ALGORITHM_MASK, 12080),
+        (A::CU_DEVICE_ATTRIBUTE_MEM_DECOMPRESS_MAXIMUM_LENGTH, 12080),
+        (A::CU_DEVICE_ATTRIBUTE_VULKAN_CIG_SUPPORTED, 12090),
+        (A::CU_DEVICE_ATTRIBUTE_GPU_PCI_DEVICE_ID, 12080),
+        (A::CU_DEVICE_ATTRIBUTE_GPU_PCI_SUBSYSTEM_ID, 12080),
+        (A::CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 12090),
+        (A::CU_DEVICE_ATTRIBUTE_HOST_NUMA_MEMORY_POOLS_SUPPORTED, 12090),
+        (A::CU_DEVICE_ATTRIBUTE_HOST_NUMA_MULTINODE_IPC_SUPPORTED, 12080),
+        (A::CU_DEVICE_ATTRIBUTE_HOST_MEMORY_POOLS_SUPPORTED, 13000),
+        (A::CU_DEVICE_ATTRIBUTE_HOST_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, 13000),
+        (A::CU_DEVICE_ATTRIBUTE_HOST_ALLOC_DMA_BUF_SUPPORTED, 13000),
+        (A::CU_DEVICE_ATTRIBUTE_ONLY_PARTIAL_HOST_NATIVE_ATOMIC_SUPPORTED, 13000),
+    ]
+};
+
+/// The CUDA version that added `attribute` ([`ATTRIBUTE_VERSIONS`]); 0 for one CUDA 11.0 already
+/// had (or one `cuda.h` does not define, which [`attribute`] refuses whatever the version).
+pub(crate) fn attribute_version(attribute: CUdevice_attribute) -> i32 {
+    ATTRIBUTE_VERSIONS.iter().find(|(a, _)| *a == attribute).map_or(0, |&(_, version)| version)
+}
+
+/// Whether a driver of `version` knows `attribute`: `CUDA_ERROR_INVALID_VALUE` if not, as a
+/// driver answers an attribute newer than itself.
+pub(crate) fn check_known(attribute: CUdevice_attribute, version: i32) -> SimResult {
+    if attribute_version(attribute) > version { fail(CUresult::CUDA_ERROR_INVALID_VALUE) } else { Ok(()) }
+}
+
 /// The value of one attribute of physical device `physical` (only its PCI bus id depends on
 /// which device it is).
 pub(crate) fn attribute(physical: usize, attribute: CUdevice_attribute) -> SimResult<i32> {
@@ -156,6 +234,49 @@ mod tests {
         assert_eq!(check_ordinal(&config, 2), Err(CUresult::CUDA_ERROR_INVALID_DEVICE));
         assert_eq!(check_ordinal(&config, -1), Err(CUresult::CUDA_ERROR_INVALID_DEVICE));
         assert_ne!(uuid(0), uuid(1));
+    }
+
+    #[test]
+    fn attributes_newer_than_the_driver_are_refused() {
+        use CUdevice_attribute as A;
+        let invalid = Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        // The attributes `cuda-mem` reads, on the drivers it supports.
+        for (attribute, added) in [
+            (A::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, 11020),
+            (A::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED, 11030),
+            (A::CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES, 11030),
+            (A::CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, 12020),
+            (A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED, 12030),
+        ] {
+            assert_eq!(attribute_version(attribute), added, "{attribute:?}");
+            assert_eq!(check_known(attribute, added - 10), invalid, "{attribute:?} before {added}");
+            assert_eq!(check_known(attribute, added), Ok(()), "{attribute:?} at {added}");
+            assert_eq!(check_known(attribute, 13000), Ok(()), "{attribute:?} at 13.0");
+        }
+        // CUDA 11.0's attributes are known to every driver the simulator pretends to be.
+        for attribute in [
+            A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+            A::CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING,
+            A::CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS,
+            A::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+            A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+            A::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED,
+            A::CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK,
+        ] {
+            assert_eq!(check_known(attribute, crate::config::OLDEST_DRIVER_VERSION), Ok(()), "{attribute:?}");
+        }
+        // Not in order of number: 11.8's cluster launch (120) is younger than 11.6's 121.
+        assert_eq!(check_known(A::CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH, 11070), invalid);
+        assert_eq!(check_known(A::CU_DEVICE_ATTRIBUTE_DEFERRED_MAPPING_CUDA_ARRAY_SUPPORTED, 11070), Ok(()));
+        // Every attribute of `cuda.h` 13.0 is known to the driver the simulator is by default, and
+        // the table lists each attribute once, none newer than that header.
+        for code in 1..A::CU_DEVICE_ATTRIBUTE_MAX.0 {
+            assert_eq!(check_known(CUdevice_attribute(code), crate::config::DEFAULT_DRIVER_VERSION), Ok(()));
+        }
+        for (i, (attribute, version)) in ATTRIBUTE_VERSIONS.iter().enumerate() {
+            assert!(ATTRIBUTE_VERSIONS[..i].iter().all(|(a, _)| a != attribute), "{attribute:?} twice");
+            assert!((11010..=crate::config::DEFAULT_DRIVER_VERSION).contains(version), "{attribute:?}");
+        }
     }
 
     #[test]

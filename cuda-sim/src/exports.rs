@@ -103,6 +103,8 @@ exports! {
     cuDeviceGetCount / -(count: *mut c_int) => |_mode| api::device::count(count);
     cuDeviceGetName / -(name: *mut c_char, len: c_int, device: CUdevice) => |_mode| api::device::name(name, len, device);
     cuDeviceGetUuid_v2 / -(uuid: *mut CUuuid, device: CUdevice) => |_mode| api::device::get_uuid(uuid, device);
+    // CUDA 9.2's variant, same signature, for callers of drivers before 11.4.
+    cuDeviceGetUuid / -(uuid: *mut CUuuid, device: CUdevice) => |_mode| api::device::get_uuid(uuid, device);
     cuDeviceGetPCIBusId / -(bus_id: *mut c_char, len: c_int, device: CUdevice)
         => |_mode| api::device::pci_bus_id(bus_id, len, device);
     cuDeviceGetByPCIBusId / -(device: *mut CUdevice, bus_id: *const c_char)

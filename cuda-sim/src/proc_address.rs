@@ -7,7 +7,8 @@
 //! not above the one asked for; the per-thread flag selects the `_ptds`/`_ptsz` variant where
 //! there is one. The simulator implements the variants `cuda.h` 13.0 declares, and the few older
 //! ones `cuda_mem_sys::OLDER_SYMBOLS` lists (`cuEventElapsedTime` of CUDA 2.0, which `cuda-mem` uses
-//! on drivers before 12.8; `cuMemAdvise` and `cuMemPrefetchAsync` of CUDA 8.0, used before 12.2),
+//! on drivers before 12.8; `cuMemAdvise` and `cuMemPrefetchAsync` of CUDA 8.0, used before 12.2;
+//! `cuDeviceGetUuid` of CUDA 9.2, used before 11.4),
 //! so a request for another older ABI of a function (`cuMemAlloc` at
 //! CUDA 3.0, with 32-bit sizes) is answered "version not sufficient" rather than with an entry
 //! point of the wrong signature.

@@ -34,8 +34,8 @@
 //! `cuEventElapsedTime_v2` at 12080, `cuMemcpyBatchAsync_v2` and `cuMemGetMemPool` at 13000.
 //! Where `cuda-mem` can use an older variant on older drivers (the same job, an older
 //! signature), that variant is declared by hand with its own version in [`crate::older`]
-//! (`cuEventElapsedTime` at 2000, `cuMemAdvise` and `cuMemPrefetchAsync` at 8000) and the caller
-//! picks one by the driver's version.
+//! (`cuEventElapsedTime` at 2000, `cuMemAdvise` and `cuMemPrefetchAsync` at 8000, `cuDeviceGetUuid`
+//! at 9020) and the caller picks one by the driver's version.
 
 use std::ffi::{CStr, c_int, c_void};
 use std::path::{Path, PathBuf};
@@ -488,8 +488,19 @@ pub use functions::SYMBOLS;
 /// turns the code into `Result<(), CudaError>`. Calling a driver function is `unsafe`, so the
 /// macro must be used inside an `unsafe` block whose `// SAFETY:` comment says why the arguments
 /// are valid.
+///
+/// An older variant declared by hand (see [`crate::older`]) is called by its accessor and named
+/// in errors as `cuda.h` names the function: `cu_call!(d, cuEventElapsedTime_v1(..) as
+/// "cuEventElapsedTime")`.
 #[macro_export]
 macro_rules! cu_call {
+    ($driver:expr, $function:ident ( $($arg:expr),* $(,)? ) as $name:literal) => {{
+        let driver: &$crate::Driver = $driver;
+        match driver.$function() {
+            Ok(f) => driver.check($name, f($($arg),*)).map_err($crate::CudaError::from),
+            Err(e) => Err($crate::CudaError::from(e)),
+        }
+    }};
     ($driver:expr, $function:ident ( $($arg:expr),* $(,)? )) => {{
         let driver: &$crate::Driver = $driver;
         match driver.$function() {

@@ -10,7 +10,7 @@ use std::ffi::c_void;
 
 use crate::error::LoadError;
 use crate::loader::{Driver, Slot, SymbolInfo};
-use crate::types::{CUdevice, CUdeviceptr, CUevent, CUmem_advise, CUresult, CUstream};
+use crate::types::{CUdevice, CUdeviceptr, CUevent, CUmem_advise, CUresult, CUstream, CUuuid};
 
 /// `cuEventElapsedTime` as CUDA 2.0 defined it (`PFN_cuEventElapsedTime_v2000`): the signature
 /// of CUDA 12.8's `cuEventElapsedTime_v2`, for drivers before 12.8.
@@ -31,11 +31,20 @@ const MEM_PREFETCH_ASYNC_V1: SymbolInfo = SymbolInfo {
     per_thread: Some((c"cuMemPrefetchAsync_ptsz", 8000)),
 };
 
+/// `cuDeviceGetUuid` as CUDA 9.2 defined it (`PFN_cuDeviceGetUuid_v9020`): the signature of
+/// CUDA 11.4's `cuDeviceGetUuid_v2`, for drivers before 11.4.
+const DEVICE_GET_UUID_V1: SymbolInfo =
+    SymbolInfo { symbol: c"cuDeviceGetUuid", base: c"cuDeviceGetUuid", version: Some(9020), per_thread: None };
+
 /// Every variant declared here, in the form of [`SYMBOLS`](crate::SYMBOLS).
-pub static OLDER_SYMBOLS: &[SymbolInfo] = &[EVENT_ELAPSED_TIME_V1, MEM_ADVISE_V1, MEM_PREFETCH_ASYNC_V1];
+pub static OLDER_SYMBOLS: &[SymbolInfo] =
+    &[EVENT_ELAPSED_TIME_V1, MEM_ADVISE_V1, MEM_PREFETCH_ASYNC_V1, DEVICE_GET_UUID_V1];
 
 /// The signature of `cuEventElapsedTime` (both variants).
 pub type EventElapsedTime = unsafe extern "C" fn(ms: *mut f32, start: CUevent, end: CUevent) -> CUresult;
+
+/// The signature of `cuDeviceGetUuid` (both variants).
+pub type DeviceGetUuid = unsafe extern "C" fn(uuid: *mut CUuuid, dev: CUdevice) -> CUresult;
 
 /// The signature of CUDA 8.0's `cuMemAdvise`.
 pub type MemAdviseV1 =
@@ -87,6 +96,13 @@ impl Driver {
         /// drivers older than 12.2: `dstDevice` is a device ordinal or `CU_DEVICE_CPU` (-1).
         cuMemPrefetchAsync_v1: MemPrefetchAsyncV1 = MEM_PREFETCH_ASYNC_V1, mem_prefetch_async
     }
+
+    older_entry! {
+        /// `cuDeviceGetUuid(uuid, dev)` as CUDA 9.2 defined it, for drivers older than 11.4
+        /// (whose `cuDeviceGetUuid_v2` takes the same arguments; only `_v2` is documented to give
+        /// a MIG instance's own UUID).
+        cuDeviceGetUuid_v1: DeviceGetUuid = DEVICE_GET_UUID_V1, device_get_uuid
+    }
 }
 
 /// One cache slot per variant declared here.
@@ -95,4 +111,5 @@ pub(crate) struct OlderEntries {
     event_elapsed_time: Slot,
     mem_advise: Slot,
     mem_prefetch_async: Slot,
+    device_get_uuid: Slot,
 }

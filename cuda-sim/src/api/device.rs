@@ -4,7 +4,9 @@ use std::ffi::c_char;
 
 use cuda_mem_sys::types::{CUdevice_attribute, CUuuid};
 
-use crate::device::{attribute as device_attribute, check_ordinal, check_physical, name as device_name, uuid};
+use crate::device::{
+    attribute as device_attribute, check_known, check_ordinal, check_physical, name as device_name, uuid,
+};
 use crate::error::{SimResult, ensure, write_out};
 use crate::state;
 
@@ -47,8 +49,9 @@ pub(crate) unsafe fn name(out: *mut c_char, len: i32, device: i32) -> SimResult 
     Ok(())
 }
 
-/// `cuDeviceGetUuid_v2`: the physical device's UUID, the same in every process whatever its
-/// ordinal there.
+/// `cuDeviceGetUuid_v2`, and CUDA 9.2's `cuDeviceGetUuid` (same arguments): the physical
+/// device's UUID, the same in every process whatever its ordinal there. The two differ only for a
+/// MIG instance (`_v2` gives the instance's own UUID), which the simulator does not have.
 ///
 /// # Safety
 /// `out` is null or valid for a write.
@@ -149,13 +152,17 @@ pub(crate) unsafe fn total_mem(out: *mut usize, device: i32) -> SimResult {
     unsafe { write_out(out, state.config.memory as usize) }
 }
 
-/// `cuDeviceGetAttribute` (of the physical device: its PCI bus id is the physical one).
+/// `cuDeviceGetAttribute` (of the physical device: its PCI bus id is the physical one). An
+/// attribute newer than the driver the simulator pretends to be (`CUDA_SIM_DRIVER_VERSION`) is
+/// `CUDA_ERROR_INVALID_VALUE`, as that driver answers an attribute it does not know, even where
+/// `CUDA_SIM_DEVICE_ATTRIBUTES` would report a value for it.
 ///
 /// # Safety
 /// `out` is null or valid for a write.
 pub(crate) unsafe fn get_attribute(out: *mut i32, attribute: CUdevice_attribute, device: i32) -> SimResult {
     let state = state::lock()?;
     let device = check_physical(&state.config, device)?;
+    check_known(attribute, super::init::reported_version()?)?;
     let value = device_attribute(device, attribute)?;
     let value = state.config.attribute_override(attribute.0).unwrap_or(value);
     // SAFETY: forwarded from the caller.
