@@ -3,8 +3,9 @@ process that uses cuda-mem-ipc, in either direction, with no change to cuda.core
 
 The two meet on cuda-mem-ipc's channel: a connected Unix domain stream socket that carries framed
 messages and file descriptors (``SCM_RIGHTS``). This module speaks that channel in pure Python
-(the standard library's ``socket.send_fds``/``socket.recv_fds`` and ``struct``) and turns its
-messages into cuda.core objects and back:
+(the standard library's ``socket.sendmsg``/``socket.recvmsg`` and ``struct``; cuda.core is
+imported only where a message is turned into its objects, so the channel layer works without it)
+and turns its messages into cuda.core objects and back:
 
 ============  =======================================================  ==========================
 kind          payload                                                  cuda.core side
@@ -44,14 +45,18 @@ opens it (once per channel, by the sender's id of it) and makes the stream given
 The sending channel keeps each event it sent alive (the receiver can open an event only while its
 exporter holds it) until :meth:`IpcChannel.release_sent_events`.
 
-Errors are exceptions: :class:`ProtocolError` (a frame, message or descriptor that is not what
-this protocol expects; its ``expected`` and ``received`` say what each was), :class:`PeerClosed`,
+Errors are exceptions; this module's own are all :class:`ExchangeError`: :class:`ProtocolError`
+(a frame, message or descriptor that is not what this protocol expects; its ``expected`` and
+``received`` say what each was), :class:`PeerClosed` (also when the peer closed with data of ours
+unread, ``ECONNRESET``), :class:`OutOfDescriptors` (this process had no descriptor numbers left
+for a message's descriptors), :class:`ChannelTimeout` (also a ``TimeoutError``),
 :class:`UnknownResource` (a buffer whose pool did not arrive on this channel) and
 :class:`DeviceNotVisible`, :class:`EventNotOpened` (the driver refused the peer's event: it
-destroyed it too early, or the handle is bad). An error about one message leaves the channel usable when the whole
-frame was read (an unknown kind, a malformed payload); a malformed frame header breaks it for
-receiving (message boundaries are lost), as in Rust. Descriptors that came with a refused message
-are closed.
+destroyed it too early, or the handle is bad). An error about one message leaves the channel
+usable when the whole frame was read (an unknown kind, a malformed payload,
+:class:`OutOfDescriptors`); a malformed frame header, or an end of stream or a time-out inside a
+frame, breaks it for receiving (message boundaries are lost), as in Rust.
+Descriptors that came with a refused message are closed.
 
 Trust: import only from trusted peers (the same user, cooperating code), as with cuda-mem-ipc:
 the export data is opaque and a peer that shares memory can write it at any time. Lengths,
@@ -111,11 +116,17 @@ a socket path: ``Channel.connect(path)`` here, ``ChannelListener::bind``/``accep
 
 from __future__ import annotations
 
+import array
+import fcntl
+import math
 import os
+import select
 import socket
 import stat
 import struct
 import subprocess
+import threading
+import time
 import uuid as uuidlib
 import zlib
 from dataclasses import dataclass, field
@@ -132,12 +143,14 @@ __all__ = [
     "VIRTUAL_BUFFER",
     "Buffers",
     "Channel",
+    "ChannelTimeout",
     "Data",
     "DeviceNotVisible",
     "Event",
     "EventNotOpened",
     "ExchangeError",
     "IpcChannel",
+    "OutOfDescriptors",
     "PeerClosed",
     "ProtocolError",
     "RawMessage",
@@ -222,6 +235,28 @@ class PeerClosed(ExchangeError):
         super().__init__("the peer closed the channel")
 
 
+class OutOfDescriptors(ExchangeError):
+    """This process had no free descriptor numbers (``RLIMIT_NOFILE``) for a message's file
+    descriptors, so the system dropped them. Not the peer's fault: the message (of kind ``kind``,
+    with ``fds`` descriptors) was read to its end and dropped, the descriptors of it that did
+    arrive were closed, and the channel is still usable (Rust's ``IpcError::OutOfDescriptors``)."""
+
+    def __init__(self, kind: int, fds: int):
+        self.kind = kind
+        self.fds = fds
+        super().__init__(
+            f"the {fds} descriptor(s) of a message of kind {kind} could not be received; the message was dropped "
+            "and the channel is still usable: close descriptors or raise RLIMIT_NOFILE"
+        )
+
+
+class ChannelTimeout(ExchangeError, TimeoutError):
+    """A receive or send ran past the channel's time-out (:meth:`Channel.settimeout`). Also a
+    ``TimeoutError`` (so ``socket.timeout``, which is that). One before the first byte of a
+    message leaves the channel usable; one in the middle of a message breaks it for receiving
+    (or sending), as in Rust."""
+
+
 class UnknownResource(ExchangeError):
     """A buffer names a pool that did not arrive on this channel (or was released)."""
 
@@ -257,7 +292,8 @@ class EventNotOpened(ExchangeError):
 
 @dataclass
 class RawMessage:
-    """A frame as received: its kind, payload and file descriptors (owned: close them)."""
+    """A frame as received: its kind, payload and file descriptors (owned, close-on-exec:
+    close them)."""
 
     kind: int
     payload: bytes
@@ -274,11 +310,32 @@ def _kind_name(kind: int) -> str:
     return f"{kind} ({_KIND_NAMES[kind]})" if kind in _KIND_NAMES else str(kind)
 
 
+# Whether this process has taken its channel from the environment (Rust's `TAKEN`).
+_channel_taken = False
+_channel_taken_lock = threading.Lock()
+
+
 class Channel:
     """One end of a cuda-mem-ipc channel: framed messages with file descriptors over a connected
     Unix domain stream socket (the framing is in the module's docs).
 
-    ``send`` and ``recv`` are for one thread at a time each."""
+    Received descriptors are close-on-exec (``MSG_CMSG_CLOEXEC``): children started later do not
+    inherit them. Sends use ``MSG_NOSIGNAL``: a peer that closed its end is :class:`PeerClosed`,
+    never ``SIGPIPE``, whatever this process does with that signal.
+
+    When this process runs out of descriptor numbers (``RLIMIT_NOFILE``), the system cannot hand
+    over a message's descriptors: it drops them and marks the control data truncated. The receiver
+    then reads the rest of the frame, closes whatever descriptors of it did arrive and raises
+    :class:`OutOfDescriptors`; the channel stays in step, so the next message is received normally
+    once descriptors are free again.
+
+    Once a frame has been partly read and then failed (a malformed header, an end of stream or a
+    time-out in the middle of a frame), the byte stream is out of step and further receives raise
+    :class:`ProtocolError`; likewise a send that failed partway through a frame makes further
+    sends fail. Open a new channel then.
+
+    ``send`` and ``recv`` are for one thread at a time each (one thread may send while another
+    receives)."""
 
     def __init__(self, sock: socket.socket):
         if sock.family != socket.AF_UNIX or sock.type != socket.SOCK_STREAM:
@@ -286,6 +343,9 @@ class Channel:
         self.sock = sock
         self._recv_broken = False
         self._send_broken = False
+        # How long one recv() may take, from the call to the message's last byte (None: no
+        # limit). A socket handed over with a time-out keeps it.
+        self._recv_timeout = sock.gettimeout()
 
     @classmethod
     def pair(cls) -> tuple["Channel", "Channel"]:
@@ -328,29 +388,53 @@ class Channel:
         """The channel a parent passed (Rust's ``spawn_with_channel`` or this module's): the
         descriptor ``CUDA_MEM_IPC_CHANNEL_FD`` names, checked to be the very socket whose inode
         ``CUDA_MEM_IPC_CHANNEL_INODE`` names (so a grandchild that inherited the environment but
-        not the descriptor does not take some other file). It is made close-on-exec again."""
-        try:
-            fd = int(os.environ[CHANNEL_FD_ENV])
-            inode = int(os.environ[CHANNEL_INODE_ENV])
-        except KeyError as missing:
-            raise ExchangeError(f"{missing.args[0]} is not set, so this process was not given a channel") from None
-        except ValueError as bad:
-            raise ExchangeError(f"{CHANNEL_FD_ENV}/{CHANNEL_INODE_ENV} are not numbers: {bad}") from None
-        try:
-            info = os.fstat(fd)
-        except OSError as e:
-            raise ExchangeError(f"{CHANNEL_FD_ENV} names descriptor {fd}, which is not open here") from e
-        if not stat.S_ISSOCK(info.st_mode) or info.st_ino != inode:
-            raise ExchangeError(
-                f"descriptor {fd} from {CHANNEL_FD_ENV} is not the channel the parent passed "
-                f"(inode {info.st_ino}, expected a socket with inode {inode})"
-            )
+        not the descriptor does not take some other file). It is made close-on-exec again.
+
+        A process has at most one such channel: a second call raises :class:`ExchangeError`
+        (two channels would own one descriptor, and the first to close it would pull it from
+        under the other). Nothing is taken when a call fails."""
+        global _channel_taken
+        with _channel_taken_lock:
+            if _channel_taken:
+                raise ExchangeError(
+                    "the channel was already taken by an earlier Channel.from_env in this process "
+                    "(a process has one channel from its parent: keep the first)"
+                )
+            try:
+                fd = int(os.environ[CHANNEL_FD_ENV])
+                inode = int(os.environ[CHANNEL_INODE_ENV])
+            except KeyError as missing:
+                raise ExchangeError(f"{missing.args[0]} is not set, so this process was not given a channel") from None
+            except ValueError as bad:
+                raise ExchangeError(f"{CHANNEL_FD_ENV}/{CHANNEL_INODE_ENV} are not numbers: {bad}") from None
+            if fd < 0:
+                raise ExchangeError(f"{CHANNEL_FD_ENV} is {fd}, not a descriptor number")
+            try:
+                info = os.fstat(fd)
+            except OSError as e:
+                raise ExchangeError(f"{CHANNEL_FD_ENV} names descriptor {fd}, which is not open here") from e
+            if not stat.S_ISSOCK(info.st_mode) or info.st_ino != inode:
+                raise ExchangeError(
+                    f"descriptor {fd} from {CHANNEL_FD_ENV} is not the channel the parent passed "
+                    f"(inode {info.st_ino}, expected a socket with inode {inode})"
+                )
+            sock = socket.socket(fileno=fd)
+            if sock.family != socket.AF_UNIX or sock.type != socket.SOCK_STREAM:
+                sock.detach()  # not taken: the descriptor stays open, as it was
+                raise ExchangeError(f"descriptor {fd} from {CHANNEL_FD_ENV} is not a Unix domain stream socket")
+            _channel_taken = True
         os.set_inheritable(fd, False)
-        return cls(socket.socket(fileno=fd))
+        return cls(sock)
 
     def settimeout(self, seconds: float | None) -> None:
-        """How long a send or receive waits (``None``: indefinitely)."""
+        """How long a receive or send waits (``None``, the default: indefinitely).
+
+        A receive's time counts from the call of :meth:`recv` to the message's last byte, however
+        the peer spreads the bytes out; a send's, for each write to the socket. Running out raises
+        :class:`ChannelTimeout` (a ``TimeoutError``): before the first byte of a message the
+        channel stays usable, in the middle of one it is broken (for receiving, or sending)."""
         self.sock.settimeout(seconds)
+        self._recv_timeout = seconds
 
     def fileno(self) -> int:
         """The socket's descriptor."""
@@ -383,87 +467,241 @@ class Channel:
         view = memoryview(frame)
         sent = 0
         try:
-            sent = socket.send_fds(self.sock, [view], list(fds)) if fds else self.sock.send(view)
+            if fds:
+                rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
+                sent = self.sock.sendmsg([view], rights, socket.MSG_NOSIGNAL)
             while sent < len(view):
-                sent += self.sock.send(view[sent:])
+                sent += self.sock.send(view[sent:], socket.MSG_NOSIGNAL)
         except (BrokenPipeError, ConnectionResetError):
             self._send_broken = sent > 0
             raise PeerClosed() from None
+        except TimeoutError:
+            self._send_broken = sent > 0
+            raise ChannelTimeout(
+                f"sending a message timed out after {sent} of its {len(view)} bytes"
+                + (": the channel is broken for sending" if sent else "")
+            ) from None
         except BaseException:
             self._send_broken = sent > 0
             raise
 
     def recv(self) -> RawMessage:
         """Receives the next frame whole. Raises :class:`PeerClosed` at an end of stream between
-        frames, :class:`ProtocolError` for a malformed frame (whose descriptors are closed)."""
+        frames, :class:`ProtocolError` for a malformed frame (whose descriptors are closed),
+        :class:`OutOfDescriptors` when this process had no descriptor numbers left for the
+        frame's descriptors (the frame was read and dropped; the channel goes on), and
+        :class:`ChannelTimeout` when the message has not arrived whole within the time-out
+        (:meth:`settimeout`)."""
         if self._recv_broken:
             raise ProtocolError(
                 "the channel", "message boundaries intact", "an earlier message cut short or malformed"
             )
-        fds: list[int] = []
-        consumed = [0]
+        timeout = self._recv_timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
+        reader = _FrameReader(self.sock, deadline)
         try:
-            header = self._read(HEADER_LEN, fds, consumed, MAX_FDS)
-            magic, version, kind, length, fd_count, reserved = _HEADER.unpack(header)
-            if magic != FRAME_MAGIC:
-                raise ProtocolError(
-                    "a frame's magic",
-                    FRAME_MAGIC,
-                    magic,
-                    "the peer does not speak the cuda-mem-ipc channel protocol",
-                )
-            if version != FRAME_VERSION:
-                raise ProtocolError(
-                    "the frame version", FRAME_VERSION, version, "the peer uses a different cuda-mem-ipc version"
-                )
-            if reserved != 0:
-                raise ProtocolError("the frame header's reserved field", 0, reserved)
-            if length > MAX_PAYLOAD_LEN:
-                raise ProtocolError("a frame's payload length", f"at most {MAX_PAYLOAD_LEN}", length)
-            if fd_count > MAX_FDS:
-                raise ProtocolError("a frame's descriptor count", f"at most {MAX_FDS}", fd_count)
-            if len(fds) > fd_count:
-                raise ProtocolError("file descriptors with a frame", fd_count, len(fds))
-            payload = self._read(length, fds, consumed, fd_count)
-            if len(fds) != fd_count:
-                raise ProtocolError("file descriptors with a frame", fd_count, len(fds))
-            return RawMessage(kind, payload, fds)
-        except BaseException:
-            for fd in fds:
-                os.close(fd)
-            if consumed[0] > 0:
+            return reader.read_frame()
+        except BaseException as error:
+            reader.close_fds()
+            # Running out of descriptors is reported once the frame has been read to its end: the
+            # stream is still in step. Any other failure after the frame's first byte is not.
+            if reader.consumed > 0 and not isinstance(error, OutOfDescriptors):
                 self._recv_broken = True
             raise
 
-    def _read(self, n: int, fds: list[int], consumed: list[int], fd_limit: int) -> bytes:
-        """Exactly ``n`` bytes of the current frame, keeping the descriptors that come along."""
+
+# Room for one SCM_RIGHTS control message of MAX_FDS descriptors (C ints).
+_FD_SIZE = array.array("i").itemsize
+_CONTROL_SPACE = socket.CMSG_SPACE(MAX_FDS * _FD_SIZE)
+
+
+class _FrameReader:
+    """Reads one frame, keeping every descriptor that arrives (Rust's ``FrameReader``)."""
+
+    def __init__(self, sock: socket.socket, deadline: float | None):
+        self.sock = sock
+        # When the message must have arrived whole (time.monotonic()), if ever.
+        self.deadline = deadline
+        # Bytes of the frame read so far.
+        self.consumed = 0
+        # The number of descriptors the frame's header announced, once read.
+        self.announced: int | None = None
+        # Descriptors received with the frame's bytes so far, including any already closed.
+        self.arrived = 0
+        # Descriptors received with the frame's bytes so far, while the frame can still be
+        # delivered (owned: closed on failure).
+        self.fds: list[int] = []
+        # The system could not install some of the frame's descriptors here (out of descriptor
+        # numbers): the frame is read to its end and dropped.
+        self.out_of_descriptors = False
+
+    def close_fds(self) -> None:
+        fds, self.fds = self.fds, []
+        for fd in fds:
+            os.close(fd)
+
+    def read_frame(self) -> RawMessage:
+        header = self.read_exact(HEADER_LEN, HEADER_LEN)
+        magic, version, kind, length, fd_count, reserved = _HEADER.unpack(header)
+        if magic != FRAME_MAGIC:
+            raise ProtocolError(
+                "a frame's magic",
+                FRAME_MAGIC,
+                magic,
+                "the peer does not speak the cuda-mem-ipc channel protocol",
+            )
+        if version != FRAME_VERSION:
+            raise ProtocolError(
+                "the frame version", FRAME_VERSION, version, "the peer uses a different cuda-mem-ipc version"
+            )
+        if reserved != 0:
+            raise ProtocolError("the frame header's reserved field", 0, reserved)
+        if length > MAX_PAYLOAD_LEN:
+            raise ProtocolError("a frame's payload length", f"at most {MAX_PAYLOAD_LEN}", length)
+        if fd_count > MAX_FDS:
+            raise ProtocolError("a frame's descriptor count", f"at most {MAX_FDS}", fd_count)
+        self.announced = fd_count
+        # The descriptors that came with the header's bytes, now that their number is known.
+        self.check_fd_count()
+        payload = self.read_exact(length, HEADER_LEN + length)
+        if self.out_of_descriptors:
+            raise OutOfDescriptors(kind, fd_count)
+        if self.arrived != fd_count:
+            raise ProtocolError("file descriptors with a frame", fd_count, self.arrived)
+        fds, self.fds = self.fds, []
+        return RawMessage(kind, payload, fds)
+
+    def check_fd_count(self) -> None:
+        """Refuses more descriptors than the header announced or, before the header is read, than
+        a frame may carry: checked after every read, so a peer cannot make this process hold more
+        than that plus one read's worth."""
+        if self.announced is None:
+            if self.arrived > MAX_FDS:
+                raise ProtocolError("file descriptors with a frame", f"at most {MAX_FDS}", self.arrived)
+        elif self.arrived > self.announced:
+            raise ProtocolError("file descriptors with a frame", self.announced, self.arrived)
+
+    def read_exact(self, n: int, frame_len: int) -> bytes:
+        """Exactly ``n`` bytes of the current frame (of ``frame_len`` bytes), keeping the
+        descriptors that come along."""
         chunks = []
         left = n
+        # With a deadline, the socket is polled first and never left to block past it.
+        flags = socket.MSG_CMSG_CLOEXEC | (socket.MSG_DONTWAIT if self.deadline is not None else 0)
         while left > 0:
-            data, received, flags, _ = socket.recv_fds(self.sock, left, MAX_FDS, socket.MSG_CMSG_CLOEXEC)
-            fds.extend(received)
-            if flags & socket.MSG_CTRUNC:
-                raise ProtocolError("a frame's control data", "all of its descriptors", "truncated control data")
-            if len(fds) > fd_limit:
-                raise ProtocolError("file descriptors with a frame", f"at most {fd_limit}", len(fds))
-            if not data:
-                if consumed[0] == 0:
-                    raise PeerClosed()
-                raise ProtocolError("the rest of a frame", f"{left} more bytes", "the end of the stream")
-            consumed[0] += len(data)
-            chunks.append(data)
+            self.wait_readable(frame_len)
+            try:
+                data, ancdata, msg_flags, _ = self.sock.recvmsg(left, _CONTROL_SPACE, flags)
+            except ConnectionResetError:
+                # The peer closed with data of ours unread: after its queued bytes, an end of
+                # stream like any other (Rust does the same).
+                raise self.end_of_stream(frame_len) from None
+            except BlockingIOError:
+                continue  # nothing after all (the deadline is checked before the next read)
+            except TimeoutError:
+                # The socket's own time-out, if set on `sock` directly.
+                raise self.timed_out(frame_len) from None
+            # Count what was consumed, and take ownership of the descriptors, before any check.
+            self.consumed += len(data)
             left -= len(data)
+            chunks.append(data)
+            delivered = self.take_fds(ancdata)
+            self.check_fd_count()
+            if msg_flags & socket.MSG_CTRUNC:
+                self.truncated(delivered)
+            if not data:
+                raise self.end_of_stream(frame_len)
         return b"".join(chunks)
+
+    def take_fds(self, ancdata) -> int:
+        """Keeps the descriptors one read delivered, or closes them once the frame cannot be
+        delivered; returns how many there were. A partial trailing int is ignored, as CPython's
+        ``socket.recv_fds`` does."""
+        received = array.array("i")
+        for level, kind, data in ancdata:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                received.frombytes(data[: len(data) - len(data) % _FD_SIZE])
+        for fd in received:
+            if self.out_of_descriptors:
+                os.close(fd)
+            else:
+                self.fds.append(fd)
+        self.arrived += len(received)
+        return len(received)
+
+    def truncated(self, delivered: int) -> None:
+        """Control data was truncated after ``delivered`` descriptors. With room left for more,
+        the system dropped the rest because it could not install them here (out of descriptor
+        numbers, ``EMFILE``): the frame is read on and dropped, its descriptors closed to free
+        their numbers. With the room used up, the peer sent more than a frame may carry."""
+        if delivered < MAX_FDS:
+            self.out_of_descriptors = True
+            self.close_fds()
+        else:
+            raise ProtocolError(
+                "a frame's control data",
+                f"at most {MAX_FDS} file descriptors",
+                "more, which the system discarded",
+            )
+
+    def wait_readable(self, frame_len: int) -> None:
+        """Waits until the socket has something to read, or raises :class:`ChannelTimeout` once
+        the deadline has passed; without a deadline, returns at once."""
+        if self.deadline is None:
+            return
+        poller = select.poll()
+        poller.register(self.sock, select.POLLIN)
+        while True:
+            left = self.deadline - time.monotonic()
+            # Readable, closed or failed: the read that follows says which.
+            if poller.poll(max(0, math.ceil(left * 1000))):
+                return
+            if time.monotonic() >= self.deadline:
+                raise self.timed_out(frame_len)
+
+    def timed_out(self, frame_len: int) -> ChannelTimeout:
+        if self.consumed == 0:
+            return ChannelTimeout("no message arrived within the channel's time-out; the channel is still usable")
+        of = f"{frame_len}" if self.announced is not None else f"at least {HEADER_LEN}"
+        return ChannelTimeout(
+            f"a message did not arrive whole within the channel's time-out ({self.consumed} of its {of} bytes "
+            "came): message boundaries are lost, so the channel is broken for receiving"
+        )
+
+    def end_of_stream(self, frame_len: int) -> ExchangeError:
+        if self.consumed == 0:
+            return PeerClosed()
+        if self.consumed < HEADER_LEN:
+            return ProtocolError(
+                "the rest of a frame's header", f"{HEADER_LEN - self.consumed} more bytes", "the end of the stream"
+            )
+        return ProtocolError("the rest of a frame", f"{frame_len - self.consumed} more bytes", "the end of the stream")
 
 
 def spawn_with_channel(args, **popen_kwargs) -> tuple[subprocess.Popen, Channel]:
     """Starts ``args`` (as ``subprocess.Popen``) with one end of a new channel and returns the
     process and the other end. The child finds its end through ``CUDA_MEM_IPC_CHANNEL_FD`` and
     ``CUDA_MEM_IPC_CHANNEL_INODE``, as a child of Rust's ``spawn_with_channel`` does: a Rust
-    child takes it with ``Channel::from_env``, a Python one with :meth:`Channel.from_env`."""
+    child takes it with ``Channel::from_env``, a Python one with :meth:`Channel.from_env`.
+
+    ``env``, if given, is the child's whole environment (``env={}``: only the channel's two
+    variables), as with ``Popen``; without it, this process's. The child's descriptor is above 2,
+    clear of the standard streams the child is given."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        env = dict(popen_kwargs.pop("env", None) or os.environ)
+        # The child's standard streams are set up on descriptors 0 to 2 between fork and exec;
+        # keep the channel clear of them (they can be free here if this process closed its own).
+        if theirs.fileno() < 3:
+            low = theirs
+            moved = fcntl.fcntl(low.fileno(), fcntl.F_DUPFD_CLOEXEC, 3)
+            try:
+                theirs = socket.socket(fileno=moved)
+            except BaseException:
+                os.close(moved)
+                raise
+            low.close()
+        env = popen_kwargs.pop("env", None)
+        env = dict(os.environ if env is None else env)
         env[CHANNEL_FD_ENV] = str(theirs.fileno())
         env[CHANNEL_INODE_ENV] = str(os.fstat(theirs.fileno()).st_ino)
         pass_fds = tuple(popen_kwargs.pop("pass_fds", ())) + (theirs.fileno(),)
@@ -619,7 +857,11 @@ class IpcChannel:
     Sending a buffer whose pool was not sent on this channel sends the pool first. The channel
     keeps every pool it received, by the UUID the peer named it with, for as long as it lives
     (or until :meth:`release_resource`); buffers map only through pools received on this
-    channel."""
+    channel.
+
+    Unlike Rust's, an ``IpcChannel`` is not thread-safe: its pools and events are kept in plain
+    dictionaries, which a send and a receive both use. Use it from one thread at a time (or
+    guard every call with one lock)."""
 
     def __init__(self, channel: Channel):
         self.channel = channel
@@ -660,6 +902,13 @@ class IpcChannel:
     def send_resource(self, mr) -> None:
         """Sends an IPC-enabled ``DeviceMemoryResource`` or ``PinnedMemoryResource`` (its
         allocation handle's descriptor, and its UUID)."""
+        uuid, head, fd = self._resource_message(mr)
+        self.channel.send(RESOURCE, head, [fd])
+        self._sent.add(uuid)
+
+    def _resource_message(self, mr) -> tuple[uuidlib.UUID, bytes, int]:
+        """The UUID, payload and descriptor of a resource message for ``mr``, checked (nothing
+        is sent)."""
         core = _core()
         uuid = self.uuid_of(mr)
         if isinstance(mr, core.DeviceMemoryResource):
@@ -669,8 +918,7 @@ class IpcChannel:
             head = struct.pack("<16sBi3x", uuid.bytes, PINNED_MEMORY, -1) + bytes(16)
         else:
             raise ExchangeError(f"a {type(mr).__name__} cannot be shared: only device and pinned pools can")
-        self.channel.send(RESOURCE, head, [mr.allocation_handle.handle])
-        self._sent.add(uuid)
+        return uuid, head, mr.allocation_handle.handle
 
     def send_buffers(self, buffers) -> None:
         """Sends cuda.core buffers of IPC-enabled pools in one message, each pool first if it
@@ -701,16 +949,24 @@ class IpcChannel:
         return encode_event_descriptor(kept[1], bytes(handle))
 
     def _buffers_payload(self, buffers) -> bytes:
+        """A buffers message's payload for ``buffers``, after sending each pool not yet sent on
+        this channel. Every buffer (and every pool to send) is checked before anything is sent,
+        as in Rust: a buffer that cannot be shared sends nothing."""
         if len(buffers) > MAX_BUFFERS_PER_MESSAGE:
             raise ExchangeError(f"{len(buffers)} buffers, more than one message carries ({MAX_BUFFERS_PER_MESSAGE})")
         encoded = []
+        unsent: dict[uuidlib.UUID, object] = {}
         for buffer in buffers:
             mr = buffer.memory_resource
             uuid = self.uuid_of(mr)
-            if uuid not in self._sent:
-                self.send_resource(mr)
             descriptor = buffer.ipc_descriptor
             encoded.append(encode_descriptor(_export_data(descriptor), descriptor.size, uuid))
+            if uuid not in self._sent and uuid not in unsent:
+                unsent[uuid] = mr
+        messages = [self._resource_message(mr) for mr in unsent.values()]
+        for uuid, head, fd in messages:
+            self.channel.send(RESOURCE, head, [fd])
+            self._sent.add(uuid)
         return struct.pack("<I", len(encoded)) + b"".join(encoded)
 
     def send_data(self, data: bytes) -> None:
@@ -719,8 +975,15 @@ class IpcChannel:
 
     def recv(self, stream) -> Resource | Buffers | Data | Event:
         """Receives one message: imports a pool, maps buffers (freed on ``stream`` when
-        closed), or returns bytes. A refused message's descriptors are closed and nothing of it
-        stays imported."""
+        closed), opens an event (which ``stream`` then waits for), or returns bytes.
+
+        A refused message's descriptors are closed, and it leaves this process's pools and
+        mappings as they were (the buffers of it mapped before the refusal are closed on
+        ``stream``). One thing stays, which changes no memory, as in Rust: when a
+        buffers-after-event message is refused after its event was opened and ``stream`` made to
+        wait for it (a buffer cuda.core refuses, or larger than its pool's allocation; malformed
+        descriptors and unknown pools are refused before), the channel keeps the event open, as
+        if it had come alone, and ``stream`` still waits for it."""
         message = self.channel.recv()
         try:
             if message.kind == RESOURCE:
@@ -788,12 +1051,29 @@ class IpcChannel:
             try:
                 mr = cls.from_registry(uuid)
             except RuntimeError:
-                mr = cls.from_allocation_handle(*args, message.fds[0])
-                mr.register(uuid)
+                mr = self._import_pool(cls, args, message.fds[0], uuid)
         if not isinstance(mr, cls) or (kind == DEVICE_MEMORY and mr.device_id != args[0].device_id):
             raise ProtocolError(f"pool {uuid}", f"a {cls.__name__} as the message says", f"{mr!r}")
         self._received[uuid] = mr
         return Resource(mr, uuid)
+
+    @staticmethod
+    def _import_pool(cls, args, fd: int, uuid: uuidlib.UUID):
+        """The pool ``fd`` shares, imported as a ``cls`` and registered in cuda.core's registry
+        under ``uuid``."""
+        mr = cls.from_allocation_handle(*args, fd)
+        try:
+            mr.register(uuid)
+        except RuntimeError as error:
+            # cuda.core's registry still holds an earlier import of this pool, closed since:
+            # it neither hands it out nor takes another under its UUID.
+            mr.close()
+            raise ExchangeError(
+                f"pool {uuid} was imported in this process before and that import has been closed, so cuda.core's "
+                f"registry refuses to register it again ({error}); keep the first import open while its pool may "
+                "arrive again"
+            ) from error
+        return mr
 
     def _wait_for_event(self, descriptor: tuple[int, bytes], stream):
         """The peer's event ``descriptor`` names, opened the first time it arrives (then kept
@@ -839,10 +1119,20 @@ class IpcChannel:
             self._wait_for_event(event, stream)
         buffers = []
         try:
-            for (export_data, size, _), mr in zip(descriptors, pools):
+            for i, ((export_data, size, uuid), mr) in enumerate(zip(descriptors, pools)):
                 # The constructor cuda.core's own unpickling uses.
                 descriptor = IPCBufferDescriptor._init(export_data, size)
-                buffers.append(core.Buffer.from_ipc_descriptor(mr, descriptor, stream=stream))
+                try:
+                    buffers.append(core.Buffer.from_ipc_descriptor(mr, descriptor, stream=stream))
+                except ValueError as error:
+                    # cuda.core's "exceeds mapped allocation extent": the peer's size is wrong
+                    # (Rust's MisdescribedBuffer).
+                    raise ProtocolError(
+                        f"the size of buffer {i} (pool {uuid})",
+                        "at most the allocation its pool maps for it",
+                        f"{size} bytes",
+                        f"the peer sent a bad size; cuda.core: {error}",
+                    ) from error
         except BaseException:
             for buffer in buffers:
                 buffer.close(stream)

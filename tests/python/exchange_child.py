@@ -7,17 +7,19 @@ Protocol with the parent: the parent sends the seeds of its buffers (u32 LE each
 buffers (each pool first); buffer i holds `pattern(seed_i)`; the child writes `pattern(seed_i +
 100)` into it and answers b"rewritten". In `mismatch`, a message of an unknown kind and a
 resource message of an unknown memory kind come first, each answered with the child's error text;
-then the round trip; then a frame of another version, answered likewise. In `events`, one buffer
-arrives behind the parent's IPC event (its fill is held pending there until this side says
-b"enqueued"): a copy enqueued on the receiving stream sees the fill; then this side fills the
-buffer with 9s and sends its own IPC event instead of synchronizing, kept until the parent's b"bye".
+then the round trip; then a buffer descriptor of the device pool claiming far more than its
+allocation, and the device pool again after this side closed its import of it; then a frame of
+another version, each answered likewise. In `events`, one buffer arrives behind the parent's IPC
+event (its fill is held pending there until this side says b"enqueued"): a copy enqueued on the
+receiving stream sees the fill; then this side fills the buffer with 9s and sends its own IPC
+event instead of synchronizing, kept until the parent's b"bye".
 """
 
 import ctypes
 
 import sys
 
-from cuda.core import EventOptions, LegacyPinnedMemoryResource
+from cuda.core import DeviceMemoryResource, EventOptions, LegacyPinnedMemoryResource
 from exchange_common import RECV_TIMEOUT, cx, expect, pattern, read_bytes, refused, setup, u32s, write_bytes
 
 
@@ -38,14 +40,16 @@ def events(channel, stream) -> None:
     stream.sync()
 
 
-def round_trip(channel, stream) -> None:
+def round_trip(channel, stream) -> list:
+    """The round trip; returns the pools (`cx.Resource`) that came with it."""
     seeds = u32s(expect(channel.recv(stream), cx.Data).data)
-    kinds = []
+    pools = []
     while True:
         message = channel.recv(stream)
         if isinstance(message, cx.Buffers):
             break
-        kinds.append(type(expect(message, cx.Resource).resource).__name__)
+        pools.append(expect(message, cx.Resource))
+    kinds = [type(pool.resource).__name__ for pool in pools]
     buffers = message.buffers
     print(f"pools {kinds}, buffers {[b.size for b in buffers]}", flush=True)
     assert len(buffers) == len(seeds), (len(buffers), seeds)
@@ -57,6 +61,7 @@ def round_trip(channel, stream) -> None:
     for buffer in buffers:
         buffer.close(stream)
     stream.sync()
+    return pools
 
 
 def main(mode: str) -> None:
@@ -73,8 +78,16 @@ def main(mode: str) -> None:
         events(channel, stream)
         print(f"python-child: ok {mode}", flush=True)
         return
-    round_trip(channel, stream)
+    pools = round_trip(channel, stream)
     if mode == "mismatch":
+        text = refused(
+            channel, stream, cx.ProtocolError, "exceeds mapped allocation extent", "the peer sent a bad size"
+        )
+        channel.send_data(text.encode())
+        (device_pool,) = [pool for pool in pools if isinstance(pool.resource, DeviceMemoryResource)]
+        channel.release_resource(device_pool.uuid).close()
+        text = refused(channel, stream, cx.ExchangeError, "imported in this process before", "has been closed")
+        channel.send_data(text.encode())
         text = refused(channel, stream, cx.ProtocolError, "frame version", "expected 1, received 2")
         channel.send_data(text.encode())
     print(f"python-child: ok {mode}", flush=True)

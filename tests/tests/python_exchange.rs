@@ -13,7 +13,9 @@
 //! - Mismatches: a message of an unknown kind, a pool of an unknown memory kind, a buffer
 //!   descriptor of another version and a frame of another version are refused on each side with
 //!   an error naming what was expected and what came; both processes go on (the round trip runs
-//!   after the refusals) and exit cleanly.
+//!   after the refusals) and exit cleanly. The Python side also refuses, with the module's own
+//!   errors, a buffer claimed larger than its allocation (cuda.core's `ValueError`) and a pool
+//!   whose earlier import it closed (cuda.core's `RuntimeError` from its registry).
 //!
 //! The Python side needs a Python with cuda.core, named by `CUDA_MEM_PYTHON`: `cargo xtask ci`
 //! sets it (its step "cuda.core exchange on the simulator" installs cuda.core into a private
@@ -32,7 +34,10 @@ use std::sync::Arc;
 use common::python::{PythonProcess, python, workspace};
 use common::*;
 use cuda_mem_core::{Buffer, Event, EventOptions, MemoryResource, PoolKind, Stream};
-use cuda_mem_ipc::{CHANNEL_FD_ENV, CHANNEL_INODE_ENV, DecodeError, IpcChannel, IpcError, Received, allocation_handle};
+use cuda_mem_ipc::{
+    CHANNEL_FD_ENV, CHANNEL_INODE_ENV, DecodeError, IpcChannel, IpcError, Received, allocation_handle,
+    buffer_descriptor,
+};
 
 /// `python script mode`, with the simulator this process uses as its `libcuda.so.1` (on a real
 /// driver, the system's).
@@ -131,6 +136,22 @@ fn rust_parent_python_child_mismatches() {
 
     // Both processes and the channel go on.
     round_trip_to_child(&channel, &buffers, &seeds, &stream);
+
+    // A buffer of the device pool claimed far larger than its allocation: cuda.core's own
+    // refusal, as the module's ProtocolError.
+    let mut descriptor = buffer_descriptor(&buffers[1]).unwrap();
+    descriptor.size = 1 << 40;
+    let mut payload = 1u32.to_le_bytes().to_vec();
+    payload.extend_from_slice(&descriptor.encode());
+    channel.channel().send(2, &payload, &[]).unwrap();
+    let answer = String::from_utf8(expect_data(&channel, &stream)).unwrap();
+    assert!(answer.contains("received 1099511627776 bytes (the peer sent a bad size; cuda.core: "), "{answer}");
+
+    // The device pool again, after the child closed its import of it: cuda.core's registry
+    // keeps the closed import, and the module says so.
+    channel.send_resource(&*pools[0]).unwrap();
+    let answer = String::from_utf8(expect_data(&channel, &stream)).unwrap();
+    assert!(answer.contains("was imported in this process before and that import has been closed"), "{answer}");
 
     // A frame of another version: the channel's header, version 2.
     let mut frame = Vec::from(*b"CUMEMMSG");

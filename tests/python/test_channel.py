@@ -1,0 +1,440 @@
+"""The channel layer of `python/cuda_mem_exchange.py` (framing, descriptors, time-outs, the
+parent's and the child's ends), with no GPU and no cuda.core: plain `unittest` over socket pairs
+and small Python subprocesses. Run by `tests/tests/python_channel.rs` with the system's `python3`
+(`python3 tests/python/test_channel.py`, which prints `test_channel: ok` when every test passed),
+or by hand with `python3 -m unittest tests/python/test_channel.py`."""
+
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import unittest
+import uuid as uuidlib
+from unittest import mock
+
+# The module under test, from the repository (not installed).
+MODULE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python")
+sys.path.insert(0, MODULE_DIR)
+
+import cuda_mem_exchange as cx  # noqa: E402
+
+# How long a subprocess of a test may run.
+SUBPROCESS_TIMEOUT = 60
+
+
+def run_python(code: str, **kwargs) -> subprocess.CompletedProcess:
+    """Runs `code` in a new Python that imports the module from the repository."""
+    env = dict(os.environ, PYTHONPATH=MODULE_DIR)
+    env.pop(cx.CHANNEL_FD_ENV, None)
+    env.pop(cx.CHANNEL_INODE_ENV, None)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=SUBPROCESS_TIMEOUT,
+        **kwargs,
+    )
+
+
+def frame(kind: int, payload: bytes = b"", fds: int = 0) -> bytes:
+    """A frame's bytes, as `Channel.send` writes them."""
+    return struct.pack("<8sHHIII", cx.FRAME_MAGIC, cx.FRAME_VERSION, kind, len(payload), fds, 0) + payload
+
+
+class ChannelTestCase(unittest.TestCase):
+    def pair(self):
+        """Two connected channels, closed after the test, with a time-out so that a failing test
+        fails instead of hanging."""
+        a, b = cx.Channel.pair()
+        for channel in (a, b):
+            self.addCleanup(channel.close)
+            channel.settimeout(20)
+        return a, b
+
+    def pipe(self):
+        r, w = os.pipe()
+        self.addCleanup(os.close, r)
+        self.addCleanup(os.close, w)
+        return r, w
+
+
+class ReceivedDescriptors(ChannelTestCase):
+    def test_received_descriptors_are_close_on_exec(self):
+        # CPython's socket.recv_fds ignores its flags, MSG_CMSG_CLOEXEC included.
+        a, b = self.pair()
+        r, w = self.pipe()
+        a.send(cx.DATA, b"pipe", [r, w])
+        message = b.recv()
+        self.addCleanup(message.close_fds)
+        self.assertEqual(message.payload, b"pipe")
+        self.assertEqual(len(message.fds), 2)
+        for fd in message.fds:
+            self.assertFalse(os.get_inheritable(fd), f"received descriptor {fd} is inheritable")
+        # They are the pipe's ends.
+        os.write(message.fds[1], b"through")
+        self.assertEqual(os.read(r, 7), b"through")
+
+    def test_out_of_descriptors_drops_the_frame_and_the_channel_goes_on(self):
+        # In a subprocess whose RLIMIT_NOFILE leaves no descriptor number free (then one): the
+        # system drops the frame's descriptors (all, then the second) and truncates its control
+        # data; the frame is read to its end, the descriptor that did arrive is closed, and the
+        # next frame is received normally.
+        for spare in (0, 1):
+            with self.subTest(free_numbers=spare):
+                result = run_python(
+                    f"""
+                    import json, os, resource
+                    import cuda_mem_exchange as cx
+
+                    def open_fds():
+                        return sorted(os.listdir("/proc/self/fd"))
+
+                    a, b = cx.Channel.pair()
+                    r, w = os.pipe()
+                    a.send(cx.DATA, b"with two descriptors", [r, w])
+                    a.send(cx.DATA, b"the next message")
+                    before = open_fds()
+                    lowest_free = os.open(os.devnull, os.O_RDONLY)
+                    os.close(lowest_free)
+                    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+                    resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free + {spare}, hard))
+                    try:
+                        try:
+                            b.recv()
+                            first = "received"
+                        except getattr(cx, "OutOfDescriptors", ()) as error:
+                            first = ["OutOfDescriptors", error.kind, error.fds, isinstance(error, cx.ExchangeError)]
+                        except BaseException as error:
+                            first = repr(error)
+                    finally:
+                        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+                    leaked = open_fds() != before
+                    try:
+                        second = b.recv().payload.decode()
+                    except BaseException as error:
+                        second = repr(error)
+                    print(json.dumps([first, leaked, second]))
+                    """
+                )
+                self.assertEqual(result.returncode, 0, result.stderr.decode())
+                first, leaked, second = json.loads(result.stdout.decode().splitlines()[-1])
+                self.assertEqual(first, ["OutOfDescriptors", cx.DATA, 2, True])
+                self.assertFalse(leaked, "a descriptor of the dropped frame stayed open")
+                self.assertEqual(second, "the next message")
+
+
+class PeerEnds(ChannelTestCase):
+    def raw_pair(self):
+        """A channel and the raw socket of its peer."""
+        raw, ours = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.addCleanup(raw.close)
+        channel = cx.Channel(ours)
+        self.addCleanup(channel.close)
+        channel.settimeout(20)
+        return channel, raw
+
+    def test_a_reset_after_the_last_frame_is_peer_closed(self):
+        # The peer closes with bytes of ours unread: its queued frames arrive, then ECONNRESET,
+        # which is an end of stream like any other.
+        channel, raw = self.raw_pair()
+        raw.sendall(frame(cx.DATA, b"last words"))
+        channel.send(cx.DATA, b"never read by the peer")
+        raw.close()
+        self.assertEqual(channel.recv().payload, b"last words")
+        with self.assertRaises(cx.PeerClosed):
+            channel.recv()
+        # An end of stream between frames leaves the channel as it was: closed, not broken.
+        with self.assertRaises(cx.PeerClosed):
+            channel.recv()
+
+    def test_a_reset_inside_a_frame_breaks_the_channel(self):
+        channel, raw = self.raw_pair()
+        raw.sendall(frame(cx.DATA, b"cut short")[:30])
+        channel.send(cx.DATA, b"never read by the peer")
+        raw.close()
+        with self.assertRaises(cx.ProtocolError) as caught:
+            channel.recv()
+        self.assertIn("the end of the stream", str(caught.exception))
+        with self.assertRaises(cx.ProtocolError) as caught:
+            channel.recv()
+        self.assertIn("message boundaries", str(caught.exception))
+
+    def test_a_send_to_a_closed_peer_is_peer_closed_without_sigpipe(self):
+        # With SIGPIPE's default action restored (Python ignores it), a send without
+        # MSG_NOSIGNAL would kill the process.
+        result = run_python(
+            """
+            import os, signal
+            import cuda_mem_exchange as cx
+
+            signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+            r, w = os.pipe()
+            for fds in ([], [r]):
+                a, b = cx.Channel.pair()
+                b.close()
+                try:
+                    a.send(cx.DATA, b"to nobody", fds)
+                    print("sent")
+                except cx.PeerClosed:
+                    print("peer closed", len(fds))
+            """
+        )
+        self.assertEqual(result.returncode, 0, f"exit {result.returncode} (-{signal.SIGPIPE}: SIGPIPE)")
+        self.assertEqual(result.stdout.decode().split("\n"), ["peer closed 0", "peer closed 1", ""])
+
+
+class Deadline(ChannelTestCase):
+    def test_a_slow_drip_does_not_outlast_the_time_out(self):
+        # A byte every 0.1 s renews a per-read time-out of 0.5 s for ever; the time-out bounds
+        # the whole message.
+        raw, ours = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.addCleanup(raw.close)
+        channel = cx.Channel(ours)
+        self.addCleanup(channel.close)
+        channel.settimeout(0.5)
+        stop = threading.Event()
+
+        def drip():
+            for byte in frame(cx.DATA, bytes(40)):
+                if stop.wait(0.1):
+                    return
+                raw.send(bytes([byte]))
+
+        dripper = threading.Thread(target=drip)
+        dripper.start()
+        self.addCleanup(dripper.join)
+        self.addCleanup(stop.set)
+        started = time.monotonic()
+        try:
+            message = channel.recv()
+        except TimeoutError as error:
+            elapsed = time.monotonic() - started
+            self.assertIsInstance(error, cx.ExchangeError)
+            self.assertIsInstance(error, socket.timeout)
+        else:
+            self.fail(f"received {message!r} after {time.monotonic() - started:.1f} s, past the 0.5 s time-out")
+        self.assertLess(elapsed, 2.5)
+        self.assertGreaterEqual(elapsed, 0.45)
+        # Part of the frame was read: message boundaries are lost.
+        stop.set()
+        with self.assertRaises(cx.ProtocolError):
+            channel.recv()
+        # The socket's own time-out is the one set (sends wait that long for each write).
+        self.assertEqual(channel.sock.gettimeout(), 0.5)
+
+    def test_a_time_out_before_the_first_byte_leaves_the_channel_usable(self):
+        a, b = self.pair()
+        b.settimeout(0.2)
+        started = time.monotonic()
+        with self.assertRaises(TimeoutError) as caught:
+            b.recv()
+        self.assertGreaterEqual(time.monotonic() - started, 0.19)
+        self.assertIsInstance(caught.exception, cx.ExchangeError)
+        self.assertEqual(type(caught.exception).__name__, "ChannelTimeout")
+        a.send(cx.DATA, b"late")
+        self.assertEqual(b.recv().payload, b"late")
+        b.settimeout(None)
+        a.send(cx.DATA, b"no time-out")
+        self.assertEqual(b.recv().payload, b"no time-out")
+        self.assertIsNone(b.sock.gettimeout())
+
+    def test_a_message_that_arrives_in_pieces_within_the_time_out(self):
+        raw, ours = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.addCleanup(raw.close)
+        channel = cx.Channel(ours)
+        self.addCleanup(channel.close)
+        channel.settimeout(5)
+        whole = frame(cx.DATA, b"in three pieces")
+        sender = threading.Thread(
+            target=lambda: [(raw.send(whole[at : at + 13]), time.sleep(0.05)) for at in range(0, len(whole), 13)]
+        )
+        sender.start()
+        self.addCleanup(sender.join)
+        self.assertEqual(channel.recv().payload, b"in three pieces")
+
+
+class Environment(ChannelTestCase):
+    def child(self, code: str, **kwargs):
+        """Starts `code` in a Python child with a channel; returns the process and our end."""
+        env = kwargs.pop("env", dict(os.environ))
+        env["PYTHONPATH"] = MODULE_DIR
+        process, channel = cx.spawn_with_channel([sys.executable, "-c", textwrap.dedent(code)], env=env, **kwargs)
+        self.addCleanup(channel.close)
+        channel.settimeout(SUBPROCESS_TIMEOUT)
+        return process, channel
+
+    def test_the_channel_is_taken_from_the_environment_once(self):
+        process, channel = self.child(
+            """
+            import os
+            import cuda_mem_exchange as cx
+
+            # A failed call takes nothing.
+            inode = os.environ.pop(cx.CHANNEL_INODE_ENV)
+            try:
+                cx.Channel.from_env()
+                raise SystemExit("taken without its inode")
+            except cx.ExchangeError:
+                pass
+            os.environ[cx.CHANNEL_INODE_ENV] = inode
+            first = cx.Channel.from_env()
+            try:
+                second = cx.Channel.from_env()
+            except cx.ExchangeError as error:
+                first.send(cx.DATA, f"refused: {error}".encode())
+            else:
+                first.send(cx.DATA, f"taken twice: {first.fileno()} and {second.fileno()}".encode())
+            """
+        )
+        answer = channel.recv().payload.decode()
+        self.assertEqual(process.wait(SUBPROCESS_TIMEOUT), 0)
+        self.assertTrue(answer.startswith("refused: "), answer)
+        self.assertIn("already taken", answer)
+
+    def test_the_childs_descriptor_is_above_2(self):
+        # A parent whose standard input and error are closed: the socket pair gets 0 and 2, and the
+        # child's end must not stay 2, where the child's standard error goes.
+        result = run_python(
+            f"""
+            import os, sys, traceback
+            os.close(0)
+            os.close(2)
+            try:
+                import cuda_mem_exchange as cx
+                process, channel = cx.spawn_with_channel(
+                    [sys.executable, "-c", {CHILD_REPORTING_ITS_FD!r}],
+                    env=dict(os.environ, PYTHONPATH={MODULE_DIR!r}),
+                )
+                channel.settimeout({SUBPROCESS_TIMEOUT})
+                print("parent's end", channel.fileno())
+                print("child's end", channel.recv().payload.decode())
+                print("child exited", process.wait({SUBPROCESS_TIMEOUT}))
+            except BaseException:
+                traceback.print_exc(file=sys.stdout)
+            """
+        )
+        lines = dict(line.rsplit(" ", 1) for line in result.stdout.decode().splitlines() if " " in line)
+        self.assertIn("child's end", lines, result.stdout.decode())
+        self.assertEqual(lines["parent's end"], "0", "the test's premise: descriptor 0 was free")
+        self.assertGreaterEqual(int(lines["child's end"]), 3)
+        self.assertEqual(lines["child exited"], "0")
+
+    def test_an_empty_environment_is_respected(self):
+        with mock.patch.dict(os.environ, {"CUDA_MEM_TEST_PARENT_ONLY": "1"}):
+            process, channel = cx.spawn_with_channel(
+                [sys.executable, "-c", "import json, os; print(json.dumps(sorted(os.environ)))"],
+                env={},
+                stdout=subprocess.PIPE,
+            )
+        self.addCleanup(channel.close)
+        output, _ = process.communicate(timeout=SUBPROCESS_TIMEOUT)
+        names = set(json.loads(output.decode()))
+        # Python may set LC_CTYPE itself (PEP 538, on the C locale).
+        self.assertEqual(names - {"LC_CTYPE"}, {cx.CHANNEL_FD_ENV, cx.CHANNEL_INODE_ENV})
+
+    def test_a_given_environment_is_the_childs(self):
+        process, channel = cx.spawn_with_channel(
+            [sys.executable, "-c", "import os; print(os.environ.get('CUDA_MEM_TEST_GIVEN'))"],
+            env={"CUDA_MEM_TEST_GIVEN": "given"},
+            stdout=subprocess.PIPE,
+        )
+        self.addCleanup(channel.close)
+        output, _ = process.communicate(timeout=SUBPROCESS_TIMEOUT)
+        self.assertEqual(output.decode().strip(), "given")
+
+
+# The child of `test_the_childs_descriptor_is_above_2`: takes its channel and sends its number.
+CHILD_REPORTING_ITS_FD = """
+import cuda_mem_exchange as cx
+channel = cx.Channel.from_env()
+channel.send(cx.DATA, str(channel.fileno()).encode())
+"""
+
+
+class FakePool:
+    """Enough of an IPC-enabled cuda.core pool for `IpcChannel.uuid_of`."""
+
+    def __init__(self, ipc_enabled: bool = True):
+        self.is_ipc_enabled = ipc_enabled
+        self.uuid = uuidlib.uuid4() if ipc_enabled else None
+
+
+class FakeDescriptor:
+    """Enough of a cuda.core `IPCBufferDescriptor` (its pickling contract, and its size)."""
+
+    def __init__(self, size: int):
+        self.size = size
+
+    def __reduce__(self):
+        return (None, (bytes(range(cx.EXPORT_DATA_LEN)), self.size))
+
+
+class FakeBuffer:
+    def __init__(self, pool, size: int = 64, exportable: bool = True):
+        self.memory_resource = pool
+        self.size = size
+        self.exportable = exportable
+
+    @property
+    def ipc_descriptor(self):
+        if not self.exportable:
+            raise RuntimeError("this buffer cannot be exported")
+        return FakeDescriptor(self.size)
+
+
+class RecordingChannel:
+    """A `Channel` that records what is sent."""
+
+    def __init__(self):
+        self.sent = []
+
+    def send(self, kind, payload=b"", fds=()):
+        self.sent.append((kind, bytes(payload), list(fds)))
+
+
+class SendingBuffers(unittest.TestCase):
+    def channel(self):
+        channel = cx.IpcChannel(RecordingChannel())
+        # Pools "sent" by the old path, which sent each before looking at the next buffer.
+        channel.send_resource = lambda mr: channel.channel.sent.append(("send_resource", mr))
+        return channel
+
+    def test_a_buffer_that_cannot_be_shared_sends_nothing(self):
+        for bad in (FakeBuffer(FakePool(ipc_enabled=False)), FakeBuffer(FakePool(), exportable=False)):
+            with self.subTest(bad=bad):
+                channel = self.channel()
+                with self.assertRaises((cx.ExchangeError, RuntimeError)):
+                    channel.send_buffers([FakeBuffer(FakePool()), bad])
+                self.assertEqual(channel.channel.sent, [], "a pool was sent before every buffer was checked")
+                self.assertEqual(channel._sent, set())
+
+    def test_each_unsent_pool_goes_once_before_the_buffers(self):
+        channel = cx.IpcChannel(RecordingChannel())
+        first, second = FakePool(), FakePool()
+        channel._resource_message = lambda mr: (mr.uuid, mr.uuid.bytes, 100)
+        channel.send_buffers([FakeBuffer(first), FakeBuffer(second, 8), FakeBuffer(first, 1)])
+        kinds = [kind for kind, _, _ in channel.channel.sent]
+        self.assertEqual(kinds, [cx.RESOURCE, cx.RESOURCE, cx.BUFFERS])
+        self.assertEqual([payload for _, payload, _ in channel.channel.sent[:2]], [first.uuid.bytes, second.uuid.bytes])
+        payload = channel.channel.sent[2][1]
+        self.assertEqual(struct.unpack_from("<I", payload), (3,))
+        step = cx.DESCRIPTOR_LEN
+        sizes = [cx.decode_descriptor(payload[at : at + step])[1] for at in range(4, len(payload), step)]
+        self.assertEqual(sizes, [64, 8, 1])
+        # Sent pools are not sent again.
+        channel.send_buffers([FakeBuffer(second)])
+        self.assertEqual([kind for kind, _, _ in channel.channel.sent[3:]], [cx.BUFFERS])
+
+
+if __name__ == "__main__":
+    program = unittest.main(exit=False, verbosity=2)
+    if not program.result.wasSuccessful():
+        sys.exit(1)
+    print("test_channel: ok", flush=True)
