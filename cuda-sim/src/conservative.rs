@@ -354,8 +354,11 @@
 //!   may overlap. A malformed location hint (an unknown type, a device ordinal the process does
 //!   not have, a host NUMA node other than 0) is `CUDA_ERROR_INVALID_VALUE`, although the
 //!   hints are otherwise ignored (the simulator's managed memory never moves). The source of a
-//!   `CU_MEMCPY_SRC_ACCESS_ORDER_ANY` copy is read in stream order (one of the readings the
-//!   order allows); `DURING_API_CALL` reads it before the call returns. The attribute flags take
+//!   `CU_MEMCPY_SRC_ACCESS_ORDER_ANY` copy is read at the call, as `DURING_API_CALL`'s is: of
+//!   the times the order allows ("out of stream order and the accesses can happen even after
+//!   the API call returns") the one that shows a source still written by earlier work, which
+//!   the caller must not let happen; until 2026-11-29 it was read in stream order, the one time
+//!   that hides it. The attribute flags take
 //!   only `CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE`. What a GPU does with a zero-byte copy,
 //!   dependent copies, a capture and a malformed hint is the probe's question
 //!   `batch-copy-edges`.

@@ -7,8 +7,8 @@ mod common;
 use std::ffi::{CStr, c_void};
 
 use common::{
-    DeviceBuffer, Gate, NULL_STREAM, Pinned, STREAM_LEGACY, code, driver, hold, in_child, non_blocking_stream,
-    per_thread_driver, query, sync, use_device,
+    DeviceBuffer, Gate, NULL_STREAM, Pinned, STREAM_LEGACY, code, driver, hold, in_child, memset_async,
+    non_blocking_stream, per_thread_driver, query, sync, use_device,
 };
 use cuda_mem_sys::cu_call;
 use cuda_mem_sys::types::{
@@ -128,6 +128,25 @@ fn during_api_call_reads_the_source_before_returning() {
     sync(s);
     assert_eq!(during_dst.read(), vec![1; 16], "read during the call");
     assert_eq!(stream_dst.read(), vec![2; 16], "read in stream order");
+    destroy(s);
+}
+
+#[test]
+fn any_order_reads_the_source_at_the_call_before_earlier_work_writes_it() {
+    // ANY allows reads out of stream order: the simulator takes the earliest, so a source that
+    // work enqueued before the copy still writes is read as it was, not as that work leaves it.
+    use_device(0);
+    let s = non_blocking_stream();
+    let (src, dst) = (DeviceBuffer::new(16), DeviceBuffer::new(16));
+    let (gate, _open) = Gate::new();
+    memset_async(src.ptr, 1, 16, s);
+    sync(s);
+    hold(gate, driver(), s);
+    memset_async(src.ptr, 2, 16, s);
+    assert_eq!(one(dst.ptr, src.ptr, 16, attrs(Order::CU_MEMCPY_SRC_ACCESS_ORDER_ANY), s), OK);
+    gate.open();
+    sync(s);
+    assert_eq!(dst.read(), vec![1; 16], "read at the call, before the held memset");
     destroy(s);
 }
 

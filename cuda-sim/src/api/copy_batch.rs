@@ -136,8 +136,10 @@ fn during_call(attr: &CUmemcpyAttributes) -> SimResult<bool> {
     use CUmemcpySrcAccessOrder as O;
     ensure(attr.flags & !CUmemcpyFlags::CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE.0 == 0)?;
     match attr.srcAccessOrder {
-        O::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM | O::CU_MEMCPY_SRC_ACCESS_ORDER_ANY => Ok(false),
-        O::CU_MEMCPY_SRC_ACCESS_ORDER_DURING_API_CALL => Ok(true),
+        O::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM => Ok(false),
+        // ANY may read out of stream order: read at the call, the earliest it allows, so that
+        // a source still written by earlier work is read as it was (see `conservative`).
+        O::CU_MEMCPY_SRC_ACCESS_ORDER_ANY | O::CU_MEMCPY_SRC_ACCESS_ORDER_DURING_API_CALL => Ok(true),
         _ => fail(CUresult::CUDA_ERROR_INVALID_VALUE),
     }
 }
