@@ -1,6 +1,9 @@
 //! The whole flow in one process (the receiving side imports what the same process exported):
 //! resources, buffers, the registry, the duplicate-import cache, and the errors on bad input.
 
+mod common;
+
+use common::{pair, setup};
 use std::sync::Arc;
 
 use cuda_mem_core::{
@@ -8,21 +11,7 @@ use cuda_mem_core::{
     PinnedLocation, PinnedMemoryResource, PinnedMemoryResourceOptions, PoolKind, StatisticsAdaptor, Stream,
     StreamOptions,
 };
-use cuda_mem_ipc::{
-    BufferDescriptor, Channel, IpcChannel, IpcError, Received, allocation_handle, buffer_descriptor, lookup, registry,
-};
-
-fn setup() -> (Device, Stream) {
-    cuda_sim::testing::driver().unwrap();
-    let device = Device::new(0).unwrap();
-    device.set_current().unwrap();
-    (device, Stream::new(device, StreamOptions::default().non_blocking()).unwrap())
-}
-
-fn pair() -> (IpcChannel, IpcChannel) {
-    let (a, b) = Channel::pair().unwrap();
-    (IpcChannel::new(a), IpcChannel::new(b))
-}
+use cuda_mem_ipc::{BufferDescriptor, IpcError, Received, allocation_handle, buffer_descriptor, lookup, registry};
 
 #[test]
 fn buffers_travel_with_their_resource_and_share_memory() {

@@ -7,12 +7,15 @@
 //! import a handle of its own or the first import's (`CUDA_SIM_POOL_IMPORT=same-handle`). Every
 //! refusal leaves the process and its pools as they were.
 
+mod common;
+
+use common::setup;
 use std::sync::Arc;
 use std::time::Duration;
 
 use cuda_mem_core::{
     Buffer, Device, DeviceMemoryResource, DeviceMemoryResourceOptions, FillPattern, PinnedLocation,
-    PinnedMemoryResource, PinnedMemoryResourceOptions, PoolKind, Stream, StreamOptions,
+    PinnedMemoryResource, PinnedMemoryResourceOptions, PoolKind, Stream,
 };
 use cuda_mem_ipc::{
     BufferDescriptor, Channel, IpcChannel, IpcError, MAX_BUFFERS_PER_MESSAGE, MappedMemoryResource, Received,
@@ -27,13 +30,6 @@ const BUFFERS: u16 = 2;
 /// The simulator's setting for a driver that answers a second import of a pool with the first
 /// import's handle.
 const SAME_HANDLE: &[(&str, &str)] = &[("CUDA_SIM_POOL_IMPORT", "same-handle")];
-
-fn setup() -> (Device, Stream) {
-    cuda_sim::testing::driver().unwrap();
-    let device = Device::new(0).unwrap();
-    device.set_current().unwrap();
-    (device, Stream::new(device, StreamOptions::default().non_blocking()).unwrap())
-}
 
 fn device_pool(device: Device) -> Arc<DeviceMemoryResource> {
     DeviceMemoryResource::new(device, DeviceMemoryResourceOptions::default().ipc_enabled(true)).unwrap()

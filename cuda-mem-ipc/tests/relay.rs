@@ -5,9 +5,12 @@
 //! peers are played in this process (the simulator imports a process's own pools), by raw
 //! channel messages that name the pools with one chosen UUID.
 
+mod common;
+
+use common::{pair, setup};
 use std::sync::Arc;
 
-use cuda_mem_core::{Buffer, Device, DeviceMemoryResource, DeviceMemoryResourceOptions, Stream, StreamOptions};
+use cuda_mem_core::{Buffer, Device, DeviceMemoryResource, DeviceMemoryResourceOptions, Stream};
 use cuda_mem_ipc::{
     BufferDescriptor, Channel, IpcChannel, IpcError, MappedMemoryResource, Received, allocation_handle,
     buffer_descriptor,
@@ -17,18 +20,6 @@ use uuid::Uuid;
 /// Message kinds on the wire (`IpcChannel`'s table).
 const RESOURCE: u16 = 1;
 const BUFFERS: u16 = 2;
-
-fn setup() -> (Device, Stream) {
-    cuda_sim::testing::driver().unwrap();
-    let device = Device::new(0).unwrap();
-    device.set_current().unwrap();
-    (device, Stream::new(device, StreamOptions::default().non_blocking()).unwrap())
-}
-
-fn pair() -> (IpcChannel, IpcChannel) {
-    let (a, b) = Channel::pair().unwrap();
-    (IpcChannel::new(a), IpcChannel::new(b))
-}
 
 /// A peer that sends its own pool `pool` and a buffer of it under the name `uuid`, on a channel
 /// of its own to this process: what this side receives (the mapped pool and the buffer).
