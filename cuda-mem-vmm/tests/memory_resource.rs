@@ -1,7 +1,8 @@
 //! The resource as a `MemoryResource`: plain buffers through `MemoryResourceExt` (shared and
 //! scoped) and through `Arc<dyn MemoryResource>`, each a chunk, a reservation and a mapping of
-//! its own, holding data and giving everything back when freed; and virtual buffers passed where
-//! a `Buffer` is expected through `as_buffer`.
+//! its own, holding data and giving everything back when freed; virtual buffers passed where
+//! a `Buffer` is expected through `as_buffer`; and a release deferred through the trait, recorded
+//! with the driver's code, once however often it fails the same way again.
 
 mod common;
 
@@ -213,10 +214,7 @@ fn a_deferred_release_recorded_through_the_trait_keeps_the_drivers_code() {
         let baseline = sim_live();
         let _ = cuda_mem_core::take_drop_errors();
         let buffer = MemoryResourceExt::allocate(&resource, G, &s).unwrap();
-        // Both ways of waiting for the stream fail (synchronizing it, then an event at its end),
-        // so the release is deferred.
-        inject(c"cuStreamSynchronize", 1);
-        inject(c"cuEventSynchronize", 1);
+        fail_the_next_wait_for_a_stream();
         drop(buffer);
         let errors = cuda_mem_core::take_drop_errors();
         let [recorded] = &errors[..] else { panic!("one deferred release is recorded: {errors:?}") };
@@ -233,5 +231,48 @@ fn a_deferred_release_recorded_through_the_trait_keeps_the_drivers_code() {
         // Released at the next safe point, now that the stream can be waited for.
         assert_eq!(release_deferred(), 0);
         assert_eq!(sim_live(), baseline);
+    });
+}
+
+#[test]
+fn a_deferred_release_failing_the_same_way_again_is_recorded_once() {
+    machine!(&[], || {
+        if !cuda_sim::testing::simulator_only("fault injection") {
+            return;
+        }
+        let d0 = device(0);
+        let s = stream(d0);
+        let resource = VirtualMemoryResource::new(d0, Default::default()).unwrap();
+        let baseline = vmm_live();
+        let _ = cuda_mem_core::take_drop_errors();
+        let buffer = MemoryResourceExt::allocate(&resource, G, &s).unwrap();
+        // The release is deferred, and that recorded.
+        fail_the_next_wait_for_a_stream();
+        drop(buffer);
+        let errors = cuda_mem_core::take_drop_errors();
+        assert_eq!(errors.len(), 1, "the deferral is recorded: {errors:?}");
+
+        // Every later safe point fails the same way: nothing new to record.
+        for _ in 0..5 {
+            fail_the_next_wait_for_a_stream();
+            assert_eq!(release_deferred(), 1, "still kept");
+        }
+        let errors = cuda_mem_core::take_drop_errors();
+        assert!(errors.is_empty(), "the same failure is not recorded again: {errors:?}");
+
+        // Another failure is news: recorded, once.
+        for _ in 0..3 {
+            inject(c"cuStreamIsCapturing", 1);
+            assert_eq!(release_deferred(), 1, "still kept");
+        }
+        let errors = cuda_mem_core::take_drop_errors();
+        let [recorded] = &errors[..] else { panic!("the new failure is recorded once: {errors:?}") };
+        let message = recorded.error.to_string();
+        assert!(message.contains("capture status") && message.contains("cuStreamIsCapturing"), "{message}");
+
+        // Released once the stream can be waited for.
+        assert_eq!(release_deferred(), 0);
+        assert_eq!(vmm_live(), baseline);
+        assert!(cuda_mem_core::take_drop_errors().is_empty());
     });
 }

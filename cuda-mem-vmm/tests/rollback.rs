@@ -403,8 +403,7 @@ fn a_stream_that_cannot_be_waited_for_at_all_keeps_the_memory_and_says_so() {
         let mapped = vmm_live();
         // The stream cannot be synchronized, nor waited for through an event: no order is safe,
         // so the memory stays mapped, and that is recorded.
-        inject(c"cuStreamSynchronize", 1);
-        inject(c"cuEventSynchronize", 1);
+        fail_the_next_wait_for_a_stream();
         let ((), calls) = count_calls(driver(), || drop(buffer)).unwrap();
         assert_eq!(calls.of("cuEventSynchronize"), 1, "waiting through an event was tried: {calls:?}");
         assert_eq!(calls.of("cuMemUnmap"), 0, "nothing was unmapped: {calls:?}");

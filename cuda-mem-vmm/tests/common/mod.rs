@@ -149,6 +149,13 @@ pub fn inject(function: &CStr, nth: u32) {
         .expect("the simulator arms the failure");
 }
 
+/// Makes both ways of waiting for a stream fail once (synchronizing it, then an event recorded
+/// at its end), as a release that must wait for the stream tries them: it is deferred.
+pub fn fail_the_next_wait_for_a_stream() {
+    inject(c"cuStreamSynchronize", 1);
+    inject(c"cuEventSynchronize", 1);
+}
+
 /// A raw address reservation, freed on drop.
 #[derive(Debug)]
 pub struct RawReservation {
