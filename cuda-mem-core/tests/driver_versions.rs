@@ -37,8 +37,9 @@ fn pools_work() {
     stream.synchronize().unwrap();
 }
 
-/// Event timing works, whichever `cuEventElapsedTime` the driver has.
-fn event_timing_works() {
+/// The time between two timing events recorded one after the other on a stream, through
+/// whichever `cuEventElapsedTime` the driver has.
+fn elapsed_between_two_events() -> cuda_mem_core::Result<std::time::Duration> {
     let device = common::device();
     let stream = common::stream(device);
     let start = cuda_mem_core::Event::new(device, EventOptions::default().timing()).unwrap();
@@ -46,7 +47,12 @@ fn event_timing_works() {
     start.record(&stream).unwrap();
     end.record(&stream).unwrap();
     end.synchronize().unwrap();
-    end.elapsed_since(&start).unwrap();
+    end.elapsed_since(&start)
+}
+
+/// Event timing works, whichever `cuEventElapsedTime` the driver has.
+fn event_timing_works() {
+    elapsed_between_two_events().unwrap();
 }
 
 #[test]
@@ -329,42 +335,30 @@ fn properties_and_uuids_on(version: u32) {
     assert_ne!(devices[0].uuid().unwrap(), devices[1].uuid().unwrap());
 }
 
+/// [`properties_and_uuids_on`] `version`, in a simulated machine of two devices pretending to
+/// be that driver (`test` is the calling test's name).
+fn properties_and_uuids_test(test: &str, version: u32) {
+    let version_text = version.to_string();
+    in_simulated_machine(test, &[(ENV, &version_text), ("CUDA_SIM_DEVICES", "2")], || {
+        if simulator_only(&format!("pretending to be the driver of version {version}")) {
+            properties_and_uuids_on(version);
+        }
+    });
+}
+
 #[test]
 fn cuda_11_2_reads_properties_and_uuids_with_cuda_9_2_s_uuid_call() {
-    in_simulated_machine(
-        "cuda_11_2_reads_properties_and_uuids_with_cuda_9_2_s_uuid_call",
-        &[(ENV, "11020"), ("CUDA_SIM_DEVICES", "2")],
-        || {
-            if !simulator_only("pretending to be CUDA 11.2") {
-                return;
-            }
-            properties_and_uuids_on(11020);
-        },
-    );
+    properties_and_uuids_test("cuda_11_2_reads_properties_and_uuids_with_cuda_9_2_s_uuid_call", 11020);
 }
 
 #[test]
 fn cuda_12_0_reads_properties_without_host_numa_nodes_or_fabric_handles() {
-    in_simulated_machine(
-        "cuda_12_0_reads_properties_without_host_numa_nodes_or_fabric_handles",
-        &[(ENV, "12000"), ("CUDA_SIM_DEVICES", "2")],
-        || {
-            if !simulator_only("pretending to be CUDA 12.0") {
-                return;
-            }
-            properties_and_uuids_on(12000);
-        },
-    );
+    properties_and_uuids_test("cuda_12_0_reads_properties_without_host_numa_nodes_or_fabric_handles", 12000);
 }
 
 #[test]
 fn cuda_13_0_reads_every_property() {
-    in_simulated_machine("cuda_13_0_reads_every_property", &[(ENV, "13000"), ("CUDA_SIM_DEVICES", "2")], || {
-        if !simulator_only("pretending to be CUDA 13.0") {
-            return;
-        }
-        properties_and_uuids_on(13000);
-    });
+    properties_and_uuids_test("cuda_13_0_reads_every_property", 13000);
 }
 
 #[test]
@@ -378,14 +372,7 @@ fn an_older_variant_fails_under_the_name_cuda_h_gives_it() {
             if !simulator_only("fault injection") {
                 return;
             }
-            let device = common::device();
-            let stream = common::stream(device);
-            let start = cuda_mem_core::Event::new(device, EventOptions::default().timing()).unwrap();
-            let end = cuda_mem_core::Event::new(device, EventOptions::default().timing()).unwrap();
-            start.record(&stream).unwrap();
-            end.record(&stream).unwrap();
-            end.synchronize().unwrap();
-            let error = end.elapsed_since(&start).unwrap_err();
+            let error = elapsed_between_two_events().unwrap_err();
             let cuda_mem_core::Error::Cuda(cuda_mem_core::sys::CudaError::Driver(failed)) = &error else {
                 panic!("a driver error: {error:?}")
             };
