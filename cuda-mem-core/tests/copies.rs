@@ -10,8 +10,8 @@ use common::{Gate, device, hold, stream};
 use cuda_mem_core::sys::cu_call;
 use cuda_mem_core::sys::types::{CUgraph, CUstreamCaptureMode};
 use cuda_mem_core::{
-    BatchCopy, Buffer, CopyError, CopyOptions, DeviceMemoryResource, DriverCapability, Error, Location, OverlapKind,
-    OverlapMode, PinnedMemoryResource, ScopedBuffer, SourceAccessOrder, Stream, copy_batch,
+    BatchCopy, Buffer, CopyError, CopyOptions, Device, DeviceMemoryResource, DriverCapability, Error, Location,
+    OverlapKind, OverlapMode, PinnedMemoryResource, ScopedBuffer, SourceAccessOrder, Stream, copy_batch,
 };
 use cuda_sim::testing::{in_simulated_machine, skip};
 
@@ -34,6 +34,17 @@ fn on_driver(wanted: u32) -> bool {
     installed == wanted
 }
 
+/// Runs `body` (the test `test`) in a simulated machine pretending to be the driver of
+/// `version`, or where the driver installed is of it (else a declared skip).
+fn on_a_driver_of(version: u32, test: &str, body: impl FnOnce()) {
+    let version_text = version.to_string();
+    in_simulated_machine(test, &[("CUDA_SIM_DRIVER_VERSION", &version_text)], || {
+        if on_driver(version) {
+            body();
+        }
+    });
+}
+
 fn pinned(bytes: &[u8], stream: &Stream) -> Buffer {
     // A pool of its own rather than the current one, which needs CUDA 13.0: the 12.8 test uses it too.
     let mut buffer = PinnedMemoryResource::new(Default::default()).unwrap().allocate(bytes.len(), stream).unwrap();
@@ -46,6 +57,12 @@ fn zeroed(len: usize, pool: &Arc<DeviceMemoryResource>, stream: &Stream) -> Buff
     let mut buffer = pool.allocate(len, stream).unwrap();
     buffer.fill(cuda_mem_core::FillPattern::U8(0), stream).unwrap();
     buffer
+}
+
+/// A pinned source of 8 bytes of 4, and two zeroed 8-byte device buffers of a pool of their own.
+fn a_source_and_two_destinations(device: Device, stream: &Stream) -> (Buffer, Buffer, Buffer) {
+    let pool = DeviceMemoryResource::new(device, Default::default()).unwrap();
+    (pinned(&[4; 8], stream), zeroed(8, &pool, stream), zeroed(8, &pool, stream))
 }
 
 #[test]
@@ -236,10 +253,7 @@ fn a_cuda_13_0_driver_falls_back_for_single_copies_unless_the_source_is_read_dur
 
 #[test]
 fn a_cuda_13_2_driver_copies_with_attributes() {
-    in_simulated_machine("a_cuda_13_2_driver_copies_with_attributes", &[("CUDA_SIM_DRIVER_VERSION", "13020")], || {
-        if !on_driver(13020) {
-            return;
-        }
+    on_a_driver_of(13020, "a_cuda_13_2_driver_copies_with_attributes", || {
         let device = device();
         let s = stream(device);
         let pool = DeviceMemoryResource::new(device, Default::default()).unwrap();
@@ -259,38 +273,24 @@ fn a_cuda_13_2_driver_copies_with_attributes() {
 
 #[test]
 fn a_cuda_12_8_driver_batches_plain_copies_only() {
-    in_simulated_machine(
-        "a_cuda_12_8_driver_batches_plain_copies_only",
-        &[("CUDA_SIM_DRIVER_VERSION", "12080")],
-        || {
-            if !on_driver(12080) {
-                return;
-            }
-            let device = device();
-            let s = stream(device);
-            let pool = DeviceMemoryResource::new(device, Default::default()).unwrap();
-            let src = pinned(&[4; 8], &s);
-            let (mut a, mut b) = (zeroed(8, &pool, &s), zeroed(8, &pool, &s));
-            let any = CopyOptions::default().src_access_order(SourceAccessOrder::Any);
-            copy_batch(&s, [BatchCopy::new(&src, &mut a).unwrap(), BatchCopy::new(&src, &mut b).unwrap()], any)
-                .unwrap();
-            assert_eq!(a.to_vec::<u8>(&s).unwrap(), [4; 8]);
-            assert_eq!(b.to_vec::<u8>(&s).unwrap(), [4; 8]);
-            let r = copy_batch(&s, [BatchCopy::new(&src, &mut a).unwrap()], during_call());
-            let Err(
-                error @ Error::DriverTooOld {
-                    capability: DriverCapability::CopyBatches,
-                    needs: 13000,
-                    installed: 12080,
-                },
-            ) = r
-            else {
-                panic!("{r:?}")
-            };
-            let text = error.to_string();
-            assert!(text.contains("batched copies reading their source") && text.contains("is CUDA 12.8"), "{text}");
-        },
-    );
+    on_a_driver_of(12080, "a_cuda_12_8_driver_batches_plain_copies_only", || {
+        let device = device();
+        let s = stream(device);
+        let (src, mut a, mut b) = a_source_and_two_destinations(device, &s);
+        let any = CopyOptions::default().src_access_order(SourceAccessOrder::Any);
+        copy_batch(&s, [BatchCopy::new(&src, &mut a).unwrap(), BatchCopy::new(&src, &mut b).unwrap()], any).unwrap();
+        assert_eq!(a.to_vec::<u8>(&s).unwrap(), [4; 8]);
+        assert_eq!(b.to_vec::<u8>(&s).unwrap(), [4; 8]);
+        let r = copy_batch(&s, [BatchCopy::new(&src, &mut a).unwrap()], during_call());
+        let Err(
+            error @ Error::DriverTooOld { capability: DriverCapability::CopyBatches, needs: 13000, installed: 12080 },
+        ) = r
+        else {
+            panic!("{r:?}")
+        };
+        let text = error.to_string();
+        assert!(text.contains("batched copies reading their source") && text.contains("is CUDA 12.8"), "{text}");
+    });
 }
 
 #[test]
@@ -298,28 +298,22 @@ fn a_batch_refused_half_way_orders_the_frees_after_the_copies_it_enqueued() {
     // On a CUDA 12.8 driver a batch is one `cuMemcpyAsync` per copy; the second is refused here,
     // the first stays enqueued on the copy's stream, so the destination's free on its own
     // stream must still wait for that stream.
-    in_simulated_machine(
-        "a_batch_refused_half_way_orders_the_frees_after_the_copies_it_enqueued",
-        &[("CUDA_SIM_DRIVER_VERSION", "12080")],
-        || {
-            if !on_driver(12080) {
-                return;
-            }
-            let device = device();
-            let (home, copier) = (stream(device), stream(device));
-            let pool = DeviceMemoryResource::new(device, Default::default()).unwrap();
-            let src = pinned(&[4; 8], &home);
-            let (mut a, mut b) = (zeroed(8, &pool, &home), zeroed(8, &pool, &home));
-            home.synchronize().unwrap();
-            let d = cuda_sim::testing::driver().unwrap();
-            cuda_sim::testing::inject_failure(d, c"cuMemcpyAsync", 2).unwrap();
-            let copies = [BatchCopy::new(&src, &mut a).unwrap(), BatchCopy::new(&src, &mut b).unwrap()];
-            let r = copy_batch(&copier, copies, CopyOptions::default());
-            assert!(matches!(r, Err(Error::Cuda(cuda_mem_core::sys::CudaError::Driver(_)))), "{r:?}");
-            let (_, counts) = cuda_sim::testing::count_calls_if_simulated(|| drop(a));
-            counts.assert_calls("cuStreamWaitEvent", 1, "the free of the copy's destination waits for its stream");
-            copier.synchronize().unwrap();
-            home.synchronize().unwrap();
-        },
-    );
+    on_a_driver_of(12080, "a_batch_refused_half_way_orders_the_frees_after_the_copies_it_enqueued", || {
+        if !cuda_sim::testing::simulator_only("fault injection") {
+            return;
+        }
+        let device = device();
+        let (home, copier) = (stream(device), stream(device));
+        let (src, mut a, mut b) = a_source_and_two_destinations(device, &home);
+        home.synchronize().unwrap();
+        let d = cuda_sim::testing::driver().unwrap();
+        cuda_sim::testing::inject_failure(d, c"cuMemcpyAsync", 2).unwrap();
+        let copies = [BatchCopy::new(&src, &mut a).unwrap(), BatchCopy::new(&src, &mut b).unwrap()];
+        let r = copy_batch(&copier, copies, CopyOptions::default());
+        assert!(matches!(r, Err(Error::Cuda(cuda_mem_core::sys::CudaError::Driver(_)))), "{r:?}");
+        let (_, counts) = cuda_sim::testing::count_calls_if_simulated(|| drop(a));
+        counts.assert_calls("cuStreamWaitEvent", 1, "the free of the copy's destination waits for its stream");
+        copier.synchronize().unwrap();
+        home.synchronize().unwrap();
+    });
 }
