@@ -58,6 +58,16 @@ class ChannelTestCase(unittest.TestCase):
             channel.settimeout(20)
         return a, b
 
+    def raw_pair(self, timeout=20):
+        """A channel with a receive time-out of ``timeout`` seconds, and the raw socket of its
+        peer, both closed after the test."""
+        raw, ours = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.addCleanup(raw.close)
+        channel = cx.Channel(ours)
+        self.addCleanup(channel.close)
+        channel.settimeout(timeout)
+        return channel, raw
+
     def pipe(self):
         r, w = os.pipe()
         self.addCleanup(os.close, r)
@@ -131,15 +141,6 @@ class ReceivedDescriptors(ChannelTestCase):
 
 
 class PeerEnds(ChannelTestCase):
-    def raw_pair(self):
-        """A channel and the raw socket of its peer."""
-        raw, ours = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.addCleanup(raw.close)
-        channel = cx.Channel(ours)
-        self.addCleanup(channel.close)
-        channel.settimeout(20)
-        return channel, raw
-
     def test_a_reset_after_the_last_frame_is_peer_closed(self):
         # The peer closes with bytes of ours unread: its queued frames arrive, then ECONNRESET,
         # which is an end of stream like any other.
@@ -194,11 +195,7 @@ class Deadline(ChannelTestCase):
     def test_a_slow_drip_does_not_outlast_the_time_out(self):
         # A byte every 0.1 s renews a per-read time-out of 0.5 s for ever; the time-out bounds
         # the whole message.
-        raw, ours = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.addCleanup(raw.close)
-        channel = cx.Channel(ours)
-        self.addCleanup(channel.close)
-        channel.settimeout(0.5)
+        channel, raw = self.raw_pair(timeout=0.5)
         stop = threading.Event()
 
         def drip():
@@ -246,11 +243,7 @@ class Deadline(ChannelTestCase):
         self.assertIsNone(b.sock.gettimeout())
 
     def test_a_message_that_arrives_in_pieces_within_the_time_out(self):
-        raw, ours = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.addCleanup(raw.close)
-        channel = cx.Channel(ours)
-        self.addCleanup(channel.close)
-        channel.settimeout(5)
+        channel, raw = self.raw_pair(timeout=5)
         whole = frame(cx.DATA, b"in three pieces")
         sender = threading.Thread(
             target=lambda: [(raw.send(whole[at : at + 13]), time.sleep(0.05)) for at in range(0, len(whole), 13)]
