@@ -202,21 +202,30 @@ fn a_vmm_error_through_the_trait_is_the_source_not_text() {
     assert!(matches!(cuda_mem_core::Error::from(VmmError::Core(Error::CapturingStream)), Error::CapturingStream));
 }
 
+/// A buffer of a new resource on device 0, dropped while its stream cannot be waited for, so
+/// that its release is deferred: the drop errors recorded meanwhile, the live objects from before
+/// the buffer, and the stream and resource, kept for the rest of the test (the resource's drop
+/// would be a safe point that releases what was deferred).
+fn a_deferred_release()
+-> (Vec<cuda_mem_core::DropError>, Option<cuda_sim::testing::LiveObjects>, (Stream, Arc<VirtualMemoryResource>)) {
+    let d0 = device(0);
+    let s = stream(d0);
+    let resource = VirtualMemoryResource::new(d0, Default::default()).unwrap();
+    let baseline = sim_live();
+    let _ = cuda_mem_core::take_drop_errors();
+    let buffer = MemoryResourceExt::allocate(&resource, G, &s).unwrap();
+    fail_the_next_wait_for_a_stream();
+    drop(buffer);
+    (cuda_mem_core::take_drop_errors(), baseline, (s, resource))
+}
+
 #[test]
 fn a_deferred_release_recorded_through_the_trait_keeps_the_drivers_code() {
     machine!(&[], || {
         if !cuda_sim::testing::simulator_only("fault injection") {
             return;
         }
-        let d0 = device(0);
-        let s = stream(d0);
-        let resource = VirtualMemoryResource::new(d0, Default::default()).unwrap();
-        let baseline = sim_live();
-        let _ = cuda_mem_core::take_drop_errors();
-        let buffer = MemoryResourceExt::allocate(&resource, G, &s).unwrap();
-        fail_the_next_wait_for_a_stream();
-        drop(buffer);
-        let errors = cuda_mem_core::take_drop_errors();
+        let (errors, baseline, _kept) = a_deferred_release();
         let [recorded] = &errors[..] else { panic!("one deferred release is recorded: {errors:?}") };
         let error = &recorded.error;
         assert_eq!(error.cuda_code(), Some(CUresult::CUDA_ERROR_OUT_OF_MEMORY), "{error}");
@@ -240,16 +249,7 @@ fn a_deferred_release_failing_the_same_way_again_is_recorded_once() {
         if !cuda_sim::testing::simulator_only("fault injection") {
             return;
         }
-        let d0 = device(0);
-        let s = stream(d0);
-        let resource = VirtualMemoryResource::new(d0, Default::default()).unwrap();
-        let baseline = vmm_live();
-        let _ = cuda_mem_core::take_drop_errors();
-        let buffer = MemoryResourceExt::allocate(&resource, G, &s).unwrap();
-        // The release is deferred, and that recorded.
-        fail_the_next_wait_for_a_stream();
-        drop(buffer);
-        let errors = cuda_mem_core::take_drop_errors();
+        let (errors, baseline, _kept) = a_deferred_release();
         assert_eq!(errors.len(), 1, "the deferral is recorded: {errors:?}");
 
         // Every later safe point fails the same way: nothing new to record.
@@ -272,7 +272,7 @@ fn a_deferred_release_failing_the_same_way_again_is_recorded_once() {
 
         // Released once the stream can be waited for.
         assert_eq!(release_deferred(), 0);
-        assert_eq!(vmm_live(), baseline);
+        assert_eq!(sim_live(), baseline);
         assert!(cuda_mem_core::take_drop_errors().is_empty());
     });
 }
