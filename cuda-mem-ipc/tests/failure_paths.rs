@@ -104,6 +104,20 @@ fn expect_buffers(channel: &IpcChannel, stream: &Stream) -> Result<Vec<cuda_mem_
     }
 }
 
+/// Waits for the work on both streams when dropped. cuda.h: "The imported memory must be freed
+/// from all importing processes before being freed in the exporting process", and the imports'
+/// frees are on either stream, unordered with the exporter's: this orders them (a failure of the
+/// wait itself is one of the failures injected, and then they may run out of order).
+struct ImportersFreeFirst<'a>([&'a Stream; 2]);
+
+impl Drop for ImportersFreeFirst<'_> {
+    fn drop(&mut self) {
+        for stream in self.0 {
+            let _ = stream.synchronize();
+        }
+    }
+}
+
 /// Makes a pool of `kind` and a buffer of it, sends it over a channel pair and receives it along
 /// `path`, stopping at the first error; what was made is then dropped, which releases it.
 fn scenario(kind: Kind, path: Path, device: Device, own: &Stream, other: &Stream) {
@@ -112,6 +126,8 @@ fn scenario(kind: Kind, path: Path, device: Device, own: &Stream, other: &Stream
         let (sender, receiver) = (IpcChannel::new(a), IpcChannel::new(b));
         let resource = resource(kind, device)?;
         let mut buffer = resource.allocate(SIZE, own)?;
+        // Dropped after the imports below and before `buffer`, however `run` ends.
+        let _importers_first = ImportersFreeFirst([own, other]);
         buffer.fill(FillPattern::U8(1), own)?;
         sender.send_buffers(&[&buffer])?;
         // The receiver may drop the pool at once: the channel keeps it.
@@ -180,8 +196,9 @@ fn check_case(case: &str, injection: Injection, before: Snapshot, after: Snapsho
             "{case}: the refused release was not recorded: {errors:?}"
         );
         // Only what the driver refused to let go of may stay: a pool or a physical allocation
-        // it kept keeps the descriptor of its memory (the simulator's), no other stays open.
-        let kept = after.live.pools.saturating_sub(before.live.pools)
+        // it kept keeps the simulator's descriptors of its memory (a pool two: its file, and the
+        // description it records its holds on), no other stays open.
+        let kept = 2 * after.live.pools.saturating_sub(before.live.pools)
             + after.live.physical_allocations.saturating_sub(before.live.physical_allocations);
         assert!(
             after.fds <= before.fds + kept as usize,

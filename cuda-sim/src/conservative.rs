@@ -256,6 +256,19 @@
 //!   imported pool) returns `CUDA_ERROR_INVALID_VALUE`; exported pointer data carries a checksum,
 //!   so any altered byte is refused; a duplicate import in one process returns the same pointer
 //!   without counting (as the driver does), so the second free fails.
+//! - **An exporter that frees before its importers** (`cuda.h`, `cuMemPoolImportPointer`: "The
+//!   imported memory must be freed from all importing processes before being freed in the
+//!   exporting process"; what happens otherwise is not documented): when the exporter's free
+//!   runs while an imported pool, in any process, still maps the allocation, its bytes are
+//!   overwritten with `0xdb`, the free is reported on stderr, and the range is kept out of the
+//!   pool's next allocations until no importer maps it. A GPU's pool would hand the memory to
+//!   the next allocation and the importer would read it, silently; the poison shows the mistake
+//!   at once in whatever the importer reads, the quarantine keeps the exporter's next buffers
+//!   whole. Export data of an allocation its exporter freed no longer imports
+//!   (`CUDA_ERROR_INVALID_VALUE`), even where it is still mapped. The processes see each other's
+//!   holds through byte-range locks on the pool's file (`holds.rs`), which the kernel drops with
+//!   a process that dies, as the driver forgets a dead process's imports. What a GPU does is the
+//!   probe's question `exporter-frees-first`.
 //! - **A second import of one pool** (`cuMemPoolImportFromShareableHandle` of a pool this
 //!   process has imported already) gets a handle of its own; the documentation does not say
 //!   either way. `CUDA_SIM_POOL_IMPORT=same-handle` models the other reading: the first import's

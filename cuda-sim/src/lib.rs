@@ -153,6 +153,8 @@ mod graph;
 #[cfg(target_os = "linux")]
 mod handle;
 #[cfg(target_os = "linux")]
+mod holds;
+#[cfg(target_os = "linux")]
 mod ipc_event;
 #[cfg(target_os = "linux")]
 mod managed;

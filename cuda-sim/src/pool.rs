@@ -157,10 +157,12 @@ impl Pool {
     /// this process, its place in the shared file.
     pub(crate) fn release(&self, allocation: &crate::memory::Allocation) {
         self.lock().free(allocation.size as u64);
-        if let (Some(shared), Some(offset)) = (&self.shared, allocation.file_offset)
-            && !shared.imported
-        {
-            shared.give_back(offset, allocation.size as u64);
+        if let (Some(shared), Some(offset)) = (&self.shared, allocation.file_offset) {
+            if shared.imported {
+                shared.release_import(offset);
+            } else {
+                shared.give_back(offset, allocation.size as u64);
+            }
         }
     }
 

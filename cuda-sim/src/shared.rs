@@ -32,6 +32,7 @@ use cuda_mem_sys::types::CUresult;
 
 use crate::config::Config;
 use crate::error::{SimResult, ensure, fail};
+use crate::holds::{Holds, imported_byte, live_byte};
 use crate::pool::{Location, PoolKind};
 
 /// The header page's size; allocations start after it.
@@ -42,6 +43,9 @@ const POOL_HEADER_LEN: usize = 50;
 const POINTER_MAGIC: &[u8; 8] = b"cusimPTR";
 /// Allocations are placed on page boundaries.
 const ALIGN: u64 = 4096;
+/// What the bytes of an allocation freed too early read afterwards (see
+/// [`SharedArena::give_back`]).
+pub(crate) const POISON: u8 = 0xdb;
 
 /// A shareable pool's file and, for the exporting process, its allocator.
 pub(crate) struct SharedArena {
@@ -54,6 +58,12 @@ pub(crate) struct SharedArena {
     /// The file's size.
     pub capacity: u64,
     free: Mutex<BTreeMap<u64, u64>>,
+    /// What this process holds of the file, as other processes can see it (see
+    /// [`crate::holds`]); `None` where it cannot be recorded.
+    holds: Option<Holds>,
+    /// Ranges the exporter freed while an importer still mapped them: kept out of use until no
+    /// importer does (offset, length).
+    quarantined: Mutex<Vec<(u64, u64)>>,
 }
 
 fn fresh_id() -> [u8; 16] {
@@ -134,7 +144,16 @@ impl SharedArena {
         header.extend_from_slice(&capacity.to_le_bytes());
         append_checksum(&mut header);
         rustix::io::pwrite(&file, &header, 0).map_err(|_| CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
-        Ok(SharedArena { file, id, imported: false, capacity, free: Mutex::new(BTreeMap::from([(HEADER, capacity)])) })
+        let holds = Holds::open(file.as_fd());
+        Ok(SharedArena {
+            file,
+            id,
+            imported: false,
+            capacity,
+            free: Mutex::new(BTreeMap::from([(HEADER, capacity)])),
+            holds,
+            quarantined: Mutex::default(),
+        })
     }
 
     /// Opens a pool another process exported: `fd` must be such a file, sealed, with a header
@@ -170,7 +189,17 @@ impl SharedArena {
         ensure(capacity > 0 && capacity % ALIGN == 0)?;
         let len = HEADER.checked_add(capacity).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
         crate::sealed::check(file.as_fd(), len)?;
-        Ok((SharedArena { file, id, imported: true, capacity, free: Mutex::new(BTreeMap::new()) }, location, kind))
+        let holds = Holds::open(file.as_fd());
+        let arena = SharedArena {
+            file,
+            id,
+            imported: true,
+            capacity,
+            free: Mutex::new(BTreeMap::new()),
+            holds,
+            quarantined: Mutex::default(),
+        };
+        Ok((arena, location, kind))
     }
 
     /// The file, borrowed.
@@ -183,9 +212,11 @@ impl SharedArena {
         rustix::io::fcntl_dupfd_cloexec(self.file.as_fd(), 0).map_err(|_| CUresult::CUDA_ERROR_OUT_OF_MEMORY)
     }
 
-    /// Finds room for `size` bytes: its file offset, or `CUDA_ERROR_OUT_OF_MEMORY`.
+    /// Finds room for `size` bytes: its file offset, or `CUDA_ERROR_OUT_OF_MEMORY`. The
+    /// allocation is recorded as live for importers to see.
     pub(crate) fn take(&self, size: u64) -> SimResult<u64> {
         let len = aligned(size).ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
+        self.end_quarantines();
         let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
         let (&start, &available) =
             free.iter().find(|&(_, &available)| available >= len).ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
@@ -193,14 +224,71 @@ impl SharedArena {
         if available > len {
             free.insert(start + len, available - len);
         }
+        if let Some(holds) = &self.holds {
+            holds.hold(live_byte(start));
+        }
         Ok(start)
     }
 
-    /// Returns the `size` bytes at `offset` (a range [`take`](SharedArena::take) handed out),
-    /// merging with free neighbours.
+    /// The exporter's free of the `size` bytes at `offset` (a range [`take`](SharedArena::take)
+    /// handed out). Were an importer still to map them (`cuda.h`: the importers must free
+    /// first), they are overwritten with [`POISON`] and kept out of use until no importer maps
+    /// them, and the mistake is reported on stderr: a GPU's pool would hand the bytes to the next
+    /// allocation, and the importer would read someone else's data, silently. Otherwise they
+    /// join their free neighbours.
     pub(crate) fn give_back(&self, offset: u64, size: u64) {
         // `take` rounded the same size, so it fits.
-        let Some(mut len) = aligned(size) else { return };
+        let Some(len) = aligned(size) else { return };
+        if let Some(holds) = &self.holds {
+            holds.release(live_byte(offset));
+            if holds.held_elsewhere(imported_byte(offset)) == Some(true) {
+                eprintln!(
+                    "cuda-sim: process {} freed a pool allocation ({size} bytes at offset {offset:#x} of its \
+                     shared pool) that an importing pool, in this or another process, still maps; cuda.h: \"The imported memory must be \
+                     freed from all importing processes before being freed in the exporting process.\" Its \
+                     bytes now read {POISON:#04x} and it is not reused until the importers free it.",
+                    std::process::id()
+                );
+                self.poison(offset, len);
+                self.quarantined.lock().unwrap_or_else(PoisonError::into_inner).push((offset, len));
+                return;
+            }
+        }
+        self.merge_free(offset, len);
+    }
+
+    /// Overwrites the `len` bytes at `offset` with [`POISON`] (what it can: the file was sized
+    /// for them, so only a system out of memory stops it, and then the bytes stay as they were).
+    fn poison(&self, offset: u64, len: u64) {
+        let chunk = [POISON; 64 << 10];
+        let mut done = 0;
+        while done < len {
+            let part = usize::try_from(len - done).map_or(chunk.len(), |left| left.min(chunk.len()));
+            match rustix::io::pwrite(&self.file, &chunk[..part], offset + done) {
+                Ok(written) if written > 0 => done += written as u64,
+                _ => return,
+            }
+        }
+    }
+
+    /// Frees the quarantined ranges no importer maps any more.
+    fn end_quarantines(&self) {
+        let Some(holds) = &self.holds else { return };
+        let mut quarantined = self.quarantined.lock().unwrap_or_else(PoisonError::into_inner);
+        if quarantined.is_empty() {
+            return;
+        }
+        quarantined.retain(|&(offset, len)| {
+            let still_imported = holds.held_elsewhere(imported_byte(offset)) != Some(false);
+            if !still_imported {
+                self.merge_free(offset, len);
+            }
+            still_imported
+        });
+    }
+
+    /// Puts the `len` bytes at `offset` back among the free ranges, merged with their neighbours.
+    fn merge_free(&self, offset: u64, mut len: u64) {
         let mut start = offset;
         let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some((&before, &before_len)) = free.range(..start).next_back()
@@ -214,6 +302,30 @@ impl SharedArena {
             len += after_len;
         }
         free.insert(start, len);
+    }
+
+    /// For an importer: `CUDA_ERROR_INVALID_VALUE` unless the exporter still holds the
+    /// allocation at `offset` (its export data outlives it; a GPU's pool may have handed the
+    /// bytes to another allocation since).
+    pub(crate) fn check_exporter_holds(&self, offset: u64) -> SimResult {
+        match &self.holds {
+            Some(holds) => ensure(holds.held_elsewhere(live_byte(offset)) != Some(false)),
+            None => Ok(()),
+        }
+    }
+
+    /// For an importer: records that this pool maps the allocation at `offset`.
+    pub(crate) fn hold_import(&self, offset: u64) {
+        if let Some(holds) = &self.holds {
+            holds.hold(imported_byte(offset));
+        }
+    }
+
+    /// For an importer: records that this pool no longer maps the allocation at `offset`.
+    pub(crate) fn release_import(&self, offset: u64) {
+        if let Some(holds) = &self.holds {
+            holds.release(imported_byte(offset));
+        }
     }
 
     /// The 64 bytes another process needs to import the allocation at `offset`.

@@ -212,6 +212,104 @@ fn a_child_process_sees_and_changes_the_parent_memory() {
     assert_eq!(dtoh(ptr, 4096), vec![0xc3; 4096]);
 }
 
+/// The file offset the simulator's export data names (bytes 24..32, see `shared.rs`).
+fn offset_of(data: &CUmemPoolPtrExportData) -> u64 {
+    u64::from_le_bytes(data.reserved[24..32].try_into().unwrap())
+}
+
+/// A device pool's allocation filled with one byte, and its import through the pool imported in
+/// this process.
+struct Shared {
+    pool: CUmemoryPool,
+    imported: CUmemoryPool,
+    ptr: CUdeviceptr,
+    data: CUmemPoolPtrExportData,
+    mapped: CUdeviceptr,
+}
+
+fn shared_allocation(size: usize, byte: u8) -> Shared {
+    use_device(0);
+    let pool = create_pool(&props(device0(), true));
+    let imported = import_pool(&export_fd(pool)).unwrap();
+    let ptr = alloc(pool, size);
+    htod(ptr, &vec![byte; size]);
+    let data = export_ptr(ptr).unwrap();
+    let mapped = import_ptr(imported, data).unwrap();
+    Shared { pool, imported, ptr, data, mapped }
+}
+
+/// cuda.h: "The imported memory must be freed from all importing processes before being freed in
+/// the exporting process." An exporter that frees first leaves the importer reading poison, not
+/// the next allocation's bytes: the range is kept from new allocations until the importer frees
+/// it. Export data of an allocation already freed no longer imports.
+#[test]
+fn an_exporter_freeing_before_its_importer_poisons_the_bytes_and_keeps_them_until_the_importer_frees() {
+    let Shared { pool, imported, ptr, data, mapped } = shared_allocation(8192, 7);
+    assert_eq!(free(ptr), CUresult::CUDA_SUCCESS);
+    sync(NULL_STREAM);
+    assert_eq!(dtoh(mapped, 8192), vec![0xdb; 8192], "poisoned when the exporter's free ran");
+
+    let next = alloc(pool, 8192);
+    let next_data = export_ptr(next).unwrap();
+    assert_ne!(offset_of(&next_data), offset_of(&data), "not reused while imported");
+    htod(next, &[1; 8192]);
+    assert_eq!(dtoh(mapped, 8192), vec![0xdb; 8192]);
+    // Even where it is still mapped: the allocation it names is gone.
+    assert_eq!(import_ptr(imported, data), Err(CUresult::CUDA_ERROR_INVALID_VALUE), "freed by its exporter");
+
+    assert_eq!(free(mapped), CUresult::CUDA_SUCCESS);
+    sync(NULL_STREAM);
+    let reused = alloc(pool, 8192);
+    assert_eq!(offset_of(&export_ptr(reused).unwrap()), offset_of(&data), "free again once unmapped");
+    for p in [next, reused] {
+        assert_eq!(free(p), CUresult::CUDA_SUCCESS);
+    }
+    sync(NULL_STREAM);
+}
+
+/// In the right order (the importer's free before the exporter's) nothing is poisoned and the
+/// range is reused at once; a synchronous `cuMemFree` by the exporter is checked as the
+/// stream-ordered one is.
+#[test]
+fn frees_in_the_documented_order_poison_nothing() {
+    let Shared { pool, ptr, data, mapped, .. } = shared_allocation(4096, 3);
+    assert_eq!(free(mapped), CUresult::CUDA_SUCCESS);
+    sync(NULL_STREAM);
+    assert_eq!(dtoh(ptr, 4096), vec![3; 4096]);
+    // SAFETY: a live pool allocation, freed once.
+    assert_eq!(unsafe { code!(driver(), cuMemFree_v2(ptr)) }, CUresult::CUDA_SUCCESS);
+    let again = alloc(pool, 4096);
+    assert_eq!(offset_of(&export_ptr(again).unwrap()), offset_of(&data));
+    assert_eq!(free(again), CUresult::CUDA_SUCCESS);
+    sync(NULL_STREAM);
+}
+
+/// An importer that dies holding an allocation drops its hold with it (the kernel's record of it
+/// goes with the process): the exporter's later free is in order.
+#[test]
+fn an_importer_that_exits_holding_an_allocation_lets_the_exporter_free_it() {
+    const ROLE_FD_ENV: &str = "CUDA_SIM_TEST_HOLDING_FD";
+    if let (Ok(fd), Ok(data)) = (std::env::var(ROLE_FD_ENV), std::env::var(POINTER_ENV)) {
+        use_device(0);
+        // SAFETY: the parent made this descriptor inheritable for this child.
+        let pool = import_pool(&unsafe { OwnedFd::from_raw_fd(fd.parse().unwrap()) }).unwrap();
+        let ptr = import_ptr(pool, CUmemPoolPtrExportData { reserved: unhex(&data).try_into().unwrap() }).unwrap();
+        assert_eq!(dtoh(ptr, 4096), vec![0x5a; 4096]);
+        // Exits without freeing.
+        return;
+    }
+    let name = test_name!();
+    in_child!(&[], || {
+        let (pool, ptr, data) = run_importer(&name, ROLE_FD_ENV);
+        assert_eq!(free(ptr), CUresult::CUDA_SUCCESS);
+        sync(NULL_STREAM);
+        let again = alloc(pool, 4096);
+        assert_eq!(offset_of(&export_ptr(again).unwrap()), offset_of(&data), "reused: no importer left");
+        assert_eq!(free(again), CUresult::CUDA_SUCCESS);
+        sync(NULL_STREAM);
+    });
+}
+
 /// The importer of [`an_importer_cannot_resize_the_pool_under_the_exporter`]: every way to
 /// change the size of the pool's file fails (it would make the exporter's next access to its
 /// memory a SIGBUS), and the memory is still shared.
@@ -243,20 +341,7 @@ fn an_importer_cannot_resize_the_pool_under_the_exporter() {
     }
     let name = test_name!();
     in_child!(&[], || {
-        use_device(0);
-        let pool = create_pool(&props(device0(), true));
-        let ptr = alloc(pool, 4096);
-        htod(ptr, &[0x5a; 4096]);
-        sync(NULL_STREAM);
-        let fd = export_fd(pool);
-        rustix::io::fcntl_setfd(&fd, rustix::io::FdFlags::empty()).unwrap();
-        let output = std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", &name, "--nocapture", "--test-threads=1"])
-            .env(ROLE_FD_ENV, fd.as_raw_fd().to_string())
-            .env(POINTER_ENV, hex(&export_ptr(ptr).unwrap().reserved))
-            .output()
-            .unwrap();
-        assert!(output.status.success() && String::from_utf8_lossy(&output.stdout).contains("1 passed"), "{output:?}");
+        let (pool, ptr, _) = run_importer(&name, ROLE_FD_ENV);
         // The exporter's memory is whole: what the importer wrote, then more of the pool.
         assert_eq!(dtoh(ptr, 4096), vec![0xc3; 4096]);
         let later = alloc(pool, 1 << 20);
@@ -267,6 +352,28 @@ fn an_importer_cannot_resize_the_pool_under_the_exporter() {
         }
         sync(NULL_STREAM);
     });
+}
+
+/// The exporter's side of the tests with an importing child: a device pool's allocation of
+/// 4096 bytes of 0x5a, its pool's descriptor and export data handed to this test binary run as
+/// the child `name` (through `role_env` and [`POINTER_ENV`]), which must pass.
+fn run_importer(name: &str, role_env: &str) -> (CUmemoryPool, CUdeviceptr, CUmemPoolPtrExportData) {
+    use_device(0);
+    let pool = create_pool(&props(device0(), true));
+    let ptr = alloc(pool, 4096);
+    htod(ptr, &[0x5a; 4096]);
+    sync(NULL_STREAM);
+    let fd = export_fd(pool);
+    rustix::io::fcntl_setfd(&fd, rustix::io::FdFlags::empty()).unwrap();
+    let data = export_ptr(ptr).unwrap();
+    let output = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", name, "--nocapture", "--test-threads=1"])
+        .env(role_env, fd.as_raw_fd().to_string())
+        .env(POINTER_ENV, hex(&data.reserved))
+        .output()
+        .unwrap();
+    assert!(output.status.success() && String::from_utf8_lossy(&output.stdout).contains("1 passed"), "{output:?}");
+    (pool, ptr, data)
 }
 
 /// A copy of the real file, `len` bytes long, with `header` (its first page) written in: sealed as
