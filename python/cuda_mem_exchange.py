@@ -50,7 +50,8 @@ Errors are exceptions; this module's own are all :class:`ExchangeError`: :class:
 ``received`` say what each was), :class:`PeerClosed` (also when the peer closed with data of ours
 unread, ``ECONNRESET``), :class:`OutOfDescriptors` (this process had no descriptor numbers left
 for a message's descriptors), :class:`ChannelTimeout` (also a ``TimeoutError``),
-:class:`UnknownResource` (a buffer whose pool did not arrive on this channel) and
+:class:`UnknownResource` (a buffer whose pool did not arrive on this channel),
+:class:`UuidTakenOnChannel` (a pool sent where another went under its UUID) and
 :class:`DeviceNotVisible`, :class:`EventNotOpened` (the driver refused the peer's event: it
 destroyed it too early, or the handle is bad). An error about one message leaves the channel
 usable when the whole frame was read (an unknown kind, a malformed payload,
@@ -263,6 +264,20 @@ class UnknownResource(ExchangeError):
     def __init__(self, uuid: uuidlib.UUID):
         self.uuid = uuid
         super().__init__(f"a buffer of pool {uuid}, which was not received on this channel")
+
+
+class UuidTakenOnChannel(ExchangeError):
+    """A pool that cannot go on this channel: another pool was sent on it under the same UUID
+    (a relay that imported two pools so named, from two peers), and the receiver would map this
+    one's buffers through that one. Nothing of the refused message was sent."""
+
+    def __init__(self, uuid: uuidlib.UUID):
+        self.uuid = uuid
+        super().__init__(
+            f"another pool was sent on this channel under UUID {uuid} (two peers named their pools so), and the "
+            "receiver would map this pool's buffers through that one: nothing of it was sent; send it on another "
+            "channel"
+        )
 
 
 class DeviceNotVisible(ExchangeError):
@@ -850,6 +865,17 @@ def _export_data(descriptor) -> bytes:
     return bytes(payload)
 
 
+# What the sending side records of a pool of this process: such a pool's UUID is its own (cuda.core
+# makes one per pool), so no other pool of this process goes by it.
+_LOCAL_POOL = object()
+
+
+def _sent_token(mr) -> object:
+    """What ``IpcChannel`` records of a pool it sent: the pool itself when it was imported (two
+    imports may go by one UUID), else :data:`_LOCAL_POOL`."""
+    return mr if getattr(mr, "is_mapped", False) else _LOCAL_POOL
+
+
 class IpcChannel:
     """Pools, buffers and bytes between this process (cuda.core) and a cuda-mem-ipc peer, over a
     :class:`Channel`: Python's counterpart of Rust's ``cuda_mem_ipc::IpcChannel``.
@@ -859,13 +885,21 @@ class IpcChannel:
     (or until :meth:`release_resource`); buffers map only through pools received on this
     channel.
 
+    A UUID names one pool on a channel, for the channel's life, as in Rust: a relay that imported
+    two pools under one UUID (from two peers, each naming its own pool so) can send only the
+    first on a given channel; the other, and its buffers, are refused with
+    :class:`UuidTakenOnChannel` before anything of them is sent. The channel keeps each imported
+    pool it sent alive, so that a later import under the same UUID is not taken for it.
+
     Unlike Rust's, an ``IpcChannel`` is not thread-safe: its pools and events are kept in plain
     dictionaries, which a send and a receive both use. Use it from one thread at a time (or
     guard every call with one lock)."""
 
     def __init__(self, channel: Channel):
         self.channel = channel
-        self._sent: set[uuidlib.UUID] = set()
+        # The pools sent, by UUID: _LOCAL_POOL for one of this process, the pool itself for an
+        # imported one (kept, so that it is not mistaken for a later import under the UUID).
+        self._sent: dict[uuidlib.UUID, object] = {}
         self._received: dict[uuidlib.UUID, object] = {}
         # The events sent, by id(): (the event, kept alive so that the peer can open it and its
         # handle is not given to another, and the id it goes by on the wire).
@@ -903,8 +937,15 @@ class IpcChannel:
         """Sends an IPC-enabled ``DeviceMemoryResource`` or ``PinnedMemoryResource`` (its
         allocation handle's descriptor, and its UUID)."""
         uuid, head, fd = self._resource_message(mr)
+        self._check_not_taken(uuid, mr)
         self.channel.send(RESOURCE, head, [fd])
-        self._sent.add(uuid)
+        self._sent[uuid] = _sent_token(mr)
+
+    def _check_not_taken(self, uuid: uuidlib.UUID, mr) -> None:
+        """Refuses ``mr`` under ``uuid`` when another pool was sent under it on this channel."""
+        sent = self._sent.get(uuid)
+        if sent is not None and sent is not _sent_token(mr):
+            raise UuidTakenOnChannel(uuid)
 
     def _resource_message(self, mr) -> tuple[uuidlib.UUID, bytes, int]:
         """The UUID, payload and descriptor of a resource message for ``mr``, checked (nothing
@@ -961,12 +1002,17 @@ class IpcChannel:
             uuid = self.uuid_of(mr)
             descriptor = buffer.ipc_descriptor
             encoded.append(encode_descriptor(_export_data(descriptor), descriptor.size, uuid))
+            # A UUID that would stand for two pools (one sent before, or two in this message)
+            # is refused before anything is sent.
+            self._check_not_taken(uuid, mr)
+            if uuid in unsent and _sent_token(unsent[uuid]) is not _sent_token(mr):
+                raise UuidTakenOnChannel(uuid)
             if uuid not in self._sent and uuid not in unsent:
                 unsent[uuid] = mr
-        messages = [self._resource_message(mr) for mr in unsent.values()]
-        for uuid, head, fd in messages:
+        messages = [(self._resource_message(mr), mr) for mr in unsent.values()]
+        for (uuid, head, fd), mr in messages:
             self.channel.send(RESOURCE, head, [fd])
-            self._sent.add(uuid)
+            self._sent[uuid] = _sent_token(mr)
         return struct.pack("<I", len(encoded)) + b"".join(encoded)
 
     def send_data(self, data: bytes) -> None:

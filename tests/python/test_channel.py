@@ -354,9 +354,10 @@ channel.send(cx.DATA, str(channel.fileno()).encode())
 class FakePool:
     """Enough of an IPC-enabled cuda.core pool for `IpcChannel.uuid_of`."""
 
-    def __init__(self, ipc_enabled: bool = True):
+    def __init__(self, ipc_enabled: bool = True, uuid=None, mapped: bool = False):
         self.is_ipc_enabled = ipc_enabled
-        self.uuid = uuidlib.uuid4() if ipc_enabled else None
+        self.uuid = uuid or (uuidlib.uuid4() if ipc_enabled else None)
+        self.is_mapped = mapped
 
 
 class FakeDescriptor:
@@ -406,7 +407,7 @@ class SendingBuffers(unittest.TestCase):
                 with self.assertRaises((cx.ExchangeError, RuntimeError)):
                     channel.send_buffers([FakeBuffer(FakePool()), bad])
                 self.assertEqual(channel.channel.sent, [], "a pool was sent before every buffer was checked")
-                self.assertEqual(channel._sent, set())
+                self.assertEqual(channel._sent, {})
 
     def test_each_unsent_pool_goes_once_before_the_buffers(self):
         channel = cx.IpcChannel(RecordingChannel())
@@ -424,6 +425,58 @@ class SendingBuffers(unittest.TestCase):
         # Sent pools are not sent again.
         channel.send_buffers([FakeBuffer(second)])
         self.assertEqual([kind for kind, _, _ in channel.channel.sent[3:]], [cx.BUFFERS])
+
+
+class OnePoolPerUuid(unittest.TestCase):
+    """A relay that imported two pools under one UUID sends only the first on a channel."""
+
+    def channel(self):
+        channel = cx.IpcChannel(RecordingChannel())
+        channel._resource_message = lambda mr: (mr.uuid, mr.uuid.bytes, 100)
+        return channel
+
+    def two_imports(self):
+        uuid = uuidlib.uuid4()
+        return FakePool(uuid=uuid, mapped=True), FakePool(uuid=uuid, mapped=True)
+
+    def test_a_second_import_under_a_sent_uuid_sends_nothing(self):
+        channel = self.channel()
+        first, second = self.two_imports()
+        channel.send_buffers([FakeBuffer(first)])
+        sent = list(channel.channel.sent)
+        for send in (lambda: channel.send_buffers([FakeBuffer(second)]), lambda: channel.send_resource(second)):
+            with self.assertRaises(cx.UuidTakenOnChannel) as caught:
+                send()
+            self.assertEqual(caught.exception.uuid, first.uuid)
+            self.assertEqual(channel.channel.sent, sent, "something of the refused pool was sent")
+        # The first goes on as before.
+        channel.send_buffers([FakeBuffer(first)])
+        self.assertEqual([kind for kind, _, _ in channel.channel.sent[len(sent) :]], [cx.BUFFERS])
+
+    def test_two_imports_under_one_uuid_in_one_message_send_nothing(self):
+        channel = self.channel()
+        first, second = self.two_imports()
+        with self.assertRaises(cx.UuidTakenOnChannel):
+            channel.send_buffers([FakeBuffer(first), FakeBuffer(second)])
+        self.assertEqual(channel.channel.sent, [])
+        self.assertEqual(channel._sent, {})
+
+    def test_a_pool_of_this_process_under_an_imported_pools_uuid_is_refused(self):
+        channel = self.channel()
+        imported = FakePool(mapped=True)
+        channel.send_buffers([FakeBuffer(imported)])
+        with self.assertRaises(cx.UuidTakenOnChannel):
+            channel.send_buffers([FakeBuffer(FakePool(uuid=imported.uuid))])
+
+    def test_the_same_pool_and_pools_of_this_process_go_again(self):
+        channel = self.channel()
+        imported, local = FakePool(mapped=True), FakePool()
+        for _ in range(2):
+            channel.send_buffers([FakeBuffer(imported), FakeBuffer(local)])
+        channel.send_resource(imported)
+        channel.send_resource(local)
+        kinds = [kind for kind, _, _ in channel.channel.sent]
+        self.assertEqual(kinds, [cx.RESOURCE, cx.RESOURCE, cx.BUFFERS, cx.BUFFERS, cx.RESOURCE, cx.RESOURCE])
 
 
 if __name__ == "__main__":
