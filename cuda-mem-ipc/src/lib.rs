@@ -148,6 +148,18 @@
 //! [`IpcChannel::release_resource`]; buffers keep their pool alive themselves. A complete program
 //! is `examples/two_process.rs` (`cargo run -p cuda-mem-ipc --example two_process`).
 //!
+//! ## Who frees first
+//!
+//! The driver's rule (`cuda.h`, `cuMemPoolImportPointer`): every process that imported a buffer
+//! frees it before its exporter does, and an importer's stream-ordered free must have run by
+//! then. Dropping the exporter's buffer is its free, and this crate cannot see another
+//! process's imports, so the order is the program's: the importer drops its buffers (they are
+//! freed on the stream given to [`IpcChannel::recv`]), waits for that stream or exits, and then
+//! says so; the exporter drops after hearing it. In the example below the parent's buffer
+//! outlives `child.wait()`. Memory freed too early goes back to the exporter's pool, whose next
+//! allocation may take it while the importer still reads and writes it, silently on a GPU; the
+//! simulator (`cuda-sim`) reports such a free on stderr, and the importer then reads `0xdb`.
+//!
 //! What cuda.core writes for the hand-over, with its descriptor pickled across by the user:
 //!
 //! ```python
