@@ -351,8 +351,14 @@ impl Event {
                 cu_call!(d, cuEventElapsedTime_v1(&mut ms, start.handle(), self.handle()) as "cuEventElapsedTime")
             }
         }?;
-        Ok(Duration::from_secs_f64(f64::from(ms.max(0.0)) / 1e3))
+        Ok(elapsed_from_ms(ms))
     }
+}
+
+/// The driver's milliseconds as a `Duration`: below zero (or NaN) is zero, beyond `Duration` is
+/// `Duration::MAX`. `Duration::from_secs_f64` would panic on an infinite or huge answer.
+fn elapsed_from_ms(ms: f32) -> Duration {
+    Duration::try_from_secs_f64(f64::from(ms.max(0.0)) / 1e3).unwrap_or(Duration::MAX)
 }
 
 impl Drop for Event {
@@ -381,6 +387,16 @@ mod tests {
     fn device() -> Device {
         cuda_sim::testing::driver().expect("the test driver loads");
         Device::new(0).unwrap()
+    }
+
+    #[test]
+    fn elapsed_times_the_driver_could_not_mean_do_not_panic() {
+        assert_eq!(elapsed_from_ms(1500.0), Duration::from_millis(1500));
+        assert_eq!(elapsed_from_ms(-3.0), Duration::ZERO);
+        assert_eq!(elapsed_from_ms(f32::NAN), Duration::ZERO);
+        // Both panicked in `Duration::from_secs_f64`.
+        assert_eq!(elapsed_from_ms(f32::INFINITY), Duration::MAX);
+        assert_eq!(elapsed_from_ms(f32::MAX), Duration::MAX);
     }
 
     #[test]

@@ -10,10 +10,9 @@ mod common;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
 
-use cuda_mem_core::{
-    CaptureMode, CaptureState, ConsumerStream, DeviceMemoryResource, Event, EventOptions, ExportOptions, RawStream,
-    Stream,
-};
+use cuda_mem_core::{CaptureMode, CaptureState, DeviceMemoryResource, Event, EventOptions, Stream};
+#[cfg(feature = "dlpack")]
+use cuda_mem_core::{ConsumerStream, ExportOptions, RawStream};
 
 /// A device pool, used once on `stream` (so that its first allocation's setup is behind it).
 fn pool(stream: &Stream) -> Arc<DeviceMemoryResource> {
@@ -74,6 +73,7 @@ fn a_capture_joined_through_a_raw_wrapper_is_seen_by_the_creating_value() {
 
 /// A DLPack consumer stream given by the raw handle of a stream this crate created: the export
 /// makes it wait for the buffer's capturing stream, which joins it to the capture.
+#[cfg(feature = "dlpack")]
 #[test]
 fn a_dlpack_consumer_given_raw_that_joins_a_capture_is_seen() {
     let device = common::device();

@@ -380,9 +380,11 @@ impl Channel {
             ));
         }
         let timeout = self.read_timeout_ns.load(Ordering::Acquire);
+        // A deadline past what `Instant` holds is none (`+` would panic there).
+        let deadline = (timeout > 0).then(|| Instant::now().checked_add(Duration::from_nanos(timeout))).flatten();
         let mut reader = FrameReader {
             stream: &self.stream,
-            deadline: (timeout > 0).then(|| Instant::now() + Duration::from_nanos(timeout)),
+            deadline,
             fd_room: fd_room.min(MAX_FDS),
             consumed: 0,
             header: None,
@@ -1004,6 +1006,15 @@ mod tests {
         }
         a.send(4, b"late", &[]).unwrap();
         assert_eq!(b.recv().unwrap().payload, b"late");
+    }
+
+    /// A time-out too long for a deadline is no deadline: the message arrives.
+    #[test]
+    fn the_longest_read_timeout_waits_for_the_message() {
+        let (a, b) = Channel::pair().unwrap();
+        b.set_read_timeout(Some(Duration::MAX)).unwrap();
+        a.send(4, b"soon", &[]).unwrap();
+        assert_eq!(b.recv().unwrap().payload, b"soon");
     }
 
     #[test]

@@ -176,7 +176,8 @@ impl Drop for Mapping {
             Ok(())
         };
         match unmap() {
-            // The addresses are free again: a growth may map there.
+            // The addresses are free again: a growth may map there. (The offset lies inside the
+            // reservation, whose size is a `usize`: the cast is lossless.)
             Ok(()) => self.reservation.unclaim((self.ptr - self.reservation.ptr) as usize, self.physical.size),
             Err(error) => record_drop_error("virtual memory mapping", error),
         }
@@ -219,6 +220,7 @@ impl Range {
     pub(crate) fn claim_after(&self, size: usize) -> Option<Claim> {
         let last = self.mappings.last()?;
         let reservation = &last.reservation;
+        // Inside the reservation, whose size is a `usize`: the cast is lossless.
         let offset = (last.ptr - reservation.ptr) as usize + last.size();
         reservation.claim(offset, size).then(|| Claim {
             reservation: Arc::clone(reservation),

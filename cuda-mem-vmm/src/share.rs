@@ -65,7 +65,7 @@ impl VirtualBuffer {
     /// [`VmmError::TooManyChunks`] past [`MAX_CHUNKS`], [`VmmError::ImportedBuffer`] for an
     /// imported buffer (forward the descriptor you received instead), [`VmmError::NotExportable`]
     /// for a resource without an exportable handle type, [`VmmError::ExportFailed`] naming the
-    /// chunk the driver refused.
+    /// chunk the driver refused (or gave no file descriptor for).
     #[doc(alias("ipc_descriptor", "get_ipc_descriptor"))]
     pub fn export(&self) -> Result<VirtualBufferDescriptor> {
         if self.chunk_count() > MAX_CHUNKS {
@@ -93,6 +93,7 @@ impl VirtualBuffer {
                         )
                     }
                     .map(|()| ChunkHandle::Fabric(fabric.data))
+                    .map_err(cuda_mem_core::Error::from)
                 }
                 // POSIX file descriptors: the only other handle type a resource is created with.
                 #[cfg(unix)]
@@ -102,8 +103,9 @@ impl VirtualBuffer {
                     unsafe {
                         cu_call!(d, cuMemExportToShareableHandle((&raw mut raw).cast(), handle, handle_type.raw(), 0))
                     }
+                    .map_err(cuda_mem_core::Error::from)
                     // SAFETY: on success the driver handed over a new descriptor.
-                    .map(|()| ChunkHandle::Fd(unsafe { OwnedFd::from_raw_fd(raw) }))
+                    .and_then(|()| unsafe { exported_fd(raw) }.map(ChunkHandle::Fd))
                 }
                 // `VirtualMemoryResource::new` refuses POSIX file descriptors here, and every
                 // other handle type but fabric handles everywhere.
@@ -118,12 +120,7 @@ impl VirtualBuffer {
                 Err(source) => {
                     let exported = handles.len();
                     drop(handles);
-                    return Err(VmmError::ExportFailed {
-                        chunk: index + 1,
-                        count: mappings.len(),
-                        exported,
-                        source: source.into(),
-                    });
+                    return Err(VmmError::ExportFailed { chunk: index + 1, count: mappings.len(), exported, source });
                 }
             }
         }
@@ -188,6 +185,26 @@ impl VirtualBufferDescriptor {
     }
 }
 
+/// The descriptor a successful POSIX-fd export wrote. A negative one is none (the slot left as
+/// it was): `OwnedFd::from_raw_fd` would panic on -1, so it is an error instead.
+///
+/// # Safety
+/// A non-negative `raw` must be open and owned by the caller, who gives it up.
+#[cfg(unix)]
+unsafe fn exported_fd(raw: std::ffi::c_int) -> cuda_mem_core::Result<OwnedFd> {
+    if raw < 0 {
+        return Err(cuda_mem_core::Error::Io {
+            context: "exporting a chunk's file descriptor",
+            source: std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("the driver reported success but gave no descriptor ({raw})"),
+            ),
+        });
+    }
+    // SAFETY: forwarded from the caller.
+    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+}
+
 /// Imports one chunk's handle as `handle_type`: a physical allocation owned here.
 fn import_chunk(
     handle: &ChunkHandle,
@@ -244,6 +261,8 @@ impl VirtualMemoryResource {
         descriptor: VirtualBufferDescriptor,
         stream: Option<&Stream>,
     ) -> Result<VirtualBuffer> {
+        // The chunks' total fits a `usize` (checked): so does each chunk, and the size within
+        // them, which the `as usize` casts below rely on.
         let total = descriptor.check_for(self)?;
         if descriptor.chunk_sizes.is_empty() {
             return self.allocate(0, stream);
@@ -287,5 +306,29 @@ impl VirtualMemoryResource {
             "virtual buffer imported"
         );
         Ok(VirtualBuffer::new(Arc::new(range), descriptor.size as usize, Arc::clone(self), true, &stream))
+    }
+}
+
+#[cfg(all(test, unix))]
+mod tests {
+    use std::os::fd::{AsRawFd, IntoRawFd};
+
+    /// A driver that reports a successful export and leaves the slot at -1 gave no descriptor:
+    /// an error (the export then fails as `ExportFailed` for that chunk), where
+    /// `OwnedFd::from_raw_fd(-1)` panicked.
+    #[test]
+    fn an_export_that_gives_no_descriptor_is_an_error() {
+        for raw in [-1, -2] {
+            // SAFETY: a negative descriptor is refused before anything owns it.
+            let error = unsafe { super::exported_fd(raw) }.unwrap_err();
+            let cuda_mem_core::Error::Io { source, .. } = &error else {
+                panic!("expected an I/O error, got {error:?}")
+            };
+            assert_eq!(source.kind(), std::io::ErrorKind::InvalidData, "{error}");
+        }
+        let raw = std::fs::File::open("/dev/null").unwrap().into_raw_fd();
+        // SAFETY: `raw` was just opened and is given up here.
+        let fd = unsafe { super::exported_fd(raw) }.unwrap();
+        assert_eq!(fd.as_raw_fd(), raw);
     }
 }

@@ -3,7 +3,8 @@
 //! 1. `cargo fmt --all --check`
 //! 2. `cargo clippy --workspace --all-targets --all-features -- -D warnings` (optional features,
 //!    such as `cuda-mem-ipc/vmm` and `tracing`, are checked and tested too), then the same
-//!    without `--all-features` (the default features)
+//!    without `--all-features` (the default features), then each memory crate alone with its
+//!    default features (`-p`), as a crate that depends on it builds it
 //! 3. `cargo build -p cuda-sim` (the tests load `target/debug/libcuda_sim.so`)
 //! 4. fetch the pinned `cuda.h` into `.cuda-header/` (or use `CUDA_HOME`'s), for the layout test
 //!    and the bindings check; without network access this step is skipped, saying why
@@ -102,6 +103,12 @@ fn run_steps(workspace: &Path, records: &mut Vec<Record>, summaries: &mut Vec<St
                     .args(["--", "-D", "warnings"]),
             )?;
         }
+        // Each library alone, as a crate depending on it builds it: in the workspace another
+        // member turns on its optional features (a test of cuda-mem-core that used `dlpack`
+        // ungated built only there).
+        for library in LIBRARIES {
+            run_command(cargo(workspace).args(["clippy", "-p", library, "--all-targets", "--", "-D", "warnings"]))?;
+        }
         Ok(Outcome::Passed)
     })?;
     step("build cuda-sim", &mut || passed(run_command(cargo(workspace).args(["build", "-p", "cuda-sim"]))))?;
@@ -197,6 +204,9 @@ fn run_steps(workspace: &Path, records: &mut Vec<Record>, summaries: &mut Vec<St
 }
 
 /// The crates published to crates.io, in the order they can be published.
+/// The memory crates, checked each alone with its default features.
+const LIBRARIES: &[&str] = &["cuda-mem-core", "cuda-mem-vmm", "cuda-mem-ipc"];
+
 const PUBLISHED: &[&str] = &["cuda-mem-sys", "cuda-sim", "cuda-mem-core", "cuda-mem-vmm", "cuda-mem-ipc"];
 
 /// `cargo publish --dry-run` of every published crate (packaged, then built from the package);

@@ -48,6 +48,25 @@ impl ShareableHandle {
     }
 }
 
+/// The descriptor a successful export wrote. A negative one is none (the slot left as it was):
+/// `OwnedFd::from_raw_fd` would panic on -1, so it is an error instead.
+///
+/// # Safety
+/// A non-negative `raw` must be open and owned by the caller, who gives it up.
+unsafe fn exported_fd(raw: std::ffi::c_int) -> Result<OwnedFd> {
+    if raw < 0 {
+        return Err(Error::Io {
+            context: "exporting the pool's file descriptor",
+            source: std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("the driver reported success but gave no descriptor ({raw})"),
+            ),
+        });
+    }
+    // SAFETY: forwarded from the caller.
+    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+}
+
 /// A random id (not cryptographic: it only has to be unique among the pools of cooperating
 /// processes).
 fn fresh_id() -> u128 {
@@ -63,7 +82,8 @@ impl MemoryPool {
     /// one (no new descriptor per call). For an imported pool, the handle it was imported from.
     ///
     /// # Errors
-    /// [`Error::PoolNotIpcEnabled`] for a pool created without `ipc_enabled`; driver errors.
+    /// [`Error::PoolNotIpcEnabled`] for a pool created without `ipc_enabled`; driver errors;
+    /// [`Error::Io`] when the driver reports success but gives no descriptor.
     #[doc(alias("allocation_handle", "get_allocation_handle"))]
     pub fn shareable_handle(&self) -> Result<&ShareableHandle> {
         if let Some(handle) = self.handle_once.get() {
@@ -79,7 +99,7 @@ impl MemoryPool {
             cu_call!(d, cuMemPoolExportToShareableHandle((&raw mut raw).cast::<c_void>(), self.handle(), POSIX_FD, 0))
         }?;
         // SAFETY: the driver returned a new descriptor that the caller owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let fd = unsafe { exported_fd(raw) }?;
         // Another thread may have won the race; its handle is kept and this one closed.
         let handle = self.handle_once.get_or_init(|| ShareableHandle { fd, id: fresh_id() });
         crate::memory_event!(DEBUG, pool = self.handle() as usize, id = handle.id, kind = ?self.kind, "pool exported");
@@ -154,7 +174,25 @@ impl MemoryPool {
 
 #[cfg(test)]
 mod tests {
+    use std::os::fd::{AsRawFd, IntoRawFd};
+
     use crate::{Device, DeviceMemoryResource, Error};
+
+    /// A driver that reports a successful export and leaves the slot at -1 gave no descriptor:
+    /// an error, where `OwnedFd::from_raw_fd(-1)` panicked.
+    #[test]
+    fn an_export_that_gives_no_descriptor_is_an_error() {
+        for raw in [-1, -2] {
+            // SAFETY: a negative descriptor is refused before anything owns it.
+            let error = unsafe { super::exported_fd(raw) }.unwrap_err();
+            let Error::Io { source, .. } = &error else { panic!("expected an I/O error, got {error:?}") };
+            assert_eq!(source.kind(), std::io::ErrorKind::InvalidData, "{error}");
+        }
+        let raw = std::fs::File::open("/dev/null").unwrap().into_raw_fd();
+        // SAFETY: `raw` was just opened and is given up here.
+        let fd = unsafe { super::exported_fd(raw) }.unwrap();
+        assert_eq!(fd.as_raw_fd(), raw);
+    }
 
     /// A device pool that another device was granted reaches two devices, as an import that
     /// inherited its exporter's grants would (undocumented either way): neither reading of the
