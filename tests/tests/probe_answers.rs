@@ -208,6 +208,14 @@ fn every_question_is_answered_and_the_simulator_agrees_with_itself() {
              process lived on (a pool of its own made after)"
         )
     );
+    // Question 26: the exporter's free under an importer poisons the memory and quarantines
+    // it (B goes elsewhere), and the freed allocation's export data no longer imports.
+    assert_eq!(
+        answer(&answers, "exporter-frees-first"),
+        "B took A's address: no (another address); the importer then read 0xdb (the simulator's poison); A's old \
+         export data imported again: CUDA_ERROR_INVALID_VALUE; the importer's free: CUDA_SUCCESS; the importer lived \
+         on (a pool of its own made after)"
+    );
 
     let report = std::fs::read_to_string(out.0.join("probe.json")).expect("the report");
     for name in &names {

@@ -5,6 +5,11 @@
 //! primary context, runs the question's child side and sends each observation as it makes it,
 //! then `done` or its error. A child that crashes (a driver call that faults) leaves what it
 //! sent before, and its exit status says how it ended: an answer too.
+//!
+//! A question whose parent must act part way through the child's work (free what the child
+//! holds, say) asks with [`ask_and_answer`]: the parent sees each observation as it arrives and
+//! may answer one with a message of its own, which the child side waits for with
+//! [`Input::wait_for_parent`].
 
 use std::ffi::c_int;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
@@ -26,11 +31,13 @@ pub(crate) const CHILD_ARG: &str = "--child";
 /// How long the parent waits for each message of the child, and for its exit.
 const CHILD_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// Message kinds: the parent's input, an observation, the end, the child's error.
+/// Message kinds: the parent's input, an observation, the end, the child's error, and the
+/// parent's answer to an observation (its word to go on).
 const KIND_INPUT: u16 = 1;
 const KIND_DETAIL: u16 = 2;
 const KIND_DONE: u16 = 3;
 const KIND_ERROR: u16 = 4;
+const KIND_ANSWER: u16 = 5;
 
 /// What the parent hands the child side.
 pub(crate) struct Input {
@@ -38,12 +45,24 @@ pub(crate) struct Input {
     pub(crate) payload: Vec<u8>,
     /// The file descriptors (exported pools), in the order sent.
     pub(crate) fds: Vec<OwnedFd>,
+    /// The channel to the parent, for a side that waits for the parent's answer.
+    channel: Rc<Channel>,
 }
 
 impl Input {
     /// The descriptor at `index`, as the driver takes it.
     pub(crate) fn fd(&self, index: usize) -> Result<c_int, Error> {
         self.fds.get(index).map(AsRawFd::as_raw_fd).ok_or_else(|| format!("no file descriptor #{index}").into())
+    }
+
+    /// Waits for the parent's answer to an observation already sent (see [`ask_and_answer`]),
+    /// at most [`CHILD_TIMEOUT`]: its bytes.
+    pub(crate) fn wait_for_parent(&self) -> Result<Vec<u8>, Error> {
+        let message = self.channel.recv()?;
+        if message.kind != KIND_ANSWER {
+            return Err(format!("expected the parent's answer, got a message of kind {}", message.kind).into());
+        }
+        Ok(message.payload)
     }
 }
 
@@ -53,6 +72,19 @@ pub(crate) type ChildSide = fn(&Input, &mut Details) -> Result<(), Error>;
 /// Runs the child side `name` in a new process, hands it `payload` and `fds`, and returns what
 /// it observed; the detail `child` says how it ended.
 pub(crate) fn ask(name: &str, payload: &[u8], fds: &[BorrowedFd<'_>]) -> Result<Details, Error> {
+    ask_and_answer(name, payload, fds, |_, _| None)
+}
+
+/// [`ask`], with the parent acting part way: `react` sees each observation (key and value) as
+/// it arrives and may answer it with bytes, which the child side receives with
+/// [`Input::wait_for_parent`]. A child side that waits for an answer `react` does not give
+/// fails after [`CHILD_TIMEOUT`].
+pub(crate) fn ask_and_answer(
+    name: &str,
+    payload: &[u8],
+    fds: &[BorrowedFd<'_>],
+    mut react: impl FnMut(&str, &str) -> Option<Vec<u8>>,
+) -> Result<Details, Error> {
     let exe = std::env::current_exe()?;
     let driver = cuda_mem_sys::driver()?.path().to_path_buf();
     let mut command = Command::new(exe);
@@ -78,6 +110,11 @@ pub(crate) fn ask(name: &str, payload: &[u8], fds: &[BorrowedFd<'_>]) -> Result<
             KIND_DETAIL => {
                 let (key, value) = text.split_once('\t').unwrap_or((text.as_str(), ""));
                 details.put(key, value);
+                if let Some(answer) = react(key, value)
+                    && let Err(e) = channel.send(KIND_ANSWER, &answer, &[])
+                {
+                    break format!("could not be answered after {key} ({e})");
+                }
             }
             KIND_DONE => break "finished".to_string(),
             KIND_ERROR => break format!("error: {text}"),
@@ -125,7 +162,7 @@ fn run_side(name: &str, channel: &Rc<Channel>) -> Result<(), Error> {
     if message.kind != KIND_INPUT {
         return Err(format!("expected the input, got a message of kind {}", message.kind).into());
     }
-    let input = Input { payload: message.payload, fds: message.fds };
+    let input = Input { payload: message.payload, fds: message.fds, channel: Rc::clone(channel) };
     let _context = PrimaryContext::open()?;
     let forward = Rc::clone(channel);
     let mut details = Details::forwarding(move |key, value| {

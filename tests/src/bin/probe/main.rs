@@ -28,7 +28,7 @@
 //! [`peer_leftover`], [`zero_byte`], [`host_pool_access`], [`pci_bus_id`], [`free_pending`],
 //! [`ipc_event`], [`managed_ranges`], [`managed_ids`], [`managed_pool`], [`managed_discard`],
 //! [`batch_copy_edges`], [`graph_memory`], [`graph_launch_capture`], [`pool_alloc_capture`],
-//! [`unsafe_calls`], [`user_object`], [`pool_import_not_a_pool`].
+//! [`unsafe_calls`], [`user_object`], [`pool_import_not_a_pool`], [`exporter_frees_first`].
 
 mod address_hint;
 mod batch_copy_edges;
@@ -36,6 +36,7 @@ mod capture;
 mod child;
 mod destroy_pending;
 mod driver;
+mod exporter_frees_first;
 mod failed_alloc;
 mod free_pending;
 mod gate;
@@ -94,7 +95,7 @@ pub(crate) struct Question {
 }
 
 /// Every question, in the order they are asked.
-pub(crate) const QUESTIONS: [Question; 25] = [
+pub(crate) const QUESTIONS: [Question; 26] = [
     pool_import::QUESTION,
     pointer_import::QUESTION,
     imported_access::QUESTION,
@@ -120,6 +121,7 @@ pub(crate) const QUESTIONS: [Question; 25] = [
     unsafe_calls::QUESTION,
     user_object::QUESTION,
     pool_import_not_a_pool::QUESTION,
+    exporter_frees_first::QUESTION,
 ];
 
 /// The child side of the question `name`.

@@ -150,8 +150,8 @@ fn read(ptr: CUdeviceptr) -> String {
     }
 }
 
-/// `cuMemPoolExportPointer`.
-fn export_pointer(ptr: CUdeviceptr) -> Result<CUmemPoolPtrExportData, CudaError> {
+/// `cuMemPoolExportPointer` (question 26 exports with it too).
+pub(crate) fn export_pointer(ptr: CUdeviceptr) -> Result<CUmemPoolPtrExportData, CudaError> {
     let d = driver()?;
     let mut data = CUmemPoolPtrExportData::default();
     // SAFETY: `data` is a valid out-pointer; `ptr` starts a live allocation of a shareable pool.
@@ -159,8 +159,8 @@ fn export_pointer(ptr: CUdeviceptr) -> Result<CUmemPoolPtrExportData, CudaError>
     Ok(data)
 }
 
-/// `cuMemPoolImportPointer` through `pool`.
-fn import_pointer(pool: CUmemoryPool, mut data: CUmemPoolPtrExportData) -> Result<CUdeviceptr, CudaError> {
+/// `cuMemPoolImportPointer` through `pool` (question 26 imports with it too).
+pub(crate) fn import_pointer(pool: CUmemoryPool, mut data: CUmemPoolPtrExportData) -> Result<CUdeviceptr, CudaError> {
     let d = driver()?;
     let mut ptr: CUdeviceptr = 0;
     // SAFETY: `ptr` is a valid out-pointer and `data` valid for a read; the pool is alive.
@@ -182,8 +182,8 @@ fn range_size(ptr: CUdeviceptr) -> Result<usize, CudaError> {
     Ok(size)
 }
 
-/// Frees an imported pointer on `stream` and waits for the free.
-fn free_and_wait(ptr: CUdeviceptr, stream: &OwnedStream) -> crate::raw::Call {
+/// Frees an imported pointer on `stream` and waits for the free (question 26's too).
+pub(crate) fn free_and_wait(ptr: CUdeviceptr, stream: &OwnedStream) -> crate::raw::Call {
     free_async(ptr, stream.raw())?;
     stream.synchronize()
 }
