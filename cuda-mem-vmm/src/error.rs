@@ -227,6 +227,9 @@ pub enum DeviceFeature {
     PosixFdHandles,
     /// Exporting memory as fabric handles ([`HandleType::Fabric`]).
     FabricHandles,
+    /// An IMEX channel granted to this process, without which the driver makes no memory for
+    /// fabric handles (`CUDA_ERROR_NOT_PERMITTED`) although the device supports them.
+    ImexChannel,
     /// GPUDirect RDMA with VMM allocations (`gpu_direct_rdma(true)`).
     GpuDirectRdma,
     /// A host NUMA node near the device (`LocationType::HostNuma`).
@@ -244,6 +247,11 @@ fn unsupported_message(device: Device, feature: DeviceFeature) -> String {
         DeviceFeature::FabricHandles => {
             format!("{device} cannot export memory as fabric handles; use handle_type(HandleType::PosixFd) or None")
         }
+        DeviceFeature::ImexChannel => format!(
+            "{device} supports fabric handles, but the driver refused to make fabric memory for this process \
+             (CUDA_ERROR_NOT_PERMITTED): fabric handles need an IMEX channel the user can open \
+             (/dev/nvidia-caps-imex-channels/channel*); grant one, or use handle_type(HandleType::PosixFd) or None"
+        ),
         DeviceFeature::GpuDirectRdma => {
             format!("{device} does not support GPUDirect RDMA with VMM allocations; set gpu_direct_rdma(false)")
         }

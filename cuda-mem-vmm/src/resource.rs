@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use cuda_mem_core::sys::cu_call;
 use cuda_mem_core::sys::types::{
-    CUmemAccess_flags, CUmemAccessDesc, CUmemAllocationProp, CUmemLocation, CUmemLocationType,
+    CUmemAccess_flags, CUmemAccessDesc, CUmemAllocationProp, CUmemLocation, CUmemLocationType, CUresult,
 };
 use cuda_mem_core::{Access, Device, DevicePtr, DriverCapability, HandleType, HandleTypes, Stream, driver};
 
@@ -56,7 +56,9 @@ impl VirtualMemoryResource {
     ///
     /// # Errors
     /// [`VmmError::Unsupported`] when the device lacks VMM, the handle type, GPUDirect RDMA with
-    /// VMM or a host NUMA node; [`VmmError::InvalidOptions`] for an alignment that is not a power
+    /// VMM or a host NUMA node, or, for fabric handles, when this process has no IMEX channel
+    /// ([`DeviceFeature::ImexChannel`]: the driver refused the one granule made and released
+    /// here to find out); [`VmmError::InvalidOptions`] for an alignment that is not a power
     /// of two, an exportable handle type on plain host memory, a handle type other than POSIX file
     /// descriptors and fabric handles, `HostNumaCurrent`, or the owner listed as a peer; [`VmmError::ManagedRefused`] when the driver refuses managed memory;
     /// [`cuda_mem_core::Error::DriverTooOld`] (inside [`VmmError::Core`]) for fabric handles before
@@ -142,6 +144,9 @@ impl VirtualMemoryResource {
             Some(ReserveAhead::DeviceMemory) => device.total_memory()?,
         };
         resource.reserve_ahead = round_up(ahead, resource.granularity)?;
+        if resource.options.handle_type == Some(HandleType::Fabric) {
+            resource.check_fabric_permitted()?;
+        }
         cuda_mem_core::memory_event!(
             DEBUG,
             device = device.ordinal(),
@@ -162,6 +167,23 @@ impl VirtualMemoryResource {
         };
         prop.allocFlags.gpuDirectRDMACapable = u8::from(self.options.gpu_direct_rdma);
         prop
+    }
+
+    /// The device attribute says whether the device and driver support fabric handles, not
+    /// whether this process was granted an IMEX channel, without which `cuMemCreate` of fabric
+    /// memory is `CUDA_ERROR_NOT_PERMITTED`: one granule made and released finds out here rather
+    /// than at the first allocation. Other refusals (out of memory) are left to the allocations.
+    fn check_fabric_permitted(&self) -> Result<()> {
+        match Physical::create(self.granularity, &self.prop(), Vec::new()) {
+            Ok(probe) => {
+                drop(probe);
+                Ok(())
+            }
+            Err(error) if error.cuda_code() == Some(CUresult::CUDA_ERROR_NOT_PERMITTED) => {
+                Err(VmmError::Unsupported { device: self.device, feature: DeviceFeature::ImexChannel })
+            }
+            Err(_) => Ok(()),
+        }
     }
 
     fn query_granularity(&self) -> Result<usize> {

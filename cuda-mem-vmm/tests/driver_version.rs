@@ -39,7 +39,8 @@ fn cuda_12_2_refuses_fabric_handles_up_front() {
 
 #[test]
 fn cuda_12_3_makes_fabric_resources() {
-    common::machine!(&[(ENV, "12030")], || {
+    // The IMEX channel fabric memory needs (`share.rs` tests the refusal without one).
+    common::machine!(&[(ENV, "12030"), ("CUDA_SIM_IMEX_CHANNEL", "0")], || {
         if !simulator_only("pretending to be CUDA 12.3") {
             return;
         }

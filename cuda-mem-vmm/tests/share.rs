@@ -15,7 +15,7 @@ use common::*;
 use cuda_mem_core::sys::types::CUresult;
 use cuda_mem_core::{HandleType, Stream};
 use cuda_mem_vmm::{
-    ChunkHandle, DescriptorError, MAX_CHUNKS, MemoryLocation, VirtualBuffer, VirtualBufferDescriptor,
+    ChunkHandle, DescriptorError, DeviceFeature, MAX_CHUNKS, MemoryLocation, VirtualBuffer, VirtualBufferDescriptor,
     VirtualMemoryResource, VirtualMemoryResourceOptions, VmmError,
 };
 
@@ -73,9 +73,41 @@ fn warm_up(resource: &Arc<VirtualMemoryResource>, s: &Stream) {
     }
 }
 
+/// The simulator's setting that grants the process an IMEX channel, without which fabric memory
+/// cannot be made (as on a machine without `/dev/nvidia-caps-imex-channels`).
+const IMEX_CHANNEL: (&str, &str) = ("CUDA_SIM_IMEX_CHANNEL", "0");
+
+/// The device supports fabric handles, but a process without an IMEX channel gets no fabric
+/// memory (`CUDA_ERROR_NOT_PERMITTED` from `cuMemCreate`): the resource is refused at once,
+/// naming the channel, rather than at its first allocation.
+#[test]
+fn a_process_without_an_imex_channel_is_refused_a_fabric_resource() {
+    machine!(&[], || {
+        if !cuda_sim::testing::simulator_only("the simulator grants no IMEX channel unless told to") {
+            return;
+        }
+        let device = device(0);
+        assert!(device.properties().unwrap().fabric_handles_supported);
+        let baseline = vmm_live();
+        let fabric = VirtualMemoryResourceOptions::default().handle_type(HandleType::Fabric);
+        let error = VirtualMemoryResource::new(device, fabric).unwrap_err();
+        assert!(
+            matches!(error, VmmError::Unsupported { feature: DeviceFeature::ImexChannel, .. }),
+            "expected the missing IMEX channel, got {error:?}"
+        );
+        let message = error.to_string();
+        for needed in ["CUDA_ERROR_NOT_PERMITTED", "IMEX channel", "HandleType::PosixFd"] {
+            assert!(message.contains(needed), "{message}");
+        }
+        assert_eq!(vmm_live(), baseline, "nothing left of the probe");
+        let fd = VirtualMemoryResourceOptions::default().handle_type(HandleType::PosixFd);
+        VirtualMemoryResource::new(device, fd).unwrap();
+    });
+}
+
 #[test]
 fn fabric_handles_in_the_same_process() {
-    machine!(&[], || {
+    machine!(&[IMEX_CHANNEL], || {
         if !cuda_sim::testing::simulator_only("fabric handles are tested on the simulator only") {
             return;
         }
@@ -108,7 +140,7 @@ fn fabric_handles_in_the_same_process() {
 
 #[test]
 fn a_fabric_handle_of_freed_memory_does_not_import() {
-    machine!(&[], || {
+    machine!(&[IMEX_CHANNEL], || {
         if !cuda_sim::testing::simulator_only("fabric handles are tested on the simulator only") {
             return;
         }
@@ -288,7 +320,7 @@ fn a_fabric_handle_in_an_fd_descriptor_is_refused_before_the_driver_sees_it() {
 
 #[test]
 fn an_fd_handle_in_a_fabric_descriptor_is_refused_before_the_driver_sees_it() {
-    machine!(&[], || {
+    machine!(&[IMEX_CHANNEL], || {
         if !cuda_sim::testing::simulator_only("fabric handles are tested on the simulator only") {
             return;
         }

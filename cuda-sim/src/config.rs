@@ -141,6 +141,10 @@ pub(crate) struct Config {
     /// lacks a capability, for testing the checks a library makes before relying on it. Only the
     /// report changes; the rest of the simulator behaves as before.
     pub attribute_overrides: Vec<(u32, i32)>,
+    /// The IMEX channel this process may use (`CUDA_SIM_IMEX_CHANNEL`), which fabric-handle
+    /// sharing needs: none by default, as on a machine without `/dev/nvidia-caps-imex-channels`
+    /// (fabric memory is then `CUDA_ERROR_NOT_PERMITTED`, see `conservative`).
+    pub imex_channel: Option<u32>,
 }
 
 impl Config {
@@ -176,6 +180,11 @@ impl Config {
         }
         if let Some(text) = var("CUDA_SIM_DEVICE_ATTRIBUTES") {
             config.attribute_overrides = parse_attribute_overrides(&text)?;
+        }
+        if let Some(text) = var("CUDA_SIM_IMEX_CHANNEL") {
+            let channel = text.trim().parse::<u32>();
+            config.imex_channel =
+                Some(channel.map_err(|_| format!("CUDA_SIM_IMEX_CHANNEL={text:?}: expected a channel number"))?);
         }
         Ok(config)
     }
@@ -224,6 +233,7 @@ impl Config {
             recycle_pool_handles: false,
             address_hints: AddressHints::Honour,
             attribute_overrides: Vec::new(),
+            imex_channel: None,
         })
     }
 

@@ -269,6 +269,16 @@
 //!   holds through byte-range locks on the pool's file (`holds.rs`), which the kernel drops with
 //!   a process that dies, as the driver forgets a dead process's imports. What a GPU does is the
 //!   probe's question `exporter-frees-first`.
+//! - **Fabric handles without an IMEX channel**: `cuda.h` says that fabric sharing needs an IMEX
+//!   channel the user can access, and documents `CUDA_ERROR_NOT_PERMITTED` for an importer not
+//!   granted the exporter's channel; what creating fabric-shareable memory without any channel
+//!   returns it does not say. Libraries that met it report `CUDA_ERROR_NOT_PERMITTED` from
+//!   `cuMemCreate` in a container without a channel while
+//!   `CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED` reads 1 (MoonshotAI/MoonEP#28,
+//!   microsoft/mscclpp#467), so the simulator does the same: a process has no channel unless
+//!   `CUDA_SIM_IMEX_CHANNEL` grants one, its `cuMemCreate` with the fabric handle type is
+//!   `CUDA_ERROR_NOT_PERMITTED`, and a fabric handle carries its exporter's channel, which the
+//!   importer must have. Until 2026-11-29 fabric handles worked without any channel.
 //! - **A second import of one pool** (`cuMemPoolImportFromShareableHandle` of a pool this
 //!   process has imported already) gets a handle of its own; the documentation does not say
 //!   either way. `CUDA_SIM_POOL_IMPORT=same-handle` models the other reading: the first import's

@@ -18,10 +18,12 @@
 //! rather than misread.)
 //!
 //! A fabric handle (64 bytes, `CUmemFabricHandle`): magic `cusimFAB` (8), exporting process id
-//! (u32 LE), its descriptor number for the memfd (i32 LE), size (u64 LE), zeros, FNV-1a of the
-//! first 56 bytes (u64 LE). The importer opens `/proc/<pid>/fd/<n>`, so the exporting process
-//! must still hold the allocation (as on a fabric, where the exporter keeps it alive). It names
-//! no device itself: the location comes from the header above, translated the same way.
+//! (u32 LE), its descriptor number for the memfd (i32 LE), size (u64 LE), the exporter's IMEX
+//! channel (u32 LE), zeros, FNV-1a of the first 56 bytes (u64 LE). The importer opens
+//! `/proc/<pid>/fd/<n>`, so the exporting process must still hold the allocation (as on a
+//! fabric, where the exporter keeps it alive), and must have been granted the same IMEX channel
+//! (`CUDA_SIM_IMEX_CHANNEL`; otherwise `CUDA_ERROR_NOT_PERMITTED`, as `cuda.h` documents). It
+//! names no device itself: the location comes from the header above, translated the same way.
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
@@ -118,16 +120,24 @@ impl Physical {
         rustix::io::fcntl_dupfd_cloexec(self.file.as_fd(), 0).map_err(|_| CUresult::CUDA_ERROR_OUT_OF_MEMORY)
     }
 
-    /// The 64 bytes of a fabric handle for the allocation.
-    pub(crate) fn fabric_handle(&self) -> [u8; 64] {
-        crate::sealed::process_handle(FABRIC_MAGIC, self.file.as_fd(), &self.size.to_le_bytes())
+    /// The 64 bytes of a fabric handle for the allocation, exported through IMEX `channel`.
+    pub(crate) fn fabric_handle(&self, channel: u32) -> [u8; 64] {
+        let mut payload = [0u8; 12];
+        payload[..8].copy_from_slice(&self.size.to_le_bytes());
+        payload[8..].copy_from_slice(&channel.to_le_bytes());
+        crate::sealed::process_handle(FABRIC_MAGIC, self.file.as_fd(), &payload)
     }
 
     /// Opens the allocation a fabric handle names (through the exporter's `/proc` entry); its
-    /// location is translated as in [`Physical::open`].
+    /// location is translated as in [`Physical::open`]. An importer without the exporter's IMEX
+    /// channel is `CUDA_ERROR_NOT_PERMITTED`.
     pub(crate) fn open_fabric(data: &[u8; 64], config: &Config) -> SimResult<Physical> {
-        ensure(data[24..56].iter().all(|&b| b == 0))?;
+        ensure(data[28..56].iter().all(|&b| b == 0))?;
         let (_, file) = crate::sealed::open_process_handle(data, FABRIC_MAGIC)?;
+        let channel = u32::from_le_bytes(data[24..28].try_into().map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?);
+        if config.imex_channel != Some(channel) {
+            return fail(CUresult::CUDA_ERROR_NOT_PERMITTED);
+        }
         let physical = Physical::from_file(file, config)?;
         let size = u64::from_le_bytes(data[16..24].try_into().map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?);
         ensure(physical.size == size)?;
@@ -180,10 +190,17 @@ mod tests {
         assert_eq!(open("0,2,3,1"), Ok(Location::Device(3)));
         assert_eq!(open("0,2,3"), Err(CUresult::CUDA_ERROR_INVALID_VALUE), "physical device 1 is hidden");
         // A fabric handle reads the same header (here through this process's own /proc entry).
-        let fabric = physical.fabric_handle();
-        let by_fabric = |visible: &str| Physical::open_fabric(&fabric, &seeing(visible)).map(|p| p.location);
+        let fabric = physical.fabric_handle(3);
+        let on_channel = |visible: &str, channel| Config { imex_channel: channel, ..seeing(visible) };
+        let by_fabric =
+            |visible: &str| Physical::open_fabric(&fabric, &on_channel(visible, Some(3))).map(|p| p.location);
         assert_eq!(by_fabric("2,1"), Ok(Location::Device(1)));
         assert_eq!(by_fabric("0"), Err(CUresult::CUDA_ERROR_INVALID_VALUE));
+        // Only an importer on the exporter's IMEX channel may open it.
+        for channel in [None, Some(4)] {
+            let opened = Physical::open_fabric(&fabric, &on_channel("2,1", channel)).map(|p| p.location);
+            assert_eq!(opened, Err(CUresult::CUDA_ERROR_NOT_PERMITTED), "channel {channel:?}");
+        }
         // Host memory needs no translation.
         let host = Physical::create(GRANULARITY, Location::HostNuma(0), 0, &creator).unwrap();
         assert_eq!(Physical::open(host.file.as_fd(), &seeing("0")).map(|p| p.location), Ok(Location::HostNuma(0)));

@@ -554,7 +554,9 @@ fn records_name_the_physical_device_whatever_the_ordinals() {
         return importer(&expect);
     }
     let name = test_name!();
-    in_child!(&[("CUDA_SIM_DEVICES", "3"), ("CUDA_VISIBLE_DEVICES", "2,0")], || {
+    // The importers inherit the IMEX channel, which fabric handles need.
+    let machine = [("CUDA_SIM_DEVICES", "3"), ("CUDA_VISIBLE_DEVICES", "2,0"), ("CUDA_SIM_IMEX_CHANNEL", "0")];
+    in_child!(&machine, || {
         use_device(0);
         let pool = create_pool(&props(device0(), true));
         let ptr = alloc(pool, 4096);

@@ -171,9 +171,31 @@ fn access_needs_a_reachable_device() {
     });
 }
 
+/// Fabric memory needs an IMEX channel; the device attribute says fabric handles are supported
+/// either way (cuda.h: the channel is the user's to be granted).
+#[test]
+fn fabric_memory_without_an_imex_channel_is_not_permitted() {
+    in_child!(&[], || {
+        use_device(0);
+        let posix = CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+        let fabric = CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_FABRIC;
+        let mut supported = 0;
+        let attribute = CUdevice_attribute::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED;
+        // SAFETY: valid out-pointer.
+        unsafe { cu_call!(driver(), cuDeviceGetAttribute(&mut supported, attribute, 0)) }.unwrap();
+        assert_eq!(supported, 1);
+        for handle_types in [fabric.0, posix.0 | fabric.0] {
+            assert_eq!(create(G, handle_types), Err(CUresult::CUDA_ERROR_NOT_PERMITTED), "{handle_types:#x}");
+        }
+        let handle = create(G, posix.0).unwrap();
+        // SAFETY: no pointers.
+        unsafe { cu_call!(driver(), cuMemRelease(handle)) }.unwrap();
+    });
+}
+
 #[test]
 fn sharing_by_file_descriptor_and_fabric_handle() {
-    in_child!(&[], || {
+    in_child!(&[("CUDA_SIM_IMEX_CHANNEL", "0")], || {
         use_device(0);
         let posix = CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
         let fabric = CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_FABRIC;

@@ -45,6 +45,7 @@ fn probe(out: &Path, args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
         .env_remove("CUDA_SIM_POOL_IMPORT")
         .env_remove("CUDA_SIM_POOL_HANDLES")
         .env_remove("CUDA_SIM_ADDRESS_HINTS")
+        .env_remove("CUDA_SIM_IMEX_CHANNEL")
         .env_remove("CUDA_SIM_DEVICE_ATTRIBUTES")
         .envs(env.iter().copied())
         .stdin(Stdio::null())

@@ -107,6 +107,11 @@ pub(crate) unsafe fn create(
     let prop = unsafe { prop.read_unaligned() };
     let mut state = state::lock()?;
     let (location, handle_types) = check_props(&state, &prop)?;
+    // Fabric-shareable memory needs an IMEX channel, which the device attribute does not tell
+    // (see `conservative`).
+    if handle_types & FABRIC != 0 && state.config.imex_channel.is_none() {
+        return fail(CUresult::CUDA_ERROR_NOT_PERMITTED);
+    }
     if let Location::Device(device) = location {
         let memory = state.config.memory;
         let used = &mut state.devices[device].used;
@@ -363,7 +368,9 @@ pub(crate) unsafe fn export(
     let entry = state.physicals.get(&handle).filter(|e| e.user_refs > 0).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
     ensure(matches!(handle_type.0, POSIX_FD | FABRIC) && entry.physical.handle_types & handle_type.0 != 0)?;
     if handle_type.0 == FABRIC {
-        let data = entry.physical.fabric_handle();
+        // Memory made for fabric handles exists only where the process has a channel.
+        let channel = state.config.imex_channel.ok_or(CUresult::CUDA_ERROR_NOT_PERMITTED)?;
+        let data = entry.physical.fabric_handle(channel);
         // SAFETY: forwarded from the caller.
         return unsafe { write_out(out.cast::<CUmemFabricHandle>(), CUmemFabricHandle { data }) };
     }

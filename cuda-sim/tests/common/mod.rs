@@ -62,8 +62,9 @@ const CHILD_ENV: &str = "CUDA_SIM_TEST_CHILD";
 /// several children, one per configuration).
 const CONFIG_ENV: &str = "CUDA_SIM_TEST_CONFIG";
 /// Settings cleared in every child so that the parent's environment does not leak in.
-const SIM_VARS: [&str; 9] = [
+const SIM_VARS: [&str; 10] = [
     "CUDA_SIM_DRIVER_VERSION",
+    "CUDA_SIM_IMEX_CHANNEL",
     "CUDA_SIM_POOL_HANDLES",
     "CUDA_SIM_ADDRESS_HINTS",
     "CUDA_SIM_DEVICES",

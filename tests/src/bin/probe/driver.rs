@@ -15,7 +15,7 @@ use crate::raw::{device_count, device_name};
 pub(crate) const SIM_DEVICES_ENV: &str = "CUDA_SIM_DEVICES";
 
 /// The environment variables that change the simulator's answers, shown in the report.
-const SIMULATOR_SETTINGS: [&str; 9] = [
+const SIMULATOR_SETTINGS: [&str; 10] = [
     SIM_DEVICES_ENV,
     "CUDA_SIM_DRIVER_VERSION",
     "CUDA_SIM_POOL_IMPORT",
@@ -24,6 +24,7 @@ const SIMULATOR_SETTINGS: [&str; 9] = [
     "CUDA_SIM_PEER_ACCESS",
     "CUDA_SIM_MEMORY",
     "CUDA_SIM_FAIL",
+    "CUDA_SIM_IMEX_CHANNEL",
     "CUDA_VISIBLE_DEVICES",
 ];
 
