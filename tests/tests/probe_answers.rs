@@ -217,6 +217,11 @@ fn every_question_is_answered_and_the_simulator_agrees_with_itself() {
          export data imported again: CUDA_ERROR_INVALID_VALUE; the importer's free: CUDA_SUCCESS; the importer lived \
          on (a pool of its own made after)"
     );
+    // Question 27: no IMEX channel unless the simulator is told of one (the channels listed are
+    // this machine's, which the test does not pin).
+    let fabric = answer(&answers, "fabric-channel");
+    assert!(fabric.starts_with("fabric handles supported (attribute): 1; IMEX channels"), "{fabric}");
+    assert!(fabric.ends_with("cuMemCreate shareable as a fabric handle: CUDA_ERROR_NOT_PERMITTED"), "{fabric}");
 
     let report = std::fs::read_to_string(out.0.join("probe.json")).expect("the report");
     for name in &names {

@@ -62,7 +62,7 @@ fn run(_setup: &Setup<'_>, details: &mut Details) -> Result<String, Error> {
 }
 
 /// The minimum granularity of device 0's memory, the unit of VMM sizes.
-fn granularity() -> Result<usize, CudaError> {
+pub(crate) fn granularity() -> Result<usize, CudaError> {
     let d = driver()?;
     let prop = CUmemAllocationProp {
         type_: CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,

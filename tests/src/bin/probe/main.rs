@@ -28,7 +28,8 @@
 //! [`peer_leftover`], [`zero_byte`], [`host_pool_access`], [`pci_bus_id`], [`free_pending`],
 //! [`ipc_event`], [`managed_ranges`], [`managed_ids`], [`managed_pool`], [`managed_discard`],
 //! [`batch_copy_edges`], [`graph_memory`], [`graph_launch_capture`], [`pool_alloc_capture`],
-//! [`unsafe_calls`], [`user_object`], [`pool_import_not_a_pool`], [`exporter_frees_first`].
+//! [`unsafe_calls`], [`user_object`], [`pool_import_not_a_pool`], [`exporter_frees_first`],
+//! [`fabric_channel`].
 
 mod address_hint;
 mod batch_copy_edges;
@@ -37,6 +38,7 @@ mod child;
 mod destroy_pending;
 mod driver;
 mod exporter_frees_first;
+mod fabric_channel;
 mod failed_alloc;
 mod free_pending;
 mod gate;
@@ -95,7 +97,7 @@ pub(crate) struct Question {
 }
 
 /// Every question, in the order they are asked.
-pub(crate) const QUESTIONS: [Question; 26] = [
+pub(crate) const QUESTIONS: [Question; 27] = [
     pool_import::QUESTION,
     pointer_import::QUESTION,
     imported_access::QUESTION,
@@ -122,6 +124,7 @@ pub(crate) const QUESTIONS: [Question; 26] = [
     user_object::QUESTION,
     pool_import_not_a_pool::QUESTION,
     exporter_frees_first::QUESTION,
+    fabric_channel::QUESTION,
 ];
 
 /// The child side of the question `name`.
