@@ -202,7 +202,17 @@
 //!   `CUDA_ERROR_INVALID_VALUE`, which the simulator returns, for a managed host pool too).
 //! - **A pool's reserve** grows in 2 MiB chunks and shrinks only at synchronization points or on
 //!   `cuMemPoolTrimTo` (see the `pool` module); `used` counts exact bytes. A failed allocation
-//!   changes no attribute of the pool, the high-water marks included.
+//!   changes no attribute of the pool, the high-water marks included. Bytes freed in stream
+//!   order count as outstanding for both until the host has observed their stream
+//!   (`cuMemPoolTrimTo`: such frees "can count as outstanding"; the simulator takes the reading
+//!   that keeps the most): a synchronization or successful query of that stream, of an event
+//!   last recorded on it, or of its context (which also covers its destroyed streams); another
+//!   stream's synchronization does not count.
+//!   Waiting for an event counts every free of its stream that has run, also those enqueued
+//!   after the recording (the simulator keeps one count per stream and pool, not one per free,
+//!   since the count is kept in every stream-ordered free); a destroyed pool gives back its
+//!   reserve once its last free has run, observed or not (`cuMemPoolDestroy`). Until
+//!   2026-11-29 frees counted as settled as soon as the stream ran them.
 //! - **Sizes whose rounding or accounting does not fit in 64 bits** (a pool allocation of
 //!   `SIZE_MAX` bytes, a shareable pool's `maxSize`, `cuMemCreate`, `cuMemAddressReserve`) are
 //!   `CUDA_ERROR_OUT_OF_MEMORY`, which each of these functions documents, and change nothing.

@@ -1,5 +1,6 @@
 //! Events: a marker recorded into a stream, complete once the stream reaches it.
 
+use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
@@ -22,6 +23,9 @@ pub(crate) struct Event {
     /// For an interprocess event (created or imported): the progress every process holding it
     /// shares, which stands in for `progress`'s counters.
     pub shared: Option<SharedProgress>,
+    /// The stream (handle) of its latest recording in this process, 0 for none: waiting for the
+    /// event shows the host that stream's progress.
+    pub recorded_on: AtomicUsize,
 }
 
 #[derive(Default)]
@@ -46,6 +50,7 @@ impl Event {
             progress: Mutex::new(Progress::default()),
             reached: Condvar::new(),
             shared,
+            recorded_on: AtomicUsize::new(0),
         })
     }
 

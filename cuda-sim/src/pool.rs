@@ -7,6 +7,10 @@
 //! - `reserved` grows in whole [`CHUNK`]s when `used` outgrows it, and shrinks only at
 //!   synchronization points (`cuStreamSynchronize`, `cuEventSynchronize`, `cuCtxSynchronize`),
 //!   down to the release threshold but never below what is in use, or on `cuMemPoolTrimTo`;
+//!   bytes freed in stream order count as in use for both until the host observes their
+//!   stream's progress (`cuStreamSynchronize` or a successful `cuStreamQuery` of it,
+//!   `cuEventSynchronize` or a successful `cuEventQuery` of an event last recorded on it,
+//!   `cuCtxSynchronize` of its context), as `cuMemPoolTrimTo`'s note allows;
 //! - the high-water marks follow both, and setting one to 0 resets it to the current value;
 //! - an allocation that fails changes none of them: it is planned ([`PoolState::plan`]) without
 //!   touching the state, and committed ([`PoolState::commit`]) only once it has succeeded. A
@@ -100,6 +104,28 @@ pub(crate) struct Growth {
     pub grown: u64,
 }
 
+/// Work whose completion the host has observed: a stream's so far, or every stream's of a
+/// context (destroyed ones included).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Observed {
+    /// A stream, by handle.
+    Stream(usize),
+    /// A context, by handle.
+    Context(usize),
+}
+
+/// Bytes freed on one stream that the host has not seen freed yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Unobserved {
+    /// The stream's handle.
+    pub stream: usize,
+    /// Its context's handle: synchronizing the context observes it, even once the stream is
+    /// destroyed.
+    pub ctx: usize,
+    /// The bytes.
+    pub bytes: u64,
+}
+
 /// The mutable part of a pool.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct PoolState {
@@ -117,6 +143,11 @@ pub(crate) struct PoolState {
     pub reuse: [bool; 3],
     /// Access granted to devices other than the owner (device → flags).
     pub access: BTreeMap<usize, CUmemAccess_flags>,
+    /// Bytes freed in stream order whose completion the host has not observed yet, by the
+    /// stream they were freed on (its handle). `cuda.h` (`cuMemPoolTrimTo`): such frees "can
+    /// count as outstanding", so they keep their memory reserved until a synchronization with
+    /// their stream (see [`PoolState::observe`]).
+    pub unobserved: Vec<Unobserved>,
 }
 
 impl Pool {
@@ -156,7 +187,17 @@ impl Pool {
     /// Accounts for a freed allocation of this pool: its bytes, and, for a shareable pool of
     /// this process, its place in the shared file.
     pub(crate) fn release(&self, allocation: &crate::memory::Allocation) {
-        self.lock().free(allocation.size as u64);
+        self.release_on(allocation, None);
+    }
+
+    /// [`release`](Pool::release) of an allocation whose free `stream` reached (the stream's
+    /// handle and its context's): outstanding until the host observes that stream (see
+    /// [`PoolState::free_unobserved`]); `None` for a free the host has observed as it happened.
+    pub(crate) fn release_on(&self, allocation: &crate::memory::Allocation, stream: Option<(usize, usize)>) {
+        match stream {
+            Some((stream, ctx)) => self.lock().free_unobserved(allocation.size as u64, stream, ctx),
+            None => self.lock().free(allocation.size as u64),
+        }
         if let (Some(shared), Some(offset)) = (&self.shared, allocation.file_offset) {
             if shared.imported {
                 shared.release_import(offset);
@@ -243,12 +284,36 @@ impl PoolState {
         self.used = self.used.saturating_sub(size);
     }
 
-    /// Releases reserved memory down to `keep` (but never below what is in use); returns the
-    /// bytes released.
+    /// Accounts for an allocation freed when `stream` (a stream's handle) reached its free: no
+    /// longer used, but outstanding until the host observes that stream's progress.
+    pub(crate) fn free_unobserved(&mut self, size: u64, stream: usize, ctx: usize) {
+        self.free(size);
+        match self.unobserved.iter_mut().find(|u| u.stream == stream) {
+            Some(unobserved) => unobserved.bytes = unobserved.bytes.saturating_add(size),
+            None => self.unobserved.push(Unobserved { stream, ctx, bytes: size }),
+        }
+    }
+
+    /// The host has observed the completion of the work `seen` so far: its frees no longer
+    /// count as outstanding.
+    pub(crate) fn observe(&mut self, seen: Observed) {
+        self.unobserved.retain(|u| match seen {
+            Observed::Stream(stream) => u.stream != stream,
+            Observed::Context(ctx) => u.ctx != ctx,
+        });
+    }
+
+    /// Bytes a trim must keep: those in use, and those freed but not yet observed.
+    fn outstanding(&self) -> u64 {
+        self.unobserved.iter().fold(self.used, |total, u| total.saturating_add(u.bytes))
+    }
+
+    /// Releases reserved memory down to `keep` (but never below what is in use or freed
+    /// unobserved); returns the bytes released.
     pub(crate) fn release_to(&mut self, keep: u64) -> u64 {
-        // `used` never exceeds `reserved`, which is whole chunks; a `keep` too large to round
-        // keeps everything.
-        let in_use = chunks(self.used).unwrap_or(self.reserved);
+        // What is outstanding never exceeds `reserved`, which is whole chunks; a `keep` too
+        // large to round keeps everything.
+        let in_use = chunks(self.outstanding()).unwrap_or(self.reserved).min(self.reserved);
         let kept = chunks(keep).map_or(self.reserved, |keep| keep.min(self.reserved));
         let floor = in_use.max(kept);
         let released = self.reserved.saturating_sub(floor);

@@ -11,7 +11,7 @@ use crate::device::DeviceState;
 use crate::error::SimResult;
 use crate::event::Event;
 use crate::memory::MemoryTable;
-use crate::pool::Pool;
+use crate::pool::{Observed, Pool};
 use crate::stream::Stream;
 
 /// Everything the simulated driver knows.
@@ -84,9 +84,26 @@ pub(crate) struct PhysicalEntry {
 }
 
 impl State {
+    /// The host has observed the progress of the work `observed`: its frees no longer count as outstanding in any pool (see [`crate::pool::PoolState::observe`]).
+    pub(crate) fn observe(&mut self, observed: &[Observed]) {
+        if observed.is_empty() {
+            return;
+        }
+        for pool in self.pools.values() {
+            let mut pool = pool.lock();
+            if !pool.unobserved.is_empty() {
+                for &seen in observed {
+                    pool.observe(seen);
+                }
+            }
+        }
+    }
+
     /// Releases pool memory above each pool's threshold, as the driver does when the
-    /// application synchronizes.
-    pub(crate) fn release_pools_at_sync(&mut self) {
+    /// application synchronizes; `observed` is the work whose progress the synchronization
+    /// showed the host, whose frees stop counting as outstanding first.
+    pub(crate) fn release_pools_at_sync(&mut self, observed: &[Observed]) {
+        self.observe(observed);
         for pool in self.pools.values() {
             let released = pool.lock().release_at_sync();
             if let Some(device) = pool.owner() {

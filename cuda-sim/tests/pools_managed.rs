@@ -6,14 +6,14 @@ mod common;
 use std::ffi::{c_int, c_void};
 
 use common::{
-    DeviceBuffer, Gate, NULL_STREAM, Pinned, access, code, device_location, driver, dtoh, htod, in_child, init,
-    memset_async, non_blocking_stream, query, set_access, sync, use_device,
+    DeviceBuffer, Gate, NULL_STREAM, Pinned, access, code, device_location, driver, dtoh, event, htod, in_child, init,
+    memset_async, non_blocking_stream, query, record, set_access, sync, use_device,
 };
 use cuda_mem_sys::cu_call;
 use cuda_mem_sys::types::{
-    CUdeviceptr, CUgraph, CUmemAccess_flags, CUmemAllocationHandleType, CUmemAllocationType, CUmemLocation,
-    CUmemLocationType, CUmemPool_attribute, CUmemPoolProps, CUmemoryPool, CUmemorytype, CUpointer_attribute, CUresult,
-    CUstream, CUstreamCaptureMode, CUstreamCaptureStatus,
+    CUdeviceptr, CUevent_flags, CUgraph, CUmemAccess_flags, CUmemAllocationHandleType, CUmemAllocationType,
+    CUmemLocation, CUmemLocationType, CUmemPool_attribute, CUmemPoolProps, CUmemoryPool, CUmemorytype,
+    CUpointer_attribute, CUresult, CUstream, CUstreamCaptureMode, CUstreamCaptureStatus,
 };
 
 const INVALID: CUresult = CUresult::CUDA_ERROR_INVALID_VALUE;
@@ -372,6 +372,62 @@ fn a_pool_destroyed_before_its_last_free_gives_its_memory_back_once_the_free_is_
         // SAFETY: no host pointers.
         unsafe { cu_call!(driver(), cuMemFree_v2(p)) }.unwrap();
         assert_eq!(mem_free(), start, "the reserve returns to the device with the last allocation");
+    });
+}
+
+/// cuda.h (cuMemPoolTrimTo): "Allocations that have been asynchronously freed but whose
+/// completion has not been observed on the host (eg. by a synchronize) can count as
+/// outstanding." A free the stream has run keeps its memory from a trim until the host
+/// synchronizes with that stream (another stream's synchronization does not count), by each
+/// way of observing it: the stream, an event recorded after the free, the context, a query.
+#[test]
+fn a_trim_keeps_what_was_freed_until_the_host_has_seen_the_free() {
+    in_child!(&[], || {
+        use CUmemPool_attribute as A;
+        use_device(0);
+        let (s, other) = (non_blocking_stream(), non_blocking_stream());
+        let pool = create_pool(&pool_props(0, 0)).unwrap();
+        let reserved = || pool_attribute(pool, A::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT);
+        // SAFETY: a live pool.
+        let trim = || unsafe { cu_call!(driver(), cuMemPoolTrimTo(pool, 0)) }.unwrap();
+        let e = event(CUevent_flags::CU_EVENT_DISABLE_TIMING);
+        let observers: [(&str, &dyn Fn()); 4] = [
+            ("cuStreamSynchronize", &|| sync(s)),
+            ("cuStreamQuery", &|| assert_eq!(query(s), CUresult::CUDA_SUCCESS)),
+            ("cuEventSynchronize", &|| {
+                record(e, s);
+                // SAFETY: a live event.
+                unsafe { cu_call!(driver(), cuEventSynchronize(e)) }.unwrap();
+            }),
+            // SAFETY: the current context.
+            ("cuCtxSynchronize", &|| unsafe { cu_call!(driver(), cuCtxSynchronize()) }.unwrap()),
+        ];
+        for (observer, observe) in observers {
+            let p = alloc_from_pool(4 * MIB, pool, s).unwrap();
+            assert_eq!(free_async(p, s), CUresult::CUDA_SUCCESS);
+            // The free has run (nothing was ahead of it), unseen by the host.
+            assert_eq!(pool_attribute(pool, A::CU_MEMPOOL_ATTR_USED_MEM_CURRENT), 0);
+            trim();
+            assert_eq!(reserved(), 4 * MIB as u64, "{observer}: trimmed before the host saw the free");
+            sync(other);
+            trim();
+            assert_eq!(reserved(), 4 * MIB as u64, "{observer}: another stream's synchronization saw it");
+            observe();
+            trim();
+            assert_eq!(reserved(), 0, "{observer}: kept after the host saw the free");
+        }
+        // A destroyed stream's frees are seen by synchronizing its context.
+        let gone = non_blocking_stream();
+        let p = alloc_from_pool(4 * MIB, pool, gone).unwrap();
+        assert_eq!(free_async(p, gone), CUresult::CUDA_SUCCESS);
+        // SAFETY: a stream of this test's, not used again.
+        unsafe { cu_call!(driver(), cuStreamDestroy_v2(gone)) }.unwrap();
+        trim();
+        assert_eq!(reserved(), 4 * MIB as u64, "trimmed before the host saw the free");
+        // SAFETY: the current context.
+        unsafe { cu_call!(driver(), cuCtxSynchronize()) }.unwrap();
+        trim();
+        assert_eq!(reserved(), 0, "the destroyed stream's free was not seen by the context's synchronization");
     });
 }
 

@@ -197,6 +197,11 @@ impl MemoryPool {
     /// Returns reserved memory to the system until at most `keep` bytes (or what is in use)
     /// remain.
     ///
+    /// Memory of buffers dropped on a stream may still count as in use until this thread has
+    /// synchronized with that stream (`cuda.h`: frees whose completion the host has not observed
+    /// "can count as outstanding"): synchronize the streams the buffers were freed on first
+    /// ([`Stream::synchronize`](crate::Stream::synchronize)) to give back all that can be.
+    ///
     /// # Errors
     /// If the driver call fails.
     #[doc(alias = "trim")]

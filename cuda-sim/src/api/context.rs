@@ -8,6 +8,7 @@ use crate::context::{self as ctx, Context};
 use crate::device::check_ordinal;
 use crate::error::{SimResult, ensure, fail, write_out};
 use crate::memory::{Kind, round_up};
+use crate::pool::Observed;
 use crate::state::{self, State};
 
 /// The least and greatest stream priorities (`cuCtxGetStreamPriorityRange`), as on Hopper.
@@ -199,7 +200,8 @@ pub(crate) fn synchronize(context: CUcontext) -> SimResult {
     context.synchronize();
     // The work waited for may have faulted: its error is the synchronization's.
     context.fault.check()?;
-    state::lock()?.release_pools_at_sync();
+    // Destroyed streams' work too: it completed before the context's.
+    state::lock()?.release_pools_at_sync(&[Observed::Context(context.handle)]);
     Ok(())
 }
 

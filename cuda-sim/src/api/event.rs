@@ -1,5 +1,7 @@
 //! Events: creation, recording, queries, synchronization, elapsed time.
 
+use std::sync::atomic::Ordering;
+
 use cuda_mem_sys::types::{CUevent, CUevent_flags, CUipcEventHandle, CUresult, CUstream};
 
 use super::DefaultStream;
@@ -8,6 +10,7 @@ use crate::context as ctx;
 use crate::error::{SimResult, ensure, write_out};
 use crate::event::Event;
 use crate::ipc_event::SharedProgress;
+use crate::pool::Observed;
 use crate::state;
 
 /// `cuEventCreate`: `CU_EVENT_INTERPROCESS` needs `CU_EVENT_DISABLE_TIMING`, as documented; such
@@ -71,6 +74,7 @@ pub(crate) fn record(event: CUevent, stream: CUstream, mode: DefaultStream) -> S
         return Ok(());
     }
     let generation = event.begin_record();
+    event.recorded_on.store(stream.handle, Ordering::Release);
     context.submit(&stream, Box::new(move || event.complete(generation)));
     Ok(())
 }
@@ -94,7 +98,20 @@ pub(crate) fn query(event: CUevent) -> SimResult {
     let event = find(event)?;
     context_fault(&event)?;
     refuse_captured(&event)?;
-    if event.is_complete() { Ok(()) } else { Err(CUresult::CUDA_ERROR_NOT_READY) }
+    if !event.is_complete() {
+        return Err(CUresult::CUDA_ERROR_NOT_READY);
+    }
+    // The host has seen the recording's stream get this far (lenient by the frees enqueued
+    // after the recording that have run too: see `conservative`).
+    state::lock()?.observe(&observed_by(&event));
+    Ok(())
+}
+
+/// The streams whose progress waiting for `event` shows the host: the one of its latest
+/// recording in this process, if any.
+fn observed_by(event: &Event) -> Vec<Observed> {
+    let stream = event.recorded_on.load(Ordering::Acquire);
+    if stream == 0 { Vec::new() } else { vec![Observed::Stream(stream)] }
 }
 
 /// `cuEventSynchronize`.
@@ -105,7 +122,7 @@ pub(crate) fn synchronize(event: CUevent) -> SimResult {
     event.synchronize();
     // The work the wait covered may have faulted.
     context_fault(&event)?;
-    state::lock()?.release_pools_at_sync();
+    state::lock()?.release_pools_at_sync(&observed_by(&event));
     Ok(())
 }
 

@@ -510,13 +510,14 @@ pub(crate) fn free_async(address: CUdeviceptr, stream: CUstream, mode: DefaultSt
     drop(state);
     // Never captured (a capture makes a free node instead), so it runs once.
     let mut allocation = Some(allocation);
+    let freed_on = (stream.handle, stream.ctx);
     context.submit_or_run(
         &stream,
         Box::new(move || {
             let Some(allocation) = allocation.take() else {
                 return;
             };
-            pool.release(&allocation);
+            pool.release_on(&allocation, Some(freed_on));
             drop(allocation);
             // A destroyed pool stays in the table until its last free has run, so that its
             // reserve goes back to the device then (no state lock is held while work runs).
@@ -553,6 +554,9 @@ fn forget_if_destroyed(state: &mut State, pool: usize) {
         // A `cuMemFreeAsync` the stream has not reached yet.
         return;
     }
+    // cuda.h (cuMemPoolDestroy): released "once there are no more outstanding allocations",
+    // whether or not the host has seen the last free complete.
+    accounts.unobserved.clear();
     let released = accounts.release_to(0);
     let access = std::mem::take(&mut accounts.access);
     drop(accounts);

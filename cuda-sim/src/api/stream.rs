@@ -13,6 +13,7 @@ use super::context::PRIORITY_RANGE;
 use crate::capture::{self, Ended};
 use crate::context::{self as ctx, Context};
 use crate::error::{SimResult, ensure, fail, write_out};
+use crate::pool::Observed;
 use crate::state::{self, State};
 use crate::stream::{Stream, StreamKind};
 
@@ -110,7 +111,10 @@ pub(crate) fn query(stream: CUstream, mode: DefaultStream) -> SimResult {
         return fail(CUresult::CUDA_ERROR_NOT_READY);
     }
     // Work that completed may have faulted.
-    context.fault.check()
+    context.fault.check()?;
+    // The host has seen the stream's work complete, its frees included.
+    state::lock()?.observe(&[Observed::Stream(stream.handle)]);
+    Ok(())
 }
 
 /// `cuStreamSynchronize`: waits for everything enqueued before it (for the legacy stream, that
@@ -123,7 +127,7 @@ pub(crate) fn synchronize(stream: CUstream, mode: DefaultStream) -> SimResult {
     context.wait_as_if_submitted(&stream);
     // The work waited for may have faulted: its error is the synchronization's.
     context.fault.check()?;
-    state::lock()?.release_pools_at_sync();
+    state::lock()?.release_pools_at_sync(&[Observed::Stream(stream.handle)]);
     Ok(())
 }
 
