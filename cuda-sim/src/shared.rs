@@ -144,16 +144,7 @@ impl SharedArena {
         header.extend_from_slice(&capacity.to_le_bytes());
         append_checksum(&mut header);
         rustix::io::pwrite(&file, &header, 0).map_err(|_| CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
-        let holds = Holds::open(file.as_fd());
-        Ok(SharedArena {
-            file,
-            id,
-            imported: false,
-            capacity,
-            free: Mutex::new(BTreeMap::from([(HEADER, capacity)])),
-            holds,
-            quarantined: Mutex::default(),
-        })
+        Ok(SharedArena::on(file, id, false, capacity, BTreeMap::from([(HEADER, capacity)])))
     }
 
     /// Opens a pool another process exported: `fd` must be such a file, sealed, with a header
@@ -189,17 +180,13 @@ impl SharedArena {
         ensure(capacity > 0 && capacity % ALIGN == 0)?;
         let len = HEADER.checked_add(capacity).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
         crate::sealed::check(file.as_fd(), len)?;
+        Ok((SharedArena::on(file, id, true, capacity, BTreeMap::new()), location, kind))
+    }
+
+    /// The arena of `file`, with this process's own description of it for its holds.
+    fn on(file: OwnedFd, id: [u8; 16], imported: bool, capacity: u64, free: BTreeMap<u64, u64>) -> SharedArena {
         let holds = Holds::open(file.as_fd());
-        let arena = SharedArena {
-            file,
-            id,
-            imported: true,
-            capacity,
-            free: Mutex::new(BTreeMap::new()),
-            holds,
-            quarantined: Mutex::default(),
-        };
-        Ok((arena, location, kind))
+        SharedArena { file, id, imported, capacity, free: Mutex::new(free), holds, quarantined: Mutex::default() }
     }
 
     /// The file, borrowed.
@@ -244,9 +231,10 @@ impl SharedArena {
             if holds.held_elsewhere(imported_byte(offset)) == Some(true) {
                 eprintln!(
                     "cuda-sim: process {} freed a pool allocation ({size} bytes at offset {offset:#x} of its \
-                     shared pool) that an importing pool, in this or another process, still maps; cuda.h: \"The imported memory must be \
-                     freed from all importing processes before being freed in the exporting process.\" Its \
-                     bytes now read {POISON:#04x} and it is not reused until the importers free it.",
+                     shared pool) that an importing pool, in this or another process, still maps; cuda.h: \
+                     \"The imported memory must be freed from all importing processes before being freed in \
+                     the exporting process.\" Its bytes now read {POISON:#04x} and it is not reused until the \
+                     importers free it.",
                     std::process::id()
                 );
                 self.poison(offset, len);
