@@ -231,7 +231,8 @@ fn publish_dry_run(workspace: &Path) -> Result<Outcome, String> {
         return Ok(Outcome::PassedWith(format!("{} crates", PUBLISHED.len())));
     }
     if !is_network_failure(&stderr) {
-        return Err(format!("`{}` failed ({})", describe(&command), output.status));
+        // The cause goes into the step's line too: a CI log may keep only its last lines.
+        return Err(format!("`{}` failed ({}):\n{}", describe(&command), output.status, cargo_error(&stderr)));
     }
     println!("crates.io cannot be reached: packaging offline instead");
     run_command(
@@ -292,16 +293,31 @@ fn forget_unpacked_packages() -> Result<(), String> {
     Ok(())
 }
 
+/// cargo's error and its causes (from its first `error` line), at most 30 lines of them.
+fn cargo_error(stderr: &str) -> String {
+    let lines: Vec<&str> = stderr.lines().collect();
+    let first = lines.iter().position(|line| line.starts_with("error")).unwrap_or(0);
+    let last = lines.len().min(first + 30);
+    lines[first..last].join("\n")
+}
+
 /// Whether cargo's error output says the registry could not be reached, rather than that a
-/// package is wrong.
+/// package is wrong: cargo's own words for a failed fetch, and curl's for a failed connection
+/// (`[6] Could not resolve host`, `[7] Could not connect`, `[28] Timeout was reached`, ...).
 fn is_network_failure(stderr: &str) -> bool {
     [
         "failed to query replaced source",
         "Unable to update registry",
         "failed to download",
+        "download of ",
+        "failed to get successful HTTP response",
         "spurious network error",
         "Couldn't resolve host",
+        "Could not resolve",
+        "Could not connect",
         "failed to connect",
+        "Timeout was reached",
+        "SSL connect error",
     ]
     .iter()
     .any(|sign| stderr.contains(sign))
@@ -620,6 +636,23 @@ mod tests {
     fn tells_network_failures_from_packaging_failures() {
         assert!(is_network_failure("error: failed to query replaced source registry `crates-io`"));
         assert!(!is_network_failure("error: failed to verify package tarball\nerror[E0432]: unresolved import"));
+        // cargo's words for an index that answers 503, and what it printed here with connections refused.
+        assert!(is_network_failure(
+            "error: failed to get `libc` as a dependency of package `cuda-sim v0.1.0`\n\nCaused by:\n  \
+             download of li/bc/libc failed\n\nCaused by:\n  failed to get successful HTTP response from \
+             `https://index.crates.io/li/bc/libc`, got 503"
+        ));
+        assert!(is_network_failure(
+            "error: download of config.json failed\n\nCaused by:\n  [7] Could not connect to server (Failed to \
+             connect to 127.0.0.1 port 1 after 1 ms: Could not connect to server)"
+        ));
+    }
+
+    #[test]
+    fn a_cargo_error_is_kept_from_its_first_error_line() {
+        let stderr = "   Compiling a v0.1.0\n   Verifying b v0.1.0\nerror: failed to verify package tarball\n\nCaused by:\n  no space";
+        assert_eq!(cargo_error(stderr), "error: failed to verify package tarball\n\nCaused by:\n  no space");
+        assert_eq!(cargo_error("no error line"), "no error line");
     }
 
     #[test]
