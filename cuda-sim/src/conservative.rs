@@ -275,9 +275,11 @@
 //!   the next allocation and the importer would read it, silently; the poison shows the mistake
 //!   at once in whatever the importer reads, the quarantine keeps the exporter's next buffers
 //!   whole. Export data of an allocation its exporter freed no longer imports
-//!   (`CUDA_ERROR_INVALID_VALUE`), even where it is still mapped. The processes see each other's
-//!   holds through byte-range locks on the pool's file (`holds.rs`), which the kernel drops with
-//!   a process that dies, as the driver forgets a dead process's imports. What a GPU does is the
+//!   (`CUDA_ERROR_INVALID_VALUE`), even where it is still mapped, nor does any export data of a
+//!   pool whose exporting process is gone. The processes see each other's holds through
+//!   byte-range locks on the pool's file (`holds.rs`), which the kernel drops with a process
+//!   that dies, as the driver forgets a dead process's imports, and the exporter's live
+//!   allocations through a tag per allocation in the file (`shared.rs`). What a GPU does is the
 //!   probe's question `exporter-frees-first`.
 //! - **Fabric handles without an IMEX channel**: `cuda.h` says that fabric sharing needs an IMEX
 //!   channel the user can access, and documents `CUDA_ERROR_NOT_PERMITTED` for an importer not

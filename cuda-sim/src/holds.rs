@@ -1,16 +1,25 @@
-//! Which processes hold an allocation of a shared pool: byte-range locks on the pool's file.
+//! Which processes hold a shared pool and its allocations: byte-range locks on the pool's file.
 //!
 //! `cuda.h` (`cuMemPoolImportPointer`): "The imported memory must be freed from all importing
 //! processes before being freed in the exporting process." To see a process break that rule,
 //! each process records what it holds as open-file-description locks (`F_OFD_SETLK`) on the
 //! pool's `memfd`, on byte positions (not on the bytes' contents: a lock changes nothing a
-//! mapping sees). For the allocation at file offset `o` (page-aligned, so the positions of two
-//! allocations never meet):
+//! mapping sees):
 //!
-//! - byte `o` is read-locked by the exporting process while the allocation is live, so an
-//!   importer can tell export data of a freed allocation from a live one;
-//! - byte `o + 1` is read-locked by each importing pool while it maps the allocation, so the
-//!   exporter can tell, when its free runs, whether an importer still maps it.
+//! - byte [`EXPORTER`] is read-locked by the exporting process for as long as it has the pool,
+//!   so an importer can tell a pool whose exporter is gone;
+//! - for the allocation of `len` bytes at file offset `o`, the bytes of [`imported_span`]`(o,
+//!   len)` are read-locked by each importing pool while it maps the allocation, so the exporter
+//!   can tell, when its free runs, whether an importer still maps it.
+//!
+//! An allocation's spans never overlap another live one's, and the kernel merges a description's
+//! adjacent locks of one kind into one: an importer of a run of neighbouring allocations holds
+//! one lock, not one each. That matters because the kernel keeps a file's locks in one list that
+//! every lock call walks: with one lock per allocation, a batch of 1,024 imports cost about
+//! 40 µs each on this simulator's 2-core VM (2026-11-29), against 3–4 µs without locks.
+//! (Whether the exporter still has the allocation itself is a tag in the pool's file, see
+//! [`crate::shared`]: one lock per allocation would make the list as long as the pool's live
+//! allocations.)
 //!
 //! Locks are the kernel's record, not the processes': a process that dies drops its own, as the
 //! driver forgets a dead process's imports, and nothing stale is left for the others to trip on.
@@ -29,14 +38,17 @@ pub(crate) struct Holds {
     file: OwnedFd,
 }
 
-/// The lock byte the exporter holds while the allocation at `offset` is live.
-pub(crate) fn live_byte(offset: u64) -> u64 {
-    offset
-}
+/// The lock byte the exporting process holds while it has the pool.
+pub(crate) const EXPORTER: u64 = 0;
 
-/// The lock byte each importer holds while it maps the allocation at `offset`.
-pub(crate) fn imported_byte(offset: u64) -> u64 {
-    offset + 1
+/// Where importers' locks start: far above any file offset (a pool's file is smaller than
+/// this), so that they never meet [`EXPORTER`].
+const IMPORTED_BASE: u64 = 1 << 61;
+
+/// The lock bytes (start, length) each importing pool holds while it maps the allocation of
+/// `len` bytes (rounded as the pool places them) at file offset `offset`.
+pub(crate) fn imported_span(offset: u64, len: u64) -> (u64, u64) {
+    (IMPORTED_BASE.saturating_add(offset), len.max(1))
 }
 
 impl Holds {
@@ -48,15 +60,16 @@ impl Holds {
         Some(Holds { file })
     }
 
-    /// Records that this process holds `byte` (a shared lock: others may hold it too).
-    pub(crate) fn hold(&self, byte: u64) {
+    /// Records that this process holds the `len` bytes at `start` (a shared lock: others may
+    /// hold them too).
+    pub(crate) fn hold(&self, (start, len): (u64, u64)) {
         // A lock the kernel cannot record (ENOLCK) only means this hold goes unchecked.
-        let _ = self.fcntl(libc::F_OFD_SETLK, libc::F_RDLCK, byte);
+        let _ = self.fcntl(libc::F_OFD_SETLK, libc::F_RDLCK, start, len);
     }
 
-    /// Records that this process no longer holds `byte`.
-    pub(crate) fn release(&self, byte: u64) {
-        let _ = self.fcntl(libc::F_OFD_SETLK, libc::F_UNLCK, byte);
+    /// Records that this process no longer holds the `len` bytes at `start`.
+    pub(crate) fn release(&self, (start, len): (u64, u64)) {
+        let _ = self.fcntl(libc::F_OFD_SETLK, libc::F_UNLCK, start, len);
     }
 
     /// Whether a description other than this one holds `byte` (a process, this one included
@@ -65,19 +78,19 @@ impl Holds {
     pub(crate) fn held_elsewhere(&self, byte: u64) -> Option<bool> {
         // The question is asked as for an exclusive lock: any shared one held elsewhere conflicts,
         // and this description's own locks never do.
-        let answer = self.fcntl(libc::F_OFD_GETLK, libc::F_WRLCK, byte)?;
+        let answer = self.fcntl(libc::F_OFD_GETLK, libc::F_WRLCK, byte, 1)?;
         Some(answer.l_type != libc::F_UNLCK as libc::c_short)
     }
 
-    /// `fcntl(command)` with a lock of `kind` on the one byte at `byte`; the lock as the kernel
-    /// returned it, or `None` on failure.
-    fn fcntl(&self, command: libc::c_int, kind: libc::c_int, byte: u64) -> Option<libc::flock> {
+    /// `fcntl(command)` with a lock of `kind` on the `len` bytes at `start`; the lock as the
+    /// kernel returned it, or `None` on failure.
+    fn fcntl(&self, command: libc::c_int, kind: libc::c_int, start: u64, len: u64) -> Option<libc::flock> {
         // SAFETY: `flock` is plain data; all zeros is a valid value (l_pid must be 0 for OFD locks).
         let mut lock: libc::flock = unsafe { std::mem::zeroed() };
         lock.l_type = libc::c_short::try_from(kind).ok()?;
         lock.l_whence = libc::SEEK_SET as libc::c_short;
-        lock.l_start = libc::off_t::try_from(byte).ok()?;
-        lock.l_len = 1;
+        lock.l_start = libc::off_t::try_from(start).ok()?;
+        lock.l_len = libc::off_t::try_from(len).ok()?;
         // SAFETY: the descriptor is open for the duration of the call (owned by `self`), and
         // `lock` is a valid, writable `struct flock`, which is what these commands take.
         let result = unsafe { libc::fcntl(self.file.as_fd().as_raw_fd(), command, &raw mut lock) };
@@ -98,12 +111,12 @@ mod tests {
         let file = file();
         let (mine, theirs) = (Holds::open(file.as_fd()).unwrap(), Holds::open(file.as_fd()).unwrap());
         assert_eq!(theirs.held_elsewhere(4096), Some(false));
-        mine.hold(4096);
+        mine.hold((4096, 1));
         assert_eq!(theirs.held_elsewhere(4096), Some(true));
         assert_eq!(mine.held_elsewhere(4096), Some(false), "its own hold is not another's");
         assert_eq!(theirs.held_elsewhere(4097), Some(false), "one byte only");
         assert_eq!(theirs.held_elsewhere(4095), Some(false), "one byte only");
-        mine.release(4096);
+        mine.release((4096, 1));
         assert_eq!(theirs.held_elsewhere(4096), Some(false));
     }
 
@@ -115,13 +128,33 @@ mod tests {
             Holds::open(file.as_fd()).unwrap(),
             Holds::open(file.as_fd()).unwrap(),
         );
-        a.hold(imported_byte(8192));
-        b.hold(imported_byte(8192));
-        a.release(imported_byte(8192));
-        assert_eq!(asker.held_elsewhere(imported_byte(8192)), Some(true), "b still holds it");
-        assert_eq!(asker.held_elsewhere(live_byte(8192)), Some(false));
+        let span = imported_span(8192, 4096);
+        a.hold(span);
+        b.hold(span);
+        a.release(span);
+        assert_eq!(asker.held_elsewhere(span.0), Some(true), "b still holds it");
+        assert_eq!(asker.held_elsewhere(EXPORTER), Some(false));
         drop(b);
-        assert_eq!(asker.held_elsewhere(imported_byte(8192)), Some(false), "closing drops the holds");
+        assert_eq!(asker.held_elsewhere(span.0), Some(false), "closing drops the holds");
+    }
+
+    /// The kernel merges one description's neighbouring spans (the list every lock call walks
+    /// stays short), and releasing one of them leaves the others held.
+    #[test]
+    fn neighbouring_spans_are_one_lock_and_are_released_apart() {
+        let file = file();
+        let (importer, asker) = (Holds::open(file.as_fd()).unwrap(), Holds::open(file.as_fd()).unwrap());
+        let spans = [imported_span(4096, 4096), imported_span(8192, 8192), imported_span(16384, 4096)];
+        for span in spans {
+            importer.hold(span);
+        }
+        let first = asker.fcntl(libc::F_OFD_GETLK, libc::F_WRLCK, spans[0].0, 1).unwrap();
+        assert_eq!((first.l_start as u64, first.l_len as u64), (spans[0].0, 16384), "one lock for the three");
+        importer.release(spans[1]);
+        assert_eq!(asker.held_elsewhere(spans[0].0), Some(true));
+        assert_eq!(asker.held_elsewhere(spans[1].0), Some(false));
+        assert_eq!(asker.held_elsewhere(spans[1].0 + 8191), Some(false));
+        assert_eq!(asker.held_elsewhere(spans[2].0), Some(true));
     }
 
     #[test]
@@ -129,7 +162,7 @@ mod tests {
         let file = file();
         let holds = Holds::open(file.as_fd()).unwrap();
         let shared = Holds { file: rustix::io::fcntl_dupfd_cloexec(&holds.file, 0).unwrap() };
-        holds.hold(4096);
+        holds.hold((4096, 1));
         assert_eq!(shared.held_elsewhere(4096), Some(false), "a duplicate is the same holder");
         assert_eq!(Holds::open(file.as_fd()).unwrap().held_elsewhere(4096), Some(true));
     }

@@ -200,7 +200,7 @@ impl Pool {
         }
         if let (Some(shared), Some(offset)) = (&self.shared, allocation.file_offset) {
             if shared.imported {
-                shared.release_import(offset);
+                shared.release_import(offset, allocation.size as u64);
             } else {
                 shared.give_back(offset, allocation.size as u64);
             }

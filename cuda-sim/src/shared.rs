@@ -1,13 +1,15 @@
 //! Shared memory for pools that can be shared between processes (`CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`).
 //!
 //! Such a pool's memory is one `memfd`: a header page that identifies the pool, then the bytes
-//! of its allocations, placed by a first-fit allocator over file offsets. Exporting the pool
+//! of its allocations, placed by a first-fit allocator over file offsets, then a table of tags
+//! (u64 LE, one per page of allocations: the tag of the live allocation that starts there, 0
+//! where none does). Exporting the pool
 //! hands out a duplicate of the file descriptor; importing it in another process maps
 //! allocations of the same file, so both processes see the same bytes at their own addresses.
 //! The file is made as large as the pool may grow and sealed at that size (see
 //! [`crate::sealed`]), so no importer can truncate it under the exporter.
 //!
-//! Header (page 0): magic `cusimPOOL\0v3` (12 bytes), pool id (16 bytes), location kind (u8:
+//! Header (page 0): magic `cusimPOOL\0v4` (12 bytes), pool id (16 bytes), location kind (u8:
 //! 0 device, 1 host, 2 host NUMA, 3 unspecified), location id (i32 LE), pool kind (u8: 0 pinned,
 //! 1 managed), capacity (u64 LE: the bytes after the header page, a multiple of the page), FNV-1a
 //! checksum of the first 42 bytes (u64 LE). For a device pool the location id is the device's
@@ -16,28 +18,35 @@
 //! importer translates the index back to its own ordinal, and refuses
 //! (`CUDA_ERROR_INVALID_VALUE`) a pool on a device it does not see. An importer also refuses a
 //! header whose checksum fails or whose fields are out of range, and a file that is not sealed
-//! or whose size is not the header page plus the capacity. (Version 1 headers held the
-//! exporter's ordinal, version 2 headers had no capacity or checksum; both are refused as
-//! unknown rather than misread.)
+//! or whose size is not the header page plus the capacity plus its tag table. (Version 1
+//! headers held the exporter's ordinal, version 2 headers had no capacity or checksum, version 3
+//! files had no tag table; all are refused as unknown rather than misread.)
 //!
 //! Exported pointer data (the 64-byte `CUmemPoolPtrExportData`): magic `cusimPTR` (8), pool id
-//! (16), file offset (u64 LE), size (u64 LE), reserved zeros (16), FNV-1a checksum of the first
-//! 56 bytes (u64 LE).
+//! (16), file offset (u64 LE), size (u64 LE), the allocation's tag (u64 LE, never 0), reserved
+//! zeros (8), FNV-1a checksum of the first 56 bytes (u64 LE).
+//!
+//! The exporter gives each allocation a tag of the pool's own, writes it into the table when it
+//! places the allocation and clears it when it frees it, so an importer refuses export data of
+//! an allocation freed since (`CUDA_ERROR_INVALID_VALUE`), even once another allocation took
+//! its place. The table is written with `pwrite`, one system call per allocation and free;
+//! which processes hold the pool and its imports are locks (see [`crate::holds`]).
 
 use std::collections::BTreeMap;
 use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use cuda_mem_sys::types::CUresult;
 
 use crate::config::Config;
 use crate::error::{SimResult, ensure, fail};
-use crate::holds::{Holds, imported_byte, live_byte};
+use crate::holds::{EXPORTER, Holds, imported_span};
 use crate::pool::{Location, PoolKind};
 
 /// The header page's size; allocations start after it.
 pub(crate) const HEADER: u64 = 4096;
-const POOL_MAGIC: &[u8; 12] = b"cusimPOOL\0v3";
+const POOL_MAGIC: &[u8; 12] = b"cusimPOOL\0v4";
 /// The header's length: the checksum covers everything before its last 8 bytes.
 const POOL_HEADER_LEN: usize = 50;
 const POINTER_MAGIC: &[u8; 8] = b"cusimPTR";
@@ -64,6 +73,8 @@ pub(crate) struct SharedArena {
     /// Ranges the exporter freed while an importer still mapped them: kept out of use until no
     /// importer does (offset, length).
     quarantined: Mutex<Vec<(u64, u64)>>,
+    /// The exporter's last allocation tag (see the module's docs).
+    last_tag: AtomicU64,
 }
 
 fn fresh_id() -> [u8; 16] {
@@ -113,6 +124,16 @@ pub(crate) fn verify_checksum(header: &[u8]) -> SimResult {
     ensure(check == fnv1a(fields).to_le_bytes())
 }
 
+/// The length of the tag table of a pool of `capacity` bytes (whole pages): a u64 per page.
+fn table_len(capacity: u64) -> u64 {
+    capacity / ALIGN * 8
+}
+
+/// The file's length for a pool of `capacity` bytes; `None` when it does not fit in 64 bits.
+fn file_len(capacity: u64) -> Option<u64> {
+    HEADER.checked_add(capacity)?.checked_add(table_len(capacity))
+}
+
 /// `size` rounded up to whole pages (`ALIGN`); `None` when that does not fit in 64 bits.
 fn aligned(size: u64) -> Option<u64> {
     size.checked_next_multiple_of(ALIGN)
@@ -132,7 +153,7 @@ impl SharedArena {
         let (location_kind, location_id) = location_bytes(location, config)?;
         // A capacity the file cannot have is more memory than the system can give.
         let capacity = aligned(capacity).ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
-        let len = HEADER.checked_add(capacity).ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
+        let len = file_len(capacity).ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
         let file = crate::sealed::create("cuda-sim-pool", len)?;
         let id = fresh_id();
         let mut header = Vec::with_capacity(POOL_HEADER_LEN);
@@ -178,15 +199,40 @@ impl SharedArena {
         };
         let capacity = u64::from_le_bytes(header[34..42].try_into().map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?);
         ensure(capacity > 0 && capacity % ALIGN == 0)?;
-        let len = HEADER.checked_add(capacity).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        let len = file_len(capacity).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
         crate::sealed::check(file.as_fd(), len)?;
         Ok((SharedArena::on(file, id, true, capacity, BTreeMap::new()), location, kind))
     }
 
-    /// The arena of `file`, with this process's own description of it for its holds.
+    /// The arena of `file`, with this process's own description of it for its holds; the
+    /// exporter's ([`imported`](SharedArena::imported) false) holds [`EXPORTER`] from here on.
     fn on(file: OwnedFd, id: [u8; 16], imported: bool, capacity: u64, free: BTreeMap<u64, u64>) -> SharedArena {
         let holds = Holds::open(file.as_fd());
-        SharedArena { file, id, imported, capacity, free: Mutex::new(free), holds, quarantined: Mutex::default() }
+        if let (Some(holds), false) = (&holds, imported) {
+            holds.hold((EXPORTER, 1));
+        }
+        let (free, quarantined, last_tag) = (Mutex::new(free), Mutex::default(), AtomicU64::new(0));
+        SharedArena { file, id, imported, capacity, free, holds, quarantined, last_tag }
+    }
+
+    /// Where the tag of the allocation at file offset `offset` (page-aligned, in the arena) is.
+    fn tag_at(&self, offset: u64) -> u64 {
+        HEADER + self.capacity + (offset - HEADER) / ALIGN * 8
+    }
+
+    /// Writes the tag of the allocation at `offset` (0: none lives there).
+    fn write_tag(&self, offset: u64, tag: u64) -> SimResult {
+        let written = rustix::io::pwrite(&self.file, &tag.to_le_bytes(), self.tag_at(offset));
+        ensure(written.is_ok_and(|n| n == 8))
+    }
+
+    /// The tag of the allocation at `offset`, 0 for none (or when it cannot be read).
+    fn read_tag(&self, offset: u64) -> u64 {
+        let mut tag = [0u8; 8];
+        match rustix::io::pread(&self.file, &mut tag, self.tag_at(offset)) {
+            Ok(8) => u64::from_le_bytes(tag),
+            _ => 0,
+        }
     }
 
     /// The file, borrowed.
@@ -200,7 +246,7 @@ impl SharedArena {
     }
 
     /// Finds room for `size` bytes: its file offset, or `CUDA_ERROR_OUT_OF_MEMORY`. The
-    /// allocation is recorded as live for importers to see.
+    /// allocation's tag is written for importers to see.
     pub(crate) fn take(&self, size: u64) -> SimResult<u64> {
         let len = aligned(size).ok_or(CUresult::CUDA_ERROR_OUT_OF_MEMORY)?;
         self.end_quarantines();
@@ -211,8 +257,12 @@ impl SharedArena {
         if available > len {
             free.insert(start + len, available - len);
         }
-        if let Some(holds) = &self.holds {
-            holds.hold(live_byte(start));
+        drop(free);
+        let tag = self.last_tag.fetch_add(1, Ordering::Relaxed) + 1;
+        if self.write_tag(start, tag).is_err() {
+            // The page of the table could not be had: as out of memory as the allocation.
+            self.merge_free(start, len);
+            return fail(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
         }
         Ok(start)
     }
@@ -226,21 +276,22 @@ impl SharedArena {
     pub(crate) fn give_back(&self, offset: u64, size: u64) {
         // `take` rounded the same size, so it fits.
         let Some(len) = aligned(size) else { return };
-        if let Some(holds) = &self.holds {
-            holds.release(live_byte(offset));
-            if holds.held_elsewhere(imported_byte(offset)) == Some(true) {
-                eprintln!(
-                    "cuda-sim: process {} freed a pool allocation ({size} bytes at offset {offset:#x} of its \
+        // Its export data no longer imports. (Clearing a tag written before writes no new page.)
+        let _ = self.write_tag(offset, 0);
+        if let Some(holds) = &self.holds
+            && holds.held_elsewhere(imported_span(offset, len).0) == Some(true)
+        {
+            eprintln!(
+                "cuda-sim: process {} freed a pool allocation ({size} bytes at offset {offset:#x} of its \
                      shared pool) that an importing pool, in this or another process, still maps; cuda.h: \
                      \"The imported memory must be freed from all importing processes before being freed in \
                      the exporting process.\" Its bytes now read {POISON:#04x} and it is not reused until the \
                      importers free it.",
-                    std::process::id()
-                );
-                self.poison(offset, len);
-                self.quarantined.lock().unwrap_or_else(PoisonError::into_inner).push((offset, len));
-                return;
-            }
+                std::process::id()
+            );
+            self.poison(offset, len);
+            self.quarantined.lock().unwrap_or_else(PoisonError::into_inner).push((offset, len));
+            return;
         }
         self.merge_free(offset, len);
     }
@@ -267,7 +318,7 @@ impl SharedArena {
             return;
         }
         quarantined.retain(|&(offset, len)| {
-            let still_imported = holds.held_elsewhere(imported_byte(offset)) != Some(false);
+            let still_imported = holds.held_elsewhere(imported_span(offset, len).0) != Some(false);
             if !still_imported {
                 self.merge_free(offset, len);
             }
@@ -292,27 +343,29 @@ impl SharedArena {
         free.insert(start, len);
     }
 
-    /// For an importer: `CUDA_ERROR_INVALID_VALUE` unless the exporter still holds the
-    /// allocation at `offset` (its export data outlives it; a GPU's pool may have handed the
-    /// bytes to another allocation since).
-    pub(crate) fn check_exporter_holds(&self, offset: u64) -> SimResult {
+    /// For an importer: `CUDA_ERROR_INVALID_VALUE` unless the exporter still has the pool and
+    /// the allocation at `offset` is still the one tagged `tag` (its export data outlives it; a
+    /// GPU's pool may have handed the bytes to another allocation since).
+    pub(crate) fn check_exporter_holds(&self, offset: u64, tag: u64) -> SimResult {
+        ensure(self.read_tag(offset) == tag)?;
         match &self.holds {
-            Some(holds) => ensure(holds.held_elsewhere(live_byte(offset)) != Some(false)),
+            Some(holds) => ensure(holds.held_elsewhere(EXPORTER) != Some(false)),
             None => Ok(()),
         }
     }
 
-    /// For an importer: records that this pool maps the allocation at `offset`.
-    pub(crate) fn hold_import(&self, offset: u64) {
-        if let Some(holds) = &self.holds {
-            holds.hold(imported_byte(offset));
+    /// For an importer: records that this pool maps the allocation of `size` bytes at `offset`.
+    pub(crate) fn hold_import(&self, offset: u64, size: u64) {
+        if let (Some(holds), Some(len)) = (&self.holds, aligned(size)) {
+            holds.hold(imported_span(offset, len));
         }
     }
 
-    /// For an importer: records that this pool no longer maps the allocation at `offset`.
-    pub(crate) fn release_import(&self, offset: u64) {
-        if let Some(holds) = &self.holds {
-            holds.release(imported_byte(offset));
+    /// For an importer: records that this pool no longer maps the allocation of `size` bytes at
+    /// `offset`.
+    pub(crate) fn release_import(&self, offset: u64, size: u64) {
+        if let (Some(holds), Some(len)) = (&self.holds, aligned(size)) {
+            holds.release(imported_span(offset, len));
         }
     }
 
@@ -323,16 +376,17 @@ impl SharedArena {
         data[8..24].copy_from_slice(&self.id);
         data[24..32].copy_from_slice(&offset.to_le_bytes());
         data[32..40].copy_from_slice(&size.to_le_bytes());
+        data[40..48].copy_from_slice(&self.read_tag(offset).to_le_bytes());
         let check = fnv1a(&data[..56]);
         data[56..].copy_from_slice(&check.to_le_bytes());
         data
     }
 
-    /// Checks exported pointer data against this pool: `(offset, size)`, or
+    /// Checks exported pointer data against this pool: `(offset, size, tag)`, or
     /// `CUDA_ERROR_INVALID_VALUE` for garbage, another pool's data, or a range outside the file.
-    pub(crate) fn check_pointer(&self, data: &[u8; 64]) -> SimResult<(u64, u64)> {
+    pub(crate) fn check_pointer(&self, data: &[u8; 64]) -> SimResult<(u64, u64, u64)> {
         ensure(&data[..8] == POINTER_MAGIC)?;
-        ensure(data[40..56].iter().all(|&b| b == 0))?;
+        ensure(data[48..56].iter().all(|&b| b == 0))?;
         let check = u64::from_le_bytes(data[56..].try_into().map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?);
         ensure(check == fnv1a(&data[..56]))?;
         ensure(data[8..24] == self.id)?;
@@ -340,7 +394,9 @@ impl SharedArena {
         let size = u64::from_le_bytes(data[32..40].try_into().map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?);
         ensure(size > 0 && offset >= HEADER && offset % ALIGN == 0)?;
         ensure(offset.checked_add(size).is_some_and(|end| end <= HEADER + self.capacity))?;
-        Ok((offset, size))
+        let tag = u64::from_le_bytes(data[40..48].try_into().map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)?);
+        ensure(tag != 0)?;
+        Ok((offset, size, tag))
     }
 }
 
@@ -366,8 +422,10 @@ mod tests {
     fn pointer_data_round_trips_and_rejects_tampering() {
         let config = seeing("0");
         let arena = SharedArena::create(Location::Host, PoolKind::Pinned, 1 << 20, &config).unwrap();
+        assert_eq!(arena.take(4096), Ok(HEADER));
+        assert_eq!(arena.take(10), Ok(HEADER + 4096));
         let data = arena.export_pointer(HEADER + 4096, 10);
-        assert_eq!(arena.check_pointer(&data), Ok((HEADER + 4096, 10)));
+        assert_eq!(arena.check_pointer(&data), Ok((HEADER + 4096, 10, 2)), "the second allocation's tag");
         for i in 0..64 {
             let mut bad = data;
             bad[i] ^= 1;
@@ -377,7 +435,7 @@ mod tests {
         assert!(other.check_pointer(&data).is_err());
         let (opened, location, kind) = SharedArena::open(arena.file.as_fd(), &config).unwrap();
         assert_eq!((location, kind), (Location::Host, PoolKind::Pinned));
-        assert_eq!(opened.check_pointer(&data), Ok((HEADER + 4096, 10)));
+        assert_eq!(opened.check_pointer(&data), Ok((HEADER + 4096, 10, 2)));
     }
 
     /// Overwrites header bytes at `at` and writes a checksum that matches again, as a forger
@@ -391,13 +449,33 @@ mod tests {
     }
 
     #[test]
+    fn export_data_of_a_freed_allocation_no_longer_checks_out() {
+        let config = seeing("0");
+        let invalid = Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        let arena = SharedArena::create(Location::Host, PoolKind::Pinned, 1 << 20, &config).unwrap();
+        let (imported, _, _) = SharedArena::open(arena.file.as_fd(), &config).unwrap();
+        let a = arena.take(100).unwrap();
+        let (offset, size, tag) = imported.check_pointer(&arena.export_pointer(a, 100)).unwrap();
+        assert_eq!((offset, size), (a, 100));
+        assert_eq!(imported.check_exporter_holds(offset, tag), Ok(()));
+        arena.give_back(a, 100);
+        assert_eq!(imported.check_exporter_holds(offset, tag), invalid, "freed");
+        assert_eq!(arena.take(100), Ok(a), "the same place again");
+        assert_eq!(imported.check_exporter_holds(offset, tag), invalid, "another allocation took its place");
+        let (_, _, new_tag) = imported.check_pointer(&arena.export_pointer(a, 100)).unwrap();
+        assert_eq!(imported.check_exporter_holds(offset, new_tag), Ok(()));
+        drop(arena);
+        assert_eq!(imported.check_exporter_holds(offset, new_tag), invalid, "the exporter is gone");
+    }
+
+    #[test]
     fn the_header_names_the_physical_device_and_importers_translate_it() {
         // The exporter sees physical devices 2 and 0 as its ordinals 0 and 1.
         let exporter = seeing("2,0");
         let arena = SharedArena::create(Location::Device(0), PoolKind::Managed, 1 << 20, &exporter).unwrap();
         let mut header = [0u8; POOL_HEADER_LEN];
         rustix::io::pread(&arena.file, &mut header, 0).unwrap();
-        assert_eq!(&header[..12], b"cusimPOOL\0v3");
+        assert_eq!(&header[..12], b"cusimPOOL\0v4");
         assert_eq!((header[28], i32::from_le_bytes(header[29..33].try_into().unwrap())), (0, 2));
         assert_eq!(u64::from_le_bytes(header[34..42].try_into().unwrap()), 1 << 20, "the capacity");
         let open = |visible: &str| SharedArena::open(arena.file.as_fd(), &seeing(visible)).map(|(_, l, k)| (l, k));
@@ -416,7 +494,7 @@ mod tests {
     fn older_headers_and_unknown_devices_are_refused() {
         let config = seeing("0,1,2,3");
         let arena = SharedArena::create(Location::Device(1), PoolKind::Pinned, 1 << 20, &config).unwrap();
-        for old in [b"cusimPOOL\0v1", b"cusimPOOL\0v2"] {
+        for old in [b"cusimPOOL\0v1", b"cusimPOOL\0v2", b"cusimPOOL\0v3"] {
             forge(arena.file.as_fd(), 0, old);
             let opened = SharedArena::open(arena.file.as_fd(), &config);
             assert_eq!(opened.err(), Some(CUresult::CUDA_ERROR_INVALID_VALUE));
@@ -471,7 +549,7 @@ mod tests {
     fn an_unsealed_copy_of_a_pool_is_refused_and_the_pool_cannot_be_resized() {
         let config = seeing("0");
         let arena = SharedArena::create(Location::Host, PoolKind::Pinned, 1 << 20, &config).unwrap();
-        let len = HEADER + arena.capacity;
+        let len = file_len(arena.capacity).unwrap();
         let mut header = [0u8; POOL_HEADER_LEN];
         rustix::io::pread(&arena.file, &mut header, 0).unwrap();
         // The same header and size in a file anyone may resize.

@@ -131,8 +131,8 @@ pub(crate) unsafe fn import_pointer(
     let context = ctx::current(&state)?;
     let pool = find(&state, pool)?;
     let shared = pool.shared.as_ref().filter(|s| s.imported).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
-    let (offset, size) = shared.check_pointer(&data)?;
-    shared.check_exporter_holds(offset)?;
+    let (offset, size, tag) = shared.check_pointer(&data)?;
+    shared.check_exporter_holds(offset, tag)?;
     if let Some(existing) = state.memory.find_shared(pool.handle, offset) {
         let address = existing.base;
         // SAFETY: forwarded from the caller.
@@ -142,7 +142,7 @@ pub(crate) unsafe fn import_pointer(
     let kind = Kind::Pooled { pool: pool.handle, host: pool.is_host_memory() };
     let device = pool.owner().unwrap_or(context.device);
     let address = state.memory.alloc_shared(size, kind, device, context.handle, shared.file_as_fd(), offset)?;
-    shared.hold_import(offset);
+    shared.hold_import(offset, size as u64);
     let _ = pool.lock().allocate(size as u64, 0);
     // SAFETY: forwarded from the caller.
     unsafe { write_out(out, address) }
