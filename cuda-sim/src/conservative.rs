@@ -208,11 +208,14 @@
 //!   that keeps the most): a synchronization or successful query of that stream, of an event
 //!   last recorded on it, or of its context (which also covers its destroyed streams); another
 //!   stream's synchronization does not count.
-//!   Waiting for an event counts every free of its stream that has run, also those enqueued
-//!   after the recording (the simulator keeps one count per stream and pool, not one per free,
-//!   since the count is kept in every stream-ordered free); a destroyed pool gives back its
-//!   reserve once its last free has run, observed or not (`cuMemPoolDestroy`). Until
-//!   2026-11-29 frees counted as settled as soon as the stream ran them.
+//!   Waiting for an event counts the frees its stream ran before the recording, not those
+//!   after it (each free notes how many recordings on its stream had completed; the simulator
+//!   keeps up to 16 such counts per stream and pool, and beyond that merges the oldest two under
+//!   the later count, which only keeps memory outstanding longer). An event recorded by a graph
+//!   launch, or last recorded by another process, shows no stream's frees. A destroyed pool
+//!   gives back its reserve once its last free has run, observed or not (`cuMemPoolDestroy`).
+//!   Before 2026-11-29 frees counted as settled as soon as the stream ran them; the first model
+//!   of that day also let waiting for an event settle the frees enqueued after its recording.
 //! - **Sizes whose rounding or accounting does not fit in 64 bits** (a pool allocation of
 //!   `SIZE_MAX` bytes, a shareable pool's `maxSize`, `cuMemCreate`, `cuMemAddressReserve`) are
 //!   `CUDA_ERROR_OUT_OF_MEMORY`, which each of these functions documents, and change nothing.

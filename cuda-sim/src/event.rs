@@ -1,6 +1,5 @@
 //! Events: a marker recorded into a stream, complete once the stream reaches it.
 
-use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
@@ -23,9 +22,11 @@ pub(crate) struct Event {
     /// For an interprocess event (created or imported): the progress every process holding it
     /// shares, which stands in for `progress`'s counters.
     pub shared: Option<SharedProgress>,
-    /// The stream (handle) of its latest recording in this process, 0 for none: waiting for the
-    /// event shows the host that stream's progress.
-    pub recorded_on: AtomicUsize,
+    /// What waiting for the event shows the host: the stream of its latest completed recording
+    /// in this process and that stream's mark before it (see
+    /// [`crate::stream::Stream::marks`]), with the recording's number; `None` when that
+    /// recording was not made by `cuEventRecord` here (a graph's, another process's).
+    observes: Mutex<Option<(u64, usize, u64)>>,
 }
 
 #[derive(Default)]
@@ -50,7 +51,7 @@ impl Event {
             progress: Mutex::new(Progress::default()),
             reached: Condvar::new(),
             shared,
-            recorded_on: AtomicUsize::new(0),
+            observes: Mutex::new(None),
         })
     }
 
@@ -81,8 +82,15 @@ impl Event {
         self.lock().captured.clone()
     }
 
-    /// Marks recording `generation` complete (run by the stream's worker).
-    pub(crate) fn complete(&self, generation: u64) {
+    /// Marks recording `generation` complete (run by the stream's worker); `observes` is what
+    /// waiting for it shows the host, the stream's handle and mark (see [`Event::observes`]).
+    pub(crate) fn complete(&self, generation: u64, observes: Option<(usize, u64)>) {
+        {
+            let mut latest = self.observes.lock().unwrap_or_else(PoisonError::into_inner);
+            if latest.is_none_or(|(seen, _, _)| seen < generation) {
+                *latest = observes.map(|(stream, mark)| (generation, stream, mark));
+            }
+        }
         if let Some(shared) = &self.shared {
             shared.complete(generation);
             return;
@@ -94,6 +102,14 @@ impl Event {
         }
         drop(progress);
         self.reached.notify_all();
+    }
+
+    /// The stream and mark that waiting for the event shows the host (see
+    /// [`crate::pool::Observed::StreamUpTo`]): those of the latest recording that completed in
+    /// this process, if `cuEventRecord` made it.
+    pub(crate) fn observes(&self) -> Option<(usize, u64)> {
+        let latest = *self.observes.lock().unwrap_or_else(PoisonError::into_inner);
+        latest.map(|(_, stream, mark)| (stream, mark))
     }
 
     /// The latest recording, or `None` if it was never recorded.

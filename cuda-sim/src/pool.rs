@@ -110,8 +110,28 @@ pub(crate) struct Growth {
 pub(crate) enum Observed {
     /// A stream, by handle.
     Stream(usize),
+    /// A stream's frees that ran before a recording of an event on it completed: those noted
+    /// with a mark up to `mark` (see [`crate::stream::Stream::marks`]).
+    StreamUpTo {
+        /// The stream's handle.
+        stream: usize,
+        /// The stream's count of completed recordings before that one.
+        mark: u64,
+    },
     /// A context, by handle.
     Context(usize),
+}
+
+/// Where and when a stream-ordered free ran: the stream's handle, its context's, and the
+/// stream's count of completed event recordings (its [`marks`](crate::stream::Stream::marks)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FreedOn {
+    /// The stream's handle.
+    pub stream: usize,
+    /// Its context's handle.
+    pub ctx: usize,
+    /// The stream's mark as the free ran.
+    pub mark: u64,
 }
 
 /// Bytes freed on one stream that the host has not seen freed yet.
@@ -122,9 +142,16 @@ pub(crate) struct Unobserved {
     /// Its context's handle: synchronizing the context observes it, even once the stream is
     /// destroyed.
     pub ctx: usize,
+    /// The stream's count of completed event recordings when these frees ran (the largest, for
+    /// frees merged from several counts).
+    pub mark: u64,
     /// The bytes.
     pub bytes: u64,
 }
+
+/// At most this many counts of unobserved frees are kept per stream and pool; beyond it the two
+/// oldest are merged under the later mark, which only keeps memory outstanding longer.
+const UNOBSERVED_PER_STREAM: usize = 16;
 
 /// The mutable part of a pool.
 #[derive(Debug, Clone, Default)]
@@ -191,11 +218,11 @@ impl Pool {
     }
 
     /// [`release`](Pool::release) of an allocation whose free `stream` reached (the stream's
-    /// handle and its context's): outstanding until the host observes that stream (see
+    /// handle, its context's and its mark): outstanding until the host observes that stream (see
     /// [`PoolState::free_unobserved`]); `None` for a free the host has observed as it happened.
-    pub(crate) fn release_on(&self, allocation: &crate::memory::Allocation, stream: Option<(usize, usize)>) {
+    pub(crate) fn release_on(&self, allocation: &crate::memory::Allocation, stream: Option<FreedOn>) {
         match stream {
-            Some((stream, ctx)) => self.lock().free_unobserved(allocation.size as u64, stream, ctx),
+            Some(on) => self.lock().free_unobserved(allocation.size as u64, on),
             None => self.lock().free(allocation.size as u64),
         }
         if let (Some(shared), Some(offset)) = (&self.shared, allocation.file_offset) {
@@ -284,21 +311,32 @@ impl PoolState {
         self.used = self.used.saturating_sub(size);
     }
 
-    /// Accounts for an allocation freed when `stream` (a stream's handle) reached its free: no
-    /// longer used, but outstanding until the host observes that stream's progress.
-    pub(crate) fn free_unobserved(&mut self, size: u64, stream: usize, ctx: usize) {
+    /// Accounts for an allocation freed when a stream reached its free (`on`): no longer used,
+    /// but outstanding until the host observes that stream's progress up to the free.
+    pub(crate) fn free_unobserved(&mut self, size: u64, on: FreedOn) {
         self.free(size);
-        match self.unobserved.iter_mut().find(|u| u.stream == stream) {
-            Some(unobserved) => unobserved.bytes = unobserved.bytes.saturating_add(size),
-            None => self.unobserved.push(Unobserved { stream, ctx, bytes: size }),
+        let FreedOn { stream, ctx, mark } = on;
+        if let Some(unobserved) = self.unobserved.iter_mut().find(|u| u.stream == stream && u.mark == mark) {
+            unobserved.bytes = unobserved.bytes.saturating_add(size);
+            return;
+        }
+        self.unobserved.push(Unobserved { stream, ctx, mark, bytes: size });
+        let mut counts: Vec<usize> =
+            (0..self.unobserved.len()).filter(|&i| self.unobserved[i].stream == stream).collect();
+        if counts.len() > UNOBSERVED_PER_STREAM {
+            counts.sort_by_key(|&i| self.unobserved[i].mark);
+            let (oldest, next) = (counts[0], counts[1]);
+            self.unobserved[next].bytes = self.unobserved[next].bytes.saturating_add(self.unobserved[oldest].bytes);
+            self.unobserved.swap_remove(oldest);
         }
     }
 
-    /// The host has observed the completion of the work `seen` so far: its frees no longer
-    /// count as outstanding.
+    /// The host has observed the completion of the work `seen`: its frees no longer count as
+    /// outstanding.
     pub(crate) fn observe(&mut self, seen: Observed) {
         self.unobserved.retain(|u| match seen {
             Observed::Stream(stream) => u.stream != stream,
+            Observed::StreamUpTo { stream, mark } => u.stream != stream || u.mark > mark,
             Observed::Context(ctx) => u.ctx != ctx,
         });
     }

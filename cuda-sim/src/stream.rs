@@ -6,6 +6,7 @@
 //! same worker model.
 
 use std::collections::VecDeque;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
 use cuda_mem_sys::types::{CUresult, CUstream_flags};
@@ -46,6 +47,11 @@ pub(crate) struct Stream {
     pub queue: Arc<Queue>,
     /// Its graph capture sequence, if one is under way.
     pub capture: Capture,
+    /// How many event recordings on it have completed: a stream-ordered free notes the count
+    /// as it runs, and a recording's completion the count before it, so that waiting for the
+    /// event observes the frees that ran before it and no later ones (see
+    /// [`crate::pool::Observed::StreamUpTo`]).
+    pub marks: Arc<AtomicU64>,
 }
 
 impl Stream {
@@ -59,7 +65,8 @@ impl Stream {
     ) -> SimResult<Arc<Stream>> {
         let handle = crate::handle::next();
         let queue = Queue::start(handle)?;
-        Ok(Arc::new(Stream { handle, ctx, device, flags, priority, kind, queue, capture: Capture::default() }))
+        let (capture, marks) = (Capture::default(), Arc::default());
+        Ok(Arc::new(Stream { handle, ctx, device, flags, priority, kind, queue, capture, marks }))
     }
 
     /// Whether it synchronizes with the legacy default stream: every stream except the legacy

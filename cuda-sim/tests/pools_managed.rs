@@ -11,7 +11,7 @@ use common::{
 };
 use cuda_mem_sys::cu_call;
 use cuda_mem_sys::types::{
-    CUdeviceptr, CUevent_flags, CUgraph, CUmemAccess_flags, CUmemAllocationHandleType, CUmemAllocationType,
+    CUdeviceptr, CUevent, CUevent_flags, CUgraph, CUmemAccess_flags, CUmemAllocationHandleType, CUmemAllocationType,
     CUmemLocation, CUmemLocationType, CUmemPool_attribute, CUmemPoolProps, CUmemoryPool, CUmemorytype,
     CUpointer_attribute, CUresult, CUstream, CUstreamCaptureMode, CUstreamCaptureStatus,
 };
@@ -428,6 +428,68 @@ fn a_trim_keeps_what_was_freed_until_the_host_has_seen_the_free() {
         unsafe { cu_call!(driver(), cuCtxSynchronize()) }.unwrap();
         trim();
         assert_eq!(reserved(), 0, "the destroyed stream's free was not seen by the context's synchronization");
+    });
+}
+
+/// Waiting for an event shows the host its stream's frees up to the recording and none that the
+/// stream ran after it: a free enqueued after the recording keeps its memory from a trim until
+/// something observes the stream that far (cuda.h, cuMemPoolTrimTo: unobserved frees "can
+/// count as outstanding"). Also after more recordings than the simulator keeps counts for.
+#[test]
+fn an_event_observes_the_frees_before_its_recording_only() {
+    in_child!(&[], || {
+        use CUmemPool_attribute as A;
+        use_device(0);
+        let s = non_blocking_stream();
+        let pool = create_pool(&pool_props(0, 0)).unwrap();
+        let reserved = || pool_attribute(pool, A::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT);
+        // SAFETY: a live pool.
+        let trim = || unsafe { cu_call!(driver(), cuMemPoolTrimTo(pool, 0)) }.unwrap();
+        let (before, after) =
+            (event(CUevent_flags::CU_EVENT_DISABLE_TIMING), event(CUevent_flags::CU_EVENT_DISABLE_TIMING));
+        let waits: [(&str, &dyn Fn(CUevent)); 2] = [
+            // SAFETY: live events.
+            ("cuEventSynchronize", &|e| unsafe { cu_call!(driver(), cuEventSynchronize(e)) }.unwrap()),
+            // SAFETY: live events.
+            ("cuEventQuery", &|e| unsafe { cu_call!(driver(), cuEventQuery(e)) }.unwrap()),
+        ];
+        for (wait, observe) in waits {
+            let (a, b) = (alloc_from_pool(4 * MIB, pool, s).unwrap(), alloc_from_pool(4 * MIB, pool, s).unwrap());
+            assert_eq!(free_async(a, s), CUresult::CUDA_SUCCESS);
+            record(before, s);
+            assert_eq!(free_async(b, s), CUresult::CUDA_SUCCESS);
+            record(after, s);
+            // The frees run, unseen by the host (the second behind the first recording, on the
+            // stream's worker): reading the pool's attributes observes no stream.
+            let used = || pool_attribute(pool, A::CU_MEMPOOL_ATTR_USED_MEM_CURRENT);
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while used() != 0 && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            assert_eq!(used(), 0, "{wait}: the frees did not run");
+            observe(before);
+            trim();
+            assert_eq!(reserved(), 4 * MIB as u64, "{wait}: the free after the recording was taken as seen");
+            observe(after);
+            trim();
+            assert_eq!(reserved(), 0, "{wait}: the free before the later recording was kept");
+        }
+        // Twenty frees, each followed by a recording of its own event: the first event observes
+        // nothing after the first free; the last observes them all.
+        let events: Vec<CUevent> = (0..20).map(|_| event(CUevent_flags::CU_EVENT_DISABLE_TIMING)).collect();
+        let allocations: Vec<_> = events.iter().map(|_| alloc_from_pool(2 * MIB, pool, s).unwrap()).collect();
+        for (&p, &e) in allocations.iter().zip(&events) {
+            assert_eq!(free_async(p, s), CUresult::CUDA_SUCCESS);
+            record(e, s);
+        }
+        // SAFETY: a live event.
+        unsafe { cu_call!(driver(), cuEventSynchronize(events[0])) }.unwrap();
+        trim();
+        assert!(reserved() >= 38 * MIB as u64, "the frees after the first recording were taken as seen");
+        // SAFETY: a live event.
+        unsafe { cu_call!(driver(), cuEventSynchronize(events[19])) }.unwrap();
+        trim();
+        assert_eq!(reserved(), 0, "the last recording did not observe every free before it");
     });
 }
 

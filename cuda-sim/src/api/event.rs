@@ -74,8 +74,15 @@ pub(crate) fn record(event: CUevent, stream: CUstream, mode: DefaultStream) -> S
         return Ok(());
     }
     let generation = event.begin_record();
-    event.recorded_on.store(stream.handle, Ordering::Release);
-    context.submit(&stream, Box::new(move || event.complete(generation)));
+    let (handle, marks) = (stream.handle, std::sync::Arc::clone(&stream.marks));
+    context.submit(
+        &stream,
+        Box::new(move || {
+            // In the stream's order: the frees that ran before noted a mark up to this one.
+            let mark = marks.fetch_add(1, Ordering::AcqRel);
+            event.complete(generation, Some((handle, mark)));
+        }),
+    );
     Ok(())
 }
 
@@ -101,17 +108,15 @@ pub(crate) fn query(event: CUevent) -> SimResult {
     if !event.is_complete() {
         return Err(CUresult::CUDA_ERROR_NOT_READY);
     }
-    // The host has seen the recording's stream get this far (lenient by the frees enqueued
-    // after the recording that have run too: see `conservative`).
+    // The host has seen the recording's stream get this far.
     state::lock()?.observe(&observed_by(&event));
     Ok(())
 }
 
-/// The streams whose progress waiting for `event` shows the host: the one of its latest
-/// recording in this process, if any.
+/// The progress waiting for `event` shows the host: its latest recording's stream up to the
+/// recording, where `cuEventRecord` in this process made it.
 fn observed_by(event: &Event) -> Vec<Observed> {
-    let stream = event.recorded_on.load(Ordering::Acquire);
-    if stream == 0 { Vec::new() } else { vec![Observed::Stream(stream)] }
+    event.observes().map(|(stream, mark)| Observed::StreamUpTo { stream, mark }).into_iter().collect()
 }
 
 /// `cuEventSynchronize`.

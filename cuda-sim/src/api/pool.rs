@@ -19,7 +19,7 @@ use crate::device::check_ordinal;
 use crate::error::{SimResult, ensure, fail, write_out};
 use crate::graph::{GraphAlloc, Node};
 use crate::memory::Kind;
-use crate::pool::{Location, Pool, PoolKind, PoolState};
+use crate::pool::{FreedOn, Location, Pool, PoolKind, PoolState};
 use crate::shared::SharedArena;
 use crate::state::{self, State};
 use crate::stream::Stream;
@@ -510,14 +510,16 @@ pub(crate) fn free_async(address: CUdeviceptr, stream: CUstream, mode: DefaultSt
     drop(state);
     // Never captured (a capture makes a free node instead), so it runs once.
     let mut allocation = Some(allocation);
-    let freed_on = (stream.handle, stream.ctx);
+    let (handle_of_stream, ctx, marks) = (stream.handle, stream.ctx, Arc::clone(&stream.marks));
     context.submit_or_run(
         &stream,
         Box::new(move || {
             let Some(allocation) = allocation.take() else {
                 return;
             };
-            pool.release_on(&allocation, Some(freed_on));
+            // The stream's count of completed recordings as the free runs, in its order.
+            let mark = marks.load(std::sync::atomic::Ordering::Acquire);
+            pool.release_on(&allocation, Some(FreedOn { stream: handle_of_stream, ctx, mark }));
             drop(allocation);
             // A destroyed pool stays in the table until its last free has run, so that its
             // reserve goes back to the device then (no state lock is held while work runs).
