@@ -708,15 +708,17 @@ impl<'a> ScopedBuffer<'a> {
         // thread can name: its work so far is all the free must follow, in that stream's own
         // order, so nothing is ordered (no event) and the uses are neither taken nor put back.
         // `&mut self`: no other reference can be noting a use, so no lock is needed.
+        // (Only a buffer used on other streams can have been used in a capture, so the common
+        // case checks one list for emptiness; the rest is out of line.)
         let used_on = self.used_on.get_mut().unwrap_or_else(PoisonError::into_inner);
-        if used_on.iter().any(|used| matches!(used.capture_state(), CaptureState::Capturing(_))) {
-            free_after_captures(&self.owner, stream, self.ptr, self.size, used_on)?;
-        } else if !used_on.is_empty() || stream.is_foreign_per_thread() {
-            release_after_uses(resource, stream, self.ptr, self.size, used_on)?;
-        } else {
+        if used_on.is_empty() && !stream.is_foreign_per_thread() {
             // SAFETY: as in `release_after_uses`; every use of the memory was enqueued on
             // `stream`, before this.
             unsafe { resource.deallocate_raw(self.ptr, self.size, stream) }?;
+        } else if used_on.iter().any(|used| matches!(used.capture_state(), CaptureState::Capturing(_))) {
+            free_after_captures(&self.owner, stream, self.ptr, self.size, used_on)?;
+        } else {
+            release_after_uses(resource, stream, self.ptr, self.size, used_on)?;
         }
         self.size = 0;
         Ok(())
