@@ -27,8 +27,9 @@
 //! 11. the `cargo xtask bindgen --check` equivalent, when libclang and `cuda.h` can be had
 //!     (skipped, saying why, otherwise; it builds xtask again with its `bindgen` feature)
 //! 12. `cargo publish --dry-run` of every published crate, each packaged and its package built as
-//!     a user would get it (about 45 s warm on two cores); where crates.io cannot be reached,
-//!     `cargo package --offline` of the same crates (which builds them too, from the local cache)
+//!     a user would get it (about 45 s warm on two cores); where it fails, `cargo package
+//!     --offline` of the same crates (which builds them too, from the local cache): if that
+//!     passes, only the registry failed, and the step passes saying so with the cause
 //! 13. the declared `rust-version` (MSRV): `cargo +<rust-version> check --workspace --all-targets
 //!     --all-features` when rustup has that toolchain (about 2 min the first time, seconds after;
 //!     `rustup toolchain install <rust-version> --profile minimal` gets it), otherwise skipped,
@@ -210,7 +211,10 @@ const LIBRARIES: &[&str] = &["cuda-mem-core", "cuda-mem-vmm", "cuda-mem-ipc"];
 const PUBLISHED: &[&str] = &["cuda-mem-sys", "cuda-sim", "cuda-mem-core", "cuda-mem-vmm", "cuda-mem-ipc"];
 
 /// `cargo publish --dry-run` of every published crate (packaged, then built from the package);
-/// `cargo package --offline` of them where crates.io's index cannot be reached.
+/// where it fails, `cargo package --offline` of them, which packages and builds them the same way
+/// without asking crates.io: if that passes, what failed was the registry (unreachable, or an
+/// answer of its), and the step passes saying so with the cause; if it fails too, both causes
+/// are the step's error.
 fn publish_dry_run(workspace: &Path) -> Result<Outcome, String> {
     let packages: Vec<&str> = PUBLISHED.iter().flat_map(|name| ["-p", name]).collect();
     forget_unpacked_packages()?;
@@ -230,18 +234,25 @@ fn publish_dry_run(workspace: &Path) -> Result<Outcome, String> {
     if output.status.success() {
         return Ok(Outcome::PassedWith(format!("{} crates", PUBLISHED.len())));
     }
-    if !is_network_failure(&stderr) {
-        // The cause goes into the step's line too: a CI log may keep only its last lines.
-        return Err(format!("`{}` failed ({}):\n{}", describe(&command), output.status, cargo_error(&stderr)));
+    // The cause goes into the step's line: a CI log may keep only its last lines.
+    let cause = cargo_error(&stderr);
+    let why = if is_network_failure(&stderr) { "crates.io cannot be reached" } else { "the dry run failed" };
+    println!("{why}: packaging offline instead");
+    forget_built_packages(&target)?;
+    let mut offline = cargo(workspace);
+    offline.args(["package", "--offline", "--allow-dirty"]).args(&packages).env("CARGO_TARGET_DIR", &target);
+    match run_command(&mut offline) {
+        Ok(()) => Ok(Outcome::PassedWith(format!(
+            "{} crates, packaged offline ({why}: {})",
+            PUBLISHED.len(),
+            cause.lines().next().unwrap_or_default()
+        ))),
+        Err(offline_error) => Err(format!(
+            "`{}` failed ({}):\n{cause}\nand packaging offline failed too: {offline_error}",
+            describe(&command),
+            output.status
+        )),
     }
-    println!("crates.io cannot be reached: packaging offline instead");
-    run_command(
-        cargo(workspace)
-            .args(["package", "--offline", "--allow-dirty"])
-            .args(&packages)
-            .env("CARGO_TARGET_DIR", &target),
-    )?;
-    Ok(Outcome::PassedWith(format!("{} crates, packaged offline (crates.io not reachable)", PUBLISHED.len())))
 }
 
 /// Forgets what an earlier dry run built of our packages in `target` (its `.fingerprint`
