@@ -22,7 +22,8 @@ use cuda_mem_sys::DRIVER_ENV;
 use tests::child_process::{KillOnDrop, read_in_background};
 
 use crate::Error;
-use crate::owned::PrimaryContext;
+use crate::owned::{OwnedPool, PrimaryContext};
+use crate::raw::{code, device_location, pool_props};
 use crate::report::Details;
 
 /// The argument that makes this program a probe's child side: `--child NAME`.
@@ -170,4 +171,21 @@ fn run_side(name: &str, channel: &Rc<Channel>) -> Result<(), Error> {
         let _ = forward.send(KIND_DETAIL, format!("{key}\t{value}").as_bytes(), &[]);
     });
     side(&input, &mut details)
+}
+
+/// The child side's last step in questions that may leave the process broken: a pool of its
+/// own made after everything else, noted as `lived_on` (read back by [`lived_on`]).
+pub(crate) fn note_lived_on(details: &mut Details) {
+    let own = OwnedPool::new(&pool_props(device_location(0), false, 0));
+    details.put("lived_on", code(&own));
+}
+
+/// What [`note_lived_on`] saw, as an answer's clause about `who` (the child process, in the
+/// question's words); `child` is how the child ended, for one that did not get that far.
+pub(crate) fn lived_on(observed: &Details, who: &str, child: &str) -> String {
+    match observed.get("lived_on") {
+        Some("CUDA_SUCCESS") => format!("{who} lived on (a pool of its own made after)"),
+        Some(code) => format!("{who}'s pool of its own made after: {code}"),
+        None => format!("{who} did not get through ({child})"),
+    }
 }

@@ -159,11 +159,7 @@ fn summary(parent: &Details, importer: &Details) -> String {
     };
     parts.push(format!("A's old export data imported again: {reimport}"));
     parts.push(format!("the importer's free: {}", get("free_a")));
-    parts.push(match importer.get("lived_on") {
-        Some("CUDA_SUCCESS") => "the importer lived on (a pool of its own made after)".to_string(),
-        Some(code) => format!("the importer's pool of its own made after: {code}"),
-        None => format!("the importer did not get through ({})", get("child")),
-    });
+    parts.push(child::lived_on(importer, "the importer", &get("child")));
     if let Some(free) = parent.get("free_b").filter(|&free| free != "CUDA_SUCCESS") {
         parts.push(format!("B's free: {free}"));
     }
@@ -207,7 +203,6 @@ fn child_side(input: &Input, details: &mut Details) -> Result<(), Error> {
     }
     details.put("free_a", code(&free_and_wait(a, &stream)));
     details.put("destroy_pool", code(&destroy_pool(pool)));
-    let own = OwnedPool::new(&pool_props(device_location(0), false, 0));
-    details.put("lived_on", code(&own));
+    child::note_lived_on(details);
     Ok(())
 }

@@ -12,8 +12,7 @@ use std::os::fd::AsFd;
 use rustix::fs::{MemfdFlags, memfd_create};
 
 use crate::child::{self, Input};
-use crate::owned::OwnedPool;
-use crate::raw::{code, destroy_pool, device_location, import_pool, pool_props};
+use crate::raw::{code, destroy_pool, import_pool};
 use crate::report::Details;
 use crate::runner::Setup;
 use crate::{Error, Question};
@@ -54,11 +53,7 @@ fn summary(importer: &Details) -> String {
         .enumerate()
         .map(|(index, kind)| format!("{kind} {}", importer.get(&format!("import_{index}")).unwrap_or("not tried")))
         .collect();
-    let lived = match importer.get("lived_on") {
-        Some("CUDA_SUCCESS") => "the process lived on (a pool of its own made after)".to_string(),
-        Some(code) => format!("a pool of its own made after: {code}"),
-        None => format!("the child did not get through ({})", importer.get("child").unwrap_or("no word")),
-    };
+    let lived = child::lived_on(importer, "the process", importer.get("child").unwrap_or("no word"));
     format!("{}; {lived}", each.join(", "))
 }
 
@@ -72,7 +67,6 @@ fn child_side(input: &Input, details: &mut Details) -> Result<(), Error> {
             details.put(format!("destroy_{index}"), code(&destroy_pool(pool)));
         }
     }
-    let own = OwnedPool::new(&pool_props(device_location(0), false, 0));
-    details.put("lived_on", code(&own));
+    child::note_lived_on(details);
     Ok(())
 }
