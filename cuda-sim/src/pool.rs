@@ -321,9 +321,10 @@ impl PoolState {
             return;
         }
         self.unobserved.push(Unobserved { stream, ctx, mark, bytes: size });
-        let mut counts: Vec<usize> =
-            (0..self.unobserved.len()).filter(|&i| self.unobserved[i].stream == stream).collect();
-        if counts.len() > UNOBSERVED_PER_STREAM {
+        if self.unobserved.iter().filter(|u| u.stream == stream).count() > UNOBSERVED_PER_STREAM {
+            // Rarely: the stream's counts listed, oldest first, only to merge the first two.
+            let mut counts: Vec<usize> =
+                (0..self.unobserved.len()).filter(|&i| self.unobserved[i].stream == stream).collect();
             counts.sort_by_key(|&i| self.unobserved[i].mark);
             let (oldest, next) = (counts[0], counts[1]);
             self.unobserved[next].bytes = self.unobserved[next].bytes.saturating_add(self.unobserved[oldest].bytes);

@@ -283,10 +283,10 @@ impl SharedArena {
         {
             eprintln!(
                 "cuda-sim: process {} freed a pool allocation ({size} bytes at offset {offset:#x} of its \
-                     shared pool) that an importing pool, in this or another process, still maps; cuda.h: \
-                     \"The imported memory must be freed from all importing processes before being freed in \
-                     the exporting process.\" Its bytes now read {POISON:#04x} and it is not reused until the \
-                     importers free it.",
+                 shared pool) that an importing pool, in this or another process, still maps; cuda.h: \
+                 \"The imported memory must be freed from all importing processes before being freed in \
+                 the exporting process.\" Its bytes now read {POISON:#04x} and it is not reused until the \
+                 importers free it.",
                 std::process::id()
             );
             self.poison(offset, len);
