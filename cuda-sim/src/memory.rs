@@ -11,7 +11,7 @@
 //! Pinned host memory is ordinary host memory the simulator also knows about, so it is both
 //! host-accessible and a valid device pointer (unified addressing).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::os::fd::BorrowedFd;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -462,6 +462,10 @@ pub(crate) struct MappedRange {
 #[derive(Default)]
 pub(crate) struct MemoryTable {
     allocations: BTreeMap<u64, Allocation>,
+    /// The live allocations of shareable pools by (pool, file offset, address): an import looks
+    /// up an earlier import of the same memory here, which a scan of every allocation made
+    /// quadratic in a batch of imports.
+    shared: BTreeSet<(usize, u64, u64)>,
     arena: Option<Arena>,
     next_id: u64,
     /// VMM address reservations: start → size.
@@ -542,7 +546,8 @@ impl MemoryTable {
     /// The live allocation of pool `pool` at file offset `offset`, if any (an earlier import of
     /// the same memory).
     pub(crate) fn find_shared(&self, pool: usize, offset: u64) -> Option<&Allocation> {
-        self.pooled_in(pool).find(|a| a.file_offset == Some(offset))
+        let &(_, _, base) = self.shared.range((pool, offset, 0)..=(pool, offset, u64::MAX)).next()?;
+        self.allocations.get(&base)
     }
 
     /// Registers `size` bytes of application memory at `address` as page-locked.
@@ -575,6 +580,9 @@ impl MemoryTable {
     ) {
         self.next_id += 1;
         let id = self.next_id;
+        if let (Kind::Pooled { pool, .. }, Some(offset)) = (kind, file_offset) {
+            self.shared.insert((pool, offset, base));
+        }
         self.allocations.insert(
             base,
             Allocation { base, size, kind, device, ctx, id, backing, file_offset, pages: Default::default() },
@@ -594,6 +602,9 @@ impl MemoryTable {
             _ => return fail(CUresult::CUDA_ERROR_INVALID_VALUE),
         }
         let allocation = self.allocations.remove(&base).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
+        if let (Kind::Pooled { pool, .. }, Some(offset)) = (allocation.kind, allocation.file_offset) {
+            self.shared.remove(&(pool, offset, base));
+        }
         // A graph allocation's address stays its graph's: it is never handed out again.
         if allocation.kind.is_device_memory()
             && allocation.kind != Kind::Graph
@@ -871,6 +882,31 @@ mod tests {
         assert!(matches!(table.classify(a, 1), Err(CUresult::CUDA_ERROR_INVALID_VALUE)));
         assert!(matches!(table.classify(b + 50, 50), Ok(Endpoint::Device(_))));
         assert!(matches!(table.classify(b + 50, 51), Err(CUresult::CUDA_ERROR_INVALID_VALUE)));
+    }
+
+    #[test]
+    fn shared_allocations_are_found_by_pool_and_offset_while_they_live() {
+        let file = tempfile::tempfile().unwrap();
+        file.set_len(4 * 65536).unwrap();
+        let fd = std::os::fd::AsFd::as_fd(&file);
+        let mut table = MemoryTable::default();
+        let pooled = |pool| Kind::Pooled { pool, host: false };
+        let a = table.alloc_shared(100, pooled(7), 0, 1, fd, 0).unwrap();
+        let b = table.alloc_shared(100, pooled(7), 0, 1, fd, 65536).unwrap();
+        // Another pool's import of the same bytes is not this pool's.
+        let c = table.alloc_shared(100, pooled(8), 0, 1, fd, 0).unwrap();
+        let found = |table: &MemoryTable, pool, offset| table.find_shared(pool, offset).map(|a| a.base);
+        assert_eq!(found(&table, 7, 0), Some(a));
+        assert_eq!(found(&table, 7, 65536), Some(b));
+        assert_eq!(found(&table, 8, 0), Some(c));
+        assert_eq!(found(&table, 8, 65536), None);
+        assert_eq!(found(&table, 7, 131072), None);
+        table.free(a, pooled(7)).unwrap();
+        assert_eq!(found(&table, 7, 0), None, "a freed allocation is not found");
+        assert_eq!((found(&table, 7, 65536), found(&table, 8, 0)), (Some(b), Some(c)));
+        // A device allocation has no offset and is never found.
+        table.alloc_device(100, 0, 1).unwrap();
+        assert_eq!(found(&table, 7, 0), None);
     }
 
     #[test]

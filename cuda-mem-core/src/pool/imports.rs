@@ -18,7 +18,7 @@ use cuda_mem_sys::cu_call;
 use cuda_mem_sys::types::CUmemPoolPtrExportData;
 
 use super::MemoryPool;
-use super::sharing::{EXPORT_DATA_LEN, bind_for, mapped_range_size};
+use super::sharing::{EXPORT_DATA_LEN, bind_for, range_size_in_current_context};
 use crate::driver::driver;
 use crate::error::{Error, Result};
 use crate::event::{Event, EventOptions};
@@ -121,7 +121,8 @@ impl MemoryPool {
             // it under the other.
             return self.share_held(&mut imports, held, ptr, size);
         }
-        let mapped = match mapped_range_size(ptr) {
+        // The stream's device's context is current (bound above).
+        let mapped = match range_size_in_current_context(ptr) {
             Ok(mapped) if size <= mapped => mapped,
             outcome => {
                 // SAFETY: just imported, never handed out, unmapped once, here.

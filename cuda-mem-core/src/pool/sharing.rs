@@ -182,6 +182,12 @@ pub fn mapped_range_size(ptr: DevicePtr) -> Result<usize> {
     if crate::context::current_is_none()? {
         bind_for(None)?;
     }
+    range_size_in_current_context(ptr)
+}
+
+/// [`mapped_range_size`] for a caller that made a context current already (an import, which
+/// binds its stream's device first): one driver call fewer on every first import.
+pub(crate) fn range_size_in_current_context(ptr: DevicePtr) -> Result<usize> {
     let d = driver()?;
     let mut size: usize = 0;
     // SAFETY: RANGE_SIZE writes a `size_t`, which `size` is.

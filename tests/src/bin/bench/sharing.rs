@@ -183,10 +183,14 @@ pub(crate) fn sharing(device: Device, driver_path: &Path) -> Result<Sharing, Err
             raw: Stats::of(raw.both),
         };
         println!(
-            "  batch {batch}: ours {} raw {} per buffer, overhead {}",
+            "  batch {batch}: ours {} raw {} per buffer, overhead {} (parent {} against {}, child {} against {})",
             row.ours.show(),
             row.raw.show(),
-            ns(row.overhead())
+            ns(row.overhead()),
+            ns(row.ours_parent.median),
+            ns(row.raw_parent.median),
+            ns(row.ours_child.median),
+            ns(row.raw_child.median)
         );
         rows.push(row);
     }
