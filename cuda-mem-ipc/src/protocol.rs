@@ -310,9 +310,16 @@ impl IpcChannel {
         let mut to_send: Vec<&dyn MemoryResource> = Vec::new();
         {
             let sent = self.sent();
+            // The pool of the buffer before: a batch is usually of one pool, whose checks below
+            // give the same answer for every buffer after its first (three hash lookups each).
+            let mut checked: Option<(Uuid, SentPool)> = None;
             for (buffer, descriptor) in buffers.iter().zip(&descriptors) {
                 let Some(resource) = buffer.memory_resource() else { continue };
                 let pool = SentPool::of(resource);
+                if checked == Some((descriptor.resource, pool)) {
+                    continue;
+                }
+                checked = Some((descriptor.resource, pool));
                 check_not_taken(&sent, descriptor.resource, pool)?;
                 match unsent.get(&descriptor.resource) {
                     Some(&other) if other != pool => {
@@ -496,10 +503,16 @@ impl IpcChannel {
             .collect::<std::result::Result<Vec<_>, _>>()?;
         let resources = {
             let received = self.received();
-            descriptors
-                .iter()
-                .map(|d| received.get(&d.resource).cloned().ok_or(IpcError::UnknownResource(d.resource)))
-                .collect::<Result<Vec<_>>>()?
+            let mut resources: Vec<Arc<MappedMemoryResource>> = Vec::with_capacity(count);
+            for d in &descriptors {
+                // A batch is usually of one pool: the one before is found without a lookup.
+                let resource = match resources.last() {
+                    Some(last) if last.uuid() == d.resource => Arc::clone(last),
+                    _ => received.get(&d.resource).cloned().ok_or(IpcError::UnknownResource(d.resource))?,
+                };
+                resources.push(resource);
+            }
+            resources
         };
         if let Some(event) = event {
             self.wait_for_event(event, stream)?;

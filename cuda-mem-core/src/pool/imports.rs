@@ -108,9 +108,8 @@ impl MemoryPool {
             );
             return Ok(entry.ptr);
         }
-        // The driver calls below need a current context, which a thread that never used CUDA
-        // lacks: bind the stream's device's primary context.
-        stream.device().set_current()?;
+        // Binds the pool's device's primary context (a thread that never used CUDA has none),
+        // in which the size is asked below.
         let ptr = self.import_pointer(data)?;
         if let Some(&held) = imports.by_ptr.get(&ptr) {
             // The driver mapped this data where an import this process holds already lies: the
@@ -121,7 +120,6 @@ impl MemoryPool {
             // it under the other.
             return self.share_held(&mut imports, held, ptr, size);
         }
-        // The stream's device's context is current (bound above).
         let mapped = match range_size_in_current_context(ptr) {
             Ok(mapped) if size <= mapped => mapped,
             outcome => {

@@ -186,7 +186,7 @@ pub fn mapped_range_size(ptr: DevicePtr) -> Result<usize> {
 }
 
 /// [`mapped_range_size`] for a caller that made a context current already (an import, which
-/// binds its stream's device first): one driver call fewer on every first import.
+/// binds the pool's device to import): one driver call fewer on every first import.
 pub(crate) fn range_size_in_current_context(ptr: DevicePtr) -> Result<usize> {
     let d = driver()?;
     let mut size: usize = 0;
