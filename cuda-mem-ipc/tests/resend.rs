@@ -61,8 +61,13 @@ fn sending_the_same_buffers_again_makes_no_export_and_no_import_call() {
 
         let ((), first_send) = count_calls_if_simulated(|| tx.send_buffers(&refs).unwrap());
         first_send.assert_calls("cuMemPoolExportPointer", BUFFERS as u32, "");
+        first_send.assert_calls("cuCtxGetCurrent", BUFFERS as u32, "one context check per export");
         let (held, first_receive) = count_calls_if_simulated(|| receive_buffers(&rx, &stream));
         first_receive.assert_calls("cuMemPoolImportPointer", BUFFERS as u32, "");
+        // Per buffer, beside the import: one context check (the import's) and its mapped size;
+        // the pool, received first in the same call, makes one context check of its own.
+        first_receive.assert_calls("cuCtxGetCurrent", BUFFERS as u32 + 1, "one context check per import");
+        first_receive.assert_calls("cuPointerGetAttribute", BUFFERS as u32, "the mapped size, once per import");
 
         // Again, while the receiver holds the first batch: nothing is asked of the driver on
         // either side.
