@@ -474,6 +474,16 @@ pub(crate) struct MemoryTable {
     pub mapped: BTreeMap<u64, MappedRange>,
 }
 
+/// An allocation's entry in [`MemoryTable`]'s index of shareable pools' memory, if it has one
+/// (memory of a pool, at an offset of the pool's shared file): one definition for adding and
+/// removing it.
+fn shared_key(kind: Kind, file_offset: Option<u64>, base: u64) -> Option<(usize, u64, u64)> {
+    match (kind, file_offset) {
+        (Kind::Pooled { pool, .. }, Some(offset)) => Some((pool, offset, base)),
+        _ => None,
+    }
+}
+
 /// Rounds up to the accounting granularity, saturating: a size that does not fit rounded is
 /// more than any device has, which the callers' comparisons then refuse.
 pub(crate) fn round_up(size: u64) -> u64 {
@@ -580,8 +590,8 @@ impl MemoryTable {
     ) {
         self.next_id += 1;
         let id = self.next_id;
-        if let (Kind::Pooled { pool, .. }, Some(offset)) = (kind, file_offset) {
-            self.shared.insert((pool, offset, base));
+        if let Some(key) = shared_key(kind, file_offset, base) {
+            self.shared.insert(key);
         }
         self.allocations.insert(
             base,
@@ -602,8 +612,8 @@ impl MemoryTable {
             _ => return fail(CUresult::CUDA_ERROR_INVALID_VALUE),
         }
         let allocation = self.allocations.remove(&base).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
-        if let (Kind::Pooled { pool, .. }, Some(offset)) = (allocation.kind, allocation.file_offset) {
-            self.shared.remove(&(pool, offset, base));
+        if let Some(key) = shared_key(allocation.kind, allocation.file_offset, base) {
+            self.shared.remove(&key);
         }
         // A graph allocation's address stays its graph's: it is never handed out again.
         if allocation.kind.is_device_memory()
