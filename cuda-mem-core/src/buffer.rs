@@ -44,11 +44,23 @@ enum Owner<'a> {
     /// A borrowed resource, the same way: the borrow, not a count, keeps it alive.
     Borrowed(&'a dyn MemoryResource),
     /// Nobody: a view of memory someone else owns, optionally keeping that owner alive.
-    View(View),
+    View(ForeignMemory),
 }
 
-/// What a view knows about the memory it points at.
-struct View {
+/// What a buffer over memory owned elsewhere knows of it ([`Buffer::from_raw`]): the device it
+/// belongs to, whether devices and the host can reach it, and what to keep alive while the
+/// buffer lives. Start from the kind of memory, then adjust:
+///
+/// ```
+/// # use std::sync::Arc;
+/// # use cuda_mem_core::{Device, ForeignMemory};
+/// # fn f(device: Device, owner: Arc<Vec<u8>>) {
+/// let on_device = ForeignMemory::device_memory(device);
+/// let pinned = ForeignMemory::pinned().keep_alive(owner);
+/// # }
+/// ```
+#[derive(Clone, Default)]
+pub struct ForeignMemory {
     device: Option<Device>,
     device_accessible: bool,
     host_accessible: bool,
@@ -57,19 +69,63 @@ struct View {
     keep_alive: Option<Arc<dyn Any + Send + Sync>>,
 }
 
-impl View {
+impl ForeignMemory {
     /// A view that knows nothing and keeps nothing alive: what an owner is replaced by when
     /// ownership leaves a buffer.
-    const NOTHING: View = View { device: None, device_accessible: false, host_accessible: false, keep_alive: None };
+    const NOTHING: ForeignMemory =
+        ForeignMemory { device: None, device_accessible: false, host_accessible: false, keep_alive: None };
+
+    /// Memory of `device` (`cuMemAlloc`, a pool's, another library's device allocation):
+    /// devices reach it, the host does not.
+    pub fn device_memory(device: Device) -> ForeignMemory {
+        ForeignMemory { device: Some(device), device_accessible: true, ..ForeignMemory::default() }
+    }
+
+    /// Page-locked or managed host memory: the host and devices reach it, and it belongs to no
+    /// one device.
+    pub fn pinned() -> ForeignMemory {
+        ForeignMemory { device_accessible: true, host_accessible: true, ..ForeignMemory::default() }
+    }
+
+    /// Memory only the host reaches (pageable memory).
+    pub fn host() -> ForeignMemory {
+        ForeignMemory { host_accessible: true, ..ForeignMemory::default() }
+    }
+
+    /// With the device the memory belongs to (`None`: none, host memory).
+    pub fn device(mut self, device: Option<Device>) -> ForeignMemory {
+        self.device = device;
+        self
+    }
+
+    /// With devices reaching it or not.
+    pub fn device_accessible(mut self, accessible: bool) -> ForeignMemory {
+        self.device_accessible = accessible;
+        self
+    }
+
+    /// With the host reaching it or not.
+    pub fn host_accessible(mut self, accessible: bool) -> ForeignMemory {
+        self.host_accessible = accessible;
+        self
+    }
+
+    /// With an owner held until the buffer is dropped and the work enqueued through it is
+    /// done, so that dropping the owner then may free the memory.
+    pub fn keep_alive(mut self, owner: Arc<dyn Any + Send + Sync>) -> ForeignMemory {
+        self.keep_alive = Some(owner);
+        self
+    }
 }
 
-impl std::fmt::Debug for View {
+impl std::fmt::Debug for ForeignMemory {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("View")
+        f.debug_struct("ForeignMemory")
             .field("device", &self.device)
             .field("device_accessible", &self.device_accessible)
             .field("host_accessible", &self.host_accessible)
-            .finish_non_exhaustive()
+            .field("keep_alive", &self.keep_alive.is_some())
+            .finish()
     }
 }
 
@@ -255,9 +311,10 @@ impl Buffer {
         Buffer::new(ptr, size, Owner::Resource(resource), Some(StreamRef::Shared(stream.clone())))
     }
 
-    /// A view of memory someone else owns; dropping it frees nothing. `keep_alive`, if given,
-    /// is held until the view is dropped, and then until the work enqueued through the view is
-    /// done (the view's drop waits for it first), so that dropping it may free the memory.
+    /// A view of memory someone else owns; dropping it frees nothing. `memory` says where it
+    /// lives and who reaches it; its [`keep_alive`](ForeignMemory::keep_alive), if given, is
+    /// held until the view is dropped, and then until the work enqueued through the view is done
+    /// (the view's drop waits for it first), so that dropping it may free the memory.
     ///
     /// # Safety
     /// `size` bytes at `ptr` stay valid while the view lives and, without `keep_alive`, until
@@ -265,16 +322,8 @@ impl Buffer {
     /// the accessibility claimed, and the owner does not free or write them behind the view's
     /// back while host slices of it are borrowed.
     #[doc(alias = "from_handle")]
-    pub unsafe fn from_raw(
-        ptr: DevicePtr,
-        size: usize,
-        device: Option<Device>,
-        device_accessible: bool,
-        host_accessible: bool,
-        keep_alive: Option<Arc<dyn Any + Send + Sync>>,
-    ) -> Buffer {
-        let view = View { device, device_accessible, host_accessible, keep_alive };
-        Buffer::new(ptr, size, Owner::View(view), None)
+    pub unsafe fn from_raw(ptr: DevicePtr, size: usize, memory: ForeignMemory) -> Buffer {
+        Buffer::new(ptr, size, Owner::View(memory), None)
     }
 }
 
@@ -311,7 +360,7 @@ impl Buffer {
     pub fn into_raw(mut self) -> Result<RawBuffer, CloseError<'static>> {
         let (ptr, size) = (self.ptr, self.size);
         // Taken out while the parts are gathered; put back whenever the buffer is handed back.
-        let resource = match std::mem::replace(&mut self.owner, Owner::View(View::NOTHING)) {
+        let resource = match std::mem::replace(&mut self.owner, Owner::View(ForeignMemory::NOTHING)) {
             Owner::Resource(resource) => resource,
             owner => {
                 let error = match owner {
@@ -858,6 +907,18 @@ impl std::fmt::Display for CloseError<'_> {
             "the buffer ({} bytes at {:#x}) was not freed and is handed back: drop it to try again, or keep it",
             self.buffer.size, self.buffer.ptr
         )
+    }
+}
+
+/// The cause, for `?` in a function that returns [`Error`]: the buffer handed back is dropped,
+/// which tries to free it once more (a failure then is recorded, see
+/// [`take_drop_errors`](crate::take_drop_errors)). Keep the buffer with
+/// [`into_parts`](CloseError::into_parts) instead to retry later.
+impl From<CloseError<'_>> for Error {
+    fn from(refused: CloseError<'_>) -> Error {
+        let (buffer, error) = refused.into_parts();
+        drop(buffer);
+        error
     }
 }
 

@@ -10,7 +10,7 @@ use crate::buffer::ScopedBuffer;
 use crate::driver::driver;
 use crate::driver_version::DriverCapability;
 use crate::error::{Error, Result};
-use crate::managed::Location;
+use crate::location::Location;
 use crate::memory_resource::DevicePtr;
 use crate::stream::Stream;
 use crate::view::{DeviceView, DeviceViewMut};

@@ -17,6 +17,27 @@ pub struct Device {
     ordinal: i32,
 }
 
+/// A host NUMA node, by the id the operating system gives it (the driver's `CUmemLocation` id
+/// for `CU_MEM_LOCATION_TYPE_HOST_NUMA`). A device names the one closest to it:
+/// [`Device::host_numa_node`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NumaNode(pub u32);
+
+impl NumaNode {
+    /// The id as the driver takes it: a node beyond `int` is no node the driver knows, so it
+    /// becomes `i32::MAX`, which the driver refuses as it refuses any unknown node (where `as`
+    /// would wrap to a negative id).
+    pub(crate) fn raw(self) -> i32 {
+        i32::try_from(self.0).unwrap_or(i32::MAX)
+    }
+}
+
+impl std::fmt::Display for NumaNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "NUMA node {}", self.0)
+    }
+}
+
 /// The CUDA version of `cuDeviceGetUuid_v2` (`PFN_cuDeviceGetUuid_v11040`); older drivers have
 /// only CUDA 9.2's `cuDeviceGetUuid` (`PFN_cuDeviceGetUuid_v9020`), with the same arguments.
 const UUID_V2: u32 = 11040;
@@ -61,7 +82,7 @@ pub struct DeviceProperties {
     /// The host NUMA node closest to the device, if the system reports one
     /// (`CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID`, CUDA 12.2; the driver's -1 is `None`). `None` before
     /// CUDA 12.2, which does not know the attribute.
-    pub host_numa_id: Option<i32>,
+    pub host_numa_node: Option<NumaNode>,
     /// Whether the device can access managed memory concurrently with the host.
     pub concurrent_managed_access: bool,
     /// Whether the device shares a unified address space with the host.
@@ -285,10 +306,24 @@ impl Device {
             gpu_direct_rdma_supported: newer_flag(A::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED)?,
             gpu_direct_rdma_with_vmm_supported: self
                 .flag(A::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED)?,
-            host_numa_id: (numa >= 0).then_some(numa),
+            host_numa_node: u32::try_from(numa).ok().map(NumaNode),
             concurrent_managed_access: self.flag(A::CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS)?,
             unified_addressing: self.flag(A::CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING)?,
         })
+    }
+
+    /// The host NUMA node closest to the device (`CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID`): where to
+    /// place host memory this device uses most (`Location::HostNuma(device.host_numa_node()?)`).
+    ///
+    /// # Errors
+    /// - [`Error::Unsupported`] ([`DeviceCapability::HostNumaNode`](crate::DeviceCapability::HostNumaNode))
+    ///   when the system reports no node for the device, or the driver is older than CUDA 12.2.
+    /// - A driver error.
+    pub fn host_numa_node(&self) -> Result<NumaNode> {
+        let numa = self.attribute_if_known(A::CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID)?.unwrap_or(-1);
+        u32::try_from(numa)
+            .map(NumaNode)
+            .map_err(|_| Error::Unsupported { device: *self, capability: crate::error::DeviceCapability::HostNumaNode })
     }
 
     /// Whether this device can access memory on `peer`: true for the device itself (its own

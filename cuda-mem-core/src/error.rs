@@ -79,8 +79,8 @@ pub enum Error {
     /// An IPC-enabled pinned pool was asked for without a NUMA location, which the driver needs
     /// to share host memory.
     #[error(
-        "invalid argument: an IPC-enabled pinned pool needs a NUMA location: use PinnedLocation::NumaNode(n) or \
-         PinnedLocation::NearDevice(device)"
+        "invalid argument: an IPC-enabled pinned pool needs a NUMA node: use numa_node(NumaNode(n)) or \
+         numa_node(device.host_numa_node()?)"
     )]
     NumaLocationRequired,
     /// A fill pattern whose width does not divide the buffer's size.
@@ -303,7 +303,7 @@ pub enum Error {
         /// The advice.
         advice: crate::managed::Advice,
         /// The location refused.
-        location: crate::managed::Location,
+        location: crate::location::Location,
     },
     /// A managed pool asked to prefer a location a pool cannot have (checked before any driver
     /// call): the calling thread's NUMA node ([`Location::HostNumaCurrent`](crate::Location::HostNumaCurrent)),
@@ -314,7 +314,7 @@ pub enum Error {
     )]
     PoolLocation {
         /// The location refused.
-        location: crate::managed::Location,
+        location: crate::location::Location,
     },
     /// A batched managed-memory operation given no buffers.
     #[error("{operation} needs at least one buffer: the batch is empty")]
@@ -476,7 +476,7 @@ fn unsupported_message(device: Device, capability: &DeviceCapability) -> String 
              resource with ipc_enabled(false)"
         ),
         DeviceCapability::HostNumaNode => {
-            format!("{device} reports no host NUMA node; give the node with PinnedLocation::NumaNode")
+            format!("{device} reports no host NUMA node; give the node with NumaNode(n)")
         }
     }
 }

@@ -5,25 +5,13 @@ use std::sync::Arc;
 use cuda_mem_sys::cu_call;
 use cuda_mem_sys::types::{CUmemAllocationType, CUmemLocation, CUmemLocationType, CUmemPoolProps, CUmemoryPool};
 
-use crate::device::Device;
+use crate::device::NumaNode;
 use crate::driver::driver;
 use crate::driver_version::DriverCapability;
-use crate::error::{DeviceCapability, Error, Result};
+use crate::error::{Error, Result};
 use crate::handle_types::{HandleType, HandleTypes};
-use crate::managed::Location;
+use crate::location::Location;
 use crate::pool::{MemoryPool, PoolKind};
-
-/// Where a pinned pool's host memory lives.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum PinnedLocation {
-    /// No NUMA preference; cannot be shared by file descriptor.
-    #[default]
-    Host,
-    /// A given host NUMA node.
-    NumaNode(u32),
-    /// The host NUMA node closest to a device (as the driver reports it).
-    NearDevice(Device),
-}
 
 /// How to create an owned pinned pool.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -31,11 +19,12 @@ pub enum PinnedLocation {
 pub struct PinnedMemoryResourceOptions {
     /// The most the pool may reserve (`None`: no limit of its own).
     pub max_size: Option<usize>,
-    /// Whether the pool can be shared with other processes by file descriptor (needs a NUMA
-    /// location: [`PinnedLocation::NumaNode`] or [`PinnedLocation::NearDevice`]).
+    /// Whether the pool can be shared with other processes by file descriptor (needs a
+    /// [`numa_node`](Self::numa_node)).
     pub ipc_enabled: bool,
-    /// Where its memory lives.
-    pub location: PinnedLocation,
+    /// The host NUMA node its memory lives on (`None`: no preference, the pool's location is
+    /// [`Location::Host`]). [`Device::host_numa_node`](crate::Device::host_numa_node) names the node closest to a device.
+    pub numa_node: Option<NumaNode>,
 }
 
 impl PinnedMemoryResourceOptions {
@@ -51,9 +40,9 @@ impl PinnedMemoryResourceOptions {
         self
     }
 
-    /// With a location.
-    pub fn location(mut self, location: PinnedLocation) -> Self {
-        self.location = location;
+    /// With its memory on a host NUMA node (`None`: no preference).
+    pub fn numa_node(mut self, node: impl Into<Option<NumaNode>>) -> Self {
+        self.numa_node = node.into();
         self
     }
 }
@@ -63,19 +52,11 @@ impl PinnedMemoryResourceOptions {
 #[derive(Debug)]
 pub struct PinnedMemoryResource {
     pool: MemoryPool,
-    numa_node: Option<u32>,
+    numa_node: Option<NumaNode>,
 }
 
-fn host_location(numa_node: Option<u32>) -> CUmemLocation {
-    match numa_node {
-        // A node beyond `int` is no node: the driver refuses `i32::MAX` as it refuses any unknown
-        // one, where `as` would wrap to a negative id.
-        Some(node) => CUmemLocation {
-            type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST_NUMA,
-            id: i32::try_from(node).unwrap_or(i32::MAX),
-        },
-        None => CUmemLocation { type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST, id: 0 },
-    }
+fn host_location(numa_node: Option<NumaNode>) -> CUmemLocation {
+    numa_node.map_or(Location::Host, Location::HostNuma).raw()
 }
 
 fn current_pool(mut location: CUmemLocation, kind: CUmemAllocationType) -> Result<CUmemoryPool> {
@@ -107,21 +88,10 @@ impl PinnedMemoryResource {
     ///
     /// # Errors
     /// [`Error::DriverTooOld`] before CUDA 12.6 ([`DriverCapability::PinnedPools`]);
-    /// [`Error::NumaLocationRequired`] for IPC without a NUMA location; [`Error::Unsupported`]
-    /// ([`DeviceCapability::HostNumaNode`]) for a device that reports no NUMA node; driver errors.
+    /// [`Error::NumaLocationRequired`] for IPC without a NUMA node; driver errors.
     pub fn new(options: PinnedMemoryResourceOptions) -> Result<Arc<PinnedMemoryResource>> {
         DriverCapability::PinnedPools.require()?;
-        let numa_node = match options.location {
-            PinnedLocation::Host => None,
-            PinnedLocation::NumaNode(node) => Some(node),
-            PinnedLocation::NearDevice(device) => {
-                let node = device
-                    .properties()?
-                    .host_numa_id
-                    .ok_or(Error::Unsupported { device, capability: DeviceCapability::HostNumaNode })?;
-                Some(node.unsigned_abs())
-            }
-        };
+        let numa_node = options.numa_node;
         if options.ipc_enabled && numa_node.is_none() {
             return Err(Error::NumaLocationRequired);
         }
@@ -145,7 +115,7 @@ impl PinnedMemoryResource {
     }
 
     /// The NUMA node of its memory, if it has one.
-    pub fn numa_node(&self) -> Option<u32> {
+    pub fn numa_node(&self) -> Option<NumaNode> {
         self.numa_node
     }
 }

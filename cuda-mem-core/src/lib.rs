@@ -30,7 +30,7 @@
 //!   [`PinnedMemoryResource`] (host memory), [`ManagedMemoryResource`]; each forwards the
 //!   features of its [`MemoryPool`] (attributes, the release threshold, trimming and, for device
 //!   pools, peer access) and exposes the pool itself through `pool()` (and is a
-//!   [`PoolResource`]; [`pool_of`] finds the pool behind a `&dyn MemoryResource`). A pool also
+//!   [`PoolResource`]; [`MemoryResource::memory_pool`] finds the pool behind any resource). A pool also
 //!   shares itself with other processes: its shareable file descriptor, importing a pool, and
 //!   mapping another process's allocations, counted
 //!   ([`MemoryPool::import_allocation`]/[`MemoryPool::release_import`]).
@@ -105,10 +105,10 @@
 //! | `view` | [`DeviceView`], [`DeviceViewMut`]: typed views of a buffer, copies to and from Rust slices |
 //! | `copy` | copies with options and batches of copies: [`CopyOptions`], [`SourceAccessOrder`], [`OverlapMode`], [`copy_batch`], [`BatchCopy`], [`BatchOptions`], [`CopyError`] |
 //! | `device_resource` | [`DeviceMemoryResource`] and its options |
-//! | `host_resources` | [`PinnedMemoryResource`], [`ManagedMemoryResource`], their options ([`PinnedLocation`]; a managed pool prefers a [`Location`]) |
+//! | `host_resources` | [`PinnedMemoryResource`], [`ManagedMemoryResource`], their options (a pinned pool lives on a [`NumaNode`]; a managed pool prefers a [`Location`]) |
 //! | `managed` | managed memory's operations: [`ScopedBuffer::managed`] gives a checked [`ManagedBuffer`] (advice, preferred location, accessed-by, prefetch, last prefetch location; [`ManagedBufferMut`] discards), [`Location`], [`Advice`], the batches [`prefetch_batch`], [`discard_batch`], [`discard_prefetch_batch`] |
 //! | `legacy_resources` | [`SynchronousMemoryResource`], [`LegacyPinnedMemoryResource`] (no pools) |
-//! | `pool` | [`MemoryPool`] (a folder, a file per concern: attributes and [`PoolUsage`], [`PoolKind`], peers, sharing, counted imports), [`PoolResource`], [`pool_of`] |
+//! | `pool` | [`MemoryPool`] (a folder, a file per concern: attributes and [`PoolUsage`], [`PoolKind`], peers, sharing, counted imports), [`PoolResource`] |
 //! | `adaptors` | [`StatisticsAdaptor`] ([`AllocationStatistics`]), [`LimitingAdaptor`], [`TrackingAdaptor`] ([`LeakReport`], [`LiveAllocation`]): resources over resources, a file each |
 //! | `dlpack` | feature `dlpack`: a folder, a file per concern: export, import, the stream exchange, element types, layouts, `DlpackError` |
 //! | `access` | [`Access`] |
@@ -287,7 +287,7 @@
 //! ```
 //! # cuda_sim::testing::driver()?; // the tests run this example on the simulator
 //! use cuda_mem_core::{
-//!     Device, Error, Location, ManagedMemoryResource, ManagedMemoryResourceOptions, Stream, StreamOptions,
+//!     Device, Error, Location, ManagedMemoryResource, ManagedMemoryResourceOptions, NumaNode, Stream, StreamOptions,
 //!     discard_batch, discard_prefetch_batch, prefetch_batch,
 //! };
 //!
@@ -300,15 +300,15 @@
 //!
 //! let managed = buf.managed()?; // checked once: Error::NotManaged for other memory
 //! managed.set_read_mostly(true)?;
-//! managed.set_preferred_location(Location::HostNuma(0))?;
+//! managed.set_preferred_location(Location::HostNuma(NumaNode(0)))?;
 //! managed.add_accessed_by(device)?;
 //! managed.prefetch(device, &stream)?;
 //! assert!(managed.read_mostly()?);
-//! assert_eq!(managed.preferred_location()?, Some(Location::HostNuma(0)));
+//! assert_eq!(managed.preferred_location()?, Some(Location::HostNuma(NumaNode(0))));
 //! assert_eq!(managed.accessed_by()?, [Location::Device(device)]);
 //! assert_eq!(managed.last_prefetch_location()?, Some(Location::Device(device)));
 //! // cuda.core's table of the locations each advice takes, checked before the driver is called.
-//! assert!(matches!(managed.add_accessed_by(Location::HostNuma(0)), Err(Error::AdviceLocation { .. })));
+//! assert!(matches!(managed.add_accessed_by(Location::HostNuma(NumaNode(0))), Err(Error::AdviceLocation { .. })));
 //!
 //! prefetch_batch([&buf, &other], &[Location::Host, Location::Device(device)][..], &stream)?;
 //! // Discards destroy the contents: they take the buffers exclusively.
@@ -434,6 +434,7 @@ mod graph_memory;
 mod handle_types;
 mod host_resources;
 mod legacy_resources;
+mod location;
 mod managed;
 mod memory_resource;
 mod pool;
@@ -455,11 +456,11 @@ pub use access::Access;
 pub use adaptors::{
     AllocationStatistics, LeakReport, LimitingAdaptor, LiveAllocation, StatisticsAdaptor, TrackingAdaptor,
 };
-pub use buffer::{Buffer, CloseError, FillPattern, RawBuffer, ScopedBuffer};
+pub use buffer::{Buffer, CloseError, FillPattern, ForeignMemory, RawBuffer, ScopedBuffer};
 pub use copy::{
     BatchCopy, BatchOptions, CopyError, CopyOptions, OverlapKind, OverlapMode, SourceAccessOrder, copy_batch,
 };
-pub use device::{Device, DeviceProperties, MemoryInfo};
+pub use device::{Device, DeviceProperties, MemoryInfo, NumaNode};
 pub use device_resource::{DeviceMemoryResource, DeviceMemoryResourceOptions};
 #[cfg(feature = "dlpack")]
 pub use dlpack::{
@@ -479,20 +480,19 @@ pub use graph::{Capture, CaptureMode, CaptureState, Graph, GraphExec, Instantiat
 pub use graph_memory::{GraphMemoryAttributes, GraphMemoryResource, HighWaterMark};
 pub use handle_types::{HandleType, HandleTypes};
 pub use host_resources::{
-    ManagedMemoryResource, ManagedMemoryResourceOptions, PinnedLocation, PinnedMemoryResource,
-    PinnedMemoryResourceOptions,
+    ManagedMemoryResource, ManagedMemoryResourceOptions, PinnedMemoryResource, PinnedMemoryResourceOptions,
 };
 pub use legacy_resources::{LegacyPinnedMemoryResource, SynchronousMemoryResource};
+pub use location::Location;
 pub use managed::{
-    Advice, Location, ManagedBuffer, ManagedBufferMut, ManagedLocations, discard_batch, discard_prefetch_batch,
-    prefetch_batch,
+    Advice, ManagedBuffer, ManagedBufferMut, ManagedLocations, discard_batch, discard_prefetch_batch, prefetch_batch,
 };
 pub use memory_resource::{AsDynMemoryResource, DevicePtr, MemoryResource, MemoryResourceExt};
 #[cfg(unix)]
 pub use pool::ShareableHandle;
 pub use pool::{
     EXPORT_DATA_LEN, MemoryPool, PoolAttributes, PoolKind, PoolResource, PoolUsage, ReusePolicy, import_holders,
-    import_pending_waits, mapped_range_size, pool_of,
+    import_pending_waits, mapped_range_size,
 };
 
 /// The crate typed views take their element types' guarantees from ([`bytemuck::Pod`]): derive

@@ -20,63 +20,26 @@ use crate::device::Device;
 use crate::driver::driver;
 use crate::driver_version::DriverCapability;
 use crate::error::{Error, Result};
+use crate::location::Location;
 use crate::memory_resource::DevicePtr;
 use crate::stream::Stream;
 
-/// Where managed memory is advised to live, is accessed from or is prefetched to (cuda.core's
-/// `Device(n)`, `Host()`, `Host(numa_id=n)` and `Host.numa_current()`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[doc(alias = "Host")]
-pub enum Location {
-    /// A device.
-    Device(Device),
-    /// The host, no NUMA node named.
-    Host,
-    /// A host NUMA node.
-    HostNuma(u32),
-    /// The NUMA node of the CPU the calling thread runs on (resolved by the driver at the
-    /// call).
-    #[doc(alias = "numa_current")]
-    HostNumaCurrent,
+/// A location the driver reported as a type and an id; `None` for no location (pages that
+/// disagree, or none recorded).
+fn from_reported(type_: i32, id: i32) -> Result<Option<Location>> {
+    Location::from_raw(CUmemLocation { type_: CUmemLocationType(type_ as u32), id })
+        // A range attribute reports where pages are, never "the calling thread's node".
+        .map(|location| location.filter(|l| *l != Location::HostNumaCurrent))
 }
 
-impl Location {
-    /// The driver's form.
-    pub(crate) fn raw(self) -> CUmemLocation {
-        use CUmemLocationType as T;
-        let (type_, id) = match self {
-            Location::Device(device) => (T::CU_MEM_LOCATION_TYPE_DEVICE, device.raw()),
-            Location::Host => (T::CU_MEM_LOCATION_TYPE_HOST, 0),
-            Location::HostNuma(node) => (T::CU_MEM_LOCATION_TYPE_HOST_NUMA, i32::try_from(node).unwrap_or(i32::MAX)),
-            Location::HostNumaCurrent => (T::CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT, 0),
-        };
-        CUmemLocation { type_, id }
-    }
-
-    /// A location the driver reported as a type and an id; `None` for no location (pages that
-    /// disagree, or none recorded).
-    fn from_reported(type_: i32, id: i32) -> Result<Option<Location>> {
-        use CUmemLocationType as T;
-        let type_ = CUmemLocationType(type_ as u32);
-        Ok(match type_ {
-            T::CU_MEM_LOCATION_TYPE_DEVICE => {
-                Some(Location::Device(Device::new(usize::try_from(id).unwrap_or(usize::MAX))?))
-            }
-            T::CU_MEM_LOCATION_TYPE_HOST => Some(Location::Host),
-            T::CU_MEM_LOCATION_TYPE_HOST_NUMA => u32::try_from(id).ok().map(Location::HostNuma),
-            _ => None,
-        })
-    }
-
-    /// A location as CUDA 8.0's range attributes report it: a device ordinal, `CU_DEVICE_CPU`
-    /// for the host, `None` for anything else (`CU_DEVICE_INVALID`: no location).
-    fn from_legacy(id: i32) -> Result<Option<Location>> {
-        Ok(match id {
-            CU_DEVICE_CPU => Some(Location::Host),
-            id if id >= 0 => Some(Location::Device(Device::new(id as usize)?)),
-            _ => None,
-        })
-    }
+/// A location as CUDA 8.0's range attributes report it: a device ordinal, `CU_DEVICE_CPU` for
+/// the host, `None` for anything else (`CU_DEVICE_INVALID`: no location).
+fn from_legacy(id: i32) -> Result<Option<Location>> {
+    Ok(match id {
+        CU_DEVICE_CPU => Some(Location::Host),
+        id if id >= 0 => Some(Location::Device(Device::new(id as usize)?)),
+        _ => None,
+    })
 }
 
 /// `CU_DEVICE_CPU`: the host, where CUDA 8.0's managed-memory calls take a device ordinal.
@@ -97,12 +60,6 @@ fn legacy_device(location: Location, installed: u32) -> Result<i32> {
         Location::Device(device) => Ok(device.raw()),
         Location::Host => Ok(CU_DEVICE_CPU),
         Location::HostNuma(_) | Location::HostNumaCurrent => Err(DriverCapability::ManagedLocations.too_old(installed)),
-    }
-}
-
-impl From<Device> for Location {
-    fn from(device: Device) -> Location {
-        Location::Device(device)
     }
 }
 
@@ -427,13 +384,13 @@ impl<'b, 'a> ManagedBuffer<'b, 'a> {
         use CUmem_range_attribute as A;
         if before_locations()?.is_some() {
             let [id] = self.range_attributes([A::CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION])?;
-            return Location::from_legacy(id);
+            return from_legacy(id);
         }
         let [type_, id] = self.range_attributes([
             A::CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION_TYPE,
             A::CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION_ID,
         ])?;
-        Location::from_reported(type_, id)
+        from_reported(type_, id)
     }
 
     /// Sets the preferred location (any kind).
@@ -516,13 +473,13 @@ impl<'b, 'a> ManagedBuffer<'b, 'a> {
         use CUmem_range_attribute as A;
         if before_locations()?.is_some() {
             let [id] = self.range_attributes([A::CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION])?;
-            return Location::from_legacy(id);
+            return from_legacy(id);
         }
         let [type_, id] = self.range_attributes([
             A::CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION_TYPE,
             A::CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION_ID,
         ])?;
-        Location::from_reported(type_, id)
+        from_reported(type_, id)
     }
 
     /// Prefetches the memory to `location` on `stream`.
@@ -762,6 +719,7 @@ mod tests {
 
     use super::*;
     use crate::{Buffer, DeviceMemoryResource, ManagedMemoryResource, PinnedMemoryResource, StreamOptions};
+    use crate::{ForeignMemory, NumaNode};
 
     const PAGE: usize = 4096;
 
@@ -788,8 +746,8 @@ mod tests {
         assert_eq!(m.preferred_location().unwrap(), Some(Location::Device(device)));
         m.set_preferred_location(Location::Host).unwrap();
         assert_eq!(m.preferred_location().unwrap(), Some(Location::Host));
-        m.set_preferred_location(Location::HostNuma(0)).unwrap();
-        assert_eq!(m.preferred_location().unwrap(), Some(Location::HostNuma(0)));
+        m.set_preferred_location(Location::HostNuma(NumaNode(0))).unwrap();
+        assert_eq!(m.preferred_location().unwrap(), Some(Location::HostNuma(NumaNode(0))));
         m.set_preferred_location(Location::HostNumaCurrent).unwrap();
         assert!(matches!(m.preferred_location().unwrap(), Some(Location::HostNuma(_))), "resolved to a node");
         m.unset_preferred_location().unwrap();
@@ -812,7 +770,12 @@ mod tests {
             &[],
             || {
                 let (device, stream, managed) = setup();
-                let all = [Location::Device(device), Location::Host, Location::HostNuma(0), Location::HostNumaCurrent];
+                let all = [
+                    Location::Device(device),
+                    Location::Host,
+                    Location::HostNuma(NumaNode(0)),
+                    Location::HostNumaCurrent,
+                ];
                 let table = [
                     (Advice::SetReadMostly, [true, true, true, false]),
                     (Advice::UnsetReadMostly, [true, true, true, false]),
@@ -869,7 +832,7 @@ mod tests {
         // SAFETY: valid out-pointer; CU_MEM_ATTACH_GLOBAL.
         unsafe { cu_call!(d, cuMemAllocManaged(&mut ptr, PAGE, 1)) }.unwrap();
         // SAFETY: the memory stays allocated until freed below, after the view is dropped.
-        let view = unsafe { Buffer::from_raw(ptr, PAGE, None, true, true, None) };
+        let view = unsafe { Buffer::from_raw(ptr, PAGE, ForeignMemory::pinned()) };
         view.managed().unwrap().prefetch(Location::Host, &stream).unwrap();
         assert_eq!(view.managed().unwrap().last_prefetch_location().unwrap(), Some(Location::Host));
         stream.synchronize().unwrap();
@@ -923,11 +886,14 @@ mod tests {
         discard_batch(handles.iter_mut(), &stream).unwrap();
         let error = discard_prefetch_batch(handles.iter_mut(), &[Location::Host][..], &stream).unwrap_err();
         assert!(matches!(error, Error::BatchLengthMismatch { buffers: 3, locations: 1 }), "{error}");
-        discard_prefetch_batch(handles.iter_mut(), Location::HostNuma(0), &stream).unwrap();
+        discard_prefetch_batch(handles.iter_mut(), Location::HostNuma(NumaNode(0)), &stream).unwrap();
         assert!(matches!(discard_batch(handles.iter_mut().take(0), &stream), Err(Error::EmptyBatch { .. })));
         drop(handles);
         for buffer in &buffers {
-            assert_eq!(buffer.managed().unwrap().last_prefetch_location().unwrap(), Some(Location::HostNuma(0)));
+            assert_eq!(
+                buffer.managed().unwrap().last_prefetch_location().unwrap(),
+                Some(Location::HostNuma(NumaNode(0)))
+            );
         }
     }
 

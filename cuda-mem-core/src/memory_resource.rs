@@ -8,6 +8,7 @@ use std::sync::Arc;
 use crate::buffer::{Buffer, ScopedBuffer};
 use crate::device::Device;
 use crate::error::Result;
+use crate::pool::MemoryPool;
 use crate::stream::Stream;
 
 /// A device address (or, for host-accessible memory, the same address seen from the device).
@@ -20,8 +21,9 @@ pub type DevicePtr = cuda_mem_sys::types::CUdeviceptr;
 /// [`MemoryResourceExt::allocate`] to get a `Buffer` that keeps the resource alive.
 ///
 /// A resource is shared between threads (buffers may be dropped anywhere), hence `Send + Sync`;
-/// it is `Any`, so that code that needs more than this trait (the pool behind a pool resource,
-/// for sharing) can find the concrete type ([`pool_of`](crate::pool_of)).
+/// it is `Any`, so that code that needs more than this trait can find the concrete type. The
+/// pool behind a resource, which sharing its buffers needs, it names itself
+/// ([`memory_pool`](MemoryResource::memory_pool)).
 ///
 /// # Safety
 /// [`Buffer`] builds host slices and device operations on what an implementation reports, so
@@ -76,12 +78,22 @@ pub unsafe trait MemoryResource: AsDynMemoryResource + Any + Send + Sync + Debug
 
     /// The resource this one allocates from, for an adaptor (a
     /// [`StatisticsAdaptor`](crate::StatisticsAdaptor), say) that wraps another: what lets code
-    /// that needs more than this trait see through adaptors ([`pool_of`](crate::pool_of) finds
-    /// the pool under a stack of them). `None` by default: a resource that adapts none.
+    /// that needs more than this trait see through adaptors. `None` by default: a resource that
+    /// adapts none.
     #[doc(alias = "get_upstream_resource")]
     #[doc(alias = "upstream_resource")]
     fn upstream(&self) -> Option<&dyn MemoryResource> {
         None
+    }
+
+    /// The driver pool the memory comes from, when it comes from one: what sharing a buffer with
+    /// other processes needs, and how a buffer's pool is found
+    /// (`buffer.memory_resource()?.memory_pool()`). A pool resource answers with its pool (this
+    /// crate's, and `cuda-mem-ipc`'s imported pools); by default a resource answers as its
+    /// [`upstream`](MemoryResource::upstream) does, so buffers allocated through any stack of
+    /// adaptors over a pool are that pool's. `None` for a resource with neither.
+    fn memory_pool(&self) -> Option<&MemoryPool> {
+        self.upstream().and_then(MemoryResource::memory_pool)
     }
 }
 

@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use cuda_mem_core::{
-    Buffer, Device, DeviceMemoryResource, DeviceMemoryResourceOptions, DevicePtr, Error, FillPattern,
-    LegacyPinnedMemoryResource, MemoryResource, MemoryResourceExt, PinnedLocation, PinnedMemoryResource,
-    PinnedMemoryResourceOptions, Result, ScopedBuffer, Stream, SynchronousMemoryResource, take_drop_errors,
+    Buffer, Device, DeviceMemoryResource, DeviceMemoryResourceOptions, DevicePtr, Error, FillPattern, ForeignMemory,
+    LegacyPinnedMemoryResource, MemoryResource, MemoryResourceExt, PinnedMemoryResource, PinnedMemoryResourceOptions,
+    Result, ScopedBuffer, Stream, SynchronousMemoryResource, take_drop_errors,
 };
 
 fn pinned() -> Arc<PinnedMemoryResource> {
@@ -88,7 +88,7 @@ fn memory_other_processes_may_write_is_not_lent_as_a_slice() {
     let device = common::device();
     let stream = common::stream(device);
     let shared = PinnedMemoryResource::new(
-        PinnedMemoryResourceOptions::default().ipc_enabled(true).location(PinnedLocation::NearDevice(device)),
+        PinnedMemoryResourceOptions::default().ipc_enabled(true).numa_node(device.host_numa_node().unwrap()),
     )
     .unwrap();
     assert!(shared.may_be_written_externally());
@@ -207,7 +207,7 @@ fn raw_owned_buffers_call_the_resource_and_views_free_nothing() {
     let owned = unsafe { Buffer::from_raw_owned(ptr, 64, resource, &stream) };
     {
         // SAFETY: the view does not outlive `owned`, which keeps the memory alive.
-        let view = unsafe { Buffer::from_raw(ptr, 64, None, true, true, None) };
+        let view = unsafe { Buffer::from_raw(ptr, 64, ForeignMemory::pinned()) };
         assert!(!view.is_owning());
         assert_eq!(view.host_slice().unwrap().len(), 64);
     }

@@ -10,8 +10,8 @@ use common::{Gate, device, hold, stream};
 use cuda_mem_core::sys::cu_call;
 use cuda_mem_core::sys::types::{CUgraph, CUstreamCaptureMode};
 use cuda_mem_core::{
-    BatchCopy, Buffer, CopyError, CopyOptions, Device, DeviceMemoryResource, DriverCapability, Error, Location,
-    OverlapKind, OverlapMode, PinnedMemoryResource, ScopedBuffer, SourceAccessOrder, Stream, copy_batch,
+    BatchCopy, Buffer, CopyError, CopyOptions, Device, DeviceMemoryResource, DriverCapability, Error, ForeignMemory,
+    Location, OverlapKind, OverlapMode, PinnedMemoryResource, ScopedBuffer, SourceAccessOrder, Stream, copy_batch,
 };
 use cuda_sim::testing::{in_simulated_machine, skip};
 
@@ -145,7 +145,13 @@ fn copies_with_options_between_views_and_buffers() {
 /// interop gives: it may alias other buffers).
 fn alias(buffer: &ScopedBuffer<'_>, offset: usize, len: usize) -> Buffer {
     // SAFETY: the bytes lie inside `buffer`, which outlives every alias the tests make.
-    unsafe { Buffer::from_raw(buffer.ptr() + offset as u64, len, buffer.device(), true, false, None) }
+    unsafe {
+        Buffer::from_raw(
+            buffer.ptr() + offset as u64,
+            len,
+            ForeignMemory::default().device(buffer.device()).device_accessible(true),
+        )
+    }
 }
 
 #[test]

@@ -3,7 +3,7 @@
 mod common;
 
 use cuda_mem_core::{
-    Device, DeviceMemoryResource, Error, Event, EventOptions, FillPattern, HandleType, PinnedMemoryResource,
+    Device, DeviceMemoryResource, Error, Event, EventOptions, FillPattern, HandleType, NumaNode, PinnedMemoryResource,
     PinnedMemoryResourceOptions, Stream, StreamOptions,
 };
 
@@ -20,7 +20,7 @@ fn device_properties() {
     if cuda_sim::testing::on_simulator() {
         assert_eq!(p.compute_capability, (9, 0));
         assert!(p.mempool_supported_handle_types.contains(HandleType::PosixFd));
-        assert_eq!(p.host_numa_id, Some(0));
+        assert_eq!(p.host_numa_node, Some(NumaNode(0)));
         assert!(p.virtual_memory_management_supported);
     }
     assert_eq!(device.uuid().unwrap().len(), 16);

@@ -15,7 +15,7 @@ use cuda_mem_core::dlpark::ffi::{DLDataType, DLDevice, DLDeviceType, DLManagedTe
 use cuda_mem_core::dlpark::metadata::Dynamic;
 use cuda_mem_core::{
     Buffer, ConsumerStream, Device, DeviceMemoryResource, DlpackElement, DlpackError, DlpackImport, DlpackTensor,
-    Error, ExportOptions, LegacyPinnedMemoryResource, ManagedMemoryResource, MemoryResource, OwnedBy,
+    Error, ExportOptions, ForeignMemory, LegacyPinnedMemoryResource, ManagedMemoryResource, MemoryResource, OwnedBy,
     PinnedMemoryResource, RawStream, Stream, SynchronousMemoryResource, export_dlpack,
 };
 use cuda_sim::testing::{in_simulated_machine, live_objects_if_simulated};
@@ -84,7 +84,7 @@ fn bool_and_explicit_dtypes_describe_the_bytes() {
     let tensor = bytes.into_dlpack::<bool>(&ExportOptions::default()).unwrap();
     let import = take(tensor).unwrap();
     assert!(import.dtype().matches(DLDataType::BOOL));
-    assert_eq!(import.size(), 8);
+    assert_eq!(import.buffer().size(), 8);
 
     // float16, which no Rust element type names, from raw bytes: 2 bytes each.
     let half = DLDataType::new(cuda_mem_core::dlpark::ffi::DLDataTypeCode::FLOAT, 16, 1);
@@ -119,10 +119,10 @@ fn shapes_strides_and_sub_ranges_reach_the_right_elements() {
     // Reversed: element [0] is the range's last, and the buffer still covers the range.
     let options = ExportOptions::default().elements(..8).shape_and_strides(&[8], &[-1]);
     let tensor = filled(&pool, &data, &stream).into_dlpack::<i32>(&options).unwrap();
-    // SAFETY: read only to check the data pointer: element [0] is the eighth of the buffer.
-    let first = unsafe { tensor.tensor() }.data as u64;
+    // Element [0] is the eighth of the buffer.
+    let first = tensor.data_ptr();
     let import = take(tensor).unwrap();
-    assert_eq!(first, import.ptr() + 7 * 4);
+    assert_eq!(first, import.buffer().ptr() + 7 * 4);
     assert_eq!(import.buffer().to_vec::<i32>(&stream).unwrap(), data[..8]);
 }
 
@@ -187,7 +187,7 @@ fn an_import_exports_again_and_keeps_its_device_type() {
 
 /// Takes a tensor this test made (from memory it keeps valid, which nothing writes behind the
 /// import's back).
-fn take(tensor: DlpackTensor) -> cuda_mem_core::Result<DlpackImport> {
+fn take(tensor: impl Into<cuda_mem_core::dlpark::versioned::Dlpack>) -> cuda_mem_core::Result<DlpackImport> {
     // SAFETY: see above: every tensor of these tests describes memory the test keeps valid.
     unsafe { DlpackImport::from_dlpack(tensor) }
 }
@@ -216,7 +216,7 @@ fn foreign(
     dtype: DLDataType,
     shape: &[i64],
     strides: &[i64],
-) -> (DlpackTensor, Arc<AtomicUsize>) {
+) -> (cuda_mem_core::dlpark::versioned::Dlpack, Arc<AtomicUsize>) {
     let released = Arc::new(AtomicUsize::new(0));
     let mut tensor =
         Dynamic::new(shape.to_vec(), strides.to_vec()).initialize(Box::new(Released(Arc::clone(&released)))).unwrap();
@@ -340,7 +340,7 @@ fn refused_exports_say_why() {
 
     let misaligned = Arc::new(Buffer::allocate(Arc::clone(&pool), 16, &stream).unwrap());
     // SAFETY: a view of bytes 1..9 of `misaligned`, which outlives it.
-    let view = unsafe { Buffer::from_raw(misaligned.ptr() + 1, 8, Some(device), true, false, None) };
+    let view = unsafe { Buffer::from_raw(misaligned.ptr() + 1, 8, ForeignMemory::device_memory(device)) };
     let error = refused(view.into_dlpack::<u32>(&ExportOptions::default()));
     assert!(matches!(error, Error::ViewAlignment { align: 4, .. }), "{error}");
     let packed = cuda_mem_core::dlpark::ffi::DLDataType::F4E2M1FN;
@@ -349,11 +349,13 @@ fn refused_exports_say_why() {
 
     // Memory with no DLPack device: a view that knows nothing, or device memory of no device.
     // SAFETY: views of `misaligned`'s bytes, which outlives them.
-    let nothing = unsafe { Buffer::from_raw(misaligned.ptr(), 16, None, false, false, None) };
+    let nothing = unsafe { Buffer::from_raw(misaligned.ptr(), 16, ForeignMemory::default()) };
     let error = dlpack(refused(nothing.into_dlpack::<u8>(&Default::default())));
     assert!(matches!(error, DlpackError::NotAccessible { size: 16, .. }), "{error}");
     // SAFETY: as above.
-    let nowhere = unsafe { Buffer::from_raw(misaligned.ptr(), 16, None, true, false, None) };
+    let nowhere = unsafe {
+        Buffer::from_raw(misaligned.ptr(), 16, ForeignMemory::default().device(None).device_accessible(true))
+    };
     let error = dlpack(refused(nowhere.into_dlpack::<u8>(&Default::default())));
     assert!(matches!(error, DlpackError::UnknownDevice { .. }), "{error}");
 }

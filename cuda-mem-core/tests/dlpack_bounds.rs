@@ -30,8 +30,7 @@ fn take(tensor: DlpackTensor) -> DlpackImport {
 
 /// The tensor's data pointer.
 fn data(tensor: &DlpackTensor) -> u64 {
-    // SAFETY: only read, while the tensor lives.
-    unsafe { tensor.tensor() }.data as u64
+    tensor.data_ptr()
 }
 
 #[test]
@@ -65,7 +64,7 @@ fn an_empty_shape_has_a_null_data_pointer_whatever_the_range() {
         let tensor = filled(&data_in, &stream).into_dlpack::<i32>(&options).unwrap();
         assert_eq!(data(&tensor), 0, "{shape:?} {strides:?}");
         let import = take(tensor);
-        assert_eq!((import.shape().iter().product::<i64>(), import.size()), (0, 0));
+        assert_eq!((import.shape().iter().product::<i64>(), import.buffer().size()), (0, 0));
     }
     // An empty range too, and a range with elements under a shape that has them is not null.
     let empty = filled(&[], &stream).into_dlpack::<i32>(&ExportOptions::default()).unwrap();
@@ -83,7 +82,7 @@ fn an_import_with_gaps_is_read_only_and_hands_on_read_only() {
     // A column of a 4x4 matrix: elements 0, 4, 8 and 12, a buffer of 13 with 9 not the tensor's.
     let options = ExportOptions::default().shape_and_strides(&[4, 1], &[4, 1]);
     let mut import = take(filled(&data_in, &stream).into_dlpack::<i32>(&options).unwrap());
-    assert!(!import.is_read_only() && import.has_gaps() && import.size() == 13 * 4);
+    assert!(!import.is_read_only() && import.has_gaps() && import.buffer().size() == 13 * 4);
     let error = import.buffer_mut().unwrap_err();
     assert!(
         matches!(&error, Error::Dlpack(DlpackError::Gaps { shape, strides }) if shape == &[4, 1] && strides == &[4, 1])

@@ -8,8 +8,8 @@ use cuda_mem_core::sys::cu_call;
 use cuda_mem_core::sys::types::{CUdevice_attribute as A, CUresult, CUuuid};
 use cuda_mem_core::{
     Advice, Buffer, Device, DeviceMemoryResource, DeviceMemoryResourceOptions, DriverCapability, Error, EventOptions,
-    GraphMemoryResource, HandleType, HandleTypes, Location, ManagedMemoryResource, ManagedMemoryResourceOptions,
-    PinnedMemoryResource, PinnedMemoryResourceOptions, installed_version,
+    ForeignMemory, GraphMemoryResource, HandleType, HandleTypes, Location, ManagedMemoryResource,
+    ManagedMemoryResourceOptions, NumaNode, PinnedMemoryResource, PinnedMemoryResourceOptions, installed_version,
 };
 use cuda_sim::testing::{count_calls, in_simulated_machine, live_objects, simulator_only};
 
@@ -180,7 +180,7 @@ impl Managed {
     /// A view of the memory, for the managed operations.
     fn view(&self) -> Buffer {
         // SAFETY: the memory stays allocated while `self` lives, which the test keeps longer.
-        unsafe { Buffer::from_raw(self.0, Managed::SIZE, None, true, true, None) }
+        unsafe { Buffer::from_raw(self.0, Managed::SIZE, ForeignMemory::pinned()) }
     }
 }
 
@@ -228,7 +228,11 @@ fn cuda_12_0_advises_and_prefetches_devices_and_the_host_with_cuda_8_0_s_calls()
             // A host NUMA node has no CUDA 8.0 form: refused before the driver is asked.
             let d = cuda_mem_core::driver().unwrap();
             let before = live_objects(d).unwrap();
-            assert_too_old(managed.prefetch(Location::HostNuma(0), &stream), DriverCapability::ManagedLocations, 12000);
+            assert_too_old(
+                managed.prefetch(Location::HostNuma(NumaNode(0)), &stream),
+                DriverCapability::ManagedLocations,
+                12000,
+            );
             assert_too_old(
                 managed.set_preferred_location(Location::HostNumaCurrent),
                 DriverCapability::ManagedLocations,
@@ -237,7 +241,7 @@ fn cuda_12_0_advises_and_prefetches_devices_and_the_host_with_cuda_8_0_s_calls()
             assert_eq!(managed.last_prefetch_location().unwrap(), Some(Location::Host), "nothing was prefetched");
             assert_eq!(live_objects(d).unwrap(), before);
             // Advice that ignores the location takes any.
-            managed.advise(Advice::UnsetReadMostly, Location::HostNuma(0)).unwrap();
+            managed.advise(Advice::UnsetReadMostly, Location::HostNuma(NumaNode(0))).unwrap();
             assert!(!managed.read_mostly().unwrap());
         },
     );
@@ -253,10 +257,10 @@ fn cuda_12_2_prefetches_to_host_numa_nodes() {
         let memory = Managed::new();
         let view = memory.view();
         let managed = view.managed().unwrap();
-        managed.prefetch(Location::HostNuma(0), &stream).unwrap();
-        assert_eq!(managed.last_prefetch_location().unwrap(), Some(Location::HostNuma(0)));
-        managed.set_preferred_location(Location::HostNuma(0)).unwrap();
-        assert_eq!(managed.preferred_location().unwrap(), Some(Location::HostNuma(0)));
+        managed.prefetch(Location::HostNuma(NumaNode(0)), &stream).unwrap();
+        assert_eq!(managed.last_prefetch_location().unwrap(), Some(Location::HostNuma(NumaNode(0))));
+        managed.set_preferred_location(Location::HostNuma(NumaNode(0))).unwrap();
+        assert_eq!(managed.preferred_location().unwrap(), Some(Location::HostNuma(NumaNode(0))));
         stream.synchronize().unwrap();
     });
 }
@@ -310,10 +314,10 @@ fn properties_and_uuids_on(version: u32) {
     // The simulated device has no GPUDirect RDMA, whatever the driver.
     assert!(!properties.gpu_direct_rdma_supported && !properties.gpu_direct_rdma_with_vmm_supported);
     let (handle_types, numa, fabric) =
-        (properties.mempool_supported_handle_types, properties.host_numa_id, properties.fabric_handles_supported);
+        (properties.mempool_supported_handle_types, properties.host_numa_node, properties.fabric_handles_supported);
     let pool_fds = if version >= 11030 { HandleTypes::from(HandleType::PosixFd) } else { HandleTypes::empty() };
     assert_eq!(handle_types, pool_fds, "on {version}");
-    assert_eq!(numa, (version >= 12020).then_some(0), "on {version}");
+    assert_eq!(numa, (version >= 12020).then_some(NumaNode(0)), "on {version}");
     assert_eq!(fabric, version >= 12030, "on {version}");
 
     // Pool sharing by file descriptor works from 11.2, whether or not the driver can say so.

@@ -10,8 +10,7 @@ use std::sync::Arc;
 use cuda_mem_core::sys::types::{CUdevice_attribute as A, CUresult};
 use cuda_mem_core::{
     Device, DeviceCapability, DeviceMemoryResource, DeviceMemoryResourceOptions, DevicePtr, Error, HandleTypes,
-    MemoryResource, MemoryResourceExt, PinnedLocation, PinnedMemoryResource, PinnedMemoryResourceOptions, Stream,
-    SynchronousMemoryResource,
+    MemoryResource, MemoryResourceExt, Stream, SynchronousMemoryResource,
 };
 use cuda_sim::testing::{in_simulated_machine, inject_failure};
 
@@ -70,23 +69,22 @@ fn a_device_whose_pools_cannot_be_shared_by_fd_refuses_ipc() {
 }
 
 #[test]
-fn a_device_without_a_host_numa_node_cannot_place_pinned_memory_near_it() {
+fn a_device_without_a_host_numa_node_names_none_to_place_memory_near_it() {
     let env = reporting(A::CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, -1);
     in_simulated_machine(
-        "a_device_without_a_host_numa_node_cannot_place_pinned_memory_near_it",
+        "a_device_without_a_host_numa_node_names_none_to_place_memory_near_it",
         &[("CUDA_SIM_DEVICE_ATTRIBUTES", &env)],
         || {
             if !cuda_sim::testing::simulator_only("a device that reports no host NUMA node") {
                 return;
             }
             let device = common::device();
-            let options = PinnedMemoryResourceOptions::default().location(PinnedLocation::NearDevice(device));
-            let error = PinnedMemoryResource::new(options).unwrap_err();
+            let error = device.host_numa_node().unwrap_err();
             assert!(
                 matches!(error, Error::Unsupported { device: d, capability: DeviceCapability::HostNumaNode } if d == device),
                 "{error}"
             );
-            assert!(error.to_string().contains("give the node with PinnedLocation::NumaNode"), "{error}");
+            assert!(error.to_string().contains("give the node with NumaNode(n)"), "{error}");
         },
     );
 }

@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use cuda_mem_core::{
     Access, Buffer, Device, DeviceMemoryResource, DeviceMemoryResourceOptions, EXPORT_DATA_LEN, Error, FillPattern,
-    MemoryPool, MemoryResource, PinnedLocation, PinnedMemoryResource, PinnedMemoryResourceOptions, PoolKind,
-    PoolResource, Stream, SynchronousMemoryResource, import_holders, import_pending_waits, pool_of,
+    ForeignMemory, MemoryPool, MemoryResource, PinnedMemoryResource, PinnedMemoryResourceOptions, PoolKind,
+    PoolResource, Stream, SynchronousMemoryResource, import_holders, import_pending_waits,
 };
 use cuda_sim::testing::{in_simulated_machine, inject_failure, live_objects_if_simulated};
 
@@ -49,7 +49,7 @@ fn an_imported_pool_lives_where_the_driver_says() {
     assert_eq!(imported.kind(), PoolKind::Device(device));
 
     let pinned = PinnedMemoryResource::new(
-        PinnedMemoryResourceOptions::default().ipc_enabled(true).location(PinnedLocation::NearDevice(device)),
+        PinnedMemoryResourceOptions::default().ipc_enabled(true).numa_node(device.host_numa_node().unwrap()),
     )
     .unwrap();
     let imported = import(pinned.pool()).unwrap();
@@ -139,7 +139,7 @@ fn forged_import_shares() {
     assert_eq!(import_holders(genuine), 1);
     assert_eq!(live_allocations(), allocations.map(|n| n + 1), "still mapped");
     // SAFETY: 8192 bytes mapped at `genuine` while its share is held, read on `stream` only.
-    let view = unsafe { Buffer::from_raw(genuine, 8192, Some(device), true, false, None) };
+    let view = unsafe { Buffer::from_raw(genuine, 8192, ForeignMemory::device_memory(device)) };
     assert_eq!(view.to_vec::<u8>(&stream).unwrap(), vec![0x5a; 8192], "the genuine mapping still reads");
     drop(view);
     // SAFETY: the last share.
@@ -249,14 +249,14 @@ fn a_second_import_answered_with_the_first_handle_is_refused() {
 }
 
 #[test]
-fn pool_of_finds_the_pool_behind_a_resource() {
+fn memory_pool_finds_the_pool_behind_a_resource() {
     let device = common::device();
     let pool = DeviceMemoryResource::new(device, DeviceMemoryResourceOptions::default()).unwrap();
     let resource: Arc<dyn MemoryResource> = pool.clone();
-    let found = pool_of(resource.as_ref()).unwrap();
+    let found = resource.memory_pool().unwrap();
     assert_eq!(found.handle(), PoolResource::pool(pool.as_ref()).handle());
     let pinned: Arc<dyn MemoryResource> = PinnedMemoryResource::current().unwrap();
-    assert!(pool_of(pinned.as_ref()).is_some());
+    assert!(pinned.memory_pool().is_some());
     let plain: Arc<dyn MemoryResource> = SynchronousMemoryResource::new(device);
-    assert!(pool_of(plain.as_ref()).is_none(), "not a pool resource");
+    assert!(plain.memory_pool().is_none(), "not a pool resource");
 }

@@ -4,7 +4,7 @@ mod common;
 
 use cuda_mem_core::{
     Access, Device, DeviceMemoryResource, DeviceMemoryResourceOptions, Error, FillPattern, Location,
-    ManagedMemoryResource, ManagedMemoryResourceOptions, MemoryResource, PinnedLocation, PinnedMemoryResource,
+    ManagedMemoryResource, ManagedMemoryResourceOptions, MemoryResource, NumaNode, PinnedMemoryResource,
     PinnedMemoryResourceOptions, PoolKind, ReusePolicy,
 };
 use cuda_mem_sys::types::CUresult;
@@ -133,10 +133,10 @@ fn pinned_pools_are_host_accessible() {
     a.fill(FillPattern::U32(0x0102_0304), &stream).unwrap();
     assert_eq!(&a.host_slice().unwrap()[..4], &0x0102_0304u32.to_ne_bytes());
     let near = PinnedMemoryResource::new(
-        PinnedMemoryResourceOptions::default().ipc_enabled(true).location(PinnedLocation::NearDevice(device)),
+        PinnedMemoryResourceOptions::default().ipc_enabled(true).numa_node(device.host_numa_node().unwrap()),
     )
     .unwrap();
-    assert_eq!(near.numa_node(), device.properties().unwrap().host_numa_id.map(|n| n as u32));
+    assert_eq!(near.numa_node(), device.properties().unwrap().host_numa_node);
     assert!(near.is_ipc_enabled());
     let b = near.allocate(100, &stream).unwrap();
     assert!(b.is_host_accessible() && b.is_device_accessible() && b.device().is_none());
@@ -153,14 +153,15 @@ fn ipc_pinned_pools_need_a_numa_location() {
     common::device();
     let err = PinnedMemoryResource::new(PinnedMemoryResourceOptions::default().ipc_enabled(true)).unwrap_err();
     assert!(matches!(err, Error::NumaLocationRequired), "{err}");
-    assert!(err.to_string().contains("use PinnedLocation::NumaNode(n)"), "{err}");
+    assert!(err.to_string().contains("use numa_node(NumaNode(n))"), "{err}");
 }
 
 #[test]
 fn managed_pools_are_host_and_device_accessible() {
     let device = common::device();
     let stream = common::stream(device);
-    for preferred in [None, Some(Location::Device(device)), Some(Location::Host), Some(Location::HostNuma(0))] {
+    for preferred in [None, Some(Location::Device(device)), Some(Location::Host), Some(Location::HostNuma(NumaNode(0)))]
+    {
         let mmr =
             ManagedMemoryResource::new(ManagedMemoryResourceOptions::default().preferred_location(preferred)).unwrap();
         assert_eq!(mmr.preferred_location(), preferred);

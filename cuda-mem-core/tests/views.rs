@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use bytemuck::{Pod, Zeroable};
 use cuda_mem_core::{
-    Buffer, DeviceMemoryResource, Error, FillPattern, LegacyPinnedMemoryResource, ManagedMemoryResource,
+    Buffer, DeviceMemoryResource, Error, FillPattern, ForeignMemory, LegacyPinnedMemoryResource, ManagedMemoryResource,
     MemoryResource, MemoryResourceExt, PinnedMemoryResource, ScopedBuffer, Stream, SynchronousMemoryResource,
 };
 use proptest::prelude::*;
@@ -131,8 +131,9 @@ fn fills_of_elements_aligned_below_their_size_set_every_element() {
         let len = 60;
         // SAFETY: `len` bytes from `offset` lie inside `buffer`, which outlives the view and is
         // used by nothing else meanwhile; both are used on `stream` only.
-        let mut view =
-            unsafe { Buffer::from_raw(buffer_ptr_plus(buffer.ptr(), offset), len, Some(device), true, false, None) };
+        let mut view = unsafe {
+            Buffer::from_raw(buffer_ptr_plus(buffer.ptr(), offset), len, ForeignMemory::device_memory(device))
+        };
         if offset % 2 == 1 {
             view.view_mut::<[u8; 2]>().unwrap().fill([1, 2], &stream).unwrap();
         } else {
@@ -168,7 +169,7 @@ fn misaligned_views_are_refused() {
     let pool = DeviceMemoryResource::new(device, Default::default()).unwrap();
     let owner = pool.allocate(64, &stream).unwrap();
     // SAFETY: 32 bytes one past the start of `owner`'s 64, which outlives the view.
-    let odd = unsafe { Buffer::from_raw(owner.ptr() + 1, 32, Some(device), true, false, None) };
+    let odd = unsafe { Buffer::from_raw(owner.ptr() + 1, 32, ForeignMemory::device_memory(device)) };
     let refused = odd.view::<f32>();
     assert!(matches!(refused, Err(Error::ViewAlignment { align: 4, .. })), "{refused:?}");
     assert!(matches!(odd.to_vec::<u16>(&stream), Err(Error::ViewAlignment { align: 2, .. })));
@@ -235,7 +236,7 @@ fn copy_to_new_needs_a_shared_resource() {
     let message = refused.unwrap_err().to_string();
     assert!(message.contains("copy_to"), "{message}");
     // SAFETY: `scoped`'s memory outlives the view.
-    let view = unsafe { Buffer::from_raw(scoped.ptr(), 64, Some(device), true, false, None) };
+    let view = unsafe { Buffer::from_raw(scoped.ptr(), 64, ForeignMemory::device_memory(device)) };
     assert!(matches!(view.copy_to_new(&stream), Err(Error::NoSharedResource { .. })));
 }
 
@@ -266,7 +267,7 @@ fn buffers_that_own_nothing_refuse_into_raw_and_are_handed_back() {
     let pool = DeviceMemoryResource::new(device, Default::default()).unwrap();
     let owner = pool.allocate(64, &stream).unwrap();
     // SAFETY: `owner`'s memory outlives the view.
-    let view = unsafe { Buffer::from_raw(owner.ptr(), 64, Some(device), true, false, None) };
+    let view = unsafe { Buffer::from_raw(owner.ptr(), 64, ForeignMemory::device_memory(device)) };
     let refused = view.into_raw().unwrap_err();
     assert!(matches!(refused.error(), Error::NotOwning { size: 64, .. }), "{refused:?}");
     assert_eq!(refused.into_buffer().ptr(), owner.ptr(), "the view is handed back");
@@ -284,7 +285,7 @@ fn a_leaked_buffer_keeps_its_memory_and_its_pool() {
     drop(pool);
     assert!(weak.upgrade().is_some(), "the leaked buffer keeps its pool alive");
     // SAFETY: leaked memory stays valid for the rest of the process.
-    let view = unsafe { Buffer::from_raw(ptr, 256, Some(device), true, false, None) };
+    let view = unsafe { Buffer::from_raw(ptr, 256, ForeignMemory::device_memory(device)) };
     assert_eq!(view.to_vec::<u8>(&stream).unwrap(), vec![9; 256]);
 }
 

@@ -112,7 +112,7 @@ pub enum IpcError {
     )]
     NoVirtualMemoryResource {
         /// Where the buffer's memory lives, in this process's terms.
-        location: cuda_mem_vmm::MemoryLocation,
+        location: cuda_mem_core::Location,
     },
 
     /// The peer sent a message of a kind this build cannot receive without a feature it lacks;

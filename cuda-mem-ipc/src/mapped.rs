@@ -2,7 +2,6 @@
 //!
 //! Documented on [`MappedMemoryResource`].
 
-use std::any::Any;
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -277,19 +276,16 @@ unsafe impl MemoryResource for MappedMemoryResource {
     fn device(&self) -> Option<Device> {
         self.pool.owner()
     }
+
+    fn memory_pool(&self) -> Option<&MemoryPool> {
+        Some(&self.pool)
+    }
 }
 
 impl PoolResource for MappedMemoryResource {
     fn pool(&self) -> &MemoryPool {
         &self.pool
     }
-}
-
-/// The pool behind `resource`, when it is a pool resource of `cuda-mem-core` or a mapped
-/// resource.
-pub(crate) fn pool_behind(resource: &dyn MemoryResource) -> Option<&MemoryPool> {
-    let any: &dyn Any = resource;
-    cuda_mem_core::pool_of(resource).or_else(|| any.downcast_ref::<MappedMemoryResource>().map(PoolResource::pool))
 }
 
 /// For tests: holding every pool import of the process back, and seeing when receivers have

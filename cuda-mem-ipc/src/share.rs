@@ -5,7 +5,6 @@ use uuid::Uuid;
 
 use crate::descriptor::BufferDescriptor;
 use crate::error::{IpcError, Result};
-use crate::mapped::pool_behind;
 
 /// A resource's allocation handle: the pool's file descriptor (owned by the pool, exported once:
 /// asking again returns the same one) and the UUID naming the resource in every process.
@@ -44,7 +43,8 @@ impl<'a> AllocationHandle<'a> {
 /// [`IpcError::NotIpcEnabled`] for any other resource; driver errors from the first export.
 #[doc(alias = "get_allocation_handle")]
 pub fn allocation_handle(resource: &dyn MemoryResource) -> Result<AllocationHandle<'_>> {
-    let pool = pool_behind(resource)
+    let pool = resource
+        .memory_pool()
         .ok_or_else(|| IpcError::NotIpcEnabled("a resource that is not a memory pool".to_string()))?;
     if !pool.is_shareable() {
         return Err(IpcError::NotIpcEnabled("this resource's memory pool".to_string()));
@@ -68,7 +68,8 @@ pub fn buffer_descriptor(buffer: &ScopedBuffer<'_>) -> Result<BufferDescriptor> 
         .memory_resource()
         .ok_or_else(|| IpcError::NotIpcEnabled("a buffer view (it owns no memory)".to_string()))?;
     let handle = allocation_handle(resource)?;
-    let pool = pool_behind(resource)
+    let pool = resource
+        .memory_pool()
         .ok_or_else(|| IpcError::NotIpcEnabled("a buffer that is not from a memory pool".to_string()))?;
     // Made once per buffer and kept in it: sending the buffer again makes no driver call. An
     // imported buffer gives the data it came with.

@@ -8,10 +8,8 @@ use std::fmt;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use cuda_mem_core::{HandleType, Stream};
-use cuda_mem_vmm::{
-    ChunkHandle, MAX_CHUNKS, MemoryLocation, VirtualBuffer, VirtualBufferDescriptor, VirtualMemoryResource, VmmError,
-};
+use cuda_mem_core::{HandleType, Location, NumaNode, Stream};
+use cuda_mem_vmm::{ChunkHandle, MAX_CHUNKS, VirtualBuffer, VirtualBufferDescriptor, VirtualMemoryResource, VmmError};
 use uuid::Uuid;
 
 use crate::channel::{MAX_FDS, RawMessage};
@@ -59,7 +57,7 @@ pub enum VirtualBufferLocation {
     /// Host memory on a NUMA node.
     HostNuma {
         /// The NUMA node.
-        node: i32,
+        node: NumaNode,
     },
 }
 
@@ -266,15 +264,15 @@ impl SharedVirtualBuffer {
     pub fn export(buffer: &VirtualBuffer) -> Result<SharedVirtualBuffer> {
         let descriptor = buffer.export()?;
         let resource = buffer.resource();
-        let location = match resource.memory_location() {
-            MemoryLocation::Device(_) => {
+        let location = match resource.location() {
+            Location::Device(_) => {
                 let device = resource.device();
                 VirtualBufferLocation::Device {
                     uuid: Uuid::from_bytes(device.uuid()?),
                     sender_ordinal: i32::try_from(device.ordinal()).unwrap_or(i32::MAX),
                 }
             }
-            MemoryLocation::HostNuma(node) => VirtualBufferLocation::HostNuma { node },
+            Location::HostNuma(node) => VirtualBufferLocation::HostNuma { node },
             // Plain host memory cannot carry an exportable handle type (the resource refuses the
             // options), so its export failed above; no other location exports.
             _ => return Err(VmmError::NotExportable.into()),
@@ -307,7 +305,10 @@ impl SharedVirtualBuffer {
         });
         let (location, id, device) = match self.location {
             VirtualBufferLocation::Device { uuid, sender_ordinal } => (DEVICE_CODE, sender_ordinal, uuid),
-            VirtualBufferLocation::HostNuma { node } => (HOST_NUMA_CODE, node, Uuid::nil()),
+            // No node is beyond `int` (the driver's id type); such a one would read as the last.
+            VirtualBufferLocation::HostNuma { node } => {
+                (HOST_NUMA_CODE, i32::try_from(node.0).unwrap_or(i32::MAX), Uuid::nil())
+            }
         };
         bytes.push(location);
         bytes.extend_from_slice(&u16::try_from(count).unwrap_or(u16::MAX).to_le_bytes());
@@ -407,7 +408,7 @@ fn decode_location(bytes: &[u8], code: u8) -> Result<VirtualBufferLocation, Virt
         DEVICE_CODE if device.is_nil() => Err(VirtualBufferDecodeError::NilDevice),
         DEVICE_CODE => Ok(VirtualBufferLocation::Device { uuid: device, sender_ordinal: id }),
         _ if !device.is_nil() => Err(VirtualBufferDecodeError::DeviceForHostMemory),
-        _ => Ok(VirtualBufferLocation::HostNuma { node: id }),
+        _ => Ok(VirtualBufferLocation::HostNuma { node: NumaNode(id.unsigned_abs()) }),
     }
 }
 
@@ -417,7 +418,7 @@ impl fmt::Display for VirtualBufferLocation {
             VirtualBufferLocation::Device { uuid, sender_ordinal } => {
                 write!(f, "memory on device {uuid} (device {sender_ordinal} in the sending process)")
             }
-            VirtualBufferLocation::HostNuma { node } => write!(f, "host memory on NUMA node {node}"),
+            VirtualBufferLocation::HostNuma { node } => write!(f, "host memory on {node}"),
         }
     }
 }
@@ -433,8 +434,8 @@ impl VirtualBufferImporters {
     }
 
     /// The resource registered for `location`.
-    fn find(&self, location: MemoryLocation) -> Option<Arc<VirtualMemoryResource>> {
-        self.resources().iter().find(|r| r.memory_location() == location).cloned()
+    fn find(&self, location: Location) -> Option<Arc<VirtualMemoryResource>> {
+        self.resources().iter().find(|r| r.location() == location).cloned()
     }
 
     /// Receives a message of kind [`VIRTUAL_BUFFER`]: decodes it (owning its file descriptors,
@@ -445,9 +446,9 @@ impl VirtualBufferImporters {
         let shared = SharedVirtualBuffer::decode(&payload, fds)?;
         let location = match shared.location {
             VirtualBufferLocation::Device { uuid, sender_ordinal } => {
-                MemoryLocation::Device(visible_device(uuid, sender_ordinal)?.raw())
+                Location::Device(visible_device(uuid, sender_ordinal)?)
             }
-            VirtualBufferLocation::HostNuma { node } => MemoryLocation::HostNuma(node),
+            VirtualBufferLocation::HostNuma { node } => Location::HostNuma(node),
         };
         let resource = self.find(location).ok_or(IpcError::NoVirtualMemoryResource { location })?;
         Ok(resource.import(shared.descriptor, Some(stream))?)
@@ -478,8 +479,8 @@ impl IpcChannel {
         resource: Arc<VirtualMemoryResource>,
     ) -> Option<Arc<VirtualMemoryResource>> {
         let mut resources = self.virtual_buffer_importers.resources();
-        let location = resource.memory_location();
-        match resources.iter_mut().find(|r| r.memory_location() == location) {
+        let location = resource.location();
+        match resources.iter_mut().find(|r| r.location() == location) {
             Some(registered) => Some(std::mem::replace(registered, resource)),
             None => {
                 resources.push(resource);
@@ -606,7 +607,7 @@ mod tests {
         assert_eq!(&bytes[64..128], &[0x5A; 64]);
         assert_eq!(&bytes[128..192], &[0x5B; 64]);
 
-        let numa = posix(&pipe, 1, VirtualBufferLocation::HostNuma { node: 1 });
+        let numa = posix(&pipe, 1, VirtualBufferLocation::HostNuma { node: NumaNode(1) });
         let (bytes, _) = numa.encode();
         assert_eq!(bytes[17], 2, "host NUMA memory");
         assert_eq!(&bytes[20..24], &1i32.to_le_bytes());
@@ -617,7 +618,7 @@ mod tests {
     fn encoding_is_stable() {
         // A golden encoding: changing the format must change the version, not this test.
         let empty = SharedVirtualBuffer {
-            location: VirtualBufferLocation::HostNuma { node: 0 },
+            location: VirtualBufferLocation::HostNuma { node: NumaNode(0) },
             descriptor: VirtualBufferDescriptor {
                 handle_type: HandleType::PosixFd,
                 size: 0,
@@ -636,7 +637,7 @@ mod tests {
     #[test]
     fn round_trips_keep_every_field_and_the_fds() {
         let pipe = Pipe::new(3);
-        for location in [device(), VirtualBufferLocation::HostNuma { node: 2 }] {
+        for location in [device(), VirtualBufferLocation::HostNuma { node: NumaNode(2) }] {
             let s = posix(&pipe, 3, location);
             let (bytes, fds) = s.encode();
             let owned = fds.iter().map(|fd| fd.try_clone_to_owned().unwrap()).collect();
@@ -681,7 +682,7 @@ mod tests {
         let mut shorter = bytes[..len - 5].to_vec();
         shorter.extend_from_slice(&[0; 4]);
         reseal(&mut shorter);
-        let numa = posix(&pipe, 2, VirtualBufferLocation::HostNuma { node: 0 }).encode().0;
+        let numa = posix(&pipe, 2, VirtualBufferLocation::HostNuma { node: NumaNode(0) }).encode().0;
         let big = MAX_BUFFER_SIZE + 1;
         let cases: Vec<(&str, Vec<u8>, E, &str)> = vec![
             ("empty", Vec::new(), E::Truncated { found: 0, min: 52 }, "0 bytes, shorter than the smallest encoding"),
@@ -806,15 +807,12 @@ mod tests {
         sizes_for_handles.descriptor.chunk_sizes.push(2 << 20);
         let mut zero = fabric(1);
         zero.descriptor.chunk_sizes[0] = 0;
-        let mut negative = fabric(1);
-        negative.location = VirtualBufferLocation::HostNuma { node: -1 };
         for (what, s) in [
             ("a Windows handle type", windows),
             ("a fabric handle in an fd descriptor", fabric_in_fd),
             ("an fd in a fabric descriptor", fd_in_fabric),
             ("more sizes than handles", sizes_for_handles),
             ("a zero chunk", zero),
-            ("a negative NUMA node", negative),
         ] {
             let (bytes, fds) = s.encode();
             let owned = fds.iter().map(|fd| fd.try_clone_to_owned().unwrap()).collect();

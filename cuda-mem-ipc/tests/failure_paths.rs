@@ -18,7 +18,7 @@ use std::sync::Arc;
 use cuda_mem_core::sys::types::CUresult;
 use cuda_mem_core::{
     Device, DeviceMemoryResource, DeviceMemoryResourceOptions, FillPattern, MemoryResource, MemoryResourceExt,
-    PinnedLocation, PinnedMemoryResource, PinnedMemoryResourceOptions, Stream, StreamOptions, take_drop_errors,
+    PinnedMemoryResource, PinnedMemoryResourceOptions, Stream, StreamOptions, take_drop_errors,
 };
 use cuda_mem_ipc::{Channel, IpcChannel, IpcError, Received, Result, spawn_with_channel};
 use cuda_sim::testing::{
@@ -91,7 +91,7 @@ fn resource(kind: Kind, device: Device) -> Result<Arc<dyn MemoryResource>> {
             DeviceMemoryResource::new(device, DeviceMemoryResourceOptions::default().ipc_enabled(true))?
         }
         Kind::PinnedPool => PinnedMemoryResource::new(
-            PinnedMemoryResourceOptions::default().ipc_enabled(true).location(PinnedLocation::NearDevice(device)),
+            PinnedMemoryResourceOptions::default().ipc_enabled(true).numa_node(device.host_numa_node()?),
         )?,
     })
 }

@@ -8,8 +8,7 @@ use std::sync::Arc;
 
 use cuda_mem_core::{
     Device, DeviceMemoryResource, DeviceMemoryResourceOptions, FillPattern, LimitingAdaptor, MemoryResourceExt,
-    PinnedLocation, PinnedMemoryResource, PinnedMemoryResourceOptions, PoolKind, StatisticsAdaptor, Stream,
-    StreamOptions,
+    PinnedMemoryResource, PinnedMemoryResourceOptions, PoolKind, StatisticsAdaptor, Stream, StreamOptions,
 };
 use cuda_mem_ipc::{BufferDescriptor, IpcError, Received, allocation_handle, buffer_descriptor, lookup, registry};
 
@@ -29,6 +28,10 @@ fn buffers_travel_with_their_resource_and_share_memory() {
     let imported = &mut received[0];
     assert_eq!(imported.size(), 4096);
     assert_ne!(imported.ptr(), buffer.ptr());
+    // A received buffer's resource names its pool, the imported one, as the exporter's does.
+    let imported_pool = imported.memory_resource().unwrap().memory_pool().expect("the imported pool");
+    assert_eq!(imported_pool.handle(), cuda_mem_core::MemoryResource::memory_pool(&*mapped).unwrap().handle());
+    assert!(imported_pool.is_imported());
     let host = PinnedMemoryResource::new(PinnedMemoryResourceOptions::default()).unwrap();
     let mut check = host.allocate(4096, &stream).unwrap();
     check.copy_from(imported, &stream).unwrap();
@@ -49,7 +52,7 @@ fn buffers_travel_with_their_resource_and_share_memory() {
 fn a_resource_sent_twice_is_the_one_received_first() {
     let (device, stream) = setup();
     let pinned = PinnedMemoryResource::new(
-        PinnedMemoryResourceOptions::default().ipc_enabled(true).location(PinnedLocation::NearDevice(device)),
+        PinnedMemoryResourceOptions::default().ipc_enabled(true).numa_node(device.host_numa_node().unwrap()),
     )
     .unwrap();
     let (tx, rx) = pair();

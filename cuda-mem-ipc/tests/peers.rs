@@ -14,8 +14,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cuda_mem_core::{
-    Buffer, Device, DeviceMemoryResource, DeviceMemoryResourceOptions, FillPattern, PinnedLocation,
-    PinnedMemoryResource, PinnedMemoryResourceOptions, PoolKind, Stream,
+    Buffer, Device, DeviceMemoryResource, DeviceMemoryResourceOptions, FillPattern, PinnedMemoryResource,
+    PinnedMemoryResourceOptions, PoolKind, Stream,
 };
 use cuda_mem_ipc::{
     BufferDescriptor, Channel, IpcChannel, IpcError, MAX_BUFFERS_PER_MESSAGE, MappedMemoryResource, Received,
@@ -37,7 +37,7 @@ fn device_pool(device: Device) -> Arc<DeviceMemoryResource> {
 
 fn pinned_pool(device: Device) -> Arc<PinnedMemoryResource> {
     PinnedMemoryResource::new(
-        PinnedMemoryResourceOptions::default().ipc_enabled(true).location(PinnedLocation::NearDevice(device)),
+        PinnedMemoryResourceOptions::default().ipc_enabled(true).numa_node(device.host_numa_node().unwrap()),
     )
     .unwrap()
 }

@@ -2,8 +2,8 @@
 //! do; a driver error stays the [`source`](std::error::Error::source) and answers
 //! [`VmmError::cuda_code`].
 
-use cuda_mem_core::sys::types::{CUmemLocationType, CUresult};
-use cuda_mem_core::{Device, DevicePtr, HandleType};
+use cuda_mem_core::sys::types::CUresult;
+use cuda_mem_core::{Device, DevicePtr, HandleType, Location};
 
 use crate::share::MAX_CHUNKS;
 
@@ -127,18 +127,19 @@ pub enum VmmError {
 
     /// An imported chunk is memory elsewhere than where this resource maps memory.
     #[error(
-        "invalid argument: chunk {chunk} of {count} is {found}, but this resource maps {wanted}; import it with a \
-         resource for that device"
+        "invalid argument: chunk {chunk} of {count} is memory at {}, but this resource maps memory at {wanted}; \
+         import it with a resource for that location",
+        found.map_or_else(|| "a location this crate cannot name".to_owned(), |l| l.to_string())
     )]
     ChunkLocation {
         /// The chunk, from 1.
         chunk: usize,
         /// How many chunks the descriptor names.
         count: usize,
-        /// Where the chunk is.
-        found: MemoryLocation,
+        /// Where the chunk is (`None`: a location this crate cannot name).
+        found: Option<Location>,
         /// Where this resource maps memory.
-        wanted: MemoryLocation,
+        wanted: Location,
     },
 
     /// Mapping one imported chunk failed; nothing stays mapped.
@@ -232,8 +233,6 @@ pub enum DeviceFeature {
     ImexChannel,
     /// GPUDirect RDMA with VMM allocations (`gpu_direct_rdma(true)`).
     GpuDirectRdma,
-    /// A host NUMA node near the device (`LocationType::HostNuma`).
-    HostNumaNode,
 }
 
 fn unsupported_message(device: Device, feature: DeviceFeature) -> String {
@@ -255,7 +254,6 @@ fn unsupported_message(device: Device, feature: DeviceFeature) -> String {
         DeviceFeature::GpuDirectRdma => {
             format!("{device} does not support GPUDirect RDMA with VMM allocations; set gpu_direct_rdma(false)")
         }
-        DeviceFeature::HostNumaNode => format!("{device} reports no host NUMA node; use LocationType::Host"),
     }
 }
 
@@ -268,8 +266,8 @@ pub enum InvalidOptions {
     AlignmentNotPowerOfTwo(usize),
     /// Plain host memory with an exportable handle type.
     #[error(
-        "invalid argument: memory with location_type Host cannot have an exportable handle type: use \
-         handle_type(None), or LocationType::HostNuma to share host memory"
+        "invalid argument: memory at Location::Host cannot have an exportable handle type: use \
+         handle_type(None), or Location::HostNuma(node) to share host memory"
     )]
     ExportableHostMemory,
     /// A handle type virtual memory is not shared as here (Windows handles).
@@ -278,12 +276,18 @@ pub enum InvalidOptions {
          handle_type(HandleType::PosixFd), HandleType::Fabric, or None"
     )]
     UnsupportedHandleType(HandleType),
-    /// `LocationType::HostNumaCurrent`, where physical memory cannot be placed.
+    /// A location physical memory of the resource cannot be placed at: the calling thread's NUMA
+    /// node ([`Location::HostNumaCurrent`]), which names no fixed place, or another device.
     #[error(
-        "not supported: physical allocations cannot be placed on the calling thread's NUMA node (HostNumaCurrent); \
-         use LocationType::HostNuma or Host"
+        "not supported: a virtual memory resource for {device} cannot place memory at {location}: use None (its \
+         device), Location::Host or Location::HostNuma(node), or a resource for the other device"
     )]
-    HostNumaCurrent,
+    Location {
+        /// The location refused.
+        location: Location,
+        /// The resource's device.
+        device: Device,
+    },
     /// The owning device listed among the peers.
     #[error(
         "invalid argument: {0} owns the memory and cannot also be one of its peers; set its access with self_access"
@@ -359,48 +363,6 @@ pub enum DescriptorError {
     },
 }
 
-/// Where physical memory is, as the driver describes it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum MemoryLocation {
-    /// On a device (its ordinal).
-    Device(i32),
-    /// Host memory.
-    Host,
-    /// Host memory on a NUMA node.
-    HostNuma(i32),
-    /// A location type this crate does not name (the driver's code and id).
-    Other {
-        /// The `CUmemLocationType` code.
-        location_type: u32,
-        /// The location's id.
-        id: i32,
-    },
-}
-
-impl MemoryLocation {
-    /// The location of `location_type` and `id`.
-    pub(crate) fn new(location_type: CUmemLocationType, id: i32) -> MemoryLocation {
-        match location_type {
-            CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE => MemoryLocation::Device(id),
-            CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST => MemoryLocation::Host,
-            CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST_NUMA => MemoryLocation::HostNuma(id),
-            other => MemoryLocation::Other { location_type: other.0, id },
-        }
-    }
-}
-
-impl std::fmt::Display for MemoryLocation {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            MemoryLocation::Device(id) => write!(f, "memory on device {id}"),
-            MemoryLocation::Host => write!(f, "host memory"),
-            MemoryLocation::HostNuma(id) => write!(f, "host memory on NUMA node {id}"),
-            MemoryLocation::Other { location_type, .. } => write!(f, "memory at location type {location_type}"),
-        }
-    }
-}
-
 /// Why memory could not be released at once.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -437,6 +399,7 @@ pub type Result<T, E = VmmError> = std::result::Result<T, E>;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cuda_mem_core::NumaNode;
     use std::error::Error as _;
 
     #[test]
@@ -469,10 +432,16 @@ mod tests {
     }
 
     #[test]
-    fn locations_read_as_before() {
-        let device = MemoryLocation::new(CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, 1);
-        assert_eq!(device.to_string(), "memory on device 1");
-        let numa = MemoryLocation::new(CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST_NUMA, 0);
-        assert_eq!(numa.to_string(), "host memory on NUMA node 0");
+    fn a_chunk_elsewhere_names_both_locations() {
+        let wanted = Location::HostNuma(NumaNode(0));
+        let error = VmmError::ChunkLocation { chunk: 1, count: 2, found: Some(Location::Host), wanted };
+        assert!(
+            error
+                .to_string()
+                .contains("chunk 1 of 2 is memory at the host, but this resource maps memory at host NUMA node 0"),
+            "{error}"
+        );
+        let error = VmmError::ChunkLocation { chunk: 2, count: 2, found: None, wanted };
+        assert!(error.to_string().contains("is memory at a location this crate cannot name"), "{error}");
     }
 }

@@ -52,14 +52,14 @@
 //!
 //! | module | holds |
 //! |---|---|
-//! | `options` | [`VirtualMemoryResourceOptions`] and its enums ([`AllocationType`], [`LocationType`], [`Granularity`], [`ReserveAhead`]) |
+//! | `options` | [`VirtualMemoryResourceOptions`] and its enums ([`AllocationType`], [`Granularity`], [`ReserveAhead`]; where memory lives is `cuda-mem-core`'s [`Location`](cuda_mem_core::Location)) |
 //! | `resource` | [`VirtualMemoryResource`]: checking options, allocation, growth |
 //! | `memory_resource` | the resource as a `MemoryResource`, and the ranges of the buffers it handed out |
 //! | `buffer` | [`VirtualBuffer`], [`CloseError`] |
 //! | `pieces` | the owned driver objects (physical chunk, reservation, mapping, range), mapping chunks contiguously into a reservation, and claiming the addresses after a range inside its reservation |
 //! | `release` | letting go of ranges after their stream's work, deferred while it captures ([`release_deferred`]) |
 //! | `share` | export, the descriptor in memory ([`VirtualBufferDescriptor`], [`ChunkHandle`], [`MAX_CHUNKS`]), import |
-//! | `error` | [`VmmError`], [`Result`] and the enums it names ([`InvalidOptions`], [`DeviceFeature`], [`DescriptorError`], [`MemoryLocation`], [`DeferCause`]) |
+//! | `error` | [`VmmError`], [`Result`] and the enums it names ([`InvalidOptions`], [`DeviceFeature`], [`DescriptorError`], [`DeferCause`]) |
 //!
 //! Fabric handles are tested on the simulator only; they have not yet run on hardware.
 //!
@@ -105,8 +105,8 @@ mod resource;
 mod share;
 
 pub use buffer::{CloseError, VirtualBuffer};
-pub use error::{DeferCause, DescriptorError, DeviceFeature, InvalidOptions, MemoryLocation, Result, VmmError};
-pub use options::{AllocationType, Granularity, LocationType, ReserveAhead, VirtualMemoryResourceOptions};
+pub use error::{DeferCause, DescriptorError, DeviceFeature, InvalidOptions, Result, VmmError};
+pub use options::{AllocationType, Granularity, ReserveAhead, VirtualMemoryResourceOptions};
 pub use release::release_deferred;
 pub use resource::VirtualMemoryResource;
 pub use share::{ChunkHandle, MAX_CHUNKS, VirtualBufferDescriptor};

@@ -6,10 +6,10 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use cuda_mem_core::{Buffer, Device, DevicePtr, MemoryResource, Stream};
+use cuda_mem_core::{Buffer, Device, DevicePtr, Location, MemoryResource, Stream};
 
 use crate::error::VmmError;
-use crate::options::{AllocationType, LocationType};
+use crate::options::AllocationType;
 use crate::pieces::Range;
 use crate::release::{release_after, release_deferred};
 use crate::resource::VirtualMemoryResource;
@@ -100,7 +100,7 @@ unsafe impl MemoryResource for VirtualMemoryResource {
     }
 
     fn device(&self) -> Option<Device> {
-        (self.options().location_type == LocationType::Device).then(|| VirtualMemoryResource::device(self))
+        matches!(self.location(), Location::Device(_)).then(|| VirtualMemoryResource::device(self))
     }
 
     fn is_managed(&self) -> bool {

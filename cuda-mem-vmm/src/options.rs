@@ -2,8 +2,8 @@
 //! defaults. The handle type and the access are `cuda-mem-core`'s vocabulary
 //! ([`HandleType`], [`Access`]), shared with the pools.
 
-use cuda_mem_core::sys::types::{CUmemAllocationGranularity_flags, CUmemAllocationType, CUmemLocationType};
-use cuda_mem_core::{Access, Device, HandleType};
+use cuda_mem_core::sys::types::{CUmemAllocationGranularity_flags, CUmemAllocationType};
+use cuda_mem_core::{Access, Device, HandleType, Location};
 
 /// What kind of physical memory to create.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -21,36 +21,6 @@ impl AllocationType {
             AllocationType::Pinned => CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
             AllocationType::Managed => CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_MANAGED,
         }
-    }
-}
-
-/// Where the physical memory lives.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum LocationType {
-    /// On the resource's device.
-    #[default]
-    Device,
-    /// Host memory (cannot carry an exportable handle type).
-    Host,
-    /// Host memory on the NUMA node closest to the resource's device.
-    HostNuma,
-    /// Host memory on the NUMA node of the calling thread.
-    HostNumaCurrent,
-}
-
-impl LocationType {
-    pub(crate) fn raw(self) -> CUmemLocationType {
-        match self {
-            LocationType::Device => CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
-            LocationType::Host => CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST,
-            LocationType::HostNuma => CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST_NUMA,
-            LocationType::HostNumaCurrent => CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT,
-        }
-    }
-
-    /// Whether the memory is host memory.
-    pub fn is_host(self) -> bool {
-        self != LocationType::Device
     }
 }
 
@@ -121,8 +91,11 @@ pub enum ReserveAhead {
 pub struct VirtualMemoryResourceOptions {
     /// Pinned or managed memory.
     pub allocation_type: AllocationType,
-    /// Where the memory lives.
-    pub location_type: LocationType,
+    /// Where the memory lives: `None` (the default) for the resource's device; otherwise that
+    /// device again, [`Location::Host`], or a [`Location::HostNuma`] node
+    /// (`device.host_numa_node()?` names the one closest to the device). The calling thread's
+    /// node and other devices are refused.
+    pub location: Option<Location>,
     /// The handle type chunks can be exported as: [`HandleType::PosixFd`] (Unix only) or
     /// [`HandleType::Fabric`]; `None` for memory that is not exported.
     pub handle_type: Option<HandleType>,
@@ -149,7 +122,7 @@ impl Default for VirtualMemoryResourceOptions {
     fn default() -> Self {
         VirtualMemoryResourceOptions {
             allocation_type: AllocationType::default(),
-            location_type: LocationType::default(),
+            location: None,
             // Exportable by default where file descriptors exist (Unix); not exported elsewhere.
             handle_type: if cfg!(unix) { Some(HandleType::PosixFd) } else { None },
             granularity: Granularity::default(),
@@ -171,9 +144,9 @@ impl VirtualMemoryResourceOptions {
         self
     }
 
-    /// With a location type.
-    pub fn location_type(mut self, value: LocationType) -> Self {
-        self.location_type = value;
+    /// With the memory at a location (`None`: on the resource's device).
+    pub fn location(mut self, value: impl Into<Option<Location>>) -> Self {
+        self.location = value.into();
         self
     }
 

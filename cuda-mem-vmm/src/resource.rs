@@ -6,12 +6,12 @@ use cuda_mem_core::sys::cu_call;
 use cuda_mem_core::sys::types::{
     CUmemAccess_flags, CUmemAccessDesc, CUmemAllocationProp, CUmemLocation, CUmemLocationType, CUresult,
 };
-use cuda_mem_core::{Access, Device, DevicePtr, DriverCapability, HandleType, HandleTypes, Stream, driver};
+use cuda_mem_core::{Access, Device, DevicePtr, DriverCapability, HandleType, HandleTypes, Location, Stream, driver};
 
 use crate::buffer::VirtualBuffer;
-use crate::error::{DeviceFeature, InvalidOptions, MemoryLocation, Result, VmmError};
+use crate::error::{DeviceFeature, InvalidOptions, Result, VmmError};
 use crate::memory_resource::LiveRanges;
-use crate::options::{AllocationType, LocationType, ReserveAhead, VirtualMemoryResourceOptions};
+use crate::options::{AllocationType, ReserveAhead, VirtualMemoryResourceOptions};
 use crate::pieces::{Physical, Range, Reservation, map_contiguously};
 use crate::release::release_deferred;
 
@@ -29,7 +29,7 @@ use crate::release::release_deferred;
 pub struct VirtualMemoryResource {
     device: Device,
     options: VirtualMemoryResourceOptions,
-    location: CUmemLocation,
+    location: Location,
     granularity: usize,
     /// The least size of each reservation ([`ReserveAhead`], rounded up to the granularity); 0
     /// for none.
@@ -60,7 +60,7 @@ impl VirtualMemoryResource {
     /// ([`DeviceFeature::ImexChannel`]: the driver refused the one granule made and released
     /// here to find out); [`VmmError::InvalidOptions`] for an alignment that is not a power
     /// of two, an exportable handle type on plain host memory, a handle type other than POSIX file
-    /// descriptors and fabric handles, `HostNumaCurrent`, or the owner listed as a peer; [`VmmError::ManagedRefused`] when the driver refuses managed memory;
+    /// descriptors and fabric handles, a location the memory cannot be placed at (the calling thread's NUMA node, another device), or the owner listed as a peer; [`VmmError::ManagedRefused`] when the driver refuses managed memory;
     /// [`cuda_mem_core::Error::DriverTooOld`] (inside [`VmmError::Core`]) for fabric handles before
     /// CUDA 12.3 ([`DriverCapability::FabricHandles`]), before any driver call;
     /// [`VmmError::SizeOverflow`] for a [`ReserveAhead::Bytes`] that cannot be rounded up to the
@@ -79,9 +79,7 @@ impl VirtualMemoryResource {
         if options.address_alignment != 0 && !options.address_alignment.is_power_of_two() {
             return Err(InvalidOptions::AlignmentNotPowerOfTwo(options.address_alignment).into());
         }
-        if options.location_type == LocationType::Host && options.handle_type.is_some() {
-            return Err(InvalidOptions::ExportableHostMemory.into());
-        }
+        let location = placement(device, &options)?;
         match options.handle_type {
             None => {}
             // No file descriptors off Unix (`ChunkHandle::Fd` is Unix only), whatever the device says.
@@ -97,20 +95,9 @@ impl VirtualMemoryResource {
         if options.gpu_direct_rdma && !properties.gpu_direct_rdma_with_vmm_supported {
             return Err(unsupported(DeviceFeature::GpuDirectRdma));
         }
-        if options.location_type == LocationType::HostNumaCurrent {
-            return Err(InvalidOptions::HostNumaCurrent.into());
-        }
         if options.peers.contains(&device) {
             return Err(InvalidOptions::OwnerAsPeer(device).into());
         }
-        let id = match options.location_type {
-            LocationType::Device => device.raw(),
-            LocationType::HostNuma => {
-                properties.host_numa_id.ok_or_else(|| unsupported(DeviceFeature::HostNumaNode))?
-            }
-            LocationType::Host | LocationType::HostNumaCurrent => 0,
-        };
-        let location = CUmemLocation { type_: options.location_type.raw(), id };
         let mut access = Vec::new();
         if let Some(flags) = descriptor_flags(options.self_access) {
             // The owner's descriptor names the device even for host memory: it is the device
@@ -151,7 +138,7 @@ impl VirtualMemoryResource {
             DEBUG,
             device = device.ordinal(),
             granularity = resource.granularity,
-            location = ?resource.options.location_type,
+            location = %resource.location(),
             handle_type = ?resource.options.handle_type,
             "virtual memory resource created"
         );
@@ -162,7 +149,7 @@ impl VirtualMemoryResource {
         let mut prop = CUmemAllocationProp {
             type_: self.options.allocation_type.raw(),
             requestedHandleTypes: HandleTypes::from(self.options.handle_type).raw(),
-            location: self.location,
+            location: self.location.raw(),
             ..CUmemAllocationProp::default()
         };
         prop.allocFlags.gpuDirectRDMACapable = u8::from(self.options.gpu_direct_rdma);
@@ -215,16 +202,11 @@ impl VirtualMemoryResource {
         self.granularity
     }
 
-    /// The location of the memory it allocates, as the driver describes it.
-    pub(crate) fn location(&self) -> CUmemLocation {
+    /// Where the memory it allocates (and maps, when it imports) lives: on its device, on the
+    /// host or on a host NUMA node. A receiver of shared virtual buffers uses it to pick the
+    /// resource to import each one with.
+    pub fn location(&self) -> Location {
         self.location
-    }
-
-    /// Where the memory it allocates (and maps, when it imports) lives: on its device, or on a
-    /// host NUMA node. A receiver of shared virtual buffers uses it to pick the resource to
-    /// import each one with.
-    pub fn memory_location(&self) -> MemoryLocation {
-        MemoryLocation::new(self.location.type_, self.location.id)
     }
 
     /// The alignment of its reservations.
@@ -435,5 +417,20 @@ mod tests {
         assert_eq!((event.number("chunks"), event.number("device")), (Some(grown.2 as u64), Some(0)));
         let in_place = (grown.0 == small.0).to_string();
         assert_eq!(event.fields.get("in_place"), Some(&in_place), "{event:?}");
+    }
+}
+
+/// Where `options` place the memory of a resource for `device`: its device unless they name the
+/// host or a host NUMA node.
+fn placement(device: Device, options: &VirtualMemoryResourceOptions) -> Result<Location> {
+    let location = options.location.unwrap_or(Location::Device(device));
+    match location {
+        Location::Device(d) if d == device => Ok(location),
+        // Plain host memory has no NUMA node to export it from.
+        Location::Host if options.handle_type.is_some() => Err(InvalidOptions::ExportableHostMemory.into()),
+        Location::Host | Location::HostNuma(_) => Ok(location),
+        // The calling thread's node is no place for memory that stays; another device's
+        // memory is its own resource's.
+        _ => Err(InvalidOptions::Location { location, device }.into()),
     }
 }

@@ -21,10 +21,10 @@ use cuda_mem_core::sys::cu_call;
 use cuda_mem_core::sys::types::{
     CUmemAllocationProp, CUmemFabricHandle, CUmemGenericAllocationHandle, CUmemLocation, CUmemLocationType,
 };
-use cuda_mem_core::{HandleType, Stream, driver};
+use cuda_mem_core::{HandleType, Location, Stream, driver};
 
 use crate::buffer::VirtualBuffer;
-use crate::error::{DescriptorError, MemoryLocation, Result, VmmError};
+use crate::error::{DescriptorError, Result, VmmError};
 use crate::pieces::{Physical, map_contiguously};
 use crate::release::release_deferred;
 use crate::resource::VirtualMemoryResource;
@@ -278,14 +278,11 @@ impl VirtualMemoryResource {
             let found = location_of(&physical)?;
             // Device memory must be on this resource's device; host memory is host memory
             // whatever id the driver reports for it.
+            let want_raw = want.raw();
             let device_type = CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
-            if found.type_ != want.type_ || (want.type_ == device_type && found.id != want.id) {
-                return Err(VmmError::ChunkLocation {
-                    chunk,
-                    count,
-                    found: MemoryLocation::new(found.type_, found.id),
-                    wanted: MemoryLocation::new(want.type_, want.id),
-                });
+            if found.type_ != want_raw.type_ || (want_raw.type_ == device_type && found.id != want_raw.id) {
+                let found = Location::from_raw(found).ok().flatten();
+                return Err(VmmError::ChunkLocation { chunk, count, found, wanted: want });
             }
             chunks.push(physical);
         }

@@ -5,8 +5,8 @@ mod common;
 
 use common::*;
 use cuda_mem_core::sys::types::CUresult;
-use cuda_mem_core::{Access, Device, Error, FillPattern};
-use cuda_mem_vmm::{LocationType, VirtualMemoryResource, VirtualMemoryResourceOptions, VmmError};
+use cuda_mem_core::{Access, Device, Error, FillPattern, Location};
+use cuda_mem_vmm::{VirtualMemoryResource, VirtualMemoryResourceOptions, VmmError};
 
 /// Allocates with `options`, checks rounding, placement, live objects, a round trip at both
 /// ends, and that dropping gives everything back.
@@ -15,7 +15,7 @@ fn allocate_round_trip_and_release(options: VirtualMemoryResourceOptions) {
     let s = stream(d0);
     let resource = VirtualMemoryResource::new(d0, options.clone()).unwrap();
     let g = resource.granularity();
-    let expected_device = (options.location_type == LocationType::Device).then_some(d0);
+    let expected_device = options.location.is_none().then_some(d0);
     let baseline = vmm_live();
     for (asked, rounded) in [(1, g), (g, g), (g + 1, 2 * g), (3 * g - 7, 3 * g)] {
         let buffer = resource.allocate(asked, Some(&s)).unwrap();
@@ -61,7 +61,7 @@ fn host_memory_round_trip_and_release() {
     machine!(&[], || {
         if cuda_sim::testing::simulator_only("live-object counts") {
             allocate_round_trip_and_release(
-                VirtualMemoryResourceOptions::default().location_type(LocationType::Host).handle_type(None),
+                VirtualMemoryResourceOptions::default().location(Location::Host).handle_type(None),
             );
         }
     });
@@ -72,7 +72,8 @@ fn host_numa_memory_round_trip_and_release() {
     machine!(&[], || {
         if cuda_sim::testing::simulator_only("live-object counts") {
             allocate_round_trip_and_release(
-                VirtualMemoryResourceOptions::default().location_type(LocationType::HostNuma),
+                VirtualMemoryResourceOptions::default()
+                    .location(Location::HostNuma(device(0).host_numa_node().unwrap())),
             );
         }
     });

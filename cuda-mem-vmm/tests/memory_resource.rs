@@ -12,11 +12,12 @@ use std::sync::{Arc, Mutex};
 use common::*;
 use cuda_mem_core::sys::types::CUresult;
 use cuda_mem_core::{
-    Buffer, Device, DevicePtr, Error, FillPattern, MemoryResource, MemoryResourceExt, PinnedMemoryResource, Stream,
+    Buffer, Device, DevicePtr, Error, FillPattern, ForeignMemory, Location, MemoryResource, MemoryResourceExt,
+    PinnedMemoryResource, Stream,
 };
 use cuda_mem_vmm::{
-    DeferCause, LocationType, VirtualBuffer, VirtualBufferDescriptor, VirtualMemoryResource,
-    VirtualMemoryResourceOptions, VmmError, release_deferred,
+    DeferCause, VirtualBuffer, VirtualBufferDescriptor, VirtualMemoryResource, VirtualMemoryResourceOptions, VmmError,
+    release_deferred,
 };
 
 /// The bytes of `buffer`, copied to pinned memory on `stream`.
@@ -53,7 +54,7 @@ fn plain_buffers_come_through_the_trait_and_go_back() {
             scoped.fill(FillPattern::U32(0x0102_0304), &s).unwrap();
             let mut back = PinnedMemoryResource::current().unwrap().allocate(4, &s).unwrap();
             // SAFETY: the first 4 bytes of `scoped`, which outlives the view's only use below.
-            let head = unsafe { Buffer::from_raw(scoped.ptr(), 4, Some(d0), true, false, None) };
+            let head = unsafe { Buffer::from_raw(scoped.ptr(), 4, ForeignMemory::device_memory(d0)) };
             back.copy_from(&head, &s).unwrap();
             assert_eq!(back.host_slice().unwrap(), 0x0102_0304u32.to_ne_bytes());
         }
@@ -74,7 +75,7 @@ fn plain_buffers_come_through_the_trait_and_go_back() {
 fn host_located_memory_belongs_to_no_device() {
     let d0 = device(0);
     let s = stream(d0);
-    let options = VirtualMemoryResourceOptions::default().location_type(LocationType::Host).handle_type(None);
+    let options = VirtualMemoryResourceOptions::default().location(Location::Host).handle_type(None);
     let resource = VirtualMemoryResource::new(d0, options).unwrap();
     assert_eq!(MemoryResource::device(&*resource), None);
     assert_eq!(resource.device(), d0, "the resource's own device stays the one it allocates for");

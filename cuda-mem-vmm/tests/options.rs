@@ -5,17 +5,17 @@
 mod common;
 
 use common::*;
-use cuda_mem_core::{Access, HandleType};
+use cuda_mem_core::{Access, HandleType, Location, NumaNode};
 use cuda_mem_vmm::{
-    AllocationType, DeviceFeature, Granularity, InvalidOptions, LocationType, VirtualMemoryResource,
-    VirtualMemoryResourceOptions, VmmError,
+    AllocationType, DeviceFeature, Granularity, InvalidOptions, VirtualMemoryResource, VirtualMemoryResourceOptions,
+    VmmError,
 };
 
 #[test]
 fn defaults_are_cuda_cores() {
     let options = VirtualMemoryResourceOptions::default();
     assert_eq!(options.allocation_type, AllocationType::Pinned);
-    assert_eq!(options.location_type, LocationType::Device);
+    assert_eq!(options.location, None, "on the resource's device");
     assert_eq!(options.handle_type, Some(HandleType::PosixFd));
     assert_eq!(options.granularity, Granularity::Recommended);
     assert!(!options.gpu_direct_rdma);
@@ -26,12 +26,7 @@ fn defaults_are_cuda_cores() {
     assert_eq!(options.peer_access, Access::ReadWrite);
     // Each enum's own default is the option's default.
     assert_eq!(AllocationType::default(), AllocationType::Pinned);
-    assert_eq!(LocationType::default(), LocationType::Device);
     assert_eq!(Granularity::default(), Granularity::Recommended);
-    assert!(!LocationType::Device.is_host());
-    for host in [LocationType::Host, LocationType::HostNuma, LocationType::HostNumaCurrent] {
-        assert!(host.is_host(), "{host:?}");
-    }
 }
 
 #[test]
@@ -39,7 +34,7 @@ fn builders_set_every_field_and_nothing_else() {
     let d0 = device(0);
     let options = VirtualMemoryResourceOptions::default()
         .allocation_type(AllocationType::Managed)
-        .location_type(LocationType::HostNuma)
+        .location(Location::HostNuma(NumaNode(1)))
         .handle_type(HandleType::Fabric)
         .granularity(Granularity::Minimum)
         .gpu_direct_rdma(true)
@@ -49,7 +44,7 @@ fn builders_set_every_field_and_nothing_else() {
         .self_access(Access::Read)
         .peer_access(Access::None);
     assert_eq!(options.allocation_type, AllocationType::Managed);
-    assert_eq!(options.location_type, LocationType::HostNuma);
+    assert_eq!(options.location, Some(Location::HostNuma(NumaNode(1))));
     assert_eq!(options.handle_type, Some(HandleType::Fabric));
     assert_eq!(options.granularity, Granularity::Minimum);
     assert!(options.gpu_direct_rdma);
@@ -94,13 +89,31 @@ fn an_alignment_that_is_not_a_power_of_two_is_refused() {
 #[test]
 fn host_memory_with_an_exportable_handle_type_is_refused() {
     for handle_type in [HandleType::PosixFd, HandleType::Fabric] {
-        let options =
-            VirtualMemoryResourceOptions::default().location_type(LocationType::Host).handle_type(handle_type);
+        let options = VirtualMemoryResourceOptions::default().location(Location::Host).handle_type(handle_type);
         let error = refused(options);
         assert!(matches!(error, VmmError::InvalidOptions(InvalidOptions::ExportableHostMemory)), "{error:?}");
         // Says both ways out: no handle type, or host NUMA memory.
         assert_mentions(&error.to_string(), &["Host", "handle_type(None)", "HostNuma"]);
     }
+}
+
+#[test]
+fn locations_memory_cannot_be_placed_at_are_refused() {
+    let d0 = device(0);
+    let mut refused_at = vec![Location::HostNumaCurrent];
+    refused_at.extend(try_device(1).map(Location::Device));
+    for location in refused_at {
+        let error = refused(VirtualMemoryResourceOptions::default().location(location));
+        assert!(
+            matches!(error, VmmError::InvalidOptions(InvalidOptions::Location { location: l, device }) if l == location && device == d0),
+            "{error:?}"
+        );
+        assert_mentions(&error.to_string(), &[&location.to_string(), "device 0", "Location::HostNuma(node)"]);
+    }
+    // Its own device, named, is the default's place.
+    let named =
+        VirtualMemoryResource::new(d0, VirtualMemoryResourceOptions::default().location(Location::Device(d0))).unwrap();
+    assert_eq!(named.location(), Location::Device(d0));
 }
 
 #[test]
@@ -148,9 +161,9 @@ fn the_first_invalid_option_is_reported_even_among_valid_ones() {
     // A valid resource becomes invalid by one change, and valid again by undoing it.
     let valid = VirtualMemoryResourceOptions::default().granularity(Granularity::Minimum).address_alignment(4 * G);
     VirtualMemoryResource::new(d0, valid.clone()).expect("valid");
-    let error = VirtualMemoryResource::new(d0, valid.clone().location_type(LocationType::Host)).unwrap_err();
+    let error = VirtualMemoryResource::new(d0, valid.clone().location(Location::Host)).unwrap_err();
     assert!(error.to_string().contains("handle_type(None)"), "{error}");
-    VirtualMemoryResource::new(d0, valid.location_type(LocationType::Host).handle_type(None)).expect("valid again");
+    VirtualMemoryResource::new(d0, valid.location(Location::Host).handle_type(None)).expect("valid again");
 }
 
 #[test]
@@ -191,7 +204,7 @@ fn host_location_without_a_handle_type_holds_data() {
     machine!(&[], || {
         let d0 = device(0);
         let s = stream(d0);
-        let options = VirtualMemoryResourceOptions::default().location_type(LocationType::Host).handle_type(None);
+        let options = VirtualMemoryResourceOptions::default().location(Location::Host).handle_type(None);
         let resource = VirtualMemoryResource::new(d0, options).unwrap();
         let buffer = resource.allocate(G / 2, Some(&s)).unwrap();
         assert_eq!(buffer.size(), G);
@@ -211,7 +224,8 @@ fn host_numa_location_with_posix_fd_holds_data_and_exports() {
     machine!(&[], || {
         let d0 = device(0);
         let s = stream(d0);
-        let options = VirtualMemoryResourceOptions::default().location_type(LocationType::HostNuma);
+        let options =
+            VirtualMemoryResourceOptions::default().location(Location::HostNuma(d0.host_numa_node().unwrap()));
         let resource = VirtualMemoryResource::new(d0, options).unwrap();
         let buffer = resource.allocate(1, Some(&s)).unwrap();
         assert_eq!(buffer.size(), resource.granularity());

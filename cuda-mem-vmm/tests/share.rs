@@ -13,9 +13,9 @@ use std::sync::Arc;
 
 use common::*;
 use cuda_mem_core::sys::types::CUresult;
-use cuda_mem_core::{HandleType, Stream};
+use cuda_mem_core::{HandleType, Location, Stream};
 use cuda_mem_vmm::{
-    ChunkHandle, DescriptorError, DeviceFeature, MAX_CHUNKS, MemoryLocation, VirtualBuffer, VirtualBufferDescriptor,
+    ChunkHandle, DescriptorError, DeviceFeature, MAX_CHUNKS, VirtualBuffer, VirtualBufferDescriptor,
     VirtualMemoryResource, VirtualMemoryResourceOptions, VmmError,
 };
 
@@ -172,7 +172,7 @@ fn memory_of_another_device_is_refused() {
         let descriptor = grown.export().unwrap();
         assert_eq!(descriptor.handles.len(), 2);
         let error = on_device_1.import(descriptor, Some(&s)).unwrap_err();
-        let (found, wanted) = (MemoryLocation::Device(0), MemoryLocation::Device(1));
+        let (found, wanted) = (Some(Location::Device(device(0))), Location::Device(d1));
         assert!(
             matches!(error, VmmError::ChunkLocation { chunk: 1, count: 2, found: f, wanted: w } if f == found && w == wanted),
             "{error:?}"
@@ -182,7 +182,7 @@ fn memory_of_another_device_is_refused() {
         // out.
         assert_mentions(
             &text,
-            &["chunk 1 of 2", "device 0, but", "device 1;", "import it with a resource for that device"],
+            &["chunk 1 of 2", "device 0, but", "device 1;", "import it with a resource for that location"],
         );
         assert_eq!(sim_live(), baseline, "nothing imported or mapped stays");
         assert_eq!(open_fds(), fds, "the descriptor's fds are closed");

@@ -4,8 +4,8 @@
 mod common;
 
 use common::*;
-use cuda_mem_core::Error;
-use cuda_mem_vmm::{LocationType, VirtualMemoryResource, VirtualMemoryResourceOptions, VmmError};
+use cuda_mem_core::{Error, Location};
+use cuda_mem_vmm::{VirtualMemoryResource, VirtualMemoryResourceOptions, VmmError};
 
 fn round_trip(options: VirtualMemoryResourceOptions) {
     let d0 = device(0);
@@ -40,7 +40,5 @@ fn device_memory_views_round_trip() {
 
 #[test]
 fn host_memory_views_round_trip() {
-    machine!(&[], || round_trip(
-        VirtualMemoryResourceOptions::default().location_type(LocationType::Host).handle_type(None)
-    ));
+    machine!(&[], || round_trip(VirtualMemoryResourceOptions::default().location(Location::Host).handle_type(None)));
 }

@@ -181,7 +181,7 @@ pub unsafe extern "C" fn dlpack_ffi_import_read(
     guarded(|| {
         // SAFETY: the caller hands over a tensor it owns, describing memory its producer keeps.
         let import = unsafe { DlpackImport::from_raw(tensor) }.map_err(|e| e.to_string())?;
-        let device = import.device().map_or_else(|| Device::new(0), Ok).map_err(|e| e.to_string())?;
+        let device = import.buffer().device().map_or_else(|| Device::new(0), Ok).map_err(|e| e.to_string())?;
         let stream = Stream::new(device, StreamOptions::default().non_blocking()).map_err(|e| e.to_string())?;
         let dtype = import.dtype();
         let described = ImportInfo {
@@ -192,16 +192,16 @@ pub unsafe extern "C" fn dlpack_ffi_import_read(
             dtype_lanes: dtype.lanes,
             ndim: import.shape().len() as i32,
             shape0: import.shape().first().copied().unwrap_or(0),
-            size: import.size() as u64,
-            ptr: import.ptr(),
+            size: import.buffer().size() as u64,
+            ptr: import.buffer().ptr(),
             read_only: i32::from(import.is_read_only()),
         };
         // SAFETY: the caller vouched that `info` is writable.
         unsafe { info.write(described) };
-        if import.size() != out_len {
-            return Err(format!("the tensor spans {} bytes, the destination holds {out_len}", import.size()));
+        if import.buffer().size() != out_len {
+            return Err(format!("the tensor spans {} bytes, the destination holds {out_len}", import.buffer().size()));
         }
-        let bytes = import.to_vec::<u8>(&stream).map_err(|e| e.to_string())?;
+        let bytes = import.buffer().to_vec::<u8>(&stream).map_err(|e| e.to_string())?;
         // SAFETY: the caller vouched for `out_len` bytes at `out`, which `bytes` has.
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), out, out_len) };
         drop(import);

@@ -51,11 +51,11 @@ fn virtual_buffers_export_and_stay_alive_in_the_tensor() {
     let source = unsafe { OwnedBy::new_exclusive(buffer, VirtualBuffer::as_buffer) };
     let mut import = take(export_dlpack::<u32>(source, &ExportOptions::default()).unwrap());
     import.view_mut::<u32>().unwrap().fill(9, &stream).unwrap();
-    assert_eq!(import.view::<u32>().unwrap().to_vec(&stream).unwrap(), vec![9; import.size() / 4]);
+    assert_eq!(import.view::<u32>().unwrap().to_vec(&stream).unwrap(), vec![9; import.buffer().size() / 4]);
     let plain = Buffer::allocate(vmm.clone() as Arc<dyn MemoryResource>, 4096, &stream).unwrap();
     drop(vmm);
     let import = take(plain.into_dlpack::<u8>(&ExportOptions::default()).unwrap());
-    assert_eq!(import.size(), 4096);
+    assert_eq!(import.buffer().size(), 4096);
 }
 
 #[test]

@@ -72,7 +72,7 @@ fn no_leaks_over_1000_export_import_drop_cycles() {
         assert_eq!(child_final, child_initial, "the child's descriptors once its mapped resources are gone");
     }
     for (k, pool) in pools.iter().enumerate() {
-        let used = cuda_mem_core::pool_of(&**pool).unwrap().attributes().unwrap().used_mem_current;
+        let used = pool.memory_pool().unwrap().attributes().unwrap().used_mem_current;
         assert_eq!(used, 0, "pool {k} has nothing in use");
     }
     drop(channel);

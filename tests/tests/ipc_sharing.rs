@@ -31,7 +31,7 @@ fn uuids_from(bytes: &[u8]) -> Vec<Uuid> {
 }
 
 fn used_mem(resource: &dyn MemoryResource) -> u64 {
-    cuda_mem_core::pool_of(resource).expect("a pool").attributes().expect("pool attributes").used_mem_current
+    resource.memory_pool().expect("a pool").attributes().expect("pool attributes").used_mem_current
 }
 
 fn assert_no_drop_errors() {

@@ -11,14 +11,13 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 
 use common::*;
-use cuda_mem_core::{Buffer, Device, HandleType, LegacyPinnedMemoryResource, Stream};
+use cuda_mem_core::{Buffer, Device, HandleType, LegacyPinnedMemoryResource, Location, NumaNode, Stream};
 use cuda_mem_ipc::{
     DecodeError, IpcChannel, IpcError, MAX_BUFFER_SIZE, Received, SharedVirtualBuffer,
     VirtualBufferDecodeError as Decode, VirtualBufferLocation,
 };
 use cuda_mem_vmm::{
-    ChunkHandle, DescriptorError, LocationType, MemoryLocation, VirtualBuffer, VirtualMemoryResource,
-    VirtualMemoryResourceOptions, VmmError,
+    ChunkHandle, DescriptorError, VirtualBuffer, VirtualMemoryResource, VirtualMemoryResourceOptions, VmmError,
 };
 use cuda_sim::testing::open_fds;
 use uuid::Uuid;
@@ -229,7 +228,9 @@ fn spoiled(name: &str, buffer: &VirtualBuffer) -> (Vec<u8>, Vec<OwnedFd>) {
             let uuid = if name == "a nil device" { Uuid::nil() } else { Uuid::from_u128(0x0bad_0000_de71_ce00) };
             shared.location = VirtualBufferLocation::Device { uuid, sender_ordinal: 7 };
         }
-        "host memory nothing is registered for" => shared.location = VirtualBufferLocation::HostNuma { node: 0 },
+        "host memory nothing is registered for" => {
+            shared.location = VirtualBufferLocation::HostNuma { node: NumaNode(0) }
+        }
         "a chunk off the granularity" => shared.descriptor.chunk_sizes[1] = (G + 4096) as u64,
         "a chunk size the driver refuses" => shared.descriptor.chunk_sizes[1] = 2 * G as u64,
         _ => {}
@@ -266,7 +267,7 @@ fn refused_as(name: &str, error: &IpcError) -> bool {
     let decode = |expected: fn(&Decode) -> bool| matches!(error, IpcError::VirtualBufferDecode(e) if expected(e));
     match name {
         "nothing registered" => {
-            matches!(error, IpcError::NoVirtualMemoryResource { location: MemoryLocation::Device(0) })
+            matches!(error, IpcError::NoVirtualMemoryResource { location: Location::Device(d) } if d.ordinal() == 0)
         }
         "magic" => decode(|e| matches!(e, Decode::Envelope(DecodeError::Magic { found, .. }) if found == b"CUMEMBUF")),
         "version 1" => {
@@ -286,7 +287,7 @@ fn refused_as(name: &str, error: &IpcError) -> bool {
             matches!(error, IpcError::DeviceNotVisible { sender_ordinal: 7, .. })
         }
         "host memory nothing is registered for" => {
-            matches!(error, IpcError::NoVirtualMemoryResource { location: MemoryLocation::HostNuma(0) })
+            matches!(error, IpcError::NoVirtualMemoryResource { location: Location::HostNuma(NumaNode(0)) })
         }
         "one fd too few" => decode(|e| matches!(e, Decode::FdCount { fds: 1, count: 2 })),
         "one fd too many" => decode(|e| matches!(e, Decode::FdCount { fds: 3, count: 2 })),
@@ -376,7 +377,8 @@ fn each_virtual_buffer_goes_to_the_resource_registered_for_its_location() {
     cuda_sim::testing::in_simulated_machine(test_name!(), &[("CUDA_SIM_DEVICES", "2")], || {
         let (device0, stream) = setup();
         let count = Device::count().unwrap();
-        let numa = VirtualMemoryResourceOptions::default().location_type(LocationType::HostNuma);
+        let numa =
+            VirtualMemoryResourceOptions::default().location(Location::HostNuma(device0.host_numa_node().unwrap()));
         let (a, b) = cuda_mem_ipc::Channel::pair().unwrap();
         let (sender, receiver) = (IpcChannel::new(a), IpcChannel::new(b));
 
@@ -411,7 +413,7 @@ fn each_virtual_buffer_goes_to_the_resource_registered_for_its_location() {
                 panic!("expected a virtual buffer")
             };
             assert!(Arc::ptr_eq(received.resource(), &importer), "{seed}: the resource for its location");
-            assert_eq!(received.resource().memory_location(), exporter.memory_location());
+            assert_eq!(received.resource().location(), exporter.location());
             assert_eq!(read_bytes(received.as_buffer(), &stream), pattern(seed, 2 * G));
         }
         if device1.is_none() {

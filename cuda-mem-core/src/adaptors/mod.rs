@@ -16,7 +16,7 @@
 //! allocated through an adaptor holds the adaptor, which holds what it wraps: the whole stack
 //! lives as long as the buffer. An adaptor over a pool resource is a
 //! [`PoolResource`](crate::PoolResource) (its
-//! `pool()` is the pool's) and [`pool_of`](crate::pool_of) sees through it, so such a pool and
+//! `pool()` is the pool's) and [`MemoryResource::memory_pool`](crate::MemoryResource::memory_pool) sees through it, so such a pool and
 //! its buffers are shared with other processes as the bare pool's are; what other processes do
 //! with the memory is not counted (an adaptor sees this process's calls only).
 
@@ -89,7 +89,7 @@ pub(crate) mod tests {
     use super::*;
     use crate::{
         Buffer, Device, DeviceMemoryResource, DeviceMemoryResourceOptions, Error, MemoryResource, PinnedMemoryResource,
-        PoolResource, Stream, pool_of,
+        PoolResource, Stream,
     };
 
     /// Device 0, a stream on it and a pool of its own (so that other tests' buffers are not in it).
@@ -139,7 +139,7 @@ pub(crate) mod tests {
             assert_eq!(adapted.device(), bare.device());
             assert_eq!(adapted.is_managed(), bare.is_managed());
             assert_eq!(adapted.may_be_written_externally(), bare.may_be_written_externally());
-            assert!(std::ptr::eq(pool_of(adapted).unwrap(), pool_of(bare).unwrap()), "pool_of sees through");
+            assert!(std::ptr::eq(adapted.memory_pool().unwrap(), bare.memory_pool().unwrap()), "seen through adaptors");
         }
         assert!(over_pinned.is_host_accessible() && !over_device.is_host_accessible());
         assert!(std::ptr::eq(over_device.pool(), pool.pool()), "an adaptor of a pool resource is one");
@@ -158,14 +158,13 @@ pub(crate) mod tests {
         let options = DeviceMemoryResourceOptions::default().ipc_enabled(true);
         let shared = StatisticsAdaptor::new(DeviceMemoryResource::new(device, options).unwrap());
         let buffer: Buffer = shared.allocate(4096, &stream).unwrap();
-        let pool = pool_of(buffer.memory_resource().unwrap()).expect("the pool behind the buffer's adaptor");
+        let pool = buffer.memory_resource().unwrap().memory_pool().expect("the pool behind the buffer's adaptor");
         assert!(pool.shareable_handle().is_ok());
         assert!(pool.export_pointer(buffer.ptr()).is_ok());
         assert!(shared.may_be_written_externally());
 
-        let pinned_options = crate::PinnedMemoryResourceOptions::default()
-            .ipc_enabled(true)
-            .location(crate::PinnedLocation::NearDevice(device));
+        let pinned_options =
+            crate::PinnedMemoryResourceOptions::default().ipc_enabled(true).numa_node(device.host_numa_node().unwrap());
         let pinned = TrackingAdaptor::new(PinnedMemoryResource::new(pinned_options).unwrap());
         let host = pinned.allocate(64, &stream).unwrap();
         assert!(matches!(host.host_slice(), Err(Error::WritableElsewhere { .. })));

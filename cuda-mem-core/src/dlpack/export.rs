@@ -16,16 +16,12 @@ use super::dtype::{DlpackElement, element_bytes};
 use super::error::DlpackError;
 use super::layout;
 use super::stream::{ConsumerStream, hand_over};
+use super::tensor::DlpackTensor;
 use crate::buffer::{Buffer, ScopedBuffer};
 use crate::device::Device;
 use crate::driver::driver;
 use crate::error::{Error, Result};
 use crate::view::{DeviceView, checked_range};
-
-/// An exported DLPack tensor (`DLManagedTensorVersioned`): dlpark's owning handle. Dropping it
-/// calls the deleter; hand it to C or Python with `into_raw()`, after which the consumer calls
-/// the deleter exactly once.
-pub type DlpackTensor = dlpark::versioned::Dlpack;
 
 /// How a buffer is exported: which elements, their shape and strides, whether the consumer may
 /// write, and the consumer's stream.
@@ -338,7 +334,7 @@ fn export_range(
     // it (checked above), and the buffer lives in the tensor's context until the deleter runs;
     // shape and strides live in the tensor's own allocation; the flags say read-only whenever
     // anything else may reach the memory.
-    Ok(unsafe { tensor.finish() })
+    Ok(DlpackTensor::new(unsafe { tensor.finish() }))
 }
 
 /// The DLPack device of the buffer's memory, as cuda.core's `Buffer.__dlpack_device__` reports

@@ -12,7 +12,7 @@ use super::dtype::{DlpackElement, element_bytes};
 use super::error::DlpackError;
 use super::export::ExportSource;
 use super::layout::{Unbounded, has_gaps, reach};
-use crate::buffer::Buffer;
+use crate::buffer::{Buffer, ForeignMemory};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::view::{DeviceView, DeviceViewMut};
@@ -72,8 +72,8 @@ impl DlpackImport {
     /// see; [`DlpackError::NullData`] for elements at a null pointer;
     /// [`DlpackError::UnsupportedDtype`] for a data type that is not a whole number of bytes;
     /// [`DlpackError::Malformed`] for inconsistent metadata; a driver error counting devices.
-    pub unsafe fn from_dlpack(tensor: dlpark::versioned::Dlpack) -> Result<DlpackImport> {
-        import(tensor)
+    pub unsafe fn from_dlpack(tensor: impl Into<dlpark::versioned::Dlpack>) -> Result<DlpackImport> {
+        import(tensor.into())
     }
 
     /// Takes a legacy tensor (`DLManagedTensor`, before DLPack 1.0: no version, no flags, so
@@ -120,7 +120,7 @@ impl DlpackImport {
         import(managed)
     }
 
-    /// The buffer over the tensor's memory, for reading (also through `Deref`).
+    /// The buffer over the tensor's memory, for reading: its copies, fills and views.
     pub fn buffer(&self) -> &Buffer {
         &self.buffer
     }
@@ -236,14 +236,6 @@ unsafe impl ExportSource for DlpackImport {
     }
 }
 
-impl std::ops::Deref for DlpackImport {
-    type Target = Buffer;
-
-    fn deref(&self) -> &Buffer {
-        self.buffer()
-    }
-}
-
 impl Drop for DlpackImport {
     fn drop(&mut self) {
         // The buffer, the last holder of the deleter, is dropped after this: the producer's
@@ -325,10 +317,15 @@ fn import<M: ManagedTensorBase>(tensor: Managed<M>) -> Result<DlpackImport> {
     };
     let device_desc = described.device();
     let deleter: Arc<dyn Any + Send + Sync> = Arc::new(tensor.into_deleter());
+    let memory = ForeignMemory::default()
+        .device(device)
+        .device_accessible(device_accessible)
+        .host_accessible(host_accessible)
+        .keep_alive(deleter);
     // SAFETY: the producer keeps the `size` bytes at `ptr` (every element the tensor reaches)
     // valid until its deleter is called, which the buffer's keep-alive does when the buffer is
     // dropped; the caller of the public constructors vouched for the memory's accessibility
     // and that nothing writes it behind host slices.
-    let buffer = unsafe { Buffer::from_raw(ptr, size, device, device_accessible, host_accessible, Some(deleter)) };
+    let buffer = unsafe { Buffer::from_raw(ptr, size, memory) };
     Ok(DlpackImport { buffer, shape, strides, dtype, device: device_desc, read_only })
 }

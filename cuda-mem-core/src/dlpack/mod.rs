@@ -10,6 +10,7 @@
 //! | file | holds |
 //! |---|---|
 //! | `export` | [`ExportOptions`], [`ExportSource`], [`OwnedBy`], `Buffer::into_dlpack`, `DeviceView::to_dlpack`, [`export_dlpack`] |
+//! | `tensor` | [`DlpackTensor`]: an exported tensor, until a consumer takes it |
 //! | `import` | [`DlpackImport`] |
 //! | `stream` | [`ConsumerStream`], [`RawStream`]: the stream exchange |
 //! | `dtype` | [`DlpackElement`]: Rust element types and their DLPack data types |
@@ -22,9 +23,11 @@ mod export;
 mod import;
 mod layout;
 mod stream;
+mod tensor;
 
 pub use dtype::DlpackElement;
 pub use error::DlpackError;
-pub use export::{DlpackTensor, ExportOptions, ExportSource, OwnedBy, export_dlpack, export_dlpack_as};
+pub use export::{ExportOptions, ExportSource, OwnedBy, export_dlpack, export_dlpack_as};
 pub use import::DlpackImport;
 pub use stream::{ConsumerStream, RawStream};
+pub use tensor::DlpackTensor;

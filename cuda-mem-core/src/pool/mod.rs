@@ -14,7 +14,7 @@
 //! The pool resources ([`DeviceMemoryResource`](crate::DeviceMemoryResource),
 //! [`PinnedMemoryResource`](crate::PinnedMemoryResource),
 //! [`ManagedMemoryResource`](crate::ManagedMemoryResource)) each hold one and expose it through
-//! `pool()`; [`pool_of`] finds it behind a `&dyn MemoryResource`.
+//! `pool()`; [`MemoryResource::memory_pool`](crate::MemoryResource::memory_pool) finds it behind any resource.
 
 mod attributes;
 mod imports;
@@ -24,8 +24,6 @@ mod peers;
 #[cfg(unix)]
 mod shareable;
 mod sharing;
-
-use std::any::Any;
 
 use cuda_mem_sys::types::{CUmemPoolProps, CUmemoryPool};
 use cuda_mem_sys::{Driver, cu_call};
@@ -39,10 +37,8 @@ pub(crate) use sharing::CachedExport;
 pub use sharing::{EXPORT_DATA_LEN, mapped_range_size};
 
 use crate::device::Device;
-use crate::device_resource::DeviceMemoryResource;
 use crate::driver::driver;
 use crate::error::{Error, Result};
-use crate::host_resources::{ManagedMemoryResource, PinnedMemoryResource};
 use crate::memory_resource::{DevicePtr, MemoryResource};
 use crate::stream::Stream;
 
@@ -51,27 +47,6 @@ use crate::stream::Stream;
 pub trait PoolResource: MemoryResource {
     /// The pool behind the resource.
     fn pool(&self) -> &MemoryPool;
-}
-
-/// The pool behind `resource`, when it is one of this crate's pool resources
-/// ([`DeviceMemoryResource`], [`PinnedMemoryResource`], [`ManagedMemoryResource`]) or adapts
-/// one, through any number of adaptors ([`MemoryResource::upstream`]): buffers allocated through
-/// a [`StatisticsAdaptor`](crate::StatisticsAdaptor) over a pool are that pool's, to share with
-/// other processes as any other. A crate with pool resources of its own looks for those itself,
-/// after this.
-pub fn pool_of(resource: &dyn MemoryResource) -> Option<&MemoryPool> {
-    let mut resource = resource;
-    while let Some(upstream) = resource.upstream() {
-        resource = upstream;
-    }
-    let any: &dyn Any = resource;
-    if let Some(device) = any.downcast_ref::<DeviceMemoryResource>() {
-        return Some(device.pool());
-    }
-    if let Some(pinned) = any.downcast_ref::<PinnedMemoryResource>() {
-        return Some(pinned.pool());
-    }
-    any.downcast_ref::<ManagedMemoryResource>().map(ManagedMemoryResource::pool)
 }
 
 /// A driver memory pool. An owned pool is destroyed when dropped (after its buffers, which keep
@@ -339,6 +314,10 @@ macro_rules! pool_resource {
 
             fn may_be_written_externally(&self) -> bool {
                 self.pool.is_shareable()
+            }
+
+            fn memory_pool(&self) -> Option<&$crate::MemoryPool> {
+                Some(&self.pool)
             }
         }
 

@@ -12,7 +12,7 @@
 use std::ffi::CStr;
 
 use cuda_mem_core::sys::cu_call;
-use cuda_mem_core::{Buffer, Device, MemoryResourceExt, PinnedMemoryResource, Stream, StreamOptions};
+use cuda_mem_core::{Buffer, Device, ForeignMemory, MemoryResourceExt, PinnedMemoryResource, Stream, StreamOptions};
 use cuda_mem_vmm::VirtualBuffer;
 use cuda_sim::testing::LiveObjects;
 
@@ -72,7 +72,13 @@ pub fn view(buffer: &VirtualBuffer, offset: usize, len: usize) -> Buffer {
     assert!(offset + len <= buffer.size(), "view [{offset}, +{len}) of a {}-byte buffer", buffer.size());
     // SAFETY: the range lies inside `buffer`, which the callers keep alive while they use the
     // view; the view claims no host access, so no host slice of it is ever lent.
-    unsafe { Buffer::from_raw(buffer.ptr() + offset as u64, len, buffer.device(), true, false, None) }
+    unsafe {
+        Buffer::from_raw(
+            buffer.ptr() + offset as u64,
+            len,
+            ForeignMemory::default().device(buffer.device()).device_accessible(true),
+        )
+    }
 }
 
 /// Writes `bytes` at `offset` of `buffer` on `stream` through a pinned staging buffer.

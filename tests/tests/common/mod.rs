@@ -20,7 +20,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use cuda_mem_core::{
-    Buffer, Device, DeviceMemoryResource, DeviceMemoryResourceOptions, LegacyPinnedMemoryResource, PinnedLocation,
+    Buffer, Device, DeviceMemoryResource, DeviceMemoryResourceOptions, ForeignMemory, LegacyPinnedMemoryResource,
     PinnedMemoryResource, PinnedMemoryResourceOptions, Stream, StreamOptions,
 };
 use cuda_mem_ipc::{CHANNEL_FD_ENV, CHANNEL_INODE_ENV, Channel, IpcChannel, MappedMemoryResource, Received};
@@ -60,7 +60,7 @@ pub fn device_pool(device: Device) -> Arc<DeviceMemoryResource> {
 /// A new IPC-enabled pinned pool, on the host NUMA node nearest `device` (what IPC needs).
 pub fn pinned_pool(device: Device) -> Arc<PinnedMemoryResource> {
     PinnedMemoryResource::new(
-        PinnedMemoryResourceOptions::default().ipc_enabled(true).location(PinnedLocation::NearDevice(device)),
+        PinnedMemoryResourceOptions::default().ipc_enabled(true).numa_node(device.host_numa_node().unwrap()),
     )
     .expect("an IPC-enabled pinned pool near device 0")
 }
@@ -264,10 +264,10 @@ pub fn view(buffer: &Buffer, offset: usize, len: usize) -> Buffer {
         Buffer::from_raw(
             buffer.ptr() + offset as u64,
             len,
-            buffer.device(),
-            buffer.is_device_accessible(),
-            buffer.is_host_accessible(),
-            None,
+            ForeignMemory::default()
+                .device(buffer.device())
+                .device_accessible(buffer.is_device_accessible())
+                .host_accessible(buffer.is_host_accessible()),
         )
     }
 }

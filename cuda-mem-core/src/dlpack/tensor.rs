@@ -1,0 +1,96 @@
+//! [`DlpackTensor`]: an exported versioned DLPack tensor, owned until it is handed to a
+//! consumer.
+
+use dlpark::DlpackFlags;
+use dlpark::ffi::{DLDataType, DLDevice, DLManagedTensorVersioned, DLTensor};
+
+use crate::memory_resource::DevicePtr;
+
+/// An exported DLPack tensor (`DLManagedTensorVersioned`), made by this crate's exports.
+///
+/// Dropping it calls the deleter, which releases the buffer. Hand it to C or to Python with
+/// [`into_raw`](DlpackTensor::into_raw): the consumer then calls the deleter, exactly once. A
+/// consumer in Rust takes it with [`DlpackImport::from_dlpack`](crate::DlpackImport::from_dlpack).
+pub struct DlpackTensor(dlpark::versioned::Dlpack);
+
+impl DlpackTensor {
+    /// A tensor this crate's export finished.
+    pub(super) fn new(tensor: dlpark::versioned::Dlpack) -> DlpackTensor {
+        DlpackTensor(tensor)
+    }
+
+    fn tensor(&self) -> &DLTensor {
+        // SAFETY: this crate's export built the descriptor, valid and unchanged until the
+        // deleter runs, which only dropping `self` (or a consumer, after `into_raw`) does.
+        unsafe { self.0.tensor() }
+    }
+
+    /// The pointer to hand to a consumer (C, or a Python capsule named `dltensor_versioned`),
+    /// which owns the tensor from then on and calls its deleter once.
+    pub fn into_raw(self) -> *mut DLManagedTensorVersioned {
+        self.0.into_raw()
+    }
+
+    /// dlpark's owning handle, for code that works with dlpark's own types.
+    pub fn into_inner(self) -> dlpark::versioned::Dlpack {
+        self.0
+    }
+
+    /// The address of the first element (0 for a tensor of no elements).
+    pub fn data_ptr(&self) -> DevicePtr {
+        (self.tensor().data as DevicePtr).wrapping_add(self.tensor().byte_offset)
+    }
+
+    /// The shape.
+    pub fn shape(&self) -> &[i64] {
+        self.per_dimension(self.tensor().shape)
+    }
+
+    /// The strides, in elements.
+    pub fn strides(&self) -> &[i64] {
+        self.per_dimension(self.tensor().strides)
+    }
+
+    /// The `ndim` values at `values` (one of the tensor's arrays); none for a scalar.
+    fn per_dimension(&self, values: *mut i64) -> &[i64] {
+        match usize::try_from(self.tensor().ndim) {
+            // SAFETY: the export wrote `ndim` values into each array, which live with the tensor.
+            Ok(ndim) if ndim > 0 && !values.is_null() => unsafe { std::slice::from_raw_parts(values, ndim) },
+            _ => &[],
+        }
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DLDataType {
+        self.tensor().dtype
+    }
+
+    /// The DLPack device (type and id).
+    pub fn dl_device(&self) -> DLDevice {
+        self.tensor().device
+    }
+
+    /// The DLPack flags (`READ_ONLY` when the consumer may not write).
+    pub fn flags(&self) -> DlpackFlags {
+        self.0.flags()
+    }
+}
+
+impl From<DlpackTensor> for dlpark::versioned::Dlpack {
+    fn from(tensor: DlpackTensor) -> Self {
+        tensor.0
+    }
+}
+
+impl std::fmt::Debug for DlpackTensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DlpackTensor")
+            .field("data", &format_args!("{:#x}", self.data_ptr()))
+            .field("shape", &self.shape())
+            .field("strides", &self.strides())
+            .field("dtype", &self.dtype())
+            .field("device", &self.dl_device())
+            .field("flags", &self.flags())
+            .finish()
+    }
+}
