@@ -474,7 +474,6 @@ macro_rules! driver_functions {
 }
 
 /// The generated accessors, one per driver function of `cuda.h`.
-#[allow(rustdoc::all, clippy::doc_lazy_continuation, clippy::doc_overindented_list_items)]
 mod functions {
     use crate::types::*;
     include!("generated/functions.rs");
