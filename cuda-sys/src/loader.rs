@@ -411,7 +411,7 @@ unsafe fn open_library(path: &Path) -> Result<libloading::Library, LoadError> {
 /// `dlsym` of one name; `None` when absent or null.
 fn lookup(library: &libloading::Library, name: &CStr) -> Option<*const c_void> {
     // SAFETY: the symbol is read as an address only; it is never called through this type.
-    let symbol = unsafe { library.get::<*const c_void>(name.to_bytes_with_nul()) }.ok()?;
+    let symbol = unsafe { library.get::<*const c_void>(name) }.ok()?;
     let address = *symbol;
     (!address.is_null()).then_some(address)
 }
