@@ -18,6 +18,10 @@
 //!
 //! Nothing here links against libcuda: the build needs neither the CUDA toolkit nor libclang.
 //!
+//! In the workspace this package lives in the folder `cuda-sys/`. The name `cuda-sys` is taken on
+//! crates.io (an older binding of the accel project), so the package is `cuda-mem-sys`; the folder
+//! keeps the workspace's designed layout.
+//!
 //! The bindings carry none of `cuda.h`'s documentation prose, which NVIDIA licenses apart from
 //! the code. Each driver function and type links instead to its group's page of NVIDIA's
 //! [CUDA Driver API reference](https://docs.nvidia.com/cuda/cuda-driver-api/), the authority on
