@@ -11,7 +11,7 @@ use crate::types::CUresult;
 #[non_exhaustive]
 pub enum LoadError {
     /// The dynamic loader could not open the library.
-    #[error("cannot load the CUDA driver from {path}: {source}")]
+    #[error("cannot load the CUDA driver from {path}: {}", loader_said(source))]
     Library {
         /// The name or path that was tried.
         path: PathBuf,
@@ -62,6 +62,12 @@ pub enum LoadError {
         /// The library it was looked up in.
         path: PathBuf,
     },
+}
+
+/// What the dynamic loader said (`dlerror`'s text). libloading's error names only the call that
+/// failed ("dlopen failed") and holds the system's message as its source.
+fn loader_said(error: &libloading::Error) -> String {
+    std::error::Error::source(error).map_or_else(|| error.to_string(), ToString::to_string)
 }
 
 fn version_suffix(version: Option<u32>) -> String {

@@ -18,9 +18,14 @@
 //!
 //! Nothing here links against libcuda: the build needs neither the CUDA toolkit nor libclang.
 //!
-//! Each driver function's and type's documentation is `cuda.h`'s, converted from Doxygen to
-//! Markdown when the bindings are generated; NVIDIA's
-//! [CUDA Driver API reference](https://docs.nvidia.com/cuda/cuda-driver-api/) is the authority.
+//! In the workspace this package lives in the folder `cuda-sys/`. The name `cuda-sys` is taken on
+//! crates.io (an older binding of the accel project), so the package is `cuda-mem-sys`; the folder
+//! keeps the workspace's designed layout.
+//!
+//! The bindings carry none of `cuda.h`'s documentation prose, which NVIDIA licenses apart from
+//! the code. Each driver function and type links instead to its group's page of NVIDIA's
+//! [CUDA Driver API reference](https://docs.nvidia.com/cuda/cuda-driver-api/), the authority on
+//! what it does.
 //!
 //! # Which module holds what
 //!
@@ -87,8 +92,7 @@ pub use older::OLDER_SYMBOLS;
     clippy::all,
     clippy::pedantic,
     clippy::undocumented_unsafe_blocks,
-    unpredictable_function_pointer_comparisons,
-    rustdoc::all
+    unpredictable_function_pointer_comparisons
 )]
 pub mod types {
     include!("generated/bindings.rs");

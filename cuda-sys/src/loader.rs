@@ -411,7 +411,7 @@ unsafe fn open_library(path: &Path) -> Result<libloading::Library, LoadError> {
 /// `dlsym` of one name; `None` when absent or null.
 fn lookup(library: &libloading::Library, name: &CStr) -> Option<*const c_void> {
     // SAFETY: the symbol is read as an address only; it is never called through this type.
-    let symbol = unsafe { library.get::<*const c_void>(name.to_bytes_with_nul()) }.ok()?;
+    let symbol = unsafe { library.get::<*const c_void>(name) }.ok()?;
     let address = *symbol;
     (!address.is_null()).then_some(address)
 }
@@ -474,7 +474,6 @@ macro_rules! driver_functions {
 }
 
 /// The generated accessors, one per driver function of `cuda.h`.
-#[allow(rustdoc::all, clippy::doc_lazy_continuation, clippy::doc_overindented_list_items)]
 mod functions {
     use crate::types::*;
     include!("generated/functions.rs");

@@ -9,8 +9,10 @@
 //!   from `cudaTypedefs.h` (`PFN_<name>_v<version>`);
 //! - `errors.rs`: the name and a one-line description of every `CUresult` code.
 //!
-//! Doc comments are `cuda.h`'s, converted from Doxygen to Markdown ([`crate::doxygen`]); the error
-//! descriptions are their plain text.
+//! The files carry none of `cuda.h`'s documentation prose (NVIDIA's header has its own licence):
+//! each item's doc is one line linking the page of NVIDIA's online reference for the header group
+//! that declares it ([`crate::doxygen`]). The error descriptions are the first sentence of each
+//! code's comment, as plain text, which error messages print.
 //!
 //! `--check` generates into memory and fails if the committed files differ.
 
@@ -21,6 +23,7 @@ use std::process::Command;
 
 use quote::ToTokens;
 
+use crate::doxygen::{self, Index};
 use crate::header;
 
 /// Where the generated files live, relative to the workspace root.
@@ -59,6 +62,8 @@ fn generate(include: &Path) -> Result<Vec<(&'static str, String)>, String> {
     let typedefs =
         std::fs::read_to_string(include.join("cudaTypedefs.h")).map_err(|e| format!("reading cudaTypedefs.h: {e}"))?;
     let versions = parse_typedef_versions(&typedefs);
+    let index = std::fs::read_to_string(&header).map_err(|e| format!("reading cuda.h: {e}"))?;
+    let index = Index::parse(&index)?;
 
     let legacy = run_bindgen(&header, include, false)?;
     let per_thread = run_bindgen(&header, include, true)?;
@@ -85,7 +90,7 @@ fn generate(include: &Path) -> Result<Vec<(&'static str, String)>, String> {
                     syn::ForeignItem::Fn(f) => Some(f),
                     _ => None,
                 }) {
-                    write_function(&mut functions, f, &versions, &per_thread_names);
+                    write_function(&mut functions, f, &versions, &per_thread_names, &index);
                 }
             }
             syn::Item::Impl(imp) if is_impl_of(imp, "cudaError_enum") => {
@@ -97,7 +102,10 @@ fn generate(include: &Path) -> Result<Vec<(&'static str, String)>, String> {
     }
 
     let mut bindings = syn::File { shebang: None, attrs: Vec::new(), items: type_items };
-    syn::visit_mut::VisitMut::visit_file_mut(&mut OneLineDocs, &mut bindings);
+    syn::visit_mut::VisitMut::visit_file_mut(&mut NoDocs, &mut bindings);
+    for item in &mut bindings.items {
+        link_item(item, &index);
+    }
     let bindings = format!("{}{}", banner("types, constants and enums of cuda.h"), prettyplease::unparse(&bindings));
     let functions = format!(
         "{}crate::driver_functions! {{\n{functions}}}\n",
@@ -140,8 +148,8 @@ fn run_bindgen(header: &Path, include: &Path, per_thread: bool) -> Result<String
         .derive_default(true)
         .derive_eq(true)
         .derive_hash(true)
+        // Only the error codes' comments are read (for their descriptions); the rest are dropped.
         .generate_comments(true)
-        .parse_callbacks(Box::new(Comments))
         .layout_tests(true)
         .formatter(bindgen::Formatter::None);
     if per_thread {
@@ -154,44 +162,39 @@ fn run_bindgen(header: &Path, include: &Path, per_thread: bool) -> Result<String
     Ok(bindings.to_string())
 }
 
-/// Turns cuda.h's Doxygen comments into Markdown that rustdoc renders without raw markup, neither
-/// compiling nor warning on it (see [`crate::doxygen`]).
-#[derive(Debug)]
-struct Comments;
+/// Removes every `#[doc]` attribute: the prose of `cuda.h`'s comments stays out of the bindings.
+struct NoDocs;
 
-impl bindgen::callbacks::ParseCallbacks for Comments {
-    fn process_comment(&self, comment: &str) -> Option<String> {
-        Some(crate::doxygen::to_markdown(comment))
+impl syn::visit_mut::VisitMut for NoDocs {
+    fn visit_attributes_mut(&mut self, attrs: &mut Vec<syn::Attribute>) {
+        attrs.retain(|attr| !attr.path().is_ident("doc"));
     }
 }
 
-/// Splits multi-line `#[doc]` attributes into one attribute per line, so that they print as `///`
-/// lines (a block doc comment keeps its indentation, which rustdoc would read as code).
-struct OneLineDocs;
-
-impl syn::visit_mut::VisitMut for OneLineDocs {
-    fn visit_attributes_mut(&mut self, attrs: &mut Vec<syn::Attribute>) {
-        let mut split = Vec::with_capacity(attrs.len());
-        for attr in attrs.drain(..) {
-            let text = match &attr.meta {
-                syn::Meta::NameValue(nv) if nv.path.is_ident("doc") => match &nv.value {
-                    syn::Expr::Lit(syn::ExprLit { lit: syn::Lit::Str(s), .. }) => Some(s.value()),
-                    _ => None,
-                },
-                _ => None,
-            };
-            match text {
-                Some(text) if text.contains('\n') => {
-                    for line in text.trim_end().lines() {
-                        let line = if line.is_empty() { String::new() } else { format!(" {line}") };
-                        split.push(syn::parse_quote!(#[doc = #line]));
-                    }
-                }
-                _ => split.push(attr),
-            }
-        }
-        *attrs = split;
+/// Gives a top-level type, constant or enum its link to NVIDIA's reference (fields and enum
+/// values are on their type's page).
+fn link_item(item: &mut syn::Item, index: &Index) {
+    let (name, attrs) = match item {
+        syn::Item::Const(i) => (i.ident.to_string(), &mut i.attrs),
+        syn::Item::Struct(i) => (i.ident.to_string(), &mut i.attrs),
+        syn::Item::Union(i) => (i.ident.to_string(), &mut i.attrs),
+        syn::Item::Type(i) => (i.ident.to_string(), &mut i.attrs),
+        syn::Item::Enum(i) => (i.ident.to_string(), &mut i.attrs),
+        syn::Item::Use(i) => match &i.tree {
+            syn::UseTree::Path(syn::UsePath { tree, .. }) => match &**tree {
+                syn::UseTree::Rename(rename) => (rename.rename.to_string(), &mut i.attrs),
+                _ => return,
+            },
+            _ => return,
+        },
+        _ => return,
+    };
+    if name == "_" {
+        // A layout test (`const _: () = …`), not an item of the header.
+        return;
     }
+    let line = format!(" {}", doxygen::link(&name, index.item(&name)));
+    attrs.insert(0, syn::parse_quote!(#[doc = #line]));
 }
 
 /// Maps a base name (`cuMemAlloc`) to its ABI versions: legacy ones, then per-thread ones.
@@ -243,6 +246,7 @@ fn write_function(
     f: &syn::ForeignItemFn,
     versions: &Versions,
     per_thread_names: &BTreeMap<String, String>,
+    index: &Index,
 ) {
     let name = f.sig.ident.to_string();
     let (base, variant) = split_variant(&name, versions);
@@ -255,9 +259,8 @@ fn write_function(
         per_thread.get(index).map(|v| (pt_name.clone(), *v))
     });
 
-    for line in doc_text(&f.attrs).lines() {
-        let _ = writeln!(out, "    ///{}{line}", if line.is_empty() { "" } else { " " });
-    }
+    let (written, group) = index.function(&name).map_or((name.as_str(), None), |(w, g)| (w, Some(g)));
+    let _ = writeln!(out, "    /// {}", doxygen::link(written, group));
     let args: Vec<String> = f
         .sig
         .inputs
@@ -325,7 +328,7 @@ fn collect_errors(imp: &syn::ItemImpl, out: &mut Vec<(u32, String, String)>) {
         let Ok(code) = code.base10_parse::<u32>() else {
             continue;
         };
-        out.push((code, c.ident.to_string(), first_sentence(&crate::doxygen::plain(&doc_text(&c.attrs)))));
+        out.push((code, c.ident.to_string(), first_sentence(&doxygen::plain(&doc_text(&c.attrs)))));
     }
 }
 

@@ -1,395 +1,334 @@
-//! `cuda.h`'s Doxygen comments as rustdoc Markdown, for the generated bindings.
+//! What `cuda.h`'s Doxygen markup gives the generated bindings: links and error descriptions.
 //!
-//! A converter of our own rather than a Doxygen→Markdown crate (`doxygen-rs`): `cuda.h` leans on
-//! NVIDIA's own aliases (`\notefnerr`, `\note_null_stream`, …), which such a crate leaves as raw
-//! markup, and on `::name` references, which it does not know; the commands the header uses are
-//! few and line-oriented. What each becomes:
+//! The bindings carry none of the header's documentation prose: NVIDIA's header has a licence of
+//! its own, and the crate is MIT or Apache-2.0. Each item links NVIDIA's online reference instead.
+//! [`Index`] reads which `\defgroup` of the header declares each name; [`Group::url`] is the page
+//! Doxygen made of that group. The pages' per-function anchors are hashes that cannot be derived
+//! from the header, so a link names the page and its text names the item.
 //!
-//! - `\brief`: the summary line, as is; `\par`: a paragraph break; `\struct`, `\typedef` and
-//!   `\defgroup` (Doxygen's own bookkeeping): dropped;
-//! - `\param[in] name - text`: an item of a `# Parameters` list; `\return(s)`: a `# Returns`
-//!   section; `\sa`: "See also:"; `\note`: "**Note:**"; `\deprecated`: "**Deprecated:**";
-//! - NVIDIA's note aliases: the sentence each stands for, linking NVIDIA's page where there is one;
-//! - inline: `\p x`, `\c x`, `\ref x` and `::x` references as code, `\e x` as emphasis, `\b x` as
-//!   bold, `\n` dropped (a line break in Doxygen, a line end here anyway); `\code`…`\endcode` as a
-//!   `text` block; HTML tags the header uses for tables and lists kept, any other `<…>` escaped;
-//! - the `< ` that opens a trailing member comment (`///<`) dropped.
+//! The one text taken from the header is the first sentence describing each `CUresult` code
+//! ([`plain`]). Error messages print it, as the driver's `cuGetErrorString` does at run time.
 
-/// NVIDIA's Doxygen aliases for notes, and the sentence each stands for.
-const NOTE_ALIASES: &[(&str, &str)] = &[
-    ("notefnerr", "this function may also return error codes from previous, asynchronous launches."),
-    (
-        "note_null_stream",
-        "this function uses standard [default stream semantics](https://docs.nvidia.com/cuda/cuda-driver-api/stream-sync-behavior.html).",
-    ),
-    (
-        "note_sync",
-        "this function exhibits [synchronous behavior](https://docs.nvidia.com/cuda/cuda-driver-api/api-sync-behavior.html) for most use cases.",
-    ),
-    (
-        "note_async",
-        "this function exhibits [asynchronous behavior](https://docs.nvidia.com/cuda/cuda-driver-api/api-sync-behavior.html) for most use cases.",
-    ),
-    (
-        "note_memcpy",
-        "see the [synchronization behavior of memcpy](https://docs.nvidia.com/cuda/cuda-driver-api/api-sync-behavior.html).",
-    ),
-    (
-        "note_memset",
-        "see the [synchronization behavior of memset](https://docs.nvidia.com/cuda/cuda-driver-api/api-sync-behavior.html).",
-    ),
-    (
-        "note_graph_thread_safety",
-        "graph objects are not thread-safe; see [graph thread safety](https://docs.nvidia.com/cuda/cuda-driver-api/graphs-thread-safety.html).",
-    ),
-    (
-        "note_destroy_ub",
-        "using the handle after this call, or destroying it while it is in use, is undefined behavior.",
-    ),
-];
+use std::collections::HashMap;
 
-/// HTML tags `cuda.h` writes on purpose (tables, lists, small print); rustdoc renders them.
-const KEPT_TAGS: &[&str] =
-    &["table", "tr", "td", "th", "br", "ul", "ol", "li", "small", "i", "b", "em", "strong", "sup", "sub"];
+/// The root of NVIDIA's online CUDA Driver API reference; every group page lies under it.
+pub const REFERENCE: &str = "https://docs.nvidia.com/cuda/cuda-driver-api/";
 
-/// Doxygen commands that only file the comment somewhere in Doxygen's output.
-const DROPPED: &[&str] = &["struct", "typedef", "defgroup", "ingroup", "addtogroup", "{", "}"];
-
-/// Converts one Doxygen comment (its text, without the comment markers) to Markdown.
-pub fn to_markdown(comment: &str) -> String {
-    let mut out = Lines::default();
-    let mut in_code = false;
-    let mut in_params = false;
-    let mut had_params = false;
-    for (index, raw) in normalize_lines(comment).iter().enumerate() {
-        let mut line = raw.trim();
-        if index == 0 {
-            line = line.strip_prefix("< ").or_else(|| line.strip_prefix('<').filter(|_| line == "<")).unwrap_or(line);
-        }
-        if line == "\\code" {
-            out.push("```text".to_string());
-            in_code = true;
-            continue;
-        }
-        if line == "\\endcode" {
-            out.push("```".to_string());
-            in_code = false;
-            continue;
-        }
-        if in_code {
-            out.push(raw.trim_end().to_string());
-            continue;
-        }
-        let (command, rest) = split_command(line);
-        if command.is_none() && line.is_empty() {
-            in_params = false;
-        }
-        match command {
-            Some("brief") => out.push(inline(rest)),
-            Some("param") | Some("param[in]") | Some("param[out]") | Some("param[in,out]") => {
-                if !had_params {
-                    out.section("# Parameters");
-                    had_params = true;
-                } else if !in_params {
-                    out.blank();
-                }
-                in_params = true;
-                let (name, text) = rest.split_once(char::is_whitespace).unwrap_or((rest, ""));
-                let text = text.trim_start();
-                let text = text.strip_prefix("- ").unwrap_or(text).trim();
-                let direction = match command {
-                    Some("param[in]") => " (in)",
-                    Some("param[out]") => " (out)",
-                    Some("param[in,out]") => " (in, out)",
-                    _ => "",
-                };
-                out.push(format!("- `{name}`{direction}: {}", inline(text)));
-            }
-            Some("return") | Some("returns") => {
-                in_params = false;
-                out.section("# Returns");
-                if !rest.is_empty() {
-                    out.push(inline(rest));
-                }
-            }
-            Some("sa") => {
-                in_params = false;
-                out.paragraph(format!("See also: {}", inline(rest)));
-            }
-            Some("note" | "note:") => {
-                in_params = false;
-                out.paragraph(format!("**Note:** {}", inline(rest)));
-            }
-            Some("deprecated") => {
-                in_params = false;
-                out.paragraph(format!("**Deprecated:** {}", inline(rest)).trim_end().to_string());
-            }
-            Some("par") => {
-                in_params = false;
-                out.blank();
-                if !rest.is_empty() {
-                    out.push(format!("**{}**", inline(rest)));
-                }
-            }
-            Some(name) if DROPPED.contains(&name) => {}
-            Some(name) if NOTE_ALIASES.iter().any(|(alias, _)| *alias == name) => {
-                in_params = false;
-                let sentence = NOTE_ALIASES.iter().find(|(alias, _)| *alias == name).map_or("", |(_, s)| s);
-                out.paragraph(format!("**Note:** {sentence}"));
-                if !rest.is_empty() {
-                    out.push(inline(rest));
-                }
-            }
-            _ if in_params && !line.is_empty() => out.push(format!("  {}", inline(line))),
-            _ => out.push(inline(line)),
-        }
-    }
-    if in_code {
-        out.push("```".to_string());
-    }
-    out.finish()
+/// One `\defgroup` of `cuda.h`: a page of NVIDIA's reference.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Group {
+    /// Its Doxygen name (`CUDA_MEM`).
+    pub name: String,
+    /// Its title (`Memory Management`).
+    pub title: String,
 }
 
-/// The comment's lines, one command per line where Doxygen reads commands anywhere: `\code`,
-/// `\endcode` and the block commands (`\param`, `\return`, `\note`, `\sa`) start lines of their
-/// own, and an inline command that ends a line (`… and \p`) moves to the next, beside its word.
-fn normalize_lines(comment: &str) -> Vec<String> {
-    const BREAKS: &[&str] = &["\\code", "\\endcode", "\\param", "\\returns", "\\return", "\\note", "\\sa "];
-    let mut lines: Vec<String> = Vec::new();
-    let mut carried = String::new();
-    for line in comment.lines() {
-        let mut rest = format!("{carried}{line}");
-        carried.clear();
-        for inline_command in ["\\p", "\\c", "\\e", "\\b", "\\ref"] {
-            if let Some(stripped) = rest.trim_end().strip_suffix(inline_command)
-                && (stripped.is_empty() || stripped.ends_with(char::is_whitespace) || stripped.ends_with(','))
-            {
-                carried = format!("{inline_command} ");
-                rest = stripped.trim_end().to_string();
-                break;
-            }
-        }
-        let was_blank = rest.trim().is_empty();
-        loop {
-            let trimmed = rest.trim_start();
-            if let Some(fence) = ["\\code", "\\endcode"].into_iter().find(|fence| trimmed.starts_with(fence)) {
-                lines.push(fence.to_string());
-                rest = trimmed[fence.len()..].to_string();
-                continue;
-            }
-            // A break after the line's first character: a command that starts the line stays.
-            let skip = trimmed.chars().next().map_or(0, char::len_utf8);
-            let found = BREAKS.iter().filter_map(|token| trimmed[skip..].find(token).map(|at| at + skip)).min();
-            let Some(at) = found else { break };
-            if !trimmed[..at].trim().is_empty() {
-                lines.push(trimmed[..at].to_string());
-            }
-            rest = trimmed[at..].to_string();
-        }
-        if !rest.trim().is_empty() || was_blank {
-            lines.push(rest);
-        }
-    }
-    if !carried.is_empty() {
-        lines.push(carried);
-    }
-    lines
-}
-
-/// The output's lines, with blank lines where sections begin and none doubled.
-#[derive(Default)]
-struct Lines(Vec<String>);
-
-impl Lines {
-    fn push(&mut self, line: String) {
-        if line.is_empty() {
-            self.blank();
-        } else {
-            self.0.push(line);
-        }
-    }
-
-    fn blank(&mut self) {
-        if self.0.last().is_some_and(|last| !last.is_empty()) {
-            self.0.push(String::new());
-        }
-    }
-
-    fn paragraph(&mut self, line: String) {
-        self.blank();
-        self.0.push(line);
-    }
-
-    fn section(&mut self, heading: &str) {
-        self.blank();
-        self.0.push(heading.to_string());
-        self.0.push(String::new());
-    }
-
-    fn finish(mut self) -> String {
-        while self.0.last().is_some_and(String::is_empty) {
-            self.0.pop();
-        }
-        let mut text = self.0.join("\n");
-        text.push('\n');
-        text
+impl Group {
+    /// The group's page. Doxygen writes each `_` of a group's name as `__` in file names.
+    pub fn url(&self) -> String {
+        format!("{REFERENCE}group__{}.html", self.name.replace('_', "__"))
     }
 }
 
-/// Splits `\command rest` into the command (with a `[in]`-style suffix) and the rest.
-fn split_command(line: &str) -> (Option<&str>, &str) {
-    let Some(body) = line.strip_prefix('\\') else {
-        return (None, line);
-    };
-    let end = body.find(char::is_whitespace).unwrap_or(body.len());
-    let (command, rest) = body.split_at(end);
-    (Some(command), rest.trim())
+/// The doc line that links `name` to its group's page, or to the reference's root for a name
+/// declared outside every group.
+pub fn link(name: &str, group: Option<&Group>) -> String {
+    match group {
+        // Brackets in a title (`[DEPRECATED]`) would read as a link inside the link.
+        Some(group) => format!(
+            "`{name}` in NVIDIA's CUDA Driver API reference: [{}]({}).",
+            group.title.replace('[', "\\[").replace(']', "\\]"),
+            group.url()
+        ),
+        None => format!("`{name}` in NVIDIA's [CUDA Driver API reference]({REFERENCE})."),
+    }
 }
 
-/// Inline markup: `\p x`, `\c x`, `\ref x`, `::x`, `\e x`, `\b x`, `\n`, stray `*` and `<…>`.
-fn inline(text: &str) -> String {
-    let chars: Vec<char> = text.chars().collect();
-    let mut out = String::with_capacity(text.len() + 16);
-    let mut i = 0;
-    while i < chars.len() {
-        let c = chars[i];
-        let prev = if i == 0 { ' ' } else { chars[i - 1] };
-        if c == '\\' {
-            let word: String = chars[i + 1..].iter().take_while(|c| c.is_ascii_alphabetic()).collect();
-            let after = i + 1 + word.len();
-            match word.as_str() {
-                "p" | "c" | "ref" | "e" | "b" if chars.get(after).is_some_and(|c| c.is_whitespace()) => {
-                    let start = after + 1;
-                    let len = chars[start..].iter().take_while(|c| is_word_char(**c)).count();
-                    let argument: String = chars[start..start + len].iter().collect();
-                    let argument = argument.trim_start_matches("::");
-                    if argument.is_empty() {
-                        i = after;
-                        continue;
+/// The groups of `cuda.h`, and the group each name is declared in.
+#[derive(Debug)]
+pub struct Index {
+    groups: Vec<Group>,
+    /// The innermost group open on each line of the header, as an index into `groups`.
+    line_groups: Vec<Option<usize>>,
+    /// Each identifier's first line outside comments. C declares a name before using it, so this
+    /// is where the name is declared.
+    first_use: HashMap<String, usize>,
+    /// The lines declaring each function (`CUresult CUDAAPI cuMemAlloc(`), by the name written.
+    declarations: HashMap<String, Vec<usize>>,
+    /// `#define cuMemAlloc cuMemAlloc_v2` read backwards: the names written for each symbol.
+    written_as: HashMap<String, Vec<String>>,
+}
+
+impl Index {
+    /// Reads the groups and declarations of `header` (the text of `cuda.h`).
+    ///
+    /// # Errors
+    /// - a `@{` with no `\defgroup` before it, or a `@}` that closes no group;
+    /// - a group still open at the end of the header.
+    pub fn parse(header: &str) -> Result<Self, String> {
+        let (groups, line_groups) = parse_groups(header)?;
+        let tokens = tokenize(&strip_comments(header));
+        let mut first_use = HashMap::new();
+        let mut declarations: HashMap<String, Vec<usize>> = HashMap::new();
+        let mut written_as: HashMap<String, Vec<String>> = HashMap::new();
+        for (i, (token, line)) in tokens.iter().enumerate() {
+            if is_ident(token) {
+                first_use.entry(token.clone()).or_insert(*line);
+            }
+            let next = |k: usize| tokens.get(i + k).map(|(t, _)| t.as_str());
+            if token == "CUDAAPI" && next(1).is_some_and(is_ident) && next(2) == Some("(") {
+                declarations.entry(tokens[i + 1].0.clone()).or_default().push(tokens[i + 1].1);
+            }
+            if token == "#" && next(1) == Some("define") {
+                let directive: Vec<&str> =
+                    tokens[i + 2..].iter().take_while(|(_, l)| l == line).map(|(t, _)| t.as_str()).collect();
+                if let Some((written, symbol)) = alias(&directive) {
+                    written_as.entry(symbol.to_string()).or_default().push(written.to_string());
+                }
+            }
+        }
+        Ok(Index { groups, line_groups, first_use, declarations, written_as })
+    }
+
+    /// The group of the line `line` (0-based).
+    fn group_at(&self, line: usize) -> Option<&Group> {
+        self.line_groups.get(line).copied().flatten().map(|index| &self.groups[index])
+    }
+
+    /// The name a function symbol is written as in its group (`cuMemAlloc` for `cuMemAlloc_v2`),
+    /// and that group. Declarations outside every group (the header's older variants, for its
+    /// own build) do not count.
+    pub fn function<'a>(&'a self, symbol: &'a str) -> Option<(&'a str, &'a Group)> {
+        let written = self.written_as.get(symbol).into_iter().flatten().map(String::as_str);
+        std::iter::once(symbol).chain(written).find_map(|name| {
+            let lines = self.declarations.get(name)?;
+            lines.iter().find_map(|line| self.group_at(*line)).map(|group| (name, group))
+        })
+    }
+
+    /// The group of a type, constant or enum. A name bindgen made for a nested type
+    /// (`Outer_Inner`, `Outer__bindgen_ty_1`) is filed with its outer type: the longest prefix,
+    /// cut at an underscore, that the header uses.
+    pub fn item(&self, name: &str) -> Option<&Group> {
+        let name = name.split("__bindgen_ty").next().unwrap_or(name);
+        let line = std::iter::successors(Some(name), |n| n.rsplit_once('_').map(|(head, _)| head))
+            .find_map(|n| self.first_use.get(n))?;
+        self.group_at(*line)
+    }
+}
+
+/// The groups and, for each line, the innermost group open there. A group opens at the `@{`
+/// after its `\defgroup` and closes at the matching `@}`.
+fn parse_groups(header: &str) -> Result<(Vec<Group>, Vec<Option<usize>>), String> {
+    let mut groups = Vec::new();
+    let mut line_groups = Vec::new();
+    let mut pending = None;
+    let mut open = Vec::new();
+    for (number, line) in header.lines().enumerate() {
+        if let Some((_, rest)) = line.split_once("\\defgroup") {
+            let (name, title) = rest.trim().split_once(char::is_whitespace).unwrap_or((rest.trim(), ""));
+            pending = Some(Group { name: name.to_string(), title: title.trim().to_string() });
+        }
+        if line.contains("@{") {
+            let group = pending.take().ok_or(format!("cuda.h:{}: `@{{` with no \\defgroup before it", number + 1))?;
+            groups.push(group);
+            open.push(groups.len() - 1);
+        }
+        line_groups.push(open.last().copied());
+        if line.contains("@}") && open.pop().is_none() {
+            return Err(format!("cuda.h:{}: `@}}` closes no group", number + 1));
+        }
+    }
+    match open.last() {
+        Some(index) => Err(format!("cuda.h: group {} is never closed", groups[*index].name)),
+        None => Ok((groups, line_groups)),
+    }
+}
+
+/// `cuMemAlloc cuMemAlloc_v2` or `cuMemcpyHtoD __CUDA_API_PTDS ( cuMemcpyHtoD_v2 )` (the tokens
+/// of a `#define` after the word) as (written name, symbol); `None` for any other macro.
+fn alias<'a>(directive: &[&'a str]) -> Option<(&'a str, &'a str)> {
+    match directive {
+        [written, symbol] | [written, _, "(", symbol, ")"] if written.starts_with("cu") && is_ident(symbol) => {
+            Some((written, symbol))
+        }
+        _ => None,
+    }
+}
+
+/// `text` with its comments and string literals blanked, its lines kept where they were.
+fn strip_comments(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        match (c, chars.peek()) {
+            ('/', Some('*')) => {
+                chars.next();
+                let mut last = ' ';
+                for c in chars.by_ref() {
+                    if c == '\n' {
+                        out.push('\n');
                     }
-                    match word.as_str() {
-                        "e" => out.push_str(&format!("*{argument}*")),
-                        "b" => out.push_str(&format!("**{argument}**")),
-                        _ => out.push_str(&format!("`{argument}`")),
+                    if last == '*' && c == '/' {
+                        break;
                     }
-                    i = start + len;
-                    continue;
+                    last = c;
                 }
-                "n" => {
-                    i = after;
-                    continue;
-                }
-                _ => {}
+                out.push(' ');
             }
-            out.push('\\');
-            i += 1;
-            continue;
-        }
-        if c == ':' && chars.get(i + 1) == Some(&':') && !is_word_char(prev) && prev != ':' {
-            let start = i + 2;
-            let len = chars[start..].iter().take_while(|c| is_word_char(**c)).count();
-            if len > 0 && !chars[start].is_ascii_digit() {
-                let mut name: String = chars[start..start + len].iter().collect();
-                let mut end = start + len;
-                // `::cuInit()`: the call parentheses go inside the code span.
-                if chars.get(end) == Some(&'(') && chars.get(end + 1) == Some(&')') {
-                    name.push_str("()");
-                    end += 2;
+            ('/', Some('/')) => {
+                while chars.peek().is_some_and(|c| *c != '\n') {
+                    chars.next();
                 }
-                out.push_str(&format!("`{name}`"));
-                i = end;
-                continue;
             }
+            ('"', _) => {
+                let mut escaped = false;
+                for c in chars.by_ref() {
+                    if c == '"' && !escaped {
+                        break;
+                    }
+                    escaped = c == '\\' && !escaped;
+                }
+                out.push_str("\"\"");
+            }
+            _ => out.push(c),
         }
-        if c == '*' && !prev.is_alphanumeric() && chars.get(i + 1).is_some_and(|n| n.is_alphanumeric() || *n == '_') {
-            // `*dptr`: a C dereference, not emphasis.
-            out.push_str("\\*");
-            i += 1;
-            continue;
-        }
-        if c == '<' {
-            let close = chars[i..].iter().position(|c| *c == '>');
-            let tag: Option<String> = close.map(|len| chars[i + 1..i + len].iter().collect());
-            let known = tag.as_deref().is_some_and(|tag| {
-                let name = tag.trim_start_matches('/').trim_end_matches('/').trim();
-                KEPT_TAGS.contains(&name.to_ascii_lowercase().as_str())
-            });
-            out.push_str(if known { "<" } else { "&lt;" });
-            i += 1;
-            continue;
-        }
-        out.push(c);
-        i += 1;
     }
     out
 }
 
-/// Characters of a C identifier or a `::`-qualified path.
-fn is_word_char(c: char) -> bool {
-    c.is_ascii_alphanumeric() || c == '_' || c == ':'
+/// The identifiers and punctuation characters of C text, each with its line (0-based).
+fn tokenize(code: &str) -> Vec<(String, usize)> {
+    let mut tokens = Vec::new();
+    for (number, line) in code.lines().enumerate() {
+        let mut chars = line.char_indices().peekable();
+        while let Some((start, c)) = chars.next() {
+            if c.is_ascii_alphabetic() || c == '_' || c.is_ascii_digit() {
+                let mut end = start + c.len_utf8();
+                while let Some((at, next)) = chars.next_if(|(_, n)| n.is_ascii_alphanumeric() || *n == '_') {
+                    end = at + next.len_utf8();
+                }
+                tokens.push((line[start..end].to_string(), number));
+            } else if !c.is_whitespace() {
+                tokens.push((c.to_string(), number));
+            }
+        }
+    }
+    tokens
 }
 
-/// The plain text of converted Markdown (for the error table's descriptions, printed in error
-/// messages): code spans and emphasis markers removed.
-pub fn plain(markdown: &str) -> String {
-    markdown.replace("**", "").replace('`', "").replace("\\*", "*").replace("&lt;", "<")
+/// Whether a token is a C identifier (a number is not).
+fn is_ident(token: &str) -> bool {
+    token.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+}
+
+/// The plain text of a Doxygen comment, on one line: `\deprecated` and `\note` as words, the
+/// inline commands (`\p x`, `\c x`, `\ref x`, `\e x`, `\b x`, `\n`) and `::` references as
+/// their bare argument, the `<` of a trailing member comment (`///<`) dropped.
+pub fn plain(comment: &str) -> String {
+    let mut words = Vec::new();
+    let flat = comment.split_whitespace().collect::<Vec<_>>();
+    for (index, word) in flat.iter().enumerate() {
+        let word = match *word {
+            "<" if index == 0 => continue,
+            "\\brief" | "\\p" | "\\c" | "\\ref" | "\\e" | "\\b" | "\\n" => continue,
+            "\\deprecated" => "Deprecated:",
+            "\\note" => "Note:",
+            word => word,
+        };
+        let word = word.strip_suffix("\\n").unwrap_or(word);
+        words.push(word.replace("::", ""));
+    }
+    words.join(" ")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn converts_a_function_comment() {
-        let doxygen = "\\brief Frees memory with stream ordered semantics\n\n\
-            Inserts a free operation into \\p hStream.\n\
-            \\note During stream capture, this function results in a free node.\n\n\
-            \\param dptr - memory to free\n\
-            \\param[in] hStream  - The stream establishing the\n\
-            stream ordering contract.\n\
-            \\returns\n::CUDA_SUCCESS,\n::CUDA_ERROR_INVALID_VALUE\n\
-            \\notefnerr\n\n\\sa ::cuMemAllocAsync, ::cuMemFree_v2\n";
-        let expected = "Frees memory with stream ordered semantics\n\n\
-            Inserts a free operation into `hStream`.\n\n\
-            **Note:** During stream capture, this function results in a free node.\n\n\
-            # Parameters\n\n\
-            - `dptr`: memory to free\n\
-            - `hStream` (in): The stream establishing the\n  stream ordering contract.\n\n\
-            # Returns\n\n`CUDA_SUCCESS`,\n`CUDA_ERROR_INVALID_VALUE`\n\n\
-            **Note:** this function may also return error codes from previous, asynchronous launches.\n\n\
-            See also: `cuMemAllocAsync`, `cuMemFree_v2`\n";
-        assert_eq!(to_markdown(doxygen), expected);
+    /// A header in `cuda.h`'s layout: an ungrouped typedef, two groups, a renamed function and
+    /// an older variant declared outside every group.
+    const HEADER: &str = "\
+typedef unsigned int cuuint32_t;
+#define cuMemAlloc cuMemAlloc_v2
+#define cuMemcpyHtoD __CUDA_API_PTDS(cuMemcpyHtoD_v2)
+/**
+ * \\defgroup CUDA_TYPES Data types used by CUDA driver
+ * @{
+ */
+typedef struct CUstream_st *CUstream; /**< CUDA stream */
+typedef union CUlaunchAttributeValue_union { struct { int x; } clusterDim; } CUlaunchAttributeValue;
+/** @} */ /* END CUDA_TYPES */
+/**
+ * \\defgroup CUDA_DEVICE_DEPRECATED Device Management [DEPRECATED]
+ * @{
+ */
+/** \\brief Allocates ::CUstream memory. */
+#pragma message(\"CUresult CUDAAPI cuFree(void)\")
+CUresult CUDAAPI cuMemAlloc(CUdeviceptr *dptr, size_t bytesize);
+CUresult CUDAAPI
+cuMemcpyHtoD(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount);
+/** @} */
+#if defined(__CUDA_API_VERSION_INTERNAL)
+CUresult CUDAAPI cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytesize);
+CUresult CUDAAPI cuOutside(void);
+#endif
+";
+
+    fn group(name: &str, title: &str) -> Group {
+        Group { name: name.to_string(), title: title.to_string() }
     }
 
     #[test]
-    fn leaves_no_doxygen_command_behind() {
-        let doxygen = "< The ::CU_STREAM_WAIT_VALUE_FLUSH flag. See \\ref CUDA_MEMOP for details.\\n\n\
-            \\deprecated Use \\c cuFoo instead.\n\\par\n\\e italic \\b bold <major number> <td>x</td>\n\
-            \\typedef struct CUfoo_st* CUfoo\nReturned in *dptr, by ::cuInit().";
-        let markdown = to_markdown(doxygen);
-        assert!(!markdown.contains('\\') || markdown.contains("\\*"), "{markdown}");
-        for command in ["\\ref", "\\n", "\\deprecated", "\\par", "\\e ", "\\b ", "\\c ", "\\typedef"] {
-            assert!(!markdown.contains(command), "{command} in {markdown}");
-        }
-        assert!(markdown.starts_with("The `CU_STREAM_WAIT_VALUE_FLUSH` flag. See `CUDA_MEMOP` for details."));
-        assert!(markdown.contains("**Deprecated:** Use `cuFoo` instead."));
-        assert!(markdown.contains("*italic* **bold** &lt;major number> <td>x</td>"));
-        assert!(markdown.contains("Returned in \\*dptr, by `cuInit()`."));
-        assert_eq!(plain("**Deprecated:** `cuInit()` in \\*dptr"), "Deprecated: cuInit() in *dptr");
+    fn files_each_name_under_the_group_that_declares_it() -> Result<(), String> {
+        let index = Index::parse(HEADER)?;
+        let types = group("CUDA_TYPES", "Data types used by CUDA driver");
+        let device = group("CUDA_DEVICE_DEPRECATED", "Device Management [DEPRECATED]");
+        assert_eq!(index.item("CUstream"), Some(&types));
+        assert_eq!(index.item("CUstream_st"), Some(&types));
+        assert_eq!(index.item("CUlaunchAttributeValue_union__bindgen_ty_1"), Some(&types));
+        assert_eq!(index.item("CUlaunchAttributeValue_union_clusterDim"), Some(&types));
+        assert_eq!(index.item("cuuint32_t"), None);
+        assert_eq!(index.function("cuMemAlloc_v2"), Some(("cuMemAlloc", &device)));
+        assert_eq!(index.function("cuMemcpyHtoD_v2"), Some(("cuMemcpyHtoD", &device)));
+        assert_eq!(index.function("cuOutside"), None);
+        assert_eq!(index.function("cuFree"), None, "a name in a string is no declaration");
+        Ok(())
     }
 
     #[test]
-    fn reads_commands_where_doxygen_does() {
-        let doxygen = "Mapping for a certain\nkernel \\param blockSize Block size.\n\
-            leave both \\p\nblockSize and \\p\ndynamicSMemSize as 0.\n\\note: Allocations count.";
-        let expected = "Mapping for a certain\nkernel\n\n# Parameters\n\n- `blockSize`: Block size.\n  \
-            leave both\n  `blockSize` and\n  `dynamicSMemSize` as 0.\n\n**Note:** Allocations count.\n";
-        assert_eq!(to_markdown(doxygen), expected);
+    fn links_the_group_page_doxygen_names() {
+        let device = group("CUDA_DEVICE_DEPRECATED", "Device Management [DEPRECATED]");
+        assert_eq!(device.url(), "https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__DEVICE__DEPRECATED.html");
+        assert_eq!(
+            link("cuDeviceComputeCapability", Some(&device)),
+            "`cuDeviceComputeCapability` in NVIDIA's CUDA Driver API reference: \
+             [Device Management \\[DEPRECATED\\]](https://docs.nvidia.com/cuda/cuda-driver-api/\
+             group__CUDA__DEVICE__DEPRECATED.html)."
+        );
+        assert_eq!(
+            link("cuuint32_t", None),
+            "`cuuint32_t` in NVIDIA's [CUDA Driver API reference](https://docs.nvidia.com/cuda/cuda-driver-api/)."
+        );
     }
 
     #[test]
-    fn keeps_code_blocks_verbatim() {
-        let doxygen = "Example: \\code\n    int a = ::b; \\p c\n\\endcode\nAfter.";
-        assert_eq!(to_markdown(doxygen), "Example:\n```text\n    int a = ::b; \\p c\n```\nAfter.\n");
+    fn refuses_groups_that_do_not_nest() {
+        assert!(Index::parse("/** @{ */").is_err_and(|e| e.contains("no \\defgroup")));
+        assert!(Index::parse("/** @} */").is_err_and(|e| e.contains("closes no group")));
+        assert!(Index::parse("/** \\defgroup A B\n @{ */").is_err_and(|e| e.contains("A is never closed")));
+    }
+
+    #[test]
+    fn error_descriptions_are_plain_text() {
+        assert_eq!(
+            plain("This indicates that the CUDA driver has not been initialized with\n::cuInit() or that it failed."),
+            "This indicates that the CUDA driver has not been initialized with cuInit() or that it failed."
+        );
+        assert_eq!(
+            plain("\\deprecated\nThis error return is deprecated as of CUDA 5.0. It is no longer an error"),
+            "Deprecated: This error return is deprecated as of CUDA 5.0. It is no longer an error"
+        );
+        assert_eq!(plain("< The \\p flags of \\ref CUDA_MEMOP.\\n"), "The flags of CUDA_MEMOP.");
     }
 }

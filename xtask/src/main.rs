@@ -45,7 +45,8 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("bench") if rest.is_empty() => bench::run(&workspace, false),
         Some("bench") if rest == ["--compare"] => bench::run(&workspace, true),
-        Some("bindgen") => run_bindgen(&workspace, rest.iter().any(|a| a == "--check")),
+        Some("bindgen") if rest.is_empty() => run_bindgen(&workspace, false),
+        Some("bindgen") if rest == ["--check"] => run_bindgen(&workspace, true),
         Some("ci") if rest.is_empty() => ci::run(&workspace),
         Some("platforms") if rest.is_empty() => platforms::run(&workspace),
         Some("demo") => demo::run(&workspace, "demo", rest),

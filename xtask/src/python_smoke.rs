@@ -2,8 +2,9 @@
 //! into a private virtual environment, drives the simulator through the normal library search
 //! (`libcuda.so.1` in `LD_LIBRARY_PATH`), which shows that programs other than ours can load the
 //! simulator; and cuda.core, installed beside it, shares pools and buffers with Rust processes
-//! through `python/cuda_mem_exchange.py` ([`exchange_test`]). Both are skipped, saying why, where
-//! Python or PyPI cannot be had.
+//! through `python/cuda_mem_exchange.py` ([`exchange_test`]), installed as users install it (the
+//! package `python/`, with its `cuda` extra). Both are skipped, saying why, where Python or PyPI
+//! cannot be had.
 
 use std::path::Path;
 use std::process::Command;
@@ -29,11 +30,23 @@ pub const PYTHON_TEST_TARGETS: &[&str] =
 /// DLPack between cuda-mem-core and cuda.core in one process, and cuda.core's `copy_batch`,
 /// `CopyOptions`, graphs and managed memory, on the simulator, with [`PYTHON_ENV`] naming a Python with
 /// cuda.core; `Ok(Err(reason))` when Python or PyPI cannot be had.
+///
+/// The Python gets the package `python/` (`pip install ./python[cuda]`, beside the releases pinned
+/// here), and the installed module must import from outside the workspace.
 pub fn exchange_test(workspace: &Path) -> Result<Result<Command, String>, String> {
-    let python = match venv(workspace, &[CUDA_BINDINGS, CUDA_CORE])? {
+    let package = format!("{}[cuda]", workspace.join("python").display());
+    let python = match venv(workspace, &[&package, CUDA_BINDINGS, CUDA_CORE])? {
         Ok(python) => python,
         Err(reason) => return Ok(Err(reason)),
     };
+    let imported = Command::new(&python)
+        .args(["-c", "import cuda_mem_exchange"])
+        .current_dir(workspace.join("target"))
+        .status()
+        .map_err(|e| format!("running {}: {e}", python.display()))?;
+    if !imported.success() {
+        return Err(format!("the installed package does not import cuda_mem_exchange ({imported})"));
+    }
     let mut command = crate::cargo(workspace);
     command.args(["test", "-p", "tests"]);
     for target in PYTHON_TEST_TARGETS {
