@@ -99,7 +99,7 @@ pub enum VirtualBufferLocation {
 /// receiver.import_virtual_buffers_into(VirtualMemoryResource::new(device, VirtualMemoryResourceOptions::default())?);
 ///
 /// let vmm = VirtualMemoryResource::new(device, VirtualMemoryResourceOptions::default())?;
-/// let buffer = vmm.allocate(1 << 20, Some(&stream))?.grow(8 << 20)?;
+/// let buffer = vmm.allocate(1 << 20, &stream)?.grow(8 << 20)?;
 /// sender.send_virtual_buffer(&buffer)?; // one file descriptor per chunk
 /// let Received::VirtualBuffer(mapped) = receiver.recv(&stream)? else { panic!("expected a virtual buffer") };
 /// assert_eq!((mapped.size(), mapped.chunk_count()), (buffer.size(), buffer.chunk_count()));
@@ -451,7 +451,7 @@ impl VirtualBufferImporters {
             VirtualBufferLocation::HostNuma { node } => Location::HostNuma(node),
         };
         let resource = self.find(location).ok_or(IpcError::NoVirtualMemoryResource { location })?;
-        Ok(resource.import(shared.descriptor, Some(stream))?)
+        Ok(resource.import(shared.descriptor, stream)?)
     }
 }
 

@@ -176,7 +176,7 @@ fn virtual_buffer_scenario(device: Device, own: &Stream, other: &Stream) {
         let (sender, receiver) = (IpcChannel::new(a), IpcChannel::new(b));
         let exporter = VirtualMemoryResource::new(device, Default::default())?;
         receiver.import_virtual_buffers_into(VirtualMemoryResource::new(device, Default::default())?);
-        let buffer = exporter.allocate(G, Some(own))?.grow(2 * G)?;
+        let buffer = exporter.allocate(G, own)?.grow(2 * G)?;
         sender.send_virtual_buffer(&buffer)?;
         match receiver.recv(own)? {
             Received::VirtualBuffer(mut received) => received.fill(FillPattern::U8(2), other)?,

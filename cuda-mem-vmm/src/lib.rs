@@ -80,7 +80,7 @@
 //! let stream = Stream::new(device, StreamOptions::default().non_blocking())?;
 //! let vmm = VirtualMemoryResource::new(device, VirtualMemoryResourceOptions::default())?;
 //!
-//! let mut small = vmm.allocate(1 << 20, Some(&stream))?;
+//! let mut small = vmm.allocate(1 << 20, &stream)?;
 //! small.fill(FillPattern::U8(7), &stream)?;
 //! let big = small.grow(64 << 20)?; // no copy: the same chunk, and a new one after it
 //! assert!(big.size() >= 64 << 20);

@@ -258,21 +258,20 @@ impl VirtualMemoryResource {
     }
 
     /// Allocates at least `size` bytes (rounded up to the granularity: the buffer's size is the
-    /// rounded size), freed, after `stream` (or the device's legacy default stream) has finished
-    /// its work, when the last buffer using the memory is dropped. A zero size gives an empty
-    /// buffer without any driver call.
+    /// rounded size), freed, after `stream` has finished its work, when the last buffer using the
+    /// memory is dropped (as a pool's buffers; `device.default_stream()` is the legacy default
+    /// stream). A zero size gives an empty buffer without any driver call.
     ///
     /// # Errors
     /// Driver errors from any step ([`VmmError::Core`]); every step already taken is undone.
-    pub fn allocate(self: &Arc<Self>, size: usize, stream: Option<&Stream>) -> Result<VirtualBuffer> {
+    pub fn allocate(self: &Arc<Self>, size: usize, stream: &Stream) -> Result<VirtualBuffer> {
         release_deferred();
-        let stream = self.stream_or_default(stream);
         if size == 0 {
-            return Ok(VirtualBuffer::new(Arc::new(Range::empty()), 0, Arc::clone(self), false, &stream));
+            return Ok(VirtualBuffer::new(Arc::new(Range::empty()), 0, Arc::clone(self), false, stream));
         }
         let range = self.map_new(size)?;
         let aligned = range.mapped_size();
-        Ok(VirtualBuffer::new(Arc::new(range), aligned, Arc::clone(self), false, &stream))
+        Ok(VirtualBuffer::new(Arc::new(range), aligned, Arc::clone(self), false, stream))
     }
 
     /// A buffer covering `buffer`'s bytes and more, `new_size` in all (rounded up), freed after
@@ -310,7 +309,7 @@ impl VirtualMemoryResource {
         let stream = self.stream_or_default(buffer.deallocation_stream());
         let range = buffer.range();
         if range.mappings.is_empty() {
-            return self.allocate(new_size, Some(&stream));
+            return self.allocate(new_size, &stream);
         }
         let requested = round_up(new_size, self.granularity)?;
         let total = range.mapped_size();
@@ -394,7 +393,7 @@ mod tests {
         let stream = Stream::new(device, StreamOptions::default().non_blocking()).unwrap();
         let ((small, grown), events) = capture(|| {
             let resource = VirtualMemoryResource::new(device, Default::default()).unwrap();
-            let small = resource.allocate(1, Some(&stream)).unwrap();
+            let small = resource.allocate(1, &stream).unwrap();
             let grown = small.grow(small.size() + 1).unwrap();
             ((small.ptr(), small.size()), (grown.ptr(), grown.size(), grown.chunk_count()))
         });

@@ -256,11 +256,7 @@ impl VirtualMemoryResource {
     /// [`VmmError::ChunkLocation`] and [`VmmError::ChunkMap`] naming the chunk (a driver error
     /// stays their source); other driver errors. Nothing stays imported or mapped on failure.
     #[doc(alias = "from_ipc_descriptor")]
-    pub fn import(
-        self: &Arc<Self>,
-        descriptor: VirtualBufferDescriptor,
-        stream: Option<&Stream>,
-    ) -> Result<VirtualBuffer> {
+    pub fn import(self: &Arc<Self>, descriptor: VirtualBufferDescriptor, stream: &Stream) -> Result<VirtualBuffer> {
         // The chunks' total fits a `usize` (checked): so does each chunk, and the size within
         // them, which the `as usize` casts below rely on.
         let total = descriptor.check_for(self)?;
@@ -293,7 +289,6 @@ impl VirtualMemoryResource {
             size: failure.size as u64,
             source: failure.error,
         })?;
-        let stream = self.stream_or_default(stream);
         cuda_mem_core::memory_event!(
             DEBUG,
             ptr = range.base,
@@ -302,7 +297,7 @@ impl VirtualMemoryResource {
             device = self.device().ordinal(),
             "virtual buffer imported"
         );
-        Ok(VirtualBuffer::new(Arc::new(range), descriptor.size as usize, Arc::clone(self), true, &stream))
+        Ok(VirtualBuffer::new(Arc::new(range), descriptor.size as usize, Arc::clone(self), true, stream))
     }
 }
 

@@ -18,7 +18,7 @@ fn allocate_round_trip_and_release(options: VirtualMemoryResourceOptions) {
     let expected_device = options.location.is_none().then_some(d0);
     let baseline = vmm_live();
     for (asked, rounded) in [(1, g), (g, g), (g + 1, 2 * g), (3 * g - 7, 3 * g)] {
-        let buffer = resource.allocate(asked, Some(&s)).unwrap();
+        let buffer = resource.allocate(asked, &s).unwrap();
         assert_eq!(buffer.size(), rounded, "{asked} bytes");
         assert_eq!(buffer.mapped_size(), rounded);
         assert_eq!(buffer.chunk_count(), 1, "one chunk per allocation");
@@ -38,8 +38,8 @@ fn allocate_round_trip_and_release(options: VirtualMemoryResourceOptions) {
         drop(buffer);
         assert_eq!(vmm_live(), baseline, "dropping the buffer gives everything back");
     }
-    // Without a stream: the device's default stream.
-    let mut buffer = resource.allocate(1, None).unwrap();
+    // On the device's default stream.
+    let mut buffer = resource.allocate(1, &resource.device().default_stream()).unwrap();
     buffer.fill(FillPattern::U32(0xDEAD_BEEF), &s).unwrap();
     assert_eq!(read(&buffer, g - 8, 8, &s), [0xDEAD_BEEFu32.to_ne_bytes(), 0xDEAD_BEEFu32.to_ne_bytes()].concat());
     drop(buffer);
@@ -89,7 +89,7 @@ fn several_buffers_are_independent_and_released_in_any_order() {
         let s = stream(d0);
         let resource = VirtualMemoryResource::new(d0, Default::default()).unwrap();
         let baseline = vmm_live();
-        let mut buffers: Vec<_> = (0..4).map(|i| resource.allocate((i + 1) * G, Some(&s)).unwrap()).collect();
+        let mut buffers: Vec<_> = (0..4).map(|i| resource.allocate((i + 1) * G, &s).unwrap()).collect();
         assert_eq!(vmm_live(), plus(baseline, 4, 4, 4));
         for (i, buffer) in buffers.iter().enumerate() {
             fill(buffer, 0, buffer.size(), i as u8 + 1, &s);
@@ -121,30 +121,30 @@ fn zero_size_gives_an_empty_buffer_without_a_driver_call() {
         for function in [c"cuMemCreate", c"cuMemAddressReserve", c"cuMemMap", c"cuMemSetAccess"] {
             inject(function, 1);
         }
-        let mut empty = resource.allocate(0, Some(&s)).unwrap();
+        let mut empty = resource.allocate(0, &s).unwrap();
         assert!(empty.is_empty());
         assert_eq!((empty.ptr(), empty.size(), empty.mapped_size(), empty.chunk_count()), (0, 0, 0, 0));
         assert_eq!(vmm_live(), baseline);
         empty.fill(FillPattern::U8(1), &s).unwrap();
-        let without_stream = resource.allocate(0, None).unwrap();
-        assert!(without_stream.is_empty());
+        let on_default = resource.allocate(0, &resource.device().default_stream()).unwrap();
+        assert!(on_default.is_empty());
         // Growing an empty buffer to nothing stays empty, still without a call.
         assert!(empty.grow(0).unwrap().is_empty());
         // Exporting it gives no handles; importing that gives an empty buffer.
         let descriptor = empty.export().unwrap();
         assert!(descriptor.handles.is_empty() && descriptor.chunk_sizes.is_empty());
         assert_eq!(descriptor.size, 0);
-        assert!(resource.import(descriptor, Some(&s)).unwrap().is_empty());
-        drop((empty, without_stream));
+        assert!(resource.import(descriptor, &s).unwrap().is_empty());
+        drop((empty, on_default));
         assert_eq!(vmm_live(), baseline);
         // The armed failures are all still there: the first real allocation meets them one
         // step at a time, each undone.
         for step in ["cuMemCreate", "cuMemAddressReserve", "cuMemMap", "cuMemSetAccess"] {
-            let error = resource.allocate(1, Some(&s)).unwrap_err();
+            let error = resource.allocate(1, &s).unwrap_err();
             assert_mentions(&error.to_string(), &[step, "CUDA_ERROR_OUT_OF_MEMORY"]);
             assert_eq!(vmm_live(), baseline);
         }
-        let buffer = resource.allocate(1, Some(&s)).unwrap();
+        let buffer = resource.allocate(1, &s).unwrap();
         assert_eq!(buffer.size(), G);
     });
 }
@@ -155,7 +155,7 @@ fn an_empty_buffer_grows_into_a_new_allocation() {
         let d0 = device(0);
         let s = stream(d0);
         let resource = VirtualMemoryResource::new(d0, Default::default()).unwrap();
-        let empty = resource.allocate(0, Some(&s)).unwrap();
+        let empty = resource.allocate(0, &s).unwrap();
         let grown = empty.grow(G + 1).unwrap();
         assert_eq!((grown.size(), grown.chunk_count()), (2 * G, 1));
         assert_ne!(grown.ptr(), 0);
@@ -185,7 +185,7 @@ fn peers_get_access_and_others_do_not() {
 
         // With device 1 as a peer: it reads and writes, the owner sees its writes.
         let shared = VirtualMemoryResource::new(d0, VirtualMemoryResourceOptions::default().peers([d1])).unwrap();
-        let buffer = shared.allocate(2 * G, Some(&s0)).unwrap();
+        let buffer = shared.allocate(2 * G, &s0).unwrap();
         write(&buffer, G - 4096, &bytes, &s0);
         assert_eq!(read(&buffer, G - 4096, 8192, &s1), bytes, "device 1's stream copies from it");
         write(&buffer, 0, &[42; 64], &s1);
@@ -193,7 +193,7 @@ fn peers_get_access_and_others_do_not() {
 
         // Without peers: device 1's copies fail, the owner's work.
         let private = VirtualMemoryResource::new(d0, VirtualMemoryResourceOptions::default()).unwrap();
-        let buffer = private.allocate(G, Some(&s0)).unwrap();
+        let buffer = private.allocate(G, &s0).unwrap();
         write(&buffer, 0, &bytes, &s0);
         // (Hardware faults, asynchronously, where the simulator refuses the copy at the call.)
         let checks_denials = cuda_sim::testing::simulator_only("copies without access");
@@ -208,7 +208,7 @@ fn peers_get_access_and_others_do_not() {
         // Read-only peers read but do not write.
         let options = VirtualMemoryResourceOptions::default().peers([d1]).peer_access(Access::Read);
         let read_only = VirtualMemoryResource::new(d0, options).unwrap();
-        let buffer = read_only.allocate(G, Some(&s0)).unwrap();
+        let buffer = read_only.allocate(G, &s0).unwrap();
         write(&buffer, 0, &bytes, &s0);
         assert_eq!(read(&buffer, 0, 8192, &s1), bytes);
         if checks_denials {
@@ -219,7 +219,7 @@ fn peers_get_access_and_others_do_not() {
         // Peers listed with no access: the same as none listed.
         let options = VirtualMemoryResourceOptions::default().peers([d1]).peer_access(Access::None);
         let listed_without_access = VirtualMemoryResource::new(d0, options).unwrap();
-        let buffer = listed_without_access.allocate(G, Some(&s0)).unwrap();
+        let buffer = listed_without_access.allocate(G, &s0).unwrap();
         write(&buffer, 0, &bytes, &s0);
         if checks_denials {
             assert!(try_read(&buffer, 0, 16, &s1).is_err());
@@ -239,14 +239,14 @@ fn a_peer_that_cannot_reach_the_memory_fails_cleanly() {
         // The resource is valid (peer capability is the driver's to judge, at allocation).
         let resource = VirtualMemoryResource::new(d0, VirtualMemoryResourceOptions::default().peers([d1])).unwrap();
         let baseline = vmm_live();
-        let error = resource.allocate(G, Some(&s0)).unwrap_err();
+        let error = resource.allocate(G, &s0).unwrap_err();
         assert!(matches!(error, VmmError::Core(Error::Cuda(_))), "{error:?}");
         assert_eq!(error.cuda_code(), Some(CUresult::CUDA_ERROR_INVALID_DEVICE), "{error}");
         assert_mentions(&error.to_string(), &["cuMemSetAccess"]);
         assert_eq!(vmm_live(), baseline, "the mapping, reservation and physical memory were undone");
         // Without the peer, the same device allocates fine.
         let alone = VirtualMemoryResource::new(d0, VirtualMemoryResourceOptions::default()).unwrap();
-        let buffer = alone.allocate(G, Some(&s0)).unwrap();
+        let buffer = alone.allocate(G, &s0).unwrap();
         write(&buffer, 0, &[5; 5], &s0);
         assert_eq!(read(&buffer, 0, 5, &s0), [5; 5]);
         drop(buffer);

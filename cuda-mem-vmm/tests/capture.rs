@@ -67,7 +67,7 @@ fn a_buffer_dropped_during_a_capture_stays_mapped_until_the_capture_ends() {
         let resource = VirtualMemoryResource::new(d0, Default::default()).unwrap();
         let baseline = sim_live();
         let _ = take_drop_errors();
-        let mut buffer = resource.allocate(G, Some(&s)).unwrap();
+        let mut buffer = resource.allocate(G, &s).unwrap();
         let grown = buffer.grow(2 * G).unwrap();
         begin_capture(&s);
         // The captured graph writes the memory: it must stay mapped while the graph may run.
@@ -97,13 +97,13 @@ fn the_next_allocation_and_the_resource_drop_release_deferred_memory() {
         let s = stream(d0);
         let resource = VirtualMemoryResource::new(d0, Default::default()).unwrap();
         let baseline = sim_live();
-        let buffer = resource.allocate(G, Some(&s)).unwrap();
+        let buffer = resource.allocate(G, &s).unwrap();
         begin_capture(&s);
         drop(buffer);
         end_capture(&s);
         assert_eq!(sim_live(), baseline.map(|b| plus(b, 1, 1, 1)), "no safe point yet");
         // The next allocation releases it first.
-        let next = resource.allocate(G, Some(&s)).unwrap();
+        let next = resource.allocate(G, &s).unwrap();
         assert_eq!(sim_live(), baseline.map(|b| plus(b, 1, 1, 1)), "the deferred range went, the new one came");
         begin_capture(&s);
         drop(next);
@@ -124,7 +124,7 @@ fn close_refuses_a_capturing_stream_and_gives_the_buffer_back() {
         let other = stream(d0);
         let resource = VirtualMemoryResource::new(d0, Default::default()).unwrap();
         let baseline = sim_live();
-        let buffer = resource.allocate(G, Some(&s)).unwrap();
+        let buffer = resource.allocate(G, &s).unwrap();
         let bytes = pattern(7, 4096);
         write(&buffer, 0, &bytes, &s);
 
@@ -191,7 +191,7 @@ fn a_buffer_dropped_during_a_capture_of_this_crate_stays_mapped_while_its_graph_
         let resource = VirtualMemoryResource::new(d0, Default::default()).unwrap();
         let baseline = sim_live();
         let _ = take_drop_errors();
-        let mut buffer = resource.allocate(G, Some(&s)).unwrap();
+        let mut buffer = resource.allocate(G, &s).unwrap();
         let plain = MemoryResourceExt::allocate(&resource, 1000, &s).unwrap();
         let capture = s.begin_capture(CaptureMode::Relaxed).unwrap();
         buffer.fill(FillPattern::U8(1), &s).unwrap();
@@ -205,7 +205,7 @@ fn a_buffer_dropped_during_a_capture_of_this_crate_stays_mapped_while_its_graph_
         assert_eq!(graph.kept_alive(), 2);
         // Past the capture's end and every safe point, while the graph may still be launched.
         assert_eq!(release_deferred(), 0, "nothing in the process-wide list");
-        let other = resource.allocate(G, Some(&s)).unwrap();
+        let other = resource.allocate(G, &s).unwrap();
         drop(other);
         let with_graph = mapped.map(|m| LiveObjects { graphs: m.graphs + 1, ..m });
         assert_eq!(sim_live(), with_graph, "still mapped: the graph may still use it");
@@ -226,9 +226,9 @@ fn a_buffer_used_in_another_streams_capture_stays_mapped_for_its_graph() {
         let resource = VirtualMemoryResource::new(d0, Default::default()).unwrap();
         let baseline = sim_live();
         let _ = take_drop_errors();
-        let mut dropped = resource.allocate(G, Some(&own)).unwrap();
-        let mut closed = resource.allocate(G, Some(&own)).unwrap();
-        let mut output = resource.allocate(G, Some(&capturing)).unwrap();
+        let mut dropped = resource.allocate(G, &own).unwrap();
+        let mut closed = resource.allocate(G, &own).unwrap();
+        let mut output = resource.allocate(G, &capturing).unwrap();
         let capture = capturing.begin_capture(CaptureMode::Relaxed).unwrap();
         dropped.fill(FillPattern::U8(7), &capturing).unwrap();
         closed.fill(FillPattern::U8(7), &capturing).unwrap();

@@ -22,7 +22,7 @@ fn in_place_growth_keeps_the_pointer_and_the_bytes() {
         let s = stream(d0);
         let resource = VirtualMemoryResource::new(d0, Default::default()).unwrap();
         let baseline = vmm_live();
-        let small = resource.allocate(G, Some(&s)).unwrap();
+        let small = resource.allocate(G, &s).unwrap();
         let first = pattern(1, G);
         write(&small, 0, &first, &s);
 
@@ -76,7 +76,7 @@ fn growth_moves_when_the_next_addresses_are_taken() {
         let s = stream(d0);
         let resource = VirtualMemoryResource::new(d0, Default::default()).unwrap();
         let baseline = vmm_live();
-        let a = resource.allocate(G, Some(&s)).unwrap();
+        let a = resource.allocate(G, &s).unwrap();
         let b = a.grow(2 * G).unwrap();
         assert_eq!(b.ptr(), a.ptr());
         let (pa, pb) = (pattern(10, G), pattern(20, G));
@@ -118,7 +118,7 @@ fn grow_step_by_step(steps: usize) -> Vec<bool> {
     let d0 = device(0);
     let s = stream(d0);
     let resource = VirtualMemoryResource::new(d0, Default::default()).unwrap();
-    let mut buffer = resource.allocate(G, Some(&s)).unwrap();
+    let mut buffer = resource.allocate(G, &s).unwrap();
     write(&buffer, 0, &pattern(0, G), &s);
     let mut in_place = Vec::new();
     for step in 1..=steps {
@@ -168,7 +168,7 @@ fn growing_to_a_covered_size_makes_no_driver_call() {
         let s = stream(d0);
         let resource = VirtualMemoryResource::new(d0, Default::default()).unwrap();
         let baseline = vmm_live();
-        let buffer = resource.allocate(G + 1, Some(&s)).unwrap();
+        let buffer = resource.allocate(G + 1, &s).unwrap();
         write(&buffer, 0, &[9; 9], &s);
         let before = vmm_live();
         for function in [c"cuMemAddressReserve", c"cuMemCreate", c"cuMemMap", c"cuMemSetAccess"] {
@@ -206,7 +206,7 @@ fn a_buffer_of_another_resource_is_refused() {
     let s = stream(d0);
     let mine = VirtualMemoryResource::new(d0, Default::default()).unwrap();
     let theirs = VirtualMemoryResource::new(d0, Default::default()).unwrap();
-    let buffer = theirs.allocate(G, Some(&s)).unwrap();
+    let buffer = theirs.allocate(G, &s).unwrap();
     let error = mine.grow(&buffer, 2 * G).unwrap_err();
     assert!(matches!(error, VmmError::ForeignBuffer), "{error:?}");
     assert_mentions(&error.to_string(), &["not allocated by this"]);
@@ -225,7 +225,7 @@ fn grown_chunks_keep_their_peers_access() {
         }
         let (s0, s1) = (stream(d0), stream(d1));
         let resource = VirtualMemoryResource::new(d0, VirtualMemoryResourceOptions::default().peers([d1])).unwrap();
-        let a = resource.allocate(G, Some(&s0)).unwrap();
+        let a = resource.allocate(G, &s0).unwrap();
         let b = a.grow(2 * G).unwrap();
         let blocker = block_after(&b, G);
         let c = b.grow(3 * G).unwrap();
@@ -355,7 +355,7 @@ fn run(resource: &std::sync::Arc<VirtualMemoryResource>, s: &Stream, ops: &[Op])
         let context = format!("step {step} ({op:?})");
         match op {
             Op::Allocate { size } => {
-                let buffer = resource.allocate(*size, Some(s)).unwrap();
+                let buffer = resource.allocate(*size, s).unwrap();
                 let requested = size.next_multiple_of(G);
                 let chunks = if requested == 0 { Vec::new() } else { vec![model.new_chunk(requested)] };
                 model.buffers.push((chunks, requested));

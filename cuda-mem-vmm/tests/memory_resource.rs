@@ -91,7 +91,7 @@ fn a_virtual_buffer_is_a_buffer_of_its_resource_where_one_is_expected() {
         let s = stream(d0);
         let resource = VirtualMemoryResource::new(d0, Default::default()).unwrap();
         let baseline = sim_live();
-        let mut virtual_buffer = resource.allocate(G, Some(&s)).unwrap();
+        let mut virtual_buffer = resource.allocate(G, &s).unwrap();
         virtual_buffer.fill(FillPattern::U8(9), &s).unwrap();
         let buffer: &Buffer = virtual_buffer.as_buffer();
         assert_eq!((buffer.ptr(), buffer.size()), (virtual_buffer.ptr(), virtual_buffer.size()));
@@ -125,7 +125,7 @@ struct ImportingResource {
 unsafe impl MemoryResource for ImportingResource {
     fn allocate_raw(&self, size: usize, stream: &Stream) -> cuda_mem_core::Result<DevicePtr> {
         let descriptor = self.pending.lock().unwrap().pop().ok_or_else(|| Error::resource("nothing left to import"))?;
-        let buffer = self.importer.import(descriptor, Some(stream))?;
+        let buffer = self.importer.import(descriptor, stream)?;
         if buffer.size() < size {
             return Err(Error::SizeMismatch { what: "the imported buffer", expected: size, actual: buffer.size() });
         }
@@ -161,7 +161,7 @@ fn a_chunk_import_out_of_memory_keeps_its_code_through_the_trait() {
         let d0 = device(0);
         let s = stream(d0);
         let exporter = VirtualMemoryResource::new(d0, Default::default()).unwrap();
-        let shared = exporter.allocate(G, Some(&s)).unwrap().grow(2 * G).unwrap();
+        let shared = exporter.allocate(G, &s).unwrap().grow(2 * G).unwrap();
         let resource = Arc::new(ImportingResource {
             importer: VirtualMemoryResource::new(d0, Default::default()).unwrap(),
             pending: Mutex::new(vec![shared.export().unwrap(), shared.export().unwrap()]),

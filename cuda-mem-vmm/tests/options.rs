@@ -184,7 +184,7 @@ fn minimum_and_recommended_granularity() {
     let s = stream(d0);
     for resource in [&minimum, &recommended] {
         let g = resource.granularity();
-        let buffer = resource.allocate(g + 1, Some(&s)).unwrap();
+        let buffer = resource.allocate(g + 1, &s).unwrap();
         assert_eq!(buffer.size(), 2 * g);
         assert_eq!(buffer.mapped_size(), 2 * g);
     }
@@ -206,7 +206,7 @@ fn host_location_without_a_handle_type_holds_data() {
         let s = stream(d0);
         let options = VirtualMemoryResourceOptions::default().location(Location::Host).handle_type(None);
         let resource = VirtualMemoryResource::new(d0, options).unwrap();
-        let buffer = resource.allocate(G / 2, Some(&s)).unwrap();
+        let buffer = resource.allocate(G / 2, &s).unwrap();
         assert_eq!(buffer.size(), G);
         assert_eq!(buffer.device(), None, "host memory belongs to no device");
         let bytes = pattern(5, 4096);
@@ -227,7 +227,7 @@ fn host_numa_location_with_posix_fd_holds_data_and_exports() {
         let options =
             VirtualMemoryResourceOptions::default().location(Location::HostNuma(d0.host_numa_node().unwrap()));
         let resource = VirtualMemoryResource::new(d0, options).unwrap();
-        let buffer = resource.allocate(1, Some(&s)).unwrap();
+        let buffer = resource.allocate(1, &s).unwrap();
         assert_eq!(buffer.size(), resource.granularity());
         let bytes = pattern(9, 100);
         write(&buffer, 0, &bytes, &s);
@@ -237,7 +237,7 @@ fn host_numa_location_with_posix_fd_holds_data_and_exports() {
         assert_eq!(descriptor.handles.len(), 1);
         // Another host-NUMA resource maps the same bytes.
         let importer = VirtualMemoryResource::new(d0, resource.options().clone()).unwrap();
-        let imported = importer.import(descriptor, Some(&s)).unwrap();
+        let imported = importer.import(descriptor, &s).unwrap();
         assert_eq!(read(&imported, 0, 100, &s), bytes);
     });
 }
@@ -251,7 +251,7 @@ fn address_alignment_is_honoured() {
             let options = VirtualMemoryResourceOptions::default().address_alignment(alignment);
             let resource = VirtualMemoryResource::new(d0, options).unwrap();
             // Several in a row, so that a lucky first address proves nothing.
-            let buffers: Vec<_> = (0..3).map(|_| resource.allocate(G, Some(&s)).unwrap()).collect();
+            let buffers: Vec<_> = (0..3).map(|_| resource.allocate(G, &s).unwrap()).collect();
             for buffer in &buffers {
                 assert_eq!(buffer.ptr() % alignment as u64, 0, "{:#x} aligned to {alignment:#x}", buffer.ptr());
             }
@@ -259,7 +259,7 @@ fn address_alignment_is_honoured() {
         // An alignment below the granularity is a valid power of two: the granularity wins.
         let options = VirtualMemoryResourceOptions::default().address_alignment(4096);
         let resource = VirtualMemoryResource::new(d0, options).unwrap();
-        let buffer = resource.allocate(G, Some(&s)).unwrap();
+        let buffer = resource.allocate(G, &s).unwrap();
         assert_eq!(buffer.ptr() % G as u64, 0);
     });
 }
@@ -275,10 +275,10 @@ fn a_free_address_hint_is_honoured() {
         drop(free);
         let options = VirtualMemoryResourceOptions::default().address_hint(hint);
         let resource = VirtualMemoryResource::new(d0, options).unwrap();
-        let first = resource.allocate(G, Some(&s)).unwrap();
+        let first = resource.allocate(G, &s).unwrap();
         assert_eq!(first.ptr(), hint);
         // Taken now: the next allocation goes elsewhere, and still works.
-        let second = resource.allocate(G, Some(&s)).unwrap();
+        let second = resource.allocate(G, &s).unwrap();
         assert_ne!(second.ptr(), hint);
         write(&second, 0, &[1, 2, 3], &s);
         assert_eq!(read(&second, 0, 3, &s), [1, 2, 3]);
@@ -296,13 +296,13 @@ fn self_access_read_only_and_none() {
         let s = stream(d0);
         let read_only =
             VirtualMemoryResource::new(d0, VirtualMemoryResourceOptions::default().self_access(Access::Read)).unwrap();
-        let buffer = read_only.allocate(G, Some(&s)).unwrap();
+        let buffer = read_only.allocate(G, &s).unwrap();
         assert_eq!(read(&buffer, 0, 16, &s).len(), 16, "reads are allowed");
         let error = try_write(&buffer, 0, &[1; 16], &s).unwrap_err();
         assert_eq!(error.cuda_code(), Some(cuda_mem_core::sys::types::CUresult::CUDA_ERROR_INVALID_VALUE), "{error}");
         let no_access =
             VirtualMemoryResource::new(d0, VirtualMemoryResourceOptions::default().self_access(Access::None)).unwrap();
-        let buffer = no_access.allocate(G, Some(&s)).unwrap();
+        let buffer = no_access.allocate(G, &s).unwrap();
         assert!(try_read(&buffer, 0, 16, &s).is_err(), "no access: no reads");
         assert!(try_write(&buffer, 0, &[1; 16], &s).is_err(), "no access: no writes");
     });

@@ -33,7 +33,7 @@ fn granules(n: usize) -> Vec<u8> {
 fn series(resource: &Arc<VirtualMemoryResource>, s: &Stream, n: usize) -> Vec<(bool, CallCounts)> {
     let d = cuda_sim::testing::driver().unwrap();
     let expected = granules(n);
-    let mut buffer = resource.allocate(G, Some(s)).unwrap();
+    let mut buffer = resource.allocate(G, s).unwrap();
     write(&buffer, 0, &expected[..G], s);
     let mut steps = Vec::new();
     for g in 1..n {
@@ -120,7 +120,7 @@ fn a_buffer_grown_again_from_an_old_one_never_maps_over_a_newer_one() {
         }
         let (s, resource) = setup(ReserveAhead::Bytes(8 * G));
         let baseline = vmm_live();
-        let a = resource.allocate(G, Some(&s)).unwrap();
+        let a = resource.allocate(G, &s).unwrap();
         write(&a, 0, &pattern(1, G), &s);
         let b = a.grow(2 * G).unwrap();
         assert_eq!(b.ptr(), a.ptr());
@@ -161,7 +161,7 @@ fn device_memory_reserves_as_much_address_space_as_the_device_has_memory() {
         }
         let (s, resource) = setup(ReserveAhead::DeviceMemory);
         let total = resource.device().total_memory().unwrap();
-        let buffer = resource.allocate(G, Some(&s)).unwrap();
+        let buffer = resource.allocate(G, &s).unwrap();
         let inside = RawReservation::try_new(G, buffer.ptr() + (total - G) as u64).unwrap();
         assert_ne!(inside.ptr, buffer.ptr() + (total - G) as u64, "the last granule is reserved");
         // (Dropped first: placed elsewhere, it may have taken the addresses after the buffer's.)
@@ -181,7 +181,7 @@ fn an_export_names_the_mapped_chunks_only() {
             return;
         }
         let (s, resource) = setup(ReserveAhead::Bytes(8 * G));
-        let one = resource.allocate(G, Some(&s)).unwrap();
+        let one = resource.allocate(G, &s).unwrap();
         let two = one.grow(2 * G).unwrap();
         assert_eq!(two.ptr(), one.ptr());
         write(&two, 0, &pattern(5, 2 * G), &s);
@@ -192,7 +192,7 @@ fn an_export_names_the_mapped_chunks_only() {
         // Imported by a resource without the option: one reservation of the mapped part (the
         // imported handles count as physical allocations of their own).
         let importer = VirtualMemoryResource::new(resource.device(), Default::default()).unwrap();
-        let imported = importer.import(descriptor, Some(&s)).unwrap();
+        let imported = importer.import(descriptor, &s).unwrap();
         assert_eq!((imported.size(), imported.mapped_size()), (2 * G, 2 * G));
         assert_eq!(vmm_live(), plus(baseline, 1, 2, 2));
         assert_bytes(&read(&imported, 0, 2 * G, &s), &pattern(5, 2 * G), "the same bytes");
@@ -218,7 +218,7 @@ fn a_failed_growth_inside_the_reservation_gives_its_addresses_back_once() {
             return;
         }
         let (s, resource) = setup(ReserveAhead::Bytes(8 * G));
-        let buffer = resource.allocate(G, Some(&s)).unwrap();
+        let buffer = resource.allocate(G, &s).unwrap();
         let bytes = pattern(3, G);
         write(&buffer, 0, &bytes, &s);
         // Mapped, then its access refused: unmapped again, and the claimed addresses given back
@@ -247,7 +247,7 @@ fn a_buffer_grown_by_several_chunks_and_dropped_alone_gives_all_its_addresses_ba
         }
         let (s, resource) = setup(ReserveAhead::Bytes(8 * G));
         let baseline = vmm_live();
-        let a = resource.allocate(G, Some(&s)).unwrap();
+        let a = resource.allocate(G, &s).unwrap();
         write(&a, 0, &pattern(1, G), &s);
         // Three chunks in place; the two-chunk buffer in between is gone at once, so the last
         // two chunks are `d`'s alone.
@@ -277,7 +277,7 @@ fn siblings_sharing_chunks_dropped_at_once_give_all_their_addresses_back() {
         }
         let (s, resource) = setup(ReserveAhead::Bytes(8 * G));
         let baseline = vmm_live();
-        let a = resource.allocate(G, Some(&s)).unwrap();
+        let a = resource.allocate(G, &s).unwrap();
         for round in 0..50 {
             // `a` < `b` < `c` < `d`, each one chunk more, all in place; `b`, `c` and `d` are let
             // go of at once on three threads, whichever unmaps each shared chunk last.

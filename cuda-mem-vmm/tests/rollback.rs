@@ -53,16 +53,16 @@ fn a_failure_at_any_step_of_allocate_is_undone() {
             return;
         }
         let (s, resource) = setup();
-        let existing = resource.allocate(G, Some(&s)).unwrap();
+        let existing = resource.allocate(G, &s).unwrap();
         let bytes = pattern(1, 4096);
         write(&existing, 0, &bytes, &s);
         let baseline = vmm_live();
         for function in [c"cuMemCreate", c"cuMemAddressReserve", c"cuMemMap", c"cuMemSetAccess"] {
-            fails_cleanly(function, 1, || resource.allocate(3 * G, Some(&s)));
+            fails_cleanly(function, 1, || resource.allocate(3 * G, &s));
             still_works(&existing, &bytes, &s);
         }
         // Then allocation works again, and gives everything back when dropped.
-        let buffer = resource.allocate(3 * G, Some(&s)).unwrap();
+        let buffer = resource.allocate(3 * G, &s).unwrap();
         assert_eq!(vmm_live(), plus(baseline, 1, 1, 1));
         drop(buffer);
         assert_eq!(vmm_live(), baseline);
@@ -76,7 +76,7 @@ fn a_failure_at_any_step_of_in_place_growth_is_undone() {
             return;
         }
         let (s, resource) = setup();
-        let buffer = resource.allocate(G, Some(&s)).unwrap();
+        let buffer = resource.allocate(G, &s).unwrap();
         let bytes = pattern(2, 4096);
         write(&buffer, 0, &bytes, &s);
         // In place: reserve after the buffer, create the chunk, map it, set its access.
@@ -113,7 +113,7 @@ fn a_failure_at_any_step_of_moving_growth_is_undone() {
             return;
         }
         let (s, resource) = setup();
-        let one = resource.allocate(G, Some(&s)).unwrap();
+        let one = resource.allocate(G, &s).unwrap();
         let buffer = one.grow(2 * G).unwrap();
         assert_eq!(buffer.ptr(), one.ptr());
         let bytes = pattern(3, 2 * G);
@@ -151,7 +151,7 @@ fn a_failure_at_any_step_of_import_is_undone() {
             return;
         }
         let (s, exporter) = setup();
-        let one = exporter.allocate(G, Some(&s)).unwrap();
+        let one = exporter.allocate(G, &s).unwrap();
         let two = one.grow(2 * G).unwrap();
         let buffer = two.grow(3 * G).unwrap();
         assert_eq!(buffer.chunk_count(), 3);
@@ -175,11 +175,11 @@ fn a_failure_at_any_step_of_import_is_undone() {
             let fds = open_fds();
             let descriptor = buffer.export().unwrap();
             assert_eq!(open_fds(), fds + 3, "one descriptor per chunk");
-            fails_cleanly(function, nth, || importer.import(descriptor, Some(&s)));
+            fails_cleanly(function, nth, || importer.import(descriptor, &s));
             assert_eq!(open_fds(), fds, "{function:?} (call {nth}): the descriptor's fds are closed");
             still_works(&buffer, &bytes[..4096], &s);
         }
-        let imported = importer.import(buffer.export().unwrap(), Some(&s)).unwrap();
+        let imported = importer.import(buffer.export().unwrap(), &s).unwrap();
         assert_eq!(read(&imported, 0, 4096, &s), bytes[..4096]);
         assert_eq!(read(&imported, 3 * G - 3, 3, &s), [1, 2, 3]);
     });
@@ -192,12 +192,12 @@ fn running_out_of_memory_while_importing_a_chunk_keeps_the_drivers_code() {
             return;
         }
         let (s, exporter) = setup();
-        let one = exporter.allocate(G, Some(&s)).unwrap();
+        let one = exporter.allocate(G, &s).unwrap();
         let buffer = one.grow(2 * G).unwrap();
         let importer = VirtualMemoryResource::new(exporter.device(), Default::default()).unwrap();
         let before = vmm_live();
         inject(c"cuMemImportFromShareableHandle", 2);
-        let error = importer.import(buffer.export().unwrap(), Some(&s)).unwrap_err();
+        let error = importer.import(buffer.export().unwrap(), &s).unwrap_err();
         assert!(matches!(error, VmmError::ChunkImport { chunk: 2, count: 2, .. }), "{error:?}");
         assert_eq!(error.cuda_code(), Some(CUresult::CUDA_ERROR_OUT_OF_MEMORY), "{error}");
         let source = std::error::Error::source(&error).expect("the driver's error is the source");
@@ -271,7 +271,7 @@ fn run_path(path: Path, setup: &Setup) -> Option<(u64, u64)> {
         match path {
             Path::Allocate => {
                 let resource = VirtualMemoryResource::new(*device, Default::default())?;
-                let mut buffer = resource.allocate(G, Some(own))?;
+                let mut buffer = resource.allocate(G, own)?;
                 buffer.fill(FillPattern::U8(1), other)?;
             }
             Path::AllocateThroughTheTrait => {
@@ -279,21 +279,21 @@ fn run_path(path: Path, setup: &Setup) -> Option<(u64, u64)> {
                 buffer.fill(FillPattern::U8(1), other)?;
             }
             Path::GrowInPlace | Path::GrowByMoving => {
-                let buffer = resource.allocate(G, Some(own))?;
+                let buffer = resource.allocate(G, own)?;
                 // The next buffer lies right after the first one: growth must move.
-                let _next = if path == Path::GrowByMoving { Some(resource.allocate(G, Some(own))?) } else { None };
+                let _next = if path == Path::GrowByMoving { Some(resource.allocate(G, own)?) } else { None };
                 let mut grown = buffer.grow(2 * G)?;
                 grown_at = Some((buffer.ptr(), grown.ptr()));
                 grown.fill(FillPattern::U8(1), other)?;
             }
             Path::ExportAndImport => {
-                let one = resource.allocate(G, Some(own))?;
+                let one = resource.allocate(G, own)?;
                 let two = one.grow(2 * G)?;
-                let mut imported = importer.import(two.export()?, Some(own))?;
+                let mut imported = importer.import(two.export()?, own)?;
                 imported.fill(FillPattern::U8(1), other)?;
             }
             Path::Close => {
-                let mut buffer = resource.allocate(G, Some(own))?;
+                let mut buffer = resource.allocate(G, own)?;
                 buffer.fill(FillPattern::U8(1), other)?;
                 if let Err(failed) = buffer.close(Some(own)) {
                     // Dropping what came back tries once more.
@@ -399,7 +399,7 @@ fn a_stream_that_cannot_be_waited_for_at_all_keeps_the_memory_and_says_so() {
         }
         let (s, resource) = setup();
         let baseline = vmm_live();
-        let buffer = resource.allocate(G, Some(&s)).unwrap();
+        let buffer = resource.allocate(G, &s).unwrap();
         let mapped = vmm_live();
         // The stream cannot be synchronized, nor waited for through an event: no order is safe,
         // so the memory stays mapped, and that is recorded.

@@ -48,7 +48,7 @@ fn three_chunks(resource: &Arc<VirtualMemoryResource>, s: &Stream) -> [VirtualBu
 fn grown_in_place(resource: &Arc<VirtualMemoryResource>, s: &Stream) -> (VirtualBuffer, VirtualBuffer) {
     let mut moved = Vec::new();
     for _ in 0..8 {
-        let one = resource.allocate(G, Some(s)).unwrap();
+        let one = resource.allocate(G, s).unwrap();
         let two = one.grow(2 * G).unwrap();
         if two.ptr() == one.ptr() {
             return (one, two);
@@ -65,7 +65,7 @@ fn chunk_pattern(i: usize) -> Vec<u8> {
 /// A warm-up, so that whatever the driver opens once (in the simulator: nothing, but a real
 /// driver may) is open before file descriptors are counted.
 fn warm_up(resource: &Arc<VirtualMemoryResource>, s: &Stream) {
-    let buffer = resource.allocate(G, Some(s)).unwrap();
+    let buffer = resource.allocate(G, s).unwrap();
     write(&buffer, 0, &[1], s);
     assert_eq!(read(&buffer, 0, 1, s), [1]);
     if resource.options().handle_type.is_some() {
@@ -123,7 +123,7 @@ fn fabric_handles_in_the_same_process() {
 
         // With a resource of its own.
         let importer = VirtualMemoryResource::new(resource.device(), fabric.clone()).unwrap();
-        let imported = importer.import(descriptor, Some(&s)).unwrap();
+        let imported = importer.import(descriptor, &s).unwrap();
         assert_eq!(vmm_live(), plus(baseline, 1, 3, 3));
         for i in 0..3 {
             assert_bytes(&read(&imported, i * G, G, &s), &chunk_pattern(i), &format!("chunk {i}"));
@@ -146,11 +146,11 @@ fn a_fabric_handle_of_freed_memory_does_not_import() {
         }
         let fabric = VirtualMemoryResourceOptions::default().handle_type(HandleType::Fabric);
         let (s, resource) = setup(fabric);
-        let buffer = resource.allocate(G, Some(&s)).unwrap();
+        let buffer = resource.allocate(G, &s).unwrap();
         let descriptor = buffer.export().unwrap();
         drop(buffer);
         let baseline = vmm_live();
-        let error = resource.import(descriptor, Some(&s)).unwrap_err();
+        let error = resource.import(descriptor, &s).unwrap_err();
         assert!(matches!(error, VmmError::ChunkImport { chunk: 1, count: 1, .. }), "{error:?}");
         assert!(error.cuda_code().is_some(), "the driver's refusal is kept: {error:?}");
         assert_mentions(&error.to_string(), &["importing chunk 1 of 1", "cuMemImportFromShareableHandle"]);
@@ -163,7 +163,7 @@ fn memory_of_another_device_is_refused() {
     machine!(&[("CUDA_SIM_DEVICES", "2")], || {
         let Some(d1) = try_device(1) else { return };
         let (s, resource) = setup(Default::default());
-        let buffer = resource.allocate(2 * G, Some(&s)).unwrap();
+        let buffer = resource.allocate(2 * G, &s).unwrap();
         let grown = buffer.grow(3 * G).unwrap();
         write(&buffer, 0, &[8; 8], &s);
         let on_device_1 = VirtualMemoryResource::new(d1, Default::default()).unwrap();
@@ -171,7 +171,7 @@ fn memory_of_another_device_is_refused() {
         let (baseline, fds) = (sim_live(), open_fds());
         let descriptor = grown.export().unwrap();
         assert_eq!(descriptor.handles.len(), 2);
-        let error = on_device_1.import(descriptor, Some(&s)).unwrap_err();
+        let error = on_device_1.import(descriptor, &s).unwrap_err();
         let (found, wanted) = (Some(Location::Device(device(0))), Location::Device(d1));
         assert!(
             matches!(error, VmmError::ChunkLocation { chunk: 1, count: 2, found: f, wanted: w } if f == found && w == wanted),
@@ -188,7 +188,7 @@ fn memory_of_another_device_is_refused() {
         assert_eq!(open_fds(), fds, "the descriptor's fds are closed");
         // A resource of the right device imports it.
         let on_device_0 = VirtualMemoryResource::new(resource.device(), Default::default()).unwrap();
-        let imported = on_device_0.import(grown.export().unwrap(), Some(&s)).unwrap();
+        let imported = on_device_0.import(grown.export().unwrap(), &s).unwrap();
         assert_eq!(read(&imported, 0, 8, &s), [8; 8]);
     });
 }
@@ -209,7 +209,7 @@ fn every_descriptor_check_refuses_before_anything_stays_mapped() {
             return;
         }
         let (s, resource) = setup(Default::default());
-        let one = resource.allocate(G, Some(&s)).unwrap();
+        let one = resource.allocate(G, &s).unwrap();
         let buffer = one.grow(2 * G).unwrap();
         assert_eq!(buffer.chunk_count(), 2);
         write(&buffer, 0, &pattern(1, 64), &s);
@@ -273,7 +273,7 @@ fn every_descriptor_check_refuses_before_anything_stays_mapped() {
             let (baseline, fds) = (vmm_live(), open_fds());
             let mut descriptor = buffer.export().unwrap();
             spoil(&mut descriptor);
-            let error = resource.import(descriptor, Some(&s)).unwrap_err();
+            let error = resource.import(descriptor, &s).unwrap_err();
             assert!(expected(&error), "{what}: {error:?}");
             let text = error.to_string();
             assert!(mentions.iter().all(|m| text.contains(m)), "{what}: {text:?} should mention {mentions:?}");
@@ -283,7 +283,7 @@ fn every_descriptor_check_refuses_before_anything_stays_mapped() {
         // The unspoiled descriptor imports, and a smaller claimed size is a smaller buffer.
         let mut descriptor = buffer.export().unwrap();
         descriptor.size = 64;
-        let imported = resource.import(descriptor, Some(&s)).unwrap();
+        let imported = resource.import(descriptor, &s).unwrap();
         assert_eq!((imported.size(), imported.mapped_size()), (64, 2 * G));
         assert_eq!(read(&imported, 0, 64, &s), pattern(1, 64));
     });
@@ -296,7 +296,7 @@ fn a_fabric_handle_in_an_fd_descriptor_is_refused_before_the_driver_sees_it() {
             return;
         }
         let (s, resource) = setup(Default::default());
-        let buffer = resource.allocate(G, Some(&s)).unwrap();
+        let buffer = resource.allocate(G, &s).unwrap();
         let baseline = vmm_live();
         // The driver is told "POSIX fd" but given a pointer to 64 bytes: on a real driver the
         // pointer's low bits are taken as a descriptor number, which may be any open file.
@@ -304,12 +304,12 @@ fn a_fabric_handle_in_an_fd_descriptor_is_refused_before_the_driver_sees_it() {
         descriptor.handles[0] = ChunkHandle::Fabric([0; 64]);
         // Were the driver called, this armed failure would be spent on that call.
         inject(c"cuMemImportFromShareableHandle", 1);
-        let error = resource.import(descriptor, Some(&s)).unwrap_err();
+        let error = resource.import(descriptor, &s).unwrap_err();
         let fabric_in_fd =
             DescriptorError::HandleKind { chunk: 1, carries: "a fabric handle", handle_type: HandleType::PosixFd };
         assert!(matches!(&error, VmmError::Descriptor(e) if *e == fabric_in_fd), "{error:?}");
         assert_eq!(vmm_live(), baseline);
-        let unspent = resource.import(buffer.export().unwrap(), Some(&s));
+        let unspent = resource.import(buffer.export().unwrap(), &s);
         assert!(
             unspent.as_ref().is_err_and(|e| e.to_string().contains("CUDA_ERROR_OUT_OF_MEMORY")),
             "the mismatched handle reached cuMemImportFromShareableHandle (the armed failure was spent on it; \
@@ -326,14 +326,14 @@ fn an_fd_handle_in_a_fabric_descriptor_is_refused_before_the_driver_sees_it() {
         }
         let fabric = VirtualMemoryResourceOptions::default().handle_type(HandleType::Fabric);
         let (s, resource) = setup(fabric);
-        let buffer = resource.allocate(G, Some(&s)).unwrap();
+        let buffer = resource.allocate(G, &s).unwrap();
         let baseline = vmm_live();
         // The driver is told "fabric handle" and given a descriptor number as the pointer to its
         // 64 bytes: it reads memory at address 5 or so (this child dies of SIGSEGV if it does).
         let mut descriptor = buffer.export().unwrap();
         let file: OwnedFd = std::fs::File::open("/proc/self/status").unwrap().into();
         descriptor.handles[0] = ChunkHandle::Fd(file);
-        let error = resource.import(descriptor, Some(&s)).unwrap_err();
+        let error = resource.import(descriptor, &s).unwrap_err();
         let fd_in_fabric =
             DescriptorError::HandleKind { chunk: 1, carries: "a file descriptor", handle_type: HandleType::Fabric };
         assert!(matches!(&error, VmmError::Descriptor(e) if *e == fd_in_fabric), "{error:?}");
@@ -357,7 +357,7 @@ fn export_opens_one_fd_per_chunk_and_closes_them_on_drop() {
             assert_eq!(open_fds(), fds);
         }
         // A buffer grown from an imported one is still an imported buffer.
-        let imported = resource.import(one.export().unwrap(), Some(&s)).unwrap();
+        let imported = resource.import(one.export().unwrap(), &s).unwrap();
         let grown = imported.grow(2 * G).unwrap();
         assert!(grown.is_imported());
         assert!(matches!(grown.export(), Err(VmmError::ImportedBuffer)));
@@ -370,7 +370,7 @@ fn export_opens_one_fd_per_chunk_and_closes_them_on_drop() {
 fn export_refuses_more_chunks_than_a_descriptor_can_name() {
     machine!(&[], || {
         let (s, resource) = setup(Default::default());
-        let mut buffer = resource.allocate(G, Some(&s)).unwrap();
+        let mut buffer = resource.allocate(G, &s).unwrap();
         for chunks in 2..=MAX_CHUNKS + 1 {
             buffer = buffer.grow(chunks * G).unwrap();
         }

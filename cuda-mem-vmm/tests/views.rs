@@ -12,7 +12,7 @@ fn round_trip(options: VirtualMemoryResourceOptions) {
     let s = stream(d0);
     let resource = VirtualMemoryResource::new(d0, options).unwrap();
     let data: Vec<f64> = (0..1000).map(|i| f64::from(i) * 1.25).collect();
-    let mut buffer = resource.allocate(data.len() * 8, Some(&s)).unwrap();
+    let mut buffer = resource.allocate(data.len() * 8, &s).unwrap();
     // Rounded up to the allocation granularity: the data fills the start.
     let len = buffer.size() / 8;
     assert!(len >= data.len());

@@ -35,7 +35,12 @@ fn a_library_built_from_other_sources_is_refused() {
         if !on_simulator() {
             return;
         }
-        let error = cuda_sim::testing::driver().expect_err("a simulator of another build is refused").to_string();
+        let error = cuda_sim::testing::driver().expect_err("a simulator of another build is refused");
+        assert!(
+            matches!(&error, cuda_mem_sys::LoadError::BuildMismatch { expected, found: Some(_), .. } if *expected == cuda_sim::BUILD_ID),
+            "{error:?}"
+        );
+        let error = error.to_string();
         assert!(error.contains("stale build") && error.contains(cuda_sim::BUILD_ID), "{error}");
     });
     let _ = std::fs::remove_dir_all(&dir);

@@ -10,8 +10,15 @@ use crate::types::CUresult;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum LoadError {
-    /// The dynamic loader could not open the library.
-    #[error("cannot load the CUDA driver from {path}: {}", loader_said(source))]
+    /// The dynamic loader could not open the library. The message says how to proceed: install
+    /// the NVIDIA driver, or name a driver library (the `cuda-sim` simulator runs without a GPU)
+    /// with `CUDA_MEM_DRIVER`.
+    #[error(
+        "cannot load the CUDA driver from {path}: {}; install the NVIDIA driver, or set CUDA_MEM_DRIVER to a driver \
+         library's path (without a GPU, the cuda-sim simulator's: `cargo build -p cuda-sim` makes \
+         target/debug/libcuda_sim.so)",
+        loader_said(source)
+    )]
     Library {
         /// The name or path that was tried.
         path: PathBuf,
@@ -19,14 +26,36 @@ pub enum LoadError {
         #[source]
         source: libloading::Error,
     },
-    /// No library was found to try: whoever looks for the driver (a test harness looking for
-    /// the simulator, say) found nothing where it looked, and says where that was.
-    #[error("cannot load the CUDA driver from {path}: {hint}")]
+    /// No library was found to try: whoever looks for the driver (the simulator's test harness,
+    /// say) found nothing where it looked.
+    #[error(
+        "cannot load the CUDA driver: {path} was not found beside the test binary or in the target folder; build it \
+         with `cargo build -p cuda-sim`, or set {env} to its path"
+    )]
     LibraryNotFound {
         /// The name of the library looked for.
         path: PathBuf,
-        /// Where it was looked for, and how to provide it.
-        hint: String,
+        /// The environment variable that names the library instead.
+        env: &'static str,
+    },
+    /// The library found was built from other sources than the code loading it (a stale build
+    /// in a shared target folder, or one of another checkout): its behaviour is not what that
+    /// code expects.
+    #[error(
+        "cannot load the CUDA driver from {path}: it has {}, but this code was built with build id \
+         {expected}: it is a stale build or one of other sources; rebuild it with `cargo build -p cuda-sim`, or \
+         set {env} to the library built with this code",
+        found.as_deref().map_or_else(|| "no build id (an older build)".to_owned(), |id| format!("build id {id}"))
+    )]
+    BuildMismatch {
+        /// The library.
+        path: PathBuf,
+        /// Its build id (`None`: it reports none).
+        found: Option<String>,
+        /// The build id the loading code was built with.
+        expected: &'static str,
+        /// The environment variable that names the library instead.
+        env: &'static str,
     },
     /// The library opened but exports none of the driver's entry points.
     #[error(

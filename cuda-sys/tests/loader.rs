@@ -54,7 +54,14 @@ fn a_library_load_error_keeps_the_loader_error_as_its_source() {
     // libloading's "dlopen failed").
     let said = source.source().map(ToString::to_string).unwrap_or_default();
     assert!(said.contains("/nonexistent/libcuda.so.1"), "{said}");
-    assert_eq!(err.to_string(), format!("cannot load the CUDA driver from /nonexistent/libcuda.so.1: {said}"));
+    let text = err.to_string();
+    assert!(
+        text.starts_with(&format!("cannot load the CUDA driver from /nonexistent/libcuda.so.1: {said}; ")),
+        "{text}"
+    );
+    // And how to proceed: the driver, or a library named by CUDA_MEM_DRIVER (the simulator).
+    assert!(text.contains("install the NVIDIA driver, or set CUDA_MEM_DRIVER"), "{text}");
+    assert!(text.contains("cargo build -p cuda-sim"), "{text}");
     // Through `CudaError` and the chain, the loader's error is still reachable.
     let cuda = CudaError::from(err);
     let mut chain: Option<&(dyn std::error::Error + 'static)> = Some(&cuda);

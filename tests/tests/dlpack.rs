@@ -32,7 +32,7 @@ fn virtual_buffers_export_and_stay_alive_in_the_tensor() {
     let data: Vec<f32> = (0..4096).map(|i| i as f32).collect();
     let tensor = {
         let vmm = VirtualMemoryResource::new(device, Default::default()).unwrap();
-        let mut buffer = vmm.allocate(data.len() * 4, Some(&stream)).unwrap();
+        let mut buffer = vmm.allocate(data.len() * 4, &stream).unwrap();
         // Mapped in whole chunks: the data fills the start of the buffer, which is exported.
         buffer.view_mut::<f32>().unwrap().slice_mut(..data.len()).unwrap().copy_from_slice(&data, &stream).unwrap();
         // The resource's handle goes here; the tensor keeps the buffer, and so the resource.
@@ -46,7 +46,7 @@ fn virtual_buffers_export_and_stay_alive_in_the_tensor() {
 
     // Writable when vouched for; and a plain buffer of the resource exports as any buffer.
     let vmm = VirtualMemoryResource::new(device, Default::default()).unwrap();
-    let buffer = vmm.allocate(4096, Some(&stream)).unwrap();
+    let buffer = vmm.allocate(4096, &stream).unwrap();
     // SAFETY: nothing else (no grown buffer) shares this buffer's memory.
     let source = unsafe { OwnedBy::new_exclusive(buffer, VirtualBuffer::as_buffer) };
     let mut import = take(export_dlpack::<u32>(source, &ExportOptions::default()).unwrap());

@@ -32,7 +32,7 @@ fn a_graph_launched_after_its_virtual_buffer_was_dropped_still_finds_it_mapped()
         let mut output = pool.allocate(2 << 20, &stream).unwrap();
         output.fill(FillPattern::U8(0), &stream).unwrap();
         let baseline = mappings();
-        let mut buffer = vmm.allocate(2 << 20, Some(&stream)).unwrap();
+        let mut buffer = vmm.allocate(2 << 20, &stream).unwrap();
 
         let capture = stream.begin_capture(CaptureMode::Relaxed).unwrap();
         buffer.fill(FillPattern::U8(0x5A), &stream).unwrap();
@@ -43,7 +43,7 @@ fn a_graph_launched_after_its_virtual_buffer_was_dropped_still_finds_it_mapped()
         drop(graph);
         // Every safe point a virtual memory resource has: the memory stays mapped.
         assert_eq!(release_deferred(), 0);
-        drop(vmm.allocate(2 << 20, Some(&stream)).unwrap());
+        drop(vmm.allocate(2 << 20, &stream).unwrap());
         drop(vmm);
 
         // SAFETY: `output` lives on, unlent; the virtual buffer is the capture's to keep.
@@ -90,7 +90,7 @@ fn what_a_graph_keeps_goes_only_after_its_launches() {
         let d = cuda_sim::testing::driver().unwrap();
         let launcher = cuda_mem_core::Stream::new(device, Default::default()).unwrap();
         let vmm = VirtualMemoryResource::new(device, Default::default()).unwrap();
-        let mut buffer = vmm.allocate(2 << 20, Some(&stream)).unwrap();
+        let mut buffer = vmm.allocate(2 << 20, &stream).unwrap();
         let baseline = mappings();
         let capture = stream.begin_capture(CaptureMode::Relaxed).unwrap();
         buffer.fill(FillPattern::U8(1), &stream).unwrap();

@@ -41,7 +41,7 @@ fn write_virtual(buffer: &mut VirtualBuffer, bytes: &[u8], stream: &Stream) {
 /// holding
 /// `pattern(seed)`.
 fn virtual_buffer(resource: &Arc<VirtualMemoryResource>, chunks: usize, seed: u32, stream: &Stream) -> VirtualBuffer {
-    let mut buffer = resource.allocate(G, Some(stream)).unwrap();
+    let mut buffer = resource.allocate(G, stream).unwrap();
     for size in 2..=chunks {
         buffer = buffer.grow(size * G).unwrap();
     }
@@ -343,7 +343,7 @@ fn refuser() {
     let channel = parent_channel();
     let vmm = VirtualMemoryResource::new(device, VirtualMemoryResourceOptions::default()).unwrap();
     // Whatever the driver opens once is open before descriptors are counted.
-    drop(vmm.allocate(G, Some(&stream)).unwrap().export().unwrap());
+    drop(vmm.allocate(G, &stream).unwrap().export().unwrap());
     let mut texts = Vec::new();
     for name in REFUSALS {
         let fds = open_fds();

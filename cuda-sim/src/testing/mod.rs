@@ -117,13 +117,8 @@ pub fn driver() -> Result<&'static Driver, LoadError> {
     if let Some(driver) = cuda_mem_sys::installed_driver() {
         return Ok(driver);
     }
-    let path = library_path().ok_or_else(|| LoadError::LibraryNotFound {
-        path: PathBuf::from(LIBRARY_NAME),
-        hint: format!(
-            "the simulator library was not found beside the test binary; build it with \
-             `cargo build -p cuda-sim` or set {LIBRARY_ENV}"
-        ),
-    })?;
+    let path = library_path()
+        .ok_or_else(|| LoadError::LibraryNotFound { path: PathBuf::from(LIBRARY_NAME), env: LIBRARY_ENV })?;
     // SAFETY: the library is this crate's simulator, which exports every driver function it
     // has with the signature and the documented behaviour of `cuda.h`.
     let opened = unsafe { Driver::open(&path) }?;
@@ -139,20 +134,11 @@ pub fn driver() -> Result<&'static Driver, LoadError> {
 /// shared target folder, or one from another checkout): its behaviour is not what the tests of
 /// this build expect, and the failures it causes would point nowhere near the cause.
 fn check_build(driver: &Driver, path: &std::path::Path) -> Result<(), LoadError> {
-    let found =
-        build_id(driver).map_err(|_| None).and_then(|id| if id == crate::BUILD_ID { Ok(()) } else { Err(Some(id)) });
-    let Err(found) = found else { return Ok(()) };
-    let found = found.map_or_else(|| "no build id (an older simulator)".to_string(), |id| format!("build id {id}"));
-    Err(LoadError::LibraryNotFound {
-        path: PathBuf::from(LIBRARY_NAME),
-        hint: format!(
-            "{} has {found}, but these tests were built with cuda-sim build id {}: it is a stale \
-             build or one from other sources; rebuild it with `cargo build -p cuda-sim` or set \
-             {LIBRARY_ENV} to the library built with these tests",
-            path.display(),
-            crate::BUILD_ID
-        ),
-    })
+    let found = build_id(driver).ok();
+    if found.as_deref() == Some(crate::BUILD_ID) {
+        return Ok(());
+    }
+    Err(LoadError::BuildMismatch { path: path.to_path_buf(), found, expected: crate::BUILD_ID, env: LIBRARY_ENV })
 }
 
 /// The build id a simulator library reports (`cuSimBuildId`).

@@ -145,7 +145,7 @@ fn grow_all(device: Device, growth: Growth, count: bool) -> Result<(Steps, usize
     }
     let vmm = VirtualMemoryResource::new(device, options)?;
     let moving = growth.moves();
-    let mut buffer: VirtualBuffer = vmm.allocate(VMM_STEP, Some(&stream))?;
+    let mut buffer: VirtualBuffer = vmm.allocate(VMM_STEP, &stream)?;
     let last = VMM_LIMIT / VMM_STEP - 2;
     let (mut steps, mut unexpected, mut counts) = (Vec::new(), 0, Vec::new());
     for index in 0..=last {
@@ -190,7 +190,7 @@ pub(crate) fn first_grows(device: Device) -> Result<Vec<(bool, Stats)>, Error> {
     for moving in [false, true] {
         let (mut sample, mut unexpected) = (Vec::with_capacity(FIRST_GROW_REPS), 0);
         for rep in 0..FIRST_GROW_REPS + FIRST_GROW_REPS / 10 {
-            let buffer: VirtualBuffer = vmm.allocate(VMM_STEP, Some(&stream))?;
+            let buffer: VirtualBuffer = vmm.allocate(VMM_STEP, &stream)?;
             let end = buffer.ptr() + buffer.size() as u64;
             let block = if moving { Some(Block::reserve_at(d, end, VMM_STEP)?) } else { None };
             let before = buffer.ptr();

@@ -41,7 +41,7 @@ pub(crate) fn vmm_grow_in_place(demo: &Demo) -> Result<Vmm, Error> {
     }
     let resource = VirtualMemoryResource::new(gpu.device, options)?;
     let chunk = resource.granularity();
-    let mut small = resource.allocate(chunk, Some(&gpu.stream)).context("allocating virtual memory")?;
+    let mut small = resource.allocate(chunk, &gpu.stream).context("allocating virtual memory")?;
     small.fill(FillPattern::U32(VMM_FIRST), &gpu.stream)?;
     println!(
         "  allocated {} (the granularity) at {:#x}, filled it with {VMM_FIRST:#010x}",
