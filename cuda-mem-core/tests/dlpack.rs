@@ -48,6 +48,17 @@ fn round_trip<T: bytemuck::Pod + DlpackElement + PartialEq + std::fmt::Debug>(
 ) {
     let buffer = filled(resource, data, stream);
     let tensor = buffer.into_dlpack::<T>(&ExportOptions::default()).unwrap();
+    // The tensor says what it is before anyone takes it.
+    assert_eq!(
+        (tensor.shape(), tensor.strides(), tensor.dl_device().device_type),
+        (&[data.len() as i64][..], &[1i64][..], device_type)
+    );
+    assert!(tensor.dtype().matches(T::DTYPE));
+    let shown = format!("{tensor:?}");
+    assert!(
+        shown.starts_with("DlpackTensor { data: 0x") && shown.contains(&format!("shape: [{}]", data.len())),
+        "{shown}"
+    );
     let import = take(tensor).unwrap();
     assert_eq!(import.dl_device().device_type, device_type);
     let expected_id = if device_type == DLDeviceType::CUDA { resource.device().unwrap().ordinal() as i32 } else { 0 };

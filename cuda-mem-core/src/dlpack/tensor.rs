@@ -2,8 +2,9 @@
 //! consumer.
 
 use dlpark::DlpackFlags;
-use dlpark::ffi::{DLDataType, DLDevice, DLManagedTensorVersioned, DLTensor};
+use dlpark::ffi::{DLDataType, DLDevice, DLDeviceType, DLManagedTensorVersioned, DLTensor};
 
+use super::dtype::describe;
 use crate::memory_resource::DevicePtr;
 
 /// An exported DLPack tensor (`DLManagedTensorVersioned`), made by this crate's exports.
@@ -76,6 +77,17 @@ impl DlpackTensor {
     }
 }
 
+/// The device as PyTorch spells it (`cuda:0`), with DLPack's names for host and managed memory.
+fn describe_device(device: DLDevice) -> String {
+    match device.device_type {
+        DLDeviceType::CUDA => format!("cuda:{}", device.device_id),
+        DLDeviceType::CUDAHOST => "cuda_host".to_owned(),
+        DLDeviceType::CUDAMANAGED => "cuda_managed".to_owned(),
+        DLDeviceType::CPU => "cpu".to_owned(),
+        DLDeviceType(code) => format!("device-type-{code}:{}", device.device_id),
+    }
+}
+
 impl From<DlpackTensor> for dlpark::versioned::Dlpack {
     fn from(tensor: DlpackTensor) -> Self {
         tensor.0
@@ -88,9 +100,21 @@ impl std::fmt::Debug for DlpackTensor {
             .field("data", &format_args!("{:#x}", self.data_ptr()))
             .field("shape", &self.shape())
             .field("strides", &self.strides())
-            .field("dtype", &self.dtype())
-            .field("device", &self.dl_device())
+            .field("dtype", &format_args!("{}", describe(self.dtype())))
+            .field("device", &format_args!("{}", describe_device(self.dl_device())))
             .field("flags", &self.flags())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn devices_read_as_pytorch_names() {
+        assert_eq!(describe_device(DLDevice::cuda(1)), "cuda:1");
+        assert_eq!(describe_device(DLDevice { device_type: DLDeviceType::CUDAMANAGED, device_id: 0 }), "cuda_managed");
+        assert_eq!(describe_device(DLDevice { device_type: DLDeviceType(99), device_id: 2 }), "device-type-99:2");
     }
 }
