@@ -5,8 +5,6 @@
 use cuda_mem_core::sys::types::CUresult;
 use cuda_mem_core::{Device, DevicePtr, HandleType, Location};
 
-use crate::share::MAX_CHUNKS;
-
 /// Everything that can go wrong in `cuda-mem-vmm`.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -73,12 +71,14 @@ pub enum VmmError {
 
     /// The buffer spans more chunks than one descriptor can name.
     #[error(
-        "the buffer spans {chunks} chunks; a descriptor can name at most {MAX_CHUNKS} (one message of file \
+        "the buffer spans {chunks} chunks; a descriptor can name at most {max} (one message of file \
          descriptors): grow in fewer, larger steps"
     )]
     TooManyChunks {
         /// How many chunks the buffer spans.
         chunks: usize,
+        /// The most a descriptor names ([`MAX_CHUNKS`](crate::MAX_CHUNKS)).
+        max: usize,
     },
 
     /// An imported buffer cannot be exported again.

@@ -69,7 +69,7 @@ impl VirtualBuffer {
     #[doc(alias("ipc_descriptor", "get_ipc_descriptor"))]
     pub fn export(&self) -> Result<VirtualBufferDescriptor> {
         if self.chunk_count() > MAX_CHUNKS {
-            return Err(VmmError::TooManyChunks { chunks: self.chunk_count() });
+            return Err(VmmError::TooManyChunks { chunks: self.chunk_count(), max: MAX_CHUNKS });
         }
         if self.is_imported() {
             return Err(VmmError::ImportedBuffer);

@@ -355,7 +355,7 @@ exports! {
 
     // The simulator's own controls (not driver functions).
     cuSimBuildId / -(out: *mut *const c_char) => |_mode| crate::api::sim::build_id(out);
-    cuSimLiveObjects / -(out: *mut crate::testing::LiveObjects) => |_mode| crate::api::sim::live_objects(out);
+    cuSimLiveObjects / -(out: *mut crate::api::sim::LiveObjects) => |_mode| crate::api::sim::live_objects(out);
     cuSimInjectFailure / -(function: *const c_char, nth: c_uint) => |_mode| crate::api::sim::inject_failure(function, nth);
     cuSimCountCalls / -(on: c_uint) => |_mode| crate::api::sim::count_calls(on);
     cuSimCallCount / -(function: *const c_char, count: *mut c_uint) => |_mode| crate::api::sim::call_count(function, count);

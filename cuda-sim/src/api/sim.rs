@@ -5,7 +5,6 @@
 use std::ffi::{CStr, c_char, c_uint};
 
 use crate::error::{SimResult, ensure, write_out};
-use crate::testing::LiveObjects;
 
 /// Environment variable that, set to `1`, hides the simulator's own controls: every `cuSim*`
 /// function answers `CUDA_ERROR_NOT_FOUND` (read once). A test suite then takes the paths it
@@ -18,6 +17,30 @@ fn controls_shown() -> SimResult {
     static HIDDEN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let hidden = *HIDDEN.get_or_init(|| std::env::var(HIDE_CONTROLS_ENV).is_ok_and(|value| value.trim() == "1"));
     if hidden { Err(cuda_mem_sys::types::CUresult::CUDA_ERROR_NOT_FOUND) } else { Ok(()) }
+}
+
+/// Counts of the simulator's live objects (`cuSimLiveObjects`), for checking that nothing
+/// leaks: compare before and after (`cuda_sim::testing::live_objects` reads them).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LiveObjects {
+    /// VMM address reservations.
+    pub reservations: u64,
+    /// VMM mappings.
+    pub mappings: u64,
+    /// VMM physical allocations.
+    pub physical_allocations: u64,
+    /// Pools other than the default ones.
+    pub pools: u64,
+    /// Allocations (device, pinned, managed, registered, pool).
+    pub allocations: u64,
+    /// User objects not yet destroyed (references remain, from user code, graphs or executable
+    /// graphs).
+    pub user_objects: u64,
+    /// Graphs (captured, not yet destroyed).
+    pub graphs: u64,
+    /// Executable graphs not yet destroyed.
+    pub executable_graphs: u64,
 }
 
 /// `cuSimLiveObjects`: how many of each kind of object are alive now.

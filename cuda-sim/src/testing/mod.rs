@@ -295,28 +295,8 @@ fn child_ran(test_name: &str) -> String {
 }
 
 /// Counts of the simulator's live objects (`cuSimLiveObjects`), for checking that nothing
-/// leaks: compare before and after.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct LiveObjects {
-    /// VMM address reservations.
-    pub reservations: u64,
-    /// VMM mappings.
-    pub mappings: u64,
-    /// VMM physical allocations.
-    pub physical_allocations: u64,
-    /// Pools other than the default ones.
-    pub pools: u64,
-    /// Allocations (device, pinned, managed, registered, pool).
-    pub allocations: u64,
-    /// User objects not yet destroyed (references remain, from user code, graphs or executable
-    /// graphs).
-    pub user_objects: u64,
-    /// Graphs (captured, not yet destroyed).
-    pub graphs: u64,
-    /// Executable graphs not yet destroyed.
-    pub executable_graphs: u64,
-}
+/// leaks: compare before and after. Defined with the control that fills it.
+pub use crate::api::sim::LiveObjects;
 
 /// The simulator's live objects now, asked of the loaded simulator library.
 ///
