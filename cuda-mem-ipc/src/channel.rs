@@ -26,9 +26,14 @@ pub const MAX_PAYLOAD_LEN: usize = 16 << 20;
 /// The most file descriptors one message carries: 253, Linux's `SCM_MAX_FD`.
 pub const MAX_FDS: usize = 253;
 
-const MAGIC: [u8; 8] = *b"CUMEMMSG";
-const VERSION: u16 = 1;
-const HEADER_LEN: usize = 24;
+/// The first 8 bytes of every frame's header.
+pub const FRAME_MAGIC: [u8; 8] = *b"CUMEMMSG";
+
+/// The frame version written by [`Channel::send`], the only one received.
+pub const FRAME_VERSION: u16 = 1;
+
+/// The length in bytes of a frame's header.
+pub const FRAME_HEADER_LEN: usize = 24;
 
 /// Room for one `SCM_RIGHTS` control message of [`MAX_FDS`] descriptors.
 const CONTROL_SPACE: usize = rustix::cmsg_space!(ScmRights(MAX_FDS));
@@ -64,8 +69,8 @@ pub struct RawMessage {
 ///
 /// | offset | length | field    | value                                            |
 /// |-------:|-------:|----------|--------------------------------------------------|
-/// |      0 |      8 | magic    | `b"CUMEMMSG"`                                    |
-/// |      8 |      2 | version  | `1`, `u16`                                       |
+/// |      0 |      8 | magic    | `b"CUMEMMSG"` ([`FRAME_MAGIC`])                  |
+/// |      8 |      2 | version  | `1` ([`FRAME_VERSION`]), `u16`                   |
 /// |     10 |      2 | kind     | the message kind, `u16`                          |
 /// |     12 |      4 | length   | payload length in bytes, `u32`, at most [`MAX_PAYLOAD_LEN`] |
 /// |     16 |      4 | fd count | number of file descriptors, `u32`, at most [`MAX_FDS`] |
@@ -131,20 +136,20 @@ struct Header {
     fds: usize,
 }
 
-fn encode_header(kind: u16, len: u32, fds: u32) -> [u8; HEADER_LEN] {
-    let mut h = [0u8; HEADER_LEN];
-    h[..8].copy_from_slice(&MAGIC);
-    h[8..10].copy_from_slice(&VERSION.to_le_bytes());
+fn encode_header(kind: u16, len: u32, fds: u32) -> [u8; FRAME_HEADER_LEN] {
+    let mut h = [0u8; FRAME_HEADER_LEN];
+    h[..8].copy_from_slice(&FRAME_MAGIC);
+    h[8..10].copy_from_slice(&FRAME_VERSION.to_le_bytes());
     h[10..12].copy_from_slice(&kind.to_le_bytes());
     h[12..16].copy_from_slice(&len.to_le_bytes());
     h[16..20].copy_from_slice(&fds.to_le_bytes());
     h
 }
 
-fn decode_header(h: &[u8; HEADER_LEN]) -> Result<Header> {
+fn decode_header(h: &[u8; FRAME_HEADER_LEN]) -> Result<Header> {
     let u16_at = |at: usize| u16::from_le_bytes([h[at], h[at + 1]]);
     let u32_at = |at: usize| u32::from_le_bytes([h[at], h[at + 1], h[at + 2], h[at + 3]]);
-    if h[..8] != MAGIC {
+    if h[..8] != FRAME_MAGIC {
         return Err(IpcError::Protocol(format!(
             "a frame starts with b\"{}\", expected b\"CUMEMMSG\": the peer does not speak the \
              cuda-mem-ipc channel protocol",
@@ -152,8 +157,8 @@ fn decode_header(h: &[u8; HEADER_LEN]) -> Result<Header> {
         )));
     }
     let version = u16_at(8);
-    if version != VERSION {
-        return Err(IpcError::Protocol(format!("unsupported frame version {version}, expected {VERSION}")));
+    if version != FRAME_VERSION {
+        return Err(IpcError::Protocol(format!("unsupported frame version {version}, expected {FRAME_VERSION}")));
     }
     let reserved = u32_at(20);
     if reserved != 0 {
@@ -316,16 +321,19 @@ impl Channel {
     /// Writes a whole frame; on failure, also says how many bytes went out.
     fn send_frame(
         &self,
-        header: &[u8; HEADER_LEN],
+        header: &[u8; FRAME_HEADER_LEN],
         payload: &[u8],
         fds: &[BorrowedFd<'_>],
     ) -> std::result::Result<(), (usize, IpcError)> {
-        let total = HEADER_LEN + payload.len();
+        let total = FRAME_HEADER_LEN + payload.len();
         let mut sent = 0;
         let mut space = [MaybeUninit::<u8>::uninit(); CONTROL_SPACE];
         while sent < total {
-            let (first, second): (&[u8], &[u8]) =
-                if sent < HEADER_LEN { (&header[sent..], payload) } else { (&payload[sent - HEADER_LEN..], &[]) };
+            let (first, second): (&[u8], &[u8]) = if sent < FRAME_HEADER_LEN {
+                (&header[sent..], payload)
+            } else {
+                (&payload[sent - FRAME_HEADER_LEN..], &[])
+            };
             let iov = [IoSlice::new(first), IoSlice::new(second)];
             let mut control = SendAncillaryBuffer::new(&mut space);
             // The descriptors ride on the frame's first bytes, and only on them.
@@ -429,14 +437,14 @@ struct FrameReader<'a> {
 
 impl FrameReader<'_> {
     fn read_frame(&mut self) -> Result<RawMessage> {
-        let mut raw = [0u8; HEADER_LEN];
-        self.read_exact(&mut raw, HEADER_LEN)?;
+        let mut raw = [0u8; FRAME_HEADER_LEN];
+        self.read_exact(&mut raw, FRAME_HEADER_LEN)?;
         let header = decode_header(&raw)?;
         self.header = Some(header);
         // The descriptors that came with the header bytes, now that their number is known.
         self.check_fd_count()?;
         let mut payload = vec![0u8; header.len];
-        self.read_exact(&mut payload, HEADER_LEN + header.len)?;
+        self.read_exact(&mut payload, FRAME_HEADER_LEN + header.len)?;
         if self.out_of_descriptors {
             return Err(IpcError::OutOfDescriptors { kind: header.kind, fds: header.fds });
         }
@@ -566,9 +574,9 @@ impl FrameReader<'_> {
     fn end_of_stream(&self, frame_len: usize) -> IpcError {
         if self.consumed == 0 {
             IpcError::PeerClosed
-        } else if self.consumed < HEADER_LEN {
+        } else if self.consumed < FRAME_HEADER_LEN {
             IpcError::Protocol(format!(
-                "truncated frame: the peer closed the channel after {} of the {HEADER_LEN} \
+                "truncated frame: the peer closed the channel after {} of the {FRAME_HEADER_LEN} \
                  header bytes",
                 self.consumed
             ))
@@ -954,14 +962,14 @@ mod tests {
         // The header one byte at a time, 200 descriptors on each byte: the count is unknown
         // until the header is whole, so the limit is MAX_FDS (253), passed on the second byte.
         let (ch, raw) = raw_pair();
-        let (send, peers) = canaries(HEADER_LEN);
+        let (send, peers) = canaries(FRAME_HEADER_LEN);
         for (byte, socket) in header(1, 0, 0).iter().zip(&send) {
             raw_send(&raw, std::slice::from_ref(byte), &vec![socket.as_fd(); 200]);
         }
         drop(send);
         expect_protocol(ch.recv(), "400 file descriptors arrived before the frame's header was complete");
         assert!(all_closed(&peers[..2]));
-        assert_eq!(unread(&ch), HEADER_LEN as u64 - 2);
+        assert_eq!(unread(&ch), FRAME_HEADER_LEN as u64 - 2);
         assert!(peers[2..].iter().all(|p| !is_closed(p)), "still in flight, not received");
         drop(ch);
         assert!(all_closed(&peers));
@@ -1242,14 +1250,14 @@ mod tests {
                     Err(IpcError::Protocol(_)) => { prop_assert!(!bytes.is_empty()); break }
                     Err(e) => prop_assert!(false, "unexpected error {}", e),
                 }
-                prop_assert!(messages <= bytes.len() / HEADER_LEN);
+                prop_assert!(messages <= bytes.len() / FRAME_HEADER_LEN);
             }
         }
 
         /// A valid frame with one byte of its header changed: a result or an error, no panic.
         #[test]
         fn mutated_headers_never_panic(
-            at in 0..HEADER_LEN,
+            at in 0..FRAME_HEADER_LEN,
             xor in 1..=255u8,
             payload in proptest::collection::vec(any::<u8>(), 0..64),
         ) {

@@ -7,13 +7,13 @@ use std::fmt;
 use cuda_mem_core::EXPORT_DATA_LEN;
 
 /// The length in bytes of an encoded [`BufferDescriptor`].
-pub const ENCODED_LEN: usize = 108;
+pub const BUFFER_DESCRIPTOR_LEN: usize = 108;
 
 /// The first 8 bytes of every encoded descriptor.
-pub const MAGIC: [u8; 8] = *b"CUMEMBUF";
+pub const BUFFER_DESCRIPTOR_MAGIC: [u8; 8] = *b"CUMEMBUF";
 
 /// The encoding version written by [`BufferDescriptor::encode`], the only one decoded.
-pub const VERSION: u16 = 1;
+pub const BUFFER_DESCRIPTOR_VERSION: u16 = 1;
 
 /// The largest buffer size a descriptor may carry: 2⁴⁸ bytes (256 TiB), beyond any device's
 /// address space.
@@ -30,22 +30,22 @@ const CHECKSUM_AT: usize = 104;
 // The layout above is fixed at 64 bytes of export data, whatever the driver headers say.
 const _: () = assert!(EXPORT_DATA_LEN == 64);
 const _: () = assert!(EXPORT_DATA_AT + EXPORT_DATA_LEN == CHECKSUM_AT);
-const _: () = assert!(CHECKSUM_AT + CHECKSUM_LEN == ENCODED_LEN);
+const _: () = assert!(CHECKSUM_AT + CHECKSUM_LEN == BUFFER_DESCRIPTOR_LEN);
 
 /// Why bytes are not a valid encoded [`BufferDescriptor`] (or why [`BufferDescriptor::new`] or
 /// [`BufferDescriptor::validate`] refused it).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum DecodeError {
-    /// The input is not exactly [`ENCODED_LEN`] bytes.
+    /// The input is not exactly [`BUFFER_DESCRIPTOR_LEN`] bytes.
     #[error("{found} bytes, expected exactly {expected}")]
     Length {
-        /// [`ENCODED_LEN`].
+        /// [`BUFFER_DESCRIPTOR_LEN`].
         expected: usize,
         /// The input's length.
         found: usize,
     },
-    /// The input does not start with the encoding's magic ([`MAGIC`] for a buffer descriptor).
+    /// The input does not start with the encoding's magic ([`BUFFER_DESCRIPTOR_MAGIC`] for a buffer descriptor).
     #[error("magic is {}, expected {}", Escaped(found), Escaped(expected))]
     Magic {
         /// The first 8 bytes of the input.
@@ -61,7 +61,7 @@ pub enum DecodeError {
     UnsupportedVersion {
         /// The version in the input.
         found: u16,
-        /// [`VERSION`].
+        /// [`BUFFER_DESCRIPTOR_VERSION`].
         supported: u16,
     },
     /// The checksum does not match the contents.
@@ -140,13 +140,13 @@ impl fmt::Display for Escaped<'_> {
 ///
 /// # Encoding
 ///
-/// [`BufferDescriptor::encode`] writes exactly [`ENCODED_LEN`] (108) bytes; integers are
+/// [`BufferDescriptor::encode`] writes exactly [`BUFFER_DESCRIPTOR_LEN`] (108) bytes; integers are
 /// little-endian.
 ///
 /// | offset | length | field         | value                                                   |
 /// |-------:|-------:|---------------|---------------------------------------------------------|
-/// |      0 |      8 | magic         | `b"CUMEMBUF"` ([`MAGIC`])                               |
-/// |      8 |      2 | version       | `1` ([`VERSION`]), `u16`                                |
+/// |      0 |      8 | magic         | `b"CUMEMBUF"` ([`BUFFER_DESCRIPTOR_MAGIC`])                               |
+/// |      8 |      2 | version       | `1` ([`BUFFER_DESCRIPTOR_VERSION`]), `u16`                                |
 /// |     10 |      2 | flags         | `0`, `u16`: reserved for future versions                |
 /// |     12 |      4 | reserved      | `0`, `u32`                                              |
 /// |     16 |      8 | size          | buffer size in bytes, `u64`, `1..=`[`MAX_BUFFER_SIZE`]  |
@@ -224,10 +224,10 @@ impl BufferDescriptor {
     ///
     /// Encodes the fields as they are: an invalid descriptor (see
     /// [`validate`](Self::validate)) gives bytes that [`decode`](Self::decode) rejects.
-    pub fn encode(&self) -> [u8; ENCODED_LEN] {
-        let mut out = [0u8; ENCODED_LEN];
-        out[..VERSION_AT].copy_from_slice(&MAGIC);
-        out[VERSION_AT..FLAGS_AT].copy_from_slice(&VERSION.to_le_bytes());
+    pub fn encode(&self) -> [u8; BUFFER_DESCRIPTOR_LEN] {
+        let mut out = [0u8; BUFFER_DESCRIPTOR_LEN];
+        out[..VERSION_AT].copy_from_slice(&BUFFER_DESCRIPTOR_MAGIC);
+        out[VERSION_AT..FLAGS_AT].copy_from_slice(&BUFFER_DESCRIPTOR_VERSION.to_le_bytes());
         // flags (10..12) and reserved (12..16) stay zero.
         out[SIZE_AT..RESOURCE_AT].copy_from_slice(&self.size.to_le_bytes());
         out[RESOURCE_AT..EXPORT_DATA_AT].copy_from_slice(self.resource.as_bytes());
@@ -246,9 +246,10 @@ impl BufferDescriptor {
     /// A [`DecodeError`] naming the first check that failed (see [`BufferDescriptor`], *Encoding*, for
     /// the order).
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
-        let bytes: &[u8; ENCODED_LEN] =
-            bytes.try_into().map_err(|_| DecodeError::Length { expected: ENCODED_LEN, found: bytes.len() })?;
-        check_envelope(bytes, MAGIC, VERSION)?;
+        let bytes: &[u8; BUFFER_DESCRIPTOR_LEN] = bytes
+            .try_into()
+            .map_err(|_| DecodeError::Length { expected: BUFFER_DESCRIPTOR_LEN, found: bytes.len() })?;
+        check_envelope(bytes, BUFFER_DESCRIPTOR_MAGIC, BUFFER_DESCRIPTOR_VERSION)?;
         let size = u64::from_le_bytes(field(bytes, SIZE_AT));
         let resource = uuid::Uuid::from_bytes(field(bytes, RESOURCE_AT));
         Self::new(field(bytes, EXPORT_DATA_AT), size, resource)
@@ -269,7 +270,7 @@ impl TryFrom<&[u8]> for BufferDescriptor {
 #[allow(dead_code)]
 pub(crate) const ENVELOPE_LEN: usize = CHECKSUM_LEN + 16;
 const CHECKSUM_LEN: usize = 4;
-const _: () = assert!(ENCODED_LEN >= ENVELOPE_LEN);
+const _: () = assert!(BUFFER_DESCRIPTOR_LEN >= ENVELOPE_LEN);
 
 /// Checks what every encoding of this crate shares, in this order: the magic, the version (an
 /// unknown one is reported as such), the CRC-32 in the last 4 bytes over all the bytes before
@@ -340,7 +341,7 @@ mod tests {
     }
 
     /// Re-seals `bytes` with a correct checksum after a deliberate change.
-    fn reseal(bytes: &mut [u8; ENCODED_LEN]) {
+    fn reseal(bytes: &mut [u8; BUFFER_DESCRIPTOR_LEN]) {
         let c = crc32(&bytes[..CHECKSUM_AT]);
         bytes[CHECKSUM_AT..].copy_from_slice(&c.to_le_bytes());
     }
@@ -402,7 +403,7 @@ mod tests {
 
     #[test]
     fn encoding_is_stable() {
-        // A golden encoding: changing the format must change VERSION, not this test.
+        // A golden encoding: changing the format must change BUFFER_DESCRIPTOR_VERSION, not this test.
         let d = BufferDescriptor::new([7; 64], 1 << 20, uuid::Uuid::from_u128(1)).unwrap();
         let e = d.encode();
         let mut expected = Vec::new();
@@ -452,7 +453,10 @@ mod tests {
 
         let mut b = good;
         b[0] = b'X';
-        assert_eq!(BufferDescriptor::decode(&b), Err(DecodeError::Magic { found: *b"XUMEMBUF", expected: MAGIC }));
+        assert_eq!(
+            BufferDescriptor::decode(&b),
+            Err(DecodeError::Magic { found: *b"XUMEMBUF", expected: BUFFER_DESCRIPTOR_MAGIC })
+        );
 
         let mut b = good;
         b[8..10].copy_from_slice(&2u16.to_le_bytes());
@@ -499,7 +503,7 @@ mod tests {
         let cases = [
             (DecodeError::Length { expected: 108, found: 3 }, "3 bytes, expected exactly 108"),
             (
-                DecodeError::Magic { found: *b"GARBAGE\0", expected: MAGIC },
+                DecodeError::Magic { found: *b"GARBAGE\0", expected: BUFFER_DESCRIPTOR_MAGIC },
                 r#"magic is b"GARBAGE\x00", expected b"CUMEMBUF""#,
             ),
             (
@@ -559,7 +563,7 @@ mod tests {
         #[cfg_attr(miri, ignore)]
         fn any_single_byte_change_is_rejected(
             d in descriptor(),
-            at in 0..ENCODED_LEN,
+            at in 0..BUFFER_DESCRIPTOR_LEN,
             xor in 1..=255u8,
         ) {
             let mut e = d.encode();
@@ -574,17 +578,17 @@ mod tests {
             extra in proptest::collection::vec(any::<u8>(), 1..64),
         ) {
             let e = d.encode();
-            for len in 0..ENCODED_LEN {
+            for len in 0..BUFFER_DESCRIPTOR_LEN {
                 prop_assert_eq!(
                     BufferDescriptor::decode(&e[..len]),
-                    Err(DecodeError::Length { expected: ENCODED_LEN, found: len })
+                    Err(DecodeError::Length { expected: BUFFER_DESCRIPTOR_LEN, found: len })
                 );
             }
             let mut longer = e.to_vec();
             longer.extend_from_slice(&extra);
             prop_assert_eq!(
                 BufferDescriptor::decode(&longer),
-                Err(DecodeError::Length { expected: ENCODED_LEN, found: longer.len() })
+                Err(DecodeError::Length { expected: BUFFER_DESCRIPTOR_LEN, found: longer.len() })
             );
         }
     }
@@ -597,7 +601,7 @@ mod tests {
         #[cfg_attr(miri, ignore)]
         fn every_single_byte_change_is_rejected(d in descriptor()) {
             let e = d.encode();
-            for at in 0..ENCODED_LEN {
+            for at in 0..BUFFER_DESCRIPTOR_LEN {
                 for xor in 1..=255u8 {
                     let mut m = e;
                     m[at] ^= xor;
@@ -623,12 +627,12 @@ mod tests {
         #[test]
         #[cfg_attr(miri, ignore)]
         fn decode_never_panics_on_well_framed_input(
-            tail in proptest::collection::vec(any::<u8>(), ENCODED_LEN - 8),
-            version in prop_oneof![Just(VERSION), any::<u16>()],
+            tail in proptest::collection::vec(any::<u8>(), BUFFER_DESCRIPTOR_LEN - 8),
+            version in prop_oneof![Just(BUFFER_DESCRIPTOR_VERSION), any::<u16>()],
             seal in any::<bool>(),
         ) {
-            let mut b = [0u8; ENCODED_LEN];
-            b[..8].copy_from_slice(&MAGIC);
+            let mut b = [0u8; BUFFER_DESCRIPTOR_LEN];
+            b[..8].copy_from_slice(&BUFFER_DESCRIPTOR_MAGIC);
             b[8..].copy_from_slice(&tail);
             b[8..10].copy_from_slice(&version.to_le_bytes());
             if seal {

@@ -10,21 +10,21 @@ use cuda_mem_core::{Event, IPC_EVENT_HANDLE_LEN, IpcEventHandle};
 use crate::descriptor::{DecodeError, check_envelope, crc32, field};
 
 /// The length in bytes of an encoded [`EventDescriptor`].
-pub const EVENT_ENCODED_LEN: usize = 92;
+pub const EVENT_DESCRIPTOR_LEN: usize = 92;
 
 /// The first 8 bytes of every encoded event descriptor.
-pub const EVENT_MAGIC: [u8; 8] = *b"CUMEMEVT";
+pub const EVENT_DESCRIPTOR_MAGIC: [u8; 8] = *b"CUMEMEVT";
 
 /// The event descriptor encoding version written by [`EventDescriptor::encode`], the only one
 /// decoded.
-pub const EVENT_VERSION: u16 = 1;
+pub const EVENT_DESCRIPTOR_VERSION: u16 = 1;
 
 const ID_AT: usize = 16;
 const HANDLE_AT: usize = 24;
 const CHECKSUM_AT: usize = 88;
 
 const _: () = assert!(HANDLE_AT + IPC_EVENT_HANDLE_LEN == CHECKSUM_AT);
-const _: () = assert!(CHECKSUM_AT + 4 == EVENT_ENCODED_LEN);
+const _: () = assert!(CHECKSUM_AT + 4 == EVENT_DESCRIPTOR_LEN);
 
 /// What a process needs to open an interprocess event of another process, and to know it again
 /// when it arrives again.
@@ -37,14 +37,14 @@ const _: () = assert!(CHECKSUM_AT + 4 == EVENT_ENCODED_LEN);
 ///
 /// # Encoding
 ///
-/// [`EventDescriptor::encode`] writes exactly [`EVENT_ENCODED_LEN`] (92) bytes; integers are
+/// [`EventDescriptor::encode`] writes exactly [`EVENT_DESCRIPTOR_LEN`] (92) bytes; integers are
 /// little-endian. The envelope (magic, version, flags, reserved, checksum) is that of a
 /// [`BufferDescriptor`](crate::BufferDescriptor), with its own magic and version.
 ///
 /// | offset | length | field    | value                                                        |
 /// |-------:|-------:|----------|--------------------------------------------------------------|
-/// |      0 |      8 | magic    | `b"CUMEMEVT"` ([`EVENT_MAGIC`])                              |
-/// |      8 |      2 | version  | `1` ([`EVENT_VERSION`]), `u16`                               |
+/// |      0 |      8 | magic    | `b"CUMEMEVT"` ([`EVENT_DESCRIPTOR_MAGIC`])                              |
+/// |      8 |      2 | version  | `1` ([`EVENT_DESCRIPTOR_VERSION`]), `u16`                               |
 /// |     10 |      2 | flags    | `0`, `u16`: reserved for future versions                     |
 /// |     12 |      4 | reserved | `0`, `u32`                                                   |
 /// |     16 |      8 | id       | the exporter's id of the event, `u64`, not zero              |
@@ -98,10 +98,10 @@ impl EventDescriptor {
     }
 
     /// The descriptor's fixed-size encoding (see [`EventDescriptor`], *Encoding*).
-    pub fn encode(&self) -> [u8; EVENT_ENCODED_LEN] {
-        let mut out = [0u8; EVENT_ENCODED_LEN];
-        out[..8].copy_from_slice(&EVENT_MAGIC);
-        out[8..10].copy_from_slice(&EVENT_VERSION.to_le_bytes());
+    pub fn encode(&self) -> [u8; EVENT_DESCRIPTOR_LEN] {
+        let mut out = [0u8; EVENT_DESCRIPTOR_LEN];
+        out[..8].copy_from_slice(&EVENT_DESCRIPTOR_MAGIC);
+        out[8..10].copy_from_slice(&EVENT_DESCRIPTOR_VERSION.to_le_bytes());
         // flags (10..12) and reserved (12..16) stay zero.
         out[ID_AT..HANDLE_AT].copy_from_slice(&self.id.to_le_bytes());
         out[HANDLE_AT..CHECKSUM_AT].copy_from_slice(self.handle.as_bytes());
@@ -116,9 +116,9 @@ impl EventDescriptor {
     /// A [`DecodeError`] naming the first check that failed (see [`EventDescriptor`],
     /// *Encoding*, for the order).
     pub fn decode(bytes: &[u8]) -> Result<EventDescriptor, DecodeError> {
-        let bytes: &[u8; EVENT_ENCODED_LEN] =
-            bytes.try_into().map_err(|_| DecodeError::Length { expected: EVENT_ENCODED_LEN, found: bytes.len() })?;
-        check_envelope(bytes, EVENT_MAGIC, EVENT_VERSION)?;
+        let bytes: &[u8; EVENT_DESCRIPTOR_LEN] =
+            bytes.try_into().map_err(|_| DecodeError::Length { expected: EVENT_DESCRIPTOR_LEN, found: bytes.len() })?;
+        check_envelope(bytes, EVENT_DESCRIPTOR_MAGIC, EVENT_DESCRIPTOR_VERSION)?;
         let descriptor = EventDescriptor {
             id: u64::from_le_bytes(field(bytes, ID_AT)),
             handle: IpcEventHandle::from_bytes(field(bytes, HANDLE_AT)),
@@ -141,14 +141,14 @@ mod tests {
         EventDescriptor { id: 0x0102_0304_0506_0708, handle: IpcEventHandle::from_bytes(handle) }
     }
 
-    fn reseal(bytes: &mut [u8; EVENT_ENCODED_LEN]) {
+    fn reseal(bytes: &mut [u8; EVENT_DESCRIPTOR_LEN]) {
         let c = crc32(&bytes[..CHECKSUM_AT]);
         bytes[CHECKSUM_AT..].copy_from_slice(&c.to_le_bytes());
     }
 
     #[test]
     fn encoding_is_stable() {
-        // A golden encoding: changing the format must change EVENT_VERSION, not this test.
+        // A golden encoding: changing the format must change EVENT_DESCRIPTOR_VERSION, not this test.
         let d = EventDescriptor { id: 3, handle: IpcEventHandle::from_bytes([9; 64]) };
         let mut expected = Vec::new();
         expected.extend_from_slice(b"CUMEMEVT\x01\x00\x00\x00\x00\x00\x00\x00");
@@ -166,7 +166,10 @@ mod tests {
         assert_eq!(EventDescriptor::decode(&good[..91]), Err(DecodeError::Length { expected: 92, found: 91 }));
         let mut b = good;
         b[0] = b'X';
-        assert_eq!(EventDescriptor::decode(&b), Err(DecodeError::Magic { found: *b"XUMEMEVT", expected: EVENT_MAGIC }));
+        assert_eq!(
+            EventDescriptor::decode(&b),
+            Err(DecodeError::Magic { found: *b"XUMEMEVT", expected: EVENT_DESCRIPTOR_MAGIC })
+        );
         // A buffer descriptor's magic is not an event's.
         let mut b = good;
         b[..8].copy_from_slice(b"CUMEMBUF");
@@ -204,7 +207,7 @@ mod tests {
         fn round_trips_and_any_single_byte_change_is_rejected(
             id in 1..=u64::MAX,
             handle in proptest::array::uniform32(1..=255u8),
-            at in 0..EVENT_ENCODED_LEN,
+            at in 0..EVENT_DESCRIPTOR_LEN,
             xor in 1..=255u8,
         ) {
             let mut bytes = [0u8; IPC_EVENT_HANDLE_LEN];

@@ -52,15 +52,15 @@
 //!
 //! | module | holds |
 //! |---|---|
-//! | `channel` | [`Channel`] (framing, descriptors, errors and threads are documented there), [`ChannelListener`], [`RawMessage`], the limits [`MAX_PAYLOAD_LEN`] and [`MAX_FDS`] |
+//! | `channel` | [`Channel`] (framing, descriptors, errors and threads are documented there), [`ChannelListener`], [`RawMessage`], the frame's [`FRAME_MAGIC`], [`FRAME_VERSION`] and [`FRAME_HEADER_LEN`], the limits [`MAX_PAYLOAD_LEN`] and [`MAX_FDS`] |
 //! | `spawn` | [`spawn_with_channel`] and the environment it sets, [`CHANNEL_FD_ENV`], [`CHANNEL_INODE_ENV`] |
-//! | `descriptor` | [`BufferDescriptor`] and its encoding ([`ENCODED_LEN`], [`MAGIC`], [`VERSION`], [`MAX_BUFFER_SIZE`]), [`DecodeError`] |
-//! | `event` | [`EventDescriptor`] (an interprocess event on the wire) and its encoding ([`EVENT_ENCODED_LEN`], [`EVENT_MAGIC`], [`EVENT_VERSION`]) |
+//! | `descriptor` | [`BufferDescriptor`] and its encoding ([`BUFFER_DESCRIPTOR_LEN`], [`BUFFER_DESCRIPTOR_MAGIC`], [`BUFFER_DESCRIPTOR_VERSION`], [`MAX_BUFFER_SIZE`]), [`DecodeError`] |
+//! | `event` | [`EventDescriptor`] (an interprocess event on the wire) and its encoding ([`EVENT_DESCRIPTOR_LEN`], [`EVENT_DESCRIPTOR_MAGIC`], [`EVENT_DESCRIPTOR_VERSION`]) |
 //! | `share` | the exporting side: [`allocation_handle`] ([`AllocationHandle`]) and [`buffer_descriptor`] |
 //! | `mapped` | [`MappedMemoryResource`], the process-wide [`registry()`] of them, [`lookup`] |
 //! | `registry` | [`Registry`] |
 //! | `protocol` | [`IpcChannel`] (its messages are documented there), [`Received`], [`MAX_BUFFERS_PER_MESSAGE`] |
-//! | `virtual_buffer` | feature `vmm`: `SharedVirtualBuffer`, `VirtualBufferLocation`, `VirtualBufferDecodeError`, `VIRTUAL_BUFFER_MAGIC`, `VIRTUAL_BUFFER_VERSION`, and `IpcChannel`'s virtual buffer methods |
+//! | `virtual_buffer` | feature `vmm`: `SharedVirtualBuffer`, `VirtualBufferLocation`, `VirtualBufferDecodeError`, `SHARED_VIRTUAL_BUFFER_MAGIC`, `SHARED_VIRTUAL_BUFFER_VERSION`, and `IpcChannel`'s virtual buffer methods |
 //! | `error` | [`IpcError`], [`Result`] |
 //!
 //! # Trust boundary
@@ -73,7 +73,7 @@
 //!
 //! - the lengths of everything received: frames, payloads (at most [`MAX_PAYLOAD_LEN`]), the
 //!   number of file descriptors (at most [`MAX_FDS`], and exactly as many as announced), and
-//!   encoded descriptors (exactly [`ENCODED_LEN`] bytes; an encoded virtual buffer exactly the
+//!   encoded descriptors (exactly [`BUFFER_DESCRIPTOR_LEN`] bytes; an encoded virtual buffer exactly the
 //!   length its chunk count gives, at most 253 chunks, with one file descriptor per chunk for
 //!   POSIX-fd handles and none for fabric handles);
 //! - magic numbers and versions (an unknown version is reported as such), and that reserved
@@ -258,13 +258,18 @@ mod spawn;
 mod virtual_buffer;
 
 #[cfg(target_os = "linux")]
-pub use channel::{Channel, ChannelListener, MAX_FDS, MAX_PAYLOAD_LEN, RawMessage};
+pub use channel::{
+    Channel, ChannelListener, FRAME_HEADER_LEN, FRAME_MAGIC, FRAME_VERSION, MAX_FDS, MAX_PAYLOAD_LEN, RawMessage,
+};
 #[cfg(target_os = "linux")]
-pub use descriptor::{BufferDescriptor, DecodeError, ENCODED_LEN, MAGIC, MAX_BUFFER_SIZE, VERSION};
+pub use descriptor::{
+    BUFFER_DESCRIPTOR_LEN, BUFFER_DESCRIPTOR_MAGIC, BUFFER_DESCRIPTOR_VERSION, BufferDescriptor, DecodeError,
+    MAX_BUFFER_SIZE,
+};
 #[cfg(target_os = "linux")]
 pub use error::{IpcError, Result};
 #[cfg(target_os = "linux")]
-pub use event::{EVENT_ENCODED_LEN, EVENT_MAGIC, EVENT_VERSION, EventDescriptor};
+pub use event::{EVENT_DESCRIPTOR_LEN, EVENT_DESCRIPTOR_MAGIC, EVENT_DESCRIPTOR_VERSION, EventDescriptor};
 #[cfg(target_os = "linux")]
 pub use mapped::{MappedMemoryResource, lookup, registry};
 #[cfg(target_os = "linux")]
@@ -277,7 +282,8 @@ pub use share::{AllocationHandle, allocation_handle, buffer_descriptor};
 pub use spawn::{CHANNEL_FD_ENV, CHANNEL_INODE_ENV, spawn_with_channel};
 #[cfg(all(target_os = "linux", feature = "vmm"))]
 pub use virtual_buffer::{
-    SharedVirtualBuffer, VIRTUAL_BUFFER_MAGIC, VIRTUAL_BUFFER_VERSION, VirtualBufferDecodeError, VirtualBufferLocation,
+    SHARED_VIRTUAL_BUFFER_MAGIC, SHARED_VIRTUAL_BUFFER_VERSION, SharedVirtualBuffer, VirtualBufferDecodeError,
+    VirtualBufferLocation,
 };
 
 /// The crate's README (its crates.io page), whose example the doc tests compile.

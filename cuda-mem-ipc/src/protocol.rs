@@ -12,9 +12,9 @@ use cuda_mem_core::{Buffer, Device, Event, MemoryResource, PoolKind, ScopedBuffe
 use uuid::Uuid;
 
 use crate::channel::{Channel, RawMessage};
-use crate::descriptor::{BufferDescriptor, ENCODED_LEN};
+use crate::descriptor::{BUFFER_DESCRIPTOR_LEN, BufferDescriptor};
 use crate::error::{IpcError, Result};
-use crate::event::{EVENT_ENCODED_LEN, EventDescriptor};
+use crate::event::{EVENT_DESCRIPTOR_LEN, EventDescriptor};
 use crate::mapped::MappedMemoryResource;
 use crate::share::{allocation_handle, buffer_descriptor};
 
@@ -338,7 +338,7 @@ impl IpcChannel {
             // Checked again there: another thread may have sent another pool under its UUID.
             self.send_resource(resource)?;
         }
-        payload.reserve(4 + descriptors.len() * ENCODED_LEN);
+        payload.reserve(4 + descriptors.len() * BUFFER_DESCRIPTOR_LEN);
         payload.extend_from_slice(&(descriptors.len() as u32).to_le_bytes());
         for descriptor in &descriptors {
             payload.extend_from_slice(&descriptor.encode());
@@ -489,16 +489,16 @@ impl IpcChannel {
                 "a buffers message for {count} buffers; the most one message may carry is {MAX_BUFFERS_PER_MESSAGE}"
             )));
         }
-        if payload.len() != 4 + count * ENCODED_LEN {
+        if payload.len() != 4 + count * BUFFER_DESCRIPTOR_LEN {
             return Err(IpcError::Protocol(format!(
                 "a buffers message for {count} buffers must have {} bytes; it has {}",
-                4 + count * ENCODED_LEN,
+                4 + count * BUFFER_DESCRIPTOR_LEN,
                 payload.len()
             )));
         }
         // Decode everything, and find every resource, before importing anything.
         let descriptors = payload[4..]
-            .chunks_exact(ENCODED_LEN)
+            .chunks_exact(BUFFER_DESCRIPTOR_LEN)
             .map(BufferDescriptor::decode)
             .collect::<std::result::Result<Vec<_>, _>>()?;
         let resources = {
@@ -566,14 +566,14 @@ fn decode_event(bytes: &[u8]) -> Result<EventDescriptor> {
 
 /// A buffers-after-event payload's event and the buffers payload after it.
 fn split_event(payload: &[u8]) -> Result<(EventDescriptor, &[u8])> {
-    if payload.len() < EVENT_ENCODED_LEN {
+    if payload.len() < EVENT_DESCRIPTOR_LEN {
         return Err(IpcError::Protocol(format!(
-            "a buffers-after-event message shorter than its event descriptor ({} bytes, at least {EVENT_ENCODED_LEN} \
+            "a buffers-after-event message shorter than its event descriptor ({} bytes, at least {EVENT_DESCRIPTOR_LEN} \
              expected)",
             payload.len()
         )));
     }
-    let (event, buffers) = payload.split_at(EVENT_ENCODED_LEN);
+    let (event, buffers) = payload.split_at(EVENT_DESCRIPTOR_LEN);
     Ok((decode_event(event)?, buffers))
 }
 

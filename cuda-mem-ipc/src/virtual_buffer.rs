@@ -18,10 +18,10 @@ use crate::error::{IpcError, Result};
 use crate::protocol::{IpcChannel, VIRTUAL_BUFFER, visible_device};
 
 /// The first 8 bytes of every encoded virtual buffer.
-pub const VIRTUAL_BUFFER_MAGIC: [u8; 8] = *b"CUMEMVMM";
+pub const SHARED_VIRTUAL_BUFFER_MAGIC: [u8; 8] = *b"CUMEMVMM";
 
 /// The encoding version written by [`SharedVirtualBuffer::encode`], the only one decoded.
-pub const VIRTUAL_BUFFER_VERSION: u16 = 2;
+pub const SHARED_VIRTUAL_BUFFER_VERSION: u16 = 2;
 
 const HANDLE_TYPE_AT: usize = 16;
 const LOCATION_AT: usize = 17;
@@ -113,8 +113,8 @@ pub enum VirtualBufferLocation {
 ///
 /// | offset | length | field          | value                                                          |
 /// |-------:|-------:|----------------|----------------------------------------------------------------|
-/// |      0 |      8 | magic          | `b"CUMEMVMM"` ([`VIRTUAL_BUFFER_MAGIC`])                       |
-/// |      8 |      2 | version        | `2` ([`VIRTUAL_BUFFER_VERSION`]), `u16`                        |
+/// |      0 |      8 | magic          | `b"CUMEMVMM"` ([`SHARED_VIRTUAL_BUFFER_MAGIC`])                       |
+/// |      8 |      2 | version        | `2` ([`SHARED_VIRTUAL_BUFFER_VERSION`]), `u16`                        |
 /// |     10 |      2 | flags          | `0`, `u16`: reserved for future versions                       |
 /// |     12 |      4 | reserved       | `0`, `u32`                                                     |
 /// |     16 |      1 | handle type    | `1` POSIX file descriptors, `2` fabric handles                 |
@@ -167,7 +167,7 @@ pub enum VirtualBufferDecodeError {
         min: usize,
     },
     /// The header or checksum every encoding of this crate shares is wrong: the magic (here
-    /// [`VIRTUAL_BUFFER_MAGIC`]), the version (here [`VIRTUAL_BUFFER_VERSION`]), the checksum,
+    /// [`SHARED_VIRTUAL_BUFFER_MAGIC`]), the version (here [`SHARED_VIRTUAL_BUFFER_VERSION`]), the checksum,
     /// the flags or the reserved field.
     #[error(transparent)]
     Envelope(#[from] DecodeError),
@@ -292,8 +292,8 @@ impl SharedVirtualBuffer {
         let fabric = descriptor.handle_type == HandleType::Fabric;
         let count = descriptor.chunk_sizes.len();
         let mut bytes = Vec::with_capacity(encoded_len(count, fabric));
-        bytes.extend_from_slice(&VIRTUAL_BUFFER_MAGIC);
-        bytes.extend_from_slice(&VIRTUAL_BUFFER_VERSION.to_le_bytes());
+        bytes.extend_from_slice(&SHARED_VIRTUAL_BUFFER_MAGIC);
+        bytes.extend_from_slice(&SHARED_VIRTUAL_BUFFER_VERSION.to_le_bytes());
         // Flags and reserved.
         bytes.extend_from_slice(&[0; 6]);
         bytes.push(match descriptor.handle_type {
@@ -342,7 +342,7 @@ impl SharedVirtualBuffer {
         if bytes.len() < min {
             return Err(VirtualBufferDecodeError::Truncated { found: bytes.len(), min });
         }
-        check_envelope(bytes, VIRTUAL_BUFFER_MAGIC, VIRTUAL_BUFFER_VERSION)?;
+        check_envelope(bytes, SHARED_VIRTUAL_BUFFER_MAGIC, SHARED_VIRTUAL_BUFFER_VERSION)?;
         let handle_type = match bytes[HANDLE_TYPE_AT] {
             POSIX_FD_CODE => HandleType::PosixFd,
             FABRIC_CODE => HandleType::Fabric,

@@ -526,7 +526,7 @@ fn a_buffer_count_over_the_limit_is_reported_as_such() {
     let (peer, rx) = from_raw_peer();
     let count = MAX_BUFFERS_PER_MESSAGE + 1;
     let mut payload = (count as u32).to_le_bytes().to_vec();
-    payload.resize(4 + count * cuda_mem_ipc::ENCODED_LEN, 0);
+    payload.resize(4 + count * cuda_mem_ipc::BUFFER_DESCRIPTOR_LEN, 0);
     // More than a socket buffer holds: sent while the receiver reads.
     let received = std::thread::scope(|scope| {
         scope.spawn(|| peer.send(BUFFERS, &payload, &[]).unwrap());

@@ -33,21 +33,23 @@ fn module_constant(name: &str) -> u16 {
     line[prefix.len()..].trim().parse().unwrap_or_else(|e| panic!("{line}: {e}"))
 }
 
-/// The channel's frame version, which cuda-mem-ipc does not export: read from the header of a
-/// frame it sends (bytes 8 and 9, after the magic).
+/// The channel's frame version as a frame it sends carries it (bytes 8 and 9, after the magic),
+/// which must be the one cuda-mem-ipc names.
 fn frame_version() -> u16 {
     let (ours, mut theirs) = UnixStream::pair().expect("a socket pair");
     let channel = Channel::from_stream(ours).expect("a channel");
     channel.send(3, b"", &[]).expect("an empty frame");
     let mut header = [0u8; 24];
     theirs.read_exact(&mut header).expect("the frame's header");
-    assert_eq!(&header[..8], b"CUMEMMSG");
-    u16::from_le_bytes([header[8], header[9]])
+    assert_eq!(header[..8], cuda_mem_ipc::FRAME_MAGIC);
+    let version = u16::from_le_bytes([header[8], header[9]]);
+    assert_eq!(version, cuda_mem_ipc::FRAME_VERSION, "the frame version sent is the one named");
+    version
 }
 
 #[test]
 fn the_package_version_is_the_wire_formats_versions() {
-    let rust = (frame_version(), cuda_mem_ipc::VERSION, cuda_mem_ipc::EVENT_VERSION);
+    let rust = (frame_version(), cuda_mem_ipc::BUFFER_DESCRIPTOR_VERSION, cuda_mem_ipc::EVENT_DESCRIPTOR_VERSION);
     let python =
         (module_constant("FRAME_VERSION"), module_constant("DESCRIPTOR_VERSION"), module_constant("EVENT_VERSION"));
     assert_eq!(python, rust, "the module's (frame, descriptor, event) versions are cuda-mem-ipc's");
