@@ -1,7 +1,11 @@
 //! The crate's error type, [`IpcError`].
 
-use crate::descriptor::DecodeError;
 use cuda_mem_core::PoolKind;
+
+use crate::wire::{
+    BufferDescriptorError, BuffersMessageError, EventDescriptorError, FrameError, MessageError, MessageKind,
+    ResourceMessageError,
+};
 
 /// Everything that can go wrong in `cuda-mem-ipc`.
 ///
@@ -10,9 +14,10 @@ use cuda_mem_core::PoolKind;
 ///
 /// - a failed driver call or core-library check ([`IpcError::Core`]);
 /// - a failed system call, with what was being done ([`IpcError::Io`]);
-/// - bytes or messages from the peer that do not follow the format ([`IpcError::Decode`],
-///   [`IpcError::EventDecode`], `IpcError::VirtualBufferDecode` (feature `vmm`),
-///   [`IpcError::Protocol`]): the peer is broken, incompatible or hostile;
+/// - bytes or messages from the peer that do not follow the format
+///   ([`IpcError::BufferDescriptor`], [`IpcError::EventDescriptor`],
+///   `IpcError::SharedVirtualBuffer` (feature `vmm`), [`IpcError::Protocol`]): the peer is
+///   broken, incompatible or hostile;
 /// - an event the peer sent that the driver will not open ([`IpcError::EventImport`]): the peer
 ///   destroyed it too early, or sent a bad handle;
 /// - a message of a kind this build receives only with a feature it lacks
@@ -36,9 +41,10 @@ use cuda_mem_core::PoolKind;
 ///   process that was not started with a channel ([`IpcError::ChannelEnv`]).
 ///
 /// A failed system or driver call stays the [`source`](std::error::Error::source), and
-/// [`IpcError::cuda_code`] finds a driver code anywhere in the chain. [`IpcError::Protocol`] is
-/// text because its cases (a bad header, a truncated frame, a malformed message) all ask the same
-/// of the caller: the peer is not a compatible exporter, so drop the channel.
+/// [`IpcError::cuda_code`] finds a driver code anywhere in the chain. [`IpcError::Protocol`]
+/// groups the cases that ask the same of the caller (a bad frame, a malformed message, a channel
+/// out of step): the peer is not a compatible exporter, so drop the channel. Its
+/// [`ProtocolError`] says which check failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum IpcError {
@@ -61,7 +67,7 @@ pub enum IpcError {
         "invalid buffer descriptor: {0}; the peer is not a compatible cuda-mem-ipc exporter \
          or the bytes were damaged in transit, so nothing was imported"
     )]
-    Decode(#[from] DecodeError),
+    BufferDescriptor(#[from] BufferDescriptorError),
 
     /// An event descriptor received from a peer is malformed; no event was opened and no
     /// stream waits for one (a buffers message that came with it imported none of its buffers).
@@ -69,7 +75,7 @@ pub enum IpcError {
         "invalid event descriptor: {0}; the peer is not a compatible cuda-mem-ipc exporter or the bytes were \
          damaged in transit, so no event was opened and nothing was imported"
     )]
-    EventDecode(#[source] DecodeError),
+    EventDescriptor(#[from] EventDescriptorError),
 
     /// The driver refused to open the interprocess event a peer sent; no stream waits for it
     /// (a buffers message that came with it imported none of its buffers), and the channel is
@@ -94,7 +100,7 @@ pub enum IpcError {
         "invalid virtual buffer descriptor: {0}; the peer is not a compatible cuda-mem-ipc exporter \
          or the bytes were damaged in transit, so nothing was imported (its file descriptors are closed)"
     )]
-    VirtualBufferDecode(#[from] crate::virtual_buffer::VirtualBufferDecodeError),
+    SharedVirtualBuffer(#[from] crate::wire::SharedVirtualBufferError),
 
     /// Exporting or importing a virtual buffer failed in `cuda-mem-vmm` (feature `vmm`): its
     /// error says which check or driver call, and nothing stays imported.
@@ -118,24 +124,24 @@ pub enum IpcError {
     /// The peer sent a message of a kind this build cannot receive without a feature it lacks;
     /// the message was dropped (its file descriptors closed) and the channel is still in step.
     #[error(
-        "a {what} (message kind {kind}), which this build cannot receive: enable cuda-mem-ipc's `{feature}` \
-         feature; the message was dropped (its file descriptors closed) and the channel is still usable"
+        "a {kind} (message kind {}), which this build cannot receive: enable cuda-mem-ipc's `{feature}` \
+         feature; the message was dropped (its file descriptors closed) and the channel is still usable",
+        .kind.code()
     )]
     NotReceivable {
-        /// What the message carries ("virtual buffer").
-        what: &'static str,
-        /// Its kind on the wire.
-        kind: u16,
+        /// The message's kind ([`MessageKind::VirtualBuffer`]).
+        kind: MessageKind,
         /// The feature that receives it.
         feature: &'static str,
     },
 
-    /// The peer sent a message that does not follow the channel protocol.
+    /// The peer sent a frame or message that does not follow the channel protocol, or an earlier
+    /// one broke the channel.
     #[error(
         "malformed message from the IPC peer: {0}; check that both processes use compatible \
          cuda-mem-ipc versions, then drop this channel and open a new one"
     )]
-    Protocol(String),
+    Protocol(#[from] ProtocolError),
 
     /// This process ran out of file descriptors while receiving a message, so the system could
     /// not hand it the descriptors the message carried.
@@ -304,6 +310,69 @@ pub enum IpcError {
     },
 }
 
+/// How a peer broke the channel protocol ([`IpcError::Protocol`]): a frame or message that does
+/// not follow its format (each format's error says which check failed), or what the channel
+/// keeps of the peer contradicted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProtocolError {
+    /// A malformed frame: the channel no longer finds message boundaries after it.
+    #[error(transparent)]
+    Frame(#[from] FrameError),
+    /// An earlier frame was cut short or malformed, so the channel refuses to receive.
+    #[error("an earlier message was cut short or malformed, so message boundaries are lost")]
+    OutOfStep,
+    /// A frame that is no message of an [`IpcChannel`](crate::IpcChannel).
+    #[error(transparent)]
+    Message(#[from] MessageError),
+    /// A malformed resource message.
+    #[error(transparent)]
+    ResourceMessage(#[from] ResourceMessageError),
+    /// A buffers message whose count and length do not add up.
+    #[error(transparent)]
+    BuffersMessage(#[from] BuffersMessageError),
+    /// The peer sent an event again with another handle than before: an id names one event.
+    #[error("the peer sent its event {id} with another handle than before: an id names one event")]
+    EventHandleChanged {
+        /// The peer's id of the event.
+        id: u64,
+    },
+    /// A buffer larger than this machine's address space (a 32-bit process).
+    #[error("a buffer of {size} bytes does not fit this machine")]
+    BufferBeyondAddressSpace {
+        /// The size the descriptor claims.
+        size: u64,
+    },
+}
+
+/// A malformed frame or message, as the channel reports it.
+impl From<FrameError> for IpcError {
+    fn from(error: FrameError) -> Self {
+        IpcError::Protocol(ProtocolError::from(error))
+    }
+}
+
+/// A malformed frame or message, as the channel reports it.
+impl From<MessageError> for IpcError {
+    fn from(error: MessageError) -> Self {
+        IpcError::Protocol(ProtocolError::from(error))
+    }
+}
+
+/// A malformed frame or message, as the channel reports it.
+impl From<ResourceMessageError> for IpcError {
+    fn from(error: ResourceMessageError) -> Self {
+        IpcError::Protocol(ProtocolError::from(error))
+    }
+}
+
+/// A malformed frame or message, as the channel reports it.
+impl From<BuffersMessageError> for IpcError {
+    fn from(error: BuffersMessageError) -> Self {
+        IpcError::Protocol(ProtocolError::from(error))
+    }
+}
+
 /// " (the error)", or nothing.
 fn os_error_suffix(source: Option<&std::io::Error>) -> String {
     source.map_or_else(String::new, |e| format!(" ({e})"))
@@ -374,7 +443,20 @@ mod tests {
         let uuid = uuid::Uuid::from_u128(0x1234);
         let cases = [
             (IpcError::PeerClosed, "closed the channel"),
-            (IpcError::Protocol("bad magic".into()), "bad magic"),
+            (
+                IpcError::Protocol(ProtocolError::OutOfStep),
+                "malformed message from the IPC peer: an earlier message was cut short or malformed, so message \
+                 boundaries are lost; check that both processes use compatible cuda-mem-ipc versions, then drop \
+                 this channel and open a new one",
+            ),
+            (
+                IpcError::from(MessageError::UnknownKind { kind: 9 }),
+                "malformed message from the IPC peer: unknown message kind 9; check",
+            ),
+            (
+                IpcError::Protocol(ProtocolError::EventHandleChanged { id: 4 }),
+                "the peer sent its event 4 with another handle than before",
+            ),
             (IpcError::UnknownResource(uuid), "import the exporting resource"),
             (
                 IpcError::WrongResourceKind { uuid, expected: PoolKind::Pinned, found: PoolKind::Managed },
@@ -404,8 +486,12 @@ mod tests {
                  was dropped and the channel is still usable: close descriptors or raise \
                  RLIMIT_NOFILE",
             ),
-            (IpcError::Decode(DecodeError::NilResource), "invalid buffer descriptor: "),
-            (IpcError::EventDecode(DecodeError::NoEventId), "invalid event descriptor: event id is 0"),
+            (IpcError::BufferDescriptor(BufferDescriptorError::NilResource), "invalid buffer descriptor: resource"),
+            (IpcError::EventDescriptor(EventDescriptorError::NoEventId), "invalid event descriptor: event id is 0"),
+            (
+                IpcError::NotReceivable { kind: MessageKind::VirtualBuffer, feature: "vmm" },
+                "a virtual buffer (message kind 4), which this build cannot receive: enable cuda-mem-ipc's `vmm`",
+            ),
             (
                 IpcError::EventImport { id: 7, source: cuda_mem_core::Error::EventNotInterprocess },
                 "the peer's event (its id 7) could not be opened: ",

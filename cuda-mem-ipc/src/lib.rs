@@ -48,20 +48,20 @@
 //!
 //! # Which module holds what
 //!
-//! The modules are private; everything public is re-exported here.
+//! The modules are private but `wire`; what they hold is re-exported here, and the wire formats'
+//! constants and errors are `wire`'s.
 //!
 //! | module | holds |
 //! |---|---|
-//! | `channel` | [`Channel`] (framing, descriptors, errors and threads are documented there), [`ChannelListener`], [`RawMessage`], the frame's [`FRAME_MAGIC`], [`FRAME_VERSION`] and [`FRAME_HEADER_LEN`], the limits [`MAX_PAYLOAD_LEN`] and [`MAX_FDS`] |
+//! | [`wire`] (public) | every byte layout: [`wire::FrameHeader`], [`wire::MessageKind`], the resource and buffers messages, [`BufferDescriptor`], [`EventDescriptor`], `SharedVirtualBuffer` (feature `vmm`), each with its version and error |
+//! | `channel` | [`Channel`] (sockets, descriptors, errors and threads are documented there), [`ChannelListener`], [`RawMessage`] |
 //! | `spawn` | [`spawn_with_channel`] and the environment it sets, [`CHANNEL_FD_ENV`], [`CHANNEL_INODE_ENV`] |
-//! | `descriptor` | [`BufferDescriptor`] and its encoding ([`BUFFER_DESCRIPTOR_LEN`], [`BUFFER_DESCRIPTOR_MAGIC`], [`BUFFER_DESCRIPTOR_VERSION`], [`MAX_BUFFER_SIZE`]), [`DecodeError`] |
-//! | `event` | [`EventDescriptor`] (an interprocess event on the wire) and its encoding ([`EVENT_DESCRIPTOR_LEN`], [`EVENT_DESCRIPTOR_MAGIC`], [`EVENT_DESCRIPTOR_VERSION`]) |
 //! | `share` | the exporting side: [`allocation_handle`] ([`AllocationHandle`]) and [`buffer_descriptor`] |
 //! | `mapped` | [`MappedMemoryResource`], the process-wide [`registry()`] of them, [`lookup`] |
 //! | `registry` | [`Registry`] |
-//! | `protocol` | [`IpcChannel`] (its messages are documented there), [`Received`], [`MAX_BUFFERS_PER_MESSAGE`] |
-//! | `virtual_buffer` | feature `vmm`: `SharedVirtualBuffer`, `VirtualBufferLocation`, `VirtualBufferDecodeError`, `SHARED_VIRTUAL_BUFFER_MAGIC`, `SHARED_VIRTUAL_BUFFER_VERSION`, and `IpcChannel`'s virtual buffer methods |
-//! | `error` | [`IpcError`], [`Result`] |
+//! | `protocol` | [`IpcChannel`] and what it keeps of a channel, [`Received`] |
+//! | `virtual_buffer` | feature `vmm`: exporting a `SharedVirtualBuffer`, and `IpcChannel`'s virtual buffer methods |
+//! | `error` | [`IpcError`], [`ProtocolError`], [`Result`] |
 //!
 //! # Trust boundary
 //!
@@ -73,7 +73,7 @@
 //!
 //! - the lengths of everything received: frames, payloads (at most [`MAX_PAYLOAD_LEN`]), the
 //!   number of file descriptors (at most [`MAX_FDS`], and exactly as many as announced), and
-//!   encoded descriptors (exactly [`BUFFER_DESCRIPTOR_LEN`] bytes; an encoded virtual buffer exactly the
+//!   encoded descriptors (exactly [`wire::BUFFER_DESCRIPTOR_LEN`] bytes; an encoded virtual buffer exactly the
 //!   length its chunk count gives, at most 253 chunks, with one file descriptor per chunk for
 //!   POSIX-fd handles and none for fabric handles);
 //! - magic numbers and versions (an unknown version is reported as such), and that reserved
@@ -239,11 +239,7 @@ compile_error!(
 #[cfg(target_os = "linux")]
 mod channel;
 #[cfg(target_os = "linux")]
-mod descriptor;
-#[cfg(target_os = "linux")]
 mod error;
-#[cfg(target_os = "linux")]
-mod event;
 #[cfg(target_os = "linux")]
 mod mapped;
 #[cfg(target_os = "linux")]
@@ -256,35 +252,27 @@ mod share;
 mod spawn;
 #[cfg(all(target_os = "linux", feature = "vmm"))]
 mod virtual_buffer;
+#[cfg(target_os = "linux")]
+pub mod wire;
 
 #[cfg(target_os = "linux")]
-pub use channel::{
-    Channel, ChannelListener, FRAME_HEADER_LEN, FRAME_MAGIC, FRAME_VERSION, MAX_FDS, MAX_PAYLOAD_LEN, RawMessage,
-};
+pub use channel::{Channel, ChannelListener, RawMessage};
 #[cfg(target_os = "linux")]
-pub use descriptor::{
-    BUFFER_DESCRIPTOR_LEN, BUFFER_DESCRIPTOR_MAGIC, BUFFER_DESCRIPTOR_VERSION, BufferDescriptor, DecodeError,
-    MAX_BUFFER_SIZE,
-};
-#[cfg(target_os = "linux")]
-pub use error::{IpcError, Result};
-#[cfg(target_os = "linux")]
-pub use event::{EVENT_DESCRIPTOR_LEN, EVENT_DESCRIPTOR_MAGIC, EVENT_DESCRIPTOR_VERSION, EventDescriptor};
+pub use error::{IpcError, ProtocolError, Result};
 #[cfg(target_os = "linux")]
 pub use mapped::{MappedMemoryResource, lookup, registry};
 #[cfg(target_os = "linux")]
-pub use protocol::{IpcChannel, MAX_BUFFERS_PER_MESSAGE, Received};
+pub use protocol::{IpcChannel, Received};
 #[cfg(target_os = "linux")]
 pub use registry::Registry;
 #[cfg(target_os = "linux")]
 pub use share::{AllocationHandle, allocation_handle, buffer_descriptor};
 #[cfg(target_os = "linux")]
 pub use spawn::{CHANNEL_FD_ENV, CHANNEL_INODE_ENV, spawn_with_channel};
+#[cfg(target_os = "linux")]
+pub use wire::{BufferDescriptor, EventDescriptor, MAX_BUFFER_SIZE, MAX_BUFFERS_PER_MESSAGE, MAX_FDS, MAX_PAYLOAD_LEN};
 #[cfg(all(target_os = "linux", feature = "vmm"))]
-pub use virtual_buffer::{
-    SHARED_VIRTUAL_BUFFER_MAGIC, SHARED_VIRTUAL_BUFFER_VERSION, SharedVirtualBuffer, VirtualBufferDecodeError,
-    VirtualBufferLocation,
-};
+pub use wire::{SharedVirtualBuffer, VirtualBufferLocation};
 
 /// The crate's README (its crates.io page), whose example the doc tests compile.
 #[cfg(doctest)]

@@ -9,9 +9,9 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use cuda_mem_core::{Buffer, Device, DevicePtr, MemoryPool, MemoryResource, PoolKind, PoolResource, Stream};
 use uuid::Uuid;
 
-use crate::descriptor::BufferDescriptor;
-use crate::error::{IpcError, Result};
+use crate::error::{IpcError, ProtocolError, Result};
 use crate::registry::Registry;
+use crate::wire::BufferDescriptor;
 
 /// A pool imported from another process.
 ///
@@ -206,7 +206,7 @@ impl MappedMemoryResource {
     /// unmaps (when no other import of it in this process remains) when dropped, on `stream`.
     ///
     /// # Errors
-    /// [`IpcError::Decode`] for a descriptor that [`BufferDescriptor::validate`] refuses (its
+    /// [`IpcError::BufferDescriptor`] for a descriptor that [`BufferDescriptor::validate`] refuses (its
     /// fields are public, so one may have been changed after decoding: a size of 0, or beyond
     /// [`MAX_BUFFER_SIZE`](crate::MAX_BUFFER_SIZE), or the nil UUID), checked before any driver
     /// call; [`IpcError::WrongResource`] when the descriptor belongs to another resource;
@@ -220,9 +220,8 @@ impl MappedMemoryResource {
         if descriptor.resource != self.uuid {
             return Err(IpcError::WrongResource { expected: self.uuid, found: descriptor.resource });
         }
-        let size = usize::try_from(descriptor.size).map_err(|_| {
-            IpcError::Protocol(format!("a buffer of {} bytes does not fit this machine", descriptor.size))
-        })?;
+        let size = usize::try_from(descriptor.size)
+            .map_err(|_| ProtocolError::BufferBeyondAddressSpace { size: descriptor.size })?;
         let ptr = self.pool.import_allocation(&descriptor.export_data, size, stream).map_err(|error| match error {
             // The descriptor's size against the mapping (the other size it checks, 0, was
             // refused above).
@@ -333,7 +332,8 @@ mod tests {
     use cuda_mem_core::{DeviceMemoryResource, DeviceMemoryResourceOptions, StreamOptions, import_holders};
 
     use super::*;
-    use crate::{DecodeError, MAX_BUFFER_SIZE, allocation_handle, buffer_descriptor};
+    use crate::wire::{BufferDescriptorError, MAX_BUFFER_SIZE};
+    use crate::{allocation_handle, buffer_descriptor};
 
     /// A descriptor changed after decoding (its fields are public) is checked as decoding checks
     /// it, before any driver call: a size of 0 would take a share of the mapping that the empty
@@ -350,15 +350,15 @@ mod tests {
         let good = buffer_descriptor(&buffer).unwrap();
 
         let refusals = [
-            (BufferDescriptor { size: 0, ..good }, DecodeError::ZeroSize { max: MAX_BUFFER_SIZE }),
+            (BufferDescriptor { size: 0, ..good }, BufferDescriptorError::ZeroSize { max: MAX_BUFFER_SIZE }),
             (
                 BufferDescriptor { size: MAX_BUFFER_SIZE + 1, ..good },
-                DecodeError::SizeTooLarge { size: MAX_BUFFER_SIZE + 1, max: MAX_BUFFER_SIZE },
+                BufferDescriptorError::SizeTooLarge { size: MAX_BUFFER_SIZE + 1, max: MAX_BUFFER_SIZE },
             ),
         ];
         for (descriptor, expected) in refusals {
             let error = mapped.import_buffer(&descriptor, &stream).unwrap_err();
-            assert!(matches!(&error, IpcError::Decode(found) if *found == expected), "{error:?}");
+            assert!(matches!(&error, IpcError::BufferDescriptor(found) if *found == expected), "{error:?}");
         }
         // No share was taken: a genuine import is the only holder, and its drop unmaps.
         let imported = mapped.import_buffer(&good, &stream).unwrap();

@@ -1,6 +1,7 @@
-//! `IpcChannel`: pools, buffers and plain bytes between processes, over a [`Channel`].
+//! `IpcChannel`: pools, buffers and plain bytes between processes, over a [`Channel`], and what
+//! a channel keeps of them (the pools sent and received, the peer's events).
 //!
-//! Documented on [`IpcChannel`]: its messages and what the receiving side keeps.
+//! Documented on [`IpcChannel`]. The bytes of each message are [`crate::wire`]'s.
 
 use std::any::Any;
 use std::collections::HashMap;
@@ -12,22 +13,13 @@ use cuda_mem_core::{Buffer, Device, Event, MemoryResource, PoolKind, ScopedBuffe
 use uuid::Uuid;
 
 use crate::channel::{Channel, RawMessage};
-use crate::descriptor::{BUFFER_DESCRIPTOR_LEN, BufferDescriptor};
-use crate::error::{IpcError, Result};
-use crate::event::{EVENT_DESCRIPTOR_LEN, EventDescriptor};
+use crate::error::{IpcError, ProtocolError, Result};
 use crate::mapped::MappedMemoryResource;
 use crate::share::{allocation_handle, buffer_descriptor};
-
-/// Message kinds on the wire.
-const RESOURCE: u16 = 1;
-const BUFFERS: u16 = 2;
-const DATA: u16 = 3;
-pub(crate) const VIRTUAL_BUFFER: u16 = 4;
-const EVENT: u16 = 5;
-const BUFFERS_AFTER_EVENT: u16 = 6;
-const RESOURCE_LEN: usize = 40;
-/// The most buffers one message may carry.
-pub const MAX_BUFFERS_PER_MESSAGE: usize = 65_536;
+use crate::wire::{
+    BufferDescriptor, EventDescriptor, MAX_BUFFERS_PER_MESSAGE, MessageError, MessageKind, PoolMemory, ResourceMessage,
+    WireDevice, buffer_descriptors, encode_buffers, expect_fds, split_event,
+};
 
 /// What arrived. More kinds may come with features (and later versions): match with a `_` arm.
 #[derive(Debug)]
@@ -52,18 +44,8 @@ pub enum Received {
 /// A channel that carries pools, buffers, plain bytes (and, with the feature `vmm`, virtual
 /// buffers) between processes, over a [`Channel`].
 ///
-/// Messages (each one frame of the channel):
-///
-/// | kind | payload | file descriptors |
-/// |---|---|---|
-/// | 1, resource | UUID (16 bytes), memory kind (u8: 0 device, 1 pinned), the sender's device ordinal (i32 LE, -1 for pinned), 3 zero bytes, device UUID (16 bytes, zero for pinned) | the pool's |
-/// | 2, buffers | count (u32 LE), then `count` encoded [`BufferDescriptor`]s | none |
-/// | 3, data | the application's bytes | none |
-/// | 4, virtual buffer (feature `vmm`) | an encoded `SharedVirtualBuffer` (its layout: `SharedVirtualBuffer`'s docs) | one per chunk (POSIX-fd handles), none (fabric handles) |
-/// | 5, event | an encoded [`EventDescriptor`] | none |
-/// | 6, buffers after an event | an encoded [`EventDescriptor`], then what a buffers message carries | none |
-///
-/// One channel carries all of them, in any order.
+/// Its messages are the kinds of [`MessageKind`] (whose docs have their layouts), each one frame
+/// of the channel. One channel carries all of them, in any order.
 ///
 /// # Events: the receiver's stream waits on the GPU
 ///
@@ -200,12 +182,7 @@ impl IpcChannel {
             let mut events = self.events();
             match events.get(&descriptor.id) {
                 Some(event) if event.ipc_handle().ok() == Some(descriptor.handle) => Arc::clone(event),
-                Some(_) => {
-                    return Err(IpcError::Protocol(format!(
-                        "the peer sent its event {} with another handle than before: an id names one event",
-                        descriptor.id
-                    )));
-                }
+                Some(_) => return Err(ProtocolError::EventHandleChanged { id: descriptor.id }.into()),
                 None => {
                     // Another id with the same handle names an event the peer has destroyed
                     // since (the driver gave its handle to this new one): let it go.
@@ -234,22 +211,18 @@ impl IpcChannel {
     pub fn send_resource(&self, resource: &dyn MemoryResource) -> Result<()> {
         let handle = allocation_handle(resource)?;
         let pool = SentPool::of(resource);
-        let mut payload = [0u8; RESOURCE_LEN];
-        payload[..16].copy_from_slice(handle.uuid().as_bytes());
-        let (kind, ordinal, device_uuid) = match handle.kind() {
-            PoolKind::Device(device) => (0u8, device.ordinal() as i32, device.uuid()?),
-            PoolKind::Pinned => (1u8, -1, [0; 16]),
+        let memory = match handle.kind() {
+            PoolKind::Device(device) => PoolMemory::Device(wire_device(device)?),
+            PoolKind::Pinned => PoolMemory::Pinned,
             // Only device and pinned pools can be created shareable (or imported).
             other => return Err(IpcError::NotIpcEnabled(format!("a {other}"))),
         };
-        payload[16] = kind;
-        payload[17..21].copy_from_slice(&ordinal.to_le_bytes());
-        payload[24..40].copy_from_slice(&device_uuid);
+        let payload = ResourceMessage { pool: handle.uuid(), memory }.encode();
         // Checked, sent and noted under one lock: two threads sending two pools under one UUID
         // cannot both send theirs, nor note another pool than the one that went first.
         let mut sent = self.sent();
         check_not_taken(&sent, handle.uuid(), pool)?;
-        self.channel.send(RESOURCE, &payload, &[handle.fd()])?;
+        self.channel.send(MessageKind::Resource.code(), &payload, &[handle.fd()])?;
         sent.insert(handle.uuid(), pool);
         Ok(())
     }
@@ -263,7 +236,7 @@ impl IpcChannel {
     /// buffer's pool shares (see [`IpcChannel`]; the message is not sent); channel errors.
     pub fn send_buffers(&self, buffers: &[&ScopedBuffer<'_>]) -> Result<()> {
         let payload = self.buffers_payload(Vec::new(), buffers)?;
-        self.channel.send(BUFFERS, &payload, &[])
+        self.channel.send(MessageKind::Buffers.code(), &payload, &[])
     }
 
     /// Sends buffers with an interprocess event, in one message: the receiver's stream waits for
@@ -278,7 +251,7 @@ impl IpcChannel {
     pub fn send_buffers_after(&self, event: &Event, buffers: &[&ScopedBuffer<'_>]) -> Result<()> {
         let descriptor = EventDescriptor::of(event)?;
         let payload = self.buffers_payload(descriptor.encode().to_vec(), buffers)?;
-        self.channel.send(BUFFERS_AFTER_EVENT, &payload, &[])
+        self.channel.send(MessageKind::BuffersAfterEvent.code(), &payload, &[])
     }
 
     /// Sends an interprocess event: the receiver's stream waits for its latest recording (see
@@ -290,7 +263,7 @@ impl IpcChannel {
     /// channel errors.
     pub fn send_event(&self, event: &Event) -> Result<()> {
         let descriptor = EventDescriptor::of(event)?;
-        self.channel.send(EVENT, &descriptor.encode(), &[])
+        self.channel.send(MessageKind::Event.code(), &descriptor.encode(), &[])
     }
 
     /// `payload` followed by a buffers message's payload for `buffers`, after sending each
@@ -338,11 +311,7 @@ impl IpcChannel {
             // Checked again there: another thread may have sent another pool under its UUID.
             self.send_resource(resource)?;
         }
-        payload.reserve(4 + descriptors.len() * BUFFER_DESCRIPTOR_LEN);
-        payload.extend_from_slice(&(descriptors.len() as u32).to_le_bytes());
-        for descriptor in &descriptors {
-            payload.extend_from_slice(&descriptor.encode());
-        }
+        encode_buffers(&mut payload, &descriptors);
         Ok(payload)
     }
 
@@ -351,7 +320,7 @@ impl IpcChannel {
     /// # Errors
     /// Channel errors.
     pub fn send_data(&self, bytes: &[u8]) -> Result<()> {
-        self.channel.send(DATA, bytes, &[])
+        self.channel.send(MessageKind::Data.code(), bytes, &[])
     }
 
     /// Receives one message: imports a resource (kept by the channel, see
@@ -360,7 +329,7 @@ impl IpcChannel {
     ///
     /// With the feature `vmm`, a virtual buffer is imported with the resource registered for
     /// where its memory lives (freed on `stream` when dropped); when it cannot be, the error is
-    /// `IpcError::VirtualBufferDecode`, `IpcError::DeviceNotVisible`,
+    /// `IpcError::SharedVirtualBuffer`, `IpcError::DeviceNotVisible`,
     /// `IpcError::NoVirtualMemoryResource` or `IpcError::Vmm`, its descriptors are closed and
     /// nothing stays imported.
     ///
@@ -379,73 +348,47 @@ impl IpcChannel {
     /// open, as if it had come alone, and `stream` still waits for it (the buffers imported
     /// before the refusal are unmapped on `stream`, so after the sender's work).
     pub fn recv(&self, stream: &Stream) -> Result<Received> {
-        let message = self.channel.recv()?;
-        match message.kind {
-            RESOURCE => self.receive_resource(message).map(Received::Resource),
-            BUFFERS => self.receive_buffers(&message, &message.payload, None, stream).map(Received::Buffers),
-            BUFFERS_AFTER_EVENT => {
-                let (event, buffers) = split_event(&message.payload)?;
-                self.receive_buffers(&message, buffers, Some(event), stream).map(Received::Buffers)
+        let (kind, message) = self.next_message()?;
+        match kind {
+            MessageKind::Resource => self.receive_resource(message).map(Received::Resource),
+            MessageKind::Buffers | MessageKind::BuffersAfterEvent => {
+                self.receive_buffers(kind, &message.payload, stream).map(Received::Buffers)
             }
-            EVENT => {
-                expect_no_fds(&message)?;
-                let event = decode_event(&message.payload)?;
+            MessageKind::Event => {
+                let event = EventDescriptor::decode(&message.payload)?;
                 self.wait_for_event(event, stream).map(Received::Event)
             }
-            DATA => {
-                expect_no_fds(&message)?;
-                Ok(Received::Data(message.payload))
-            }
+            MessageKind::Data => Ok(Received::Data(message.payload)),
             #[cfg(feature = "vmm")]
-            VIRTUAL_BUFFER => self.virtual_buffer_importers.receive(message, stream).map(Received::VirtualBuffer),
-            #[cfg(not(feature = "vmm"))]
-            VIRTUAL_BUFFER => {
-                Err(IpcError::NotReceivable { what: "virtual buffer", kind: VIRTUAL_BUFFER, feature: "vmm" })
+            MessageKind::VirtualBuffer => {
+                self.virtual_buffer_importers.receive(message, stream).map(Received::VirtualBuffer)
             }
-            other => Err(IpcError::Protocol(format!("unknown message kind {other}"))),
+            #[cfg(not(feature = "vmm"))]
+            MessageKind::VirtualBuffer => Err(IpcError::NotReceivable { kind, feature: "vmm" }),
         }
     }
 
+    /// The next message and its kind, once the kind is known and the message carries the
+    /// number of file descriptors its kind does.
+    fn next_message(&self) -> Result<(MessageKind, RawMessage)> {
+        let message = self.channel.recv()?;
+        let kind = MessageKind::of(message.kind).map_err(ProtocolError::from)?;
+        expect_fds(kind, message.fds.len()).map_err(ProtocolError::from)?;
+        Ok((kind, message))
+    }
+
     fn receive_resource(&self, mut message: RawMessage) -> Result<Arc<MappedMemoryResource>> {
-        let payload = &message.payload;
-        if payload.len() != RESOURCE_LEN || message.fds.len() != 1 {
-            return Err(IpcError::Protocol(format!(
-                "a resource message has {RESOURCE_LEN} bytes and 1 file descriptor; got {} bytes and {}",
-                payload.len(),
-                message.fds.len()
-            )));
-        }
-        if payload[21..24].iter().any(|&b| b != 0) {
-            return Err(IpcError::Protocol("a resource message's reserved bytes are not zero".to_string()));
-        }
-        let mut uuid = [0u8; 16];
-        uuid.copy_from_slice(&payload[..16]);
-        let uuid = Uuid::from_bytes(uuid);
-        if uuid.is_nil() {
-            return Err(IpcError::Protocol("a resource message names the nil UUID".to_string()));
-        }
-        let ordinal = i32::from_le_bytes([payload[17], payload[18], payload[19], payload[20]]);
-        let mut device_uuid = [0u8; 16];
-        device_uuid.copy_from_slice(&payload[24..40]);
-        let kind = match payload[16] {
-            0 => {
-                if ordinal < 0 {
-                    return Err(IpcError::Protocol(format!("device ordinal {ordinal} in a resource message")));
-                }
-                if device_uuid == [0; 16] {
-                    return Err(IpcError::Protocol("a device pool's resource message has no device UUID".to_string()));
-                }
-                PoolKind::Device(visible_device(Uuid::from_bytes(device_uuid), ordinal)?)
-            }
-            1 if ordinal != -1 || device_uuid != [0; 16] => {
-                return Err(IpcError::Protocol(
-                    "a pinned pool's resource message names a device (ordinal -1 and a zero UUID expected)".to_string(),
-                ));
-            }
-            1 => PoolKind::Pinned,
-            other => return Err(IpcError::Protocol(format!("memory kind {other} in a resource message"))),
+        let ResourceMessage { pool: uuid, memory } = ResourceMessage::decode(&message.payload)?;
+        let kind = match memory {
+            PoolMemory::Device(device) => PoolKind::Device(visible_device(device)?),
+            PoolMemory::Pinned => PoolKind::Pinned,
         };
-        let fd: OwnedFd = message.fds.remove(0);
+        // One, as `next_message` checked.
+        let fd: OwnedFd = message.fds.pop().ok_or(ProtocolError::Message(MessageError::FdCount {
+            kind: MessageKind::Resource,
+            expected: 1,
+            found: 0,
+        }))?;
         // Sent again on this channel: the first one stands (the duplicate descriptor closes here).
         let resource = match self.resource(uuid) {
             Some(received) => received,
@@ -469,41 +412,22 @@ impl IpcChannel {
         Ok(resource)
     }
 
-    /// Maps the buffers `payload` describes; with `event`, makes `stream` wait for it first.
-    fn receive_buffers(
-        &self,
-        message: &RawMessage,
-        payload: &[u8],
-        event: Option<EventDescriptor>,
-        stream: &Stream,
-    ) -> Result<Vec<Buffer>> {
-        expect_no_fds(message)?;
-        let count = payload
-            .get(..4)
-            .and_then(|b| b.try_into().ok())
-            .map(u32::from_le_bytes)
-            .ok_or_else(|| IpcError::Protocol("a buffers message shorter than its count".to_string()))?
-            as usize;
-        if count > MAX_BUFFERS_PER_MESSAGE {
-            return Err(IpcError::Protocol(format!(
-                "a buffers message for {count} buffers; the most one message may carry is {MAX_BUFFERS_PER_MESSAGE}"
-            )));
-        }
-        if payload.len() != 4 + count * BUFFER_DESCRIPTOR_LEN {
-            return Err(IpcError::Protocol(format!(
-                "a buffers message for {count} buffers must have {} bytes; it has {}",
-                4 + count * BUFFER_DESCRIPTOR_LEN,
-                payload.len()
-            )));
-        }
+    /// Maps the buffers a buffers message's `payload` describes; for a buffers-after-event
+    /// message, makes `stream` wait for its event first.
+    fn receive_buffers(&self, kind: MessageKind, payload: &[u8], stream: &Stream) -> Result<Vec<Buffer>> {
+        let (event, payload) = match kind {
+            MessageKind::BuffersAfterEvent => {
+                let (event, buffers) = split_event(payload)?;
+                (Some(EventDescriptor::decode(event)?), buffers)
+            }
+            _ => (None, payload),
+        };
         // Decode everything, and find every resource, before importing anything.
-        let descriptors = payload[4..]
-            .chunks_exact(BUFFER_DESCRIPTOR_LEN)
-            .map(BufferDescriptor::decode)
-            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let descriptors =
+            buffer_descriptors(payload)?.map(BufferDescriptor::decode).collect::<std::result::Result<Vec<_>, _>>()?;
         let resources = {
             let received = self.received();
-            let mut resources: Vec<Arc<MappedMemoryResource>> = Vec::with_capacity(count);
+            let mut resources: Vec<Arc<MappedMemoryResource>> = Vec::with_capacity(descriptors.len());
             for d in &descriptors {
                 // A batch is usually of one pool: the one before is found without a lookup.
                 let resource = match resources.last() {
@@ -517,7 +441,7 @@ impl IpcChannel {
         if let Some(event) = event {
             self.wait_for_event(event, stream)?;
         }
-        let mut buffers = Vec::with_capacity(count);
+        let mut buffers = Vec::with_capacity(descriptors.len());
         for (descriptor, resource) in descriptors.iter().zip(&resources) {
             // On an error the buffers imported so far drop here and are released.
             buffers.push(resource.import_buffer(descriptor, stream)?);
@@ -552,45 +476,36 @@ fn check_not_taken(sent: &HashMap<Uuid, SentPool>, uuid: Uuid, pool: SentPool) -
     }
 }
 
-/// This process's device with the UUID a peer named (its ordinal there is `sender_ordinal`).
+/// How the wire names `device`: its UUID, and its ordinal here for messages.
+///
+/// # Errors
+/// Driver errors reading the device's UUID.
+pub(crate) fn wire_device(device: Device) -> Result<WireDevice> {
+    let sender_ordinal = i32::try_from(device.ordinal()).unwrap_or(i32::MAX);
+    Ok(WireDevice { uuid: Uuid::from_bytes(device.uuid()?), sender_ordinal })
+}
+
+/// This process's device with the UUID a peer named.
 ///
 /// # Errors
 /// [`IpcError::DeviceNotVisible`] when this process does not see it; driver errors.
-pub(crate) fn visible_device(uuid: Uuid, sender_ordinal: i32) -> Result<Device> {
+pub(crate) fn visible_device(device: WireDevice) -> Result<Device> {
+    let WireDevice { uuid, sender_ordinal } = device;
     Device::with_uuid(*uuid.as_bytes())?.ok_or(IpcError::DeviceNotVisible { uuid, sender_ordinal })
-}
-
-fn decode_event(bytes: &[u8]) -> Result<EventDescriptor> {
-    EventDescriptor::decode(bytes).map_err(IpcError::EventDecode)
-}
-
-/// A buffers-after-event payload's event and the buffers payload after it.
-fn split_event(payload: &[u8]) -> Result<(EventDescriptor, &[u8])> {
-    if payload.len() < EVENT_DESCRIPTOR_LEN {
-        return Err(IpcError::Protocol(format!(
-            "a buffers-after-event message shorter than its event descriptor ({} bytes, at least {EVENT_DESCRIPTOR_LEN} \
-             expected)",
-            payload.len()
-        )));
-    }
-    let (event, buffers) = payload.split_at(EVENT_DESCRIPTOR_LEN);
-    Ok((decode_event(event)?, buffers))
-}
-
-fn expect_no_fds(message: &RawMessage) -> Result<()> {
-    if message.fds.is_empty() {
-        Ok(())
-    } else {
-        Err(IpcError::Protocol(format!("{} unexpected file descriptors with a message", message.fds.len())))
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::{BuffersMessageError, EnvelopeError, EventDescriptorError, RESOURCE_MESSAGE_LEN};
     use cuda_mem_core::{
         DeviceMemoryResource, DeviceMemoryResourceOptions, EventOptions, IpcEventHandle, StreamOptions,
     };
+
+    const RESOURCE: u16 = MessageKind::Resource.code();
+    const DATA: u16 = MessageKind::Data.code();
+    const EVENT: u16 = MessageKind::Event.code();
+    const BUFFERS_AFTER_EVENT: u16 = MessageKind::BuffersAfterEvent.code();
 
     fn setup() -> (Device, Stream, Channel, IpcChannel) {
         cuda_sim::testing::driver().expect("the test driver loads");
@@ -615,7 +530,7 @@ mod tests {
         raw.send(EVENT, &good[..40], &[]).unwrap();
         let error = receiver.recv(&stream).unwrap_err();
         assert!(
-            matches!(error, IpcError::EventDecode(crate::DecodeError::Length { expected: 92, found: 40 })),
+            matches!(error, IpcError::EventDescriptor(EventDescriptorError::Length { expected: 92, found: 40 })),
             "{error:?}"
         );
         assert!(error.to_string().contains("invalid event descriptor"), "{error}");
@@ -624,18 +539,28 @@ mod tests {
         let mut damaged = good;
         damaged[30] ^= 0xff;
         raw.send(EVENT, &damaged, &[]).unwrap();
-        assert!(matches!(receiver.recv(&stream), Err(IpcError::EventDecode(crate::DecodeError::Checksum { .. }))));
+        assert!(matches!(
+            receiver.recv(&stream),
+            Err(IpcError::EventDescriptor(EventDescriptorError::Envelope(EnvelopeError::Checksum { .. })))
+        ));
         still_usable(&raw, &receiver, &stream);
 
         // Shorter than the event it must start with.
         raw.send(BUFFERS_AFTER_EVENT, &good[..10], &[]).unwrap();
         let error = receiver.recv(&stream).unwrap_err();
-        assert!(matches!(&error, IpcError::Protocol(text) if text.contains("shorter than its event")), "{error}");
+        assert!(
+            matches!(
+                error,
+                IpcError::Protocol(ProtocolError::BuffersMessage(BuffersMessageError::NoEvent { found: 10, min: 92 }))
+            ),
+            "{error:?}"
+        );
+        assert!(error.to_string().contains("shorter than its event"), "{error}");
         // A damaged event with well-formed buffers: nothing is imported.
         let mut payload = damaged.to_vec();
         payload.extend_from_slice(&0u32.to_le_bytes());
         raw.send(BUFFERS_AFTER_EVENT, &payload, &[]).unwrap();
-        assert!(matches!(receiver.recv(&stream), Err(IpcError::EventDecode(_))));
+        assert!(matches!(receiver.recv(&stream), Err(IpcError::EventDescriptor(_))));
         still_usable(&raw, &receiver, &stream);
         assert_eq!(receiver.open_events(), 0);
     }
@@ -674,8 +599,8 @@ mod tests {
     }
 
     /// A resource message naming `uuid` for a device pool of `device`, as a peer writes it.
-    fn resource_payload(uuid: Uuid, device: Device) -> [u8; RESOURCE_LEN] {
-        let mut payload = [0u8; RESOURCE_LEN];
+    fn resource_payload(uuid: Uuid, device: Device) -> [u8; RESOURCE_MESSAGE_LEN] {
+        let mut payload = [0u8; RESOURCE_MESSAGE_LEN];
         payload[..16].copy_from_slice(uuid.as_bytes());
         payload[17..21].copy_from_slice(&(device.ordinal() as i32).to_le_bytes());
         payload[24..40].copy_from_slice(&device.uuid().unwrap());

@@ -3,8 +3,8 @@
 use cuda_mem_core::{MemoryResource, PoolKind, ScopedBuffer, ShareableHandle};
 use uuid::Uuid;
 
-use crate::descriptor::BufferDescriptor;
 use crate::error::{IpcError, Result};
+use crate::wire::BufferDescriptor;
 
 /// A resource's allocation handle: the pool's file descriptor (owned by the pool, exported once:
 /// asking again returns the same one) and the UUID naming the resource in every process.

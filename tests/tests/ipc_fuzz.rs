@@ -317,7 +317,7 @@ fn one_case(world: &World, input: &Input) -> Result<(), TestCaseError> {
             Err(error) => {
                 tally(match &error {
                     IpcError::Protocol(_) => "protocol error",
-                    IpcError::Decode(_) => "decode error",
+                    IpcError::BufferDescriptor(_) => "decode error",
                     IpcError::Core(_) => "driver error",
                     IpcError::PeerClosed => "peer closed",
                     IpcError::UnknownResource(_) => "unknown resource",

@@ -12,10 +12,8 @@ use std::sync::Arc;
 
 use common::*;
 use cuda_mem_core::{Buffer, Device, HandleType, LegacyPinnedMemoryResource, Location, NumaNode, Stream};
-use cuda_mem_ipc::{
-    DecodeError, IpcChannel, IpcError, MAX_BUFFER_SIZE, Received, SharedVirtualBuffer,
-    VirtualBufferDecodeError as Decode, VirtualBufferLocation,
-};
+use cuda_mem_ipc::wire::{EnvelopeError, SharedVirtualBufferError as Decode};
+use cuda_mem_ipc::{IpcChannel, IpcError, MAX_BUFFER_SIZE, Received, SharedVirtualBuffer, VirtualBufferLocation};
 use cuda_mem_vmm::{
     ChunkHandle, DescriptorError, VirtualBuffer, VirtualMemoryResource, VirtualMemoryResourceOptions, VmmError,
 };
@@ -25,8 +23,8 @@ use uuid::Uuid;
 /// The granularity of every simulated device.
 const G: usize = 2 << 20;
 
-/// The wire kind of a virtual buffer (the table in `cuda_mem_ipc::protocol`).
-const VIRTUAL_BUFFER: u16 = 4;
+/// The wire kind of a virtual buffer.
+const VIRTUAL_BUFFER: u16 = cuda_mem_ipc::wire::MessageKind::VirtualBuffer.code();
 
 /// Writes `bytes` at the start of `buffer` through a pinned staging buffer, and waits.
 fn write_virtual(buffer: &mut VirtualBuffer, bytes: &[u8], stream: &Stream) {
@@ -264,18 +262,20 @@ fn spoiled(name: &str, buffer: &VirtualBuffer) -> (Vec<u8>, Vec<OwnedFd>) {
 
 /// Whether `error` is the refusal `name` must give.
 fn refused_as(name: &str, error: &IpcError) -> bool {
-    let decode = |expected: fn(&Decode) -> bool| matches!(error, IpcError::VirtualBufferDecode(e) if expected(e));
+    let decode = |expected: fn(&Decode) -> bool| matches!(error, IpcError::SharedVirtualBuffer(e) if expected(e));
     match name {
         "nothing registered" => {
             matches!(error, IpcError::NoVirtualMemoryResource { location: Location::Device(d) } if d.ordinal() == 0)
         }
-        "magic" => decode(|e| matches!(e, Decode::Envelope(DecodeError::Magic { found, .. }) if found == b"CUMEMBUF")),
-        "version 1" => {
-            decode(|e| matches!(e, Decode::Envelope(DecodeError::UnsupportedVersion { found: 1, supported: 2 })))
+        "magic" => {
+            decode(|e| matches!(e, Decode::Envelope(EnvelopeError::Magic { found, .. }) if found == b"CUMEMBUF"))
         }
-        "checksum" => decode(|e| matches!(e, Decode::Envelope(DecodeError::Checksum { .. }))),
-        "flags" => decode(|e| matches!(e, Decode::Envelope(DecodeError::Flags { found: 0x100 }))),
-        "reserved" => decode(|e| matches!(e, Decode::Envelope(DecodeError::Reserved { found: 1 }))),
+        "version 1" => {
+            decode(|e| matches!(e, Decode::Envelope(EnvelopeError::UnsupportedVersion { found: 1, supported: 2 })))
+        }
+        "checksum" => decode(|e| matches!(e, Decode::Envelope(EnvelopeError::Checksum { .. }))),
+        "flags" => decode(|e| matches!(e, Decode::Envelope(EnvelopeError::Flags { found: 0x100 }))),
+        "reserved" => decode(|e| matches!(e, Decode::Envelope(EnvelopeError::Reserved { found: 1 }))),
         "handle type" => decode(|e| matches!(e, Decode::HandleType { found: 0 })),
         "location code" => decode(|e| matches!(e, Decode::Location { found: 9 })),
         "too many chunks" => decode(|e| matches!(e, Decode::TooManyChunks { count: 254, max: 253 })),

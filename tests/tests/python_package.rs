@@ -9,7 +9,7 @@
 use std::io::Read;
 use std::os::unix::net::UnixStream;
 
-use cuda_mem_ipc::Channel;
+use cuda_mem_ipc::{Channel, wire};
 
 fn read(path: &str) -> String {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(path);
@@ -41,15 +41,15 @@ fn frame_version() -> u16 {
     channel.send(3, b"", &[]).expect("an empty frame");
     let mut header = [0u8; 24];
     theirs.read_exact(&mut header).expect("the frame's header");
-    assert_eq!(header[..8], cuda_mem_ipc::FRAME_MAGIC);
+    assert_eq!(header[..8], wire::FRAME_MAGIC);
     let version = u16::from_le_bytes([header[8], header[9]]);
-    assert_eq!(version, cuda_mem_ipc::FRAME_VERSION, "the frame version sent is the one named");
+    assert_eq!(version, wire::FRAME_VERSION, "the frame version sent is the one named");
     version
 }
 
 #[test]
 fn the_package_version_is_the_wire_formats_versions() {
-    let rust = (frame_version(), cuda_mem_ipc::BUFFER_DESCRIPTOR_VERSION, cuda_mem_ipc::EVENT_DESCRIPTOR_VERSION);
+    let rust = (frame_version(), wire::BUFFER_DESCRIPTOR_VERSION, wire::EVENT_DESCRIPTOR_VERSION);
     let python =
         (module_constant("FRAME_VERSION"), module_constant("DESCRIPTOR_VERSION"), module_constant("EVENT_VERSION"));
     assert_eq!(python, rust, "the module's (frame, descriptor, event) versions are cuda-mem-ipc's");

@@ -1,5 +1,5 @@
-//! Event descriptors: what one process sends another so that its streams can wait for work the
-//! first one recorded.
+//! The event descriptor: what one process sends another so that its streams can wait for work
+//! the first one recorded.
 //!
 //! Documented on [`EventDescriptor`]: its encoding and what decoding checks.
 
@@ -7,7 +7,7 @@ use std::fmt;
 
 use cuda_mem_core::{Event, IPC_EVENT_HANDLE_LEN, IpcEventHandle};
 
-use crate::descriptor::{DecodeError, check_envelope, crc32, field};
+use super::envelope::{self, CHECKSUM_LEN, EnvelopeError, HEADER_LEN, field};
 
 /// The length in bytes of an encoded [`EventDescriptor`].
 pub const EVENT_DESCRIPTOR_LEN: usize = 92;
@@ -23,8 +23,34 @@ const ID_AT: usize = 16;
 const HANDLE_AT: usize = 24;
 const CHECKSUM_AT: usize = 88;
 
+const _: () = assert!(HEADER_LEN == ID_AT);
 const _: () = assert!(HANDLE_AT + IPC_EVENT_HANDLE_LEN == CHECKSUM_AT);
-const _: () = assert!(CHECKSUM_AT + 4 == EVENT_DESCRIPTOR_LEN);
+const _: () = assert!(CHECKSUM_AT + CHECKSUM_LEN == EVENT_DESCRIPTOR_LEN);
+
+/// Why bytes are not a valid encoded [`EventDescriptor`] (or why
+/// [`EventDescriptor::validate`] refused one).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum EventDescriptorError {
+    /// The input is not exactly [`EVENT_DESCRIPTOR_LEN`] bytes.
+    #[error("{found} bytes, expected exactly {expected}")]
+    Length {
+        /// [`EVENT_DESCRIPTOR_LEN`].
+        expected: usize,
+        /// The input's length.
+        found: usize,
+    },
+    /// The magic ([`EVENT_DESCRIPTOR_MAGIC`]), version ([`EVENT_DESCRIPTOR_VERSION`]), checksum,
+    /// flags or reserved field is wrong.
+    #[error(transparent)]
+    Envelope(#[from] EnvelopeError),
+    /// The event id is zero.
+    #[error("event id is 0, expected the exporting process's nonzero id of the event")]
+    NoEventId,
+    /// The handle is all zeros, which names no event.
+    #[error("event handle is all zeros, expected the driver's handle of an interprocess event")]
+    EmptyHandle,
+}
 
 /// What a process needs to open an interprocess event of another process, and to know it again
 /// when it arrives again.
@@ -39,7 +65,7 @@ const _: () = assert!(CHECKSUM_AT + 4 == EVENT_DESCRIPTOR_LEN);
 ///
 /// [`EventDescriptor::encode`] writes exactly [`EVENT_DESCRIPTOR_LEN`] (92) bytes; integers are
 /// little-endian. The envelope (magic, version, flags, reserved, checksum) is that of a
-/// [`BufferDescriptor`](crate::BufferDescriptor), with its own magic and version.
+/// [`BufferDescriptor`](super::BufferDescriptor), with its own magic and version ([`EnvelopeError`]).
 ///
 /// | offset | length | field    | value                                                        |
 /// |-------:|-------:|----------|--------------------------------------------------------------|
@@ -53,7 +79,7 @@ const _: () = assert!(CHECKSUM_AT + 4 == EVENT_DESCRIPTOR_LEN);
 ///
 /// [`EventDescriptor::decode`] checks, in this order and before any driver call: the exact
 /// length, the magic, the version, the checksum, that flags and reserved are zero, that the id
-/// is not zero and that the handle is not all zeros. Each failure is its own [`DecodeError`]
+/// is not zero and that the handle is not all zeros. Each failure is its own [`EventDescriptorError`]
 /// variant. Whether the handle names a live event only the driver can say, when the receiver
 /// opens it.
 #[doc(alias = "IPCEventDescriptor")]
@@ -86,13 +112,13 @@ impl EventDescriptor {
     /// Checks what [`decode`](Self::decode) checks of the fields: the id and the handle.
     ///
     /// # Errors
-    /// [`DecodeError::NoEventId`] or [`DecodeError::EmptyEventHandle`].
-    pub fn validate(&self) -> Result<(), DecodeError> {
+    /// [`EventDescriptorError::NoEventId`] or [`EventDescriptorError::EmptyHandle`].
+    pub fn validate(&self) -> Result<(), EventDescriptorError> {
         if self.id == 0 {
-            return Err(DecodeError::NoEventId);
+            return Err(EventDescriptorError::NoEventId);
         }
         if self.handle.as_bytes().iter().all(|&b| b == 0) {
-            return Err(DecodeError::EmptyEventHandle);
+            return Err(EventDescriptorError::EmptyHandle);
         }
         Ok(())
     }
@@ -100,25 +126,23 @@ impl EventDescriptor {
     /// The descriptor's fixed-size encoding (see [`EventDescriptor`], *Encoding*).
     pub fn encode(&self) -> [u8; EVENT_DESCRIPTOR_LEN] {
         let mut out = [0u8; EVENT_DESCRIPTOR_LEN];
-        out[..8].copy_from_slice(&EVENT_DESCRIPTOR_MAGIC);
-        out[8..10].copy_from_slice(&EVENT_DESCRIPTOR_VERSION.to_le_bytes());
-        // flags (10..12) and reserved (12..16) stay zero.
+        out[..HEADER_LEN].copy_from_slice(&envelope::header(EVENT_DESCRIPTOR_MAGIC, EVENT_DESCRIPTOR_VERSION));
         out[ID_AT..HANDLE_AT].copy_from_slice(&self.id.to_le_bytes());
         out[HANDLE_AT..CHECKSUM_AT].copy_from_slice(self.handle.as_bytes());
-        let checksum = crc32(&out[..CHECKSUM_AT]);
-        out[CHECKSUM_AT..].copy_from_slice(&checksum.to_le_bytes());
+        envelope::seal(&mut out);
         out
     }
 
     /// Decodes and validates an encoded descriptor. Never panics, whatever the input.
     ///
     /// # Errors
-    /// A [`DecodeError`] naming the first check that failed (see [`EventDescriptor`],
+    /// A [`EventDescriptorError`] naming the first check that failed (see [`EventDescriptor`],
     /// *Encoding*, for the order).
-    pub fn decode(bytes: &[u8]) -> Result<EventDescriptor, DecodeError> {
-        let bytes: &[u8; EVENT_DESCRIPTOR_LEN] =
-            bytes.try_into().map_err(|_| DecodeError::Length { expected: EVENT_DESCRIPTOR_LEN, found: bytes.len() })?;
-        check_envelope(bytes, EVENT_DESCRIPTOR_MAGIC, EVENT_DESCRIPTOR_VERSION)?;
+    pub fn decode(bytes: &[u8]) -> Result<EventDescriptor, EventDescriptorError> {
+        let bytes: &[u8; EVENT_DESCRIPTOR_LEN] = bytes
+            .try_into()
+            .map_err(|_| EventDescriptorError::Length { expected: EVENT_DESCRIPTOR_LEN, found: bytes.len() })?;
+        envelope::check(bytes, EVENT_DESCRIPTOR_MAGIC, EVENT_DESCRIPTOR_VERSION)?;
         let descriptor = EventDescriptor {
             id: u64::from_le_bytes(field(bytes, ID_AT)),
             handle: IpcEventHandle::from_bytes(field(bytes, HANDLE_AT)),
@@ -142,8 +166,11 @@ mod tests {
     }
 
     fn reseal(bytes: &mut [u8; EVENT_DESCRIPTOR_LEN]) {
-        let c = crc32(&bytes[..CHECKSUM_AT]);
-        bytes[CHECKSUM_AT..].copy_from_slice(&c.to_le_bytes());
+        envelope::seal(bytes);
+    }
+
+    fn envelope_error(error: EnvelopeError) -> EventDescriptorError {
+        EventDescriptorError::Envelope(error)
     }
 
     #[test]
@@ -154,7 +181,8 @@ mod tests {
         expected.extend_from_slice(b"CUMEMEVT\x01\x00\x00\x00\x00\x00\x00\x00");
         expected.extend_from_slice(&[3, 0, 0, 0, 0, 0, 0, 0]);
         expected.extend_from_slice(&[9; 64]);
-        expected.extend_from_slice(&crc32(&expected).to_le_bytes());
+        // The CRC-32 of those 88 bytes, as zlib computes it.
+        expected.extend_from_slice(&0xe55a_3724u32.to_le_bytes());
         assert_eq!(d.encode().as_slice(), expected.as_slice());
         assert_eq!(EventDescriptor::decode(&expected), Ok(d));
     }
@@ -163,40 +191,49 @@ mod tests {
     fn each_check_has_its_own_error() {
         let good = sample().encode();
         assert_eq!(EventDescriptor::decode(&good), Ok(sample()));
-        assert_eq!(EventDescriptor::decode(&good[..91]), Err(DecodeError::Length { expected: 92, found: 91 }));
+        assert_eq!(EventDescriptor::decode(&good[..91]), Err(EventDescriptorError::Length { expected: 92, found: 91 }));
         let mut b = good;
         b[0] = b'X';
         assert_eq!(
             EventDescriptor::decode(&b),
-            Err(DecodeError::Magic { found: *b"XUMEMEVT", expected: EVENT_DESCRIPTOR_MAGIC })
+            Err(envelope_error(EnvelopeError::Magic { found: *b"XUMEMEVT", expected: EVENT_DESCRIPTOR_MAGIC }))
         );
         // A buffer descriptor's magic is not an event's.
         let mut b = good;
         b[..8].copy_from_slice(b"CUMEMBUF");
-        assert!(matches!(EventDescriptor::decode(&b), Err(DecodeError::Magic { .. })));
+        assert!(matches!(
+            EventDescriptor::decode(&b),
+            Err(EventDescriptorError::Envelope(EnvelopeError::Magic { .. }))
+        ));
         let mut b = good;
         b[8] = 2;
         reseal(&mut b);
-        assert_eq!(EventDescriptor::decode(&b), Err(DecodeError::UnsupportedVersion { found: 2, supported: 1 }));
+        assert_eq!(
+            EventDescriptor::decode(&b),
+            Err(envelope_error(EnvelopeError::UnsupportedVersion { found: 2, supported: 1 }))
+        );
         let mut b = good;
         b[40] ^= 1;
-        assert!(matches!(EventDescriptor::decode(&b), Err(DecodeError::Checksum { .. })));
+        assert!(matches!(
+            EventDescriptor::decode(&b),
+            Err(EventDescriptorError::Envelope(EnvelopeError::Checksum { .. }))
+        ));
         let mut b = good;
         b[11] = 1;
         reseal(&mut b);
-        assert_eq!(EventDescriptor::decode(&b), Err(DecodeError::Flags { found: 0x100 }));
+        assert_eq!(EventDescriptor::decode(&b), Err(envelope_error(EnvelopeError::Flags { found: 0x100 })));
         let mut b = good;
         b[12] = 1;
         reseal(&mut b);
-        assert_eq!(EventDescriptor::decode(&b), Err(DecodeError::Reserved { found: 1 }));
+        assert_eq!(EventDescriptor::decode(&b), Err(envelope_error(EnvelopeError::Reserved { found: 1 })));
         let mut b = good;
         b[ID_AT..HANDLE_AT].fill(0);
         reseal(&mut b);
-        assert_eq!(EventDescriptor::decode(&b), Err(DecodeError::NoEventId));
+        assert_eq!(EventDescriptor::decode(&b), Err(EventDescriptorError::NoEventId));
         let mut b = good;
         b[HANDLE_AT..CHECKSUM_AT].fill(0);
         reseal(&mut b);
-        assert_eq!(EventDescriptor::decode(&b), Err(DecodeError::EmptyEventHandle));
+        assert_eq!(EventDescriptor::decode(&b), Err(EventDescriptorError::EmptyHandle));
     }
 
     proptest! {
