@@ -18,7 +18,7 @@ use rustix::net::{
     SendFlags, recvmsg, sendmsg,
 };
 
-use crate::error::{IpcError, ProtocolError, Result};
+use crate::error::{IpcError, MessageLimit, ProtocolError, Result};
 use crate::wire::{FRAME_HEADER_LEN, FrameError, FrameHeader, MAX_FDS, MAX_PAYLOAD_LEN};
 
 /// Room for one `SCM_RIGHTS` control message of [`MAX_FDS`] descriptors.
@@ -113,6 +113,8 @@ fn lock(m: &Mutex<()>) -> MutexGuard<'_, ()> {
 
 const SEND_CONTEXT: &str = "sending a message on the IPC channel";
 const RECV_CONTEXT: &str = "receiving a message on the IPC channel";
+const SEND_AFTER_BROKEN_CONTEXT: &str = "sending on the IPC channel: an earlier send failed partway through a \
+     message, so the peer can no longer find message boundaries (drop this channel and open a new one)";
 
 /// A read time-out in nanoseconds, 0 for none (a zero time-out is refused by the socket).
 fn timeout_ns(timeout: Option<Duration>) -> u64 {
@@ -213,11 +215,15 @@ impl Channel {
     ///   flight), or an earlier send broke the channel.
     pub fn send(&self, kind: u16, payload: &[u8], fds: &[BorrowedFd<'_>]) -> Result<()> {
         if payload.len() > MAX_PAYLOAD_LEN {
-            return Err(IpcError::MessageTooLarge { what: "payload", actual: payload.len(), limit: MAX_PAYLOAD_LEN });
+            return Err(IpcError::MessageTooLarge {
+                what: MessageLimit::Payload,
+                actual: payload.len(),
+                limit: MAX_PAYLOAD_LEN,
+            });
         }
         if fds.len() > MAX_FDS {
             return Err(IpcError::MessageTooLarge {
-                what: "number of file descriptors",
+                what: MessageLimit::FileDescriptors,
                 actual: fds.len(),
                 limit: MAX_FDS,
             });
@@ -226,14 +232,7 @@ impl Channel {
 
         let _guard = lock(&self.send_lock);
         if self.send_broken.load(Ordering::Acquire) {
-            return Err(IpcError::io(
-                SEND_CONTEXT,
-                std::io::Error::new(
-                    std::io::ErrorKind::BrokenPipe,
-                    "an earlier send failed partway through a message, so the peer can no \
-                     longer find message boundaries: drop this channel and open a new one",
-                ),
-            ));
+            return Err(IpcError::io(SEND_AFTER_BROKEN_CONTEXT, std::io::ErrorKind::BrokenPipe));
         }
         let result = self.send_frame(&header, payload, fds);
         if let Err((sent, _)) = &result
@@ -267,7 +266,11 @@ impl Channel {
                 // Unreachable: the buffer has room for MAX_FDS, checked above.
                 return Err((
                     sent,
-                    IpcError::MessageTooLarge { what: "number of file descriptors", actual: fds.len(), limit: MAX_FDS },
+                    IpcError::MessageTooLarge {
+                        what: MessageLimit::FileDescriptors,
+                        actual: fds.len(),
+                        limit: MAX_FDS,
+                    },
                 ));
             }
             match sendmsg(&self.stream, &iov, &mut control, SendFlags::NOSIGNAL) {
@@ -715,7 +718,7 @@ mod tests {
             assert!(m.payload == big, "the payload arrived intact");
         });
         let over = vec![0u8; MAX_PAYLOAD_LEN + 1];
-        assert!(matches!(a.send(1, &over, &[]), Err(IpcError::MessageTooLarge { what: "payload", .. })));
+        assert!(matches!(a.send(1, &over, &[]), Err(IpcError::MessageTooLarge { what: MessageLimit::Payload, .. })));
         a.send(2, b"still fine", &[]).unwrap();
         assert_eq!(b.recv().unwrap().payload, b"still fine");
     }

@@ -1,6 +1,11 @@
 //! The crate's error type, [`IpcError`].
 
+use std::fmt;
+
 use cuda_mem_core::PoolKind;
+
+use crate::share::Unshareable;
+use crate::spawn::ChannelEnvError;
 
 use crate::wire::{
     BufferDescriptorError, BuffersMessageError, EventDescriptorError, FrameError, MessageError, MessageKind,
@@ -38,7 +43,8 @@ use crate::wire::{
 ///   (`IpcError::Vmm`, with `cuda-mem-vmm`'s error) or that nothing is registered to import
 ///   (`IpcError::NoVirtualMemoryResource`);
 /// - arguments the local caller passed beyond the limits ([`IpcError::MessageTooLarge`]) and a
-///   process that was not started with a channel ([`IpcError::ChannelEnv`]).
+///   process that was not started with a channel ([`IpcError::ChannelEnv`], whose
+///   [`ChannelEnvError`] says what is missing or wrong).
 ///
 /// A failed system or driver call stays the [`source`](std::error::Error::source), and
 /// [`IpcError::cuda_code`] finds a driver code anywhere in the chain. [`IpcError::Protocol`]
@@ -278,7 +284,7 @@ pub enum IpcError {
         "{0} is not IPC-enabled: create its pool with an IPC handle type (POSIX file \
          descriptors) to share it between processes"
     )]
-    NotIpcEnabled(String),
+    NotIpcEnabled(Unshareable),
 
     /// A message to send is beyond the channel's limits; nothing was sent.
     #[error(
@@ -286,8 +292,8 @@ pub enum IpcError {
          sent, split the data over several messages"
     )]
     MessageTooLarge {
-        /// What is too large: "payload" (bytes) or "number of file descriptors".
-        what: &'static str,
+        /// What is too large.
+        what: MessageLimit,
         /// The size asked for.
         actual: usize,
         /// The most allowed.
@@ -296,18 +302,32 @@ pub enum IpcError {
 
     /// The channel a parent passed through the environment cannot be taken; nothing was taken.
     #[error(
-        "cannot take the IPC channel from the environment: {reason}{}; start this process with \
-         cuda_mem_ipc::spawn_with_channel",
-        os_error_suffix(.source.as_ref())
+        "cannot take the IPC channel from the environment: {0}; start this process with \
+         cuda_mem_ipc::spawn_with_channel"
     )]
-    ChannelEnv {
-        /// What is wrong with the environment or the descriptor it names.
-        reason: String,
-        /// The system's answer, when a system call on the descriptor failed (such as `EBADF` for
-        /// a descriptor that is not open).
-        #[source]
-        source: Option<std::io::Error>,
-    },
+    ChannelEnv(#[from] ChannelEnvError),
+}
+
+/// What is beyond a channel's limits ([`IpcError::MessageTooLarge`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum MessageLimit {
+    /// The payload's bytes ([`MAX_PAYLOAD_LEN`](crate::MAX_PAYLOAD_LEN)).
+    Payload,
+    /// The file descriptors ([`MAX_FDS`](crate::MAX_FDS)).
+    FileDescriptors,
+    /// The buffers of one message ([`MAX_BUFFERS_PER_MESSAGE`](crate::MAX_BUFFERS_PER_MESSAGE)).
+    Buffers,
+}
+
+impl fmt::Display for MessageLimit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            MessageLimit::Payload => "payload",
+            MessageLimit::FileDescriptors => "number of file descriptors",
+            MessageLimit::Buffers => "number of buffers",
+        })
+    }
 }
 
 /// How a peer broke the channel protocol ([`IpcError::Protocol`]): a frame or message that does
@@ -373,20 +393,10 @@ impl From<BuffersMessageError> for IpcError {
     }
 }
 
-/// " (the error)", or nothing.
-fn os_error_suffix(source: Option<&std::io::Error>) -> String {
-    source.map_or_else(String::new, |e| format!(" ({e})"))
-}
-
 impl IpcError {
     /// An [`IpcError::Io`] with its context.
     pub(crate) fn io(context: &'static str, source: impl Into<std::io::Error>) -> Self {
         IpcError::Io { context, source: source.into() }
-    }
-
-    /// An [`IpcError::ChannelEnv`] without a system error.
-    pub(crate) fn channel_env(reason: impl Into<String>) -> Self {
-        IpcError::ChannelEnv { reason: reason.into(), source: None }
     }
 
     /// The driver's code, when the error came from a driver call: a core error's, or one found
@@ -463,19 +473,24 @@ mod tests {
                 "is a managed memory pool, but this operation needs a pinned host memory pool",
             ),
             (
-                IpcError::NotIpcEnabled("pool 3".into()),
-                "pool 3 is not IPC-enabled: create its pool with an IPC handle type",
+                IpcError::NotIpcEnabled(Unshareable::PoolKind(PoolKind::Managed)),
+                "a managed memory pool is not IPC-enabled: create its pool with an IPC handle type",
             ),
+            (IpcError::NotIpcEnabled(Unshareable::BufferView), "a buffer view (it owns no memory) is not IPC-enabled"),
             (
                 IpcError::WrongResource { expected: uuid, found: uuid::Uuid::from_u128(5) },
                 "belongs to memory resource 00000000-0000-0000-0000-000000000005, not to \
                  00000000-0000-0000-0000-000000001234",
             ),
             (
-                IpcError::MessageTooLarge { what: "payload", actual: 20, limit: 10 },
+                IpcError::MessageTooLarge { what: MessageLimit::Payload, actual: 20, limit: 10 },
                 "the payload is 20, more than the limit of 10",
             ),
-            (IpcError::channel_env("x"), "environment: x; start this process with cuda_mem_ipc::spawn_with_channel"),
+            (
+                IpcError::ChannelEnv(ChannelEnvError::NoDescriptor),
+                "environment: CUDA_MEM_IPC_CHANNEL_FD is not set, so this process was not given a channel; start \
+                 this process with cuda_mem_ipc::spawn_with_channel",
+            ),
             (
                 IpcError::MisdescribedBuffer { resource: uuid, claimed: 9000, mapped: 8192 },
                 "the descriptor claims 9000 bytes but the shared allocation maps only 8192; the peer sent a bad size",

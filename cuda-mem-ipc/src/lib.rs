@@ -258,7 +258,7 @@ pub mod wire;
 #[cfg(target_os = "linux")]
 pub use channel::{Channel, ChannelListener, RawMessage};
 #[cfg(target_os = "linux")]
-pub use error::{IpcError, ProtocolError, Result};
+pub use error::{IpcError, MessageLimit, ProtocolError, Result};
 #[cfg(target_os = "linux")]
 pub use mapped::{MappedMemoryResource, lookup, registry};
 #[cfg(target_os = "linux")]
@@ -266,9 +266,9 @@ pub use protocol::{IpcChannel, Received};
 #[cfg(target_os = "linux")]
 pub use registry::Registry;
 #[cfg(target_os = "linux")]
-pub use share::{AllocationHandle, allocation_handle, buffer_descriptor};
+pub use share::{AllocationHandle, Unshareable, allocation_handle, buffer_descriptor};
 #[cfg(target_os = "linux")]
-pub use spawn::{CHANNEL_FD_ENV, CHANNEL_INODE_ENV, spawn_with_channel};
+pub use spawn::{CHANNEL_FD_ENV, CHANNEL_INODE_ENV, ChannelEnvError, spawn_with_channel};
 #[cfg(target_os = "linux")]
 pub use wire::{BufferDescriptor, EventDescriptor, MAX_BUFFER_SIZE, MAX_BUFFERS_PER_MESSAGE, MAX_FDS, MAX_PAYLOAD_LEN};
 #[cfg(all(target_os = "linux", feature = "vmm"))]

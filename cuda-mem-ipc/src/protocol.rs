@@ -13,9 +13,9 @@ use cuda_mem_core::{Buffer, Device, Event, MemoryResource, PoolKind, ScopedBuffe
 use uuid::Uuid;
 
 use crate::channel::{Channel, RawMessage};
-use crate::error::{IpcError, ProtocolError, Result};
+use crate::error::{IpcError, MessageLimit, ProtocolError, Result};
 use crate::mapped::MappedMemoryResource;
-use crate::share::{allocation_handle, buffer_descriptor};
+use crate::share::{Unshareable, allocation_handle, buffer_descriptor};
 use crate::wire::{
     BufferDescriptor, EventDescriptor, MAX_BUFFERS_PER_MESSAGE, MessageError, MessageKind, PoolMemory, ResourceMessage,
     WireDevice, buffer_descriptors, encode_buffers, expect_fds, split_event,
@@ -215,7 +215,7 @@ impl IpcChannel {
             PoolKind::Device(device) => PoolMemory::Device(wire_device(device)?),
             PoolKind::Pinned => PoolMemory::Pinned,
             // Only device and pinned pools can be created shareable (or imported).
-            other => return Err(IpcError::NotIpcEnabled(format!("a {other}"))),
+            other => return Err(IpcError::NotIpcEnabled(Unshareable::PoolKind(other))),
         };
         let payload = ResourceMessage { pool: handle.uuid(), memory }.encode();
         // Checked, sent and noted under one lock: two threads sending two pools under one UUID
@@ -271,7 +271,7 @@ impl IpcChannel {
     fn buffers_payload(&self, mut payload: Vec<u8>, buffers: &[&ScopedBuffer<'_>]) -> Result<Vec<u8>> {
         if buffers.len() > MAX_BUFFERS_PER_MESSAGE {
             return Err(IpcError::MessageTooLarge {
-                what: "number of buffers",
+                what: MessageLimit::Buffers,
                 actual: buffers.len(),
                 limit: MAX_BUFFERS_PER_MESSAGE,
             });
