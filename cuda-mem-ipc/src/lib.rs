@@ -269,10 +269,10 @@ pub use registry::Registry;
 pub use share::{AllocationHandle, Unshareable, allocation_handle, buffer_descriptor};
 #[cfg(target_os = "linux")]
 pub use spawn::{CHANNEL_FD_ENV, CHANNEL_INODE_ENV, ChannelEnvError, spawn_with_channel};
+#[cfg(all(target_os = "linux", feature = "vmm"))]
+pub use wire::SharedVirtualBuffer;
 #[cfg(target_os = "linux")]
 pub use wire::{BufferDescriptor, EventDescriptor, MAX_BUFFER_SIZE, MAX_BUFFERS_PER_MESSAGE, MAX_FDS, MAX_PAYLOAD_LEN};
-#[cfg(all(target_os = "linux", feature = "vmm"))]
-pub use wire::{SharedVirtualBuffer, VirtualBufferLocation};
 
 /// The crate's README (its crates.io page), whose example the doc tests compile.
 #[cfg(doctest)]

@@ -11,30 +11,40 @@ use cuda_mem_vmm::{VirtualBuffer, VirtualMemoryResource, VmmError};
 use crate::channel::RawMessage;
 use crate::error::{IpcError, Result};
 use crate::protocol::{IpcChannel, visible_device, wire_device};
-use crate::wire::{MessageKind, SharedVirtualBuffer, VirtualBufferLocation, WireDevice};
+use crate::wire::{MessageKind, SharedVirtualBuffer, WireLocation};
 
 impl SharedVirtualBuffer {
     /// Exports `buffer` ([`VirtualBuffer::export`]: one handle per chunk, file descriptors
     /// owned here) with where its memory lives.
     ///
     /// # Errors
-    /// [`IpcError::Vmm`] with the export's error (an imported buffer, a resource without an
-    /// exportable handle type, too many chunks, a chunk the driver did not export); driver
-    /// errors reading the device's UUID.
+    /// - [`IpcError::Vmm`]: the export failed (an imported buffer, a resource without an
+    ///   exportable handle type, too many chunks, a chunk the driver did not export).
+    /// - [`IpcError::Core`]: reading the device's UUID failed.
     pub fn export(buffer: &VirtualBuffer) -> Result<SharedVirtualBuffer> {
         let descriptor = buffer.export()?;
         let resource = buffer.resource();
         let location = match resource.location() {
-            Location::Device(_) => {
-                let WireDevice { uuid, sender_ordinal } = wire_device(resource.device())?;
-                VirtualBufferLocation::Device { uuid, sender_ordinal }
-            }
-            Location::HostNuma(node) => VirtualBufferLocation::HostNuma { node },
+            Location::Device(device) => WireLocation::Device(wire_device(device)?),
+            Location::HostNuma(node) => WireLocation::HostNuma(node),
             // Plain host memory cannot carry an exportable handle type (the resource refuses the
             // options), so its export failed above; no other location exports.
             _ => return Err(VmmError::NotExportable.into()),
         };
         Ok(SharedVirtualBuffer { location, descriptor })
+    }
+
+    /// Where the memory lives, in this process: the device with the UUID the sender named (asked
+    /// of the driver), or the host NUMA node.
+    ///
+    /// # Errors
+    /// - [`IpcError::DeviceNotVisible`]: this process does not see the device.
+    /// - [`IpcError::Core`]: the driver failed to list the devices.
+    pub fn location(&self) -> Result<Location> {
+        Ok(match self.location {
+            WireLocation::Device(device) => Location::Device(visible_device(device)?),
+            WireLocation::HostNuma(node) => Location::HostNuma(node),
+        })
     }
 }
 
@@ -59,12 +69,7 @@ impl VirtualBufferImporters {
     pub(crate) fn receive(&self, message: RawMessage, stream: &Stream) -> Result<VirtualBuffer> {
         let RawMessage { payload, fds, .. } = message;
         let shared = SharedVirtualBuffer::decode(&payload, fds)?;
-        let location = match shared.location {
-            VirtualBufferLocation::Device { uuid, sender_ordinal } => {
-                Location::Device(visible_device(WireDevice { uuid, sender_ordinal })?)
-            }
-            VirtualBufferLocation::HostNuma { node } => Location::HostNuma(node),
-        };
+        let location = shared.location()?;
         let resource = self.find(location).ok_or(IpcError::NoVirtualMemoryResource { location })?;
         Ok(resource.import(shared.descriptor, Some(stream))?)
     }

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use common::*;
 use cuda_mem_core::{Buffer, Device, HandleType, LegacyPinnedMemoryResource, Location, NumaNode, Stream};
 use cuda_mem_ipc::wire::{EnvelopeError, SharedVirtualBufferError as Decode};
-use cuda_mem_ipc::{IpcChannel, IpcError, MAX_BUFFER_SIZE, Received, SharedVirtualBuffer, VirtualBufferLocation};
+use cuda_mem_ipc::{IpcChannel, IpcError, MAX_BUFFER_SIZE, Received, SharedVirtualBuffer};
 use cuda_mem_vmm::{
     ChunkHandle, DescriptorError, VirtualBuffer, VirtualMemoryResource, VirtualMemoryResourceOptions, VmmError,
 };
@@ -222,13 +222,6 @@ fn spoiled(name: &str, buffer: &VirtualBuffer) -> (Vec<u8>, Vec<OwnedFd>) {
     match name {
         "a zero chunk" => shared.descriptor.chunk_sizes[0] = 0,
         "a size too large" => shared.descriptor.size = MAX_BUFFER_SIZE + 1,
-        "a nil device" | "a device this process cannot see" => {
-            let uuid = if name == "a nil device" { Uuid::nil() } else { Uuid::from_u128(0x0bad_0000_de71_ce00) };
-            shared.location = VirtualBufferLocation::Device { uuid, sender_ordinal: 7 };
-        }
-        "host memory nothing is registered for" => {
-            shared.location = VirtualBufferLocation::HostNuma { node: NumaNode(0) }
-        }
         "a chunk off the granularity" => shared.descriptor.chunk_sizes[1] = (G + 4096) as u64,
         "a chunk size the driver refuses" => shared.descriptor.chunk_sizes[1] = 2 * G as u64,
         _ => {}
@@ -243,6 +236,17 @@ fn spoiled(name: &str, buffer: &VirtualBuffer) -> (Vec<u8>, Vec<OwnedFd>) {
         "reserved" => patched(bytes, 12, &[1, 0, 0, 0], true),
         "handle type" => patched(bytes, 16, &[0], true),
         "location code" => patched(bytes, 17, &[9], true),
+        // The location: its code (17), the sender's ordinal or NUMA node (20..24) and the
+        // device's UUID (24..40).
+        "a nil device" => patched(patched(bytes, 20, &7i32.to_le_bytes(), false), 24, Uuid::nil().as_bytes(), true),
+        "a device this process cannot see" => {
+            let elsewhere = Uuid::from_u128(0x0bad_0000_de71_ce00);
+            patched(patched(bytes, 20, &7i32.to_le_bytes(), false), 24, elsewhere.as_bytes(), true)
+        }
+        "host memory nothing is registered for" => {
+            let host = patched(bytes, 17, &[2], false);
+            patched(patched(host, 20, &0i32.to_le_bytes(), false), 24, &[0; 16], true)
+        }
         "too many chunks" => patched(bytes, 18, &254u16.to_le_bytes(), true),
         "a count past the bytes" => patched(bytes, 18, &3u16.to_le_bytes(), true),
         "fds with fabric handles" => {
@@ -408,6 +412,13 @@ fn each_virtual_buffer_goes_to_the_resource_registered_for_its_location() {
                 Stream::new(exporter.device(), Default::default()).unwrap()
             };
             let buffer = virtual_buffer(&exporter, 2, seed, &stream);
+            // The shared form names the same location, through its wire form and back.
+            let shared = SharedVirtualBuffer::export(&buffer).unwrap();
+            let (bytes, fds) = shared.encode();
+            let fds = fds.iter().map(|fd| fd.try_clone_to_owned().unwrap()).collect();
+            let decoded = SharedVirtualBuffer::decode(&bytes, fds).unwrap();
+            assert_eq!(decoded.location().unwrap(), exporter.location(), "{seed}: the location on the wire");
+            drop((decoded, shared));
             sender.send_virtual_buffer(&buffer).unwrap();
             let Received::VirtualBuffer(received) = receiver.recv(&stream).unwrap() else {
                 panic!("expected a virtual buffer")

@@ -14,3 +14,13 @@ pub(crate) struct WireDevice {
     /// The device's ordinal in the sending process, for messages only.
     pub(crate) sender_ordinal: i32,
 }
+
+/// Where a shared virtual buffer's memory lives, as its encoding names it.
+#[cfg(feature = "vmm")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WireLocation {
+    /// Device memory.
+    Device(WireDevice),
+    /// Host memory on a NUMA node.
+    HostNuma(cuda_mem_core::NumaNode),
+}

@@ -51,11 +51,12 @@ pub use resource::{RESOURCE_MESSAGE_LEN, ResourceMessageError};
 #[cfg(feature = "vmm")]
 pub use virtual_buffer::{
     SHARED_VIRTUAL_BUFFER_MAGIC, SHARED_VIRTUAL_BUFFER_VERSION, SharedVirtualBuffer, SharedVirtualBufferError,
-    VirtualBufferLocation,
 };
 
 pub(crate) use buffers::{buffer_descriptors, encode_buffers, split_event};
 pub(crate) use location::WireDevice;
+#[cfg(feature = "vmm")]
+pub(crate) use location::WireLocation;
 pub(crate) use message::expect_fds;
 pub(crate) use resource::{PoolMemory, ResourceMessage};
 

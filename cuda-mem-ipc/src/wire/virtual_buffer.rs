@@ -4,7 +4,6 @@
 //! Documented on [`SharedVirtualBuffer`]: the importing resource, the encoding and what
 //! decoding checks.
 
-use std::fmt;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use cuda_mem_core::{HandleType, NumaNode};
@@ -14,6 +13,7 @@ use uuid::Uuid;
 use super::buffer_descriptor::MAX_BUFFER_SIZE;
 use super::envelope::{self, CHECKSUM_LEN, EnvelopeError, field};
 use super::frame::MAX_FDS;
+use super::location::{WireDevice, WireLocation};
 
 /// The first 8 bytes of every encoded [`SharedVirtualBuffer`].
 pub const SHARED_VIRTUAL_BUFFER_MAGIC: [u8; 8] = *b"CUMEMVMM";
@@ -40,24 +40,6 @@ const _: () = assert!(MAX_CHUNKS <= MAX_FDS && MAX_CHUNKS <= u16::MAX as usize);
 // The shared header ends where this encoding's own fields begin.
 const _: () = assert!(envelope::HEADER_LEN == HANDLE_TYPE_AT);
 
-/// Where a shared virtual buffer's memory lives, as the encoding names it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum VirtualBufferLocation {
-    /// Device memory.
-    Device {
-        /// The device's UUID: how the receiver finds it.
-        uuid: Uuid,
-        /// The device's ordinal in the sending process, for messages only (another process may
-        /// number its devices differently).
-        sender_ordinal: i32,
-    },
-    /// Host memory on a NUMA node.
-    HostNuma {
-        /// The NUMA node.
-        node: NumaNode,
-    },
-}
-
 /// A virtual buffer as it travels (feature `vmm`): its descriptor (one handle per chunk) and
 /// where its memory lives.
 ///
@@ -67,6 +49,17 @@ pub enum VirtualBufferLocation {
 /// receiver needs to pick the resource to import it with; [`IpcChannel::send_virtual_buffer`]
 /// sends one as a message of its own (kind 4, see [`IpcChannel`]), and
 /// [`SharedVirtualBuffer::encode`] and [`SharedVirtualBuffer::decode`] serve any other transport.
+///
+/// # Where the memory lives
+///
+/// The public API speaks [`cuda_mem_core::Location`]: [`SharedVirtualBuffer::export`] takes the
+/// location of the buffer's resource, and [`SharedVirtualBuffer::location`] gives it back in the
+/// process that holds the value. On the wire a device is its UUID (processes number devices
+/// differently, `CUDA_VISIBLE_DEVICES`), with the sender's ordinal kept for messages; host memory
+/// is its NUMA node's id. The wire form is private: decoding makes no driver call, and
+/// [`location`](SharedVirtualBuffer::location) finds the device with that UUID here. Only device
+/// memory and host memory on a NUMA node export (`Location::Host` and
+/// `Location::HostNumaCurrent` cannot carry an exportable handle type).
 ///
 /// # The importing resource
 ///
@@ -152,8 +145,9 @@ pub enum VirtualBufferLocation {
 #[doc(alias = "VirtualMemoryIPCBufferDescriptor")]
 #[derive(Debug)]
 pub struct SharedVirtualBuffer {
-    /// Where the memory lives.
-    pub location: VirtualBufferLocation,
+    /// Where the memory lives, as the wire names it ([`location`](Self::location) says where
+    /// in this process).
+    pub(crate) location: WireLocation,
     /// The chunks' handles and sizes, and the buffer's size.
     pub descriptor: VirtualBufferDescriptor,
 }
@@ -279,11 +273,9 @@ impl SharedVirtualBuffer {
             _ => 0,
         });
         let (location, id, device) = match self.location {
-            VirtualBufferLocation::Device { uuid, sender_ordinal } => (DEVICE_CODE, sender_ordinal, uuid),
+            WireLocation::Device(WireDevice { uuid, sender_ordinal }) => (DEVICE_CODE, sender_ordinal, uuid),
             // No node is beyond `int` (the driver's id type); such a one would read as the last.
-            VirtualBufferLocation::HostNuma { node } => {
-                (HOST_NUMA_CODE, i32::try_from(node.0).unwrap_or(i32::MAX), Uuid::nil())
-            }
+            WireLocation::HostNuma(node) => (HOST_NUMA_CODE, i32::try_from(node.0).unwrap_or(i32::MAX), Uuid::nil()),
         };
         bytes.push(location);
         bytes.extend_from_slice(&u16::try_from(count).unwrap_or(u16::MAX).to_le_bytes());
@@ -373,7 +365,7 @@ impl SharedVirtualBuffer {
 }
 
 /// The location fields of an encoding whose location code is known.
-fn decode_location(bytes: &[u8], code: u8) -> Result<VirtualBufferLocation, SharedVirtualBufferError> {
+fn decode_location(bytes: &[u8], code: u8) -> Result<WireLocation, SharedVirtualBufferError> {
     let id = i32::from_le_bytes(field(bytes, LOCATION_ID_AT));
     if id < 0 {
         return Err(SharedVirtualBufferError::LocationId { found: id });
@@ -381,20 +373,9 @@ fn decode_location(bytes: &[u8], code: u8) -> Result<VirtualBufferLocation, Shar
     let device = Uuid::from_bytes(field(bytes, DEVICE_UUID_AT));
     match code {
         DEVICE_CODE if device.is_nil() => Err(SharedVirtualBufferError::NilDevice),
-        DEVICE_CODE => Ok(VirtualBufferLocation::Device { uuid: device, sender_ordinal: id }),
+        DEVICE_CODE => Ok(WireLocation::Device(WireDevice { uuid: device, sender_ordinal: id })),
         _ if !device.is_nil() => Err(SharedVirtualBufferError::DeviceForHostMemory),
-        _ => Ok(VirtualBufferLocation::HostNuma { node: NumaNode(id.unsigned_abs()) }),
-    }
-}
-
-impl fmt::Display for VirtualBufferLocation {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            VirtualBufferLocation::Device { uuid, sender_ordinal } => {
-                write!(f, "memory on device {uuid} (device {sender_ordinal} in the sending process)")
-            }
-            VirtualBufferLocation::HostNuma { node } => write!(f, "host memory on {node}"),
-        }
+        _ => Ok(WireLocation::HostNuma(NumaNode(id.unsigned_abs()))),
     }
 }
 
@@ -404,11 +385,7 @@ mod tests {
     use crate::wire::envelope::crc32;
     use proptest::prelude::*;
 
-    fn shared(
-        handles: Vec<ChunkHandle>,
-        handle_type: HandleType,
-        location: VirtualBufferLocation,
-    ) -> SharedVirtualBuffer {
+    fn shared(handles: Vec<ChunkHandle>, handle_type: HandleType, location: WireLocation) -> SharedVirtualBuffer {
         let chunk_sizes = (1..=handles.len() as u64).map(|i| i << 21).collect::<Vec<_>>();
         let size = chunk_sizes.iter().sum::<u64>().saturating_sub(100);
         SharedVirtualBuffer {
@@ -417,11 +394,11 @@ mod tests {
         }
     }
 
-    fn device() -> VirtualBufferLocation {
-        VirtualBufferLocation::Device {
+    fn device() -> WireLocation {
+        WireLocation::Device(WireDevice {
             uuid: Uuid::from_u128(0xfeed_0000_0000_0000_0000_0000_0000_0001),
             sender_ordinal: 3,
-        }
+        })
     }
 
     fn fabric(count: usize) -> SharedVirtualBuffer {
@@ -467,7 +444,7 @@ mod tests {
         }
     }
 
-    fn posix(pipe: &Pipe, count: usize, location: VirtualBufferLocation) -> SharedVirtualBuffer {
+    fn posix(pipe: &Pipe, count: usize, location: WireLocation) -> SharedVirtualBuffer {
         let handles = pipe.duplicates(count).into_iter().map(ChunkHandle::Fd).collect();
         shared(handles, HandleType::PosixFd, location)
     }
@@ -514,7 +491,7 @@ mod tests {
         assert_eq!(&bytes[64..128], &[0x5A; 64]);
         assert_eq!(&bytes[128..192], &[0x5B; 64]);
 
-        let numa = posix(&pipe, 1, VirtualBufferLocation::HostNuma { node: NumaNode(1) });
+        let numa = posix(&pipe, 1, WireLocation::HostNuma(NumaNode(1)));
         let (bytes, _) = numa.encode();
         assert_eq!(bytes[17], 2, "host NUMA memory");
         assert_eq!(&bytes[20..24], &1i32.to_le_bytes());
@@ -525,7 +502,7 @@ mod tests {
     fn encoding_is_stable() {
         // A golden encoding: changing the format must change the version, not this test.
         let empty = SharedVirtualBuffer {
-            location: VirtualBufferLocation::HostNuma { node: NumaNode(0) },
+            location: WireLocation::HostNuma(NumaNode(0)),
             descriptor: VirtualBufferDescriptor {
                 handle_type: HandleType::PosixFd,
                 size: 0,
@@ -544,7 +521,7 @@ mod tests {
     #[test]
     fn round_trips_keep_every_field_and_the_fds() {
         let pipe = Pipe::new(3);
-        for location in [device(), VirtualBufferLocation::HostNuma { node: NumaNode(2) }] {
+        for location in [device(), WireLocation::HostNuma(NumaNode(2))] {
             let s = posix(&pipe, 3, location);
             let (bytes, fds) = s.encode();
             let owned = fds.iter().map(|fd| fd.try_clone_to_owned().unwrap()).collect();
@@ -589,7 +566,7 @@ mod tests {
         let mut shorter = bytes[..len - 5].to_vec();
         shorter.extend_from_slice(&[0; 4]);
         reseal(&mut shorter);
-        let numa = posix(&pipe, 2, VirtualBufferLocation::HostNuma { node: NumaNode(0) }).encode().0;
+        let numa = posix(&pipe, 2, WireLocation::HostNuma(NumaNode(0))).encode().0;
         let big = MAX_BUFFER_SIZE + 1;
         let cases: Vec<(&str, Vec<u8>, E, &str)> = vec![
             ("empty", Vec::new(), E::Truncated { found: 0, min: 52 }, "0 bytes, shorter than the smallest encoding"),
