@@ -26,7 +26,8 @@ use crate::wire::{
 /// - an event the peer sent that the driver will not open ([`IpcError::EventImport`]): the peer
 ///   destroyed it too early, or sent a bad handle;
 /// - a message of a kind this build receives only with a feature it lacks
-///   ([`IpcError::NotReceivable`]): the channel goes on;
+///   ([`IpcError::NotReceivable`]), or of another kind than the call receives
+///   ([`IpcError::UnexpectedMessage`]): the channel goes on;
 /// - the peer going away ([`IpcError::PeerClosed`]);
 /// - this process running out of file descriptors while receiving
 ///   ([`IpcError::OutOfDescriptors`]): local, the peer is not at fault;
@@ -139,6 +140,20 @@ pub enum IpcError {
         kind: MessageKind,
         /// The feature that receives it.
         feature: &'static str,
+    },
+
+    /// A message of another kind came where [`IpcChannel::recv_buffers`](crate::IpcChannel::recv_buffers)
+    /// expected buffers. It was dropped unread (nothing of it imported, its file descriptors
+    /// closed), and the channel is still in step.
+    #[error(
+        "expected a {expected} message, but a {found} message came; it was dropped (nothing of it imported) and \
+         the channel is still usable: receive with IpcChannel::recv where other messages may come first"
+    )]
+    UnexpectedMessage {
+        /// The kind expected.
+        expected: MessageKind,
+        /// The kind that came.
+        found: MessageKind,
     },
 
     /// The peer sent a frame or message that does not follow the channel protocol, or an earlier

@@ -368,6 +368,52 @@ impl IpcChannel {
         }
     }
 
+    /// Receives the buffers of one [`send_buffers`](Self::send_buffers) or
+    /// [`send_buffers_after`](Self::send_buffers_after) of the peer: the resource messages sent
+    /// before them (their pools, sent the first time on this channel) are received as
+    /// [`recv`](Self::recv) receives them, and the channel keeps those pools; then the buffers
+    /// are mapped and returned (freed on `stream` when dropped). When they came with an event,
+    /// `stream` waits for it first, on the GPU, as with [`recv`](Self::recv) (the channel keeps
+    /// the event open).
+    ///
+    /// Use [`recv`](Self::recv) where other messages (data, an event alone, a virtual buffer)
+    /// may come before the buffers.
+    ///
+    /// ```
+    /// # cuda_sim::testing::driver()?; // the tests run this example on the simulator
+    /// use cuda_mem_core::{Device, DeviceMemoryResource, DeviceMemoryResourceOptions, Stream, StreamOptions};
+    /// use cuda_mem_ipc::{Channel, IpcChannel};
+    ///
+    /// let device = Device::new(0)?;
+    /// let stream = Stream::new(device, StreamOptions::default().non_blocking())?;
+    /// let pool = DeviceMemoryResource::new(device, DeviceMemoryResourceOptions::default().ipc_enabled(true))?;
+    /// let (here, there) = Channel::pair()?;
+    /// let (sender, receiver) = (IpcChannel::new(here), IpcChannel::new(there));
+    ///
+    /// let (a, b) = (pool.allocate(4096, &stream)?, pool.allocate(64, &stream)?);
+    /// sender.send_buffers(&[&a, &b])?; // the pool, then both buffers
+    /// let mapped = receiver.recv_buffers(&stream)?;
+    /// assert_eq!((mapped[0].size(), mapped[1].size()), (4096, 64));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// - [`IpcError::UnexpectedMessage`]: a message of another kind came first. It was dropped
+    ///   unread: nothing of it imported, its descriptors closed. The channel is still in step.
+    /// - As [`recv`](Self::recv), for the resource and buffers messages.
+    pub fn recv_buffers(&self, stream: &Stream) -> Result<Vec<Buffer>> {
+        loop {
+            let (kind, message) = self.next_message()?;
+            match kind {
+                MessageKind::Resource => drop(self.receive_resource(message)?),
+                MessageKind::Buffers | MessageKind::BuffersAfterEvent => {
+                    return self.receive_buffers(kind, &message.payload, stream);
+                }
+                found => return Err(IpcError::UnexpectedMessage { expected: MessageKind::Buffers, found }),
+            }
+        }
+    }
+
     /// The next message and its kind, once the kind is known and the message carries the
     /// number of file descriptors its kind does.
     fn next_message(&self) -> Result<(MessageKind, RawMessage)> {

@@ -14,8 +14,8 @@ use common::*;
 use cuda_mem_core::{Buffer, FillPattern, MemoryResource, MemoryResourceExt, Stream};
 use cuda_mem_ipc::wire::{BuffersMessageError, FrameError, MessageError, MessageKind, ResourceMessageError};
 use cuda_mem_ipc::{
-    BufferDescriptor, Channel, IpcChannel, IpcError, MAX_BUFFERS_PER_MESSAGE, MappedMemoryResource, ProtocolError,
-    Received, allocation_handle, buffer_descriptor, registry,
+    BufferDescriptor, Channel, IpcChannel, IpcError, MAX_BUFFERS_PER_MESSAGE, ProtocolError, Received,
+    allocation_handle, buffer_descriptor, registry,
 };
 use uuid::Uuid;
 
@@ -396,8 +396,7 @@ fn a_child_that_crashes_mid_transfer() {
 fn crash_child() {
     let (_device, stream) = setup();
     let channel = parent_channel();
-    let _mapped = expect_resource(&channel, &stream);
-    let buffers = expect_buffers(&channel, &stream);
+    let buffers = channel.recv_buffers(&stream).unwrap();
     assert_eq!(buffers.len(), 2);
     // No core file for this deliberate crash.
     let _ = rustix::process::setrlimit(
@@ -410,8 +409,7 @@ fn crash_child() {
 fn verify_child() {
     let (_device, stream) = setup();
     let channel = parent_channel();
-    let _mapped = expect_resource(&channel, &stream);
-    let buffers = expect_buffers(&channel, &stream);
+    let buffers = channel.recv_buffers(&stream).unwrap();
     assert_eq!(read_bytes(&buffers[0], &stream), pattern(60, 1 << 16));
     assert_eq!(read_bytes(&buffers[1], &stream), vec![0x77; 1 << 16]);
     assert_eq!(read_bytes(&buffers[2], &stream), pattern(60, 1 << 16));
@@ -543,8 +541,7 @@ fn garbage_from_the_peer_is_an_error_never_a_panic() {
     let (a, b) = Channel::pair().unwrap();
     let (a, b) = (IpcChannel::new(a), IpcChannel::new(b));
     a.send_buffers(&[&more]).unwrap();
-    let _mapped: Arc<MappedMemoryResource> = expect_resource(&b, &stream);
-    let imported = expect_buffers(&b, &stream);
+    let imported = b.recv_buffers(&stream).unwrap();
     assert_eq!(read_bytes(&imported[0], &stream), pattern(21, 4000));
 }
 
