@@ -50,8 +50,11 @@ fn frame_version() -> u16 {
 #[test]
 fn the_package_version_is_the_wire_formats_versions() {
     let rust = (frame_version(), wire::BUFFER_DESCRIPTOR_VERSION, wire::EVENT_DESCRIPTOR_VERSION);
-    let python =
-        (module_constant("FRAME_VERSION"), module_constant("DESCRIPTOR_VERSION"), module_constant("EVENT_VERSION"));
+    let python = (
+        module_constant("FRAME_VERSION"),
+        module_constant("BUFFER_DESCRIPTOR_VERSION"),
+        module_constant("EVENT_DESCRIPTOR_VERSION"),
+    );
     assert_eq!(python, rust, "the module's (frame, descriptor, event) versions are cuda-mem-ipc's");
     // A release that changes no format is a post-release of the same three (`1.1.1.post1`).
     let version = package_version();
