@@ -126,7 +126,7 @@ impl Channel {
     ///
     /// # Errors
     ///
-    /// [`IpcError::Io`] if the socket pair cannot be created (such as out of descriptors).
+    /// - [`IpcError::Io`]: the socket pair cannot be created (such as out of descriptors).
     pub fn pair() -> Result<(Channel, Channel)> {
         let (a, b) = UnixStream::pair().map_err(|e| IpcError::io("creating a socket pair", e))?;
         Ok((Channel::new(a), Channel::new(b)))
@@ -136,7 +136,7 @@ impl Channel {
     ///
     /// # Errors
     ///
-    /// [`IpcError::Io`] if nothing listens at `path` or the connection is refused.
+    /// - [`IpcError::Io`]: nothing listens at `path`, or the connection is refused.
     pub fn connect(path: impl AsRef<Path>) -> Result<Channel> {
         let stream =
             UnixStream::connect(path).map_err(|e| IpcError::io("connecting to the IPC channel's socket", e))?;
@@ -149,7 +149,7 @@ impl Channel {
     ///
     /// # Errors
     ///
-    /// [`IpcError::Io`] if the socket cannot be put in blocking mode.
+    /// - [`IpcError::Io`]: the socket cannot be put in blocking mode.
     pub fn from_stream(stream: UnixStream) -> Result<Channel> {
         stream.set_nonblocking(false).map_err(|e| IpcError::io("putting the IPC socket in blocking mode", e))?;
         Ok(Channel::new(stream))
@@ -179,7 +179,7 @@ impl Channel {
     ///
     /// # Errors
     ///
-    /// [`IpcError::Io`] if the duration is zero or the socket refuses the option.
+    /// - [`IpcError::Io`]: the duration is zero, or the socket refuses the option.
     pub fn set_read_timeout(&self, timeout: Option<Duration>) -> Result<()> {
         self.stream.set_read_timeout(timeout).map_err(|e| IpcError::io("setting the IPC channel's read timeout", e))?;
         self.read_timeout_ns.store(timeout_ns(timeout), Ordering::Release);
@@ -195,7 +195,7 @@ impl Channel {
     ///
     /// # Errors
     ///
-    /// [`IpcError::Io`] if the duration is zero or the socket refuses the option.
+    /// - [`IpcError::Io`]: the duration is zero, or the socket refuses the option.
     pub fn set_write_timeout(&self, timeout: Option<Duration>) -> Result<()> {
         self.stream.set_write_timeout(timeout).map_err(|e| IpcError::io("setting the IPC channel's write timeout", e))
     }
@@ -518,8 +518,8 @@ impl ChannelListener {
     ///
     /// # Errors
     ///
-    /// [`IpcError::Io`] if `path` exists, is too long for a socket address (about 107 bytes), or
-    /// its directory is not writable.
+    /// - [`IpcError::Io`]: `path` exists, is too long for a socket address (about 107 bytes), or
+    ///   its directory is not writable.
     pub fn bind(path: impl AsRef<Path>) -> Result<ChannelListener> {
         let listener = UnixListener::bind(path).map_err(|e| IpcError::io("binding the IPC channel's socket", e))?;
         Ok(ChannelListener { listener })
@@ -529,7 +529,7 @@ impl ChannelListener {
     ///
     /// # Errors
     ///
-    /// [`IpcError::Io`] if `accept` fails (such as out of descriptors).
+    /// - [`IpcError::Io`]: `accept` fails (such as out of descriptors).
     pub fn accept(&self) -> Result<Channel> {
         loop {
             match self.listener.accept() {

@@ -41,57 +41,71 @@ pub enum Received {
     VirtualBuffer(cuda_mem_vmm::VirtualBuffer),
 }
 
-/// A channel that carries pools, buffers, plain bytes (and, with the feature `vmm`, virtual
-/// buffers) between processes, over a [`Channel`].
+/// A channel that carries pools, buffers, events, plain bytes (and, with the feature `vmm`,
+/// virtual buffers) between processes, over a [`Channel`].
 ///
 /// Its messages are the kinds of [`MessageKind`] (whose docs have their layouts), each one frame
-/// of the channel. One channel carries all of them, in any order.
+/// of the channel. One channel carries all of them, in any order. [`IpcChannel::recv`] receives
+/// any message; [`IpcChannel::recv_buffers`] receives the buffers of one send.
+///
+/// # Pools
+///
+/// Sending a buffer whose pool has not been sent on this channel sends the pool first, so the
+/// receiver always knows it. The receiving channel keeps every pool it received, by the UUID
+/// the peer named it with, for as long as it lives (or until [`IpcChannel::release_resource`]).
+/// A receiver may drop the [`Received::Resource`] it got: the buffers that follow still map.
+///
+/// Buffers map only through the pools their own channel received, never through the
+/// process-wide registry, so a peer can use only the pools it sent itself. The peer's word is
+/// checked against the driver's: the memory kind and device a resource message states must be
+/// what the imported pool is. A UUID this process has imported already is shared only when the
+/// driver answers the new import with that import's own handle (the same pool); otherwise the
+/// new import stands on its own. A pool sent again on the same channel is the one received
+/// first (the duplicate descriptor is closed).
+///
+/// A UUID names one pool on a channel, for the channel's life. A relay that imported two pools
+/// under one UUID (from two peers, each naming its own pool so) can send only the first on a
+/// given channel. The other, and its buffers, are refused with
+/// [`IpcError::UuidTakenOnChannel`] before anything of it is sent: send it on another channel.
+/// The same holds for a pool imported under a UUID once its earlier import, sent on the
+/// channel, is gone: this side cannot tell whether it is the same pool.
 ///
 /// # Events: the receiver's stream waits on the GPU
 ///
-/// The usual hand-off: the sender enqueues work on a stream, records an interprocess event
+/// The usual hand-off: the sender enqueues work on a stream and records an interprocess event
 /// (created with [`EventOptions::interprocess`](cuda_mem_core::EventOptions::interprocess)) on
-/// it and sends the buffers with the event ([`IpcChannel::send_buffers_after`]), or the event
+/// it. It sends the buffers with the event ([`IpcChannel::send_buffers_after`]), or the event
 /// alone ([`IpcChannel::send_event`]) to say "what I enqueued so far is yours once done". The
-/// receiver's [`IpcChannel::recv`] opens the event and makes the stream it is given wait for
-/// it (`cuStreamWaitEvent`) before it hands over the buffers: work the receiver then enqueues on
-/// that stream runs after the sender's, and neither side waits on the host. The sender may
-/// record the same event again and send it again; the receiver opens each event once per
-/// channel, by the sender's [`Event::id`] (kept until the channel drops, or
-/// [`IpcChannel::release_events`]), and each wait is for the latest recording. The sender must
-/// keep the event alive until the receiver has received it (the driver opens an event only while
-/// its exporter holds it): an event it destroyed too early is an [`IpcError::EventImport`]
-/// there, after which the channel goes on.
+/// receiver opens the event and makes the stream it is given wait for it (`cuStreamWaitEvent`)
+/// before it hands over the buffers. Work the receiver then enqueues on that stream runs after
+/// the sender's, and neither side waits on the host.
 ///
-/// A virtual buffer is imported with the
-/// `VirtualMemoryResource` the receiver registered for where its memory lives
-/// (`IpcChannel::import_virtual_buffers_into`); a build without the `vmm` feature refuses kind 4
-/// saying so, and closes its descriptors.
+/// The sender may record the same event again and send it again. The receiver opens each event
+/// once per channel, by the sender's [`Event::id`] (kept until the channel drops, or
+/// [`IpcChannel::release_events`]); each wait is for the latest recording. The sender must keep
+/// the event alive until the receiver has received it (the driver opens an event only while its
+/// exporter holds it). An event it destroyed too early is an [`IpcError::EventImport`] there,
+/// after which the channel goes on.
 ///
-/// The receiver finds the pool's device by its UUID, not by the sender's ordinal: processes
-/// that see different devices (`CUDA_VISIBLE_DEVICES`) number them differently.
+/// # Who frees first
 ///
-/// Sending a buffer whose resource has not been sent on this channel sends the resource first,
-/// so the receiver always knows it.
+/// The driver's rule (`cuMemPoolImportPointer`): every process that imported a buffer frees it
+/// before its exporter does, and an importer's stream-ordered free must have run by then.
+/// Dropping a buffer is its free, and this crate cannot see another process's imports. So the
+/// order is the program's: the importer drops its buffers (freed on the stream given to
+/// [`IpcChannel::recv`]), waits for that stream or exits, and then says so; the exporter drops
+/// its own after hearing it. Memory freed too early goes back to the exporter's pool, whose next
+/// allocation may take it while the importer still uses it, silently on a GPU. The simulator
+/// (`cuda-sim`) reports such a free on stderr, and the importer then reads `0xdb`.
 ///
-/// A UUID names one pool on a channel, for the channel's life: the receiver maps every buffer
-/// that names it through the pool it received under it first. A process that imported two
-/// different pools under one UUID (from two peers, each naming its own pool so) and passes both
-/// on can send only the first on a given channel: the other, and its buffers, are refused there
-/// with [`IpcError::UuidTakenOnChannel`], before anything of it is sent (send it on another channel). The same holds for a pool imported under
-/// a UUID once its earlier import, sent on the channel, is gone: this side cannot tell whether
-/// it is the same pool.
+/// # Devices and virtual buffers
 ///
-/// The receiving channel keeps every resource it received, by the UUID the peer named it with,
-/// for as long as the channel lives (or until [`IpcChannel::release_resource`]): a receiver may
-/// drop the [`Received::Resource`] it got, and the buffers that follow still map. Buffers are
-/// resolved only against the resources their own channel received, never against the
-/// process-wide registry, so a peer can use only the pools it sent itself. The peer's word is
-/// checked against the driver's: the memory kind and device a resource message states must be
-/// what the imported pool is (asked of the driver); a UUID this process has imported already is
-/// shared only when the driver answers the new import with that import's own handle (the same
-/// pool); otherwise the new import stands on its own. A resource sent again on the same channel
-/// is the one received first (the duplicate descriptor is closed).
+/// The receiver finds a pool's device by its UUID, not by the sender's ordinal: processes that
+/// see different devices (`CUDA_VISIBLE_DEVICES`) number them differently.
+///
+/// A virtual buffer is imported with the `VirtualMemoryResource` the receiver registered for
+/// where its memory lives (`IpcChannel::import_virtual_buffers_into`). A build without the `vmm`
+/// feature refuses one saying so, and closes its descriptors.
 #[derive(Debug)]
 pub struct IpcChannel {
     channel: Channel,
@@ -204,10 +218,11 @@ impl IpcChannel {
     /// by UUID (no driver call), and closes the duplicate descriptor.
     ///
     /// # Errors
-    /// [`IpcError::NotIpcEnabled`] for resources that cannot be shared;
-    /// [`IpcError::UuidTakenOnChannel`] for a pool whose UUID another pool was sent under on this
-    /// channel (see [`IpcChannel`]; nothing is sent); channel
-    /// errors.
+    ///
+    /// - [`IpcError::NotIpcEnabled`]: the resource cannot be shared.
+    /// - [`IpcError::UuidTakenOnChannel`]: another pool was sent under its UUID on this channel (see
+    ///   [`IpcChannel`]); nothing is sent.
+    /// - As [`Channel::send`].
     pub fn send_resource(&self, resource: &dyn MemoryResource) -> Result<()> {
         let handle = allocation_handle(resource)?;
         let pool = SentPool::of(resource);
@@ -230,10 +245,13 @@ impl IpcChannel {
     /// Sends buffers in one message, sending first each resource not yet sent on this channel.
     ///
     /// # Errors
-    /// [`IpcError::MessageTooLarge`] for more buffers than one message carries (nothing is
-    /// sent); [`IpcError::NotIpcEnabled`] for buffers that cannot be shared;
-    /// [`IpcError::UuidTakenOnChannel`] for a buffer of a pool whose UUID another pool was sent under on this channel, or that another
-    /// buffer's pool shares (see [`IpcChannel`]; the message is not sent); channel errors.
+    ///
+    /// - [`IpcError::MessageTooLarge`]: more buffers than one message carries; nothing is sent.
+    /// - [`IpcError::NotIpcEnabled`]: a buffer cannot be shared.
+    /// - [`IpcError::UuidTakenOnChannel`]: a buffer's pool goes by a UUID another pool was sent
+    ///   under on this channel, or that another buffer's pool shares (see [`IpcChannel`]); the
+    ///   message is not sent.
+    /// - As [`IpcChannel::send_resource`], for the pools sent first, and [`Channel::send`].
     pub fn send_buffers(&self, buffers: &[&ScopedBuffer<'_>]) -> Result<()> {
         let payload = self.buffers_payload(Vec::new(), buffers)?;
         self.channel.send(MessageKind::Buffers.code(), &payload, &[])
@@ -245,9 +263,12 @@ impl IpcChannel {
     /// for, then send; keep `event` alive until the receiver has received it.
     ///
     /// # Errors
-    /// [`cuda_mem_core::Error::EventNotInterprocess`] (as [`IpcError::Core`]) for an event
-    /// created without [`EventOptions::interprocess`](cuda_mem_core::EventOptions::interprocess);
-    /// as [`IpcChannel::send_buffers`]. Nothing is sent on an error before the message.
+    ///
+    /// Nothing is sent on an error before the message.
+    ///
+    /// - [`IpcError::Core`] with [`cuda_mem_core::Error::EventNotInterprocess`]: `event` was created
+    ///   without [`EventOptions::interprocess`](cuda_mem_core::EventOptions::interprocess).
+    /// - As [`IpcChannel::send_buffers`].
     pub fn send_buffers_after(&self, event: &Event, buffers: &[&ScopedBuffer<'_>]) -> Result<()> {
         let descriptor = EventDescriptor::of(event)?;
         let payload = self.buffers_payload(descriptor.encode().to_vec(), buffers)?;
@@ -258,9 +279,10 @@ impl IpcChannel {
     /// [`IpcChannel`], *Events*). Keep `event` alive until the receiver has received it.
     ///
     /// # Errors
-    /// [`cuda_mem_core::Error::EventNotInterprocess`] (as [`IpcError::Core`]) for an event
-    /// created without [`EventOptions::interprocess`](cuda_mem_core::EventOptions::interprocess);
-    /// channel errors.
+    ///
+    /// - [`IpcError::Core`] with [`cuda_mem_core::Error::EventNotInterprocess`]: `event` was created
+    ///   without [`EventOptions::interprocess`](cuda_mem_core::EventOptions::interprocess).
+    /// - As [`Channel::send`].
     pub fn send_event(&self, event: &Event) -> Result<()> {
         let descriptor = EventDescriptor::of(event)?;
         self.channel.send(MessageKind::Event.code(), &descriptor.encode(), &[])
@@ -318,7 +340,8 @@ impl IpcChannel {
     /// Sends the application's bytes.
     ///
     /// # Errors
-    /// Channel errors.
+    ///
+    /// - As [`Channel::send`].
     pub fn send_data(&self, bytes: &[u8]) -> Result<()> {
         self.channel.send(MessageKind::Data.code(), bytes, &[])
     }
@@ -334,19 +357,28 @@ impl IpcChannel {
     /// nothing stays imported.
     ///
     /// # Errors
-    /// Channel errors; protocol errors for malformed messages; [`IpcError::UnknownResource`]
-    /// for a buffer whose resource did not arrive on this channel (or was released);
-    /// [`IpcError::MisdescribedResource`] for a pool that is not what the peer says;
-    /// [`IpcError::PoolAlreadyImported`] for a pool this process holds under another UUID;
-    /// [`IpcError::MisdescribedBuffer`] for a buffer larger than the memory its pool shares;
-    /// [`IpcError::NotReceivable`] for a virtual buffer without the feature `vmm`; driver errors
-    /// from importing. A bad message leaves the process's pools and mappings as they were
-    /// (nothing half-imported stays mapped). One thing stays, which changes no memory: when a
-    /// buffers-after-event message is refused after its event was opened and `stream` made to
-    /// wait for it (a buffer the driver refuses, or larger than its mapping; malformed
-    /// descriptors and unknown resources are refused before), the channel keeps the event
-    /// open, as if it had come alone, and `stream` still waits for it (the buffers imported
-    /// before the refusal are unmapped on `stream`, so after the sender's work).
+    ///
+    /// - As [`Channel::recv`]: the channel's and the frame's errors.
+    /// - [`IpcError::Protocol`]: a message that does not follow its format ([`ProtocolError`] says
+    ///   which check failed), or an event sent again with another handle.
+    /// - [`IpcError::BufferDescriptor`], [`IpcError::EventDescriptor`]: a malformed descriptor.
+    /// - [`IpcError::UnknownResource`]: a buffer whose resource did not arrive on this channel (or
+    ///   was released).
+    /// - [`IpcError::DeviceNotVisible`]: a pool of a device this process does not see.
+    /// - [`IpcError::MisdescribedResource`]: a pool that is not what the peer says.
+    /// - [`IpcError::PoolAlreadyImported`]: a pool this process holds under another UUID.
+    /// - [`IpcError::MisdescribedBuffer`]: a buffer larger than the memory its pool shares.
+    /// - [`IpcError::EventImport`]: the driver will not open the peer's event.
+    /// - [`IpcError::NotReceivable`]: a virtual buffer, without the feature `vmm`.
+    /// - [`IpcError::Core`]: the driver refused an import.
+    ///
+    /// A bad message leaves the process's pools and mappings as they were (nothing half-imported
+    /// stays mapped). One thing stays, which changes no memory: when a buffers-after-event message
+    /// is refused after its event was opened and `stream` made to wait for it (a buffer the driver
+    /// refuses, or larger than its mapping; malformed descriptors and unknown resources are refused
+    /// before), the channel keeps the event open, as if it had come alone, and `stream` still waits
+    /// for it (the buffers imported before the refusal are unmapped on `stream`, so after the
+    /// sender's work).
     pub fn recv(&self, stream: &Stream) -> Result<Received> {
         let (kind, message) = self.next_message()?;
         match kind {
@@ -525,7 +557,8 @@ fn check_not_taken(sent: &HashMap<Uuid, SentPool>, uuid: Uuid, pool: SentPool) -
 /// How the wire names `device`: its UUID, and its ordinal here for messages.
 ///
 /// # Errors
-/// Driver errors reading the device's UUID.
+///
+/// - [`IpcError::Core`]: reading the device's UUID failed.
 pub(crate) fn wire_device(device: Device) -> Result<WireDevice> {
     let sender_ordinal = i32::try_from(device.ordinal()).unwrap_or(i32::MAX);
     Ok(WireDevice { uuid: Uuid::from_bytes(device.uuid()?), sender_ordinal })
@@ -534,7 +567,9 @@ pub(crate) fn wire_device(device: Device) -> Result<WireDevice> {
 /// This process's device with the UUID a peer named.
 ///
 /// # Errors
-/// [`IpcError::DeviceNotVisible`] when this process does not see it; driver errors.
+///
+/// - [`IpcError::DeviceNotVisible`]: this process does not see it.
+/// - [`IpcError::Core`]: the driver failed to list the devices.
 pub(crate) fn visible_device(device: WireDevice) -> Result<Device> {
     let WireDevice { uuid, sender_ordinal } = device;
     Device::with_uuid(*uuid.as_bytes())?.ok_or(IpcError::DeviceNotVisible { uuid, sender_ordinal })

@@ -42,7 +42,9 @@ impl<'a> AllocationHandle<'a> {
 /// [`PinnedMemoryResource`]: cuda_mem_core::PinnedMemoryResource
 ///
 /// # Errors
-/// [`IpcError::NotIpcEnabled`] for any other resource; driver errors from the first export.
+///
+/// - [`IpcError::NotIpcEnabled`]: any other resource.
+/// - [`IpcError::Core`]: the driver's first export failed.
 #[doc(alias = "get_allocation_handle")]
 pub fn allocation_handle(resource: &dyn MemoryResource) -> Result<AllocationHandle<'_>> {
     handle_of(shareable_pool(resource)?)
@@ -93,8 +95,9 @@ impl fmt::Display for Unshareable {
 /// same buffer again makes no driver call.
 ///
 /// # Errors
-/// [`IpcError::NotIpcEnabled`] for buffers of resources that cannot be shared, or views;
-/// driver errors.
+///
+/// - [`IpcError::NotIpcEnabled`]: a buffer of a resource that cannot be shared, or a view.
+/// - [`IpcError::Core`]: the driver's export failed.
 #[doc(alias("ipc_descriptor", "get_ipc_descriptor", "export"))]
 pub fn buffer_descriptor(buffer: &ScopedBuffer<'_>) -> Result<BufferDescriptor> {
     let resource = buffer.memory_resource().ok_or(IpcError::NotIpcEnabled(Unshareable::BufferView))?;

@@ -72,7 +72,7 @@ static TAKEN: AtomicBool = AtomicBool::new(false);
 ///
 /// # Errors
 ///
-/// [`IpcError::Io`] if the socket pair cannot be created or the process cannot be started.
+/// - [`IpcError::Io`]: the socket pair cannot be created, or the process cannot be started.
 pub fn spawn_with_channel(command: &mut Command) -> Result<(Child, Channel)> {
     let (parent, child_end) = UnixStream::pair().map_err(|e| IpcError::io("creating a socket pair", e))?;
     // The child's standard streams are set up on descriptors 0 to 2 between fork and exec; keep
@@ -294,10 +294,11 @@ impl Channel {
     ///
     /// # Errors
     ///
-    /// [`IpcError::ChannelEnv`] if either variable is missing or malformed, the descriptor fails
-    /// the checks, or the channel was already taken; [`IpcError::Io`] if setting its flags
-    /// fails. Nothing is taken on a [`IpcError::ChannelEnv`] error; on an [`IpcError::Io`] error
-    /// the descriptor was taken and is closed.
+    /// - [`IpcError::ChannelEnv`]: a variable is missing or malformed, the descriptor fails the
+    ///   checks, or the channel was already taken ([`ChannelEnvError`] says which). Nothing is
+    ///   taken.
+    /// - [`IpcError::Io`]: setting the descriptor's flags failed. The descriptor was taken and is
+    ///   closed.
     pub unsafe fn from_env() -> Result<Channel> {
         let fd: RawFd = env_number(CHANNEL_FD_ENV)?.ok_or(ChannelEnvError::NoDescriptor)?;
         if fd < 0 {

@@ -81,7 +81,8 @@ impl IpcChannel {
     /// where the memory lives ([`import_virtual_buffers_into`](Self::import_virtual_buffers_into)).
     ///
     /// # Errors
-    /// As [`SharedVirtualBuffer::export`]; channel errors.
+    ///
+    /// - As [`SharedVirtualBuffer::export`] and [`Channel::send`](crate::Channel::send).
     pub fn send_virtual_buffer(&self, buffer: &VirtualBuffer) -> Result<()> {
         let shared = SharedVirtualBuffer::export(buffer)?;
         let (bytes, fds) = shared.encode();

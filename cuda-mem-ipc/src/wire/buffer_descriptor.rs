@@ -142,7 +142,7 @@ impl BufferDescriptor {
     ///
     /// # Errors
     ///
-    /// As [`validate`](Self::validate).
+    /// - As [`validate`](Self::validate).
     pub fn new(
         export_data: [u8; EXPORT_DATA_LEN],
         size: u64,
@@ -157,7 +157,9 @@ impl BufferDescriptor {
     ///
     /// # Errors
     ///
-    /// [`BufferDescriptorError::ZeroSize`], [`BufferDescriptorError::SizeTooLarge`] or [`BufferDescriptorError::NilResource`].
+    /// - [`BufferDescriptorError::ZeroSize`]: the size is 0.
+    /// - [`BufferDescriptorError::SizeTooLarge`]: the size is beyond [`MAX_BUFFER_SIZE`].
+    /// - [`BufferDescriptorError::NilResource`]: the UUID is nil.
     pub fn validate(&self) -> Result<(), BufferDescriptorError> {
         check_size(self.size)?;
         if self.resource.is_nil() {
@@ -186,8 +188,8 @@ impl BufferDescriptor {
     ///
     /// # Errors
     ///
-    /// A [`BufferDescriptorError`] naming the first check that failed (see [`BufferDescriptor`], *Encoding*, for
-    /// the order).
+    /// - A [`BufferDescriptorError`] naming the first check that failed (see [`BufferDescriptor`],
+    ///   *Encoding*, for the order).
     pub fn decode(bytes: &[u8]) -> Result<Self, BufferDescriptorError> {
         let bytes: &[u8; BUFFER_DESCRIPTOR_LEN] = bytes
             .try_into()

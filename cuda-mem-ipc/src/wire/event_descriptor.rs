@@ -102,9 +102,10 @@ impl EventDescriptor {
     /// driver once, see [`Event::ipc_handle`]).
     ///
     /// # Errors
-    /// [`cuda_mem_core::Error::EventNotInterprocess`] for an event created without
-    /// [`EventOptions::interprocess`](cuda_mem_core::EventOptions::interprocess); a failed driver
-    /// call.
+    ///
+    /// - [`cuda_mem_core::Error::EventNotInterprocess`]: `event` was created without
+    ///   [`EventOptions::interprocess`](cuda_mem_core::EventOptions::interprocess).
+    /// - Another [`cuda_mem_core::Error`]: the driver call failed.
     pub fn of(event: &Event) -> cuda_mem_core::Result<EventDescriptor> {
         Ok(EventDescriptor { id: event.id(), handle: event.ipc_handle()? })
     }
@@ -112,7 +113,9 @@ impl EventDescriptor {
     /// Checks what [`decode`](Self::decode) checks of the fields: the id and the handle.
     ///
     /// # Errors
-    /// [`EventDescriptorError::NoEventId`] or [`EventDescriptorError::EmptyHandle`].
+    ///
+    /// - [`EventDescriptorError::NoEventId`]: the id is 0.
+    /// - [`EventDescriptorError::EmptyHandle`]: the handle is all zeros.
     pub fn validate(&self) -> Result<(), EventDescriptorError> {
         if self.id == 0 {
             return Err(EventDescriptorError::NoEventId);
@@ -136,8 +139,9 @@ impl EventDescriptor {
     /// Decodes and validates an encoded descriptor. Never panics, whatever the input.
     ///
     /// # Errors
-    /// A [`EventDescriptorError`] naming the first check that failed (see [`EventDescriptor`],
-    /// *Encoding*, for the order).
+    ///
+    /// - An [`EventDescriptorError`] naming the first check that failed (see [`EventDescriptor`],
+    ///   *Encoding*, for the order).
     pub fn decode(bytes: &[u8]) -> Result<EventDescriptor, EventDescriptorError> {
         let bytes: &[u8; EVENT_DESCRIPTOR_LEN] = bytes
             .try_into()

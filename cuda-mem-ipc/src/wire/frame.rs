@@ -83,9 +83,9 @@ impl FrameHeader {
     /// Decodes and checks a header. Never panics, whatever the input.
     ///
     /// # Errors
-    /// [`FrameError::Magic`], [`FrameError::UnsupportedVersion`], [`FrameError::Reserved`],
-    /// [`FrameError::PayloadTooLarge`] or [`FrameError::TooManyFds`]: the first check that
-    /// failed.
+    ///
+    /// - The first check that failed: [`FrameError::Magic`], [`FrameError::UnsupportedVersion`],
+    ///   [`FrameError::Reserved`], [`FrameError::PayloadTooLarge`] or [`FrameError::TooManyFds`].
     pub fn decode(h: &[u8; FRAME_HEADER_LEN]) -> Result<FrameHeader, FrameError> {
         let found = field(h, 0);
         if found != FRAME_MAGIC {

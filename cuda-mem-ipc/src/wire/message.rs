@@ -96,7 +96,8 @@ impl MessageKind {
     /// The kind of a message whose header names `code`.
     ///
     /// # Errors
-    /// [`MessageError::UnknownKind`] for a number no kind has.
+    ///
+    /// - [`MessageError::UnknownKind`]: no kind has that number.
     pub(crate) fn of(code: u16) -> Result<MessageKind, MessageError> {
         MessageKind::from_code(code).ok_or(MessageError::UnknownKind { kind: code })
     }

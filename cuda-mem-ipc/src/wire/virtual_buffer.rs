@@ -302,8 +302,9 @@ impl SharedVirtualBuffer {
     /// panics, whatever the input.
     ///
     /// # Errors
-    /// A [`SharedVirtualBufferError`] naming the first check that failed (see the
-    /// [`SharedVirtualBuffer`] docs, *Encoding*, for the order).
+    ///
+    /// - A [`SharedVirtualBufferError`] naming the first check that failed (see the
+    ///   [`SharedVirtualBuffer`] docs, *Encoding*, for the order).
     pub fn decode(bytes: &[u8], fds: Vec<OwnedFd>) -> Result<SharedVirtualBuffer, SharedVirtualBufferError> {
         let min = encoded_len(0, false);
         if bytes.len() < min {
