@@ -550,37 +550,27 @@ mod tests {
         assert_eq!(d.encode().0, bytes);
     }
 
-    /// Every refusal, each with the fds that came with the bytes closed.
-    #[test]
-    fn every_refusal_is_typed_and_closes_the_fds() {
+    /// A refusal: what is spoiled, the bytes, the error and what its message mentions.
+    type Refusal = (&'static str, Vec<u8>, SharedVirtualBufferError, &'static str);
+
+    /// The refusals of the length and the envelope of `bytes`, a two-chunk encoding.
+    fn envelope_refusals(bytes: &[u8]) -> Vec<Refusal> {
         use SharedVirtualBufferError as E;
-        let pipe = Pipe::new(2);
-        let s = posix(&pipe, 2, device());
-        let (bytes, _) = s.encode();
         let len = bytes.len();
-        let mut unsealed = bytes.clone();
+        let mut unsealed = bytes.to_vec();
         unsealed[45] ^= 1;
-        let mut longer = bytes[..len - 4].to_vec();
-        longer.push(0);
-        longer.extend_from_slice(&[0; 4]);
-        reseal(&mut longer);
-        let mut shorter = bytes[..len - 5].to_vec();
-        shorter.extend_from_slice(&[0; 4]);
-        reseal(&mut shorter);
-        let numa = posix(&pipe, 2, WireLocation::HostNuma(NumaNode(0))).encode().0;
-        let big = MAX_BUFFER_SIZE + 1;
-        let cases: Vec<(&str, Vec<u8>, E, &str)> = vec![
+        vec![
             ("empty", Vec::new(), E::Truncated { found: 0, min: 52 }, "0 bytes, shorter than the smallest encoding"),
             ("a short header", bytes[..51].to_vec(), E::Truncated { found: 51, min: 52 }, "51 bytes"),
             (
                 "bad magic",
-                with(&bytes, 0, b"CUMEMBUF"),
+                with(bytes, 0, b"CUMEMBUF"),
                 E::Envelope(EnvelopeError::Magic { found: *b"CUMEMBUF", expected: *b"CUMEMVMM" }),
                 "magic is b\"CUMEMBUF\", expected b\"CUMEMVMM\"",
             ),
             (
                 "version 1 (cuda-mem-vmm's own)",
-                with(&bytes, 8, &1u16.to_le_bytes()),
+                with(bytes, 8, &1u16.to_le_bytes()),
                 E::Envelope(EnvelopeError::UnsupportedVersion { found: 1, supported: 2 }),
                 "version 1, expected 2",
             ),
@@ -595,28 +585,45 @@ mod tests {
             ),
             (
                 "flags",
-                with(&bytes, 10, &[1, 0]),
+                with(bytes, 10, &[1, 0]),
                 E::Envelope(EnvelopeError::Flags { found: 1 }),
                 "flags are 0x0001, expected 0",
             ),
             (
                 "reserved",
-                with(&bytes, 14, &[0, 2]),
+                with(bytes, 14, &[0, 2]),
                 E::Envelope(EnvelopeError::Reserved { found: 0x0200_0000 }),
                 "reserved field is 0x02000000, expected 0",
             ),
-            ("handle type None", with(&bytes, 16, &[0]), E::HandleType { found: 0 }, "handle type code 0"),
-            ("an unknown handle type", with(&bytes, 16, &[7]), E::HandleType { found: 7 }, "handle type code 7"),
-            ("an unknown location", with(&bytes, 17, &[3]), E::Location { found: 3 }, "location code 3"),
+        ]
+    }
+
+    /// The refusals of the fields of `bytes`, a two-chunk encoding (with POSIX fds, of device
+    /// memory), and of `numa`, the same of host memory.
+    fn field_refusals(bytes: &[u8], numa: &[u8]) -> Vec<Refusal> {
+        use SharedVirtualBufferError as E;
+        let len = bytes.len();
+        let mut longer = bytes[..len - 4].to_vec();
+        longer.push(0);
+        longer.extend_from_slice(&[0; 4]);
+        reseal(&mut longer);
+        let mut shorter = bytes[..len - 5].to_vec();
+        shorter.extend_from_slice(&[0; 4]);
+        reseal(&mut shorter);
+        let big = MAX_BUFFER_SIZE + 1;
+        vec![
+            ("handle type None", with(bytes, 16, &[0]), E::HandleType { found: 0 }, "handle type code 0"),
+            ("an unknown handle type", with(bytes, 16, &[7]), E::HandleType { found: 7 }, "handle type code 7"),
+            ("an unknown location", with(bytes, 17, &[3]), E::Location { found: 3 }, "location code 3"),
             (
                 "too many chunks",
-                with(&bytes, 18, &(MAX_CHUNKS as u16 + 1).to_le_bytes()),
+                with(bytes, 18, &(MAX_CHUNKS as u16 + 1).to_le_bytes()),
                 E::TooManyChunks { count: 254, max: 253 },
                 "254 chunks, more than the 253",
             ),
             (
                 "a count past the bytes",
-                with(&bytes, 18, &3u16.to_le_bytes()),
+                with(bytes, 18, &3u16.to_le_bytes()),
                 E::Length { found: 68, count: 3, expected: 76 },
                 "68 bytes for 3 chunks, expected exactly 76",
             ),
@@ -624,42 +631,53 @@ mod tests {
             ("a byte too few", shorter, E::Length { found: 67, count: 2, expected: 68 }, "67 bytes for 2 chunks"),
             (
                 "fabric handles missing",
-                with(&bytes, 16, &[2]),
+                with(bytes, 16, &[2]),
                 E::Length { found: 68, count: 2, expected: 196 },
                 "68 bytes for 2 chunks, expected exactly 196",
             ),
             (
                 "a negative ordinal",
-                with(&bytes, 20, &(-1i32).to_le_bytes()),
+                with(bytes, 20, &(-1i32).to_le_bytes()),
                 E::LocationId { found: -1 },
                 "location id -1",
             ),
-            ("a nil device", with(&bytes, 24, &[0; 16]), E::NilDevice, "nil device UUID"),
+            ("a nil device", with(bytes, 24, &[0; 16]), E::NilDevice, "nil device UUID"),
             (
                 "host memory naming a device",
-                with(&numa, 24, &[1; 16]),
+                with(numa, 24, &[1; 16]),
                 E::DeviceForHostMemory,
                 "host memory with a device UUID",
             ),
             (
                 "a size too large",
-                with(&bytes, 40, &big.to_le_bytes()),
+                with(bytes, 40, &big.to_le_bytes()),
                 E::SizeTooLarge { size: big, max: MAX_BUFFER_SIZE },
                 "more than the maximum",
             ),
             (
                 "a zero chunk",
-                with(&bytes, 56, &0u64.to_le_bytes()),
+                with(bytes, 56, &0u64.to_le_bytes()),
                 E::ChunkSize { chunk: 2, size: 0, max: MAX_BUFFER_SIZE },
                 "chunk 2 has a size of 0 bytes",
             ),
             (
                 "a chunk too large",
-                with(&bytes, 48, &big.to_le_bytes()),
+                with(bytes, 48, &big.to_le_bytes()),
                 E::ChunkSize { chunk: 1, size: big, max: MAX_BUFFER_SIZE },
                 "chunk 1 has a size of 281474976710657 bytes",
             ),
-        ];
+        ]
+    }
+
+    /// Every refusal, each with the fds that came with the bytes closed.
+    #[test]
+    fn every_refusal_is_typed_and_closes_the_fds() {
+        use SharedVirtualBufferError as E;
+        let pipe = Pipe::new(2);
+        let s = posix(&pipe, 2, device());
+        let (bytes, _) = s.encode();
+        let numa = posix(&pipe, 2, WireLocation::HostNuma(NumaNode(0))).encode().0;
+        let cases = [envelope_refusals(&bytes), field_refusals(&bytes, &numa)].concat();
         for (what, spoiled, expected, mention) in cases {
             let error = SharedVirtualBuffer::decode(&spoiled, pipe.duplicates(2)).unwrap_err();
             assert_eq!(error, expected, "{what}");
