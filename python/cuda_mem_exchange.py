@@ -15,20 +15,23 @@ kind          payload                                                  cuda.core
               pinned), 3 zero bytes, device UUID (16 bytes, zero for   ``PinnedMemoryResource.
               pinned); one file descriptor: the pool's                 from_allocation_handle``
 2 buffers     count (u32 LE), then ``count`` 108-byte buffer           ``Buffer.from_ipc_descriptor``
-              descriptors (see :func:`encode_descriptor`)              / ``Buffer.ipc_descriptor``
+              descriptors (see :func:`encode_buffer_descriptor`)       / ``Buffer.ipc_descriptor``
 3 data        the application's bytes                                  ``bytes``
 5 event       a 92-byte event descriptor (see                          ``Event.from_ipc_descriptor``
               :func:`encode_event_descriptor`)                         / ``Event.ipc_descriptor``
-6 buffers     a 92-byte event descriptor, then what a buffers          both of the above
-  after an    message carries
-  event
+6 buffers-    a 92-byte event descriptor, then what a buffers          both of the above
+  after-event message carries
 ============  =======================================================  ==========================
 
 Each message is one frame: a 24-byte header (``b"CUMEMMSG"``, frame version ``1`` (u16), kind
 (u16), payload length (u32), descriptor count (u32), reserved ``0`` (u32), little-endian), then
 the payload; the descriptors ride on the frame's first bytes. Kind 4 (a cuda-mem-vmm virtual
-buffer) has no cuda.core counterpart and is refused, saying so. This is the Rust crate's
-``Channel`` and ``IpcChannel``; their docs are the reference.
+buffer) has no cuda.core counterpart and is refused, saying so.
+
+The byte layouts mirror one Rust module, cuda-mem-ipc's ``wire`` (``cuda-mem-ipc/src/wire/``),
+whose docs are the reference: the constants here have its names, and each block of them says
+which of its files it mirrors. The channel and the messages' handling mirror its ``Channel``
+(``channel.rs``) and ``IpcChannel`` (``protocol.rs``).
 
 A pool is named on the wire by a UUID: a cuda.core pool by its own ``mr.uuid`` (the one its
 ``allocation_handle`` carries), a Rust pool by its resource's UUID. A pool received here is
@@ -109,8 +112,9 @@ A Python parent, a Rust child
     assert channel.recv(stream).data == b"written"
     process.wait()
 
-and the Rust child takes its end with ``unsafe { Channel::from_env() }`` and receives
-``Received::Resource`` then ``Received::Buffers``. Processes that are not parent and child meet at
+and the Rust child takes its end with ``unsafe { Channel::from_env() }`` and receives the pool
+and the buffer with one ``IpcChannel::recv_buffers`` (or ``Received::Resource`` then
+``Received::Buffers`` from ``IpcChannel::recv``). Processes that are not parent and child meet at
 a socket path: ``Channel.connect(path)`` here, ``ChannelListener::bind``/``accept`` there (or
 ``Channel.listen(path)``/``accept()`` here and ``Channel::connect`` there).
 """
@@ -133,15 +137,31 @@ import zlib
 from dataclasses import dataclass, field
 
 __all__ = [
+    # The wire formats, in the order of cuda-mem-ipc's `wire` module.
+    "FRAME_MAGIC",
+    "FRAME_VERSION",
+    "FRAME_HEADER_LEN",
+    "MAX_PAYLOAD_LEN",
+    "MAX_FDS",
+    "RESOURCE",
     "BUFFERS",
+    "DATA",
+    "VIRTUAL_BUFFER",
+    "EVENT",
+    "BUFFERS_AFTER_EVENT",
+    "RESOURCE_MESSAGE_LEN",
+    "MAX_BUFFERS_PER_MESSAGE",
+    "BUFFER_DESCRIPTOR_MAGIC",
+    "BUFFER_DESCRIPTOR_VERSION",
+    "BUFFER_DESCRIPTOR_LEN",
+    "EXPORT_DATA_LEN",
+    "MAX_BUFFER_SIZE",
+    "EVENT_DESCRIPTOR_MAGIC",
+    "EVENT_DESCRIPTOR_VERSION",
+    "EVENT_DESCRIPTOR_LEN",
+    "IPC_EVENT_HANDLE_LEN",
     "CHANNEL_FD_ENV",
     "CHANNEL_INODE_ENV",
-    "DATA",
-    "DESCRIPTOR_LEN",
-    "DESCRIPTOR_VERSION",
-    "FRAME_VERSION",
-    "RESOURCE",
-    "VIRTUAL_BUFFER",
     "Buffers",
     "Channel",
     "ChannelTimeout",
@@ -157,22 +177,26 @@ __all__ = [
     "RawMessage",
     "Resource",
     "UnknownResource",
-    "decode_descriptor",
+    "UuidTakenOnChannel",
+    "decode_buffer_descriptor",
     "decode_event_descriptor",
-    "encode_descriptor",
+    "encode_buffer_descriptor",
     "encode_event_descriptor",
     "spawn_with_channel",
 ]
 
-# The frame (cuda-mem-ipc's `Channel`).
+# The wire formats: each block mirrors one file of cuda-mem-ipc's `wire` module
+# (cuda-mem-ipc/src/wire/), with the same names; the Rust docs have the layout tables.
+
+# The frame header: wire/frame.rs (`wire::FrameHeader`, `FrameError`).
 FRAME_MAGIC = b"CUMEMMSG"
 FRAME_VERSION = 1
-_HEADER = struct.Struct("<8sHHIII")
-HEADER_LEN = _HEADER.size
+_FRAME_HEADER = struct.Struct("<8sHHIII")
+FRAME_HEADER_LEN = _FRAME_HEADER.size
 MAX_PAYLOAD_LEN = 16 << 20
 MAX_FDS = 253
 
-# Message kinds (cuda-mem-ipc's `IpcChannel`).
+# The message kinds: wire/message.rs (`wire::MessageKind`, `MessageError`).
 RESOURCE = 1
 BUFFERS = 2
 DATA = 3
@@ -185,28 +209,35 @@ _KIND_NAMES = {
     DATA: "data",
     VIRTUAL_BUFFER: "virtual buffer",
     EVENT: "event",
-    BUFFERS_AFTER_EVENT: "buffers after an event",
+    BUFFERS_AFTER_EVENT: "buffers-after-event",
 }
-_RECEIVED_KINDS = "1 (resource), 2 (buffers), 3 (data), 5 (event) or 6 (buffers after an event)"
-RESOURCE_LEN = 40
-MAX_BUFFERS_PER_MESSAGE = 65_536
+_RECEIVED_KINDS = "1 (resource), 2 (buffers), 3 (data), 5 (event) or 6 (buffers-after-event)"
+
+# The resource message: wire/resource.rs (`RESOURCE_MESSAGE_LEN`, `ResourceMessageError`).
+RESOURCE_MESSAGE_LEN = 40
 DEVICE_MEMORY = 0
 PINNED_MEMORY = 1
 
-# The buffer descriptor (cuda-mem-ipc's `BufferDescriptor`).
-DESCRIPTOR_MAGIC = b"CUMEMBUF"
-DESCRIPTOR_VERSION = 1
-DESCRIPTOR_LEN = 108
+# The buffers message: wire/buffers.rs (`MAX_BUFFERS_PER_MESSAGE`, `BuffersMessageError`).
+MAX_BUFFERS_PER_MESSAGE = 65_536
+
+# The buffer descriptor: wire/buffer_descriptor.rs (`wire::BufferDescriptor`), in the envelope of
+# wire/envelope.rs.
+BUFFER_DESCRIPTOR_MAGIC = b"CUMEMBUF"
+BUFFER_DESCRIPTOR_VERSION = 1
+BUFFER_DESCRIPTOR_LEN = 108
 EXPORT_DATA_LEN = 64
 MAX_BUFFER_SIZE = 1 << 48
-_DESCRIPTOR_HEAD = struct.Struct("<8sHHIQ16s")
+_BUFFER_DESCRIPTOR_HEAD = struct.Struct("<8sHHIQ16s")
 
-# The event descriptor (cuda-mem-ipc's `EventDescriptor`).
-EVENT_MAGIC = b"CUMEMEVT"
-EVENT_VERSION = 1
+# The event descriptor: wire/event_descriptor.rs (`wire::EventDescriptor`), in the same envelope.
+EVENT_DESCRIPTOR_MAGIC = b"CUMEMEVT"
+EVENT_DESCRIPTOR_VERSION = 1
 EVENT_DESCRIPTOR_LEN = 92
 IPC_EVENT_HANDLE_LEN = 64
-_EVENT_HEAD = struct.Struct("<8sHHIQ")
+_EVENT_DESCRIPTOR_HEAD = struct.Struct("<8sHHIQ")
+
+# wire/virtual_buffer.rs (`SharedVirtualBuffer`, kind 4) has no cuda.core counterpart: refused.
 
 # What a child started by `spawn_with_channel` (here or in Rust) finds its channel by.
 CHANNEL_FD_ENV = "CUDA_MEM_IPC_CHANNEL_FD"
@@ -474,7 +505,7 @@ class Channel:
             raise ExchangeError(f"{len(fds)} file descriptors, more than the limit of {MAX_FDS}")
         if self._send_broken:
             raise ExchangeError("an earlier send failed partway through a message: open a new channel")
-        frame = _HEADER.pack(FRAME_MAGIC, FRAME_VERSION, kind, len(payload), len(fds), 0) + bytes(payload)
+        frame = _FRAME_HEADER.pack(FRAME_MAGIC, FRAME_VERSION, kind, len(payload), len(fds), 0) + bytes(payload)
         self.send_frame(frame, fds)
 
     def send_frame(self, frame: bytes, fds: list[int] | tuple[int, ...] = ()) -> None:
@@ -556,8 +587,8 @@ class _FrameReader:
             os.close(fd)
 
     def read_frame(self) -> RawMessage:
-        header = self.read_exact(HEADER_LEN, HEADER_LEN)
-        magic, version, kind, length, fd_count, reserved = _HEADER.unpack(header)
+        header = self.read_exact(FRAME_HEADER_LEN, FRAME_HEADER_LEN)
+        magic, version, kind, length, fd_count, reserved = _FRAME_HEADER.unpack(header)
         if magic != FRAME_MAGIC:
             raise ProtocolError(
                 "a frame's magic",
@@ -578,7 +609,7 @@ class _FrameReader:
         self.announced = fd_count
         # The descriptors that came with the header's bytes, now that their number is known.
         self.check_fd_count()
-        payload = self.read_exact(length, HEADER_LEN + length)
+        payload = self.read_exact(length, FRAME_HEADER_LEN + length)
         if self.out_of_descriptors:
             raise OutOfDescriptors(kind, fd_count)
         if self.arrived != fd_count:
@@ -677,7 +708,7 @@ class _FrameReader:
     def timed_out(self, frame_len: int) -> ChannelTimeout:
         if self.consumed == 0:
             return ChannelTimeout("no message arrived within the channel's time-out; the channel is still usable")
-        of = f"{frame_len}" if self.announced is not None else f"at least {HEADER_LEN}"
+        of = f"{frame_len}" if self.announced is not None else f"at least {FRAME_HEADER_LEN}"
         return ChannelTimeout(
             f"a message did not arrive whole within the channel's time-out ({self.consumed} of its {of} bytes "
             "came): message boundaries are lost, so the channel is broken for receiving"
@@ -686,9 +717,9 @@ class _FrameReader:
     def end_of_stream(self, frame_len: int) -> ExchangeError:
         if self.consumed == 0:
             return PeerClosed()
-        if self.consumed < HEADER_LEN:
+        if self.consumed < FRAME_HEADER_LEN:
             return ProtocolError(
-                "the rest of a frame's header", f"{HEADER_LEN - self.consumed} more bytes", "the end of the stream"
+                "the rest of a frame's header", f"{FRAME_HEADER_LEN - self.consumed} more bytes", "the end of the stream"
             )
         return ProtocolError("the rest of a frame", f"{frame_len - self.consumed} more bytes", "the end of the stream")
 
@@ -729,7 +760,7 @@ def spawn_with_channel(args, **popen_kwargs) -> tuple[subprocess.Popen, Channel]
     return process, Channel(ours)
 
 
-def encode_descriptor(export_data: bytes, size: int, resource: uuidlib.UUID) -> bytes:
+def encode_buffer_descriptor(export_data: bytes, size: int, resource: uuidlib.UUID) -> bytes:
     """A buffer descriptor's 108 bytes: ``b"CUMEMBUF"``, version 1 (u16), flags 0 (u16),
     reserved 0 (u32), size (u64), the pool's UUID (16 bytes), the driver's 64 bytes of export
     data, and the CRC-32 (zlib's) of all that (u32), little-endian."""
@@ -737,28 +768,28 @@ def encode_descriptor(export_data: bytes, size: int, resource: uuidlib.UUID) -> 
         raise ExchangeError(f"export data of {len(export_data)} bytes, expected {EXPORT_DATA_LEN}")
     if not 1 <= size <= MAX_BUFFER_SIZE:
         raise ExchangeError(f"a buffer of {size} bytes, expected 1 to {MAX_BUFFER_SIZE}")
-    body = _DESCRIPTOR_HEAD.pack(DESCRIPTOR_MAGIC, DESCRIPTOR_VERSION, 0, 0, size, resource.bytes) + export_data
+    body = _BUFFER_DESCRIPTOR_HEAD.pack(BUFFER_DESCRIPTOR_MAGIC, BUFFER_DESCRIPTOR_VERSION, 0, 0, size, resource.bytes) + export_data
     return body + struct.pack("<I", zlib.crc32(body))
 
 
-def decode_descriptor(encoded: bytes) -> tuple[bytes, int, uuidlib.UUID]:
+def decode_buffer_descriptor(encoded: bytes) -> tuple[bytes, int, uuidlib.UUID]:
     """``(export_data, size, resource UUID)`` of an encoded buffer descriptor, checked as Rust's
     ``BufferDescriptor::decode`` checks it (length, magic, version, checksum, flags, reserved,
     size, UUID), each failure a :class:`ProtocolError`."""
-    if len(encoded) != DESCRIPTOR_LEN:
-        raise ProtocolError("a buffer descriptor's length", DESCRIPTOR_LEN, len(encoded))
-    magic, version, flags, reserved, size, resource = _DESCRIPTOR_HEAD.unpack_from(encoded)
-    if magic != DESCRIPTOR_MAGIC:
-        raise ProtocolError("a buffer descriptor's magic", DESCRIPTOR_MAGIC, magic)
-    if version != DESCRIPTOR_VERSION:
+    if len(encoded) != BUFFER_DESCRIPTOR_LEN:
+        raise ProtocolError("a buffer descriptor's length", BUFFER_DESCRIPTOR_LEN, len(encoded))
+    magic, version, flags, reserved, size, resource = _BUFFER_DESCRIPTOR_HEAD.unpack_from(encoded)
+    if magic != BUFFER_DESCRIPTOR_MAGIC:
+        raise ProtocolError("a buffer descriptor's magic", BUFFER_DESCRIPTOR_MAGIC, magic)
+    if version != BUFFER_DESCRIPTOR_VERSION:
         raise ProtocolError(
             "the buffer descriptor version",
-            DESCRIPTOR_VERSION,
+            BUFFER_DESCRIPTOR_VERSION,
             version,
             "the peer uses a different cuda-mem-ipc version",
         )
-    (stored,) = struct.unpack_from("<I", encoded, DESCRIPTOR_LEN - 4)
-    computed = zlib.crc32(encoded[: DESCRIPTOR_LEN - 4])
+    (stored,) = struct.unpack_from("<I", encoded, BUFFER_DESCRIPTOR_LEN - 4)
+    computed = zlib.crc32(encoded[: BUFFER_DESCRIPTOR_LEN - 4])
     if stored != computed:
         raise ProtocolError("a buffer descriptor's checksum", f"{computed:#010x}", f"{stored:#010x}", "damaged")
     if flags != 0 or reserved != 0:
@@ -767,7 +798,7 @@ def decode_descriptor(encoded: bytes) -> tuple[bytes, int, uuidlib.UUID]:
         raise ProtocolError("a buffer descriptor's size", f"1 to {MAX_BUFFER_SIZE}", size)
     if resource == bytes(16):
         raise ProtocolError("a buffer descriptor's pool UUID", "a UUID", "the nil UUID")
-    export_data = encoded[_DESCRIPTOR_HEAD.size : DESCRIPTOR_LEN - 4]
+    export_data = encoded[_BUFFER_DESCRIPTOR_HEAD.size : BUFFER_DESCRIPTOR_LEN - 4]
     return export_data, size, uuidlib.UUID(bytes=resource)
 
 
@@ -779,7 +810,7 @@ def encode_event_descriptor(event_id: int, handle: bytes) -> bytes:
         raise ExchangeError(f"an event handle of {len(handle)} bytes, expected {IPC_EVENT_HANDLE_LEN}")
     if not 1 <= event_id < 1 << 64:
         raise ExchangeError(f"event id {event_id}, expected 1 to 2**64 - 1")
-    body = _EVENT_HEAD.pack(EVENT_MAGIC, EVENT_VERSION, 0, 0, event_id) + handle
+    body = _EVENT_DESCRIPTOR_HEAD.pack(EVENT_DESCRIPTOR_MAGIC, EVENT_DESCRIPTOR_VERSION, 0, 0, event_id) + handle
     return body + struct.pack("<I", zlib.crc32(body))
 
 
@@ -789,12 +820,12 @@ def decode_event_descriptor(encoded: bytes) -> tuple[int, bytes]:
     nonzero id, a handle that is not all zeros), each failure a :class:`ProtocolError`."""
     if len(encoded) != EVENT_DESCRIPTOR_LEN:
         raise ProtocolError("an event descriptor's length", EVENT_DESCRIPTOR_LEN, len(encoded))
-    magic, version, flags, reserved, event_id = _EVENT_HEAD.unpack_from(encoded)
-    if magic != EVENT_MAGIC:
-        raise ProtocolError("an event descriptor's magic", EVENT_MAGIC, magic)
-    if version != EVENT_VERSION:
+    magic, version, flags, reserved, event_id = _EVENT_DESCRIPTOR_HEAD.unpack_from(encoded)
+    if magic != EVENT_DESCRIPTOR_MAGIC:
+        raise ProtocolError("an event descriptor's magic", EVENT_DESCRIPTOR_MAGIC, magic)
+    if version != EVENT_DESCRIPTOR_VERSION:
         raise ProtocolError(
-            "the event descriptor version", EVENT_VERSION, version, "the peer uses a different cuda-mem-ipc version"
+            "the event descriptor version", EVENT_DESCRIPTOR_VERSION, version, "the peer uses a different cuda-mem-ipc version"
         )
     (stored,) = struct.unpack_from("<I", encoded, EVENT_DESCRIPTOR_LEN - 4)
     computed = zlib.crc32(encoded[: EVENT_DESCRIPTOR_LEN - 4])
@@ -804,7 +835,7 @@ def decode_event_descriptor(encoded: bytes) -> tuple[int, bytes]:
         raise ProtocolError("an event descriptor's flags and reserved field", "0 and 0", f"{flags} and {reserved}")
     if event_id == 0:
         raise ProtocolError("an event descriptor's id", "not 0", 0)
-    handle = encoded[_EVENT_HEAD.size : EVENT_DESCRIPTOR_LEN - 4]
+    handle = encoded[_EVENT_DESCRIPTOR_HEAD.size : EVENT_DESCRIPTOR_LEN - 4]
     if handle == bytes(IPC_EVENT_HANDLE_LEN):
         raise ProtocolError("an event descriptor's handle", "the driver's handle", "all zeros")
     return event_id, handle
@@ -1001,7 +1032,7 @@ class IpcChannel:
             mr = buffer.memory_resource
             uuid = self.uuid_of(mr)
             descriptor = buffer.ipc_descriptor
-            encoded.append(encode_descriptor(_export_data(descriptor), descriptor.size, uuid))
+            encoded.append(encode_buffer_descriptor(_export_data(descriptor), descriptor.size, uuid))
             # A UUID that would stand for two pools (one sent before, or two in this message)
             # is refused before anything is sent.
             self._check_not_taken(uuid, mr)
@@ -1065,10 +1096,10 @@ class IpcChannel:
     def _receive_resource(self, message: RawMessage) -> Resource:
         core = _core()
         payload = message.payload
-        if len(payload) != RESOURCE_LEN or len(message.fds) != 1:
+        if len(payload) != RESOURCE_MESSAGE_LEN or len(message.fds) != 1:
             raise ProtocolError(
                 "a resource message",
-                f"{RESOURCE_LEN} bytes and 1 file descriptor",
+                f"{RESOURCE_MESSAGE_LEN} bytes and 1 file descriptor",
                 f"{len(payload)} bytes and {len(message.fds)}",
             )
         uuid_bytes, kind, ordinal, reserved, device_uuid = struct.unpack("<16sBi3s16s", payload)
@@ -1152,10 +1183,10 @@ class IpcChannel:
         (count,) = struct.unpack_from("<I", payload)
         if count > MAX_BUFFERS_PER_MESSAGE:
             raise ProtocolError("a buffers message's count", f"at most {MAX_BUFFERS_PER_MESSAGE}", count)
-        if len(payload) != 4 + count * DESCRIPTOR_LEN:
-            raise ProtocolError(f"a buffers message for {count} buffers", 4 + count * DESCRIPTOR_LEN, len(payload))
+        if len(payload) != 4 + count * BUFFER_DESCRIPTOR_LEN:
+            raise ProtocolError(f"a buffers message for {count} buffers", 4 + count * BUFFER_DESCRIPTOR_LEN, len(payload))
         # Decode everything, and find every pool, before importing anything.
-        descriptors = [decode_descriptor(payload[at : at + DESCRIPTOR_LEN]) for at in range(4, len(payload), DESCRIPTOR_LEN)]
+        descriptors = [decode_buffer_descriptor(payload[at : at + BUFFER_DESCRIPTOR_LEN]) for at in range(4, len(payload), BUFFER_DESCRIPTOR_LEN)]
         pools = []
         for _, _, uuid in descriptors:
             if uuid not in self._received:

@@ -18,17 +18,8 @@ use rustix::net::{
     SendFlags, recvmsg, sendmsg,
 };
 
-use crate::error::{IpcError, Result};
-
-/// The largest payload of one message: 16 MiB.
-pub const MAX_PAYLOAD_LEN: usize = 16 << 20;
-
-/// The most file descriptors one message carries: 253, Linux's `SCM_MAX_FD`.
-pub const MAX_FDS: usize = 253;
-
-const MAGIC: [u8; 8] = *b"CUMEMMSG";
-const VERSION: u16 = 1;
-const HEADER_LEN: usize = 24;
+use crate::error::{IpcError, MessageLimit, ProtocolError, Result};
+use crate::wire::{FRAME_HEADER_LEN, FrameError, FrameHeader, MAX_FDS, MAX_PAYLOAD_LEN};
 
 /// Room for one `SCM_RIGHTS` control message of [`MAX_FDS`] descriptors.
 const CONTROL_SPACE: usize = rustix::cmsg_space!(ScmRights(MAX_FDS));
@@ -60,17 +51,8 @@ pub struct RawMessage {
 ///
 /// # Frames
 ///
-/// Each message is one frame: a 24-byte header, then the payload. Integers are little-endian.
-///
-/// | offset | length | field    | value                                            |
-/// |-------:|-------:|----------|--------------------------------------------------|
-/// |      0 |      8 | magic    | `b"CUMEMMSG"`                                    |
-/// |      8 |      2 | version  | `1`, `u16`                                       |
-/// |     10 |      2 | kind     | the message kind, `u16`                          |
-/// |     12 |      4 | length   | payload length in bytes, `u32`, at most [`MAX_PAYLOAD_LEN`] |
-/// |     16 |      4 | fd count | number of file descriptors, `u32`, at most [`MAX_FDS`] |
-/// |     20 |      4 | reserved | `0`, `u32`                                       |
-/// |     24 |      … | payload  | `length` bytes                                   |
+/// Each message is one frame: a 24-byte header ([`FrameHeader`], whose docs have the layout),
+/// then the payload, at most [`MAX_PAYLOAD_LEN`] bytes with at most [`MAX_FDS`] descriptors.
 ///
 /// The descriptors travel as one `SCM_RIGHTS` control message on the first `sendmsg` of the
 /// frame, so they arrive with the first bytes of its header. The receiver accepts them anywhere
@@ -85,11 +67,12 @@ pub struct RawMessage {
 /// soon as they arrive, so every one received is either returned in a [`RawMessage`] or closed,
 /// including when the frame turns out to be malformed. Receiving uses `MSG_CMSG_CLOEXEC`, so
 /// received descriptors are never inherited by children spawned later. A malformed frame is an
-/// [`IpcError::Protocol`]; an end of stream between frames is [`IpcError::PeerClosed`].
+/// [`ProtocolError::Frame`] (in [`IpcError::Protocol`]); an end of stream between frames is
+/// [`IpcError::PeerClosed`].
 ///
 /// Once a frame has been partly consumed and then failed (a malformed header, an end of stream
 /// or a time-out in the middle of a frame), the byte stream is out of step: the channel refuses
-/// further receives with [`IpcError::Protocol`]. Likewise a send that fails partway through a
+/// further receives with [`ProtocolError::OutOfStep`]. Likewise a send that fails partway through a
 /// frame makes further sends fail. Drop such a channel and open a new one.
 ///
 /// # Running out of descriptors
@@ -123,58 +106,6 @@ pub struct Channel {
     read_timeout_ns: AtomicU64,
 }
 
-/// The header's fields.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Header {
-    kind: u16,
-    len: usize,
-    fds: usize,
-}
-
-fn encode_header(kind: u16, len: u32, fds: u32) -> [u8; HEADER_LEN] {
-    let mut h = [0u8; HEADER_LEN];
-    h[..8].copy_from_slice(&MAGIC);
-    h[8..10].copy_from_slice(&VERSION.to_le_bytes());
-    h[10..12].copy_from_slice(&kind.to_le_bytes());
-    h[12..16].copy_from_slice(&len.to_le_bytes());
-    h[16..20].copy_from_slice(&fds.to_le_bytes());
-    h
-}
-
-fn decode_header(h: &[u8; HEADER_LEN]) -> Result<Header> {
-    let u16_at = |at: usize| u16::from_le_bytes([h[at], h[at + 1]]);
-    let u32_at = |at: usize| u32::from_le_bytes([h[at], h[at + 1], h[at + 2], h[at + 3]]);
-    if h[..8] != MAGIC {
-        return Err(IpcError::Protocol(format!(
-            "a frame starts with b\"{}\", expected b\"CUMEMMSG\": the peer does not speak the \
-             cuda-mem-ipc channel protocol",
-            h[..8].escape_ascii()
-        )));
-    }
-    let version = u16_at(8);
-    if version != VERSION {
-        return Err(IpcError::Protocol(format!("unsupported frame version {version}, expected {VERSION}")));
-    }
-    let reserved = u32_at(20);
-    if reserved != 0 {
-        return Err(IpcError::Protocol(format!("the frame header's reserved field is {reserved:#010x}, expected 0")));
-    }
-    let len = u32_at(12) as usize;
-    if len > MAX_PAYLOAD_LEN {
-        return Err(IpcError::Protocol(format!(
-            "a frame announces a payload of {len} bytes, more than the limit of \
-             {MAX_PAYLOAD_LEN}"
-        )));
-    }
-    let fds = u32_at(16) as usize;
-    if fds > MAX_FDS {
-        return Err(IpcError::Protocol(format!(
-            "a frame announces {fds} file descriptors, more than the limit of {MAX_FDS}"
-        )));
-    }
-    Ok(Header { kind: u16_at(10), len, fds })
-}
-
 /// A lock that shrugs off poisoning: the guarded data is `()`, so there is nothing to corrupt.
 fn lock(m: &Mutex<()>) -> MutexGuard<'_, ()> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -182,6 +113,8 @@ fn lock(m: &Mutex<()>) -> MutexGuard<'_, ()> {
 
 const SEND_CONTEXT: &str = "sending a message on the IPC channel";
 const RECV_CONTEXT: &str = "receiving a message on the IPC channel";
+const SEND_AFTER_BROKEN_CONTEXT: &str = "sending on the IPC channel: an earlier send failed partway through a \
+     message, so the peer can no longer find message boundaries (drop this channel and open a new one)";
 
 /// A read time-out in nanoseconds, 0 for none (a zero time-out is refused by the socket).
 fn timeout_ns(timeout: Option<Duration>) -> u64 {
@@ -193,7 +126,7 @@ impl Channel {
     ///
     /// # Errors
     ///
-    /// [`IpcError::Io`] if the socket pair cannot be created (such as out of descriptors).
+    /// - [`IpcError::Io`]: the socket pair cannot be created (such as out of descriptors).
     pub fn pair() -> Result<(Channel, Channel)> {
         let (a, b) = UnixStream::pair().map_err(|e| IpcError::io("creating a socket pair", e))?;
         Ok((Channel::new(a), Channel::new(b)))
@@ -203,7 +136,7 @@ impl Channel {
     ///
     /// # Errors
     ///
-    /// [`IpcError::Io`] if nothing listens at `path` or the connection is refused.
+    /// - [`IpcError::Io`]: nothing listens at `path`, or the connection is refused.
     pub fn connect(path: impl AsRef<Path>) -> Result<Channel> {
         let stream =
             UnixStream::connect(path).map_err(|e| IpcError::io("connecting to the IPC channel's socket", e))?;
@@ -216,7 +149,7 @@ impl Channel {
     ///
     /// # Errors
     ///
-    /// [`IpcError::Io`] if the socket cannot be put in blocking mode.
+    /// - [`IpcError::Io`]: the socket cannot be put in blocking mode.
     pub fn from_stream(stream: UnixStream) -> Result<Channel> {
         stream.set_nonblocking(false).map_err(|e| IpcError::io("putting the IPC socket in blocking mode", e))?;
         Ok(Channel::new(stream))
@@ -246,7 +179,7 @@ impl Channel {
     ///
     /// # Errors
     ///
-    /// [`IpcError::Io`] if the duration is zero or the socket refuses the option.
+    /// - [`IpcError::Io`]: the duration is zero, or the socket refuses the option.
     pub fn set_read_timeout(&self, timeout: Option<Duration>) -> Result<()> {
         self.stream.set_read_timeout(timeout).map_err(|e| IpcError::io("setting the IPC channel's read timeout", e))?;
         self.read_timeout_ns.store(timeout_ns(timeout), Ordering::Release);
@@ -262,7 +195,7 @@ impl Channel {
     ///
     /// # Errors
     ///
-    /// [`IpcError::Io`] if the duration is zero or the socket refuses the option.
+    /// - [`IpcError::Io`]: the duration is zero, or the socket refuses the option.
     pub fn set_write_timeout(&self, timeout: Option<Duration>) -> Result<()> {
         self.stream.set_write_timeout(timeout).map_err(|e| IpcError::io("setting the IPC channel's write timeout", e))
     }
@@ -281,28 +214,25 @@ impl Channel {
     /// - [`IpcError::Io`]: the system refused (such as `ETOOMANYREFS`, too many descriptors in
     ///   flight), or an earlier send broke the channel.
     pub fn send(&self, kind: u16, payload: &[u8], fds: &[BorrowedFd<'_>]) -> Result<()> {
-        let len = u32::try_from(payload.len())
-            .ok()
-            .filter(|_| payload.len() <= MAX_PAYLOAD_LEN)
-            .ok_or(IpcError::MessageTooLarge { what: "payload", actual: payload.len(), limit: MAX_PAYLOAD_LEN })?;
-        let fd_count =
-            u32::try_from(fds.len()).ok().filter(|_| fds.len() <= MAX_FDS).ok_or(IpcError::MessageTooLarge {
-                what: "number of file descriptors",
+        if payload.len() > MAX_PAYLOAD_LEN {
+            return Err(IpcError::MessageTooLarge {
+                what: MessageLimit::Payload,
+                actual: payload.len(),
+                limit: MAX_PAYLOAD_LEN,
+            });
+        }
+        if fds.len() > MAX_FDS {
+            return Err(IpcError::MessageTooLarge {
+                what: MessageLimit::FileDescriptors,
                 actual: fds.len(),
                 limit: MAX_FDS,
-            })?;
-        let header = encode_header(kind, len, fd_count);
+            });
+        }
+        let header = FrameHeader { kind, payload_len: payload.len(), fds: fds.len() }.encode();
 
         let _guard = lock(&self.send_lock);
         if self.send_broken.load(Ordering::Acquire) {
-            return Err(IpcError::io(
-                SEND_CONTEXT,
-                std::io::Error::new(
-                    std::io::ErrorKind::BrokenPipe,
-                    "an earlier send failed partway through a message, so the peer can no \
-                     longer find message boundaries: drop this channel and open a new one",
-                ),
-            ));
+            return Err(IpcError::io(SEND_AFTER_BROKEN_CONTEXT, std::io::ErrorKind::BrokenPipe));
         }
         let result = self.send_frame(&header, payload, fds);
         if let Err((sent, _)) = &result
@@ -316,16 +246,19 @@ impl Channel {
     /// Writes a whole frame; on failure, also says how many bytes went out.
     fn send_frame(
         &self,
-        header: &[u8; HEADER_LEN],
+        header: &[u8; FRAME_HEADER_LEN],
         payload: &[u8],
         fds: &[BorrowedFd<'_>],
     ) -> std::result::Result<(), (usize, IpcError)> {
-        let total = HEADER_LEN + payload.len();
+        let total = FRAME_HEADER_LEN + payload.len();
         let mut sent = 0;
         let mut space = [MaybeUninit::<u8>::uninit(); CONTROL_SPACE];
         while sent < total {
-            let (first, second): (&[u8], &[u8]) =
-                if sent < HEADER_LEN { (&header[sent..], payload) } else { (&payload[sent - HEADER_LEN..], &[]) };
+            let (first, second): (&[u8], &[u8]) = if sent < FRAME_HEADER_LEN {
+                (&header[sent..], payload)
+            } else {
+                (&payload[sent - FRAME_HEADER_LEN..], &[])
+            };
             let iov = [IoSlice::new(first), IoSlice::new(second)];
             let mut control = SendAncillaryBuffer::new(&mut space);
             // The descriptors ride on the frame's first bytes, and only on them.
@@ -333,7 +266,11 @@ impl Channel {
                 // Unreachable: the buffer has room for MAX_FDS, checked above.
                 return Err((
                     sent,
-                    IpcError::MessageTooLarge { what: "number of file descriptors", actual: fds.len(), limit: MAX_FDS },
+                    IpcError::MessageTooLarge {
+                        what: MessageLimit::FileDescriptors,
+                        actual: fds.len(),
+                        limit: MAX_FDS,
+                    },
                 ));
             }
             match sendmsg(&self.stream, &iov, &mut control, SendFlags::NOSIGNAL) {
@@ -355,10 +292,10 @@ impl Channel {
     ///
     /// - [`IpcError::PeerClosed`]: the peer closed its end, and every message it sent before
     ///   has been received.
-    /// - [`IpcError::Protocol`]: the peer sent a malformed frame (bad magic, version or reserved
-    ///   field, a payload or descriptor count over the limits, descriptors that do not match
-    ///   the header's count or did not all fit, or an end of stream inside a frame), or an
-    ///   earlier such failure broke the channel. Descriptors that came with it are closed.
+    /// - [`IpcError::Protocol`] with [`ProtocolError::Frame`]: the peer sent a malformed frame
+    ///   (a [`FrameError`] says which check failed). Descriptors that came with it are closed.
+    /// - [`IpcError::Protocol`] with [`ProtocolError::OutOfStep`]: an earlier such failure broke
+    ///   the channel.
     /// - [`IpcError::OutOfDescriptors`]: this process had no free descriptor numbers for the
     ///   message's descriptors. The message was read to its end and dropped; the channel is
     ///   still usable.
@@ -373,11 +310,7 @@ impl Channel {
     fn recv_with_fd_room(&self, fd_room: usize) -> Result<RawMessage> {
         let _guard = lock(&self.recv_lock);
         if self.recv_broken.load(Ordering::Acquire) {
-            return Err(IpcError::Protocol(
-                "an earlier message was cut short or malformed, so message boundaries are \
-                 lost"
-                    .into(),
-            ));
+            return Err(ProtocolError::OutOfStep.into());
         }
         let timeout = self.read_timeout_ns.load(Ordering::Acquire);
         // A deadline past what `Instant` holds is none (`+` would panic there).
@@ -416,7 +349,7 @@ struct FrameReader<'a> {
     /// Bytes of the frame read so far.
     consumed: usize,
     /// The frame's header, once read.
-    header: Option<Header>,
+    header: Option<FrameHeader>,
     /// Descriptors received with the frame's bytes so far, including any already closed.
     arrived: usize,
     /// Descriptors received with the frame's bytes so far, while the frame can still be
@@ -429,14 +362,14 @@ struct FrameReader<'a> {
 
 impl FrameReader<'_> {
     fn read_frame(&mut self) -> Result<RawMessage> {
-        let mut raw = [0u8; HEADER_LEN];
-        self.read_exact(&mut raw, HEADER_LEN)?;
-        let header = decode_header(&raw)?;
+        let mut raw = [0u8; FRAME_HEADER_LEN];
+        self.read_exact(&mut raw, FRAME_HEADER_LEN)?;
+        let header = FrameHeader::decode(&raw)?;
         self.header = Some(header);
         // The descriptors that came with the header bytes, now that their number is known.
         self.check_fd_count()?;
-        let mut payload = vec![0u8; header.len];
-        self.read_exact(&mut payload, HEADER_LEN + header.len)?;
+        let mut payload = vec![0u8; header.payload_len];
+        self.read_exact(&mut payload, FRAME_HEADER_LEN + header.payload_len)?;
         if self.out_of_descriptors {
             return Err(IpcError::OutOfDescriptors { kind: header.kind, fds: header.fds });
         }
@@ -446,11 +379,8 @@ impl FrameReader<'_> {
         Ok(RawMessage { kind: header.kind, payload, fds: std::mem::take(&mut self.fds) })
     }
 
-    fn fd_count_mismatch(&self, header: &Header) -> IpcError {
-        IpcError::Protocol(format!(
-            "a frame announces {} file descriptor(s) but {} arrived with it",
-            header.fds, self.arrived
-        ))
+    fn fd_count_mismatch(&self, header: &FrameHeader) -> IpcError {
+        FrameError::FdCount { announced: header.fds, arrived: self.arrived }.into()
     }
 
     /// Refuses more descriptors than the header announced or, before the header is read, than
@@ -459,11 +389,9 @@ impl FrameReader<'_> {
     fn check_fd_count(&self) -> Result<()> {
         match self.header {
             Some(header) if self.arrived > header.fds => Err(self.fd_count_mismatch(&header)),
-            None if self.arrived > MAX_FDS => Err(IpcError::Protocol(format!(
-                "{} file descriptors arrived before the frame's header was complete, more than \
-                 the limit of {MAX_FDS}",
-                self.arrived
-            ))),
+            None if self.arrived > MAX_FDS => {
+                Err(FrameError::FdsBeforeHeader { arrived: self.arrived, max: MAX_FDS }.into())
+            }
             _ => Ok(()),
         }
     }
@@ -556,27 +484,17 @@ impl FrameReader<'_> {
             self.fds.clear();
             Ok(())
         } else {
-            Err(IpcError::Protocol(format!(
-                "the peer attached more control data (file descriptors) than a frame may carry \
-                 ({MAX_FDS} descriptors); the excess was discarded by the system"
-            )))
+            Err(FrameError::ControlDataTruncated { max: MAX_FDS }.into())
         }
     }
 
     fn end_of_stream(&self, frame_len: usize) -> IpcError {
         if self.consumed == 0 {
             IpcError::PeerClosed
-        } else if self.consumed < HEADER_LEN {
-            IpcError::Protocol(format!(
-                "truncated frame: the peer closed the channel after {} of the {HEADER_LEN} \
-                 header bytes",
-                self.consumed
-            ))
+        } else if self.consumed < FRAME_HEADER_LEN {
+            FrameError::TruncatedHeader { received: self.consumed, len: FRAME_HEADER_LEN }.into()
         } else {
-            IpcError::Protocol(format!(
-                "truncated frame: the peer closed the channel after {} of {frame_len} bytes",
-                self.consumed
-            ))
+            FrameError::Truncated { received: self.consumed, len: frame_len }.into()
         }
     }
 }
@@ -600,8 +518,8 @@ impl ChannelListener {
     ///
     /// # Errors
     ///
-    /// [`IpcError::Io`] if `path` exists, is too long for a socket address (about 107 bytes), or
-    /// its directory is not writable.
+    /// - [`IpcError::Io`]: `path` exists, is too long for a socket address (about 107 bytes), or
+    ///   its directory is not writable.
     pub fn bind(path: impl AsRef<Path>) -> Result<ChannelListener> {
         let listener = UnixListener::bind(path).map_err(|e| IpcError::io("binding the IPC channel's socket", e))?;
         Ok(ChannelListener { listener })
@@ -611,7 +529,7 @@ impl ChannelListener {
     ///
     /// # Errors
     ///
-    /// [`IpcError::Io`] if `accept` fails (such as out of descriptors).
+    /// - [`IpcError::Io`]: `accept` fails (such as out of descriptors).
     pub fn accept(&self) -> Result<Channel> {
         loop {
             match self.listener.accept() {
@@ -696,27 +614,25 @@ mod tests {
     }
 
     fn header(kind: u16, len: u32, fds: u32) -> Vec<u8> {
-        encode_header(kind, len, fds).to_vec()
+        FrameHeader { kind, payload_len: len as usize, fds: fds as usize }.encode().to_vec()
     }
 
-    fn expect_protocol(result: Result<RawMessage>, needle: &str) {
+    /// Expects the frame error `expected`.
+    fn expect_frame(result: Result<RawMessage>, expected: FrameError) {
         match result {
-            Err(IpcError::Protocol(text)) => {
-                assert!(text.contains(needle), "{text:?} should contain {needle:?}")
-            }
-            other => panic!("expected a protocol error containing {needle:?}, got {other:?}"),
+            Err(IpcError::Protocol(ProtocolError::Frame(error))) => assert_eq!(error, expected),
+            other => panic!("expected {expected:?}, got {other:?}"),
         }
     }
 
-    #[test]
-    fn header_layout() {
-        let h = encode_header(0x0102, 0x0304_0506, 7);
-        assert_eq!(&h[..8], b"CUMEMMSG");
-        assert_eq!(&h[8..10], &[1, 0]);
-        assert_eq!(&h[10..12], &[2, 1]);
-        assert_eq!(&h[12..16], &[6, 5, 4, 3]);
-        assert_eq!(&h[16..20], &[7, 0, 0, 0]);
-        assert_eq!(&h[20..24], &[0; 4]);
+    /// Expects a refusal because an earlier frame broke the channel.
+    fn expect_out_of_step(result: Result<RawMessage>) {
+        match result {
+            Err(error @ IpcError::Protocol(ProtocolError::OutOfStep)) => {
+                assert!(error.to_string().contains("message boundaries are lost"), "{error}")
+            }
+            other => panic!("expected the channel out of step, got {other:?}"),
+        }
     }
 
     #[test]
@@ -802,7 +718,7 @@ mod tests {
             assert!(m.payload == big, "the payload arrived intact");
         });
         let over = vec![0u8; MAX_PAYLOAD_LEN + 1];
-        assert!(matches!(a.send(1, &over, &[]), Err(IpcError::MessageTooLarge { what: "payload", .. })));
+        assert!(matches!(a.send(1, &over, &[]), Err(IpcError::MessageTooLarge { what: MessageLimit::Payload, .. })));
         a.send(2, b"still fine", &[]).unwrap();
         assert_eq!(b.recv().unwrap().payload, b"still fine");
     }
@@ -829,10 +745,12 @@ mod tests {
     fn garbage_is_a_protocol_error_and_breaks_the_channel() {
         let (ch, mut raw) = raw_pair();
         raw.write_all(b"GET / HTTP/1.1\r\nHost: example\r\n\r\n").unwrap();
-        expect_protocol(ch.recv(), "expected b\"CUMEMMSG\"");
+        let error = ch.recv().unwrap_err();
+        assert!(matches!(error, IpcError::Protocol(ProtocolError::Frame(FrameError::Magic { found: _ }))));
+        assert!(error.to_string().contains("expected b\"CUMEMMSG\""), "{error}");
         // The stream is out of step: later receives are refused, even of a good frame.
         raw.write_all(&header(1, 0, 0)).unwrap();
-        expect_protocol(ch.recv(), "message boundaries are lost");
+        expect_out_of_step(ch.recv());
     }
 
     #[test]
@@ -840,13 +758,13 @@ mod tests {
         let (ch, mut raw) = raw_pair();
         raw.write_all(&header(1, 0, 0)[..10]).unwrap();
         drop(raw);
-        expect_protocol(ch.recv(), "after 10 of the 24 header bytes");
+        expect_frame(ch.recv(), FrameError::TruncatedHeader { received: 10, len: 24 });
 
         let (ch, mut raw) = raw_pair();
         raw.write_all(&header(1, 100, 0)).unwrap();
         raw.write_all(&[0xAB; 10]).unwrap();
         drop(raw);
-        expect_protocol(ch.recv(), "after 34 of 124 bytes");
+        expect_frame(ch.recv(), FrameError::Truncated { received: 34, len: 124 });
     }
 
     #[test]
@@ -856,16 +774,19 @@ mod tests {
         let mut bad_reserved = header(1, 0, 0);
         bad_reserved[23] = 1;
         let cases = [
-            (bad_version, "unsupported frame version 2, expected 1"),
-            (bad_reserved, "reserved field is 0x01000000, expected 0"),
-            (header(1, MAX_PAYLOAD_LEN as u32 + 1, 0), "payload of 16777217 bytes, more than the limit of 16777216"),
-            (header(1, u32::MAX, 0), "more than the limit"),
-            (header(1, 0, 254), "254 file descriptors, more than the limit of 253"),
+            (bad_version, FrameError::UnsupportedVersion { found: 2, supported: 1 }),
+            (bad_reserved, FrameError::Reserved { found: 0x0100_0000 }),
+            (
+                header(1, MAX_PAYLOAD_LEN as u32 + 1, 0),
+                FrameError::PayloadTooLarge { len: MAX_PAYLOAD_LEN + 1, max: MAX_PAYLOAD_LEN },
+            ),
+            (header(1, u32::MAX, 0), FrameError::PayloadTooLarge { len: u32::MAX as usize, max: MAX_PAYLOAD_LEN }),
+            (header(1, 0, 254), FrameError::TooManyFds { count: 254, max: MAX_FDS }),
         ];
-        for (bytes, needle) in cases {
+        for (bytes, expected) in cases {
             let (ch, mut raw) = raw_pair();
             raw.write_all(&bytes).unwrap();
-            expect_protocol(ch.recv(), needle);
+            expect_frame(ch.recv(), expected);
         }
     }
 
@@ -877,7 +798,7 @@ mod tests {
         raw_send(&raw, b"garbage garbage garbage garbage", &fds);
         drop(send);
         assert!(!all_closed(&peers), "in flight, still open");
-        expect_protocol(ch.recv(), "CUMEMMSG");
+        expect_frame(ch.recv(), FrameError::Magic { found: *b"garbage " });
         assert!(all_closed(&peers), "the received descriptors were closed");
     }
 
@@ -891,7 +812,7 @@ mod tests {
         frame.extend_from_slice(b"data");
         raw_send(&raw, &frame, &fds);
         drop(send);
-        expect_protocol(ch.recv(), "announces 1 file descriptor(s) but 2 arrived");
+        expect_frame(ch.recv(), FrameError::FdCount { announced: 1, arrived: 2 });
         assert!(all_closed(&peers));
 
         // Fewer than announced.
@@ -901,7 +822,7 @@ mod tests {
         frame.extend_from_slice(b"data");
         raw_send(&raw, &frame, &[send[0].as_fd()]);
         drop(send);
-        expect_protocol(ch.recv(), "announces 3 file descriptor(s) but 1 arrived");
+        expect_frame(ch.recv(), FrameError::FdCount { announced: 3, arrived: 1 });
         assert!(all_closed(&peers));
 
         // None announced, one attached.
@@ -909,7 +830,7 @@ mod tests {
         let (send, peers) = canaries(1);
         raw_send(&raw, &header(1, 0, 0), &[send[0].as_fd()]);
         drop(send);
-        expect_protocol(ch.recv(), "announces 0 file descriptor(s) but 1 arrived");
+        expect_frame(ch.recv(), FrameError::FdCount { announced: 0, arrived: 1 });
         assert!(all_closed(&peers));
     }
 
@@ -937,13 +858,13 @@ mod tests {
         }
         drop((announced, extra));
         // Refused at the first piece beyond the count: 2 + 3, not 2 + 3 * 40.
-        expect_protocol(ch.recv(), "announces 2 file descriptor(s) but 5 arrived");
+        expect_frame(ch.recv(), FrameError::FdCount { announced: 2, arrived: 5 });
         assert!(all_closed(&announced_peers), "what arrived is closed");
         assert!(is_closed(&extra_peers[0]), "the piece that went over is closed");
         // The receiver stopped there: the other pieces, and their descriptors, were never taken.
         assert_eq!(unread(&ch), PIECES as u64 - 1);
         assert!(extra_peers[1..].iter().all(|p| !is_closed(p)), "still in flight, not received");
-        expect_protocol(ch.recv(), "message boundaries are lost");
+        expect_out_of_step(ch.recv());
         // Dropping the channel releases what is still in flight.
         drop(ch);
         assert!(all_closed(&extra_peers));
@@ -954,14 +875,14 @@ mod tests {
         // The header one byte at a time, 200 descriptors on each byte: the count is unknown
         // until the header is whole, so the limit is MAX_FDS (253), passed on the second byte.
         let (ch, raw) = raw_pair();
-        let (send, peers) = canaries(HEADER_LEN);
+        let (send, peers) = canaries(FRAME_HEADER_LEN);
         for (byte, socket) in header(1, 0, 0).iter().zip(&send) {
             raw_send(&raw, std::slice::from_ref(byte), &vec![socket.as_fd(); 200]);
         }
         drop(send);
-        expect_protocol(ch.recv(), "400 file descriptors arrived before the frame's header was complete");
+        expect_frame(ch.recv(), FrameError::FdsBeforeHeader { arrived: 400, max: MAX_FDS });
         assert!(all_closed(&peers[..2]));
-        assert_eq!(unread(&ch), HEADER_LEN as u64 - 2);
+        assert_eq!(unread(&ch), FRAME_HEADER_LEN as u64 - 2);
         assert!(peers[2..].iter().all(|p| !is_closed(p)), "still in flight, not received");
         drop(ch);
         assert!(all_closed(&peers));
@@ -988,10 +909,10 @@ mod tests {
         drop(fds);
         drop(send);
         // Room for one descriptor only: the kernel truncates and sets MSG_CTRUNC.
-        expect_protocol(b.recv_with_fd_room(1), "more control data");
+        expect_frame(b.recv_with_fd_room(1), FrameError::ControlDataTruncated { max: MAX_FDS });
         assert!(all_closed(&peers), "none of the five leaked");
         // Part of the frame was consumed: the channel is out of step.
-        expect_protocol(b.recv(), "message boundaries are lost");
+        expect_out_of_step(b.recv());
     }
 
     #[test]
@@ -1024,7 +945,7 @@ mod tests {
         raw.write_all(&header(1, 10, 0)).unwrap();
         assert!(matches!(ch.recv(), Err(IpcError::Io { .. })));
         raw.write_all(&[0; 10]).unwrap();
-        expect_protocol(ch.recv(), "message boundaries are lost");
+        expect_out_of_step(ch.recv());
     }
 
     /// A peer that sends a byte every 25 ms: each read finds a byte well within the 150 ms
@@ -1057,7 +978,7 @@ mod tests {
             Err(IpcError::Io { source, .. }) => assert_eq!(source.kind(), std::io::ErrorKind::WouldBlock),
             other => panic!("expected the message's time-out, got {other:?}"),
         }
-        expect_protocol(ch.recv(), "message boundaries are lost");
+        expect_out_of_step(ch.recv());
         drop(ch);
         trickle.join().unwrap();
     }
@@ -1242,14 +1163,14 @@ mod tests {
                     Err(IpcError::Protocol(_)) => { prop_assert!(!bytes.is_empty()); break }
                     Err(e) => prop_assert!(false, "unexpected error {}", e),
                 }
-                prop_assert!(messages <= bytes.len() / HEADER_LEN);
+                prop_assert!(messages <= bytes.len() / FRAME_HEADER_LEN);
             }
         }
 
         /// A valid frame with one byte of its header changed: a result or an error, no panic.
         #[test]
         fn mutated_headers_never_panic(
-            at in 0..HEADER_LEN,
+            at in 0..FRAME_HEADER_LEN,
             xor in 1..=255u8,
             payload in proptest::collection::vec(any::<u8>(), 0..64),
         ) {

@@ -1,7 +1,16 @@
 //! The crate's error type, [`IpcError`].
 
-use crate::descriptor::DecodeError;
+use std::fmt;
+
 use cuda_mem_core::PoolKind;
+
+use crate::share::Unshareable;
+use crate::spawn::ChannelEnvError;
+
+use crate::wire::{
+    BufferDescriptorError, BuffersMessageError, EventDescriptorError, FrameError, MessageError, MessageKind,
+    ResourceMessageError,
+};
 
 /// Everything that can go wrong in `cuda-mem-ipc`.
 ///
@@ -10,13 +19,15 @@ use cuda_mem_core::PoolKind;
 ///
 /// - a failed driver call or core-library check ([`IpcError::Core`]);
 /// - a failed system call, with what was being done ([`IpcError::Io`]);
-/// - bytes or messages from the peer that do not follow the format ([`IpcError::Decode`],
-///   [`IpcError::EventDecode`], `IpcError::VirtualBufferDecode` (feature `vmm`),
-///   [`IpcError::Protocol`]): the peer is broken, incompatible or hostile;
+/// - bytes or messages from the peer that do not follow the format
+///   ([`IpcError::BufferDescriptor`], [`IpcError::EventDescriptor`],
+///   `IpcError::SharedVirtualBuffer` (feature `vmm`), [`IpcError::Protocol`]): the peer is
+///   broken, incompatible or hostile;
 /// - an event the peer sent that the driver will not open ([`IpcError::EventImport`]): the peer
 ///   destroyed it too early, or sent a bad handle;
 /// - a message of a kind this build receives only with a feature it lacks
-///   ([`IpcError::NotReceivable`]): the channel goes on;
+///   ([`IpcError::NotReceivable`]), or of another kind than the call receives
+///   ([`IpcError::UnexpectedMessage`]): the channel goes on;
 /// - the peer going away ([`IpcError::PeerClosed`]);
 /// - this process running out of file descriptors while receiving
 ///   ([`IpcError::OutOfDescriptors`]): local, the peer is not at fault;
@@ -33,12 +44,14 @@ use cuda_mem_core::PoolKind;
 ///   (`IpcError::Vmm`, with `cuda-mem-vmm`'s error) or that nothing is registered to import
 ///   (`IpcError::NoVirtualMemoryResource`);
 /// - arguments the local caller passed beyond the limits ([`IpcError::MessageTooLarge`]) and a
-///   process that was not started with a channel ([`IpcError::ChannelEnv`]).
+///   process that was not started with a channel ([`IpcError::ChannelEnv`], whose
+///   [`ChannelEnvError`] says what is missing or wrong).
 ///
 /// A failed system or driver call stays the [`source`](std::error::Error::source), and
-/// [`IpcError::cuda_code`] finds a driver code anywhere in the chain. [`IpcError::Protocol`] is
-/// text because its cases (a bad header, a truncated frame, a malformed message) all ask the same
-/// of the caller: the peer is not a compatible exporter, so drop the channel.
+/// [`IpcError::cuda_code`] finds a driver code anywhere in the chain. [`IpcError::Protocol`]
+/// groups the cases that ask the same of the caller (a bad frame, a malformed message, a channel
+/// out of step): the peer is not a compatible exporter, so drop the channel. Its
+/// [`ProtocolError`] says which check failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum IpcError {
@@ -61,7 +74,7 @@ pub enum IpcError {
         "invalid buffer descriptor: {0}; the peer is not a compatible cuda-mem-ipc exporter \
          or the bytes were damaged in transit, so nothing was imported"
     )]
-    Decode(#[from] DecodeError),
+    BufferDescriptor(#[from] BufferDescriptorError),
 
     /// An event descriptor received from a peer is malformed; no event was opened and no
     /// stream waits for one (a buffers message that came with it imported none of its buffers).
@@ -69,7 +82,7 @@ pub enum IpcError {
         "invalid event descriptor: {0}; the peer is not a compatible cuda-mem-ipc exporter or the bytes were \
          damaged in transit, so no event was opened and nothing was imported"
     )]
-    EventDecode(#[source] DecodeError),
+    EventDescriptor(#[from] EventDescriptorError),
 
     /// The driver refused to open the interprocess event a peer sent; no stream waits for it
     /// (a buffers message that came with it imported none of its buffers), and the channel is
@@ -94,7 +107,7 @@ pub enum IpcError {
         "invalid virtual buffer descriptor: {0}; the peer is not a compatible cuda-mem-ipc exporter \
          or the bytes were damaged in transit, so nothing was imported (its file descriptors are closed)"
     )]
-    VirtualBufferDecode(#[from] crate::virtual_buffer::VirtualBufferDecodeError),
+    SharedVirtualBuffer(#[from] crate::wire::SharedVirtualBufferError),
 
     /// Exporting or importing a virtual buffer failed in `cuda-mem-vmm` (feature `vmm`): its
     /// error says which check or driver call, and nothing stays imported.
@@ -118,24 +131,38 @@ pub enum IpcError {
     /// The peer sent a message of a kind this build cannot receive without a feature it lacks;
     /// the message was dropped (its file descriptors closed) and the channel is still in step.
     #[error(
-        "a {what} (message kind {kind}), which this build cannot receive: enable cuda-mem-ipc's `{feature}` \
-         feature; the message was dropped (its file descriptors closed) and the channel is still usable"
+        "a {kind} (message kind {}), which this build cannot receive: enable cuda-mem-ipc's `{feature}` \
+         feature; the message was dropped (its file descriptors closed) and the channel is still usable",
+        .kind.code()
     )]
     NotReceivable {
-        /// What the message carries ("virtual buffer").
-        what: &'static str,
-        /// Its kind on the wire.
-        kind: u16,
+        /// The message's kind ([`MessageKind::VirtualBuffer`]).
+        kind: MessageKind,
         /// The feature that receives it.
         feature: &'static str,
     },
 
-    /// The peer sent a message that does not follow the channel protocol.
+    /// A message of another kind came where [`IpcChannel::recv_buffers`](crate::IpcChannel::recv_buffers)
+    /// expected buffers. It was dropped unread (nothing of it imported, its file descriptors
+    /// closed), and the channel is still in step.
+    #[error(
+        "expected a {expected} message, but a {found} message came; it was dropped (nothing of it imported) and \
+         the channel is still usable: receive with IpcChannel::recv where other messages may come first"
+    )]
+    UnexpectedMessage {
+        /// The kind expected.
+        expected: MessageKind,
+        /// The kind that came.
+        found: MessageKind,
+    },
+
+    /// The peer sent a frame or message that does not follow the channel protocol, or an earlier
+    /// one broke the channel.
     #[error(
         "malformed message from the IPC peer: {0}; check that both processes use compatible \
          cuda-mem-ipc versions, then drop this channel and open a new one"
     )]
-    Protocol(String),
+    Protocol(#[from] ProtocolError),
 
     /// This process ran out of file descriptors while receiving a message, so the system could
     /// not hand it the descriptors the message carried.
@@ -272,7 +299,7 @@ pub enum IpcError {
         "{0} is not IPC-enabled: create its pool with an IPC handle type (POSIX file \
          descriptors) to share it between processes"
     )]
-    NotIpcEnabled(String),
+    NotIpcEnabled(Unshareable),
 
     /// A message to send is beyond the channel's limits; nothing was sent.
     #[error(
@@ -280,8 +307,8 @@ pub enum IpcError {
          sent, split the data over several messages"
     )]
     MessageTooLarge {
-        /// What is too large: "payload" (bytes) or "number of file descriptors".
-        what: &'static str,
+        /// What is too large.
+        what: MessageLimit,
         /// The size asked for.
         actual: usize,
         /// The most allowed.
@@ -290,34 +317,101 @@ pub enum IpcError {
 
     /// The channel a parent passed through the environment cannot be taken; nothing was taken.
     #[error(
-        "cannot take the IPC channel from the environment: {reason}{}; start this process with \
-         cuda_mem_ipc::spawn_with_channel",
-        os_error_suffix(.source.as_ref())
+        "cannot take the IPC channel from the environment: {0}; start this process with \
+         cuda_mem_ipc::spawn_with_channel"
     )]
-    ChannelEnv {
-        /// What is wrong with the environment or the descriptor it names.
-        reason: String,
-        /// The system's answer, when a system call on the descriptor failed (such as `EBADF` for
-        /// a descriptor that is not open).
-        #[source]
-        source: Option<std::io::Error>,
+    ChannelEnv(#[from] ChannelEnvError),
+}
+
+/// What is beyond a channel's limits ([`IpcError::MessageTooLarge`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum MessageLimit {
+    /// The payload's bytes ([`MAX_PAYLOAD_LEN`](crate::MAX_PAYLOAD_LEN)).
+    Payload,
+    /// The file descriptors ([`MAX_FDS`](crate::MAX_FDS)).
+    FileDescriptors,
+    /// The buffers of one message ([`MAX_BUFFERS_PER_MESSAGE`](crate::MAX_BUFFERS_PER_MESSAGE)).
+    Buffers,
+}
+
+impl fmt::Display for MessageLimit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            MessageLimit::Payload => "payload",
+            MessageLimit::FileDescriptors => "number of file descriptors",
+            MessageLimit::Buffers => "number of buffers",
+        })
+    }
+}
+
+/// How a peer broke the channel protocol ([`IpcError::Protocol`]): a frame or message that does
+/// not follow its format (each format's error says which check failed), or what the channel
+/// keeps of the peer contradicted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProtocolError {
+    /// A malformed frame: the channel no longer finds message boundaries after it.
+    #[error(transparent)]
+    Frame(#[from] FrameError),
+    /// An earlier frame was cut short or malformed, so the channel refuses to receive.
+    #[error("an earlier message was cut short or malformed, so message boundaries are lost")]
+    OutOfStep,
+    /// A frame that is no message of an [`IpcChannel`](crate::IpcChannel).
+    #[error(transparent)]
+    Message(#[from] MessageError),
+    /// A malformed resource message.
+    #[error(transparent)]
+    ResourceMessage(#[from] ResourceMessageError),
+    /// A buffers message whose count and length do not add up.
+    #[error(transparent)]
+    BuffersMessage(#[from] BuffersMessageError),
+    /// The peer sent an event again with another handle than before: an id names one event.
+    #[error("the peer sent its event {id} with another handle than before: an id names one event")]
+    EventHandleChanged {
+        /// The peer's id of the event.
+        id: u64,
+    },
+    /// A buffer larger than this machine's address space (a 32-bit process).
+    #[error("a buffer of {size} bytes does not fit this machine")]
+    BufferBeyondAddressSpace {
+        /// The size the descriptor claims.
+        size: u64,
     },
 }
 
-/// " (the error)", or nothing.
-fn os_error_suffix(source: Option<&std::io::Error>) -> String {
-    source.map_or_else(String::new, |e| format!(" ({e})"))
+/// A malformed frame or message, as the channel reports it.
+impl From<FrameError> for IpcError {
+    fn from(error: FrameError) -> Self {
+        IpcError::Protocol(ProtocolError::from(error))
+    }
+}
+
+/// A malformed frame or message, as the channel reports it.
+impl From<MessageError> for IpcError {
+    fn from(error: MessageError) -> Self {
+        IpcError::Protocol(ProtocolError::from(error))
+    }
+}
+
+/// A malformed frame or message, as the channel reports it.
+impl From<ResourceMessageError> for IpcError {
+    fn from(error: ResourceMessageError) -> Self {
+        IpcError::Protocol(ProtocolError::from(error))
+    }
+}
+
+/// A malformed frame or message, as the channel reports it.
+impl From<BuffersMessageError> for IpcError {
+    fn from(error: BuffersMessageError) -> Self {
+        IpcError::Protocol(ProtocolError::from(error))
+    }
 }
 
 impl IpcError {
     /// An [`IpcError::Io`] with its context.
     pub(crate) fn io(context: &'static str, source: impl Into<std::io::Error>) -> Self {
         IpcError::Io { context, source: source.into() }
-    }
-
-    /// An [`IpcError::ChannelEnv`] without a system error.
-    pub(crate) fn channel_env(reason: impl Into<String>) -> Self {
-        IpcError::ChannelEnv { reason: reason.into(), source: None }
     }
 
     /// The driver's code, when the error came from a driver call: a core error's, or one found
@@ -374,26 +468,44 @@ mod tests {
         let uuid = uuid::Uuid::from_u128(0x1234);
         let cases = [
             (IpcError::PeerClosed, "closed the channel"),
-            (IpcError::Protocol("bad magic".into()), "bad magic"),
+            (
+                IpcError::Protocol(ProtocolError::OutOfStep),
+                "malformed message from the IPC peer: an earlier message was cut short or malformed, so message \
+                 boundaries are lost; check that both processes use compatible cuda-mem-ipc versions, then drop \
+                 this channel and open a new one",
+            ),
+            (
+                IpcError::from(MessageError::UnknownKind { kind: 9 }),
+                "malformed message from the IPC peer: unknown message kind 9; check",
+            ),
+            (
+                IpcError::Protocol(ProtocolError::EventHandleChanged { id: 4 }),
+                "the peer sent its event 4 with another handle than before",
+            ),
             (IpcError::UnknownResource(uuid), "import the exporting resource"),
             (
                 IpcError::WrongResourceKind { uuid, expected: PoolKind::Pinned, found: PoolKind::Managed },
                 "is a managed memory pool, but this operation needs a pinned host memory pool",
             ),
             (
-                IpcError::NotIpcEnabled("pool 3".into()),
-                "pool 3 is not IPC-enabled: create its pool with an IPC handle type",
+                IpcError::NotIpcEnabled(Unshareable::PoolKind(PoolKind::Managed)),
+                "a managed memory pool is not IPC-enabled: create its pool with an IPC handle type",
             ),
+            (IpcError::NotIpcEnabled(Unshareable::BufferView), "a buffer view (it owns no memory) is not IPC-enabled"),
             (
                 IpcError::WrongResource { expected: uuid, found: uuid::Uuid::from_u128(5) },
                 "belongs to memory resource 00000000-0000-0000-0000-000000000005, not to \
                  00000000-0000-0000-0000-000000001234",
             ),
             (
-                IpcError::MessageTooLarge { what: "payload", actual: 20, limit: 10 },
+                IpcError::MessageTooLarge { what: MessageLimit::Payload, actual: 20, limit: 10 },
                 "the payload is 20, more than the limit of 10",
             ),
-            (IpcError::channel_env("x"), "environment: x; start this process with cuda_mem_ipc::spawn_with_channel"),
+            (
+                IpcError::ChannelEnv(ChannelEnvError::NoDescriptor),
+                "environment: CUDA_MEM_IPC_CHANNEL_FD is not set, so this process was not given a channel; start \
+                 this process with cuda_mem_ipc::spawn_with_channel",
+            ),
             (
                 IpcError::MisdescribedBuffer { resource: uuid, claimed: 9000, mapped: 8192 },
                 "the descriptor claims 9000 bytes but the shared allocation maps only 8192; the peer sent a bad size",
@@ -404,8 +516,12 @@ mod tests {
                  was dropped and the channel is still usable: close descriptors or raise \
                  RLIMIT_NOFILE",
             ),
-            (IpcError::Decode(DecodeError::NilResource), "invalid buffer descriptor: "),
-            (IpcError::EventDecode(DecodeError::NoEventId), "invalid event descriptor: event id is 0"),
+            (IpcError::BufferDescriptor(BufferDescriptorError::NilResource), "invalid buffer descriptor: resource"),
+            (IpcError::EventDescriptor(EventDescriptorError::NoEventId), "invalid event descriptor: event id is 0"),
+            (
+                IpcError::NotReceivable { kind: MessageKind::VirtualBuffer, feature: "vmm" },
+                "a virtual buffer (message kind 4), which this build cannot receive: enable cuda-mem-ipc's `vmm`",
+            ),
             (
                 IpcError::EventImport { id: 7, source: cuda_mem_core::Error::EventNotInterprocess },
                 "the peer's event (its id 7) could not be opened: ",

@@ -1,227 +1,89 @@
-//! Sharing CUDA memory pools and buffers between processes through POSIX file descriptors.
+//! Sharing CUDA memory pools, buffers and events between processes through POSIX file
+//! descriptors (Linux).
 //!
-//! A pool created with an IPC handle type (POSIX file descriptors) can be exported as a file
-//! descriptor. Another process that receives that descriptor imports the pool and maps it; from
-//! then on, each buffer allocated from the pool in the exporting process can be shared by sending
-//! a small fixed-size [`BufferDescriptor`], which the importing process turns into a pointer into
-//! its own mapping of the same memory. Both processes then read and write the same device
-//! memory, synchronizing as they would between two streams.
+//! A pool created with an IPC handle type is exported as a file descriptor. The process that
+//! receives it imports the pool. From then on each buffer of the pool travels as a small
+//! [`BufferDescriptor`], which the receiver maps into its own address space. Both processes then
+//! read and write the same memory, ordered by interprocess events.
 //!
-//! This crate provides the pieces that involve the driver (exporting and importing pools and
-//! buffers) and those that do not:
+//! ```
+//! # cuda_sim::testing::driver()?; // the tests run this example on the simulator
+//! use cuda_mem_core::{Device, DeviceMemoryResource, DeviceMemoryResourceOptions, FillPattern, Stream, StreamOptions};
+//! use cuda_mem_ipc::{Channel, IpcChannel};
 //!
-//! - [`Channel`]: framed messages between two processes over a Unix domain socket, with file
-//!   descriptors attached ([`ChannelListener`] for processes that meet at a socket path);
-//! - [`spawn_with_channel`] and [`Channel::from_env`]: starting a child process that is
-//!   connected to its parent by a channel;
-//! - [`BufferDescriptor`]: the versioned, checksummed byte encoding of a shared buffer;
-//! - [`MappedMemoryResource`]: a pool imported from another process, one per pool and process,
-//!   its memory kind and device asked of the driver; it maps buffers through the counted imports
-//!   of its pool (`cuda_mem_core::MemoryPool::import_allocation`);
-//! - [`IpcChannel`]: pools, buffers and bytes over a [`Channel`]; the receiving side keeps what
-//!   it imported for as long as it lives, and maps a peer's buffers only through the pools that
-//!   peer sent on it;
-//! - with the feature `vmm`: `SharedVirtualBuffer`, the versioned,
-//!   checksummed encoding of a `cuda-mem-vmm` virtual buffer's descriptor (its bytes, and one
-//!   file descriptor per chunk), and [`IpcChannel`] carrying virtual buffers beside pools,
-//!   buffers and data (`IpcChannel::send_virtual_buffer`, `Received::VirtualBuffer`, imported
-//!   with the resource the receiver registered, `IpcChannel::import_virtual_buffers_into`). The
-//!   rule: driver calls are `cuda-mem-core`'s and `cuda-mem-vmm`'s, bytes and file descriptors on
-//!   the wire are this crate's;
-//! - [`Registry`]: a process-wide map from resource UUIDs to the live imported resources;
-//! - [`IpcError`]: the crate's errors;
-//! - with the feature `tracing` (which turns on `cuda-mem-core`'s, and `cuda-mem-vmm`'s with
-//!   `vmm`): `DEBUG` events when a resource is imported (`"resource imported"`) and a buffer is
-//!   exported or imported (`"buffer exported"`, `"buffer imported"`), with the resource's `uuid`,
-//!   `size`, `ptr` and `pool`, beside the pool-level events of `cuda-mem-core`.
+//! let device = Device::new(0)?;
+//! let stream = Stream::new(device, StreamOptions::default().non_blocking())?;
+//! // Both ends here; with `spawn_with_channel`, `there` is in a child process.
+//! let (here, there) = Channel::pair()?;
+//! let (sender, receiver) = (IpcChannel::new(here), IpcChannel::new(there));
 //!
-//! **Linux only**: everything here passes POSIX file descriptors (Unix domain sockets,
-//! `SCM_RIGHTS`, `/proc`), which the driver exports on Linux only; elsewhere the crate stops
-//! with one `compile_error!` saying so (`cuda-mem-core` and `cuda-mem-vmm` build on Windows and
-//! macOS).
+//! let pool = DeviceMemoryResource::new(device, DeviceMemoryResourceOptions::default().ipc_enabled(true))?;
+//! let mut buffer = pool.allocate(4096, &stream)?;
+//! buffer.fill(FillPattern::U8(7), &stream)?;
+//! stream.synchronize()?;
+//! sender.send_buffers(&[&buffer])?; // the pool's file descriptor first, then the buffer
 //!
-//! Devices, streams, buffers and pools are `cuda-mem-core`'s, and so is the vocabulary this crate
-//! speaks: what memory a shared pool holds ([`PoolKind`](cuda_mem_core::PoolKind), reported by
-//! [`MappedMemoryResource::kind`] and expected by [`lookup`]) and the length of an allocation's
-//! export data ([`EXPORT_DATA_LEN`](cuda_mem_core::EXPORT_DATA_LEN)). Depend on `cuda-mem-core`
-//! for them.
+//! let mapped = receiver.recv_buffers(&stream)?;
+//! assert_eq!(mapped[0].to_vec::<u8>(&stream)?, vec![7; 4096]);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 //!
-//! # Which module holds what
+//! `examples/03_share_over_ipc.rs` does it between two processes, with events instead of
+//! `synchronize` (`cargo run -p cuda-mem-ipc --example 03_share_over_ipc`). A Python process
+//! that uses cuda.core takes part through the repository's `python/cuda_mem_exchange.py`.
 //!
-//! The modules are private; everything public is re-exported here.
+//! # Modules
+//!
+//! The modules are private except [`wire`]; what they hold is re-exported here.
 //!
 //! | module | holds |
 //! |---|---|
-//! | `channel` | [`Channel`] (framing, descriptors, errors and threads are documented there), [`ChannelListener`], [`RawMessage`], the limits [`MAX_PAYLOAD_LEN`] and [`MAX_FDS`] |
-//! | `spawn` | [`spawn_with_channel`] and the environment it sets, [`CHANNEL_FD_ENV`], [`CHANNEL_INODE_ENV`] |
-//! | `descriptor` | [`BufferDescriptor`] and its encoding ([`ENCODED_LEN`], [`MAGIC`], [`VERSION`], [`MAX_BUFFER_SIZE`]), [`DecodeError`] |
-//! | `event` | [`EventDescriptor`] (an interprocess event on the wire) and its encoding ([`EVENT_ENCODED_LEN`], [`EVENT_MAGIC`], [`EVENT_VERSION`]) |
-//! | `share` | the exporting side: [`allocation_handle`] ([`AllocationHandle`]) and [`buffer_descriptor`] |
-//! | `mapped` | [`MappedMemoryResource`], the process-wide [`registry()`] of them, [`lookup`] |
+//! | `channel` | [`Channel`]: framed messages and file descriptors over a Unix domain socket; [`ChannelListener`], [`RawMessage`] |
+//! | `spawn` | [`spawn_with_channel`], [`Channel::from_env`] and its [`ChannelEnvError`], [`CHANNEL_FD_ENV`], [`CHANNEL_INODE_ENV`] |
+//! | `protocol` | [`IpcChannel`] and what it keeps of a channel (the pools sent and received, the peer's events); [`Received`] |
+//! | `share` | the exporting side: [`allocation_handle`] ([`AllocationHandle`]), [`buffer_descriptor`], [`Unshareable`] |
+//! | `mapped` | [`MappedMemoryResource`] (a pool imported from another process), the process-wide [`registry()`], [`lookup`] |
 //! | `registry` | [`Registry`] |
-//! | `protocol` | [`IpcChannel`] (its messages are documented there), [`Received`], [`MAX_BUFFERS_PER_MESSAGE`] |
-//! | `virtual_buffer` | feature `vmm`: `SharedVirtualBuffer`, `VirtualBufferLocation`, `VirtualBufferDecodeError`, `VIRTUAL_BUFFER_MAGIC`, `VIRTUAL_BUFFER_VERSION`, and `IpcChannel`'s virtual buffer methods |
-//! | `error` | [`IpcError`], [`Result`] |
+//! | `virtual_buffer` | feature `vmm`: exporting a `SharedVirtualBuffer`, and the virtual buffer methods of [`IpcChannel`] |
+//! | [`wire`] | every byte layout: frame, message kinds, resource and buffers messages, [`BufferDescriptor`], [`EventDescriptor`], `SharedVirtualBuffer`; their versions and errors |
+//! | `error` | [`IpcError`], [`ProtocolError`], [`MessageLimit`], [`Result`] |
+//!
+//! The driver calls are `cuda-mem-core`'s and `cuda-mem-vmm`'s; the bytes and file descriptors on
+//! the wire are this crate's. Devices, streams, buffers and pools are `cuda-mem-core`'s, and so is
+//! the vocabulary: [`PoolKind`](cuda_mem_core::PoolKind), [`Location`](cuda_mem_core::Location).
+//!
+//! # Features
+//!
+//! - `vmm`: `cuda-mem-vmm`'s virtual buffers on the channel (`IpcChannel::send_virtual_buffer`,
+//!   `Received::VirtualBuffer`, `IpcChannel::import_virtual_buffers_into`).
+//! - `tracing`: `DEBUG` events when a resource is imported and a buffer exported or imported,
+//!   with the resource's `uuid`, the `size`, `ptr` and `pool`.
+//!
+//! **Linux only**: the driver exports file descriptors on Linux only. Elsewhere the crate stops
+//! with one `compile_error!` (`cuda-mem-core` and `cuda-mem-vmm` build on Windows and macOS).
 //!
 //! # Trust boundary
 //!
-//! Import only from trusted peers: processes of the same user that run cooperating code. Sharing
-//! device memory gives the peer the power to write it at any time, and a malicious exporter can
-//! hand over memory that is not what it claims.
+//! Import only from trusted peers: processes of the same user that run cooperating code. A peer
+//! that shares memory can write it at any time, and can hand over memory that is not what it
+//! claims. Before any driver call, this crate checks:
 //!
-//! What this crate validates before acting on a peer's input (and before any driver call):
+//! - lengths: frames, payloads, descriptor counts, encoded descriptors (see [`wire`]);
+//! - magic numbers, versions, reserved fields and flags, and the CRC-32 of every descriptor
+//!   (it detects damage, not forgery);
+//! - sizes in `1..=`[`MAX_BUFFER_SIZE`], resource UUIDs that are not nil;
+//! - devices, named by UUID: one this process cannot see is refused
+//!   ([`IpcError::DeviceNotVisible`]).
 //!
-//! - the lengths of everything received: frames, payloads (at most [`MAX_PAYLOAD_LEN`]), the
-//!   number of file descriptors (at most [`MAX_FDS`], and exactly as many as announced), and
-//!   encoded descriptors (exactly [`ENCODED_LEN`] bytes; an encoded virtual buffer exactly the
-//!   length its chunk count gives, at most 253 chunks, with one file descriptor per chunk for
-//!   POSIX-fd handles and none for fabric handles);
-//! - magic numbers and versions (an unknown version is reported as such), and that reserved
-//!   fields and flags are zero;
-//! - the checksum of every [`BufferDescriptor`] (and encoded virtual buffer), which detects
-//!   damaged descriptors;
-//! - size bounds: a buffer size is in `1..=`[`MAX_BUFFER_SIZE`], and a resource UUID is not nil;
-//! - the device of a pool: [`IpcChannel`] names it by UUID, because processes with different
-//!   `CUDA_VISIBLE_DEVICES` number devices differently; a device this process cannot see is
-//!   refused ([`IpcError::DeviceNotVisible`]) before anything is imported;
-//! - what a pool is: its memory kind and device are asked of the driver once it is imported, and
-//!   a pool the peer described otherwise is refused ([`IpcError::MisdescribedResource`]); so is
-//!   a pool this process already holds under another UUID ([`IpcError::PoolAlreadyImported`]);
-//! - which pools a peer may use: buffers received on a channel map only through the pools
-//!   received on that same channel (never one another peer sent, whatever UUID it names), and a
-//!   UUID this process already knows is trusted only when the driver confirms the new import is
-//!   the same pool;
-//! - the types of file descriptors that are meant to be a channel (a Unix domain stream socket,
-//!   the very one the parent passed); received descriptors are owned at once (closed if the
-//!   message is rejected) and never inherited by child processes.
+//! After an import, the driver is asked what a pool is: a pool the peer described otherwise is
+//! refused ([`IpcError::MisdescribedResource`]), and so is a pool this process holds under
+//! another UUID ([`IpcError::PoolAlreadyImported`]). Buffers map only through the pools received
+//! on their own channel. Received file descriptors are owned at once, closed on any error, and
+//! never inherited by child processes.
 //!
-//! What cannot be validated:
-//!
-//! - whether the memory behind a well-formed descriptor is what the peer says it is: the export
-//!   data is opaque, only the driver interprets it, and the checksum proves integrity in transit,
-//!   not honesty (the peer computes it);
-//! - what the peer does with shared memory afterwards: it can write to it concurrently at any
-//!   time, free it, or exit; contents read from shared memory are as untrusted as the peer;
-//! - the peer's identity beyond what the socket's permissions and the process tree establish.
-//!
-//! # Example
-//!
-//! Passing a file descriptor between the two ends of a channel (here both in one process; with
-//! [`spawn_with_channel`] the other end is in a child process):
-//!
-//! ```
-//! use std::io::{Read, Write};
-//! use std::os::fd::AsFd;
-//! use std::os::unix::net::UnixStream;
-//! use cuda_mem_ipc::Channel;
-//!
-//! let (here, there) = Channel::pair()?;
-//!
-//! // Send one end of a fresh socket pair, with a message.
-//! let (mut kept, sent) = UnixStream::pair().expect("socketpair");
-//! here.send(1, b"write to this", &[sent.as_fd()])?;
-//! drop(sent);
-//!
-//! // The receiver gets its own descriptor for the same socket and uses it.
-//! let message = there.recv()?;
-//! assert_eq!(message.kind, 1);
-//! assert_eq!(message.payload, b"write to this");
-//! let mut received = UnixStream::from(message.fds.into_iter().next().expect("one fd"));
-//! received.write_all(b"hello through a passed descriptor").expect("write");
-//! drop(received);
-//!
-//! let mut text = String::new();
-//! kept.read_to_string(&mut text).expect("read");
-//! assert_eq!(text, "hello through a passed descriptor");
-//! # Ok::<(), cuda_mem_ipc::IpcError>(())
-//! ```
-//!
-//! # Sharing a pool between two processes
-//!
-//! The parent sends buffers over an [`IpcChannel`] (each buffer's pool goes first, once per
-//! channel); the child maps them and uses the same memory. Whoever writes hands over with an
-//! interprocess event instead of synchronizing on the host: it records the event after its work
-//! and sends it with the buffers ([`IpcChannel::send_buffers_after`]) or alone
-//! ([`IpcChannel::send_event`]); the receiving [`IpcChannel::recv`] makes its stream wait for it
-//! on the GPU (see [`IpcChannel`], *Events*). The receiving channel keeps each pool it receives
-//! (the [`Received::Resource`] may be dropped at once) for as long as it lives, or until
-//! [`IpcChannel::release_resource`]; buffers keep their pool alive themselves. A complete program
-//! is `examples/two_process.rs` (`cargo run -p cuda-mem-ipc --example two_process`).
-//!
-//! ## Who frees first
-//!
-//! The driver's rule (`cuda.h`, `cuMemPoolImportPointer`): every process that imported a buffer
-//! frees it before its exporter does, and an importer's stream-ordered free must have run by
-//! then. Dropping the exporter's buffer is its free, and this crate cannot see another
-//! process's imports, so the order is the program's: the importer drops its buffers (they are
-//! freed on the stream given to [`IpcChannel::recv`]), waits for that stream or exits, and then
-//! says so; the exporter drops after hearing it. In the example below the parent's buffer
-//! outlives `child.wait()`. Memory freed too early goes back to the exporter's pool, whose next
-//! allocation may take it while the importer still reads and writes it, silently on a GPU; the
-//! simulator (`cuda-sim`) reports such a free on stderr, and the importer then reads `0xdb`.
-//!
-//! What cuda.core writes for the hand-over, with its descriptor pickled across by the user:
-//!
-//! ```python
-//! done = stream.record(options=EventOptions(ipc_enabled=True))  # timing off
-//! send(done.ipc_descriptor)                                      # the sender
-//! stream.wait(Event.from_ipc_descriptor(receive()))              # the receiver: on the GPU
-//! ```
-//!
-//! is, here, `Event::new(device, EventOptions::default().interprocess())`, `record`, and
-//! [`IpcChannel::send_buffers_after`] or [`IpcChannel::send_event`] on one side, and
-//! [`IpcChannel::recv`] on the other, which opens the event (once per channel) and makes the
-//! stream wait (below).
-//!
-//! The other process may be a Python one that uses cuda.core: the repository's
-//! `python/cuda_mem_exchange.py` speaks [`IpcChannel`]'s messages there, turning them into
-//! cuda.core pools and buffers and cuda.core's into them (its docstring shows both directions).
-//!
-//! ```no_run
-//! use std::process::Command;
-//! use cuda_mem_core::{
-//!     Device, DeviceMemoryResource, DeviceMemoryResourceOptions, Event, EventOptions, FillPattern, MemoryResourceExt,
-//!     Stream, StreamOptions,
-//! };
-//! use cuda_mem_ipc::{Channel, IpcChannel, Received, spawn_with_channel};
-//!
-//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let device = Device::new(0)?;
-//! let stream = Stream::new(device, StreamOptions::default().non_blocking())?;
-//! // The event that hands the work over: interprocess (timing off).
-//! let handed_over = Event::new(device, EventOptions::default().interprocess())?;
-//! if std::env::var_os("I_AM_THE_CHILD").is_none() {
-//!     // The parent: an IPC-enabled pool, a buffer filled on the stream, then sent with an
-//!     // event recorded after the fill (no host synchronization).
-//!     let pool = DeviceMemoryResource::new(device, DeviceMemoryResourceOptions::default().ipc_enabled(true))?;
-//!     let mut buffer = pool.allocate(1 << 20, &stream)?;
-//!     buffer.fill(FillPattern::U8(1), &stream)?;
-//!     handed_over.record(&stream)?;
-//!     let mut command = Command::new(std::env::current_exe()?);
-//!     let (mut child, channel) = spawn_with_channel(command.env("I_AM_THE_CHILD", "1"))?;
-//!     let channel = IpcChannel::new(channel);
-//!     channel.send_buffers_after(&handed_over, &[&buffer])?; // the pool, then the buffer and event
-//!     // The child's event: `stream` waits for the child's write.
-//!     let Received::Event(_) = channel.recv(&stream)? else { panic!("expected the child's event") };
-//!     // Work enqueued on `stream` from here sees the child's 2s in `buffer`.
-//!     channel.send_data(b"done")?; // the child may let its event go
-//!     child.wait()?;
-//! } else {
-//!     // The child: map the pool and the buffer (`stream` waits for the parent's fill), write,
-//!     // hand the write back with its own event.
-//!     // SAFETY: this process was started by the parent branch through `spawn_with_channel`,
-//!     // and nothing in it but this call adopts inherited descriptors.
-//!     let channel = IpcChannel::new(unsafe { Channel::from_env() }?);
-//!     let Received::Resource(_) = channel.recv(&stream)? else { panic!("expected the pool") };
-//!     let Received::Buffers(mut buffers) = channel.recv(&stream)? else { panic!("expected buffers") };
-//!     buffers[0].fill(FillPattern::U8(2), &stream)?;
-//!     handed_over.record(&stream)?;
-//!     channel.send_event(&handed_over)?;
-//!     let Received::Data(_) = channel.recv(&stream)? else { panic!("expected the parent's word") };
-//! }
-//! # Ok(())
-//! # }
-//! ```
+//! What cannot be checked: whether the memory is what the peer says (the export data is opaque),
+//! what the peer does with it afterwards, and who the peer is beyond the socket's permissions.
+//! The exporter must also free last: see [`IpcChannel`], *Who frees first*.
 
 // On docs.rs (which sets `docsrs`), items behind a feature say which.
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -239,11 +101,7 @@ compile_error!(
 #[cfg(target_os = "linux")]
 mod channel;
 #[cfg(target_os = "linux")]
-mod descriptor;
-#[cfg(target_os = "linux")]
 mod error;
-#[cfg(target_os = "linux")]
-mod event;
 #[cfg(target_os = "linux")]
 mod mapped;
 #[cfg(target_os = "linux")]
@@ -256,29 +114,27 @@ mod share;
 mod spawn;
 #[cfg(all(target_os = "linux", feature = "vmm"))]
 mod virtual_buffer;
+#[cfg(target_os = "linux")]
+pub mod wire;
 
 #[cfg(target_os = "linux")]
-pub use channel::{Channel, ChannelListener, MAX_FDS, MAX_PAYLOAD_LEN, RawMessage};
+pub use channel::{Channel, ChannelListener, RawMessage};
 #[cfg(target_os = "linux")]
-pub use descriptor::{BufferDescriptor, DecodeError, ENCODED_LEN, MAGIC, MAX_BUFFER_SIZE, VERSION};
-#[cfg(target_os = "linux")]
-pub use error::{IpcError, Result};
-#[cfg(target_os = "linux")]
-pub use event::{EVENT_ENCODED_LEN, EVENT_MAGIC, EVENT_VERSION, EventDescriptor};
+pub use error::{IpcError, MessageLimit, ProtocolError, Result};
 #[cfg(target_os = "linux")]
 pub use mapped::{MappedMemoryResource, lookup, registry};
 #[cfg(target_os = "linux")]
-pub use protocol::{IpcChannel, MAX_BUFFERS_PER_MESSAGE, Received};
+pub use protocol::{IpcChannel, Received};
 #[cfg(target_os = "linux")]
 pub use registry::Registry;
 #[cfg(target_os = "linux")]
-pub use share::{AllocationHandle, allocation_handle, buffer_descriptor};
+pub use share::{AllocationHandle, Unshareable, allocation_handle, buffer_descriptor};
 #[cfg(target_os = "linux")]
-pub use spawn::{CHANNEL_FD_ENV, CHANNEL_INODE_ENV, spawn_with_channel};
+pub use spawn::{CHANNEL_FD_ENV, CHANNEL_INODE_ENV, ChannelEnvError, spawn_with_channel};
 #[cfg(all(target_os = "linux", feature = "vmm"))]
-pub use virtual_buffer::{
-    SharedVirtualBuffer, VIRTUAL_BUFFER_MAGIC, VIRTUAL_BUFFER_VERSION, VirtualBufferDecodeError, VirtualBufferLocation,
-};
+pub use wire::SharedVirtualBuffer;
+#[cfg(target_os = "linux")]
+pub use wire::{BufferDescriptor, EventDescriptor, MAX_BUFFER_SIZE, MAX_BUFFERS_PER_MESSAGE, MAX_FDS, MAX_PAYLOAD_LEN};
 
 /// The crate's README (its crates.io page), whose example the doc tests compile.
 #[cfg(doctest)]

@@ -9,9 +9,9 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use cuda_mem_core::{Buffer, Device, DevicePtr, MemoryPool, MemoryResource, PoolKind, PoolResource, Stream};
 use uuid::Uuid;
 
-use crate::descriptor::BufferDescriptor;
-use crate::error::{IpcError, Result};
+use crate::error::{IpcError, ProtocolError, Result};
 use crate::registry::Registry;
+use crate::wire::BufferDescriptor;
 
 /// A pool imported from another process.
 ///
@@ -59,8 +59,9 @@ pub fn registry() -> &'static Registry<MappedMemoryResource> {
 /// does not survive unconfirmed).
 ///
 /// # Errors
-/// [`IpcError::UnknownResource`] when none is registered (or it was dropped);
-/// [`IpcError::WrongResourceKind`] when it holds another kind of memory, or another device's.
+///
+/// - [`IpcError::UnknownResource`]: none is registered (or it was dropped).
+/// - [`IpcError::WrongResourceKind`]: it holds another kind of memory, or another device's.
 #[doc(alias = "from_registry")]
 pub fn lookup(uuid: Uuid, expected: PoolKind) -> Result<Arc<MappedMemoryResource>> {
     let resource = registry().get(uuid)?;
@@ -99,9 +100,11 @@ impl MappedMemoryResource {
     /// a peer that names another pool's UUID first never captures it.
     ///
     /// # Errors
-    /// [`IpcError::PoolAlreadyImported`] when the driver answers with a pool this process already
-    /// holds under another UUID (or its own pool); driver errors when the driver refuses the
-    /// descriptor (it is not a pool, or of a kind this process cannot map).
+    ///
+    /// - [`IpcError::PoolAlreadyImported`]: the driver answers with a pool this process already
+    ///   holds under another UUID (or its own pool).
+    /// - [`IpcError::Core`]: the driver refuses the descriptor (it is not a pool, or of a kind this
+    ///   process cannot map).
     #[doc(alias = "from_allocation_handle")]
     pub fn from_owned_fd(fd: OwnedFd, uuid: Uuid) -> Result<Arc<MappedMemoryResource>> {
         let _importing = importing();
@@ -131,7 +134,9 @@ impl MappedMemoryResource {
     /// [`MappedMemoryResource::from_owned_fd`], an existing import of `uuid` is returned.
     ///
     /// # Errors
-    /// As [`MappedMemoryResource::from_owned_fd`], and when no descriptor can be duplicated.
+    ///
+    /// - [`IpcError::Io`]: no descriptor can be duplicated.
+    /// - As [`MappedMemoryResource::from_owned_fd`].
     #[doc(alias = "from_allocation_handle")]
     pub fn from_fd(fd: BorrowedFd<'_>, uuid: Uuid) -> Result<Arc<MappedMemoryResource>> {
         let owned = fd
@@ -206,12 +211,17 @@ impl MappedMemoryResource {
     /// unmaps (when no other import of it in this process remains) when dropped, on `stream`.
     ///
     /// # Errors
-    /// [`IpcError::Decode`] for a descriptor that [`BufferDescriptor::validate`] refuses (its
-    /// fields are public, so one may have been changed after decoding: a size of 0, or beyond
-    /// [`MAX_BUFFER_SIZE`](crate::MAX_BUFFER_SIZE), or the nil UUID), checked before any driver
-    /// call; [`IpcError::WrongResource`] when the descriptor belongs to another resource;
-    /// [`IpcError::MisdescribedBuffer`] when its size exceeds the shared allocation; driver errors
-    /// for data the driver refuses. Nothing stays mapped on failure.
+    ///
+    /// Nothing stays mapped on failure.
+    ///
+    /// - [`IpcError::BufferDescriptor`]: [`BufferDescriptor::validate`] refuses the descriptor (its
+    ///   fields are public, so one may have been changed after decoding: a size of 0, or beyond
+    ///   [`MAX_BUFFER_SIZE`](crate::MAX_BUFFER_SIZE), or the nil UUID); checked before any driver
+    ///   call.
+    /// - [`IpcError::WrongResource`]: the descriptor belongs to another resource.
+    /// - [`IpcError::MisdescribedBuffer`]: its size exceeds the shared allocation.
+    /// - [`IpcError::Protocol`]: its size is beyond this machine's address space.
+    /// - [`IpcError::Core`]: the driver refuses the export data.
     #[doc(alias = "from_ipc_descriptor")]
     pub fn import_buffer(self: &Arc<Self>, descriptor: &BufferDescriptor, stream: &Stream) -> Result<Buffer> {
         // A buffer of 0 bytes would never give its share back (an empty buffer frees nothing),
@@ -220,9 +230,8 @@ impl MappedMemoryResource {
         if descriptor.resource != self.uuid {
             return Err(IpcError::WrongResource { expected: self.uuid, found: descriptor.resource });
         }
-        let size = usize::try_from(descriptor.size).map_err(|_| {
-            IpcError::Protocol(format!("a buffer of {} bytes does not fit this machine", descriptor.size))
-        })?;
+        let size = usize::try_from(descriptor.size)
+            .map_err(|_| ProtocolError::BufferBeyondAddressSpace { size: descriptor.size })?;
         let ptr = self.pool.import_allocation(&descriptor.export_data, size, stream).map_err(|error| match error {
             // The descriptor's size against the mapping (the other size it checks, 0, was
             // refused above).
@@ -333,7 +342,8 @@ mod tests {
     use cuda_mem_core::{DeviceMemoryResource, DeviceMemoryResourceOptions, StreamOptions, import_holders};
 
     use super::*;
-    use crate::{DecodeError, MAX_BUFFER_SIZE, allocation_handle, buffer_descriptor};
+    use crate::wire::{BufferDescriptorError, MAX_BUFFER_SIZE};
+    use crate::{allocation_handle, buffer_descriptor};
 
     /// A descriptor changed after decoding (its fields are public) is checked as decoding checks
     /// it, before any driver call: a size of 0 would take a share of the mapping that the empty
@@ -350,15 +360,15 @@ mod tests {
         let good = buffer_descriptor(&buffer).unwrap();
 
         let refusals = [
-            (BufferDescriptor { size: 0, ..good }, DecodeError::ZeroSize { max: MAX_BUFFER_SIZE }),
+            (BufferDescriptor { size: 0, ..good }, BufferDescriptorError::ZeroSize { max: MAX_BUFFER_SIZE }),
             (
                 BufferDescriptor { size: MAX_BUFFER_SIZE + 1, ..good },
-                DecodeError::SizeTooLarge { size: MAX_BUFFER_SIZE + 1, max: MAX_BUFFER_SIZE },
+                BufferDescriptorError::SizeTooLarge { size: MAX_BUFFER_SIZE + 1, max: MAX_BUFFER_SIZE },
             ),
         ];
         for (descriptor, expected) in refusals {
             let error = mapped.import_buffer(&descriptor, &stream).unwrap_err();
-            assert!(matches!(&error, IpcError::Decode(found) if *found == expected), "{error:?}");
+            assert!(matches!(&error, IpcError::BufferDescriptor(found) if *found == expected), "{error:?}");
         }
         // No share was taken: a genuine import is the only holder, and its drop unmaps.
         let imported = mapped.import_buffer(&good, &stream).unwrap();

@@ -1,6 +1,7 @@
-//! `IpcChannel`: pools, buffers and plain bytes between processes, over a [`Channel`].
+//! `IpcChannel`: pools, buffers and plain bytes between processes, over a [`Channel`], and what
+//! a channel keeps of them (the pools sent and received, the peer's events).
 //!
-//! Documented on [`IpcChannel`]: its messages and what the receiving side keeps.
+//! Documented on [`IpcChannel`]. The bytes of each message are [`crate::wire`]'s.
 
 use std::any::Any;
 use std::collections::HashMap;
@@ -12,22 +13,13 @@ use cuda_mem_core::{Buffer, Device, Event, MemoryResource, PoolKind, ScopedBuffe
 use uuid::Uuid;
 
 use crate::channel::{Channel, RawMessage};
-use crate::descriptor::{BufferDescriptor, ENCODED_LEN};
-use crate::error::{IpcError, Result};
-use crate::event::{EVENT_ENCODED_LEN, EventDescriptor};
+use crate::error::{IpcError, MessageLimit, ProtocolError, Result};
 use crate::mapped::MappedMemoryResource;
-use crate::share::{allocation_handle, buffer_descriptor};
-
-/// Message kinds on the wire.
-const RESOURCE: u16 = 1;
-const BUFFERS: u16 = 2;
-const DATA: u16 = 3;
-pub(crate) const VIRTUAL_BUFFER: u16 = 4;
-const EVENT: u16 = 5;
-const BUFFERS_AFTER_EVENT: u16 = 6;
-const RESOURCE_LEN: usize = 40;
-/// The most buffers one message may carry.
-pub const MAX_BUFFERS_PER_MESSAGE: usize = 65_536;
+use crate::share::{Unshareable, allocation_handle, buffer_descriptor};
+use crate::wire::{
+    BufferDescriptor, EventDescriptor, MAX_BUFFERS_PER_MESSAGE, MessageError, MessageKind, PoolMemory, ResourceMessage,
+    WireDevice, buffer_descriptors, encode_buffers, expect_fds, split_event,
+};
 
 /// What arrived. More kinds may come with features (and later versions): match with a `_` arm.
 #[derive(Debug)]
@@ -49,67 +41,71 @@ pub enum Received {
     VirtualBuffer(cuda_mem_vmm::VirtualBuffer),
 }
 
-/// A channel that carries pools, buffers, plain bytes (and, with the feature `vmm`, virtual
-/// buffers) between processes, over a [`Channel`].
+/// A channel that carries pools, buffers, events, plain bytes (and, with the feature `vmm`,
+/// virtual buffers) between processes, over a [`Channel`].
 ///
-/// Messages (each one frame of the channel):
+/// Its messages are the kinds of [`MessageKind`] (whose docs have their layouts), each one frame
+/// of the channel. One channel carries all of them, in any order. [`IpcChannel::recv`] receives
+/// any message; [`IpcChannel::recv_buffers`] receives the buffers of one send.
 ///
-/// | kind | payload | file descriptors |
-/// |---|---|---|
-/// | 1, resource | UUID (16 bytes), memory kind (u8: 0 device, 1 pinned), the sender's device ordinal (i32 LE, -1 for pinned), 3 zero bytes, device UUID (16 bytes, zero for pinned) | the pool's |
-/// | 2, buffers | count (u32 LE), then `count` encoded [`BufferDescriptor`]s | none |
-/// | 3, data | the application's bytes | none |
-/// | 4, virtual buffer (feature `vmm`) | an encoded `SharedVirtualBuffer` (its layout: `SharedVirtualBuffer`'s docs) | one per chunk (POSIX-fd handles), none (fabric handles) |
-/// | 5, event | an encoded [`EventDescriptor`] | none |
-/// | 6, buffers after an event | an encoded [`EventDescriptor`], then what a buffers message carries | none |
+/// # Pools
 ///
-/// One channel carries all of them, in any order.
+/// Sending a buffer whose pool has not been sent on this channel sends the pool first, so the
+/// receiver always knows it. The receiving channel keeps every pool it received, by the UUID
+/// the peer named it with, for as long as it lives (or until [`IpcChannel::release_resource`]).
+/// A receiver may drop the [`Received::Resource`] it got: the buffers that follow still map.
+///
+/// Buffers map only through the pools their own channel received, never through the
+/// process-wide registry, so a peer can use only the pools it sent itself. The peer's word is
+/// checked against the driver's: the memory kind and device a resource message states must be
+/// what the imported pool is. A UUID this process has imported already is shared only when the
+/// driver answers the new import with that import's own handle (the same pool); otherwise the
+/// new import stands on its own. A pool sent again on the same channel is the one received
+/// first (the duplicate descriptor is closed).
+///
+/// A UUID names one pool on a channel, for the channel's life. A relay that imported two pools
+/// under one UUID (from two peers, each naming its own pool so) can send only the first on a
+/// given channel. The other, and its buffers, are refused with
+/// [`IpcError::UuidTakenOnChannel`] before anything of it is sent: send it on another channel.
+/// The same holds for a pool imported under a UUID once its earlier import, sent on the
+/// channel, is gone: this side cannot tell whether it is the same pool.
 ///
 /// # Events: the receiver's stream waits on the GPU
 ///
-/// The usual hand-off: the sender enqueues work on a stream, records an interprocess event
+/// The usual hand-off: the sender enqueues work on a stream and records an interprocess event
 /// (created with [`EventOptions::interprocess`](cuda_mem_core::EventOptions::interprocess)) on
-/// it and sends the buffers with the event ([`IpcChannel::send_buffers_after`]), or the event
+/// it. It sends the buffers with the event ([`IpcChannel::send_buffers_after`]), or the event
 /// alone ([`IpcChannel::send_event`]) to say "what I enqueued so far is yours once done". The
-/// receiver's [`IpcChannel::recv`] opens the event and makes the stream it is given wait for
-/// it (`cuStreamWaitEvent`) before it hands over the buffers: work the receiver then enqueues on
-/// that stream runs after the sender's, and neither side waits on the host. The sender may
-/// record the same event again and send it again; the receiver opens each event once per
-/// channel, by the sender's [`Event::id`] (kept until the channel drops, or
-/// [`IpcChannel::release_events`]), and each wait is for the latest recording. The sender must
-/// keep the event alive until the receiver has received it (the driver opens an event only while
-/// its exporter holds it): an event it destroyed too early is an [`IpcError::EventImport`]
-/// there, after which the channel goes on.
+/// receiver opens the event and makes the stream it is given wait for it (`cuStreamWaitEvent`)
+/// before it hands over the buffers. Work the receiver then enqueues on that stream runs after
+/// the sender's, and neither side waits on the host.
 ///
-/// A virtual buffer is imported with the
-/// `VirtualMemoryResource` the receiver registered for where its memory lives
-/// (`IpcChannel::import_virtual_buffers_into`); a build without the `vmm` feature refuses kind 4
-/// saying so, and closes its descriptors.
+/// The sender may record the same event again and send it again. The receiver opens each event
+/// once per channel, by the sender's [`Event::id`] (kept until the channel drops, or
+/// [`IpcChannel::release_events`]); each wait is for the latest recording. The sender must keep
+/// the event alive until the receiver has received it (the driver opens an event only while its
+/// exporter holds it). An event it destroyed too early is an [`IpcError::EventImport`] there,
+/// after which the channel goes on.
 ///
-/// The receiver finds the pool's device by its UUID, not by the sender's ordinal: processes
-/// that see different devices (`CUDA_VISIBLE_DEVICES`) number them differently.
+/// # Who frees first
 ///
-/// Sending a buffer whose resource has not been sent on this channel sends the resource first,
-/// so the receiver always knows it.
+/// The driver's rule (`cuMemPoolImportPointer`): every process that imported a buffer frees it
+/// before its exporter does, and an importer's stream-ordered free must have run by then.
+/// Dropping a buffer is its free, and this crate cannot see another process's imports. So the
+/// order is the program's: the importer drops its buffers (freed on the stream given to
+/// [`IpcChannel::recv`]), waits for that stream or exits, and then says so; the exporter drops
+/// its own after hearing it. Memory freed too early goes back to the exporter's pool, whose next
+/// allocation may take it while the importer still uses it, silently on a GPU. The simulator
+/// (`cuda-sim`) reports such a free on stderr, and the importer then reads `0xdb`.
 ///
-/// A UUID names one pool on a channel, for the channel's life: the receiver maps every buffer
-/// that names it through the pool it received under it first. A process that imported two
-/// different pools under one UUID (from two peers, each naming its own pool so) and passes both
-/// on can send only the first on a given channel: the other, and its buffers, are refused there
-/// with [`IpcError::UuidTakenOnChannel`], before anything of it is sent (send it on another channel). The same holds for a pool imported under
-/// a UUID once its earlier import, sent on the channel, is gone: this side cannot tell whether
-/// it is the same pool.
+/// # Devices and virtual buffers
 ///
-/// The receiving channel keeps every resource it received, by the UUID the peer named it with,
-/// for as long as the channel lives (or until [`IpcChannel::release_resource`]): a receiver may
-/// drop the [`Received::Resource`] it got, and the buffers that follow still map. Buffers are
-/// resolved only against the resources their own channel received, never against the
-/// process-wide registry, so a peer can use only the pools it sent itself. The peer's word is
-/// checked against the driver's: the memory kind and device a resource message states must be
-/// what the imported pool is (asked of the driver); a UUID this process has imported already is
-/// shared only when the driver answers the new import with that import's own handle (the same
-/// pool); otherwise the new import stands on its own. A resource sent again on the same channel
-/// is the one received first (the duplicate descriptor is closed).
+/// The receiver finds a pool's device by its UUID, not by the sender's ordinal: processes that
+/// see different devices (`CUDA_VISIBLE_DEVICES`) number them differently.
+///
+/// A virtual buffer is imported with the `VirtualMemoryResource` the receiver registered for
+/// where its memory lives (`IpcChannel::import_virtual_buffers_into`). A build without the `vmm`
+/// feature refuses one saying so, and closes its descriptors.
 #[derive(Debug)]
 pub struct IpcChannel {
     channel: Channel,
@@ -200,12 +196,7 @@ impl IpcChannel {
             let mut events = self.events();
             match events.get(&descriptor.id) {
                 Some(event) if event.ipc_handle().ok() == Some(descriptor.handle) => Arc::clone(event),
-                Some(_) => {
-                    return Err(IpcError::Protocol(format!(
-                        "the peer sent its event {} with another handle than before: an id names one event",
-                        descriptor.id
-                    )));
-                }
+                Some(_) => return Err(ProtocolError::EventHandleChanged { id: descriptor.id }.into()),
                 None => {
                     // Another id with the same handle names an event the peer has destroyed
                     // since (the driver gave its handle to this new one): let it go.
@@ -227,29 +218,26 @@ impl IpcChannel {
     /// by UUID (no driver call), and closes the duplicate descriptor.
     ///
     /// # Errors
-    /// [`IpcError::NotIpcEnabled`] for resources that cannot be shared;
-    /// [`IpcError::UuidTakenOnChannel`] for a pool whose UUID another pool was sent under on this
-    /// channel (see [`IpcChannel`]; nothing is sent); channel
-    /// errors.
+    ///
+    /// - [`IpcError::NotIpcEnabled`]: the resource cannot be shared.
+    /// - [`IpcError::UuidTakenOnChannel`]: another pool was sent under its UUID on this channel (see
+    ///   [`IpcChannel`]); nothing is sent.
+    /// - As [`Channel::send`].
     pub fn send_resource(&self, resource: &dyn MemoryResource) -> Result<()> {
         let handle = allocation_handle(resource)?;
         let pool = SentPool::of(resource);
-        let mut payload = [0u8; RESOURCE_LEN];
-        payload[..16].copy_from_slice(handle.uuid().as_bytes());
-        let (kind, ordinal, device_uuid) = match handle.kind() {
-            PoolKind::Device(device) => (0u8, device.ordinal() as i32, device.uuid()?),
-            PoolKind::Pinned => (1u8, -1, [0; 16]),
+        let memory = match handle.kind() {
+            PoolKind::Device(device) => PoolMemory::Device(wire_device(device)?),
+            PoolKind::Pinned => PoolMemory::Pinned,
             // Only device and pinned pools can be created shareable (or imported).
-            other => return Err(IpcError::NotIpcEnabled(format!("a {other}"))),
+            other => return Err(IpcError::NotIpcEnabled(Unshareable::PoolKind(other))),
         };
-        payload[16] = kind;
-        payload[17..21].copy_from_slice(&ordinal.to_le_bytes());
-        payload[24..40].copy_from_slice(&device_uuid);
+        let payload = ResourceMessage { pool: handle.uuid(), memory }.encode();
         // Checked, sent and noted under one lock: two threads sending two pools under one UUID
         // cannot both send theirs, nor note another pool than the one that went first.
         let mut sent = self.sent();
         check_not_taken(&sent, handle.uuid(), pool)?;
-        self.channel.send(RESOURCE, &payload, &[handle.fd()])?;
+        self.channel.send(MessageKind::Resource.code(), &payload, &[handle.fd()])?;
         sent.insert(handle.uuid(), pool);
         Ok(())
     }
@@ -257,13 +245,16 @@ impl IpcChannel {
     /// Sends buffers in one message, sending first each resource not yet sent on this channel.
     ///
     /// # Errors
-    /// [`IpcError::MessageTooLarge`] for more buffers than one message carries (nothing is
-    /// sent); [`IpcError::NotIpcEnabled`] for buffers that cannot be shared;
-    /// [`IpcError::UuidTakenOnChannel`] for a buffer of a pool whose UUID another pool was sent under on this channel, or that another
-    /// buffer's pool shares (see [`IpcChannel`]; the message is not sent); channel errors.
+    ///
+    /// - [`IpcError::MessageTooLarge`]: more buffers than one message carries; nothing is sent.
+    /// - [`IpcError::NotIpcEnabled`]: a buffer cannot be shared.
+    /// - [`IpcError::UuidTakenOnChannel`]: a buffer's pool goes by a UUID another pool was sent
+    ///   under on this channel, or that another buffer's pool shares (see [`IpcChannel`]); the
+    ///   message is not sent.
+    /// - As [`IpcChannel::send_resource`], for the pools sent first, and [`Channel::send`].
     pub fn send_buffers(&self, buffers: &[&ScopedBuffer<'_>]) -> Result<()> {
         let payload = self.buffers_payload(Vec::new(), buffers)?;
-        self.channel.send(BUFFERS, &payload, &[])
+        self.channel.send(MessageKind::Buffers.code(), &payload, &[])
     }
 
     /// Sends buffers with an interprocess event, in one message: the receiver's stream waits for
@@ -272,25 +263,29 @@ impl IpcChannel {
     /// for, then send; keep `event` alive until the receiver has received it.
     ///
     /// # Errors
-    /// [`cuda_mem_core::Error::EventNotInterprocess`] (as [`IpcError::Core`]) for an event
-    /// created without [`EventOptions::interprocess`](cuda_mem_core::EventOptions::interprocess);
-    /// as [`IpcChannel::send_buffers`]. Nothing is sent on an error before the message.
+    ///
+    /// Nothing is sent on an error before the message.
+    ///
+    /// - [`IpcError::Core`] with [`cuda_mem_core::Error::EventNotInterprocess`]: `event` was created
+    ///   without [`EventOptions::interprocess`](cuda_mem_core::EventOptions::interprocess).
+    /// - As [`IpcChannel::send_buffers`].
     pub fn send_buffers_after(&self, event: &Event, buffers: &[&ScopedBuffer<'_>]) -> Result<()> {
         let descriptor = EventDescriptor::of(event)?;
         let payload = self.buffers_payload(descriptor.encode().to_vec(), buffers)?;
-        self.channel.send(BUFFERS_AFTER_EVENT, &payload, &[])
+        self.channel.send(MessageKind::BuffersAfterEvent.code(), &payload, &[])
     }
 
     /// Sends an interprocess event: the receiver's stream waits for its latest recording (see
     /// [`IpcChannel`], *Events*). Keep `event` alive until the receiver has received it.
     ///
     /// # Errors
-    /// [`cuda_mem_core::Error::EventNotInterprocess`] (as [`IpcError::Core`]) for an event
-    /// created without [`EventOptions::interprocess`](cuda_mem_core::EventOptions::interprocess);
-    /// channel errors.
+    ///
+    /// - [`IpcError::Core`] with [`cuda_mem_core::Error::EventNotInterprocess`]: `event` was created
+    ///   without [`EventOptions::interprocess`](cuda_mem_core::EventOptions::interprocess).
+    /// - As [`Channel::send`].
     pub fn send_event(&self, event: &Event) -> Result<()> {
         let descriptor = EventDescriptor::of(event)?;
-        self.channel.send(EVENT, &descriptor.encode(), &[])
+        self.channel.send(MessageKind::Event.code(), &descriptor.encode(), &[])
     }
 
     /// `payload` followed by a buffers message's payload for `buffers`, after sending each
@@ -298,7 +293,7 @@ impl IpcChannel {
     fn buffers_payload(&self, mut payload: Vec<u8>, buffers: &[&ScopedBuffer<'_>]) -> Result<Vec<u8>> {
         if buffers.len() > MAX_BUFFERS_PER_MESSAGE {
             return Err(IpcError::MessageTooLarge {
-                what: "number of buffers",
+                what: MessageLimit::Buffers,
                 actual: buffers.len(),
                 limit: MAX_BUFFERS_PER_MESSAGE,
             });
@@ -338,20 +333,17 @@ impl IpcChannel {
             // Checked again there: another thread may have sent another pool under its UUID.
             self.send_resource(resource)?;
         }
-        payload.reserve(4 + descriptors.len() * ENCODED_LEN);
-        payload.extend_from_slice(&(descriptors.len() as u32).to_le_bytes());
-        for descriptor in &descriptors {
-            payload.extend_from_slice(&descriptor.encode());
-        }
+        encode_buffers(&mut payload, &descriptors);
         Ok(payload)
     }
 
     /// Sends the application's bytes.
     ///
     /// # Errors
-    /// Channel errors.
+    ///
+    /// - As [`Channel::send`].
     pub fn send_data(&self, bytes: &[u8]) -> Result<()> {
-        self.channel.send(DATA, bytes, &[])
+        self.channel.send(MessageKind::Data.code(), bytes, &[])
     }
 
     /// Receives one message: imports a resource (kept by the channel, see
@@ -360,92 +352,121 @@ impl IpcChannel {
     ///
     /// With the feature `vmm`, a virtual buffer is imported with the resource registered for
     /// where its memory lives (freed on `stream` when dropped); when it cannot be, the error is
-    /// `IpcError::VirtualBufferDecode`, `IpcError::DeviceNotVisible`,
+    /// `IpcError::SharedVirtualBuffer`, `IpcError::DeviceNotVisible`,
     /// `IpcError::NoVirtualMemoryResource` or `IpcError::Vmm`, its descriptors are closed and
     /// nothing stays imported.
     ///
     /// # Errors
-    /// Channel errors; protocol errors for malformed messages; [`IpcError::UnknownResource`]
-    /// for a buffer whose resource did not arrive on this channel (or was released);
-    /// [`IpcError::MisdescribedResource`] for a pool that is not what the peer says;
-    /// [`IpcError::PoolAlreadyImported`] for a pool this process holds under another UUID;
-    /// [`IpcError::MisdescribedBuffer`] for a buffer larger than the memory its pool shares;
-    /// [`IpcError::NotReceivable`] for a virtual buffer without the feature `vmm`; driver errors
-    /// from importing. A bad message leaves the process's pools and mappings as they were
-    /// (nothing half-imported stays mapped). One thing stays, which changes no memory: when a
-    /// buffers-after-event message is refused after its event was opened and `stream` made to
-    /// wait for it (a buffer the driver refuses, or larger than its mapping; malformed
-    /// descriptors and unknown resources are refused before), the channel keeps the event
-    /// open, as if it had come alone, and `stream` still waits for it (the buffers imported
-    /// before the refusal are unmapped on `stream`, so after the sender's work).
+    ///
+    /// - As [`Channel::recv`]: the channel's and the frame's errors.
+    /// - [`IpcError::Protocol`]: a message that does not follow its format ([`ProtocolError`] says
+    ///   which check failed), or an event sent again with another handle.
+    /// - [`IpcError::BufferDescriptor`], [`IpcError::EventDescriptor`]: a malformed descriptor.
+    /// - [`IpcError::UnknownResource`]: a buffer whose resource did not arrive on this channel (or
+    ///   was released).
+    /// - [`IpcError::DeviceNotVisible`]: a pool of a device this process does not see.
+    /// - [`IpcError::MisdescribedResource`]: a pool that is not what the peer says.
+    /// - [`IpcError::PoolAlreadyImported`]: a pool this process holds under another UUID.
+    /// - [`IpcError::MisdescribedBuffer`]: a buffer larger than the memory its pool shares.
+    /// - [`IpcError::EventImport`]: the driver will not open the peer's event.
+    /// - [`IpcError::NotReceivable`]: a virtual buffer, without the feature `vmm`.
+    /// - [`IpcError::Core`]: the driver refused an import.
+    ///
+    /// A bad message leaves the process's pools and mappings as they were (nothing half-imported
+    /// stays mapped). One thing stays, which changes no memory: when a buffers-after-event message
+    /// is refused after its event was opened and `stream` made to wait for it (a buffer the driver
+    /// refuses, or larger than its mapping; malformed descriptors and unknown resources are refused
+    /// before), the channel keeps the event open, as if it had come alone, and `stream` still waits
+    /// for it (the buffers imported before the refusal are unmapped on `stream`, so after the
+    /// sender's work).
     pub fn recv(&self, stream: &Stream) -> Result<Received> {
-        let message = self.channel.recv()?;
-        match message.kind {
-            RESOURCE => self.receive_resource(message).map(Received::Resource),
-            BUFFERS => self.receive_buffers(&message, &message.payload, None, stream).map(Received::Buffers),
-            BUFFERS_AFTER_EVENT => {
-                let (event, buffers) = split_event(&message.payload)?;
-                self.receive_buffers(&message, buffers, Some(event), stream).map(Received::Buffers)
+        let (kind, message) = self.next_message()?;
+        match kind {
+            MessageKind::Resource => self.receive_resource(message).map(Received::Resource),
+            MessageKind::Buffers | MessageKind::BuffersAfterEvent => {
+                self.receive_buffers(kind, &message.payload, stream).map(Received::Buffers)
             }
-            EVENT => {
-                expect_no_fds(&message)?;
-                let event = decode_event(&message.payload)?;
+            MessageKind::Event => {
+                let event = EventDescriptor::decode(&message.payload)?;
                 self.wait_for_event(event, stream).map(Received::Event)
             }
-            DATA => {
-                expect_no_fds(&message)?;
-                Ok(Received::Data(message.payload))
-            }
+            MessageKind::Data => Ok(Received::Data(message.payload)),
             #[cfg(feature = "vmm")]
-            VIRTUAL_BUFFER => self.virtual_buffer_importers.receive(message, stream).map(Received::VirtualBuffer),
-            #[cfg(not(feature = "vmm"))]
-            VIRTUAL_BUFFER => {
-                Err(IpcError::NotReceivable { what: "virtual buffer", kind: VIRTUAL_BUFFER, feature: "vmm" })
+            MessageKind::VirtualBuffer => {
+                self.virtual_buffer_importers.receive(message, stream).map(Received::VirtualBuffer)
             }
-            other => Err(IpcError::Protocol(format!("unknown message kind {other}"))),
+            #[cfg(not(feature = "vmm"))]
+            MessageKind::VirtualBuffer => Err(IpcError::NotReceivable { kind, feature: "vmm" }),
         }
     }
 
+    /// Receives the buffers of one [`send_buffers`](Self::send_buffers) or
+    /// [`send_buffers_after`](Self::send_buffers_after) of the peer: the resource messages sent
+    /// before them (their pools, sent the first time on this channel) are received as
+    /// [`recv`](Self::recv) receives them, and the channel keeps those pools; then the buffers
+    /// are mapped and returned (freed on `stream` when dropped). When they came with an event,
+    /// `stream` waits for it first, on the GPU, as with [`recv`](Self::recv) (the channel keeps
+    /// the event open).
+    ///
+    /// Use [`recv`](Self::recv) where other messages (data, an event alone, a virtual buffer)
+    /// may come before the buffers.
+    ///
+    /// ```
+    /// # cuda_sim::testing::driver()?; // the tests run this example on the simulator
+    /// use cuda_mem_core::{Device, DeviceMemoryResource, DeviceMemoryResourceOptions, Stream, StreamOptions};
+    /// use cuda_mem_ipc::{Channel, IpcChannel};
+    ///
+    /// let device = Device::new(0)?;
+    /// let stream = Stream::new(device, StreamOptions::default().non_blocking())?;
+    /// let pool = DeviceMemoryResource::new(device, DeviceMemoryResourceOptions::default().ipc_enabled(true))?;
+    /// let (here, there) = Channel::pair()?;
+    /// let (sender, receiver) = (IpcChannel::new(here), IpcChannel::new(there));
+    ///
+    /// let (a, b) = (pool.allocate(4096, &stream)?, pool.allocate(64, &stream)?);
+    /// sender.send_buffers(&[&a, &b])?; // the pool, then both buffers
+    /// let mapped = receiver.recv_buffers(&stream)?;
+    /// assert_eq!((mapped[0].size(), mapped[1].size()), (4096, 64));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// - [`IpcError::UnexpectedMessage`]: a message of another kind came first. It was dropped
+    ///   unread: nothing of it imported, its descriptors closed. The channel is still in step.
+    /// - As [`recv`](Self::recv), for the resource and buffers messages.
+    pub fn recv_buffers(&self, stream: &Stream) -> Result<Vec<Buffer>> {
+        loop {
+            let (kind, message) = self.next_message()?;
+            match kind {
+                MessageKind::Resource => drop(self.receive_resource(message)?),
+                MessageKind::Buffers | MessageKind::BuffersAfterEvent => {
+                    return self.receive_buffers(kind, &message.payload, stream);
+                }
+                found => return Err(IpcError::UnexpectedMessage { expected: MessageKind::Buffers, found }),
+            }
+        }
+    }
+
+    /// The next message and its kind, once the kind is known and the message carries the
+    /// number of file descriptors its kind does.
+    fn next_message(&self) -> Result<(MessageKind, RawMessage)> {
+        let message = self.channel.recv()?;
+        let kind = MessageKind::of(message.kind).map_err(ProtocolError::from)?;
+        expect_fds(kind, message.fds.len()).map_err(ProtocolError::from)?;
+        Ok((kind, message))
+    }
+
     fn receive_resource(&self, mut message: RawMessage) -> Result<Arc<MappedMemoryResource>> {
-        let payload = &message.payload;
-        if payload.len() != RESOURCE_LEN || message.fds.len() != 1 {
-            return Err(IpcError::Protocol(format!(
-                "a resource message has {RESOURCE_LEN} bytes and 1 file descriptor; got {} bytes and {}",
-                payload.len(),
-                message.fds.len()
-            )));
-        }
-        if payload[21..24].iter().any(|&b| b != 0) {
-            return Err(IpcError::Protocol("a resource message's reserved bytes are not zero".to_string()));
-        }
-        let mut uuid = [0u8; 16];
-        uuid.copy_from_slice(&payload[..16]);
-        let uuid = Uuid::from_bytes(uuid);
-        if uuid.is_nil() {
-            return Err(IpcError::Protocol("a resource message names the nil UUID".to_string()));
-        }
-        let ordinal = i32::from_le_bytes([payload[17], payload[18], payload[19], payload[20]]);
-        let mut device_uuid = [0u8; 16];
-        device_uuid.copy_from_slice(&payload[24..40]);
-        let kind = match payload[16] {
-            0 => {
-                if ordinal < 0 {
-                    return Err(IpcError::Protocol(format!("device ordinal {ordinal} in a resource message")));
-                }
-                if device_uuid == [0; 16] {
-                    return Err(IpcError::Protocol("a device pool's resource message has no device UUID".to_string()));
-                }
-                PoolKind::Device(visible_device(Uuid::from_bytes(device_uuid), ordinal)?)
-            }
-            1 if ordinal != -1 || device_uuid != [0; 16] => {
-                return Err(IpcError::Protocol(
-                    "a pinned pool's resource message names a device (ordinal -1 and a zero UUID expected)".to_string(),
-                ));
-            }
-            1 => PoolKind::Pinned,
-            other => return Err(IpcError::Protocol(format!("memory kind {other} in a resource message"))),
+        let ResourceMessage { pool: uuid, memory } = ResourceMessage::decode(&message.payload)?;
+        let kind = match memory {
+            PoolMemory::Device(device) => PoolKind::Device(visible_device(device)?),
+            PoolMemory::Pinned => PoolKind::Pinned,
         };
-        let fd: OwnedFd = message.fds.remove(0);
+        // One, as `next_message` checked.
+        let fd: OwnedFd = message.fds.pop().ok_or(ProtocolError::Message(MessageError::FdCount {
+            kind: MessageKind::Resource,
+            expected: 1,
+            found: 0,
+        }))?;
         // Sent again on this channel: the first one stands (the duplicate descriptor closes here).
         let resource = match self.resource(uuid) {
             Some(received) => received,
@@ -469,41 +490,22 @@ impl IpcChannel {
         Ok(resource)
     }
 
-    /// Maps the buffers `payload` describes; with `event`, makes `stream` wait for it first.
-    fn receive_buffers(
-        &self,
-        message: &RawMessage,
-        payload: &[u8],
-        event: Option<EventDescriptor>,
-        stream: &Stream,
-    ) -> Result<Vec<Buffer>> {
-        expect_no_fds(message)?;
-        let count = payload
-            .get(..4)
-            .and_then(|b| b.try_into().ok())
-            .map(u32::from_le_bytes)
-            .ok_or_else(|| IpcError::Protocol("a buffers message shorter than its count".to_string()))?
-            as usize;
-        if count > MAX_BUFFERS_PER_MESSAGE {
-            return Err(IpcError::Protocol(format!(
-                "a buffers message for {count} buffers; the most one message may carry is {MAX_BUFFERS_PER_MESSAGE}"
-            )));
-        }
-        if payload.len() != 4 + count * ENCODED_LEN {
-            return Err(IpcError::Protocol(format!(
-                "a buffers message for {count} buffers must have {} bytes; it has {}",
-                4 + count * ENCODED_LEN,
-                payload.len()
-            )));
-        }
+    /// Maps the buffers a buffers message's `payload` describes; for a buffers-after-event
+    /// message, makes `stream` wait for its event first.
+    fn receive_buffers(&self, kind: MessageKind, payload: &[u8], stream: &Stream) -> Result<Vec<Buffer>> {
+        let (event, payload) = match kind {
+            MessageKind::BuffersAfterEvent => {
+                let (event, buffers) = split_event(payload)?;
+                (Some(EventDescriptor::decode(event)?), buffers)
+            }
+            _ => (None, payload),
+        };
         // Decode everything, and find every resource, before importing anything.
-        let descriptors = payload[4..]
-            .chunks_exact(ENCODED_LEN)
-            .map(BufferDescriptor::decode)
-            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let descriptors =
+            buffer_descriptors(payload)?.map(BufferDescriptor::decode).collect::<std::result::Result<Vec<_>, _>>()?;
         let resources = {
             let received = self.received();
-            let mut resources: Vec<Arc<MappedMemoryResource>> = Vec::with_capacity(count);
+            let mut resources: Vec<Arc<MappedMemoryResource>> = Vec::with_capacity(descriptors.len());
             for d in &descriptors {
                 // A batch is usually of one pool: the one before is found without a lookup.
                 let resource = match resources.last() {
@@ -517,7 +519,7 @@ impl IpcChannel {
         if let Some(event) = event {
             self.wait_for_event(event, stream)?;
         }
-        let mut buffers = Vec::with_capacity(count);
+        let mut buffers = Vec::with_capacity(descriptors.len());
         for (descriptor, resource) in descriptors.iter().zip(&resources) {
             // On an error the buffers imported so far drop here and are released.
             buffers.push(resource.import_buffer(descriptor, stream)?);
@@ -552,45 +554,39 @@ fn check_not_taken(sent: &HashMap<Uuid, SentPool>, uuid: Uuid, pool: SentPool) -
     }
 }
 
-/// This process's device with the UUID a peer named (its ordinal there is `sender_ordinal`).
+/// How the wire names `device`: its UUID, and its ordinal here for messages.
 ///
 /// # Errors
-/// [`IpcError::DeviceNotVisible`] when this process does not see it; driver errors.
-pub(crate) fn visible_device(uuid: Uuid, sender_ordinal: i32) -> Result<Device> {
+///
+/// - [`IpcError::Core`]: reading the device's UUID failed.
+pub(crate) fn wire_device(device: Device) -> Result<WireDevice> {
+    let sender_ordinal = i32::try_from(device.ordinal()).unwrap_or(i32::MAX);
+    Ok(WireDevice { uuid: Uuid::from_bytes(device.uuid()?), sender_ordinal })
+}
+
+/// This process's device with the UUID a peer named.
+///
+/// # Errors
+///
+/// - [`IpcError::DeviceNotVisible`]: this process does not see it.
+/// - [`IpcError::Core`]: the driver failed to list the devices.
+pub(crate) fn visible_device(device: WireDevice) -> Result<Device> {
+    let WireDevice { uuid, sender_ordinal } = device;
     Device::with_uuid(*uuid.as_bytes())?.ok_or(IpcError::DeviceNotVisible { uuid, sender_ordinal })
-}
-
-fn decode_event(bytes: &[u8]) -> Result<EventDescriptor> {
-    EventDescriptor::decode(bytes).map_err(IpcError::EventDecode)
-}
-
-/// A buffers-after-event payload's event and the buffers payload after it.
-fn split_event(payload: &[u8]) -> Result<(EventDescriptor, &[u8])> {
-    if payload.len() < EVENT_ENCODED_LEN {
-        return Err(IpcError::Protocol(format!(
-            "a buffers-after-event message shorter than its event descriptor ({} bytes, at least {EVENT_ENCODED_LEN} \
-             expected)",
-            payload.len()
-        )));
-    }
-    let (event, buffers) = payload.split_at(EVENT_ENCODED_LEN);
-    Ok((decode_event(event)?, buffers))
-}
-
-fn expect_no_fds(message: &RawMessage) -> Result<()> {
-    if message.fds.is_empty() {
-        Ok(())
-    } else {
-        Err(IpcError::Protocol(format!("{} unexpected file descriptors with a message", message.fds.len())))
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::{BuffersMessageError, EnvelopeError, EventDescriptorError, RESOURCE_MESSAGE_LEN};
     use cuda_mem_core::{
         DeviceMemoryResource, DeviceMemoryResourceOptions, EventOptions, IpcEventHandle, StreamOptions,
     };
+
+    const RESOURCE: u16 = MessageKind::Resource.code();
+    const DATA: u16 = MessageKind::Data.code();
+    const EVENT: u16 = MessageKind::Event.code();
+    const BUFFERS_AFTER_EVENT: u16 = MessageKind::BuffersAfterEvent.code();
 
     fn setup() -> (Device, Stream, Channel, IpcChannel) {
         cuda_sim::testing::driver().expect("the test driver loads");
@@ -615,7 +611,7 @@ mod tests {
         raw.send(EVENT, &good[..40], &[]).unwrap();
         let error = receiver.recv(&stream).unwrap_err();
         assert!(
-            matches!(error, IpcError::EventDecode(crate::DecodeError::Length { expected: 92, found: 40 })),
+            matches!(error, IpcError::EventDescriptor(EventDescriptorError::Length { expected: 92, found: 40 })),
             "{error:?}"
         );
         assert!(error.to_string().contains("invalid event descriptor"), "{error}");
@@ -624,18 +620,28 @@ mod tests {
         let mut damaged = good;
         damaged[30] ^= 0xff;
         raw.send(EVENT, &damaged, &[]).unwrap();
-        assert!(matches!(receiver.recv(&stream), Err(IpcError::EventDecode(crate::DecodeError::Checksum { .. }))));
+        assert!(matches!(
+            receiver.recv(&stream),
+            Err(IpcError::EventDescriptor(EventDescriptorError::Envelope(EnvelopeError::Checksum { .. })))
+        ));
         still_usable(&raw, &receiver, &stream);
 
         // Shorter than the event it must start with.
         raw.send(BUFFERS_AFTER_EVENT, &good[..10], &[]).unwrap();
         let error = receiver.recv(&stream).unwrap_err();
-        assert!(matches!(&error, IpcError::Protocol(text) if text.contains("shorter than its event")), "{error}");
+        assert!(
+            matches!(
+                error,
+                IpcError::Protocol(ProtocolError::BuffersMessage(BuffersMessageError::NoEvent { found: 10, min: 92 }))
+            ),
+            "{error:?}"
+        );
+        assert!(error.to_string().contains("shorter than its event"), "{error}");
         // A damaged event with well-formed buffers: nothing is imported.
         let mut payload = damaged.to_vec();
         payload.extend_from_slice(&0u32.to_le_bytes());
         raw.send(BUFFERS_AFTER_EVENT, &payload, &[]).unwrap();
-        assert!(matches!(receiver.recv(&stream), Err(IpcError::EventDecode(_))));
+        assert!(matches!(receiver.recv(&stream), Err(IpcError::EventDescriptor(_))));
         still_usable(&raw, &receiver, &stream);
         assert_eq!(receiver.open_events(), 0);
     }
@@ -674,8 +680,8 @@ mod tests {
     }
 
     /// A resource message naming `uuid` for a device pool of `device`, as a peer writes it.
-    fn resource_payload(uuid: Uuid, device: Device) -> [u8; RESOURCE_LEN] {
-        let mut payload = [0u8; RESOURCE_LEN];
+    fn resource_payload(uuid: Uuid, device: Device) -> [u8; RESOURCE_MESSAGE_LEN] {
+        let mut payload = [0u8; RESOURCE_MESSAGE_LEN];
         payload[..16].copy_from_slice(uuid.as_bytes());
         payload[17..21].copy_from_slice(&(device.ordinal() as i32).to_le_bytes());
         payload[24..40].copy_from_slice(&device.uuid().unwrap());

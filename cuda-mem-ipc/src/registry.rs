@@ -107,8 +107,8 @@ impl<T> Registry<T> {
     ///
     /// # Errors
     ///
-    /// [`IpcError::UnknownResource`] if nothing is registered under `uuid` or its resource has
-    /// been dropped (the dead entry is then removed).
+    /// - [`IpcError::UnknownResource`]: nothing is registered under `uuid`, or its resource has
+    ///   been dropped (the dead entry is then removed).
     pub fn get(&self, uuid: Uuid) -> Result<Arc<T>> {
         let mut inner = self.lock();
         match inner.entries.get(&uuid).map(Weak::upgrade) {

@@ -1,10 +1,12 @@
 //! The exporting side: a resource's allocation handle and a buffer's descriptor.
 
-use cuda_mem_core::{MemoryResource, PoolKind, ScopedBuffer, ShareableHandle};
+use std::fmt;
+
+use cuda_mem_core::{MemoryPool, MemoryResource, PoolKind, ScopedBuffer, ShareableHandle};
 use uuid::Uuid;
 
-use crate::descriptor::BufferDescriptor;
 use crate::error::{IpcError, Result};
+use crate::wire::BufferDescriptor;
 
 /// A resource's allocation handle: the pool's file descriptor (owned by the pool, exported once:
 /// asking again returns the same one) and the UUID naming the resource in every process.
@@ -40,17 +42,50 @@ impl<'a> AllocationHandle<'a> {
 /// [`PinnedMemoryResource`]: cuda_mem_core::PinnedMemoryResource
 ///
 /// # Errors
-/// [`IpcError::NotIpcEnabled`] for any other resource; driver errors from the first export.
+///
+/// - [`IpcError::NotIpcEnabled`]: any other resource.
+/// - [`IpcError::Core`]: the driver's first export failed.
 #[doc(alias = "get_allocation_handle")]
 pub fn allocation_handle(resource: &dyn MemoryResource) -> Result<AllocationHandle<'_>> {
-    let pool = resource
-        .memory_pool()
-        .ok_or_else(|| IpcError::NotIpcEnabled("a resource that is not a memory pool".to_string()))?;
+    handle_of(shareable_pool(resource)?)
+}
+
+/// The pool behind `resource`, if it was created for sharing.
+fn shareable_pool(resource: &dyn MemoryResource) -> Result<&MemoryPool> {
+    let pool = resource.memory_pool().ok_or(IpcError::NotIpcEnabled(Unshareable::NotAPool))?;
     if !pool.is_shareable() {
-        return Err(IpcError::NotIpcEnabled("this resource's memory pool".to_string()));
+        return Err(IpcError::NotIpcEnabled(Unshareable::PoolWithoutHandleType));
     }
-    let handle = pool.shareable_handle()?;
-    Ok(AllocationHandle { handle, kind: pool.kind() })
+    Ok(pool)
+}
+
+fn handle_of(pool: &MemoryPool) -> Result<AllocationHandle<'_>> {
+    Ok(AllocationHandle { handle: pool.shareable_handle()?, kind: pool.kind() })
+}
+
+/// What cannot be shared ([`IpcError::NotIpcEnabled`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Unshareable {
+    /// A resource that is not a memory pool.
+    NotAPool,
+    /// A memory pool created without an IPC handle type.
+    PoolWithoutHandleType,
+    /// A pool of a kind that cannot be shared: only device and pinned pools can.
+    PoolKind(PoolKind),
+    /// A buffer view, which owns no memory.
+    BufferView,
+}
+
+impl fmt::Display for Unshareable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Unshareable::NotAPool => f.write_str("a resource that is not a memory pool"),
+            Unshareable::PoolWithoutHandleType => f.write_str("this resource's memory pool"),
+            Unshareable::PoolKind(kind) => write!(f, "a {kind}"),
+            Unshareable::BufferView => f.write_str("a buffer view (it owns no memory)"),
+        }
+    }
 }
 
 /// The descriptor of `buffer`, for another process to import (after it has imported the
@@ -60,17 +95,14 @@ pub fn allocation_handle(resource: &dyn MemoryResource) -> Result<AllocationHand
 /// same buffer again makes no driver call.
 ///
 /// # Errors
-/// [`IpcError::NotIpcEnabled`] for buffers of resources that cannot be shared, or views;
-/// driver errors.
+///
+/// - [`IpcError::NotIpcEnabled`]: a buffer of a resource that cannot be shared, or a view.
+/// - [`IpcError::Core`]: the driver's export failed.
 #[doc(alias("ipc_descriptor", "get_ipc_descriptor", "export"))]
 pub fn buffer_descriptor(buffer: &ScopedBuffer<'_>) -> Result<BufferDescriptor> {
-    let resource = buffer
-        .memory_resource()
-        .ok_or_else(|| IpcError::NotIpcEnabled("a buffer view (it owns no memory)".to_string()))?;
-    let handle = allocation_handle(resource)?;
-    let pool = resource
-        .memory_pool()
-        .ok_or_else(|| IpcError::NotIpcEnabled("a buffer that is not from a memory pool".to_string()))?;
+    let resource = buffer.memory_resource().ok_or(IpcError::NotIpcEnabled(Unshareable::BufferView))?;
+    let pool = shareable_pool(resource)?;
+    let handle = handle_of(pool)?;
     // Made once per buffer and kept in it: sending the buffer again makes no driver call. An
     // imported buffer gives the data it came with.
     let export_data = pool.export_buffer(buffer)?;

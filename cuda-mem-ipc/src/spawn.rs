@@ -2,6 +2,7 @@
 //!
 //! Documented on [`spawn_with_channel`].
 
+use std::ffi::OsString;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
@@ -71,7 +72,7 @@ static TAKEN: AtomicBool = AtomicBool::new(false);
 ///
 /// # Errors
 ///
-/// [`IpcError::Io`] if the socket pair cannot be created or the process cannot be started.
+/// - [`IpcError::Io`]: the socket pair cannot be created, or the process cannot be started.
 pub fn spawn_with_channel(command: &mut Command) -> Result<(Child, Channel)> {
     let (parent, child_end) = UnixStream::pair().map_err(|e| IpcError::io("creating a socket pair", e))?;
     // The child's standard streams are set up on descriptors 0 to 2 between fork and exec; keep
@@ -117,62 +118,142 @@ pub fn spawn_with_channel(command: &mut Command) -> Result<(Child, Channel)> {
 }
 
 /// Checks that `fd` is a Unix stream socket with inode `inode`.
-fn check_channel_fd(fd: BorrowedFd<'_>, inode: u64) -> Result<()> {
+fn check_channel_fd(fd: BorrowedFd<'_>, inode: u64) -> std::result::Result<(), ChannelEnvError> {
     let n = fd.as_raw_fd();
-    let stat = rustix::fs::fstat(fd).map_err(|e| IpcError::ChannelEnv {
-        reason: format!("{CHANNEL_FD_ENV} names descriptor {n}, which is not open here"),
-        source: Some(e.into()),
-    })?;
+    let stat = rustix::fs::fstat(fd).map_err(|e| ChannelEnvError::NotOpen { fd: n, source: e.into() })?;
     if FileType::from_raw_mode(stat.st_mode) != FileType::Socket {
-        return Err(IpcError::channel_env(format!(
-            "descriptor {n} from {CHANNEL_FD_ENV} is a {:?}, not a socket",
-            FileType::from_raw_mode(stat.st_mode)
-        )));
+        return Err(ChannelEnvError::NotASocket { fd: n, mode: stat.st_mode });
     }
     if stat.st_ino != inode {
-        return Err(IpcError::channel_env(format!(
-            "descriptor {n} from {CHANNEL_FD_ENV} is socket inode {}, but {CHANNEL_INODE_ENV} \
-                 says {inode}: it is not the channel the parent passed (was the environment \
-                 inherited from a grandparent?)",
-            stat.st_ino
-        )));
+        return Err(ChannelEnvError::WrongInode { fd: n, found: stat.st_ino, expected: inode });
     }
-    let kind = rustix::net::sockopt::socket_type(fd).map_err(|e| IpcError::ChannelEnv {
-        reason: format!("cannot read the socket type of descriptor {n}"),
-        source: Some(e.into()),
-    })?;
+    let kind = rustix::net::sockopt::socket_type(fd)
+        .map_err(|e| ChannelEnvError::SocketTypeUnreadable { fd: n, source: e.into() })?;
     if kind != SocketType::STREAM {
-        return Err(IpcError::channel_env(format!(
-            "descriptor {n} from {CHANNEL_FD_ENV} is a socket of type {kind:?}, not a stream socket"
-        )));
+        return Err(ChannelEnvError::NotAStreamSocket { fd: n, socket_type: kind.as_raw() });
     }
-    let address = rustix::net::getsockname(fd).map_err(|e| IpcError::ChannelEnv {
-        reason: format!("cannot read the address of descriptor {n}"),
-        source: Some(e.into()),
-    })?;
+    let address =
+        rustix::net::getsockname(fd).map_err(|e| ChannelEnvError::AddressUnreadable { fd: n, source: e.into() })?;
     if address.address_family() != AddressFamily::UNIX {
-        return Err(IpcError::channel_env(format!(
-            "descriptor {n} from {CHANNEL_FD_ENV} is a socket of family {:?}, not a Unix domain \
-             socket",
-            address.address_family()
-        )));
+        return Err(ChannelEnvError::NotAUnixSocket { fd: n, family: address.address_family().as_raw() });
     }
     Ok(())
 }
 
 /// Parses an environment variable, if set.
-fn env_number<T: std::str::FromStr>(name: &str) -> Result<Option<T>> {
-    match std::env::var(name) {
-        Ok(value) => value
-            .trim()
-            .parse()
-            .map(Some)
-            .map_err(|_| IpcError::channel_env(format!("{name} is {value:?}, not a non-negative integer"))),
-        Err(std::env::VarError::NotPresent) => Ok(None),
-        Err(std::env::VarError::NotUnicode(value)) => {
-            Err(IpcError::channel_env(format!("{name} is {value:?}, not a non-negative integer")))
-        }
-    }
+fn env_number<T: std::str::FromStr>(variable: &'static str) -> std::result::Result<Option<T>, ChannelEnvError> {
+    let value = match std::env::var(variable) {
+        Ok(value) => value,
+        Err(std::env::VarError::NotPresent) => return Ok(None),
+        Err(std::env::VarError::NotUnicode(value)) => return Err(ChannelEnvError::NotANumber { variable, value }),
+    };
+    value.trim().parse().map(Some).map_err(|_| ChannelEnvError::NotANumber { variable, value: value.into() })
+}
+
+/// Why a process cannot take the channel its parent passed ([`Channel::from_env`]): nothing
+/// was taken. [`IpcError::ChannelEnv`] carries it.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ChannelEnvError {
+    /// [`CHANNEL_FD_ENV`] is not set: this process was not given a channel.
+    #[error("{CHANNEL_FD_ENV} is not set, so this process was not given a channel")]
+    NoDescriptor,
+    /// [`CHANNEL_INODE_ENV`] is not set, so the descriptor cannot be told from another file.
+    #[error(
+        "{CHANNEL_INODE_ENV} is not set, so descriptor {fd} cannot be told from another file with that number and \
+         is not taken"
+    )]
+    NoInode {
+        /// The descriptor [`CHANNEL_FD_ENV`] names.
+        fd: RawFd,
+    },
+    /// A variable is not a non-negative integer.
+    #[error("{variable} is {value:?}, not a non-negative integer")]
+    NotANumber {
+        /// The variable's name.
+        variable: &'static str,
+        /// Its value.
+        value: OsString,
+    },
+    /// [`CHANNEL_FD_ENV`] is negative.
+    #[error("{CHANNEL_FD_ENV} is {fd}, not a descriptor number")]
+    NegativeDescriptor {
+        /// The number it names.
+        fd: RawFd,
+    },
+    /// The descriptor is not open.
+    #[error("{CHANNEL_FD_ENV} names descriptor {fd}, which is not open here ({source})")]
+    NotOpen {
+        /// The descriptor.
+        fd: RawFd,
+        /// The system's answer (`EBADF`).
+        #[source]
+        source: std::io::Error,
+    },
+    /// The descriptor is not a socket.
+    #[error("descriptor {fd} from {CHANNEL_FD_ENV} is a {:?}, not a socket", FileType::from_raw_mode(*.mode))]
+    NotASocket {
+        /// The descriptor.
+        fd: RawFd,
+        /// Its `st_mode`.
+        mode: u32,
+    },
+    /// The socket is not the one the parent passed.
+    #[error(
+        "descriptor {fd} from {CHANNEL_FD_ENV} is socket inode {found}, but {CHANNEL_INODE_ENV} says {expected}: it is \
+         not the channel the parent passed (was the environment inherited from a grandparent?)"
+    )]
+    WrongInode {
+        /// The descriptor.
+        fd: RawFd,
+        /// Its inode.
+        found: u64,
+        /// The inode [`CHANNEL_INODE_ENV`] names.
+        expected: u64,
+    },
+    /// The socket's type cannot be read.
+    #[error("cannot read the socket type of descriptor {fd} ({source})")]
+    SocketTypeUnreadable {
+        /// The descriptor.
+        fd: RawFd,
+        /// The system's answer.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The socket is not a stream socket.
+    #[error(
+        "descriptor {fd} from {CHANNEL_FD_ENV} is a socket of type {:?}, not a stream socket",
+        SocketType::from_raw(*.socket_type)
+    )]
+    NotAStreamSocket {
+        /// The descriptor.
+        fd: RawFd,
+        /// Its type (`SO_TYPE`).
+        socket_type: u32,
+    },
+    /// The socket's address cannot be read.
+    #[error("cannot read the address of descriptor {fd} ({source})")]
+    AddressUnreadable {
+        /// The descriptor.
+        fd: RawFd,
+        /// The system's answer.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The socket is not a Unix domain socket.
+    #[error(
+        "descriptor {fd} from {CHANNEL_FD_ENV} is a socket of family {:?}, not a Unix domain socket",
+        AddressFamily::from_raw(*.family)
+    )]
+    NotAUnixSocket {
+        /// The descriptor.
+        fd: RawFd,
+        /// Its address family.
+        family: u16,
+    },
+    /// An earlier [`Channel::from_env`] of this process took the channel.
+    #[error("the channel was already taken by an earlier Channel::from_env in this process")]
+    AlreadyTaken,
 }
 
 impl Channel {
@@ -213,23 +294,17 @@ impl Channel {
     ///
     /// # Errors
     ///
-    /// [`IpcError::ChannelEnv`] if either variable is missing or malformed, the descriptor fails
-    /// the checks, or the channel was already taken; [`IpcError::Io`] if setting its flags
-    /// fails. Nothing is taken on a [`IpcError::ChannelEnv`] error; on an [`IpcError::Io`] error
-    /// the descriptor was taken and is closed.
+    /// - [`IpcError::ChannelEnv`]: a variable is missing or malformed, the descriptor fails the
+    ///   checks, or the channel was already taken ([`ChannelEnvError`] says which). Nothing is
+    ///   taken.
+    /// - [`IpcError::Io`]: setting the descriptor's flags failed. The descriptor was taken and is
+    ///   closed.
     pub unsafe fn from_env() -> Result<Channel> {
-        let fd: RawFd = env_number(CHANNEL_FD_ENV)?.ok_or_else(|| {
-            IpcError::channel_env(format!("{CHANNEL_FD_ENV} is not set, so this process was not given a channel"))
-        })?;
+        let fd: RawFd = env_number(CHANNEL_FD_ENV)?.ok_or(ChannelEnvError::NoDescriptor)?;
         if fd < 0 {
-            return Err(IpcError::channel_env(format!("{CHANNEL_FD_ENV} is {fd}, not a descriptor number")));
+            return Err(ChannelEnvError::NegativeDescriptor { fd }.into());
         }
-        let inode: u64 = env_number(CHANNEL_INODE_ENV)?.ok_or_else(|| {
-            IpcError::channel_env(format!(
-                "{CHANNEL_INODE_ENV} is not set, so descriptor {fd} cannot be told from another \
-                 file with that number and is not taken"
-            ))
-        })?;
+        let inode: u64 = env_number(CHANNEL_INODE_ENV)?.ok_or(ChannelEnvError::NoInode { fd })?;
         {
             // SAFETY: the borrow lasts for these checks only, during which nothing closes `fd`:
             // the caller promises nothing else in this process owns it, and nothing in this
@@ -239,9 +314,7 @@ impl Channel {
             check_channel_fd(borrowed, inode)?;
         }
         if TAKEN.compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire).is_err() {
-            return Err(IpcError::channel_env(
-                "the channel was already taken by an earlier Channel::from_env in this process",
-            ));
+            return Err(ChannelEnvError::AlreadyTaken.into());
         }
         // SAFETY: `fd` is open and is the socket the parent passed (checked above, inode
         // included). Nothing else in this process owns it: the caller promises so, and the TAKEN
@@ -263,11 +336,11 @@ mod tests {
         rustix::io::fcntl_getfd(fd).map(|f| f.contains(FdFlags::CLOEXEC))
     }
 
-    fn channel_env_error(result: Result<()>) -> String {
-        match result {
-            Err(IpcError::ChannelEnv { reason, .. }) => reason,
-            other => panic!("expected a ChannelEnv error, got {other:?}"),
-        }
+    /// The refusal, with its message (which names what was found).
+    fn refusal(result: std::result::Result<(), ChannelEnvError>) -> (ChannelEnvError, String) {
+        let error = result.expect_err("a refusal");
+        let text = error.to_string();
+        (error, text)
     }
 
     fn inode(fd: impl AsFd) -> u64 {
@@ -283,22 +356,34 @@ mod tests {
     #[test]
     fn the_wrong_inode_is_refused() {
         let (a, b) = UnixStream::pair().unwrap();
-        let text = channel_env_error(check_channel_fd(a.as_fd(), inode(&b)));
+        let (error, text) = refusal(check_channel_fd(a.as_fd(), inode(&b)));
+        let expected = (a.as_raw_fd(), inode(&a), inode(&b));
+        assert!(
+            matches!(error, ChannelEnvError::WrongInode { fd, found, expected: e } if (fd, found, e) == expected),
+            "{error:?}"
+        );
         assert!(text.contains("not the channel the parent passed"), "{text}");
     }
 
     #[test]
     fn files_and_other_sockets_are_refused() {
         let file = std::fs::File::open("/proc/self/exe").unwrap();
-        let text = channel_env_error(check_channel_fd(file.as_fd(), inode(&file)));
-        assert!(text.contains("not a socket"), "{text}");
+        let (error, text) = refusal(check_channel_fd(file.as_fd(), inode(&file)));
+        assert!(matches!(error, ChannelEnvError::NotASocket { .. }), "{error:?}");
+        assert!(text.contains("is a RegularFile, not a socket"), "{text}");
 
         let (d, _e) = UnixDatagram::pair().unwrap();
-        let text = channel_env_error(check_channel_fd(d.as_fd(), inode(&d)));
+        let (error, text) = refusal(check_channel_fd(d.as_fd(), inode(&d)));
+        assert!(
+            matches!(error, ChannelEnvError::NotAStreamSocket { socket_type, .. } if socket_type == SocketType::DGRAM.as_raw())
+        );
         assert!(text.contains("not a stream socket"), "{text}");
 
         let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let text = channel_env_error(check_channel_fd(tcp.as_fd(), inode(&tcp)));
+        let (error, text) = refusal(check_channel_fd(tcp.as_fd(), inode(&tcp)));
+        assert!(
+            matches!(error, ChannelEnvError::NotAUnixSocket { family, .. } if family == AddressFamily::INET.as_raw())
+        );
         assert!(text.contains("not a Unix domain socket"), "{text}");
 
         // A listening Unix socket is a stream socket too; recv on it fails later with an Io
@@ -317,13 +402,14 @@ mod tests {
         // SAFETY: the number is never an open descriptor; fstat on it fails with EBADF and
         // touches nothing.
         let never_open = unsafe { BorrowedFd::borrow_raw(i32::MAX) };
-        let error = check_channel_fd(never_open, 0).unwrap_err();
-        let IpcError::ChannelEnv { reason, source: Some(source) } = &error else {
+        let error = IpcError::from(check_channel_fd(never_open, 0).unwrap_err());
+        let IpcError::ChannelEnv(ChannelEnvError::NotOpen { fd: i32::MAX, source }) = &error else {
             panic!("expected a ChannelEnv error with the system's answer as its source, got {error:?}");
         };
-        assert!(reason.contains("is not open here"), "{reason}");
         assert_eq!(source.raw_os_error(), Some(rustix::io::Errno::BADF.raw_os_error()));
-        assert!(std::error::Error::source(&error).is_some_and(|s| s.is::<std::io::Error>()));
+        // The system's answer is in the source chain.
+        let cause = std::error::Error::source(&error).and_then(std::error::Error::source);
+        assert!(cause.is_some_and(|s| s.is::<std::io::Error>()));
         // The message still ends with what the system said, then what to do.
         let text = error.to_string();
         assert!(text.contains(&format!("which is not open here ({source}); start this process with")), "{text}");

@@ -10,7 +10,10 @@ use cuda_mem_core::{
     Device, DeviceMemoryResource, DeviceMemoryResourceOptions, FillPattern, LimitingAdaptor, MemoryResourceExt,
     PinnedMemoryResource, PinnedMemoryResourceOptions, PoolKind, StatisticsAdaptor, Stream, StreamOptions,
 };
-use cuda_mem_ipc::{BufferDescriptor, IpcError, Received, allocation_handle, buffer_descriptor, lookup, registry};
+use cuda_mem_ipc::{
+    BufferDescriptor, IpcError, MessageLimit, Received, Unshareable, allocation_handle, buffer_descriptor, lookup,
+    registry,
+};
 
 #[test]
 fn buffers_travel_with_their_resource_and_share_memory() {
@@ -86,8 +89,7 @@ fn duplicate_imports_share_one_mapping_freed_by_the_last_holder() {
     let buffer = dmr.allocate(1 << 16, &stream).unwrap();
     let (tx, rx) = pair();
     tx.send_buffers(&[&buffer, &buffer]).unwrap();
-    let Received::Resource(_mapped) = rx.recv(&stream).unwrap() else { panic!() };
-    let Received::Buffers(imports) = rx.recv(&stream).unwrap() else { panic!() };
+    let imports = rx.recv_buffers(&stream).unwrap();
     assert_eq!(imports[0].ptr(), imports[1].ptr());
     let ptr = imports[0].ptr();
     assert_eq!(cuda_mem_core::import_holders(ptr), 2);
@@ -189,9 +191,10 @@ fn pools_that_are_not_ipc_enabled_cannot_be_shared() {
     let (device, stream) = setup();
     let plain = DeviceMemoryResource::new(device, DeviceMemoryResourceOptions::default()).unwrap();
     let err = allocation_handle(plain.as_ref()).unwrap_err();
-    assert!(matches!(err, IpcError::NotIpcEnabled(_)), "{err}");
+    assert!(matches!(err, IpcError::NotIpcEnabled(Unshareable::PoolWithoutHandleType)), "{err}");
     let buffer = plain.allocate(64, &stream).unwrap();
-    assert!(buffer_descriptor(&buffer).is_err());
+    let err = buffer_descriptor(&buffer).unwrap_err();
+    assert!(matches!(err, IpcError::NotIpcEnabled(Unshareable::PoolWithoutHandleType)), "{err}");
     let (tx, _rx) = pair();
     assert!(tx.send_buffers(&[&buffer]).is_err());
 }
@@ -255,7 +258,7 @@ fn more_buffers_than_a_message_carries_is_the_callers_limit_not_the_peers_fault(
     let too_many = vec![&buffer; cuda_mem_ipc::MAX_BUFFERS_PER_MESSAGE + 1];
     let err = tx.send_buffers(&too_many).unwrap_err();
     assert!(
-        matches!(err, IpcError::MessageTooLarge { what: "number of buffers", actual: 65_537, limit: 65_536 }),
+        matches!(err, IpcError::MessageTooLarge { what: MessageLimit::Buffers, actual: 65_537, limit: 65_536 }),
         "{err}"
     );
     assert!(err.to_string().contains("nothing was sent, split the data over several messages"), "{err}");

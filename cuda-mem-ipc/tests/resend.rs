@@ -12,7 +12,7 @@ use std::sync::Arc;
 use cuda_mem_core::{
     Buffer, Device, DeviceMemoryResource, DeviceMemoryResourceOptions, FillPattern, Stream, StreamOptions,
 };
-use cuda_mem_ipc::{Channel, IpcChannel, Received, buffer_descriptor};
+use cuda_mem_ipc::{Channel, IpcChannel, buffer_descriptor};
 use cuda_sim::testing::{count_calls_if_simulated, in_simulated_machine};
 
 const BUFFERS: usize = 16;
@@ -29,17 +29,6 @@ fn setup() -> (Device, Stream, Arc<DeviceMemoryResource>, IpcChannel, IpcChannel
     let pool = DeviceMemoryResource::new(device, DeviceMemoryResourceOptions::default().ipc_enabled(true)).unwrap();
     let (a, b) = Channel::pair().unwrap();
     (device, stream, pool, IpcChannel::new(a), IpcChannel::new(b))
-}
-
-/// The buffers of the next buffers message (after the resource, if it comes first).
-fn receive_buffers(rx: &IpcChannel, stream: &Stream) -> Vec<Buffer> {
-    loop {
-        match rx.recv(stream).unwrap() {
-            Received::Resource(_) => continue,
-            Received::Buffers(buffers) => return buffers,
-            other => panic!("expected buffers, got {other:?}"),
-        }
-    }
 }
 
 fn contents(buffer: &Buffer, stream: &Stream) -> Vec<u8> {
@@ -62,7 +51,7 @@ fn sending_the_same_buffers_again_makes_no_export_and_no_import_call() {
         let ((), first_send) = count_calls_if_simulated(|| tx.send_buffers(&refs).unwrap());
         first_send.assert_calls("cuMemPoolExportPointer", BUFFERS as u32, "");
         first_send.assert_calls("cuCtxGetCurrent", BUFFERS as u32, "one context check per export");
-        let (held, first_receive) = count_calls_if_simulated(|| receive_buffers(&rx, &stream));
+        let (held, first_receive) = count_calls_if_simulated(|| rx.recv_buffers(&stream).unwrap());
         first_receive.assert_calls("cuMemPoolImportPointer", BUFFERS as u32, "");
         // Per buffer, beside the import: one context check (the import's) and its mapped size;
         // the pool, received first in the same call, makes one context check of its own.
@@ -74,7 +63,7 @@ fn sending_the_same_buffers_again_makes_no_export_and_no_import_call() {
         let ((), resend) = count_calls_if_simulated(|| tx.send_buffers(&refs).unwrap());
         resend.assert_calls("cuMemPoolExportPointer", 0, "");
         resend.assert_total(0, "the sender makes no driver call");
-        let (again, receive) = count_calls_if_simulated(|| receive_buffers(&rx, &stream));
+        let (again, receive) = count_calls_if_simulated(|| rx.recv_buffers(&stream).unwrap());
         receive.assert_calls("cuMemPoolImportPointer", 0, "");
         receive.assert_total(0, "the receiver makes no driver call");
 
@@ -110,7 +99,7 @@ fn a_buffer_allocated_after_a_freed_one_is_exported_and_imported_afresh() {
         let mut old = pool.allocate(4096, &stream).unwrap();
         old.fill(FillPattern::U8(0x11), &stream).unwrap();
         tx.send_buffers(&[&old]).unwrap();
-        let received = receive_buffers(&rx, &stream);
+        let received = rx.recv_buffers(&stream).unwrap();
         assert!(contents(&received[0], &stream).iter().all(|&b| b == 0x11));
         drop(received);
         drop(old);
@@ -123,7 +112,7 @@ fn a_buffer_allocated_after_a_freed_one_is_exported_and_imported_afresh() {
             sent.assert_calls("cuMemPoolExportPointer", 1, "a new buffer is exported");
             let descriptor = buffer_descriptor(&new).unwrap();
             assert_eq!(descriptor.export_data, pool.pool().export_pointer(new.ptr()).unwrap());
-            let (received, imported) = count_calls_if_simulated(|| receive_buffers(&rx, &stream));
+            let (received, imported) = count_calls_if_simulated(|| rx.recv_buffers(&stream).unwrap());
             imported.assert_calls("cuMemPoolImportPointer", 1, "the old mapping was let go");
             assert_eq!(received[0].size(), size);
             assert!(contents(&received[0], &stream).iter().all(|&b| b == fill));

@@ -9,6 +9,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 
 use cuda_mem_core::{Device, Stream, StreamOptions};
+use cuda_mem_ipc::wire::MessageKind;
 use cuda_mem_ipc::{Channel, IpcChannel, IpcError, Received};
 
 #[test]
@@ -27,7 +28,7 @@ fn a_virtual_buffer_is_refused_naming_the_feature_and_its_descriptors_are_closed
     drop(passed);
     let error = receiver.recv(&stream).unwrap_err();
     let text = error.to_string();
-    assert!(matches!(error, IpcError::NotReceivable { kind: 4, feature: "vmm", .. }), "{error:?}");
+    assert!(matches!(error, IpcError::NotReceivable { kind: MessageKind::VirtualBuffer, feature: "vmm" }), "{error:?}");
     assert!(text.contains("a virtual buffer (message kind 4)") && text.contains("`vmm` feature"), "{text}");
     kept.set_nonblocking(true).unwrap();
     assert_eq!(kept.read(&mut [0u8; 1]).unwrap(), 0, "the message's descriptors are closed");

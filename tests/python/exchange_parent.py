@@ -55,7 +55,7 @@ def main(mode: str) -> None:
             # A well-formed descriptor (checksum included) of version 2, after its pool.
             channel.send_resource(device_pool)
             descriptor = buffers[0].ipc_descriptor
-            encoded = bytearray(cx.encode_descriptor(cx._export_data(descriptor), descriptor.size, device_pool.uuid))
+            encoded = bytearray(cx.encode_buffer_descriptor(cx._export_data(descriptor), descriptor.size, device_pool.uuid))
             encoded[8:10] = struct.pack("<H", 2)
             encoded[104:] = struct.pack("<I", zlib.crc32(bytes(encoded[:104])))
             raw.send(cx.BUFFERS, struct.pack("<I", 1) + bytes(encoded))

@@ -419,8 +419,8 @@ class SendingBuffers(unittest.TestCase):
         self.assertEqual([payload for _, payload, _ in channel.channel.sent[:2]], [first.uuid.bytes, second.uuid.bytes])
         payload = channel.channel.sent[2][1]
         self.assertEqual(struct.unpack_from("<I", payload), (3,))
-        step = cx.DESCRIPTOR_LEN
-        sizes = [cx.decode_descriptor(payload[at : at + step])[1] for at in range(4, len(payload), step)]
+        step = cx.BUFFER_DESCRIPTOR_LEN
+        sizes = [cx.decode_buffer_descriptor(payload[at : at + step])[1] for at in range(4, len(payload), step)]
         self.assertEqual(sizes, [64, 8, 1])
         # Sent pools are not sent again.
         channel.send_buffers([FakeBuffer(second)])

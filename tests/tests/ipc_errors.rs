@@ -12,16 +12,17 @@ use std::sync::Arc;
 
 use common::*;
 use cuda_mem_core::{Buffer, FillPattern, MemoryResource, MemoryResourceExt, Stream};
+use cuda_mem_ipc::wire::{BuffersMessageError, FrameError, MessageError, MessageKind, ResourceMessageError};
 use cuda_mem_ipc::{
-    BufferDescriptor, Channel, IpcChannel, IpcError, MappedMemoryResource, Received, allocation_handle,
-    buffer_descriptor, registry,
+    BufferDescriptor, Channel, IpcChannel, IpcError, MAX_BUFFERS_PER_MESSAGE, ProtocolError, Received,
+    allocation_handle, buffer_descriptor, registry,
 };
 use uuid::Uuid;
 
-/// The wire kind of a buffers message (`cuda_mem_ipc::protocol`).
-const BUFFERS: u16 = 2;
+/// The wire kind of a buffers message.
+const BUFFERS: u16 = MessageKind::Buffers.code();
 /// The wire kind of a resource message.
-const RESOURCE: u16 = 1;
+const RESOURCE: u16 = MessageKind::Resource.code();
 /// A kind the protocol does not use, for passing a new channel's socket.
 const NEW_CHANNEL: u16 = 100;
 
@@ -30,13 +31,13 @@ fn buffers_payload(count: u32, bytes: &[u8]) -> Vec<u8> {
     [&count.to_le_bytes()[..], bytes].concat()
 }
 
-fn expect_protocol(result: cuda_mem_ipc::Result<Received>, needle: &str) -> String {
+/// Expects the protocol error `expected`, and returns the error's message.
+fn expect_protocol(result: cuda_mem_ipc::Result<Received>, expected: ProtocolError) -> String {
     match result {
-        Err(IpcError::Protocol(text)) => {
-            assert!(text.contains(needle), "{text:?} should contain {needle:?}");
-            IpcError::Protocol(text).to_string()
+        Err(error @ IpcError::Protocol(_)) if matches!(&error, IpcError::Protocol(e) if *e == expected) => {
+            error.to_string()
         }
-        other => panic!("expected a protocol error containing {needle:?}, got {other:?}"),
+        other => panic!("expected {expected:?}, got {other:?}"),
     }
 }
 
@@ -106,16 +107,16 @@ fn truncated_child() {
     let (_device, stream) = setup();
     let channel = parent_channel();
     let mapped = expect_resource(&channel, &stream);
-    let needles = [
-        "for 1 buffers must have 112 bytes; it has 64",
-        "for 1 buffers must have 112 bytes; it has 111",
-        "for 2 buffers must have 220 bytes; it has 112",
-        "shorter than its count",
-        "for 4294967295 buffers",
+    let refusals = [
+        BuffersMessageError::Length { count: 1, expected: 112, found: 64 },
+        BuffersMessageError::Length { count: 1, expected: 112, found: 111 },
+        BuffersMessageError::Length { count: 2, expected: 220, found: 112 },
+        BuffersMessageError::NoCount { found: 3 },
+        BuffersMessageError::TooManyBuffers { count: u32::MAX as usize, max: MAX_BUFFERS_PER_MESSAGE },
     ];
     let mut texts = Vec::new();
-    for needle in needles {
-        texts.push(expect_protocol(channel.recv(&stream), needle));
+    for refusal in refusals {
+        texts.push(expect_protocol(channel.recv(&stream), ProtocolError::BuffersMessage(refusal)));
     }
     for text in &texts {
         assert!(text.contains("malformed message from the IPC peer"), "{text}");
@@ -395,8 +396,7 @@ fn a_child_that_crashes_mid_transfer() {
 fn crash_child() {
     let (_device, stream) = setup();
     let channel = parent_channel();
-    let _mapped = expect_resource(&channel, &stream);
-    let buffers = expect_buffers(&channel, &stream);
+    let buffers = channel.recv_buffers(&stream).unwrap();
     assert_eq!(buffers.len(), 2);
     // No core file for this deliberate crash.
     let _ = rustix::process::setrlimit(
@@ -409,8 +409,7 @@ fn crash_child() {
 fn verify_child() {
     let (_device, stream) = setup();
     let channel = parent_channel();
-    let _mapped = expect_resource(&channel, &stream);
-    let buffers = expect_buffers(&channel, &stream);
+    let buffers = channel.recv_buffers(&stream).unwrap();
     assert_eq!(read_bytes(&buffers[0], &stream), pattern(60, 1 << 16));
     assert_eq!(read_bytes(&buffers[1], &stream), vec![0x77; 1 << 16]);
     assert_eq!(read_bytes(&buffers[2], &stream), pattern(60, 1 << 16));
@@ -420,10 +419,10 @@ fn verify_child() {
 // ---------------------------------------------------------------------------------------------
 
 /// What the parent expects of each bad message the garbage child sends.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 enum Expect {
-    /// A protocol error containing this text.
-    Protocol(&'static str),
+    /// This protocol error.
+    Protocol(ProtocolError),
     /// A descriptor that does not decode.
     Decode,
     /// A refusal by the driver or the core library (whose code is the driver's business).
@@ -435,29 +434,63 @@ enum Expect {
 /// Each case: a name, and what the parent must get. The child builds the messages in
 /// [`garbage_message`].
 const GARBAGE: [(&str, Expect); 22] = [
-    ("resource without fd", Expect::Protocol("1 file descriptor; got 40 bytes and 0")),
-    ("resource, 39 bytes", Expect::Protocol("got 39 bytes and 1")),
-    ("resource, two fds", Expect::Protocol("got 40 bytes and 2")),
-    ("resource, reserved bytes", Expect::Protocol("reserved bytes are not zero")),
-    ("resource, memory kind 7", Expect::Protocol("memory kind 7")),
-    ("resource, device -5", Expect::Protocol("device ordinal -5")),
-    ("resource, no device UUID", Expect::Protocol("has no device UUID")),
+    ("resource without fd", Expect::Protocol(fd_count(MessageKind::Resource, 1, 0))),
+    ("resource, 39 bytes", Expect::Protocol(resource(ResourceMessageError::Length { found: 39, expected: 40 }))),
+    ("resource, two fds", Expect::Protocol(fd_count(MessageKind::Resource, 1, 2))),
+    ("resource, reserved bytes", Expect::Protocol(resource(ResourceMessageError::Reserved { found: [0, 0, 1] }))),
+    ("resource, memory kind 7", Expect::Protocol(resource(ResourceMessageError::MemoryKind { found: 7 }))),
+    ("resource, device -5", Expect::Protocol(resource(ResourceMessageError::NegativeOrdinal { found: -5 }))),
+    ("resource, no device UUID", Expect::Protocol(resource(ResourceMessageError::NilDevice))),
     ("resource, a device this process does not see", Expect::NotVisible),
-    ("resource, pinned with a device", Expect::Protocol("a pinned pool's resource message names a device")),
+    (
+        "resource, pinned with a device",
+        Expect::Protocol(resource(ResourceMessageError::DeviceForPinnedPool {
+            ordinal: -1,
+            device: Uuid::from_bytes(ELSEWHERE),
+        })),
+    ),
     ("resource, device 1000 in the sender", Expect::Refused),
     ("resource, /dev/null", Expect::Refused),
     ("resource, a memfd of garbage", Expect::Refused),
     ("resource, the channel's own socket", Expect::Refused),
     ("resource, pinned, /dev/null", Expect::Refused),
-    ("buffers, count 3 and garbage", Expect::Protocol("for 3 buffers must have 328 bytes")),
-    ("buffers, huge count", Expect::Protocol("for 4294967295 buffers")),
+    (
+        "buffers, count 3 and garbage",
+        Expect::Protocol(ProtocolError::BuffersMessage(BuffersMessageError::Length {
+            count: 3,
+            expected: 328,
+            found: 54,
+        })),
+    ),
+    (
+        "buffers, huge count",
+        Expect::Protocol(ProtocolError::BuffersMessage(BuffersMessageError::TooManyBuffers {
+            count: u32::MAX as usize,
+            max: MAX_BUFFERS_PER_MESSAGE,
+        })),
+    ),
     ("buffers, one garbage descriptor", Expect::Decode),
-    ("buffers, with an fd", Expect::Protocol("1 unexpected file descriptors")),
-    ("data, with an fd", Expect::Protocol("1 unexpected file descriptors")),
-    ("kind 0", Expect::Protocol("unknown message kind 0")),
-    ("kind 999", Expect::Protocol("unknown message kind 999")),
-    ("kind 65535", Expect::Protocol("unknown message kind 65535")),
+    ("buffers, with an fd", Expect::Protocol(fd_count(MessageKind::Buffers, 0, 1))),
+    ("data, with an fd", Expect::Protocol(fd_count(MessageKind::Data, 0, 1))),
+    ("kind 0", Expect::Protocol(unknown_kind(0))),
+    ("kind 999", Expect::Protocol(unknown_kind(999))),
+    ("kind 65535", Expect::Protocol(unknown_kind(u16::MAX))),
 ];
+
+/// The UUID of a device no simulated process sees.
+const ELSEWHERE: [u8; 16] = [0x5a; 16];
+
+const fn fd_count(kind: MessageKind, expected: usize, found: usize) -> ProtocolError {
+    ProtocolError::Message(MessageError::FdCount { kind, expected, found })
+}
+
+const fn resource(error: ResourceMessageError) -> ProtocolError {
+    ProtocolError::ResourceMessage(error)
+}
+
+const fn unknown_kind(kind: u16) -> ProtocolError {
+    ProtocolError::Message(MessageError::UnknownKind { kind })
+}
 
 /// A peer that sends garbage: well-framed messages that break the protocol's rules (each an
 /// error, the channel still in step), then bytes that are not a frame at all (an error, and the
@@ -474,10 +507,10 @@ fn garbage_from_the_peer_is_an_error_never_a_panic() {
     for (name, expect) in GARBAGE {
         let result = channel.recv(&stream);
         match (expect, result) {
-            (Expect::Protocol(needle), Err(IpcError::Protocol(text))) => {
-                assert!(text.contains(needle), "{name}: {text:?} should contain {needle:?}")
+            (Expect::Protocol(expected), Err(IpcError::Protocol(error))) => {
+                assert_eq!(error, expected, "{name}")
             }
-            (Expect::Decode, Err(IpcError::Decode(_))) => {}
+            (Expect::Decode, Err(IpcError::BufferDescriptor(_))) => {}
             (Expect::Refused, Err(IpcError::Core(_))) => {}
             (Expect::NotVisible, Err(error @ IpcError::DeviceNotVisible { .. })) => {
                 assert!(error.to_string().contains("CUDA_VISIBLE_DEVICES"), "{name}: {error}")
@@ -489,9 +522,11 @@ fn garbage_from_the_peer_is_an_error_never_a_panic() {
     // Still in step.
     expect_text(&channel, &stream, "in step");
     // Then bytes that are no frame.
-    let text = expect_protocol(channel.recv(&stream), "expected b\"CUMEMMSG\"");
+    let text = expect_protocol(channel.recv(&stream), ProtocolError::Frame(FrameError::Magic { found: *b"GARBAGE!" }));
+    assert!(text.contains("expected b\"CUMEMMSG\""), "{text}");
     assert!(text.contains("drop this channel and open a new one"), "{text}");
-    expect_protocol(channel.recv(&stream), "message boundaries are lost");
+    let text = expect_protocol(channel.recv(&stream), ProtocolError::OutOfStep);
+    assert!(text.contains("message boundaries are lost"), "{text}");
     child.wait_success();
 
     // Nothing was registered, and our pool still works.
@@ -506,8 +541,7 @@ fn garbage_from_the_peer_is_an_error_never_a_panic() {
     let (a, b) = Channel::pair().unwrap();
     let (a, b) = (IpcChannel::new(a), IpcChannel::new(b));
     a.send_buffers(&[&more]).unwrap();
-    let _mapped: Arc<MappedMemoryResource> = expect_resource(&b, &stream);
-    let imported = expect_buffers(&b, &stream);
+    let imported = b.recv_buffers(&stream).unwrap();
     assert_eq!(read_bytes(&imported[0], &stream), pattern(21, 4000));
 }
 
@@ -537,7 +571,6 @@ fn garbage_message(name: &str, channel: &Channel) {
     };
     let uuid = garbage_uuid(name);
     let here = cuda_mem_core::Device::new(0).unwrap().uuid().unwrap();
-    let elsewhere = [0x5a; 16];
     let device0 = resource_payload(uuid, 0, 0, here);
     let (kind, payload, fds): (u16, Vec<u8>, Vec<std::os::fd::BorrowedFd<'_>>) = match name {
         "resource without fd" => (RESOURCE, device0, vec![]),
@@ -552,9 +585,9 @@ fn garbage_message(name: &str, channel: &Channel) {
         "resource, device -5" => (RESOURCE, resource_payload(uuid, 0, -5, here), vec![null.as_fd()]),
         "resource, no device UUID" => (RESOURCE, resource_payload(uuid, 0, 0, [0; 16]), vec![null.as_fd()]),
         "resource, a device this process does not see" => {
-            (RESOURCE, resource_payload(uuid, 0, 0, elsewhere), vec![memfd.as_fd()])
+            (RESOURCE, resource_payload(uuid, 0, 0, ELSEWHERE), vec![memfd.as_fd()])
         }
-        "resource, pinned with a device" => (RESOURCE, resource_payload(uuid, 1, -1, here), vec![null.as_fd()]),
+        "resource, pinned with a device" => (RESOURCE, resource_payload(uuid, 1, -1, ELSEWHERE), vec![null.as_fd()]),
         // The sender's ordinal only informs; the UUID names the device, and /dev/null is no pool.
         "resource, device 1000 in the sender" => (RESOURCE, resource_payload(uuid, 0, 1000, here), vec![null.as_fd()]),
         "resource, /dev/null" => (RESOURCE, device0, vec![null.as_fd()]),

@@ -67,9 +67,10 @@ fn the_receivers_stream_waits_for_the_senders_work_on_the_gpu() {
 fn waiting_child() {
     let (device, stream) = setup();
     let channel = parent_channel();
-    let _pool = expect_resource(&channel, &stream);
-    let buffers = expect_buffers(&channel, &stream);
+    // The pool, then the buffer with the event: one call.
+    let buffers = channel.recv_buffers(&stream).unwrap();
     let buffer = &buffers[0];
+    assert_eq!(channel.open_events(), 1, "the channel keeps the event open");
 
     // A stream that does not wait for the event reads what was there before the sender's fill.
     let unordered = Stream::new(device, StreamOptions::default().non_blocking()).unwrap();

@@ -200,8 +200,7 @@ fn two_children_expected(j: usize) -> Vec<u8> {
 fn two_children_child(k: usize) {
     let (_device, stream) = setup();
     let channel = parent_channel();
-    let _mapped = expect_resource(&channel, &stream);
-    let buffers = expect_buffers(&channel, &stream);
+    let buffers = channel.recv_buffers(&stream).unwrap();
     assert_eq!(buffers.len(), 2);
     for (j, buffer) in buffers.iter().enumerate() {
         assert_eq!(read_bytes(buffer, &stream), pattern(j as u32, SHARED_SIZE), "buffer {j} before any write");
@@ -378,8 +377,8 @@ fn re_export_b(test: &str) {
     let (_device, stream) = setup();
     let parent = parent_channel();
     let uuids = expect_data(&parent, &stream);
-    let _resources = [expect_resource(&parent, &stream), expect_resource(&parent, &stream)];
-    let buffers = expect_buffers(&parent, &stream);
+    // Two pools, then their buffers.
+    let buffers = parent.recv_buffers(&stream).unwrap();
     for (k, buffer) in buffers.iter().enumerate() {
         assert_eq!(read_bytes(buffer, &stream), pattern(300 + k as u32, buffer.size()), "B reads buffer {k}");
     }

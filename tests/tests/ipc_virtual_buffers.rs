@@ -12,10 +12,8 @@ use std::sync::Arc;
 
 use common::*;
 use cuda_mem_core::{Buffer, Device, HandleType, LegacyPinnedMemoryResource, Location, NumaNode, Stream};
-use cuda_mem_ipc::{
-    DecodeError, IpcChannel, IpcError, MAX_BUFFER_SIZE, Received, SharedVirtualBuffer,
-    VirtualBufferDecodeError as Decode, VirtualBufferLocation,
-};
+use cuda_mem_ipc::wire::{EnvelopeError, SharedVirtualBufferError as Decode};
+use cuda_mem_ipc::{IpcChannel, IpcError, MAX_BUFFER_SIZE, Received, SharedVirtualBuffer};
 use cuda_mem_vmm::{
     ChunkHandle, DescriptorError, VirtualBuffer, VirtualMemoryResource, VirtualMemoryResourceOptions, VmmError,
 };
@@ -25,8 +23,8 @@ use uuid::Uuid;
 /// The granularity of every simulated device.
 const G: usize = 2 << 20;
 
-/// The wire kind of a virtual buffer (the table in `cuda_mem_ipc::protocol`).
-const VIRTUAL_BUFFER: u16 = 4;
+/// The wire kind of a virtual buffer.
+const VIRTUAL_BUFFER: u16 = cuda_mem_ipc::wire::MessageKind::VirtualBuffer.code();
 
 /// Writes `bytes` at the start of `buffer` through a pinned staging buffer, and waits.
 fn write_virtual(buffer: &mut VirtualBuffer, bytes: &[u8], stream: &Stream) {
@@ -224,13 +222,6 @@ fn spoiled(name: &str, buffer: &VirtualBuffer) -> (Vec<u8>, Vec<OwnedFd>) {
     match name {
         "a zero chunk" => shared.descriptor.chunk_sizes[0] = 0,
         "a size too large" => shared.descriptor.size = MAX_BUFFER_SIZE + 1,
-        "a nil device" | "a device this process cannot see" => {
-            let uuid = if name == "a nil device" { Uuid::nil() } else { Uuid::from_u128(0x0bad_0000_de71_ce00) };
-            shared.location = VirtualBufferLocation::Device { uuid, sender_ordinal: 7 };
-        }
-        "host memory nothing is registered for" => {
-            shared.location = VirtualBufferLocation::HostNuma { node: NumaNode(0) }
-        }
         "a chunk off the granularity" => shared.descriptor.chunk_sizes[1] = (G + 4096) as u64,
         "a chunk size the driver refuses" => shared.descriptor.chunk_sizes[1] = 2 * G as u64,
         _ => {}
@@ -245,6 +236,17 @@ fn spoiled(name: &str, buffer: &VirtualBuffer) -> (Vec<u8>, Vec<OwnedFd>) {
         "reserved" => patched(bytes, 12, &[1, 0, 0, 0], true),
         "handle type" => patched(bytes, 16, &[0], true),
         "location code" => patched(bytes, 17, &[9], true),
+        // The location: its code (17), the sender's ordinal or NUMA node (20..24) and the
+        // device's UUID (24..40).
+        "a nil device" => patched(patched(bytes, 20, &7i32.to_le_bytes(), false), 24, Uuid::nil().as_bytes(), true),
+        "a device this process cannot see" => {
+            let elsewhere = Uuid::from_u128(0x0bad_0000_de71_ce00);
+            patched(patched(bytes, 20, &7i32.to_le_bytes(), false), 24, elsewhere.as_bytes(), true)
+        }
+        "host memory nothing is registered for" => {
+            let host = patched(bytes, 17, &[2], false);
+            patched(patched(host, 20, &0i32.to_le_bytes(), false), 24, &[0; 16], true)
+        }
         "too many chunks" => patched(bytes, 18, &254u16.to_le_bytes(), true),
         "a count past the bytes" => patched(bytes, 18, &3u16.to_le_bytes(), true),
         "fds with fabric handles" => {
@@ -264,18 +266,20 @@ fn spoiled(name: &str, buffer: &VirtualBuffer) -> (Vec<u8>, Vec<OwnedFd>) {
 
 /// Whether `error` is the refusal `name` must give.
 fn refused_as(name: &str, error: &IpcError) -> bool {
-    let decode = |expected: fn(&Decode) -> bool| matches!(error, IpcError::VirtualBufferDecode(e) if expected(e));
+    let decode = |expected: fn(&Decode) -> bool| matches!(error, IpcError::SharedVirtualBuffer(e) if expected(e));
     match name {
         "nothing registered" => {
             matches!(error, IpcError::NoVirtualMemoryResource { location: Location::Device(d) } if d.ordinal() == 0)
         }
-        "magic" => decode(|e| matches!(e, Decode::Envelope(DecodeError::Magic { found, .. }) if found == b"CUMEMBUF")),
-        "version 1" => {
-            decode(|e| matches!(e, Decode::Envelope(DecodeError::UnsupportedVersion { found: 1, supported: 2 })))
+        "magic" => {
+            decode(|e| matches!(e, Decode::Envelope(EnvelopeError::Magic { found, .. }) if found == b"CUMEMBUF"))
         }
-        "checksum" => decode(|e| matches!(e, Decode::Envelope(DecodeError::Checksum { .. }))),
-        "flags" => decode(|e| matches!(e, Decode::Envelope(DecodeError::Flags { found: 0x100 }))),
-        "reserved" => decode(|e| matches!(e, Decode::Envelope(DecodeError::Reserved { found: 1 }))),
+        "version 1" => {
+            decode(|e| matches!(e, Decode::Envelope(EnvelopeError::UnsupportedVersion { found: 1, supported: 2 })))
+        }
+        "checksum" => decode(|e| matches!(e, Decode::Envelope(EnvelopeError::Checksum { .. }))),
+        "flags" => decode(|e| matches!(e, Decode::Envelope(EnvelopeError::Flags { found: 0x100 }))),
+        "reserved" => decode(|e| matches!(e, Decode::Envelope(EnvelopeError::Reserved { found: 1 }))),
         "handle type" => decode(|e| matches!(e, Decode::HandleType { found: 0 })),
         "location code" => decode(|e| matches!(e, Decode::Location { found: 9 })),
         "too many chunks" => decode(|e| matches!(e, Decode::TooManyChunks { count: 254, max: 253 })),
@@ -408,6 +412,13 @@ fn each_virtual_buffer_goes_to_the_resource_registered_for_its_location() {
                 Stream::new(exporter.device(), Default::default()).unwrap()
             };
             let buffer = virtual_buffer(&exporter, 2, seed, &stream);
+            // The shared form names the same location, through its wire form and back.
+            let shared = SharedVirtualBuffer::export(&buffer).unwrap();
+            let (bytes, fds) = shared.encode();
+            let fds = fds.iter().map(|fd| fd.try_clone_to_owned().unwrap()).collect();
+            let decoded = SharedVirtualBuffer::decode(&bytes, fds).unwrap();
+            assert_eq!(decoded.location().unwrap(), exporter.location(), "{seed}: the location on the wire");
+            drop((decoded, shared));
             sender.send_virtual_buffer(&buffer).unwrap();
             let Received::VirtualBuffer(received) = receiver.recv(&stream).unwrap() else {
                 panic!("expected a virtual buffer")

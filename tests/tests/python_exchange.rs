@@ -34,8 +34,9 @@ use std::sync::Arc;
 use common::python::{PythonProcess, python, workspace};
 use common::*;
 use cuda_mem_core::{Buffer, Event, EventOptions, MemoryResource, PoolKind, Stream};
+use cuda_mem_ipc::wire::{BufferDescriptorError, EnvelopeError, FrameError, MessageError};
 use cuda_mem_ipc::{
-    CHANNEL_FD_ENV, CHANNEL_INODE_ENV, DecodeError, IpcChannel, IpcError, Received, allocation_handle,
+    CHANNEL_FD_ENV, CHANNEL_INODE_ENV, IpcChannel, IpcError, ProtocolError, Received, allocation_handle,
     buffer_descriptor,
 };
 
@@ -120,7 +121,7 @@ fn rust_parent_python_child_mismatches() {
     let answer = String::from_utf8(expect_data(&channel, &stream)).unwrap();
     assert!(
         answer.contains(
-            "expected 1 (resource), 2 (buffers), 3 (data), 5 (event) or 6 (buffers after an event), received 77"
+            "expected 1 (resource), 2 (buffers), 3 (data), 5 (event) or 6 (buffers-after-event), received 77"
         ),
         "{answer}"
     );
@@ -249,18 +250,28 @@ fn python_parent_rust_child_mismatches() {
         let (_, stream) = setup();
         let channel = parent_channel();
         let error = refuse(&channel, &stream);
-        assert!(matches!(&error, IpcError::Protocol(text) if text == "unknown message kind 77"), "{error:?}");
+        let unknown = ProtocolError::Message(MessageError::UnknownKind { kind: 77 });
+        assert!(matches!(&error, IpcError::Protocol(e) if *e == unknown), "{error:?}");
         // The pool arrives whole; its buffer's descriptor is of version 2.
         let Ok(Received::Resource(device_pool)) = channel.recv(&stream) else { panic!("expected the device pool") };
         let error = refuse(&channel, &stream);
         assert!(
-            matches!(error, IpcError::Decode(DecodeError::UnsupportedVersion { found: 2, supported: 1 })),
+            matches!(
+                error,
+                IpcError::BufferDescriptor(BufferDescriptorError::Envelope(EnvelopeError::UnsupportedVersion {
+                    found: 2,
+                    supported: 1
+                }))
+            ),
             "{error:?}"
         );
         round_trip_from_parent(&channel, &stream, vec![device_pool.kind()]);
         let error = refuse(&channel, &stream);
         assert!(
-            matches!(&error, IpcError::Protocol(text) if text == "unsupported frame version 2, expected 1"),
+            matches!(
+                &error,
+                IpcError::Protocol(ProtocolError::Frame(FrameError::UnsupportedVersion { found: 2, supported: 1 }))
+            ),
             "{error:?}"
         );
         return;

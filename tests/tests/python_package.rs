@@ -9,7 +9,7 @@
 use std::io::Read;
 use std::os::unix::net::UnixStream;
 
-use cuda_mem_ipc::Channel;
+use cuda_mem_ipc::{Channel, wire};
 
 fn read(path: &str) -> String {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(path);
@@ -33,23 +33,28 @@ fn module_constant(name: &str) -> u16 {
     line[prefix.len()..].trim().parse().unwrap_or_else(|e| panic!("{line}: {e}"))
 }
 
-/// The channel's frame version, which cuda-mem-ipc does not export: read from the header of a
-/// frame it sends (bytes 8 and 9, after the magic).
+/// The channel's frame version as a frame it sends carries it (bytes 8 and 9, after the magic),
+/// which must be the one cuda-mem-ipc names.
 fn frame_version() -> u16 {
     let (ours, mut theirs) = UnixStream::pair().expect("a socket pair");
     let channel = Channel::from_stream(ours).expect("a channel");
     channel.send(3, b"", &[]).expect("an empty frame");
     let mut header = [0u8; 24];
     theirs.read_exact(&mut header).expect("the frame's header");
-    assert_eq!(&header[..8], b"CUMEMMSG");
-    u16::from_le_bytes([header[8], header[9]])
+    assert_eq!(header[..8], wire::FRAME_MAGIC);
+    let version = u16::from_le_bytes([header[8], header[9]]);
+    assert_eq!(version, wire::FRAME_VERSION, "the frame version sent is the one named");
+    version
 }
 
 #[test]
 fn the_package_version_is_the_wire_formats_versions() {
-    let rust = (frame_version(), cuda_mem_ipc::VERSION, cuda_mem_ipc::EVENT_VERSION);
-    let python =
-        (module_constant("FRAME_VERSION"), module_constant("DESCRIPTOR_VERSION"), module_constant("EVENT_VERSION"));
+    let rust = (frame_version(), wire::BUFFER_DESCRIPTOR_VERSION, wire::EVENT_DESCRIPTOR_VERSION);
+    let python = (
+        module_constant("FRAME_VERSION"),
+        module_constant("BUFFER_DESCRIPTOR_VERSION"),
+        module_constant("EVENT_DESCRIPTOR_VERSION"),
+    );
     assert_eq!(python, rust, "the module's (frame, descriptor, event) versions are cuda-mem-ipc's");
     // A release that changes no format is a post-release of the same three (`1.1.1.post1`).
     let version = package_version();

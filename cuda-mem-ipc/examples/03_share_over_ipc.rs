@@ -1,20 +1,37 @@
-//! Two processes sharing a memory pool and its buffers.
-//!
-//! The parent creates an IPC-enabled device pool, allocates two buffers and fills them, then
-//! starts itself again as the child, connected by a channel ([`spawn_with_channel`]). It sends
-//! the buffers (the pool goes first, as a file descriptor) with an interprocess event recorded
-//! after its fills; the child maps them, and its stream waits for that event on the GPU (neither
-//! side waits on the host), checks what the parent wrote, writes a new pattern into the first,
-//! and sends its own event back; the parent's stream waits for it, and the parent checks that it
-//! sees the child's write.
+//! Two processes sharing a memory pool and its buffers, ordered by interprocess events.
 //!
 //! ```sh
-//! cargo run -p cuda-mem-ipc --example two_process                 # on the simulator
-//! CUDA_MEM_DRIVER=libcuda.so.1 cargo run -p cuda-mem-ipc --example two_process   # on a GPU
+//! cargo run -p cuda-mem-ipc --example 03_share_over_ipc                   # on the simulator
+//! CUDA_MEM_DRIVER=libcuda.so.1 cargo run -p cuda-mem-ipc --example 03_share_over_ipc   # on a GPU
 //! ```
 //!
 //! Without `CUDA_MEM_DRIVER` it runs on the `cuda-sim` simulator (`libcuda_sim.so`, which cargo
 //! builds beside the example); with it, on the library it names.
+//!
+//! 1. The parent creates an IPC-enabled device pool, allocates two buffers and fills them.
+//! 2. It records an interprocess event after the fills: the child's stream will wait for it on
+//!    the GPU, so neither side waits on the host.
+//! 3. It starts itself again as the child, connected by a channel ([`spawn_with_channel`]).
+//! 4. It sends the buffers with the event ([`IpcChannel::send_buffers_after`]): the pool goes
+//!    first, as a file descriptor, then the buffers' descriptors.
+//! 5. The child maps them with one [`IpcChannel::recv_buffers`]; its stream waits for the event.
+//!    It checks what the parent wrote and writes a new pattern into the first buffer.
+//! 6. The child records its own event and sends it ([`IpcChannel::send_event`]). The parent's
+//!    stream waits for it, and the parent checks that it sees the child's write.
+//! 7. Who frees first: the driver wants every importer to free a buffer before its exporter
+//!    does. The child drops its buffers before it exits, and the parent drops its own after
+//!    `wait` (see [`IpcChannel`], *Who frees first*).
+//!
+//! What cuda.core writes for the hand-over, with its descriptor pickled across by the user:
+//!
+//! ```python
+//! done = stream.record(options=EventOptions(ipc_enabled=True))  # timing off
+//! send(done.ipc_descriptor)                                      # the sender
+//! stream.wait(Event.from_ipc_descriptor(receive()))              # the receiver: on the GPU
+//! ```
+//!
+//! is here `Event::new(device, EventOptions::default().interprocess())`, `record`, and
+//! `send_buffers_after` or `send_event` on one side, and `recv_buffers` or `recv` on the other.
 
 use std::error::Error;
 use std::process::Command;
@@ -26,7 +43,7 @@ use cuda_mem_core::{
 use cuda_mem_ipc::{Channel, IpcChannel, Received, spawn_with_channel};
 
 /// Set in the child's environment.
-const CHILD: &str = "TWO_PROCESS_EXAMPLE_CHILD";
+const CHILD: &str = "SHARE_OVER_IPC_EXAMPLE_CHILD";
 const SIZE: usize = 1 << 20;
 const FIRST: u32 = 0xC0FF_EE00;
 const SECOND: u32 = 0x1234_5678;
@@ -94,16 +111,12 @@ fn child(device: Device, stream: &Stream) -> Result<()> {
     // SAFETY: this process was started by `parent` through `spawn_with_channel`, and nothing in
     // it but this call adopts inherited descriptors.
     let channel = IpcChannel::new(unsafe { Channel::from_env() }?);
-    let Received::Resource(pool) = channel.recv(stream)? else {
-        return Err("expected the pool first".into());
-    };
-    println!("[child ] mapped pool {} ({:?})", pool.uuid(), pool.kind());
-    // The stream waits (on the GPU) for the parent's event before the buffers are handed over.
-    let Received::Buffers(mut buffers) = channel.recv(stream)? else {
-        return Err("expected the buffers".into());
-    };
+    // The pool, then the buffers; the stream waits (on the GPU) for the parent's event before
+    // they are handed over.
+    let mut buffers = channel.recv_buffers(stream)?;
+    let pool = buffers[0].memory_resource().and_then(|r| r.memory_pool()).ok_or("a buffer of a pool")?;
     let at: Vec<String> = buffers.iter().map(|b| format!("{:#x}", b.ptr())).collect();
-    println!("[child ] mapped {} buffers, at {}", buffers.len(), at.join(" and "));
+    println!("[child ] mapped a {} and {} buffers of it, at {}", pool.kind(), buffers.len(), at.join(" and "));
     check(&buffers[0], FIRST, stream)?;
     check(&buffers[1], SECOND, stream)?;
     println!("[child ] both hold what the parent wrote");

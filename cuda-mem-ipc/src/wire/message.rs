@@ -1,0 +1,192 @@
+//! The messages of an [`IpcChannel`](crate::IpcChannel): their kinds, and how many file
+//! descriptors each carries.
+//!
+//! Documented on [`MessageKind`].
+
+use std::fmt;
+
+/// What a frame of an [`IpcChannel`](crate::IpcChannel) carries: the `kind` field of its
+/// [`FrameHeader`](super::FrameHeader).
+///
+/// | kind | payload | file descriptors |
+/// |---:|---|---|
+/// | 1 | [`Resource`](Self::Resource): a pool's UUID, memory and device | the pool's |
+/// | 2 | [`Buffers`](Self::Buffers): a count, then encoded [`BufferDescriptor`](super::BufferDescriptor)s | none |
+/// | 3 | [`Data`](Self::Data): the application's bytes | none |
+/// | 4 | [`VirtualBuffer`](Self::VirtualBuffer): an encoded `SharedVirtualBuffer` (feature `vmm`) | one per chunk (POSIX-fd handles), none (fabric handles) |
+/// | 5 | [`Event`](Self::Event): an encoded [`EventDescriptor`](super::EventDescriptor) | none |
+/// | 6 | [`BuffersAfterEvent`](Self::BuffersAfterEvent): an encoded [`EventDescriptor`](super::EventDescriptor), then what a buffers message carries | none |
+///
+/// The payloads are versioned by [`FRAME_VERSION`](super::FRAME_VERSION). A kind not in this
+/// table is refused ([`MessageError::UnknownKind`]), and so is a message with another number of
+/// descriptors than its kind carries ([`MessageError::FdCount`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum MessageKind {
+    /// A pool resource: its file descriptor, and 40 bytes
+    /// ([`RESOURCE_MESSAGE_LEN`](super::RESOURCE_MESSAGE_LEN)).
+    ///
+    /// | offset | length | field       | value                                                      |
+    /// |-------:|-------:|-------------|------------------------------------------------------------|
+    /// |      0 |     16 | pool        | the pool's UUID, not nil                                   |
+    /// |     16 |      1 | memory      | `0` device memory, `1` pinned host memory                  |
+    /// |     17 |      4 | ordinal     | device memory: the sender's ordinal of the device, `i32`, not negative (for messages: processes number devices differently); pinned: `-1` |
+    /// |     21 |      3 | reserved    | `0`                                                        |
+    /// |     24 |     16 | device UUID | device memory: the device's UUID, not nil (how the receiver finds it); pinned: zero |
+    ///
+    /// Decoding checks, in this order: the length, the reserved bytes, the pool UUID, the memory
+    /// code, then the ordinal and device UUID the memory needs. Each failure is its own
+    /// [`ResourceMessageError`](super::ResourceMessageError) variant.
+    Resource,
+    /// Buffers of pools sent before: a count, then that many encoded
+    /// [`BufferDescriptor`](super::BufferDescriptor)s.
+    ///
+    /// | offset | length   | field       | value                                                    |
+    /// |-------:|---------:|-------------|----------------------------------------------------------|
+    /// |      0 |        4 | count       | `n`, `u32`, at most [`MAX_BUFFERS_PER_MESSAGE`](super::MAX_BUFFERS_PER_MESSAGE) |
+    /// |      4 |   `108n` | descriptors | `n` encoded buffer descriptors                           |
+    ///
+    /// Decoding checks the count against the limit, then the exact length for it
+    /// ([`BuffersMessageError`](super::BuffersMessageError)), then each descriptor
+    /// ([`BufferDescriptorError`](super::BufferDescriptorError)).
+    Buffers,
+    /// The application's bytes, as they are.
+    Data,
+    /// A `cuda-mem-vmm` virtual buffer: an encoded `SharedVirtualBuffer` (its layout is on that
+    /// type, feature `vmm`), with one file descriptor per chunk for POSIX-fd handles.
+    VirtualBuffer,
+    /// An interprocess event: an encoded [`EventDescriptor`](super::EventDescriptor).
+    Event,
+    /// Buffers that are the receiver's once an event has completed: an encoded
+    /// [`EventDescriptor`](super::EventDescriptor) (92 bytes), then what a
+    /// [`Buffers`](Self::Buffers) message carries.
+    ///
+    /// Decoding checks the length against the event descriptor's
+    /// ([`BuffersMessageError::NoEvent`](super::BuffersMessageError::NoEvent)), decodes the
+    /// event, then what follows as a buffers message.
+    BuffersAfterEvent,
+}
+
+impl MessageKind {
+    /// The kind's number on the wire.
+    pub const fn code(self) -> u16 {
+        match self {
+            MessageKind::Resource => 1,
+            MessageKind::Buffers => 2,
+            MessageKind::Data => 3,
+            MessageKind::VirtualBuffer => 4,
+            MessageKind::Event => 5,
+            MessageKind::BuffersAfterEvent => 6,
+        }
+    }
+
+    /// The kind with the number `code`, if there is one.
+    pub const fn from_code(code: u16) -> Option<MessageKind> {
+        Some(match code {
+            1 => MessageKind::Resource,
+            2 => MessageKind::Buffers,
+            3 => MessageKind::Data,
+            4 => MessageKind::VirtualBuffer,
+            5 => MessageKind::Event,
+            6 => MessageKind::BuffersAfterEvent,
+            _ => return None,
+        })
+    }
+
+    /// The kind of a message whose header names `code`.
+    ///
+    /// # Errors
+    ///
+    /// - [`MessageError::UnknownKind`]: no kind has that number.
+    pub(crate) fn of(code: u16) -> Result<MessageKind, MessageError> {
+        MessageKind::from_code(code).ok_or(MessageError::UnknownKind { kind: code })
+    }
+}
+
+impl fmt::Display for MessageKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            MessageKind::Resource => "resource",
+            MessageKind::Buffers => "buffers",
+            MessageKind::Data => "data",
+            MessageKind::VirtualBuffer => "virtual buffer",
+            MessageKind::Event => "event",
+            MessageKind::BuffersAfterEvent => "buffers-after-event",
+        })
+    }
+}
+
+/// Refuses a message of `kind` that came with another number of file descriptors than the kind
+/// carries (a virtual buffer's number is its encoding's to check).
+pub(crate) fn expect_fds(kind: MessageKind, found: usize) -> Result<(), MessageError> {
+    let expected = match kind {
+        MessageKind::Resource => 1,
+        MessageKind::VirtualBuffer => return Ok(()),
+        _ => 0,
+    };
+    if found == expected { Ok(()) } else { Err(MessageError::FdCount { kind, expected, found }) }
+}
+
+/// Why a frame is not a message of an [`IpcChannel`](crate::IpcChannel).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum MessageError {
+    /// A kind no message has.
+    #[error("unknown message kind {kind}")]
+    UnknownKind {
+        /// The kind in the frame's header.
+        kind: u16,
+    },
+    /// Another number of file descriptors than the kind carries.
+    #[error("a {kind} message came with {found} file descriptor(s), expected {expected}")]
+    FdCount {
+        /// The message's kind.
+        kind: MessageKind,
+        /// The number its kind carries.
+        expected: usize,
+        /// The number that came.
+        found: usize,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ALL: [MessageKind; 6] = [
+        MessageKind::Resource,
+        MessageKind::Buffers,
+        MessageKind::Data,
+        MessageKind::VirtualBuffer,
+        MessageKind::Event,
+        MessageKind::BuffersAfterEvent,
+    ];
+
+    #[test]
+    fn the_codes_are_stable() {
+        // Golden: a kind's number is the wire's, and never changes.
+        assert_eq!(ALL.map(MessageKind::code), [1, 2, 3, 4, 5, 6]);
+        for kind in ALL {
+            assert_eq!(MessageKind::from_code(kind.code()), Some(kind));
+        }
+        for unknown in [0, 7, 999, u16::MAX] {
+            assert_eq!(MessageKind::of(unknown), Err(MessageError::UnknownKind { kind: unknown }));
+        }
+    }
+
+    #[test]
+    fn each_kind_carries_its_number_of_descriptors() {
+        assert_eq!(expect_fds(MessageKind::Resource, 1), Ok(()));
+        assert_eq!(
+            expect_fds(MessageKind::Resource, 0),
+            Err(MessageError::FdCount { kind: MessageKind::Resource, expected: 1, found: 0 })
+        );
+        assert_eq!(expect_fds(MessageKind::VirtualBuffer, 7), Ok(()), "its encoding checks");
+        for kind in [MessageKind::Buffers, MessageKind::Data, MessageKind::Event, MessageKind::BuffersAfterEvent] {
+            assert_eq!(expect_fds(kind, 0), Ok(()));
+            assert_eq!(expect_fds(kind, 1), Err(MessageError::FdCount { kind, expected: 0, found: 1 }));
+        }
+        let text = MessageError::FdCount { kind: MessageKind::Data, expected: 0, found: 1 }.to_string();
+        assert_eq!(text, "a data message came with 1 file descriptor(s), expected 0");
+    }
+}
