@@ -99,17 +99,13 @@
 //! | `device` | [`Device`], [`DeviceProperties`], [`MemoryInfo`] |
 //! | `context` | primary contexts, retained once and bound before each driver call that needs one |
 //! | `graph` | stream capture: [`Capture`], [`CaptureMode`], [`CaptureState`], [`Graph`], [`GraphExec`], [`InstantiateOptions`]; what a capture keeps alive for its graphs |
-//! | `graph_memory` | [`GraphMemoryResource`], [`GraphMemoryAttributes`], [`HighWaterMark`] |
-//! | `memory_resource` | the [`MemoryResource`] trait, [`MemoryResourceExt`], [`AsDynMemoryResource`], [`DevicePtr`] |
+//! | `memory_resource` | the [`MemoryResource`] trait, [`PoolResource`], [`MemoryResourceExt`], [`AsDynMemoryResource`], [`DevicePtr`] |
 //! | `buffer` | [`Buffer`], [`ScopedBuffer`], [`FillPattern`], [`CloseError`], [`RawBuffer`] |
 //! | `view` | [`DeviceView`], [`DeviceViewMut`]: typed views of a buffer, copies to and from Rust slices |
 //! | `copy` | copies with options and batches of copies: [`CopyOptions`], [`SourceAccessOrder`], [`OverlapMode`], [`copy_batch`], [`BatchCopy`], [`BatchOptions`], [`CopyError`] |
-//! | `device_resource` | [`DeviceMemoryResource`] and its options |
-//! | `host_resources` | [`PinnedMemoryResource`], [`ManagedMemoryResource`], their options (a pinned pool lives on a [`NumaNode`]; a managed pool prefers a [`Location`]) |
 //! | `managed` | managed memory's operations: [`ScopedBuffer::managed`] gives a checked [`ManagedBuffer`] (advice, preferred location, accessed-by, prefetch, last prefetch location; [`ManagedBufferMut`] discards), [`Location`], [`Advice`], the batches [`prefetch_batch`], [`discard_batch`], [`discard_prefetch_batch`] |
-//! | `legacy_resources` | [`SynchronousMemoryResource`], [`LegacyPinnedMemoryResource`] (no pools) |
-//! | `pool` | [`MemoryPool`] (a folder, a file per concern: attributes and [`PoolUsage`], [`PoolKind`], peers, sharing, counted imports), [`PoolResource`] |
-//! | `adaptors` | [`StatisticsAdaptor`] ([`AllocationStatistics`]), [`LimitingAdaptor`], [`TrackingAdaptor`] ([`LeakReport`], [`LiveAllocation`]): resources over resources, a file each |
+//! | `pool` | [`MemoryPool`], the driver's pool (a folder, a file per concern: attributes and [`PoolUsage`], [`PoolKind`], peers, sharing, counted imports) |
+//! | `resources` | every resource, a file each: [`DeviceMemoryResource`], [`PinnedMemoryResource`] (on a [`NumaNode`]), [`ManagedMemoryResource`] (preferring a [`Location`]) and their options; [`SynchronousMemoryResource`], [`LegacyPinnedMemoryResource`] (no pools); [`GraphMemoryResource`] ([`GraphMemoryAttributes`], [`HighWaterMark`]); `adaptors/`: [`StatisticsAdaptor`] ([`AllocationStatistics`]), [`LimitingAdaptor`], [`TrackingAdaptor`] ([`LeakReport`], [`LiveAllocation`]) |
 //! | `dlpack` | feature `dlpack`: a folder, a file per concern: export, import, the stream exchange, element types, layouts, `DlpackError` |
 //! | `access` | [`Access`] |
 //! | `handle_types` | [`HandleType`], [`HandleTypes`] |
@@ -414,14 +410,12 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod access;
-mod adaptors;
 mod buffer;
 mod context;
 mod copy;
 #[cfg(feature = "cudarc")]
 mod cudarc_interop;
 mod device;
-mod device_resource;
 #[cfg(feature = "dlpack")]
 mod dlpack;
 mod driver;
@@ -430,15 +424,13 @@ mod drop_errors;
 mod error;
 mod event;
 mod graph;
-mod graph_memory;
 mod handle_types;
-mod host_resources;
-mod legacy_resources;
 mod location;
 mod managed;
 mod memory_resource;
 mod pool;
 pub mod prelude;
+mod resources;
 mod stream;
 mod trace;
 mod view;
@@ -453,15 +445,11 @@ pub mod __private {
 }
 
 pub use access::Access;
-pub use adaptors::{
-    AllocationStatistics, LeakReport, LimitingAdaptor, LiveAllocation, StatisticsAdaptor, TrackingAdaptor,
-};
 pub use buffer::{Buffer, CloseError, FillPattern, ForeignMemory, RawBuffer, ScopedBuffer};
 pub use copy::{
     BatchCopy, BatchOptions, CopyError, CopyOptions, OverlapKind, OverlapMode, SourceAccessOrder, copy_batch,
 };
 pub use device::{Device, DeviceProperties, MemoryInfo, NumaNode};
-pub use device_resource::{DeviceMemoryResource, DeviceMemoryResourceOptions};
 #[cfg(feature = "dlpack")]
 pub use dlpack::{
     ConsumerStream, DlpackElement, DlpackError, DlpackImport, DlpackTensor, ExportOptions, ExportSource, OwnedBy,
@@ -477,22 +465,23 @@ pub use drop_errors::{DropError, record as record_drop_error, set_drop_error_hoo
 pub use error::{DeviceCapability, Error, OutOfMemory, PoolHoldings, Result, cuda_code_of};
 pub use event::{Event, EventOptions, IPC_EVENT_HANDLE_LEN, IpcEventHandle};
 pub use graph::{Capture, CaptureMode, CaptureState, Graph, GraphExec, InstantiateOptions};
-pub use graph_memory::{GraphMemoryAttributes, GraphMemoryResource, HighWaterMark};
 pub use handle_types::{HandleType, HandleTypes};
-pub use host_resources::{
-    ManagedMemoryResource, ManagedMemoryResourceOptions, PinnedMemoryResource, PinnedMemoryResourceOptions,
-};
-pub use legacy_resources::{LegacyPinnedMemoryResource, SynchronousMemoryResource};
 pub use location::Location;
 pub use managed::{
     Advice, ManagedBuffer, ManagedBufferMut, ManagedLocations, discard_batch, discard_prefetch_batch, prefetch_batch,
 };
-pub use memory_resource::{AsDynMemoryResource, DevicePtr, MemoryResource, MemoryResourceExt};
+pub use memory_resource::{AsDynMemoryResource, DevicePtr, MemoryResource, MemoryResourceExt, PoolResource};
 #[cfg(unix)]
 pub use pool::ShareableHandle;
 pub use pool::{
-    EXPORT_DATA_LEN, MemoryPool, PoolAttributes, PoolKind, PoolResource, PoolUsage, ReusePolicy, import_holders,
+    EXPORT_DATA_LEN, MemoryPool, PoolAttributes, PoolKind, PoolUsage, ReusePolicy, import_holders,
     import_pending_waits, mapped_range_size,
+};
+pub use resources::{
+    AllocationStatistics, DeviceMemoryResource, DeviceMemoryResourceOptions, GraphMemoryAttributes,
+    GraphMemoryResource, HighWaterMark, LeakReport, LegacyPinnedMemoryResource, LimitingAdaptor, LiveAllocation,
+    ManagedMemoryResource, ManagedMemoryResourceOptions, PinnedMemoryResource, PinnedMemoryResourceOptions,
+    StatisticsAdaptor, SynchronousMemoryResource, TrackingAdaptor,
 };
 
 /// The crate typed views take their element types' guarantees from ([`bytemuck::Pod`]): derive

@@ -97,6 +97,13 @@ pub unsafe trait MemoryResource: AsDynMemoryResource + Any + Send + Sync + Debug
     }
 }
 
+/// A memory resource that allocates from a driver pool: what sharing its buffers between
+/// processes, and reading the pool's attributes through the resource, need.
+pub trait PoolResource: MemoryResource {
+    /// The pool behind the resource.
+    fn pool(&self) -> &MemoryPool;
+}
+
 /// Any memory resource as a `&dyn MemoryResource`, also where its type is a generic `R: ?Sized`
 /// (which the language cannot turn into a trait object): implemented for every sized resource,
 /// and a supertrait of [`MemoryResource`], so `dyn MemoryResource` has it too. An adaptor over

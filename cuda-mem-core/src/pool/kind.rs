@@ -2,6 +2,8 @@
 
 use std::fmt;
 
+use cuda_mem_sys::types::CUmemAllocationType;
+
 use crate::device::Device;
 
 /// What memory a pool holds: device memory of one device, pinned host memory, or managed
@@ -27,6 +29,15 @@ impl PoolKind {
         match self {
             PoolKind::Device(device) => Some(device),
             PoolKind::Pinned | PoolKind::Managed => None,
+        }
+    }
+
+    /// The driver's allocation type of the memory (device and pinned memory are both "pinned",
+    /// page-locked, to the driver).
+    pub(crate) fn allocation_type(self) -> CUmemAllocationType {
+        match self {
+            PoolKind::Device(_) | PoolKind::Pinned => CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
+            PoolKind::Managed => CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_MANAGED,
         }
     }
 }

@@ -1,7 +1,6 @@
 //! `MemoryPool`: a driver memory pool (owned or not), one file per concern:
 //!
-//! - here: the type, creating, wrapping and destroying it, allocating and freeing, and the
-//!   [`PoolResource`] trait of the resources that allocate from one;
+//! - here: the type, creating, wrapping and destroying it, allocating and freeing;
 //! - [`kind`]: [`PoolKind`], what memory a pool holds (device, pinned or managed);
 //! - [`attributes`]: usage, high-water marks, release threshold, reuse policies, trimming;
 //! - [`peers`]: each device's access and the peer set of a device pool;
@@ -25,7 +24,7 @@ mod peers;
 mod shareable;
 mod sharing;
 
-use cuda_mem_sys::types::{CUmemPoolProps, CUmemoryPool};
+use cuda_mem_sys::types::{CUmemLocation, CUmemPoolProps, CUmemoryPool};
 use cuda_mem_sys::{Driver, cu_call};
 
 pub use attributes::{PoolAttributes, PoolUsage, ReusePolicy};
@@ -39,15 +38,8 @@ pub use sharing::{EXPORT_DATA_LEN, mapped_range_size};
 use crate::device::Device;
 use crate::driver::driver;
 use crate::error::{Error, Result};
-use crate::memory_resource::{DevicePtr, MemoryResource};
+use crate::memory_resource::DevicePtr;
 use crate::stream::Stream;
-
-/// A memory resource that allocates from a driver pool: what sharing its buffers between
-/// processes, and reading the pool's attributes through the resource, need.
-pub trait PoolResource: MemoryResource {
-    /// The pool behind the resource.
-    fn pool(&self) -> &MemoryPool;
-}
 
 /// A driver memory pool. An owned pool is destroyed when dropped (after its buffers, which keep
 /// their resource, and so the pool, alive), having first revoked every peer's access.
@@ -137,12 +129,29 @@ impl MemoryPool {
         }
     }
 
-    /// Wraps a pool this value does not own (a device's current pool, say).
-    ///
-    /// # Errors
-    /// When the driver cannot be had (it gave the handle, so it can).
-    pub(crate) fn borrowed(handle: CUmemoryPool, kind: PoolKind) -> Result<MemoryPool> {
-        Ok(MemoryPool::new(driver()?, handle, false, kind, false, false))
+    /// Wraps a pool this value does not own.
+    fn borrowed(driver: &'static Driver, handle: CUmemoryPool, kind: PoolKind) -> MemoryPool {
+        MemoryPool::new(driver, handle, false, kind, false, false)
+    }
+
+    /// The device's current pool (`cuDeviceGetMemPool`), not owned: shared with every other
+    /// user of it in the process.
+    pub(crate) fn current_of_device(device: Device) -> Result<MemoryPool> {
+        let d = driver()?;
+        let mut handle: CUmemoryPool = std::ptr::null_mut();
+        // SAFETY: `handle` is a valid out-pointer.
+        unsafe { cu_call!(d, cuDeviceGetMemPool(&mut handle, device.raw())) }?;
+        Ok(MemoryPool::borrowed(d, handle, PoolKind::Device(device)))
+    }
+
+    /// The current pool of `kind`'s memory at `location` (`cuMemGetMemPool`, CUDA 13), not
+    /// owned: shared with every other user of it in the process.
+    pub(crate) fn current(mut location: CUmemLocation, kind: PoolKind) -> Result<MemoryPool> {
+        let d = driver()?;
+        let mut handle: CUmemoryPool = std::ptr::null_mut();
+        // SAFETY: `handle` and `location` are valid for the call.
+        unsafe { cu_call!(d, cuMemGetMemPool(&mut handle, &mut location, kind.allocation_type())) }?;
+        Ok(MemoryPool::borrowed(d, handle, kind))
     }
 
     /// The raw handle.

@@ -191,8 +191,8 @@ unsafe impl<R: MemoryResource + ?Sized> MemoryResource for TrackingAdaptor<R> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::setup;
     use super::*;
-    use crate::adaptors::tests::setup;
 
     #[test]
     fn the_report_lists_exactly_the_live_allocations_oldest_first() {
@@ -240,21 +240,25 @@ mod tests {
     /// A free the driver refuses leaves the memory allocated: still listed.
     #[test]
     fn a_refused_free_stays_listed() {
-        cuda_sim::testing::in_simulated_machine("adaptors::tracking::tests::a_refused_free_stays_listed", &[], || {
-            if !cuda_sim::testing::simulator_only("failing a free") {
-                return;
-            }
-            let (stream, pool) = setup();
-            let tracked = TrackingAdaptor::new(pool);
-            let ptr = tracked.allocate_raw(128, &stream).unwrap();
-            let driver = cuda_sim::testing::driver().unwrap();
-            cuda_sim::testing::inject_failure(driver, c"cuMemFreeAsync", 1).unwrap();
-            // SAFETY: allocated just above, used by nothing.
-            assert!(unsafe { tracked.deallocate_raw(ptr, 128, &stream) }.is_err());
-            assert_eq!(tracked.report().allocations()[0].ptr, ptr);
-            // SAFETY: as above; the refused free left it allocated.
-            unsafe { tracked.deallocate_raw(ptr, 128, &stream) }.unwrap();
-            assert!(tracked.report().is_empty());
-        });
+        cuda_sim::testing::in_simulated_machine(
+            "resources::adaptors::tracking::tests::a_refused_free_stays_listed",
+            &[],
+            || {
+                if !cuda_sim::testing::simulator_only("failing a free") {
+                    return;
+                }
+                let (stream, pool) = setup();
+                let tracked = TrackingAdaptor::new(pool);
+                let ptr = tracked.allocate_raw(128, &stream).unwrap();
+                let driver = cuda_sim::testing::driver().unwrap();
+                cuda_sim::testing::inject_failure(driver, c"cuMemFreeAsync", 1).unwrap();
+                // SAFETY: allocated just above, used by nothing.
+                assert!(unsafe { tracked.deallocate_raw(ptr, 128, &stream) }.is_err());
+                assert_eq!(tracked.report().allocations()[0].ptr, ptr);
+                // SAFETY: as above; the refused free left it allocated.
+                unsafe { tracked.deallocate_raw(ptr, 128, &stream) }.unwrap();
+                assert!(tracked.report().is_empty());
+            },
+        );
     }
 }

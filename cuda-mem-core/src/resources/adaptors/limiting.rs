@@ -109,9 +109,9 @@ unsafe impl<R: MemoryResource + ?Sized> MemoryResource for LimitingAdaptor<R> {
 mod tests {
     use std::sync::Barrier;
 
+    use super::super::tests::setup;
     use super::*;
     use crate::StatisticsAdaptor;
-    use crate::adaptors::tests::setup;
 
     /// A refusal asks nothing of the pool (no driver call at all), and a failed allocation of
     /// the pool gives its bytes back. In a process of its own: the driver's call counts and
@@ -119,7 +119,7 @@ mod tests {
     #[test]
     fn a_refusal_never_reaches_the_inner_resource_and_failures_give_the_budget_back() {
         cuda_sim::testing::in_simulated_machine(
-            "adaptors::limiting::tests::a_refusal_never_reaches_the_inner_resource_and_failures_give_the_budget_back",
+            "resources::adaptors::limiting::tests::a_refusal_never_reaches_the_inner_resource_and_failures_give_the_budget_back",
             &[],
             || {
                 if !cuda_sim::testing::simulator_only("counting driver calls, failing one") {

@@ -3,11 +3,9 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use cuda_mem_sys::cu_call;
-use cuda_mem_sys::types::{CUmemAllocationType, CUmemLocation, CUmemLocationType, CUmemPoolProps, CUmemoryPool};
+use cuda_mem_sys::types::{CUmemAllocationType, CUmemLocation, CUmemLocationType, CUmemPoolProps};
 
 use crate::device::Device;
-use crate::driver::driver;
 use crate::error::{DeviceCapability, Error, Result};
 use crate::handle_types::{HandleType, HandleTypes};
 use crate::pool::{MemoryPool, PoolKind};
@@ -55,11 +53,7 @@ impl DeviceMemoryResource {
     #[doc(alias = "memory_resource")]
     pub fn current(device: Device) -> Result<Arc<DeviceMemoryResource>> {
         require_pools(device)?;
-        let d = driver()?;
-        let mut handle: CUmemoryPool = std::ptr::null_mut();
-        // SAFETY: `handle` is a valid out-pointer.
-        unsafe { cu_call!(d, cuDeviceGetMemPool(&mut handle, device.raw())) }?;
-        let pool = MemoryPool::borrowed(handle, PoolKind::Device(device))?;
+        let pool = MemoryPool::current_of_device(device)?;
         if pool.release_threshold()? == 0 {
             pool.set_release_threshold(u64::MAX)?;
         }

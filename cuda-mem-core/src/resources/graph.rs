@@ -214,7 +214,7 @@ mod tests {
     #[test]
     fn attributes_follow_the_graphs_allocations_and_the_marks_reset_to_the_current_use() {
         let name =
-            "graph_memory::tests::attributes_follow_the_graphs_allocations_and_the_marks_reset_to_the_current_use";
+            "resources::graph::tests::attributes_follow_the_graphs_allocations_and_the_marks_reset_to_the_current_use";
         in_simulated_machine(name, &[], || {
             let (_, stream, graph_memory) = setup();
             assert_eq!(graph_memory.attributes().unwrap(), GraphMemoryAttributes::default(), "nothing yet");
@@ -268,7 +268,7 @@ mod tests {
     #[test]
     fn auto_free_on_launch_lets_a_graph_with_a_live_output_launch_again() {
         cuda_sim::testing::in_simulated_machine(
-            "graph_memory::tests::auto_free_on_launch_lets_a_graph_with_a_live_output_launch_again",
+            "resources::graph::tests::auto_free_on_launch_lets_a_graph_with_a_live_output_launch_again",
             &[],
             || {
                 let (_, stream, graph_memory) = setup();
@@ -297,7 +297,7 @@ mod tests {
     #[test]
     fn an_output_dropped_before_any_launch_is_refused_and_recorded() {
         cuda_sim::testing::in_simulated_machine(
-            "graph_memory::tests::an_output_dropped_before_any_launch_is_refused_and_recorded",
+            "resources::graph::tests::an_output_dropped_before_any_launch_is_refused_and_recorded",
             &[],
             || {
                 let (_, stream, graph_memory) = setup();

@@ -146,8 +146,8 @@ unsafe impl<R: MemoryResource + ?Sized> MemoryResource for StatisticsAdaptor<R> 
 mod tests {
     use proptest::prelude::*;
 
+    use super::super::tests::setup;
     use super::*;
-    use crate::adaptors::tests::setup;
     use crate::{Error, LimitingAdaptor};
 
     fn stats(current: (u64, u64), peak: (u64, u64), total: (u64, u64)) -> AllocationStatistics {
