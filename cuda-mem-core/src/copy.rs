@@ -7,11 +7,11 @@ use cuda_mem_sys::types::{CUmemLocation, CUmemcpyAttributes, CUmemcpyFlags, CUme
 use cuda_mem_sys::{Driver, LoadError, StreamMode, cu_call};
 
 use crate::buffer::ScopedBuffer;
+use crate::device::DevicePtr;
 use crate::driver::driver;
 use crate::driver_version::DriverCapability;
 use crate::error::{Error, Result};
 use crate::location::Location;
-use crate::memory_resource::DevicePtr;
 use crate::stream::Stream;
 use crate::view::{DeviceView, DeviceViewMut};
 

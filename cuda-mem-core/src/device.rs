@@ -9,7 +9,9 @@ use cuda_mem_sys::types::{CUdevice_attribute as A, CUdevice_attribute, CUmemAllo
 use crate::driver::driver;
 use crate::error::{Error, Result};
 use crate::handle_types::HandleTypes;
-use crate::stream::Stream;
+
+/// A device address (or, for host-accessible memory, the same address seen from the device).
+pub type DevicePtr = cuda_mem_sys::types::CUdeviceptr;
 
 /// A CUDA device, by ordinal. Cheap to copy; it owns nothing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -350,11 +352,6 @@ impl Device {
     /// If a driver call fails.
     pub fn set_current(&self) -> Result<()> {
         crate::context::bind(*self)
-    }
-
-    /// The device's legacy default stream.
-    pub fn default_stream(&self) -> Stream {
-        Stream::legacy_default(*self)
     }
 
     /// Waits for all work on the device's primary context.

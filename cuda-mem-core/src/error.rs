@@ -117,7 +117,7 @@ pub enum Error {
         /// Its alignment in bytes.
         align: usize,
         /// The address.
-        ptr: crate::memory_resource::DevicePtr,
+        ptr: crate::device::DevicePtr,
     },
     /// A sub-range of a view that does not lie within it (in elements).
     #[error("out of range: elements {start}..{end} of a view of {len} elements: slice within 0..{len}")]
@@ -138,7 +138,7 @@ pub enum Error {
     )]
     NoSharedResource {
         /// The buffer's address.
-        ptr: crate::memory_resource::DevicePtr,
+        ptr: crate::device::DevicePtr,
         /// Its size in bytes.
         size: usize,
     },
@@ -149,7 +149,7 @@ pub enum Error {
     )]
     NotOwning {
         /// The buffer's address.
-        ptr: crate::memory_resource::DevicePtr,
+        ptr: crate::device::DevicePtr,
         /// Its size in bytes.
         size: usize,
     },
@@ -161,7 +161,7 @@ pub enum Error {
     )]
     NotHostAccessible {
         /// The buffer's address.
-        ptr: crate::memory_resource::DevicePtr,
+        ptr: crate::device::DevicePtr,
         /// Its size in bytes.
         size: usize,
     },
@@ -214,7 +214,7 @@ pub enum Error {
     #[error("{ptr:#x} is not an allocation this process imported through this pool")]
     NotAnImport {
         /// The address given.
-        ptr: crate::memory_resource::DevicePtr,
+        ptr: crate::device::DevicePtr,
     },
     /// The driver mapped an allocation to import at an address this process holds already
     /// through another pool (another import of the same pool): the held mapping is left as it
@@ -226,7 +226,7 @@ pub enum Error {
     )]
     ImportHeldElsewhere {
         /// The address the driver answered with.
-        ptr: crate::memory_resource::DevicePtr,
+        ptr: crate::device::DevicePtr,
     },
     /// An imported pool that is neither a device pool nor a pinned host pool; it was not kept.
     #[error(
@@ -278,7 +278,7 @@ pub enum Error {
     )]
     WritableElsewhere {
         /// The buffer's address.
-        ptr: crate::memory_resource::DevicePtr,
+        ptr: crate::device::DevicePtr,
         /// Its size in bytes.
         size: usize,
     },
@@ -292,7 +292,7 @@ pub enum Error {
         /// The operation refused (`"prefetch"`, `"set_read_mostly"`, …).
         operation: &'static str,
         /// The buffer's address.
-        ptr: crate::memory_resource::DevicePtr,
+        ptr: crate::device::DevicePtr,
         /// Its size in bytes.
         size: usize,
     },
@@ -343,7 +343,7 @@ pub enum Error {
     )]
     ManagedAccessNotConcurrent {
         /// The buffer's address.
-        ptr: crate::memory_resource::DevicePtr,
+        ptr: crate::device::DevicePtr,
         /// Its size in bytes.
         size: usize,
     },

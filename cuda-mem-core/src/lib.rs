@@ -445,11 +445,12 @@ pub mod __private {
 }
 
 pub use access::Access;
+pub use buffer::MemoryResourceExt;
 pub use buffer::{Buffer, CloseError, FillPattern, ForeignMemory, RawBuffer, ScopedBuffer};
 pub use copy::{
     BatchCopy, BatchOptions, CopyError, CopyOptions, OverlapKind, OverlapMode, SourceAccessOrder, copy_batch,
 };
-pub use device::{Device, DeviceProperties, MemoryInfo, NumaNode};
+pub use device::{Device, DeviceProperties, DevicePtr, MemoryInfo, NumaNode};
 #[cfg(feature = "dlpack")]
 pub use dlpack::{
     ConsumerStream, DlpackElement, DlpackError, DlpackImport, DlpackTensor, ExportOptions, ExportSource, OwnedBy,
@@ -464,13 +465,13 @@ pub use driver_version::{DriverCapability, installed_version};
 pub use drop_errors::{DropError, record as record_drop_error, set_drop_error_hook, take_drop_errors};
 pub use error::{DeviceCapability, Error, OutOfMemory, PoolHoldings, Result, cuda_code_of};
 pub use event::{Event, EventOptions, IPC_EVENT_HANDLE_LEN, IpcEventHandle};
-pub use graph::{Capture, CaptureMode, CaptureState, Graph, GraphExec, InstantiateOptions};
+pub use graph::{Capture, Graph, GraphExec, InstantiateOptions};
 pub use handle_types::{HandleType, HandleTypes};
 pub use location::Location;
 pub use managed::{
     Advice, ManagedBuffer, ManagedBufferMut, ManagedLocations, discard_batch, discard_prefetch_batch, prefetch_batch,
 };
-pub use memory_resource::{AsDynMemoryResource, DevicePtr, MemoryResource, MemoryResourceExt, PoolResource};
+pub use memory_resource::{AsDynMemoryResource, MemoryResource, PoolResource};
 #[cfg(unix)]
 pub use pool::ShareableHandle;
 pub use pool::{
@@ -489,7 +490,7 @@ pub use resources::{
 pub use bytemuck;
 /// The raw driver bindings this crate is built on.
 pub use cuda_mem_sys as sys;
-pub use stream::{Stream, StreamOptions};
+pub use stream::{CaptureMode, CaptureState, Stream, StreamOptions};
 pub use view::{DeviceView, DeviceViewMut};
 
 /// The cudarc this crate's interop is built against (feature `cudarc`): use it, or the same

@@ -17,11 +17,11 @@ use cuda_mem_sys::types::{CUmem_advise, CUmem_range_attribute, CUmemLocation, CU
 
 use crate::buffer::ScopedBuffer;
 use crate::device::Device;
+use crate::device::DevicePtr;
 use crate::driver::driver;
 use crate::driver_version::DriverCapability;
 use crate::error::{Error, Result};
 use crate::location::Location;
-use crate::memory_resource::DevicePtr;
 use crate::stream::Stream;
 
 /// A location the driver reported as a type and an id; `None` for no location (pages that

@@ -3,22 +3,17 @@
 
 use std::any::Any;
 use std::fmt::Debug;
-use std::sync::Arc;
 
-use crate::buffer::{Buffer, ScopedBuffer};
-use crate::device::Device;
+use crate::device::{Device, DevicePtr};
 use crate::error::Result;
 use crate::pool::MemoryPool;
 use crate::stream::Stream;
 
-/// A device address (or, for host-accessible memory, the same address seen from the device).
-pub type DevicePtr = cuda_mem_sys::types::CUdeviceptr;
-
 /// A source of memory.
 ///
-/// Implementations allocate and free raw pointers; [`Buffer`] owns the result and calls
+/// Implementations allocate and free raw pointers; [`Buffer`](crate::Buffer) owns the result and calls
 /// [`deallocate_raw`](MemoryResource::deallocate_raw) exactly once. Allocate through
-/// [`MemoryResourceExt::allocate`] to get a `Buffer` that keeps the resource alive.
+/// [`MemoryResourceExt::allocate`](crate::MemoryResourceExt::allocate) to get a `Buffer` that keeps the resource alive.
 ///
 /// A resource is shared between threads (buffers may be dropped anywhere), hence `Send + Sync`;
 /// it is `Any`, so that code that needs more than this trait can find the concrete type. The
@@ -26,7 +21,7 @@ pub type DevicePtr = cuda_mem_sys::types::CUdeviceptr;
 /// ([`memory_pool`](MemoryResource::memory_pool)).
 ///
 /// # Safety
-/// [`Buffer`] builds host slices and device operations on what an implementation reports, so
+/// [`Buffer`](crate::Buffer) builds host slices and device operations on what an implementation reports, so
 /// implementing the trait promises: `allocate_raw` returns the address of at least `size` bytes
 /// that stay valid until `deallocate_raw` is called for them; `is_host_accessible` is true only if
 /// those bytes can be read and written by the host at that address, and `is_device_accessible`
@@ -70,7 +65,7 @@ pub unsafe trait MemoryResource: AsDynMemoryResource + Any + Send + Sync + Debug
     /// Whether the memory may be written by something other than this process's buffers while
     /// they hold it: true for memory shared with other processes (an IPC-enabled pool, whose
     /// importers may write it at any time, or an imported one). A buffer of such memory lends no
-    /// host slice through the safe API ([`ScopedBuffer::host_slice`] refuses with
+    /// host slice through the safe API ([`ScopedBuffer::host_slice`](crate::ScopedBuffer::host_slice) refuses with
     /// [`Error::WritableElsewhere`](crate::Error::WritableElsewhere)); false by default.
     fn may_be_written_externally(&self) -> bool {
         false
@@ -119,96 +114,3 @@ impl<R: MemoryResource> AsDynMemoryResource for R {
         self
     }
 }
-
-/// Allocation into an owned [`Buffer`] that keeps the resource alive.
-pub trait MemoryResourceExt {
-    /// Allocates `size` bytes on `stream`. A zero-size request makes an empty buffer without
-    /// asking the resource.
-    ///
-    /// # Errors
-    /// When the resource cannot allocate.
-    fn allocate(&self, size: usize, stream: &Stream) -> Result<Buffer>;
-
-    /// Allocates `size` bytes on `stream` into a [`ScopedBuffer`] that borrows the resource and
-    /// the stream instead of holding shares of them: the cheapest allocation this crate makes,
-    /// for buffers that live inside one scope (per request, per step). The borrows keep both
-    /// alive; see [`ScopedBuffer`].
-    ///
-    /// # Errors
-    /// When the resource cannot allocate.
-    fn allocate_scoped<'a>(&'a self, size: usize, stream: &'a Stream) -> Result<ScopedBuffer<'a>>;
-}
-
-impl<R: MemoryResource + 'static> MemoryResourceExt for Arc<R> {
-    #[inline]
-    fn allocate(&self, size: usize, stream: &Stream) -> Result<Buffer> {
-        Buffer::allocate_in(Arc::clone(self), size, stream)
-    }
-
-    #[inline]
-    fn allocate_scoped<'a>(&'a self, size: usize, stream: &'a Stream) -> Result<ScopedBuffer<'a>> {
-        ScopedBuffer::allocate_scoped_in(&**self, size, stream)
-    }
-}
-
-impl MemoryResourceExt for Arc<dyn MemoryResource> {
-    #[inline]
-    fn allocate(&self, size: usize, stream: &Stream) -> Result<Buffer> {
-        Buffer::allocate(Arc::clone(self), size, stream)
-    }
-
-    #[inline]
-    fn allocate_scoped<'a>(&'a self, size: usize, stream: &'a Stream) -> Result<ScopedBuffer<'a>> {
-        ScopedBuffer::allocate_scoped(&**self, size, stream)
-    }
-}
-
-/// Gives a resource type inherent `allocate` and `allocate_scoped`, the everyday path that needs
-/// no trait import: `allocate` takes `self: &Arc<Self>` (what the constructors return), so the
-/// buffer can keep the resource alive; both forward to [`MemoryResourceExt`].
-///
-/// `inherent_allocation!([R: Bound] Type<R>)` does it for a generic type.
-macro_rules! inherent_allocation {
-    ([$($generics:tt)*] $ty:ty) => {
-        impl<$($generics)*> $ty {
-            /// Allocates `size` bytes on `stream` into an owned [`Buffer`](crate::Buffer) that
-            /// keeps this resource alive (as [`MemoryResourceExt::allocate`], without the
-            /// import). A zero-size request makes an empty buffer without asking the resource.
-            ///
-            /// [`MemoryResourceExt::allocate`]: crate::MemoryResourceExt::allocate
-            ///
-            /// # Errors
-            /// When the resource cannot allocate.
-            #[inline]
-            pub fn allocate(
-                self: &std::sync::Arc<Self>,
-                size: usize,
-                stream: &$crate::Stream,
-            ) -> $crate::Result<$crate::Buffer> {
-                $crate::MemoryResourceExt::allocate(self, size, stream)
-            }
-
-            /// Allocates `size` bytes on `stream` into a [`ScopedBuffer`](crate::ScopedBuffer)
-            /// that borrows this resource and the stream (as
-            /// [`MemoryResourceExt::allocate_scoped`], without the import, and from a plain
-            /// reference).
-            ///
-            /// [`MemoryResourceExt::allocate_scoped`]: crate::MemoryResourceExt::allocate_scoped
-            ///
-            /// # Errors
-            /// When the resource cannot allocate.
-            #[inline]
-            pub fn allocate_scoped<'a>(
-                &'a self,
-                size: usize,
-                stream: &'a $crate::Stream,
-            ) -> $crate::Result<$crate::ScopedBuffer<'a>> {
-                $crate::ScopedBuffer::allocate_scoped_in(self, size, stream)
-            }
-        }
-    };
-    ($ty:ty) => {
-        $crate::memory_resource::inherent_allocation!([] $ty);
-    };
-}
-pub(crate) use inherent_allocation;

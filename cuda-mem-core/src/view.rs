@@ -8,9 +8,9 @@ use bytemuck::Pod;
 use cuda_mem_sys::cu_call;
 
 use crate::buffer::ScopedBuffer;
+use crate::device::DevicePtr;
 use crate::driver::driver;
 use crate::error::{Error, Result};
-use crate::memory_resource::DevicePtr;
 use crate::stream::Stream;
 
 /// A read-only, typed view of `len()` elements of type `T` in a buffer's memory.

@@ -14,8 +14,9 @@ use cudarc::driver::{
 
 use crate::buffer::{Buffer, ScopedBuffer, order_after_other_streams};
 use crate::device::Device;
+use crate::device::DevicePtr;
 use crate::error::{Error, Result};
-use crate::memory_resource::{DevicePtr, MemoryResource};
+use crate::memory_resource::MemoryResource;
 use crate::stream::{Stream, StreamOwner};
 use crate::view::{DeviceView, DeviceViewMut};
 
@@ -382,7 +383,7 @@ impl std::fmt::Debug for CudarcMemoryResource {
     }
 }
 
-crate::memory_resource::inherent_allocation!(CudarcMemoryResource);
+crate::buffer::inherent_allocation!(CudarcMemoryResource);
 
 impl CudarcMemoryResource {
     /// A resource allocating with cudarc on `stream`.

@@ -3,7 +3,7 @@
 
 use dlpark::ffi::DLDataType;
 
-use crate::memory_resource::DevicePtr;
+use crate::device::DevicePtr;
 
 use super::dtype::describe;
 

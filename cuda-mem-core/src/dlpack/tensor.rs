@@ -4,7 +4,7 @@
 use dlpark::DlpackFlags;
 use dlpark::ffi::{DLDataType, DLDevice, DLManagedTensorVersioned, DLTensor};
 
-use crate::memory_resource::DevicePtr;
+use crate::device::DevicePtr;
 
 /// An exported DLPack tensor (`DLManagedTensorVersioned`), made by this crate's exports.
 ///

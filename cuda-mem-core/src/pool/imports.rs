@@ -19,10 +19,10 @@ use cuda_mem_sys::types::CUmemPoolPtrExportData;
 
 use super::MemoryPool;
 use super::sharing::{EXPORT_DATA_LEN, bind_for, range_size_in_current_context};
+use crate::device::DevicePtr;
 use crate::driver::driver;
 use crate::error::{Error, Result};
 use crate::event::{Event, EventOptions};
-use crate::memory_resource::DevicePtr;
 use crate::stream::Stream;
 
 /// An import: the pool it was mapped through (the same data imported through another pool is

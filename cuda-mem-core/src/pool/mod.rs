@@ -36,9 +36,9 @@ pub(crate) use sharing::CachedExport;
 pub use sharing::{EXPORT_DATA_LEN, mapped_range_size};
 
 use crate::device::Device;
+use crate::device::DevicePtr;
 use crate::driver::driver;
 use crate::error::{Error, Result};
-use crate::memory_resource::DevicePtr;
 use crate::stream::Stream;
 
 /// A driver memory pool. An owned pool is destroyed when dropped (after its buffers, which keep
@@ -336,7 +336,7 @@ macro_rules! pool_resource {
             }
         }
 
-        $crate::memory_resource::inherent_allocation!($ty);
+        $crate::buffer::inherent_allocation!($ty);
         $crate::pool::pool_delegates!($ty);
     };
 }

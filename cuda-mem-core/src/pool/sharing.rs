@@ -15,9 +15,9 @@ use cuda_mem_sys::types::{CUmemPoolPtrExportData, CUmemoryPool, CUpointer_attrib
 use super::{MemoryPool, imports};
 use crate::buffer::ScopedBuffer;
 use crate::device::Device;
+use crate::device::DevicePtr;
 use crate::driver::driver;
 use crate::error::{Error, Result};
-use crate::memory_resource::DevicePtr;
 
 /// The size of the driver's export data for one allocation (`CUmemPoolPtrExportData`).
 pub const EXPORT_DATA_LEN: usize = 64;

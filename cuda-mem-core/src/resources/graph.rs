@@ -9,10 +9,11 @@ use cuda_mem_sys::cu_call;
 use cuda_mem_sys::types::{CUgraphMem_attribute, CUstreamCaptureStatus};
 
 use crate::device::Device;
+use crate::device::DevicePtr;
 use crate::driver::driver;
 use crate::driver_version::DriverCapability;
 use crate::error::{Error, Result};
-use crate::memory_resource::{DevicePtr, MemoryResource};
+use crate::memory_resource::MemoryResource;
 use crate::stream::Stream;
 
 /// The memory graphs of a device allocate while they run: a [`MemoryResource`] that allocates
@@ -191,7 +192,7 @@ unsafe impl MemoryResource for GraphMemoryResource {
     }
 }
 
-crate::memory_resource::inherent_allocation!(GraphMemoryResource);
+crate::buffer::inherent_allocation!(GraphMemoryResource);
 
 #[cfg(test)]
 mod tests {

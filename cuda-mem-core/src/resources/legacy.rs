@@ -15,9 +15,10 @@ use std::sync::Arc;
 use cuda_mem_sys::cu_call;
 
 use crate::device::Device;
+use crate::device::DevicePtr;
 use crate::driver::driver;
 use crate::error::{Error, Result};
-use crate::memory_resource::{DevicePtr, MemoryResource};
+use crate::memory_resource::MemoryResource;
 use crate::stream::Stream;
 
 /// Page-locked host memory from `cuMemAllocHost`, allocated in a device's primary context.
@@ -194,5 +195,5 @@ impl Drop for PendingFree {
     }
 }
 
-crate::memory_resource::inherent_allocation!(LegacyPinnedMemoryResource);
-crate::memory_resource::inherent_allocation!(SynchronousMemoryResource);
+crate::buffer::inherent_allocation!(LegacyPinnedMemoryResource);
+crate::buffer::inherent_allocation!(SynchronousMemoryResource);

@@ -4,8 +4,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::{adaptor_common, forward_memory_properties};
+use crate::device::DevicePtr;
 use crate::error::{Error, Result};
-use crate::memory_resource::{DevicePtr, MemoryResource};
+use crate::memory_resource::MemoryResource;
 use crate::stream::Stream;
 
 /// Refuses allocations that would take the bytes allocated through it past a limit, with

@@ -46,7 +46,7 @@ macro_rules! adaptor_common {
             }
         }
 
-        $crate::memory_resource::inherent_allocation!([R: $crate::MemoryResource + ?Sized] $adaptor<R>);
+        $crate::buffer::inherent_allocation!([R: $crate::MemoryResource + ?Sized] $adaptor<R>);
     };
 }
 use adaptor_common;

@@ -4,8 +4,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::{adaptor_common, forward_memory_properties};
+use crate::device::DevicePtr;
 use crate::error::Result;
-use crate::memory_resource::{DevicePtr, MemoryResource};
+use crate::memory_resource::MemoryResource;
 use crate::stream::Stream;
 
 /// Counts what flows through the resource it wraps: bytes and allocations, current, peak and

@@ -8,8 +8,9 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use super::{adaptor_common, forward_memory_properties};
 use crate::device::Device;
+use crate::device::DevicePtr;
 use crate::error::Result;
-use crate::memory_resource::{DevicePtr, MemoryResource};
+use crate::memory_resource::MemoryResource;
 use crate::stream::Stream;
 
 /// Keeps a record of every allocation made through it and not yet freed: its address, size,

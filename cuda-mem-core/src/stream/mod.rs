@@ -1,18 +1,29 @@
 //! Streams: created ones (destroyed when the last handle goes) and the default streams.
+//!
+//! - here: [`Stream`], its options, its lifetime and the questions it answers;
+//! - [`capture`]: what this crate knows of a stream's capture ([`CaptureMode`], [`CaptureState`])
+//!   and what a capture keeps alive for its graphs;
+//! - [`ordering`]: how streams order work after each other's with events
+//!   ([`Stream::wait`], [`Stream::record_event`], [`Event::record`](crate::Event::record)).
+
+mod capture;
+mod ordering;
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
 use cuda_mem_sys::cu_call;
 use cuda_mem_sys::types::{CUstream, CUstream_flags, CUstreamCaptureStatus};
 
+use capture::CaptureWord;
+pub(crate) use capture::GraphResources;
+pub use capture::{CaptureMode, CaptureState};
+
 use crate::device::Device;
 use crate::driver::driver;
 use crate::error::Result;
-use crate::event::Event;
-use crate::graph::{CaptureMode, CaptureState, GraphResources};
 
 /// `CU_STREAM_LEGACY`: the legacy default stream, whatever the default-stream mode.
 pub(crate) const LEGACY: CUstream = std::ptr::without_provenance_mut(0x1);
@@ -109,87 +120,6 @@ impl Inner {
     }
 }
 
-/// A [`CaptureState`] in one atomic word, with a generation that every change bumps: a driver
-/// answer asked for while the state was unknown is written back only if nothing changed
-/// meanwhile (a concurrent wait that joined a capture, say).
-#[derive(Debug)]
-struct CaptureWord(AtomicU64);
-
-/// The low bits of a [`CaptureWord`]: the state.
-const STATE_BITS: u32 = 3;
-const STATE_MASK: u64 = (1 << STATE_BITS) - 1;
-const NOT_CAPTURING: u64 = 0;
-const UNKNOWN: u64 = 1;
-const CAPTURING_GLOBAL: u64 = 2;
-const CAPTURING_THREAD_LOCAL: u64 = 3;
-const CAPTURING_RELAXED: u64 = 4;
-
-impl CaptureWord {
-    fn new(state: CaptureState) -> CaptureWord {
-        CaptureWord(AtomicU64::new(CaptureWord::encode(state)))
-    }
-
-    fn encode(state: CaptureState) -> u64 {
-        match state {
-            CaptureState::NotCapturing => NOT_CAPTURING,
-            CaptureState::Unknown => UNKNOWN,
-            CaptureState::Capturing(CaptureMode::Global) => CAPTURING_GLOBAL,
-            CaptureState::Capturing(CaptureMode::ThreadLocal) => CAPTURING_THREAD_LOCAL,
-            CaptureState::Capturing(CaptureMode::Relaxed) => CAPTURING_RELAXED,
-        }
-    }
-
-    fn decode(word: u64) -> CaptureState {
-        match word & STATE_MASK {
-            NOT_CAPTURING => CaptureState::NotCapturing,
-            CAPTURING_GLOBAL => CaptureState::Capturing(CaptureMode::Global),
-            CAPTURING_THREAD_LOCAL => CaptureState::Capturing(CaptureMode::ThreadLocal),
-            CAPTURING_RELAXED => CaptureState::Capturing(CaptureMode::Relaxed),
-            _ => CaptureState::Unknown,
-        }
-    }
-
-    /// The word with `state` in place of its state, one generation on.
-    fn next(word: u64, state: CaptureState) -> u64 {
-        ((word >> STATE_BITS).wrapping_add(1) << STATE_BITS) | CaptureWord::encode(state)
-    }
-
-    #[inline(always)]
-    fn load(&self) -> u64 {
-        self.0.load(Ordering::Acquire)
-    }
-
-    fn set(&self, state: CaptureState) {
-        let _ = self.0.fetch_update(Ordering::AcqRel, Ordering::Acquire, |word| Some(CaptureWord::next(word, state)));
-    }
-
-    /// Makes the state unknown, unless a capture of this crate's is under way (whose end sets
-    /// it anew); returns the word it replaced, if it did.
-    fn forget(&self) -> Option<u64> {
-        self.0
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |word| {
-                (!matches!(CaptureWord::decode(word), CaptureState::Capturing(_)))
-                    .then(|| CaptureWord::next(word, CaptureState::Unknown))
-            })
-            .ok()
-    }
-
-    /// Puts back the state of `replaced` over the word `forget` made of it, if nothing changed
-    /// it since.
-    fn put_back(&self, replaced: u64) {
-        let made = CaptureWord::next(replaced, CaptureState::Unknown);
-        let back = CaptureWord::next(made, CaptureWord::decode(replaced));
-        let _ = self.0.compare_exchange(made, back, Ordering::AcqRel, Ordering::Relaxed);
-    }
-
-    /// Records the driver's "not capturing", asked for when the word was `seen` (unknown), if it
-    /// has not changed since.
-    fn confirm_not_capturing(&self, seen: u64) {
-        let confirmed = CaptureWord::next(seen, CaptureState::NotCapturing);
-        let _ = self.0.compare_exchange(seen, confirmed, Ordering::AcqRel, Ordering::Relaxed);
-    }
-}
-
 /// What keeps a borrowed stream alive; only held, never looked into.
 pub(crate) struct StreamOwner {
     _keep: Arc<dyn std::any::Any + Send + Sync>,
@@ -254,6 +184,13 @@ impl Drop for Inner {
         if let Err(error) = destroy() {
             crate::drop_errors::record("Stream", error);
         }
+    }
+}
+
+impl Device {
+    /// The device's legacy default stream.
+    pub fn default_stream(&self) -> Stream {
+        Stream::legacy_default(*self)
     }
 }
 
@@ -460,38 +397,6 @@ impl Stream {
         }
     }
 
-    /// Makes later work on this stream wait for `event`'s latest recording. For another thread's
-    /// per-thread default stream, the calling thread's waits (the work enqueued through this value
-    /// from here goes there; see [the type's notes](Stream#per-thread-default-streams)).
-    ///
-    /// # Errors
-    /// If the driver call fails.
-    pub fn wait(&self, event: &Event) -> Result<()> {
-        crate::context::bind(self.device())?;
-        let d = driver()?;
-        // SAFETY: valid stream and event handles; the event outlives the call (the driver keeps
-        // what it needs).
-        unsafe { cu_call!(d, cuStreamWaitEvent(self.handle(), event.handle(), 0)) }?;
-        if event.maybe_recorded_in_capture() {
-            // Waiting for work of a capture joins it: this stream now captures into that graph
-            // (until its capture ends), which this crate cannot follow. Forgotten after the
-            // wait, so that a driver answer asked for before it is never written back.
-            self.inner.capture.forget();
-        }
-        Ok(())
-    }
-
-    /// Records a new event at the current end of the stream (for another thread's per-thread
-    /// default stream, of the calling thread's, as [`Event::record`] does).
-    ///
-    /// # Errors
-    /// If a driver call fails.
-    pub fn record_event(&self) -> Result<Event> {
-        let event = Event::new(self.device(), crate::event::EventOptions::default())?;
-        event.record(self)?;
-        Ok(event)
-    }
-
     /// Whether the stream is capturing a graph (an active or invalidated capture both count),
     /// as the driver says (`cuStreamIsCapturing`); [`capture_state`](Stream::capture_state) says
     /// what this crate knows without asking it.
@@ -528,9 +433,8 @@ impl Stream {
     #[inline(always)]
     pub(crate) fn refuses_allocation(&self) -> Result<bool> {
         let seen = self.inner.capture.load();
-        // Inlined into every allocation: the common case, known not to capture, in two compares
-        // (the state bits read directly: `decode`'s full match costs two instructions more).
-        if seen & STATE_MASK == NOT_CAPTURING && self.inner.handle != LEGACY {
+        // Inlined into every allocation: the common case, known not to capture, in two compares.
+        if CaptureWord::is_not_capturing(seen) && self.inner.handle != LEGACY {
             return Ok(false);
         }
         self.refuses_allocation_otherwise(seen)

@@ -1,5 +1,15 @@
 //! `Buffer`: one allocation, owned, freed once on the stream it records; and `ScopedBuffer`,
 //! the same with its resource and stream borrowed instead of shared.
+//!
+//! - here: the types, taking and giving up ownership, the accessors, copies, fills, host
+//!   slices and freeing;
+//! - [`allocate`]: allocating them ([`MemoryResourceExt`], and the inherent `allocate` of every
+//!   resource of this crate).
+
+mod allocate;
+
+pub use allocate::MemoryResourceExt;
+pub(crate) use allocate::inherent_allocation;
 
 use std::any::Any;
 use std::borrow::Cow;
@@ -8,12 +18,12 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use cuda_mem_sys::cu_call;
 
 use crate::device::Device;
+use crate::device::DevicePtr;
 use crate::driver::driver;
 use crate::error::{Error, Result};
 use crate::event::{Event, EventOptions};
-use crate::graph::CaptureState;
-use crate::memory_resource::{DevicePtr, MemoryResource};
-use crate::stream::Stream;
+use crate::memory_resource::MemoryResource;
+use crate::stream::{CaptureState, Stream};
 
 /// A value to fill a buffer with, repeated: 1, 2 or 4 bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -219,32 +229,6 @@ impl std::ops::Deref for StreamRef<'_> {
 }
 
 impl<'a> ScopedBuffer<'a> {
-    /// Allocates `size` bytes from `resource` on `stream`, borrowing both for as long as the
-    /// buffer lives (an empty buffer, without asking the resource, when `size` is 0).
-    ///
-    /// # Errors
-    /// When the resource cannot allocate.
-    #[inline]
-    pub fn allocate_scoped(resource: &'a dyn MemoryResource, size: usize, stream: &'a Stream) -> Result<Self> {
-        let stream = StreamRef::on_calling_thread(stream);
-        let ptr = allocate_raw_or_empty(resource, size, &stream)?;
-        Ok(ScopedBuffer::new(ptr, size, Owner::Borrowed(resource), Some(stream)))
-    }
-
-    /// [`allocate_scoped`](Self::allocate_scoped) from a resource whose type is known: its
-    /// `allocate_raw` is called directly, inlined into the caller with everything on the way,
-    /// instead of through the vtable (the allocation's every layer is a call otherwise).
-    #[inline(always)]
-    pub(crate) fn allocate_scoped_in<R: MemoryResource>(
-        resource: &'a R,
-        size: usize,
-        stream: &'a Stream,
-    ) -> Result<Self> {
-        let stream = StreamRef::on_calling_thread(stream);
-        let ptr = allocate_raw_or_empty(resource, size, &stream)?;
-        Ok(ScopedBuffer::new(ptr, size, Owner::Borrowed(resource), Some(stream)))
-    }
-
     /// The slot for this allocation's export data (empty until first exported; a new buffer,
     /// even at the same address, starts empty).
     pub(crate) fn export_slot(&self) -> &OnceLock<Box<crate::pool::CachedExport>> {
@@ -258,39 +242,7 @@ impl<'a> ScopedBuffer<'a> {
     }
 }
 
-/// `size` bytes from `resource` on `stream`, or the null pointer of an empty buffer (without
-/// asking the resource) when `size` is 0.
-#[inline(always)]
-fn allocate_raw_or_empty<R: MemoryResource + ?Sized>(resource: &R, size: usize, stream: &Stream) -> Result<DevicePtr> {
-    if size == 0 { Ok(0) } else { resource.allocate_raw(size, stream) }
-}
-
 impl Buffer {
-    /// Allocates `size` bytes from `resource` on `stream` (an empty buffer, without asking the
-    /// resource, when `size` is 0).
-    ///
-    /// # Errors
-    /// When the resource cannot allocate.
-    pub fn allocate(resource: Arc<dyn MemoryResource>, size: usize, stream: &Stream) -> Result<Buffer> {
-        // The stream the allocation goes to from this thread (see `allocate_scoped`).
-        let stream = stream.on_calling_thread().into_owned();
-        let ptr = allocate_raw_or_empty(&*resource, size, &stream)?;
-        Ok(Buffer::new(ptr, size, Owner::Resource(resource), Some(StreamRef::Shared(stream))))
-    }
-
-    /// [`allocate`](Self::allocate) from a resource whose type is known: its `allocate_raw` is
-    /// called directly, inlined into the caller, instead of through the vtable.
-    #[inline(always)]
-    pub(crate) fn allocate_in<R: MemoryResource + 'static>(
-        resource: Arc<R>,
-        size: usize,
-        stream: &Stream,
-    ) -> Result<Buffer> {
-        let stream = stream.on_calling_thread().into_owned();
-        let ptr = allocate_raw_or_empty(&*resource, size, &stream)?;
-        Ok(Buffer::new(ptr, size, Owner::Resource(resource), Some(StreamRef::Shared(stream))))
-    }
-
     /// Takes ownership of memory `resource` allocated (or otherwise hands out for it to
     /// release): the buffer calls its `deallocate_raw` on `stream` when dropped, unless `size`
     /// is 0 (an empty buffer releases nothing).
