@@ -6,7 +6,7 @@ use std::fmt::Debug;
 
 use crate::device::{Device, DevicePtr};
 use crate::error::Result;
-use crate::pool::MemoryPool;
+use crate::pool::{MemoryPool, PoolKind};
 use crate::stream::Stream;
 
 /// A source of memory.
@@ -20,16 +20,22 @@ use crate::stream::Stream;
 /// pool behind a resource, which sharing its buffers needs, it names itself
 /// ([`memory_pool`](MemoryResource::memory_pool)).
 ///
+/// Most resources answer the questions about their memory the same way, so the trait answers
+/// them by default: an adaptor as the resource it wraps ([`upstream`](MemoryResource::upstream)),
+/// a pool resource as its pool ([`memory_pool`](MemoryResource::memory_pool)). A resource with
+/// neither answers for itself.
+///
 /// # Safety
-/// [`Buffer`](crate::Buffer) builds host slices and device operations on what an implementation reports, so
-/// implementing the trait promises: `allocate_raw` returns the address of at least `size` bytes
-/// that stay valid until `deallocate_raw` is called for them; `is_host_accessible` is true only if
-/// those bytes can be read and written by the host at that address, and `is_device_accessible`
-/// only if devices can use them. The host slices also rest on two answers that have safe
-/// defaults: `may_be_written_externally` must be true whenever anything but this process's
-/// buffers may write the memory (another process importing it), and `is_managed` whenever it is
-/// managed memory (whose host access waits for the devices). An adaptor over another resource
-/// forwards both, as this crate's adaptors do.
+/// [`Buffer`](crate::Buffer) builds host slices and device operations on what an implementation
+/// reports, so implementing the trait promises: `allocate_raw` returns the address of at least
+/// `size` bytes that stay valid until `deallocate_raw` is called for them; `is_host_accessible` is
+/// true only if those bytes can be read and written by the host at that address, and
+/// `is_device_accessible` only if devices can use them. The host slices also rest on
+/// `may_be_written_externally`, true whenever anything but this process's buffers may write the
+/// memory (another process importing it), and `is_managed`, true whenever it is managed memory
+/// (whose host access waits for the devices). The defaults keep these promises when `upstream`
+/// names the resource the memory comes from and `memory_pool` the pool it comes from; a resource
+/// whose memory is otherwise answers for itself.
 pub unsafe trait MemoryResource: AsDynMemoryResource + Any + Send + Sync + Debug {
     /// Allocates `size` bytes (more than 0), usable by work enqueued on `stream` after this call.
     ///
@@ -47,28 +53,59 @@ pub unsafe trait MemoryResource: AsDynMemoryResource + Any + Send + Sync + Debug
     /// When the driver refuses (the memory is then not freed).
     unsafe fn deallocate_raw(&self, ptr: DevicePtr, size: usize, stream: &Stream) -> Result<()>;
 
-    /// Whether devices can access the memory.
-    fn is_device_accessible(&self) -> bool;
+    /// Whether devices can access the memory. By default (as the next four): as the
+    /// [`upstream`](MemoryResource::upstream) resource answers, else true for memory of a
+    /// [`memory_pool`](MemoryResource::memory_pool), false for a resource with neither.
+    fn is_device_accessible(&self) -> bool {
+        match self.upstream() {
+            Some(upstream) => upstream.is_device_accessible(),
+            None => self.memory_pool().is_some(),
+        }
+    }
 
-    /// Whether the host can access the memory.
-    fn is_host_accessible(&self) -> bool;
+    /// Whether the host can access the memory. By default as the upstream resource answers,
+    /// else as the pool's [`kind`](MemoryPool::kind) says (pinned and managed memory), false for
+    /// a resource with neither.
+    fn is_host_accessible(&self) -> bool {
+        match self.upstream() {
+            Some(upstream) => upstream.is_host_accessible(),
+            None => self.memory_pool().is_some_and(|pool| pool.kind().is_host_accessible()),
+        }
+    }
 
-    /// The device the memory belongs to, if one does (`None` for host memory).
+    /// The device the memory belongs to, if one does (`None` for host memory). By default as
+    /// the upstream resource answers, else the pool's [`owner`](MemoryPool::owner), `None` for a
+    /// resource with neither.
     #[doc(alias = "device_id")]
-    fn device(&self) -> Option<Device>;
+    fn device(&self) -> Option<Device> {
+        match self.upstream() {
+            Some(upstream) => upstream.device(),
+            None => self.memory_pool().and_then(MemoryPool::owner),
+        }
+    }
 
-    /// Whether the memory is managed (migrates between host and devices).
+    /// Whether the memory is managed (migrates between host and devices). By default as the
+    /// upstream resource answers, else whether the pool holds managed memory, false for a
+    /// resource with neither.
     fn is_managed(&self) -> bool {
-        false
+        match self.upstream() {
+            Some(upstream) => upstream.is_managed(),
+            None => self.memory_pool().is_some_and(|pool| pool.kind() == PoolKind::Managed),
+        }
     }
 
     /// Whether the memory may be written by something other than this process's buffers while
     /// they hold it: true for memory shared with other processes (an IPC-enabled pool, whose
     /// importers may write it at any time, or an imported one). A buffer of such memory lends no
-    /// host slice through the safe API ([`ScopedBuffer::host_slice`](crate::ScopedBuffer::host_slice) refuses with
-    /// [`Error::WritableElsewhere`](crate::Error::WritableElsewhere)); false by default.
+    /// host slice through the safe API ([`ScopedBuffer::host_slice`](crate::ScopedBuffer::host_slice)
+    /// refuses with [`Error::WritableElsewhere`](crate::Error::WritableElsewhere)). By default as
+    /// the upstream resource answers, else whether the pool is
+    /// [shareable](MemoryPool::is_shareable), false for a resource with neither.
     fn may_be_written_externally(&self) -> bool {
-        false
+        match self.upstream() {
+            Some(upstream) => upstream.may_be_written_externally(),
+            None => self.memory_pool().is_some_and(MemoryPool::is_shareable),
+        }
     }
 
     /// The resource this one allocates from, for an adaptor (a

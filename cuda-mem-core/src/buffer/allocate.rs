@@ -1,7 +1,7 @@
 //! Allocating buffers: [`MemoryResourceExt`] (an `Arc` of any resource into owned buffers, or
-//! a borrowed one into scoped buffers), the constructors it calls, and the inherent
-//! `allocate`/`allocate_scoped` every resource of this crate has, so that the everyday path needs
-//! no trait import.
+//! a borrowed one into scoped buffers) and the constructors it calls. Every resource of this
+//! crate also has `allocate` and `allocate_scoped` of its own (written beside it, calling the
+//! same constructors), so that the everyday path needs no trait import.
 
 use std::sync::Arc;
 
@@ -115,53 +115,3 @@ impl MemoryResourceExt for Arc<dyn MemoryResource> {
         ScopedBuffer::allocate_scoped(&**self, size, stream)
     }
 }
-
-/// Gives a resource type inherent `allocate` and `allocate_scoped`, the everyday path that needs
-/// no trait import: `allocate` takes `self: &Arc<Self>` (what the constructors return), so the
-/// buffer can keep the resource alive; both forward to [`MemoryResourceExt`].
-///
-/// `inherent_allocation!([R: Bound] Type<R>)` does it for a generic type.
-macro_rules! inherent_allocation {
-    ([$($generics:tt)*] $ty:ty) => {
-        impl<$($generics)*> $ty {
-            /// Allocates `size` bytes on `stream` into an owned [`Buffer`](crate::Buffer) that
-            /// keeps this resource alive (as [`MemoryResourceExt::allocate`], without the
-            /// import). A zero-size request makes an empty buffer without asking the resource.
-            ///
-            /// [`MemoryResourceExt::allocate`]: crate::MemoryResourceExt::allocate
-            ///
-            /// # Errors
-            /// When the resource cannot allocate.
-            #[inline]
-            pub fn allocate(
-                self: &std::sync::Arc<Self>,
-                size: usize,
-                stream: &$crate::Stream,
-            ) -> $crate::Result<$crate::Buffer> {
-                $crate::MemoryResourceExt::allocate(self, size, stream)
-            }
-
-            /// Allocates `size` bytes on `stream` into a [`ScopedBuffer`](crate::ScopedBuffer)
-            /// that borrows this resource and the stream (as
-            /// [`MemoryResourceExt::allocate_scoped`], without the import, and from a plain
-            /// reference).
-            ///
-            /// [`MemoryResourceExt::allocate_scoped`]: crate::MemoryResourceExt::allocate_scoped
-            ///
-            /// # Errors
-            /// When the resource cannot allocate.
-            #[inline]
-            pub fn allocate_scoped<'a>(
-                &'a self,
-                size: usize,
-                stream: &'a $crate::Stream,
-            ) -> $crate::Result<$crate::ScopedBuffer<'a>> {
-                $crate::ScopedBuffer::allocate_scoped_in(self, size, stream)
-            }
-        }
-    };
-    ($ty:ty) => {
-        $crate::buffer::inherent_allocation!([] $ty);
-    };
-}
-pub(crate) use inherent_allocation;

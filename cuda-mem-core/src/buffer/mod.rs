@@ -3,13 +3,12 @@
 //!
 //! - here: the types, taking and giving up ownership, the accessors, copies, fills, host
 //!   slices and freeing;
-//! - [`allocate`]: allocating them ([`MemoryResourceExt`], and the inherent `allocate` of every
-//!   resource of this crate).
+//! - [`allocate`]: allocating them ([`MemoryResourceExt`], and the constructors the resources'
+//!   own `allocate` calls).
 
 mod allocate;
 
 pub use allocate::MemoryResourceExt;
-pub(crate) use allocate::inherent_allocation;
 
 use std::any::Any;
 use std::borrow::Cow;

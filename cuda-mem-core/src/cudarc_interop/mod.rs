@@ -13,8 +13,7 @@ use cudarc::driver::{
 };
 
 use crate::buffer::{Buffer, ScopedBuffer, order_after_other_streams};
-use crate::device::Device;
-use crate::device::DevicePtr;
+use crate::device::{Device, DevicePtr};
 use crate::error::{Error, Result};
 use crate::memory_resource::MemoryResource;
 use crate::stream::{Stream, StreamOwner};
@@ -383,8 +382,6 @@ impl std::fmt::Debug for CudarcMemoryResource {
     }
 }
 
-crate::buffer::inherent_allocation!(CudarcMemoryResource);
-
 impl CudarcMemoryResource {
     /// A resource allocating with cudarc on `stream`.
     ///
@@ -393,6 +390,28 @@ impl CudarcMemoryResource {
     pub fn new(stream: &Arc<CudaStream>) -> Result<Arc<Self>> {
         let ours = Stream::from_cudarc(stream)?;
         Ok(Arc::new(CudarcMemoryResource { stream: Arc::clone(stream), ours, held: Mutex::default() }))
+    }
+
+    /// Allocates `size` bytes on `stream` into an owned [`Buffer`] that keeps this resource alive
+    /// ([`MemoryResourceExt::allocate`](crate::MemoryResourceExt::allocate) without the import).
+    /// A zero-size request makes an empty buffer without asking the resource.
+    ///
+    /// # Errors
+    /// When the resource cannot allocate.
+    #[inline]
+    pub fn allocate(self: &Arc<Self>, size: usize, stream: &Stream) -> Result<Buffer> {
+        Buffer::allocate_in(Arc::clone(self), size, stream)
+    }
+
+    /// Allocates `size` bytes on `stream` into a [`ScopedBuffer`] that borrows this resource and
+    /// the stream ([`MemoryResourceExt::allocate_scoped`](crate::MemoryResourceExt::allocate_scoped)
+    /// without the import).
+    ///
+    /// # Errors
+    /// When the resource cannot allocate.
+    #[inline]
+    pub fn allocate_scoped<'a>(&'a self, size: usize, stream: &'a Stream) -> Result<ScopedBuffer<'a>> {
+        ScopedBuffer::allocate_scoped_in(self, size, stream)
     }
 
     /// The cudarc stream it allocates on.

@@ -32,6 +32,11 @@ impl PoolKind {
         }
     }
 
+    /// Whether the host can reach the memory (pinned and managed memory).
+    pub(crate) fn is_host_accessible(self) -> bool {
+        matches!(self, PoolKind::Pinned | PoolKind::Managed)
+    }
+
     /// The driver's allocation type of the memory (device and pinned memory are both "pinned",
     /// page-locked, to the driver).
     pub(crate) fn allocation_type(self) -> CUmemAllocationType {

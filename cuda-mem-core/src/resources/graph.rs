@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use cuda_mem_sys::cu_call;
 use cuda_mem_sys::types::{CUgraphMem_attribute, CUstreamCaptureStatus};
 
-use crate::device::Device;
-use crate::device::DevicePtr;
+use crate::buffer::{Buffer, ScopedBuffer};
+use crate::device::{Device, DevicePtr};
 use crate::driver::driver;
 use crate::driver_version::DriverCapability;
 use crate::error::{Error, Result};
@@ -73,6 +73,28 @@ impl GraphMemoryResource {
         let resources = RESOURCES.get_or_init(Mutex::default);
         let mut resources = resources.lock().unwrap_or_else(PoisonError::into_inner);
         Arc::clone(resources.entry(device.ordinal()).or_insert_with(|| Arc::new(GraphMemoryResource { device })))
+    }
+
+    /// Allocates `size` bytes on `stream` into an owned [`Buffer`] that keeps this resource alive
+    /// ([`MemoryResourceExt::allocate`](crate::MemoryResourceExt::allocate) without the import).
+    /// A zero-size request makes an empty buffer without asking the resource.
+    ///
+    /// # Errors
+    /// When the resource cannot allocate.
+    #[inline]
+    pub fn allocate(self: &Arc<Self>, size: usize, stream: &Stream) -> Result<Buffer> {
+        Buffer::allocate_in(Arc::clone(self), size, stream)
+    }
+
+    /// Allocates `size` bytes on `stream` into a [`ScopedBuffer`] that borrows this resource and
+    /// the stream ([`MemoryResourceExt::allocate_scoped`](crate::MemoryResourceExt::allocate_scoped)
+    /// without the import).
+    ///
+    /// # Errors
+    /// When the resource cannot allocate.
+    #[inline]
+    pub fn allocate_scoped<'a>(&'a self, size: usize, stream: &'a Stream) -> Result<ScopedBuffer<'a>> {
+        ScopedBuffer::allocate_scoped_in(self, size, stream)
     }
 
     /// The device.
@@ -191,8 +213,6 @@ unsafe impl MemoryResource for GraphMemoryResource {
         Some(self.device)
     }
 }
-
-crate::buffer::inherent_allocation!(GraphMemoryResource);
 
 #[cfg(test)]
 mod tests {

@@ -14,8 +14,8 @@ use std::sync::Arc;
 
 use cuda_mem_sys::cu_call;
 
-use crate::device::Device;
-use crate::device::DevicePtr;
+use crate::buffer::{Buffer, ScopedBuffer};
+use crate::device::{Device, DevicePtr};
 use crate::driver::driver;
 use crate::error::{Error, Result};
 use crate::memory_resource::MemoryResource;
@@ -31,6 +31,28 @@ impl LegacyPinnedMemoryResource {
     /// A resource allocating in `device`'s primary context.
     pub fn new(device: Device) -> Arc<LegacyPinnedMemoryResource> {
         Arc::new(LegacyPinnedMemoryResource { device })
+    }
+
+    /// Allocates `size` bytes on `stream` into an owned [`Buffer`] that keeps this resource alive
+    /// ([`MemoryResourceExt::allocate`](crate::MemoryResourceExt::allocate) without the import).
+    /// A zero-size request makes an empty buffer without asking the resource.
+    ///
+    /// # Errors
+    /// When the resource cannot allocate.
+    #[inline]
+    pub fn allocate(self: &Arc<Self>, size: usize, stream: &Stream) -> Result<Buffer> {
+        Buffer::allocate_in(Arc::clone(self), size, stream)
+    }
+
+    /// Allocates `size` bytes on `stream` into a [`ScopedBuffer`] that borrows this resource and
+    /// the stream ([`MemoryResourceExt::allocate_scoped`](crate::MemoryResourceExt::allocate_scoped)
+    /// without the import).
+    ///
+    /// # Errors
+    /// When the resource cannot allocate.
+    #[inline]
+    pub fn allocate_scoped<'a>(&'a self, size: usize, stream: &'a Stream) -> Result<ScopedBuffer<'a>> {
+        ScopedBuffer::allocate_scoped_in(self, size, stream)
     }
 }
 
@@ -78,6 +100,28 @@ impl SynchronousMemoryResource {
     /// A resource allocating on `device`.
     pub fn new(device: Device) -> Arc<SynchronousMemoryResource> {
         Arc::new(SynchronousMemoryResource { device })
+    }
+
+    /// Allocates `size` bytes on `stream` into an owned [`Buffer`] that keeps this resource alive
+    /// ([`MemoryResourceExt::allocate`](crate::MemoryResourceExt::allocate) without the import).
+    /// A zero-size request makes an empty buffer without asking the resource.
+    ///
+    /// # Errors
+    /// When the resource cannot allocate.
+    #[inline]
+    pub fn allocate(self: &Arc<Self>, size: usize, stream: &Stream) -> Result<Buffer> {
+        Buffer::allocate_in(Arc::clone(self), size, stream)
+    }
+
+    /// Allocates `size` bytes on `stream` into a [`ScopedBuffer`] that borrows this resource and
+    /// the stream ([`MemoryResourceExt::allocate_scoped`](crate::MemoryResourceExt::allocate_scoped)
+    /// without the import).
+    ///
+    /// # Errors
+    /// When the resource cannot allocate.
+    #[inline]
+    pub fn allocate_scoped<'a>(&'a self, size: usize, stream: &'a Stream) -> Result<ScopedBuffer<'a>> {
+        ScopedBuffer::allocate_scoped_in(self, size, stream)
     }
 }
 
@@ -194,6 +238,3 @@ impl Drop for PendingFree {
         }
     }
 }
-
-crate::buffer::inherent_allocation!(LegacyPinnedMemoryResource);
-crate::buffer::inherent_allocation!(SynchronousMemoryResource);

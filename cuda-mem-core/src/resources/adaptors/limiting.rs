@@ -3,10 +3,11 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::{adaptor_common, forward_memory_properties};
+use crate::buffer::{Buffer, ScopedBuffer};
 use crate::device::DevicePtr;
 use crate::error::{Error, Result};
-use crate::memory_resource::MemoryResource;
+use crate::memory_resource::{MemoryResource, PoolResource};
+use crate::pool::MemoryPool;
 use crate::stream::Stream;
 
 /// Refuses allocations that would take the bytes allocated through it past a limit, with
@@ -50,6 +51,34 @@ impl<R: MemoryResource + ?Sized> LimitingAdaptor<R> {
         Arc::new(LimitingAdaptor { inner, limit, in_use: AtomicUsize::new(0) })
     }
 
+    /// The resource this adaptor allocates from.
+    #[doc(alias = "get_upstream_resource")]
+    pub fn inner(&self) -> &Arc<R> {
+        &self.inner
+    }
+
+    /// Allocates `size` bytes on `stream` into an owned [`Buffer`] that keeps this adaptor (and what it wraps) alive
+    /// ([`MemoryResourceExt::allocate`](crate::MemoryResourceExt::allocate) without the import).
+    /// A zero-size request makes an empty buffer without asking the resource.
+    ///
+    /// # Errors
+    /// When the resource cannot allocate.
+    #[inline]
+    pub fn allocate(self: &Arc<Self>, size: usize, stream: &Stream) -> Result<Buffer> {
+        Buffer::allocate_in(Arc::clone(self), size, stream)
+    }
+
+    /// Allocates `size` bytes on `stream` into a [`ScopedBuffer`] that borrows this adaptor (and what it wraps) and
+    /// the stream ([`MemoryResourceExt::allocate_scoped`](crate::MemoryResourceExt::allocate_scoped)
+    /// without the import).
+    ///
+    /// # Errors
+    /// When the resource cannot allocate.
+    #[inline]
+    pub fn allocate_scoped<'a>(&'a self, size: usize, stream: &'a Stream) -> Result<ScopedBuffer<'a>> {
+        ScopedBuffer::allocate_scoped_in(self, size, stream)
+    }
+
     /// The limit, in bytes.
     #[doc(alias = "get_allocation_limit")]
     pub fn limit(&self) -> usize {
@@ -83,11 +112,16 @@ impl<R: MemoryResource + ?Sized> LimitingAdaptor<R> {
     }
 }
 
-adaptor_common!(LimitingAdaptor);
+impl<R: PoolResource + ?Sized> PoolResource for LimitingAdaptor<R> {
+    fn pool(&self) -> &MemoryPool {
+        self.inner.pool()
+    }
+}
 
 // SAFETY: the memory is the wrapped resource's, handed out and taken back unchanged (each pointer
 // comes from `inner.allocate_raw` and goes back to `inner.deallocate_raw` with the same size and
-// stream), and every property is the wrapped resource's: its guarantees are this one's.
+// stream), and it answers every question about the memory as the wrapped resource, its
+// `upstream` (the trait's defaults): its guarantees are this one's.
 unsafe impl<R: MemoryResource + ?Sized> MemoryResource for LimitingAdaptor<R> {
     fn allocate_raw(&self, size: usize, stream: &Stream) -> Result<DevicePtr> {
         self.reserve(size)?;
@@ -103,7 +137,9 @@ unsafe impl<R: MemoryResource + ?Sized> MemoryResource for LimitingAdaptor<R> {
         Ok(())
     }
 
-    forward_memory_properties!();
+    fn upstream(&self) -> Option<&dyn MemoryResource> {
+        Some(self.inner.as_dyn_memory_resource())
+    }
 }
 
 #[cfg(test)]
