@@ -10,6 +10,7 @@ use cuda_mem_sys::types::{CUevent, CUevent_flags, CUipcEventHandle, CUresult};
 
 use crate::device::Device;
 use crate::driver::driver;
+use crate::drop_errors::on_drop;
 use crate::error::{Error, Result};
 
 /// The length in bytes of an interprocess event handle (`CUipcEventHandle`).
@@ -356,16 +357,9 @@ impl Drop for Event {
         // The event carries its context: destroying it needs none current, so a failure to bind
         // one is no reason to leave the event behind.
         let _ = crate::context::bind(self.device);
-        let destroy = || -> Result<()> {
-            let d = driver()?;
-            // SAFETY: the handle came from cuEventCreate or cuIpcOpenEventHandle and is destroyed
-            // once, here.
-            unsafe { cu_call!(d, cuEventDestroy_v2(self.handle())) }?;
-            Ok(())
-        };
-        if let Err(error) = destroy() {
-            crate::drop_errors::record("Event", error);
-        }
+        // SAFETY: the handle came from cuEventCreate or cuIpcOpenEventHandle and is destroyed
+        // once, here.
+        on_drop("Event", || Ok(unsafe { cu_call!(driver()?, cuEventDestroy_v2(self.handle)) }?));
     }
 }
 

@@ -17,6 +17,7 @@ use cuda_mem_sys::types::{CUgraph, CUgraphExec, CUgraphInstantiate_flags, CUresu
 
 use crate::device::Device;
 use crate::driver::driver;
+use crate::drop_errors::on_drop;
 use crate::error::Result;
 use crate::stream::{CaptureMode, GraphResources, Stream};
 
@@ -101,7 +102,12 @@ impl Capture {
     #[doc(alias = "end_building")]
     pub fn end(mut self) -> Result<Graph> {
         let graph = self.finish()?;
-        Ok(Graph { handle: graph, device: self.stream.device(), resources: Arc::clone(&self.resources) })
+        Ok(self.graph(graph))
+    }
+
+    /// The owner of the graph the capture made.
+    fn graph(&self, handle: CUgraph) -> Graph {
+        Graph { handle, device: self.stream.device(), resources: Arc::clone(&self.resources) }
     }
 
     /// Ends the capture, once; the stream's work from before it is what the resources wait for
@@ -133,12 +139,7 @@ impl Drop for Capture {
         if self.ended {
             return;
         }
-        match self.finish() {
-            Ok(graph) => {
-                drop(Graph { handle: graph, device: self.stream.device(), resources: Arc::clone(&self.resources) })
-            }
-            Err(error) => crate::drop_errors::record("Capture", error),
-        }
+        on_drop("Capture", || self.finish().map(|graph| drop(self.graph(graph))));
     }
 }
 
@@ -243,15 +244,8 @@ impl Graph {
 
 impl Drop for Graph {
     fn drop(&mut self) {
-        let destroy = || -> Result<()> {
-            let d = driver()?;
-            // SAFETY: the handle came from cuStreamEndCapture and is destroyed once, here.
-            unsafe { cu_call!(d, cuGraphDestroy(self.handle)) }?;
-            Ok(())
-        };
-        if let Err(error) = destroy() {
-            crate::drop_errors::record("Graph", error);
-        }
+        // SAFETY: the handle came from cuStreamEndCapture and is destroyed once, here.
+        on_drop("Graph", || Ok(unsafe { cu_call!(driver()?, cuGraphDestroy(self.handle)) }?));
     }
 }
 
@@ -328,15 +322,8 @@ impl GraphExec {
 
 impl Drop for GraphExec {
     fn drop(&mut self) {
-        let destroy = || -> Result<()> {
-            let d = driver()?;
-            // SAFETY: the handle came from cuGraphInstantiateWithFlags and is destroyed once.
-            unsafe { cu_call!(d, cuGraphExecDestroy(self.handle)) }?;
-            Ok(())
-        };
-        if let Err(error) = destroy() {
-            crate::drop_errors::record("GraphExec", error);
-        }
+        // SAFETY: the handle came from cuGraphInstantiateWithFlags and is destroyed once.
+        on_drop("GraphExec", || Ok(unsafe { cu_call!(driver()?, cuGraphExecDestroy(self.handle)) }?));
     }
 }
 

@@ -19,6 +19,7 @@ use cuda_mem_sys::cu_call;
 use crate::device::Device;
 use crate::device::DevicePtr;
 use crate::driver::driver;
+use crate::drop_errors::on_drop;
 use crate::error::{Error, Result};
 use crate::event::{Event, EventOptions};
 use crate::memory_resource::MemoryResource;
@@ -742,9 +743,9 @@ impl Drop for FreeAfterGraphs {
         // resource, and freed once, here); the captures drop what they keep only after their
         // graphs are gone and the work of every launch is done, and `stream` was ordered after
         // the buffer's uses outside them before the free was handed over.
-        if let Err(error) = unsafe { self.resource.deallocate_raw(self.ptr, self.size, &self.stream) } {
-            crate::drop_errors::record("Buffer (freed after the graphs that used it)", error);
-        }
+        on_drop("Buffer (freed after the graphs that used it)", || unsafe {
+            self.resource.deallocate_raw(self.ptr, self.size, &self.stream)
+        });
     }
 }
 
@@ -918,17 +919,8 @@ fn wait_in(stream: &Stream, used: &Stream) -> Result<()> {
 impl Drop for ScopedBuffer<'_> {
     #[inline]
     fn drop(&mut self) {
-        if let Err(error) = self.release() {
-            record_drop_error(error);
-        }
+        on_drop("Buffer", || self.release());
     }
-}
-
-/// A failed free in `Drop`, recorded (out of line: it is rare, and keeps `drop` small).
-#[cold]
-#[inline(never)]
-fn record_drop_error(error: Error) {
-    crate::drop_errors::record("Buffer", error);
 }
 
 impl PartialEq for ScopedBuffer<'_> {

@@ -14,6 +14,7 @@ use super::export::ExportSource;
 use super::layout::{Unbounded, has_gaps, reach};
 use crate::buffer::{Buffer, ForeignMemory};
 use crate::device::Device;
+use crate::drop_errors::on_drop;
 use crate::error::{Error, Result};
 use crate::view::{DeviceView, DeviceViewMut};
 
@@ -240,9 +241,7 @@ impl Drop for DlpackImport {
     fn drop(&mut self) {
         // The buffer, the last holder of the deleter, is dropped after this: the producer's
         // deleter runs then.
-        if let Err(error) = self.buffer.wait_for_uses() {
-            crate::drop_errors::record("DlpackImport", error);
-        }
+        on_drop("DlpackImport", || self.buffer.wait_for_uses());
     }
 }
 

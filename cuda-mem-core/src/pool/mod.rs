@@ -38,6 +38,7 @@ pub use sharing::{EXPORT_DATA_LEN, mapped_range_size};
 use crate::device::Device;
 use crate::device::DevicePtr;
 use crate::driver::driver;
+use crate::drop_errors::on_drop;
 use crate::error::{Error, Result};
 use crate::stream::Stream;
 
@@ -250,27 +251,24 @@ impl Drop for MemoryPool {
         // A failed revocation is recorded and the pool destroyed all the same: leaving it would
         // keep its memory for the life of the process, a worse outcome than the stale access
         // the revocation guards against.
-        if let Err(error) = self.revoke_all_peers() {
-            crate::drop_errors::record("MemoryPool (revoking peer access)", error);
-        }
-        let destroy = || -> Result<()> {
-            let d = driver()?;
-            // SAFETY: an owned pool handle, destroyed once, here; every buffer from it is gone
-            // (buffers keep their resource, and so this pool, alive).
-            unsafe { cu_call!(d, cuMemPoolDestroy(self.handle())) }?;
-            Ok(())
-        };
-        // The claim is let go under the same lock as the destruction: the handle may name the
-        // next pool as soon as it is destroyed (see `sharing::handle_turnover`).
+        on_drop("MemoryPool (revoking peer access)", || self.revoke_all_peers());
+        on_drop("MemoryPool", || self.destroy());
+    }
+}
+
+impl MemoryPool {
+    /// Destroys the owned pool, once (from `Drop`), and lets go of the claim on its handle under
+    /// the same lock: the handle may name the next pool as soon as it is destroyed (see
+    /// `sharing::handle_turnover`).
+    fn destroy(&mut self) -> Result<()> {
         let turnover = sharing::handle_turnover();
-        let destroyed = destroy();
+        // SAFETY: an owned pool handle, destroyed once, here; every buffer from it is gone
+        // (buffers keep their resource, and so this pool, alive).
+        let destroyed = driver().and_then(|d| Ok(unsafe { cu_call!(d, cuMemPoolDestroy(self.handle)) }?));
         drop(self.claim.take());
         drop(turnover);
-        match destroyed {
-            Ok(()) => {
-                crate::memory_event!(DEBUG, pool = self.handle as usize, "pool destroyed");
-            }
-            Err(error) => crate::drop_errors::record("MemoryPool", error),
-        }
+        destroyed?;
+        crate::memory_event!(DEBUG, pool = self.handle as usize, "pool destroyed");
+        Ok(())
     }
 }

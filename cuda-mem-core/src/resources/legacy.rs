@@ -17,6 +17,7 @@ use cuda_mem_sys::cu_call;
 use crate::buffer::{Buffer, ScopedBuffer};
 use crate::device::{Device, DevicePtr};
 use crate::driver::driver;
+use crate::drop_errors::on_drop;
 use crate::error::{Error, Result};
 use crate::memory_resource::MemoryResource;
 use crate::stream::Stream;
@@ -232,9 +233,7 @@ impl Drop for PendingFree {
             // SAFETY: the buffer's deallocation handed the free over unperformed (its memory is
             // live and freed once, here); the graph resources drop what they keep only after
             // the work of the capture's stream and of every launch is done.
-            if let Err(error) = unsafe { free.now() } {
-                crate::drop_errors::record("legacy allocation (freed after its graphs)", error);
-            }
+            on_drop("legacy allocation (freed after its graphs)", || unsafe { free.now() });
         }
     }
 }

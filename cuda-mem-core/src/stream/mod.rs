@@ -23,6 +23,7 @@ pub use capture::{CaptureMode, CaptureState};
 
 use crate::device::Device;
 use crate::driver::driver;
+use crate::drop_errors::on_drop;
 use crate::error::Result;
 
 /// `CU_STREAM_LEGACY`: the legacy default stream, whatever the default-stream mode.
@@ -174,16 +175,9 @@ impl Drop for Inner {
         // A created stream carries its context: destroying it needs none current, so a failure to
         // bind one is no reason to leave the stream behind.
         let _ = crate::context::bind(self.device);
-        let destroy = || -> Result<()> {
-            let d = driver()?;
-            // SAFETY: the handle came from cuStreamCreate and is destroyed once, here; work
-            // already enqueued still completes, as the driver documents.
-            unsafe { cu_call!(d, cuStreamDestroy_v2(self.handle)) }?;
-            Ok(())
-        };
-        if let Err(error) = destroy() {
-            crate::drop_errors::record("Stream", error);
-        }
+        // SAFETY: the handle came from cuStreamCreate and is destroyed once, here; work already
+        // enqueued still completes, as the driver documents.
+        on_drop("Stream", || Ok(unsafe { cu_call!(driver()?, cuStreamDestroy_v2(self.handle)) }?));
     }
 }
 
