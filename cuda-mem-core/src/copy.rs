@@ -4,13 +4,14 @@
 //! The overview and an example are on [`CopyOptions`].
 
 use cuda_mem_sys::types::{CUmemLocation, CUmemcpyAttributes, CUmemcpyFlags, CUmemcpySrcAccessOrder, CUstream};
-use cuda_mem_sys::{Driver, LoadError, StreamMode, cu_call};
+use cuda_mem_sys::{Driver, LoadError, StreamMode};
 
 use crate::buffer::ScopedBuffer;
 use crate::device::DevicePtr;
 use crate::driver::driver;
 use crate::driver_version::DriverCapability;
 use crate::error::{Error, Result};
+use crate::ffi;
 use crate::location::Location;
 use crate::stream::Stream;
 use crate::view::{DeviceView, DeviceViewMut};
@@ -429,7 +430,7 @@ fn plain_copies(d: &Driver, copies: &[BatchCopy<'_>], stream: CUstream) -> Resul
     for copy in copies {
         // SAFETY: both ranges lie in buffers that stay valid until they are freed, which is
         // ordered after this work.
-        unsafe { cu_call!(d, cuMemcpyAsync(copy.dst.ptr, copy.src.ptr, copy.dst.len, stream)) }?;
+        unsafe { ffi::memcpy_async(d, copy.dst.ptr, copy.src.ptr, copy.dst.len, stream) }?;
     }
     Ok(())
 }

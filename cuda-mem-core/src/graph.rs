@@ -19,6 +19,7 @@ use crate::device::Device;
 use crate::driver::driver;
 use crate::drop_errors::on_drop;
 use crate::error::Result;
+use crate::ffi;
 use crate::stream::{CaptureMode, GraphResources, Stream};
 
 impl Stream {
@@ -87,10 +88,8 @@ impl Capture {
     #[doc(alias = "is_building")]
     pub fn is_active(&self) -> Result<bool> {
         self.stream.bind_if_default()?;
-        let d = driver()?;
-        let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-        // SAFETY: `status` is a valid out-pointer; a valid stream handle.
-        unsafe { cu_call!(d, cuStreamIsCapturing(self.stream.handle(), &mut status)) }?;
+        // SAFETY: a valid stream handle, bound as it needs.
+        let status = unsafe { ffi::stream_capture_status(driver()?, self.stream.handle()) }?;
         Ok(status == CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE)
     }
 

@@ -423,6 +423,7 @@ mod driver_version;
 mod drop_errors;
 mod error;
 mod event;
+mod ffi;
 mod graph;
 mod handle_types;
 mod location;

@@ -13,7 +13,7 @@ use std::ffi::c_void;
 use std::sync::OnceLock;
 
 use cuda_mem_sys::cu_call;
-use cuda_mem_sys::types::{CUmem_advise, CUmem_range_attribute, CUmemLocation, CUmemLocationType, CUpointer_attribute};
+use cuda_mem_sys::types::{CUmem_advise, CUmem_range_attribute, CUmemLocation, CUmemLocationType};
 
 use crate::buffer::ScopedBuffer;
 use crate::device::Device;
@@ -21,6 +21,7 @@ use crate::device::DevicePtr;
 use crate::driver::driver;
 use crate::driver_version::DriverCapability;
 use crate::error::{Error, Result};
+use crate::ffi;
 use crate::location::Location;
 use crate::stream::Stream;
 
@@ -263,24 +264,8 @@ pub(crate) fn is_managed(buffer: &ScopedBuffer<'_>) -> Result<bool> {
     if buffer.memory_resource().is_some_and(|r| r.is_managed()) {
         return Ok(true);
     }
-    let d = driver()?;
-    // Four bytes, zeroed: `cuda.h` calls the attribute "a boolean" without a width, so the slot
-    // holds the widest a driver writes (`unsigned int`), and a narrower write (the simulator's C
-    // `bool`) leaves the rest zero; either way the value is read as nonzero or not.
-    let mut managed = 0u32;
-    // SAFETY: `managed` is valid for writes of up to four bytes, the widest the attribute takes.
-    let queried = unsafe {
-        cu_call!(
-            d,
-            cuPointerGetAttribute(
-                (&raw mut managed).cast::<c_void>(),
-                CUpointer_attribute::CU_POINTER_ATTRIBUTE_IS_MANAGED,
-                buffer.ptr()
-            )
-        )
-    };
     // Memory the driver does not know (pageable host memory) is not managed.
-    Ok(queried.is_ok() && managed != 0)
+    Ok(ffi::pointer_is_managed(driver()?, buffer.ptr()).unwrap_or(false))
 }
 
 /// Whether host access to managed memory may overlap device work: every device has concurrent

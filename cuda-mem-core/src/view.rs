@@ -11,6 +11,7 @@ use crate::buffer::ScopedBuffer;
 use crate::device::DevicePtr;
 use crate::driver::driver;
 use crate::error::{Error, Result};
+use crate::ffi::{self, Memset};
 use crate::stream::Stream;
 
 /// A read-only, typed view of `len()` elements of type `T` in a buffer's memory.
@@ -373,7 +374,7 @@ impl<'b, T: Pod> DeviceViewMut<'b, T> {
         // SAFETY: both views cover `byte_len()` bytes of buffers that stay valid until they are
         // freed, which is ordered after this work; they are of different buffers (this one's is
         // borrowed exclusively), so they do not overlap.
-        unsafe { cu_call!(d, cuMemcpyAsync(self.ptr, src.ptr, self.byte_len(), stream.handle())) }?;
+        unsafe { ffi::memcpy_async(d, self.ptr, src.ptr, self.byte_len(), stream.handle()) }?;
         self.buffer.note_use(&stream);
         src.buffer.note_use(&stream);
         Ok(())
@@ -406,27 +407,13 @@ impl<'b, T: Pod> DeviceViewMut<'b, T> {
         let d = driver()?;
         let stream = stream.on_calling_thread();
         stream.bind_if_default()?;
-        let (ptr, s) = (self.ptr, stream.handle());
         // SAFETY: the view covers `byte_len()` bytes (`count` units of the width) of its buffer,
         // valid until the buffer is freed, which is ordered after this work; D16 and D32 are
         // used only for elements of that size at an address aligned to it.
-        unsafe {
-            match memset {
-                Memset::D8(v, count) => cu_call!(d, cuMemsetD8Async(ptr, v, count, s)),
-                Memset::D16(v, count) => cu_call!(d, cuMemsetD16Async(ptr, v, count, s)),
-                Memset::D32(v, count) => cu_call!(d, cuMemsetD32Async(ptr, v, count, s)),
-            }
-        }?;
+        unsafe { ffi::memset_async(d, self.ptr, memset, stream.handle()) }?;
         self.buffer.note_use(&stream);
         Ok(())
     }
-}
-
-/// A fill the device does: the value and the count of units.
-enum Memset {
-    D8(u8, usize),
-    D16(u16, usize),
-    D32(u32, usize),
 }
 
 #[cfg(test)]

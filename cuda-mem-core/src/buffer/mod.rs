@@ -14,14 +14,13 @@ use std::any::Any;
 use std::borrow::Cow;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
-use cuda_mem_sys::cu_call;
-
 use crate::device::Device;
 use crate::device::DevicePtr;
 use crate::driver::driver;
 use crate::drop_errors::on_drop;
 use crate::error::{Error, Result};
 use crate::event::{Event, EventOptions};
+use crate::ffi::{self, Memset};
 use crate::memory_resource::MemoryResource;
 use crate::stream::{CaptureState, Stream};
 
@@ -514,16 +513,15 @@ impl<'a> ScopedBuffer<'a> {
         let stream = stream.on_calling_thread();
         stream.bind_if_default()?;
         let count = self.size / width;
-        let (ptr, s) = (self.ptr, stream.handle());
+        let memset = match pattern {
+            FillPattern::U8(value) => Memset::D8(value, count),
+            FillPattern::U16(value) => Memset::D16(value, count),
+            FillPattern::U32(value) => Memset::D32(value, count),
+        };
         // SAFETY: `ptr` addresses `size` bytes this buffer owns or views, valid until the
-        // buffer is freed, which is ordered after this work.
-        unsafe {
-            match pattern {
-                FillPattern::U8(v) => cu_call!(d, cuMemsetD8Async(ptr, v, count, s)),
-                FillPattern::U16(v) => cu_call!(d, cuMemsetD16Async(ptr, v, count, s)),
-                FillPattern::U32(v) => cu_call!(d, cuMemsetD32Async(ptr, v, count, s)),
-            }
-        }?;
+        // buffer is freed, which is ordered after this work; allocations are aligned to every
+        // width.
+        unsafe { ffi::memset_async(d, self.ptr, memset, stream.handle()) }?;
         self.note_use(&stream);
         Ok(())
     }
@@ -942,7 +940,7 @@ fn copy(dst: &mut ScopedBuffer<'_>, src: &ScopedBuffer<'_>, stream: &Stream) -> 
     stream.bind_if_default()?;
     // SAFETY: both buffers cover `size` bytes that stay valid until they are freed, which is
     // ordered after this work; the driver handles overlap.
-    unsafe { cu_call!(d, cuMemcpyAsync(dst.ptr, src.ptr, dst.size, stream.handle())) }?;
+    unsafe { ffi::memcpy_async(d, dst.ptr, src.ptr, dst.size, stream.handle()) }?;
     dst.note_use(&stream);
     src.note_use(&stream);
     Ok(())

@@ -6,8 +6,6 @@ use std::ops::{Bound, RangeBounds};
 use std::sync::Arc;
 
 use bytemuck::Pod;
-use cuda_mem_sys::cu_call;
-use cuda_mem_sys::types::CUpointer_attribute;
 use dlpark::DlpackFlags;
 use dlpark::ffi::{DLDataType, DLDevice, DLDeviceType};
 use dlpark::metadata::Dynamic;
@@ -21,6 +19,7 @@ use crate::buffer::{Buffer, ScopedBuffer};
 use crate::device::Device;
 use crate::driver::driver;
 use crate::error::{Error, Result};
+use crate::ffi;
 use crate::view::{DeviceView, checked_range};
 
 /// How a buffer is exported: which elements, their shape and strides, whether the consumer may
@@ -369,19 +368,5 @@ fn is_managed(buffer: &Buffer) -> Result<bool> {
     if buffer.size() == 0 {
         return Ok(false);
     }
-    let d = driver()?;
-    // The driver writes a boolean; zeroed `u32` space holds it whatever its width.
-    let mut managed = 0u32;
-    // SAFETY: `managed` is valid for the attribute's value; the pointer is only looked up.
-    unsafe {
-        cu_call!(
-            d,
-            cuPointerGetAttribute(
-                (&raw mut managed).cast(),
-                CUpointer_attribute::CU_POINTER_ATTRIBUTE_IS_MANAGED,
-                buffer.ptr()
-            )
-        )
-    }?;
-    Ok(managed != 0)
+    Ok(ffi::pointer_is_managed(driver()?, buffer.ptr())?)
 }

@@ -40,6 +40,7 @@ use crate::device::DevicePtr;
 use crate::driver::driver;
 use crate::drop_errors::on_drop;
 use crate::error::{Error, Result};
+use crate::ffi;
 use crate::stream::Stream;
 
 /// A driver memory pool. An owned pool is destroyed when dropped (after its buffers, which keep
@@ -238,7 +239,7 @@ impl MemoryPool {
         let d = self.driver;
         stream.bind_if_default()?;
         // SAFETY: the caller guarantees `ptr` is live memory of this pool, freed once.
-        unsafe { cu_call!(d, cuMemFreeAsync(ptr, stream.handle())) }?;
+        unsafe { ffi::mem_free_async(d, ptr, stream.handle()) }?;
         Ok(())
     }
 }

@@ -6,11 +6,10 @@
 //! fd-passing channel on top.
 
 use std::collections::BTreeMap;
-use std::ffi::c_void;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use cuda_mem_sys::cu_call;
-use cuda_mem_sys::types::{CUmemPoolPtrExportData, CUmemoryPool, CUpointer_attribute};
+use cuda_mem_sys::types::{CUmemPoolPtrExportData, CUmemoryPool};
 
 use super::{MemoryPool, imports};
 use crate::buffer::ScopedBuffer;
@@ -18,6 +17,7 @@ use crate::device::Device;
 use crate::device::DevicePtr;
 use crate::driver::driver;
 use crate::error::{Error, Result};
+use crate::ffi;
 
 /// The size of the driver's export data for one allocation (`CUmemPoolPtrExportData`).
 pub const EXPORT_DATA_LEN: usize = 64;
@@ -188,20 +188,7 @@ pub fn mapped_range_size(ptr: DevicePtr) -> Result<usize> {
 /// [`mapped_range_size`] for a caller that made a context current already (an import, which
 /// binds the pool's device to import): one driver call fewer on every first import.
 pub(crate) fn range_size_in_current_context(ptr: DevicePtr) -> Result<usize> {
-    let d = driver()?;
-    let mut size: usize = 0;
-    // SAFETY: RANGE_SIZE writes a `size_t`, which `size` is.
-    unsafe {
-        cu_call!(
-            d,
-            cuPointerGetAttribute(
-                (&raw mut size).cast::<c_void>(),
-                CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_SIZE,
-                ptr
-            )
-        )
-    }?;
-    Ok(size)
+    Ok(ffi::pointer_range_size(driver()?, ptr)?)
 }
 
 #[cfg(all(test, unix, feature = "tracing"))]

@@ -13,6 +13,7 @@ use crate::device::{Device, DevicePtr};
 use crate::driver::driver;
 use crate::driver_version::DriverCapability;
 use crate::error::{Error, Result};
+use crate::ffi;
 use crate::memory_resource::MemoryResource;
 use crate::stream::Stream;
 
@@ -175,9 +176,8 @@ unsafe impl MemoryResource for GraphMemoryResource {
         }
         stream.bind_if_default()?;
         let d = driver()?;
-        let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-        // SAFETY: `status` is a valid out-pointer; a valid stream handle.
-        unsafe { cu_call!(d, cuStreamIsCapturing(stream.handle(), &mut status)) }?;
+        // SAFETY: a valid stream handle, bound as it needs.
+        let status = unsafe { ffi::stream_capture_status(d, stream.handle()) }?;
         if status != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE {
             return Err(Error::NotCapturing {
                 invalidated: status == CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_INVALIDATED,
@@ -193,10 +193,9 @@ unsafe impl MemoryResource for GraphMemoryResource {
 
     unsafe fn deallocate_raw(&self, ptr: DevicePtr, _size: usize, stream: &Stream) -> Result<()> {
         stream.bind_if_default()?;
-        let d = driver()?;
         // SAFETY: the caller guarantees `ptr` came from `allocate_raw` and is freed once, after
         // the work enqueued on `stream`.
-        unsafe { cu_call!(d, cuMemFreeAsync(ptr, stream.handle())) }?;
+        unsafe { ffi::mem_free_async(driver()?, ptr, stream.handle()) }?;
         crate::memory_event!(TRACE, size = _size, ptr, stream = stream.handle() as usize, "free");
         Ok(())
     }

@@ -25,6 +25,7 @@ use crate::device::Device;
 use crate::driver::driver;
 use crate::drop_errors::on_drop;
 use crate::error::Result;
+use crate::ffi;
 
 /// `CU_STREAM_LEGACY`: the legacy default stream, whatever the default-stream mode.
 pub(crate) const LEGACY: CUstream = std::ptr::without_provenance_mut(0x1);
@@ -407,10 +408,8 @@ impl Stream {
     /// the allocation path makes no context call for it.
     #[inline]
     pub(crate) fn is_capturing_bound(&self) -> Result<bool> {
-        let d = driver()?;
-        let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-        // SAFETY: `status` is a valid out-pointer; a valid stream handle.
-        unsafe { cu_call!(d, cuStreamIsCapturing(self.handle(), &mut status)) }?;
+        // SAFETY: a valid stream handle, bound as it needs (the caller's promise).
+        let status = unsafe { ffi::stream_capture_status(driver()?, self.handle()) }?;
         Ok(status != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
     }
 
