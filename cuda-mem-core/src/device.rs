@@ -239,7 +239,7 @@ impl Device {
     /// (`CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS`). Without it, the host must not touch
     /// managed memory while any device work runs (on such a system a host access during a
     /// kernel faults): host slices of managed buffers are then refused
-    /// ([`Error::ManagedAccessNotConcurrent`]) unless every device is idle, and the driver
+    /// ([`ManagedError::HostAccessNotConcurrent`](crate::ManagedError::HostAccessNotConcurrent)) unless every device is idle, and the driver
     /// refuses prefetches to the device and the batched managed operations. cuda.core warns once
     /// per process in this case; here the check is this query and those refusals.
     ///

@@ -283,7 +283,8 @@
 //! ```
 //! # cuda_sim::testing::driver()?; // the tests run this example on the simulator
 //! use cuda_mem_core::{
-//!     Device, Error, Location, ManagedMemoryResource, ManagedMemoryResourceOptions, NumaNode, Stream, StreamOptions,
+//!     Device, Error, Location, ManagedError, ManagedMemoryResource, ManagedMemoryResourceOptions, NumaNode, Stream,
+//!     StreamOptions,
 //!     discard_batch, discard_prefetch_batch, prefetch_batch,
 //! };
 //!
@@ -294,7 +295,7 @@
 //! let mut buf = resource.allocate(1 << 20, &stream)?;
 //! let mut other = resource.allocate(4096, &stream)?;
 //!
-//! let managed = buf.managed()?; // checked once: Error::NotManaged for other memory
+//! let managed = buf.managed()?; // checked once: ManagedError::NotManaged for other memory
 //! managed.set_read_mostly(true)?;
 //! managed.set_preferred_location(Location::HostNuma(NumaNode(0)))?;
 //! managed.add_accessed_by(device)?;
@@ -304,7 +305,7 @@
 //! assert_eq!(managed.accessed_by()?, [Location::Device(device)]);
 //! assert_eq!(managed.last_prefetch_location()?, Some(Location::Device(device)));
 //! // cuda.core's table of the locations each advice takes, checked before the driver is called.
-//! assert!(matches!(managed.add_accessed_by(Location::HostNuma(NumaNode(0))), Err(Error::AdviceLocation { .. })));
+//! assert!(matches!(managed.add_accessed_by(Location::HostNuma(NumaNode(0))), Err(Error::Managed(ManagedError::AdviceLocation { .. }))));
 //!
 //! prefetch_batch([&buf, &other], &[Location::Host, Location::Device(device)][..], &stream)?;
 //! // Discards destroy the contents: they take the buffers exclusively.
@@ -410,6 +411,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod access;
+mod advice;
 mod buffer;
 mod context;
 mod copy;
@@ -446,16 +448,15 @@ pub mod __private {
 }
 
 pub use access::Access;
+pub use advice::Advice;
 pub use buffer::MemoryResourceExt;
 pub use buffer::{Buffer, CloseError, FillPattern, ForeignMemory, RawBuffer, ScopedBuffer};
-pub use copy::{
-    BatchCopy, BatchOptions, CopyError, CopyOptions, OverlapKind, OverlapMode, SourceAccessOrder, copy_batch,
-};
+pub use copy::{BatchCopy, BatchOptions, CopyOptions, OverlapMode, SourceAccessOrder, copy_batch};
 pub use device::{Device, DeviceProperties, DevicePtr, MemoryInfo, NumaNode};
 #[cfg(feature = "dlpack")]
 pub use dlpack::{
-    ConsumerStream, DlpackElement, DlpackError, DlpackImport, DlpackTensor, ExportOptions, ExportSource, OwnedBy,
-    RawStream, export_dlpack, export_dlpack_as,
+    ConsumerStream, DlpackElement, DlpackImport, DlpackTensor, ExportOptions, ExportSource, OwnedBy, RawStream,
+    export_dlpack, export_dlpack_as,
 };
 /// The DLPack implementation the `dlpack` feature is built on: its C types
 /// (`dlpark::ffi::DLDataType`, `DLDevice`, ...) and owning tensor handles.
@@ -464,13 +465,20 @@ pub use dlpark;
 pub use driver::driver;
 pub use driver_version::{DriverCapability, installed_version};
 pub use drop_errors::{DropError, record as record_drop_error, set_drop_error_hook, take_drop_errors};
-pub use error::{DeviceCapability, Error, OutOfMemory, PoolHoldings, Result, cuda_code_of};
+#[cfg(feature = "cudarc")]
+pub use error::CudarcError;
+#[cfg(feature = "dlpack")]
+pub use error::DlpackError;
+pub use error::{
+    CopyError, DeviceCapability, Error, ManagedError, OutOfMemory, OverlapKind, PoolHoldings, Result, SharingError,
+    ViewError, cuda_code_of,
+};
 pub use event::{Event, EventOptions, IPC_EVENT_HANDLE_LEN, IpcEventHandle};
 pub use graph::{Capture, Graph, GraphExec, InstantiateOptions};
 pub use handle_types::{HandleType, HandleTypes};
 pub use location::Location;
 pub use managed::{
-    Advice, ManagedBuffer, ManagedBufferMut, ManagedLocations, discard_batch, discard_prefetch_batch, prefetch_batch,
+    ManagedBuffer, ManagedBufferMut, ManagedLocations, discard_batch, discard_prefetch_batch, prefetch_batch,
 };
 pub use memory_resource::{AsDynMemoryResource, MemoryResource, PoolResource};
 #[cfg(unix)]
@@ -499,7 +507,7 @@ pub use view::{DeviceView, DeviceViewMut};
 #[cfg(feature = "cudarc")]
 pub use cudarc;
 #[cfg(feature = "cudarc")]
-pub use cudarc_interop::{CudarcError, CudarcMemoryResource, CudarcView, CudarcViewMut};
+pub use cudarc_interop::{CudarcMemoryResource, CudarcView, CudarcViewMut};
 
 /// The crate's README (its crates.io page), whose example the doc tests compile.
 #[cfg(doctest)]

@@ -10,7 +10,7 @@ use cuda_mem_sys::cu_call;
 use crate::buffer::ScopedBuffer;
 use crate::device::DevicePtr;
 use crate::driver::driver;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, ViewError};
 use crate::ffi::{self, Memset};
 use crate::stream::Stream;
 
@@ -100,11 +100,11 @@ fn element_count<T: Pod>(ptr: DevicePtr, size: usize) -> Result<usize> {
     let element = std::any::type_name::<T>();
     let element_size = size_of::<T>();
     if !size.is_multiple_of(element_size) {
-        return Err(Error::ViewSize { element, element_size, size });
+        return Err(Error::View(ViewError::Size { element, element_size, size }));
     }
     let align = align_of::<T>();
     if !(ptr as usize).is_multiple_of(align) {
-        return Err(Error::ViewAlignment { element, align, ptr });
+        return Err(Error::View(ViewError::Alignment { element, align, ptr }));
     }
     Ok(size / element_size)
 }
@@ -123,9 +123,11 @@ pub(crate) fn checked_range(range: impl RangeBounds<usize>, len: usize) -> Resul
     };
     match (start, end) {
         (Some(start), Some(end)) if start <= end && end <= len => Ok((start, end - start)),
-        (start, end) => {
-            Err(Error::SliceOutOfRange { start: start.unwrap_or(usize::MAX), end: end.unwrap_or(usize::MAX), len })
-        }
+        (start, end) => Err(Error::View(ViewError::SliceOutOfRange {
+            start: start.unwrap_or(usize::MAX),
+            end: end.unwrap_or(usize::MAX),
+            len,
+        })),
     }
 }
 
@@ -133,8 +135,8 @@ impl<'a> ScopedBuffer<'a> {
     /// The buffer's bytes as a read-only view of `T`s.
     ///
     /// # Errors
-    /// [`Error::ViewSize`] when the size is not a multiple of `size_of::<T>()`;
-    /// [`Error::ViewAlignment`] when the address is not aligned for `T`.
+    /// [`ViewError::Size`] when the size is not a multiple of `size_of::<T>()`;
+    /// [`ViewError::Alignment`] when the address is not aligned for `T`.
     pub fn view<T: Pod>(&self) -> Result<DeviceView<'_, T>> {
         let len = element_count::<T>(self.ptr(), self.size())?;
         Ok(DeviceView { buffer: self, ptr: self.ptr(), len, _elements: PhantomData })
@@ -214,7 +216,7 @@ impl<'b, T: Pod> DeviceView<'b, T> {
     /// same buffer.
     ///
     /// # Errors
-    /// [`Error::SliceOutOfRange`] when the range does not lie within `0..len()`.
+    /// [`ViewError::SliceOutOfRange`] when the range does not lie within `0..len()`.
     pub fn slice(&self, range: impl RangeBounds<usize>) -> Result<DeviceView<'b, T>> {
         let (start, len) = checked_range(range, self.len)?;
         let ptr = self.ptr + (start * size_of::<T>()) as DevicePtr;
@@ -300,7 +302,7 @@ impl<'b, T: Pod> DeviceViewMut<'b, T> {
     /// The elements `range` names, read-only.
     ///
     /// # Errors
-    /// [`Error::SliceOutOfRange`] when the range does not lie within `0..len()`.
+    /// [`ViewError::SliceOutOfRange`] when the range does not lie within `0..len()`.
     pub fn slice(&self, range: impl RangeBounds<usize>) -> Result<DeviceView<'_, T>> {
         self.as_view().slice(range)
     }
@@ -308,7 +310,7 @@ impl<'b, T: Pod> DeviceViewMut<'b, T> {
     /// The elements `range` names, for writing, while this view is borrowed.
     ///
     /// # Errors
-    /// [`Error::SliceOutOfRange`] when the range does not lie within `0..len()`.
+    /// [`ViewError::SliceOutOfRange`] when the range does not lie within `0..len()`.
     pub fn slice_mut(&mut self, range: impl RangeBounds<usize>) -> Result<DeviceViewMut<'_, T>> {
         let (start, len) = checked_range(range, self.len)?;
         let ptr = self.ptr + (start * size_of::<T>()) as DevicePtr;
@@ -428,15 +430,15 @@ mod tests {
         assert_eq!(checked_range(10.., 10).unwrap(), (10, 0));
         assert_eq!(checked_range(..=9, 10).unwrap(), (0, 10));
         for bad in [checked_range(5..11, 10), checked_range(11.., 10), checked_range(..=10, 10)] {
-            assert!(matches!(bad, Err(Error::SliceOutOfRange { len: 10, .. })), "{bad:?}");
+            assert!(matches!(bad, Err(Error::View(ViewError::SliceOutOfRange { len: 10, .. }))), "{bad:?}");
         }
         #[allow(clippy::reversed_empty_ranges)]
         let reversed = checked_range(6..5, 10);
-        assert!(matches!(reversed, Err(Error::SliceOutOfRange { start: 6, end: 5, len: 10 })));
+        assert!(matches!(reversed, Err(Error::View(ViewError::SliceOutOfRange { start: 6, end: 5, len: 10 }))));
         let overflow = checked_range(..=usize::MAX, 10);
-        assert!(matches!(overflow, Err(Error::SliceOutOfRange { end: usize::MAX, .. })));
+        assert!(matches!(overflow, Err(Error::View(ViewError::SliceOutOfRange { end: usize::MAX, .. }))));
         let excluded_start = (Bound::Excluded(usize::MAX), Bound::Unbounded);
-        assert!(matches!(checked_range(excluded_start, 10), Err(Error::SliceOutOfRange { .. })));
+        assert!(matches!(checked_range(excluded_start, 10), Err(Error::View(ViewError::SliceOutOfRange { .. }))));
     }
 
     #[test]
@@ -445,9 +447,9 @@ mod tests {
         assert_eq!(element_count::<u8>(0x1001, 3).unwrap(), 3);
         assert_eq!(element_count::<f64>(0, 0).unwrap(), 0);
         let size = element_count::<f64>(0x1000, 12);
-        assert!(matches!(size, Err(Error::ViewSize { element_size: 8, size: 12, .. })), "{size:?}");
+        assert!(matches!(size, Err(Error::View(ViewError::Size { element_size: 8, size: 12, .. }))), "{size:?}");
         let align = element_count::<u32>(0x1002, 8);
-        assert!(matches!(align, Err(Error::ViewAlignment { align: 4, ptr: 0x1002, .. })), "{align:?}");
+        assert!(matches!(align, Err(Error::View(ViewError::Alignment { align: 4, ptr: 0x1002, .. }))), "{align:?}");
         let message = element_count::<u16>(0x1000, 3).unwrap_err().to_string();
         assert!(message.contains("u16") && message.contains("3 bytes"), "{message}");
     }

@@ -596,7 +596,7 @@ impl<'a> ScopedBuffer<'a> {
     /// any other mapping of it), writes these bytes while the returned slice lives.
     ///
     /// # Errors
-    /// [`Error::NotHostAccessible`] for device-only memory; [`Error::ManagedAccessNotConcurrent`]
+    /// [`Error::NotHostAccessible`] for device-only memory; [`ManagedError::HostAccessNotConcurrent`](crate::ManagedError::HostAccessNotConcurrent)
     /// for managed memory where a device lacks concurrent managed access (see
     /// [`host_slice_devices_idle`](ScopedBuffer::host_slice_devices_idle)); a driver error from
     /// synchronizing.

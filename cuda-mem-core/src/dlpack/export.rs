@@ -11,14 +11,13 @@ use dlpark::ffi::{DLDataType, DLDevice, DLDeviceType};
 use dlpark::metadata::Dynamic;
 
 use super::dtype::{DlpackElement, element_bytes};
-use super::error::DlpackError;
 use super::layout;
 use super::stream::{ConsumerStream, hand_over};
 use super::tensor::DlpackTensor;
 use crate::buffer::{Buffer, ScopedBuffer};
 use crate::device::Device;
 use crate::driver::driver;
-use crate::error::{Error, Result};
+use crate::error::{DlpackError, Error, Result, ViewError};
 use crate::ffi;
 use crate::view::{DeviceView, checked_range};
 
@@ -246,8 +245,8 @@ impl Buffer {
     /// [`DeviceView::to_dlpack`].
     ///
     /// # Errors
-    /// [`Error::ViewSize`] or [`Error::ViewAlignment`] when the bytes are not whole, aligned
-    /// `T`s; [`Error::SliceOutOfRange`] for elements past the end; [`Error::Dlpack`] with
+    /// [`ViewError::Size`] or [`ViewError::Alignment`] when the bytes are not whole, aligned
+    /// `T`s; [`ViewError::SliceOutOfRange`] for elements past the end; [`Error::Dlpack`] with
     /// [`DlpackError::ShapeSize`], [`DlpackError::StridesLength`], [`DlpackError::OutOfBounds`]
     /// or [`DlpackError::ShapeTooLarge`] for a layout that does not fit,
     /// [`DlpackError::NotAccessible`] or [`DlpackError::UnknownDevice`] for memory with no
@@ -300,10 +299,10 @@ fn export_range(
     let buffer = source.buffer();
     let base = buffer.ptr() + byte_start as u64;
     if !byte_len.is_multiple_of(element.size) {
-        return Err(Error::ViewSize { element: element.name, element_size: element.size, size: byte_len });
+        return Err(Error::View(ViewError::Size { element: element.name, element_size: element.size, size: byte_len }));
     }
     if !(base as usize).is_multiple_of(element.align) {
-        return Err(Error::ViewAlignment { element: element.name, align: element.align, ptr: base });
+        return Err(Error::View(ViewError::Alignment { element: element.name, align: element.align, ptr: base }));
     }
     let (first, count) = match options.elements {
         Some(range) => checked_range(range, byte_len / element.size)?,

@@ -21,7 +21,7 @@ use super::MemoryPool;
 use super::sharing::{EXPORT_DATA_LEN, bind_for, range_size_in_current_context};
 use crate::device::DevicePtr;
 use crate::driver::driver;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, SharingError};
 use crate::event::{Event, EventOptions};
 use crate::stream::Stream;
 
@@ -72,7 +72,7 @@ impl MemoryPool {
     /// holder's release unmaps. On any failure nothing new stays mapped.
     ///
     /// # Errors
-    /// [`Error::PoolNotImported`] for a pool that was not imported; [`Error::SizeMismatch`] for
+    /// [`SharingError::PoolNotImported`] for a pool that was not imported; [`Error::SizeMismatch`] for
     /// a `size` of 0 (checked before any driver call: a share taken for no bytes would be held
     /// by an empty buffer, which releases nothing, so the mapping would never go) and when the
     /// mapping is smaller than `size` (the size came from the exporter and is wrong); driver
@@ -80,7 +80,7 @@ impl MemoryPool {
     #[doc(alias = "from_ipc_descriptor")]
     pub fn import_allocation(&self, data: &[u8; EXPORT_DATA_LEN], size: usize, stream: &Stream) -> Result<DevicePtr> {
         if !self.imported {
-            return Err(Error::PoolNotImported);
+            return Err(Error::Sharing(SharingError::PoolNotImported));
         }
         if size == 0 {
             return Err(Error::SizeMismatch {
@@ -144,7 +144,7 @@ impl MemoryPool {
         let pool = self.handle() as usize;
         let entry = imports.by_key.get_mut(&held).filter(|_| held.0 == pool);
         let Some(entry) = entry else {
-            return Err(Error::ImportHeldElsewhere { ptr });
+            return Err(Error::Sharing(SharingError::ImportHeldElsewhere { ptr }));
         };
         if size > entry.mapped {
             return Err(too_large(size, entry.mapped));
@@ -173,12 +173,12 @@ impl MemoryPool {
         let key = match imports.by_ptr.get(&ptr) {
             Some(&key) if key.0 == self.handle() as usize => key,
             _ => {
-                return Err(Error::NotAnImport { ptr });
+                return Err(Error::Sharing(SharingError::NotAnImport { ptr }));
             }
         };
         let Some(entry) = imports.by_key.get_mut(&key) else {
             // The two tables disagree: no holder to give back, so nothing is released.
-            return Err(Error::NotAnImport { ptr });
+            return Err(Error::Sharing(SharingError::NotAnImport { ptr }));
         };
         if entry.holders > 1 {
             // Not the last: remember where this holder's work ends, for the last one to wait on.

@@ -39,7 +39,7 @@ use crate::device::Device;
 use crate::device::DevicePtr;
 use crate::driver::driver;
 use crate::drop_errors::on_drop;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, SharingError};
 use crate::ffi;
 use crate::stream::Stream;
 
@@ -184,7 +184,7 @@ impl MemoryPool {
     #[inline(always)]
     pub(crate) fn allocate(&self, size: usize, stream: &Stream) -> Result<DevicePtr> {
         if self.imported {
-            return Err(Error::ImportedPoolAllocation);
+            return Err(Error::Sharing(SharingError::ImportedPoolAllocation));
         }
         let d = self.driver;
         stream.bind_if_default()?;

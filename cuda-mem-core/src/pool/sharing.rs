@@ -16,7 +16,7 @@ use crate::buffer::ScopedBuffer;
 use crate::device::Device;
 use crate::device::DevicePtr;
 use crate::driver::driver;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, SharingError};
 use crate::ffi;
 
 /// The size of the driver's export data for one allocation (`CUmemPoolPtrExportData`).
@@ -126,12 +126,12 @@ impl MemoryPool {
     /// (A→B→C).
     ///
     /// # Errors
-    /// [`Error::NotAnImport`] for an imported pool when `ptr` is not an allocation this process
+    /// [`SharingError::NotAnImport`] for an imported pool when `ptr` is not an allocation this process
     /// imported through it; driver errors when `ptr` is not an allocation of a shareable pool.
     #[doc(alias = "ipc_descriptor")]
     pub fn export_pointer(&self, ptr: DevicePtr) -> Result<[u8; EXPORT_DATA_LEN]> {
         if self.imported {
-            return imports::export_data_of(self, ptr).ok_or(Error::NotAnImport { ptr });
+            return imports::export_data_of(self, ptr).ok_or(Error::Sharing(SharingError::NotAnImport { ptr }));
         }
         bind_for(self.owner())?;
         let d = driver()?;

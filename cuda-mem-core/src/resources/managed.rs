@@ -10,7 +10,7 @@ use crate::access::Access;
 use crate::buffer::{Buffer, ScopedBuffer};
 use crate::device::{Device, DevicePtr};
 use crate::driver_version::DriverCapability;
-use crate::error::{Error, Result};
+use crate::error::{Error, ManagedError, Result};
 use crate::location::Location;
 use crate::memory_resource::{MemoryResource, PoolResource};
 use crate::pool::{MemoryPool, PoolAttributes, PoolKind, PoolUsage, ReusePolicy};
@@ -24,7 +24,7 @@ fn pool_location(preferred_location: Option<Location>) -> Result<CUmemLocation> 
         // `cuMemPoolCreate`: "Specifying CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT … will result in
         // CUDA_ERROR_INVALID_VALUE"; `cuMemGetMemPool` does not take it either. A pool's
         // location is fixed, and the calling thread's node is not.
-        Some(location @ Location::HostNumaCurrent) => Err(Error::PoolLocation { location }),
+        Some(location @ Location::HostNumaCurrent) => Err(Error::Managed(ManagedError::PoolLocation { location })),
         Some(location) => Ok(location.raw()),
     }
 }
@@ -61,7 +61,7 @@ impl ManagedMemoryResource {
     ///
     /// # Errors
     /// [`Error::DriverTooOld`] before CUDA 13.0 ([`DriverCapability::CurrentPools`]);
-    /// [`Error::PoolLocation`] for [`Location::HostNumaCurrent`] (both before any driver call);
+    /// [`ManagedError::PoolLocation`] for [`Location::HostNumaCurrent`] (both before any driver call);
     /// driver errors.
     pub fn current(preferred_location: Option<Location>) -> Result<Arc<ManagedMemoryResource>> {
         DriverCapability::CurrentPools.require()?;
@@ -76,7 +76,7 @@ impl ManagedMemoryResource {
     ///
     /// # Errors
     /// [`Error::DriverTooOld`] before CUDA 13.0 ([`DriverCapability::ManagedPools`]);
-    /// [`Error::PoolLocation`] for [`Location::HostNumaCurrent`] (both before any driver call);
+    /// [`ManagedError::PoolLocation`] for [`Location::HostNumaCurrent`] (both before any driver call);
     /// driver errors.
     pub fn new(options: ManagedMemoryResourceOptions) -> Result<Arc<ManagedMemoryResource>> {
         DriverCapability::ManagedPools.require()?;
