@@ -10,19 +10,17 @@
 //! which no host slice of the buffer can outlive.
 
 use std::ffi::c_void;
-use std::sync::OnceLock;
 
 use cuda_mem_sys::cu_call;
 use cuda_mem_sys::types::{CUmem_range_attribute, CUmemLocation, CUmemLocationType};
 
 use crate::advice::Advice;
-use crate::buffer::ScopedBuffer;
+use crate::buffer::{ScopedBuffer, is_managed};
 use crate::device::Device;
 use crate::device::DevicePtr;
 use crate::driver::driver;
 use crate::driver_version::DriverCapability;
 use crate::error::{Error, ManagedError, Result};
-use crate::ffi;
 use crate::location::Location;
 use crate::stream::Stream;
 
@@ -143,45 +141,6 @@ impl<'a> ScopedBuffer<'a> {
         check_managed(self, "managed_mut")?;
         Ok(ManagedBufferMut { shared: ManagedBuffer { buffer: self } })
     }
-
-    /// [`host_slice`](ScopedBuffer::host_slice) for managed memory on a system where a device
-    /// lacks concurrent managed access (which `host_slice` refuses there): synchronizes every
-    /// device, then lends the bytes.
-    ///
-    /// # Safety
-    /// No device work is launched, from any thread, while the slice lives (on such a system a
-    /// host access during device work faults); and as for
-    /// [`host_slice`](ScopedBuffer::host_slice), nothing else writes the bytes.
-    ///
-    /// # Errors
-    /// [`Error::NotHostAccessible`]; a driver error from synchronizing.
-    pub unsafe fn host_slice_devices_idle(&self) -> Result<&[u8]> {
-        self.wait_for_every_device()?;
-        // SAFETY: every device is idle and stays so (the caller's promise); the rest is
-        // forwarded.
-        unsafe { self.host_slice_unchecked_concurrency() }
-    }
-
-    /// [`host_slice_devices_idle`](ScopedBuffer::host_slice_devices_idle), for writing.
-    ///
-    /// # Safety
-    /// As [`host_slice_devices_idle`](ScopedBuffer::host_slice_devices_idle), and nothing else
-    /// reads the bytes either.
-    ///
-    /// # Errors
-    /// As [`host_slice_devices_idle`](ScopedBuffer::host_slice_devices_idle).
-    pub unsafe fn host_slice_mut_devices_idle(&mut self) -> Result<&mut [u8]> {
-        self.wait_for_every_device()?;
-        // SAFETY: as in `host_slice_devices_idle`.
-        unsafe { self.host_slice_mut_unchecked_concurrency() }
-    }
-
-    fn wait_for_every_device(&self) -> Result<()> {
-        if !self.is_host_accessible() {
-            return Err(Error::NotHostAccessible { ptr: self.ptr(), size: self.size() });
-        }
-        Device::all()?.into_iter().try_for_each(|device| device.synchronize())
-    }
 }
 
 /// [`ManagedError::NotManaged`] unless `buffer`'s memory is managed.
@@ -191,42 +150,6 @@ fn check_managed(buffer: &ScopedBuffer<'_>, operation: &'static str) -> Result<(
     } else {
         Err(Error::Managed(ManagedError::NotManaged { operation, ptr: buffer.ptr(), size: buffer.size() }))
     }
-}
-
-/// Whether `buffer`'s memory is managed: its resource says so, or the driver does.
-pub(crate) fn is_managed(buffer: &ScopedBuffer<'_>) -> Result<bool> {
-    if buffer.is_empty() {
-        return Ok(false);
-    }
-    if buffer.memory_resource().is_some_and(|r| r.is_managed()) {
-        return Ok(true);
-    }
-    // Memory the driver does not know (pageable host memory) is not managed.
-    Ok(ffi::pointer_is_managed(driver()?, buffer.ptr()).unwrap_or(false))
-}
-
-/// Whether host access to managed memory may overlap device work: every device has concurrent
-/// managed access (asked once per process: the attribute does not change).
-fn host_access_is_concurrent() -> Result<bool> {
-    static CONCURRENT: OnceLock<bool> = OnceLock::new();
-    if let Some(&concurrent) = CONCURRENT.get() {
-        return Ok(concurrent);
-    }
-    let mut concurrent = true;
-    for device in Device::all()? {
-        concurrent &= device.concurrent_managed_access()?;
-    }
-    Ok(*CONCURRENT.get_or_init(|| concurrent))
-}
-
-/// [`ManagedError::HostAccessNotConcurrent`] for a host slice of managed memory where a device lacks
-/// concurrent managed access (the buffer's own resource tells; views of managed memory are
-/// asked of the driver).
-pub(crate) fn check_host_access(buffer: &ScopedBuffer<'_>) -> Result<()> {
-    if buffer.is_empty() || host_access_is_concurrent()? || !is_managed(buffer)? {
-        return Ok(());
-    }
-    Err(Error::Managed(ManagedError::HostAccessNotConcurrent { ptr: buffer.ptr(), size: buffer.size() }))
 }
 
 impl<'b, 'a> ManagedBuffer<'b, 'a> {

@@ -4,11 +4,16 @@
 //! - here: the types, taking and giving up ownership, the accessors, copies, fills, host
 //!   slices and freeing;
 //! - [`allocate`]: allocating them ([`MemoryResourceExt`], and the constructors the resources'
-//!   own `allocate` calls).
+//!   own `allocate` calls);
+//! - [`host`]: host slices of their bytes (and whether managed memory may be lent);
+//! - [`export`]: a buffer's export data for another process, kept with the buffer.
 
 mod allocate;
+mod export;
+mod host;
 
 pub use allocate::MemoryResourceExt;
+pub(crate) use host::is_managed;
 
 use std::any::Any;
 use std::borrow::Cow;
@@ -193,7 +198,7 @@ pub struct ScopedBuffer<'a> {
     /// The driver's export data for the allocation, made on the first export and valid while
     /// the buffer lives (see [`crate::MemoryPool::export_buffer`]). Boxed: most buffers are never
     /// exported, and this keeps them 16 bytes larger, not 72.
-    export: OnceLock<Box<crate::pool::CachedExport>>,
+    export: OnceLock<Box<export::CachedExport>>,
 }
 
 /// The recorded stream: borrowed (scoped allocation) or a share of it.
@@ -228,12 +233,6 @@ impl std::ops::Deref for StreamRef<'_> {
 }
 
 impl<'a> ScopedBuffer<'a> {
-    /// The slot for this allocation's export data (empty until first exported; a new buffer,
-    /// even at the same address, starts empty).
-    pub(crate) fn export_slot(&self) -> &OnceLock<Box<crate::pool::CachedExport>> {
-        &self.export
-    }
-
     /// The buffer of these parts, used on no other stream yet.
     #[inline]
     fn new(ptr: DevicePtr, size: usize, owner: Owner<'a>, stream: Option<StreamRef<'a>>) -> Self {
@@ -543,120 +542,6 @@ impl<'a> ScopedBuffer<'a> {
             }
         }
         waited
-    }
-
-    fn check_host_accessible(&self) -> Result<()> {
-        if self.is_host_accessible() {
-            Ok(())
-        } else {
-            Err(Error::NotHostAccessible { ptr: self.ptr, size: self.size })
-        }
-    }
-
-    /// Refuses to lend a host slice of memory that others may write (see
-    /// [`MemoryResource::may_be_written_externally`]).
-    fn refuse_if_written_elsewhere(&self) -> Result<()> {
-        let elsewhere =
-            self.is_host_accessible() && self.memory_resource().is_some_and(|r| r.may_be_written_externally());
-        if elsewhere { Err(Error::WritableElsewhere { ptr: self.ptr, size: self.size }) } else { Ok(()) }
-    }
-
-    /// The bytes, for reading on the host, once every stream the buffer was used on has
-    /// finished. Only for host-accessible buffers of memory that nothing else writes.
-    ///
-    /// # Errors
-    /// [`Error::NotHostAccessible`] for device-only memory; [`Error::WritableElsewhere`] for memory
-    /// other processes may write (a buffer of an IPC-enabled pool: read it with
-    /// [`copy_to_slice`](ScopedBuffer::copy_to_slice), or see
-    /// [`host_slice_assume_exclusive`](ScopedBuffer::host_slice_assume_exclusive)); a driver error
-    /// from synchronizing.
-    pub fn host_slice(&self) -> Result<&[u8]> {
-        self.refuse_if_written_elsewhere()?;
-        // SAFETY: nothing but this process's buffers writes the memory (checked above).
-        unsafe { self.host_slice_assume_exclusive() }
-    }
-
-    /// The bytes, for writing on the host, once every stream the buffer was used on has
-    /// finished. Only for host-accessible buffers of memory that nothing else writes.
-    ///
-    /// # Errors
-    /// As [`host_slice`](ScopedBuffer::host_slice).
-    pub fn host_slice_mut(&mut self) -> Result<&mut [u8]> {
-        self.refuse_if_written_elsewhere()?;
-        // SAFETY: nothing but this process's buffers writes the memory (checked above).
-        unsafe { self.host_slice_mut_assume_exclusive() }
-    }
-
-    /// [`host_slice`](ScopedBuffer::host_slice) without refusing memory that other processes
-    /// may write (a buffer of an IPC-enabled pool), for when the application knows they do not
-    /// while the slice lives (a protocol that hands the bytes back and forth, say).
-    ///
-    /// # Safety
-    /// No other process, and no importer of the memory in this one (through `cuda-mem-ipc`, or
-    /// any other mapping of it), writes these bytes while the returned slice lives.
-    ///
-    /// # Errors
-    /// [`Error::NotHostAccessible`] for device-only memory; [`ManagedError::HostAccessNotConcurrent`](crate::ManagedError::HostAccessNotConcurrent)
-    /// for managed memory where a device lacks concurrent managed access (see
-    /// [`host_slice_devices_idle`](ScopedBuffer::host_slice_devices_idle)); a driver error from
-    /// synchronizing.
-    pub unsafe fn host_slice_assume_exclusive(&self) -> Result<&[u8]> {
-        self.check_host_accessible()?;
-        crate::managed::check_host_access(self)?;
-        // SAFETY: forwarded from the caller; host access may overlap device work (checked).
-        unsafe { self.host_slice_unchecked_concurrency() }
-    }
-
-    /// The host slice once the buffer's streams are done, without the managed-memory check.
-    ///
-    /// # Safety
-    /// As [`host_slice_assume_exclusive`](ScopedBuffer::host_slice_assume_exclusive), and host
-    /// access to the memory may overlap device work (it is not managed memory, every device has
-    /// concurrent managed access, or no device work runs while the slice lives).
-    pub(crate) unsafe fn host_slice_unchecked_concurrency(&self) -> Result<&[u8]> {
-        self.check_host_accessible()?;
-        self.wait_for_uses()?;
-        if self.size == 0 {
-            return Ok(&[]);
-        }
-        // SAFETY: the memory is host-accessible, `size` bytes long and valid while `self` lives;
-        // device work on it through this buffer has completed, new device writes need
-        // `&mut self`, and nothing else writes it (the caller's promise).
-        Ok(unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.size) })
-    }
-
-    /// [`host_slice_mut`](ScopedBuffer::host_slice_mut) without refusing memory that other
-    /// processes may write; see
-    /// [`host_slice_assume_exclusive`](ScopedBuffer::host_slice_assume_exclusive).
-    ///
-    /// # Safety
-    /// No other process, and no importer of the memory in this one, reads or writes these bytes
-    /// while the returned slice lives.
-    ///
-    /// # Errors
-    /// As [`host_slice_assume_exclusive`](ScopedBuffer::host_slice_assume_exclusive).
-    pub unsafe fn host_slice_mut_assume_exclusive(&mut self) -> Result<&mut [u8]> {
-        self.check_host_accessible()?;
-        crate::managed::check_host_access(self)?;
-        // SAFETY: forwarded from the caller; host access may overlap device work (checked).
-        unsafe { self.host_slice_mut_unchecked_concurrency() }
-    }
-
-    /// [`host_slice_unchecked_concurrency`](ScopedBuffer::host_slice_unchecked_concurrency), for
-    /// writing.
-    ///
-    /// # Safety
-    /// As [`host_slice_mut_assume_exclusive`](ScopedBuffer::host_slice_mut_assume_exclusive),
-    /// and host access may overlap device work.
-    pub(crate) unsafe fn host_slice_mut_unchecked_concurrency(&mut self) -> Result<&mut [u8]> {
-        self.check_host_accessible()?;
-        self.wait_for_uses()?;
-        if self.size == 0 {
-            return Ok(&mut []);
-        }
-        // SAFETY: as in `host_slice_assume_exclusive`, and `&mut self` excludes every other
-        // access through this process's buffers.
-        Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr as *mut u8, self.size) })
     }
 
     /// Frees the memory now, on `stream` (or the recorded stream), reporting any error instead

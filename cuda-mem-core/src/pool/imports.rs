@@ -18,11 +18,12 @@ use cuda_mem_sys::cu_call;
 use cuda_mem_sys::types::CUmemPoolPtrExportData;
 
 use super::MemoryPool;
-use super::sharing::{EXPORT_DATA_LEN, bind_for, range_size_in_current_context};
+use super::{EXPORT_DATA_LEN, bind_for};
 use crate::device::DevicePtr;
 use crate::driver::driver;
 use crate::error::{Error, Result, SharingError};
 use crate::event::{Event, EventOptions};
+use crate::ffi;
 use crate::stream::Stream;
 
 /// An import: the pool it was mapped through (the same data imported through another pool is
@@ -285,6 +286,24 @@ pub fn import_holders(ptr: DevicePtr) -> usize {
 /// not imported). For diagnostics and tests.
 pub fn import_pending_waits(ptr: DevicePtr) -> usize {
     count_of(ptr, |e| e.released.len())
+}
+
+/// The size of the allocation containing `ptr`, as the driver maps it
+/// (`CU_POINTER_ATTRIBUTE_RANGE_SIZE`), for checking a size another process claims.
+///
+/// # Errors
+/// When `ptr` is not a known allocation.
+pub fn mapped_range_size(ptr: DevicePtr) -> Result<usize> {
+    if crate::context::current_is_none()? {
+        bind_for(None)?;
+    }
+    range_size_in_current_context(ptr)
+}
+
+/// [`mapped_range_size`] for a caller that made a context current already (an import, which
+/// binds the pool's device to import): one driver call fewer on every first import.
+pub(crate) fn range_size_in_current_context(ptr: DevicePtr) -> Result<usize> {
+    Ok(ffi::pointer_range_size(driver()?, ptr)?)
 }
 
 #[cfg(test)]

@@ -28,12 +28,10 @@ use cuda_mem_sys::types::{CUmemLocation, CUmemPoolProps, CUmemoryPool};
 use cuda_mem_sys::{Driver, cu_call};
 
 pub use attributes::{PoolAttributes, PoolUsage, ReusePolicy};
-pub use imports::{import_holders, import_pending_waits};
+pub use imports::{import_holders, import_pending_waits, mapped_range_size};
 pub use kind::PoolKind;
 #[cfg(unix)]
 pub use shareable::ShareableHandle;
-pub(crate) use sharing::CachedExport;
-pub use sharing::{EXPORT_DATA_LEN, mapped_range_size};
 
 use crate::device::Device;
 use crate::device::DevicePtr;
@@ -42,6 +40,19 @@ use crate::drop_errors::on_drop;
 use crate::error::{Error, Result, SharingError};
 use crate::ffi;
 use crate::stream::Stream;
+
+/// The size of the driver's export data for one allocation (`CUmemPoolPtrExportData`).
+pub const EXPORT_DATA_LEN: usize = 64;
+
+/// Makes a context current for calls that need one but take no stream: the pool's device's, or
+/// device 0's for host pools (any context serves them).
+fn bind_for(owner: Option<Device>) -> Result<()> {
+    let device = match owner {
+        Some(device) => device,
+        None => Device::new(0)?,
+    };
+    crate::context::bind(device)
+}
 
 /// A driver memory pool. An owned pool is destroyed when dropped (after its buffers, which keep
 /// their resource, and so the pool, alive), having first revoked every peer's access.

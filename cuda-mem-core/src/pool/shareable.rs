@@ -9,7 +9,8 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use cuda_mem_sys::cu_call;
 use cuda_mem_sys::types::{CUmemAllocationHandleType, CUmemoryPool};
 
-use super::sharing::{HandleClaim, bind_for, handle_turnover};
+use super::bind_for;
+use super::sharing::{HandleClaim, handle_turnover};
 use super::{MemoryPool, PoolKind};
 use crate::access::Access;
 use crate::device::Device;
