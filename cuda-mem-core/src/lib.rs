@@ -462,8 +462,8 @@ pub use dlpack::{
 /// (`dlpark::ffi::DLDataType`, `DLDevice`, ...) and owning tensor handles.
 #[cfg(feature = "dlpack")]
 pub use dlpark;
-pub use driver::driver;
-pub use driver_version::{DriverCapability, installed_version};
+pub use driver::{driver, installed_version};
+pub use driver_version::DriverCapability;
 pub use drop_errors::{DropError, record as record_drop_error, set_drop_error_hook, take_drop_errors};
 #[cfg(feature = "cudarc")]
 pub use error::CudarcError;

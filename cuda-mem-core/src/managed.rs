@@ -49,7 +49,7 @@ const CU_DEVICE_CPU: i32 = -1;
 /// prefetches ([`DriverCapability::ManagedLocations`]), whose CUDA 8.0 forms take a device
 /// ordinal instead; `None` when it has them.
 fn before_locations() -> Result<Option<u32>> {
-    let installed = crate::driver_version::installed_version()?;
+    let installed = crate::driver::installed_version()?;
     Ok((installed < DriverCapability::ManagedLocations.needs()).then_some(installed))
 }
 
