@@ -442,7 +442,7 @@ mod view;
 #[doc(hidden)]
 pub mod __private {
     #[cfg(feature = "tracing")]
-    pub use crate::trace::capture;
+    pub use crate::trace::{capture, fields};
     #[cfg(feature = "tracing")]
     pub use tracing;
 }

@@ -169,8 +169,8 @@ impl MappedMemoryResource {
         cuda_mem_core::memory_event!(
             DEBUG,
             uuid = %uuid,
-            pool = pool.handle() as usize,
-            kind = ?pool.kind(),
+            pool = %hex(pool.handle()),
+            kind = %pool_kind(pool.kind()),
             "resource imported"
         );
         let serial = SERIALS.fetch_add(1, Ordering::Relaxed);
@@ -229,7 +229,7 @@ impl MappedMemoryResource {
             }
             other => other.into(),
         })?;
-        cuda_mem_core::memory_event!(DEBUG, uuid = %self.uuid, size, ptr, pool = self.pool.handle() as usize, "buffer imported");
+        cuda_mem_core::memory_event!(DEBUG, uuid = %self.uuid, size, ptr = %hex(ptr), pool = %hex(self.pool.handle()), "buffer imported");
         let resource: Arc<dyn MemoryResource> = Arc::clone(self) as Arc<dyn MemoryResource>;
         // SAFETY: not memory from `allocate_raw` (which refuses), but what `from_raw_owned` also
         // takes: memory the resource's `deallocate_raw` releases exactly once. The pointer is one

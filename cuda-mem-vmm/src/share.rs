@@ -126,7 +126,7 @@ impl VirtualBuffer {
         }
         cuda_mem_core::memory_event!(
             DEBUG,
-            ptr = self.ptr(),
+            ptr = %hex(self.ptr()),
             size = self.size(),
             chunks = mappings.len(),
             handle_type = ?handle_type,
@@ -296,7 +296,7 @@ impl VirtualMemoryResource {
         let stream = self.stream_or_default(stream);
         cuda_mem_core::memory_event!(
             DEBUG,
-            ptr = range.base,
+            ptr = %hex(range.base),
             size = descriptor.size,
             chunks = count,
             device = self.device().ordinal(),

@@ -102,8 +102,8 @@ impl MemoryPool {
             crate::memory_event!(
                 DEBUG,
                 size,
-                ptr = entry.ptr,
-                pool = self.handle() as usize,
+                ptr = %hex(entry.ptr),
+                pool = %hex(self.handle()),
                 holders = entry.holders,
                 "allocation imported"
             );
@@ -134,7 +134,7 @@ impl MemoryPool {
         };
         imports.by_key.insert(key, Entry { ptr, mapped, holders: 1, released: Vec::new() });
         imports.by_ptr.insert(ptr, key);
-        crate::memory_event!(DEBUG, size, ptr, pool = self.handle() as usize, holders = 1, "allocation imported");
+        crate::memory_event!(DEBUG, size, ptr = %hex(ptr), pool = %hex(self.handle()), holders = 1, "allocation imported");
         Ok(ptr)
     }
 
@@ -151,7 +151,7 @@ impl MemoryPool {
             return Err(too_large(size, entry.mapped));
         }
         entry.holders += 1;
-        crate::memory_event!(DEBUG, size, ptr, pool, holders = entry.holders, "allocation imported (held already)");
+        crate::memory_event!(DEBUG, size, ptr = %hex(ptr), pool = %hex(pool), holders = entry.holders, "allocation imported (held already)");
         Ok(ptr)
     }
 
@@ -185,7 +185,7 @@ impl MemoryPool {
             // Not the last: remember where this holder's work ends, for the last one to wait on.
             note_release(&mut entry.released, stream)?;
             entry.holders -= 1;
-            crate::memory_event!(DEBUG, ptr, pool = self.handle() as usize, holders = entry.holders, "import released");
+            crate::memory_event!(DEBUG, ptr = %hex(ptr), pool = %hex(self.handle()), holders = entry.holders, "import released");
             return Ok(());
         }
         for (_, event) in &entry.released {
@@ -199,7 +199,7 @@ impl MemoryPool {
         unsafe { self.free_imported(ptr, stream) }?;
         imports.by_key.remove(&key);
         imports.by_ptr.remove(&ptr);
-        crate::memory_event!(DEBUG, ptr, pool = self.handle() as usize, holders = 0, "import released");
+        crate::memory_event!(DEBUG, ptr = %hex(ptr), pool = %hex(self.handle()), holders = 0, "import released");
         Ok(())
     }
 

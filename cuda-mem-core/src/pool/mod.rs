@@ -110,9 +110,9 @@ impl MemoryPool {
         pool.max_size = (props.maxSize != 0).then_some(props.maxSize);
         crate::memory_event!(
             DEBUG,
-            pool = handle as usize,
-            kind = ?kind,
-            max_size = props.maxSize,
+            pool = %hex(handle),
+            kind = %pool_kind(kind),
+            max_size = pool.max_size,
             ipc_enabled = shareable,
             "pool created"
         );
@@ -212,9 +212,9 @@ impl MemoryPool {
         crate::memory_event!(
             TRACE,
             size,
-            ptr,
-            pool = self.handle as usize,
-            stream = stream.handle() as usize,
+            ptr = %hex(ptr),
+            pool = %hex(self.handle),
+            stream = %hex(stream.handle()),
             "allocate"
         );
         Ok(ptr)
@@ -232,9 +232,9 @@ impl MemoryPool {
         crate::memory_event!(
             TRACE,
             size = _size,
-            ptr,
-            pool = self.handle as usize,
-            stream = stream.handle() as usize,
+            ptr = %hex(ptr),
+            pool = %hex(self.handle),
+            stream = %hex(stream.handle()),
             "free"
         );
         Ok(())
@@ -280,7 +280,7 @@ impl MemoryPool {
         drop(self.claim.take());
         drop(turnover);
         destroyed?;
-        crate::memory_event!(DEBUG, pool = self.handle as usize, "pool destroyed");
+        crate::memory_event!(DEBUG, pool = %hex(self.handle), "pool destroyed");
         Ok(())
     }
 }

@@ -103,7 +103,7 @@ impl MemoryPool {
         let fd = unsafe { exported_fd(raw) }?;
         // Another thread may have won the race; its handle is kept and this one closed.
         let handle = self.handle_once.get_or_init(|| ShareableHandle { fd, id: fresh_id() });
-        crate::memory_event!(DEBUG, pool = self.handle() as usize, id = handle.id, kind = ?self.kind, "pool exported");
+        crate::memory_event!(DEBUG, pool = %hex(self.handle()), id = handle.id, kind = %pool_kind(self.kind), "pool exported");
         Ok(handle)
     }
 
@@ -146,7 +146,7 @@ impl MemoryPool {
         if pool.kind == PoolKind::Pinned {
             pool.grant_all_devices()?;
         }
-        crate::memory_event!(DEBUG, pool = handle as usize, id, kind = ?pool.kind, "pool imported");
+        crate::memory_event!(DEBUG, pool = %hex(handle), id, kind = %pool_kind(pool.kind), "pool imported");
         Ok(pool)
     }
 

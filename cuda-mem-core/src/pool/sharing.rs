@@ -113,7 +113,7 @@ impl MemoryPool {
         let mut data = CUmemPoolPtrExportData::default();
         // SAFETY: `data` is a valid out-pointer.
         unsafe { cu_call!(d, cuMemPoolExportPointer(&mut data, ptr)) }?;
-        crate::memory_event!(DEBUG, ptr, pool = self.handle() as usize, "allocation exported");
+        crate::memory_event!(DEBUG, ptr = %hex(ptr), pool = %hex(self.handle()), "allocation exported");
         Ok(data.reserved)
     }
 }

@@ -187,7 +187,7 @@ unsafe impl MemoryResource for GraphMemoryResource {
         // SAFETY: `ptr` is a valid out-pointer; the stream handle is valid and capturing.
         unsafe { cu_call!(d, cuMemAllocAsync(&mut ptr, size, stream.handle())) }
             .map_err(|e| Error::allocation(e, size))?;
-        crate::memory_event!(TRACE, size, ptr, stream = stream.handle() as usize, "allocate");
+        crate::memory_event!(TRACE, size, ptr = %hex(ptr), stream = %hex(stream.handle()), "allocate");
         Ok(ptr)
     }
 
@@ -196,7 +196,7 @@ unsafe impl MemoryResource for GraphMemoryResource {
         // SAFETY: the caller guarantees `ptr` came from `allocate_raw` and is freed once, after
         // the work enqueued on `stream`.
         unsafe { ffi::mem_free_async(driver()?, ptr, stream.handle()) }?;
-        crate::memory_event!(TRACE, size = _size, ptr, stream = stream.handle() as usize, "free");
+        crate::memory_event!(TRACE, size = _size, ptr = %hex(ptr), stream = %hex(stream.handle()), "free");
         Ok(())
     }
 

@@ -67,7 +67,7 @@ unsafe impl MemoryResource for LegacyPinnedMemoryResource {
         let mut ptr: *mut c_void = std::ptr::null_mut();
         // SAFETY: `ptr` is a valid out-pointer; a context is current.
         unsafe { cu_call!(d, cuMemAllocHost_v2(&mut ptr, size)) }.map_err(|e| Error::allocation(e, size))?;
-        crate::memory_event!(TRACE, size, ptr = ptr as u64, "allocate");
+        crate::memory_event!(TRACE, size, ptr = %hex(ptr), "allocate");
         Ok(ptr as DevicePtr)
     }
 
@@ -136,7 +136,7 @@ unsafe impl MemoryResource for SynchronousMemoryResource {
         let mut ptr: DevicePtr = 0;
         // SAFETY: `ptr` is a valid out-pointer; the device's context is current.
         unsafe { cu_call!(d, cuMemAlloc_v2(&mut ptr, size)) }.map_err(|e| Error::allocation(e, size))?;
-        crate::memory_event!(TRACE, size, ptr, device = self.device.ordinal(), "allocate");
+        crate::memory_event!(TRACE, size, ptr = %hex(ptr), device = self.device.ordinal(), "allocate");
         Ok(ptr)
     }
 
@@ -212,12 +212,12 @@ impl SynchronousFree {
             // SAFETY: the caller guarantees the memory came from cuMemAllocHost, is unused and
             // freed once.
             unsafe { cu_call!(d, cuMemFreeHost(self.ptr as *mut c_void)) }?;
-            crate::memory_event!(TRACE, size = self.size, ptr = self.ptr, "free");
+            crate::memory_event!(TRACE, size = self.size, ptr = %hex(self.ptr), "free");
         } else {
             // SAFETY: the caller guarantees the memory came from cuMemAlloc, is unused and freed
             // once.
             unsafe { cu_call!(d, cuMemFree_v2(self.ptr)) }?;
-            crate::memory_event!(TRACE, size = self.size, ptr = self.ptr, device = self.device.ordinal(), "free");
+            crate::memory_event!(TRACE, size = self.size, ptr = %hex(self.ptr), device = self.device.ordinal(), "free");
         }
         Ok(())
     }
