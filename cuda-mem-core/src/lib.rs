@@ -1,3 +1,9 @@
+// Where the Unix-only items are not built (Windows), the names' table links them to the pool's
+// page. Link definitions, which show nothing, first: the table would take them for a row.
+#![cfg_attr(
+    not(unix),
+    doc = "[`MemoryPool::import`]: MemoryPool\n[`MemoryPool::shareable_handle`]: MemoryPool\n[`ShareableHandle`]: MemoryPool"
+)]
 //! Devices, streams, buffers and stream-ordered memory pools over the CUDA driver API.
 //!
 //! This crate is to Rust what `cuda.core`'s memory classes are to Python: typed, owned wrappers
@@ -60,7 +66,9 @@
 //!   byte budget, refused past with [`Error::LimitExceeded`]) and [`TrackingAdaptor`] (the live
 //!   allocations, with backtraces when asked, to find leaks).
 //!
-//! Errors are [`Error`]s; a driver failure carries the function, the code and its name. An
+//! Errors are [`Error`]s; a driver failure carries the function, the code and its name. An area
+//! whose calls fail for several reasons of its own nests its error, so that a caller matches
+//! the few its call can give: [`ViewError`], [`ManagedError`], [`SharingError`], [`CopyError`]. An
 //! allocation the driver has no memory for is an [`Error::OutOfMemory`] ([`OutOfMemory`]): the
 //! bytes asked for and, for a pool, its `max_size` and what it held ([`PoolHoldings`]), with the
 //! driver's error as the source. Errors in `Drop` are recorded ([`take_drop_errors`]), never
@@ -80,9 +88,11 @@
 //!   `pool`, `kind`, `max_size`, `ipc_enabled`; `"pool destroyed"`), its export (`"pool
 //!   exported"`, `"allocation exported"`), imports (`"pool imported"`, `"allocation imported"`,
 //!   `"import released"`, with the `holders` left) and peer-access changes (`"peer access
-//!   changed"`: `device`, `access`). `pool` is the `CUmemoryPool` handle and `stream` the
-//!   `CUstream` handle, as integers. Without the feature the macro that emits them expands to
-//!   nothing: the hot path is the same code as without it.
+//!   changed"`: `device`, `access`). `ptr`, `pool` (the `CUmemoryPool` handle) and `stream` (the
+//!   `CUstream` handle) are written in hex, as the errors write addresses; `kind` in a word or
+//!   two (`device 0`, `pinned`, `managed`); a pool without a cap has no `max_size`. Without the
+//!   feature the macro that emits them expands to nothing: the hot path is the same code as
+//!   without it.
 //!
 //! The vocabulary the memory crates share is defined here once: [`Access`] (what a device may
 //! do with memory), [`HandleType`] and [`HandleTypes`] (the OS handles memory is exported as),
@@ -92,28 +102,43 @@
 //! # Which module holds what
 //!
 //! The modules are private; everything public is re-exported here (and the everyday part of it
-//! again in [`prelude`]).
+//! again in [`prelude`]). They stand in two layers, and no module imports another in a circle.
 //!
-//! | module | holds |
+//! The low modules are the vocabulary and the driver's objects: devices, the driver, errors,
+//! contexts, events and streams. They import none of the high modules.
+//!
+//! | low module | holds |
 //! |---|---|
-//! | `device` | [`Device`], [`DeviceProperties`], [`MemoryInfo`] |
-//! | `context` | primary contexts, retained once and bound before each driver call that needs one |
-//! | `graph` | stream capture: [`Capture`], [`CaptureMode`], [`CaptureState`], [`Graph`], [`GraphExec`], [`InstantiateOptions`]; what a capture keeps alive for its graphs |
-//! | `memory_resource` | the [`MemoryResource`] trait, [`PoolResource`], [`MemoryResourceExt`], [`AsDynMemoryResource`], [`DevicePtr`] |
-//! | `buffer` | [`Buffer`], [`ScopedBuffer`], [`FillPattern`], [`CloseError`], [`RawBuffer`] |
-//! | `view` | [`DeviceView`], [`DeviceViewMut`]: typed views of a buffer, copies to and from Rust slices |
-//! | `copy` | copies with options and batches of copies: [`CopyOptions`], [`SourceAccessOrder`], [`OverlapMode`], [`copy_batch`], [`BatchCopy`], [`BatchOptions`], [`CopyError`] |
-//! | `managed` | managed memory's operations: [`ScopedBuffer::managed`] gives a checked [`ManagedBuffer`] (advice, preferred location, accessed-by, prefetch, last prefetch location; [`ManagedBufferMut`] discards), [`Location`], [`Advice`], the batches [`prefetch_batch`], [`discard_batch`], [`discard_prefetch_batch`] |
-//! | `pool` | [`MemoryPool`], the driver's pool (a folder, a file per concern: attributes and [`PoolUsage`], [`PoolKind`], peers, sharing, counted imports) |
-//! | `resources` | every resource, a file each: [`DeviceMemoryResource`], [`PinnedMemoryResource`] (on a [`NumaNode`]), [`ManagedMemoryResource`] (preferring a [`Location`]) and their options; [`SynchronousMemoryResource`], [`LegacyPinnedMemoryResource`] (no pools); [`GraphMemoryResource`] ([`GraphMemoryAttributes`], [`HighWaterMark`]); `adaptors/`: [`StatisticsAdaptor`] ([`AllocationStatistics`]), [`LimitingAdaptor`], [`TrackingAdaptor`] ([`LeakReport`], [`LiveAllocation`]) |
-//! | `dlpack` | feature `dlpack`: a folder, a file per concern: export, import, the stream exchange, element types, layouts, `DlpackError` |
-//! | `access` | [`Access`] |
-//! | `handle_types` | [`HandleType`], [`HandleTypes`] |
-//! | `driver` | [`driver()`]: the process-wide driver, initialized once |
-//! | [`prelude`] (public) | the traits and the common types, for one glob import |
-//! | `error` | [`Error`] (with [`OutOfMemory`] and [`PoolHoldings`]), [`Result`] |
-//! | `trace` | the events of the `tracing` feature (a macro that is empty without it) |
+//! | `access` | [`Access`]: what a device may do with memory |
+//! | `advice` | [`Advice`]: what managed memory can be advised, and the locations each takes |
+//! | `handle_types` | [`HandleType`], [`HandleTypes`]: the OS handles memory is exported as |
+//! | `location` | [`Location`]: where memory lives |
+//! | `device` | what names a device: [`Device`], [`NumaNode`], [`DevicePtr`]; `device/query.rs`, what the driver says of one: [`DeviceProperties`], [`MemoryInfo`] |
+//! | `driver_version` | [`DriverCapability`] and the CUDA version each needs |
+//! | `error` | [`Error`] (with [`OutOfMemory`] and [`PoolHoldings`]), [`Result`], [`cuda_code_of`]; a file per area's own error: [`ViewError`], [`ManagedError`], [`SharingError`], [`CopyError`] ([`OverlapKind`]), `DlpackError`, `CudarcError` |
+//! | `driver` | [`driver()`]: the process-wide driver, initialized once; [`installed_version`] and [`DriverCapability::require`] |
+//! | `ffi` | the driver calls made from three places or more, one thin function each |
 //! | `drop_errors` | errors in `Drop`: [`record_drop_error`], [`take_drop_errors`], [`set_drop_error_hook`] |
+//! | `context` | primary contexts, retained once and bound before each driver call that needs one |
+//! | `event` | [`Event`], [`EventOptions`], [`IpcEventHandle`] |
+//! | `stream` | [`Stream`], [`StreamOptions`]; `capture.rs`: [`CaptureMode`], [`CaptureState`] and what a capture keeps alive; `ordering.rs`: streams waiting for each other's events |
+//! | `trace` | the events of the `tracing` feature (a macro that is empty without it) |
+//!
+//! The high modules build memory on them: pools, resources, buffers and what works on buffers.
+//!
+//! | high module | holds |
+//! |---|---|
+//! | `pool` | [`MemoryPool`], the driver's pool (a file per concern: attributes and [`PoolUsage`], [`PoolKind`], peers, sharing, counted imports) |
+//! | `memory_resource` | the [`MemoryResource`] trait, [`PoolResource`], [`AsDynMemoryResource`] |
+//! | `buffer` | [`Buffer`], [`ScopedBuffer`], [`ForeignMemory`], [`FillPattern`], [`CloseError`], [`RawBuffer`]; `allocate.rs`: [`MemoryResourceExt`]; `host.rs`: host slices; `export.rs`: a buffer's export data |
+//! | `view` | [`DeviceView`], [`DeviceViewMut`]: typed views of a buffer, copies to and from Rust slices |
+//! | `managed` | managed memory's operations: [`ScopedBuffer::managed`] gives a checked [`ManagedBuffer`] (advice, preferred location, accessed-by, prefetch, last prefetch location; [`ManagedBufferMut`] discards), the batches [`prefetch_batch`], [`discard_batch`], [`discard_prefetch_batch`] |
+//! | `copy` | copies with options and batches of copies: [`CopyOptions`], [`SourceAccessOrder`], [`OverlapMode`], [`copy_batch`], [`BatchCopy`], [`BatchOptions`] |
+//! | `graph` | stream capture into graphs: [`Capture`], [`Graph`], [`GraphExec`], [`InstantiateOptions`] |
+//! | `resources` | every resource, a file each: [`DeviceMemoryResource`], [`PinnedMemoryResource`] (on a [`NumaNode`]), [`ManagedMemoryResource`] (preferring a [`Location`]) and their options; [`SynchronousMemoryResource`], [`LegacyPinnedMemoryResource`] (no pools); [`GraphMemoryResource`] ([`GraphMemoryAttributes`], [`HighWaterMark`]); `adaptors/`: [`StatisticsAdaptor`] ([`AllocationStatistics`]), [`LimitingAdaptor`], [`TrackingAdaptor`] ([`LeakReport`], [`LiveAllocation`]) |
+//! | `dlpack` | feature `dlpack`: a file per concern: export, import, the stream exchange, element types, layouts |
+//! | `cudarc_interop` | feature `cudarc`: cudarc's streams, views and allocations with this crate's |
+//! | [`prelude`] (public) | the traits and the common types, for one glob import |
 //!
 //! With the `cudarc` feature (off by default), cudarc's streams, copies, memsets, launches and
 //! allocations meet this crate's: see "cudarc" below (built with the feature).

@@ -8,7 +8,8 @@ use crate::device::Device;
 
 /// What memory a pool holds: device memory of one device, pinned host memory, or managed
 /// memory. A pool created here knows it from how it was created; an imported pool asks the
-/// driver (never the exporter's word), see [`MemoryPool::import`](crate::MemoryPool::import).
+/// driver (never the exporter's word).
+#[cfg_attr(unix, doc = "See [`MemoryPool::import`](crate::MemoryPool::import).")]
 ///
 /// It is also the kind a look-up of a shared pool expects: two kinds are equal only when the
 /// memory is the same kind, on the same device for device memory.

@@ -1,6 +1,7 @@
 //! `MemoryPool`: a driver memory pool (owned or not), one file per concern:
 //!
-//! - here: the type, creating, wrapping and destroying it, allocating and freeing;
+//! - here: the type, creating it (or finding a current pool), destroying it, allocating and
+//!   freeing;
 //! - [`kind`]: [`PoolKind`], what memory a pool holds (device, pinned or managed);
 //! - [`attributes`]: usage, high-water marks, release threshold, reuse policies, trimming;
 //! - [`peers`]: each device's access and the peer set of a device pool;
@@ -8,12 +9,15 @@
 //! - `shareable` (Unix only): the shareable file descriptor, importing a pool from one (and
 //!   where an imported pool's memory lives);
 //! - [`imports`]: mapping another process's allocations, counted, since the driver does not
-//!   count them.
+//!   count them, and the size of a mapped range;
+//! - [`live_count`]: the live allocations made through a pool, counted per thread.
 //!
 //! The pool resources ([`DeviceMemoryResource`](crate::DeviceMemoryResource),
 //! [`PinnedMemoryResource`](crate::PinnedMemoryResource),
 //! [`ManagedMemoryResource`](crate::ManagedMemoryResource)) each hold one and expose it through
-//! `pool()`; [`MemoryResource::memory_pool`](crate::MemoryResource::memory_pool) finds it behind any resource.
+//! `pool()`; [`MemoryResource::memory_pool`](crate::MemoryResource::memory_pool) finds it behind
+//! any resource. A buffer's cached export data, and [`MemoryPool::export_buffer`] which reads
+//! it, are the buffer's (`buffer/export.rs`): the pool knows nothing of buffers.
 
 mod attributes;
 mod imports;

@@ -299,7 +299,7 @@ impl Stream {
     /// no longer claims to know the stream's capture ([`CaptureState::Unknown`] outside its own
     /// captures), and every pool allocation on the stream asks the driver
     /// (`cuStreamIsCapturing`), as for a stream wrapped from a raw handle.
-    /// [`Stream::to_cudarc`] shares the handle this way.
+    /// `Stream::to_cudarc` (feature `cudarc`) shares the handle this way.
     pub fn shared_handle(&self) -> CUstream {
         self.inner.handle_shared.store(true, Ordering::Release);
         self.inner.capture.forget();
@@ -457,7 +457,7 @@ impl Stream {
     /// stream this crate created otherwise (and for the legacy default stream, which cannot
     /// capture), [`CaptureState::Unknown`] where it cannot be known: a stream wrapped from a raw
     /// handle ([`Stream::from_raw`], cudarc's, the per-thread default stream) or whose handle
-    /// was shared ([`Stream::shared_handle`], [`Stream::to_cudarc`]), whose capture other code
+    /// was shared ([`Stream::shared_handle`], `Stream::to_cudarc`), whose capture other code
     /// may begin; a stream of this crate's that waited for an event that may have been recorded
     /// in a capture (recorded in a capturing stream or in one whose capture is unknown, or
     /// opened from another process, whose recordings this crate does not see), which joins
