@@ -4,14 +4,15 @@
 //! The overview and an example are on [`CopyOptions`].
 
 use cuda_mem_sys::types::{CUmemLocation, CUmemcpyAttributes, CUmemcpyFlags, CUmemcpySrcAccessOrder, CUstream};
-use cuda_mem_sys::{Driver, LoadError, StreamMode, cu_call};
+use cuda_mem_sys::{Driver, LoadError, StreamMode};
 
 use crate::buffer::ScopedBuffer;
+use crate::device::DevicePtr;
 use crate::driver::driver;
 use crate::driver_version::DriverCapability;
-use crate::error::{Error, Result};
+use crate::error::{CopyError, Error, OverlapKind, Result};
+use crate::ffi;
 use crate::location::Location;
-use crate::memory_resource::DevicePtr;
 use crate::stream::Stream;
 use crate::view::{DeviceView, DeviceViewMut};
 
@@ -194,63 +195,6 @@ impl<'o, const N: usize> From<&'o [CopyOptions; N]> for BatchOptions<'o> {
     }
 }
 
-/// Which bytes two copies of a batch both touch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OverlapKind {
-    /// Both write them.
-    Destinations,
-    /// The first copy writes what the second reads.
-    DestinationAndSource,
-}
-
-/// A copy refused before any driver call (inside [`Error::Copy`]).
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum CopyError {
-    /// The legacy default stream, which `cuMemcpyBatchAsync` and `cuMemcpyWithAttributesAsync`
-    /// reject.
-    #[error(
-        "{operation} does not take the legacy default stream (the driver rejects it): use a created stream or the \
-         per-thread default stream"
-    )]
-    LegacyStream {
-        /// `"copy_batch"`, `"copy_to_with"`, ….
-        operation: &'static str,
-    },
-    /// A capturing stream: no graph node represents these copies.
-    #[error(
-        "{operation} cannot be captured into a graph: copy without options (copy_to, copy_from) while the stream \
-         captures"
-    )]
-    Capturing {
-        /// The operation refused.
-        operation: &'static str,
-    },
-    /// Two copies of a batch touch the same bytes, one of them writing: the driver runs a
-    /// batch's copies in no particular order.
-    #[error(
-        "copies {first} and {second} of the batch overlap ({kind:?}: copy {first} writes bytes copy {second} {}): \
-         the copies of a batch run in any order, so put them in separate batches",
-        if matches!(kind, OverlapKind::Destinations) { "writes too" } else { "reads" }
-    )]
-    Overlap {
-        /// The copy that writes.
-        first: usize,
-        /// The other copy.
-        second: usize,
-        /// What the other copy does with the bytes.
-        kind: OverlapKind,
-    },
-    /// Per-copy options, not one per copy.
-    #[error("{options} options for {copies} copies: give one CopyOptions for all (BatchOptions::Same) or one per copy")]
-    OptionsLengthMismatch {
-        /// How many copies.
-        copies: usize,
-        /// How many options.
-        options: usize,
-    },
-}
-
 /// One side of a copy: bytes of a buffer.
 #[derive(Debug, Clone, Copy)]
 struct Side<'a> {
@@ -429,7 +373,7 @@ fn plain_copies(d: &Driver, copies: &[BatchCopy<'_>], stream: CUstream) -> Resul
     for copy in copies {
         // SAFETY: both ranges lie in buffers that stay valid until they are freed, which is
         // ordered after this work.
-        unsafe { cu_call!(d, cuMemcpyAsync(copy.dst.ptr, copy.src.ptr, copy.dst.len, stream)) }?;
+        unsafe { ffi::memcpy_async(d, copy.dst.ptr, copy.src.ptr, copy.dst.len, stream) }?;
     }
     Ok(())
 }
@@ -578,12 +522,6 @@ impl<T: bytemuck::Pod> DeviceViewMut<'_, T> {
     /// As [`ScopedBuffer::copy_to_with`].
     pub fn copy_from_with(&mut self, src: &DeviceView<'_, T>, stream: &Stream, options: CopyOptions) -> Result<()> {
         copy_with(BatchCopy::views(src, self)?, stream, options, "copy_from_with")
-    }
-}
-
-impl From<CopyError> for Error {
-    fn from(error: CopyError) -> Self {
-        Error::Copy(error)
     }
 }
 

@@ -1,10 +1,8 @@
-//! Which driver each capability needs, and the check made before using one.
+//! Which driver each capability needs: [`DriverCapability`] and its table (the check made
+//! before using one, against the installed driver, is in `driver`).
 //!
 //! The table is `driver_versions.md` (in the crate documentation and the README); the versions
 //! here are the same, and a test keeps them so.
-
-use crate::driver::driver;
-use crate::error::{Error, Result};
 
 /// A capability that needs a newer driver than the crates load with (see the crate
 /// documentation's "Driver versions").
@@ -97,45 +95,12 @@ impl DriverCapability {
             _ => "",
         }
     }
-
-    /// Whether the installed driver has it.
-    ///
-    /// # Errors
-    /// If the driver cannot be loaded or does not say its version.
-    pub fn is_available(self) -> Result<bool> {
-        Ok(installed_version()? >= self.needs())
-    }
-
-    /// `Ok` if the installed driver has it, else [`Error::DriverTooOld`].
-    ///
-    /// # Errors
-    /// [`Error::DriverTooOld`]; if the driver cannot be loaded or does not say its version.
-    pub fn require(self) -> Result<()> {
-        let installed = installed_version()?;
-        if installed < self.needs() {
-            return Err(self.too_old(installed));
-        }
-        Ok(())
-    }
-
-    /// [`Error::DriverTooOld`] for this capability on a driver of version `installed`.
-    pub(crate) fn too_old(self, installed: u32) -> Error {
-        Error::DriverTooOld { capability: self, needs: self.needs(), installed }
-    }
 }
 
 impl std::fmt::Display for DriverCapability {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.describe())
     }
-}
-
-/// The CUDA version of the installed driver (`cuDriverGetVersion`, asked once per process).
-///
-/// # Errors
-/// If the driver cannot be loaded or does not say its version.
-pub fn installed_version() -> Result<u32> {
-    Ok(driver()?.version()?)
 }
 
 /// A version as `cuDriverGetVersion` encodes it, written `major.minor` (`12080` → `12.8`).

@@ -7,7 +7,7 @@
 use std::collections::VecDeque;
 use std::sync::{Mutex, PoisonError};
 
-use crate::error::Error;
+use crate::error::{Error, Result};
 
 /// How many recorded errors are kept; older ones are dropped first.
 pub const KEPT: usize = 64;
@@ -39,6 +39,23 @@ pub fn record(what: &'static str, error: Error) {
         recorded.pop_front();
     }
     recorded.push_back(entry);
+}
+
+/// The body of a `Drop` that releases something: runs `release`, and records its failure as one
+/// while releasing `what` (never returned, never a panic). Inlined, with the recording out of
+/// line: a `Drop` on the hot path (a buffer's) costs no more than the release itself.
+#[inline]
+pub(crate) fn on_drop(what: &'static str, release: impl FnOnce() -> Result<()>) {
+    if let Err(error) = release() {
+        record_cold(what, error);
+    }
+}
+
+/// [`record`], kept out of the callers' code.
+#[cold]
+#[inline(never)]
+fn record_cold(what: &'static str, error: Error) {
+    record(what, error);
 }
 
 /// Takes every recorded error, oldest first.

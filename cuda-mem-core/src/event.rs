@@ -10,8 +10,8 @@ use cuda_mem_sys::types::{CUevent, CUevent_flags, CUipcEventHandle, CUresult};
 
 use crate::device::Device;
 use crate::driver::driver;
+use crate::drop_errors::on_drop;
 use crate::error::{Error, Result};
-use crate::stream::Stream;
 
 /// The length in bytes of an interprocess event handle (`CUipcEventHandle`).
 pub const IPC_EVENT_HANDLE_LEN: usize = 64;
@@ -129,7 +129,7 @@ enum Origin {
 /// An event created with [`EventOptions::interprocess`] is shared with other processes: its
 /// [`ipc_handle`](Event::ipc_handle) goes to another process, which opens it with
 /// [`Event::from_ipc_handle`]. The opened event is an `Event` too (so everything that takes an
-/// `&Event`, [`Stream::wait`] first, takes it): it has timing off and names the exporter's event,
+/// `&Event`, [`Stream::wait`](crate::Stream::wait) first, takes it): it has timing off and names the exporter's event,
 /// whose recordings in either process it sees. It is destroyed (closed in this process) on drop,
 /// once, like any other.
 #[derive(Debug)]
@@ -285,19 +285,10 @@ impl Event {
         self.device
     }
 
-    /// Records the event at the current end of `stream` (for another thread's per-thread default
-    /// stream, of the calling thread's: see [`Stream`'s notes](Stream#per-thread-default-streams)).
-    ///
-    /// # Errors
-    /// If the driver call fails (a stream of another device, say).
-    pub fn record(&self, stream: &Stream) -> Result<()> {
-        crate::context::bind(stream.device())?;
-        let d = driver()?;
-        // SAFETY: valid event and stream handles.
-        unsafe { cu_call!(d, cuEventRecord(self.handle(), stream.handle())) }?;
-        let in_capture = stream.capture_state() != crate::graph::CaptureState::NotCapturing;
+    /// Notes whether the latest recording may have been in a capture (see
+    /// [`maybe_recorded_in_capture`](Event::maybe_recorded_in_capture)).
+    pub(crate) fn note_recorded(&self, in_capture: bool) {
         self.in_capture.store(in_capture, Ordering::Relaxed);
-        Ok(())
     }
 
     /// Whether the latest recording may have been in a capture: through [`Event::record`], in a
@@ -366,23 +357,16 @@ impl Drop for Event {
         // The event carries its context: destroying it needs none current, so a failure to bind
         // one is no reason to leave the event behind.
         let _ = crate::context::bind(self.device);
-        let destroy = || -> Result<()> {
-            let d = driver()?;
-            // SAFETY: the handle came from cuEventCreate or cuIpcOpenEventHandle and is destroyed
-            // once, here.
-            unsafe { cu_call!(d, cuEventDestroy_v2(self.handle())) }?;
-            Ok(())
-        };
-        if let Err(error) = destroy() {
-            crate::drop_errors::record("Event", error);
-        }
+        // SAFETY: the handle came from cuEventCreate or cuIpcOpenEventHandle and is destroyed
+        // once, here.
+        on_drop("Event", || Ok(unsafe { cu_call!(driver()?, cuEventDestroy_v2(self.handle)) }?));
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::StreamOptions;
+    use crate::{Stream, StreamOptions};
 
     fn device() -> Device {
         cuda_sim::testing::driver().expect("the test driver loads");

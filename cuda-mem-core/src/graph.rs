@@ -9,154 +9,23 @@
 //! executable graph instantiated from it, and let go of once the last of them is gone and the
 //! work they enqueued is done.
 
-use std::any::Any;
 use std::marker::PhantomData;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 
 use cuda_mem_sys::cu_call;
-use cuda_mem_sys::types::{
-    CUgraph, CUgraphExec, CUgraphInstantiate_flags, CUresult, CUstreamCaptureMode, CUstreamCaptureStatus,
-};
+use cuda_mem_sys::types::{CUgraph, CUgraphExec, CUgraphInstantiate_flags, CUresult, CUstreamCaptureStatus};
 
 use crate::device::Device;
 use crate::driver::driver;
+use crate::drop_errors::on_drop;
 use crate::error::Result;
-use crate::event::Event;
-use crate::stream::Stream;
-
-/// How a capture treats calls that may be unsafe while it is under way (`CUstreamCaptureMode`):
-/// which threads' calls to such functions (`cuMemAlloc`, synchronous copies, …) are refused.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum CaptureMode {
-    /// Refused on every thread while any global capture is under way, and on the capturing
-    /// thread while its thread-local captures are (`CU_STREAM_CAPTURE_MODE_GLOBAL`, the
-    /// safest).
-    Global,
-    /// Refused on the capturing thread only (`CU_STREAM_CAPTURE_MODE_THREAD_LOCAL`).
-    ThreadLocal,
-    /// Never refused because of the capture (`CU_STREAM_CAPTURE_MODE_RELAXED`; cuda.core's
-    /// `begin_building` default).
-    Relaxed,
-}
-
-impl CaptureMode {
-    /// The driver's value.
-    pub fn raw(self) -> CUstreamCaptureMode {
-        match self {
-            CaptureMode::Global => CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
-            CaptureMode::ThreadLocal => CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
-            CaptureMode::Relaxed => CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
-        }
-    }
-}
-
-/// What this crate knows of a stream's capture without asking the driver
-/// ([`Stream::capture_state`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum CaptureState {
-    /// No capture is under way: a stream this crate created outside the captures begun through
-    /// it, or the legacy default stream.
-    NotCapturing,
-    /// A capture begun through [`Stream::begin_capture`] is under way (it may have been
-    /// invalidated since: the driver still counts it as capturing until it ends).
-    Capturing(CaptureMode),
-    /// Cannot be known here: a stream from a raw handle or whose handle was shared
-    /// ([`Stream::shared_handle`]; other code may begin its capture), or one that may have
-    /// joined another stream's capture by waiting for an event recorded in it (until the
-    /// driver next says it does not capture). Allocations on it ask the driver.
-    Unknown,
-}
-
-/// What a capture's graph keeps alive, shared by the capture, its graph and every executable
-/// graph instantiated from it; dropped with the last of them, once the work that may use it is
-/// done.
-#[derive(Debug, Default)]
-pub(crate) struct GraphResources {
-    inner: Mutex<Held>,
-}
-
-#[derive(Default)]
-struct Held {
-    items: Vec<Box<dyn Any + Send + Sync>>,
-    /// The latest event per stream after which the items are unused: the capturing stream's
-    /// work from before the capture, and each launch.
-    waits: Vec<(Stream, Event)>,
-    /// A wait that could not be recorded (the items are then never let go of).
-    unordered: bool,
-}
-
-impl std::fmt::Debug for Held {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Held")
-            .field("items", &self.items.len())
-            .field("waits", &self.waits.len())
-            .field("unordered", &self.unordered)
-            .finish()
-    }
-}
-
-impl GraphResources {
-    fn lock(&self) -> MutexGuard<'_, Held> {
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Keeps `item` alive with the graph.
-    pub(crate) fn keep(&self, item: Box<dyn Any + Send + Sync>) {
-        self.lock().items.push(item);
-    }
-
-    /// How many items it keeps.
-    fn len(&self) -> usize {
-        self.lock().items.len()
-    }
-
-    /// Lets the items go only after the work enqueued on `stream` so far (when there are any):
-    /// an event recorded there now (replacing the stream's previous one, which it follows).
-    fn order_after(&self, stream: &Stream) {
-        if self.len() == 0 {
-            return;
-        }
-        match stream.record_event() {
-            Ok(event) => {
-                let mut held = self.lock();
-                held.waits.retain(|(s, _)| s != stream);
-                held.waits.push((stream.clone(), event));
-            }
-            Err(error) => {
-                crate::drop_errors::record("graph resources (ordering their release)", error);
-                self.lock().unordered = true;
-            }
-        }
-    }
-}
-
-impl Drop for GraphResources {
-    fn drop(&mut self) {
-        let held = std::mem::take(self.inner.get_mut().unwrap_or_else(PoisonError::into_inner));
-        if held.items.is_empty() {
-            return;
-        }
-        let mut ordered = !held.unordered;
-        for (_, event) in &held.waits {
-            if let Err(error) = event.synchronize() {
-                crate::drop_errors::record("graph resources (waiting for their last use)", error);
-                ordered = false;
-            }
-        }
-        if ordered {
-            drop(held.items);
-        } else {
-            // Memory a graph may still use is never released: without a wait for its last use,
-            // it is kept for the life of the process (the errors above say why).
-            std::mem::forget(held.items);
-        }
-    }
-}
+use crate::ffi;
+use crate::stream::{CaptureMode, GraphResources, Stream};
 
 impl Stream {
     /// Begins capturing the work enqueued on this stream into a graph (`cuStreamBeginCapture`):
     /// until the returned [`Capture`] ends, that work is recorded instead of run. The stream's
-    /// [`capture_state`](Stream::capture_state) is [`CaptureState::Capturing`] meanwhile.
+    /// [`capture_state`](Stream::capture_state) is [`CaptureState::Capturing`](crate::CaptureState::Capturing) meanwhile.
     ///
     /// # Errors
     /// If the driver refuses: a stream already capturing (`CUDA_ERROR_ILLEGAL_STATE`), the
@@ -219,10 +88,8 @@ impl Capture {
     #[doc(alias = "is_building")]
     pub fn is_active(&self) -> Result<bool> {
         self.stream.bind_if_default()?;
-        let d = driver()?;
-        let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-        // SAFETY: `status` is a valid out-pointer; a valid stream handle.
-        unsafe { cu_call!(d, cuStreamIsCapturing(self.stream.handle(), &mut status)) }?;
+        // SAFETY: a valid stream handle, bound as it needs.
+        let status = unsafe { ffi::stream_capture_status(driver()?, self.stream.handle()) }?;
         Ok(status == CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE)
     }
 
@@ -234,7 +101,12 @@ impl Capture {
     #[doc(alias = "end_building")]
     pub fn end(mut self) -> Result<Graph> {
         let graph = self.finish()?;
-        Ok(Graph { handle: graph, device: self.stream.device(), resources: Arc::clone(&self.resources) })
+        Ok(self.graph(graph))
+    }
+
+    /// The owner of the graph the capture made.
+    fn graph(&self, handle: CUgraph) -> Graph {
+        Graph { handle, device: self.stream.device(), resources: Arc::clone(&self.resources) }
     }
 
     /// Ends the capture, once; the stream's work from before it is what the resources wait for
@@ -266,12 +138,7 @@ impl Drop for Capture {
         if self.ended {
             return;
         }
-        match self.finish() {
-            Ok(graph) => {
-                drop(Graph { handle: graph, device: self.stream.device(), resources: Arc::clone(&self.resources) })
-            }
-            Err(error) => crate::drop_errors::record("Capture", error),
-        }
+        on_drop("Capture", || self.finish().map(|graph| drop(self.graph(graph))));
     }
 }
 
@@ -376,15 +243,8 @@ impl Graph {
 
 impl Drop for Graph {
     fn drop(&mut self) {
-        let destroy = || -> Result<()> {
-            let d = driver()?;
-            // SAFETY: the handle came from cuStreamEndCapture and is destroyed once, here.
-            unsafe { cu_call!(d, cuGraphDestroy(self.handle)) }?;
-            Ok(())
-        };
-        if let Err(error) = destroy() {
-            crate::drop_errors::record("Graph", error);
-        }
+        // SAFETY: the handle came from cuStreamEndCapture and is destroyed once, here.
+        on_drop("Graph", || Ok(unsafe { cu_call!(driver()?, cuGraphDestroy(self.handle)) }?));
     }
 }
 
@@ -461,15 +321,8 @@ impl GraphExec {
 
 impl Drop for GraphExec {
     fn drop(&mut self) {
-        let destroy = || -> Result<()> {
-            let d = driver()?;
-            // SAFETY: the handle came from cuGraphInstantiateWithFlags and is destroyed once.
-            unsafe { cu_call!(d, cuGraphExecDestroy(self.handle)) }?;
-            Ok(())
-        };
-        if let Err(error) = destroy() {
-            crate::drop_errors::record("GraphExec", error);
-        }
+        // SAFETY: the handle came from cuGraphInstantiateWithFlags and is destroyed once.
+        on_drop("GraphExec", || Ok(unsafe { cu_call!(driver()?, cuGraphExecDestroy(self.handle)) }?));
     }
 }
 
@@ -479,7 +332,7 @@ mod tests {
     use std::sync::atomic::{AtomicBool, Ordering};
 
     use super::*;
-    use crate::StreamOptions;
+    use crate::{CaptureState, StreamOptions};
 
     fn setup() -> (Device, Stream) {
         cuda_sim::testing::driver().expect("the test driver loads");

@@ -1,3 +1,9 @@
+// Where the Unix-only items are not built (Windows), the names' table links them to the pool's
+// page. Link definitions, which show nothing, first: the table would take them for a row.
+#![cfg_attr(
+    not(unix),
+    doc = "[`MemoryPool::import`]: MemoryPool\n[`MemoryPool::shareable_handle`]: MemoryPool\n[`ShareableHandle`]: MemoryPool"
+)]
 //! Devices, streams, buffers and stream-ordered memory pools over the CUDA driver API.
 //!
 //! This crate is to Rust what `cuda.core`'s memory classes are to Python: typed, owned wrappers
@@ -60,7 +66,9 @@
 //!   byte budget, refused past with [`Error::LimitExceeded`]) and [`TrackingAdaptor`] (the live
 //!   allocations, with backtraces when asked, to find leaks).
 //!
-//! Errors are [`Error`]s; a driver failure carries the function, the code and its name. An
+//! Errors are [`Error`]s; a driver failure carries the function, the code and its name. An area
+//! whose calls fail for several reasons of its own nests its error, so that a caller matches
+//! the few its call can give: [`ViewError`], [`ManagedError`], [`SharingError`], [`CopyError`]. An
 //! allocation the driver has no memory for is an [`Error::OutOfMemory`] ([`OutOfMemory`]): the
 //! bytes asked for and, for a pool, its `max_size` and what it held ([`PoolHoldings`]), with the
 //! driver's error as the source. Errors in `Drop` are recorded ([`take_drop_errors`]), never
@@ -80,9 +88,11 @@
 //!   `pool`, `kind`, `max_size`, `ipc_enabled`; `"pool destroyed"`), its export (`"pool
 //!   exported"`, `"allocation exported"`), imports (`"pool imported"`, `"allocation imported"`,
 //!   `"import released"`, with the `holders` left) and peer-access changes (`"peer access
-//!   changed"`: `device`, `access`). `pool` is the `CUmemoryPool` handle and `stream` the
-//!   `CUstream` handle, as integers. Without the feature the macro that emits them expands to
-//!   nothing: the hot path is the same code as without it.
+//!   changed"`: `device`, `access`). `ptr`, `pool` (the `CUmemoryPool` handle) and `stream` (the
+//!   `CUstream` handle) are written in hex, as the errors write addresses; `kind` in a word or
+//!   two (`device 0`, `pinned`, `managed`); a pool without a cap has no `max_size`. Without the
+//!   feature the macro that emits them expands to nothing: the hot path is the same code as
+//!   without it.
 //!
 //! The vocabulary the memory crates share is defined here once: [`Access`] (what a device may
 //! do with memory), [`HandleType`] and [`HandleTypes`] (the OS handles memory is exported as),
@@ -92,32 +102,43 @@
 //! # Which module holds what
 //!
 //! The modules are private; everything public is re-exported here (and the everyday part of it
-//! again in [`prelude`]).
+//! again in [`prelude`]). They stand in two layers, and no module imports another in a circle.
 //!
-//! | module | holds |
+//! The low modules are the vocabulary and the driver's objects: devices, the driver, errors,
+//! contexts, events and streams. They import none of the high modules.
+//!
+//! | low module | holds |
 //! |---|---|
-//! | `device` | [`Device`], [`DeviceProperties`], [`MemoryInfo`] |
-//! | `context` | primary contexts, retained once and bound before each driver call that needs one |
-//! | `graph` | stream capture: [`Capture`], [`CaptureMode`], [`CaptureState`], [`Graph`], [`GraphExec`], [`InstantiateOptions`]; what a capture keeps alive for its graphs |
-//! | `graph_memory` | [`GraphMemoryResource`], [`GraphMemoryAttributes`], [`HighWaterMark`] |
-//! | `memory_resource` | the [`MemoryResource`] trait, [`MemoryResourceExt`], [`AsDynMemoryResource`], [`DevicePtr`] |
-//! | `buffer` | [`Buffer`], [`ScopedBuffer`], [`FillPattern`], [`CloseError`], [`RawBuffer`] |
-//! | `view` | [`DeviceView`], [`DeviceViewMut`]: typed views of a buffer, copies to and from Rust slices |
-//! | `copy` | copies with options and batches of copies: [`CopyOptions`], [`SourceAccessOrder`], [`OverlapMode`], [`copy_batch`], [`BatchCopy`], [`BatchOptions`], [`CopyError`] |
-//! | `device_resource` | [`DeviceMemoryResource`] and its options |
-//! | `host_resources` | [`PinnedMemoryResource`], [`ManagedMemoryResource`], their options (a pinned pool lives on a [`NumaNode`]; a managed pool prefers a [`Location`]) |
-//! | `managed` | managed memory's operations: [`ScopedBuffer::managed`] gives a checked [`ManagedBuffer`] (advice, preferred location, accessed-by, prefetch, last prefetch location; [`ManagedBufferMut`] discards), [`Location`], [`Advice`], the batches [`prefetch_batch`], [`discard_batch`], [`discard_prefetch_batch`] |
-//! | `legacy_resources` | [`SynchronousMemoryResource`], [`LegacyPinnedMemoryResource`] (no pools) |
-//! | `pool` | [`MemoryPool`] (a folder, a file per concern: attributes and [`PoolUsage`], [`PoolKind`], peers, sharing, counted imports), [`PoolResource`] |
-//! | `adaptors` | [`StatisticsAdaptor`] ([`AllocationStatistics`]), [`LimitingAdaptor`], [`TrackingAdaptor`] ([`LeakReport`], [`LiveAllocation`]): resources over resources, a file each |
-//! | `dlpack` | feature `dlpack`: a folder, a file per concern: export, import, the stream exchange, element types, layouts, `DlpackError` |
-//! | `access` | [`Access`] |
-//! | `handle_types` | [`HandleType`], [`HandleTypes`] |
-//! | `driver` | [`driver()`]: the process-wide driver, initialized once |
-//! | [`prelude`] (public) | the traits and the common types, for one glob import |
-//! | `error` | [`Error`] (with [`OutOfMemory`] and [`PoolHoldings`]), [`Result`] |
-//! | `trace` | the events of the `tracing` feature (a macro that is empty without it) |
+//! | `access` | [`Access`]: what a device may do with memory |
+//! | `advice` | [`Advice`]: what managed memory can be advised, and the locations each takes |
+//! | `handle_types` | [`HandleType`], [`HandleTypes`]: the OS handles memory is exported as |
+//! | `location` | [`Location`]: where memory lives |
+//! | `device` | what names a device: [`Device`], [`NumaNode`], [`DevicePtr`]; `device/query.rs`, what the driver says of one: [`DeviceProperties`], [`MemoryInfo`] |
+//! | `driver_version` | [`DriverCapability`] and the CUDA version each needs |
+//! | `error` | [`Error`] (with [`OutOfMemory`] and [`PoolHoldings`]), [`Result`], [`cuda_code_of`]; a file per area's own error: [`ViewError`], [`ManagedError`], [`SharingError`], [`CopyError`] ([`OverlapKind`]), `DlpackError`, `CudarcError` |
+//! | `driver` | [`driver()`]: the process-wide driver, initialized once; [`installed_version`] and [`DriverCapability::require`] |
+//! | `ffi` | the driver calls made from three places or more, one thin function each |
 //! | `drop_errors` | errors in `Drop`: [`record_drop_error`], [`take_drop_errors`], [`set_drop_error_hook`] |
+//! | `context` | primary contexts, retained once and bound before each driver call that needs one |
+//! | `event` | [`Event`], [`EventOptions`], [`IpcEventHandle`] |
+//! | `stream` | [`Stream`], [`StreamOptions`]; `capture.rs`: [`CaptureMode`], [`CaptureState`] and what a capture keeps alive; `ordering.rs`: streams waiting for each other's events |
+//! | `trace` | the events of the `tracing` feature (a macro that is empty without it) |
+//!
+//! The high modules build memory on them: pools, resources, buffers and what works on buffers.
+//!
+//! | high module | holds |
+//! |---|---|
+//! | `pool` | [`MemoryPool`], the driver's pool (a file per concern: attributes and [`PoolUsage`], [`PoolKind`], peers, sharing, counted imports) |
+//! | `memory_resource` | the [`MemoryResource`] trait, [`PoolResource`], [`AsDynMemoryResource`] |
+//! | `buffer` | [`Buffer`], [`ScopedBuffer`], [`ForeignMemory`], [`FillPattern`], [`CloseError`], [`RawBuffer`]; `allocate.rs`: [`MemoryResourceExt`]; `host.rs`: host slices; `export.rs`: a buffer's export data |
+//! | `view` | [`DeviceView`], [`DeviceViewMut`]: typed views of a buffer, copies to and from Rust slices |
+//! | `managed` | managed memory's operations: [`ScopedBuffer::managed`] gives a checked [`ManagedBuffer`] (advice, preferred location, accessed-by, prefetch, last prefetch location; [`ManagedBufferMut`] discards), the batches [`prefetch_batch`], [`discard_batch`], [`discard_prefetch_batch`] |
+//! | `copy` | copies with options and batches of copies: [`CopyOptions`], [`SourceAccessOrder`], [`OverlapMode`], [`copy_batch`], [`BatchCopy`], [`BatchOptions`] |
+//! | `graph` | stream capture into graphs: [`Capture`], [`Graph`], [`GraphExec`], [`InstantiateOptions`] |
+//! | `resources` | every resource, a file each: [`DeviceMemoryResource`], [`PinnedMemoryResource`] (on a [`NumaNode`]), [`ManagedMemoryResource`] (preferring a [`Location`]) and their options; [`SynchronousMemoryResource`], [`LegacyPinnedMemoryResource`] (no pools); [`GraphMemoryResource`] ([`GraphMemoryAttributes`], [`HighWaterMark`]); `adaptors/`: [`StatisticsAdaptor`] ([`AllocationStatistics`]), [`LimitingAdaptor`], [`TrackingAdaptor`] ([`LeakReport`], [`LiveAllocation`]) |
+//! | `dlpack` | feature `dlpack`: a file per concern: export, import, the stream exchange, element types, layouts |
+//! | `cudarc_interop` | feature `cudarc`: cudarc's streams, views and allocations with this crate's |
+//! | [`prelude`] (public) | the traits and the common types, for one glob import |
 //!
 //! With the `cudarc` feature (off by default), cudarc's streams, copies, memsets, launches and
 //! allocations meet this crate's: see "cudarc" below (built with the feature).
@@ -287,7 +308,8 @@
 //! ```
 //! # cuda_sim::testing::driver()?; // the tests run this example on the simulator
 //! use cuda_mem_core::{
-//!     Device, Error, Location, ManagedMemoryResource, ManagedMemoryResourceOptions, NumaNode, Stream, StreamOptions,
+//!     Device, Error, Location, ManagedError, ManagedMemoryResource, ManagedMemoryResourceOptions, NumaNode, Stream,
+//!     StreamOptions,
 //!     discard_batch, discard_prefetch_batch, prefetch_batch,
 //! };
 //!
@@ -298,7 +320,7 @@
 //! let mut buf = resource.allocate(1 << 20, &stream)?;
 //! let mut other = resource.allocate(4096, &stream)?;
 //!
-//! let managed = buf.managed()?; // checked once: Error::NotManaged for other memory
+//! let managed = buf.managed()?; // checked once: ManagedError::NotManaged for other memory
 //! managed.set_read_mostly(true)?;
 //! managed.set_preferred_location(Location::HostNuma(NumaNode(0)))?;
 //! managed.add_accessed_by(device)?;
@@ -308,7 +330,7 @@
 //! assert_eq!(managed.accessed_by()?, [Location::Device(device)]);
 //! assert_eq!(managed.last_prefetch_location()?, Some(Location::Device(device)));
 //! // cuda.core's table of the locations each advice takes, checked before the driver is called.
-//! assert!(matches!(managed.add_accessed_by(Location::HostNuma(NumaNode(0))), Err(Error::AdviceLocation { .. })));
+//! assert!(matches!(managed.add_accessed_by(Location::HostNuma(NumaNode(0))), Err(Error::Managed(ManagedError::AdviceLocation { .. }))));
 //!
 //! prefetch_batch([&buf, &other], &[Location::Host, Location::Device(device)][..], &stream)?;
 //! // Discards destroy the contents: they take the buffers exclusively.
@@ -414,14 +436,13 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod access;
-mod adaptors;
+mod advice;
 mod buffer;
 mod context;
 mod copy;
 #[cfg(feature = "cudarc")]
 mod cudarc_interop;
 mod device;
-mod device_resource;
 #[cfg(feature = "dlpack")]
 mod dlpack;
 mod driver;
@@ -429,16 +450,15 @@ mod driver_version;
 mod drop_errors;
 mod error;
 mod event;
+mod ffi;
 mod graph;
-mod graph_memory;
 mod handle_types;
-mod host_resources;
-mod legacy_resources;
 mod location;
 mod managed;
 mod memory_resource;
 mod pool;
 pub mod prelude;
+mod resources;
 mod stream;
 mod trace;
 mod view;
@@ -447,52 +467,56 @@ mod view;
 #[doc(hidden)]
 pub mod __private {
     #[cfg(feature = "tracing")]
-    pub use crate::trace::capture;
+    pub use crate::trace::{capture, fields};
     #[cfg(feature = "tracing")]
     pub use tracing;
 }
 
 pub use access::Access;
-pub use adaptors::{
-    AllocationStatistics, LeakReport, LimitingAdaptor, LiveAllocation, StatisticsAdaptor, TrackingAdaptor,
-};
+pub use advice::Advice;
+pub use buffer::MemoryResourceExt;
 pub use buffer::{Buffer, CloseError, FillPattern, ForeignMemory, RawBuffer, ScopedBuffer};
-pub use copy::{
-    BatchCopy, BatchOptions, CopyError, CopyOptions, OverlapKind, OverlapMode, SourceAccessOrder, copy_batch,
-};
-pub use device::{Device, DeviceProperties, MemoryInfo, NumaNode};
-pub use device_resource::{DeviceMemoryResource, DeviceMemoryResourceOptions};
+pub use copy::{BatchCopy, BatchOptions, CopyOptions, OverlapMode, SourceAccessOrder, copy_batch};
+pub use device::{Device, DeviceProperties, DevicePtr, MemoryInfo, NumaNode};
 #[cfg(feature = "dlpack")]
 pub use dlpack::{
-    ConsumerStream, DlpackElement, DlpackError, DlpackImport, DlpackTensor, ExportOptions, ExportSource, OwnedBy,
-    RawStream, export_dlpack, export_dlpack_as,
+    ConsumerStream, DlpackElement, DlpackImport, DlpackTensor, ExportOptions, ExportSource, OwnedBy, RawStream,
+    export_dlpack, export_dlpack_as,
 };
 /// The DLPack implementation the `dlpack` feature is built on: its C types
 /// (`dlpark::ffi::DLDataType`, `DLDevice`, ...) and owning tensor handles.
 #[cfg(feature = "dlpack")]
 pub use dlpark;
-pub use driver::driver;
-pub use driver_version::{DriverCapability, installed_version};
+pub use driver::{driver, installed_version};
+pub use driver_version::DriverCapability;
 pub use drop_errors::{DropError, record as record_drop_error, set_drop_error_hook, take_drop_errors};
-pub use error::{DeviceCapability, Error, OutOfMemory, PoolHoldings, Result, cuda_code_of};
-pub use event::{Event, EventOptions, IPC_EVENT_HANDLE_LEN, IpcEventHandle};
-pub use graph::{Capture, CaptureMode, CaptureState, Graph, GraphExec, InstantiateOptions};
-pub use graph_memory::{GraphMemoryAttributes, GraphMemoryResource, HighWaterMark};
-pub use handle_types::{HandleType, HandleTypes};
-pub use host_resources::{
-    ManagedMemoryResource, ManagedMemoryResourceOptions, PinnedMemoryResource, PinnedMemoryResourceOptions,
+#[cfg(feature = "cudarc")]
+pub use error::CudarcError;
+#[cfg(feature = "dlpack")]
+pub use error::DlpackError;
+pub use error::{
+    CopyError, DeviceCapability, Error, ManagedError, OutOfMemory, OverlapKind, PoolHoldings, Result, SharingError,
+    ViewError, cuda_code_of,
 };
-pub use legacy_resources::{LegacyPinnedMemoryResource, SynchronousMemoryResource};
+pub use event::{Event, EventOptions, IPC_EVENT_HANDLE_LEN, IpcEventHandle};
+pub use graph::{Capture, Graph, GraphExec, InstantiateOptions};
+pub use handle_types::{HandleType, HandleTypes};
 pub use location::Location;
 pub use managed::{
-    Advice, ManagedBuffer, ManagedBufferMut, ManagedLocations, discard_batch, discard_prefetch_batch, prefetch_batch,
+    ManagedBuffer, ManagedBufferMut, ManagedLocations, discard_batch, discard_prefetch_batch, prefetch_batch,
 };
-pub use memory_resource::{AsDynMemoryResource, DevicePtr, MemoryResource, MemoryResourceExt};
+pub use memory_resource::{AsDynMemoryResource, MemoryResource, PoolResource};
 #[cfg(unix)]
 pub use pool::ShareableHandle;
 pub use pool::{
-    EXPORT_DATA_LEN, MemoryPool, PoolAttributes, PoolKind, PoolResource, PoolUsage, ReusePolicy, import_holders,
+    EXPORT_DATA_LEN, MemoryPool, PoolAttributes, PoolKind, PoolUsage, ReusePolicy, import_holders,
     import_pending_waits, mapped_range_size,
+};
+pub use resources::{
+    AllocationStatistics, DeviceMemoryResource, DeviceMemoryResourceOptions, GraphMemoryAttributes,
+    GraphMemoryResource, HighWaterMark, LeakReport, LegacyPinnedMemoryResource, LimitingAdaptor, LiveAllocation,
+    ManagedMemoryResource, ManagedMemoryResourceOptions, PinnedMemoryResource, PinnedMemoryResourceOptions,
+    StatisticsAdaptor, SynchronousMemoryResource, TrackingAdaptor,
 };
 
 /// The crate typed views take their element types' guarantees from ([`bytemuck::Pod`]): derive
@@ -500,7 +524,7 @@ pub use pool::{
 pub use bytemuck;
 /// The raw driver bindings this crate is built on.
 pub use cuda_mem_sys as sys;
-pub use stream::{Stream, StreamOptions};
+pub use stream::{CaptureMode, CaptureState, Stream, StreamOptions};
 pub use view::{DeviceView, DeviceViewMut};
 
 /// The cudarc this crate's interop is built against (feature `cudarc`): use it, or the same
@@ -508,7 +532,7 @@ pub use view::{DeviceView, DeviceViewMut};
 #[cfg(feature = "cudarc")]
 pub use cudarc;
 #[cfg(feature = "cudarc")]
-pub use cudarc_interop::{CudarcError, CudarcMemoryResource, CudarcView, CudarcViewMut};
+pub use cudarc_interop::{CudarcMemoryResource, CudarcView, CudarcViewMut};
 
 /// The crate's README (its crates.io page), whose example the doc tests compile.
 #[cfg(doctest)]

@@ -5,23 +5,23 @@
 //! (and [`ScopedBuffer::managed_mut`]) return a [`ManagedBuffer`] only for managed memory (a
 //! buffer of a [`ManagedMemoryResource`](crate::ManagedMemoryResource), or any buffer whose
 //! pointer the driver reports as managed, such as a view of `cuMemAllocManaged` memory), so an
-//! operation on other memory fails once, with [`Error::NotManaged`], before any driver call.
+//! operation on other memory fails once, with [`ManagedError::NotManaged`], before any driver call.
 //! Discards destroy the contents, so they need the exclusive handle ([`ManagedBufferMut`]),
 //! which no host slice of the buffer can outlive.
 
 use std::ffi::c_void;
-use std::sync::OnceLock;
 
 use cuda_mem_sys::cu_call;
-use cuda_mem_sys::types::{CUmem_advise, CUmem_range_attribute, CUmemLocation, CUmemLocationType, CUpointer_attribute};
+use cuda_mem_sys::types::{CUmem_range_attribute, CUmemLocation, CUmemLocationType};
 
-use crate::buffer::ScopedBuffer;
+use crate::advice::Advice;
+use crate::buffer::{ScopedBuffer, is_managed};
 use crate::device::Device;
+use crate::device::DevicePtr;
 use crate::driver::driver;
 use crate::driver_version::DriverCapability;
-use crate::error::{Error, Result};
+use crate::error::{Error, ManagedError, Result};
 use crate::location::Location;
-use crate::memory_resource::DevicePtr;
 use crate::stream::Stream;
 
 /// A location the driver reported as a type and an id; `None` for no location (pages that
@@ -49,7 +49,7 @@ const CU_DEVICE_CPU: i32 = -1;
 /// prefetches ([`DriverCapability::ManagedLocations`]), whose CUDA 8.0 forms take a device
 /// ordinal instead; `None` when it has them.
 fn before_locations() -> Result<Option<u32>> {
-    let installed = crate::driver_version::installed_version()?;
+    let installed = crate::driver::installed_version()?;
     Ok((installed < DriverCapability::ManagedLocations.needs()).then_some(installed))
 }
 
@@ -60,70 +60,6 @@ fn legacy_device(location: Location, installed: u32) -> Result<i32> {
         Location::Device(device) => Ok(device.raw()),
         Location::Host => Ok(CU_DEVICE_CPU),
         Location::HostNuma(_) | Location::HostNumaCurrent => Err(DriverCapability::ManagedLocations.too_old(installed)),
-    }
-}
-
-/// A piece of advice about how managed memory is used (`CUmem_advise`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Advice {
-    /// Mostly read: reads create read-only copies where they happen.
-    SetReadMostly,
-    /// Undoes [`SetReadMostly`](Advice::SetReadMostly).
-    UnsetReadMostly,
-    /// Prefer to keep the memory at a location.
-    SetPreferredLocation,
-    /// Drop the preferred location.
-    UnsetPreferredLocation,
-    /// Keep the memory mapped for a processor.
-    SetAccessedBy,
-    /// Undoes [`SetAccessedBy`](Advice::SetAccessedBy) for a processor.
-    UnsetAccessedBy,
-}
-
-impl Advice {
-    /// Whether the advice takes `location` (cuda.core's table): the read-mostly advice and
-    /// [`UnsetPreferredLocation`](Advice::UnsetPreferredLocation) take a device, the host or a
-    /// host NUMA node (the driver ignores it); [`SetPreferredLocation`](Advice::SetPreferredLocation)
-    /// takes every location; the accessed-by advice takes a device or the host (a processor).
-    pub fn accepts(self, location: Location) -> bool {
-        match self {
-            Advice::SetReadMostly | Advice::UnsetReadMostly | Advice::UnsetPreferredLocation => {
-                !matches!(location, Location::HostNumaCurrent)
-            }
-            Advice::SetPreferredLocation => true,
-            Advice::SetAccessedBy | Advice::UnsetAccessedBy => {
-                matches!(location, Location::Device(_) | Location::Host)
-            }
-        }
-    }
-
-    /// Whether the driver reads the location given with the advice (it ignores it for the
-    /// read-mostly advice and for unsetting the preferred location).
-    fn uses_location(self) -> bool {
-        matches!(self, Advice::SetPreferredLocation | Advice::SetAccessedBy | Advice::UnsetAccessedBy)
-    }
-
-    /// What [`accepts`](Advice::accepts) accepts, in words.
-    pub(crate) fn accepted(self) -> &'static str {
-        match self {
-            Advice::SetReadMostly | Advice::UnsetReadMostly | Advice::UnsetPreferredLocation => {
-                "a device, the host or a host NUMA node"
-            }
-            Advice::SetPreferredLocation => "any location",
-            Advice::SetAccessedBy | Advice::UnsetAccessedBy => "a device or the host",
-        }
-    }
-
-    fn raw(self) -> CUmem_advise {
-        use CUmem_advise as A;
-        match self {
-            Advice::SetReadMostly => A::CU_MEM_ADVISE_SET_READ_MOSTLY,
-            Advice::UnsetReadMostly => A::CU_MEM_ADVISE_UNSET_READ_MOSTLY,
-            Advice::SetPreferredLocation => A::CU_MEM_ADVISE_SET_PREFERRED_LOCATION,
-            Advice::UnsetPreferredLocation => A::CU_MEM_ADVISE_UNSET_PREFERRED_LOCATION,
-            Advice::SetAccessedBy => A::CU_MEM_ADVISE_SET_ACCESSED_BY,
-            Advice::UnsetAccessedBy => A::CU_MEM_ADVISE_UNSET_ACCESSED_BY,
-        }
     }
 }
 
@@ -142,7 +78,7 @@ impl Advice {
 ///
 /// // cuda.core: buf.read_mostly = True; buf.preferred_location = Device(0);
 /// // buf.accessed_by.add(Host()); buf.prefetch(Device(0), stream=s)
-/// let managed = buffer.managed()?; // Error::NotManaged for other memory
+/// let managed = buffer.managed()?; // ManagedError::NotManaged for other memory
 /// managed.set_read_mostly(true)?;
 /// managed.set_preferred_location(device)?;
 /// managed.add_accessed_by(Location::Host)?;
@@ -185,13 +121,13 @@ impl<'b, 'a> std::ops::Deref for ManagedBufferMut<'b, 'a> {
 }
 
 impl<'a> ScopedBuffer<'a> {
-    /// The managed-memory operations of this buffer, or [`Error::NotManaged`] when its memory is
+    /// The managed-memory operations of this buffer, or [`ManagedError::NotManaged`] when its memory is
     /// not managed (its resource says so, or, for other buffers, the driver's
     /// `CU_POINTER_ATTRIBUTE_IS_MANAGED`; a view of managed *pool* memory, which the driver does
     /// not report as managed, is not recognized: keep the resource's buffer instead).
     ///
     /// # Errors
-    /// [`Error::NotManaged`]; a driver error from the pointer query.
+    /// [`ManagedError::NotManaged`]; a driver error from the pointer query.
     pub fn managed(&self) -> Result<ManagedBuffer<'_, 'a>> {
         check_managed(self, "managed")?;
         Ok(ManagedBuffer { buffer: self })
@@ -205,106 +141,15 @@ impl<'a> ScopedBuffer<'a> {
         check_managed(self, "managed_mut")?;
         Ok(ManagedBufferMut { shared: ManagedBuffer { buffer: self } })
     }
-
-    /// [`host_slice`](ScopedBuffer::host_slice) for managed memory on a system where a device
-    /// lacks concurrent managed access (which `host_slice` refuses there): synchronizes every
-    /// device, then lends the bytes.
-    ///
-    /// # Safety
-    /// No device work is launched, from any thread, while the slice lives (on such a system a
-    /// host access during device work faults); and as for
-    /// [`host_slice`](ScopedBuffer::host_slice), nothing else writes the bytes.
-    ///
-    /// # Errors
-    /// [`Error::NotHostAccessible`]; a driver error from synchronizing.
-    pub unsafe fn host_slice_devices_idle(&self) -> Result<&[u8]> {
-        self.wait_for_every_device()?;
-        // SAFETY: every device is idle and stays so (the caller's promise); the rest is
-        // forwarded.
-        unsafe { self.host_slice_unchecked_concurrency() }
-    }
-
-    /// [`host_slice_devices_idle`](ScopedBuffer::host_slice_devices_idle), for writing.
-    ///
-    /// # Safety
-    /// As [`host_slice_devices_idle`](ScopedBuffer::host_slice_devices_idle), and nothing else
-    /// reads the bytes either.
-    ///
-    /// # Errors
-    /// As [`host_slice_devices_idle`](ScopedBuffer::host_slice_devices_idle).
-    pub unsafe fn host_slice_mut_devices_idle(&mut self) -> Result<&mut [u8]> {
-        self.wait_for_every_device()?;
-        // SAFETY: as in `host_slice_devices_idle`.
-        unsafe { self.host_slice_mut_unchecked_concurrency() }
-    }
-
-    fn wait_for_every_device(&self) -> Result<()> {
-        if !self.is_host_accessible() {
-            return Err(Error::NotHostAccessible { ptr: self.ptr(), size: self.size() });
-        }
-        Device::all()?.into_iter().try_for_each(|device| device.synchronize())
-    }
 }
 
-/// [`Error::NotManaged`] unless `buffer`'s memory is managed.
+/// [`ManagedError::NotManaged`] unless `buffer`'s memory is managed.
 fn check_managed(buffer: &ScopedBuffer<'_>, operation: &'static str) -> Result<()> {
     if is_managed(buffer)? {
         Ok(())
     } else {
-        Err(Error::NotManaged { operation, ptr: buffer.ptr(), size: buffer.size() })
+        Err(Error::Managed(ManagedError::NotManaged { operation, ptr: buffer.ptr(), size: buffer.size() }))
     }
-}
-
-/// Whether `buffer`'s memory is managed: its resource says so, or the driver does.
-pub(crate) fn is_managed(buffer: &ScopedBuffer<'_>) -> Result<bool> {
-    if buffer.is_empty() {
-        return Ok(false);
-    }
-    if buffer.memory_resource().is_some_and(|r| r.is_managed()) {
-        return Ok(true);
-    }
-    let d = driver()?;
-    // Four bytes, zeroed: `cuda.h` calls the attribute "a boolean" without a width, so the slot
-    // holds the widest a driver writes (`unsigned int`), and a narrower write (the simulator's C
-    // `bool`) leaves the rest zero; either way the value is read as nonzero or not.
-    let mut managed = 0u32;
-    // SAFETY: `managed` is valid for writes of up to four bytes, the widest the attribute takes.
-    let queried = unsafe {
-        cu_call!(
-            d,
-            cuPointerGetAttribute(
-                (&raw mut managed).cast::<c_void>(),
-                CUpointer_attribute::CU_POINTER_ATTRIBUTE_IS_MANAGED,
-                buffer.ptr()
-            )
-        )
-    };
-    // Memory the driver does not know (pageable host memory) is not managed.
-    Ok(queried.is_ok() && managed != 0)
-}
-
-/// Whether host access to managed memory may overlap device work: every device has concurrent
-/// managed access (asked once per process: the attribute does not change).
-fn host_access_is_concurrent() -> Result<bool> {
-    static CONCURRENT: OnceLock<bool> = OnceLock::new();
-    if let Some(&concurrent) = CONCURRENT.get() {
-        return Ok(concurrent);
-    }
-    let mut concurrent = true;
-    for device in Device::all()? {
-        concurrent &= device.concurrent_managed_access()?;
-    }
-    Ok(*CONCURRENT.get_or_init(|| concurrent))
-}
-
-/// [`Error::ManagedAccessNotConcurrent`] for a host slice of managed memory where a device lacks
-/// concurrent managed access (the buffer's own resource tells; views of managed memory are
-/// asked of the driver).
-pub(crate) fn check_host_access(buffer: &ScopedBuffer<'_>) -> Result<()> {
-    if buffer.is_empty() || host_access_is_concurrent()? || !is_managed(buffer)? {
-        return Ok(());
-    }
-    Err(Error::ManagedAccessNotConcurrent { ptr: buffer.ptr(), size: buffer.size() })
 }
 
 impl<'b, 'a> ManagedBuffer<'b, 'a> {
@@ -329,14 +174,14 @@ impl<'b, 'a> ManagedBuffer<'b, 'a> {
     /// driver ignores it for the read-mostly advice and for unsetting the preferred location).
     ///
     /// # Errors
-    /// [`Error::AdviceLocation`] when the advice does not take the location (before any driver
+    /// [`ManagedError::AdviceLocation`] when the advice does not take the location (before any driver
     /// call); [`Error::DriverTooOld`] before CUDA 12.2 ([`DriverCapability::ManagedLocations`])
     /// for a host NUMA location the advice uses (devices and the host go through CUDA 8.0's
     /// `cuMemAdvise` there); a driver error.
     #[doc(alias = "cuMemAdvise")]
     pub fn advise(&self, advice: Advice, location: Location) -> Result<()> {
         if !advice.accepts(location) {
-            return Err(Error::AdviceLocation { advice, location });
+            return Err(Error::Managed(ManagedError::AdviceLocation { advice, location }));
         }
         let d = driver()?;
         let (ptr, size) = (self.buffer.ptr(), self.buffer.size());
@@ -448,7 +293,7 @@ impl<'b, 'a> ManagedBuffer<'b, 'a> {
     /// Advises that `location` (a device or the host) accesses the memory.
     ///
     /// # Errors
-    /// [`Error::AdviceLocation`] for a host NUMA location; a driver error.
+    /// [`ManagedError::AdviceLocation`] for a host NUMA location; a driver error.
     #[doc(alias = "accessed_by")]
     pub fn add_accessed_by(&self, location: impl Into<Location>) -> Result<()> {
         self.advise(Advice::SetAccessedBy, location.into())
@@ -593,7 +438,7 @@ fn location_table(locations: ManagedLocations<'_>, buffers: usize) -> Result<(Ve
     match locations {
         ManagedLocations::Same(location) => Ok((vec![location.raw()], vec![0])),
         ManagedLocations::PerBuffer(list) if list.len() != buffers => {
-            Err(Error::BatchLengthMismatch { buffers, locations: list.len() })
+            Err(Error::Managed(ManagedError::BatchLengthMismatch { buffers, locations: list.len() }))
         }
         ManagedLocations::PerBuffer(list) => {
             let (mut table, mut first) = (Vec::new(), Vec::new());
@@ -663,7 +508,7 @@ fn run_batch(
 ///
 /// # Errors
 /// [`Error::DriverTooOld`] before CUDA 13.0 ([`DriverCapability::BatchPrefetchDiscard`]);
-/// [`Error::EmptyBatch`], [`Error::BatchLengthMismatch`] and [`Error::NotManaged`], before any
+/// [`Error::EmptyBatch`], [`ManagedError::BatchLengthMismatch`] and [`ManagedError::NotManaged`], before any
 /// driver call; a driver error (the legacy default stream is refused, as are systems without
 /// concurrent managed access).
 #[doc(alias = "cuMemPrefetchBatchAsync")]
@@ -798,7 +643,7 @@ mod tests {
                             let error = result.unwrap_err();
                             assert!(matches!(
                                 error,
-                                Error::AdviceLocation { advice: a, location: l } if a == advice && l == location
+                                Error::Managed(ManagedError::AdviceLocation { advice: a, location: l }) if a == advice && l == location
                             ));
                             assert!(error.to_string().contains("does not take the location"), "{error}");
                         }
@@ -820,11 +665,14 @@ mod tests {
         let empty = managed.allocate(0, &stream).unwrap();
         for buffer in [&on_device, &pinned, &empty] {
             let error = buffer.managed().unwrap_err();
-            assert!(matches!(error, Error::NotManaged { operation: "managed", .. }), "{error}");
+            assert!(matches!(error, Error::Managed(ManagedError::NotManaged { operation: "managed", .. })), "{error}");
             assert!(error.to_string().contains("requires a managed-memory allocation"), "{error}");
         }
         let error = prefetch_batch([&on_device], Location::Host, &stream).unwrap_err();
-        assert!(matches!(error, Error::NotManaged { operation: "prefetch_batch", .. }), "{error}");
+        assert!(
+            matches!(error, Error::Managed(ManagedError::NotManaged { operation: "prefetch_batch", .. })),
+            "{error}"
+        );
 
         // A view of cuMemAllocManaged memory: the driver says it is managed.
         let d = driver().unwrap();
@@ -869,7 +717,10 @@ mod tests {
         assert!(matches!(prefetch_batch(none, Location::Host, &stream), Err(Error::EmptyBatch { .. })));
         let two = [Location::Host, Location::Host];
         let error = prefetch_batch(&buffers, &two[..], &stream).unwrap_err();
-        assert!(matches!(error, Error::BatchLengthMismatch { buffers: 3, locations: 2 }), "{error}");
+        assert!(
+            matches!(error, Error::Managed(ManagedError::BatchLengthMismatch { buffers: 3, locations: 2 })),
+            "{error}"
+        );
 
         let per_buffer = [Location::Device(device), Location::Device(device), Location::Host];
         assert_eq!(
@@ -885,7 +736,10 @@ mod tests {
         let mut handles: Vec<ManagedBufferMut<'_, '_>> = buffers.iter_mut().map(|b| b.managed_mut().unwrap()).collect();
         discard_batch(handles.iter_mut(), &stream).unwrap();
         let error = discard_prefetch_batch(handles.iter_mut(), &[Location::Host][..], &stream).unwrap_err();
-        assert!(matches!(error, Error::BatchLengthMismatch { buffers: 3, locations: 1 }), "{error}");
+        assert!(
+            matches!(error, Error::Managed(ManagedError::BatchLengthMismatch { buffers: 3, locations: 1 })),
+            "{error}"
+        );
         discard_prefetch_batch(handles.iter_mut(), Location::HostNuma(NumaNode(0)), &stream).unwrap();
         assert!(matches!(discard_batch(handles.iter_mut().take(0), &stream), Err(Error::EmptyBatch { .. })));
         drop(handles);
@@ -910,8 +764,11 @@ mod tests {
                 assert!(!device.concurrent_managed_access().unwrap());
                 let mut buffer = managed.allocate(PAGE, &stream).unwrap();
                 let error = buffer.host_slice().unwrap_err();
-                assert!(matches!(error, Error::ManagedAccessNotConcurrent { .. }), "{error}");
-                assert!(matches!(buffer.host_slice_mut(), Err(Error::ManagedAccessNotConcurrent { .. })));
+                assert!(matches!(error, Error::Managed(ManagedError::HostAccessNotConcurrent { .. })), "{error}");
+                assert!(matches!(
+                    buffer.host_slice_mut(),
+                    Err(Error::Managed(ManagedError::HostAccessNotConcurrent { .. }))
+                ));
                 // SAFETY: this test launches no device work while the slices live.
                 unsafe {
                     buffer.host_slice_mut_devices_idle().unwrap().fill(7);

@@ -3,38 +3,39 @@
 
 use std::any::Any;
 use std::fmt::Debug;
-use std::sync::Arc;
 
-use crate::buffer::{Buffer, ScopedBuffer};
-use crate::device::Device;
+use crate::device::{Device, DevicePtr};
 use crate::error::Result;
-use crate::pool::MemoryPool;
+use crate::pool::{MemoryPool, PoolKind};
 use crate::stream::Stream;
-
-/// A device address (or, for host-accessible memory, the same address seen from the device).
-pub type DevicePtr = cuda_mem_sys::types::CUdeviceptr;
 
 /// A source of memory.
 ///
-/// Implementations allocate and free raw pointers; [`Buffer`] owns the result and calls
+/// Implementations allocate and free raw pointers; [`Buffer`](crate::Buffer) owns the result and calls
 /// [`deallocate_raw`](MemoryResource::deallocate_raw) exactly once. Allocate through
-/// [`MemoryResourceExt::allocate`] to get a `Buffer` that keeps the resource alive.
+/// [`MemoryResourceExt::allocate`](crate::MemoryResourceExt::allocate) to get a `Buffer` that keeps the resource alive.
 ///
 /// A resource is shared between threads (buffers may be dropped anywhere), hence `Send + Sync`;
 /// it is `Any`, so that code that needs more than this trait can find the concrete type. The
 /// pool behind a resource, which sharing its buffers needs, it names itself
 /// ([`memory_pool`](MemoryResource::memory_pool)).
 ///
+/// Most resources answer the questions about their memory the same way, so the trait answers
+/// them by default: an adaptor as the resource it wraps ([`upstream`](MemoryResource::upstream)),
+/// a pool resource as its pool ([`memory_pool`](MemoryResource::memory_pool)). A resource with
+/// neither answers for itself.
+///
 /// # Safety
-/// [`Buffer`] builds host slices and device operations on what an implementation reports, so
-/// implementing the trait promises: `allocate_raw` returns the address of at least `size` bytes
-/// that stay valid until `deallocate_raw` is called for them; `is_host_accessible` is true only if
-/// those bytes can be read and written by the host at that address, and `is_device_accessible`
-/// only if devices can use them. The host slices also rest on two answers that have safe
-/// defaults: `may_be_written_externally` must be true whenever anything but this process's
-/// buffers may write the memory (another process importing it), and `is_managed` whenever it is
-/// managed memory (whose host access waits for the devices). An adaptor over another resource
-/// forwards both, as this crate's adaptors do.
+/// [`Buffer`](crate::Buffer) builds host slices and device operations on what an implementation
+/// reports, so implementing the trait promises: `allocate_raw` returns the address of at least
+/// `size` bytes that stay valid until `deallocate_raw` is called for them; `is_host_accessible` is
+/// true only if those bytes can be read and written by the host at that address, and
+/// `is_device_accessible` only if devices can use them. The host slices also rest on
+/// `may_be_written_externally`, true whenever anything but this process's buffers may write the
+/// memory (another process importing it), and `is_managed`, true whenever it is managed memory
+/// (whose host access waits for the devices). The defaults keep these promises when `upstream`
+/// names the resource the memory comes from and `memory_pool` the pool it comes from; a resource
+/// whose memory is otherwise answers for itself.
 pub unsafe trait MemoryResource: AsDynMemoryResource + Any + Send + Sync + Debug {
     /// Allocates `size` bytes (more than 0), usable by work enqueued on `stream` after this call.
     ///
@@ -52,28 +53,59 @@ pub unsafe trait MemoryResource: AsDynMemoryResource + Any + Send + Sync + Debug
     /// When the driver refuses (the memory is then not freed).
     unsafe fn deallocate_raw(&self, ptr: DevicePtr, size: usize, stream: &Stream) -> Result<()>;
 
-    /// Whether devices can access the memory.
-    fn is_device_accessible(&self) -> bool;
+    /// Whether devices can access the memory. By default (as the next four): as the
+    /// [`upstream`](MemoryResource::upstream) resource answers, else true for memory of a
+    /// [`memory_pool`](MemoryResource::memory_pool), false for a resource with neither.
+    fn is_device_accessible(&self) -> bool {
+        match self.upstream() {
+            Some(upstream) => upstream.is_device_accessible(),
+            None => self.memory_pool().is_some(),
+        }
+    }
 
-    /// Whether the host can access the memory.
-    fn is_host_accessible(&self) -> bool;
+    /// Whether the host can access the memory. By default as the upstream resource answers,
+    /// else as the pool's [`kind`](MemoryPool::kind) says (pinned and managed memory), false for
+    /// a resource with neither.
+    fn is_host_accessible(&self) -> bool {
+        match self.upstream() {
+            Some(upstream) => upstream.is_host_accessible(),
+            None => self.memory_pool().is_some_and(|pool| pool.kind().is_host_accessible()),
+        }
+    }
 
-    /// The device the memory belongs to, if one does (`None` for host memory).
+    /// The device the memory belongs to, if one does (`None` for host memory). By default as
+    /// the upstream resource answers, else the pool's [`owner`](MemoryPool::owner), `None` for a
+    /// resource with neither.
     #[doc(alias = "device_id")]
-    fn device(&self) -> Option<Device>;
+    fn device(&self) -> Option<Device> {
+        match self.upstream() {
+            Some(upstream) => upstream.device(),
+            None => self.memory_pool().and_then(MemoryPool::owner),
+        }
+    }
 
-    /// Whether the memory is managed (migrates between host and devices).
+    /// Whether the memory is managed (migrates between host and devices). By default as the
+    /// upstream resource answers, else whether the pool holds managed memory, false for a
+    /// resource with neither.
     fn is_managed(&self) -> bool {
-        false
+        match self.upstream() {
+            Some(upstream) => upstream.is_managed(),
+            None => self.memory_pool().is_some_and(|pool| pool.kind() == PoolKind::Managed),
+        }
     }
 
     /// Whether the memory may be written by something other than this process's buffers while
     /// they hold it: true for memory shared with other processes (an IPC-enabled pool, whose
     /// importers may write it at any time, or an imported one). A buffer of such memory lends no
-    /// host slice through the safe API ([`ScopedBuffer::host_slice`] refuses with
-    /// [`Error::WritableElsewhere`](crate::Error::WritableElsewhere)); false by default.
+    /// host slice through the safe API ([`ScopedBuffer::host_slice`](crate::ScopedBuffer::host_slice)
+    /// refuses with [`Error::WritableElsewhere`](crate::Error::WritableElsewhere)). By default as
+    /// the upstream resource answers, else whether the pool is
+    /// [shareable](MemoryPool::is_shareable), false for a resource with neither.
     fn may_be_written_externally(&self) -> bool {
-        false
+        match self.upstream() {
+            Some(upstream) => upstream.may_be_written_externally(),
+            None => self.memory_pool().is_some_and(MemoryPool::is_shareable),
+        }
     }
 
     /// The resource this one allocates from, for an adaptor (a
@@ -97,6 +129,13 @@ pub unsafe trait MemoryResource: AsDynMemoryResource + Any + Send + Sync + Debug
     }
 }
 
+/// A memory resource that allocates from a driver pool: what sharing its buffers between
+/// processes, and reading the pool's attributes through the resource, need.
+pub trait PoolResource: MemoryResource {
+    /// The pool behind the resource.
+    fn pool(&self) -> &MemoryPool;
+}
+
 /// Any memory resource as a `&dyn MemoryResource`, also where its type is a generic `R: ?Sized`
 /// (which the language cannot turn into a trait object): implemented for every sized resource,
 /// and a supertrait of [`MemoryResource`], so `dyn MemoryResource` has it too. An adaptor over
@@ -112,96 +151,3 @@ impl<R: MemoryResource> AsDynMemoryResource for R {
         self
     }
 }
-
-/// Allocation into an owned [`Buffer`] that keeps the resource alive.
-pub trait MemoryResourceExt {
-    /// Allocates `size` bytes on `stream`. A zero-size request makes an empty buffer without
-    /// asking the resource.
-    ///
-    /// # Errors
-    /// When the resource cannot allocate.
-    fn allocate(&self, size: usize, stream: &Stream) -> Result<Buffer>;
-
-    /// Allocates `size` bytes on `stream` into a [`ScopedBuffer`] that borrows the resource and
-    /// the stream instead of holding shares of them: the cheapest allocation this crate makes,
-    /// for buffers that live inside one scope (per request, per step). The borrows keep both
-    /// alive; see [`ScopedBuffer`].
-    ///
-    /// # Errors
-    /// When the resource cannot allocate.
-    fn allocate_scoped<'a>(&'a self, size: usize, stream: &'a Stream) -> Result<ScopedBuffer<'a>>;
-}
-
-impl<R: MemoryResource + 'static> MemoryResourceExt for Arc<R> {
-    #[inline]
-    fn allocate(&self, size: usize, stream: &Stream) -> Result<Buffer> {
-        Buffer::allocate_in(Arc::clone(self), size, stream)
-    }
-
-    #[inline]
-    fn allocate_scoped<'a>(&'a self, size: usize, stream: &'a Stream) -> Result<ScopedBuffer<'a>> {
-        ScopedBuffer::allocate_scoped_in(&**self, size, stream)
-    }
-}
-
-impl MemoryResourceExt for Arc<dyn MemoryResource> {
-    #[inline]
-    fn allocate(&self, size: usize, stream: &Stream) -> Result<Buffer> {
-        Buffer::allocate(Arc::clone(self), size, stream)
-    }
-
-    #[inline]
-    fn allocate_scoped<'a>(&'a self, size: usize, stream: &'a Stream) -> Result<ScopedBuffer<'a>> {
-        ScopedBuffer::allocate_scoped(&**self, size, stream)
-    }
-}
-
-/// Gives a resource type inherent `allocate` and `allocate_scoped`, the everyday path that needs
-/// no trait import: `allocate` takes `self: &Arc<Self>` (what the constructors return), so the
-/// buffer can keep the resource alive; both forward to [`MemoryResourceExt`].
-///
-/// `inherent_allocation!([R: Bound] Type<R>)` does it for a generic type.
-macro_rules! inherent_allocation {
-    ([$($generics:tt)*] $ty:ty) => {
-        impl<$($generics)*> $ty {
-            /// Allocates `size` bytes on `stream` into an owned [`Buffer`](crate::Buffer) that
-            /// keeps this resource alive (as [`MemoryResourceExt::allocate`], without the
-            /// import). A zero-size request makes an empty buffer without asking the resource.
-            ///
-            /// [`MemoryResourceExt::allocate`]: crate::MemoryResourceExt::allocate
-            ///
-            /// # Errors
-            /// When the resource cannot allocate.
-            #[inline]
-            pub fn allocate(
-                self: &std::sync::Arc<Self>,
-                size: usize,
-                stream: &$crate::Stream,
-            ) -> $crate::Result<$crate::Buffer> {
-                $crate::MemoryResourceExt::allocate(self, size, stream)
-            }
-
-            /// Allocates `size` bytes on `stream` into a [`ScopedBuffer`](crate::ScopedBuffer)
-            /// that borrows this resource and the stream (as
-            /// [`MemoryResourceExt::allocate_scoped`], without the import, and from a plain
-            /// reference).
-            ///
-            /// [`MemoryResourceExt::allocate_scoped`]: crate::MemoryResourceExt::allocate_scoped
-            ///
-            /// # Errors
-            /// When the resource cannot allocate.
-            #[inline]
-            pub fn allocate_scoped<'a>(
-                &'a self,
-                size: usize,
-                stream: &'a $crate::Stream,
-            ) -> $crate::Result<$crate::ScopedBuffer<'a>> {
-                $crate::ScopedBuffer::allocate_scoped_in(self, size, stream)
-            }
-        }
-    };
-    ($ty:ty) => {
-        $crate::memory_resource::inherent_allocation!([] $ty);
-    };
-}
-pub(crate) use inherent_allocation;

@@ -5,19 +5,26 @@
 //!
 //! Levels: `TRACE` for allocation and freeing (the hot path), `DEBUG` for everything else. Each
 //! event's message names what happened (`"allocate"`, `"free"`, `"pool created"`, …) and its
-//! fields carry numbers: `size` in bytes, `ptr`, `pool` (the `CUmemoryPool` handle as an
-//! integer), `stream` (the `CUstream` handle as an integer), `device` (an ordinal).
+//! fields say what it happened to: `size` in bytes and `device` (an ordinal) as numbers; `ptr`,
+//! `pool` (the `CUmemoryPool` handle) and `stream` (the `CUstream` handle) in hex, as the errors
+//! write addresses ([`fields::hex`]); a pool's `kind` in a word or two (`device 0`, `pinned`,
+//! `managed`: [`fields::pool_kind`]). A field with nothing to say is left out (`max_size` of a
+//! pool without a cap).
 
 /// Emits a `tracing` event at the given level (`TRACE`, `DEBUG`, `INFO`, …) with `tracing`'s
-/// field syntax: `memory_event!(TRACE, size, ptr, "allocate")`. Expands to nothing without the
-/// `tracing` feature. For this workspace's memory crates; not part of the API.
+/// field syntax: `memory_event!(TRACE, size, ptr = %hex(ptr), "allocate")`. The field writers of
+/// [`fields`] (`hex`, `pool_kind`) are in scope for the fields, so that a crate without the
+/// feature imports nothing it would not use. Expands to nothing without the `tracing` feature.
+/// For this workspace's memory crates; not part of the API.
 #[cfg(feature = "tracing")]
 #[doc(hidden)]
 #[macro_export]
 macro_rules! memory_event {
-    ($level:ident, $($rest:tt)+) => {
+    ($level:ident, $($rest:tt)+) => {{
+        #[allow(unused_imports)]
+        use $crate::__private::fields::{hex, pool_kind};
         $crate::__private::tracing::event!($crate::__private::tracing::Level::$level, $($rest)+)
-    };
+    }};
 }
 
 /// Emits a `tracing` event (the `tracing` feature is off: nothing).
@@ -26,6 +33,72 @@ macro_rules! memory_event {
 #[macro_export]
 macro_rules! memory_event {
     ($($anything:tt)*) => {};
+}
+
+/// How the events write the fields that are not plain numbers.
+#[cfg(feature = "tracing")]
+pub mod fields {
+    use std::fmt;
+
+    use crate::pool::PoolKind;
+
+    /// What has an address: a device pointer, or a driver handle (a pointer the driver gave).
+    pub trait Address {
+        /// The address, as a number.
+        fn address(self) -> u64;
+    }
+
+    impl Address for u64 {
+        fn address(self) -> u64 {
+            self
+        }
+    }
+
+    impl Address for usize {
+        fn address(self) -> u64 {
+            self as u64
+        }
+    }
+
+    impl<T> Address for *mut T {
+        fn address(self) -> u64 {
+            self as usize as u64
+        }
+    }
+
+    /// An address written in hex, as the errors write them (`0x7f0000200000`).
+    #[derive(Debug, Clone, Copy)]
+    pub struct Hex(u64);
+
+    impl fmt::Display for Hex {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            write!(f, "{:#x}", self.0)
+        }
+    }
+
+    /// A pointer or a handle as an event field: `ptr = %hex(ptr)`.
+    pub fn hex(value: impl Address) -> Hex {
+        Hex(value.address())
+    }
+
+    /// A pool's kind in a word or two: `device 0`, `pinned`, `managed`.
+    #[derive(Debug, Clone, Copy)]
+    pub struct ShortKind(PoolKind);
+
+    impl fmt::Display for ShortKind {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            match self.0 {
+                PoolKind::Device(device) => write!(f, "{device}"),
+                PoolKind::Pinned => f.write_str("pinned"),
+                PoolKind::Managed => f.write_str("managed"),
+            }
+        }
+    }
+
+    /// A pool's kind as an event field: `kind = %pool_kind(kind)`.
+    pub fn pool_kind(kind: PoolKind) -> ShortKind {
+        ShortKind(kind)
+    }
 }
 
 /// Collecting the events a closure emits, for the memory crates' tests of their events.
@@ -58,9 +131,13 @@ pub mod capture {
             self.fields.get("message").map_or("", String::as_str)
         }
 
-        /// A numeric field.
+        /// A numeric field: a number, or an address written in hex (`0x…`).
         pub fn number(&self, name: &str) -> Option<u64> {
-            self.fields.get(name)?.parse().ok()
+            let text = self.fields.get(name)?;
+            match text.strip_prefix("0x") {
+                Some(hex) => u64::from_str_radix(hex, 16).ok(),
+                None => text.parse().ok(),
+            }
         }
     }
 
@@ -142,7 +219,9 @@ mod tests {
     use tracing::Level;
 
     use super::capture::{Captured, capture, named};
-    use crate::{Device, DeviceMemoryResource, DeviceMemoryResourceOptions, MemoryPool, Stream, StreamOptions};
+    use crate::{
+        Device, DeviceMemoryResource, DeviceMemoryResourceOptions, MemoryPool, PoolKind, Stream, StreamOptions,
+    };
 
     fn device_and_stream() -> (Device, Stream) {
         cuda_sim::testing::driver().expect("the test driver loads");
@@ -191,8 +270,29 @@ mod tests {
         assert_eq!(created.number("pool"), Some(handle));
         assert_eq!(created.number("max_size"), Some(8 << 20));
         assert_eq!(created.fields.get("ipc_enabled").map(String::as_str), Some("true"));
-        assert_eq!(created.fields.get("kind").map(String::as_str), Some("Device(Device { ordinal: 0 })"));
+        assert_eq!(created.fields.get("kind").map(String::as_str), Some("device 0"));
+        assert_eq!(created.fields.get("pool"), Some(&format!("{handle:#x}")), "in hex, as errors write it");
         assert_eq!(only(&events, "pool destroyed").number("pool"), Some(handle));
+    }
+
+    #[test]
+    fn pointers_are_hex_kinds_short_and_no_cap_is_no_field() {
+        let (device, stream) = device_and_stream();
+        let (ptr, events) = capture(|| {
+            let pool = DeviceMemoryResource::new(device, DeviceMemoryResourceOptions::default()).unwrap();
+            let buffer = pool.allocate(256, &stream).unwrap();
+            buffer.ptr()
+        });
+        let created = only(&events, "pool created");
+        assert_eq!(created.fields.get("max_size"), None, "no cap: {created:?}");
+        let allocated = only(&events, "allocate");
+        assert_eq!(allocated.fields.get("ptr"), Some(&format!("{ptr:#x}")));
+        assert!(allocated.fields["stream"].starts_with("0x"), "{allocated:?}");
+        let kinds: Vec<String> = [PoolKind::Device(device), PoolKind::Pinned, PoolKind::Managed]
+            .into_iter()
+            .map(|kind| super::fields::pool_kind(kind).to_string())
+            .collect();
+        assert_eq!(kinds, ["device 0", "pinned", "managed"]);
     }
 
     /// Export and import in one process: the pool's handle, then an allocation's export data,

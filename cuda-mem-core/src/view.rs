@@ -8,9 +8,10 @@ use bytemuck::Pod;
 use cuda_mem_sys::cu_call;
 
 use crate::buffer::ScopedBuffer;
+use crate::device::DevicePtr;
 use crate::driver::driver;
-use crate::error::{Error, Result};
-use crate::memory_resource::DevicePtr;
+use crate::error::{Error, Result, ViewError};
+use crate::ffi::{self, Memset};
 use crate::stream::Stream;
 
 /// A read-only, typed view of `len()` elements of type `T` in a buffer's memory.
@@ -99,11 +100,11 @@ fn element_count<T: Pod>(ptr: DevicePtr, size: usize) -> Result<usize> {
     let element = std::any::type_name::<T>();
     let element_size = size_of::<T>();
     if !size.is_multiple_of(element_size) {
-        return Err(Error::ViewSize { element, element_size, size });
+        return Err(Error::View(ViewError::Size { element, element_size, size }));
     }
     let align = align_of::<T>();
     if !(ptr as usize).is_multiple_of(align) {
-        return Err(Error::ViewAlignment { element, align, ptr });
+        return Err(Error::View(ViewError::Alignment { element, align, ptr }));
     }
     Ok(size / element_size)
 }
@@ -122,9 +123,11 @@ pub(crate) fn checked_range(range: impl RangeBounds<usize>, len: usize) -> Resul
     };
     match (start, end) {
         (Some(start), Some(end)) if start <= end && end <= len => Ok((start, end - start)),
-        (start, end) => {
-            Err(Error::SliceOutOfRange { start: start.unwrap_or(usize::MAX), end: end.unwrap_or(usize::MAX), len })
-        }
+        (start, end) => Err(Error::View(ViewError::SliceOutOfRange {
+            start: start.unwrap_or(usize::MAX),
+            end: end.unwrap_or(usize::MAX),
+            len,
+        })),
     }
 }
 
@@ -132,8 +135,8 @@ impl<'a> ScopedBuffer<'a> {
     /// The buffer's bytes as a read-only view of `T`s.
     ///
     /// # Errors
-    /// [`Error::ViewSize`] when the size is not a multiple of `size_of::<T>()`;
-    /// [`Error::ViewAlignment`] when the address is not aligned for `T`.
+    /// [`ViewError::Size`] when the size is not a multiple of `size_of::<T>()`;
+    /// [`ViewError::Alignment`] when the address is not aligned for `T`.
     pub fn view<T: Pod>(&self) -> Result<DeviceView<'_, T>> {
         let len = element_count::<T>(self.ptr(), self.size())?;
         Ok(DeviceView { buffer: self, ptr: self.ptr(), len, _elements: PhantomData })
@@ -213,7 +216,7 @@ impl<'b, T: Pod> DeviceView<'b, T> {
     /// same buffer.
     ///
     /// # Errors
-    /// [`Error::SliceOutOfRange`] when the range does not lie within `0..len()`.
+    /// [`ViewError::SliceOutOfRange`] when the range does not lie within `0..len()`.
     pub fn slice(&self, range: impl RangeBounds<usize>) -> Result<DeviceView<'b, T>> {
         let (start, len) = checked_range(range, self.len)?;
         let ptr = self.ptr + (start * size_of::<T>()) as DevicePtr;
@@ -299,7 +302,7 @@ impl<'b, T: Pod> DeviceViewMut<'b, T> {
     /// The elements `range` names, read-only.
     ///
     /// # Errors
-    /// [`Error::SliceOutOfRange`] when the range does not lie within `0..len()`.
+    /// [`ViewError::SliceOutOfRange`] when the range does not lie within `0..len()`.
     pub fn slice(&self, range: impl RangeBounds<usize>) -> Result<DeviceView<'_, T>> {
         self.as_view().slice(range)
     }
@@ -307,7 +310,7 @@ impl<'b, T: Pod> DeviceViewMut<'b, T> {
     /// The elements `range` names, for writing, while this view is borrowed.
     ///
     /// # Errors
-    /// [`Error::SliceOutOfRange`] when the range does not lie within `0..len()`.
+    /// [`ViewError::SliceOutOfRange`] when the range does not lie within `0..len()`.
     pub fn slice_mut(&mut self, range: impl RangeBounds<usize>) -> Result<DeviceViewMut<'_, T>> {
         let (start, len) = checked_range(range, self.len)?;
         let ptr = self.ptr + (start * size_of::<T>()) as DevicePtr;
@@ -373,7 +376,7 @@ impl<'b, T: Pod> DeviceViewMut<'b, T> {
         // SAFETY: both views cover `byte_len()` bytes of buffers that stay valid until they are
         // freed, which is ordered after this work; they are of different buffers (this one's is
         // borrowed exclusively), so they do not overlap.
-        unsafe { cu_call!(d, cuMemcpyAsync(self.ptr, src.ptr, self.byte_len(), stream.handle())) }?;
+        unsafe { ffi::memcpy_async(d, self.ptr, src.ptr, self.byte_len(), stream.handle()) }?;
         self.buffer.note_use(&stream);
         src.buffer.note_use(&stream);
         Ok(())
@@ -406,27 +409,13 @@ impl<'b, T: Pod> DeviceViewMut<'b, T> {
         let d = driver()?;
         let stream = stream.on_calling_thread();
         stream.bind_if_default()?;
-        let (ptr, s) = (self.ptr, stream.handle());
         // SAFETY: the view covers `byte_len()` bytes (`count` units of the width) of its buffer,
         // valid until the buffer is freed, which is ordered after this work; D16 and D32 are
         // used only for elements of that size at an address aligned to it.
-        unsafe {
-            match memset {
-                Memset::D8(v, count) => cu_call!(d, cuMemsetD8Async(ptr, v, count, s)),
-                Memset::D16(v, count) => cu_call!(d, cuMemsetD16Async(ptr, v, count, s)),
-                Memset::D32(v, count) => cu_call!(d, cuMemsetD32Async(ptr, v, count, s)),
-            }
-        }?;
+        unsafe { ffi::memset_async(d, self.ptr, memset, stream.handle()) }?;
         self.buffer.note_use(&stream);
         Ok(())
     }
-}
-
-/// A fill the device does: the value and the count of units.
-enum Memset {
-    D8(u8, usize),
-    D16(u16, usize),
-    D32(u32, usize),
 }
 
 #[cfg(test)]
@@ -441,15 +430,15 @@ mod tests {
         assert_eq!(checked_range(10.., 10).unwrap(), (10, 0));
         assert_eq!(checked_range(..=9, 10).unwrap(), (0, 10));
         for bad in [checked_range(5..11, 10), checked_range(11.., 10), checked_range(..=10, 10)] {
-            assert!(matches!(bad, Err(Error::SliceOutOfRange { len: 10, .. })), "{bad:?}");
+            assert!(matches!(bad, Err(Error::View(ViewError::SliceOutOfRange { len: 10, .. }))), "{bad:?}");
         }
         #[allow(clippy::reversed_empty_ranges)]
         let reversed = checked_range(6..5, 10);
-        assert!(matches!(reversed, Err(Error::SliceOutOfRange { start: 6, end: 5, len: 10 })));
+        assert!(matches!(reversed, Err(Error::View(ViewError::SliceOutOfRange { start: 6, end: 5, len: 10 }))));
         let overflow = checked_range(..=usize::MAX, 10);
-        assert!(matches!(overflow, Err(Error::SliceOutOfRange { end: usize::MAX, .. })));
+        assert!(matches!(overflow, Err(Error::View(ViewError::SliceOutOfRange { end: usize::MAX, .. }))));
         let excluded_start = (Bound::Excluded(usize::MAX), Bound::Unbounded);
-        assert!(matches!(checked_range(excluded_start, 10), Err(Error::SliceOutOfRange { .. })));
+        assert!(matches!(checked_range(excluded_start, 10), Err(Error::View(ViewError::SliceOutOfRange { .. }))));
     }
 
     #[test]
@@ -458,9 +447,9 @@ mod tests {
         assert_eq!(element_count::<u8>(0x1001, 3).unwrap(), 3);
         assert_eq!(element_count::<f64>(0, 0).unwrap(), 0);
         let size = element_count::<f64>(0x1000, 12);
-        assert!(matches!(size, Err(Error::ViewSize { element_size: 8, size: 12, .. })), "{size:?}");
+        assert!(matches!(size, Err(Error::View(ViewError::Size { element_size: 8, size: 12, .. }))), "{size:?}");
         let align = element_count::<u32>(0x1002, 8);
-        assert!(matches!(align, Err(Error::ViewAlignment { align: 4, ptr: 0x1002, .. })), "{align:?}");
+        assert!(matches!(align, Err(Error::View(ViewError::Alignment { align: 4, ptr: 0x1002, .. }))), "{align:?}");
         let message = element_count::<u16>(0x1000, 3).unwrap_err().to_string();
         assert!(message.contains("u16") && message.contains("3 bytes"), "{message}");
     }

@@ -16,7 +16,7 @@ use cuda_mem_core::dlpark::metadata::Dynamic;
 use cuda_mem_core::{
     Buffer, ConsumerStream, Device, DeviceMemoryResource, DlpackElement, DlpackError, DlpackImport, DlpackTensor,
     Error, ExportOptions, ForeignMemory, LegacyPinnedMemoryResource, ManagedMemoryResource, MemoryResource, OwnedBy,
-    PinnedMemoryResource, RawStream, Stream, SynchronousMemoryResource, export_dlpack,
+    PinnedMemoryResource, RawStream, Stream, SynchronousMemoryResource, ViewError, export_dlpack,
 };
 use cuda_sim::testing::{in_simulated_machine, live_objects_if_simulated};
 
@@ -322,7 +322,7 @@ fn refused_imports_release_the_tensor_once_with_a_typed_error() {
     assert!(matches!(error, Error::Dlpack(DlpackError::DtypeMismatch { .. })), "{error}");
     assert!(error.to_string().contains("uint32") && error.to_string().contains("float32"), "{error}");
     let error = import.buffer().view::<f64>().unwrap_err();
-    assert!(matches!(error, Error::ViewSize { size: 12, .. }), "{error}");
+    assert!(matches!(error, Error::View(ViewError::Size { size: 12, .. })), "{error}");
     drop(import);
     assert_eq!(released.load(Ordering::SeqCst), 1);
 }
@@ -340,8 +340,14 @@ fn refused_exports_say_why() {
         Error::Dlpack(error) => error,
         other => panic!("not a DLPack error: {other}"),
     };
-    assert!(matches!(export(10, ExportOptions::default()), Error::ViewSize { size: 10, element_size: 4, .. }));
-    assert!(matches!(export(16, ExportOptions::default().elements(2..5)), Error::SliceOutOfRange { len: 4, .. }));
+    assert!(matches!(
+        export(10, ExportOptions::default()),
+        Error::View(ViewError::Size { size: 10, element_size: 4, .. })
+    ));
+    assert!(matches!(
+        export(16, ExportOptions::default().elements(2..5)),
+        Error::View(ViewError::SliceOutOfRange { len: 4, .. })
+    ));
     let error = dlpack(export(16, ExportOptions::default().shape(&[3])));
     assert!(matches!(error, DlpackError::ShapeSize { elements: 3, len: 4, .. }), "{error}");
     let error = dlpack(export(16, ExportOptions::default().shape_and_strides(&[2, 2], &[2])));
@@ -353,7 +359,7 @@ fn refused_exports_say_why() {
     // SAFETY: a view of bytes 1..9 of `misaligned`, which outlives it.
     let view = unsafe { Buffer::from_raw(misaligned.ptr() + 1, 8, ForeignMemory::device_memory(device)) };
     let error = refused(view.into_dlpack::<u32>(&ExportOptions::default()));
-    assert!(matches!(error, Error::ViewAlignment { align: 4, .. }), "{error}");
+    assert!(matches!(error, Error::View(ViewError::Alignment { align: 4, .. })), "{error}");
     let packed = cuda_mem_core::dlpark::ffi::DLDataType::F4E2M1FN;
     let error = Buffer::allocate(Arc::clone(&pool), 16, &stream).unwrap().into_dlpack_as(packed, &Default::default());
     assert!(matches!(error, Err(Error::Dlpack(DlpackError::UnsupportedDtype { .. }))));

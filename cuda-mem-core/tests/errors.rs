@@ -10,7 +10,7 @@ use std::sync::Arc;
 use cuda_mem_core::sys::types::{CUdevice_attribute as A, CUresult};
 use cuda_mem_core::{
     Device, DeviceCapability, DeviceMemoryResource, DeviceMemoryResourceOptions, DevicePtr, Error, HandleTypes,
-    MemoryResource, MemoryResourceExt, Stream, SynchronousMemoryResource,
+    MemoryResource, MemoryResourceExt, SharingError, Stream, SynchronousMemoryResource,
 };
 use cuda_sim::testing::{in_simulated_machine, inject_failure};
 
@@ -94,7 +94,7 @@ fn a_pool_that_is_not_ipc_enabled_has_no_shareable_handle() {
     let device = common::device();
     let plain = DeviceMemoryResource::new(device, DeviceMemoryResourceOptions::default()).unwrap();
     let error = plain.pool().shareable_handle().unwrap_err();
-    assert!(matches!(error, Error::PoolNotIpcEnabled), "{error}");
+    assert!(matches!(error, Error::Sharing(SharingError::PoolNotIpcEnabled)), "{error}");
     assert!(error.to_string().contains("create it with ipc_enabled(true)"), "{error}");
 }
 
@@ -108,10 +108,10 @@ fn an_address_that_is_no_import_of_the_pool_is_named() {
     let imported = cuda_mem_core::MemoryPool::import(handle.try_clone_fd().unwrap(), handle.id()).unwrap();
     // The exporter's own address was never imported through the imported pool.
     let error = imported.export_pointer(buffer.ptr()).unwrap_err();
-    assert!(matches!(error, Error::NotAnImport { ptr } if ptr == buffer.ptr()), "{error}");
+    assert!(matches!(error, Error::Sharing(SharingError::NotAnImport { ptr }) if ptr == buffer.ptr()), "{error}");
     // SAFETY: refused before any driver call: the address is no import of this pool.
     let error = unsafe { imported.release_import(buffer.ptr(), &stream) }.unwrap_err();
-    assert!(matches!(error, Error::NotAnImport { ptr } if ptr == buffer.ptr()), "{error}");
+    assert!(matches!(error, Error::Sharing(SharingError::NotAnImport { ptr }) if ptr == buffer.ptr()), "{error}");
 }
 
 #[test]

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use cuda_mem_core::{
     Access, Buffer, Device, DeviceMemoryResource, DeviceMemoryResourceOptions, EXPORT_DATA_LEN, Error, FillPattern,
     ForeignMemory, MemoryPool, MemoryResource, PinnedMemoryResource, PinnedMemoryResourceOptions, PoolKind,
-    PoolResource, Stream, SynchronousMemoryResource, import_holders, import_pending_waits,
+    PoolResource, SharingError, Stream, SynchronousMemoryResource, import_holders, import_pending_waits,
 };
 use cuda_sim::testing::{in_simulated_machine, inject_failure, live_objects_if_simulated};
 
@@ -85,7 +85,7 @@ fn imports_are_counted_and_the_last_release_unmaps() {
     // A share given back twice is refused, not a second unmap.
     // SAFETY: refused before any driver call (the pointer is no longer an import).
     let error = unsafe { imported.release_import(first, &a) }.unwrap_err();
-    assert!(matches!(error, Error::NotAnImport { ptr } if ptr == first), "{error}");
+    assert!(matches!(error, Error::Sharing(SharingError::NotAnImport { ptr }) if ptr == first), "{error}");
     assert!(error.to_string().contains("not an allocation this process imported through this pool"), "{error}");
     a.synchronize().unwrap();
     assert!(cuda_mem_core::take_drop_errors().is_empty());
@@ -155,7 +155,7 @@ fn only_an_imported_pool_maps_exported_allocations() {
     let stream = common::stream(device);
     let (pool, _buffer, data) = exported(device, &stream);
     let error = pool.pool().import_allocation(&data, 8192, &stream).unwrap_err();
-    assert!(matches!(error, Error::PoolNotImported), "{error}");
+    assert!(matches!(error, Error::Sharing(SharingError::PoolNotImported)), "{error}");
 }
 
 /// Two holders, then the bookkeeping of a release fails at `function`: the share is given back
@@ -220,7 +220,7 @@ fn import_twice(same_handle: bool) {
             assert_ne!(same_handle, Some(true));
             assert_ne!(second.handle(), first.handle());
         }
-        Err(Error::PoolAlreadyOwned { handle }) => {
+        Err(Error::Sharing(SharingError::PoolAlreadyOwned { handle })) => {
             assert_ne!(same_handle, Some(false));
             assert_eq!(handle, first.handle() as usize);
         }

@@ -3,9 +3,9 @@
 mod common;
 
 use cuda_mem_core::{
-    Access, Device, DeviceMemoryResource, DeviceMemoryResourceOptions, Error, FillPattern, Location,
+    Access, Device, DeviceMemoryResource, DeviceMemoryResourceOptions, Error, FillPattern, Location, ManagedError,
     ManagedMemoryResource, ManagedMemoryResourceOptions, MemoryResource, NumaNode, PinnedMemoryResource,
-    PinnedMemoryResourceOptions, PoolKind, ReusePolicy,
+    PinnedMemoryResourceOptions, PoolKind, ReusePolicy, SharingError,
 };
 use cuda_mem_sys::types::CUresult;
 
@@ -188,7 +188,10 @@ fn managed_pools_refuse_the_calling_threads_numa_node_before_the_driver() {
         ManagedMemoryResource::new(options).unwrap_err(),
         ManagedMemoryResource::current(Some(Location::HostNumaCurrent)).unwrap_err(),
     ] {
-        assert!(matches!(err, Error::PoolLocation { location: Location::HostNumaCurrent }), "{err}");
+        assert!(
+            matches!(err, Error::Managed(ManagedError::PoolLocation { location: Location::HostNumaCurrent })),
+            "{err}"
+        );
         assert!(err.to_string().contains("use Location::HostNuma(node)"), "{err}");
     }
 }
@@ -232,7 +235,7 @@ fn shareable_pools_export_one_handle_and_imports_cannot_allocate() {
     let stream = common::stream(device);
     let plain = DeviceMemoryResource::new(device, DeviceMemoryResourceOptions::default()).unwrap();
     let err = plain.pool().shareable_handle().unwrap_err();
-    assert!(matches!(err, Error::PoolNotIpcEnabled), "{err}");
+    assert!(matches!(err, Error::Sharing(SharingError::PoolNotIpcEnabled)), "{err}");
 
     let dmr = DeviceMemoryResource::new(device, DeviceMemoryResourceOptions::default().ipc_enabled(true)).unwrap();
     let first = dmr.pool().shareable_handle().unwrap();

@@ -11,6 +11,7 @@ use bytemuck::{Pod, Zeroable};
 use cuda_mem_core::{
     Buffer, DeviceMemoryResource, Error, FillPattern, ForeignMemory, LegacyPinnedMemoryResource, ManagedMemoryResource,
     MemoryResource, MemoryResourceExt, PinnedMemoryResource, ScopedBuffer, Stream, SynchronousMemoryResource,
+    ViewError,
 };
 use proptest::prelude::*;
 
@@ -156,9 +157,9 @@ fn sizes_that_are_not_whole_elements_are_refused() {
     let pool = DeviceMemoryResource::new(device, Default::default()).unwrap();
     let mut buffer = pool.allocate(10, &stream).unwrap();
     let refused = buffer.view::<f64>();
-    assert!(matches!(refused, Err(Error::ViewSize { element_size: 8, size: 10, .. })), "{refused:?}");
-    assert!(matches!(buffer.view_mut::<u32>(), Err(Error::ViewSize { element_size: 4, size: 10, .. })));
-    assert!(matches!(buffer.to_vec::<Particle>(&stream), Err(Error::ViewSize { element_size: 16, .. })));
+    assert!(matches!(refused, Err(Error::View(ViewError::Size { element_size: 8, size: 10, .. }))), "{refused:?}");
+    assert!(matches!(buffer.view_mut::<u32>(), Err(Error::View(ViewError::Size { element_size: 4, size: 10, .. }))));
+    assert!(matches!(buffer.to_vec::<Particle>(&stream), Err(Error::View(ViewError::Size { element_size: 16, .. }))));
     assert_eq!(buffer.view::<u16>().unwrap().len(), 5);
 }
 
@@ -171,8 +172,8 @@ fn misaligned_views_are_refused() {
     // SAFETY: 32 bytes one past the start of `owner`'s 64, which outlives the view.
     let odd = unsafe { Buffer::from_raw(owner.ptr() + 1, 32, ForeignMemory::device_memory(device)) };
     let refused = odd.view::<f32>();
-    assert!(matches!(refused, Err(Error::ViewAlignment { align: 4, .. })), "{refused:?}");
-    assert!(matches!(odd.to_vec::<u16>(&stream), Err(Error::ViewAlignment { align: 2, .. })));
+    assert!(matches!(refused, Err(Error::View(ViewError::Alignment { align: 4, .. }))), "{refused:?}");
+    assert!(matches!(odd.to_vec::<u16>(&stream), Err(Error::View(ViewError::Alignment { align: 2, .. }))));
     assert_eq!(odd.view::<u8>().unwrap().len(), 32, "bytes fit anywhere");
 }
 
@@ -183,13 +184,19 @@ fn out_of_range_slices_are_refused() {
     let pool = DeviceMemoryResource::new(device, Default::default()).unwrap();
     let mut buffer = pool.allocate(40, &stream).unwrap();
     let view = buffer.view::<u32>().unwrap();
-    assert!(matches!(view.slice(5..11), Err(Error::SliceOutOfRange { start: 5, end: 11, len: 10 })));
-    assert!(matches!(view.slice(11..), Err(Error::SliceOutOfRange { .. })));
+    assert!(matches!(view.slice(5..11), Err(Error::View(ViewError::SliceOutOfRange { start: 5, end: 11, len: 10 }))));
+    assert!(matches!(view.slice(11..), Err(Error::View(ViewError::SliceOutOfRange { .. }))));
     assert!(view.slice(10..).unwrap().is_empty());
     let mut view = buffer.view_mut::<u32>().unwrap();
-    assert!(matches!(view.slice_mut(..=10), Err(Error::SliceOutOfRange { start: 0, end: 11, len: 10 })));
+    assert!(matches!(
+        view.slice_mut(..=10),
+        Err(Error::View(ViewError::SliceOutOfRange { start: 0, end: 11, len: 10 }))
+    ));
     let mut middle = view.slice_mut(2..8).unwrap();
-    assert!(matches!(middle.slice_mut(..7), Err(Error::SliceOutOfRange { len: 6, .. })), "ranges are the sub-view's");
+    assert!(
+        matches!(middle.slice_mut(..7), Err(Error::View(ViewError::SliceOutOfRange { len: 6, .. }))),
+        "ranges are the sub-view's"
+    );
 }
 
 #[test]
@@ -320,6 +327,6 @@ proptest! {
         prop_assert_eq!(view.slice(r0..r1).unwrap().to_vec(&stream).unwrap(), &model[r0..r1]);
         prop_assert_eq!(buffer.to_vec::<u32>(&stream).unwrap(), model);
         let past_the_end = view.slice(r0..len + 1);
-        prop_assert!(matches!(past_the_end, Err(Error::SliceOutOfRange { .. })), "{:?}", past_the_end);
+        prop_assert!(matches!(past_the_end, Err(Error::View(ViewError::SliceOutOfRange { .. }))), "{:?}", past_the_end);
     }
 }

@@ -39,7 +39,7 @@ use crate::wire::{
 ///   or sends a second time under another UUID ([`IpcError::PoolAlreadyImported`]), and buffers
 ///   it claims larger than the memory it shares ([`IpcError::MisdescribedBuffer`]); allocating
 ///   from a mapped resource is refused by the resource itself, with a core error
-///   ([`cuda_mem_core::Error::ImportedPoolAllocation`]).
+///   ([`cuda_mem_core::SharingError::ImportedPoolAllocation`]).
 /// - with the feature `vmm`, virtual buffers that cannot be exported or imported
 ///   (`IpcError::Vmm`, with `cuda-mem-vmm`'s error) or that nothing is registered to import
 ///   (`IpcError::NoVirtualMemoryResource`);
@@ -536,13 +536,16 @@ mod tests {
 
     #[test]
     fn core_errors_convert_transparently() {
-        let core = cuda_mem_core::Error::PoolNotIpcEnabled;
+        let core = cuda_mem_core::Error::Sharing(cuda_mem_core::SharingError::PoolNotIpcEnabled);
         let text = core.to_string();
         let e: IpcError = core.into();
         assert!(matches!(e, IpcError::Core(_)));
         assert_eq!(e.to_string(), text);
         // And back: a core error as it was.
-        assert!(matches!(cuda_mem_core::Error::from(e), cuda_mem_core::Error::PoolNotIpcEnabled));
+        assert!(matches!(
+            cuda_mem_core::Error::from(e),
+            cuda_mem_core::Error::Sharing(cuda_mem_core::SharingError::PoolNotIpcEnabled)
+        ));
     }
 
     #[test]

@@ -82,7 +82,7 @@ fn importing() -> MutexGuard<'static, ()> {
 /// peer's (or caller's) doing, named as such.
 fn refused(error: cuda_mem_core::Error, uuid: Uuid) -> IpcError {
     match error {
-        already @ cuda_mem_core::Error::PoolAlreadyOwned { .. } => {
+        already @ cuda_mem_core::Error::Sharing(cuda_mem_core::SharingError::PoolAlreadyOwned { .. }) => {
             IpcError::PoolAlreadyImported { uuid, source: already }
         }
         other => other.into(),
@@ -114,11 +114,10 @@ impl MappedMemoryResource {
         }
         match (MappedMemoryResource::import(fd, uuid, false), registered) {
             // The driver answered with the peer-named import's own handle: the same pool.
-            (Err(cuda_mem_core::Error::PoolAlreadyOwned { handle }), Some(registered))
-                if registered.pool.handle() as usize == handle =>
-            {
-                Ok(registered)
-            }
+            (
+                Err(cuda_mem_core::Error::Sharing(cuda_mem_core::SharingError::PoolAlreadyOwned { handle })),
+                Some(registered),
+            ) if registered.pool.handle() as usize == handle => Ok(registered),
             (Ok(resource), registered) => {
                 if registered.is_some() {
                     // Unconfirmed: this program's word outranks a peer's claim.
@@ -160,11 +159,10 @@ impl MappedMemoryResource {
             (Ok(resource), Some(_)) => Ok(resource),
             (Ok(resource), None) => Ok(registry().register(uuid, resource)),
             // The driver answered with the registered import's own handle: the same pool.
-            (Err(cuda_mem_core::Error::PoolAlreadyOwned { handle }), Some(registered))
-                if registered.pool.handle() as usize == handle =>
-            {
-                Ok(registered)
-            }
+            (
+                Err(cuda_mem_core::Error::Sharing(cuda_mem_core::SharingError::PoolAlreadyOwned { handle })),
+                Some(registered),
+            ) if registered.pool.handle() as usize == handle => Ok(registered),
             (Err(error), _) => Err(refused(error, uuid)),
         }
     }
@@ -176,8 +174,8 @@ impl MappedMemoryResource {
         cuda_mem_core::memory_event!(
             DEBUG,
             uuid = %uuid,
-            pool = pool.handle() as usize,
-            kind = ?pool.kind(),
+            pool = %hex(pool.handle()),
+            kind = %pool_kind(pool.kind()),
             "resource imported"
         );
         let serial = SERIALS.fetch_add(1, Ordering::Relaxed);
@@ -240,7 +238,7 @@ impl MappedMemoryResource {
             }
             other => other.into(),
         })?;
-        cuda_mem_core::memory_event!(DEBUG, uuid = %self.uuid, size, ptr, pool = self.pool.handle() as usize, "buffer imported");
+        cuda_mem_core::memory_event!(DEBUG, uuid = %self.uuid, size, ptr = %hex(ptr), pool = %hex(self.pool.handle()), "buffer imported");
         let resource: Arc<dyn MemoryResource> = Arc::clone(self) as Arc<dyn MemoryResource>;
         // SAFETY: not memory from `allocate_raw` (which refuses), but what `from_raw_owned` also
         // takes: memory the resource's `deallocate_raw` releases exactly once. The pointer is one
@@ -255,10 +253,10 @@ impl MappedMemoryResource {
 // against the driver's range size); the memory is reported as not host-accessible, because
 // another process may write it at any time.
 unsafe impl MemoryResource for MappedMemoryResource {
-    /// Refused: [`cuda_mem_core::Error::ImportedPoolAllocation`] (the pool only maps what its
+    /// Refused: [`cuda_mem_core::SharingError::ImportedPoolAllocation`] (the pool only maps what its
     /// exporter allocates).
     fn allocate_raw(&self, _size: usize, _stream: &Stream) -> cuda_mem_core::Result<DevicePtr> {
-        Err(cuda_mem_core::Error::ImportedPoolAllocation)
+        Err(cuda_mem_core::Error::Sharing(cuda_mem_core::SharingError::ImportedPoolAllocation))
     }
 
     unsafe fn deallocate_raw(&self, ptr: DevicePtr, _size: usize, stream: &Stream) -> cuda_mem_core::Result<()> {

@@ -110,8 +110,8 @@ pub fn buffer_descriptor(buffer: &ScopedBuffer<'_>) -> Result<BufferDescriptor> 
         DEBUG,
         uuid = %handle.uuid(),
         size = buffer.size(),
-        ptr = buffer.ptr(),
-        pool = pool.handle() as usize,
+        ptr = %hex(buffer.ptr()),
+        pool = %hex(pool.handle()),
         "buffer exported"
     );
     Ok(BufferDescriptor { export_data, size: buffer.size() as u64, resource: handle.uuid() })

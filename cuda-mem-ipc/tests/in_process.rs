@@ -47,7 +47,7 @@ fn buffers_travel_with_their_resource_and_share_memory() {
     assert_eq!(buffer_descriptor(imported).unwrap(), buffer_descriptor(&buffer).unwrap());
     // The mapped resource cannot allocate.
     let err = mapped.allocate(16, &stream).unwrap_err();
-    assert!(matches!(err, cuda_mem_core::Error::ImportedPoolAllocation), "{err}");
+    assert!(matches!(err, cuda_mem_core::Error::Sharing(cuda_mem_core::SharingError::ImportedPoolAllocation)), "{err}");
     assert!(err.to_string().contains("allocate in the exporting process and send the buffer"), "{err}");
 }
 

@@ -451,7 +451,9 @@ fn a_pool_a_peer_sent_then_from_fd(same_handle: bool) {
         Ok(imported) => assert_eq!(read(&imported, &stream), vec![0x56; 4096]),
         // Two handles of one pool, and a driver that maps the allocation where the channel's
         // import holds it already (GPU probe pointer-import-two-pools): refused, left alone.
-        Err(IpcError::Core(cuda_mem_core::Error::ImportHeldElsewhere { ptr })) => {
+        Err(IpcError::Core(cuda_mem_core::Error::Sharing(cuda_mem_core::SharingError::ImportHeldElsewhere {
+            ptr,
+        }))) => {
             assert!(!Arc::ptr_eq(&mine, &received) && ptr == via_channel[0].ptr());
         }
         Err(error) => panic!("{error}"),

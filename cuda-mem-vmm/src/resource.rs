@@ -250,7 +250,7 @@ impl VirtualMemoryResource {
         cuda_mem_core::memory_event!(
             TRACE,
             size = aligned,
-            ptr = range.base,
+            ptr = %hex(range.base),
             device = self.device.ordinal(),
             "allocate"
         );
@@ -358,9 +358,9 @@ impl VirtualMemoryResource {
 fn grown_event(_buffer: &VirtualBuffer, _ptr: DevicePtr, _size: usize, _in_place: bool) {
     cuda_mem_core::memory_event!(
         DEBUG,
-        old_ptr = _buffer.ptr(),
+        old_ptr = %hex(_buffer.ptr()),
         old_size = _buffer.size(),
-        ptr = _ptr,
+        ptr = %hex(_ptr),
         size = _size,
         in_place = _in_place,
         chunks = _buffer.chunk_count() + 1,

@@ -126,7 +126,7 @@ impl VirtualBuffer {
         }
         cuda_mem_core::memory_event!(
             DEBUG,
-            ptr = self.ptr(),
+            ptr = %hex(self.ptr()),
             size = self.size(),
             chunks = mappings.len(),
             handle_type = ?handle_type,
@@ -291,7 +291,7 @@ impl VirtualMemoryResource {
         })?;
         cuda_mem_core::memory_event!(
             DEBUG,
-            ptr = range.base,
+            ptr = %hex(range.base),
             size = descriptor.size,
             chunks = count,
             device = self.device().ordinal(),

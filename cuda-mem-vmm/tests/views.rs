@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use cuda_mem_core::{Error, Location};
+use cuda_mem_core::{Error, Location, ViewError};
 use cuda_mem_vmm::{VirtualMemoryResource, VirtualMemoryResourceOptions, VmmError};
 
 fn round_trip(options: VirtualMemoryResourceOptions) {
@@ -24,7 +24,10 @@ fn round_trip(options: VirtualMemoryResourceOptions) {
     buffer.view_mut::<u16>().unwrap().slice_mut(..4).unwrap().fill(0xBEEF, &s).unwrap();
     assert_eq!(buffer.as_buffer().to_vec::<u16>(&s).unwrap()[..5], [0xBEEF, 0xBEEF, 0xBEEF, 0xBEEF, 0]);
     let refused = buffer.view_mut::<[u8; 3]>();
-    assert!(matches!(refused, Err(VmmError::Core(Error::ViewSize { element_size: 3, .. }))), "{refused:?}");
+    assert!(
+        matches!(refused, Err(VmmError::Core(Error::View(ViewError::Size { element_size: 3, .. })))),
+        "{refused:?}"
+    );
 
     // A grown buffer covers the old bytes: they read back through its view.
     let grown = buffer.grow(buffer.size() * 2).unwrap();

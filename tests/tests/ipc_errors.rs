@@ -282,10 +282,16 @@ fn allocate_child() {
     let buffers = expect_buffers(&channel, &stream);
     assert!(mapped.imported_pool().is_imported());
     let error = mapped.allocate(64, &stream).unwrap_err();
-    assert!(matches!(error, cuda_mem_core::Error::ImportedPoolAllocation), "{error}");
+    assert!(
+        matches!(error, cuda_mem_core::Error::Sharing(cuda_mem_core::SharingError::ImportedPoolAllocation)),
+        "{error}"
+    );
     let as_dyn: Arc<dyn MemoryResource> = mapped.clone();
     let again = as_dyn.allocate(1, &stream).unwrap_err();
-    assert!(matches!(again, cuda_mem_core::Error::ImportedPoolAllocation), "{again}");
+    assert!(
+        matches!(again, cuda_mem_core::Error::Sharing(cuda_mem_core::SharingError::ImportedPoolAllocation)),
+        "{again}"
+    );
     // The resource still maps what it is sent.
     assert_eq!(read_bytes(&buffers[0], &stream), pattern(13, 4000));
     channel.send_data(error.to_string().as_bytes()).unwrap();

@@ -13,47 +13,11 @@ use cudarc::driver::{
 };
 
 use crate::buffer::{Buffer, ScopedBuffer, order_after_other_streams};
-use crate::device::Device;
-use crate::error::{Error, Result};
-use crate::memory_resource::{DevicePtr, MemoryResource};
+use crate::device::{Device, DevicePtr};
+use crate::error::{CudarcError, Error, Result};
+use crate::memory_resource::MemoryResource;
 use crate::stream::{Stream, StreamOwner};
 use crate::view::{DeviceView, DeviceViewMut};
-
-/// What this crate cannot do with a cudarc object, inside [`Error::Cudarc`].
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum CudarcError {
-    /// A cudarc context other than its device's primary context (`CudaContext::new_non_primary`,
-    /// `from_raw_context`): this crate's streams and memory live in primary contexts.
-    #[error(
-        "not supported: the cudarc context of device {ordinal} is not the device's primary context, the one this \
-         crate works in: make it with CudaContext::new({ordinal})"
-    )]
-    NotPrimaryContext {
-        /// The context's device ordinal.
-        ordinal: usize,
-    },
-    /// A stream handed to the cudarc context of another device.
-    #[error(
-        "the stream is of device {stream_device} and the cudarc context of device {context_device}: give the \
-         context of the stream's device (CudaContext::new({stream_device}))"
-    )]
-    ContextOfAnotherDevice {
-        /// The stream's device ordinal.
-        stream_device: usize,
-        /// The context's device ordinal.
-        context_device: usize,
-    },
-    /// Memory given back to a [`CudarcMemoryResource`] that does not hold it (a caller bug:
-    /// `deallocate_raw` of another resource's memory, or of a size other than the one held).
-    #[error("{size} bytes at {ptr:#x} are not a cudarc allocation this resource holds")]
-    NotHeld {
-        /// The address given.
-        ptr: DevicePtr,
-        /// The size given.
-        size: usize,
-    },
-}
 
 /// cudarc's error as ours: the same driver code, named after the driver function that failed.
 fn from_cudarc(function: &'static str, error: rc::DriverError) -> Error {
@@ -382,8 +346,6 @@ impl std::fmt::Debug for CudarcMemoryResource {
     }
 }
 
-crate::memory_resource::inherent_allocation!(CudarcMemoryResource);
-
 impl CudarcMemoryResource {
     /// A resource allocating with cudarc on `stream`.
     ///
@@ -392,6 +354,28 @@ impl CudarcMemoryResource {
     pub fn new(stream: &Arc<CudaStream>) -> Result<Arc<Self>> {
         let ours = Stream::from_cudarc(stream)?;
         Ok(Arc::new(CudarcMemoryResource { stream: Arc::clone(stream), ours, held: Mutex::default() }))
+    }
+
+    /// Allocates `size` bytes on `stream` into an owned [`Buffer`] that keeps this resource alive
+    /// ([`MemoryResourceExt::allocate`](crate::MemoryResourceExt::allocate) without the import).
+    /// A zero-size request makes an empty buffer without asking the resource.
+    ///
+    /// # Errors
+    /// When the resource cannot allocate.
+    #[inline]
+    pub fn allocate(self: &Arc<Self>, size: usize, stream: &Stream) -> Result<Buffer> {
+        Buffer::allocate_in(Arc::clone(self), size, stream)
+    }
+
+    /// Allocates `size` bytes on `stream` into a [`ScopedBuffer`] that borrows this resource and
+    /// the stream ([`MemoryResourceExt::allocate_scoped`](crate::MemoryResourceExt::allocate_scoped)
+    /// without the import).
+    ///
+    /// # Errors
+    /// When the resource cannot allocate.
+    #[inline]
+    pub fn allocate_scoped<'a>(&'a self, size: usize, stream: &'a Stream) -> Result<ScopedBuffer<'a>> {
+        ScopedBuffer::allocate_scoped_in(self, size, stream)
     }
 
     /// The cudarc stream it allocates on.

@@ -1,7 +1,7 @@
 //! [`DlpackElement`]: the Rust element types a DLPack tensor's data type (`DLDataType`) names,
 //! and how many bytes one element of a data type takes.
 
-use dlpark::ffi::{DLDataType, DLDataTypeCode};
+use dlpark::ffi::DLDataType;
 
 mod sealed {
     /// Only the element types listed in this module map to DLPack data types.
@@ -46,24 +46,10 @@ pub(crate) fn element_bytes(dtype: DLDataType) -> Option<usize> {
     (bits > 0 && bits.is_multiple_of(8)).then_some(bits / 8)
 }
 
-/// The data type as NumPy and PyTorch spell it (`float32`, `uint8`, `int64x4` for four lanes),
-/// for error messages.
-pub(crate) fn describe(dtype: DLDataType) -> String {
-    let kind = match dtype.code {
-        DLDataTypeCode::INT => "int".to_owned(),
-        DLDataTypeCode::UINT => "uint".to_owned(),
-        DLDataTypeCode::FLOAT => "float".to_owned(),
-        DLDataTypeCode::BFLOAT => "bfloat".to_owned(),
-        DLDataTypeCode::COMPLEX => "complex".to_owned(),
-        DLDataTypeCode::BOOL => "bool".to_owned(),
-        DLDataTypeCode(code) => format!("type-code-{code}-"),
-    };
-    let lanes = if dtype.lanes == 1 { String::new() } else { format!("x{}", dtype.lanes) };
-    format!("{kind}{}{lanes}", dtype.bits)
-}
-
 #[cfg(test)]
 mod tests {
+    use dlpark::ffi::DLDataTypeCode;
+
     use super::*;
 
     #[test]
@@ -74,13 +60,5 @@ mod tests {
         assert_eq!(element_bytes(DLDataType::F4E2M1FN), None);
         assert_eq!(element_bytes(DLDataType::new(DLDataTypeCode::INT, 0, 1)), None);
         assert_eq!(element_bytes(DLDataType::new(DLDataTypeCode::INT, 8, 0)), None);
-    }
-
-    #[test]
-    fn data_types_read_as_numpy_names() {
-        assert_eq!(describe(f32::DTYPE), "float32");
-        assert_eq!(describe(u8::DTYPE), "uint8");
-        assert_eq!(describe(bool::DTYPE), "bool8");
-        assert_eq!(describe(DLDataType::new(DLDataTypeCode::INT, 64, 4)), "int64x4");
     }
 }

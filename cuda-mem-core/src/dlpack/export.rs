@@ -6,21 +6,19 @@ use std::ops::{Bound, RangeBounds};
 use std::sync::Arc;
 
 use bytemuck::Pod;
-use cuda_mem_sys::cu_call;
-use cuda_mem_sys::types::CUpointer_attribute;
 use dlpark::DlpackFlags;
 use dlpark::ffi::{DLDataType, DLDevice, DLDeviceType};
 use dlpark::metadata::Dynamic;
 
 use super::dtype::{DlpackElement, element_bytes};
-use super::error::DlpackError;
 use super::layout;
 use super::stream::{ConsumerStream, hand_over};
 use super::tensor::DlpackTensor;
 use crate::buffer::{Buffer, ScopedBuffer};
 use crate::device::Device;
 use crate::driver::driver;
-use crate::error::{Error, Result};
+use crate::error::{DlpackError, Error, Result, ViewError};
+use crate::ffi;
 use crate::view::{DeviceView, checked_range};
 
 /// How a buffer is exported: which elements, their shape and strides, whether the consumer may
@@ -247,8 +245,8 @@ impl Buffer {
     /// [`DeviceView::to_dlpack`].
     ///
     /// # Errors
-    /// [`Error::ViewSize`] or [`Error::ViewAlignment`] when the bytes are not whole, aligned
-    /// `T`s; [`Error::SliceOutOfRange`] for elements past the end; [`Error::Dlpack`] with
+    /// [`ViewError::Size`] or [`ViewError::Alignment`] when the bytes are not whole, aligned
+    /// `T`s; [`ViewError::SliceOutOfRange`] for elements past the end; [`Error::Dlpack`] with
     /// [`DlpackError::ShapeSize`], [`DlpackError::StridesLength`], [`DlpackError::OutOfBounds`]
     /// or [`DlpackError::ShapeTooLarge`] for a layout that does not fit,
     /// [`DlpackError::NotAccessible`] or [`DlpackError::UnknownDevice`] for memory with no
@@ -301,10 +299,10 @@ fn export_range(
     let buffer = source.buffer();
     let base = buffer.ptr() + byte_start as u64;
     if !byte_len.is_multiple_of(element.size) {
-        return Err(Error::ViewSize { element: element.name, element_size: element.size, size: byte_len });
+        return Err(Error::View(ViewError::Size { element: element.name, element_size: element.size, size: byte_len }));
     }
     if !(base as usize).is_multiple_of(element.align) {
-        return Err(Error::ViewAlignment { element: element.name, align: element.align, ptr: base });
+        return Err(Error::View(ViewError::Alignment { element: element.name, align: element.align, ptr: base }));
     }
     let (first, count) = match options.elements {
         Some(range) => checked_range(range, byte_len / element.size)?,
@@ -369,19 +367,5 @@ fn is_managed(buffer: &Buffer) -> Result<bool> {
     if buffer.size() == 0 {
         return Ok(false);
     }
-    let d = driver()?;
-    // The driver writes a boolean; zeroed `u32` space holds it whatever its width.
-    let mut managed = 0u32;
-    // SAFETY: `managed` is valid for the attribute's value; the pointer is only looked up.
-    unsafe {
-        cu_call!(
-            d,
-            cuPointerGetAttribute(
-                (&raw mut managed).cast(),
-                CUpointer_attribute::CU_POINTER_ATTRIBUTE_IS_MANAGED,
-                buffer.ptr()
-            )
-        )
-    }?;
-    Ok(managed != 0)
+    Ok(ffi::pointer_is_managed(driver()?, buffer.ptr())?)
 }

@@ -9,12 +9,12 @@ use dlpark::ffi::{DLDataType, DLDevice, DLDeviceType, DLManagedTensor, DLManaged
 use dlpark::{DlpackFlags, Managed, ManagedTensorBase};
 
 use super::dtype::{DlpackElement, element_bytes};
-use super::error::DlpackError;
 use super::export::ExportSource;
 use super::layout::{Unbounded, has_gaps, reach};
 use crate::buffer::{Buffer, ForeignMemory};
 use crate::device::Device;
-use crate::error::{Error, Result};
+use crate::drop_errors::on_drop;
+use crate::error::{DlpackError, Error, Result};
 use crate::view::{DeviceView, DeviceViewMut};
 
 /// A DLPack tensor taken from its producer: a [`Buffer`] over the memory (every element the
@@ -240,9 +240,7 @@ impl Drop for DlpackImport {
     fn drop(&mut self) {
         // The buffer, the last holder of the deleter, is dropped after this: the producer's
         // deleter runs then.
-        if let Err(error) = self.buffer.wait_for_uses() {
-            crate::drop_errors::record("DlpackImport", error);
-        }
+        on_drop("DlpackImport", || self.buffer.wait_for_uses());
     }
 }
 

@@ -1,7 +1,7 @@
 //! Shapes and strides: checking a caller's against the elements exported, and the span of
 //! elements a tensor's reach (for import).
 
-use super::error::DlpackError;
+use crate::error::DlpackError;
 
 /// A checked layout, as DLPack stores it: shape and strides (in elements), and where element
 /// `[0, …, 0]` lies, in elements from the start of the exported range (past 0 only when a

@@ -15,10 +15,8 @@
 //! | `stream` | [`ConsumerStream`], [`RawStream`]: the stream exchange |
 //! | `dtype` | [`DlpackElement`]: Rust element types and their DLPack data types |
 //! | `layout` | shape and stride checks |
-//! | `error` | [`DlpackError`] |
 
 mod dtype;
-mod error;
 mod export;
 mod import;
 mod layout;
@@ -26,7 +24,6 @@ mod stream;
 mod tensor;
 
 pub use dtype::DlpackElement;
-pub use error::DlpackError;
 pub use export::{ExportOptions, ExportSource, OwnedBy, export_dlpack, export_dlpack_as};
 pub use import::DlpackImport;
 pub use stream::{ConsumerStream, RawStream};

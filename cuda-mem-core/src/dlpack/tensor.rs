@@ -4,8 +4,8 @@
 use dlpark::DlpackFlags;
 use dlpark::ffi::{DLDataType, DLDevice, DLDeviceType, DLManagedTensorVersioned, DLTensor};
 
-use super::dtype::describe;
-use crate::memory_resource::DevicePtr;
+use crate::error::dlpack::describe;
+use crate::device::DevicePtr;
 
 /// An exported DLPack tensor (`DLManagedTensorVersioned`), made by this crate's exports.
 ///

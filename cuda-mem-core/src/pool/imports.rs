@@ -18,11 +18,12 @@ use cuda_mem_sys::cu_call;
 use cuda_mem_sys::types::CUmemPoolPtrExportData;
 
 use super::MemoryPool;
-use super::sharing::{EXPORT_DATA_LEN, bind_for, range_size_in_current_context};
+use super::{EXPORT_DATA_LEN, bind_for};
+use crate::device::DevicePtr;
 use crate::driver::driver;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, SharingError};
 use crate::event::{Event, EventOptions};
-use crate::memory_resource::DevicePtr;
+use crate::ffi;
 use crate::stream::Stream;
 
 /// An import: the pool it was mapped through (the same data imported through another pool is
@@ -72,7 +73,7 @@ impl MemoryPool {
     /// holder's release unmaps. On any failure nothing new stays mapped.
     ///
     /// # Errors
-    /// [`Error::PoolNotImported`] for a pool that was not imported; [`Error::SizeMismatch`] for
+    /// [`SharingError::PoolNotImported`] for a pool that was not imported; [`Error::SizeMismatch`] for
     /// a `size` of 0 (checked before any driver call: a share taken for no bytes would be held
     /// by an empty buffer, which releases nothing, so the mapping would never go) and when the
     /// mapping is smaller than `size` (the size came from the exporter and is wrong); driver
@@ -80,7 +81,7 @@ impl MemoryPool {
     #[doc(alias = "from_ipc_descriptor")]
     pub fn import_allocation(&self, data: &[u8; EXPORT_DATA_LEN], size: usize, stream: &Stream) -> Result<DevicePtr> {
         if !self.imported {
-            return Err(Error::PoolNotImported);
+            return Err(Error::Sharing(SharingError::PoolNotImported));
         }
         if size == 0 {
             return Err(Error::SizeMismatch {
@@ -101,8 +102,8 @@ impl MemoryPool {
             crate::memory_event!(
                 DEBUG,
                 size,
-                ptr = entry.ptr,
-                pool = self.handle() as usize,
+                ptr = %hex(entry.ptr),
+                pool = %hex(self.handle()),
                 holders = entry.holders,
                 "allocation imported"
             );
@@ -133,7 +134,7 @@ impl MemoryPool {
         };
         imports.by_key.insert(key, Entry { ptr, mapped, holders: 1, released: Vec::new() });
         imports.by_ptr.insert(ptr, key);
-        crate::memory_event!(DEBUG, size, ptr, pool = self.handle() as usize, holders = 1, "allocation imported");
+        crate::memory_event!(DEBUG, size, ptr = %hex(ptr), pool = %hex(self.handle()), holders = 1, "allocation imported");
         Ok(ptr)
     }
 
@@ -144,13 +145,13 @@ impl MemoryPool {
         let pool = self.handle() as usize;
         let entry = imports.by_key.get_mut(&held).filter(|_| held.0 == pool);
         let Some(entry) = entry else {
-            return Err(Error::ImportHeldElsewhere { ptr });
+            return Err(Error::Sharing(SharingError::ImportHeldElsewhere { ptr }));
         };
         if size > entry.mapped {
             return Err(too_large(size, entry.mapped));
         }
         entry.holders += 1;
-        crate::memory_event!(DEBUG, size, ptr, pool, holders = entry.holders, "allocation imported (held already)");
+        crate::memory_event!(DEBUG, size, ptr = %hex(ptr), pool = %hex(pool), holders = entry.holders, "allocation imported (held already)");
         Ok(ptr)
     }
 
@@ -173,18 +174,18 @@ impl MemoryPool {
         let key = match imports.by_ptr.get(&ptr) {
             Some(&key) if key.0 == self.handle() as usize => key,
             _ => {
-                return Err(Error::NotAnImport { ptr });
+                return Err(Error::Sharing(SharingError::NotAnImport { ptr }));
             }
         };
         let Some(entry) = imports.by_key.get_mut(&key) else {
             // The two tables disagree: no holder to give back, so nothing is released.
-            return Err(Error::NotAnImport { ptr });
+            return Err(Error::Sharing(SharingError::NotAnImport { ptr }));
         };
         if entry.holders > 1 {
             // Not the last: remember where this holder's work ends, for the last one to wait on.
             note_release(&mut entry.released, stream)?;
             entry.holders -= 1;
-            crate::memory_event!(DEBUG, ptr, pool = self.handle() as usize, holders = entry.holders, "import released");
+            crate::memory_event!(DEBUG, ptr = %hex(ptr), pool = %hex(self.handle()), holders = entry.holders, "import released");
             return Ok(());
         }
         for (_, event) in &entry.released {
@@ -198,7 +199,7 @@ impl MemoryPool {
         unsafe { self.free_imported(ptr, stream) }?;
         imports.by_key.remove(&key);
         imports.by_ptr.remove(&ptr);
-        crate::memory_event!(DEBUG, ptr, pool = self.handle() as usize, holders = 0, "import released");
+        crate::memory_event!(DEBUG, ptr = %hex(ptr), pool = %hex(self.handle()), holders = 0, "import released");
         Ok(())
     }
 
@@ -285,6 +286,24 @@ pub fn import_holders(ptr: DevicePtr) -> usize {
 /// not imported). For diagnostics and tests.
 pub fn import_pending_waits(ptr: DevicePtr) -> usize {
     count_of(ptr, |e| e.released.len())
+}
+
+/// The size of the allocation containing `ptr`, as the driver maps it
+/// (`CU_POINTER_ATTRIBUTE_RANGE_SIZE`), for checking a size another process claims.
+///
+/// # Errors
+/// When `ptr` is not a known allocation.
+pub fn mapped_range_size(ptr: DevicePtr) -> Result<usize> {
+    if crate::context::current_is_none()? {
+        bind_for(None)?;
+    }
+    range_size_in_current_context(ptr)
+}
+
+/// [`mapped_range_size`] for a caller that made a context current already (an import, which
+/// binds the pool's device to import): one driver call fewer on every first import.
+pub(crate) fn range_size_in_current_context(ptr: DevicePtr) -> Result<usize> {
+    Ok(ffi::pointer_range_size(driver()?, ptr)?)
 }
 
 #[cfg(test)]

@@ -2,11 +2,14 @@
 
 use std::fmt;
 
+use cuda_mem_sys::types::CUmemAllocationType;
+
 use crate::device::Device;
 
 /// What memory a pool holds: device memory of one device, pinned host memory, or managed
 /// memory. A pool created here knows it from how it was created; an imported pool asks the
-/// driver (never the exporter's word), see [`MemoryPool::import`](crate::MemoryPool::import).
+/// driver (never the exporter's word).
+#[cfg_attr(unix, doc = "See [`MemoryPool::import`](crate::MemoryPool::import).")]
 ///
 /// It is also the kind a look-up of a shared pool expects: two kinds are equal only when the
 /// memory is the same kind, on the same device for device memory.
@@ -27,6 +30,20 @@ impl PoolKind {
         match self {
             PoolKind::Device(device) => Some(device),
             PoolKind::Pinned | PoolKind::Managed => None,
+        }
+    }
+
+    /// Whether the host can reach the memory (pinned and managed memory).
+    pub(crate) fn is_host_accessible(self) -> bool {
+        matches!(self, PoolKind::Pinned | PoolKind::Managed)
+    }
+
+    /// The driver's allocation type of the memory (device and pinned memory are both "pinned",
+    /// page-locked, to the driver).
+    pub(crate) fn allocation_type(self) -> CUmemAllocationType {
+        match self {
+            PoolKind::Device(_) | PoolKind::Pinned => CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
+            PoolKind::Managed => CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_MANAGED,
         }
     }
 }

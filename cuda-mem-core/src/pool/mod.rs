@@ -1,7 +1,7 @@
 //! `MemoryPool`: a driver memory pool (owned or not), one file per concern:
 //!
-//! - here: the type, creating, wrapping and destroying it, allocating and freeing, and the
-//!   [`PoolResource`] trait of the resources that allocate from one;
+//! - here: the type, creating it (or finding a current pool), destroying it, allocating and
+//!   freeing;
 //! - [`kind`]: [`PoolKind`], what memory a pool holds (device, pinned or managed);
 //! - [`attributes`]: usage, high-water marks, release threshold, reuse policies, trimming;
 //! - [`peers`]: each device's access and the peer set of a device pool;
@@ -9,12 +9,15 @@
 //! - `shareable` (Unix only): the shareable file descriptor, importing a pool from one (and
 //!   where an imported pool's memory lives);
 //! - [`imports`]: mapping another process's allocations, counted, since the driver does not
-//!   count them.
+//!   count them, and the size of a mapped range;
+//! - [`live_count`]: the live allocations made through a pool, counted per thread.
 //!
 //! The pool resources ([`DeviceMemoryResource`](crate::DeviceMemoryResource),
 //! [`PinnedMemoryResource`](crate::PinnedMemoryResource),
 //! [`ManagedMemoryResource`](crate::ManagedMemoryResource)) each hold one and expose it through
-//! `pool()`; [`MemoryResource::memory_pool`](crate::MemoryResource::memory_pool) finds it behind any resource.
+//! `pool()`; [`MemoryResource::memory_pool`](crate::MemoryResource::memory_pool) finds it behind
+//! any resource. A buffer's cached export data, and [`MemoryPool::export_buffer`] which reads
+//! it, are the buffer's (`buffer/export.rs`): the pool knows nothing of buffers.
 
 mod attributes;
 mod imports;
@@ -25,28 +28,34 @@ mod peers;
 mod shareable;
 mod sharing;
 
-use cuda_mem_sys::types::{CUmemPoolProps, CUmemoryPool};
+use cuda_mem_sys::types::{CUmemLocation, CUmemPoolProps, CUmemoryPool};
 use cuda_mem_sys::{Driver, cu_call};
 
 pub use attributes::{PoolAttributes, PoolUsage, ReusePolicy};
-pub use imports::{import_holders, import_pending_waits};
+pub use imports::{import_holders, import_pending_waits, mapped_range_size};
 pub use kind::PoolKind;
 #[cfg(unix)]
 pub use shareable::ShareableHandle;
-pub(crate) use sharing::CachedExport;
-pub use sharing::{EXPORT_DATA_LEN, mapped_range_size};
 
 use crate::device::Device;
+use crate::device::DevicePtr;
 use crate::driver::driver;
-use crate::error::{Error, Result};
-use crate::memory_resource::{DevicePtr, MemoryResource};
+use crate::drop_errors::on_drop;
+use crate::error::{Error, Result, SharingError};
+use crate::ffi;
 use crate::stream::Stream;
 
-/// A memory resource that allocates from a driver pool: what sharing its buffers between
-/// processes, and reading the pool's attributes through the resource, need.
-pub trait PoolResource: MemoryResource {
-    /// The pool behind the resource.
-    fn pool(&self) -> &MemoryPool;
+/// The size of the driver's export data for one allocation (`CUmemPoolPtrExportData`).
+pub const EXPORT_DATA_LEN: usize = 64;
+
+/// Makes a context current for calls that need one but take no stream: the pool's device's, or
+/// device 0's for host pools (any context serves them).
+fn bind_for(owner: Option<Device>) -> Result<()> {
+    let device = match owner {
+        Some(device) => device,
+        None => Device::new(0)?,
+    };
+    crate::context::bind(device)
 }
 
 /// A driver memory pool. An owned pool is destroyed when dropped (after its buffers, which keep
@@ -105,9 +114,9 @@ impl MemoryPool {
         pool.max_size = (props.maxSize != 0).then_some(props.maxSize);
         crate::memory_event!(
             DEBUG,
-            pool = handle as usize,
-            kind = ?kind,
-            max_size = props.maxSize,
+            pool = %hex(handle),
+            kind = %pool_kind(kind),
+            max_size = pool.max_size,
             ipc_enabled = shareable,
             "pool created"
         );
@@ -137,12 +146,29 @@ impl MemoryPool {
         }
     }
 
-    /// Wraps a pool this value does not own (a device's current pool, say).
-    ///
-    /// # Errors
-    /// When the driver cannot be had (it gave the handle, so it can).
-    pub(crate) fn borrowed(handle: CUmemoryPool, kind: PoolKind) -> Result<MemoryPool> {
-        Ok(MemoryPool::new(driver()?, handle, false, kind, false, false))
+    /// Wraps a pool this value does not own.
+    fn borrowed(driver: &'static Driver, handle: CUmemoryPool, kind: PoolKind) -> MemoryPool {
+        MemoryPool::new(driver, handle, false, kind, false, false)
+    }
+
+    /// The device's current pool (`cuDeviceGetMemPool`), not owned: shared with every other
+    /// user of it in the process.
+    pub(crate) fn current_of_device(device: Device) -> Result<MemoryPool> {
+        let d = driver()?;
+        let mut handle: CUmemoryPool = std::ptr::null_mut();
+        // SAFETY: `handle` is a valid out-pointer.
+        unsafe { cu_call!(d, cuDeviceGetMemPool(&mut handle, device.raw())) }?;
+        Ok(MemoryPool::borrowed(d, handle, PoolKind::Device(device)))
+    }
+
+    /// The current pool of `kind`'s memory at `location` (`cuMemGetMemPool`, CUDA 13), not
+    /// owned: shared with every other user of it in the process.
+    pub(crate) fn current(mut location: CUmemLocation, kind: PoolKind) -> Result<MemoryPool> {
+        let d = driver()?;
+        let mut handle: CUmemoryPool = std::ptr::null_mut();
+        // SAFETY: `handle` and `location` are valid for the call.
+        unsafe { cu_call!(d, cuMemGetMemPool(&mut handle, &mut location, kind.allocation_type())) }?;
+        Ok(MemoryPool::borrowed(d, handle, kind))
     }
 
     /// The raw handle.
@@ -173,7 +199,7 @@ impl MemoryPool {
     #[inline(always)]
     pub(crate) fn allocate(&self, size: usize, stream: &Stream) -> Result<DevicePtr> {
         if self.imported {
-            return Err(Error::ImportedPoolAllocation);
+            return Err(Error::Sharing(SharingError::ImportedPoolAllocation));
         }
         let d = self.driver;
         stream.bind_if_default()?;
@@ -190,9 +216,9 @@ impl MemoryPool {
         crate::memory_event!(
             TRACE,
             size,
-            ptr,
-            pool = self.handle as usize,
-            stream = stream.handle() as usize,
+            ptr = %hex(ptr),
+            pool = %hex(self.handle),
+            stream = %hex(stream.handle()),
             "allocate"
         );
         Ok(ptr)
@@ -210,9 +236,9 @@ impl MemoryPool {
         crate::memory_event!(
             TRACE,
             size = _size,
-            ptr,
-            pool = self.handle as usize,
-            stream = stream.handle() as usize,
+            ptr = %hex(ptr),
+            pool = %hex(self.handle),
+            stream = %hex(stream.handle()),
             "free"
         );
         Ok(())
@@ -228,7 +254,7 @@ impl MemoryPool {
         let d = self.driver;
         stream.bind_if_default()?;
         // SAFETY: the caller guarantees `ptr` is live memory of this pool, freed once.
-        unsafe { cu_call!(d, cuMemFreeAsync(ptr, stream.handle())) }?;
+        unsafe { ffi::mem_free_async(d, ptr, stream.handle()) }?;
         Ok(())
     }
 }
@@ -241,197 +267,24 @@ impl Drop for MemoryPool {
         // A failed revocation is recorded and the pool destroyed all the same: leaving it would
         // keep its memory for the life of the process, a worse outcome than the stale access
         // the revocation guards against.
-        if let Err(error) = self.revoke_all_peers() {
-            crate::drop_errors::record("MemoryPool (revoking peer access)", error);
-        }
-        let destroy = || -> Result<()> {
-            let d = driver()?;
-            // SAFETY: an owned pool handle, destroyed once, here; every buffer from it is gone
-            // (buffers keep their resource, and so this pool, alive).
-            unsafe { cu_call!(d, cuMemPoolDestroy(self.handle())) }?;
-            Ok(())
-        };
-        // The claim is let go under the same lock as the destruction: the handle may name the
-        // next pool as soon as it is destroyed (see `sharing::handle_turnover`).
-        let turnover = sharing::handle_turnover();
-        let destroyed = destroy();
-        drop(self.claim.take());
-        drop(turnover);
-        match destroyed {
-            Ok(()) => {
-                crate::memory_event!(DEBUG, pool = self.handle as usize, "pool destroyed");
-            }
-            Err(error) => crate::drop_errors::record("MemoryPool", error),
-        }
+        on_drop("MemoryPool (revoking peer access)", || self.revoke_all_peers());
+        on_drop("MemoryPool", || self.destroy());
     }
 }
 
-/// Implements [`MemoryResource`](crate::MemoryResource) and [`PoolResource`] for a pool resource
-/// (a struct with a `pool: MemoryPool` field): allocation and freeing go to the pool; the memory
-/// is always device-accessible; host accessibility, the device and managedness are given.
-macro_rules! pool_resource {
-    ($ty:ty, host_accessible: $host:expr, device: |$this:ident| $device:expr $(, managed: $managed:expr)?) => {
-        // SAFETY: the pool hands out `size` valid bytes per allocation until they are freed;
-        // the accessibility the caller states is the pool's memory's.
-        unsafe impl $crate::MemoryResource for $ty {
-            /// Allocates from the pool, in stream order; [`Error::CapturingStream`] on a
-            /// capturing stream (the pool would allocate outside the graph).
-            ///
-            /// [`Error::CapturingStream`]: $crate::Error::CapturingStream
-            #[inline(always)]
-            fn allocate_raw(&self, size: usize, stream: &$crate::Stream) -> $crate::Result<$crate::DevicePtr> {
-                self.pool.allocate(size, stream)
-            }
-
-            unsafe fn deallocate_raw(
-                &self,
-                ptr: $crate::DevicePtr,
-                size: usize,
-                stream: &$crate::Stream,
-            ) -> $crate::Result<()> {
-                // SAFETY: forwarded from the caller.
-                unsafe { self.pool.deallocate(ptr, size, stream) }
-            }
-
-            fn is_device_accessible(&self) -> bool {
-                true
-            }
-
-            fn is_host_accessible(&self) -> bool {
-                $host
-            }
-
-            fn device(&self) -> Option<$crate::Device> {
-                let $this = self;
-                $device
-            }
-
-            $(
-                fn is_managed(&self) -> bool {
-                    $managed
-                }
-            )?
-
-            fn may_be_written_externally(&self) -> bool {
-                self.pool.is_shareable()
-            }
-
-            fn memory_pool(&self) -> Option<&$crate::MemoryPool> {
-                Some(&self.pool)
-            }
-        }
-
-        impl $crate::PoolResource for $ty {
-            fn pool(&self) -> &$crate::MemoryPool {
-                &self.pool
-            }
-        }
-
-        $crate::memory_resource::inherent_allocation!($ty);
-        $crate::pool::pool_delegates!($ty);
-    };
+impl MemoryPool {
+    /// Destroys the owned pool, once (from `Drop`), and lets go of the claim on its handle under
+    /// the same lock: the handle may name the next pool as soon as it is destroyed (see
+    /// `sharing::handle_turnover`).
+    fn destroy(&mut self) -> Result<()> {
+        let turnover = sharing::handle_turnover();
+        // SAFETY: an owned pool handle, destroyed once, here; every buffer from it is gone
+        // (buffers keep their resource, and so this pool, alive).
+        let destroyed = driver().and_then(|d| Ok(unsafe { cu_call!(d, cuMemPoolDestroy(self.handle)) }?));
+        drop(self.claim.take());
+        drop(turnover);
+        destroyed?;
+        crate::memory_event!(DEBUG, pool = %hex(self.handle), "pool destroyed");
+        Ok(())
+    }
 }
-pub(crate) use pool_resource;
-
-/// The pool's features on the resource itself, where cuda.core puts them (`mr.attributes`,
-/// `mr.release_threshold`, …): each forwards to the [`MemoryPool`] method of the same name.
-macro_rules! pool_delegates {
-    ($ty:ty) => {
-        /// The pool's features, forwarded to [`MemoryPool`](crate::MemoryPool) (also reachable
-        /// through `pool()`).
-        impl $ty {
-            /// The pool's usage, high-water marks, release threshold and reuse policies:
-            /// [`MemoryPool::attributes`](crate::MemoryPool::attributes).
-            ///
-            /// # Errors
-            /// Driver errors.
-            pub fn attributes(&self) -> $crate::Result<$crate::PoolAttributes> {
-                self.pool.attributes()
-            }
-
-            /// The pool's usage at a glance (used and reserved bytes with their high-water
-            /// marks, live allocations): [`MemoryPool::usage`](crate::MemoryPool::usage).
-            ///
-            /// # Errors
-            /// Driver errors.
-            pub fn usage(&self) -> $crate::Result<$crate::PoolUsage> {
-                self.pool.usage()
-            }
-
-            /// Bytes the pool keeps cached at a synchronization:
-            /// [`MemoryPool::release_threshold`](crate::MemoryPool::release_threshold).
-            ///
-            /// # Errors
-            /// Driver errors.
-            pub fn release_threshold(&self) -> $crate::Result<u64> {
-                self.pool.release_threshold()
-            }
-
-            /// Sets the release threshold:
-            /// [`MemoryPool::set_release_threshold`](crate::MemoryPool::set_release_threshold).
-            ///
-            /// # Errors
-            /// Driver errors.
-            pub fn set_release_threshold(&self, bytes: u64) -> $crate::Result<()> {
-                self.pool.set_release_threshold(bytes)
-            }
-
-            /// Turns a reuse policy on or off:
-            /// [`MemoryPool::set_reuse`](crate::MemoryPool::set_reuse).
-            ///
-            /// # Errors
-            /// Driver errors.
-            pub fn set_reuse(&self, policy: $crate::ReusePolicy, enabled: bool) -> $crate::Result<()> {
-                self.pool.set_reuse(policy, enabled)
-            }
-
-            /// Resets the high-water marks to the current usage:
-            /// [`MemoryPool::reset_peak_usage`](crate::MemoryPool::reset_peak_usage).
-            ///
-            /// # Errors
-            /// Driver errors.
-            pub fn reset_peak_usage(&self) -> $crate::Result<()> {
-                self.pool.reset_peak_usage()
-            }
-
-            /// Releases cached memory down to `keep` bytes:
-            /// [`MemoryPool::trim_to`](crate::MemoryPool::trim_to).
-            ///
-            /// # Errors
-            /// Driver errors.
-            #[doc(alias = "trim")]
-            pub fn trim_to(&self, keep: usize) -> $crate::Result<()> {
-                self.pool.trim_to(keep)
-            }
-
-            /// The access `device` has to the pool's memory:
-            /// [`MemoryPool::access`](crate::MemoryPool::access).
-            ///
-            /// # Errors
-            /// Driver errors.
-            #[doc(alias = "DMR_mempool_get_access")]
-            pub fn access(&self, device: $crate::Device) -> $crate::Result<$crate::Access> {
-                self.pool.access(device)
-            }
-
-            /// Whether the pool can be shared with other processes by file descriptor
-            /// ([`MemoryPool::is_shareable`](crate::MemoryPool::is_shareable)).
-            pub fn is_ipc_enabled(&self) -> bool {
-                self.pool.is_shareable()
-            }
-
-            /// Whether dropping the resource destroys the pool (false for a current pool):
-            /// [`MemoryPool::is_owned`](crate::MemoryPool::is_owned).
-            #[doc(alias = "is_handle_owned")]
-            pub fn is_owned(&self) -> bool {
-                self.pool.is_owned()
-            }
-
-            /// The raw pool handle: [`MemoryPool::handle`](crate::MemoryPool::handle).
-            pub fn handle(&self) -> cuda_mem_sys::types::CUmemoryPool {
-                self.pool.handle()
-            }
-        }
-    };
-}
-pub(crate) use pool_delegates;

@@ -131,7 +131,7 @@ impl MemoryPool {
         for _desc in &descs {
             crate::memory_event!(
                 DEBUG,
-                pool = self.handle() as usize,
+                pool = %hex(self.handle()),
                 device = _desc.location.id,
                 access = ?Access::from_raw(_desc.flags),
                 "peer access changed"

@@ -9,12 +9,13 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use cuda_mem_sys::cu_call;
 use cuda_mem_sys::types::{CUmemAllocationHandleType, CUmemoryPool};
 
-use super::sharing::{HandleClaim, bind_for, handle_turnover};
+use super::bind_for;
+use super::sharing::{HandleClaim, handle_turnover};
 use super::{MemoryPool, PoolKind};
 use crate::access::Access;
 use crate::device::Device;
 use crate::driver::driver;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, SharingError};
 
 const POSIX_FD: CUmemAllocationHandleType = CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
 
@@ -82,7 +83,7 @@ impl MemoryPool {
     /// one (no new descriptor per call). For an imported pool, the handle it was imported from.
     ///
     /// # Errors
-    /// [`Error::PoolNotIpcEnabled`] for a pool created without `ipc_enabled`; driver errors;
+    /// [`SharingError::PoolNotIpcEnabled`] for a pool created without `ipc_enabled`; driver errors;
     /// [`Error::Io`] when the driver reports success but gives no descriptor.
     #[doc(alias("allocation_handle", "get_allocation_handle"))]
     pub fn shareable_handle(&self) -> Result<&ShareableHandle> {
@@ -90,7 +91,7 @@ impl MemoryPool {
             return Ok(handle);
         }
         if !self.shareable {
-            return Err(Error::PoolNotIpcEnabled);
+            return Err(Error::Sharing(SharingError::PoolNotIpcEnabled));
         }
         let d = driver()?;
         let mut raw: std::ffi::c_int = -1;
@@ -102,7 +103,7 @@ impl MemoryPool {
         let fd = unsafe { exported_fd(raw) }?;
         // Another thread may have won the race; its handle is kept and this one closed.
         let handle = self.handle_once.get_or_init(|| ShareableHandle { fd, id: fresh_id() });
-        crate::memory_event!(DEBUG, pool = self.handle() as usize, id = handle.id, kind = ?self.kind, "pool exported");
+        crate::memory_event!(DEBUG, pool = %hex(self.handle()), id = handle.id, kind = %pool_kind(self.kind), "pool exported");
         Ok(handle)
     }
 
@@ -113,9 +114,9 @@ impl MemoryPool {
     /// device, as a created one is.
     ///
     /// # Errors
-    /// [`Error::PoolAlreadyOwned`] when the driver answers with the handle of a pool this process
+    /// [`SharingError::PoolAlreadyOwned`] when the driver answers with the handle of a pool this process
     /// already owns (a driver may return one handle for every import of a pool): nothing new is
-    /// owned, and that pool is left as it was. [`Error::UnsupportedImportedPool`] when the pool is neither
+    /// owned, and that pool is left as it was. [`SharingError::UnsupportedImportedPool`] when the pool is neither
     /// a device pool nor a pinned host pool. Driver errors when the driver refuses the
     /// descriptor (not a pool, or a pool it cannot map).
     #[doc(alias = "from_allocation_handle")]
@@ -133,7 +134,7 @@ impl MemoryPool {
             HandleClaim::imported(handle)
         };
         let Some(claim) = claim else {
-            return Err(Error::PoolAlreadyOwned { handle: handle as usize });
+            return Err(Error::Sharing(SharingError::PoolAlreadyOwned { handle: handle as usize }));
         };
         // Pinned (no owner) until located: nothing reads the kind before.
         let mut pool = MemoryPool::new(d, handle, true, PoolKind::Pinned, false, true);
@@ -145,7 +146,7 @@ impl MemoryPool {
         if pool.kind == PoolKind::Pinned {
             pool.grant_all_devices()?;
         }
-        crate::memory_event!(DEBUG, pool = handle as usize, id, kind = ?pool.kind, "pool imported");
+        crate::memory_event!(DEBUG, pool = %hex(handle), id, kind = %pool_kind(pool.kind), "pool imported");
         Ok(pool)
     }
 
@@ -167,7 +168,7 @@ impl MemoryPool {
         }
         match reachable[..] {
             [device] => Ok(PoolKind::Device(device)),
-            _ => Err(Error::UnsupportedImportedPool { reachable_devices: reachable.len() }),
+            _ => Err(Error::Sharing(SharingError::UnsupportedImportedPool { reachable_devices: reachable.len() })),
         }
     }
 }
@@ -176,7 +177,7 @@ impl MemoryPool {
 mod tests {
     use std::os::fd::{AsRawFd, IntoRawFd};
 
-    use crate::{Device, DeviceMemoryResource, Error};
+    use crate::{Device, DeviceMemoryResource, Error, SharingError};
 
     /// A driver that reports a successful export and leaves the slot at -1 gave no descriptor:
     /// an error, where `OwnedFd::from_raw_fd(-1)` panicked.
@@ -211,7 +212,10 @@ mod tests {
                 let pool = DeviceMemoryResource::new(Device::new(0).unwrap(), Default::default()).unwrap();
                 pool.pool().add_peer(Device::new(1).unwrap()).unwrap();
                 let error = pool.pool().locate_imported().unwrap_err();
-                assert!(matches!(error, Error::UnsupportedImportedPool { reachable_devices: 2 }), "{error}");
+                assert!(
+                    matches!(error, Error::Sharing(SharingError::UnsupportedImportedPool { reachable_devices: 2 })),
+                    "{error}"
+                );
                 assert!(error.to_string().contains("share device or pinned memory pools only"), "{error}");
             },
         );

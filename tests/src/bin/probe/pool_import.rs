@@ -1,6 +1,6 @@
 //! Question 1: importing one pool twice in one process. `cuda.h` does not say whether a second
 //! `cuMemPoolImportFromShareableHandle` of a pool returns the first import's handle or a new
-//! one; `cuda-mem-core` guards against the first reading (`Error::PoolAlreadyOwned`), and the
+//! one; `cuda-mem-core` guards against the first reading (`SharingError::PoolAlreadyOwned`), and the
 //! simulator models both (`CUDA_SIM_POOL_IMPORT`). The parent exports a device pool; a child
 //! imports its descriptor twice, then a duplicate of it, and destroys the later imports before
 //! asking whether the first still works.

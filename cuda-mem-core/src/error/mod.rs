@@ -2,11 +2,37 @@
 //! do; a failed driver call, system call or other resource stays the
 //! [`source`](std::error::Error::source), and [`Error::cuda_code`] finds a driver code anywhere
 //! in the chain.
+//!
+//! An area whose calls refuse for several reasons of its own has an error type of its own, a
+//! file each, nested in [`Error`]: [`ViewError`] (`view`), [`ManagedError`] (`managed`),
+//! [`SharingError`] (`sharing`), [`CopyError`] (`copy`), `DlpackError` (`dlpack`) and
+//! `CudarcError` (`cudarc`). They name only the crate's vocabulary (devices, addresses,
+//! locations, advice), so this module, at the bottom of the crate, imports none of the modules
+//! that report them.
+
+mod copy;
+#[cfg(feature = "cudarc")]
+mod cudarc;
+#[cfg(feature = "dlpack")]
+pub(crate) mod dlpack;
+mod managed;
+mod sharing;
+mod view;
 
 use cuda_mem_sys::types::CUresult;
 use cuda_mem_sys::{CudaError, DriverError, LoadError};
 
-use crate::device::Device;
+pub use copy::{CopyError, OverlapKind};
+#[cfg(feature = "cudarc")]
+pub use cudarc::CudarcError;
+#[cfg(feature = "dlpack")]
+pub use dlpack::DlpackError;
+pub use managed::ManagedError;
+pub use sharing::SharingError;
+pub use view::ViewError;
+
+use crate::device::{Device, DevicePtr};
+use crate::driver_version::DriverCapability;
 use crate::handle_types::HandleTypes;
 
 /// Everything that can go wrong in `cuda-mem-core`.
@@ -58,7 +84,7 @@ pub enum Error {
     )]
     DriverTooOld {
         /// What was asked for.
-        capability: crate::DriverCapability,
+        capability: DriverCapability,
         /// The CUDA version it needs (`cuDriverGetVersion`'s encoding: `12060` for 12.6).
         needs: u32,
         /// The version the installed driver reports.
@@ -93,42 +119,6 @@ pub enum Error {
         /// The buffer's size in bytes.
         size: usize,
     },
-    /// A typed view of bytes that are not a whole number of its elements.
-    #[error(
-        "invalid argument: {size} bytes are not a whole number of `{element}` ({element_size} bytes each): view \
-         them as a smaller type, or view a buffer (or sub-range) whose size is a multiple of {element_size}"
-    )]
-    ViewSize {
-        /// The element type's name.
-        element: &'static str,
-        /// Its size in bytes.
-        element_size: usize,
-        /// The size of the bytes viewed.
-        size: usize,
-    },
-    /// A typed view of memory whose address is not aligned for its elements.
-    #[error(
-        "invalid argument: address {ptr:#x} is not aligned for `{element}` (which needs {align}-byte alignment): \
-         view it as a type of smaller alignment, or copy it into an aligned buffer"
-    )]
-    ViewAlignment {
-        /// The element type's name.
-        element: &'static str,
-        /// Its alignment in bytes.
-        align: usize,
-        /// The address.
-        ptr: crate::memory_resource::DevicePtr,
-    },
-    /// A sub-range of a view that does not lie within it (in elements).
-    #[error("out of range: elements {start}..{end} of a view of {len} elements: slice within 0..{len}")]
-    SliceOutOfRange {
-        /// The first element asked for (`usize::MAX` when the bound overflowed).
-        start: usize,
-        /// One past the last element asked for (`usize::MAX` when the bound overflowed).
-        end: usize,
-        /// The view's length.
-        len: usize,
-    },
     /// An allocation from a buffer's own resource, which it does not hold a share of (a
     /// [`ScopedBuffer`](crate::ScopedBuffer) borrows it; a view of memory someone else owns has
     /// none).
@@ -138,7 +128,7 @@ pub enum Error {
     )]
     NoSharedResource {
         /// The buffer's address.
-        ptr: crate::memory_resource::DevicePtr,
+        ptr: DevicePtr,
         /// Its size in bytes.
         size: usize,
     },
@@ -149,7 +139,7 @@ pub enum Error {
     )]
     NotOwning {
         /// The buffer's address.
-        ptr: crate::memory_resource::DevicePtr,
+        ptr: DevicePtr,
         /// Its size in bytes.
         size: usize,
     },
@@ -161,7 +151,7 @@ pub enum Error {
     )]
     NotHostAccessible {
         /// The buffer's address.
-        ptr: crate::memory_resource::DevicePtr,
+        ptr: DevicePtr,
         /// Its size in bytes.
         size: usize,
     },
@@ -195,47 +185,6 @@ pub enum Error {
         resource: usize,
         /// The stream's device ordinal.
         stream: usize,
-    },
-    /// Allocation from a pool imported from another process, which only maps what its exporter
-    /// allocates.
-    #[error(
-        "cannot allocate from a pool imported from another process (a mapped memory resource): allocate in the \
-         exporting process and send the buffer"
-    )]
-    ImportedPoolAllocation,
-    /// Sharing a pool that was created without an IPC handle type.
-    #[error("not supported: this memory pool is not IPC-enabled: create it with ipc_enabled(true) to share it")]
-    PoolNotIpcEnabled,
-    /// Mapping another process's allocation through a pool that was not imported.
-    #[error("not supported: only a pool imported from another process (MemoryPool::import) maps exported allocations")]
-    PoolNotImported,
-    /// An address that is not an allocation this process imported through the pool (to release
-    /// or to export again).
-    #[error("{ptr:#x} is not an allocation this process imported through this pool")]
-    NotAnImport {
-        /// The address given.
-        ptr: crate::memory_resource::DevicePtr,
-    },
-    /// The driver mapped an allocation to import at an address this process holds already
-    /// through another pool (another import of the same pool): the held mapping is left as it
-    /// is, and this import refused, since the driver does not count imports and releasing one
-    /// would unmap both.
-    #[error(
-        "the driver mapped the allocation at {ptr:#x}, which this process holds already through another imported \
-         pool; that mapping was left alone"
-    )]
-    ImportHeldElsewhere {
-        /// The address the driver answered with.
-        ptr: crate::memory_resource::DevicePtr,
-    },
-    /// An imported pool that is neither a device pool nor a pinned host pool; it was not kept.
-    #[error(
-        "not supported: the imported memory pool is neither a device pool nor a pinned host pool \
-         ({reachable_devices} devices can reach it at once): share device or pinned memory pools only"
-    )]
-    UnsupportedImportedPool {
-        /// How many devices have read-write access to it.
-        reachable_devices: usize,
     },
     /// An allocation a [`LimitingAdaptor`](crate::LimitingAdaptor) refused: it would have taken
     /// the bytes allocated through it past its limit. The resource it wraps was not asked.
@@ -278,75 +227,25 @@ pub enum Error {
     )]
     WritableElsewhere {
         /// The buffer's address.
-        ptr: crate::memory_resource::DevicePtr,
+        ptr: DevicePtr,
         /// Its size in bytes.
         size: usize,
     },
-    /// A managed-memory operation (advice, prefetch, discard, range query) on memory that is not
-    /// managed.
-    #[error(
-        "{operation} requires a managed-memory allocation ({size} bytes at {ptr:#x} is not managed memory): allocate \
-         it from a ManagedMemoryResource, or wrap memory from cuMemAllocManaged"
-    )]
-    NotManaged {
-        /// The operation refused (`"prefetch"`, `"set_read_mostly"`, …).
-        operation: &'static str,
-        /// The buffer's address.
-        ptr: crate::memory_resource::DevicePtr,
-        /// Its size in bytes.
-        size: usize,
-    },
-    /// Advice given with a location of a kind it does not take (checked before any driver
-    /// call; see [`Advice::accepts`](crate::Advice::accepts)).
-    #[error("advice {advice:?} does not take the location {location:?}: it takes {}", advice.accepted())]
-    AdviceLocation {
-        /// The advice.
-        advice: crate::managed::Advice,
-        /// The location refused.
-        location: crate::location::Location,
-    },
-    /// A managed pool asked to prefer a location a pool cannot have (checked before any driver
-    /// call): the calling thread's NUMA node ([`Location::HostNumaCurrent`](crate::Location::HostNumaCurrent)),
-    /// which `cuMemPoolCreate` refuses.
-    #[error(
-        "invalid argument: a managed pool cannot prefer {location:?}, which names no fixed location: use \
-         Location::HostNuma(node), Location::Host, a device, or None"
-    )]
-    PoolLocation {
-        /// The location refused.
-        location: crate::location::Location,
-    },
-    /// A batched managed-memory operation given no buffers.
+    /// A batch (of copies, prefetches or discards) given nothing to do.
     #[error("{operation} needs at least one buffer: the batch is empty")]
     EmptyBatch {
-        /// The operation (`"prefetch_batch"`, …).
+        /// The operation (`"copy_batch"`, `"prefetch_batch"`, …).
         operation: &'static str,
     },
-    /// A batched prefetch given a number of locations other than one or one per buffer.
-    #[error(
-        "{locations} locations for {buffers} buffers: give one location for every buffer (ManagedLocations::Same) \
-         or one per buffer"
-    )]
-    BatchLengthMismatch {
-        /// How many buffers.
-        buffers: usize,
-        /// How many locations.
-        locations: usize,
-    },
-    /// A host slice of managed memory on a system where a device lacks concurrent managed
-    /// access ([`Device::concurrent_managed_access`]): the host may touch managed memory only
-    /// while no device work runs.
-    #[error(
-        "host access to managed memory ({size} bytes at {ptr:#x}) is unsafe while device work runs, and a device \
-         here lacks concurrent managed access: use host_slice_devices_idle (unsafe), which synchronizes every \
-         device first, and launch no work while the slice lives"
-    )]
-    ManagedAccessNotConcurrent {
-        /// The buffer's address.
-        ptr: crate::memory_resource::DevicePtr,
-        /// Its size in bytes.
-        size: usize,
-    },
+    /// A typed view refused: its size, its alignment or a sub-range ([`ViewError`]).
+    #[error(transparent)]
+    View(#[from] ViewError),
+    /// A managed-memory operation refused before any driver call ([`ManagedError`]).
+    #[error(transparent)]
+    Managed(#[from] ManagedError),
+    /// Sharing a pool or an allocation between processes refused ([`SharingError`]).
+    #[error(transparent)]
+    Sharing(#[from] SharingError),
     /// An interprocess event was asked for with timing: the driver does not time interprocess
     /// events (checked before any driver call).
     #[error(
@@ -362,29 +261,18 @@ pub enum Error {
          share it between processes"
     )]
     EventNotInterprocess,
-    /// A DLPack export or import was refused (feature `dlpack`).
-    #[cfg(feature = "dlpack")]
-    #[error(transparent)]
-    Dlpack(#[from] crate::dlpack::DlpackError),
-    /// Importing a pool gave the handle of a pool this process already owns (a driver may
-    /// return one handle for every import of a pool): nothing new was owned, so that dropping the
-    /// import cannot destroy the pool under its first owner.
-    #[error(
-        "the driver answered the import with memory pool {handle:#x}, which this process already owns \
-         (imported or created earlier): use the existing pool instead of importing it again"
-    )]
-    PoolAlreadyOwned {
-        /// The pool's handle (`CUmemoryPool`, as an integer).
-        handle: usize,
-    },
     /// A copy with options, or a batch of copies, refused before any driver call (see
     /// [`copy_batch`](crate::copy_batch)).
     #[error(transparent)]
-    Copy(crate::copy::CopyError),
+    Copy(#[from] CopyError),
+    /// A DLPack export or import was refused (feature `dlpack`).
+    #[cfg(feature = "dlpack")]
+    #[error(transparent)]
+    Dlpack(#[from] DlpackError),
     /// A cudarc object this crate cannot work with (feature `cudarc`).
     #[cfg(feature = "cudarc")]
     #[error(transparent)]
-    Cudarc(#[from] crate::cudarc_interop::CudarcError),
+    Cudarc(#[from] CudarcError),
 }
 
 impl From<LoadError> for Error {

@@ -3,9 +3,11 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::{adaptor_common, forward_memory_properties};
+use crate::buffer::{Buffer, ScopedBuffer};
+use crate::device::DevicePtr;
 use crate::error::Result;
-use crate::memory_resource::{DevicePtr, MemoryResource};
+use crate::memory_resource::{MemoryResource, PoolResource};
+use crate::pool::MemoryPool;
 use crate::stream::Stream;
 
 /// Counts what flows through the resource it wraps: bytes and allocations, current, peak and
@@ -99,6 +101,34 @@ impl<R: MemoryResource + ?Sized> StatisticsAdaptor<R> {
         Arc::new(StatisticsAdaptor { inner, bytes: Counter::default(), allocations: Counter::default() })
     }
 
+    /// The resource this adaptor allocates from.
+    #[doc(alias = "get_upstream_resource")]
+    pub fn inner(&self) -> &Arc<R> {
+        &self.inner
+    }
+
+    /// Allocates `size` bytes on `stream` into an owned [`Buffer`] that keeps this adaptor (and what it wraps) alive
+    /// ([`MemoryResourceExt::allocate`](crate::MemoryResourceExt::allocate) without the import).
+    /// A zero-size request makes an empty buffer without asking the resource.
+    ///
+    /// # Errors
+    /// When the resource cannot allocate.
+    #[inline]
+    pub fn allocate(self: &Arc<Self>, size: usize, stream: &Stream) -> Result<Buffer> {
+        Buffer::allocate_in(Arc::clone(self), size, stream)
+    }
+
+    /// Allocates `size` bytes on `stream` into a [`ScopedBuffer`] that borrows this adaptor (and what it wraps) and
+    /// the stream ([`MemoryResourceExt::allocate_scoped`](crate::MemoryResourceExt::allocate_scoped)
+    /// without the import).
+    ///
+    /// # Errors
+    /// When the resource cannot allocate.
+    #[inline]
+    pub fn allocate_scoped<'a>(&'a self, size: usize, stream: &'a Stream) -> Result<ScopedBuffer<'a>> {
+        ScopedBuffer::allocate_scoped_in(self, size, stream)
+    }
+
     /// Everything counted so far.
     #[doc(alias = "get_bytes_counter")]
     #[doc(alias = "get_allocations_counter")]
@@ -117,11 +147,16 @@ impl<R: MemoryResource + ?Sized> StatisticsAdaptor<R> {
     }
 }
 
-adaptor_common!(StatisticsAdaptor);
+impl<R: PoolResource + ?Sized> PoolResource for StatisticsAdaptor<R> {
+    fn pool(&self) -> &MemoryPool {
+        self.inner.pool()
+    }
+}
 
 // SAFETY: the memory is the wrapped resource's, handed out and taken back unchanged (each pointer
 // comes from `inner.allocate_raw` and goes back to `inner.deallocate_raw` with the same size and
-// stream), and every property is the wrapped resource's: its guarantees are this one's.
+// stream), and it answers every question about the memory as the wrapped resource, its
+// `upstream` (the trait's defaults): its guarantees are this one's.
 unsafe impl<R: MemoryResource + ?Sized> MemoryResource for StatisticsAdaptor<R> {
     fn allocate_raw(&self, size: usize, stream: &Stream) -> Result<DevicePtr> {
         let ptr = self.inner.allocate_raw(size, stream)?;
@@ -139,15 +174,17 @@ unsafe impl<R: MemoryResource + ?Sized> MemoryResource for StatisticsAdaptor<R> 
         Ok(())
     }
 
-    forward_memory_properties!();
+    fn upstream(&self) -> Option<&dyn MemoryResource> {
+        Some(self.inner.as_dyn_memory_resource())
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
 
+    use super::super::tests::setup;
     use super::*;
-    use crate::adaptors::tests::setup;
     use crate::{Error, LimitingAdaptor};
 
     fn stats(current: (u64, u64), peak: (u64, u64), total: (u64, u64)) -> AllocationStatistics {

@@ -1,42 +1,15 @@
-//! Devices: enumeration, the properties the memory crates need, peer capability, and making a
-//! device current.
+//! Asking the driver about devices: enumeration, the properties the memory crates need, their
+//! memory, peer capability; making a device current and waiting for its work.
 
 use std::ffi::c_char;
 
 use cuda_mem_sys::cu_call;
 use cuda_mem_sys::types::{CUdevice_attribute as A, CUdevice_attribute, CUmemAllocationHandleType, CUresult};
 
+use super::{Device, NumaNode};
 use crate::driver::driver;
 use crate::error::{Error, Result};
 use crate::handle_types::HandleTypes;
-use crate::stream::Stream;
-
-/// A CUDA device, by ordinal. Cheap to copy; it owns nothing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Device {
-    ordinal: i32,
-}
-
-/// A host NUMA node, by the id the operating system gives it (the driver's `CUmemLocation` id
-/// for `CU_MEM_LOCATION_TYPE_HOST_NUMA`). A device names the one closest to it:
-/// [`Device::host_numa_node`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct NumaNode(pub u32);
-
-impl NumaNode {
-    /// The id as the driver takes it: a node beyond `int` is no node the driver knows, so it
-    /// becomes `i32::MAX`, which the driver refuses as it refuses any unknown node (where `as`
-    /// would wrap to a negative id).
-    pub(crate) fn raw(self) -> i32 {
-        i32::try_from(self.0).unwrap_or(i32::MAX)
-    }
-}
-
-impl std::fmt::Display for NumaNode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "NUMA node {}", self.0)
-    }
-}
 
 /// The CUDA version of `cuDeviceGetUuid_v2` (`PFN_cuDeviceGetUuid_v11040`); older drivers have
 /// only CUDA 9.2's `cuDeviceGetUuid` (`PFN_cuDeviceGetUuid_v9020`), with the same arguments.
@@ -148,17 +121,6 @@ impl Device {
         Ok(None)
     }
 
-    /// The ordinal.
-    #[doc(alias = "device_id")]
-    pub fn ordinal(&self) -> usize {
-        self.ordinal as usize
-    }
-
-    /// The ordinal as the driver's `CUdevice`.
-    pub fn raw(&self) -> cuda_mem_sys::types::CUdevice {
-        self.ordinal
-    }
-
     /// The device's name.
     ///
     /// # Errors
@@ -237,7 +199,7 @@ impl Device {
     /// (`CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS`). Without it, the host must not touch
     /// managed memory while any device work runs (on such a system a host access during a
     /// kernel faults): host slices of managed buffers are then refused
-    /// ([`Error::ManagedAccessNotConcurrent`]) unless every device is idle, and the driver
+    /// ([`ManagedError::HostAccessNotConcurrent`](crate::ManagedError::HostAccessNotConcurrent)) unless every device is idle, and the driver
     /// refuses prefetches to the device and the batched managed operations. cuda.core warns once
     /// per process in this case; here the check is this query and those refusals.
     ///
@@ -352,11 +314,6 @@ impl Device {
         crate::context::bind(*self)
     }
 
-    /// The device's legacy default stream.
-    pub fn default_stream(&self) -> Stream {
-        Stream::legacy_default(*self)
-    }
-
     /// Waits for all work on the device's primary context.
     ///
     /// # Errors
@@ -371,12 +328,6 @@ impl Device {
     }
 }
 
-impl std::fmt::Display for Device {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "device {}", self.ordinal)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use crate::{Device, SynchronousMemoryResource};
@@ -387,7 +338,7 @@ mod tests {
     #[test]
     fn memory_info_follows_allocations() {
         cuda_sim::testing::in_simulated_machine(
-            "device::tests::memory_info_follows_allocations",
+            "device::query::tests::memory_info_follows_allocations",
             &[("CUDA_SIM_DEVICES", "2"), ("CUDA_SIM_MEMORY", "64M")],
             || {
                 if !cuda_sim::testing::simulator_only("a known amount of free memory") {

@@ -3,9 +3,11 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::{adaptor_common, forward_memory_properties};
+use crate::buffer::{Buffer, ScopedBuffer};
+use crate::device::DevicePtr;
 use crate::error::{Error, Result};
-use crate::memory_resource::{DevicePtr, MemoryResource};
+use crate::memory_resource::{MemoryResource, PoolResource};
+use crate::pool::MemoryPool;
 use crate::stream::Stream;
 
 /// Refuses allocations that would take the bytes allocated through it past a limit, with
@@ -49,6 +51,34 @@ impl<R: MemoryResource + ?Sized> LimitingAdaptor<R> {
         Arc::new(LimitingAdaptor { inner, limit, in_use: AtomicUsize::new(0) })
     }
 
+    /// The resource this adaptor allocates from.
+    #[doc(alias = "get_upstream_resource")]
+    pub fn inner(&self) -> &Arc<R> {
+        &self.inner
+    }
+
+    /// Allocates `size` bytes on `stream` into an owned [`Buffer`] that keeps this adaptor (and what it wraps) alive
+    /// ([`MemoryResourceExt::allocate`](crate::MemoryResourceExt::allocate) without the import).
+    /// A zero-size request makes an empty buffer without asking the resource.
+    ///
+    /// # Errors
+    /// When the resource cannot allocate.
+    #[inline]
+    pub fn allocate(self: &Arc<Self>, size: usize, stream: &Stream) -> Result<Buffer> {
+        Buffer::allocate_in(Arc::clone(self), size, stream)
+    }
+
+    /// Allocates `size` bytes on `stream` into a [`ScopedBuffer`] that borrows this adaptor (and what it wraps) and
+    /// the stream ([`MemoryResourceExt::allocate_scoped`](crate::MemoryResourceExt::allocate_scoped)
+    /// without the import).
+    ///
+    /// # Errors
+    /// When the resource cannot allocate.
+    #[inline]
+    pub fn allocate_scoped<'a>(&'a self, size: usize, stream: &'a Stream) -> Result<ScopedBuffer<'a>> {
+        ScopedBuffer::allocate_scoped_in(self, size, stream)
+    }
+
     /// The limit, in bytes.
     #[doc(alias = "get_allocation_limit")]
     pub fn limit(&self) -> usize {
@@ -82,11 +112,16 @@ impl<R: MemoryResource + ?Sized> LimitingAdaptor<R> {
     }
 }
 
-adaptor_common!(LimitingAdaptor);
+impl<R: PoolResource + ?Sized> PoolResource for LimitingAdaptor<R> {
+    fn pool(&self) -> &MemoryPool {
+        self.inner.pool()
+    }
+}
 
 // SAFETY: the memory is the wrapped resource's, handed out and taken back unchanged (each pointer
 // comes from `inner.allocate_raw` and goes back to `inner.deallocate_raw` with the same size and
-// stream), and every property is the wrapped resource's: its guarantees are this one's.
+// stream), and it answers every question about the memory as the wrapped resource, its
+// `upstream` (the trait's defaults): its guarantees are this one's.
 unsafe impl<R: MemoryResource + ?Sized> MemoryResource for LimitingAdaptor<R> {
     fn allocate_raw(&self, size: usize, stream: &Stream) -> Result<DevicePtr> {
         self.reserve(size)?;
@@ -102,16 +137,18 @@ unsafe impl<R: MemoryResource + ?Sized> MemoryResource for LimitingAdaptor<R> {
         Ok(())
     }
 
-    forward_memory_properties!();
+    fn upstream(&self) -> Option<&dyn MemoryResource> {
+        Some(self.inner.as_dyn_memory_resource())
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use std::sync::Barrier;
 
+    use super::super::tests::setup;
     use super::*;
     use crate::StatisticsAdaptor;
-    use crate::adaptors::tests::setup;
 
     /// A refusal asks nothing of the pool (no driver call at all), and a failed allocation of
     /// the pool gives its bytes back. In a process of its own: the driver's call counts and
@@ -119,7 +156,7 @@ mod tests {
     #[test]
     fn a_refusal_never_reaches_the_inner_resource_and_failures_give_the_budget_back() {
         cuda_sim::testing::in_simulated_machine(
-            "adaptors::limiting::tests::a_refusal_never_reaches_the_inner_resource_and_failures_give_the_budget_back",
+            "resources::adaptors::limiting::tests::a_refusal_never_reaches_the_inner_resource_and_failures_give_the_budget_back",
             &[],
             || {
                 if !cuda_sim::testing::simulator_only("counting driver calls, failing one") {

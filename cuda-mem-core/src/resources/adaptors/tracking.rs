@@ -6,10 +6,12 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use super::{adaptor_common, forward_memory_properties};
+use crate::buffer::{Buffer, ScopedBuffer};
 use crate::device::Device;
+use crate::device::DevicePtr;
 use crate::error::Result;
-use crate::memory_resource::{DevicePtr, MemoryResource};
+use crate::memory_resource::{MemoryResource, PoolResource};
+use crate::pool::MemoryPool;
 use crate::stream::Stream;
 
 /// Keeps a record of every allocation made through it and not yet freed: its address, size,
@@ -81,6 +83,34 @@ impl<R: MemoryResource + ?Sized> TrackingAdaptor<R> {
         TrackingAdaptor::make(inner, false)
     }
 
+    /// The resource this adaptor allocates from.
+    #[doc(alias = "get_upstream_resource")]
+    pub fn inner(&self) -> &Arc<R> {
+        &self.inner
+    }
+
+    /// Allocates `size` bytes on `stream` into an owned [`Buffer`] that keeps this adaptor (and what it wraps) alive
+    /// ([`MemoryResourceExt::allocate`](crate::MemoryResourceExt::allocate) without the import).
+    /// A zero-size request makes an empty buffer without asking the resource.
+    ///
+    /// # Errors
+    /// When the resource cannot allocate.
+    #[inline]
+    pub fn allocate(self: &Arc<Self>, size: usize, stream: &Stream) -> Result<Buffer> {
+        Buffer::allocate_in(Arc::clone(self), size, stream)
+    }
+
+    /// Allocates `size` bytes on `stream` into a [`ScopedBuffer`] that borrows this adaptor (and what it wraps) and
+    /// the stream ([`MemoryResourceExt::allocate_scoped`](crate::MemoryResourceExt::allocate_scoped)
+    /// without the import).
+    ///
+    /// # Errors
+    /// When the resource cannot allocate.
+    #[inline]
+    pub fn allocate_scoped<'a>(&'a self, size: usize, stream: &'a Stream) -> Result<ScopedBuffer<'a>> {
+        ScopedBuffer::allocate_scoped_in(self, size, stream)
+    }
+
     /// Tracks the allocations made through the result, each with a backtrace of where it was
     /// allocated (captured whatever `RUST_BACKTRACE` says).
     pub fn with_backtraces(inner: Arc<R>) -> Arc<Self> {
@@ -150,11 +180,16 @@ impl fmt::Display for LeakReport {
     }
 }
 
-adaptor_common!(TrackingAdaptor);
+impl<R: PoolResource + ?Sized> PoolResource for TrackingAdaptor<R> {
+    fn pool(&self) -> &MemoryPool {
+        self.inner.pool()
+    }
+}
 
 // SAFETY: the memory is the wrapped resource's, handed out and taken back unchanged (each pointer
 // comes from `inner.allocate_raw` and goes back to `inner.deallocate_raw` with the same size and
-// stream), and every property is the wrapped resource's: its guarantees are this one's.
+// stream), and it answers every question about the memory as the wrapped resource, its
+// `upstream` (the trait's defaults): its guarantees are this one's.
 unsafe impl<R: MemoryResource + ?Sized> MemoryResource for TrackingAdaptor<R> {
     fn allocate_raw(&self, size: usize, stream: &Stream) -> Result<DevicePtr> {
         let ptr = self.inner.allocate_raw(size, stream)?;
@@ -186,13 +221,15 @@ unsafe impl<R: MemoryResource + ?Sized> MemoryResource for TrackingAdaptor<R> {
         freed
     }
 
-    forward_memory_properties!();
+    fn upstream(&self) -> Option<&dyn MemoryResource> {
+        Some(self.inner.as_dyn_memory_resource())
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::setup;
     use super::*;
-    use crate::adaptors::tests::setup;
 
     #[test]
     fn the_report_lists_exactly_the_live_allocations_oldest_first() {
@@ -240,21 +277,25 @@ mod tests {
     /// A free the driver refuses leaves the memory allocated: still listed.
     #[test]
     fn a_refused_free_stays_listed() {
-        cuda_sim::testing::in_simulated_machine("adaptors::tracking::tests::a_refused_free_stays_listed", &[], || {
-            if !cuda_sim::testing::simulator_only("failing a free") {
-                return;
-            }
-            let (stream, pool) = setup();
-            let tracked = TrackingAdaptor::new(pool);
-            let ptr = tracked.allocate_raw(128, &stream).unwrap();
-            let driver = cuda_sim::testing::driver().unwrap();
-            cuda_sim::testing::inject_failure(driver, c"cuMemFreeAsync", 1).unwrap();
-            // SAFETY: allocated just above, used by nothing.
-            assert!(unsafe { tracked.deallocate_raw(ptr, 128, &stream) }.is_err());
-            assert_eq!(tracked.report().allocations()[0].ptr, ptr);
-            // SAFETY: as above; the refused free left it allocated.
-            unsafe { tracked.deallocate_raw(ptr, 128, &stream) }.unwrap();
-            assert!(tracked.report().is_empty());
-        });
+        cuda_sim::testing::in_simulated_machine(
+            "resources::adaptors::tracking::tests::a_refused_free_stays_listed",
+            &[],
+            || {
+                if !cuda_sim::testing::simulator_only("failing a free") {
+                    return;
+                }
+                let (stream, pool) = setup();
+                let tracked = TrackingAdaptor::new(pool);
+                let ptr = tracked.allocate_raw(128, &stream).unwrap();
+                let driver = cuda_sim::testing::driver().unwrap();
+                cuda_sim::testing::inject_failure(driver, c"cuMemFreeAsync", 1).unwrap();
+                // SAFETY: allocated just above, used by nothing.
+                assert!(unsafe { tracked.deallocate_raw(ptr, 128, &stream) }.is_err());
+                assert_eq!(tracked.report().allocations()[0].ptr, ptr);
+                // SAFETY: as above; the refused free left it allocated.
+                unsafe { tracked.deallocate_raw(ptr, 128, &stream) }.unwrap();
+                assert!(tracked.report().is_empty());
+            },
+        );
     }
 }

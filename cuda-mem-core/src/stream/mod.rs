@@ -1,18 +1,31 @@
 //! Streams: created ones (destroyed when the last handle goes) and the default streams.
+//!
+//! - here: [`Stream`], its options, its lifetime and the questions it answers;
+//! - [`capture`]: what this crate knows of a stream's capture ([`CaptureMode`], [`CaptureState`])
+//!   and what a capture keeps alive for its graphs;
+//! - [`ordering`]: how streams order work after each other's with events
+//!   ([`Stream::wait`], [`Stream::record_event`], [`Event::record`](crate::Event::record)).
+
+mod capture;
+mod ordering;
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
 use cuda_mem_sys::cu_call;
 use cuda_mem_sys::types::{CUstream, CUstream_flags, CUstreamCaptureStatus};
 
+use capture::CaptureWord;
+pub(crate) use capture::GraphResources;
+pub use capture::{CaptureMode, CaptureState};
+
 use crate::device::Device;
 use crate::driver::driver;
+use crate::drop_errors::on_drop;
 use crate::error::Result;
-use crate::event::Event;
-use crate::graph::{CaptureMode, CaptureState, GraphResources};
+use crate::ffi;
 
 /// `CU_STREAM_LEGACY`: the legacy default stream, whatever the default-stream mode.
 pub(crate) const LEGACY: CUstream = std::ptr::without_provenance_mut(0x1);
@@ -109,87 +122,6 @@ impl Inner {
     }
 }
 
-/// A [`CaptureState`] in one atomic word, with a generation that every change bumps: a driver
-/// answer asked for while the state was unknown is written back only if nothing changed
-/// meanwhile (a concurrent wait that joined a capture, say).
-#[derive(Debug)]
-struct CaptureWord(AtomicU64);
-
-/// The low bits of a [`CaptureWord`]: the state.
-const STATE_BITS: u32 = 3;
-const STATE_MASK: u64 = (1 << STATE_BITS) - 1;
-const NOT_CAPTURING: u64 = 0;
-const UNKNOWN: u64 = 1;
-const CAPTURING_GLOBAL: u64 = 2;
-const CAPTURING_THREAD_LOCAL: u64 = 3;
-const CAPTURING_RELAXED: u64 = 4;
-
-impl CaptureWord {
-    fn new(state: CaptureState) -> CaptureWord {
-        CaptureWord(AtomicU64::new(CaptureWord::encode(state)))
-    }
-
-    fn encode(state: CaptureState) -> u64 {
-        match state {
-            CaptureState::NotCapturing => NOT_CAPTURING,
-            CaptureState::Unknown => UNKNOWN,
-            CaptureState::Capturing(CaptureMode::Global) => CAPTURING_GLOBAL,
-            CaptureState::Capturing(CaptureMode::ThreadLocal) => CAPTURING_THREAD_LOCAL,
-            CaptureState::Capturing(CaptureMode::Relaxed) => CAPTURING_RELAXED,
-        }
-    }
-
-    fn decode(word: u64) -> CaptureState {
-        match word & STATE_MASK {
-            NOT_CAPTURING => CaptureState::NotCapturing,
-            CAPTURING_GLOBAL => CaptureState::Capturing(CaptureMode::Global),
-            CAPTURING_THREAD_LOCAL => CaptureState::Capturing(CaptureMode::ThreadLocal),
-            CAPTURING_RELAXED => CaptureState::Capturing(CaptureMode::Relaxed),
-            _ => CaptureState::Unknown,
-        }
-    }
-
-    /// The word with `state` in place of its state, one generation on.
-    fn next(word: u64, state: CaptureState) -> u64 {
-        ((word >> STATE_BITS).wrapping_add(1) << STATE_BITS) | CaptureWord::encode(state)
-    }
-
-    #[inline(always)]
-    fn load(&self) -> u64 {
-        self.0.load(Ordering::Acquire)
-    }
-
-    fn set(&self, state: CaptureState) {
-        let _ = self.0.fetch_update(Ordering::AcqRel, Ordering::Acquire, |word| Some(CaptureWord::next(word, state)));
-    }
-
-    /// Makes the state unknown, unless a capture of this crate's is under way (whose end sets
-    /// it anew); returns the word it replaced, if it did.
-    fn forget(&self) -> Option<u64> {
-        self.0
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |word| {
-                (!matches!(CaptureWord::decode(word), CaptureState::Capturing(_)))
-                    .then(|| CaptureWord::next(word, CaptureState::Unknown))
-            })
-            .ok()
-    }
-
-    /// Puts back the state of `replaced` over the word `forget` made of it, if nothing changed
-    /// it since.
-    fn put_back(&self, replaced: u64) {
-        let made = CaptureWord::next(replaced, CaptureState::Unknown);
-        let back = CaptureWord::next(made, CaptureWord::decode(replaced));
-        let _ = self.0.compare_exchange(made, back, Ordering::AcqRel, Ordering::Relaxed);
-    }
-
-    /// Records the driver's "not capturing", asked for when the word was `seen` (unknown), if it
-    /// has not changed since.
-    fn confirm_not_capturing(&self, seen: u64) {
-        let confirmed = CaptureWord::next(seen, CaptureState::NotCapturing);
-        let _ = self.0.compare_exchange(seen, confirmed, Ordering::AcqRel, Ordering::Relaxed);
-    }
-}
-
 /// What keeps a borrowed stream alive; only held, never looked into.
 pub(crate) struct StreamOwner {
     _keep: Arc<dyn std::any::Any + Send + Sync>,
@@ -244,16 +176,16 @@ impl Drop for Inner {
         // A created stream carries its context: destroying it needs none current, so a failure to
         // bind one is no reason to leave the stream behind.
         let _ = crate::context::bind(self.device);
-        let destroy = || -> Result<()> {
-            let d = driver()?;
-            // SAFETY: the handle came from cuStreamCreate and is destroyed once, here; work
-            // already enqueued still completes, as the driver documents.
-            unsafe { cu_call!(d, cuStreamDestroy_v2(self.handle)) }?;
-            Ok(())
-        };
-        if let Err(error) = destroy() {
-            crate::drop_errors::record("Stream", error);
-        }
+        // SAFETY: the handle came from cuStreamCreate and is destroyed once, here; work already
+        // enqueued still completes, as the driver documents.
+        on_drop("Stream", || Ok(unsafe { cu_call!(driver()?, cuStreamDestroy_v2(self.handle)) }?));
+    }
+}
+
+impl Device {
+    /// The device's legacy default stream.
+    pub fn default_stream(&self) -> Stream {
+        Stream::legacy_default(*self)
     }
 }
 
@@ -367,7 +299,7 @@ impl Stream {
     /// no longer claims to know the stream's capture ([`CaptureState::Unknown`] outside its own
     /// captures), and every pool allocation on the stream asks the driver
     /// (`cuStreamIsCapturing`), as for a stream wrapped from a raw handle.
-    /// [`Stream::to_cudarc`] shares the handle this way.
+    /// `Stream::to_cudarc` (feature `cudarc`) shares the handle this way.
     pub fn shared_handle(&self) -> CUstream {
         self.inner.handle_shared.store(true, Ordering::Release);
         self.inner.capture.forget();
@@ -460,38 +392,6 @@ impl Stream {
         }
     }
 
-    /// Makes later work on this stream wait for `event`'s latest recording. For another thread's
-    /// per-thread default stream, the calling thread's waits (the work enqueued through this value
-    /// from here goes there; see [the type's notes](Stream#per-thread-default-streams)).
-    ///
-    /// # Errors
-    /// If the driver call fails.
-    pub fn wait(&self, event: &Event) -> Result<()> {
-        crate::context::bind(self.device())?;
-        let d = driver()?;
-        // SAFETY: valid stream and event handles; the event outlives the call (the driver keeps
-        // what it needs).
-        unsafe { cu_call!(d, cuStreamWaitEvent(self.handle(), event.handle(), 0)) }?;
-        if event.maybe_recorded_in_capture() {
-            // Waiting for work of a capture joins it: this stream now captures into that graph
-            // (until its capture ends), which this crate cannot follow. Forgotten after the
-            // wait, so that a driver answer asked for before it is never written back.
-            self.inner.capture.forget();
-        }
-        Ok(())
-    }
-
-    /// Records a new event at the current end of the stream (for another thread's per-thread
-    /// default stream, of the calling thread's, as [`Event::record`] does).
-    ///
-    /// # Errors
-    /// If a driver call fails.
-    pub fn record_event(&self) -> Result<Event> {
-        let event = Event::new(self.device(), crate::event::EventOptions::default())?;
-        event.record(self)?;
-        Ok(event)
-    }
-
     /// Whether the stream is capturing a graph (an active or invalidated capture both count),
     /// as the driver says (`cuStreamIsCapturing`); [`capture_state`](Stream::capture_state) says
     /// what this crate knows without asking it.
@@ -508,10 +408,8 @@ impl Stream {
     /// the allocation path makes no context call for it.
     #[inline]
     pub(crate) fn is_capturing_bound(&self) -> Result<bool> {
-        let d = driver()?;
-        let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-        // SAFETY: `status` is a valid out-pointer; a valid stream handle.
-        unsafe { cu_call!(d, cuStreamIsCapturing(self.handle(), &mut status)) }?;
+        // SAFETY: a valid stream handle, bound as it needs (the caller's promise).
+        let status = unsafe { ffi::stream_capture_status(driver()?, self.handle()) }?;
         Ok(status != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
     }
 
@@ -528,9 +426,8 @@ impl Stream {
     #[inline(always)]
     pub(crate) fn refuses_allocation(&self) -> Result<bool> {
         let seen = self.inner.capture.load();
-        // Inlined into every allocation: the common case, known not to capture, in two compares
-        // (the state bits read directly: `decode`'s full match costs two instructions more).
-        if seen & STATE_MASK == NOT_CAPTURING && self.inner.handle != LEGACY {
+        // Inlined into every allocation: the common case, known not to capture, in two compares.
+        if CaptureWord::is_not_capturing(seen) && self.inner.handle != LEGACY {
             return Ok(false);
         }
         self.refuses_allocation_otherwise(seen)
@@ -560,7 +457,7 @@ impl Stream {
     /// stream this crate created otherwise (and for the legacy default stream, which cannot
     /// capture), [`CaptureState::Unknown`] where it cannot be known: a stream wrapped from a raw
     /// handle ([`Stream::from_raw`], cudarc's, the per-thread default stream) or whose handle
-    /// was shared ([`Stream::shared_handle`], [`Stream::to_cudarc`]), whose capture other code
+    /// was shared ([`Stream::shared_handle`], `Stream::to_cudarc`), whose capture other code
     /// may begin; a stream of this crate's that waited for an event that may have been recorded
     /// in a capture (recorded in a capturing stream or in one whose capture is unknown, or
     /// opened from another process, whose recordings this crate does not see), which joins

@@ -28,60 +28,6 @@ pub use limiting::LimitingAdaptor;
 pub use statistics::{AllocationStatistics, StatisticsAdaptor};
 pub use tracking::{LeakReport, LiveAllocation, TrackingAdaptor};
 
-/// The parts every adaptor `$adaptor<R>` (with a field `inner: Arc<R>`) shares: `inner()`,
-/// [`PoolResource`](crate::PoolResource) when `R` is one, and inherent `allocate`/`allocate_scoped`.
-macro_rules! adaptor_common {
-    ($adaptor:ident) => {
-        impl<R: $crate::MemoryResource + ?Sized> $adaptor<R> {
-            /// The resource this adaptor allocates from.
-            #[doc(alias = "get_upstream_resource")]
-            pub fn inner(&self) -> &std::sync::Arc<R> {
-                &self.inner
-            }
-        }
-
-        impl<R: $crate::PoolResource + ?Sized> $crate::PoolResource for $adaptor<R> {
-            fn pool(&self) -> &$crate::MemoryPool {
-                self.inner.pool()
-            }
-        }
-
-        $crate::memory_resource::inherent_allocation!([R: $crate::MemoryResource + ?Sized] $adaptor<R>);
-    };
-}
-use adaptor_common;
-
-/// The [`MemoryResource`](crate::MemoryResource) methods an adaptor answers as the resource it
-/// wraps (`self.inner`), inside its `unsafe impl MemoryResource`.
-macro_rules! forward_memory_properties {
-    () => {
-        fn is_device_accessible(&self) -> bool {
-            self.inner.is_device_accessible()
-        }
-
-        fn is_host_accessible(&self) -> bool {
-            self.inner.is_host_accessible()
-        }
-
-        fn device(&self) -> Option<$crate::Device> {
-            self.inner.device()
-        }
-
-        fn is_managed(&self) -> bool {
-            self.inner.is_managed()
-        }
-
-        fn may_be_written_externally(&self) -> bool {
-            self.inner.may_be_written_externally()
-        }
-
-        fn upstream(&self) -> Option<&dyn $crate::MemoryResource> {
-            Some($crate::AsDynMemoryResource::as_dyn_memory_resource(&*self.inner))
-        }
-    };
-}
-use forward_memory_properties;
-
 #[cfg(test)]
 pub(crate) mod tests {
     use std::sync::Arc;

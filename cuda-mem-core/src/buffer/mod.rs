@@ -1,19 +1,33 @@
 //! `Buffer`: one allocation, owned, freed once on the stream it records; and `ScopedBuffer`,
 //! the same with its resource and stream borrowed instead of shared.
+//!
+//! - here: the types, taking and giving up ownership, the accessors, copies, fills, host
+//!   slices and freeing;
+//! - [`allocate`]: allocating them ([`MemoryResourceExt`], and the constructors the resources'
+//!   own `allocate` calls);
+//! - [`host`]: host slices of their bytes (and whether managed memory may be lent);
+//! - [`export`]: a buffer's export data for another process, kept with the buffer.
+
+mod allocate;
+mod export;
+mod host;
+
+pub use allocate::MemoryResourceExt;
+pub(crate) use host::is_managed;
 
 use std::any::Any;
 use std::borrow::Cow;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
-use cuda_mem_sys::cu_call;
-
 use crate::device::Device;
+use crate::device::DevicePtr;
 use crate::driver::driver;
+use crate::drop_errors::on_drop;
 use crate::error::{Error, Result};
 use crate::event::{Event, EventOptions};
-use crate::graph::CaptureState;
-use crate::memory_resource::{DevicePtr, MemoryResource};
-use crate::stream::Stream;
+use crate::ffi::{self, Memset};
+use crate::memory_resource::MemoryResource;
+use crate::stream::{CaptureState, Stream};
 
 /// A value to fill a buffer with, repeated: 1, 2 or 4 bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -184,7 +198,7 @@ pub struct ScopedBuffer<'a> {
     /// The driver's export data for the allocation, made on the first export and valid while
     /// the buffer lives (see [`crate::MemoryPool::export_buffer`]). Boxed: most buffers are never
     /// exported, and this keeps them 16 bytes larger, not 72.
-    export: OnceLock<Box<crate::pool::CachedExport>>,
+    export: OnceLock<Box<export::CachedExport>>,
 }
 
 /// The recorded stream: borrowed (scoped allocation) or a share of it.
@@ -219,38 +233,6 @@ impl std::ops::Deref for StreamRef<'_> {
 }
 
 impl<'a> ScopedBuffer<'a> {
-    /// Allocates `size` bytes from `resource` on `stream`, borrowing both for as long as the
-    /// buffer lives (an empty buffer, without asking the resource, when `size` is 0).
-    ///
-    /// # Errors
-    /// When the resource cannot allocate.
-    #[inline]
-    pub fn allocate_scoped(resource: &'a dyn MemoryResource, size: usize, stream: &'a Stream) -> Result<Self> {
-        let stream = StreamRef::on_calling_thread(stream);
-        let ptr = allocate_raw_or_empty(resource, size, &stream)?;
-        Ok(ScopedBuffer::new(ptr, size, Owner::Borrowed(resource), Some(stream)))
-    }
-
-    /// [`allocate_scoped`](Self::allocate_scoped) from a resource whose type is known: its
-    /// `allocate_raw` is called directly, inlined into the caller with everything on the way,
-    /// instead of through the vtable (the allocation's every layer is a call otherwise).
-    #[inline(always)]
-    pub(crate) fn allocate_scoped_in<R: MemoryResource>(
-        resource: &'a R,
-        size: usize,
-        stream: &'a Stream,
-    ) -> Result<Self> {
-        let stream = StreamRef::on_calling_thread(stream);
-        let ptr = allocate_raw_or_empty(resource, size, &stream)?;
-        Ok(ScopedBuffer::new(ptr, size, Owner::Borrowed(resource), Some(stream)))
-    }
-
-    /// The slot for this allocation's export data (empty until first exported; a new buffer,
-    /// even at the same address, starts empty).
-    pub(crate) fn export_slot(&self) -> &OnceLock<Box<crate::pool::CachedExport>> {
-        &self.export
-    }
-
     /// The buffer of these parts, used on no other stream yet.
     #[inline]
     fn new(ptr: DevicePtr, size: usize, owner: Owner<'a>, stream: Option<StreamRef<'a>>) -> Self {
@@ -258,39 +240,7 @@ impl<'a> ScopedBuffer<'a> {
     }
 }
 
-/// `size` bytes from `resource` on `stream`, or the null pointer of an empty buffer (without
-/// asking the resource) when `size` is 0.
-#[inline(always)]
-fn allocate_raw_or_empty<R: MemoryResource + ?Sized>(resource: &R, size: usize, stream: &Stream) -> Result<DevicePtr> {
-    if size == 0 { Ok(0) } else { resource.allocate_raw(size, stream) }
-}
-
 impl Buffer {
-    /// Allocates `size` bytes from `resource` on `stream` (an empty buffer, without asking the
-    /// resource, when `size` is 0).
-    ///
-    /// # Errors
-    /// When the resource cannot allocate.
-    pub fn allocate(resource: Arc<dyn MemoryResource>, size: usize, stream: &Stream) -> Result<Buffer> {
-        // The stream the allocation goes to from this thread (see `allocate_scoped`).
-        let stream = stream.on_calling_thread().into_owned();
-        let ptr = allocate_raw_or_empty(&*resource, size, &stream)?;
-        Ok(Buffer::new(ptr, size, Owner::Resource(resource), Some(StreamRef::Shared(stream))))
-    }
-
-    /// [`allocate`](Self::allocate) from a resource whose type is known: its `allocate_raw` is
-    /// called directly, inlined into the caller, instead of through the vtable.
-    #[inline(always)]
-    pub(crate) fn allocate_in<R: MemoryResource + 'static>(
-        resource: Arc<R>,
-        size: usize,
-        stream: &Stream,
-    ) -> Result<Buffer> {
-        let stream = stream.on_calling_thread().into_owned();
-        let ptr = allocate_raw_or_empty(&*resource, size, &stream)?;
-        Ok(Buffer::new(ptr, size, Owner::Resource(resource), Some(StreamRef::Shared(stream))))
-    }
-
     /// Takes ownership of memory `resource` allocated (or otherwise hands out for it to
     /// release): the buffer calls its `deallocate_raw` on `stream` when dropped, unless `size`
     /// is 0 (an empty buffer releases nothing).
@@ -562,16 +512,15 @@ impl<'a> ScopedBuffer<'a> {
         let stream = stream.on_calling_thread();
         stream.bind_if_default()?;
         let count = self.size / width;
-        let (ptr, s) = (self.ptr, stream.handle());
+        let memset = match pattern {
+            FillPattern::U8(value) => Memset::D8(value, count),
+            FillPattern::U16(value) => Memset::D16(value, count),
+            FillPattern::U32(value) => Memset::D32(value, count),
+        };
         // SAFETY: `ptr` addresses `size` bytes this buffer owns or views, valid until the
-        // buffer is freed, which is ordered after this work.
-        unsafe {
-            match pattern {
-                FillPattern::U8(v) => cu_call!(d, cuMemsetD8Async(ptr, v, count, s)),
-                FillPattern::U16(v) => cu_call!(d, cuMemsetD16Async(ptr, v, count, s)),
-                FillPattern::U32(v) => cu_call!(d, cuMemsetD32Async(ptr, v, count, s)),
-            }
-        }?;
+        // buffer is freed, which is ordered after this work; allocations are aligned to every
+        // width.
+        unsafe { ffi::memset_async(d, self.ptr, memset, stream.handle()) }?;
         self.note_use(&stream);
         Ok(())
     }
@@ -593,120 +542,6 @@ impl<'a> ScopedBuffer<'a> {
             }
         }
         waited
-    }
-
-    fn check_host_accessible(&self) -> Result<()> {
-        if self.is_host_accessible() {
-            Ok(())
-        } else {
-            Err(Error::NotHostAccessible { ptr: self.ptr, size: self.size })
-        }
-    }
-
-    /// Refuses to lend a host slice of memory that others may write (see
-    /// [`MemoryResource::may_be_written_externally`]).
-    fn refuse_if_written_elsewhere(&self) -> Result<()> {
-        let elsewhere =
-            self.is_host_accessible() && self.memory_resource().is_some_and(|r| r.may_be_written_externally());
-        if elsewhere { Err(Error::WritableElsewhere { ptr: self.ptr, size: self.size }) } else { Ok(()) }
-    }
-
-    /// The bytes, for reading on the host, once every stream the buffer was used on has
-    /// finished. Only for host-accessible buffers of memory that nothing else writes.
-    ///
-    /// # Errors
-    /// [`Error::NotHostAccessible`] for device-only memory; [`Error::WritableElsewhere`] for memory
-    /// other processes may write (a buffer of an IPC-enabled pool: read it with
-    /// [`copy_to_slice`](ScopedBuffer::copy_to_slice), or see
-    /// [`host_slice_assume_exclusive`](ScopedBuffer::host_slice_assume_exclusive)); a driver error
-    /// from synchronizing.
-    pub fn host_slice(&self) -> Result<&[u8]> {
-        self.refuse_if_written_elsewhere()?;
-        // SAFETY: nothing but this process's buffers writes the memory (checked above).
-        unsafe { self.host_slice_assume_exclusive() }
-    }
-
-    /// The bytes, for writing on the host, once every stream the buffer was used on has
-    /// finished. Only for host-accessible buffers of memory that nothing else writes.
-    ///
-    /// # Errors
-    /// As [`host_slice`](ScopedBuffer::host_slice).
-    pub fn host_slice_mut(&mut self) -> Result<&mut [u8]> {
-        self.refuse_if_written_elsewhere()?;
-        // SAFETY: nothing but this process's buffers writes the memory (checked above).
-        unsafe { self.host_slice_mut_assume_exclusive() }
-    }
-
-    /// [`host_slice`](ScopedBuffer::host_slice) without refusing memory that other processes
-    /// may write (a buffer of an IPC-enabled pool), for when the application knows they do not
-    /// while the slice lives (a protocol that hands the bytes back and forth, say).
-    ///
-    /// # Safety
-    /// No other process, and no importer of the memory in this one (through `cuda-mem-ipc`, or
-    /// any other mapping of it), writes these bytes while the returned slice lives.
-    ///
-    /// # Errors
-    /// [`Error::NotHostAccessible`] for device-only memory; [`Error::ManagedAccessNotConcurrent`]
-    /// for managed memory where a device lacks concurrent managed access (see
-    /// [`host_slice_devices_idle`](ScopedBuffer::host_slice_devices_idle)); a driver error from
-    /// synchronizing.
-    pub unsafe fn host_slice_assume_exclusive(&self) -> Result<&[u8]> {
-        self.check_host_accessible()?;
-        crate::managed::check_host_access(self)?;
-        // SAFETY: forwarded from the caller; host access may overlap device work (checked).
-        unsafe { self.host_slice_unchecked_concurrency() }
-    }
-
-    /// The host slice once the buffer's streams are done, without the managed-memory check.
-    ///
-    /// # Safety
-    /// As [`host_slice_assume_exclusive`](ScopedBuffer::host_slice_assume_exclusive), and host
-    /// access to the memory may overlap device work (it is not managed memory, every device has
-    /// concurrent managed access, or no device work runs while the slice lives).
-    pub(crate) unsafe fn host_slice_unchecked_concurrency(&self) -> Result<&[u8]> {
-        self.check_host_accessible()?;
-        self.wait_for_uses()?;
-        if self.size == 0 {
-            return Ok(&[]);
-        }
-        // SAFETY: the memory is host-accessible, `size` bytes long and valid while `self` lives;
-        // device work on it through this buffer has completed, new device writes need
-        // `&mut self`, and nothing else writes it (the caller's promise).
-        Ok(unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.size) })
-    }
-
-    /// [`host_slice_mut`](ScopedBuffer::host_slice_mut) without refusing memory that other
-    /// processes may write; see
-    /// [`host_slice_assume_exclusive`](ScopedBuffer::host_slice_assume_exclusive).
-    ///
-    /// # Safety
-    /// No other process, and no importer of the memory in this one, reads or writes these bytes
-    /// while the returned slice lives.
-    ///
-    /// # Errors
-    /// As [`host_slice_assume_exclusive`](ScopedBuffer::host_slice_assume_exclusive).
-    pub unsafe fn host_slice_mut_assume_exclusive(&mut self) -> Result<&mut [u8]> {
-        self.check_host_accessible()?;
-        crate::managed::check_host_access(self)?;
-        // SAFETY: forwarded from the caller; host access may overlap device work (checked).
-        unsafe { self.host_slice_mut_unchecked_concurrency() }
-    }
-
-    /// [`host_slice_unchecked_concurrency`](ScopedBuffer::host_slice_unchecked_concurrency), for
-    /// writing.
-    ///
-    /// # Safety
-    /// As [`host_slice_mut_assume_exclusive`](ScopedBuffer::host_slice_mut_assume_exclusive),
-    /// and host access may overlap device work.
-    pub(crate) unsafe fn host_slice_mut_unchecked_concurrency(&mut self) -> Result<&mut [u8]> {
-        self.check_host_accessible()?;
-        self.wait_for_uses()?;
-        if self.size == 0 {
-            return Ok(&mut []);
-        }
-        // SAFETY: as in `host_slice_assume_exclusive`, and `&mut self` excludes every other
-        // access through this process's buffers.
-        Ok(unsafe { std::slice::from_raw_parts_mut(self.ptr as *mut u8, self.size) })
     }
 
     /// Frees the memory now, on `stream` (or the recorded stream), reporting any error instead
@@ -791,9 +626,9 @@ impl Drop for FreeAfterGraphs {
         // resource, and freed once, here); the captures drop what they keep only after their
         // graphs are gone and the work of every launch is done, and `stream` was ordered after
         // the buffer's uses outside them before the free was handed over.
-        if let Err(error) = unsafe { self.resource.deallocate_raw(self.ptr, self.size, &self.stream) } {
-            crate::drop_errors::record("Buffer (freed after the graphs that used it)", error);
-        }
+        on_drop("Buffer (freed after the graphs that used it)", || unsafe {
+            self.resource.deallocate_raw(self.ptr, self.size, &self.stream)
+        });
     }
 }
 
@@ -967,17 +802,8 @@ fn wait_in(stream: &Stream, used: &Stream) -> Result<()> {
 impl Drop for ScopedBuffer<'_> {
     #[inline]
     fn drop(&mut self) {
-        if let Err(error) = self.release() {
-            record_drop_error(error);
-        }
+        on_drop("Buffer", || self.release());
     }
-}
-
-/// A failed free in `Drop`, recorded (out of line: it is rare, and keeps `drop` small).
-#[cold]
-#[inline(never)]
-fn record_drop_error(error: Error) {
-    crate::drop_errors::record("Buffer", error);
 }
 
 impl PartialEq for ScopedBuffer<'_> {
@@ -999,7 +825,7 @@ fn copy(dst: &mut ScopedBuffer<'_>, src: &ScopedBuffer<'_>, stream: &Stream) -> 
     stream.bind_if_default()?;
     // SAFETY: both buffers cover `size` bytes that stay valid until they are freed, which is
     // ordered after this work; the driver handles overlap.
-    unsafe { cu_call!(d, cuMemcpyAsync(dst.ptr, src.ptr, dst.size, stream.handle())) }?;
+    unsafe { ffi::memcpy_async(d, dst.ptr, src.ptr, dst.size, stream.handle()) }?;
     dst.note_use(&stream);
     src.note_use(&stream);
     Ok(())

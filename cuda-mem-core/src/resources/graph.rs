@@ -8,11 +8,13 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use cuda_mem_sys::cu_call;
 use cuda_mem_sys::types::{CUgraphMem_attribute, CUstreamCaptureStatus};
 
-use crate::device::Device;
+use crate::buffer::{Buffer, ScopedBuffer};
+use crate::device::{Device, DevicePtr};
 use crate::driver::driver;
 use crate::driver_version::DriverCapability;
 use crate::error::{Error, Result};
-use crate::memory_resource::{DevicePtr, MemoryResource};
+use crate::ffi;
+use crate::memory_resource::MemoryResource;
 use crate::stream::Stream;
 
 /// The memory graphs of a device allocate while they run: a [`MemoryResource`] that allocates
@@ -72,6 +74,28 @@ impl GraphMemoryResource {
         let resources = RESOURCES.get_or_init(Mutex::default);
         let mut resources = resources.lock().unwrap_or_else(PoisonError::into_inner);
         Arc::clone(resources.entry(device.ordinal()).or_insert_with(|| Arc::new(GraphMemoryResource { device })))
+    }
+
+    /// Allocates `size` bytes on `stream` into an owned [`Buffer`] that keeps this resource alive
+    /// ([`MemoryResourceExt::allocate`](crate::MemoryResourceExt::allocate) without the import).
+    /// A zero-size request makes an empty buffer without asking the resource.
+    ///
+    /// # Errors
+    /// When the resource cannot allocate.
+    #[inline]
+    pub fn allocate(self: &Arc<Self>, size: usize, stream: &Stream) -> Result<Buffer> {
+        Buffer::allocate_in(Arc::clone(self), size, stream)
+    }
+
+    /// Allocates `size` bytes on `stream` into a [`ScopedBuffer`] that borrows this resource and
+    /// the stream ([`MemoryResourceExt::allocate_scoped`](crate::MemoryResourceExt::allocate_scoped)
+    /// without the import).
+    ///
+    /// # Errors
+    /// When the resource cannot allocate.
+    #[inline]
+    pub fn allocate_scoped<'a>(&'a self, size: usize, stream: &'a Stream) -> Result<ScopedBuffer<'a>> {
+        ScopedBuffer::allocate_scoped_in(self, size, stream)
     }
 
     /// The device.
@@ -152,9 +176,8 @@ unsafe impl MemoryResource for GraphMemoryResource {
         }
         stream.bind_if_default()?;
         let d = driver()?;
-        let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-        // SAFETY: `status` is a valid out-pointer; a valid stream handle.
-        unsafe { cu_call!(d, cuStreamIsCapturing(stream.handle(), &mut status)) }?;
+        // SAFETY: a valid stream handle, bound as it needs.
+        let status = unsafe { ffi::stream_capture_status(d, stream.handle()) }?;
         if status != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE {
             return Err(Error::NotCapturing {
                 invalidated: status == CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_INVALIDATED,
@@ -164,17 +187,16 @@ unsafe impl MemoryResource for GraphMemoryResource {
         // SAFETY: `ptr` is a valid out-pointer; the stream handle is valid and capturing.
         unsafe { cu_call!(d, cuMemAllocAsync(&mut ptr, size, stream.handle())) }
             .map_err(|e| Error::allocation(e, size))?;
-        crate::memory_event!(TRACE, size, ptr, stream = stream.handle() as usize, "allocate");
+        crate::memory_event!(TRACE, size, ptr = %hex(ptr), stream = %hex(stream.handle()), "allocate");
         Ok(ptr)
     }
 
     unsafe fn deallocate_raw(&self, ptr: DevicePtr, _size: usize, stream: &Stream) -> Result<()> {
         stream.bind_if_default()?;
-        let d = driver()?;
         // SAFETY: the caller guarantees `ptr` came from `allocate_raw` and is freed once, after
         // the work enqueued on `stream`.
-        unsafe { cu_call!(d, cuMemFreeAsync(ptr, stream.handle())) }?;
-        crate::memory_event!(TRACE, size = _size, ptr, stream = stream.handle() as usize, "free");
+        unsafe { ffi::mem_free_async(driver()?, ptr, stream.handle()) }?;
+        crate::memory_event!(TRACE, size = _size, ptr = %hex(ptr), stream = %hex(stream.handle()), "free");
         Ok(())
     }
 
@@ -190,8 +212,6 @@ unsafe impl MemoryResource for GraphMemoryResource {
         Some(self.device)
     }
 }
-
-crate::memory_resource::inherent_allocation!(GraphMemoryResource);
 
 #[cfg(test)]
 mod tests {
@@ -214,7 +234,7 @@ mod tests {
     #[test]
     fn attributes_follow_the_graphs_allocations_and_the_marks_reset_to_the_current_use() {
         let name =
-            "graph_memory::tests::attributes_follow_the_graphs_allocations_and_the_marks_reset_to_the_current_use";
+            "resources::graph::tests::attributes_follow_the_graphs_allocations_and_the_marks_reset_to_the_current_use";
         in_simulated_machine(name, &[], || {
             let (_, stream, graph_memory) = setup();
             assert_eq!(graph_memory.attributes().unwrap(), GraphMemoryAttributes::default(), "nothing yet");
@@ -268,7 +288,7 @@ mod tests {
     #[test]
     fn auto_free_on_launch_lets_a_graph_with_a_live_output_launch_again() {
         cuda_sim::testing::in_simulated_machine(
-            "graph_memory::tests::auto_free_on_launch_lets_a_graph_with_a_live_output_launch_again",
+            "resources::graph::tests::auto_free_on_launch_lets_a_graph_with_a_live_output_launch_again",
             &[],
             || {
                 let (_, stream, graph_memory) = setup();
@@ -297,7 +317,7 @@ mod tests {
     #[test]
     fn an_output_dropped_before_any_launch_is_refused_and_recorded() {
         cuda_sim::testing::in_simulated_machine(
-            "graph_memory::tests::an_output_dropped_before_any_launch_is_refused_and_recorded",
+            "resources::graph::tests::an_output_dropped_before_any_launch_is_refused_and_recorded",
             &[],
             || {
                 let (_, stream, graph_memory) = setup();

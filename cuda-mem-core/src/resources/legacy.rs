@@ -14,10 +14,12 @@ use std::sync::Arc;
 
 use cuda_mem_sys::cu_call;
 
-use crate::device::Device;
+use crate::buffer::{Buffer, ScopedBuffer};
+use crate::device::{Device, DevicePtr};
 use crate::driver::driver;
+use crate::drop_errors::on_drop;
 use crate::error::{Error, Result};
-use crate::memory_resource::{DevicePtr, MemoryResource};
+use crate::memory_resource::MemoryResource;
 use crate::stream::Stream;
 
 /// Page-locked host memory from `cuMemAllocHost`, allocated in a device's primary context.
@@ -31,6 +33,28 @@ impl LegacyPinnedMemoryResource {
     pub fn new(device: Device) -> Arc<LegacyPinnedMemoryResource> {
         Arc::new(LegacyPinnedMemoryResource { device })
     }
+
+    /// Allocates `size` bytes on `stream` into an owned [`Buffer`] that keeps this resource alive
+    /// ([`MemoryResourceExt::allocate`](crate::MemoryResourceExt::allocate) without the import).
+    /// A zero-size request makes an empty buffer without asking the resource.
+    ///
+    /// # Errors
+    /// When the resource cannot allocate.
+    #[inline]
+    pub fn allocate(self: &Arc<Self>, size: usize, stream: &Stream) -> Result<Buffer> {
+        Buffer::allocate_in(Arc::clone(self), size, stream)
+    }
+
+    /// Allocates `size` bytes on `stream` into a [`ScopedBuffer`] that borrows this resource and
+    /// the stream ([`MemoryResourceExt::allocate_scoped`](crate::MemoryResourceExt::allocate_scoped)
+    /// without the import).
+    ///
+    /// # Errors
+    /// When the resource cannot allocate.
+    #[inline]
+    pub fn allocate_scoped<'a>(&'a self, size: usize, stream: &'a Stream) -> Result<ScopedBuffer<'a>> {
+        ScopedBuffer::allocate_scoped_in(self, size, stream)
+    }
 }
 
 // SAFETY: `cuMemAllocHost` returns `size` bytes of page-locked host memory, mapped for the host
@@ -43,7 +67,7 @@ unsafe impl MemoryResource for LegacyPinnedMemoryResource {
         let mut ptr: *mut c_void = std::ptr::null_mut();
         // SAFETY: `ptr` is a valid out-pointer; a context is current.
         unsafe { cu_call!(d, cuMemAllocHost_v2(&mut ptr, size)) }.map_err(|e| Error::allocation(e, size))?;
-        crate::memory_event!(TRACE, size, ptr = ptr as u64, "allocate");
+        crate::memory_event!(TRACE, size, ptr = %hex(ptr), "allocate");
         Ok(ptr as DevicePtr)
     }
 
@@ -78,6 +102,28 @@ impl SynchronousMemoryResource {
     pub fn new(device: Device) -> Arc<SynchronousMemoryResource> {
         Arc::new(SynchronousMemoryResource { device })
     }
+
+    /// Allocates `size` bytes on `stream` into an owned [`Buffer`] that keeps this resource alive
+    /// ([`MemoryResourceExt::allocate`](crate::MemoryResourceExt::allocate) without the import).
+    /// A zero-size request makes an empty buffer without asking the resource.
+    ///
+    /// # Errors
+    /// When the resource cannot allocate.
+    #[inline]
+    pub fn allocate(self: &Arc<Self>, size: usize, stream: &Stream) -> Result<Buffer> {
+        Buffer::allocate_in(Arc::clone(self), size, stream)
+    }
+
+    /// Allocates `size` bytes on `stream` into a [`ScopedBuffer`] that borrows this resource and
+    /// the stream ([`MemoryResourceExt::allocate_scoped`](crate::MemoryResourceExt::allocate_scoped)
+    /// without the import).
+    ///
+    /// # Errors
+    /// When the resource cannot allocate.
+    #[inline]
+    pub fn allocate_scoped<'a>(&'a self, size: usize, stream: &'a Stream) -> Result<ScopedBuffer<'a>> {
+        ScopedBuffer::allocate_scoped_in(self, size, stream)
+    }
 }
 
 // SAFETY: `cuMemAlloc` returns `size` bytes of device memory (not host-accessible), valid until
@@ -90,7 +136,7 @@ unsafe impl MemoryResource for SynchronousMemoryResource {
         let mut ptr: DevicePtr = 0;
         // SAFETY: `ptr` is a valid out-pointer; the device's context is current.
         unsafe { cu_call!(d, cuMemAlloc_v2(&mut ptr, size)) }.map_err(|e| Error::allocation(e, size))?;
-        crate::memory_event!(TRACE, size, ptr, device = self.device.ordinal(), "allocate");
+        crate::memory_event!(TRACE, size, ptr = %hex(ptr), device = self.device.ordinal(), "allocate");
         Ok(ptr)
     }
 
@@ -166,12 +212,12 @@ impl SynchronousFree {
             // SAFETY: the caller guarantees the memory came from cuMemAllocHost, is unused and
             // freed once.
             unsafe { cu_call!(d, cuMemFreeHost(self.ptr as *mut c_void)) }?;
-            crate::memory_event!(TRACE, size = self.size, ptr = self.ptr, "free");
+            crate::memory_event!(TRACE, size = self.size, ptr = %hex(self.ptr), "free");
         } else {
             // SAFETY: the caller guarantees the memory came from cuMemAlloc, is unused and freed
             // once.
             unsafe { cu_call!(d, cuMemFree_v2(self.ptr)) }?;
-            crate::memory_event!(TRACE, size = self.size, ptr = self.ptr, device = self.device.ordinal(), "free");
+            crate::memory_event!(TRACE, size = self.size, ptr = %hex(self.ptr), device = self.device.ordinal(), "free");
         }
         Ok(())
     }
@@ -187,12 +233,7 @@ impl Drop for PendingFree {
             // SAFETY: the buffer's deallocation handed the free over unperformed (its memory is
             // live and freed once, here); the graph resources drop what they keep only after
             // the work of the capture's stream and of every launch is done.
-            if let Err(error) = unsafe { free.now() } {
-                crate::drop_errors::record("legacy allocation (freed after its graphs)", error);
-            }
+            on_drop("legacy allocation (freed after its graphs)", || unsafe { free.now() });
         }
     }
 }
-
-crate::memory_resource::inherent_allocation!(LegacyPinnedMemoryResource);
-crate::memory_resource::inherent_allocation!(SynchronousMemoryResource);

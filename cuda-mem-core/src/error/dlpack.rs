@@ -1,11 +1,9 @@
 //! [`DlpackError`]: why a buffer could not be exported as a DLPack tensor, or a tensor imported
-//! as a buffer. It reaches callers as [`Error::Dlpack`](crate::Error::Dlpack).
+//! as a buffer (feature `dlpack`). It reaches callers as [`Error::Dlpack`](crate::Error::Dlpack).
 
-use dlpark::ffi::DLDataType;
+use dlpark::ffi::{DLDataType, DLDataTypeCode};
 
-use crate::memory_resource::DevicePtr;
-
-use super::dtype::describe;
+use crate::device::DevicePtr;
 
 /// What went wrong exporting or importing a DLPack tensor.
 #[derive(Debug, thiserror::Error)]
@@ -181,3 +179,32 @@ pub enum DlpackError {
 // clippy's `result_large_err` across the workspace): a DLPack error is no larger than a driver
 // error.
 const _: () = assert!(size_of::<DlpackError>() <= size_of::<cuda_mem_sys::CudaError>());
+
+/// The data type as NumPy and PyTorch spell it (`float32`, `uint8`, `int64x4` for four lanes),
+/// for error messages.
+pub(crate) fn describe(dtype: DLDataType) -> String {
+    let kind = match dtype.code {
+        DLDataTypeCode::INT => "int".to_owned(),
+        DLDataTypeCode::UINT => "uint".to_owned(),
+        DLDataTypeCode::FLOAT => "float".to_owned(),
+        DLDataTypeCode::BFLOAT => "bfloat".to_owned(),
+        DLDataTypeCode::COMPLEX => "complex".to_owned(),
+        DLDataTypeCode::BOOL => "bool".to_owned(),
+        DLDataTypeCode(code) => format!("type-code-{code}-"),
+    };
+    let lanes = if dtype.lanes == 1 { String::new() } else { format!("x{}", dtype.lanes) };
+    format!("{kind}{}{lanes}", dtype.bits)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn data_types_read_as_numpy_names() {
+        assert_eq!(describe(DLDataType::F32), "float32");
+        assert_eq!(describe(DLDataType::U8), "uint8");
+        assert_eq!(describe(DLDataType::BOOL), "bool8");
+        assert_eq!(describe(DLDataType::new(DLDataTypeCode::INT, 64, 4)), "int64x4");
+    }
+}

@@ -1,0 +1,117 @@
+//! Allocating buffers: [`MemoryResourceExt`] (an `Arc` of any resource into owned buffers, or
+//! a borrowed one into scoped buffers) and the constructors it calls. Every resource of this
+//! crate also has `allocate` and `allocate_scoped` of its own (written beside it, calling the
+//! same constructors), so that the everyday path needs no trait import.
+
+use std::sync::Arc;
+
+use super::{Buffer, Owner, ScopedBuffer, StreamRef};
+use crate::device::DevicePtr;
+use crate::error::Result;
+use crate::memory_resource::MemoryResource;
+use crate::stream::Stream;
+
+impl<'a> ScopedBuffer<'a> {
+    /// Allocates `size` bytes from `resource` on `stream`, borrowing both for as long as the
+    /// buffer lives (an empty buffer, without asking the resource, when `size` is 0).
+    ///
+    /// # Errors
+    /// When the resource cannot allocate.
+    #[inline]
+    pub fn allocate_scoped(resource: &'a dyn MemoryResource, size: usize, stream: &'a Stream) -> Result<Self> {
+        let stream = StreamRef::on_calling_thread(stream);
+        let ptr = allocate_raw_or_empty(resource, size, &stream)?;
+        Ok(ScopedBuffer::new(ptr, size, Owner::Borrowed(resource), Some(stream)))
+    }
+
+    /// [`allocate_scoped`](Self::allocate_scoped) from a resource whose type is known: its
+    /// `allocate_raw` is called directly, inlined into the caller with everything on the way,
+    /// instead of through the vtable (the allocation's every layer is a call otherwise).
+    #[inline(always)]
+    pub(crate) fn allocate_scoped_in<R: MemoryResource>(
+        resource: &'a R,
+        size: usize,
+        stream: &'a Stream,
+    ) -> Result<Self> {
+        let stream = StreamRef::on_calling_thread(stream);
+        let ptr = allocate_raw_or_empty(resource, size, &stream)?;
+        Ok(ScopedBuffer::new(ptr, size, Owner::Borrowed(resource), Some(stream)))
+    }
+}
+
+/// `size` bytes from `resource` on `stream`, or the null pointer of an empty buffer (without
+/// asking the resource) when `size` is 0.
+#[inline(always)]
+fn allocate_raw_or_empty<R: MemoryResource + ?Sized>(resource: &R, size: usize, stream: &Stream) -> Result<DevicePtr> {
+    if size == 0 { Ok(0) } else { resource.allocate_raw(size, stream) }
+}
+
+impl Buffer {
+    /// Allocates `size` bytes from `resource` on `stream` (an empty buffer, without asking the
+    /// resource, when `size` is 0).
+    ///
+    /// # Errors
+    /// When the resource cannot allocate.
+    pub fn allocate(resource: Arc<dyn MemoryResource>, size: usize, stream: &Stream) -> Result<Buffer> {
+        // The stream the allocation goes to from this thread (see `allocate_scoped`).
+        let stream = stream.on_calling_thread().into_owned();
+        let ptr = allocate_raw_or_empty(&*resource, size, &stream)?;
+        Ok(Buffer::new(ptr, size, Owner::Resource(resource), Some(StreamRef::Shared(stream))))
+    }
+
+    /// [`allocate`](Self::allocate) from a resource whose type is known: its `allocate_raw` is
+    /// called directly, inlined into the caller, instead of through the vtable.
+    #[inline(always)]
+    pub(crate) fn allocate_in<R: MemoryResource + 'static>(
+        resource: Arc<R>,
+        size: usize,
+        stream: &Stream,
+    ) -> Result<Buffer> {
+        let stream = stream.on_calling_thread().into_owned();
+        let ptr = allocate_raw_or_empty(&*resource, size, &stream)?;
+        Ok(Buffer::new(ptr, size, Owner::Resource(resource), Some(StreamRef::Shared(stream))))
+    }
+}
+
+/// Allocation into an owned [`Buffer`] that keeps the resource alive.
+pub trait MemoryResourceExt {
+    /// Allocates `size` bytes on `stream`. A zero-size request makes an empty buffer without
+    /// asking the resource.
+    ///
+    /// # Errors
+    /// When the resource cannot allocate.
+    fn allocate(&self, size: usize, stream: &Stream) -> Result<Buffer>;
+
+    /// Allocates `size` bytes on `stream` into a [`ScopedBuffer`] that borrows the resource and
+    /// the stream instead of holding shares of them: the cheapest allocation this crate makes,
+    /// for buffers that live inside one scope (per request, per step). The borrows keep both
+    /// alive; see [`ScopedBuffer`].
+    ///
+    /// # Errors
+    /// When the resource cannot allocate.
+    fn allocate_scoped<'a>(&'a self, size: usize, stream: &'a Stream) -> Result<ScopedBuffer<'a>>;
+}
+
+impl<R: MemoryResource + 'static> MemoryResourceExt for Arc<R> {
+    #[inline]
+    fn allocate(&self, size: usize, stream: &Stream) -> Result<Buffer> {
+        Buffer::allocate_in(Arc::clone(self), size, stream)
+    }
+
+    #[inline]
+    fn allocate_scoped<'a>(&'a self, size: usize, stream: &'a Stream) -> Result<ScopedBuffer<'a>> {
+        ScopedBuffer::allocate_scoped_in(&**self, size, stream)
+    }
+}
+
+impl MemoryResourceExt for Arc<dyn MemoryResource> {
+    #[inline]
+    fn allocate(&self, size: usize, stream: &Stream) -> Result<Buffer> {
+        Buffer::allocate(Arc::clone(self), size, stream)
+    }
+
+    #[inline]
+    fn allocate_scoped<'a>(&'a self, size: usize, stream: &'a Stream) -> Result<ScopedBuffer<'a>> {
+        ScopedBuffer::allocate_scoped(&**self, size, stream)
+    }
+}

@@ -1,0 +1,247 @@
+//! `ManagedMemoryResource`: managed memory from a driver pool (CUDA 13).
+
+use std::sync::Arc;
+
+use cuda_mem_sys::types::{CUmemAllocationType, CUmemLocation, CUmemLocationType, CUmemPoolProps};
+
+use cuda_mem_sys::types::CUmemoryPool;
+
+use crate::access::Access;
+use crate::buffer::{Buffer, ScopedBuffer};
+use crate::device::{Device, DevicePtr};
+use crate::driver_version::DriverCapability;
+use crate::error::{Error, ManagedError, Result};
+use crate::location::Location;
+use crate::memory_resource::{MemoryResource, PoolResource};
+use crate::pool::{MemoryPool, PoolAttributes, PoolKind, PoolUsage, ReusePolicy};
+use crate::stream::Stream;
+
+/// A managed pool's preferred location in the driver's form: `CU_MEM_LOCATION_TYPE_NONE` for
+/// none, else the location's own, which must be one a pool can have.
+fn pool_location(preferred_location: Option<Location>) -> Result<CUmemLocation> {
+    match preferred_location {
+        None => Ok(CUmemLocation { type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_NONE, id: 0 }),
+        // `cuMemPoolCreate`: "Specifying CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT … will result in
+        // CUDA_ERROR_INVALID_VALUE"; `cuMemGetMemPool` does not take it either. A pool's
+        // location is fixed, and the calling thread's node is not.
+        Some(location @ Location::HostNumaCurrent) => Err(Error::Managed(ManagedError::PoolLocation { location })),
+        Some(location) => Ok(location.raw()),
+    }
+}
+
+/// How to create an owned managed pool.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ManagedMemoryResourceOptions {
+    /// Where the memory prefers to live (`None`: no preference, the driver decides): a device,
+    /// the host or a host NUMA node; not [`Location::HostNumaCurrent`], which a pool cannot
+    /// have.
+    pub preferred_location: Option<Location>,
+}
+
+impl ManagedMemoryResourceOptions {
+    /// With a preferred location (`None`: none).
+    pub fn preferred_location(mut self, location: Option<Location>) -> Self {
+        self.preferred_location = location;
+        self
+    }
+}
+
+/// Managed memory from a stream-ordered pool (CUDA 13): accessible from the host and every
+/// device, migrating on demand.
+#[derive(Debug)]
+pub struct ManagedMemoryResource {
+    pool: MemoryPool,
+    preferred_location: Option<Location>,
+}
+
+impl ManagedMemoryResource {
+    /// The current managed pool for a preferred location (`None`: the pool with no preferred
+    /// location; shared, never destroyed).
+    ///
+    /// # Errors
+    /// [`Error::DriverTooOld`] before CUDA 13.0 ([`DriverCapability::CurrentPools`]);
+    /// [`ManagedError::PoolLocation`] for [`Location::HostNumaCurrent`] (both before any driver call);
+    /// driver errors.
+    pub fn current(preferred_location: Option<Location>) -> Result<Arc<ManagedMemoryResource>> {
+        DriverCapability::CurrentPools.require()?;
+        let location = pool_location(preferred_location)?;
+        Ok(Arc::new(ManagedMemoryResource {
+            pool: MemoryPool::current(location, PoolKind::Managed)?,
+            preferred_location,
+        }))
+    }
+
+    /// A managed pool of its own.
+    ///
+    /// # Errors
+    /// [`Error::DriverTooOld`] before CUDA 13.0 ([`DriverCapability::ManagedPools`]);
+    /// [`ManagedError::PoolLocation`] for [`Location::HostNumaCurrent`] (both before any driver call);
+    /// driver errors.
+    pub fn new(options: ManagedMemoryResourceOptions) -> Result<Arc<ManagedMemoryResource>> {
+        DriverCapability::ManagedPools.require()?;
+        let props = CUmemPoolProps {
+            allocType: CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_MANAGED,
+            location: pool_location(options.preferred_location)?,
+            ..CUmemPoolProps::default()
+        };
+        let pool = MemoryPool::create(&props, PoolKind::Managed)?;
+        Ok(Arc::new(ManagedMemoryResource { pool, preferred_location: options.preferred_location }))
+    }
+
+    /// Allocates `size` bytes on `stream` into an owned [`Buffer`] that keeps this resource alive
+    /// ([`MemoryResourceExt::allocate`](crate::MemoryResourceExt::allocate) without the import).
+    /// A zero-size request makes an empty buffer without asking the resource.
+    ///
+    /// # Errors
+    /// When the resource cannot allocate.
+    #[inline]
+    pub fn allocate(self: &Arc<Self>, size: usize, stream: &Stream) -> Result<Buffer> {
+        Buffer::allocate_in(Arc::clone(self), size, stream)
+    }
+
+    /// Allocates `size` bytes on `stream` into a [`ScopedBuffer`] that borrows this resource and
+    /// the stream ([`MemoryResourceExt::allocate_scoped`](crate::MemoryResourceExt::allocate_scoped)
+    /// without the import).
+    ///
+    /// # Errors
+    /// When the resource cannot allocate.
+    #[inline]
+    pub fn allocate_scoped<'a>(&'a self, size: usize, stream: &'a Stream) -> Result<ScopedBuffer<'a>> {
+        ScopedBuffer::allocate_scoped_in(self, size, stream)
+    }
+
+    /// The pool: attributes, release threshold, trimming.
+    pub fn pool(&self) -> &MemoryPool {
+        &self.pool
+    }
+
+    /// Where the memory prefers to live (`None`: no preference).
+    pub fn preferred_location(&self) -> Option<Location> {
+        self.preferred_location
+    }
+}
+
+// SAFETY: the pool hands out `size` valid bytes per allocation until they are freed; managed memory: the
+// answers the trait derives from the pool (its kind is `PoolKind::Managed`, and whether it is
+// shared) are its memory's; its device is its preferred location's, if that is a device.
+unsafe impl MemoryResource for ManagedMemoryResource {
+    /// Allocates from the pool, in stream order; [`Error::CapturingStream`] on a capturing
+    /// stream (the pool would allocate outside the graph).
+    #[inline(always)]
+    fn allocate_raw(&self, size: usize, stream: &Stream) -> Result<DevicePtr> {
+        self.pool.allocate(size, stream)
+    }
+
+    unsafe fn deallocate_raw(&self, ptr: DevicePtr, size: usize, stream: &Stream) -> Result<()> {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.pool.deallocate(ptr, size, stream) }
+    }
+
+    fn device(&self) -> Option<Device> {
+        match self.preferred_location {
+            Some(Location::Device(device)) => Some(device),
+            _ => None,
+        }
+    }
+
+    fn memory_pool(&self) -> Option<&MemoryPool> {
+        Some(&self.pool)
+    }
+}
+
+impl PoolResource for ManagedMemoryResource {
+    fn pool(&self) -> &MemoryPool {
+        &self.pool
+    }
+}
+
+/// The pool's features on the resource itself, where cuda.core puts them (`mr.attributes`,
+/// `mr.release_threshold`, …): each forwards to the [`MemoryPool`] method of the same name (also
+/// reachable through [`pool`](ManagedMemoryResource::pool)).
+impl ManagedMemoryResource {
+    /// The pool's usage, high-water marks, release threshold and reuse policies: [`MemoryPool::attributes`].
+    ///
+    /// # Errors
+    /// Driver errors.
+    pub fn attributes(&self) -> Result<PoolAttributes> {
+        self.pool.attributes()
+    }
+
+    /// The pool's usage at a glance (used and reserved bytes with their high-water marks, live
+    /// allocations): [`MemoryPool::usage`].
+    ///
+    /// # Errors
+    /// Driver errors.
+    pub fn usage(&self) -> Result<PoolUsage> {
+        self.pool.usage()
+    }
+
+    /// Bytes the pool keeps cached at a synchronization: [`MemoryPool::release_threshold`].
+    ///
+    /// # Errors
+    /// Driver errors.
+    pub fn release_threshold(&self) -> Result<u64> {
+        self.pool.release_threshold()
+    }
+
+    /// Sets the release threshold: [`MemoryPool::set_release_threshold`].
+    ///
+    /// # Errors
+    /// Driver errors.
+    pub fn set_release_threshold(&self, bytes: u64) -> Result<()> {
+        self.pool.set_release_threshold(bytes)
+    }
+
+    /// Turns a reuse policy on or off: [`MemoryPool::set_reuse`].
+    ///
+    /// # Errors
+    /// Driver errors.
+    pub fn set_reuse(&self, policy: ReusePolicy, enabled: bool) -> Result<()> {
+        self.pool.set_reuse(policy, enabled)
+    }
+
+    /// Resets the high-water marks to the current usage: [`MemoryPool::reset_peak_usage`].
+    ///
+    /// # Errors
+    /// Driver errors.
+    pub fn reset_peak_usage(&self) -> Result<()> {
+        self.pool.reset_peak_usage()
+    }
+
+    /// Releases cached memory down to `keep` bytes: [`MemoryPool::trim_to`].
+    ///
+    /// # Errors
+    /// Driver errors.
+    #[doc(alias = "trim")]
+    pub fn trim_to(&self, keep: usize) -> Result<()> {
+        self.pool.trim_to(keep)
+    }
+
+    /// The access `device` has to the pool's memory: [`MemoryPool::access`].
+    ///
+    /// # Errors
+    /// Driver errors.
+    #[doc(alias = "DMR_mempool_get_access")]
+    pub fn access(&self, device: Device) -> Result<Access> {
+        self.pool.access(device)
+    }
+
+    /// Whether the pool can be shared with other processes by file descriptor
+    /// ([`MemoryPool::is_shareable`]).
+    pub fn is_ipc_enabled(&self) -> bool {
+        self.pool.is_shareable()
+    }
+
+    /// Whether dropping the resource destroys the pool (false for a current pool):
+    /// [`MemoryPool::is_owned`].
+    #[doc(alias = "is_handle_owned")]
+    pub fn is_owned(&self) -> bool {
+        self.pool.is_owned()
+    }
+
+    /// The raw pool handle: [`MemoryPool::handle`].
+    pub fn handle(&self) -> CUmemoryPool {
+        self.pool.handle()
+    }
+}

@@ -1,0 +1,27 @@
+//! Every [`MemoryResource`](crate::MemoryResource) of this crate, a file each:
+//!
+//! - [`device`]: [`DeviceMemoryResource`], device memory from a driver pool;
+//! - [`pinned`]: [`PinnedMemoryResource`], page-locked host memory from a driver pool;
+//! - [`managed`]: [`ManagedMemoryResource`], managed memory from a driver pool;
+//! - [`legacy`]: [`SynchronousMemoryResource`] and [`LegacyPinnedMemoryResource`], without pools;
+//! - [`graph`]: [`GraphMemoryResource`], memory that graphs allocate and free as they run;
+//! - [`adaptors`]: resources over resources (statistics, a limit, tracking).
+//!
+//! The driver's pools themselves are in `pool`; the buffers these resources hand out, in
+//! `buffer`.
+
+pub mod adaptors;
+pub mod device;
+pub mod graph;
+pub mod legacy;
+pub mod managed;
+pub mod pinned;
+
+pub use adaptors::{
+    AllocationStatistics, LeakReport, LimitingAdaptor, LiveAllocation, StatisticsAdaptor, TrackingAdaptor,
+};
+pub use device::{DeviceMemoryResource, DeviceMemoryResourceOptions};
+pub use graph::{GraphMemoryAttributes, GraphMemoryResource, HighWaterMark};
+pub use legacy::{LegacyPinnedMemoryResource, SynchronousMemoryResource};
+pub use managed::{ManagedMemoryResource, ManagedMemoryResourceOptions};
+pub use pinned::{PinnedMemoryResource, PinnedMemoryResourceOptions};
