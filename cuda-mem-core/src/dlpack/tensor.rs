@@ -4,8 +4,8 @@
 use dlpark::DlpackFlags;
 use dlpark::ffi::{DLDataType, DLDevice, DLDeviceType, DLManagedTensorVersioned, DLTensor};
 
-use crate::error::dlpack::describe;
 use crate::device::DevicePtr;
+use crate::error::dlpack::describe;
 
 /// An exported DLPack tensor (`DLManagedTensorVersioned`), made by this crate's exports.
 ///
