@@ -8,7 +8,7 @@
 
 use std::error::Error;
 
-use cuda_mem_core::{Device, DeviceMemoryResource, FillPattern, PinnedMemoryResource, Stream, StreamOptions};
+use cuda_mem_core::prelude::*;
 
 fn main() -> Result<(), Box<dyn Error>> {
     // The library CUDA_MEM_DRIVER names, or the simulator beside this example.
@@ -20,8 +20,9 @@ fn main() -> Result<(), Box<dyn Error>> {
     // A pool of its own. Its buffers free themselves, on their stream, when dropped.
     let pool = DeviceMemoryResource::new(device, Default::default())?;
     let data: Vec<f32> = (0..1024).map(|i| i as f32).collect();
-    let mut buffer = pool.allocate(data.len() * size_of::<f32>(), &stream)?;
-    buffer.copy_from_slice(&data, &stream)?;
+    let mut buffer = pool.allocate_from_slice(&data, &stream)?; // cudarc's clone_htod
+    let zeros = pool.allocate_zeroed::<f32>(data.len(), &stream)?; // cudarc's alloc_zeros
+    assert_eq!(zeros.to_vec::<f32>(&stream)?[..2], [0.0, 0.0]);
 
     // Typed views check the size and the alignment; slices check their range.
     let mut view = buffer.view_mut::<f32>()?;

@@ -300,6 +300,14 @@ pub(crate) fn find_overlap(copies: &[(u64, u64, usize)]) -> Option<(usize, usize
     None
 }
 
+/// The first copy (of `(dst, src, len)` ranges) whose source and destination share a byte.
+pub(crate) fn find_self_overlap(copies: &[(u64, u64, usize)]) -> Option<usize> {
+    copies.iter().position(|&(dst, src, len)| {
+        let end = |start: u64| start.saturating_add(len as u64);
+        len > 0 && dst < end(src) && src < end(dst)
+    })
+}
+
 /// The options of each copy, checked against the number of copies.
 fn per_copy(options: BatchOptions<'_>, copies: usize) -> Result<Vec<CopyOptions>> {
     match options {
@@ -389,8 +397,9 @@ fn plain_copies(d: &Driver, copies: &[BatchCopy<'_>], stream: CUstream) -> Resul
 ///
 /// # Errors
 /// Before any driver call: [`Error::EmptyBatch`] for no copies; [`CopyError::OptionsLengthMismatch`],
-/// [`CopyError::Overlap`], [`CopyError::LegacyStream`] and [`CopyError::Capturing`] inside
-/// [`Error::Copy`]; [`Error::DriverTooOld`] ([`DriverCapability::CopyBatches`]) before CUDA
+/// [`CopyError::SelfOverlap`] (a copy that reads what it writes, which views made with
+/// `unsafe` can express), [`CopyError::Overlap`], [`CopyError::LegacyStream`] and
+/// [`CopyError::Capturing`] inside [`Error::Copy`]; [`Error::DriverTooOld`] ([`DriverCapability::CopyBatches`]) before CUDA
 /// 13.0 when an option reads its source during the call. Then a driver error (memory the stream's
 /// device cannot reach, an earlier asynchronous error).
 #[doc(alias = "cuMemcpyBatchAsync")]
@@ -406,6 +415,9 @@ pub fn copy_batch<'a, 'o>(
     }
     let options = per_copy(options.into(), copies.len())?;
     let ranges: Vec<(u64, u64, usize)> = copies.iter().map(|c| (c.dst.ptr, c.src.ptr, c.dst.len)).collect();
+    if let Some(copy) = find_self_overlap(&ranges) {
+        return Err(CopyError::SelfOverlap { copy }.into());
+    }
     if let Some((first, second, kind)) = find_overlap(&ranges) {
         return Err(CopyError::Overlap { first, second, kind }.into());
     }
@@ -448,6 +460,62 @@ pub fn copy_batch<'a, 'o>(
         None => plain_copies(d, &copies, stream.handle())?,
     }
     Ok(())
+}
+
+/// Copies between ranges of one buffer in one driver call: each `(src, dst)` copies the bytes
+/// of the range `src` to as many bytes from offset `dst` (as [`slice::copy_within`], many at
+/// once). The buffer is borrowed exclusively, so nothing else reads or writes it meanwhile, and
+/// every range is checked: no copy reaches past the end, no copy's source meets its own
+/// destination, and no two copies meet where one of them writes. As [`copy_batch`] otherwise.
+///
+/// ```
+/// # cuda_sim::testing::driver()?; // the tests run this example on the simulator
+/// use cuda_mem_core::{CopyOptions, Device, DeviceMemoryResource, Stream, StreamOptions, copy_batch_within};
+///
+/// let device = Device::new(0)?;
+/// let stream = Stream::new(device, StreamOptions::default().non_blocking())?;
+/// let pool = DeviceMemoryResource::new(device, Default::default())?;
+/// let mut buffer = pool.allocate(8, &stream)?;
+/// buffer.copy_from_slice(&[1u8, 2, 3, 4, 0, 0, 0, 0], &stream)?;
+/// // The first half into the second, reversed in two pieces.
+/// copy_batch_within(&stream, &mut buffer, [(0..2, 6), (2..4, 4)], CopyOptions::default())?;
+/// assert_eq!(buffer.to_vec::<u8>(&stream)?, [1, 2, 3, 4, 3, 4, 1, 2]);
+/// # Ok::<(), cuda_mem_core::Error>(())
+/// ```
+///
+/// # Errors
+/// - [`CopyError::OutOfRange`] for a range past the buffer's end (or one whose start is past
+///   its end), naming the copy.
+/// - [`CopyError::SelfOverlap`] and [`CopyError::Overlap`] for ranges that meet.
+/// - As [`copy_batch`]: an empty batch, options of another length, the legacy default stream,
+///   a capturing stream, an old driver, a driver error.
+pub fn copy_batch_within<'o>(
+    stream: &Stream,
+    buffer: &mut ScopedBuffer<'_>,
+    copies: impl IntoIterator<Item = (std::ops::Range<usize>, usize)>,
+    options: impl Into<BatchOptions<'o>>,
+) -> Result<()> {
+    // Both sides of every copy are this buffer, read through one shared borrow of the
+    // exclusive one: nothing else reaches the buffer while the call runs.
+    let shared = shorten(&*buffer);
+    let size = shared.size();
+    let side = |offset: usize, len: usize| Side { ptr: shared.ptr() + offset as DevicePtr, len, buffer: shared };
+    let batch = copies
+        .into_iter()
+        .enumerate()
+        .map(|(copy, (src, dst))| {
+            let len = src.end.checked_sub(src.start).filter(|_| src.end <= size);
+            let dst_end = len.and_then(|len| dst.checked_add(len)).filter(|&end| end <= size);
+            match (len, dst_end) {
+                (Some(len), Some(_)) => Ok(BatchCopy { src: side(src.start, len), dst: side(dst, len) }),
+                (None, _) => Err(CopyError::OutOfRange { copy, start: src.start, end: src.end, size }.into()),
+                (Some(len), None) => {
+                    Err(CopyError::OutOfRange { copy, start: dst, end: dst.saturating_add(len), size }.into())
+                }
+            }
+        })
+        .collect::<Result<Vec<_>>>()?;
+    copy_batch(stream, batch, options)
 }
 
 /// One copy with options: `cuMemcpyWithAttributesAsync`, or `cuMemcpyAsync` on an older driver
@@ -561,6 +629,14 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_copy_that_reads_what_it_writes_is_found() {
+        assert_eq!(find_self_overlap(&[(0, 100, 10), (0, 5, 10)]), Some(1));
+        assert_eq!(find_self_overlap(&[(10, 0, 10), (0, 10, 10)]), None, "adjacent ranges");
+        assert_eq!(find_self_overlap(&[(0, 0, 0)]), None, "an empty copy meets nothing");
+        assert_eq!(find_self_overlap(&[(u64::MAX - 4, u64::MAX - 2, 8)]), Some(0), "no wrap at the top");
     }
 
     #[test]

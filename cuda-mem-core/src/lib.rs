@@ -133,7 +133,7 @@
 //! | `buffer` | [`Buffer`], [`ScopedBuffer`], [`ForeignMemory`], [`FillPattern`], [`CloseError`], [`RawBuffer`]; `allocate.rs`: [`MemoryResourceExt`]; `host.rs`: host slices; `export.rs`: a buffer's export data |
 //! | `view` | [`DeviceView`], [`DeviceViewMut`]: typed views of a buffer, copies to and from Rust slices |
 //! | `managed` | managed memory's operations: [`ScopedBuffer::managed`] gives a checked [`ManagedBuffer`] (advice, preferred location, accessed-by, prefetch, last prefetch location; [`ManagedBufferMut`] discards), the batches [`prefetch_batch`], [`discard_batch`], [`discard_prefetch_batch`] |
-//! | `copy` | copies with options and batches of copies: [`CopyOptions`], [`SourceAccessOrder`], [`OverlapMode`], [`copy_batch`], [`BatchCopy`], [`BatchOptions`] |
+//! | `copy` | copies with options and batches of copies: [`CopyOptions`], [`SourceAccessOrder`], [`OverlapMode`], [`copy_batch`], [`copy_batch_within`], [`BatchCopy`], [`BatchOptions`] |
 //! | `graph` | stream capture into graphs: [`Capture`], [`Graph`], [`GraphExec`], [`InstantiateOptions`] |
 //! | `resources` | every resource, a file each: [`DeviceMemoryResource`], [`PinnedMemoryResource`] (on a [`NumaNode`]), [`ManagedMemoryResource`] (preferring a [`Location`]) and their options; [`SynchronousMemoryResource`], [`LegacyPinnedMemoryResource`] (no pools); [`GraphMemoryResource`] ([`GraphMemoryAttributes`], [`HighWaterMark`]); `adaptors/`: [`StatisticsAdaptor`] ([`AllocationStatistics`]), [`LimitingAdaptor`], [`TrackingAdaptor`] ([`LeakReport`], [`LiveAllocation`]) |
 //! | `dlpack` | feature `dlpack`: a file per concern: export, import, the stream exchange, element types, layouts |
@@ -476,7 +476,7 @@ pub use access::Access;
 pub use advice::Advice;
 pub use buffer::MemoryResourceExt;
 pub use buffer::{Buffer, CloseError, FillPattern, ForeignMemory, RawBuffer, ScopedBuffer};
-pub use copy::{BatchCopy, BatchOptions, CopyOptions, OverlapMode, SourceAccessOrder, copy_batch};
+pub use copy::{BatchCopy, BatchOptions, CopyOptions, OverlapMode, SourceAccessOrder, copy_batch, copy_batch_within};
 pub use device::{Device, DeviceProperties, DevicePtr, MemoryInfo, NumaNode};
 #[cfg(feature = "dlpack")]
 pub use dlpack::{

@@ -410,7 +410,8 @@ impl ManagedBufferMut<'_, '_> {
 pub enum ManagedLocations<'l> {
     /// Every buffer to this location.
     Same(Location),
-    /// Buffer `i` to location `i` (as many locations as buffers).
+    /// Buffer `i` to location `i` (as many locations as buffers). A slice of one location
+    /// means that location for every buffer, as [`Same`](ManagedLocations::Same).
     PerBuffer(&'l [Location]),
 }
 
@@ -436,7 +437,9 @@ impl<'l> From<&'l [Location]> for ManagedLocations<'l> {
 /// its first buffer. Checks the length first.
 fn location_table(locations: ManagedLocations<'_>, buffers: usize) -> Result<(Vec<CUmemLocation>, Vec<usize>)> {
     match locations {
-        ManagedLocations::Same(location) => Ok((vec![location.raw()], vec![0])),
+        ManagedLocations::Same(location) | ManagedLocations::PerBuffer(&[location]) => {
+            Ok((vec![location.raw()], vec![0]))
+        }
         ManagedLocations::PerBuffer(list) if list.len() != buffers => {
             Err(Error::Managed(ManagedError::BatchLengthMismatch { buffers, locations: list.len() }))
         }
@@ -735,11 +738,11 @@ mod tests {
 
         let mut handles: Vec<ManagedBufferMut<'_, '_>> = buffers.iter_mut().map(|b| b.managed_mut().unwrap()).collect();
         discard_batch(handles.iter_mut(), &stream).unwrap();
-        let error = discard_prefetch_batch(handles.iter_mut(), &[Location::Host][..], &stream).unwrap_err();
-        assert!(
-            matches!(error, Error::Managed(ManagedError::BatchLengthMismatch { buffers: 3, locations: 1 })),
-            "{error}"
-        );
+        // A slice of one location is that location for every buffer.
+        discard_prefetch_batch(handles.iter_mut(), &[Location::Host][..], &stream).unwrap();
+        for handle in &handles {
+            assert_eq!(handle.last_prefetch_location().unwrap(), Some(Location::Host));
+        }
         discard_prefetch_batch(handles.iter_mut(), Location::HostNuma(NumaNode(0)), &stream).unwrap();
         assert!(matches!(discard_batch(handles.iter_mut().take(0), &stream), Err(Error::EmptyBatch { .. })));
         drop(handles);

@@ -2,7 +2,8 @@
 //!
 //! The traits are here so that their methods are in scope: [`MemoryResourceExt`]'s `allocate`
 //! on an `Arc<dyn MemoryResource>` or a resource of your own (this crate's resources have the
-//! same methods inherent, no import needed), [`MemoryResource`]'s `is_device_accessible`,
+//! same methods inherent, no import needed) and its typed `allocate_zeroed` and
+//! `allocate_from_slice` on any resource, [`MemoryResource`]'s `is_device_accessible`,
 //! `is_host_accessible` and `device` on any resource, and [`PoolResource`]'s `pool`. The types
 //! are the ones almost every program names, with the adaptors that stack over any resource.
 //!

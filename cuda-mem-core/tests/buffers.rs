@@ -340,3 +340,32 @@ fn a_scoped_buffer_freed_on_another_stream_orders_after_its_uses() {
     let errors = take_drop_errors();
     assert!(errors.is_empty(), "{errors:?}");
 }
+
+#[test]
+fn typed_allocations_take_an_element_count_or_a_slice() {
+    let device = common::device();
+    let stream = common::stream(device);
+    let pool = DeviceMemoryResource::new(device, DeviceMemoryResourceOptions::default()).unwrap();
+    // Dirty the pool's memory first, so that a zeroed buffer cannot be zero by chance.
+    let mut dirty = pool.allocate(1024 * 4, &stream).unwrap();
+    dirty.fill(FillPattern::U8(0xAB), &stream).unwrap();
+    drop(dirty);
+    let zeroed = pool.allocate_zeroed::<f32>(1024, &stream).unwrap();
+    assert_eq!(zeroed.size(), 4096);
+    assert_eq!(zeroed.to_vec::<f32>(&stream).unwrap(), vec![0.0; 1024]);
+
+    let data: Vec<u64> = (0..100).map(|i| i * 3).collect();
+    let copied = pool.allocate_from_slice(&data, &stream).unwrap();
+    assert_eq!(copied.size(), 800);
+    assert_eq!(copied.to_vec::<u64>(&stream).unwrap(), data);
+    // Through a trait object too, and empty ones without asking the resource.
+    let as_dyn: Arc<dyn MemoryResource> = pool.clone();
+    assert!(as_dyn.allocate_from_slice::<u8>(&[], &stream).unwrap().is_empty());
+    assert!(as_dyn.allocate_zeroed::<u32>(0, &stream).unwrap().is_empty());
+
+    let error = pool.allocate_zeroed::<u64>(usize::MAX / 4, &stream).unwrap_err();
+    assert!(
+        matches!(error, Error::View(cuda_mem_core::ViewError::TooManyElements { element: "u64", len }) if len == usize::MAX / 4),
+        "{error:?}"
+    );
+}

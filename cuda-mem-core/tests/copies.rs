@@ -12,6 +12,7 @@ use cuda_mem_core::sys::types::{CUgraph, CUstreamCaptureMode};
 use cuda_mem_core::{
     BatchCopy, Buffer, CopyError, CopyOptions, Device, DeviceMemoryResource, DriverCapability, Error, ForeignMemory,
     Location, OverlapKind, OverlapMode, PinnedMemoryResource, ScopedBuffer, SourceAccessOrder, Stream, copy_batch,
+    copy_batch_within,
 };
 use cuda_sim::testing::{in_simulated_machine, skip};
 
@@ -322,4 +323,54 @@ fn a_batch_refused_half_way_orders_the_frees_after_the_copies_it_enqueued() {
         copier.synchronize().unwrap();
         home.synchronize().unwrap();
     });
+}
+
+#[test]
+fn copies_within_one_buffer_move_disjoint_ranges_and_refuse_the_rest() {
+    let device = device();
+    let s = stream(device);
+    let pool = DeviceMemoryResource::new(device, Default::default()).unwrap();
+    let mut buffer = pool.allocate(16, &s).unwrap();
+    buffer.copy_from_slice(&(0u8..16).collect::<Vec<_>>(), &s).unwrap();
+    copy_batch_within(&s, &mut buffer, [(0..4, 12), (4..8, 8), (8..8, 0)], CopyOptions::default()).unwrap();
+    assert_eq!(buffer.to_vec::<u8>(&s).unwrap(), [0, 1, 2, 3, 4, 5, 6, 7, 4, 5, 6, 7, 0, 1, 2, 3]);
+
+    let refused = |copies: Vec<(std::ops::Range<usize>, usize)>, buffer: &mut Buffer| {
+        copy_batch_within(&s, buffer, copies, CopyOptions::default()).unwrap_err()
+    };
+    // Past the end, through the source or the destination, and a range that runs backwards.
+    let e = refused(Vec::new(), &mut buffer);
+    assert!(matches!(e, Error::EmptyBatch { .. }), "{e:?}");
+    let e = refused(vec![(0..4, 8), (12..17, 0)], &mut buffer);
+    assert!(matches!(e, Error::Copy(CopyError::OutOfRange { copy: 1, start: 12, end: 17, size: 16 })), "{e:?}");
+    let e = refused(vec![(0..4, 13)], &mut buffer);
+    assert!(matches!(e, Error::Copy(CopyError::OutOfRange { copy: 0, start: 13, end: 17, size: 16 })), "{e:?}");
+    #[allow(clippy::reversed_empty_ranges)]
+    let e = refused(vec![(4..2, 8)], &mut buffer);
+    assert!(matches!(e, Error::Copy(CopyError::OutOfRange { copy: 0, start: 4, end: 2, .. })), "{e:?}");
+    let e = refused(vec![(0..4, usize::MAX - 1)], &mut buffer);
+    assert!(matches!(e, Error::Copy(CopyError::OutOfRange { end: usize::MAX, .. })), "{e:?}");
+    // A copy that reads what it writes, and two that meet.
+    let e = refused(vec![(0..8, 8), (0..8, 4)], &mut buffer);
+    assert!(matches!(e, Error::Copy(CopyError::SelfOverlap { copy: 1 })), "{e:?}");
+    assert!(e.to_string().contains("copy 1 of the batch reads bytes it also writes"), "{e}");
+    let e = refused(vec![(0..4, 8), (4..8, 10)], &mut buffer);
+    assert!(
+        matches!(e, Error::Copy(CopyError::Overlap { first: 0, second: 1, kind: OverlapKind::Destinations })),
+        "{e:?}"
+    );
+    // Nothing was copied by a refused batch.
+    assert_eq!(buffer.to_vec::<u8>(&s).unwrap(), [0, 1, 2, 3, 4, 5, 6, 7, 4, 5, 6, 7, 0, 1, 2, 3]);
+}
+
+#[test]
+fn a_batched_copy_whose_own_ranges_meet_is_refused() {
+    let device = device();
+    let s = stream(device);
+    let pool = DeviceMemoryResource::new(device, Default::default()).unwrap();
+    let whole = zeroed(32, &pool, &s);
+    // Two views of one buffer, made with `unsafe`: the copy's source and destination meet.
+    let (src, mut dst) = (alias(&whole, 0, 16), alias(&whole, 8, 16));
+    let r = copy_batch(&s, [BatchCopy::new(&src, &mut dst).unwrap()], CopyOptions::default());
+    assert!(matches!(r, Err(Error::Copy(CopyError::SelfOverlap { copy: 0 }))), "{r:?}");
 }

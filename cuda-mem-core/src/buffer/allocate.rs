@@ -1,13 +1,16 @@
 //! Allocating buffers: [`MemoryResourceExt`] (an `Arc` of any resource into owned buffers, or
 //! a borrowed one into scoped buffers) and the constructors it calls. Every resource of this
 //! crate also has `allocate` and `allocate_scoped` of its own (written beside it, calling the
-//! same constructors), so that the everyday path needs no trait import.
+//! same constructors), so that the everyday path needs no trait import. The typed conveniences
+//! (`allocate_zeroed`, `allocate_from_slice`) are the trait's alone.
 
 use std::sync::Arc;
 
-use super::{Buffer, Owner, ScopedBuffer, StreamRef};
+use bytemuck::Pod;
+
+use super::{Buffer, FillPattern, Owner, ScopedBuffer, StreamRef};
 use crate::device::DevicePtr;
-use crate::error::Result;
+use crate::error::{Result, ViewError};
 use crate::memory_resource::MemoryResource;
 use crate::stream::Stream;
 
@@ -90,6 +93,31 @@ pub trait MemoryResourceExt {
     /// # Errors
     /// When the resource cannot allocate.
     fn allocate_scoped<'a>(&'a self, size: usize, stream: &'a Stream) -> Result<ScopedBuffer<'a>>;
+
+    /// Room for `len` elements of `T`, zeroed, on `stream` (cudarc's `alloc_zeros`).
+    ///
+    /// # Errors
+    /// - [`ViewError::TooManyElements`] when `len` elements of `T` exceed `usize::MAX` bytes.
+    /// - When the resource cannot allocate, or the fill fails.
+    fn allocate_zeroed<T: Pod>(&self, len: usize, stream: &Stream) -> Result<Buffer> {
+        let size = len
+            .checked_mul(size_of::<T>())
+            .ok_or(ViewError::TooManyElements { element: std::any::type_name::<T>(), len })?;
+        let mut buffer = self.allocate(size, stream)?;
+        buffer.fill(FillPattern::U8(0), stream)?;
+        Ok(buffer)
+    }
+
+    /// A new buffer holding a copy of `data`, on `stream` (cudarc's `clone_htod`). It returns
+    /// once `data` has been read, so the slice may change right after.
+    ///
+    /// # Errors
+    /// When the resource cannot allocate, or the copy fails.
+    fn allocate_from_slice<T: Pod>(&self, data: &[T], stream: &Stream) -> Result<Buffer> {
+        let mut buffer = self.allocate(size_of_val(data), stream)?;
+        buffer.copy_from_slice(data, stream)?;
+        Ok(buffer)
+    }
 }
 
 impl<R: MemoryResource + 'static> MemoryResourceExt for Arc<R> {

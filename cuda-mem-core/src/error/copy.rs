@@ -48,6 +48,28 @@ pub enum CopyError {
         /// What the other copy does with the bytes.
         kind: OverlapKind,
     },
+    /// A copy whose source and destination share bytes: the driver's result is undefined.
+    #[error(
+        "copy {copy} of the batch reads bytes it also writes (its source and destination overlap): copy through a \
+         second buffer, or split it into copies whose ranges do not meet"
+    )]
+    SelfOverlap {
+        /// The copy, by its index in the batch.
+        copy: usize,
+    },
+    /// A copy inside one buffer ([`copy_batch_within`](crate::copy_batch_within)) that reaches
+    /// past the buffer's end.
+    #[error("copy {copy} reaches bytes {start}..{end} of a buffer of {size} bytes: keep each range within 0..{size}")]
+    OutOfRange {
+        /// The copy, by its index in the batch.
+        copy: usize,
+        /// The first byte it reaches (`usize::MAX` when the bound overflowed).
+        start: usize,
+        /// One past the last byte it reaches (`usize::MAX` when the bound overflowed).
+        end: usize,
+        /// The buffer's size.
+        size: usize,
+    },
     /// Per-copy options, not one per copy.
     #[error("{options} options for {copies} copies: give one CopyOptions for all (BatchOptions::Same) or one per copy")]
     OptionsLengthMismatch {

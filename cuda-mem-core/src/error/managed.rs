@@ -47,8 +47,8 @@ pub enum ManagedError {
     },
     /// A batched prefetch given a number of locations other than one or one per buffer.
     #[error(
-        "{locations} locations for {buffers} buffers: give one location for every buffer (ManagedLocations::Same) \
-         or one per buffer"
+        "{locations} locations for {buffers} buffers: give one location for every buffer (ManagedLocations::Same, \
+         or a slice of one) or one per buffer"
     )]
     BatchLengthMismatch {
         /// How many buffers.

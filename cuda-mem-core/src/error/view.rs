@@ -34,6 +34,14 @@ pub enum ViewError {
         /// The address.
         ptr: DevicePtr,
     },
+    /// More elements than an address space holds bytes for (a typed allocation's length).
+    #[error("invalid argument: {len} elements of `{element}` take more than usize::MAX bytes: ask for fewer")]
+    TooManyElements {
+        /// The element type's name.
+        element: &'static str,
+        /// The number of elements asked for.
+        len: usize,
+    },
     /// A sub-range of a view that does not lie within it (in elements).
     #[error("out of range: elements {start}..{end} of a view of {len} elements: slice within 0..{len}")]
     SliceOutOfRange {
