@@ -402,6 +402,48 @@ fn plain_copies(d: &Driver, copies: &[BatchCopy<'_>], stream: CUstream) -> Resul
 /// [`CopyError::Capturing`] inside [`Error::Copy`]; [`Error::DriverTooOld`] ([`DriverCapability::CopyBatches`]) before CUDA
 /// 13.0 when an option reads its source during the call. Then a driver error (memory the stream's
 /// device cannot reach, an earlier asynchronous error).
+///
+/// # From cuda.core
+///
+/// What cuda.core 1.2 writes with `CopyOptions` and `copy_batch`:
+///
+/// ```python
+/// during_call = CopyOptions(src_access_order=MemcpySrcAccessOrder.DURING_API_CALL)
+/// copy_batch(stream, [staging, staging_tail], [a, b], options=during_call)
+/// staging_host[:] = 0          # the sources were read before copy_batch returned
+/// a.copy_to(c, stream=stream, options=CopyOptions(dst_location_hint=device))
+/// ```
+///
+/// is, here (a range of the source instead of a second buffer; overlapping copies in one batch
+/// are refused rather than left undefined):
+///
+/// ```
+/// # cuda_sim::testing::driver()?; // the tests run this example on the simulator
+/// use cuda_mem_core::{
+///     BatchCopy, CopyOptions, Device, DeviceMemoryResource, PinnedMemoryResource, SourceAccessOrder, Stream,
+///     StreamOptions, copy_batch,
+/// };
+///
+/// let device = Device::new(0)?;
+/// let stream = Stream::new(device, StreamOptions::default().non_blocking())?;
+/// let pool = DeviceMemoryResource::new(device, Default::default())?;
+/// let mut staging = PinnedMemoryResource::new(Default::default())?.allocate(8, &stream)?;
+/// staging.host_slice_mut()?.copy_from_slice(&[1, 2, 3, 4, 5, 6, 7, 8]);
+/// let (mut a, mut b, mut c) = (pool.allocate(8, &stream)?, pool.allocate(4, &stream)?, pool.allocate(8, &stream)?);
+///
+/// let during_call = CopyOptions::default().src_access_order(SourceAccessOrder::DuringApiCall);
+/// copy_batch(&stream, [BatchCopy::new(&staging, &mut a)?, BatchCopy::range(&staging, 4, &mut b)?], during_call)?;
+/// staging.host_slice_mut()?.fill(0); // read before copy_batch returned
+/// a.copy_to_with(&mut c, &stream, CopyOptions::default().dst_location_hint(device))?;
+/// assert_eq!(c.to_vec::<u8>(&stream)?, [1, 2, 3, 4, 5, 6, 7, 8]);
+/// assert_eq!(b.to_vec::<u8>(&stream)?, [5, 6, 7, 8]);
+/// # Ok::<(), cuda_mem_core::Error>(())
+/// ```
+///
+/// On drivers without the calls (`cuMemcpyBatchAsync` came with CUDA 13.0,
+/// `cuMemcpyWithAttributesAsync` with 13.2), options that only stream order needs fall back to
+/// plain copies, as cuda.core's do; [`SourceAccessOrder::DuringApiCall`] is refused, naming the
+/// version needed.
 #[doc(alias = "cuMemcpyBatchAsync")]
 pub fn copy_batch<'a, 'o>(
     stream: &Stream,

@@ -4,100 +4,91 @@
     not(unix),
     doc = "[`MemoryPool::import`]: MemoryPool\n[`MemoryPool::shareable_handle`]: MemoryPool\n[`ShareableHandle`]: MemoryPool"
 )]
-//! Devices, streams, buffers and stream-ordered memory pools over the CUDA driver API.
+//! Devices, streams, buffers and stream-ordered memory pools over the CUDA driver API: what
+//! `cuda.core`'s memory classes are to Python, as typed, owned Rust values that free what they
+//! allocate, exactly once, on the right stream.
 //!
-//! This crate is to Rust what `cuda.core`'s memory classes are to Python: typed, owned wrappers
-//! that free what they allocate, exactly once, on the right stream.
+//! ```
+//! # cuda_sim::testing::driver()?; // the tests run this example on the simulator
+//! use cuda_mem_core::prelude::*;
 //!
-//! The everyday path needs no trait import: a resource's constructor returns an `Arc` of it, and
-//! `resource.allocate(size, &stream)` on that `Arc` gives an owned [`Buffer`] (an inherent method
-//! of every resource of this crate); the pool's features are on the resource too
-//! (`resource.attributes()`, `resource.set_release_threshold(…)`, `resource.trim_to(…)`,
-//! `resource.set_peer_accessible_by(…)`). For the rest, `use cuda_mem_core::prelude::*;` brings the
-//! traits ([`MemoryResource`], [`MemoryResourceExt`], [`PoolResource`]) and the common types into
-//! scope. Coming from cuda.core? [Its names and ours](#cudacores-names-and-ours) are at the end.
-//! Which CUDA driver each capability needs: [Driver versions](#driver-versions), also at the end.
+//! let device = Device::new(0)?;
+//! let stream = Stream::new(device, StreamOptions::default().non_blocking())?;
+//! let pool = DeviceMemoryResource::new(device, Default::default())?;
 //!
-//! - [`Device`]: enumeration, properties, peer capability, making the primary context current.
-//! - [`Stream`] and [`Event`]: stream-ordered work and its synchronization; an interprocess
-//!   event ([`EventOptions::interprocess`]) names itself to another process by an
-//!   [`IpcEventHandle`] ([`Event::ipc_handle`]), which opens it there ([`Event::from_ipc_handle`])
-//!   so that its streams wait for this process's work on the GPU.
-//! - [`MemoryResource`]: anything that allocates in stream order; [`MemoryResourceExt::allocate`]
-//!   (inherent on this crate's resources) turns an `Arc` of one into owned [`Buffer`]s, which keep their resource alive;
-//!   [`MemoryResourceExt::allocate_scoped`] makes [`ScopedBuffer`]s, which borrow the resource
-//!   and the stream instead (no reference counting: the cheapest allocation, for buffers that
-//!   live inside one scope).
-//! - Rust data: [`DeviceView`] and [`DeviceViewMut`] view a buffer's bytes as `[T]` for any
-//!   [`bytemuck::Pod`] `T` (size, alignment and sub-ranges checked), and copy from `&[T]`, into
-//!   `&mut [T]` and to a `Vec<T>`; [`ScopedBuffer::copy_to_new`] copies into a new buffer of the
-//!   same resource; [`Buffer::into_raw`] and [`Buffer::leak`] let ownership leave.
-//! - Pools: [`DeviceMemoryResource`] (the device's current pool, or one of its own),
-//!   [`PinnedMemoryResource`] (host memory), [`ManagedMemoryResource`]; each forwards the
-//!   features of its [`MemoryPool`] (attributes, the release threshold, trimming and, for device
-//!   pools, peer access) and exposes the pool itself through `pool()` (and is a
-//!   [`PoolResource`]; [`MemoryResource::memory_pool`] finds the pool behind any resource). A pool also
-//!   shares itself with other processes: its shareable file descriptor, importing a pool, and
-//!   mapping another process's allocations, counted
-//!   ([`MemoryPool::import_allocation`]/[`MemoryPool::release_import`]).
-//! - Managed memory: [`Buffer::managed`] checks a buffer is managed and gives its advice
-//!   (read-mostly, preferred location, accessed-by), prefetches and the last prefetch location
-//!   ([`ManagedBuffer`]; discards through [`Buffer::managed_mut`]), with [`Location`]s;
-//!   [`prefetch_batch`], [`discard_batch`] and [`discard_prefetch_batch`] do many buffers in one
-//!   driver call; [`Device::concurrent_managed_access`] tells whether the host may touch managed
-//!   memory while devices work.
-//! - Graphs: [`Stream::begin_capture`] records a stream's work into a [`Graph`] ([`Capture`],
-//!   [`CaptureMode`]), instantiated into a [`GraphExec`] that launches on any stream; the
-//!   stream's [`capture_state`](Stream::capture_state) is known without asking the driver for
-//!   the streams this crate created, so that their allocations make no capture query (give
-//!   code that may capture a stream through FFI its [`shared_handle`](Stream::shared_handle),
-//!   see [`Stream::handle`]). [`GraphMemoryResource`] (one per device) allocates inside
-//!   captures, memory the graph allocates and frees as it runs ([`GraphMemoryAttributes`],
-//!   [`HighWaterMark`], `trim`). Every other resource refuses a capturing stream
-//!   ([`Error::CapturingStream`]); see [below](#graphs-and-graph-memory).
-//! - Copies with options ([`CopyOptions`]: source access order, location hints, overlap
-//!   preference) between buffers and views ([`Buffer::copy_to_with`]), and many copies in one
-//!   driver call ([`copy_batch`], of [`BatchCopy`]s), refused with a [`CopyError`] where cuda.core
-//!   refuses them (and where copies of a batch overlap).
-//! - Without pools: [`SynchronousMemoryResource`] (`cuMemAlloc`) and
-//!   [`LegacyPinnedMemoryResource`] (`cuMemAllocHost`).
-//! - Adaptors over any resource, RMM's, which stack and are resources themselves:
-//!   [`StatisticsAdaptor`] (current, peak and total bytes and counts), [`LimitingAdaptor`] (a
-//!   byte budget, refused past with [`Error::LimitExceeded`]) and [`TrackingAdaptor`] (the live
-//!   allocations, with backtraces when asked, to find leaks).
+//! // Rust data into the pool and back: typed views check sizes, alignment and ranges.
+//! let data: Vec<f32> = (0..1024).map(|i| i as f32).collect();
+//! let mut buffer = pool.allocate_from_slice(&data, &stream)?;
+//! buffer.view_mut::<f32>()?.slice_mut(512..)?.fill(0.0, &stream)?;
+//! assert_eq!(buffer.to_vec::<f32>(&stream)?[510..514], [510.0, 511.0, 0.0, 0.0]);
 //!
-//! Errors are [`Error`]s; a driver failure carries the function, the code and its name. An area
-//! whose calls fail for several reasons of its own nests its error, so that a caller matches
-//! the few its call can give: [`ViewError`], [`ManagedError`], [`SharingError`], [`CopyError`]. An
-//! allocation the driver has no memory for is an [`Error::OutOfMemory`] ([`OutOfMemory`]): the
-//! bytes asked for and, for a pool, its `max_size` and what it held ([`PoolHoldings`]), with the
-//! driver's error as the source. Errors in `Drop` are recorded ([`take_drop_errors`]), never
-//! lost and never a panic.
+//! // Pinned host memory, read on the host once the copy is done.
+//! let mut on_host = PinnedMemoryResource::current()?.allocate(buffer.size(), &stream)?;
+//! on_host.copy_from(&buffer, &stream)?;
+//! assert_eq!(on_host.host_slice()?[..4], 0.0f32.to_ne_bytes());
+//!
+//! // Adaptors stack over any resource: a budget over counters over the pool.
+//! let counted = StatisticsAdaptor::new(pool.clone());
+//! let limited = LimitingAdaptor::new(counted.clone(), 1 << 20);
+//! let held = limited.allocate(768 << 10, &stream)?;
+//! assert!(matches!(limited.allocate(512 << 10, &stream), Err(Error::LimitExceeded { .. })));
+//! assert_eq!(counted.statistics().current_bytes, 768 << 10);
+//! drop(held); // freed on its stream, back into the pool
+//! # Ok::<(), cuda_mem_core::Error>(())
+//! ```
+//!
+//! # Start here
+//!
+//! The walk-throughs are numbered examples; CI runs each on the simulator.
+//!
+//! | example | shows |
+//! |---|---|
+//! | `01_allocate_and_copy` | a pool buffer from a `Vec`, typed views and slices, pinned host memory, scoped scratch |
+//! | `02_pools_and_attributes` | a capped pool, its release threshold, attributes, usage and trim; adaptors |
+//! | `03_share_over_ipc` (`cuda-mem-ipc`) | a pool and its buffers shared with a child process |
+//! | `04_grow_a_vmm_buffer` (`cuda-mem-vmm`) | a buffer that grows without moving or copying |
+//! | `05_dlpack_and_cudarc` (features `dlpack`, `cudarc`) | a buffer handed to cudarc and out as a DLPack tensor |
+//!
+//! Run one with `cargo run -p cuda-mem-core --example 01_allocate_and_copy`. Without a GPU (no
+//! `CUDA_MEM_DRIVER`), it runs on the `cuda-sim` simulator.
+//!
+//! # What is here
+//!
+//! - [`Device`], [`Stream`], [`Event`]: devices, stream-ordered work and its synchronization,
+//!   within a process and across processes ([`IpcEventHandle`]).
+//! - [`MemoryResource`]: anything that allocates in stream order. Every resource here has
+//!   `allocate` (an owned [`Buffer`], which keeps the resource alive) and `allocate_scoped` (a
+//!   [`ScopedBuffer`], which borrows it: no reference counting).
+//! - [`Buffer`]: copies, fills, host slices, typed views ([`DeviceView`], [`DeviceViewMut`]) and
+//!   ownership leaving ([`Buffer::into_raw`]). Its page lists them by task.
+//! - Pools: [`DeviceMemoryResource`], [`PinnedMemoryResource`], [`ManagedMemoryResource`]. Each
+//!   has its [`MemoryPool`]'s features (attributes, release threshold, trim, peers, sharing).
+//! - Managed memory: advice, prefetches and discards on a [`ManagedBuffer`], one at a time or
+//!   in batches ([`prefetch_batch`]).
+//! - Graphs: [`Stream::begin_capture`] records work into a [`Graph`];
+//!   [`GraphMemoryResource`] allocates inside captures.
+//! - Copies with options, and many in one call: [`CopyOptions`], [`copy_batch`],
+//!   [`copy_batch_within`].
+//! - Without pools: [`SynchronousMemoryResource`], [`LegacyPinnedMemoryResource`].
+//! - Adaptors over any resource: [`StatisticsAdaptor`], [`LimitingAdaptor`],
+//!   [`TrackingAdaptor`].
+//! - With features: DLPack export and import (`dlpack`), cudarc interop (`cudarc`), `tracing`
+//!   events (`tracing`).
+//!
+//! Errors are [`Error`]s. A driver failure names the function and the code. An area with
+//! causes of its own nests them ([`ViewError`], [`ManagedError`], [`SharingError`],
+//! [`CopyError`]), so a caller matches the few its call can give. Out of memory is
+//! [`Error::OutOfMemory`]: what was asked, and what the pool held. Errors in `Drop` are recorded
+//! ([`take_drop_errors`]), never lost and never a panic.
 //!
 //! # Seeing what memory does
 //!
-//! - `resource.usage()` ([`MemoryPool::usage`]): a pool's [`PoolUsage`] in one call: used and
-//!   reserved bytes, their high-water marks, and the live allocations made through it (counted
-//!   here, in a slot per thread: a load and a store per allocation and per free, no locked
-//!   instruction, the only cost on the hot path).
-//! - [`Device::memory_info`]: the device's free and total memory ([`MemoryInfo`],
-//!   `cuMemGetInfo`).
-//! - The optional feature `tracing` (off by default): [`tracing`](https://docs.rs/tracing)
-//!   events at `TRACE` for every allocation and free (`"allocate"`, `"free"`: `size`, `ptr`,
-//!   `pool`, `stream`) and at `DEBUG` for a pool's creation and destruction (`"pool created"`:
-//!   `pool`, `kind`, `max_size`, `ipc_enabled`; `"pool destroyed"`), its export (`"pool
-//!   exported"`, `"allocation exported"`), imports (`"pool imported"`, `"allocation imported"`,
-//!   `"import released"`, with the `holders` left) and peer-access changes (`"peer access
-//!   changed"`: `device`, `access`). `ptr`, `pool` (the `CUmemoryPool` handle) and `stream` (the
-//!   `CUstream` handle) are written in hex, as the errors write addresses; `kind` in a word or
-//!   two (`device 0`, `pinned`, `managed`); a pool without a cap has no `max_size`. Without the
-//!   feature the macro that emits them expands to nothing: the hot path is the same code as
-//!   without it.
-//!
-//! The vocabulary the memory crates share is defined here once: [`Access`] (what a device may
-//! do with memory), [`HandleType`] and [`HandleTypes`] (the OS handles memory is exported as),
-//! [`PoolKind`] (what memory a pool holds), [`EXPORT_DATA_LEN`] (the driver's export data of
-//! one allocation).
+//! - `pool.usage()` ([`MemoryPool::usage`]): used and reserved bytes, their high-water marks,
+//!   and the live allocations made through the pool.
+//! - [`Device::memory_info`]: the device's free and total memory.
+//! - Feature `tracing`: an event for every allocation and free (`TRACE`), and for pools,
+//!   sharing and peer access (`DEBUG`). Pointers and handles are written in hex. Without the
+//!   feature nothing is compiled in.
 //!
 //! # Which module holds what
 //!
@@ -140,294 +131,21 @@
 //! | `cudarc_interop` | feature `cudarc`: cudarc's streams, views and allocations with this crate's |
 //! | [`prelude`] (public) | the traits and the common types, for one glob import |
 //!
-//! With the `cudarc` feature (off by default), cudarc's streams, copies, memsets, launches and
-//! allocations meet this crate's: see "cudarc" below (built with the feature).
 //!
 //! The driver is loaded at run time (see `cuda-mem-sys`): `libcuda.so.1` (`nvcuda.dll` on
 //! Windows), or the library `CUDA_MEM_DRIVER` names (such as the `cuda-sim` simulator).
 //!
 //! # Platforms
 //!
-//! Linux: everything. Windows: everything but a pool's shareable file descriptor
-//! (`ShareableHandle`, `MemoryPool::shareable_handle` and `MemoryPool::import` are built on Unix
-//! only, as `std::os::fd` is; the driver exports pools as file descriptors on Linux only, and
-//! Windows handles are not implemented). macOS: builds, but has no CUDA driver to load. The tests
-//! run on Linux; the other targets are checked with `cargo check`.
+//! Linux: everything. Windows: all but a pool's shareable file descriptor
+//! ([`MemoryPool::shareable_handle`], [`MemoryPool::import`], [`ShareableHandle`] are Unix only).
+//! macOS builds but has no CUDA driver. Tests run on Linux; the other targets are checked with
+//! `cargo check`.
 //!
 //! # Features
 //!
-//! All off by default.
-//!
-//! - `dlpack`: DLPack export and import ([see below](#dlpack-feature-dlpack)), on the `dlpark`
-//!   crate. Turn it on with `cuda-mem-core = { version = "0.1", features = ["dlpack"] }`.
-//! - `cudarc`: interop with cudarc (its streams as ours and back, typed views in its copies,
-//!   memsets and launches, its allocations as buffers); documented in the section "cudarc" when
-//!   the feature is on.
-//! - `tracing`: events for allocations, frees, pools, sharing and peer access
-//!   ([see above](#seeing-what-memory-does)); compiled out without it.
-//!
-//! ```
-//! # cuda_sim::testing::driver()?; // the tests run this example on the simulator
-//! use cuda_mem_core::{
-//!     Device, DeviceMemoryResource, Error, FillPattern, LimitingAdaptor, PinnedMemoryResource, StatisticsAdaptor,
-//!     Stream, StreamOptions,
-//! };
-//!
-//! let device = Device::new(0)?;
-//! let stream = Stream::new(device, StreamOptions::default().non_blocking())?;
-//!
-//! // Rust data into a pool of its own, and back: typed, sizes checked, and each copy returns
-//! // once the data is where it goes (see `DeviceView` on host memory).
-//! let pool = DeviceMemoryResource::new(device, Default::default())?;
-//! let data: Vec<f32> = (0..1024).map(|i| i as f32).collect();
-//! let mut on_device = pool.allocate(data.len() * size_of::<f32>(), &stream)?;
-//! on_device.copy_from_slice(&data, &stream)?;
-//! let mut view = on_device.view_mut::<f32>()?;
-//! view.slice_mut(512..)?.fill(0.0, &stream)?;
-//! assert_eq!(view.slice(..4)?.to_vec(&stream)?, [0.0, 1.0, 2.0, 3.0]);
-//! let copy = on_device.copy_to_new(&stream)?; // from the same pool
-//! assert_eq!(copy.to_vec::<f32>(&stream)?[510..514], [510.0, 511.0, 0.0, 0.0]);
-//!
-//! // Fill on the device, copy to pinned host memory and read it there.
-//! on_device.fill(FillPattern::U32(0xC0FFEE), &stream)?;
-//! let mut on_host = PinnedMemoryResource::current()?.allocate(on_device.size(), &stream)?;
-//! on_host.copy_from(&on_device, &stream)?;
-//! assert!(on_host.host_slice()?.chunks(4).all(|w| w == 0xC0FFEEu32.to_ne_bytes()));
-//! let usage = pool.usage()?;
-//! let (used, reserved) = (usage.used_bytes, usage.reserved_bytes);
-//! println!("pool uses {used} of {reserved} reserved bytes in {} allocations", usage.live_allocations);
-//! println!("{device} has {} bytes free", device.memory_info()?.free);
-//!
-//! // Scratch memory for this scope only: it borrows the pool and the stream (no reference
-//! // counting), and the borrow checker keeps both alive until it is freed.
-//! let mut scratch = pool.allocate_scoped(4096, &stream)?;
-//! scratch.fill(FillPattern::U8(0), &stream)?;
-//!
-//! // Adaptors stack over any resource: a budget over counters over the pool.
-//! let counted = StatisticsAdaptor::new(pool.clone());
-//! let limited = LimitingAdaptor::new(counted.clone(), 1 << 20);
-//! let held = limited.allocate(768 << 10, &stream)?;
-//! assert!(matches!(limited.allocate(512 << 10, &stream), Err(Error::LimitExceeded { .. })));
-//! assert_eq!(counted.statistics().current_bytes, 768 << 10);
-//! drop(held);
-//!
-//! // Let every other device that can reach it use the pool's memory.
-//! let peers: Vec<Device> = Device::all()?
-//!     .into_iter()
-//!     .filter(|&d| d != device && d.can_access_peer(device).unwrap_or(false))
-//!     .collect();
-//! pool.set_peer_accessible_by(peers)?;
-//! # Ok::<(), cuda_mem_core::Error>(())
-//! ```
-
-//!
-//! # Graphs and graph memory
-//!
-//! What cuda.core writes with a `GraphBuilder` and a `GraphMemoryResource`:
-//!
-//! ```python
-//! gmr = GraphMemoryResource(device)
-//! gb = stream.create_graph_builder().begin_building("relaxed")
-//! scratch = gmr.allocate(16, stream=gb)
-//! scratch.fill(3, width=4, stream=gb)
-//! output.copy_from(scratch, stream=gb)
-//! scratch.close()
-//! graph = gb.end_building().complete()
-//! graph.launch(stream); graph.launch(stream)
-//! gmr.attributes.used_mem_high = 0
-//! gmr.trim()
-//! ```
-//!
-//! is, here:
-//!
-//! ```
-//! # cuda_sim::testing::driver()?; // the tests run this example on the simulator
-//! use cuda_mem_core::{
-//!     CaptureMode, Device, DeviceMemoryResource, Error, FillPattern, GraphMemoryResource, HighWaterMark,
-//!     InstantiateOptions, Stream, StreamOptions,
-//! };
-//!
-//! let device = Device::new(0)?;
-//! let stream = Stream::new(device, StreamOptions::default().non_blocking())?;
-//! let pool = DeviceMemoryResource::new(device, Default::default())?;
-//! let mut output = pool.allocate(16, &stream)?; // allocated before the capture
-//! let graph_memory = GraphMemoryResource::new(device); // the same `Arc` for every call
-//! assert!(matches!(graph_memory.allocate(16, &stream), Err(Error::NotCapturing { .. })));
-//!
-//! let capture = stream.begin_capture(CaptureMode::Relaxed)?;
-//! assert!(matches!(pool.allocate(16, &stream), Err(Error::CapturingStream)));
-//! let mut scratch = graph_memory.allocate(16, capture.stream())?; // an allocation node
-//! scratch.fill(FillPattern::U32(3), capture.stream())?;
-//! output.copy_from(&scratch, capture.stream())?;
-//! drop(scratch); // a free node: each launch allocates and frees it
-//! let exec = capture.end()?.instantiate(InstantiateOptions::default())?;
-//! // SAFETY: `output`, the one buffer the graph uses that it does not allocate itself, lives
-//! // on, and no host slice of it is taken before the launches' work is done.
-//! unsafe {
-//!     exec.launch(&stream)?;
-//!     exec.launch(&stream)?;
-//! }
-//! assert_eq!(output.to_vec::<u32>(&stream)?, [3; 4]);
-//!
-//! let attributes = graph_memory.attributes()?; // used and reserved, current and high
-//! assert!(attributes.used_high >= 16 && attributes.reserved_high >= attributes.used_high);
-//! graph_memory.reset_high_water_mark(HighWaterMark::Used)?; // to the current use: no other value
-//! graph_memory.trim()?;
-//! # Ok::<(), cuda_mem_core::Error>(())
-//! ```
-//!
-//! A capture keeps what its graphs may use ([`Stream::keep_alive_in_capture`]): a
-//! `cuda-mem-vmm` virtual buffer dropped during the capture stays mapped, a buffer of a
-//! resource without pools unfreed, and any buffer the captured work used on the capturing stream
-//! and dropped on another during the capture unfreed, until the graph and every executable graph
-//! made from it are gone and their launches done. Captures begun through raw handles cannot be followed: there
-//! the pools and the resources without pools refuse, and virtual buffers wait only for the end of
-//! the capture.
-//!
-//! # Managed memory
-//!
-//! What cuda.core 1.2 writes with a `ManagedMemoryResource`, a `ManagedBuffer`'s advice and
-//! its prefetches and discards, and the batches of `cuda.core.utils`:
-//!
-//! ```python
-//! mr = ManagedMemoryResource(ManagedMemoryResourceOptions(preferred_location=0))
-//! buf = mr.allocate(1 << 20, stream=stream)
-//! other = mr.allocate(4096, stream=stream)
-//! buf.read_mostly = True
-//! buf.preferred_location = Host(numa_id=0)
-//! buf.accessed_by.add(device)
-//! buf.prefetch(device, stream=stream)
-//! prefetch_batch(stream, [buf, other], [Host(), device])
-//! buf.discard_prefetch(Host.numa_current(), stream=stream)
-//! discard_batch(stream, [buf, other])
-//! discard_prefetch_batch(stream, [buf, other], device)
-//! ```
-//!
-//! is, here:
-//!
-//! ```
-//! # cuda_sim::testing::driver()?; // the tests run this example on the simulator
-//! use cuda_mem_core::{
-//!     Device, Error, Location, ManagedError, ManagedMemoryResource, ManagedMemoryResourceOptions, NumaNode, Stream,
-//!     StreamOptions,
-//!     discard_batch, discard_prefetch_batch, prefetch_batch,
-//! };
-//!
-//! let device = Device::new(0)?;
-//! let stream = Stream::new(device, StreamOptions::default().non_blocking())?;
-//! let options = ManagedMemoryResourceOptions::default().preferred_location(Some(Location::Device(device)));
-//! let resource = ManagedMemoryResource::new(options)?;
-//! let mut buf = resource.allocate(1 << 20, &stream)?;
-//! let mut other = resource.allocate(4096, &stream)?;
-//!
-//! let managed = buf.managed()?; // checked once: ManagedError::NotManaged for other memory
-//! managed.set_read_mostly(true)?;
-//! managed.set_preferred_location(Location::HostNuma(NumaNode(0)))?;
-//! managed.add_accessed_by(device)?;
-//! managed.prefetch(device, &stream)?;
-//! assert!(managed.read_mostly()?);
-//! assert_eq!(managed.preferred_location()?, Some(Location::HostNuma(NumaNode(0))));
-//! assert_eq!(managed.accessed_by()?, [Location::Device(device)]);
-//! assert_eq!(managed.last_prefetch_location()?, Some(Location::Device(device)));
-//! // cuda.core's table of the locations each advice takes, checked before the driver is called.
-//! assert!(matches!(managed.add_accessed_by(Location::HostNuma(NumaNode(0))), Err(Error::Managed(ManagedError::AdviceLocation { .. }))));
-//!
-//! prefetch_batch([&buf, &other], &[Location::Host, Location::Device(device)][..], &stream)?;
-//! // Discards destroy the contents: they take the buffers exclusively.
-//! buf.managed_mut()?.discard_prefetch(Location::HostNumaCurrent, &stream)?;
-//! let (mut a, mut b) = (buf.managed_mut()?, other.managed_mut()?);
-//! discard_batch([&mut a, &mut b], &stream)?;
-//! discard_prefetch_batch([&mut a, &mut b], device, &stream)?;
-//! stream.synchronize()?;
-//! # Ok::<(), cuda_mem_core::Error>(())
-//! ```
-//!
-//! # Copies with options, and batches
-//!
-//! What cuda.core 1.2 writes with `CopyOptions` and `copy_batch`:
-//!
-//! ```python
-//! during_call = CopyOptions(src_access_order=MemcpySrcAccessOrder.DURING_API_CALL)
-//! copy_batch(stream, [staging, staging_tail], [a, b], options=during_call)
-//! staging_host[:] = 0          # the sources were read before copy_batch returned
-//! a.copy_to(c, stream=stream, options=CopyOptions(dst_location_hint=device))
-//! ```
-//!
-//! is, here (a range of the source instead of a second buffer; overlapping copies in one batch
-//! are refused rather than left undefined):
-//!
-//! ```
-//! # cuda_sim::testing::driver()?; // the tests run this example on the simulator
-//! use cuda_mem_core::{
-//!     BatchCopy, CopyOptions, Device, DeviceMemoryResource, PinnedMemoryResource, SourceAccessOrder, Stream,
-//!     StreamOptions, copy_batch,
-//! };
-//!
-//! let device = Device::new(0)?;
-//! let stream = Stream::new(device, StreamOptions::default().non_blocking())?;
-//! let pool = DeviceMemoryResource::new(device, Default::default())?;
-//! let mut staging = PinnedMemoryResource::new(Default::default())?.allocate(8, &stream)?;
-//! staging.host_slice_mut()?.copy_from_slice(&[1, 2, 3, 4, 5, 6, 7, 8]);
-//! let (mut a, mut b, mut c) = (pool.allocate(8, &stream)?, pool.allocate(4, &stream)?, pool.allocate(8, &stream)?);
-//!
-//! let during_call = CopyOptions::default().src_access_order(SourceAccessOrder::DuringApiCall);
-//! copy_batch(&stream, [BatchCopy::new(&staging, &mut a)?, BatchCopy::range(&staging, 4, &mut b)?], during_call)?;
-//! staging.host_slice_mut()?.fill(0); // read before copy_batch returned
-//! a.copy_to_with(&mut c, &stream, CopyOptions::default().dst_location_hint(device))?;
-//! assert_eq!(c.to_vec::<u8>(&stream)?, [1, 2, 3, 4, 5, 6, 7, 8]);
-//! assert_eq!(b.to_vec::<u8>(&stream)?, [5, 6, 7, 8]);
-//! # Ok::<(), cuda_mem_core::Error>(())
-//! ```
-//!
-//! On drivers without the calls (`cuMemcpyBatchAsync` came with CUDA 13.0,
-//! `cuMemcpyWithAttributesAsync` with 13.2), options that only stream order needs fall back to
-//! plain copies, as cuda.core's do; [`SourceAccessOrder::DuringApiCall`] is refused, naming the
-//! version needed.
-//!
-//! # DLPack (feature `dlpack`)
-//!
-//! A buffer leaves as a versioned DLPack tensor (`DLManagedTensorVersioned`) for any DLPack
-//! consumer (PyTorch, CuPy, JAX, cuda.core's `StridedMemoryView`, a C library): `into_dlpack`
-//! moves an owned `Buffer` into the tensor (writable), `export_dlpack` takes an `Arc<Buffer>`
-//! or any `ExportSource`, `DeviceView::to_dlpack` a typed view of a shared buffer (both
-//! read-only). The tensor keeps the buffer, and so its pool, alive until the consumer calls its
-//! deleter; its device is the memory's (`kDLCUDA`, `kDLCUDAHost`, `kDLCUDAManaged`), its data
-//! type the element type's (`DlpackElement`), its shape one dimension or the one
-//! `ExportOptions` gives (strides checked against the size). The consumer names its stream
-//! (`ConsumerStream`, as `__dlpack__(stream=…)`): it waits for the buffer's work, and the
-//! memory is freed after the consumer's. `DlpackImport` takes a tensor of CUDA device, pinned or
-//! managed memory as a buffer that frees nothing and calls the producer's deleter once when
-//! dropped (after the work enqueued through it).
-//!
-//! ```
-//! # #[cfg(feature = "dlpack")] {
-//! # cuda_sim::testing::driver()?; // the tests run this example on the simulator
-//! use cuda_mem_core::{ConsumerStream, Device, DeviceMemoryResource, DlpackImport, ExportOptions, Stream, StreamOptions};
-//!
-//! let device = Device::new(0)?;
-//! let producer = Stream::new(device, StreamOptions::default().non_blocking())?;
-//! let consumer = Stream::new(device, StreamOptions::default().non_blocking())?;
-//! let pool = DeviceMemoryResource::new(device, Default::default())?;
-//! let mut buffer = pool.allocate(6 * size_of::<f32>(), &producer)?;
-//! buffer.copy_from_slice(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &producer)?;
-//!
-//! // Export: a 2x3 float32 tensor that owns the buffer (and keeps the pool alive); the
-//! // consumer's stream waits for the producer's work. `tensor.into_raw()` hands it to C, or
-//! // to Python in a `dltensor_versioned` capsule.
-//! let options = ExportOptions::default().shape(&[2, 3]).consumer_stream(ConsumerStream::Stream(&consumer));
-//! let tensor = buffer.into_dlpack::<f32>(&options)?;
-//! drop(pool);
-//!
-//! // Import, as a consumer: a buffer over the tensor's memory, typed views of it.
-//! // SAFETY: the tensor's memory stays valid until its deleter runs (it owns the buffer), and
-//! // nothing else writes it.
-//! let import = unsafe { DlpackImport::from_dlpack(tensor)? };
-//! assert_eq!(import.shape(), [2, 3]);
-//! assert_eq!(import.view::<f32>()?.to_vec(&consumer)?, [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
-//! drop(import); // the deleter: the buffer is freed (after the consumer's work), then the pool
-//! # }
-//! # Ok::<(), cuda_mem_core::Error>(())
-//! ```
+//! All off by default: `dlpack` (DLPack export and import, on `dlpark`), `cudarc` (interop with
+//! cudarc; its section follows when the feature is on), `tracing` (events, above).
 
 #![cfg_attr(feature = "cudarc", doc = include_str!("cudarc_interop/README.md"))]
 #![doc = include_str!("driver_versions.md")]

@@ -162,6 +162,25 @@ impl std::fmt::Debug for ForeignMemory {
 /// A `Buffer` holds a share (an `Arc`) of its resource and of its stream, so it can outlive the
 /// scope that made it, move to another thread and be kept anywhere. Where a buffer lives inside
 /// one scope, a [`ScopedBuffer`] borrows them instead and costs no reference counting.
+///
+/// # What a buffer does
+///
+/// `Buffer` is the `'static` [`ScopedBuffer`]: every method is written once, on
+/// `ScopedBuffer`, and documented there. By task:
+///
+/// | to | call |
+/// |---|---|
+/// | allocate | `resource.allocate(size, &stream)`, [`MemoryResourceExt::allocate_zeroed`], [`MemoryResourceExt::allocate_from_slice`], [`Buffer::allocate`] |
+/// | learn about it | [`ptr`](ScopedBuffer::ptr), [`size`](ScopedBuffer::size), [`device`](ScopedBuffer::device), [`memory_resource`](ScopedBuffer::memory_resource), [`is_host_accessible`](ScopedBuffer::is_host_accessible) |
+/// | copy Rust data in and out | [`copy_from_slice`](ScopedBuffer::copy_from_slice), [`copy_to_slice`](ScopedBuffer::copy_to_slice), [`to_vec`](ScopedBuffer::to_vec) |
+/// | copy between buffers | [`copy_from`](ScopedBuffer::copy_from), [`copy_to`](ScopedBuffer::copy_to), [`copy_to_new`](ScopedBuffer::copy_to_new), [`copy_to_with`](ScopedBuffer::copy_to_with), [`copy_batch`](crate::copy_batch), [`copy_batch_within`](crate::copy_batch_within) |
+/// | fill | [`fill`](ScopedBuffer::fill) |
+/// | see it as `[T]` | [`view`](ScopedBuffer::view), [`view_mut`](ScopedBuffer::view_mut) |
+/// | read it on the host | [`host_slice`](ScopedBuffer::host_slice), [`host_slice_mut`](ScopedBuffer::host_slice_mut) |
+/// | advise, prefetch, discard managed memory | [`managed`](ScopedBuffer::managed), [`managed_mut`](ScopedBuffer::managed_mut) |
+/// | free it | drop it, or [`close`](ScopedBuffer::close) to see the error; [`set_deallocation_stream`](ScopedBuffer::set_deallocation_stream) |
+/// | hand it on | [`into_raw`](Buffer::into_raw), [`leak`](Buffer::leak); DLPack's `into_dlpack` (feature `dlpack`) |
+/// | wrap memory someone else owns | [`Buffer::from_raw`] with [`ForeignMemory`], [`Buffer::from_raw_owned`] |
 pub type Buffer = ScopedBuffer<'static>;
 
 /// A buffer whose resource and allocation stream may be borrowed for `'a` instead of shared.

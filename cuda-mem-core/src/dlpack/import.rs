@@ -39,6 +39,51 @@ use crate::view::{DeviceView, DeviceViewMut};
 /// more: if that succeeds the deleter is called then; if it fails too, that error is recorded
 /// as well and the deleter is never called (the tensor is leaked), so that the producer cannot
 /// free or reuse the memory under work that may still be running.
+///
+/// # Exporting and importing
+///
+/// A buffer leaves as a versioned DLPack tensor (`DLManagedTensorVersioned`) for any DLPack
+/// consumer (PyTorch, CuPy, JAX, cuda.core's `StridedMemoryView`, a C library): `into_dlpack`
+/// moves an owned `Buffer` into the tensor (writable), `export_dlpack` takes an `Arc<Buffer>`
+/// or any `ExportSource`, `DeviceView::to_dlpack` a typed view of a shared buffer (both
+/// read-only). The tensor keeps the buffer, and so its pool, alive until the consumer calls its
+/// deleter; its device is the memory's (`kDLCUDA`, `kDLCUDAHost`, `kDLCUDAManaged`), its data
+/// type the element type's (`DlpackElement`), its shape one dimension or the one
+/// `ExportOptions` gives (strides checked against the size). The consumer names its stream
+/// (`ConsumerStream`, as `__dlpack__(stream=…)`): it waits for the buffer's work, and the
+/// memory is freed after the consumer's. `DlpackImport` takes a tensor of CUDA device, pinned or
+/// managed memory as a buffer that frees nothing and calls the producer's deleter once when
+/// dropped (after the work enqueued through it).
+///
+/// ```
+/// # #[cfg(feature = "dlpack")] {
+/// # cuda_sim::testing::driver()?; // the tests run this example on the simulator
+/// use cuda_mem_core::{ConsumerStream, Device, DeviceMemoryResource, DlpackImport, ExportOptions, Stream, StreamOptions};
+///
+/// let device = Device::new(0)?;
+/// let producer = Stream::new(device, StreamOptions::default().non_blocking())?;
+/// let consumer = Stream::new(device, StreamOptions::default().non_blocking())?;
+/// let pool = DeviceMemoryResource::new(device, Default::default())?;
+/// let mut buffer = pool.allocate(6 * size_of::<f32>(), &producer)?;
+/// buffer.copy_from_slice(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &producer)?;
+///
+/// // Export: a 2x3 float32 tensor that owns the buffer (and keeps the pool alive); the
+/// // consumer's stream waits for the producer's work. `tensor.into_raw()` hands it to C, or
+/// // to Python in a `dltensor_versioned` capsule.
+/// let options = ExportOptions::default().shape(&[2, 3]).consumer_stream(ConsumerStream::Stream(&consumer));
+/// let tensor = buffer.into_dlpack::<f32>(&options)?;
+/// drop(pool);
+///
+/// // Import, as a consumer: a buffer over the tensor's memory, typed views of it.
+/// // SAFETY: the tensor's memory stays valid until its deleter runs (it owns the buffer), and
+/// // nothing else writes it.
+/// let import = unsafe { DlpackImport::from_dlpack(tensor)? };
+/// assert_eq!(import.shape(), [2, 3]);
+/// assert_eq!(import.view::<f32>()?.to_vec(&consumer)?, [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+/// drop(import); // the deleter: the buffer is freed (after the consumer's work), then the pool
+/// # }
+/// # Ok::<(), cuda_mem_core::Error>(())
+/// ```
 #[doc(alias = "StridedMemoryView")]
 #[doc(alias = "from_dlpack")]
 #[derive(Debug)]

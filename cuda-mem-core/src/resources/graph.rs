@@ -33,6 +33,69 @@ use crate::stream::Stream;
 /// memory is valid after each launch, and dropping the buffer after a launch frees it (a graph
 /// whose allocation was not freed cannot be launched again, unless instantiated with
 /// [`auto_free_on_launch`](crate::InstantiateOptions::auto_free_on_launch)).
+///
+/// # From cuda.core
+///
+/// What cuda.core writes with a `GraphBuilder` and a `GraphMemoryResource`:
+///
+/// ```python
+/// gmr = GraphMemoryResource(device)
+/// gb = stream.create_graph_builder().begin_building("relaxed")
+/// scratch = gmr.allocate(16, stream=gb)
+/// scratch.fill(3, width=4, stream=gb)
+/// output.copy_from(scratch, stream=gb)
+/// scratch.close()
+/// graph = gb.end_building().complete()
+/// graph.launch(stream); graph.launch(stream)
+/// gmr.attributes.used_mem_high = 0
+/// gmr.trim()
+/// ```
+///
+/// is, here:
+///
+/// ```
+/// # cuda_sim::testing::driver()?; // the tests run this example on the simulator
+/// use cuda_mem_core::{
+///     CaptureMode, Device, DeviceMemoryResource, Error, FillPattern, GraphMemoryResource, HighWaterMark,
+///     InstantiateOptions, Stream, StreamOptions,
+/// };
+///
+/// let device = Device::new(0)?;
+/// let stream = Stream::new(device, StreamOptions::default().non_blocking())?;
+/// let pool = DeviceMemoryResource::new(device, Default::default())?;
+/// let mut output = pool.allocate(16, &stream)?; // allocated before the capture
+/// let graph_memory = GraphMemoryResource::new(device); // the same `Arc` for every call
+/// assert!(matches!(graph_memory.allocate(16, &stream), Err(Error::NotCapturing { .. })));
+///
+/// let capture = stream.begin_capture(CaptureMode::Relaxed)?;
+/// assert!(matches!(pool.allocate(16, &stream), Err(Error::CapturingStream)));
+/// let mut scratch = graph_memory.allocate(16, capture.stream())?; // an allocation node
+/// scratch.fill(FillPattern::U32(3), capture.stream())?;
+/// output.copy_from(&scratch, capture.stream())?;
+/// drop(scratch); // a free node: each launch allocates and frees it
+/// let exec = capture.end()?.instantiate(InstantiateOptions::default())?;
+/// // SAFETY: `output`, the one buffer the graph uses that it does not allocate itself, lives
+/// // on, and no host slice of it is taken before the launches' work is done.
+/// unsafe {
+///     exec.launch(&stream)?;
+///     exec.launch(&stream)?;
+/// }
+/// assert_eq!(output.to_vec::<u32>(&stream)?, [3; 4]);
+///
+/// let attributes = graph_memory.attributes()?; // used and reserved, current and high
+/// assert!(attributes.used_high >= 16 && attributes.reserved_high >= attributes.used_high);
+/// graph_memory.reset_high_water_mark(HighWaterMark::Used)?; // to the current use: no other value
+/// graph_memory.trim()?;
+/// # Ok::<(), cuda_mem_core::Error>(())
+/// ```
+///
+/// A capture keeps what its graphs may use ([`Stream::keep_alive_in_capture`]): a
+/// `cuda-mem-vmm` virtual buffer dropped during the capture stays mapped, a buffer of a
+/// resource without pools unfreed, and any buffer the captured work used on the capturing stream
+/// and dropped on another during the capture unfreed, until the graph and every executable graph
+/// made from it are gone and their launches done. Captures begun through raw handles cannot be followed: there
+/// the pools and the resources without pools refuse, and virtual buffers wait only for the end of
+/// the capture.
 #[derive(Debug)]
 pub struct GraphMemoryResource {
     device: Device,

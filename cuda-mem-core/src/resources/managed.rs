@@ -30,6 +30,64 @@ fn pool_location(preferred_location: Option<Location>) -> Result<CUmemLocation> 
 }
 
 /// How to create an owned managed pool.
+///
+/// # From cuda.core
+///
+/// What cuda.core 1.2 writes with a `ManagedMemoryResource`, a `ManagedBuffer`'s advice and
+/// its prefetches and discards, and the batches of `cuda.core.utils`:
+///
+/// ```python
+/// mr = ManagedMemoryResource(ManagedMemoryResourceOptions(preferred_location=0))
+/// buf = mr.allocate(1 << 20, stream=stream)
+/// other = mr.allocate(4096, stream=stream)
+/// buf.read_mostly = True
+/// buf.preferred_location = Host(numa_id=0)
+/// buf.accessed_by.add(device)
+/// buf.prefetch(device, stream=stream)
+/// prefetch_batch(stream, [buf, other], [Host(), device])
+/// buf.discard_prefetch(Host.numa_current(), stream=stream)
+/// discard_batch(stream, [buf, other])
+/// discard_prefetch_batch(stream, [buf, other], device)
+/// ```
+///
+/// is, here:
+///
+/// ```
+/// # cuda_sim::testing::driver()?; // the tests run this example on the simulator
+/// use cuda_mem_core::{
+///     Device, Error, Location, ManagedError, ManagedMemoryResource, ManagedMemoryResourceOptions, NumaNode, Stream,
+///     StreamOptions,
+///     discard_batch, discard_prefetch_batch, prefetch_batch,
+/// };
+///
+/// let device = Device::new(0)?;
+/// let stream = Stream::new(device, StreamOptions::default().non_blocking())?;
+/// let options = ManagedMemoryResourceOptions::default().preferred_location(Some(Location::Device(device)));
+/// let resource = ManagedMemoryResource::new(options)?;
+/// let mut buf = resource.allocate(1 << 20, &stream)?;
+/// let mut other = resource.allocate(4096, &stream)?;
+///
+/// let managed = buf.managed()?; // checked once: ManagedError::NotManaged for other memory
+/// managed.set_read_mostly(true)?;
+/// managed.set_preferred_location(Location::HostNuma(NumaNode(0)))?;
+/// managed.add_accessed_by(device)?;
+/// managed.prefetch(device, &stream)?;
+/// assert!(managed.read_mostly()?);
+/// assert_eq!(managed.preferred_location()?, Some(Location::HostNuma(NumaNode(0))));
+/// assert_eq!(managed.accessed_by()?, [Location::Device(device)]);
+/// assert_eq!(managed.last_prefetch_location()?, Some(Location::Device(device)));
+/// // cuda.core's table of the locations each advice takes, checked before the driver is called.
+/// assert!(matches!(managed.add_accessed_by(Location::HostNuma(NumaNode(0))), Err(Error::Managed(ManagedError::AdviceLocation { .. }))));
+///
+/// prefetch_batch([&buf, &other], &[Location::Host, Location::Device(device)][..], &stream)?;
+/// // Discards destroy the contents: they take the buffers exclusively.
+/// buf.managed_mut()?.discard_prefetch(Location::HostNumaCurrent, &stream)?;
+/// let (mut a, mut b) = (buf.managed_mut()?, other.managed_mut()?);
+/// discard_batch([&mut a, &mut b], &stream)?;
+/// discard_prefetch_batch([&mut a, &mut b], device, &stream)?;
+/// stream.synchronize()?;
+/// # Ok::<(), cuda_mem_core::Error>(())
+/// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ManagedMemoryResourceOptions {
