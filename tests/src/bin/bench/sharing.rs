@@ -10,9 +10,11 @@ use cuda_mem_core::sys::cu_call;
 use cuda_mem_core::sys::types::CUmemPoolPtrExportData;
 use cuda_mem_core::{Buffer, Device, DeviceMemoryResource, DeviceMemoryResourceOptions, Stream, StreamOptions};
 
+use serde_json::{Value, json};
+
 use crate::Error;
 use crate::child::{Child, RAW_KIND};
-use crate::stats::{Stats, elapsed_ns};
+use crate::stats::{Stats, elapsed_ns, rounded};
 use crate::units::{KIB, ns};
 
 /// The batches: buffers sent at once.
@@ -64,17 +66,18 @@ impl ResendRow {
     }
 
     /// As a JSON object, `results.json`'s `sharing_resend`.
-    pub(crate) fn json(&self) -> String {
-        format!(
-            r#"{{"batch":{},"per_buffer":{{"parent":{},"child":{},"both":{},"raw":{}}},"ratio_to_raw":{:.4},"target_ratio":{}}}"#,
-            self.batch,
-            self.parent.json(),
-            self.child.json(),
-            self.both.json(),
-            self.raw.json(),
-            self.ratio(),
-            Self::TARGET
-        )
+    pub(crate) fn json(&self) -> Value {
+        json!({
+            "batch": self.batch,
+            "per_buffer": {
+                "parent": self.parent.json(),
+                "child": self.child.json(),
+                "both": self.both.json(),
+                "raw": self.raw.json(),
+            },
+            "ratio_to_raw": rounded(self.ratio(), 4),
+            "target_ratio": Self::TARGET,
+        })
     }
 }
 

@@ -5,8 +5,8 @@
 use std::path::PathBuf;
 
 use cuda_mem_sys::{DRIVER_ENV, install_driver};
+use serde_json::{Value, json};
 use tests::driver_choice::How;
-use tests::output::json_escape;
 
 use crate::Error;
 use crate::raw::{device_count, device_name};
@@ -111,17 +111,15 @@ impl DriverInfo {
     }
 
     /// The driver as a JSON object.
-    pub(crate) fn json(&self) -> String {
-        let devices: Vec<String> = self.devices.iter().map(|d| format!("\"{}\"", json_escape(d))).collect();
-        let settings: Vec<String> =
-            self.settings.iter().map(|(k, v)| format!("\"{}\": \"{}\"", json_escape(k), json_escape(v))).collect();
-        format!(
-            "{{\"path\": \"{}\", \"simulator\": {}, \"cuda_version\": \"{}\", \"devices\": [{}], \"settings\": {{{}}}}}",
-            json_escape(&self.path.display().to_string()),
-            self.simulator,
-            json_escape(&self.version),
-            devices.join(", "),
-            settings.join(", ")
-        )
+    pub(crate) fn json(&self) -> Value {
+        let settings: serde_json::Map<String, Value> =
+            self.settings.iter().map(|(k, v)| ((*k).to_string(), Value::from(v.as_str()))).collect();
+        json!({
+            "path": self.path.display().to_string(),
+            "simulator": self.simulator,
+            "cuda_version": self.version,
+            "devices": self.devices,
+            "settings": settings,
+        })
     }
 }
