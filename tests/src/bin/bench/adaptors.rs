@@ -8,7 +8,6 @@ use cuda_mem_core::{
     Device, DeviceMemoryResource, DeviceMemoryResourceOptions, LimitingAdaptor, MemoryResource, MemoryResourceExt,
     StatisticsAdaptor, Stream, StreamOptions, TrackingAdaptor,
 };
-
 use serde_json::{Value, json};
 
 use crate::Error;

@@ -10,7 +10,6 @@ use cuda_mem_core::sys::{Driver, cu_call};
 use cuda_mem_core::{
     Device, DeviceMemoryResource, DeviceMemoryResourceOptions, DevicePtr, MemoryResourceExt, Stream, StreamOptions,
 };
-
 use serde_json::{Value, json};
 
 use crate::Error;

@@ -10,7 +10,6 @@ use cuda_mem_core::sys::Driver;
 use cuda_mem_core::{
     Device, DeviceMemoryResource, DeviceMemoryResourceOptions, MemoryResourceExt, Stream, StreamOptions,
 };
-
 use serde_json::{Value, json};
 
 use crate::Error;

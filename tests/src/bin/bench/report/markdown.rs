@@ -72,19 +72,38 @@ fn pools(md: &mut String, rows: &[PoolRow]) {
     }
 }
 
-/// Case (1)'s additivity check, under its table.
+/// Case (1)'s additivity check, under its table: caller work that hides in the driver's time
+/// hides overheads as small; work that slows the pairs down hides none.
 fn additivity(md: &mut String, p: &Pacing) {
+    let hidden = p.hidden_ns();
+    let (difference, meaning) = if hidden >= 0.5 {
+        (
+            format!("{hidden:.0} ns less than alone"),
+            format!(
+                "Caller work of up to about {:.0} ns per pair, an API's overhead included, can hide in the driver's \
+                 time here, so safe minus raw understates it by up to that much.",
+                hidden.min(PACING_WORK_NS as f64)
+            ),
+        )
+    } else if hidden <= -0.5 {
+        (
+            format!("{:.0} ns more than alone", -hidden),
+            format!(
+                "None of the caller's work hid in the driver's time: safe minus raw does not understate an \
+                 overhead here, and may include up to about {:.0} ns of the driver slowed by its caller's work.",
+                -hidden
+            ),
+        )
+    } else {
+        ("as long as alone".to_string(), "Overheads add to the raw time in full here.".to_string())
+    };
     let _ = writeln!(
         md,
         "\nAdditivity check: a raw 256 B pair takes {}; with {PACING_WORK_NS} ns of the caller's own work after \
-         each, the work's own time taken off, {}: {:.0} ns less than alone, where a driver whose cost does not \
-         depend on its caller's pace would show about 0. Caller work of up to about {:.0} ns per pair, an API's \
-         overhead included, can hide in the driver's time here, so safe minus raw understates it by up to that \
-         much.",
+         each, the work's own time taken off, {}: {difference}, where a driver whose cost does not depend on its \
+         caller's pace would take about as long. {meaning}",
         p.raw.show(),
         p.raw_with_work.show(),
-        p.hidden_ns(),
-        p.hidden_ns().clamp(0.0, PACING_WORK_NS as f64)
     );
 }
 

@@ -150,4 +150,19 @@ mod report_tests {
         assert!(md.contains("| 0.200× | missed |"), "{md}");
         assert!(!markdown::markdown(&Results::default()).contains("Re-send"));
     }
+
+    #[test]
+    fn the_additivity_check_reads_a_negative_difference_as_slower_pairs() {
+        let paced = |alone: f64, with_work: f64| {
+            let pacing =
+                Pacing { raw: stats(alone, alone, alone), raw_with_work: stats(with_work, with_work, with_work) };
+            markdown::markdown(&Results { pacing: Some(pacing), ..Results::default() })
+        };
+        let hid = paced(1200.0, 1080.0);
+        assert!(hid.contains(": 120 ns less than alone") && hid.contains("up to about 120 ns per pair"), "{hid}");
+        let slower = paced(1200.0, 1290.0);
+        assert!(slower.contains(": 90 ns more than alone") && slower.contains("None of the caller's work hid"));
+        assert!(!slower.contains("-90") && !slower.contains("up to about 0 ns"), "{slower}");
+        assert!(paced(1200.0, 1200.0).contains(": as long as alone"));
+    }
 }
