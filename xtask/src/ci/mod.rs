@@ -69,6 +69,7 @@ type Step = fn(&mut Ci) -> Result<Outcome, String>;
 /// The steps, in the order they run (the module's documentation says what each does).
 const STEPS: &[(&str, Step)] = &[
     ("fmt", fmt),
+    ("shellcheck", shellcheck),
     ("clippy", clippy),
     ("build cuda-sim", build_simulator),
     ("fetch cuda.h", fetch_header),
@@ -139,6 +140,16 @@ fn clippy(ci: &mut Ci) -> Result<Outcome, String> {
         run_command(cargo(ci.workspace).args(["clippy", "-p", library, "--all-targets", "--", "-D", "warnings"]))?;
     }
     Ok(Outcome::Passed)
+}
+
+/// The repository's shell scripts: CI's entry point and the GPU bundle's `run.sh`.
+const SHELL_SCRIPTS: &[&str] = &[".ci/run", "xtask/gpu-bundle/run.sh"];
+
+fn shellcheck(ci: &mut Ci) -> Result<Outcome, String> {
+    if Command::new("shellcheck").arg("--version").output().is_err() {
+        return Ok(Outcome::Skipped("shellcheck is not installed (`apt-get install shellcheck`)".to_string()));
+    }
+    passed(run_command(Command::new("shellcheck").current_dir(ci.workspace).args(SHELL_SCRIPTS)))
 }
 
 fn build_simulator(ci: &mut Ci) -> Result<Outcome, String> {
@@ -249,4 +260,24 @@ pub(crate) mod cuda_mem_sys_env {
 
 fn passed(result: Result<(), String>) -> Result<Outcome, String> {
     result.map(|()| Outcome::Passed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shell_scripts_checked_are_there() {
+        for script in SHELL_SCRIPTS {
+            assert!(crate::workspace_root().join(script).is_file(), "{script}");
+        }
+    }
+
+    #[test]
+    fn the_steps_have_distinct_names() {
+        let mut names: Vec<&str> = STEPS.iter().map(|(name, _)| *name).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), STEPS.len());
+    }
 }
