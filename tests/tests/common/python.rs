@@ -21,11 +21,13 @@ pub fn python() -> Option<PathBuf> {
     let python = std::env::var_os(PYTHON_ENV).map(PathBuf::from);
     if python.is_none() {
         // Straight to the standard error, past the test harness's capture, so that the skip
-        // shows in `cargo test`'s output.
+        // shows in `cargo test`'s output, with the test's name (its thread's), by which `cargo
+        // xtask ci` counts it as skipped rather than passed.
+        let test = std::thread::current().name().unwrap_or("?").to_string();
         let _ = writeln!(
             std::io::stderr(),
-            "SKIP: {PYTHON_ENV} is not set, so the Python side cannot run: `cargo xtask ci` runs these tests \
-             with a Python that has cuda.core"
+            "SKIP {test}: {PYTHON_ENV} is not set, so the Python side cannot run: `cargo xtask ci` runs these \
+             tests with a Python that has cuda.core"
         );
     }
     python

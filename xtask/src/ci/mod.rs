@@ -36,7 +36,10 @@
 //!     saying so: clippy's `incompatible_msrv` lint (on by default, denied by step 2's `-D
 //!     warnings`) still refuses standard-library items newer than the manifests' `rust-version`
 //!
-//! It ends with the time each step took and, last, the summaries `cargo test` printed.
+//! It ends with the time each step took and, last, the summaries `cargo test` printed. The test
+//! steps run libtest with `--show-output`, read (not shown) what each passed test printed, and
+//! count a test that only printed SKIP (it could not run here) as skipped, not passed
+//! ([`test_output`]).
 
 mod bindings;
 mod linking;
@@ -50,7 +53,7 @@ use std::process::Command;
 use std::time::Instant;
 
 pub(crate) use report::{Outcome, Record, print_summary};
-pub(crate) use test_output::{count_tests, run_collecting_summaries, totals};
+pub(crate) use test_output::{SHOW_OUTPUT, Summary, count_tests, run_collecting_summaries};
 
 use crate::{cargo, header, run_command};
 
@@ -59,8 +62,8 @@ struct Ci<'a> {
     workspace: &'a Path,
     /// `cuda.h`'s folder, once the `fetch cuda.h` step has it.
     include: Option<PathBuf>,
-    /// The summary lines of the test steps' `cargo test`, printed last.
-    summaries: Vec<String>,
+    /// What the test steps' `cargo test` printed that the summary keeps, printed last.
+    summary: Summary,
 }
 
 /// A step: how it ended, or why it failed.
@@ -87,10 +90,10 @@ const STEPS: &[(&str, Step)] = &[
 
 /// Runs the subcommand.
 pub fn run(workspace: &Path) -> Result<(), String> {
-    let mut ci = Ci { workspace, include: None, summaries: Vec::new() };
+    let mut ci = Ci { workspace, include: None, summary: Summary::default() };
     let mut records = Vec::new();
     let result = run_steps(&mut ci, &mut records);
-    print_summary("ci", &records, &ci.summaries);
+    print_summary("ci", &records, &ci.summary);
     result
 }
 
@@ -178,21 +181,22 @@ fn test(ci: &mut Ci) -> Result<Outcome, String> {
     {
         command.env(cuda_mem_sys_env::CUDA_INCLUDE, dir);
     }
-    command.args(["test", "--workspace", "--all-features", "--no-fail-fast"]);
-    let (result, lines) = run_collecting_summaries(on_the_simulator(&mut command));
-    ci.summaries = lines;
+    command.args(["test", "--workspace", "--all-features", "--no-fail-fast", "--", SHOW_OUTPUT]);
+    let (result, summary) = run_collecting_summaries(on_the_simulator(&mut command));
+    let counted = count_tests(&summary);
+    ci.summary.extend(summary);
     result?;
-    Ok(Outcome::PassedWith(count_tests(&ci.summaries)))
+    Ok(Outcome::PassedWith(counted))
 }
 
 /// `--all-features` never builds cuda-mem-ipc without `vmm`: the test that a build without it
 /// refuses virtual buffers (naming the feature) runs here.
 fn ipc_without_features(ci: &mut Ci) -> Result<Outcome, String> {
     let mut command = cargo(ci.workspace);
-    command.args(["test", "-p", "cuda-mem-ipc", "--test", "without_vmm"]);
-    let (result, lines) = run_collecting_summaries(on_the_simulator(&mut command));
-    let counted = count_tests(&lines);
-    ci.summaries.extend(lines);
+    command.args(["test", "-p", "cuda-mem-ipc", "--test", "without_vmm", "--", SHOW_OUTPUT]);
+    let (result, summary) = run_collecting_summaries(on_the_simulator(&mut command));
+    let counted = count_tests(&summary);
+    ci.summary.extend(summary);
     result?;
     Ok(Outcome::PassedWith(counted))
 }
@@ -205,19 +209,20 @@ fn cuda_bindings(ci: &mut Ci) -> Result<Outcome, String> {
 }
 
 /// The tests with Python beside Rust; they skip without the Python, and here they must have run:
-/// each target of `PYTHON_TEST_TARGETS` with passed tests, none failed.
+/// each target of `PYTHON_TEST_TARGETS` with passed tests and none skipped, none failed.
 fn cuda_core_exchange(ci: &mut Ci) -> Result<Outcome, String> {
     let mut command = match crate::python_smoke::exchange_test(ci.workspace)? {
         Ok(command) => command,
         Err(reason) => return Ok(Outcome::Skipped(reason)),
     };
-    let (result, lines) = run_collecting_summaries(on_the_simulator(&mut command));
-    let (passed, failed, _) = totals(&lines);
-    let counted = count_tests(&lines);
-    let targets_passed = lines.iter().filter(|line| totals(std::slice::from_ref(line)).0 > 0).count();
-    ci.summaries.extend(lines);
+    command.args(["--", SHOW_OUTPUT]);
+    let (result, summary) = run_collecting_summaries(on_the_simulator(&mut command));
+    let counted = count_tests(&summary);
+    let all_ran = summary.binaries.iter().filter(|b| b.passed > 0 && b.skipped == 0).count();
+    let total = summary.total();
+    ci.summary.extend(summary);
     result?;
-    if passed == 0 || failed > 0 || targets_passed < crate::python_smoke::PYTHON_TEST_TARGETS.len() {
+    if total.passed == 0 || total.failed > 0 || all_ran < crate::python_smoke::PYTHON_TEST_TARGETS.len() {
         return Err(format!(
             "the tests with Python ({}) did not all run and pass: {counted}",
             crate::python_smoke::PYTHON_TEST_TARGETS.join(", ")

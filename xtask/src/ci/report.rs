@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use super::totals;
+use super::Summary;
 
 /// How a step ended.
 pub(crate) enum Outcome {
@@ -24,7 +24,7 @@ pub(crate) struct Record {
 
 /// Prints, under `==> TITLE summary`, the time each step took and, last, the summaries of
 /// `cargo test`.
-pub(crate) fn print_summary(title: &str, records: &[Record], summaries: &[String]) {
+pub(crate) fn print_summary(title: &str, records: &[Record], summary: &Summary) {
     println!("\n==> {title} summary");
     for record in records {
         let (status, note) = match &record.outcome {
@@ -38,13 +38,17 @@ pub(crate) fn print_summary(title: &str, records: &[Record], summaries: &[String
     }
     let total: Duration = records.iter().map(|r| r.time).sum();
     println!("  {:<30} {:>8.1}s", "total", total.as_secs_f64());
-    if !summaries.is_empty() {
+    if !summary.lines.is_empty() {
         println!("\n==> cargo test summaries");
-        for line in summaries {
+        for line in &summary.lines {
             println!("{line}");
         }
-        // The whole run's count, last, in the plain form CI readers look for.
-        let (passed, failed, _) = totals(summaries);
-        println!("\ntests: {passed} passed, {failed} failed");
+        // The whole run's count, last, in the plain form CI readers look for; a test that only
+        // printed SKIP did not run, and is no pass.
+        let total = summary.total();
+        println!("\ntests: {} passed, {} failed", total.passed, total.failed);
+        if total.skipped > 0 {
+            println!("       {} more only printed SKIP (named above): not counted as passed", total.skipped);
+        }
     }
 }
