@@ -42,6 +42,7 @@
 //! ([`test_output`]).
 
 mod bindings;
+mod deny;
 mod linking;
 mod publish;
 mod report;
@@ -84,6 +85,7 @@ const STEPS: &[(&str, Step)] = &[
     ("doc", doc),
     ("other targets", |ci| crate::platforms::check(ci.workspace)),
     ("bindgen --check", |ci| bindings::bindgen_check(ci.workspace, ci.include.is_some())),
+    ("deny", |ci| deny::deny(ci.workspace)),
     ("publish --dry-run", |ci| publish::publish_dry_run(ci.workspace)),
     ("msrv", |ci| toolchains::msrv_check(ci.workspace)),
 ];
