@@ -88,6 +88,7 @@ const STEPS: &[(&str, Step)] = &[
     ("deny", |ci| deny::deny(ci.workspace)),
     ("publish --dry-run", |ci| publish::publish_dry_run(ci.workspace)),
     ("msrv", |ci| toolchains::msrv_check(ci.workspace)),
+    ("minimal versions", |ci| toolchains::minimal_versions(ci.workspace)),
 ];
 
 /// Runs the subcommand.

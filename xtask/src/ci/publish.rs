@@ -115,7 +115,7 @@ fn cargo_error(stderr: &str) -> String {
 /// Whether cargo's error output says the registry could not be reached, rather than that a
 /// package is wrong: cargo's own words for a failed fetch, and curl's for a failed connection
 /// (`[6] Could not resolve host`, `[7] Could not connect`, `[28] Timeout was reached`, ...).
-fn is_network_failure(stderr: &str) -> bool {
+pub(super) fn is_network_failure(stderr: &str) -> bool {
     [
         "failed to query replaced source",
         "Unable to update registry",
