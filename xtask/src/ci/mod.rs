@@ -1,40 +1,51 @@
 //! `cargo xtask ci`: the whole CI, in order, stopping at the first failure.
 //!
+//! The steps are the rows of [`STEPS`]:
+//!
 //! 1. `cargo fmt --all --check`
-//! 2. `cargo clippy --workspace --all-targets --all-features -- -D warnings` (optional features,
+//! 2. `shellcheck` of the repository's shell scripts (`.ci/run`, the GPU bundle's `run.sh`);
+//!    skipped, saying so, without shellcheck
+//! 3. `cargo clippy --workspace --all-targets --all-features -- -D warnings` (optional features,
 //!    such as `cuda-mem-ipc/vmm` and `tracing`, are checked and tested too), then the same
 //!    without `--all-features` (the default features), then each memory crate alone with its
 //!    default features (`-p`), as a crate that depends on it builds it
-//! 3. `cargo build -p cuda-sim` (the tests load `target/debug/libcuda_sim.so`)
-//! 4. fetch the pinned `cuda.h` into `.cuda-header/` (or use `CUDA_HOME`'s), for the layout test
+//! 4. `cargo build -p cuda-sim` (the tests load `target/debug/libcuda_sim.so`)
+//! 5. fetch the pinned `cuda.h` into `.cuda-header/` (or use `CUDA_HOME`'s), for the layout test
 //!    and the bindings check; without network access this step is skipped, saying why
-//! 5. `cargo test --workspace --all-features --no-fail-fast` (every test binary runs, even after a failure),
-//!    against the simulator: `CUDA_MEM_DRIVER`, `CUDA_MEM_REQUIRE_GPU` and `CUDA_SIM_LIB` are
-//!    removed from its environment so that a developer's settings do not redirect it, and
-//!    `CUDA_MEM_CUDA_INCLUDE` names the header's folder when there is one
-//! 6. no binary links `libcuda` (the driver is loaded at run time)
-//! 7. cuda-bindings (the layer under cuda.core) on the simulator, from a private virtual
+//! 6. `cargo test --workspace --all-features --no-fail-fast` (every test binary runs, even after
+//!    a failure), against the simulator: `CUDA_MEM_DRIVER`, `CUDA_MEM_REQUIRE_GPU` and
+//!    `CUDA_SIM_LIB` are removed from its environment so that a developer's settings do not
+//!    redirect it, and `CUDA_MEM_CUDA_INCLUDE` names the header's folder when there is one
+//! 7. cuda-mem-ipc's test of a build without its `vmm` feature
+//! 8. no binary links `libcuda` (the driver is loaded at run time)
+//! 9. cuda-bindings (the layer under cuda.core) on the simulator, from a private virtual
 //!    environment (skipped, saying why, without Python or PyPI)
-//! 8. cuda.core sharing pools and buffers with Rust processes on the simulator, both ways, and
-//!    cuda.core's DLPack, `copy_batch` and graphs on it (`cargo test -p tests` of the targets in
-//!    `python_smoke::PYTHON_TEST_TARGETS`, with `CUDA_MEM_PYTHON` naming the virtual
-//!    environment's Python, which has cuda.core; skipped, saying why, without Python or PyPI)
-//! 9. `cargo doc --workspace --all-features --no-deps` with `RUSTDOCFLAGS=-Dwarnings`
-//! 10. the README's "Platforms" table, on other targets ([`crate::platforms`]): `cargo check` of
+//! 10. cuda.core sharing pools and buffers with Rust processes on the simulator, both ways, and
+//!     cuda.core's DLPack, `copy_batch` and graphs on it (`cargo test` of the targets in
+//!     `python_smoke::PYTHON_TEST_TARGETS`, with `CUDA_MEM_PYTHON` naming the virtual
+//!     environment's Python, which has cuda.core; skipped, saying why, without Python or PyPI)
+//! 11. `cargo doc --workspace --all-features --no-deps` with `RUSTDOCFLAGS=-Dwarnings`
+//! 12. the README's "Platforms" table, on other targets ([`crate::platforms`]): `cargo check` of
 //!     the crates that build on Windows, macOS and aarch64 Linux, and the one `compile_error!` of
 //!     each Linux-only crate elsewhere (a target whose standard library is not installed is
 //!     skipped, saying so)
-//! 11. the `cargo xtask bindgen --check` equivalent, when libclang and `cuda.h` can be had
+//! 13. the `cargo xtask bindgen --check` equivalent, when libclang and `cuda.h` can be had
 //!     (skipped, saying why, otherwise; it builds xtask again with its `bindgen` feature)
-//! 12. `cargo publish --dry-run` of every published crate, each packaged and its package built as
+//! 14. `cargo deny check` against `deny.toml` (licences, duplicate versions, sources,
+//!     advisories) where cargo-deny is installed; advisories are skipped, saying so, where the
+//!     RustSec database cannot be fetched
+//! 15. `cargo publish --dry-run` of every published crate, each packaged and its package built as
 //!     a user would get it (about 45 s warm on two cores); where it fails, `cargo package
 //!     --offline` of the same crates (which builds them too, from the local cache): if that
 //!     passes, only the registry failed, and the step passes saying so with the cause
-//! 13. the declared `rust-version` (MSRV): `cargo +<rust-version> check --workspace --all-targets
+//! 16. the declared `rust-version` (MSRV): `cargo +<rust-version> check --workspace --all-targets
 //!     --all-features` when rustup has that toolchain (about 2 min the first time, seconds after;
 //!     `rustup toolchain install <rust-version> --profile minimal` gets it), otherwise skipped,
-//!     saying so: clippy's `incompatible_msrv` lint (on by default, denied by step 2's `-D
+//!     saying so: clippy's `incompatible_msrv` lint (on by default, denied by step 3's `-D
 //!     warnings`) still refuses standard-library items newer than the manifests' `rust-version`
+//! 17. the lowest versions the manifests allow: `cargo +nightly update -Z
+//!     direct-minimal-versions` in a copy of the workspace, then `cargo check` of it (skipped,
+//!     saying so, without a nightly toolchain)
 //!
 //! It ends with the time each step took and, last, the summaries `cargo test` printed. The test
 //! steps run libtest with `--show-output`, read (not shown) what each passed test printed, and
