@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use tests::child_process::{KillOnDrop, read_in_background};
+use cuda_mem_integration::child_process::{KillOnDrop, read_in_background};
 
 /// How long one run of the probe may take.
 const TIMEOUT: Duration = Duration::from_secs(300);

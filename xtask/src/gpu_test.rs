@@ -25,7 +25,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use crate::{cargo, create_dir, describe};
+use crate::{INTEGRATION, cargo, create_dir, describe};
 use serde_json::Value;
 
 /// The largest bundle that can be carried to the GPU machine.
@@ -169,9 +169,6 @@ fn pack_comparison(workspace: &Path, dir: &Path) -> Result<Option<u64>, String> 
         }
     }
 }
-
-/// The package that holds the probe, the demo, the benchmarks and the `dlpack_ffi` example.
-const INTEGRATION: &str = "tests";
 
 /// Builds the test binaries in release, stripped of debug information, and returns cargo's
 /// messages.
@@ -348,8 +345,9 @@ fn is_test_artifact(message: &Value) -> bool {
         && message.get("profile").and_then(|p| p.get("test")).and_then(Value::as_bool) == Some(true)
 }
 
-/// A test binary, named `<package>.<kind>.<target>` (`cuda-mem-sys.lib`, `tests.test.ipc`), unless
-/// it belongs to an excluded package or has no executable.
+/// A test binary, named `<package>.<kind>.<target>` (`cuda-mem-sys.lib`,
+/// `cuda-mem-integration.test.ipc`), unless it belongs to an excluded package or has no
+/// executable.
 fn artifact(message: &Value) -> Option<Artifact> {
     let path = PathBuf::from(message.get("executable")?.as_str()?);
     let package = package_name(message.get("package_id")?.as_str()?);
@@ -478,7 +476,7 @@ mod tests {
     #[test]
     fn names_packages_from_every_id_format() {
         assert_eq!(package_name("path+file:///w/cuda-mem-sys#0.1.0"), "cuda-mem-sys");
-        assert_eq!(package_name("path+file:///w/some-dir#tests@0.1.0"), "tests");
+        assert_eq!(package_name("path+file:///w/tests#cuda-mem-integration@0.1.0"), "cuda-mem-integration");
         assert_eq!(package_name("cuda-sim 0.1.0 (path+file:///w/cuda-sim)"), "cuda-sim");
         assert_eq!(package_name("registry+https://github.com/rust-lang/crates.io-index#libc@0.2.1"), "libc");
     }
@@ -786,11 +784,11 @@ done
     #[test]
     fn test_artifacts_are_named_by_package_kind_and_target() {
         let message = crate::parse_json(
-            r#"{"reason":"compiler-artifact","package_id":"path+file:///w/tests#0.1.0","target":{"kind":["test"],"name":"ipc"},"profile":{"test":true},"executable":"/w/target/release/deps/ipc-1"}"#,
+            r#"{"reason":"compiler-artifact","package_id":"path+file:///w/tests#cuda-mem-integration@0.1.0","target":{"kind":["test"],"name":"ipc"},"profile":{"test":true},"executable":"/w/target/release/deps/ipc-1"}"#,
         )
         .unwrap();
         assert!(is_test_artifact(&message));
-        assert_eq!(artifact(&message).unwrap().name, "tests.test.ipc");
+        assert_eq!(artifact(&message).unwrap().name, "cuda-mem-integration.test.ipc");
         let sim = crate::parse_json(
             r#"{"reason":"compiler-artifact","package_id":"path+file:///w/cuda-sim#0.1.0","target":{"kind":["lib"],"name":"cuda_sim"},"profile":{"test":true},"executable":"/x"}"#,
         )

@@ -91,6 +91,10 @@ fn usage() -> String {
         .to_string()
 }
 
+/// The package (in `tests/`) that holds the cross-crate and multi-process integration tests, the
+/// demo, the benchmarks and the probe.
+pub const INTEGRATION: &str = "cuda-mem-integration";
+
 /// The workspace root, found from this crate's manifest directory.
 pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf)

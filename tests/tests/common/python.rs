@@ -8,7 +8,7 @@ use std::process::Command;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use tests::child_process::{KillOnDrop, read_in_background};
+use cuda_mem_integration::child_process::{KillOnDrop, read_in_background};
 
 /// The environment variable naming a Python that has cuda.core.
 pub const PYTHON_ENV: &str = "CUDA_MEM_PYTHON";

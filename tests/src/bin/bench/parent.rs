@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use cuda_mem_core::Device;
 use cuda_mem_core::sys::{DRIVER_ENV, Driver};
-use tests::driver_choice::{self, Choice, How};
+use cuda_mem_integration::driver_choice::{self, Choice, How};
 
 use crate::Error;
 use crate::adaptors::{adaptors, copies};

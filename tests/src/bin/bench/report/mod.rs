@@ -52,7 +52,7 @@ pub(crate) struct Results {
 /// output folder,
 /// then prints the Markdown and what it wrote, with the time since `total`.
 pub(crate) fn write_all(results: &Results, total: Instant) -> Result<(), Error> {
-    let out = tests::output::output_dir("BENCH_OUT", "bench");
+    let out = cuda_mem_integration::output::output_dir("BENCH_OUT", "bench");
     std::fs::create_dir_all(&out).map_err(|e| format!("creating {}: {e}", out.display()))?;
     let markdown = markdown::markdown(results);
     write(&out.join("results.json"), &json::json(results))?;
