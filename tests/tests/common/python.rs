@@ -22,13 +22,14 @@ pub fn python() -> Option<PathBuf> {
     if python.is_none() {
         // Straight to the standard error, past the test harness's capture, so that the skip
         // shows in `cargo test`'s output, with the test's name (its thread's), by which `cargo
-        // xtask ci` counts it as skipped rather than passed.
+        // xtask ci` counts it as skipped rather than passed; in one write, so that the line
+        // stays whole among the other tests' output.
         let test = std::thread::current().name().unwrap_or("?").to_string();
-        let _ = writeln!(
-            std::io::stderr(),
+        let line = format!(
             "SKIP {test}: {PYTHON_ENV} is not set, so the Python side cannot run: `cargo xtask ci` runs these \
-             tests with a Python that has cuda.core"
+             tests with a Python that has cuda.core\n"
         );
+        let _ = std::io::stderr().write_all(line.as_bytes());
     }
     python
 }

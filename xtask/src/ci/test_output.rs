@@ -226,10 +226,13 @@ impl Reader {
     }
 }
 
-/// The test named by a `SKIP <test>: reason` line.
-fn uncaptured_skip(trimmed: &str) -> Option<&str> {
-    let (test, _) = trimmed.strip_prefix("SKIP ")?.split_once(": ")?;
-    (!test.is_empty() && !test.contains(' ')).then_some(test)
+/// The test named by `SKIP <test>: reason` in `line`, anywhere in it: written from the test's
+/// thread, it may land in the middle of the harness's `test x ... ok` line.
+fn uncaptured_skip(line: &str) -> Option<&str> {
+    line.match_indices("SKIP ").find_map(|(at, marker)| {
+        let (test, _) = line[at + marker.len()..].split_once(": ")?;
+        (!test.is_empty() && !test.contains(' ')).then_some(test)
+    })
 }
 
 /// The passed, failed and ignored tests of a `test result:` line.
@@ -281,8 +284,8 @@ mod tests {
 
 running 4 tests
 test m::a ... ok
-SKIP m::c: CUDA_MEM_PYTHON is not set
-test m::c ... ok
+test m::c ... SKIP m::c: CUDA_MEM_PYTHON is not set
+ok
 test m::b ... ok
 test m::d ... FAILED
 
