@@ -11,7 +11,7 @@ use crate::{cargo, run_command};
 /// Runs the subcommand: `binary` is `demo` or `probe`.
 pub fn run(workspace: &Path, binary: &str, args: &[String]) -> Result<(), String> {
     // Cargo is quiet while it finds nothing to do: say what the first, slow build is.
-    println!("building the simulator and the {binary} (on a fresh clone about 45 s on 2 cores, then instant)…");
+    println!("building the simulator and the {binary} (on a fresh clone about 35 s on 2 cores, then instant)…");
     run_command(cargo(workspace).args(["build", "-p", "cuda-sim"]))
         .map_err(|e| format!("building the simulator: {e}"))?;
     run_command(cargo(workspace).args(["run", "-p", crate::INTEGRATION, "--bin", binary, "--"]).args(args))

@@ -26,6 +26,7 @@ pub(crate) struct Record {
 /// `cargo test`.
 pub(crate) fn print_summary(title: &str, records: &[Record], summary: &Summary) {
     println!("\n==> {title} summary");
+    let width = records.iter().map(|r| r.name.len()).max().unwrap_or(0).max("total".len());
     for record in records {
         let (status, note) = match &record.outcome {
             Outcome::Passed => ("ok", String::new()),
@@ -34,10 +35,10 @@ pub(crate) fn print_summary(title: &str, records: &[Record], summary: &Summary) 
             Outcome::Unavailable(reason) => ("unavailable", format!(": {reason}")),
             Outcome::Failed(message) => ("FAILED", format!(": {message}")),
         };
-        println!("  {:<30} {:>8.1}s  {status}{note}", record.name, record.time.as_secs_f64());
+        println!("  {:<width$} {:>8.1}s  {status}{note}", record.name, record.time.as_secs_f64());
     }
     let total: Duration = records.iter().map(|r| r.time).sum();
-    println!("  {:<30} {:>8.1}s", "total", total.as_secs_f64());
+    println!("  {:<width$} {:>8.1}s", "total", total.as_secs_f64());
     if !summary.lines.is_empty() {
         println!("\n==> cargo test summaries");
         for line in &summary.lines {
