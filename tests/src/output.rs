@@ -1,7 +1,5 @@
-//! Where the binaries of this crate write their files, and the one piece of JSON writing they
-//! share (the workspace has no JSON crate).
+//! Where the binaries of this crate write their files.
 
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 /// The folder a binary writes its files to: the one the environment variable `env` names, or
@@ -17,32 +15,9 @@ pub fn output_dir(env: &str, name: &str) -> PathBuf {
     if target.is_dir() { target.join(name) } else { PathBuf::from(format!("{name}-results")) }
 }
 
-/// `text` as the inside of a JSON string (quotes, backslashes and control characters escaped).
-pub fn json_escape(text: &str) -> String {
-    let mut out = String::new();
-    for c in text.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn escapes_what_json_strings_cannot_hold() {
-        assert_eq!(json_escape(r#"a "b" \c"#), r#"a \"b\" \\c"#);
-        assert_eq!(json_escape("line\nnext\u{1}"), "line\\u000anext\\u0001");
-        assert_eq!(json_escape("é ✓"), "é ✓");
-    }
 
     #[test]
     fn without_the_variable_the_workspace_target_folder_is_used() {

@@ -38,7 +38,7 @@ fn ffi_library() -> PathBuf {
         Some(name) => name,
     };
     let status = Command::new(env!("CARGO"))
-        .args(["build", "--quiet", "-p", "tests", "--example", "dlpack_ffi", "--profile", profile])
+        .args(["build", "--quiet", "-p", env!("CARGO_PKG_NAME"), "--example", "dlpack_ffi", "--profile", profile])
         .arg("--target-dir")
         .arg(target_dir)
         .current_dir(workspace())

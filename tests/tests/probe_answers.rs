@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use tests::child_process::{KillOnDrop, read_in_background};
+use cuda_mem_integration::child_process::{KillOnDrop, read_in_background};
 
 /// How long one run of the probe may take.
 const TIMEOUT: Duration = Duration::from_secs(300);
@@ -91,33 +91,41 @@ fn every_question_is_answered_and_the_simulator_agrees_with_itself() {
     for (name, answer) in &answers {
         assert!(!answer.starts_with("error:"), "{name}: {answer}");
     }
-    // What the simulator models, as the probe reports it.
-    assert!(answer(&answers, "pool-import-twice").starts_with("same fd again: a new handle"));
+    the_first_answers_are_the_simulators(&answers);
+    the_managed_answers_are_the_simulators(&answers);
+    the_conservative_readings_are_the_simulators(&answers);
+    the_report_has_every_answer(&out, &names, &output);
+}
+
+/// The pools', peer access', copies', capture modes' and IPC events' questions: what the simulator
+/// models, as the probe reports it.
+fn the_first_answers_are_the_simulators(answers: &[(String, String)]) {
+    assert!(answer(answers, "pool-import-twice").starts_with("same fd again: a new handle"));
     assert_eq!(
-        answer(&answers, "peer-access-after-destroy"),
+        answer(answers, "peer-access-after-destroy"),
         "the next pool (a new handle value) starts without device 1's access (the bug is not seen)"
     );
     assert_eq!(
-        answer(&answers, "zero-byte-pool-allocation"),
+        answer(answers, "zero-byte-pool-allocation"),
         "succeeds: two distinct non-null pointers; cuMemFreeAsync CUDA_SUCCESS, again CUDA_ERROR_INVALID_VALUE"
     );
     assert_eq!(
-        answer(&answers, "host-pool-before-access"),
+        answer(answers, "host-pool-before-access"),
         "access NONE; copies: host->pool CUDA_SUCCESS, pool->device CUDA_SUCCESS, device->pool CUDA_SUCCESS, \
          pool->host CUDA_SUCCESS; memset CUDA_ERROR_INVALID_VALUE"
     );
-    assert!(answer(&answers, "pci-bus-id").starts_with(
+    assert!(answer(answers, "pci-bus-id").starts_with(
         "\"0000:01:00.0\" (matches the attributes); room for 12: \
          CUDA_ERROR_INVALID_VALUE; by id: full device 0, no_function device 0, no_domain device 0, upper device 0"
     ));
     assert_eq!(
-        answer(&answers, "free-with-pending-work"),
+        answer(answers, "free-with-pending-work"),
         "cuMemAlloc: CUDA_SUCCESS returned at once; pool: CUDA_SUCCESS returned at once"
     );
-    assert!(answer(&answers, "failed-alloc-marks").matches("counts unchanged").count() == 3);
+    assert!(answer(answers, "failed-alloc-marks").matches("counts unchanged").count() == 3);
     // Capture modes: a global capture refuses another thread's unsafe calls and is invalidated.
     assert_eq!(
-        answer(&answers, "per-thread-stream-during-capture"),
+        answer(answers, "per-thread-stream-during-capture"),
         "global: another thread's cuStreamIsCapturing(per-thread) NONE, cuMemAllocFromPoolAsync(per-thread) ok, \
          cuMemAlloc STREAM_CAPTURE_UNSUPPORTED, cuMemPoolCreate STREAM_CAPTURE_UNSUPPORTED; the capture then \
          INVALIDATED | relaxed: another thread's cuStreamIsCapturing(per-thread) NONE, \
@@ -126,42 +134,49 @@ fn every_question_is_answered_and_the_simulator_agrees_with_itself() {
     // The delays themselves are details (microseconds, varying from run to run): the
     // simulator's waiter polls, at most about a millisecond late on an idle machine.
     assert_eq!(
-        answer(&answers, "ipc-event"),
+        answer(answers, "ipc-event"),
         "without CU_EVENT_INTERPROCESS: CUDA_ERROR_INVALID_HANDLE; opened in the exporting process: \
          CUDA_ERROR_INVALID_VALUE; another process's view before the recording completes: CUDA_ERROR_NOT_READY; then \
          cuEventQuery sees it within 1 s, cuStreamWaitEvent sees it within 1 s"
     );
+}
+
+/// Managed memory's questions: ranges, location ids, pool advice and discards.
+fn the_managed_answers_are_the_simulators(answers: &[(String, String)]) {
     let refused = "one page past the end CUDA_ERROR_INVALID_VALUE, spanning two CUDA_ERROR_INVALID_VALUE, cuMemAlloc \
                    CUDA_ERROR_INVALID_VALUE, 0 bytes CUDA_ERROR_INVALID_VALUE";
     assert_eq!(
-        answer(&answers, "managed-range-errors"),
+        answer(answers, "managed-range-errors"),
         format!(
             "read-mostly: managed CUDA_SUCCESS, {refused}; preferred location: managed CUDA_SUCCESS, {refused}; \
              prefetch: managed CUDA_SUCCESS, {refused}"
         )
     );
     assert_eq!(
-        answer(&answers, "managed-ignored-location-ids"),
+        answer(answers, "managed-ignored-location-ids"),
         "fresh: preferred INVALID id CU_DEVICE_INVALID (legacy CU_DEVICE_INVALID), last prefetch INVALID id \
          CU_DEVICE_INVALID (legacy CU_DEVICE_INVALID); after preferring and prefetching to the host (advice \
          CUDA_SUCCESS, prefetch CUDA_SUCCESS): preferred HOST id CU_DEVICE_INVALID (legacy CU_DEVICE_CPU), last \
          prefetch HOST id CU_DEVICE_INVALID (legacy CU_DEVICE_CPU)"
     );
     assert_eq!(
-        answer(&answers, "managed-pool-advice"),
+        answer(answers, "managed-pool-advice"),
         "IS_MANAGED false; advice: read-mostly CUDA_SUCCESS, preferred location CUDA_SUCCESS, accessed by \
          CUDA_SUCCESS; prefetch CUDA_SUCCESS; READ_MOSTLY reads 1"
     );
     assert_eq!(
-        answer(&answers, "managed-discard"),
+        answer(answers, "managed-discard"),
         "cuMemDiscardBatchAsync: CUDA_SUCCESS; the memory reads every byte 0xDB"
     );
+}
 
-    // Questions 19-24: the readings `cuda_sim::conservative` takes for batch copies, graphs,
-    // graph memory, capture modes and user objects.
+/// Questions 19-27: the readings `cuda_sim::conservative` takes for batch copies, graphs, graph
+/// memory, capture modes and user objects; descriptors of other kinds, an exporter freeing first,
+/// and IMEX channels.
+fn the_conservative_readings_are_the_simulators(answers: &[(String, String)]) {
     let no_nodes = "nodes: not listed (no cuGraphGetNodes)";
     assert_eq!(
-        answer(&answers, "batch-copy-edges"),
+        answer(answers, "batch-copy-edges"),
         format!(
             "zero-byte INVALID_VALUE; dependent INVALID_VALUE; on a capturing stream STREAM_CAPTURE_UNSUPPORTED, the \
              capture then ACTIVE, end ok ({no_nodes}); malformed hints: unknown type INVALID_VALUE, absent device \
@@ -169,18 +184,18 @@ fn every_question_is_answered_and_the_simulator_agrees_with_itself() {
         )
     );
     assert_eq!(
-        answer(&answers, "graph-memory-accounting"),
+        answer(answers, "graph-memory-accounting"),
         "1 MiB: launched used=2 MiB reserved=2 MiB; freed used=0 MiB reserved=2 MiB; trimmed used=0 MiB reserved=0 \
          MiB; 3 MiB: launched used=4 MiB reserved=4 MiB; freed used=0 MiB reserved=4 MiB; trimmed used=0 MiB \
          reserved=0 MiB; USED_MEM_HIGH reset to 0 with 1 MiB in use reads 2 MiB"
     );
     let refused = format!("STREAM_CAPTURE_UNSUPPORTED, the capture then ACTIVE, end ok ({no_nodes})");
     assert_eq!(
-        answer(&answers, "graph-launch-into-capture"),
+        answer(answers, "graph-launch-into-capture"),
         format!("cuGraphLaunch {refused}; cuGraphUpload {refused}")
     );
     assert_eq!(
-        answer(&answers, "pool-alloc-in-capture"),
+        answer(answers, "pool-alloc-in-capture"),
         format!(
             "cuMemAllocFromPoolAsync ok, the capture then ACTIVE, end ok ({no_nodes}); cuMemAllocAsync ok, the \
              capture then ACTIVE, end ok ({no_nodes})"
@@ -189,21 +204,21 @@ fn every_question_is_answered_and_the_simulator_agrees_with_itself() {
     let invalidated = "STREAM_CAPTURE_UNSUPPORTED→INVALIDATED: cuMemAlloc, cuMemFree, cuMemAllocHost, \
                        cuMemAllocManaged, cuMemPoolCreate";
     assert_eq!(
-        answer(&answers, "unsafe-call-invalidates"),
+        answer(answers, "unsafe-call-invalidates"),
         format!("this thread: {invalidated} | another thread: {invalidated}")
     );
     let destructor = "runs on another thread, the call does not wait for it; in it cuCtxGetCurrent \
                       CUDA_ERROR_NOT_PERMITTED, cuCtxSetCurrent CUDA_ERROR_NOT_PERMITTED, cuMemAlloc \
                       CUDA_ERROR_NOT_PERMITTED";
     assert_eq!(
-        answer(&answers, "user-object-destructor-thread"),
+        answer(answers, "user-object-destructor-thread"),
         format!("cuUserObjectRelease: {destructor}; cuGraphDestroy: {destructor}")
     );
 
     // Question 25: descriptors of other kinds are refused, and the importer lives on.
     let invalid = "CUDA_ERROR_INVALID_VALUE";
     assert_eq!(
-        answer(&answers, "pool-import-not-a-pool"),
+        answer(answers, "pool-import-not-a-pool"),
         format!(
             "/dev/null {invalid}, a socket {invalid}, a memfd of garbage {invalid}, a regular file {invalid}; the \
              process lived on (a pool of its own made after)"
@@ -212,19 +227,23 @@ fn every_question_is_answered_and_the_simulator_agrees_with_itself() {
     // Question 26: the exporter's free under an importer poisons the memory and quarantines
     // it (B goes elsewhere), and the freed allocation's export data no longer imports.
     assert_eq!(
-        answer(&answers, "exporter-frees-first"),
+        answer(answers, "exporter-frees-first"),
         "B took A's address: no (another address); the importer then read 0xdb (the simulator's poison); A's old \
          export data imported again: CUDA_ERROR_INVALID_VALUE; the importer's free: CUDA_SUCCESS; the importer lived \
          on (a pool of its own made after)"
     );
     // Question 27: no IMEX channel unless the simulator is told of one (the channels listed are
     // this machine's, which the test does not pin).
-    let fabric = answer(&answers, "fabric-channel");
+    let fabric = answer(answers, "fabric-channel");
     assert!(fabric.starts_with("fabric handles supported (attribute): 1; IMEX channels"), "{fabric}");
     assert!(fabric.ends_with("cuMemCreate shareable as a fabric handle: CUDA_ERROR_NOT_PERMITTED"), "{fabric}");
+}
 
+/// `probe.json` names every question once, each answered and agreeing with the simulator's side
+/// (which wrote its own report), as the printed lines say too.
+fn the_report_has_every_answer(out: &OutDir, names: &[String], output: &str) {
     let report = std::fs::read_to_string(out.0.join("probe.json")).expect("the report");
-    for name in &names {
+    for name in names {
         assert_eq!(report.matches(&format!("\"name\": \"{name}\"")).count(), 1, "{name} in the report");
     }
     assert_eq!(report.matches("\"answered\": true").count(), names.len());

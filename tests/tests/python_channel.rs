@@ -31,9 +31,13 @@ fn python_channel_layer() {
     let child = match command.spawn() {
         Ok(child) => child,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            // Straight to the standard error, past the test harness's capture.
+            // Straight to the standard error, past the test harness's capture, with the test's
+            // name (its thread's), by which `cargo xtask ci` counts it as skipped; in one write,
+            // so that the line stays whole.
             use std::io::Write;
-            let _ = writeln!(std::io::stderr(), "SKIP: no python3 on the PATH, so {} cannot run", script.display());
+            let test = std::thread::current().name().unwrap_or("?").to_string();
+            let line = format!("SKIP {test}: no python3 on the PATH, so {} cannot run\n", script.display());
+            let _ = std::io::stderr().write_all(line.as_bytes());
             return;
         }
         Err(e) => panic!("starting python3 {}: {e}", script.display()),

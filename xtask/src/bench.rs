@@ -1,5 +1,6 @@
 //! `cargo xtask bench`: builds the simulator in release (so that the benchmarks have it to fall
-//! back on, optimized), then runs the release `bench` binary of the `tests` crate with the
+//! back on, optimized), then runs the release `bench` binary of the integration package
+//! ([`crate::INTEGRATION`], in `tests/`) with the
 //! caller's environment (`CUDA_MEM_DRIVER` and the `CUDA_SIM_*` variables included). The binary
 //! writes `target/bench/results.{json,md}` and the SVG plots, and prints the Markdown tables.
 //!
@@ -17,7 +18,7 @@ pub fn run(workspace: &Path, compare: bool) -> Result<(), String> {
     println!("building the simulator and the benchmarks in release (the first time, minutes on 2 cores)…");
     run_command(cargo(workspace).args(["build", "--release", "-p", "cuda-sim"]))
         .map_err(|e| format!("building the simulator: {e}"))?;
-    run_command(cargo(workspace).args(["run", "--release", "-p", "tests", "--bin", "bench"]))
+    run_command(cargo(workspace).args(["run", "--release", "-p", crate::INTEGRATION, "--bin", "bench"]))
         .map_err(|e| format!("the benchmarks failed: {e}"))?;
     if compare {
         crate::compare::compare(&crate::compare::Setup::in_workspace(workspace)?)?;

@@ -424,15 +424,45 @@ fn pool_table(rounds: &[PoolRound]) -> String {
 fn additivity(ours: &Value) -> String {
     let pacing = ours.get("pacing");
     let number = |key: &str| pacing.and_then(|p| p.get(key)).and_then(Value::as_f64);
-    match (number("hidden_ns"), number("work_ns")) {
-        (Some(hidden), Some(work)) => format!(
-            "\nAdditivity on this driver (our run's check, BENCHMARKS.md method item 1): raw pairs with {work:.0} ns of \
-             the caller's own work after each took {hidden:.0} ns less than alone, the work's time taken off. Caller \
-             work of up to about {:.0} ns per pair, an API's overhead included, can hide in the driver's time, on \
-             either side, so overheads that small are not resolved here.\n",
-            hidden.clamp(0.0, work)
-        ),
-        _ => String::new(),
+    let (Some(hidden), Some(work)) = (number("hidden_ns"), number("work_ns")) else { return String::new() };
+    format!(
+        "\nAdditivity on this driver (our run's check, BENCHMARKS.md method item 1): raw pairs with {work:.0} ns of \
+         the caller's own work after each took {}, the work's time taken off. {}\n",
+        paced_difference(hidden),
+        hidden_work(hidden, work)
+    )
+}
+
+/// How long raw pairs with the caller's work took against alone, `hidden` being alone minus
+/// with the work (the work's own time taken off): less, more, or the same to the nanosecond.
+fn paced_difference(hidden: f64) -> String {
+    if hidden >= 0.5 {
+        format!("{hidden:.0} ns less than alone")
+    } else if hidden <= -0.5 {
+        format!("{:.0} ns more than alone", -hidden)
+    } else {
+        "as long as alone".to_string()
+    }
+}
+
+/// What [`paced_difference`] means for the overheads: caller work that hides in the driver's
+/// time (up to `work`, what was added) hides overheads as small; work that slowed the pairs
+/// down hides none, and an overhead may then include that slowing.
+fn hidden_work(hidden: f64, work: f64) -> String {
+    if hidden >= 0.5 {
+        format!(
+            "Caller work of up to about {:.0} ns per pair, an API's overhead included, can hide in the driver's time, \
+             on either side, so overheads that small are not resolved here.",
+            hidden.min(work)
+        )
+    } else if hidden <= -0.5 {
+        format!(
+            "None of the caller's work hid in the driver's time: overheads are not understated here, and may include \
+             up to about {:.0} ns per pair of the driver slowed by its caller's work.",
+            -hidden
+        )
+    } else {
+        "None of the caller's work hid in the driver's time: overheads add to the raw time in full here.".to_string()
     }
 }
 
@@ -563,6 +593,24 @@ mod tests {
         for library in [raw_pairs, null_dir.join("libcuda.so.1")] {
             assert!(std::fs::metadata(&library).is_ok_and(|m| m.len() > 0), "{} built nothing", library.display());
         }
+    }
+
+    #[test]
+    fn the_additivity_note_reads_a_negative_difference_as_slower_pairs() {
+        let note = |hidden: f64| additivity(&serde_json::json!({"pacing": {"hidden_ns": hidden, "work_ns": 500}}));
+        let hid = note(120.4);
+        assert!(hid.contains("took 120 ns less than alone") && hid.contains("up to about 120 ns"), "{hid}");
+        let capped = note(900.0);
+        assert!(capped.contains("up to about 500 ns"), "no more than the work added: {capped}");
+        let slower = note(-85.2);
+        assert!(slower.contains("took 85 ns more than alone") && slower.contains("None of the caller's work hid"));
+        assert!(
+            !slower.contains("-85") && slower.contains("up to about 85 ns per pair of the driver slowed"),
+            "{slower}"
+        );
+        let same = note(0.2);
+        assert!(same.contains("took as long as alone") && same.contains("add to the raw time in full"), "{same}");
+        assert_eq!(additivity(&serde_json::json!({})), "");
     }
 
     #[test]

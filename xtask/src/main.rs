@@ -7,8 +7,9 @@
 //!   answers; on the simulator otherwise), writing `target/probe/probe.json`.
 //! - `cargo xtask bench`: build the simulator and run the benchmarks (release), writing
 //!   `target/bench/`.
-//! - `cargo xtask ci`: the whole CI: fmt, clippy, build, tests, docs, other targets, binding
-//!   check, the published crates' dry run, the MSRV check.
+//! - `cargo xtask ci`: the whole CI: fmt, shellcheck, clippy, build, tests, docs, other targets,
+//!   binding check, cargo-deny, the published crates' dry run, the MSRV and the lowest versions
+//!   the manifests allow (the steps are listed in [`ci`]).
 //! - `cargo xtask platforms`: the README's "Platforms" table checked on other targets (`cargo
 //!   check`; part of `ci`).
 //! - `cargo xtask gpu-test [--out DIR]`: build the bundle that runs the test suite on a GPU
@@ -79,7 +80,7 @@ fn usage() -> String {
        bench [--compare]     build the simulator, then run the benchmarks in release (results in target/bench/);\n                             --compare also runs cuda.core's equivalents on the same driver\n                             (and case 1 of both on a nearly free stand-in driver)\n  \
        demo [ARGS...]        build the simulator, then run the demo (real GPU if found, else the simulator)\n  \
        probe [NAMES...]      build the simulator, then ask the driver the open questions (same choice of\n                             driver; report in target/probe/probe.json)\n  \
-       ci                    fmt, clippy, build, test, doc, other targets, the bindings check, publish --dry-run\n                             and MSRV, stopping at the first failure\n  \
+       ci                    fmt, shellcheck, clippy, build, test, doc, other targets, the bindings check, cargo\n                             deny, publish --dry-run, MSRV and minimal versions, stopping at the first failure\n  \
        platforms             check the README's Platforms table on Windows, macOS and aarch64 Linux (cargo check;\n                             targets not installed are skipped: `rustup target add` them)\n  \
        gpu-test [--out DIR]  build the GPU test bundle (default: gpu-bundle/); run it with `bash DIR/run.sh`\n  \
        bindgen [--check]     regenerate (or check) cuda-sys/src/generated from cuda.h\n  \
@@ -90,6 +91,10 @@ fn usage() -> String {
      --install gets what is missing with rustup. Not part of ci."
         .to_string()
 }
+
+/// The package (in `tests/`) that holds the cross-crate and multi-process integration tests, the
+/// demo, the benchmarks and the probe.
+pub const INTEGRATION: &str = "cuda-mem-integration";
 
 /// The workspace root, found from this crate's manifest directory.
 pub fn workspace_root() -> PathBuf {

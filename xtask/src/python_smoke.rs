@@ -22,7 +22,7 @@ pub const CUDA_CORE: &str = "cuda-core==1.2.2";
 /// cuda.core); without it those tests say SKIP and do not run.
 pub const PYTHON_ENV: &str = "CUDA_MEM_PYTHON";
 
-/// The `tests` crate's test targets that need [`PYTHON_ENV`]; each must run and pass.
+/// The integration package's test targets that need [`PYTHON_ENV`]; each must run and pass.
 pub const PYTHON_TEST_TARGETS: &[&str] =
     &["python_exchange", "dlpack_consumer", "cuda_core_copy", "cuda_core_graph", "cuda_core_managed"];
 
@@ -48,7 +48,7 @@ pub fn exchange_test(workspace: &Path) -> Result<Result<Command, String>, String
         return Err(format!("the installed package does not import cuda_mem_exchange ({imported})"));
     }
     let mut command = crate::cargo(workspace);
-    command.args(["test", "-p", "tests"]);
+    command.args(["test", "-p", crate::INTEGRATION]);
     for target in PYTHON_TEST_TARGETS {
         command.args(["--test", target]);
     }

@@ -31,7 +31,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::ci::{Outcome, Record, count_tests, cuda_mem_sys_env, print_summary, run_collecting_summaries};
+use crate::ci::{Outcome, Record, Summary, count_tests, cuda_mem_sys_env, print_summary, run_collecting_summaries};
 use crate::{cargo, create_dir, run_command};
 
 /// The rustup toolchain the sanitizers and Miri need.
@@ -307,7 +307,7 @@ pub fn run(workspace: &Path, args: &[String]) -> Result<(), String> {
     if (options.named && !unavailable.is_empty()) || unavailable.len() == plan.len() {
         let records: Vec<Record> =
             unavailable.iter().map(|(t, why)| unavailable_record(*t, why.as_deref().unwrap_or_default())).collect();
-        print_summary("sanitize", &records, &[]);
+        print_summary("sanitize", &records, &Summary::default());
         let names: Vec<&str> = unavailable.iter().map(|(t, _)| t.name()).collect();
         return Err(format!("sanitize: nothing was run: {} cannot run here (see above)", names.join(", ")));
     }
@@ -330,10 +330,10 @@ pub fn run(workspace: &Path, args: &[String]) -> Result<(), String> {
             Tool::Asan | Tool::Tsan => sanitizer(workspace, *tool, host.as_deref().unwrap_or_default()),
             Tool::Valgrind => valgrind(workspace),
         };
-        failures.extend(failure_lines(&lines).into_iter().map(|l| format!("[{}] {l}", tool.name())));
+        failures.extend(failure_lines(&lines.lines).into_iter().map(|l| format!("[{}] {l}", tool.name())));
         records.push(Record { name: tool.name(), time: start.elapsed(), outcome });
     }
-    print_summary("sanitize", &records, &[]);
+    print_summary("sanitize", &records, &Summary::default());
     if !failures.is_empty() {
         println!("\n==> failed test binaries");
         for line in &failures {
@@ -367,13 +367,13 @@ fn nightly_cargo(workspace: &Path) -> Command {
 }
 
 /// Miri on [`MIRI_SUITES`], one package at a time.
-fn miri(workspace: &Path) -> (Outcome, Vec<String>) {
+fn miri(workspace: &Path) -> (Outcome, Summary) {
     let target_dir = workspace.join("target/sanitize-miri");
     // Miri's standard library is built once per toolchain (its dependencies come from crates.io).
     if let Err(e) = run_command(nightly_cargo(workspace).args(["miri", "setup"])) {
-        return (Outcome::Unavailable(format!("Miri could not build its standard library: {e}")), Vec::new());
+        return (Outcome::Unavailable(format!("Miri could not build its standard library: {e}")), Summary::default());
     }
-    let mut all = Vec::new();
+    let mut all = Summary::default();
     let mut problems = Vec::new();
     for (package, filters) in MIRI_SUITES {
         let mut command = nightly_cargo(workspace);
@@ -382,25 +382,25 @@ fn miri(workspace: &Path) -> (Outcome, Vec<String>) {
             .arg(&target_dir)
             .arg("--")
             .args(*filters);
-        let (result, lines) = run_collecting_summaries(&mut command);
+        let (result, summary) = run_collecting_summaries(&mut command);
         if let Err(e) = result {
             problems.push(e);
-        } else if count_passed(&lines) == 0 {
+        } else if summary.total().passed == 0 {
             problems.push(format!(
                 "no test of {package} matched {}: update MIRI_SUITES in xtask/src/sanitize.rs",
                 filters.join(" ")
             ));
         }
-        all.extend(lines);
+        all.extend(summary);
     }
     (tests_outcome(&all, problems), all)
 }
 
 /// The unit and integration tests of [`SUITES`] built with `tool`'s sanitizer.
-fn sanitizer(workspace: &Path, tool: Tool, host: &str) -> (Outcome, Vec<String>) {
+fn sanitizer(workspace: &Path, tool: Tool, host: &str) -> (Outcome, Summary) {
     let target_dir = workspace.join("target").join(format!("sanitize-{}", tool.name()));
     if let Err(e) = create_dir(&target_dir) {
-        return (Outcome::Failed(e), Vec::new());
+        return (Outcome::Failed(e), Summary::default());
     }
     let mut command = nightly_cargo(workspace);
     // `--target` keeps the flags off build scripts and proc macros.
@@ -416,7 +416,7 @@ fn sanitizer(workspace: &Path, tool: Tool, host: &str) -> (Outcome, Vec<String>)
     if tool == Tool::Asan {
         let suppressions = target_dir.join("lsan-suppressions.txt");
         if let Err(e) = std::fs::write(&suppressions, LSAN_SUPPRESSIONS) {
-            return (Outcome::Failed(format!("writing {}: {e}", suppressions.display())), Vec::new());
+            return (Outcome::Failed(format!("writing {}: {e}", suppressions.display())), Summary::default());
         }
         // The caller's own options come last, so that they win.
         command.env("ASAN_OPTIONS", with_callers("ASAN_OPTIONS", "detect_leaks=1"));
@@ -426,9 +426,9 @@ fn sanitizer(workspace: &Path, tool: Tool, host: &str) -> (Outcome, Vec<String>)
 }
 
 /// The unit and integration tests of [`SUITES`] under valgrind's memcheck.
-fn valgrind(workspace: &Path) -> (Outcome, Vec<String>) {
+fn valgrind(workspace: &Path) -> (Outcome, Summary) {
     let Some(host) = output(Command::new("rustc").arg("-vV")).as_deref().and_then(host_triple) else {
-        return (Outcome::Failed("`rustc -vV` names no host".to_string()), Vec::new());
+        return (Outcome::Failed("`rustc -vV` names no host".to_string()), Summary::default());
     };
     let mut command = cargo(workspace);
     suite_tests(&mut command).env(
@@ -459,13 +459,13 @@ fn suite_tests(command: &mut Command) -> &mut Command {
 
 /// Runs the tests of `command` against the simulator (removing what would send them to another
 /// driver, as `ci` does) and returns how they ended with the summary lines.
-fn run_on_the_simulator(command: &mut Command) -> (Outcome, Vec<String>) {
+fn run_on_the_simulator(command: &mut Command) -> (Outcome, Summary) {
     command
         .env_remove(cuda_mem_sys_env::DRIVER)
         .env_remove(cuda_mem_sys_env::REQUIRE_GPU)
         .env_remove(cuda_mem_sys_env::SIM_LIB);
-    let (result, lines) = run_collecting_summaries(command);
-    (tests_outcome(&lines, result.err().into_iter().collect()), lines)
+    let (result, summary) = run_collecting_summaries(command);
+    (tests_outcome(&summary, result.err().into_iter().collect()), summary)
 }
 
 /// `CARGO_TARGET_<TRIPLE>_RUNNER` for `host`.
@@ -482,18 +482,13 @@ fn with_callers(variable: &str, ours: &str) -> String {
 }
 
 /// Passed with the test counts, or failed with them and the problems.
-fn tests_outcome(lines: &[String], problems: Vec<String>) -> Outcome {
-    let counts = count_tests(lines);
+fn tests_outcome(summary: &Summary, problems: Vec<String>) -> Outcome {
+    let counts = count_tests(summary);
     if problems.is_empty() {
         Outcome::PassedWith(counts)
     } else {
         Outcome::Failed(format!("{counts}; {}", problems.join("; ")))
     }
-}
-
-/// The tests that passed over every `test result:` line.
-fn count_passed(lines: &[String]) -> u64 {
-    crate::ci::totals(lines).0
 }
 
 /// The lines that say which test binary failed and why: a `Running …` line followed by a failed
@@ -623,6 +618,5 @@ mod tests {
                 "error: test failed, to rerun pass `-p x --test c`",
             ]
         );
-        assert_eq!(count_passed(&lines), 12);
     }
 }

@@ -8,7 +8,7 @@ use std::process::Command;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use tests::child_process::{KillOnDrop, read_in_background};
+use cuda_mem_integration::child_process::{KillOnDrop, read_in_background};
 
 /// The environment variable naming a Python that has cuda.core.
 pub const PYTHON_ENV: &str = "CUDA_MEM_PYTHON";
@@ -21,12 +21,15 @@ pub fn python() -> Option<PathBuf> {
     let python = std::env::var_os(PYTHON_ENV).map(PathBuf::from);
     if python.is_none() {
         // Straight to the standard error, past the test harness's capture, so that the skip
-        // shows in `cargo test`'s output.
-        let _ = writeln!(
-            std::io::stderr(),
-            "SKIP: {PYTHON_ENV} is not set, so the Python side cannot run: `cargo xtask ci` runs these tests \
-             with a Python that has cuda.core"
+        // shows in `cargo test`'s output, with the test's name (its thread's), by which `cargo
+        // xtask ci` counts it as skipped rather than passed; in one write, so that the line
+        // stays whole among the other tests' output.
+        let test = std::thread::current().name().unwrap_or("?").to_string();
+        let line = format!(
+            "SKIP {test}: {PYTHON_ENV} is not set, so the Python side cannot run: `cargo xtask ci` runs these \
+             tests with a Python that has cuda.core\n"
         );
+        let _ = std::io::stderr().write_all(line.as_bytes());
     }
     python
 }

@@ -8,10 +8,11 @@ use cuda_mem_core::{
     Device, DeviceMemoryResource, DeviceMemoryResourceOptions, LimitingAdaptor, MemoryResource, MemoryResourceExt,
     StatisticsAdaptor, Stream, StreamOptions, TrackingAdaptor,
 };
+use serde_json::{Value, json};
 
 use crate::Error;
 use crate::pools::per_pair;
-use crate::stats::{Stats, elapsed_ns};
+use crate::stats::{Stats, elapsed_ns, rounded};
 use crate::units::{KIB, MIB, bytes};
 
 /// The size of case (6)'s pairs.
@@ -36,14 +37,14 @@ impl AdaptorRow {
     }
 
     /// As a JSON object (a row of `results.json`'s `adaptors`).
-    pub(crate) fn json(&self) -> String {
-        format!(
-            r#"{{"adaptor":"{}","size":{ADAPTOR_PAIR_SIZE},"adapted_per_pair":{},"bare_per_pair":{},"ratio":{:.3}}}"#,
-            self.name,
-            self.adapted.json(),
-            self.bare.json(),
-            self.ratio()
-        )
+    pub(crate) fn json(&self) -> Value {
+        json!({
+            "adaptor": self.name,
+            "size": ADAPTOR_PAIR_SIZE,
+            "adapted_per_pair": self.adapted.json(),
+            "bare_per_pair": self.bare.json(),
+            "ratio": rounded(self.ratio(), 3),
+        })
     }
 }
 
@@ -71,16 +72,15 @@ impl CopyRow {
     }
 
     /// As a JSON object (a row of `results.json`'s `copies`).
-    pub(crate) fn json(&self) -> String {
-        format!(
-            r#"{{"size":{},"safe_per_round_trip":{},"to_vec_per_round_trip":{},"raw_per_round_trip":{},"ratio":{:.3},"ratio_to_vec":{:.3}}}"#,
-            self.size,
-            self.safe.json(),
-            self.to_vec.json(),
-            self.raw.json(),
-            self.ratio(),
-            self.ratio_to_vec()
-        )
+    pub(crate) fn json(&self) -> Value {
+        json!({
+            "size": self.size,
+            "safe_per_round_trip": self.safe.json(),
+            "to_vec_per_round_trip": self.to_vec.json(),
+            "raw_per_round_trip": self.raw.json(),
+            "ratio": rounded(self.ratio(), 3),
+            "ratio_to_vec": rounded(self.ratio_to_vec(), 3),
+        })
     }
 }
 

@@ -18,7 +18,7 @@
 //! 7. slice copies host ↔ device (`copy_from_slice` + `copy_to_slice`/`to_vec`) against the raw
 //!    `cuMemcpyHtoDAsync` + `cuMemcpyDtoHAsync` + `cuStreamSynchronize`, on the same pageable memory.
 //!
-//! The driver is chosen as the demo chooses it (`tests::driver_choice`). Results go to
+//! The driver is chosen as the demo chooses it (`cuda_mem_integration::driver_choice`). Results go to
 //! `target/bench/` (`results.json`, `results.md`, four SVG plots); the Markdown tables are printed
 //! at the end. `bench --child` and `bench --first-call` are its own children.
 //!

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use cuda_mem_core::Device;
 use cuda_mem_core::sys::{DRIVER_ENV, Driver};
-use tests::driver_choice::{self, Choice, How};
+use cuda_mem_integration::driver_choice::{self, Choice, How};
 
 use crate::Error;
 use crate::adaptors::{adaptors, copies};
@@ -22,8 +22,8 @@ use crate::vmm::{first_grows, vmm};
 pub(crate) fn pool_pairs_main() -> Result<(), Error> {
     install(choose()?.driver)?;
     let rows = pools(Device::new(0)?, &[1])?;
-    let rows: Vec<String> = rows.iter().map(PoolRow::json).collect();
-    println!(r#"{{"pools":[{}]}}"#, rows.join(","));
+    let rows: Vec<serde_json::Value> = rows.iter().map(PoolRow::json).collect();
+    println!("{}", serde_json::json!({ "pools": rows }));
     Ok(())
 }
 

@@ -10,9 +10,10 @@ use cuda_mem_core::sys::{Driver, cu_call};
 use cuda_mem_core::{
     Device, DeviceMemoryResource, DeviceMemoryResourceOptions, DevicePtr, MemoryResourceExt, Stream, StreamOptions,
 };
+use serde_json::{Value, json};
 
 use crate::Error;
-use crate::stats::{Stats, elapsed_ns};
+use crate::stats::{Stats, elapsed_ns, rounded};
 use crate::units::{KIB, MIB, bytes};
 
 /// The sizes of the pairs.
@@ -56,19 +57,18 @@ impl PoolRow {
     }
 
     /// As a JSON object (a row of `results.json`'s `pools`).
-    pub(crate) fn json(&self) -> String {
-        format!(
-            r#"{{"size":{},"threads":{},"safe_per_pair":{},"raw_per_pair":{},"raw_checked_per_pair":{},"scoped_per_pair":{},"ratio":{:.3},"ratio_checked":{:.3},"ratio_scoped":{:.3}}}"#,
-            self.size,
-            self.threads,
-            self.safe.json(),
-            self.raw.json(),
-            self.raw_checked.json(),
-            self.scoped.json(),
-            self.ratio(),
-            self.ratio_checked(),
-            self.ratio_scoped()
-        )
+    pub(crate) fn json(&self) -> Value {
+        json!({
+            "size": self.size,
+            "threads": self.threads,
+            "safe_per_pair": self.safe.json(),
+            "raw_per_pair": self.raw.json(),
+            "raw_checked_per_pair": self.raw_checked.json(),
+            "scoped_per_pair": self.scoped.json(),
+            "ratio": rounded(self.ratio(), 3),
+            "ratio_checked": rounded(self.ratio_checked(), 3),
+            "ratio_scoped": rounded(self.ratio_scoped(), 3),
+        })
     }
 }
 

@@ -10,11 +10,12 @@ use cuda_mem_core::sys::Driver;
 use cuda_mem_core::{
     Device, DeviceMemoryResource, DeviceMemoryResourceOptions, MemoryResourceExt, Stream, StreamOptions,
 };
+use serde_json::{Value, json};
 
 use crate::Error;
 use crate::pools::raw_pair;
 use crate::rates::rate_per_thread;
-use crate::stats::Stats;
+use crate::stats::{Stats, rounded};
 use crate::units::{bytes, ns};
 
 /// The thread counts of the curve.
@@ -57,19 +58,19 @@ impl ScalingRow {
     }
 
     /// As a JSON object (a row of `results.json`'s `scaling`).
-    pub(crate) fn json(&self) -> String {
-        format!(
-            r#"{{"threads":{},"size":{SCALING_SIZE},"pairs_per_second":{{"buffer":{},"scoped":{},"raw":{}}},"per_thread_ns_per_pair":{{"buffer":{:.1},"scoped":{:.1},"raw":{:.1}}},"ratio_buffer":{:.3},"ratio_scoped":{:.3}}}"#,
-            self.threads,
-            self.buffer.json(),
-            self.scoped.json(),
-            self.raw.json(),
-            self.per_thread_ns(&self.buffer),
-            self.per_thread_ns(&self.scoped),
-            self.per_thread_ns(&self.raw),
-            self.ratio(&self.buffer),
-            self.ratio(&self.scoped)
-        )
+    pub(crate) fn json(&self) -> Value {
+        json!({
+            "threads": self.threads,
+            "size": SCALING_SIZE,
+            "pairs_per_second": {"buffer": self.buffer.json(), "scoped": self.scoped.json(), "raw": self.raw.json()},
+            "per_thread_ns_per_pair": {
+                "buffer": rounded(self.per_thread_ns(&self.buffer), 1),
+                "scoped": rounded(self.per_thread_ns(&self.scoped), 1),
+                "raw": rounded(self.per_thread_ns(&self.raw), 1),
+            },
+            "ratio_buffer": rounded(self.ratio(&self.buffer), 3),
+            "ratio_scoped": rounded(self.ratio(&self.scoped), 3),
+        })
     }
 }
 

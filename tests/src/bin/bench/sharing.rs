@@ -4,15 +4,17 @@
 //! the child's registry lookups and duplicate-import cache hits per second.
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Instant;
 
 use cuda_mem_core::sys::cu_call;
 use cuda_mem_core::sys::types::CUmemPoolPtrExportData;
 use cuda_mem_core::{Buffer, Device, DeviceMemoryResource, DeviceMemoryResourceOptions, Stream, StreamOptions};
+use serde_json::{Value, json};
 
 use crate::Error;
 use crate::child::{Child, RAW_KIND};
-use crate::stats::{Stats, elapsed_ns};
+use crate::stats::{Stats, elapsed_ns, rounded};
 use crate::units::{KIB, ns};
 
 /// The batches: buffers sent at once.
@@ -64,17 +66,18 @@ impl ResendRow {
     }
 
     /// As a JSON object, `results.json`'s `sharing_resend`.
-    pub(crate) fn json(&self) -> String {
-        format!(
-            r#"{{"batch":{},"per_buffer":{{"parent":{},"child":{},"both":{},"raw":{}}},"ratio_to_raw":{:.4},"target_ratio":{}}}"#,
-            self.batch,
-            self.parent.json(),
-            self.child.json(),
-            self.both.json(),
-            self.raw.json(),
-            self.ratio(),
-            Self::TARGET
-        )
+    pub(crate) fn json(&self) -> Value {
+        json!({
+            "batch": self.batch,
+            "per_buffer": {
+                "parent": self.parent.json(),
+                "child": self.child.json(),
+                "both": self.both.json(),
+                "raw": self.raw.json(),
+            },
+            "ratio_to_raw": rounded(self.ratio(), 4),
+            "target_ratio": Self::TARGET,
+        })
     }
 }
 
@@ -117,87 +120,116 @@ pub(crate) struct Sharing {
 
 /// Cases (2) and (4) with a child on the driver at `driver_path`.
 pub(crate) fn sharing(device: Device, driver_path: &Path) -> Result<Sharing, Error> {
-    let d = cuda_mem_core::driver()?;
     let stream = Stream::new(device, StreamOptions::default().non_blocking())?;
     let pool = DeviceMemoryResource::new(device, DeviceMemoryResourceOptions::default().ipc_enabled(true))?;
     pool.pool().set_release_threshold(u64::MAX)?;
     let max = SHARE_BATCHES.iter().copied().max().unwrap_or(1);
-    let allocate =
-        |count: usize| (0..count).map(|_| pool.allocate(SHARE_BUFFER, &stream)).collect::<Result<Vec<Buffer>, _>>();
-    let buffers = allocate(max)?;
+    let buffers = allocate(&pool, &stream, max)?;
     stream.synchronize()?;
 
     let mut child = Child::spawn(driver_path)?;
     child.ipc.send_resource(pool.as_ref())?;
     child.command("resource")?;
     child.reply()?;
-
     let mut rows = Vec::new();
     for batch in SHARE_BATCHES {
-        let refs: Vec<&Buffer> = buffers[..batch].iter().collect();
-        let (warmup, reps) = match batch {
-            1 => (50, 1000),
-            64 => (10, 300),
-            _ => (3, 60),
-        };
-        let (mut ours, mut raw) = (PerBuffer::default(), PerBuffer::default());
-        for rep in 0..warmup + reps {
-            // Ours: export and encode (buffer_descriptor), send; new buffers each time, as a
-            // buffer keeps its export once made (the re-send is measured below).
-            let fresh = allocate(batch)?;
-            let fresh_refs: Vec<&Buffer> = fresh.iter().collect();
-            let start = Instant::now();
-            child.ipc.send_buffers(&fresh_refs)?;
-            let parent = elapsed_ns(start);
-            child.command(&format!("ours {batch}"))?;
-            let child_ns: f64 = child.reply()?.parse()?;
-            if rep >= warmup {
-                ours.push(parent, child_ns, batch);
-            }
-            drop(fresh_refs);
-            drop(fresh);
-            // Raw: cuMemPoolExportPointer per buffer, the 64-byte data sent as plain bytes.
-            let start = Instant::now();
-            let mut payload = Vec::with_capacity(batch * 64);
-            for buffer in &refs {
-                let mut data = CUmemPoolPtrExportData { reserved: [0; 64] };
-                // SAFETY: a valid out-pointer; the buffer is a live allocation of an IPC pool.
-                unsafe { cu_call!(d, cuMemPoolExportPointer(&mut data, buffer.ptr())) }?;
-                payload.extend_from_slice(&data.reserved);
-            }
-            child.ipc.channel().send(RAW_KIND, &payload, &[])?;
-            let parent = elapsed_ns(start);
-            child.command(&format!("raw {batch}"))?;
-            let child_ns: f64 = child.reply()?.parse()?;
-            if rep >= warmup {
-                raw.push(parent, child_ns, batch);
-            }
-        }
-        let row = ShareRow {
-            batch,
-            ours_parent: Stats::of(ours.parent),
-            ours_child: Stats::of(ours.child),
-            ours: Stats::of(ours.both),
-            raw_parent: Stats::of(raw.parent),
-            raw_child: Stats::of(raw.child),
-            raw: Stats::of(raw.both),
-        };
-        println!(
-            "  batch {batch}: ours {} raw {} per buffer, overhead {} (parent {} against {}, child {} against {})",
-            row.ours.show(),
-            row.raw.show(),
-            ns(row.overhead()),
-            ns(row.ours_parent.median),
-            ns(row.raw_parent.median),
-            ns(row.ours_child.median),
-            ns(row.raw_child.median)
-        );
-        rows.push(row);
+        rows.push(batch_row(&mut child, &pool, &stream, &buffers[..batch])?);
     }
     let resend = resend(&mut child, &buffers, &rows)?;
+    let rates = rates(&mut child, &buffers[0])?;
+    child.exit()?;
+    drop(buffers);
+    stream.synchronize()?;
+    Ok(Sharing { rows, resend, rates })
+}
 
-    // 4: one buffer for the child to hold and import again.
-    child.ipc.send_buffers(&[&buffers[0]])?;
+/// `count` new buffers of [`SHARE_BUFFER`] bytes from `pool`.
+fn allocate(pool: &Arc<DeviceMemoryResource>, stream: &Stream, count: usize) -> Result<Vec<Buffer>, Error> {
+    Ok((0..count).map(|_| pool.allocate(SHARE_BUFFER, stream)).collect::<Result<Vec<Buffer>, _>>()?)
+}
+
+/// One batch of case (2): ours and raw in turn, per buffer on each side, printed.
+fn batch_row(
+    child: &mut Child,
+    pool: &Arc<DeviceMemoryResource>,
+    stream: &Stream,
+    sent: &[Buffer],
+) -> Result<ShareRow, Error> {
+    let batch = sent.len();
+    let (warmup, reps) = match batch {
+        1 => (50, 1000),
+        64 => (10, 300),
+        _ => (3, 60),
+    };
+    let (mut ours, mut raw) = (PerBuffer::default(), PerBuffer::default());
+    for rep in 0..warmup + reps {
+        // Ours: new buffers each time, as a buffer keeps its export once made (the re-send is
+        // measured apart).
+        let fresh = allocate(pool, stream, batch)?;
+        let (parent, child_ns) = send_ours(child, &fresh)?;
+        drop(fresh);
+        if rep >= warmup {
+            ours.push(parent, child_ns, batch);
+        }
+        let (parent, child_ns) = send_raw(child, sent)?;
+        if rep >= warmup {
+            raw.push(parent, child_ns, batch);
+        }
+    }
+    let row = ShareRow {
+        batch,
+        ours_parent: Stats::of(ours.parent),
+        ours_child: Stats::of(ours.child),
+        ours: Stats::of(ours.both),
+        raw_parent: Stats::of(raw.parent),
+        raw_child: Stats::of(raw.child),
+        raw: Stats::of(raw.both),
+    };
+    println!(
+        "  batch {batch}: ours {} raw {} per buffer, overhead {} (parent {} against {}, child {} against {})",
+        row.ours.show(),
+        row.raw.show(),
+        ns(row.overhead()),
+        ns(row.ours_parent.median),
+        ns(row.raw_parent.median),
+        ns(row.ours_child.median),
+        ns(row.raw_child.median)
+    );
+    Ok(row)
+}
+
+/// Sends `buffers` through our layer (export and encode, send) and has the child receive them:
+/// the parent's nanoseconds and the child's.
+fn send_ours(child: &mut Child, buffers: &[Buffer]) -> Result<(f64, f64), Error> {
+    let refs: Vec<&Buffer> = buffers.iter().collect();
+    let start = Instant::now();
+    child.ipc.send_buffers(&refs)?;
+    let parent = elapsed_ns(start);
+    child.command(&format!("ours {}", buffers.len()))?;
+    Ok((parent, child.reply()?.parse()?))
+}
+
+/// Sends `buffers` the raw way (`cuMemPoolExportPointer` per buffer, the 64-byte data sent as
+/// plain bytes) and has the child import them: the parent's nanoseconds and the child's.
+fn send_raw(child: &mut Child, buffers: &[Buffer]) -> Result<(f64, f64), Error> {
+    let d = cuda_mem_core::driver()?;
+    let start = Instant::now();
+    let mut payload = Vec::with_capacity(buffers.len() * 64);
+    for buffer in buffers {
+        let mut data = CUmemPoolPtrExportData { reserved: [0; 64] };
+        // SAFETY: a valid out-pointer; the buffer is a live allocation of an IPC pool.
+        unsafe { cu_call!(d, cuMemPoolExportPointer(&mut data, buffer.ptr())) }?;
+        payload.extend_from_slice(&data.reserved);
+    }
+    child.ipc.channel().send(RAW_KIND, &payload, &[])?;
+    let parent = elapsed_ns(start);
+    child.command(&format!("raw {}", buffers.len()))?;
+    Ok((parent, child.reply()?.parse()?))
+}
+
+/// Case (4): `held` sent for the child to hold and import again; its rates, printed.
+fn rates(child: &mut Child, held: &Buffer) -> Result<Vec<RateRow>, Error> {
+    child.ipc.send_buffers(&[held])?;
     child.command("lookups")?;
     let mut rates = Vec::new();
     for item in child.reply()?.split(';').filter(|s| !s.is_empty()) {
@@ -212,10 +244,7 @@ pub(crate) fn sharing(device: Device, driver_path: &Path) -> Result<Sharing, Err
         println!("  {what} × {threads} thread(s): {:.0} per second", rate.median);
         rates.push(RateRow { what, threads: threads.parse()?, rate });
     }
-    child.exit()?;
-    drop(buffers);
-    stream.synchronize()?;
-    Ok(Sharing { rows, resend, rates })
+    Ok(rates)
 }
 
 /// A re-send of the largest batch, already sent and still held by the child: per buffer on each

@@ -3,6 +3,8 @@
 
 use std::time::Instant;
 
+use serde_json::{Value, json};
+
 use crate::units::ns;
 
 /// Median and spread of a sample, in nanoseconds (or whatever unit the sample has).
@@ -25,15 +27,27 @@ impl Stats {
         Stats { median: at(0.5), p10: at(0.1), p90: at(0.9), n: sample.len() }
     }
 
-    /// As a JSON object: `{"median":…,"p10":…,"p90":…,"n":…}`.
-    pub(crate) fn json(&self) -> String {
-        format!(r#"{{"median":{:.1},"p10":{:.1},"p90":{:.1},"n":{}}}"#, self.median, self.p10, self.p90, self.n)
+    /// As a JSON object: `{"median":…,"p10":…,"p90":…,"n":…}`, to a tenth.
+    pub(crate) fn json(&self) -> Value {
+        json!({
+            "median": rounded(self.median, 1),
+            "p10": rounded(self.p10, 1),
+            "p90": rounded(self.p90, 1),
+            "n": self.n,
+        })
     }
 
     /// `median (p10–p90)` in a readable unit.
     pub(crate) fn show(&self) -> String {
         format!("{} ({}–{})", ns(self.median), ns(self.p10), ns(self.p90))
     }
+}
+
+/// `value` rounded to `decimals` places, for the JSON (the digits beyond are noise); NaN stays
+/// NaN, which `serde_json` writes as `null`.
+pub(crate) fn rounded(value: f64, decimals: i32) -> f64 {
+    let scale = 10f64.powi(decimals);
+    (value * scale).round() / scale
 }
 
 /// Nanoseconds since `since`.

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use cuda_mem_core::Stream;
 use cuda_mem_core::sys::DRIVER_ENV;
+use cuda_mem_integration::child_process::KillOnDrop;
 use cuda_mem_ipc::{IpcChannel, IpcError, Received, spawn_with_channel};
-use tests::child_process::KillOnDrop;
 
 use crate::devices::Demo;
 use crate::protocol::Request;

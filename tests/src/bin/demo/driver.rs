@@ -1,11 +1,11 @@
-//! Step 1, the driver: which library the demo runs on (`tests::driver_choice`), installed as the
+//! Step 1, the driver: which library the demo runs on (`cuda_mem_integration::driver_choice`), installed as the
 //! process-wide driver and said in the first lines of output; on the simulator, two devices
 //! unless the environment says otherwise.
 
 use std::path::PathBuf;
 
 use cuda_mem_core::sys::{DEFAULT_LIBRARY, DRIVER_ENV};
-use tests::driver_choice::How;
+use cuda_mem_integration::driver_choice::How;
 
 use crate::Error;
 
@@ -37,7 +37,7 @@ pub(crate) struct ChosenDriver {
 /// Picks the driver, installs it as the process-wide one, and prints, as the first line of
 /// output, which one it is.
 pub(crate) fn choose_driver(devices_defaulted: bool) -> Result<ChosenDriver, Error> {
-    let choice = tests::driver_choice::choose("demo", "`cargo xtask demo` (it builds cuda-sim first)")?;
+    let choice = cuda_mem_integration::driver_choice::choose("demo", "`cargo xtask demo` (it builds cuda-sim first)")?;
     let simulator = choice.is_simulator();
     match &choice.how {
         How::Named => {

@@ -1,9 +1,9 @@
-//! How the demo's errors read: an error with its causes on one line (`tests::errors`), and what
+//! How the demo's errors read: an error with its causes on one line (`cuda_mem_integration::errors`), and what
 //! was being done when it happened.
 
 use std::fmt;
 
-pub(crate) use tests::errors::describe;
+pub(crate) use cuda_mem_integration::errors::describe;
 
 use crate::Error;
 

@@ -17,9 +17,9 @@ use std::process::{Command, ExitCode, Stdio};
 use std::rc::Rc;
 use std::time::Duration;
 
+use cuda_mem_integration::child_process::{KillOnDrop, read_in_background};
 use cuda_mem_ipc::{Channel, spawn_with_channel};
 use cuda_mem_sys::DRIVER_ENV;
-use tests::child_process::{KillOnDrop, read_in_background};
 
 use crate::Error;
 use crate::owned::{OwnedPool, PrimaryContext};

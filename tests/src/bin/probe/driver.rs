@@ -1,12 +1,12 @@
-//! Which driver the probes ask (chosen as the demo chooses, `tests::driver_choice`, and installed
+//! Which driver the probes ask (chosen as the demo chooses, `cuda_mem_integration::driver_choice`, and installed
 //! as the process-wide driver that `cuda_mem_sys::driver()` returns), and what the report says
 //! about it.
 
 use std::path::PathBuf;
 
+use cuda_mem_integration::driver_choice::How;
 use cuda_mem_sys::{DRIVER_ENV, install_driver};
-use tests::driver_choice::How;
-use tests::output::json_escape;
+use serde_json::{Value, json};
 
 use crate::Error;
 use crate::raw::{device_count, device_name};
@@ -50,7 +50,8 @@ pub(crate) struct Chosen {
 /// Picks the driver (`CUDA_MEM_DRIVER`, else `libcuda.so.1` when it sees a device, else the
 /// simulator), installs it as the process-wide one and says which it is.
 pub(crate) fn choose() -> Result<Chosen, Error> {
-    let choice = tests::driver_choice::choose("probe", "`cargo xtask probe` (it builds cuda-sim first)")?;
+    let choice =
+        cuda_mem_integration::driver_choice::choose("probe", "`cargo xtask probe` (it builds cuda-sim first)")?;
     let simulator = choice.is_simulator();
     let path = choice.driver.path().to_path_buf();
     let what = if simulator { "the cuda-sim SIMULATOR" } else { "a CUDA driver" };
@@ -111,17 +112,15 @@ impl DriverInfo {
     }
 
     /// The driver as a JSON object.
-    pub(crate) fn json(&self) -> String {
-        let devices: Vec<String> = self.devices.iter().map(|d| format!("\"{}\"", json_escape(d))).collect();
-        let settings: Vec<String> =
-            self.settings.iter().map(|(k, v)| format!("\"{}\": \"{}\"", json_escape(k), json_escape(v))).collect();
-        format!(
-            "{{\"path\": \"{}\", \"simulator\": {}, \"cuda_version\": \"{}\", \"devices\": [{}], \"settings\": {{{}}}}}",
-            json_escape(&self.path.display().to_string()),
-            self.simulator,
-            json_escape(&self.version),
-            devices.join(", "),
-            settings.join(", ")
-        )
+    pub(crate) fn json(&self) -> Value {
+        let settings: serde_json::Map<String, Value> =
+            self.settings.iter().map(|(k, v)| ((*k).to_string(), Value::from(v.as_str()))).collect();
+        json!({
+            "path": self.path.display().to_string(),
+            "simulator": self.simulator,
+            "cuda_version": self.version,
+            "devices": self.devices,
+            "settings": settings,
+        })
     }
 }

@@ -1,10 +1,9 @@
 //! What the probes found: each question's answer and details, printed as `PROBE <name>:
 //! <answer>` with the details indented below, and written as JSON.
 
-use std::fmt::Write as _;
 use std::path::Path;
 
-use tests::output::json_escape;
+use serde_json::{Value, json};
 
 use crate::Error;
 use crate::driver::DriverInfo;
@@ -84,25 +83,23 @@ impl Record {
         }
     }
 
-    fn json(&self) -> String {
-        let details: Vec<String> = self
-            .details
-            .items()
-            .iter()
-            .map(|(k, v)| format!(r#"        "{}": "{}""#, json_escape(k), json_escape(v)))
-            .collect();
-        let mut out = String::from("    {\n");
-        let _ = writeln!(out, r#"      "name": "{}","#, json_escape(self.name));
-        let _ = writeln!(out, r#"      "question": "{}","#, json_escape(self.question));
-        let _ = writeln!(out, r#"      "answer": "{}","#, json_escape(&self.answer));
-        let _ = writeln!(out, r#"      "answered": {},"#, self.answered);
-        let _ = writeln!(out, r#"      "seconds": {:.3},"#, self.seconds);
-        if let Some(simulator) = &self.simulator_answer {
-            let _ = writeln!(out, r#"      "simulator_answer": "{}","#, json_escape(simulator));
-            let _ = writeln!(out, r#"      "agrees_with_simulator": {},"#, *simulator == self.answer);
+    /// The record as a JSON object; the simulator's answer only where it was asked.
+    fn json(&self) -> Value {
+        let details: serde_json::Map<String, Value> =
+            self.details.items().iter().map(|(k, v)| (k.clone(), Value::from(v.as_str()))).collect();
+        let mut record = json!({
+            "name": self.name,
+            "question": self.question,
+            "answer": self.answer,
+            "answered": self.answered,
+            "seconds": (self.seconds * 1000.0).round() / 1000.0,
+            "details": details,
+        });
+        if let (Some(simulator), Some(fields)) = (&self.simulator_answer, record.as_object_mut()) {
+            fields.insert("simulator_answer".into(), json!(simulator));
+            fields.insert("agrees_with_simulator".into(), json!(*simulator == self.answer));
         }
-        let _ = write!(out, "      \"details\": {{\n{}\n      }}\n    }}", details.join(",\n"));
-        out
+        record
     }
 }
 
@@ -117,24 +114,14 @@ pub(crate) struct Report {
 }
 
 impl Report {
-    /// The report as JSON.
+    /// The report as JSON, indented (`Value`'s alternate display is `serde_json`'s pretty
+    /// printer).
     pub(crate) fn json(&self) -> String {
-        let mut out = String::from("{\n");
-        let _ = writeln!(out, "  \"driver\": {},", self.driver.json());
-        match &self.compared_with {
-            Some((library, report)) => {
-                let _ = writeln!(
-                    out,
-                    r#"  "compared_with": {{"simulator": "{}", "report": "{}"}},"#,
-                    json_escape(library),
-                    json_escape(report)
-                );
-            }
-            None => out.push_str("  \"compared_with\": null,\n"),
-        }
-        let records: Vec<String> = self.records.iter().map(Record::json).collect();
-        let _ = write!(out, "  \"probes\": [\n{}\n  ]\n}}\n", records.join(",\n"));
-        out
+        let compared_with =
+            self.compared_with.as_ref().map(|(library, report)| json!({"simulator": library, "report": report}));
+        let probes: Vec<Value> = self.records.iter().map(Record::json).collect();
+        let report = json!({"driver": self.driver.json(), "compared_with": compared_with, "probes": probes});
+        format!("{report:#}\n")
     }
 
     /// Writes the JSON to `path`, creating its folder.

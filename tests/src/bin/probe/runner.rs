@@ -8,9 +8,9 @@ use std::path::PathBuf;
 use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
+use cuda_mem_integration::child_process::{KillOnDrop, read_in_background};
+use cuda_mem_integration::errors::describe;
 use cuda_mem_sys::DRIVER_ENV;
-use tests::child_process::{KillOnDrop, read_in_background};
-use tests::errors::describe;
 
 use crate::driver::{self, DriverInfo, SIM_DEVICES_ENV};
 use crate::owned::{PrimaryContext, take_cleanup_notes};
@@ -77,7 +77,7 @@ fn run(names: &[&str], simulator_side: bool) -> Result<bool, Error> {
     let answered = records.iter().filter(|r| r.answered).count();
     let all = records.len();
     let file = if simulator_side { "probe-simulator.json" } else { "probe.json" };
-    let path = tests::output::output_dir(OUT_ENV, "probe").join(file);
+    let path = cuda_mem_integration::output::output_dir(OUT_ENV, "probe").join(file);
     Report { driver: info, compared_with, records }.write(&path)?;
     println!("\n{answered} of {all} questions answered; report: {}", path.display());
     Ok(answered == all)
@@ -130,7 +130,7 @@ fn ask(question: &'static Question, setup: &Setup<'_>) -> Record {
 /// where they differ. Returns the simulator library and its report's file name.
 fn compare_with_simulator(records: &mut [Record], devices: usize, names: &[&str]) -> Option<(String, String)> {
     println!("\n== the same questions on the simulator");
-    let Some(library) = tests::driver_choice::simulator_path() else {
+    let Some(library) = cuda_mem_integration::driver_choice::simulator_path() else {
         println!("no simulator library (libcuda_sim.so beside this program, or CUDA_SIM_LIB): no comparison");
         return None;
     };

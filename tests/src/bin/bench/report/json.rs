@@ -1,130 +1,103 @@
-//! `results.json`: every number of the run, written by hand (the workspace has no JSON crate).
+//! `results.json`: every number of the run, as `serde_json` values.
 
-use std::fmt::Write as _;
-
-use tests::output::json_escape;
+use serde_json::{Value, json};
 
 use super::{Results, host_cpus};
-use crate::pacing::PACING_WORK_NS;
-use crate::vmm::mode_name;
+use crate::pacing::{PACING_WORK_NS, Pacing};
+use crate::sharing::{RateRow, ShareRow};
+use crate::stats::{Stats, rounded};
+use crate::vmm::{VmmMode, mode_name};
 
-/// The whole file.
+/// The whole file, indented (`Value`'s alternate display is `serde_json`'s pretty printer).
 pub(super) fn json(results: &Results) -> String {
-    let mut out = String::from("{\n");
-    let _ = writeln!(out, r#"  "driver": "{}","#, json_escape(&results.driver));
-    let _ = writeln!(out, r#"  "host_cpus": {},"#, host_cpus());
-    let _ = writeln!(out, r#"  "simulator": {},"#, results.simulator);
-    out.push_str("  \"units\": \"nanoseconds, except rates (operations per second)\",\n");
-    out.push_str("  \"pools\": [\n");
-    let rows: Vec<String> = results.pools.iter().map(|r| format!("    {}", r.json())).collect();
-    out.push_str(&rows.join(",\n"));
-    out.push_str("\n  ],\n  \"scaling\": [\n");
-    let rows: Vec<String> = results.scaling.iter().map(|r| format!("    {}", r.json())).collect();
-    out.push_str(&rows.join(",\n"));
-    out.push_str("\n  ],\n");
-    if let Some(p) = &results.pacing {
-        let _ = writeln!(
-            out,
-            r#"  "pacing": {{"work_ns":{PACING_WORK_NS},"raw_per_pair":{},"raw_with_work_per_pair":{},"hidden_ns":{:.1}}},"#,
-            p.raw.json(),
-            p.raw_with_work.json(),
-            p.hidden_ns()
-        );
-    }
-    out.push_str("  \"sharing\": [\n");
-    let rows: Vec<String> = results
-        .sharing
+    format!("{:#}\n", value(results))
+}
+
+/// The whole file as a value (`serde_json` sorts the keys); what was not measured is `null`.
+fn value(results: &Results) -> Value {
+    json!({
+        "driver": results.driver,
+        "host_cpus": host_cpus(),
+        "simulator": results.simulator,
+        "units": "nanoseconds, except rates (operations per second)",
+        "pools": results.pools.iter().map(|r| r.json()).collect::<Vec<_>>(),
+        "scaling": results.scaling.iter().map(|r| r.json()).collect::<Vec<_>>(),
+        "pacing": results.pacing.as_ref().map(pacing_json),
+        "sharing": results.sharing.iter().map(sharing_json).collect::<Vec<_>>(),
+        "sharing_resend": results.resend.as_ref().map(|r| r.json()),
+        "vmm": results.vmm.iter().map(vmm_json).collect::<Vec<_>>(),
+        "vmm_first_grow": results.first_grows.iter().map(first_grow_json).collect::<Vec<_>>(),
+        "rates": results.lookups.iter().map(rate_json).collect::<Vec<_>>(),
+        "adaptors": results.adaptors.iter().map(|r| r.json()).collect::<Vec<_>>(),
+        "copies": results.copies.iter().map(|r| r.json()).collect::<Vec<_>>(),
+        "first_call": results.first_call.as_ref().map(|(spawn, main)| {
+            json!({"spawn_to_return": spawn.json(), "main_to_return": main.json()})
+        }),
+    })
+}
+
+/// One growth of a fresh buffer (case 3), in one mode.
+fn first_grow_json((moving, stats): &(bool, Stats)) -> Value {
+    json!({"mode": mode_name(*moving), "per_grow": stats.json()})
+}
+
+/// A row of case (4).
+fn rate_json(row: &RateRow) -> Value {
+    json!({"what": row.what, "threads": row.threads, "per_second": row.rate.json()})
+}
+
+/// Case (1)'s additivity check.
+fn pacing_json(pacing: &Pacing) -> Value {
+    json!({
+        "work_ns": PACING_WORK_NS,
+        "raw_per_pair": pacing.raw.json(),
+        "raw_with_work_per_pair": pacing.raw_with_work.json(),
+        "hidden_ns": rounded(pacing.hidden_ns(), 1),
+    })
+}
+
+/// A row of case (2).
+fn sharing_json(row: &ShareRow) -> Value {
+    json!({
+        "batch": row.batch,
+        "per_buffer": {
+            "ours_parent": row.ours_parent.json(),
+            "ours_child": row.ours_child.json(),
+            "ours": row.ours.json(),
+            "raw_parent": row.raw_parent.json(),
+            "raw_child": row.raw_child.json(),
+            "raw": row.raw.json(),
+        },
+        "overhead_per_buffer": rounded(row.overhead(), 1),
+    })
+}
+
+/// One mode of case (3): its statistics, the calls of its counted steps, and every step.
+fn vmm_json(mode: &VmmMode) -> Value {
+    let n = mode.steps.len();
+    let tenth = mode.tenth();
+    let calls: Vec<Value> = mode
+        .calls
         .iter()
-        .map(|r| {
-            format!(
-                r#"    {{"batch":{},"per_buffer":{{"ours_parent":{},"ours_child":{},"ours":{},"raw_parent":{},"raw_child":{},"raw":{}}},"overhead_per_buffer":{:.1}}}"#,
-                r.batch,
-                r.ours_parent.json(),
-                r.ours_child.json(),
-                r.ours.json(),
-                r.raw_parent.json(),
-                r.raw_child.json(),
-                r.raw.json(),
-                r.overhead()
-            )
+        .map(|(chunks, calls)| {
+            let by_function: serde_json::Map<String, Value> =
+                calls.iter().filter(|c| c.1 > 0).map(|(f, c)| ((*f).to_string(), json!(c))).collect();
+            json!({
+                "chunks_before": chunks,
+                "total": calls.iter().map(|c| c.1).sum::<u32>(),
+                "by_function": by_function,
+            })
         })
         .collect();
-    out.push_str(&rows.join(",\n"));
-    out.push_str("\n  ],\n");
-    match &results.resend {
-        Some(r) => {
-            let _ = writeln!(out, r#"  "sharing_resend": {},"#, r.json());
-        }
-        None => out.push_str("  \"sharing_resend\": null,\n"),
-    }
-    out.push_str("  \"vmm\": [\n");
-    let rows: Vec<String> = results
-        .vmm
-        .iter()
-        .map(|m| {
-            let n = m.steps.len();
-            let tenth = m.tenth();
-            let sizes: Vec<String> = m.steps.iter().map(|s| s.0.to_string()).collect();
-            let times: Vec<String> = m.steps.iter().map(|s| format!("{:.0}", s.1)).collect();
-            let calls: Vec<String> = m
-                .calls
-                .iter()
-                .map(|(chunks, calls)| {
-                    let per: Vec<String> =
-                        calls.iter().filter(|c| c.1 > 0).map(|(f, c)| format!(r#""{f}":{c}"#)).collect();
-                    format!(
-                        r#"{{"chunks_before":{chunks},"total":{},"by_function":{{{}}}}}"#,
-                        calls.iter().map(|c| c.1).sum::<u32>(),
-                        per.join(",")
-                    )
-                })
-                .collect();
-            format!(
-                "    {{\"mode\":\"{}\",\"steps\":{n},\"per_step\":{},\"first_10pct\":{},\"last_10pct\":{},\"unexpected_steps\":{},\"calls\":[{}],\n     \"size_after\":[{}],\n     \"step_ns\":[{}]}}",
-                m.name(),
-                m.stats(0..n).json(),
-                m.stats(0..tenth).json(),
-                m.stats(n - tenth..n).json(),
-                m.unexpected,
-                calls.join(","),
-                sizes.join(","),
-                times.join(",")
-            )
-        })
-        .collect();
-    out.push_str(&rows.join(",\n"));
-    out.push_str("\n  ],\n  \"vmm_first_grow\": [\n");
-    let rows: Vec<String> = results
-        .first_grows
-        .iter()
-        .map(|(moving, stats)| format!(r#"    {{"mode":"{}","per_grow":{}}}"#, mode_name(*moving), stats.json()))
-        .collect();
-    out.push_str(&rows.join(",\n"));
-    out.push_str("\n  ],\n  \"rates\": [\n");
-    let rows: Vec<String> = results
-        .lookups
-        .iter()
-        .map(|r| format!(r#"    {{"what":"{}","threads":{},"per_second":{}}}"#, r.what, r.threads, r.rate.json()))
-        .collect();
-    out.push_str(&rows.join(",\n"));
-    out.push_str("\n  ],\n  \"adaptors\": [\n");
-    let rows: Vec<String> = results.adaptors.iter().map(|r| format!("    {}", r.json())).collect();
-    out.push_str(&rows.join(",\n"));
-    out.push_str("\n  ],\n  \"copies\": [\n");
-    let rows: Vec<String> = results.copies.iter().map(|r| format!("    {}", r.json())).collect();
-    out.push_str(&rows.join(",\n"));
-    out.push_str("\n  ],\n");
-    match &results.first_call {
-        Some((spawn, main)) => {
-            let _ = writeln!(
-                out,
-                r#"  "first_call": {{"spawn_to_return":{},"main_to_return":{}}}"#,
-                spawn.json(),
-                main.json()
-            );
-        }
-        None => out.push_str("  \"first_call\": null\n"),
-    }
-    out.push_str("}\n");
-    out
+    json!({
+        "mode": mode.name(),
+        "steps": n,
+        "per_step": mode.stats(0..n).json(),
+        "first_10pct": mode.stats(0..tenth).json(),
+        "last_10pct": mode.stats(n - tenth..n).json(),
+        "unexpected_steps": mode.unexpected,
+        "calls": calls,
+        "size_after": mode.steps.iter().map(|s| s.0).collect::<Vec<_>>(),
+        "step_ns": mode.steps.iter().map(|s| rounded(s.1, 0)).collect::<Vec<_>>(),
+    })
 }

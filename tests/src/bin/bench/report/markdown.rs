@@ -3,20 +3,41 @@
 use std::fmt::Write as _;
 
 use super::{Results, host_cpus};
-use crate::adaptors::ADAPTOR_PAIR_SIZE;
-use crate::pacing::PACING_WORK_NS;
+use crate::adaptors::{ADAPTOR_PAIR_SIZE, AdaptorRow, CopyRow};
+use crate::pacing::{PACING_WORK_NS, Pacing};
+use crate::pools::PoolRow;
 use crate::scaling::{PAIRS_PER_SYNC, SCALING_SIZE, ScalingRow};
-use crate::sharing::ResendRow;
+use crate::sharing::{RateRow, ResendRow, ShareRow};
 use crate::stats::Stats;
 use crate::units::{bytes, ns};
-use crate::vmm::mode_name;
+use crate::vmm::{VmmMode, mode_name};
 
-/// The whole file.
+/// The whole file: a table per case, in the order the cases run.
 pub(super) fn markdown(results: &Results) -> String {
     let mut md = String::new();
     let _ = writeln!(md, "# cuda-mem benchmarks\n\ndriver: {}\n\nhost: {} CPUs\n", results.driver, host_cpus());
     md.push_str("Times are medians with p10–p90 in brackets.\n\n");
+    pools(&mut md, &results.pools);
+    if let Some(pacing) = &results.pacing {
+        additivity(&mut md, pacing);
+    }
+    scaling(&mut md, &results.scaling);
+    sharing(&mut md, &results.sharing);
+    if let Some(r) = &results.resend {
+        resend(&mut md, r);
+    }
+    vmm(&mut md, &results.vmm);
+    vmm_calls(&mut md, &results.vmm);
+    first_grows(&mut md, &results.first_grows);
+    lookups(&mut md, &results.lookups);
+    first_call(&mut md, results.first_call.as_ref());
+    adaptors(&mut md, &results.adaptors);
+    copies(&mut md, &results.copies);
+    md
+}
 
+/// Case (1)'s table, and a note where some rows have more threads than the host has CPUs.
+fn pools(md: &mut String, rows: &[PoolRow]) {
     md.push_str("## 1. Pool allocate+free pairs (one stream per thread)\n\n");
     md.push_str(
         "Safe: `allocate` (a `Buffer`, which holds shares of its pool and stream). Scoped: `allocate_scoped` (a \
@@ -26,7 +47,7 @@ pub(super) fn markdown(results: &Results) -> String {
          | size | threads | safe API per pair | scoped per pair | raw cuda-mem-sys per pair | raw + check per pair | \
          safe/raw | scoped/raw | safe/(raw + check) |\n|---|---|---|---|---|---|---|---|---|\n",
     );
-    for r in &results.pools {
+    for r in rows {
         let _ = writeln!(
             md,
             "| {} | {} | {} | {} | {} | {} | {:.2}× | {:.2}× | {:.2}× |",
@@ -41,8 +62,7 @@ pub(super) fn markdown(results: &Results) -> String {
             r.ratio_checked()
         );
     }
-
-    if let Some(threads) = results.pools.iter().map(|r| r.threads).filter(|&t| t > host_cpus()).max() {
+    if let Some(threads) = rows.iter().map(|r| r.threads).filter(|&t| t > host_cpus()).max() {
         let _ = writeln!(
             md,
             "\nThis host has {} CPUs: on {threads} threads the threads take turns, so those rows measure the \
@@ -50,29 +70,51 @@ pub(super) fn markdown(results: &Results) -> String {
             host_cpus()
         );
     }
+}
 
-    if let Some(p) = &results.pacing {
-        let _ = writeln!(
-            md,
-            "\nAdditivity check: a raw 256 B pair takes {}; with {PACING_WORK_NS} ns of the caller's own work after \
-             each, the work's own time taken off, {}: {:.0} ns less than alone, where a driver whose cost does not \
-             depend on its caller's pace would show about 0. Caller work of up to about {:.0} ns per pair, an API's \
-             overhead included, can hide in the driver's time here, so safe minus raw understates it by up to that \
-             much.",
-            p.raw.show(),
-            p.raw_with_work.show(),
-            p.hidden_ns(),
-            p.hidden_ns().clamp(0.0, PACING_WORK_NS as f64)
-        );
-    }
-    scaling(&mut md, &results.scaling);
+/// Case (1)'s additivity check, under its table: caller work that hides in the driver's time
+/// hides overheads as small; work that slows the pairs down hides none.
+fn additivity(md: &mut String, p: &Pacing) {
+    let hidden = p.hidden_ns();
+    let (difference, meaning) = if hidden >= 0.5 {
+        (
+            format!("{hidden:.0} ns less than alone"),
+            format!(
+                "Caller work of up to about {:.0} ns per pair, an API's overhead included, can hide in the driver's \
+                 time here, so safe minus raw understates it by up to that much.",
+                hidden.min(PACING_WORK_NS as f64)
+            ),
+        )
+    } else if hidden <= -0.5 {
+        (
+            format!("{:.0} ns more than alone", -hidden),
+            format!(
+                "None of the caller's work hid in the driver's time: safe minus raw does not understate an \
+                 overhead here, and may include up to about {:.0} ns of the driver slowed by its caller's work.",
+                -hidden
+            ),
+        )
+    } else {
+        ("as long as alone".to_string(), "Overheads add to the raw time in full here.".to_string())
+    };
+    let _ = writeln!(
+        md,
+        "\nAdditivity check: a raw 256 B pair takes {}; with {PACING_WORK_NS} ns of the caller's own work after \
+         each, the work's own time taken off, {}: {difference}, where a driver whose cost does not depend on its \
+         caller's pace would take about as long. {meaning}",
+        p.raw.show(),
+        p.raw_with_work.show(),
+    );
+}
 
+/// Case (2)'s table.
+fn sharing(md: &mut String, rows: &[ShareRow]) {
     md.push_str("\n## 2. Sharing with a child process, per buffer\n\n");
     md.push_str(
         "| batch | ours: parent (export+encode+send) | ours: child (recv+decode+import) | ours total | raw: parent | \
          raw: child | raw total | our cost beyond the raw calls |\n|---|---|---|---|---|---|---|---|\n",
     );
-    for r in &results.sharing {
+    for r in rows {
         let _ = writeln!(
             md,
             "| {} | {} | {} | {} | {} | {} | {} | {} |",
@@ -86,15 +128,15 @@ pub(super) fn markdown(results: &Results) -> String {
             ns(r.overhead())
         );
     }
-    if let Some(r) = &results.resend {
-        resend(&mut md, r);
-    }
+}
 
+/// Case (3)'s table: each mode's steps.
+fn vmm(md: &mut String, modes: &[VmmMode]) {
     md.push_str("\n## 3. VMM growth, 2 MiB to 1 GiB in 2 MiB steps\n\n");
     md.push_str(
         "| mode | steps | per step | first 10% | last 10% | steps not in their mode |\n|---|---|---|---|---|---|\n",
     );
-    for m in &results.vmm {
+    for m in modes {
         let n = m.steps.len();
         let tenth = m.tenth();
         let _ = writeln!(
@@ -107,49 +149,58 @@ pub(super) fn markdown(results: &Results) -> String {
             m.unexpected
         );
     }
-    if results.vmm.iter().any(|m| !m.calls.is_empty()) {
-        md.push_str("\nDriver calls per step (counted on the simulator), by the chunks the buffer had before it:\n\n");
-        md.push_str("| mode | chunks before | calls | by function |\n|---|---|---|---|\n");
-        for m in &results.vmm {
-            for (chunks, calls) in &m.calls {
-                let per: Vec<String> = calls.iter().filter(|c| c.1 > 0).map(|(f, c)| format!("{f} {c}")).collect();
-                let total: u32 = calls.iter().map(|c| c.1).sum();
-                let _ = writeln!(md, "| {} | {chunks} | {total} | {} |", m.name(), per.join(", "));
-            }
-        }
-    } else {
+}
+
+/// Case (3)'s driver calls per counted step (the simulator counts them).
+fn vmm_calls(md: &mut String, modes: &[VmmMode]) {
+    if modes.iter().all(|m| m.calls.is_empty()) {
         md.push_str("\nDriver calls per step are counted on the simulator only.\n");
+        return;
     }
-
-    if !results.first_grows.is_empty() {
-        md.push_str("\nOne growth of a fresh buffer from 2 MiB to 4 MiB (the grow and dropping the old buffer):\n\n");
-        md.push_str("| mode | per growth |\n|---|---|\n");
-        for (moving, stats) in &results.first_grows {
-            let _ = writeln!(md, "| {} | {} |", mode_name(*moving), stats.show());
+    md.push_str("\nDriver calls per step (counted on the simulator), by the chunks the buffer had before it:\n\n");
+    md.push_str("| mode | chunks before | calls | by function |\n|---|---|---|---|\n");
+    for m in modes {
+        for (chunks, calls) in &m.calls {
+            let per: Vec<String> = calls.iter().filter(|c| c.1 > 0).map(|(f, c)| format!("{f} {c}")).collect();
+            let total: u32 = calls.iter().map(|c| c.1).sum();
+            let _ = writeln!(md, "| {} | {chunks} | {total} | {} |", m.name(), per.join(", "));
         }
     }
+}
 
+/// Case (3)'s one growth of a fresh buffer, per mode.
+fn first_grows(md: &mut String, rows: &[(bool, Stats)]) {
+    if rows.is_empty() {
+        return;
+    }
+    md.push_str("\nOne growth of a fresh buffer from 2 MiB to 4 MiB (the grow and dropping the old buffer):\n\n");
+    md.push_str("| mode | per growth |\n|---|---|\n");
+    for (moving, stats) in rows {
+        let _ = writeln!(md, "| {} | {} |", mode_name(*moving), stats.show());
+    }
+}
+
+/// Case (4)'s table.
+fn lookups(md: &mut String, rows: &[RateRow]) {
     md.push_str("\n## 4. Registry lookups and duplicate-import cache hits\n\n");
     md.push_str("| operation | threads | per second (all threads) |\n|---|---|---|\n");
-    for r in &results.lookups {
-        let _ = writeln!(
-            md,
-            "| {} | {} | {:.2} M ({:.2}–{:.2} M) |",
-            r.what,
-            r.threads,
-            r.rate.median / 1e6,
-            r.rate.p10 / 1e6,
-            r.rate.p90 / 1e6
-        );
+    for r in rows {
+        let _ = writeln!(md, "| {} | {} | {} |", r.what, r.threads, millions(&r.rate));
     }
+}
 
+/// Case (5)'s table, when it was measured.
+fn first_call(md: &mut String, times: Option<&(Stats, Stats)>) {
     md.push_str("\n## 5. First driver call (lazy loading)\n\n");
-    if let Some((spawn, main)) = &results.first_call {
+    if let Some((spawn, main)) = times {
         md.push_str("| measured | time |\n|---|---|\n");
         let _ = writeln!(md, "| spawn to the child's report (parent's clock; exec included) | {} |", spawn.show());
         let _ = writeln!(md, "| child's main() to cuDriverGetVersion returned | {} |", main.show());
     }
+}
 
+/// Case (6)'s table.
+fn adaptors(md: &mut String, rows: &[AdaptorRow]) {
     md.push_str("\n## 6. Memory-resource adaptors, per allocate+free pair\n\n");
     let _ = writeln!(
         md,
@@ -158,10 +209,13 @@ pub(super) fn markdown(results: &Results) -> String {
          |---|---|---|---|",
         bytes(ADAPTOR_PAIR_SIZE)
     );
-    for r in &results.adaptors {
+    for r in rows {
         let _ = writeln!(md, "| {} | {} | {} | {:.2}× |", r.name, r.adapted.show(), r.bare.show(), r.ratio());
     }
+}
 
+/// Case (7)'s table.
+fn copies(md: &mut String, rows: &[CopyRow]) {
     md.push_str("\n## 7. Slice copies host ↔ device, per round trip (pageable memory)\n\n");
     md.push_str(
         "One copy in and one out of a device buffer, the same pageable `Vec`s each way. Safe: `copy_from_slice` + \
@@ -171,7 +225,7 @@ pub(super) fn markdown(results: &Results) -> String {
          where the raw one does once.\n\n\
          | size each way | safe | + to_vec | raw | safe/raw | to_vec/raw |\n|---|---|---|---|---|---|\n",
     );
-    for r in &results.copies {
+    for r in rows {
         let _ = writeln!(
             md,
             "| {} | {} | {} | {} | {:.2}× | {:.2}× |",
@@ -183,7 +237,11 @@ pub(super) fn markdown(results: &Results) -> String {
             r.ratio_to_vec()
         );
     }
-    md
+}
+
+/// A rate's median and spread, in millions per second.
+fn millions(rate: &Stats) -> String {
+    format!("{:.2} M ({:.2}–{:.2} M)", rate.median / 1e6, rate.p10 / 1e6, rate.p90 / 1e6)
 }
 
 /// Case (2)'s re-send row: buffers already sent, sent again, against the raw export+import.
@@ -223,16 +281,15 @@ fn scaling(md: &mut String, rows: &[ScalingRow]) {
         bytes(SCALING_SIZE),
         PAIRS = PAIRS_PER_SYNC,
     );
-    let rate = |s: &Stats| format!("{:.2} M ({:.2}–{:.2} M)", s.median / 1e6, s.p10 / 1e6, s.p90 / 1e6);
     for r in rows {
         let _ = writeln!(
             md,
             "| {}{} | {} | {} | {} | {} | {} | {} | {:.2}× | {:.2}× |",
             r.threads,
             if r.threads > cpus { " *" } else { "" },
-            rate(&r.buffer),
-            rate(&r.scoped),
-            rate(&r.raw),
+            millions(&r.buffer),
+            millions(&r.scoped),
+            millions(&r.raw),
             ns(r.per_thread_ns(&r.buffer)),
             ns(r.per_thread_ns(&r.scoped)),
             ns(r.per_thread_ns(&r.raw)),

@@ -52,7 +52,7 @@ pub(crate) struct Results {
 /// output folder,
 /// then prints the Markdown and what it wrote, with the time since `total`.
 pub(crate) fn write_all(results: &Results, total: Instant) -> Result<(), Error> {
-    let out = tests::output::output_dir("BENCH_OUT", "bench");
+    let out = cuda_mem_integration::output::output_dir("BENCH_OUT", "bench");
     std::fs::create_dir_all(&out).map_err(|e| format!("creating {}: {e}", out.display()))?;
     let markdown = markdown::markdown(results);
     write(&out.join("results.json"), &json::json(results))?;
@@ -103,11 +103,37 @@ mod report_tests {
 
     #[test]
     fn the_json_has_the_resend_with_its_raw_figure() {
-        let json = json::json(&with_resend());
-        let expected = r#"  "sharing_resend": {"batch":1024,"per_buffer":{"parent":{"median":50.0,"p10":40.0,"p90":60.0,"n":100},"child":{"median":25.0,"p10":20.0,"p90":30.0,"n":100},"both":{"median":75.0,"p10":65.0,"p90":85.0,"n":100},"raw":{"median":1500.0,"p10":1400.0,"p90":1600.0,"n":100}},"ratio_to_raw":0.0500,"target_ratio":0.1},"#;
-        assert!(json.lines().any(|line| line == expected), "{json}");
+        let text = json::json(&with_resend());
+        let parsed: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+        let expected = serde_json::json!({
+            "batch": 1024,
+            "per_buffer": {
+                "parent": {"median": 50.0, "p10": 40.0, "p90": 60.0, "n": 100},
+                "child": {"median": 25.0, "p10": 20.0, "p90": 30.0, "n": 100},
+                "both": {"median": 75.0, "p10": 65.0, "p90": 85.0, "n": 100},
+                "raw": {"median": 1500.0, "p10": 1400.0, "p90": 1600.0, "n": 100},
+            },
+            "ratio_to_raw": 0.05,
+            "target_ratio": 0.1,
+        });
+        assert_eq!(parsed["sharing_resend"], expected, "{text}");
         let without = json::json(&Results::default());
-        assert!(without.lines().any(|line| line == r#"  "sharing_resend": null,"#), "{without}");
+        let parsed: serde_json::Value = serde_json::from_str(&without).unwrap_or_else(|e| panic!("{e}: {without}"));
+        assert_eq!(parsed["sharing_resend"], serde_json::Value::Null, "{without}");
+    }
+
+    #[test]
+    fn the_json_rounds_to_a_tenth_and_writes_what_is_not_a_number_as_null() {
+        let mut results = with_resend();
+        if let Some(r) = &mut results.resend {
+            r.parent = stats(50.04, f64::NAN, 60.06);
+        }
+        let text = json::json(&results);
+        let parsed: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+        let parent = &parsed["sharing_resend"]["per_buffer"]["parent"];
+        assert_eq!(parent["median"], 50.0, "{text}");
+        assert_eq!(parent["p10"], serde_json::Value::Null, "{text}");
+        assert_eq!(parent["p90"], 60.1, "{text}");
     }
 
     #[test]
@@ -123,5 +149,20 @@ mod report_tests {
         let md = markdown::markdown(&missed);
         assert!(md.contains("| 0.200× | missed |"), "{md}");
         assert!(!markdown::markdown(&Results::default()).contains("Re-send"));
+    }
+
+    #[test]
+    fn the_additivity_check_reads_a_negative_difference_as_slower_pairs() {
+        let paced = |alone: f64, with_work: f64| {
+            let pacing =
+                Pacing { raw: stats(alone, alone, alone), raw_with_work: stats(with_work, with_work, with_work) };
+            markdown::markdown(&Results { pacing: Some(pacing), ..Results::default() })
+        };
+        let hid = paced(1200.0, 1080.0);
+        assert!(hid.contains(": 120 ns less than alone") && hid.contains("up to about 120 ns per pair"), "{hid}");
+        let slower = paced(1200.0, 1290.0);
+        assert!(slower.contains(": 90 ns more than alone") && slower.contains("None of the caller's work hid"));
+        assert!(!slower.contains("-90") && !slower.contains("up to about 0 ns"), "{slower}");
+        assert!(paced(1200.0, 1200.0).contains(": as long as alone"));
     }
 }
