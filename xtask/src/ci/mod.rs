@@ -16,34 +16,36 @@
 //!    a failure), against the simulator: `CUDA_MEM_DRIVER`, `CUDA_MEM_REQUIRE_GPU` and
 //!    `CUDA_SIM_LIB` are removed from its environment so that a developer's settings do not
 //!    redirect it, and `CUDA_MEM_CUDA_INCLUDE` names the header's folder when there is one
-//! 7. cuda-mem-ipc's test of a build without its `vmm` feature
-//! 8. no binary links `libcuda` (the driver is loaded at run time)
-//! 9. cuda-bindings (the layer under cuda.core) on the simulator, from a private virtual
-//!    environment (skipped, saying why, without Python or PyPI)
-//! 10. cuda.core sharing pools and buffers with Rust processes on the simulator, both ways, and
+//! 7. the numbered examples the crate docs point to ([`EXAMPLES`]), each run on the simulator
+//!    (`cargo run -p <crate> --example <name>`)
+//! 8. cuda-mem-ipc's test of a build without its `vmm` feature
+//! 9. no binary links `libcuda` (the driver is loaded at run time)
+//! 10. cuda-bindings (the layer under cuda.core) on the simulator, from a private virtual
+//!     environment (skipped, saying why, without Python or PyPI)
+//! 11. cuda.core sharing pools and buffers with Rust processes on the simulator, both ways, and
 //!     cuda.core's DLPack, `copy_batch` and graphs on it (`cargo test` of the targets in
 //!     `python_smoke::PYTHON_TEST_TARGETS`, with `CUDA_MEM_PYTHON` naming the virtual
 //!     environment's Python, which has cuda.core; skipped, saying why, without Python or PyPI)
-//! 11. `cargo doc --workspace --all-features --no-deps` with `RUSTDOCFLAGS=-Dwarnings`
-//! 12. the README's "Platforms" table, on other targets ([`crate::platforms`]): `cargo check` of
+//! 12. `cargo doc --workspace --all-features --no-deps` with `RUSTDOCFLAGS=-Dwarnings`
+//! 13. the README's "Platforms" table, on other targets ([`crate::platforms`]): `cargo check` of
 //!     the crates that build on Windows, macOS and aarch64 Linux, and the one `compile_error!` of
 //!     each Linux-only crate elsewhere (a target whose standard library is not installed is
 //!     skipped, saying so)
-//! 13. the `cargo xtask bindgen --check` equivalent, when libclang and `cuda.h` can be had
+//! 14. the `cargo xtask bindgen --check` equivalent, when libclang and `cuda.h` can be had
 //!     (skipped, saying why, otherwise; it builds xtask again with its `bindgen` feature)
-//! 14. `cargo deny check` against `deny.toml` (licences, duplicate versions, sources,
+//! 15. `cargo deny check` against `deny.toml` (licences, duplicate versions, sources,
 //!     advisories) where cargo-deny is installed; advisories are skipped, saying so, where the
 //!     RustSec database cannot be fetched
-//! 15. `cargo publish --dry-run` of every published crate, each packaged and its package built as
+//! 16. `cargo publish --dry-run` of every published crate, each packaged and its package built as
 //!     a user would get it (about 45 s warm on two cores); where it fails, `cargo package
 //!     --offline` of the same crates (which builds them too, from the local cache): if that
 //!     passes, only the registry failed, and the step passes saying so with the cause
-//! 16. the declared `rust-version` (MSRV): `cargo +<rust-version> check --workspace --all-targets
+//! 17. the declared `rust-version` (MSRV): `cargo +<rust-version> check --workspace --all-targets
 //!     --all-features` when rustup has that toolchain (about 2 min the first time, seconds after;
 //!     `rustup toolchain install <rust-version> --profile minimal` gets it), otherwise skipped,
 //!     saying so: clippy's `incompatible_msrv` lint (on by default, denied by step 3's `-D
 //!     warnings`) still refuses standard-library items newer than the manifests' `rust-version`
-//! 17. the lowest versions the manifests allow: `cargo +nightly update -Z
+//! 18. the lowest versions the manifests allow: `cargo +nightly update -Z
 //!     direct-minimal-versions` in a copy of the workspace, then `cargo check` of it (skipped,
 //!     saying so, without a nightly toolchain)
 //!
@@ -89,6 +91,7 @@ const STEPS: &[(&str, Step)] = &[
     ("build cuda-sim", build_simulator),
     ("fetch cuda.h", fetch_header),
     ("test", test),
+    ("examples", run_examples),
     ("cuda-mem-ipc without features", ipc_without_features),
     ("no libcuda link", |ci| linking::no_libcuda_link(ci.workspace)),
     ("cuda-bindings on the simulator", cuda_bindings),
@@ -203,6 +206,29 @@ fn test(ci: &mut Ci) -> Result<Outcome, String> {
     Ok(Outcome::PassedWith(counted))
 }
 
+/// The numbered examples the crate docs point to: package, example, the features it needs.
+const EXAMPLES: &[(&str, &str, &[&str])] = &[
+    ("cuda-mem-core", "01_allocate_and_copy", &[]),
+    ("cuda-mem-core", "02_pools_and_attributes", &[]),
+    ("cuda-mem-ipc", "03_share_over_ipc", &[]),
+    ("cuda-mem-vmm", "04_grow_a_vmm_buffer", &[]),
+    ("cuda-mem-core", "05_dlpack_and_cudarc", &["dlpack", "cudarc"]),
+];
+
+/// Runs every example of [`EXAMPLES`] on the simulator: a walk-through that no longer runs is a
+/// failure, as a test's.
+fn run_examples(ci: &mut Ci) -> Result<Outcome, String> {
+    for (package, example, features) in EXAMPLES {
+        let mut command = cargo(ci.workspace);
+        command.args(["run", "-p", package, "--example", example]);
+        if !features.is_empty() {
+            command.args(["--features", &features.join(",")]);
+        }
+        run_command(on_the_simulator(&mut command)).map_err(|e| format!("example {example} of {package}: {e}"))?;
+    }
+    Ok(Outcome::PassedWith(format!("{} examples ran", EXAMPLES.len())))
+}
+
 /// `--all-features` never builds cuda-mem-ipc without `vmm`: the test that a build without it
 /// refuses virtual buffers (naming the feature) runs here.
 fn ipc_without_features(ci: &mut Ci) -> Result<Outcome, String> {
@@ -290,6 +316,25 @@ mod tests {
         for script in SHELL_SCRIPTS {
             assert!(crate::workspace_root().join(script).is_file(), "{script}");
         }
+    }
+
+    #[test]
+    fn every_numbered_example_is_run() {
+        let root = crate::workspace_root();
+        let mut found = Vec::new();
+        for package in ["cuda-mem-core", "cuda-mem-ipc", "cuda-mem-vmm"] {
+            let Ok(entries) = std::fs::read_dir(root.join(package).join("examples")) else { continue };
+            for entry in entries.flatten() {
+                let name = entry.file_name().to_string_lossy().trim_end_matches(".rs").to_string();
+                if name.starts_with(|c: char| c.is_ascii_digit()) {
+                    found.push((package, name));
+                }
+            }
+        }
+        found.sort();
+        let mut listed: Vec<(&str, String)> = EXAMPLES.iter().map(|(p, e, _)| (*p, (*e).to_string())).collect();
+        listed.sort();
+        assert_eq!(found, listed, "EXAMPLES lists every numbered example, and nothing else");
     }
 
     #[test]
