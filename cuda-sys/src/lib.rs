@@ -108,12 +108,6 @@ pub mod error_table {
 /// (1000 × major + 10 × minor).
 pub const HEADER_VERSION: i32 = types::CUDA_VERSION as i32;
 
-/// Items the generated code refers to; not part of the public API.
-#[doc(hidden)]
-pub mod __private {
-    pub use crate::loader::Slot;
-}
-
 /// The crate's README (its crates.io page), whose example the doc tests compile.
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]

@@ -121,7 +121,10 @@ type GetProcAddress = unsafe extern "C" fn(
 ///
 /// Its methods named after driver functions (`cuInit`, `cuMemAlloc_v2`, …) return that function's
 /// pointer, resolved on first use; calling it is `unsafe` and is the caller's business. Function
-/// pointers stay valid as long as the `Driver` lives (forever, for the one [`driver()`] returns).
+/// pointers stay valid as long as the `Driver` lives (forever, for the one [`driver()`] returns):
+/// calling one after its `Driver` is dropped is undefined behaviour, which every `unsafe` call
+/// site must rule out. A function the driver lacks is a [`LoadError`] naming it, at the first
+/// call of its method (the outcome is cached).
 pub struct Driver {
     library: libloading::Library,
     path: PathBuf,
@@ -205,7 +208,7 @@ impl Driver {
             get_proc_address,
             older_entries: Box::default(),
             version: OnceLock::new(),
-            entries: Box::new(Entries::new()),
+            entries: Box::default(),
             newer: crate::newer::NewerEntries::default(),
         })
     }
@@ -298,6 +301,21 @@ impl Driver {
         // SAFETY: on success the driver returned a NUL-terminated string that lives as long as
         // the library, which outlives this call; it is copied at once.
         Some(unsafe { CStr::from_ptr(text) }.to_string_lossy().into_owned())
+    }
+
+    /// The entry point `spec` names, resolved on first use and cached in `slot`, as the function
+    /// pointer type `F`: what every accessor (generated, and the older variants') returns.
+    ///
+    /// # Safety
+    /// `F` is the `unsafe extern "C" fn` type that `cuda.h` (for an older variant,
+    /// `cudaTypedefs.h`'s `PFN_…`) declares for `spec.symbol` at `spec`'s ABI version.
+    #[inline]
+    pub(crate) unsafe fn entry<F: Copy>(&self, slot: &Slot, spec: &SymbolInfo) -> Result<F, LoadError> {
+        const { assert!(size_of::<F>() == size_of::<*const c_void>(), "F must be a function pointer") };
+        let address = self.resolve(slot, spec)?;
+        // SAFETY: `address` is the driver's entry point for `spec` (a function's address), and the
+        // caller vouches that `F` is that function's signature.
+        Ok(unsafe { std::mem::transmute_copy::<*const c_void, F>(&address) })
     }
 
     /// Resolves one entry point, caching the outcome in `slot`. After the first call this is
@@ -414,63 +432,6 @@ fn lookup(library: &libloading::Library, name: &CStr) -> Option<*const c_void> {
     let symbol = unsafe { library.get::<*const c_void>(name) }.ok()?;
     let address = *symbol;
     (!address.is_null()).then_some(address)
-}
-
-/// Generates, from the `functions.rs` table, the per-symbol cache and one accessor method per
-/// driver function.
-#[macro_export]
-#[doc(hidden)]
-macro_rules! driver_functions {
-    ($(
-        $(#[$doc:meta])*
-        fn $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) -> $ret:ty = ($symbol:literal, $base:literal, $version:expr, $per_thread:expr);
-    )*) => {
-        /// Every driver function `cuda.h` declares, in header order.
-        pub static SYMBOLS: &[$crate::SymbolInfo] = &[
-            $( $crate::SymbolInfo { symbol: $symbol, base: $base, version: $version, per_thread: $per_thread }, )*
-        ];
-
-        /// One cache slot per driver function.
-        #[allow(non_snake_case)]
-        pub(crate) struct Entries { $( $name: $crate::__private::Slot, )* }
-
-        impl Entries {
-            pub(crate) fn new() -> Self {
-                Entries { $( $name: $crate::__private::Slot::new(), )* }
-            }
-        }
-
-        #[allow(non_snake_case, clippy::type_complexity, clippy::too_many_arguments)]
-        impl $crate::Driver {
-            $(
-                $(#[$doc])*
-                ///
-                /// **Loader:** returns the entry point, resolved on first use. The pointer is valid
-                /// while this `Driver` lives (for the process-wide one, [`driver()`](crate::driver),
-                /// until the process ends): calling it after the `Driver` is dropped is undefined
-                /// behaviour, which every `unsafe` call site must rule out.
-                ///
-                /// # Errors
-                /// A [`LoadError`](crate::LoadError) naming the symbol when the driver lacks it.
-                #[inline]
-                pub fn $name(&self) -> Result<unsafe extern "C" fn($($arg: $ty),*) -> $ret, $crate::LoadError> {
-                    static SPEC: $crate::SymbolInfo = $crate::SymbolInfo {
-                        symbol: $symbol,
-                        base: $base,
-                        version: $version,
-                        per_thread: $per_thread,
-                    };
-                    let address = self.resolve(&self.entries.$name, &SPEC)?;
-                    // SAFETY: `address` is the driver's entry point for exactly this symbol at the
-                    // ABI version `cuda.h` declares, and this is the signature `cuda.h` declares
-                    // for it (both generated from the same header).
-                    Ok(unsafe {
-                        ::std::mem::transmute::<*const ::std::ffi::c_void, unsafe extern "C" fn($($ty),*) -> $ret>(address)
-                    })
-                }
-            )*
-        }
-    };
 }
 
 /// The generated accessors, one per driver function of `cuda.h`.

@@ -5,8 +5,6 @@
 //! `dlsym`), so a driver older than the version gets a [`LoadError`] naming the symbol. The types
 //! they take are already in [`crate::types`]: only the function is new.
 
-use std::ffi::c_void;
-
 use crate::error::LoadError;
 use crate::loader::{Driver, Slot, SymbolInfo};
 use crate::types::{CUdeviceptr, CUmemcpyAttributes, CUresult, CUstream};
@@ -54,10 +52,8 @@ impl Driver {
     /// 13.2).
     #[inline]
     pub fn cuMemcpyWithAttributesAsync(&self) -> Result<MemcpyWithAttributesAsync, LoadError> {
-        static SPEC: SymbolInfo = MEMCPY_WITH_ATTRIBUTES;
-        let address = self.resolve(&self.newer.memcpy_with_attributes, &SPEC)?;
-        // SAFETY: `address` is the driver's entry point for exactly this symbol at the ABI version
-        // CUDA 13.2 introduced it with, whose C signature is `MemcpyWithAttributesAsync`.
-        Ok(unsafe { std::mem::transmute::<*const c_void, MemcpyWithAttributesAsync>(address) })
+        // SAFETY: the symbol's C signature at the ABI version CUDA 13.2 introduced it with is
+        // `MemcpyWithAttributesAsync`.
+        unsafe { self.entry(&self.newer.memcpy_with_attributes, &MEMCPY_WITH_ATTRIBUTES) }
     }
 }

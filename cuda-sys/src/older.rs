@@ -6,8 +6,6 @@
 //! version)`, which a newer driver answers with exactly this variant, then `dlsym` of their
 //! unversioned name.
 
-use std::ffi::c_void;
-
 use crate::error::LoadError;
 use crate::loader::{Driver, Slot, SymbolInfo};
 use crate::types::{CUdevice, CUdeviceptr, CUevent, CUmem_advise, CUresult, CUstream, CUuuid};
@@ -54,54 +52,52 @@ pub type MemAdviseV1 =
 pub type MemPrefetchAsyncV1 =
     unsafe extern "C" fn(dev_ptr: CUdeviceptr, count: usize, dst_device: CUdevice, stream: CUstream) -> CUresult;
 
-/// Declares the accessor of one older variant: its cache slot in [`OlderEntries`], its
-/// [`SymbolInfo`] and its signature.
-macro_rules! older_entry {
-    ($(#[$doc:meta])* $name:ident: $signature:ty = $spec:expr, $slot:ident) => {
-        $(#[$doc])*
-        ///
-        /// **Loader:** returns the entry point, resolved on first use, valid while this `Driver`
-        /// lives.
-        ///
-        /// # Errors
-        /// A [`LoadError`] naming the symbol when the driver lacks it.
-        #[inline]
-        pub fn $name(&self) -> Result<$signature, LoadError> {
-            static SPEC: SymbolInfo = $spec;
-            let address = self.resolve(&self.older_entries.$slot, &SPEC)?;
-            // SAFETY: `address` is the driver's entry point for the symbol at the ABI version
-            // `SPEC` names, whose C signature (`cudaTypedefs.h`'s `PFN_…` of that version) is
-            // the one transmuted to.
-            Ok(unsafe { std::mem::transmute::<*const c_void, $signature>(address) })
-        }
-    };
-}
-
 #[allow(non_snake_case)]
 impl Driver {
-    older_entry! {
-        /// `cuEventElapsedTime(ms, start, end)` as CUDA 2.0 defined it, for drivers older than
-        /// 12.8 (whose `cuEventElapsedTime_v2` takes the same arguments).
-        cuEventElapsedTime_v1: EventElapsedTime = EVENT_ELAPSED_TIME_V1, event_elapsed_time
+    /// `cuEventElapsedTime(ms, start, end)` as CUDA 2.0 defined it, for drivers older than
+    /// 12.8 (whose `cuEventElapsedTime_v2` takes the same arguments).
+    ///
+    /// The entry point, resolved on first use; a [`LoadError`] naming the symbol where the
+    /// driver lacks it.
+    #[inline]
+    pub fn cuEventElapsedTime_v1(&self) -> Result<EventElapsedTime, LoadError> {
+        // SAFETY: `EventElapsedTime` is `PFN_cuEventElapsedTime_v2000`, the version the spec names.
+        unsafe { self.entry(&self.older_entries.event_elapsed_time, &EVENT_ELAPSED_TIME_V1) }
     }
 
-    older_entry! {
-        /// `cuMemAdvise(devPtr, count, advice, device)` as CUDA 8.0 defined it, for drivers older
-        /// than 12.2: `device` is a device ordinal or `CU_DEVICE_CPU` (-1) for the host.
-        cuMemAdvise_v1: MemAdviseV1 = MEM_ADVISE_V1, mem_advise
+    /// `cuMemAdvise(devPtr, count, advice, device)` as CUDA 8.0 defined it, for drivers older
+    /// than 12.2: `device` is a device ordinal or `CU_DEVICE_CPU` (-1) for the host.
+    ///
+    /// The entry point, resolved on first use; a [`LoadError`] naming the symbol where the
+    /// driver lacks it.
+    #[inline]
+    pub fn cuMemAdvise_v1(&self) -> Result<MemAdviseV1, LoadError> {
+        // SAFETY: `MemAdviseV1` is `PFN_cuMemAdvise_v8000`, the version the spec names.
+        unsafe { self.entry(&self.older_entries.mem_advise, &MEM_ADVISE_V1) }
     }
 
-    older_entry! {
-        /// `cuMemPrefetchAsync(devPtr, count, dstDevice, hStream)` as CUDA 8.0 defined it, for
-        /// drivers older than 12.2: `dstDevice` is a device ordinal or `CU_DEVICE_CPU` (-1).
-        cuMemPrefetchAsync_v1: MemPrefetchAsyncV1 = MEM_PREFETCH_ASYNC_V1, mem_prefetch_async
+    /// `cuMemPrefetchAsync(devPtr, count, dstDevice, hStream)` as CUDA 8.0 defined it, for
+    /// drivers older than 12.2: `dstDevice` is a device ordinal or `CU_DEVICE_CPU` (-1).
+    ///
+    /// The entry point, resolved on first use; a [`LoadError`] naming the symbol where the
+    /// driver lacks it.
+    #[inline]
+    pub fn cuMemPrefetchAsync_v1(&self) -> Result<MemPrefetchAsyncV1, LoadError> {
+        // SAFETY: `MemPrefetchAsyncV1` is `PFN_cuMemPrefetchAsync_v8000`, the version the spec
+        // names.
+        unsafe { self.entry(&self.older_entries.mem_prefetch_async, &MEM_PREFETCH_ASYNC_V1) }
     }
 
-    older_entry! {
-        /// `cuDeviceGetUuid(uuid, dev)` as CUDA 9.2 defined it, for drivers older than 11.4
-        /// (whose `cuDeviceGetUuid_v2` takes the same arguments; only `_v2` is documented to give
-        /// a MIG instance's own UUID).
-        cuDeviceGetUuid_v1: DeviceGetUuid = DEVICE_GET_UUID_V1, device_get_uuid
+    /// `cuDeviceGetUuid(uuid, dev)` as CUDA 9.2 defined it, for drivers older than 11.4
+    /// (whose `cuDeviceGetUuid_v2` takes the same arguments; only `_v2` is documented to give
+    /// a MIG instance's own UUID).
+    ///
+    /// The entry point, resolved on first use; a [`LoadError`] naming the symbol where the
+    /// driver lacks it.
+    #[inline]
+    pub fn cuDeviceGetUuid_v1(&self) -> Result<DeviceGetUuid, LoadError> {
+        // SAFETY: `DeviceGetUuid` is `PFN_cuDeviceGetUuid_v9020`, the version the spec names.
+        unsafe { self.entry(&self.older_entries.device_get_uuid, &DEVICE_GET_UUID_V1) }
     }
 }
 

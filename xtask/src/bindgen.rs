@@ -3,10 +3,11 @@
 //! Three files come out of one pass over the header:
 //! - `bindings.rs`: every type, constant and enum of `cuda.h` (enums as newtypes, so that codes
 //!   the header does not know still fit);
-//! - `functions.rs`: one `driver_functions!` entry per driver function, with the base name and
-//!   the ABI version that `cuGetProcAddress_v2` needs to return exactly the variant `cuda.h`
-//!   declares, and the per-thread-default-stream variant where there is one. The versions come
-//!   from `cudaTypedefs.h` (`PFN_<name>_v<version>`);
+//! - `functions.rs`: for every driver function, its `SymbolInfo` (the base name and the ABI
+//!   version that `cuGetProcAddress_v2` needs to return exactly the variant `cuda.h` declares,
+//!   and the per-thread-default-stream variant where there is one; the versions come from
+//!   `cudaTypedefs.h`, `PFN_<name>_v<version>`), its cache slot, and its accessor on `Driver`,
+//!   written out as code (no macro writes the public methods);
 //! - `errors.rs`: the name and a one-line description of every `CUresult` code.
 //!
 //! The files carry none of `cuda.h`'s documentation prose (NVIDIA's header has its own licence):
@@ -81,7 +82,7 @@ fn generate(include: &Path) -> Result<Vec<(&'static str, String)>, String> {
     }
 
     let mut type_items = Vec::new();
-    let mut functions = String::new();
+    let mut functions = Functions::default();
     let mut errors = Vec::new();
     for item in &legacy.items {
         match item {
@@ -108,8 +109,9 @@ fn generate(include: &Path) -> Result<Vec<(&'static str, String)>, String> {
     }
     let bindings = format!("{}{}", banner("types, constants and enums of cuda.h"), prettyplease::unparse(&bindings));
     let functions = format!(
-        "{}crate::driver_functions! {{\n{functions}}}\n",
-        banner("every driver function of cuda.h, with the ABI version cuGetProcAddress needs")
+        "{}{}",
+        banner("every driver function of cuda.h, with the ABI version cuGetProcAddress needs"),
+        functions.render()
     );
     let mut errors_text = banner("the name and description of every CUresult code");
     errors_text.push_str(
@@ -241,8 +243,45 @@ fn split_variant<'a>(name: &'a str, versions: &Versions) -> (&'a str, usize) {
     (name, 1)
 }
 
+/// The three parts of `functions.rs`, one entry per driver function in header order.
+#[derive(Default)]
+struct Functions {
+    /// `specs`' constants: each function's `SymbolInfo`.
+    specs: String,
+    /// The names, for `SYMBOLS` and the cache slots.
+    names: Vec<String>,
+    /// The accessors on `Driver`.
+    methods: String,
+}
+
+impl Functions {
+    /// The file's text: the specs, `SYMBOLS`, the cache slots and the accessors.
+    fn render(&self) -> String {
+        let mut out = String::from(
+            "use crate::LoadError;\nuse crate::loader::{Driver, Slot, SymbolInfo};\n\n\
+             /// Each driver function's symbol, base name and ABI versions.\n\
+             #[allow(non_upper_case_globals)]\nmod specs {\n    use crate::loader::SymbolInfo;\n\n",
+        );
+        out.push_str(&self.specs);
+        out.push_str("}\n\n/// Every driver function `cuda.h` declares, in header order.\npub static SYMBOLS: &[SymbolInfo] = &[\n");
+        for name in &self.names {
+            let _ = writeln!(out, "    specs::{name},");
+        }
+        out.push_str("];\n\n/// One cache slot per driver function.\n#[allow(non_snake_case)]\n#[derive(Default)]\npub(crate) struct Entries {\n");
+        for name in &self.names {
+            let _ = writeln!(out, "    {name}: Slot,");
+        }
+        out.push_str(
+            "}\n\n#[allow(non_snake_case, clippy::type_complexity, clippy::too_many_arguments)]\nimpl Driver {\n",
+        );
+        out.push_str(&self.methods);
+        out.push_str("}\n");
+        out
+    }
+}
+
 fn write_function(
-    out: &mut String,
+    out: &mut Functions,
     f: &syn::ForeignItemFn,
     versions: &Versions,
     per_thread_names: &BTreeMap<String, String>,
@@ -258,9 +297,20 @@ fn write_function(
         let index = (variant - 1).checked_sub(legacy.len().saturating_sub(per_thread.len()))?;
         per_thread.get(index).map(|v| (pt_name.clone(), *v))
     });
+    let version = version.map_or("None".to_string(), |v| format!("Some({v})"));
+    let per_thread = per_thread_entry.map_or("None".to_string(), |(n, v)| format!("Some((c\"{n}\", {v}))"));
+    let _ = writeln!(
+        out.specs,
+        "    pub(super) const {name}: SymbolInfo = \
+         SymbolInfo {{ symbol: c\"{name}\", base: c\"{base}\", version: {version}, per_thread: {per_thread} }};"
+    );
+    out.names.push(name.clone());
+    write_method(&mut out.methods, f, &name, index);
+}
 
-    let (written, group) = index.function(&name).map_or((name.as_str(), None), |(w, g)| (w, Some(g)));
-    let _ = writeln!(out, "    /// {}", doxygen::link(written, group));
+/// The accessor of one driver function: its entry point, resolved on first use.
+fn write_method(out: &mut String, f: &syn::ForeignItemFn, name: &str, index: &Index) {
+    let (written, group) = index.function(name).map_or((name, None), |(w, g)| (w, Some(g)));
     let args: Vec<String> = f
         .sig
         .inputs
@@ -274,11 +324,15 @@ fn write_function(
         syn::ReturnType::Default => "()".to_string(),
         syn::ReturnType::Type(_, ty) => tidy(ty),
     };
-    let version = version.map_or("None".to_string(), |v| format!("Some({v})"));
-    let per_thread = per_thread_entry.map_or("None".to_string(), |(n, v)| format!("Some((c\"{n}\", {v}))"));
     let _ = writeln!(
         out,
-        "    fn {name}({}) -> {ret} = (c\"{name}\", c\"{base}\", {version}, {per_thread});",
+        "    /// {}\n    ///\n    /// The entry point, resolved on first use (see [`Driver`]); a [`LoadError`] naming the symbol\n    \
+         /// where the driver lacks it.\n    #[inline]\n    \
+         pub fn {name}(&self) -> Result<unsafe extern \"C\" fn({}) -> {ret}, LoadError> {{\n        \
+         // SAFETY: the signature is `cuda.h`'s for the symbol at the ABI version `specs` names\n        \
+         // (both generated from the header).\n        \
+         unsafe {{ self.entry(&self.entries.{name}, &specs::{name}) }}\n    }}\n",
+        doxygen::link(written, group),
         args.join(", ")
     );
 }
