@@ -99,21 +99,25 @@ fn host_memory_with_an_exportable_handle_type_is_refused() {
 
 #[test]
 fn locations_memory_cannot_be_placed_at_are_refused() {
-    let d0 = device(0);
-    let mut refused_at = vec![Location::HostNumaCurrent];
-    refused_at.extend(try_device(1).map(Location::Device));
-    for location in refused_at {
-        let error = refused(VirtualMemoryResourceOptions::default().location(location));
-        assert!(
-            matches!(error, VmmError::InvalidOptions(InvalidOptions::Location { location: l, device }) if l == location && device == d0),
-            "{error:?}"
-        );
-        assert_mentions(&error.to_string(), &[&location.to_string(), "device 0", "Location::HostNuma(node)"]);
-    }
-    // Its own device, named, is the default's place.
-    let named =
-        VirtualMemoryResource::new(d0, VirtualMemoryResourceOptions::default().location(Location::Device(d0))).unwrap();
-    assert_eq!(named.location(), Location::Device(d0));
+    // Two devices: the second's memory is its own resource's.
+    machine!(&[("CUDA_SIM_DEVICES", "2")], || {
+        let d0 = device(0);
+        let mut refused_at = vec![Location::HostNumaCurrent];
+        refused_at.extend(try_device(1).map(Location::Device));
+        d0.set_current().unwrap();
+        for location in refused_at {
+            let error = refused(VirtualMemoryResourceOptions::default().location(location));
+            assert!(
+                matches!(error, VmmError::InvalidOptions(InvalidOptions::Location { location: l, device }) if l == location && device == d0),
+                "{error:?}"
+            );
+            assert_mentions(&error.to_string(), &[&location.to_string(), "device 0", "Location::HostNuma(node)"]);
+        }
+        // Its own device, named, is the default's place.
+        let named =
+            VirtualMemoryResource::new(d0, VirtualMemoryResourceOptions::default().location(Location::Device(d0)));
+        assert_eq!(named.unwrap().location(), Location::Device(d0));
+    });
 }
 
 #[test]
