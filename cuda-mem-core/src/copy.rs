@@ -396,12 +396,15 @@ fn plain_copies(d: &Driver, copies: &[BatchCopy<'_>], stream: CUstream) -> Resul
 /// cuda.core does, unless an option reads its source during the call (see [`CopyOptions`]).
 ///
 /// # Errors
-/// Before any driver call: [`Error::EmptyBatch`] for no copies; [`CopyError::OptionsLengthMismatch`],
-/// [`CopyError::SelfOverlap`] (a copy that reads what it writes, which views made with
-/// `unsafe` can express), [`CopyError::Overlap`], [`CopyError::LegacyStream`] and
-/// [`CopyError::Capturing`] inside [`Error::Copy`]; [`Error::DriverTooOld`] ([`DriverCapability::CopyBatches`]) before CUDA
-/// 13.0 when an option reads its source during the call. Then a driver error (memory the stream's
-/// device cannot reach, an earlier asynchronous error).
+/// Before any driver call:
+/// - [`Error::EmptyBatch`] for no copies.
+/// - Inside [`Error::Copy`]: [`CopyError::OptionsLengthMismatch`], [`CopyError::SelfOverlap`] (a
+///   copy that reads what it writes, which views made with `unsafe` can express),
+///   [`CopyError::Overlap`], [`CopyError::LegacyStream`] and [`CopyError::Capturing`].
+/// - [`Error::DriverTooOld`] ([`DriverCapability::CopyBatches`]) before CUDA 13.0 when an option
+///   reads its source during the call.
+///
+/// Then a driver error (memory the stream's device cannot reach, an earlier asynchronous error).
 ///
 /// # From cuda.core
 ///
@@ -595,9 +598,11 @@ impl ScopedBuffer<'_> {
     /// copy on a driver older than CUDA 13.2 (see [`CopyOptions`]).
     ///
     /// # Errors
-    /// [`Error::SizeMismatch`]; [`CopyError::LegacyStream`], [`CopyError::Capturing`], and
-    /// [`Error::DriverTooOld`] ([`DriverCapability::CopiesWithAttributes`]) before CUDA 13.2 for
-    /// [`SourceAccessOrder::DuringApiCall`], before any driver call; a driver error.
+    /// - [`Error::SizeMismatch`].
+    /// - [`CopyError::LegacyStream`], [`CopyError::Capturing`], and [`Error::DriverTooOld`]
+    ///   ([`DriverCapability::CopiesWithAttributes`]) before CUDA 13.2 for
+    ///   [`SourceAccessOrder::DuringApiCall`], before any driver call.
+    /// - A driver error.
     pub fn copy_to_with(&self, dst: &mut ScopedBuffer<'_>, stream: &Stream, options: CopyOptions) -> Result<()> {
         check_sizes(self, dst)?;
         copy_with(BatchCopy::new(self, dst)?, stream, options, "copy_to_with")

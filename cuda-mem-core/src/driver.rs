@@ -43,7 +43,8 @@ impl DriverCapability {
     /// `Ok` if the installed driver has it, else [`Error::DriverTooOld`].
     ///
     /// # Errors
-    /// [`Error::DriverTooOld`]; if the driver cannot be loaded or does not say its version.
+    /// - [`Error::DriverTooOld`].
+    /// - If the driver cannot be loaded or does not say its version.
     pub fn require(self) -> Result<()> {
         let installed = installed_version()?;
         if installed < self.needs() {

@@ -163,8 +163,9 @@ impl Event {
     /// Creates an event.
     ///
     /// # Errors
-    /// [`Error::InterprocessEventTiming`] for an interprocess event with timing (before any
-    /// driver call); a failed driver call.
+    /// - [`Error::InterprocessEventTiming`] for an interprocess event with timing (before any
+    ///   driver call).
+    /// - A failed driver call.
     pub fn new(device: Device, options: EventOptions) -> Result<Event> {
         if options.interprocess && options.timing {
             return Err(Error::InterprocessEventTiming);
@@ -222,8 +223,9 @@ impl Event {
     /// from). Send its bytes; the other process opens it with [`Event::from_ipc_handle`].
     ///
     /// # Errors
-    /// [`Error::EventNotInterprocess`] for an event created without
-    /// [`EventOptions::interprocess`] (before any driver call); a failed driver call.
+    /// - [`Error::EventNotInterprocess`] for an event created without
+    ///   [`EventOptions::interprocess`] (before any driver call).
+    /// - A failed driver call.
     #[doc(alias = "get_ipc_descriptor")]
     #[doc(alias = "ipc_descriptor")]
     #[doc(alias = "cuIpcGetEventHandle")]

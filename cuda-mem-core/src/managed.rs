@@ -127,7 +127,8 @@ impl<'a> ScopedBuffer<'a> {
     /// not report as managed, is not recognized: keep the resource's buffer instead).
     ///
     /// # Errors
-    /// [`ManagedError::NotManaged`]; a driver error from the pointer query.
+    /// - [`ManagedError::NotManaged`].
+    /// - A driver error from the pointer query.
     pub fn managed(&self) -> Result<ManagedBuffer<'_, 'a>> {
         check_managed(self, "managed")?;
         Ok(ManagedBuffer { buffer: self })
@@ -174,10 +175,12 @@ impl<'b, 'a> ManagedBuffer<'b, 'a> {
     /// driver ignores it for the read-mostly advice and for unsetting the preferred location).
     ///
     /// # Errors
-    /// [`ManagedError::AdviceLocation`] when the advice does not take the location (before any driver
-    /// call); [`Error::DriverTooOld`] before CUDA 12.2 ([`DriverCapability::ManagedLocations`])
-    /// for a host NUMA location the advice uses (devices and the host go through CUDA 8.0's
-    /// `cuMemAdvise` there); a driver error.
+    /// - [`ManagedError::AdviceLocation`] when the advice does not take the location (before any
+    ///   driver call).
+    /// - [`Error::DriverTooOld`] before CUDA 12.2 ([`DriverCapability::ManagedLocations`]) for a
+    ///   host NUMA location the advice uses (devices and the host go through CUDA 8.0's
+    ///   `cuMemAdvise` there).
+    /// - A driver error.
     #[doc(alias = "cuMemAdvise")]
     pub fn advise(&self, advice: Advice, location: Location) -> Result<()> {
         if !advice.accepts(location) {
@@ -293,7 +296,8 @@ impl<'b, 'a> ManagedBuffer<'b, 'a> {
     /// Advises that `location` (a device or the host) accesses the memory.
     ///
     /// # Errors
-    /// [`ManagedError::AdviceLocation`] for a host NUMA location; a driver error.
+    /// - [`ManagedError::AdviceLocation`] for a host NUMA location.
+    /// - A driver error.
     #[doc(alias = "accessed_by")]
     pub fn add_accessed_by(&self, location: impl Into<Location>) -> Result<()> {
         self.advise(Advice::SetAccessedBy, location.into())
@@ -330,10 +334,10 @@ impl<'b, 'a> ManagedBuffer<'b, 'a> {
     /// Prefetches the memory to `location` on `stream`.
     ///
     /// # Errors
-    /// [`Error::DriverTooOld`] before CUDA 12.2 ([`DriverCapability::ManagedLocations`]) for a
-    /// host NUMA location (devices and the host go through CUDA 8.0's `cuMemPrefetchAsync`
-    /// there), before any other driver call; a driver error (a device without concurrent
-    /// managed access, say).
+    /// - [`Error::DriverTooOld`] before CUDA 12.2 ([`DriverCapability::ManagedLocations`]) for a
+    ///   host NUMA location (devices and the host go through CUDA 8.0's `cuMemPrefetchAsync`
+    ///   there), before any other driver call.
+    /// - A driver error (a device without concurrent managed access, say).
     #[doc(alias = "cuMemPrefetchAsync")]
     pub fn prefetch(&self, location: impl Into<Location>, stream: &Stream) -> Result<()> {
         let location = location.into();
@@ -510,10 +514,11 @@ fn run_batch(
 /// location, or to one each (cuda.core's `utils.prefetch_batch`).
 ///
 /// # Errors
-/// [`Error::DriverTooOld`] before CUDA 13.0 ([`DriverCapability::BatchPrefetchDiscard`]);
-/// [`Error::EmptyBatch`], [`ManagedError::BatchLengthMismatch`] and [`ManagedError::NotManaged`], before any
-/// driver call; a driver error (the legacy default stream is refused, as are systems without
-/// concurrent managed access).
+/// - [`Error::DriverTooOld`] before CUDA 13.0 ([`DriverCapability::BatchPrefetchDiscard`]).
+/// - [`Error::EmptyBatch`], [`ManagedError::BatchLengthMismatch`] and [`ManagedError::NotManaged`],
+///   before any driver call.
+/// - A driver error (the legacy default stream is refused, as are systems without concurrent
+///   managed access).
 #[doc(alias = "cuMemPrefetchBatchAsync")]
 pub fn prefetch_batch<'x, 'y: 'x, 'l>(
     buffers: impl IntoIterator<Item = &'x ScopedBuffer<'y>>,
@@ -527,8 +532,8 @@ pub fn prefetch_batch<'x, 'y: 'x, 'l>(
 /// `utils.discard_batch`): exclusive handles, since their contents are destroyed.
 ///
 /// # Errors
-/// [`Error::DriverTooOld`] before CUDA 13.0, [`Error::EmptyBatch`], before any driver call; a
-/// driver error.
+/// - [`Error::DriverTooOld`] before CUDA 13.0, [`Error::EmptyBatch`], before any driver call.
+/// - A driver error.
 pub fn discard_batch<'x, 'b: 'x, 'y: 'b>(
     buffers: impl IntoIterator<Item = &'x mut ManagedBufferMut<'b, 'y>>,
     stream: &Stream,

@@ -135,8 +135,8 @@ impl<'a> ScopedBuffer<'a> {
     /// The buffer's bytes as a read-only view of `T`s.
     ///
     /// # Errors
-    /// [`ViewError::Size`] when the size is not a multiple of `size_of::<T>()`;
-    /// [`ViewError::Alignment`] when the address is not aligned for `T`.
+    /// - [`ViewError::Size`] when the size is not a multiple of `size_of::<T>()`.
+    /// - [`ViewError::Alignment`] when the address is not aligned for `T`.
     pub fn view<T: Pod>(&self) -> Result<DeviceView<'_, T>> {
         let len = element_count::<T>(self.ptr(), self.size())?;
         Ok(DeviceView { buffer: self, ptr: self.ptr(), len, _elements: PhantomData })
@@ -156,8 +156,9 @@ impl<'a> ScopedBuffer<'a> {
     /// [the notes on host memory](crate::DeviceView#host-memory)).
     ///
     /// # Errors
-    /// [`Error::SizeMismatch`] unless `src` has the buffer's size in bytes; as
-    /// [`view_mut`](ScopedBuffer::view_mut); a driver error.
+    /// - [`Error::SizeMismatch`] unless `src` has the buffer's size in bytes.
+    /// - As [`view_mut`](ScopedBuffer::view_mut).
+    /// - A driver error.
     pub fn copy_from_slice<T: Pod>(&mut self, src: &[T], stream: &Stream) -> Result<()> {
         check_bytes("the host source", self.size(), size_of_val(src))?;
         self.view_mut::<T>()?.copy_from_slice(src, stream)
@@ -166,8 +167,9 @@ impl<'a> ScopedBuffer<'a> {
     /// Copies the buffer into `dst` on `stream`, returning once the data is in `dst`.
     ///
     /// # Errors
-    /// [`Error::SizeMismatch`] unless `dst` has the buffer's size in bytes; as
-    /// [`view`](ScopedBuffer::view); a driver error.
+    /// - [`Error::SizeMismatch`] unless `dst` has the buffer's size in bytes.
+    /// - As [`view`](ScopedBuffer::view).
+    /// - A driver error.
     pub fn copy_to_slice<T: Pod>(&self, dst: &mut [T], stream: &Stream) -> Result<()> {
         check_bytes("the host destination", self.size(), size_of_val(dst))?;
         self.view::<T>()?.copy_to_slice(dst, stream)
@@ -176,7 +178,8 @@ impl<'a> ScopedBuffer<'a> {
     /// The buffer's contents as a `Vec<T>`, copied on `stream`.
     ///
     /// # Errors
-    /// As [`view`](ScopedBuffer::view); a driver error.
+    /// - As [`view`](ScopedBuffer::view).
+    /// - A driver error.
     pub fn to_vec<T: Pod>(&self, stream: &Stream) -> Result<Vec<T>> {
         self.view::<T>()?.to_vec(stream)
     }
@@ -227,7 +230,8 @@ impl<'b, T: Pod> DeviceView<'b, T> {
     /// the data is in `dst` (see [the notes on host memory](DeviceView#host-memory)).
     ///
     /// # Errors
-    /// [`Error::SizeMismatch`] unless `dst` has `len()` elements; a driver error.
+    /// - [`Error::SizeMismatch`] unless `dst` has `len()` elements.
+    /// - A driver error.
     pub fn copy_to_slice(&self, dst: &mut [T], stream: &Stream) -> Result<()> {
         check_bytes("the host destination", self.byte_len(), size_of_val(dst))?;
         if dst.is_empty() {
@@ -262,7 +266,8 @@ impl<'b, T: Pod> DeviceView<'b, T> {
     /// memory).
     ///
     /// # Errors
-    /// [`Error::SizeMismatch`] unless the lengths agree; a driver error.
+    /// - [`Error::SizeMismatch`] unless the lengths agree.
+    /// - A driver error.
     pub fn copy_to(&self, dst: &mut DeviceViewMut<'_, T>, stream: &Stream) -> Result<()> {
         dst.copy_from(self, stream)
     }
@@ -338,7 +343,8 @@ impl<'b, T: Pod> DeviceViewMut<'b, T> {
     /// [the notes on host memory](DeviceView#host-memory)).
     ///
     /// # Errors
-    /// [`Error::SizeMismatch`] unless `src` has `len()` elements; a driver error.
+    /// - [`Error::SizeMismatch`] unless `src` has `len()` elements.
+    /// - A driver error.
     pub fn copy_from_slice(&mut self, src: &[T], stream: &Stream) -> Result<()> {
         check_bytes("the host source", self.byte_len(), size_of_val(src))?;
         self.write_from_host(bytemuck::cast_slice(src), stream)
@@ -364,7 +370,8 @@ impl<'b, T: Pod> DeviceViewMut<'b, T> {
     /// memory). `src` may be a view of another buffer only: this one's is borrowed exclusively.
     ///
     /// # Errors
-    /// [`Error::SizeMismatch`] unless the lengths agree; a driver error.
+    /// - [`Error::SizeMismatch`] unless the lengths agree.
+    /// - A driver error.
     pub fn copy_from(&mut self, src: &DeviceView<'_, T>, stream: &Stream) -> Result<()> {
         check_bytes("the destination view", src.byte_len(), self.byte_len())?;
         if self.len == 0 {

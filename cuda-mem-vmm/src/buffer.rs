@@ -197,10 +197,11 @@ impl VirtualBuffer {
     /// for the stream would disturb the capture. Close it once the capture has ended.
     ///
     /// # Errors
-    /// [`VmmError::CapturingStream`] with the buffer given back, unchanged (also when the capture
-    /// status cannot be read, with that error); when the release itself fails the error is
-    /// returned with the buffer too, still owning its memory. A release that could not wait for
-    /// the stream is not a failure: it is deferred and recorded (see [`VmmError::ReleaseDeferred`]).
+    /// - [`VmmError::CapturingStream`] with the buffer given back, unchanged (also when the capture
+    ///   status cannot be read, with that error).
+    /// - When the release itself fails the error is returned with the buffer too, still owning its
+    ///   memory. A release that could not wait for the stream is not a failure: it is deferred and
+    ///   recorded (see [`VmmError::ReleaseDeferred`]).
     pub fn close(mut self, stream: Option<&Stream>) -> Result<(), CloseError> {
         if let Some(chosen) = stream.or(self.buffer.deallocation_stream()) {
             match chosen.is_capturing() {

@@ -55,17 +55,20 @@ impl VirtualMemoryResource {
     /// is an error here, saying what to change.
     ///
     /// # Errors
-    /// [`VmmError::Unsupported`] when the device lacks VMM, the handle type, GPUDirect RDMA with
-    /// VMM or a host NUMA node, or, for fabric handles, when this process has no IMEX channel
-    /// ([`DeviceFeature::ImexChannel`]: the driver refused the one granule made and released
-    /// here to find out); [`VmmError::InvalidOptions`] for an alignment that is not a power
-    /// of two, an exportable handle type on plain host memory, a handle type other than POSIX file
-    /// descriptors and fabric handles, a location the memory cannot be placed at (the calling thread's NUMA node, another device), or the owner listed as a peer; [`VmmError::ManagedRefused`] when the driver refuses managed memory;
-    /// [`cuda_mem_core::Error::DriverTooOld`] (inside [`VmmError::Core`]) for fabric handles before
-    /// CUDA 12.3 ([`DriverCapability::FabricHandles`]), before any driver call;
-    /// [`VmmError::SizeOverflow`] for a [`ReserveAhead::Bytes`] that cannot be rounded up to the
-    /// granularity; the driver's error when [`ReserveAhead::DeviceMemory`] cannot read the
-    /// device's memory.
+    /// - [`VmmError::Unsupported`] when the device lacks VMM, the handle type, GPUDirect RDMA with
+    ///   VMM or a host NUMA node, or, for fabric handles, when this process has no IMEX channel
+    ///   ([`DeviceFeature::ImexChannel`]: the driver refused the one granule made and released here
+    ///   to find out).
+    /// - [`VmmError::InvalidOptions`] for an alignment that is not a power of two, an exportable
+    ///   handle type on plain host memory, a handle type other than POSIX file descriptors and
+    ///   fabric handles, a location the memory cannot be placed at (the calling thread's NUMA node,
+    ///   another device), or the owner listed as a peer.
+    /// - [`VmmError::ManagedRefused`] when the driver refuses managed memory.
+    /// - [`cuda_mem_core::Error::DriverTooOld`] (inside [`VmmError::Core`]) for fabric handles
+    ///   before CUDA 12.3 ([`DriverCapability::FabricHandles`]), before any driver call.
+    /// - [`VmmError::SizeOverflow`] for a [`ReserveAhead::Bytes`] that cannot be rounded up to the
+    ///   granularity.
+    /// - The driver's error when [`ReserveAhead::DeviceMemory`] cannot read the device's memory.
     pub fn new(device: Device, options: VirtualMemoryResourceOptions) -> Result<Arc<VirtualMemoryResource>> {
         // Before any other driver call: an older driver would refuse only the handle type, later.
         if options.handle_type == Some(HandleType::Fabric) {
@@ -263,7 +266,8 @@ impl VirtualMemoryResource {
     /// stream). A zero size gives an empty buffer without any driver call.
     ///
     /// # Errors
-    /// Driver errors from any step ([`VmmError::Core`]); every step already taken is undone.
+    /// - Driver errors from any step ([`VmmError::Core`]).
+    /// - Every step already taken is undone.
     pub fn allocate(self: &Arc<Self>, size: usize, stream: &Stream) -> Result<VirtualBuffer> {
         release_deferred();
         if size == 0 {
@@ -299,7 +303,8 @@ impl VirtualMemoryResource {
     /// makes none. A failure leaves `buffer` untouched and leaks nothing.
     ///
     /// # Errors
-    /// [`VmmError::ForeignBuffer`] for a buffer of another resource; driver errors.
+    /// - [`VmmError::ForeignBuffer`] for a buffer of another resource.
+    /// - Driver errors.
     #[doc(alias = "modify_allocation")]
     pub fn grow(self: &Arc<Self>, buffer: &VirtualBuffer, new_size: usize) -> Result<VirtualBuffer> {
         if !Arc::ptr_eq(buffer.resource(), self) {

@@ -252,9 +252,10 @@ impl VirtualMemoryResource {
     /// descriptors are closed when it returns; the mapping does not need them.
     ///
     /// # Errors
-    /// [`VmmError::Descriptor`] naming the failed check; [`VmmError::ChunkImport`],
-    /// [`VmmError::ChunkLocation`] and [`VmmError::ChunkMap`] naming the chunk (a driver error
-    /// stays their source); other driver errors. Nothing stays imported or mapped on failure.
+    /// - [`VmmError::Descriptor`] naming the failed check.
+    /// - [`VmmError::ChunkImport`], [`VmmError::ChunkLocation`] and [`VmmError::ChunkMap`] naming
+    ///   the chunk (a driver error stays their source).
+    /// - Other driver errors. Nothing stays imported or mapped on failure.
     #[doc(alias = "from_ipc_descriptor")]
     pub fn import(self: &Arc<Self>, descriptor: VirtualBufferDescriptor, stream: &Stream) -> Result<VirtualBuffer> {
         // The chunks' total fits a `usize` (checked): so does each chunk, and the size within

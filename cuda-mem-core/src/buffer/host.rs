@@ -31,11 +31,11 @@ impl<'a> ScopedBuffer<'a> {
     /// finished. Only for host-accessible buffers of memory that nothing else writes.
     ///
     /// # Errors
-    /// [`Error::NotHostAccessible`] for device-only memory; [`Error::WritableElsewhere`] for memory
-    /// other processes may write (a buffer of an IPC-enabled pool: read it with
-    /// [`copy_to_slice`](ScopedBuffer::copy_to_slice), or see
-    /// [`host_slice_assume_exclusive`](ScopedBuffer::host_slice_assume_exclusive)); a driver error
-    /// from synchronizing.
+    /// - [`Error::NotHostAccessible`] for device-only memory.
+    /// - [`Error::WritableElsewhere`] for memory other processes may write (a buffer of an
+    ///   IPC-enabled pool: read it with [`copy_to_slice`](ScopedBuffer::copy_to_slice), or see
+    ///   [`host_slice_assume_exclusive`](ScopedBuffer::host_slice_assume_exclusive)).
+    /// - A driver error from synchronizing.
     pub fn host_slice(&self) -> Result<&[u8]> {
         self.refuse_if_written_elsewhere()?;
         // SAFETY: nothing but this process's buffers writes the memory (checked above).
@@ -62,10 +62,11 @@ impl<'a> ScopedBuffer<'a> {
     /// any other mapping of it), writes these bytes while the returned slice lives.
     ///
     /// # Errors
-    /// [`Error::NotHostAccessible`] for device-only memory; [`ManagedError::HostAccessNotConcurrent`](crate::ManagedError::HostAccessNotConcurrent)
-    /// for managed memory where a device lacks concurrent managed access (see
-    /// [`host_slice_devices_idle`](ScopedBuffer::host_slice_devices_idle)); a driver error from
-    /// synchronizing.
+    /// - [`Error::NotHostAccessible`] for device-only memory.
+    /// - [`ManagedError::HostAccessNotConcurrent`](crate::ManagedError::HostAccessNotConcurrent)
+    ///   for managed memory where a device lacks concurrent managed access (see
+    ///   [`host_slice_devices_idle`](ScopedBuffer::host_slice_devices_idle)).
+    /// - A driver error from synchronizing.
     pub unsafe fn host_slice_assume_exclusive(&self) -> Result<&[u8]> {
         self.check_host_accessible()?;
         check_host_access(self)?;
@@ -135,7 +136,8 @@ impl<'a> ScopedBuffer<'a> {
     /// [`host_slice`](ScopedBuffer::host_slice), nothing else writes the bytes.
     ///
     /// # Errors
-    /// [`Error::NotHostAccessible`]; a driver error from synchronizing.
+    /// - [`Error::NotHostAccessible`].
+    /// - A driver error from synchronizing.
     pub unsafe fn host_slice_devices_idle(&self) -> Result<&[u8]> {
         self.wait_for_every_device()?;
         // SAFETY: every device is idle and stays so (the caller's promise); the rest is

@@ -380,10 +380,11 @@ impl<'a> ScopedBuffer<'a> {
     /// `Buffer.copy_to(dst=None)`).
     ///
     /// # Errors
-    /// [`Error::NoSharedResource`] for a buffer that holds no share of its resource (a scoped
-    /// buffer: allocate the destination with `allocate_scoped` and use
-    /// [`copy_to`](ScopedBuffer::copy_to); a view of memory someone else owns); the resource's
-    /// allocation error; a driver error.
+    /// - [`Error::NoSharedResource`] for a buffer that holds no share of its resource (a scoped
+    ///   buffer: allocate the destination with `allocate_scoped` and use
+    ///   [`copy_to`](ScopedBuffer::copy_to); a view of memory someone else owns).
+    /// - The resource's allocation error.
+    /// - A driver error.
     pub fn copy_to_new(&self, stream: &Stream) -> Result<Buffer> {
         let Some(resource) = self.resource() else {
             return Err(Error::NoSharedResource { ptr: self.ptr, size: self.size });
@@ -502,7 +503,8 @@ impl<'a> ScopedBuffer<'a> {
     /// Copies this buffer into `dst` on `stream`.
     ///
     /// # Errors
-    /// [`Error::SizeMismatch`] if the sizes differ; a driver error otherwise.
+    /// - [`Error::SizeMismatch`] if the sizes differ.
+    /// - A driver error otherwise.
     pub fn copy_to(&self, dst: &mut ScopedBuffer<'_>, stream: &Stream) -> Result<()> {
         copy(dst, self, stream)
     }
@@ -510,7 +512,8 @@ impl<'a> ScopedBuffer<'a> {
     /// Copies `src` into this buffer on `stream`.
     ///
     /// # Errors
-    /// [`Error::SizeMismatch`] if the sizes differ; a driver error otherwise.
+    /// - [`Error::SizeMismatch`] if the sizes differ.
+    /// - A driver error otherwise.
     pub fn copy_from(&mut self, src: &ScopedBuffer<'_>, stream: &Stream) -> Result<()> {
         copy(self, src, stream)
     }
@@ -518,7 +521,8 @@ impl<'a> ScopedBuffer<'a> {
     /// Fills the buffer with `pattern` on `stream`.
     ///
     /// # Errors
-    /// [`Error::FillPatternWidth`] if the pattern's width does not divide the size; driver errors.
+    /// - [`Error::FillPatternWidth`] if the pattern's width does not divide the size.
+    /// - Driver errors.
     pub fn fill(&mut self, pattern: FillPattern, stream: &Stream) -> Result<()> {
         let width = pattern.width();
         if !self.size.is_multiple_of(width) {

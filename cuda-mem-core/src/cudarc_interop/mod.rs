@@ -38,7 +38,8 @@ impl Stream {
     /// long as any clone of it (buffers allocated on it included).
     ///
     /// # Errors
-    /// [`CudarcError::NotPrimaryContext`] for a stream of a non-primary context; a driver error.
+    /// - [`CudarcError::NotPrimaryContext`] for a stream of a non-primary context.
+    /// - A driver error.
     pub fn from_cudarc(stream: &Arc<CudaStream>) -> Result<Stream> {
         let device = primary_device(stream.context())?;
         let handle: CUstream = stream.cu_stream().cast();
@@ -173,7 +174,8 @@ impl<'b, T: Pod> DeviceView<'b, T> {
     /// This view, for cudarc's copies and launches on `stream` (see [`CudarcView`]).
     ///
     /// # Errors
-    /// [`CudarcError::NotPrimaryContext`]; a driver error from ordering the streams.
+    /// - [`CudarcError::NotPrimaryContext`].
+    /// - A driver error from ordering the streams.
     pub fn on_cudarc(self, stream: &Arc<CudaStream>) -> Result<CudarcView<'b, T>> {
         join(self.buffer(), stream)?;
         Ok(CudarcView { ptr: self.ptr(), view: self, stream: Arc::clone(stream) })
@@ -184,7 +186,8 @@ impl<'b, T: Pod> DeviceViewMut<'b, T> {
     /// This view, for cudarc's copies, memsets and launches on `stream` (see [`CudarcViewMut`]).
     ///
     /// # Errors
-    /// [`CudarcError::NotPrimaryContext`]; a driver error from ordering the streams.
+    /// - [`CudarcError::NotPrimaryContext`].
+    /// - A driver error from ordering the streams.
     pub fn on_cudarc(self, stream: &Arc<CudaStream>) -> Result<CudarcViewMut<'b, T>> {
         join(self.as_view().buffer(), stream)?;
         Ok(CudarcViewMut { ptr: self.ptr(), view: self, stream: Arc::clone(stream) })
@@ -350,7 +353,8 @@ impl CudarcMemoryResource {
     /// A resource allocating with cudarc on `stream`.
     ///
     /// # Errors
-    /// [`CudarcError::NotPrimaryContext`]; a driver error.
+    /// - [`CudarcError::NotPrimaryContext`].
+    /// - A driver error.
     pub fn new(stream: &Arc<CudaStream>) -> Result<Arc<Self>> {
         let ours = Stream::from_cudarc(stream)?;
         Ok(Arc::new(CudarcMemoryResource { stream: Arc::clone(stream), ours, held: Mutex::default() }))
@@ -396,9 +400,10 @@ impl CudarcMemoryResource {
     /// device as its own. [`Buffer::from_cudarc`] makes a resource of the slice's device.
     ///
     /// # Errors
-    /// [`CudarcError::NotPrimaryContext`]; [`Error::StreamOfAnotherDevice`] when the slice's
-    /// stream (and so its memory) is of another device than the resource's; a driver error. On
-    /// error the slice is dropped, which frees it.
+    /// - [`CudarcError::NotPrimaryContext`].
+    /// - [`Error::StreamOfAnotherDevice`] when the slice's stream (and so its memory) is of another
+    ///   device than the resource's.
+    /// - A driver error. On error the slice is dropped, which frees it.
     pub fn adopt<T: 'static>(self: &Arc<Self>, mut slice: CudaSlice<T>) -> Result<Buffer> {
         let home = Stream::from_cudarc(slice.stream())?;
         if home.device() != self.ours.device() {
@@ -435,7 +440,8 @@ impl Buffer {
     /// is freed, cudarc frees the slice after the buffer's uses.
     ///
     /// # Errors
-    /// [`CudarcError::NotPrimaryContext`]; a driver error.
+    /// - [`CudarcError::NotPrimaryContext`].
+    /// - A driver error.
     pub fn from_cudarc<T: 'static>(slice: CudaSlice<T>) -> Result<Buffer> {
         CudarcMemoryResource::new(slice.stream())?.adopt(slice)
     }

@@ -201,8 +201,8 @@ pub fn export_dlpack<T: DlpackElement>(source: impl ExportSource, options: &Expo
 /// [`DlpackElement`] names: `float16`, complex, vectors), without an alignment check.
 ///
 /// # Errors
-/// [`DlpackError::UnsupportedDtype`] for a data type that is not a whole number of bytes; as
-/// [`Buffer::into_dlpack`].
+/// - [`DlpackError::UnsupportedDtype`] for a data type that is not a whole number of bytes.
+/// - As [`Buffer::into_dlpack`].
 pub fn export_dlpack_as(
     source: impl ExportSource,
     dtype: DLDataType,
@@ -245,13 +245,15 @@ impl Buffer {
     /// [`DeviceView::to_dlpack`].
     ///
     /// # Errors
-    /// [`ViewError::Size`] or [`ViewError::Alignment`] when the bytes are not whole, aligned
-    /// `T`s; [`ViewError::SliceOutOfRange`] for elements past the end; [`Error::Dlpack`] with
-    /// [`DlpackError::ShapeSize`], [`DlpackError::StridesLength`], [`DlpackError::OutOfBounds`]
-    /// or [`DlpackError::ShapeTooLarge`] for a layout that does not fit,
-    /// [`DlpackError::NotAccessible`] or [`DlpackError::UnknownDevice`] for memory with no
-    /// DLPack device; a driver error from the stream exchange. The buffer is dropped (freed) on
-    /// error: export an `Arc` of it to keep it.
+    /// - [`ViewError::Size`] or [`ViewError::Alignment`] when the bytes are not whole, aligned
+    ///   `T`s.
+    /// - [`ViewError::SliceOutOfRange`] for elements past the end.
+    /// - [`Error::Dlpack`] with [`DlpackError::ShapeSize`], [`DlpackError::StridesLength`],
+    ///   [`DlpackError::OutOfBounds`] or [`DlpackError::ShapeTooLarge`] for a layout that does not
+    ///   fit, [`DlpackError::NotAccessible`] or [`DlpackError::UnknownDevice`] for memory with no
+    ///   DLPack device.
+    /// - A driver error from the stream exchange. The buffer is dropped (freed) on error: export an
+    ///   `Arc` of it to keep it.
     #[doc(alias = "__dlpack__")]
     pub fn into_dlpack<T: DlpackElement>(self, options: &ExportOptions<'_>) -> Result<DlpackTensor> {
         export_dlpack::<T>(self, options)
@@ -261,7 +263,8 @@ impl Buffer {
     /// [`export_dlpack_as`](crate::export_dlpack_as)).
     ///
     /// # Errors
-    /// As [`into_dlpack`](ScopedBuffer::into_dlpack); [`DlpackError::UnsupportedDtype`].
+    /// - As [`into_dlpack`](ScopedBuffer::into_dlpack).
+    /// - [`DlpackError::UnsupportedDtype`].
     pub fn into_dlpack_as(self, dtype: DLDataType, options: &ExportOptions<'_>) -> Result<DlpackTensor> {
         export_dlpack_as(self, dtype, options)
     }
@@ -274,8 +277,8 @@ impl<T: Pod + DlpackElement> DeviceView<'_, T> {
     /// The options' [`elements`](ExportOptions::elements) count within the view.
     ///
     /// # Errors
-    /// [`DlpackError::NotTheViewsBuffer`] when `owner` is not the view's buffer; as
-    /// [`Buffer::into_dlpack`].
+    /// - [`DlpackError::NotTheViewsBuffer`] when `owner` is not the view's buffer.
+    /// - As [`Buffer::into_dlpack`].
     pub fn to_dlpack(&self, owner: &Arc<Buffer>, options: &ExportOptions<'_>) -> Result<DlpackTensor> {
         let viewed: *const ScopedBuffer<'_> = self.buffer();
         if !std::ptr::eq(viewed.cast::<()>(), Arc::as_ptr(owner).cast::<()>()) {

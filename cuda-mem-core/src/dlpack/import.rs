@@ -111,12 +111,14 @@ impl DlpackImport {
     /// [`Buffer::from_raw`]).
     ///
     /// # Errors
-    /// [`Error::Dlpack`] with [`DlpackError::UnsupportedVersion`] for another major version;
-    /// [`DlpackError::UnsupportedDevice`] for memory that is not CUDA device, CUDA host or CUDA
-    /// managed memory; [`DlpackError::DeviceNotVisible`] for a device this process does not
-    /// see; [`DlpackError::NullData`] for elements at a null pointer;
-    /// [`DlpackError::UnsupportedDtype`] for a data type that is not a whole number of bytes;
-    /// [`DlpackError::Malformed`] for inconsistent metadata; a driver error counting devices.
+    /// - [`Error::Dlpack`] with [`DlpackError::UnsupportedVersion`] for another major version.
+    /// - [`DlpackError::UnsupportedDevice`] for memory that is not CUDA device, CUDA host or CUDA
+    ///   managed memory.
+    /// - [`DlpackError::DeviceNotVisible`] for a device this process does not see.
+    /// - [`DlpackError::NullData`] for elements at a null pointer.
+    /// - [`DlpackError::UnsupportedDtype`] for a data type that is not a whole number of bytes.
+    /// - [`DlpackError::Malformed`] for inconsistent metadata.
+    /// - A driver error counting devices.
     pub unsafe fn from_dlpack(tensor: impl Into<dlpark::versioned::Dlpack>) -> Result<DlpackImport> {
         import(tensor.into())
     }
@@ -143,8 +145,8 @@ impl DlpackImport {
     /// [`from_dlpack`](DlpackImport::from_dlpack).
     ///
     /// # Errors
-    /// [`DlpackError::NullTensor`] for a null pointer; as
-    /// [`from_dlpack`](DlpackImport::from_dlpack).
+    /// - [`DlpackError::NullTensor`] for a null pointer.
+    /// - As [`from_dlpack`](DlpackImport::from_dlpack).
     pub unsafe fn from_raw(tensor: *mut DLManagedTensorVersioned) -> Result<DlpackImport> {
         // SAFETY: the caller hands over ownership of a valid tensor; dlpark releases one of an
         // incompatible version before returning its error.
@@ -173,9 +175,9 @@ impl DlpackImport {
     /// The buffer, for writing: only where it holds nothing but the tensor's elements.
     ///
     /// # Errors
-    /// [`DlpackError::ReadOnly`] when the producer marked the tensor read-only;
-    /// [`DlpackError::Gaps`] when its elements leave gaps in the buffer (see
-    /// [`has_gaps`](DlpackImport::has_gaps)), bytes the producer did not lend.
+    /// - [`DlpackError::ReadOnly`] when the producer marked the tensor read-only.
+    /// - [`DlpackError::Gaps`] when its elements leave gaps in the buffer (see
+    ///   [`has_gaps`](DlpackImport::has_gaps)), bytes the producer did not lend.
     pub fn buffer_mut(&mut self) -> Result<&mut Buffer> {
         if self.read_only {
             return Err(DlpackError::ReadOnly.into());
@@ -233,8 +235,9 @@ impl DlpackImport {
     /// The elements as a typed view, in row-major order.
     ///
     /// # Errors
-    /// [`DlpackError::DtypeMismatch`] unless the tensor holds `T`s; [`DlpackError::NotContiguous`]
-    /// unless it is compact row-major; as [`Buffer::view`] (alignment).
+    /// - [`DlpackError::DtypeMismatch`] unless the tensor holds `T`s.
+    /// - [`DlpackError::NotContiguous`] unless it is compact row-major.
+    /// - As [`Buffer::view`] (alignment).
     pub fn view<T: Pod + DlpackElement>(&self) -> Result<DeviceView<'_, T>> {
         self.check_view::<T>()?;
         self.buffer().view::<T>()
@@ -243,7 +246,8 @@ impl DlpackImport {
     /// The elements as a mutable typed view, in row-major order.
     ///
     /// # Errors
-    /// [`DlpackError::ReadOnly`] for a read-only tensor; as [`view`](DlpackImport::view).
+    /// - [`DlpackError::ReadOnly`] for a read-only tensor.
+    /// - As [`view`](DlpackImport::view).
     pub fn view_mut<T: Pod + DlpackElement>(&mut self) -> Result<DeviceViewMut<'_, T>> {
         self.check_view::<T>()?;
         self.buffer_mut()?.view_mut::<T>()

@@ -73,11 +73,12 @@ impl MemoryPool {
     /// holder's release unmaps. On any failure nothing new stays mapped.
     ///
     /// # Errors
-    /// [`SharingError::PoolNotImported`] for a pool that was not imported; [`Error::SizeMismatch`] for
-    /// a `size` of 0 (checked before any driver call: a share taken for no bytes would be held
-    /// by an empty buffer, which releases nothing, so the mapping would never go) and when the
-    /// mapping is smaller than `size` (the size came from the exporter and is wrong); driver
-    /// errors when the driver refuses the data (garbage, or another pool's).
+    /// - [`SharingError::PoolNotImported`] for a pool that was not imported.
+    /// - [`Error::SizeMismatch`] for a `size` of 0 (checked before any driver call: a share taken
+    ///   for no bytes would be held by an empty buffer, which releases nothing, so the mapping
+    ///   would never go) and when the mapping is smaller than `size` (the size came from the
+    ///   exporter and is wrong).
+    /// - Driver errors when the driver refuses the data (garbage, or another pool's).
     #[doc(alias = "from_ipc_descriptor")]
     pub fn import_allocation(&self, data: &[u8; EXPORT_DATA_LEN], size: usize, stream: &Stream) -> Result<DevicePtr> {
         if !self.imported {
@@ -167,8 +168,9 @@ impl MemoryPool {
     /// it back once; nothing uses the memory through it after `stream`'s work so far.
     ///
     /// # Errors
-    /// When `ptr` is not a mapping through this pool; driver errors (the share is then kept, so
-    /// that the memory is never unmapped under work that may still use it).
+    /// - When `ptr` is not a mapping through this pool.
+    /// - Driver errors (the share is then kept, so that the memory is never unmapped under work
+    ///   that may still use it).
     pub unsafe fn release_import(&self, ptr: DevicePtr, stream: &Stream) -> Result<()> {
         let mut imports = lock();
         let key = match imports.by_ptr.get(&ptr) {

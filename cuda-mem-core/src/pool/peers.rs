@@ -50,7 +50,8 @@ impl MemoryPool {
     /// two wrappers of one shared pool always agree).
     ///
     /// # Errors
-    /// [`Error::PeerAccessNeedsDevicePool`] for pools that are not device pools; driver errors.
+    /// - [`Error::PeerAccessNeedsDevicePool`] for pools that are not device pools.
+    /// - Driver errors.
     pub fn peer_accessible_by(&self) -> Result<BTreeSet<Device>> {
         let owner = self.owner_or_error()?;
         let mut peers = BTreeSet::new();
@@ -67,7 +68,8 @@ impl MemoryPool {
     /// owner's memory is refused before anything changes, with every such device named.
     ///
     /// # Errors
-    /// [`Error::PeerAccess`] naming the devices that cannot be peers; driver errors.
+    /// - [`Error::PeerAccess`] naming the devices that cannot be peers.
+    /// - Driver errors.
     pub fn set_peer_accessible_by(&self, peers: impl IntoIterator<Item = Device>) -> Result<()> {
         let owner = self.owner_or_error()?;
         let target: BTreeSet<Device> = peers.into_iter().filter(|&p| p != owner).collect();

@@ -83,8 +83,9 @@ impl MemoryPool {
     /// one (no new descriptor per call). For an imported pool, the handle it was imported from.
     ///
     /// # Errors
-    /// [`SharingError::PoolNotIpcEnabled`] for a pool created without `ipc_enabled`; driver errors;
-    /// [`Error::Io`] when the driver reports success but gives no descriptor.
+    /// - [`SharingError::PoolNotIpcEnabled`] for a pool created without `ipc_enabled`.
+    /// - Driver errors.
+    /// - [`Error::Io`] when the driver reports success but gives no descriptor.
     #[doc(alias("allocation_handle", "get_allocation_handle"))]
     pub fn shareable_handle(&self) -> Result<&ShareableHandle> {
         if let Some(handle) = self.handle_once.get() {

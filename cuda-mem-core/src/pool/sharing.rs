@@ -101,8 +101,9 @@ impl MemoryPool {
     /// (A→B→C).
     ///
     /// # Errors
-    /// [`SharingError::NotAnImport`] for an imported pool when `ptr` is not an allocation this process
-    /// imported through it; driver errors when `ptr` is not an allocation of a shareable pool.
+    /// - [`SharingError::NotAnImport`] for an imported pool when `ptr` is not an allocation this
+    ///   process imported through it.
+    /// - Driver errors when `ptr` is not an allocation of a shareable pool.
     #[doc(alias = "ipc_descriptor")]
     pub fn export_pointer(&self, ptr: DevicePtr) -> Result<[u8; EXPORT_DATA_LEN]> {
         if self.imported {

@@ -53,8 +53,9 @@ impl DeviceMemoryResource {
     /// system at every synchronization (a change every user of the shared pool sees).
     ///
     /// # Errors
-    /// [`Error::Unsupported`] ([`DeviceCapability::MemoryPools`]) if the device has no memory
-    /// pools; driver errors.
+    /// - [`Error::Unsupported`] ([`DeviceCapability::MemoryPools`]) if the device has no memory
+    ///   pools.
+    /// - Driver errors.
     #[doc(alias = "memory_resource")]
     pub fn current(device: Device) -> Result<Arc<DeviceMemoryResource>> {
         require_pools(device)?;
@@ -69,10 +70,11 @@ impl DeviceMemoryResource {
     /// gone.
     ///
     /// # Errors
-    /// [`Error::Unsupported`] when the device has no pools ([`DeviceCapability::MemoryPools`]),
-    /// or cannot share them by file descriptor and `ipc_enabled` is set
-    /// ([`DeviceCapability::PoolFileDescriptors`]; an 11.2 driver cannot say which handle types
-    /// its pools take, so there the driver's `cuMemPoolCreate` decides); driver errors.
+    /// - [`Error::Unsupported`] when the device has no pools ([`DeviceCapability::MemoryPools`]),
+    ///   or cannot share them by file descriptor and `ipc_enabled` is set
+    ///   ([`DeviceCapability::PoolFileDescriptors`]; an 11.2 driver cannot say which handle types
+    ///   its pools take, so there the driver's `cuMemPoolCreate` decides).
+    /// - Driver errors.
     pub fn new(device: Device, options: DeviceMemoryResourceOptions) -> Result<Arc<DeviceMemoryResource>> {
         require_pools(device)?;
         let handle_types = if options.ipc_enabled {
@@ -140,7 +142,8 @@ impl DeviceMemoryResource {
     /// [`MemoryPool::set_peer_accessible_by`].
     ///
     /// # Errors
-    /// [`Error::PeerAccess`] naming the devices that cannot be peers; driver errors.
+    /// - [`Error::PeerAccess`] naming the devices that cannot be peers.
+    /// - Driver errors.
     pub fn set_peer_accessible_by(&self, peers: impl IntoIterator<Item = Device>) -> Result<()> {
         self.pool.set_peer_accessible_by(peers)
     }

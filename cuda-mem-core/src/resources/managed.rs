@@ -118,9 +118,10 @@ impl ManagedMemoryResource {
     /// location; shared, never destroyed).
     ///
     /// # Errors
-    /// [`Error::DriverTooOld`] before CUDA 13.0 ([`DriverCapability::CurrentPools`]);
-    /// [`ManagedError::PoolLocation`] for [`Location::HostNumaCurrent`] (both before any driver call);
-    /// driver errors.
+    /// - [`Error::DriverTooOld`] before CUDA 13.0 ([`DriverCapability::CurrentPools`]).
+    /// - [`ManagedError::PoolLocation`] for [`Location::HostNumaCurrent`] (both before any driver
+    ///   call).
+    /// - Driver errors.
     pub fn current(preferred_location: Option<Location>) -> Result<Arc<ManagedMemoryResource>> {
         DriverCapability::CurrentPools.require()?;
         let location = pool_location(preferred_location)?;
@@ -133,9 +134,10 @@ impl ManagedMemoryResource {
     /// A managed pool of its own.
     ///
     /// # Errors
-    /// [`Error::DriverTooOld`] before CUDA 13.0 ([`DriverCapability::ManagedPools`]);
-    /// [`ManagedError::PoolLocation`] for [`Location::HostNumaCurrent`] (both before any driver call);
-    /// driver errors.
+    /// - [`Error::DriverTooOld`] before CUDA 13.0 ([`DriverCapability::ManagedPools`]).
+    /// - [`ManagedError::PoolLocation`] for [`Location::HostNumaCurrent`] (both before any driver
+    ///   call).
+    /// - Driver errors.
     pub fn new(options: ManagedMemoryResourceOptions) -> Result<Arc<ManagedMemoryResource>> {
         DriverCapability::ManagedPools.require()?;
         let props = CUmemPoolProps {

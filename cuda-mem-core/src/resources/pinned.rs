@@ -69,9 +69,9 @@ impl PinnedMemoryResource {
     /// which holds for every user of the process-wide pool.
     ///
     /// # Errors
-    /// [`Error::DriverTooOld`] before CUDA 13.0 ([`DriverCapability::CurrentPools`]: there is
-    /// no current host pool; [`PinnedMemoryResource::new`] makes one of its own from 12.6);
-    /// driver errors.
+    /// - [`Error::DriverTooOld`] before CUDA 13.0 ([`DriverCapability::CurrentPools`]: there is no
+    ///   current host pool; [`PinnedMemoryResource::new`] makes one of its own from 12.6).
+    /// - Driver errors.
     pub fn current() -> Result<Arc<PinnedMemoryResource>> {
         DriverCapability::CurrentPools.require()?;
         let pool = MemoryPool::current(host_location(None), PoolKind::Pinned)?;
@@ -82,8 +82,9 @@ impl PinnedMemoryResource {
     /// A pinned pool of its own, its memory readable and writable by every device.
     ///
     /// # Errors
-    /// [`Error::DriverTooOld`] before CUDA 12.6 ([`DriverCapability::PinnedPools`]);
-    /// [`Error::NumaLocationRequired`] for IPC without a NUMA node; driver errors.
+    /// - [`Error::DriverTooOld`] before CUDA 12.6 ([`DriverCapability::PinnedPools`]).
+    /// - [`Error::NumaLocationRequired`] for IPC without a NUMA node.
+    /// - Driver errors.
     pub fn new(options: PinnedMemoryResourceOptions) -> Result<Arc<PinnedMemoryResource>> {
         DriverCapability::PinnedPools.require()?;
         let numa_node = options.numa_node;
