@@ -9,8 +9,8 @@
 use std::error::Error;
 
 use cuda_mem_core::{
-    Device, DeviceMemoryResource, DeviceMemoryResourceOptions, LimitingAdaptor, StatisticsAdaptor, Stream,
-    StreamOptions,
+    Device, DeviceMemoryResource, DeviceMemoryResourceOptions, LimitingAdaptor, PoolResource, StatisticsAdaptor,
+    Stream, StreamOptions,
 };
 
 const MIB: usize = 1 << 20;

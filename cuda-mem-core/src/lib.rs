@@ -62,7 +62,8 @@
 //! - [`Buffer`]: copies, fills, host slices, typed views ([`DeviceView`], [`DeviceViewMut`]) and
 //!   ownership leaving ([`Buffer::into_raw`]). Its page lists them by task.
 //! - Pools: [`DeviceMemoryResource`], [`PinnedMemoryResource`], [`ManagedMemoryResource`]. Each
-//!   has its [`MemoryPool`]'s features (attributes, release threshold, trim, peers, sharing).
+//!   has its [`MemoryPool`]'s features (attributes, usage, release threshold, trim) through
+//!   [`PoolResource`], in the [`prelude`]; device pools have their peers too.
 //! - Managed memory: advice, prefetches and discards on a [`ManagedBuffer`], one at a time or
 //!   in batches ([`prefetch_batch`]).
 //! - Graphs: [`Stream::begin_capture`] records work into a [`Graph`];

@@ -4,9 +4,10 @@
 use std::any::Any;
 use std::fmt::Debug;
 
+use crate::access::Access;
 use crate::device::{Device, DevicePtr};
 use crate::error::Result;
-use crate::pool::{MemoryPool, PoolKind};
+use crate::pool::{MemoryPool, PoolAttributes, PoolKind, PoolUsage, ReusePolicy};
 use crate::stream::Stream;
 
 /// A source of memory.
@@ -129,11 +130,101 @@ pub unsafe trait MemoryResource: AsDynMemoryResource + Any + Send + Sync + Debug
     }
 }
 
-/// A memory resource that allocates from a driver pool: what sharing its buffers between
-/// processes, and reading the pool's attributes through the resource, need.
+/// A memory resource that allocates from a driver pool, with the pool's features on the resource,
+/// where cuda.core puts them (`mr.attributes`, `mr.release_threshold`, …).
+///
+/// Implementing it takes one method, [`pool`](PoolResource::pool); each other one forwards to the
+/// [`MemoryPool`] method of the same name. This crate's pool resources, the adaptors over them and
+/// `cuda-mem-ipc`'s imported pools implement it. It is in the [`prelude`](crate::prelude).
 pub trait PoolResource: MemoryResource {
     /// The pool behind the resource.
     fn pool(&self) -> &MemoryPool;
+
+    /// The pool's usage, high-water marks, release threshold and reuse policies
+    /// ([`MemoryPool::attributes`]).
+    ///
+    /// # Errors
+    /// Driver errors.
+    fn attributes(&self) -> Result<PoolAttributes> {
+        self.pool().attributes()
+    }
+
+    /// The pool's usage at a glance: used and reserved bytes with their high-water marks, and the
+    /// live allocations ([`MemoryPool::usage`]).
+    ///
+    /// # Errors
+    /// Driver errors.
+    fn usage(&self) -> Result<PoolUsage> {
+        self.pool().usage()
+    }
+
+    /// Bytes the pool keeps cached at a synchronization ([`MemoryPool::release_threshold`]).
+    ///
+    /// # Errors
+    /// Driver errors.
+    fn release_threshold(&self) -> Result<u64> {
+        self.pool().release_threshold()
+    }
+
+    /// Sets the release threshold ([`MemoryPool::set_release_threshold`]).
+    ///
+    /// # Errors
+    /// Driver errors.
+    fn set_release_threshold(&self, bytes: u64) -> Result<()> {
+        self.pool().set_release_threshold(bytes)
+    }
+
+    /// Turns a reuse policy on or off ([`MemoryPool::set_reuse`]).
+    ///
+    /// # Errors
+    /// Driver errors.
+    fn set_reuse(&self, policy: ReusePolicy, enabled: bool) -> Result<()> {
+        self.pool().set_reuse(policy, enabled)
+    }
+
+    /// Resets the high-water marks to the current usage ([`MemoryPool::reset_peak_usage`]).
+    ///
+    /// # Errors
+    /// Driver errors.
+    fn reset_peak_usage(&self) -> Result<()> {
+        self.pool().reset_peak_usage()
+    }
+
+    /// Releases cached memory down to `keep` bytes ([`MemoryPool::trim_to`]).
+    ///
+    /// # Errors
+    /// Driver errors.
+    #[doc(alias = "trim")]
+    fn trim_to(&self, keep: usize) -> Result<()> {
+        self.pool().trim_to(keep)
+    }
+
+    /// The access `device` has to the pool's memory ([`MemoryPool::access`]).
+    ///
+    /// # Errors
+    /// Driver errors.
+    #[doc(alias = "DMR_mempool_get_access")]
+    fn access(&self, device: Device) -> Result<Access> {
+        self.pool().access(device)
+    }
+
+    /// Whether the pool can be shared with other processes by file descriptor
+    /// ([`MemoryPool::is_shareable`]).
+    fn is_ipc_enabled(&self) -> bool {
+        self.pool().is_shareable()
+    }
+
+    /// Whether dropping the resource destroys the pool (false for a current pool or an imported
+    /// one that another holder owns; [`MemoryPool::is_owned`]).
+    #[doc(alias = "is_handle_owned")]
+    fn is_owned(&self) -> bool {
+        self.pool().is_owned()
+    }
+
+    /// The raw pool handle ([`MemoryPool::handle`]).
+    fn handle(&self) -> cuda_mem_sys::types::CUmemoryPool {
+        self.pool().handle()
+    }
 }
 
 /// Any memory resource as a `&dyn MemoryResource`, also where its type is a generic `R: ?Sized`

@@ -220,7 +220,8 @@ mod tests {
 
     use super::capture::{Captured, capture, named};
     use crate::{
-        Device, DeviceMemoryResource, DeviceMemoryResourceOptions, MemoryPool, PoolKind, Stream, StreamOptions,
+        Device, DeviceMemoryResource, DeviceMemoryResourceOptions, MemoryPool, PoolKind, PoolResource, Stream,
+        StreamOptions,
     };
 
     fn device_and_stream() -> (Device, Stream) {

@@ -11,7 +11,9 @@ mod common;
 use std::sync::Arc;
 
 use common::{Gate, OPEN_DELAY, hold};
-use cuda_mem_core::{DeviceMemoryResource, FillPattern, MemoryResourceExt, ScopedBuffer, Stream, take_drop_errors};
+use cuda_mem_core::{
+    DeviceMemoryResource, FillPattern, MemoryResourceExt, PoolResource, ScopedBuffer, Stream, take_drop_errors,
+};
 use cuda_sim::testing::{CountedIfSimulated, count_calls_if_simulated, in_simulated_machine};
 
 /// Pairs timed per kind of buffer.

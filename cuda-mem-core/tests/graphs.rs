@@ -19,8 +19,8 @@ use cuda_mem_core::sys::cu_call;
 use cuda_mem_core::sys::types::{CUresult, CUstreamCaptureMode};
 use cuda_mem_core::{
     CaptureMode, DeviceMemoryResource, Error, GraphMemoryResource, LegacyPinnedMemoryResource, LimitingAdaptor,
-    ManagedMemoryResource, MemoryResource, MemoryResourceExt, PinnedMemoryResource, StatisticsAdaptor, Stream,
-    SynchronousMemoryResource, TrackingAdaptor, take_drop_errors,
+    ManagedMemoryResource, MemoryResource, MemoryResourceExt, PinnedMemoryResource, PoolResource, StatisticsAdaptor,
+    Stream, SynchronousMemoryResource, TrackingAdaptor, take_drop_errors,
 };
 use cuda_sim::testing::{in_simulated_machine, live_objects_if_simulated};
 

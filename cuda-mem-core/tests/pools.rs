@@ -5,7 +5,7 @@ mod common;
 use cuda_mem_core::{
     Access, Device, DeviceMemoryResource, DeviceMemoryResourceOptions, Error, FillPattern, Location, ManagedError,
     ManagedMemoryResource, ManagedMemoryResourceOptions, MemoryResource, NumaNode, PinnedMemoryResource,
-    PinnedMemoryResourceOptions, PoolKind, ReusePolicy, SharingError,
+    PinnedMemoryResourceOptions, PoolKind, PoolResource, ReusePolicy, SharingError,
 };
 use cuda_mem_sys::types::CUresult;
 

@@ -120,7 +120,9 @@ pub fn buffer_descriptor(buffer: &ScopedBuffer<'_>) -> Result<BufferDescriptor> 
 #[cfg(all(test, feature = "tracing"))]
 mod tests {
     use cuda_mem_core::__private::capture::{Captured, capture, named};
-    use cuda_mem_core::{Device, DeviceMemoryResource, DeviceMemoryResourceOptions, Stream, StreamOptions};
+    use cuda_mem_core::{
+        Device, DeviceMemoryResource, DeviceMemoryResourceOptions, PoolResource, Stream, StreamOptions,
+    };
 
     use crate::{MappedMemoryResource, allocation_handle, buffer_descriptor};
 

@@ -10,7 +10,9 @@
 
 use std::sync::Arc;
 
-use cuda_mem_core::{Buffer, CaptureState, Device, DeviceMemoryResource, FillPattern, Stream, StreamOptions};
+use cuda_mem_core::{
+    Buffer, CaptureState, Device, DeviceMemoryResource, FillPattern, PoolResource, Stream, StreamOptions,
+};
 use cuda_sim::testing::{self, Gate, with_simulator_as_libcuda};
 use cudarc::driver::{CudaContext, CudaStream, LaunchConfig, PushKernelArg};
 

@@ -217,7 +217,9 @@ impl MemoryPool {
 mod tests {
     use cuda_mem_sys::types::CUresult;
 
-    use crate::{Device, DeviceMemoryResource, DeviceMemoryResourceOptions, Error, Stream, StreamOptions};
+    use crate::{
+        Device, DeviceMemoryResource, DeviceMemoryResourceOptions, Error, PoolResource, Stream, StreamOptions,
+    };
 
     fn device_and_stream() -> (Device, Stream) {
         cuda_sim::testing::driver().expect("the test driver loads");

@@ -5,15 +5,12 @@ use std::sync::Arc;
 
 use cuda_mem_sys::types::{CUmemAllocationType, CUmemLocation, CUmemLocationType, CUmemPoolProps};
 
-use cuda_mem_sys::types::CUmemoryPool;
-
-use crate::access::Access;
 use crate::buffer::{Buffer, ScopedBuffer};
 use crate::device::{Device, DevicePtr};
 use crate::error::{DeviceCapability, Error, Result};
 use crate::handle_types::{HandleType, HandleTypes};
 use crate::memory_resource::{MemoryResource, PoolResource};
-use crate::pool::{MemoryPool, PoolAttributes, PoolKind, PoolUsage, ReusePolicy};
+use crate::pool::{MemoryPool, PoolKind};
 use crate::stream::Stream;
 
 /// How to create an owned device pool.
@@ -199,95 +196,5 @@ unsafe impl MemoryResource for DeviceMemoryResource {
 impl PoolResource for DeviceMemoryResource {
     fn pool(&self) -> &MemoryPool {
         &self.pool
-    }
-}
-
-/// The pool's features on the resource itself, where cuda.core puts them (`mr.attributes`,
-/// `mr.release_threshold`, …): each forwards to the [`MemoryPool`] method of the same name (also
-/// reachable through [`pool`](DeviceMemoryResource::pool)).
-impl DeviceMemoryResource {
-    /// The pool's usage, high-water marks, release threshold and reuse policies: [`MemoryPool::attributes`].
-    ///
-    /// # Errors
-    /// Driver errors.
-    pub fn attributes(&self) -> Result<PoolAttributes> {
-        self.pool.attributes()
-    }
-
-    /// The pool's usage at a glance (used and reserved bytes with their high-water marks, live
-    /// allocations): [`MemoryPool::usage`].
-    ///
-    /// # Errors
-    /// Driver errors.
-    pub fn usage(&self) -> Result<PoolUsage> {
-        self.pool.usage()
-    }
-
-    /// Bytes the pool keeps cached at a synchronization: [`MemoryPool::release_threshold`].
-    ///
-    /// # Errors
-    /// Driver errors.
-    pub fn release_threshold(&self) -> Result<u64> {
-        self.pool.release_threshold()
-    }
-
-    /// Sets the release threshold: [`MemoryPool::set_release_threshold`].
-    ///
-    /// # Errors
-    /// Driver errors.
-    pub fn set_release_threshold(&self, bytes: u64) -> Result<()> {
-        self.pool.set_release_threshold(bytes)
-    }
-
-    /// Turns a reuse policy on or off: [`MemoryPool::set_reuse`].
-    ///
-    /// # Errors
-    /// Driver errors.
-    pub fn set_reuse(&self, policy: ReusePolicy, enabled: bool) -> Result<()> {
-        self.pool.set_reuse(policy, enabled)
-    }
-
-    /// Resets the high-water marks to the current usage: [`MemoryPool::reset_peak_usage`].
-    ///
-    /// # Errors
-    /// Driver errors.
-    pub fn reset_peak_usage(&self) -> Result<()> {
-        self.pool.reset_peak_usage()
-    }
-
-    /// Releases cached memory down to `keep` bytes: [`MemoryPool::trim_to`].
-    ///
-    /// # Errors
-    /// Driver errors.
-    #[doc(alias = "trim")]
-    pub fn trim_to(&self, keep: usize) -> Result<()> {
-        self.pool.trim_to(keep)
-    }
-
-    /// The access `device` has to the pool's memory: [`MemoryPool::access`].
-    ///
-    /// # Errors
-    /// Driver errors.
-    #[doc(alias = "DMR_mempool_get_access")]
-    pub fn access(&self, device: Device) -> Result<Access> {
-        self.pool.access(device)
-    }
-
-    /// Whether the pool can be shared with other processes by file descriptor
-    /// ([`MemoryPool::is_shareable`]).
-    pub fn is_ipc_enabled(&self) -> bool {
-        self.pool.is_shareable()
-    }
-
-    /// Whether dropping the resource destroys the pool (false for a current pool):
-    /// [`MemoryPool::is_owned`].
-    #[doc(alias = "is_handle_owned")]
-    pub fn is_owned(&self) -> bool {
-        self.pool.is_owned()
-    }
-
-    /// The raw pool handle: [`MemoryPool::handle`].
-    pub fn handle(&self) -> CUmemoryPool {
-        self.pool.handle()
     }
 }
