@@ -24,8 +24,8 @@ pub struct NumaNode(pub u32);
 impl NumaNode {
     /// The id as the driver takes it: a node beyond `int` is no node the driver knows, so it
     /// becomes `i32::MAX`, which the driver refuses as it refuses any unknown node (where `as`
-    /// would wrap to a negative id).
-    pub(crate) fn raw(self) -> i32 {
+    /// would wrap to a negative id). `cuda-mem-ipc` writes it on the wire the same way.
+    pub fn raw(self) -> i32 {
         i32::try_from(self.0).unwrap_or(i32::MAX)
     }
 }

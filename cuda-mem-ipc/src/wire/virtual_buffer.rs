@@ -274,8 +274,8 @@ impl SharedVirtualBuffer {
         });
         let (location, id, device) = match self.location {
             WireLocation::Device(WireDevice { uuid, sender_ordinal }) => (DEVICE_CODE, sender_ordinal, uuid),
-            // No node is beyond `int` (the driver's id type); such a one would read as the last.
-            WireLocation::HostNuma(node) => (HOST_NUMA_CODE, i32::try_from(node.0).unwrap_or(i32::MAX), Uuid::nil()),
+            // The driver's id (`int`): a node beyond it reads as the last, which no driver knows.
+            WireLocation::HostNuma(node) => (HOST_NUMA_CODE, node.raw(), Uuid::nil()),
         };
         bytes.push(location);
         bytes.extend_from_slice(&u16::try_from(count).unwrap_or(u16::MAX).to_le_bytes());
