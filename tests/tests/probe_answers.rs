@@ -170,7 +170,7 @@ fn the_managed_answers_are_the_simulators(answers: &[(String, String)]) {
     );
 }
 
-/// Questions 19-27: the readings `cuda_sim::conservative` takes for batch copies, graphs, graph
+/// Questions 19-29: the readings `cuda_sim::conservative` takes for batch copies, graphs, graph
 /// memory, capture modes and user objects; descriptors of other kinds, an exporter freeing first,
 /// and IMEX channels.
 fn the_conservative_readings_are_the_simulators(answers: &[(String, String)]) {
@@ -237,6 +237,28 @@ fn the_conservative_readings_are_the_simulators(answers: &[(String, String)]) {
     let fabric = answer(answers, "fabric-channel");
     assert!(fabric.starts_with("fabric handles supported (attribute): 1; IMEX channels"), "{fabric}");
     assert!(fabric.ends_with("cuMemCreate shareable as a fabric handle: CUDA_ERROR_NOT_PERMITTED"), "{fabric}");
+    the_call_and_capture_edges_are_the_simulators(answers, no_nodes);
+}
+
+/// Questions 28 and 29: single calls and captures where `cuda.h` is silent, each answered as
+/// `cuda_sim::conservative` says.
+fn the_call_and_capture_edges_are_the_simulators(answers: &[(String, String)], no_nodes: &str) {
+    assert_eq!(
+        answer(answers, "call-edges"),
+        "cuMemFree(0) INVALID_VALUE; cuMemFreeHost(NULL) INVALID_VALUE; cuMemAllocHost(0) INVALID_VALUE; \
+         cuMemsetD16(odd) INVALID_VALUE; cuMemsetD32(ptr+2) INVALID_VALUE; cuMemsetD8(end, 0 bytes) INVALID_VALUE; \
+         cuMemcpyDtoD(end, 0 bytes) INVALID_VALUE; cuPointerGetAttribute(IS_MANAGED) writes 1 byte(s); \
+         cuMemFreeAsync(cuMemAlloc memory) INVALID_VALUE; cuMemAllocFromPoolAsync(SIZE_MAX) OUT_OF_MEMORY; managed \
+         pool with POSIX fd handles NOT_SUPPORTED"
+    );
+    assert_eq!(
+        answer(answers, "capture-edges"),
+        format!(
+            "pageable copy: the bytes at launch time; stream destroyed while capturing: ok; second instantiation: \
+             first ok, second INVALID_VALUE; wait for an event recorded outside: ok, the capture then ACTIVE, end ok \
+             ({no_nodes})"
+        )
+    );
 }
 
 /// `probe.json` names every question once, each answered and agreeing with the simulator's side

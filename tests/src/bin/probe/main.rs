@@ -29,11 +29,13 @@
 //! [`ipc_event`], [`managed_ranges`], [`managed_ids`], [`managed_pool`], [`managed_discard`],
 //! [`batch_copy_edges`], [`graph_memory`], [`graph_launch_capture`], [`pool_alloc_capture`],
 //! [`unsafe_calls`], [`user_object`], [`pool_import_not_a_pool`], [`exporter_frees_first`],
-//! [`fabric_channel`].
+//! [`fabric_channel`], [`call_edges`], [`capture_edges`].
 
 mod address_hint;
 mod batch_copy_edges;
+mod call_edges;
 mod capture;
+mod capture_edges;
 mod child;
 mod destroy_pending;
 mod driver;
@@ -97,7 +99,7 @@ pub(crate) struct Question {
 }
 
 /// Every question, in the order they are asked.
-pub(crate) const QUESTIONS: [Question; 27] = [
+pub(crate) const QUESTIONS: [Question; 29] = [
     pool_import::QUESTION,
     pointer_import::QUESTION,
     imported_access::QUESTION,
@@ -125,6 +127,8 @@ pub(crate) const QUESTIONS: [Question; 27] = [
     pool_import_not_a_pool::QUESTION,
     exporter_frees_first::QUESTION,
     fabric_channel::QUESTION,
+    call_edges::QUESTION,
+    capture_edges::QUESTION,
 ];
 
 /// The child side of the question `name`.
