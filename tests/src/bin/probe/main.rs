@@ -29,7 +29,7 @@
 //! [`ipc_event`], [`managed_ranges`], [`managed_ids`], [`managed_pool`], [`managed_discard`],
 //! [`batch_copy_edges`], [`graph_memory`], [`graph_launch_capture`], [`pool_alloc_capture`],
 //! [`unsafe_calls`], [`user_object`], [`pool_import_not_a_pool`], [`exporter_frees_first`],
-//! [`fabric_channel`], [`call_edges`], [`capture_edges`].
+//! [`fabric_channel`], [`call_edges`], [`capture_edges`], [`context_edges`].
 
 mod address_hint;
 mod batch_copy_edges;
@@ -37,6 +37,7 @@ mod call_edges;
 mod capture;
 mod capture_edges;
 mod child;
+mod context_edges;
 mod destroy_pending;
 mod driver;
 mod exporter_frees_first;
@@ -99,7 +100,7 @@ pub(crate) struct Question {
 }
 
 /// Every question, in the order they are asked.
-pub(crate) const QUESTIONS: [Question; 29] = [
+pub(crate) const QUESTIONS: [Question; 30] = [
     pool_import::QUESTION,
     pointer_import::QUESTION,
     imported_access::QUESTION,
@@ -129,6 +130,7 @@ pub(crate) const QUESTIONS: [Question; 29] = [
     fabric_channel::QUESTION,
     call_edges::QUESTION,
     capture_edges::QUESTION,
+    context_edges::QUESTION,
 ];
 
 /// The child side of the question `name`.
