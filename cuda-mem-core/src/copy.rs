@@ -212,15 +212,18 @@ pub struct BatchCopy<'a> {
 }
 
 impl<'a> BatchCopy<'a> {
-    /// All of `src` into all of `dst`.
+    /// All of `src` into all of `dst`, which must be of one size (a larger source is not cut
+    /// short: copy a part of it with [`range`](BatchCopy::range)).
     ///
     /// # Errors
-    /// [`Error::SizeMismatch`] unless the sizes agree.
+    /// [`Error::SizeMismatch`] unless the sizes agree, whichever is larger.
     pub fn new(src: &'a ScopedBuffer<'_>, dst: &'a mut ScopedBuffer<'_>) -> Result<BatchCopy<'a>> {
+        check_sizes(src, dst)?;
         BatchCopy::range(src, 0, dst)
     }
 
-    /// `src`'s bytes from `offset` on, as many as `dst` holds, into all of `dst`.
+    /// `src`'s bytes from `offset` on, as many as `dst` holds, into all of `dst`: a part of a
+    /// larger source, named explicitly.
     ///
     /// # Errors
     /// [`Error::SizeMismatch`] when `src` has fewer than that many bytes from `offset`.
@@ -604,7 +607,6 @@ impl ScopedBuffer<'_> {
     ///   [`SourceAccessOrder::DuringApiCall`], before any driver call.
     /// - A driver error.
     pub fn copy_to_with(&self, dst: &mut ScopedBuffer<'_>, stream: &Stream, options: CopyOptions) -> Result<()> {
-        check_sizes(self, dst)?;
         copy_with(BatchCopy::new(self, dst)?, stream, options, "copy_to_with")
     }
 
@@ -614,7 +616,6 @@ impl ScopedBuffer<'_> {
     /// # Errors
     /// As [`copy_to_with`](ScopedBuffer::copy_to_with).
     pub fn copy_from_with(&mut self, src: &ScopedBuffer<'_>, stream: &Stream, options: CopyOptions) -> Result<()> {
-        check_sizes(src, self)?;
         copy_with(BatchCopy::new(src, self)?, stream, options, "copy_from_with")
     }
 }

@@ -128,6 +128,29 @@ pub unsafe trait MemoryResource: AsDynMemoryResource + Any + Send + Sync + Debug
     fn memory_pool(&self) -> Option<&MemoryPool> {
         self.upstream().and_then(MemoryResource::memory_pool)
     }
+
+    /// Told that an empty buffer (a request for 0 bytes) was made from this resource. There is
+    /// no memory to allocate, so [`allocate_raw`](MemoryResource::allocate_raw) is not asked;
+    /// this is for a resource that counts what it hands out (a
+    /// [`StatisticsAdaptor`](crate::StatisticsAdaptor)), once per empty buffer, and
+    /// [`note_empty_deallocation`](MemoryResource::note_empty_deallocation) once when that
+    /// buffer is dropped (an empty buffer leaked, or handed out with
+    /// [`Buffer::into_raw`](crate::Buffer::into_raw), is not dropped). By default passed on to
+    /// the [`upstream`](MemoryResource::upstream) resource, if any, as an adaptor passes
+    /// allocations on.
+    fn note_empty_allocation(&self) {
+        if let Some(upstream) = self.upstream() {
+            upstream.note_empty_allocation();
+        }
+    }
+
+    /// Told that an empty buffer [`note_empty_allocation`](MemoryResource::note_empty_allocation)
+    /// announced was dropped. By default passed on to the upstream resource, if any.
+    fn note_empty_deallocation(&self) {
+        if let Some(upstream) = self.upstream() {
+            upstream.note_empty_deallocation();
+        }
+    }
 }
 
 /// A memory resource that allocates from a driver pool, with the pool's features on the resource,

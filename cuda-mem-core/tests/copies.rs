@@ -374,3 +374,55 @@ fn a_batched_copy_whose_own_ranges_meet_is_refused() {
     let r = copy_batch(&s, [BatchCopy::new(&src, &mut dst).unwrap()], CopyOptions::default());
     assert!(matches!(r, Err(Error::Copy(CopyError::SelfOverlap { copy: 0 }))), "{r:?}");
 }
+
+#[test]
+fn a_batched_copy_of_buffers_of_two_sizes_is_refused_whichever_is_larger() {
+    let device = device();
+    let s = stream(device);
+    let pool = DeviceMemoryResource::new(device, Default::default()).unwrap();
+    let (large, small) = (pinned(&[7; 32], &s), pinned(&[9; 16], &s));
+    let (mut large_dst, mut small_dst) = (zeroed(32, &pool, &s), zeroed(16, &pool, &s));
+    // A larger source was cut short to the destination's size (the first 16 bytes copied).
+    let r = BatchCopy::new(&large, &mut small_dst);
+    assert!(
+        matches!(r, Err(Error::SizeMismatch { what: "the destination buffer", expected: 32, actual: 16 })),
+        "{r:?}"
+    );
+    let r = BatchCopy::new(&small, &mut large_dst);
+    assert!(
+        matches!(r, Err(Error::SizeMismatch { what: "the destination buffer", expected: 16, actual: 32 })),
+        "{r:?}"
+    );
+    // The copies with options refuse it the same way, before any driver call.
+    let r = large.copy_to_with(&mut small_dst, &s, CopyOptions::default());
+    assert!(matches!(r, Err(Error::SizeMismatch { expected: 32, actual: 16, .. })), "{r:?}");
+    // A part of a larger source is copied when named: `range`.
+    copy_batch(&s, [BatchCopy::range(&large, 16, &mut small_dst).unwrap()], CopyOptions::default()).unwrap();
+    assert_eq!(small_dst.to_vec::<u8>(&s).unwrap(), [7; 16]);
+    assert_eq!(large_dst.to_vec::<u8>(&s).unwrap(), [0; 32], "nothing was copied into the larger destination");
+}
+
+#[test]
+fn a_copy_whose_own_ranges_meet_is_refused_however_the_batch_is_made() {
+    let device = device();
+    let s = stream(device);
+    let pool = DeviceMemoryResource::new(device, Default::default()).unwrap();
+    let whole = zeroed(64, &pool, &s);
+    let (elsewhere, mut apart) = (zeroed(8, &pool, &s), zeroed(8, &pool, &s));
+    let refused = |r: cuda_mem_core::Result<()>, copy: usize| {
+        assert!(matches!(r, Err(Error::Copy(CopyError::SelfOverlap { copy: c })) if c == copy), "{r:?}");
+    };
+    // `range`: bytes 12..20 of a source over 0..32 into a destination over 16..24.
+    let (src, mut dst) = (alias(&whole, 0, 32), alias(&whole, 16, 8));
+    let batch = [BatchCopy::new(&elsewhere, &mut apart).unwrap(), BatchCopy::range(&src, 12, &mut dst).unwrap()];
+    refused(copy_batch(&s, batch, CopyOptions::default()), 1);
+    // `views`: typed views of two buffers wrapped over 32..48 and 36..52.
+    let (a, mut b) = (alias(&whole, 32, 16), alias(&whole, 36, 16));
+    let view = a.view::<u32>().unwrap();
+    let mut view_mut = b.view_mut::<u32>().unwrap();
+    refused(copy_batch(&s, [BatchCopy::views(&view, &mut view_mut).unwrap()], during_call()), 0);
+    // Ranges that only touch are not an overlap: 0..8 into 8..16.
+    let (src, mut dst) = (alias(&whole, 0, 8), alias(&whole, 8, 8));
+    copy_batch(&s, [BatchCopy::new(&src, &mut dst).unwrap()], CopyOptions::default()).unwrap();
+    s.synchronize().unwrap();
+}

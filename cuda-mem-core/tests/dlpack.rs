@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use common::{Gate, OPEN_DELAY, hold};
 use cuda_mem_core::dlpark::DlpackFlags;
-use cuda_mem_core::dlpark::ffi::{DLDataType, DLDevice, DLDeviceType, DLManagedTensor};
+use cuda_mem_core::dlpark::ffi::{DLDataType, DLDataTypeCode, DLDevice, DLDeviceType, DLManagedTensor};
 use cuda_mem_core::dlpark::metadata::Dynamic;
 use cuda_mem_core::{
     Buffer, ConsumerStream, Device, DeviceMemoryResource, DlpackElement, DlpackError, DlpackImport, DlpackTensor,
@@ -228,10 +228,22 @@ fn foreign(
     shape: &[i64],
     strides: &[i64],
 ) -> (cuda_mem_core::dlpark::versioned::Dlpack, Arc<AtomicUsize>) {
+    foreign_at(ptr, 0, device, dtype, shape, strides)
+}
+
+/// [`foreign`], its elements `byte_offset` bytes past `ptr`.
+fn foreign_at(
+    ptr: u64,
+    byte_offset: u64,
+    device: DLDevice,
+    dtype: DLDataType,
+    shape: &[i64],
+    strides: &[i64],
+) -> (cuda_mem_core::dlpark::versioned::Dlpack, Arc<AtomicUsize>) {
     let released = Arc::new(AtomicUsize::new(0));
     let mut tensor =
         Dynamic::new(shape.to_vec(), strides.to_vec()).initialize(Box::new(Released(Arc::clone(&released)))).unwrap();
-    tensor.set_data(ptr as *mut c_void).set_device(device).set_dtype(dtype);
+    tensor.set_data(ptr as *mut c_void).set_device(device).set_dtype(dtype).set_byte_offset(byte_offset);
     // SAFETY: the test keeps the memory valid while the tensor lives.
     (unsafe { tensor.finish() }, released)
 }
@@ -325,6 +337,119 @@ fn refused_imports_release_the_tensor_once_with_a_typed_error() {
     assert!(matches!(error, Error::View(ViewError::Size { size: 12, .. })), "{error}");
     drop(import);
     assert_eq!(released.load(Ordering::SeqCst), 1);
+}
+
+/// Imports `tensor`, which must be refused, and checks that its deleter ran once.
+fn refused_import(tensor: cuda_mem_core::dlpark::versioned::Dlpack, released: &AtomicUsize) -> DlpackError {
+    let error = match take(tensor) {
+        Ok(import) => panic!(
+            "imported {:?} over {} bytes at {:#x}",
+            import.shape(),
+            import.buffer().size(),
+            import.buffer().ptr()
+        ),
+        Err(Error::Dlpack(error)) => error,
+        Err(other) => panic!("not a DLPack error: {other}"),
+    };
+    assert_eq!(released.load(Ordering::SeqCst), 1, "{error}");
+    error
+}
+
+/// A producer's word on where its elements lie is checked against the driver's allocations
+/// (a byte offset of 2^63, a shape past the end, elements running into the neighbouring
+/// allocation were imported, and the buffer covered memory that was unmapped or another's), as
+/// are its data type and the arithmetic of its extent; each refusal releases the tensor once.
+#[test]
+fn imports_reaching_outside_their_allocation_are_refused_and_released_once() {
+    let device = common::device();
+    let stream = common::stream(device);
+    let pool: Arc<dyn MemoryResource> = DeviceMemoryResource::new(device, Default::default()).unwrap();
+    let (a, b) = (filled(&pool, &[1u8; 64], &stream), filled(&pool, &[2u8; 64], &stream));
+    let ptr = a.ptr();
+    assert!(ptr < 1 << 62, "device addresses lie below 2^62");
+    let cuda = DLDevice::cuda(0);
+    let f32x4 = DLDataType::new(DLDataTypeCode::FLOAT, 32, 4);
+
+    // A byte offset of 2^63: no allocation there.
+    let (tensor, released) = foreign_at(ptr, 1 << 63, cuda, u8::DTYPE, &[4], &[1]);
+    let error = refused_import(tensor, &released);
+    assert!(matches!(error, DlpackError::NotAllocated { ptr: p, size: 4 } if p == ptr + (1 << 63)), "{error}");
+    // An offset that carries the address past 2^64: the sum is checked, not wrapped.
+    let (tensor, released) = foreign_at(ptr, ptr.wrapping_neg(), cuda, u8::DTYPE, &[4], &[1]);
+    let error = refused_import(tensor, &released);
+    assert!(matches!(error, DlpackError::Malformed(_)), "{error}");
+
+    // Past the allocation's end: by the shape, by lanes, from an offset near its end.
+    let outside = |error: &DlpackError, start: u64, bytes: usize| {
+        matches!(*error, DlpackError::OutsideAllocation { ptr: p, size, base, allocation: 64 }
+            if p == start && size == bytes && base == ptr)
+    };
+    let cases: [(u64, DLDataType, i64, usize); 3] = [(0, f32::DTYPE, 17, 68), (0, f32x4, 5, 80), (60, u8::DTYPE, 8, 8)];
+    for (offset, dtype, len, bytes) in cases {
+        let (tensor, released) = foreign_at(ptr, offset, cuda, dtype, &[len], &[1]);
+        let error = refused_import(tensor, &released);
+        assert!(outside(&error, ptr + offset, bytes), "{error}");
+        assert!(error.to_string().contains("run past the allocation"), "{error}");
+    }
+    // Into the neighbouring allocation, whichever of the two lies lower.
+    let (low, high) = (ptr.min(b.ptr()), ptr.max(b.ptr()));
+    let span = (high - low) as i64 + 8;
+    let (tensor, released) = foreign(low, cuda, u8::DTYPE, &[span], &[1]);
+    let error = refused_import(tensor, &released);
+    assert!(matches!(error, DlpackError::OutsideAllocation { ptr: p, base, .. } if p == low && base == low), "{error}");
+    // Reversed below the allocation's start: what lies there is not the tensor's either.
+    let (tensor, released) = foreign(ptr + 2, cuda, u8::DTYPE, &[8], &[-1]);
+    let error = refused_import(tensor, &released);
+    assert!(matches!(error, DlpackError::NotAllocated { .. } | DlpackError::OutsideAllocation { .. }), "{error}");
+
+    // Data types DLPack does not define: an unknown code, a width its code does not take.
+    for dtype in [DLDataType::new(DLDataTypeCode(99), 32, 1), DLDataType::new(DLDataTypeCode::FLOAT, 24, 1)] {
+        let (tensor, released) = foreign(ptr, cuda, dtype, &[4], &[1]);
+        let error = refused_import(tensor, &released);
+        assert!(matches!(error, DlpackError::UnknownDtype { dtype: d } if d == dtype), "{error}");
+    }
+    // Element and byte counts that overflow.
+    let (tensor, released) = foreign(ptr, cuda, u8::DTYPE, &[1 << 62, 1 << 62], &[1 << 62, 1]);
+    assert!(matches!(refused_import(tensor, &released), DlpackError::Malformed(_)));
+    let wide = DLDataType::new(DLDataTypeCode::FLOAT, 64, 1024);
+    let (tensor, released) = foreign(ptr, cuda, wide, &[1 << 60], &[1]);
+    assert!(matches!(refused_import(tensor, &released), DlpackError::Malformed(_)));
+
+    // Managed and pinned memory the driver knows are checked the same way.
+    let managed: Arc<dyn MemoryResource> = ManagedMemoryResource::new(Default::default()).unwrap();
+    let pinned: Arc<dyn MemoryResource> = PinnedMemoryResource::new(Default::default()).unwrap();
+    for (resource, device_type) in [(managed, DLDeviceType::CUDAMANAGED), (pinned, DLDeviceType::CUDAHOST)] {
+        let memory = filled(&resource, &[3u8; 64], &stream);
+        let host = DLDevice { device_type, device_id: 0 };
+        let (tensor, released) = foreign(memory.ptr(), host, f32::DTYPE, &[17], &[1]);
+        let error = refused_import(tensor, &released);
+        assert!(matches!(error, DlpackError::OutsideAllocation { size: 68, allocation: 64, .. }), "{error}");
+        if device_type == DLDeviceType::CUDAMANAGED {
+            // Pinned host memory the driver does not know is taken on the caller's word (host
+            // memory registered elsewhere may be pinned too); managed memory must be known.
+            let (tensor, released) = foreign_at(memory.ptr(), 1 << 63, host, f32::DTYPE, &[4], &[1]);
+            let error = refused_import(tensor, &released);
+            assert!(matches!(error, DlpackError::NotAllocated { size: 16, .. }), "{error}");
+        }
+        // Inside the allocation: imported.
+        let (tensor, released) = foreign_at(memory.ptr(), 48, host, f32::DTYPE, &[4], &[1]);
+        let import = take(tensor).unwrap();
+        assert_eq!(import.view::<f32>().unwrap().to_vec(&stream).unwrap(), [f32::from_le_bytes([3; 4]); 4]);
+        drop(import);
+        assert_eq!(released.load(Ordering::SeqCst), 1);
+    }
+
+    // Tensors inside their allocation still import: the whole of it, and its last bytes from
+    // an offset, reversed.
+    let (tensor, released) = foreign(ptr, cuda, f32::DTYPE, &[16], &[1]);
+    assert_eq!(take(tensor).unwrap().buffer().to_vec::<u8>(&stream).unwrap(), [1; 64]);
+    assert_eq!(released.load(Ordering::SeqCst), 1);
+    let (tensor, released) = foreign_at(ptr, 63, cuda, u8::DTYPE, &[4], &[-1]);
+    let import = take(tensor).unwrap();
+    assert_eq!((import.buffer().ptr(), import.buffer().size()), (ptr + 60, 4));
+    drop(import);
+    assert_eq!(released.load(Ordering::SeqCst), 1);
+    drop(b);
 }
 
 #[test]

@@ -404,3 +404,34 @@ fn host_numa_access_is_only_for_host_numa_memory() {
         }
     });
 }
+
+fn address_range(ptr: CUdeviceptr) -> Result<(CUdeviceptr, usize), CUresult> {
+    let (mut base, mut size) = (0, 0);
+    // SAFETY: both are valid out-pointers.
+    match unsafe { code!(driver(), cuMemGetAddressRange_v2(&mut base, &mut size, ptr)) } {
+        CUresult::CUDA_SUCCESS => Ok((base, size)),
+        error => Err(error),
+    }
+}
+
+/// `cuMemGetAddressRange` in mapped memory names the mapping the address lies in, as GPUs do
+/// (one `cuMemCreate` handle's extent, not the reservation's); reserved addresses with nothing
+/// mapped are in no allocation.
+#[test]
+fn the_address_range_of_mapped_memory_is_its_mapping() {
+    in_child!(&[], || {
+        use_device(0);
+        let base = reserve(3 * G, 0);
+        let (first, second) = (create(G, 0).unwrap(), create(G, 0).unwrap());
+        assert_eq!(map(base, G, first), CUresult::CUDA_SUCCESS);
+        assert_eq!(map(base + G as u64, G, second), CUresult::CUDA_SUCCESS);
+        assert_eq!(address_range(base), Ok((base, G)));
+        assert_eq!(address_range(base + G as u64 - 1), Ok((base, G)));
+        assert_eq!(address_range(base + G as u64 + 5), Ok((base + G as u64, G)));
+        assert_eq!(address_range(base + 2 * G as u64), Err(CUresult::CUDA_ERROR_NOT_FOUND), "reserved, not mapped");
+        assert_eq!(unmap(base, 2 * G), CUresult::CUDA_SUCCESS);
+        assert_eq!(address_range(base), Err(CUresult::CUDA_ERROR_NOT_FOUND), "unmapped");
+        assert_eq!((release(first), release(second)), (CUresult::CUDA_SUCCESS, CUresult::CUDA_SUCCESS));
+        assert_eq!(free_range(base, 3 * G), CUresult::CUDA_SUCCESS);
+    });
+}

@@ -2,13 +2,16 @@
 //! an IPC-shared pool (`cuda-mem-ipc`) export as DLPack tensors and come back, and the tensor
 //! keeps them (and their resources) alive until its deleter.
 
+use std::ffi::c_void;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use cuda_mem_core::dlpark::DlpackFlags;
-use cuda_mem_core::dlpark::ffi::DLDeviceType;
+use cuda_mem_core::dlpark::ffi::{DLDevice, DLDeviceType};
+use cuda_mem_core::dlpark::metadata::Dynamic;
 use cuda_mem_core::{
-    Buffer, Device, DeviceMemoryResource, DeviceMemoryResourceOptions, DlpackImport, DlpackTensor, ExportOptions,
-    MemoryResource, OwnedBy, Stream, StreamOptions, export_dlpack,
+    Buffer, Device, DeviceMemoryResource, DeviceMemoryResourceOptions, DlpackElement, DlpackError, DlpackImport,
+    DlpackTensor, Error, ExportOptions, MemoryResource, OwnedBy, Stream, StreamOptions, export_dlpack,
 };
 use cuda_mem_ipc::{MappedMemoryResource, allocation_handle, buffer_descriptor};
 use cuda_mem_vmm::{VirtualBuffer, VirtualMemoryResource};
@@ -56,6 +59,56 @@ fn virtual_buffers_export_and_stay_alive_in_the_tensor() {
     drop(vmm);
     let import = take(plain.into_dlpack::<u8>(&ExportOptions::default()).unwrap());
     assert_eq!(import.buffer().size(), 4096);
+}
+
+/// Counts the releases of a producer's tensor.
+struct Released(Arc<AtomicUsize>);
+
+impl Drop for Released {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// A virtual buffer of several physical chunks is one range to its owner, though the driver
+/// names each chunk's mapping apart (`cuMemGetAddressRange`): it imports whole, and a producer's
+/// tensor reaching past its last mapped byte is refused, its deleter called once.
+#[test]
+fn a_virtual_buffer_of_several_chunks_imports_whole_and_nothing_past_it() {
+    let (device, stream) = setup();
+    let vmm = VirtualMemoryResource::new(device, Default::default()).unwrap();
+    let chunk = vmm.granularity();
+    let first = vmm.allocate(chunk, &stream).unwrap();
+    let mut grown = first.grow(3 * chunk).unwrap();
+    drop(first);
+    assert!(grown.chunk_count() >= 2, "{} chunk(s)", grown.chunk_count());
+    grown.fill(cuda_mem_core::FillPattern::U8(5), &stream).unwrap();
+    let (ptr, mapped) = (grown.ptr(), grown.mapped_size());
+    let import = take(export_dlpack::<u8>(OwnedBy::new(grown, VirtualBuffer::as_buffer), &Default::default()).unwrap());
+    assert_eq!(import.buffer().size(), 3 * chunk);
+    assert!(import.buffer().to_vec::<u8>(&stream).unwrap().iter().all(|&b| b == 5));
+
+    // The same memory, as a producer would describe it: to the last mapped byte, and one past.
+    for (len, refused) in [(mapped, false), (mapped + 1, true)] {
+        let released = Arc::new(AtomicUsize::new(0));
+        let mut tensor =
+            Dynamic::new(vec![len as i64], vec![1i64]).initialize(Box::new(Released(Arc::clone(&released)))).unwrap();
+        tensor.set_data(ptr as *mut c_void).set_device(DLDevice::cuda(0)).set_dtype(u8::DTYPE);
+        // SAFETY: the memory stays mapped while `import` holds the buffer.
+        let tensor = unsafe { tensor.finish() };
+        // SAFETY: as above; nothing writes it.
+        let result = unsafe { DlpackImport::from_dlpack(tensor) };
+        match result {
+            Ok(other) if !refused => drop(other),
+            Err(Error::Dlpack(DlpackError::OutsideAllocation { ptr: p, size, .. })) if refused => {
+                assert_eq!((p, size), (ptr, mapped + 1));
+            }
+            Ok(_) => panic!("{len} bytes from {ptr:#x} imported past the {mapped} mapped"),
+            Err(error) => panic!("{len} bytes: {error}"),
+        }
+        assert_eq!(released.load(Ordering::SeqCst), 1);
+    }
+    drop(import);
 }
 
 #[test]

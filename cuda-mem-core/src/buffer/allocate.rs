@@ -43,10 +43,15 @@ impl<'a> ScopedBuffer<'a> {
 }
 
 /// `size` bytes from `resource` on `stream`, or the null pointer of an empty buffer (without
-/// asking the resource) when `size` is 0.
+/// asking the resource for memory, only telling it: `note_empty_allocation`) when `size` is 0.
 #[inline(always)]
 fn allocate_raw_or_empty<R: MemoryResource + ?Sized>(resource: &R, size: usize, stream: &Stream) -> Result<DevicePtr> {
-    if size == 0 { Ok(0) } else { resource.allocate_raw(size, stream) }
+    if size == 0 {
+        resource.note_empty_allocation();
+        Ok(0)
+    } else {
+        resource.allocate_raw(size, stream)
+    }
 }
 
 impl Buffer {

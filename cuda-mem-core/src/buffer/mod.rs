@@ -270,7 +270,10 @@ impl Buffer {
     /// as one holder's share of an allocation imported from another process, which the
     /// imported pool's resource gives back); either way the memory is released exactly once,
     /// through this buffer, and not freed by anything else. Memory that must be released
-    /// cannot be taken with a `size` of 0, which would never release it.
+    /// cannot be taken with a `size` of 0, which would never release it. A null `ptr` with a
+    /// `size` of 0 is taken as an empty buffer of `resource` (the parts of one from
+    /// [`into_raw`](Buffer::into_raw)): dropping it tells `resource`
+    /// ([`note_empty_deallocation`](MemoryResource::note_empty_deallocation)).
     pub unsafe fn from_raw_owned(
         ptr: DevicePtr,
         size: usize,
@@ -354,8 +357,10 @@ impl Buffer {
                 return Err(CloseError { buffer: Box::new(self), error });
             }
         };
-        // What is left owns nothing: the drop that follows frees nothing.
+        // What is left owns nothing: the drop that follows frees nothing, and (the stream gone)
+        // tells the resource nothing of an empty buffer, whose parts now own it.
         self.size = 0;
+        self.stream = None;
         Ok(RawBuffer { ptr, size, resource, stream })
     }
 
@@ -606,6 +611,12 @@ impl<'a> ScopedBuffer<'a> {
             }
         };
         if self.size == 0 {
+            // An empty buffer a resource made (the null pointer: memory that was freed leaves
+            // its address) tells it once that it is gone: the stream goes with the notice, so
+            // a release after this one tells nothing.
+            if self.ptr == 0 && self.stream.take().is_some() {
+                resource.note_empty_deallocation();
+            }
             return Ok(());
         }
         let Some(stream) = &self.stream else {

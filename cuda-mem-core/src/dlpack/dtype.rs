@@ -38,6 +38,30 @@ elements!(
     f32 => F32, f64 => F64, bool => BOOL,
 );
 
+/// Whether `dtype` is one DLPack defines: a type code of `dlpack.h` (1.3: 0 to 17) with a width
+/// that code takes, and at least one lane. Integers take 8 to 64 bits and the packed 1, 2 and 4
+/// (which [`element_bytes`] then refuses unless lanes make whole bytes), floats 16, 32 and 64,
+/// `bfloat` 16, complex numbers 32, 64 and 128, `bool` 8 (its storage, as `dlpack.h` says), the
+/// FP8 codes 8, the FP6 codes 6 and FP4 4 (`dlpack.h`: "the consumer must stop importing if the
+/// value is unexpected"); an opaque handle any width its producer and consumer agree on.
+pub(crate) fn is_defined(dtype: DLDataType) -> bool {
+    use dlpark::ffi::DLDataTypeCode as C;
+    let bits = dtype.bits;
+    let width_known = match dtype.code {
+        C::INT | C::UINT => matches!(bits, 1 | 2 | 4 | 8 | 16 | 32 | 64),
+        C::FLOAT => matches!(bits, 16 | 32 | 64),
+        C::BFLOAT => bits == 16,
+        C::COMPLEX => matches!(bits, 32 | 64 | 128),
+        C::BOOL => bits == 8,
+        C::OPAQUEHANDLE => bits > 0,
+        C::FLOAT6_E2M3FN | C::FLOAT6_E3M2FN => bits == 6,
+        C::FLOAT4_E2M1FN => bits == 4,
+        C(code) if (C::FLOAT8_E3M4.0..=C::FLOAT8_E8M0FNU.0).contains(&code) => bits == 8,
+        C(_) => false,
+    };
+    width_known && dtype.lanes > 0
+}
+
 /// The bytes one element of `dtype` takes, or `None` for a data type whose elements are not a
 /// whole number of bytes (packed sub-byte types, a zero width or zero lanes), which this crate
 /// neither exports nor imports.
@@ -51,6 +75,20 @@ mod tests {
     use dlpark::ffi::DLDataTypeCode;
 
     use super::*;
+
+    #[test]
+    fn only_the_data_types_dlpack_defines_are_known() {
+        for element in [u8::DTYPE, i64::DTYPE, f32::DTYPE, f64::DTYPE, bool::DTYPE, DLDataType::F4E2M1FN] {
+            assert!(is_defined(element), "{element:?}");
+        }
+        let defined = |code: u8, bits: u8, lanes: u16| is_defined(DLDataType::new(DLDataTypeCode(code), bits, lanes));
+        assert!(defined(2, 16, 1) && defined(4, 16, 1) && defined(5, 64, 1) && defined(2, 32, 4));
+        assert!(defined(8, 8, 1) && defined(14, 8, 1) && defined(15, 6, 1) && defined(3, 24, 1));
+        // Unknown codes, widths a code does not take, no lanes.
+        assert!(!defined(18, 8, 1) && !defined(99, 32, 1) && !defined(255, 8, 1));
+        assert!(!defined(2, 24, 1) && !defined(2, 8, 1) && !defined(6, 16, 1) && !defined(4, 32, 1));
+        assert!(!defined(10, 16, 1) && !defined(17, 8, 1) && !defined(0, 128, 1) && !defined(0, 32, 0));
+    }
 
     #[test]
     fn element_sizes_are_whole_bytes_or_refused() {

@@ -10,7 +10,7 @@ use dlpark::DlpackFlags;
 use dlpark::ffi::{DLDataType, DLDevice, DLDeviceType};
 use dlpark::metadata::Dynamic;
 
-use super::dtype::{DlpackElement, element_bytes};
+use super::dtype::{DlpackElement, element_bytes, is_defined};
 use super::layout;
 use super::stream::{ConsumerStream, hand_over};
 use super::tensor::DlpackTensor;
@@ -201,6 +201,8 @@ pub fn export_dlpack<T: DlpackElement>(source: impl ExportSource, options: &Expo
 /// [`DlpackElement`] names: `float16`, complex, vectors), without an alignment check.
 ///
 /// # Errors
+/// - [`DlpackError::UnknownDtype`] for a data type DLPack does not define (an unknown type
+///   code, or a width its code does not take), which consumers refuse.
 /// - [`DlpackError::UnsupportedDtype`] for a data type that is not a whole number of bytes.
 /// - As [`Buffer::into_dlpack`].
 pub fn export_dlpack_as(
@@ -208,6 +210,9 @@ pub fn export_dlpack_as(
     dtype: DLDataType,
     options: &ExportOptions<'_>,
 ) -> Result<DlpackTensor> {
+    if !is_defined(dtype) {
+        return Err(DlpackError::UnknownDtype { dtype }.into());
+    }
     let Some(size) = element_bytes(dtype) else {
         return Err(DlpackError::UnsupportedDtype { dtype }.into());
     };
@@ -264,7 +269,7 @@ impl Buffer {
     ///
     /// # Errors
     /// - As [`into_dlpack`](ScopedBuffer::into_dlpack).
-    /// - [`DlpackError::UnsupportedDtype`].
+    /// - [`DlpackError::UnknownDtype`], [`DlpackError::UnsupportedDtype`].
     pub fn into_dlpack_as(self, dtype: DLDataType, options: &ExportOptions<'_>) -> Result<DlpackTensor> {
         export_dlpack_as(self, dtype, options)
     }

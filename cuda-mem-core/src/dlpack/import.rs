@@ -8,9 +8,10 @@ use bytemuck::Pod;
 use dlpark::ffi::{DLDataType, DLDevice, DLDeviceType, DLManagedTensor, DLManagedTensorVersioned};
 use dlpark::{DlpackFlags, Managed, ManagedTensorBase};
 
-use super::dtype::{DlpackElement, element_bytes};
+use super::dtype::{DlpackElement, element_bytes, is_defined};
 use super::export::ExportSource;
 use super::layout::{Unbounded, has_gaps, reach};
+use super::range::{Known, check_inside_allocation};
 use crate::buffer::{Buffer, ForeignMemory};
 use crate::device::Device;
 use crate::drop_errors::on_drop;
@@ -116,9 +117,23 @@ impl DlpackImport {
     ///   managed memory.
     /// - [`DlpackError::DeviceNotVisible`] for a device this process does not see.
     /// - [`DlpackError::NullData`] for elements at a null pointer.
+    /// - [`DlpackError::UnknownDtype`] for a data type DLPack does not define (an unknown type
+    ///   code, or a width its code does not take).
     /// - [`DlpackError::UnsupportedDtype`] for a data type that is not a whole number of bytes.
-    /// - [`DlpackError::Malformed`] for inconsistent metadata.
-    /// - A driver error counting devices.
+    /// - [`DlpackError::Malformed`] for inconsistent metadata: a negative dimension, a shape
+    ///   whose element or byte count overflows, a data pointer and byte offset whose sum with
+    ///   the elements' extent passes the end of the address space.
+    /// - For device and managed memory, [`DlpackError::NotAllocated`] when the driver knows no
+    ///   allocation at the elements' lowest byte, and [`DlpackError::OutsideAllocation`] when
+    ///   they run past the allocation they start in (`cuMemGetAddressRange`; memory mapped
+    ///   through the VMM API may run on through the mappings that follow without a gap). Pinned
+    ///   host memory is checked so where the driver knows its address.
+    /// - A driver error counting devices, or asking where the memory lies.
+    ///
+    /// The range check keeps a producer's word from reaching memory the tensor does not have:
+    /// a byte offset of 2^63, a shape past the allocation's end, elements that run into a
+    /// neighbouring allocation. What it cannot see is the producer's own use of an allocation it
+    /// owns: that stays its promise (above).
     pub unsafe fn from_dlpack(tensor: impl Into<dlpark::versioned::Dlpack>) -> Result<DlpackImport> {
         import(tensor.into())
     }
@@ -332,6 +347,9 @@ fn import<M: ManagedTensorBase>(tensor: Managed<M>) -> Result<DlpackImport> {
     let described = tensor.validate().map_err(DlpackError::Malformed)?;
     let (device, device_accessible, host_accessible) = placement(described.device())?;
     let dtype = described.dtype();
+    if !is_defined(dtype) {
+        return Err(DlpackError::UnknownDtype { dtype }.into());
+    }
     let element = element_bytes(dtype).ok_or(DlpackError::UnsupportedDtype { dtype })?;
     let shape = described.shape().to_vec();
     let strides = described.strides_or_compact().map_err(DlpackError::Malformed)?.into_owned();
@@ -363,6 +381,10 @@ fn import<M: ManagedTensorBase>(tensor: Managed<M>) -> Result<DlpackImport> {
         }
     };
     let device_desc = described.device();
+    if size > 0 {
+        let known = if device_desc.device_type == DLDeviceType::CUDAHOST { Known::IfKnown } else { Known::Required };
+        check_inside_allocation(device, ptr, size, known)?;
+    }
     let deleter: Arc<dyn Any + Send + Sync> = Arc::new(tensor.into_deleter());
     let memory = ForeignMemory::default()
         .device(device)

@@ -15,11 +15,13 @@
 //! | `stream` | [`ConsumerStream`], [`RawStream`]: the stream exchange |
 //! | `dtype` | [`DlpackElement`]: Rust element types and their DLPack data types |
 //! | `layout` | shape and stride checks |
+//! | `range` | an import's bytes against the driver's allocations |
 
 mod dtype;
 mod export;
 mod import;
 mod layout;
+mod range;
 mod stream;
 mod tensor;
 

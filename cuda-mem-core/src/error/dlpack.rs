@@ -40,6 +40,17 @@ pub enum DlpackError {
         /// The data type.
         dtype: DLDataType,
     },
+    /// A data type DLPack does not define: an unknown type code, or a width its code does not
+    /// take (`dlpack.h` asks a consumer to stop importing when the width is unexpected). It is
+    /// neither imported as raw bytes nor exported.
+    #[error(
+        "not supported: DLPack data type code {} with {} bits and {} lanes is not one DLPack defines (codes 0 to \
+         17, each with its widths)", .dtype.code.0, .dtype.bits, .dtype.lanes
+    )]
+    UnknownDtype {
+        /// The data type.
+        dtype: DLDataType,
+    },
     /// A shape (without strides) whose element count is not the number of elements exported.
     #[error(
         "invalid argument: shape {shape:?} has {elements} elements, the exported range has {len}: give a shape \
@@ -128,11 +139,45 @@ pub enum DlpackError {
         /// The size its shape and data type give.
         bytes: usize,
     },
+    /// A device or managed tensor whose bytes lie in no allocation the driver knows
+    /// (`cuMemGetAddressRange`): its data pointer and byte offset point at memory that is not
+    /// allocated (or not mapped).
+    #[error(
+        "invalid DLPack tensor: its {size} bytes at {ptr:#x} lie in no allocation the driver knows: the data \
+         pointer and byte_offset must point into the producer's memory"
+    )]
+    NotAllocated {
+        /// The address of the lowest byte the tensor reaches (data pointer + byte offset +
+        /// the lowest element's offset).
+        ptr: DevicePtr,
+        /// The bytes from there to the end of the highest element.
+        size: usize,
+    },
+    /// A tensor whose bytes run past the allocation they start in, into unmapped memory or
+    /// another allocation (memory mapped through the VMM API counts the mappings that follow
+    /// it without a gap as one).
+    #[error(
+        "invalid DLPack tensor: its bytes {ptr:#x}..{:#x} run past the allocation {base:#x}..{:#x} they start in: \
+         every element must lie inside the producer's allocation",
+        u128::from(*.ptr) + *.size as u128, u128::from(*.base) + *.allocation as u128
+    )]
+    OutsideAllocation {
+        /// The address of the lowest byte the tensor reaches.
+        ptr: DevicePtr,
+        /// The bytes from there to the end of the highest element.
+        size: usize,
+        /// Where the allocation the tensor starts in begins.
+        base: DevicePtr,
+        /// Its size in bytes (with the mappings that follow it, for memory mapped through the
+        /// VMM API).
+        allocation: usize,
+    },
     /// A null tensor pointer.
     #[error("invalid argument: a null DLPack tensor pointer")]
     NullTensor,
     /// A tensor whose metadata is inconsistent (negative dimensions or rank, a null shape,
-    /// sizes or addresses that overflow).
+    /// element counts, sizes or addresses that overflow: a shape whose product, or a data
+    /// pointer and byte offset whose sum with the elements' extent, does not fit).
     #[error("invalid DLPack tensor: {0}")]
     Malformed(#[source] dlpark::tensor::Error),
     /// A contiguous view asked of a tensor that is not compact row-major.

@@ -119,21 +119,32 @@ pub(crate) unsafe fn get_info(free: *mut usize, total: *mut usize) -> SimResult 
     }
 }
 
-/// `cuMemGetAddressRange_v2`: the allocation containing a device pointer.
+/// `cuMemGetAddressRange_v2`: the allocation containing a device pointer. In memory mapped
+/// through the VMM API (of which `cuda.h` says nothing here), the mapping containing it: GPUs
+/// answer with the one physical allocation mapped there, not the whole reservation or the run of
+/// mappings around it (UCX and libfabric work around exactly that for buffers of several
+/// `cuMemCreate` handles).
 ///
 /// # Safety
 /// Each pointer is null (not wanted) or valid for a write.
 pub(crate) unsafe fn address_range(base: *mut CUdeviceptr, size: *mut usize, address: CUdeviceptr) -> SimResult {
     let state = state::lock()?;
     ctx::current(&state)?;
-    let allocation = state.memory.find(address).ok_or(CUresult::CUDA_ERROR_NOT_FOUND)?;
+    let (start, len) = match state.memory.find(address) {
+        Some(allocation) => (allocation.base, allocation.size),
+        None => {
+            let mapped = state.memory.mapped_cover(address, 1).ok_or(CUresult::CUDA_ERROR_NOT_FOUND)?;
+            let (start, range) = mapped[0];
+            (start, usize::try_from(range.size).map_err(|_| CUresult::CUDA_ERROR_NOT_FOUND)?)
+        }
+    };
     // SAFETY: each pointer is written only when non-null, as cuda.h allows.
     unsafe {
         if !base.is_null() {
-            write_out(base, allocation.base)?;
+            write_out(base, start)?;
         }
         if !size.is_null() {
-            write_out(size, allocation.size)?;
+            write_out(size, len)?;
         }
     }
     Ok(())

@@ -2,12 +2,19 @@
 //! resource, an `Arc<dyn MemoryResource>`, another adaptor) and is a `MemoryResource` itself, so
 //! they stack: a [`LimitingAdaptor`] over a [`StatisticsAdaptor`] over a pool. One file each:
 //!
-//! - [`statistics`]: [`StatisticsAdaptor`], current, peak and total bytes and allocation counts,
-//!   read at once as [`AllocationStatistics`] (RMM's `statistics_resource_adaptor`);
+//! - [`statistics`]: [`StatisticsAdaptor`], current, peak and total bytes and allocation counts
+//!   (empty buffers included, as allocations of 0 bytes), read at once as
+//!   [`AllocationStatistics`] (RMM's `statistics_resource_adaptor`);
 //! - [`limiting`]: [`LimitingAdaptor`], refuses allocations past a byte budget with
 //!   [`Error::LimitExceeded`](crate::Error::LimitExceeded) (RMM's `limiting_resource_adaptor`);
 //! - [`tracking`]: [`TrackingAdaptor`], the live allocations, each with a backtrace when asked,
 //!   so leaks can be found ([`LeakReport`]; RMM's `tracking_resource_adaptor`).
+//!
+//! An empty buffer (0 bytes) holds no memory, so no adaptor's `allocate_raw` sees it; each
+//! adaptor passes the notice of it on instead
+//! ([`MemoryResource::note_empty_allocation`](crate::MemoryResource::note_empty_allocation)), for
+//! a statistics adaptor anywhere in the stack to count. It takes nothing of a limiting
+//! adaptor's budget, and a tracking adaptor records only memory.
 //!
 //! An adaptor answers every question about the memory (`is_device_accessible`,
 //! `is_host_accessible`, `device`, `is_managed`, `may_be_written_externally`) as the resource it

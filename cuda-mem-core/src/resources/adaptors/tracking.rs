@@ -17,7 +17,10 @@ use crate::stream::Stream;
 /// Keeps a record of every allocation made through it and not yet freed: its address, size,
 /// stream and device, and, when made with [`with_backtraces`](TrackingAdaptor::with_backtraces),
 /// where in the program it was allocated (RMM's `tracking_resource_adaptor`). What is still
-/// live when it should not be is a leak: [`report`](TrackingAdaptor::report) lists them.
+/// live when it should not be is a leak: [`report`](TrackingAdaptor::report) lists them. An
+/// empty buffer (a request for 0 bytes) holds no memory and has no address of its own to tell
+/// it from another, so it is not recorded (a [`StatisticsAdaptor`](crate::StatisticsAdaptor)
+/// below or above this one counts it).
 ///
 /// Each allocation and free takes a lock on the records (and, with backtraces, captures one,
 /// which costs microseconds): a tool for finding leaks, not for every hot path.
