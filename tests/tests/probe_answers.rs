@@ -238,6 +238,18 @@ fn the_conservative_readings_are_the_simulators(answers: &[(String, String)]) {
     assert!(fabric.starts_with("fabric handles supported (attribute): 1; IMEX channels"), "{fabric}");
     assert!(fabric.ends_with("cuMemCreate shareable as a fabric handle: CUDA_ERROR_NOT_PERMITTED"), "{fabric}");
     the_call_and_capture_edges_are_the_simulators(answers, no_nodes);
+    the_address_ranges_are_the_allocations(answers);
+}
+
+/// Question 31: `cuMemGetAddressRange` names each allocation itself, a VMM mapping included,
+/// which the DLPack import's range check relies on.
+fn the_address_ranges_are_the_allocations(answers: &[(String, String)]) {
+    assert_eq!(
+        answer(answers, "address-range"),
+        "cuMemAlloc: the allocation; pool: the allocation; cuMemAllocHost: the allocation; managed: the allocation; \
+         VMM: first mapping the allocation, second mapping the allocation, cuMemRetainAllocationHandle CUDA_SUCCESS; \
+         retain cuMemAlloc: CUDA_ERROR_INVALID_VALUE"
+    );
 }
 
 /// Questions 28 and 29: single calls and captures where `cuda.h` is silent, each answered as

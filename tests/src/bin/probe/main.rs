@@ -29,9 +29,11 @@
 //! [`ipc_event`], [`managed_ranges`], [`managed_ids`], [`managed_pool`], [`managed_discard`],
 //! [`batch_copy_edges`], [`graph_memory`], [`graph_launch_capture`], [`pool_alloc_capture`],
 //! [`unsafe_calls`], [`user_object`], [`pool_import_not_a_pool`], [`exporter_frees_first`],
-//! [`fabric_channel`], [`call_edges`], [`capture_edges`], [`context_edges`].
+//! [`fabric_channel`], [`call_edges`], [`capture_edges`], [`context_edges`],
+//! [`address_range`].
 
 mod address_hint;
+mod address_range;
 mod batch_copy_edges;
 mod call_edges;
 mod capture;
@@ -100,7 +102,7 @@ pub(crate) struct Question {
 }
 
 /// Every question, in the order they are asked.
-pub(crate) const QUESTIONS: [Question; 30] = [
+pub(crate) const QUESTIONS: [Question; 31] = [
     pool_import::QUESTION,
     pointer_import::QUESTION,
     imported_access::QUESTION,
@@ -131,6 +133,7 @@ pub(crate) const QUESTIONS: [Question; 30] = [
     call_edges::QUESTION,
     capture_edges::QUESTION,
     context_edges::QUESTION,
+    address_range::QUESTION,
 ];
 
 /// The child side of the question `name`.
