@@ -29,11 +29,12 @@
 //! [`ipc_event`], [`managed_ranges`], [`managed_ids`], [`managed_pool`], [`managed_discard`],
 //! [`batch_copy_edges`], [`graph_memory`], [`graph_launch_capture`], [`pool_alloc_capture`],
 //! [`unsafe_calls`], [`user_object`], [`pool_import_not_a_pool`], [`exporter_frees_first`],
-//! [`fabric_channel`].
+//! [`fabric_channel`], [`zero_byte_capture`], [`graph_memory_release`], [`capture_dependencies`].
 
 mod address_hint;
 mod batch_copy_edges;
 mod capture;
+mod capture_dependencies;
 mod child;
 mod destroy_pending;
 mod driver;
@@ -44,6 +45,7 @@ mod free_pending;
 mod gate;
 mod graph_launch_capture;
 mod graph_memory;
+mod graph_memory_release;
 mod host_pool_access;
 mod imported_access;
 mod ipc_event;
@@ -65,6 +67,7 @@ mod runner;
 mod unsafe_calls;
 mod user_object;
 mod zero_byte;
+mod zero_byte_capture;
 
 use std::process::ExitCode;
 
@@ -97,7 +100,7 @@ pub(crate) struct Question {
 }
 
 /// Every question, in the order they are asked.
-pub(crate) const QUESTIONS: [Question; 27] = [
+pub(crate) const QUESTIONS: [Question; 30] = [
     pool_import::QUESTION,
     pointer_import::QUESTION,
     imported_access::QUESTION,
@@ -125,6 +128,9 @@ pub(crate) const QUESTIONS: [Question; 27] = [
     pool_import_not_a_pool::QUESTION,
     exporter_frees_first::QUESTION,
     fabric_channel::QUESTION,
+    zero_byte_capture::QUESTION,
+    graph_memory_release::QUESTION,
+    capture_dependencies::QUESTION,
 ];
 
 /// The child side of the question `name`.
