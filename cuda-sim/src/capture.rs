@@ -41,16 +41,24 @@
 //! having work until then (see [`crate::conservative`]). A stream capturing one sequence that
 //! waits for an event of another is `CUDA_ERROR_STREAM_CAPTURE_MERGE`. Once the capture ends,
 //! its joined streams capture nothing.
+//!
+//! Dependencies: each stream of a sequence has a dependency set, the nodes its next captured
+//! node will depend on (`cuStreamGetCaptureInfo` reports it). It starts empty; each node the
+//! graph API shows (see [`crate::graph::Listed`]) depends on the set and replaces it; an event
+//! recorded in the capture notes the set, and a stream waiting for that event adds it to its own
+//! (a stream joining the capture starts from it); `cuStreamUpdateCaptureDependencies` adds to it
+//! or replaces it. Nodes a stream gets from another this way also count as a rejoin: the
+//! stream follows the work before them, as after a wait for an event recorded there.
 
 use std::cell::Cell;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::thread::ThreadId;
 
-use cuda_mem_sys::types::{CUresult, CUstreamCaptureMode, CUstreamCaptureStatus};
+use cuda_mem_sys::types::{CUgraphEdgeData, CUgraphNodeType, CUresult, CUstreamCaptureMode, CUstreamCaptureStatus};
 
 use crate::context::Context;
-use crate::error::{SimResult, fail};
-use crate::graph::{GraphAlloc, Node};
+use crate::error::{SimResult, ensure, fail};
+use crate::graph::{GraphAlloc, Listed, Node};
 use crate::memory::Touch;
 use crate::stream::{Op, Stream, StreamKind};
 
@@ -76,6 +84,8 @@ pub(crate) struct CapturePoint {
     pub(crate) sequence: usize,
     /// For each stream of the sequence (by its capture's key), how much of its work precedes.
     covers: Vec<(usize, u64)>,
+    /// The stream's dependency set at the recording.
+    frontier: Vec<usize>,
 }
 
 impl CapturePoint {
@@ -92,8 +102,17 @@ struct Member {
     /// How many operations it has put into the sequence (a joined stream starts at 1: it must
     /// rejoin even with no work of its own).
     work: u64,
+    /// How much of its work the origin must follow for the sequence to end with a graph: all of
+    /// it, unless `cuStreamUpdateCaptureDependencies` replaced its dependency set (then what
+    /// the new set holds of it).
+    owed: u64,
     /// How much of each stream's work its next operation follows (its own excluded).
     covers: Vec<(usize, u64)>,
+    /// Its dependency set: the nodes its next node will depend on.
+    frontier: Vec<usize>,
+    /// The copy of the dependency set the last `cuStreamGetCaptureInfo` gave out (its pointer
+    /// stays valid until the next call on the stream, as `cuda.h` says), with zeroed edge data.
+    reported: (Box<[usize]>, Box<[CUgraphEdgeData]>),
 }
 
 impl Member {
@@ -114,6 +133,37 @@ impl Member {
     fn follows(&self, key: usize) -> u64 {
         self.covers.iter().find(|(k, _)| *k == key).map_or(0, |&(_, work)| work)
     }
+
+    /// A member for the stream `key`, with no work.
+    fn new(key: usize) -> Member {
+        Member {
+            key,
+            work: 0,
+            owed: 0,
+            covers: Vec::new(),
+            frontier: Vec::new(),
+            reported: (Box::default(), Box::default()),
+        }
+    }
+
+    /// Adds `nodes` to its dependency set (each once).
+    fn depend_on(&mut self, nodes: &[usize]) {
+        for &node in nodes {
+            if !self.frontier.contains(&node) {
+                self.frontier.push(node);
+            }
+        }
+    }
+}
+
+/// A node the graph API shows, as the capture made it.
+struct Made {
+    /// The node.
+    listed: Listed,
+    /// The stream that captured it (its capture's key) and its index in that stream's work.
+    by: (usize, u64),
+    /// How much of each other stream's work it follows.
+    covers: Vec<(usize, u64)>,
 }
 
 /// One capture sequence.
@@ -127,6 +177,8 @@ struct Sequence {
     /// The nodes captured so far (never run here); `None` once the sequence is invalidated, its
     /// work discarded.
     nodes: Option<Vec<Node>>,
+    /// The nodes the graph API shows, in capture order.
+    made: Vec<Made>,
     /// The allocations its allocation nodes made, invalidated or not: their addresses are live
     /// only until the capture ends.
     allocs: Vec<Arc<GraphAlloc>>,
@@ -144,7 +196,7 @@ impl Sequence {
         let index = match self.members.iter().position(|m| m.key == key) {
             Some(index) => index,
             None => {
-                self.members.push(Member { key, work: 0, covers: Vec::new() });
+                self.members.push(Member::new(key));
                 self.members.len() - 1
             }
         };
@@ -154,8 +206,27 @@ impl Sequence {
     /// Whether every stream of the sequence has rejoined its origin (the first member).
     fn all_joined(&self) -> bool {
         let Some((origin, others)) = self.members.split_first() else { return true };
-        others.iter().all(|m| origin.follows(m.key) >= m.work)
+        others.iter().all(|m| origin.follows(m.key) >= m.owed)
     }
+
+    /// The node `handle` of this sequence's graph, if it is one.
+    fn made(&self, handle: usize) -> Option<&Made> {
+        self.made.iter().find(|made| made.listed.handle == handle)
+    }
+
+    /// The nodes the graph API shows.
+    fn listed(&self) -> Vec<Listed> {
+        self.made.iter().map(|made| made.listed.clone()).collect()
+    }
+}
+
+/// How `cuStreamUpdateCaptureDependencies` changes a stream's dependency set.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Update {
+    /// `CU_STREAM_ADD_CAPTURE_DEPENDENCIES`: the nodes are added to the set.
+    Add,
+    /// `CU_STREAM_SET_CAPTURE_DEPENDENCIES`: the nodes replace the set.
+    Set,
 }
 
 /// How `cuStreamEndCapture` ends a sequence.
@@ -166,6 +237,8 @@ pub(crate) enum Ended {
         handle: usize,
         /// The nodes.
         nodes: Vec<Node>,
+        /// The nodes the graph API shows, with their dependencies.
+        listed: Vec<Listed>,
         /// The allocations of its allocation nodes.
         allocs: Vec<Arc<GraphAlloc>>,
     },
@@ -237,6 +310,71 @@ impl Capture {
         self.with_sequence(|sequence| sequence.filter(|s| s.nodes.is_some()).map(|s| (s.id, s.graph)))
     }
 
+    /// `cuStreamGetCaptureInfo`'s view of the active sequence: its id, its graph, and this
+    /// stream's dependency set with as many zeroed edge data, as pointers (null when empty) that
+    /// stay valid until the next call of this kind on the stream or the end of the sequence.
+    pub(crate) fn active_dependencies(&self) -> Option<(usize, usize, Dependencies)> {
+        self.with_sequence(|sequence| {
+            let sequence = sequence.filter(|s| s.nodes.is_some())?;
+            let (id, graph) = (sequence.id, sequence.graph);
+            let member = sequence.member(self.key);
+            let nodes: Box<[usize]> = member.frontier.clone().into_boxed_slice();
+            let edges: Box<[CUgraphEdgeData]> = vec![CUgraphEdgeData::default(); nodes.len()].into_boxed_slice();
+            member.reported = (nodes, edges);
+            let (nodes, edges) = &member.reported;
+            let dependencies = if nodes.is_empty() {
+                Dependencies { nodes: std::ptr::null(), edges: std::ptr::null(), count: 0 }
+            } else {
+                Dependencies { nodes: nodes.as_ptr(), edges: edges.as_ptr(), count: nodes.len() }
+            };
+            Some((id, graph, dependencies))
+        })
+    }
+
+    /// The nodes the graph API shows of the active sequence whose graph is `graph`, if this
+    /// stream captures it.
+    pub(crate) fn listed_of(&self, graph: usize) -> Option<Vec<Listed>> {
+        self.with_sequence(|sequence| sequence.filter(|s| s.nodes.is_some() && s.graph == graph).map(|s| s.listed()))
+    }
+
+    /// `cuStreamUpdateCaptureDependencies`: adds `nodes` to this stream's dependency set or
+    /// replaces the set with them. `CUDA_ERROR_ILLEGAL_STATE` when the stream does not capture,
+    /// `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED` when its capture was invalidated,
+    /// `CUDA_ERROR_INVALID_VALUE` (nothing changed) when a node is not a node of the capture's
+    /// graph or is named twice. The stream follows the work before each node, as after a wait
+    /// for an event recorded right after it; after a replacement it owes its origin only what
+    /// the new set holds of its own work (`cuda.h`: the nodes removed "do not result in
+    /// `CUDA_ERROR_STREAM_CAPTURE_UNJOINED`").
+    pub(crate) fn update_dependencies(&self, nodes: &[usize], update: Update) -> SimResult {
+        self.with_sequence(|sequence| {
+            let Some(sequence) = sequence else { return fail(CUresult::CUDA_ERROR_ILLEGAL_STATE) };
+            if sequence.nodes.is_none() {
+                return fail(CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+            }
+            for (index, node) in nodes.iter().enumerate() {
+                ensure(sequence.made(*node).is_some() && !nodes[..index].contains(node))?;
+            }
+            let mut follows: Vec<(usize, u64)> = Vec::new();
+            let mut own = 0;
+            for node in nodes {
+                let Some(made) = sequence.made(*node) else { continue };
+                follows.extend_from_slice(&made.covers);
+                follows.push(made.by);
+                if made.by.0 == self.key {
+                    own = own.max(made.by.1);
+                }
+            }
+            let member = sequence.member(self.key);
+            member.follow(&follows);
+            if update == Update::Set {
+                member.frontier.clear();
+                member.owed = own;
+            }
+            member.depend_on(nodes);
+            Ok(())
+        })
+    }
+
     /// Starts a sequence in `mode`, begun by this thread; its id, or `None` if one is already
     /// under way (its own, or one it joined).
     pub(crate) fn begin(&self, mode: CUstreamCaptureMode) -> Option<usize> {
@@ -250,8 +388,17 @@ impl Capture {
         let id = crate::handle::next();
         let thread = std::thread::current().id();
         let graph = crate::handle::next();
-        let members = vec![Member { key: self.key, work: 0, covers: Vec::new() }];
-        *sequence = Some(Sequence { id, graph, nodes: Some(Vec::new()), allocs: Vec::new(), mode, thread, members });
+        let members = vec![Member::new(self.key)];
+        *sequence = Some(Sequence {
+            id,
+            graph,
+            nodes: Some(Vec::new()),
+            made: Vec::new(),
+            allocs: Vec::new(),
+            mode,
+            thread,
+            members,
+        });
         Some(id)
     }
 
@@ -282,8 +429,9 @@ impl Capture {
         };
         forget(sequence.id);
         let joined = sequence.all_joined();
+        let listed = sequence.listed();
         Ok(match sequence.nodes {
-            Some(nodes) if joined => Ended::Graph { handle: sequence.graph, nodes, allocs: sequence.allocs },
+            Some(nodes) if joined => Ended::Graph { handle: sequence.graph, nodes, listed, allocs: sequence.allocs },
             // The work of an unjoined capture is discarded, as an invalidated one's.
             Some(nodes) => {
                 drop(nodes);
@@ -302,7 +450,8 @@ impl Capture {
             let member = sequence.member(self.key);
             let mut covers = member.covers.clone();
             covers.push((self.key, member.work));
-            Some(CapturePoint { stream: Arc::downgrade(stream), sequence: id, covers })
+            let frontier = member.frontier.clone();
+            Some(CapturePoint { stream: Arc::downgrade(stream), sequence: id, covers, frontier })
         })
     }
 
@@ -312,7 +461,9 @@ impl Capture {
     pub(crate) fn wait_for_point(&self, point: &CapturePoint) -> SimResult {
         let outcome = self.with_sequence(|sequence| match sequence {
             Some(sequence) if sequence.id == point.sequence => {
-                sequence.member(self.key).follow(&point.covers);
+                let member = sequence.member(self.key);
+                member.follow(&point.covers);
+                member.depend_on(&point.frontier);
                 Ok(true)
             }
             Some(_) => fail(CUresult::CUDA_ERROR_STREAM_CAPTURE_MERGE),
@@ -329,7 +480,9 @@ impl Capture {
         let Some(sequence) = sequence.as_mut().filter(|s| s.id == point.sequence) else { return Ok(()) };
         let member = sequence.member(self.key);
         member.work = member.work.max(1);
+        member.owed = member.owed.max(1);
         member.follow(&point.covers);
+        member.depend_on(&point.frontier);
         *self.lock_joined() = Some((Arc::downgrade(&origin), point.sequence));
         Ok(())
     }
@@ -360,9 +513,10 @@ impl Capture {
     /// sequence swallows it: the callers refuse work on such a stream beforehand
     /// ([`admit_work`]), so only work that raced with the invalidation gets here, and it is
     /// discarded as if it had been captured just before.
-    /// `touches` is the simulator's memory the op reads or writes (checked at each launch).
-    pub(crate) fn record(&self, op: Op, touches: Vec<Touch>) -> Result<(), Op> {
-        self.push(op, |op| Node::Work { op: Mutex::new(op), touches })
+    /// `touches` is the simulator's memory the op reads or writes (checked at each launch);
+    /// `kind` is the node type the graph API reports for it.
+    pub(crate) fn record(&self, op: Op, touches: Vec<Touch>, kind: CUgraphNodeType) -> Result<(), Op> {
+        self.push(op, |op| Node::Work { op: Mutex::new(op), touches, kind })
     }
 
     /// Adds `node` to the sequence under way (see [`record`](Capture::record)), or gives it back
@@ -380,8 +534,18 @@ impl Capture {
             if let Node::Alloc(alloc) = &node {
                 sequence.allocs.push(Arc::clone(alloc));
             }
+            let kind = node.listed_kind();
             nodes.push(node);
-            sequence.member(self.key).work += 1;
+            let member = sequence.member(self.key);
+            member.work += 1;
+            member.owed = member.work;
+            if let Some(kind) = kind {
+                // A node the graph API shows: it depends on the stream's set, and becomes it.
+                let handle = crate::handle::next();
+                let deps = std::mem::replace(&mut member.frontier, vec![handle]);
+                let (by, covers) = ((self.key, member.work), member.covers.clone());
+                sequence.made.push(Made { listed: Listed { handle, kind, deps }, by, covers });
+            }
             Ok(None)
         })?;
         // Dropped outside the lock: captured work may hold memory.
@@ -408,6 +572,16 @@ impl Capture {
         drop(discarded);
         true
     }
+}
+
+/// A stream's dependency set as `cuStreamGetCaptureInfo` gives it out.
+pub(crate) struct Dependencies {
+    /// The nodes (null when there are none).
+    pub nodes: *const usize,
+    /// Their edge data, all default (null when there are none).
+    pub edges: *const CUgraphEdgeData,
+    /// How many.
+    pub count: usize,
 }
 
 const RELAXED: CUstreamCaptureMode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
@@ -552,6 +726,8 @@ mod tests {
 
     use cuda_mem_sys::types::CUstreamCaptureStatus as S;
 
+    const MEMSET: CUgraphNodeType = CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEMSET;
+
     /// An operation that counts its drops, to see captured work discarded.
     fn counted(drops: &Arc<AtomicUsize>) -> Op {
         struct Tracker(Arc<AtomicUsize>);
@@ -571,11 +747,11 @@ mod tests {
         let capture = Capture::default();
         let drops = Arc::new(AtomicUsize::new(0));
         assert_eq!(capture.status(), S::CU_STREAM_CAPTURE_STATUS_NONE);
-        assert!(capture.record(counted(&drops), Vec::new()).is_err(), "no capture: the op comes back");
+        assert!(capture.record(counted(&drops), Vec::new(), MEMSET).is_err(), "no capture: the op comes back");
         assert!(capture.begin(RELAXED).is_some());
         assert!(capture.begin(RELAXED).is_none(), "one sequence at a time");
         let id = capture.active_id().unwrap();
-        assert!(capture.record(counted(&drops), Vec::new()).is_ok());
+        assert!(capture.record(counted(&drops), Vec::new(), MEMSET).is_ok());
         assert!(!capture.invalidate(Some(id + 1)), "another sequence's id leaves this one alone");
         assert_eq!(capture.status(), S::CU_STREAM_CAPTURE_STATUS_ACTIVE);
         let before = drops.load(Ordering::SeqCst);
@@ -583,7 +759,7 @@ mod tests {
         assert_eq!(drops.load(Ordering::SeqCst), before + 1, "the captured op is discarded");
         assert_eq!(capture.status(), S::CU_STREAM_CAPTURE_STATUS_INVALIDATED);
         assert_eq!(capture.active_id(), None);
-        assert!(capture.record(counted(&drops), Vec::new()).is_ok(), "a racing op is swallowed");
+        assert!(capture.record(counted(&drops), Vec::new(), MEMSET).is_ok(), "a racing op is swallowed");
         assert!(capture.is_under_way());
         assert!(matches!(capture.end(), Ok(Ended::Invalidated(_, allocs)) if allocs.is_empty()));
         assert_eq!(capture.status(), S::CU_STREAM_CAPTURE_STATUS_NONE);

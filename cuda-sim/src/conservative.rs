@@ -46,10 +46,26 @@
 //!   child graph node: the probe's question `graph-launch-into-capture`). `cuStreamEndCapture` accepts a NULL graph pointer and keeps the graph for
 //!   whoever took its handle from `cuStreamGetCaptureInfo`: `cuda.h` says the graph is
 //!   "transferred or destroyed" at the end, but cuda.core's graph builder ends its captures so
-//!   and then instantiates the graph, which works on GPUs. `cuStreamGetCaptureInfo` reports no
-//!   dependency nodes (the simulator does not expose nodes). A second instantiation of a graph
+//!   and then instantiates the graph, which works on GPUs. A second instantiation of a graph
 //!   with allocation or free nodes, and `CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH` for a graph
 //!   with memory or event nodes, return `CUDA_ERROR_INVALID_VALUE` (`cuda.h`: "an error").
+//! - **A capture's nodes and dependencies** (see the `capture` module): `cuStreamGetCaptureInfo`
+//!   reports the stream's dependency set as `cuda.h` defines it, with nodes that
+//!   `cuGraphGetNodes`, `cuGraphNodeGetType` and `cuGraphNodeGetDependencies` know. Where
+//!   `cuda.h` is silent: an event recorded in a capture (without `CU_EVENT_RECORD_EXTERNAL`,
+//!   which the simulator does not export) makes no node, it only notes the set (a launch still
+//!   records the event, which until then keeps its earlier completion state); a captured wait for an event recorded
+//!   outside any capture is a `WAIT_EVENT` node, with or without `CU_EVENT_WAIT_EXTERNAL`;
+//!   captured managed prefetches and discards are `EMPTY` nodes (no node type names them).
+//!   `cuStreamUpdateCaptureDependencies` refuses with `CUDA_ERROR_INVALID_VALUE` a node named
+//!   twice (`cuGraphAddMemAllocNode`'s rule: "may not have any duplicate entries") and edge data
+//!   other than the default (ports and programmatic edges are for kernel nodes, which the
+//!   simulator has none of); on an invalidated capture it returns
+//!   `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`. Nodes it gives a stream from another stream of the
+//!   capture count as a rejoin, and a stream whose set it replaces owes its origin only what the
+//!   new set holds of its own work ("nodes that are removed from the dependency set via this API
+//!   do not result in `CUDA_ERROR_STREAM_CAPTURE_UNJOINED`"). What a GPU does is the probe's
+//!   question `capture-dependencies`.
 //! - **Graph memory**: `cuMemAllocAsync` on a capturing stream makes an allocation node whose
 //!   address is live from the capture until the capture ends (so that captured work can use
 //!   it), then from each launch until a free node, `cuMemFreeAsync`/`cuMemFree` or another
@@ -66,12 +82,29 @@
 //!   `cuMemAllocAsync` and documents allocating from a `DeviceMemoryResource` during capture as
 //!   an error, as `cuda-mem-core` refuses it. A captured `cuMemFreeAsync` of memory no allocation node made, or of a graph
 //!   allocation of another graph that is not live at capture time, returns
-//!   `CUDA_ERROR_INVALID_VALUE` (`cuGraphAddMemFreeNode`'s rule). Graph memory counts in 2 MiB
-//!   granules (`USED_MEM_*` and `RESERVED_MEM_*`); freed graph memory stays reserved until
-//!   `cuDeviceGraphMemTrim`, and the reserve counts as device memory in use. Resetting a
-//!   high-water mark (to 0, the only value allowed) sets it to the current value, as cuda.core
-//!   documents. What a GPU counts is the probe's question `graph-memory-accounting`. An event recorded during capture keeps its earlier completion state until a
-//!   launch records it.
+//!   `CUDA_ERROR_INVALID_VALUE` (`cuGraphAddMemFreeNode`'s rule). A zero-byte
+//!   `cuMemAllocAsync` or `cuMemAllocFromPoolAsync` on a capturing stream makes an allocation
+//!   node too, with a unique non-null address that addresses no bytes and counts for no graph
+//!   memory, freed as any other (as a zero-byte pool allocation outside a capture): cuda.core's
+//!   `test_graph_mem_alloc_zero` allocates 0 bytes while building a graph, launches it, and
+//!   passes on GPUs (it accepts a null pointer as well); whether a GPU's pointer is null, and
+//!   the node, is the probe's question `zero-byte-allocation-in-capture`.
+//! - **Graph memory accounting**: graph memory counts in 2 MiB granules (`USED_MEM_*` and
+//!   `RESERVED_MEM_*`). A launch maps memory for each allocation of its graph that has none, and
+//!   that memory stays used (`USED_MEM_CURRENT`, "memory … currently associated with graphs")
+//!   after the allocation is freed, in the graph or outside it, until the executable graph is
+//!   destroyed (an allocation still live then stays used until it is freed), a trim unmaps it,
+//!   or its context is destroyed; relaunching reuses it. cuda.core's
+//!   `test_graph_mem_set_attributes`, which passes on GPUs, frees a launched graph's allocation,
+//!   synchronizes, and expects `USED_MEM_CURRENT` above 0 ("Free memory, but usage is not
+//!   reduced yet"); `cuda.h` has `cuDeviceGraphMemTrim` free the blocks "not in use by a graph
+//!   that is either currently executing or scheduled to execute", so a trim unmaps the memory
+//!   of every freed allocation no launch still to run needs, and gives back the reserve not
+//!   used; the reserve only grows otherwise (destroying a graph keeps it), and counts as device
+//!   memory in use. Resetting a high-water mark (to 0, the only value allowed) sets it to the
+//!   current value, as cuda.core documents. When a GPU's `USED_MEM_CURRENT` drops (after a free
+//!   outside the graph or in it, a relaunch, destroying the executable graph, a trim) is the
+//!   probe's questions `graph-memory-accounting` and `graph-memory-release`.
 //! - **Calls that need captured work to have run invalidate the capture.** `cuda.h` documents
 //!   this for `cuCtxRecordEvent` and `cuCtxWaitEvent` and documents the statuses and errors, but
 //!   not the list of calls; the simulator takes the CUDA programming guide's ("it is invalid to

@@ -6,12 +6,15 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
-use cuda_mem_sys::types::CUresult;
+use cuda_mem_sys::types::{CUgraphNodeType, CUresult};
 
 use crate::error::{SimResult, fail};
 use crate::memory::Touch;
 use crate::state::State;
 use crate::stream::{Fence, Op, Stream, StreamKind};
+
+/// The node type of captured work no other type describes.
+const EMPTY: CUgraphNodeType = CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
 
 /// A context: its device, its legacy default stream, and the streams made in it.
 pub(crate) struct Context {
@@ -82,15 +85,21 @@ impl Context {
 
     /// Enqueues `op` on `stream` (a stream of this context), adding the implicit waits of the
     /// legacy default stream: work on it waits for earlier work on every blocking stream, and
-    /// work on a blocking stream waits for earlier work on it.
+    /// work on a blocking stream waits for earlier work on it. A capture makes it an empty node
+    /// (for work that has no node type of its own).
     pub(crate) fn submit(&self, stream: &Stream, op: Op) -> Fence {
-        self.enqueue(stream, op, Vec::new(), false)
+        self.enqueue(stream, op, Vec::new(), EMPTY, false)
     }
 
-    /// [`submit`](Context::submit) for work that touches the simulator's memory `touches`:
-    /// captured into a graph, each launch checks that the memory is still there.
-    pub(crate) fn submit_touching(&self, stream: &Stream, op: Op, touches: Vec<Touch>) -> Fence {
-        self.enqueue(stream, op, touches, false)
+    /// [`submit`](Context::submit) for work that a capture makes a node of type `kind`.
+    pub(crate) fn submit_as(&self, stream: &Stream, op: Op, kind: CUgraphNodeType) -> Fence {
+        self.enqueue(stream, op, Vec::new(), kind, false)
+    }
+
+    /// [`submit_as`](Context::submit_as) for work that touches the simulator's memory
+    /// `touches`: captured into a graph, each launch checks that the memory is still there.
+    pub(crate) fn submit_touching(&self, stream: &Stream, op: Op, touches: Vec<Touch>, kind: CUgraphNodeType) -> Fence {
+        self.enqueue(stream, op, touches, kind, false)
     }
 
     /// [`submit`](Context::submit), except that on an idle stream that nothing else orders (no
@@ -100,14 +109,14 @@ impl Context {
     /// simulator's own bookkeeping (returning freed pool memory), which never blocks and runs
     /// no user code.
     pub(crate) fn submit_or_run(&self, stream: &Stream, op: Op) -> Fence {
-        self.enqueue(stream, op, Vec::new(), true)
+        self.enqueue(stream, op, Vec::new(), EMPTY, true)
     }
 
     /// [`submit`](Context::submit), or with `run_if_idle` [`submit_or_run`](Context::submit_or_run).
-    fn enqueue(&self, stream: &Stream, op: Op, touches: Vec<Touch>, run_if_idle: bool) -> Fence {
+    fn enqueue(&self, stream: &Stream, op: Op, touches: Vec<Touch>, kind: CUgraphNodeType, run_if_idle: bool) -> Fence {
         let _order = self.submit_lock.lock().unwrap_or_else(PoisonError::into_inner);
         // Work on a capturing stream goes into the graph being captured, not into the queue.
-        let mut op = match stream.capture.record(op, touches) {
+        let mut op = match stream.capture.record(op, touches, kind) {
             Ok(()) => return stream.queue.tail(),
             Err(op) => op,
         };

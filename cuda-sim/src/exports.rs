@@ -12,11 +12,11 @@ use std::ffi::{c_char, c_int, c_uint, c_void};
 use cuda_mem_sys::types::{
     CUDA_GRAPH_INSTANTIATE_PARAMS, CUcontext, CUdevice, CUdevice_attribute, CUdeviceptr,
     CUdriverProcAddressQueryResult, CUevent, CUgraph, CUgraphEdgeData, CUgraphExec, CUgraphMem_attribute, CUgraphNode,
-    CUhostFn, CUipcEventHandle, CUmem_advise, CUmem_range_attribute, CUmemAccess_flags, CUmemAccessDesc,
-    CUmemAllocationGranularity_flags, CUmemAllocationHandleType, CUmemAllocationProp, CUmemAllocationType,
-    CUmemGenericAllocationHandle, CUmemLocation, CUmemPool_attribute, CUmemPoolProps, CUmemPoolPtrExportData,
-    CUmemcpyAttributes, CUmemoryPool, CUpointer_attribute, CUresult, CUstream, CUstreamCaptureMode,
-    CUstreamCaptureStatus, CUuserObject, CUuuid, cuuint64_t,
+    CUgraphNodeType, CUhostFn, CUipcEventHandle, CUmem_advise, CUmem_range_attribute, CUmemAccess_flags,
+    CUmemAccessDesc, CUmemAllocationGranularity_flags, CUmemAllocationHandleType, CUmemAllocationProp,
+    CUmemAllocationType, CUmemGenericAllocationHandle, CUmemLocation, CUmemPool_attribute, CUmemPoolProps,
+    CUmemPoolPtrExportData, CUmemcpyAttributes, CUmemoryPool, CUpointer_attribute, CUresult, CUstream,
+    CUstreamCaptureMode, CUstreamCaptureStatus, CUuserObject, CUuuid, cuuint64_t,
 };
 
 use crate::api::memory::Direction;
@@ -233,6 +233,15 @@ exports! {
         stream: CUstream, status: *mut CUstreamCaptureStatus, id: *mut cuuint64_t, graph: *mut CUgraph,
         dependencies: *mut *const CUgraphNode, edges: *mut *const CUgraphEdgeData, count: *mut usize,
     ) => |mode| api::graph::capture_info(stream, status, id, graph, dependencies, edges, count, mode);
+    cuStreamUpdateCaptureDependencies_v2 / cuStreamUpdateCaptureDependencies_v2_ptsz(
+        stream: CUstream, dependencies: *mut CUgraphNode, data: *const CUgraphEdgeData, count: usize, flags: c_uint,
+    ) => |mode| api::graph::update_capture_dependencies(stream, dependencies, data, count, flags, mode);
+    cuGraphGetNodes / -(graph: CUgraph, nodes: *mut CUgraphNode, count: *mut usize)
+        => |_mode| api::graph::get_nodes(graph, nodes, count);
+    cuGraphNodeGetType / -(node: CUgraphNode, kind: *mut CUgraphNodeType) => |_mode| api::graph::node_type(node, kind);
+    cuGraphNodeGetDependencies_v2 / -(
+        node: CUgraphNode, dependencies: *mut CUgraphNode, edges: *mut CUgraphEdgeData, count: *mut usize,
+    ) => |_mode| api::graph::node_dependencies(node, dependencies, edges, count);
     cuGraphDestroy / -(graph: CUgraph) => |_mode| api::graph::destroy(graph);
     cuGraphInstantiateWithFlags / -(exec: *mut CUgraphExec, graph: CUgraph, flags: u64)
         => |_mode| api::graph::instantiate(exec, graph, flags);

@@ -1,9 +1,14 @@
 //! Graphs: what a capture recorded, executable graphs made from it, and graph memory.
 //!
 //! A captured graph is the list of its nodes in capture order (a capture on one stream is a
-//! chain, so that order is a valid execution order). `cuGraphInstantiate*` makes an executable
-//! graph sharing the nodes; `cuGraphLaunch` replays them as one piece of stream work on the
-//! launch stream, after the previous launch of the same executable graph.
+//! chain, and a cross-stream capture enqueues in an order that keeps every dependency, so that
+//! order is a valid execution order). `cuGraphInstantiate*` makes an executable graph sharing the
+//! nodes; `cuGraphLaunch` replays them as one piece of stream work on the launch stream, after the
+//! previous launch of the same executable graph. Besides that order, each node the graph API
+//! shows ([`Listed`]: every node but the simulator's own event recordings) has a `CUgraphNode`
+//! handle, its `CUgraphNodeType` and its dependencies, as the capture made them (see
+//! [`crate::capture`]): `cuGraphGetNodes`, `cuGraphNodeGetType` and
+//! `cuGraphNodeGetDependencies` read them.
 //!
 //! Graph memory: a `cuMemAllocAsync` on a capturing stream makes an allocation node. Its address
 //! (in the device arena) and its bytes are fixed when the node is captured and stay the graph's
@@ -11,9 +16,22 @@
 //! for every other call), and a free node in the graph, a `cuMemFreeAsync`/`cuMemFree` outside,
 //! or a launch of another graph with a free node for it unmaps it. The address is never handed
 //! out again, so a stale graph pointer is always reported.
+//!
+//! Graph memory accounting ([`GraphMemory`], `cuDeviceGetGraphMemAttribute`): a launch maps
+//! physical memory for each allocation of its graph that has none yet, and that memory stays
+//! associated with the graph (counted in `USED_MEM_CURRENT`) after the allocation is freed, so
+//! that the next launch reuses it: it stops counting when the executable graph is destroyed (for
+//! an allocation still live, when it is then freed), when `cuDeviceGraphMemTrim` unmaps it (only
+//! what no live allocation and no launch not yet run needs), or when its context is destroyed.
+//! The reserve (`RESERVED_MEM_CURRENT`) grows to cover what is used and shrinks only at a trim.
+//! See [`crate::conservative`] for the evidence.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use std::collections::BTreeMap;
+
+use cuda_mem_sys::types::CUgraphNodeType;
 
 use crate::context::Fault;
 use crate::event::Event;
@@ -37,6 +55,8 @@ pub(crate) enum Node {
         op: Mutex<Op>,
         /// The simulator's memory it touches (checked at each launch).
         touches: Vec<Touch>,
+        /// The node type the graph API reports for it.
+        kind: CUgraphNodeType,
     },
     /// An event recording: each launch records the event anew.
     Record(Arc<Event>),
@@ -46,8 +66,6 @@ pub(crate) enum Node {
     Free {
         /// The allocation's address.
         base: u64,
-        /// Its size.
-        size: usize,
         /// Its device.
         device: usize,
         /// Whether an allocation node of this graph made it.
@@ -61,6 +79,30 @@ impl Node {
     pub(crate) fn is_memory_node(&self) -> bool {
         matches!(self, Node::Alloc(_) | Node::Free { .. })
     }
+
+    /// The type `cuGraphNodeGetType` reports, for a node the graph API shows: every node but an
+    /// event recording, which a GPU's capture makes no node of (an event recorded in a capture
+    /// only notes the stream's dependencies; see [`crate::conservative`]).
+    pub(crate) fn listed_kind(&self) -> Option<CUgraphNodeType> {
+        match self {
+            Node::Work { kind, .. } => Some(*kind),
+            Node::Alloc(_) => Some(CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_ALLOC),
+            Node::Free { .. } => Some(CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_FREE),
+            Node::Record(_) => None,
+        }
+    }
+}
+
+/// A node as the graph API shows it (`cuGraphGetNodes`, `cuGraphNodeGetType`,
+/// `cuGraphNodeGetDependencies`, the dependencies `cuStreamGetCaptureInfo` reports).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Listed {
+    /// Its `CUgraphNode` handle (unique for the life of the process).
+    pub handle: usize,
+    /// Its type.
+    pub kind: CUgraphNodeType,
+    /// The handles of the nodes it depends on (all of them earlier nodes of the same graph).
+    pub deps: Vec<usize>,
 }
 
 /// A graph allocation: its fixed address and bytes.
@@ -75,14 +117,28 @@ pub(crate) struct GraphAlloc {
     pub ctx: usize,
     /// Its bytes, the same at every launch.
     pub backing: Arc<Mapping>,
+    /// Its device's graph memory counters.
+    pub memory: Arc<GraphMemory>,
     /// Whether a free node of its own graph frees it.
     freed_in_graph: AtomicBool,
 }
 
 impl GraphAlloc {
-    /// A new allocation node's allocation.
-    pub(crate) fn new(base: u64, size: usize, device: usize, ctx: usize, backing: Arc<Mapping>) -> Arc<GraphAlloc> {
-        Arc::new(GraphAlloc { base, size, device, ctx, backing, freed_in_graph: AtomicBool::new(false) })
+    /// A new allocation node's allocation, counted in `memory` (its device's) when launched.
+    pub(crate) fn new(
+        base: u64,
+        size: usize,
+        device: usize,
+        ctx: usize,
+        backing: Arc<Mapping>,
+        memory: Arc<GraphMemory>,
+    ) -> Arc<GraphAlloc> {
+        Arc::new(GraphAlloc { base, size, device, ctx, backing, memory, freed_in_graph: AtomicBool::new(false) })
+    }
+
+    /// What it counts for in the graph memory counters.
+    pub(crate) fn charge(&self) -> u64 {
+        charge(self.size)
     }
 
     /// Whether a free node of its own graph frees it.
@@ -100,14 +156,24 @@ impl GraphAlloc {
 pub(crate) struct Body {
     /// The nodes, in capture order.
     pub nodes: Vec<Node>,
+    /// The nodes the graph API shows, in capture order, with their dependencies.
+    pub listed: Vec<Listed>,
     /// Whether an executable graph of it exists (tracked only for graphs with memory nodes).
     pub instantiated: AtomicBool,
 }
 
 impl Body {
-    /// A graph of `nodes`.
-    pub(crate) fn new(nodes: Vec<Node>) -> Arc<Body> {
-        Arc::new(Body { nodes, instantiated: AtomicBool::new(false) })
+    /// A graph of `nodes`, of which the graph API shows `listed`.
+    pub(crate) fn new(nodes: Vec<Node>, listed: Vec<Listed>) -> Arc<Body> {
+        Arc::new(Body { nodes, listed, instantiated: AtomicBool::new(false) })
+    }
+
+    /// Its allocation nodes' allocations.
+    pub(crate) fn allocs(&self) -> impl Iterator<Item = &Arc<GraphAlloc>> {
+        self.nodes.iter().filter_map(|node| match node {
+            Node::Alloc(alloc) => Some(alloc),
+            _ => None,
+        })
     }
 
     /// Whether it has allocation or free nodes.
@@ -130,8 +196,13 @@ pub(crate) struct Exec {
 }
 
 impl Drop for Exec {
+    /// The graph's physical memory stops being associated with it: what no live allocation and
+    /// no launch still to run needs stops counting as used (the rest when it is freed).
     fn drop(&mut self) {
         self.body.instantiated.store(false, Ordering::SeqCst);
+        for alloc in self.body.allocs() {
+            alloc.memory.exec_gone(alloc.base);
+        }
     }
 }
 
@@ -145,8 +216,8 @@ pub(crate) enum Step {
     Fault(Arc<Fault>),
     /// Complete recording `generation` of an event.
     Complete(Arc<Event>, u64),
-    /// A free node reached: the allocation's memory stops counting as used.
-    Release(Arc<GraphMemory>, u64),
+    /// A free of the graph allocation at this address reached (see [`GraphMemory::freed`]).
+    Freed(Arc<GraphMemory>, u64),
 }
 
 /// Runs a launch's steps in order, on the stream's worker.
@@ -163,15 +234,36 @@ pub(crate) fn run_steps(body: &Body, steps: &[Step]) {
             // Waiting for it shows the host no stream's frees (the simulator keeps no marks for
             // a graph's recordings: see `conservative`).
             Step::Complete(event, generation) => event.complete(*generation, None),
-            Step::Release(memory, bytes) => memory.release(*bytes),
+            Step::Freed(memory, base) => memory.freed(*base),
         }
     }
 }
 
-/// One device's graph memory counters (`cuDeviceGetGraphMemAttribute`).
+/// One device's graph memory: its counters (`cuDeviceGetGraphMemAttribute`) and the
+/// allocations whose physical memory is associated with graphs.
 #[derive(Default)]
 pub(crate) struct GraphMemory {
-    counters: Mutex<Counters>,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    counters: Counters,
+    /// The graph allocations (by address) a launch mapped physical memory for, until it is
+    /// unmapped.
+    held: BTreeMap<u64, Held>,
+}
+
+/// One graph allocation's physical memory.
+struct Held {
+    /// What it counts for.
+    bytes: u64,
+    /// How many of its uses are outstanding: launches that map it (each until its free is
+    /// reached), counted from the launch call.
+    uses: u32,
+    /// Whether an executable graph of its graph may map it again (none destroyed since the
+    /// launch that mapped it).
+    exec: bool,
 }
 
 /// The four attributes.
@@ -187,32 +279,58 @@ pub(crate) struct Counters {
     pub reserved_high: u64,
 }
 
+impl Inner {
+    /// Stops counting the allocation at `base` as used.
+    fn unmap(&mut self, base: u64) {
+        if let Some(held) = self.held.remove(&base) {
+            self.counters.used = self.counters.used.saturating_sub(held.bytes);
+        }
+    }
+
+    /// What `allocs` (address, bytes) would add to the memory in use: those not mapped already.
+    fn added(&self, allocs: &[(u64, u64)]) -> Option<u64> {
+        allocs
+            .iter()
+            .filter(|(base, _)| !self.held.contains_key(base))
+            .try_fold(0u64, |sum, &(_, bytes)| sum.checked_add(bytes))
+    }
+}
+
 impl GraphMemory {
-    fn lock(&self) -> MutexGuard<'_, Counters> {
-        self.counters.lock().unwrap_or_else(PoisonError::into_inner)
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The counters now.
     pub(crate) fn read(&self) -> Counters {
-        *self.lock()
+        self.lock().counters
     }
 
-    /// How much the reserve would grow if `bytes` more were used (`None` on overflow).
-    pub(crate) fn growth_for(&self, bytes: u64) -> Option<u64> {
-        let counters = self.lock();
-        Some(counters.used.checked_add(bytes)?.saturating_sub(counters.reserved))
+    /// How much the reserve would grow if a launch mapped `allocs` (address, bytes) (`None` on
+    /// overflow).
+    pub(crate) fn growth_for(&self, allocs: &[(u64, u64)]) -> Option<u64> {
+        let inner = self.lock();
+        let used = inner.counters.used.checked_add(inner.added(allocs)?)?;
+        Some(used.saturating_sub(inner.counters.reserved))
     }
 
-    /// A launch maps `bytes` of graph memory: returns how much the reserve grew (memory the
-    /// device must now provide), or `None` if more than `available` would be needed (nothing
-    /// changes then).
-    pub(crate) fn use_bytes(&self, bytes: u64, available: u64) -> Option<u64> {
-        let mut counters = self.lock();
-        let used = counters.used.checked_add(bytes)?;
-        let growth = used.saturating_sub(counters.reserved);
+    /// A launch maps `allocs` (address, bytes): each not mapped already gets physical memory
+    /// (counted as used), each is in use until the launch reaches its free. Returns how much the
+    /// reserve grew (memory the device must now provide), or `None` if more than `available`
+    /// would be needed (nothing changes then).
+    pub(crate) fn map_for_launch(&self, allocs: &[(u64, u64)], available: u64) -> Option<u64> {
+        let mut inner = self.lock();
+        let used = inner.counters.used.checked_add(inner.added(allocs)?)?;
+        let growth = used.saturating_sub(inner.counters.reserved);
         if growth > available {
             return None;
         }
+        for &(base, bytes) in allocs {
+            let held = inner.held.entry(base).or_insert(Held { bytes, uses: 0, exec: true });
+            held.uses = held.uses.saturating_add(1);
+            held.exec = true;
+        }
+        let counters = &mut inner.counters;
         counters.used = used;
         counters.used_high = counters.used_high.max(used);
         counters.reserved += growth;
@@ -220,15 +338,44 @@ impl GraphMemory {
         Some(growth)
     }
 
-    /// Graph memory freed: it stays reserved for later launches until trimmed.
-    pub(crate) fn release(&self, bytes: u64) {
-        let mut counters = self.lock();
-        counters.used = counters.used.saturating_sub(bytes);
+    /// The graph allocation at `base` was freed (a free node reached, `cuMemFreeAsync` reached,
+    /// `cuMemFree`): its physical memory stays associated with its executable graph, to be
+    /// reused by the next launch, unless that graph was destroyed.
+    pub(crate) fn freed(&self, base: u64) {
+        let mut inner = self.lock();
+        let Some(held) = inner.held.get_mut(&base) else { return };
+        held.uses = held.uses.saturating_sub(1);
+        if held.uses == 0 && !held.exec {
+            inner.unmap(base);
+        }
     }
 
-    /// `cuDeviceGraphMemTrim`: gives back what is reserved but not in use; returns how much.
+    /// The executable graph of the allocation at `base` was destroyed: its physical memory
+    /// stops counting as used now if the allocation is not in use, else when it is freed.
+    pub(crate) fn exec_gone(&self, base: u64) {
+        let mut inner = self.lock();
+        let Some(held) = inner.held.get_mut(&base) else { return };
+        held.exec = false;
+        if held.uses == 0 {
+            inner.unmap(base);
+        }
+    }
+
+    /// The allocation at `base` is gone with its context: it stops counting as used.
+    pub(crate) fn forget(&self, base: u64) {
+        self.lock().unmap(base);
+    }
+
+    /// `cuDeviceGraphMemTrim`: unmaps the physical memory of every allocation not in use (freed,
+    /// with no launch still to run that maps it) and gives back what is reserved but not in
+    /// use; returns how much.
     pub(crate) fn trim(&self) -> u64 {
-        let mut counters = self.lock();
+        let mut inner = self.lock();
+        let idle: Vec<u64> = inner.held.iter().filter(|(_, held)| held.uses == 0).map(|(&base, _)| base).collect();
+        for base in idle {
+            inner.unmap(base);
+        }
+        let counters = &mut inner.counters;
         let released = counters.reserved.saturating_sub(counters.used);
         counters.reserved -= released;
         released
@@ -236,7 +383,7 @@ impl GraphMemory {
 
     /// Resets a high-water mark to the current value (`cuDeviceSetGraphMemAttribute` with 0).
     pub(crate) fn reset_high(&self, reserved: bool) {
-        let mut counters = self.lock();
+        let counters = &mut self.lock().counters;
         if reserved {
             counters.reserved_high = counters.reserved;
         } else {
@@ -251,27 +398,56 @@ mod tests {
 
     const MIB: u64 = 1 << 20;
 
+    fn used_reserved(memory: &GraphMemory) -> (u64, u64) {
+        let c = memory.read();
+        (c.used / MIB, c.reserved / MIB)
+    }
+
     #[test]
-    fn counters_follow_use_release_and_trim() {
-        let memory = GraphMemory::default();
+    fn charges_are_whole_granules() {
+        assert_eq!(charge(0), 0);
         assert_eq!(charge(1), 2 * MIB);
         assert_eq!(charge(2 * MIB as usize), 2 * MIB);
         assert_eq!(charge(2 * MIB as usize + 1), 4 * MIB);
-        assert_eq!(memory.use_bytes(4 * MIB, 3 * MIB), None, "more than the device has: nothing changes");
-        assert_eq!(memory.read(), Counters::default());
-        assert_eq!(memory.use_bytes(4 * MIB, 8 * MIB), Some(4 * MIB));
-        memory.release(4 * MIB);
-        assert_eq!(memory.use_bytes(2 * MIB, 0), Some(0), "the reserve is reused");
+    }
+
+    /// Freed memory stays used while its executable graph exists (the next launch reuses it);
+    /// trimming unmaps what is not in use; the reserve shrinks only at a trim.
+    #[test]
+    fn freed_memory_stays_used_until_trimmed_or_its_graph_is_destroyed() {
+        let memory = GraphMemory::default();
+        assert_eq!(memory.map_for_launch(&[(0x10, 4 * MIB)], 3 * MIB), None, "more than the device has");
+        assert_eq!(memory.read(), Counters::default(), "nothing changes");
+        assert_eq!(memory.map_for_launch(&[(0x10, 4 * MIB)], 8 * MIB), Some(4 * MIB));
+        memory.freed(0x10);
+        assert_eq!(used_reserved(&memory), (4, 4), "freed: still associated with its graph");
+        assert_eq!(memory.growth_for(&[(0x10, 4 * MIB)]), Some(0));
+        assert_eq!(memory.map_for_launch(&[(0x10, 4 * MIB)], 0), Some(0), "relaunched: the same memory");
+        assert_eq!(memory.trim(), 0, "in use: nothing to trim");
+        memory.freed(0x10);
+        assert_eq!(memory.trim(), 4 * MIB);
+        assert_eq!(used_reserved(&memory), (0, 0));
         let c = memory.read();
-        assert_eq!((c.used, c.used_high, c.reserved, c.reserved_high), (2 * MIB, 4 * MIB, 4 * MIB, 4 * MIB));
+        assert_eq!((c.used_high, c.reserved_high), (4 * MIB, 4 * MIB));
         memory.reset_high(false);
-        assert_eq!(memory.read().used_high, 2 * MIB);
-        assert_eq!(memory.trim(), 2 * MIB, "only what is not in use is trimmed");
         memory.reset_high(true);
-        let c = memory.read();
-        assert_eq!((c.used, c.reserved, c.reserved_high), (2 * MIB, 2 * MIB, 2 * MIB));
-        memory.release(2 * MIB);
-        assert_eq!(memory.trim(), 2 * MIB);
-        assert_eq!(memory.read().reserved, 0);
+        assert_eq!(memory.read(), Counters::default());
+
+        // Destroying the executable graph ends the association: at once for freed memory, at
+        // the free for a live allocation; the reserve stays.
+        memory.map_for_launch(&[(0x20, 2 * MIB), (0x30, 2 * MIB)], u64::MAX).unwrap();
+        memory.freed(0x20);
+        memory.exec_gone(0x20);
+        memory.exec_gone(0x30);
+        assert_eq!(used_reserved(&memory), (2, 4));
+        memory.freed(0x30);
+        assert_eq!(used_reserved(&memory), (0, 4));
+        memory.freed(0x30);
+        memory.exec_gone(0x40);
+        assert_eq!(used_reserved(&memory), (0, 4), "unknown or unmapped addresses change nothing");
+        assert_eq!(memory.map_for_launch(&[(0x50, 2 * MIB)], 0), Some(0), "the reserve is reused");
+        memory.forget(0x50);
+        assert_eq!(used_reserved(&memory), (0, 4), "gone with its context");
+        assert_eq!(memory.trim(), 4 * MIB);
     }
 }

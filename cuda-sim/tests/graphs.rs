@@ -18,8 +18,9 @@ use common::{
 };
 use cuda_mem_sys::cu_call;
 use cuda_mem_sys::types::{
-    CUDA_GRAPH_INSTANTIATE_PARAMS, CUdeviceptr, CUevent, CUevent_flags, CUgraph, CUgraphExec, CUgraphInstantiateResult,
-    CUgraphMem_attribute, CUmemPoolProps, CUresult, CUstream, CUstreamCaptureMode, CUstreamCaptureStatus, CUuserObject,
+    CUDA_GRAPH_INSTANTIATE_PARAMS, CUdeviceptr, CUevent, CUevent_flags, CUgraph, CUgraphEdgeData, CUgraphExec,
+    CUgraphInstantiateResult, CUgraphMem_attribute, CUgraphNode, CUgraphNodeType, CUmemPoolProps, CUresult, CUstream,
+    CUstreamCaptureMode, CUstreamCaptureStatus, CUuserObject,
 };
 
 const INVALID_VALUE: CUresult = CUresult::CUDA_ERROR_INVALID_VALUE;
@@ -101,6 +102,12 @@ fn graph_attribute(attribute: CUgraphMem_attribute) -> u64 {
     unsafe { cu_call!(driver(), cuDeviceGetGraphMemAttribute(0, attribute, (&raw mut value).cast::<c_void>())) }
         .unwrap();
     value
+}
+
+/// `cuDeviceGraphMemTrim` on device 0.
+fn trim() {
+    // SAFETY: no pointers.
+    unsafe { cu_call!(driver(), cuDeviceGraphMemTrim(0)) }.unwrap();
 }
 
 /// (used, used high, reserved, reserved high), in MiB.
@@ -284,7 +291,7 @@ fn capture_info_gives_the_graph_before_the_capture_ends() {
         begin(s, GLOBAL);
         memset_async(pinned.dptr(), 5, 4, s);
         assert_eq!(info(&mut status, &mut id, &mut graph, &mut count), CUresult::CUDA_SUCCESS);
-        assert_eq!((status, count), (CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE, 0));
+        assert_eq!((status, count), (CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE, 1), "the memset");
         assert!(id != 0 && !graph.is_null());
         assert_eq!(graph_destroy(graph), INVALID_VALUE, "a graph being captured cannot be destroyed");
         // SAFETY: the status pointer is required; edge data needs a dependencies pointer.
@@ -329,6 +336,257 @@ fn capture_info_gives_the_graph_before_the_capture_ends() {
     });
 }
 
+/// The capturing stream's dependency set (`cuStreamGetCaptureInfo`): its nodes and edge data.
+fn dependencies(s: CUstream) -> Vec<CUgraphNode> {
+    let mut status = CUstreamCaptureStatus(99);
+    let mut nodes: *const CUgraphNode = std::ptr::null();
+    let mut edges: *const CUgraphEdgeData = std::ptr::null();
+    let mut count = usize::MAX;
+    // SAFETY: valid out-pointers; the id and graph are not asked for.
+    unsafe {
+        cu_call!(
+            driver(),
+            cuStreamGetCaptureInfo_v3(
+                s,
+                &mut status,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                &mut nodes,
+                &mut edges,
+                &mut count
+            )
+        )
+    }
+    .unwrap();
+    assert_eq!(status, CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE);
+    if count == 0 {
+        return Vec::new();
+    }
+    // SAFETY: the driver's arrays hold `count` entries until the next call on the stream.
+    let (nodes, edges) =
+        unsafe { (std::slice::from_raw_parts(nodes, count), std::slice::from_raw_parts(edges, count)) };
+    assert!(edges.iter().all(|e| *e == CUgraphEdgeData::default()), "default edges");
+    nodes.to_vec()
+}
+
+/// `cuGraphGetNodes`: every node of `graph`, in order.
+fn graph_nodes(graph: CUgraph) -> Vec<CUgraphNode> {
+    let d = driver();
+    let mut count = 0usize;
+    // SAFETY: a null array asks for the count only.
+    unsafe { cu_call!(d, cuGraphGetNodes(graph, std::ptr::null_mut(), &mut count)) }.unwrap();
+    let mut nodes = vec![std::ptr::null_mut(); count + 1];
+    let mut room = count + 1;
+    // SAFETY: `nodes` has room for `room` handles.
+    unsafe { cu_call!(d, cuGraphGetNodes(graph, nodes.as_mut_ptr(), &mut room)) }.unwrap();
+    assert_eq!(room, count, "one more than there are: the count is lowered");
+    assert!(nodes[count].is_null(), "and the extra entry set to NULL");
+    nodes.truncate(count);
+    nodes
+}
+
+/// `cuGraphNodeGetType`.
+fn node_type(node: CUgraphNode) -> Result<CUgraphNodeType, CUresult> {
+    let mut kind = CUgraphNodeType(99);
+    // SAFETY: `kind` is a valid out-pointer.
+    match unsafe { code!(driver(), cuGraphNodeGetType(node, &mut kind)) } {
+        CUresult::CUDA_SUCCESS => Ok(kind),
+        error => Err(error),
+    }
+}
+
+/// `cuGraphNodeGetDependencies`: the nodes `node` depends on.
+fn node_dependencies(node: CUgraphNode) -> Vec<CUgraphNode> {
+    let d = driver();
+    let mut count = 0usize;
+    // SAFETY: a null array asks for the count only.
+    unsafe { cu_call!(d, cuGraphNodeGetDependencies_v2(node, std::ptr::null_mut(), std::ptr::null_mut(), &mut count)) }
+        .unwrap();
+    let mut nodes = vec![std::ptr::null_mut(); count];
+    let mut edges = vec![CUgraphEdgeData { type_: 9, ..Default::default() }; count];
+    // SAFETY: both arrays have room for `count` entries.
+    unsafe { cu_call!(d, cuGraphNodeGetDependencies_v2(node, nodes.as_mut_ptr(), edges.as_mut_ptr(), &mut count)) }
+        .unwrap();
+    assert!(edges.iter().all(|e| *e == CUgraphEdgeData::default()), "default edges");
+    nodes
+}
+
+/// `cuStreamUpdateCaptureDependencies` with default edge data.
+fn update_dependencies(s: CUstream, nodes: &[CUgraphNode], flags: u32) -> CUresult {
+    let mut nodes = nodes.to_vec();
+    // SAFETY: `nodes` holds `len` handles; no edge data.
+    unsafe {
+        code!(
+            driver(),
+            cuStreamUpdateCaptureDependencies_v2(s, nodes.as_mut_ptr(), std::ptr::null(), nodes.len(), flags)
+        )
+    }
+}
+
+const ADD: u32 = 0;
+const SET: u32 = 1;
+const MEMSET: CUgraphNodeType = CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEMSET;
+
+/// `cuStreamGetCaptureInfo` reports the capture's frontier: after a captured memset, the memset
+/// (a node of the graph being built, as `cuGraphGetNodes` and `cuGraphNodeGetType` agree), and
+/// each later node depends on the one before; the handles stay valid in the ended graph.
+#[test]
+fn capture_info_reports_the_nodes_the_next_node_depends_on() {
+    in_child!(&[], || {
+        use_device(0);
+        let pinned = Pinned::new(8);
+        let device = DeviceBuffer::new(8);
+        let s = non_blocking_stream();
+        begin(s, GLOBAL);
+        assert_eq!(dependencies(s), Vec::<CUgraphNode>::new(), "nothing captured yet");
+        memset_async(pinned.dptr(), 1, 8, s);
+        let first = dependencies(s);
+        assert_eq!(first.len(), 1, "the memset");
+        let graph = capturing_graph(s);
+        assert_eq!(graph_nodes(graph), first, "a node of the graph being captured");
+        assert_eq!(node_type(first[0]), Ok(MEMSET));
+        assert_eq!(node_dependencies(first[0]), Vec::<CUgraphNode>::new(), "a root");
+        // An event recorded in the capture is no node: the set stays.
+        let e = event(CUevent_flags::CU_EVENT_DISABLE_TIMING);
+        record(e, s);
+        assert_eq!(dependencies(s), first);
+        dtod_async(device.ptr + 4, device.ptr, 4, s);
+        let second = dependencies(s);
+        assert_eq!(second.len(), 1);
+        assert_ne!(second, first);
+        assert_eq!(node_type(second[0]), Ok(CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEMCPY));
+        assert_eq!(node_dependencies(second[0]), first, "the copy depends on the memset");
+        let ended = end(s);
+        assert_eq!(ended, graph);
+        assert_eq!(graph_nodes(graph), [first[0], second[0]]);
+        assert_eq!(node_dependencies(second[0]), first, "the same handles in the ended graph");
+        assert_eq!(graph_destroy(graph), CUresult::CUDA_SUCCESS);
+        assert_eq!(node_type(first[0]), Err(INVALID_VALUE), "gone with its graph");
+        // SAFETY: null pointers are refused.
+        unsafe {
+            let d = driver();
+            assert_eq!(code!(d, cuGraphNodeGetType(second[0], std::ptr::null_mut())), INVALID_VALUE);
+            assert_eq!(code!(d, cuGraphGetNodes(graph, std::ptr::null_mut(), std::ptr::null_mut())), INVALID_VALUE);
+        }
+    });
+}
+
+/// A stream that waits for an event recorded in the capture depends on what the event noted
+/// (joining, it starts from it); the origin, waiting for the other stream, depends on both
+/// streams' last nodes, and so does its next node.
+#[test]
+fn cross_stream_waits_merge_dependency_sets() {
+    in_child!(&[], || {
+        use_device(0);
+        let pinned = Pinned::new(8);
+        let (origin, forked) = (non_blocking_stream(), non_blocking_stream());
+        let flags = CUevent_flags::CU_EVENT_DISABLE_TIMING;
+        let (fork, join) = (event(flags), event(flags));
+        begin(origin, RELAXED);
+        memset_async(pinned.dptr(), 1, 8, origin);
+        let a = dependencies(origin);
+        record(fork, origin);
+        wait_event(forked, fork);
+        assert_eq!(dependencies(forked), a, "joined from the fork's set");
+        memset_async(pinned.dptr(), 2, 4, forked);
+        let b = dependencies(forked);
+        memset_async(pinned.dptr() + 4, 3, 4, origin);
+        let c = dependencies(origin);
+        assert_eq!((node_dependencies(b[0]), node_dependencies(c[0])), (a.clone(), a.clone()), "both after the fork");
+        record(join, forked);
+        wait_event(origin, join);
+        assert_eq!(dependencies(origin), [c[0], b[0]], "its own and the joined stream's");
+        memset_async(pinned.dptr(), 4, 1, origin);
+        let d = dependencies(origin);
+        assert_eq!(node_dependencies(d[0]), [c[0], b[0]]);
+        let graph = end(origin);
+        assert_eq!(graph_nodes(graph), [a[0], b[0], c[0], d[0]], "in capture order");
+        let exec = instantiate(graph);
+        assert_eq!(launch(exec, origin), CUresult::CUDA_SUCCESS);
+        sync(origin);
+        assert_eq!(pinned.read(), [4, 2, 2, 2, 3, 3, 3, 3]);
+        assert_eq!(exec_destroy(exec), CUresult::CUDA_SUCCESS);
+        assert_eq!(graph_destroy(graph), CUresult::CUDA_SUCCESS);
+    });
+}
+
+/// `cuStreamUpdateCaptureDependencies`: adds to the set or replaces it, and the next node depends
+/// on the result; its errors as `cuda.h` lists them. Nodes taken from another stream join it, as
+/// a wait would; nodes removed by a replacement need no rejoin.
+#[test]
+fn update_capture_dependencies_adds_to_or_replaces_the_set() {
+    in_child!(&[], || {
+        use_device(0);
+        let pinned = Pinned::new(8);
+        let (s, other) = (non_blocking_stream(), non_blocking_stream());
+        assert_eq!(update_dependencies(s, &[], ADD), CUresult::CUDA_ERROR_ILLEGAL_STATE, "not capturing");
+        begin(other, RELAXED);
+        memset_async(pinned.dptr(), 9, 1, other);
+        let foreign = dependencies(other);
+        begin(s, RELAXED);
+        memset_async(pinned.dptr(), 1, 1, s);
+        let a = dependencies(s);
+        memset_async(pinned.dptr(), 2, 1, s);
+        let b = dependencies(s);
+        assert_eq!(update_dependencies(s, &a, 2), INVALID_VALUE, "an unknown flag");
+        assert_eq!(update_dependencies(s, &foreign, ADD), INVALID_VALUE, "another capture's node");
+        assert_eq!(update_dependencies(s, &[a[0], a[0]], ADD), INVALID_VALUE, "a node named twice");
+        assert_eq!(update_dependencies(s, &[0x1234 as CUgraphNode], ADD), INVALID_VALUE, "not a node");
+        // SAFETY: a null array with a count, and edge data other than the default, are refused
+        // before anything is read past the arrays given.
+        unsafe {
+            let d = driver();
+            let null =
+                code!(d, cuStreamUpdateCaptureDependencies_v2(s, std::ptr::null_mut(), std::ptr::null(), 1, ADD));
+            assert_eq!(null, INVALID_VALUE);
+            let mut nodes = a.clone();
+            let programmatic = [CUgraphEdgeData { type_: 1, ..Default::default() }];
+            let edge =
+                code!(d, cuStreamUpdateCaptureDependencies_v2(s, nodes.as_mut_ptr(), programmatic.as_ptr(), 1, ADD));
+            assert_eq!(edge, INVALID_VALUE);
+            let default = [CUgraphEdgeData::default()];
+            let plain = code!(d, cuStreamUpdateCaptureDependencies_v2(s, nodes.as_mut_ptr(), default.as_ptr(), 1, ADD));
+            assert_eq!(plain, CUresult::CUDA_SUCCESS, "default edge data is accepted");
+        }
+        assert_eq!(dependencies(s), [b[0], a[0]], "added");
+        assert_eq!(update_dependencies(s, &a, SET), CUresult::CUDA_SUCCESS);
+        assert_eq!(dependencies(s), a, "replaced");
+        assert_eq!(update_dependencies(s, &[], SET), CUresult::CUDA_SUCCESS);
+        assert_eq!(dependencies(s), Vec::<CUgraphNode>::new(), "emptied");
+        assert_eq!(update_dependencies(s, &[a[0], b[0]], ADD), CUresult::CUDA_SUCCESS);
+        memset_async(pinned.dptr() + 1, 3, 1, s);
+        let c = dependencies(s);
+        assert_eq!(node_dependencies(c[0]), [a[0], b[0]], "the next node depends on the set");
+
+        // Taking a forked stream's node joins it; a node removed from a set needs no rejoin.
+        let (forked, fork) = (non_blocking_stream(), event(CUevent_flags::CU_EVENT_DISABLE_TIMING));
+        record(fork, s);
+        wait_event(forked, fork);
+        memset_async(pinned.dptr() + 2, 4, 1, forked);
+        let f = dependencies(forked);
+        assert_eq!(update_dependencies(s, &f, ADD), CUresult::CUDA_SUCCESS);
+        assert_eq!(dependencies(s), [c[0], f[0]]);
+        let graph = end(s);
+        assert_eq!(graph_nodes(graph), [a[0], b[0], c[0], f[0]]);
+        assert_eq!(graph_destroy(graph), CUresult::CUDA_SUCCESS);
+        begin(s, RELAXED);
+        record(fork, s);
+        wait_event(forked, fork);
+        memset_async(pinned.dptr() + 3, 5, 1, forked);
+        assert_eq!(update_dependencies(forked, &[], SET), CUresult::CUDA_SUCCESS, "its node dropped");
+        assert_eq!(graph_destroy(end(s)), CUresult::CUDA_SUCCESS);
+
+        // An invalidated capture: its own error.
+        begin(s, RELAXED);
+        memset_async(pinned.dptr(), 1, 1, s);
+        let a = dependencies(s);
+        assert_eq!(query(s), CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+        assert_eq!(update_dependencies(s, &a, ADD), CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+        end_invalidated(s);
+        assert_eq!(graph_destroy(end(other)), CUresult::CUDA_SUCCESS);
+    });
+}
+
 /// Graph memory: an allocation node's address is fixed at capture, live during the capture and
 /// after each launch until freed, and not before a launch; an unfreed allocation blocks the next
 /// launch; the attributes count it; trimming gives back the reserve not in use.
@@ -356,14 +614,17 @@ fn an_allocation_node_maps_at_launch_and_lives_until_freed() {
         assert_eq!(launch(exec, s), INVALID_VALUE, "relaunched with the allocation unfreed");
         assert_eq!(free_async(address, s), CUresult::CUDA_SUCCESS);
         sync(s);
-        assert_eq!(graph_memory(), [0, 2, 2, 2], "freed: still reserved");
+        assert_eq!(graph_memory(), [2, 2, 2, 2], "freed: still the graph's, for its next launch");
         assert_eq!(memset_code(address, 1, 8, s), INVALID_VALUE, "freed");
         assert_eq!(launch(exec, s), CUresult::CUDA_SUCCESS, "the same address again");
+        sync(s);
+        assert_eq!(graph_memory(), [2, 2, 2, 2], "the same memory again");
+        trim();
+        assert_eq!(graph_memory(), [2, 2, 2, 2], "a live allocation is not trimmed");
         // SAFETY: no pointers.
         unsafe { cu_call!(driver(), cuMemFree_v2(address)) }.unwrap();
-        assert_eq!(graph_memory(), [0, 2, 2, 2]);
-        // SAFETY: no pointers.
-        unsafe { cu_call!(driver(), cuDeviceGraphMemTrim(0)) }.unwrap();
+        assert_eq!(graph_memory(), [2, 2, 2, 2]);
+        trim();
         assert_eq!(graph_memory(), [0, 2, 0, 2], "trimmed");
         assert_eq!(exec_destroy(exec), CUresult::CUDA_SUCCESS);
         let again = instantiate(graph);
@@ -429,9 +690,10 @@ fn free_nodes_and_auto_free_release_graph_memory() {
             assert_eq!(launch(exec, s), CUresult::CUDA_SUCCESS);
             sync(s);
             assert_eq!(pinned.read(), vec![2; 8]);
-            assert_eq!(graph_memory(), [0, 4, 4, 4]);
+            assert_eq!(graph_memory(), [4, 4, 4, 4], "freed in the graph, still the graph's");
         }
         assert_eq!(exec_destroy(exec), CUresult::CUDA_SUCCESS);
+        assert_eq!(graph_memory(), [0, 4, 4, 4], "its graph destroyed: no longer used, still reserved");
         assert_eq!(graph_destroy(graph), CUresult::CUDA_SUCCESS);
 
         let mut address = 0;
@@ -445,9 +707,93 @@ fn free_nodes_and_auto_free_release_graph_memory() {
         assert_eq!(free_async(address, s), CUresult::CUDA_SUCCESS);
         assert_eq!(free_async(address, s), INVALID_VALUE, "freed twice");
         sync(s);
+        assert_eq!(graph_memory()[0], 2, "freed, still the graph's");
+        assert_eq!(exec_destroy(exec), CUresult::CUDA_SUCCESS);
         assert_eq!(graph_memory()[0], 0);
+        assert_eq!(graph_destroy(graph), CUresult::CUDA_SUCCESS);
+    });
+}
+
+/// cuda.core's `test_graph_mem_set_attributes`, which passes on GPUs: graph memory freed (and the
+/// device synchronized) is still counted as used ("Free memory, but usage is not reduced yet");
+/// the high-water marks stay after a trim. Here also: a trim unmaps it, and destroying the
+/// executable graph ends its use (what cuda.h's trim documents: only memory "not in use by a
+/// graph that is either currently executing or scheduled to execute" goes back).
+#[test]
+fn freed_graph_memory_stays_used_until_trimmed_or_its_graph_is_destroyed() {
+    in_child!(&[], || {
+        use_device(0);
+        let mut address = 0;
+        let (s, graph) = capture(RELAXED, |s| address = alloc_async(1024, s).unwrap());
+        let exec = instantiate(graph);
+        assert_eq!(launch(exec, s), CUresult::CUDA_SUCCESS);
+        sync(s);
+        assert_eq!(graph_memory(), [2, 2, 2, 2]);
+        assert_eq!(free_async(address, s), CUresult::CUDA_SUCCESS);
+        sync(s);
+        // SAFETY: no pointers.
+        unsafe { cu_call!(driver(), cuCtxSynchronize()) }.unwrap();
+        assert_eq!(graph_memory(), [2, 2, 2, 2], "freed and synchronized: usage is not reduced yet");
+        trim();
+        assert_eq!(graph_memory(), [0, 2, 0, 2], "trimmed; the high-water marks remain");
+        assert_eq!(launch(exec, s), CUresult::CUDA_SUCCESS, "mapped again");
+        sync(s);
+        assert_eq!(graph_memory(), [2, 2, 2, 2]);
+        assert_eq!(free_async(address, s), CUresult::CUDA_SUCCESS);
+        sync(s);
+        assert_eq!(exec_destroy(exec), CUresult::CUDA_SUCCESS);
+        assert_eq!(graph_memory(), [0, 2, 2, 2], "its graph destroyed: no longer used, the reserve kept");
+        trim();
+        assert_eq!(graph_memory(), [0, 2, 0, 2]);
+        assert_eq!(graph_destroy(graph), CUresult::CUDA_SUCCESS);
+    });
+}
+
+/// cuda.core's `test_graph_mem_alloc_zero`, which passes on GPUs: a zero-byte `cuMemAllocAsync`
+/// (or `cuMemAllocFromPoolAsync`) on a capturing stream makes an allocation node, with a unique
+/// non-null address (as a zero-byte pool allocation outside a capture) that counts for no graph
+/// memory; the graph instantiates and launches, and the allocation is freed as any other.
+#[test]
+fn a_zero_byte_allocation_in_a_capture_makes_an_allocation_node() {
+    in_child!(&[], || {
+        use_device(0);
+        let props = CUmemPoolProps {
+            allocType: cuda_mem_sys::types::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
+            location: common::device_location(0),
+            ..Default::default()
+        };
+        let mut pool = std::ptr::null_mut();
+        // SAFETY: valid pointers.
+        unsafe { cu_call!(driver(), cuMemPoolCreate(&mut pool, &props)) }.unwrap();
+        let (mut first, mut second, mut in_graph) = (0, 0, 0);
+        let (s, graph) = capture(GLOBAL, |s| {
+            first = alloc_async(0, s).unwrap();
+            // SAFETY: `second` is a valid out-pointer.
+            unsafe { cu_call!(driver(), cuMemAllocFromPoolAsync(&mut second, 0, pool, s)) }.unwrap();
+            in_graph = alloc_async(0, s).unwrap();
+            assert_eq!(free_async(in_graph, s), CUresult::CUDA_SUCCESS, "freed in the graph");
+            assert_eq!(memset_code(first, 1, 1, s), INVALID_VALUE, "no byte to set");
+        });
+        assert!(first != 0 && second != 0 && in_graph != 0, "non-null");
+        assert!(first != second && second != in_graph && first != in_graph, "unique");
+        let kinds: Vec<_> = graph_nodes(graph).into_iter().map(|n| node_type(n).unwrap()).collect();
+        let (alloc, free) =
+            (CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_ALLOC, CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_FREE);
+        assert_eq!(kinds, [alloc, alloc, alloc, free]);
+        let exec = instantiate(graph);
+        assert_eq!(launch(exec, s), CUresult::CUDA_SUCCESS);
+        sync(s);
+        assert_eq!(graph_memory(), [0; 4], "zero bytes count for nothing");
+        assert_eq!(free_async(first, s), CUresult::CUDA_SUCCESS);
+        assert_eq!(free_async(first, s), INVALID_VALUE, "freed twice");
+        assert_eq!(free_async(in_graph, s), INVALID_VALUE, "freed in its graph");
+        // SAFETY: no pointers.
+        unsafe { cu_call!(driver(), cuMemFree_v2(second)) }.unwrap();
+        sync(s);
         assert_eq!(exec_destroy(exec), CUresult::CUDA_SUCCESS);
         assert_eq!(graph_destroy(graph), CUresult::CUDA_SUCCESS);
+        // SAFETY: no pointers.
+        unsafe { cu_call!(driver(), cuMemPoolDestroy(pool)) }.unwrap();
     });
 }
 
@@ -471,7 +817,7 @@ fn a_free_node_frees_another_graphs_allocation() {
         assert_eq!(launch(free_exec, s), CUresult::CUDA_SUCCESS);
         sync(s);
         assert_eq!(memset_code(address, 1, 8, s), INVALID_VALUE);
-        assert_eq!(graph_memory()[0], 0);
+        assert_eq!(graph_memory()[0], 2, "still the allocating graph's");
         assert_eq!(launch(free_exec, s), INVALID_VALUE, "nothing live to free");
         assert_eq!(launch(alloc_exec, s), CUresult::CUDA_SUCCESS, "freed by the other graph");
         for exec in [alloc_exec, free_exec] {
@@ -480,10 +826,12 @@ fn a_free_node_frees_another_graphs_allocation() {
         for graph in [alloc_graph, free_graph] {
             assert_eq!(graph_destroy(graph), CUresult::CUDA_SUCCESS);
         }
-        // The allocation outlives its graph until it is freed.
+        // The allocation outlives its graph until it is freed, and is in use until then.
         assert_eq!(memset_code(address, 1, 8, s), CUresult::CUDA_SUCCESS);
+        assert_eq!(graph_memory()[0], 2);
         assert_eq!(free_async(address, s), CUresult::CUDA_SUCCESS);
         sync(s);
+        assert_eq!(graph_memory()[0], 0, "freed after its graph was destroyed");
     });
 }
 

@@ -170,36 +170,33 @@ fn the_managed_answers_are_the_simulators(answers: &[(String, String)]) {
     );
 }
 
-/// Questions 19-29: the readings `cuda_sim::conservative` takes for batch copies, graphs, graph
+/// Questions 19-34: the readings `cuda_sim::conservative` takes for batch copies, graphs, graph
 /// memory, capture modes and user objects; descriptors of other kinds, an exporter freeing first,
-/// and IMEX channels.
+/// and IMEX channels; zero bytes allocated in a capture, graph memory's release, a capture's
+/// dependencies; single calls' and captures' edges, the primary context's, address ranges.
 fn the_conservative_readings_are_the_simulators(answers: &[(String, String)]) {
-    let no_nodes = "nodes: not listed (no cuGraphGetNodes)";
     assert_eq!(
         answer(answers, "batch-copy-edges"),
-        format!(
-            "zero-byte INVALID_VALUE; dependent INVALID_VALUE; on a capturing stream STREAM_CAPTURE_UNSUPPORTED, the \
-             capture then ACTIVE, end ok ({no_nodes}); malformed hints: unknown type INVALID_VALUE, absent device \
-             INVALID_VALUE, NUMA node 4096 INVALID_VALUE"
-        )
+        "zero-byte INVALID_VALUE; dependent INVALID_VALUE; on a capturing stream STREAM_CAPTURE_UNSUPPORTED, the \
+         capture then ACTIVE, end ok (nodes: MEMSET); malformed hints: unknown type INVALID_VALUE, absent device \
+         INVALID_VALUE, NUMA node 4096 INVALID_VALUE"
     );
+    // Freed graph memory stays used (its graph keeps it) until trimmed.
     assert_eq!(
         answer(answers, "graph-memory-accounting"),
-        "1 MiB: launched used=2 MiB reserved=2 MiB; freed used=0 MiB reserved=2 MiB; trimmed used=0 MiB reserved=0 \
-         MiB; 3 MiB: launched used=4 MiB reserved=4 MiB; freed used=0 MiB reserved=4 MiB; trimmed used=0 MiB \
+        "1 MiB: launched used=2 MiB reserved=2 MiB; freed used=2 MiB reserved=2 MiB; trimmed used=0 MiB reserved=0 \
+         MiB; 3 MiB: launched used=4 MiB reserved=4 MiB; freed used=4 MiB reserved=4 MiB; trimmed used=0 MiB \
          reserved=0 MiB; USED_MEM_HIGH reset to 0 with 1 MiB in use reads 2 MiB"
     );
-    let refused = format!("STREAM_CAPTURE_UNSUPPORTED, the capture then ACTIVE, end ok ({no_nodes})");
+    let refused = "STREAM_CAPTURE_UNSUPPORTED, the capture then ACTIVE, end ok (nodes: MEMSET)";
     assert_eq!(
         answer(answers, "graph-launch-into-capture"),
         format!("cuGraphLaunch {refused}; cuGraphUpload {refused}")
     );
+    let allocated = "ok, the capture then ACTIVE, end ok (nodes: MEM_ALLOC, MEM_FREE)";
     assert_eq!(
         answer(answers, "pool-alloc-in-capture"),
-        format!(
-            "cuMemAllocFromPoolAsync ok, the capture then ACTIVE, end ok ({no_nodes}); cuMemAllocAsync ok, the \
-             capture then ACTIVE, end ok ({no_nodes})"
-        )
+        format!("cuMemAllocFromPoolAsync {allocated}; cuMemAllocAsync {allocated}")
     );
     let invalidated = "STREAM_CAPTURE_UNSUPPORTED→INVALIDATED: cuMemAlloc, cuMemFree, cuMemAllocHost, \
                        cuMemAllocManaged, cuMemPoolCreate";
@@ -237,11 +234,40 @@ fn the_conservative_readings_are_the_simulators(answers: &[(String, String)]) {
     let fabric = answer(answers, "fabric-channel");
     assert!(fabric.starts_with("fabric handles supported (attribute): 1; IMEX channels"), "{fabric}");
     assert!(fabric.ends_with("cuMemCreate shareable as a fabric handle: CUDA_ERROR_NOT_PERMITTED"), "{fabric}");
-    the_call_and_capture_edges_are_the_simulators(answers, no_nodes);
+    the_capture_and_graph_memory_readings_are_the_simulators(answers);
+    the_call_and_capture_edges_are_the_simulators(answers);
     the_address_ranges_are_the_allocations(answers);
 }
 
-/// Question 31: `cuMemGetAddressRange` names each allocation itself, a VMM mapping included,
+/// Questions 28-30: zero bytes allocated in a capture, when graph memory stops counting as
+/// used, and a capture's dependencies.
+fn the_capture_and_graph_memory_readings_are_the_simulators(answers: &[(String, String)]) {
+    let zero = "ok, pointer non-null, end ok (nodes: MEM_ALLOC); launched ok, cuMemFreeAsync after ok";
+    assert_eq!(
+        answer(answers, "zero-byte-allocation-in-capture"),
+        format!("cuMemAllocAsync {zero}; cuMemAllocFromPoolAsync {zero}")
+    );
+    let (used, reserved, none) =
+        ("used=2 MiB reserved=2 MiB", "used=0 MiB reserved=2 MiB", "used=0 MiB reserved=0 MiB");
+    assert_eq!(
+        answer(answers, "graph-memory-release"),
+        format!(
+            "freed outside: launched {used}, freed {used}, launched {used}, freed {used}, executable graph destroyed \
+             {reserved}, trimmed {none}; freed in the graph: launched {used}, trimmed with the executable graph \
+             {none}, launched {used}, executable graph destroyed {reserved}, trimmed {none}"
+        )
+    );
+    assert_eq!(
+        answer(answers, "capture-dependencies"),
+        "after a memset [MEMSET], after cuEventRecord [the same], the stream waiting for it [the same], after a wait \
+         for an event recorded outside [WAIT_EVENT], with CU_EVENT_WAIT_EXTERNAL [WAIT_EVENT]; \
+         cuStreamUpdateCaptureDependencies: flags 2 INVALID_VALUE, a node twice INVALID_VALUE, another capture's \
+         node INVALID_VALUE, programmatic edge data INVALID_VALUE, set to none ok, then [none], not capturing \
+         ILLEGAL_STATE; end ok (nodes: MEMSET, WAIT_EVENT, WAIT_EVENT)"
+    );
+}
+
+/// Question 34: `cuMemGetAddressRange` names each allocation itself, a VMM mapping included,
 /// which the DLPack import's range check relies on.
 fn the_address_ranges_are_the_allocations(answers: &[(String, String)]) {
     assert_eq!(
@@ -252,9 +278,9 @@ fn the_address_ranges_are_the_allocations(answers: &[(String, String)]) {
     );
 }
 
-/// Questions 28 and 29: single calls and captures where `cuda.h` is silent, each answered as
+/// Questions 31 and 32: single calls and captures where `cuda.h` is silent, each answered as
 /// `cuda_sim::conservative` says.
-fn the_call_and_capture_edges_are_the_simulators(answers: &[(String, String)], no_nodes: &str) {
+fn the_call_and_capture_edges_are_the_simulators(answers: &[(String, String)]) {
     assert_eq!(
         answer(answers, "call-edges"),
         "cuMemFree(0) INVALID_VALUE; cuMemFreeHost(NULL) INVALID_VALUE; cuMemAllocHost(0) INVALID_VALUE; \
@@ -265,11 +291,9 @@ fn the_call_and_capture_edges_are_the_simulators(answers: &[(String, String)], n
     );
     assert_eq!(
         answer(answers, "capture-edges"),
-        format!(
-            "pageable copy: the bytes at launch time; stream destroyed while capturing: ok; second instantiation: \
+        "pageable copy: the bytes at launch time; stream destroyed while capturing: ok; second instantiation: \
              first ok, second INVALID_VALUE; wait for an event recorded outside: ok, the capture then ACTIVE, end ok \
-             ({no_nodes})"
-        )
+             (nodes: WAIT_EVENT)"
     );
 }
 

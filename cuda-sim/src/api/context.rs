@@ -94,7 +94,7 @@ fn destroy_primary(state: &mut State, device: usize) {
             }
             // A graph allocation mapped by a launch stops counting as used (its reserve stays, as
             // for any freed graph memory, until trimmed).
-            Kind::Graph => state.graph_memory[allocation.device].release(crate::graph::charge(allocation.size)),
+            Kind::Graph => state.graph_memory[allocation.device].forget(allocation.base),
             _ => {}
         }
     }

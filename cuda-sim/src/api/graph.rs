@@ -1,5 +1,7 @@
 //! Graphs (`cuGraphInstantiate*`, `cuGraphLaunch`, `cuGraphUpload`, `cuGraphExecDestroy`,
-//! `cuGraphDestroy`), the capture's graph (`cuStreamGetCaptureInfo`), and graph memory
+//! `cuGraphDestroy`), their nodes (`cuGraphGetNodes`, `cuGraphNodeGetType`,
+//! `cuGraphNodeGetDependencies`), the capture's graph and dependencies
+//! (`cuStreamGetCaptureInfo`, `cuStreamUpdateCaptureDependencies`), and graph memory
 //! (`cuDeviceGetGraphMemAttribute`, `cuDeviceSetGraphMemAttribute`, `cuDeviceGraphMemTrim`).
 //! See [`crate::graph`] for the model.
 
@@ -10,15 +12,15 @@ use std::sync::{Arc, Mutex};
 
 use cuda_mem_sys::types::{
     CUDA_GRAPH_INSTANTIATE_PARAMS, CUgraph, CUgraphEdgeData, CUgraphExec, CUgraphInstantiateResult,
-    CUgraphMem_attribute, CUgraphNode, CUresult, CUstream, CUstreamCaptureStatus,
+    CUgraphMem_attribute, CUgraphNode, CUgraphNodeType, CUresult, CUstream, CUstreamCaptureStatus,
 };
 
 use super::DefaultStream;
 use super::stream::{resolve, resolve_for_work};
-use crate::capture;
+use crate::capture::{self, Update};
 use crate::device::check_ordinal;
 use crate::error::{SimResult, ensure, fail, write_out};
-use crate::graph::{Exec, Node, Step, charge, run_steps};
+use crate::graph::{Body, Exec, Listed, Node, Step, run_steps};
 use crate::memory::Touch;
 use crate::state::{self, State};
 use crate::user_object::Held;
@@ -141,8 +143,8 @@ fn refuse_capturing(stream: &crate::stream::Stream) -> SimResult {
 
 /// `cuGraphLaunch`: replays the graph's nodes in order as one piece of work on `stream`, after
 /// the previous launch of the same executable graph. Graph memory is mapped at the call (the
-/// addresses are live for the calls that follow), and counted as used until its free is
-/// reached. An allocation still live from a previous launch is `CUDA_ERROR_INVALID_VALUE`,
+/// addresses are live for the calls that follow), and counted as used while associated with
+/// the graph (see [`crate::graph`]). An allocation still live from a previous launch is `CUDA_ERROR_INVALID_VALUE`,
 /// unless the graph was instantiated with `CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH`
 /// (then it is freed first, as by `cuMemFreeAsync`), and so is a free node for another graph's
 /// allocation that is not live; nothing happens then.
@@ -156,7 +158,7 @@ pub(crate) fn launch(exec: CUgraphExec, stream: CUstream, mode: DefaultStream) -
     let auto_free = exec.flags & AUTO_FREE_ON_LAUNCH != 0;
     // Everything is checked before anything changes.
     let mut still_live = Vec::new();
-    let mut charges: BTreeMap<usize, u64> = BTreeMap::new();
+    let mut charges: BTreeMap<usize, Vec<(u64, u64)>> = BTreeMap::new();
     for node in &body.nodes {
         match node {
             Node::Alloc(alloc) => {
@@ -164,18 +166,18 @@ pub(crate) fn launch(exec: CUgraphExec, stream: CUstream, mode: DefaultStream) -
                     ensure(auto_free)?;
                     still_live.push(Arc::clone(alloc));
                 }
-                *charges.entry(alloc.device).or_default() += charge(alloc.size);
+                charges.entry(alloc.device).or_default().push((alloc.base, alloc.charge()));
             }
             Node::Free { base, own: false, .. } => ensure(state.memory.is_graph_mapped(*base))?,
             _ => {}
         }
     }
+    charge_devices(&mut state, &charges)?;
     let mut steps = Vec::new();
     for alloc in &still_live {
         state.memory.unmap_graph(alloc.base);
-        steps.push(Step::Release(Arc::clone(&state.graph_memory[alloc.device]), charge(alloc.size)));
+        steps.push(Step::Freed(Arc::clone(&alloc.memory), alloc.base));
     }
-    charge_devices(&mut state, &charges)?;
     for (index, node) in body.nodes.iter().enumerate() {
         match node {
             Node::Work { touches, .. } => {
@@ -188,11 +190,11 @@ pub(crate) fn launch(exec: CUgraphExec, stream: CUstream, mode: DefaultStream) -
                     state.memory.map_graph(alloc);
                 }
             }
-            Node::Free { base, size, device, own } => {
+            Node::Free { base, device, own } => {
                 if !own {
                     state.memory.unmap_graph(*base);
                 }
-                steps.push(Step::Release(Arc::clone(&state.graph_memory[*device]), charge(*size)));
+                steps.push(Step::Freed(Arc::clone(&state.graph_memory[*device]), *base));
             }
         }
     }
@@ -225,16 +227,17 @@ fn is_still_mapped(state: &State, body: &crate::graph::Body, touch: &Touch) -> b
     own || state.memory.classify(touch.address, touch.len).is_ok_and(|now| now.is_same_memory(&touch.endpoint))
 }
 
-/// Counts a launch's graph memory as used on each device, growing the reserve (and the device's
-/// memory in use) as needed; `CUDA_ERROR_OUT_OF_MEMORY`, with nothing changed, if a device has
-/// too little left.
-fn charge_devices(state: &mut State, charges: &BTreeMap<usize, u64>) -> SimResult {
-    for (&device, &bytes) in charges {
+/// Maps a launch's graph allocations (address, bytes) on each device (see
+/// [`GraphMemory::map_for_launch`](crate::graph::GraphMemory::map_for_launch)), growing the
+/// reserve (and the device's memory in use) as needed; `CUDA_ERROR_OUT_OF_MEMORY`, with nothing
+/// changed, if a device has too little left.
+fn charge_devices(state: &mut State, charges: &BTreeMap<usize, Vec<(u64, u64)>>) -> SimResult {
+    for (&device, allocs) in charges {
         let available = state.config.memory.saturating_sub(state.devices[device].used);
-        ensure_memory(state.graph_memory[device].growth_for(bytes).is_some_and(|growth| growth <= available))?;
+        ensure_memory(state.graph_memory[device].growth_for(allocs).is_some_and(|growth| growth <= available))?;
     }
-    for (&device, &bytes) in charges {
-        let growth = state.graph_memory[device].use_bytes(bytes, u64::MAX).unwrap_or(0);
+    for (&device, allocs) in charges {
+        let growth = state.graph_memory[device].map_for_launch(allocs, u64::MAX).unwrap_or(0);
         state.devices[device].used += growth;
     }
     Ok(())
@@ -245,9 +248,11 @@ fn ensure_memory(fits: bool) -> SimResult {
     if fits { Ok(()) } else { fail(CUresult::CUDA_ERROR_OUT_OF_MEMORY) }
 }
 
-/// `cuStreamGetCaptureInfo_v3`: the status (required), and while a capture is active its id and
-/// graph; the dependencies are always none (captures here are a chain the simulator does not
-/// expose as nodes). Edge data without dependencies is `CUDA_ERROR_INVALID_VALUE`; on the legacy
+/// `cuStreamGetCaptureInfo_v3`: the status (required), and while a capture is active its id,
+/// its graph and the stream's dependency set (the nodes the next captured node will depend on;
+/// see [`crate::capture`]), its edge data all default. The array pointers stay valid until the
+/// next such call on the stream or the end of the capture, as `cuda.h` says; they are null when
+/// the set is empty. Edge data without dependencies is `CUDA_ERROR_INVALID_VALUE`; on the legacy
 /// stream while a blocking stream captures, `CUDA_ERROR_STREAM_CAPTURE_IMPLICIT`.
 ///
 /// # Safety
@@ -267,11 +272,11 @@ pub(crate) unsafe fn capture_info(
     let (context, stream) = resolve(&*state::lock()?, stream, mode)?;
     capture::refuse_legacy_status(&context, &stream)?;
     let status = stream.capture.status();
-    let info = stream.capture.active_info();
+    let info = stream.capture.active_dependencies();
     // SAFETY: forwarded from the caller; the optional pointers are written only when non-null.
     unsafe {
         write_out(status_out, status)?;
-        let Some((id, graph)) = info else {
+        let Some((id, graph, dependencies)) = info else {
             return Ok(());
         };
         if !id_out.is_null() {
@@ -281,16 +286,164 @@ pub(crate) unsafe fn capture_info(
             write_out(graph_out, graph as CUgraph)?;
         }
         if !dependencies_out.is_null() {
-            write_out(dependencies_out, std::ptr::null())?;
+            write_out(dependencies_out, dependencies.nodes.cast::<CUgraphNode>())?;
         }
         if !edges_out.is_null() {
-            write_out(edges_out, std::ptr::null())?;
+            write_out(edges_out, dependencies.edges)?;
         }
         if !count_out.is_null() {
-            write_out(count_out, 0)?;
+            write_out(count_out, dependencies.count)?;
         }
     }
     Ok(())
+}
+
+/// `CU_STREAM_SET_CAPTURE_DEPENDENCIES`, the one flag besides the default (add).
+const SET_CAPTURE_DEPENDENCIES: u32 =
+    cuda_mem_sys::types::CUstreamUpdateCaptureDependencies_flags::CU_STREAM_SET_CAPTURE_DEPENDENCIES.0;
+
+/// `cuStreamUpdateCaptureDependencies_v2`: adds `count` nodes to the stream's dependency set
+/// (`CU_STREAM_ADD_CAPTURE_DEPENDENCIES`, or 0) or replaces the set with them
+/// (`CU_STREAM_SET_CAPTURE_DEPENDENCIES`). Other flags, a null array with a non-zero count, and
+/// a node that is not a node of the capture's graph or is named twice are
+/// `CUDA_ERROR_INVALID_VALUE`, and so is edge data other than the default (the simulator has no
+/// kernel nodes, the only ones ports and programmatic edges are for; see `conservative`); a
+/// stream that does not capture is `CUDA_ERROR_ILLEGAL_STATE`, one whose capture was invalidated
+/// `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`.
+///
+/// # Safety
+/// `dependencies` is null or valid for reads of `count` handles; `data` null or valid for reads
+/// of `count` edge data.
+pub(crate) unsafe fn update_capture_dependencies(
+    stream: CUstream,
+    dependencies: *const CUgraphNode,
+    data: *const CUgraphEdgeData,
+    count: usize,
+    flags: u32,
+    mode: DefaultStream,
+) -> SimResult {
+    ensure(flags <= SET_CAPTURE_DEPENDENCIES)?;
+    ensure(count == 0 || !dependencies.is_null())?;
+    let nodes: Vec<usize> = if count == 0 {
+        Vec::new()
+    } else {
+        // SAFETY: non-null and valid for `count` reads by the caller's contract.
+        unsafe { std::slice::from_raw_parts(dependencies, count) }.iter().map(|&node| node as usize).collect()
+    };
+    if !data.is_null() && count > 0 {
+        // SAFETY: non-null and valid for `count` reads by the caller's contract.
+        let data = unsafe { std::slice::from_raw_parts(data, count) };
+        ensure(data.iter().all(|edge| *edge == CUgraphEdgeData::default()))?;
+    }
+    let (_, stream) = resolve(&*state::lock()?, stream, mode)?;
+    let update = if flags == SET_CAPTURE_DEPENDENCIES { Update::Set } else { Update::Add };
+    stream.capture.update_dependencies(&nodes, update)
+}
+
+/// The nodes the graph API shows of `graph`: a graph captured, or the graph of a capture under
+/// way; `CUDA_ERROR_INVALID_VALUE` for any other handle.
+fn graph_nodes(state: &State, graph: CUgraph) -> SimResult<Vec<Listed>> {
+    if let Some(body) = state.graphs.get(&(graph as usize)) {
+        return Ok(body.listed.clone());
+    }
+    state
+        .streams
+        .values()
+        .find_map(|stream| stream.capture.listed_of(graph as usize))
+        .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)
+}
+
+/// The node `node` of any graph, captured or being captured; `CUDA_ERROR_INVALID_VALUE` when no
+/// graph has it.
+fn find_node(state: &State, node: CUgraphNode) -> SimResult<Listed> {
+    let handle = node as usize;
+    let in_body = |body: &Arc<Body>| body.listed.iter().find(|listed| listed.handle == handle).cloned();
+    if let Some(listed) = state.graphs.values().find_map(in_body) {
+        return Ok(listed);
+    }
+    state
+        .streams
+        .values()
+        .filter_map(|stream| stream.capture.active_info().and_then(|(_, graph)| stream.capture.listed_of(graph)))
+        .find_map(|listed| listed.into_iter().find(|l| l.handle == handle))
+        .ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)
+}
+
+/// Writes `items` the way `cuGraphGetNodes` and `cuGraphNodeGetDependencies` do: with `out`
+/// null only the count; otherwise `*count` entries, the first ones, and null ones past the end
+/// of `items`, with `*count` lowered to how many were real.
+///
+/// # Safety
+/// `count` is valid for a read and a write; `out` null or valid for `*count` writes; `edges`
+/// null or valid for `*count` writes.
+unsafe fn write_nodes(
+    items: &[usize],
+    out: *mut CUgraphNode,
+    edges: *mut CUgraphEdgeData,
+    count: *mut usize,
+) -> SimResult {
+    if out.is_null() {
+        // SAFETY: forwarded from the caller.
+        return unsafe { write_out(count, items.len()) };
+    }
+    // SAFETY: valid for a read by the caller's contract.
+    let room = unsafe { count.read_unaligned() };
+    for index in 0..room {
+        let item = items.get(index).copied().unwrap_or(0);
+        // SAFETY: `out` (and `edges`, when non-null) are valid for `room` writes.
+        unsafe {
+            out.add(index).write_unaligned(item as CUgraphNode);
+            if !edges.is_null() {
+                edges.add(index).write_unaligned(CUgraphEdgeData::default());
+            }
+        }
+    }
+    // SAFETY: forwarded from the caller.
+    unsafe { write_out(count, room.min(items.len())) }
+}
+
+/// `cuGraphGetNodes`: the nodes of a captured graph, or of the graph a capture is building, in
+/// the order they were captured. An unknown graph or a null count is `CUDA_ERROR_INVALID_VALUE`.
+///
+/// # Safety
+/// `count` is null or valid for a read and a write; `nodes` null or valid for `*count` writes.
+pub(crate) unsafe fn get_nodes(graph: CUgraph, nodes: *mut CUgraphNode, count: *mut usize) -> SimResult {
+    ensure(!count.is_null())?;
+    let listed = graph_nodes(&*state::lock()?, graph)?;
+    let handles: Vec<usize> = listed.iter().map(|l| l.handle).collect();
+    // SAFETY: forwarded from the caller.
+    unsafe { write_nodes(&handles, nodes, std::ptr::null_mut(), count) }
+}
+
+/// `cuGraphNodeGetType`: an unknown node (or one of a destroyed graph) or a null pointer is
+/// `CUDA_ERROR_INVALID_VALUE`.
+///
+/// # Safety
+/// `out` is null or valid for a write.
+pub(crate) unsafe fn node_type(node: CUgraphNode, out: *mut CUgraphNodeType) -> SimResult {
+    ensure(!out.is_null())?;
+    let listed = find_node(&*state::lock()?, node)?;
+    // SAFETY: forwarded from the caller.
+    unsafe { write_out(out, listed.kind) }
+}
+
+/// `cuGraphNodeGetDependencies_v2`: the nodes `node` depends on, with default edge data. An
+/// unknown node, a null count, or edge data without a place for the dependencies is
+/// `CUDA_ERROR_INVALID_VALUE`.
+///
+/// # Safety
+/// `count` is null or valid for a read and a write; `dependencies` and `edges` null or valid for
+/// `*count` writes.
+pub(crate) unsafe fn node_dependencies(
+    node: CUgraphNode,
+    dependencies: *mut CUgraphNode,
+    edges: *mut CUgraphEdgeData,
+    count: *mut usize,
+) -> SimResult {
+    ensure(!count.is_null() && (edges.is_null() || !dependencies.is_null()))?;
+    let listed = find_node(&*state::lock()?, node)?;
+    // SAFETY: forwarded from the caller.
+    unsafe { write_nodes(&listed.deps, dependencies, edges, count) }
 }
 
 /// `cuDeviceGetGraphMemAttribute`: each attribute is a `cuuint64_t`.

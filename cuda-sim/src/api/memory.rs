@@ -16,7 +16,7 @@
 
 use std::ffi::c_void;
 
-use cuda_mem_sys::types::{CUdeviceptr, CUresult, CUstream};
+use cuda_mem_sys::types::{CUdeviceptr, CUgraphNodeType, CUresult, CUstream};
 
 use super::DefaultStream;
 use super::pool::Reach;
@@ -26,6 +26,9 @@ use crate::context as ctx;
 use crate::error::{SimResult, ensure, fail, write_out};
 use crate::memory::{Endpoint, Kind, Touch, round_up};
 use crate::state;
+
+/// The node type of a captured copy.
+const MEMCPY: CUgraphNodeType = CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEMCPY;
 
 /// `cuMemAlloc_v2`: `CUDA_ERROR_INVALID_VALUE` for 0 bytes, `CUDA_ERROR_OUT_OF_MEMORY` past the
 /// device's `CUDA_SIM_MEMORY`.
@@ -66,7 +69,7 @@ pub(crate) fn free(address: CUdeviceptr) -> SimResult {
     if allocation.kind == Kind::Graph {
         // Graph memory: no implicit synchronization either (cuda.h lists cuMemFree among the
         // ways to free it).
-        state.graph_memory[allocation.device].release(crate::graph::charge(allocation.size));
+        state.graph_memory[allocation.device].freed(allocation.base);
         return Ok(());
     }
     if let Kind::Pooled { pool, .. } = allocation.kind {
@@ -273,6 +276,7 @@ pub(crate) unsafe fn copy(
                 unsafe { std::ptr::copy_nonoverlapping(staged.as_ptr(), to.0, len) };
             }),
             touches,
+            MEMCPY,
         )
     } else {
         let from = Address(src.ptr());
@@ -289,6 +293,7 @@ pub(crate) unsafe fn copy(
                 unsafe { std::ptr::copy(from.0, to.0, len) };
             }),
             touches,
+            MEMCPY,
         )
     };
     if matches!(wait, Wait::UntilDone) {
@@ -336,6 +341,7 @@ pub(crate) fn memset(
             unsafe { fill(to.0, value, width, count) };
         }),
         touches,
+        CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEMSET,
     );
     if !asynchronous && (pinned || sync_memops) {
         fence.wait();

@@ -437,7 +437,9 @@ fn capture_alloc_from_pool(
 
 /// `cuMemAllocAsync` on a capturing stream: an allocation node (see [`crate::graph`]). Its
 /// address is live until the capture ends, so that the captured work can use it; launches map it
-/// again. 0 bytes is `CUDA_ERROR_INVALID_VALUE`, as outside a capture.
+/// again. 0 bytes makes an allocation node too, with a unique address that addresses no bytes and
+/// counts for no graph memory, as a zero-byte pool allocation outside a capture (see
+/// [`conservative`](crate::conservative)).
 fn capture_alloc(state: &mut State, context: &Context, stream: &Stream, size: usize) -> SimResult<u64> {
     capture_alloc_on(state, context, stream, stream.device, size)
 }
@@ -450,11 +452,13 @@ fn capture_alloc_on(
     device: usize,
     size: usize,
 ) -> SimResult<u64> {
-    ensure(size > 0)?;
     capture::admit_work(context, stream)?;
-    let backing = Arc::new(crate::memory::Mapping::read_write(size)?);
-    let base = state.memory.reserve_graph(size)?;
-    let alloc = GraphAlloc::new(base, size, device, context.handle, backing);
+    // A zero-byte allocation gets a page nothing can reach (its size is 0), and address space of
+    // its own, so that its address is unique.
+    let backing = Arc::new(crate::memory::Mapping::read_write(size.max(1))?);
+    let base = state.memory.reserve_graph(size.max(1))?;
+    let memory = Arc::clone(&state.graph_memory[device]);
+    let alloc = GraphAlloc::new(base, size, device, context.handle, backing, memory);
     state.memory.map_graph(&alloc);
     if stream.capture.record_node(Node::Alloc(alloc)).is_err() {
         // The capture ended meanwhile (on another thread).
@@ -474,12 +478,12 @@ fn capture_free(state: &mut State, stream: &Stream, address: CUdeviceptr) -> Sim
         Some(alloc) => {
             ensure(alloc.mark_freed_in_graph())?;
             state.memory.unmap_graph(address);
-            Node::Free { base: address, size: alloc.size, device: alloc.device, own: true }
+            Node::Free { base: address, device: alloc.device, own: true }
         }
         None => {
             ensure(state.memory.is_graph_mapped(address))?;
             let allocation = state.memory.find(address).ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
-            Node::Free { base: address, size: allocation.size, device: allocation.device, own: false }
+            Node::Free { base: address, device: allocation.device, own: false }
         }
     };
     stream.capture.record_node(node).map_err(|_| CUresult::CUDA_ERROR_ILLEGAL_STATE)
@@ -496,11 +500,11 @@ pub(crate) fn free_async(address: CUdeviceptr, stream: CUstream, mode: DefaultSt
     }
     let allocation = state.memory.free_if(address, |kind| matches!(kind, Kind::Pooled { .. } | Kind::Graph))?;
     if allocation.kind == Kind::Graph {
-        // Graph memory: it stops counting as used when the stream reaches the free.
+        // Graph memory: freed when the stream reaches the free (see `GraphMemory::freed`).
         let memory = Arc::clone(&state.graph_memory[allocation.device]);
-        let bytes = crate::graph::charge(allocation.size);
+        let base = allocation.base;
         drop(state);
-        context.submit_or_run(&stream, Box::new(move || memory.release(bytes)));
+        context.submit_or_run(&stream, Box::new(move || memory.freed(base)));
         return Ok(());
     }
     let Kind::Pooled { pool: handle, .. } = allocation.kind else {

@@ -4,7 +4,7 @@ use std::ffi::c_void;
 use std::sync::Arc;
 
 use cuda_mem_sys::types::{
-    CUcontext, CUevent, CUgraph, CUhostFn, CUresult, CUstream, CUstream_flags, CUstreamCaptureMode,
+    CUcontext, CUevent, CUgraph, CUgraphNodeType, CUhostFn, CUresult, CUstream, CUstream_flags, CUstreamCaptureMode,
     CUstreamCaptureStatus,
 };
 
@@ -177,7 +177,7 @@ pub(crate) unsafe fn end_capture(stream: CUstream, out: *mut CUgraph, mode: Defa
     let (_, stream) = resolve(&state, stream, mode)?;
     let ended = stream.capture.end()?;
     let (graph, allocs, failure) = match ended {
-        Ended::Graph { handle, nodes, allocs } => (Ok((handle, nodes)), allocs, CUresult::CUDA_SUCCESS),
+        Ended::Graph { handle, nodes, listed, allocs } => (Ok((handle, nodes, listed)), allocs, CUresult::CUDA_SUCCESS),
         Ended::Invalidated(handle, allocs) => (Err(handle), allocs, CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED),
         Ended::Unjoined(handle, allocs) => (Err(handle), allocs, CUresult::CUDA_ERROR_STREAM_CAPTURE_UNJOINED),
     };
@@ -185,8 +185,8 @@ pub(crate) unsafe fn end_capture(stream: CUstream, out: *mut CUgraph, mode: Defa
         state.memory.unmap_graph(alloc.base);
     }
     let handle = match graph {
-        Ok((handle, nodes)) => {
-            state.graphs.insert(handle, crate::graph::Body::new(nodes));
+        Ok((handle, nodes, listed)) => {
+            state.graphs.insert(handle, crate::graph::Body::new(nodes, listed));
             handle
         }
         Err(discarded) => {
@@ -261,13 +261,17 @@ pub(crate) fn wait_event(stream: CUstream, event: CUevent, flags: u32, mode: Def
         stream.capture.wait_for_point(&point)?;
     }
     if let Some(generation) = event.latest() {
-        context.submit(&stream, Box::new(move || event.wait_for(generation)));
+        // Captured, a wait node (see `conservative`).
+        context.submit_as(&stream, Box::new(move || event.wait_for(generation)), WAIT_EVENT);
     }
     Ok(())
 }
 
 /// `CU_EVENT_WAIT_EXTERNAL`, the one flag `cuStreamWaitEvent` takes.
 const CU_EVENT_WAIT_EXTERNAL: u32 = cuda_mem_sys::types::CUevent_wait_flags::CU_EVENT_WAIT_EXTERNAL.0;
+
+/// The node type of a captured wait for an event recorded outside the capture.
+const WAIT_EVENT: CUgraphNodeType = CUgraphNodeType::CU_GRAPH_NODE_TYPE_WAIT_EVENT;
 
 /// `cuStreamIsCapturing`: active between `cuStreamBeginCapture` and `cuStreamEndCapture`, or
 /// invalidated; on the legacy stream while a blocking stream captures,
@@ -301,7 +305,7 @@ pub(crate) fn launch_host_func(
     let function = function.ok_or(CUresult::CUDA_ERROR_INVALID_VALUE)?;
     let (context, stream) = resolve_for_work(&*state::lock()?, stream, mode)?;
     let data = UserData(user_data);
-    context.submit(
+    context.submit_as(
         &stream,
         Box::new(move || {
             let data = &data;
@@ -309,6 +313,7 @@ pub(crate) fn launch_host_func(
             // pointer; calling it on a driver thread is the documented contract.
             super::as_host_function(|| unsafe { function(data.0) });
         }),
+        CUgraphNodeType::CU_GRAPH_NODE_TYPE_HOST,
     );
     Ok(())
 }

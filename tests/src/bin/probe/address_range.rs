@@ -1,4 +1,4 @@
-//! Question 31: what `cuMemGetAddressRange` calls an allocation. `cuda-mem-core`'s DLPack
+//! Question 34: what `cuMemGetAddressRange` calls an allocation. `cuda-mem-core`'s DLPack
 //! import checks a tensor's bytes against it: a tensor must lie inside one allocation, except
 //! that VMM memory may go on into the next mapping when `cuMemRetainAllocationHandle` says it
 //! is VMM memory. `cuda.h` says the call returns "the base address and size of the allocation

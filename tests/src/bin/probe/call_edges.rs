@@ -1,4 +1,4 @@
-//! Question 28: the edges of single calls where `cuda.h` is silent and the simulator
+//! Question 31: the edges of single calls where `cuda.h` is silent and the simulator
 //! (`cuda_sim::conservative`) takes the strict reading: a null pointer to `cuMemFree` and
 //! `cuMemFreeHost`, a zero-byte `cuMemAllocHost`, a misaligned `cuMemsetD16`/`D32`,
 //! `cuMemFreeAsync` of `cuMemAlloc` memory, a zero-length memset and copy at an allocation's

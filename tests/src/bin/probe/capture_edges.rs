@@ -1,4 +1,4 @@
-//! Question 29: what `cuda.h` leaves open about captures, where the simulator
+//! Question 32: what `cuda.h` leaves open about captures, where the simulator
 //! (`cuda_sim::conservative`, graphs) takes a reading: when a captured copy from pageable host
 //! memory reads its source (at the capture or at each launch), what destroying a stream in the
 //! middle of its capture does, whether a graph with memory nodes can be instantiated twice, and

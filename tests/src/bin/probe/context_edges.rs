@@ -1,4 +1,4 @@
-//! Question 30: the primary context's edges, asked in a child process because they destroy the
+//! Question 33: the primary context's edges, asked in a child process because they destroy the
 //! context the process uses. The simulator (`cuda_sim::conservative`) refuses destroying a
 //! default stream (`CUDA_ERROR_INVALID_HANDLE`) and a release without a retain
 //! (`CUDA_ERROR_INVALID_CONTEXT`), gives a primary context retained again after its last

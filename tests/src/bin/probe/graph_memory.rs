@@ -89,7 +89,7 @@ fn reset_and_read_used_high(device: CUdevice, details: &mut Details) -> String {
 }
 
 /// Device 0.
-fn device_zero() -> Result<CUdevice, CudaError> {
+pub(crate) fn device_zero() -> Result<CUdevice, CudaError> {
     let d = driver()?;
     let mut device: CUdevice = 0;
     // SAFETY: `device` is a valid out-pointer.
@@ -98,7 +98,7 @@ fn device_zero() -> Result<CUdevice, CudaError> {
 }
 
 /// The current counters, `used=… reserved=…`, in MiB where whole.
-fn counters(device: CUdevice) -> String {
+pub(crate) fn counters(device: CUdevice) -> String {
     use CUgraphMem_attribute as A;
     let read = |attribute| match read_attribute(device, attribute) {
         Ok(value) => mib(value),
@@ -134,7 +134,7 @@ fn set_attribute(device: CUdevice, attribute: CUgraphMem_attribute, value: u64) 
 }
 
 /// `cuDeviceGraphMemTrim`.
-fn trim(device: CUdevice) -> Call {
+pub(crate) fn trim(device: CUdevice) -> Call {
     let d = driver()?;
     // SAFETY: takes the device by value.
     unsafe { cu_call!(d, cuDeviceGraphMemTrim(device)) }

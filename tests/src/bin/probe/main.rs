@@ -29,14 +29,15 @@
 //! [`ipc_event`], [`managed_ranges`], [`managed_ids`], [`managed_pool`], [`managed_discard`],
 //! [`batch_copy_edges`], [`graph_memory`], [`graph_launch_capture`], [`pool_alloc_capture`],
 //! [`unsafe_calls`], [`user_object`], [`pool_import_not_a_pool`], [`exporter_frees_first`],
-//! [`fabric_channel`], [`call_edges`], [`capture_edges`], [`context_edges`],
-//! [`address_range`].
+//! [`fabric_channel`], [`zero_byte_capture`], [`graph_memory_release`], [`capture_dependencies`],
+//! [`call_edges`], [`capture_edges`], [`context_edges`], [`address_range`].
 
 mod address_hint;
 mod address_range;
 mod batch_copy_edges;
 mod call_edges;
 mod capture;
+mod capture_dependencies;
 mod capture_edges;
 mod child;
 mod context_edges;
@@ -49,6 +50,7 @@ mod free_pending;
 mod gate;
 mod graph_launch_capture;
 mod graph_memory;
+mod graph_memory_release;
 mod host_pool_access;
 mod imported_access;
 mod ipc_event;
@@ -70,6 +72,7 @@ mod runner;
 mod unsafe_calls;
 mod user_object;
 mod zero_byte;
+mod zero_byte_capture;
 
 use std::process::ExitCode;
 
@@ -102,7 +105,7 @@ pub(crate) struct Question {
 }
 
 /// Every question, in the order they are asked.
-pub(crate) const QUESTIONS: [Question; 31] = [
+pub(crate) const QUESTIONS: [Question; 34] = [
     pool_import::QUESTION,
     pointer_import::QUESTION,
     imported_access::QUESTION,
@@ -130,6 +133,9 @@ pub(crate) const QUESTIONS: [Question; 31] = [
     pool_import_not_a_pool::QUESTION,
     exporter_frees_first::QUESTION,
     fabric_channel::QUESTION,
+    zero_byte_capture::QUESTION,
+    graph_memory_release::QUESTION,
+    capture_dependencies::QUESTION,
     call_edges::QUESTION,
     capture_edges::QUESTION,
     context_edges::QUESTION,

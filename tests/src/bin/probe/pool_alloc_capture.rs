@@ -1,10 +1,12 @@
 //! Question 22: allocating on a capturing stream. `cuMemAllocAsync` there makes a graph
 //! allocation node; so does `cuMemAllocFromPoolAsync` from an explicit pool, `cuda.h` notes ("the
 //! allocation is owned by the graph instead of the memory pool. The memory pool's properties are
-//! used to set the node's creation parameters"), yet the simulator refuses the latter with
-//! `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`, leaving the capture valid. Each allocation is freed
-//! in the same capture, so the graph owns nothing afterwards; the graph is not launched. The
-//! pool's usage after says whether the pool or the graph counted the allocation.
+//! used to set the node's creation parameters"), and so the simulator makes one, on the pool's
+//! device, leaving the pool's usage alone (a pool no allocation node can take is
+//! `CUDA_ERROR_NOT_SUPPORTED`). Each allocation is freed in the same capture, so the graph owns
+//! nothing afterwards; the graph is not launched. The pool's usage after says whether the pool or
+//! the graph counted the allocation. Zero-byte allocations are question 28
+//! ([`crate::zero_byte_capture`]).
 
 use cuda_mem_sys::CudaError;
 use cuda_mem_sys::types::{CUdeviceptr, CUstreamCaptureMode};

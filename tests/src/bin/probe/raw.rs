@@ -361,7 +361,7 @@ pub(crate) fn graph_node_types(graph: CUgraph) -> String {
 }
 
 /// A node type's name without its `CU_GRAPH_NODE_TYPE_` prefix.
-fn node_type_name(kind: CUgraphNodeType) -> String {
+pub(crate) fn node_type_name(kind: CUgraphNodeType) -> String {
     use CUgraphNodeType as T;
     let name = match kind {
         T::CU_GRAPH_NODE_TYPE_KERNEL => "KERNEL",
