@@ -53,6 +53,25 @@ pub enum VmmError {
         granularity: usize,
     },
 
+    /// The address space the options reserve ahead ([`ReserveAhead`](crate::ReserveAhead)) is
+    /// more than the driver gives for one reservation: every allocation and growth would fail
+    /// with `cuMemAddressReserve`'s error, so the resource is refused at construction.
+    #[error(
+        "invalid argument: reserve_ahead ReserveAhead::{requested:?} asks {size} bytes of address space for every \
+         reservation, which the driver refuses ({source}), so every allocation would fail: reserve less ahead, or \
+         None"
+    )]
+    ReserveAheadRefused {
+        /// The option as given.
+        requested: crate::ReserveAhead,
+        /// The size of each reservation it asks for (rounded up to the granularity).
+        size: usize,
+        /// The driver's refusal of a reservation of that size, tried (and freed) at
+        /// construction.
+        #[source]
+        source: cuda_mem_core::Error,
+    },
+
     /// A virtual buffer given to a resource that did not allocate (or import) it.
     #[error("invalid argument: the buffer was not allocated by this VirtualMemoryResource")]
     ForeignBuffer,
@@ -109,7 +128,8 @@ pub enum VmmError {
         source: cuda_mem_core::Error,
     },
 
-    /// A descriptor was refused before anything was imported or mapped.
+    /// A descriptor was refused before anything was mapped (the chunks imported to check it,
+    /// if any, were released): what the sender got wrong.
     #[error("invalid argument: {0}")]
     Descriptor(#[from] DescriptorError),
 
@@ -192,7 +212,8 @@ impl VmmError {
             | VmmError::ManagedRefused { source: error, .. }
             | VmmError::ExportFailed { source: error, .. }
             | VmmError::ChunkImport { source: error, .. }
-            | VmmError::ChunkMap { source: error, .. } => error.cuda_code(),
+            | VmmError::ChunkMap { source: error, .. }
+            | VmmError::ReserveAheadRefused { source: error, .. } => error.cuda_code(),
             VmmError::ReleaseDeferred { cause, .. } => cause.cuda_code(),
             _ => None,
         }
@@ -295,8 +316,11 @@ pub enum InvalidOptions {
     OwnerAsPeer(Device),
 }
 
-/// Why a descriptor was refused, before anything was imported or mapped. (Why bytes do not
-/// decode to a descriptor is `cuda-mem-ipc`'s to say, which owns the encoding.)
+/// Why a descriptor was refused, before anything was mapped: most before anything is imported;
+/// [`ChunkLargerThanClaimed`](DescriptorError::ChunkLargerThanClaimed) and a
+/// [`RepeatedChunk`](DescriptorError::RepeatedChunk) the driver reveals once the chunks are
+/// imported, which are then released. (Why bytes do not decode to a descriptor is
+/// `cuda-mem-ipc`'s to say, which owns the encoding.)
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum DescriptorError {
@@ -313,6 +337,45 @@ pub enum DescriptorError {
     NoChunks {
         /// The size claimed.
         size: u64,
+    },
+    /// More chunks than a descriptor may name ([`MAX_CHUNKS`](crate::MAX_CHUNKS)): no export
+    /// gives one, and no message could carry its file descriptors.
+    #[error("malformed virtual buffer descriptor: {chunks} chunks, but a descriptor names at most {max}")]
+    TooManyChunks {
+        /// The chunks it names.
+        chunks: usize,
+        /// [`MAX_CHUNKS`](crate::MAX_CHUNKS).
+        max: usize,
+    },
+    /// Chunks for a buffer of size 0: an empty buffer exports none.
+    #[error("malformed virtual buffer descriptor: size 0 with {chunks} chunks (an empty buffer exports none)")]
+    ZeroSizeWithChunks {
+        /// The chunks it names.
+        chunks: usize,
+    },
+    /// Two chunks are the same memory (the same file, open file description or fabric handle,
+    /// or the same allocation as the driver imports it): the buffer would alias itself, which no
+    /// export gives.
+    #[error("malformed virtual buffer descriptor: chunk {chunk} is the memory of chunk {first} again")]
+    RepeatedChunk {
+        /// The later chunk, from 1.
+        chunk: usize,
+        /// The earlier chunk it repeats, from 1.
+        first: usize,
+    },
+    /// A chunk's physical allocation is larger than the size the descriptor gives it: the
+    /// importer would map only its first part, and every later chunk at the wrong offset of the
+    /// exporter's buffer. (The driver maps more of it than that; how much larger it is, it does
+    /// not say.)
+    #[error(
+        "malformed virtual buffer descriptor: chunk {chunk} claims {claimed} bytes, but its physical allocation is \
+         larger; a chunk's size is its whole allocation's"
+    )]
+    ChunkLargerThanClaimed {
+        /// The chunk, from 1.
+        chunk: usize,
+        /// The size the descriptor gives it.
+        claimed: u64,
     },
     /// A chunk's handle is not of the descriptor's handle type.
     #[error(

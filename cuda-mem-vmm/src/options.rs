@@ -66,7 +66,10 @@ impl Granularity {
 /// process): with [`ReserveAhead::DeviceMemory`] every live reservation takes as much address
 /// space as the device has memory, so the number of reservations that can live at once is the
 /// address space divided by the device's memory. Reserving is one `cuMemAddressReserve` call
-/// whatever the size.
+/// whatever the size. A size the driver cannot reserve at all is refused at construction:
+/// [`VirtualMemoryResource::new`](crate::VirtualMemoryResource::new) makes and frees one
+/// reservation of it ([`VmmError::ReserveAheadRefused`](crate::VmmError::ReserveAheadRefused)),
+/// rather than handing out a resource whose every allocation would fail.
 ///
 /// Sharing is unchanged: an export names the buffer's chunks only, so the importer maps the
 /// mapped part (into a reservation of its own resource's options), never the reserved rest.

@@ -11,7 +11,7 @@ use cuda_mem_core::{Access, Device, DevicePtr, DriverCapability, HandleType, Han
 use crate::buffer::VirtualBuffer;
 use crate::error::{DeviceFeature, InvalidOptions, Result, VmmError};
 use crate::memory_resource::LiveRanges;
-use crate::options::{AllocationType, ReserveAhead, VirtualMemoryResourceOptions};
+use crate::options::{AllocationType, Granularity, ReserveAhead, VirtualMemoryResourceOptions};
 use crate::pieces::{Physical, Range, Reservation, map_contiguously};
 use crate::release::release_deferred;
 
@@ -31,6 +31,10 @@ pub struct VirtualMemoryResource {
     options: VirtualMemoryResourceOptions,
     location: Location,
     granularity: usize,
+    /// The driver's minimum granularity for the same properties (the granularity itself with
+    /// [`Granularity::Minimum`](crate::Granularity::Minimum)): what any physical allocation's
+    /// size is a multiple of.
+    minimum_granularity: usize,
     /// The least size of each reservation ([`ReserveAhead`], rounded up to the granularity); 0
     /// for none.
     reserve_ahead: usize,
@@ -68,6 +72,8 @@ impl VirtualMemoryResource {
     ///   before CUDA 12.3 ([`DriverCapability::FabricHandles`]), before any driver call.
     /// - [`VmmError::SizeOverflow`] for a [`ReserveAhead::Bytes`] that cannot be rounded up to the
     ///   granularity.
+    /// - [`VmmError::ReserveAheadRefused`] for a [`ReserveAhead`] the driver cannot reserve: one
+    ///   reservation of that size is made and freed here to find out.
     /// - The driver's error when [`ReserveAhead::DeviceMemory`] cannot read the device's memory.
     pub fn new(device: Device, options: VirtualMemoryResourceOptions) -> Result<Arc<VirtualMemoryResource>> {
         // Before any other driver call: an older driver would refuse only the handle type, later.
@@ -119,21 +125,32 @@ impl VirtualMemoryResource {
             options,
             location,
             granularity: 0,
+            minimum_granularity: 0,
             reserve_ahead: 0,
             access,
             live: LiveRanges::default(),
         };
-        resource.granularity =
-            resource.query_granularity().map_err(|e| match (resource.options.allocation_type, e) {
+        let query = |flag| {
+            resource.query_granularity(flag).map_err(|e| match (resource.options.allocation_type, e) {
                 (AllocationType::Managed, VmmError::Core(source)) => VmmError::ManagedRefused { device, source },
                 (_, e) => e,
-            })?;
+            })
+        };
+        let granularity = query(resource.options.granularity)?;
+        let minimum_granularity = match resource.options.granularity {
+            Granularity::Minimum => granularity,
+            Granularity::Recommended => query(Granularity::Minimum)?,
+        };
+        (resource.granularity, resource.minimum_granularity) = (granularity, minimum_granularity);
         let ahead = match resource.options.reserve_ahead {
             None => 0,
             Some(ReserveAhead::Bytes(bytes)) => bytes,
             Some(ReserveAhead::DeviceMemory) => device.total_memory()?,
         };
         resource.reserve_ahead = round_up(ahead, resource.granularity)?;
+        if let Some(requested) = resource.options.reserve_ahead {
+            resource.check_reserve_ahead(requested)?;
+        }
         if resource.options.handle_type == Some(HandleType::Fabric) {
             resource.check_fabric_permitted()?;
         }
@@ -176,12 +193,34 @@ impl VirtualMemoryResource {
         }
     }
 
-    fn query_granularity(&self) -> Result<usize> {
+    /// What the driver can reserve is not documented, and depends on the device's virtual
+    /// address space and on what the process holds of it already. No bound computed here
+    /// (the device's memory times a factor, a number of address bits) would be right on every
+    /// driver, and a size beyond what the driver gives would fail every allocation and growth
+    /// later with `cuMemAddressReserve`'s `CUDA_ERROR_OUT_OF_MEMORY`: so one reservation of the
+    /// size each one would take is made and freed here, with the resource's alignment and hint,
+    /// and a refusal refuses the options. (Address space used up later by other reservations
+    /// still fails the allocation that needs more, as for any memory.)
+    fn check_reserve_ahead(&self, requested: ReserveAhead) -> Result<()> {
+        if self.reserve_ahead == 0 {
+            return Ok(());
+        }
+        match Reservation::reserve(self.reserve_ahead, self.alignment(), self.options.address_hint) {
+            // Dropped at once: freed.
+            Ok(trial) => {
+                drop(trial);
+                Ok(())
+            }
+            Err(source) => Err(VmmError::ReserveAheadRefused { requested, size: self.reserve_ahead, source }),
+        }
+    }
+
+    fn query_granularity(&self, which: Granularity) -> Result<usize> {
         let d = driver()?;
         let prop = self.prop();
         let mut granularity = 0usize;
         // SAFETY: valid pointers for the call.
-        unsafe { cu_call!(d, cuMemGetAllocationGranularity(&mut granularity, &prop, self.options.granularity.raw())) }
+        unsafe { cu_call!(d, cuMemGetAllocationGranularity(&mut granularity, &prop, which.raw())) }
             .map_err(cuda_mem_core::Error::from)?;
         if granularity == 0 {
             return Err(VmmError::ZeroGranularity);
@@ -205,6 +244,11 @@ impl VirtualMemoryResource {
         self.granularity
     }
 
+    /// The driver's minimum granularity for the memory it allocates (see the field).
+    pub(crate) fn minimum_granularity(&self) -> usize {
+        self.minimum_granularity
+    }
+
     /// Where the memory it allocates (and maps, when it imports) lives: on its device, on the
     /// host or on a host NUMA node. A receiver of shared virtual buffers uses it to pick the
     /// resource to import each one with.
@@ -213,7 +257,7 @@ impl VirtualMemoryResource {
     }
 
     /// The alignment of its reservations.
-    fn alignment(&self) -> usize {
+    pub(crate) fn alignment(&self) -> usize {
         if self.options.address_alignment == 0 { self.granularity } else { self.options.address_alignment }
     }
 

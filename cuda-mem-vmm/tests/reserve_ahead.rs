@@ -211,6 +211,32 @@ fn a_reservation_too_large_to_round_is_refused() {
     assert!(matches!(error, VmmError::SizeOverflow { size: usize::MAX, .. }), "{error:?}");
 }
 
+/// A reservation the driver cannot give is refused by `new`, naming the size asked for, instead
+/// of a resource whose every allocation would fail with `cuMemAddressReserve`'s
+/// `CUDA_ERROR_OUT_OF_MEMORY`; a reasonable size is accepted and allocates.
+#[test]
+fn a_reservation_the_driver_cannot_give_is_refused_at_construction() {
+    let d0 = device(0);
+    for bytes in [1usize << 50, 1 << 63] {
+        let options = VirtualMemoryResourceOptions::default().reserve_ahead(ReserveAhead::Bytes(bytes));
+        let error = VirtualMemoryResource::new(d0, options).unwrap_err();
+        assert!(
+            matches!(
+                error,
+                VmmError::ReserveAheadRefused { requested: ReserveAhead::Bytes(b), size, .. } if b == bytes && size == bytes
+            ),
+            "{bytes}: {error:?}"
+        );
+        assert!(error.cuda_code().is_some(), "the driver's refusal is the source: {error:?}");
+        assert_mentions(&error.to_string(), &[&bytes.to_string(), "cuMemAddressReserve", "ReserveAhead"]);
+    }
+    let (s, resource) = setup(ReserveAhead::Bytes(64 << 20));
+    let buffer = resource.allocate(G, &s).unwrap();
+    write(&buffer, 0, &[1, 2, 3], &s);
+    assert_eq!(read(&buffer, 0, 3, &s), [1, 2, 3]);
+    assert_eq!(buffer.grow(2 * G).unwrap().ptr(), buffer.ptr(), "grown inside the reservation");
+}
+
 #[test]
 fn a_failed_growth_inside_the_reservation_gives_its_addresses_back_once() {
     machine!(&[("CUDA_SIM_ADDRESS_HINTS", "refuse-all")], || {

@@ -158,15 +158,22 @@ fn a_failure_at_any_step_of_import_is_undone() {
         let bytes = pattern(4, 3 * G);
         write(&buffer, 0, &bytes, &s);
         let importer = VirtualMemoryResource::new(exporter.device(), Default::default()).unwrap();
-        let steps: [(&CStr, u32); 11] = [
+        // Per chunk: its import, its properties, and a map of more than its size into a probe
+        // reservation (call 1), refused unless its allocation is larger; then the buffer's
+        // reservation (call 2), and each chunk mapped there (cuMemMap calls 4 to 6) with its
+        // access.
+        let steps: [(&CStr, u32); 14] = [
             (c"cuMemImportFromShareableHandle", 1),
             (c"cuMemImportFromShareableHandle", 3),
             (c"cuMemGetAllocationPropertiesFromHandle", 1),
             (c"cuMemGetAllocationPropertiesFromHandle", 2),
             (c"cuMemGetAllocationPropertiesFromHandle", 3),
             (c"cuMemAddressReserve", 1),
+            (c"cuMemAddressReserve", 2),
             (c"cuMemMap", 1),
             (c"cuMemMap", 3),
+            (c"cuMemMap", 4),
+            (c"cuMemMap", 6),
             (c"cuMemSetAccess", 1),
             (c"cuMemSetAccess", 2),
             (c"cuMemSetAccess", 3),

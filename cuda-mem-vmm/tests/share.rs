@@ -409,3 +409,100 @@ fn an_export_that_fails_part_way_closes_what_it_opened_and_says_so() {
         assert_eq!(three.export().unwrap().handles.len(), 3);
     });
 }
+
+/// `descriptor`'s first handle repeated to fill `count` chunks of `chunk` bytes each (file
+/// descriptors duplicated, fabric handles copied), the size their total: the same chunk named
+/// again and again, as a descriptor built field by field can.
+fn repeated(descriptor: &VirtualBufferDescriptor, count: usize, chunk: u64) -> VirtualBufferDescriptor {
+    let handles = (0..count)
+        .map(|_| match &descriptor.handles[0] {
+            ChunkHandle::Fd(fd) => ChunkHandle::Fd(fd.try_clone().unwrap()),
+            ChunkHandle::Fabric(data) => ChunkHandle::Fabric(*data),
+        })
+        .collect();
+    VirtualBufferDescriptor {
+        handle_type: descriptor.handle_type,
+        size: count as u64 * chunk,
+        chunk_sizes: vec![chunk; count],
+        handles,
+    }
+}
+
+/// Descriptors built field by field that no export gives are refused at import, each with its
+/// own error, with nothing left imported or mapped and every descriptor closed: more chunks than
+/// [`MAX_CHUNKS`], a size of 0 with chunks, a chunk claimed smaller than its physical
+/// allocation (the importer would map only its first part, and every later chunk at the wrong
+/// offset), and the same chunk named more than once (by duplicated descriptors, by two exports
+/// of it, by copies of its fabric handle: the buffer would alias itself).
+#[test]
+fn descriptors_no_export_gives_are_refused_at_import() {
+    machine!(&[IMEX_CHANNEL], || {
+        if !cuda_sim::testing::simulator_only("live-object counts") {
+            return;
+        }
+        let (s, resource) = setup(Default::default());
+        let small = resource.allocate(G, &s).unwrap();
+        let large = resource.allocate(2 * G, &s).unwrap();
+        assert_eq!((small.chunk_count(), large.chunk_count()), (1, 1));
+        write(&large, 0, &pattern(2, 64), &s);
+        warm_up(&resource, &s);
+        let g = G as u64;
+        let refuse = |what: &str, descriptor: VirtualBufferDescriptor, expected: DescriptorError, mentions: &[&str]| {
+            let (baseline, fds) = (vmm_live(), open_fds());
+            // The descriptor's own file descriptors are closed by the import.
+            let own = descriptor.handles.iter().filter(|h| matches!(h, ChunkHandle::Fd(_))).count();
+            let error = resource.import(descriptor, &s).unwrap_err();
+            assert!(matches!(&error, VmmError::Descriptor(e) if *e == expected), "{what}: {error:?}");
+            assert_mentions(&error.to_string(), mentions);
+            assert_eq!(vmm_live(), baseline, "{what}: nothing imported or mapped stays");
+            assert_eq!(open_fds(), fds - own, "{what}: every descriptor is closed");
+        };
+        let one = small.export().unwrap();
+        refuse(
+            "254 chunks",
+            repeated(&one, MAX_CHUNKS + 1, g),
+            DescriptorError::TooManyChunks { chunks: MAX_CHUNKS + 1, max: MAX_CHUNKS },
+            &["254 chunks", "at most 253"],
+        );
+        let mut empty = small.export().unwrap();
+        empty.size = 0;
+        refuse("size 0 with a chunk", empty, DescriptorError::ZeroSizeWithChunks { chunks: 1 }, &["size 0", "1 chunk"]);
+        let mut understated = large.export().unwrap();
+        understated.chunk_sizes[0] = g;
+        understated.size = g;
+        refuse(
+            "a chunk claimed smaller than its allocation",
+            understated,
+            DescriptorError::ChunkLargerThanClaimed { chunk: 1, claimed: g },
+            &["chunk 1", "2097152 bytes", "larger"],
+        );
+        refuse(
+            "the same descriptor 253 times",
+            repeated(&one, MAX_CHUNKS, g),
+            DescriptorError::RepeatedChunk { chunk: 2, first: 1 },
+            &["chunk 2", "chunk 1"],
+        );
+        let mut twice = small.export().unwrap();
+        twice.handles.extend(small.export().unwrap().handles);
+        twice.chunk_sizes.push(g);
+        twice.size = 2 * g;
+        refuse("two exports of one chunk", twice, DescriptorError::RepeatedChunk { chunk: 2, first: 1 }, &["chunk 2"]);
+        drop(one);
+        // The same chunk through its fabric handle, with a resource that shares them.
+        let fabric = VirtualMemoryResource::new(
+            resource.device(),
+            VirtualMemoryResourceOptions::default().handle_type(HandleType::Fabric),
+        )
+        .unwrap();
+        let shared = fabric.allocate(G, &s).unwrap();
+        let (baseline, fds) = (vmm_live(), open_fds());
+        let error = fabric.import(repeated(&shared.export().unwrap(), 3, g), &s).unwrap_err();
+        let expected = DescriptorError::RepeatedChunk { chunk: 2, first: 1 };
+        assert!(matches!(&error, VmmError::Descriptor(e) if *e == expected), "fabric: {error:?}");
+        assert_eq!((vmm_live(), open_fds()), (baseline, fds), "fabric: nothing stays");
+        // What an export gives still imports.
+        let imported = resource.import(large.export().unwrap(), &s).unwrap();
+        assert_eq!((imported.size(), imported.mapped_size()), (2 * G, 2 * G));
+        assert_eq!(read(&imported, 0, 64, &s), pattern(2, 64));
+    });
+}

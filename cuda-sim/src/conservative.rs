@@ -14,6 +14,23 @@
 //! - **A released primary context** gets a new handle when it is retained again; the old handle
 //!   stays invalid. Its allocations, streams and events are gone with it.
 //! - **`cuDevicePrimaryCtxRelease` without a retain** returns `CUDA_ERROR_INVALID_CONTEXT`.
+//! - **Work whose stream is gone is still the device's work**: `cuCtxSynchronize` waits for the
+//!   work left on a stream destroyed with work pending (`cuStreamDestroy`: its resources "will be
+//!   released automatically once the device has completed all work" in it) and on the
+//!   per-thread default stream of a thread that exited ("Blocks until the current context has
+//!   completed all preceding requested tasks"), and the legacy default stream's implicit
+//!   synchronization waits for such blocking streams' work too. Destroying a context (its last release, or a reset) does not wait for its
+//!   work, which still runs; `cuCtxSynchronize` of any later context of the device waits for it.
+//!   Until 2026-12-07 the simulator forgot a stream's work once the stream had no handle. What
+//!   would settle it: a GPU run holding such a stream with a host function, then timing
+//!   `cuCtxSynchronize` (and `cuDevicePrimaryCtxReset`, which may itself wait) against it.
+//! - **A destroyed context's stream-ordered frees settle as they run**: `cuDevicePrimaryCtxReset`
+//!   says "Destroy all allocations" of the context, so pool memory whose `cuMemFreeAsync` on one of
+//!   its streams ran before the destruction without being synchronized, or runs after it, no
+//!   longer counts as outstanding (no synchronization can observe a destroyed context): the next
+//!   synchronization or `cuMemPoolTrimTo` releases it. Before 2026-12-07 it stayed reserved for
+//!   good. What would settle it: `cuMemGetInfo` on a GPU after a reset with a free pending, a
+//!   new retain, `cuCtxSynchronize` and `cuMemPoolTrimTo(pool, 0)`.
 //! - **`cuStreamDestroy` of a default stream** (0, `CU_STREAM_LEGACY`, `CU_STREAM_PER_THREAD`)
 //!   returns `CUDA_ERROR_INVALID_HANDLE`.
 //! - **`cuEventRecord` with an event and a stream of different contexts** returns

@@ -2,7 +2,7 @@
 //! ordering rules between a context's streams.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
@@ -11,7 +11,7 @@ use cuda_mem_sys::types::{CUgraphNodeType, CUresult};
 use crate::error::{SimResult, fail};
 use crate::memory::Touch;
 use crate::state::State;
-use crate::stream::{Fence, Op, Stream, StreamKind};
+use crate::stream::{Fence, Op, Queue, Stream, StreamKind};
 
 /// The node type of captured work no other type describes.
 const EMPTY: CUgraphNodeType = CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
@@ -24,13 +24,33 @@ pub(crate) struct Context {
     pub device: usize,
     /// The legacy default stream.
     pub legacy: Arc<Stream>,
-    /// Every other stream of the context (created and per-thread), for synchronization.
-    streams: Mutex<Vec<Weak<Stream>>>,
+    /// Every other stream of the context (created and per-thread), for synchronization, kept
+    /// after the stream is gone (destroyed, or its thread exited) until its queue has run what
+    /// was enqueued on it: the context's work includes it (see [`Context::synchronize`]).
+    streams: Mutex<Vec<Registered>>,
     /// Serializes submissions, so that "enqueued before" is one order across the context's
     /// streams and the legacy stream's implicit waits never form a cycle.
     submit_lock: Mutex<()>,
     /// The sticky error of an asynchronous fault, shared with the work that may report one.
     pub fault: Arc<Fault>,
+}
+
+/// A stream made in a context, as the context remembers it.
+struct Registered {
+    /// The stream, while it has a handle (a created stream not destroyed, a per-thread stream
+    /// whose thread has not exited).
+    stream: Weak<Stream>,
+    /// Its queue, whose work outlives the stream.
+    queue: Arc<Queue>,
+    /// Whether it synchronizes with the legacy default stream.
+    blocking: bool,
+}
+
+impl Registered {
+    /// Whether the context can forget it: the stream is gone and its work has run.
+    fn is_done(&self) -> bool {
+        self.stream.strong_count() == 0 && self.queue.is_idle()
+    }
 }
 
 /// A context's sticky error: once work on the context faulted (touched memory no longer mapped,
@@ -55,11 +75,26 @@ impl Fault {
     }
 }
 
+/// The handles of the contexts not destroyed yet (see [`is_live`]).
+static LIVE: Mutex<BTreeSet<usize>> = Mutex::new(BTreeSet::new());
+
+fn live() -> std::sync::MutexGuard<'static, BTreeSet<usize>> {
+    LIVE.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Whether context `handle` has not been destroyed: work still running for a destroyed context
+/// (its frees, say) has no context left to observe it. A lock of its own rather than the
+/// state's, so that work may ask while it runs.
+pub(crate) fn is_live(handle: usize) -> bool {
+    live().contains(&handle)
+}
+
 impl Context {
     /// A new context on `device`, with its legacy default stream running.
     pub(crate) fn start(device: usize) -> SimResult<Arc<Context>> {
         let handle = crate::handle::next();
         let legacy = Stream::start(handle, device, 0, 0, StreamKind::Legacy)?;
+        live().insert(handle);
         Ok(Arc::new(Context {
             handle,
             device,
@@ -72,15 +107,41 @@ impl Context {
 
     /// Remembers a stream made in this context.
     pub(crate) fn register(&self, stream: &Arc<Stream>) {
-        let mut streams = self.streams.lock().unwrap_or_else(PoisonError::into_inner);
-        streams.retain(|s| s.strong_count() > 0);
-        streams.push(Arc::downgrade(stream));
+        let mut streams = self.registered();
+        streams.retain(|s| !s.is_done());
+        let (queue, blocking) = (Arc::clone(&stream.queue), stream.is_blocking());
+        streams.push(Registered { stream: Arc::downgrade(stream), queue, blocking });
+    }
+
+    fn registered(&self) -> std::sync::MutexGuard<'_, Vec<Registered>> {
+        self.streams.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Every live stream of the context except the legacy one.
     pub(crate) fn live_streams(&self) -> Vec<Arc<Stream>> {
-        let streams = self.streams.lock().unwrap_or_else(PoisonError::into_inner);
-        streams.iter().filter_map(Weak::upgrade).collect()
+        self.registered().iter().filter_map(|s| s.stream.upgrade()).collect()
+    }
+
+    /// The fences after the work enqueued so far on every queue of the context: the legacy
+    /// stream's and every other stream's, those of streams gone since included (a destroyed
+    /// stream's work still completes, as `cuStreamDestroy` documents, and so does the work a
+    /// thread left on its per-thread stream when it exited).
+    pub(crate) fn tails(&self) -> Vec<Fence> {
+        let mut fences = vec![self.legacy.queue.tail()];
+        let mut streams = self.registered();
+        streams.retain(|s| !s.is_done());
+        fences.extend(streams.iter().map(|s| s.queue.tail()));
+        fences
+    }
+
+    /// Marks the context destroyed (see [`is_live`]) and returns the fences after the work
+    /// still pending on its queues (see [`tails`](Context::tails)): it still runs, and the
+    /// device's later synchronizations wait for it.
+    pub(crate) fn retire(&self) -> Vec<Fence> {
+        live().remove(&self.handle);
+        let mut fences: Vec<Fence> = self.legacy.queue.pending_tail().into_iter().collect();
+        fences.extend(self.registered().iter().filter_map(|s| s.queue.pending_tail()));
+        fences
     }
 
     /// Enqueues `op` on `stream` (a stream of this context), adding the implicit waits of the
@@ -144,7 +205,9 @@ impl Context {
     fn implicit_waits(&self, stream: &Stream) -> Vec<Fence> {
         let mut waits: Vec<Fence> = Vec::new();
         if stream.kind == StreamKind::Legacy {
-            waits.extend(self.live_streams().iter().filter(|s| s.is_blocking()).filter_map(|s| s.queue.pending_tail()));
+            // Streams gone since included: their work was enqueued before.
+            let streams = self.registered();
+            waits.extend(streams.iter().filter(|s| s.blocking).filter_map(|s| s.queue.pending_tail()));
         } else if stream.is_blocking() {
             waits.extend(self.legacy.queue.pending_tail());
         }
@@ -166,11 +229,10 @@ impl Context {
         }
     }
 
-    /// Waits for all work enqueued so far on every stream of the context.
+    /// Waits for all work enqueued so far on every stream of the context, streams gone since
+    /// included (see [`tails`](Context::tails)).
     pub(crate) fn synchronize(&self) {
-        let mut fences = vec![self.legacy.queue.tail()];
-        fences.extend(self.live_streams().iter().map(|s| s.queue.tail()));
-        for fence in fences {
+        for fence in self.tails() {
             fence.wait();
         }
     }

@@ -222,7 +222,18 @@ impl Pool {
     /// [`PoolState::free_unobserved`]); `None` for a free the host has observed as it happened.
     pub(crate) fn release_on(&self, allocation: &crate::memory::Allocation, stream: Option<FreedOn>) {
         match stream {
-            Some(on) => self.lock().free_unobserved(allocation.size as u64, on),
+            // The check and the record under the pool's lock: a context destroyed meanwhile
+            // settles this pool's frees after marking itself so (see `destroy_primary`).
+            Some(on) => {
+                let mut state = self.lock();
+                if crate::context::is_live(on.ctx) {
+                    state.free_unobserved(allocation.size as u64, on);
+                } else {
+                    // A destroyed context's free: no synchronization can observe it any more,
+                    // and the context's allocations are gone with it (`cuDevicePrimaryCtxReset`).
+                    state.free(allocation.size as u64);
+                }
+            }
             None => self.lock().free(allocation.size as u64),
         }
         if let (Some(shared), Some(offset)) = (&self.shared, allocation.file_offset) {

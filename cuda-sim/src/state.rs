@@ -12,7 +12,7 @@ use crate::error::SimResult;
 use crate::event::Event;
 use crate::memory::MemoryTable;
 use crate::pool::{Observed, Pool};
-use crate::stream::Stream;
+use crate::stream::{Fence, Stream};
 
 /// Everything the simulated driver knows.
 pub(crate) struct State {
@@ -62,6 +62,10 @@ pub(crate) struct State {
     /// (`CUDA_SIM_POOL_HANDLES=recycle`: the driver's nvbug 5698116, modelled so that code
     /// working around it is tested).
     pub recyclable_pools: HashMap<usize, Vec<(usize, PeerAccess)>>,
+    /// Per device, the fences after the work destroyed contexts left pending on their queues:
+    /// it still runs, and `cuCtxSynchronize` of any context of the device waits for it (the
+    /// device has not finished it). Pruned as it completes.
+    pub orphaned_work: Vec<Vec<Fence>>,
     /// How many `cuMemAddressReserve` calls gave a hint (`CUDA_SIM_ADDRESS_HINTS` refuses by
     /// this count).
     pub address_hints_seen: u64,
@@ -84,6 +88,16 @@ pub(crate) struct PhysicalEntry {
 }
 
 impl State {
+    /// The work destroyed contexts of `device` left that has not completed yet (see
+    /// [`orphaned_work`](State::orphaned_work)).
+    pub(crate) fn pending_orphaned_work(&mut self, device: usize) -> Vec<Fence> {
+        let Some(fences) = self.orphaned_work.get_mut(device) else {
+            return Vec::new();
+        };
+        fences.retain(|fence| !fence.is_reached());
+        fences.clone()
+    }
+
     /// The host has observed the progress of the work `observed`: its frees no longer count as outstanding in any pool (see [`crate::pool::PoolState::observe`]).
     pub(crate) fn observe(&mut self, observed: &[Observed]) {
         if observed.is_empty() {
@@ -165,6 +179,7 @@ pub(crate) fn init() -> SimResult {
         graph_memory: (0..devices).map(|_| Arc::default()).collect(),
         physicals: HashMap::new(),
         recyclable_pools: HashMap::new(),
+        orphaned_work: vec![Vec::new(); devices],
         address_hints_seen: 0,
     };
     let _ = STATE.set(Mutex::new(state));

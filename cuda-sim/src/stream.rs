@@ -109,6 +109,11 @@ pub(crate) struct Fence {
 }
 
 impl Fence {
+    /// Whether the fence has been reached.
+    pub(crate) fn is_reached(&self) -> bool {
+        self.queue.lock().completed >= self.seq
+    }
+
     /// Blocks until the fence is reached.
     pub(crate) fn wait(&self) {
         let mut inner = self.queue.lock();

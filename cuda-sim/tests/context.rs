@@ -441,3 +441,103 @@ fn sync_memops_makes_synchronous_memsets_synchronous() {
         assert_eq!(buffer.read(), [0xab; 16]);
     });
 }
+
+/// `cuCtxSynchronize` waits for all of the context's work, also the work a thread left on its
+/// per-thread default stream before it exited, and the work of a stream destroyed with work
+/// pending (`cuStreamDestroy`: its work still completes): the device has not finished those
+/// tasks, whether or not their stream still has a handle.
+#[test]
+fn context_synchronize_waits_for_exited_threads_and_destroyed_streams() {
+    in_child!(&[], || {
+        use_device(0);
+        let d = driver();
+        let pinned = std::sync::Arc::new(Pinned::new(2));
+        let (gate, _guard) = Gate::new();
+        let on_thread = std::sync::Arc::clone(&pinned);
+        std::thread::spawn(move || {
+            use_device(0);
+            common::hold(gate, driver(), STREAM_PER_THREAD);
+            common::memset_async(on_thread.dptr(), 1, 1, STREAM_PER_THREAD);
+        })
+        .join()
+        .unwrap();
+        let stream = non_blocking_stream();
+        common::hold(gate, d, stream);
+        common::memset_async(pinned.dptr() + 1, 2, 1, stream);
+        // SAFETY: a live stream of this thread's context, not used again.
+        unsafe { cu_call!(d, cuStreamDestroy_v2(stream)) }.unwrap();
+        gate.wait_entered(2);
+        assert_eq!(pinned.read(), [0, 0], "both streams are held");
+        gate.open_after(OPEN_DELAY);
+        // SAFETY: no pointers.
+        unsafe { cu_call!(d, cuCtxSynchronize()) }.unwrap();
+        assert_eq!(pinned.read(), [1, 2], "cuCtxSynchronize returned before the exited thread's work was done");
+    });
+}
+
+/// Free device memory (`cuMemGetInfo`) in the current context.
+fn free_memory() -> usize {
+    let (mut free, mut total) = (0, 0);
+    // SAFETY: both are valid out-pointers.
+    unsafe { cu_call!(driver(), cuMemGetInfo_v2(&mut free, &mut total)) }.unwrap();
+    free
+}
+
+/// How the primary context is destroyed while a stream-ordered free on its default pool is
+/// pending.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Destroy {
+    /// The last `cuDevicePrimaryCtxRelease`.
+    Release,
+    /// `cuDevicePrimaryCtxReset`.
+    Reset,
+}
+
+/// `cuda.h`, `cuDevicePrimaryCtxReset`: "Destroy all allocations and reset all state on the
+/// primary context". A context destroyed (reset, or released for the last time) while a
+/// `cuMemFreeAsync` on its default pool is pending (its stream held) or has run but was never
+/// synchronized gives that memory back: after a new retain, `cuCtxSynchronize` and
+/// `cuMemPoolTrimTo(pool, 0)`, the device's free memory is what it was before the allocation.
+#[test]
+fn a_destroyed_context_gives_back_the_memory_of_its_pending_frees() {
+    in_child!(&[], || {
+        let d = driver();
+        for (how, held) in [(Destroy::Release, true), (Destroy::Reset, true), (Destroy::Release, false)] {
+            let case = format!("{how:?}, the free {}", if held { "pending" } else { "run, not synchronized" });
+            use_device(0);
+            let mut pool: cuda_mem_sys::types::CUmemoryPool = std::ptr::null_mut();
+            // SAFETY: a valid out-pointer.
+            unsafe { cu_call!(d, cuDeviceGetDefaultMemPool(&mut pool, 0)) }.unwrap();
+            // SAFETY: no pointers.
+            unsafe { cu_call!(d, cuMemPoolTrimTo(pool, 0)) }.unwrap();
+            let initial = free_memory();
+            let stream = non_blocking_stream();
+            let mut ptr = 0;
+            // SAFETY: a valid out-pointer.
+            unsafe { cu_call!(d, cuMemAllocAsync(&mut ptr, 2 << 20, stream)) }.unwrap();
+            common::sync(stream);
+            assert_eq!(free_memory(), initial - (2 << 20), "{case}: the pool reserved 2 MiB");
+            let (gate, _guard) = Gate::new();
+            if held {
+                common::hold(gate, d, stream);
+            }
+            // SAFETY: a live allocation of the pool, freed once.
+            unsafe { cu_call!(d, cuMemFreeAsync(ptr, stream)) }.unwrap();
+            match how {
+                Destroy::Release => assert_eq!(release(0), CUresult::CUDA_SUCCESS, "{case}"),
+                Destroy::Reset => {
+                    assert_eq!(reset(0), CUresult::CUDA_SUCCESS, "{case}");
+                    assert_eq!(release(0), CUresult::CUDA_SUCCESS, "{case}: the retain made before the reset");
+                }
+            }
+            gate.open();
+            assert_eq!(set_current(retain(0)), CUresult::CUDA_SUCCESS, "{case}");
+            // SAFETY: no pointers.
+            unsafe { cu_call!(d, cuCtxSynchronize()) }.unwrap();
+            // SAFETY: the default pool outlives the context.
+            unsafe { cu_call!(d, cuMemPoolTrimTo(pool, 0)) }.unwrap();
+            assert_eq!(free_memory(), initial, "{case}: the destroyed context's freed memory stays reserved");
+            assert_eq!(release(0), CUresult::CUDA_SUCCESS, "{case}");
+        }
+    });
+}

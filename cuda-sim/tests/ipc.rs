@@ -616,3 +616,77 @@ fn records_name_the_physical_device_whatever_the_ordinals() {
         unsafe { cu_call!(driver(), cuMemRelease(vmm)) }.unwrap();
     });
 }
+
+/// The descriptors this process has open on the simulator's pool files (its exported and
+/// imported pools' `memfd`s, and the descriptions an imported pool records its holds on).
+fn pool_files() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|entry| std::fs::read_link(entry.ok()?.path()).ok())
+        .filter(|target| target.to_string_lossy().contains("cuda-sim-pool"))
+        .count()
+}
+
+/// One thread's round: import the pool, map one of its allocations, use it and free it on the
+/// thread's stream (its per-thread default stream, or a stream it creates and destroys), destroy
+/// the import, and exit with that work still pending when `gate` holds the stream.
+fn import_round(pool: usize, fd: &OwnedFd, per_thread: bool, gate: Option<&'static Gate>) {
+    use_device(0);
+    let d = driver();
+    let stream = if per_thread { STREAM_PER_THREAD } else { non_blocking_stream() };
+    let imported = import_pool(fd).unwrap();
+    let mut ptr = 0;
+    // SAFETY: a valid out-pointer; `pool` is the exporting pool, live for the whole test.
+    unsafe { cu_call!(d, cuMemAllocFromPoolAsync(&mut ptr, 4096, pool as CUmemoryPool, stream)) }.unwrap();
+    sync(stream);
+    let mapped = import_ptr(imported, export_ptr(ptr).unwrap()).unwrap();
+    if let Some(gate) = gate {
+        hold(gate, d, stream);
+    }
+    memset_async(mapped, 5, 4096, stream);
+    // SAFETY: both live allocations, freed once, the import first (cuda.h's order).
+    unsafe {
+        cu_call!(d, cuMemFreeAsync(mapped, stream)).unwrap();
+        cu_call!(d, cuMemFreeAsync(ptr, stream)).unwrap();
+    }
+    // SAFETY: the import's last allocation is freed (in stream order); the handle is not used again.
+    unsafe { cu_call!(d, cuMemPoolDestroy(imported)) }.unwrap();
+    if !per_thread {
+        // SAFETY: a stream this thread created; its pending work still completes.
+        unsafe { cu_call!(d, cuStreamDestroy_v2(stream)) }.unwrap();
+    }
+}
+
+/// Pools imported and dropped by threads at once close their files on their last release: once
+/// the threads are gone and the context is synchronized, the process has exactly the exporter's
+/// pool files open again, also where the last free of an import was still pending on a stream
+/// when its thread exited (its per-thread default stream, or a stream destroyed with work).
+#[test]
+fn imported_pools_close_their_files_once_released_and_synchronized() {
+    in_child!(&[], || {
+        const THREADS: usize = 6;
+        const ROUNDS: usize = 20;
+        use_device(0);
+        let exporter = create_pool(&props(device0(), true));
+        let fd = std::sync::Arc::new(export_fd(exporter));
+        let baseline = pool_files();
+        for round in 0..ROUNDS {
+            let (gate, _guard) = Gate::new();
+            let threads: Vec<_> = (0..THREADS)
+                .map(|t| {
+                    let (fd, pool) = (std::sync::Arc::clone(&fd), exporter as usize);
+                    // Half the threads leave their work held until every thread has exited.
+                    let held = (t % 2 == 0).then_some(gate);
+                    std::thread::spawn(move || import_round(pool, &fd, t % 3 != 0, held))
+                })
+                .collect();
+            for thread in threads {
+                thread.join().unwrap();
+            }
+            gate.open();
+            // SAFETY: no pointers.
+            unsafe { cu_call!(driver(), cuCtxSynchronize()) }.unwrap();
+            assert_eq!(pool_files(), baseline, "round {round}: pool files left open after the last release");
+        }
+    });
+}

@@ -170,7 +170,7 @@ fn receiver() {
 // ---------------------------------------------------------------------------------------------
 
 /// The malformed virtual buffers the parent sends, in order, each named; then a valid one.
-const REFUSALS: [&str; 20] = [
+const REFUSALS: [&str; 22] = [
     "nothing registered",
     "magic",
     "version 1",
@@ -183,6 +183,7 @@ const REFUSALS: [&str; 20] = [
     "a count past the bytes",
     "a zero chunk",
     "a size too large",
+    "size 0 with chunks",
     "a nil device",
     "a device this process cannot see",
     "host memory nothing is registered for",
@@ -191,6 +192,7 @@ const REFUSALS: [&str; 20] = [
     "fds with fabric handles",
     "a chunk off the granularity",
     "a chunk size the driver refuses",
+    "one chunk's descriptor twice",
 ];
 
 /// CRC-32 (IEEE), bit by bit: to re-seal bytes this test changes on purpose.
@@ -222,6 +224,7 @@ fn spoiled(name: &str, buffer: &VirtualBuffer) -> (Vec<u8>, Vec<OwnedFd>) {
     match name {
         "a zero chunk" => shared.descriptor.chunk_sizes[0] = 0,
         "a size too large" => shared.descriptor.size = MAX_BUFFER_SIZE + 1,
+        "size 0 with chunks" => shared.descriptor.size = 0,
         "a chunk off the granularity" => shared.descriptor.chunk_sizes[1] = (G + 4096) as u64,
         "a chunk size the driver refuses" => shared.descriptor.chunk_sizes[1] = 2 * G as u64,
         _ => {}
@@ -259,6 +262,8 @@ fn spoiled(name: &str, buffer: &VirtualBuffer) -> (Vec<u8>, Vec<OwnedFd>) {
     match name {
         "one fd too few" => drop(fds.pop()),
         "one fd too many" => fds.push(fds[0].try_clone().unwrap()),
+        // The first chunk's descriptor in the second's place: its memory twice.
+        "one chunk's descriptor twice" => fds[1] = fds[0].try_clone().unwrap(),
         _ => {}
     }
     (bytes, fds)
@@ -286,6 +291,7 @@ fn refused_as(name: &str, error: &IpcError) -> bool {
         "a count past the bytes" => decode(|e| matches!(e, Decode::Length { count: 3, .. })),
         "a zero chunk" => decode(|e| matches!(e, Decode::ChunkSize { chunk: 1, size: 0, .. })),
         "a size too large" => decode(|e| matches!(e, Decode::SizeTooLarge { .. })),
+        "size 0 with chunks" => decode(|e| matches!(e, Decode::ZeroSizeWithChunks { count: 2 })),
         "a nil device" => decode(|e| matches!(e, Decode::NilDevice)),
         "a device this process cannot see" => {
             matches!(error, IpcError::DeviceNotVisible { sender_ordinal: 7, .. })
@@ -301,6 +307,9 @@ fn refused_as(name: &str, error: &IpcError) -> bool {
         }
         "a chunk size the driver refuses" => {
             matches!(error, IpcError::Vmm(e @ VmmError::ChunkMap { chunk: 2, count: 2, .. }) if e.cuda_code().is_some())
+        }
+        "one chunk's descriptor twice" => {
+            matches!(error, IpcError::Vmm(VmmError::Descriptor(DescriptorError::RepeatedChunk { chunk: 2, first: 1 })))
         }
         other => panic!("no expectation for {other:?}"),
     }
@@ -335,6 +344,8 @@ fn malformed_virtual_buffers_are_refused_with_their_descriptors_closed() {
         "1 file descriptors for 2 chunks",
         "CUDA_VISIBLE_DEVICES",
         "mapping chunk 2 of 2",
+        "buffer size 0 with 2 chunks",
+        "chunk 2 is the memory of chunk 1 again",
     ] {
         assert!(texts.contains(needle), "{needle:?} not in the child's errors:\n{texts}");
     }

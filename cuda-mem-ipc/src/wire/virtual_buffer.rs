@@ -112,9 +112,9 @@ const _: () = assert!(envelope::HEADER_LEN == HANDLE_TYPE_AT);
 /// |     18 |      2 | chunk count    | `n`, `u16`, `0..=`[`MAX_CHUNKS`]                               |
 /// |     20 |      4 | location id    | `i32`, not negative: device memory, the sender's ordinal of the device (for messages: processes number devices differently); host memory, the NUMA node |
 /// |     24 |     16 | device UUID    | device memory: the device's UUID, not nil; host memory: zero   |
-/// |     40 |      8 | size           | the buffer's size in bytes, `u64`, `0..=`[`MAX_BUFFER_SIZE`]   |
+/// |     40 |      8 | size           | the buffer's size in bytes, `u64`, `0..=`[`MAX_BUFFER_SIZE`] (0 only without chunks) |
 /// |     48 |     8n | chunk sizes    | each chunk's size, `u64`, `1..=`[`MAX_BUFFER_SIZE`], in order  |
-/// | 48+8n  |    64n | fabric handles | fabric handles only: each chunk's `CUmemFabricHandle`, opaque  |
+/// | 48+8n  |    64n | fabric handles | fabric handles only: each chunk's `CUmemFabricHandle`, opaque, no two alike |
 /// | end−4  |      4 | checksum       | CRC-32 (as [`BufferDescriptor`](super::BufferDescriptor)'s) of every byte before it, `u32` |
 ///
 /// The first 16 bytes and the checksum are laid out as in a buffer descriptor's encoding, and
@@ -128,11 +128,13 @@ const _: () = assert!(envelope::HEADER_LEN == HANDLE_TYPE_AT);
 /// them on any error. It checks, in this order and before any driver call: the length against
 /// the smallest encoding, the magic, the version, the checksum, that flags and reserved are
 /// zero, the handle type and location codes, the chunk count against [`MAX_CHUNKS`], the exact
-/// length for that count, the location's fields, the size and each chunk size against
-/// [`MAX_BUFFER_SIZE`], and the number of file descriptors. Each failure is its own
+/// length for that count, the location's fields, the size against [`MAX_BUFFER_SIZE`] and
+/// against 0 with chunks, each chunk size against [`MAX_BUFFER_SIZE`], fabric handles repeated,
+/// and the number of file descriptors. Each failure is its own
 /// [`SharedVirtualBufferError`] variant (those of the shared header and checksum are
 /// [`EnvelopeError`]s, as for a buffer descriptor). What the importing resource checks (handle type,
-/// granularity, the size against the chunks, where each imported chunk lives) is
+/// granularity, the size against the chunks, file descriptors of one chunk repeated, where each
+/// imported chunk lives and whether it is larger than its size here) is
 /// [`VirtualMemoryResource::import`]'s.
 ///
 /// [`VirtualBuffer::export`]: cuda_mem_vmm::VirtualBuffer::export
@@ -211,6 +213,20 @@ pub enum SharedVirtualBufferError {
     /// Host memory that names a device UUID.
     #[error("host memory with a device UUID, expected zero")]
     DeviceForHostMemory,
+    /// A buffer size of 0 with chunks: an empty buffer exports none.
+    #[error("buffer size 0 with {count} chunks, expected none (an empty buffer exports no chunk)")]
+    ZeroSizeWithChunks {
+        /// The chunk count in the input.
+        count: usize,
+    },
+    /// Two chunks carry the same fabric handle: the same memory twice, which no export gives.
+    #[error("chunk {chunk} carries the fabric handle of chunk {first} again")]
+    RepeatedFabricHandle {
+        /// The later chunk, from 1.
+        chunk: usize,
+        /// The earlier chunk, from 1.
+        first: usize,
+    },
     /// The buffer size is beyond [`MAX_BUFFER_SIZE`].
     #[error("buffer size is {size} bytes, more than the maximum of {max}")]
     SizeTooLarge {
@@ -334,6 +350,9 @@ impl SharedVirtualBuffer {
         if size > MAX_BUFFER_SIZE {
             return Err(SharedVirtualBufferError::SizeTooLarge { size, max: MAX_BUFFER_SIZE });
         }
+        if size == 0 && count > 0 {
+            return Err(SharedVirtualBufferError::ZeroSizeWithChunks { count });
+        }
         let sizes_end = HEADER_LEN + 8 * count;
         let mut chunk_sizes = Vec::with_capacity(count);
         for (index, at) in (HEADER_LEN..sizes_end).step_by(8).enumerate() {
@@ -351,7 +370,12 @@ impl SharedVirtualBuffer {
             if !fds.is_empty() {
                 return Err(SharedVirtualBufferError::FdsWithFabricHandles { fds: fds.len() });
             }
-            (0..count).map(|index| ChunkHandle::Fabric(field(bytes, sizes_end + index * FABRIC_HANDLE_LEN))).collect()
+            let handles: Vec<[u8; FABRIC_HANDLE_LEN]> =
+                (0..count).map(|index| field(bytes, sizes_end + index * FABRIC_HANDLE_LEN)).collect();
+            if let Some((first, chunk)) = first_repeat(&handles) {
+                return Err(SharedVirtualBufferError::RepeatedFabricHandle { chunk, first });
+            }
+            handles.into_iter().map(ChunkHandle::Fabric).collect()
         } else {
             if fds.len() != count {
                 return Err(SharedVirtualBufferError::FdCount { fds: fds.len(), count });
@@ -363,6 +387,18 @@ impl SharedVirtualBuffer {
             descriptor: VirtualBufferDescriptor { handle_type, size, chunk_sizes, handles },
         })
     }
+}
+
+/// The first item (from 1) equal to an earlier one, and that earlier one.
+fn first_repeat<T: Eq + std::hash::Hash>(items: &[T]) -> Option<(usize, usize)> {
+    let mut seen = std::collections::HashMap::with_capacity(items.len());
+    for (index, item) in items.iter().enumerate() {
+        if let Some(&first) = seen.get(item) {
+            return Some((first + 1, index + 1));
+        }
+        seen.insert(item, index);
+    }
+    None
 }
 
 /// The location fields of an encoding whose location code is known.
@@ -655,6 +691,12 @@ mod tests {
                 "more than the maximum",
             ),
             (
+                "size 0 with chunks",
+                with(bytes, 40, &0u64.to_le_bytes()),
+                E::ZeroSizeWithChunks { count: 2 },
+                "buffer size 0 with 2 chunks",
+            ),
+            (
                 "a zero chunk",
                 with(bytes, 56, &0u64.to_le_bytes()),
                 E::ChunkSize { chunk: 2, size: 0, max: MAX_BUFFER_SIZE },
@@ -693,6 +735,11 @@ mod tests {
         let error = SharedVirtualBuffer::decode(&fabric_bytes, pipe.duplicates(1)).unwrap_err();
         assert_eq!(error, E::FdsWithFabricHandles { fds: 1 });
         assert!(error.to_string().contains("1 file descriptors came with fabric handles"), "{error}");
+        // The same fabric handle for both chunks: one chunk's memory twice.
+        let twice = with(&fabric_bytes, 128, &fabric_bytes[64..128]);
+        let error = SharedVirtualBuffer::decode(&twice, Vec::new()).unwrap_err();
+        assert_eq!(error, E::RepeatedFabricHandle { chunk: 2, first: 1 });
+        assert!(error.to_string().contains("chunk 2 carries the fabric handle of chunk 1"), "{error}");
         drop(s);
         assert!(!pipe.leaked(), "a refused decode left a file descriptor open");
     }

@@ -81,6 +81,15 @@ fn destroy_primary(state: &mut State, device: usize) {
         return;
     };
     state.contexts.remove(&context.handle);
+    // Its pending work still runs (it holds what it touches), and the device's later
+    // synchronizations wait for it. Marked destroyed first, then its frees that ran but were
+    // never observed are settled: the context's allocations are gone with it, and nothing can
+    // observe it any more (its frees that run from now on settle as they run, see
+    // `Pool::release_on`).
+    let pending = context.retire();
+    state.orphaned_work[device].retain(|fence| !fence.is_reached());
+    state.orphaned_work[device].extend(pending);
+    state.observe(&[Observed::Context(context.handle)]);
     let streams: Vec<_> = state.streams.extract_if(|_, s| s.ctx == context.handle).map(|(_, s)| s).collect();
     for stream in &streams {
         super::stream::discard_capture(state, stream);
@@ -195,9 +204,18 @@ pub(crate) unsafe fn get_device(out: *mut i32, context: CUcontext) -> SimResult 
 /// stream of the context captures, `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`, and every such
 /// capture is invalidated (see [`crate::capture::admit_context_wait`]).
 pub(crate) fn synchronize(context: CUcontext) -> SimResult {
-    let context = named_or_current(&*state::lock()?, context)?;
+    let (context, orphaned) = {
+        let mut state = state::lock()?;
+        let context = named_or_current(&state, context)?;
+        let orphaned = state.pending_orphaned_work(context.device);
+        (context, orphaned)
+    };
     crate::capture::admit_context_wait(&context)?;
     context.synchronize();
+    // And what destroyed contexts of the device left: the device's work too.
+    for fence in orphaned {
+        fence.wait();
+    }
     // The work waited for may have faulted: its error is the synchronization's.
     context.fault.check()?;
     // Destroyed streams' work too: it completed before the context's.
