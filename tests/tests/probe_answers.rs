@@ -327,3 +327,26 @@ fn the_managed_probes_stop_where_devices_lack_concurrent_managed_access() {
         assert_eq!(answer(&answers, name), "not applicable: device 0 has no concurrent managed access", "{output}");
     }
 }
+
+#[test]
+fn the_probe_asks_two_devices_whether_a_peer_copy_of_pool_memory_needs_the_pools_grant() {
+    if !cuda_sim::testing::simulator_only("the device count is the simulator's") {
+        return;
+    }
+    let out = OutDir::new("peer-copy");
+    let question = ["peer-copy-pool-access"];
+    let (success, output) = probe(&out.0, &question, &[("PROBE_COMPARE", "0")]);
+    assert!(success, "the probe failed:\n{output}");
+    assert_eq!(
+        answer(&answers(&output), "peer-copy-pool-access"),
+        "cuMemcpyPeerAsync CUDA_SUCCESS (the bytes arrived), cuMemcpyPeer CUDA_SUCCESS; with the contexts swapped \
+         CUDA_ERROR_INVALID_VALUE; cuMemcpyDtoDAsync CUDA_ERROR_INVALID_VALUE"
+    );
+    // One device: no answer to ask, and no failure.
+    let (success, output) = probe(&out.0, &question, &[("PROBE_COMPARE", "0"), ("CUDA_SIM_DEVICES", "1")]);
+    assert!(success, "the probe failed:\n{output}");
+    assert_eq!(
+        answer(&answers(&output), "peer-copy-pool-access"),
+        "not applicable: it needs two devices, the driver reports 1"
+    );
+}

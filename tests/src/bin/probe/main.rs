@@ -29,7 +29,7 @@
 //! [`ipc_event`], [`managed_ranges`], [`managed_ids`], [`managed_pool`], [`managed_discard`],
 //! [`batch_copy_edges`], [`graph_memory`], [`graph_launch_capture`], [`pool_alloc_capture`],
 //! [`unsafe_calls`], [`user_object`], [`pool_import_not_a_pool`], [`exporter_frees_first`],
-//! [`fabric_channel`].
+//! [`fabric_channel`], [`peer_copy_pool`].
 
 mod address_hint;
 mod batch_copy_edges;
@@ -53,6 +53,7 @@ mod managed_pool;
 mod managed_ranges;
 mod owned;
 mod pci_bus_id;
+mod peer_copy_pool;
 mod peer_leftover;
 mod per_thread_capture;
 mod pointer_import;
@@ -97,7 +98,7 @@ pub(crate) struct Question {
 }
 
 /// Every question, in the order they are asked.
-pub(crate) const QUESTIONS: [Question; 27] = [
+pub(crate) const QUESTIONS: [Question; 28] = [
     pool_import::QUESTION,
     pointer_import::QUESTION,
     imported_access::QUESTION,
@@ -125,6 +126,7 @@ pub(crate) const QUESTIONS: [Question; 27] = [
     pool_import_not_a_pool::QUESTION,
     exporter_frees_first::QUESTION,
     fabric_channel::QUESTION,
+    peer_copy_pool::QUESTION,
 ];
 
 /// The child side of the question `name`.
