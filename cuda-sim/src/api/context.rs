@@ -1,4 +1,4 @@
-//! Primary contexts and the current-context stack.
+//! Primary contexts, contexts `cuCtxCreate` makes, and the current-context stack.
 
 use std::sync::Arc;
 
