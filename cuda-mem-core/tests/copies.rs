@@ -1,6 +1,11 @@
 //! Copies with options and batches of copies (`CopyOptions`, `copy_to_with`, `copy_batch`):
 //! what they copy, what the source access order lets the caller do, and every refusal, on the
 //! driver versions that have the calls and on those that do not.
+//!
+//! The copies run on a simulated CUDA 12.8, 13.0 and 13.2 driver each (`CUDA_SIM_DRIVER_VERSION`,
+//! a child process per version), and the simulator's call counts show which path each took: a
+//! batch is one `cuMemcpyBatchAsync` from CUDA 13.0 and one `cuMemcpyAsync` per copy before; one
+//! copy with options is `cuMemcpyWithAttributesAsync` from CUDA 13.2 and `cuMemcpyAsync` before.
 
 mod common;
 
@@ -46,6 +51,56 @@ fn on_a_driver_of(version: u32, test: &str, body: impl FnOnce()) {
     });
 }
 
+/// The simulated drivers every copy test runs on: CUDA 12.8, 13.0 and 13.2.
+const DRIVERS: [u32; 3] = [12080, 13000, 13020];
+
+/// Runs `body` (the test `test`) once per driver version of `versions`: on the simulator in a
+/// simulated machine pretending to be that driver, a child process each; on a real driver only
+/// for the version it is (a declared skip when it is none of them).
+fn on_each_driver(test: &str, versions: &[u32], body: impl Fn(u32)) {
+    for &version in versions {
+        let version_text = version.to_string();
+        in_simulated_machine(test, &[("CUDA_SIM_DRIVER_VERSION", &version_text)], || {
+            // A child runs every version's closure: the one of its own version runs the body.
+            if driver_version() == version {
+                body(version);
+            }
+        });
+    }
+    if !cuda_sim::testing::on_simulator() && !versions.contains(&driver_version()) {
+        skip(&format!("needs a driver of one of {versions:?}, this one reports {}", driver_version()));
+    }
+}
+
+/// The copy functions whose calls show which path a copy took.
+const BATCH: &str = "cuMemcpyBatchAsync_v2";
+const WITH_ATTRIBUTES: &str = "cuMemcpyWithAttributesAsync";
+const PLAIN: &str = "cuMemcpyAsync";
+
+/// Runs `copy` and checks, where the simulator counts calls, that it made `batches` calls of
+/// `cuMemcpyBatchAsync`, `with_attributes` of `cuMemcpyWithAttributesAsync` and `plain` of
+/// `cuMemcpyAsync`.
+#[track_caller]
+fn assert_path<R>(copy: impl FnOnce() -> R, (batches, with_attributes, plain): (u32, u32, u32), what: &str) -> R {
+    let (out, counts) = cuda_sim::testing::count_calls_if_simulated(copy);
+    counts.assert_calls(BATCH, batches, what);
+    counts.assert_calls(WITH_ATTRIBUTES, with_attributes, what);
+    counts.assert_calls(PLAIN, plain, what);
+    out
+}
+
+/// The calls a batch of `copies` copies makes on a driver of `version`: one
+/// `cuMemcpyBatchAsync` from CUDA 13.0, one `cuMemcpyAsync` per copy before.
+fn batch_path(version: u32, copies: u32) -> (u32, u32, u32) {
+    if version >= 13000 { (1, 0, 0) } else { (0, 0, copies) }
+}
+
+/// The calls one copy with options makes on a driver of `version`:
+/// `cuMemcpyWithAttributesAsync` from CUDA 13.2, `cuMemcpyAsync` before.
+fn single_path(version: u32) -> (u32, u32, u32) {
+    if version >= 13020 { (0, 1, 0) } else { (0, 0, 1) }
+}
+
 fn pinned(bytes: &[u8], stream: &Stream) -> Buffer {
     // A pool of its own rather than the current one, which needs CUDA 13.0: the 12.8 test uses it too.
     let mut buffer = PinnedMemoryResource::new(Default::default()).unwrap().allocate(bytes.len(), stream).unwrap();
@@ -68,6 +123,10 @@ fn a_source_and_two_destinations(device: Device, stream: &Stream) -> (Buffer, Bu
 
 #[test]
 fn a_batch_copies_each_range_with_its_options() {
+    on_each_driver("a_batch_copies_each_range_with_its_options", &DRIVERS, a_batch_copies_each_range);
+}
+
+fn a_batch_copies_each_range(version: u32) {
     let device = device();
     let s = stream(device);
     let pool = DeviceMemoryResource::new(device, Default::default()).unwrap();
@@ -83,7 +142,7 @@ fn a_batch_copies_each_range_with_its_options() {
         BatchCopy::range(&source, 16, &mut b).unwrap(),
         BatchCopy::range(&source, 24, &mut c).unwrap(),
     ];
-    copy_batch(&s, copies, &options).unwrap();
+    assert_path(|| copy_batch(&s, copies, &options).unwrap(), batch_path(version, 3), "the batch");
     assert_eq!(a.to_vec::<u8>(&s).unwrap(), (0..16).collect::<Vec<u8>>());
     assert_eq!(b.to_vec::<u8>(&s).unwrap(), (16..24).collect::<Vec<u8>>());
     assert_eq!(c.to_vec::<u8>(&s).unwrap(), (24..32).collect::<Vec<u8>>());
@@ -91,6 +150,12 @@ fn a_batch_copies_each_range_with_its_options() {
 
 #[test]
 fn during_api_call_lets_the_source_be_reused_at_once() {
+    // A CUDA 12.8 driver has no batch that reads its source during the call (see
+    // `a_cuda_12_8_driver_batches_plain_copies_only`).
+    on_each_driver("during_api_call_lets_the_source_be_reused_at_once", &DRIVERS[1..], during_api_call_reuses);
+}
+
+fn during_api_call_reuses(_version: u32) {
     let device = device();
     let s = stream(device);
     let pool = DeviceMemoryResource::new(device, Default::default()).unwrap();
@@ -99,7 +164,8 @@ fn during_api_call_lets_the_source_be_reused_at_once() {
     s.synchronize().unwrap();
     let (gate, _open) = Gate::new();
     hold(gate, s.handle());
-    copy_batch(&s, [BatchCopy::new(&source, &mut early).unwrap()], during_call()).unwrap();
+    let copy = || copy_batch(&s, [BatchCopy::new(&source, &mut early).unwrap()], during_call()).unwrap();
+    assert_path(copy, (1, 0, 0), "one batch, read during the call");
     copy_batch(&s, [BatchCopy::new(&source, &mut late).unwrap()], CopyOptions::default()).unwrap();
     // SAFETY: pinned memory of 16 bytes, host-accessible at its address; the gate holds the
     // stream's work, so nothing reads it now (the during-call copy already has).
@@ -111,20 +177,27 @@ fn during_api_call_lets_the_source_be_reused_at_once() {
 
 #[test]
 fn copies_with_options_between_views_and_buffers() {
+    on_each_driver("copies_with_options_between_views_and_buffers", &DRIVERS, copies_between_views_and_buffers);
+}
+
+fn copies_between_views_and_buffers(version: u32) {
     let device = device();
     let s = stream(device);
     let pool = DeviceMemoryResource::new(device, Default::default()).unwrap();
     let mut a = pool.allocate(16, &s).unwrap();
     a.copy_from_slice(&[7u32, 8, 9, 10], &s).unwrap();
     let mut b = zeroed(16, &pool, &s);
-    a.copy_to_with(&mut b, &s, CopyOptions::default()).unwrap();
+    assert_path(|| a.copy_to_with(&mut b, &s, CopyOptions::default()).unwrap(), single_path(version), "copy_to_with");
     assert_eq!(b.to_vec::<u32>(&s).unwrap(), [7, 8, 9, 10]);
     let mut c = zeroed(16, &pool, &s);
     c.copy_from_with(&b, &s, CopyOptions::default().src_access_order(SourceAccessOrder::Any)).unwrap();
     assert_eq!(c.to_vec::<u32>(&s).unwrap(), [7, 8, 9, 10]);
     let view = a.view::<u32>().unwrap();
     let mut d = zeroed(8, &pool, &s);
-    d.view_mut::<u32>().unwrap().copy_from_with(&view.slice(2..).unwrap(), &s, CopyOptions::default()).unwrap();
+    let into_view = || {
+        d.view_mut::<u32>().unwrap().copy_from_with(&view.slice(2..).unwrap(), &s, CopyOptions::default()).unwrap();
+    };
+    assert_path(into_view, single_path(version), "a view's copy_from_with");
     assert_eq!(d.to_vec::<u32>(&s).unwrap(), [9, 10]);
     let mut e = zeroed(4, &pool, &s);
     assert!(matches!(a.copy_to_with(&mut e, &s, CopyOptions::default()), Err(Error::SizeMismatch { .. })));
@@ -132,12 +205,8 @@ fn copies_with_options_between_views_and_buffers() {
     let (mut x, mut y) = (zeroed(8, &pool, &s), zeroed(8, &pool, &s));
     let (first, second) = (view.slice(..2).unwrap(), view.slice(2..).unwrap());
     let (mut xv, mut yv) = (x.view_mut::<u32>().unwrap(), y.view_mut::<u32>().unwrap());
-    copy_batch(
-        &s,
-        [BatchCopy::views(&second, &mut xv).unwrap(), BatchCopy::views(&first, &mut yv).unwrap()],
-        CopyOptions::default(),
-    )
-    .unwrap();
+    let copies = [BatchCopy::views(&second, &mut xv).unwrap(), BatchCopy::views(&first, &mut yv).unwrap()];
+    assert_path(|| copy_batch(&s, copies, CopyOptions::default()).unwrap(), batch_path(version, 2), "a batch of views");
     assert_eq!(x.to_vec::<u32>(&s).unwrap(), [9, 10]);
     assert_eq!(y.to_vec::<u32>(&s).unwrap(), [7, 8]);
 }
@@ -230,17 +299,20 @@ fn refusals_come_before_any_driver_call() {
 
 #[test]
 fn a_cuda_13_0_driver_falls_back_for_single_copies_unless_the_source_is_read_during_the_call() {
-    if !on_driver(13000) {
-        return;
-    }
+    let test = "a_cuda_13_0_driver_falls_back_for_single_copies_unless_the_source_is_read_during_the_call";
+    on_a_driver_of(13000, test, falls_back_on_cuda_13_0);
+}
+
+fn falls_back_on_cuda_13_0() {
     let device = device();
     let s = stream(device);
     let pool = DeviceMemoryResource::new(device, Default::default()).unwrap();
     let src = pinned(&[3; 8], &s);
     let mut dst = zeroed(8, &pool, &s);
-    dst.copy_from_with(&src, &s, CopyOptions::default().dst_location_hint(device)).unwrap();
+    let hinted = CopyOptions::default().dst_location_hint(device);
+    assert_path(|| dst.copy_from_with(&src, &s, hinted).unwrap(), (0, 0, 1), "a plain cuMemcpyAsync");
     assert_eq!(dst.to_vec::<u8>(&s).unwrap(), [3; 8]);
-    let r = src.copy_to_with(&mut dst, &s, during_call());
+    let r = assert_path(|| src.copy_to_with(&mut dst, &s, during_call()), (0, 0, 0), "refused before any copy");
     let Err(
         error @ Error::DriverTooOld {
             capability: DriverCapability::CopiesWithAttributes,
@@ -269,7 +341,8 @@ fn a_cuda_13_2_driver_copies_with_attributes() {
         s.synchronize().unwrap();
         let (gate, _open) = Gate::new();
         hold(gate, s.handle());
-        source.copy_to_with(&mut early, &s, during_call()).unwrap();
+        let copy = || source.copy_to_with(&mut early, &s, during_call()).unwrap();
+        assert_path(copy, (0, 1, 0), "one cuMemcpyWithAttributesAsync");
         // SAFETY: pinned memory of 16 bytes, host-accessible at its address; the
         // during-call copy has read it, and the gate holds every other use.
         unsafe { std::ptr::write_bytes(source.ptr() as *mut u8, 2, 16) };

@@ -31,6 +31,49 @@
 //!   synchronization or `cuMemPoolTrimTo` releases it. Before 2026-12-07 it stayed reserved for
 //!   good. What would settle it: `cuMemGetInfo` on a GPU after a reset with a free pending, a
 //!   new retain, `cuCtxSynchronize` and `cuMemPoolTrimTo(pool, 0)`.
+//! - **Created contexts** (`cuCtxCreate_v4`, `cuCtxDestroy_v2`): execution affinity ("only
+//!   supported under Volta+ MPS") and CIG parameters are `CUDA_ERROR_NOT_SUPPORTED` (no MPS, no
+//!   graphics API here), both at once ("undefined behavior") `CUDA_ERROR_INVALID_VALUE`.
+//!   `cuCtxDestroy` of a primary context, of null, and of an unknown or destroyed context returns
+//!   `CUDA_ERROR_INVALID_CONTEXT` (`cuda.h` lists it and `CUDA_ERROR_INVALID_VALUE` without
+//!   saying which is whose). It does not wait for the context's work (what is enqueued still
+//!   runs, as after a primary context's last release), and takes the context's streams, events,
+//!   `cuMemAlloc`, `cuMemAllocHost`/`cuMemHostAlloc` (portable too), `cuMemAllocManaged` memory
+//!   and host registrations with it, as `cuda.h` lists them; pool memory stays (its note).
+//! - **Context events** (`cuCtxRecordEvent`, `cuCtxWaitEvent`): a null context is
+//!   `CUDA_ERROR_INVALID_CONTEXT`, not read as the current one (`cuda.h` does not say it is). A
+//!   context-wide wait holds the work submitted after it to every stream of the context, streams
+//!   created later and per-thread ones included, but not a `cuStreamSynchronize` or query of a
+//!   stream given no new work. A context event's completion shows the host no stream's progress:
+//!   pool frees stay outstanding until a stream, event or context synchronization shows them.
+//! - **Context limits** (`cuCtxGetLimit`, `cuCtxSetLimit`) start at an H100's values (stack
+//!   1 KiB, printf FIFO 1 MiB, heap 8 MiB, 2048 pending launches, L2 fetch granularity 64 B,
+//!   persisting L2 0) and are kept as set, but for the two `cuda.h` says are clamped (the fetch
+//!   granularity to 128 B, the persisting L2 size to the device's maximum, 0 here). The device
+//!   runtime's sync depth is `CUDA_ERROR_UNSUPPORTED_LIMIT` when read as well as when set (only
+//!   applicable below compute capability 9.0); so are the limits of CIG contexts, which no context
+//!   here is (`CU_LIMIT_SHMEM_SIZE`, `CU_LIMIT_CIG_SHMEM_FALLBACK_ENABLED`). `CU_LIMIT_CIG_ENABLED`
+//!   reads 0 and setting it ("can only be queried") is `CUDA_ERROR_INVALID_VALUE`, as is an
+//!   unknown limit. The printf FIFO and heap sizes can always be set: no kernel is ever launched.
+//! - **`cuMemHostAlloc`'s flags** are checked and otherwise change nothing: the memory is
+//!   `cuMemAllocHost`'s, with its pointer attributes. With `CU_MEMHOSTALLOC_WRITECOMBINED` the host
+//!   pointer is still the device pointer (`cuda.h` says only `cuMemHostGetDevicePointer`, which the
+//!   simulator does not export, gives that one), and portable memory goes with the context that
+//!   allocated it.
+//! - **`cuStreamAttachMemAsync`**: `cuda.h` documents no `CUDA_ERROR_INVALID_VALUE` but says "An
+//!   error will be returned" for `CU_MEM_ATTACH_SINGLE` on the NULL stream. The simulator returns
+//!   `CUDA_ERROR_INVALID_VALUE` for that, for the per-thread default stream too, for flags other
+//!   than one of `CUmemAttach_flags`, for a managed allocation attached in part or from inside it
+//!   (a length neither 0 nor its size; "not possible to change stream association for a portion"),
+//!   and for memory that is not managed, managed pool memory included (`cuda.h` names
+//!   `__managed__` and `cuMemAllocManaged` memory). Pageable memory with a length is
+//!   `CUDA_ERROR_NOT_SUPPORTED` (the devices lack `PAGEABLE_MEMORY_ACCESS`). On a capturing stream
+//!   it is `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` and the capture is invalidated (`cuda.h` is
+//!   silent). The association itself is not modelled: managed memory is reachable everywhere here.
+//! - **The location-based pool functions** (`cuMemGetDefaultMemPool`, `cuMemGetMemPool`,
+//!   `cuMemSetMemPool`): a device the process does not have is `CUDA_ERROR_INVALID_DEVICE` only
+//!   for `cuMemGetDefaultMemPool`, which alone lists it, and `CUDA_ERROR_INVALID_VALUE` for the
+//!   others; a pool imported from another process cannot be made current (it allocates nothing).
 //! - **`cuStreamDestroy` of a default stream** (0, `CU_STREAM_LEGACY`, `CU_STREAM_PER_THREAD`)
 //!   returns `CUDA_ERROR_INVALID_HANDLE`.
 //! - **`cuEventRecord` with an event and a stream of different contexts** returns
@@ -247,6 +290,16 @@
 //!   another device's `cuMemAlloc` memory: a GPU needs context peer access for it
 //!   (`cuCtxEnablePeerAccess`), which the simulator does not model. Copies of `cuMemAlloc` memory
 //!   between devices need none, as the driver stages them.
+//! - **A peer copy** (`cuMemcpyPeer`, `cuMemcpyPeerAsync`) reaches each side as the device of the
+//!   context named for it, not as the stream's device: pool memory needs no access grant when
+//!   named with a context of its own device, and another device's pool memory named with a
+//!   context whose device has no grant is `CUDA_ERROR_INVALID_VALUE`, as in `cuMemcpyAsync`.
+//!   `cuda.h` is silent. Evidence: fwyzard/nvidia_bug_3446335, a reproducer of NVIDIA bug 3446335
+//!   run on GPUs, copies `cudaMallocAsync` memory between two devices with
+//!   `cudaMemcpyPeer(Async)` and no access granted, where `cudaMemcpy(Async)` fails; cuda.core,
+//!   whose tests pass on GPUs, copies between devices with `cuMemcpyAsync` only and expects the
+//!   grant there (`test_peer_access_basic`). Neither kind of copy needs peer access between the
+//!   devices. The probe's question `peer-copy-pool-access` asks two GPUs.
 //! - **A managed pool with a shareable handle type** is `CUDA_ERROR_NOT_SUPPORTED` at
 //!   `cuMemPoolCreate`, which `cuda.h` does not address (for a host pool it documents
 //!   `CUDA_ERROR_INVALID_VALUE`, which the simulator returns, for a managed host pool too).

@@ -3,12 +3,13 @@
 
 use std::cell::RefCell;
 use std::collections::{BTreeSet, HashMap};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use cuda_mem_sys::types::{CUgraphNodeType, CUresult};
 
 use crate::error::{SimResult, fail};
+use crate::event::Event;
 use crate::memory::Touch;
 use crate::state::State;
 use crate::stream::{Fence, Op, Queue, Stream, StreamKind};
@@ -33,6 +34,15 @@ pub(crate) struct Context {
     submit_lock: Mutex<()>,
     /// The sticky error of an asynchronous fault, shared with the work that may report one.
     pub fault: Arc<Fault>,
+    /// The flags `cuCtxCreate` made it with; `None` for a primary context, whose flags are its
+    /// device's (`cuDevicePrimaryCtxSetFlags`).
+    pub created_flags: Option<u32>,
+    /// Its limits and cache preference (`cuCtxSetLimit`, `cuCtxSetCacheConfig`).
+    pub settings: Mutex<crate::api::limits::Settings>,
+    /// The event recordings every later submission to the context waits for
+    /// (`cuCtxWaitEvent`); `has_barrier` says whether there are any, without the lock.
+    barrier: Mutex<Vec<(Arc<Event>, u64)>>,
+    has_barrier: AtomicBool,
 }
 
 /// A stream made in a context, as the context remembers it.
@@ -90,8 +100,14 @@ pub(crate) fn is_live(handle: usize) -> bool {
 }
 
 impl Context {
-    /// A new context on `device`, with its legacy default stream running.
+    /// A new primary context on `device`, with its legacy default stream running.
     pub(crate) fn start(device: usize) -> SimResult<Arc<Context>> {
+        Context::start_with(device, None)
+    }
+
+    /// A new context on `device`: a primary one (`created_flags` `None`) or one `cuCtxCreate`
+    /// makes with those flags.
+    pub(crate) fn start_with(device: usize, created_flags: Option<u32>) -> SimResult<Arc<Context>> {
         let handle = crate::handle::next();
         let legacy = Stream::start(handle, device, 0, 0, StreamKind::Legacy)?;
         live().insert(handle);
@@ -102,7 +118,42 @@ impl Context {
             streams: Mutex::new(Vec::new()),
             submit_lock: Mutex::new(()),
             fault: Arc::default(),
+            created_flags,
+            settings: Mutex::default(),
+            barrier: Mutex::new(Vec::new()),
+            has_barrier: AtomicBool::new(false),
         }))
+    }
+
+    /// Makes every later submission to the context wait for recording `generation` of `event`
+    /// (`cuCtxWaitEvent`).
+    pub(crate) fn wait_for_event(&self, event: Arc<Event>, generation: u64) {
+        let _order = self.submit_lock.lock().unwrap_or_else(PoisonError::into_inner);
+        self.barrier.lock().unwrap_or_else(PoisonError::into_inner).push((event, generation));
+        self.has_barrier.store(true, Ordering::SeqCst);
+    }
+
+    /// The recordings of [`wait_for_event`](Context::wait_for_event) not known to be complete
+    /// yet (those that are are forgotten).
+    fn barrier(&self) -> Vec<(Arc<Event>, u64)> {
+        if !self.has_barrier.load(Ordering::SeqCst) {
+            return Vec::new();
+        }
+        let mut barrier = self.barrier.lock().unwrap_or_else(PoisonError::into_inner);
+        barrier.retain(|(event, _)| !event.is_complete());
+        if barrier.is_empty() {
+            self.has_barrier.store(false, Ordering::SeqCst);
+        }
+        barrier.clone()
+    }
+
+    /// Fences after the work enqueued so far on every queue of the context that has work
+    /// pending, those of streams gone since included (what `cuCtxRecordEvent` captures: "all
+    /// work" of the context, as [`tails`](Context::tails) is what `cuCtxSynchronize` waits for).
+    pub(crate) fn pending_tails(&self) -> Vec<Fence> {
+        let mut fences: Vec<Fence> = self.legacy.queue.pending_tail().into_iter().collect();
+        fences.extend(self.registered().iter().filter_map(|s| s.queue.pending_tail()));
+        fences
     }
 
     /// Remembers a stream made in this context.
@@ -139,9 +190,7 @@ impl Context {
     /// device's later synchronizations wait for it.
     pub(crate) fn retire(&self) -> Vec<Fence> {
         live().remove(&self.handle);
-        let mut fences: Vec<Fence> = self.legacy.queue.pending_tail().into_iter().collect();
-        fences.extend(self.registered().iter().filter_map(|s| s.queue.pending_tail()));
-        fences
+        self.pending_tails()
     }
 
     /// Enqueues `op` on `stream` (a stream of this context), adding the implicit waits of the
@@ -182,8 +231,12 @@ impl Context {
             Err(op) => op,
         };
         let waits = self.implicit_waits(stream);
-        if !waits.is_empty() {
+        let barrier = self.barrier();
+        if !waits.is_empty() || !barrier.is_empty() {
             return stream.queue.push(Box::new(move || {
+                for (event, generation) in &barrier {
+                    event.wait_for(*generation);
+                }
                 for fence in &waits {
                     fence.wait();
                 }

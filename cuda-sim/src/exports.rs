@@ -10,12 +10,12 @@
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
 use cuda_mem_sys::types::{
-    CUDA_GRAPH_INSTANTIATE_PARAMS, CUcontext, CUdevice, CUdevice_attribute, CUdeviceptr,
-    CUdriverProcAddressQueryResult, CUevent, CUgraph, CUgraphEdgeData, CUgraphExec, CUgraphMem_attribute, CUgraphNode,
-    CUgraphNodeType, CUhostFn, CUipcEventHandle, CUmem_advise, CUmem_range_attribute, CUmemAccess_flags,
-    CUmemAccessDesc, CUmemAllocationGranularity_flags, CUmemAllocationHandleType, CUmemAllocationProp,
-    CUmemAllocationType, CUmemGenericAllocationHandle, CUmemLocation, CUmemPool_attribute, CUmemPoolProps,
-    CUmemPoolPtrExportData, CUmemcpyAttributes, CUmemoryPool, CUpointer_attribute, CUresult, CUstream,
+    CUDA_GRAPH_INSTANTIATE_PARAMS, CUcontext, CUctxCreateParams, CUdevice, CUdevice_attribute, CUdeviceptr,
+    CUdriverProcAddressQueryResult, CUevent, CUfunc_cache, CUgraph, CUgraphEdgeData, CUgraphExec, CUgraphMem_attribute,
+    CUgraphNode, CUgraphNodeType, CUhostFn, CUipcEventHandle, CUlimit, CUmem_advise, CUmem_range_attribute,
+    CUmemAccess_flags, CUmemAccessDesc, CUmemAllocationGranularity_flags, CUmemAllocationHandleType,
+    CUmemAllocationProp, CUmemAllocationType, CUmemGenericAllocationHandle, CUmemLocation, CUmemPool_attribute,
+    CUmemPoolProps, CUmemPoolPtrExportData, CUmemcpyAttributes, CUmemoryPool, CUpointer_attribute, CUresult, CUstream,
     CUstreamCaptureMode, CUstreamCaptureStatus, CUuserObject, CUuuid, cuuint64_t,
 };
 
@@ -133,6 +133,15 @@ exports! {
     cuCtxSynchronize_v2 / -(context: CUcontext) => |_mode| api::context::synchronize(context);
     cuCtxGetStreamPriorityRange / -(least: *mut c_int, greatest: *mut c_int)
         => |_mode| api::context::stream_priority_range(least, greatest);
+    cuCtxCreate_v4 / -(context: *mut CUcontext, params: *mut CUctxCreateParams, flags: c_uint, device: CUdevice)
+        => |_mode| api::context::create(context, params, flags, device);
+    cuCtxDestroy_v2 / -(context: CUcontext) => |_mode| api::context::destroy(context);
+    cuCtxRecordEvent / -(context: CUcontext, event: CUevent) => |_mode| api::event::record_context(context, event);
+    cuCtxWaitEvent / -(context: CUcontext, event: CUevent) => |_mode| api::event::wait_context(context, event);
+    cuCtxGetLimit / -(value: *mut usize, limit: CUlimit) => |_mode| api::limits::get_limit(value, limit);
+    cuCtxSetLimit / -(limit: CUlimit, value: usize) => |_mode| api::limits::set_limit(limit, value);
+    cuCtxGetCacheConfig / -(config: *mut CUfunc_cache) => |_mode| api::limits::get_cache_config(config);
+    cuCtxSetCacheConfig / -(config: CUfunc_cache) => |_mode| api::limits::set_cache_config(config);
 
     // Streams.
     cuStreamCreate / -(stream: *mut CUstream, flags: c_uint) => |_mode| api::stream::create(stream, flags, 0);
@@ -173,6 +182,8 @@ exports! {
     cuMemFree_v2 / -(pointer: CUdeviceptr) => |_mode| api::memory::free(pointer);
     cuMemAllocHost_v2 / -(pointer: *mut *mut c_void, size: usize) => |_mode| api::memory::alloc_host(pointer, size);
     cuMemFreeHost / -(pointer: *mut c_void) => |_mode| api::memory::free_host(pointer);
+    cuMemHostAlloc / -(pointer: *mut *mut c_void, size: usize, flags: c_uint)
+        => |_mode| api::memory::host_alloc(pointer, size, flags);
     cuMemGetInfo_v2 / -(free: *mut usize, total: *mut usize) => |_mode| api::memory::get_info(free, total);
     cuMemGetAddressRange_v2 / -(base: *mut CUdeviceptr, size: *mut usize, pointer: CUdeviceptr)
         => |_mode| api::memory::address_range(base, size, pointer);
@@ -198,6 +209,11 @@ exports! {
         => |mode| api::memory::copy(dst as u64, src, len, Direction::DeviceToHost, stream, mode, true);
     cuMemcpyDtoDAsync_v2 / cuMemcpyDtoDAsync_v2_ptsz(dst: CUdeviceptr, src: CUdeviceptr, len: usize, stream: CUstream)
         => |mode| api::memory::copy(dst, src, len, Direction::DeviceToDevice, stream, mode, true);
+    cuMemcpyPeer / cuMemcpyPeer_ptds(dst: CUdeviceptr, dst_context: CUcontext, src: CUdeviceptr, src_context: CUcontext, len: usize)
+        => |mode| api::memory::copy_peer(dst, dst_context, src, src_context, len, std::ptr::null_mut(), mode, false);
+    cuMemcpyPeerAsync / cuMemcpyPeerAsync_ptsz(
+        dst: CUdeviceptr, dst_context: CUcontext, src: CUdeviceptr, src_context: CUcontext, len: usize, stream: CUstream,
+    ) => |mode| api::memory::copy_peer(dst, dst_context, src, src_context, len, stream, mode, true);
 
     // Copies with attributes.
     cuMemcpyBatchAsync_v2 / cuMemcpyBatchAsync_v2_ptsz(
@@ -276,6 +292,10 @@ exports! {
     cuDeviceSetMemPool / -(device: CUdevice, pool: CUmemoryPool) => |_mode| api::pool::set_device_pool(device, pool);
     cuMemGetMemPool / -(pool: *mut CUmemoryPool, location: *mut CUmemLocation, kind: CUmemAllocationType)
         => |_mode| api::pool::current_pool(pool, location, kind);
+    cuMemGetDefaultMemPool / -(pool: *mut CUmemoryPool, location: *mut CUmemLocation, kind: CUmemAllocationType)
+        => |_mode| api::pool::default_mem_pool(pool, location, kind);
+    cuMemSetMemPool / -(location: *mut CUmemLocation, kind: CUmemAllocationType, pool: CUmemoryPool)
+        => |_mode| api::pool::set_mem_pool(location, kind, pool);
     cuMemPoolGetAttribute / -(pool: CUmemoryPool, attribute: CUmemPool_attribute, value: *mut c_void)
         => |_mode| api::pool::get_attribute(pool, attribute, value);
     cuMemPoolSetAttribute / -(pool: CUmemoryPool, attribute: CUmemPool_attribute, value: *mut c_void)
@@ -318,6 +338,8 @@ exports! {
         dptrs: *mut CUdeviceptr, sizes: *mut usize, count: usize, locations: *mut CUmemLocation,
         first_indices: *mut usize, num_locations: usize, flags: u64, stream: CUstream,
     ) => |mode| api::managed::batch(dptrs, sizes, count, Some((locations, first_indices, num_locations)), true, flags, stream, mode);
+    cuStreamAttachMemAsync / cuStreamAttachMemAsync_ptsz(stream: CUstream, pointer: CUdeviceptr, length: usize, flags: c_uint)
+        => |mode| api::attach::attach(stream, pointer, length, flags, mode);
     cuMemRangeGetAttribute / -(data: *mut c_void, size: usize, attribute: CUmem_range_attribute, pointer: CUdeviceptr, count: usize)
         => |_mode| api::managed::range_attribute(data, size, attribute, pointer, count);
     cuMemRangeGetAttributes / -(

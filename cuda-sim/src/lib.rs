@@ -27,10 +27,11 @@
 //! `cuMemcpyDtoD` or a `cuMemsetD8` on device memory returns before it is done).
 //!
 //! # What is simulated
-//! Initialization, devices and their attributes, primary contexts, streams (legacy, per-thread
+//! Initialization, devices and their attributes, primary and created contexts (their limits,
+//! cache preference and context-wide events too), streams (legacy, per-thread
 //! and created), events (interprocess ones too: `cuIpcGetEventHandle`/`cuIpcOpenEventHandle`),
-//! host functions, `cuMemAlloc`/`cuMemAllocHost`/`cuMemAllocManaged`,
-//! host registration, copies and memsets, pointer attributes, managed memory's advice, prefetches,
+//! host functions, `cuMemAlloc`/`cuMemAllocHost`/`cuMemHostAlloc`/`cuMemAllocManaged`,
+//! host registration, copies (between devices too) and memsets, pointer attributes, managed memory's advice, prefetches,
 //! discards and range attributes (per page), memory pools (default, current
 //! and owned; device, host, host-NUMA and managed; attributes, trimming, peer access, sharing
 //! between processes through sealed `memfd`s), graph capture far enough to refuse what it forbids
@@ -50,7 +51,7 @@
 //! | module | holds |
 //! |---|---|
 //! | `exports` | the C ABI: every exported driver symbol with the signature `cuda.h` declares, forwarding to `api` |
-//! | `api` | each driver function's behaviour (argument checks, state lookups, the work it enqueues), one file per area: `init`, `device`, `context`, `stream`, `event`, `memory`, `managed`, `pointer`, `pool`, `ipc`, `vmm`, and `sim` (the simulator's own test exports) |
+//! | `api` | each driver function's behaviour (argument checks, state lookups, the work it enqueues), one file per area: `init`, `device`, `context`, `limits`, `stream`, `attach`, `event`, `memory`, `managed`, `pointer`, `pool`, `ipc`, `vmm`, and `sim` (the simulator's own test exports) |
 //! | `state`, `config` | the process-wide state made by the first `cuInit`, and the `CUDA_SIM_*` settings it reads |
 //! | `device`, `context` | simulated devices (attributes, memory, peer topology); primary contexts and the current-context stack |
 //! | `stream`, `event`, `capture` | per-stream worker queues; events; graph capture and the calls that invalidate it |

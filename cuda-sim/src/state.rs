@@ -54,9 +54,12 @@ pub(crate) struct State {
     pub current_pool: Vec<usize>,
     /// Each device's default pool.
     pub default_pool: Vec<usize>,
-    /// Current pools of other kinds (`cuMemGetMemPool`/`cuMemSetMemPool`), keyed by location
-    /// and kind, created on first use.
+    /// Default pools of other kinds (`cuMemGetDefaultMemPool`), keyed by location and kind
+    /// (managed or not), created on first use.
     pub other_pools: HashMap<(crate::pool::LocationKey, bool), usize>,
+    /// Current pools of other kinds set with `cuMemSetMemPool`, keyed as `other_pools`; a
+    /// location and kind not here has its default pool as its current one.
+    pub other_current_pools: HashMap<(crate::pool::LocationKey, bool), usize>,
     /// Per device, the handle values of destroyed pools that are gone, each with the peer
     /// access the pool still had, for the next pools created there to reuse
     /// (`CUDA_SIM_POOL_HANDLES=recycle`: the driver's nvbug 5698116, modelled so that code
@@ -172,6 +175,7 @@ pub(crate) fn init() -> SimResult {
         default_pool: defaults.iter().map(|p| p.handle).collect(),
         pools: defaults.into_iter().map(|p| (p.handle, p)).collect(),
         other_pools: HashMap::new(),
+        other_current_pools: HashMap::new(),
         graphs: HashMap::new(),
         execs: HashMap::new(),
         graph_user_objects: HashMap::new(),

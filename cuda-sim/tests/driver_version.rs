@@ -164,3 +164,82 @@ fn the_loader_refuses_a_variant_newer_than_the_driver_instead_of_taking_an_older
         assert_eq!(d.cuEventElapsedTime_v1().expect("2.0's variant") as usize, exported(d, c"cuEventElapsedTime"));
     });
 }
+
+/// `cuGetProcAddress_v2(name, version, per-thread default stream)`: (code, address, status).
+fn per_thread_proc_address(d: &Driver, name: &CStr, version: c_int) -> (CUresult, usize, Q) {
+    let mut pfn: *mut c_void = std::ptr::null_mut();
+    let mut status = Q(99);
+    let per_thread = cuda_mem_sys::types::CUdriverProcAddress_flags::CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM.0;
+    // SAFETY: the name is NUL-terminated and both out-pointers are valid.
+    let result =
+        unsafe { code!(d, cuGetProcAddress_v2(name.as_ptr(), &mut pfn, version, per_thread.into(), &mut status)) };
+    (result, pfn as usize, status)
+}
+
+/// Context creation, context events, limits, cache preferences, `cuMemHostAlloc`, peer copies,
+/// stream attachment and the location-based pools: each base name, the symbol `cuda.h` maps it
+/// to, and the CUDA version of that variant.
+const ADDED: [(&CStr, &CStr, c_int); 15] = [
+    (c"cuCtxCreate", c"cuCtxCreate_v4", 12050),
+    (c"cuCtxDestroy", c"cuCtxDestroy_v2", 4000),
+    (c"cuCtxRecordEvent", c"cuCtxRecordEvent", 12050),
+    (c"cuCtxWaitEvent", c"cuCtxWaitEvent", 12050),
+    (c"cuCtxGetLimit", c"cuCtxGetLimit", 3010),
+    (c"cuCtxSetLimit", c"cuCtxSetLimit", 3010),
+    (c"cuCtxGetCacheConfig", c"cuCtxGetCacheConfig", 3020),
+    (c"cuCtxSetCacheConfig", c"cuCtxSetCacheConfig", 3020),
+    (c"cuMemHostAlloc", c"cuMemHostAlloc", 2020),
+    (c"cuMemcpyPeer", c"cuMemcpyPeer", 4000),
+    (c"cuMemcpyPeerAsync", c"cuMemcpyPeerAsync", 4000),
+    (c"cuStreamAttachMemAsync", c"cuStreamAttachMemAsync", 6000),
+    (c"cuMemGetDefaultMemPool", c"cuMemGetDefaultMemPool", 13000),
+    (c"cuMemGetMemPool", c"cuMemGetMemPool", 13000),
+    (c"cuMemSetMemPool", c"cuMemSetMemPool", 13000),
+];
+
+#[test]
+fn the_context_peer_copy_and_location_pool_functions_resolve_as_their_variants() {
+    in_child!(&[], || {
+        let d = driver();
+        for (base, symbol, version) in ADDED {
+            let found = (CUresult::CUDA_SUCCESS, exported(d, symbol), Q::CU_GET_PROC_ADDRESS_SUCCESS);
+            assert_eq!(proc_address(d, base, 13000), found, "{base:?}");
+            assert_eq!(proc_address(d, base, version), found, "{base:?} at {version}");
+            // The variant the simulator has is the one of `version`: no older ABI is offered.
+            let (result, address, status) = proc_address(d, base, version - 10);
+            assert_eq!((result, address), (CUresult::CUDA_ERROR_NOT_FOUND, 0), "{base:?} before {version}");
+            assert_eq!(status, Q::CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT, "{base:?} before {version}");
+        }
+        // Their per-thread-default-stream variants, where `cuda.h` has them (CUDA 7.0's).
+        for (base, per_thread) in [
+            (c"cuMemcpyPeer", c"cuMemcpyPeer_ptds"),
+            (c"cuMemcpyPeerAsync", c"cuMemcpyPeerAsync_ptsz"),
+            (c"cuStreamAttachMemAsync", c"cuStreamAttachMemAsync_ptsz"),
+        ] {
+            let found = (CUresult::CUDA_SUCCESS, exported(d, per_thread), Q::CU_GET_PROC_ADDRESS_SUCCESS);
+            assert_eq!(per_thread_proc_address(d, base, 13000), found, "{base:?}");
+            assert_ne!(exported(d, per_thread), exported(d, base));
+        }
+        // None for the others: the per-thread request gets the legacy one.
+        let host_alloc = exported(d, c"cuMemHostAlloc");
+        assert_eq!(per_thread_proc_address(d, c"cuMemHostAlloc", 13000).1, host_alloc);
+    });
+}
+
+#[test]
+fn older_drivers_lack_the_context_events_and_location_pools() {
+    for version in ["12040", "12080"] {
+        in_child!(&[(ENV, version)], || {
+            let d = driver();
+            let reported = reported(d);
+            for (base, symbol, added) in ADDED {
+                let answer = proc_address(d, base, 13000);
+                if added > reported {
+                    assert_eq!(answer, NOT_FOUND, "{base:?} on {reported}");
+                } else {
+                    assert_eq!(answer.1, exported(d, symbol), "{base:?} on {reported}");
+                }
+            }
+        });
+    }
+}

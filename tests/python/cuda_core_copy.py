@@ -12,15 +12,23 @@ What a GPU gives, checked:
 - `Buffer.copy_to`/`copy_from` with options: through `cuMemcpyWithAttributesAsync` on a CUDA 13.2
   driver; on an older one `STREAM` and `ANY` fall back to a plain copy and `DURING_API_CALL` is a
   `RuntimeError`;
+- on a CUDA 12 driver (no `cuMemcpyBatchAsync`, no `cuMemGetMemPool`, so pinned memory comes from
+  `LegacyPinnedMemoryResource`), `copy_batch` falls back to plain copies and `DURING_API_CALL` is a
+  `RuntimeError` there too;
+- on the simulator, which counts the driver calls a stretch of code makes (`cuSimCountCalls`),
+  which path each took: `cuMemcpyBatchAsync` for a batch from CUDA 13.0, one `cuMemcpyAsync` per
+  copy before; `cuMemcpyWithAttributesAsync` for one copy with options from CUDA 13.2,
+  `cuMemcpyAsync` before (on a real driver, whose library has no such control, this is skipped);
 - the driver's own answers through cuda.bindings: `cuMemcpyBatchAsync` with no copies, with an
   invalid access order and on the legacy stream is `CUDA_ERROR_INVALID_VALUE`; on a capturing
   stream it is `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` and the capture stays active (what
-  CUDA 13 drivers answer: rapidsai/rmm#2518).
+  CUDA 13 drivers answer: rapidsai/rmm#2518); a CUDA 12 driver does not have it.
 
 Prints `cuda-core-copy: ok` last, only when every check passed.
 """
 
 import ctypes
+import os
 import threading
 
 from cuda.bindings import driver as cu
@@ -29,6 +37,7 @@ from cuda.core import (
     PER_THREAD_DEFAULT_STREAM,
     Device,
     DeviceMemoryResource,
+    LegacyPinnedMemoryResource,
     PinnedMemoryResource,
 )
 from cuda.core.utils import CopyOptions, MemcpySrcAccessOrder, copy_batch
@@ -43,6 +52,58 @@ def check(result):
 
 def driver_version():
     return check(cu.cuDriverGetVersion())
+
+
+def simulator_counts():
+    """The simulator's call counters (`cuSimCountCalls`, `cuSimCallCount`) in the driver library
+    this process loaded, or None where there are none (a real driver, or the simulator with its
+    controls hidden)."""
+    try:
+        library = ctypes.CDLL("libcuda.so.1")
+        start, read_count = library.cuSimCountCalls, library.cuSimCallCount
+    except (OSError, AttributeError):
+        return None
+    start.argtypes, start.restype = [ctypes.c_uint], ctypes.c_int
+    read_count.argtypes, read_count.restype = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_uint)], ctypes.c_int
+    if start(0) != 0:
+        return None
+    return start, read_count
+
+
+# Set by `tests/tests/cuda_core_copy.rs` on the simulator, whose counters must then be there.
+EXPECT_COUNTS = os.environ.get("CUDA_CORE_COPY_EXPECT_COUNTS") == "1"
+
+
+def calls(fn, names):
+    """Runs `fn`; the driver calls of each of `names` it made, where the simulator counts them
+    (None elsewhere)."""
+    counters = simulator_counts()
+    if counters is None:
+        assert not EXPECT_COUNTS, "the simulator's call counters are not there"
+        fn()
+        return None
+    start, read_count = counters
+    assert start(1) == 0
+    try:
+        fn()
+    finally:
+        start(0)
+    counts = {}
+    for name in names:
+        count = ctypes.c_uint(0)
+        assert read_count(name.encode(), ctypes.byref(count)) == 0, name
+        counts[name] = count.value
+    return counts
+
+
+COPIES = ["cuMemcpyAsync", "cuMemcpyBatchAsync_v2", "cuMemcpyWithAttributesAsync"]
+
+
+def expect_calls(counts, **expected):
+    """Where calls were counted, each of `expected` (a name of COPIES) was called so often."""
+    if counts is not None:
+        for name, times in expected.items():
+            assert counts[name] == times, f"{name}: {counts}"
 
 
 def read(buf, stream):
@@ -90,15 +151,21 @@ def expect(error_type, fn, text=None):
 
 
 def batches(dev, stream):
+    batched = driver_version() >= 13000
     mr = DeviceMemoryResource(dev)
-    pinned = PinnedMemoryResource()
+    # cuda.core's pinned pool needs CUDA 13.0's cuMemGetMemPool.
+    pinned = PinnedMemoryResource() if batched else LegacyPinnedMemoryResource()
     src = pinned.allocate(32, stream=stream)
     stream.sync()
     ctypes.memmove(int(src.handle), bytes(range(32)), 32)
     a, b = mr.allocate(32, stream=stream), mr.allocate(32, stream=stream)
     back = pinned.allocate(32, stream=stream)
-    # One set of options for all, then one per copy.
-    copy_batch(stream, [src, src], [a, b], options=CopyOptions(src_access_order="any"))
+    # One set of options for all, then one per copy: one batch from CUDA 13.0, plain copies before.
+    counts = calls(lambda: copy_batch(stream, [src, src], [a, b], options=CopyOptions(src_access_order="any")), COPIES)
+    if batched:
+        expect_calls(counts, cuMemcpyBatchAsync_v2=1, cuMemcpyAsync=0)
+    else:
+        expect_calls(counts, cuMemcpyBatchAsync_v2=0, cuMemcpyAsync=2)
     assert read(a, stream) == bytes(range(32)) and read(b, stream) == bytes(range(32))
     per_copy = [CopyOptions(), CopyOptions(overlap_mode="prefer_overlap_with_compute", dst_location_hint=dev)]
     c = mr.allocate(32, stream=stream)
@@ -106,16 +173,21 @@ def batches(dev, stream):
     stream.sync()
     assert read(c, stream) == bytes(range(32)) and pinned_bytes(back) == bytes(range(32))
 
-    # The source access order, as far as a caller sees it.
+    # The source access order, as far as a caller sees it (a plain copy cannot read the source
+    # during the call).
     early, late = mr.allocate(32, stream=stream), mr.allocate(32, stream=stream)
     stream.sync()
-    hold = Hold(stream)
-    copy_batch(stream, [src], [early], options=CopyOptions(src_access_order=MemcpySrcAccessOrder.DURING_API_CALL))
-    copy_batch(stream, [src], [late])
-    fill_pinned(src, 0xAB)
-    hold.release()
-    assert read(early, stream) == bytes(range(32)), "DURING_API_CALL read the source during the call"
-    assert read(late, stream) == bytes([0xAB] * 32), "STREAM read the source in stream order"
+    during = CopyOptions(src_access_order=MemcpySrcAccessOrder.DURING_API_CALL)
+    if batched:
+        hold = Hold(stream)
+        copy_batch(stream, [src], [early], options=during)
+        copy_batch(stream, [src], [late])
+        fill_pinned(src, 0xAB)
+        hold.release()
+        assert read(early, stream) == bytes(range(32)), "DURING_API_CALL read the source during the call"
+        assert read(late, stream) == bytes([0xAB] * 32), "STREAM read the source in stream order"
+    else:
+        expect(RuntimeError, lambda: copy_batch(stream, [src], [early], options=during), "DURING_API_CALL")
 
     # cuda.core's refusals.
     expect(ValueError, lambda: copy_batch(stream, [], []), "empty")
@@ -136,13 +208,18 @@ def single_copies(dev, stream, src, a):
     """`Buffer.copy_to`/`copy_from` with options, on this driver's version."""
     with_attributes = driver_version() >= 13020
     fill_pinned(src, 5)
-    a.copy_from(src, stream=stream, options=CopyOptions(src_access_order="stream"))
+    counts = calls(lambda: a.copy_from(src, stream=stream, options=CopyOptions(src_access_order="stream")), COPIES)
+    if with_attributes:
+        expect_calls(counts, cuMemcpyWithAttributesAsync=1, cuMemcpyAsync=0, cuMemcpyBatchAsync_v2=0)
+    else:
+        expect_calls(counts, cuMemcpyWithAttributesAsync=0, cuMemcpyAsync=1, cuMemcpyBatchAsync_v2=0)
     assert read(a, stream) == bytes([5] * 32)
     during = CopyOptions(src_access_order="during_api_call")
     if with_attributes:
         stream.sync()
         hold = Hold(stream)
-        src.copy_to(a, stream=stream, options=during)
+        counts = calls(lambda: src.copy_to(a, stream=stream, options=during), COPIES)
+        expect_calls(counts, cuMemcpyWithAttributesAsync=1, cuMemcpyAsync=0)
         fill_pinned(src, 6)
         hold.release()
         assert read(a, stream) == bytes([5] * 32), "read during the call"
@@ -153,8 +230,11 @@ def single_copies(dev, stream, src, a):
 
 
 def driver_answers(stream, src, a, b):
-    """cuMemcpyBatchAsync's own errors, through cuda.bindings."""
+    """cuMemcpyBatchAsync's own errors, through cuda.bindings (a CUDA 12 driver has none)."""
     s = cu.CUstream(int(stream.handle))
+    if driver_version() < 13000:
+        expect(Exception, lambda: cu.cuMemcpyBatchAsync([], [], [], 0, [], [], 0, s), "not found")
+        return
     attr = cu.CUmemcpyAttributes()
     attr.srcAccessOrder = cu.CUmemcpySrcAccessOrder.CU_MEMCPY_SRC_ACCESS_ORDER_STREAM
     dst, sr = [cu.CUdeviceptr(int(a.handle))], [cu.CUdeviceptr(int(src.handle))]

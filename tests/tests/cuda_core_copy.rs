@@ -2,9 +2,13 @@
 //! `tests/python/cuda_core_copy.py` checks what a GPU gives (the bytes of every copy, a
 //! `DURING_API_CALL` source reusable as soon as the call returns, cuda.core's refusals, and the
 //! driver's own errors for `cuMemcpyBatchAsync` through cuda.bindings). On the simulator it runs
-//! twice: as a CUDA 13.0 driver, where `Buffer.copy_to` with options falls back to plain copies,
-//! and as a CUDA 13.2 one (`CUDA_SIM_DRIVER_VERSION=13020`), where it goes through
-//! `cuMemcpyWithAttributesAsync`.
+//! three times: as a CUDA 12.8 driver (`CUDA_SIM_DRIVER_VERSION=12080`), where `copy_batch` falls
+//! back to plain copies too; as a CUDA 13.0 one, where `Buffer.copy_to` with options falls back
+//! to plain copies and a batch is one `cuMemcpyBatchAsync`; and as a CUDA 13.2 one
+//! (`CUDA_SIM_DRIVER_VERSION=13020`), where it goes through `cuMemcpyWithAttributesAsync`. There
+//! the script counts the driver calls of each path with the simulator's counters
+//! (`CUDA_CORE_COPY_EXPECT_COUNTS=1` makes their absence a failure), so each run shows which
+//! path it took.
 //!
 //! Gated as `python_exchange.rs`: without `CUDA_MEM_PYTHON` (a Python with cuda.core, which
 //! `cargo xtask ci` installs and sets) it says SKIP and passes without running.
@@ -33,6 +37,10 @@ fn run(driver_version: Option<&str>) {
     if let Some(version) = driver_version {
         command.env("CUDA_SIM_DRIVER_VERSION", version);
     }
+    // The simulator with its controls shown (not a rehearsal's, which hides them) counts calls.
+    if cuda_sim::testing::driver().is_ok_and(cuda_sim::testing::is_simulator) {
+        command.env("CUDA_CORE_COPY_EXPECT_COUNTS", "1");
+    }
     let process = PythonProcess::new(command.spawn().expect("the Python process starts"));
     process.wait("cuda-core-copy: ok");
 }
@@ -40,6 +48,11 @@ fn run(driver_version: Option<&str>) {
 #[test]
 fn cuda_core_copies_on_a_cuda_13_0_driver() {
     run(None);
+}
+
+#[test]
+fn cuda_core_copies_on_a_cuda_12_8_driver() {
+    run(Some("12080"));
 }
 
 #[test]

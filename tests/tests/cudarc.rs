@@ -226,6 +226,117 @@ fn a_stream_cudarc_captures_is_refused_by_our_pools() {
     });
 }
 
+#[test]
+fn cudarc_creates_a_context_of_its_own_and_destroys_it() {
+    with_simulator_as_libcuda("cudarc_creates_a_context_of_its_own_and_destroys_it", || {
+        use cudarc::driver::sys::{CUfunc_cache, CUlimit};
+        let (_, primary) = driver_and_context();
+        let live_allocations = || testing::live_objects_if_simulated().map(|live| live.allocations);
+        let allocations = live_allocations();
+        // cuCtxCreate_v4, current once made.
+        let created = CudaContext::new_non_primary(0, 0).expect("cudarc creates a context");
+        assert!(!created.is_primary() && created.cu_ctx() != primary.cu_ctx());
+        let stream = created.new_stream().unwrap();
+        let data: Vec<u32> = (0..1024).collect();
+        let slice = stream.clone_htod(&data).unwrap();
+        assert_eq!(stream.clone_dtoh(&slice).unwrap(), data);
+        // Its limits and cache preference are its own.
+        let stack = CUlimit::CU_LIMIT_STACK_SIZE;
+        let before = primary.get_limit(stack).unwrap();
+        created.set_limit(stack, before * 4).unwrap();
+        assert_eq!(created.get_limit(stack).unwrap(), before * 4);
+        assert_eq!(primary.get_limit(stack).unwrap(), before, "the primary context's is unchanged");
+        created.set_cache_config(CUfunc_cache::CU_FUNC_CACHE_PREFER_SHARED).unwrap();
+        assert_eq!(created.get_cache_config().unwrap(), CUfunc_cache::CU_FUNC_CACHE_PREFER_SHARED);
+        drop(slice);
+        drop(stream);
+        created.check_err().expect("cudarc recorded no error");
+        drop(created); // cuCtxDestroy_v2
+        assert_eq!(live_allocations(), allocations, "nothing of it is left");
+        primary.check_err().unwrap();
+    });
+}
+
+#[test]
+fn cudarc_pinned_host_memory_is_page_locked_memory_of_the_driver() {
+    with_simulator_as_libcuda("cudarc_pinned_host_memory_is_page_locked_memory_of_the_driver", || {
+        use cuda_mem_sys::types::{CUmemorytype, CUpointer_attribute};
+        let (d, context) = driver_and_context();
+        let stream = context.new_stream().unwrap();
+        let data: Vec<u32> = (0..4096).map(|i| i * 3).collect();
+        let portable_mapped =
+            cudarc::driver::sys::CU_MEMHOSTALLOC_PORTABLE | cudarc::driver::sys::CU_MEMHOSTALLOC_DEVICEMAP;
+        // SAFETY: u32 is valid for any bit pattern, and every element is written before it is read.
+        let slices = unsafe {
+            [
+                context.alloc_pinned::<u32>(data.len()).unwrap(),
+                context.alloc_pinned_with_flags::<u32>(data.len(), portable_mapped).unwrap(),
+            ]
+        };
+        for mut pinned in slices {
+            pinned.as_mut_slice().unwrap().copy_from_slice(&data);
+            let address = pinned.as_ptr().unwrap() as u64;
+            let mut memory_type = 0u32;
+            let attribute = CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE;
+            // SAFETY: `memory_type` is the attribute's type; the address is live pinned memory.
+            unsafe {
+                cuda_mem_sys::cu_call!(d, cuPointerGetAttribute((&raw mut memory_type).cast(), attribute, address))
+            }
+            .unwrap();
+            assert_eq!(memory_type, CUmemorytype::CU_MEMORYTYPE_HOST.0, "the driver's page-locked memory");
+            let device = stream.clone_htod(&pinned).unwrap();
+            let mut back = stream.clone_htod(&vec![0u32; data.len()]).unwrap();
+            stream.memcpy_dtod(&device, &mut back).unwrap();
+            stream.memcpy_dtoh(&back, &mut pinned).unwrap();
+            assert_eq!(pinned.as_slice().unwrap(), data, "through the device and back");
+        }
+        context.check_err().expect("cudarc recorded no error (cuMemFreeHost included)");
+    });
+}
+
+#[test]
+fn cudarc_copies_between_two_devices() {
+    let name = "cudarc_copies_between_two_devices";
+    testing::with_simulator_as_libcuda_on(name, &[("CUDA_SIM_DEVICES", "2")], || {
+        if CudaContext::device_count().expect("the device count") < 2 {
+            testing::skip("a copy between devices needs two");
+            return;
+        }
+        let (first, second) = (CudaContext::new(0).unwrap(), CudaContext::new(1).unwrap());
+        let (on_first, on_second) = (first.new_stream().unwrap(), second.new_stream().unwrap());
+        let data: Vec<u32> = (0..8192).map(|i| i ^ 0x5a5a).collect();
+        // Stream-ordered memory of each device's pool (cudarc allocates with cuMemAllocAsync),
+        // no access granted: cudarc's copy between contexts is cuMemcpyPeerAsync.
+        let source = on_first.clone_htod(&data).unwrap();
+        let mut copy = on_second.alloc_zeros::<u32>(data.len()).unwrap();
+        on_second.memcpy_dtod(&source, &mut copy).unwrap();
+        assert_eq!(on_second.clone_dtoh(&copy).unwrap(), data, "device 0 to device 1");
+        let mut again = on_first.alloc_zeros::<u32>(data.len()).unwrap();
+        on_first.memcpy_dtod(&copy, &mut again).unwrap();
+        assert_eq!(on_first.clone_dtoh(&again).unwrap(), data, "and back");
+        first.check_err().unwrap();
+        second.check_err().unwrap();
+    });
+}
+
+#[test]
+fn cudarc_attaches_its_unified_memory_to_a_stream() {
+    with_simulator_as_libcuda("cudarc_attaches_its_unified_memory_to_a_stream", || {
+        use cudarc::driver::sys::CUmemAttach_flags;
+        let (_, context) = driver_and_context();
+        let stream = context.new_stream().unwrap();
+        // SAFETY: u32 is valid for any bit pattern.
+        let mut unified = unsafe { context.alloc_unified::<u32>(1024, true) }.unwrap();
+        for flags in [CUmemAttach_flags::CU_MEM_ATTACH_SINGLE, CUmemAttach_flags::CU_MEM_ATTACH_HOST] {
+            unified.attach(&stream, flags).expect("cuStreamAttachMemAsync of the whole allocation");
+        }
+        unified.as_mut_slice().unwrap().fill(7);
+        assert!(unified.as_slice().unwrap().iter().all(|&x| x == 7));
+        drop(unified);
+        context.check_err().unwrap();
+    });
+}
+
 /// A kernel that adds 1 to each of `n` floats, written in PTX by hand (no compiler needed).
 const ADD_ONE_PTX: &str = r#"
 .version 7.0

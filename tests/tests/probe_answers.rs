@@ -236,6 +236,7 @@ fn the_conservative_readings_are_the_simulators(answers: &[(String, String)]) {
     assert!(fabric.ends_with("cuMemCreate shareable as a fabric handle: CUDA_ERROR_NOT_PERMITTED"), "{fabric}");
     the_capture_and_graph_memory_readings_are_the_simulators(answers);
     the_call_and_capture_edges_are_the_simulators(answers);
+    the_context_edges_are_the_simulators(answers);
     the_address_ranges_are_the_allocations(answers);
 }
 
@@ -264,6 +265,16 @@ fn the_capture_and_graph_memory_readings_are_the_simulators(answers: &[(String, 
          cuStreamUpdateCaptureDependencies: flags 2 INVALID_VALUE, a node twice INVALID_VALUE, another capture's \
          node INVALID_VALUE, programmatic edge data INVALID_VALUE, set to none ok, then [none], not capturing \
          ILLEGAL_STATE; end ok (nodes: MEMSET, WAIT_EVENT, WAIT_EVENT)"
+    );
+}
+
+/// Question 33: the primary context's edges; the memory of a free pending when the context went
+/// comes back (issue 29: it stayed reserved for good).
+fn the_context_edges_are_the_simulators(answers: &[(String, String)]) {
+    assert_eq!(
+        answer(answers, "context-edges"),
+        "destroy legacy INVALID_HANDLE, per-thread INVALID_HANDLE; last release with a free pending ok (at once); \
+         release again INVALID_CONTEXT; retain again ok (a new value); free memory after as before"
     );
 }
 
@@ -384,4 +395,27 @@ fn the_managed_probes_stop_where_devices_lack_concurrent_managed_access() {
     for name in questions {
         assert_eq!(answer(&answers, name), "not applicable: device 0 has no concurrent managed access", "{output}");
     }
+}
+
+#[test]
+fn the_probe_asks_two_devices_whether_a_peer_copy_of_pool_memory_needs_the_pools_grant() {
+    if !cuda_sim::testing::simulator_only("the device count is the simulator's") {
+        return;
+    }
+    let out = OutDir::new("peer-copy");
+    let question = ["peer-copy-pool-access"];
+    let (success, output) = probe(&out.0, &question, &[("PROBE_COMPARE", "0")]);
+    assert!(success, "the probe failed:\n{output}");
+    assert_eq!(
+        answer(&answers(&output), "peer-copy-pool-access"),
+        "cuMemcpyPeerAsync CUDA_SUCCESS (the bytes arrived), cuMemcpyPeer CUDA_SUCCESS; with the contexts swapped \
+         CUDA_ERROR_INVALID_VALUE; cuMemcpyDtoDAsync CUDA_ERROR_INVALID_VALUE"
+    );
+    // One device: no answer to ask, and no failure.
+    let (success, output) = probe(&out.0, &question, &[("PROBE_COMPARE", "0"), ("CUDA_SIM_DEVICES", "1")]);
+    assert!(success, "the probe failed:\n{output}");
+    assert_eq!(
+        answer(&answers(&output), "peer-copy-pool-access"),
+        "not applicable: it needs two devices, the driver reports 1"
+    );
 }

@@ -1,8 +1,8 @@
-//! Primary contexts and the current-context stack.
+//! Primary contexts, contexts `cuCtxCreate` makes, and the current-context stack.
 
 use std::sync::Arc;
 
-use cuda_mem_sys::types::{CUcontext, CUresult};
+use cuda_mem_sys::types::{CUcontext, CUctxCreateParams, CUresult};
 
 use crate::context::{self as ctx, Context};
 use crate::device::check_ordinal;
@@ -74,12 +74,16 @@ pub(crate) fn primary_reset(device: i32) -> SimResult {
     Ok(())
 }
 
-/// Destroys a device's primary context: its streams, events and allocations go with it. Work
-/// already enqueued still runs (it holds what it touches); its handles become invalid at once.
+/// Destroys a device's primary context (see [`destroy_context`]).
 fn destroy_primary(state: &mut State, device: usize) {
-    let Some(context) = state.primary[device].take() else {
-        return;
-    };
+    if let Some(context) = state.primary[device].take() {
+        destroy_context(state, &context);
+    }
+}
+
+/// Destroys a context: its streams, events and allocations go with it. Work already enqueued
+/// still runs (it holds what it touches); its handles become invalid at once.
+fn destroy_context(state: &mut State, context: &Context) {
     state.contexts.remove(&context.handle);
     // Its pending work still runs (it holds what it touches), and the device's later
     // synchronizations wait for it. Marked destroyed first, then its frees that ran but were
@@ -87,6 +91,7 @@ fn destroy_primary(state: &mut State, device: usize) {
     // observe it any more (its frees that run from now on settle as they run, see
     // `Pool::release_on`).
     let pending = context.retire();
+    let device = context.device;
     state.orphaned_work[device].retain(|fence| !fence.is_reached());
     state.orphaned_work[device].extend(pending);
     state.observe(&[Observed::Context(context.handle)]);
@@ -109,6 +114,76 @@ fn destroy_primary(state: &mut State, device: usize) {
     }
 }
 
+/// Every `CU_CTX_*` flag (`CU_CTX_FLAGS_MASK`): one scheduling flag (auto, spin, yield,
+/// blocking sync) plus the other bits below 0x100.
+fn check_context_flags(flags: u32) -> SimResult {
+    ensure(flags & !0xff == 0 && matches!(flags & 0x07, 0 | 1 | 2 | 4))
+}
+
+/// Checks `cuCtxCreate`'s parameters: none, or an empty set. Execution affinity ("only
+/// supported under Volta+ MPS") and CIG mode (no graphics API here; the device attributes say
+/// so) are `CUDA_ERROR_NOT_SUPPORTED`; a negative count, a count without its array, and both
+/// set at once ("undefined behavior") are `CUDA_ERROR_INVALID_VALUE`.
+///
+/// # Safety
+/// `params` is null or valid for a read.
+unsafe fn check_create_params(params: *const CUctxCreateParams) -> SimResult {
+    if params.is_null() {
+        return Ok(());
+    }
+    // SAFETY: non-null and valid for a read by the caller's contract.
+    let params = unsafe { params.read_unaligned() };
+    let affinity = params.numExecAffinityParams != 0;
+    ensure(params.numExecAffinityParams >= 0)?;
+    ensure(!affinity || !params.execAffinityParams.is_null())?;
+    ensure(!affinity || params.cigParams.is_null())?;
+    if affinity || !params.cigParams.is_null() {
+        return fail(CUresult::CUDA_ERROR_NOT_SUPPORTED);
+    }
+    Ok(())
+}
+
+/// `cuCtxCreate_v4`: a new context on `device`, pushed on the calling thread's stack (it
+/// supplants the current one, which a `cuCtxPopCurrent` restores).
+///
+/// # Safety
+/// `out` is null or valid for a write; `params` is null or valid for a read.
+pub(crate) unsafe fn create(
+    out: *mut CUcontext,
+    params: *const CUctxCreateParams,
+    flags: u32,
+    device: i32,
+) -> SimResult {
+    let mut state = state::lock()?;
+    let device = check_ordinal(&state.config, device)?;
+    ensure(!out.is_null())?;
+    check_context_flags(flags)?;
+    // SAFETY: forwarded from the caller.
+    unsafe { check_create_params(params) }?;
+    let context = Context::start_with(device, Some(flags))?;
+    let handle = context.handle;
+    state.contexts.insert(handle, context);
+    ctx::push_current(handle);
+    // SAFETY: forwarded from the caller.
+    unsafe { write_out(out, as_context(handle)) }
+}
+
+/// `cuCtxDestroy_v2`: a context `cuCtxCreate` made (a primary context, an unknown or destroyed
+/// one, and null are `CUDA_ERROR_INVALID_CONTEXT`). Popped from the calling thread's stack if it
+/// is current there; other threads it is current to get `CUDA_ERROR_CONTEXT_IS_DESTROYED`.
+pub(crate) fn destroy(context: CUcontext) -> SimResult {
+    let mut state = state::lock()?;
+    let context = live(&state, as_handle(context))?;
+    if context.created_flags.is_none() {
+        return fail(CUresult::CUDA_ERROR_INVALID_CONTEXT);
+    }
+    if ctx::current_handle() == Some(context.handle) {
+        ctx::pop_current();
+    }
+    destroy_context(&mut state, &context);
+    Ok(())
+}
+
 /// `cuDevicePrimaryCtxGetState`.
 ///
 /// # Safety
@@ -129,7 +204,7 @@ pub(crate) unsafe fn primary_state(device: i32, flags: *mut u32, active: *mut i3
 pub(crate) fn primary_set_flags(device: i32, flags: u32) -> SimResult {
     let mut state = state::lock()?;
     let device = check_ordinal(&state.config, device)?;
-    ensure(flags & !0xff == 0 && matches!(flags & 0x07, 0 | 1 | 2 | 4))?;
+    check_context_flags(flags)?;
     state.primary_flags[device] = flags;
     Ok(())
 }

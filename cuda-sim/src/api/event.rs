@@ -2,12 +2,12 @@
 
 use std::sync::atomic::Ordering;
 
-use cuda_mem_sys::types::{CUevent, CUevent_flags, CUipcEventHandle, CUresult, CUstream};
+use cuda_mem_sys::types::{CUcontext, CUevent, CUevent_flags, CUipcEventHandle, CUresult, CUstream};
 
 use super::DefaultStream;
 use super::stream::resolve_for_work;
 use crate::context as ctx;
-use crate::error::{SimResult, ensure, write_out};
+use crate::error::{SimResult, ensure, fail, write_out};
 use crate::event::Event;
 use crate::ipc_event::SharedProgress;
 use crate::pool::Observed;
@@ -189,4 +189,67 @@ pub(crate) unsafe fn ipc_open_handle(out: *mut CUevent, handle: CUipcEventHandle
     state.events.insert(handle, event);
     // SAFETY: forwarded from the caller.
     unsafe { write_out(out, handle as CUevent) }
+}
+
+/// The live context a handle names: null, unknown and destroyed handles are
+/// `CUDA_ERROR_INVALID_CONTEXT` (see `conservative`); a context whose work faulted, its sticky
+/// error.
+fn named_context(state: &state::State, context: CUcontext) -> SimResult<std::sync::Arc<crate::context::Context>> {
+    let context = state.contexts.get(&(context as usize)).cloned().ok_or(CUresult::CUDA_ERROR_INVALID_CONTEXT)?;
+    context.fault.check()?;
+    Ok(context)
+}
+
+/// `cuCtxRecordEvent`: the event captures all the work enqueued so far on every stream of the
+/// context, and completes once that is done. The event must be the context's
+/// (`CUDA_ERROR_INVALID_HANDLE`); while a stream of the context captures, every such capture is
+/// invalidated and the call is `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`.
+pub(crate) fn record_context(context: CUcontext, event: CUevent) -> SimResult {
+    let state = state::lock()?;
+    let context = named_context(&state, context)?;
+    let event = state.events.get(&(event as usize)).cloned().ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+    drop(state);
+    if event.ctx != context.handle {
+        return fail(CUresult::CUDA_ERROR_INVALID_HANDLE);
+    }
+    crate::capture::admit_context_wait(&context)?;
+    let fences = context.pending_tails();
+    let generation = event.begin_record();
+    if fences.is_empty() {
+        event.complete(generation, None);
+        return Ok(());
+    }
+    // Completed by a thread of its own once the work captured is done: no stream of the
+    // context may wait for another to complete it.
+    let waiter = std::thread::Builder::new().name("cuda-sim-ctx-event".into()).spawn(move || {
+        for fence in &fences {
+            fence.wait();
+        }
+        event.complete(generation, None);
+    });
+    waiter.map(drop).map_err(|_| CUresult::CUDA_ERROR_OUT_OF_MEMORY)
+}
+
+/// `cuCtxWaitEvent`: all work submitted to the context from now on waits for the event's latest
+/// recording (the event may be of any context). An event recorded in a capture under way
+/// invalidates that capture, and a stream of the context capturing invalidates every such
+/// capture: both are `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`.
+pub(crate) fn wait_context(context: CUcontext, event: CUevent) -> SimResult {
+    let state = state::lock()?;
+    let context = named_context(&state, context)?;
+    let event = state.events.get(&(event as usize)).cloned().ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+    drop(state);
+    if let Some(point) = event.captured_in()
+        && point.is_under_way()
+    {
+        if let Some(stream) = point.stream.upgrade() {
+            stream.capture.invalidate(Some(point.sequence));
+        }
+        return fail(CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    }
+    crate::capture::admit_context_wait(&context)?;
+    if let Some(generation) = event.latest() {
+        context.wait_for_event(event, generation);
+    }
+    Ok(())
 }

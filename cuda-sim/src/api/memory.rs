@@ -16,7 +16,7 @@
 
 use std::ffi::c_void;
 
-use cuda_mem_sys::types::{CUdeviceptr, CUgraphNodeType, CUresult, CUstream};
+use cuda_mem_sys::types::{CUcontext, CUdeviceptr, CUgraphNodeType, CUresult, CUstream};
 
 use super::DefaultStream;
 use super::pool::Reach;
@@ -99,7 +99,21 @@ pub(crate) unsafe fn alloc_host(out: *mut *mut c_void, size: usize) -> SimResult
     unsafe { write_out(out, address as *mut c_void) }
 }
 
-/// `cuMemFreeHost`: the pointer must come from `cuMemAllocHost`.
+/// Every `cuMemHostAlloc` flag: `CU_MEMHOSTALLOC_PORTABLE`, `_DEVICEMAP`, `_WRITECOMBINED`.
+const HOST_ALLOC_FLAGS: u32 = 0x1 | 0x2 | 0x4;
+
+/// `cuMemHostAlloc`: page-locked host memory as `cuMemAllocHost` gives it, whatever the flags
+/// (see [`conservative`](crate::conservative)); an unknown flag is `CUDA_ERROR_INVALID_VALUE`.
+///
+/// # Safety
+/// `out` is null or valid for a write.
+pub(crate) unsafe fn host_alloc(out: *mut *mut c_void, size: usize, flags: u32) -> SimResult {
+    ensure(flags & !HOST_ALLOC_FLAGS == 0)?;
+    // SAFETY: forwarded from the caller.
+    unsafe { alloc_host(out, size) }
+}
+
+/// `cuMemFreeHost`: the pointer must come from `cuMemAllocHost` or `cuMemHostAlloc`.
 pub(crate) fn free_host(address: *mut c_void) -> SimResult {
     capture::refuse_unsafe()?;
     state::lock()?.memory.free(address as u64, Kind::PinnedHost).map(drop)
@@ -156,9 +170,10 @@ pub(crate) unsafe fn address_range(base: *mut CUdeviceptr, size: *mut usize, add
 /// `CU_CTX_SYNC_MEMOPS`: synchronous memory operations always synchronize.
 const CTX_SYNC_MEMOPS: u32 = 0x80;
 
-/// Whether the device's primary context was given `CU_CTX_SYNC_MEMOPS`.
-fn syncs_memops(state: &state::State, device: usize) -> bool {
-    state.primary_flags[device] & CTX_SYNC_MEMOPS != 0
+/// Whether the context was created with `CU_CTX_SYNC_MEMOPS` (a primary context: its device's
+/// primary context flags have it).
+fn syncs_memops(state: &state::State, context: &ctx::Context) -> bool {
+    context.created_flags.unwrap_or(state.primary_flags[context.device]) & CTX_SYNC_MEMOPS != 0
 }
 
 /// Which kind of memory each side of a copy must be.
@@ -172,6 +187,14 @@ pub(crate) enum Direction {
     DeviceToDevice,
     /// `cuMemcpy*`: whatever unified addressing says each pointer is.
     Any,
+    /// `cuMemcpyPeer*`: device memory, each side reached by the device of the context the call
+    /// names for it (see [`copy_peer`]).
+    Peer {
+        /// The destination context's device.
+        dst_device: usize,
+        /// The source context's device.
+        src_device: usize,
+    },
 }
 
 /// How long the calling thread waits for a copy.
@@ -214,6 +237,44 @@ pub(crate) fn check_copy_access(state: &state::State, dst: u64, src: u64, len: u
     super::vmm::check_access(state, src, len, device, false)
 }
 
+/// Checks that `device` can reach one side of a copy, `len` bytes at `address` (written when
+/// `write`).
+fn check_side_access(state: &state::State, address: u64, len: usize, device: usize, write: bool) -> SimResult {
+    super::pool::check_access(state, address, device, write, Reach::Copy)?;
+    super::vmm::check_access(state, address, len, device, write)
+}
+
+/// `cuMemcpyPeer` and `cuMemcpyPeerAsync`: a device-to-device copy where each side is reached
+/// by the device of the context named for it, not by the stream's: pool memory needs no access
+/// grant for the context of its own device (see [`conservative`](crate::conservative)). Both
+/// contexts must be live (`CUDA_ERROR_INVALID_CONTEXT`: null, unknown, destroyed); otherwise as
+/// `cuMemcpyDtoD`/`cuMemcpyDtoDAsync`.
+///
+/// # Safety
+/// As [`copy`].
+#[allow(clippy::too_many_arguments)] // the driver's own arguments, one for one
+pub(crate) unsafe fn copy_peer(
+    dst: CUdeviceptr,
+    dst_context: CUcontext,
+    src: CUdeviceptr,
+    src_context: CUcontext,
+    len: usize,
+    stream: CUstream,
+    mode: DefaultStream,
+    asynchronous: bool,
+) -> SimResult {
+    let (dst_device, src_device) = {
+        let state = state::lock()?;
+        let device = |context: CUcontext| {
+            let context = state.contexts.get(&(context as usize)).ok_or(CUresult::CUDA_ERROR_INVALID_CONTEXT)?;
+            context.fault.check().map(|()| context.device)
+        };
+        (device(dst_context)?, device(src_context)?)
+    };
+    // SAFETY: forwarded from the caller.
+    unsafe { copy(dst, src, len, Direction::Peer { dst_device, src_device }, stream, mode, asynchronous) }
+}
+
 /// Every `cuMemcpy*` function.
 ///
 /// # Safety
@@ -234,13 +295,19 @@ pub(crate) unsafe fn copy(
     let (dst, src) = match direction {
         Direction::HostToDevice => (state.memory.classify_allocated(dst, len)?, state.memory.classify_host(src, len)?),
         Direction::DeviceToHost => (state.memory.classify_host(dst, len)?, state.memory.classify_allocated(src, len)?),
-        Direction::DeviceToDevice => {
+        Direction::DeviceToDevice | Direction::Peer { .. } => {
             (state.memory.classify_allocated(dst, len)?, state.memory.classify_allocated(src, len)?)
         }
         Direction::Any => (state.memory.classify(dst, len)?, state.memory.classify(src, len)?),
     };
-    check_copy_access(&state, dst_address, src_address, len, stream.device)?;
-    let sync_memops = syncs_memops(&state, context.device);
+    match direction {
+        Direction::Peer { dst_device, src_device } => {
+            check_side_access(&state, dst_address, len, dst_device, true)?;
+            check_side_access(&state, src_address, len, src_device, false)?;
+        }
+        _ => check_copy_access(&state, dst_address, src_address, len, stream.device)?,
+    }
+    let sync_memops = syncs_memops(&state, &context);
     drop(state);
     if len == 0 {
         return Ok(());
@@ -319,7 +386,7 @@ pub(crate) fn memset(
     let target = state.memory.classify_allocated(dst, len)?;
     super::pool::check_access(&state, dst, stream.device, true, Reach::Memset)?;
     super::vmm::check_access(&state, dst, len, stream.device, true)?;
-    let sync_memops = syncs_memops(&state, context.device);
+    let sync_memops = syncs_memops(&state, &context);
     drop(state);
     if count == 0 {
         return Ok(());

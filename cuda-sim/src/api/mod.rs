@@ -1,6 +1,7 @@
 //! The driver functions' behaviour: argument checks, state lookups, and the work they enqueue.
 //! `crate::exports` gives each one its C symbol(s).
 
+pub(crate) mod attach;
 pub(crate) mod context;
 pub(crate) mod copy_batch;
 pub(crate) mod device;
@@ -8,6 +9,7 @@ pub(crate) mod event;
 pub(crate) mod graph;
 pub(crate) mod init;
 pub(crate) mod ipc;
+pub(crate) mod limits;
 pub(crate) mod managed;
 pub(crate) mod memory;
 pub(crate) mod pointer;

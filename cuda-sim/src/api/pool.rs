@@ -133,7 +133,8 @@ pub(crate) fn destroy(pool: CUmemoryPool) -> SimResult {
         let used = &mut state.devices[device].used;
         *used = used.saturating_sub(released);
     }
-    state.other_pools.retain(|_, handle| *handle != pool.handle);
+    // A location's current pool reverts to its default (which cannot be destroyed).
+    state.other_current_pools.retain(|_, handle| *handle != pool.handle);
     forget_if_destroyed(&mut state, pool.handle);
     Ok(())
 }
@@ -160,8 +161,68 @@ pub(crate) fn set_device_pool(device: i32, pool: CUmemoryPool) -> SimResult {
     Ok(())
 }
 
-/// `cuMemGetMemPool` (CUDA 13): the current pool for a location and allocation type; the
-/// default pools of host locations and of managed memory are created on first use.
+/// Reads the location and allocation type of `cuMemGetDefaultMemPool`, `cuMemGetMemPool` and
+/// `cuMemSetMemPool` (`CUDA_ERROR_INVALID_VALUE` for any other combination).
+///
+/// # Safety
+/// `location` is null or valid for a read.
+unsafe fn location_and_kind(
+    state: &State,
+    location: *const CUmemLocation,
+    kind: CUmemAllocationType,
+) -> SimResult<(Location, PoolKind)> {
+    ensure(!location.is_null())?;
+    // SAFETY: non-null and valid for a read by the caller's contract.
+    let location = unsafe { location.read_unaligned() };
+    let kind = pool_kind(kind)?;
+    Ok((self::location(&state.config, &location, kind)?, kind))
+}
+
+/// The default pool of a location and kind: a device's own for pinned memory on a device, else
+/// one created on first use.
+fn default_pool_of(state: &mut State, location: Location, kind: PoolKind) -> usize {
+    if let (Location::Device(device), PoolKind::Pinned) = (location, kind) {
+        return state.default_pool[device];
+    }
+    let key = (location.key(), kind == PoolKind::Managed);
+    if let Some(&handle) = state.other_pools.get(&key) {
+        return handle;
+    }
+    let pool = Arc::new(Pool::new(location, kind, 0, 0, true));
+    let handle = pool.handle;
+    state.pools.insert(handle, pool);
+    state.other_pools.insert(key, handle);
+    handle
+}
+
+/// `cuMemGetDefaultMemPool` (CUDA 13): the default pool for a location and allocation type
+/// (a device ordinal the process does not have is `CUDA_ERROR_INVALID_DEVICE`, which `cuda.h`
+/// lists for this call alone).
+///
+/// # Safety
+/// `out` is null or valid for a write; `location` is null or valid for a read.
+pub(crate) unsafe fn default_mem_pool(
+    out: *mut CUmemoryPool,
+    location: *mut CUmemLocation,
+    kind: CUmemAllocationType,
+) -> SimResult {
+    ensure(!out.is_null() && !location.is_null())?;
+    // SAFETY: non-null and valid for a read by the caller's contract.
+    let raw = unsafe { location.read_unaligned() };
+    let mut state = state::lock()?;
+    if raw.type_ == CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE {
+        check_ordinal(&state.config, raw.id)?;
+    }
+    // SAFETY: forwarded from the caller.
+    let (location, kind) = unsafe { location_and_kind(&state, location, kind) }?;
+    let handle = default_pool_of(&mut state, location, kind);
+    // SAFETY: forwarded from the caller.
+    unsafe { write_out(out, as_pool(handle)) }
+}
+
+/// `cuMemGetMemPool` (CUDA 13): the current pool for a location and allocation type, the one
+/// last set (`cuMemSetMemPool`, or `cuDeviceSetMemPool` for pinned memory on a device), else
+/// the default one.
 ///
 /// # Safety
 /// `out` is null or valid for a write; `location` is null or valid for a read.
@@ -170,30 +231,45 @@ pub(crate) unsafe fn current_pool(
     location: *mut CUmemLocation,
     kind: CUmemAllocationType,
 ) -> SimResult {
-    ensure(!out.is_null() && !location.is_null())?;
-    // SAFETY: non-null and valid for a read by the caller's contract.
-    let location = unsafe { location.read_unaligned() };
+    ensure(!out.is_null())?;
     let mut state = state::lock()?;
-    let kind = pool_kind(kind)?;
-    let location = self::location(&state.config, &location, kind)?;
+    // SAFETY: forwarded from the caller.
+    let (location, kind) = unsafe { location_and_kind(&state, location, kind) }?;
     let handle = match (location, kind) {
         (Location::Device(device), PoolKind::Pinned) => state.current_pool[device],
-        _ => {
-            let key = (location.key(), kind == PoolKind::Managed);
-            match state.other_pools.get(&key) {
-                Some(&handle) => handle,
-                None => {
-                    let pool = Arc::new(Pool::new(location, kind, 0, 0, true));
-                    let handle = pool.handle;
-                    state.pools.insert(handle, pool);
-                    state.other_pools.insert(key, handle);
-                    handle
-                }
-            }
-        }
+        _ => match state.other_current_pools.get(&(location.key(), kind == PoolKind::Managed)) {
+            Some(&handle) => handle,
+            None => default_pool_of(&mut state, location, kind),
+        },
     };
     // SAFETY: forwarded from the caller.
     unsafe { write_out(out, as_pool(handle)) }
+}
+
+/// `cuMemSetMemPool` (CUDA 13): makes `pool` the current pool of a location and allocation
+/// type, which must be the pool's own (`CUDA_ERROR_INVALID_VALUE` otherwise, as for a pool
+/// imported from another process, which allocates nothing). Pinned memory on a device is
+/// `cuDeviceSetMemPool`.
+///
+/// # Safety
+/// `location` is null or valid for a read.
+pub(crate) unsafe fn set_mem_pool(
+    location: *mut CUmemLocation,
+    kind: CUmemAllocationType,
+    pool: CUmemoryPool,
+) -> SimResult {
+    let mut state = state::lock()?;
+    // SAFETY: forwarded from the caller.
+    let (location, kind) = unsafe { location_and_kind(&state, location, kind) }?;
+    let pool = find(&state, pool)?;
+    ensure(pool.location == location && pool.kind == kind && !pool.is_imported())?;
+    match (location, kind) {
+        (Location::Device(device), PoolKind::Pinned) => state.current_pool[device] = pool.handle,
+        _ => {
+            state.other_current_pools.insert((location.key(), kind == PoolKind::Managed), pool.handle);
+        }
+    }
+    Ok(())
 }
 
 /// `cuMemPoolGetAttribute`: reuse flags are `int`, the rest `cuuint64_t`.

@@ -276,8 +276,17 @@ pub fn libcuda_dir() -> std::io::Result<PathBuf> {
 /// # Panics
 /// When the links cannot be made, or the child fails.
 pub fn with_simulator_as_libcuda(test_name: &str, body: impl FnOnce()) {
+    with_simulator_as_libcuda_on(test_name, &[], body);
+}
+
+/// [`with_simulator_as_libcuda`] on a simulated machine configured by `env` (`CUDA_SIM_DEVICES`,
+/// …), as [`in_simulated_machine`] configures it.
+///
+/// # Panics
+/// When the links cannot be made, or the child fails.
+pub fn with_simulator_as_libcuda_on(test_name: &str, env: &[(&str, &str)], body: impl FnOnce()) {
     if !on_simulator() || std::env::var(CHILD_ENV).is_ok_and(|name| name == test_name) {
-        return in_simulated_machine(test_name, &[], body);
+        return in_simulated_machine(test_name, env, body);
     }
     let dir = libcuda_dir().unwrap_or_else(|e| panic!("cannot link the simulator as libcuda.so: {e}"));
     let mut search = std::ffi::OsString::from(dir);
@@ -286,7 +295,9 @@ pub fn with_simulator_as_libcuda(test_name: &str, body: impl FnOnce()) {
         search.push(inherited);
     }
     let search = search.into_string().unwrap_or_else(|path| panic!("a library path that is not UTF-8: {path:?}"));
-    in_simulated_machine(test_name, &[(LOADER_PATH_ENV, &search)], body);
+    let mut env = env.to_vec();
+    env.push((LOADER_PATH_ENV, &search));
+    in_simulated_machine(test_name, &env, body);
 }
 
 /// The line a child prints once the body of `test_name` has run in it.

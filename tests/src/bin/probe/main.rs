@@ -30,7 +30,8 @@
 //! [`batch_copy_edges`], [`graph_memory`], [`graph_launch_capture`], [`pool_alloc_capture`],
 //! [`unsafe_calls`], [`user_object`], [`pool_import_not_a_pool`], [`exporter_frees_first`],
 //! [`fabric_channel`], [`zero_byte_capture`], [`graph_memory_release`], [`capture_dependencies`],
-//! [`call_edges`], [`capture_edges`], [`context_edges`], [`address_range`].
+//! [`call_edges`], [`capture_edges`], [`context_edges`], [`address_range`],
+//! [`peer_copy_pool`].
 
 mod address_hint;
 mod address_range;
@@ -60,6 +61,7 @@ mod managed_pool;
 mod managed_ranges;
 mod owned;
 mod pci_bus_id;
+mod peer_copy_pool;
 mod peer_leftover;
 mod per_thread_capture;
 mod pointer_import;
@@ -105,7 +107,7 @@ pub(crate) struct Question {
 }
 
 /// Every question, in the order they are asked.
-pub(crate) const QUESTIONS: [Question; 34] = [
+pub(crate) const QUESTIONS: [Question; 35] = [
     pool_import::QUESTION,
     pointer_import::QUESTION,
     imported_access::QUESTION,
@@ -140,6 +142,7 @@ pub(crate) const QUESTIONS: [Question; 34] = [
     capture_edges::QUESTION,
     context_edges::QUESTION,
     address_range::QUESTION,
+    peer_copy_pool::QUESTION,
 ];
 
 /// The child side of the question `name`.
