@@ -238,6 +238,7 @@ fn the_conservative_readings_are_the_simulators(answers: &[(String, String)]) {
     the_call_and_capture_edges_are_the_simulators(answers);
     the_context_edges_are_the_simulators(answers);
     the_address_ranges_are_the_allocations(answers);
+    a_mapping_past_the_allocation_is_refused(answers);
 }
 
 /// Questions 28-30: zero bytes allocated in a capture, when graph memory stops counting as
@@ -275,6 +276,15 @@ fn the_context_edges_are_the_simulators(answers: &[(String, String)]) {
         answer(answers, "context-edges"),
         "destroy legacy INVALID_HANDLE, per-thread INVALID_HANDLE; last release with a free pending ok (at once); \
          release again INVALID_CONTEXT; retain again ok (a new value); free memory after as before"
+    );
+}
+
+/// Question 36: a mapping past the physical allocation is refused, which `cuda-mem-vmm`'s check
+/// of a peer's claimed chunk sizes relies on.
+fn a_mapping_past_the_allocation_is_refused(answers: &[(String, String)]) {
+    assert_eq!(
+        answer(answers, "vmm-map-past-the-allocation"),
+        "two granules CUDA_ERROR_INVALID_VALUE; at offset one granule CUDA_ERROR_INVALID_VALUE"
     );
 }
 

@@ -31,7 +31,7 @@
 //! [`unsafe_calls`], [`user_object`], [`pool_import_not_a_pool`], [`exporter_frees_first`],
 //! [`fabric_channel`], [`zero_byte_capture`], [`graph_memory_release`], [`capture_dependencies`],
 //! [`call_edges`], [`capture_edges`], [`context_edges`], [`address_range`],
-//! [`peer_copy_pool`].
+//! [`peer_copy_pool`], [`vmm_map_past`].
 
 mod address_hint;
 mod address_range;
@@ -73,6 +73,7 @@ mod report;
 mod runner;
 mod unsafe_calls;
 mod user_object;
+mod vmm_map_past;
 mod zero_byte;
 mod zero_byte_capture;
 
@@ -107,7 +108,7 @@ pub(crate) struct Question {
 }
 
 /// Every question, in the order they are asked.
-pub(crate) const QUESTIONS: [Question; 35] = [
+pub(crate) const QUESTIONS: [Question; 36] = [
     pool_import::QUESTION,
     pointer_import::QUESTION,
     imported_access::QUESTION,
@@ -143,6 +144,7 @@ pub(crate) const QUESTIONS: [Question; 35] = [
     context_edges::QUESTION,
     address_range::QUESTION,
     peer_copy_pool::QUESTION,
+    vmm_map_past::QUESTION,
 ];
 
 /// The child side of the question `name`.
