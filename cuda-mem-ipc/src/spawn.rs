@@ -114,7 +114,10 @@ pub fn spawn_with_channel(command: &mut Command) -> Result<(Child, Channel)> {
     target.store(-1, Ordering::Relaxed);
     drop(child_end);
     let child = spawned.map_err(|e| IpcError::io("starting the child process", e))?;
-    Ok((child, Channel::new(parent)))
+    // The socket pair is this process's own, so its peer credentials name this process: the
+    // peer is the child, which keeps its id until this process reaps it.
+    let peer = crate::peer::PeerId::of_child(child.id());
+    Ok((child, Channel::with_peer(parent, peer)))
 }
 
 /// Checks that `fd` is a Unix stream socket with inode `inode`.
