@@ -267,7 +267,9 @@ fn a_pool_described_as_another_kind_of_memory_is_refused() {
     }
     let (device, stream) = setup();
     let (child, channel) = spawn_role(test_name!(), "child", &[]);
-    for (claimed, actual) in [(PoolKind::Pinned, PoolKind::Device(device)), (PoolKind::Device(device), PoolKind::Pinned)] {
+    for (claimed, actual) in
+        [(PoolKind::Pinned, PoolKind::Device(device)), (PoolKind::Device(device), PoolKind::Pinned)]
+    {
         let error = channel.recv(&stream).unwrap_err();
         match &error {
             IpcError::MisdescribedResource { uuid, claimed: c, actual: a } => {

@@ -3,7 +3,9 @@
 //! own, or the first import's: `CUDA_SIM_POOL_IMPORT`), and another process that names the same
 //! UUID gets none of that import. The processes are told apart by what the kernel vouches for
 //! (`Channel::peer_process_id`), also where this process made both socket pairs itself
-//! (`spawn_with_channel`), whose peer credentials name this process on both.
+//! (`spawn_with_channel`), whose peer credentials name this process on both. A relay, which may
+//! hold two pools under one UUID, sends a receiver process only one of them, on every channel to
+//! it.
 
 #[macro_use]
 mod common;
@@ -14,7 +16,10 @@ use std::sync::Arc;
 
 use common::*;
 use cuda_mem_core::{Buffer, Device, Stream};
-use cuda_mem_ipc::{BufferDescriptor, Channel, IpcChannel, IpcError, allocation_handle, buffer_descriptor, registry};
+use cuda_mem_ipc::{
+    BufferDescriptor, Channel, IpcChannel, IpcError, MappedMemoryResource, allocation_handle, buffer_descriptor,
+    registry,
+};
 use cuda_sim::testing::{in_simulated_machine, live_objects_if_simulated};
 use uuid::Uuid;
 
@@ -211,4 +216,88 @@ fn a_process_naming_another_processs_pool_gets_none_of_its_import() {
         };
     }
     a_squatter_gets_none_of_the_exporters_import(test_name!());
+}
+
+// ---------------------------------------------------------------------------------------------
+
+/// A relay holds two pools under one UUID (its own import of a pool under a UUID of its choosing,
+/// and another pool a peer named alike). A receiver keys what the relay sends by the relay and the
+/// UUID, so the relay sends it only the first, on every channel to it: the second is refused on
+/// a second channel to the same receiver before anything of it is sent, while the first goes
+/// there as on the first channel.
+fn a_relay_sends_one_pool_per_uuid_to_a_process(test: &str) {
+    let (device, stream) = setup();
+    let uuid = Uuid::new_v4();
+    let (first_pool, first_buffer) = written(device, 50, &stream);
+    let handle = allocation_handle(first_pool.as_ref()).unwrap();
+    let first = MappedMemoryResource::from_fd(handle.fd(), uuid).unwrap();
+    let descriptor = BufferDescriptor { resource: uuid, ..buffer_descriptor(&first_buffer).unwrap() };
+    let from_first = first.import_buffer(&descriptor, &stream).unwrap();
+    // The other pool, from a peer in this process that names it with the same UUID.
+    let (second_pool, second_buffer) = written(device, 51, &stream);
+    let (peer, here) = Channel::pair().unwrap();
+    let here = IpcChannel::new(here);
+    let mut resource = uuid.as_bytes().to_vec();
+    resource.push(0);
+    resource.extend_from_slice(&(device.ordinal() as i32).to_le_bytes());
+    resource.extend_from_slice(&[0; 3]);
+    resource.extend_from_slice(&device.uuid().unwrap());
+    peer.send(RESOURCE, &resource, &[allocation_handle(second_pool.as_ref()).unwrap().fd()]).unwrap();
+    let named = BufferDescriptor { resource: uuid, ..buffer_descriptor(&second_buffer).unwrap() };
+    peer.send(BUFFERS, &[&1u32.to_le_bytes()[..], &named.encode()].concat(), &[]).unwrap();
+    let second = expect_resource(&here, &stream);
+    let from_second = expect_buffers(&here, &stream);
+    assert!(!Arc::ptr_eq(&first, &second) && second.uuid() == uuid, "two pools under one UUID here");
+
+    let (receiver, to_receiver) = spawn_role(test, "receiver", &[]);
+    to_receiver.send_buffers(&[&from_first]).unwrap();
+    // A second channel to the receiver, whose socket pair the receiver made.
+    let again = adopt_new_channel(&to_receiver);
+    assert_eq!(again.channel().peer_process_id(), Some(receiver.id()));
+    for refused in [again.send_buffers(&from_second.iter().collect::<Vec<_>>()), again.send_resource(second.as_ref())] {
+        match refused {
+            Err(error @ IpcError::UuidTakenOnChannel { uuid: taken }) if taken == uuid => {
+                assert!(error.channel_usable(), "{error}");
+            }
+            other => panic!("expected the UUID refused for the second pool, got {other:?}"),
+        }
+    }
+    again.send_buffers(&[&from_first]).unwrap();
+    again.send_data(b"after").unwrap();
+    expect_text(&to_receiver, &stream, "received");
+    to_receiver.send_data(b"done").unwrap();
+    receiver.wait_success();
+}
+
+/// The receiver of [`a_relay_sends_one_pool_per_uuid_to_a_process`]: the first pool on each
+/// channel, nothing else before the data.
+fn receiver_of_two_channels() {
+    let (_device, stream) = setup();
+    let first = parent_channel();
+    let one = expect_resource(&first, &stream);
+    let from_first = expect_buffers(&first, &stream);
+    let (mine, theirs) = Channel::pair().unwrap();
+    first.channel().send(NEW_CHANNEL, b"a second channel", &[theirs.as_fd()]).unwrap();
+    drop(theirs);
+    mine.set_read_timeout(Some(RECV_TIMEOUT)).unwrap();
+    let second = IpcChannel::new(mine);
+    // This process made that socket pair: the kernel does not say who holds the other end, so
+    // the channel imports on its own; what comes is the first pool all the same.
+    assert_eq!(second.channel().peer_process_id(), None);
+    assert_eq!(expect_resource(&second, &stream).uuid(), one.uuid());
+    let from_second = expect_buffers(&second, &stream);
+    assert_eq!(read_bytes(&from_second[0], &stream), pattern(50, SIZE));
+    expect_text(&second, &stream, "after");
+    drop((from_first, from_second));
+    stream.synchronize().unwrap();
+    first.send_data(b"received").unwrap();
+    expect_text(&first, &stream, "done");
+}
+
+#[test]
+fn a_relay_sends_one_pool_per_uuid_to_each_process() {
+    if role().is_some() {
+        return receiver_of_two_channels();
+    }
+    a_relay_sends_one_pool_per_uuid_to_a_process(test_name!());
 }
