@@ -94,4 +94,4 @@ def refusal(channel, stream, expected_error, *needles) -> BaseException:
             assert needle in text, f"{needle!r} not in {text!r}"
         print(f"refused as expected: {text}", flush=True)
         return error
-    raise AssertionError(f"expected {expected_error.__name__}, received {message!r}")
+    raise AssertionError(f"expected {expected_error!r}, received {message!r}")

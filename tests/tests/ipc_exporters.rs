@@ -157,6 +157,9 @@ fn a_squatter_gets_none_of_the_exporters_import(test: &str) {
             assert!(error.channel_usable(), "{error}");
             assert!(error.to_string().contains("the channel is still usable"), "{error}");
         }
+        // A GPU's code for another pool's export data is not known yet (the simulator's is
+        // `INVALID_VALUE`, the peer's error above): a refusal all the same.
+        Err(IpcError::Core(error)) if !cuda_sim::testing::on_simulator() && error.cuda_code().is_some() => {}
         other => panic!("expected the driver's refusal of the exporter's buffer, got {other:?}"),
     }
     let own = expect_buffers(&from_squatter, &stream);
