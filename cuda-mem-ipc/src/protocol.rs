@@ -400,7 +400,9 @@ impl IpcChannel {
     /// - [`IpcError::MisdescribedBuffer`]: a buffer larger than the memory its pool shares.
     /// - [`IpcError::EventImport`]: the driver will not open the peer's event.
     /// - [`IpcError::NotReceivable`]: a virtual buffer, without the feature `vmm`.
-    /// - [`IpcError::Core`]: the driver refused an import.
+    /// - [`IpcError::PoolImport`], [`IpcError::BufferImport`]: the driver refused a pool
+    ///   descriptor or a buffer the peer sent (the peer's error; the driver's is the source).
+    /// - [`IpcError::Core`]: an import failed otherwise (such as out of memory).
     ///
     /// A bad message leaves the process's pools and mappings as they were (nothing half-imported
     /// stays mapped). One thing stays, which changes no memory: when a buffers-after-event message

@@ -70,6 +70,10 @@ static TAKEN: AtomicBool = AtomicBool::new(false);
 /// This adds a `pre_exec` hook to `command` that is active for this call only: spawning the same
 /// `command` again starts a process without a channel (whose `from_env` fails).
 ///
+/// The parent's channel knows its peer, the child ([`Channel::peer_process_id`]), and the child's
+/// knows the parent (the socket pair's creator): an [`IpcChannel`](crate::IpcChannel) keys the
+/// pools it imports by that process.
+///
 /// # Errors
 ///
 /// - [`IpcError::Io`]: the socket pair cannot be created, or the process cannot be started.
