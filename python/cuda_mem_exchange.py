@@ -55,18 +55,25 @@ unread, ``ECONNRESET``), :class:`OutOfDescriptors` (this process had no descript
 for a message's descriptors), :class:`ChannelTimeout` (also a ``TimeoutError``),
 :class:`UnknownResource` (a buffer whose pool did not arrive on this channel),
 :class:`UuidTakenOnChannel` (a pool sent where another went under its UUID) and
-:class:`DeviceNotVisible`, :class:`EventNotOpened` (the driver refused the peer's event: it
-destroyed it too early, or the handle is bad). An error about one message leaves the channel
-usable when the whole frame was read (an unknown kind, a malformed payload,
-:class:`OutOfDescriptors`); a malformed frame header, or an end of stream or a time-out inside a
-frame, breaks it for receiving (message boundaries are lost), as in Rust.
+:class:`DeviceNotVisible`, :class:`MisdescribedResource` (a pool that is not the kind of memory the
+message says), :class:`PoolNotImported` (the driver refused the peer's pool descriptor),
+:class:`EventNotOpened` (the driver refused the peer's event: it destroyed it too early, or the
+handle is bad). Each says whether the channel it came from is still usable, as Rust's
+``IpcError::channel_usable`` does: its ``channel_usable``, and its message, which ends with Rust's
+words (:data:`CHANNEL_USABLE` or :data:`CHANNEL_BROKEN`). An error about one message leaves the
+channel usable when the whole frame was read (an unknown kind, a malformed payload,
+:class:`OutOfDescriptors`), as does a time-out before the first byte of a message; a malformed
+frame header, or an end of stream or a time-out inside a frame, breaks it for receiving (message
+boundaries are lost), and a peer that closed its end leaves nothing to use, as in Rust.
 Descriptors that came with a refused message are closed.
 
 Trust: import only from trusted peers (the same user, cooperating code), as with cuda-mem-ipc:
 the export data is opaque and a peer that shares memory can write it at any time. Lengths,
-versions, checksums and reserved fields are checked before anything is imported, but the memory
-kind and device a pool message states are the peer's word here (cuda.core does not ask the driver
-what an imported pool holds); cuda-mem-ipc, on the Rust side, checks them against the driver.
+versions, checksums and reserved fields are checked before anything is imported, and the memory
+kind and device a pool message states are checked against the driver once the pool is imported
+(where its memory is accessible read-write: the host for a pinned pool, its one device for a
+device pool), as cuda-mem-ipc does on the Rust side: a pool described otherwise is closed and
+refused (:class:`MisdescribedResource`).
 
 A Rust parent, a Python child
 -----------------------------
@@ -164,6 +171,8 @@ __all__ = [
     "CHANNEL_INODE_ENV",
     "Buffers",
     "Channel",
+    "CHANNEL_BROKEN",
+    "CHANNEL_USABLE",
     "ChannelTimeout",
     "Data",
     "DeviceNotVisible",
@@ -171,8 +180,10 @@ __all__ = [
     "EventNotOpened",
     "ExchangeError",
     "IpcChannel",
+    "MisdescribedResource",
     "OutOfDescriptors",
     "PeerClosed",
+    "PoolNotImported",
     "ProtocolError",
     "RawMessage",
     "Resource",
@@ -244,27 +255,53 @@ CHANNEL_FD_ENV = "CUDA_MEM_IPC_CHANNEL_FD"
 CHANNEL_INODE_ENV = "CUDA_MEM_IPC_CHANNEL_INODE"
 
 
+# How every error's message ends, in cuda-mem-ipc's words: the channel goes on, or it does not.
+CHANNEL_USABLE = "the channel is still usable"
+CHANNEL_BROKEN = "the channel is no longer usable: drop it and open a new one"
+
+
 class ExchangeError(Exception):
-    """Any error of this module."""
+    """Any error of this module. ``channel_usable`` says whether the channel it came from can
+    still be used (Rust's ``IpcError::channel_usable``): ``False`` after the peer closed it, or
+    once message boundaries are lost in a direction; ``True`` otherwise (the failed message was
+    read whole, or nothing of it was sent), also for errors that involve no channel. An error of
+    a channel ends its message with the same, in Rust's words: :data:`CHANNEL_USABLE` or
+    :data:`CHANNEL_BROKEN` (one raised with ``channel_usable`` given, as every subclass is)."""
+
+    channel_usable = True
+
+    def __init__(self, message: str, channel_usable: bool | None = None):
+        if channel_usable is not None:
+            self.channel_usable = channel_usable
+            message = f"{message}; {CHANNEL_USABLE if channel_usable else CHANNEL_BROKEN}"
+        super().__init__(message)
 
 
 class ProtocolError(ExchangeError):
     """What arrived is not what the protocol expects: ``what`` was expected to be ``expected``
-    and was ``received``."""
+    and was ``received``. A malformed frame (or one cut short) breaks the channel
+    (``channel_usable`` is ``False``); a whole frame whose message is wrong does not."""
 
-    def __init__(self, what: str, expected: object, received: object, hint: str = ""):
+    def __init__(self, what: str, expected: object, received: object, hint: str = "", channel_usable: bool = True):
         self.what = what
         self.expected = expected
         self.received = received
         message = f"{what}: expected {expected}, received {received}"
-        super().__init__(f"{message} ({hint})" if hint else message)
+        if hint:
+            message = f"{message} ({hint})"
+        advice = "the message was dropped" if channel_usable else "message boundaries are lost"
+        super().__init__(f"{message}; {advice}", channel_usable)
 
 
 class PeerClosed(ExchangeError):
-    """The peer closed its end of the channel (between messages)."""
+    """The peer closed its end of the channel (between messages): nothing more will come."""
+
+    channel_usable = False
 
     def __init__(self):
-        super().__init__("the peer closed the channel")
+        super().__init__(
+            "the peer closed the channel (it exited or closed its end); no more messages will arrive", False
+        )
 
 
 class OutOfDescriptors(ExchangeError):
@@ -277,8 +314,9 @@ class OutOfDescriptors(ExchangeError):
         self.kind = kind
         self.fds = fds
         super().__init__(
-            f"the {fds} descriptor(s) of a message of kind {kind} could not be received; the message was dropped "
-            "and the channel is still usable: close descriptors or raise RLIMIT_NOFILE"
+            f"the {fds} descriptor(s) of a message of kind {kind} could not be received; the message was dropped: "
+            "close descriptors or raise RLIMIT_NOFILE",
+            True,
         )
 
 
@@ -286,7 +324,19 @@ class ChannelTimeout(ExchangeError, TimeoutError):
     """A receive or send ran past the channel's time-out (:meth:`Channel.settimeout`). Also a
     ``TimeoutError`` (so ``socket.timeout``, which is that). One before the first byte of a
     message leaves the channel usable; one in the middle of a message breaks it for receiving
-    (or sending), as in Rust."""
+    (or sending), as in Rust (``IpcError::Timeout``)."""
+
+    def __init__(self, operation: str, channel_usable: bool, detail: str = ""):
+        self.operation = operation
+        detail = f", {detail}" if detail else ""
+        if channel_usable:
+            message = f"{operation} timed out before any byte of the message (the channel's time-out ran out{detail})"
+        else:
+            message = (
+                f"{operation} timed out partway through a message (the channel's time-out ran out{detail}), so "
+                "message boundaries are lost"
+            )
+        super().__init__(message, channel_usable)
 
 
 class UnknownResource(ExchangeError):
@@ -294,7 +344,37 @@ class UnknownResource(ExchangeError):
 
     def __init__(self, uuid: uuidlib.UUID):
         self.uuid = uuid
-        super().__init__(f"a buffer of pool {uuid}, which was not received on this channel")
+        super().__init__(f"a buffer of pool {uuid}, which was not received on this channel", True)
+
+
+class MisdescribedResource(ExchangeError):
+    """The peer described a pool as another kind of memory than the driver reports for the
+    imported pool (device memory as pinned, pinned as device memory, or another device): the
+    import was closed, nothing was kept (Rust's ``IpcError::MisdescribedResource``)."""
+
+    def __init__(self, uuid: uuidlib.UUID, claimed: str, actual: str):
+        self.uuid = uuid
+        self.claimed = claimed
+        self.actual = actual
+        super().__init__(
+            f"the peer described memory pool {uuid} as a {claimed}, but the driver reports a {actual}: the peer is "
+            "broken or hostile, so the pool was not imported",
+            True,
+        )
+
+
+class PoolNotImported(ExchangeError):
+    """The driver refused to import the pool a peer sent (``CUDA_ERROR_INVALID_VALUE`` or
+    ``CUDA_ERROR_INVALID_HANDLE``): the descriptor is not an exported pool this process can
+    import. The peer's error; cuda.core's is the ``__cause__`` (Rust's ``IpcError::PoolImport``)."""
+
+    def __init__(self, uuid: uuidlib.UUID):
+        self.uuid = uuid
+        super().__init__(
+            f"the peer's pool {uuid} could not be imported: the descriptor the peer sent is not an exported memory "
+            "pool this process can import (the peer is broken or hostile), so nothing was imported",
+            True,
+        )
 
 
 class UuidTakenOnChannel(ExchangeError):
@@ -307,7 +387,8 @@ class UuidTakenOnChannel(ExchangeError):
         super().__init__(
             f"another pool was sent on this channel under UUID {uuid} (two peers named their pools so), and the "
             "receiver would map this pool's buffers through that one: nothing of it was sent; send it on another "
-            "channel"
+            "channel, to another process",
+            True,
         )
 
 
@@ -319,7 +400,8 @@ class DeviceNotVisible(ExchangeError):
         self.sender_ordinal = sender_ordinal
         super().__init__(
             f"the peer's device {sender_ordinal} (UUID {uuid}) is not visible to this process "
-            "(check CUDA_VISIBLE_DEVICES)"
+            "(check CUDA_VISIBLE_DEVICES)",
+            True,
         )
 
 
@@ -332,7 +414,8 @@ class EventNotOpened(ExchangeError):
         self.event_id = event_id
         super().__init__(
             f"the peer's event (its id {event_id}) could not be opened: the peer must hold the event until this "
-            "side has received it, and the handle must be the driver's; nothing was imported"
+            "side has received it, and the handle must be the driver's; nothing was imported",
+            True,
         )
 
 
@@ -500,11 +583,17 @@ class Channel:
         """Sends one frame: ``kind``, ``payload`` and duplicates of ``fds`` for the peer (the
         caller keeps its own)."""
         if len(payload) > MAX_PAYLOAD_LEN:
-            raise ExchangeError(f"a payload of {len(payload)} bytes, more than the limit of {MAX_PAYLOAD_LEN}")
+            raise ExchangeError(
+                f"a payload of {len(payload)} bytes, more than the limit of {MAX_PAYLOAD_LEN}; nothing was sent", True
+            )
         if len(fds) > MAX_FDS:
-            raise ExchangeError(f"{len(fds)} file descriptors, more than the limit of {MAX_FDS}")
+            raise ExchangeError(f"{len(fds)} file descriptors, more than the limit of {MAX_FDS}; nothing was sent", True)
         if self._send_broken:
-            raise ExchangeError("an earlier send failed partway through a message: open a new channel")
+            raise ExchangeError(
+                "sending on the IPC channel: an earlier send failed partway through a message, so the peer cannot "
+                "find where the next one starts",
+                channel_usable=False,
+            )
         frame = _FRAME_HEADER.pack(FRAME_MAGIC, FRAME_VERSION, kind, len(payload), len(fds), 0) + bytes(payload)
         self.send_frame(frame, fds)
 
@@ -524,8 +613,7 @@ class Channel:
         except TimeoutError:
             self._send_broken = sent > 0
             raise ChannelTimeout(
-                f"sending a message timed out after {sent} of its {len(view)} bytes"
-                + (": the channel is broken for sending" if sent else "")
+                "sending a message on the IPC channel", sent == 0, f"{sent} of its {len(view)} bytes went out"
             ) from None
         except BaseException:
             self._send_broken = sent > 0
@@ -540,7 +628,10 @@ class Channel:
         (:meth:`settimeout`)."""
         if self._recv_broken:
             raise ProtocolError(
-                "the channel", "message boundaries intact", "an earlier message cut short or malformed"
+                "the channel",
+                "message boundaries intact",
+                "an earlier message cut short or malformed",
+                channel_usable=False,
             )
         timeout = self._recv_timeout
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -595,17 +686,22 @@ class _FrameReader:
                 FRAME_MAGIC,
                 magic,
                 "the peer does not speak the cuda-mem-ipc channel protocol",
+                channel_usable=False,
             )
         if version != FRAME_VERSION:
             raise ProtocolError(
-                "the frame version", FRAME_VERSION, version, "the peer uses a different cuda-mem-ipc version"
+                "the frame version",
+                FRAME_VERSION,
+                version,
+                "the peer uses a different cuda-mem-ipc version",
+                channel_usable=False,
             )
         if reserved != 0:
-            raise ProtocolError("the frame header's reserved field", 0, reserved)
+            raise ProtocolError("the frame header's reserved field", 0, reserved, channel_usable=False)
         if length > MAX_PAYLOAD_LEN:
-            raise ProtocolError("a frame's payload length", f"at most {MAX_PAYLOAD_LEN}", length)
+            raise ProtocolError("a frame's payload length", f"at most {MAX_PAYLOAD_LEN}", length, channel_usable=False)
         if fd_count > MAX_FDS:
-            raise ProtocolError("a frame's descriptor count", f"at most {MAX_FDS}", fd_count)
+            raise ProtocolError("a frame's descriptor count", f"at most {MAX_FDS}", fd_count, channel_usable=False)
         self.announced = fd_count
         # The descriptors that came with the header's bytes, now that their number is known.
         self.check_fd_count()
@@ -613,7 +709,7 @@ class _FrameReader:
         if self.out_of_descriptors:
             raise OutOfDescriptors(kind, fd_count)
         if self.arrived != fd_count:
-            raise ProtocolError("file descriptors with a frame", fd_count, self.arrived)
+            raise ProtocolError("file descriptors with a frame", fd_count, self.arrived, channel_usable=False)
         fds, self.fds = self.fds, []
         return RawMessage(kind, payload, fds)
 
@@ -623,9 +719,11 @@ class _FrameReader:
         than that plus one read's worth."""
         if self.announced is None:
             if self.arrived > MAX_FDS:
-                raise ProtocolError("file descriptors with a frame", f"at most {MAX_FDS}", self.arrived)
+                raise ProtocolError(
+                    "file descriptors with a frame", f"at most {MAX_FDS}", self.arrived, channel_usable=False
+                )
         elif self.arrived > self.announced:
-            raise ProtocolError("file descriptors with a frame", self.announced, self.arrived)
+            raise ProtocolError("file descriptors with a frame", self.announced, self.arrived, channel_usable=False)
 
     def read_exact(self, n: int, frame_len: int) -> bytes:
         """Exactly ``n`` bytes of the current frame (of ``frame_len`` bytes), keeping the
@@ -688,6 +786,7 @@ class _FrameReader:
                 "a frame's control data",
                 f"at most {MAX_FDS} file descriptors",
                 "more, which the system discarded",
+                channel_usable=False,
             )
 
     def wait_readable(self, frame_len: int) -> None:
@@ -707,11 +806,10 @@ class _FrameReader:
 
     def timed_out(self, frame_len: int) -> ChannelTimeout:
         if self.consumed == 0:
-            return ChannelTimeout("no message arrived within the channel's time-out; the channel is still usable")
+            return ChannelTimeout("receiving a message on the IPC channel", True)
         of = f"{frame_len}" if self.announced is not None else f"at least {FRAME_HEADER_LEN}"
         return ChannelTimeout(
-            f"a message did not arrive whole within the channel's time-out ({self.consumed} of its {of} bytes "
-            "came): message boundaries are lost, so the channel is broken for receiving"
+            "receiving a message on the IPC channel", False, f"{self.consumed} of its {of} bytes came"
         )
 
     def end_of_stream(self, frame_len: int) -> ExchangeError:
@@ -719,9 +817,14 @@ class _FrameReader:
             return PeerClosed()
         if self.consumed < FRAME_HEADER_LEN:
             return ProtocolError(
-                "the rest of a frame's header", f"{FRAME_HEADER_LEN - self.consumed} more bytes", "the end of the stream"
+                "the rest of a frame's header",
+                f"{FRAME_HEADER_LEN - self.consumed} more bytes",
+                "the end of the stream",
+                channel_usable=False,
             )
-        return ProtocolError("the rest of a frame", f"{frame_len - self.consumed} more bytes", "the end of the stream")
+        return ProtocolError(
+            "the rest of a frame", f"{frame_len - self.consumed} more bytes", "the end of the stream", channel_usable=False
+        )
 
 
 def spawn_with_channel(args, **popen_kwargs) -> tuple[subprocess.Popen, Channel]:
@@ -871,6 +974,54 @@ class Event:
     waits for."""
 
     event: object
+
+
+def _refuses_the_peers_data(error: BaseException) -> bool:
+    """Whether cuda.core's error is the driver refusing what the peer sent
+    (``CUDA_ERROR_INVALID_VALUE``, ``CUDA_ERROR_INVALID_HANDLE``), rather than this process's
+    state: cuda.core's ``CUDAError`` names the driver's code first (``"CUDA_ERROR_…: …"``), the
+    only place it keeps it."""
+    from cuda.core._utils.cuda_utils import CUDAError
+
+    return isinstance(error, CUDAError) and str(error).startswith(
+        ("CUDA_ERROR_INVALID_VALUE:", "CUDA_ERROR_INVALID_HANDLE:")
+    )
+
+
+def _pool_memory(mr) -> tuple[int, int | None]:
+    """What an imported pool holds, as the driver reports it, whatever class cuda.core imported
+    it as: ``(PINNED_MEMORY, None)`` for a pool whose memory the host reads and writes (only
+    host memory is), else ``(DEVICE_MEMORY, ordinal)`` of the one device that does; as
+    cuda-mem-core's reading of an imported pool (``MemoryPool::import``). A pool that is neither
+    (no device, or several, reach it read-write) is :class:`ExchangeError`."""
+    from cuda.bindings import driver
+
+    def read_write(location_type, location_id) -> bool:
+        location = driver.CUmemLocation()
+        location.type = location_type
+        location.id = location_id
+        error, flags = driver.cuMemPoolGetAccess(mr.handle, location)
+        return error == driver.CUresult.CUDA_SUCCESS and flags == driver.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+
+    if read_write(driver.CUmemLocationType.CU_MEM_LOCATION_TYPE_HOST, 0):
+        return PINNED_MEMORY, None
+    error, count = driver.cuDeviceGetCount()
+    if error != driver.CUresult.CUDA_SUCCESS:
+        raise ExchangeError(f"counting the devices to locate an imported pool: {error!r}", True)
+    reachable = [d for d in range(count) if read_write(driver.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE, d)]
+    if len(reachable) != 1:
+        raise ExchangeError(
+            f"an imported pool that {len(reachable)} devices reach read-write, and not the host: neither a device nor "
+            "a pinned pool",
+            True,
+        )
+    return DEVICE_MEMORY, reachable[0]
+
+
+def _memory_name(memory: tuple[int, int | None]) -> str:
+    """A pool's memory as Rust's ``PoolKind`` says it."""
+    kind, ordinal = memory
+    return "pinned host memory pool" if kind == PINNED_MEMORY else f"device memory pool on device {ordinal}"
 
 
 def _core():
@@ -1123,22 +1274,42 @@ class IpcChannel:
             cls, args = core.PinnedMemoryResource, ()
         else:
             raise ProtocolError("a resource message's memory kind", "0 (device) or 1 (pinned)", kind)
+        # What the message claims, as the driver would report it: (kind, device ordinal or None).
+        claimed = (kind, args[0].device_id if kind == DEVICE_MEMORY else None)
         mr = self._received.get(uuid)
         if mr is None:
             try:
                 mr = cls.from_registry(uuid)
             except RuntimeError:
-                mr = self._import_pool(cls, args, message.fds[0], uuid)
-        if not isinstance(mr, cls) or (kind == DEVICE_MEMORY and mr.device_id != args[0].device_id):
-            raise ProtocolError(f"pool {uuid}", f"a {cls.__name__} as the message says", f"{mr!r}")
+                mr = self._import_pool(cls, args, message.fds[0], uuid, claimed)
+        # The pool's own word, whichever import it is (one kept from before too).
+        actual = _pool_memory(mr)
+        if actual != claimed:
+            raise MisdescribedResource(uuid, _memory_name(claimed), _memory_name(actual))
         self._received[uuid] = mr
         return Resource(mr, uuid)
 
     @staticmethod
-    def _import_pool(cls, args, fd: int, uuid: uuidlib.UUID):
+    def _import_pool(cls, args, fd: int, uuid: uuidlib.UUID, claimed: tuple[int, int | None]):
         """The pool ``fd`` shares, imported as a ``cls`` and registered in cuda.core's registry
-        under ``uuid``."""
-        mr = cls.from_allocation_handle(*args, fd)
+        under ``uuid``, once the driver confirms it holds the ``claimed`` memory (else closed and
+        refused with :class:`MisdescribedResource`). A descriptor the driver refuses is the peer's
+        error (:class:`PoolNotImported`)."""
+        try:
+            mr = cls.from_allocation_handle(*args, fd)
+        except Exception as error:
+            if _refuses_the_peers_data(error):
+                raise PoolNotImported(uuid) from error
+            raise
+        try:
+            actual = _pool_memory(mr)
+        except BaseException:
+            mr.close()
+            raise
+        if actual != claimed:
+            # Not registered: cuda.core's registry would keep it under the UUID as the wrong kind.
+            mr.close()
+            raise MisdescribedResource(uuid, _memory_name(claimed), _memory_name(actual))
         try:
             mr.register(uuid)
         except RuntimeError as error:
@@ -1148,7 +1319,8 @@ class IpcChannel:
             raise ExchangeError(
                 f"pool {uuid} was imported in this process before and that import has been closed, so cuda.core's "
                 f"registry refuses to register it again ({error}); keep the first import open while its pool may "
-                "arrive again"
+                "arrive again",
+                True,
             ) from error
         return mr
 

@@ -18,7 +18,8 @@ use rustix::net::{
     SendFlags, recvmsg, sendmsg,
 };
 
-use crate::error::{IpcError, MessageLimit, ProtocolError, Result};
+use crate::error::{ChannelOperation, IpcError, MessageLimit, ProtocolError, Result};
+use crate::peer::PeerId;
 use crate::wire::{FRAME_HEADER_LEN, FrameError, FrameHeader, MAX_FDS, MAX_PAYLOAD_LEN};
 
 /// Room for one `SCM_RIGHTS` control message of [`MAX_FDS`] descriptors.
@@ -73,7 +74,23 @@ pub struct RawMessage {
 /// Once a frame has been partly consumed and then failed (a malformed header, an end of stream
 /// or a time-out in the middle of a frame), the byte stream is out of step: the channel refuses
 /// further receives with [`ProtocolError::OutOfStep`]. Likewise a send that fails partway through a
-/// frame makes further sends fail. Drop such a channel and open a new one.
+/// frame makes further sends fail ([`IpcError::ChannelBroken`]). Drop such a channel and open a
+/// new one: [`IpcError::channel_usable`] says which errors leave the channel usable, and each
+/// error's message says it too.
+///
+/// # Time-outs
+///
+/// A receive or send that runs past the channel's time-out ([`Channel::set_read_timeout`],
+/// [`Channel::set_write_timeout`]) is an [`IpcError::Timeout`]: before any byte of the message
+/// the channel is still usable, partway through one it is not.
+///
+/// # The peer
+///
+/// A channel knows which process is at its other end when the kernel vouches for it (the
+/// socket's peer credentials, or the child [`spawn_with_channel`](crate::spawn_with_channel)
+/// started): [`Channel::peer_process_id`]. An [`IpcChannel`](crate::IpcChannel) keys the pools it
+/// imports by that process and the UUID it names them with, so a pool one process sends on two
+/// channels is imported once.
 ///
 /// # Running out of descriptors
 ///
@@ -104,6 +121,8 @@ pub struct Channel {
     /// message's last byte. The socket's own time-out bounds each read only, which a peer
     /// sending a byte at a time would renew indefinitely.
     read_timeout_ns: AtomicU64,
+    /// The process at the other end, where the kernel vouches for it.
+    peer: Option<PeerId>,
 }
 
 /// A lock that shrugs off poisoning: the guarded data is `()`, so there is nothing to corrupt.
@@ -113,8 +132,12 @@ fn lock(m: &Mutex<()>) -> MutexGuard<'_, ()> {
 
 const SEND_CONTEXT: &str = "sending a message on the IPC channel";
 const RECV_CONTEXT: &str = "receiving a message on the IPC channel";
-const SEND_AFTER_BROKEN_CONTEXT: &str = "sending on the IPC channel: an earlier send failed partway through a \
-     message, so the peer can no longer find message boundaries (drop this channel and open a new one)";
+const SEND_BEFORE_ANY_BYTE_CONTEXT: &str =
+    "sending a message on the IPC channel (nothing of it went out, and the channel is still usable)";
+const RECV_BEFORE_ANY_BYTE_CONTEXT: &str =
+    "receiving a message on the IPC channel (nothing of it came in, and the channel is still usable)";
+const SEND_AFTER_BROKEN_CONTEXT: &str = "sending on the IPC channel: an earlier send failed partway through a message, so the peer cannot find where \
+     the next one starts";
 
 /// A read time-out in nanoseconds, 0 for none (a zero time-out is refused by the socket).
 fn timeout_ns(timeout: Option<Duration>) -> u64 {
@@ -156,6 +179,12 @@ impl Channel {
     }
 
     pub(crate) fn new(stream: UnixStream) -> Channel {
+        let peer = PeerId::of_socket(stream.as_fd());
+        Channel::with_peer(stream, peer)
+    }
+
+    /// A channel over `stream` whose other end is `peer`'s.
+    pub(crate) fn with_peer(stream: UnixStream, peer: Option<PeerId>) -> Channel {
         // A socket handed over with a time-out set keeps it (a failed query: none).
         let timeout = stream.read_timeout().ok().flatten();
         Channel {
@@ -165,16 +194,33 @@ impl Channel {
             send_broken: AtomicBool::new(false),
             recv_broken: AtomicBool::new(false),
             read_timeout_ns: AtomicU64::new(timeout_ns(timeout)),
+            peer,
         }
+    }
+
+    /// The id of the process at the other end, where the kernel vouches for it: the process
+    /// that created or connected the other end (the socket's peer credentials, read when this
+    /// channel was made), or the child [`spawn_with_channel`](crate::spawn_with_channel)
+    /// started. `None` where it does not tell: both ends made in this process
+    /// ([`Channel::pair`]), a process in a pid namespace this one does not see, or a peer that had
+    /// hung up already. The crate's `peer` notes (on [`IpcChannel`](crate::IpcChannel), *Pools*)
+    /// say what it is used for, and what it cannot tell.
+    pub fn peer_process_id(&self) -> Option<u32> {
+        self.peer.map(PeerId::pid)
+    }
+
+    /// The process at the other end, where the kernel vouches for it.
+    pub(crate) fn peer(&self) -> Option<PeerId> {
+        self.peer
     }
 
     /// Sets how long [`recv`](Self::recv) waits; `None` (the default) waits indefinitely. The
     /// time counts from the call to the message's last byte, however the peer spreads the bytes
     /// out.
     ///
-    /// A time-out before the first byte of a message is an [`IpcError::Io`] whose source has
-    /// kind [`WouldBlock`](std::io::ErrorKind::WouldBlock), and leaves the channel usable. A
-    /// time-out in the middle of a message breaks the channel (see the
+    /// Running out is an [`IpcError::Timeout`] (its source has kind
+    /// [`WouldBlock`](std::io::ErrorKind::WouldBlock)): before the first byte of a message it
+    /// leaves the channel usable; in the middle of a message it breaks the channel (see the
     /// [`Channel`] docs, *Errors and peer input*).
     ///
     /// # Errors
@@ -189,9 +235,8 @@ impl Channel {
     /// Sets how long [`send`](Self::send) waits for room in the socket; `None` (the default)
     /// waits indefinitely.
     ///
-    /// A time-out before any byte of a message went out is an [`IpcError::Io`] whose source has
-    /// kind [`WouldBlock`](std::io::ErrorKind::WouldBlock), and leaves the channel usable. A
-    /// time-out partway through a message breaks the channel for sending.
+    /// Running out is an [`IpcError::Timeout`]: before any byte of a message went out it leaves
+    /// the channel usable; partway through a message it breaks the channel for sending.
     ///
     /// # Errors
     ///
@@ -211,8 +256,11 @@ impl Channel {
     /// - [`IpcError::MessageTooLarge`]: more than [`MAX_PAYLOAD_LEN`] bytes or more than
     ///   [`MAX_FDS`] descriptors; nothing was sent.
     /// - [`IpcError::PeerClosed`]: the peer's end is closed.
-    /// - [`IpcError::Io`]: the system refused (such as `ETOOMANYREFS`, too many descriptors in
-    ///   flight), or an earlier send broke the channel.
+    /// - [`IpcError::Timeout`]: the write time-out ran out.
+    /// - [`IpcError::Io`]: the system refused before anything went out (such as `ETOOMANYREFS`,
+    ///   too many descriptors in flight); the channel is still usable.
+    /// - [`IpcError::ChannelBroken`]: the system refused partway through the message, or an
+    ///   earlier send broke the channel.
     pub fn send(&self, kind: u16, payload: &[u8], fds: &[BorrowedFd<'_>]) -> Result<()> {
         if payload.len() > MAX_PAYLOAD_LEN {
             return Err(IpcError::MessageTooLarge {
@@ -232,7 +280,10 @@ impl Channel {
 
         let _guard = lock(&self.send_lock);
         if self.send_broken.load(Ordering::Acquire) {
-            return Err(IpcError::io(SEND_AFTER_BROKEN_CONTEXT, std::io::ErrorKind::BrokenPipe));
+            return Err(IpcError::ChannelBroken {
+                context: SEND_AFTER_BROKEN_CONTEXT,
+                source: std::io::ErrorKind::BrokenPipe.into(),
+            });
         }
         let result = self.send_frame(&header, payload, fds);
         if let Err((sent, _)) = &result
@@ -240,7 +291,7 @@ impl Channel {
         {
             self.send_broken.store(true, Ordering::Release);
         }
-        result.map_err(|(_, e)| e)
+        result.map_err(|(sent, e)| send_error(sent, e))
     }
 
     /// Writes a whole frame; on failure, also says how many bytes went out.
@@ -249,7 +300,7 @@ impl Channel {
         header: &[u8; FRAME_HEADER_LEN],
         payload: &[u8],
         fds: &[BorrowedFd<'_>],
-    ) -> std::result::Result<(), (usize, IpcError)> {
+    ) -> std::result::Result<(), (usize, SendFailure)> {
         let total = FRAME_HEADER_LEN + payload.len();
         let mut sent = 0;
         let mut space = [MaybeUninit::<u8>::uninit(); CONTROL_SPACE];
@@ -266,21 +317,19 @@ impl Channel {
                 // Unreachable: the buffer has room for MAX_FDS, checked above.
                 return Err((
                     sent,
-                    IpcError::MessageTooLarge {
+                    SendFailure::Error(IpcError::MessageTooLarge {
                         what: MessageLimit::FileDescriptors,
                         actual: fds.len(),
                         limit: MAX_FDS,
-                    },
+                    }),
                 ));
             }
             match sendmsg(&self.stream, &iov, &mut control, SendFlags::NOSIGNAL) {
-                Ok(0) => {
-                    return Err((sent, IpcError::io(SEND_CONTEXT, std::io::ErrorKind::WriteZero)));
-                }
+                Ok(0) => return Err((sent, SendFailure::System(std::io::ErrorKind::WriteZero.into()))),
                 Ok(n) => sent += n,
                 Err(Errno::INTR) => {}
-                Err(Errno::PIPE | Errno::CONNRESET) => return Err((sent, IpcError::PeerClosed)),
-                Err(e) => return Err((sent, IpcError::io(SEND_CONTEXT, e))),
+                Err(Errno::PIPE | Errno::CONNRESET) => return Err((sent, SendFailure::Error(IpcError::PeerClosed))),
+                Err(e) => return Err((sent, SendFailure::System(e.into()))),
             }
         }
         Ok(())
@@ -299,7 +348,10 @@ impl Channel {
     /// - [`IpcError::OutOfDescriptors`]: this process had no free descriptor numbers for the
     ///   message's descriptors. The message was read to its end and dropped; the channel is
     ///   still usable.
-    /// - [`IpcError::Io`]: the system call failed, or the read time-out expired.
+    /// - [`IpcError::Timeout`]: the read time-out ran out (see [`Channel::set_read_timeout`]).
+    /// - [`IpcError::Io`]: the system call failed before any byte of the message came in; the
+    ///   channel is still usable.
+    /// - [`IpcError::ChannelBroken`]: the system call failed partway through the message.
     pub fn recv(&self) -> Result<RawMessage> {
         self.recv_with_fd_room(MAX_FDS)
     }
@@ -336,6 +388,27 @@ impl Channel {
         }
         // On error, `reader.fds` is dropped here: every descriptor received is closed.
         result
+    }
+}
+
+/// Why a send failed, before it is told whether the channel still goes on.
+enum SendFailure {
+    /// The error as it is.
+    Error(IpcError),
+    /// A system call's failure.
+    System(std::io::Error),
+}
+
+/// The error of a send that failed after `sent` bytes of its frame went out: a time-out or a
+/// system error breaks the channel once any byte went out.
+fn send_error(sent: usize, failure: SendFailure) -> IpcError {
+    match failure {
+        SendFailure::Error(error) => error,
+        SendFailure::System(source) if source.kind() == std::io::ErrorKind::WouldBlock => {
+            IpcError::Timeout { operation: ChannelOperation::Send, channel_usable: sent == 0, source }
+        }
+        SendFailure::System(source) if sent == 0 => IpcError::Io { context: SEND_BEFORE_ANY_BYTE_CONTEXT, source },
+        SendFailure::System(source) => IpcError::ChannelBroken { context: SEND_CONTEXT, source },
     }
 }
 
@@ -443,7 +516,7 @@ impl FrameReader<'_> {
                 }
                 Err(Errno::INTR) => {}
                 Err(Errno::CONNRESET) => return Err(self.end_of_stream(frame_len)),
-                Err(e) => return Err(IpcError::io(RECV_CONTEXT, e)),
+                Err(e) => return Err(self.failed(e)),
             }
         }
         Ok(())
@@ -456,7 +529,7 @@ impl FrameReader<'_> {
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                return Err(IpcError::io(RECV_CONTEXT, Errno::AGAIN));
+                return Err(self.failed(Errno::AGAIN));
             }
             let left = Timespec {
                 tv_sec: i64::try_from(left.as_secs()).unwrap_or(i64::MAX),
@@ -467,7 +540,7 @@ impl FrameReader<'_> {
                 // Readable, closed or failed: the `recvmsg` that follows says which.
                 Ok(n) if n > 0 => return Ok(()),
                 Ok(_) | Err(Errno::INTR) => {}
-                Err(e) => return Err(IpcError::io(RECV_CONTEXT, e)),
+                Err(e) => return Err(self.failed(e)),
             }
         }
     }
@@ -485,6 +558,23 @@ impl FrameReader<'_> {
             Ok(())
         } else {
             Err(FrameError::ControlDataTruncated { max: MAX_FDS }.into())
+        }
+    }
+
+    /// A failed system call (or the deadline, as `EAGAIN`) while reading the frame: a time-out,
+    /// or a system error, either of which breaks the channel once part of the frame was read.
+    fn failed(&self, errno: Errno) -> IpcError {
+        let nothing_read = self.consumed == 0;
+        if errno == Errno::AGAIN {
+            IpcError::Timeout {
+                operation: ChannelOperation::Receive,
+                channel_usable: nothing_read,
+                source: errno.into(),
+            }
+        } else if nothing_read {
+            IpcError::io(RECV_BEFORE_ANY_BYTE_CONTEXT, errno)
+        } else {
+            IpcError::ChannelBroken { context: RECV_CONTEXT, source: errno.into() }
         }
     }
 
@@ -915,18 +1005,49 @@ mod tests {
         expect_out_of_step(b.recv());
     }
 
+    /// A time-out, as [`Channel::recv`] or [`Channel::send`] reports it: its own variant, which
+    /// says whether the channel goes on, in its flag, [`IpcError::channel_usable`] and its text.
+    fn expect_timeout<T: std::fmt::Debug>(
+        result: Result<T>,
+        expected: ChannelOperation,
+        usable: bool,
+    ) -> std::io::ErrorKind {
+        let error = result.unwrap_err();
+        let IpcError::Timeout { operation, channel_usable, source } = &error else {
+            panic!("expected a time-out, got {error:?}")
+        };
+        assert_eq!((*operation, *channel_usable, error.channel_usable()), (expected, usable, usable), "{error}");
+        let text = error.to_string();
+        assert!(text.contains("timed out"), "{text}");
+        assert!(!text.contains("os error 11"), "not the system's words for EAGAIN: {text}");
+        let advice = if usable { crate::error::CHANNEL_USABLE } else { crate::error::CHANNEL_BROKEN };
+        assert!(text.ends_with(advice), "{text}");
+        source.kind()
+    }
+
     #[test]
     fn read_timeout_between_messages_leaves_the_channel_usable() {
         let (a, b) = Channel::pair().unwrap();
         b.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
-        match b.recv() {
-            Err(IpcError::Io { source, .. }) => {
-                assert!(matches!(source.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut));
-            }
-            other => panic!("expected a time-out, got {other:?}"),
-        }
+        let kind = expect_timeout(b.recv(), ChannelOperation::Receive, true);
+        assert_eq!(kind, std::io::ErrorKind::WouldBlock);
         a.send(4, b"late", &[]).unwrap();
         assert_eq!(b.recv().unwrap().payload, b"late");
+    }
+
+    /// A time-out set on the socket directly (not through the channel) is a time-out too.
+    #[test]
+    fn a_socket_time_out_set_behind_the_channels_back_is_a_time_out() {
+        let (a, b) = Channel::pair().unwrap();
+        rustix::net::sockopt::set_socket_timeout(
+            &b,
+            rustix::net::sockopt::Timeout::Recv,
+            Some(Duration::from_millis(20)),
+        )
+        .unwrap();
+        expect_timeout(b.recv(), ChannelOperation::Receive, true);
+        a.send(4, b"on", &[]).unwrap();
+        assert_eq!(b.recv().unwrap().payload, b"on");
     }
 
     /// A time-out too long for a deadline is no deadline: the message arrives.
@@ -943,7 +1064,7 @@ mod tests {
         let (ch, mut raw) = raw_pair();
         ch.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
         raw.write_all(&header(1, 10, 0)).unwrap();
-        assert!(matches!(ch.recv(), Err(IpcError::Io { .. })));
+        expect_timeout(ch.recv(), ChannelOperation::Receive, false);
         raw.write_all(&[0; 10]).unwrap();
         expect_out_of_step(ch.recv());
     }
@@ -974,10 +1095,7 @@ mod tests {
                 std::thread::sleep(Duration::from_millis(25));
             }
         });
-        match ch.recv() {
-            Err(IpcError::Io { source, .. }) => assert_eq!(source.kind(), std::io::ErrorKind::WouldBlock),
-            other => panic!("expected the message's time-out, got {other:?}"),
-        }
+        assert_eq!(expect_timeout(ch.recv(), ChannelOperation::Receive, false), std::io::ErrorKind::WouldBlock);
         expect_out_of_step(ch.recv());
         drop(ch);
         trickle.join().unwrap();
@@ -1007,12 +1125,10 @@ mod tests {
             }
             assert!(sent < 10_000, "the socket never filled");
         };
-        match &error {
-            IpcError::Io { source, .. } => {
-                assert!(matches!(source.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut))
-            }
-            other => panic!("expected a time-out, got {other:?}"),
-        }
+        let IpcError::Timeout { operation: ChannelOperation::Send, channel_usable, .. } = error else {
+            panic!("expected a time-out, got {error:?}")
+        };
+        assert!(error.to_string().contains("sending a message on the IPC channel timed out"), "{error}");
         // The receiver sees every whole message.
         b.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
         for _ in 0..sent {
@@ -1024,11 +1140,17 @@ mod tests {
         let next = b.recv();
         match after {
             // Nothing of the timed-out message went out: the channel is intact.
-            Ok(()) => assert_eq!(next.unwrap().payload, b"after"),
+            Ok(()) => {
+                assert!(channel_usable, "the time-out said the channel goes on");
+                assert_eq!(next.unwrap().payload, b"after");
+            }
             // Part of it went out: sending is refused, the receiver is stuck inside a frame.
-            Err(IpcError::Io { source, .. }) => {
+            Err(error @ IpcError::ChannelBroken { .. }) => {
+                assert!(!channel_usable && !error.channel_usable(), "{error}");
+                assert!(error.to_string().ends_with(crate::error::CHANNEL_BROKEN), "{error}");
+                let IpcError::ChannelBroken { source, .. } = &error else { unreachable!() };
                 assert_eq!(source.kind(), std::io::ErrorKind::BrokenPipe);
-                assert!(matches!(next, Err(IpcError::Io { .. })), "{next:?}");
+                expect_timeout(next, ChannelOperation::Receive, false);
             }
             Err(other) => panic!("unexpected {other:?}"),
         }

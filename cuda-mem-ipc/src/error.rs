@@ -18,13 +18,17 @@ use crate::wire::{
 /// caller can act on differently:
 ///
 /// - a failed driver call or core-library check ([`IpcError::Core`]);
-/// - a failed system call, with what was being done ([`IpcError::Io`]);
+/// - a failed system call, with what was being done ([`IpcError::Io`]), one that failed partway
+///   through a message ([`IpcError::ChannelBroken`]), and a channel's time-out
+///   ([`IpcError::Timeout`]);
 /// - bytes or messages from the peer that do not follow the format
 ///   ([`IpcError::BufferDescriptor`], [`IpcError::EventDescriptor`],
 ///   `IpcError::SharedVirtualBuffer` (feature `vmm`), [`IpcError::Protocol`]): the peer is
 ///   broken, incompatible or hostile;
 /// - an event the peer sent that the driver will not open ([`IpcError::EventImport`]): the peer
-///   destroyed it too early, or sent a bad handle;
+///   destroyed it too early, or sent a bad handle; likewise a pool descriptor or a buffer the
+///   driver refuses to import ([`IpcError::PoolImport`], [`IpcError::BufferImport`]): the peer's
+///   error, the driver's refusal kept as the source;
 /// - a message of a kind this build receives only with a feature it lacks
 ///   ([`IpcError::NotReceivable`]), or of another kind than the call receives
 ///   ([`IpcError::UnexpectedMessage`]): the channel goes on;
@@ -49,9 +53,18 @@ use crate::wire::{
 ///
 /// A failed system or driver call stays the [`source`](std::error::Error::source), and
 /// [`IpcError::cuda_code`] finds a driver code anywhere in the chain. [`IpcError::Protocol`]
-/// groups the cases that ask the same of the caller (a bad frame, a malformed message, a channel
-/// out of step): the peer is not a compatible exporter, so drop the channel. Its
-/// [`ProtocolError`] says which check failed.
+/// groups the cases where the peer is not a compatible exporter (a bad frame, a malformed
+/// message, a channel out of step); its [`ProtocolError`] says which check failed.
+///
+/// # Whether the channel goes on
+///
+/// [`IpcError::channel_usable`] says whether the channel an error came from can still be used,
+/// and every error's message says it in the same words: "the channel is still usable" (the
+/// failed message was read whole, or nothing of it was sent: the next one is received or sent
+/// normally) or "the channel is no longer usable: drop it and open a new one" (the peer closed
+/// it, or message boundaries are lost in one direction: a frame cut short or malformed, a
+/// time-out or failed system call partway through a message). Python's `cuda_mem_exchange`
+/// words its exceptions the same way, and gives them the same `channel_usable`.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum IpcError {
@@ -59,7 +72,9 @@ pub enum IpcError {
     #[error(transparent)]
     Core(#[from] cuda_mem_core::Error),
 
-    /// A system call failed.
+    /// A system call failed before anything of a message went out or came in (or outside any
+    /// message: creating, connecting, configuring a channel); a channel it was made on is still
+    /// usable.
     #[error("{context}: {source}")]
     Io {
         /// What was being done, such as "sending a message on the IPC channel".
@@ -69,10 +84,39 @@ pub enum IpcError {
         source: std::io::Error,
     },
 
+    /// A system call failed partway through a message, or a send came after such a failure: the
+    /// channel lost its message boundaries in that direction and is no longer usable.
+    #[error(
+        "{context}: {source}; message boundaries are lost, so the channel is no longer usable: drop it and open a \
+         new one"
+    )]
+    ChannelBroken {
+        /// What was being done, such as "receiving a message on the IPC channel".
+        context: &'static str,
+        /// The operating system's error.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// The channel's time-out ran out ([`Channel::set_read_timeout`](crate::Channel::set_read_timeout),
+    /// [`Channel::set_write_timeout`](crate::Channel::set_write_timeout)). Before the first byte
+    /// of a message the channel is still usable (try again); partway through one its message
+    /// boundaries are lost in that direction.
+    #[error("{operation} timed out {}", timeout_advice(.channel_usable))]
+    Timeout {
+        /// Receiving or sending.
+        operation: ChannelOperation,
+        /// Whether the time-out struck before any byte of the message (the channel goes on).
+        channel_usable: bool,
+        /// The socket's error (`EAGAIN`: kind [`WouldBlock`](std::io::ErrorKind::WouldBlock)).
+        #[source]
+        source: std::io::Error,
+    },
+
     /// A buffer descriptor received from a peer is malformed; nothing was imported.
     #[error(
         "invalid buffer descriptor: {0}; the peer is not a compatible cuda-mem-ipc exporter \
-         or the bytes were damaged in transit, so nothing was imported"
+         or the bytes were damaged in transit, so nothing was imported; the channel is still usable"
     )]
     BufferDescriptor(#[from] BufferDescriptorError),
 
@@ -80,7 +124,7 @@ pub enum IpcError {
     /// stream waits for one (a buffers message that came with it imported none of its buffers).
     #[error(
         "invalid event descriptor: {0}; the peer is not a compatible cuda-mem-ipc exporter or the bytes were \
-         damaged in transit, so no event was opened and nothing was imported"
+         damaged in transit, so no event was opened and nothing was imported; the channel is still usable"
     )]
     EventDescriptor(#[from] EventDescriptorError),
 
@@ -100,12 +144,47 @@ pub enum IpcError {
         source: cuda_mem_core::Error,
     },
 
+    /// The driver refused to import the pool a peer sent (`cuMemPoolImportFromShareableHandle`
+    /// answered `CUDA_ERROR_INVALID_VALUE` or `CUDA_ERROR_INVALID_HANDLE`): the descriptor is not
+    /// an exported pool, or not one this process can import. The peer's error; nothing was
+    /// imported and the channel is still usable.
+    #[error(
+        "the peer's pool {uuid} could not be imported: {source}; the descriptor the peer sent is not an exported \
+         memory pool this process can import (the peer is broken or hostile), so nothing was imported; the \
+         channel is still usable"
+    )]
+    PoolImport {
+        /// The UUID the peer named the pool with.
+        uuid: uuid::Uuid,
+        /// The core library's error (the driver's refusal).
+        #[source]
+        source: cuda_mem_core::Error,
+    },
+
+    /// The driver refused to map a buffer a peer described (`cuMemPoolImportPointer` answered
+    /// `CUDA_ERROR_INVALID_VALUE` or `CUDA_ERROR_INVALID_HANDLE`): its export data is not an
+    /// allocation of the pool it names that the exporter still holds. The peer's error; nothing
+    /// of its message stayed mapped and the channel is still usable.
+    #[error(
+        "the driver refused the peer's buffer of pool {resource}: {source}; the descriptor's export data is not a \
+         live allocation of that pool (the peer freed it already, or sent another pool's or made-up data), so \
+         nothing was imported; the channel is still usable"
+    )]
+    BufferImport {
+        /// The resource the buffer names.
+        resource: uuid::Uuid,
+        /// The core library's error (the driver's refusal).
+        #[source]
+        source: cuda_mem_core::Error,
+    },
+
     /// A virtual buffer received from a peer is malformed (feature `vmm`); nothing was imported
     /// and the file descriptors that came with it are closed.
     #[cfg(feature = "vmm")]
     #[error(
         "invalid virtual buffer descriptor: {0}; the peer is not a compatible cuda-mem-ipc exporter \
-         or the bytes were damaged in transit, so nothing was imported (its file descriptors are closed)"
+         or the bytes were damaged in transit, so nothing was imported (its file descriptors are closed); the \
+         channel is still usable"
     )]
     SharedVirtualBuffer(#[from] crate::wire::SharedVirtualBufferError),
 
@@ -121,7 +200,7 @@ pub enum IpcError {
     #[error(
         "a virtual buffer of {location} arrived, but no VirtualMemoryResource is registered on this channel \
          for it: register one for that location with IpcChannel::import_virtual_buffers_into (with the \
-         sender's handle type) before the peer sends; this one was not imported"
+         sender's handle type) before the peer sends; this one was not imported, and the channel is still usable"
     )]
     NoVirtualMemoryResource {
         /// Where the buffer's memory lives, in this process's terms.
@@ -157,10 +236,13 @@ pub enum IpcError {
     },
 
     /// The peer sent a frame or message that does not follow the channel protocol, or an earlier
-    /// one broke the channel.
+    /// one broke the channel. Whether the channel goes on depends on which
+    /// ([`ProtocolError::channel_usable`]): after a message read whole it does, after a frame
+    /// that is malformed or cut short it does not.
     #[error(
-        "malformed message from the IPC peer: {0}; check that both processes use compatible \
-         cuda-mem-ipc versions, then drop this channel and open a new one"
+        "malformed message from the IPC peer: {0}; check that both processes use compatible cuda-mem-ipc \
+         versions; {advice}",
+        advice = .0.advice()
     )]
     Protocol(#[from] ProtocolError),
 
@@ -185,8 +267,8 @@ pub enum IpcError {
 
     /// The peer closed its end of the channel (it exited or dropped its channel).
     #[error(
-        "the IPC peer closed the channel (it exited or dropped its end); no more messages \
-         will arrive, so stop using this channel"
+        "the IPC peer closed the channel (it exited or dropped its end); no more messages will arrive, so the \
+         channel is no longer usable: drop it and open a new one"
     )]
     PeerClosed,
 
@@ -195,7 +277,7 @@ pub enum IpcError {
     #[error(
         "no live memory resource with UUID {0} is known here (a channel maps buffers only through the \
          pools it received itself): import the exporting resource (its pool) before importing buffers \
-         from it, and keep it alive while they are in use"
+         from it, and keep it alive while they are in use; the channel is still usable"
     )]
     UnknownResource(uuid::Uuid),
 
@@ -203,7 +285,7 @@ pub enum IpcError {
     /// host memory, or another device); the pool was not kept.
     #[error(
         "the peer described memory pool {uuid} as a {claimed}, but the driver reports a {actual}: the \
-         peer is broken or hostile, so the pool was not imported"
+         peer is broken or hostile, so the pool was not imported; the channel is still usable"
     )]
     MisdescribedResource {
         /// The UUID the peer named the pool with.
@@ -218,7 +300,8 @@ pub enum IpcError {
     /// the import was not kept, and the pool is as it was.
     #[error(
         "memory pool {uuid} is one this process already holds under another UUID (or its own pool): a \
-         pool is imported once per process, so it was not imported again; use the first import"
+         pool is imported once per process, so it was not imported again; use the first import; the channel is \
+         still usable"
     )]
     PoolAlreadyImported {
         /// The UUID it was sent (or imported) under this time.
@@ -232,8 +315,8 @@ pub enum IpcError {
     /// the descriptor is wrong); nothing was imported.
     #[error(
         "malformed message from the IPC peer: the descriptor claims {claimed} bytes but the shared allocation maps \
-         only {mapped}; the peer sent a bad size; check that both processes use compatible cuda-mem-ipc versions, \
-         then drop this channel and open a new one"
+         only {mapped}; the peer sent a bad size, so nothing of its message was imported; the channel is still \
+         usable"
     )]
     MisdescribedBuffer {
         /// The resource the buffer belongs to.
@@ -244,14 +327,16 @@ pub enum IpcError {
         mapped: usize,
     },
 
-    /// A pool was to be sent on a channel that already carried another pool under the same UUID
-    /// (a process passing on two imports that different peers named alike): the receiver would
-    /// map this pool's buffers through the other one, so nothing of it was sent. The channel
-    /// goes on; send this pool on another channel.
+    /// A pool was to be sent on a channel that already carried another pool under the same UUID,
+    /// or to a process (identified by the kernel) that was sent another pool under it on another
+    /// channel (a process passing on two imports that different peers named alike): the receiver
+    /// would map this pool's buffers through the other one, so nothing of it was sent. The
+    /// channel goes on; send this pool on another channel, to another process.
     #[error(
-        "another pool is (or was) sent on this channel under the same UUID {uuid} (two imports named alike, by \
-         different peers), and the receiver would map this pool's buffers through that one: nothing of it was \
-         sent; send it on another channel"
+        "another pool is (or was) sent under the same UUID {uuid} on this channel, or to the process at its other \
+         end (two imports named alike, by different peers), and the receiver would map this pool's buffers \
+         through that one: nothing of it was sent, and the channel is still usable; send it on another channel, \
+         to another process where the peer is identified (Channel::peer_process_id)"
     )]
     UuidTakenOnChannel {
         /// The UUID both pools go by.
@@ -285,7 +370,8 @@ pub enum IpcError {
     /// different sets of devices, through `CUDA_VISIBLE_DEVICES` for example).
     #[error(
         "the pool lives on a device this process cannot see (device UUID {uuid}, device {sender_ordinal} \
-         in the sending process); make it visible here (check CUDA_VISIBLE_DEVICES in both processes)"
+         in the sending process); make it visible here (check CUDA_VISIBLE_DEVICES in both processes); the \
+         channel is still usable"
     )]
     DeviceNotVisible {
         /// The device's UUID.
@@ -304,7 +390,7 @@ pub enum IpcError {
     /// A message to send is beyond the channel's limits; nothing was sent.
     #[error(
         "cannot send: the {what} is {actual}, more than the limit of {limit}; nothing was \
-         sent, split the data over several messages"
+         sent, split the data over several messages; the channel is still usable"
     )]
     MessageTooLarge {
         /// What is too large.
@@ -321,6 +407,42 @@ pub enum IpcError {
          cuda_mem_ipc::spawn_with_channel"
     )]
     ChannelEnv(#[from] ChannelEnvError),
+}
+
+/// The words every error message ends its advice with when the channel goes on.
+pub(crate) const CHANNEL_USABLE: &str = "the channel is still usable";
+/// The words every error message ends its advice with when the channel does not go on.
+pub(crate) const CHANNEL_BROKEN: &str = "the channel is no longer usable: drop it and open a new one";
+
+/// What [`IpcError::Timeout`] says after "timed out".
+fn timeout_advice(channel_usable: &bool) -> String {
+    if *channel_usable {
+        format!("before any byte of the message (the channel's time-out ran out); {CHANNEL_USABLE}")
+    } else {
+        format!(
+            "partway through a message (the channel's time-out ran out), so message boundaries are lost; \
+             {CHANNEL_BROKEN}"
+        )
+    }
+}
+
+/// What timed out ([`IpcError::Timeout`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ChannelOperation {
+    /// Receiving a message ([`Channel::recv`](crate::Channel::recv)).
+    Receive,
+    /// Sending a message ([`Channel::send`](crate::Channel::send)).
+    Send,
+}
+
+impl fmt::Display for ChannelOperation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ChannelOperation::Receive => "receiving a message on the IPC channel",
+            ChannelOperation::Send => "sending a message on the IPC channel",
+        })
+    }
 }
 
 /// What is beyond a channel's limits ([`IpcError::MessageTooLarge`]).
@@ -380,6 +502,24 @@ pub enum ProtocolError {
     },
 }
 
+impl ProtocolError {
+    /// Whether the channel is still usable after this error: `true` when the message was read
+    /// whole and only its contents are wrong (the next message is received normally), `false`
+    /// when message boundaries are lost ([`ProtocolError::Frame`], [`ProtocolError::OutOfStep`]).
+    pub fn channel_usable(&self) -> bool {
+        !matches!(self, ProtocolError::Frame(_) | ProtocolError::OutOfStep)
+    }
+
+    /// What the error's message advises: whether the channel goes on, in the crate's words.
+    fn advice(&self) -> &'static str {
+        if self.channel_usable() {
+            "the message was dropped and the channel is still usable"
+        } else {
+            "message boundaries are lost, so the channel is no longer usable: drop it and open a new one"
+        }
+    }
+}
+
 /// A malformed frame or message, as the channel reports it.
 impl From<FrameError> for IpcError {
     fn from(error: FrameError) -> Self {
@@ -412,6 +552,23 @@ impl IpcError {
     /// An [`IpcError::Io`] with its context.
     pub(crate) fn io(context: &'static str, source: impl Into<std::io::Error>) -> Self {
         IpcError::Io { context, source: source.into() }
+    }
+
+    /// Whether the channel this error came from is still usable: `false` after the peer closed it
+    /// ([`IpcError::PeerClosed`]) or once its message boundaries are lost in a direction
+    /// ([`IpcError::ChannelBroken`], an [`IpcError::Timeout`] partway through a message, a
+    /// [`ProtocolError`] whose [`channel_usable`](ProtocolError::channel_usable) is `false`):
+    /// drop it then, and open a new one. `true` for every other error: the failed message was
+    /// read whole (and dropped), or nothing of it was sent, so the channel goes on; also for the
+    /// errors that involve no channel (a lookup, a local import, a process started without a
+    /// channel). Each error's message says the same.
+    pub fn channel_usable(&self) -> bool {
+        match self {
+            IpcError::PeerClosed | IpcError::ChannelBroken { .. } => false,
+            IpcError::Timeout { channel_usable, .. } => *channel_usable,
+            IpcError::Protocol(error) => error.channel_usable(),
+            _ => true,
+        }
     }
 
     /// The driver's code, when the error came from a driver call: a core error's, or one found
@@ -471,8 +628,8 @@ mod tests {
             (
                 IpcError::Protocol(ProtocolError::OutOfStep),
                 "malformed message from the IPC peer: an earlier message was cut short or malformed, so message \
-                 boundaries are lost; check that both processes use compatible cuda-mem-ipc versions, then drop \
-                 this channel and open a new one",
+                 boundaries are lost; check that both processes use compatible cuda-mem-ipc versions; message \
+                 boundaries are lost, so the channel is no longer usable: drop it and open a new one",
             ),
             (
                 IpcError::from(MessageError::UnknownKind { kind: 9 }),
@@ -532,6 +689,65 @@ mod tests {
             assert!(text.contains(needle), "{text:?} should contain {needle:?}");
         }
         assert!(IpcError::UnknownResource(uuid).to_string().contains(&uuid.to_string()));
+    }
+
+    /// Every error of a channel says in its message whether the channel goes on, in the same
+    /// words, and [`IpcError::channel_usable`] says the same.
+    #[test]
+    fn every_channel_error_says_whether_the_channel_goes_on() {
+        use crate::wire::{BuffersMessageError, FrameError};
+        let uuid = uuid::Uuid::from_u128(0x77);
+        let driver = || {
+            cuda_mem_core::Error::from(cuda_mem_core::sys::DriverError::from_header(
+                "cuMemPoolImportFromShareableHandle",
+                cuda_mem_core::sys::types::CUresult::CUDA_ERROR_INVALID_VALUE,
+            ))
+        };
+        let eagain = || std::io::Error::from_raw_os_error(11);
+        let usable = [
+            IpcError::Protocol(ProtocolError::BuffersMessage(BuffersMessageError::NoCount { found: 3 })),
+            IpcError::from(MessageError::UnknownKind { kind: 9 }),
+            IpcError::Protocol(ProtocolError::EventHandleChanged { id: 4 }),
+            IpcError::Timeout { operation: ChannelOperation::Receive, channel_usable: true, source: eagain() },
+            IpcError::Timeout { operation: ChannelOperation::Send, channel_usable: true, source: eagain() },
+            IpcError::BufferDescriptor(BufferDescriptorError::NilResource),
+            IpcError::EventDescriptor(EventDescriptorError::NoEventId),
+            IpcError::EventImport { id: 7, source: cuda_mem_core::Error::EventNotInterprocess },
+            IpcError::PoolImport { uuid, source: driver() },
+            IpcError::BufferImport { resource: uuid, source: driver() },
+            IpcError::NotReceivable { kind: MessageKind::VirtualBuffer, feature: "vmm" },
+            IpcError::UnexpectedMessage { expected: MessageKind::Buffers, found: MessageKind::Data },
+            IpcError::OutOfDescriptors { kind: 3, fds: 2 },
+            IpcError::UnknownResource(uuid),
+            IpcError::MisdescribedResource { uuid, claimed: PoolKind::Pinned, actual: PoolKind::Managed },
+            IpcError::PoolAlreadyImported { uuid, source: driver() },
+            IpcError::MisdescribedBuffer { resource: uuid, claimed: 9000, mapped: 8192 },
+            IpcError::UuidTakenOnChannel { uuid },
+            IpcError::DeviceNotVisible { uuid, sender_ordinal: 3 },
+            IpcError::MessageTooLarge { what: MessageLimit::Payload, actual: 20, limit: 10 },
+        ];
+        let broken = [
+            IpcError::PeerClosed,
+            IpcError::Protocol(ProtocolError::OutOfStep),
+            IpcError::from(FrameError::TruncatedHeader { received: 3, len: 24 }),
+            IpcError::Timeout { operation: ChannelOperation::Receive, channel_usable: false, source: eagain() },
+            IpcError::ChannelBroken { context: "receiving", source: std::io::Error::from_raw_os_error(12) },
+        ];
+        for (errors, expected, words, not) in
+            [(&usable[..], true, CHANNEL_USABLE, CHANNEL_BROKEN), (&broken[..], false, CHANNEL_BROKEN, CHANNEL_USABLE)]
+        {
+            for error in errors {
+                let text = error.to_string();
+                assert_eq!(error.channel_usable(), expected, "{error:?}");
+                assert!(text.contains(words) && !text.contains(not), "{error:?} says: {text}");
+                assert!(!text.contains("drop this channel"), "the old advice, whatever the error: {text}");
+            }
+        }
+        // A driver error keeps its code through the peer's error.
+        let refused = IpcError::PoolImport { uuid, source: driver() };
+        assert_eq!(refused.cuda_code(), Some(cuda_mem_core::sys::types::CUresult::CUDA_ERROR_INVALID_VALUE));
+        assert!(std::error::Error::source(&refused).is_some());
+        assert!(refused.to_string().contains("the descriptor the peer sent is not an exported memory pool"));
     }
 
     #[test]

@@ -46,7 +46,8 @@
 //! | `registry` | [`Registry`] |
 //! | `virtual_buffer` | feature `vmm`: exporting a `SharedVirtualBuffer`, and the virtual buffer methods of [`IpcChannel`] |
 //! | [`wire`] | every byte layout: frame, message kinds, resource and buffers messages, [`BufferDescriptor`], [`EventDescriptor`], `SharedVirtualBuffer`; their versions and errors |
-//! | `error` | [`IpcError`], [`ProtocolError`], [`MessageLimit`], [`Result`] |
+//! | `peer` | who is at a channel's other end, as the kernel vouches for it (the key of the pools imported from it) |
+//! | `error` | [`IpcError`], [`ProtocolError`], [`MessageLimit`], [`ChannelOperation`], [`Result`] |
 //!
 //! The driver calls are `cuda-mem-core`'s and `cuda-mem-vmm`'s; the bytes and file descriptors on
 //! the wire are this crate's. Devices, streams, buffers and pools are `cuda-mem-core`'s, and so is
@@ -77,12 +78,16 @@
 //!
 //! After an import, the driver is asked what a pool is: a pool the peer described otherwise is
 //! refused ([`IpcError::MisdescribedResource`]), and so is a pool this process holds under
-//! another UUID ([`IpcError::PoolAlreadyImported`]). Buffers map only through the pools received
-//! on their own channel. Received file descriptors are owned at once, closed on any error, and
-//! never inherited by child processes.
+//! another UUID ([`IpcError::PoolAlreadyImported`]). A descriptor or buffer the driver refuses is
+//! the peer's error ([`IpcError::PoolImport`], [`IpcError::BufferImport`]). Buffers map only
+//! through the pools received on their own channel. A pool is imported once per sending process
+//! (as the kernel identifies it: [`Channel::peer_process_id`]) and UUID, so a UUID named by
+//! another process never reaches that import. Received file descriptors are owned at once,
+//! closed on any error, and never inherited by child processes.
 //!
 //! What cannot be checked: whether the memory is what the peer says (the export data is opaque),
-//! what the peer does with it afterwards, and who the peer is beyond the socket's permissions.
+//! what the peer does with it afterwards, and who the peer is beyond the process the kernel
+//! names (the one that created or connected the socket's other end, which may have handed it on).
 //! The exporter must also free last: see [`IpcChannel`], *Who frees first*.
 
 // On docs.rs (which sets `docsrs`), items behind a feature say which.
@@ -105,6 +110,8 @@ mod error;
 #[cfg(target_os = "linux")]
 mod mapped;
 #[cfg(target_os = "linux")]
+mod peer;
+#[cfg(target_os = "linux")]
 mod protocol;
 #[cfg(target_os = "linux")]
 mod registry;
@@ -120,7 +127,7 @@ pub mod wire;
 #[cfg(target_os = "linux")]
 pub use channel::{Channel, ChannelListener, RawMessage};
 #[cfg(target_os = "linux")]
-pub use error::{IpcError, MessageLimit, ProtocolError, Result};
+pub use error::{ChannelOperation, IpcError, MessageLimit, ProtocolError, Result};
 #[cfg(target_os = "linux")]
 pub use mapped::{MappedMemoryResource, lookup, registry};
 #[cfg(target_os = "linux")]

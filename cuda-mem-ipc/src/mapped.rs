@@ -2,14 +2,16 @@
 //!
 //! Documented on [`MappedMemoryResource`].
 
+use std::collections::BTreeMap;
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
 use cuda_mem_core::{Buffer, Device, DevicePtr, MemoryPool, MemoryResource, PoolKind, PoolResource, Stream};
 use uuid::Uuid;
 
 use crate::error::{IpcError, ProtocolError, Result};
+use crate::peer::PeerId;
 use crate::registry::Registry;
 use crate::wire::BufferDescriptor;
 
@@ -24,8 +26,11 @@ use crate::wire::BufferDescriptor;
 /// [`MappedMemoryResource::from_fd`] returns the existing import of a UUID (one a peer named on
 /// a channel only when the driver confirms it is the same pool), and an import the driver
 /// answers with a pool this process already owns under another UUID is refused
-/// ([`IpcError::PoolAlreadyImported`]). What kind of memory the pool holds, and on which device,
-/// is asked of the driver, not taken from the exporter.
+/// ([`IpcError::PoolAlreadyImported`]). A pool that one process sends on several channels is
+/// imported once: imports from peers are kept by the sending process (as the kernel vouches
+/// for it, see [`IpcChannel`](crate::IpcChannel), *Pools*) and the UUID it named the pool with.
+/// What kind of memory the pool holds, and on which device, is asked of the driver, not taken
+/// from the exporter.
 #[derive(Debug)]
 pub struct MappedMemoryResource {
     pool: MemoryPool,
@@ -38,6 +43,52 @@ pub struct MappedMemoryResource {
     /// peers) named with one UUID are two pools, and a channel that sends one of them must not
     /// take the other for it (a pool handle could be reused once its import is gone).
     serial: u64,
+    /// The process that sent the pool under `uuid`, where the kernel vouches for it: every
+    /// import from it under `uuid` is of the pool it names so.
+    exporter: Option<PeerId>,
+}
+
+/// The pools imported from peers the kernel identifies, by that process and the UUID it named
+/// each with: one import per pool, whichever of the process's channels it comes on.
+static PEER_IMPORTS: Mutex<PeerImports> = Mutex::new(PeerImports { entries: BTreeMap::new(), sweep_at: MIN_SWEEP });
+
+/// Sweep out dead entries of [`PEER_IMPORTS`] when an insertion makes it this large (at least).
+const MIN_SWEEP: usize = 16;
+
+/// [`PEER_IMPORTS`]' map: weak, so that it keeps no import alive.
+struct PeerImports {
+    entries: BTreeMap<(PeerId, Uuid), Weak<MappedMemoryResource>>,
+    sweep_at: usize,
+}
+
+impl PeerImports {
+    /// The live import `exporter` sent under `uuid`.
+    fn get(&self, exporter: PeerId, uuid: Uuid) -> Option<Arc<MappedMemoryResource>> {
+        self.entries.get(&(exporter, uuid)).and_then(Weak::upgrade)
+    }
+
+    /// Keeps `resource` as what `exporter` sent under `uuid`.
+    fn insert(&mut self, exporter: PeerId, uuid: Uuid, resource: &Arc<MappedMemoryResource>) {
+        self.entries.insert((exporter, uuid), Arc::downgrade(resource));
+        if self.entries.len() >= self.sweep_at {
+            self.entries.retain(|_, weak| weak.strong_count() > 0);
+            self.sweep_at = (self.entries.len() * 2).max(MIN_SWEEP);
+        }
+    }
+
+    /// A live import from a peer under `uuid` whose pool handle is `handle`.
+    fn with_handle(&self, uuid: Uuid, handle: usize) -> Option<Arc<MappedMemoryResource>> {
+        self.entries
+            .iter()
+            .filter(|((_, u), _)| *u == uuid)
+            .filter_map(|(_, weak)| weak.upgrade())
+            .find(|resource| resource.pool.handle() as usize == handle)
+    }
+}
+
+fn peer_imports() -> MutexGuard<'static, PeerImports> {
+    // Every operation leaves the map consistent, so a panic elsewhere cannot corrupt it.
+    PEER_IMPORTS.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Every mapped resource of the process, by the UUID of the resource it maps.
@@ -89,6 +140,23 @@ fn refused(error: cuda_mem_core::Error, uuid: Uuid) -> IpcError {
     }
 }
 
+/// Whether the driver refused what a peer sent as such: the descriptor or export data is not
+/// what it must be (`CUDA_ERROR_INVALID_VALUE`, `CUDA_ERROR_INVALID_HANDLE`), rather than this
+/// process's state (out of memory, no context, a driver that lacks the call).
+fn refuses_the_peers_data(error: &cuda_mem_core::Error) -> bool {
+    use cuda_mem_core::sys::types::CUresult;
+    // Only a driver error's own code: one of the core library's own refusals that carries a
+    // driver error deeper in its chain (as `PoolAlreadyOwned` does not) is not the peer's data.
+    let cuda_mem_core::Error::Cuda(failed) = error else { return false };
+    matches!(failed.code(), Some(CUresult::CUDA_ERROR_INVALID_VALUE | CUresult::CUDA_ERROR_INVALID_HANDLE))
+}
+
+/// A failed import of a pool a peer sent under `uuid`, as this crate reports it: a descriptor
+/// the driver refuses is the peer's error ([`IpcError::PoolImport`]); otherwise as [`refused`].
+fn refused_from_peer(error: cuda_mem_core::Error, uuid: Uuid) -> IpcError {
+    if refuses_the_peers_data(&error) { IpcError::PoolImport { uuid, source: error } } else { refused(error, uuid) }
+}
+
 impl MappedMemoryResource {
     /// Imports the pool behind `fd` (which this takes), exported by the resource `uuid`, and
     /// registers it; or, when this process has a live import of `uuid` already, returns that one
@@ -112,7 +180,7 @@ impl MappedMemoryResource {
         if let Some(existing) = registered.as_ref().filter(|r| !r.named_by_peer) {
             return Ok(Arc::clone(existing));
         }
-        match (MappedMemoryResource::import(fd, uuid, false), registered) {
+        match (MappedMemoryResource::import(fd, uuid, false, None), registered) {
             // The driver answered with the peer-named import's own handle: the same pool.
             (
                 Err(cuda_mem_core::Error::Sharing(cuda_mem_core::SharingError::PoolAlreadyOwned { handle })),
@@ -144,31 +212,53 @@ impl MappedMemoryResource {
         MappedMemoryResource::from_owned_fd(owned, uuid)
     }
 
-    /// Imports the pool behind `fd` for a peer that named it `uuid`, trusting this process's
-    /// registered import of `uuid` only when the driver confirms it is the same pool (the import
-    /// answers with its handle). A registered import the driver cannot confirm (it gave this
-    /// import a handle of its own) is left alone: the new import is returned, unregistered, so a
-    /// peer never reaches a pool another party sent under the same UUID.
-    pub(crate) fn from_peer(fd: OwnedFd, uuid: Uuid) -> Result<Arc<MappedMemoryResource>> {
+    /// Imports the pool behind `fd` for a peer that named it `uuid`.
+    ///
+    /// Where the kernel vouches for the process that sent it (`exporter`), the import that
+    /// process sent under `uuid` before (on any channel), while it lives, is the pool: it is
+    /// returned and `fd` closed, with no driver call. Otherwise the pool is imported, trusting
+    /// another import of `uuid` (this process's registered one, or one another peer sent) only
+    /// when the driver confirms it is the same pool (the import answers with its handle). An
+    /// import the driver cannot confirm (it gave this import a handle of its own) is left alone:
+    /// the new import is returned, unregistered if another is registered, so a peer never
+    /// reaches a pool another party sent under the same UUID.
+    pub(crate) fn from_peer(fd: OwnedFd, uuid: Uuid, exporter: Option<PeerId>) -> Result<Arc<MappedMemoryResource>> {
         #[cfg(test)]
         test_hooks::waiting_to_import(uuid);
         let _importing = importing();
+        if let Some(known) = exporter.and_then(|exporter| peer_imports().get(exporter, uuid)) {
+            return Ok(known);
+        }
         let registered = registry().get(uuid).ok();
-        match (MappedMemoryResource::import(fd, uuid, true), registered) {
+        let resource = match (MappedMemoryResource::import(fd, uuid, true, exporter), registered) {
             // A handle of its own: whatever is registered stays, unconfirmed, and unused here.
-            (Ok(resource), Some(_)) => Ok(resource),
-            (Ok(resource), None) => Ok(registry().register(uuid, resource)),
-            // The driver answered with the registered import's own handle: the same pool.
+            (Ok(resource), Some(_)) => resource,
+            (Ok(resource), None) => registry().register(uuid, resource),
+            // The driver answered with the handle of an import of `uuid` here: the same pool.
             (
                 Err(cuda_mem_core::Error::Sharing(cuda_mem_core::SharingError::PoolAlreadyOwned { handle })),
                 Some(registered),
-            ) if registered.pool.handle() as usize == handle => Ok(registered),
-            (Err(error), _) => Err(refused(error, uuid)),
+            ) if registered.pool.handle() as usize == handle => registered,
+            (
+                Err(error @ cuda_mem_core::Error::Sharing(cuda_mem_core::SharingError::PoolAlreadyOwned { handle })),
+                _,
+            ) => peer_imports().with_handle(uuid, handle).ok_or_else(|| refused(error, uuid))?,
+            (Err(error), _) => return Err(refused_from_peer(error, uuid)),
+        };
+        if let Some(exporter) = exporter {
+            peer_imports().insert(exporter, uuid, &resource);
         }
+        Ok(resource)
     }
 
-    /// Imports the pool behind `fd` as `uuid`, unregistered; `named_by_peer` says who named it.
-    fn import(fd: OwnedFd, uuid: Uuid, named_by_peer: bool) -> cuda_mem_core::Result<Arc<MappedMemoryResource>> {
+    /// Imports the pool behind `fd` as `uuid`, unregistered; `named_by_peer` says who named it,
+    /// and `exporter` which process sent it, if the kernel vouches for one.
+    fn import(
+        fd: OwnedFd,
+        uuid: Uuid,
+        named_by_peer: bool,
+        exporter: Option<PeerId>,
+    ) -> cuda_mem_core::Result<Arc<MappedMemoryResource>> {
         static SERIALS: AtomicU64 = AtomicU64::new(0);
         let pool = MemoryPool::import(fd, uuid.as_u128())?;
         cuda_mem_core::memory_event!(
@@ -179,13 +269,14 @@ impl MappedMemoryResource {
             "resource imported"
         );
         let serial = SERIALS.fetch_add(1, Ordering::Relaxed);
-        Ok(Arc::new(MappedMemoryResource { pool, uuid, named_by_peer, serial }))
+        Ok(Arc::new(MappedMemoryResource { pool, uuid, named_by_peer, serial, exporter }))
     }
 
-    /// This import's number in the process (never reused): which pool it is, where two
-    /// imports share a UUID.
-    pub(crate) fn serial(&self) -> u64 {
-        self.serial
+    /// Which pool this import is, where two imports share a UUID: the process that sent it, if
+    /// the kernel vouches for one (every import it sent under this UUID is its one pool so
+    /// named), else this import's number in the process (never reused).
+    pub(crate) fn origin(&self) -> ImportOrigin {
+        self.exporter.map_or(ImportOrigin::Serial(self.serial), ImportOrigin::Exporter)
     }
 
     /// The UUID of the exporting resource.
@@ -219,7 +310,9 @@ impl MappedMemoryResource {
     /// - [`IpcError::WrongResource`]: the descriptor belongs to another resource.
     /// - [`IpcError::MisdescribedBuffer`]: its size exceeds the shared allocation.
     /// - [`IpcError::Protocol`]: its size is beyond this machine's address space.
-    /// - [`IpcError::Core`]: the driver refuses the export data.
+    /// - [`IpcError::BufferImport`]: the driver refuses the export data (`CUDA_ERROR_INVALID_VALUE`
+    ///   or `CUDA_ERROR_INVALID_HANDLE`: not a live allocation of this pool).
+    /// - [`IpcError::Core`]: the driver fails otherwise (such as out of memory).
     #[doc(alias = "from_ipc_descriptor")]
     pub fn import_buffer(self: &Arc<Self>, descriptor: &BufferDescriptor, stream: &Stream) -> Result<Buffer> {
         // A buffer of 0 bytes would never give its share back (an empty buffer frees nothing),
@@ -235,6 +328,9 @@ impl MappedMemoryResource {
             // refused above).
             cuda_mem_core::Error::SizeMismatch { expected, actual, .. } => {
                 IpcError::MisdescribedBuffer { resource: self.uuid, claimed: actual, mapped: expected }
+            }
+            refusal if refuses_the_peers_data(&refusal) => {
+                IpcError::BufferImport { resource: self.uuid, source: refusal }
             }
             other => other.into(),
         })?;
@@ -293,6 +389,15 @@ impl PoolResource for MappedMemoryResource {
     fn pool(&self) -> &MemoryPool {
         &self.pool
     }
+}
+
+/// Which pool an import is, beyond its UUID ([`MappedMemoryResource::origin`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ImportOrigin {
+    /// What this process sent under the import's UUID.
+    Exporter(PeerId),
+    /// This import, by its number in the process.
+    Serial(u64),
 }
 
 /// For tests: holding every pool import of the process back, and seeing when receivers have

@@ -4,17 +4,18 @@
 //! Documented on [`IpcChannel`]. The bytes of each message are [`crate::wire`]'s.
 
 use std::any::Any;
-use std::collections::HashMap;
 use std::collections::hash_map::Entry;
+use std::collections::{BTreeMap, HashMap};
 use std::os::fd::OwnedFd;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use cuda_mem_core::{Buffer, Device, Event, MemoryResource, PoolKind, ScopedBuffer, Stream};
 use uuid::Uuid;
 
 use crate::channel::{Channel, RawMessage};
 use crate::error::{IpcError, MessageLimit, ProtocolError, Result};
-use crate::mapped::MappedMemoryResource;
+use crate::mapped::{ImportOrigin, MappedMemoryResource};
+use crate::peer::PeerId;
 use crate::share::{Unshareable, allocation_handle, buffer_descriptor};
 use crate::wire::{
     BufferDescriptor, EventDescriptor, MAX_BUFFERS_PER_MESSAGE, MessageError, MessageKind, PoolMemory, ResourceMessage,
@@ -58,17 +59,38 @@ pub enum Received {
 /// Buffers map only through the pools their own channel received, never through the
 /// process-wide registry, so a peer can use only the pools it sent itself. The peer's word is
 /// checked against the driver's: the memory kind and device a resource message states must be
-/// what the imported pool is. A UUID this process has imported already is shared only when the
-/// driver answers the new import with that import's own handle (the same pool); otherwise the
-/// new import stands on its own. A pool sent again on the same channel is the one received
-/// first (the duplicate descriptor is closed).
+/// what the imported pool is. A pool sent again on the same channel is the one received first
+/// (the duplicate descriptor is closed).
 ///
-/// A UUID names one pool on a channel, for the channel's life. A relay that imported two pools
-/// under one UUID (from two peers, each naming its own pool so) can send only the first on a
-/// given channel. The other, and its buffers, are refused with
-/// [`IpcError::UuidTakenOnChannel`] before anything of it is sent: send it on another channel.
+/// A pool is imported once per sending process, however many channels it comes on: the import
+/// is kept by the process at the channel's other end, as the kernel vouches for it
+/// ([`Channel::peer_process_id`]: the socket's peer credentials, or the child
+/// [`spawn_with_channel`](crate::spawn_with_channel) started; a process is its id and its start
+/// time, so a later process under a reused id is another), and the UUID that process named the
+/// pool with. Two workers of one exporter, or one importer with two channels to it, hold one
+/// import of each of its pools, whatever the driver answers a second import with. A UUID is
+/// never trusted alone: another process that names the same UUID gets an import of the pool it
+/// sends itself, or a refusal, never the first process's import. Where the kernel does not
+/// vouch for the peer (both ends made in one process with [`Channel::pair`], a peer in a pid
+/// namespace this process does not see, one that had hung up already), a UUID this process has
+/// imported already is shared only when the driver answers the new import with that import's
+/// own handle (the same pool); otherwise the new import stands on its own.
+///
+/// What the kernel vouches for is the process that created or connected the other end of the
+/// socket, not whoever holds it now: a process that hands its end to another lets that one speak
+/// for it, and a broker that makes socket pairs and hands out both ends is every such channel's
+/// peer. Let each process make its own end (with `spawn_with_channel`, or `connect` to a
+/// [`ChannelListener`](crate::ChannelListener)).
+///
+/// A UUID names one pool on a channel, for the channel's life, and, to a peer the kernel
+/// identifies, on every channel to it, for as long as that process lives (it keys its imports
+/// by this process and the UUID). A relay that imported two pools under one UUID (from two
+/// peers, each naming its own pool so) can send only the first on a given channel, or to a
+/// given identified process. The other, and its buffers, are refused with
+/// [`IpcError::UuidTakenOnChannel`] before anything of it is sent: send it to another process.
 /// The same holds for a pool imported under a UUID once its earlier import, sent on the
-/// channel, is gone: this side cannot tell whether it is the same pool.
+/// channel, is gone, unless both imports came from one identified process: this side cannot
+/// tell otherwise whether it is the same pool.
 ///
 /// # Events: the receiver's stream waits on the GPU
 ///
@@ -237,6 +259,11 @@ impl IpcChannel {
         // cannot both send theirs, nor note another pool than the one that went first.
         let mut sent = self.sent();
         check_not_taken(&sent, handle.uuid(), pool)?;
+        // The peer's other channels: the UUID is claimed for this pool before it goes out (a
+        // claim whose send then fails only keeps the UUID for the same pool).
+        if let Some(peer) = self.channel.peer() {
+            sent_to_peers().claim(peer, handle.uuid(), pool)?;
+        }
         self.channel.send(MessageKind::Resource.code(), &payload, &[handle.fd()])?;
         sent.insert(handle.uuid(), pool);
         Ok(())
@@ -316,6 +343,9 @@ impl IpcChannel {
                 }
                 checked = Some((descriptor.resource, pool));
                 check_not_taken(&sent, descriptor.resource, pool)?;
+                if let Some(peer) = self.channel.peer() {
+                    sent_to_peers().check(peer, descriptor.resource, pool)?;
+                }
                 match unsent.get(&descriptor.resource) {
                     Some(&other) if other != pool => {
                         return Err(IpcError::UuidTakenOnChannel { uuid: descriptor.resource });
@@ -370,7 +400,9 @@ impl IpcChannel {
     /// - [`IpcError::MisdescribedBuffer`]: a buffer larger than the memory its pool shares.
     /// - [`IpcError::EventImport`]: the driver will not open the peer's event.
     /// - [`IpcError::NotReceivable`]: a virtual buffer, without the feature `vmm`.
-    /// - [`IpcError::Core`]: the driver refused an import.
+    /// - [`IpcError::PoolImport`], [`IpcError::BufferImport`]: the driver refused a pool
+    ///   descriptor or a buffer the peer sent (the peer's error; the driver's is the source).
+    /// - [`IpcError::Core`]: an import failed otherwise (such as out of memory).
     ///
     /// A bad message leaves the process's pools and mappings as they were (nothing half-imported
     /// stays mapped). One thing stays, which changes no memory: when a buffers-after-event message
@@ -455,6 +487,10 @@ impl IpcChannel {
         Ok((kind, message))
     }
 
+    /// Imports (or finds) the pool of a resource message: kept by the channel under the UUID the
+    /// peer named, and process-wide by the peer and that UUID (see [`IpcChannel`], *Pools*). The
+    /// memory kind and device the message claims must be the imported pool's, as the driver
+    /// reports them.
     fn receive_resource(&self, mut message: RawMessage) -> Result<Arc<MappedMemoryResource>> {
         let ResourceMessage { pool: uuid, memory } = ResourceMessage::decode(&message.payload)?;
         let kind = match memory {
@@ -471,7 +507,7 @@ impl IpcChannel {
         let resource = match self.resource(uuid) {
             Some(received) => received,
             None => {
-                let imported = MappedMemoryResource::from_peer(fd, uuid)?;
+                let imported = MappedMemoryResource::from_peer(fd, uuid, self.channel.peer())?;
                 // Another `recv` on this channel may have kept one under `uuid` while this one
                 // imported (the look-up above let go of the lock): the one kept first stands,
                 // checked below, and this import drops (after the lock, declared after it). An
@@ -535,14 +571,14 @@ impl IpcChannel {
 enum SentPool {
     /// A pool of this process (through any adaptors).
     Local,
-    /// An import ([`MappedMemoryResource::serial`]).
-    Imported(u64),
+    /// An import ([`MappedMemoryResource::origin`]).
+    Imported(ImportOrigin),
 }
 
 impl SentPool {
     fn of(resource: &dyn MemoryResource) -> SentPool {
         let any: &dyn Any = resource;
-        any.downcast_ref::<MappedMemoryResource>().map_or(SentPool::Local, |mapped| SentPool::Imported(mapped.serial()))
+        any.downcast_ref::<MappedMemoryResource>().map_or(SentPool::Local, |mapped| SentPool::Imported(mapped.origin()))
     }
 }
 
@@ -551,6 +587,47 @@ fn check_not_taken(sent: &HashMap<Uuid, SentPool>, uuid: Uuid, pool: SentPool) -
     match sent.get(&uuid) {
         Some(&earlier) if earlier != pool => Err(IpcError::UuidTakenOnChannel { uuid }),
         _ => Ok(()),
+    }
+}
+
+/// The pools sent to each identified peer, on any channel, by the UUID they went under: the
+/// peer keys its imports by this process and the UUID, so one UUID must name one pool to it on
+/// every channel. Entries of peers that have exited are swept out as the map grows.
+struct SentToPeers {
+    entries: BTreeMap<(PeerId, Uuid), SentPool>,
+    sweep_at: usize,
+}
+
+/// Sweep out the entries of exited peers when a claim makes [`SentToPeers`] this large (at least).
+const MIN_PEER_SWEEP: usize = 64;
+
+static SENT_TO_PEERS: Mutex<SentToPeers> =
+    Mutex::new(SentToPeers { entries: BTreeMap::new(), sweep_at: MIN_PEER_SWEEP });
+
+fn sent_to_peers() -> MutexGuard<'static, SentToPeers> {
+    // Every operation leaves the map consistent, so a panic elsewhere cannot corrupt it.
+    SENT_TO_PEERS.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl SentToPeers {
+    /// Refuses `pool` under `uuid` to `peer` when another pool went to it under that UUID.
+    fn check(&self, peer: PeerId, uuid: Uuid, pool: SentPool) -> Result<()> {
+        match self.entries.get(&(peer, uuid)) {
+            Some(&earlier) if earlier != pool => Err(IpcError::UuidTakenOnChannel { uuid }),
+            _ => Ok(()),
+        }
+    }
+
+    /// As [`SentToPeers::check`], then keeps `uuid` for `pool` to `peer`.
+    fn claim(&mut self, peer: PeerId, uuid: Uuid, pool: SentPool) -> Result<()> {
+        self.check(peer, uuid, pool)?;
+        if self.entries.insert((peer, uuid), pool).is_none() && self.entries.len() >= self.sweep_at {
+            // A peer that exited holds no import any more: what it was sent no longer binds.
+            let mut alive: BTreeMap<PeerId, bool> = BTreeMap::new();
+            self.entries.retain(|(peer, _), _| *alive.entry(*peer).or_insert_with(|| peer.is_alive()));
+            self.sweep_at = (self.entries.len() * 2).max(MIN_PEER_SWEEP);
+        }
+        Ok(())
     }
 }
 

@@ -70,6 +70,10 @@ static TAKEN: AtomicBool = AtomicBool::new(false);
 /// This adds a `pre_exec` hook to `command` that is active for this call only: spawning the same
 /// `command` again starts a process without a channel (whose `from_env` fails).
 ///
+/// The parent's channel knows its peer, the child ([`Channel::peer_process_id`]), and the child's
+/// knows the parent (the socket pair's creator): an [`IpcChannel`](crate::IpcChannel) keys the
+/// pools it imports by that process.
+///
 /// # Errors
 ///
 /// - [`IpcError::Io`]: the socket pair cannot be created, or the process cannot be started.
@@ -114,7 +118,10 @@ pub fn spawn_with_channel(command: &mut Command) -> Result<(Child, Channel)> {
     target.store(-1, Ordering::Relaxed);
     drop(child_end);
     let child = spawned.map_err(|e| IpcError::io("starting the child process", e))?;
-    Ok((child, Channel::new(parent)))
+    // The socket pair is this process's own, so its peer credentials name this process: the
+    // peer is the child, which keeps its id until this process reaps it.
+    let peer = crate::peer::PeerId::of_child(child.id());
+    Ok((child, Channel::with_peer(parent, peer)))
 }
 
 /// Checks that `fd` is a Unix stream socket with inode `inode`.

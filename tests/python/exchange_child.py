@@ -5,9 +5,10 @@ roundtrip|mismatch|events`.
 
 Protocol with the parent: the parent sends the seeds of its buffers (u32 LE each), then the
 buffers (each pool first); buffer i holds `pattern(seed_i)`; the child writes `pattern(seed_i +
-100)` into it and answers b"rewritten". In `mismatch`, a message of an unknown kind and a
-resource message of an unknown memory kind come first, each answered with the child's error text;
-then the round trip; then a buffer descriptor of the device pool claiming far more than its
+100)` into it and answers b"rewritten". In `mismatch`, a message of an unknown kind, a
+resource message of an unknown memory kind, the device pool described as pinned memory and a
+descriptor that is no pool (`/dev/null`) come first, each answered with the child's error text
+(each says the channel is still usable, which the round trip then shows); then the round trip; then a buffer descriptor of the device pool claiming far more than its
 allocation, and the device pool again after this side closed its import of it; then a frame of
 another version, each answered likewise. In `events`, one buffer arrives behind the parent's IPC
 event (its fill is held pending there until this side says b"enqueued"): a copy enqueued on the
@@ -20,7 +21,8 @@ import ctypes
 import sys
 
 from cuda.core import DeviceMemoryResource, EventOptions, LegacyPinnedMemoryResource
-from exchange_common import RECV_TIMEOUT, cx, expect, pattern, read_bytes, refused, setup, u32s, write_bytes
+from cuda.core._utils.cuda_utils import CUDAError
+from exchange_common import RECV_TIMEOUT, cx, expect, pattern, read_bytes, refusal, refused, setup, u32s, write_bytes
 
 
 def events(channel, stream) -> None:
@@ -74,6 +76,17 @@ def main(mode: str) -> None:
         channel.send_data(text.encode())
         text = refused(channel, stream, cx.ProtocolError, "memory kind", "0 (device) or 1 (pinned)", "received 7")
         channel.send_data(text.encode())
+        # The peer's word against the imported pool's: the driver reports device memory.
+        text = refused(channel, stream, cx.MisdescribedResource, "as a pinned host memory pool", cx.CHANNEL_USABLE)
+        channel.send_data(text.encode())
+        # A GPU's code for a descriptor that is no pool's is the probe's open question 25: a code
+        # other than INVALID_VALUE or INVALID_HANDLE stays cuda.core's error (the parent checks
+        # the simulator's answer).
+        error = refusal(channel, stream, (cx.PoolNotImported, CUDAError))
+        if isinstance(error, cx.PoolNotImported):
+            assert cx.CHANNEL_USABLE in str(error), str(error)
+            assert str(error.__cause__).startswith("CUDA_ERROR_INVALID_"), f"the driver's refusal is the cause: {error!r}"
+        channel.send_data(str(error).encode())
     if mode == "events":
         events(channel, stream)
         print(f"python-child: ok {mode}", flush=True)

@@ -81,6 +81,11 @@ def expect(message, cls):
 def refused(channel, stream, expected_error, *needles) -> str:
     """Receives a message that must be refused with `expected_error` whose text holds each of
     `needles`; returns the text."""
+    return str(refusal(channel, stream, expected_error, *needles))
+
+
+def refusal(channel, stream, expected_error, *needles) -> BaseException:
+    """As `refused`, returning the error itself."""
     try:
         message = channel.recv(stream)
     except expected_error as error:
@@ -88,5 +93,5 @@ def refused(channel, stream, expected_error, *needles) -> str:
         for needle in needles:
             assert needle in text, f"{needle!r} not in {text!r}"
         print(f"refused as expected: {text}", flush=True)
-        return text
-    raise AssertionError(f"expected {expected_error.__name__}, received {message!r}")
+        return error
+    raise AssertionError(f"expected {expected_error!r}, received {message!r}")

@@ -5,8 +5,9 @@ the test's name), which imports them with cuda-mem-ipc, checks and rewrites them
 Usage: `exchange_parent.py roundtrip|mismatch`.
 
 The protocol is `exchange_child.py`'s, the roles swapped. In `mismatch`, the child is sent a
-message of an unknown kind and a buffer descriptor of another version first, then the round trip,
-then a frame of another version; it answers each refusal with its error's text.
+message of an unknown kind, the device pool described as pinned memory, a descriptor that is no
+pool (`/dev/null`) and a buffer descriptor of another version first, then the round trip, then a
+frame of another version; it answers each refusal with its error's text.
 """
 
 import os
@@ -51,7 +52,23 @@ def main(mode: str) -> None:
         channel = cx.IpcChannel(raw)
         if mode == "mismatch":
             raw.send(77, b"an unknown kind")
-            answer(channel, stream, "unknown message kind 77")
+            answer(channel, stream, "unknown message kind 77", cx.CHANNEL_USABLE)
+            # The device pool described as pinned memory: the Rust side asks the driver too.
+            uuid = device_pool.uuid
+            pinned = struct.pack("<16sBi3x", uuid.bytes, cx.PINNED_MEMORY, -1) + bytes(16)
+            raw.send(cx.RESOURCE, pinned, [device_pool.allocation_handle.handle])
+            answer(
+                channel,
+                stream,
+                f"the peer described memory pool {uuid} as a pinned host memory pool, but the driver reports a device "
+                "memory pool on device 0",
+                cx.CHANNEL_USABLE,
+            )
+            with open(os.devnull, "rb") as null:
+                claim = struct.pack("<16sBi3x", uuid.bytes, cx.DEVICE_MEMORY, 0) + cx._device_uuid(device)
+                raw.send(cx.RESOURCE, claim, [null.fileno()])
+            # The Rust child checks what it is (the peer's error where the code says so).
+            answer(channel, stream)
             # A well-formed descriptor (checksum included) of version 2, after its pool.
             channel.send_resource(device_pool)
             descriptor = buffers[0].ipc_descriptor

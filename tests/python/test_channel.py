@@ -479,6 +479,85 @@ class OnePoolPerUuid(unittest.TestCase):
         self.assertEqual(kinds, [cx.RESOURCE, cx.RESOURCE, cx.BUFFERS, cx.BUFFERS, cx.RESOURCE, cx.RESOURCE])
 
 
+class ErrorsSayWhetherTheChannelGoesOn(ChannelTestCase):
+    """Each error says whether its channel is still usable, in its ``channel_usable`` and at the
+    end of its message, in cuda-mem-ipc's words (Rust's ``IpcError::channel_usable``)."""
+
+    def expect(self, error: BaseException, cls, usable: bool) -> str:
+        self.assertIsInstance(error, cls)
+        self.assertEqual(error.channel_usable, usable, str(error))
+        text = str(error)
+        self.assertTrue(text.endswith(cx.CHANNEL_USABLE if usable else cx.CHANNEL_BROKEN), text)
+        return text
+
+    def test_the_words_are_rusts(self):
+        self.assertEqual(cx.CHANNEL_USABLE, "the channel is still usable")
+        self.assertEqual(cx.CHANNEL_BROKEN, "the channel is no longer usable: drop it and open a new one")
+
+    def test_a_time_out_says_before_or_partway(self):
+        channel, raw = self.raw_pair(timeout=0.1)
+        with self.assertRaises(cx.ChannelTimeout) as caught:
+            channel.recv()
+        text = self.expect(caught.exception, cx.ChannelTimeout, True)
+        self.assertIn("receiving a message on the IPC channel timed out before any byte of the message", text)
+        raw.sendall(frame(cx.DATA, b"on time"))
+        self.assertEqual(channel.recv().payload, b"on time")
+        raw.sendall(frame(cx.DATA, b"cut short")[:30])
+        with self.assertRaises(cx.ChannelTimeout) as caught:
+            channel.recv()
+        text = self.expect(caught.exception, cx.ChannelTimeout, False)
+        self.assertIn("timed out partway through a message", text)
+        with self.assertRaises(cx.ProtocolError) as caught:
+            channel.recv()
+        self.expect(caught.exception, cx.ProtocolError, False)
+
+    def test_a_message_read_whole_leaves_the_channel_usable_a_bad_frame_does_not(self):
+        channel, raw = self.raw_pair()
+        ipc = cx.IpcChannel(channel)
+        raw.sendall(frame(77, b"an unknown kind"))
+        with self.assertRaises(cx.ProtocolError) as caught:
+            ipc.recv(None)
+        self.expect(caught.exception, cx.ProtocolError, True)
+        raw.sendall(frame(cx.DATA, b"next"))
+        self.assertEqual(ipc.recv(None).data, b"next")
+        raw.sendall(b"GARBAGE!" + bytes(40))
+        with self.assertRaises(cx.ProtocolError) as caught:
+            ipc.recv(None)
+        self.expect(caught.exception, cx.ProtocolError, False)
+        raw.close()
+        with self.assertRaises(cx.ProtocolError) as caught:
+            ipc.recv(None)
+        self.expect(caught.exception, cx.ProtocolError, False)
+
+    def test_a_closed_peer_leaves_nothing_to_use(self):
+        channel, raw = self.raw_pair()
+        raw.close()
+        with self.assertRaises(cx.PeerClosed) as caught:
+            channel.recv()
+        self.expect(caught.exception, cx.PeerClosed, False)
+
+    def test_the_other_errors_of_a_channel_leave_it_usable(self):
+        uuid = uuidlib.uuid4()
+        for error in (
+            cx.OutOfDescriptors(cx.DATA, 2),
+            cx.UnknownResource(uuid),
+            cx.UuidTakenOnChannel(uuid),
+            cx.DeviceNotVisible(uuid, 3),
+            cx.EventNotOpened(4),
+            cx.MisdescribedResource(uuid, "pinned host memory pool", "device memory pool on device 0"),
+            cx.PoolNotImported(uuid),
+        ):
+            with self.subTest(error=type(error).__name__):
+                self.expect(error, type(error), True)
+
+    def test_a_send_after_one_that_broke_the_channel(self):
+        a, b = self.pair()
+        a._send_broken = True
+        with self.assertRaises(cx.ExchangeError) as caught:
+            a.send(cx.DATA, b"after")
+        self.expect(caught.exception, cx.ExchangeError, False)
+
+
 if __name__ == "__main__":
     program = unittest.main(exit=False, verbosity=2)
     if not program.result.wasSuccessful():

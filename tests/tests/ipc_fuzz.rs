@@ -318,6 +318,8 @@ fn one_case(world: &World, input: &Input) -> Result<(), TestCaseError> {
                 tally(match &error {
                     IpcError::Protocol(_) => "protocol error",
                     IpcError::BufferDescriptor(_) => "decode error",
+                    // The driver refusing what the peer sent, as the peer's error.
+                    IpcError::PoolImport { .. } | IpcError::BufferImport { .. } => "driver refusal",
                     IpcError::Core(_) => "driver error",
                     IpcError::PeerClosed => "peer closed",
                     IpcError::UnknownResource(_) => "unknown resource",
@@ -358,12 +360,12 @@ fn recv_survives_arbitrary_input() {
         "data",
         "protocol error",
         "decode error",
-        "driver error",
+        "driver refusal",
         "peer closed",
         "unknown resource",
     ];
     for outcome in expected {
-        if outcome == "driver error" && !world.on_simulator {
+        if outcome == "driver refusal" && !world.on_simulator {
             // Garbage export data, the sure way to a driver refusal, goes to the simulator only.
             continue;
         }

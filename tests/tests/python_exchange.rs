@@ -27,6 +27,7 @@
 #[macro_use]
 mod common;
 
+use std::os::fd::AsFd;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -134,6 +135,33 @@ fn rust_parent_python_child_mismatches() {
     channel.channel().send(1, &payload, &[handle.fd()]).unwrap();
     let answer = String::from_utf8(expect_data(&channel, &stream)).unwrap();
     assert!(answer.contains("memory kind: expected 0 (device) or 1 (pinned), received 7"), "{answer}");
+
+    // The device pool described as pinned memory: the Python side asks the driver what the
+    // imported pool holds, as this side does, and refuses it in the same words.
+    let mut payload = [0u8; 40];
+    payload[..16].copy_from_slice(handle.uuid().as_bytes());
+    payload[16] = 1;
+    payload[17..21].copy_from_slice(&(-1i32).to_le_bytes());
+    channel.channel().send(1, &payload, &[handle.fd()]).unwrap();
+    let answer = String::from_utf8(expect_data(&channel, &stream)).unwrap();
+    let rust = IpcError::MisdescribedResource {
+        uuid: handle.uuid(),
+        claimed: PoolKind::Pinned,
+        actual: PoolKind::Device(stream.device()),
+    };
+    assert_eq!(answer, rust.to_string(), "both languages word it the same");
+    // A descriptor that is no pool: the driver's refusal, as the peer's error.
+    let null = std::fs::File::open("/dev/null").unwrap();
+    payload[16] = 0;
+    payload[17..21].copy_from_slice(&(stream.device().ordinal() as i32).to_le_bytes());
+    payload[24..].copy_from_slice(&stream.device().uuid().unwrap());
+    channel.channel().send(1, &payload, &[null.as_fd()]).unwrap();
+    let answer = String::from_utf8(expect_data(&channel, &stream)).unwrap();
+    // A GPU's code for it is the probe's open question 25; the simulator's, INVALID_VALUE.
+    if cuda_sim::testing::on_simulator() {
+        assert!(answer.contains(&format!("the peer's pool {} could not be imported", handle.uuid())), "{answer}");
+        assert!(answer.ends_with("the channel is still usable"), "{answer}");
+    }
 
     // Both processes and the channel go on.
     round_trip_to_child(&channel, &buffers, &seeds, &stream);
@@ -252,6 +280,21 @@ fn python_parent_rust_child_mismatches() {
         let error = refuse(&channel, &stream);
         let unknown = ProtocolError::Message(MessageError::UnknownKind { kind: 77 });
         assert!(matches!(&error, IpcError::Protocol(e) if *e == unknown), "{error:?}");
+        // cuda.core's device pool described as pinned memory, then a descriptor that is no pool.
+        let error = refuse(&channel, &stream);
+        assert!(
+            matches!(
+                error,
+                IpcError::MisdescribedResource { claimed: PoolKind::Pinned, actual: PoolKind::Device(d), .. }
+                    if d == stream.device()
+            ),
+            "{error:?}"
+        );
+        let error = refuse(&channel, &stream);
+        // A GPU's code for it is the probe's open question 25; the simulator's, INVALID_VALUE.
+        let peers = matches!(error, IpcError::PoolImport { .. });
+        assert!(peers || !cuda_sim::testing::on_simulator() && error.cuda_code().is_some(), "{error:?}");
+        assert!(error.channel_usable(), "{error:?}");
         // The pool arrives whole; its buffer's descriptor is of version 2.
         let Ok(Received::Resource(device_pool)) = channel.recv(&stream) else { panic!("expected the device pool") };
         let error = refuse(&channel, &stream);
