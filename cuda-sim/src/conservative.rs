@@ -2,35 +2,46 @@
 //!
 //! The simulator returns the documented error wherever `cuda.h` documents one. Where the real
 //! driver's behaviour is not documented, it picks the reading most likely to expose a bug in the
-//! caller. Each choice:
+//! caller. Each choice ends with what would settle it: a question of the GPU probe (`cargo xtask
+//! probe`, part `probe` of the GPU bundle, which sets each GPU answer beside the simulator's), or
+//! why no GPU run can, or what is still open. Every divergence a GPU shows is a simulator bug to
+//! model. Each choice:
 //!
 //! - **`cuMemFree(0)`, `cuMemFreeHost(NULL)`** return `CUDA_ERROR_INVALID_VALUE` (the runtime's
 //!   `cudaFree(NULL)` is a no-op; the driver call's behaviour is not documented).
+//!   Settled by the probe's question `call-edges`.
 //! - **`cuMemAllocHost` of 0 bytes** returns `CUDA_ERROR_INVALID_VALUE`, like `cuMemAlloc`.
+//!   Settled by the probe's question `call-edges`.
 //! - **A stale handle** (a destroyed stream, event or context) is always detected: handle values
 //!   are never reused, so `CUDA_ERROR_INVALID_HANDLE` (streams, events) or
 //!   `CUDA_ERROR_INVALID_CONTEXT` / `CUDA_ERROR_CONTEXT_IS_DESTROYED` (contexts) results instead
 //!   of undefined behaviour.
+//!   Not a question for a GPU: `cuda.h` leaves the use of a destroyed handle undefined, so no
+//!   driver's answer binds another, and the simulator keeps detecting it.
 //! - **A released primary context** gets a new handle when it is retained again; the old handle
 //!   stays invalid. Its allocations, streams and events are gone with it.
+//!   Settled by the probe's question `context-edges` (the handle a retain after the last release
+//!   gives).
 //! - **`cuDevicePrimaryCtxRelease` without a retain** returns `CUDA_ERROR_INVALID_CONTEXT`.
+//!   Settled by the probe's question `context-edges`.
 //! - **Work whose stream is gone is still the device's work**: `cuCtxSynchronize` waits for the
 //!   work left on a stream destroyed with work pending (`cuStreamDestroy`: its resources "will be
-//!   released automatically once the device has completed all work" in it) and on the
-//!   per-thread default stream of a thread that exited ("Blocks until the current context has
-//!   completed all preceding requested tasks"), and the legacy default stream's implicit
-//!   synchronization waits for such blocking streams' work too. Destroying a context (its last release, or a reset) does not wait for its
-//!   work, which still runs; `cuCtxSynchronize` of any later context of the device waits for it.
-//!   Until 2026-12-07 the simulator forgot a stream's work once the stream had no handle. What
-//!   would settle it: a GPU run holding such a stream with a host function, then timing
-//!   `cuCtxSynchronize` (and `cuDevicePrimaryCtxReset`, which may itself wait) against it.
+//!   released automatically once the device has completed all work" in it) and on the per-thread
+//!   default stream of a thread that exited ("Blocks until the current context has completed all
+//!   preceding requested tasks"), and the legacy default stream's implicit synchronization waits
+//!   for such blocking streams' work too. Destroying a context (its last release, or a reset) does
+//!   not wait for its work, which still runs; `cuCtxSynchronize` of any later context of the device
+//!   waits for it. Until 2026-12-07 the simulator forgot a stream's work once the stream had no
+//!   handle. Settled by the probe's questions `gone-stream-work` (a thread's per-thread stream and
+//!   a destroyed stream held by a host function, then `cuCtxSynchronize` timed against it) and
+//!   `context-edges` (whether the last release waits).
 //! - **A destroyed context's stream-ordered frees settle as they run**: `cuDevicePrimaryCtxReset`
 //!   says "Destroy all allocations" of the context, so pool memory whose `cuMemFreeAsync` on one of
 //!   its streams ran before the destruction without being synchronized, or runs after it, no
 //!   longer counts as outstanding (no synchronization can observe a destroyed context): the next
 //!   synchronization or `cuMemPoolTrimTo` releases it. Before 2026-12-07 it stayed reserved for
-//!   good. What would settle it: `cuMemGetInfo` on a GPU after a reset with a free pending, a
-//!   new retain, `cuCtxSynchronize` and `cuMemPoolTrimTo(pool, 0)`.
+//!   good. Settled by the probe's question `context-edges` (`cuMemGetInfo` after the last release
+//!   with a free pending, a new retain, `cuCtxSynchronize` and a trim of the default pool).
 //! - **Created contexts** (`cuCtxCreate_v4`, `cuCtxDestroy_v2`): execution affinity ("only
 //!   supported under Volta+ MPS") and CIG parameters are `CUDA_ERROR_NOT_SUPPORTED` (no MPS, no
 //!   graphics API here), both at once ("undefined behavior") `CUDA_ERROR_INVALID_VALUE`.
@@ -40,12 +51,16 @@
 //!   runs, as after a primary context's last release), and takes the context's streams, events,
 //!   `cuMemAlloc`, `cuMemAllocHost`/`cuMemHostAlloc` (portable too), `cuMemAllocManaged` memory
 //!   and host registrations with it, as `cuda.h` lists them; pool memory stays (its note).
+//!   Settled by the probe's question `context-edges` (an affinity parameter, `cuCtxDestroy` of the
+//!   primary context).
 //! - **Context events** (`cuCtxRecordEvent`, `cuCtxWaitEvent`): a null context is
 //!   `CUDA_ERROR_INVALID_CONTEXT`, not read as the current one (`cuda.h` does not say it is). A
 //!   context-wide wait holds the work submitted after it to every stream of the context, streams
 //!   created later and per-thread ones included, but not a `cuStreamSynchronize` or query of a
 //!   stream given no new work. A context event's completion shows the host no stream's progress:
 //!   pool frees stay outstanding until a stream, event or context synchronization shows them.
+//!   Settled by the probe's question `call-edges` (`cuCtxRecordEvent` with a null context); the
+//!   wait's reach is `cuda.h`'s ("all future work submitted to the context").
 //! - **Context limits** (`cuCtxGetLimit`, `cuCtxSetLimit`) start at an H100's values (stack
 //!   1 KiB, printf FIFO 1 MiB, heap 8 MiB, 2048 pending launches, L2 fetch granularity 64 B,
 //!   persisting L2 0) and are kept as set, but for the two `cuda.h` says are clamped (the fetch
@@ -55,11 +70,14 @@
 //!   here is (`CU_LIMIT_SHMEM_SIZE`, `CU_LIMIT_CIG_SHMEM_FALLBACK_ENABLED`). `CU_LIMIT_CIG_ENABLED`
 //!   reads 0 and setting it ("can only be queried") is `CUDA_ERROR_INVALID_VALUE`, as is an
 //!   unknown limit. The printf FIFO and heap sizes can always be set: no kernel is ever launched.
+//!   Settled by the probe's question `call-edges` (a GPU's limits, read).
 //! - **`cuMemHostAlloc`'s flags** are checked and otherwise change nothing: the memory is
 //!   `cuMemAllocHost`'s, with its pointer attributes. With `CU_MEMHOSTALLOC_WRITECOMBINED` the host
 //!   pointer is still the device pointer (`cuda.h` says only `cuMemHostGetDevicePointer`, which the
 //!   simulator does not export, gives that one), and portable memory goes with the context that
 //!   allocated it.
+//!   Not a question the probe can ask: what the flags change (caching, write combining, mapping)
+//!   shows in speed and in kernels' access, neither of which the simulator has.
 //! - **`cuStreamAttachMemAsync`**: `cuda.h` documents no `CUDA_ERROR_INVALID_VALUE` but says "An
 //!   error will be returned" for `CU_MEM_ATTACH_SINGLE` on the NULL stream. The simulator returns
 //!   `CUDA_ERROR_INVALID_VALUE` for that, for the per-thread default stream too, for flags other
@@ -70,85 +88,107 @@
 //!   `CUDA_ERROR_NOT_SUPPORTED` (the devices lack `PAGEABLE_MEMORY_ACCESS`). On a capturing stream
 //!   it is `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` and the capture is invalidated (`cuda.h` is
 //!   silent). The association itself is not modelled: managed memory is reachable everywhere here.
+//!   Settled by the probe's question `call-edges` (a single-stream attach on the legacy stream,
+//!   non-managed memory, part of an allocation).
 //! - **The location-based pool functions** (`cuMemGetDefaultMemPool`, `cuMemGetMemPool`,
 //!   `cuMemSetMemPool`): a device the process does not have is `CUDA_ERROR_INVALID_DEVICE` only
 //!   for `cuMemGetDefaultMemPool`, which alone lists it, and `CUDA_ERROR_INVALID_VALUE` for the
 //!   others; a pool imported from another process cannot be made current (it allocates nothing).
+//!   Settled by the probe's question `call-edges` (a device ordinal the machine lacks).
 //! - **`cuStreamDestroy` of a default stream** (0, `CU_STREAM_LEGACY`, `CU_STREAM_PER_THREAD`)
 //!   returns `CUDA_ERROR_INVALID_HANDLE`.
+//!   Settled by the probe's question `context-edges`.
 //! - **`cuEventRecord` with an event and a stream of different contexts** returns
 //!   `CUDA_ERROR_INVALID_HANDLE`, as `cuCtxRecordEvent` documents for its context.
+//!   Settled by the probe's question `context-edges`.
 //! - **Device memory is not host-accessible**: it lives in an inaccessible reservation, so host
 //!   code reading a device pointer faults. A pointer into that reservation that is not inside a
 //!   live allocation (freed, or past the end) is `CUDA_ERROR_INVALID_VALUE` in every copy, even
 //!   in `cuMemcpy`, which otherwise treats unknown pointers as pageable host memory.
+//!   Settled for copies by the probe's question `unsafe-edges` (a freed pointer, asked in a child
+//!   process); a host read of device memory is not asked (it faults the probe on a GPU without HMM,
+//!   and code must not count on either answer).
 //! - **`cuMemsetD16`/`D32` to a misaligned address** returns `CUDA_ERROR_INVALID_VALUE`.
+//!   Settled by the probe's question `call-edges`.
 //! - **`cuMemcpyHtoD` with a device pointer as the source, `cuMemcpyDtoH` with one as the
 //!   destination** return `CUDA_ERROR_INVALID_VALUE` (the direction must match the memory).
+//!   Settled by the probe's question `unsafe-edges` (each in a child process: a driver that took
+//!   the device pointer for host memory would read it from the CPU).
 //! - **Host synchronization** of copies and memsets is exactly what the CUDA documentation's
 //!   "API synchronization behavior" promises and no more (see `api::memory`): a
 //!   `cuMemcpyDtoD` or a `cuMemsetD8` on device memory returns before it completes.
+//!   Settled by that page: nothing to probe.
 //! - **Boolean pointer attributes** (`IS_MANAGED`, `MAPPED`, …) are written as one byte (C
 //!   `bool`), the narrowest reading of "a boolean".
+//!   Settled by the probe's question `call-edges` (the bytes `IS_MANAGED` writes).
 //! - **Pointer attributes the simulator does not model** (P2P tokens, RDMA capability, access
 //!   flags, mapping size and base, block id, decompression) return `CUDA_ERROR_NOT_SUPPORTED`.
+//!   Not a reading but a gap in the model: a GPU answers them, and code that needs them is tested
+//!   on one.
 //! - **Device attributes the simulator does not model** read as 0, "capability absent".
+//!   A gap in the model, as above: `CUDA_SIM_DEVICE_ATTRIBUTES` sets any of them to a GPU's value.
 //! - **Older ABI variants** of a function (`cuGetProcAddress_v2("cuMemAlloc", 3000, …)`, which
 //!   the driver answers with the 32-bit `cuMemAlloc`) are reported as
 //!   `CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT`, never with an entry point of another
 //!   signature.
+//!   Nothing to settle: the driver's answer is known (the older function), and the simulator
+//!   refuses on purpose, so that no caller is handed an entry point of another signature.
 //! - **Calls from a host function** (`cuLaunchHostFunc`) return `CUDA_ERROR_NOT_PERMITTED`, as
 //!   the documentation forbids them.
+//!   Not probed: `cuda.h` forbids them, and a driver may deadlock or corrupt its state, which binds
+//!   no other.
 //! - **Graphs** (see the `graph` module): a captured graph is its nodes in capture order, and a
-//!   launch replays them as one piece of work on the launch stream, after the executable
-//!   graph's previous launch. Launching or uploading into a capturing stream returns
-//!   `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` and leaves the capture valid (a GPU would add a
-//!   child graph node: the probe's question `graph-launch-into-capture`). `cuStreamEndCapture` accepts a NULL graph pointer and keeps the graph for
-//!   whoever took its handle from `cuStreamGetCaptureInfo`: `cuda.h` says the graph is
-//!   "transferred or destroyed" at the end, but cuda.core's graph builder ends its captures so
-//!   and then instantiates the graph, which works on GPUs. A second instantiation of a graph
-//!   with allocation or free nodes, and `CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH` for a graph
-//!   with memory or event nodes, return `CUDA_ERROR_INVALID_VALUE` (`cuda.h`: "an error").
+//!   launch replays them as one piece of work on the launch stream, after the executable graph's
+//!   previous launch. Launching or uploading into a capturing stream returns
+//!   `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` and leaves the capture valid (a GPU would add a child
+//!   graph node: the probe's question `graph-launch-into-capture`). `cuStreamEndCapture` accepts a
+//!   NULL graph pointer and keeps the graph for whoever took its handle from
+//!   `cuStreamGetCaptureInfo`: `cuda.h` says the graph is "transferred or destroyed" at the end,
+//!   but cuda.core's graph builder ends its captures so and then instantiates the graph, which
+//!   works on GPUs. A second instantiation of a graph with allocation or free nodes, and
+//!   `CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH` for a graph with memory or event nodes, return
+//!   `CUDA_ERROR_INVALID_VALUE` (`cuda.h`: "an error"; the second instantiation is the probe's
+//!   question `capture-edges`).
 //! - **A capture's nodes and dependencies** (see the `capture` module): `cuStreamGetCaptureInfo`
-//!   reports the stream's dependency set as `cuda.h` defines it, with nodes that
-//!   `cuGraphGetNodes`, `cuGraphNodeGetType` and `cuGraphNodeGetDependencies` know. Where
-//!   `cuda.h` is silent: an event recorded in a capture (without `CU_EVENT_RECORD_EXTERNAL`,
-//!   which the simulator does not export) makes no node, it only notes the set (a launch still
-//!   records the event, which until then keeps its earlier completion state); a captured wait for an event recorded
-//!   outside any capture is a `WAIT_EVENT` node, with or without `CU_EVENT_WAIT_EXTERNAL`;
-//!   captured managed prefetches and discards are `EMPTY` nodes (no node type names them).
-//!   `cuStreamUpdateCaptureDependencies` refuses with `CUDA_ERROR_INVALID_VALUE` a node named
-//!   twice (`cuGraphAddMemAllocNode`'s rule: "may not have any duplicate entries") and edge data
-//!   other than the default (ports and programmatic edges are for kernel nodes, which the
-//!   simulator has none of); on an invalidated capture it returns
-//!   `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`. Nodes it gives a stream from another stream of the
-//!   capture count as a rejoin, and a stream whose set it replaces owes its origin only what the
-//!   new set holds of its own work ("nodes that are removed from the dependency set via this API
-//!   do not result in `CUDA_ERROR_STREAM_CAPTURE_UNJOINED`"). What a GPU does is the probe's
-//!   question `capture-dependencies`.
+//!   reports the stream's dependency set as `cuda.h` defines it, with nodes that `cuGraphGetNodes`,
+//!   `cuGraphNodeGetType` and `cuGraphNodeGetDependencies` know. Where `cuda.h` is silent: an event
+//!   recorded in a capture (without `CU_EVENT_RECORD_EXTERNAL`, which the simulator does not
+//!   export) makes no node, it only notes the set (a launch still records the event, which until
+//!   then keeps its earlier completion state); a captured wait for an event recorded outside any
+//!   capture is a `WAIT_EVENT` node, with or without `CU_EVENT_WAIT_EXTERNAL`; captured managed
+//!   prefetches and discards are `EMPTY` nodes (no node type names them).
+//!   `cuStreamUpdateCaptureDependencies` refuses with `CUDA_ERROR_INVALID_VALUE` a node named twice
+//!   (`cuGraphAddMemAllocNode`'s rule: "may not have any duplicate entries") and edge data other
+//!   than the default (ports and programmatic edges are for kernel nodes, which the simulator has
+//!   none of); on an invalidated capture it returns `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`. Nodes
+//!   it gives a stream from another stream of the capture count as a rejoin, and a stream whose set
+//!   it replaces owes its origin only what the new set holds of its own work ("nodes that are
+//!   removed from the dependency set via this API do not result in
+//!   `CUDA_ERROR_STREAM_CAPTURE_UNJOINED`"). What a GPU does is the probe's question
+//!   `capture-dependencies`.
 //! - **Graph memory**: `cuMemAllocAsync` on a capturing stream makes an allocation node whose
-//!   address is live from the capture until the capture ends (so that captured work can use
-//!   it), then from each launch until a free node, `cuMemFreeAsync`/`cuMemFree` or another
-//!   graph's free node; its bytes are the same at every launch (a GPU gives no guarantee about
-//!   them) and its address is never handed out again, so a stale graph pointer is always
-//!   reported. `cuMemAllocFromPoolAsync` on a capturing stream makes an allocation node too,
-//!   as `cuda.h` notes ("the allocation is owned by the graph instead of the memory pool. The
-//!   memory pool's properties are used to set the node's creation parameters"): on the pool's
-//!   device, the pool's usage unchanged. A pool whose properties no allocation node can take is
-//!   refused with `CUDA_ERROR_NOT_SUPPORTED`, the capture left valid: a pool with shareable
-//!   handle types (`CUDA_MEM_ALLOC_NODE_PARAMS`: "IPC is not supported"), a pinned host pool or
-//!   a managed pool (the node's location is taken to be a device's). What a GPU does is the
-//!   probe's question `pool-alloc-in-capture`. cuda.core allocates graph memory with
-//!   `cuMemAllocAsync` and documents allocating from a `DeviceMemoryResource` during capture as
-//!   an error, as `cuda-mem-core` refuses it. A captured `cuMemFreeAsync` of memory no allocation node made, or of a graph
+//!   address is live from the capture until the capture ends (so that captured work can use it),
+//!   then from each launch until a free node, `cuMemFreeAsync`/`cuMemFree` or another graph's free
+//!   node; its bytes are the same at every launch (a GPU gives no guarantee about them) and its
+//!   address is never handed out again, so a stale graph pointer is always reported.
+//!   `cuMemAllocFromPoolAsync` on a capturing stream makes an allocation node too, as `cuda.h`
+//!   notes ("the allocation is owned by the graph instead of the memory pool. The memory pool's
+//!   properties are used to set the node's creation parameters"): on the pool's device, the pool's
+//!   usage unchanged. A pool whose properties no allocation node can take is refused with
+//!   `CUDA_ERROR_NOT_SUPPORTED`, the capture left valid: a pool with shareable handle types
+//!   (`CUDA_MEM_ALLOC_NODE_PARAMS`: "IPC is not supported"), a pinned host pool or a managed pool
+//!   (the node's location is taken to be a device's). What a GPU does is the probe's question
+//!   `pool-alloc-in-capture`. cuda.core allocates graph memory with `cuMemAllocAsync` and documents
+//!   allocating from a `DeviceMemoryResource` during capture as an error, as `cuda-mem-core`
+//!   refuses it. A captured `cuMemFreeAsync` of memory no allocation node made, or of a graph
 //!   allocation of another graph that is not live at capture time, returns
-//!   `CUDA_ERROR_INVALID_VALUE` (`cuGraphAddMemFreeNode`'s rule). A zero-byte
-//!   `cuMemAllocAsync` or `cuMemAllocFromPoolAsync` on a capturing stream makes an allocation
-//!   node too, with a unique non-null address that addresses no bytes and counts for no graph
-//!   memory, freed as any other (as a zero-byte pool allocation outside a capture): cuda.core's
-//!   `test_graph_mem_alloc_zero` allocates 0 bytes while building a graph, launches it, and
-//!   passes on GPUs (it accepts a null pointer as well); whether a GPU's pointer is null, and
-//!   the node, is the probe's question `zero-byte-allocation-in-capture`.
+//!   `CUDA_ERROR_INVALID_VALUE` (`cuGraphAddMemFreeNode`'s rule). A zero-byte `cuMemAllocAsync` or
+//!   `cuMemAllocFromPoolAsync` on a capturing stream makes an allocation node too, with a unique
+//!   non-null address that addresses no bytes and counts for no graph memory, freed as any other
+//!   (as a zero-byte pool allocation outside a capture): cuda.core's `test_graph_mem_alloc_zero`
+//!   allocates 0 bytes while building a graph, launches it, and passes on GPUs (it accepts a null
+//!   pointer as well); whether a GPU's pointer is null, and the node, is the probe's question
+//!   `zero-byte-allocation-in-capture`.
 //! - **Graph memory accounting**: graph memory counts in 2 MiB granules (`USED_MEM_*` and
 //!   `RESERVED_MEM_*`). A launch maps memory for each allocation of its graph that has none, and
 //!   that memory stays used (`USED_MEM_CURRENT`, "memory … currently associated with graphs")
@@ -185,17 +225,18 @@
 //!   `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED` (the error's own description) until
 //!   `cuStreamEndCapture`, which ends it with that error and a NULL graph (`cuda.h` documents the
 //!   NULL graph).
+//!   Settled by the probe's question `capture-conflicts`.
 //! - **Capture modes' "potentially unsafe" calls** (see the `capture` module for when a thread is
 //!   prohibited from them): `cuda.h` gives `cudaMalloc` as an example, not a list. The simulator
 //!   refuses the calls that allocate or free memory synchronously: `cuMemAlloc`, `cuMemFree`,
 //!   `cuMemAllocHost`, `cuMemFreeHost`, `cuMemAllocManaged` (`cuda.h`'s example, `cudaMalloc`, is
 //!   unsafe because the allocation is "not enqueued asynchronously to a stream", which holds for
-//!   each of these) and `cuMemPoolCreate` (on an H100 a global-mode capture refused other
-//!   threads' `cuMemPoolCreate`). The error is
-//!   `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` (its description: "not permitted when the stream is
-//!   capturing"), and the captures that prohibited the call are invalidated, the stricter
-//!   reading (a GPU may leave them valid: the probe's question `unsafe-call-invalidates`). The VMM calls, pool destruction and
-//!   host registration are not refused (no evidence yet).
+//!   each of these) and `cuMemPoolCreate` (on an H100 a global-mode capture refused other threads'
+//!   `cuMemPoolCreate`). The error is `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` (its description:
+//!   "not permitted when the stream is capturing"), and the captures that prohibited the call are
+//!   invalidated, the stricter reading (a GPU may leave them valid: the probe's question
+//!   `unsafe-call-invalidates`). The VMM calls, pool destruction and host registration are not
+//!   refused (no evidence yet).
 //! - **User objects** (see the `user_object` module): `cuUserObjectCreate` with a null destructor
 //!   or an initial count of 0 returns `CUDA_ERROR_INVALID_VALUE` (the count must be "nonzero" in
 //!   the other calls). Releasing more references than user code owns (`cuUserObjectRelease`, or
@@ -226,15 +267,20 @@
 //!   asynchronous launches"), until the context is destroyed (a primary context reset or
 //!   released). `cuEventDestroy` destroys the event all the same (`cuda.h` does not say; a
 //!   handle destroyed with an error is not used again).
+//!   Not probed: the fault ends the context, and `CUDA_ERROR_ILLEGAL_ADDRESS`'s own description is
+//!   the evidence for it; when the check is made (at the launch, in the simulator) is the stricter
+//!   reading.
 //! - **A copy from pageable host memory captured into a graph** reads its source when a launch
 //!   runs it, as a memcpy node does, not when it is captured (nothing is staged or waited for
 //!   at the capture); `cuda.h` does not refuse pageable memory in a capture. The application
 //!   must keep the source valid for every launch.
+//!   Settled by the probe's question `capture-edges`.
 //! - **A stream destroyed during a capture** (`cuda.h` says nothing of it) ends the capture
 //!   without a graph, as an invalidated capture ends: its work is discarded, the handle of its
 //!   graph (from `cuStreamGetCaptureInfo`) becomes invalid, the user object references the graph
 //!   was given are released, and its graph allocations' addresses stop being live. Destroying a
 //!   context ends its streams' captures so too.
+//!   Settled by the probe's question `capture-edges`.
 //! - **Cross-stream capture** (a stream joins a capture by waiting for an event recorded in it;
 //!   `capture`'s notes) keeps `cuda.h`'s errors (`CUDA_ERROR_STREAM_CAPTURE_UNJOINED`,
 //!   `_UNMATCHED`, `_MERGE`) where the documentation leaves the details open: a stream that
@@ -247,16 +293,22 @@
 //!   the per-thread stream's `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`, as its capture is). The
 //!   rehearsal of a GPU run (`CUDA_SIM_HIDE_CONTROLS=1`) found that the simulator did not model
 //!   joins before 2026-11-28, where a real driver does.
-//! - **Not modelled in capture**: a capturing stream waiting for an event recorded outside any
-//!   capture (`cuda.h`'s `CUDA_ERROR_STREAM_CAPTURE_ISOLATION` for a dependency crossing the
-//!   capture's boundary) waits for that event's recording instead of failing; capturing the
-//!   per-thread default stream (refused with `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`).
+//!   Settled by the probe's question `capture-dependencies` (joins and their dependency sets) and
+//!   the rehearsal; the errors are `cuda.h`'s.
+//! - **Not modelled in capture**: capturing the per-thread default stream (refused with
+//!   `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`: the probe's question
+//!   `per-thread-stream-during-capture`). A capturing stream's wait for an event recorded outside
+//!   any capture, which `cuda.h`'s `CUDA_ERROR_STREAM_CAPTURE_ISOLATION` may be read to forbid,
+//!   is a `WAIT_EVENT` node (see the capture's nodes above): settled by the probe's questions
+//!   `capture-edges` and `capture-dependencies`.
 //! - **A stream-ordered free on an idle stream takes effect at once**: `cuMemFreeAsync` on a
 //!   stream with no pending work, no capture and no implicit wait returns its memory to the pool
 //!   before the call returns, as the stream's worker would do next; with work pending it waits
 //!   its turn. The documentation promises only stream order; a GPU reaches the free as soon as
 //!   it reaches the stream's end, so memory freed on an idle stream may be reused at once there
 //!   too, and code that counted on a free taking time is wrong on either.
+//!   Settled by the probe's question `call-edges` (an allocation right after a free on an idle
+//!   stream: the same address or another).
 //! - **Pool allocations of 0 bytes** (`cuMemAllocFromPoolAsync`, `cuMemAllocAsync`) succeed, as
 //!   on GPUs (cuda.core's newer releases pass 0 to the driver and free what comes back with
 //!   `cuMemFreeAsync`, and its zero-size tests pass on GPUs; they check only the buffer's size
@@ -280,9 +332,14 @@
 //!   included, as reused pool memory is not cleared on a GPU; code must not count on fresh pool
 //!   memory being zero. Device addresses are still not reused until the arena wraps, so stale
 //!   device pointers are still reported.
+//!   Not a question: a GPU promises nothing about the bytes, and old bytes are the reading that
+//!   catches code expecting zeros.
 //! - **An unknown or destroyed pool handle** returns `CUDA_ERROR_INVALID_VALUE` (the driver's
 //!   pool functions document only that code for bad arguments).
+//!   Not probed: a destroyed pool's handle is undefined to use (nvbug 5698116 shows drivers
+//!   recycling the values), so no answer binds.
 //! - **`cuMemFreeAsync` of `cuMemAlloc` memory** returns `CUDA_ERROR_INVALID_VALUE`.
+//!   Settled by the probe's question `call-edges`.
 //! - **A copy or memset whose stream's device lacks access to another device's pool memory**
 //!   returns `CUDA_ERROR_INVALID_VALUE` at the call (hardware would fault later). So does one
 //!   touching another device's graph memory (the simulated allocation nodes give no peer access,
@@ -290,6 +347,8 @@
 //!   another device's `cuMemAlloc` memory: a GPU needs context peer access for it
 //!   (`cuCtxEnablePeerAccess`), which the simulator does not model. Copies of `cuMemAlloc` memory
 //!   between devices need none, as the driver stages them.
+//!   Not probed: on a GPU the copy faults when it runs, which would end the probe's context; the
+//!   simulator reports the mistake earlier than a GPU, at the call.
 //! - **A peer copy** (`cuMemcpyPeer`, `cuMemcpyPeerAsync`) reaches each side as the device of the
 //!   context named for it, not as the stream's device: pool memory needs no access grant when
 //!   named with a context of its own device, and another device's pool memory named with a
@@ -303,6 +362,7 @@
 //! - **A managed pool with a shareable handle type** is `CUDA_ERROR_NOT_SUPPORTED` at
 //!   `cuMemPoolCreate`, which `cuda.h` does not address (for a host pool it documents
 //!   `CUDA_ERROR_INVALID_VALUE`, which the simulator returns, for a managed host pool too).
+//!   Settled by the probe's question `call-edges`.
 //! - **A pool's reserve** grows in 2 MiB chunks and shrinks only at synchronization points or on
 //!   `cuMemPoolTrimTo` (see the `pool` module); `used` counts exact bytes. A failed allocation
 //!   changes no attribute of the pool, the high-water marks included. Bytes freed in stream
@@ -322,6 +382,7 @@
 //! - **Sizes whose rounding or accounting does not fit in 64 bits** (a pool allocation of
 //!   `SIZE_MAX` bytes, a shareable pool's `maxSize`, `cuMemCreate`, `cuMemAddressReserve`) are
 //!   `CUDA_ERROR_OUT_OF_MEMORY`, which each of these functions documents, and change nothing.
+//!   Settled by the probe's question `call-edges` (a pool allocation of `SIZE_MAX` bytes).
 //! - **nvbug 5698116 is modelled where it arises, a recycled pool handle**: by default every
 //!   pool gets a handle value never used before (so a destroyed pool's handle is always
 //!   detected) and starts with no peer access. With `CUDA_SIM_POOL_HANDLES=recycle`, a device
@@ -334,6 +395,7 @@
 //!   not gone, and the next pool gets a new value. Code that must revoke access before
 //!   destroying a pool is tested under `recycle`. Until 2026-11-25 the simulator passed the
 //!   access on to a pool with a new handle too, which no report describes.
+//!   Settled by the probe's question `peer-access-after-destroy`.
 //! - **PCI bus ids**: `cuDeviceGetPCIBusId` writes
 //!   `domain:bus:device.function` in lowercase hexadecimal with a 4-digit domain
 //!   (`0000:01:00.0`), from the physical device's `PCI_DOMAIN_ID` (0), `PCI_BUS_ID` (physical
@@ -343,6 +405,7 @@
 //!   the three forms `cuda.h` lists, hexadecimal in either case; anything else (spaces, empty
 //!   parts, a fourth part) is `CUDA_ERROR_INVALID_VALUE`, and a well-formed id of no visible
 //!   device `CUDA_ERROR_INVALID_DEVICE`.
+//!   Settled by the probe's question `pci-bus-id`.
 //! - **`cuMemFree` never waits for work still using the memory.** `cuda.h`: it "will not
 //!   perform any implicit synchronization" for stream-ordered memory, and "may" for other
 //!   pointers; the API synchronization behavior page says nothing more. The simulator reads
@@ -360,18 +423,23 @@
 //!   whatever context is current, another device's or none, and no context's sticky error is
 //!   reported; `cuMemAlloc` memory of a context destroyed since is gone with it
 //!   (`CUDA_ERROR_INVALID_VALUE`).
+//!   Settled by the probe's question `call-edges` (event calls and `cuMemFree` on a thread with no
+//!   current context).
 //! - **Address hints** (`cuMemAddressReserve`) are honoured whenever the range is free and
 //!   aligned, unless `CUDA_SIM_ADDRESS_HINTS` says otherwise: `refuse-all` honours none,
 //!   `refuse-every-N` refuses every N-th call that gives a hint. The driver need not honour a
 //!   hint (an H100 moved 32 of 511 in-place growth steps of `cuda-mem-vmm`), so code that asks
 //!   for an address must work at another one; a refused hint's reservation starts elsewhere
 //!   even when the hinted range is free.
+//!   Settled by the probe's question `address-hint`.
 //! - **A zero-length copy or memset at a one-past-the-end device pointer** returns
 //!   `CUDA_ERROR_INVALID_VALUE` (the pointer is not inside a live allocation).
+//!   Settled by the probe's question `call-edges`.
 //! - **Pool sharing**: importing a pointer into the pool that exported it (rather than into an
 //!   imported pool) returns `CUDA_ERROR_INVALID_VALUE`; exported pointer data carries a checksum,
 //!   so any altered byte is refused; a duplicate import in one process returns the same pointer
 //!   without counting (as the driver does), so the second free fails.
+//!   Settled by the probe's questions `pointer-import-two-pools` and `pool-import-twice`.
 //! - **An exporter that frees before its importers** (`cuda.h`, `cuMemPoolImportPointer`: "The
 //!   imported memory must be freed from all importing processes before being freed in the
 //!   exporting process"; what happens otherwise is not documented): when the exporter's free
@@ -397,11 +465,13 @@
 //!   `CUDA_SIM_IMEX_CHANNEL` grants one, its `cuMemCreate` with the fabric handle type is
 //!   `CUDA_ERROR_NOT_PERMITTED`, and a fabric handle carries its exporter's channel, which the
 //!   importer must have. Until 2026-11-29 fabric handles worked without any channel.
+//!   Settled by the probe's question `fabric-channel`.
 //! - **A second import of one pool** (`cuMemPoolImportFromShareableHandle` of a pool this
 //!   process has imported already) gets a handle of its own; the documentation does not say
 //!   either way. `CUDA_SIM_POOL_IMPORT=same-handle` models the other reading: the first import's
 //!   handle comes back, uncounted, so one `cuMemPoolDestroy` destroys the pool for both; code
 //!   that imports a pool twice is tested against both.
+//!   Settled by the probe's question `pool-import-twice`.
 //! - **VMM**: reservation sizes and hints must be multiples of the host page; mappings and
 //!   physical sizes must be multiples of the granularity (2 MiB on every simulated device); a
 //!   `cuMemSetAccess` range must start and end on the granularity and be made of whole mappings
@@ -418,6 +488,8 @@
 //!   `CUDA_ERROR_NOT_SUPPORTED`; VMM memory is never host-accessible here, even host-located
 //!   memory (the simulator reaches it through its own alias); pointer attributes do not describe
 //!   VMM addresses.
+//!   Settled in part by the probe's questions `address-hint`, `address-range` and `vmm-map-past-
+//!   the-allocation`; the rest follows `cuMemMap`'s and `cuMemSetAccess`'s stated requirements.
 //! - **The files behind shared memory** (a POSIX-fd shareable pool's `memfd`, a VMM
 //!   allocation's) are sealed at their size (`F_SEAL_SHRINK`, `F_SEAL_GROW`, `F_SEAL_SEAL`), so an
 //!   importer's `ftruncate` fails with `EPERM` instead of killing every process that maps the
@@ -429,6 +501,7 @@
 //!   `pool-import-not-a-pool` asks a GPU's driver the same).
 //! - **Fabric handles** name the exporting process and its descriptor for the memory, so an
 //!   import works only while the exporter holds the allocation.
+//!   Settled by the probe's question `fabric-channel` (on a machine with an IMEX channel).
 //! - **Interprocess events** (`cuIpcGetEventHandle`, `cuIpcOpenEventHandle`): exporting an event
 //!   created without `CU_EVENT_INTERPROCESS` is `CUDA_ERROR_INVALID_HANDLE` (the event is the
 //!   argument at fault; the runtime's counterpart answers `cudaErrorInvalidResourceHandle`). A
@@ -440,6 +513,7 @@
 //!   event; its latest recording, from either, is what queries and waits see. A stream waiting
 //!   for another process's recording polls its progress (20 µs to 1 ms apart), so such a wait
 //!   may end up to a millisecond late, never early.
+//!   Settled by the probe's question `ipc-event`.
 //! - **`CUDA_VISIBLE_DEVICES` entries** are read as narrowly as the CUDA documentation's
 //!   examples: a decimal index (no sign, no spaces), or `GPU-` and the UUID's lowercase hex as
 //!   `nvidia-smi` prints it, whole or a prefix that matches exactly one device. Anything else
@@ -447,12 +521,16 @@
 //!   simulated device is in MIG mode) is an invalid entry, which, as documented, hides it and
 //!   every entry after it; so is a second mention of one device. An empty value hides every
 //!   device (`cuInit` returns `CUDA_ERROR_NO_DEVICE`), as with the real driver.
+//!   Open: a child started with each malformed form (and counting devices) would settle it; not yet
+//!   a probe question, as the probe's children inherit the parent's environment.
 //! - **An imported pool or VMM allocation on a device this process does not see** (hidden by
 //!   `CUDA_VISIBLE_DEVICES`) is refused: `cuMemPoolImportFromShareableHandle` and
 //!   `cuMemImportFromShareableHandle` (file descriptor or fabric handle) return
 //!   `CUDA_ERROR_INVALID_VALUE`, which `cuda.h` documents for both; what the real driver does is
 //!   not documented. Such records name the device by its physical index, so processes that
 //!   number the devices differently agree on which one it is.
+//!   Open, as above, and it needs two GPUs: an importer started with `CUDA_VISIBLE_DEVICES` hiding
+//!   the exporter's device.
 //! - **Managed memory operations** (`cuMemAdvise`, `cuMemPrefetchAsync`, the batched prefetches
 //!   and discards, `cuMemRangeGetAttribute(s)`; see `api::managed`) accept managed memory only,
 //!   `cuMemAllocManaged`'s or a managed pool's (cuda.core advises pool memory; the pointer
@@ -462,6 +540,7 @@
 //!   leaves its allocation's last page (the documentation says neither). Each needs a current
 //!   context (`cuMemRangeGetAttributes` documents `CUDA_ERROR_INVALID_CONTEXT`; the others are
 //!   read the same way).
+//!   Settled by the probe's question `managed-range-errors`.
 //! - **Advice and prefetch locations**: a device that lacks concurrent managed access, or an
 //!   ordinal that names none, is `CUDA_ERROR_INVALID_DEVICE`; a host NUMA node other than 0 (the
 //!   simulated host's only node, also the calling thread's) and a location type an advice does
@@ -469,20 +548,26 @@
 //!   `CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS` (89) as 0, the managed operations behave as
 //!   on such devices, and the batched calls, which need it on every device ("otherwise the API
 //!   will return an error", code unnamed), return `CUDA_ERROR_NOT_SUPPORTED`.
+//!   Settled by the probe's questions `managed-range-errors` and `managed-ignored-location-ids` (a
+//!   device without concurrent managed access needs such a GPU).
 //! - **Batched prefetches and discards** on the legacy NULL stream ("must not be") and with an
 //!   empty or malformed location table (no entry, more entries than operations, a first index
 //!   other than 0, indices not increasing or past the last operation) return
 //!   `CUDA_ERROR_INVALID_VALUE`; every operation is checked before any is recorded or enqueued.
+//!   Settled in part by the probe's question `managed-discard`; the location table's rules follow
+//!   `cuda.h`'s description of it.
 //! - **A discard** overwrites the discarded pages with `0xDB` in stream order, so code that
 //!   reads discarded memory without writing or prefetching it first sees wrong values ("an
 //!   indeterminate value"); a prefetch moves nothing (the memory is host memory here) but runs in
 //!   stream order, and the last prefetch location is recorded when the call is made (what the
 //!   application requested, as documented).
+//!   Settled by the probe's question `managed-discard`.
 //! - **Range attributes' ids where the type says to ignore them** (`PREFERRED_LOCATION_ID` and
 //!   `LAST_PREFETCH_LOCATION_ID` for the host or no location) read `CU_DEVICE_INVALID`; the
 //!   legacy `PREFERRED_LOCATION` and `LAST_PREFETCH_LOCATION` report a host NUMA node as
 //!   `CU_DEVICE_CPU` (it is the CPU); `ACCESSED_BY` lists devices in ordinal order, then the
 //!   host as `CU_DEVICE_CPU`.
+//!   Settled by the probe's question `managed-ignored-location-ids`.
 //! - **Copies with attributes** (`cuMemcpyBatchAsync`, `cuMemcpyWithAttributesAsync`; see
 //!   `api::copy_batch`): on a capturing stream they return `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`
 //!   and leave the capture valid (no graph node represents them; RAPIDS reported exactly this of
@@ -526,3 +611,5 @@
 //!   registration) at 11.1 and 114 (timeline semaphores) at 11.2, the releases of what they
 //!   describe. Attributes not in the table are taken as known to CUDA 11.0, the oldest version
 //!   the setting takes.
+//!   Not a question for a GPU: it describes the simulator's pretence, which the tests of each
+//!   library's version checks rely on.
