@@ -170,10 +170,11 @@ fn the_managed_answers_are_the_simulators(answers: &[(String, String)]) {
     );
 }
 
-/// Questions 19-34: the readings `cuda_sim::conservative` takes for batch copies, graphs, graph
+/// Questions 19-38: the readings `cuda_sim::conservative` takes for batch copies, graphs, graph
 /// memory, capture modes and user objects; descriptors of other kinds, an exporter freeing first,
 /// and IMEX channels; zero bytes allocated in a capture, graph memory's release, a capture's
-/// dependencies; single calls' and captures' edges, the primary context's, address ranges.
+/// dependencies; single calls' and captures' edges, the primary context's, address ranges,
+/// mappings past an allocation, and copies of the wrong memory.
 fn the_conservative_readings_are_the_simulators(answers: &[(String, String)]) {
     assert_eq!(
         answer(answers, "batch-copy-edges"),
@@ -239,6 +240,7 @@ fn the_conservative_readings_are_the_simulators(answers: &[(String, String)]) {
     the_context_edges_are_the_simulators(answers);
     the_address_ranges_are_the_allocations(answers);
     a_mapping_past_the_allocation_is_refused(answers);
+    copies_of_the_wrong_memory_are_refused(answers);
 }
 
 /// Questions 28-30: zero bytes allocated in a capture, when graph memory stops counting as
@@ -270,12 +272,26 @@ fn the_capture_and_graph_memory_readings_are_the_simulators(answers: &[(String, 
 }
 
 /// Question 33: the primary context's edges; the memory of a free pending when the context went
-/// comes back (issue 29: it stayed reserved for good).
+/// comes back (issue 29: it stayed reserved for good); created contexts refuse execution
+/// affinity, an event records on no other context's stream, and a primary context is not
+/// `cuCtxDestroy`'s.
 fn the_context_edges_are_the_simulators(answers: &[(String, String)]) {
     assert_eq!(
         answer(answers, "context-edges"),
         "destroy legacy INVALID_HANDLE, per-thread INVALID_HANDLE; last release with a free pending ok (at once); \
-         release again INVALID_CONTEXT; retain again ok (a new value); free memory after as before"
+         release again INVALID_CONTEXT; retain again ok (a new value); free memory after as before; cuCtxCreate_v4 \
+         with an SM-count affinity NOT_SUPPORTED; a created context's event recorded on the primary's stream \
+         INVALID_HANDLE; cuCtxDestroy of the primary INVALID_CONTEXT"
+    );
+}
+
+/// Question 38: copies naming device memory as host memory, and from a freed pointer, are
+/// refused, and the context lives on.
+fn copies_of_the_wrong_memory_are_refused(answers: &[(String, String)]) {
+    assert_eq!(
+        answer(answers, "unsafe-edges"),
+        "htod-device-source: INVALID_VALUE; dtoh-device-destination: INVALID_VALUE; freed-pointer-copy: \
+         INVALID_VALUE, then cuCtxSynchronize ok"
     );
 }
 
@@ -308,7 +324,13 @@ fn the_call_and_capture_edges_are_the_simulators(answers: &[(String, String)]) {
          cuMemsetD16(odd) INVALID_VALUE; cuMemsetD32(ptr+2) INVALID_VALUE; cuMemsetD8(end, 0 bytes) INVALID_VALUE; \
          cuMemcpyDtoD(end, 0 bytes) INVALID_VALUE; cuPointerGetAttribute(IS_MANAGED) writes 1 byte(s); \
          cuMemFreeAsync(cuMemAlloc memory) INVALID_VALUE; cuMemAllocFromPoolAsync(SIZE_MAX) OUT_OF_MEMORY; managed \
-         pool with POSIX fd handles NOT_SUPPORTED"
+         pool with POSIX fd handles NOT_SUPPORTED; cuCtxRecordEvent(NULL) INVALID_CONTEXT; cuCtxGetLimit: stack 1024, \
+         printf FIFO 1048576, malloc heap 8388608, pending launches 2048, L2 fetch granularity 64, sync depth \
+         UNSUPPORTED_LIMIT; cuStreamAttachMemAsync(SINGLE, legacy stream) INVALID_VALUE; \
+         cuStreamAttachMemAsync(cuMemAlloc memory) INVALID_VALUE; cuStreamAttachMemAsync(half a managed allocation) \
+         INVALID_VALUE; cuMemGetMemPool(absent device) INVALID_VALUE; cuMemGetDefaultMemPool(absent device) \
+         INVALID_DEVICE; allocation after a free on an idle stream: another address (the pool's reserve then 2 MiB); \
+         with no current context: cuEventQuery ok, cuEventSynchronize ok, cuEventDestroy ok, cuMemFree ok"
     );
     assert_eq!(
         answer(answers, "capture-edges"),

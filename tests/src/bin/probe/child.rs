@@ -13,6 +13,7 @@
 
 use std::ffi::c_int;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::process::ExitStatusExt;
 use std::process::{Command, ExitCode, Stdio};
 use std::rc::Rc;
 use std::time::Duration;
@@ -70,8 +71,12 @@ impl Input {
 /// A child side: what the child does with the input, recording what it observes.
 pub(crate) type ChildSide = fn(&Input, &mut Details) -> Result<(), Error>;
 
+/// The detail naming the signal that ended a child, where one did (a crash: 11 is `SIGSEGV`).
+pub(crate) const SIGNAL_KEY: &str = "child_signal";
+
 /// Runs the child side `name` in a new process, hands it `payload` and `fds`, and returns what
-/// it observed; the detail `child` says how it ended.
+/// it observed; the detail `child` says how it ended, and [`SIGNAL_KEY`] the signal that ended
+/// it, if one did.
 pub(crate) fn ask(name: &str, payload: &[u8], fds: &[BorrowedFd<'_>]) -> Result<Details, Error> {
     ask_and_answer(name, payload, fds, |_, _| None)
 }
@@ -124,7 +129,12 @@ pub(crate) fn ask_and_answer(
     };
     drop(channel);
     let status = match process.wait(CHILD_TIMEOUT) {
-        Ok(status) => status.to_string(),
+        Ok(status) => {
+            if let Some(signal) = status.signal() {
+                details.put(SIGNAL_KEY, signal);
+            }
+            status.to_string()
+        }
         Err(e) => e.to_string(),
     };
     details.put("child", format!("{end}; {status}"));

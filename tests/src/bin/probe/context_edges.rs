@@ -11,16 +11,29 @@
 //! while that free is pending, releases once more, retains again, and compares the device's
 //! free memory (`cuMemGetInfo`) with what it was before the allocation, after a synchronize and
 //! a trim of the default pool.
+//!
+//! Then the created contexts' edges (`cuCtxCreate_v4`), where the simulator refuses execution
+//! affinity (`CUDA_ERROR_NOT_SUPPORTED`: "only supported under Volta+ MPS"), an event recorded
+//! on a stream of another context (`CUDA_ERROR_INVALID_HANDLE`, as `cuCtxRecordEvent` documents
+//! for its context) and `cuCtxDestroy` of a primary context (`CUDA_ERROR_INVALID_CONTEXT`): the
+//! child creates a context with one SM-count affinity parameter (destroyed if made), creates one
+//! with no parameters, creates an event in it, pops it, records that event on a stream of the
+//! primary context, destroys the created context, and last calls `cuCtxDestroy` on the primary
+//! context's handle (a driver that destroys it leaves the child's own release to fail, which is
+//! only noted).
 
 use std::time::{Duration, Instant};
 
-use cuda_mem_sys::types::{CUcontext, CUdevice, CUdeviceptr, CUmemoryPool, CUstream};
+use cuda_mem_sys::types::{
+    CUcontext, CUctxCreateParams, CUdevice, CUdeviceptr, CUexecAffinityParam, CUexecAffinityParam_st__bindgen_ty_1,
+    CUexecAffinitySmCount, CUexecAffinityType, CUmemoryPool, CUstream,
+};
 use cuda_mem_sys::{CudaError, cu_call, driver};
 
 use crate::capture::short;
 use crate::child::{self, Input};
 use crate::gate::Gate;
-use crate::owned::free_async;
+use crate::owned::{OwnedEvent, OwnedStream, free_async};
 use crate::raw::{Call, LEGACY, PER_THREAD, alloc_async, code, memory_info};
 use crate::report::Details;
 use crate::runner::Setup;
@@ -32,8 +45,10 @@ pub(crate) const QUESTION: Question = Question {
     question: "In a process holding one retain of device 0's primary context: cuStreamDestroy of CU_STREAM_LEGACY \
                and of CU_STREAM_PER_THREAD; cuDevicePrimaryCtxRelease (the last) while a stream-ordered free is \
                pending (does it wait?), then once more without a retain; the handle cuDevicePrimaryCtxRetain then \
-               gives (the old value or a new one); and the device's free memory after a synchronize and a trim, \
-               against before the allocation",
+               gives (the old value or a new one); the device's free memory after a synchronize and a trim, \
+               against before the allocation; cuCtxCreate_v4 with one execution-affinity parameter (1 SM); \
+               cuEventRecord of a created context's event on a stream of the primary context; cuCtxDestroy of the \
+               primary context",
     run,
     child: Some(child_side),
 };
@@ -58,6 +73,16 @@ fn run(_setup: &Setup<'_>, details: &mut Details) -> Result<String, Error> {
         get("retain_again"),
         observed.get("handle").unwrap_or("?"),
         observed.get("memory_after").unwrap_or("not reached"),
+    );
+    let across = match observed.get("create_plain") {
+        Some("CUDA_SUCCESS") | None => get("record_across"),
+        Some(created) => format!("not asked (cuCtxCreate_v4 {})", short(created)),
+    };
+    let answer = format!(
+        "{answer}; cuCtxCreate_v4 with an SM-count affinity {}; a created context's event recorded on the primary's \
+         stream {across}; cuCtxDestroy of the primary {}",
+        get("create_affinity"),
+        get("destroy_primary"),
     );
     details.absorb("child", observed);
     Ok(answer)
@@ -106,7 +131,74 @@ fn child_side(_input: &Input, details: &mut Details) -> Result<(), Error> {
         format!("{} MiB higher", -lower / MIB)
     };
     details.put("memory_after", memory);
+    created_context_edges(device, new, details)
+}
+
+/// The child's last steps, with `primary` current: a context created with an execution-affinity
+/// parameter, an event of a created context recorded on a stream of the primary one, and
+/// `cuCtxDestroy` of the primary context.
+fn created_context_edges(device: CUdevice, primary: CUcontext, details: &mut Details) -> Result<(), Error> {
+    let affinity = create_context(device, true);
+    details.put("create_affinity", code(&affinity));
+    if let Ok(created) = affinity {
+        details.put("create_affinity.destroy", code(&destroy_context(created)));
+        set_current(primary)?;
+    }
+    let created = create_context(device, false);
+    details.put("create_plain", code(&created));
+    if let Ok(created) = created {
+        // Made current by its creation: the event is the created context's.
+        let event = OwnedEvent::new();
+        details.put("created_event", code(&event));
+        let mut popped: CUcontext = std::ptr::null_mut();
+        let d = driver()?;
+        // SAFETY: `popped` is a valid out-pointer; the created context is on this thread's stack.
+        let pop = unsafe { cu_call!(d, cuCtxPopCurrent_v2(&mut popped)) };
+        details.put("pop", code(&pop));
+        set_current(primary)?;
+        if let Ok(event) = event {
+            let stream = OwnedStream::new(false)?;
+            details.put("record_across", code(&event.record(stream.raw())));
+            drop((stream, event));
+        }
+        details.put("destroy_created", code(&destroy_context(created)));
+    }
+    details.put("destroy_primary", code(&destroy_context(primary)));
     Ok(())
+}
+
+/// `cuCtxCreate_v4` on `device`: with one execution-affinity parameter (1 SM), or with no
+/// parameters. The context is current on return.
+fn create_context(device: CUdevice, affinity: bool) -> Result<CUcontext, CudaError> {
+    let d = driver()?;
+    let mut sm_count = CUexecAffinityParam {
+        type_: CUexecAffinityType::CU_EXEC_AFFINITY_TYPE_SM_COUNT,
+        param: CUexecAffinityParam_st__bindgen_ty_1 { smCount: CUexecAffinitySmCount { val: 1 } },
+    };
+    let mut params = CUctxCreateParams {
+        execAffinityParams: &raw mut sm_count,
+        numExecAffinityParams: 1,
+        cigParams: std::ptr::null_mut(),
+    };
+    let params: *mut CUctxCreateParams = if affinity { &raw mut params } else { std::ptr::null_mut() };
+    let mut context: CUcontext = std::ptr::null_mut();
+    // SAFETY: `context` is a valid out-pointer; `params` is null or points to parameters (and
+    // their one affinity entry) alive for the call; `device` came from the driver.
+    unsafe { cu_call!(d, cuCtxCreate_v4(&mut context, params, 0, device)) }?;
+    Ok(context)
+}
+
+/// `cuCtxDestroy_v2` of any context handle (a primary context's included: the question).
+fn destroy_context(context: CUcontext) -> Call {
+    let d = driver()?;
+    // SAFETY: the handle came from the driver; a context this child created is not used after.
+    unsafe { cu_call!(d, cuCtxDestroy_v2(context)) }
+}
+
+fn set_current(context: CUcontext) -> Call {
+    let d = driver()?;
+    // SAFETY: the context is retained (the primary) or created by this child, alive.
+    unsafe { cu_call!(d, cuCtxSetCurrent(context)) }
 }
 
 fn destroy_stream(stream: CUstream) -> Call {

@@ -31,7 +31,7 @@
 //! [`unsafe_calls`], [`user_object`], [`pool_import_not_a_pool`], [`exporter_frees_first`],
 //! [`fabric_channel`], [`zero_byte_capture`], [`graph_memory_release`], [`capture_dependencies`],
 //! [`call_edges`], [`capture_edges`], [`context_edges`], [`address_range`],
-//! [`peer_copy_pool`], [`vmm_map_past`].
+//! [`peer_copy_pool`], [`vmm_map_past`], [`unsafe_edges`].
 
 mod address_hint;
 mod address_range;
@@ -72,6 +72,7 @@ mod raw;
 mod report;
 mod runner;
 mod unsafe_calls;
+mod unsafe_edges;
 mod user_object;
 mod vmm_map_past;
 mod zero_byte;
@@ -108,7 +109,7 @@ pub(crate) struct Question {
 }
 
 /// Every question, in the order they are asked.
-pub(crate) const QUESTIONS: [Question; 36] = [
+pub(crate) const QUESTIONS: [Question; 37] = [
     pool_import::QUESTION,
     pointer_import::QUESTION,
     imported_access::QUESTION,
@@ -145,6 +146,7 @@ pub(crate) const QUESTIONS: [Question; 36] = [
     address_range::QUESTION,
     peer_copy_pool::QUESTION,
     vmm_map_past::QUESTION,
+    unsafe_edges::QUESTION,
 ];
 
 /// The child side of the question `name`.
