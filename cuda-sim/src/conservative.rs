@@ -413,7 +413,7 @@
 //!   still completes (on memory no longer the caller's), and every later use of the pointer is
 //!   `CUDA_ERROR_INVALID_VALUE`. Code must synchronize before freeing. Whether a GPU waits is the
 //!   probe's question `free-with-pending-work`.
-//! - **No current context is needed** by `cuEventSynchronize`, `cuEventDestroy`,
+//! - **No current context is needed** by `cuEventQuery`, `cuEventSynchronize`, `cuEventDestroy`,
 //!   `cuEventElapsedTime` and `cuStreamDestroy`, although `cuda.h` lists
 //!   `CUDA_ERROR_INVALID_CONTEXT` for each (generically, as for most calls): the handle names its
 //!   context, and real drivers do not require one current (`cuda-mem-core`'s event and stream

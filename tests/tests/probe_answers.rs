@@ -239,6 +239,7 @@ fn the_conservative_readings_are_the_simulators(answers: &[(String, String)]) {
     the_call_and_capture_edges_are_the_simulators(answers);
     the_context_edges_are_the_simulators(answers);
     the_address_ranges_are_the_allocations(answers);
+    gone_streams_work_is_waited_for(answers);
     a_mapping_past_the_allocation_is_refused(answers);
     copies_of_the_wrong_memory_are_refused(answers);
 }
@@ -304,6 +305,16 @@ fn a_mapping_past_the_allocation_is_refused(answers: &[(String, String)]) {
     );
 }
 
+/// Question 37: `cuCtxSynchronize` waits for the work of streams with no handle (issue 29: the
+/// simulator forgot an exited thread's per-thread stream).
+fn gone_streams_work_is_waited_for(answers: &[(String, String)]) {
+    let waited = "cuCtxSynchronize CUDA_SUCCESS waited for it, the memset had run";
+    assert_eq!(
+        answer(answers, "gone-stream-work"),
+        format!("exited thread's per-thread stream: {waited}; destroyed stream: {waited}")
+    );
+}
+
 /// Question 34: `cuMemGetAddressRange` names each allocation itself, a VMM mapping included,
 /// which the DLPack import's range check relies on.
 fn the_address_ranges_are_the_allocations(answers: &[(String, String)]) {
@@ -329,7 +340,7 @@ fn the_call_and_capture_edges_are_the_simulators(answers: &[(String, String)]) {
          UNSUPPORTED_LIMIT; cuStreamAttachMemAsync(SINGLE, legacy stream) INVALID_VALUE; \
          cuStreamAttachMemAsync(cuMemAlloc memory) INVALID_VALUE; cuStreamAttachMemAsync(half a managed allocation) \
          INVALID_VALUE; cuMemGetMemPool(absent device) INVALID_VALUE; cuMemGetDefaultMemPool(absent device) \
-         INVALID_DEVICE; allocation after a free on an idle stream: another address (the pool's reserve then 2 MiB); \
+         INVALID_DEVICE; allocation after a free on an idle stream: the pool's reserve then 2 MiB; \
          with no current context: cuEventQuery ok, cuEventSynchronize ok, cuEventDestroy ok, cuMemFree ok"
     );
     assert_eq!(

@@ -31,7 +31,7 @@
 //! [`unsafe_calls`], [`user_object`], [`pool_import_not_a_pool`], [`exporter_frees_first`],
 //! [`fabric_channel`], [`zero_byte_capture`], [`graph_memory_release`], [`capture_dependencies`],
 //! [`call_edges`], [`capture_edges`], [`context_edges`], [`address_range`],
-//! [`peer_copy_pool`], [`vmm_map_past`], [`unsafe_edges`].
+//! [`peer_copy_pool`], [`vmm_map_past`], [`gone_stream_work`], [`unsafe_edges`].
 
 mod address_hint;
 mod address_range;
@@ -49,6 +49,7 @@ mod fabric_channel;
 mod failed_alloc;
 mod free_pending;
 mod gate;
+mod gone_stream_work;
 mod graph_launch_capture;
 mod graph_memory;
 mod graph_memory_release;
@@ -109,7 +110,7 @@ pub(crate) struct Question {
 }
 
 /// Every question, in the order they are asked.
-pub(crate) const QUESTIONS: [Question; 37] = [
+pub(crate) const QUESTIONS: [Question; 38] = [
     pool_import::QUESTION,
     pointer_import::QUESTION,
     imported_access::QUESTION,
@@ -146,6 +147,7 @@ pub(crate) const QUESTIONS: [Question; 37] = [
     address_range::QUESTION,
     peer_copy_pool::QUESTION,
     vmm_map_past::QUESTION,
+    gone_stream_work::QUESTION,
     unsafe_edges::QUESTION,
 ];
 
