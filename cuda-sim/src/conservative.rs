@@ -521,16 +521,16 @@
 //!   simulated device is in MIG mode) is an invalid entry, which, as documented, hides it and
 //!   every entry after it; so is a second mention of one device. An empty value hides every
 //!   device (`cuInit` returns `CUDA_ERROR_NO_DEVICE`), as with the real driver.
-//!   Open: a child started with each malformed form (and counting devices) would settle it; not yet
-//!   a probe question, as the probe's children inherit the parent's environment.
+//!   Settled by the probe's question `visible-devices` (a child started with each form counts the
+//!   devices it sees).
 //! - **An imported pool or VMM allocation on a device this process does not see** (hidden by
 //!   `CUDA_VISIBLE_DEVICES`) is refused: `cuMemPoolImportFromShareableHandle` and
 //!   `cuMemImportFromShareableHandle` (file descriptor or fabric handle) return
 //!   `CUDA_ERROR_INVALID_VALUE`, which `cuda.h` documents for both; what the real driver does is
 //!   not documented. Such records name the device by its physical index, so processes that
 //!   number the devices differently agree on which one it is.
-//!   Open, as above, and it needs two GPUs: an importer started with `CUDA_VISIBLE_DEVICES` hiding
-//!   the exporter's device.
+//!   Settled by the probe's question `hidden-device-import` (the pool import; it needs two GPUs),
+//!   which a VMM import would follow.
 //! - **Managed memory operations** (`cuMemAdvise`, `cuMemPrefetchAsync`, the batched prefetches
 //!   and discards, `cuMemRangeGetAttribute(s)`; see `api::managed`) accept managed memory only,
 //!   `cuMemAllocManaged`'s or a managed pool's (cuda.core advises pool memory; the pointer

@@ -240,6 +240,7 @@ fn the_conservative_readings_are_the_simulators(answers: &[(String, String)]) {
     the_context_edges_are_the_simulators(answers);
     the_address_ranges_are_the_allocations(answers);
     gone_streams_work_is_waited_for(answers);
+    visible_devices_are_read_narrowly(answers);
     a_mapping_past_the_allocation_is_refused(answers);
     copies_of_the_wrong_memory_are_refused(answers);
 }
@@ -313,6 +314,18 @@ fn gone_streams_work_is_waited_for(answers: &[(String, String)]) {
         answer(answers, "gone-stream-work"),
         format!("exited thread's per-thread stream: {waited}; destroyed stream: {waited}")
     );
+}
+
+/// Questions 39 and 40: `CUDA_VISIBLE_DEVICES` read as narrowly as its documentation's
+/// examples, and an import of a pool on a device the importer does not see refused.
+fn visible_devices_are_read_narrowly(answers: &[(String, String)]) {
+    assert_eq!(
+        answer(answers, "visible-devices"),
+        "0: 1 device(s); the GPU-UUID: 1 device(s); an 8-digit prefix: 1 device(s); ' 0': cuInit NO_DEVICE; \
+         uppercase: cuInit NO_DEVICE; no GPU-: cuInit NO_DEVICE; bare GPU-: cuInit NO_DEVICE; 0,0: 1 device(s); \
+         x,0: cuInit NO_DEVICE; empty: cuInit NO_DEVICE"
+    );
+    assert_eq!(answer(answers, "hidden-device-import"), "the import INVALID_VALUE");
 }
 
 /// Question 34: `cuMemGetAddressRange` names each allocation itself, a VMM mapping included,

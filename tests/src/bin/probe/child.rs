@@ -33,6 +33,10 @@ pub(crate) const CHILD_ARG: &str = "--child";
 /// How long the parent waits for each message of the child, and for its exit.
 const CHILD_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// The child sides that initialize the driver themselves, with no context opened for them
+/// (they ask what a process sees, devices hidden included).
+const OPENS_ITS_OWN_CONTEXT: [&str; 1] = [crate::visible_devices::QUESTION.name];
+
 /// Message kinds: the parent's input, an observation, the end, the child's error, and the
 /// parent's answer to an observation (its word to go on).
 const KIND_INPUT: u16 = 1;
@@ -89,6 +93,28 @@ pub(crate) fn ask_and_answer(
     name: &str,
     payload: &[u8],
     fds: &[BorrowedFd<'_>],
+    react: impl FnMut(&str, &str) -> Option<Vec<u8>>,
+) -> Result<Details, Error> {
+    run_child(name, payload, fds, &[], react)
+}
+
+/// [`ask`] of a child started with the environment variables `env` set besides the parent's
+/// (`CUDA_VISIBLE_DEVICES`, which the driver reads when the child initializes it).
+pub(crate) fn ask_with_env(
+    name: &str,
+    payload: &[u8],
+    fds: &[BorrowedFd<'_>],
+    env: &[(&str, &str)],
+) -> Result<Details, Error> {
+    run_child(name, payload, fds, env, |_, _| None)
+}
+
+/// Starts the child side `name` with `env` set, hands it its input and collects what it sends.
+fn run_child(
+    name: &str,
+    payload: &[u8],
+    fds: &[BorrowedFd<'_>],
+    env: &[(&str, &str)],
     mut react: impl FnMut(&str, &str) -> Option<Vec<u8>>,
 ) -> Result<Details, Error> {
     let exe = std::env::current_exe()?;
@@ -97,6 +123,7 @@ pub(crate) fn ask_and_answer(
     command
         .args([CHILD_ARG, name])
         .env(DRIVER_ENV, driver)
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
@@ -174,7 +201,8 @@ fn run_side(name: &str, channel: &Rc<Channel>) -> Result<(), Error> {
         return Err(format!("expected the input, got a message of kind {}", message.kind).into());
     }
     let input = Input { payload: message.payload, fds: message.fds, channel: Rc::clone(channel) };
-    let _context = PrimaryContext::open()?;
+    // A side that asks what the driver sees before any context opens its own.
+    let _context = if OPENS_ITS_OWN_CONTEXT.contains(&name) { None } else { Some(PrimaryContext::open()?) };
     let forward = Rc::clone(channel);
     let mut details = Details::forwarding(move |key, value| {
         // A parent that is gone no longer reads; the child finishes on its own.

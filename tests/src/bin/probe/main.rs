@@ -31,7 +31,8 @@
 //! [`unsafe_calls`], [`user_object`], [`pool_import_not_a_pool`], [`exporter_frees_first`],
 //! [`fabric_channel`], [`zero_byte_capture`], [`graph_memory_release`], [`capture_dependencies`],
 //! [`call_edges`], [`capture_edges`], [`context_edges`], [`address_range`],
-//! [`peer_copy_pool`], [`vmm_map_past`], [`gone_stream_work`], [`unsafe_edges`].
+//! [`peer_copy_pool`], [`vmm_map_past`], [`gone_stream_work`], [`unsafe_edges`],
+//! [`visible_devices`], [`hidden_device_import`].
 
 mod address_hint;
 mod address_range;
@@ -53,6 +54,7 @@ mod gone_stream_work;
 mod graph_launch_capture;
 mod graph_memory;
 mod graph_memory_release;
+mod hidden_device_import;
 mod host_pool_access;
 mod imported_access;
 mod ipc_event;
@@ -75,6 +77,7 @@ mod runner;
 mod unsafe_calls;
 mod unsafe_edges;
 mod user_object;
+mod visible_devices;
 mod vmm_map_past;
 mod zero_byte;
 mod zero_byte_capture;
@@ -110,7 +113,7 @@ pub(crate) struct Question {
 }
 
 /// Every question, in the order they are asked.
-pub(crate) const QUESTIONS: [Question; 38] = [
+pub(crate) const QUESTIONS: [Question; 40] = [
     pool_import::QUESTION,
     pointer_import::QUESTION,
     imported_access::QUESTION,
@@ -149,6 +152,8 @@ pub(crate) const QUESTIONS: [Question; 38] = [
     vmm_map_past::QUESTION,
     gone_stream_work::QUESTION,
     unsafe_edges::QUESTION,
+    visible_devices::QUESTION,
+    hidden_device_import::QUESTION,
 ];
 
 /// The child side of the question `name`.
