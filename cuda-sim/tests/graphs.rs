@@ -67,6 +67,20 @@ fn exec_destroy(exec: CUgraphExec) -> CUresult {
     unsafe { code!(driver(), cuGraphExecDestroy(exec)) }
 }
 
+/// Instantiates `graph`, launches it once on `stream` and waits for the launch.
+fn launch_once(graph: CUgraph, stream: CUstream) -> CUgraphExec {
+    let exec = instantiate(graph);
+    assert_eq!(launch(exec, stream), CUresult::CUDA_SUCCESS);
+    sync(stream);
+    exec
+}
+
+/// Destroys an executable graph and the graph it came from, each successfully.
+fn destroy_both(exec: CUgraphExec, graph: CUgraph) {
+    assert_eq!(exec_destroy(exec), CUresult::CUDA_SUCCESS);
+    assert_eq!(graph_destroy(graph), CUresult::CUDA_SUCCESS);
+}
+
 fn graph_destroy(graph: CUgraph) -> CUresult {
     // SAFETY: no pointers.
     unsafe { code!(driver(), cuGraphDestroy(graph)) }
@@ -162,8 +176,7 @@ fn launch_replays_the_captured_work_in_order_each_time() {
         assert_eq!(launch(exec, other), CUresult::CUDA_SUCCESS);
         sync(other);
         assert_eq!(pinned.read(), expected);
-        assert_eq!(exec_destroy(exec), CUresult::CUDA_SUCCESS);
-        assert_eq!(graph_destroy(graph), CUresult::CUDA_SUCCESS);
+        destroy_both(exec, graph);
     });
 }
 
@@ -175,12 +188,9 @@ fn a_captured_event_record_records_at_each_launch() {
         let e = event(CUevent_flags::CU_EVENT_DISABLE_TIMING);
         let (s, graph) = capture(RELAXED, |s| record(e, s));
         assert_eq!(event_query(e), CUresult::CUDA_ERROR_CAPTURED_EVENT, "last recorded in a capture");
-        let exec = instantiate(graph);
-        assert_eq!(launch(exec, s), CUresult::CUDA_SUCCESS);
-        sync(s);
+        let exec = launch_once(graph, s);
         assert_eq!(event_query(e), CUresult::CUDA_SUCCESS, "the launch recorded it");
-        assert_eq!(exec_destroy(exec), CUresult::CUDA_SUCCESS);
-        assert_eq!(graph_destroy(graph), CUresult::CUDA_SUCCESS);
+        destroy_both(exec, graph);
     });
 }
 
@@ -264,8 +274,7 @@ fn instantiate_with_params_reports_its_result() {
         assert_eq!(launch(exec, s), CUresult::CUDA_SUCCESS);
         sync(s);
         assert_eq!(pinned.read(), vec![3; 4]);
-        assert_eq!(exec_destroy(exec), CUresult::CUDA_SUCCESS);
-        assert_eq!(graph_destroy(graph), CUresult::CUDA_SUCCESS);
+        destroy_both(exec, graph);
     });
 }
 
@@ -327,12 +336,9 @@ fn capture_info_gives_the_graph_before_the_capture_ends() {
         }
         // SAFETY: a null graph pointer is accepted.
         unsafe { cu_call!(d, cuStreamEndCapture(s, std::ptr::null_mut())) }.unwrap();
-        let exec = instantiate(graph);
-        assert_eq!(launch(exec, s), CUresult::CUDA_SUCCESS);
-        sync(s);
+        let exec = launch_once(graph, s);
         assert_eq!(pinned.read(), vec![5; 4]);
-        assert_eq!(exec_destroy(exec), CUresult::CUDA_SUCCESS);
-        assert_eq!(graph_destroy(graph), CUresult::CUDA_SUCCESS);
+        destroy_both(exec, graph);
     });
 }
 
@@ -501,12 +507,9 @@ fn cross_stream_waits_merge_dependency_sets() {
         assert_eq!(node_dependencies(d[0]), [c[0], b[0]]);
         let graph = end(origin);
         assert_eq!(graph_nodes(graph), [a[0], b[0], c[0], d[0]], "in capture order");
-        let exec = instantiate(graph);
-        assert_eq!(launch(exec, origin), CUresult::CUDA_SUCCESS);
-        sync(origin);
+        let exec = launch_once(graph, origin);
         assert_eq!(pinned.read(), [4, 2, 2, 2, 3, 3, 3, 3]);
-        assert_eq!(exec_destroy(exec), CUresult::CUDA_SUCCESS);
-        assert_eq!(graph_destroy(graph), CUresult::CUDA_SUCCESS);
+        destroy_both(exec, graph);
     });
 }
 
@@ -645,9 +648,7 @@ fn another_device_reaches_no_graph_memory() {
             address = alloc_async(MIB, s).unwrap();
             memset_async(address, 4, 8, s);
         });
-        let exec = instantiate(graph);
-        assert_eq!(launch(exec, s0), CUresult::CUDA_SUCCESS);
-        sync(s0);
+        let exec = launch_once(graph, s0);
         use_device(1);
         let s1 = non_blocking_stream();
         let on_one = DeviceBuffer::new(8);
@@ -664,8 +665,7 @@ fn another_device_reaches_no_graph_memory() {
         assert_eq!(pinned.read(), vec![4; 8], "untouched by device 1");
         assert_eq!(free_async(address, s0), CUresult::CUDA_SUCCESS);
         sync(s0);
-        assert_eq!(exec_destroy(exec), CUresult::CUDA_SUCCESS);
-        assert_eq!(graph_destroy(graph), CUresult::CUDA_SUCCESS);
+        destroy_both(exec, graph);
     });
 }
 
@@ -725,9 +725,7 @@ fn freed_graph_memory_stays_used_until_trimmed_or_its_graph_is_destroyed() {
         use_device(0);
         let mut address = 0;
         let (s, graph) = capture(RELAXED, |s| address = alloc_async(1024, s).unwrap());
-        let exec = instantiate(graph);
-        assert_eq!(launch(exec, s), CUresult::CUDA_SUCCESS);
-        sync(s);
+        let exec = launch_once(graph, s);
         assert_eq!(graph_memory(), [2, 2, 2, 2]);
         assert_eq!(free_async(address, s), CUresult::CUDA_SUCCESS);
         sync(s);
@@ -780,9 +778,7 @@ fn a_zero_byte_allocation_in_a_capture_makes_an_allocation_node() {
         let (alloc, free) =
             (CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_ALLOC, CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEM_FREE);
         assert_eq!(kinds, [alloc, alloc, alloc, free]);
-        let exec = instantiate(graph);
-        assert_eq!(launch(exec, s), CUresult::CUDA_SUCCESS);
-        sync(s);
+        let exec = launch_once(graph, s);
         assert_eq!(graph_memory(), [0; 4], "zero bytes count for nothing");
         assert_eq!(free_async(first, s), CUresult::CUDA_SUCCESS);
         assert_eq!(free_async(first, s), INVALID_VALUE, "freed twice");
@@ -790,8 +786,7 @@ fn a_zero_byte_allocation_in_a_capture_makes_an_allocation_node() {
         // SAFETY: no pointers.
         unsafe { cu_call!(driver(), cuMemFree_v2(second)) }.unwrap();
         sync(s);
-        assert_eq!(exec_destroy(exec), CUresult::CUDA_SUCCESS);
-        assert_eq!(graph_destroy(graph), CUresult::CUDA_SUCCESS);
+        destroy_both(exec, graph);
         // SAFETY: no pointers.
         unsafe { cu_call!(driver(), cuMemPoolDestroy(pool)) }.unwrap();
     });
@@ -868,8 +863,7 @@ fn graph_memory_attributes_reset_only_the_high_marks_to_zero() {
             assert_eq!(code!(d, cuDeviceGetGraphMemAttribute(0, A(77), out)), INVALID_VALUE);
             assert_eq!(code!(d, cuDeviceGraphMemTrim(5)), CUresult::CUDA_ERROR_INVALID_DEVICE);
         }
-        assert_eq!(exec_destroy(exec), CUresult::CUDA_SUCCESS);
-        assert_eq!(graph_destroy(graph), CUresult::CUDA_SUCCESS);
+        destroy_both(exec, graph);
         // SAFETY: no pointers.
         unsafe { cu_call!(d, cuDeviceGraphMemTrim(0)) }.unwrap();
         assert_eq!(graph_memory(), [6, 6, 6, 6], "the live allocation is still in use after the graph is gone");
@@ -1396,9 +1390,7 @@ fn replaying_over_freed_device_memory_is_an_illegal_address() {
             memset_async(device.ptr, 9, 64, s);
             dtod_async(pinned.dptr(), device.ptr, 8, s);
         });
-        let exec = instantiate(graph);
-        assert_eq!(launch(exec, s), CUresult::CUDA_SUCCESS);
-        sync(s);
+        let exec = launch_once(graph, s);
         assert_eq!(pinned.read(), vec![9; 8], "live memory: the replay runs");
         let freed = device.ptr;
         drop(device);
@@ -1441,16 +1433,13 @@ fn a_captured_pageable_copy_reads_its_source_at_each_launch() {
             unsafe { cu_call!(driver(), cuMemcpyHtoDAsync_v2(device.ptr, source.as_ptr().cast(), 16, s)) }.unwrap();
         });
         source.fill(2);
-        let exec = instantiate(graph);
-        assert_eq!(launch(exec, s), CUresult::CUDA_SUCCESS);
-        sync(s);
+        let exec = launch_once(graph, s);
         assert_eq!(device.read(), vec![2; 16], "the source as it is at the launch");
         source.fill(3);
         assert_eq!(launch(exec, s), CUresult::CUDA_SUCCESS);
         sync(s);
         assert_eq!(device.read(), vec![3; 16], "and at the next");
-        assert_eq!(exec_destroy(exec), CUresult::CUDA_SUCCESS);
-        assert_eq!(graph_destroy(graph), CUresult::CUDA_SUCCESS);
+        destroy_both(exec, graph);
     });
 }
 
@@ -1514,8 +1503,7 @@ fn live_objects_count_user_objects_and_graphs() {
             (during.user_objects, during.graphs, during.executable_graphs),
             (before.user_objects + 1, before.graphs + 1, before.executable_graphs + 1)
         );
-        assert_eq!(exec_destroy(exec), CUresult::CUDA_SUCCESS);
-        assert_eq!(graph_destroy(graph), CUresult::CUDA_SUCCESS);
+        destroy_both(exec, graph);
         assert_eq!(user_release(object, 1), CUresult::CUDA_SUCCESS);
         wait_destroyed(0x6000);
         assert_eq!(live_objects(driver()).unwrap(), before);
@@ -1531,9 +1519,7 @@ fn destroying_a_context_releases_its_graph_memory() {
         let (s, graph) = capture(RELAXED, |s| {
             alloc_async(MIB, s).unwrap();
         });
-        let exec = instantiate(graph);
-        assert_eq!(launch(exec, s), CUresult::CUDA_SUCCESS);
-        sync(s);
+        launch_once(graph, s);
         assert_eq!(graph_memory(), [2, 2, 2, 2]);
         // SAFETY: no pointers.
         unsafe { cu_call!(driver(), cuDevicePrimaryCtxReset_v2(0)) }.unwrap();
@@ -1606,12 +1592,9 @@ fn a_stream_waiting_for_a_captured_event_joins_the_capture_and_must_rejoin() {
         assert_eq!(status(forked), CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE, "ended with its origin");
         sync(forked);
         assert_eq!(pinned.read(), vec![0; 8], "captured, not run");
-        let exec = instantiate(graph);
-        assert_eq!(launch(exec, origin), CUresult::CUDA_SUCCESS);
-        sync(origin);
+        let exec = launch_once(graph, origin);
         assert_eq!(pinned.read(), [[1; 4], [2; 4]].concat(), "both streams' work in the graph");
-        assert_eq!(exec_destroy(exec), CUresult::CUDA_SUCCESS);
-        assert_eq!(graph_destroy(graph), CUresult::CUDA_SUCCESS);
+        destroy_both(exec, graph);
 
         // Work after the last rejoin: unjoined, no graph.
         begin(origin, RELAXED);

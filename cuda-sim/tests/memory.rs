@@ -6,7 +6,8 @@ mod common;
 use std::ffi::{c_uint, c_void};
 
 use common::{
-    DeviceBuffer, NULL_STREAM, Pinned, code, driver, dtoh, htod, in_child, non_blocking_stream, sync, use_device,
+    DeviceBuffer, NULL_STREAM, Pinned, address_range, code, driver, dtoh, htod, in_child, non_blocking_stream, sync,
+    use_device,
 };
 use cuda_mem_sys::cu_call;
 use cuda_mem_sys::types::{CUcontext, CUdeviceptr, CUmemorytype, CUpointer_attribute, CUresult, CUstream};
@@ -149,15 +150,6 @@ fn memory_accounting_and_exhaustion() {
             assert_eq!(code!(driver(), cuMemGetInfo_v2(&mut n, std::ptr::null_mut())), INVALID);
         }
     });
-}
-
-fn address_range(ptr: CUdeviceptr) -> Result<(CUdeviceptr, usize), CUresult> {
-    let (mut base, mut size) = (0, 0);
-    // SAFETY: both are valid out-pointers.
-    match unsafe { code!(driver(), cuMemGetAddressRange_v2(&mut base, &mut size, ptr)) } {
-        CUresult::CUDA_SUCCESS => Ok((base, size)),
-        error => Err(error),
-    }
 }
 
 #[test]

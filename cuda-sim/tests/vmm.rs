@@ -405,15 +405,6 @@ fn host_numa_access_is_only_for_host_numa_memory() {
     });
 }
 
-fn address_range(ptr: CUdeviceptr) -> Result<(CUdeviceptr, usize), CUresult> {
-    let (mut base, mut size) = (0, 0);
-    // SAFETY: both are valid out-pointers.
-    match unsafe { code!(driver(), cuMemGetAddressRange_v2(&mut base, &mut size, ptr)) } {
-        CUresult::CUDA_SUCCESS => Ok((base, size)),
-        error => Err(error),
-    }
-}
-
 /// `cuMemGetAddressRange` in mapped memory names the mapping the address lies in, as GPUs do
 /// (one `cuMemCreate` handle's extent, not the reservation's); reserved addresses with nothing
 /// mapped are in no allocation.

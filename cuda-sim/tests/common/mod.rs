@@ -412,3 +412,14 @@ pub fn set_access(pool: CUmemoryPool, device: c_int, flags: CUmemAccess_flags) -
     // SAFETY: `desc` is one valid descriptor.
     unsafe { code!(driver(), cuMemPoolSetAccess(pool, &desc, 1)) }
 }
+
+/// `cuMemGetAddressRange`: the base and size of the allocation (or mapping) `ptr` lies in, or
+/// the error.
+pub fn address_range(ptr: CUdeviceptr) -> Result<(CUdeviceptr, usize), CUresult> {
+    let (mut base, mut size) = (0, 0);
+    // SAFETY: both are valid out-pointers.
+    match unsafe { code!(driver(), cuMemGetAddressRange_v2(&mut base, &mut size, ptr)) } {
+        CUresult::CUDA_SUCCESS => Ok((base, size)),
+        error => Err(error),
+    }
+}

@@ -126,10 +126,25 @@ fn retain_code(ptr: CUdeviceptr) -> String {
     code(&outcome)
 }
 
-fn release(handle: CUmemGenericAllocationHandle) -> Call {
+/// `cuMemRelease`: gives up one reference to a physical allocation the probe holds.
+pub(crate) fn release(handle: CUmemGenericAllocationHandle) -> Call {
     let d = driver()?;
     // SAFETY: releases one reference the probe holds, once.
     unsafe { cu_call!(d, cuMemRelease(handle)) }
+}
+
+/// `cuMemCreate` of `size` bytes of device 0's memory (a multiple of the granularity).
+pub(crate) fn create_physical(size: usize) -> Result<CUmemGenericAllocationHandle, CudaError> {
+    let d = driver()?;
+    let prop = CUmemAllocationProp {
+        type_: CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
+        location: device_location(0),
+        ..CUmemAllocationProp::default()
+    };
+    let mut handle: CUmemGenericAllocationHandle = 0;
+    // SAFETY: `handle` is a valid out-pointer, `prop` a valid description.
+    unsafe { cu_call!(d, cuMemCreate(&mut handle, size, &prop, 0)) }?;
+    Ok(handle)
 }
 
 /// A physical allocation on device 0 mapped at an address of a reservation, with access for
@@ -143,14 +158,7 @@ struct Mapping {
 impl Mapping {
     fn new(ptr: CUdeviceptr, size: usize) -> Result<Mapping, CudaError> {
         let d = driver()?;
-        let prop = CUmemAllocationProp {
-            type_: CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
-            location: device_location(0),
-            ..CUmemAllocationProp::default()
-        };
-        let mut handle: CUmemGenericAllocationHandle = 0;
-        // SAFETY: `handle` is a valid out-pointer, `prop` a valid description.
-        unsafe { cu_call!(d, cuMemCreate(&mut handle, size, &prop, 0)) }?;
+        let handle = create_physical(size)?;
         // SAFETY: the range lies in a reservation the caller holds, with nothing mapped there.
         if let Err(e) = unsafe { cu_call!(d, cuMemMap(ptr, size, 0, handle, 0)) } {
             crate::owned::note_cleanup("releasing an unmapped allocation", release(handle));

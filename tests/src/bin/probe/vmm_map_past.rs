@@ -4,12 +4,13 @@
 //! `CUDA_ERROR_INVALID_VALUE` for `cuMemMap`'s bad arguments without naming this one; the
 //! simulator returns it.
 
-use cuda_mem_sys::types::{CUdeviceptr, CUmemAllocationProp, CUmemAllocationType, CUmemGenericAllocationHandle};
-use cuda_mem_sys::{CudaError, cu_call, driver};
+use cuda_mem_sys::types::{CUdeviceptr, CUmemGenericAllocationHandle};
+use cuda_mem_sys::{cu_call, driver};
 
 use crate::address_hint::granularity;
+use crate::address_range::{create_physical, release};
 use crate::owned::{Reservation, note_cleanup};
-use crate::raw::{Call, code, device_location};
+use crate::raw::{Call, code};
 use crate::report::Details;
 use crate::runner::Setup;
 use crate::{Error, Question};
@@ -26,7 +27,7 @@ pub(crate) const QUESTION: Question = Question {
 fn run(_setup: &Setup<'_>, details: &mut Details) -> Result<String, Error> {
     let granule = granularity()?;
     let reservation = Reservation::new(2 * granule, 0, 0)?;
-    let handle = create(granule)?;
+    let handle = create_physical(granule)?;
     let past_end = map(reservation.ptr(), 2 * granule, 0, handle);
     details.put("two_granules", code(&past_end));
     if past_end.is_ok() {
@@ -42,19 +43,6 @@ fn run(_setup: &Setup<'_>, details: &mut Details) -> Result<String, Error> {
     Ok(format!("two granules {}; at offset one granule {}", code(&past_end), code(&offset)))
 }
 
-fn create(size: usize) -> Result<CUmemGenericAllocationHandle, CudaError> {
-    let d = driver()?;
-    let prop = CUmemAllocationProp {
-        type_: CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
-        location: device_location(0),
-        ..CUmemAllocationProp::default()
-    };
-    let mut handle: CUmemGenericAllocationHandle = 0;
-    // SAFETY: `handle` is a valid out-pointer, `prop` a valid description.
-    unsafe { cu_call!(d, cuMemCreate(&mut handle, size, &prop, 0)) }?;
-    Ok(handle)
-}
-
 fn map(ptr: CUdeviceptr, size: usize, offset: usize, handle: CUmemGenericAllocationHandle) -> Call {
     let d = driver()?;
     // SAFETY: the range lies in a reservation the caller holds, with nothing mapped there; the
@@ -66,10 +54,4 @@ fn unmap(ptr: CUdeviceptr, size: usize) -> Call {
     let d = driver()?;
     // SAFETY: the mapping `map` made, unmapped once.
     unsafe { cu_call!(d, cuMemUnmap(ptr, size)) }
-}
-
-fn release(handle: CUmemGenericAllocationHandle) -> Call {
-    let d = driver()?;
-    // SAFETY: the handle `create` made, released once (after its mappings are gone).
-    unsafe { cu_call!(d, cuMemRelease(handle)) }
 }
