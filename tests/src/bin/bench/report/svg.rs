@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 
 use crate::adaptors::{COPY_SIZES, CopyRow};
 use crate::pools::{POOL_SIZES, POOL_THREADS, PoolRow};
+use crate::replay::TraceRun;
 use crate::scaling::{SCALING_SIZE, SCALING_THREADS, ScalingRow};
 use crate::units::{MIB, bytes, ns_tick};
 use crate::vmm::VmmMode;
@@ -24,6 +25,8 @@ struct Plot<'a> {
     log_y: bool,
     series: Vec<Series<'a>>,
     x_ticks: Vec<(f64, String)>,
+    /// The y axis' tick labels, from the values (times: [`ns_tick`]).
+    y_tick: fn(f64) -> String,
 }
 
 /// The plot as an SVG document.
@@ -149,7 +152,7 @@ fn axes(plot: &Plot<'_>, frame: &Frame) -> String {
     )
 }
 
-/// The y axis' ticks, each with a grid line and its label (a time, rounded).
+/// The y axis' ticks, each with a grid line and its label (the plot's `y_tick` of the value).
 fn y_ticks(out: &mut String, plot: &Plot<'_>, frame: &Frame) {
     let ticks = if plot.log_y { log_ticks(frame.y0, frame.y1) } else { linear_ticks(frame.y1) };
     for y in ticks {
@@ -160,7 +163,7 @@ fn y_ticks(out: &mut String, plot: &Plot<'_>, frame: &Frame) {
             WIDTH - RIGHT,
             LEFT - 6.0,
             frame.py(y) + 4.0,
-            ns_tick(y)
+            (plot.y_tick)(y)
         );
     }
 }
@@ -245,6 +248,7 @@ pub(super) fn vmm_svg(modes: &[VmmMode]) -> String {
         log_y: true,
         series,
         x_ticks,
+        y_tick: ns_tick,
     })
 }
 
@@ -275,6 +279,7 @@ pub(super) fn pools_svg(rows: &[PoolRow]) -> String {
         log_y: false,
         series,
         x_ticks,
+        y_tick: ns_tick,
     })
 }
 
@@ -310,6 +315,7 @@ pub(super) fn scaling_svg(rows: &[ScalingRow], cpus: usize) -> String {
         log_y: false,
         series,
         x_ticks,
+        y_tick: ns_tick,
     })
 }
 
@@ -330,6 +336,49 @@ pub(super) fn copies_svg(rows: &[CopyRow]) -> String {
         log_y: true,
         series,
         x_ticks,
+        y_tick: ns_tick,
+    })
+}
+
+/// A size in MiB as a plot's tick label (`0`, `50 MiB`, `2.5 MiB`).
+fn mib_tick(value: f64) -> String {
+    let digits = format!("{value:.2}");
+    let digits = digits.trim_end_matches('0').trim_end_matches('.');
+    if digits == "0" { "0".to_string() } else { format!("{digits} MiB") }
+}
+
+/// `trace_<name>.svg`: over the trace's steps, the bytes it has allocated and each resource's
+/// reserved bytes, the most in each step.
+pub(super) fn trace_svg(run: &TraceRun) -> String {
+    let colors = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b"];
+    let mib = |b: f64| b / MIB as f64;
+    let names: Vec<String> = run.replays.iter().map(|r| format!("reserved: {}", r.contender)).collect();
+    let mut series: Vec<Series<'_>> = run
+        .replays
+        .iter()
+        .zip(&names)
+        .zip(colors.into_iter().cycle())
+        .map(|((r, name), color)| {
+            let points = r.memory.iter().enumerate().map(|(s, m)| (s as f64, mib(m.reserved_most as f64))).collect();
+            (name.as_str(), color, points)
+        })
+        .collect();
+    // Last, so that it is drawn over a reserved line that matches it.
+    let allocated = run.live.iter().enumerate().map(|(s, l)| (s as f64, mib(l.0 as f64))).collect();
+    series.push(("allocated (the trace's live bytes)", "#000000", allocated));
+    let last = run.live.len().saturating_sub(1) as f64;
+    let x_ticks =
+        linear_ticks(last).into_iter().filter(|&step| step <= last).map(|step| (step, format!("{step:.0}"))).collect();
+    let title = format!("Trace replay ({}): reserved vs allocated, the most in each step", run.trace);
+    svg(&Plot {
+        title: &title,
+        x_label: "step",
+        y_label: "bytes (the most in the step)",
+        log_x: false,
+        log_y: false,
+        series,
+        x_ticks,
+        y_tick: mib_tick,
     })
 }
 
