@@ -21,7 +21,8 @@ pub(crate) struct Subject {
 
 /// A named way to make a [`Subject`] on a device.
 pub(crate) struct Contender {
-    /// The name in the tables, the JSON, the CSV and the plots' legends.
+    /// The name in the tables, the JSON, the CSV headers (so no comma or quote) and the plots'
+    /// legends.
     pub(crate) name: &'static str,
     /// A fresh resource on the device (each measurement gets its own).
     pub(crate) make: fn(Device) -> Result<Subject, Error>,
@@ -32,8 +33,8 @@ pub(crate) struct Contender {
 /// (nothing is released).
 pub(crate) fn contenders() -> Vec<Contender> {
     vec![
-        Contender { name: "driver pool, release threshold 0", make: |device| driver_pool(device, 0) },
-        Contender { name: "driver pool, release threshold max", make: |device| driver_pool(device, u64::MAX) },
+        Contender { name: "driver pool (release threshold 0)", make: |device| driver_pool(device, 0) },
+        Contender { name: "driver pool (release threshold max)", make: |device| driver_pool(device, u64::MAX) },
     ]
 }
 
@@ -53,4 +54,19 @@ pub(crate) fn pool_reserved(resource: Arc<dyn MemoryResource>) -> ReservedProbe 
         let pool = resource.memory_pool().ok_or("the resource allocates from no driver pool")?;
         Ok(pool.usage()?.reserved_bytes)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_names_are_distinct_and_fit_in_a_csv_header() {
+        let names: Vec<&str> = contenders().iter().map(|c| c.name).collect();
+        assert!(names.iter().all(|n| !n.is_empty() && !n.contains([',', '"', '\n'])), "{names:?}");
+        let mut unique = names.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), names.len(), "{names:?}");
+    }
 }

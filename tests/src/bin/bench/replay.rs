@@ -40,12 +40,26 @@ pub(crate) struct StepMemory {
     pub(crate) reserved_end: u64,
 }
 
+/// A reading of the memory pass: after an allocation, or after a step's synchronization.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct Sample {
+    /// Where in the trace: the step, plus the fraction of its events done (1 after its
+    /// synchronization).
+    pub(crate) at: f64,
+    /// Bytes the trace had live.
+    pub(crate) allocated: u64,
+    /// Bytes the resource held.
+    pub(crate) reserved: u64,
+}
+
 /// A trace replayed against one resource.
 pub(crate) struct Replay {
     /// The resource's name ([`Contender::name`]).
     pub(crate) contender: &'static str,
     /// Per step, from the memory pass.
     pub(crate) memory: Vec<StepMemory>,
+    /// Every reading of the memory pass, in order.
+    pub(crate) samples: Vec<Sample>,
     /// Per step, its calls' median time over the timed passes, ns.
     pub(crate) step_ns: Vec<f64>,
 }
@@ -140,6 +154,28 @@ impl TraceRun {
     }
 }
 
+impl TraceRun {
+    /// Every reading of the memory passes as CSV, a row per reading: where in the trace, the
+    /// trace's allocated bytes, then each resource's reserved bytes (every pass reads at the
+    /// same points of the trace).
+    pub(crate) fn samples_csv(&self) -> String {
+        let mut out = String::from("at_step,allocated");
+        for r in &self.replays {
+            let _ = write!(out, ",{} reserved", r.contender);
+        }
+        out.push('\n');
+        let first = self.replays.first().map_or(&[][..], |r| &r.samples[..]);
+        for (i, sample) in first.iter().enumerate() {
+            let _ = write!(out, "{:.4},{}", sample.at, sample.allocated);
+            for r in &self.replays {
+                let _ = write!(out, ",{}", r.samples.get(i).map_or(0, |s| s.reserved));
+            }
+            out.push('\n');
+        }
+        out
+    }
+}
+
 /// Case (8): each of `traces` against each of `contenders`, printed as it comes.
 pub(crate) fn replays(device: Device, traces: &[Trace], contenders: &[Contender]) -> Result<Vec<TraceRun>, Error> {
     let mut runs = Vec::new();
@@ -171,11 +207,12 @@ pub(crate) fn replays(device: Device, traces: &[Trace], contenders: &[Contender]
 
 /// `trace` against `contender`: the memory pass, then the timed passes.
 pub(crate) fn replay(device: Device, trace: &Trace, contender: &Contender) -> Result<Replay, Error> {
-    let memory = {
+    let (memory, samples) = {
         let subject = (contender.make)(device)?;
         let mut memory = Vec::with_capacity(trace.steps.len());
-        play(device, trace, &subject, |_, reserved| memory.push(reserved), Some(&subject.reserved))?;
-        memory
+        let mut samples = Vec::new();
+        play(device, trace, &subject, |_, reserved| memory.push(reserved), Some((&subject.reserved, &mut samples)))?;
+        (memory, samples)
     };
     let mut passes = Vec::with_capacity(TIMED_PASSES);
     for _ in 0..TIMED_PASSES {
@@ -185,45 +222,56 @@ pub(crate) fn replay(device: Device, trace: &Trace, contender: &Contender) -> Re
         passes.push(times);
     }
     let step_ns = (0..trace.steps.len()).map(|s| Stats::of(passes.iter().map(|p| p[s]).collect()).median).collect();
-    Ok(Replay { contender: contender.name, memory, step_ns })
+    Ok(Replay { contender: contender.name, memory, samples, step_ns })
 }
 
 /// One pass of `trace` against `subject`: `step_done` gets each step's calls' time and, when
-/// `probe` is given (read after every allocation and after each step's synchronization), its
-/// memory.
+/// `probe` is given (read after every allocation and after each step's synchronization, each
+/// reading also pushed to its samples), its memory.
 fn play(
     device: Device,
     trace: &Trace,
     subject: &Subject,
     mut step_done: impl FnMut(f64, StepMemory),
-    probe: Option<&ReservedProbe>,
+    mut probe: Option<(&ReservedProbe, &mut Vec<Sample>)>,
 ) -> Result<(), Error> {
     let streams: Vec<Stream> = (0..trace.streams)
         .map(|_| Stream::new(device, StreamOptions::default().non_blocking()))
         .collect::<Result<_, _>>()?;
     let mut buffers: Vec<Option<Buffer>> = (0..trace.allocations()).map(|_| None).collect();
-    let read = || probe.map_or(Ok(0), |p| p());
-    for step in &trace.steps {
+    let mut live = 0u64;
+    for (index, step) in trace.steps.iter().enumerate() {
         let mut most = 0;
         let start = Instant::now();
-        for event in step {
+        for (k, event) in step.iter().enumerate() {
             match *event {
                 Event::Alloc { id, size, stream } => {
                     let stream = streams.get(stream).ok_or("an event names a stream the trace lacks")?;
                     let slot = buffers.get_mut(id).ok_or("an event names an id the trace lacks")?;
                     *slot = Some(subject.resource.allocate(size, stream)?);
-                    if probe.is_some() {
-                        most = most.max(read()?);
+                    live += size as u64;
+                    if let Some((read, samples)) = &mut probe {
+                        let reserved = read()?;
+                        most = most.max(reserved);
+                        let at = index as f64 + (k + 1) as f64 / (step.len() + 1) as f64;
+                        samples.push(Sample { at, allocated: live, reserved });
                     }
                 }
-                Event::Free { id } => drop(buffers.get_mut(id).and_then(Option::take)),
+                Event::Free { id } => {
+                    let buffer = buffers.get_mut(id).and_then(Option::take);
+                    live -= buffer.as_ref().map_or(0, |b| b.size() as u64);
+                }
             }
         }
         let took = elapsed_ns(start);
         for stream in &streams {
             stream.synchronize()?;
         }
-        let end = read()?;
+        let mut end = 0;
+        if let Some((read, samples)) = &mut probe {
+            end = read()?;
+            samples.push(Sample { at: (index + 1) as f64, allocated: live, reserved: end });
+        }
         step_done(took, StepMemory { reserved_most: most.max(end), reserved_end: end });
     }
     Ok(())
@@ -232,11 +280,14 @@ fn play(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::contenders::driver_pool;
+    use crate::trace::{ServingParams, TrainingParams, serving, training};
 
     fn replay_of(memory: &[(u64, u64)], step_ns: &[f64]) -> Replay {
         Replay {
             contender: "pool",
             memory: memory.iter().map(|&(m, e)| StepMemory { reserved_most: m, reserved_end: e }).collect(),
+            samples: Vec::new(),
             step_ns: step_ns.to_vec(),
         }
     }
@@ -261,5 +312,42 @@ mod tests {
         let json = run.json();
         assert_eq!(json["replays"][0]["peak_reserved_over_allocated"], 1.28);
         assert_eq!(json["allocated_most"], json!([100, 200]));
+    }
+
+    /// Short traces against the driver pools on the simulator: the reserved bytes read cover
+    /// what the trace has live in every step (the reads see the peaks), a pool that keeps its
+    /// memory ends holding its peak, one with release threshold 0 holds nothing after the last
+    /// synchronization, and every step is timed.
+    #[test]
+    fn a_replay_on_the_simulator_sees_the_pools_hold_at_least_what_is_live() {
+        cuda_sim::testing::driver().expect("the test driver loads");
+        let device = Device::new(0).expect("device 0");
+        device.set_current().expect("device 0 current");
+        let traces = [
+            serving(&ServingParams { steps: 30, drain_steps: 10, ..ServingParams::BENCH }, 3),
+            training(&TrainingParams { steps: 3, layers: 2, ..TrainingParams::BENCH }, 3),
+        ];
+        let pools = [
+            Contender { name: "released", make: |device| driver_pool(device, 0) },
+            Contender { name: "kept", make: |device| driver_pool(device, u64::MAX) },
+        ];
+        let runs = replays(device, &traces, &pools).expect("the replays run");
+        for run in &runs {
+            let [released, kept] = &run.replays[..] else { panic!("two pools") };
+            for r in [released, kept] {
+                assert_eq!(r.memory.len(), run.live.len());
+                assert!(r.step_ns.iter().all(|&t| t >= 0.0) && r.total_ns() > 0.0, "{}", run.trace);
+                for (m, l) in r.memory.iter().zip(&run.live) {
+                    assert!(m.reserved_most >= l.0 as u64, "{} {}: {m:?} < {l:?}", run.trace, r.contender);
+                }
+                // A reading after every allocation and every step; each sees the trace's bytes.
+                assert_eq!(r.samples.len(), run.allocations + run.live.len(), "{}", run.trace);
+                assert!(r.samples.iter().all(|s| s.reserved >= s.allocated), "{} {}", run.trace, r.contender);
+                assert_eq!(r.samples.iter().map(|s| s.allocated).max(), Some(run.peak_allocated() as u64));
+            }
+            assert!(run.ratio(kept) >= 1.0 && run.ratio(released) >= 1.0, "{}", run.trace);
+            assert_eq!(released.memory.last().map(|m| m.reserved_end), Some(0), "{}", run.trace);
+            assert_eq!(kept.memory.last().map(|m| m.reserved_end), Some(kept.peak_reserved()), "{}", run.trace);
+        }
     }
 }

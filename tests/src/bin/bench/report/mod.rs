@@ -84,14 +84,18 @@ pub(crate) fn output_dir() -> Result<std::path::PathBuf, Error> {
     Ok(out)
 }
 
-/// Writes each of case (8)'s runs as `trace_<name>.svg` (the plot) and `trace_<name>.csv` (the
-/// series) to `out`; the names written.
+/// Writes each of case (8)'s runs as `trace_<name>.svg` (the plot), `trace_<name>.csv` (a row
+/// per step) and `trace_<name>_samples.csv` (every reading, the plot's points) to `out`; the
+/// names written.
 pub(crate) fn write_traces(out: &Path, runs: &[TraceRun]) -> Result<Vec<String>, Error> {
     let mut written = Vec::new();
     for run in runs {
-        for (file, text) in
-            [(format!("trace_{}.svg", run.trace), svg::trace_svg(run)), (format!("trace_{}.csv", run.trace), run.csv())]
-        {
+        let files = [
+            (format!("trace_{}.svg", run.trace), svg::trace_svg(run)),
+            (format!("trace_{}.csv", run.trace), run.csv()),
+            (format!("trace_{}_samples.csv", run.trace), run.samples_csv()),
+        ];
+        for (file, text) in files {
             write(&out.join(&file), &text)?;
             written.push(file);
         }

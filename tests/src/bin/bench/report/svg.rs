@@ -347,33 +347,35 @@ fn mib_tick(value: f64) -> String {
     if digits == "0" { "0".to_string() } else { format!("{digits} MiB") }
 }
 
-/// `trace_<name>.svg`: over the trace's steps, the bytes it has allocated and each resource's
-/// reserved bytes, the most in each step.
+/// `trace_<name>.svg`: over the trace, the bytes it has allocated and each resource's reserved
+/// bytes, as read by the memory passes (after every allocation and every step's
+/// synchronization).
 pub(super) fn trace_svg(run: &TraceRun) -> String {
     let colors = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b"];
-    let mib = |b: f64| b / MIB as f64;
+    let mib = |b: u64| b as f64 / MIB as f64;
     let names: Vec<String> = run.replays.iter().map(|r| format!("reserved: {}", r.contender)).collect();
     let mut series: Vec<Series<'_>> = run
         .replays
         .iter()
         .zip(&names)
         .zip(colors.into_iter().cycle())
-        .map(|((r, name), color)| {
-            let points = r.memory.iter().enumerate().map(|(s, m)| (s as f64, mib(m.reserved_most as f64))).collect();
-            (name.as_str(), color, points)
-        })
+        .map(|((r, name), color)| (name.as_str(), color, r.samples.iter().map(|s| (s.at, mib(s.reserved))).collect()))
         .collect();
     // Last, so that it is drawn over a reserved line that matches it.
-    let allocated = run.live.iter().enumerate().map(|(s, l)| (s as f64, mib(l.0 as f64))).collect();
-    series.push(("allocated (the trace's live bytes)", "#000000", allocated));
-    let last = run.live.len().saturating_sub(1) as f64;
+    let first = run.replays.first().map_or(&[][..], |r| &r.samples[..]);
+    series.push((
+        "allocated (the trace's live bytes)",
+        "#000000",
+        first.iter().map(|s| (s.at, mib(s.allocated))).collect(),
+    ));
+    let last = run.live.len() as f64;
     let x_ticks =
         linear_ticks(last).into_iter().filter(|&step| step <= last).map(|step| (step, format!("{step:.0}"))).collect();
-    let title = format!("Trace replay ({}): reserved vs allocated, the most in each step", run.trace);
+    let title = format!("Trace replay ({}): reserved vs allocated bytes over the trace", run.trace);
     svg(&Plot {
         title: &title,
-        x_label: "step",
-        y_label: "bytes (the most in the step)",
+        x_label: "step (read after every allocation and every step's synchronization)",
+        y_label: "bytes",
         log_x: false,
         log_y: false,
         series,
