@@ -29,8 +29,9 @@ pub(crate) const RESOURCE_PAIR_SIZE: usize = 64 * KIB;
 /// Synchronized groups of [`PAIRS_PER_SYNC`] pairs per timed repetition, split between the
 /// threads: 10,000 pairs.
 const GROUPS_PER_REP: usize = 200;
-/// Timed repetitions per kind and thread count (after one warm-up).
-const REPS: usize = 10;
+/// Timed repetitions per kind and thread count: one per round, every kind in each round (which
+/// goes first rotating), so that a change of the host's load meets every kind alike.
+pub(crate) const ROUNDS: usize = 12;
 
 /// The thread counts: 1, 2 and the host's CPUs (each once, in order).
 pub(crate) fn resource_pair_threads() -> Vec<usize> {
@@ -94,11 +95,22 @@ pub(crate) fn resource_pairs(device: Device, contenders: &[Contender]) -> Result
     raw_pool.pool().set_release_threshold(u64::MAX)?;
     let mut rows = Vec::new();
     for threads in resource_pair_threads() {
-        let raw = rate(device, threads, Kind::Raw(&raw_pool))?;
+        let resources = contenders.iter().map(|c| Ok((c.make)(device)?.resource)).collect::<Result<Vec<_>, Error>>()?;
+        let mut kinds = vec![Kind::Raw(&raw_pool)];
+        kinds.extend(resources.iter().flat_map(|r| [Kind::Buffer(r), Kind::Calls(r)]));
+        let mut samples = vec![Vec::with_capacity(ROUNDS); kinds.len()];
+        for round in 0..ROUNDS {
+            for k in 0..kinds.len() {
+                let kind = (round + k) % kinds.len();
+                samples[kind].push(rate(device, threads, kinds[kind])?);
+            }
+        }
+        let mut stats = samples.into_iter().map(Stats::of);
+        let raw = stats.next().ok_or("the raw pair's sample")?;
         for contender in contenders {
-            let resource = (contender.make)(device)?.resource;
-            let buffer = rate(device, threads, Kind::Buffer(&resource))?;
-            let calls = rate(device, threads, Kind::Calls(&resource))?;
+            let (Some(buffer), Some(calls)) = (stats.next(), stats.next()) else {
+                return Err("a sample per contender's kind".into());
+            };
             let row = ResourcePairRow { name: contender.name, threads, buffer, calls, raw };
             println!(
                 "  {} × {threads} thread(s), {}: Buffer {} per pair per thread ({:.2}× raw), calls {} ({:.2}×), raw {}",
@@ -116,13 +128,14 @@ pub(crate) fn resource_pairs(device: Device, contenders: &[Contender]) -> Result
     Ok(rows)
 }
 
-/// Pairs per second of `kind` on `threads` threads, a stream each.
-fn rate(device: Device, threads: usize, kind: Kind<'_>) -> Result<Stats, Error> {
+/// Pairs per second of `kind` on `threads` threads, a stream each: one timed repetition, after
+/// one warm-up.
+fn rate(device: Device, threads: usize, kind: Kind<'_>) -> Result<f64, Error> {
     let d = cuda_mem_core::driver()?;
     let groups = rate_per_thread(
         threads,
         GROUPS_PER_REP,
-        REPS,
+        1,
         |_| {
             device.set_current()?;
             Ok(Stream::new(device, StreamOptions::default().non_blocking())?)
@@ -139,13 +152,7 @@ fn rate(device: Device, threads: usize, kind: Kind<'_>) -> Result<Stats, Error> 
             Ok(())
         },
     )?;
-    let per_group = PAIRS_PER_SYNC as f64;
-    Ok(Stats {
-        median: groups.median * per_group,
-        p10: groups.p10 * per_group,
-        p90: groups.p90 * per_group,
-        n: groups.n,
-    })
+    Ok(groups.median * PAIRS_PER_SYNC as f64)
 }
 
 /// One pair through the resource's own calls.

@@ -7,7 +7,7 @@ use crate::adaptors::{ADAPTOR_PAIR_SIZE, AdaptorRow, CopyRow};
 use crate::pacing::{PACING_WORK_NS, Pacing};
 use crate::pools::PoolRow;
 use crate::replay::{TIMED_PASSES, TraceRun};
-use crate::resource_pairs::{RESOURCE_PAIR_SIZE, ResourcePairRow};
+use crate::resource_pairs::{RESOURCE_PAIR_SIZE, ROUNDS, ResourcePairRow};
 use crate::scaling::{PAIRS_PER_SYNC, SCALING_SIZE, ScalingRow};
 use crate::sharing::{RateRow, ResendRow, ShareRow};
 use crate::stats::Stats;
@@ -308,17 +308,28 @@ pub(super) fn resource_pairs(md: &mut String, rows: &[ResourcePairRow]) {
     if rows.is_empty() {
         return;
     }
+    let mut threads: Vec<String> = Vec::new();
+    for r in rows {
+        if threads.last() != Some(&r.threads.to_string()) {
+            threads.push(r.threads.to_string());
+        }
+    }
     let _ = writeln!(
         md,
-        "\n## 1c. Memory resources: {} allocate+free pairs on 1, 2 and {} threads (one stream per thread)\n\n\
-         Each resource (a fresh one per row) on every thread at once, {PAIRS} pairs then a wait for the stream, \
-         over and over, as in 1b: a `Buffer` allocated and dropped, and the trait's own calls (`allocate_raw` + \
-         `deallocate_raw`). Raw is `cuMemAllocFromPoolAsync` + `cuMemFreeAsync` on a driver pool that keeps its \
-         memory, on the same thread count in the same run; ratios are time per pair against raw's (below 1: \
-         faster than the driver).\n\n\
+        "\n## 1c. Memory resources: {} allocate+free pairs on {} threads (one stream per thread)\n\n\
+         Each resource (a fresh one per thread count) on every thread at once, {PAIRS} pairs then a wait for the \
+         stream, over and over, as in 1b: a `Buffer` allocated and dropped, and the trait's own calls \
+         (`allocate_raw` + `deallocate_raw`). Raw is `cuMemAllocFromPoolAsync` + `cuMemFreeAsync` on a driver \
+         pool that keeps its memory. Every kind is timed once per round, {ROUNDS} rounds, in the same run; ratios \
+         are time per pair against raw's (below 1: faster than the driver). This host has {} CPUs.\n\n\
          | resource | threads | Buffer per pair per thread | calls per pair per thread | raw per pair per thread | \
          Buffer/raw | calls/raw |\n|---|---|---|---|---|---|---|",
         bytes(RESOURCE_PAIR_SIZE),
+        match threads.split_last() {
+            Some((last, [])) => last.clone(),
+            Some((last, rest)) => format!("{} and {last}", rest.join(", ")),
+            None => String::new(),
+        },
         host_cpus(),
         PAIRS = PAIRS_PER_SYNC,
     );

@@ -472,6 +472,40 @@ mod tests {
         assert_eq!(y_labels(&pools), ["0", "1 µs", "2 µs", "3 µs", "4 µs", "5 µs", "6 µs"]);
     }
 
+    /// The trace plot: a line per resource and the allocated bytes, named in the legend, the
+    /// y axis in round MiB, the x axis in whole steps up to the trace's end.
+    #[test]
+    fn the_trace_plot_names_every_line_and_labels_sizes_in_mib() {
+        use crate::replay::{Replay, Sample};
+        let samples = |extra: u64| -> Vec<Sample> {
+            (0..=40u64)
+                .map(|i| {
+                    let allocated = (i % 10) * 12 * MIB as u64;
+                    Sample { at: i as f64 / 4.0, allocated, reserved: allocated + extra }
+                })
+                .collect()
+        };
+        let replay =
+            |contender, extra| Replay { contender, memory: Vec::new(), samples: samples(extra), step_ns: Vec::new() };
+        let run = TraceRun {
+            trace: "serving",
+            live: vec![(0, 0); 10],
+            allocations: 30,
+            replays: vec![replay("pool A", 0), replay("pool B", 8 * MIB as u64)],
+        };
+        let plot = trace_svg(&run);
+        if let Some(dir) = std::env::var_os("BENCH_PLOTS_OUT") {
+            std::fs::write(std::path::Path::new(&dir).join("trace_sample.svg"), &plot).unwrap();
+        }
+        for name in ["reserved: pool A", "reserved: pool B", "allocated (the trace's live bytes)"] {
+            assert!(plot.contains(&format!(">{name}</text>")), "{name}");
+        }
+        assert_eq!(plot.matches("<polyline").count(), 3);
+        assert_eq!(y_labels(&plot), ["0", "20 MiB", "40 MiB", "60 MiB", "80 MiB", "100 MiB", "120 MiB"]);
+        assert!(plot.contains(r#"text-anchor="middle">10</text>"#) && !plot.contains(">12</text>"));
+        assert_eq!(mib_tick(2.5), "2.5 MiB");
+    }
+
     #[test]
     fn linear_ticks_step_by_one_two_or_five() {
         assert_eq!(linear_ticks(4.6e6), [0.0, 1e6, 2e6, 3e6, 4e6, 5e6]);
