@@ -360,7 +360,8 @@ pub(super) fn traces(md: &mut String, runs: &[TraceRun]) {
          stream waited for at each step's end. Peak reserved is the most the resource held from the driver \
          (read after every allocation), peak allocated the most the trace had live. Time per step is the \
          step's allocate and free calls (not its synchronization), the median of {TIMED_PASSES} passes; the \
-         spread is over the steps. Plots: `trace_<trace>.svg`; every step: `trace_<trace>.csv`.\n\n\
+         spread is over the steps. Plots: `trace_<trace>.svg`; every step: `trace_<trace>.csv`; every reading (the plot's points): \
+         `trace_<trace>_samples.csv`.\n\n\
          | trace | steps | allocations | resource | peak allocated | peak reserved | reserved/allocated | \
          time per step | all steps |\n|---|---|---|---|---|---|---|---|---|"
     );
