@@ -1,5 +1,10 @@
 //! The memory resources that cases (1c) and (8) compare, each a name and a constructor: adding
-//! a resource to both cases is one entry in [`contenders`].
+//! a resource to both cases is one entry in [`contenders`]. The constructor returns the resource
+//! as an `Arc<dyn MemoryResource>` with a probe of what it holds from the driver: for a resource
+//! that allocates from a driver pool holding nothing else (any stack of adaptors over one, or a
+//! caching resource over a pool of its own), [`pool_reserved`]; otherwise a closure over the
+//! concrete resource that reads its own count (a caching resource's reserved bytes from its
+//! statistics, say).
 
 use std::sync::Arc;
 
