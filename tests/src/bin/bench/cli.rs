@@ -9,7 +9,10 @@ pub(crate) const USAGE: &str = "usage: bench\n\nRuns the cuda-mem benchmarks (po
                      bench --pool-pairs: case 1 on one thread only, its last line JSON (for --compare).\n\
                      bench --sharing: case 2 (and 4's rates) only, printed, no files written.\n\
                      bench --vmm: case 3's growth series only, printed (no outputs written).\n\
-                     bench --scaling: case 1b (pairs on 1, 2, 4 and 8 threads) only, printed (no outputs written).";
+                     bench --scaling: case 1b (pairs on 1, 2, 4 and 8 threads) only, printed (no outputs written).\n\
+                     bench --resource-pairs: case 1c (64 KiB pairs per memory resource against raw) only, printed.\n\
+                     bench --traces: case 8 (allocation traces replayed) only, printed; writes its trace_*.svg and \
+                     trace_*.csv.";
 
 /// The child of cases (2) and (4) (see [`crate::server`]).
 pub(crate) const CHILD_ARG: &str = "--child";
@@ -24,6 +27,11 @@ const SHARING_ARG: &str = "--sharing";
 const VMM_ARG: &str = "--vmm";
 /// Case (1b)'s scaling curve alone, printed.
 const SCALING_ARG: &str = "--scaling";
+
+/// Case (1c) alone, printed.
+const RESOURCE_PAIRS_ARG: &str = "--resource-pairs";
+/// Case (8) alone, printed, its plots and CSV written.
+const TRACES_ARG: &str = "--traces";
 
 /// What this run of the program does.
 pub(crate) enum Mode {
@@ -41,6 +49,10 @@ pub(crate) enum Mode {
     Vmm,
     /// Case (1b)'s scaling curve, printed.
     Scaling,
+    /// Case (1c), printed.
+    ResourcePairs,
+    /// Case (8), printed, its plots and CSV written.
+    Traces,
     /// Print [`USAGE`].
     Help,
 }
@@ -55,6 +67,8 @@ pub(crate) fn parse(args: &[String]) -> Result<Mode, String> {
         [SHARING_ARG] => Ok(Mode::Sharing),
         [VMM_ARG] => Ok(Mode::Vmm),
         [SCALING_ARG] => Ok(Mode::Scaling),
+        [RESOURCE_PAIRS_ARG] => Ok(Mode::ResourcePairs),
+        [TRACES_ARG] => Ok(Mode::Traces),
         ["--help" | "-h"] => Ok(Mode::Help),
         other => Err(format!("unexpected arguments {other:?}\n{USAGE}")),
     }

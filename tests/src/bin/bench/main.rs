@@ -4,7 +4,9 @@
 //! 1. pool allocate+free pairs at 256 B, 64 KiB and 4 MiB, through the safe API (shared and scoped buffers) and through raw
 //!    `cuMemAllocFromPoolAsync`/`cuMemFreeAsync`, on one thread and on 4 threads (4 streams);
 //!    (1b) the same pairs (256 B) on 1, 2, 4 and 8 threads at once, a stream each, as pairs per
-//!    second of all threads together (`--scaling`: this case alone, printed);
+//!    second of all threads together (`--scaling`: this case alone, printed); (1c) 64 KiB pairs
+//!    through each memory resource of [`contenders`] on 1, 2 and as many threads as CPUs, against
+//!    the raw driver pool pair in the same run (`--resource-pairs`: this case alone, printed);
 //! 2. sharing buffers with a child process (this program with `--child`), through
 //!    `IpcChannel` and through the two raw driver calls, for batches of 1, 64 and 1,024, and a
 //!    re-send of the 1,024 already sent against the raw path (its target: ≤ 1/10 of raw);
@@ -16,32 +18,41 @@
 //! 5. the time from spawning a process to its first driver call returning (`--first-call`);
 //! 6. each memory-resource adaptor's allocate+free pair against the bare pool resource;
 //! 7. slice copies host ↔ device (`copy_from_slice` + `copy_to_slice`/`to_vec`) against the raw
-//!    `cuMemcpyHtoDAsync` + `cuMemcpyDtoHAsync` + `cuStreamSynchronize`, on the same pageable memory.
+//!    `cuMemcpyHtoDAsync` + `cuMemcpyDtoHAsync` + `cuStreamSynchronize`, on the same pageable memory;
+//! 8. allocation traces of an LLM-serving-like and a training-like workload ([`trace`]), replayed
+//!    against each memory resource of [`contenders`] ([`replay`]): peak reserved against peak
+//!    allocated, time per step, and a plot and CSV of both over the trace (`--traces`: this case
+//!    alone, printed, its plots and CSV written).
 //!
 //! The driver is chosen as the demo chooses it (`cuda_mem_integration::driver_choice`). Results go to
-//! `target/bench/` (`results.json`, `results.md`, four SVG plots); the Markdown tables are printed
+//! `target/bench/` (`results.json`, `results.md`, the SVG plots, the traces' CSV); the Markdown tables are printed
 //! at the end. `bench --child` and `bench --first-call` are its own children.
 //!
 //! Modules: [`cli`] (the command line), [`parent`] (the full run and `--pool-pairs`), [`stats`]
 //! and [`units`] (the harness's numbers), one per case ([`pools`] and [`pacing`], [`scaling`], [`sharing`]
 //! with [`child`], [`server`] and [`rates`], [`vmm`] with [`call_count`], [`first_call`],
-//! [`adaptors`] for (6) and (7)), and
+//! [`adaptors`] for (6) and (7), [`resource_pairs`] for (1c), [`trace`] and [`replay`] for (8),
+//! both over [`contenders`]), and
 //! [`report`] (the JSON, Markdown and SVG outputs).
 
 mod adaptors;
 mod call_count;
 mod child;
 mod cli;
+mod contenders;
 mod first_call;
 mod pacing;
 mod parent;
 mod pools;
 mod rates;
+mod replay;
 mod report;
+mod resource_pairs;
 mod scaling;
 mod server;
 mod sharing;
 mod stats;
+mod trace;
 mod units;
 mod vmm;
 
@@ -64,6 +75,8 @@ fn main() -> ExitCode {
         Ok(Mode::Sharing) => parent::sharing_main(),
         Ok(Mode::Vmm) => parent::vmm_main(),
         Ok(Mode::Scaling) => parent::scaling_main(),
+        Ok(Mode::ResourcePairs) => parent::resource_pairs_main(),
+        Ok(Mode::Traces) => parent::traces_main(),
         Ok(Mode::Help) => {
             println!("{}", cli::USAGE);
             Ok(())

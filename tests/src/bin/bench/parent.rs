@@ -9,12 +9,16 @@ use cuda_mem_integration::driver_choice::{self, Choice, How};
 
 use crate::Error;
 use crate::adaptors::{adaptors, copies};
+use crate::contenders::contenders;
 use crate::first_call::first_call;
 use crate::pacing::pacing;
 use crate::pools::{POOL_THREADS, PoolRow, pools};
+use crate::replay::replays;
 use crate::report::{self, Results};
+use crate::resource_pairs::resource_pairs;
 use crate::scaling::scaling;
 use crate::sharing::sharing;
+use crate::trace::{BENCH_SEED, bench_traces};
 use crate::vmm::{first_grows, vmm};
 
 /// `--pool-pairs`: case (1) on one thread, on the driver the full run would choose; its last
@@ -54,6 +58,26 @@ pub(crate) fn scaling_main() -> Result<(), Error> {
     Ok(())
 }
 
+/// `--resource-pairs`: case (1c) alone, printed, on the driver the full run would choose.
+pub(crate) fn resource_pairs_main() -> Result<(), Error> {
+    install(choose()?.driver)?;
+    let rows = resource_pairs(Device::new(0)?, &contenders())?;
+    println!("{}", report::markdown_of(&rows, &[]));
+    Ok(())
+}
+
+/// `--traces`: case (8) alone, printed, on the driver the full run would choose; its plots and
+/// CSV are written to the output folder.
+pub(crate) fn traces_main() -> Result<(), Error> {
+    install(choose()?.driver)?;
+    let runs = replays(Device::new(0)?, &bench_traces(BENCH_SEED), &contenders())?;
+    let out = report::output_dir()?;
+    let written = report::write_traces(&out, &runs)?;
+    println!("{}", report::markdown_of(&[], &runs));
+    println!("wrote {}/{{{}}}", out.display(), written.join(", "));
+    Ok(())
+}
+
 /// Every case, in turn, then the outputs.
 pub(crate) fn parent_main() -> Result<(), Error> {
     let total = Instant::now();
@@ -87,7 +111,8 @@ pub(crate) fn parent_main() -> Result<(), Error> {
     results.pools = pools(device, &[1, POOL_THREADS])?;
     results.pacing = Some(pacing(device)?);
     results.scaling = scaling(device)?;
-    println!("[1] pools and scaling: done in {:.1} s", step.elapsed().as_secs_f64());
+    results.resource_pairs = resource_pairs(device, &contenders())?;
+    println!("[1] pools, scaling and resources: done in {:.1} s", step.elapsed().as_secs_f64());
 
     let step = Instant::now();
     let sharing = sharing(device, &path)?;
@@ -105,6 +130,10 @@ pub(crate) fn parent_main() -> Result<(), Error> {
     results.adaptors = adaptors(device)?;
     results.copies = copies(device)?;
     println!("[6, 7] adaptors and slice copies: done in {:.1} s", step.elapsed().as_secs_f64());
+
+    let step = Instant::now();
+    results.traces = replays(device, &bench_traces(BENCH_SEED), &contenders())?;
+    println!("[8] allocation traces: done in {:.1} s", step.elapsed().as_secs_f64());
 
     report::write_all(&results, total)
 }

@@ -30,6 +30,8 @@ fn value(results: &Results) -> Value {
         "rates": results.lookups.iter().map(rate_json).collect::<Vec<_>>(),
         "adaptors": results.adaptors.iter().map(|r| r.json()).collect::<Vec<_>>(),
         "copies": results.copies.iter().map(|r| r.json()).collect::<Vec<_>>(),
+        "resource_pairs": results.resource_pairs.iter().map(|r| r.json()).collect::<Vec<_>>(),
+        "traces": results.traces.iter().map(|r| r.json()).collect::<Vec<_>>(),
         "first_call": results.first_call.as_ref().map(|(spawn, main)| {
             json!({"spawn_to_return": spawn.json(), "main_to_return": main.json()})
         }),

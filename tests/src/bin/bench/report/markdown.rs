@@ -6,10 +6,12 @@ use super::{Results, host_cpus};
 use crate::adaptors::{ADAPTOR_PAIR_SIZE, AdaptorRow, CopyRow};
 use crate::pacing::{PACING_WORK_NS, Pacing};
 use crate::pools::PoolRow;
+use crate::replay::{TIMED_PASSES, TraceRun};
+use crate::resource_pairs::{RESOURCE_PAIR_SIZE, ROUNDS, ResourcePairRow};
 use crate::scaling::{PAIRS_PER_SYNC, SCALING_SIZE, ScalingRow};
 use crate::sharing::{RateRow, ResendRow, ShareRow};
 use crate::stats::Stats;
-use crate::units::{bytes, ns};
+use crate::units::{MIB, bytes, ns};
 use crate::vmm::{VmmMode, mode_name};
 
 /// The whole file: a table per case, in the order the cases run.
@@ -22,6 +24,7 @@ pub(super) fn markdown(results: &Results) -> String {
         additivity(&mut md, pacing);
     }
     scaling(&mut md, &results.scaling);
+    resource_pairs(&mut md, &results.resource_pairs);
     sharing(&mut md, &results.sharing);
     if let Some(r) = &results.resend {
         resend(&mut md, r);
@@ -33,6 +36,7 @@ pub(super) fn markdown(results: &Results) -> String {
     first_call(&mut md, results.first_call.as_ref());
     adaptors(&mut md, &results.adaptors);
     copies(&mut md, &results.copies);
+    traces(&mut md, &results.traces);
     md
 }
 
@@ -296,5 +300,87 @@ fn scaling(md: &mut String, rows: &[ScalingRow]) {
             r.ratio(&r.buffer),
             r.ratio(&r.scoped)
         );
+    }
+}
+
+/// Case (1c)'s table (nothing without rows).
+pub(super) fn resource_pairs(md: &mut String, rows: &[ResourcePairRow]) {
+    if rows.is_empty() {
+        return;
+    }
+    let mut threads: Vec<String> = Vec::new();
+    for r in rows {
+        if threads.last() != Some(&r.threads.to_string()) {
+            threads.push(r.threads.to_string());
+        }
+    }
+    let _ = writeln!(
+        md,
+        "\n## 1c. Memory resources: {} allocate+free pairs on {} threads (one stream per thread)\n\n\
+         Each resource (a fresh one per thread count) on every thread at once, {PAIRS} pairs then a wait for the \
+         stream, over and over, as in 1b: a `Buffer` allocated and dropped, and the trait's own calls \
+         (`allocate_raw` + `deallocate_raw`). Raw is `cuMemAllocFromPoolAsync` + `cuMemFreeAsync` on a driver \
+         pool that keeps its memory. Every kind is timed once per round, {ROUNDS} rounds, in the same run; ratios \
+         are time per pair against raw's (below 1: faster than the driver). This host has {} CPUs.\n\n\
+         | resource | threads | Buffer per pair per thread | calls per pair per thread | raw per pair per thread | \
+         Buffer/raw | calls/raw |\n|---|---|---|---|---|---|---|",
+        bytes(RESOURCE_PAIR_SIZE),
+        match threads.split_last() {
+            Some((last, [])) => last.clone(),
+            Some((last, rest)) => format!("{} and {last}", rest.join(", ")),
+            None => String::new(),
+        },
+        host_cpus(),
+        PAIRS = PAIRS_PER_SYNC,
+    );
+    for r in rows {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {:.3}× | {:.3}× |",
+            r.name,
+            r.threads,
+            ns(r.per_thread_ns(&r.buffer)),
+            ns(r.per_thread_ns(&r.calls)),
+            ns(r.per_thread_ns(&r.raw)),
+            r.ratio(&r.buffer),
+            r.ratio(&r.calls)
+        );
+    }
+}
+
+/// Case (8)'s table (nothing without runs).
+pub(super) fn traces(md: &mut String, runs: &[TraceRun]) {
+    if runs.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        md,
+        "\n## 8. Allocation traces replayed (tests/src/bin/bench/trace.rs documents the workloads)\n\n\
+         Each trace's events against a fresh resource: a `Buffer` per allocation, dropped at its free, every \
+         stream waited for at each step's end. Peak reserved is the most the resource held from the driver \
+         (read after every allocation), peak allocated the most the trace had live. Time per step is the \
+         step's allocate and free calls (not its synchronization), the median of {TIMED_PASSES} passes; the \
+         spread is over the steps. Plots: `trace_<trace>.svg`; every step: `trace_<trace>.csv`; every reading (the plot's points): \
+         `trace_<trace>_samples.csv`.\n\n\
+         | trace | steps | allocations | resource | peak allocated | peak reserved | reserved/allocated | \
+         time per step | all steps |\n|---|---|---|---|---|---|---|---|---|"
+    );
+    let mib = |b: f64| format!("{:.1} MiB", b / MIB as f64);
+    for run in runs {
+        for r in &run.replays {
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} | {} | {} | {:.3} | {} | {} |",
+                run.trace,
+                run.live.len(),
+                run.allocations,
+                r.contender,
+                mib(run.peak_allocated() as f64),
+                mib(r.peak_reserved() as f64),
+                run.ratio(r),
+                r.per_step().show(),
+                ns(r.total_ns())
+            );
+        }
     }
 }

@@ -1,5 +1,5 @@
 //! The outputs: what the run found ([`Results`]), written to the output folder as JSON
-//! ([`json`]), Markdown ([`markdown`]) and four SVG plots ([`svg`]).
+//! ([`json`]), Markdown ([`markdown`]) and SVG plots ([`svg`]), with case (8)'s series as CSV.
 
 mod json;
 mod markdown;
@@ -12,6 +12,8 @@ use crate::Error;
 use crate::adaptors::{AdaptorRow, CopyRow};
 use crate::pacing::Pacing;
 use crate::pools::PoolRow;
+use crate::replay::TraceRun;
+use crate::resource_pairs::ResourcePairRow;
 use crate::scaling::ScalingRow;
 use crate::sharing::{RateRow, ResendRow, ShareRow};
 use crate::stats::Stats;
@@ -46,14 +48,17 @@ pub(crate) struct Results {
     pub(crate) adaptors: Vec<AdaptorRow>,
     /// Case (7).
     pub(crate) copies: Vec<CopyRow>,
+    /// Case (1c): each resource's pairs against the raw pair, per thread count.
+    pub(crate) resource_pairs: Vec<ResourcePairRow>,
+    /// Case (8): each trace replayed against each resource.
+    pub(crate) traces: Vec<TraceRun>,
 }
 
-/// Writes `results.json`, `results.md`, `vmm_steps.svg`, `pools.svg`, `scaling.svg` and `copies.svg` to the
-/// output folder,
-/// then prints the Markdown and what it wrote, with the time since `total`.
+/// Writes `results.json`, `results.md`, `vmm_steps.svg`, `pools.svg`, `scaling.svg`,
+/// `copies.svg` and case (8)'s `trace_<name>.{svg,csv}` to the output folder, then prints the
+/// Markdown and what it wrote, with the time since `total`.
 pub(crate) fn write_all(results: &Results, total: Instant) -> Result<(), Error> {
-    let out = cuda_mem_integration::output::output_dir("BENCH_OUT", "bench");
-    std::fs::create_dir_all(&out).map_err(|e| format!("creating {}: {e}", out.display()))?;
+    let out = output_dir()?;
     let markdown = markdown::markdown(results);
     write(&out.join("results.json"), &json::json(results))?;
     write(&out.join("results.md"), &markdown)?;
@@ -61,13 +66,49 @@ pub(crate) fn write_all(results: &Results, total: Instant) -> Result<(), Error> 
     write(&out.join("pools.svg"), &svg::pools_svg(&results.pools))?;
     write(&out.join("scaling.svg"), &svg::scaling_svg(&results.scaling, host_cpus()))?;
     write(&out.join("copies.svg"), &svg::copies_svg(&results.copies))?;
+    let traces = write_traces(&out, &results.traces)?;
     println!("\n{markdown}");
     println!(
-        "wrote {}/{{results.json, results.md, vmm_steps.svg, pools.svg, scaling.svg, copies.svg}} in {:.1} s",
+        "wrote {}/{{results.json, results.md, vmm_steps.svg, pools.svg, scaling.svg, copies.svg, {}}} in {:.1} s",
         out.display(),
+        traces.join(", "),
         total.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// The output folder (`BENCH_OUT`, else `target/bench`), made if missing.
+pub(crate) fn output_dir() -> Result<std::path::PathBuf, Error> {
+    let out = cuda_mem_integration::output::output_dir("BENCH_OUT", "bench");
+    std::fs::create_dir_all(&out).map_err(|e| format!("creating {}: {e}", out.display()))?;
+    Ok(out)
+}
+
+/// Writes each of case (8)'s runs as `trace_<name>.svg` (the plot), `trace_<name>.csv` (a row
+/// per step) and `trace_<name>_samples.csv` (every reading, the plot's points) to `out`; the
+/// names written.
+pub(crate) fn write_traces(out: &Path, runs: &[TraceRun]) -> Result<Vec<String>, Error> {
+    let mut written = Vec::new();
+    for run in runs {
+        let files = [
+            (format!("trace_{}.svg", run.trace), svg::trace_svg(run)),
+            (format!("trace_{}.csv", run.trace), run.csv()),
+            (format!("trace_{}_samples.csv", run.trace), run.samples_csv()),
+        ];
+        for (file, text) in files {
+            write(&out.join(&file), &text)?;
+            written.push(file);
+        }
+    }
+    Ok(written)
+}
+
+/// Case (1c)'s and case (8)'s tables alone (for `bench --resource-pairs` and `bench --traces`).
+pub(crate) fn markdown_of(resource_pairs: &[ResourcePairRow], traces: &[TraceRun]) -> String {
+    let mut md = String::new();
+    markdown::resource_pairs(&mut md, resource_pairs);
+    markdown::traces(&mut md, traces);
+    md
 }
 
 /// The CPUs this process may run on: with fewer than the threads of a row of case (1) or (1b),

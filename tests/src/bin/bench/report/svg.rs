@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 
 use crate::adaptors::{COPY_SIZES, CopyRow};
 use crate::pools::{POOL_SIZES, POOL_THREADS, PoolRow};
+use crate::replay::TraceRun;
 use crate::scaling::{SCALING_SIZE, SCALING_THREADS, ScalingRow};
 use crate::units::{MIB, bytes, ns_tick};
 use crate::vmm::VmmMode;
@@ -24,6 +25,8 @@ struct Plot<'a> {
     log_y: bool,
     series: Vec<Series<'a>>,
     x_ticks: Vec<(f64, String)>,
+    /// The y axis' tick labels, from the values (times: [`ns_tick`]).
+    y_tick: fn(f64) -> String,
 }
 
 /// The plot as an SVG document.
@@ -149,7 +152,7 @@ fn axes(plot: &Plot<'_>, frame: &Frame) -> String {
     )
 }
 
-/// The y axis' ticks, each with a grid line and its label (a time, rounded).
+/// The y axis' ticks, each with a grid line and its label (the plot's `y_tick` of the value).
 fn y_ticks(out: &mut String, plot: &Plot<'_>, frame: &Frame) {
     let ticks = if plot.log_y { log_ticks(frame.y0, frame.y1) } else { linear_ticks(frame.y1) };
     for y in ticks {
@@ -160,7 +163,7 @@ fn y_ticks(out: &mut String, plot: &Plot<'_>, frame: &Frame) {
             WIDTH - RIGHT,
             LEFT - 6.0,
             frame.py(y) + 4.0,
-            ns_tick(y)
+            (plot.y_tick)(y)
         );
     }
 }
@@ -245,6 +248,7 @@ pub(super) fn vmm_svg(modes: &[VmmMode]) -> String {
         log_y: true,
         series,
         x_ticks,
+        y_tick: ns_tick,
     })
 }
 
@@ -275,6 +279,7 @@ pub(super) fn pools_svg(rows: &[PoolRow]) -> String {
         log_y: false,
         series,
         x_ticks,
+        y_tick: ns_tick,
     })
 }
 
@@ -310,6 +315,7 @@ pub(super) fn scaling_svg(rows: &[ScalingRow], cpus: usize) -> String {
         log_y: false,
         series,
         x_ticks,
+        y_tick: ns_tick,
     })
 }
 
@@ -330,6 +336,51 @@ pub(super) fn copies_svg(rows: &[CopyRow]) -> String {
         log_y: true,
         series,
         x_ticks,
+        y_tick: ns_tick,
+    })
+}
+
+/// A size in MiB as a plot's tick label (`0`, `50 MiB`, `2.5 MiB`).
+fn mib_tick(value: f64) -> String {
+    let digits = format!("{value:.2}");
+    let digits = digits.trim_end_matches('0').trim_end_matches('.');
+    if digits == "0" { "0".to_string() } else { format!("{digits} MiB") }
+}
+
+/// `trace_<name>.svg`: over the trace, the bytes it has allocated and each resource's reserved
+/// bytes, as read by the memory passes (after every allocation and every step's
+/// synchronization).
+pub(super) fn trace_svg(run: &TraceRun) -> String {
+    let colors = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b"];
+    let mib = |b: u64| b as f64 / MIB as f64;
+    let names: Vec<String> = run.replays.iter().map(|r| format!("reserved: {}", r.contender)).collect();
+    let mut series: Vec<Series<'_>> = run
+        .replays
+        .iter()
+        .zip(&names)
+        .zip(colors.into_iter().cycle())
+        .map(|((r, name), color)| (name.as_str(), color, r.samples.iter().map(|s| (s.at, mib(s.reserved))).collect()))
+        .collect();
+    // Last, so that it is drawn over a reserved line that matches it.
+    let first = run.replays.first().map_or(&[][..], |r| &r.samples[..]);
+    series.push((
+        "allocated (the trace's live bytes)",
+        "#000000",
+        first.iter().map(|s| (s.at, mib(s.allocated))).collect(),
+    ));
+    let last = run.live.len() as f64;
+    let x_ticks =
+        linear_ticks(last).into_iter().filter(|&step| step <= last).map(|step| (step, format!("{step:.0}"))).collect();
+    let title = format!("Trace replay ({}): reserved vs allocated bytes over the trace", run.trace);
+    svg(&Plot {
+        title: &title,
+        x_label: "step (read after every allocation and every step's synchronization)",
+        y_label: "bytes",
+        log_x: false,
+        log_y: false,
+        series,
+        x_ticks,
+        y_tick: mib_tick,
     })
 }
 
@@ -419,6 +470,40 @@ mod tests {
         }
         let [(_, pools), ..] = sample_plots();
         assert_eq!(y_labels(&pools), ["0", "1 µs", "2 µs", "3 µs", "4 µs", "5 µs", "6 µs"]);
+    }
+
+    /// The trace plot: a line per resource and the allocated bytes, named in the legend, the
+    /// y axis in round MiB, the x axis in whole steps up to the trace's end.
+    #[test]
+    fn the_trace_plot_names_every_line_and_labels_sizes_in_mib() {
+        use crate::replay::{Replay, Sample};
+        let samples = |extra: u64| -> Vec<Sample> {
+            (0..=40u64)
+                .map(|i| {
+                    let allocated = (i % 10) * 12 * MIB as u64;
+                    Sample { at: i as f64 / 4.0, allocated, reserved: allocated + extra }
+                })
+                .collect()
+        };
+        let replay =
+            |contender, extra| Replay { contender, memory: Vec::new(), samples: samples(extra), step_ns: Vec::new() };
+        let run = TraceRun {
+            trace: "serving",
+            live: vec![(0, 0); 10],
+            allocations: 30,
+            replays: vec![replay("pool A", 0), replay("pool B", 8 * MIB as u64)],
+        };
+        let plot = trace_svg(&run);
+        if let Some(dir) = std::env::var_os("BENCH_PLOTS_OUT") {
+            std::fs::write(std::path::Path::new(&dir).join("trace_sample.svg"), &plot).unwrap();
+        }
+        for name in ["reserved: pool A", "reserved: pool B", "allocated (the trace's live bytes)"] {
+            assert!(plot.contains(&format!(">{name}</text>")), "{name}");
+        }
+        assert_eq!(plot.matches("<polyline").count(), 3);
+        assert_eq!(y_labels(&plot), ["0", "20 MiB", "40 MiB", "60 MiB", "80 MiB", "100 MiB", "120 MiB"]);
+        assert!(plot.contains(r#"text-anchor="middle">10</text>"#) && !plot.contains(">12</text>"));
+        assert_eq!(mib_tick(2.5), "2.5 MiB");
     }
 
     #[test]
