@@ -35,7 +35,6 @@ pub struct BlockSnapshot {
 
 /// What a block is used for ([`BlockSnapshot::state`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
 pub enum BlockUse {
     /// Handed out, for this many bytes asked for.
     Allocated {
