@@ -170,7 +170,7 @@ impl CachingOptions {
 
     /// `size` rounded up to the block size it is served with (`None`: past the address space).
     pub fn round(&self, size: usize) -> Option<usize> {
-        Some(size.max(1).checked_next_multiple_of(self.rounding)?)
+        size.max(1).checked_next_multiple_of(self.rounding)
     }
 
     /// The class of a rounded request.
