@@ -259,9 +259,10 @@ impl CachingResource {
         segments
     }
 
-    /// Whether `resource`, or a resource it adapts, is a caching resource: its buffers are
-    /// blocks of larger segments.
-    pub(crate) fn serves(resource: &dyn MemoryResource) -> bool {
+    /// Whether `resource` is a caching resource or adapts one (through
+    /// [`upstream`](MemoryResource::upstream)): its buffers are then blocks of larger segments,
+    /// which must not be shared as allocations of a pool.
+    pub fn serves(resource: &dyn MemoryResource) -> bool {
         let mut next = Some(resource);
         while let Some(resource) = next {
             if (resource as &dyn std::any::Any).is::<CachingResource>() {
