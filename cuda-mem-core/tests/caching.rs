@@ -282,24 +282,40 @@ fn threads_on_their_own_streams_share_the_cache() {
     let device = common::device();
     let counted = StatisticsAdaptor::new(DeviceMemoryResource::new(device, Default::default()).unwrap());
     let cache = cache_over(counted.clone());
+    let done = std::sync::atomic::AtomicBool::new(false);
     std::thread::scope(|scope| {
-        for thread in 0..THREADS {
-            let cache = &cache;
-            scope.spawn(move || {
-                let stream = common::stream(device);
-                let mut held = Vec::new();
-                for round in 0..200 {
-                    let size = 512 * (1 + (round * 7 + thread) % 64);
-                    held.push(cache.allocate(size, &stream).unwrap());
-                    if round % 3 == 0 {
-                        held.swap_remove(round % held.len());
+        // Emptying the cache meanwhile forgets the states of streams left without segments,
+        // which allocations under way on them may hold.
+        scope.spawn(|| {
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                cache.empty_cache().unwrap();
+                std::thread::yield_now();
+            }
+        });
+        let workers: Vec<_> = (0..THREADS)
+            .map(|thread| {
+                let cache = &cache;
+                scope.spawn(move || {
+                    let stream = common::stream(device);
+                    let mut held = Vec::new();
+                    for round in 0..200 {
+                        let size = 512 * (1 + (round * 7 + thread) % 64);
+                        held.push(cache.allocate(size, &stream).unwrap());
+                        if round % 3 == 0 {
+                            held.swap_remove(round % held.len());
+                        }
                     }
-                }
-                drop(held);
-                stream.synchronize().unwrap();
-            });
+                    drop(held);
+                    stream.synchronize().unwrap();
+                })
+            })
+            .collect();
+        for worker in workers {
+            worker.join().unwrap();
         }
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
     });
+    assert!(take_drop_errors().is_empty(), "every block was found again when freed");
     let stats = cache.statistics();
     assert_eq!(stats.all.allocated_bytes.current, 0);
     assert_eq!(stats.all.reserved_bytes.current, counted.statistics().current_bytes);

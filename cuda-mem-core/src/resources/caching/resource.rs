@@ -187,7 +187,13 @@ impl CachingResource {
     /// The upstream's refusal to take a segment back (that segment stays cached).
     pub fn empty_cache(&self) -> Result<usize> {
         let released = self.trim(0)?;
-        self.write_streams().retain(|state| !state.lock().arena.is_empty());
+        self.write_streams().retain(|state| {
+            let mut locked = state.lock();
+            // Retired under its lock: an allocation that holds the state meanwhile sees it when
+            // it adds its segment, and adds it to the stream's new state instead.
+            locked.retired = locked.arena.is_empty();
+            !locked.retired
+        });
         Ok(released)
     }
 
@@ -325,19 +331,24 @@ impl CachingResource {
     }
 
     /// A new segment for `state`'s stream, and the block from it.
-    fn grow(&self, state: &StreamState, class: SizeClass, rounded: usize, requested: usize) -> Result<DevicePtr> {
+    fn grow(&self, state: Arc<StreamState>, class: SizeClass, rounded: usize, requested: usize) -> Result<DevicePtr> {
         let size = self.options.segment_size(rounded).ok_or_else(|| self.out_of_memory(requested, rounded, None))?;
         let base = match self.upstream.allocate_raw(size, &state.stream) {
             Ok(base) => base,
-            Err(refused) => self.retry(state, size, requested, rounded, refused)?,
+            Err(refused) => self.retry(&state, size, requested, rounded, refused)?,
         };
         crate::memory_event!(DEBUG, size, ptr = %hex(base), stream = %hex(state.stream.handle()), "cache segment allocated");
+        let mut state = state;
         let mut locked = state.lock();
-        locked.arena.add_segment(base, size, class);
-        locked.arena.take(&self.options, class, rounded, requested, u64::MAX).ok_or_else(|| {
+        while locked.retired {
             drop(locked);
-            self.out_of_memory(requested, rounded, None)
-        })
+            state = self.state_for(&state.stream);
+            locked = state.lock();
+        }
+        locked.arena.add_segment(base, size, class);
+        let taken = locked.arena.take(&self.options, class, rounded, requested, u64::MAX);
+        drop(locked);
+        taken.ok_or_else(|| self.out_of_memory(requested, rounded, None))
     }
 
     /// After the upstream `refused` a segment: the wholly free segments go back, and it is
@@ -451,7 +462,7 @@ unsafe impl MemoryResource for CachingResource {
         {
             return Ok(ptr);
         }
-        self.grow(&state, class, rounded, size)
+        self.grow(state, class, rounded, size)
     }
 
     unsafe fn deallocate_raw(&self, ptr: DevicePtr, size: usize, stream: &Stream) -> Result<()> {

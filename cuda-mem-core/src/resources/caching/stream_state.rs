@@ -77,6 +77,9 @@ struct Fence {
 pub(super) struct Locked {
     pub(super) arena: Arena<LastUse>,
     fence: Option<Fence>,
+    /// Forgotten by the resource (it had no segment left): a segment acquired for its stream
+    /// goes to the stream's new state instead.
+    pub(super) retired: bool,
 }
 
 /// One stream's caching state.
@@ -89,7 +92,7 @@ pub(super) struct StreamState {
 
 impl StreamState {
     pub(super) fn new(stream: Stream, arena: Arena<LastUse>) -> StreamState {
-        StreamState { stream, locked: Mutex::new(Locked { arena, fence: None }) }
+        StreamState { stream, locked: Mutex::new(Locked { arena, fence: None, retired: false }) }
     }
 
     pub(super) fn lock(&self) -> MutexGuard<'_, Locked> {
