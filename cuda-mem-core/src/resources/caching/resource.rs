@@ -170,13 +170,22 @@ impl CachingResource {
 
     /// Everything counted so far.
     #[doc(alias = "memory_stats")]
+    ///
+    /// The current values are exact, and so are the peaks of segments and reserved bytes. Each
+    /// stream counts its blocks under its own lock (the common path writes nothing other streams
+    /// share), so a block figure's peak is the sum of the streams' peaks: exact where one stream
+    /// allocates, at least the true peak where several do.
     pub fn statistics(&self) -> CachingStatistics {
-        self.counters.read()
+        let locals: Vec<_> = self.states().iter().map(|state| state.lock().arena.local().clone()).collect();
+        self.counters.read(&locals)
     }
 
     /// Starts every peak again from the current value.
     #[doc(alias = "reset_peak_memory_stats")]
     pub fn reset_peaks(&self) {
+        for state in self.states() {
+            state.lock().arena.reset_peaks();
+        }
         self.counters.reset_peaks();
     }
 
@@ -206,6 +215,9 @@ impl CachingResource {
     pub fn trim(&self, keep: usize) -> Result<usize> {
         let _releasing = self.releasing.lock().unwrap_or_else(PoisonError::into_inner);
         let mut released = 0;
+        // Read once: the states are locked one at a time below.
+        let all = self.statistics().all;
+        let (mut reserved, allocated) = (all.reserved_bytes.current, all.allocated_bytes.current);
         for state in self.states() {
             let mut locked = state.lock();
             locked.poll_pending();
@@ -213,8 +225,7 @@ impl CachingResource {
                 continue;
             }
             for (base, segment) in locked.arena.releasable() {
-                let all = self.counters.read().all;
-                if all.reserved_bytes.current.saturating_sub(all.allocated_bytes.current) <= keep as u64 {
+                if reserved.saturating_sub(allocated) <= keep as u64 {
                     return Ok(released);
                 }
                 locked.arena.remove_segment(base);
@@ -227,6 +238,7 @@ impl CachingResource {
                 }
                 crate::memory_event!(DEBUG, size = segment.size, ptr = %hex(base), "cache segment released");
                 released += segment.size;
+                reserved -= segment.size as u64;
             }
         }
         Ok(released)
@@ -384,7 +396,7 @@ impl CachingResource {
     #[cold]
     fn out_of_memory(&self, requested: usize, rounded: usize, source: Option<Error>) -> Error {
         self.counters.out_of_memory.fetch_add(1, Ordering::Relaxed);
-        let all = self.counters.read().all;
+        let all = self.statistics().all;
         let largest_free_block =
             self.states().iter().map(|state| state.lock().arena.largest_free()).max().unwrap_or(0) as u64;
         let (allocated, reserved) = (all.allocated_bytes.current, all.reserved_bytes.current);

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use super::bins::Bins;
 use super::options::{CachingOptions, SizeClass};
-use super::statistics::{Counters, Field};
+use super::statistics::{Counters, Field, LocalCounters};
 use crate::device::DevicePtr;
 
 /// What a block is.
@@ -19,8 +19,9 @@ pub(super) enum BlockState<P> {
     /// arena's stream after its `epoch`-th free has completed; epoch 0: for anyone.
     Free { epoch: u64 },
     /// Freed on another stream, whose last use `P` (an event) says when it is done; no stream
-    /// takes it before (it is then made free for anyone, [`Arena::settle`]).
-    Pending(P),
+    /// takes it before (it is then made free for anyone, [`Arena::settle`]). Boxed: blocks move
+    /// within the map's nodes on every insert and remove, and the common ones stay small.
+    Pending(Box<P>),
 }
 
 /// A block: part of one segment, as many bytes as `size`.
@@ -29,6 +30,8 @@ pub(super) struct Block<P> {
     pub(super) size: usize,
     /// The base address of its segment.
     pub(super) segment: DevicePtr,
+    /// Its segment's size and class (kept here: no lookup of the segment on the hot path).
+    pub(super) of: Segment,
     pub(super) state: BlockState<P>,
 }
 
@@ -50,7 +53,12 @@ pub(super) struct Arena<P> {
     pending: BTreeSet<DevicePtr>,
     /// Frees (and segments added) so far: the epoch of the latest.
     epoch: u64,
+    /// The resource's counters: segments and reserved bytes, which change rarely, are counted
+    /// there, for exact figures across streams.
     counters: Arc<Counters>,
+    /// This stream's figures of its blocks, under its lock: the hot path writes no shared
+    /// memory.
+    local: LocalCounters,
 }
 
 impl<P> Arena<P> {
@@ -62,6 +70,7 @@ impl<P> Arena<P> {
             pending: BTreeSet::new(),
             epoch: 0,
             counters,
+            local: LocalCounters::default(),
         }
     }
 
@@ -108,7 +117,8 @@ impl<P> Arena<P> {
         self.counters.add(class, Field::ReservedBytes, size as u64);
         self.counters.add(class, Field::Segments, 1);
         self.epoch += 1;
-        self.insert(base, Block { size, segment: base, state: BlockState::Free { epoch: self.epoch } });
+        let of = Segment { size, class };
+        self.insert(base, Block { size, segment: base, of, state: BlockState::Free { epoch: self.epoch } });
     }
 
     /// Hands out the best-fitting free block of `class` for `rounded` bytes whose epoch is at
@@ -128,13 +138,21 @@ impl<P> Arena<P> {
         let block = self.remove(ptr)?;
         let BlockState::Free { epoch: freed } = block.state else { return None };
         let size = if options.splits(class, size, rounded) {
-            let rest = Block { size: size - rounded, segment: block.segment, state: BlockState::Free { epoch: freed } };
+            let rest = Block {
+                size: size - rounded,
+                segment: block.segment,
+                of: block.of,
+                state: BlockState::Free { epoch: freed },
+            };
             self.insert(ptr + rounded as DevicePtr, rest);
             rounded
         } else {
             size
         };
-        self.insert(ptr, Block { size, segment: block.segment, state: BlockState::Allocated { requested } });
+        self.insert(
+            ptr,
+            Block { size, segment: block.segment, of: block.of, state: BlockState::Allocated { requested } },
+        );
         Some(ptr)
     }
 
@@ -161,7 +179,7 @@ impl<P> Arena<P> {
     /// `last_use` back when no block is allocated there.
     pub(super) fn free_pending(&mut self, ptr: DevicePtr, last_use: P) -> Result<(), P> {
         let Some(mut block) = self.allocated_size(ptr).and_then(|_| self.remove(ptr)) else { return Err(last_use) };
-        block.state = BlockState::Pending(last_use);
+        block.state = BlockState::Pending(Box::new(last_use));
         self.pending.insert(ptr);
         self.insert(ptr, block);
         Ok(())
@@ -184,7 +202,7 @@ impl<P> Arena<P> {
     pub(super) fn pending_in(&mut self, base: DevicePtr) -> impl Iterator<Item = &mut P> + '_ {
         let end = self.segments.get(&base).map_or(base, |segment| base + segment.size as DevicePtr);
         self.blocks.range_mut(base..end).filter_map(|(_, block)| match &mut block.state {
-            BlockState::Pending(last_use) => Some(last_use),
+            BlockState::Pending(last_use) => Some(&mut **last_use),
             _ => None,
         })
     }
@@ -228,7 +246,7 @@ impl<P> Arena<P> {
     fn set_free(&mut self, ptr: DevicePtr, epoch: u64) {
         let Some(block) = self.remove(ptr) else { return };
         let (mut start, mut size, mut epoch) = (ptr, block.size, epoch);
-        let segment = block.segment;
+        let (segment, of) = (block.segment, block.of);
         let previous = self.blocks.range(segment..ptr).next_back().map(|(&at, b)| (at, b.size, &b.state));
         if let Some((at, before, BlockState::Free { epoch: theirs })) = previous
             && at + before as DevicePtr == ptr
@@ -238,7 +256,7 @@ impl<P> Arena<P> {
             (start, size) = (at, size + before);
         }
         let next = ptr + block.size as DevicePtr;
-        if let Some(Block { segment: theirs_segment, size: after, state: BlockState::Free { epoch: theirs } }) =
+        if let Some(Block { segment: theirs_segment, size: after, state: BlockState::Free { epoch: theirs }, .. }) =
             self.blocks.get(&next)
             && *theirs_segment == segment
         {
@@ -246,16 +264,12 @@ impl<P> Arena<P> {
             size += *after;
             self.remove(next);
         }
-        self.insert(start, Block { size, segment, state: BlockState::Free { epoch } });
-    }
-
-    fn segment_of(&self, block: &Block<P>) -> Segment {
-        self.segments.get(&block.segment).copied().unwrap_or(Segment { size: block.size, class: SizeClass::Large })
+        self.insert(start, Block { size, segment, of, state: BlockState::Free { epoch } });
     }
 
     /// Adds a block, to the bins if free, and counts it.
     fn insert(&mut self, ptr: DevicePtr, block: Block<P>) {
-        let segment = self.segment_of(&block);
+        let segment = block.of;
         self.count(segment, &block, true);
         if let BlockState::Free { .. } = block.state {
             self.bins.insert(segment.class, block.size, ptr);
@@ -266,7 +280,7 @@ impl<P> Arena<P> {
     /// Removes a block, from the bins if free, and uncounts it.
     fn remove(&mut self, ptr: DevicePtr) -> Option<Block<P>> {
         let block = self.blocks.remove(&ptr)?;
-        let segment = self.segment_of(&block);
+        let segment = block.of;
         self.count(segment, &block, false);
         if let BlockState::Free { .. } = block.state {
             self.bins.remove(segment.class, block.size, ptr);
@@ -274,15 +288,10 @@ impl<P> Arena<P> {
         Some(block)
     }
 
-    fn count(&self, segment: Segment, block: &Block<P>, add: bool) {
-        let class = segment.class;
-        let change = |field: Field, amount: usize| {
-            if add {
-                self.counters.add(class, field, amount as u64);
-            } else {
-                self.counters.subtract(class, field, amount as u64);
-            }
-        };
+    /// Counts a block's share of the figures in (`add`) or out.
+    fn count(&mut self, segment: Segment, block: &Block<P>, add: bool) {
+        let local = &mut self.local;
+        let mut change = |field: Field, amount: usize| local.apply(segment.class, field, amount as u64, add);
         match block.state {
             BlockState::Allocated { requested } => {
                 change(Field::AllocatedBytes, block.size);
@@ -301,6 +310,16 @@ impl<P> Arena<P> {
             }
             BlockState::Free { .. } => {}
         }
+    }
+
+    /// This stream's figures.
+    pub(super) fn local(&self) -> &LocalCounters {
+        &self.local
+    }
+
+    /// Starts this stream's peaks again from the current values.
+    pub(super) fn reset_peaks(&mut self) {
+        self.local.reset_peaks();
     }
 }
 
@@ -330,20 +349,20 @@ mod tests {
         let b = arena.take(&options, SizeClass::Small, 4096, 4096, u64::MAX).unwrap();
         assert_eq!((a, b), (0x10_0000, 0x10_0400));
         assert_eq!(sizes(&arena, 0x10_0000), [(a, 1024, false), (b, 4096, false), (0x10_1400, 2 * MIB - 5120, true)]);
-        let stats = counters.read().small;
+        let stats = counters.read([arena.local()]).small;
         assert_eq!((stats.allocated_bytes.current, stats.requested_bytes.current), (5120, 5096));
         assert_eq!(stats.inactive_split_bytes.current, 2 * MIB as u64 - 5120);
 
         assert!(arena.free_here(a) && !arena.free_here(a), "freed once");
-        assert_eq!(counters.read().small.inactive_split_blocks.current, 2);
+        assert_eq!(counters.read([arena.local()]).small.inactive_split_blocks.current, 2);
         assert!(arena.free_here(b));
         assert_eq!(sizes(&arena, 0x10_0000), [(0x10_0000, 2 * MIB, true)], "merged with both neighbours");
-        let stats = counters.read().small;
+        let stats = counters.read([arena.local()]).small;
         assert_eq!((stats.allocated_bytes.current, stats.inactive_split_bytes.current), (0, 0));
         assert_eq!(stats.allocated_bytes.peak, 5120);
         assert_eq!(arena.releasable().len(), 1);
         arena.remove_segment(0x10_0000).unwrap();
-        let all = counters.read().all;
+        let all = counters.read([arena.local()]).all;
         assert_eq!((all.reserved_bytes.current, all.segments.current, all.reserved_bytes.peak), (0, 0, 2 * MIB as u64));
         assert!(arena.is_empty());
     }
@@ -354,7 +373,7 @@ mod tests {
         arena.add_segment(0x1000_0000, 20 * MIB, SizeClass::Large);
         let a = arena.take(&options, SizeClass::Large, 19 * MIB + 512, 19 * MIB, u64::MAX).unwrap();
         assert_eq!(sizes(&arena, a), [(a, 20 * MIB, false)], "the whole segment, not a 1 MiB sliver");
-        assert_eq!(counters.read().large.allocated_bytes.current, 20 * MIB as u64);
+        assert_eq!(counters.read([arena.local()]).large.allocated_bytes.current, 20 * MIB as u64);
         assert!(arena.free_here(a));
         let b = arena.take(&options, SizeClass::Large, 4 * MIB, 4 * MIB, u64::MAX).unwrap();
         assert_eq!(sizes(&arena, b), [(b, 4 * MIB, false), (b + (4 * MIB) as u64, 16 * MIB, true)]);
@@ -369,11 +388,11 @@ mod tests {
         assert_eq!(arena.free_pending(a, 8), Err(8), "no longer allocated");
         assert_eq!(arena.take(&options, SizeClass::Small, 512, 512, u64::MAX), None);
         assert!(arena.releasable().is_empty() && arena.has_pending());
-        assert_eq!(counters.read().small.active_bytes.current, 2 * MIB as u64);
+        assert_eq!(counters.read([arena.local()]).small.active_bytes.current, 2 * MIB as u64);
         assert_eq!(arena.pending_where(|last_use| *last_use == 7), [a]);
         assert!(arena.pending_where(|last_use| *last_use == 8).is_empty());
         arena.settle(a);
-        assert_eq!(counters.read().small.active_bytes.current, 0);
+        assert_eq!(counters.read([arena.local()]).small.active_bytes.current, 0);
         assert_eq!(arena.releasable().len(), 1);
         // Settled blocks are anyone's (epoch 0); a block freed on the arena's stream is not.
         assert_eq!(arena.take(&options, SizeClass::Small, 512, 512, 0), Some(a));

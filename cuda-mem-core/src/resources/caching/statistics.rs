@@ -68,6 +68,24 @@ pub struct CachingStatistics {
     pub passed_through: Stat,
 }
 
+impl PoolStatistics {
+    /// Adds a stream's block figures (all but segments and reserved bytes).
+    fn add_blocks(&mut self, set: &[(u64, u64); FIELDS]) {
+        let add = |stat: &mut Stat, field: Field| {
+            let (current, peak) = set[field as usize];
+            stat.current += current;
+            stat.peak += peak;
+        };
+        add(&mut self.allocated_bytes, Field::AllocatedBytes);
+        add(&mut self.requested_bytes, Field::RequestedBytes);
+        add(&mut self.active_bytes, Field::ActiveBytes);
+        add(&mut self.inactive_split_bytes, Field::InactiveSplitBytes);
+        add(&mut self.allocations, Field::Allocations);
+        add(&mut self.active_blocks, Field::ActiveBlocks);
+        add(&mut self.inactive_split_blocks, Field::InactiveSplitBlocks);
+    }
+}
+
 impl CachingStatistics {
     /// The figures of one size class.
     pub fn pool(&self, class: SizeClass) -> &PoolStatistics {
@@ -92,7 +110,7 @@ pub(super) enum Field {
     InactiveSplitBlocks,
 }
 
-const FIELDS: usize = 9;
+pub(super) const FIELDS: usize = 9;
 
 /// A value and its peak.
 #[derive(Debug, Default)]
@@ -104,7 +122,10 @@ pub(super) struct Counter {
 impl Counter {
     pub(super) fn add(&self, amount: u64) {
         let now = self.current.fetch_add(amount, Ordering::Relaxed) + amount;
-        self.peak.fetch_max(now, Ordering::Relaxed);
+        // A load first: below the peak (the steady state of a cache) no second write is needed.
+        if now > self.peak.load(Ordering::Relaxed) {
+            self.peak.fetch_max(now, Ordering::Relaxed);
+        }
     }
 
     pub(super) fn subtract(&self, amount: u64) {
@@ -142,10 +163,40 @@ impl ClassCounters {
     }
 }
 
-/// Every counter of a resource: lock-free, shared by its streams' states.
+/// A stream's figures of its blocks (small, large, all), current and peak, kept under its
+/// state's lock: plain numbers, so the hot path writes no memory other streams share.
+#[derive(Debug, Default, Clone)]
+pub(super) struct LocalCounters {
+    classes: [[(u64, u64); FIELDS]; 3],
+}
+
+impl LocalCounters {
+    /// Adds `amount` to `field` of `class` and of all (`add`), or takes it away.
+    #[inline]
+    pub(super) fn apply(&mut self, class: SizeClass, field: Field, amount: u64, add: bool) {
+        for set in [class.index(), 2] {
+            let (current, peak) = &mut self.classes[set][field as usize];
+            if add {
+                *current += amount;
+                *peak = (*peak).max(*current);
+            } else {
+                *current -= amount;
+            }
+        }
+    }
+
+    pub(super) fn reset_peaks(&mut self) {
+        for (current, peak) in self.classes.iter_mut().flatten() {
+            *peak = *current;
+        }
+    }
+}
+
+/// The counters a resource shares between its streams' states: segments and reserved bytes
+/// (changed only with segments), retries, failures and pass-throughs, lock-free.
 #[derive(Debug, Default)]
 pub(super) struct Counters {
-    /// Small, large, all.
+    /// Small, large, all; only the segment figures are counted here.
     classes: [ClassCounters; 3],
     pub(super) retries: AtomicU64,
     pub(super) out_of_memory: AtomicU64,
@@ -165,17 +216,28 @@ impl Counters {
         self.classes[2].0[field as usize].subtract(amount);
     }
 
-    pub(super) fn read(&self) -> CachingStatistics {
+    /// Everything, with the streams' figures of their blocks (`streams`) summed: the currents
+    /// are exact, and so are the peaks of segments and reserved bytes; a block figure's peak is
+    /// the sum of the streams' peaks (exact for one stream, at least the true peak for several).
+    pub(super) fn read<'a>(&self, streams: impl IntoIterator<Item = &'a LocalCounters>) -> CachingStatistics {
+        let mut sums = [self.classes[0].read(), self.classes[1].read(), self.classes[2].read()];
+        for local in streams {
+            for (sum, set) in sums.iter_mut().zip(&local.classes) {
+                sum.add_blocks(set);
+            }
+        }
+        let [small, large, all] = sums;
         CachingStatistics {
-            small: self.classes[0].read(),
-            large: self.classes[1].read(),
-            all: self.classes[2].read(),
+            small,
+            large,
+            all,
             retries: self.retries.load(Ordering::Relaxed),
             out_of_memory: self.out_of_memory.load(Ordering::Relaxed),
             passed_through: self.passed_through.read(),
         }
     }
 
+    /// Starts the shared peaks again (the streams' own are reset under their locks).
     pub(super) fn reset_peaks(&self) {
         self.classes.iter().flat_map(|class| &class.0).for_each(Counter::reset_peak);
         self.passed_through.reset_peak();
@@ -189,16 +251,21 @@ mod tests {
     #[test]
     fn each_class_counts_into_all_and_peaks_reset_to_the_current_values() {
         let counters = Counters::default();
-        counters.add(SizeClass::Small, Field::AllocatedBytes, 512);
-        counters.add(SizeClass::Large, Field::AllocatedBytes, 4096);
-        counters.subtract(SizeClass::Large, Field::AllocatedBytes, 4096);
-        counters.add(SizeClass::Small, Field::AllocatedBytes, 512);
-        let read = counters.read();
+        let mut local = LocalCounters::default();
+        local.apply(SizeClass::Small, Field::AllocatedBytes, 512, true);
+        local.apply(SizeClass::Large, Field::AllocatedBytes, 4096, true);
+        local.apply(SizeClass::Large, Field::AllocatedBytes, 4096, false);
+        local.apply(SizeClass::Small, Field::AllocatedBytes, 512, true);
+        let read = counters.read([&local]);
         assert_eq!(read.small.allocated_bytes, Stat { current: 1024, peak: 1024 });
         assert_eq!(read.large.allocated_bytes, Stat { current: 0, peak: 4096 });
         assert_eq!(read.all.allocated_bytes, Stat { current: 1024, peak: 4608 });
-        counters.reset_peaks();
-        assert_eq!(counters.read().all.allocated_bytes, Stat { current: 1024, peak: 1024 });
+        local.reset_peaks();
+        assert_eq!(counters.read([&local]).all.allocated_bytes, Stat { current: 1024, peak: 1024 });
+        counters.add(SizeClass::Small, Field::ReservedBytes, 2048);
+        counters.subtract(SizeClass::Small, Field::ReservedBytes, 2048);
+        assert_eq!(counters.read([&local, &local]).small.reserved_bytes, Stat { current: 0, peak: 2048 });
+        assert_eq!(counters.read([&local, &local]).small.allocated_bytes.current, 2048, "streams sum");
         assert_eq!(read.pool(SizeClass::Large), &read.large);
     }
 }
