@@ -301,7 +301,29 @@ impl CachingResource {
 
     /// The state of `stream`, if it has one.
     fn find_state(&self, stream: &Stream) -> Option<Arc<StreamState>> {
-        self.streams.read().unwrap_or_else(PoisonError::into_inner).iter().find(|s| s.stream == *stream).cloned()
+        self.with_state(stream, Arc::clone)
+    }
+
+    /// `f` of the state of `stream`, if it has one, under the states' read lock: the common
+    /// path takes no share of the state (no reference count written). `f` must not take the
+    /// states' lock again.
+    #[inline]
+    fn with_state<R>(&self, stream: &Stream, f: impl FnOnce(&Arc<StreamState>) -> R) -> Option<R> {
+        let streams = self.streams.read().unwrap_or_else(PoisonError::into_inner);
+        streams.iter().find(|s| s.stream == *stream).map(f)
+    }
+
+    /// A free block of `state`'s own, for its stream (settling what is pending first if none).
+    fn take_own(&self, state: &StreamState, class: SizeClass, rounded: usize, requested: usize) -> Option<DevicePtr> {
+        let mut locked = state.lock();
+        if let Some(ptr) = locked.arena.take(&self.options, class, rounded, requested, u64::MAX) {
+            return Some(ptr);
+        }
+        if !locked.arena.has_pending() {
+            return None;
+        }
+        locked.poll_pending();
+        locked.arena.take(&self.options, class, rounded, requested, u64::MAX)
     }
 
     /// The state of `stream`, made if it has none.
@@ -456,18 +478,12 @@ unsafe impl MemoryResource for CachingResource {
             return Err(self.out_of_memory(size, usize::MAX, None));
         };
         let class = self.options.size_class(rounded);
+        if let Some(Some(ptr)) = self.with_state(stream, |state| self.take_own(state, class, rounded, size)) {
+            return Ok(ptr);
+        }
         let state = self.state_for(stream);
-        {
-            let mut locked = state.lock();
-            if let Some(ptr) = locked.arena.take(&self.options, class, rounded, size, u64::MAX) {
-                return Ok(ptr);
-            }
-            if locked.arena.has_pending() {
-                locked.poll_pending();
-                if let Some(ptr) = locked.arena.take(&self.options, class, rounded, size, u64::MAX) {
-                    return Ok(ptr);
-                }
-            }
+        if let Some(ptr) = self.take_own(&state, class, rounded, size) {
+            return Ok(ptr);
         }
         if self.options.is_cross_stream_reuse()
             && let Some(ptr) = self.take_from_others(&state, class, rounded, size)
@@ -478,9 +494,7 @@ unsafe impl MemoryResource for CachingResource {
     }
 
     unsafe fn deallocate_raw(&self, ptr: DevicePtr, size: usize, stream: &Stream) -> Result<()> {
-        if let Some(state) = self.find_state(stream)
-            && state.lock().arena.free_here(ptr)
-        {
+        if self.with_state(stream, |state| state.lock().arena.free_here(ptr)) == Some(true) {
             return Ok(());
         }
         self.free_elsewhere(ptr, size, stream)

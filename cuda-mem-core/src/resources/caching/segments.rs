@@ -135,24 +135,22 @@ impl<P> Arena<P> {
         let (size, ptr) = self.bins.best_fit(class, rounded, |ptr| {
             matches!(blocks.get(&ptr), Some(Block { state: BlockState::Free { epoch: freed }, .. }) if *freed <= epoch)
         })?;
-        let block = self.remove(ptr)?;
+        // Changed in place (one lookup), the remainder of a split added beside it.
+        self.bins.remove(class, size, ptr);
+        let block = self.blocks.get_mut(&ptr)?;
         let BlockState::Free { epoch: freed } = block.state else { return None };
-        let size = if options.splits(class, size, rounded) {
-            let rest = Block {
-                size: size - rounded,
-                segment: block.segment,
-                of: block.of,
-                state: BlockState::Free { epoch: freed },
-            };
+        Self::count(&mut self.local, block, false);
+        let split = options.splits(class, size, rounded);
+        if split {
+            block.size = rounded;
+        }
+        block.state = BlockState::Allocated { requested };
+        Self::count(&mut self.local, block, true);
+        let (segment, of) = (block.segment, block.of);
+        if split {
+            let rest = Block { size: size - rounded, segment, of, state: BlockState::Free { epoch: freed } };
             self.insert(ptr + rounded as DevicePtr, rest);
-            rounded
-        } else {
-            size
-        };
-        self.insert(
-            ptr,
-            Block { size, segment: block.segment, of: block.of, state: BlockState::Allocated { requested } },
-        );
+        }
         Some(ptr)
     }
 
@@ -244,17 +242,8 @@ impl<P> Arena<P> {
     /// Makes the block at `ptr` free with `epoch`, merged with its free neighbours (the merged
     /// block takes the latest of their epochs: it is as recently used as its most recent part).
     fn set_free(&mut self, ptr: DevicePtr, epoch: u64) {
-        let Some(block) = self.remove(ptr) else { return };
-        let (mut start, mut size, mut epoch) = (ptr, block.size, epoch);
-        let (segment, of) = (block.segment, block.of);
-        let previous = self.blocks.range(segment..ptr).next_back().map(|(&at, b)| (at, b.size, &b.state));
-        if let Some((at, before, BlockState::Free { epoch: theirs })) = previous
-            && at + before as DevicePtr == ptr
-        {
-            epoch = epoch.max(*theirs);
-            self.remove(at);
-            (start, size) = (at, size + before);
-        }
+        let Some(block) = self.blocks.get(&ptr) else { return };
+        let (mut size, mut epoch, segment) = (block.size, epoch, block.segment);
         let next = ptr + block.size as DevicePtr;
         if let Some(Block { segment: theirs_segment, size: after, state: BlockState::Free { epoch: theirs }, .. }) =
             self.blocks.get(&next)
@@ -264,13 +253,28 @@ impl<P> Arena<P> {
             size += *after;
             self.remove(next);
         }
-        self.insert(start, Block { size, segment, of, state: BlockState::Free { epoch } });
+        let previous = self.blocks.range(segment..ptr).next_back().map(|(&at, b)| (at, b.size, &b.state));
+        if let Some((at, before, BlockState::Free { epoch: theirs })) = previous
+            && at + before as DevicePtr == ptr
+        {
+            epoch = epoch.max(*theirs);
+            let (Some(block), Some(_)) = (self.remove(ptr), self.remove(at)) else { return };
+            self.insert(at, Block { size: before + size, segment, of: block.of, state: BlockState::Free { epoch } });
+            return;
+        }
+        // No free block before it: changed in place.
+        let Some(block) = self.blocks.get_mut(&ptr) else { return };
+        Self::count(&mut self.local, block, false);
+        block.size = size;
+        block.state = BlockState::Free { epoch };
+        Self::count(&mut self.local, block, true);
+        self.bins.insert(block.of.class, size, ptr);
     }
 
     /// Adds a block, to the bins if free, and counts it.
     fn insert(&mut self, ptr: DevicePtr, block: Block<P>) {
         let segment = block.of;
-        self.count(segment, &block, true);
+        Self::count(&mut self.local, &block, true);
         if let BlockState::Free { .. } = block.state {
             self.bins.insert(segment.class, block.size, ptr);
         }
@@ -281,7 +285,7 @@ impl<P> Arena<P> {
     fn remove(&mut self, ptr: DevicePtr) -> Option<Block<P>> {
         let block = self.blocks.remove(&ptr)?;
         let segment = block.of;
-        self.count(segment, &block, false);
+        Self::count(&mut self.local, &block, false);
         if let BlockState::Free { .. } = block.state {
             self.bins.remove(segment.class, block.size, ptr);
         }
@@ -289,8 +293,8 @@ impl<P> Arena<P> {
     }
 
     /// Counts a block's share of the figures in (`add`) or out.
-    fn count(&mut self, segment: Segment, block: &Block<P>, add: bool) {
-        let local = &mut self.local;
+    fn count(local: &mut LocalCounters, block: &Block<P>, add: bool) {
+        let segment = block.of;
         let mut change = |field: Field, amount: usize| local.apply(segment.class, field, amount as u64, add);
         match block.state {
             BlockState::Allocated { requested } => {
