@@ -556,3 +556,61 @@ fn release_stream(stream: &Stream) -> Result<std::borrow::Cow<'_, Stream>> {
     stream.device().synchronize()?;
     Ok(stream.on_calling_thread())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Device, DeviceMemoryResource};
+
+    const MIB: usize = 1 << 20;
+
+    fn setup() -> (Stream, Arc<CachingResource>) {
+        cuda_sim::testing::driver().unwrap();
+        let device = Device::new(0).unwrap();
+        let stream = Stream::new(device, Default::default()).unwrap();
+        let cache = CachingResource::new(
+            DeviceMemoryResource::new(device, Default::default()).unwrap(),
+            CachingOptions::default(),
+        );
+        (stream, cache.unwrap())
+    }
+
+    /// Trimming stops once the cached bytes are within what is kept; peaks restart from the
+    /// current values.
+    #[test]
+    fn trim_keeps_what_it_is_asked_to_and_peaks_reset() {
+        let (stream, cache) = setup();
+        let held: Vec<_> = (0..3).map(|_| cache.allocate(MIB + 512, &stream).unwrap()).collect();
+        let small: Vec<_> = (0..6).map(|_| cache.allocate(MIB, &stream).unwrap()).collect();
+        drop(small);
+        let stats = cache.statistics();
+        assert_eq!(stats.small.reserved_bytes.current, 6 * MIB as u64, "three small segments, free");
+        let large_free = stats.large.reserved_bytes.current - stats.large.allocated_bytes.current;
+        assert_eq!(cache.trim(2 * MIB + large_free as usize).unwrap(), 4 * MIB);
+        assert_eq!(cache.statistics().small.segments.current, 1);
+        cache.reset_peaks();
+        let stats = cache.statistics();
+        assert_eq!(stats.all.allocated_bytes.peak, stats.all.allocated_bytes.current);
+        assert_eq!(stats.small.reserved_bytes.peak, 2 * MIB as u64);
+        drop(held);
+        assert_eq!(cache.empty_cache().unwrap(), 22 * MIB);
+        assert_eq!(cache.statistics().all.reserved_bytes.current, 0);
+    }
+
+    #[cfg(feature = "tracing")]
+    #[test]
+    fn segment_growth_and_release_are_traced() {
+        use crate::trace::capture::{capture, named};
+        let (stream, cache) = setup();
+        let ((), events) = capture(|| {
+            drop(cache.allocate(4096, &stream).unwrap());
+            drop(cache.allocate(4096, &stream).unwrap());
+            cache.empty_cache().unwrap();
+        });
+        let grown: Vec<_> = named(&events, "cache segment allocated").collect();
+        let released: Vec<_> = named(&events, "cache segment released").collect();
+        assert_eq!((grown.len(), released.len()), (1, 1), "{events:#?}");
+        assert_eq!(grown[0].fields["size"], (2 * MIB).to_string());
+        assert_eq!(grown[0].fields["ptr"], released[0].fields["ptr"]);
+    }
+}
