@@ -32,7 +32,9 @@ use crate::stream::Stream;
 /// Each stream has its own state, behind its own lock: the segments first allocated for it and
 /// the bins of their free blocks, by size class. A block freed on its segment's stream goes
 /// back to that stream's bins, merged with its free neighbours, and the next allocation on the
-/// stream takes the best fit from them: no driver call, no lock shared with other streams.
+/// stream takes the best fit from them: no driver call, and of the locks other streams take,
+/// only the read lock of the streams' registry (new streams and
+/// [`empty_cache`](CachingResource::empty_cache) write it).
 /// Segments go back upstream only through [`empty_cache`](CachingResource::empty_cache) and
 /// [`trim`](CachingResource::trim), when an allocation would otherwise fail, and on drop.
 ///

@@ -47,8 +47,11 @@ pub struct PoolStatistics {
 /// ([`CachingResource::statistics`](super::CachingResource::statistics)): per size class and in
 /// all, and the retries and failures of allocations.
 ///
-/// Each figure is exact; under concurrent allocation they are read one after another, so they
-/// may come from moments a few operations apart.
+/// The current values are exact (under concurrent allocation the streams are read one after
+/// another, so they may come from moments a few operations apart). The peaks of `segments` and
+/// `reserved_bytes` are exact; each stream counts its blocks under its own lock, so the other
+/// figures' peaks are the sums of the streams' peaks: exact where one stream allocates, at
+/// least the true peak where several do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub struct CachingStatistics {
@@ -56,7 +59,8 @@ pub struct CachingStatistics {
     pub small: PoolStatistics,
     /// Large blocks and their segments.
     pub large: PoolStatistics,
-    /// Both (with peaks of their own: the sum's highest value, not the sum of the peaks).
+    /// Both (each stream's peaks of its own: the highest value of its small and large figures'
+    /// sum, not the sum of their peaks).
     pub all: PoolStatistics,
     /// Allocations the upstream refused a segment for, retried after the cached segments not in
     /// use were given back.
