@@ -1,8 +1,9 @@
 //! [`CachingResource`]: the caching memory resource over an upstream resource.
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
 
 use super::options::{CachingOptions, SizeClass};
 use super::segments::{Arena, BlockState};
@@ -105,6 +106,9 @@ use crate::stream::Stream;
 #[doc(alias = "pool_memory_resource")]
 #[derive(Debug)]
 pub struct CachingResource {
+    /// This resource among every one made in the process (never reused): what a thread's
+    /// [`RECENT`] state is checked against.
+    id: u64,
     upstream: Arc<dyn MemoryResource>,
     options: CachingOptions,
     /// Every stream's state; a new stream's is added under the write lock.
@@ -125,7 +129,9 @@ impl CachingResource {
     /// [`CachingError::InvalidOption`] when the options make no policy.
     pub fn new(upstream: Arc<dyn MemoryResource>, options: CachingOptions) -> Result<Arc<CachingResource>> {
         options.validate()?;
+        static NEXT_ID: AtomicU64 = AtomicU64::new(0);
         Ok(Arc::new(CachingResource {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             upstream,
             options,
             streams: RwLock::default(),
@@ -301,18 +307,41 @@ impl CachingResource {
         self.streams.write().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The state of `stream`, if it has one.
+    /// The state of `stream` in the registry, if it has one (never a forgotten one, which a
+    /// thread's [`RECENT`] state may still name).
     fn find_state(&self, stream: &Stream) -> Option<Arc<StreamState>> {
-        self.with_state(stream, Arc::clone)
+        let streams = self.streams.read().unwrap_or_else(PoisonError::into_inner);
+        streams.iter().find(|s| s.stream == *stream).cloned()
     }
 
-    /// `f` of the state of `stream`, if it has one, under the states' read lock: the common
-    /// path takes no share of the state (no reference count written). `f` must not take the
-    /// states' lock again.
+    /// `f` of the state of `stream`, if it has one. The common path (a thread on the stream it
+    /// used last) finds it through the thread's [`RECENT`] state, writing only that state's
+    /// reference count, which no other thread's stream shares: no lock or counter all threads
+    /// write. A state forgotten meanwhile ([`empty_cache`](CachingResource::empty_cache)) has
+    /// no segment: it finds no block, and the caller goes on to [`state_for`](Self::state_for).
     #[inline]
     fn with_state<R>(&self, stream: &Stream, f: impl FnOnce(&Arc<StreamState>) -> R) -> Option<R> {
-        let streams = self.streams.read().unwrap_or_else(PoisonError::into_inner);
-        streams.iter().find(|s| s.stream == *stream).map(f)
+        let recent = RECENT
+            .try_with(|recent| match &*recent.try_borrow().ok()? {
+                Some((id, state)) if *id == self.id => state.upgrade(),
+                _ => None,
+            })
+            .ok()
+            .flatten();
+        if let Some(state) = recent
+            && state.stream == *stream
+        {
+            return Some(f(&state));
+        }
+        let state = self.find_state(stream)?;
+        // The thread's most recent (resource, stream) from now on. Failing to note it (the
+        // thread is ending, or the slot is in use) only makes the next call look again.
+        let _ = RECENT.try_with(|recent| {
+            if let Ok(mut recent) = recent.try_borrow_mut() {
+                *recent = Some((self.id, Arc::downgrade(&state)));
+            }
+        });
+        Some(f(&state))
     }
 
     /// A free block of `state`'s own, for its stream (settling what is pending first if none).
@@ -465,6 +494,12 @@ impl CachingResource {
     }
 }
 
+thread_local! {
+    /// The state this thread used last, and of which resource: weak, so that it keeps neither
+    /// the state's stream nor its segments alive.
+    static RECENT: RefCell<Option<(u64, Weak<StreamState>)>> = const { RefCell::new(None) };
+}
+
 // SAFETY: every block lies in one segment that the upstream allocated and that stays allocated
 // until it is wholly free (the arena tiles segments with blocks, each handed out once until
 // freed), so `allocate_raw` returns `size` valid bytes until `deallocate_raw`; the memory is the
@@ -599,20 +634,28 @@ mod tests {
         assert_eq!(cache.statistics().all.reserved_bytes.current, 0);
     }
 
+    /// In a process of its own: a callsite first reached by another test's thread, with no
+    /// subscriber, may be cached as uninteresting before this test's subscriber is set.
     #[cfg(feature = "tracing")]
     #[test]
     fn segment_growth_and_release_are_traced() {
-        use crate::trace::capture::{capture, named};
-        let (stream, cache) = setup();
-        let ((), events) = capture(|| {
-            drop(cache.allocate(4096, &stream).unwrap());
-            drop(cache.allocate(4096, &stream).unwrap());
-            cache.empty_cache().unwrap();
-        });
-        let grown: Vec<_> = named(&events, "cache segment allocated").collect();
-        let released: Vec<_> = named(&events, "cache segment released").collect();
-        assert_eq!((grown.len(), released.len()), (1, 1), "{events:#?}");
-        assert_eq!(grown[0].fields["size"], (2 * MIB).to_string());
-        assert_eq!(grown[0].fields["ptr"], released[0].fields["ptr"]);
+        cuda_sim::testing::in_simulated_machine(
+            "resources::caching::resource::tests::segment_growth_and_release_are_traced",
+            &[],
+            || {
+                use crate::trace::capture::{capture, named};
+                let (stream, cache) = setup();
+                let ((), events) = capture(|| {
+                    drop(cache.allocate(4096, &stream).unwrap());
+                    drop(cache.allocate(4096, &stream).unwrap());
+                    cache.empty_cache().unwrap();
+                });
+                let grown: Vec<_> = named(&events, "cache segment allocated").collect();
+                let released: Vec<_> = named(&events, "cache segment released").collect();
+                assert_eq!((grown.len(), released.len()), (1, 1), "{events:#?}");
+                assert_eq!(grown[0].fields["size"], (2 * MIB).to_string());
+                assert_eq!(grown[0].fields["ptr"], released[0].fields["ptr"]);
+            },
+        );
     }
 }
