@@ -72,7 +72,7 @@
 //!   [`copy_batch_within`].
 //! - Without pools: [`SynchronousMemoryResource`], [`LegacyPinnedMemoryResource`].
 //! - Adaptors over any resource: [`StatisticsAdaptor`], [`LimitingAdaptor`],
-//!   [`TrackingAdaptor`].
+//!   [`TrackingAdaptor`]; a cache of freed blocks over any resource: [`CachingResource`].
 //! - With features: DLPack export and import (`dlpack`), cudarc interop (`cudarc`), `tracing`
 //!   events (`tracing`).
 //!
@@ -107,7 +107,7 @@
 //! | `location` | [`Location`]: where memory lives |
 //! | `device` | what names a device: [`Device`], [`NumaNode`], [`DevicePtr`]; `device/query.rs`, what the driver says of one: [`DeviceProperties`], [`MemoryInfo`] |
 //! | `driver_version` | [`DriverCapability`] and the CUDA version each needs |
-//! | `error` | [`Error`] (with [`OutOfMemory`] and [`PoolHoldings`]), [`Result`], [`cuda_code_of`]; a file per area's own error: [`ViewError`], [`ManagedError`], [`SharingError`], [`CopyError`] ([`OverlapKind`]), `DlpackError`, `CudarcError` |
+//! | `error` | [`Error`] (with [`OutOfMemory`] and [`PoolHoldings`]), [`Result`], [`cuda_code_of`]; a file per area's own error: [`ViewError`], [`ManagedError`], [`SharingError`], [`CopyError`] ([`OverlapKind`]), [`CachingError`] ([`CachingOutOfMemory`]), `DlpackError`, `CudarcError` |
 //! | `driver` | [`driver()`]: the process-wide driver, initialized once; [`installed_version`] and [`DriverCapability::require`] |
 //! | `ffi` | the driver calls made from three places or more, one thin function each |
 //! | `drop_errors` | errors in `Drop`: [`record_drop_error`], [`take_drop_errors`], [`set_drop_error_hook`] |
@@ -127,7 +127,7 @@
 //! | `managed` | managed memory's operations: [`ScopedBuffer::managed`] gives a checked [`ManagedBuffer`] (advice, preferred location, accessed-by, prefetch, last prefetch location; [`ManagedBufferMut`] discards), the batches [`prefetch_batch`], [`discard_batch`], [`discard_prefetch_batch`] |
 //! | `copy` | copies with options and batches of copies: [`CopyOptions`], [`SourceAccessOrder`], [`OverlapMode`], [`copy_batch`], [`copy_batch_within`], [`BatchCopy`], [`BatchOptions`] |
 //! | `graph` | stream capture into graphs: [`Capture`], [`Graph`], [`GraphExec`], [`InstantiateOptions`] |
-//! | `resources` | every resource, a file each: [`DeviceMemoryResource`], [`PinnedMemoryResource`] (on a [`NumaNode`]), [`ManagedMemoryResource`] (preferring a [`Location`]) and their options; [`SynchronousMemoryResource`], [`LegacyPinnedMemoryResource`] (no pools); [`GraphMemoryResource`] ([`GraphMemoryAttributes`], [`HighWaterMark`]); `adaptors/`: [`StatisticsAdaptor`] ([`AllocationStatistics`]), [`LimitingAdaptor`], [`TrackingAdaptor`] ([`LeakReport`], [`LiveAllocation`]) |
+//! | `resources` | every resource, a file each: [`DeviceMemoryResource`], [`PinnedMemoryResource`] (on a [`NumaNode`]), [`ManagedMemoryResource`] (preferring a [`Location`]) and their options; [`SynchronousMemoryResource`], [`LegacyPinnedMemoryResource`] (no pools); [`GraphMemoryResource`] ([`GraphMemoryAttributes`], [`HighWaterMark`]); `adaptors/`: [`StatisticsAdaptor`] ([`AllocationStatistics`]), [`LimitingAdaptor`], [`TrackingAdaptor`] ([`LeakReport`], [`LiveAllocation`]); `caching/`: [`CachingResource`] ([`CachingOptions`], [`SizeClass`], [`CachingStatistics`], [`SegmentSnapshot`]) |
 //! | `dlpack` | feature `dlpack`: a file per concern: export, import, the stream exchange, element types, layouts |
 //! | `cudarc_interop` | feature `cudarc`: cudarc's streams, views and allocations with this crate's |
 //! | [`prelude`] (public) | the traits and the common types, for one glob import |
@@ -214,8 +214,8 @@ pub use error::CudarcError;
 #[cfg(feature = "dlpack")]
 pub use error::DlpackError;
 pub use error::{
-    CopyError, DeviceCapability, Error, ManagedError, OutOfMemory, OverlapKind, PoolHoldings, Result, SharingError,
-    ViewError, cuda_code_of,
+    CachingError, CachingOutOfMemory, CopyError, DeviceCapability, Error, ManagedError, OutOfMemory, OverlapKind,
+    PoolHoldings, Result, SharingError, ViewError, cuda_code_of,
 };
 pub use event::{Event, EventOptions, IPC_EVENT_HANDLE_LEN, IpcEventHandle};
 pub use graph::{Capture, Graph, GraphExec, InstantiateOptions};
@@ -232,10 +232,11 @@ pub use pool::{
     import_pending_waits, mapped_range_size,
 };
 pub use resources::{
-    AllocationStatistics, DeviceMemoryResource, DeviceMemoryResourceOptions, GraphMemoryAttributes,
-    GraphMemoryResource, HighWaterMark, LeakReport, LegacyPinnedMemoryResource, LimitingAdaptor, LiveAllocation,
-    ManagedMemoryResource, ManagedMemoryResourceOptions, PinnedMemoryResource, PinnedMemoryResourceOptions,
-    StatisticsAdaptor, SynchronousMemoryResource, TrackingAdaptor,
+    AllocationStatistics, BlockSnapshot, BlockUse, CachingOptions, CachingResource, CachingStatistics,
+    DeviceMemoryResource, DeviceMemoryResourceOptions, GraphMemoryAttributes, GraphMemoryResource, HighWaterMark,
+    LeakReport, LegacyPinnedMemoryResource, LimitingAdaptor, LiveAllocation, ManagedMemoryResource,
+    ManagedMemoryResourceOptions, PinnedMemoryResource, PinnedMemoryResourceOptions, PoolStatistics, SegmentSnapshot,
+    SizeClass, Stat, StatisticsAdaptor, SynchronousMemoryResource, TrackingAdaptor,
 };
 
 /// The crate typed views take their element types' guarantees from ([`bytemuck::Pod`]): derive

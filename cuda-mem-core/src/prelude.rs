@@ -21,7 +21,7 @@
 //! ```
 
 pub use crate::{
-    Buffer, Device, DeviceMemoryResource, DeviceMemoryResourceOptions, Error, Event, FillPattern, LimitingAdaptor,
-    ManagedMemoryResource, MemoryResource, MemoryResourceExt, PinnedMemoryResource, PinnedMemoryResourceOptions,
-    PoolResource, StatisticsAdaptor, Stream, StreamOptions, TrackingAdaptor,
+    Buffer, CachingOptions, CachingResource, Device, DeviceMemoryResource, DeviceMemoryResourceOptions, Error, Event,
+    FillPattern, LimitingAdaptor, ManagedMemoryResource, MemoryResource, MemoryResourceExt, PinnedMemoryResource,
+    PinnedMemoryResourceOptions, PoolResource, StatisticsAdaptor, Stream, StreamOptions, TrackingAdaptor,
 };

@@ -97,10 +97,17 @@ impl fmt::Display for Unshareable {
 /// # Errors
 ///
 /// - [`IpcError::NotIpcEnabled`]: a buffer of a resource that cannot be shared, or a view.
+/// - [`IpcError::Core`] with [`SharingError::CachedBlock`](cuda_mem_core::SharingError::CachedBlock):
+///   a block of a [`CachingResource`](cuda_mem_core::CachingResource), part of a larger segment
+///   that the driver would export whole.
 /// - [`IpcError::Core`]: the driver's export failed.
 #[doc(alias("ipc_descriptor", "get_ipc_descriptor", "export"))]
 pub fn buffer_descriptor(buffer: &ScopedBuffer<'_>) -> Result<BufferDescriptor> {
     let resource = buffer.memory_resource().ok_or(IpcError::NotIpcEnabled(Unshareable::BufferView))?;
+    if cuda_mem_core::CachingResource::serves(resource) {
+        let refused = cuda_mem_core::SharingError::CachedBlock { ptr: buffer.ptr(), size: buffer.size() };
+        return Err(IpcError::Core(refused.into()));
+    }
     let pool = shareable_pool(resource)?;
     let handle = handle_of(pool)?;
     // Made once per buffer and kept in it: sending the buffer again makes no driver call. An

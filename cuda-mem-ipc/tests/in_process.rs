@@ -199,6 +199,32 @@ fn pools_that_are_not_ipc_enabled_cannot_be_shared() {
     assert!(tx.send_buffers(&[&buffer]).is_err());
 }
 
+/// A block of a caching resource is part of a larger segment of its IPC-enabled pool: it is
+/// refused by name, never described (or sent) as the pool's allocation it lies in.
+#[test]
+fn blocks_of_a_caching_resource_are_refused_not_sent_as_their_segment() {
+    let (device, stream) = setup();
+    let pool = DeviceMemoryResource::new(device, DeviceMemoryResourceOptions::default().ipc_enabled(true)).unwrap();
+    let cache = cuda_mem_core::CachingResource::new(pool.clone(), Default::default()).unwrap();
+    let counted = StatisticsAdaptor::new(cache.clone());
+    let direct = cache.allocate(4096, &stream).unwrap();
+    let adapted = counted.allocate(4096, &stream).unwrap();
+    for buffer in [&direct, &adapted] {
+        let err = buffer_descriptor(buffer).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                IpcError::Core(cuda_mem_core::Error::Sharing(cuda_mem_core::SharingError::CachedBlock { ptr, size: 4096 }))
+                    if ptr == buffer.ptr()
+            ),
+            "{err}"
+        );
+        let (tx, _rx) = pair();
+        assert!(tx.send_buffers(&[buffer]).is_err());
+    }
+    assert!(matches!(allocation_handle(cache.as_ref()), Err(IpcError::NotIpcEnabled(Unshareable::NotAPool))));
+}
+
 #[test]
 fn scoped_buffers_travel_like_shared_ones() {
     let (device, stream) = setup();

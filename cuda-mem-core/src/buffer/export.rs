@@ -3,8 +3,9 @@
 //! the pool knows nothing of buffers.
 
 use super::ScopedBuffer;
-use crate::error::Result;
+use crate::error::{Result, SharingError};
 use crate::pool::{EXPORT_DATA_LEN, MemoryPool};
+use crate::resources::CachingResource;
 
 /// A buffer's export data, kept in the buffer once made: the pool it was exported through (by
 /// handle: the buffer keeps its pool alive, so the handle cannot name another pool meanwhile)
@@ -25,12 +26,17 @@ impl MemoryPool {
     /// A view (a buffer that owns no memory) is exported each time, as its address is.
     ///
     /// # Errors
-    /// As [`MemoryPool::export_pointer`] (a failed export keeps nothing).
+    /// - [`SharingError::CachedBlock`]: a buffer of a [`CachingResource`] (directly or through
+    ///   adaptors), a block of a larger segment that the driver would export whole.
+    /// - As [`MemoryPool::export_pointer`] (a failed export keeps nothing).
     #[doc(alias = "get_ipc_descriptor")]
     pub fn export_buffer(&self, buffer: &ScopedBuffer<'_>) -> Result<[u8; EXPORT_DATA_LEN]> {
         let pool = self.handle() as usize;
-        if buffer.memory_resource().is_none() {
+        let Some(resource) = buffer.memory_resource() else {
             return self.export_pointer(buffer.ptr());
+        };
+        if CachingResource::serves(resource) {
+            return Err(SharingError::CachedBlock { ptr: buffer.ptr(), size: buffer.size() }.into());
         }
         let slot = &buffer.export;
         if let Some(cached) = slot.get() {

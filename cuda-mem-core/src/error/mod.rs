@@ -10,6 +10,7 @@
 //! locations, advice), so this module, at the bottom of the crate, imports none of the modules
 //! that report them.
 
+mod caching;
 mod copy;
 #[cfg(feature = "cudarc")]
 mod cudarc;
@@ -22,6 +23,7 @@ mod view;
 use cuda_mem_sys::types::CUresult;
 use cuda_mem_sys::{CudaError, DriverError, LoadError};
 
+pub use caching::{CachingError, CachingOutOfMemory};
 pub use copy::{CopyError, OverlapKind};
 #[cfg(feature = "cudarc")]
 pub use cudarc::CudarcError;
@@ -261,6 +263,10 @@ pub enum Error {
          share it between processes"
     )]
     EventNotInterprocess,
+    /// A [`CachingResource`](crate::CachingResource) refused: out of memory with what it
+    /// held, an invalid option, a free of memory it did not allocate ([`CachingError`]).
+    #[error(transparent)]
+    Caching(#[from] CachingError),
     /// A copy with options, or a batch of copies, refused before any driver call (see
     /// [`copy_batch`](crate::copy_batch)).
     #[error(transparent)]

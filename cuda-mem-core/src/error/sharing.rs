@@ -40,6 +40,18 @@ pub enum SharingError {
         /// The address the driver answered with.
         ptr: DevicePtr,
     },
+    /// A buffer of a [`CachingResource`](crate::CachingResource): a block carved out of a larger
+    /// segment of the upstream pool, which the driver would export as the whole segment (another
+    /// process would map, and could write, the other blocks of it).
+    #[error(
+        "a block of a caching resource ({size} bytes at {ptr:#x}) cannot be shared with another process: it is part          of a larger cached segment; allocate what you share from the pool resource itself"
+    )]
+    CachedBlock {
+        /// The buffer's address.
+        ptr: DevicePtr,
+        /// Its size in bytes.
+        size: usize,
+    },
     /// An imported pool that is neither a device pool nor a pinned host pool; it was not kept.
     #[error(
         "not supported: the imported memory pool is neither a device pool nor a pinned host pool \

@@ -5,12 +5,14 @@
 //! - [`managed`]: [`ManagedMemoryResource`], managed memory from a driver pool;
 //! - [`legacy`]: [`SynchronousMemoryResource`] and [`LegacyPinnedMemoryResource`], without pools;
 //! - [`graph`]: [`GraphMemoryResource`], memory that graphs allocate and free as they run;
-//! - [`adaptors`]: resources over resources (statistics, a limit, tracking).
+//! - [`adaptors`]: resources over resources (statistics, a limit, tracking);
+//! - [`caching`]: [`CachingResource`], a cache of freed blocks over any resource.
 //!
 //! The driver's pools themselves are in `pool`; the buffers these resources hand out, in
 //! `buffer`.
 
 pub mod adaptors;
+pub mod caching;
 pub mod device;
 pub mod graph;
 pub mod legacy;
@@ -19,6 +21,10 @@ pub mod pinned;
 
 pub use adaptors::{
     AllocationStatistics, LeakReport, LimitingAdaptor, LiveAllocation, StatisticsAdaptor, TrackingAdaptor,
+};
+pub use caching::{
+    BlockSnapshot, BlockUse, CachingOptions, CachingResource, CachingStatistics, PoolStatistics, SegmentSnapshot,
+    SizeClass, Stat,
 };
 pub use device::{DeviceMemoryResource, DeviceMemoryResourceOptions};
 pub use graph::{GraphMemoryAttributes, GraphMemoryResource, HighWaterMark};

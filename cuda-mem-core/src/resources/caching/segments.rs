@@ -1,0 +1,407 @@
+//! [`Arena`]: the segments one stream's state holds, the blocks they are split into, and the
+//! splitting and merging of blocks; every change of a block is counted in the resource's
+//! [`Counters`] here, so the statistics follow the blocks by construction.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use super::bins::Bins;
+use super::options::{CachingOptions, SizeClass};
+use super::statistics::{Counters, Field, LocalCounters};
+use crate::device::DevicePtr;
+
+/// What a block is.
+#[derive(Debug)]
+pub(super) enum BlockState<P> {
+    /// Handed out, for `requested` bytes.
+    Allocated { requested: usize },
+    /// Free for the arena's stream. Another stream may take it once an event recorded on the
+    /// arena's stream after its `epoch`-th free has completed; epoch 0: for anyone.
+    Free { epoch: u64 },
+    /// Freed on another stream, whose last use `P` (an event) says when it is done; no stream
+    /// takes it before (it is then made free for anyone, [`Arena::settle`]). Boxed: blocks move
+    /// within the map's nodes on every insert and remove, and the common ones stay small.
+    Pending(Box<P>),
+}
+
+/// A block: part of one segment, as many bytes as `size`.
+#[derive(Debug)]
+pub(super) struct Block<P> {
+    pub(super) size: usize,
+    /// The base address of its segment.
+    pub(super) segment: DevicePtr,
+    /// Its segment's size and class (kept here: no lookup of the segment on the hot path).
+    pub(super) of: Segment,
+    pub(super) state: BlockState<P>,
+}
+
+/// One upstream allocation.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Segment {
+    pub(super) size: usize,
+    pub(super) class: SizeClass,
+}
+
+/// The segments of one stream's state and their blocks. Blocks tile their segment exactly: a
+/// split makes two blocks of one, a merge one of two free neighbours, and no byte is in two
+/// blocks or none.
+#[derive(Debug)]
+pub(super) struct Arena<P> {
+    segments: BTreeMap<DevicePtr, Segment>,
+    blocks: BTreeMap<DevicePtr, Block<P>>,
+    bins: Bins,
+    pending: BTreeSet<DevicePtr>,
+    /// Frees (and segments added) so far: the epoch of the latest.
+    epoch: u64,
+    /// The resource's counters: segments and reserved bytes, which change rarely, are counted
+    /// there, for exact figures across streams.
+    counters: Arc<Counters>,
+    /// This stream's figures of its blocks, under its lock: the hot path writes no shared
+    /// memory.
+    local: LocalCounters,
+}
+
+impl<P> Arena<P> {
+    pub(super) fn new(counters: Arc<Counters>) -> Self {
+        Arena {
+            segments: BTreeMap::new(),
+            blocks: BTreeMap::new(),
+            bins: Bins::default(),
+            pending: BTreeSet::new(),
+            epoch: 0,
+            counters,
+            local: LocalCounters::default(),
+        }
+    }
+
+    /// The epoch of the latest free: an event recorded on the stream now follows every free up
+    /// to it.
+    pub(super) fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Whether the arena holds no segment.
+    pub(super) fn is_empty(&self) -> bool {
+        self.segments.is_empty()
+    }
+
+    /// Whether any pending block waits for its event.
+    pub(super) fn has_pending(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
+    pub(super) fn segments(&self) -> impl Iterator<Item = (DevicePtr, Segment)> + '_ {
+        self.segments.iter().map(|(&base, &segment)| (base, segment))
+    }
+
+    /// The blocks of the segment at `base`, in address order.
+    pub(super) fn blocks_of(&self, base: DevicePtr) -> impl Iterator<Item = (DevicePtr, &Block<P>)> + '_ {
+        let end = self.segments.get(&base).map_or(base, |segment| base + segment.size as DevicePtr);
+        self.blocks.range(base..end).map(|(&ptr, block)| (ptr, block))
+    }
+
+    /// The largest free block.
+    pub(super) fn largest_free(&self) -> usize {
+        self.bins.largest()
+    }
+
+    /// Whether a free block of `class` of at least `size` bytes is here.
+    pub(super) fn has_fit(&self, class: SizeClass, size: usize) -> bool {
+        self.bins.has_fit(class, size)
+    }
+
+    /// Takes a new segment of `size` bytes at `base`, as one free block of the latest epoch
+    /// (another stream may use it once the upstream's allocation on this stream is done).
+    pub(super) fn add_segment(&mut self, base: DevicePtr, size: usize, class: SizeClass) {
+        self.segments.insert(base, Segment { size, class });
+        self.counters.add(class, Field::ReservedBytes, size as u64);
+        self.counters.add(class, Field::Segments, 1);
+        self.epoch += 1;
+        let of = Segment { size, class };
+        self.insert(base, Block { size, segment: base, of, state: BlockState::Free { epoch: self.epoch } });
+    }
+
+    /// Hands out the best-fitting free block of `class` for `rounded` bytes whose epoch is at
+    /// most `epoch` (`u64::MAX`: any), split when the policy says so.
+    pub(super) fn take(
+        &mut self,
+        options: &CachingOptions,
+        class: SizeClass,
+        rounded: usize,
+        requested: usize,
+        epoch: u64,
+    ) -> Option<DevicePtr> {
+        let blocks = &self.blocks;
+        let (size, ptr) = self.bins.best_fit(class, rounded, |ptr| {
+            matches!(blocks.get(&ptr), Some(Block { state: BlockState::Free { epoch: freed }, .. }) if *freed <= epoch)
+        })?;
+        // Changed in place (one lookup), the remainder of a split added beside it.
+        self.bins.remove(class, size, ptr);
+        let block = self.blocks.get_mut(&ptr)?;
+        let BlockState::Free { epoch: freed } = block.state else { return None };
+        Self::count(&mut self.local, block, false);
+        let split = options.splits(class, size, rounded);
+        if split {
+            block.size = rounded;
+        }
+        block.state = BlockState::Allocated { requested };
+        Self::count(&mut self.local, block, true);
+        let (segment, of) = (block.segment, block.of);
+        if split {
+            let rest = Block { size: size - rounded, segment, of, state: BlockState::Free { epoch: freed } };
+            self.insert(ptr + rounded as DevicePtr, rest);
+        }
+        Some(ptr)
+    }
+
+    /// The size of the block allocated at `ptr`, if one is.
+    pub(super) fn allocated_size(&self, ptr: DevicePtr) -> Option<usize> {
+        match self.blocks.get(&ptr) {
+            Some(Block { size, state: BlockState::Allocated { .. }, .. }) => Some(*size),
+            _ => None,
+        }
+    }
+
+    /// Frees the block allocated at `ptr` for this arena's stream (merged with its free
+    /// neighbours). False when no block is allocated there.
+    pub(super) fn free_here(&mut self, ptr: DevicePtr) -> bool {
+        if self.allocated_size(ptr).is_none() {
+            return false;
+        }
+        self.epoch += 1;
+        self.set_free(ptr, self.epoch);
+        true
+    }
+
+    /// Frees the block allocated at `ptr` on another stream, pending until `last_use` is done.
+    /// `last_use` back when no block is allocated there.
+    pub(super) fn free_pending(&mut self, ptr: DevicePtr, last_use: P) -> Result<(), P> {
+        let Some(mut block) = self.allocated_size(ptr).and_then(|_| self.remove(ptr)) else { return Err(last_use) };
+        block.state = BlockState::Pending(Box::new(last_use));
+        self.pending.insert(ptr);
+        self.insert(ptr, block);
+        Ok(())
+    }
+
+    /// The pending blocks whose last use `done` says is done.
+    pub(super) fn pending_where(&mut self, mut done: impl FnMut(&mut P) -> bool) -> Vec<DevicePtr> {
+        let mut found = Vec::new();
+        for ptr in &self.pending {
+            if let Some(Block { state: BlockState::Pending(last_use), .. }) = self.blocks.get_mut(ptr)
+                && done(last_use)
+            {
+                found.push(*ptr);
+            }
+        }
+        found
+    }
+
+    /// The pending blocks of the segment at `base` and what each waits for.
+    pub(super) fn pending_in(&mut self, base: DevicePtr) -> impl Iterator<Item = &mut P> + '_ {
+        let end = self.segments.get(&base).map_or(base, |segment| base + segment.size as DevicePtr);
+        self.blocks.range_mut(base..end).filter_map(|(_, block)| match &mut block.state {
+            BlockState::Pending(last_use) => Some(&mut **last_use),
+            _ => None,
+        })
+    }
+
+    /// A pending block whose last use is done: free for any stream, merged with its free
+    /// neighbours.
+    pub(super) fn settle(&mut self, ptr: DevicePtr) {
+        if self.pending.remove(&ptr) {
+            self.set_free(ptr, 0);
+        }
+    }
+
+    /// The segments that are one free block, not pending: what can go back upstream.
+    pub(super) fn releasable(&self) -> Vec<(DevicePtr, Segment)> {
+        self.segments
+            .iter()
+            .filter(|&(base, segment)| {
+                matches!(self.blocks.get(base), Some(Block { size, state: BlockState::Free { .. }, .. }) if *size == segment.size)
+            })
+            .map(|(&base, &segment)| (base, segment))
+            .collect()
+    }
+
+    /// Removes the segment at `base` with its blocks (the caller gives it back upstream, or
+    /// leaks it): what it was.
+    pub(super) fn remove_segment(&mut self, base: DevicePtr) -> Option<Segment> {
+        let segment = self.segments.get(&base).copied()?;
+        let inside: Vec<DevicePtr> = self.blocks_of(base).map(|(ptr, _)| ptr).collect();
+        for ptr in inside {
+            self.pending.remove(&ptr);
+            self.remove(ptr);
+        }
+        self.segments.remove(&base);
+        self.counters.subtract(segment.class, Field::ReservedBytes, segment.size as u64);
+        self.counters.subtract(segment.class, Field::Segments, 1);
+        Some(segment)
+    }
+
+    /// Makes the block at `ptr` free with `epoch`, merged with its free neighbours (the merged
+    /// block takes the latest of their epochs: it is as recently used as its most recent part).
+    fn set_free(&mut self, ptr: DevicePtr, epoch: u64) {
+        let Some(block) = self.blocks.get(&ptr) else { return };
+        let (mut size, mut epoch, segment) = (block.size, epoch, block.segment);
+        let next = ptr + block.size as DevicePtr;
+        if let Some(Block { segment: theirs_segment, size: after, state: BlockState::Free { epoch: theirs }, .. }) =
+            self.blocks.get(&next)
+            && *theirs_segment == segment
+        {
+            epoch = epoch.max(*theirs);
+            size += *after;
+            self.remove(next);
+        }
+        let previous = self.blocks.range(segment..ptr).next_back().map(|(&at, b)| (at, b.size, &b.state));
+        if let Some((at, before, BlockState::Free { epoch: theirs })) = previous
+            && at + before as DevicePtr == ptr
+        {
+            epoch = epoch.max(*theirs);
+            let (Some(block), Some(_)) = (self.remove(ptr), self.remove(at)) else { return };
+            self.insert(at, Block { size: before + size, segment, of: block.of, state: BlockState::Free { epoch } });
+            return;
+        }
+        // No free block before it: changed in place.
+        let Some(block) = self.blocks.get_mut(&ptr) else { return };
+        Self::count(&mut self.local, block, false);
+        block.size = size;
+        block.state = BlockState::Free { epoch };
+        Self::count(&mut self.local, block, true);
+        self.bins.insert(block.of.class, size, ptr);
+    }
+
+    /// Adds a block, to the bins if free, and counts it.
+    fn insert(&mut self, ptr: DevicePtr, block: Block<P>) {
+        let segment = block.of;
+        Self::count(&mut self.local, &block, true);
+        if let BlockState::Free { .. } = block.state {
+            self.bins.insert(segment.class, block.size, ptr);
+        }
+        self.blocks.insert(ptr, block);
+    }
+
+    /// Removes a block, from the bins if free, and uncounts it.
+    fn remove(&mut self, ptr: DevicePtr) -> Option<Block<P>> {
+        let block = self.blocks.remove(&ptr)?;
+        let segment = block.of;
+        Self::count(&mut self.local, &block, false);
+        if let BlockState::Free { .. } = block.state {
+            self.bins.remove(segment.class, block.size, ptr);
+        }
+        Some(block)
+    }
+
+    /// Counts a block's share of the figures in (`add`) or out.
+    fn count(local: &mut LocalCounters, block: &Block<P>, add: bool) {
+        let segment = block.of;
+        let mut change = |field: Field, amount: usize| local.apply(segment.class, field, amount as u64, add);
+        match block.state {
+            BlockState::Allocated { requested } => {
+                change(Field::AllocatedBytes, block.size);
+                change(Field::RequestedBytes, requested);
+                change(Field::Allocations, 1);
+                change(Field::ActiveBytes, block.size);
+                change(Field::ActiveBlocks, 1);
+            }
+            BlockState::Pending(_) => {
+                change(Field::ActiveBytes, block.size);
+                change(Field::ActiveBlocks, 1);
+            }
+            BlockState::Free { .. } if block.size < segment.size => {
+                change(Field::InactiveSplitBytes, block.size);
+                change(Field::InactiveSplitBlocks, 1);
+            }
+            BlockState::Free { .. } => {}
+        }
+    }
+
+    /// This stream's figures.
+    pub(super) fn local(&self) -> &LocalCounters {
+        &self.local
+    }
+
+    /// Starts this stream's peaks again from the current values.
+    pub(super) fn reset_peaks(&mut self) {
+        self.local.reset_peaks();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: usize = 1 << 20;
+
+    fn arena() -> (Arena<u32>, Arc<Counters>, CachingOptions) {
+        let counters = Arc::new(Counters::default());
+        (Arena::new(Arc::clone(&counters)), counters, CachingOptions::default())
+    }
+
+    fn sizes(arena: &Arena<u32>, base: DevicePtr) -> Vec<(DevicePtr, usize, bool)> {
+        arena
+            .blocks_of(base)
+            .map(|(ptr, block)| (ptr, block.size, matches!(block.state, BlockState::Free { .. })))
+            .collect()
+    }
+
+    #[test]
+    fn blocks_split_off_a_segment_and_merge_back_into_it() {
+        let (mut arena, counters, options) = arena();
+        arena.add_segment(0x10_0000, 2 * MIB, SizeClass::Small);
+        let a = arena.take(&options, SizeClass::Small, 1024, 1000, u64::MAX).unwrap();
+        let b = arena.take(&options, SizeClass::Small, 4096, 4096, u64::MAX).unwrap();
+        assert_eq!((a, b), (0x10_0000, 0x10_0400));
+        assert_eq!(sizes(&arena, 0x10_0000), [(a, 1024, false), (b, 4096, false), (0x10_1400, 2 * MIB - 5120, true)]);
+        let stats = counters.read([arena.local()]).small;
+        assert_eq!((stats.allocated_bytes.current, stats.requested_bytes.current), (5120, 5096));
+        assert_eq!(stats.inactive_split_bytes.current, 2 * MIB as u64 - 5120);
+
+        assert!(arena.free_here(a) && !arena.free_here(a), "freed once");
+        assert_eq!(counters.read([arena.local()]).small.inactive_split_blocks.current, 2);
+        assert!(arena.free_here(b));
+        assert_eq!(sizes(&arena, 0x10_0000), [(0x10_0000, 2 * MIB, true)], "merged with both neighbours");
+        let stats = counters.read([arena.local()]).small;
+        assert_eq!((stats.allocated_bytes.current, stats.inactive_split_bytes.current), (0, 0));
+        assert_eq!(stats.allocated_bytes.peak, 5120);
+        assert_eq!(arena.releasable().len(), 1);
+        arena.remove_segment(0x10_0000).unwrap();
+        let all = counters.read([arena.local()]).all;
+        assert_eq!((all.reserved_bytes.current, all.segments.current, all.reserved_bytes.peak), (0, 0, 2 * MIB as u64));
+        assert!(arena.is_empty());
+    }
+
+    #[test]
+    fn a_large_block_is_not_split_when_a_sliver_would_remain() {
+        let (mut arena, counters, options) = arena();
+        arena.add_segment(0x1000_0000, 20 * MIB, SizeClass::Large);
+        let a = arena.take(&options, SizeClass::Large, 19 * MIB + 512, 19 * MIB, u64::MAX).unwrap();
+        assert_eq!(sizes(&arena, a), [(a, 20 * MIB, false)], "the whole segment, not a 1 MiB sliver");
+        assert_eq!(counters.read([arena.local()]).large.allocated_bytes.current, 20 * MIB as u64);
+        assert!(arena.free_here(a));
+        let b = arena.take(&options, SizeClass::Large, 4 * MIB, 4 * MIB, u64::MAX).unwrap();
+        assert_eq!(sizes(&arena, b), [(b, 4 * MIB, false), (b + (4 * MIB) as u64, 16 * MIB, true)]);
+    }
+
+    #[test]
+    fn pending_blocks_neither_serve_nor_merge_until_settled() {
+        let (mut arena, counters, options) = arena();
+        arena.add_segment(0x4000, 2 * MIB, SizeClass::Small);
+        let a = arena.take(&options, SizeClass::Small, 2 * MIB, 2 * MIB, u64::MAX).unwrap();
+        assert!(arena.free_pending(a, 7).is_ok());
+        assert_eq!(arena.free_pending(a, 8), Err(8), "no longer allocated");
+        assert_eq!(arena.take(&options, SizeClass::Small, 512, 512, u64::MAX), None);
+        assert!(arena.releasable().is_empty() && arena.has_pending());
+        assert_eq!(counters.read([arena.local()]).small.active_bytes.current, 2 * MIB as u64);
+        assert_eq!(arena.pending_where(|last_use| *last_use == 7), [a]);
+        assert!(arena.pending_where(|last_use| *last_use == 8).is_empty());
+        arena.settle(a);
+        assert_eq!(counters.read([arena.local()]).small.active_bytes.current, 0);
+        assert_eq!(arena.releasable().len(), 1);
+        // Settled blocks are anyone's (epoch 0); a block freed on the arena's stream is not.
+        assert_eq!(arena.take(&options, SizeClass::Small, 512, 512, 0), Some(a));
+        assert!(arena.free_here(a));
+        assert_eq!(arena.take(&options, SizeClass::Small, 512, 512, arena.epoch() - 1), None);
+        assert_eq!(arena.take(&options, SizeClass::Small, 512, 512, arena.epoch()), Some(a));
+    }
+}

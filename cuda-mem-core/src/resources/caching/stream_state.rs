@@ -1,0 +1,152 @@
+//! [`StreamState`]: what a [`CachingResource`](super::CachingResource) keeps per stream — the
+//! segments first allocated for it, their blocks and free bins ([`Arena`]), behind a lock of its
+//! own — and the events that order one stream's reuse after another's use.
+
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use super::options::{CachingOptions, SizeClass};
+use super::segments::Arena;
+use crate::device::DevicePtr;
+use crate::error::{Error, Result};
+use crate::event::Event;
+use crate::stream::{CaptureState, Stream};
+
+/// Whether an event may be recorded on `stream` from here, now: it is not capturing (a
+/// recording would go into the graph and say nothing of the stream's work) and the calling
+/// thread can name it.
+pub(super) fn quiet(stream: &Stream) -> bool {
+    match stream.capture_state() {
+        CaptureState::NotCapturing => true,
+        CaptureState::Capturing(_) => false,
+        CaptureState::Unknown => {
+            !stream.is_foreign_per_thread() && stream.is_capturing().is_ok_and(|capturing| !capturing)
+        }
+    }
+}
+
+/// The last use of a block freed on another stream than its segment's: that stream, and an
+/// event recorded on it at the free (or later, when it could not be recorded then: it then
+/// follows even more of that stream's work).
+#[derive(Debug)]
+pub(super) struct LastUse {
+    stream: Stream,
+    event: Option<Event>,
+}
+
+impl LastUse {
+    /// The work enqueued on `stream` so far.
+    pub(super) fn on(stream: &Stream) -> LastUse {
+        let mut last_use = LastUse { stream: stream.clone(), event: None };
+        last_use.record_if_missing();
+        last_use
+    }
+
+    fn record_if_missing(&mut self) -> Option<&Event> {
+        if self.event.is_none() && quiet(&self.stream) {
+            self.event = self.stream.record_event().ok();
+        }
+        self.event.as_ref()
+    }
+
+    /// Whether the use is known to be done (asks the driver; never waits).
+    pub(super) fn is_done(&mut self) -> bool {
+        self.record_if_missing().is_some_and(|event| event.is_complete().is_ok_and(|done| done))
+    }
+
+    /// Makes `stream` wait for the use.
+    ///
+    /// # Errors
+    /// [`Error::CapturingStream`] when no event could be recorded on the stream of the use (it
+    /// captures); the driver's error when the wait fails.
+    pub(super) fn order_before(&mut self, stream: &Stream) -> Result<()> {
+        let event = self.record_if_missing().ok_or(Error::CapturingStream)?;
+        stream.wait(event)
+    }
+}
+
+/// An event recorded on a state's stream after its `covers`-th free: once complete, every block
+/// freed there up to that free may go to any stream.
+#[derive(Debug)]
+struct Fence {
+    event: Event,
+    covers: u64,
+}
+
+/// A state's lock's contents.
+#[derive(Debug)]
+pub(super) struct Locked {
+    pub(super) arena: Arena<LastUse>,
+    fence: Option<Fence>,
+    /// Forgotten by the resource (it had no segment left): a segment acquired for its stream
+    /// goes to the stream's new state instead.
+    pub(super) retired: bool,
+}
+
+/// One stream's caching state.
+#[derive(Debug)]
+pub(super) struct StreamState {
+    /// The stream (held: the state orders work on it until its segments are released).
+    pub(super) stream: Stream,
+    locked: Mutex<Locked>,
+}
+
+impl StreamState {
+    pub(super) fn new(stream: Stream, arena: Arena<LastUse>) -> StreamState {
+        StreamState { stream, locked: Mutex::new(Locked { arena, fence: None, retired: false }) }
+    }
+
+    pub(super) fn lock(&self) -> MutexGuard<'_, Locked> {
+        self.locked.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Locked {
+    /// Settles the pending blocks whose last use is done.
+    pub(super) fn poll_pending(&mut self) {
+        if !self.arena.has_pending() {
+            return;
+        }
+        let done: Vec<DevicePtr> = self.arena.pending_where(LastUse::is_done);
+        for ptr in done {
+            self.arena.settle(ptr);
+        }
+    }
+
+    /// A block for another stream than `own` (this state's): only one whose last use an event
+    /// on `own` shows done. When no complete event covers a fitting block, records one for a
+    /// later request (and this one gets none); never waits.
+    pub(super) fn take_for_other(
+        &mut self,
+        own: &Stream,
+        options: &CachingOptions,
+        class: SizeClass,
+        rounded: usize,
+        requested: usize,
+    ) -> Option<DevicePtr> {
+        self.poll_pending();
+        if !self.arena.has_fit(class, rounded) {
+            return None;
+        }
+        let covered = match &self.fence {
+            Some(fence) if fence.event.is_complete().is_ok_and(|done| done) => fence.covers,
+            Some(_) => 0,
+            None => 0,
+        };
+        if let Some(ptr) = self.arena.take(options, class, rounded, requested, covered) {
+            return Some(ptr);
+        }
+        // A fence still under way covers no more once complete than one recorded now; one
+        // complete may be renewed to cover the later frees.
+        let renew =
+            self.fence.as_ref().is_none_or(|fence| fence.covers < self.arena.epoch() && covered == fence.covers);
+        if !renew || !quiet(own) {
+            return None;
+        }
+        // Recorded for a later request to find complete: asked at once, it would be complete or
+        // not by a race with the stream, and which memory a request gets would vary run to run.
+        if let Ok(event) = own.record_event() {
+            self.fence = Some(Fence { event, covers: self.arena.epoch() });
+        }
+        None
+    }
+}
