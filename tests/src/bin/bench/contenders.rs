@@ -8,7 +8,9 @@
 
 use std::sync::Arc;
 
-use cuda_mem_core::{Device, DeviceMemoryResource, DeviceMemoryResourceOptions, MemoryResource};
+use cuda_mem_core::{
+    CachingOptions, CachingResource, Device, DeviceMemoryResource, DeviceMemoryResourceOptions, MemoryResource,
+};
 
 use crate::Error;
 
@@ -35,11 +37,12 @@ pub(crate) struct Contender {
 
 /// The resources compared: the driver pool alone, with its default release threshold (0:
 /// everything free is released at each synchronization) and with the threshold at `u64::MAX`
-/// (nothing is released).
+/// (nothing is released), and the caching resource over a driver pool.
 pub(crate) fn contenders() -> Vec<Contender> {
     vec![
         Contender { name: "driver pool (release threshold 0)", make: |device| driver_pool(device, 0) },
         Contender { name: "driver pool (release threshold max)", make: |device| driver_pool(device, u64::MAX) },
+        Contender { name: "caching over the driver pool", make: caching },
     ]
 }
 
@@ -54,6 +57,20 @@ pub(crate) fn driver_pool(device: Device, threshold: u64) -> Result<Subject, Err
 
 /// The reserved bytes of the driver pool `resource` allocates from (through any adaptors), as
 /// a probe: for a resource with no driver pool it fails when read.
+/// A [`CachingResource`] with its default policy over a driver pool that keeps nothing cached
+/// itself (release threshold 0), its reserved bytes (its segments) as the probe: its blocks are
+/// not the pool's allocations, so it names no pool of its own.
+pub(crate) fn caching(device: Device) -> Result<Subject, Error> {
+    let pool = DeviceMemoryResource::new(device, DeviceMemoryResourceOptions::default())?;
+    pool.pool().set_release_threshold(0)?;
+    let cache = CachingResource::new(pool, CachingOptions::default())?;
+    let reserved: ReservedProbe = {
+        let cache = Arc::clone(&cache);
+        Box::new(move || Ok(cache.statistics().all.reserved_bytes.current))
+    };
+    Ok(Subject { reserved, resource: cache })
+}
+
 pub(crate) fn pool_reserved(resource: Arc<dyn MemoryResource>) -> ReservedProbe {
     Box::new(move || {
         let pool = resource.memory_pool().ok_or("the resource allocates from no driver pool")?;

@@ -98,11 +98,16 @@ pub(crate) fn resource_pairs(device: Device, contenders: &[Contender]) -> Result
         let resources = contenders.iter().map(|c| Ok((c.make)(device)?.resource)).collect::<Result<Vec<_>, Error>>()?;
         let mut kinds = vec![Kind::Raw(&raw_pool)];
         kinds.extend(resources.iter().flat_map(|r| [Kind::Buffer(r), Kind::Calls(r)]));
+        // A stream per thread for the whole measurement, as a program keeps its streams: a
+        // caching resource keeps what each stream freed for that stream.
+        let streams = (0..threads)
+            .map(|_| Stream::new(device, StreamOptions::default().non_blocking()))
+            .collect::<Result<Vec<_>, _>>()?;
         let mut samples = vec![Vec::with_capacity(ROUNDS); kinds.len()];
         for round in 0..ROUNDS {
             for k in 0..kinds.len() {
                 let kind = (round + k) % kinds.len();
-                samples[kind].push(rate(device, threads, kinds[kind])?);
+                samples[kind].push(rate(device, &streams, kinds[kind])?);
             }
         }
         let mut stats = samples.into_iter().map(Stats::of);
@@ -128,17 +133,17 @@ pub(crate) fn resource_pairs(device: Device, contenders: &[Contender]) -> Result
     Ok(rows)
 }
 
-/// Pairs per second of `kind` on `threads` threads, a stream each: one timed repetition, after
-/// one warm-up.
-fn rate(device: Device, threads: usize, kind: Kind<'_>) -> Result<f64, Error> {
+/// Pairs per second of `kind` on as many threads as `streams`, thread `t` on `streams[t]`: one
+/// timed repetition, after one warm-up.
+fn rate(device: Device, streams: &[Stream], kind: Kind<'_>) -> Result<f64, Error> {
     let d = cuda_mem_core::driver()?;
     let groups = rate_per_thread(
-        threads,
+        streams.len(),
         GROUPS_PER_REP,
         1,
-        |_| {
+        |t| {
             device.set_current()?;
-            Ok(Stream::new(device, StreamOptions::default().non_blocking())?)
+            Ok(streams.get(t).ok_or("a stream per thread")?.clone())
         },
         |stream: &Stream| {
             for _ in 0..PAIRS_PER_SYNC {
