@@ -92,6 +92,46 @@ fn another_stream_gets_a_freed_block_only_once_the_work_on_it_is_done() {
     assert!(take_drop_errors().is_empty());
 }
 
+/// A stream that takes a block of another stream's segment while that whole segment is free
+/// and its last use done (a program's new stream, finding the old streams' memory) takes the
+/// segment over: its frees of the segment's blocks are then same-stream frees, and its later
+/// pairs make no driver call (no event recorded at each free and asked about at the next
+/// allocation, the block going back to the old stream's bins each time).
+#[test]
+fn a_stream_takes_over_a_wholly_free_settled_segment_and_its_pairs_make_no_driver_call() {
+    in_simulated_machine(
+        "a_stream_takes_over_a_wholly_free_settled_segment_and_its_pairs_make_no_driver_call",
+        &[],
+        || {
+            let device = common::device();
+            let (a, b, c) = (common::stream(device), common::stream(device), common::stream(device));
+            let cache = cache_over(DeviceMemoryResource::new(device, Default::default()).unwrap());
+            drop(cache.allocate(64 * KIB, &a).unwrap());
+            let a_segment = cache.snapshot()[0].address;
+            // No complete event on a yet: c's request records one for later requests and grows.
+            let on_c = cache.allocate(64 * KIB, &c).unwrap();
+            assert!(on_c.ptr() < a_segment || on_c.ptr() >= a_segment + 2 * MIB as u64);
+            drop(on_c);
+            device.synchronize().unwrap();
+            let first = cache.allocate(64 * KIB, &b).unwrap();
+            assert_eq!(first.ptr(), a_segment, "a's block, its last use done");
+            let owner = |address| cache.snapshot().into_iter().find(|s| s.address == address).unwrap().stream;
+            assert!(owner(a_segment) == b, "the segment is b's now");
+            drop(first);
+            let (addresses, counts) = count_calls_if_simulated(|| {
+                (0..100).map(|_| cache.allocate(64 * KIB, &b).unwrap().ptr()).collect::<Vec<_>>()
+            });
+            assert!(addresses.iter().all(|&address| address == a_segment), "{addresses:x?}");
+            counts.assert_total(0, "pairs on the stream that took the segment over");
+            let stats = cache.statistics();
+            assert_eq!((stats.small.segments.current, stats.all.active_bytes.current), (2, 0));
+            // The segment's new stream releases it; a's state is forgotten, having none left.
+            assert_eq!(cache.empty_cache().unwrap(), 4 * MIB);
+            assert!(take_drop_errors().is_empty());
+        },
+    );
+}
+
 /// A block freed on another stream than its segment's (here after work held on that stream) is
 /// pending: not even its own stream takes it until the event recorded at the free completes.
 #[test]
@@ -339,8 +379,10 @@ fn scenario(pool: &Arc<DeviceMemoryResource>, a: &Stream, b: &Stream) {
         // a finds no large block of its own: an event on b for the next request, a segment now.
         let w = cache.allocate(3 * MIB, a)?;
         idle()?;
-        // Too large for a's segment: b's, once the event shows b done with it.
-        let v = cache.allocate(18 * MIB, a)?;
+        // Too large for a's segment: b's, once the event shows b done with it (wholly free, the
+        // segment becomes a's); freed on b, pending until an event shows b done with it.
+        let mut v = cache.allocate(18 * MIB, a)?;
+        v.set_deallocation_stream(b);
         drop((v, w));
         idle()?;
         cache.trim(0)?;

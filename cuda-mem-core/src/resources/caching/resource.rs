@@ -9,7 +9,7 @@ use super::options::{CachingOptions, SizeClass};
 use super::segments::{Arena, BlockState};
 use super::snapshot::{BlockSnapshot, BlockUse, SegmentSnapshot};
 use super::statistics::{CachingStatistics, Counters};
-use super::stream_state::{LastUse, StreamState, quiet};
+use super::stream_state::{LastUse, Locked, StreamState, Taken, quiet};
 use crate::buffer::{Buffer, ScopedBuffer};
 use crate::device::DevicePtr;
 use crate::drop_errors::on_drop;
@@ -30,11 +30,11 @@ use crate::stream::Stream;
 /// 20 MiB segments or a segment of their own; large blocks not split into slivers). Small and
 /// large blocks never share a segment.
 ///
-/// Each stream has its own state, behind its own lock: the segments first allocated for it and
-/// the bins of their free blocks, by size class. A block freed on its segment's stream goes
-/// back to that stream's bins, merged with its free neighbours, and the next allocation on the
-/// stream takes the best fit from them: no driver call, and of the locks other streams take,
-/// only the read lock of the streams' registry (new streams and
+/// Each stream has its own state, behind its own lock: the segments first allocated for it (or
+/// taken over, below) and the bins of their free blocks, by size class. A block freed on its
+/// segment's stream goes back to that stream's bins, merged with its free neighbours, and the
+/// next allocation on the stream takes the best fit from them: no driver call, and of the locks
+/// other streams take, only the read lock of the streams' registry (new streams and
 /// [`empty_cache`](CachingResource::empty_cache) write it).
 /// Segments go back upstream only through [`empty_cache`](CachingResource::empty_cache) and
 /// [`trim`](CachingResource::trim), when an allocation would otherwise fail, and on drop.
@@ -51,6 +51,10 @@ use crate::stream::Stream;
 /// - another stream that finds nothing in its own bins may take a free block of another
 ///   stream's once an event recorded on that stream after the block's free has completed;
 ///   otherwise it takes a new segment ([`CachingOptions::cross_stream_reuse`] turns this off).
+///   When the block it takes is a whole segment (nothing of it handed out or pending), it takes
+///   the segment over: the segment is its stream's from then on, and its frees there are
+///   same-stream frees (a new stream that lives on from the old streams' memory does not pay
+///   for an event at every free and reuse).
 ///
 /// # Graph capture
 ///
@@ -389,10 +393,34 @@ impl CachingResource {
         rounded: usize,
         requested: usize,
     ) -> Option<DevicePtr> {
-        self.states().into_iter().filter(|state| !Arc::ptr_eq(state, own)).find_map(|state| {
+        let taken = self.states().into_iter().filter(|state| !Arc::ptr_eq(state, own)).find_map(|state| {
             let stream = state.stream.clone();
             state.lock().take_for_other(&stream, &self.options, class, rounded, requested)
-        })
+        })?;
+        match taken {
+            Taken::Block(ptr) => Some(ptr),
+            Taken::Segment(base, segment) => self.with_live_state(Arc::clone(own), |locked| {
+                // Wholly free and its last use done: this stream's from now on, its blocks'
+                // frees here same-stream ones. Taken at once, so no other stream can take it
+                // first; the take cannot fail (the segment's one block fits).
+                locked.arena.attach_segment(base, segment);
+                locked.arena.take(&self.options, class, rounded, requested, u64::MAX)
+            }),
+        }
+    }
+
+    /// `f` of the locked state of `state`'s stream: `state`, or, when it was retired meanwhile
+    /// (the stream's state had no segment left at an
+    /// [`empty_cache`](CachingResource::empty_cache)), the stream's state now.
+    fn with_live_state<R>(&self, state: Arc<StreamState>, f: impl FnOnce(&mut Locked) -> R) -> R {
+        let mut state = state;
+        let mut locked = state.lock();
+        while locked.retired {
+            drop(locked);
+            state = self.state_for(&state.stream);
+            locked = state.lock();
+        }
+        f(&mut locked)
     }
 
     /// A new segment for `state`'s stream, and the block from it.
@@ -403,16 +431,10 @@ impl CachingResource {
             Err(refused) => self.retry(&state, size, requested, rounded, refused)?,
         };
         crate::memory_event!(DEBUG, size, ptr = %hex(base), stream = %hex(state.stream.handle()), "cache segment allocated");
-        let mut state = state;
-        let mut locked = state.lock();
-        while locked.retired {
-            drop(locked);
-            state = self.state_for(&state.stream);
-            locked = state.lock();
-        }
-        locked.arena.add_segment(base, size, class);
-        let taken = locked.arena.take(&self.options, class, rounded, requested, u64::MAX);
-        drop(locked);
+        let taken = self.with_live_state(state, |locked| {
+            locked.arena.add_segment(base, size, class);
+            locked.arena.take(&self.options, class, rounded, requested, u64::MAX)
+        });
         taken.ok_or_else(|| self.out_of_memory(requested, rounded, None))
     }
 

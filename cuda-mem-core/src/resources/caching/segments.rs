@@ -36,7 +36,7 @@ pub(super) struct Block<P> {
 }
 
 /// One upstream allocation.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Segment {
     pub(super) size: usize,
     pub(super) class: SizeClass,
@@ -113,12 +113,44 @@ impl<P> Arena<P> {
     /// Takes a new segment of `size` bytes at `base`, as one free block of the latest epoch
     /// (another stream may use it once the upstream's allocation on this stream is done).
     pub(super) fn add_segment(&mut self, base: DevicePtr, size: usize, class: SizeClass) {
-        self.segments.insert(base, Segment { size, class });
         self.counters.add(class, Field::ReservedBytes, size as u64);
         self.counters.add(class, Field::Segments, 1);
+        self.attach_segment(base, Segment { size, class });
+    }
+
+    /// Takes over a wholly free segment that another arena of the same resource
+    /// [detached](Arena::detach_free_segment) (the resource's counters already count it), as one
+    /// free block of the latest epoch: for this arena's stream now, for another once an event
+    /// recorded on this stream after it has completed.
+    pub(super) fn attach_segment(&mut self, base: DevicePtr, segment: Segment) {
+        self.segments.insert(base, segment);
         self.epoch += 1;
-        let of = Segment { size, class };
-        self.insert(base, Block { size, segment: base, of, state: BlockState::Free { epoch: self.epoch } });
+        let block =
+            Block { size: segment.size, segment: base, of: segment, state: BlockState::Free { epoch: self.epoch } };
+        self.insert(base, block);
+    }
+
+    /// When the best-fitting free block of `class` for `rounded` bytes whose epoch is at most
+    /// `epoch` (what [`take`](Arena::take) would hand out) is a whole segment, removes that
+    /// segment, for another arena of the same resource to [attach](Arena::attach_segment): it
+    /// stays counted in the resource's counters, and no block of it is allocated or pending.
+    pub(super) fn detach_free_segment(
+        &mut self,
+        class: SizeClass,
+        rounded: usize,
+        epoch: u64,
+    ) -> Option<(DevicePtr, Segment)> {
+        let blocks = &self.blocks;
+        let (size, ptr) = self.bins.best_fit(class, rounded, |ptr| {
+            matches!(blocks.get(&ptr), Some(Block { state: BlockState::Free { epoch: freed }, .. }) if *freed <= epoch)
+        })?;
+        let segment = *self.segments.get(&ptr)?;
+        if segment.size != size {
+            return None;
+        }
+        self.remove(ptr)?;
+        self.segments.remove(&ptr);
+        Some((ptr, segment))
     }
 
     /// Hands out the best-fitting free block of `class` for `rounded` bytes whose epoch is at
@@ -403,5 +435,35 @@ mod tests {
         assert!(arena.free_here(a));
         assert_eq!(arena.take(&options, SizeClass::Small, 512, 512, arena.epoch() - 1), None);
         assert_eq!(arena.take(&options, SizeClass::Small, 512, 512, arena.epoch()), Some(a));
+    }
+    #[test]
+    fn only_a_wholly_free_settled_segment_that_fits_best_is_detached_and_it_stays_counted() {
+        let (mut arena, counters, options) = arena();
+        arena.add_segment(0x10_0000, 2 * MIB, SizeClass::Small);
+        let a = arena.take(&options, SizeClass::Small, 1024, 1024, u64::MAX).unwrap();
+        assert_eq!(arena.detach_free_segment(SizeClass::Small, 1024, u64::MAX), None, "a block is allocated");
+        assert!(arena.free_pending(a, 1).is_ok());
+        assert_eq!(arena.detach_free_segment(SizeClass::Small, 1024, u64::MAX), None, "a block is pending");
+        arena.settle(a);
+        let again = arena.take(&options, SizeClass::Small, 1024, 1024, u64::MAX).unwrap();
+        assert!(arena.free_here(again));
+        let freed = arena.epoch();
+        assert_eq!(arena.detach_free_segment(SizeClass::Small, 1024, freed - 1), None, "its last free not covered");
+        // The best fit, part of a segment with a block handed out, is no whole segment.
+        arena.add_segment(0x40_0000, 2 * MIB, SizeClass::Small);
+        let held = arena.take(&options, SizeClass::Small, 2 * MIB - 4096, 1, u64::MAX).unwrap();
+        assert_eq!(held, 0x10_0000);
+        assert_eq!(arena.detach_free_segment(SizeClass::Small, 1024, u64::MAX), None);
+        assert!(arena.free_here(held));
+        let (base, segment) = arena.detach_free_segment(SizeClass::Small, 1024, u64::MAX).unwrap();
+        assert_eq!((base, segment.size), (0x10_0000, 2 * MIB), "the lower of two equal fits");
+        assert_eq!(arena.segments().map(|(base, _)| base).collect::<Vec<_>>(), [0x40_0000]);
+        let mut other: Arena<u32> = Arena::new(Arc::clone(&counters));
+        other.attach_segment(base, segment);
+        let all = counters.read([arena.local(), other.local()]).all;
+        assert_eq!((all.reserved_bytes.current, all.segments.current), (4 * MIB as u64, 2), "moved, not re-counted");
+        assert_eq!(other.take(&options, SizeClass::Small, 512, 512, other.epoch() - 1), None, "new to other's epochs");
+        assert_eq!(other.take(&options, SizeClass::Small, 512, 512, u64::MAX), Some(base));
+        assert_eq!(counters.read([arena.local(), other.local()]).all.allocated_bytes.current, 512);
     }
 }

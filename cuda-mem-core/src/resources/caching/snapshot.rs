@@ -15,7 +15,8 @@ pub struct SegmentSnapshot {
     pub size: usize,
     /// The pool it serves.
     pub class: SizeClass,
-    /// The stream it was allocated for, whose bins its free blocks are in.
+    /// The stream whose bins its free blocks are in: the one it was allocated for, or one that
+    /// took it over wholly free.
     pub stream: Stream,
     /// Its blocks: their sizes add up to the segment's.
     pub blocks: Vec<BlockSnapshot>,

@@ -5,7 +5,7 @@
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use super::options::{CachingOptions, SizeClass};
-use super::segments::Arena;
+use super::segments::{Arena, Segment};
 use crate::device::DevicePtr;
 use crate::error::{Error, Result};
 use crate::event::Event;
@@ -72,6 +72,17 @@ struct Fence {
     covers: u64,
 }
 
+/// What [`Locked::take_for_other`] found for another stream.
+#[derive(Debug)]
+pub(super) enum Taken {
+    /// A block, handed out; its segment stays with the state it came from.
+    Block(DevicePtr),
+    /// A wholly free segment, at this base, removed from the state it came from (still counted
+    /// in the resource's counters): the taking stream's state attaches it and takes the block
+    /// from it.
+    Segment(DevicePtr, Segment),
+}
+
 /// A state's lock's contents.
 #[derive(Debug)]
 pub(super) struct Locked {
@@ -113,8 +124,11 @@ impl Locked {
     }
 
     /// A block for another stream than `own` (this state's): only one whose last use an event
-    /// on `own` shows done. When no complete event covers a fitting block, records one for a
-    /// later request (and this one gets none); never waits.
+    /// on `own` shows done. When that block is a whole segment (free, nothing of it pending, its
+    /// last use on `own` done), the segment itself, removed from this state for the other
+    /// stream's to take over: that stream's later frees of its blocks are then frees on their
+    /// segment's stream, not cross-stream ones. When no complete event covers a fitting block,
+    /// records one for a later request (and this one gets none); never waits.
     pub(super) fn take_for_other(
         &mut self,
         own: &Stream,
@@ -122,7 +136,7 @@ impl Locked {
         class: SizeClass,
         rounded: usize,
         requested: usize,
-    ) -> Option<DevicePtr> {
+    ) -> Option<Taken> {
         self.poll_pending();
         if !self.arena.has_fit(class, rounded) {
             return None;
@@ -132,8 +146,11 @@ impl Locked {
             Some(_) => 0,
             None => 0,
         };
+        if let Some((base, segment)) = self.arena.detach_free_segment(class, rounded, covered) {
+            return Some(Taken::Segment(base, segment));
+        }
         if let Some(ptr) = self.arena.take(options, class, rounded, requested, covered) {
-            return Some(ptr);
+            return Some(Taken::Block(ptr));
         }
         // A fence still under way covers no more once complete than one recorded now; one
         // complete may be renewed to cover the later frees.
