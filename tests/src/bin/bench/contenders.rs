@@ -49,21 +49,15 @@ pub(crate) fn contenders() -> Vec<Contender> {
 /// A new device pool resource with release threshold `threshold`, its reserved bytes as the
 /// probe.
 pub(crate) fn driver_pool(device: Device, threshold: u64) -> Result<Subject, Error> {
-    let pool = DeviceMemoryResource::new(device, DeviceMemoryResourceOptions::default())?;
-    pool.pool().set_release_threshold(threshold)?;
-    let resource: Arc<dyn MemoryResource> = pool;
+    let resource: Arc<dyn MemoryResource> = pool_with_threshold(device, threshold)?;
     Ok(Subject { reserved: pool_reserved(Arc::clone(&resource)), resource })
 }
 
-/// The reserved bytes of the driver pool `resource` allocates from (through any adaptors), as
-/// a probe: for a resource with no driver pool it fails when read.
 /// A [`CachingResource`] with its default policy over a driver pool that keeps nothing cached
 /// itself (release threshold 0), its reserved bytes (its segments) as the probe: its blocks are
 /// not the pool's allocations, so it names no pool of its own.
 pub(crate) fn caching(device: Device) -> Result<Subject, Error> {
-    let pool = DeviceMemoryResource::new(device, DeviceMemoryResourceOptions::default())?;
-    pool.pool().set_release_threshold(0)?;
-    let cache = CachingResource::new(pool, CachingOptions::default())?;
+    let cache = CachingResource::new(pool_with_threshold(device, 0)?, CachingOptions::default())?;
     let reserved: ReservedProbe = {
         let cache = Arc::clone(&cache);
         Box::new(move || Ok(cache.statistics().all.reserved_bytes.current))
@@ -71,6 +65,15 @@ pub(crate) fn caching(device: Device) -> Result<Subject, Error> {
     Ok(Subject { reserved, resource: cache })
 }
 
+/// A new device pool on `device` with release threshold `threshold`.
+fn pool_with_threshold(device: Device, threshold: u64) -> Result<Arc<DeviceMemoryResource>, Error> {
+    let pool = DeviceMemoryResource::new(device, DeviceMemoryResourceOptions::default())?;
+    pool.pool().set_release_threshold(threshold)?;
+    Ok(pool)
+}
+
+/// The reserved bytes of the driver pool `resource` allocates from (through any adaptors), as
+/// a probe: for a resource with no driver pool it fails when read.
 pub(crate) fn pool_reserved(resource: Arc<dyn MemoryResource>) -> ReservedProbe {
     Box::new(move || {
         let pool = resource.memory_pool().ok_or("the resource allocates from no driver pool")?;

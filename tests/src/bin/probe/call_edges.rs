@@ -89,13 +89,13 @@ fn run(setup: &Setup<'_>, details: &mut Details) -> Result<String, Error> {
     ask("cuMemFree(0)", code(&free(0)));
     ask("cuMemFreeHost(NULL)", code(&free_host(std::ptr::null_mut())));
     ask("cuMemAllocHost(0)", zero_byte_host_allocation());
-    let memory = Allocation::new(SIZE)?;
-    ask("cuMemsetD16(odd)", code(&memset_d16(memory.ptr + 1, 0x1234, 8)));
-    ask("cuMemsetD32(ptr+2)", code(&memset_d32(memory.ptr + 2, 0x1234_5678, 4)));
-    let end = memory.ptr + SIZE as CUdeviceptr;
+    let memory = DeviceAllocation::new(SIZE)?;
+    ask("cuMemsetD16(odd)", code(&memset_d16(memory.ptr() + 1, 0x1234, 8)));
+    ask("cuMemsetD32(ptr+2)", code(&memset_d32(memory.ptr() + 2, 0x1234_5678, 4)));
+    let end = memory.ptr() + SIZE as CUdeviceptr;
     ask("cuMemsetD8(end, 0 bytes)", code(&memset_d8(end, 0)));
-    ask("cuMemcpyDtoD(end, 0 bytes)", code(&copy_d_to_d(end, memory.ptr, 0)));
-    ask("cuPointerGetAttribute(IS_MANAGED) writes", boolean_attribute_width(memory.ptr));
+    ask("cuMemcpyDtoD(end, 0 bytes)", code(&copy_d_to_d(end, memory.ptr(), 0)));
+    ask("cuPointerGetAttribute(IS_MANAGED) writes", boolean_attribute_width(memory.ptr()));
     drop(memory);
     ask("cuMemFreeAsync(cuMemAlloc memory)", free_async_of_plain_allocation()?);
     ask("cuMemAllocFromPoolAsync(SIZE_MAX)", size_max_pool_allocation()?);
@@ -111,27 +111,6 @@ fn run(setup: &Setup<'_>, details: &mut Details) -> Result<String, Error> {
     ask("allocation after a free on an idle stream:", idle_free_then_allocate()?);
     ask("with no current context:", without_current_context()?);
     Ok(phrases.join("; "))
-}
-
-/// `cuMemAlloc` memory, freed on drop unless the probe gave it away.
-struct Allocation {
-    ptr: CUdeviceptr,
-}
-
-impl Allocation {
-    fn new(size: usize) -> Result<Allocation, CudaError> {
-        let d = driver()?;
-        let mut ptr: CUdeviceptr = 0;
-        // SAFETY: `ptr` is a valid out-pointer.
-        unsafe { cu_call!(d, cuMemAlloc_v2(&mut ptr, size)) }?;
-        Ok(Allocation { ptr })
-    }
-}
-
-impl Drop for Allocation {
-    fn drop(&mut self) {
-        crate::owned::note_cleanup("freeing a cuMemAlloc allocation", free(self.ptr));
-    }
 }
 
 fn free(ptr: CUdeviceptr) -> Call {
@@ -206,8 +185,8 @@ fn boolean_attribute_width(ptr: CUdeviceptr) -> String {
 /// it is not freed again.
 fn free_async_of_plain_allocation() -> Result<String, Error> {
     let stream = OwnedStream::new(false)?;
-    let memory = Allocation::new(SIZE)?;
-    let outcome = free_async(memory.ptr, stream.raw()).and_then(|()| stream.synchronize());
+    let memory = DeviceAllocation::new(SIZE)?;
+    let outcome = free_async(memory.ptr(), stream.raw()).and_then(|()| stream.synchronize());
     if outcome.is_ok() {
         std::mem::forget(memory);
     }
