@@ -233,10 +233,10 @@ pub use pool::{
 };
 pub use resources::{
     AllocationStatistics, BlockSnapshot, BlockUse, CachingOptions, CachingResource, CachingStatistics,
-    DeviceMemoryResource, DeviceMemoryResourceOptions, GraphMemoryAttributes, GraphMemoryResource, HighWaterMark,
-    LeakReport, LegacyPinnedMemoryResource, LimitingAdaptor, LiveAllocation, ManagedMemoryResource,
+    DeviceMemoryResource, DeviceMemoryResourceOptions, ExpandableMemory, GraphMemoryAttributes, GraphMemoryResource,
+    HighWaterMark, LeakReport, LegacyPinnedMemoryResource, LimitingAdaptor, LiveAllocation, ManagedMemoryResource,
     ManagedMemoryResourceOptions, PinnedMemoryResource, PinnedMemoryResourceOptions, PoolStatistics, SegmentSnapshot,
-    SizeClass, Stat, StatisticsAdaptor, SynchronousMemoryResource, TrackingAdaptor,
+    SizeClass, Stat, StatisticsAdaptor, StreamStatistics, SynchronousMemoryResource, TrackingAdaptor,
 };
 
 /// The crate typed views take their element types' guarantees from ([`bytemuck::Pod`]): derive

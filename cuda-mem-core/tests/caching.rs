@@ -51,6 +51,42 @@ fn a_block_freed_on_its_stream_is_reused_there_without_a_driver_call() {
     });
 }
 
+/// The state a thread used last stays named by that thread (so that its next pair finds it
+/// without a shared write), but it lets go of its stream once `empty_cache` forgets it or the
+/// cache is dropped: the stream is destroyed when its owner drops it, not when the thread
+/// moves on.
+#[test]
+fn a_thread_that_used_a_stream_last_keeps_no_stream_alive() {
+    in_simulated_machine("a_thread_that_used_a_stream_last_keeps_no_stream_alive", &[], || {
+        if !simulator_only("a destroyed stream's handle is refused") {
+            return;
+        }
+        let driver = cuda_sim::testing::driver().unwrap();
+        let device = common::device();
+        let destroyed = |handle| {
+            // SAFETY: querying a handle is sound whether or not it still names a stream: the
+            // simulator refuses one it does not know.
+            unsafe { cuda_mem_core::sys::cu_call!(driver, cuStreamQuery(handle)) }.is_err()
+        };
+        for forget_by_emptying in [true, false] {
+            let stream = common::stream(device);
+            let handle = stream.handle();
+            let cache = cache_over(DeviceMemoryResource::new(device, Default::default()).unwrap());
+            drop(cache.allocate(4096, &stream).unwrap());
+            if forget_by_emptying {
+                assert_eq!(cache.empty_cache().unwrap(), 2 * MIB);
+                assert!(cache.stream_statistics(&stream).is_none(), "forgotten");
+            } else {
+                drop(cache);
+            }
+            assert!(!destroyed(handle));
+            drop(stream);
+            assert!(destroyed(handle), "the thread's last state kept the stream alive");
+        }
+        assert!(take_drop_errors().is_empty());
+    });
+}
+
 #[test]
 fn empty_requests_never_reach_the_cache() {
     let device = common::device();
@@ -359,7 +395,13 @@ fn threads_on_their_own_streams_share_the_cache() {
     let stats = cache.statistics();
     assert_eq!(stats.all.allocated_bytes.current, 0);
     assert_eq!(stats.all.reserved_bytes.current, counted.statistics().current_bytes);
-    assert_eq!(cache.empty_cache().unwrap() as u64, stats.all.reserved_bytes.current);
+    let before = cache.snapshot();
+    assert_eq!(
+        cache.empty_cache().unwrap() as u64,
+        stats.all.reserved_bytes.current,
+        "{before:#?} {:#?}",
+        cache.snapshot()
+    );
     assert_eq!(counted.statistics().current_bytes, 0);
 }
 
@@ -452,7 +494,12 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 /// The cache against a model of what it must hold: the live buffers, their requests and sizes.
-fn check(cache: &CachingResource, upstream: &StatisticsAdaptor<DeviceMemoryResource>, live: &[Buffer]) {
+fn check(
+    cache: &CachingResource,
+    upstream: &StatisticsAdaptor<DeviceMemoryResource>,
+    live: &[Buffer],
+    streams: &[Stream],
+) {
     let segments = cache.snapshot();
     let stats = cache.statistics();
     let (mut reserved, mut allocated, mut requested, mut split, mut pending) = (0u64, 0u64, 0u64, 0u64, 0u64);
@@ -506,6 +553,20 @@ fn check(cache: &CachingResource, upstream: &StatisticsAdaptor<DeviceMemoryResou
     assert_eq!(all.active_bytes.current, allocated + pending);
     assert_eq!(stats.small.reserved_bytes.current + stats.large.reserved_bytes.current, reserved);
     assert!(all.allocated_bytes.peak >= allocated && all.reserved_bytes.peak >= reserved);
+    // Each stream's share: the segments in its bins, its blocks; together, the whole.
+    let shares: Vec<_> = streams.iter().filter_map(|stream| cache.stream_statistics(stream)).collect();
+    let sum = |figure: fn(&cuda_mem_core::PoolStatistics) -> u64| shares.iter().map(|s| figure(&s.all)).sum::<u64>();
+    assert_eq!(sum(|p| p.reserved_bytes.current), reserved, "the streams' segments are all the segments");
+    assert_eq!(sum(|p| p.segments.current), segments.len() as u64);
+    assert_eq!(sum(|p| p.allocated_bytes.current), allocated);
+    assert_eq!(sum(|p| p.active_bytes.current), allocated + pending);
+    for (stream, share) in streams.iter().filter_map(|stream| Some((stream, cache.stream_statistics(stream)?))) {
+        let held: u64 = segments.iter().filter(|s| s.stream == *stream).map(|s| s.size as u64).sum();
+        assert_eq!(share.all.reserved_bytes.current, held, "a stream's reserved bytes are its segments'");
+        assert!(share.all.reserved_bytes.peak >= held);
+        let classes = share.small.allocated_bytes.current + share.large.allocated_bytes.current;
+        assert_eq!(share.all.allocated_bytes.current, classes);
+    }
 }
 
 proptest! {
@@ -534,7 +595,7 @@ proptest! {
                 }
                 Op::ResetPeaks => cache.reset_peaks(),
             }
-            check(&cache, &upstream, &live);
+            check(&cache, &upstream, &live, &streams);
         }
         drop(live);
         drop(cache);

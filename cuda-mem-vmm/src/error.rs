@@ -88,6 +88,24 @@ pub enum VmmError {
         size: usize,
     },
 
+    /// An expandable range ([`ExpandableMemory`](cuda_mem_core::ExpandableMemory)) asked to
+    /// map a size that is not a positive multiple of the granularity, or more than its
+    /// reservation holds.
+    #[error(
+        "cannot map {size} more bytes in the expandable range at {base:#x}: {mapped} of its {reserved} bytes are \
+         mapped, and growth is by positive multiples of the granularity"
+    )]
+    PastReservation {
+        /// The range's base.
+        base: DevicePtr,
+        /// The bytes mapped in it.
+        mapped: usize,
+        /// The bytes asked to be mapped.
+        size: usize,
+        /// The bytes reserved.
+        reserved: usize,
+    },
+
     /// The buffer spans more chunks than one descriptor can name.
     #[error(
         "the buffer spans {chunks} chunks; a descriptor can name at most {max} (one message of file \

@@ -69,6 +69,7 @@
 //! | `memory_resource` | the resource as a `MemoryResource`, and the ranges of the buffers it handed out |
 //! | `buffer` | [`VirtualBuffer`], [`CloseError`] |
 //! | `pieces` | the owned driver objects (chunk, reservation, mapping, range) and the calls that make and unmake them |
+//! | `expandable` | the resource as [`ExpandableMemory`](cuda_mem_core::ExpandableMemory): ranges a caching resource's expandable segments grow in |
 //! | `release` | letting go of ranges after their stream's work, deferred while it captures ([`release_deferred`]) |
 //! | `share` | export, the descriptor in memory ([`VirtualBufferDescriptor`], [`ChunkHandle`], [`MAX_CHUNKS`]), import |
 //! | `error` | [`VmmError`], [`Result`], [`InvalidOptions`], [`DeviceFeature`], [`DescriptorError`], [`DeferCause`] |
@@ -81,6 +82,7 @@
 
 mod buffer;
 mod error;
+mod expandable;
 mod memory_resource;
 mod options;
 mod pieces;

@@ -101,6 +101,27 @@ impl Reservation {
         fits && self.mapped_end.compare_exchange(offset, offset + size, Ordering::AcqRel, Ordering::Acquire).is_ok()
     }
 
+    /// The bytes mapped (or claimed) from the start.
+    pub(crate) fn mapped_end(&self) -> usize {
+        self.mapped_end.load(Ordering::Acquire)
+    }
+
+    /// Maps `physical` right after what is mapped in the reservation (an expandable range's
+    /// growth): the mapping, or `None` (nothing mapped, `physical` dropped) when it does not fit
+    /// or another mapping claimed those addresses first.
+    pub(crate) fn map_at_end(self: &Arc<Self>, physical: Arc<Physical>) -> Option<Result<Arc<Mapping>>> {
+        let (offset, size) = (self.mapped_end(), physical.size);
+        if !self.claim(offset, size) {
+            return None;
+        }
+        let mapped = Mapping::map(self.ptr + offset as DevicePtr, physical, Arc::clone(self));
+        if mapped.is_err() {
+            // Claimed just above and mapped by no one: given back once, here.
+            self.unclaim(offset, size);
+        }
+        Some(mapped)
+    }
+
     /// Gives back the claim of `size` bytes at `offset` when it is the last one (a claim behind
     /// a later one stays: the addresses are not reused until the reservation goes). Mappings are
     /// unmapped last to first (see the module's documentation), so a claim is the last one when
@@ -141,8 +162,9 @@ impl Mapping {
     /// them back could undo another thread's claim of the same addresses in between).
     fn map(ptr: DevicePtr, physical: Arc<Physical>, reservation: Arc<Reservation>) -> Result<Arc<Mapping>> {
         let d = driver()?;
-        // SAFETY: the range lies inside `reservation`, claimed for it (`map_contiguously` and
-        // `Claim::map`, the only callers, place it so) and the handle is live while `physical` is.
+        // SAFETY: the range lies inside `reservation`, claimed for it (`map_contiguously`,
+        // `Claim::map` and `Reservation::map_at_end`, the only callers, place it so) and the
+        // handle is live while `physical` is.
         unsafe { cu_call!(d, cuMemMap(ptr, physical.size, 0, physical.handle, 0)) }?;
         if !physical.access.is_empty() {
             let access = &physical.access;

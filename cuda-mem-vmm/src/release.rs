@@ -58,7 +58,7 @@ fn deferred() -> std::sync::MutexGuard<'static, Vec<Deferred>> {
 /// synchronizing the stream fails, waits for an event recorded at its end instead (waiting for
 /// the whole device would disturb captures on its other streams); only when that fails too is
 /// there no safe order.
-fn wait_for(stream: &Stream) -> Result<(), DeferCause> {
+pub(crate) fn wait_for(stream: &Stream) -> Result<(), DeferCause> {
     match stream.is_capturing() {
         Ok(false) => stream.synchronize().or_else(|error| {
             stream.record_event().and_then(|event| event.synchronize()).map_err(|_| DeferCause::Synchronize(error))

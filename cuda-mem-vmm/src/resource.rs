@@ -10,6 +10,7 @@ use cuda_mem_core::{Access, Device, DevicePtr, DriverCapability, HandleType, Han
 
 use crate::buffer::VirtualBuffer;
 use crate::error::{DeviceFeature, InvalidOptions, Result, VmmError};
+use crate::expandable::ExpandableRanges;
 use crate::memory_resource::LiveRanges;
 use crate::options::{AllocationType, Granularity, ReserveAhead, VirtualMemoryResourceOptions};
 use crate::pieces::{Physical, Range, Reservation, map_contiguously};
@@ -41,6 +42,8 @@ pub struct VirtualMemoryResource {
     access: Vec<CUmemAccessDesc>,
     /// The ranges of the buffers it handed out, found again when they are freed.
     pub(crate) live: LiveRanges,
+    /// The expandable ranges it reserved ([`ExpandableMemory`](cuda_mem_core::ExpandableMemory)).
+    pub(crate) expandable: ExpandableRanges,
 }
 
 /// The flags of the access descriptor that gives `access`, or none for no access: a mapping
@@ -129,6 +132,7 @@ impl VirtualMemoryResource {
             reserve_ahead: 0,
             access,
             live: LiveRanges::default(),
+            expandable: ExpandableRanges::default(),
         };
         let query = |flag| {
             resource.query_granularity(flag).map_err(|e| match (resource.options.allocation_type, e) {

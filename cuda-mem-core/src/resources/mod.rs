@@ -6,7 +6,9 @@
 //! - [`legacy`]: [`SynchronousMemoryResource`] and [`LegacyPinnedMemoryResource`], without pools;
 //! - [`graph`]: [`GraphMemoryResource`], memory that graphs allocate and free as they run;
 //! - [`adaptors`]: resources over resources (statistics, a limit, tracking);
-//! - [`caching`]: [`CachingResource`], a cache of freed blocks over any resource.
+//! - [`caching`]: [`CachingResource`], a cache of freed blocks over any resource;
+//! - [`expandable`]: [`ExpandableMemory`], resources whose allocations grow in place (what the
+//!   cache's expandable segments need).
 //!
 //! The driver's pools themselves are in `pool`; the buffers these resources hand out, in
 //! `buffer`.
@@ -14,6 +16,7 @@
 pub mod adaptors;
 pub mod caching;
 pub mod device;
+pub mod expandable;
 pub mod graph;
 pub mod legacy;
 pub mod managed;
@@ -24,9 +27,10 @@ pub use adaptors::{
 };
 pub use caching::{
     BlockSnapshot, BlockUse, CachingOptions, CachingResource, CachingStatistics, PoolStatistics, SegmentSnapshot,
-    SizeClass, Stat,
+    SizeClass, Stat, StreamStatistics,
 };
 pub use device::{DeviceMemoryResource, DeviceMemoryResourceOptions};
+pub use expandable::ExpandableMemory;
 pub use graph::{GraphMemoryAttributes, GraphMemoryResource, HighWaterMark};
 pub use legacy::{LegacyPinnedMemoryResource, SynchronousMemoryResource};
 pub use managed::{ManagedMemoryResource, ManagedMemoryResourceOptions};

@@ -207,9 +207,26 @@ pub struct Stream {
 
 impl PartialEq for Stream {
     fn eq(&self, other: &Self) -> bool {
-        self.inner.handle == other.inner.handle
-            && self.inner.device == other.inner.device
-            && self.inner.thread == other.inner.thread
+        self.key() == other.key()
+    }
+}
+
+/// What tells one stream from another (what [`Stream`]'s `PartialEq` compares), kept without
+/// keeping the stream alive: the handle, the device and, for a per-thread default stream, the
+/// thread. Once the stream is destroyed, a new one may get its handle, so a key outliving its
+/// stream may name another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct StreamKey {
+    handle: usize,
+    device: Device,
+    thread: Option<std::thread::ThreadId>,
+}
+
+impl Stream {
+    /// This stream's [`StreamKey`].
+    #[inline]
+    pub(crate) fn key(&self) -> StreamKey {
+        StreamKey { handle: self.inner.handle as usize, device: self.inner.device, thread: self.inner.thread }
     }
 }
 

@@ -37,6 +37,15 @@ impl Bins {
         self.by_class[class.index()].range((size, 0)..).next().is_some()
     }
 
+    /// Every block in the bins, with its class.
+    #[cfg(test)]
+    pub(super) fn entries(&self) -> BTreeSet<(SizeClass, usize, DevicePtr)> {
+        SizeClass::ALL
+            .iter()
+            .flat_map(|&class| self.by_class[class.index()].iter().map(move |&(size, ptr)| (class, size, ptr)))
+            .collect()
+    }
+
     /// The largest free block of either class.
     pub(super) fn largest(&self) -> usize {
         self.by_class.iter().filter_map(|bin| bin.last().map(|&(size, _)| size)).max().unwrap_or(0)

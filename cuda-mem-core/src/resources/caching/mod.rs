@@ -21,4 +21,4 @@ mod stream_state;
 pub use options::{CachingOptions, SizeClass};
 pub use resource::CachingResource;
 pub use snapshot::{BlockSnapshot, BlockUse, SegmentSnapshot};
-pub use statistics::{CachingStatistics, PoolStatistics, Stat};
+pub use statistics::{CachingStatistics, PoolStatistics, Stat, StreamStatistics};

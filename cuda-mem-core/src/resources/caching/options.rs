@@ -44,7 +44,11 @@ impl SizeClass {
 ///   [`rounding`](CachingOptions::rounding) bytes (small) or more than
 ///   [`large_split_remainder`](CachingOptions::large_split_remainder) bytes (large, 1 MiB): a
 ///   large block is not cut into slivers, which would fragment the large pool; the whole block
-///   is handed out instead;
+///   is handed out instead (with expandable segments every block is split as a small one is);
+/// - with [expandable segments](super::CachingResource::with_expandable_segments), a segment
+///   grows by what a request lacks in steps of [`small_segment`](CachingOptions::small_segment)
+///   or [`large_segment_rounding`](CachingOptions::large_segment_rounding) bytes, inside
+///   [`expandable_reservation`](CachingOptions::expandable_reservation) bytes of addresses;
 /// - [`cross_stream_reuse`](CachingOptions::cross_stream_reuse) (on): a stream that finds no
 ///   block of its own may take another stream's free block once an event shows the block's last
 ///   use done.
@@ -68,6 +72,8 @@ pub struct CachingOptions {
     large_segment_rounding: usize,
     large_split_remainder: usize,
     cross_stream_reuse: bool,
+    expandable_reservation: Option<usize>,
+    expandable_small_pool: bool,
 }
 
 impl Default for CachingOptions {
@@ -81,6 +87,8 @@ impl Default for CachingOptions {
             large_segment_rounding: 2 * MIB,
             large_split_remainder: MIB,
             cross_stream_reuse: true,
+            expandable_reservation: None,
+            expandable_small_pool: false,
         }
     }
 }
@@ -143,6 +151,51 @@ impl CachingOptions {
         self.cross_stream_reuse
     }
 
+    /// The addresses each expandable segment reserves
+    /// ([`CachingResource::with_expandable_segments`](super::CachingResource::with_expandable_segments);
+    /// rounded up to the upstream's granularity). By default (`None`) the device's memory, as
+    /// PyTorch reserves: one segment per stream (and size class) can then grow to hold anything
+    /// the device can. Addresses cost no memory, but they are finite: a smaller reservation
+    /// suits many streams on a small address space; a request larger than it gets a segment of
+    /// its size.
+    pub fn expandable_reservation(mut self, bytes: impl Into<Option<usize>>) -> Self {
+        self.expandable_reservation = bytes.into();
+        self
+    }
+
+    /// With expandable segments, whether small requests keep segments of their own, as
+    /// PyTorch's small and large pools (off by default). Off, one expandable segment per stream
+    /// serves every size: a hole left by any free serves any request that fits, and no memory
+    /// sits in a small segment that large requests cannot use. Case 8 of the benchmarks
+    /// (BENCHMARKS.md) measured peak reserved over peak allocated at 1.06 (serving) and 1.09
+    /// (training) with one segment, 1.16 and 1.13 with the small pool. Segments of fixed size
+    /// always keep the pools apart (a long-lived small block would pin a large segment).
+    pub fn expandable_small_pool(mut self, separate: bool) -> Self {
+        self.expandable_small_pool = separate;
+        self
+    }
+
+    /// Whether small requests keep expandable segments of their own.
+    pub fn has_expandable_small_pool(&self) -> bool {
+        self.expandable_small_pool
+    }
+
+    /// The addresses each expandable segment reserves, if set.
+    pub fn expandable_reservation_bytes(&self) -> Option<usize> {
+        self.expandable_reservation
+    }
+
+    /// What an expandable segment of `class` grows by at least, and in multiples of: the small
+    /// segment size, or the large segments' rounding (2 MiB each by default), rounded up to the
+    /// upstream's `granularity` (`None`: past the address space).
+    pub(super) fn expansion_step(&self, class: SizeClass, granularity: usize) -> Option<usize> {
+        let step = match class {
+            SizeClass::Small => self.small_segment,
+            SizeClass::Large => self.large_segment_rounding,
+        };
+        step.checked_next_multiple_of(granularity.max(1))
+    }
+
     /// Checks that the knobs make a policy.
     ///
     /// # Errors
@@ -187,12 +240,15 @@ impl CachingOptions {
         }
     }
 
-    /// Whether a free block of `block` bytes of `class` is split to serve `rounded` bytes.
-    pub(super) fn splits(&self, class: SizeClass, block: usize, rounded: usize) -> bool {
+    /// Whether a free block of `block` bytes of `class` is split to serve `rounded` bytes. A
+    /// block of an `expandable` segment is split as a small one is (as PyTorch splits with
+    /// expandable segments): a remainder at the segment's end joins its next growth, and one
+    /// in the middle serves any request of its size, so no sliver is wasted there.
+    pub(super) fn splits(&self, class: SizeClass, block: usize, rounded: usize, expandable: bool) -> bool {
         let remainder = block - rounded;
         match class {
-            SizeClass::Small => remainder >= self.rounding,
-            SizeClass::Large => remainder > self.large_split_remainder,
+            SizeClass::Large if !expandable => remainder > self.large_split_remainder,
+            SizeClass::Small | SizeClass::Large => remainder >= self.rounding,
         }
     }
 }
@@ -215,9 +271,10 @@ mod tests {
         assert_eq!(options.segment_size(MIB + 512), Some(20 * MIB));
         assert_eq!(options.segment_size(10 * MIB), Some(10 * MIB));
         assert_eq!(options.segment_size(10 * MIB + 512), Some(12 * MIB));
-        assert!(options.splits(SizeClass::Small, 2 * MIB, 2 * MIB - 512));
-        assert!(!options.splits(SizeClass::Large, 3 * MIB, 2 * MIB), "a remainder of 1 MiB is not split off");
-        assert!(options.splits(SizeClass::Large, 3 * MIB + 512, 2 * MIB));
+        assert!(options.splits(SizeClass::Small, 2 * MIB, 2 * MIB - 512, false));
+        assert!(!options.splits(SizeClass::Large, 3 * MIB, 2 * MIB, false), "a remainder of 1 MiB is not split off");
+        assert!(options.splits(SizeClass::Large, 3 * MIB + 512, 2 * MIB, false));
+        assert!(options.splits(SizeClass::Large, 3 * MIB, 2 * MIB, true), "in an expandable segment it is");
         assert_eq!((64 << 10) % options.rounding, 0);
     }
 

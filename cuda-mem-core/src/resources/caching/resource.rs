@@ -3,12 +3,12 @@
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use super::options::{CachingOptions, SizeClass};
-use super::segments::{Arena, BlockState};
+use super::segments::{Arena, BlockState, Segment};
 use super::snapshot::{BlockSnapshot, BlockUse, SegmentSnapshot};
-use super::statistics::{CachingStatistics, Counters};
+use super::statistics::{CachingStatistics, Counters, StreamStatistics};
 use super::stream_state::{LastUse, Locked, StreamState, Taken, quiet};
 use crate::buffer::{Buffer, ScopedBuffer};
 use crate::device::DevicePtr;
@@ -16,6 +16,7 @@ use crate::drop_errors::on_drop;
 use crate::error::{CachingError, CachingOutOfMemory, Error, Result};
 use crate::memory_resource::MemoryResource;
 use crate::pool::MemoryPool;
+use crate::resources::expandable::ExpandableMemory;
 use crate::stream::Stream;
 
 /// A memory resource that keeps what is freed and hands it out again without asking the
@@ -36,8 +37,21 @@ use crate::stream::Stream;
 /// next allocation on the stream takes the best fit from them: no driver call, and of the locks
 /// other streams take, only the read lock of the streams' registry (new streams and
 /// [`empty_cache`](CachingResource::empty_cache) write it).
+/// The block a stream freed last waits, unmerged, in a short list in front of the bins: a
+/// request of its size on that stream takes it back with one lookup (the common pair of a free
+/// and an allocation of the same size); anything else merges the list first.
 /// Segments go back upstream only through [`empty_cache`](CachingResource::empty_cache) and
 /// [`trim`](CachingResource::trim), when an allocation would otherwise fail, and on drop.
+///
+/// # Expandable segments
+///
+/// Made with [`with_expandable_segments`](CachingResource::with_expandable_segments) over an
+/// [`ExpandableMemory`] upstream (`cuda-mem-vmm`'s `VirtualMemoryResource`), a stream's segment
+/// is a range of addresses reserved once, mapped as the stream needs more: a request no free
+/// block serves grows it at its end instead of adding a segment (PyTorch's
+/// `expandable_segments`), and [`trim`](CachingResource::trim) unmaps its free end. One
+/// segment serves every size (or one per size class, with
+/// [`CachingOptions::expandable_small_pool`]).
 ///
 /// # Streams
 ///
@@ -114,6 +128,9 @@ pub struct CachingResource {
     /// [`RECENT`] state is checked against.
     id: u64,
     upstream: Arc<dyn MemoryResource>,
+    /// The upstream as expandable memory, and the addresses each expandable segment reserves:
+    /// segments grow in place ([`with_expandable_segments`](CachingResource::with_expandable_segments)).
+    expandable: Option<(Arc<dyn ExpandableMemory>, usize)>,
     options: CachingOptions,
     /// Every stream's state; a new stream's is added under the write lock.
     streams: RwLock<Vec<Arc<StreamState>>>,
@@ -132,11 +149,61 @@ impl CachingResource {
     /// # Errors
     /// [`CachingError::InvalidOption`] when the options make no policy.
     pub fn new(upstream: Arc<dyn MemoryResource>, options: CachingOptions) -> Result<Arc<CachingResource>> {
+        Self::build(upstream, None, options)
+    }
+
+    /// A cache over `upstream` whose segments grow in place (PyTorch's `expandable_segments`):
+    /// each stream has a segment that is a range of addresses reserved up front
+    /// ([`CachingOptions::expandable_reservation`]; the device's memory by default), into which
+    /// the upstream maps memory as the cache needs more. One segment serves every size, unless
+    /// [`CachingOptions::expandable_small_pool`] keeps a second one for small requests (as
+    /// PyTorch does). A request that no free block
+    /// serves grows the segment at its end by what it lacks, rounded up to 2 MiB
+    /// ([`CachingOptions::small_segment`] or [`CachingOptions::large_segment_rounding`]), and a
+    /// free block at the end joins the growth: instead of a new segment per shortfall, one
+    /// segment that fits what the stream uses, and little memory kept in segments too small for
+    /// the next request when sizes change step to step. [`trim`](CachingResource::trim) and
+    /// [`empty_cache`](CachingResource::empty_cache) unmap a segment's free end (in the pieces
+    /// it was mapped in) as well as give back wholly free segments. `cuda-mem-vmm`'s
+    /// `VirtualMemoryResource` is such an upstream.
+    ///
+    /// # Errors
+    /// [`CachingError::InvalidOption`] when the options make no policy, or when no reservation
+    /// is set and the upstream names no device to take its size from; the driver's error when
+    /// the device's memory cannot be read.
+    pub fn with_expandable_segments(
+        upstream: Arc<dyn ExpandableMemory>,
+        options: CachingOptions,
+    ) -> Result<Arc<CachingResource>> {
+        let invalid =
+            |option: &'static str, value: usize| Error::Caching(CachingError::InvalidOption { option, value });
+        let reservation = match options.expandable_reservation_bytes() {
+            Some(bytes) => bytes,
+            None => upstream
+                .device()
+                .ok_or_else(|| invalid("expandable_reservation (to be set: the upstream names no device)", 0))?
+                .total_memory()?,
+        };
+        let granularity = upstream.granularity().max(1);
+        let reservation = reservation
+            .max(1)
+            .checked_next_multiple_of(granularity)
+            .ok_or_else(|| invalid("expandable_reservation (at most the address space)", reservation))?;
+        let resource: Arc<dyn MemoryResource> = Arc::clone(&upstream) as Arc<dyn MemoryResource>;
+        Self::build(resource, Some((upstream, reservation)), options)
+    }
+
+    fn build(
+        upstream: Arc<dyn MemoryResource>,
+        expandable: Option<(Arc<dyn ExpandableMemory>, usize)>,
+        options: CachingOptions,
+    ) -> Result<Arc<CachingResource>> {
         options.validate()?;
         static NEXT_ID: AtomicU64 = AtomicU64::new(0);
         Ok(Arc::new(CachingResource {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             upstream,
+            expandable,
             options,
             streams: RwLock::default(),
             passed: Mutex::default(),
@@ -155,6 +222,24 @@ impl CachingResource {
     /// The policy.
     pub fn options(&self) -> &CachingOptions {
         &self.options
+    }
+
+    /// The pool a rounded request is served from: as the options say, but with expandable
+    /// segments and no [separate small pool](CachingOptions::expandable_small_pool), always the
+    /// large one.
+    #[inline]
+    fn size_class(&self, rounded: usize) -> SizeClass {
+        if self.expandable.is_some() && !self.options.has_expandable_small_pool() {
+            SizeClass::Large
+        } else {
+            self.options.size_class(rounded)
+        }
+    }
+
+    /// Whether segments grow in place
+    /// ([`with_expandable_segments`](CachingResource::with_expandable_segments)).
+    pub fn has_expandable_segments(&self) -> bool {
+        self.expandable.is_some()
     }
 
     /// Allocates `size` bytes on `stream` into an owned [`Buffer`] that keeps this resource (and
@@ -188,15 +273,26 @@ impl CachingResource {
     /// share), so a block figure's peak is the sum of the streams' peaks: exact where one stream
     /// allocates, at least the true peak where several do.
     pub fn statistics(&self) -> CachingStatistics {
-        let locals: Vec<_> = self.states().iter().map(|state| state.lock().arena.local().clone()).collect();
+        let locals: Vec<_> = self.states().iter().map(|state| state.lock().arena().local().clone()).collect();
         self.counters.read(&locals)
+    }
+
+    /// What `stream` holds: its blocks and the segments in its bins (`None` for a stream the
+    /// cache keeps nothing for: it never allocated here, or
+    /// [`empty_cache`](CachingResource::empty_cache) forgot it, having nothing left). The
+    /// figures of every stream add up to [`statistics`](CachingResource::statistics)'s current
+    /// values.
+    pub fn stream_statistics(&self, stream: &Stream) -> Option<StreamStatistics> {
+        let state = self.find_state(stream)?;
+        let mut locked = state.lock();
+        Some(locked.arena().local().read())
     }
 
     /// Starts every peak again from the current value.
     #[doc(alias = "reset_peak_memory_stats")]
     pub fn reset_peaks(&self) {
         for state in self.states() {
-            state.lock().arena.reset_peaks();
+            state.lock().arena().reset_peaks();
         }
         self.counters.reset_peaks();
     }
@@ -209,11 +305,9 @@ impl CachingResource {
     pub fn empty_cache(&self) -> Result<usize> {
         let released = self.trim(0)?;
         self.write_streams().retain(|state| {
-            let mut locked = state.lock();
             // Retired under its lock: an allocation that holds the state meanwhile sees it when
             // it adds its segment, and adds it to the stream's new state instead.
-            locked.retired = locked.arena.is_empty();
-            !locked.retired
+            !state.retire_if_empty(&mut state.lock())
         });
         Ok(released)
     }
@@ -233,27 +327,57 @@ impl CachingResource {
         for state in self.states() {
             let mut locked = state.lock();
             locked.poll_pending();
-            if !quiet(&state.stream) {
-                continue;
-            }
-            for (base, segment) in locked.arena.releasable() {
+            let Some(stream) = locked.stream.clone().filter(quiet) else { continue };
+            for (base, segment) in locked.arena().releasable() {
                 if reserved.saturating_sub(allocated) <= keep as u64 {
                     return Ok(released);
                 }
-                locked.arena.remove_segment(base);
-                // SAFETY: the segment came from `allocate_raw` of the upstream with this size, is
-                // wholly free (no block of it is handed out), and every block's last use is
-                // ordered before `stream`'s next work (freed there, or settled: its event done).
-                if let Err(error) = unsafe { self.upstream.deallocate_raw(base, segment.size, &state.stream) } {
-                    locked.arena.add_segment(base, segment.size, segment.class);
+                locked.arena().remove_segment(base);
+                // SAFETY: the segment is wholly free (no block of it is handed out), and every
+                // block's last use is ordered before `stream`'s next work (freed there, or
+                // settled: its event done).
+                if let Err(error) = unsafe { self.release_segment(base, segment, &stream) } {
+                    locked.arena().add_segment(base, segment);
                     return Err(error);
                 }
                 crate::memory_event!(DEBUG, size = segment.size, ptr = %hex(base), "cache segment released");
                 released += segment.size;
                 reserved -= segment.size as u64;
             }
+            let Some((memory, _)) = &self.expandable else { continue };
+            for (base, free_from) in locked.arena().shrinkable() {
+                if reserved.saturating_sub(allocated) <= keep as u64 {
+                    return Ok(released);
+                }
+                let Some(before) = locked.arena().segment(base).map(|segment| segment.size) else { continue };
+                // SAFETY: the bytes from `free_from` on are the segment's free last block, whose
+                // last use is ordered before `stream`'s next work (as above).
+                let mapped = unsafe { memory.shrink(base, free_from, &stream) }?;
+                locked.arena().shrink_segment(base, mapped);
+                let unmapped = before.saturating_sub(mapped);
+                if unmapped > 0 {
+                    crate::memory_event!(DEBUG, size = unmapped, ptr = %hex(base), mapped, "cache segment shrunk");
+                }
+                released += unmapped;
+                reserved = reserved.saturating_sub(unmapped as u64);
+            }
         }
         Ok(released)
+    }
+
+    /// Gives a segment back upstream: an allocation, or an expandable range whole.
+    ///
+    /// # Safety
+    /// The segment is this resource's, removed from its arena, and nothing uses it after the
+    /// work enqueued on `stream` so far.
+    unsafe fn release_segment(&self, base: DevicePtr, segment: Segment, stream: &Stream) -> Result<()> {
+        match &self.expandable {
+            // SAFETY: forwarded from the caller; the range was reserved for this segment.
+            Some((memory, _)) if segment.is_expandable() => unsafe { memory.release(base, stream) },
+            // SAFETY: forwarded from the caller; the segment came from `allocate_raw` of the
+            // upstream with this size.
+            _ => unsafe { self.upstream.deallocate_raw(base, segment.size, stream) },
+        }
     }
 
     /// The segments and their blocks, now (`torch.cuda.memory_snapshot`).
@@ -261,10 +385,11 @@ impl CachingResource {
     pub fn snapshot(&self) -> Vec<SegmentSnapshot> {
         let mut segments = Vec::new();
         for state in self.states() {
-            let locked = state.lock();
-            for (address, segment) in locked.arena.segments() {
-                let blocks = locked
-                    .arena
+            let mut locked = state.lock();
+            let Some(stream) = locked.stream.clone() else { continue };
+            let arena = locked.arena();
+            for (address, segment) in arena.segments() {
+                let blocks = arena
                     .blocks_of(address)
                     .map(|(ptr, block)| BlockSnapshot {
                         address: ptr,
@@ -280,7 +405,8 @@ impl CachingResource {
                     address,
                     size: segment.size,
                     class: segment.class,
-                    stream: state.stream.clone(),
+                    expandable_reservation: segment.is_expandable().then_some(segment.reserved),
+                    stream: stream.clone(),
                     blocks,
                 });
             }
@@ -315,7 +441,8 @@ impl CachingResource {
     /// thread's [`RECENT`] state may still name).
     fn find_state(&self, stream: &Stream) -> Option<Arc<StreamState>> {
         let streams = self.streams.read().unwrap_or_else(PoisonError::into_inner);
-        streams.iter().find(|s| s.stream == *stream).cloned()
+        let key = stream.key();
+        streams.iter().find(|s| s.key == key).cloned()
     }
 
     /// `f` of the state of `stream`, if it has one. The common path (a thread on the stream it
@@ -325,24 +452,30 @@ impl CachingResource {
     /// no segment: it finds no block, and the caller goes on to [`state_for`](Self::state_for).
     #[inline]
     fn with_state<R>(&self, stream: &Stream, f: impl FnOnce(&Arc<StreamState>) -> R) -> Option<R> {
-        let recent = RECENT
-            .try_with(|recent| match &*recent.try_borrow().ok()? {
-                Some((id, state)) if *id == self.id => state.upgrade(),
-                _ => None,
+        let key = stream.key();
+        let mut f = Some(f);
+        let hit = RECENT
+            .try_with(|recent| {
+                let recent = recent.try_borrow().ok()?;
+                match &*recent {
+                    Some((id, state)) if *id == self.id && state.key == key && !state.seems_retired() => {
+                        f.take().map(|f| f(state))
+                    }
+                    _ => None,
+                }
             })
             .ok()
             .flatten();
-        if let Some(state) = recent
-            && state.stream == *stream
-        {
-            return Some(f(&state));
+        if hit.is_some() {
+            return hit;
         }
+        let f = f?;
         let state = self.find_state(stream)?;
         // The thread's most recent (resource, stream) from now on. Failing to note it (the
         // thread is ending, or the slot is in use) only makes the next call look again.
         let _ = RECENT.try_with(|recent| {
             if let Ok(mut recent) = recent.try_borrow_mut() {
-                *recent = Some((self.id, Arc::downgrade(&state)));
+                *recent = Some((self.id, Arc::clone(&state)));
             }
         });
         Some(f(&state))
@@ -351,14 +484,18 @@ impl CachingResource {
     /// A free block of `state`'s own, for its stream (settling what is pending first if none).
     fn take_own(&self, state: &StreamState, class: SizeClass, rounded: usize, requested: usize) -> Option<DevicePtr> {
         let mut locked = state.lock();
-        if let Some(ptr) = locked.arena.take(&self.options, class, rounded, requested, u64::MAX) {
+        // The common pair: the block this stream freed last, of this size.
+        if let Some(ptr) = locked.take_recent(&self.options, class, rounded, requested) {
             return Some(ptr);
         }
-        if !locked.arena.has_pending() {
+        if let Some(ptr) = locked.arena().take(&self.options, class, rounded, requested, u64::MAX) {
+            return Some(ptr);
+        }
+        if !locked.arena().has_pending() {
             return None;
         }
         locked.poll_pending();
-        locked.arena.take(&self.options, class, rounded, requested, u64::MAX)
+        locked.arena().take(&self.options, class, rounded, requested, u64::MAX)
     }
 
     /// The state of `stream`, made if it has none.
@@ -367,7 +504,7 @@ impl CachingResource {
             return state;
         }
         let mut streams = self.write_streams();
-        if let Some(state) = streams.iter().find(|s| s.stream == *stream) {
+        if let Some(state) = streams.iter().find(|s| s.key == stream.key()) {
             return Arc::clone(state);
         }
         let state = Arc::new(StreamState::new(stream.clone(), Arena::new(Arc::clone(&self.counters))));
@@ -389,83 +526,139 @@ impl CachingResource {
     fn take_from_others(
         &self,
         own: &Arc<StreamState>,
+        stream: &Stream,
         class: SizeClass,
         rounded: usize,
         requested: usize,
     ) -> Option<DevicePtr> {
         let taken = self.states().into_iter().filter(|state| !Arc::ptr_eq(state, own)).find_map(|state| {
-            let stream = state.stream.clone();
-            state.lock().take_for_other(&stream, &self.options, class, rounded, requested)
+            let mut locked = state.lock();
+            let theirs = locked.stream.clone()?;
+            locked.take_for_other(&theirs, &self.options, class, rounded, requested)
         })?;
         match taken {
             Taken::Block(ptr) => Some(ptr),
-            Taken::Segment(base, segment) => self.with_live_state(Arc::clone(own), |locked| {
+            Taken::Segment(base, segment) => self.with_live_state(Arc::clone(own), stream, |locked| {
                 // Wholly free and its last use done: this stream's from now on, its blocks'
                 // frees here same-stream ones. Taken at once, so no other stream can take it
                 // first; the take cannot fail (the segment's one block fits).
-                locked.arena.attach_segment(base, segment);
-                locked.arena.take(&self.options, class, rounded, requested, u64::MAX)
+                locked.arena().attach_segment(base, segment);
+                locked.arena().take(&self.options, class, rounded, requested, u64::MAX)
             }),
         }
     }
 
-    /// `f` of the locked state of `state`'s stream: `state`, or, when it was retired meanwhile
-    /// (the stream's state had no segment left at an
+    /// `f` of the locked state of `stream` (whose state `state` is): `state`, or, when it was
+    /// retired meanwhile (the stream's state had no segment left at an
     /// [`empty_cache`](CachingResource::empty_cache)), the stream's state now.
-    fn with_live_state<R>(&self, state: Arc<StreamState>, f: impl FnOnce(&mut Locked) -> R) -> R {
+    fn with_live_state<R>(&self, state: Arc<StreamState>, stream: &Stream, f: impl FnOnce(&mut Locked) -> R) -> R {
         let mut state = state;
         let mut locked = state.lock();
-        while locked.retired {
+        while locked.is_retired() {
             drop(locked);
-            state = self.state_for(&state.stream);
+            state = self.state_for(stream);
             locked = state.lock();
         }
         f(&mut locked)
     }
 
-    /// A new segment for `state`'s stream, and the block from it.
-    fn grow(&self, state: Arc<StreamState>, class: SizeClass, rounded: usize, requested: usize) -> Result<DevicePtr> {
+    /// A new segment for `state`'s stream, and the block from it; with expandable segments, the
+    /// stream's segment grown (or a new one).
+    fn grow(
+        &self,
+        state: Arc<StreamState>,
+        stream: &Stream,
+        class: SizeClass,
+        rounded: usize,
+        requested: usize,
+    ) -> Result<DevicePtr> {
+        if let Some((memory, reservation)) = &self.expandable {
+            let expand = || {
+                self.with_live_state(Arc::clone(&state), stream, |locked| {
+                    self.expand(locked, &**memory, *reservation, stream, class, rounded, requested)
+                })
+            };
+            return expand().or_else(|refused| self.retry(refused, requested, rounded, expand));
+        }
         let size = self.options.segment_size(rounded).ok_or_else(|| self.out_of_memory(requested, rounded, None))?;
-        let base = match self.upstream.allocate_raw(size, &state.stream) {
-            Ok(base) => base,
-            Err(refused) => self.retry(&state, size, requested, rounded, refused)?,
-        };
-        crate::memory_event!(DEBUG, size, ptr = %hex(base), stream = %hex(state.stream.handle()), "cache segment allocated");
-        let taken = self.with_live_state(state, |locked| {
-            locked.arena.add_segment(base, size, class);
-            locked.arena.take(&self.options, class, rounded, requested, u64::MAX)
+        let allocate = || self.upstream.allocate_raw(size, stream);
+        let base = allocate().or_else(|refused| self.retry(refused, requested, rounded, allocate))?;
+        crate::memory_event!(DEBUG, size, ptr = %hex(base), stream = %hex(stream.handle()), "cache segment allocated");
+        let taken = self.with_live_state(state, stream, |locked| {
+            locked.arena().add_segment(base, Segment::fixed(size, class));
+            locked.arena().take(&self.options, class, rounded, requested, u64::MAX)
         });
         taken.ok_or_else(|| self.out_of_memory(requested, rounded, None))
     }
 
-    /// After the upstream `refused` a segment: the wholly free segments go back, and it is
-    /// asked once more.
+    /// The block for `rounded` bytes from an expandable segment of the locked state's: one of
+    /// its segments grown at its end, or a new one reserved (of `reservation` bytes, or the
+    /// request's if larger) with what the request needs mapped.
+    #[allow(clippy::too_many_arguments)]
+    fn expand(
+        &self,
+        locked: &mut Locked,
+        memory: &dyn ExpandableMemory,
+        reservation: usize,
+        stream: &Stream,
+        class: SizeClass,
+        rounded: usize,
+        requested: usize,
+    ) -> Result<DevicePtr> {
+        let too_large = || self.out_of_memory(requested, rounded, None);
+        let step = self.options.expansion_step(class, memory.granularity()).ok_or_else(too_large)?;
+        if let Some((base, free_at_end)) = locked.arena().growable(class, rounded) {
+            let segment = locked.arena().segment(base).ok_or_else(too_large)?;
+            // What the request lacks, in steps, within what the reservation has left (a multiple
+            // of the granularity, as is the step, and at least what is lacking).
+            let lacking = rounded - free_at_end;
+            let added =
+                lacking.checked_next_multiple_of(step).ok_or_else(too_large)?.min(segment.reserved - segment.size);
+            let mapped = memory.grow(base, added)?;
+            debug_assert_eq!(mapped, segment.size + added);
+            locked.arena().expand_segment(base, added);
+            crate::memory_event!(DEBUG, size = added, ptr = %hex(base), mapped, stream = %hex(stream.handle()), "cache segment grown");
+        } else {
+            let first = rounded.checked_next_multiple_of(step).ok_or_else(too_large)?;
+            let reserved = reservation.max(first);
+            let base = memory.reserve(reserved)?;
+            if let Err(refused) = memory.grow(base, first) {
+                // SAFETY: reserved just above, nothing mapped in it, handed to no one.
+                let released = unsafe { memory.release(base, stream) };
+                crate::drop_errors::on_drop("CachingResource (an expandable range left reserved)", || released);
+                return Err(refused);
+            }
+            locked.arena().add_segment(base, Segment { size: first, class, reserved });
+            crate::memory_event!(DEBUG, size = first, ptr = %hex(base), reserved, stream = %hex(stream.handle()), "cache segment allocated");
+        }
+        locked.arena().take(&self.options, class, rounded, requested, u64::MAX).ok_or_else(too_large)
+    }
+
+    /// After the upstream `refused` memory for a request: the wholly free segments go back (and
+    /// expandable segments' free ends are unmapped), and `again` asks once more.
     #[cold]
     fn retry(
         &self,
-        state: &StreamState,
-        size: usize,
+        refused: Error,
         requested: usize,
         rounded: usize,
-        refused: Error,
+        again: impl FnOnce() -> Result<DevicePtr>,
     ) -> Result<DevicePtr> {
+        if !is_out_of_memory(&refused) {
+            return Err(refused);
+        }
         let released = self.trim(0).unwrap_or(0);
         if released == 0 {
             return Err(self.failed(requested, rounded, refused));
         }
         self.counters.retries.fetch_add(1, Ordering::Relaxed);
-        self.upstream.allocate_raw(size, &state.stream).map_err(|refused| self.failed(requested, rounded, refused))
+        again().map_err(|refused| self.failed(requested, rounded, refused))
     }
 
     /// The error of an allocation the upstream refused: out of memory when it ran out (or a
     /// limit did), its own otherwise.
     fn failed(&self, requested: usize, rounded: usize, refused: Error) -> Error {
-        match refused {
-            Error::OutOfMemory(_) | Error::LimitExceeded { .. } | Error::Caching(CachingError::OutOfMemory(_)) => {
-                self.out_of_memory(requested, rounded, Some(refused))
-            }
-            other => other,
-        }
+        if is_out_of_memory(&refused) { self.out_of_memory(requested, rounded, Some(refused)) } else { refused }
     }
 
     #[cold]
@@ -473,7 +666,7 @@ impl CachingResource {
         self.counters.out_of_memory.fetch_add(1, Ordering::Relaxed);
         let all = self.statistics().all;
         let largest_free_block =
-            self.states().iter().map(|state| state.lock().arena.largest_free()).max().unwrap_or(0) as u64;
+            self.states().iter().map(|state| state.lock().arena().largest_free()).max().unwrap_or(0) as u64;
         let (allocated, reserved) = (all.allocated_bytes.current, all.reserved_bytes.current);
         Error::Caching(CachingError::OutOfMemory(Box::new(CachingOutOfMemory {
             requested,
@@ -506,8 +699,8 @@ impl CachingResource {
         }
         for state in self.states() {
             let mut locked = state.lock();
-            if locked.arena.allocated_size(ptr).is_some() {
-                let freed = locked.arena.free_pending(ptr, LastUse::on(stream));
+            if locked.arena().allocated_size(ptr).is_some() {
+                let freed = locked.arena().free_pending(ptr, LastUse::on(stream));
                 debug_assert!(freed.is_ok());
                 return Ok(());
             }
@@ -516,10 +709,21 @@ impl CachingResource {
     }
 }
 
+/// Whether the upstream refused for want of memory: the driver ran out (a pool's refusal, or
+/// any driver call's, a mapping's say), a limit did, or a cache below this one did.
+fn is_out_of_memory(refused: &Error) -> bool {
+    matches!(
+        refused,
+        Error::OutOfMemory(_) | Error::LimitExceeded { .. } | Error::Caching(CachingError::OutOfMemory(_))
+    ) || refused.cuda_code() == Some(crate::sys::types::CUresult::CUDA_ERROR_OUT_OF_MEMORY)
+}
+
 thread_local! {
-    /// The state this thread used last, and of which resource: weak, so that it keeps neither
-    /// the state's stream nor its segments alive.
-    static RECENT: RefCell<Option<(u64, Weak<StreamState>)>> = const { RefCell::new(None) };
+    /// The state this thread used last, and of which resource: held, so that the common path
+    /// writes no reference count. A state lets go of its stream when it is retired or its
+    /// resource dropped, and its segments are the resource's to release, so all a thread that
+    /// moved on keeps is an empty state.
+    static RECENT: RefCell<Option<(u64, Arc<StreamState>)>> = const { RefCell::new(None) };
 }
 
 // SAFETY: every block lies in one segment that the upstream allocated and that stays allocated
@@ -536,7 +740,7 @@ unsafe impl MemoryResource for CachingResource {
         let Some(rounded) = self.options.round(size) else {
             return Err(self.out_of_memory(size, usize::MAX, None));
         };
-        let class = self.options.size_class(rounded);
+        let class = self.size_class(rounded);
         if let Some(Some(ptr)) = self.with_state(stream, |state| self.take_own(state, class, rounded, size)) {
             return Ok(ptr);
         }
@@ -545,15 +749,15 @@ unsafe impl MemoryResource for CachingResource {
             return Ok(ptr);
         }
         if self.options.is_cross_stream_reuse()
-            && let Some(ptr) = self.take_from_others(&state, class, rounded, size)
+            && let Some(ptr) = self.take_from_others(&state, stream, class, rounded, size)
         {
             return Ok(ptr);
         }
-        self.grow(state, class, rounded, size)
+        self.grow(state, stream, class, rounded, size)
     }
 
     unsafe fn deallocate_raw(&self, ptr: DevicePtr, size: usize, stream: &Stream) -> Result<()> {
-        if self.with_state(stream, |state| state.lock().arena.free_here(ptr)) == Some(true) {
+        if self.with_state(stream, |state| state.lock().free_recent(ptr)) == Some(true) {
             return Ok(());
         }
         self.free_elsewhere(ptr, size, stream)
@@ -575,29 +779,32 @@ impl Drop for CachingResource {
         for state in self.states() {
             let mut locked = state.lock();
             locked.poll_pending();
-            let segments: Vec<_> = locked.arena.segments().collect();
+            // Let go of with the resource: a thread that still names the state keeps no stream.
+            let Some(stream) = locked.stream.take() else { continue };
+            let segments: Vec<_> = locked.arena().segments().collect();
             for (base, segment) in segments {
-                if locked.arena.blocks_of(base).any(|(_, block)| matches!(block.state, BlockState::Allocated { .. })) {
+                if locked.arena().blocks_of(base).any(|(_, block)| matches!(block.state, BlockState::Allocated { .. }))
+                {
                     // Still handed out (its owner gave up ownership and never freed it): left
                     // to it.
                     continue;
                 }
                 let released = (|| {
-                    let free_on = release_stream(&state.stream)?;
-                    for last_use in locked.arena.pending_in(base) {
+                    let free_on = release_stream(&stream)?;
+                    for last_use in locked.arena().pending_in(base) {
                         last_use.order_before(&free_on)?;
                     }
-                    // SAFETY: the segment came from the upstream with this size and no block
-                    // of it is handed out; `free_on` follows every block's last use (its own
-                    // frees, and the events of the others').
-                    unsafe { self.upstream.deallocate_raw(base, segment.size, &free_on) }
+                    // SAFETY: the segment is this resource's and no block of it is handed out;
+                    // `free_on` follows every block's last use (its own frees, and the events
+                    // of the others').
+                    unsafe { self.release_segment(base, segment, &free_on) }
                 })();
                 let failed = released.is_err();
                 on_drop("CachingResource (a cached segment; left allocated)", || released);
                 if !failed {
                     crate::memory_event!(DEBUG, size = segment.size, ptr = %hex(base), "cache segment released");
                 }
-                locked.arena.remove_segment(base);
+                locked.arena().remove_segment(base);
             }
         }
     }

@@ -15,6 +15,9 @@ pub struct SegmentSnapshot {
     pub size: usize,
     /// The pool it serves.
     pub class: SizeClass,
+    /// For an expandable segment, the addresses reserved for it, which it grows into (`size`
+    /// is then what is mapped of them); `None` for a segment of fixed size.
+    pub expandable_reservation: Option<usize>,
     /// The stream whose bins its free blocks are in: the one it was allocated for, or one that
     /// took it over wholly free.
     pub stream: Stream,

@@ -152,17 +152,23 @@ struct ClassCounters([Counter; FIELDS]);
 
 impl ClassCounters {
     fn read(&self) -> PoolStatistics {
-        let f = |field: Field| self.0[field as usize].read();
+        PoolStatistics::from_fields(|field| self.0[field as usize].read())
+    }
+}
+
+impl PoolStatistics {
+    /// Every figure, each read by `read`.
+    fn from_fields(read: impl Fn(Field) -> Stat) -> PoolStatistics {
         PoolStatistics {
-            allocated_bytes: f(Field::AllocatedBytes),
-            requested_bytes: f(Field::RequestedBytes),
-            reserved_bytes: f(Field::ReservedBytes),
-            active_bytes: f(Field::ActiveBytes),
-            inactive_split_bytes: f(Field::InactiveSplitBytes),
-            allocations: f(Field::Allocations),
-            segments: f(Field::Segments),
-            active_blocks: f(Field::ActiveBlocks),
-            inactive_split_blocks: f(Field::InactiveSplitBlocks),
+            allocated_bytes: read(Field::AllocatedBytes),
+            requested_bytes: read(Field::RequestedBytes),
+            reserved_bytes: read(Field::ReservedBytes),
+            active_bytes: read(Field::ActiveBytes),
+            inactive_split_bytes: read(Field::InactiveSplitBytes),
+            allocations: read(Field::Allocations),
+            segments: read(Field::Segments),
+            active_blocks: read(Field::ActiveBlocks),
+            inactive_split_blocks: read(Field::InactiveSplitBlocks),
         }
     }
 }
@@ -192,6 +198,43 @@ impl LocalCounters {
     pub(super) fn reset_peaks(&mut self) {
         for (current, peak) in self.classes.iter_mut().flatten() {
             *peak = *current;
+        }
+    }
+
+    /// Every figure of this stream's, its segments' included.
+    pub(super) fn read(&self) -> StreamStatistics {
+        let pool = |set: &[(u64, u64); FIELDS]| {
+            PoolStatistics::from_fields(|field| {
+                let (current, peak) = set[field as usize];
+                Stat { current, peak }
+            })
+        };
+        let [small, large, all] = &self.classes;
+        StreamStatistics { small: pool(small), large: pool(large), all: pool(all) }
+    }
+}
+
+/// One stream's share of a [`CachingResource`](super::CachingResource)
+/// ([`CachingResource::stream_statistics`](super::CachingResource::stream_statistics)): the
+/// blocks allocated on it and the segments whose free blocks are in its bins (the ones first
+/// allocated for it, or taken over), each figure exact, peaks included.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct StreamStatistics {
+    /// Small blocks and their segments.
+    pub small: PoolStatistics,
+    /// Large blocks and their segments.
+    pub large: PoolStatistics,
+    /// Both.
+    pub all: PoolStatistics,
+}
+
+impl StreamStatistics {
+    /// The figures of one size class.
+    pub fn pool(&self, class: SizeClass) -> &PoolStatistics {
+        match class {
+            SizeClass::Small => &self.small,
+            SizeClass::Large => &self.large,
         }
     }
 }

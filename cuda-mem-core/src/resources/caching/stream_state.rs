@@ -2,6 +2,7 @@
 //! segments first allocated for it, their blocks and free bins ([`Arena`]), behind a lock of its
 //! own — and the events that order one stream's reuse after another's use.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use super::options::{CachingOptions, SizeClass};
@@ -9,7 +10,7 @@ use super::segments::{Arena, Segment};
 use crate::device::DevicePtr;
 use crate::error::{Error, Result};
 use crate::event::Event;
-use crate::stream::{CaptureState, Stream};
+use crate::stream::{CaptureState, Stream, StreamKey};
 
 /// Whether an event may be recorded on `stream` from here, now: it is not capturing (a
 /// recording would go into the graph and say nothing of the stream's work) and the calling
@@ -86,40 +87,102 @@ pub(super) enum Taken {
 /// A state's lock's contents.
 #[derive(Debug)]
 pub(super) struct Locked {
-    pub(super) arena: Arena<LastUse>,
+    /// Reached through [`arena`](Locked::arena), which merges the recent frees first, or the
+    /// fast pair ([`take_recent`](Locked::take_recent), [`free_recent`](Locked::free_recent)).
+    arena: Arena<LastUse>,
     fence: Option<Fence>,
+    /// The stream, held while the state orders work on it (until its segments are released);
+    /// `None` once the state is retired or its resource dropped, so that a thread that still
+    /// names the state keeps no stream alive.
+    pub(super) stream: Option<Stream>,
     /// Forgotten by the resource (it had no segment left): a segment acquired for its stream
     /// goes to the stream's new state instead.
-    pub(super) retired: bool,
+    retired: bool,
 }
 
 /// One stream's caching state.
 #[derive(Debug)]
 pub(super) struct StreamState {
-    /// The stream (held: the state orders work on it until its segments are released).
-    pub(super) stream: Stream,
+    /// Which stream it is for (compared on the hot path without the lock).
+    pub(super) key: StreamKey,
+    /// Set with [`Locked::retire`]: a thread that still names the state looks for the
+    /// stream's state again.
+    retired: AtomicBool,
     locked: Mutex<Locked>,
 }
 
 impl StreamState {
     pub(super) fn new(stream: Stream, arena: Arena<LastUse>) -> StreamState {
-        StreamState { stream, locked: Mutex::new(Locked { arena, fence: None, retired: false }) }
+        let key = stream.key();
+        let locked = Locked { arena, fence: None, stream: Some(stream), retired: false };
+        StreamState { key, retired: AtomicBool::new(false), locked: Mutex::new(locked) }
     }
 
     pub(super) fn lock(&self) -> MutexGuard<'_, Locked> {
         self.locked.lock().unwrap_or_else(PoisonError::into_inner)
     }
+
+    /// Whether the state was retired (a hint: read without the lock; [`Locked::is_retired`]
+    /// under it is the answer).
+    #[inline]
+    pub(super) fn seems_retired(&self) -> bool {
+        self.retired.load(Ordering::Relaxed)
+    }
+
+    /// Retires the locked state (`locked` is this state's) when its arena is empty, letting go
+    /// of its stream: whether it was.
+    pub(super) fn retire_if_empty(&self, locked: &mut Locked) -> bool {
+        if !locked.arena().is_empty() {
+            return false;
+        }
+        locked.retired = true;
+        locked.stream = None;
+        self.retired.store(true, Ordering::Relaxed);
+        true
+    }
 }
 
 impl Locked {
+    /// Whether the state was retired: a segment for its stream goes to the stream's new state.
+    pub(super) fn is_retired(&self) -> bool {
+        self.retired
+    }
+
+    /// The arena, its recent frees merged (what every use but the fast pair needs).
+    #[inline]
+    pub(super) fn arena(&mut self) -> &mut Arena<LastUse> {
+        if !self.arena.is_flushed() {
+            self.arena.flush_recent();
+        }
+        &mut self.arena
+    }
+
+    /// [`Arena::take_recent`]: a block this stream freed last, without touching the bins.
+    #[inline]
+    pub(super) fn take_recent(
+        &mut self,
+        options: &CachingOptions,
+        class: SizeClass,
+        rounded: usize,
+        requested: usize,
+    ) -> Option<DevicePtr> {
+        self.arena.take_recent(options, class, rounded, requested)
+    }
+
+    /// [`Arena::free_recent`]: a free on this stream, merged later.
+    #[inline]
+    pub(super) fn free_recent(&mut self, ptr: DevicePtr) -> bool {
+        self.arena.free_recent(ptr)
+    }
+
     /// Settles the pending blocks whose last use is done.
     pub(super) fn poll_pending(&mut self) {
-        if !self.arena.has_pending() {
+        if !self.arena().has_pending() {
             return;
         }
-        let done: Vec<DevicePtr> = self.arena.pending_where(LastUse::is_done);
+        let done: Vec<DevicePtr> = self.arena().pending_where(LastUse::is_done);
         for ptr in done {
-            self.arena.settle(ptr);
+            self.arena().settle(ptr);
         }
     }
 
@@ -138,7 +201,7 @@ impl Locked {
         requested: usize,
     ) -> Option<Taken> {
         self.poll_pending();
-        if !self.arena.has_fit(class, rounded) {
+        if !self.arena().has_fit(class, rounded) {
             return None;
         }
         let covered = match &self.fence {
@@ -146,23 +209,23 @@ impl Locked {
             Some(_) => 0,
             None => 0,
         };
-        if let Some((base, segment)) = self.arena.detach_free_segment(class, rounded, covered) {
+        if let Some((base, segment)) = self.arena().detach_free_segment(class, rounded, covered) {
             return Some(Taken::Segment(base, segment));
         }
-        if let Some(ptr) = self.arena.take(options, class, rounded, requested, covered) {
+        if let Some(ptr) = self.arena().take(options, class, rounded, requested, covered) {
             return Some(Taken::Block(ptr));
         }
         // A fence still under way covers no more once complete than one recorded now; one
         // complete may be renewed to cover the later frees.
-        let renew =
-            self.fence.as_ref().is_none_or(|fence| fence.covers < self.arena.epoch() && covered == fence.covers);
+        let epoch = self.arena().epoch();
+        let renew = self.fence.as_ref().is_none_or(|fence| fence.covers < epoch && covered == fence.covers);
         if !renew || !quiet(own) {
             return None;
         }
         // Recorded for a later request to find complete: asked at once, it would be complete or
         // not by a race with the stream, and which memory a request gets would vary run to run.
         if let Ok(event) = own.record_event() {
-            self.fence = Some(Fence { event, covers: self.arena.epoch() });
+            self.fence = Some(Fence { event, covers: epoch });
         }
         None
     }

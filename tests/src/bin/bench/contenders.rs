@@ -12,6 +12,8 @@ use cuda_mem_core::{
     CachingOptions, CachingResource, Device, DeviceMemoryResource, DeviceMemoryResourceOptions, MemoryResource,
 };
 
+use cuda_mem_vmm::{VirtualMemoryResource, VirtualMemoryResourceOptions};
+
 use crate::Error;
 
 /// How many bytes a resource holds from the driver now (for a pool, its reserved bytes).
@@ -37,12 +39,19 @@ pub(crate) struct Contender {
 
 /// The resources compared: the driver pool alone, with its default release threshold (0:
 /// everything free is released at each synchronization) and with the threshold at `u64::MAX`
-/// (nothing is released), and the caching resource over a driver pool.
+/// (nothing is released), the caching resource over a driver pool, and the caching resource
+/// with expandable segments over a virtual memory resource (one segment per stream, and one
+/// per stream and size class).
 pub(crate) fn contenders() -> Vec<Contender> {
     vec![
         Contender { name: "driver pool (release threshold 0)", make: |device| driver_pool(device, 0) },
         Contender { name: "driver pool (release threshold max)", make: |device| driver_pool(device, u64::MAX) },
         Contender { name: "caching over the driver pool", make: caching },
+        Contender { name: "caching with expandable segments (VMM)", make: |device| caching_expandable(device, false) },
+        Contender {
+            name: "caching with expandable segments and a small pool (VMM)",
+            make: |device| caching_expandable(device, true),
+        },
     ]
 }
 
@@ -58,11 +67,24 @@ pub(crate) fn driver_pool(device: Device, threshold: u64) -> Result<Subject, Err
 /// not the pool's allocations, so it names no pool of its own.
 pub(crate) fn caching(device: Device) -> Result<Subject, Error> {
     let cache = CachingResource::new(pool_with_threshold(device, 0)?, CachingOptions::default())?;
-    let reserved: ReservedProbe = {
-        let cache = Arc::clone(&cache);
-        Box::new(move || Ok(cache.statistics().all.reserved_bytes.current))
-    };
-    Ok(Subject { reserved, resource: cache })
+    Ok(Subject { reserved: cache_reserved(&cache), resource: cache })
+}
+
+/// A [`CachingResource`] with expandable segments over a virtual memory resource (PyTorch's
+/// `expandable_segments`), its reserved bytes (what is mapped of its segments) as the probe.
+/// By default one expandable segment per stream serves every size; with `small_pool`, small
+/// requests get segments of their own, as PyTorch's do.
+pub(crate) fn caching_expandable(device: Device, small_pool: bool) -> Result<Subject, Error> {
+    let vmm = VirtualMemoryResource::new(device, VirtualMemoryResourceOptions::default())?;
+    let options = CachingOptions::default().expandable_small_pool(small_pool);
+    let cache = CachingResource::with_expandable_segments(vmm, options)?;
+    Ok(Subject { reserved: cache_reserved(&cache), resource: cache })
+}
+
+/// A caching resource's reserved bytes, as a probe.
+fn cache_reserved(cache: &Arc<CachingResource>) -> ReservedProbe {
+    let cache = Arc::clone(cache);
+    Box::new(move || Ok(cache.statistics().all.reserved_bytes.current))
 }
 
 /// A new device pool on `device` with release threshold `threshold`.
