@@ -228,7 +228,6 @@ fn advice_refuses_what_cuda_h_does() {
         cu_call!(driver(), cuMemFreeHost(pinned)).unwrap();
     }
     free(p);
-    assert_eq!(advise(p, 16, Advice::CU_MEM_ADVISE_SET_READ_MOSTLY, host()), INVALID, "freed");
 
     // Without a current context.
     let q = managed(16) as usize;
@@ -240,6 +239,18 @@ fn advice_refuses_what_cuda_h_does() {
     });
     assert_eq!(without_context, (CUresult::CUDA_ERROR_INVALID_CONTEXT, Err(CUresult::CUDA_ERROR_INVALID_CONTEXT)));
     free(q as u64);
+}
+
+/// In a process of its own: another test's thread could allocate at the freed address
+/// between the free and the advice.
+#[test]
+fn advice_on_freed_memory_is_refused() {
+    in_child!(&[], || {
+        use_device(0);
+        let p = managed(100);
+        free(p);
+        assert_eq!(advise(p, 16, Advice::CU_MEM_ADVISE_SET_READ_MOSTLY, host()), INVALID, "freed");
+    });
 }
 
 #[test]
