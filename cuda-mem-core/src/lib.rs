@@ -115,6 +115,7 @@
 //! | `event` | [`Event`], [`EventOptions`], [`IpcEventHandle`] |
 //! | `stream` | [`Stream`], [`StreamOptions`]; `capture.rs`: [`CaptureMode`], [`CaptureState`] and what a capture keeps alive; `ordering.rs`: streams waiting for each other's events |
 //! | `trace` | the events of the `tracing` feature (a macro that is empty without it) |
+//! | [`history`] (public) | the memory history: [`history::start_recording`], [`history::MemoryEvent`], a bounded ring of what resources did, off by default |
 //!
 //! The high modules build memory on them: pools, resources, buffers and what works on buffers.
 //!
@@ -127,7 +128,7 @@
 //! | `managed` | managed memory's operations: [`ScopedBuffer::managed`] gives a checked [`ManagedBuffer`] (advice, preferred location, accessed-by, prefetch, last prefetch location; [`ManagedBufferMut`] discards), the batches [`prefetch_batch`], [`discard_batch`], [`discard_prefetch_batch`] |
 //! | `copy` | copies with options and batches of copies: [`CopyOptions`], [`SourceAccessOrder`], [`OverlapMode`], [`copy_batch`], [`copy_batch_within`], [`BatchCopy`], [`BatchOptions`] |
 //! | `graph` | stream capture into graphs: [`Capture`], [`Graph`], [`GraphExec`], [`InstantiateOptions`] |
-//! | `resources` | every resource, a file each: [`DeviceMemoryResource`], [`PinnedMemoryResource`] (on a [`NumaNode`]), [`ManagedMemoryResource`] (preferring a [`Location`]) and their options; [`SynchronousMemoryResource`], [`LegacyPinnedMemoryResource`] (no pools); [`GraphMemoryResource`] ([`GraphMemoryAttributes`], [`HighWaterMark`]); `adaptors/`: [`StatisticsAdaptor`] ([`AllocationStatistics`]), [`LimitingAdaptor`], [`TrackingAdaptor`] ([`LeakReport`], [`LiveAllocation`]); `caching/`: [`CachingResource`] ([`CachingOptions`], [`SizeClass`], [`CachingStatistics`], [`SegmentSnapshot`]) |
+//! | `resources` | every resource, a file each: [`DeviceMemoryResource`], [`PinnedMemoryResource`] (on a [`NumaNode`]), [`ManagedMemoryResource`] (preferring a [`Location`]) and their options; [`SynchronousMemoryResource`], [`LegacyPinnedMemoryResource`] (no pools); [`GraphMemoryResource`] ([`GraphMemoryAttributes`], [`HighWaterMark`]); `adaptors/`: [`StatisticsAdaptor`] ([`AllocationStatistics`]), [`LimitingAdaptor`], [`TrackingAdaptor`] ([`LeakReport`], [`LiveAllocation`]); `caching/`: [`CachingResource`] ([`CachingOptions`], [`SizeClass`], [`CachingStatistics`], [`StreamStatistics`], [`SegmentSnapshot`]); `expandable.rs`: [`ExpandableMemory`] |
 //! | `dlpack` | feature `dlpack`: a file per concern: export, import, the stream exchange, element types, layouts |
 //! | `cudarc_interop` | feature `cudarc`: cudarc's streams, views and allocations with this crate's |
 //! | [`prelude`] (public) | the traits and the common types, for one glob import |
@@ -172,12 +173,14 @@ mod event;
 mod ffi;
 mod graph;
 mod handle_types;
+pub mod history;
 mod location;
 mod managed;
 mod memory_resource;
 mod pool;
 pub mod prelude;
 mod resources;
+pub mod snapshot;
 mod stream;
 mod trace;
 mod view;

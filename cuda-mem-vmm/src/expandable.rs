@@ -50,6 +50,18 @@ impl Drop for Expandable {
 pub(crate) struct ExpandableRanges(Mutex<HashMap<DevicePtr, Arc<Mutex<Expandable>>>>);
 
 impl ExpandableRanges {
+    /// Each range's base, the bytes mapped in it and the bytes reserved.
+    pub(crate) fn views(&self) -> Vec<(DevicePtr, usize, usize)> {
+        let ranges: Vec<_> = self.0.lock().unwrap_or_else(PoisonError::into_inner).values().cloned().collect();
+        ranges
+            .iter()
+            .map(|range| {
+                let range = range.lock().unwrap_or_else(PoisonError::into_inner);
+                (range.reservation.ptr, range.mapped(), range.reservation.size)
+            })
+            .collect()
+    }
+
     fn get(&self, base: DevicePtr) -> Result<Arc<Mutex<Expandable>>, VmmError> {
         let ranges = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         ranges.get(&base).cloned().ok_or(VmmError::ForeignPointer { ptr: base, size: 0 })

@@ -71,6 +71,7 @@
 //! | `pieces` | the owned driver objects (chunk, reservation, mapping, range) and the calls that make and unmake them |
 //! | `expandable` | the resource as [`ExpandableMemory`](cuda_mem_core::ExpandableMemory): ranges a caching resource's expandable segments grow in |
 //! | `release` | letting go of ranges after their stream's work, deferred while it captures ([`release_deferred`]) |
+//! | `snapshot` | the resource in memory snapshots (`cuda_mem_core::snapshot`): its buffers' ranges and expandable ranges as segments |
 //! | `share` | export, the descriptor in memory ([`VirtualBufferDescriptor`], [`ChunkHandle`], [`MAX_CHUNKS`]), import |
 //! | `error` | [`VmmError`], [`Result`], [`InvalidOptions`], [`DeviceFeature`], [`DescriptorError`], [`DeferCause`] |
 //!
@@ -89,6 +90,7 @@ mod pieces;
 mod release;
 mod resource;
 mod share;
+mod snapshot;
 
 pub use buffer::{CloseError, VirtualBuffer};
 pub use error::{DeferCause, DescriptorError, DeviceFeature, InvalidOptions, Result, VmmError};

@@ -107,3 +107,13 @@ unsafe impl MemoryResource for VirtualMemoryResource {
         self.options().allocation_type == AllocationType::Managed
     }
 }
+
+impl LiveRanges {
+    /// Each live buffer's pointer and size, and the bytes its range maps.
+    pub(crate) fn views(&self) -> Vec<(DevicePtr, usize, usize)> {
+        let live = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        live.iter()
+            .flat_map(|(&(ptr, size), ranges)| ranges.iter().map(move |range| (ptr, size, range.mapped_size())))
+            .collect()
+    }
+}

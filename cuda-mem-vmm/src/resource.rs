@@ -166,7 +166,9 @@ impl VirtualMemoryResource {
             handle_type = ?resource.options.handle_type,
             "virtual memory resource created"
         );
-        Ok(Arc::new(resource))
+        let resource = Arc::new(resource);
+        crate::snapshot::register(&resource);
+        Ok(resource)
     }
 
     fn prop(&self) -> CUmemAllocationProp {

@@ -330,3 +330,30 @@ fn the_expandable_cache_matches_a_model_of_any_sequence() {
         }
     });
 }
+
+/// A memory snapshot shows the cache's blocks and, below it, the virtual memory resource's
+/// expandable range (what it maps of what it reserved) and its plain buffers.
+#[test]
+fn a_snapshot_shows_the_cache_over_the_virtual_memory_resource() {
+    use cuda_mem_core::MemoryResourceExt;
+    use cuda_mem_core::history::ResourceId;
+    use cuda_mem_core::snapshot::{ResourceKind, take_snapshot};
+    let device = common::device(0);
+    let stream = common::stream(device);
+    let vmm = VirtualMemoryResource::new(device, Default::default()).unwrap();
+    let options = CachingOptions::default().expandable_reservation(64 * MIB);
+    let cache = CachingResource::with_expandable_segments(vmm.clone(), options).unwrap();
+    let block = cache.allocate(3 * MIB, &stream).unwrap();
+    let plain = MemoryResourceExt::allocate(&vmm, MIB, &stream).unwrap();
+    let snapshot = take_snapshot();
+    let cached = snapshot.resource(ResourceId::of(&*cache)).expect("the cache");
+    assert_eq!(cached.upstream, Some(ResourceId::of(&*vmm).0));
+    assert_eq!(cached.segments[0].reserved, Some(64 * MIB as u64));
+    let virtual_memory = snapshot.resource(ResourceId::of(&*vmm)).expect("the virtual memory resource");
+    assert_eq!(virtual_memory.kind, ResourceKind::VirtualMemory);
+    let reserved: Vec<_> = virtual_memory.segments.iter().map(|s| (s.address, s.size, s.reserved)).collect();
+    assert!(reserved.contains(&(cached.segments[0].address, 4 * MIB as u64, Some(64 * MIB as u64))), "{reserved:x?}");
+    assert!(reserved.contains(&(plain.ptr(), G as u64, None)), "{reserved:x?}");
+    assert_eq!(virtual_memory.used_bytes, (4 * MIB + MIB) as u64);
+    drop((block, plain));
+}

@@ -7,6 +7,8 @@
 //!   answers; on the simulator otherwise), writing `target/probe/probe.json`.
 //! - `cargo xtask bench`: build the simulator and run the benchmarks (release), writing
 //!   `target/bench/`.
+//! - `cargo xtask snapshot-view SNAPSHOT.json [PAGE.html]`: a memory snapshot as the viewer's
+//!   page.
 //! - `cargo xtask ci`: the whole CI: fmt, shellcheck, clippy, build, tests, docs, other targets,
 //!   binding check, cargo-deny, the published crates' dry run, the MSRV and the lowest versions
 //!   the manifests allow (the steps are listed in [`ci`]).
@@ -52,6 +54,7 @@ fn main() -> ExitCode {
         Some("platforms") if rest.is_empty() => platforms::run(&workspace),
         Some("demo") => demo::run(&workspace, "demo", rest),
         Some("probe") => demo::run(&workspace, "probe", rest),
+        Some("snapshot-view") if !rest.is_empty() => snapshot_view(&workspace, rest),
         Some("gpu-test") => gpu_test::run(&workspace, rest),
         Some("sanitize") => sanitize::run(&workspace, rest),
         // Inside a GPU bundle, run by its `run.sh`: BUNDLE RESULTS.
@@ -80,6 +83,7 @@ fn usage() -> String {
        bench [--compare]     build the simulator, then run the benchmarks in release (results in target/bench/);\n                             --compare also runs cuda.core's equivalents on the same driver\n                             (and case 1 of both on a nearly free stand-in driver)\n  \
        demo [ARGS...]        build the simulator, then run the demo (real GPU if found, else the simulator)\n  \
        probe [NAMES...]      build the simulator, then ask the driver the open questions (same choice of\n                             driver; report in target/probe/probe.json)\n  \
+       snapshot-view SNAPSHOT.json [PAGE.html]\n                             a memory snapshot (MemorySnapshot::write_json) as the viewer's page and SVG\n  \
        ci                    fmt, shellcheck, clippy, build, test, doc, other targets, the bindings check, cargo\n                             deny, publish --dry-run, MSRV and minimal versions, stopping at the first failure\n  \
        platforms             check the README's Platforms table on Windows, macOS and aarch64 Linux (cargo check;\n                             targets not installed are skipped: `rustup target add` them)\n  \
        gpu-test [--out DIR]  build the GPU test bundle (default: gpu-bundle/); run it with `bash DIR/run.sh`\n  \
@@ -90,6 +94,13 @@ fn usage() -> String {
      Needs the nightly toolchain (Miri: components miri and rust-src; TSan: rust-src);\n                             \
      --install gets what is missing with rustup. Not part of ci."
         .to_string()
+}
+
+/// `cargo xtask snapshot-view SNAPSHOT.json [PAGE.html]`: runs the integration package's
+/// `snapshot-view` binary, which writes the viewer's page (and the timeline's SVG) for a snapshot.
+fn snapshot_view(workspace: &Path, args: &[String]) -> Result<(), String> {
+    run_command(cargo(workspace).args(["run", "-q", "-p", INTEGRATION, "--bin", "snapshot-view", "--"]).args(args))
+        .map_err(|e| format!("snapshot-view failed: {e}"))
 }
 
 /// The package (in `tests/`) that holds the cross-crate and multi-process integration tests, the

@@ -11,6 +11,7 @@ use bytemuck::Pod;
 use super::{Buffer, FillPattern, Owner, ScopedBuffer, StreamRef};
 use crate::device::DevicePtr;
 use crate::error::{Result, ViewError};
+use crate::history::{self, MemoryEventKind, ResourceId};
 use crate::memory_resource::MemoryResource;
 use crate::stream::Stream;
 
@@ -50,7 +51,9 @@ fn allocate_raw_or_empty<R: MemoryResource + ?Sized>(resource: &R, size: usize, 
         resource.note_empty_allocation();
         Ok(0)
     } else {
-        resource.allocate_raw(size, stream)
+        let ptr = resource.allocate_raw(size, stream)?;
+        history::record(MemoryEventKind::Allocate, ptr, size, Some(stream), ResourceId::of(resource));
+        Ok(ptr)
     }
 }
 

@@ -619,6 +619,8 @@ impl<'a> ScopedBuffer<'a> {
             }
             return Ok(());
         }
+        // Taken now: the history names the resource by it after the borrow ends.
+        let resource_id = crate::history::ResourceId::of(resource);
         let Some(stream) = &self.stream else {
             return Ok(());
         };
@@ -638,6 +640,13 @@ impl<'a> ScopedBuffer<'a> {
         } else {
             release_after_uses(resource, stream, self.ptr, self.size, used_on)?;
         }
+        crate::history::record(
+            crate::history::MemoryEventKind::FreeRequested,
+            self.ptr,
+            self.size,
+            Some(stream),
+            resource_id,
+        );
         self.size = 0;
         Ok(())
     }

@@ -146,6 +146,8 @@ impl MemoryPool {
     pub(super) fn allocation_failed(&self, source: CudaError, requested: usize) -> Error {
         let mut error = Error::allocation(source, requested);
         if let Error::OutOfMemory(refused) = &mut error {
+            let pool = crate::history::ResourceId(self.handle() as usize as u64);
+            crate::history::record(crate::history::MemoryEventKind::OutOfMemory, 0, requested, None, pool);
             refused.pool = Some(PoolHoldings {
                 max_size: self.max_size,
                 reserved: self.get(CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT).ok(),

@@ -60,7 +60,9 @@ impl DeviceMemoryResource {
         if pool.release_threshold()? == 0 {
             pool.set_release_threshold(u64::MAX)?;
         }
-        Ok(Arc::new(DeviceMemoryResource { pool }))
+        let resource = Arc::new(DeviceMemoryResource { pool });
+        crate::snapshot::register_arc(&resource);
+        Ok(resource)
     }
 
     /// A pool of its own on `device`, destroyed when the resource and every buffer from it are
@@ -96,7 +98,9 @@ impl DeviceMemoryResource {
             ..CUmemPoolProps::default()
         };
         let pool = MemoryPool::create(&props, PoolKind::Device(device))?;
-        Ok(Arc::new(DeviceMemoryResource { pool }))
+        let resource = Arc::new(DeviceMemoryResource { pool });
+        crate::snapshot::register_arc(&resource);
+        Ok(resource)
     }
 
     /// Allocates `size` bytes on `stream` into an owned [`Buffer`] that keeps this resource alive

@@ -122,10 +122,12 @@ impl ManagedMemoryResource {
     pub fn current(preferred_location: Option<Location>) -> Result<Arc<ManagedMemoryResource>> {
         DriverCapability::CurrentPools.require()?;
         let location = pool_location(preferred_location)?;
-        Ok(Arc::new(ManagedMemoryResource {
+        let resource = Arc::new(ManagedMemoryResource {
             pool: MemoryPool::current(location, PoolKind::Managed)?,
             preferred_location,
-        }))
+        });
+        crate::snapshot::register_arc(&resource);
+        Ok(resource)
     }
 
     /// A managed pool of its own.
@@ -143,7 +145,9 @@ impl ManagedMemoryResource {
             ..CUmemPoolProps::default()
         };
         let pool = MemoryPool::create(&props, PoolKind::Managed)?;
-        Ok(Arc::new(ManagedMemoryResource { pool, preferred_location: options.preferred_location }))
+        let resource = Arc::new(ManagedMemoryResource { pool, preferred_location: options.preferred_location });
+        crate::snapshot::register_arc(&resource);
+        Ok(resource)
     }
 
     /// Allocates `size` bytes on `stream` into an owned [`Buffer`] that keeps this resource alive

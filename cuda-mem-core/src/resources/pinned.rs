@@ -73,7 +73,9 @@ impl PinnedMemoryResource {
         DriverCapability::CurrentPools.require()?;
         let pool = MemoryPool::current(host_location(None), PoolKind::Pinned)?;
         pool.grant_all_devices()?;
-        Ok(Arc::new(PinnedMemoryResource { pool, numa_node: None }))
+        let resource = Arc::new(PinnedMemoryResource { pool, numa_node: None });
+        crate::snapshot::register_arc(&resource);
+        Ok(resource)
     }
 
     /// A pinned pool of its own, its memory readable and writable by every device.
@@ -99,7 +101,9 @@ impl PinnedMemoryResource {
         };
         let pool = MemoryPool::create(&props, PoolKind::Pinned)?;
         pool.grant_all_devices()?;
-        Ok(Arc::new(PinnedMemoryResource { pool, numa_node }))
+        let resource = Arc::new(PinnedMemoryResource { pool, numa_node });
+        crate::snapshot::register_arc(&resource);
+        Ok(resource)
     }
 
     /// Allocates `size` bytes on `stream` into an owned [`Buffer`] that keeps this resource alive

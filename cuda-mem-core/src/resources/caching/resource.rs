@@ -14,6 +14,7 @@ use crate::buffer::{Buffer, ScopedBuffer};
 use crate::device::DevicePtr;
 use crate::drop_errors::on_drop;
 use crate::error::{CachingError, CachingOutOfMemory, Error, Result};
+use crate::history::{self, MemoryEventKind, ResourceId};
 use crate::memory_resource::MemoryResource;
 use crate::pool::MemoryPool;
 use crate::resources::expandable::ExpandableMemory;
@@ -200,7 +201,7 @@ impl CachingResource {
     ) -> Result<Arc<CachingResource>> {
         options.validate()?;
         static NEXT_ID: AtomicU64 = AtomicU64::new(0);
-        Ok(Arc::new(CachingResource {
+        let resource = Arc::new(CachingResource {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             upstream,
             expandable,
@@ -210,7 +211,9 @@ impl CachingResource {
             passed_count: AtomicUsize::new(0),
             counters: Arc::default(),
             releasing: Mutex::new(()),
-        }))
+        });
+        crate::snapshot::register_arc(&resource);
+        Ok(resource)
     }
 
     /// The resource segments come from.
@@ -234,6 +237,11 @@ impl CachingResource {
         } else {
             self.options.size_class(rounded)
         }
+    }
+
+    /// Records a segment's event in the memory history (when it is recorded).
+    fn note(&self, kind: MemoryEventKind, address: DevicePtr, size: usize, stream: &Stream) {
+        history::record(kind, address, size, Some(stream), ResourceId::of(self));
     }
 
     /// Whether segments grow in place
@@ -341,6 +349,7 @@ impl CachingResource {
                     return Err(error);
                 }
                 crate::memory_event!(DEBUG, size = segment.size, ptr = %hex(base), "cache segment released");
+                self.note(MemoryEventKind::SegmentFree, base, segment.size, &stream);
                 released += segment.size;
                 reserved -= segment.size as u64;
             }
@@ -357,6 +366,7 @@ impl CachingResource {
                 let unmapped = before.saturating_sub(mapped);
                 if unmapped > 0 {
                     crate::memory_event!(DEBUG, size = unmapped, ptr = %hex(base), mapped, "cache segment shrunk");
+                    self.note(MemoryEventKind::SegmentShrink, base + mapped as DevicePtr, unmapped, &stream);
                 }
                 released += unmapped;
                 reserved = reserved.saturating_sub(unmapped as u64);
@@ -584,6 +594,7 @@ impl CachingResource {
         let allocate = || self.upstream.allocate_raw(size, stream);
         let base = allocate().or_else(|refused| self.retry(refused, requested, rounded, allocate))?;
         crate::memory_event!(DEBUG, size, ptr = %hex(base), stream = %hex(stream.handle()), "cache segment allocated");
+        self.note(MemoryEventKind::SegmentAllocate, base, size, stream);
         let taken = self.with_live_state(state, stream, |locked| {
             locked.arena().add_segment(base, Segment::fixed(size, class));
             locked.arena().take(&self.options, class, rounded, requested, u64::MAX)
@@ -618,6 +629,7 @@ impl CachingResource {
             debug_assert_eq!(mapped, segment.size + added);
             locked.arena().expand_segment(base, added);
             crate::memory_event!(DEBUG, size = added, ptr = %hex(base), mapped, stream = %hex(stream.handle()), "cache segment grown");
+            self.note(MemoryEventKind::SegmentGrow, base + segment.size as DevicePtr, added, stream);
         } else {
             let first = rounded.checked_next_multiple_of(step).ok_or_else(too_large)?;
             let reserved = reservation.max(first);
@@ -630,6 +642,7 @@ impl CachingResource {
             }
             locked.arena().add_segment(base, Segment { size: first, class, reserved });
             crate::memory_event!(DEBUG, size = first, ptr = %hex(base), reserved, stream = %hex(stream.handle()), "cache segment allocated");
+            self.note(MemoryEventKind::SegmentAllocate, base, first, stream);
         }
         locked.arena().take(&self.options, class, rounded, requested, u64::MAX).ok_or_else(too_large)
     }
@@ -664,6 +677,7 @@ impl CachingResource {
     #[cold]
     fn out_of_memory(&self, requested: usize, rounded: usize, source: Option<Error>) -> Error {
         self.counters.out_of_memory.fetch_add(1, Ordering::Relaxed);
+        history::record(MemoryEventKind::OutOfMemory, 0, requested, None, ResourceId::of(self));
         let all = self.statistics().all;
         let largest_free_block =
             self.states().iter().map(|state| state.lock().arena().largest_free()).max().unwrap_or(0) as u64;
@@ -803,6 +817,7 @@ impl Drop for CachingResource {
                 on_drop("CachingResource (a cached segment; left allocated)", || released);
                 if !failed {
                     crate::memory_event!(DEBUG, size = segment.size, ptr = %hex(base), "cache segment released");
+                    self.note(MemoryEventKind::SegmentFree, base, segment.size, &stream);
                 }
                 locked.arena().remove_segment(base);
             }

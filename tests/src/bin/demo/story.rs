@@ -4,6 +4,8 @@
 
 use std::process::ExitCode;
 
+use cuda_mem_core::history::HistoryOptions;
+
 use crate::Error;
 use crate::child::{finish_child, spawn_child};
 use crate::devices::open_devices;
@@ -38,6 +40,8 @@ fn run(report: &mut Report, devices_defaulted: bool) {
     let Some(chosen) = report.timed("choose the driver", || choose_driver(devices_defaulted)) else {
         return;
     };
+    // Everything from here on is recorded, for the snapshot at the end.
+    cuda_mem_core::history::start_recording(HistoryOptions::default().backtraces(true));
     let Some(demo) = report.step("devices", || open_devices(chosen)) else {
         return;
     };
@@ -94,9 +98,32 @@ fn run(report: &mut Report, devices_defaulted: bool) {
     if let Some(child) = child.take() {
         report.step("the child exits", || finish_child(child));
     }
+    report.step("memory snapshot", write_snapshot);
     let simulator = demo.simulator;
     drop((moved, vmm, demo));
     report.step("everything released", || check_released(simulator));
+}
+
+/// Takes a snapshot of every resource the demo holds and of what it recorded, and writes it as
+/// JSON, as the viewer's page and as the timeline's SVG, in `DEMO_OUT` (else the system's
+/// temporary folder, under `cuda-mem-demo`).
+fn write_snapshot() -> Result<(), Error> {
+    cuda_mem_core::history::stop_recording();
+    let snapshot = cuda_mem_core::snapshot::take_snapshot();
+    let folder = std::env::var_os("DEMO_OUT")
+        .map_or_else(|| std::env::temp_dir().join("cuda-mem-demo"), std::path::PathBuf::from);
+    std::fs::create_dir_all(&folder)?;
+    snapshot.write_json(folder.join("memory_snapshot.json"))?;
+    snapshot.write_html(folder.join("memory_snapshot.html"))?;
+    std::fs::write(folder.join("memory_timeline.svg"), snapshot.timeline_svg())?;
+    let allocations = snapshot.events.iter().filter(|event| event.kind == "allocate").count();
+    println!(
+        "  {} resource(s) alive, {} event(s) recorded ({allocations} allocations)",
+        snapshot.resources.len(),
+        snapshot.events.len()
+    );
+    println!("  open {} in a browser to see them", folder.join("memory_snapshot.html").display());
+    Ok(())
 }
 
 /// Checks that nothing failed while being freed (errors in `Drop` are recorded, not lost) and,

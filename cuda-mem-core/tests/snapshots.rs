@@ -1,0 +1,195 @@
+//! Snapshots of real resources on the simulator: their totals against the resources' own
+//! figures, the history under 8 threads, the JSON round trip, and the viewer in a real browser
+//! (headless Chromium loads the page, draws every allocation, shows a backtrace on hover, and
+//! takes a screenshot of the timeline, kept in `target/viewer/`).
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Arc;
+
+use cuda_mem_core::history::{self, HistoryOptions, MemoryEventKind, ResourceId};
+use cuda_mem_core::snapshot::{BlockState, MemorySnapshot, ResourceKind, take_snapshot};
+use cuda_mem_core::{Buffer, CachingOptions, CachingResource, DeviceMemoryResource, PoolResource, Stream};
+use cuda_sim::testing::in_simulated_machine;
+
+const KIB: usize = 1 << 10;
+
+/// A cache over a pool, some blocks live and some freed, recorded with backtraces.
+fn workload(streams: &[Stream]) -> (Arc<DeviceMemoryResource>, Arc<CachingResource>, Vec<Buffer>) {
+    let device = common::device();
+    let pool = DeviceMemoryResource::new(device, Default::default()).unwrap();
+    let cache = CachingResource::new(pool.clone(), CachingOptions::default()).unwrap();
+    let mut live = Vec::new();
+    for round in 0..40usize {
+        let stream = &streams[round % streams.len()];
+        let buffer = cache.allocate(KIB * (1 + round % 7) * 16, stream).unwrap();
+        if round % 3 == 0 {
+            live.push(buffer);
+        }
+    }
+    live.push(pool.allocate(3 << 20, &streams[0]).unwrap());
+    (pool, cache, live)
+}
+
+/// A snapshot's figures are the resources' own at the same moment, its blocks the live
+/// buffers, and it reads back from its JSON as it was.
+#[test]
+fn a_snapshot_holds_what_the_resources_say_and_reads_back_from_json() {
+    in_simulated_machine("a_snapshot_holds_what_the_resources_say_and_reads_back_from_json", &[], || {
+        let device = common::device();
+        let streams = [common::stream(device), common::stream(device)];
+        let (pool, cache, live) = workload(&streams);
+        let snapshot = take_snapshot();
+        let cached = snapshot.resource(ResourceId::of(&*cache)).expect("the cache is in it");
+        let stats = cache.statistics().all;
+        assert_eq!(cached.kind, ResourceKind::Caching);
+        assert_eq!(
+            (cached.reserved_bytes, cached.used_bytes),
+            (stats.reserved_bytes.current, stats.allocated_bytes.current)
+        );
+        assert_eq!(cached.upstream, Some(ResourceId::of(&*pool).0));
+        let allocated: Vec<u64> = cached
+            .segments
+            .iter()
+            .flat_map(|segment| &segment.blocks)
+            .filter(|block| matches!(block.state, BlockState::Allocated { .. }))
+            .map(|block| block.address)
+            .collect();
+        let mut expected: Vec<u64> = live[..live.len() - 1].iter().map(Buffer::ptr).collect();
+        expected.sort_unstable();
+        assert_eq!(allocated, expected, "the allocated blocks are the live buffers");
+        let pooled = snapshot.resource(ResourceId::of(&*pool)).expect("the pool is in it");
+        let usage = pool.usage().unwrap();
+        assert_eq!(pooled.kind, ResourceKind::DevicePool);
+        assert_eq!((pooled.reserved_bytes, pooled.used_bytes), (usage.reserved_bytes, usage.used_bytes));
+        assert_eq!(pooled.live_allocations, usage.live_allocations);
+        assert_eq!(MemorySnapshot::from_json(&snapshot.to_json().unwrap()).unwrap(), snapshot);
+        drop((live, cache));
+        let after = take_snapshot();
+        assert!(after.resource(ResourceId::of(&*pool)).is_some() && after.resources.len() == 1, "the cache is gone");
+    });
+}
+
+/// Eight threads record at once: every event a thread made is kept or counted as dropped.
+#[test]
+fn recording_under_eight_threads_keeps_or_counts_every_event() {
+    in_simulated_machine("recording_under_eight_threads_keeps_or_counts_every_event", &[], || {
+        let _serial = history::tests_serial();
+        let device = common::device();
+        let pool = DeviceMemoryResource::new(device, Default::default()).unwrap();
+        const THREADS: usize = 8;
+        const PAIRS: usize = 500;
+        for capacity in [1_000_000, 3_000] {
+            history::start_recording(HistoryOptions::default().capacity(capacity));
+            std::thread::scope(|scope| {
+                for _ in 0..THREADS {
+                    scope.spawn(|| {
+                        let stream = common::stream(device);
+                        for _ in 0..PAIRS {
+                            drop(pool.allocate(4 * KIB, &stream).unwrap());
+                        }
+                        stream.synchronize().unwrap();
+                    });
+                }
+            });
+            history::stop_recording();
+            let record = history::history();
+            let ours = record.events.iter().filter(|event| event.resource == ResourceId::of(&*pool)).count() as u64;
+            assert_eq!(ours + record.dropped, (THREADS * PAIRS * 2) as u64, "capacity {capacity}");
+            assert_eq!(record.events.len(), record.events.len().min(capacity));
+            let threads: std::collections::BTreeSet<u64> = record.events.iter().map(|event| event.thread).collect();
+            if capacity > THREADS * PAIRS * 2 {
+                assert_eq!((record.dropped, threads.len()), (0, THREADS));
+                for thread in threads {
+                    let mine: Vec<_> = record.events.iter().filter(|event| event.thread == thread).collect();
+                    assert!(mine.windows(2).all(|pair| pair[0].kind != pair[1].kind), "alternating pairs");
+                    assert_eq!(mine[0].kind, MemoryEventKind::Allocate);
+                }
+            } else {
+                assert_eq!(record.dropped, (THREADS * PAIRS * 2 - capacity) as u64);
+            }
+        }
+    });
+}
+
+/// The Chromium binary, if this machine has one.
+fn chromium() -> Option<PathBuf> {
+    ["chromium", "chromium-browser", "google-chrome"].iter().find_map(|name| {
+        let found = Command::new("which").arg(name).output().ok()?;
+        found.status.success().then(|| PathBuf::from(String::from_utf8_lossy(&found.stdout).trim()))
+    })
+}
+
+/// The value of `data-<name>` on the body of a dumped DOM.
+fn body_data<'a>(dom: &'a str, name: &str) -> Option<&'a str> {
+    let body = &dom[dom.find("<body")?..];
+    let attribute = format!("data-{name}=\"");
+    let start = body[..body.find('>')?].find(&attribute)? + attribute.len();
+    Some(&body[start..start + body[start..].find('"')?])
+}
+
+/// The viewer as a person sees it: headless Chromium loads the page with no script error, draws
+/// every allocation of the history and every block, shows the hovered allocation's backtrace,
+/// and takes a screenshot of it (kept in `target/viewer/timeline.png`).
+#[test]
+fn the_viewer_draws_every_allocation_and_shows_a_backtrace_in_a_real_browser() {
+    in_simulated_machine("the_viewer_draws_every_allocation_and_shows_a_backtrace_in_a_real_browser", &[], || {
+        let Some(chromium) = chromium() else {
+            eprintln!("SKIP: no Chromium on this machine (Debian's `chromium` package runs this test)");
+            return;
+        };
+        let _serial = history::tests_serial();
+        let device = common::device();
+        let streams = [common::stream(device), common::stream(device)];
+        history::start_recording(HistoryOptions::default().backtraces(true));
+        let (pool, cache, live) = workload(&streams);
+        history::stop_recording();
+        let snapshot = take_snapshot();
+        let allocations = snapshot.events.iter().filter(|event| event.kind == "allocate").count();
+        let blocks: usize = snapshot.resources.iter().flat_map(|r| &r.segments).map(|s| s.blocks.len()).sum();
+        assert!(allocations >= 41 && blocks > 0);
+        let folder = tempfile::tempdir().unwrap();
+        let page = folder.path().join("snapshot.html");
+        snapshot.write_html(&page).unwrap();
+        let url = format!("file://{}#hover-first", page.display());
+        let dump = Command::new(&chromium)
+            .args(["--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000", "--dump-dom", &url])
+            .output()
+            .unwrap();
+        let dom = String::from_utf8_lossy(&dump.stdout);
+        assert_eq!(
+            body_data(&dom, "ready"),
+            Some("1"),
+            "the script ran to its end: {}",
+            String::from_utf8_lossy(&dump.stderr)
+        );
+        assert_eq!(body_data(&dom, "errors"), None, "no script error");
+        assert_eq!(body_data(&dom, "drawn"), Some(allocations.to_string().as_str()), "every allocation drawn");
+        assert_eq!(body_data(&dom, "blocks"), Some(blocks.to_string().as_str()), "every block drawn");
+        let info = &dom[dom.find("id=\"info\"").unwrap()..];
+        let info = &info[..info.find("</div>").unwrap_or(info.len())];
+        assert!(info.contains("backtrace:") && info.contains("workload"), "the hovered allocation's stack: {info}");
+        assert!(!info.contains("history::record"), "the recorder's own frames are left out: {info}");
+        // The screenshot, for a person to look at.
+        let shots = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("../viewer");
+        std::fs::create_dir_all(&shots).unwrap();
+        let shot = shots.join("timeline.png");
+        let taken = Command::new(&chromium)
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--window-size=1200,900",
+                "--virtual-time-budget=5000",
+            ])
+            .arg(format!("--screenshot={}", shot.display()))
+            .arg(&url)
+            .output()
+            .unwrap();
+        assert!(shot.exists(), "no screenshot: {}", String::from_utf8_lossy(&taken.stderr));
+        println!("the viewer's screenshot: {}", shot.display());
+        drop((live, cache, pool));
+    });
+}
