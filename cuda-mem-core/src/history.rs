@@ -121,8 +121,8 @@ pub struct MemoryEvent {
 }
 
 /// A memory resource, as events and snapshots name it: the address of the resource object, which
-/// is unique among the resources alive at one time. (A driver pool's own out-of-memory failure
-/// names the pool by its handle.)
+/// is unique among the resources alive at one time. (A driver pool's own out-of-memory failures,
+/// exports and imports name the pool by its handle.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub struct ResourceId(pub u64);
 
@@ -234,15 +234,11 @@ pub fn history() -> HistoryRecord {
     HistoryRecord { events: ring.events.iter().cloned().collect(), dropped: ring.dropped, recording: is_recording() }
 }
 
-/// Records an event when recording is on: one relaxed load when it is off.
+/// Records an event when recording is on: one relaxed load when it is off. The resources of
+/// this crate record their own; a resource of another crate records what it does with this
+/// (`cuda-mem-vmm` its exports and imports).
 #[inline]
-pub(crate) fn record(
-    kind: MemoryEventKind,
-    address: DevicePtr,
-    size: usize,
-    stream: Option<&Stream>,
-    resource: ResourceId,
-) {
+pub fn record(kind: MemoryEventKind, address: DevicePtr, size: usize, stream: Option<&Stream>, resource: ResourceId) {
     if RECORDING.load(Ordering::Relaxed) {
         record_now(kind, address, size, stream.map_or(0, |stream| stream.handle() as usize as u64), resource);
     }

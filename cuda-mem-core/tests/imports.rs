@@ -260,3 +260,38 @@ fn memory_pool_finds_the_pool_behind_a_resource() {
     let plain: Arc<dyn MemoryResource> = SynchronousMemoryResource::new(device);
     assert!(plain.memory_pool().is_none(), "not a pool resource");
 }
+
+/// With the memory history recording, a buffer's export and an allocation's import are
+/// recorded, each named by its pool's handle.
+#[test]
+fn exports_and_imports_are_recorded_in_the_history() {
+    in_simulated_machine("exports_and_imports_are_recorded_in_the_history", &[], || {
+        use cuda_mem_core::history::{self, HistoryOptions, MemoryEventKind, ResourceId};
+        let _serial = history::tests_serial();
+        let device = common::device();
+        let stream = common::stream(device);
+        let pool = DeviceMemoryResource::new(device, DeviceMemoryResourceOptions::default().ipc_enabled(true)).unwrap();
+        let buffer = pool.allocate_scoped(8192, &stream).unwrap();
+        let imported = import(pool.pool()).unwrap();
+        history::start_recording(HistoryOptions::default());
+        let data = pool.pool().export_buffer(&buffer).unwrap();
+        let ptr = imported.import_allocation(&data, 8192, &stream).unwrap();
+        history::stop_recording();
+        let events: Vec<_> = history::history()
+            .events
+            .into_iter()
+            .filter(|e| matches!(e.kind, MemoryEventKind::Export | MemoryEventKind::Import))
+            .map(|e| (e.kind, e.address, e.size, e.resource))
+            .collect();
+        let handle = |pool: &MemoryPool| ResourceId(pool.handle() as usize as u64);
+        assert_eq!(
+            events,
+            [
+                (MemoryEventKind::Export, buffer.ptr(), 8192, handle(pool.pool())),
+                (MemoryEventKind::Import, ptr, 8192, handle(&imported)),
+            ]
+        );
+        // SAFETY: imported above and unused.
+        unsafe { imported.release_import(ptr, &stream) }.unwrap();
+    });
+}

@@ -14,6 +14,7 @@
 //! [`HandleType::PosixFd`](cuda_mem_core::HandleType::PosixFd).
 
 #[cfg(unix)]
+use cuda_mem_core::history::{MemoryEventKind, ResourceId};
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::Arc;
 
@@ -132,6 +133,8 @@ impl VirtualBuffer {
             handle_type = ?handle_type,
             "virtual buffer exported"
         );
+        let resource = ResourceId::of(&**self.resource());
+        cuda_mem_core::history::record(MemoryEventKind::Export, self.ptr(), self.size(), None, resource);
         Ok(VirtualBufferDescriptor {
             handle_type,
             size: self.size() as u64,
@@ -422,7 +425,9 @@ impl VirtualMemoryResource {
             device = self.device().ordinal(),
             "virtual buffer imported"
         );
-        Ok(VirtualBuffer::new(Arc::new(range), descriptor.size as usize, Arc::clone(self), true, stream))
+        let (ptr, size) = (range.base, descriptor.size as usize);
+        cuda_mem_core::history::record(MemoryEventKind::Import, ptr, size, Some(stream), ResourceId::of(&**self));
+        Ok(VirtualBuffer::new(Arc::new(range), size, Arc::clone(self), true, stream))
     }
 }
 

@@ -506,3 +506,33 @@ fn descriptors_no_export_gives_are_refused_at_import() {
         assert_eq!(read(&imported, 0, 64, &s), pattern(2, 64));
     });
 }
+
+/// With the memory history recording, an export and an import are recorded with the buffer's
+/// address and size, each named by its resource.
+#[test]
+fn exports_and_imports_are_recorded_in_the_history() {
+    machine!(&[], || {
+        use cuda_mem_core::history::{self, HistoryOptions, MemoryEventKind, ResourceId};
+        let _serial = history::tests_serial();
+        let (s, resource) = setup(VirtualMemoryResourceOptions::default());
+        let buffer = resource.allocate(G, &s).unwrap();
+        let importer = VirtualMemoryResource::new(resource.device(), VirtualMemoryResourceOptions::default()).unwrap();
+        history::start_recording(HistoryOptions::default());
+        let descriptor = buffer.export().unwrap();
+        let imported = importer.import(descriptor, &s).unwrap();
+        history::stop_recording();
+        let events: Vec<_> = history::history()
+            .events
+            .into_iter()
+            .filter(|e| matches!(e.kind, MemoryEventKind::Export | MemoryEventKind::Import))
+            .map(|e| (e.kind, e.address, e.size, e.resource))
+            .collect();
+        assert_eq!(
+            events,
+            [
+                (MemoryEventKind::Export, buffer.ptr(), G, ResourceId::of(&*resource)),
+                (MemoryEventKind::Import, imported.ptr(), G, ResourceId::of(&*importer)),
+            ]
+        );
+    });
+}

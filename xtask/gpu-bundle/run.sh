@@ -270,7 +270,10 @@ fi
 if wants demo; then
     echo
     echo "== demo"
-    run_part demo demo "$bundle/demo"
+    mkdir -p "$results/demo"
+    # The demo's memory snapshot (JSON, the viewer's page, the timeline's SVG) comes back with
+    # the results.
+    run_part demo "demo (snapshot in $results/demo)" env DEMO_OUT="$results/demo" "$bundle/demo"
 fi
 
 if wants bench; then

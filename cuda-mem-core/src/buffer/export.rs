@@ -31,6 +31,14 @@ impl MemoryPool {
     /// - As [`MemoryPool::export_pointer`] (a failed export keeps nothing).
     #[doc(alias = "get_ipc_descriptor")]
     pub fn export_buffer(&self, buffer: &ScopedBuffer<'_>) -> Result<[u8; EXPORT_DATA_LEN]> {
+        let data = self.export_buffer_data(buffer)?;
+        let pool = crate::history::ResourceId(self.handle() as usize as u64);
+        crate::history::record(crate::history::MemoryEventKind::Export, buffer.ptr(), buffer.size(), None, pool);
+        Ok(data)
+    }
+
+    /// [`export_buffer`](MemoryPool::export_buffer) but for the history.
+    fn export_buffer_data(&self, buffer: &ScopedBuffer<'_>) -> Result<[u8; EXPORT_DATA_LEN]> {
         let pool = self.handle() as usize;
         let Some(resource) = buffer.memory_resource() else {
             return self.export_pointer(buffer.ptr());

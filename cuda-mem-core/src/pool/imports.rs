@@ -81,6 +81,14 @@ impl MemoryPool {
     /// - Driver errors when the driver refuses the data (garbage, or another pool's).
     #[doc(alias = "from_ipc_descriptor")]
     pub fn import_allocation(&self, data: &[u8; EXPORT_DATA_LEN], size: usize, stream: &Stream) -> Result<DevicePtr> {
+        let ptr = self.import_mapping(data, size, stream)?;
+        let pool = crate::history::ResourceId(self.handle() as usize as u64);
+        crate::history::record(crate::history::MemoryEventKind::Import, ptr, size, Some(stream), pool);
+        Ok(ptr)
+    }
+
+    /// [`import_allocation`](MemoryPool::import_allocation) but for the history.
+    fn import_mapping(&self, data: &[u8; EXPORT_DATA_LEN], size: usize, stream: &Stream) -> Result<DevicePtr> {
         if !self.imported {
             return Err(Error::Sharing(SharingError::PoolNotImported));
         }

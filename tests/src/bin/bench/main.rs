@@ -22,7 +22,9 @@
 //! 8. allocation traces of an LLM-serving-like and a training-like workload ([`trace`]), replayed
 //!    against each memory resource of [`contenders`] ([`replay`]): peak reserved against peak
 //!    allocated, time per step, and a plot and CSV of both over the trace (`--traces`: this case
-//!    alone, printed, its plots and CSV written).
+//!    alone, printed, its plots and CSV written);
+//! 9. a pool pair with the memory history's recording off, on and on with backtraces, and a
+//!    snapshot (taken, as JSON, as the viewer's page) against the live allocations ([`snapshots`]).
 //!
 //! The driver is chosen as the demo chooses it (`cuda_mem_integration::driver_choice`). Results go to
 //! `target/bench/` (`results.json`, `results.md`, the SVG plots, the traces' CSV); the Markdown tables are printed
@@ -32,6 +34,7 @@
 //! and [`units`] (the harness's numbers), one per case ([`pools`] and [`pacing`], [`scaling`], [`sharing`]
 //! with [`child`], [`server`] and [`rates`], [`vmm`] with [`call_count`], [`first_call`],
 //! [`adaptors`] for (6) and (7), [`resource_pairs`] for (1c), [`trace`] and [`replay`] for (8),
+//! [`snapshots`] for (9),
 //! both over [`contenders`]), and
 //! [`report`] (the JSON, Markdown and SVG outputs).
 
@@ -51,6 +54,7 @@ mod resource_pairs;
 mod scaling;
 mod server;
 mod sharing;
+mod snapshots;
 mod stats;
 mod trace;
 mod units;

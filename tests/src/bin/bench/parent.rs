@@ -18,6 +18,7 @@ use crate::report::{self, Results};
 use crate::resource_pairs::resource_pairs;
 use crate::scaling::scaling;
 use crate::sharing::sharing;
+use crate::snapshots::{recording, snapshots};
 use crate::trace::{BENCH_SEED, bench_traces};
 use crate::vmm::{first_grows, vmm};
 
@@ -134,6 +135,11 @@ pub(crate) fn parent_main() -> Result<(), Error> {
     let step = Instant::now();
     results.traces = replays(device, &bench_traces(BENCH_SEED), &contenders())?;
     println!("[8] allocation traces: done in {:.1} s", step.elapsed().as_secs_f64());
+
+    let step = Instant::now();
+    results.recording = Some(recording(device)?);
+    results.snapshots = snapshots(device)?;
+    println!("[9] memory history and snapshots: done in {:.1} s", step.elapsed().as_secs_f64());
 
     report::write_all(&results, total)
 }

@@ -32,6 +32,8 @@ fn value(results: &Results) -> Value {
         "copies": results.copies.iter().map(|r| r.json()).collect::<Vec<_>>(),
         "resource_pairs": results.resource_pairs.iter().map(|r| r.json()).collect::<Vec<_>>(),
         "traces": results.traces.iter().map(|r| r.json()).collect::<Vec<_>>(),
+        "recording": results.recording.as_ref().map(|r| r.json()),
+        "snapshots": results.snapshots.iter().map(|r| r.json()).collect::<Vec<_>>(),
         "first_call": results.first_call.as_ref().map(|(spawn, main)| {
             json!({"spawn_to_return": spawn.json(), "main_to_return": main.json()})
         }),

@@ -10,6 +10,7 @@ use crate::replay::{TIMED_PASSES, TraceRun};
 use crate::resource_pairs::{RESOURCE_PAIR_SIZE, ROUNDS, ResourcePairRow};
 use crate::scaling::{PAIRS_PER_SYNC, SCALING_SIZE, ScalingRow};
 use crate::sharing::{RateRow, ResendRow, ShareRow};
+use crate::snapshots::{RECORDING_PAIR_SIZE, RecordingRow, SnapshotRow};
 use crate::stats::Stats;
 use crate::units::{MIB, bytes, ns};
 use crate::vmm::{VmmMode, mode_name};
@@ -37,7 +38,44 @@ pub(super) fn markdown(results: &Results) -> String {
     adaptors(&mut md, &results.adaptors);
     copies(&mut md, &results.copies);
     traces(&mut md, &results.traces);
+    history_and_snapshots(&mut md, results.recording.as_ref(), &results.snapshots);
     md
+}
+
+/// Case (9)'s tables.
+fn history_and_snapshots(md: &mut String, recording: Option<&RecordingRow>, snapshots: &[SnapshotRow]) {
+    md.push_str("\n## 9. Memory history and snapshots\n\n");
+    if let Some(r) = recording {
+        let _ = writeln!(
+            md,
+            "A `Buffer` of {} from a pool, allocated and dropped, with the history's recording off (one relaxed load \
+             per allocation), on, and on with backtraces, in turn in the same run.\n\n\
+             | recording | per pair | against off |\n|---|---|---|\n| off | {} | 1.00× |\n| on | {} | {:.2}× |\n\
+             | on, with backtraces | {} | {:.2}× |",
+            bytes(RECORDING_PAIR_SIZE),
+            r.off.show(),
+            r.on.show(),
+            r.on.median / r.off.median,
+            r.backtraces.show(),
+            r.backtraces.median / r.off.median
+        );
+    }
+    md.push_str(
+        "\nA snapshot of a caching resource holding N live allocations (blocks of its segments) with N events \
+         recorded: `take_snapshot()`, `to_json()` and `to_html()` (the viewer's page), the median of 7.\n\n\
+         | live allocations | take_snapshot | to_json | to_html | page |\n|---|---|---|---|---|\n",
+    );
+    for r in snapshots {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} |",
+            r.live,
+            r.take.show(),
+            r.json.show(),
+            r.html.show(),
+            bytes(r.page_bytes)
+        );
+    }
 }
 
 /// Case (1)'s table, and a note where some rows have more threads than the host has CPUs.

@@ -16,6 +16,7 @@ use crate::replay::TraceRun;
 use crate::resource_pairs::ResourcePairRow;
 use crate::scaling::ScalingRow;
 use crate::sharing::{RateRow, ResendRow, ShareRow};
+use crate::snapshots::{RecordingRow, SnapshotRow};
 use crate::stats::Stats;
 use crate::vmm::VmmMode;
 
@@ -52,6 +53,10 @@ pub(crate) struct Results {
     pub(crate) resource_pairs: Vec<ResourcePairRow>,
     /// Case (8): each trace replayed against each resource.
     pub(crate) traces: Vec<TraceRun>,
+    /// Case (9): the pair with the history recording off and on.
+    pub(crate) recording: Option<RecordingRow>,
+    /// Case (9): snapshots against live allocations.
+    pub(crate) snapshots: Vec<SnapshotRow>,
 }
 
 /// Writes `results.json`, `results.md`, `vmm_steps.svg`, `pools.svg`, `scaling.svg`,
