@@ -269,7 +269,10 @@ impl MappedMemoryResource {
             "resource imported"
         );
         let serial = SERIALS.fetch_add(1, Ordering::Relaxed);
-        Ok(Arc::new(MappedMemoryResource { pool, uuid, named_by_peer, serial, exporter }))
+        let resource = Arc::new(MappedMemoryResource { pool, uuid, named_by_peer, serial, exporter });
+        let weak: std::sync::Weak<MappedMemoryResource> = Arc::downgrade(&resource);
+        cuda_mem_core::snapshot::register(weak);
+        Ok(resource)
     }
 
     /// Which pool this import is, where two imports share a UUID: the process that sent it, if
@@ -480,5 +483,18 @@ mod tests {
         drop(imported);
         assert_eq!(import_holders(ptr), 0, "unmapped");
         stream.synchronize().unwrap();
+    }
+}
+
+/// An imported pool in memory snapshots: its figures (the driver's, every process's), and the
+/// process it came from.
+impl cuda_mem_core::snapshot::SnapshotSource for MappedMemoryResource {
+    fn snapshot(&self) -> cuda_mem_core::snapshot::ResourceSnapshot {
+        let id = cuda_mem_core::history::ResourceId::of(self);
+        let mut snapshot = cuda_mem_core::snapshot::pool_snapshot(id, &self.pool);
+        snapshot.kind = cuda_mem_core::snapshot::ResourceKind::ImportedPool;
+        let from = self.exporter.map_or_else(|| "a peer".to_owned(), |peer| format!("process {}", peer.pid()));
+        snapshot.name = format!("pool {:#x} imported from {from} as {}", self.pool.handle() as usize, self.uuid);
+        snapshot
     }
 }

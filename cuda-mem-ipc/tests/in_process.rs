@@ -45,6 +45,12 @@ fn buffers_travel_with_their_resource_and_share_memory() {
     assert!(check.host_slice().unwrap().iter().all(|&b| b == 0x22));
     // Re-export of the imported buffer gives the same descriptor.
     assert_eq!(buffer_descriptor(imported).unwrap(), buffer_descriptor(&buffer).unwrap());
+    // A memory snapshot lists the imported pool, and what it was imported as.
+    let snapshot = cuda_mem_core::snapshot::take_snapshot();
+    let listed = snapshot.resource(cuda_mem_core::history::ResourceId::of(&*mapped)).expect("the imported pool");
+    assert_eq!(listed.kind, cuda_mem_core::snapshot::ResourceKind::ImportedPool);
+    assert!(listed.name.contains(&mapped.uuid().to_string()), "{}", listed.name);
+    assert!(listed.used_bytes >= 4096, "the driver's figures, every process's: {listed:?}");
     // The mapped resource cannot allocate.
     let err = mapped.allocate(16, &stream).unwrap_err();
     assert!(matches!(err, cuda_mem_core::Error::Sharing(cuda_mem_core::SharingError::ImportedPoolAllocation)), "{err}");

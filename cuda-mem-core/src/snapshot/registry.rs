@@ -45,8 +45,10 @@ pub fn take_snapshot() -> MemorySnapshot {
     MemorySnapshot::new(resources, &history::history(), taken_at_ns)
 }
 
-/// A driver pool's figures.
-fn pool_snapshot(id: ResourceId, pool: &MemoryPool) -> ResourceSnapshot {
+/// A resource `id` that allocates from the driver pool `pool`: the pool's kind, handle, device
+/// and figures (what a pool resource of another crate describes itself with: change the kind
+/// and name to suit).
+pub fn pool_snapshot(id: ResourceId, pool: &MemoryPool) -> ResourceSnapshot {
     let kind = match pool.kind() {
         PoolKind::Device(_) => ResourceKind::DevicePool,
         PoolKind::Pinned => ResourceKind::PinnedPool,
