@@ -65,6 +65,8 @@ fn a_snapshot_holds_what_the_resources_say_and_reads_back_from_json() {
         assert_eq!(pooled.kind, ResourceKind::DevicePool);
         assert_eq!((pooled.reserved_bytes, pooled.used_bytes), (usage.reserved_bytes, usage.used_bytes));
         assert_eq!(pooled.live_allocations, usage.live_allocations);
+        assert_eq!(pooled.pool, Some(pool.pool().handle() as usize as u64), "its pool's events find it");
+        assert_eq!(snapshot.resource_of_event(pooled.pool.unwrap()).map(|r| r.id), Some(pooled.id));
         assert_eq!(MemorySnapshot::from_json(&snapshot.to_json().unwrap()).unwrap(), snapshot);
         drop((live, cache));
         let after = take_snapshot();

@@ -42,6 +42,15 @@ impl MemorySnapshot {
     pub fn resource(&self, id: ResourceId) -> Option<&ResourceSnapshot> {
         self.resources.iter().find(|resource| resource.id == id.0)
     }
+
+    /// The resource an event names: by its id, or by the handle of the pool it allocates from
+    /// (a pool's own events name it so).
+    pub fn resource_of_event(&self, resource: u64) -> Option<&ResourceSnapshot> {
+        self.resources
+            .iter()
+            .find(|r| r.id == resource)
+            .or_else(|| self.resources.iter().find(|r| r.pool == Some(resource)))
+    }
 }
 
 /// What kind of resource a [`ResourceSnapshot`] describes.
@@ -106,6 +115,9 @@ pub struct ResourceSnapshot {
     pub live_allocations: u64,
     /// The [`ResourceId`] of the resource it allocates from, if it is one that others see.
     pub upstream: Option<u64>,
+    /// The handle of the driver pool it allocates from, if one: a pool's own events (its
+    /// out-of-memory failures, exports and imports) name it so.
+    pub pool: Option<u64>,
     /// Its segments (a caching resource's; a virtual memory resource's reservations) and what
     /// lies in them, in address order; empty for a resource whose memory the driver places.
     pub segments: Vec<SegmentView>,
@@ -125,6 +137,7 @@ impl ResourceSnapshot {
             used_peak: 0,
             live_allocations: 0,
             upstream: None,
+            pool: None,
             segments: Vec::new(),
         }
     }

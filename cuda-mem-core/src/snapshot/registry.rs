@@ -56,6 +56,7 @@ pub fn pool_snapshot(id: ResourceId, pool: &MemoryPool) -> ResourceSnapshot {
     };
     let mut snapshot = ResourceSnapshot::new(id, kind, format!("pool {:#x}", pool.handle() as usize));
     snapshot.device = pool.kind().device().map(|device| device.raw());
+    snapshot.pool = Some(pool.handle() as usize as u64);
     // A pool whose figures cannot be read (its device lost, say) is listed with zeros.
     if let Ok(usage) = pool.usage() {
         snapshot.reserved_bytes = usage.reserved_bytes;

@@ -111,7 +111,12 @@
     colour.seen = seen;
     return colour;
   }
-  const kindOf = new Map(snapshot.resources.map((r) => [r.id, r.kind.replace("_", " ")]));
+  // An event names its resource by id, or a pool's own events by the pool's handle.
+  const kindOf = new Map();
+  for (const r of snapshot.resources) {
+    kindOf.set(r.id, r.kind.replace("_", " "));
+    if (r.pool !== null && r.pool !== undefined && !kindOf.has(r.pool)) kindOf.set(r.pool, r.kind.replace("_", " "));
+  }
 
   const svg = document.getElementById("timeline");
   const info = document.getElementById("info");

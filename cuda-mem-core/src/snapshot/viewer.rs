@@ -20,7 +20,6 @@ use std::fmt::Write as _;
 use super::json::SnapshotFormatError;
 use super::model::MemorySnapshot;
 use super::summary::human;
-use crate::history::ResourceId;
 
 /// How many allocations the page draws one by one (the largest; the rest as one band).
 pub const DRAWN_ALLOCATIONS: usize = 2000;
@@ -151,7 +150,7 @@ impl MemorySnapshot {
         }
         // The legend, under the plot: each resource's colour and kind (as the snapshot names it).
         for (slot, id) in resources.iter().enumerate().take(8) {
-            let kind = self.resource(ResourceId(*id)).map_or("resource", |r| r.kind.name());
+            let kind = self.resource_of_event(*id).map_or("resource", |r| r.kind.name());
             let x = 50.0 + 220.0 * (slot % 4) as f64;
             let y = HEIGHT + 34.0 + 14.0 * (slot / 4) as f64;
             let _ = write!(
@@ -180,7 +179,7 @@ const PALETTE: [&str; 8] = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::history::HistoryRecord;
+    use crate::history::{HistoryRecord, ResourceId};
     use crate::snapshot::{EventView, ResourceKind, ResourceSnapshot};
 
     fn event(kind: &str, address: u64, size: u64) -> EventView {
