@@ -18,13 +18,14 @@
 //! let pool = DeviceMemoryResource::new(device, Default::default())?;
 //! history::start_recording(HistoryOptions::default());
 //! drop(pool.allocate(4096, &stream)?);
+//! stream.synchronize()?; // the free completes once the stream's work before it is done
 //! history::stop_recording();
 //! // This pool's events (other threads' may be recorded too).
 //! let ours: Vec<_> =
 //!     history::history().events.into_iter().filter(|event| event.resource == ResourceId::of(&*pool)).collect();
 //! let kinds: Vec<_> = ours.iter().map(|event| event.kind).collect();
-//! assert_eq!(kinds, [MemoryEventKind::Allocate, MemoryEventKind::FreeRequested]);
-//! assert_eq!((ours[0].size, ours[0].address), (4096, ours[1].address));
+//! assert_eq!(kinds, [MemoryEventKind::Allocate, MemoryEventKind::FreeRequested, MemoryEventKind::FreeCompleted]);
+//! assert_eq!((ours[0].size, ours[0].address), (4096, ours[2].address));
 //! # Ok::<(), cuda_mem_core::Error>(())
 //! ```
 
@@ -46,6 +47,9 @@ pub enum MemoryEventKind {
     /// A buffer's memory was given back to its resource, in the order of its stream (the
     /// memory is free for reuse once the stream's work so far is done).
     FreeRequested,
+    /// The stream a buffer was freed on finished the work enqueued before the free: the memory
+    /// is free now (recorded from the driver's callback thread, after the stream's work).
+    FreeCompleted,
     /// A caching resource took a segment from its upstream (or mapped a new expandable one).
     SegmentAllocate,
     /// A caching resource gave a segment back upstream.
@@ -64,9 +68,10 @@ pub enum MemoryEventKind {
 
 impl MemoryEventKind {
     /// Every kind, in declaration order.
-    pub const ALL: [MemoryEventKind; 9] = [
+    pub const ALL: [MemoryEventKind; 10] = [
         MemoryEventKind::Allocate,
         MemoryEventKind::FreeRequested,
+        MemoryEventKind::FreeCompleted,
         MemoryEventKind::SegmentAllocate,
         MemoryEventKind::SegmentFree,
         MemoryEventKind::SegmentGrow,
@@ -81,6 +86,7 @@ impl MemoryEventKind {
         match self {
             MemoryEventKind::Allocate => "allocate",
             MemoryEventKind::FreeRequested => "free_requested",
+            MemoryEventKind::FreeCompleted => "free_completed",
             MemoryEventKind::SegmentAllocate => "segment_allocate",
             MemoryEventKind::SegmentFree => "segment_free",
             MemoryEventKind::SegmentGrow => "segment_grow",
@@ -244,6 +250,67 @@ pub fn record(kind: MemoryEventKind, address: DevicePtr, size: usize, stream: Op
     }
 }
 
+/// Records a free requested on `stream` and, once the stream's work before it is done, its
+/// completion (a host function enqueued on the stream; not on a capturing stream, whose work
+/// runs only when its graph is launched, nor on another thread's per-thread default stream).
+#[inline]
+pub(crate) fn record_free(address: DevicePtr, size: usize, stream: &Stream, resource: ResourceId) {
+    if RECORDING.load(Ordering::Relaxed) {
+        let handle = stream.handle() as usize as u64;
+        record_now(MemoryEventKind::FreeRequested, address, size, handle, resource);
+        if matches!(stream.capture_state(), crate::stream::CaptureState::NotCapturing)
+            && !stream.is_foreign_per_thread()
+        {
+            completion::enqueue(stream, Completed { address, size, stream: handle, resource });
+        }
+    }
+}
+
+/// What a free's completion records.
+#[derive(Debug)]
+struct Completed {
+    address: DevicePtr,
+    size: usize,
+    stream: u64,
+    resource: ResourceId,
+}
+
+/// The host function that records a free's completion.
+mod completion {
+    use std::ffi::c_void;
+
+    use cuda_mem_sys::cu_call;
+
+    use super::{Completed, MemoryEventKind, record_now};
+    use crate::stream::Stream;
+
+    /// Enqueues the recording of `completed` on `stream`, after its work so far. A failure to
+    /// enqueue loses that one event (the free itself is done).
+    pub(super) fn enqueue(stream: &Stream, completed: Completed) {
+        let Ok(d) = crate::driver::driver() else { return };
+        let data = Box::into_raw(Box::new(completed)).cast::<c_void>();
+        // SAFETY: `on_completion` matches `CUhostFn` and takes ownership of `data`, a live box,
+        // exactly once; the stream's handle is live while `stream` is.
+        let launched = unsafe { cu_call!(d, cuLaunchHostFunc(stream.handle(), Some(on_completion), data)) };
+        if launched.is_err() {
+            // SAFETY: not enqueued, so not taken by the callback: this is its one owner.
+            drop(unsafe { Box::from_raw(data.cast::<Completed>()) });
+        }
+    }
+
+    /// Runs on the driver's thread once the work before it is done: records the completion. No
+    /// driver call is made here (the driver forbids them in host functions), and no panic
+    /// crosses back into the driver.
+    extern "C" fn on_completion(data: *mut c_void) {
+        // SAFETY: `data` is the box `enqueue` leaked for this one call.
+        let completed = unsafe { Box::from_raw(data.cast::<Completed>()) };
+        let _ = std::panic::catch_unwind(move || {
+            let Completed { address, size, stream, resource } = *completed;
+            record_now(MemoryEventKind::FreeCompleted, address, size, stream, resource);
+        });
+    }
+}
+
 #[cold]
 #[inline(never)]
 fn record_now(kind: MemoryEventKind, address: DevicePtr, size: usize, stream: u64, resource: ResourceId) {
@@ -309,8 +376,18 @@ mod tests {
         assert!(record.events.iter().all(|e| e.thread > 0 && e.backtrace.is_none()));
     }
 
+    /// In a process of its own, as every test that records: other tests' frees would launch
+    /// completion callbacks on their streams meanwhile.
     #[test]
     fn backtraces_are_captured_when_asked() {
+        cuda_sim::testing::in_simulated_machine(
+            "history::tests::backtraces_are_captured_when_asked",
+            &[],
+            backtraces_captured,
+        );
+    }
+
+    fn backtraces_captured() {
         let _serial = tests_serial();
         start_recording(HistoryOptions::default().backtraces(true));
         record(MemoryEventKind::OutOfMemory, 0, 1 << 40, None, ResourceId(1));
@@ -318,7 +395,7 @@ mod tests {
         let record = history();
         let ours = record.events.iter().find(|e| e.resource == ResourceId(1)).expect("recorded");
         let backtrace = ours.backtrace.as_ref().expect("captured");
-        assert!(backtrace.to_string().contains("backtraces_are_captured_when_asked"), "{backtrace}");
+        assert!(backtrace.to_string().contains("backtraces_captured"), "{backtrace}");
     }
 
     #[test]

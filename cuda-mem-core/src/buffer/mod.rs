@@ -640,13 +640,7 @@ impl<'a> ScopedBuffer<'a> {
         } else {
             release_after_uses(resource, stream, self.ptr, self.size, used_on)?;
         }
-        crate::history::record(
-            crate::history::MemoryEventKind::FreeRequested,
-            self.ptr,
-            self.size,
-            Some(stream),
-            resource_id,
-        );
+        crate::history::record_free(self.ptr, self.size, stream, resource_id);
         self.size = 0;
         Ok(())
     }
