@@ -16,7 +16,7 @@
 //! let device = Device::new(0)?;
 //! let stream = Stream::new(device, Default::default())?;
 //! let pool = DeviceMemoryResource::new(device, Default::default())?;
-//! history::start_recording(HistoryOptions::default());
+//! history::start_recording(HistoryOptions::default().free_completions(true));
 //! drop(pool.allocate(4096, &stream)?);
 //! stream.synchronize()?; // the free completes once the stream's work before it is done
 //! history::stop_recording();
@@ -48,7 +48,8 @@ pub enum MemoryEventKind {
     /// memory is free for reuse once the stream's work so far is done).
     FreeRequested,
     /// The stream a buffer was freed on finished the work enqueued before the free: the memory
-    /// is free now (recorded from the driver's callback thread, after the stream's work).
+    /// is free now (recorded from the driver's callback thread, after the stream's work, with
+    /// [`HistoryOptions::free_completions`]).
     FreeCompleted,
     /// A caching resource took a segment from its upstream (or mapped a new expandable one).
     SegmentAllocate,
@@ -144,12 +145,13 @@ impl ResourceId {
 pub struct HistoryOptions {
     capacity: usize,
     backtraces: bool,
+    free_completions: bool,
 }
 
 impl Default for HistoryOptions {
-    /// The last 100,000 events, without backtraces.
+    /// The last 100,000 events, without backtraces or free completions.
     fn default() -> Self {
-        HistoryOptions { capacity: 100_000, backtraces: false }
+        HistoryOptions { capacity: 100_000, backtraces: false, free_completions: false }
     }
 }
 
@@ -163,6 +165,14 @@ impl HistoryOptions {
     /// Capture the stack of every event (unresolved; a few microseconds each).
     pub fn backtraces(mut self, enabled: bool) -> Self {
         self.backtraces = enabled;
+        self
+    }
+
+    /// Record when each free completes ([`MemoryEventKind::FreeCompleted`]): a host function
+    /// enqueued on the freeing stream after the free, which the driver runs once the work before
+    /// it is done (one more driver call per free, and the stream's work waits for the host).
+    pub fn free_completions(mut self, enabled: bool) -> Self {
+        self.free_completions = enabled;
         self
     }
 }
@@ -184,6 +194,8 @@ pub struct HistoryRecord {
 static RECORDING: AtomicBool = AtomicBool::new(false);
 /// Whether events carry backtraces ([`HistoryOptions::backtraces`]).
 static BACKTRACES: AtomicBool = AtomicBool::new(false);
+/// Whether frees' completions are recorded ([`HistoryOptions::free_completions`]).
+static FREE_COMPLETIONS: AtomicBool = AtomicBool::new(false);
 
 /// The ring and its options.
 #[derive(Debug)]
@@ -195,7 +207,7 @@ struct Ring {
 
 fn ring() -> MutexGuard<'static, Ring> {
     static RING: Mutex<Ring> = Mutex::new(Ring {
-        options: HistoryOptions { capacity: 1, backtraces: false },
+        options: HistoryOptions { capacity: 1, backtraces: false, free_completions: false },
         events: VecDeque::new(),
         dropped: 0,
     });
@@ -221,6 +233,7 @@ pub fn start_recording(options: HistoryOptions) {
     let mut ring = ring();
     *ring = Ring { options, events: VecDeque::with_capacity(options.capacity.min(1 << 16)), dropped: 0 };
     BACKTRACES.store(options.backtraces, Ordering::Relaxed);
+    FREE_COMPLETIONS.store(options.free_completions, Ordering::Relaxed);
     RECORDING.store(true, Ordering::Release);
 }
 
@@ -250,15 +263,17 @@ pub fn record(kind: MemoryEventKind, address: DevicePtr, size: usize, stream: Op
     }
 }
 
-/// Records a free requested on `stream` and, once the stream's work before it is done, its
-/// completion (a host function enqueued on the stream; not on a capturing stream, whose work
-/// runs only when its graph is launched, nor on another thread's per-thread default stream).
+/// Records a free requested on `stream` and, with [`HistoryOptions::free_completions`], once the
+/// stream's work before it is done, its completion (a host function enqueued on the stream; not
+/// on a capturing stream, whose work runs only when its graph is launched, nor on another
+/// thread's per-thread default stream).
 #[inline]
 pub(crate) fn record_free(address: DevicePtr, size: usize, stream: &Stream, resource: ResourceId) {
     if RECORDING.load(Ordering::Relaxed) {
         let handle = stream.handle() as usize as u64;
         record_now(MemoryEventKind::FreeRequested, address, size, handle, resource);
-        if matches!(stream.capture_state(), crate::stream::CaptureState::NotCapturing)
+        if FREE_COMPLETIONS.load(Ordering::Relaxed)
+            && matches!(stream.capture_state(), crate::stream::CaptureState::NotCapturing)
             && !stream.is_foreign_per_thread()
         {
             completion::enqueue(stream, Completed { address, size, stream: handle, resource });

@@ -84,7 +84,7 @@ fn recording_under_eight_threads_keeps_or_counts_every_event() {
         const THREADS: usize = 8;
         const PAIRS: usize = 500;
         for capacity in [1_000_000, 3_000] {
-            history::start_recording(HistoryOptions::default().capacity(capacity));
+            history::start_recording(HistoryOptions::default().capacity(capacity).free_completions(true));
             std::thread::scope(|scope| {
                 for _ in 0..THREADS {
                     scope.spawn(|| {

@@ -1,6 +1,7 @@
 //! Case (9): what the memory history and snapshots cost. A 64 KiB pool pair (a `Buffer`
-//! allocated and dropped) with recording off, on, and on with backtraces, alternately in the
-//! same run (off is what every allocation pays: one relaxed load); and a snapshot
+//! allocated and dropped) with recording off, on, on with backtraces and on with frees'
+//! completions, alternately in the same run (off is what every allocation pays: one relaxed
+//! load); and a snapshot
 //! (`take_snapshot`), its JSON and its viewer page, against the live allocations of a caching
 //! resource (each a block of its segments) and the events recorded.
 
@@ -31,6 +32,8 @@ pub(crate) struct RecordingRow {
     pub(crate) on: Stats,
     /// Recording on, with backtraces.
     pub(crate) backtraces: Stats,
+    /// Recording on, with frees' completions (a host function per free).
+    pub(crate) completions: Stats,
 }
 
 impl RecordingRow {
@@ -43,6 +46,8 @@ impl RecordingRow {
             "backtraces_per_pair": self.backtraces.json(),
             "ratio_on": rounded(self.on.median / self.off.median, 3),
             "ratio_backtraces": rounded(self.backtraces.median / self.off.median, 3),
+            "completions_per_pair": self.completions.json(),
+            "ratio_completions": rounded(self.completions.median / self.off.median, 3),
         })
     }
 }
@@ -91,10 +96,18 @@ pub(crate) fn recording(device: Device) -> Result<RecordingRow, Error> {
         }
         let ns = pairs();
         history::stop_recording();
+        // Off the clock: the host functions of frees' completions are the stream's work, and
+        // must not be left to the next kind's repetition.
+        stream.synchronize()?;
         ns
     };
-    let kinds = [None, Some(HistoryOptions::default()), Some(HistoryOptions::default().backtraces(true))];
-    let mut samples = [Vec::new(), Vec::new(), Vec::new()];
+    let kinds = [
+        None,
+        Some(HistoryOptions::default()),
+        Some(HistoryOptions::default().backtraces(true)),
+        Some(HistoryOptions::default().free_completions(true)),
+    ];
+    let mut samples = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
     for _ in 0..10 {
         for kind in kinds {
             timed(kind)?;
@@ -111,15 +124,17 @@ pub(crate) fn recording(device: Device) -> Result<RecordingRow, Error> {
         }
         stream.synchronize()?;
     }
-    let [off, on, backtraces] = samples.map(Stats::of);
-    let row = RecordingRow { off, on, backtraces };
+    let [off, on, backtraces, completions] = samples.map(Stats::of);
+    let row = RecordingRow { off, on, backtraces, completions };
     println!(
-        "  recording off {}, on {} ({:.2}×), with backtraces {} ({:.2}×) per pair",
+        "  recording off {}, on {} ({:.2}×), with backtraces {} ({:.2}×), with frees' completions {} ({:.2}×) per pair",
         row.off.show(),
         row.on.show(),
         row.on.median / row.off.median,
         row.backtraces.show(),
-        row.backtraces.median / row.off.median
+        row.backtraces.median / row.off.median,
+        row.completions.show(),
+        row.completions.median / row.off.median
     );
     Ok(row)
 }

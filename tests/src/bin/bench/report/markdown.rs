@@ -49,16 +49,16 @@ fn history_and_snapshots(md: &mut String, recording: Option<&RecordingRow>, snap
         let _ = writeln!(
             md,
             "A `Buffer` of {} from a pool, allocated and dropped, with the history's recording off (one relaxed load \
-             per allocation), on, and on with backtraces, in turn in the same run.\n\n\
-             | recording | per pair | against off |\n|---|---|---|\n| off | {} | 1.00× |\n| on | {} | {:.2}× |\n\
-             | on, with backtraces | {} | {:.2}× |",
+             per allocation), on, on with backtraces and on with frees' completions, in turn in the same run.\n\n\
+             | recording | per pair | against off |\n|---|---|---|\n| off | {} | 1.00× |",
             bytes(RECORDING_PAIR_SIZE),
-            r.off.show(),
-            r.on.show(),
-            r.on.median / r.off.median,
-            r.backtraces.show(),
-            r.backtraces.median / r.off.median
+            r.off.show()
         );
+        for (name, stats) in
+            [("on", &r.on), ("on, with backtraces", &r.backtraces), ("on, with frees' completions", &r.completions)]
+        {
+            let _ = writeln!(md, "| {name} | {} | {:.2}× |", stats.show(), stats.median / r.off.median);
+        }
     }
     md.push_str(
         "\nA snapshot of a caching resource holding N live allocations (blocks of its segments) with N events \
