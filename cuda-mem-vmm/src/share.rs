@@ -14,10 +14,10 @@
 //! [`HandleType::PosixFd`](cuda_mem_core::HandleType::PosixFd).
 
 #[cfg(unix)]
-use cuda_mem_core::history::{MemoryEventKind, ResourceId};
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::Arc;
 
+use cuda_mem_core::history::{MemoryEventKind, ResourceId};
 use cuda_mem_core::sys::cu_call;
 use cuda_mem_core::sys::types::{
     CUmemAllocationProp, CUmemFabricHandle, CUmemGenericAllocationHandle, CUmemLocation, CUmemLocationType, CUresult,
