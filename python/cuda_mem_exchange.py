@@ -75,6 +75,11 @@ kind and device a pool message states are checked against the driver once the po
 device pool), as cuda-mem-ipc does on the Rust side: a pool described otherwise is closed and
 refused (:class:`MisdescribedResource`).
 
+Memory snapshots: :func:`read_snapshot` reads the JSON a Rust process wrote with
+``MemorySnapshot::write_json`` (``cuda_mem_core::snapshot``, feature ``snapshot``): its pools,
+caching resources (segments and blocks), virtual memory resources, imported pools and recorded
+history; :func:`snapshot_summary` prints it as the Rust side's table does.
+
 A Rust parent, a Python child
 -----------------------------
 
@@ -194,6 +199,11 @@ __all__ = [
     "encode_buffer_descriptor",
     "encode_event_descriptor",
     "spawn_with_channel",
+    # Memory snapshots a Rust process wrote (cuda_mem_core::snapshot).
+    "SNAPSHOT_SCHEMA_VERSION",
+    "SnapshotError",
+    "read_snapshot",
+    "snapshot_summary",
 ]
 
 # The wire formats: each block mirrors one file of cuda-mem-ipc's `wire` module
@@ -1402,3 +1412,92 @@ def _next_event_id() -> int:
 def _expect_no_fds(message: RawMessage) -> None:
     if message.fds:
         raise ProtocolError(f"file descriptors with a {_kind_name(message.kind)} message", 0, len(message.fds))
+
+
+# Memory snapshots: what `MemorySnapshot::write_json` (cuda_mem_core::snapshot, feature
+# `snapshot`) writes, read here without cuda.core: every live resource of the Rust process (pools,
+# caching resources with their segments and blocks, virtual memory resources, imported pools) and
+# its recorded history. The schema is that module's types, field for field; its `version` is
+# checked.
+
+SNAPSHOT_SCHEMA_VERSION = 1
+
+
+class SnapshotError(ValueError):
+    """A memory snapshot that this module cannot read: not a snapshot, or of a newer schema."""
+
+
+def read_snapshot(source) -> dict:
+    """The memory snapshot in ``source`` (a path, or the JSON text itself, or its bytes), as the
+    dictionary the JSON holds: ``version``, ``taken_at_ns``, ``resources`` (each with ``id``,
+    ``kind``, ``name``, ``device``, ``reserved_bytes``, ``used_bytes``, their peaks,
+    ``live_allocations``, ``upstream``, ``pool`` and ``segments``, each segment with its
+    ``blocks``), ``events`` and ``dropped_events``.
+
+    Raises :class:`SnapshotError` for what is no snapshot, or one of a newer schema than
+    :data:`SNAPSHOT_SCHEMA_VERSION`."""
+    import json
+
+    if isinstance(source, (bytes, bytearray)):
+        text = bytes(source).decode("utf-8")
+    elif isinstance(source, str) and source.lstrip().startswith("{"):
+        text = source
+    else:
+        with open(source, encoding="utf-8") as f:
+            text = f.read()
+    try:
+        snapshot = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise SnapshotError(f"not a memory snapshot: {error}") from error
+    if not isinstance(snapshot, dict) or not isinstance(snapshot.get("version"), int):
+        raise SnapshotError("not a memory snapshot: no schema version")
+    if snapshot["version"] > SNAPSHOT_SCHEMA_VERSION:
+        raise SnapshotError(
+            f"memory snapshot schema {snapshot['version']} is newer than {SNAPSHOT_SCHEMA_VERSION}, "
+            "the newest this module reads"
+        )
+    for key in ("resources", "events"):
+        if not isinstance(snapshot.get(key), list):
+            raise SnapshotError(f"not a memory snapshot: no list of {key}")
+    return snapshot
+
+
+def _human(n: int) -> str:
+    """``n`` bytes in the largest binary unit that leaves at least 1, as the Rust table prints."""
+    value, unit = float(n), 0
+    units = ("B", "KiB", "MiB", "GiB", "TiB")
+    while value >= 1024 and unit + 1 < len(units):
+        value /= 1024
+        unit += 1
+    return f"{n} B" if unit == 0 else f"{value:.2f} {units[unit]}"
+
+
+def snapshot_summary(snapshot: dict) -> str:
+    """A snapshot (from :func:`read_snapshot`) as a table, a row per resource (addresses in hex,
+    sizes in B/KiB/MiB/GiB) and a line per segment, then what the history recorded."""
+    lines = [f"memory snapshot (schema {snapshot['version']}), {len(snapshot['resources'])} resource(s)"]
+    header = ("resource", "kind", "device", "reserved", "used", "peak res.", "peak used", "live", "name")
+    row = "{:<16} {:<15} {:>6} {:>12} {:>12} {:>12} {:>12} {:>8}  {}"
+    lines.append(row.format(*header))
+    for r in snapshot["resources"]:
+        device = "-" if r.get("device") is None else str(r["device"])
+        lines.append(row.format(
+            hex(r["id"]), r["kind"].replace("_", " "), device, _human(r["reserved_bytes"]), _human(r["used_bytes"]),
+            _human(r["reserved_peak"]), _human(r["used_peak"]), r["live_allocations"], r["name"],
+        ))
+        for s in r.get("segments", []):
+            states = {"allocated": 0, "free": 0, "pending": 0}
+            for b in s["blocks"]:
+                state = b["state"] if isinstance(b["state"], str) else "allocated"
+                states[state] += b["size"]
+            lines.append(
+                f"    segment {hex(s['address'])} {_human(s['size'])}, stream {hex(s['stream'])}: "
+                f"{len(s['blocks'])} block(s), {_human(states['allocated'])} allocated, "
+                f"{_human(states['free'])} free, {_human(states['pending'])} pending"
+            )
+    kinds: dict[str, int] = {}
+    for event in snapshot["events"]:
+        kinds[event["kind"]] = kinds.get(event["kind"], 0) + 1
+    counted = ", ".join(f"{count} {kind}" for kind, count in kinds.items())
+    lines.append(f"history: {len(snapshot['events'])} event(s) kept ({counted}), {snapshot['dropped_events']} dropped")
+    return "\n".join(lines)
