@@ -189,6 +189,15 @@ fn the_viewer_draws_every_allocation_and_shows_a_backtrace_in_a_real_browser() {
         let info = &info[..info.find("</div>").unwrap_or(info.len())];
         assert!(info.contains("backtrace:") && info.contains("workload"), "the hovered allocation's stack: {info}");
         assert!(!info.contains("history::record"), "the recorder's own frames are left out: {info}");
+        // The wheel over the middle zooms in around it: a narrower view, inside the whole.
+        let view = |name| -> (f64, f64) {
+            let text = body_data(&dom, name).unwrap_or_else(|| panic!("no data-{name}"));
+            let (from, to) = text.split_once(' ').unwrap();
+            (from.parse().unwrap(), to.parse().unwrap())
+        };
+        let (before, after) = (view("view-before"), view("view-after"));
+        assert_eq!(before.0, 0.0);
+        assert!(after.0 > before.0 && after.1 < before.1, "zoomed in: {before:?} to {after:?}");
         // The screenshot, for a person to look at.
         let shots = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("../viewer");
         std::fs::create_dir_all(&shots).unwrap();

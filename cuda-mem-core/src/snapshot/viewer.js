@@ -277,10 +277,17 @@
     ooms.appendChild(t);
   }
 
-  // For tests: `#hover-first` hovers the first drawn allocation once drawn.
+  // For tests: `#hover-first` hovers the first drawn allocation once drawn, then turns the
+  // wheel once over the timeline's middle (zooming in there); the view it shows is kept in
+  // `data-view` before and after.
   if (location.hash === "#hover-first") {
     const first = svg.querySelector("polygon.allocation");
     if (first) first.dispatchEvent(new MouseEvent("mouseover", { bubbles: true }));
+    document.body.dataset.viewBefore = view.join(" ");
+    const box = svg.getBoundingClientRect();
+    svg.dispatchEvent(new WheelEvent("wheel", { deltaY: -100, clientX: box.left + box.width / 2, clientY: box.top + 10,
+      bubbles: true, cancelable: true }));
+    document.body.dataset.viewAfter = view.join(" ");
   }
   document.body.dataset.ready = "1";
 })();
