@@ -270,8 +270,7 @@ impl MappedMemoryResource {
         );
         let serial = SERIALS.fetch_add(1, Ordering::Relaxed);
         let resource = Arc::new(MappedMemoryResource { pool, uuid, named_by_peer, serial, exporter });
-        let weak: std::sync::Weak<MappedMemoryResource> = Arc::downgrade(&resource);
-        cuda_mem_core::snapshot::register(weak);
+        cuda_mem_core::snapshot::register(&resource);
         Ok(resource)
     }
 

@@ -103,10 +103,8 @@ unsafe impl ExpandableMemory for VirtualMemoryResource {
         let mut range = range.lock().unwrap_or_else(PoisonError::into_inner);
         let mapped = range.mapped();
         let past = |reserved| VmmError::PastReservation { base, mapped, size, reserved };
-        if size == 0 || !size.is_multiple_of(VirtualMemoryResource::granularity(self)) {
-            return Err(past(range.reservation.size).into());
-        }
-        if mapped.checked_add(size).is_none_or(|end| end > range.reservation.size) {
+        let granular = size > 0 && size.is_multiple_of(VirtualMemoryResource::granularity(self));
+        if !granular || mapped.checked_add(size).is_none_or(|end| end > range.reservation.size) {
             return Err(past(range.reservation.size).into());
         }
         let physical = self.create_chunk(size)?;

@@ -167,7 +167,7 @@ impl VirtualMemoryResource {
             "virtual memory resource created"
         );
         let resource = Arc::new(resource);
-        crate::snapshot::register(&resource);
+        cuda_mem_core::snapshot::register(&resource);
         Ok(resource)
     }
 

@@ -1,8 +1,6 @@
 //! `VirtualMemoryResource` in memory snapshots (`cuda_mem_core::snapshot`): each live buffer's
 //! range and each expandable range, as a segment.
 
-use std::sync::Arc;
-
 use cuda_mem_core::history::ResourceId;
 use cuda_mem_core::snapshot::{BlockState, BlockView, ResourceKind, ResourceSnapshot, SegmentView, SnapshotSource};
 
@@ -55,10 +53,4 @@ impl SnapshotSource for VirtualMemoryResource {
         snapshot.used_peak = snapshot.used_bytes;
         snapshot
     }
-}
-
-/// Makes `resource`, just made, part of every snapshot while it lives.
-pub(crate) fn register(resource: &Arc<VirtualMemoryResource>) {
-    let weak: std::sync::Weak<VirtualMemoryResource> = Arc::downgrade(resource);
-    cuda_mem_core::snapshot::register(weak);
 }

@@ -61,7 +61,7 @@ impl DeviceMemoryResource {
             pool.set_release_threshold(u64::MAX)?;
         }
         let resource = Arc::new(DeviceMemoryResource { pool });
-        crate::snapshot::register_arc(&resource);
+        crate::snapshot::register(&resource);
         Ok(resource)
     }
 
@@ -99,7 +99,7 @@ impl DeviceMemoryResource {
         };
         let pool = MemoryPool::create(&props, PoolKind::Device(device))?;
         let resource = Arc::new(DeviceMemoryResource { pool });
-        crate::snapshot::register_arc(&resource);
+        crate::snapshot::register(&resource);
         Ok(resource)
     }
 

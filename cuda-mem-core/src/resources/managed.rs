@@ -126,7 +126,7 @@ impl ManagedMemoryResource {
             pool: MemoryPool::current(location, PoolKind::Managed)?,
             preferred_location,
         });
-        crate::snapshot::register_arc(&resource);
+        crate::snapshot::register(&resource);
         Ok(resource)
     }
 
@@ -146,7 +146,7 @@ impl ManagedMemoryResource {
         };
         let pool = MemoryPool::create(&props, PoolKind::Managed)?;
         let resource = Arc::new(ManagedMemoryResource { pool, preferred_location: options.preferred_location });
-        crate::snapshot::register_arc(&resource);
+        crate::snapshot::register(&resource);
         Ok(resource)
     }
 

@@ -74,7 +74,7 @@ impl PinnedMemoryResource {
         let pool = MemoryPool::current(host_location(None), PoolKind::Pinned)?;
         pool.grant_all_devices()?;
         let resource = Arc::new(PinnedMemoryResource { pool, numa_node: None });
-        crate::snapshot::register_arc(&resource);
+        crate::snapshot::register(&resource);
         Ok(resource)
     }
 
@@ -102,7 +102,7 @@ impl PinnedMemoryResource {
         let pool = MemoryPool::create(&props, PoolKind::Pinned)?;
         pool.grant_all_devices()?;
         let resource = Arc::new(PinnedMemoryResource { pool, numa_node });
-        crate::snapshot::register_arc(&resource);
+        crate::snapshot::register(&resource);
         Ok(resource)
     }
 

@@ -45,7 +45,6 @@ pub use json::SnapshotFormatError;
 pub use model::{
     BlockState, BlockView, EventView, MemorySnapshot, ResourceKind, ResourceSnapshot, SCHEMA_VERSION, SegmentView,
 };
-pub(crate) use registry::register_arc;
 pub use registry::{SnapshotSource, pool_snapshot, register, take_snapshot};
 #[cfg(feature = "snapshot")]
 pub use viewer::DRAWN_ALLOCATIONS;

@@ -18,21 +18,17 @@ pub trait SnapshotSource: Send + Sync {
 /// Every source registered and perhaps alive, in the order registered.
 static SOURCES: Mutex<Vec<Weak<dyn SnapshotSource>>> = Mutex::new(Vec::new());
 
-/// Makes `source` part of every [`take_snapshot`] while it lives (the resources of this crate
-/// register themselves when made; another crate's resource registers with this).
-pub fn register(source: Weak<dyn SnapshotSource>) {
+/// Makes `resource` part of every [`take_snapshot`] while it lives; only a weak reference is
+/// kept (the resources of this crate register themselves when made; another crate's resource
+/// registers with this).
+pub fn register<T: SnapshotSource + 'static>(resource: &Arc<T>) {
+    let source: Weak<dyn SnapshotSource> = Arc::downgrade(resource) as Weak<T>;
     let mut sources = SOURCES.lock().unwrap_or_else(PoisonError::into_inner);
     // The gone are dropped when the list would grow: registering stays amortized O(1).
     if sources.len() == sources.capacity() {
         sources.retain(|source| source.strong_count() > 0);
     }
     sources.push(source);
-}
-
-/// Registers a resource of this crate, just made.
-pub(crate) fn register_arc<T: SnapshotSource + 'static>(resource: &Arc<T>) {
-    let weak: Weak<T> = Arc::downgrade(resource);
-    register(weak);
 }
 
 /// A snapshot of every registered resource alive now, and of the recorded history.

@@ -212,7 +212,7 @@ impl CachingResource {
             counters: Arc::default(),
             releasing: Mutex::new(()),
         });
-        crate::snapshot::register_arc(&resource);
+        crate::snapshot::register(&resource);
         Ok(resource)
     }
 
@@ -468,7 +468,7 @@ impl CachingResource {
             .try_with(|recent| {
                 let recent = recent.try_borrow().ok()?;
                 match &*recent {
-                    Some((id, state)) if *id == self.id && state.key == key && !state.seems_retired() => {
+                    Some((id, state)) if *id == self.id && state.key == key && !state.is_retired() => {
                         f.take().map(|f| f(state))
                     }
                     _ => None,
@@ -564,7 +564,7 @@ impl CachingResource {
     fn with_live_state<R>(&self, state: Arc<StreamState>, stream: &Stream, f: impl FnOnce(&mut Locked) -> R) -> R {
         let mut state = state;
         let mut locked = state.lock();
-        while locked.is_retired() {
+        while state.is_retired() {
             drop(locked);
             state = self.state_for(stream);
             locked = state.lock();

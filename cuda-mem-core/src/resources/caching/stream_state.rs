@@ -95,9 +95,6 @@ pub(super) struct Locked {
     /// `None` once the state is retired or its resource dropped, so that a thread that still
     /// names the state keeps no stream alive.
     pub(super) stream: Option<Stream>,
-    /// Forgotten by the resource (it had no segment left): a segment acquired for its stream
-    /// goes to the stream's new state instead.
-    retired: bool,
 }
 
 /// One stream's caching state.
@@ -105,7 +102,9 @@ pub(super) struct Locked {
 pub(super) struct StreamState {
     /// Which stream it is for (compared on the hot path without the lock).
     pub(super) key: StreamKey,
-    /// Set with [`Locked::retire`]: a thread that still names the state looks for the
+    /// Forgotten by the resource (it had no segment left; set under the lock, by
+    /// [`retire_if_empty`](StreamState::retire_if_empty)): a segment acquired for its stream goes
+    /// to the stream's new state instead, and a thread that still names the state looks for the
     /// stream's state again.
     retired: AtomicBool,
     locked: Mutex<Locked>,
@@ -114,7 +113,7 @@ pub(super) struct StreamState {
 impl StreamState {
     pub(super) fn new(stream: Stream, arena: Arena<LastUse>) -> StreamState {
         let key = stream.key();
-        let locked = Locked { arena, fence: None, stream: Some(stream), retired: false };
+        let locked = Locked { arena, fence: None, stream: Some(stream) };
         StreamState { key, retired: AtomicBool::new(false), locked: Mutex::new(locked) }
     }
 
@@ -122,10 +121,10 @@ impl StreamState {
         self.locked.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Whether the state was retired (a hint: read without the lock; [`Locked::is_retired`]
-    /// under it is the answer).
+    /// Whether the state was retired: the answer while its lock is held (it is retired under
+    /// the lock), a hint without.
     #[inline]
-    pub(super) fn seems_retired(&self) -> bool {
+    pub(super) fn is_retired(&self) -> bool {
         self.retired.load(Ordering::Relaxed)
     }
 
@@ -135,7 +134,6 @@ impl StreamState {
         if !locked.arena().is_empty() {
             return false;
         }
-        locked.retired = true;
         locked.stream = None;
         self.retired.store(true, Ordering::Relaxed);
         true
@@ -143,11 +141,6 @@ impl StreamState {
 }
 
 impl Locked {
-    /// Whether the state was retired: a segment for its stream goes to the stream's new state.
-    pub(super) fn is_retired(&self) -> bool {
-        self.retired
-    }
-
     /// The arena, its recent frees merged (what every use but the fast pair needs).
     #[inline]
     pub(super) fn arena(&mut self) -> &mut Arena<LastUse> {
