@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
@@ -147,6 +147,39 @@ fn body_data<'a>(dom: &'a str, name: &str) -> Option<&'a str> {
     Some(&body[start..start + body[start..].find('"')?])
 }
 
+/// The DOM of `url` once Chromium has run its scripts; the page's script ran to its end
+/// without an error.
+fn dump_dom(chromium: &Path, url: &str) -> String {
+    let dump = Command::new(chromium)
+        .args(["--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000", "--dump-dom", url])
+        .output()
+        .unwrap();
+    let dom = String::from_utf8_lossy(&dump.stdout).into_owned();
+    assert_eq!(
+        body_data(&dom, "ready"),
+        Some("1"),
+        "the script ran to its end: {}",
+        String::from_utf8_lossy(&dump.stderr)
+    );
+    assert_eq!(body_data(&dom, "errors"), None, "no script error");
+    dom
+}
+
+/// A screenshot of `url`, for a person to look at, kept as `target/viewer/<name>`.
+fn screenshot(chromium: &Path, url: &str, name: &str) {
+    let shots = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("../viewer");
+    std::fs::create_dir_all(&shots).unwrap();
+    let shot = shots.join(name);
+    let taken = Command::new(chromium)
+        .args(["--headless", "--no-sandbox", "--disable-gpu", "--window-size=1200,900", "--virtual-time-budget=5000"])
+        .arg(format!("--screenshot={}", shot.display()))
+        .arg(url)
+        .output()
+        .unwrap();
+    assert!(shot.exists(), "no screenshot: {}", String::from_utf8_lossy(&taken.stderr));
+    println!("the viewer's screenshot: {}", shot.display());
+}
+
 /// The viewer as a person sees it: headless Chromium loads the page with no script error, draws
 /// every allocation of the history and every block, shows the hovered allocation's backtrace,
 /// and takes a screenshot of it (kept in `target/viewer/timeline.png`).
@@ -171,18 +204,7 @@ fn the_viewer_draws_every_allocation_and_shows_a_backtrace_in_a_real_browser() {
         let page = folder.path().join("snapshot.html");
         snapshot.write_html(&page).unwrap();
         let url = format!("file://{}#hover-first", page.display());
-        let dump = Command::new(&chromium)
-            .args(["--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000", "--dump-dom", &url])
-            .output()
-            .unwrap();
-        let dom = String::from_utf8_lossy(&dump.stdout);
-        assert_eq!(
-            body_data(&dom, "ready"),
-            Some("1"),
-            "the script ran to its end: {}",
-            String::from_utf8_lossy(&dump.stderr)
-        );
-        assert_eq!(body_data(&dom, "errors"), None, "no script error");
+        let dom = dump_dom(&chromium, &url);
         assert_eq!(body_data(&dom, "drawn"), Some(allocations.to_string().as_str()), "every allocation drawn");
         assert_eq!(body_data(&dom, "blocks"), Some(blocks.to_string().as_str()), "every block drawn");
         let info = &dom[dom.find("id=\"info\"").unwrap()..];
@@ -198,24 +220,56 @@ fn the_viewer_draws_every_allocation_and_shows_a_backtrace_in_a_real_browser() {
         let (before, after) = (view("view-before"), view("view-after"));
         assert_eq!(before.0, 0.0);
         assert!(after.0 > before.0 && after.1 < before.1, "zoomed in: {before:?} to {after:?}");
-        // The screenshot, for a person to look at.
-        let shots = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("../viewer");
-        std::fs::create_dir_all(&shots).unwrap();
-        let shot = shots.join("timeline.png");
-        let taken = Command::new(&chromium)
-            .args([
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--window-size=1200,900",
-                "--virtual-time-budget=5000",
-            ])
-            .arg(format!("--screenshot={}", shot.display()))
-            .arg(&url)
-            .output()
-            .unwrap();
-        assert!(shot.exists(), "no screenshot: {}", String::from_utf8_lossy(&taken.stderr));
-        println!("the viewer's screenshot: {}", shot.display());
+        screenshot(&chromium, &url, "timeline.png");
+        drop((live, cache, pool));
+    });
+}
+
+/// A history of a million events makes a page of what it draws, not of the history: headless
+/// Chromium loads it without an error and draws the largest `DRAWN_ALLOCATIONS` one by one and
+/// the others as one band (a screenshot is kept as `target/viewer/million.png`).
+#[test]
+fn a_million_events_make_a_small_page_that_a_real_browser_draws() {
+    in_simulated_machine("a_million_events_make_a_small_page_that_a_real_browser_draws", &[], || {
+        let Some(chromium) = chromium() else {
+            eprintln!("SKIP: no Chromium on this machine (Debian's `chromium` package runs this test)");
+            return;
+        };
+        const EVENTS: usize = 1_000_000;
+        let _serial = history::tests_serial();
+        let device = common::device();
+        let stream = common::stream(device);
+        let pool = DeviceMemoryResource::new(device, Default::default()).unwrap();
+        let cache = CachingResource::new(pool.clone(), CachingOptions::default()).unwrap();
+        history::start_recording(HistoryOptions::default().capacity(EVENTS));
+        // A sawtooth of many sizes: up to 3,000 live, then the oldest 2,000 freed.
+        let mut live = std::collections::VecDeque::new();
+        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+        for _ in 0..520_000 {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            live.push_back(cache.allocate(KIB * (1 + (seed % 256) as usize), &stream).unwrap());
+            if live.len() == 3000 {
+                live.drain(..2000);
+            }
+        }
+        history::stop_recording();
+        let snapshot = take_snapshot();
+        assert_eq!(snapshot.events.len(), EVENTS, "the ring is full");
+        assert!(snapshot.dropped_events > 0, "and dropped the oldest");
+        let page = snapshot.to_html().unwrap();
+        assert!(page.len() < 1 << 20, "the page carries what it draws: {} bytes", page.len());
+        let folder = tempfile::tempdir().unwrap();
+        let path = folder.path().join("million.html");
+        std::fs::write(&path, page).unwrap();
+        let url = format!("file://{}", path.display());
+        let dom = dump_dom(&chromium, &url);
+        let drawn = cuda_mem_core::snapshot::DRAWN_ALLOCATIONS.to_string();
+        assert_eq!(body_data(&dom, "drawn"), Some(drawn.as_str()), "the largest drawn one by one");
+        assert!(dom.contains("smaller allocations") || dom.contains("fill=\"#bbbbbb\""), "the rest as one band");
+        assert!(dom.contains("1000000 event(s) kept"), "the headline counts every event");
+        screenshot(&chromium, &url, "million.png");
         drop((live, cache, pool));
     });
 }

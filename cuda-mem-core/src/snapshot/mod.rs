@@ -11,7 +11,8 @@
 //! - `registry`: [`SnapshotSource`], [`register`], [`take_snapshot`];
 //! - `model`: the snapshot's types;
 //! - `summary`: the text table;
-//! - `json`, `viewer` (feature `snapshot`): the file formats.
+//! - `json`, `viewer` (feature `snapshot`): the file formats; `timeline` (feature `snapshot`):
+//!   what the viewer draws of a history.
 //!
 //! ```
 //! # cuda_sim::testing::driver()?; // the tests run this example on the simulator
@@ -37,6 +38,8 @@ mod summary;
 
 #[cfg(feature = "snapshot")]
 mod json;
+#[cfg(feature = "snapshot")]
+mod timeline;
 #[cfg(feature = "snapshot")]
 mod viewer;
 

@@ -24,36 +24,18 @@
     return e;
   }
 
-  // The history's allocations: an allocate event opens one (by resource, address and size), a
-  // free_requested event closes the latest open one of the same (buffers may alias: a grown
-  // virtual buffer and its growth share an address); those still open end at the last event.
-  const moves = snapshot.events.filter((e) => e.kind === "allocate" || e.kind === "free_requested");
-  const open = new Map();
-  const allocations = [];
-  moves.forEach((e, i) => {
-    const key = e.resource + ":" + e.address + ":" + e.size;
-    if (e.kind === "allocate") {
-      const a = { start: i, end: moves.length, size: e.size, event: e, index: allocations.length };
-      allocations.push(a);
-      if (!open.has(key)) open.set(key, []);
-      open.get(key).push(a);
-    } else if (open.has(key)) {
-      const list = open.get(key);
-      list.pop().end = i;
-      if (!list.length) open.delete(key);
-    }
-  });
-  // The largest are drawn one by one, the rest as one band on top.
-  const bySize = allocations.slice().sort((a, b) => b.size - a.size);
-  const drawn = new Set(bySize.slice(0, DRAWN_ALLOCATIONS));
-  const n = Math.max(moves.length, 1);
+  // The timeline, as viewer.rs worked it out of the history: the drawn allocations (the
+  // largest, in the order made) and the others' live bytes as one band.
+  const timeline = snapshot.timeline;
+  const n = Math.max(timeline.moves, 1);
+  const allocations = timeline.drawn.map(([number, start, end, size, address, stream, resource, thread, trace]) =>
+    ({ number, start, end, size, event: { address, stream, resource, thread,
+      backtrace: trace === null ? null : snapshot.traces[trace] } }));
 
-  // Sweep the moves: the drawn live allocations stay stacked in the order they were made; each
-  // band is its offsets at the moments they change.
+  // Sweep the moves where a drawn allocation starts or ends: the live ones stay stacked in the
+  // order they were made; each band is its offsets at the moments they change.
   const stack = [];
   const bands = new Map();
-  const rest = [];  // [x, drawn total, rest total]
-  let restBytes = 0, drawnBytes = 0;
   const starts = new Map(), ends = new Map();
   for (const a of allocations) {
     if (!starts.has(a.start)) starts.set(a.start, []);
@@ -70,34 +52,24 @@
       offset += a.size;
     }
   }
-  for (let x = 0; x <= moves.length; x++) {
-    let changed = false;
+  let peak = 1, drawnBytes = 0;
+  const moments = Array.from(new Set([...starts.keys(), ...ends.keys()])).sort((p, q) => p - q);
+  for (const x of moments) {
     for (const a of ends.get(x) || []) {
-      if (drawn.has(a)) {
-        const band = bands.get(a);
-        band.push([x, band[band.length - 1][1]]);
-        band.closed = true;
-        stack.splice(stack.indexOf(a), 1);
-        drawnBytes -= a.size;
-        changed = true;
-      } else {
-        restBytes -= a.size;
-      }
+      const band = bands.get(a);
+      band.push([x, band[band.length - 1][1]]);
+      stack.splice(stack.indexOf(a), 1);
+      drawnBytes -= a.size;
     }
     for (const a of starts.get(x) || []) {
-      if (drawn.has(a)) {
-        bands.set(a, []);
-        stack.push(a);
-        drawnBytes += a.size;
-        changed = true;
-      } else {
-        restBytes += a.size;
-      }
+      bands.set(a, []);
+      stack.push(a);
+      drawnBytes += a.size;
     }
-    if (changed) restack(x);
-    rest.push([x, drawnBytes, restBytes]);
+    restack(x);
+    peak = Math.max(peak, drawnBytes);
   }
-  let peak = 1;
+  const rest = timeline.rest;
   for (const [, d, r] of rest) peak = Math.max(peak, d + r);
 
   // Colours: by resource or by stream, each value its palette entry in order of appearance.
@@ -135,9 +107,9 @@
   function show(a) {
     const e = a.event;
     const lines = [
-      human(a.size) + " at " + hex(e.address) + " (allocation " + (a.index + 1) + " of " + allocations.length + ")",
+      human(a.size) + " at " + hex(e.address) + " (allocation " + (a.number + 1) + " of " + timeline.allocations + ")",
       "resource " + hex(e.resource) + ", stream " + hex(e.stream) + ", thread " + e.thread,
-      "live from event " + a.start + " to " + (a.end >= moves.length ? "the end" : "event " + a.end),
+      "live from move " + a.start + " to " + (a.end >= timeline.moves ? "the end" : "move " + a.end),
     ];
     if (e.backtrace) lines.push("backtrace:", ...e.backtrace);
     else lines.push("(recorded without backtraces)");
@@ -148,7 +120,6 @@
     const colour = colourOf(mode);
     let count = 0;
     for (const a of allocations) {
-      if (!drawn.has(a)) continue;
       const p = document.createElementNS(SVG, "polygon");
       p.setAttribute("points", polygonPoints(bands.get(a), a.size));
       p.setAttribute("fill", colour(a.event));
@@ -160,21 +131,18 @@
       svg.appendChild(p);
       count++;
     }
-    if (allocations.length > drawn.size) {
-      // The rest, on top of the drawn ones: at most 4,000 points (each the most of its span).
-      const step = Math.max(1, Math.ceil(rest.length / 4000));
+    if (rest.length) {
+      // The rest, on top of the drawn ones.
       const top = [], bottom = [];
-      for (let i = 0; i < rest.length; i += step) {
-        let best = rest[i];
-        for (let j = i; j < Math.min(rest.length, i + step); j++) if (rest[j][1] + rest[j][2] > best[1] + best[2]) best = rest[j];
-        top.push(rest[i][0] + "," + y(best[1] + best[2]));
-        bottom.push(rest[i][0] + "," + y(best[1]));
+      for (const [x, d, r] of rest) {
+        top.push(x + "," + y(d + r));
+        bottom.push(x + "," + y(d));
       }
       const p = document.createElementNS(SVG, "polygon");
       p.setAttribute("points", top.concat(bottom.reverse()).join(" "));
       p.setAttribute("fill", "#bbbbbb");
       p.addEventListener("mouseover", () => {
-        info.textContent = (allocations.length - drawn.size) + " smaller allocations drawn as one band";
+        info.textContent = (timeline.allocations - allocations.length) + " smaller allocations drawn as one band";
       });
       svg.appendChild(p);
     }
@@ -208,8 +176,9 @@
   draw("resource");
 
   document.getElementById("headline").textContent =
-    snapshot.resources.length + " resource(s), " + snapshot.events.length + " event(s) kept, " +
-    snapshot.dropped_events + " dropped; " + allocations.length + " allocation(s) in the history, peak " + human(peak) +
+    snapshot.resources.length + " resource(s), " + snapshot.event_count + " event(s) kept, " +
+    snapshot.dropped_events + " dropped; " + timeline.allocations + " allocation(s) in the history (" +
+    allocations.length + " drawn one by one), peak " + human(peak) +
     " live; schema " + snapshot.version;
 
   // The summary table.
@@ -232,6 +201,12 @@
   const segments = document.getElementById("segments");
   let largest = 1;
   for (const r of snapshot.resources) for (const s of r.segments) largest = Math.max(largest, s.size);
+  // Past BLOCK_BUDGET blocks, neighbours of one state are drawn as one (the page stays usable).
+  const BLOCK_BUDGET = 20000;
+  let blockCount = 0;
+  for (const r of snapshot.resources) for (const s of r.segments) blockCount += s.blocks.length;
+  const merge = blockCount > BLOCK_BUDGET;
+  const stateOf = (b) => (typeof b.state === "string" ? b.state : "allocated");
   let blocksDrawn = 0;
   for (const r of snapshot.resources) {
     if (!r.segments.length) continue;
@@ -241,11 +216,23 @@
         ", stream " + hex(s.stream);
       const bar = el("div", { class: "seg", title: label });
       bar.style.width = Math.max(4, (100 * s.size) / largest) + "%";
+      const runs = [];
       for (const b of s.blocks) {
-        const state = typeof b.state === "string" ? b.state : "allocated";
-        const d = el("div", { class: state, title: human(b.size) + " at " + hex(b.address) + ": " + state +
-          (state === "allocated" ? " (" + human(b.state.allocated.requested) + " asked)" : "") });
-        d.style.width = (100 * b.size) / s.size + "%";
+        const last = runs[runs.length - 1];
+        if (merge && last && last.state === stateOf(b)) {
+          last.size += b.size;
+          last.count++;
+        } else {
+          runs.push({ state: stateOf(b), size: b.size, address: b.address, count: 1, block: b });
+        }
+      }
+      for (const run of runs) {
+        const what = run.count > 1
+          ? run.count + " " + run.state + " blocks, " + human(run.size) + " from " + hex(run.address)
+          : human(run.size) + " at " + hex(run.address) + ": " + run.state +
+            (run.state === "allocated" ? " (" + human(run.block.state.allocated.requested) + " asked)" : "");
+        const d = el("div", { class: run.state, title: what });
+        d.style.width = (100 * run.size) / s.size + "%";
         bar.appendChild(d);
         blocksDrawn++;
       }
@@ -258,16 +245,18 @@
 
   // The events before each out-of-memory failure.
   const ooms = document.getElementById("ooms");
-  const failures = snapshot.events.map((e, i) => [e, i]).filter(([e]) => e.kind === "out_of_memory");
-  if (!failures.length) ooms.textContent = "none recorded";
-  for (const [e, i] of failures) {
+  if (!snapshot.ooms.length) ooms.textContent = "none recorded";
+  if (snapshot.ooms_not_listed) {
+    ooms.appendChild(el("div", {}, snapshot.ooms_not_listed + " earlier failure(s) not listed"));
+  }
+  for (const { event: e, before } of snapshot.ooms) {
     ooms.appendChild(el("div", {}, "out of memory: " + human(e.size) + " asked of " + hex(e.resource) + " at " +
       (e.time_ns / 1e9).toFixed(6) + " s, thread " + e.thread));
     const t = el("table");
     const h = el("tr");
     for (const c of ["time (s)", "event", "size", "address", "resource", "stream"]) h.appendChild(el("th", {}, c));
     t.appendChild(h);
-    for (const b of snapshot.events.slice(Math.max(0, i - 20), i + 1)) {
+    for (const b of before.concat([e])) {
       const row = el("tr");
       for (const c of [(b.time_ns / 1e9).toFixed(6), b.kind, human(b.size), hex(b.address), hex(b.resource), hex(b.stream)]) {
         row.appendChild(el("td", {}, c));

@@ -1,25 +1,30 @@
 //! A [`MemorySnapshot`] as one self-contained HTML page (feature `snapshot`): no network, no
-//! external script. It draws, from the snapshot's JSON embedded in the page:
+//! external script. It draws, from what it embeds of the snapshot (its resources and segments,
+//! and what [`timeline`](super::timeline) works out of its history, so that the page's size and
+//! the browser's work do not grow with the history):
 //!
 //! - the active-memory timeline: every allocation of the history a band, stacked in the order
 //!   they were made (a band moves down when one below it is freed), over the history's events;
 //!   coloured by resource or by stream; hovering a band shows its size, address, stream, thread
 //!   and backtrace; the wheel zooms, a double click resets. The largest
-//!   [`DRAWN_ALLOCATIONS`] are drawn one by one, the rest as one band on top ("the rest"), so a
-//!   history of a million events stays responsive;
-//! - the segment map: each segment's blocks, to scale, allocated, free or pending;
-//! - the events before each out-of-memory failure;
+//!   [`DRAWN_ALLOCATIONS`] are drawn one by one, the rest as one band on top ("the rest", at
+//!   most 4,000 points, each the most bytes of its span), so a history of a million events
+//!   stays responsive;
+//! - the segment map: each segment's blocks, to scale, allocated, free or pending (past 20,000
+//!   blocks, neighbours of one state are drawn as one);
+//! - the events before each out-of-memory failure (the latest 50);
 //! - the summary table of [`Display`](std::fmt::Display).
 //!
 //! [`MemorySnapshot::timeline_svg`] draws the timeline as a static SVG (active bytes per resource
 //! over the events) for reports and CI logs.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 
 use super::json::SnapshotFormatError;
-use super::model::MemorySnapshot;
+use super::model::{EventView, MemorySnapshot, ResourceSnapshot};
 use super::summary::human;
+use super::timeline::{EVENTS_BEFORE_OOM, Timeline, listed_ooms};
 
 /// How many allocations the page draws one by one (the largest; the rest as one band).
 pub const DRAWN_ALLOCATIONS: usize = 2000;
@@ -35,14 +40,110 @@ td.l,th.l{text-align:left}#timeline{border:1px solid #ccc;width:100%;height:420p
 .seg{display:flex;height:18px;margin:2px 0;border:1px solid #999;min-width:40px}.seg div{height:100%;border-right:1px solid #fff}\
 .allocated{background:#d9534f}.free{background:#9fd49f}.pending{background:#f0ad4e}.legend span{display:inline-block;width:12px;height:12px;margin:0 4px 0 12px;vertical-align:middle}";
 
+/// What the page embeds: the snapshot without its events, and what the page draws of them
+/// (worked out here, so that the page stays small however long the history).
+#[derive(serde::Serialize)]
+struct PageData<'a> {
+    version: u32,
+    taken_at_ns: u64,
+    resources: &'a [ResourceSnapshot],
+    dropped_events: u64,
+    /// The events the snapshot holds.
+    event_count: usize,
+    timeline: PageTimeline,
+    /// The drawn allocations' backtraces, each once (allocations name them by index).
+    traces: Vec<&'a [String]>,
+    /// The latest out-of-memory failures, each with the events before it.
+    ooms: Vec<PageOom<'a>>,
+    /// Earlier failures not listed.
+    ooms_not_listed: usize,
+}
+
+/// An allocation drawn one by one: its number (of all, in the order made), first move, end
+/// move, size, address, stream, resource, thread and backtrace (an index of `traces`).
+type DrawnAllocation = (usize, usize, usize, u64, u64, u64, u64, u64, Option<usize>);
+
+#[derive(serde::Serialize)]
+struct PageTimeline {
+    /// The history's allocate and free_requested events, counted: the timeline's width.
+    moves: usize,
+    /// Allocations in the history.
+    allocations: usize,
+    /// The largest [`DRAWN_ALLOCATIONS`], in the order made.
+    drawn: Vec<DrawnAllocation>,
+    /// The others' live bytes as one band: `[move, drawn bytes, rest bytes]` points.
+    rest: Vec<[u64; 3]>,
+}
+
+#[derive(serde::Serialize)]
+struct PageOom<'a> {
+    event: &'a EventView,
+    before: &'a [EventView],
+}
+
 impl MemorySnapshot {
-    /// The viewer page for this snapshot.
+    /// What the page embeds.
+    fn page_data(&self) -> PageData<'_> {
+        let timeline = Timeline::of(&self.events);
+        let drawn_flags = timeline.drawn(DRAWN_ALLOCATIONS);
+        let mut traces: Vec<&[String]> = Vec::new();
+        let mut trace_index: HashMap<&[String], usize> = HashMap::new();
+        let mut drawn = Vec::with_capacity(DRAWN_ALLOCATIONS.min(timeline.allocations.len()));
+        for (number, (allocation, _)) in
+            timeline.allocations.iter().zip(&drawn_flags).enumerate().filter(|&(_, (_, &is_drawn))| is_drawn)
+        {
+            let event = &self.events[allocation.event];
+            let trace = event.backtrace.as_deref().map(|frames| {
+                *trace_index.entry(frames).or_insert_with(|| {
+                    traces.push(frames);
+                    traces.len() - 1
+                })
+            });
+            drawn.push((
+                number,
+                allocation.start,
+                allocation.end,
+                allocation.size,
+                event.address,
+                event.stream,
+                event.resource,
+                event.thread,
+                trace,
+            ));
+        }
+        let rest =
+            if drawn.len() < timeline.allocations.len() { timeline.live_bytes(&drawn_flags) } else { Vec::new() };
+        let (listed, ooms_not_listed) = listed_ooms(self);
+        let ooms = listed
+            .into_iter()
+            .map(|at| PageOom {
+                event: &self.events[at],
+                before: &self.events[at.saturating_sub(EVENTS_BEFORE_OOM)..at],
+            })
+            .collect();
+        PageData {
+            version: self.version,
+            taken_at_ns: self.taken_at_ns,
+            resources: &self.resources,
+            dropped_events: self.dropped_events,
+            event_count: self.events.len(),
+            timeline: PageTimeline { moves: timeline.moves, allocations: timeline.allocations.len(), drawn, rest },
+            traces,
+            ooms,
+            ooms_not_listed,
+        }
+    }
+
+    /// The viewer page for this snapshot. It embeds the snapshot's resources and segments, and
+    /// of its history what it draws: the largest [`DRAWN_ALLOCATIONS`] allocations (with their
+    /// backtraces), the others' live bytes as one band, and the events before the latest 50
+    /// out-of-memory failures; its size does not grow with the history's length.
     ///
     /// # Errors
     /// As [`to_json`](MemorySnapshot::to_json).
     pub fn to_html(&self) -> Result<String, SnapshotFormatError> {
         // `</` would end the script element early: JSON allows `<\/` for it.
-        let json = self.to_json()?.replace("</", "<\\/");
+        let json = serde_json::to_string(&self.page_data())?.replace("</", "<\\/");
         let mut page = String::with_capacity(json.len() + SCRIPT.len() + 4096);
         page.push_str(
             "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>Memory snapshot</title><style>",

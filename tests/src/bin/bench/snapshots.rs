@@ -52,10 +52,15 @@ impl RecordingRow {
     }
 }
 
-/// A snapshot of a caching resource with `live` allocations (and as many events recorded).
+/// Events in the long history's row: allocate+free pairs fill the ring.
+pub(crate) const LONG_HISTORY_EVENTS: usize = 1_000_000;
+
+/// A snapshot of a caching resource with `live` allocations and `events` events recorded.
 pub(crate) struct SnapshotRow {
-    /// Live allocations (blocks), and events in the history.
+    /// Live allocations (blocks).
     pub(crate) live: usize,
+    /// Events in the history.
+    pub(crate) events: usize,
     /// `take_snapshot()`.
     pub(crate) take: Stats,
     /// `to_json()`.
@@ -139,7 +144,7 @@ pub(crate) fn recording(device: Device) -> Result<RecordingRow, Error> {
     Ok(row)
 }
 
-/// A snapshot against the live allocations of a caching resource.
+/// A snapshot against the live allocations of a caching resource, and one of a long history.
 pub(crate) fn snapshots(device: Device) -> Result<Vec<SnapshotRow>, Error> {
     let stream = Stream::new(device, StreamOptions::default().non_blocking())?;
     let mut rows = Vec::new();
@@ -149,30 +154,53 @@ pub(crate) fn snapshots(device: Device) -> Result<Vec<SnapshotRow>, Error> {
         history::start_recording(HistoryOptions::default().capacity(live * 2));
         let buffers = (0..live).map(|i| cache.allocate(512 * (1 + i % 8), &stream)).collect::<Result<Vec<_>, _>>()?;
         history::stop_recording();
-        let (mut take, mut to_json, mut to_html, mut page_bytes) = (Vec::new(), Vec::new(), Vec::new(), 0);
-        for _ in 0..7 {
-            let start = Instant::now();
-            let snapshot = take_snapshot();
-            take.push(start.elapsed().as_nanos() as f64);
-            let start = Instant::now();
-            std::hint::black_box(snapshot.to_json()?);
-            to_json.push(start.elapsed().as_nanos() as f64);
-            let start = Instant::now();
-            let page = snapshot.to_html()?;
-            to_html.push(start.elapsed().as_nanos() as f64);
-            page_bytes = page.len();
-        }
-        let row =
-            SnapshotRow { live, take: Stats::of(take), json: Stats::of(to_json), html: Stats::of(to_html), page_bytes };
-        println!(
-            "  snapshot of {live} live allocations: take {}, JSON {}, page {} ({} KiB)",
-            row.take.show(),
-            row.json.show(),
-            row.html.show(),
-            row.page_bytes / 1024
-        );
-        rows.push(row);
+        rows.push(timed_snapshot(live, 7)?);
         drop(buffers);
     }
+    // A million events: 1,000 live, the ring filled by pairs of many sizes.
+    let cache =
+        CachingResource::new(DeviceMemoryResource::new(device, Default::default())?, CachingOptions::default())?;
+    history::start_recording(HistoryOptions::default().capacity(LONG_HISTORY_EVENTS));
+    let buffers = (0..1000).map(|i| cache.allocate(512 * (1 + i % 8), &stream)).collect::<Result<Vec<_>, _>>()?;
+    for i in 0..LONG_HISTORY_EVENTS / 2 {
+        drop(cache.allocate(512 * (1 + i % 64), &stream)?);
+    }
+    history::stop_recording();
+    rows.push(timed_snapshot(buffers.len(), 3)?);
+    drop(buffers);
     Ok(rows)
+}
+
+/// `take_snapshot`, `to_json` and `to_html` of what is live and recorded now, `rounds` times.
+fn timed_snapshot(live: usize, rounds: usize) -> Result<SnapshotRow, Error> {
+    let (mut take, mut to_json, mut to_html, mut page_bytes, mut events) = (Vec::new(), Vec::new(), Vec::new(), 0, 0);
+    for _ in 0..rounds {
+        let start = Instant::now();
+        let snapshot = take_snapshot();
+        take.push(start.elapsed().as_nanos() as f64);
+        let start = Instant::now();
+        std::hint::black_box(snapshot.to_json()?);
+        to_json.push(start.elapsed().as_nanos() as f64);
+        let start = Instant::now();
+        let page = snapshot.to_html()?;
+        to_html.push(start.elapsed().as_nanos() as f64);
+        page_bytes = page.len();
+        events = snapshot.events.len();
+    }
+    let row = SnapshotRow {
+        live,
+        events,
+        take: Stats::of(take),
+        json: Stats::of(to_json),
+        html: Stats::of(to_html),
+        page_bytes,
+    };
+    println!(
+        "  snapshot of {live} live allocations, {events} events: take {}, JSON {}, page {} ({} KiB)",
+        row.take.show(),
+        row.json.show(),
+        row.html.show(),
+        row.page_bytes / 1024
+    );
+    Ok(row)
 }

@@ -61,15 +61,17 @@ fn history_and_snapshots(md: &mut String, recording: Option<&RecordingRow>, snap
         }
     }
     md.push_str(
-        "\nA snapshot of a caching resource holding N live allocations (blocks of its segments) with N events \
-         recorded: `take_snapshot()`, `to_json()` and `to_html()` (the viewer's page), the median of 7.\n\n\
-         | live allocations | take_snapshot | to_json | to_html | page |\n|---|---|---|---|---|\n",
+        "\nA snapshot of a caching resource holding N live allocations (blocks of its segments) with the events \
+         recorded: `take_snapshot()`, `to_json()` and `to_html()` (the viewer's page), the median of 7 (of 3 for the \
+         million events).\n\n\
+         | live allocations | events | take_snapshot | to_json | to_html | page |\n|---|---|---|---|---|---|\n",
     );
     for r in snapshots {
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} |",
             r.live,
+            r.events,
             r.take.show(),
             r.json.show(),
             r.html.show(),
