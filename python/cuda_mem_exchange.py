@@ -161,6 +161,8 @@ __all__ = [
     "VIRTUAL_BUFFER",
     "EVENT",
     "BUFFERS_AFTER_EVENT",
+    "SNAPSHOT_REQUEST",
+    "SNAPSHOT",
     "RESOURCE_MESSAGE_LEN",
     "MAX_BUFFERS_PER_MESSAGE",
     "BUFFER_DESCRIPTOR_MAGIC",
@@ -194,6 +196,11 @@ __all__ = [
     "Resource",
     "UnknownResource",
     "UuidTakenOnChannel",
+    "SNAPSHOT_REQUEST_LEN",
+    "Snapshot",
+    "SnapshotRequest",
+    "decode_snapshot_request",
+    "encode_snapshot_request",
     "decode_buffer_descriptor",
     "decode_event_descriptor",
     "encode_buffer_descriptor",
@@ -224,6 +231,8 @@ DATA = 3
 VIRTUAL_BUFFER = 4
 EVENT = 5
 BUFFERS_AFTER_EVENT = 6
+SNAPSHOT_REQUEST = 7
+SNAPSHOT = 8
 _KIND_NAMES = {
     RESOURCE: "resource",
     BUFFERS: "buffers",
@@ -231,8 +240,12 @@ _KIND_NAMES = {
     VIRTUAL_BUFFER: "virtual buffer",
     EVENT: "event",
     BUFFERS_AFTER_EVENT: "buffers-after-event",
+    SNAPSHOT_REQUEST: "snapshot request",
+    SNAPSHOT: "snapshot",
 }
-_RECEIVED_KINDS = "1 (resource), 2 (buffers), 3 (data), 5 (event) or 6 (buffers-after-event)"
+_RECEIVED_KINDS = (
+    "1 (resource), 2 (buffers), 3 (data), 5 (event), 6 (buffers-after-event), 7 (snapshot request) or 8 (snapshot)"
+)
 
 # The resource message: wire/resource.rs (`RESOURCE_MESSAGE_LEN`, `ResourceMessageError`).
 RESOURCE_MESSAGE_LEN = 40
@@ -954,6 +967,28 @@ def decode_event_descriptor(encoded: bytes) -> tuple[int, bytes]:
     return event_id, handle
 
 
+# The snapshot request: wire/snapshot_request.rs (`wire::SnapshotRequest`, `SnapshotRequestError`).
+SNAPSHOT_REQUEST_LEN = 4
+_EVERY_EVENT = 0xFFFF_FFFF
+
+
+def encode_snapshot_request(max_events: int | None = None) -> bytes:
+    """A request for a memory snapshot with at most ``max_events`` events (``None``: all that
+    fit one message)."""
+    if max_events is not None and not 0 <= max_events <= _EVERY_EVENT:
+        raise ValueError(f"max_events must be None or in 0..={_EVERY_EVENT}, not {max_events}")
+    return struct.pack("<I", _EVERY_EVENT if max_events is None else max_events)
+
+
+def decode_snapshot_request(encoded: bytes) -> int | None:
+    """The ``max_events`` of an encoded snapshot request. Raises :class:`ProtocolError` for
+    other than :data:`SNAPSHOT_REQUEST_LEN` bytes."""
+    if len(encoded) != SNAPSHOT_REQUEST_LEN:
+        raise ProtocolError("a snapshot request's length", f"{SNAPSHOT_REQUEST_LEN} bytes", len(encoded))
+    (max_events,) = struct.unpack("<I", encoded)
+    return None if max_events == _EVERY_EVENT else max_events
+
+
 @dataclass
 class Resource:
     """A pool arrived: ``resource`` is the cuda.core memory resource (imported, or the one this
@@ -975,6 +1010,23 @@ class Data:
     """The peer's own bytes."""
 
     data: bytes
+
+
+@dataclass
+class SnapshotRequest:
+    """The peer asks for a memory snapshot of this process, with at most ``max_events`` of the
+    latest events (``None``: all that fit). This module takes none of its own: answer with data,
+    or not at all."""
+
+    max_events: int | None
+
+
+@dataclass
+class Snapshot:
+    """A memory snapshot of the peer's process (a Rust ``cuda_mem_core::snapshot``), as
+    :func:`read_snapshot` reads it: pass it to :func:`snapshot_summary` for its table."""
+
+    snapshot: dict
 
 
 @dataclass
@@ -1211,9 +1263,19 @@ class IpcChannel:
         """Sends the application's bytes."""
         self.channel.send(DATA, data)
 
-    def recv(self, stream) -> Resource | Buffers | Data | Event:
+    def request_snapshot(self, max_events: int | None = None) -> None:
+        """Asks the peer (a Rust process whose ``cuda_mem_ipc::IpcChannel`` answers with
+        ``answer_snapshot_request``) for a memory snapshot of its process, with at most
+        ``max_events`` of its latest recorded events (``None``: every event that fits one
+        message). The answer arrives as a :class:`Snapshot` from :meth:`recv` (no cuda.core is
+        needed to ask or to receive it: ``stream`` may be ``None``)."""
+        self.channel.send(SNAPSHOT_REQUEST, encode_snapshot_request(max_events))
+
+    def recv(self, stream) -> Resource | Buffers | Data | Event | Snapshot | SnapshotRequest:
         """Receives one message: imports a pool, maps buffers (freed on ``stream`` when
-        closed), opens an event (which ``stream`` then waits for), or returns bytes.
+        closed), opens an event (which ``stream`` then waits for), returns bytes, a peer's memory
+        snapshot (read as :func:`read_snapshot` reads one: a snapshot it cannot read raises
+        :class:`SnapshotError`, and the channel goes on), or a peer's request for one.
 
         A refused message's descriptors are closed, and it leaves this process's pools and
         mappings as they were (the buffers of it mapped before the refusal are closed on
@@ -1243,6 +1305,10 @@ class IpcChannel:
                 return self._receive_buffers(message.payload[EVENT_DESCRIPTOR_LEN:], stream, event)
             if message.kind == DATA:
                 return Data(message.payload)
+            if message.kind == SNAPSHOT:
+                return Snapshot(read_snapshot(message.payload))
+            if message.kind == SNAPSHOT_REQUEST:
+                return SnapshotRequest(decode_snapshot_request(message.payload))
             if message.kind == VIRTUAL_BUFFER:
                 raise ProtocolError(
                     "the message kind",
@@ -1439,7 +1505,10 @@ def read_snapshot(source) -> dict:
     import json
 
     if isinstance(source, (bytes, bytearray)):
-        text = bytes(source).decode("utf-8")
+        try:
+            text = bytes(source).decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise SnapshotError(f"not a memory snapshot: {error}") from error
     elif isinstance(source, str) and source.lstrip().startswith("{"):
         text = source
     else:

@@ -9,7 +9,7 @@ use crate::spawn::ChannelEnvError;
 
 use crate::wire::{
     BufferDescriptorError, BuffersMessageError, EventDescriptorError, FrameError, MessageError, MessageKind,
-    ResourceMessageError,
+    ResourceMessageError, SnapshotRequestError,
 };
 
 /// Everything that can go wrong in `cuda-mem-ipc`.
@@ -407,6 +407,12 @@ pub enum IpcError {
          cuda_mem_ipc::spawn_with_channel"
     )]
     ChannelEnv(#[from] ChannelEnvError),
+
+    /// The peer's memory snapshot (feature `snapshot`) is not one this build reads: not its JSON,
+    /// or a newer schema. The message was read whole, so the channel is still in step.
+    #[cfg(feature = "snapshot")]
+    #[error("the peer's memory snapshot cannot be read: {0}; the message was dropped and the channel is still usable")]
+    Snapshot(#[source] cuda_mem_core::snapshot::SnapshotFormatError),
 }
 
 /// The words every error message ends its advice with when the channel goes on.
@@ -494,6 +500,9 @@ pub enum ProtocolError {
         /// The peer's id of the event.
         id: u64,
     },
+    /// A malformed snapshot request.
+    #[error(transparent)]
+    SnapshotRequest(#[from] SnapshotRequestError),
     /// A buffer larger than this machine's address space (a 32-bit process).
     #[error("a buffer of {size} bytes does not fit this machine")]
     BufferBeyondAddressSpace {
@@ -537,6 +546,13 @@ impl From<MessageError> for IpcError {
 /// A malformed frame or message, as the channel reports it.
 impl From<ResourceMessageError> for IpcError {
     fn from(error: ResourceMessageError) -> Self {
+        IpcError::Protocol(ProtocolError::from(error))
+    }
+}
+
+/// A malformed frame or message, as the channel reports it.
+impl From<SnapshotRequestError> for IpcError {
+    fn from(error: SnapshotRequestError) -> Self {
         IpcError::Protocol(ProtocolError::from(error))
     }
 }

@@ -45,6 +45,7 @@
 //! | `mapped` | [`MappedMemoryResource`] (a pool imported from another process), the process-wide [`registry()`], [`lookup`] |
 //! | `registry` | [`Registry`] |
 //! | `virtual_buffer` | feature `vmm`: exporting a `SharedVirtualBuffer`, and the virtual buffer methods of [`IpcChannel`] |
+//! | `snapshot` | feature `snapshot`: a peer's request for a memory snapshot of this process, the answer, and a peer's snapshot received |
 //! | [`wire`] | every byte layout: frame, message kinds, resource and buffers messages, [`BufferDescriptor`], [`EventDescriptor`], `SharedVirtualBuffer`; their versions and errors |
 //! | `peer` | who is at a channel's other end, as the kernel vouches for it (the key of the pools imported from it) |
 //! | `error` | [`IpcError`], [`ProtocolError`], [`MessageLimit`], [`ChannelOperation`], [`Result`] |
@@ -57,6 +58,9 @@
 //!
 //! - `vmm`: `cuda-mem-vmm`'s virtual buffers on the channel (`IpcChannel::send_virtual_buffer`,
 //!   `Received::VirtualBuffer`, `IpcChannel::import_virtual_buffers_into`).
+//! - `snapshot`: memory snapshots over the channel (`IpcChannel::request_snapshot`,
+//!   `Received::SnapshotRequest`, `IpcChannel::answer_snapshot_request`, `Received::Snapshot`):
+//!   a peer, Rust or Python's `cuda_mem_exchange`, asks this process what memory it holds.
 //! - `tracing`: `DEBUG` events when a resource is imported and a buffer exported or imported,
 //!   with the resource's `uuid`, the `size`, `ptr` and `pool`.
 //!
@@ -117,6 +121,8 @@ mod protocol;
 mod registry;
 #[cfg(target_os = "linux")]
 mod share;
+#[cfg(feature = "snapshot")]
+mod snapshot;
 #[cfg(target_os = "linux")]
 mod spawn;
 #[cfg(all(target_os = "linux", feature = "vmm"))]
@@ -141,7 +147,10 @@ pub use spawn::{CHANNEL_FD_ENV, CHANNEL_INODE_ENV, ChannelEnvError, spawn_with_c
 #[cfg(all(target_os = "linux", feature = "vmm"))]
 pub use wire::SharedVirtualBuffer;
 #[cfg(target_os = "linux")]
-pub use wire::{BufferDescriptor, EventDescriptor, MAX_BUFFER_SIZE, MAX_BUFFERS_PER_MESSAGE, MAX_FDS, MAX_PAYLOAD_LEN};
+pub use wire::{
+    BufferDescriptor, EventDescriptor, MAX_BUFFER_SIZE, MAX_BUFFERS_PER_MESSAGE, MAX_FDS, MAX_PAYLOAD_LEN,
+    SnapshotRequest,
+};
 
 /// The crate's README (its crates.io page), whose example the doc tests compile.
 #[cfg(doctest)]

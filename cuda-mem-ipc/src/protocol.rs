@@ -40,6 +40,14 @@ pub enum Received {
     /// memory lives.
     #[cfg(feature = "vmm")]
     VirtualBuffer(cuda_mem_vmm::VirtualBuffer),
+    /// The peer asks for a memory snapshot of this process (feature `snapshot`): answer with
+    /// [`IpcChannel::answer_snapshot_request`] (or send one of your own making with
+    /// [`IpcChannel::send_snapshot`]), or not at all.
+    #[cfg(feature = "snapshot")]
+    SnapshotRequest(crate::wire::SnapshotRequest),
+    /// A memory snapshot of the peer (feature `snapshot`), read back from its JSON.
+    #[cfg(feature = "snapshot")]
+    Snapshot(Box<cuda_mem_core::snapshot::MemorySnapshot>),
 }
 
 /// A channel that carries pools, buffers, events, plain bytes (and, with the feature `vmm`,
@@ -380,6 +388,10 @@ impl IpcChannel {
     /// [`IpcChannel`]), maps buffers through the resources this channel received (freed on
     /// `stream` when dropped), or returns bytes.
     ///
+    /// With the feature `snapshot`, a peer's request for a memory snapshot is returned for the
+    /// program to answer (`IpcChannel::answer_snapshot_request`), and a peer's snapshot is read
+    /// back.
+    ///
     /// With the feature `vmm`, a virtual buffer is imported with the resource registered for
     /// where its memory lives (freed on `stream` when dropped); when it cannot be, the error is
     /// `IpcError::SharedVirtualBuffer`, `IpcError::DeviceNotVisible`,
@@ -399,7 +411,9 @@ impl IpcChannel {
     /// - [`IpcError::PoolAlreadyImported`]: a pool this process holds under another UUID.
     /// - [`IpcError::MisdescribedBuffer`]: a buffer larger than the memory its pool shares.
     /// - [`IpcError::EventImport`]: the driver will not open the peer's event.
-    /// - [`IpcError::NotReceivable`]: a virtual buffer, without the feature `vmm`.
+    /// - [`IpcError::NotReceivable`]: a virtual buffer, without the feature `vmm`; a snapshot
+    ///   or snapshot request, without the feature `snapshot`.
+    /// - `IpcError::Snapshot` (feature `snapshot`): a snapshot that is not one this build reads.
     /// - [`IpcError::PoolImport`], [`IpcError::BufferImport`]: the driver refused a pool
     ///   descriptor or a buffer the peer sent (the peer's error; the driver's is the source).
     /// - [`IpcError::Core`]: an import failed otherwise (such as out of memory).
@@ -429,6 +443,16 @@ impl IpcChannel {
             }
             #[cfg(not(feature = "vmm"))]
             MessageKind::VirtualBuffer => Err(IpcError::NotReceivable { kind, feature: "vmm" }),
+            #[cfg(feature = "snapshot")]
+            MessageKind::SnapshotRequest => {
+                Ok(Received::SnapshotRequest(crate::wire::SnapshotRequest::decode(&message.payload)?))
+            }
+            #[cfg(feature = "snapshot")]
+            MessageKind::Snapshot => crate::snapshot::read(&message.payload).map(Received::Snapshot),
+            #[cfg(not(feature = "snapshot"))]
+            MessageKind::SnapshotRequest | MessageKind::Snapshot => {
+                Err(IpcError::NotReceivable { kind, feature: "snapshot" })
+            }
         }
     }
 

@@ -558,6 +558,36 @@ class ErrorsSayWhetherTheChannelGoesOn(ChannelTestCase):
         self.expect(caught.exception, cx.ExchangeError, False)
 
 
+class Snapshots(ChannelTestCase):
+    def test_a_request_and_an_answer_round_trip_and_bad_ones_leave_the_channel_usable(self):
+        a, b = self.pair()
+        asker, server = cx.IpcChannel(a), cx.IpcChannel(b)
+        asker.request_snapshot(max_events=7)
+        self.assertEqual(server.recv(None), cx.SnapshotRequest(7))
+        asker.request_snapshot()
+        self.assertEqual(server.recv(None), cx.SnapshotRequest(None))
+        with self.assertRaises(ValueError):
+            cx.encode_snapshot_request(-1)
+        snapshot = b'{"version": 1, "taken_at_ns": 0, "resources": [], "events": [], "dropped_events": 0}'
+        for payload, error in (
+            (snapshot, None),
+            (b'{"version": 2, "resources": [], "events": []}', cx.SnapshotError),
+            (b"\xff not json", cx.SnapshotError),
+        ):
+            a.send(cx.SNAPSHOT, payload)
+            if error is None:
+                self.assertEqual(server.recv(None), cx.Snapshot(cx.read_snapshot(snapshot)))
+            else:
+                with self.assertRaises(error):
+                    server.recv(None)
+        a.send(cx.SNAPSHOT_REQUEST, b"\x01\x02")
+        with self.assertRaises(cx.ProtocolError) as caught:
+            server.recv(None)
+        self.assertTrue(caught.exception.channel_usable)
+        a.send(cx.DATA, b"still in step")
+        self.assertEqual(server.recv(None), cx.Data(b"still in step"))
+
+
 if __name__ == "__main__":
     program = unittest.main(exit=False, verbosity=2)
     if not program.result.wasSuccessful():

@@ -38,15 +38,25 @@ impl MemorySnapshot {
     /// [`SnapshotFormatError::Json`] for text that is no snapshot;
     /// [`SnapshotFormatError::NewerSchema`] for one of a newer schema.
     pub fn from_json(text: &str) -> Result<MemorySnapshot, SnapshotFormatError> {
+        MemorySnapshot::from_json_bytes(text.as_bytes())
+    }
+
+    /// A snapshot read back from [`to_json`](MemorySnapshot::to_json)'s text as bytes (as a file
+    /// or a message carries it): as [`from_json`](MemorySnapshot::from_json), and bytes that are
+    /// not UTF-8 are [`SnapshotFormatError::Json`] too.
+    ///
+    /// # Errors
+    /// As [`from_json`](MemorySnapshot::from_json).
+    pub fn from_json_bytes(bytes: &[u8]) -> Result<MemorySnapshot, SnapshotFormatError> {
         #[derive(serde::Deserialize)]
         struct Version {
             version: u32,
         }
-        let Version { version } = serde_json::from_str(text)?;
+        let Version { version } = serde_json::from_slice(bytes)?;
         if version > SCHEMA_VERSION {
             return Err(SnapshotFormatError::NewerSchema { found: version, supported: SCHEMA_VERSION });
         }
-        Ok(serde_json::from_str(text)?)
+        Ok(serde_json::from_slice(bytes)?)
     }
 
     /// Writes the snapshot as JSON to `path`.
@@ -104,5 +114,9 @@ mod tests {
             Err(SnapshotFormatError::NewerSchema { found: 2, supported: 1 })
         ));
         assert!(matches!(MemorySnapshot::from_json("[1, 2]"), Err(SnapshotFormatError::Json(_))));
+        let mut not_utf8 = sample().to_json().unwrap().into_bytes();
+        let name = not_utf8.windows(7).position(|w| w == b"caching").unwrap();
+        not_utf8[name] = 0xff;
+        assert!(matches!(MemorySnapshot::from_json_bytes(&not_utf8), Err(SnapshotFormatError::Json(_))));
     }
 }

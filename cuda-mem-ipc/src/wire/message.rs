@@ -16,6 +16,8 @@ use std::fmt;
 /// | 4 | [`VirtualBuffer`](Self::VirtualBuffer): an encoded `SharedVirtualBuffer` (feature `vmm`) | one per chunk (POSIX-fd handles), none (fabric handles) |
 /// | 5 | [`Event`](Self::Event): an encoded [`EventDescriptor`](super::EventDescriptor) | none |
 /// | 6 | [`BuffersAfterEvent`](Self::BuffersAfterEvent): an encoded [`EventDescriptor`](super::EventDescriptor), then what a buffers message carries | none |
+/// | 7 | [`SnapshotRequest`](Self::SnapshotRequest): an encoded [`SnapshotRequest`](super::SnapshotRequest) | none |
+/// | 8 | [`Snapshot`](Self::Snapshot): a memory snapshot's JSON | none |
 ///
 /// The payloads are versioned by [`FRAME_VERSION`](super::FRAME_VERSION). A kind not in this
 /// table is refused ([`MessageError::UnknownKind`]), and so is a message with another number of
@@ -65,6 +67,13 @@ pub enum MessageKind {
     /// ([`BuffersMessageError::NoEvent`](super::BuffersMessageError::NoEvent)), decodes the
     /// event, then what follows as a buffers message.
     BuffersAfterEvent,
+    /// A request for a memory snapshot of the receiving process: an encoded
+    /// [`SnapshotRequest`](super::SnapshotRequest) (4 bytes). Answered (feature `snapshot`)
+    /// with a [`Snapshot`](Self::Snapshot) message.
+    SnapshotRequest,
+    /// A memory snapshot of the sending process: its JSON, UTF-8, in the schema of
+    /// `cuda_mem_core::snapshot` (a `version` field, which a reader checks).
+    Snapshot,
 }
 
 impl MessageKind {
@@ -77,6 +86,8 @@ impl MessageKind {
             MessageKind::VirtualBuffer => 4,
             MessageKind::Event => 5,
             MessageKind::BuffersAfterEvent => 6,
+            MessageKind::SnapshotRequest => 7,
+            MessageKind::Snapshot => 8,
         }
     }
 
@@ -89,6 +100,8 @@ impl MessageKind {
             4 => MessageKind::VirtualBuffer,
             5 => MessageKind::Event,
             6 => MessageKind::BuffersAfterEvent,
+            7 => MessageKind::SnapshotRequest,
+            8 => MessageKind::Snapshot,
             _ => return None,
         })
     }
@@ -112,6 +125,8 @@ impl fmt::Display for MessageKind {
             MessageKind::VirtualBuffer => "virtual buffer",
             MessageKind::Event => "event",
             MessageKind::BuffersAfterEvent => "buffers-after-event",
+            MessageKind::SnapshotRequest => "snapshot request",
+            MessageKind::Snapshot => "snapshot",
         })
     }
 }
@@ -153,23 +168,25 @@ pub enum MessageError {
 mod tests {
     use super::*;
 
-    const ALL: [MessageKind; 6] = [
+    const ALL: [MessageKind; 8] = [
         MessageKind::Resource,
         MessageKind::Buffers,
         MessageKind::Data,
         MessageKind::VirtualBuffer,
         MessageKind::Event,
         MessageKind::BuffersAfterEvent,
+        MessageKind::SnapshotRequest,
+        MessageKind::Snapshot,
     ];
 
     #[test]
     fn the_codes_are_stable() {
         // Golden: a kind's number is the wire's, and never changes.
-        assert_eq!(ALL.map(MessageKind::code), [1, 2, 3, 4, 5, 6]);
+        assert_eq!(ALL.map(MessageKind::code), [1, 2, 3, 4, 5, 6, 7, 8]);
         for kind in ALL {
             assert_eq!(MessageKind::from_code(kind.code()), Some(kind));
         }
-        for unknown in [0, 7, 999, u16::MAX] {
+        for unknown in [0, 9, 999, u16::MAX] {
             assert_eq!(MessageKind::of(unknown), Err(MessageError::UnknownKind { kind: unknown }));
         }
     }
@@ -182,7 +199,8 @@ mod tests {
             Err(MessageError::FdCount { kind: MessageKind::Resource, expected: 1, found: 0 })
         );
         assert_eq!(expect_fds(MessageKind::VirtualBuffer, 7), Ok(()), "its encoding checks");
-        for kind in [MessageKind::Buffers, MessageKind::Data, MessageKind::Event, MessageKind::BuffersAfterEvent] {
+        for kind in ALL.into_iter().filter(|&kind| kind != MessageKind::Resource && kind != MessageKind::VirtualBuffer)
+        {
             assert_eq!(expect_fds(kind, 0), Ok(()));
             assert_eq!(expect_fds(kind, 1), Err(MessageError::FdCount { kind, expected: 0, found: 1 }));
         }

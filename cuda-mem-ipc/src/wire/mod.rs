@@ -8,6 +8,8 @@
 //! | buffers message ([`MessageKind::Buffers`], [`MessageKind::BuffersAfterEvent`]) | a count, then buffer descriptors | the frame's | [`BuffersMessageError`] |
 //! | [`BufferDescriptor`] | one buffer of a shared pool | [`BUFFER_DESCRIPTOR_VERSION`] | [`BufferDescriptorError`] |
 //! | [`EventDescriptor`] | one interprocess event | [`EVENT_DESCRIPTOR_VERSION`] | [`EventDescriptorError`] |
+//! | [`SnapshotRequest`] ([`MessageKind::SnapshotRequest`]) | a peer's request for a memory snapshot: how many events | the frame's | [`SnapshotRequestError`] |
+//! | snapshot message ([`MessageKind::Snapshot`]) | a memory snapshot's JSON | its `version` field | `cuda_mem_core::snapshot::SnapshotFormatError` (feature `snapshot`) |
 //! | `SharedVirtualBuffer` (feature `vmm`) | a `cuda-mem-vmm` virtual buffer and where its memory lives | `SHARED_VIRTUAL_BUFFER_VERSION` | `SharedVirtualBufferError` |
 //!
 //! Each format's layout table is on the item the table names. Integers are little-endian, UUIDs
@@ -33,6 +35,7 @@ mod frame;
 mod location;
 mod message;
 mod resource;
+mod snapshot_request;
 #[cfg(feature = "vmm")]
 mod virtual_buffer;
 
@@ -48,6 +51,7 @@ pub use event_descriptor::{
 pub use frame::{FRAME_HEADER_LEN, FRAME_MAGIC, FRAME_VERSION, FrameError, FrameHeader, MAX_FDS, MAX_PAYLOAD_LEN};
 pub use message::{MessageError, MessageKind};
 pub use resource::{RESOURCE_MESSAGE_LEN, ResourceMessageError};
+pub use snapshot_request::{SNAPSHOT_REQUEST_LEN, SnapshotRequest, SnapshotRequestError};
 #[cfg(feature = "vmm")]
 pub use virtual_buffer::{
     SHARED_VIRTUAL_BUFFER_MAGIC, SHARED_VIRTUAL_BUFFER_VERSION, SharedVirtualBuffer, SharedVirtualBufferError,
