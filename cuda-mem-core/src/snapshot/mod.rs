@@ -2,7 +2,8 @@
 //! recorded [history](crate::history) (PyTorch's `torch.cuda.memory._snapshot()`), in one value
 //! that a person reads ([`Display`](std::fmt::Display): the table of
 //! `torch.cuda.memory_summary`), a program writes and reads back (feature `snapshot`: a
-//! versioned JSON schema) and the viewer draws (feature `snapshot`: one self-contained HTML page).
+//! versioned JSON schema) and the viewer draws (feature `snapshot`: one self-contained HTML page,
+//! or the pickle file PyTorch's memory viewer opens).
 //!
 //! Every pool resource of this crate, every [`CachingResource`](crate::CachingResource) and
 //! (through [`register`]) other crates' resources — `cuda-mem-vmm`'s virtual memory resources —
@@ -11,7 +12,8 @@
 //! - `registry`: [`SnapshotSource`], [`register`], [`take_snapshot`];
 //! - `model`: the snapshot's types;
 //! - `summary`: the text table;
-//! - `json`, `viewer` (feature `snapshot`): the file formats.
+//! - `json`, `viewer`, `torch` (feature `snapshot`): the file formats (`torch`: PyTorch's pickle,
+//!   [`MemorySnapshot::to_torch_pickle`], for pytorch.org/memory_viz).
 //!
 //! ```
 //! # cuda_sim::testing::driver()?; // the tests run this example on the simulator
@@ -37,6 +39,8 @@ mod summary;
 
 #[cfg(feature = "snapshot")]
 mod json;
+#[cfg(feature = "snapshot")]
+mod torch;
 #[cfg(feature = "snapshot")]
 mod viewer;
 
