@@ -7,8 +7,8 @@
 //!   answers; on the simulator otherwise), writing `target/probe/probe.json`.
 //! - `cargo xtask bench`: build the simulator and run the benchmarks (release), writing
 //!   `target/bench/`.
-//! - `cargo xtask snapshot-view SNAPSHOT.json [PAGE.html]`: a memory snapshot as the viewer's
-//!   page.
+//! - `cargo xtask snapshot-view SNAPSHOT.json [PAGE.html] [--torch OUT.pickle]`: a memory
+//!   snapshot as the viewer's page (and as the pickle PyTorch's memory viewer opens).
 //! - `cargo xtask ci`: the whole CI: fmt, shellcheck, clippy, build, tests, docs, other targets,
 //!   binding check, cargo-deny, the published crates' dry run, the MSRV and the lowest versions
 //!   the manifests allow (the steps are listed in [`ci`]).
@@ -83,7 +83,7 @@ fn usage() -> String {
        bench [--compare]     build the simulator, then run the benchmarks in release (results in target/bench/);\n                             --compare also runs cuda.core's equivalents on the same driver\n                             (and case 1 of both on a nearly free stand-in driver)\n  \
        demo [ARGS...]        build the simulator, then run the demo (real GPU if found, else the simulator)\n  \
        probe [NAMES...]      build the simulator, then ask the driver the open questions (same choice of\n                             driver; report in target/probe/probe.json)\n  \
-       snapshot-view SNAPSHOT.json [PAGE.html]\n                             a memory snapshot (MemorySnapshot::write_json) as the viewer's page and SVG\n  \
+       snapshot-view SNAPSHOT.json [PAGE.html] [--torch OUT.pickle]\n                             a memory snapshot (MemorySnapshot::write_json) as the viewer's page and SVG;\n                             --torch also writes the pickle pytorch.org/memory_viz opens\n  \
        ci                    fmt, shellcheck, clippy, build, test, doc, other targets, the bindings check, cargo\n                             deny, publish --dry-run, MSRV and minimal versions, stopping at the first failure\n  \
        platforms             check the README's Platforms table on Windows, macOS and aarch64 Linux (cargo check;\n                             targets not installed are skipped: `rustup target add` them)\n  \
        gpu-test [--out DIR]  build the GPU test bundle (default: gpu-bundle/); run it with `bash DIR/run.sh`\n  \
@@ -96,8 +96,9 @@ fn usage() -> String {
         .to_string()
 }
 
-/// `cargo xtask snapshot-view SNAPSHOT.json [PAGE.html]`: runs the integration package's
-/// `snapshot-view` binary, which writes the viewer's page (and the timeline's SVG) for a snapshot.
+/// `cargo xtask snapshot-view SNAPSHOT.json [PAGE.html] [--torch OUT.pickle]`: runs the
+/// integration package's `snapshot-view` binary, which writes the viewer's page (and the
+/// timeline's SVG, and with `--torch` PyTorch's pickle) for a snapshot.
 fn snapshot_view(workspace: &Path, args: &[String]) -> Result<(), String> {
     run_command(cargo(workspace).args(["run", "-q", "-p", INTEGRATION, "--bin", "snapshot-view", "--"]).args(args))
         .map_err(|e| format!("snapshot-view failed: {e}"))

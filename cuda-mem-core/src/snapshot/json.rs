@@ -18,6 +18,9 @@ pub enum SnapshotFormatError {
         /// [`SCHEMA_VERSION`].
         supported: u32,
     },
+    /// The pickle of PyTorch's memory viewer could not be written (a figure above 2^63).
+    #[error("memory snapshot as PyTorch's pickle: {0}")]
+    Pickle(#[from] serde_pickle::Error),
     /// Writing or reading the file failed.
     #[error("memory snapshot file: {0}")]
     Io(#[from] std::io::Error),

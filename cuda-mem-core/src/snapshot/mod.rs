@@ -2,7 +2,8 @@
 //! recorded [history](crate::history) (PyTorch's `torch.cuda.memory._snapshot()`), in one value
 //! that a person reads ([`Display`](std::fmt::Display): the table of
 //! `torch.cuda.memory_summary`), a program writes and reads back (feature `snapshot`: a
-//! versioned JSON schema) and the viewer draws (feature `snapshot`: one self-contained HTML page).
+//! versioned JSON schema) and the viewer draws (feature `snapshot`: one self-contained HTML page,
+//! or the pickle file PyTorch's memory viewer opens).
 //!
 //! Every pool resource of this crate, every [`CachingResource`](crate::CachingResource) and
 //! (through [`register`]) other crates' resources — `cuda-mem-vmm`'s virtual memory resources —
@@ -11,8 +12,9 @@
 //! - `registry`: [`SnapshotSource`], [`register`], [`take_snapshot`];
 //! - `model`: the snapshot's types;
 //! - `summary`: the text table;
-//! - `json`, `viewer` (feature `snapshot`): the file formats; `timeline` (feature `snapshot`):
-//!   what the viewer draws of a history.
+//! - `json`, `viewer`, `torch` (feature `snapshot`): the file formats (`torch`: PyTorch's pickle,
+//!   [`MemorySnapshot::to_torch_pickle`], for pytorch.org/memory_viz); `timeline` (feature
+//!   `snapshot`): what the viewer draws of a history.
 //!
 //! ```
 //! # cuda_sim::testing::driver()?; // the tests run this example on the simulator
@@ -40,6 +42,8 @@ mod summary;
 mod json;
 #[cfg(feature = "snapshot")]
 mod timeline;
+#[cfg(feature = "snapshot")]
+mod torch;
 #[cfg(feature = "snapshot")]
 mod viewer;
 
