@@ -219,6 +219,58 @@ pub enum VmmError {
         #[source]
         cause: DeferCause,
     },
+
+    /// The memory of an elastic group is released (asleep): wake the group first. Nothing was
+    /// done.
+    #[error("the memory of elastic group {tag:?} is released (the group is asleep): wake it first")]
+    Asleep {
+        /// The group's tag.
+        tag: String,
+    },
+
+    /// An elastic group cannot sleep or wake while its buffers are accessed (an
+    /// [`ElasticAccess`](crate::ElasticAccess) lives), nor an on-demand range map or unmap
+    /// while its pages are accessed. Nothing was done: try again once they are dropped.
+    #[error("elastic memory {what} is in use (an access to it lives): drop the accesses first; nothing was done")]
+    InUse {
+        /// The group's tag, or the range's address.
+        what: String,
+    },
+
+    /// Physical memory ran out while mapping elastic memory: nothing of the attempt stays
+    /// mapped (what was mapped before it is as it was).
+    #[error("out of physical memory mapping {requested} bytes of elastic memory ({mapped} bytes mapped before): {source}")]
+    PhysicalMemoryExhausted {
+        /// The bytes the attempt was to map.
+        requested: usize,
+        /// The bytes mapped (of the group or range) before the attempt, and after it.
+        mapped: usize,
+        /// The driver's refusal (`CUDA_ERROR_OUT_OF_MEMORY`).
+        #[source]
+        source: cuda_mem_core::Error,
+    },
+
+    /// Pages outside an on-demand range.
+    #[error("invalid argument: pages {first}..{end} lie outside the range's {count} pages")]
+    PagesOutOfRange {
+        /// The first page asked for.
+        first: usize,
+        /// The page after the last one asked for.
+        end: usize,
+        /// The range's pages.
+        count: usize,
+    },
+
+    /// Bytes of an on-demand range that are not all mapped cannot be accessed.
+    #[error("{len} bytes at offset {offset} of the on-demand range include unmapped page {page}: map it first")]
+    NotMapped {
+        /// The offset asked for.
+        offset: usize,
+        /// The bytes asked for.
+        len: usize,
+        /// The first unmapped page among them.
+        page: usize,
+    },
 }
 
 impl VmmError {
@@ -231,7 +283,8 @@ impl VmmError {
             | VmmError::ExportFailed { source: error, .. }
             | VmmError::ChunkImport { source: error, .. }
             | VmmError::ChunkMap { source: error, .. }
-            | VmmError::ReserveAheadRefused { source: error, .. } => error.cuda_code(),
+            | VmmError::ReserveAheadRefused { source: error, .. }
+            | VmmError::PhysicalMemoryExhausted { source: error, .. } => error.cuda_code(),
             VmmError::ReleaseDeferred { cause, .. } => cause.cuda_code(),
             _ => None,
         }

@@ -72,6 +72,7 @@
 //! | `expandable` | the resource as [`ExpandableMemory`](cuda_mem_core::ExpandableMemory): ranges a caching resource's expandable segments grow in |
 //! | `release` | letting go of ranges after their stream's work, deferred while it captures ([`release_deferred`]) |
 //! | `snapshot` | the resource in memory snapshots (`cuda_mem_core::snapshot`): its buffers' ranges and expandable ranges as segments |
+//! | `elastic` | elastic memory: [`ElasticGroup`] (buffers that sleep and wake at the same addresses, [`Release`], [`Discarded`]), [`OnDemandRange`] (pages mapped on demand in a large reservation) |
 //! | `share` | export, the descriptor in memory ([`VirtualBufferDescriptor`], [`ChunkHandle`], [`MAX_CHUNKS`]), import |
 //! | `error` | [`VmmError`], [`Result`], [`InvalidOptions`], [`DeviceFeature`], [`DescriptorError`], [`DeferCause`] |
 //!
@@ -82,6 +83,7 @@
 //! but has no CUDA driver. Fabric handles have run on the simulator only.
 
 mod buffer;
+mod elastic;
 mod error;
 mod expandable;
 mod memory_resource;
@@ -93,6 +95,10 @@ mod share;
 mod snapshot;
 
 pub use buffer::{CloseError, VirtualBuffer};
+pub use elastic::{
+    Discarded, ElasticAccess, ElasticBuffer, ElasticGroup, ElasticStatistics, OnDemandRange,
+    OnDemandStatistics, Release, SleepReport, WakeReport,
+};
 pub use error::{DeferCause, DescriptorError, DeviceFeature, InvalidOptions, Result, VmmError};
 pub use options::{AllocationType, Granularity, ReserveAhead, VirtualMemoryResourceOptions};
 pub use release::release_deferred;

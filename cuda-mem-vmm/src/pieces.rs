@@ -161,24 +161,9 @@ impl Mapping {
     /// (a mapping gives its addresses back only when it was made and is dropped: both giving
     /// them back could undo another thread's claim of the same addresses in between).
     fn map(ptr: DevicePtr, physical: Arc<Physical>, reservation: Arc<Reservation>) -> Result<Arc<Mapping>> {
-        let d = driver()?;
         // SAFETY: the range lies inside `reservation`, claimed for it (`map_contiguously`,
-        // `Claim::map` and `Reservation::map_at_end`, the only callers, place it so) and the
-        // handle is live while `physical` is.
-        unsafe { cu_call!(d, cuMemMap(ptr, physical.size, 0, physical.handle, 0)) }?;
-        if !physical.access.is_empty() {
-            let access = &physical.access;
-            // SAFETY: `access` holds `access.len()` initialized descriptors; the range was just
-            // mapped.
-            let set = unsafe { cu_call!(d, cuMemSetAccess(ptr, physical.size, access.as_ptr(), access.len())) };
-            if let Err(error) = set {
-                // SAFETY: mapped just above and handed to no one: unmapped once, here.
-                if let Err(unmap) = unsafe { cu_call!(d, cuMemUnmap(ptr, physical.size)) } {
-                    record_drop_error("virtual memory mapping (access refused)", unmap.into());
-                }
-                return Err(error.into());
-            }
-        }
+        // `Claim::map` and `Reservation::map_at_end`, the only callers, place it so).
+        unsafe { map_physical(ptr, &physical) }?;
         Ok(Arc::new(Mapping { ptr, physical, reservation }))
     }
 
@@ -190,20 +175,53 @@ impl Mapping {
 
 impl Drop for Mapping {
     fn drop(&mut self) {
-        let unmap = || -> Result<()> {
-            let d = driver()?;
-            // SAFETY: the exact range this value mapped, unmapped once; whoever let go of the last
-            // range holding it waited for the work using it first (see `release`).
-            unsafe { cu_call!(d, cuMemUnmap(self.ptr, self.physical.size)) }?;
-            Ok(())
-        };
-        match unmap() {
+        // SAFETY: the exact range this value mapped, unmapped once; whoever let go of the last
+        // range holding it waited for the work using it first (see `release`).
+        match unsafe { unmap(self.ptr, self.physical.size) } {
             // The addresses are free again: a growth may map there. (The offset lies inside the
             // reservation, whose size is a `usize`: the cast is lossless.)
             Ok(()) => self.reservation.unclaim((self.ptr - self.reservation.ptr) as usize, self.physical.size),
             Err(error) => record_drop_error("virtual memory mapping", error),
         }
     }
+}
+
+/// `cuMemMap` of the whole of `physical` at `ptr`, then `cuMemSetAccess` with its access
+/// descriptors; unmapped again if that fails (nothing stays mapped on an error).
+///
+/// # Safety
+/// `ptr..ptr + physical.size` lies inside a reservation this process holds, with nothing mapped
+/// there, and stays reserved while mapped.
+pub(crate) unsafe fn map_physical(ptr: DevicePtr, physical: &Physical) -> Result<()> {
+    let d = driver()?;
+    // SAFETY: the caller's range is reserved and unmapped; the handle is live while `physical` is.
+    unsafe { cu_call!(d, cuMemMap(ptr, physical.size, 0, physical.handle, 0)) }?;
+    if !physical.access.is_empty() {
+        let access = &physical.access;
+        // SAFETY: `access` holds `access.len()` initialized descriptors; the range was just
+        // mapped.
+        let set = unsafe { cu_call!(d, cuMemSetAccess(ptr, physical.size, access.as_ptr(), access.len())) };
+        if let Err(error) = set {
+            // SAFETY: mapped just above and handed to no one: unmapped once, here.
+            if let Err(unmap) = unsafe { cu_call!(d, cuMemUnmap(ptr, physical.size)) } {
+                record_drop_error("virtual memory mapping (access refused)", unmap.into());
+            }
+            return Err(error.into());
+        }
+    }
+    Ok(())
+}
+
+/// `cuMemUnmap` of `size` bytes at `ptr`.
+///
+/// # Safety
+/// Exactly one mapping of this process lies there, and no work that uses it is queued or
+/// running (unmapping is not stream-ordered).
+pub(crate) unsafe fn unmap(ptr: DevicePtr, size: usize) -> Result<()> {
+    let d = driver()?;
+    // SAFETY: as the caller promises.
+    unsafe { cu_call!(d, cuMemUnmap(ptr, size)) }?;
+    Ok(())
 }
 
 /// The contiguous mappings one buffer spans, from `base`; let go of last to first when dropped.

@@ -1,0 +1,170 @@
+//! `Backing`: an address reservation cut into chunks of one size, each backed by physical
+//! memory or not, which the elastic types map and unmap one by one. The reservation outlives
+//! every mapping in it: dropping a backing unmaps what is mapped first.
+
+use std::sync::Arc;
+
+use cuda_mem_core::{DevicePtr, Result, record_drop_error};
+
+use crate::pieces::{Physical, Reservation, map_physical, unmap};
+use crate::resource::VirtualMemoryResource;
+
+/// What one chunk holds.
+#[derive(Debug)]
+pub(crate) enum Chunk {
+    /// Mapped, backed by this memory.
+    Mapped(Arc<Physical>),
+    /// Unmapped, its memory kept (an unmapping undone only partway): mapped again as it is.
+    Held(Arc<Physical>),
+    /// Unmapped, with no memory.
+    Released,
+}
+
+/// A reservation of `chunks.len()` chunks of `chunk` bytes.
+#[derive(Debug)]
+pub(crate) struct Backing {
+    /// Freed when dropped, after the mappings (see `Drop`).
+    reservation: Arc<Reservation>,
+    chunk: usize,
+    pub(crate) chunks: Vec<Chunk>,
+}
+
+impl Backing {
+    /// Reserves `count` chunks of `chunk` bytes (a multiple of the resource's granularity), none
+    /// mapped.
+    pub(crate) fn reserve(resource: &VirtualMemoryResource, count: usize, chunk: usize) -> crate::Result<Backing> {
+        let size = count.checked_mul(chunk).ok_or(crate::VmmError::SizeOverflow { size: chunk, granularity: count })?;
+        let reservation = Reservation::reserve(size, resource.alignment(), resource.options().address_hint)?;
+        Ok(Backing { reservation, chunk, chunks: (0..count).map(|_| Chunk::Released).collect() })
+    }
+
+    /// A backing of the same reservation with no chunks: what an owner leaves in place of the
+    /// backing it moves out (its drop unmaps nothing; the addresses are freed with the last
+    /// backing holding them).
+    pub(crate) fn hollow(&self) -> Backing {
+        Backing { reservation: Arc::clone(&self.reservation), chunk: self.chunk, chunks: Vec::new() }
+    }
+
+    /// The first address.
+    pub(crate) fn ptr(&self) -> DevicePtr {
+        self.reservation.ptr
+    }
+
+    /// The bytes reserved.
+    pub(crate) fn size(&self) -> usize {
+        self.reservation.size
+    }
+
+    /// The bytes of a chunk.
+    pub(crate) fn chunk_size(&self) -> usize {
+        self.chunk
+    }
+
+    /// The address of chunk `index`.
+    fn chunk_ptr(&self, index: usize) -> DevicePtr {
+        // Inside the reservation, whose size is a `usize`: lossless.
+        self.reservation.ptr + (index * self.chunk) as DevicePtr
+    }
+
+    /// Whether chunk `index` is mapped.
+    pub(crate) fn is_mapped(&self, index: usize) -> bool {
+        matches!(self.chunks[index], Chunk::Mapped(_))
+    }
+
+    /// The bytes mapped.
+    pub(crate) fn mapped_bytes(&self) -> usize {
+        self.chunks.iter().filter(|chunk| matches!(chunk, Chunk::Mapped(_))).count() * self.chunk
+    }
+
+    /// Maps chunk `index` (unmapped): with its held memory, or with `fresh()`'s. On an error
+    /// the chunk is as it was.
+    pub(crate) fn map(&mut self, index: usize, fresh: impl FnOnce() -> Result<Arc<Physical>>) -> Result<()> {
+        let (physical, held) = match std::mem::replace(&mut self.chunks[index], Chunk::Released) {
+            Chunk::Mapped(physical) => {
+                self.chunks[index] = Chunk::Mapped(physical);
+                return Ok(());
+            }
+            Chunk::Held(physical) => (physical, true),
+            Chunk::Released => (fresh()?, false),
+        };
+        let ptr = self.chunk_ptr(index);
+        // SAFETY: the chunk lies inside this backing's reservation and is unmapped (its state
+        // says so, and only this value maps there).
+        match unsafe { map_physical(ptr, &physical) } {
+            Ok(()) => {
+                self.chunks[index] = Chunk::Mapped(physical);
+                Ok(())
+            }
+            Err(error) => {
+                // Memory it held stays held (its contents are kept); fresh memory goes.
+                if held {
+                    self.chunks[index] = Chunk::Held(physical);
+                }
+                Err(error)
+            }
+        }
+    }
+
+    /// Unmaps chunk `index` (mapped) and keeps its memory: the chunk is then held, and its
+    /// memory goes with [`release_held`](Backing::release_held) (or comes back with
+    /// [`map`](Backing::map)). On an error it stays mapped.
+    ///
+    /// # Safety
+    /// No work that uses the chunk is queued or running.
+    pub(crate) unsafe fn unmap_keeping(&mut self, index: usize) -> Result<()> {
+        let ptr = self.chunk_ptr(index);
+        let Chunk::Mapped(physical) = std::mem::replace(&mut self.chunks[index], Chunk::Released) else {
+            return Ok(());
+        };
+        // SAFETY: mapped by this value at `ptr` with its size; idle, as the caller promises.
+        match unsafe { unmap(ptr, physical.size) } {
+            Ok(()) => {
+                self.chunks[index] = Chunk::Held(physical);
+                Ok(())
+            }
+            Err(error) => {
+                self.chunks[index] = Chunk::Mapped(physical);
+                Err(error)
+            }
+        }
+    }
+
+    /// Releases the memory chunk `index` holds (unmapped), if any.
+    pub(crate) fn release_chunk(&mut self, index: usize) {
+        if let Chunk::Held(_) = self.chunks[index] {
+            self.chunks[index] = Chunk::Released;
+        }
+    }
+
+    /// Releases the memory of every held chunk (`cuMemRelease`; a failure is recorded by the
+    /// physical allocation's drop) and returns how many bytes went.
+    pub(crate) fn release_held(&mut self) -> usize {
+        let mut released = 0;
+        for chunk in &mut self.chunks {
+            match std::mem::replace(chunk, Chunk::Released) {
+                Chunk::Held(physical) => released += physical.size,
+                other => *chunk = other,
+            }
+        }
+        released
+    }
+}
+
+impl Drop for Backing {
+    /// Unmaps what is mapped, last chunk first, then the reservation is freed (its own drop).
+    fn drop(&mut self) {
+        for index in (0..self.chunks.len()).rev() {
+            if let Chunk::Mapped(physical) = &self.chunks[index] {
+                let size = physical.size;
+                // SAFETY: mapped by this value; its owner waited for the work using it before
+                // letting go of it (see the owners' drops).
+                if let Err(error) = unsafe { unmap(self.chunk_ptr(index), size) } {
+                    record_drop_error("elastic memory mapping", error);
+                    // Still mapped: the addresses must not be freed under it.
+                    std::mem::forget(Arc::clone(&self.reservation));
+                }
+            }
+            self.chunks[index] = Chunk::Released;
+        }
+    }
+}
