@@ -239,7 +239,9 @@ pub enum VmmError {
 
     /// Physical memory ran out while mapping elastic memory: nothing of the attempt stays
     /// mapped (what was mapped before it is as it was).
-    #[error("out of physical memory mapping {requested} bytes of elastic memory ({mapped} bytes mapped before): {source}")]
+    #[error(
+        "out of physical memory mapping {requested} bytes of elastic memory ({mapped} bytes mapped before): {source}"
+    )]
     PhysicalMemoryExhausted {
         /// The bytes the attempt was to map.
         requested: usize,

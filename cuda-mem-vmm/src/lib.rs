@@ -96,8 +96,8 @@ mod snapshot;
 
 pub use buffer::{CloseError, VirtualBuffer};
 pub use elastic::{
-    Discarded, ElasticAccess, ElasticBuffer, ElasticGroup, ElasticStatistics, OnDemandRange,
-    OnDemandStatistics, Release, SleepReport, WakeReport,
+    Discarded, ElasticAccess, ElasticBuffer, ElasticGroup, ElasticStatistics, OnDemandRange, OnDemandStatistics,
+    Release, SleepReport, WakeReport,
 };
 pub use error::{DeferCause, DescriptorError, DeviceFeature, InvalidOptions, Result, VmmError};
 pub use options::{AllocationType, Granularity, ReserveAhead, VirtualMemoryResourceOptions};

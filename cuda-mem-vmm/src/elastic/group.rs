@@ -5,9 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockWriteGuard, TryLockError};
 
 use cuda_mem_core::sys::types::CUresult;
-use cuda_mem_core::{
-    Buffer, DevicePtr, FillPattern, ForeignMemory, PinnedMemoryResource, Stream,
-};
+use cuda_mem_core::{Buffer, DevicePtr, FillPattern, ForeignMemory, PinnedMemoryResource, Stream};
 
 use super::access::{ElasticAccess, Gate};
 use super::backing::{Backing, Chunk};
@@ -628,4 +626,3 @@ impl Drop for ElasticBuffer {
         self.group.drop_buffer(self.id);
     }
 }
-

@@ -14,8 +14,6 @@ mod backing;
 mod group;
 mod on_demand;
 
-pub use group::{
-    Discarded, ElasticBuffer, ElasticGroup, ElasticStatistics, Release, SleepReport, WakeReport,
-};
 pub use access::ElasticAccess;
+pub use group::{Discarded, ElasticBuffer, ElasticGroup, ElasticStatistics, Release, SleepReport, WakeReport};
 pub use on_demand::{OnDemandRange, OnDemandStatistics};

@@ -308,4 +308,3 @@ impl Drop for OnDemandRange {
         }
     }
 }
-
