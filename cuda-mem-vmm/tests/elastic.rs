@@ -76,6 +76,12 @@ fn offloaded_weights_come_back_at_the_same_addresses_and_discarded_memory_zeroed
             "unmapped and released, still reserved"
         );
         assert!(matches!(w[0].access(), Err(VmmError::Asleep { tag }) if tag == "weights"));
+        // The snapshot shows the memory given back: three reservations, nothing mapped.
+        let snapshot = cuda_mem_core::snapshot::take_snapshot();
+        let ours = snapshot.resource(cuda_mem_core::history::ResourceId::of(&*weights)).unwrap();
+        assert!(ours.name.contains("\"weights\", asleep (offload)"), "{}", ours.name);
+        assert_eq!((ours.reserved_bytes, ours.live_allocations, ours.segments.len()), (0, 3, 3));
+        assert!(ours.segments.iter().all(|segment| segment.blocks.is_empty() && segment.reserved.is_some()));
         assert!(matches!(weights.allocate(MIB, &s), Err(VmmError::Asleep { .. })));
         assert_eq!(weights.sleep(Release::Discard, &s).unwrap(), Default::default(), "asleep already: nothing");
 
@@ -164,6 +170,14 @@ fn on_demand_pages_map_until_memory_runs_out_and_unmapping_gives_it_all_back() {
         assert_eq!(range.unmap(0..256, &s).unwrap(), 12 * MIB);
         assert_eq!(free_memory(d), free, "all of it back");
         assert_eq!(range.statistics().peak_mapped_bytes, 24 * MIB);
+        range.map(10..12).unwrap();
+        let snapshot = cuda_mem_core::snapshot::take_snapshot();
+        let ours = snapshot.resource(cuda_mem_core::history::ResourceId::of(&*range)).unwrap();
+        assert_eq!(ours.segments[0].blocks.len(), 1, "one run of pages");
+        assert_eq!(
+            (ours.segments[0].blocks[0].address, ours.reserved_bytes),
+            (range.ptr() + 40 * MIB as u64, 8 * MIB as u64)
+        );
     });
 }
 
@@ -184,7 +198,7 @@ struct Setup {
     s: Stream,
     group: Arc<ElasticGroup>,
     buffers: Vec<ElasticBuffer>,
-    range: OnDemandRange,
+    range: Arc<OnDemandRange>,
 }
 
 fn prepare(resource: &Arc<VirtualMemoryResource>, path: Path) -> Setup {
@@ -322,4 +336,3 @@ fn a_failure_at_every_driver_call_of_sleep_wake_map_and_unmap_is_undone() {
         assert!(injected >= 50, "only {injected} failures were injected");
     });
 }
-

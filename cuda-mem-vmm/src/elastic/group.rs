@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockWriteGuard, TryLockError};
 
+use cuda_mem_core::history::{self, MemoryEventKind, ResourceId};
 use cuda_mem_core::sys::types::CUresult;
 use cuda_mem_core::{Buffer, DevicePtr, FillPattern, ForeignMemory, PinnedMemoryResource, Stream};
 
@@ -179,12 +180,29 @@ impl ElasticGroup {
     /// A group of buffers allocated with `resource` (its location, handle type and access),
     /// named `tag` in errors and snapshots.
     pub fn new(resource: &Arc<VirtualMemoryResource>, tag: impl Into<String>) -> Arc<ElasticGroup> {
-        Arc::new(ElasticGroup {
+        let group = Arc::new(ElasticGroup {
             resource: Arc::clone(resource),
             tag: tag.into(),
             gate: RwLock::new(Phase::Awake),
             slots: Mutex::new(Slots::default()),
-        })
+        });
+        cuda_mem_core::snapshot::register(&group);
+        group
+    }
+
+    /// Calls `f` with each buffer's backing (for snapshots).
+    pub(super) fn each_backing(&self, mut f: impl FnMut(&Backing)) {
+        for slot in self.slots().live.values() {
+            f(&slot.backing);
+        }
+    }
+
+    /// Records `kind` for every buffer's range in the history (a sleep's unmapping, a wake's
+    /// mapping).
+    fn record_each(&self, slots: &Slots, kind: MemoryEventKind, stream: &Stream) {
+        for slot in slots.live.values() {
+            history::record(kind, slot.backing.ptr(), slot.backing.size(), Some(stream), ResourceId::of(self));
+        }
     }
 
     /// Its tag.
@@ -327,6 +345,7 @@ impl ElasticGroup {
                 slot.offloaded = Some(host);
             }
         }
+        self.record_each(&slots, MemoryEventKind::SegmentShrink, stream);
         slots.sleeps += 1;
         *gate = Phase::Asleep(release);
         Ok(report)
@@ -443,6 +462,7 @@ impl ElasticGroup {
         for slot in slots.live.values_mut() {
             slot.discarded = false;
         }
+        self.record_each(&slots, MemoryEventKind::SegmentGrow, stream);
         slots.wakes += 1;
         *gate = Phase::Awake;
         Ok(report)

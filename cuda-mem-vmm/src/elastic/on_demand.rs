@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, Rw
 
 use super::access::{ElasticAccess, Gate};
 
+use cuda_mem_core::history::{self, MemoryEventKind, ResourceId};
 use cuda_mem_core::sys::types::CUresult;
 use cuda_mem_core::{Buffer, DevicePtr, ForeignMemory, Stream};
 
@@ -92,16 +93,37 @@ impl OnDemandRange {
         capacity: usize,
         page_size: usize,
         stream: &Stream,
-    ) -> Result<OnDemandRange> {
+    ) -> Result<Arc<OnDemandRange>> {
         let page = round_up(page_size.max(1), resource.granularity())?;
         let pages = capacity.max(1).div_ceil(page);
         let backing = Backing::reserve(resource, pages, page)?;
-        Ok(OnDemandRange {
+        let range = Arc::new(OnDemandRange {
             resource: Arc::clone(resource),
             backing: RwLock::new(backing),
             stream: stream.clone(),
             counters: Mutex::new(OnDemandStatistics { page_size: page, pages, ..OnDemandStatistics::default() }),
-        })
+        });
+        cuda_mem_core::snapshot::register(&range);
+        Ok(range)
+    }
+
+    /// The resource its pages' memory comes from.
+    pub fn resource(&self) -> &Arc<VirtualMemoryResource> {
+        &self.resource
+    }
+
+    /// `f` of the backing (for snapshots).
+    pub(super) fn with_backing<T>(&self, f: impl FnOnce(&Backing) -> T) -> T {
+        f(&self.read())
+    }
+
+    /// Records `kind` for `pages` (runs of them: a map's or an unmap's) in the history.
+    fn record(&self, backing: &Backing, kind: MemoryEventKind, pages: &[usize], stream: Option<&Stream>) {
+        let page = backing.chunk_size();
+        for &index in pages {
+            let at = backing.ptr() + (index * page) as DevicePtr;
+            history::record(kind, at, page, stream, ResourceId::of(self));
+        }
     }
 
     fn read(&self) -> RwLockReadGuard<'_, Backing> {
@@ -217,6 +239,7 @@ impl OnDemandRange {
             }
             mapped.push(index);
         }
+        self.record(&backing, MemoryEventKind::SegmentGrow, &mapped, None);
         let mut counters = self.counters();
         counters.pages_mapped += mapped.len() as u64;
         counters.peak_mapped_bytes = counters.peak_mapped_bytes.max(backing.mapped_bytes());
@@ -260,6 +283,7 @@ impl OnDemandRange {
             }
             unmapped.push(index);
         }
+        self.record(&backing, MemoryEventKind::SegmentShrink, &unmapped, Some(stream));
         let returned = backing.release_held();
         self.counters().pages_unmapped += unmapped.len() as u64;
         Ok(returned)
