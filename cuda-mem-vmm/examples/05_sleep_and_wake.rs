@@ -29,7 +29,8 @@ fn main() -> Result<(), Box<dyn Error>> {
     let weights = ElasticGroup::new(&resource, "weights");
     let kv_cache = ElasticGroup::new(&resource, "kv-cache");
 
-    let mut layers: Vec<ElasticBuffer> = (0..4).map(|_| weights.allocate(16 * MIB, &stream)).collect::<Result<_, _>>()?;
+    let mut layers: Vec<ElasticBuffer> =
+        (0..4).map(|_| weights.allocate(16 * MIB, &stream)).collect::<Result<_, _>>()?;
     for (index, layer) in layers.iter_mut().enumerate() {
         let value = index as u32 + 1;
         layer.access_mut()?.view_mut::<u32>()?.fill(value, &stream)?;

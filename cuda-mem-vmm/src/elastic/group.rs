@@ -171,6 +171,8 @@ struct Slots {
 pub struct ElasticGroup {
     resource: Arc<VirtualMemoryResource>,
     tag: String,
+    /// Where offloaded contents go; the current pinned pool when `None`.
+    staging: Option<Arc<PinnedMemoryResource>>,
     /// Read by each access; written by sleep and wake (lock order: `gate`, then `slots`).
     gate: RwLock<Phase>,
     slots: Mutex<Slots>,
@@ -180,9 +182,31 @@ impl ElasticGroup {
     /// A group of buffers allocated with `resource` (its location, handle type and access),
     /// named `tag` in errors and snapshots.
     pub fn new(resource: &Arc<VirtualMemoryResource>, tag: impl Into<String>) -> Arc<ElasticGroup> {
+        ElasticGroup::build(resource, tag.into(), None)
+    }
+
+    /// A group as [`new`](ElasticGroup::new) makes it, whose offloaded contents go to
+    /// `staging` instead of the current pinned pool ([`PinnedMemoryResource::current`]). A
+    /// group that sleeps and wakes often gains from a pool that keeps its memory between them
+    /// (a release threshold of `u64::MAX`: pinning host memory anew each time costs more than
+    /// copying it); the memory is then held while the group is awake too.
+    pub fn with_staging(
+        resource: &Arc<VirtualMemoryResource>,
+        tag: impl Into<String>,
+        staging: Arc<PinnedMemoryResource>,
+    ) -> Arc<ElasticGroup> {
+        ElasticGroup::build(resource, tag.into(), Some(staging))
+    }
+
+    fn build(
+        resource: &Arc<VirtualMemoryResource>,
+        tag: String,
+        staging: Option<Arc<PinnedMemoryResource>>,
+    ) -> Arc<ElasticGroup> {
         let group = Arc::new(ElasticGroup {
             resource: Arc::clone(resource),
-            tag: tag.into(),
+            tag,
+            staging,
             gate: RwLock::new(Phase::Awake),
             slots: Mutex::new(Slots::default()),
         });
@@ -311,7 +335,13 @@ impl ElasticGroup {
             }
         }
         let offloaded = match release {
-            Release::Offload => offload(&slots, stream)?,
+            Release::Offload => {
+                let staging = match &self.staging {
+                    Some(staging) => Arc::clone(staging),
+                    None => PinnedMemoryResource::current()?,
+                };
+                offload(&slots, &staging, stream)?
+            }
             Release::Discard => BTreeMap::new(),
         };
         stream.synchronize()?;
@@ -506,8 +536,7 @@ fn refuse_capturing<'a>(streams: impl IntoIterator<Item = &'a Stream>) -> Result
 
 /// The pinned host copy of each buffer's contents, enqueued on `stream` (after the buffers'
 /// work); freed (stream-ordered) if one fails.
-fn offload(slots: &Slots, stream: &Stream) -> Result<BTreeMap<u64, Buffer>> {
-    let pinned = PinnedMemoryResource::current()?;
+fn offload(slots: &Slots, pinned: &Arc<PinnedMemoryResource>, stream: &Stream) -> Result<BTreeMap<u64, Buffer>> {
     let mut copies = BTreeMap::new();
     for (&id, slot) in &slots.live {
         let mut host = pinned.allocate(slot.backing.size(), stream)?;

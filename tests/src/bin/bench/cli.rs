@@ -12,7 +12,8 @@ pub(crate) const USAGE: &str = "usage: bench\n\nRuns the cuda-mem benchmarks (po
                      bench --scaling: case 1b (pairs on 1, 2, 4 and 8 threads) only, printed (no outputs written).\n\
                      bench --resource-pairs: case 1c (64 KiB pairs per memory resource against raw) only, printed.\n\
                      bench --traces: case 8 (allocation traces replayed) only, printed; writes its trace_*.svg and \
-                     trace_*.csv.";
+                     trace_*.csv.\n\
+                     bench --elastic: case 10 (elastic memory) only, printed (no outputs written).";
 
 /// The child of cases (2) and (4) (see [`crate::server`]).
 pub(crate) const CHILD_ARG: &str = "--child";
@@ -32,6 +33,8 @@ const SCALING_ARG: &str = "--scaling";
 const RESOURCE_PAIRS_ARG: &str = "--resource-pairs";
 /// Case (8) alone, printed, its plots and CSV written.
 const TRACES_ARG: &str = "--traces";
+/// Case (10) alone, printed.
+const ELASTIC_ARG: &str = "--elastic";
 
 /// What this run of the program does.
 pub(crate) enum Mode {
@@ -53,6 +56,8 @@ pub(crate) enum Mode {
     ResourcePairs,
     /// Case (8), printed, its plots and CSV written.
     Traces,
+    /// Case (10), printed.
+    Elastic,
     /// Print [`USAGE`].
     Help,
 }
@@ -69,6 +74,7 @@ pub(crate) fn parse(args: &[String]) -> Result<Mode, String> {
         [SCALING_ARG] => Ok(Mode::Scaling),
         [RESOURCE_PAIRS_ARG] => Ok(Mode::ResourcePairs),
         [TRACES_ARG] => Ok(Mode::Traces),
+        [ELASTIC_ARG] => Ok(Mode::Elastic),
         ["--help" | "-h"] => Ok(Mode::Help),
         other => Err(format!("unexpected arguments {other:?}\n{USAGE}")),
     }

@@ -24,7 +24,10 @@
 //!    allocated, time per step, and a plot and CSV of both over the trace (`--traces`: this case
 //!    alone, printed, its plots and CSV written);
 //! 9. a pool pair with the memory history's recording off, on and on with backtraces, and a
-//!    snapshot (taken, as JSON, as the viewer's page) against the live allocations ([`snapshots`]).
+//!    snapshot (taken, as JSON, as the viewer's page) against the live allocations ([`snapshots`]);
+//! 10. elastic memory: a group's offload and restore against the pinned copies of the same
+//!     bytes, a discard and the wake after it with their VMM calls, and an on-demand range's
+//!     mapping of one more page against how many are mapped ([`elastic`]).
 //!
 //! The driver is chosen as the demo chooses it (`cuda_mem_integration::driver_choice`). Results go to
 //! `target/bench/` (`results.json`, `results.md`, the SVG plots, the traces' CSV); the Markdown tables are printed
@@ -34,7 +37,7 @@
 //! and [`units`] (the harness's numbers), one per case ([`pools`] and [`pacing`], [`scaling`], [`sharing`]
 //! with [`child`], [`server`] and [`rates`], [`vmm`] with [`call_count`], [`first_call`],
 //! [`adaptors`] for (6) and (7), [`resource_pairs`] for (1c), [`trace`] and [`replay`] for (8),
-//! [`snapshots`] for (9),
+//! [`snapshots`] for (9), [`elastic`] for (10),
 //! both over [`contenders`]), and
 //! [`report`] (the JSON, Markdown and SVG outputs).
 
@@ -43,6 +46,7 @@ mod call_count;
 mod child;
 mod cli;
 mod contenders;
+mod elastic;
 mod first_call;
 mod pacing;
 mod parent;
@@ -81,6 +85,7 @@ fn main() -> ExitCode {
         Ok(Mode::Scaling) => parent::scaling_main(),
         Ok(Mode::ResourcePairs) => parent::resource_pairs_main(),
         Ok(Mode::Traces) => parent::traces_main(),
+        Ok(Mode::Elastic) => parent::elastic_main(),
         Ok(Mode::Help) => {
             println!("{}", cli::USAGE);
             Ok(())

@@ -10,6 +10,7 @@ use cuda_mem_integration::driver_choice::{self, Choice, How};
 use crate::Error;
 use crate::adaptors::{adaptors, copies};
 use crate::contenders::contenders;
+use crate::elastic::elastic;
 use crate::first_call::first_call;
 use crate::pacing::pacing;
 use crate::pools::{POOL_THREADS, PoolRow, pools};
@@ -79,6 +80,15 @@ pub(crate) fn traces_main() -> Result<(), Error> {
     Ok(())
 }
 
+/// `--elastic`: case (10) alone, printed, on the driver the full run would choose.
+pub(crate) fn elastic_main() -> Result<(), Error> {
+    let choice = choose()?;
+    let simulator = choice.is_simulator();
+    install(choice.driver)?;
+    elastic(Device::new(0)?, simulator)?;
+    Ok(())
+}
+
 /// Every case, in turn, then the outputs.
 pub(crate) fn parent_main() -> Result<(), Error> {
     let total = Instant::now();
@@ -140,6 +150,12 @@ pub(crate) fn parent_main() -> Result<(), Error> {
     results.recording = Some(recording(device)?);
     results.snapshots = snapshots(device)?;
     println!("[9] memory history and snapshots: done in {:.1} s", step.elapsed().as_secs_f64());
+
+    let step = Instant::now();
+    let (elastic, on_demand) = elastic(device, simulator)?;
+    results.elastic = elastic;
+    results.on_demand = Some(on_demand);
+    println!("[10] elastic memory: done in {:.1} s", step.elapsed().as_secs_f64());
 
     report::write_all(&results, total)
 }

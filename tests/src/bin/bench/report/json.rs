@@ -34,6 +34,8 @@ fn value(results: &Results) -> Value {
         "traces": results.traces.iter().map(|r| r.json()).collect::<Vec<_>>(),
         "recording": results.recording.as_ref().map(|r| r.json()),
         "snapshots": results.snapshots.iter().map(|r| r.json()).collect::<Vec<_>>(),
+        "elastic": results.elastic.iter().map(|r| r.json()).collect::<Vec<_>>(),
+        "on_demand": results.on_demand.as_ref().map(|r| r.json()),
         "first_call": results.first_call.as_ref().map(|(spawn, main)| {
             json!({"spawn_to_return": spawn.json(), "main_to_return": main.json()})
         }),

@@ -4,6 +4,7 @@ use std::fmt::Write as _;
 
 use super::{Results, host_cpus};
 use crate::adaptors::{ADAPTOR_PAIR_SIZE, AdaptorRow, CopyRow};
+use crate::elastic::{ElasticRow, OnDemandRow};
 use crate::pacing::{PACING_WORK_NS, Pacing};
 use crate::pools::PoolRow;
 use crate::replay::{TIMED_PASSES, TraceRun};
@@ -39,7 +40,44 @@ pub(super) fn markdown(results: &Results) -> String {
     copies(&mut md, &results.copies);
     traces(&mut md, &results.traces);
     history_and_snapshots(&mut md, results.recording.as_ref(), &results.snapshots);
+    elastic(&mut md, &results.elastic, results.on_demand.as_ref());
     md
+}
+
+/// Case (10)'s tables.
+fn elastic(md: &mut String, rows: &[ElasticRow], on_demand: Option<&OnDemandRow>) {
+    md.push_str("\n## 10. Elastic memory\n\n");
+    md.push_str(
+        "A group of 256 MiB buffers: `sleep(Release::Offload)` and the `wake` after it (synchronized) against the \
+         pinned copies of the same buffers (device → host, host → device) in the same run, the staging pool keeping \
+         its memory; `sleep(Release::Discard)` and the `wake` after it; the median of 3. Share: the copy's time over \
+         the elastic step's (1.00: the copy's bandwidth). VMM calls (the simulator only): `cuMemCreate`, \
+         `cuMemRelease`, `cuMemMap`, `cuMemUnmap`, `cuMemSetAccess`.\n\n\
+         | bytes | buffers | offload | share | restore | share | discard | wake | VMM calls (discard, wake) |\n\
+         |---|---|---|---|---|---|---|---|---|\n",
+    );
+    for r in rows {
+        let calls = r.calls.map_or("-".to_string(), |(d, w)| format!("{d}, {w}"));
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {:.2} | {} | {:.2} | {} | {} | {calls} |",
+            bytes(r.bytes),
+            r.buffers,
+            r.offload.show(),
+            r.offload_share(),
+            r.restore.show(),
+            r.restore_share(),
+            r.discard.show(),
+            r.wake.show()
+        );
+    }
+    if let Some(o) = on_demand {
+        md.push_str("\nAn on-demand range of 2 MiB pages: mapping one more page, with N pages mapped (the median of 9).\n\n| mapped pages | one more page |\n|---|---|\n");
+        for (n, s) in &o.per_page {
+            let _ = writeln!(md, "| {n} | {} |", s.show());
+        }
+        let _ = writeln!(md, "\nUnmapping {} gave the device {} back.", bytes(o.mapped), bytes(o.returned));
+    }
 }
 
 /// Case (9)'s tables.

@@ -10,6 +10,7 @@ use std::time::Instant;
 
 use crate::Error;
 use crate::adaptors::{AdaptorRow, CopyRow};
+use crate::elastic::{ElasticRow, OnDemandRow};
 use crate::pacing::Pacing;
 use crate::pools::PoolRow;
 use crate::replay::TraceRun;
@@ -57,6 +58,10 @@ pub(crate) struct Results {
     pub(crate) recording: Option<RecordingRow>,
     /// Case (9): snapshots against live allocations.
     pub(crate) snapshots: Vec<SnapshotRow>,
+    /// Case (10): elastic groups, per size.
+    pub(crate) elastic: Vec<ElasticRow>,
+    /// Case (10): the on-demand range.
+    pub(crate) on_demand: Option<OnDemandRow>,
 }
 
 /// Writes `results.json`, `results.md`, `vmm_steps.svg`, `pools.svg`, `scaling.svg`,
