@@ -4,9 +4,13 @@
 
 use std::sync::Arc;
 
-use cuda_mem_core::{DevicePtr, Result, record_drop_error};
+use std::sync::{RwLock, RwLockWriteGuard, TryLockError};
 
+use cuda_mem_core::{DevicePtr, Result, Stream, record_drop_error};
+
+use crate::error::{DeferCause, VmmError};
 use crate::pieces::{Physical, Reservation, map_physical, unmap};
+use crate::release::wait_for;
 use crate::resource::VirtualMemoryResource;
 
 /// What one chunk holds.
@@ -166,5 +170,41 @@ impl Drop for Backing {
             }
             self.chunks[index] = Chunk::Released;
         }
+    }
+}
+
+/// Lets go of `backing` once `stream`'s work is done. A stream that cannot be waited for keeps it
+/// mapped: inside a capture of this crate's, until the capture's graphs go; otherwise for the
+/// process's life (recorded): unmapping memory that may be in use is never the fallback.
+pub(crate) fn release_after(backing: Backing, stream: &Stream) {
+    let why = match wait_for(stream) {
+        Ok(()) => return drop(backing),
+        Err(DeferCause::Capturing) => match stream.keep_alive_in_capture(backing) {
+            Ok(()) => return,
+            Err(kept) => return kept_forever(kept, VmmError::CapturingStream),
+        },
+        Err(cause) => VmmError::ReleaseDeferred { ptr: backing.ptr(), size: backing.mapped_bytes(), cause },
+    };
+    kept_forever(backing, why);
+}
+
+/// Memory that cannot be let go of safely: kept mapped for the process's life, the reason
+/// recorded.
+fn kept_forever(backing: Backing, why: VmmError) {
+    record_drop_error("elastic memory (kept mapped: its stream cannot be waited for)", why.into_core());
+    std::mem::forget(backing);
+}
+
+/// `lock` for writing, for a map, an unmap, a sleep or a wake: refused, as
+/// [`VmmError::InUse`] naming `what()`, while an access holds it for reading (waiting could
+/// deadlock a thread that holds one).
+pub(crate) fn exclusive<'a, T>(
+    lock: &'a RwLock<T>,
+    what: impl FnOnce() -> String,
+) -> crate::Result<RwLockWriteGuard<'a, T>> {
+    match lock.try_write() {
+        Ok(guard) => Ok(guard),
+        Err(TryLockError::Poisoned(poisoned)) => Ok(poisoned.into_inner()),
+        Err(TryLockError::WouldBlock) => Err(VmmError::InUse { what: what() }),
     }
 }

@@ -2,16 +2,15 @@
 //! the same addresses (vLLM's sleep mode, SGLang's memory saver).
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockWriteGuard, TryLockError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockWriteGuard};
 
 use cuda_mem_core::history::{self, MemoryEventKind, ResourceId};
 use cuda_mem_core::sys::types::CUresult;
 use cuda_mem_core::{Buffer, DevicePtr, FillPattern, ForeignMemory, PinnedMemoryResource, Stream};
 
 use super::access::{ElasticAccess, Gate};
-use super::backing::{Backing, Chunk};
-use crate::error::{DeferCause, Result, VmmError};
-use crate::release::wait_for;
+use super::backing::{Backing, Chunk, exclusive, release_after};
+use crate::error::{Result, VmmError};
 use crate::resource::{VirtualMemoryResource, round_up};
 
 /// What becomes of a group's contents when it sleeps ([`ElasticGroup::sleep`]).
@@ -253,11 +252,7 @@ impl ElasticGroup {
 
     /// The gate, for sleeping or waking: refused while an access lives.
     fn exclusive(&self) -> Result<RwLockWriteGuard<'_, Phase>> {
-        match self.gate.try_write() {
-            Ok(gate) => Ok(gate),
-            Err(TryLockError::Poisoned(poisoned)) => Ok(poisoned.into_inner()),
-            Err(TryLockError::WouldBlock) => Err(VmmError::InUse { what: format!("group {:?}", self.tag) }),
-        }
+        exclusive(&self.gate, || format!("group {:?}", self.tag))
     }
 
     /// A buffer of at least `size` bytes (its reservation and memory rounded up to the
@@ -499,29 +494,13 @@ impl ElasticGroup {
     }
 
     /// Lets go of a buffer: after its stream's work, its memory is unmapped and its addresses
-    /// freed. A stream that cannot be waited for keeps the memory mapped (recorded): in a
-    /// capture of this crate's, until the graph goes; otherwise for the process's life.
+    /// freed (see `release_after`).
     fn drop_buffer(&self, id: u64) {
         let Some(slot) = self.slots().live.remove(&id) else { return };
         let Slot { backing, stream, offloaded, .. } = slot;
         drop(offloaded);
-        match wait_for(&stream) {
-            Ok(()) => drop(backing),
-            Err(DeferCause::Capturing) => {
-                if let Err(backing) = stream.keep_alive_in_capture(backing) {
-                    kept_forever(backing, VmmError::CapturingStream);
-                }
-            }
-            Err(cause) => kept_forever(backing, VmmError::ReleaseDeferred { ptr: 0, size: 0, cause }),
-        }
+        release_after(backing, &stream);
     }
-}
-
-/// A buffer whose memory cannot be let go of safely: kept mapped for the process's life, and
-/// the reason recorded.
-pub(super) fn kept_forever(backing: Backing, why: VmmError) {
-    cuda_mem_core::record_drop_error("elastic memory (kept mapped: its stream cannot be waited for)", why.into_core());
-    std::mem::forget(backing);
 }
 
 /// Refuses capturing streams (or those whose status cannot be read).

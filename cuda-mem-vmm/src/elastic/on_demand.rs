@@ -2,7 +2,7 @@
 //! used grows and unmapped as it shrinks (kvcached's KV cache).
 
 use std::ops::Range;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use super::access::{ElasticAccess, Gate};
 
@@ -10,7 +10,7 @@ use cuda_mem_core::history::{self, MemoryEventKind, ResourceId};
 use cuda_mem_core::sys::types::CUresult;
 use cuda_mem_core::{Buffer, DevicePtr, ForeignMemory, Stream};
 
-use super::backing::Backing;
+use super::backing::{Backing, exclusive, release_after};
 use crate::error::{DeferCause, Result, VmmError};
 use crate::release::wait_for;
 use crate::resource::{VirtualMemoryResource, round_up};
@@ -132,11 +132,7 @@ impl OnDemandRange {
 
     /// The backing, for mapping or unmapping: refused while an access lives.
     fn exclusive(&self) -> Result<RwLockWriteGuard<'_, Backing>> {
-        match self.backing.try_write() {
-            Ok(backing) => Ok(backing),
-            Err(TryLockError::Poisoned(poisoned)) => Ok(poisoned.into_inner()),
-            Err(TryLockError::WouldBlock) => Err(VmmError::InUse { what: format!("range at {:#x}", self.ptr()) }),
-        }
+        exclusive(&self.backing, || format!("on-demand range of {} pages", self.counters().pages))
     }
 
     fn counters(&self) -> MutexGuard<'_, OnDemandStatistics> {
@@ -320,15 +316,6 @@ impl Drop for OnDemandRange {
     fn drop(&mut self) {
         let owned = self.backing.get_mut().unwrap_or_else(PoisonError::into_inner);
         let hollow = owned.hollow();
-        let backing = std::mem::replace(owned, hollow);
-        match wait_for(&self.stream) {
-            Ok(()) => drop(backing),
-            Err(DeferCause::Capturing) => {
-                if let Err(backing) = self.stream.keep_alive_in_capture(backing) {
-                    super::group::kept_forever(backing, VmmError::CapturingStream);
-                }
-            }
-            Err(cause) => super::group::kept_forever(backing, VmmError::ReleaseDeferred { ptr: 0, size: 0, cause }),
-        }
+        release_after(std::mem::replace(owned, hollow), &self.stream);
     }
 }
