@@ -44,8 +44,8 @@
 //!   device and take new memory at the same addresses ([`ElasticGroup::sleep`] with
 //!   [`Release::Offload`] to pinned host memory or [`Release::Discard`],
 //!   [`ElasticGroup::wake`]); an [`OnDemandRange`] reserves far more than memory and maps pages
-//!   as they are needed. `examples/05_sleep_and_wake.rs` sleeps and wakes a model's weights and
-//!   KV cache (`cargo run -p cuda-mem-vmm --example 05_sleep_and_wake`).
+//!   as they are needed. `examples/06_sleep_and_wake.rs` sleeps and wakes a model's weights and
+//!   KV cache (`cargo run -p cuda-mem-vmm --example 06_sleep_and_wake`).
 //!
 //! Memory is freed when the last buffer mapping it is dropped, after its stream's work.
 //! Unmapping is not stream-ordered, so that stream is synchronized first. A capturing stream is

@@ -213,6 +213,7 @@ const EXAMPLES: &[(&str, &str, &[&str])] = &[
     ("cuda-mem-ipc", "03_share_over_ipc", &[]),
     ("cuda-mem-vmm", "04_grow_a_vmm_buffer", &[]),
     ("cuda-mem-core", "05_dlpack_and_cudarc", &["dlpack", "cudarc"]),
+    ("cuda-mem-vmm", "06_sleep_and_wake", &[]),
 ];
 
 /// Runs every example of [`EXAMPLES`] on the simulator: a walk-through that no longer runs is a

@@ -1,4 +1,4 @@
-//! Example 5: a model's memory goes to sleep and wakes up at the same addresses.
+//! Example 6: a model's memory goes to sleep and wakes up at the same addresses.
 //!
 //! An inference server that shares its GPU between phases (vLLM's sleep mode) keeps two kinds
 //! of memory: weights, which must come back as they were, and a KV cache, which may be thrown
@@ -9,8 +9,8 @@
 //! buffers' addresses at each step.
 //!
 //! ```sh
-//! cargo run -p cuda-mem-vmm --example 05_sleep_and_wake                 # on the simulator
-//! CUDA_MEM_DRIVER=libcuda.so.1 cargo run -p cuda-mem-vmm --example 05_sleep_and_wake   # on a GPU
+//! cargo run -p cuda-mem-vmm --example 06_sleep_and_wake                 # on the simulator
+//! CUDA_MEM_DRIVER=libcuda.so.1 cargo run -p cuda-mem-vmm --example 06_sleep_and_wake   # on a GPU
 //! ```
 
 use std::error::Error;
