@@ -147,6 +147,7 @@ import time
 import uuid as uuidlib
 import zlib
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 __all__ = [
     # The wire formats, in the order of cuda-mem-ipc's `wire` module.
@@ -190,6 +191,8 @@ __all__ = [
     "MisdescribedResource",
     "OutOfDescriptors",
     "PeerClosed",
+    "PeerCredentials",
+    "PeerRefused",
     "PoolNotImported",
     "ProtocolError",
     "RawMessage",
@@ -324,6 +327,19 @@ class PeerClosed(ExchangeError):
     def __init__(self):
         super().__init__(
             "the peer closed the channel (it exited or closed its end); no more messages will arrive", False
+        )
+
+
+class PeerRefused(ExchangeError):
+    """A listener refused a peer (Rust's ``IpcError::PeerRefused``): its connection was closed;
+    the listener goes on."""
+
+    def __init__(self, credentials: "PeerCredentials"):
+        self.credentials = credentials
+        super().__init__(
+            f"the listener's peer policy refused process {credentials.pid} (uid {credentials.uid}, gid "
+            f"{credentials.gid}): its connection was closed; the listener is still usable",
+            channel_usable=True,
         )
 
 
@@ -467,6 +483,26 @@ _channel_taken = False
 _channel_taken_lock = threading.Lock()
 
 
+class PeerCredentials(NamedTuple):
+    """The process at a socket's other end, as the kernel recorded it (Rust's
+    ``PeerCredentials``): its process id (0 when not visible here), user id and group id."""
+
+    pid: int
+    uid: int
+    gid: int
+
+
+def _peer_credentials(sock: socket.socket) -> PeerCredentials:
+    """``sock``'s peer credentials (``SO_PEERCRED``: three C ints)."""
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return PeerCredentials(*struct.unpack("3i", raw))
+
+
+def _abstract_address(name: str | bytes) -> bytes:
+    """The socket address of ``name`` in the abstract namespace (a leading NUL byte)."""
+    return b"\0" + (name.encode() if isinstance(name, str) else bytes(name))
+
+
 class Channel:
     """One end of a cuda-mem-ipc channel: framed messages with file descriptors over a connected
     Unix domain stream socket (the framing is in the module's docs).
@@ -530,10 +566,36 @@ class Channel:
         return sock
 
     @classmethod
-    def accept(cls, listener: socket.socket) -> "Channel":
-        """The next peer to connect to ``listener``."""
+    def connect_abstract(cls, name: str | bytes) -> "Channel":
+        """Connects to a listener at ``name`` in Linux's abstract namespace (Rust's
+        ``ChannelListener::bind_abstract``, or :meth:`listen_abstract`)."""
+        return cls.connect(_abstract_address(name))
+
+    @staticmethod
+    def listen_abstract(name: str | bytes) -> socket.socket:
+        """A listening socket at ``name`` in Linux's abstract namespace: no file, reachable by
+        every process of this network namespace (:meth:`accept` admits this user's by default),
+        gone when closed."""
+        return Channel.listen(_abstract_address(name))
+
+    @classmethod
+    def accept(cls, listener: socket.socket, admit=None) -> "Channel":
+        """The next peer to connect to ``listener``, if ``admit`` (a callable taking its
+        :class:`PeerCredentials`) accepts it; by default, processes of this process's user, as
+        Rust's ``PeerPolicy::SameUser``. A refused peer's connection is closed and
+        :class:`PeerRefused` raised (the listener goes on)."""
         sock, _ = listener.accept()
+        credentials = _peer_credentials(sock)
+        allowed = credentials.uid == os.geteuid() if admit is None else admit(credentials)
+        if not allowed:
+            sock.close()
+            raise PeerRefused(credentials)
         return cls(sock)
+
+    def peer_credentials(self) -> "PeerCredentials":
+        """The peer's process, user and group ids, as the kernel recorded them when the
+        connection was made (``SO_PEERCRED``)."""
+        return _peer_credentials(self.sock)
 
     @classmethod
     def from_env(cls) -> "Channel":

@@ -5,7 +5,7 @@
 use std::io::{IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -46,8 +46,9 @@ pub struct RawMessage {
 /// descriptor for the same pool.
 ///
 /// Channels come from [`Channel::pair`] (both ends in this process, to hand one to a child: see
-/// [`spawn_with_channel`](crate::spawn_with_channel)), from [`Channel::connect`] and
-/// [`ChannelListener::accept`] (unrelated processes meeting at a socket path), and from
+/// [`spawn_with_channel`](crate::spawn_with_channel)), from [`Channel::connect`],
+/// [`Channel::connect_abstract`] and [`ChannelListener::accept`](crate::ChannelListener::accept)
+/// (unrelated processes meeting at a socket path or an abstract name), and from
 /// [`Channel::from_env`] (a child started by [`spawn_with_channel`](crate::spawn_with_channel)).
 ///
 /// # Frames
@@ -155,7 +156,7 @@ impl Channel {
         Ok((Channel::new(a), Channel::new(b)))
     }
 
-    /// Connects to a [`ChannelListener`] bound at `path`.
+    /// Connects to a [`ChannelListener`](crate::ChannelListener) bound at `path`.
     ///
     /// # Errors
     ///
@@ -592,50 +593,6 @@ impl FrameReader<'_> {
 impl AsFd for Channel {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.stream.as_fd()
-    }
-}
-
-/// A socket path where processes connect with [`Channel::connect`].
-///
-/// The socket file stays after the listener is dropped; remove it when done.
-#[derive(Debug)]
-pub struct ChannelListener {
-    listener: UnixListener,
-}
-
-impl ChannelListener {
-    /// Listens at `path`, which must not exist.
-    ///
-    /// # Errors
-    ///
-    /// - [`IpcError::Io`]: `path` exists, is too long for a socket address (about 107 bytes), or
-    ///   its directory is not writable.
-    pub fn bind(path: impl AsRef<Path>) -> Result<ChannelListener> {
-        let listener = UnixListener::bind(path).map_err(|e| IpcError::io("binding the IPC channel's socket", e))?;
-        Ok(ChannelListener { listener })
-    }
-
-    /// Waits for the next connection.
-    ///
-    /// # Errors
-    ///
-    /// - [`IpcError::Io`]: `accept` fails (such as out of descriptors).
-    pub fn accept(&self) -> Result<Channel> {
-        loop {
-            match self.listener.accept() {
-                Ok((stream, _)) => return Channel::from_stream(stream),
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => {
-                    return Err(IpcError::io("accepting a connection on the IPC channel's socket", e));
-                }
-            }
-        }
-    }
-}
-
-impl AsFd for ChannelListener {
-    fn as_fd(&self) -> BorrowedFd<'_> {
-        self.listener.as_fd()
     }
 }
 
@@ -1234,6 +1191,7 @@ mod tests {
 
     #[test]
     fn listener_and_connect() {
+        use crate::ChannelListener;
         let path = std::env::temp_dir().join(format!("cuda-mem-ipc-{}.sock", uuid::Uuid::new_v4()));
         let listener = ChannelListener::bind(&path).unwrap();
         assert!(matches!(
@@ -1264,7 +1222,7 @@ mod tests {
     fn channels_are_send_and_sync() {
         fn check<T: Send + Sync>() {}
         check::<Channel>();
-        check::<ChannelListener>();
+        check::<crate::ChannelListener>();
         check::<RawMessage>();
     }
 

@@ -401,6 +401,16 @@ pub enum IpcError {
         limit: usize,
     },
 
+    /// A [`ChannelListener`](crate::ChannelListener)'s [`PeerPolicy`](crate::PeerPolicy)
+    /// refused a peer: its connection was closed, and the listener goes on.
+    #[error(
+        "the listener's peer policy refused {credentials}: its connection was closed; the listener is still usable"
+    )]
+    PeerRefused {
+        /// The refused peer, as the kernel reports it.
+        credentials: crate::PeerCredentials,
+    },
+
     /// The channel a parent passed through the environment cannot be taken; nothing was taken.
     #[error(
         "cannot take the IPC channel from the environment: {0}; start this process with \

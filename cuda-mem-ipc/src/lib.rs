@@ -38,7 +38,8 @@
 //!
 //! | module | holds |
 //! |---|---|
-//! | `channel` | [`Channel`]: framed messages and file descriptors over a Unix domain socket; [`ChannelListener`], [`RawMessage`] |
+//! | `channel` | [`Channel`]: framed messages and file descriptors over a Unix domain socket; [`RawMessage`] |
+//! | `listener` | [`ChannelListener`]: connections by socket path or abstract name, admitted by a [`PeerPolicy`] of their [`PeerCredentials`] |
 //! | `spawn` | [`spawn_with_channel`], [`Channel::from_env`] and its [`ChannelEnvError`], [`CHANNEL_FD_ENV`], [`CHANNEL_INODE_ENV`] |
 //! | `protocol` | [`IpcChannel`] and what it keeps of a channel (the pools sent and received, the peer's events); [`Received`] |
 //! | `share` | the exporting side: [`allocation_handle`] ([`AllocationHandle`]), [`buffer_descriptor`], [`Unshareable`] |
@@ -112,6 +113,8 @@ mod channel;
 #[cfg(target_os = "linux")]
 mod error;
 #[cfg(target_os = "linux")]
+mod listener;
+#[cfg(target_os = "linux")]
 mod mapped;
 #[cfg(target_os = "linux")]
 mod peer;
@@ -121,7 +124,7 @@ mod protocol;
 mod registry;
 #[cfg(target_os = "linux")]
 mod share;
-#[cfg(feature = "snapshot")]
+#[cfg(all(target_os = "linux", feature = "snapshot"))]
 mod snapshot;
 #[cfg(target_os = "linux")]
 mod spawn;
@@ -131,9 +134,11 @@ mod virtual_buffer;
 pub mod wire;
 
 #[cfg(target_os = "linux")]
-pub use channel::{Channel, ChannelListener, RawMessage};
+pub use channel::{Channel, RawMessage};
 #[cfg(target_os = "linux")]
 pub use error::{ChannelOperation, IpcError, MessageLimit, ProtocolError, Result};
+#[cfg(target_os = "linux")]
+pub use listener::{ChannelListener, PeerCredentials, PeerPolicy};
 #[cfg(target_os = "linux")]
 pub use mapped::{MappedMemoryResource, lookup, registry};
 #[cfg(target_os = "linux")]

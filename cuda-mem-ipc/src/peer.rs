@@ -95,6 +95,11 @@ fn own_pid() -> i32 {
 /// non-zero `Pid`, and the kernel does report 0 (a peer in a pid namespace this process does not
 /// see, an unconnected socket), which that type cannot hold without undefined behaviour.
 fn peer_pid(socket: BorrowedFd<'_>) -> Option<i32> {
+    peer_credentials(socket).map(|credentials| credentials.pid)
+}
+
+/// `socket`'s peer credentials (`SO_PEERCRED`), as the kernel recorded them.
+pub(crate) fn peer_credentials(socket: BorrowedFd<'_>) -> Option<libc::ucred> {
     let mut credentials = libc::ucred { pid: 0, uid: 0, gid: 0 };
     let mut len = libc::socklen_t::try_from(std::mem::size_of::<libc::ucred>()).ok()?;
     // SAFETY: `socket` is an open descriptor for the call; `credentials` is a writable
@@ -108,7 +113,7 @@ fn peer_pid(socket: BorrowedFd<'_>) -> Option<i32> {
             &mut len,
         )
     };
-    (result == 0 && usize::try_from(len).ok() == Some(std::mem::size_of::<libc::ucred>())).then_some(credentials.pid)
+    (result == 0 && usize::try_from(len).ok() == Some(std::mem::size_of::<libc::ucred>())).then_some(credentials)
 }
 
 /// Whether `socket`'s other end has closed, or shut down its sending side.

@@ -588,6 +588,29 @@ class Snapshots(ChannelTestCase):
         self.assertEqual(server.recv(None), cx.Data(b"still in step"))
 
 
+class Listeners(unittest.TestCase):
+    def test_abstract_names_connect_and_the_default_admits_this_user_only(self):
+        name = f"cuda-mem-test-{os.getpid()}-{time.monotonic_ns()}"
+        listener = cx.Channel.listen_abstract(name)
+        self.addCleanup(listener.close)
+        client = cx.Channel.connect_abstract(name)
+        self.addCleanup(client.close)
+        server = cx.Channel.accept(listener)
+        self.addCleanup(server.close)
+        self.assertEqual(server.peer_credentials(), cx.PeerCredentials(os.getpid(), os.geteuid(), os.getegid()))
+        client.send(cx.DATA, b"over an abstract name")
+        self.assertEqual(server.recv().payload, b"over an abstract name")
+        refused = cx.Channel.connect_abstract(name)
+        self.addCleanup(refused.close)
+        with self.assertRaises(cx.PeerRefused) as caught:
+            cx.Channel.accept(listener, admit=lambda peer: peer.pid != os.getpid())
+        self.assertTrue(caught.exception.channel_usable)
+        self.assertIn(f"process {os.getpid()}", str(caught.exception))
+        refused.settimeout(5)
+        with self.assertRaises(cx.PeerClosed):
+            refused.recv()
+
+
 if __name__ == "__main__":
     program = unittest.main(exit=False, verbosity=2)
     if not program.result.wasSuccessful():
