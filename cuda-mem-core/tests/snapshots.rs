@@ -220,6 +220,7 @@ fn the_viewer_draws_every_allocation_and_shows_a_backtrace_in_a_real_browser() {
         let (before, after) = (view("view-before"), view("view-after"));
         assert_eq!(before.0, 0.0);
         assert!(after.0 > before.0 && after.1 < before.1, "zoomed in: {before:?} to {after:?}");
+        assert_eq!(view("view-reset"), before, "a double click shows the whole timeline again");
         screenshot(&chromium, &url, "timeline.png");
         drop((live, cache, pool));
     });

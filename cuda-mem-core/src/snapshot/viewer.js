@@ -267,8 +267,9 @@
   }
 
   // For tests: `#hover-first` hovers the first drawn allocation once drawn, then turns the
-  // wheel once over the timeline's middle (zooming in there); the view it shows is kept in
-  // `data-view` before and after.
+  // wheel once over the timeline's middle (zooming in there) and double-clicks (back to the
+  // whole timeline, which a screenshot then shows); the views are kept in `data-view-before`,
+  // `data-view-after` and `data-view-reset`.
   if (location.hash === "#hover-first") {
     const first = svg.querySelector("polygon.allocation");
     if (first) first.dispatchEvent(new MouseEvent("mouseover", { bubbles: true }));
@@ -277,6 +278,8 @@
     svg.dispatchEvent(new WheelEvent("wheel", { deltaY: -100, clientX: box.left + box.width / 2, clientY: box.top + 10,
       bubbles: true, cancelable: true }));
     document.body.dataset.viewAfter = view.join(" ");
+    svg.dispatchEvent(new MouseEvent("dblclick", { bubbles: true }));
+    document.body.dataset.viewReset = view.join(" ");
   }
   document.body.dataset.ready = "1";
 })();
