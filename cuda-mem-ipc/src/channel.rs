@@ -2,7 +2,7 @@
 //!
 //! Documented on [`Channel`]: its frames, errors, descriptors and threads.
 
-use std::io::{IoSlice, IoSliceMut};
+use std::io::IoSlice;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
@@ -13,17 +13,12 @@ use std::time::{Duration, Instant};
 
 use rustix::event::{PollFd, PollFlags, Timespec, poll};
 use rustix::io::Errno;
-use rustix::net::{
-    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendAncillaryBuffer, SendAncillaryMessage,
-    SendFlags, recvmsg, sendmsg,
-};
+use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags, sendmsg};
 
+use crate::assembly::{CONTROL_SPACE, FrameAssembly, Step};
 use crate::error::{ChannelOperation, IpcError, MessageLimit, ProtocolError, Result};
 use crate::peer::PeerId;
-use crate::wire::{FRAME_HEADER_LEN, FrameError, FrameHeader, MAX_FDS, MAX_PAYLOAD_LEN};
-
-/// Room for one `SCM_RIGHTS` control message of [`MAX_FDS`] descriptors.
-const CONTROL_SPACE: usize = rustix::cmsg_space!(ScmRights(MAX_FDS));
+use crate::wire::{FRAME_HEADER_LEN, FrameHeader, MAX_FDS, MAX_PAYLOAD_LEN};
 
 /// A message as received: its kind, payload and file descriptors.
 #[derive(Debug)]
@@ -132,11 +127,8 @@ fn lock(m: &Mutex<()>) -> MutexGuard<'_, ()> {
 }
 
 const SEND_CONTEXT: &str = "sending a message on the IPC channel";
-const RECV_CONTEXT: &str = "receiving a message on the IPC channel";
 const SEND_BEFORE_ANY_BYTE_CONTEXT: &str =
     "sending a message on the IPC channel (nothing of it went out, and the channel is still usable)";
-const RECV_BEFORE_ANY_BYTE_CONTEXT: &str =
-    "receiving a message on the IPC channel (nothing of it came in, and the channel is still usable)";
 const SEND_AFTER_BROKEN_CONTEXT: &str = "sending on the IPC channel: an earlier send failed partway through a message, so the peer cannot find where \
      the next one starts";
 
@@ -368,26 +360,28 @@ impl Channel {
         let timeout = self.read_timeout_ns.load(Ordering::Acquire);
         // A deadline past what `Instant` holds is none (`+` would panic there).
         let deadline = (timeout > 0).then(|| Instant::now().checked_add(Duration::from_nanos(timeout))).flatten();
-        let mut reader = FrameReader {
-            stream: &self.stream,
-            deadline,
-            fd_room: fd_room.min(MAX_FDS),
-            consumed: 0,
-            header: None,
-            arrived: 0,
-            fds: Vec::new(),
-            out_of_descriptors: false,
+        let mut assembly = FrameAssembly::new(fd_room);
+        let result = loop {
+            if let Err(e) = wait_readable(&self.stream, deadline, &assembly) {
+                break Err(e);
+            }
+            match assembly.step(&self.stream) {
+                Ok(Step::Done(message)) => break Ok(message),
+                Ok(Step::More) => {}
+                // The socket's own time-out, set behind the channel's back: a time-out too.
+                Ok(Step::WouldBlock) => break Err(assembly.failed(Errno::AGAIN)),
+                Err(e) => break Err(e),
+            }
         };
-        let result = reader.read_frame();
         // Running out of descriptors is reported once the frame has been read to its end: the
         // stream is still in step. Any other failure after the frame's first byte is not.
         if let Err(e) = &result
-            && reader.consumed > 0
+            && assembly.consumed() > 0
             && !matches!(e, IpcError::OutOfDescriptors { .. })
         {
             self.recv_broken.store(true, Ordering::Release);
         }
-        // On error, `reader.fds` is dropped here: every descriptor received is closed.
+        // On error, the assembly is dropped here: every descriptor received is closed.
         result
     }
 }
@@ -413,179 +407,26 @@ fn send_error(sent: usize, failure: SendFailure) -> IpcError {
     }
 }
 
-/// Reads one frame, keeping every descriptor that arrives.
-struct FrameReader<'a> {
-    stream: &'a UnixStream,
-    /// When the message must have arrived whole, if ever.
-    deadline: Option<Instant>,
-    /// How many descriptors one `recvmsg` has room for.
-    fd_room: usize,
-    /// Bytes of the frame read so far.
-    consumed: usize,
-    /// The frame's header, once read.
-    header: Option<FrameHeader>,
-    /// Descriptors received with the frame's bytes so far, including any already closed.
-    arrived: usize,
-    /// Descriptors received with the frame's bytes so far, while the frame can still be
-    /// delivered.
-    fds: Vec<OwnedFd>,
-    /// The system could not install some of the frame's descriptors in this process (out of
-    /// descriptor numbers): the frame is read to its end and dropped.
-    out_of_descriptors: bool,
-}
-
-impl FrameReader<'_> {
-    fn read_frame(&mut self) -> Result<RawMessage> {
-        let mut raw = [0u8; FRAME_HEADER_LEN];
-        self.read_exact(&mut raw, FRAME_HEADER_LEN)?;
-        let header = FrameHeader::decode(&raw)?;
-        self.header = Some(header);
-        // The descriptors that came with the header bytes, now that their number is known.
-        self.check_fd_count()?;
-        let mut payload = vec![0u8; header.payload_len];
-        self.read_exact(&mut payload, FRAME_HEADER_LEN + header.payload_len)?;
-        if self.out_of_descriptors {
-            return Err(IpcError::OutOfDescriptors { kind: header.kind, fds: header.fds });
+/// Waits until `stream` has something to read, or fails as the socket's own time-out does
+/// (`EAGAIN`, a time-out of `assembly`'s frame) once `deadline` has passed; without a deadline,
+/// at once (the blocking `recvmsg` waits).
+fn wait_readable(stream: &UnixStream, deadline: Option<Instant>, assembly: &FrameAssembly) -> Result<()> {
+    let Some(deadline) = deadline else { return Ok(()) };
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(assembly.failed(Errno::AGAIN));
         }
-        if self.arrived != header.fds {
-            return Err(self.fd_count_mismatch(&header));
-        }
-        Ok(RawMessage { kind: header.kind, payload, fds: std::mem::take(&mut self.fds) })
-    }
-
-    fn fd_count_mismatch(&self, header: &FrameHeader) -> IpcError {
-        FrameError::FdCount { announced: header.fds, arrived: self.arrived }.into()
-    }
-
-    /// Refuses more descriptors than the header announced or, before the header is read, than
-    /// a frame may carry: checked after every `recvmsg`, so a peer cannot make this process
-    /// hold more than that plus one `recvmsg`'s worth.
-    fn check_fd_count(&self) -> Result<()> {
-        match self.header {
-            Some(header) if self.arrived > header.fds => Err(self.fd_count_mismatch(&header)),
-            None if self.arrived > MAX_FDS => {
-                Err(FrameError::FdsBeforeHeader { arrived: self.arrived, max: MAX_FDS }.into())
-            }
-            _ => Ok(()),
-        }
-    }
-
-    /// Keeps the descriptors one `recvmsg` delivered, or closes them once the frame cannot be
-    /// delivered; returns how many there were.
-    fn take_fds(&mut self, control: &mut RecvAncillaryBuffer<'_>) -> usize {
-        let mut delivered = 0;
-        for message in control.drain() {
-            if let RecvAncillaryMessage::ScmRights(fds) = message {
-                for fd in fds {
-                    delivered += 1;
-                    if !self.out_of_descriptors {
-                        self.fds.push(fd);
-                    }
-                }
-            }
-        }
-        self.arrived += delivered;
-        delivered
-    }
-
-    /// Fills `buf`, a part of a frame of `frame_len` bytes, collecting descriptors.
-    fn read_exact(&mut self, buf: &mut [u8], frame_len: usize) -> Result<()> {
-        let control_len = rustix::cmsg_space!(ScmRights(self.fd_room));
-        let mut filled = 0;
-        while filled < buf.len() {
-            self.wait_readable()?;
-            let mut space = [MaybeUninit::<u8>::uninit(); CONTROL_SPACE];
-            let mut control = RecvAncillaryBuffer::new(&mut space[..control_len]);
-            let mut iov = [IoSliceMut::new(&mut buf[filled..])];
-            let received = recvmsg(self.stream, &mut iov, &mut control, RecvFlags::CMSG_CLOEXEC);
-            // Take ownership of whatever descriptors arrived before looking at anything else.
-            let delivered = self.take_fds(&mut control);
-            self.check_fd_count()?;
-            match received {
-                Ok(msg) => {
-                    // A stream socket never returns more than asked; `min` keeps that an
-                    // assumption that cannot turn into an out-of-bounds slice.
-                    let n = msg.bytes.min(buf.len() - filled);
-                    filled += n;
-                    self.consumed += n;
-                    if msg.flags.contains(ReturnFlags::CTRUNC) {
-                        self.truncated(delivered)?;
-                    }
-                    if n == 0 {
-                        return Err(self.end_of_stream(frame_len));
-                    }
-                }
-                Err(Errno::INTR) => {}
-                Err(Errno::CONNRESET) => return Err(self.end_of_stream(frame_len)),
-                Err(e) => return Err(self.failed(e)),
-            }
-        }
-        Ok(())
-    }
-
-    /// Waits until the socket has something to read, or fails as the socket's own time-out
-    /// does (`EAGAIN`) once the deadline has passed; without a deadline, at once.
-    fn wait_readable(&self) -> Result<()> {
-        let Some(deadline) = self.deadline else { return Ok(()) };
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(self.failed(Errno::AGAIN));
-            }
-            let left = Timespec {
-                tv_sec: i64::try_from(left.as_secs()).unwrap_or(i64::MAX),
-                tv_nsec: i64::from(left.subsec_nanos()),
-            };
-            let mut fds = [PollFd::new(self.stream, PollFlags::IN)];
-            match poll(&mut fds, Some(&left)) {
-                // Readable, closed or failed: the `recvmsg` that follows says which.
-                Ok(n) if n > 0 => return Ok(()),
-                Ok(_) | Err(Errno::INTR) => {}
-                Err(e) => return Err(self.failed(e)),
-            }
-        }
-    }
-
-    /// Control data was truncated after `delivered` descriptors. With room left for more, the
-    /// system dropped the rest because it could not install them here (out of descriptor
-    /// numbers, `EMFILE`): the frame is read on and dropped, its descriptors closed to free
-    /// their numbers. With the room used up, the peer sent more than a frame may carry.
-    /// (`cmsg_space!` sizes the buffer, alignment included, for at least `fd_room` descriptors,
-    /// so the kernel sees that much room.)
-    fn truncated(&mut self, delivered: usize) -> Result<()> {
-        if delivered < self.fd_room {
-            self.out_of_descriptors = true;
-            self.fds.clear();
-            Ok(())
-        } else {
-            Err(FrameError::ControlDataTruncated { max: MAX_FDS }.into())
-        }
-    }
-
-    /// A failed system call (or the deadline, as `EAGAIN`) while reading the frame: a time-out,
-    /// or a system error, either of which breaks the channel once part of the frame was read.
-    fn failed(&self, errno: Errno) -> IpcError {
-        let nothing_read = self.consumed == 0;
-        if errno == Errno::AGAIN {
-            IpcError::Timeout {
-                operation: ChannelOperation::Receive,
-                channel_usable: nothing_read,
-                source: errno.into(),
-            }
-        } else if nothing_read {
-            IpcError::io(RECV_BEFORE_ANY_BYTE_CONTEXT, errno)
-        } else {
-            IpcError::ChannelBroken { context: RECV_CONTEXT, source: errno.into() }
-        }
-    }
-
-    fn end_of_stream(&self, frame_len: usize) -> IpcError {
-        if self.consumed == 0 {
-            IpcError::PeerClosed
-        } else if self.consumed < FRAME_HEADER_LEN {
-            FrameError::TruncatedHeader { received: self.consumed, len: FRAME_HEADER_LEN }.into()
-        } else {
-            FrameError::Truncated { received: self.consumed, len: frame_len }.into()
+        let left = Timespec {
+            tv_sec: i64::try_from(left.as_secs()).unwrap_or(i64::MAX),
+            tv_nsec: i64::from(left.subsec_nanos()),
+        };
+        let mut fds = [PollFd::new(stream, PollFlags::IN)];
+        match poll(&mut fds, Some(&left)) {
+            // Readable, closed or failed: the `recvmsg` that follows says which.
+            Ok(n) if n > 0 => return Ok(()),
+            Ok(_) | Err(Errno::INTR) => {}
+            Err(e) => return Err(assembly.failed(e)),
         }
     }
 }
@@ -599,6 +440,7 @@ impl AsFd for Channel {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::FrameError;
     use proptest::prelude::*;
     use std::fs::File;
     use std::io::{Read, Write};

@@ -38,6 +38,7 @@
 //!
 //! | module | holds |
 //! |---|---|
+//! | `assembly` | one frame read one `recvmsg` at a time, its descriptors owned as they come (what every channel's receive drives) |
 //! | `channel` | [`Channel`]: framed messages and file descriptors over a Unix domain socket; [`RawMessage`] |
 //! | `listener` | [`ChannelListener`]: connections by socket path or abstract name, admitted by a [`PeerPolicy`] of their [`PeerCredentials`] |
 //! | `spawn` | [`spawn_with_channel`], [`Channel::from_env`] and its [`ChannelEnvError`], [`CHANNEL_FD_ENV`], [`CHANNEL_INODE_ENV`] |
@@ -108,6 +109,8 @@ compile_error!(
      cuda-mem-core and cuda-mem-vmm, which build there."
 );
 
+#[cfg(target_os = "linux")]
+mod assembly;
 #[cfg(target_os = "linux")]
 mod channel;
 #[cfg(target_os = "linux")]
