@@ -126,10 +126,10 @@ fn lock(m: &Mutex<()>) -> MutexGuard<'_, ()> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-const SEND_CONTEXT: &str = "sending a message on the IPC channel";
-const SEND_BEFORE_ANY_BYTE_CONTEXT: &str =
+pub(crate) const SEND_CONTEXT: &str = "sending a message on the IPC channel";
+pub(crate) const SEND_BEFORE_ANY_BYTE_CONTEXT: &str =
     "sending a message on the IPC channel (nothing of it went out, and the channel is still usable)";
-const SEND_AFTER_BROKEN_CONTEXT: &str = "sending on the IPC channel: an earlier send failed partway through a message, so the peer cannot find where \
+pub(crate) const SEND_AFTER_BROKEN_CONTEXT: &str = "sending on the IPC channel: an earlier send failed partway through a message, so the peer cannot find where \
      the next one starts";
 
 /// A read time-out in nanoseconds, 0 for none (a zero time-out is refused by the socket).
@@ -174,6 +174,12 @@ impl Channel {
     pub(crate) fn new(stream: UnixStream) -> Channel {
         let peer = PeerId::of_socket(stream.as_fd());
         Channel::with_peer(stream, peer)
+    }
+
+    /// Its socket and its peer (for an [`AsyncChannel`](crate::AsyncChannel)).
+    #[cfg(feature = "tokio")]
+    pub(crate) fn into_parts(self) -> (UnixStream, Option<PeerId>) {
+        (self.stream, self.peer)
     }
 
     /// A channel over `stream` whose other end is `peer`'s.
@@ -255,20 +261,7 @@ impl Channel {
     /// - [`IpcError::ChannelBroken`]: the system refused partway through the message, or an
     ///   earlier send broke the channel.
     pub fn send(&self, kind: u16, payload: &[u8], fds: &[BorrowedFd<'_>]) -> Result<()> {
-        if payload.len() > MAX_PAYLOAD_LEN {
-            return Err(IpcError::MessageTooLarge {
-                what: MessageLimit::Payload,
-                actual: payload.len(),
-                limit: MAX_PAYLOAD_LEN,
-            });
-        }
-        if fds.len() > MAX_FDS {
-            return Err(IpcError::MessageTooLarge {
-                what: MessageLimit::FileDescriptors,
-                actual: fds.len(),
-                limit: MAX_FDS,
-            });
-        }
+        check_limits(payload.len(), fds.len())?;
         let header = FrameHeader { kind, payload_len: payload.len(), fds: fds.len() }.encode();
 
         let _guard = lock(&self.send_lock);
@@ -335,7 +328,7 @@ impl Channel {
     /// - [`IpcError::PeerClosed`]: the peer closed its end, and every message it sent before
     ///   has been received.
     /// - [`IpcError::Protocol`] with [`ProtocolError::Frame`]: the peer sent a malformed frame
-    ///   (a [`FrameError`] says which check failed). Descriptors that came with it are closed.
+    ///   (a [`FrameError`](crate::wire::FrameError) says which check failed). Descriptors that came with it are closed.
     /// - [`IpcError::Protocol`] with [`ProtocolError::OutOfStep`]: an earlier such failure broke
     ///   the channel.
     /// - [`IpcError::OutOfDescriptors`]: this process had no free descriptor numbers for the
@@ -384,6 +377,22 @@ impl Channel {
         // On error, the assembly is dropped here: every descriptor received is closed.
         result
     }
+}
+
+/// Refuses a message of more than [`MAX_PAYLOAD_LEN`] bytes or [`MAX_FDS`] descriptors, before
+/// anything of it is sent.
+pub(crate) fn check_limits(payload_len: usize, fds: usize) -> Result<()> {
+    if payload_len > MAX_PAYLOAD_LEN {
+        return Err(IpcError::MessageTooLarge {
+            what: MessageLimit::Payload,
+            actual: payload_len,
+            limit: MAX_PAYLOAD_LEN,
+        });
+    }
+    if fds > MAX_FDS {
+        return Err(IpcError::MessageTooLarge { what: MessageLimit::FileDescriptors, actual: fds, limit: MAX_FDS });
+    }
+    Ok(())
 }
 
 /// Why a send failed, before it is told whether the channel still goes on.
@@ -440,26 +449,12 @@ impl AsFd for Channel {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_fds::{contents, memfd};
     use crate::wire::FrameError;
     use proptest::prelude::*;
     use std::fs::File;
     use std::io::{Read, Write};
     use std::os::unix::fs::FileExt;
-
-    fn memfd(contents: &[u8]) -> File {
-        let fd = rustix::fs::memfd_create("cuda-mem-ipc-test", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
-        let file = File::from(fd);
-        file.write_all_at(contents, 0).unwrap();
-        file
-    }
-
-    fn contents(fd: &OwnedFd) -> Vec<u8> {
-        let file = File::from(fd.try_clone().unwrap());
-        let len = file.metadata().unwrap().len() as usize;
-        let mut buf = vec![0u8; len];
-        file.read_exact_at(&mut buf, 0).unwrap();
-        buf
-    }
 
     fn inode(fd: impl AsFd) -> (u64, u64) {
         let st = rustix::fs::fstat(fd).unwrap();

@@ -39,6 +39,7 @@
 //! | module | holds |
 //! |---|---|
 //! | `assembly` | one frame read one `recvmsg` at a time, its descriptors owned as they come (what every channel's receive drives) |
+//! | `async_channel` | feature `tokio`: `AsyncChannel` (a channel's frames as cancellation-safe futures) and `AsyncChannelListener` |
 //! | `channel` | [`Channel`]: framed messages and file descriptors over a Unix domain socket; [`RawMessage`] |
 //! | `listener` | [`ChannelListener`]: connections by socket path or abstract name, admitted by a [`PeerPolicy`] of their [`PeerCredentials`] |
 //! | `spawn` | [`spawn_with_channel`], [`Channel::from_env`] and its [`ChannelEnvError`], [`CHANNEL_FD_ENV`], [`CHANNEL_INODE_ENV`] |
@@ -63,6 +64,8 @@
 //! - `snapshot`: memory snapshots over the channel (`IpcChannel::request_snapshot`,
 //!   `Received::SnapshotRequest`, `IpcChannel::answer_snapshot_request`, `Received::Snapshot`):
 //!   a peer, Rust or Python's `cuda_mem_exchange`, asks this process what memory it holds.
+//! - `tokio`: `AsyncChannel` and `AsyncChannelListener`, the channel's frames on Tokio's
+//!   readiness, for servers (cancellation-safe; the same wire as the blocking channel).
 //! - `tracing`: `DEBUG` events when a resource is imported and a buffer exported or imported,
 //!   with the resource's `uuid`, the `size`, `ptr` and `pool`.
 //!
@@ -111,6 +114,8 @@ compile_error!(
 
 #[cfg(target_os = "linux")]
 mod assembly;
+#[cfg(all(target_os = "linux", feature = "tokio"))]
+mod async_channel;
 #[cfg(target_os = "linux")]
 mod channel;
 #[cfg(target_os = "linux")]
@@ -131,11 +136,15 @@ mod share;
 mod snapshot;
 #[cfg(target_os = "linux")]
 mod spawn;
+#[cfg(all(test, target_os = "linux"))]
+mod test_fds;
 #[cfg(all(target_os = "linux", feature = "vmm"))]
 mod virtual_buffer;
 #[cfg(target_os = "linux")]
 pub mod wire;
 
+#[cfg(all(target_os = "linux", feature = "tokio"))]
+pub use async_channel::{AsyncChannel, AsyncChannelListener};
 #[cfg(target_os = "linux")]
 pub use channel::{Channel, RawMessage};
 #[cfg(target_os = "linux")]

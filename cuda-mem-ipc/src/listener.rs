@@ -163,13 +163,14 @@ impl ChannelListener {
                 Err(e) => return Err(IpcError::io("accepting a connection on the IPC channel's socket", e)),
             }
         };
-        let credentials = PeerCredentials::of(stream.as_fd()).ok_or_else(|| {
-            IpcError::io("reading the peer's credentials (SO_PEERCRED)", std::io::Error::last_os_error())
-        })?;
-        if !self.policy.admits(&credentials) {
-            return Err(IpcError::PeerRefused { credentials });
-        }
+        admit(&self.policy, &stream)?;
         Channel::from_stream(stream)
+    }
+
+    /// The listening socket (for an [`AsyncChannelListener`](crate::AsyncChannelListener)).
+    #[cfg(feature = "tokio")]
+    pub(crate) fn into_std(self) -> UnixListener {
+        self.listener
     }
 }
 
@@ -198,6 +199,14 @@ impl Channel {
     pub fn peer_credentials(&self) -> Option<PeerCredentials> {
         PeerCredentials::of(self.as_fd())
     }
+}
+
+/// Admits the peer of `stream` if `policy` does: otherwise [`IpcError::PeerRefused`] (the
+/// caller drops `stream`, which closes the connection).
+pub(crate) fn admit(policy: &PeerPolicy, stream: &UnixStream) -> Result<()> {
+    let credentials = PeerCredentials::of(stream.as_fd())
+        .ok_or_else(|| IpcError::io("reading the peer's credentials (SO_PEERCRED)", std::io::Error::last_os_error()))?;
+    if policy.admits(&credentials) { Ok(()) } else { Err(IpcError::PeerRefused { credentials }) }
 }
 
 /// The socket address of `name` in the abstract namespace.
