@@ -250,16 +250,19 @@ impl OnDemandRange {
     /// # Errors
     /// - [`VmmError::PagesOutOfRange`].
     /// - [`VmmError::InUse`]: an [`ElasticAccess`] lives.
-    /// - [`VmmError::CapturingStream`]: `stream` is capturing (unmapping cannot be captured);
-    ///   the error of reading its status or synchronizing it.
+    /// - [`VmmError::CapturingStream`]: `stream` is capturing (unmapping cannot be captured).
+    /// - [`VmmError::Core`]: reading its capture status, or waiting for it, failed.
     /// - Driver errors.
     pub fn unmap(&self, pages: Range<usize>, stream: &Stream) -> Result<usize> {
         let mut backing = self.exclusive()?;
         self.check(&backing, &pages)?;
+        // Nothing is unmapped unless the stream's work is known to be done.
         match wait_for(stream) {
             Ok(()) => {}
             Err(DeferCause::Capturing) => return Err(VmmError::CapturingStream),
-            Err(cause) => return Err(VmmError::ReleaseDeferred { ptr: backing.ptr(), size: 0, cause }),
+            Err(DeferCause::CaptureStatus(error) | DeferCause::Synchronize(error)) => {
+                return Err(VmmError::Core(error));
+            }
         }
         let mut unmapped = Vec::new();
         for index in pages.rev() {
