@@ -17,6 +17,8 @@ use cuda_sim::testing::in_simulated_machine;
 const KIB: usize = 1 << 10;
 
 /// A cache over a pool, some blocks live and some freed, recorded with backtraces.
+// Never inlined, so that release builds (the GPU bundle's) keep its frame in backtraces.
+#[inline(never)]
 fn workload(streams: &[Stream]) -> (Arc<DeviceMemoryResource>, Arc<CachingResource>, Vec<Buffer>) {
     let device = common::device();
     let pool = DeviceMemoryResource::new(device, Default::default()).unwrap();

@@ -33,6 +33,8 @@ struct Held {
 }
 
 /// Records a caching resource's work (with `options`) over a pool, and takes the snapshot.
+// Never inlined, so that release builds (the GPU bundle's) keep its frame in backtraces.
+#[inline(never)]
 fn workload(options: HistoryOptions, a: &Stream, b: &Stream) -> (MemorySnapshot, Held) {
     let pool = DeviceMemoryResource::new(common::device(), Default::default()).unwrap();
     let cache = CachingResource::new(pool.clone(), CachingOptions::default()).unwrap();

@@ -147,6 +147,9 @@ fn what_is_refused_leaves_the_group_as_it_was() {
 #[test]
 fn on_demand_pages_map_until_memory_runs_out_and_unmapping_gives_it_all_back() {
     machine!(&[("CUDA_SIM_MEMORY", "64M")], || {
+        if !cuda_sim::testing::simulator_only("a device of 64 MiB") {
+            return;
+        }
         let (d, s, resource) = setup();
         let range = OnDemandRange::new(&resource, 1 << 30, 4 * MIB, &s).unwrap();
         assert_eq!((range.page_size(), range.page_count(), range.size()), (4 * MIB, 256, 1 << 30));
