@@ -3,7 +3,8 @@
 //! MiB and 1 GiB): its offload (`sleep(Release::Offload)`) and restore (`wake`, synchronized)
 //! against the pinned host↔device copies of the same buffers in the same run, its staging pool
 //! kept between rounds (a release threshold of `u64::MAX`); a discard and the wake after it per
-//! GiB, with their VMM driver calls counted on the simulator. And an on-demand range of 2 MiB
+//! GiB, with their VMM driver calls counted on the simulator; each step also against the same
+//! driver calls made by hand ([`RawGroup`]), in the same rounds. And an on-demand range of 2 MiB
 //! pages: the time to map one more page against how many are mapped, and the memory unmapping
 //! all of them gives back to the device.
 
@@ -15,6 +16,7 @@ use serde_json::{Value, json};
 
 use crate::Error;
 use crate::call_count::{Calls, arm, probe};
+use crate::elastic_raw::RawGroup;
 use crate::stats::{Stats, elapsed_ns, rounded};
 use crate::units::MIB;
 
@@ -43,6 +45,9 @@ pub(crate) struct ElasticRow {
     pub(crate) discard: Stats,
     /// `wake` after it, synchronized.
     pub(crate) wake: Stats,
+    /// The same four steps by hand through cuda-mem-sys ([`RawGroup`]): offload, restore,
+    /// discard, wake.
+    pub(crate) raw: [Stats; 4],
     /// The VMM driver calls of a discard and of the wake after it (the simulator only).
     pub(crate) calls: Option<(u32, u32)>,
 }
@@ -58,6 +63,12 @@ impl ElasticRow {
         self.to_device.median / self.restore.median
     }
 
+    /// Each step's time over its raw sequence's: offload, restore, discard, wake.
+    pub(crate) fn against_raw(&self) -> [f64; 4] {
+        let ours = [&self.offload, &self.restore, &self.discard, &self.wake];
+        std::array::from_fn(|i| ours[i].median / self.raw[i].median)
+    }
+
     /// As a JSON object (a row of `results.json`'s `elastic`).
     pub(crate) fn json(&self) -> Value {
         json!({
@@ -71,6 +82,11 @@ impl ElasticRow {
             "restore_share_of_copy": rounded(self.restore_share(), 3),
             "discard": self.discard.json(),
             "wake": self.wake.json(),
+            "raw_offload": self.raw[0].json(),
+            "raw_restore": self.raw[1].json(),
+            "raw_discard": self.raw[2].json(),
+            "raw_wake": self.raw[3].json(),
+            "against_raw": self.against_raw().map(|r| rounded(r, 3)),
             "vmm_calls_discard": self.calls.map(|c| c.0),
             "vmm_calls_wake": self.calls.map(|c| c.1),
         })
@@ -157,9 +173,14 @@ fn group_row(
     }
     drop(hosts);
     let (mut offload, mut restore, mut discard, mut wake) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    // One round first, so that the staging pool holds the memory (pinning it is not the copy).
+    let mut raw_group = RawGroup::new(resource.device(), count, ELASTIC_BUFFER)?;
+    let mut raw: [Vec<f64>; 4] = Default::default();
+    // One round of each first, so that the staging pool holds the memory (pinning it is not
+    // the copy).
     group.sleep(Release::Offload, stream)?;
     group.wake(Discarded::Unspecified, stream)?;
+    raw_group.offload(staging, stream)?;
+    raw_group.restore(stream)?;
     stream.synchronize()?;
     for _ in 0..ROUNDS {
         let start = Instant::now();
@@ -176,7 +197,15 @@ fn group_row(
         group.wake(Discarded::Unspecified, stream)?;
         stream.synchronize()?;
         wake.push(elapsed_ns(start));
+        raw[0].push(raw_group.timed(|g| g.offload(staging, stream))?);
+        raw[1].push(raw_group.timed(|g| g.restore(stream))?);
+        raw[2].push(raw_group.timed(|g| g.unmap_all(stream))?);
+        raw[3].push(raw_group.timed(|g| {
+            g.map_all()?;
+            stream.synchronize().map_err(Error::from)
+        })?);
     }
+    drop(raw_group);
     let calls = if simulator { Some(vmm_calls(&group, stream)?) } else { None };
     let row = ElasticRow {
         bytes,
@@ -187,10 +216,13 @@ fn group_row(
         restore: Stats::of(restore),
         discard: Stats::of(discard),
         wake: Stats::of(wake),
+        raw: raw.map(Stats::of),
         calls,
     };
+    let against = row.against_raw();
     println!(
-        "  {} MiB in {} buffers: offload {} ({:.2} of the copy's bandwidth), restore {} ({:.2}); discard {}, wake {}{}",
+        "  {} MiB in {} buffers: offload {} ({:.2} of the copy's bandwidth), restore {} ({:.2}); discard {}, wake {}{}; \
+         against the raw calls: {:.2}, {:.2}, {:.2}, {:.2}",
         bytes / MIB,
         count,
         row.offload.show(),
@@ -199,7 +231,11 @@ fn group_row(
         row.restore_share(),
         row.discard.show(),
         row.wake.show(),
-        calls.map_or(String::new(), |(d, w)| format!("; VMM calls: discard {d}, wake {w}"))
+        calls.map_or(String::new(), |(d, w)| format!("; VMM calls: discard {d}, wake {w}")),
+        against[0],
+        against[1],
+        against[2],
+        against[3]
     );
     drop(buffers);
     Ok(row)

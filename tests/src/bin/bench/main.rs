@@ -37,7 +37,7 @@
 //! and [`units`] (the harness's numbers), one per case ([`pools`] and [`pacing`], [`scaling`], [`sharing`]
 //! with [`child`], [`server`] and [`rates`], [`vmm`] with [`call_count`], [`first_call`],
 //! [`adaptors`] for (6) and (7), [`resource_pairs`] for (1c), [`trace`] and [`replay`] for (8),
-//! [`snapshots`] for (9), [`elastic`] for (10),
+//! [`snapshots`] for (9), [`elastic`] with [`elastic_raw`] for (10),
 //! both over [`contenders`]), and
 //! [`report`] (the JSON, Markdown and SVG outputs).
 
@@ -47,6 +47,7 @@ mod child;
 mod cli;
 mod contenders;
 mod elastic;
+mod elastic_raw;
 mod first_call;
 mod pacing;
 mod parent;

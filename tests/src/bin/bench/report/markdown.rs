@@ -52,15 +52,17 @@ fn elastic(md: &mut String, rows: &[ElasticRow], on_demand: Option<&OnDemandRow>
          pinned copies of the same buffers (device → host, host → device) in the same run, the staging pool keeping \
          its memory; `sleep(Release::Discard)` and the `wake` after it; the median of 3. Share: the copy's time over \
          the elastic step's (1.00: the copy's bandwidth). VMM calls (the simulator only): `cuMemCreate`, \
-         `cuMemRelease`, `cuMemMap`, `cuMemUnmap`, `cuMemSetAccess`.\n\n\
-         | bytes | buffers | offload | share | restore | share | discard | wake | VMM calls (discard, wake) |\n\
-         |---|---|---|---|---|---|---|---|---|\n",
+         `cuMemRelease`, `cuMemMap`, `cuMemUnmap`, `cuMemSetAccess`. Against raw: each step's time over the same driver \
+         calls made by hand (offload, restore, discard, wake), in the same rounds.\n\n\
+         | bytes | buffers | offload | share | restore | share | discard | wake | VMM calls (discard, wake) | against raw |\n\
+         |---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in rows {
         let calls = r.calls.map_or("-".to_string(), |(d, w)| format!("{d}, {w}"));
+        let raw = r.against_raw().map(|x| format!("{x:.2}")).join(", ");
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {:.2} | {} | {:.2} | {} | {} | {calls} |",
+            "| {} | {} | {} | {:.2} | {} | {:.2} | {} | {} | {calls} | {raw} |",
             bytes(r.bytes),
             r.buffers,
             r.offload.show(),
