@@ -231,10 +231,10 @@ pub enum VmmError {
     /// An elastic group cannot sleep or wake while its buffers are accessed (an
     /// [`ElasticAccess`](crate::ElasticAccess) lives), nor an on-demand range map or unmap
     /// while its pages are accessed. Nothing was done: try again once they are dropped.
-    #[error("elastic memory {what} is in use (an access to it lives): drop the accesses first; nothing was done")]
+    #[error("{memory} is in use (an access to it lives): drop the accesses first; nothing was done")]
     InUse {
-        /// The group's tag, or the range's address.
-        what: String,
+        /// Which memory.
+        memory: ElasticMemory,
     },
 
     /// Physical memory ran out while mapping elastic memory: nothing of the attempt stays
@@ -308,6 +308,31 @@ impl From<VmmError> for cuda_mem_core::Error {
         match error {
             VmmError::Core(error) => error,
             other => cuda_mem_core::Error::resource(other),
+        }
+    }
+}
+
+/// Elastic memory an error concerns ([`VmmError::InUse`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ElasticMemory {
+    /// An [`ElasticGroup`](crate::ElasticGroup), by its tag.
+    Group {
+        /// The group's tag.
+        tag: String,
+    },
+    /// An [`OnDemandRange`](crate::OnDemandRange), by its first address.
+    OnDemandRange {
+        /// The range's first address.
+        ptr: DevicePtr,
+    },
+}
+
+impl std::fmt::Display for ElasticMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ElasticMemory::Group { tag } => write!(f, "elastic group {tag:?}"),
+            ElasticMemory::OnDemandRange { ptr } => write!(f, "the on-demand range at {ptr:#x}"),
         }
     }
 }

@@ -80,7 +80,7 @@
 //! | `snapshot` | the resource in memory snapshots (`cuda_mem_core::snapshot`): its buffers' ranges and expandable ranges as segments |
 //! | `elastic` | elastic memory: [`ElasticGroup`] (buffers that sleep and wake at the same addresses, [`Release`], [`Discarded`]), [`OnDemandRange`] (pages mapped on demand in a large reservation) |
 //! | `share` | export, the descriptor in memory ([`VirtualBufferDescriptor`], [`ChunkHandle`], [`MAX_CHUNKS`]), import |
-//! | `error` | [`VmmError`], [`Result`], [`InvalidOptions`], [`DeviceFeature`], [`DescriptorError`], [`DeferCause`] |
+//! | `error` | [`VmmError`], [`Result`], [`InvalidOptions`], [`DeviceFeature`], [`DescriptorError`], [`DeferCause`], [`ElasticMemory`] |
 //!
 //! # Platforms
 //!
@@ -105,7 +105,7 @@ pub use elastic::{
     Discarded, ElasticAccess, ElasticBuffer, ElasticGroup, ElasticStatistics, OnDemandRange, OnDemandStatistics,
     Release, SleepReport, WakeReport,
 };
-pub use error::{DeferCause, DescriptorError, DeviceFeature, InvalidOptions, Result, VmmError};
+pub use error::{DeferCause, DescriptorError, DeviceFeature, ElasticMemory, InvalidOptions, Result, VmmError};
 pub use options::{AllocationType, Granularity, ReserveAhead, VirtualMemoryResourceOptions};
 pub use release::release_deferred;
 pub use resource::VirtualMemoryResource;

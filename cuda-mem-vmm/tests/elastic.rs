@@ -14,7 +14,9 @@ use std::sync::Arc;
 
 use common::*;
 use cuda_mem_core::{Device, Stream, take_drop_errors};
-use cuda_mem_vmm::{Discarded, ElasticBuffer, ElasticGroup, OnDemandRange, Release, VirtualMemoryResource, VmmError};
+use cuda_mem_vmm::{
+    Discarded, ElasticBuffer, ElasticGroup, ElasticMemory, OnDemandRange, Release, VirtualMemoryResource, VmmError,
+};
 use cuda_sim::testing::{count_calls, run_failing};
 
 const MIB: usize = 1 << 20;
@@ -131,7 +133,10 @@ fn what_is_refused_leaves_the_group_as_it_was() {
         put(&mut buffer, &pattern(3, 4096), &s);
         {
             let _reading = buffer.access().unwrap();
-            assert!(matches!(group.sleep(Release::Discard, &s), Err(VmmError::InUse { .. })));
+            assert!(matches!(
+                group.sleep(Release::Discard, &s),
+                Err(VmmError::InUse { memory: ElasticMemory::Group { tag } }) if tag == "weights"
+            ));
         }
         let capturing = stream(device(0));
         let capture = capturing.begin_capture(cuda_mem_core::CaptureMode::Relaxed).unwrap();

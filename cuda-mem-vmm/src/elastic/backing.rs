@@ -8,7 +8,7 @@ use std::sync::{RwLock, RwLockWriteGuard, TryLockError};
 
 use cuda_mem_core::{DevicePtr, Result, Stream, record_drop_error};
 
-use crate::error::{DeferCause, VmmError};
+use crate::error::{DeferCause, ElasticMemory, VmmError};
 use crate::pieces::{Physical, Reservation, map_physical, unmap};
 use crate::release::wait_for;
 use crate::resource::VirtualMemoryResource;
@@ -34,12 +34,11 @@ pub(crate) struct Backing {
 }
 
 impl Backing {
-    /// Reserves `count` chunks of `chunk` bytes (a multiple of the resource's granularity), none
-    /// mapped.
-    pub(crate) fn reserve(resource: &VirtualMemoryResource, count: usize, chunk: usize) -> crate::Result<Backing> {
-        let size = count.checked_mul(chunk).ok_or(crate::VmmError::SizeOverflow { size: chunk, granularity: count })?;
+    /// Reserves `size` bytes (a multiple of `chunk`, itself a multiple of the resource's
+    /// granularity) as chunks of `chunk` bytes, none mapped.
+    pub(crate) fn reserve(resource: &VirtualMemoryResource, size: usize, chunk: usize) -> crate::Result<Backing> {
         let reservation = Reservation::reserve(size, resource.alignment(), resource.options().address_hint)?;
-        Ok(Backing { reservation, chunk, chunks: (0..count).map(|_| Chunk::Released).collect() })
+        Ok(Backing { reservation, chunk, chunks: (0..size / chunk).map(|_| Chunk::Released).collect() })
     }
 
     /// A backing of the same reservation with no chunks: what an owner leaves in place of the
@@ -83,14 +82,31 @@ impl Backing {
     /// Maps chunk `index` (unmapped): with its held memory, or with `fresh()`'s. On an error
     /// the chunk is as it was.
     pub(crate) fn map(&mut self, index: usize, fresh: impl FnOnce() -> Result<Arc<Physical>>) -> Result<()> {
-        let (physical, held) = match std::mem::replace(&mut self.chunks[index], Chunk::Released) {
+        match std::mem::replace(&mut self.chunks[index], Chunk::Released) {
             Chunk::Mapped(physical) => {
                 self.chunks[index] = Chunk::Mapped(physical);
-                return Ok(());
+                Ok(())
             }
-            Chunk::Held(physical) => (physical, true),
-            Chunk::Released => (fresh()?, false),
-        };
+            Chunk::Held(physical) => self.map_with(index, physical, true),
+            Chunk::Released => self.map_with(index, fresh()?, false),
+        }
+    }
+
+    /// Maps chunk `index` again with the memory it holds (undoing an unmapping); a chunk that
+    /// holds none is left as it is. On an error it still holds it.
+    pub(crate) fn map_held(&mut self, index: usize) -> Result<()> {
+        match std::mem::replace(&mut self.chunks[index], Chunk::Released) {
+            Chunk::Held(physical) => self.map_with(index, physical, true),
+            other => {
+                self.chunks[index] = other;
+                Ok(())
+            }
+        }
+    }
+
+    /// Maps `physical` as chunk `index` (unmapped, its state taken out). On an error, memory it
+    /// `held` stays held (its contents are kept); fresh memory goes.
+    fn map_with(&mut self, index: usize, physical: Arc<Physical>, held: bool) -> Result<()> {
         let ptr = self.chunk_ptr(index);
         // SAFETY: the chunk lies inside this backing's reservation and is unmapped (its state
         // says so, and only this value maps there).
@@ -100,7 +116,6 @@ impl Backing {
                 Ok(())
             }
             Err(error) => {
-                // Memory it held stays held (its contents are kept); fresh memory goes.
                 if held {
                     self.chunks[index] = Chunk::Held(physical);
                 }
@@ -196,15 +211,15 @@ fn kept_forever(backing: Backing, why: VmmError) {
 }
 
 /// `lock` for writing, for a map, an unmap, a sleep or a wake: refused, as
-/// [`VmmError::InUse`] naming `what()`, while an access holds it for reading (waiting could
+/// [`VmmError::InUse`] naming `memory()`, while an access holds it for reading (waiting could
 /// deadlock a thread that holds one).
 pub(crate) fn exclusive<'a, T>(
     lock: &'a RwLock<T>,
-    what: impl FnOnce() -> String,
+    memory: impl FnOnce() -> ElasticMemory,
 ) -> crate::Result<RwLockWriteGuard<'a, T>> {
     match lock.try_write() {
         Ok(guard) => Ok(guard),
         Err(TryLockError::Poisoned(poisoned)) => Ok(poisoned.into_inner()),
-        Err(TryLockError::WouldBlock) => Err(VmmError::InUse { what: what() }),
+        Err(TryLockError::WouldBlock) => Err(VmmError::InUse { memory: memory() }),
     }
 }

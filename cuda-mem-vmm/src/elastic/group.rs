@@ -10,7 +10,7 @@ use cuda_mem_core::{Buffer, DevicePtr, FillPattern, ForeignMemory, PinnedMemoryR
 
 use super::access::{ElasticAccess, Gate};
 use super::backing::{Backing, Chunk, exclusive, release_after};
-use crate::error::{Result, VmmError};
+use crate::error::{ElasticMemory, Result, VmmError};
 use crate::resource::{VirtualMemoryResource, round_up};
 
 /// What becomes of a group's contents when it sleeps ([`ElasticGroup::sleep`]).
@@ -252,7 +252,7 @@ impl ElasticGroup {
 
     /// The gate, for sleeping or waking: refused while an access lives.
     fn exclusive(&self) -> Result<RwLockWriteGuard<'_, Phase>> {
-        exclusive(&self.gate, || format!("group {:?}", self.tag))
+        exclusive(&self.gate, || ElasticMemory::Group { tag: self.tag.clone() })
     }
 
     /// A buffer of at least `size` bytes (its reservation and memory rounded up to the
@@ -269,7 +269,7 @@ impl ElasticGroup {
             return Err(VmmError::Asleep { tag: self.tag.clone() });
         }
         let chunk = round_up(size.max(1), self.resource.granularity())?;
-        let mut backing = Backing::reserve(&self.resource, 1, chunk)?;
+        let mut backing = Backing::reserve(&self.resource, chunk, chunk)?;
         let mapped = self.mapped_bytes();
         backing
             .map(0, || self.resource.create_chunk(chunk).map_err(VmmError::into_core))
@@ -335,7 +335,7 @@ impl ElasticGroup {
                     Some(staging) => Arc::clone(staging),
                     None => PinnedMemoryResource::current()?,
                 };
-                offload(&slots, &staging, stream)?
+                offload(&self.resource, &slots, &staging, stream)?
             }
             Release::Discard => BTreeMap::new(),
         };
@@ -359,10 +359,9 @@ impl ElasticGroup {
             }
         }
         let mut report = SleepReport { buffers: slots.live.len(), ..SleepReport::default() };
-        for (id, slot) in slots.live.iter_mut() {
+        for slot in slots.live.values_mut() {
             report.released_bytes += slot.backing.release_held();
             slot.discarded = release == Release::Discard;
-            debug_assert!(slot.offloaded.is_none() || !offloaded.contains_key(id));
         }
         for (id, host) in offloaded {
             report.offloaded_bytes += host.size();
@@ -390,8 +389,7 @@ impl ElasticGroup {
         let mut whole = true;
         for (id, index) in unmapped.into_iter().rev() {
             let Some(slot) = slots.live.get_mut(&id) else { continue };
-            let fresh = || Err(cuda_mem_core::Error::from(VmmError::Asleep { tag: self.tag.clone() }));
-            if let Err(error) = slot.backing.map(index, fresh) {
+            if let Err(error) = slot.backing.map_held(index) {
                 cuda_mem_core::record_drop_error("elastic memory (undoing a failed sleep)", error);
                 whole = false;
             }
@@ -515,36 +513,29 @@ fn refuse_capturing<'a>(streams: impl IntoIterator<Item = &'a Stream>) -> Result
 
 /// The pinned host copy of each buffer's contents, enqueued on `stream` (after the buffers'
 /// work); freed (stream-ordered) if one fails.
-fn offload(slots: &Slots, pinned: &Arc<PinnedMemoryResource>, stream: &Stream) -> Result<BTreeMap<u64, Buffer>> {
+fn offload(
+    resource: &VirtualMemoryResource,
+    slots: &Slots,
+    pinned: &Arc<PinnedMemoryResource>,
+    stream: &Stream,
+) -> Result<BTreeMap<u64, Buffer>> {
     let mut copies = BTreeMap::new();
     for (&id, slot) in &slots.live {
         let mut host = pinned.allocate(slot.backing.size(), stream)?;
-        host.copy_from(&view_of(slot), stream)?;
+        host.copy_from(&view(resource, &slot.backing), stream)?;
         copies.insert(id, host);
     }
     Ok(copies)
 }
 
-/// A view of a slot's whole range, for copies and fills inside sleep and wake.
-fn view_of(slot: &Slot) -> Buffer {
-    device_view(slot.backing.ptr(), slot.backing.size(), &slot.stream)
-}
-
-/// A view of a backing's whole range.
+/// A view of a backing's whole range, for the copies and fills of `sleep` and `wake`.
 fn view(resource: &VirtualMemoryResource, backing: &Backing) -> Buffer {
     let memory = ForeignMemory::device_memory(resource.device());
-    // SAFETY: the range is mapped (the caller mapped it) and stays so while the view lives: the
-    // view lives inside `wake`, which holds the group's gate exclusively, and `wake` waits for
-    // the work enqueued through it before unmapping on a failure.
+    // SAFETY: the range is mapped (`sleep` copies from mapped buffers; `wake` mapped them just
+    // before) and stays so while the view lives: the view lives inside `sleep` or `wake`, which
+    // hold the group's gate exclusively, and each waits for the work enqueued through the view
+    // before it unmaps anything.
     unsafe { Buffer::from_raw(backing.ptr(), backing.size(), memory) }
-}
-
-/// A view of `size` mapped bytes at `ptr`, of memory on `stream`'s device.
-fn device_view(ptr: DevicePtr, size: usize, stream: &Stream) -> Buffer {
-    let memory = ForeignMemory::device_memory(stream.device());
-    // SAFETY: called only for mapped ranges while the group's gate is held (by `sleep`, which
-    // waits for the copies through the view before unmapping).
-    unsafe { Buffer::from_raw(ptr, size, memory) }
 }
 
 /// Unmaps what a failed wake mapped (nothing was enqueued on it), last first: memory a failed

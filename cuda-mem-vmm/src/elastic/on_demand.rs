@@ -11,7 +11,7 @@ use cuda_mem_core::sys::types::CUresult;
 use cuda_mem_core::{Buffer, DevicePtr, ForeignMemory, Stream};
 
 use super::backing::{Backing, exclusive, release_after};
-use crate::error::{DeferCause, Result, VmmError};
+use crate::error::{DeferCause, ElasticMemory, Result, VmmError};
 use crate::release::wait_for;
 use crate::resource::{VirtualMemoryResource, round_up};
 
@@ -73,6 +73,8 @@ pub struct OnDemandStatistics {
 #[derive(Debug)]
 pub struct OnDemandRange {
     resource: Arc<VirtualMemoryResource>,
+    /// The first address (the reservation's, fixed for the range's life).
+    ptr: DevicePtr,
     /// Read by each access; written by map and unmap.
     backing: RwLock<Backing>,
     /// The stream whose work unmapping at drop waits for.
@@ -95,10 +97,11 @@ impl OnDemandRange {
         stream: &Stream,
     ) -> Result<Arc<OnDemandRange>> {
         let page = round_up(page_size.max(1), resource.granularity())?;
-        let pages = capacity.max(1).div_ceil(page);
-        let backing = Backing::reserve(resource, pages, page)?;
+        let backing = Backing::reserve(resource, round_up(capacity.max(1), page)?, page)?;
+        let (ptr, pages) = (backing.ptr(), backing.chunks.len());
         let range = Arc::new(OnDemandRange {
             resource: Arc::clone(resource),
+            ptr,
             backing: RwLock::new(backing),
             stream: stream.clone(),
             counters: Mutex::new(OnDemandStatistics { page_size: page, pages, ..OnDemandStatistics::default() }),
@@ -132,7 +135,7 @@ impl OnDemandRange {
 
     /// The backing, for mapping or unmapping: refused while an access lives.
     fn exclusive(&self) -> Result<RwLockWriteGuard<'_, Backing>> {
-        exclusive(&self.backing, || format!("on-demand range of {} pages", self.counters().pages))
+        exclusive(&self.backing, || ElasticMemory::OnDemandRange { ptr: self.ptr })
     }
 
     fn counters(&self) -> MutexGuard<'_, OnDemandStatistics> {
@@ -141,7 +144,7 @@ impl OnDemandRange {
 
     /// The first address (the same for the range's life).
     pub fn ptr(&self) -> DevicePtr {
-        self.read().ptr()
+        self.ptr
     }
 
     /// The bytes reserved (whole pages).
@@ -273,8 +276,7 @@ impl OnDemandRange {
             // (the backing is held exclusively).
             if let Err(error) = unsafe { backing.unmap_keeping(index) } {
                 for done in unmapped.into_iter().rev() {
-                    let held = || Err(cuda_mem_core::Error::from(VmmError::InUse { what: "a held page".into() }));
-                    if let Err(again) = backing.map(done, held) {
+                    if let Err(again) = backing.map_held(done) {
                         cuda_mem_core::record_drop_error("on-demand page (undoing an unmap)", again);
                     }
                 }
