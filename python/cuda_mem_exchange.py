@@ -21,6 +21,9 @@ kind          payload                                                  cuda.core
               :func:`encode_event_descriptor`)                         / ``Event.ipc_descriptor``
 6 buffers-    a 92-byte event descriptor, then what a buffers          both of the above
   after-event message carries
+9 returned    what a buffers message carries: buffers lent to the      ``Buffer.close`` (see
+  buffers     sender, handed back, each descriptor the one it came     :meth:`IpcChannel.
+              with                                                     give_back`)
 ============  =======================================================  ==========================
 
 Each message is one frame: a 24-byte header (``b"CUMEMMSG"``, frame version ``1`` (u16), kind
@@ -48,6 +51,15 @@ opens it (once per channel, by the sender's id of it) and makes the stream given
 The sending channel keeps each event it sent alive (the receiver can open an event only while its
 exporter holds it) until :meth:`IpcChannel.release_sent_events`.
 
+Returned buffers (kind 9) are the borrower's half of Rust's lending (``IpcChannel::lend``): a
+Rust server lends buffers (they arrive here as ordinary buffers), and this side hands them back
+with :meth:`IpcChannel.give_back`, which frees the imports on a stream, waits for it (so the frees
+have run before the exporter may free its own), and then tells the peer, with each buffer's
+descriptor as it arrived. Only buffers received on the same channel can be given back
+(:class:`NotReceivedHere` otherwise, with nothing freed or sent). This module lends nothing
+itself: a kind 9 message that arrives is handed over as :class:`Returned`, its descriptors
+decoded, for the application to match against what it sent.
+
 Errors are exceptions; this module's own are all :class:`ExchangeError`: :class:`ProtocolError`
 (a frame, message or descriptor that is not what this protocol expects; its ``expected`` and
 ``received`` say what each was), :class:`PeerClosed` (also when the peer closed with data of ours
@@ -58,7 +70,8 @@ for a message's descriptors), :class:`ChannelTimeout` (also a ``TimeoutError``),
 :class:`DeviceNotVisible`, :class:`MisdescribedResource` (a pool that is not the kind of memory the
 message says), :class:`PoolNotImported` (the driver refused the peer's pool descriptor),
 :class:`EventNotOpened` (the driver refused the peer's event: it destroyed it too early, or the
-handle is bad). Each says whether the channel it came from is still usable, as Rust's
+handle is bad), :class:`NotReceivedHere` (a buffer given back that did not arrive on the channel).
+Each says whether the channel it came from is still usable, as Rust's
 ``IpcError::channel_usable`` does: its ``channel_usable``, and its message, which ends with Rust's
 words (:data:`CHANNEL_USABLE` or :data:`CHANNEL_BROKEN`). An error about one message leaves the
 channel usable when the whole frame was read (an unknown kind, a malformed payload,
@@ -145,6 +158,7 @@ import subprocess
 import threading
 import time
 import uuid as uuidlib
+import weakref
 import zlib
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -164,6 +178,7 @@ __all__ = [
     "BUFFERS_AFTER_EVENT",
     "SNAPSHOT_REQUEST",
     "SNAPSHOT",
+    "RETURNED",
     "RESOURCE_MESSAGE_LEN",
     "MAX_BUFFERS_PER_MESSAGE",
     "BUFFER_DESCRIPTOR_MAGIC",
@@ -189,6 +204,7 @@ __all__ = [
     "ExchangeError",
     "IpcChannel",
     "MisdescribedResource",
+    "NotReceivedHere",
     "OutOfDescriptors",
     "PeerClosed",
     "PeerCredentials",
@@ -197,6 +213,7 @@ __all__ = [
     "ProtocolError",
     "RawMessage",
     "Resource",
+    "Returned",
     "UnknownResource",
     "UuidTakenOnChannel",
     "SNAPSHOT_REQUEST_LEN",
@@ -236,6 +253,7 @@ EVENT = 5
 BUFFERS_AFTER_EVENT = 6
 SNAPSHOT_REQUEST = 7
 SNAPSHOT = 8
+RETURNED = 9
 _KIND_NAMES = {
     RESOURCE: "resource",
     BUFFERS: "buffers",
@@ -245,9 +263,11 @@ _KIND_NAMES = {
     BUFFERS_AFTER_EVENT: "buffers-after-event",
     SNAPSHOT_REQUEST: "snapshot request",
     SNAPSHOT: "snapshot",
+    RETURNED: "returned buffers",
 }
 _RECEIVED_KINDS = (
-    "1 (resource), 2 (buffers), 3 (data), 5 (event), 6 (buffers-after-event), 7 (snapshot request) or 8 (snapshot)"
+    "1 (resource), 2 (buffers), 3 (data), 5 (event), 6 (buffers-after-event), 7 (snapshot request), "
+    "8 (snapshot) or 9 (returned buffers)"
 )
 
 # The resource message: wire/resource.rs (`RESOURCE_MESSAGE_LEN`, `ResourceMessageError`).
@@ -454,6 +474,24 @@ class EventNotOpened(ExchangeError):
         super().__init__(
             f"the peer's event (its id {event_id}) could not be opened: the peer must hold the event until this "
             "side has received it, and the handle must be the driver's; nothing was imported",
+            True,
+        )
+
+
+class NotReceivedHere(ExchangeError):
+    """A buffer given back (:meth:`IpcChannel.give_back`) that was not received on this channel:
+    not one that :meth:`IpcChannel.recv` mapped on it, one already given back or closed, or one
+    whose pool the channel released since. Nothing was freed or sent (Rust's
+    ``IpcError::NotReceivedHere``). ``ptr`` is its address here (0 once closed), ``index`` its
+    place in the list given."""
+
+    def __init__(self, ptr: int, index: int, reason: str = ""):
+        self.ptr = ptr
+        self.index = index
+        reason = f" ({reason})" if reason else ""
+        super().__init__(
+            f"buffer {index} ({ptr:#x}) was not received on this channel{reason}, so it cannot be given back on it; "
+            "nothing was freed or sent",
             True,
         )
 
@@ -1068,6 +1106,16 @@ class Buffers:
 
 
 @dataclass
+class Returned:
+    """The peer handed back buffers lent to it (a kind 9 message): ``descriptors`` are the
+    buffers' descriptors as this side sent them, each ``(export_data, size, pool UUID)`` as
+    :func:`decode_buffer_descriptor` gives it. The peer freed its imports of them, and those
+    frees have run. This module keeps no record of loans: match them against what was sent."""
+
+    descriptors: list
+
+
+@dataclass
 class Data:
     """The peer's own bytes."""
 
@@ -1212,6 +1260,10 @@ class IpcChannel:
         self._sent_events: dict[int, tuple[object, int]] = {}
         # The peer's events opened here, by the peer's id of each: (handle, cuda.core Event).
         self._events: dict[int, tuple[bytes, object]] = {}
+        # The buffers recv() mapped, by id(): (a weak reference to the buffer, its encoded
+        # descriptor as it arrived, the UUID of its pool), for give_back. An entry goes when its
+        # buffer is given back or collected.
+        self._mapped: dict[int, tuple[weakref.ref, bytes, uuidlib.UUID]] = {}
 
     def release_sent_events(self) -> None:
         """Lets go of the events sent on this channel (send them again only after the peer
@@ -1325,6 +1377,65 @@ class IpcChannel:
         """Sends the application's bytes."""
         self.channel.send(DATA, data)
 
+    def give_back(self, buffers, stream) -> None:
+        """Hands buffers that the peer lent (Rust's ``IpcChannel::lend``) back to it, the
+        borrower's side of lending as Rust's ``IpcChannel::give_back``: closes each buffer on
+        ``stream`` (its import freed there), waits for ``stream`` (so the frees have run before
+        the exporter frees its own, as the driver requires), then sends a returned-buffers
+        message (kind 9) with each buffer's descriptor as it arrived; the peer receives its
+        buffers again. Work on the buffers must be on ``stream``, or done, before this.
+
+        Every buffer is checked before anything is freed: one that was not received on this
+        channel by :meth:`recv` (or was given back or closed since, or whose pool was released
+        with :meth:`release_resource`) raises :class:`NotReceivedHere`, the same buffer twice
+        or more than one message carries :class:`ExchangeError`; nothing is freed or sent then.
+        A failed close or wait (cuda.core's error) sends nothing. Send errors are as
+        :meth:`Channel.send`'s."""
+        buffers = list(buffers)
+        if len(buffers) > MAX_BUFFERS_PER_MESSAGE:
+            raise ExchangeError(
+                f"{len(buffers)} buffers, more than one message carries ({MAX_BUFFERS_PER_MESSAGE}); nothing was freed "
+                "or sent",
+                True,
+            )
+        encoded = [self._returnable(i, buffer) for i, buffer in enumerate(buffers)]
+        if len({id(buffer) for buffer in buffers}) != len(buffers):
+            raise ExchangeError("the same buffer given back twice in one call; nothing was freed or sent", True)
+        for buffer in buffers:
+            buffer.close(stream)
+            # Freed (on `stream`): no longer this channel's to give back.
+            self._mapped.pop(id(buffer), None)
+        stream.sync()
+        self.channel.send(RETURNED, struct.pack("<I", len(encoded)) + b"".join(encoded))
+
+    def _returnable(self, index: int, buffer) -> bytes:
+        """The encoded descriptor ``buffer`` (``index``-th of those given back) arrived with on
+        this channel, or :class:`NotReceivedHere`."""
+        ptr = _buffer_address(buffer)
+        kept = self._mapped.get(id(buffer))
+        if kept is None or kept[0]() is not buffer:
+            raise NotReceivedHere(ptr, index)
+        _, encoded, uuid = kept
+        if ptr == 0:
+            raise NotReceivedHere(ptr, index, "it was closed")
+        if self._received.get(uuid) is not getattr(buffer, "memory_resource", None):
+            raise NotReceivedHere(ptr, index, f"its pool {uuid} was released from the channel")
+        return encoded
+
+    def _remember_mapped(self, buffer, encoded: bytes, uuid: uuidlib.UUID) -> None:
+        """Records that ``buffer`` arrived on this channel with the descriptor ``encoded``, until
+        it is given back or collected."""
+        key = id(buffer)
+        # The dictionary, not the channel: the callback keeps no channel alive.
+        mapped = self._mapped
+
+        def forget(ref: weakref.ref) -> None:
+            # Only this buffer's entry: the id may have been taken by a newer one since.
+            if mapped.get(key, (None,))[0] is ref:
+                del mapped[key]
+
+        self._mapped[key] = (weakref.ref(buffer, forget), encoded, uuid)
+
     def request_snapshot(self, max_events: int | None = None) -> None:
         """Asks the peer (a Rust process whose ``cuda_mem_ipc::IpcChannel`` answers with
         ``answer_snapshot_request``) for a memory snapshot of its process, with at most
@@ -1333,11 +1444,13 @@ class IpcChannel:
         needed to ask or to receive it: ``stream`` may be ``None``)."""
         self.channel.send(SNAPSHOT_REQUEST, encode_snapshot_request(max_events))
 
-    def recv(self, stream) -> Resource | Buffers | Data | Event | Snapshot | SnapshotRequest:
+    def recv(self, stream) -> Resource | Buffers | Data | Event | Snapshot | SnapshotRequest | Returned:
         """Receives one message: imports a pool, maps buffers (freed on ``stream`` when
         closed), opens an event (which ``stream`` then waits for), returns bytes, a peer's memory
         snapshot (read as :func:`read_snapshot` reads one: a snapshot it cannot read raises
-        :class:`SnapshotError`, and the channel goes on), or a peer's request for one.
+        :class:`SnapshotError`, and the channel goes on), a peer's request for one, or buffers
+        the peer hands back (:class:`Returned`, their descriptors decoded; no cuda.core is
+        needed for it). Buffers received here can be given back with :meth:`give_back`.
 
         A refused message's descriptors are closed, and it leaves this process's pools and
         mappings as they were (the buffers of it mapped before the refusal are closed on
@@ -1371,6 +1484,9 @@ class IpcChannel:
                 return Snapshot(read_snapshot(message.payload))
             if message.kind == SNAPSHOT_REQUEST:
                 return SnapshotRequest(decode_snapshot_request(message.payload))
+            if message.kind == RETURNED:
+                parts = _buffers_payload_parts(message.payload)
+                return Returned([decode_buffer_descriptor(encoded) for encoded in parts])
             if message.kind == VIRTUAL_BUFFER:
                 raise ProtocolError(
                     "the message kind",
@@ -1488,15 +1604,9 @@ class IpcChannel:
         # Where cuda.core keeps the class its pickled descriptors name.
         from cuda.core._memory._ipc import IPCBufferDescriptor
 
-        if len(payload) < 4:
-            raise ProtocolError("a buffers message's length", "at least 4 bytes", len(payload))
-        (count,) = struct.unpack_from("<I", payload)
-        if count > MAX_BUFFERS_PER_MESSAGE:
-            raise ProtocolError("a buffers message's count", f"at most {MAX_BUFFERS_PER_MESSAGE}", count)
-        if len(payload) != 4 + count * BUFFER_DESCRIPTOR_LEN:
-            raise ProtocolError(f"a buffers message for {count} buffers", 4 + count * BUFFER_DESCRIPTOR_LEN, len(payload))
         # Decode everything, and find every pool, before importing anything.
-        descriptors = [decode_buffer_descriptor(payload[at : at + BUFFER_DESCRIPTOR_LEN]) for at in range(4, len(payload), BUFFER_DESCRIPTOR_LEN)]
+        encoded = _buffers_payload_parts(payload)
+        descriptors = [decode_buffer_descriptor(part) for part in encoded]
         pools = []
         for _, _, uuid in descriptors:
             if uuid not in self._received:
@@ -1524,7 +1634,31 @@ class IpcChannel:
             for buffer in buffers:
                 buffer.close(stream)
             raise
+        for buffer, part, (_, _, uuid) in zip(buffers, encoded, descriptors):
+            self._remember_mapped(buffer, part, uuid)
         return Buffers(buffers)
+
+
+def _buffers_payload_parts(payload: bytes) -> list[bytes]:
+    """The encoded buffer descriptors of what a buffers message carries (kinds 2, 6 after the
+    event, 9): a count (u32 LE), then that many descriptors; the count and length checked (a
+    :class:`ProtocolError`), the descriptors not yet decoded."""
+    if len(payload) < 4:
+        raise ProtocolError("a buffers message's length", "at least 4 bytes", len(payload))
+    (count,) = struct.unpack_from("<I", payload)
+    if count > MAX_BUFFERS_PER_MESSAGE:
+        raise ProtocolError("a buffers message's count", f"at most {MAX_BUFFERS_PER_MESSAGE}", count)
+    if len(payload) != 4 + count * BUFFER_DESCRIPTOR_LEN:
+        raise ProtocolError(f"a buffers message for {count} buffers", 4 + count * BUFFER_DESCRIPTOR_LEN, len(payload))
+    return [payload[at : at + BUFFER_DESCRIPTOR_LEN] for at in range(4, len(payload), BUFFER_DESCRIPTOR_LEN)]
+
+
+def _buffer_address(buffer) -> int:
+    """A cuda.core buffer's address here (0 once it is closed), for messages."""
+    try:
+        return int(getattr(buffer, "handle", 0) or 0)
+    except (TypeError, ValueError):
+        return 0
 
 
 _last_event_id = 0

@@ -62,6 +62,9 @@ pub struct AsyncChannel {
     sending: tokio::sync::Mutex<Sending>,
     /// The process at the other end, where the kernel vouches for it.
     peer: Option<PeerId>,
+    /// How many frames have had their first bytes sent: a frame counted here reaches the peer
+    /// whole, or the channel breaks (a cancelled send's caller tells so whether it went).
+    frames_begun: std::sync::atomic::AtomicU64,
 }
 
 /// What receiving left in the channel.
@@ -99,7 +102,13 @@ impl AsyncChannel {
         // open socket for the registration's whole life.
         let io = unsafe { AsyncFd::register(stream) }
             .map_err(|e| IpcError::io("registering the IPC socket with the runtime", e.into_parts().1))?;
-        Ok(AsyncChannel { io, receiving: Default::default(), sending: Default::default(), peer })
+        Ok(AsyncChannel {
+            io,
+            receiving: Default::default(),
+            sending: Default::default(),
+            peer,
+            frames_begun: Default::default(),
+        })
     }
 
     /// Two connected channels in this process (as [`Channel::pair`]).
@@ -131,6 +140,16 @@ impl AsyncChannel {
     /// The peer's credentials, as the kernel recorded them when the connection was made.
     pub fn peer_credentials(&self) -> Option<PeerCredentials> {
         PeerCredentials::of(self.io.get_ref().as_fd())
+    }
+
+    /// The process at the other end, where the kernel vouches for it.
+    pub(crate) fn peer(&self) -> Option<PeerId> {
+        self.peer
+    }
+
+    /// How many frames have had their first bytes sent (see `frames_begun`).
+    pub(crate) fn frames_begun(&self) -> u64 {
+        self.frames_begun.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// The peer's process id, where the kernel vouches for it (as [`Channel::peer_process_id`]).
@@ -183,7 +202,12 @@ impl AsyncChannel {
         let mut frame = Outgoing { side: &mut side, header, payload, sent: 0 };
         loop {
             let mut ready = self.io.writable().await.map_err(|e| frame.failed(errno_of(&e)))?;
-            match frame.write_some(self.io.get_ref(), fds) {
+            let first = frame.sent == 0;
+            let written = frame.write_some(self.io.get_ref(), fds);
+            if first && frame.sent > 0 {
+                self.frames_begun.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+            }
+            match written {
                 Ok(true) => return Ok(()),
                 Ok(false) => {}
                 Err(Errno::AGAIN) => ready.clear_ready(),

@@ -411,6 +411,31 @@ pub enum IpcError {
         credentials: crate::PeerCredentials,
     },
 
+    /// The peer handed back a buffer that was not lent to it on this channel (or more of one
+    /// than it had): the whole message was refused, every loan stays as it was, and the channel
+    /// goes on.
+    #[error(
+        "the peer handed back a buffer of {size} bytes of pool {resource} that was not lent to it on this channel; \
+         nothing was taken back and the channel is still usable"
+    )]
+    NotLent {
+        /// The pool's UUID, as the peer named it.
+        resource: uuid::Uuid,
+        /// The size the peer's descriptor states.
+        size: u64,
+    },
+
+    /// A buffer given back (`IpcChannel::give_back`) was not lent through this channel: not an
+    /// import of a pool it received. Nothing was freed or sent.
+    #[error(
+        "buffer {ptr:#x} was not received on this channel, so it cannot be given back on it; nothing was \
+         freed or sent and the channel is still usable"
+    )]
+    NotReceivedHere {
+        /// Its address in this process.
+        ptr: cuda_mem_core::DevicePtr,
+    },
+
     /// The channel a parent passed through the environment cannot be taken; nothing was taken.
     #[error(
         "cannot take the IPC channel from the environment: {0}; start this process with \

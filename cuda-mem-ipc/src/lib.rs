@@ -116,12 +116,16 @@ compile_error!(
 mod assembly;
 #[cfg(all(target_os = "linux", feature = "tokio"))]
 mod async_channel;
+#[cfg(all(target_os = "linux", feature = "tokio"))]
+mod async_ipc;
 #[cfg(target_os = "linux")]
 mod channel;
 #[cfg(target_os = "linux")]
 mod error;
 #[cfg(target_os = "linux")]
 mod listener;
+#[cfg(target_os = "linux")]
+mod loans;
 #[cfg(target_os = "linux")]
 mod mapped;
 #[cfg(target_os = "linux")]
@@ -130,6 +134,8 @@ mod peer;
 mod protocol;
 #[cfg(target_os = "linux")]
 mod registry;
+#[cfg(target_os = "linux")]
+mod session;
 #[cfg(target_os = "linux")]
 mod share;
 #[cfg(all(target_os = "linux", feature = "snapshot"))]
@@ -145,12 +151,16 @@ pub mod wire;
 
 #[cfg(all(target_os = "linux", feature = "tokio"))]
 pub use async_channel::{AsyncChannel, AsyncChannelListener};
+#[cfg(all(target_os = "linux", feature = "tokio"))]
+pub use async_ipc::AsyncIpcChannel;
 #[cfg(target_os = "linux")]
 pub use channel::{Channel, RawMessage};
 #[cfg(target_os = "linux")]
 pub use error::{ChannelOperation, IpcError, MessageLimit, ProtocolError, Result};
 #[cfg(target_os = "linux")]
 pub use listener::{ChannelListener, PeerCredentials, PeerPolicy};
+#[cfg(target_os = "linux")]
+pub use loans::{Held, Outstanding, Unlent};
 #[cfg(target_os = "linux")]
 pub use mapped::{MappedMemoryResource, lookup, registry};
 #[cfg(target_os = "linux")]

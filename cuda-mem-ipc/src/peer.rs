@@ -77,9 +77,25 @@ impl PeerId {
         self.pid.unsigned_abs()
     }
 
-    /// Whether the process is still there (the same id, started at the same time).
+    /// Whether the process is still there (the same id, started at the same time) and has not
+    /// exited: a zombie (exited, not yet reaped) holds nothing any more, the driver's mappings
+    /// included.
     pub(crate) fn is_alive(&self) -> bool {
-        start_time(self.pid) == Some(self.start_time)
+        std::fs::read(format!("/proc/{}/stat", self.pid))
+            .ok()
+            .and_then(|stat| parse_stat(&stat))
+            .is_some_and(|(state, start)| start == self.start_time && !matches!(state, 'Z' | 'X' | 'x'))
+    }
+
+    /// A descriptor of the process (`pidfd_open`) that becomes readable once it exits; `None`
+    /// when it has exited already (or the kernel has no pidfds: the caller then polls
+    /// [`is_alive`](Self::is_alive)).
+    pub(crate) fn exit_notifier(&self) -> Option<std::os::fd::OwnedFd> {
+        let pid = rustix::process::Pid::from_raw(self.pid)?;
+        let pidfd = rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).ok()?;
+        // Opened before this check: if the id is still this process's now, the descriptor is
+        // of this process (an id is not reused while the process it names is there).
+        self.is_alive().then_some(pidfd)
     }
 }
 
@@ -133,13 +149,22 @@ fn start_time(pid: i32) -> Option<u64> {
     parse_start_time(&stat)
 }
 
-/// Field 22 of a `/proc/<pid>/stat` line. The second field, the command name in parentheses,
-/// may hold spaces and parentheses itself, so the fields are counted from the last `)`.
+/// Field 22 of a `/proc/<pid>/stat` line.
 fn parse_start_time(stat: &[u8]) -> Option<u64> {
+    parse_stat(stat).map(|(_, start)| start)
+}
+
+/// Fields 3 (the state: `R`, `S`, … `Z` for a zombie) and 22 (the start time) of a
+/// `/proc/<pid>/stat` line. The second field, the command name in parentheses, may hold spaces
+/// and parentheses itself, so the fields are counted from the last `)`.
+fn parse_stat(stat: &[u8]) -> Option<(char, u64)> {
     let after_name = stat.iter().rposition(|&b| b == b')')? + 1;
     let rest = std::str::from_utf8(&stat[after_name..]).ok()?;
-    // Fields 3 onwards; the start time is the 22nd field, the 20th of these.
-    rest.split_ascii_whitespace().nth(19)?.parse().ok()
+    let mut fields = rest.split_ascii_whitespace();
+    let state = fields.next()?.chars().next()?;
+    // Fields 4 onwards; the start time is the 22nd field, the 19th of these.
+    let start = fields.nth(18)?.parse().ok()?;
+    Some((state, start))
 }
 
 #[cfg(test)]
@@ -153,6 +178,7 @@ mod tests {
     fn the_start_time_is_counted_from_the_last_parenthesis() {
         let line = b"1234 (a (b) c) S 1 1234 1234 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10";
         assert_eq!(parse_start_time(line), Some(987_654));
+        assert_eq!(parse_stat(line), Some(('S', 987_654)));
         assert_eq!(parse_start_time(b"1234 (short) S 1"), None);
         assert_eq!(parse_start_time(b"no parenthesis"), None);
     }
@@ -162,6 +188,30 @@ mod tests {
         let me = PeerId::of_process(own_pid()).expect("/proc/self is readable");
         assert!(me.is_alive());
         assert!(!PeerId { start_time: me.start_time + 1, ..me }.is_alive(), "another start is another process");
+    }
+
+    #[test]
+    fn a_child_that_exited_is_not_alive_even_before_it_is_reaped() {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let peer = PeerId::of_child(child.id()).unwrap();
+        let notifier = peer.exit_notifier();
+        // Exited, not reaped (a zombie): the pidfd turns readable, and the peer is not alive.
+        if let Some(pidfd) = &notifier {
+            let mut fds = [PollFd::new(pidfd, PollFlags::IN)];
+            poll(&mut fds, None).unwrap();
+        } else {
+            while peer.is_alive() {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while peer.is_alive() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert!(!peer.is_alive(), "a zombie holds nothing");
+        assert!(peer.exit_notifier().is_none());
+        child.wait().unwrap();
+        assert!(!peer.is_alive());
     }
 
     #[test]

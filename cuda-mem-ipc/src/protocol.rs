@@ -3,24 +3,18 @@
 //!
 //! Documented on [`IpcChannel`]. The bytes of each message are [`crate::wire`]'s.
 
-use std::any::Any;
-use std::collections::hash_map::Entry;
-use std::collections::{BTreeMap, HashMap};
-use std::os::fd::OwnedFd;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 
-use cuda_mem_core::{Buffer, Device, Event, MemoryResource, PoolKind, ScopedBuffer, Stream};
+use cuda_mem_core::{Buffer, Event, MemoryResource, ScopedBuffer, Stream};
 use uuid::Uuid;
 
-use crate::channel::{Channel, RawMessage};
-use crate::error::{IpcError, MessageLimit, ProtocolError, Result};
-use crate::mapped::{ImportOrigin, MappedMemoryResource};
-use crate::peer::PeerId;
-use crate::share::{Unshareable, allocation_handle, buffer_descriptor};
-use crate::wire::{
-    BufferDescriptor, EventDescriptor, MAX_BUFFERS_PER_MESSAGE, MessageError, MessageKind, PoolMemory, ResourceMessage,
-    WireDevice, buffer_descriptors, encode_buffers, expect_fds, split_event,
-};
+use crate::channel::Channel;
+use crate::error::{IpcError, Result};
+
+use crate::loans::{Held, Outstanding, Unlent};
+use crate::mapped::MappedMemoryResource;
+use crate::session::Session;
+use crate::wire::{BufferDescriptor, EventDescriptor, MAX_BUFFERS_PER_MESSAGE, MessageKind, encode_buffers};
 
 /// What arrived. More kinds may come with features (and later versions): match with a `_` arm.
 #[derive(Debug)]
@@ -48,6 +42,10 @@ pub enum Received {
     /// A memory snapshot of the peer (feature `snapshot`), read back from its JSON.
     #[cfg(feature = "snapshot")]
     Snapshot(Box<cuda_mem_core::snapshot::MemorySnapshot>),
+    /// Buffers this side lent the peer ([`IpcChannel::lend`]), handed back: this process's own
+    /// buffers again, which the peer no longer maps (it freed its imports, and the frees ran,
+    /// before it said so).
+    Returned(Vec<Buffer>),
 }
 
 /// A channel that carries pools, buffers, events, plain bytes (and, with the feature `vmm`,
@@ -128,6 +126,21 @@ pub enum Received {
 /// allocation may take it while the importer still uses it, silently on a GPU. The simulator
 /// (`cuda-sim`) reports such a free on stderr, and the importer then reads `0xdb`.
 ///
+/// # Lending: one pool, many workers
+///
+/// A server that hands its buffers to workers and takes them back lends them
+/// ([`IpcChannel::lend`], [`IpcChannel::lend_after`]): the worker receives plain buffers, and
+/// the server's channel keeps the [`Buffer`]s, so the server cannot free what a worker maps. The
+/// worker hands them back with [`IpcChannel::give_back`] (its imports freed, the frees run), and
+/// the server receives its own buffers again ([`Received::Returned`]). [`IpcChannel::held`] and
+/// [`IpcChannel::lent_buffers`] say what the worker holds now.
+///
+/// When a worker disconnects (or crashes), [`IpcChannel::into_outstanding`] keeps what it still
+/// held as an [`Outstanding`]: its buffers come back once the worker's process has exited (the
+/// driver then has unmapped its imports), waited for with a pidfd. A channel dropped with
+/// buffers lent frees them if the worker has exited, and otherwise keeps them allocated until
+/// this process exits (recorded as a drop error): never freed under a running worker.
+///
 /// # Devices and virtual buffers
 ///
 /// The receiver finds a pool's device by its UUID, not by the sender's ordinal: processes that
@@ -139,31 +152,15 @@ pub enum Received {
 #[derive(Debug)]
 pub struct IpcChannel {
     channel: Channel,
-    /// The resources sent on this channel: by UUID, which pool went under it. Held while a
-    /// resource is sent, so that a UUID is in here only once its resource has gone (buffers
-    /// that name it then follow it on the wire), and only one pool ever goes under it.
-    sent: Mutex<HashMap<Uuid, SentPool>>,
-    /// The resources received on this channel, by the UUID the peer named them with: buffers
-    /// map through these only, and they live as long as the channel (or until released).
-    received: Mutex<HashMap<Uuid, Arc<MappedMemoryResource>>>,
-    /// The peer's events opened on this channel, by the peer's id of each.
-    events: Mutex<HashMap<u64, Arc<Event>>>,
-    /// The resources virtual buffers are imported with, one per location.
-    #[cfg(feature = "vmm")]
-    pub(crate) virtual_buffer_importers: crate::virtual_buffer::VirtualBufferImporters,
+    /// What the channel keeps of its peer, and the protocol's rules for sends and receives.
+    pub(crate) session: Session,
 }
 
 impl IpcChannel {
     /// Wraps a connected channel.
     pub fn new(channel: Channel) -> IpcChannel {
-        IpcChannel {
-            channel,
-            sent: Mutex::new(HashMap::new()),
-            received: Mutex::new(HashMap::new()),
-            events: Mutex::new(HashMap::new()),
-            #[cfg(feature = "vmm")]
-            virtual_buffer_importers: Default::default(),
-        }
+        let session = Session::new(channel.peer());
+        IpcChannel { channel, session }
     }
 
     /// The underlying channel.
@@ -171,19 +168,9 @@ impl IpcChannel {
         &self.channel
     }
 
-    fn sent(&self) -> std::sync::MutexGuard<'_, HashMap<Uuid, SentPool>> {
-        // Every operation leaves the map consistent, so a panic elsewhere cannot corrupt it.
-        self.sent.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn received(&self) -> std::sync::MutexGuard<'_, HashMap<Uuid, Arc<MappedMemoryResource>>> {
-        // Every operation leaves the map consistent, so a panic elsewhere cannot corrupt it.
-        self.received.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
     /// The resource received on this channel under `uuid`, if the channel still keeps it.
     pub fn resource(&self, uuid: Uuid) -> Option<Arc<MappedMemoryResource>> {
-        self.received().get(&uuid).cloned()
+        self.session.resource(uuid)
     }
 
     /// Lets go of the resource received under `uuid`: the channel no longer keeps it alive (the
@@ -191,56 +178,23 @@ impl IpcChannel {
     /// name it are refused ([`IpcError::UnknownResource`]) until the peer sends it again.
     /// Returns it, if the channel kept it.
     pub fn release_resource(&self, uuid: Uuid) -> Option<Arc<MappedMemoryResource>> {
-        self.received().remove(&uuid)
+        self.session.release_resource(uuid)
     }
 
     /// Lets go of every resource received, as [`IpcChannel::release_resource`] does for one.
     pub fn release_resources(&self) {
-        // Dropped outside the lock: a resource's drop does not come back here, but need not
-        // wait for it either.
-        let released = std::mem::take(&mut *self.received());
-        drop(released);
+        self.session.release_resources();
     }
 
     /// Lets go of every event of the peer opened on this channel (they are closed once no
     /// [`Received::Event`] holds them either). An event the peer sends again is opened again.
     pub fn release_events(&self) {
-        let released = std::mem::take(&mut *self.events());
-        drop(released);
+        self.session.release_events();
     }
 
     /// How many of the peer's events this channel keeps open.
     pub fn open_events(&self) -> usize {
-        self.events().len()
-    }
-
-    fn events(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<Event>>> {
-        // Every operation leaves the map consistent, so a panic elsewhere cannot corrupt it.
-        self.events.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// The peer's event `descriptor` names, opened on `stream`'s device the first time it
-    /// arrives (then kept by the peer's id), and `stream` made to wait for it.
-    fn wait_for_event(&self, descriptor: EventDescriptor, stream: &Stream) -> Result<Arc<Event>> {
-        let event = {
-            let mut events = self.events();
-            match events.get(&descriptor.id) {
-                Some(event) if event.ipc_handle().ok() == Some(descriptor.handle) => Arc::clone(event),
-                Some(_) => return Err(ProtocolError::EventHandleChanged { id: descriptor.id }.into()),
-                None => {
-                    // Another id with the same handle names an event the peer has destroyed
-                    // since (the driver gave its handle to this new one): let it go.
-                    events.retain(|_, event| event.ipc_handle().ok() != Some(descriptor.handle));
-                    let opened = Event::from_ipc_handle(stream.device(), &descriptor.handle)
-                        .map_err(|source| IpcError::EventImport { id: descriptor.id, source })?;
-                    let opened = Arc::new(opened);
-                    events.insert(descriptor.id, Arc::clone(&opened));
-                    opened
-                }
-            }
-        };
-        stream.wait(&event)?;
-        Ok(event)
+        self.session.open_events()
     }
 
     /// Sends a pool resource (its file descriptor and UUID). Sending it again sends it again;
@@ -254,26 +208,13 @@ impl IpcChannel {
     ///   [`IpcChannel`]); nothing is sent.
     /// - As [`Channel::send`].
     pub fn send_resource(&self, resource: &dyn MemoryResource) -> Result<()> {
-        let handle = allocation_handle(resource)?;
-        let pool = SentPool::of(resource);
-        let memory = match handle.kind() {
-            PoolKind::Device(device) => PoolMemory::Device(wire_device(device)?),
-            PoolKind::Pinned => PoolMemory::Pinned,
-            // Only device and pinned pools can be created shareable (or imported).
-            other => return Err(IpcError::NotIpcEnabled(Unshareable::PoolKind(other))),
-        };
-        let payload = ResourceMessage { pool: handle.uuid(), memory }.encode();
+        let frame = self.session.resource_frame(resource)?;
         // Checked, sent and noted under one lock: two threads sending two pools under one UUID
         // cannot both send theirs, nor note another pool than the one that went first.
-        let mut sent = self.sent();
-        check_not_taken(&sent, handle.uuid(), pool)?;
-        // The peer's other channels: the UUID is claimed for this pool before it goes out (a
-        // claim whose send then fails only keeps the UUID for the same pool).
-        if let Some(peer) = self.channel.peer() {
-            sent_to_peers().claim(peer, handle.uuid(), pool)?;
-        }
-        self.channel.send(MessageKind::Resource.code(), &payload, &[handle.fd()])?;
-        sent.insert(handle.uuid(), pool);
+        let mut sent = self.session.sent();
+        self.session.claim(&sent, &frame)?;
+        self.channel.send(MessageKind::Resource.code(), &frame.payload, &[frame.handle.fd()])?;
+        Session::note_sent(&mut sent, &frame);
         Ok(())
     }
 
@@ -288,7 +229,7 @@ impl IpcChannel {
     ///   message is not sent.
     /// - As [`IpcChannel::send_resource`], for the pools sent first, and [`Channel::send`].
     pub fn send_buffers(&self, buffers: &[&ScopedBuffer<'_>]) -> Result<()> {
-        let payload = self.buffers_payload(Vec::new(), buffers)?;
+        let (payload, _) = self.buffers_payload(Vec::new(), buffers)?;
         self.channel.send(MessageKind::Buffers.code(), &payload, &[])
     }
 
@@ -306,7 +247,7 @@ impl IpcChannel {
     /// - As [`IpcChannel::send_buffers`].
     pub fn send_buffers_after(&self, event: &Event, buffers: &[&ScopedBuffer<'_>]) -> Result<()> {
         let descriptor = EventDescriptor::of(event)?;
-        let payload = self.buffers_payload(descriptor.encode().to_vec(), buffers)?;
+        let (payload, _) = self.buffers_payload(descriptor.encode().to_vec(), buffers)?;
         self.channel.send(MessageKind::BuffersAfterEvent.code(), &payload, &[])
     }
 
@@ -324,55 +265,19 @@ impl IpcChannel {
     }
 
     /// `payload` followed by a buffers message's payload for `buffers`, after sending each
-    /// resource not yet sent on this channel.
-    fn buffers_payload(&self, mut payload: Vec<u8>, buffers: &[&ScopedBuffer<'_>]) -> Result<Vec<u8>> {
-        if buffers.len() > MAX_BUFFERS_PER_MESSAGE {
-            return Err(IpcError::MessageTooLarge {
-                what: MessageLimit::Buffers,
-                actual: buffers.len(),
-                limit: MAX_BUFFERS_PER_MESSAGE,
-            });
-        }
-        let descriptors = buffers.iter().map(|b| buffer_descriptor(b)).collect::<Result<Vec<_>>>()?;
-        // The resources to send first, each once; a UUID that would stand for two pools (one
-        // sent before, or two in this message) is refused before any of them is sent.
-        let mut unsent: HashMap<Uuid, SentPool> = HashMap::new();
-        let mut to_send: Vec<&dyn MemoryResource> = Vec::new();
-        {
-            let sent = self.sent();
-            // The pool of the buffer before: a batch is usually of one pool, whose checks below
-            // give the same answer for every buffer after its first (three hash lookups each).
-            let mut checked: Option<(Uuid, SentPool)> = None;
-            for (buffer, descriptor) in buffers.iter().zip(&descriptors) {
-                let Some(resource) = buffer.memory_resource() else { continue };
-                let pool = SentPool::of(resource);
-                if checked == Some((descriptor.resource, pool)) {
-                    continue;
-                }
-                checked = Some((descriptor.resource, pool));
-                check_not_taken(&sent, descriptor.resource, pool)?;
-                if let Some(peer) = self.channel.peer() {
-                    sent_to_peers().check(peer, descriptor.resource, pool)?;
-                }
-                match unsent.get(&descriptor.resource) {
-                    Some(&other) if other != pool => {
-                        return Err(IpcError::UuidTakenOnChannel { uuid: descriptor.resource });
-                    }
-                    Some(_) => {}
-                    None if sent.contains_key(&descriptor.resource) => {}
-                    None => {
-                        unsent.insert(descriptor.resource, pool);
-                        to_send.push(resource);
-                    }
-                }
-            }
-        }
-        for resource in to_send {
+    /// resource not yet sent on this channel; and the buffers' descriptors.
+    fn buffers_payload(
+        &self,
+        mut payload: Vec<u8>,
+        buffers: &[&ScopedBuffer<'_>],
+    ) -> Result<(Vec<u8>, Vec<BufferDescriptor>)> {
+        let plan = self.session.plan_buffers(buffers)?;
+        for resource in plan.resources_first {
             // Checked again there: another thread may have sent another pool under its UUID.
             self.send_resource(resource)?;
         }
-        encode_buffers(&mut payload, &descriptors);
-        Ok(payload)
+        encode_buffers(&mut payload, &plan.descriptors);
+        Ok((payload, plan.descriptors))
     }
 
     /// Sends the application's bytes.
@@ -426,34 +331,7 @@ impl IpcChannel {
     /// for it (the buffers imported before the refusal are unmapped on `stream`, so after the
     /// sender's work).
     pub fn recv(&self, stream: &Stream) -> Result<Received> {
-        let (kind, message) = self.next_message()?;
-        match kind {
-            MessageKind::Resource => self.receive_resource(message).map(Received::Resource),
-            MessageKind::Buffers | MessageKind::BuffersAfterEvent => {
-                self.receive_buffers(kind, &message.payload, stream).map(Received::Buffers)
-            }
-            MessageKind::Event => {
-                let event = EventDescriptor::decode(&message.payload)?;
-                self.wait_for_event(event, stream).map(Received::Event)
-            }
-            MessageKind::Data => Ok(Received::Data(message.payload)),
-            #[cfg(feature = "vmm")]
-            MessageKind::VirtualBuffer => {
-                self.virtual_buffer_importers.receive(message, stream).map(Received::VirtualBuffer)
-            }
-            #[cfg(not(feature = "vmm"))]
-            MessageKind::VirtualBuffer => Err(IpcError::NotReceivable { kind, feature: "vmm" }),
-            #[cfg(feature = "snapshot")]
-            MessageKind::SnapshotRequest => {
-                Ok(Received::SnapshotRequest(crate::wire::SnapshotRequest::decode(&message.payload)?))
-            }
-            #[cfg(feature = "snapshot")]
-            MessageKind::Snapshot => crate::snapshot::read(&message.payload).map(Received::Snapshot),
-            #[cfg(not(feature = "snapshot"))]
-            MessageKind::SnapshotRequest | MessageKind::Snapshot => {
-                Err(IpcError::NotReceivable { kind, feature: "snapshot" })
-            }
-        }
+        self.session.receive(self.channel.recv()?, stream)
     }
 
     /// Receives the buffers of one [`send_buffers`](Self::send_buffers) or
@@ -491,195 +369,129 @@ impl IpcChannel {
     /// - As [`recv`](Self::recv), for the resource and buffers messages.
     pub fn recv_buffers(&self, stream: &Stream) -> Result<Vec<Buffer>> {
         loop {
-            let (kind, message) = self.next_message()?;
-            match kind {
-                MessageKind::Resource => drop(self.receive_resource(message)?),
-                MessageKind::Buffers | MessageKind::BuffersAfterEvent => {
-                    return self.receive_buffers(kind, &message.payload, stream);
-                }
-                found => return Err(IpcError::UnexpectedMessage { expected: MessageKind::Buffers, found }),
+            if let Some(buffers) = self.session.receive_for_buffers(self.channel.recv()?, stream)? {
+                return Ok(buffers);
+            }
+        }
+    }
+}
+
+/// Lending: buffers this process keeps ownership of while a worker maps them (see
+/// [`IpcChannel`], *Lending*).
+impl IpcChannel {
+    /// Lends `buffers` to the peer: sends them as [`send_buffers`](Self::send_buffers) does (the
+    /// peer receives plain buffers), and keeps them here until the peer hands them back
+    /// ([`Received::Returned`]) or, once the channel has ended, its process exits
+    /// ([`into_outstanding`](Self::into_outstanding)). Nothing here can free them meanwhile.
+    ///
+    /// # Errors
+    /// [`Unlent`], with the buffers: as [`send_buffers`](Self::send_buffers). The peer never had
+    /// them (it imports no frame it did not receive whole).
+    pub fn lend(&self, buffers: Vec<Buffer>) -> std::result::Result<(), Box<Unlent>> {
+        self.lend_in(Vec::new(), MessageKind::Buffers, buffers)
+    }
+
+    /// Lends `buffers` with an interprocess event, as
+    /// [`send_buffers_after`](Self::send_buffers_after) sends them: the peer's stream waits for
+    /// the event before it has them.
+    ///
+    /// # Errors
+    /// [`Unlent`], with the buffers: as [`send_buffers_after`](Self::send_buffers_after).
+    pub fn lend_after(&self, event: &Event, buffers: Vec<Buffer>) -> std::result::Result<(), Box<Unlent>> {
+        match EventDescriptor::of(event) {
+            Ok(descriptor) => self.lend_in(descriptor.encode().to_vec(), MessageKind::BuffersAfterEvent, buffers),
+            Err(error) => Err(Box::new(Unlent { error: error.into(), buffers })),
+        }
+    }
+
+    fn lend_in(
+        &self,
+        prefix: Vec<u8>,
+        kind: MessageKind,
+        buffers: Vec<Buffer>,
+    ) -> std::result::Result<(), Box<Unlent>> {
+        let refs: Vec<&ScopedBuffer<'_>> = buffers.iter().collect();
+        let (payload, descriptors) = match self.buffers_payload(prefix, &refs) {
+            Ok(made) => made,
+            Err(error) => return Err(Box::new(Unlent { error, buffers })),
+        };
+        // Kept before they go: a peer that hands them back at once finds them lent.
+        self.session.loans.keep(&descriptors, buffers);
+        match self.channel.send(kind.code(), &payload, &[]) {
+            Ok(()) => Ok(()),
+            Err(error) => {
+                Err(Box::new(Unlent { error, buffers: self.session.loans.take(&descriptors).unwrap_or_default() }))
             }
         }
     }
 
-    /// The next message and its kind, once the kind is known and the message carries the
-    /// number of file descriptors its kind does.
-    fn next_message(&self) -> Result<(MessageKind, RawMessage)> {
-        let message = self.channel.recv()?;
-        let kind = MessageKind::of(message.kind).map_err(ProtocolError::from)?;
-        expect_fds(kind, message.fds.len()).map_err(ProtocolError::from)?;
-        Ok((kind, message))
+    /// Hands buffers lent by the peer back to it (the borrower's side of
+    /// [`lend`](Self::lend)): frees each import on `stream`, waits for `stream` (so the frees
+    /// have run, as the driver's rule wants before the exporter frees), then tells the peer,
+    /// which receives its buffers as [`Received::Returned`]. Work on the buffers must be on
+    /// `stream`, or done, before this.
+    ///
+    /// # Errors
+    /// - [`IpcError::NotReceivedHere`]: a buffer that was not received on this channel; nothing
+    ///   is freed or sent.
+    /// - [`IpcError::MessageTooLarge`]: more buffers than one message carries; nothing is freed.
+    /// - [`IpcError::Core`]: a free or the wait failed; nothing is sent.
+    /// - As [`Channel::send`].
+    pub fn give_back(&self, buffers: Vec<Buffer>, stream: &Stream) -> Result<()> {
+        let descriptors = free_for_return(&self.session, buffers, stream)?;
+        stream.synchronize()?;
+        let mut payload = Vec::new();
+        encode_buffers(&mut payload, &descriptors);
+        self.channel.send(MessageKind::Returned.code(), &payload, &[])
     }
 
-    /// Imports (or finds) the pool of a resource message: kept by the channel under the UUID the
-    /// peer named, and process-wide by the peer and that UUID (see [`IpcChannel`], *Pools*). The
-    /// memory kind and device the message claims must be the imported pool's, as the driver
-    /// reports them.
-    fn receive_resource(&self, mut message: RawMessage) -> Result<Arc<MappedMemoryResource>> {
-        let ResourceMessage { pool: uuid, memory } = ResourceMessage::decode(&message.payload)?;
-        let kind = match memory {
-            PoolMemory::Device(device) => PoolKind::Device(visible_device(device)?),
-            PoolMemory::Pinned => PoolKind::Pinned,
-        };
-        // One, as `next_message` checked.
-        let fd: OwnedFd = message.fds.pop().ok_or(ProtocolError::Message(MessageError::FdCount {
-            kind: MessageKind::Resource,
-            expected: 1,
-            found: 0,
-        }))?;
-        // Sent again on this channel: the first one stands (the duplicate descriptor closes here).
-        let resource = match self.resource(uuid) {
-            Some(received) => received,
-            None => {
-                let imported = MappedMemoryResource::from_peer(fd, uuid, self.channel.peer())?;
-                // Another `recv` on this channel may have kept one under `uuid` while this one
-                // imported (the look-up above let go of the lock): the one kept first stands,
-                // checked below, and this import drops (after the lock, declared after it). An
-                // import is kept only when it is the kind of memory the message claims.
-                let mut received = self.received();
-                match received.entry(uuid) {
-                    Entry::Occupied(kept) => Arc::clone(kept.get()),
-                    Entry::Vacant(slot) if imported.kind() == kind => Arc::clone(slot.insert(imported)),
-                    Entry::Vacant(_) => imported,
-                }
-            }
-        };
-        if resource.kind() != kind {
-            return Err(IpcError::MisdescribedResource { uuid, claimed: kind, actual: resource.kind() });
-        }
-        Ok(resource)
+    /// How much the peer holds of what this channel lent it.
+    pub fn held(&self) -> Held {
+        self.session.loans.held()
     }
 
-    /// Maps the buffers a buffers message's `payload` describes; for a buffers-after-event
-    /// message, makes `stream` wait for its event first.
-    fn receive_buffers(&self, kind: MessageKind, payload: &[u8], stream: &Stream) -> Result<Vec<Buffer>> {
-        let (event, payload) = match kind {
-            MessageKind::BuffersAfterEvent => {
-                let (event, buffers) = split_event(payload)?;
-                (Some(EventDescriptor::decode(event)?), buffers)
-            }
-            _ => (None, payload),
-        };
-        // Decode everything, and find every resource, before importing anything.
-        let descriptors =
-            buffer_descriptors(payload)?.map(BufferDescriptor::decode).collect::<std::result::Result<Vec<_>, _>>()?;
-        let resources = {
-            let received = self.received();
-            let mut resources: Vec<Arc<MappedMemoryResource>> = Vec::with_capacity(descriptors.len());
-            for d in &descriptors {
-                // A batch is usually of one pool: the one before is found without a lookup.
-                let resource = match resources.last() {
-                    Some(last) if last.uuid() == d.resource => Arc::clone(last),
-                    _ => received.get(&d.resource).cloned().ok_or(IpcError::UnknownResource(d.resource))?,
-                };
-                resources.push(resource);
-            }
-            resources
-        };
-        if let Some(event) = event {
-            self.wait_for_event(event, stream)?;
-        }
-        let mut buffers = Vec::with_capacity(descriptors.len());
-        for (descriptor, resource) in descriptors.iter().zip(&resources) {
-            // On an error the buffers imported so far drop here and are released.
-            buffers.push(resource.import_buffer(descriptor, stream)?);
-        }
-        Ok(buffers)
+    /// The buffers lent to the peer and not handed back: their addresses and sizes here.
+    pub fn lent_buffers(&self) -> Vec<(cuda_mem_core::DevicePtr, usize)> {
+        self.session.loans.list()
+    }
+
+    /// Ends the channel, keeping what the peer still holds: the buffers come back once its
+    /// process has exited ([`Outstanding`]). Dropping the channel does the same and drops the
+    /// result: frees the buffers if the peer has exited, keeps them allocated otherwise.
+    pub fn into_outstanding(self) -> Outstanding {
+        self.session.outstanding()
     }
 }
 
-/// Which pool a resource sent on a channel is, where its UUID may not tell: a pool created in
-/// this process has a UUID of its own (made at random when it is first shared), but an imported
-/// one has the UUID its exporter named it with, which another import may share.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum SentPool {
-    /// A pool of this process (through any adaptors).
-    Local,
-    /// An import ([`MappedMemoryResource::origin`]).
-    Imported(ImportOrigin),
-}
-
-impl SentPool {
-    fn of(resource: &dyn MemoryResource) -> SentPool {
-        let any: &dyn Any = resource;
-        any.downcast_ref::<MappedMemoryResource>().map_or(SentPool::Local, |mapped| SentPool::Imported(mapped.origin()))
+/// The descriptors of `buffers`, once each is checked to come from the peer and freed on
+/// `stream` (the caller then waits for `stream` before it tells the peer).
+pub(crate) fn free_for_return(
+    session: &crate::session::Session,
+    buffers: Vec<Buffer>,
+    stream: &Stream,
+) -> Result<Vec<BufferDescriptor>> {
+    if buffers.len() > MAX_BUFFERS_PER_MESSAGE {
+        return Err(IpcError::MessageTooLarge {
+            what: crate::error::MessageLimit::Buffers,
+            actual: buffers.len(),
+            limit: MAX_BUFFERS_PER_MESSAGE,
+        });
     }
-}
-
-/// Refuses `pool` under `uuid` when another pool was sent under it.
-fn check_not_taken(sent: &HashMap<Uuid, SentPool>, uuid: Uuid, pool: SentPool) -> Result<()> {
-    match sent.get(&uuid) {
-        Some(&earlier) if earlier != pool => Err(IpcError::UuidTakenOnChannel { uuid }),
-        _ => Ok(()),
+    let descriptors = session.returnable(&buffers)?;
+    for buffer in buffers {
+        buffer.close(Some(stream)).map_err(|refused| IpcError::Core(refused.into_parts().1))?;
     }
-}
-
-/// The pools sent to each identified peer, on any channel, by the UUID they went under: the
-/// peer keys its imports by this process and the UUID, so one UUID must name one pool to it on
-/// every channel. Entries of peers that have exited are swept out as the map grows.
-struct SentToPeers {
-    entries: BTreeMap<(PeerId, Uuid), SentPool>,
-    sweep_at: usize,
-}
-
-/// Sweep out the entries of exited peers when a claim makes [`SentToPeers`] this large (at least).
-const MIN_PEER_SWEEP: usize = 64;
-
-static SENT_TO_PEERS: Mutex<SentToPeers> =
-    Mutex::new(SentToPeers { entries: BTreeMap::new(), sweep_at: MIN_PEER_SWEEP });
-
-fn sent_to_peers() -> MutexGuard<'static, SentToPeers> {
-    // Every operation leaves the map consistent, so a panic elsewhere cannot corrupt it.
-    SENT_TO_PEERS.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-impl SentToPeers {
-    /// Refuses `pool` under `uuid` to `peer` when another pool went to it under that UUID.
-    fn check(&self, peer: PeerId, uuid: Uuid, pool: SentPool) -> Result<()> {
-        match self.entries.get(&(peer, uuid)) {
-            Some(&earlier) if earlier != pool => Err(IpcError::UuidTakenOnChannel { uuid }),
-            _ => Ok(()),
-        }
-    }
-
-    /// As [`SentToPeers::check`], then keeps `uuid` for `pool` to `peer`.
-    fn claim(&mut self, peer: PeerId, uuid: Uuid, pool: SentPool) -> Result<()> {
-        self.check(peer, uuid, pool)?;
-        if self.entries.insert((peer, uuid), pool).is_none() && self.entries.len() >= self.sweep_at {
-            // A peer that exited holds no import any more: what it was sent no longer binds.
-            let mut alive: BTreeMap<PeerId, bool> = BTreeMap::new();
-            self.entries.retain(|(peer, _), _| *alive.entry(*peer).or_insert_with(|| peer.is_alive()));
-            self.sweep_at = (self.entries.len() * 2).max(MIN_PEER_SWEEP);
-        }
-        Ok(())
-    }
-}
-
-/// How the wire names `device`: its UUID, and its ordinal here for messages.
-///
-/// # Errors
-///
-/// - [`IpcError::Core`]: reading the device's UUID failed.
-pub(crate) fn wire_device(device: Device) -> Result<WireDevice> {
-    let sender_ordinal = i32::try_from(device.ordinal()).unwrap_or(i32::MAX);
-    Ok(WireDevice { uuid: Uuid::from_bytes(device.uuid()?), sender_ordinal })
-}
-
-/// This process's device with the UUID a peer named.
-///
-/// # Errors
-///
-/// - [`IpcError::DeviceNotVisible`]: this process does not see it.
-/// - [`IpcError::Core`]: the driver failed to list the devices.
-pub(crate) fn visible_device(device: WireDevice) -> Result<Device> {
-    let WireDevice { uuid, sender_ordinal } = device;
-    Device::with_uuid(*uuid.as_bytes())?.ok_or(IpcError::DeviceNotVisible { uuid, sender_ordinal })
+    Ok(descriptors)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::channel::Channel;
+    use crate::error::ProtocolError;
+    use crate::share::allocation_handle;
     use crate::wire::{BuffersMessageError, EnvelopeError, EventDescriptorError, RESOURCE_MESSAGE_LEN};
+    use cuda_mem_core::Device;
     use cuda_mem_core::{
         DeviceMemoryResource, DeviceMemoryResourceOptions, EventOptions, IpcEventHandle, StreamOptions,
     };

@@ -53,11 +53,8 @@ impl IpcChannel {
     /// # Errors
     /// As [`send_snapshot`](Self::send_snapshot).
     pub fn answer_snapshot_request(&self, request: &SnapshotRequest) -> Result<()> {
-        let mut snapshot = take_snapshot();
-        if let Some(most) = request.max_events {
-            keep_latest(&mut snapshot, most as usize);
-        }
-        self.send_owned_snapshot(snapshot)
+        let json = answer_json(request)?;
+        self.channel().send(MessageKind::Snapshot.code(), json.as_bytes(), &[])
     }
 
     /// Sends a memory snapshot (one of this process's, or any other) to the peer, which
@@ -71,18 +68,28 @@ impl IpcChannel {
     ///   this crate takes).
     /// - As [`Channel::send`](crate::Channel::send).
     pub fn send_snapshot(&self, snapshot: &MemorySnapshot) -> Result<()> {
-        let json = snapshot.to_json().map_err(IpcError::Snapshot)?;
-        if json.len() <= MAX_PAYLOAD_LEN {
-            return self.channel().send(MessageKind::Snapshot.code(), json.as_bytes(), &[]);
-        }
-        self.send_owned_snapshot(snapshot.clone())
-    }
-
-    /// [`send_snapshot`](Self::send_snapshot) of a snapshot this side may cut down.
-    fn send_owned_snapshot(&self, snapshot: MemorySnapshot) -> Result<()> {
-        let json = fitted_json(snapshot, MAX_PAYLOAD_LEN)?;
+        let json = snapshot_json(snapshot)?;
         self.channel().send(MessageKind::Snapshot.code(), json.as_bytes(), &[])
     }
+}
+
+/// The JSON answering `request`: a snapshot of this process taken now, with as many of the
+/// latest events as the request asks and one message holds.
+pub(crate) fn answer_json(request: &SnapshotRequest) -> Result<String> {
+    let mut snapshot = take_snapshot();
+    if let Some(most) = request.max_events {
+        keep_latest(&mut snapshot, most as usize);
+    }
+    fitted_json(snapshot, MAX_PAYLOAD_LEN)
+}
+
+/// `snapshot`'s JSON, its oldest events left out until it fits one message.
+pub(crate) fn snapshot_json(snapshot: &MemorySnapshot) -> Result<String> {
+    let json = snapshot.to_json().map_err(IpcError::Snapshot)?;
+    if json.len() <= MAX_PAYLOAD_LEN {
+        return Ok(json);
+    }
+    fitted_json(snapshot.clone(), MAX_PAYLOAD_LEN)
 }
 
 /// The snapshot a peer sent, from its message's bytes.

@@ -10,7 +10,8 @@ use cuda_mem_vmm::{VirtualBuffer, VirtualMemoryResource, VmmError};
 
 use crate::channel::RawMessage;
 use crate::error::{IpcError, Result};
-use crate::protocol::{IpcChannel, visible_device, wire_device};
+use crate::protocol::IpcChannel;
+use crate::session::{visible_device, wire_device};
 use crate::wire::{MessageKind, SharedVirtualBuffer, WireLocation};
 
 impl SharedVirtualBuffer {
@@ -58,6 +59,19 @@ impl VirtualBufferImporters {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Registers `resource` for its location; returns the one it replaces.
+    pub(crate) fn register(&self, resource: Arc<VirtualMemoryResource>) -> Option<Arc<VirtualMemoryResource>> {
+        let mut resources = self.resources();
+        let location = resource.location();
+        match resources.iter_mut().find(|r| r.location() == location) {
+            Some(registered) => Some(std::mem::replace(registered, resource)),
+            None => {
+                resources.push(resource);
+                None
+            }
+        }
+    }
+
     /// The resource registered for `location`.
     fn find(&self, location: Location) -> Option<Arc<VirtualMemoryResource>> {
         self.resources().iter().find(|r| r.location() == location).cloned()
@@ -99,14 +113,6 @@ impl IpcChannel {
         &self,
         resource: Arc<VirtualMemoryResource>,
     ) -> Option<Arc<VirtualMemoryResource>> {
-        let mut resources = self.virtual_buffer_importers.resources();
-        let location = resource.location();
-        match resources.iter_mut().find(|r| r.location() == location) {
-            Some(registered) => Some(std::mem::replace(registered, resource)),
-            None => {
-                resources.push(resource);
-                None
-            }
-        }
+        self.session.virtual_buffer_importers.register(resource)
     }
 }

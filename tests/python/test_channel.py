@@ -588,6 +588,179 @@ class Snapshots(ChannelTestCase):
         self.assertEqual(server.recv(None), cx.Data(b"still in step"))
 
 
+def encoded_descriptor(uuid, size: int = 64, fill: int = 0) -> bytes:
+    """A buffer descriptor of pool ``uuid``, as a peer encodes it."""
+    return cx.encode_buffer_descriptor(bytes([fill]) * cx.EXPORT_DATA_LEN, size, uuid)
+
+
+def buffers_payload(*encoded: bytes) -> bytes:
+    """What a buffers message (and a returned-buffers message) carries."""
+    return struct.pack("<I", len(encoded)) + b"".join(encoded)
+
+
+class FakeMappedBuffer:
+    """Enough of a cuda.core buffer mapped from a peer for `IpcChannel.give_back`: its pool, its
+    address, and a `close` that records the stream it was freed on into ``log``."""
+
+    def __init__(self, pool, log: list, address: int = 0x7000_0000):
+        self.memory_resource = pool
+        self.handle = address
+        self.log = log
+
+    def close(self, stream=None):
+        self.log.append(("close", self.handle, stream))
+        self.handle = 0
+
+
+class FakeStream:
+    """A stream whose `sync` is recorded into ``log``."""
+
+    def __init__(self, log: list):
+        self.log = log
+
+    def sync(self):
+        self.log.append(("sync",))
+
+
+class ReturnedBuffers(ChannelTestCase):
+    """Kind 9: buffers a peer lent (Rust's ``IpcChannel::lend``), handed back."""
+
+    def test_the_kind_and_its_name_are_rusts(self):
+        self.assertEqual(cx.RETURNED, 9)
+        self.assertEqual(cx._kind_name(cx.RETURNED), "9 (returned buffers)")
+        self.assertIn("9 (returned buffers)", cx._RECEIVED_KINDS)
+
+    def test_a_returned_message_from_a_raw_peer_is_its_decoded_descriptors(self):
+        channel, raw = self.raw_pair()
+        ipc = cx.IpcChannel(channel)
+        first, second = uuidlib.uuid4(), uuidlib.uuid4()
+        encoded = [encoded_descriptor(first, 64, 1), encoded_descriptor(second, 1, 2), encoded_descriptor(first, 8, 3)]
+        raw.sendall(frame(cx.RETURNED, buffers_payload(*encoded)))
+        # No cuda.core is needed to receive it: no stream.
+        received = ipc.recv(None)
+        self.assertEqual(received, cx.Returned([cx.decode_buffer_descriptor(e) for e in encoded]))
+        self.assertEqual([(size, uuid) for _, size, uuid in received.descriptors], [(64, first), (1, second), (8, first)])
+        self.assertEqual(received.descriptors[2][0], bytes([3]) * cx.EXPORT_DATA_LEN)
+        raw.sendall(frame(cx.RETURNED, buffers_payload()))
+        self.assertEqual(ipc.recv(None), cx.Returned([]))
+
+    def test_a_malformed_returned_message_is_refused_and_the_channel_goes_on(self):
+        channel, raw = self.raw_pair()
+        ipc = cx.IpcChannel(channel)
+        good = encoded_descriptor(uuidlib.uuid4())
+        damaged = bytearray(good)
+        damaged[20] ^= 1
+        for payload, needle in (
+            (b"\x01\x00", "at least 4 bytes"),
+            (struct.pack("<I", 2) + good, "a buffers message for 2 buffers"),
+            (struct.pack("<I", cx.MAX_BUFFERS_PER_MESSAGE + 1), "a buffers message's count"),
+            (buffers_payload(bytes(damaged)), "checksum"),
+        ):
+            with self.subTest(needle=needle):
+                raw.sendall(frame(cx.RETURNED, payload))
+                with self.assertRaises(cx.ProtocolError) as caught:
+                    ipc.recv(None)
+                self.assertIn(needle, str(caught.exception))
+                self.assertTrue(caught.exception.channel_usable)
+        # With a descriptor: refused, the descriptor closed.
+        r, w = self.pipe()
+        peer = cx.Channel(raw.dup())
+        self.addCleanup(peer.close)
+        peer.send(cx.RETURNED, buffers_payload(good), [r])
+        with self.assertRaises(cx.ProtocolError) as caught:
+            ipc.recv(None)
+        self.assertIn("file descriptors with a 9 (returned buffers) message", str(caught.exception))
+        raw.sendall(frame(cx.DATA, b"still in step"))
+        self.assertEqual(ipc.recv(None), cx.Data(b"still in step"))
+
+    def borrower(self):
+        """A borrower's channel, its peer's end, a pool received on it and the log of frees."""
+        a, b = self.pair()
+        borrower = cx.IpcChannel(a)
+        uuid = uuidlib.uuid4()
+        pool = FakePool(uuid=uuid, mapped=True)
+        borrower._received[uuid] = pool
+        return borrower, cx.IpcChannel(b), pool, []
+
+    def received(self, borrower, pool, log, size: int = 64, address: int = 0x7000_0000):
+        """A buffer as `IpcChannel.recv` would have mapped it on ``borrower``, and its descriptor."""
+        buffer = FakeMappedBuffer(pool, log, address)
+        encoded = encoded_descriptor(pool.uuid, size, address & 0xFF)
+        borrower._remember_mapped(buffer, encoded, pool.uuid)
+        return buffer, encoded
+
+    def test_give_back_frees_on_the_stream_waits_then_sends_the_descriptors_as_they_came(self):
+        borrower, lender, pool, log = self.borrower()
+        one, first = self.received(borrower, pool, log, 64, 0x7000_0000)
+        two, second = self.received(borrower, pool, log, 8, 0x7000_1000)
+        stream = FakeStream(log)
+        borrower.give_back([two, one], stream)
+        self.assertEqual(log, [("close", 0x7000_1000, stream), ("close", 0x7000_0000, stream), ("sync",)])
+        self.assertEqual(lender.recv(None), cx.Returned([cx.decode_buffer_descriptor(e) for e in (second, first)]))
+        # Given back: not the channel's any more.
+        with self.assertRaises(cx.NotReceivedHere):
+            borrower.give_back([one], stream)
+        self.assertEqual(borrower._mapped, {})
+
+    def assert_nothing_freed_or_sent(self, lender, log):
+        """Nothing was closed or synchronized (``log``), and nothing reached ``lender``."""
+        self.assertEqual(log, [], "something was freed")
+        lender.channel.settimeout(0.05)
+        with self.assertRaises(cx.ChannelTimeout):
+            lender.recv(None)
+        lender.channel.settimeout(20)
+
+    def test_a_buffer_not_received_here_frees_and_sends_nothing(self):
+        borrower, lender, pool, log = self.borrower()
+        good, _ = self.received(borrower, pool, log)
+        other_pool = FakePool(uuid=uuidlib.uuid4(), mapped=True)
+        stranger = FakeMappedBuffer(other_pool, log, 0x9000_0000)
+        with self.assertRaises(cx.NotReceivedHere) as caught:
+            borrower.give_back([good, stranger], FakeStream(log))
+        error = caught.exception
+        self.assertEqual((error.index, error.ptr), (1, 0x9000_0000))
+        self.assertTrue(error.channel_usable)
+        self.assertIn("buffer 1 (0x90000000) was not received on this channel", str(error))
+        self.assertIn("nothing was freed or sent", str(error))
+        self.assertTrue(str(error).endswith(cx.CHANNEL_USABLE))
+        self.assert_nothing_freed_or_sent(lender, log)
+        # The good one can still be given back.
+        borrower.give_back([good], FakeStream(log))
+        self.assertEqual(len(lender.recv(None).descriptors), 1)
+
+    def test_closed_duplicated_and_released_buffers_free_and_send_nothing(self):
+        borrower, lender, pool, log = self.borrower()
+        good, _ = self.received(borrower, pool, log)
+        closed, _ = self.received(borrower, pool, log, address=0x7000_2000)
+        closed.handle = 0  # closed by hand (cuda.core zeroes a closed buffer's handle)
+        with self.assertRaises(cx.NotReceivedHere) as caught:
+            borrower.give_back([good, closed], FakeStream(log))
+        self.assertIn("it was closed", str(caught.exception))
+        with self.assertRaises(cx.ExchangeError) as caught:
+            borrower.give_back([good, good], FakeStream(log))
+        self.assertIn("twice", str(caught.exception))
+        with self.assertRaises(cx.ExchangeError) as caught:
+            borrower.give_back([good] * (cx.MAX_BUFFERS_PER_MESSAGE + 1), FakeStream(log))
+        self.assertIn("more than one message carries", str(caught.exception))
+        borrower.release_resource(pool.uuid)
+        with self.assertRaises(cx.NotReceivedHere) as caught:
+            borrower.give_back([good], FakeStream(log))
+        self.assertIn("was released", str(caught.exception))
+        self.assert_nothing_freed_or_sent(lender, log)
+
+    def test_a_collected_buffer_is_forgotten(self):
+        borrower, _, pool, log = self.borrower()
+        buffer, _ = self.received(borrower, pool, log)
+        self.assertEqual(len(borrower._mapped), 1)
+        del buffer
+        self.assertEqual(borrower._mapped, {})
+
+    def test_the_new_error_is_an_exchange_error(self):
+        self.assertTrue(issubclass(cx.NotReceivedHere, cx.ExchangeError))
+        for name in ("RETURNED", "Returned", "NotReceivedHere"):
+            self.assertIn(name, cx.__all__)
+
+
 class Listeners(unittest.TestCase):
     def test_abstract_names_connect_and_the_default_admits_this_user_only(self):
         name = f"cuda-mem-test-{os.getpid()}-{time.monotonic_ns()}"

@@ -72,4 +72,19 @@ pub enum SharingError {
         /// The pool's handle (`CUmemoryPool`, as an integer).
         handle: usize,
     },
+    /// Buffers lent to another process were let go of while that process may still map them
+    /// (it had not handed them back, and had not exited): they are left allocated, not freed,
+    /// until this process exits, so that no later allocation takes memory that process uses.
+    #[error(
+        "{buffers} buffers ({bytes} bytes) lent to process {pid:?} were let go of while it may still use them: \
+         they stay allocated until this process exits"
+    )]
+    LentBuffersKept {
+        /// How many buffers.
+        buffers: usize,
+        /// Their bytes in all.
+        bytes: u64,
+        /// The borrowing process, where the kernel vouched for it.
+        pid: Option<u32>,
+    },
 }

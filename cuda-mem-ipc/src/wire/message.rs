@@ -18,6 +18,7 @@ use std::fmt;
 /// | 6 | [`BuffersAfterEvent`](Self::BuffersAfterEvent): an encoded [`EventDescriptor`](super::EventDescriptor), then what a buffers message carries | none |
 /// | 7 | [`SnapshotRequest`](Self::SnapshotRequest): an encoded [`SnapshotRequest`](super::SnapshotRequest) | none |
 /// | 8 | [`Snapshot`](Self::Snapshot): a memory snapshot's JSON | none |
+/// | 9 | [`Returned`](Self::Returned): what a buffers message carries, of buffers lent to the sender | none |
 ///
 /// The payloads are versioned by [`FRAME_VERSION`](super::FRAME_VERSION). A kind not in this
 /// table is refused ([`MessageError::UnknownKind`]), and so is a message with another number of
@@ -74,6 +75,10 @@ pub enum MessageKind {
     /// A memory snapshot of the sending process: its JSON, UTF-8, in the schema of
     /// `cuda_mem_core::snapshot` (a `version` field, which a reader checks).
     Snapshot,
+    /// Buffers lent to the sender (`IpcChannel::lend`), handed back: what a buffers message
+    /// carries, each descriptor the one the buffer was lent with. The sender freed its imports
+    /// of them, and those frees have run, before it sent this.
+    Returned,
 }
 
 impl MessageKind {
@@ -88,6 +93,7 @@ impl MessageKind {
             MessageKind::BuffersAfterEvent => 6,
             MessageKind::SnapshotRequest => 7,
             MessageKind::Snapshot => 8,
+            MessageKind::Returned => 9,
         }
     }
 
@@ -102,6 +108,7 @@ impl MessageKind {
             6 => MessageKind::BuffersAfterEvent,
             7 => MessageKind::SnapshotRequest,
             8 => MessageKind::Snapshot,
+            9 => MessageKind::Returned,
             _ => return None,
         })
     }
@@ -127,6 +134,7 @@ impl fmt::Display for MessageKind {
             MessageKind::BuffersAfterEvent => "buffers-after-event",
             MessageKind::SnapshotRequest => "snapshot request",
             MessageKind::Snapshot => "snapshot",
+            MessageKind::Returned => "returned buffers",
         })
     }
 }
@@ -168,7 +176,7 @@ pub enum MessageError {
 mod tests {
     use super::*;
 
-    const ALL: [MessageKind; 8] = [
+    const ALL: [MessageKind; 9] = [
         MessageKind::Resource,
         MessageKind::Buffers,
         MessageKind::Data,
@@ -177,16 +185,17 @@ mod tests {
         MessageKind::BuffersAfterEvent,
         MessageKind::SnapshotRequest,
         MessageKind::Snapshot,
+        MessageKind::Returned,
     ];
 
     #[test]
     fn the_codes_are_stable() {
         // Golden: a kind's number is the wire's, and never changes.
-        assert_eq!(ALL.map(MessageKind::code), [1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(ALL.map(MessageKind::code), [1, 2, 3, 4, 5, 6, 7, 8, 9]);
         for kind in ALL {
             assert_eq!(MessageKind::from_code(kind.code()), Some(kind));
         }
-        for unknown in [0, 9, 999, u16::MAX] {
+        for unknown in [0, 10, 999, u16::MAX] {
             assert_eq!(MessageKind::of(unknown), Err(MessageError::UnknownKind { kind: unknown }));
         }
     }

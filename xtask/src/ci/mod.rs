@@ -214,6 +214,7 @@ const EXAMPLES: &[(&str, &str, &[&str])] = &[
     ("cuda-mem-vmm", "04_grow_a_vmm_buffer", &[]),
     ("cuda-mem-core", "05_dlpack_and_cudarc", &["dlpack", "cudarc"]),
     ("cuda-mem-vmm", "06_sleep_and_wake", &[]),
+    ("cuda-mem-ipc", "07_serve_workers", &["tokio"]),
 ];
 
 /// Runs every example of [`EXAMPLES`] on the simulator: a walk-through that no longer runs is a
@@ -269,7 +270,24 @@ fn cuda_core_exchange(ci: &mut Ci) -> Result<Outcome, String> {
             crate::python_smoke::PYTHON_TEST_TARGETS.join(", ")
         ));
     }
-    Ok(Outcome::PassedWith(counted))
+    // The server example with its fourth worker, the Python one (the examples step ran it with
+    // the three Rust workers only).
+    let python = command.get_envs().find(|(k, _)| *k == crate::python_smoke::PYTHON_ENV).and_then(|(_, v)| v);
+    let python = python.ok_or("the exchange test's command names no Python")?.to_os_string();
+    let mut example = cargo(ci.workspace);
+    example.args(["run", "-p", "cuda-mem-ipc", "--features", "tokio", "--example", "07_serve_workers"]);
+    example.env(crate::python_smoke::PYTHON_ENV, &python);
+    let output = on_the_simulator(&mut example).output().map_err(|e| format!("running example 07: {e}"))?;
+    let printed = String::from_utf8_lossy(&output.stdout);
+    if !output.status.success() || !printed.contains("worker 0x44:") {
+        return Err(format!(
+            "example 07_serve_workers with the Python worker failed ({}):\n{printed}\n{}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        ));
+    }
+    print!("{printed}");
+    Ok(Outcome::PassedWith(format!("{counted}; example 07 served three Rust workers and a Python one")))
 }
 
 fn doc(ci: &mut Ci) -> Result<Outcome, String> {

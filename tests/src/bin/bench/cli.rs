@@ -1,5 +1,5 @@
-//! The command line: `bench` alone runs every case; `--child` and `--first-call` are its own
-//! children, `--pool-pairs` is case (1) alone for `cargo xtask bench --compare`.
+//! The command line: `bench` alone runs every case; `--child`, `--first-call` and
+//! `--handoff-worker` are its own children, `--pool-pairs` is case (1) alone for `cargo xtask bench --compare`.
 
 /// What `--help` prints, and what follows an unexpected argument.
 pub(crate) const USAGE: &str = "usage: bench\n\nRuns the cuda-mem benchmarks (pools, sharing, VMM growth, registry and import \
@@ -13,10 +13,13 @@ pub(crate) const USAGE: &str = "usage: bench\n\nRuns the cuda-mem benchmarks (po
                      bench --resource-pairs: case 1c (64 KiB pairs per memory resource against raw) only, printed.\n\
                      bench --traces: case 8 (allocation traces replayed) only, printed; writes its trace_*.svg and \
                      trace_*.csv.\n\
-                     bench --elastic: case 10 (elastic memory) only, printed (no outputs written).";
+                     bench --elastic: case 10 (elastic memory) only, printed (no outputs written).\n\
+                     bench --handoff: case 11 (hand-off to workers) only, printed (no outputs written).";
 
 /// The child of cases (2) and (4) (see [`crate::server`]).
 pub(crate) const CHILD_ARG: &str = "--child";
+/// A worker of case (11) (see [`crate::handoff_worker`]).
+pub(crate) const HANDOFF_WORKER_ARG: &str = "--handoff-worker";
 /// The child of case (5) (see [`crate::first_call`]).
 pub(crate) const FIRST_CALL_ARG: &str = "--first-call";
 /// Case (1) on one thread only, as one JSON line: `cargo xtask bench --compare` alternates it
@@ -35,6 +38,8 @@ const RESOURCE_PAIRS_ARG: &str = "--resource-pairs";
 const TRACES_ARG: &str = "--traces";
 /// Case (10) alone, printed.
 const ELASTIC_ARG: &str = "--elastic";
+/// Case (11) alone, printed.
+const HANDOFF_ARG: &str = "--handoff";
 
 /// What this run of the program does.
 pub(crate) enum Mode {
@@ -44,6 +49,8 @@ pub(crate) enum Mode {
     Child,
     /// The child of case (5).
     FirstCall,
+    /// A worker of case (11).
+    HandoffWorker,
     /// Case (1) on one thread, as JSON.
     PoolPairs,
     /// Case (2) alone, printed.
@@ -58,6 +65,8 @@ pub(crate) enum Mode {
     Traces,
     /// Case (10), printed.
     Elastic,
+    /// Case (11), printed.
+    Handoff,
     /// Print [`USAGE`].
     Help,
 }
@@ -68,6 +77,7 @@ pub(crate) fn parse(args: &[String]) -> Result<Mode, String> {
         [] => Ok(Mode::Parent),
         [CHILD_ARG] => Ok(Mode::Child),
         [FIRST_CALL_ARG] => Ok(Mode::FirstCall),
+        [HANDOFF_WORKER_ARG] => Ok(Mode::HandoffWorker),
         [POOL_PAIRS_ARG] => Ok(Mode::PoolPairs),
         [SHARING_ARG] => Ok(Mode::Sharing),
         [VMM_ARG] => Ok(Mode::Vmm),
@@ -75,6 +85,7 @@ pub(crate) fn parse(args: &[String]) -> Result<Mode, String> {
         [RESOURCE_PAIRS_ARG] => Ok(Mode::ResourcePairs),
         [TRACES_ARG] => Ok(Mode::Traces),
         [ELASTIC_ARG] => Ok(Mode::Elastic),
+        [HANDOFF_ARG] => Ok(Mode::Handoff),
         ["--help" | "-h"] => Ok(Mode::Help),
         other => Err(format!("unexpected arguments {other:?}\n{USAGE}")),
     }

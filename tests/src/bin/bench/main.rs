@@ -27,17 +27,24 @@
 //!    snapshot (taken, as JSON, as the viewer's page) against the live allocations ([`snapshots`]);
 //! 10. elastic memory: a group's offload and restore against the pinned copies of the same
 //!     bytes, a discard and the wake after it with their VMM calls, and an on-demand range's
-//!     mapping of one more page against how many are mapped ([`elastic`]).
+//!     mapping of one more page against how many are mapped ([`elastic`]);
+//! 11. hand-off to workers: 1 MiB buffers lent to 1, 4 and 16 worker processes (this program with
+//!     `--handoff-worker`) and handed back, per second, through the async channel (one Tokio
+//!     thread) and the blocking one (a thread per worker) against the same round trip by raw
+//!     driver calls and frames; and one hand-off's latency, first send and re-sends apart
+//!     ([`handoff`], `--handoff`: this case alone, printed).
 //!
 //! The driver is chosen as the demo chooses it (`cuda_mem_integration::driver_choice`). Results go to
 //! `target/bench/` (`results.json`, `results.md`, the SVG plots, the traces' CSV); the Markdown tables are printed
-//! at the end. `bench --child` and `bench --first-call` are its own children.
+//! at the end. `bench --child`, `bench --first-call` and `bench --handoff-worker` are its own
+//! children.
 //!
 //! Modules: [`cli`] (the command line), [`parent`] (the full run and `--pool-pairs`), [`stats`]
 //! and [`units`] (the harness's numbers), one per case ([`pools`] and [`pacing`], [`scaling`], [`sharing`]
 //! with [`child`], [`server`] and [`rates`], [`vmm`] with [`call_count`], [`first_call`],
 //! [`adaptors`] for (6) and (7), [`resource_pairs`] for (1c), [`trace`] and [`replay`] for (8),
-//! [`snapshots`] for (9), [`elastic`] with [`elastic_raw`] for (10),
+//! [`snapshots`] for (9), [`elastic`] with [`elastic_raw`] for (10), [`handoff`] with
+//! [`handoff_worker`] for (11),
 //! both over [`contenders`]), and
 //! [`report`] (the JSON, Markdown and SVG outputs).
 
@@ -49,6 +56,8 @@ mod contenders;
 mod elastic;
 mod elastic_raw;
 mod first_call;
+mod handoff;
+mod handoff_worker;
 mod pacing;
 mod parent;
 mod pools;
@@ -80,6 +89,7 @@ fn main() -> ExitCode {
         Ok(Mode::Parent) => parent::parent_main(),
         Ok(Mode::Child) => server::child_main(),
         Ok(Mode::FirstCall) => first_call::first_call_main(started),
+        Ok(Mode::HandoffWorker) => handoff_worker::handoff_worker_main(),
         Ok(Mode::PoolPairs) => parent::pool_pairs_main(),
         Ok(Mode::Sharing) => parent::sharing_main(),
         Ok(Mode::Vmm) => parent::vmm_main(),
@@ -87,6 +97,7 @@ fn main() -> ExitCode {
         Ok(Mode::ResourcePairs) => parent::resource_pairs_main(),
         Ok(Mode::Traces) => parent::traces_main(),
         Ok(Mode::Elastic) => parent::elastic_main(),
+        Ok(Mode::Handoff) => parent::handoff_main(),
         Ok(Mode::Help) => {
             println!("{}", cli::USAGE);
             Ok(())

@@ -12,6 +12,7 @@ use crate::adaptors::{adaptors, copies};
 use crate::contenders::contenders;
 use crate::elastic::elastic;
 use crate::first_call::first_call;
+use crate::handoff::handoff;
 use crate::pacing::pacing;
 use crate::pools::{POOL_THREADS, PoolRow, pools};
 use crate::replay::replays;
@@ -89,6 +90,16 @@ pub(crate) fn elastic_main() -> Result<(), Error> {
     Ok(())
 }
 
+/// `--handoff`: case (11) alone, printed, on the driver the full run would choose.
+pub(crate) fn handoff_main() -> Result<(), Error> {
+    let choice = choose()?;
+    let path = choice.driver.path().to_path_buf();
+    println!("driver: {}{}", path.display(), if choice.is_simulator() { " (the simulator)" } else { "" });
+    install(choice.driver)?;
+    handoff(Device::new(0)?, &path)?;
+    Ok(())
+}
+
 /// Every case, in turn, then the outputs.
 pub(crate) fn parent_main() -> Result<(), Error> {
     let total = Instant::now();
@@ -156,6 +167,10 @@ pub(crate) fn parent_main() -> Result<(), Error> {
     results.elastic = elastic;
     results.on_demand = Some(on_demand);
     println!("[10] elastic memory: done in {:.1} s", step.elapsed().as_secs_f64());
+
+    let step = Instant::now();
+    results.handoff = Some(handoff(device, &path)?);
+    println!("[11] hand-off to workers: done in {:.1} s", step.elapsed().as_secs_f64());
 
     report::write_all(&results, total)
 }

@@ -36,6 +36,7 @@ fn value(results: &Results) -> Value {
         "snapshots": results.snapshots.iter().map(|r| r.json()).collect::<Vec<_>>(),
         "elastic": results.elastic.iter().map(|r| r.json()).collect::<Vec<_>>(),
         "on_demand": results.on_demand.as_ref().map(|r| r.json()),
+        "handoff": results.handoff.as_ref().map(|r| r.json()),
         "first_call": results.first_call.as_ref().map(|(spawn, main)| {
             json!({"spawn_to_return": spawn.json(), "main_to_return": main.json()})
         }),

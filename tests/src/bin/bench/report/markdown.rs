@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 use super::{Results, host_cpus};
 use crate::adaptors::{ADAPTOR_PAIR_SIZE, AdaptorRow, CopyRow};
 use crate::elastic::{ElasticRow, OnDemandRow};
+use crate::handoff::{HANDOFF_BUFFER, Handoff};
 use crate::pacing::{PACING_WORK_NS, Pacing};
 use crate::pools::PoolRow;
 use crate::replay::{TIMED_PASSES, TraceRun};
@@ -41,7 +42,55 @@ pub(super) fn markdown(results: &Results) -> String {
     traces(&mut md, &results.traces);
     history_and_snapshots(&mut md, results.recording.as_ref(), &results.snapshots);
     elastic(&mut md, &results.elastic, results.on_demand.as_ref());
+    if let Some(h) = &results.handoff {
+        handoff(&mut md, h);
+    }
     md
+}
+
+/// Case (11)'s tables.
+fn handoff(md: &mut String, h: &Handoff) {
+    let _ = writeln!(
+        md,
+        "\n## 11. Hand-off to workers\n\n\
+         Buffers of {} lent to worker processes that hand each straight back (`lend` → `recv` + \
+         `give_back` → `Received::Returned`), one in flight per worker: buffers per second (the median of the \
+         rounds) with an `AsyncIpcChannel` per worker on one Tokio thread, with an `IpcChannel` per worker on a \
+         thread each, and with the same round trip by hand (`cuMemPoolExportPointer`, a plain frame, the worker's \
+         `cuMemPoolImportPointer` + `cuMemFreeAsync` + `cuStreamSynchronize`, a plain frame back) on a thread \
+         each, in turn in the same rounds. Ratios of rates: above 1.00 is faster than what it is against.\n\n\
+         | workers | async | blocking | raw | async/blocking | async/raw | blocking/raw |\n|---|---|---|---|---|---|---|",
+        bytes(HANDOFF_BUFFER)
+    );
+    for r in &h.throughput {
+        let [async_raw, blocking_raw] = r.over_raw();
+        let _ = writeln!(
+            md,
+            "| {} | {:.0}/s | {:.0}/s | {:.0}/s | {:.2} | {async_raw:.2} | {blocking_raw:.2} |",
+            r.workers,
+            r.async_rate.median,
+            r.blocking_rate.median,
+            r.raw_rate.median,
+            r.async_over_blocking()
+        );
+    }
+    md.push_str(
+        "\nOne hand-off to one worker, lend to return: a first send (the pool's resource message and import with the \
+         buffer; a fresh pool each time; raw: the pool's descriptor exported and imported by hand) and re-sends (the \
+         buffer only). Ratios of times: above 1.00 is slower than raw.\n\n\
+         | hand-off | blocking | async | raw | blocking/raw | async/raw |\n|---|---|---|---|---|---|\n",
+    );
+    for r in &h.latency {
+        let [async_raw, blocking_raw] = r.over_raw();
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {blocking_raw:.2} | {async_raw:.2} |",
+            r.what,
+            r.blocking.show(),
+            r.async_.show(),
+            r.raw.show()
+        );
+    }
 }
 
 /// Case (10)'s tables.

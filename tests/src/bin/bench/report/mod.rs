@@ -11,6 +11,7 @@ use std::time::Instant;
 use crate::Error;
 use crate::adaptors::{AdaptorRow, CopyRow};
 use crate::elastic::{ElasticRow, OnDemandRow};
+use crate::handoff::Handoff;
 use crate::pacing::Pacing;
 use crate::pools::PoolRow;
 use crate::replay::TraceRun;
@@ -62,6 +63,8 @@ pub(crate) struct Results {
     pub(crate) elastic: Vec<ElasticRow>,
     /// Case (10): the on-demand range.
     pub(crate) on_demand: Option<OnDemandRow>,
+    /// Case (11): hand-offs to workers.
+    pub(crate) handoff: Option<Handoff>,
 }
 
 /// Writes `results.json`, `results.md`, `vmm_steps.svg`, `pools.svg`, `scaling.svg`,
