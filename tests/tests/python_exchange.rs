@@ -122,8 +122,8 @@ fn rust_parent_python_child_mismatches() {
     let answer = String::from_utf8(expect_data(&channel, &stream)).unwrap();
     assert!(
         answer.contains(
-            "expected 1 (resource), 2 (buffers), 3 (data), 5 (event), 6 (buffers-after-event), 7 (snapshot request) or 8 \
-             (snapshot), received 77"
+            "expected 1 (resource), 2 (buffers), 3 (data), 5 (event), 6 (buffers-after-event), 7 (snapshot request), 8 \
+             (snapshot) or 9 (returned buffers), received 77"
         ),
         "{answer}"
     );
