@@ -12,7 +12,7 @@ use crate::async_channel::AsyncChannel;
 use crate::error::Result;
 use crate::loans::{Held, Outstanding, Unlent};
 use crate::mapped::MappedMemoryResource;
-use crate::protocol::{Received, free_for_return};
+use crate::protocol::Received;
 use crate::session::Session;
 use crate::wire::{BufferDescriptor, EventDescriptor, MessageKind, encode_buffers};
 
@@ -248,7 +248,7 @@ impl AsyncIpcChannel {
     /// # Errors
     /// As [`IpcChannel::give_back`](crate::IpcChannel::give_back).
     pub async fn give_back(&self, buffers: Vec<Buffer>, stream: &Stream) -> Result<()> {
-        let descriptors = free_for_return(&self.session, buffers, stream)?;
+        let descriptors = self.session.free_for_return(buffers, stream)?;
         let freed = stream.record_event()?;
         while !freed.is_complete()? {
             tokio::task::yield_now().await;

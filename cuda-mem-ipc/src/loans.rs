@@ -190,9 +190,8 @@ impl Outstanding {
             let mut fds = [rustix::event::PollFd::new(&pidfd, rustix::event::PollFlags::IN)];
             // An interrupted or failed wait is answered by the check below.
             let _ = rustix::event::poll(&mut fds, wait.as_ref());
-        } else {
-            // No pidfd (exited already, or an old kernel): the check below decides.
         }
+        // Without a pidfd (exited already, or an old kernel) the check alone decides.
         self.try_reclaim()
     }
 

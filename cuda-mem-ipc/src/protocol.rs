@@ -9,12 +9,15 @@ use cuda_mem_core::{Buffer, Event, MemoryResource, ScopedBuffer, Stream};
 use uuid::Uuid;
 
 use crate::channel::Channel;
-use crate::error::{IpcError, Result};
+use crate::error::Result;
+// Named by the docs' links, and the tests.
+#[cfg(any(doc, test))]
+use crate::error::IpcError;
 
 use crate::loans::{Held, Outstanding, Unlent};
 use crate::mapped::MappedMemoryResource;
 use crate::session::Session;
-use crate::wire::{BufferDescriptor, EventDescriptor, MAX_BUFFERS_PER_MESSAGE, MessageKind, encode_buffers};
+use crate::wire::{BufferDescriptor, EventDescriptor, MessageKind, encode_buffers};
 
 /// What arrived. More kinds may come with features (and later versions): match with a `_` arm.
 #[derive(Debug)]
@@ -306,7 +309,7 @@ impl IpcChannel {
     /// # Errors
     ///
     /// - As [`Channel::recv`]: the channel's and the frame's errors.
-    /// - [`IpcError::Protocol`]: a message that does not follow its format ([`ProtocolError`] says
+    /// - [`IpcError::Protocol`]: a message that does not follow its format ([`ProtocolError`](crate::ProtocolError) says
     ///   which check failed), or an event sent again with another handle.
     /// - [`IpcError::BufferDescriptor`], [`IpcError::EventDescriptor`]: a malformed descriptor.
     /// - [`IpcError::UnknownResource`]: a buffer whose resource did not arrive on this channel (or
@@ -438,7 +441,7 @@ impl IpcChannel {
     /// - [`IpcError::Core`]: a free or the wait failed; nothing is sent.
     /// - As [`Channel::send`].
     pub fn give_back(&self, buffers: Vec<Buffer>, stream: &Stream) -> Result<()> {
-        let descriptors = free_for_return(&self.session, buffers, stream)?;
+        let descriptors = self.session.free_for_return(buffers, stream)?;
         stream.synchronize()?;
         let mut payload = Vec::new();
         encode_buffers(&mut payload, &descriptors);
@@ -461,27 +464,6 @@ impl IpcChannel {
     pub fn into_outstanding(self) -> Outstanding {
         self.session.outstanding()
     }
-}
-
-/// The descriptors of `buffers`, once each is checked to come from the peer and freed on
-/// `stream` (the caller then waits for `stream` before it tells the peer).
-pub(crate) fn free_for_return(
-    session: &crate::session::Session,
-    buffers: Vec<Buffer>,
-    stream: &Stream,
-) -> Result<Vec<BufferDescriptor>> {
-    if buffers.len() > MAX_BUFFERS_PER_MESSAGE {
-        return Err(IpcError::MessageTooLarge {
-            what: crate::error::MessageLimit::Buffers,
-            actual: buffers.len(),
-            limit: MAX_BUFFERS_PER_MESSAGE,
-        });
-    }
-    let descriptors = session.returnable(&buffers)?;
-    for buffer in buffers {
-        buffer.close(Some(stream)).map_err(|refused| IpcError::Core(refused.into_parts().1))?;
-    }
-    Ok(descriptors)
 }
 
 #[cfg(test)]

@@ -80,6 +80,18 @@ impl Session {
         Outstanding::new(self.peer, self.loans.take_all())
     }
 
+    /// The descriptors of `buffers`, once each is checked to come from the peer (as
+    /// [`returnable`](Self::returnable)) and freed on `stream`; the caller then waits for
+    /// `stream` before it tells the peer. Nothing is freed when a check fails.
+    pub(crate) fn free_for_return(&self, buffers: Vec<Buffer>, stream: &Stream) -> Result<Vec<BufferDescriptor>> {
+        check_batch(buffers.len())?;
+        let descriptors = self.returnable(&buffers)?;
+        for buffer in buffers {
+            buffer.close(Some(stream)).map_err(|refused| IpcError::Core(refused.into_parts().1))?;
+        }
+        Ok(descriptors)
+    }
+
     /// Checks that each of `buffers` was received on this channel (mapped through a pool it
     /// received), and returns the descriptor each came with.
     pub(crate) fn returnable(&self, buffers: &[Buffer]) -> Result<Vec<BufferDescriptor>> {
@@ -204,13 +216,7 @@ impl Session {
     /// [`BuffersPlan`]); a UUID that would stand for two pools (one sent before, or two in this
     /// message) is refused before anything is sent.
     pub(crate) fn plan_buffers<'b>(&self, buffers: &[&'b ScopedBuffer<'_>]) -> Result<BuffersPlan<'b>> {
-        if buffers.len() > MAX_BUFFERS_PER_MESSAGE {
-            return Err(IpcError::MessageTooLarge {
-                what: MessageLimit::Buffers,
-                actual: buffers.len(),
-                limit: MAX_BUFFERS_PER_MESSAGE,
-            });
-        }
+        check_batch(buffers.len())?;
         let descriptors = buffers.iter().map(|b| buffer_descriptor(b)).collect::<Result<Vec<_>>>()?;
         // The resources to send first, each once; a UUID that would stand for two pools (one
         // sent before, or two in this message) is refused before any of them is sent.
@@ -374,6 +380,18 @@ impl Session {
         }
         Ok(buffers)
     }
+}
+
+/// Refuses more buffers than one message carries.
+fn check_batch(count: usize) -> Result<()> {
+    if count > MAX_BUFFERS_PER_MESSAGE {
+        return Err(IpcError::MessageTooLarge {
+            what: MessageLimit::Buffers,
+            actual: count,
+            limit: MAX_BUFFERS_PER_MESSAGE,
+        });
+    }
+    Ok(())
 }
 
 /// The kind of `message`, once it is known and the message carries the number of file
