@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use common::{pair, setup};
 use cuda_mem_core::{
-    Buffer, DeviceMemoryResource, DeviceMemoryResourceOptions, FillPattern, MemoryResource, PinnedMemoryResource,
-    SharingError, Stream,
+    Buffer, DeviceMemoryResource, DeviceMemoryResourceOptions, Event, EventOptions, FillPattern, MemoryResource,
+    PinnedMemoryResource, SharingError, Stream,
 };
 use cuda_mem_ipc::wire::MessageKind;
 use cuda_mem_ipc::{AsyncChannel, AsyncIpcChannel, Channel, IpcChannel, IpcError, Received, buffer_descriptor};
@@ -153,6 +153,35 @@ fn a_lend_that_cannot_go_out_gives_the_buffers_back() {
     assert!(matches!(unlent.error, IpcError::PeerClosed), "{:?}", unlent.error);
     assert_eq!(unlent.buffers.iter().map(Buffer::ptr).collect::<Vec<_>>(), [ptr]);
     assert_eq!(server.held().buffers, 0);
+}
+
+#[test]
+fn a_lend_after_an_event_that_is_not_interprocess_sends_nothing_and_gives_the_buffers_back() {
+    let (device, stream) = setup();
+    let pool = pool(device);
+    let event = Event::new(device, EventOptions::default()).unwrap();
+    let is_refusal = |error: &IpcError| matches!(error, IpcError::Core(cuda_mem_core::Error::EventNotInterprocess));
+    let (server, worker) = pair();
+    let block = pool.allocate(256, &stream).unwrap();
+    let ptr = block.ptr();
+    let unlent = server.lend_after(&event, vec![block]).unwrap_err();
+    assert!(is_refusal(&unlent.error), "{:?}", unlent.error);
+    assert_eq!(unlent.buffers.iter().map(Buffer::ptr).collect::<Vec<_>>(), [ptr]);
+    assert_eq!(server.held().buffers, 0);
+    // Nothing went out, not even the pool: the next message is this one.
+    server.send_data(b"next").unwrap();
+    assert!(matches!(worker.recv(&stream), Ok(Received::Data(d)) if d == b"next"));
+
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    runtime.block_on(async {
+        let (server, worker) = AsyncIpcChannel::pair().unwrap();
+        let unlent = server.lend_after(&event, unlent.buffers).await.unwrap_err();
+        assert!(is_refusal(&unlent.error), "{:?}", unlent.error);
+        assert_eq!(unlent.buffers.len(), 1);
+        assert_eq!(server.held().buffers, 0);
+        server.send_data(b"next").await.unwrap();
+        assert!(matches!(worker.recv(&stream).await, Ok(Received::Data(d)) if d == b"next"));
+    });
 }
 
 #[test]

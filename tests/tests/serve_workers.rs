@@ -1,7 +1,7 @@
 //! One async server, one pool, many worker processes that connect by name (this test binary
 //! again, in a role): 32 at once, workers SIGKILLed while they hold and import blocks, and a
-//! worker killed partway through a frame. The server keeps serving, takes back what a dead
-//! worker held, and leaks nothing.
+//! worker killed partway through a frame, and blocks lent after an event the worker's stream
+//! waits for. The server keeps serving, takes back what a dead worker held, and leaks nothing.
 
 mod common;
 
@@ -9,11 +9,13 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{ROLE_ENV, device_pool, role, setup};
-use cuda_mem_core::{Device, DeviceMemoryResource, FillPattern, MemoryResource, Stream, StreamOptions};
+use common::{ROLE_ENV, device_pool, read_bytes, role, setup};
+use cuda_mem_core::{
+    Buffer, Device, DeviceMemoryResource, Event, EventOptions, FillPattern, MemoryResource, Stream, StreamOptions,
+};
 use cuda_mem_ipc::wire::{FrameHeader, MessageKind};
-use cuda_mem_ipc::{AsyncChannelListener, AsyncIpcChannel, Channel, IpcChannel, IpcError, Received};
-use cuda_sim::testing::open_fds;
+use cuda_mem_ipc::{AsyncChannelListener, AsyncIpcChannel, Channel, ChannelListener, IpcChannel, IpcError, Received};
+use cuda_sim::testing::{Gate, OpenOnDrop, open_fds};
 
 /// The listener's abstract name, for the workers.
 const NAME_ENV: &str = "CUDA_MEM_TESTS_SERVER_NAME";
@@ -70,6 +72,41 @@ fn work(role: &str) {
                 }
             }
         }
+        // Enqueues a read of each block it is lent (after the event that came with them), says
+        // so while the server's fill is still held, then checks it read the fill, writes and
+        // gives the blocks back, until "stop".
+        "ordered" => {
+            let channel = IpcChannel::new(Channel::connect_abstract(&name).unwrap());
+            loop {
+                match channel.recv(&stream).unwrap() {
+                    Received::Resource(_) => {}
+                    Received::Buffers(mut blocks) => {
+                        assert_eq!(channel.open_events(), 1, "the event came with the blocks");
+                        let pinned = cuda_mem_core::LegacyPinnedMemoryResource::new(device);
+                        let copies: Vec<Buffer> = blocks
+                            .iter()
+                            .map(|block| {
+                                let mut host = pinned.allocate(block.size(), &stream).unwrap();
+                                host.copy_from(block, &stream).unwrap();
+                                host
+                            })
+                            .collect();
+                        assert!(!stream.is_idle().unwrap(), "the reads wait for the server's fill");
+                        channel.send_data(b"enqueued").unwrap();
+                        stream.synchronize().unwrap();
+                        for copy in &copies {
+                            assert!(copy.host_slice().unwrap().iter().all(|&b| b == FILLED), "the server's fill");
+                        }
+                        for block in &mut blocks {
+                            block.fill(FillPattern::U8(WRITTEN), &stream).unwrap();
+                        }
+                        channel.give_back(blocks, &stream).unwrap();
+                    }
+                    Received::Data(word) if word == b"stop" => return,
+                    other => panic!("unexpected {other:?}"),
+                }
+            }
+        }
         // Sends the first half of a buffers frame, then waits to be killed.
         "half-frame" => {
             use std::io::Write;
@@ -84,6 +121,32 @@ fn work(role: &str) {
         }
         other => panic!("unknown role {other}"),
     }
+}
+
+/// What the server's held fill writes, and what the "ordered" worker writes back.
+const FILLED: u8 = 0x77;
+const WRITTEN: u8 = 0x5a;
+
+/// Two blocks whose fill with [`FILLED`] is queued on `stream` behind a closed gate, and
+/// `event` recorded after it: the fill is provably pending until the gate opens.
+fn blocks_filled_behind_a_gate(
+    pool: &Arc<DeviceMemoryResource>,
+    stream: &Stream,
+    event: &Event,
+) -> (Vec<Buffer>, &'static Gate, OpenOnDrop) {
+    let mut blocks: Vec<Buffer> = (0..2).map(|_| pool.allocate(BLOCK, stream).unwrap()).collect();
+    for block in &mut blocks {
+        block.fill(FillPattern::U8(1), stream).unwrap();
+    }
+    stream.synchronize().unwrap();
+    let (gate, opens) = Gate::new();
+    // SAFETY: a live stream this test created, on this thread.
+    unsafe { gate.hold(cuda_sim::testing::driver().unwrap(), stream.handle()) }.unwrap();
+    for block in &mut blocks {
+        block.fill(FillPattern::U8(FILLED), stream).unwrap();
+    }
+    event.record(stream).unwrap();
+    (blocks, gate, opens)
 }
 
 /// Lends `blocks` blocks to a borrower, two at a time, checks each comes back written, tells
@@ -222,4 +285,64 @@ fn workers_killed_while_they_hold_and_import_blocks_give_them_back_and_the_serve
     assert_eq!(open_fds(), before, "every connection's descriptor closed");
     let errors = cuda_mem_core::take_drop_errors();
     assert!(errors.is_empty(), "{errors:?}");
+}
+
+#[test]
+fn blocks_lent_after_an_event_are_read_by_the_worker_only_after_the_servers_work() {
+    const TEST: &str = "blocks_lent_after_an_event_are_read_by_the_worker_only_after_the_servers_work";
+    if let Some(role) = role() {
+        return work(&role);
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let (device, stream) = setup();
+    let pool = device_pool(device);
+    let event = Event::new(device, EventOptions::default().interprocess()).unwrap();
+    let expect_written = |blocks: &[Buffer]| {
+        assert_eq!(blocks.len(), 2);
+        for block in blocks {
+            assert!(read_bytes(block, &stream).iter().all(|&b| b == WRITTEN), "the worker's writes");
+        }
+    };
+
+    // A blocking server.
+    let name = format!("cuda-mem-tests-after-{}", std::process::id());
+    let listener = ChannelListener::bind_abstract(&name).unwrap();
+    let mut ordered = worker(TEST, "ordered", &name);
+    let channel = IpcChannel::new(listener.accept().unwrap());
+    for _ in 0..2 {
+        let (blocks, gate, _opens) = blocks_filled_behind_a_gate(&pool, &stream, &event);
+        channel.lend_after(&event, blocks).unwrap();
+        assert_eq!(channel.held().buffers, 2);
+        assert!(matches!(channel.recv(&stream).unwrap(), Received::Data(d) if d == b"enqueued"));
+        gate.open();
+        let Received::Returned(back) = channel.recv(&stream).unwrap() else { panic!("returned blocks expected") };
+        expect_written(&back);
+        assert_eq!(channel.held().buffers, 0);
+    }
+    channel.send_data(b"stop").unwrap();
+    assert!(ordered.wait().unwrap().success());
+
+    // An async one.
+    let name = format!("cuda-mem-tests-after-async-{}", std::process::id());
+    runtime().block_on(async {
+        let listener = AsyncChannelListener::bind_abstract(&name).unwrap();
+        let mut ordered = worker(TEST, "ordered", &name);
+        let channel = AsyncIpcChannel::new(listener.accept().await.unwrap());
+        for _ in 0..2 {
+            let (blocks, gate, _opens) = blocks_filled_behind_a_gate(&pool, &stream, &event);
+            channel.lend_after(&event, blocks).await.unwrap();
+            assert_eq!(channel.held().buffers, 2);
+            assert!(matches!(channel.recv(&stream).await.unwrap(), Received::Data(d) if d == b"enqueued"));
+            gate.open();
+            let Received::Returned(back) = channel.recv(&stream).await.unwrap() else {
+                panic!("returned blocks expected")
+            };
+            expect_written(&back);
+            assert_eq!(channel.held().buffers, 0);
+        }
+        channel.send_data(b"stop").await.unwrap();
+        assert!(ordered.wait().unwrap().success());
+    });
+    stream.synchronize().unwrap();
+    assert_eq!(pool.memory_pool().unwrap().attributes().unwrap().used_mem_current, 0, "every block freed");
 }
