@@ -5,11 +5,11 @@
 
 use std::sync::Arc;
 
-use cuda_mem_core::{Buffer, DevicePtr, Event, MemoryResource, ScopedBuffer, Stream};
+use cuda_mem_core::{Buffer, DevicePtr, Event, EventOptions, MemoryResource, ScopedBuffer, Stream};
 use uuid::Uuid;
 
 use crate::async_channel::AsyncChannel;
-use crate::error::Result;
+use crate::error::{IpcError, Result};
 use crate::loans::{Held, Outstanding, Unlent};
 use crate::mapped::MappedMemoryResource;
 use crate::protocol::Received;
@@ -242,16 +242,25 @@ impl AsyncIpcChannel {
         }
     }
 
-    /// As [`IpcChannel::give_back`](crate::IpcChannel::give_back); the wait for `stream` polls
-    /// an event, yielding to the runtime between polls.
+    /// As [`IpcChannel::give_back`](crate::IpcChannel::give_back). When `stream`'s work is not
+    /// done yet, the wait for it runs on the runtime's blocking pool, on an event that sleeps
+    /// rather than spins: no runtime thread is held and no CPU burns while the GPU works.
     ///
     /// # Errors
-    /// As [`IpcChannel::give_back`](crate::IpcChannel::give_back).
+    /// As [`IpcChannel::give_back`](crate::IpcChannel::give_back), and [`IpcError::Io`] if the
+    /// runtime shut down during the wait (the buffers are freed here, and nothing was sent).
     pub async fn give_back(&self, buffers: Vec<Buffer>, stream: &Stream) -> Result<()> {
         let descriptors = self.session.free_for_return(buffers, stream)?;
-        let freed = stream.record_event()?;
-        while !freed.is_complete()? {
-            tokio::task::yield_now().await;
+        let freed = Event::new(stream.device(), EventOptions::default().blocking_sync())?;
+        freed.record(stream)?;
+        // A query first: a hand-back that finds the work done costs no thread hop.
+        // Otherwise a blocking wait, which (unlike a host function on the stream) ends with an
+        // error when the context fails, where a host function would never run.
+        if !freed.is_complete()? {
+            tokio::task::spawn_blocking(move || freed.synchronize()).await.map_err(|join| IpcError::Io {
+                context: "waiting for the stream before handing buffers back",
+                source: join.into(),
+            })??;
         }
         let mut payload = Vec::new();
         encode_buffers(&mut payload, &descriptors);

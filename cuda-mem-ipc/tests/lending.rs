@@ -10,10 +10,11 @@ use std::time::Duration;
 use common::{pair, setup};
 use cuda_mem_core::{
     Buffer, DeviceMemoryResource, DeviceMemoryResourceOptions, Event, EventOptions, FillPattern, MemoryResource,
-    PinnedMemoryResource, SharingError, Stream,
+    PinnedMemoryResource, SharingError, Stream, StreamOptions,
 };
 use cuda_mem_ipc::wire::MessageKind;
 use cuda_mem_ipc::{AsyncChannel, AsyncIpcChannel, Channel, IpcChannel, IpcError, Received, buffer_descriptor};
+use cuda_sim::testing::{Gate, count_calls_if_simulated};
 
 fn pool(device: cuda_mem_core::Device) -> Arc<DeviceMemoryResource> {
     DeviceMemoryResource::new(device, DeviceMemoryResourceOptions::default().ipc_enabled(true)).unwrap()
@@ -299,4 +300,35 @@ fn a_cancelled_async_lend_either_lent_the_buffers_or_freed_them() {
             assert_eq!(server.held().buffers, 0);
         }
     });
+}
+
+#[test]
+fn an_async_hand_back_of_pending_work_waits_once_instead_of_polling() {
+    let (device, stream) = setup();
+    let pool = pool(device);
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let (server, worker) = runtime.block_on(async { AsyncIpcChannel::pair() }).unwrap();
+    let worker_stream = Stream::new(device, StreamOptions::default().non_blocking()).unwrap();
+    let mut lent = runtime.block_on(async {
+        server.lend(vec![pool.allocate(4096, &stream).unwrap()]).await.unwrap();
+        worker.recv_buffers(&worker_stream).await.unwrap()
+    });
+    // The worker's write waits behind a gate, opened from another thread later.
+    let (gate, _opens) = Gate::new();
+    // SAFETY: a live stream this test created, on this thread.
+    unsafe { gate.hold(cuda_sim::testing::driver().unwrap(), worker_stream.handle()) }.unwrap();
+    lent[0].fill(FillPattern::U8(3), &worker_stream).unwrap();
+    gate.open_after(Duration::from_millis(50));
+    let (given, counted) = count_calls_if_simulated(|| runtime.block_on(worker.give_back(lent, &worker_stream)));
+    given.unwrap();
+    assert!(gate.is_open(), "the hand-back waited for the worker's write");
+    counted.assert_calls("cuEventQuery", 1, "one query, not a poll");
+    counted.assert_calls("cuEventSynchronize", 1, "then one blocking wait");
+    let back = runtime.block_on(async {
+        match server.recv(&stream).await.unwrap() {
+            Received::Returned(back) => back,
+            other => panic!("returned buffers expected, got {other:?}"),
+        }
+    });
+    assert!(bytes_of(&back[0], &stream).iter().all(|&b| b == 3), "the worker's write");
 }
