@@ -30,13 +30,16 @@ use crate::wire::{BufferDescriptor, EventDescriptor, MessageKind, encode_buffers
 /// - A [`lend`](Self::lend) dropped before it returns keeps the buffers lent if its message
 ///   began to go out (the peer may import them), and frees them otherwise (the peer never
 ///   had them).
+/// - A [`give_back`](Self::give_back) dropped before it returns has freed the buffers here
+///   and may not have told the peer, which then keeps them lent until this process exits
+///   (see [`Outstanding`]): never freed under a mapping.
 ///
 /// Sends on one channel go out one message at a time, in the order they were called, so the
 /// pools a message needs always go before it.
 ///
 /// Driver calls (imports, frees) run on the task's thread, as any CUDA call from async code;
-/// [`give_back`](Self::give_back) waits for its stream by polling an event, yielding between
-/// polls.
+/// [`give_back`](Self::give_back) waits for its stream's work, when it is not done yet, on the
+/// runtime's blocking pool.
 ///
 /// ```
 /// # cuda_sim::testing::driver()?; // the tests run this example on the simulator
