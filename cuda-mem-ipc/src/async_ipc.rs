@@ -12,7 +12,7 @@ use crate::async_channel::AsyncChannel;
 use crate::error::{IpcError, Result};
 use crate::loans::{Held, Outstanding, Unlent};
 use crate::mapped::MappedMemoryResource;
-use crate::protocol::Received;
+use crate::received::Received;
 use crate::session::Session;
 use crate::wire::{BufferDescriptor, EventDescriptor, MessageKind, encode_buffers};
 

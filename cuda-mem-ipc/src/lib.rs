@@ -43,12 +43,17 @@
 //! | `channel` | [`Channel`]: framed messages and file descriptors over a Unix domain socket; [`RawMessage`] |
 //! | `listener` | [`ChannelListener`]: connections by socket path or abstract name, admitted by a [`PeerPolicy`] of their [`PeerCredentials`] |
 //! | `spawn` | [`spawn_with_channel`], [`Channel::from_env`] and its [`ChannelEnvError`], [`CHANNEL_FD_ENV`], [`CHANNEL_INODE_ENV`] |
-//! | `protocol` | [`IpcChannel`] and what it keeps of a channel (the pools sent and received, the peer's events); [`Received`] |
+//! | `protocol` | [`IpcChannel`], the blocking channel: every message's send and receive, lending |
+//! | `async_ipc` | feature `tokio`: `AsyncIpcChannel`, the same messages on an `AsyncChannel` |
+//! | `session` | what either channel keeps of its peer (the pools sent and received, the peer's events, the loans) and how it receives each message |
+//! | `received` | [`Received`]: what a receive yields |
+//! | `loans` | buffers lent to a peer: [`Held`], [`Unlent`], [`Outstanding`] |
+//! | `device_naming` | how the wire names a device (its UUID), and which device here a peer's name means |
 //! | `share` | the exporting side: [`allocation_handle`] ([`AllocationHandle`]), [`buffer_descriptor`], [`Unshareable`] |
 //! | `mapped` | [`MappedMemoryResource`] (a pool imported from another process), the process-wide [`registry()`], [`lookup`] |
 //! | `registry` | [`Registry`] |
-//! | `virtual_buffer` | feature `vmm`: exporting a `SharedVirtualBuffer`, and the virtual buffer methods of [`IpcChannel`] |
-//! | `snapshot` | feature `snapshot`: a peer's request for a memory snapshot of this process, the answer, and a peer's snapshot received |
+//! | `virtual_buffer` | feature `vmm`: exporting a `SharedVirtualBuffer`, and the resources a channel imports them with |
+//! | `snapshot` | feature `snapshot`: the snapshot a request is answered with (fitted to one message), and a peer's snapshot read back |
 //! | [`wire`] | every byte layout: frame, message kinds, resource and buffers messages, [`BufferDescriptor`], [`EventDescriptor`], `SharedVirtualBuffer`; their versions and errors |
 //! | `peer` | who is at a channel's other end, as the kernel vouches for it (the key of the pools imported from it) |
 //! | `error` | [`IpcError`], [`ProtocolError`], [`MessageLimit`], [`ChannelOperation`], [`Result`] |
@@ -121,6 +126,8 @@ mod async_ipc;
 #[cfg(target_os = "linux")]
 mod channel;
 #[cfg(target_os = "linux")]
+mod device_naming;
+#[cfg(target_os = "linux")]
 mod error;
 #[cfg(target_os = "linux")]
 mod listener;
@@ -132,6 +139,8 @@ mod mapped;
 mod peer;
 #[cfg(target_os = "linux")]
 mod protocol;
+#[cfg(target_os = "linux")]
+mod received;
 #[cfg(target_os = "linux")]
 mod registry;
 #[cfg(target_os = "linux")]
@@ -164,7 +173,9 @@ pub use loans::{Held, Outstanding, Unlent};
 #[cfg(target_os = "linux")]
 pub use mapped::{MappedMemoryResource, lookup, registry};
 #[cfg(target_os = "linux")]
-pub use protocol::{IpcChannel, Received};
+pub use protocol::IpcChannel;
+#[cfg(target_os = "linux")]
+pub use received::Received;
 #[cfg(target_os = "linux")]
 pub use registry::Registry;
 #[cfg(target_os = "linux")]

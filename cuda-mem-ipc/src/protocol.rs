@@ -1,5 +1,6 @@
-//! `IpcChannel`: pools, buffers and plain bytes between processes, over a [`Channel`], and what
-//! a channel keeps of them (the pools sent and received, the peer's events).
+//! `IpcChannel`, the blocking channel: pools, buffers, events, loans and plain bytes between
+//! processes (with features, virtual buffers and memory snapshots), over a [`Channel`]. What it
+//! keeps of its peer, and how it receives, is its [`Session`]'s.
 //!
 //! Documented on [`IpcChannel`]. The bytes of each message are [`crate::wire`]'s.
 
@@ -16,40 +17,20 @@ use crate::error::IpcError;
 
 use crate::loans::{Held, Outstanding, Unlent};
 use crate::mapped::MappedMemoryResource;
+use crate::received::Received;
 use crate::session::Session;
+#[cfg(feature = "vmm")]
+use crate::wire::SharedVirtualBuffer;
 use crate::wire::{BufferDescriptor, EventDescriptor, MessageKind, encode_buffers};
-
-/// What arrived. More kinds may come with features (and later versions): match with a `_` arm.
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum Received {
-    /// A pool resource, imported (or the same pool imported earlier); the channel keeps it too.
-    Resource(Arc<MappedMemoryResource>),
-    /// Buffers, each mapped through its (already received) resource.
-    Buffers(Vec<Buffer>),
-    /// The peer's own bytes.
-    Data(Vec<u8>),
-    /// An interprocess event of the peer, opened here (or the one opened when it came before):
-    /// the stream given to [`IpcChannel::recv`] already waits for its latest recording. Other
-    /// streams may wait for it too ([`Stream::wait`]); the channel keeps it.
-    Event(Arc<Event>),
-    /// A virtual buffer (feature `vmm`), mapped with the resource registered for where its
-    /// memory lives.
-    #[cfg(feature = "vmm")]
-    VirtualBuffer(cuda_mem_vmm::VirtualBuffer),
-    /// The peer asks for a memory snapshot of this process (feature `snapshot`): answer with
-    /// [`IpcChannel::answer_snapshot_request`] (or send one of your own making with
-    /// [`IpcChannel::send_snapshot`]), or not at all.
-    #[cfg(feature = "snapshot")]
-    SnapshotRequest(crate::wire::SnapshotRequest),
-    /// A memory snapshot of the peer (feature `snapshot`), read back from its JSON.
-    #[cfg(feature = "snapshot")]
-    Snapshot(Box<cuda_mem_core::snapshot::MemorySnapshot>),
-    /// Buffers this side lent the peer ([`IpcChannel::lend`]), handed back: this process's own
-    /// buffers again, which the peer no longer maps (it freed its imports, and the frees ran,
-    /// before it said so).
-    Returned(Vec<Buffer>),
-}
+#[cfg(feature = "snapshot")]
+use crate::{
+    snapshot::{answer_json, snapshot_json},
+    wire::SnapshotRequest,
+};
+#[cfg(feature = "snapshot")]
+use cuda_mem_core::snapshot::MemorySnapshot;
+#[cfg(feature = "vmm")]
+use cuda_mem_vmm::{VirtualBuffer, VirtualMemoryResource};
 
 /// A channel that carries pools, buffers, events, plain bytes (and, with the feature `vmm`,
 /// virtual buffers) between processes, over a [`Channel`].
@@ -463,6 +444,99 @@ impl IpcChannel {
     /// result: frees the buffers if the peer has exited, keeps them allocated otherwise.
     pub fn into_outstanding(self) -> Outstanding {
         self.session.outstanding()
+    }
+}
+
+/// Virtual buffers (feature `vmm`; the export and import are in the module `virtual_buffer`).
+#[cfg(feature = "vmm")]
+impl IpcChannel {
+    /// Exports `buffer` and sends it as one message (its chunks' file descriptors beside it,
+    /// closed here once sent). The receiver imports it with the resource it registered for
+    /// where the memory lives ([`import_virtual_buffers_into`](Self::import_virtual_buffers_into)).
+    ///
+    /// # Errors
+    ///
+    /// - As [`SharedVirtualBuffer::export`] and [`Channel::send`](crate::Channel::send).
+    pub fn send_virtual_buffer(&self, buffer: &VirtualBuffer) -> Result<()> {
+        let shared = SharedVirtualBuffer::export(buffer)?;
+        let (bytes, fds) = shared.encode();
+        self.channel().send(MessageKind::VirtualBuffer.code(), &bytes, &fds)
+    }
+
+    /// Imports the virtual buffers this channel receives whose memory lives where `resource`
+    /// allocates (its device, or its host NUMA node) with `resource`: its access settings and
+    /// granularity apply, and its handle type must be the sender's. One resource per location;
+    /// returns the one registered before for `resource`'s location, which it replaces. See
+    /// [`SharedVirtualBuffer`], *The importing resource*, for why the channel does not make one
+    /// itself.
+    pub fn import_virtual_buffers_into(
+        &self,
+        resource: Arc<VirtualMemoryResource>,
+    ) -> Option<Arc<VirtualMemoryResource>> {
+        self.session.virtual_buffer_importers.register(resource)
+    }
+}
+
+/// Memory snapshots (feature `snapshot`; their messages' contents are made and read in the
+/// module `snapshot`).
+#[cfg(feature = "snapshot")]
+impl IpcChannel {
+    /// Asks the peer for a memory snapshot of its process, with at most `max_events` of its
+    /// latest recorded events (`None`: every event that fits one message). The answer comes as
+    /// [`Received::Snapshot`] when the peer answers it (a Rust peer
+    /// with [`answer_snapshot_request`](Self::answer_snapshot_request)).
+    ///
+    /// # Errors
+    /// As [`Channel::send`](crate::Channel::send).
+    pub fn request_snapshot(&self, max_events: Option<u32>) -> Result<()> {
+        let request = SnapshotRequest::new(max_events);
+        self.channel().send(MessageKind::SnapshotRequest.code(), &request.encode(), &[])
+    }
+
+    /// Answers a peer's [`Received::SnapshotRequest`] with a
+    /// snapshot of this process taken now ([`take_snapshot`](cuda_mem_core::snapshot::take_snapshot)): every registered resource, and
+    /// the recorded history's latest events, as many as the request asks and one message holds.
+    ///
+    /// ```
+    /// # cuda_sim::testing::driver()?; // the tests run this example on the simulator
+    /// use cuda_mem_core::{Device, DeviceMemoryResource, Stream};
+    /// use cuda_mem_ipc::{Channel, IpcChannel, Received};
+    ///
+    /// let device = Device::new(0)?;
+    /// let stream = Stream::new(device, Default::default())?;
+    /// let pool = DeviceMemoryResource::new(device, Default::default())?;
+    /// let (here, there) = Channel::pair()?;
+    /// let (asker, server) = (IpcChannel::new(here), IpcChannel::new(there));
+    ///
+    /// asker.request_snapshot(Some(1000))?;
+    /// if let Received::SnapshotRequest(request) = server.recv(&stream)? {
+    ///     server.answer_snapshot_request(&request)?;
+    /// }
+    /// let Received::Snapshot(snapshot) = asker.recv(&stream)? else { unreachable!() };
+    /// assert!(snapshot.resource(cuda_mem_core::history::ResourceId::of(&*pool)).is_some());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`send_snapshot`](Self::send_snapshot).
+    pub fn answer_snapshot_request(&self, request: &SnapshotRequest) -> Result<()> {
+        let json = answer_json(request)?;
+        self.channel().send(MessageKind::Snapshot.code(), json.as_bytes(), &[])
+    }
+
+    /// Sends a memory snapshot (one of this process's, or any other) to the peer, which
+    /// receives it as [`Received::Snapshot`]. When its JSON would
+    /// not fit one message, the oldest events are left out (counted in `dropped_events`).
+    ///
+    /// # Errors
+    /// - [`IpcError::MessageTooLarge`]: without any event, the snapshot is still larger than a
+    ///   message ([`MAX_PAYLOAD_LEN`](crate::MAX_PAYLOAD_LEN)).
+    /// - [`IpcError::Snapshot`]: it cannot be written as JSON (it can for every snapshot
+    ///   this crate takes).
+    /// - As [`Channel::send`](crate::Channel::send).
+    pub fn send_snapshot(&self, snapshot: &MemorySnapshot) -> Result<()> {
+        let json = snapshot_json(snapshot)?;
+        self.channel().send(MessageKind::Snapshot.code(), json.as_bytes(), &[])
     }
 }
 

@@ -10,19 +10,20 @@ use std::collections::{BTreeMap, HashMap};
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use cuda_mem_core::{Buffer, Device, Event, MemoryResource, PoolKind, ScopedBuffer, Stream};
+use cuda_mem_core::{Buffer, Event, MemoryResource, PoolKind, ScopedBuffer, Stream};
 use uuid::Uuid;
 
 use crate::channel::RawMessage;
+use crate::device_naming::{visible_device, wire_device};
 use crate::error::{IpcError, MessageLimit, ProtocolError, Result};
 use crate::loans::{Loans, Outstanding};
 use crate::mapped::{ImportOrigin, MappedMemoryResource};
 use crate::peer::PeerId;
-use crate::protocol::Received;
+use crate::received::Received;
 use crate::share::{AllocationHandle, Unshareable, allocation_handle, buffer_descriptor};
 use crate::wire::{
     BufferDescriptor, EventDescriptor, MAX_BUFFERS_PER_MESSAGE, MessageError, MessageKind, PoolMemory, ResourceMessage,
-    WireDevice, buffer_descriptors, expect_fds, split_event,
+    buffer_descriptors, expect_fds, split_event,
 };
 
 /// What a channel keeps of its peer (see [`IpcChannel`](crate::IpcChannel)).
@@ -473,25 +474,4 @@ impl SentToPeers {
         }
         Ok(())
     }
-}
-
-/// How the wire names `device`: its UUID, and its ordinal here for messages.
-///
-/// # Errors
-///
-/// - [`IpcError::Core`]: reading the device's UUID failed.
-pub(crate) fn wire_device(device: Device) -> Result<WireDevice> {
-    let sender_ordinal = i32::try_from(device.ordinal()).unwrap_or(i32::MAX);
-    Ok(WireDevice { uuid: Uuid::from_bytes(device.uuid()?), sender_ordinal })
-}
-
-/// This process's device with the UUID a peer named.
-///
-/// # Errors
-///
-/// - [`IpcError::DeviceNotVisible`]: this process does not see it.
-/// - [`IpcError::Core`]: the driver failed to list the devices.
-pub(crate) fn visible_device(device: WireDevice) -> Result<Device> {
-    let WireDevice { uuid, sender_ordinal } = device;
-    Device::with_uuid(*uuid.as_bytes())?.ok_or(IpcError::DeviceNotVisible { uuid, sender_ordinal })
 }

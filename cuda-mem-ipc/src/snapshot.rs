@@ -1,8 +1,11 @@
-//! Memory snapshots between processes (feature `snapshot`): a peer asks
-//! ([`IpcChannel::request_snapshot`], or Python's `IpcChannel.request_snapshot`), this process
-//! answers with one of its own ([`IpcChannel::answer_snapshot_request`]), and the asker receives
-//! it as [`Received::Snapshot`](crate::Received::Snapshot). The messages are
-//! [`MessageKind::SnapshotRequest`] and [`MessageKind::Snapshot`] (the snapshot's JSON).
+//! What memory-snapshot messages carry (feature `snapshot`): a peer asks
+//! ([`IpcChannel::request_snapshot`](crate::IpcChannel::request_snapshot), or Python's
+//! `IpcChannel.request_snapshot`), this process answers with one of its own
+//! ([`IpcChannel::answer_snapshot_request`](crate::IpcChannel::answer_snapshot_request)), and the
+//! asker receives it as [`Received::Snapshot`](crate::Received::Snapshot). The messages are
+//! [`MessageKind::SnapshotRequest`](crate::wire::MessageKind::SnapshotRequest) and
+//! [`MessageKind::Snapshot`](crate::wire::MessageKind::Snapshot) (the snapshot's JSON); both
+//! channels send and read them through this module.
 //!
 //! A snapshot goes in one message, at most [`MAX_PAYLOAD_LEN`] bytes: when its JSON would be
 //! longer, its oldest events are left out (and counted in its `dropped_events`) until it fits.
@@ -10,68 +13,7 @@
 use cuda_mem_core::snapshot::{MemorySnapshot, take_snapshot};
 
 use crate::error::{IpcError, MessageLimit, Result};
-use crate::protocol::IpcChannel;
-use crate::wire::{MAX_PAYLOAD_LEN, MessageKind, SnapshotRequest};
-
-impl IpcChannel {
-    /// Asks the peer for a memory snapshot of its process, with at most `max_events` of its
-    /// latest recorded events (`None`: every event that fits one message). The answer comes as
-    /// [`Received::Snapshot`](crate::Received::Snapshot) when the peer answers it (a Rust peer
-    /// with [`answer_snapshot_request`](Self::answer_snapshot_request)).
-    ///
-    /// # Errors
-    /// As [`Channel::send`](crate::Channel::send).
-    pub fn request_snapshot(&self, max_events: Option<u32>) -> Result<()> {
-        let request = SnapshotRequest::new(max_events);
-        self.channel().send(MessageKind::SnapshotRequest.code(), &request.encode(), &[])
-    }
-
-    /// Answers a peer's [`Received::SnapshotRequest`](crate::Received::SnapshotRequest) with a
-    /// snapshot of this process taken now ([`take_snapshot`]): every registered resource, and
-    /// the recorded history's latest events, as many as the request asks and one message holds.
-    ///
-    /// ```
-    /// # cuda_sim::testing::driver()?; // the tests run this example on the simulator
-    /// use cuda_mem_core::{Device, DeviceMemoryResource, Stream};
-    /// use cuda_mem_ipc::{Channel, IpcChannel, Received};
-    ///
-    /// let device = Device::new(0)?;
-    /// let stream = Stream::new(device, Default::default())?;
-    /// let pool = DeviceMemoryResource::new(device, Default::default())?;
-    /// let (here, there) = Channel::pair()?;
-    /// let (asker, server) = (IpcChannel::new(here), IpcChannel::new(there));
-    ///
-    /// asker.request_snapshot(Some(1000))?;
-    /// if let Received::SnapshotRequest(request) = server.recv(&stream)? {
-    ///     server.answer_snapshot_request(&request)?;
-    /// }
-    /// let Received::Snapshot(snapshot) = asker.recv(&stream)? else { unreachable!() };
-    /// assert!(snapshot.resource(cuda_mem_core::history::ResourceId::of(&*pool)).is_some());
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    ///
-    /// # Errors
-    /// As [`send_snapshot`](Self::send_snapshot).
-    pub fn answer_snapshot_request(&self, request: &SnapshotRequest) -> Result<()> {
-        let json = answer_json(request)?;
-        self.channel().send(MessageKind::Snapshot.code(), json.as_bytes(), &[])
-    }
-
-    /// Sends a memory snapshot (one of this process's, or any other) to the peer, which
-    /// receives it as [`Received::Snapshot`](crate::Received::Snapshot). When its JSON would
-    /// not fit one message, the oldest events are left out (counted in `dropped_events`).
-    ///
-    /// # Errors
-    /// - [`IpcError::MessageTooLarge`]: without any event, the snapshot is still larger than a
-    ///   message ([`MAX_PAYLOAD_LEN`]).
-    /// - [`IpcError::Snapshot`]: it cannot be written as JSON (it can for every snapshot
-    ///   this crate takes).
-    /// - As [`Channel::send`](crate::Channel::send).
-    pub fn send_snapshot(&self, snapshot: &MemorySnapshot) -> Result<()> {
-        let json = snapshot_json(snapshot)?;
-        self.channel().send(MessageKind::Snapshot.code(), json.as_bytes(), &[])
-    }
-}
+use crate::wire::{MAX_PAYLOAD_LEN, SnapshotRequest};
 
 /// The JSON answering `request`: a snapshot of this process taken now, with as many of the
 /// latest events as the request asks and one message holds.
@@ -125,7 +67,8 @@ fn fitted_json(mut snapshot: MemorySnapshot, limit: usize) -> Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Channel, Received};
+    use crate::wire::MessageKind;
+    use crate::{Channel, IpcChannel, Received};
     use cuda_mem_core::history::{self, HistoryOptions, ResourceId};
     use cuda_mem_core::{CachingOptions, CachingResource, Device, DeviceMemoryResource, Stream};
 

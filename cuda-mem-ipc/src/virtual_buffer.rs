@@ -1,5 +1,7 @@
 //! Virtual buffers between processes (feature `vmm`): exporting one as a
-//! [`SharedVirtualBuffer`], and the [`IpcChannel`] methods that send and import them.
+//! [`SharedVirtualBuffer`] and finding where a received one lives, and the resources a channel
+//! imports them with. The [`IpcChannel`](crate::IpcChannel) methods that send and register them
+//! are beside the channel's others.
 //!
 //! The encoding is [`crate::wire`]'s; the driver calls are `cuda-mem-vmm`'s.
 
@@ -9,10 +11,9 @@ use cuda_mem_core::{Location, Stream};
 use cuda_mem_vmm::{VirtualBuffer, VirtualMemoryResource, VmmError};
 
 use crate::channel::RawMessage;
+use crate::device_naming::{visible_device, wire_device};
 use crate::error::{IpcError, Result};
-use crate::protocol::IpcChannel;
-use crate::session::{visible_device, wire_device};
-use crate::wire::{MessageKind, SharedVirtualBuffer, WireLocation};
+use crate::wire::{SharedVirtualBuffer, WireLocation};
 
 impl SharedVirtualBuffer {
     /// Exports `buffer` ([`VirtualBuffer::export`]: one handle per chunk, file descriptors
@@ -77,7 +78,7 @@ impl VirtualBufferImporters {
         self.resources().iter().find(|r| r.location() == location).cloned()
     }
 
-    /// Receives a message of kind [`MessageKind::VirtualBuffer`]: decodes it (owning its file descriptors,
+    /// Receives a message of kind [`MessageKind::VirtualBuffer`](crate::wire::MessageKind::VirtualBuffer): decodes it (owning its file descriptors,
     /// closed on any error), finds where its memory lives and the resource registered for that,
     /// and imports it.
     pub(crate) fn receive(&self, message: RawMessage, stream: &Stream) -> Result<VirtualBuffer> {
@@ -86,33 +87,5 @@ impl VirtualBufferImporters {
         let location = shared.location()?;
         let resource = self.find(location).ok_or(IpcError::NoVirtualMemoryResource { location })?;
         Ok(resource.import(shared.descriptor, stream)?)
-    }
-}
-
-impl IpcChannel {
-    /// Exports `buffer` and sends it as one message (its chunks' file descriptors beside it,
-    /// closed here once sent). The receiver imports it with the resource it registered for
-    /// where the memory lives ([`import_virtual_buffers_into`](Self::import_virtual_buffers_into)).
-    ///
-    /// # Errors
-    ///
-    /// - As [`SharedVirtualBuffer::export`] and [`Channel::send`](crate::Channel::send).
-    pub fn send_virtual_buffer(&self, buffer: &VirtualBuffer) -> Result<()> {
-        let shared = SharedVirtualBuffer::export(buffer)?;
-        let (bytes, fds) = shared.encode();
-        self.channel().send(MessageKind::VirtualBuffer.code(), &bytes, &fds)
-    }
-
-    /// Imports the virtual buffers this channel receives whose memory lives where `resource`
-    /// allocates (its device, or its host NUMA node) with `resource`: its access settings and
-    /// granularity apply, and its handle type must be the sender's. One resource per location;
-    /// returns the one registered before for `resource`'s location, which it replaces. See
-    /// [`SharedVirtualBuffer`], *The importing resource*, for why the channel does not make one
-    /// itself.
-    pub fn import_virtual_buffers_into(
-        &self,
-        resource: Arc<VirtualMemoryResource>,
-    ) -> Option<Arc<VirtualMemoryResource>> {
-        self.session.virtual_buffer_importers.register(resource)
     }
 }
