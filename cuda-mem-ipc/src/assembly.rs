@@ -12,9 +12,20 @@ use std::os::unix::net::UnixStream;
 use rustix::io::Errno;
 use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, recvmsg};
 
-use crate::channel::RawMessage;
 use crate::error::{ChannelOperation, IpcError, Result};
 use crate::wire::{FRAME_HEADER_LEN, FrameError, FrameHeader, MAX_FDS};
+
+/// A message as received: its kind, payload and file descriptors.
+#[derive(Debug)]
+pub struct RawMessage {
+    /// The kind the sender gave it.
+    pub kind: u16,
+    /// The payload bytes.
+    pub payload: Vec<u8>,
+    /// The descriptors, in the order they were sent; each is owned (closed on drop) and has
+    /// close-on-exec set.
+    pub fds: Vec<OwnedFd>,
+}
 
 /// Room for one `SCM_RIGHTS` control message of [`MAX_FDS`] descriptors.
 pub(crate) const CONTROL_SPACE: usize = rustix::cmsg_space!(ScmRights(MAX_FDS));

@@ -11,10 +11,9 @@ use rustix::io::Errno;
 use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags, sendmsg};
 use tokio::io::unix::AsyncFd;
 
+use crate::assembly::RawMessage;
 use crate::assembly::{CONTROL_SPACE, FrameAssembly, RECV_BEFORE_ANY_BYTE_CONTEXT, Step};
-use crate::channel::{
-    Channel, RawMessage, SEND_AFTER_BROKEN_CONTEXT, SEND_BEFORE_ANY_BYTE_CONTEXT, SEND_CONTEXT, check_limits,
-};
+use crate::channel::{Channel, SEND_AFTER_BROKEN_CONTEXT, SEND_BEFORE_ANY_BYTE_CONTEXT, SEND_CONTEXT, check_limits};
 use crate::error::{IpcError, ProtocolError, Result};
 use crate::listener::{PeerCredentials, PeerPolicy};
 use crate::peer::PeerId;

@@ -4,7 +4,7 @@
 
 use std::io::IoSlice;
 use std::mem::MaybeUninit;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -15,22 +15,10 @@ use rustix::event::{PollFd, PollFlags, Timespec, poll};
 use rustix::io::Errno;
 use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags, sendmsg};
 
-use crate::assembly::{CONTROL_SPACE, FrameAssembly, Step};
+use crate::assembly::{CONTROL_SPACE, FrameAssembly, RawMessage, Step};
 use crate::error::{ChannelOperation, IpcError, MessageLimit, ProtocolError, Result};
 use crate::peer::PeerId;
 use crate::wire::{FRAME_HEADER_LEN, FrameHeader, MAX_FDS, MAX_PAYLOAD_LEN};
-
-/// A message as received: its kind, payload and file descriptors.
-#[derive(Debug)]
-pub struct RawMessage {
-    /// The kind the sender gave it.
-    pub kind: u16,
-    /// The payload bytes.
-    pub payload: Vec<u8>,
-    /// The descriptors, in the order they were sent; each is owned (closed on drop) and has
-    /// close-on-exec set.
-    pub fds: Vec<OwnedFd>,
-}
 
 /// One end of a connected channel between two processes, which carries file descriptors.
 ///
@@ -60,7 +48,7 @@ pub struct RawMessage {
 ///
 /// # Errors and peer input
 ///
-/// Nothing a peer sends makes [`Channel::recv`] panic. Descriptors are wrapped in [`OwnedFd`] as
+/// Nothing a peer sends makes [`Channel::recv`] panic. Descriptors are wrapped in [`OwnedFd`](std::os::fd::OwnedFd) as
 /// soon as they arrive, so every one received is either returned in a [`RawMessage`] or closed,
 /// including when the frame turns out to be malformed. Receiving uses `MSG_CMSG_CLOEXEC`, so
 /// received descriptors are never inherited by children spawned later. A malformed frame is an

@@ -4,8 +4,7 @@ use std::fmt;
 
 use cuda_mem_core::PoolKind;
 
-use crate::share::Unshareable;
-use crate::spawn::ChannelEnvError;
+use crate::channel_env::ChannelEnvError;
 
 use crate::wire::{
     BufferDescriptorError, BuffersMessageError, EventDescriptorError, FrameError, MessageError, MessageKind,
@@ -849,5 +848,30 @@ mod tests {
     fn errors_are_send_and_sync() {
         fn check<T: Send + Sync + 'static>() {}
         check::<IpcError>();
+    }
+}
+
+/// What cannot be shared ([`IpcError::NotIpcEnabled`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Unshareable {
+    /// A resource that is not a memory pool.
+    NotAPool,
+    /// A memory pool created without an IPC handle type.
+    PoolWithoutHandleType,
+    /// A pool of a kind that cannot be shared: only device and pinned pools can.
+    PoolKind(PoolKind),
+    /// A buffer view, which owns no memory.
+    BufferView,
+}
+
+impl fmt::Display for Unshareable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Unshareable::NotAPool => f.write_str("a resource that is not a memory pool"),
+            Unshareable::PoolWithoutHandleType => f.write_str("this resource's memory pool"),
+            Unshareable::PoolKind(kind) => write!(f, "a {kind}"),
+            Unshareable::BufferView => f.write_str("a buffer view (it owns no memory)"),
+        }
     }
 }

@@ -38,25 +38,26 @@
 //!
 //! | module | holds |
 //! |---|---|
-//! | `assembly` | one frame read one `recvmsg` at a time, its descriptors owned as they come (what every channel's receive drives) |
+//! | `assembly` | one frame read one `recvmsg` at a time, its descriptors owned as they come (what every channel's receive drives), into a [`RawMessage`] |
 //! | `async_channel` | feature `tokio`: `AsyncChannel` (a channel's frames as cancellation-safe futures) and `AsyncChannelListener` |
-//! | `channel` | [`Channel`]: framed messages and file descriptors over a Unix domain socket; [`RawMessage`] |
+//! | `channel` | [`Channel`]: framed messages and file descriptors over a Unix domain socket |
 //! | `listener` | [`ChannelListener`]: connections by socket path or abstract name, admitted by a [`PeerPolicy`] of their [`PeerCredentials`] |
-//! | `spawn` | [`spawn_with_channel`], [`Channel::from_env`] and its [`ChannelEnvError`], [`CHANNEL_FD_ENV`], [`CHANNEL_INODE_ENV`] |
+//! | `channel_env` | how a parent names the channel it passes a child: [`CHANNEL_FD_ENV`], [`CHANNEL_INODE_ENV`], and [`ChannelEnvError`] |
+//! | `spawn` | [`spawn_with_channel`] and [`Channel::from_env`] |
 //! | `protocol` | [`IpcChannel`], the blocking channel: every message's send and receive, lending |
 //! | `async_ipc` | feature `tokio`: `AsyncIpcChannel`, the same messages on an `AsyncChannel` |
 //! | `session` | what either channel keeps of its peer (the pools sent and received, the peer's events, the loans) and how it receives each message |
 //! | `received` | [`Received`]: what a receive yields |
 //! | `loans` | buffers lent to a peer: [`Held`], [`Unlent`], [`Outstanding`] |
 //! | `device_naming` | how the wire names a device (its UUID), and which device here a peer's name means |
-//! | `share` | the exporting side: [`allocation_handle`] ([`AllocationHandle`]), [`buffer_descriptor`], [`Unshareable`] |
+//! | `share` | the exporting side: [`allocation_handle`] ([`AllocationHandle`]), [`buffer_descriptor`] |
 //! | `mapped` | [`MappedMemoryResource`] (a pool imported from another process), the process-wide [`registry()`], [`lookup`] |
 //! | `registry` | [`Registry`] |
 //! | `virtual_buffer` | feature `vmm`: exporting a `SharedVirtualBuffer`, and the resources a channel imports them with |
 //! | `snapshot` | feature `snapshot`: the snapshot a request is answered with (fitted to one message), and a peer's snapshot read back |
 //! | [`wire`] | every byte layout: frame, message kinds, resource and buffers messages, [`BufferDescriptor`], [`EventDescriptor`], `SharedVirtualBuffer`; their versions and errors |
 //! | `peer` | who is at a channel's other end, as the kernel vouches for it (the key of the pools imported from it) |
-//! | `error` | [`IpcError`], [`ProtocolError`], [`MessageLimit`], [`ChannelOperation`], [`Result`] |
+//! | `error` | [`IpcError`], [`ProtocolError`], [`MessageLimit`], [`ChannelOperation`], [`Unshareable`], [`Result`] |
 //!
 //! The driver calls are `cuda-mem-core`'s and `cuda-mem-vmm`'s; the bytes and file descriptors on
 //! the wire are this crate's. Devices, streams, buffers and pools are `cuda-mem-core`'s, and so is
@@ -126,6 +127,8 @@ mod async_ipc;
 #[cfg(target_os = "linux")]
 mod channel;
 #[cfg(target_os = "linux")]
+mod channel_env;
+#[cfg(target_os = "linux")]
 mod device_naming;
 #[cfg(target_os = "linux")]
 mod error;
@@ -158,14 +161,18 @@ mod virtual_buffer;
 #[cfg(target_os = "linux")]
 pub mod wire;
 
+#[cfg(target_os = "linux")]
+pub use assembly::RawMessage;
 #[cfg(all(target_os = "linux", feature = "tokio"))]
 pub use async_channel::{AsyncChannel, AsyncChannelListener};
 #[cfg(all(target_os = "linux", feature = "tokio"))]
 pub use async_ipc::AsyncIpcChannel;
 #[cfg(target_os = "linux")]
-pub use channel::{Channel, RawMessage};
+pub use channel::Channel;
 #[cfg(target_os = "linux")]
-pub use error::{ChannelOperation, IpcError, MessageLimit, ProtocolError, Result};
+pub use channel_env::{CHANNEL_FD_ENV, CHANNEL_INODE_ENV, ChannelEnvError};
+#[cfg(target_os = "linux")]
+pub use error::{ChannelOperation, IpcError, MessageLimit, ProtocolError, Result, Unshareable};
 #[cfg(target_os = "linux")]
 pub use listener::{ChannelListener, PeerCredentials, PeerPolicy};
 #[cfg(target_os = "linux")]
@@ -179,9 +186,9 @@ pub use received::Received;
 #[cfg(target_os = "linux")]
 pub use registry::Registry;
 #[cfg(target_os = "linux")]
-pub use share::{AllocationHandle, Unshareable, allocation_handle, buffer_descriptor};
+pub use share::{AllocationHandle, allocation_handle, buffer_descriptor};
 #[cfg(target_os = "linux")]
-pub use spawn::{CHANNEL_FD_ENV, CHANNEL_INODE_ENV, ChannelEnvError, spawn_with_channel};
+pub use spawn::spawn_with_channel;
 #[cfg(all(target_os = "linux", feature = "vmm"))]
 pub use wire::SharedVirtualBuffer;
 #[cfg(target_os = "linux")]

@@ -13,14 +13,14 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use cuda_mem_core::{Buffer, Event, MemoryResource, PoolKind, ScopedBuffer, Stream};
 use uuid::Uuid;
 
-use crate::channel::RawMessage;
+use crate::assembly::RawMessage;
 use crate::device_naming::{visible_device, wire_device};
-use crate::error::{IpcError, MessageLimit, ProtocolError, Result};
+use crate::error::{IpcError, MessageLimit, ProtocolError, Result, Unshareable};
 use crate::loans::{Loans, Outstanding};
 use crate::mapped::{ImportOrigin, MappedMemoryResource};
 use crate::peer::PeerId;
 use crate::received::Received;
-use crate::share::{AllocationHandle, Unshareable, allocation_handle, buffer_descriptor};
+use crate::share::{AllocationHandle, allocation_handle, buffer_descriptor};
 use crate::wire::{
     BufferDescriptor, EventDescriptor, MAX_BUFFERS_PER_MESSAGE, MessageError, MessageKind, PoolMemory, ResourceMessage,
     buffer_descriptors, expect_fds, split_event,

@@ -1,11 +1,9 @@
 //! The exporting side: a resource's allocation handle and a buffer's descriptor.
 
-use std::fmt;
-
 use cuda_mem_core::{MemoryPool, MemoryResource, PoolKind, ScopedBuffer, ShareableHandle};
 use uuid::Uuid;
 
-use crate::error::{IpcError, Result};
+use crate::error::{IpcError, Result, Unshareable};
 use crate::wire::BufferDescriptor;
 
 /// A resource's allocation handle: the pool's file descriptor (owned by the pool, exported once:
@@ -61,31 +59,6 @@ fn shareable_pool(resource: &dyn MemoryResource) -> Result<&MemoryPool> {
 
 fn handle_of(pool: &MemoryPool) -> Result<AllocationHandle<'_>> {
     Ok(AllocationHandle { handle: pool.shareable_handle()?, kind: pool.kind() })
-}
-
-/// What cannot be shared ([`IpcError::NotIpcEnabled`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Unshareable {
-    /// A resource that is not a memory pool.
-    NotAPool,
-    /// A memory pool created without an IPC handle type.
-    PoolWithoutHandleType,
-    /// A pool of a kind that cannot be shared: only device and pinned pools can.
-    PoolKind(PoolKind),
-    /// A buffer view, which owns no memory.
-    BufferView,
-}
-
-impl fmt::Display for Unshareable {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Unshareable::NotAPool => f.write_str("a resource that is not a memory pool"),
-            Unshareable::PoolWithoutHandleType => f.write_str("this resource's memory pool"),
-            Unshareable::PoolKind(kind) => write!(f, "a {kind}"),
-            Unshareable::BufferView => f.write_str("a buffer view (it owns no memory)"),
-        }
-    }
 }
 
 /// The descriptor of `buffer`, for another process to import (after it has imported the

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use cuda_mem_core::{Location, Stream};
 use cuda_mem_vmm::{VirtualBuffer, VirtualMemoryResource, VmmError};
 
-use crate::channel::RawMessage;
+use crate::assembly::RawMessage;
 use crate::device_naming::{visible_device, wire_device};
 use crate::error::{IpcError, Result};
 use crate::wire::{SharedVirtualBuffer, WireLocation};
