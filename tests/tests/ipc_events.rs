@@ -10,17 +10,8 @@ mod common;
 use common::*;
 use cuda_mem_core::{Buffer, Event, EventOptions, FillPattern, LegacyPinnedMemoryResource, Stream, StreamOptions};
 use cuda_mem_ipc::{IpcError, Received};
-use cuda_sim::testing::Gate;
 
 const SIZE: usize = 4096;
-
-/// Holds `stream` at a new gate, opened when the guard drops (if the test fails first).
-fn hold(stream: &Stream) -> (&'static Gate, cuda_sim::testing::OpenOnDrop) {
-    let (gate, guard) = Gate::new();
-    // SAFETY: a live stream this test created, on this thread.
-    unsafe { gate.hold(cuda_sim::testing::driver().unwrap(), stream.handle()) }.expect("a host function");
-    (gate, guard)
-}
 
 /// Copies `buffer` into pinned host memory on `stream` (not waited for).
 fn copy_out(buffer: &Buffer, stream: &Stream) -> Buffer {

@@ -204,9 +204,7 @@ fn rust_parent_python_child_events() {
     let (child, channel) = spawn_python_child(&python, "events");
     // The fill is held pending until the child has enqueued its copy: only a stream that waits
     // for the event sees it.
-    let (gate, _opens) = cuda_sim::testing::Gate::new();
-    // SAFETY: a live stream this test created, on this thread.
-    unsafe { gate.hold(cuda_sim::testing::driver().unwrap(), stream.handle()) }.unwrap();
+    let (gate, _opens) = hold(&stream);
     buffer.fill(cuda_mem_core::FillPattern::U8(7), &stream).unwrap();
     let filled = Event::new(device, EventOptions::default().interprocess()).unwrap();
     filled.record(&stream).unwrap();

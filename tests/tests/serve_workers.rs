@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{ROLE_ENV, device_pool, read_bytes, role, setup};
+use common::{ROLE_ENV, device_pool, hold, read_bytes, role, setup};
 use cuda_mem_core::{
     Buffer, Device, DeviceMemoryResource, Event, EventOptions, FillPattern, MemoryResource, Stream, StreamOptions,
 };
@@ -139,9 +139,7 @@ fn blocks_filled_behind_a_gate(
         block.fill(FillPattern::U8(1), stream).unwrap();
     }
     stream.synchronize().unwrap();
-    let (gate, opens) = Gate::new();
-    // SAFETY: a live stream this test created, on this thread.
-    unsafe { gate.hold(cuda_sim::testing::driver().unwrap(), stream.handle()) }.unwrap();
+    let (gate, opens) = hold(stream);
     for block in &mut blocks {
         block.fill(FillPattern::U8(FILLED), stream).unwrap();
     }

@@ -188,6 +188,16 @@ pub fn parent_channel() -> IpcChannel {
     IpcChannel::new(channel)
 }
 
+/// Holds `stream`'s later work at a new gate until the test opens it; the guard opens it when
+/// it drops, so a test that fails first does not leave the stream held.
+pub fn hold(stream: &Stream) -> (&'static cuda_sim::testing::Gate, cuda_sim::testing::OpenOnDrop) {
+    let (gate, guard) = cuda_sim::testing::Gate::new();
+    let driver = cuda_sim::testing::driver().expect("the test driver loads");
+    // SAFETY: the tests pass only live streams of their own, on the thread that made them.
+    unsafe { gate.hold(driver, stream.handle()) }.expect("a host function can be enqueued");
+    (gate, guard)
+}
+
 /// Receives a resource, failing the test on anything else.
 pub fn expect_resource(channel: &IpcChannel, stream: &Stream) -> Arc<MappedMemoryResource> {
     match channel.recv(stream) {
